@@ -1,0 +1,237 @@
+// Package aggregate owns the server-side strategies that turn client vectors
+// into the next global model (FedAvg, FedProx mean, FedSplit mean, and the
+// papers' similarity-based and robust aggregators) and the client selection
+// policies. It is pure: randomness comes from the *rand.Rand it is handed,
+// state lives in the aggregator or selector value.
+package aggregate
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+)
+
+// Update is one client's contribution to a round.
+type Update struct {
+	Client  string    // client id
+	Params  []float64 // the client's model w_k (FedSplit: its z_j)
+	Samples int       // n_k, the client's training sample count
+	// AnchorGrad is grad f_k at the round's anchor, or a sketch of it
+	// (optional; FedSim clustering needs it).
+	AnchorGrad []float64
+	// Loss is the client's local loss at the received global model
+	// (optional; NaN when unknown).
+	Loss float64
+}
+
+// Report says what an aggregation did.
+type Report struct {
+	// Weights are the coefficients given to each update, in input order
+	// (nil for aggregators that are not a weighted mean, e.g. the median).
+	Weights []float64
+	// Metrics are aggregator-specific figures (e.g. FedSim's avg_similarity).
+	Metrics map[string]float64
+}
+
+// Aggregator combines client vectors into the next global model.
+//
+// global is the current global model (read only); out receives the result and
+// has the same length. Implementations may keep small state between rounds
+// (SimProx remembers each client's previous model) and are not safe for
+// concurrent use.
+type Aggregator interface {
+	Name() string
+	Aggregate(global []float64, ups []Update, out []float64) (Report, error)
+}
+
+// Errors shared by the aggregators.
+var (
+	ErrNoUpdates = errors.New("aggregate: no updates")
+	ErrDim       = errors.New("aggregate: dimension mismatch")
+	ErrNonFinite = errors.New("aggregate: non-finite value")
+)
+
+// check validates that every update has len(global) finite parameters.
+func check(global []float64, ups []Update, out []float64) error {
+	if len(ups) == 0 {
+		return ErrNoUpdates
+	}
+	if len(out) != len(global) {
+		return fmt.Errorf("%w: out has %d, global has %d", ErrDim, len(out), len(global))
+	}
+	for k, u := range ups {
+		if len(u.Params) != len(global) {
+			return fmt.Errorf("%w: update %d (%s) has %d, want %d", ErrDim, k, u.Client, len(u.Params), len(global))
+		}
+		for _, v := range u.Params {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				return fmt.Errorf("%w in update %d (%s)", ErrNonFinite, k, u.Client)
+			}
+		}
+	}
+	return nil
+}
+
+// weightedSum writes sum_k w_k u_k.Params into out.
+func weightedSum(ups []Update, w []float64, out []float64) {
+	clear(out)
+	for k, u := range ups {
+		c := w[k]
+		if c == 0 {
+			continue
+		}
+		for i, v := range u.Params {
+			out[i] += c * v
+		}
+	}
+}
+
+// FedAvg is the sample-weighted mean sum_k (n_k/n) w_k.
+type FedAvg struct{}
+
+func (FedAvg) Name() string { return "fedavg" }
+
+func (FedAvg) Aggregate(global []float64, ups []Update, out []float64) (Report, error) {
+	if err := check(global, ups, out); err != nil {
+		return Report{}, err
+	}
+	var n float64
+	for _, u := range ups {
+		if u.Samples < 0 {
+			return Report{}, fmt.Errorf("aggregate: update %s has negative sample count %d", u.Client, u.Samples)
+		}
+		n += float64(u.Samples)
+	}
+	w := make([]float64, len(ups))
+	for k, u := range ups {
+		if n == 0 {
+			w[k] = 1 / float64(len(ups))
+		} else {
+			w[k] = float64(u.Samples) / n
+		}
+	}
+	weightedSum(ups, w, out)
+	return Report{Weights: w}, nil
+}
+
+// Mean is the uniform mean (1/K) sum_k w_k: the FedProx paper's aggregation,
+// and FedSplit's server step when handed every known client's latest z.
+type Mean struct{ Label string }
+
+func (m Mean) Name() string {
+	if m.Label != "" {
+		return m.Label
+	}
+	return "mean"
+}
+
+func (Mean) Aggregate(global []float64, ups []Update, out []float64) (Report, error) {
+	if err := check(global, ups, out); err != nil {
+		return Report{}, err
+	}
+	w := make([]float64, len(ups))
+	for k := range w {
+		w[k] = 1 / float64(len(ups))
+	}
+	weightedSum(ups, w, out)
+	return Report{Weights: w}, nil
+}
+
+// Candidate is a client available for selection.
+type Candidate struct {
+	ID      string
+	Samples int
+	// Loss is the client's most recently reported local loss (NaN when it
+	// has never reported).
+	Loss float64
+}
+
+// Selector picks k of the candidates for a round and returns their indices
+// into cands (distinct, in selection order). When k >= len(cands) every
+// candidate is selected. Selectors may keep state between rounds and are not
+// safe for concurrent use.
+type Selector interface {
+	Name() string
+	Select(round int, cands []Candidate, k int, rng *rand.Rand) []int
+}
+
+// Uniform selects k candidates uniformly without replacement.
+type Uniform struct{}
+
+func (Uniform) Name() string { return "uniform" }
+
+func (Uniform) Select(_ int, cands []Candidate, k int, rng *rand.Rand) []int {
+	if k >= len(cands) {
+		return iota(len(cands))
+	}
+	return rng.Perm(len(cands))[:k]
+}
+
+// BySamples selects k distinct candidates with probability proportional to
+// their sample counts (successive draws without replacement).
+type BySamples struct{}
+
+func (BySamples) Name() string { return "samples" }
+
+func (BySamples) Select(_ int, cands []Candidate, k int, rng *rand.Rand) []int {
+	w := make([]float64, len(cands))
+	for i, c := range cands {
+		w[i] = float64(max(c.Samples, 0))
+	}
+	return drawWeighted(w, k, rng)
+}
+
+// drawWeighted draws min(k, len(w)) distinct indices, each draw with
+// probability proportional to the remaining weights; zero weights are drawn
+// uniformly once positive weight is exhausted.
+func drawWeighted(w []float64, k int, rng *rand.Rand) []int {
+	if k >= len(w) {
+		return iota(len(w))
+	}
+	w = append([]float64(nil), w...)
+	picked := make([]int, 0, k)
+	for len(picked) < k {
+		var total float64
+		for _, v := range w {
+			total += v
+		}
+		if !(total > 0) {
+			// No weight left: fill uniformly from the unpicked.
+			var rest []int
+			for i, v := range w {
+				if v >= 0 {
+					rest = append(rest, i)
+				}
+			}
+			rng.Shuffle(len(rest), func(a, b int) { rest[a], rest[b] = rest[b], rest[a] })
+			for _, i := range rest[:k-len(picked)] {
+				picked = append(picked, i)
+			}
+			break
+		}
+		r := rng.Float64() * total
+		idx := -1
+		for i, v := range w {
+			if v <= 0 {
+				continue
+			}
+			idx = i
+			r -= v
+			if r < 0 {
+				break
+			}
+		}
+		picked = append(picked, idx)
+		w[idx] = -1 // mark picked
+	}
+	return picked
+}
+
+func iota(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}
