@@ -19,10 +19,10 @@ type Linear struct {
 // NewLinear returns a least-squares model over d features.
 func NewLinear(d int, l2 float64) *Linear { return &Linear{d: d, l2: l2} }
 
-func (m *Linear) Spec() Spec       { return Spec{Kind: KindLinear, Inputs: m.d, L2: m.l2} }
-func (m *Linear) NumParams() int   { return m.d + 1 }
-func (m *Linear) Clone() Model     { return NewLinear(m.d, m.l2) }
-func (m *Linear) Layout() string   { return "w[0..D) feature weights, then w[D] the bias" }
+func (m *Linear) Spec() Spec                      { return Spec{Kind: KindLinear, Inputs: m.d, L2: m.l2} }
+func (m *Linear) NumParams() int                  { return m.d + 1 }
+func (m *Linear) Clone() Model                    { return NewLinear(m.d, m.l2) }
+func (m *Linear) Layout() string                  { return "w[0..D) feature weights, then w[D] the bias" }
 func (m *Linear) InitParams(*rand.Rand) []float64 { return make([]float64, m.d+1) }
 
 // predictInto writes X w + b into out.
