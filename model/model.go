@@ -69,6 +69,10 @@ func (d Data) Validate() error {
 // A Model value keeps scratch buffers between calls so that the inner loops do
 // not allocate: it is not safe for concurrent use. Use Clone to get an
 // independent copy for another goroutine.
+//
+// LossGrad, Predict and Score assume valid targets (see CheckTargets) and
+// panic when w, grad, out or the feature count do not match the model: those
+// are programmer errors, which CheckTargets rules out for user data.
 type Model interface {
 	// Spec returns the configuration the model was built from.
 	Spec() Spec
@@ -115,19 +119,12 @@ type Spec struct {
 // ErrSpec is wrapped by every error New returns.
 var ErrSpec = errors.New("model spec")
 
-// New builds the model described by s.
+// New builds the model described by s, or explains what is wrong with s.
 func New(s Spec) (Model, error) {
-	if s.Inputs <= 0 {
-		return nil, fmt.Errorf("%w: inputs must be positive, got %d", ErrSpec, s.Inputs)
+	if err := checkSpec(s); err != nil {
+		return nil, err
 	}
-	if s.L2 < 0 || math.IsNaN(s.L2) || math.IsInf(s.L2, 0) {
-		return nil, fmt.Errorf("%w: l2 must be a finite number >= 0, got %v", ErrSpec, s.L2)
-	}
-	switch s.Kind {
-	case KindLinear:
-		return NewLinear(s.Inputs, s.L2), nil
-	}
-	return newOther(s)
+	return build(s), nil
 }
 
 // l2Term adds (l2/2)||w||^2 to the loss and l2*w to grad (when non-nil).

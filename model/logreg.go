@@ -1,0 +1,134 @@
+package model
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"gonum.org/v1/gonum/blas"
+)
+
+// LogReg is multinomial logistic regression (softmax cross-entropy) with a
+// bias:
+//
+//	loss = (1/n) sum_i [logsumexp(x_i W + b) - (x_i W + b)_{y_i}] + (l2/2)(||W||^2 + ||b||^2).
+//
+// Targets are class indices 0..C-1 stored as float64. LossGrad assumes they
+// are valid (check with CheckTargets); an invalid one makes the loss NaN.
+// LossGrad, Predict and Score panic when w, grad, out or d.D do not match the
+// model's shape: those are programmer errors.
+type LogReg struct {
+	d, c int
+	l2   float64
+	z    []float64 // n×c logits, then their gradient
+	pred []float64 // Score's predictions
+}
+
+// NewLogReg returns a multinomial logistic regression over inputs features and
+// classes classes. It panics when inputs < 1 or classes < 2; New reports
+// those as errors instead.
+func NewLogReg(inputs, classes int, l2 float64) *LogReg {
+	if inputs < 1 || classes < 2 {
+		panic(fmt.Sprintf("model: NewLogReg(%d, %d): need inputs >= 1 and classes >= 2", inputs, classes))
+	}
+	return &LogReg{d: inputs, c: classes, l2: l2}
+}
+
+func (m *LogReg) Spec() Spec {
+	return Spec{Kind: KindLogReg, Inputs: m.d, Classes: m.c, L2: m.l2}
+}
+func (m *LogReg) NumParams() int { return m.d*m.c + m.c }
+func (m *LogReg) Clone() Model   { return NewLogReg(m.d, m.c, m.l2) }
+func (m *LogReg) Layout() string {
+	return fmt.Sprintf("W (%d×%d, row-major: w[f*%d+k] weighs feature f for class k), then b (%d class biases)", m.d, m.c, m.c, m.c)
+}
+
+// InitParams returns zeros: the objective is convex, so no symmetry needs
+// breaking.
+func (m *LogReg) InitParams(*rand.Rand) []float64 { return make([]float64, m.NumParams()) }
+
+// logits writes X W + b into m.z and returns it.
+func (m *LogReg) logits(w []float64, d Data) []float64 {
+	checkShape("LogReg", m.NumParams(), m.d, w, d)
+	m.z = grow(m.z, d.N*m.c)
+	setRows(m.z, w[m.d*m.c:])
+	if d.N > 0 {
+		gemm(blas.NoTrans, blas.NoTrans, 1, general(d.N, d.D, d.X), general(m.d, m.c, w), 1, general(d.N, m.c, m.z))
+	}
+	return m.z
+}
+
+func (m *LogReg) LossGrad(w []float64, d Data, grad []float64) float64 {
+	z := m.logits(w, d)
+	loss := softmaxXent(z, m.c, d.Y[:d.N], grad != nil)
+	if grad != nil {
+		checkLen("LogReg gradient", len(grad), m.NumParams())
+		// z now holds dLoss/dlogits: dW = Xᵀ G, db = column sums of G.
+		gemm(blas.Trans, blas.NoTrans, 1, general(d.N, d.D, d.X), general(d.N, m.c, z), 0, general(m.d, m.c, grad))
+		gb := grad[m.d*m.c:]
+		clear(gb)
+		addColSums(gb, z)
+	}
+	return loss + l2Term(m.l2, w, grad)
+}
+
+// Predict writes the most likely class of every sample (the lowest index on
+// ties).
+func (m *LogReg) Predict(w []float64, d Data, out []float64) {
+	checkLen("LogReg predictions", len(out), d.N)
+	argmaxRows(m.logits(w, d), m.c, out)
+}
+
+// Score returns the accuracy, NaN for an empty batch.
+func (m *LogReg) Score(w []float64, d Data) float64 {
+	m.pred = grow(m.pred, d.N)
+	m.Predict(w, d, m.pred)
+	return accuracy(m.pred, d.Y[:d.N])
+}
+
+// argmaxRows writes the column index of every row's largest entry.
+func argmaxRows(z []float64, c int, out []float64) {
+	for i := range out {
+		row := z[i*c : (i+1)*c]
+		best := 0
+		for j, v := range row {
+			if v > row[best] {
+				best = j
+			}
+		}
+		out[i] = float64(best)
+	}
+}
+
+func accuracy(pred, y []float64) float64 {
+	if len(y) == 0 {
+		return math.NaN()
+	}
+	var ok int
+	for i, p := range pred {
+		if p == y[i] {
+			ok++
+		}
+	}
+	return float64(ok) / float64(len(y))
+}
+
+// checkShape panics when w or d do not fit a model with np parameters over
+// dim features.
+func checkShape(name string, np, dim int, w []float64, d Data) {
+	if len(w) != np {
+		panic(fmt.Sprintf("model: %s has %d parameters, got a vector of %d", name, np, len(w)))
+	}
+	if d.N > 0 && d.D != dim {
+		panic(fmt.Sprintf("model: %s expects %d features, data has %d", name, dim, d.D))
+	}
+	if len(d.X) < d.N*d.D || len(d.Y) < d.N {
+		panic(fmt.Sprintf("model: %s: data %d×%d has %d features and %d targets", name, d.N, d.D, len(d.X), len(d.Y)))
+	}
+}
+
+func checkLen(what string, got, want int) {
+	if got != want {
+		panic(fmt.Sprintf("model: %s need length %d, got %d", what, want, got))
+	}
+}
