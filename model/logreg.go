@@ -48,6 +48,10 @@ func (m *LogReg) Layout() string {
 func (m *LogReg) InitParams(*rand.Rand) []float64 { return make([]float64, m.NumParams()) }
 
 // logits writes X W + b into m.z and returns it.
+//
+// Both products keep X as gonum's A operand, whose kernels skip zero entries
+// of A: on ARM (pure-Go gonum) that beats transposing W to get long dot
+// products, by about 3x on MNIST-like inputs that are mostly 0.
 func (m *LogReg) logits(w []float64, d Data) []float64 {
 	checkShape("LogReg", m.NumParams(), m.d, w, d)
 	m.z = grow(m.z, d.N*m.c)
