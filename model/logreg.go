@@ -63,10 +63,12 @@ func (m *LogReg) logits(w []float64, d Data) []float64 {
 }
 
 func (m *LogReg) LossGrad(w []float64, d Data, grad []float64) float64 {
+	if grad != nil {
+		checkLen("LogReg gradient", len(grad), m.NumParams())
+	}
 	z := m.logits(w, d)
 	loss := softmaxXent(z, m.c, d.Y[:d.N], grad != nil)
 	if grad != nil {
-		checkLen("LogReg gradient", len(grad), m.NumParams())
 		// z now holds dLoss/dlogits: dW = Xᵀ G, db = column sums of G.
 		gemm(blas.Trans, blas.NoTrans, 1, general(d.N, d.D, d.X), general(d.N, m.c, z), 0, general(m.d, m.c, grad))
 		gb := grad[m.d*m.c:]
