@@ -1,0 +1,141 @@
+package wire
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// fuzzLimits are small so that the fuzzer also reaches the limit checks.
+var fuzzLimits = Limits{MaxMessageBytes: 1 << 16, MaxDimension: 1 << 20, MaxClients: 16, MaxAnchorGrad: 64}
+
+// seeds are the hand-made inputs every decoder fuzz target starts from: valid
+// messages of each type plus edge cases. They are also written to
+// testdata/fuzz/<target>/ by `go test -run TestFuzzSeeds -update`.
+func seeds(t testing.TB) map[string][]byte {
+	s := map[string][]byte{
+		"round":    mustEncode(t, sampleRound()),
+		"status":   mustEncode(t, sampleStatus()),
+		"update":   mustEncode(t, sampleUpdate()),
+		"receipt":  mustEncode(t, sampleReceipt()),
+		"empty":    {},
+		"version2": rawEnvelope(t, &Envelope{Version: 2, Body: &Envelope_Update{Update: sampleUpdate()}}),
+		"nobody":   rawEnvelope(t, &Envelope{Version: Version}),
+	}
+	u := sampleUpdate()
+	u.Report.LocalLoss = 0
+	u.AnchorGrad = nil
+	u.Kind = UpdateKind_UPDATE_KIND_FULL
+	u.BaseRound = 0
+	s["update-full"] = mustEncode(t, u)
+	b := mustEncode(t, sampleUpdate())
+	s["update-truncated"] = b[:len(b)/2]
+	// Nested length prefix claiming far more than there is.
+	hdr := protowire.AppendVarint([]byte{0x08}, 1)
+	hdr = protowire.AppendTag(hdr, fieldUpdate, protowire.BytesType)
+	s["update-huge-len"] = protowire.AppendVarint(hdr, 1<<40)
+	return s
+}
+
+func TestFuzzSeeds(t *testing.T) {
+	if !*update {
+		t.Skip("run with -update to rewrite testdata/fuzz")
+	}
+	for _, target := range []string{"FuzzDecodeUpdate", "FuzzDecodeRound", "FuzzDecodeStatus", "FuzzDecodeReceipt", "FuzzDecode"} {
+		dir := filepath.Join("testdata", "fuzz", target)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for name, b := range seeds(t) {
+			content := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", b)
+			if err := os.WriteFile(filepath.Join(dir, "seed-"+name), []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// checkDecoded is the property every decoder must have: an error and a nil
+// message, or a message that validates under the limits and survives an
+// encode/decode round trip unchanged.
+func checkDecoded(t *testing.T, in []byte, m Message, err error) {
+	t.Helper()
+	if err != nil {
+		if m != nil && m.ProtoReflect().IsValid() {
+			t.Fatalf("error %v with a non-nil message", err)
+		}
+		return
+	}
+	if len(in) > fuzzLimits.MaxMessageBytes {
+		t.Fatalf("accepted %d bytes over the limit", len(in))
+	}
+	if verr := m.Validate(fuzzLimits); verr != nil {
+		t.Fatalf("decoded message does not validate: %v", verr)
+	}
+	b, err := Encode(m)
+	if err != nil {
+		t.Fatalf("re-encode: %v", err)
+	}
+	back, err := Decode(b, Limits{})
+	if err != nil {
+		t.Fatalf("decode of re-encoded message: %v", err)
+	}
+	if !proto.Equal(back, m) {
+		t.Fatalf("re-encode round trip changed the message")
+	}
+}
+
+func addSeeds(f *testing.F) {
+	for _, b := range seeds(f) {
+		f.Add(b)
+	}
+}
+
+func FuzzDecodeUpdate(f *testing.F) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeUpdate(b, fuzzLimits)
+		checkDecoded(t, b, m, err)
+	})
+}
+
+func FuzzDecodeRound(f *testing.F) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeRound(b, fuzzLimits)
+		checkDecoded(t, b, m, err)
+	})
+}
+
+func FuzzDecodeStatus(f *testing.F) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeStatus(b, fuzzLimits)
+		checkDecoded(t, b, m, err)
+	})
+}
+
+func FuzzDecodeReceipt(f *testing.F) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeReceipt(b, fuzzLimits)
+		checkDecoded(t, b, m, err)
+	})
+}
+
+func FuzzDecode(f *testing.F) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := Decode(b, fuzzLimits)
+		if err != nil && m != nil {
+			t.Fatalf("error %v with a non-nil message", err)
+		}
+		if err == nil {
+			checkDecoded(t, b, m, nil)
+		}
+	})
+}

@@ -1,0 +1,297 @@
+package wire
+
+import (
+	"fmt"
+	"math"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Length bounds of the free-text and token fields.
+const (
+	maxSpecLen       = 256  // codec, solver, model kind, activation, algorithm
+	maxLongTextLen   = 1024 // aggregator spec, receipt reason
+	maxVersionLen    = 128  // software version
+	maxCapabilities  = 64
+	maxCapabilityLen = 64
+	maxHiddenLayers  = 64
+)
+
+func invalid(msg, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrInvalid, msg, fmt.Sprintf(format, args...))
+}
+
+// checkText accepts valid UTF-8 of at most max bytes without control
+// characters (so that it can go into a log line as is).
+func checkText(msg, field, s string, max int, required bool) error {
+	if s == "" {
+		if required {
+			return invalid(msg, "%s is required", field)
+		}
+		return nil
+	}
+	if len(s) > max {
+		return invalid(msg, "%s is %d bytes, at most %d", field, len(s), max)
+	}
+	if !utf8.ValidString(s) {
+		return invalid(msg, "%s is not valid UTF-8", field)
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return invalid(msg, "%s contains control character %U", field, r)
+		}
+	}
+	return nil
+}
+
+func checkID(msg, field, id string) error {
+	if err := ValidID(id); err != nil {
+		return fmt.Errorf("%w: %s: %s: %w", ErrInvalid, msg, field, err)
+	}
+	return nil
+}
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+// checkNonNeg accepts a finite x >= 0.
+func checkNonNeg(msg, field string, x float64) error {
+	if !finite(x) || x < 0 {
+		return invalid(msg, "%s must be finite and >= 0, got %v", field, x)
+	}
+	return nil
+}
+
+func checkFinite(msg, field string, x float64) error {
+	if !finite(x) {
+		return invalid(msg, "%s must be finite, got %v", field, x)
+	}
+	return nil
+}
+
+func checkTime(msg, field string, ms int64) error {
+	if ms < 0 {
+		return invalid(msg, "%s must be >= 0, got %d", field, ms)
+	}
+	return nil
+}
+
+func checkVector(msg, field string, v *Vector, lim Limits) error {
+	if v == nil {
+		return invalid(msg, "%s is required", field)
+	}
+	if err := checkText(msg, field+".codec", v.Codec, maxSpecLen, true); err != nil {
+		return err
+	}
+	if v.Dimension == 0 {
+		return invalid(msg, "%s.dimension must be > 0", field)
+	}
+	if uint64(v.Dimension) > uint64(lim.MaxDimension) {
+		return invalid(msg, "%s.dimension %d exceeds the limit %d", field, v.Dimension, lim.MaxDimension)
+	}
+	if len(v.Payload) == 0 {
+		return invalid(msg, "%s.payload is empty", field)
+	}
+	return nil
+}
+
+// Validate implements Message.
+func (m *RoundAnnouncement) Validate(lim Limits) error {
+	const msg = "round announcement"
+	if m == nil {
+		return invalid(msg, "nil")
+	}
+	lim = lim.withDefaults()
+	if err := checkID(msg, "federation", m.Federation); err != nil {
+		return err
+	}
+	if m.Round == 0 {
+		return invalid(msg, "round must be > 0")
+	}
+	if err := ValidID(m.Algorithm); err != nil {
+		return fmt.Errorf("%w: %s: algorithm: %w", ErrInvalid, msg, err)
+	}
+	if err := checkText(msg, "aggregator", m.Aggregator, maxLongTextLen, false); err != nil {
+		return err
+	}
+	if p := m.Params; p != nil {
+		for _, f := range []struct {
+			name string
+			v    float64
+		}{{"params.mu", p.Mu}, {"params.step", p.Step}, {"params.relax", p.Relax}, {"params.gamma", p.Gamma}, {"params.lr", p.Lr}} {
+			if err := checkNonNeg(msg, f.name, f.v); err != nil {
+				return err
+			}
+		}
+		if err := checkText(msg, "params.solver", p.Solver, maxSpecLen, false); err != nil {
+			return err
+		}
+	}
+	if m.Model == nil {
+		return invalid(msg, "model is required")
+	}
+	if err := checkText(msg, "model.kind", m.Model.Kind, maxSpecLen, true); err != nil {
+		return err
+	}
+	if err := checkText(msg, "model.activation", m.Model.Activation, maxSpecLen, false); err != nil {
+		return err
+	}
+	if len(m.Model.Hidden) > maxHiddenLayers {
+		return invalid(msg, "model.hidden has %d layers, at most %d", len(m.Model.Hidden), maxHiddenLayers)
+	}
+	if err := checkNonNeg(msg, "model.l2", m.Model.L2); err != nil {
+		return err
+	}
+	if b := m.Budget; b != nil {
+		if err := checkNonNeg(msg, "budget.max_seconds", b.MaxSeconds); err != nil {
+			return err
+		}
+	}
+	if err := checkTime(msg, "deadline_unix_ms", m.DeadlineUnixMs); err != nil {
+		return err
+	}
+	if err := checkTime(msg, "created_at_unix_ms", m.CreatedAtUnixMs); err != nil {
+		return err
+	}
+	if len(m.Selected) > lim.MaxClients {
+		return invalid(msg, "%d selected clients, limit %d", len(m.Selected), lim.MaxClients)
+	}
+	seen := make(map[string]struct{}, len(m.Selected))
+	for i, id := range m.Selected {
+		if err := checkID(msg, fmt.Sprintf("selected[%d]", i), id); err != nil {
+			return err
+		}
+		if _, dup := seen[id]; dup {
+			return invalid(msg, "selected client %q listed twice", id)
+		}
+		seen[id] = struct{}{}
+	}
+	if err := checkVector(msg, "global", m.Global, lim); err != nil {
+		return err
+	}
+	if err := checkText(msg, "uplink_codec", m.UplinkCodec, maxSpecLen, true); err != nil {
+		return err
+	}
+	if s := m.AnchorSketch; s != nil && uint64(s.Dimension) > uint64(lim.MaxAnchorGrad) {
+		return invalid(msg, "anchor_sketch.dimension %d exceeds the limit %d", s.Dimension, lim.MaxAnchorGrad)
+	}
+	return nil
+}
+
+// Validate implements Message.
+func (m *ClientStatus) Validate(lim Limits) error {
+	const msg = "client status"
+	if m == nil {
+		return invalid(msg, "nil")
+	}
+	if err := checkID(msg, "client_id", m.ClientId); err != nil {
+		return err
+	}
+	if len(m.Capabilities) > maxCapabilities {
+		return invalid(msg, "%d capabilities, at most %d", len(m.Capabilities), maxCapabilities)
+	}
+	for i, c := range m.Capabilities {
+		if err := checkText(msg, fmt.Sprintf("capabilities[%d]", i), c, maxCapabilityLen, true); err != nil {
+			return err
+		}
+	}
+	if err := checkText(msg, "software_version", m.SoftwareVersion, maxVersionLen, false); err != nil {
+		return err
+	}
+	return checkTime(msg, "timestamp_unix_ms", m.TimestampUnixMs)
+}
+
+// Validate implements Message.
+func (m *ClientUpdate) Validate(lim Limits) error {
+	const msg = "client update"
+	if m == nil {
+		return invalid(msg, "nil")
+	}
+	lim = lim.withDefaults()
+	if err := checkID(msg, "client_id", m.ClientId); err != nil {
+		return err
+	}
+	if m.Round == 0 {
+		return invalid(msg, "round must be > 0")
+	}
+	switch m.Kind {
+	case UpdateKind_UPDATE_KIND_FULL, UpdateKind_UPDATE_KIND_DELTA:
+		if m.BaseRound != 0 {
+			return invalid(msg, "base_round must be 0 for kind %v, got %d", m.Kind, m.BaseRound)
+		}
+	case UpdateKind_UPDATE_KIND_Z_DELTA:
+		if m.BaseRound >= m.Round {
+			return invalid(msg, "base_round %d must be < round %d", m.BaseRound, m.Round)
+		}
+	default:
+		return invalid(msg, "kind %d is not FULL, DELTA or Z_DELTA", int32(m.Kind))
+	}
+	if err := checkVector(msg, "vector", m.Vector, lim); err != nil {
+		return err
+	}
+	if m.SampleCount == 0 {
+		return invalid(msg, "sample_count must be > 0")
+	}
+	r := m.Report
+	if r == nil {
+		return invalid(msg, "report is required")
+	}
+	if err := checkNonNeg(msg, "report.achieved_gamma", r.AchievedGamma); err != nil {
+		return err
+	}
+	if err := checkNonNeg(msg, "report.seconds", r.Seconds); err != nil {
+		return err
+	}
+	if err := checkFinite(msg, "report.local_loss", r.LocalLoss); err != nil {
+		return err
+	}
+	if err := checkFinite(msg, "report.anchor_loss", r.AnchorLoss); err != nil {
+		return err
+	}
+	if _, ok := StopReason_name[int32(r.StopReason)]; !ok {
+		return invalid(msg, "report.stop_reason %d is unknown", int32(r.StopReason))
+	}
+	if len(m.AnchorGrad) > lim.MaxAnchorGrad {
+		return invalid(msg, "anchor_grad has %d values, limit %d", len(m.AnchorGrad), lim.MaxAnchorGrad)
+	}
+	for i, g := range m.AnchorGrad {
+		if !finite(g) {
+			return invalid(msg, "anchor_grad[%d] is %v", i, g)
+		}
+	}
+	return checkTime(msg, "sent_at_unix_ms", m.SentAtUnixMs)
+}
+
+// Validate implements Message.
+func (m *Receipt) Validate(lim Limits) error {
+	const msg = "receipt"
+	if m == nil {
+		return invalid(msg, "nil")
+	}
+	if err := checkID(msg, "client_id", m.ClientId); err != nil {
+		return err
+	}
+	if m.Round == 0 {
+		return invalid(msg, "round must be > 0")
+	}
+	if err := checkText(msg, "reason", m.Reason, maxLongTextLen, false); err != nil {
+		return err
+	}
+	if err := checkTime(msg, "stored_at_unix_ms", m.StoredAtUnixMs); err != nil {
+		return err
+	}
+	if _, ok := ReceiptCode_name[int32(m.Code)]; !ok {
+		return invalid(msg, "code %d is unknown", int32(m.Code))
+	}
+	okCode := m.Code == ReceiptCode_RECEIPT_CODE_STORED || m.Code == ReceiptCode_RECEIPT_CODE_DUPLICATE
+	if m.Accepted {
+		if m.StoredAtUnixMs == 0 {
+			return invalid(msg, "an accepted receipt needs stored_at_unix_ms")
+		}
+		if m.Code != ReceiptCode_RECEIPT_CODE_UNSPECIFIED && !okCode {
+			return invalid(msg, "accepted with rejection code %v", m.Code)
+		}
+	} else if okCode {
+		return invalid(msg, "rejected with acceptance code %v", m.Code)
+	}
+	return nil
+}

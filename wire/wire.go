@@ -1,0 +1,292 @@
+// Package wire owns what edge-agent and broker-agg say to each other over
+// MQTT: the topic names (topics.go) and the versioned message envelopes
+// (edgefl.proto, generated Go in edgefl.pb.go).
+//
+// Every payload is one Envelope carrying a schema version and exactly one of
+// RoundAnnouncement, ClientStatus, ClientUpdate or Receipt. Encode validates
+// and serialises a message; the Decode functions treat their input as
+// hostile: they check the size limit first, then the version and the body
+// type by scanning the top-level fields without allocating, then unmarshal,
+// then validate every field. They return errors, never panic, and never
+// return a message that fails validation.
+//
+// Model vectors travel as codec frames (bytes) with the codec's spec string
+// and the dimension; decoding the frame is the quant package's job, and the
+// dimension lets the receiver bound that allocation first.
+package wire
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// Version is the envelope schema version this package writes and the only
+// one it reads.
+const Version uint32 = 1
+
+// Errors returned by the decoders and Encode. Every error wraps exactly one
+// of these (a version error also is a *VersionError).
+var (
+	ErrUnsupportedVersion = errors.New("wire: unsupported message version")
+	ErrTooLarge           = errors.New("wire: message too large")
+	ErrMalformed          = errors.New("wire: malformed message")
+	ErrWrongType          = errors.New("wire: unexpected message type")
+	ErrInvalid            = errors.New("wire: invalid message")
+)
+
+// VersionError reports an envelope whose version this build does not speak.
+// errors.Is(err, ErrUnsupportedVersion) holds for it.
+type VersionError struct {
+	Version uint32 // the version found in the message (0 = missing)
+}
+
+func (e *VersionError) Error() string {
+	if e.Version == 0 {
+		return fmt.Sprintf("wire: message has no version (this build speaks version %d)", Version)
+	}
+	return fmt.Sprintf("wire: unsupported message version %d (this build speaks version %d)", e.Version, Version)
+}
+
+// Is makes errors.Is(err, ErrUnsupportedVersion) true.
+func (e *VersionError) Is(target error) bool { return target == ErrUnsupportedVersion }
+
+// Limits bound what a decoder accepts. A zero (or negative) field takes the
+// value from DefaultLimits.
+type Limits struct {
+	// MaxMessageBytes bounds the whole encoded envelope; it is checked before
+	// anything is parsed. Keep it at or below the broker's packet size cap.
+	MaxMessageBytes int
+	// MaxDimension bounds a model vector's dimension (the receiver will
+	// allocate 8*dimension bytes to decode it).
+	MaxDimension int
+	// MaxClients bounds the selected-client list of a round announcement.
+	MaxClients int
+	// MaxAnchorGrad bounds the length of an update's anchor gradient or its
+	// sketch; default MaxDimension.
+	MaxAnchorGrad int
+}
+
+// DefaultLimits are generous for the models edgefl trains (logistic
+// regression, small MLPs) on gateway hardware.
+var DefaultLimits = Limits{
+	MaxMessageBytes: 32 << 20,
+	MaxDimension:    1 << 22,
+	MaxClients:      100_000,
+	MaxAnchorGrad:   1 << 22,
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxMessageBytes <= 0 {
+		l.MaxMessageBytes = DefaultLimits.MaxMessageBytes
+	}
+	if l.MaxDimension <= 0 {
+		l.MaxDimension = DefaultLimits.MaxDimension
+	}
+	if l.MaxClients <= 0 {
+		l.MaxClients = DefaultLimits.MaxClients
+	}
+	if l.MaxAnchorGrad <= 0 {
+		l.MaxAnchorGrad = l.MaxDimension
+	}
+	return l
+}
+
+// noLimits is what Encode validates against: structure only. The receiver
+// applies its own Limits.
+var noLimits = Limits{
+	MaxMessageBytes: math.MaxInt,
+	MaxDimension:    math.MaxInt,
+	MaxClients:      math.MaxInt,
+	MaxAnchorGrad:   math.MaxInt,
+}
+
+// Message is one of *RoundAnnouncement, *ClientStatus, *ClientUpdate,
+// *Receipt: what an Envelope can carry.
+type Message interface {
+	proto.Message
+	// Validate reports the first field that is missing, out of range or
+	// non-finite, or a size beyond lim (zero fields take DefaultLimits).
+	Validate(lim Limits) error
+	wrap() isEnvelope_Body
+}
+
+func (m *RoundAnnouncement) wrap() isEnvelope_Body { return &Envelope_Round{Round: m} }
+func (m *ClientStatus) wrap() isEnvelope_Body      { return &Envelope_Status{Status: m} }
+func (m *ClientUpdate) wrap() isEnvelope_Body      { return &Envelope_Update{Update: m} }
+func (m *Receipt) wrap() isEnvelope_Body           { return &Envelope_Receipt{Receipt: m} }
+
+// Envelope field numbers (see edgefl.proto).
+const (
+	fieldVersion protowire.Number = 1
+	fieldRound   protowire.Number = 2
+	fieldStatus  protowire.Number = 3
+	fieldUpdate  protowire.Number = 4
+	fieldReceipt protowire.Number = 5
+)
+
+func fieldName(n protowire.Number) string {
+	switch n {
+	case fieldRound:
+		return "RoundAnnouncement"
+	case fieldStatus:
+		return "ClientStatus"
+	case fieldUpdate:
+		return "ClientUpdate"
+	case fieldReceipt:
+		return "Receipt"
+	}
+	return "no body"
+}
+
+var marshalOpts = proto.MarshalOptions{Deterministic: true}
+
+// Encode validates m (structure only: the receiver applies its own Limits)
+// and returns it wrapped in a current-version Envelope. Encoding is
+// deterministic for a given build, so re-encoding gives the same bytes.
+func Encode(m Message) ([]byte, error) {
+	if m == nil || !m.ProtoReflect().IsValid() {
+		return nil, fmt.Errorf("%w: nil message", ErrInvalid)
+	}
+	if err := m.Validate(noLimits); err != nil {
+		return nil, err
+	}
+	b, err := marshalOpts.Marshal(&Envelope{Version: Version, Body: m.wrap()})
+	if err != nil {
+		return nil, fmt.Errorf("wire: marshal %T: %w", m, err)
+	}
+	return b, nil
+}
+
+// peek scans the envelope's top-level fields without allocating and returns
+// the version and the field number of the body (0 if none), with the same
+// last-one-wins rule protobuf applies when unmarshalling.
+func peek(b []byte) (version uint32, body protowire.Number, err error) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return 0, 0, fmt.Errorf("%w: envelope: %w", ErrMalformed, protowire.ParseError(n))
+		}
+		b = b[n:]
+		switch {
+		case num == fieldVersion && typ == protowire.VarintType:
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return 0, 0, fmt.Errorf("%w: envelope version: %w", ErrMalformed, protowire.ParseError(m))
+			}
+			version = uint32(v)
+			n = m
+		case num >= fieldRound && num <= fieldReceipt && typ == protowire.BytesType:
+			_, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return 0, 0, fmt.Errorf("%w: envelope body: %w", ErrMalformed, protowire.ParseError(m))
+			}
+			body = num
+			n = m
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return 0, 0, fmt.Errorf("%w: envelope field %d: %w", ErrMalformed, num, protowire.ParseError(n))
+			}
+		}
+		b = b[n:]
+	}
+	return version, body, nil
+}
+
+var unmarshalOpts = proto.UnmarshalOptions{DiscardUnknown: true}
+
+// decode runs the checks shared by every decoder: size, version, body type
+// (want 0 = any), unmarshal. The message is not yet validated.
+func decode(b []byte, lim Limits, want protowire.Number) (Message, error) {
+	if len(b) > lim.MaxMessageBytes {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(b), lim.MaxMessageBytes)
+	}
+	version, body, err := peek(b)
+	if err != nil {
+		return nil, err
+	}
+	if version != Version {
+		return nil, &VersionError{Version: version}
+	}
+	if body == 0 {
+		return nil, fmt.Errorf("%w: envelope has no body", ErrMalformed)
+	}
+	if want != 0 && body != want {
+		return nil, fmt.Errorf("%w: got %s, want %s", ErrWrongType, fieldName(body), fieldName(want))
+	}
+	var env Envelope
+	if err := unmarshalOpts.Unmarshal(b, &env); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	var m Message
+	switch x := env.Body.(type) {
+	case *Envelope_Round:
+		m = x.Round
+	case *Envelope_Status:
+		m = x.Status
+	case *Envelope_Update:
+		m = x.Update
+	case *Envelope_Receipt:
+		m = x.Receipt
+	}
+	if m == nil || !m.ProtoReflect().IsValid() {
+		// Unreachable after peek, kept so that a mismatch is an error.
+		return nil, fmt.Errorf("%w: envelope has no body", ErrMalformed)
+	}
+	return m, nil
+}
+
+// Decode decodes and validates an envelope of any type. Use a type switch on
+// the result, or the typed decoders when the topic fixes the type.
+func Decode(b []byte, lim Limits) (Message, error) {
+	lim = lim.withDefaults()
+	m, err := decode(b, lim, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Validate(lim); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func decodeAs[T Message](b []byte, lim Limits, want protowire.Number) (T, error) {
+	var zero T
+	lim = lim.withDefaults()
+	m, err := decode(b, lim, want)
+	if err != nil {
+		return zero, err
+	}
+	t, ok := m.(T)
+	if !ok { // unreachable: decode checked the body field
+		return zero, fmt.Errorf("%w: got %T", ErrWrongType, m)
+	}
+	if err := t.Validate(lim); err != nil {
+		return zero, err
+	}
+	return t, nil
+}
+
+// DecodeRound decodes and validates a RoundAnnouncement envelope.
+func DecodeRound(b []byte, lim Limits) (*RoundAnnouncement, error) {
+	return decodeAs[*RoundAnnouncement](b, lim, fieldRound)
+}
+
+// DecodeStatus decodes and validates a ClientStatus envelope.
+func DecodeStatus(b []byte, lim Limits) (*ClientStatus, error) {
+	return decodeAs[*ClientStatus](b, lim, fieldStatus)
+}
+
+// DecodeUpdate decodes and validates a ClientUpdate envelope.
+func DecodeUpdate(b []byte, lim Limits) (*ClientUpdate, error) {
+	return decodeAs[*ClientUpdate](b, lim, fieldUpdate)
+}
+
+// DecodeReceipt decodes and validates a Receipt envelope.
+func DecodeReceipt(b []byte, lim Limits) (*Receipt, error) {
+	return decodeAs[*Receipt](b, lim, fieldReceipt)
+}
