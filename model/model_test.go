@@ -385,3 +385,50 @@ func equalBits(a, b []float64) bool {
 	}
 	return true
 }
+
+// TestShapePanics checks the documented panics on programmer errors, and that
+// they say what is wrong.
+func TestShapePanics(t *testing.T) {
+	mlp, err := NewMLP(2, 3, 2, ActivationReLU, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Data{N: 1, D: 2, X: []float64{1, 2}, Y: []float64{0}}
+	for _, m := range []Model{NewLogReg(2, 2, 0), NewBinaryLogReg(2, 0), mlp} {
+		np := m.NumParams()
+		tests := []struct {
+			name string
+			call func()
+			want string
+		}{
+			{"short w", func() { m.LossGrad(make([]float64, np-1), d, nil) }, "parameters"},
+			{"short grad", func() { m.LossGrad(make([]float64, np), d, make([]float64, np-1)) }, "gradient"},
+			{"features", func() { m.LossGrad(make([]float64, np), Data{N: 1, D: 1, X: []float64{1}, Y: []float64{0}}, nil) }, "features"},
+			{"short X", func() {
+				m.Predict(make([]float64, np), Data{N: 2, D: 2, X: []float64{1, 2}, Y: []float64{0, 1}}, make([]float64, 2))
+			}, "data 2×2"},
+			{"short out", func() { m.Predict(make([]float64, np), d, nil) }, "predictions"},
+		}
+		for _, tt := range tests {
+			func() {
+				defer func() {
+					r := recover()
+					if msg, _ := r.(string); !strings.Contains(msg, tt.want) {
+						t.Errorf("%s %s: panic %v, want one mentioning %q", m.Spec().Kind, tt.name, r, tt.want)
+					}
+				}()
+				tt.call()
+			}()
+		}
+	}
+	for _, f := range []func(){func() { NewLogReg(2, 1, 0) }, func() { NewBinaryLogReg(0, 0) }} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("constructor accepted a bad shape")
+				}
+			}()
+			f()
+		}()
+	}
+}
