@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/edgefl/edgefl/model"
 )
@@ -249,7 +250,7 @@ func LoadIDX(dir string) (*Dataset, error) {
 		}
 		if s == 0 {
 			d = sd
-		} else if sd != d {
+		} else if !slices.Equal(img.Dims[1:], images[0].Dims[1:]) {
 			return nil, fmt.Errorf("idx %s: samples of dimensions %v, but %s has %v", paths[s][0], img.Dims[1:], paths[0][0], images[0].Dims[1:])
 		}
 		n += img.Dims[0]
