@@ -184,7 +184,9 @@ func TestLoadIDXErrors(t *testing.T) {
 		{"label count", func(m map[string][]byte) { m["train-labels-idx1-ubyte"] = idxBytes([]uint32{3}, []byte{0, 1, 1}) }, "3 labels for the 2 images"},
 		{"labels 2-d", func(m map[string][]byte) { m["t10k-labels-idx1-ubyte"] = idxBytes([]uint32{2, 1}, []byte{0, 1}) }, "expected one label per sample"},
 		{"images 1-d", func(m map[string][]byte) { m["t10k-images-idx3-ubyte"] = idxBytes([]uint32{2}, []byte{0, 1}) }, "expected samples × features"},
-		{"dimension mismatch", func(m map[string][]byte) { m["t10k-images-idx3-ubyte"] = idxBytes([]uint32{2, 2, 1}, []byte{1, 2, 3, 4}) }, "but"},
+		{"dimension mismatch", func(m map[string][]byte) {
+			m["t10k-images-idx3-ubyte"] = idxBytes([]uint32{2, 2, 1}, []byte{1, 2, 3, 4})
+		}, "but"},
 		{"no samples", func(m map[string][]byte) {
 			m["t10k-images-idx3-ubyte"] = idxBytes([]uint32{0, 1, 2}, nil)
 			m["t10k-labels-idx1-ubyte"] = idxBytes([]uint32{0}, nil)
