@@ -1,0 +1,214 @@
+package quant
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"math/rand/v2"
+)
+
+// Encode appends to dst the frame of delta under c's spec and returns it.
+//
+// residual may be nil (no error feedback). Otherwise it must have
+// len(delta): Encode encodes v = delta + residual and, on success only,
+// overwrites residual with v minus what the receiver will decode. delta is
+// never written.
+//
+// rng is required by qsgd (the only stage that draws) and ignored otherwise;
+// the same rng state gives the same bytes. Encode fails with ErrInput on NaN
+// or ±Inf in delta or residual, on a magnitude beyond the float32 range or a
+// qsgd bucket norm that overflows float32, and with ErrTooLarge when
+// len(delta) > Limits.MaxDim or the frame would exceed Limits.MaxFrame. On
+// error it returns dst unchanged in length.
+func (c *Codec) Encode(dst []byte, delta, residual []float64, rng *rand.Rand) ([]byte, error) {
+	n := len(delta)
+	if n > c.lim.MaxDim {
+		return dst, fmt.Errorf("%w: dimension %d, limit %d", ErrTooLarge, n, c.lim.MaxDim)
+	}
+	if residual != nil && len(residual) != n {
+		return dst, fmt.Errorf("%w: residual has %d values, delta %d", ErrInput, len(residual), n)
+	}
+	if c.val.kind == valQSGD && rng == nil {
+		return dst, fmt.Errorf("%w: %s needs a *rand.Rand", ErrInput, c.val)
+	}
+	v, err := c.input(delta, residual)
+	if err != nil {
+		return dst, err
+	}
+
+	// Raw payload, and the receiver's view of the sent values in recon.
+	var recon []float64
+	raw := c.rawb[:0]
+	h := header{zstd: !c.raw, sparse: c.sparse, val: c.val, dim: n, nnz: n}
+	var idx []uint32
+	if c.sparse {
+		idx = c.selectTopK(v, c.top.k(n))
+		h.nnz = len(idx)
+		raw = appendIndices(raw, idx)
+		c.vals = resize(c.vals, len(idx))
+		for j, i := range idx {
+			c.vals[j] = v[i]
+		}
+		if residual != nil {
+			recon = resize(c.recon, len(idx))
+		}
+		raw, err = c.val.encode(raw, c.vals, rng, recon)
+	} else {
+		if residual != nil {
+			recon = resize(c.recon, n)
+		}
+		raw, err = c.val.encode(raw, v, rng, recon)
+	}
+	c.rawb = raw
+	if recon != nil {
+		c.recon = recon
+	}
+	if err != nil {
+		return dst, err
+	}
+	h.rawLen = len(raw)
+
+	// Frame: header, payload (zstd appends in place), CRC32C.
+	off := len(dst)
+	dst = grow(dst, headerLen)
+	if h.zstd && len(raw) > 0 {
+		dst = c.z.compress(dst, raw)
+	} else {
+		dst = append(dst, raw...)
+	}
+	h.payLen = len(dst) - off - headerLen
+	if size := headerLen + h.payLen + crcLen; size > c.lim.MaxFrame {
+		return dst[:off], fmt.Errorf("%w: frame would be %d bytes, limit %d", ErrTooLarge, size, c.lim.MaxFrame)
+	}
+	h.put(dst[off:])
+	dst = binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[off:], castagnoli))
+
+	// Error feedback: what was not sent stays with the sender.
+	if residual != nil {
+		if c.sparse {
+			copy(residual, v)
+			for j, i := range idx {
+				residual[i] = v[i] - recon[j]
+			}
+		} else {
+			for i := range residual {
+				residual[i] = v[i] - recon[i]
+			}
+		}
+	}
+	return dst, nil
+}
+
+// input validates delta and residual and returns the vector to encode:
+// delta itself, or delta + residual in scratch.
+func (c *Codec) input(delta, residual []float64) ([]float64, error) {
+	for i, f := range delta {
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return nil, fmt.Errorf("%w: delta[%d] is %v", ErrInput, i, f)
+		}
+	}
+	v := delta
+	if residual != nil {
+		c.sum = resize(c.sum, len(delta))
+		for i, r := range residual {
+			if math.IsNaN(r) || math.IsInf(r, 0) {
+				return nil, fmt.Errorf("%w: residual[%d] is %v", ErrInput, i, r)
+			}
+			c.sum[i] = delta[i] + r
+		}
+		v = c.sum
+	}
+	for i, f := range v {
+		if math.Abs(f) > math.MaxFloat32 && math.IsInf(float64(float32(f)), 0) {
+			what := "delta"
+			if residual != nil {
+				what = "delta+residual"
+			}
+			return nil, fmt.Errorf("%w: %s[%d] = %g is beyond the float32 range", ErrInput, what, i, f)
+		}
+	}
+	return v, nil
+}
+
+// open parses and checks a frame and decompresses and validates its
+// payload; after it succeeds, writing the values cannot fail. wantDim >= 0
+// demands that dimension (checked before decompressing). For a top-k frame
+// the indices are in c.didx[:nnz]. It returns the value section.
+func (c *Codec) open(msg []byte, wantDim int) (header, []byte, error) {
+	h, pay, err := parseFrame(msg, c.lim)
+	if err != nil {
+		return h, nil, err
+	}
+	if wantDim >= 0 && h.dim != wantDim {
+		return h, nil, fmt.Errorf("%w: frame has dimension %d, destination %d", ErrDimension, h.dim, wantDim)
+	}
+	raw := pay
+	if h.zstd && h.rawLen > 0 {
+		raw, c.draw, err = c.z.decompress(c.draw, pay, h.rawLen)
+		if err != nil {
+			return h, nil, err
+		}
+	}
+	if h.sparse {
+		var used int
+		c.didx, used, err = parseIndices(raw, h.nnz, h.dim, c.didx)
+		if err != nil {
+			return h, nil, err
+		}
+		raw = raw[used:]
+	}
+	if err := h.val.validate(raw, h.nnz); err != nil {
+		return h, nil, err
+	}
+	return h, raw, nil
+}
+
+// Decode decodes any valid frame, whatever codec made it (the frame says),
+// into dst's storage when it has the capacity (else a new slice), and returns
+// the vector, of the frame's dimension, all values finite. On error it
+// returns nil and dst's contents are unspecified. Limits bound every size
+// before anything is allocated.
+func (c *Codec) Decode(msg []byte, dst []float64) ([]float64, error) {
+	h, vals, err := c.open(msg, -1)
+	if err != nil {
+		return nil, err
+	}
+	out := resize(dst, h.dim)
+	if !h.sparse {
+		h.val.decode(vals, out, false, 0)
+		return out, nil
+	}
+	clear(out)
+	c.dvals = resize(c.dvals, h.nnz)
+	h.val.decode(vals, c.dvals, false, 0)
+	for j, i := range c.didx[:h.nnz] {
+		out[i] = c.dvals[j]
+	}
+	return out, nil
+}
+
+// DecodeAdd adds scale times the frame's vector to dst, whose length must be
+// the frame's dimension (ErrDimension, checked before decompressing). Dense
+// frames are accumulated straight from the payload and top-k frames touch
+// only their nnz coordinates: the dense vector is never materialised. The
+// whole frame is validated first, so on any error dst is unchanged.
+func (c *Codec) DecodeAdd(msg []byte, dst []float64, scale float64) error {
+	if math.IsNaN(scale) || math.IsInf(scale, 0) {
+		return fmt.Errorf("%w: scale is %v", ErrInput, scale)
+	}
+	h, vals, err := c.open(msg, len(dst))
+	if err != nil {
+		return err
+	}
+	if !h.sparse {
+		h.val.decode(vals, dst, true, scale)
+		return nil
+	}
+	c.dvals = resize(c.dvals, h.nnz)
+	h.val.decode(vals, c.dvals, false, 0)
+	for j, i := range c.didx[:h.nnz] {
+		dst[i] += float64(scale * c.dvals[j])
+	}
+	return nil
+}

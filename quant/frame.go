@@ -1,0 +1,212 @@
+package quant
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+)
+
+const (
+	magic     = "EFLQ"
+	version   = 1
+	headerLen = 32
+	crcLen    = 4
+
+	flagZstd = 1 << 0
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli) // immutable after init
+
+// header is a parsed frame header.
+type header struct {
+	zstd   bool
+	sparse bool
+	val    valueCoder
+	dim    int
+	nnz    int
+	rawLen int
+	payLen int
+}
+
+func (h *header) put(b []byte) {
+	copy(b, magic)
+	b[4] = version
+	b[5] = 0
+	if h.zstd {
+		b[5] = flagZstd
+	}
+	b[6] = sparseNone
+	if h.sparse {
+		b[6] = sparseTopK
+	}
+	b[7] = h.val.kind
+	b[8] = h.val.scale
+	b[9] = uint8(h.val.levels)
+	b[10], b[11] = 0, 0
+	binary.LittleEndian.PutUint32(b[12:], uint32(h.val.bucket))
+	binary.LittleEndian.PutUint32(b[16:], uint32(h.dim))
+	binary.LittleEndian.PutUint32(b[20:], uint32(h.nnz))
+	binary.LittleEndian.PutUint32(b[24:], uint32(h.rawLen))
+	binary.LittleEndian.PutUint32(b[28:], uint32(h.payLen))
+}
+
+// spec is the canonical spec of the frame's codec (a top-k frame shows the
+// number of values it carries as its count).
+func (h *header) spec() string {
+	c := Codec{sparse: h.sparse, top: topK{count: h.nnz}, val: h.val, raw: !h.zstd}
+	return c.String()
+}
+
+// parseFrame checks everything the header alone can tell, in an order that
+// reads no byte it has not bounded and allocates nothing: frame size, magic,
+// version, lengths, CRC32C, flags, codec ids and parameters, dimension, and
+// that the declared payload sizes are consistent with each other and with
+// the payload present. It returns the header and the payload.
+func parseFrame(msg []byte, lim Limits) (header, []byte, error) {
+	var h header
+	if len(msg) > lim.MaxFrame {
+		return h, nil, fmt.Errorf("%w: frame is %d bytes, limit %d", ErrTooLarge, len(msg), lim.MaxFrame)
+	}
+	if len(msg) < len(magic) || string(msg[:len(magic)]) != magic {
+		if len(msg) < len(magic) && string(msg) == magic[:len(msg)] {
+			return h, nil, fmt.Errorf("%w: %d bytes, shorter than a header", ErrTruncated, len(msg))
+		}
+		return h, nil, fmt.Errorf("%w: no %q magic", ErrFormat, magic)
+	}
+	if len(msg) < 5 {
+		return h, nil, fmt.Errorf("%w: %d bytes, shorter than a header", ErrTruncated, len(msg))
+	}
+	if msg[4] != version {
+		return h, nil, fmt.Errorf("%w: version %d (this build speaks %d)", ErrVersion, msg[4], version)
+	}
+	if len(msg) < headerLen+crcLen {
+		return h, nil, fmt.Errorf("%w: %d bytes, shorter than header and checksum (%d)", ErrTruncated, len(msg), headerLen+crcLen)
+	}
+	h.payLen = int(binary.LittleEndian.Uint32(msg[28:]))
+	if want := uint64(headerLen) + uint64(h.payLen) + crcLen; uint64(len(msg)) != want {
+		if uint64(len(msg)) < want {
+			return h, nil, fmt.Errorf("%w: %d bytes, header declares %d", ErrTruncated, len(msg), want)
+		}
+		return h, nil, fmt.Errorf("%w: %d bytes after the declared %d-byte frame", ErrFormat, uint64(len(msg))-want, want)
+	}
+	body := msg[:headerLen+h.payLen]
+	if got, want := crc32.Checksum(body, castagnoli), binary.LittleEndian.Uint32(msg[headerLen+h.payLen:]); got != want {
+		return h, nil, fmt.Errorf("%w: computed %08x, frame says %08x", ErrChecksum, got, want)
+	}
+	if msg[5]&^flagZstd != 0 || msg[10] != 0 || msg[11] != 0 {
+		return h, nil, fmt.Errorf("%w: unknown flags %#x or reserved bytes %#x %#x set", ErrFormat, msg[5], msg[10], msg[11])
+	}
+	h.zstd = msg[5]&flagZstd != 0
+	switch msg[6] {
+	case sparseNone:
+	case sparseTopK:
+		h.sparse = true
+	default:
+		return h, nil, fmt.Errorf("%w: sparsifier id %d", ErrCodec, msg[6])
+	}
+	v := valueCoder{kind: msg[7], scale: msg[8], levels: int(msg[9]), bucket: int(binary.LittleEndian.Uint32(msg[12:]))}
+	if err := v.check(); err != nil {
+		return h, nil, err
+	}
+	h.val = v
+	h.dim = int(binary.LittleEndian.Uint32(msg[16:]))
+	h.nnz = int(binary.LittleEndian.Uint32(msg[20:]))
+	h.rawLen = int(binary.LittleEndian.Uint32(msg[24:]))
+	if h.dim > lim.MaxDim {
+		return h, nil, fmt.Errorf("%w: dimension %d, limit %d", ErrTooLarge, h.dim, lim.MaxDim)
+	}
+	if err := h.checkSizes(); err != nil {
+		return h, nil, err
+	}
+	return h, msg[headerLen : headerLen+h.payLen], nil
+}
+
+// check validates a value coder read from a frame.
+func (v valueCoder) check() error {
+	bucketed := false
+	switch v.kind {
+	case valFP32, valFP16:
+	case valQ8, valQ4:
+		if v.scale != scaleMinMax && v.scale != scaleAbsMax {
+			return fmt.Errorf("%w: scale mode %d", ErrCodec, v.scale)
+		}
+		bucketed = true
+	case valQSGD:
+		if v.levels < 1 || v.levels > maxLevels {
+			return fmt.Errorf("%w: qsgd levels %d", ErrCodec, v.levels)
+		}
+		bucketed = true
+	default:
+		return fmt.Errorf("%w: value coder id %d", ErrCodec, v.kind)
+	}
+	if v.kind != valQ8 && v.kind != valQ4 && v.scale != 0 {
+		return fmt.Errorf("%w: scale mode %d for %s", ErrCodec, v.scale, v)
+	}
+	if v.kind != valQSGD && v.levels != 0 {
+		return fmt.Errorf("%w: levels %d for %s", ErrCodec, v.levels, v)
+	}
+	if bucketed != (v.bucket != 0) || v.bucket > maxBucket {
+		return fmt.Errorf("%w: bucket %d for %s", ErrCodec, v.bucket, v)
+	}
+	return nil
+}
+
+// checkSizes checks nnz, rawLen and payLen against dim and the codec.
+func (h *header) checkSizes() error {
+	if !h.sparse && h.nnz != h.dim {
+		return corrupt("dense frame with nnz %d != dimension %d", h.nnz, h.dim)
+	}
+	if h.nnz > h.dim {
+		return corrupt("nnz %d above dimension %d", h.nnz, h.dim)
+	}
+	lo := h.val.size(h.nnz) // dense, or sparse with 1-byte varints
+	hi := lo
+	if h.sparse {
+		lo += h.nnz
+		hi += binary.MaxVarintLen32 * h.nnz
+	}
+	if h.rawLen < lo || h.rawLen > hi {
+		if lo == hi {
+			return corrupt("raw payload length %d, want %d for %d values of %s", h.rawLen, lo, h.nnz, h.val)
+		}
+		return corrupt("raw payload length %d outside %d..%d for %d values of %s", h.rawLen, lo, hi, h.nnz, h.val)
+	}
+	switch {
+	case !h.zstd && h.payLen != h.rawLen:
+		return corrupt("uncompressed payload is %d bytes, header declares %d", h.payLen, h.rawLen)
+	case h.zstd && h.rawLen == 0 && h.payLen != 0:
+		return corrupt("empty raw payload with %d payload bytes", h.payLen)
+	case h.zstd && uint64(h.rawLen) > zMaxRatio*uint64(h.payLen):
+		return corrupt("declared %d bytes cannot come from %d bytes of zstd", h.rawLen, h.payLen)
+	}
+	return nil
+}
+
+// Info describes a frame, as Inspect reads it from the header.
+type Info struct {
+	// Spec is the frame's codec in canonical spec form. A top-k frame shows
+	// the number of values it carries as the count ("topk:79+qsgd:16").
+	Spec       string
+	Dim        int  // vector length
+	NNZ        int  // values carried (Dim for dense codecs)
+	Compressed bool // payload is zstd
+	RawLen     int  // payload bytes before zstd
+	FrameLen   int  // whole frame, header and checksum included
+}
+
+// inspectLimits accept any frame the format can express.
+var inspectLimits = Limits{MaxDim: maxLimitDim, MaxFrame: maxLimitFrame}
+
+// Inspect checks a frame's structure and checksum and describes it without
+// decoding the payload (and without allocating). A frame Inspect accepts can
+// still fail to decode: payload content and Limits are checked by Decode.
+func Inspect(msg []byte) (Info, error) {
+	h, _, err := parseFrame(msg, inspectLimits)
+	if err != nil {
+		return Info{}, err
+	}
+	return Info{
+		Spec: h.spec(), Dim: h.dim, NNZ: h.nnz, Compressed: h.zstd,
+		RawLen: h.rawLen, FrameLen: len(msg),
+	}, nil
+}
