@@ -1,0 +1,758 @@
+// Package aggregator is the on-prem round coordinator of broker-agg.
+//
+// The Coordinator is a deterministic state machine in the style of etcd raft's
+// core: the I/O shell feeds it events (client online/offline, update arrived,
+// timer tick, round aggregated) and carries out the decisions it returns
+// (announce, extend, accept/reject, close, set timer, finished). It starts no
+// goroutines, does no I/O and never reads a clock: every event carries its
+// time, so deadlines and stragglers are tested with plain time values.
+//
+// # Round life cycle
+//
+// A round is announced when K online clients can be selected, or when at
+// least Quorum can and the round has waited Config.Settle for more (this
+// absorbs the burst of retained status messages at start-up). With fewer than
+// Quorum clients online the round waits, with no timer, until enough come
+// online. Once announced, the round closes as soon as every selected client
+// has reported, or at the deadline if at least Quorum have. Below quorum at
+// the deadline it is extended once (Extend); below quorum at the extended
+// deadline the clients are re-selected for the same round number (Announce
+// with Attempt > 0): updates already received are kept, their senders stay in
+// the selection and K minus their number are drawn from the other online
+// clients. From the first missed deadline on the round is overdue and closes
+// the moment it has Quorum updates. After Config.MaxReselections
+// re-selections the round stalls: it keeps its selection, sets no timer and
+// closes when enough invited clients report. It never closes below quorum: a
+// global model made of one or two hospitals' models would publish those
+// sites' models to everyone.
+//
+// # Ordering contract with the shell
+//
+// Carry out each batch's decisions in order, and persist Snapshot() together
+// with the accepted updates in the same bbolt transaction before doing
+// anything visible outside (publishing an announcement, sending a receipt);
+// like raft's "persist before send", this guarantees that a restarted
+// coordinator never announces a different selection for a round and attempt
+// that the clients have already seen. CloseRound ends a round; the shell
+// aggregates, checkpoints, persists and only then steps AggregatedRound, which
+// opens the next round (or emits Finished), so the closed round is durable
+// before the next announcement is published.
+package aggregator
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/edgefl/edgefl/aggregate"
+)
+
+// Config sets the coordinator's policy. The zero value is not valid: see New.
+type Config struct {
+	// K is the number of clients selected per round (>= 1).
+	K int
+	// Quorum is the minimum number of updates a round closes with
+	// (1 <= Quorum <= K); QuorumOf derives it from a fraction of K.
+	Quorum int
+	// RoundTimeout is the time from an announcement to its deadline (> 0).
+	RoundTimeout time.Duration
+	// Extension is how long the single extension lasts; 0 means RoundTimeout.
+	Extension time.Duration
+	// MaxReselections bounds the re-selections per round; negative means
+	// unlimited (one every RoundTimeout+Extension while below quorum).
+	MaxReselections int
+	// Settle is how long a round waits for K clients to be online before it
+	// is announced to fewer (but at least Quorum); 0 announces at once.
+	Settle time.Duration
+	// Rounds is the total number of rounds; 0 runs forever.
+	Rounds int
+	// Seed derives each selection's random source, together with the round
+	// number and the attempt, so a restarted coordinator selects the same.
+	Seed uint64
+	// Selector picks clients; nil means aggregate.Uniform. Its own state (if
+	// any) is not part of Snapshot: use selectors that are a function of
+	// (round, candidates, rng) to keep restarts deterministic.
+	Selector aggregate.Selector
+	// StoreLate is true for the FedSplit family: an update that arrives after
+	// its round closed becomes the client's latest z (AcceptLate). FedAvg and
+	// FedProx ignore late updates (Reject with StaleRound or RoundClosed).
+	StoreLate bool
+}
+
+// ErrConfig reports an invalid Config.
+var ErrConfig = errors.New("aggregator: invalid config")
+
+// QuorumOf returns ceil(fraction*k) clamped to [1, k]. A tolerance absorbs
+// float error, so QuorumOf(10, 0.7) is 7, not 8.
+func QuorumOf(k int, fraction float64) int {
+	if k < 1 {
+		return 1
+	}
+	q := int(math.Ceil(fraction*float64(k) - 1e-9))
+	return min(max(q, 1), k)
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.K < 1:
+		return fmt.Errorf("%w: K = %d, want >= 1", ErrConfig, c.K)
+	case c.Quorum < 1 || c.Quorum > c.K:
+		return fmt.Errorf("%w: Quorum = %d, want 1..K (%d)", ErrConfig, c.Quorum, c.K)
+	case c.RoundTimeout <= 0:
+		return fmt.Errorf("%w: RoundTimeout = %v, want > 0", ErrConfig, c.RoundTimeout)
+	case c.Extension < 0:
+		return fmt.Errorf("%w: Extension = %v, want >= 0", ErrConfig, c.Extension)
+	case c.Settle < 0:
+		return fmt.Errorf("%w: Settle = %v, want >= 0", ErrConfig, c.Settle)
+	case c.Rounds < 0:
+		return fmt.Errorf("%w: Rounds = %d, want >= 0", ErrConfig, c.Rounds)
+	}
+	return nil
+}
+
+// Phase is where the current round is in its life cycle.
+type Phase string
+
+const (
+	// PhaseWaiting: the round (or its re-selection) waits for enough online
+	// clients, or for Settle to pass; no announcement is in force.
+	PhaseWaiting Phase = "waiting"
+	// PhaseCollecting: a selection is announced and its deadline is armed.
+	PhaseCollecting Phase = "collecting"
+	// PhaseStalled: re-selections are exhausted below quorum; the round
+	// waits, without a timer, for invited clients to report.
+	PhaseStalled Phase = "stalled"
+	// PhaseClosing: CloseRound was emitted; waiting for AggregatedRound.
+	PhaseClosing Phase = "closing"
+	// PhaseFinished: the last round is aggregated; Step does nothing more.
+	PhaseFinished Phase = "finished"
+)
+
+// Event is an input to Step: ClientOnline, ClientOffline, UpdateArrived, Tick
+// or AggregatedRound, passed by value.
+type Event interface{ eventTime() time.Time }
+
+// ClientOnline: a client's status says it is online (also fed from retained
+// status messages at start-up). Samples is its n_k.
+type ClientOnline struct {
+	ID      string
+	Samples int
+	At      time.Time
+}
+
+// ClientOffline: a client's status (or last will) says it is offline. An
+// unknown ID is registered as a known, offline client.
+type ClientOffline struct {
+	ID string
+	At time.Time
+}
+
+// UpdateArrived: a decoded and validated update. Partial is the work
+// report's partial flag; Loss is its anchor loss (the client's loss at the
+// round's global model, fed to loss-based selectors), NaN when unknown.
+type UpdateArrived struct {
+	Client  string
+	Round   int
+	Partial bool
+	Loss    float64
+	At      time.Time
+}
+
+// Tick: the timer the coordinator asked for (SetTimer) fired. Early or
+// spurious ticks are harmless.
+type Tick struct{ At time.Time }
+
+// AggregatedRound: the shell aggregated and durably checkpointed the round
+// that CloseRound closed.
+type AggregatedRound struct {
+	Round int
+	At    time.Time
+}
+
+func (e ClientOnline) eventTime() time.Time    { return e.At }
+func (e ClientOffline) eventTime() time.Time   { return e.At }
+func (e UpdateArrived) eventTime() time.Time   { return e.At }
+func (e Tick) eventTime() time.Time            { return e.At }
+func (e AggregatedRound) eventTime() time.Time { return e.At }
+
+// Decision is an output of Step, to be carried out in order.
+type Decision interface{ decision() }
+
+// Announce: publish the retained round message for Round with this selection
+// and deadline. Attempt is 0 for the first selection and counts
+// re-selections; a re-selection keeps the clients whose updates were already
+// received in Selected. Selected is sorted.
+type Announce struct {
+	Round    int
+	Attempt  int
+	Selected []string
+	Deadline time.Time
+}
+
+// Extend: republish the round message with the extended deadline.
+type Extend struct {
+	Round    int
+	Deadline time.Time
+}
+
+// Accept: store the update for (Round, Client) durably, then receipt it.
+type Accept struct {
+	Round   int
+	Client  string
+	Partial bool
+}
+
+// AcceptLate (FedSplit family only): store the update as the client's latest
+// z, durably, then receipt it. It is not a contributor of Round: Round is
+// closed (or closing, and its CloseRound.Contributors is what it aggregates).
+type AcceptLate struct {
+	Round   int
+	Client  string
+	Partial bool
+}
+
+// Reject: do not store; receipt with the reason's code.
+type Reject struct {
+	Round  int
+	Client string
+	Reason Reason
+}
+
+// CloseRound: aggregate Round from exactly the Contributors' updates (the
+// FedSplit family: from every known client's latest z), checkpoint, then step
+// AggregatedRound. Stragglers were invited but did not report; Partial lists
+// contributors that sent partial work. All lists are sorted.
+type CloseRound struct {
+	Round        int
+	Contributors []string
+	Partial      []string
+	Stragglers   []string
+	At           time.Time
+}
+
+// SetTimer: (re)arm the single timer to fire a Tick at At; the zero time
+// cancels it.
+type SetTimer struct{ At time.Time }
+
+// Finished: the last round (Rounds) is aggregated; no decision follows.
+type Finished struct {
+	Rounds int
+	At     time.Time
+}
+
+func (Announce) decision()   {}
+func (Extend) decision()     {}
+func (Accept) decision()     {}
+func (AcceptLate) decision() {}
+func (Reject) decision()     {}
+func (CloseRound) decision() {}
+func (SetTimer) decision()   {}
+func (Finished) decision()   {}
+
+// Reason says why an update was rejected; its String is the metric label.
+type Reason int
+
+const (
+	// StaleRound: for a round before the current one (FedAvg/FedProx ignore
+	// late updates; FedSplit too when it holds a newer update of the client
+	// or the client was not invited to that round).
+	StaleRound Reason = iota + 1
+	// FutureRound: for a round not announced yet.
+	FutureRound
+	// NotSelected: for the current round from a client never invited to it.
+	NotSelected
+	// Duplicate: (round, client) is already stored; this copy is ignored.
+	Duplicate
+	// UnknownClient: the client was never seen in a status message.
+	UnknownClient
+	// RoundClosed: for the current round after CloseRound (FedAvg/FedProx).
+	RoundClosed
+)
+
+var reasonNames = map[Reason]string{
+	StaleRound:    "stale_round",
+	FutureRound:   "future_round",
+	NotSelected:   "not_selected",
+	Duplicate:     "duplicate",
+	UnknownClient: "unknown_client",
+	RoundClosed:   "round_closed",
+}
+
+// Reasons lists every Reason, for exporting zero-valued metrics.
+func Reasons() []Reason {
+	return []Reason{StaleRound, FutureRound, NotSelected, Duplicate, UnknownClient, RoundClosed}
+}
+
+func (r Reason) String() string {
+	if s, ok := reasonNames[r]; ok {
+		return s
+	}
+	return fmt.Sprintf("reason(%d)", int(r))
+}
+
+// MarshalText makes Reason a readable JSON map key.
+func (r Reason) MarshalText() ([]byte, error) {
+	if _, ok := reasonNames[r]; !ok {
+		return nil, fmt.Errorf("aggregator: unknown reason %d", int(r))
+	}
+	return []byte(r.String()), nil
+}
+
+// UnmarshalText parses a name written by MarshalText.
+func (r *Reason) UnmarshalText(b []byte) error {
+	for k, v := range reasonNames {
+		if v == string(b) {
+			*r = k
+			return nil
+		}
+	}
+	return fmt.Errorf("aggregator: unknown reason %q", b)
+}
+
+// Counters are monotonic totals for metrics; they survive Snapshot/Restore.
+type Counters struct {
+	Accepted       uint64            `json:"accepted"`
+	AcceptedLate   uint64            `json:"accepted_late"`
+	PartialUpdates uint64            `json:"partial_updates"` // accepted (incl. late) with partial work
+	Rejected       map[Reason]uint64 `json:"rejected,omitempty"`
+	Stragglers     uint64            `json:"stragglers"` // invited, not reported, summed over closed rounds
+	Extensions     uint64            `json:"extensions"`
+	Reselections   uint64            `json:"reselections"`
+	Stalls         uint64            `json:"stalls"` // rounds that ran out of re-selections
+	RoundsClosed   uint64            `json:"rounds_closed"`
+	Ignored        uint64            `json:"ignored"` // malformed or out-of-place events
+}
+
+func (c Counters) clone() Counters {
+	if c.Rejected != nil {
+		m := make(map[Reason]uint64, len(c.Rejected))
+		for k, v := range c.Rejected {
+			m[k] = v
+		}
+		c.Rejected = m
+	}
+	return c
+}
+
+// client is the registry entry of one known client.
+type client struct {
+	samples     int
+	online      bool
+	loss        float64 // NaN when unknown
+	lastRound   int     // latest round whose update from this client is stored
+	lastInvited int     // latest round this client was invited to
+}
+
+// Coordinator is the round state machine. It is not safe for concurrent use:
+// the shell steps it from one goroutine.
+type Coordinator struct {
+	cfg     Config
+	sel     aggregate.Selector
+	clients map[string]*client
+
+	phase        Phase
+	round        int
+	attempts     int             // selections announced for this round
+	selected     []string        // current selection, sorted
+	invited      map[string]bool // union of this round's selections
+	received     map[string]bool // client -> partial, this round's contributors
+	deadline     time.Time
+	extended     bool // the current selection's deadline was extended
+	overdue      bool // a deadline passed below quorum: close on quorum
+	started      bool // waitingSince is set
+	waitingSince time.Time
+	closedAt     time.Time // CloseRound's or Finished's time
+	timer        time.Time // last SetTimer sent
+	counters     Counters
+}
+
+// New returns a coordinator waiting to announce round 1. The waiting (for
+// Settle) starts with the first event stepped.
+func New(cfg Config) (*Coordinator, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Extension == 0 {
+		cfg.Extension = cfg.RoundTimeout
+	}
+	sel := cfg.Selector
+	if sel == nil {
+		sel = aggregate.Uniform{}
+	}
+	c := &Coordinator{cfg: cfg, sel: sel, clients: map[string]*client{}}
+	c.resetRound(1)
+	return c, nil
+}
+
+func (c *Coordinator) resetRound(r int) {
+	c.phase = PhaseWaiting
+	c.round = r
+	c.attempts = 0
+	c.selected = nil
+	c.invited = map[string]bool{}
+	c.received = map[string]bool{}
+	c.deadline = time.Time{}
+	c.extended, c.overdue = false, false
+}
+
+// Round is the current round number (the last one once finished).
+func (c *Coordinator) Round() int { return c.round }
+
+// Phase is the current round's phase.
+func (c *Coordinator) Phase() Phase { return c.phase }
+
+// NextDeadline is when the coordinator wants a Tick; zero when it does not.
+// It equals the At of the last SetTimer decision.
+func (c *Coordinator) NextDeadline() time.Time { return c.timer }
+
+// Counters returns a copy of the metric totals.
+func (c *Coordinator) Counters() Counters { return c.counters.clone() }
+
+// norm strips the monotonic reading and the location: the coordinator
+// compares wall times only, as it must after a restart restored its
+// deadlines from storage.
+func norm(t time.Time) time.Time { return t.Round(0).UTC() }
+
+// Step applies one event and returns the decisions it causes, in the order
+// the shell must carry them out. After Finished it returns nil.
+func (c *Coordinator) Step(ev Event) []Decision {
+	if c.phase == PhaseFinished || ev == nil {
+		return nil
+	}
+	at := norm(ev.eventTime())
+	if !c.started {
+		c.started, c.waitingSince = true, at
+	}
+	var out []Decision
+	switch e := ev.(type) {
+	case ClientOnline:
+		out = c.clientOnline(e)
+	case ClientOffline:
+		out = c.clientOffline(e)
+	case UpdateArrived:
+		out = c.update(e, at)
+	case Tick:
+		if c.phase == PhaseCollecting && !at.Before(c.deadline) {
+			out = c.deadlinePassed(at, out)
+		}
+	case AggregatedRound:
+		out = c.aggregated(e, at)
+	default:
+		c.counters.Ignored++
+	}
+	if c.phase == PhaseWaiting {
+		// Any event may have made a selection possible (or Settle may have
+		// passed); trying on every event keeps this in one place.
+		out = c.trySelect(at, out)
+	}
+	if want := c.wantTimer(); !want.Equal(c.timer) {
+		c.timer = want
+		out = append(out, SetTimer{At: want})
+	}
+	return out
+}
+
+func (c *Coordinator) register(id string) *client {
+	cl := c.clients[id]
+	if cl == nil {
+		cl = &client{loss: math.NaN()}
+		c.clients[id] = cl
+	}
+	return cl
+}
+
+func (c *Coordinator) clientOnline(e ClientOnline) []Decision {
+	if e.ID == "" {
+		c.counters.Ignored++
+		return nil
+	}
+	cl := c.register(e.ID)
+	cl.online = true
+	cl.samples = max(e.Samples, 0)
+	return nil
+}
+
+func (c *Coordinator) clientOffline(e ClientOffline) []Decision {
+	if e.ID == "" {
+		c.counters.Ignored++
+		return nil
+	}
+	// An offline selected client stays selected: it may come back before the
+	// deadline, and at the deadline it is simply a straggler.
+	c.register(e.ID).online = false
+	return nil
+}
+
+func (c *Coordinator) reject(u UpdateArrived, r Reason) []Decision {
+	if c.counters.Rejected == nil {
+		c.counters.Rejected = map[Reason]uint64{}
+	}
+	c.counters.Rejected[r]++
+	return []Decision{Reject{Round: u.Round, Client: u.Client, Reason: r}}
+}
+
+func (c *Coordinator) stored(cl *client, u UpdateArrived) {
+	cl.lastRound = u.Round
+	if !math.IsNaN(u.Loss) && !math.IsInf(u.Loss, 0) {
+		cl.loss = u.Loss
+	}
+	if u.Partial {
+		c.counters.PartialUpdates++
+	}
+}
+
+func (c *Coordinator) update(u UpdateArrived, at time.Time) []Decision {
+	cl := c.clients[u.Client]
+	switch {
+	case cl == nil:
+		return c.reject(u, UnknownClient)
+	case u.Round > c.round:
+		return c.reject(u, FutureRound)
+	case u.Round < 1:
+		return c.reject(u, StaleRound)
+	case u.Round == c.round && c.phase != PhaseClosing:
+		if _, dup := c.received[u.Client]; dup || cl.lastRound == u.Round {
+			return c.reject(u, Duplicate)
+		}
+		if !c.invited[u.Client] {
+			// An unsolicited update is refused in every family: accepting
+			// it would let a site bypass the selection policy (and, for
+			// FedSplit, step its z more often than the others).
+			return c.reject(u, NotSelected)
+		}
+		c.received[u.Client] = u.Partial
+		c.stored(cl, u)
+		c.counters.Accepted++
+		out := []Decision{Accept{Round: u.Round, Client: u.Client, Partial: u.Partial}}
+		if c.closable() {
+			out = c.close(at, out)
+		}
+		return out
+	}
+	// The update's round is closed (or closing).
+	switch {
+	case cl.lastRound == u.Round:
+		return c.reject(u, Duplicate)
+	case c.cfg.StoreLate && u.Round == cl.lastInvited && u.Round > cl.lastRound:
+		// Only the latest round the client was invited to can hold its
+		// newest z; this also bounds what we remember per client.
+		c.stored(cl, u)
+		c.counters.AcceptedLate++
+		return []Decision{AcceptLate{Round: u.Round, Client: u.Client, Partial: u.Partial}}
+	case u.Round == c.round:
+		return c.reject(u, RoundClosed)
+	default:
+		return c.reject(u, StaleRound)
+	}
+}
+
+// closable says whether the open round can close now.
+func (c *Coordinator) closable() bool {
+	if len(c.received) < c.cfg.Quorum {
+		return false
+	}
+	if c.overdue {
+		return true
+	}
+	if c.phase != PhaseCollecting {
+		return false
+	}
+	for _, id := range c.selected {
+		if _, ok := c.received[id]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *Coordinator) close(at time.Time, out []Decision) []Decision {
+	c.phase = PhaseClosing
+	c.closedAt = at
+	cr := c.closeDecision()
+	c.counters.Stragglers += uint64(len(cr.Stragglers))
+	c.counters.RoundsClosed++
+	return append(out, cr)
+}
+
+func (c *Coordinator) closeDecision() CloseRound {
+	cr := CloseRound{Round: c.round, At: c.closedAt, Contributors: []string{}, Partial: []string{}, Stragglers: []string{}}
+	for id, partial := range c.received {
+		cr.Contributors = append(cr.Contributors, id)
+		if partial {
+			cr.Partial = append(cr.Partial, id)
+		}
+	}
+	for id := range c.invited {
+		if _, ok := c.received[id]; !ok {
+			cr.Stragglers = append(cr.Stragglers, id)
+		}
+	}
+	slices.Sort(cr.Contributors)
+	slices.Sort(cr.Partial)
+	slices.Sort(cr.Stragglers)
+	return cr
+}
+
+func (c *Coordinator) deadlinePassed(at time.Time, out []Decision) []Decision {
+	if len(c.received) >= c.cfg.Quorum {
+		return c.close(at, out)
+	}
+	c.overdue = true
+	if !c.extended {
+		c.extended = true
+		c.deadline = at.Add(c.cfg.Extension)
+		c.counters.Extensions++
+		return append(out, Extend{Round: c.round, Deadline: c.deadline})
+	}
+	if m := c.cfg.MaxReselections; m >= 0 && c.attempts-1 >= m {
+		c.phase = PhaseStalled
+		c.counters.Stalls++
+		return out
+	}
+	// Step re-selects now if it can, or when clients come online.
+	c.phase = PhaseWaiting
+	c.waitingSince = at
+	return out
+}
+
+// pool lists the online clients that have not reported this round, sorted.
+func (c *Coordinator) pool() []string {
+	var ids []string
+	for id, cl := range c.clients {
+		if _, done := c.received[id]; cl.online && !done {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// feasibility of a selection now: can it reach quorum, can it be full (K).
+func (c *Coordinator) feasibility() (pool []string, ok, full bool) {
+	pool = c.pool()
+	ok = len(pool) > 0 && len(c.received)+len(pool) >= c.cfg.Quorum
+	full = len(pool) >= c.cfg.K-len(c.received)
+	return pool, ok, full
+}
+
+func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
+	pool, ok, full := c.feasibility()
+	if !ok || (!full && at.Before(c.waitingSince.Add(c.cfg.Settle))) {
+		return out
+	}
+	attempt := c.attempts
+	picks := c.pick(pool, c.cfg.K-len(c.received), attempt)
+	c.attempts++
+	if attempt > 0 {
+		c.counters.Reselections++
+	}
+	sel := make([]string, 0, len(c.received)+len(picks))
+	for id := range c.received {
+		sel = append(sel, id)
+	}
+	for _, id := range picks {
+		sel = append(sel, id)
+		c.invited[id] = true
+		c.clients[id].lastInvited = c.round
+	}
+	slices.Sort(sel)
+	c.selected = sel
+	c.phase = PhaseCollecting
+	c.deadline = at.Add(c.cfg.RoundTimeout)
+	c.extended = false
+	return append(out, Announce{Round: c.round, Attempt: attempt, Selected: slices.Clone(sel), Deadline: c.deadline})
+}
+
+// selectStream matches sim's streamSelect so that, for attempt 0, a live
+// federation and `broker-agg simulate` with the same seed draw alike.
+const selectStream = 2
+
+func selectRand(seed uint64, round, attempt int) *rand.Rand {
+	stream := uint64(selectStream) // a variable: the product wraps, as in sim
+	return rand.New(rand.NewPCG(seed^stream*0x9e3779b97f4a7c15, uint64(round)<<32^uint64(attempt)))
+}
+
+// pick asks the selector for k of pool. A selector's answer is trusted only
+// as far as it is valid: out-of-range and repeated indices are dropped, and a
+// short answer is topped up in ID order, so a buggy selector cannot break
+// the quorum invariant or panic the coordinator.
+func (c *Coordinator) pick(pool []string, k, attempt int) []string {
+	k = min(k, len(pool))
+	cands := make([]aggregate.Candidate, len(pool))
+	for i, id := range pool {
+		cl := c.clients[id]
+		cands[i] = aggregate.Candidate{ID: id, Samples: cl.samples, Loss: cl.loss}
+	}
+	idx := c.sel.Select(c.round, cands, k, selectRand(c.cfg.Seed, c.round, attempt))
+	taken := make([]bool, len(pool))
+	picks := make([]string, 0, k)
+	for _, i := range idx {
+		if len(picks) == k {
+			break
+		}
+		if i >= 0 && i < len(pool) && !taken[i] {
+			taken[i] = true
+			picks = append(picks, pool[i])
+		}
+	}
+	for i := 0; len(picks) < k; i++ {
+		if !taken[i] {
+			taken[i] = true
+			picks = append(picks, pool[i])
+		}
+	}
+	return picks
+}
+
+func (c *Coordinator) aggregated(e AggregatedRound, at time.Time) []Decision {
+	if c.phase != PhaseClosing || e.Round != c.round {
+		c.counters.Ignored++
+		return nil
+	}
+	if c.cfg.Rounds > 0 && c.round >= c.cfg.Rounds {
+		c.phase = PhaseFinished
+		c.closedAt = at
+		return []Decision{Finished{Rounds: c.round, At: at}}
+	}
+	c.resetRound(c.round + 1)
+	c.waitingSince = at
+	return nil
+}
+
+// wantTimer is when the current phase needs a Tick.
+func (c *Coordinator) wantTimer() time.Time {
+	switch c.phase {
+	case PhaseCollecting:
+		return c.deadline
+	case PhaseWaiting:
+		if _, ok, full := c.feasibility(); ok && !full {
+			return c.waitingSince.Add(c.cfg.Settle)
+		}
+	}
+	return time.Time{}
+}
+
+// Resume returns the decisions that re-establish the outside world after
+// Restore, for the shell to carry out idempotently: the current announcement
+// and timer while collecting (the announcement alone when stalled), the
+// timer while waiting, the CloseRound again while closing (skip the
+// aggregation if its checkpoint exists, then step AggregatedRound), Finished
+// when finished. It changes nothing.
+func (c *Coordinator) Resume() []Decision {
+	var out []Decision
+	switch c.phase {
+	case PhaseCollecting, PhaseStalled:
+		out = append(out, Announce{Round: c.round, Attempt: c.attempts - 1, Selected: slices.Clone(c.selected), Deadline: c.deadline})
+	case PhaseClosing:
+		out = append(out, c.closeDecision())
+	case PhaseFinished:
+		return []Decision{Finished{Rounds: c.round, At: c.closedAt}}
+	}
+	if !c.timer.IsZero() {
+		out = append(out, SetTimer{At: c.timer})
+	}
+	return out
+}

@@ -1,0 +1,192 @@
+package aggregator
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// StateVersion is the version of State written by Snapshot.
+const StateVersion = 1
+
+// ErrBadState reports a State that Restore refuses.
+var ErrBadState = errors.New("aggregator: bad state")
+
+// State is everything the coordinator knows, as plain JSON-serialisable data.
+// It includes the open round's received set, so after a kill -9 the shell
+// restores it and resumes the round without re-feeding updates from storage
+// (it still holds those updates, to aggregate them). It does not include the
+// Config: a restarted coordinator uses the Config it was built with.
+type State struct {
+	Version  int        `json:"version"`
+	Phase    Phase      `json:"phase"`
+	Round    int        `json:"round"`
+	Attempts int        `json:"attempts"` // selections announced for Round
+	Selected []string   `json:"selected,omitempty"`
+	Invited  []string   `json:"invited,omitempty"` // union of Round's selections
+	Received []Received `json:"received,omitempty"`
+	Deadline time.Time  `json:"deadline"`
+	Extended bool       `json:"extended,omitempty"`
+	Overdue  bool       `json:"overdue,omitempty"`
+	// Started is false until the first event; WaitingSince is when the
+	// round (or its re-selection) started waiting, for Settle.
+	Started      bool          `json:"started,omitempty"`
+	WaitingSince time.Time     `json:"waiting_since"`
+	ClosedAt     time.Time     `json:"closed_at"` // when Round closed (or finished)
+	Timer        time.Time     `json:"timer"`     // the last SetTimer sent
+	Clients      []ClientState `json:"clients,omitempty"`
+	Counters     Counters      `json:"counters"`
+}
+
+// Received is one stored update of the open round.
+type Received struct {
+	Client  string `json:"client"`
+	Partial bool   `json:"partial,omitempty"`
+}
+
+// ClientState is one registry entry.
+type ClientState struct {
+	ID      string `json:"id"`
+	Samples int    `json:"samples"`
+	Online  bool   `json:"online,omitempty"`
+	// Loss is the last reported anchor loss, valid when HasLoss (JSON has
+	// no NaN).
+	Loss        float64 `json:"loss,omitempty"`
+	HasLoss     bool    `json:"has_loss,omitempty"`
+	LastRound   int     `json:"last_round,omitempty"`   // latest round with a stored update
+	LastInvited int     `json:"last_invited,omitempty"` // latest round invited to
+}
+
+// Snapshot returns a deep copy of the state, with every list sorted so that
+// equal states serialise to equal bytes.
+func (c *Coordinator) Snapshot() State {
+	s := State{
+		Version:      StateVersion,
+		Phase:        c.phase,
+		Round:        c.round,
+		Attempts:     c.attempts,
+		Selected:     slices.Clone(c.selected),
+		Deadline:     c.deadline,
+		Extended:     c.extended,
+		Overdue:      c.overdue,
+		Started:      c.started,
+		WaitingSince: c.waitingSince,
+		ClosedAt:     c.closedAt,
+		Timer:        c.timer,
+		Counters:     c.counters.clone(),
+	}
+	for id := range c.invited {
+		s.Invited = append(s.Invited, id)
+	}
+	slices.Sort(s.Invited)
+	for id, p := range c.received {
+		s.Received = append(s.Received, Received{Client: id, Partial: p})
+	}
+	slices.SortFunc(s.Received, func(a, b Received) int { return cmp.Compare(a.Client, b.Client) })
+	for id, cl := range c.clients {
+		cs := ClientState{ID: id, Samples: cl.samples, Online: cl.online, LastRound: cl.lastRound, LastInvited: cl.lastInvited}
+		if !math.IsNaN(cl.loss) {
+			cs.Loss, cs.HasLoss = cl.loss, true
+		}
+		s.Clients = append(s.Clients, cs)
+	}
+	slices.SortFunc(s.Clients, func(a, b ClientState) int { return cmp.Compare(a.ID, b.ID) })
+	return s
+}
+
+// Restore replaces the coordinator's state with s, after checking that s is
+// consistent; on error the coordinator is unchanged. Call Resume next.
+func (c *Coordinator) Restore(s State) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	clients := make(map[string]*client, len(s.Clients))
+	for _, cs := range s.Clients {
+		cl := &client{samples: cs.Samples, online: cs.Online, loss: math.NaN(), lastRound: cs.LastRound, lastInvited: cs.LastInvited}
+		if cs.HasLoss {
+			cl.loss = cs.Loss
+		}
+		clients[cs.ID] = cl
+	}
+	c.clients = clients
+	c.phase = s.Phase
+	c.round = s.Round
+	c.attempts = s.Attempts
+	c.selected = slices.Sorted(slices.Values(s.Selected))
+	c.invited = make(map[string]bool, len(s.Invited))
+	for _, id := range s.Invited {
+		c.invited[id] = true
+	}
+	c.received = make(map[string]bool, len(s.Received))
+	for _, r := range s.Received {
+		c.received[r.Client] = r.Partial
+	}
+	c.deadline = norm(s.Deadline)
+	c.extended, c.overdue = s.Extended, s.Overdue
+	c.started = s.Started
+	c.waitingSince = norm(s.WaitingSince)
+	c.closedAt = norm(s.ClosedAt)
+	c.timer = norm(s.Timer)
+	c.counters = s.Counters.clone()
+	return nil
+}
+
+// check verifies the invariants Restore relies on.
+func (s State) check() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrBadState, fmt.Sprintf(format, a...))
+	}
+	if s.Version != StateVersion {
+		return bad("version %d, want %d", s.Version, StateVersion)
+	}
+	switch s.Phase {
+	case PhaseWaiting, PhaseCollecting, PhaseStalled, PhaseClosing, PhaseFinished:
+	default:
+		return bad("unknown phase %q", s.Phase)
+	}
+	if s.Round < 1 || s.Attempts < 0 {
+		return bad("round %d, attempts %d", s.Round, s.Attempts)
+	}
+	if (s.Phase == PhaseCollecting || s.Phase == PhaseStalled) && (s.Attempts < 1 || s.Deadline.IsZero()) {
+		return bad("phase %s without an announced selection", s.Phase)
+	}
+	known := make(map[string]bool, len(s.Clients))
+	for _, cs := range s.Clients {
+		switch {
+		case cs.ID == "":
+			return bad("client with empty id")
+		case known[cs.ID]:
+			return bad("client %q listed twice", cs.ID)
+		case cs.Samples < 0 || cs.LastRound < 0 || cs.LastInvited < 0:
+			return bad("client %q has negative counts", cs.ID)
+		case cs.HasLoss && (math.IsNaN(cs.Loss) || math.IsInf(cs.Loss, 0)):
+			return bad("client %q has a non-finite loss", cs.ID)
+		}
+		known[cs.ID] = true
+	}
+	invited := make(map[string]bool, len(s.Invited))
+	for _, id := range s.Invited {
+		if !known[id] || invited[id] {
+			return bad("invited client %q unknown or listed twice", id)
+		}
+		invited[id] = true
+	}
+	seen := make(map[string]bool, len(s.Selected))
+	for _, id := range s.Selected {
+		if !invited[id] || seen[id] {
+			return bad("selected client %q not invited or listed twice", id)
+		}
+		seen[id] = true
+	}
+	clear(seen)
+	for _, r := range s.Received {
+		if !invited[r.Client] || seen[r.Client] {
+			return bad("received client %q not invited or listed twice", r.Client)
+		}
+		seen[r.Client] = true
+	}
+	return nil
+}
