@@ -286,11 +286,8 @@ func checkData(m model.Model, d model.Data) error {
 	if d.N < 1 {
 		return fmt.Errorf("%w: no local data (%d samples)", ErrConfig, d.N)
 	}
-	if in := m.Spec().Inputs; d.D != in {
-		return fmt.Errorf("%w: data has %d features, the model expects %d", ErrConfig, d.D, in)
-	}
-	if len(d.X) != d.N*d.D || len(d.Y) != d.N {
-		return fmt.Errorf("%w: data %d×%d needs %d features and %d targets, has %d and %d", ErrConfig, d.N, d.D, d.N*d.D, d.N, len(d.X), len(d.Y))
+	if err := model.CheckTargets(m.Spec(), d); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return nil
 }
