@@ -1,6 +1,7 @@
 package dataset
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/csv"
 	"errors"
@@ -56,7 +57,11 @@ func ReadCSV(r io.Reader, name string, opt CSVOptions) (*Dataset, error) {
 	if opt.Label == "" {
 		return nil, fmt.Errorf("csv %s: no label column given: expected a column name or 0-based index", name)
 	}
-	cr := csv.NewReader(r)
+	br := bufio.NewReader(r)
+	if bom, _ := br.Peek(3); string(bom) == "\ufeff" {
+		br.Discard(3) // a UTF-8 byte order mark, as spreadsheets write
+	}
+	cr := csv.NewReader(br)
 	cr.FieldsPerRecord = -1 // checked below, with a clearer message
 	cr.ReuseRecord = true
 	header, err := cr.Read()
@@ -64,14 +69,11 @@ func ReadCSV(r io.Reader, name string, opt CSVOptions) (*Dataset, error) {
 		return nil, fmt.Errorf("csv %s: empty file: expected a header row", name)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("csv %s: %w", name, err)
+		return nil, csvError(name, err)
 	}
 	cols := make([]string, len(header))
 	for i, h := range header {
 		cols[i] = strings.TrimSpace(h)
-	}
-	if len(cols) > 0 {
-		cols[0] = strings.TrimPrefix(cols[0], "\ufeff") // a UTF-8 byte order mark
 	}
 	label, err := labelColumn(cols, opt.Label)
 	if err != nil {
@@ -96,7 +98,7 @@ func ReadCSV(r io.Reader, name string, opt CSVOptions) (*Dataset, error) {
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("csv %s: %w", name, err)
+			return nil, csvError(name, err)
 		}
 		line, _ := cr.FieldPos(0)
 		if len(rec) != len(cols) {
@@ -134,6 +136,15 @@ func ReadCSV(r io.Reader, name string, opt CSVOptions) (*Dataset, error) {
 		classes = maxLabel + 1
 	}
 	return &Dataset{Name: name, Data: data, Classes: classes, FeatureNames: features}, nil
+}
+
+// csvError names the file, line and column of a CSV syntax error.
+func csvError(name string, err error) error {
+	var pe *csv.ParseError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%s:%d:%d: %w", name, pe.Line, pe.Column, pe.Err)
+	}
+	return fmt.Errorf("csv %s: %w", name, err)
 }
 
 // labelColumn resolves the label option: a header name first, else a
