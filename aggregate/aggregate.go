@@ -32,6 +32,10 @@ type Report struct {
 	Weights []float64
 	// Metrics are aggregator-specific figures (e.g. FedSim's avg_similarity).
 	Metrics map[string]float64
+	// Clusters is the cluster index of each update, in input order (only
+	// clustering aggregators set it; clusters are numbered 0, 1, ... in the
+	// order of their first member after sorting updates by client id).
+	Clusters []int
 }
 
 // Aggregator combines client vectors into the next global model.
@@ -50,15 +54,28 @@ var (
 	ErrNoUpdates = errors.New("aggregate: no updates")
 	ErrDim       = errors.New("aggregate: dimension mismatch")
 	ErrNonFinite = errors.New("aggregate: non-finite value")
+	ErrSamples   = errors.New("aggregate: negative sample count")
+	// ErrNoAnchorGrad: the clustered FedSim needs every update's AnchorGrad.
+	ErrNoAnchorGrad = errors.New("aggregate: missing anchor gradient")
 )
 
-// check validates that every update has len(global) finite parameters.
+func errNegSamples(u Update) error {
+	return fmt.Errorf("%w: update %s has %d", ErrSamples, u.Client, u.Samples)
+}
+
+// check validates that every update has len(global) finite parameters and
+// that the global model itself is finite.
 func check(global []float64, ups []Update, out []float64) error {
 	if len(ups) == 0 {
 		return ErrNoUpdates
 	}
 	if len(out) != len(global) {
 		return fmt.Errorf("%w: out has %d, global has %d", ErrDim, len(out), len(global))
+	}
+	for _, v := range global {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("%w in the global model", ErrNonFinite)
+		}
 	}
 	for k, u := range ups {
 		if len(u.Params) != len(global) {
@@ -73,7 +90,11 @@ func check(global []float64, ups []Update, out []float64) error {
 	return nil
 }
 
-// weightedSum writes sum_k w_k u_k.Params into out.
+// weightedSum writes sum_k w_k u_k.Params into out. The weights must be
+// non-negative and sum to 1 (every aggregator here produces a convex
+// combination): then the exact result lies within the inputs' range, and a
+// coordinate that rounded past the largest float64 is recomputed at half scale
+// and clamped into that range, so finite inputs always give a finite output.
 func weightedSum(ups []Update, w []float64, out []float64) {
 	clear(out)
 	for k, u := range ups {
@@ -85,6 +106,30 @@ func weightedSum(ups []Update, w []float64, out []float64) {
 			out[i] += c * v
 		}
 	}
+	for i, v := range out {
+		if math.IsInf(v, 0) || math.IsNaN(v) {
+			out[i] = weightedCoord(ups, w, i)
+		}
+	}
+}
+
+// weightedCoord is coordinate i of the convex combination sum_k w_k u_k,
+// computed without overflow.
+func weightedCoord(ups []Update, w []float64, i int) float64 {
+	var s float64
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for k, u := range ups {
+		if w[k] == 0 {
+			continue
+		}
+		v := u.Params[i]
+		s += w[k] * (v * 0.5)
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	if lo > hi { // no weight at all: cannot happen for a convex combination
+		return 0
+	}
+	return min(max(2*s, lo), hi)
 }
 
 // FedAvg is the sample-weighted mean sum_k (n_k/n) w_k.
@@ -96,20 +141,9 @@ func (FedAvg) Aggregate(global []float64, ups []Update, out []float64) (Report, 
 	if err := check(global, ups, out); err != nil {
 		return Report{}, err
 	}
-	var n float64
-	for _, u := range ups {
-		if u.Samples < 0 {
-			return Report{}, fmt.Errorf("aggregate: update %s has negative sample count %d", u.Client, u.Samples)
-		}
-		n += float64(u.Samples)
-	}
-	w := make([]float64, len(ups))
-	for k, u := range ups {
-		if n == 0 {
-			w[k] = 1 / float64(len(ups))
-		} else {
-			w[k] = float64(u.Samples) / n
-		}
+	w, err := sampleWeights(ups)
+	if err != nil {
+		return Report{}, err
 	}
 	weightedSum(ups, w, out)
 	return Report{Weights: w}, nil
@@ -162,8 +196,11 @@ type Uniform struct{}
 func (Uniform) Name() string { return "uniform" }
 
 func (Uniform) Select(_ int, cands []Candidate, k int, rng *rand.Rand) []int {
+	if k <= 0 {
+		return []int{}
+	}
 	if k >= len(cands) {
-		return iota(len(cands))
+		return seq(len(cands))
 	}
 	return rng.Perm(len(cands))[:k]
 }
@@ -184,17 +221,36 @@ func (BySamples) Select(_ int, cands []Candidate, k int, rng *rand.Rand) []int {
 
 // drawWeighted draws min(k, len(w)) distinct indices, each draw with
 // probability proportional to the remaining weights; zero weights are drawn
-// uniformly once positive weight is exhausted.
+// uniformly once positive weight is exhausted. Negative, NaN and infinite
+// weights count as zero; weights are rescaled by their maximum first so that
+// their total cannot overflow.
 func drawWeighted(w []float64, k int, rng *rand.Rand) []int {
+	if k <= 0 {
+		return []int{}
+	}
 	if k >= len(w) {
-		return iota(len(w))
+		return seq(len(w))
 	}
 	w = append([]float64(nil), w...)
+	var mx float64
+	for i, v := range w {
+		if !(v > 0) || math.IsInf(v, 0) {
+			w[i] = 0
+		}
+		mx = max(mx, w[i])
+	}
+	if mx > 0 {
+		for i := range w {
+			w[i] /= mx
+		}
+	}
 	picked := make([]int, 0, k)
 	for len(picked) < k {
 		var total float64
 		for _, v := range w {
-			total += v
+			if v > 0 { // picked entries are marked -1
+				total += v
+			}
 		}
 		if !(total > 0) {
 			// No weight left: fill uniformly from the unpicked.
@@ -228,7 +284,7 @@ func drawWeighted(w []float64, k int, rng *rand.Rand) []int {
 	return picked
 }
 
-func iota(n int) []int {
+func seq(n int) []int {
 	s := make([]int, n)
 	for i := range s {
 		s[i] = i

@@ -1,0 +1,210 @@
+package aggregate
+
+import (
+	"fmt"
+	"math"
+)
+
+// Space says which vectors a similarity-based aggregator compares.
+type Space uint8
+
+const (
+	// OnWeights compares the client models w_k themselves, as the papers
+	// write (SimProx eq. 8-9, FedSim's sim(w_k, w), FedSiam-DA eq. 14).
+	OnWeights Space = iota
+	// OnUpdates compares the updates w_k - global. Where a paper compares a
+	// client with the global model, the update-space counterpart is the
+	// round's mean update (1/K) sum_k (w_k - global): the global model itself
+	// is a point, not a direction.
+	OnUpdates
+)
+
+func (s Space) String() string {
+	switch s {
+	case OnWeights:
+		return "weights"
+	case OnUpdates:
+		return "updates"
+	}
+	return fmt.Sprintf("Space(%d)", uint8(s))
+}
+
+// ParseSpace parses "weights" or "updates".
+func ParseSpace(v string) (Space, error) {
+	switch v {
+	case "weights":
+		return OnWeights, nil
+	case "updates":
+		return OnUpdates, nil
+	}
+	return 0, fmt.Errorf("aggregate: similarity space %q: want weights or updates", v)
+}
+
+const eps = 0x1p-53 // unit roundoff of float64
+
+// pow2Scale returns a power of two s and its exact inverse such that every
+// |v| <= mx scales into [0, 1) (or, for mx beyond 2^1000, into [0, 2^24)).
+// Scaling by a power of two is exact, so cosines and distance ratios computed
+// on scaled vectors equal those of the originals up to ordinary rounding, and
+// sums of squares of scaled vectors can neither overflow nor lose the largest
+// entries to underflow.
+func pow2Scale(mx float64) (s, inv float64) {
+	if !(mx > 0) || math.IsInf(mx, 0) {
+		return 1, 1
+	}
+	_, e := math.Frexp(mx)
+	e = min(max(e, -1000), 1000)
+	return math.Ldexp(1, e), math.Ldexp(1, -e)
+}
+
+// maxAbs returns the largest |v| over global and every update's parameters.
+func maxAbs(global []float64, ups []Update) float64 {
+	var mx float64
+	for _, v := range global {
+		mx = max(mx, math.Abs(v))
+	}
+	for _, u := range ups {
+		for _, v := range u.Params {
+			mx = max(mx, math.Abs(v))
+		}
+	}
+	return mx
+}
+
+// dist returns ||a - b|| (||a|| when b is nil) without intermediate overflow
+// or harmful underflow: the result is +Inf only when the true distance exceeds
+// the float64 range.
+func dist(a, b []float64) float64 {
+	var mx float64
+	for i, v := range a {
+		h := v * 0.5
+		if b != nil {
+			h -= b[i] * 0.5
+		}
+		mx = max(mx, math.Abs(h))
+	}
+	if mx == 0 {
+		return 0
+	}
+	s, inv := pow2Scale(mx)
+	var ss float64
+	for i, v := range a {
+		h := v * 0.5
+		if b != nil {
+			h -= b[i] * 0.5
+		}
+		h *= inv
+		ss += h * h
+	}
+	return 2 * s * math.Sqrt(ss)
+}
+
+// cosineToRef returns cos(v_k, r) for every update, where v_k = w_k
+// (centre false) or w_k - global (centre true), and r = global when p is nil,
+// else r = sum_k p_k v_k (p non-negative, summing to 1). The values are
+// clamped into [-1, 1]. A cosine involving a vector that is zero, or zero to
+// within the rounding of its computation, is 0.
+func cosineToRef(global []float64, ups []Update, centre bool, p []float64) []float64 {
+	d := len(global)
+	_, inv := pow2Scale(maxAbs(global, ups))
+	r := make([]float64, d)
+	vec := func(k, i int) float64 {
+		v := ups[k].Params[i] * inv
+		if centre {
+			v -= global[i] * inv
+		}
+		return v
+	}
+	if p == nil {
+		for i, g := range global {
+			r[i] = g * inv
+		}
+	} else {
+		for k := range ups {
+			pk := p[k]
+			if pk == 0 {
+				continue
+			}
+			for i := range r {
+				r[i] += pk * vec(k, i)
+			}
+		}
+	}
+	var rn2 float64
+	for _, v := range r {
+		rn2 += v * v
+	}
+	dots := make([]float64, len(ups))
+	norms := make([]float64, len(ups))
+	for k := range ups {
+		var dot, n2 float64
+		for i, rv := range r {
+			v := vec(k, i)
+			dot += v * rv
+			n2 += v * v
+		}
+		dots[k], norms[k] = dot, math.Sqrt(n2)
+	}
+	rn := math.Sqrt(rn2)
+	if p != nil {
+		// r is a mean: its rounding error is at most about m*eps times the
+		// weighted mean norm. Anything below that is cancellation noise.
+		var mean float64
+		for k, n := range norms {
+			mean += p[k] * n
+		}
+		if rn <= float64(len(ups)+2)*eps*mean {
+			rn = 0
+		}
+	}
+	out := make([]float64, len(ups))
+	for k := range ups {
+		if rn == 0 || norms[k] == 0 {
+			continue
+		}
+		out[k] = clamp1(dots[k] / norms[k] / rn)
+	}
+	return out
+}
+
+func clamp1(v float64) float64 { return min(max(v, -1), 1) }
+
+// weightStats are the weight-distribution metrics shared by the weighted
+// aggregators: max_weight, min_weight, weight_entropy (natural log, 0 log 0 =
+// 0).
+func weightStats(m map[string]float64, w []float64) {
+	mx, mn, h := math.Inf(-1), math.Inf(1), 0.0
+	for _, v := range w {
+		mx, mn = max(mx, v), min(mn, v)
+		if v > 0 {
+			h -= v * math.Log(v)
+		}
+	}
+	m["max_weight"], m["min_weight"], m["weight_entropy"] = mx, mn, max(h, 0)
+}
+
+// uniform returns m weights of 1/m.
+func uniform(m int) []float64 {
+	w := make([]float64, m)
+	for i := range w {
+		w[i] = 1 / float64(m)
+	}
+	return w
+}
+
+// normalizePos turns non-negative scores into weights summing to 1; when no
+// score is positive it returns uniform weights and false.
+func normalizePos(s []float64) ([]float64, bool) {
+	var tot float64
+	for _, v := range s {
+		tot += v
+	}
+	if !(tot > 0) {
+		return uniform(len(s)), false
+	}
+	w := make([]float64, len(s))
+	for i, v := range s {
+		w[i] = v / tot
+	}
+	return w, true
+}

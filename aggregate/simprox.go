@@ -1,0 +1,373 @@
+package aggregate
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/blas64"
+)
+
+// SimProxConfig are SimProx's parameters (seeds/000, sec. III).
+type SimProxConfig struct {
+	// Lambda0 is the base weight of cosine against Gaussian similarity, in
+	// [0, 1] (the paper's tuned value is 0.7).
+	Lambda0 float64
+	// Tau is the heterogeneity threshold on the mean client-to-global cosine
+	// s_bar, > 0 (the paper gives no value; 0.5 by default).
+	Tau float64
+	// On selects whether cosines compare models or updates (distances, hence
+	// sigma and the Gaussian term, are the same either way).
+	On Space
+	// ProxToGlobal takes g_i = ||w_i - global||, the distance the client
+	// moved this round, instead of the distance to the model the client
+	// submitted the previous time it took part (the default).
+	ProxToGlobal bool
+	// NoSoftmax stops after eq. 13's normalisation, skipping the softmax the
+	// paper applies last (see SimProx).
+	NoSoftmax bool
+}
+
+// DefaultSimProxConfig returns lambda0 = 0.7, tau = 0.5, on weights, g_i
+// against the client's previous model, softmax on.
+func DefaultSimProxConfig() SimProxConfig {
+	return SimProxConfig{Lambda0: 0.7, Tau: 0.5}
+}
+
+// SimProx is the similarity-proximal aggregator of seeds/000 sec. III.
+// For the m updates w_i and the global model w:
+//
+//	sigma   = mean_{i<j} ||w_i - w_j||                                  (7)
+//	S^G_ij  = exp(-||w_i - w_j||^2 / (2 sigma^2))                       (8)
+//	S^C_ij  = cos(w_i, w_j)                                             (9)
+//	s_bar   = mean_i cos(w_i, w);  lambda = lambda0 s_bar/tau if s_bar < tau, else lambda0
+//	S_ij    = lambda S^C_ij + (1 - lambda) S^G_ij                       (10)
+//	g_i     = ||w_i - w_i^prev||                                        (11)
+//	alpha_i = exp(-g_i) (1 + sum_{j != i} S_ij / (m - 1))               (12)
+//	alpha  <- alpha / sum alpha                                         (13)
+//	alpha  <- softmax(alpha)                                            (Alg. 1, line 5)
+//	w_new   = sum_i alpha_i w_i
+//
+// Every pairwise quantity comes from one Gram matrix: the rows w_i - w
+// (and, on weights, the row w) are scaled by a power of two and multiplied by
+// BLAS Syrk. Distances come from the rows centred on w, which keeps them
+// accurate when the models are far from the origin but close to each other;
+// cosines between models are recovered exactly from the same matrix through
+// <w_i, w_j> = <x_i, x_j> + <x_i, w> + <x_j, w> + <w, w>. Eq. 12-13 are
+// computed in the log domain (log alpha_i = -g_i + log(1 + ...), normalised
+// by log-sum-exp), so g_i large enough for exp(-g_i) to underflow cannot give
+// 0/0.
+//
+// Decisions where the paper is silent or loose:
+//   - lambda is clamped into [0, lambda0]: the paper declares lambda in [0, 1],
+//     and a negative s_bar would otherwise make it negative.
+//   - A cosine involving a zero vector is 0 (so a zero global model gives
+//     s_bar = 0, lambda = 0: pure Gaussian similarity).
+//   - sigma = 0 (all models identical) gives S^G = 1.
+//   - m = 1 gives the single model weight 1.
+//   - w_i^prev is the model client i submitted the last time it took part,
+//     kept by client id. A client seen for the first time uses the global
+//     model it was sent: in Algorithm 1 (line 13) each round ends by setting
+//     every client model to the new global model, so the global model is
+//     the client's model at the start of its round and g_i is then "how much
+//     the client model has changed during the current round" (sec. III.B).
+//     ProxToGlobal uses that for every client.
+//   - The paper normalises (eq. 13) and then applies a softmax (Algorithm 1,
+//     line 5, and "Then a softmax function is applied to the weights to
+//     provide more evenly weight distribution"). That is what is done by
+//     default. Note its effect: the normalised alpha lie in [0, 1], so after
+//     the softmax no weight exceeds e times another: with many clients the
+//     result is close to the uniform mean. NoSoftmax keeps eq. 13's weights.
+//
+// Report.Metrics: sigma (in the units of the parameters, saturating at the
+// largest float64), s_bar, lambda,
+// g_min, g_max, max_weight, min_weight, weight_entropy. The aggregator keeps
+// one vector per client ever seen (its previous model) and scratch space for
+// the Gram matrix; it is not safe for concurrent use.
+type SimProx struct {
+	cfg  SimProxConfig
+	prev map[string][]float64
+	rows []float64 // scratch: the scaled rows handed to Syrk
+	gram []float64 // scratch: their Gram matrix
+}
+
+// NewSimProx validates cfg and returns a SimProx with no client history.
+func NewSimProx(cfg SimProxConfig) (*SimProx, error) {
+	if !(cfg.Lambda0 >= 0 && cfg.Lambda0 <= 1) {
+		return nil, fmt.Errorf("aggregate: simprox: lambda0 = %v, want it in [0, 1]", cfg.Lambda0)
+	}
+	if !(cfg.Tau > 0) || math.IsInf(cfg.Tau, 0) {
+		return nil, fmt.Errorf("aggregate: simprox: tau = %v, want a finite value > 0", cfg.Tau)
+	}
+	if cfg.On != OnWeights && cfg.On != OnUpdates {
+		return nil, fmt.Errorf("aggregate: simprox: unknown similarity space %v", cfg.On)
+	}
+	return &SimProx{cfg: cfg, prev: map[string][]float64{}}, nil
+}
+
+// Config returns the aggregator's parameters.
+func (s *SimProx) Config() SimProxConfig { return s.cfg }
+
+// Reset forgets every client's previous model.
+func (s *SimProx) Reset() { clear(s.prev) }
+
+func (s *SimProx) Name() string {
+	c := s.cfg
+	n := "simprox:lambda0=" + ftoa(c.Lambda0) + ":tau=" + ftoa(c.Tau) + ":on=" + c.On.String()
+	if c.ProxToGlobal {
+		n += ":prev=global"
+	}
+	if c.NoSoftmax {
+		n += ":softmax=false"
+	}
+	return n
+}
+
+func ftoa(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+
+// simproxTerms are the intermediate quantities of one SimProx round (kept
+// together so the tests can compare them with a direct computation).
+type simproxTerms struct {
+	sigma   float64   // mean pairwise distance, parameter units
+	sbar    float64   // mean cosine to the global model (or mean update)
+	lambda  float64   // the dynamic lambda
+	cos     []float64 // m×m S^C (diagonal 1 unless the vector is zero)
+	gauss   []float64 // m×m S^G
+	g       []float64 // proximal terms g_i
+	logA    []float64 // log alpha_i of eq. 12
+	norm    []float64 // alpha after eq. 13
+	weights []float64 // final weights
+}
+
+func (s *SimProx) Aggregate(global []float64, ups []Update, out []float64) (Report, error) {
+	if err := check(global, ups, out); err != nil {
+		return Report{}, err
+	}
+	t := s.terms(global, ups)
+	weightedSum(ups, t.weights, out)
+	m := map[string]float64{"sigma": t.sigma, "s_bar": t.sbar, "lambda": t.lambda,
+		"g_min": math.Inf(1), "g_max": 0}
+	for _, g := range t.g {
+		m["g_min"], m["g_max"] = min(m["g_min"], g), max(m["g_max"], g)
+	}
+	m["g_min"] = min(m["g_min"], math.MaxFloat64)
+	m["g_max"] = min(m["g_max"], math.MaxFloat64)
+	weightStats(m, t.weights)
+	for _, u := range ups {
+		p := s.prev[u.Client]
+		if len(p) != len(u.Params) {
+			p = make([]float64, len(u.Params))
+		}
+		copy(p, u.Params)
+		s.prev[u.Client] = p
+	}
+	return Report{Weights: t.weights, Metrics: m}, nil
+}
+
+// terms computes one round's quantities; it reads but does not change the
+// client history.
+func (s *SimProx) terms(global []float64, ups []Update) simproxTerms {
+	m, d := len(ups), len(global)
+	t := simproxTerms{g: make([]float64, m), cos: make([]float64, m*m), gauss: make([]float64, m*m)}
+
+	// Rows x_i = (w_i - w)/sc for i < m and, on weights, x_m = w/sc.
+	weights := s.cfg.On == OnWeights
+	n := m
+	if weights {
+		n = m + 1
+	}
+	sc, inv := pow2Scale(maxAbs(global, ups))
+	s.rows = grow(s.rows, n*d)
+	for i, u := range ups {
+		row := s.rows[i*d : (i+1)*d]
+		for j, v := range u.Params {
+			row[j] = v*inv - global[j]*inv
+		}
+	}
+	if weights {
+		row := s.rows[m*d : (m+1)*d]
+		for j, v := range global {
+			row[j] = v * inv
+		}
+	}
+	s.gram = grow(s.gram, n*n)
+	G := s.gram[:n*n]
+	if d == 0 {
+		clear(G)
+	} else {
+		blas64.Syrk(blas.NoTrans, 1,
+			blas64.General{Rows: n, Cols: d, Stride: d, Data: s.rows[:n*d]}, 0,
+			blas64.Symmetric{Uplo: blas.Upper, N: n, Stride: n, Data: G})
+		for i := range n {
+			for j := range i {
+				G[i*n+j] = G[j*n+i]
+			}
+		}
+	}
+	at := func(i, j int) float64 { return G[i*n+j] }
+
+	// g_i.
+	for i, u := range ups {
+		p, seen := s.prev[u.Client]
+		if s.cfg.ProxToGlobal || !seen || len(p) != d {
+			t.g[i] = math.Sqrt(at(i, i)) * sc // ||w_i - w||
+		} else {
+			t.g[i] = dist(u.Params, p)
+		}
+	}
+	if m == 1 {
+		t.cos[0], t.gauss[0] = 1, 1
+		t.logA = []float64{-t.g[0]}
+		t.norm, t.weights = []float64{1}, []float64{1}
+		return t
+	}
+
+	// Distances and sigma (eq. 7): translation-invariant, so from the
+	// centred rows.
+	dd := make([]float64, m*m)
+	var sum float64
+	for i := range m {
+		for j := i + 1; j < m; j++ {
+			v := math.Sqrt(max(at(i, i)+at(j, j)-2*at(i, j), 0))
+			dd[i*m+j], dd[j*m+i] = v, v
+			sum += v
+		}
+	}
+	sigma := sum / (float64(m) * float64(m-1) / 2)
+	t.sigma = min(sigma*sc, math.MaxFloat64) // a metric: saturates, never +Inf
+	for i := range m {
+		for j := range m {
+			g := 1.0
+			if sigma > 0 {
+				r := dd[i*m+j] / sigma
+				g = math.Exp(-0.5 * r * r)
+			}
+			t.gauss[i*m+j] = g
+		}
+	}
+
+	// Cosines (eq. 9) and s_i.
+	sref := make([]float64, m)
+	if weights {
+		// ||w_i||^2 = <x_i,x_i> + 2<x_i,w> + <w,w>, accurate to
+		// (d+4) eps (||x_i|| + ||w||)^2: below that the model is zero
+		// for all the arithmetic can tell.
+		wn2 := at(m, m)
+		un := make([]float64, m)
+		for i := range m {
+			u2 := at(i, i) + 2*at(i, m) + wn2
+			tol := float64(d+4) * eps * sq(math.Sqrt(at(i, i))+math.Sqrt(wn2))
+			if u2 > tol {
+				un[i] = math.Sqrt(u2)
+			}
+		}
+		for i := range m {
+			for j := i; j < m; j++ {
+				var c float64
+				if un[i] > 0 && un[j] > 0 {
+					c = clamp1((at(i, j) + at(i, m) + at(j, m) + wn2) / un[i] / un[j])
+				}
+				t.cos[i*m+j], t.cos[j*m+i] = c, c
+			}
+			if un[i] > 0 && wn2 > 0 {
+				sref[i] = clamp1((at(i, m) + wn2) / un[i] / math.Sqrt(wn2))
+			}
+		}
+	} else {
+		xn := make([]float64, m)
+		rs := make([]float64, m) // <x_i, sum_j x_j>
+		var q, nsum float64      // ||sum_j x_j||^2, sum_i ||x_i||
+		for i := range m {
+			xn[i] = math.Sqrt(at(i, i))
+			nsum += xn[i]
+			for j := range m {
+				rs[i] += at(i, j)
+			}
+			q += rs[i]
+		}
+		for i := range m {
+			for j := i; j < m; j++ {
+				var c float64
+				if xn[i] > 0 && xn[j] > 0 {
+					c = clamp1(at(i, j) / xn[i] / xn[j])
+				}
+				t.cos[i*m+j], t.cos[j*m+i] = c, c
+			}
+		}
+		// The mean update: zero within rounding when q is below the
+		// error of summing the Gram matrix.
+		if q > float64(d+2*m+4)*eps*nsum*nsum {
+			for i := range m {
+				if xn[i] > 0 {
+					sref[i] = clamp1(rs[i] / xn[i] / math.Sqrt(q))
+				}
+			}
+		}
+	}
+	for _, v := range sref {
+		t.sbar += v
+	}
+	t.sbar /= float64(m)
+	t.lambda = s.cfg.Lambda0
+	if t.sbar < s.cfg.Tau {
+		t.lambda = min(max(s.cfg.Lambda0*t.sbar/s.cfg.Tau, 0), s.cfg.Lambda0)
+	}
+
+	// Eq. 10 and 12 in the log domain, eq. 13 by log-sum-exp.
+	t.logA = make([]float64, m)
+	mx := math.Inf(-1)
+	for i := range m {
+		var row float64
+		for j := range m {
+			if j != i {
+				row += t.lambda*t.cos[i*m+j] + (1-t.lambda)*t.gauss[i*m+j]
+			}
+		}
+		c := max(1+row/float64(m-1), 0) // >= 1 - lambda >= 0 up to rounding
+		t.logA[i] = -t.g[i] + math.Log(c)
+		mx = max(mx, t.logA[i])
+	}
+	t.norm = make([]float64, m)
+	if math.IsInf(mx, -1) {
+		copy(t.norm, uniform(m)) // every alpha is 0: no preference
+	} else {
+		var z float64
+		for i, la := range t.logA {
+			t.norm[i] = math.Exp(la - mx)
+			z += t.norm[i]
+		}
+		for i := range t.norm {
+			t.norm[i] /= z
+		}
+	}
+	if s.cfg.NoSoftmax {
+		t.weights = append([]float64(nil), t.norm...)
+		return t
+	}
+	t.weights = make([]float64, m)
+	amx := math.Inf(-1)
+	for _, a := range t.norm {
+		amx = max(amx, a)
+	}
+	var z float64
+	for i, a := range t.norm {
+		t.weights[i] = math.Exp(a - amx)
+		z += t.weights[i]
+	}
+	for i := range t.weights {
+		t.weights[i] /= z
+	}
+	return t
+}
+
+func sq(v float64) float64 { return v * v }
+
+// grow returns a slice of length n, reusing buf's storage when it is large
+// enough.
+func grow(buf []float64, n int) []float64 {
+	if cap(buf) < n {
+		return make([]float64, n)
+	}
+	return buf[:n]
+}
