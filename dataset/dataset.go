@@ -21,10 +21,19 @@ import (
 	"github.com/edgefl/edgefl/model"
 )
 
-// ErrSpec is wrapped by the errors of ParseSource, ParsePartition and by
-// Build's errors about an invalid combination of source, partition and
-// options: the user typed something wrong (as opposed to a bad file).
+// ErrSpec matches (errors.Is) the errors of ParseSource, ParsePartition and
+// every error about an invalid spec, option or combination of source,
+// partition and options: the user asked for something wrong, as opposed to
+// a bad file. Its text does not appear in the messages.
 var ErrSpec = errors.New("dataset spec")
+
+// specErr marks an error as an ErrSpec one without adding text to it.
+type specErr struct{ error }
+
+func (e specErr) Is(target error) bool { return target == ErrSpec }
+func (e specErr) Unwrap() error        { return e.error }
+
+func specf(format string, a ...any) error { return specErr{fmt.Errorf(format, a...)} }
 
 // DefaultTestFraction is the share of each client's samples held out for
 // testing when no fraction is given (the FedProx reference keeps 90 % for
@@ -151,7 +160,7 @@ func testFraction(f float64) (float64, error) {
 		return DefaultTestFraction, nil
 	}
 	if !(f > 0 && f < 1) {
-		return 0, fmt.Errorf("%w: test fraction %v, expected a number in (0, 1) (0 means %v)", ErrSpec, f, DefaultTestFraction)
+		return 0, specf("test fraction %v, expected a number in (0, 1) (0 means %v)", f, DefaultTestFraction)
 	}
 	return f, nil
 }

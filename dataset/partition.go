@@ -41,10 +41,10 @@ func partitionSetup(ds *Dataset, clients int, opt PartitionOptions) (float64, er
 		return 0, err
 	}
 	if clients < 1 {
-		return 0, fmt.Errorf("%w: %d clients, expected >= 1", ErrSpec, clients)
+		return 0, specf("%d clients, expected >= 1", clients)
 	}
 	if clients > ds.Data.N {
-		return 0, fmt.Errorf("%w: %d clients but data set %s has only %d samples", ErrSpec, clients, ds.Name, ds.Data.N)
+		return 0, specf("%d clients but data set %s has only %d samples", clients, ds.Name, ds.Data.N)
 	}
 	return testFraction(opt.TestFraction)
 }
@@ -114,17 +114,17 @@ func PartitionDirichlet(ds *Dataset, clients int, alpha float64, opt PartitionOp
 		return nil, fmt.Errorf("partition %s: %w", spec, err)
 	}
 	if !(alpha > 0 && alpha <= math.MaxFloat64) {
-		return nil, fmt.Errorf("partition %s: %w: alpha must be a finite number > 0", spec, ErrSpec)
+		return nil, specf("partition %s: alpha must be a finite number > 0", spec)
 	}
 	if ds.Classes < 1 {
-		return nil, fmt.Errorf("partition %s: %w: data set %s has a regression target, the partition needs class labels (use iid)", spec, ErrSpec, ds.Name)
+		return nil, specf("partition %s: data set %s has a regression target, the partition needs class labels (use iid)", spec, ds.Name)
 	}
 	minN := opt.MinSamples
 	if minN == 0 {
 		minN = max(1, min(DefaultMinSamples, ds.Data.N/(2*clients)))
 	}
 	if minN < 0 || minN*clients > ds.Data.N {
-		return nil, fmt.Errorf("partition %s: %w: minimum %d samples per client × %d clients, but data set %s has %d samples", spec, ErrSpec, minN, clients, ds.Name, ds.Data.N)
+		return nil, specf("partition %s: minimum %d samples per client × %d clients, but data set %s has %d samples", spec, minN, clients, ds.Name, ds.Data.N)
 	}
 	rng := newRand(opt.Seed, streamPartition)
 	classIdx := byClass(ds, rng)
@@ -243,17 +243,17 @@ func PartitionClasses(ds *Dataset, clients, k int, opt PartitionOptions) (*Feder
 		return nil, fmt.Errorf("partition %s: %w", spec, err)
 	}
 	if ds.Classes < 1 {
-		return nil, fmt.Errorf("partition %s: %w: data set %s has a regression target, the partition needs class labels (use iid)", spec, ErrSpec, ds.Name)
+		return nil, specf("partition %s: data set %s has a regression target, the partition needs class labels (use iid)", spec, ds.Name)
 	}
 	if k < 1 || k > ds.Classes {
-		return nil, fmt.Errorf("partition %s: %w: k must be in 1..%d, the classes of data set %s", spec, ErrSpec, ds.Classes, ds.Name)
+		return nil, specf("partition %s: k must be in 1..%d, the classes of data set %s", spec, ds.Classes, ds.Name)
 	}
 	perClass := opt.PerClass
 	if perClass == 0 {
 		perClass = DefaultPerClass
 	}
 	if perClass < 0 {
-		return nil, fmt.Errorf("partition %s: %w: %d samples per class, expected >= 0", spec, ErrSpec, perClass)
+		return nil, specf("partition %s: %d samples per class, expected >= 0", spec, perClass)
 	}
 	C := ds.Classes
 	rng := newRand(opt.Seed, streamPartition)

@@ -84,7 +84,7 @@ func (p Partition) String() string {
 // PATH may itself contain colons: the csv options are taken from the end.
 func ParseSource(s string) (Source, error) {
 	bad := func(format string, a ...any) (Source, error) {
-		return Source{}, fmt.Errorf("%w: source %q: %s", ErrSpec, s, fmt.Sprintf(format, a...))
+		return Source{}, specf("source %q: %s", s, fmt.Sprintf(format, a...))
 	}
 	spec := strings.TrimSpace(s)
 	kind, rest, hasArg := strings.Cut(spec, ":")
@@ -154,7 +154,7 @@ func parseStdDev(s string) (float64, error) {
 //	classes:K        K classes per client, power-law sizes (FedProx MNIST)
 func ParsePartition(s string) (Partition, error) {
 	bad := func(format string, a ...any) (Partition, error) {
-		return Partition{}, fmt.Errorf("%w: partition %q: %s", ErrSpec, s, fmt.Sprintf(format, a...))
+		return Partition{}, specf("partition %q: %s", s, fmt.Sprintf(format, a...))
 	}
 	spec := strings.TrimSpace(s)
 	kind, rest, hasArg := strings.Cut(spec, ":")
@@ -223,15 +223,15 @@ func Build(src Source, part Partition, opt BuildOptions) (*Federated, error) {
 		}
 	case StandardizeNone, StandardizeClient, StandardizeGlobal:
 	default:
-		return nil, fmt.Errorf("%w: standardize %q, expected none, client or global (or empty for the source's default)", ErrSpec, opt.Standardize)
+		return nil, specf("standardize %q, expected none, client or global (or empty for the source's default)", opt.Standardize)
 	}
 	if opt.Clients < 0 || opt.SyntheticDevices < 0 {
-		return nil, fmt.Errorf("%w: %d clients, %d synthetic devices: expected >= 0", ErrSpec, opt.Clients, opt.SyntheticDevices)
+		return nil, specf("%d clients, %d synthetic devices: expected >= 0", opt.Clients, opt.SyntheticDevices)
 	}
 	switch part.Kind {
 	case PartNatural, PartIID, PartDirichlet, PartClasses:
 	default:
-		return nil, fmt.Errorf("%w: partition %q, expected %s", ErrSpec, part.Kind, partitionForms)
+		return nil, specf("partition %q, expected %s", part.Kind, partitionForms)
 	}
 	synth := SyntheticConfig{
 		Alpha: src.Alpha, Beta: src.Beta, IID: src.Kind == SourceSyntheticIID,
@@ -247,18 +247,18 @@ func Build(src Source, part Partition, opt BuildOptions) (*Federated, error) {
 			if synth.Devices == 0 {
 				synth.Devices = opt.Clients
 			} else if opt.Clients != 0 && opt.Clients != synth.Devices {
-				return nil, fmt.Errorf("%w: partition natural of %s: %d clients but %d synthetic devices (one client per device)", ErrSpec, src, opt.Clients, synth.Devices)
+				return nil, specf("partition natural of %s: %d clients but %d synthetic devices (one client per device)", src, opt.Clients, synth.Devices)
 			}
 			f, err = Synthetic(synth)
 		case SourceLEAF:
 			f, err = LoadLEAF(src.Path, split)
 			if err == nil && opt.Clients != 0 && opt.Clients != len(f.Clients) {
-				return nil, fmt.Errorf("%w: partition natural of %s: it has %d users, so the clients must be %d (or 0), not %d; use iid, dirichlet:ALPHA or classes:K to repartition", ErrSpec, src, len(f.Clients), len(f.Clients), opt.Clients)
+				return nil, specf("partition natural of %s: it has %d users, so the clients must be %d (or 0), not %d; use iid, dirichlet:ALPHA or classes:K to repartition", src, len(f.Clients), len(f.Clients), opt.Clients)
 			}
 		case SourceCSV, SourceIDX:
-			return nil, fmt.Errorf("%w: partition natural of %s: only synthetic and leaf sources have natural clients; use iid, dirichlet:ALPHA or classes:K", ErrSpec, src)
+			return nil, specf("partition natural of %s: only synthetic and leaf sources have natural clients; use iid, dirichlet:ALPHA or classes:K", src)
 		default:
-			return nil, fmt.Errorf("%w: source %q, expected %s", ErrSpec, src.Kind, sourceForms)
+			return nil, specf("source %q, expected %s", src.Kind, sourceForms)
 		}
 		if err != nil {
 			return nil, err
@@ -266,7 +266,7 @@ func Build(src Source, part Partition, opt BuildOptions) (*Federated, error) {
 		f.Name += ", natural"
 	} else {
 		if opt.Clients < 1 {
-			return nil, fmt.Errorf("%w: partition %s of %s needs the number of clients (>= 1)", ErrSpec, part, src)
+			return nil, specf("partition %s of %s needs the number of clients (>= 1)", part, src)
 		}
 		var ds *Dataset
 		switch src.Kind {
@@ -283,7 +283,7 @@ func Build(src Source, part Partition, opt BuildOptions) (*Federated, error) {
 		case SourceIDX:
 			ds, err = LoadIDX(src.Path)
 		default:
-			return nil, fmt.Errorf("%w: source %q, expected %s", ErrSpec, src.Kind, sourceForms)
+			return nil, specf("source %q, expected %s", src.Kind, sourceForms)
 		}
 		if err != nil {
 			return nil, err

@@ -35,7 +35,7 @@ func Standardize(f *Federated, mode string) error {
 		return nil
 	case StandardizeClient, StandardizeGlobal:
 	default:
-		return fmt.Errorf("%w: standardize %q, expected none, client or global", ErrSpec, mode)
+		return specf("standardize %q, expected none, client or global", mode)
 	}
 	if f.Standardized != "" {
 		return fmt.Errorf("standardize %s: federation %s is already standardized (%s)", mode, f.Name, f.Standardized)

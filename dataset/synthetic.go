@@ -67,7 +67,7 @@ func (c SyntheticConfig) withDefaults() (SyntheticConfig, error) {
 		err = fmt.Errorf("synthetic: max samples %d, expected >= 0 (0 = no cap)", c.MaxSamples)
 	}
 	if err != nil {
-		return c, fmt.Errorf("%w: %w", ErrSpec, err)
+		return c, specErr{err}
 	}
 	c.TestFraction, err = testFraction(c.TestFraction)
 	return c, err
