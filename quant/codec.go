@@ -53,12 +53,12 @@ func (c *Codec) Encode(dst []byte, delta, residual []float64, rng *rand.Rand) ([
 		if residual != nil {
 			recon = resize(c.recon, len(idx))
 		}
-		raw, err = c.val.encode(raw, c.vals, rng, recon)
+		raw, err = c.val.encode(raw, c.vals, rng, recon, recon != nil)
 	} else {
 		if residual != nil {
 			recon = resize(c.recon, n)
 		}
-		raw, err = c.val.encode(raw, v, rng, recon)
+		raw, err = c.val.encode(raw, v, rng, recon, recon != nil)
 	}
 	c.rawb = raw
 	if recon != nil {

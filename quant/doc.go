@@ -61,11 +61,13 @@
 //	q8    nb scale records, then n codes (uint8 for min/max, int8 -127..127 for absmax)
 //	q4    nb scale records, then ceil(n/2) bytes of 4-bit codes, low nibble first
 //	      (0..15 for min/max; code+8 with code in -7..7 for absmax); a padding nibble is 0
-//	qsgd  nb float32 bucket norms, then n int8 signed levels in -s..s
+//	qsgd  nb float32 bucket scales, then n int8 signed levels in -s..s
 //
 // A min/max scale record is float32 lo then float32 step; an absmax record is
-// float32 step. Decoded values: lo + code*step (min/max), code*step (absmax),
-// norm/s * level (qsgd), all computed in float64.
+// float32 step. A qsgd scale is the bucket's L2 norm rounded up to float32
+// (or, under error feedback, shrunk: see below). Decoded values:
+// lo + code*step (min/max), code*step (absmax), scale/s * level (qsgd), all
+// computed in float64.
 //
 // # Error bounds (per element, x the input, x' the decoded value)
 //
@@ -77,12 +79,14 @@
 //     ±65504.
 //   - q8 min/max: |x'-x| <= (max-min)/255/2 per bucket; q4 min/max:
 //     (max-min)/15/2; q8 absmax: max|x|/127/2; q4 absmax: max|x|/7/2. The
-//     bucket's lo and step are float32, so add float32 rounding of those
-//     parameters: a relative 2^-22 on the bound and 2^-23·|min| (min/max mode).
-//   - qsgd: unbiased, E[x'] = x; per bucket v,
+//     bucket's lo and step are float32, so add their rounding: a relative
+//     2^-22 on the bound, plus 2^-23·|min| (min/max mode), plus 2^-149 (the
+//     float32 resolution, which matters only for values below ~1e-38).
+//   - qsgd (without error feedback): unbiased, E[x'] = x; per bucket v,
 //     E||x'-v||^2 <= min(B/s^2, sqrt(B)/s) ||v||^2 (Alistarh et al. 2017,
 //     Lemma 3.1; B = bucket length). The transmitted norm is rounded up to
-//     float32, which scales the bound by at most (1+2^-23)^2.
+//     float32, which scales the bound by at most (1+2^-23)^2. Per element,
+//     |x'-x| < ||v||/s.
 //   - topk: the dropped coordinates decode as 0; the kept ones carry the value
 //     coder's error. Exact zeros are never sent, so nnz <= k.
 //
@@ -97,6 +101,19 @@
 // with v - decoded(frame), computed with the decoder's own arithmetic. So over
 // rounds sum(decoded) + residual = sum(delta) up to float64 rounding: nothing
 // is lost, only delayed. On error the residual is left untouched.
+//
+// Error feedback needs a contractive compressor, E||C(v)-v||^2 < ||v||^2,
+// or the residual grows without bound. top-k, q8, q4, fp16 and fp32 are.
+// QSGD need not be: its variance bound min(B/s^2, sqrt(B)/s)·||v||^2 exceeds
+// ||v||^2 whenever s < sqrt(B), and on Gaussian buckets of 512 the actual
+// variance does for s=4 (TestErrorFeedbackBounded: unscaled, the residual of
+// qsgd:4 reached 1e6·||delta|| in 150 rounds, qsgd:1 1e10; qsgd:16 stayed
+// bounded). So with a residual, qsgd sends each
+// bucket's scale multiplied by gamma = ||v||^2/(||v||^2 + V), V the bucket's
+// quantisation variance: the MMSE scaling, which makes the expected squared
+// error gamma·V < ||v||^2. The frame format is unchanged; the decoded vector
+// is then shrunk towards 0 (biased) in each round, and error feedback carries
+// the difference to the next one. Without a residual qsgd stays unbiased.
 //
 // # Hostile input
 //

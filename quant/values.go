@@ -90,8 +90,9 @@ func put(out []float64, i int, x float64, add bool, scale float64) {
 
 // encode appends the value section of x (finite, within float32 range) to
 // dst. If recon is non-nil (len(x)) it receives the values the decoder will
-// produce. rng is used by qsgd only.
-func (v valueCoder) encode(dst []byte, x []float64, rng *rand.Rand, recon []float64) ([]byte, error) {
+// produce. rng is used by qsgd only; shrink makes qsgd scale each bucket by
+// its MMSE factor (see encodeQSGD), for error feedback.
+func (v valueCoder) encode(dst []byte, x []float64, rng *rand.Rand, recon []float64, shrink bool) ([]byte, error) {
 	n := len(x)
 	off := len(dst)
 	dst = grow(dst, v.size(n))
@@ -116,7 +117,7 @@ func (v valueCoder) encode(dst []byte, x []float64, rng *rand.Rand, recon []floa
 	case valQ8, valQ4:
 		v.encodeLinear(p, x, recon)
 	case valQSGD:
-		if err := v.encodeQSGD(p, x, rng, recon); err != nil {
+		if err := v.encodeQSGD(p, x, rng, recon, shrink); err != nil {
 			return dst[:off], err
 		}
 	}
@@ -194,7 +195,19 @@ func (v valueCoder) encodeLinear(p []byte, x []float64, recon []float64) {
 	}
 }
 
-func (v valueCoder) encodeQSGD(p []byte, x []float64, rng *rand.Rand, recon []float64) error {
+// encodeQSGD quantises each bucket v to levels l_i in -s..s with
+// E[l_i] = s·v_i/||v||, and sends the bucket's scale: ||v|| rounded up to
+// float32, so that the decoded norm/s·l is unbiased.
+//
+// With shrink (error feedback), the scale sent is instead
+// gamma·||v||, gamma = ||v||^2 / (||v||^2 + V), V the quantiser's variance
+// for this bucket (known before drawing). That is the MMSE scalar for an
+// unbiased quantiser: E||gamma·Q(v) - v||^2 = gamma·V < ||v||^2, so the
+// compressor is contractive and error feedback stays bounded. Unscaled QSGD
+// has variance up to min(B/s^2, sqrt(B)/s)·||v||^2, which may exceed
+// ||v||^2 when s < sqrt(B), and error feedback then amplifies the residual
+// round after round.
+func (v valueCoder) encodeQSGD(p []byte, x []float64, rng *rand.Rand, recon []float64, shrink bool) error {
 	n, nb := len(x), v.buckets(len(x))
 	recs, codes := p[:4*nb], p[4*nb:]
 	s := float64(v.levels)
@@ -225,9 +238,23 @@ func (v valueCoder) encodeQSGD(p []byte, x []float64, rng *rand.Rand, recon []fl
 		if math.IsInf(float64(n32), 0) {
 			return fmt.Errorf("%w: qsgd bucket %d (elements %d..%d) has L2 norm %g beyond float32 range", ErrInput, b, lo, hi-1, norm)
 		}
-		binary.LittleEndian.PutUint32(recs[4*b:], math.Float32bits(n32))
 		nf := float64(n32)
-		unit := nf / s
+		scale32 := n32
+		if shrink && nf > 0 {
+			// In units of nf^2 (no underflow for tiny buckets):
+			// ||v||^2 -> rn^2 and V = sum (nf/s)^2 p(1-p) -> vn.
+			vn := 0.0
+			for _, f := range xs {
+				r := math.Abs(f) / nf * s
+				pr := r - math.Floor(r)
+				vn += pr * (1 - pr)
+			}
+			vn /= s * s
+			rn := norm / nf
+			scale32 = float32(nf * (rn * rn / (rn*rn + vn)))
+		}
+		binary.LittleEndian.PutUint32(recs[4*b:], math.Float32bits(scale32))
+		unit := float64(scale32) / s
 		for j, f := range xs {
 			l := 0
 			if nf > 0 {
