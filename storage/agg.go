@@ -1,0 +1,893 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Aggregator schema, version 1:
+//
+//	meta        schema_version, kind = "agg"
+//	agg         current_round  u64
+//	clients     client id -> JSON clientJSON
+//	rounds      round u64 -> bucket { meta: JSON roundJSON, config: bytes, state: bytes }
+//	updates     round u64 -> bucket { client id -> stored_at unix ns u64 |
+//	                                  sample_count u64 | loss float64 LE | message }
+//	latest_z    client id -> round u64 + float64s
+//	checkpoints round u64 -> float64s (the global model announced for the round)
+var (
+	bucketAgg         = []byte("agg")
+	bucketClients     = []byte("clients")
+	bucketRounds      = []byte("rounds")
+	bucketUpdates     = []byte("updates")
+	bucketLatestZ     = []byte("latest_z")
+	bucketCheckpoints = []byte("checkpoints")
+
+	keyCurrentRound = []byte("current_round")
+	keyRoundMeta    = []byte("meta")
+	keyRoundConfig  = []byte("config")
+	keyRoundState   = []byte("state")
+)
+
+const aggKind = "agg"
+
+var aggSchema = schema{
+	kind: aggKind,
+	migrations: []migration{
+		{name: "create buckets", run: createBuckets(bucketAgg, bucketClients, bucketRounds,
+			bucketUpdates, bucketLatestZ, bucketCheckpoints)},
+	},
+}
+
+// updateHeader is the fixed part of a stored update: stored_at, sample
+// count, loss.
+const updateHeader = 24
+
+// AggStore is the aggregator's state in one bbolt file. It is safe for
+// concurrent use; bbolt serialises the writers.
+type AggStore struct {
+	db   *bolt.DB
+	opts Options
+}
+
+// OpenAgg opens or creates the aggregator database at path.
+func OpenAgg(path string, opts Options) (*AggStore, error) {
+	db, err := openDB(path, aggSchema, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &AggStore{db: db, opts: opts}, nil
+}
+
+// Close releases the file and its lock.
+func (s *AggStore) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("storage: close %s: %w", s.db.Path(), err)
+	}
+	return nil
+}
+
+// Path is the database file.
+func (s *AggStore) Path() string { return s.db.Path() }
+
+// Check runs bbolt's page-level consistency check over the whole file (a
+// read transaction over every page: slow on a large database).
+func (s *AggStore) Check() error { return check(s.db) }
+
+// Compact writes a compacted copy of the database to dst, which must not
+// exist, using bbolt.Compact in a read transaction of this store (writers
+// are not blocked). The copy is written under dst+".tmp" and renamed when
+// complete. To shrink the live file: Close, Compact from a fresh handle,
+// swap the files, reopen.
+func (s *AggStore) Compact(dst string) error { return compact(s.db, dst, s.opts) }
+
+// ---- clients ----
+
+// ClientRecord is the registry entry of one client.
+type ClientRecord struct {
+	ID              string
+	Online          bool
+	LastSeen        time.Time
+	SampleCount     uint64
+	RecentLoss      float64 // loss at the anchor of its latest update; NaN = unknown
+	Participation   uint64  // accepted updates
+	Capabilities    []string
+	SoftwareVersion string
+}
+
+type clientJSON struct {
+	ID              string   `json:"id"`
+	Online          bool     `json:"online"`
+	LastSeenUnixNs  int64    `json:"last_seen_unix_ns,omitempty"`
+	SampleCount     uint64   `json:"sample_count"`
+	RecentLoss      *float64 `json:"recent_loss,omitempty"`
+	Participation   uint64   `json:"participation"`
+	Capabilities    []string `json:"capabilities,omitempty"`
+	SoftwareVersion string   `json:"software_version,omitempty"`
+}
+
+func encodeClient(c ClientRecord) ([]byte, error) {
+	j := clientJSON{
+		ID: c.ID, Online: c.Online, SampleCount: c.SampleCount, Participation: c.Participation,
+		Capabilities: c.Capabilities, SoftwareVersion: c.SoftwareVersion,
+	}
+	if !c.LastSeen.IsZero() {
+		j.LastSeenUnixNs = c.LastSeen.UnixNano()
+	}
+	if !math.IsNaN(c.RecentLoss) && !math.IsInf(c.RecentLoss, 0) {
+		l := c.RecentLoss
+		j.RecentLoss = &l
+	}
+	return json.Marshal(j)
+}
+
+func decodeClient(id, v []byte) (ClientRecord, error) {
+	var j clientJSON
+	if err := json.Unmarshal(v, &j); err != nil {
+		return ClientRecord{}, fmt.Errorf("%w: client %q: %w", ErrCorrupt, id, err)
+	}
+	if j.ID != string(id) {
+		return ClientRecord{}, fmt.Errorf("%w: client record under %q names %q", ErrCorrupt, id, j.ID)
+	}
+	c := ClientRecord{
+		ID: j.ID, Online: j.Online, SampleCount: j.SampleCount, Participation: j.Participation,
+		Capabilities: j.Capabilities, SoftwareVersion: j.SoftwareVersion, RecentLoss: math.NaN(),
+	}
+	if j.LastSeenUnixNs != 0 {
+		c.LastSeen = time.Unix(0, j.LastSeenUnixNs)
+	}
+	if j.RecentLoss != nil {
+		c.RecentLoss = *j.RecentLoss
+	}
+	return c, nil
+}
+
+func getClient(b *bolt.Bucket, id string) (ClientRecord, bool, error) {
+	v := b.Get([]byte(id))
+	if v == nil {
+		return ClientRecord{ID: id, RecentLoss: math.NaN()}, false, nil
+	}
+	c, err := decodeClient([]byte(id), v)
+	return c, true, err
+}
+
+func putClient(b *bolt.Bucket, c ClientRecord) error {
+	v, err := encodeClient(c)
+	if err != nil {
+		return fmt.Errorf("storage: encode client %q: %w", c.ID, err)
+	}
+	return b.Put([]byte(c.ID), v)
+}
+
+// PutClient writes a whole registry entry (replacing any). A non-finite
+// RecentLoss is stored as unknown. One transaction.
+func (s *AggStore) PutClient(c ClientRecord) error {
+	if err := checkName("client id", c.ID); err != nil {
+		return err
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketClients)
+		if err != nil {
+			return err
+		}
+		return putClient(b, c)
+	})
+	if err != nil {
+		return fmt.Errorf("storage: put client %q: %w", c.ID, err)
+	}
+	return nil
+}
+
+// ClientStatus is what a client's status message tells the registry.
+type ClientStatus struct {
+	ID              string
+	Online          bool
+	SampleCount     uint64
+	Capabilities    []string
+	SoftwareVersion string
+	At              time.Time // when the aggregator received it
+}
+
+// PutClientStatus upserts a client's status (online flag, sample count,
+// capabilities, version, last seen = max(stored, At)) and keeps its
+// participation count and recent loss. One transaction.
+func (s *AggStore) PutClientStatus(st ClientStatus) error {
+	if err := checkName("client id", st.ID); err != nil {
+		return err
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketClients)
+		if err != nil {
+			return err
+		}
+		c, _, err := getClient(b, st.ID)
+		if err != nil {
+			return err
+		}
+		c.Online = st.Online
+		if st.SampleCount > 0 {
+			c.SampleCount = st.SampleCount
+		}
+		if st.Capabilities != nil {
+			c.Capabilities = slices.Clone(st.Capabilities)
+		}
+		if st.SoftwareVersion != "" {
+			c.SoftwareVersion = st.SoftwareVersion
+		}
+		if st.At.After(c.LastSeen) {
+			c.LastSeen = st.At
+		}
+		return putClient(b, c)
+	})
+	if err != nil {
+		return fmt.Errorf("storage: put status of %q: %w", st.ID, err)
+	}
+	return nil
+}
+
+// Client returns one registry entry, or ErrNotFound. A read transaction.
+func (s *AggStore) Client(id string) (ClientRecord, error) {
+	var c ClientRecord
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketClients)
+		if err != nil {
+			return err
+		}
+		var ok bool
+		c, ok, err = getClient(b, id)
+		if err == nil && !ok {
+			err = fmt.Errorf("%w: client %q", ErrNotFound, id)
+		}
+		return err
+	})
+	return c, err
+}
+
+// Clients returns the whole registry ordered by id. A read transaction.
+func (s *AggStore) Clients() ([]ClientRecord, error) {
+	var cs []ClientRecord
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketClients)
+		if err != nil {
+			return err
+		}
+		return b.ForEach(func(k, v []byte) error {
+			c, err := decodeClient(k, v)
+			if err != nil {
+				return err
+			}
+			cs = append(cs, c)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("storage: clients: %w", err)
+	}
+	return cs, nil
+}
+
+// ---- rounds ----
+
+// RoundStatus is where a round is in its life.
+type RoundStatus uint8
+
+// Round statuses.
+const (
+	RoundOpen   RoundStatus = 1
+	RoundClosed RoundStatus = 2
+)
+
+func (s RoundStatus) String() string {
+	switch s {
+	case RoundOpen:
+		return "open"
+	case RoundClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("RoundStatus(%d)", uint8(s))
+}
+
+// Round is one round of the aggregator's log.
+type Round struct {
+	Number   uint64
+	Status   RoundStatus
+	OpenedAt time.Time
+	ClosedAt time.Time // zero while open
+	Config   []byte    // the round's configuration, e.g. the encoded announcement
+	State    []byte    // the aggregator's own round state (opaque)
+}
+
+type roundJSON struct {
+	Status         RoundStatus `json:"status"`
+	OpenedAtUnixNs int64       `json:"opened_at_unix_ns,omitempty"`
+	ClosedAtUnixNs int64       `json:"closed_at_unix_ns,omitempty"`
+}
+
+func unixNs(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromUnixNs(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+func readRound(rb *bolt.Bucket, n uint64) (Round, error) {
+	var j roundJSON
+	if err := json.Unmarshal(rb.Get(keyRoundMeta), &j); err != nil {
+		return Round{}, fmt.Errorf("%w: round %d meta: %w", ErrCorrupt, n, err)
+	}
+	if j.Status != RoundOpen && j.Status != RoundClosed {
+		return Round{}, fmt.Errorf("%w: round %d has status %d", ErrCorrupt, n, j.Status)
+	}
+	return Round{
+		Number:   n,
+		Status:   j.Status,
+		OpenedAt: fromUnixNs(j.OpenedAtUnixNs),
+		ClosedAt: fromUnixNs(j.ClosedAtUnixNs),
+		Config:   bytes.Clone(rb.Get(keyRoundConfig)),
+		State:    bytes.Clone(rb.Get(keyRoundState)),
+	}, nil
+}
+
+func writeRoundMeta(rb *bolt.Bucket, r Round) error {
+	v, err := json.Marshal(roundJSON{Status: r.Status, OpenedAtUnixNs: unixNs(r.OpenedAt), ClosedAtUnixNs: unixNs(r.ClosedAt)})
+	if err != nil {
+		return err
+	}
+	return rb.Put(keyRoundMeta, v)
+}
+
+func putBytes(b *bolt.Bucket, k, v []byte) error {
+	if len(v) == 0 {
+		return b.Delete(k)
+	}
+	return b.Put(k, bytes.Clone(v))
+}
+
+// roundBucket returns the nested bucket of round n, or ErrNotFound.
+func roundBucket(tx *bolt.Tx, n uint64) (*bolt.Bucket, error) {
+	rs, err := bucket(tx, bucketRounds)
+	if err != nil {
+		return nil, err
+	}
+	rb := rs.Bucket(encodeU64(n))
+	if rb == nil {
+		if rs.Get(encodeU64(n)) != nil {
+			return nil, fmt.Errorf("%w: round %d is a value, not a bucket", ErrCorrupt, n)
+		}
+		return nil, fmt.Errorf("%w: round %d", ErrNotFound, n)
+	}
+	return rb, nil
+}
+
+// OpenRound starts round r.Number with its config (and optional state), makes
+// it the current round and stores global as the round's checkpoint (nil: no
+// checkpoint). If the current round is still open it is closed in the same
+// transaction, with ClosedAt = r.OpenedAt: "close t, open t+1" is one durable
+// event. Round numbers only grow: a number not above the current round fails
+// with ErrStale. One transaction.
+func (s *AggStore) OpenRound(r Round, global []float64) error {
+	if r.Number == 0 {
+		return fmt.Errorf("%w: round 0", ErrInvalid)
+	}
+	if global != nil {
+		if err := checkVec("checkpoint", global); err != nil {
+			return err
+		}
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		agg, err := bucket(tx, bucketAgg)
+		if err != nil {
+			return err
+		}
+		rs, err := bucket(tx, bucketRounds)
+		if err != nil {
+			return err
+		}
+		if v := agg.Get(keyCurrentRound); v != nil {
+			cur, err := decodeU64(v, "agg/current_round")
+			if err != nil {
+				return err
+			}
+			if r.Number <= cur {
+				return fmt.Errorf("%w: round %d, current round is %d", ErrStale, r.Number, cur)
+			}
+			cb, err := roundBucket(tx, cur)
+			if err != nil {
+				return fmt.Errorf("current round: %w", err)
+			}
+			prev, err := readRound(cb, cur)
+			if err != nil {
+				return err
+			}
+			if prev.Status == RoundOpen {
+				prev.Status, prev.ClosedAt = RoundClosed, r.OpenedAt
+				if err := writeRoundMeta(cb, prev); err != nil {
+					return err
+				}
+			}
+		}
+		rb, err := rs.CreateBucket(encodeU64(r.Number))
+		if err != nil {
+			return fmt.Errorf("%w: round %d: %w", ErrExists, r.Number, err)
+		}
+		r.Status, r.ClosedAt = RoundOpen, time.Time{}
+		if err := writeRoundMeta(rb, r); err != nil {
+			return err
+		}
+		if err := putBytes(rb, keyRoundConfig, r.Config); err != nil {
+			return err
+		}
+		if err := putBytes(rb, keyRoundState, r.State); err != nil {
+			return err
+		}
+		if err := agg.Put(keyCurrentRound, encodeU64(r.Number)); err != nil {
+			return err
+		}
+		if global != nil {
+			cp, err := bucket(tx, bucketCheckpoints)
+			if err != nil {
+				return err
+			}
+			return cp.Put(encodeU64(r.Number), encodeFloats(global))
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("storage: open round %d: %w", r.Number, err)
+	}
+	return nil
+}
+
+// PutRoundState replaces the aggregator's state bytes of an existing round.
+// One transaction.
+func (s *AggStore) PutRoundState(n uint64, state []byte) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		rb, err := roundBucket(tx, n)
+		if err != nil {
+			return err
+		}
+		return putBytes(rb, keyRoundState, state)
+	})
+	if err != nil {
+		return fmt.Errorf("storage: put state of round %d: %w", n, err)
+	}
+	return nil
+}
+
+// CloseRound marks round n closed at closedAt with its final state (nil
+// keeps the stored state). Closing a closed round is a no-op that keeps the
+// first ClosedAt. One transaction.
+func (s *AggStore) CloseRound(n uint64, closedAt time.Time, state []byte) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		rb, err := roundBucket(tx, n)
+		if err != nil {
+			return err
+		}
+		r, err := readRound(rb, n)
+		if err != nil {
+			return err
+		}
+		if r.Status == RoundClosed {
+			return nil
+		}
+		r.Status, r.ClosedAt = RoundClosed, closedAt
+		if err := writeRoundMeta(rb, r); err != nil {
+			return err
+		}
+		if state != nil {
+			return putBytes(rb, keyRoundState, state)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("storage: close round %d: %w", n, err)
+	}
+	return nil
+}
+
+// Round returns round n, or ErrNotFound. A read transaction.
+func (s *AggStore) Round(n uint64) (Round, error) {
+	var r Round
+	err := s.db.View(func(tx *bolt.Tx) error {
+		rb, err := roundBucket(tx, n)
+		if err != nil {
+			return err
+		}
+		r, err = readRound(rb, n)
+		return err
+	})
+	return r, err
+}
+
+// CurrentRound returns the round OpenRound last started (open, or closed by
+// CloseRound), or ErrNotFound before the first. After a restart this is the
+// round to resume. A read transaction.
+func (s *AggStore) CurrentRound() (Round, error) {
+	var r Round
+	err := s.db.View(func(tx *bolt.Tx) error {
+		agg, err := bucket(tx, bucketAgg)
+		if err != nil {
+			return err
+		}
+		v := agg.Get(keyCurrentRound)
+		if v == nil {
+			return fmt.Errorf("%w: no round yet", ErrNotFound)
+		}
+		n, err := decodeU64(v, "agg/current_round")
+		if err != nil {
+			return err
+		}
+		rb, err := roundBucket(tx, n)
+		if err != nil {
+			return fmt.Errorf("current round: %w", err)
+		}
+		r, err = readRound(rb, n)
+		return err
+	})
+	return r, err
+}
+
+// ---- updates ----
+
+// Update is one accepted client update.
+type Update struct {
+	Round       uint64
+	ClientID    string
+	StoredAt    time.Time
+	SampleCount uint64  // n_k reported with the update (0 = unknown)
+	Loss        float64 // the client's loss at the anchor; NaN = unknown
+	Msg         []byte  // the encoded wire update as received
+}
+
+func encodeUpdate(u Update) []byte {
+	b := make([]byte, 0, updateHeader+len(u.Msg))
+	b = binary.BigEndian.AppendUint64(b, uint64(unixNs(u.StoredAt)))
+	b = binary.BigEndian.AppendUint64(b, u.SampleCount)
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(u.Loss))
+	return append(b, u.Msg...)
+}
+
+func decodeUpdate(round uint64, client, v []byte) (Update, error) {
+	if len(v) <= updateHeader {
+		return Update{}, fmt.Errorf("%w: update (%d, %q) is %d bytes, want more than %d",
+			ErrCorrupt, round, client, len(v), updateHeader)
+	}
+	return Update{
+		Round:       round,
+		ClientID:    string(client),
+		StoredAt:    fromUnixNs(int64(binary.BigEndian.Uint64(v))),
+		SampleCount: binary.BigEndian.Uint64(v[8:]),
+		Loss:        math.Float64frombits(binary.LittleEndian.Uint64(v[16:])),
+		Msg:         bytes.Clone(v[updateHeader:]),
+	}, nil
+}
+
+// PutUpdate stores an accepted update under its key (round, client) and, in
+// the same transaction, the client's latest z (when z is non-nil, tagged
+// with the update's round) and its registry entry (participation + 1, last
+// seen, sample count, recent loss; created if absent). The round must exist.
+//
+// It is idempotent: if (round, client) is already stored it writes nothing
+// and returns stored == false with a nil error. A z older than the client's
+// stored z fails with ErrStale and writes nothing. One transaction, so when
+// PutUpdate returns the update is durable and a receipt may be sent.
+func (s *AggStore) PutUpdate(u Update, z []float64) (stored bool, err error) {
+	if u.Round == 0 {
+		return false, fmt.Errorf("%w: round 0", ErrInvalid)
+	}
+	if err := checkName("client id", u.ClientID); err != nil {
+		return false, err
+	}
+	if len(u.Msg) == 0 {
+		return false, fmt.Errorf("%w: empty update message", ErrInvalid)
+	}
+	if z != nil {
+		if err := checkVec("z", z); err != nil {
+			return false, err
+		}
+	}
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		if _, err := roundBucket(tx, u.Round); err != nil {
+			return err
+		}
+		ups, err := bucket(tx, bucketUpdates)
+		if err != nil {
+			return err
+		}
+		rk := encodeU64(u.Round)
+		ub := ups.Bucket(rk)
+		if ub != nil && ub.Get([]byte(u.ClientID)) != nil {
+			return nil // duplicate: stored stays false
+		}
+		if z != nil {
+			if err := putLatestZ(tx, u.ClientID, u.Round, z); err != nil {
+				return err
+			}
+		}
+		if ub == nil {
+			if ub, err = ups.CreateBucket(rk); err != nil {
+				return fmt.Errorf("updates of round %d: %w", u.Round, err)
+			}
+		}
+		if err := ub.Put([]byte(u.ClientID), encodeUpdate(u)); err != nil {
+			return err
+		}
+		cb, err := bucket(tx, bucketClients)
+		if err != nil {
+			return err
+		}
+		c, _, err := getClient(cb, u.ClientID)
+		if err != nil {
+			return err
+		}
+		c.Participation++
+		if u.StoredAt.After(c.LastSeen) {
+			c.LastSeen = u.StoredAt
+		}
+		if u.SampleCount > 0 {
+			c.SampleCount = u.SampleCount
+		}
+		if !math.IsNaN(u.Loss) && !math.IsInf(u.Loss, 0) {
+			c.RecentLoss = u.Loss
+		}
+		if err := putClient(cb, c); err != nil {
+			return err
+		}
+		stored = true
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("storage: put update (%d, %q): %w", u.Round, u.ClientID, err)
+	}
+	return stored, nil
+}
+
+// GetUpdate returns the stored update (round, client), or ErrNotFound. A
+// read transaction.
+func (s *AggStore) GetUpdate(round uint64, client string) (Update, error) {
+	var u Update
+	err := s.db.View(func(tx *bolt.Tx) error {
+		ups, err := bucket(tx, bucketUpdates)
+		if err != nil {
+			return err
+		}
+		var v []byte
+		if ub := ups.Bucket(encodeU64(round)); ub != nil {
+			v = ub.Get([]byte(client))
+		}
+		if v == nil {
+			return fmt.Errorf("%w: update (%d, %q)", ErrNotFound, round, client)
+		}
+		u, err = decodeUpdate(round, []byte(client), v)
+		return err
+	})
+	return u, err
+}
+
+// ForEachUpdate calls fn for every stored update of round, in client-id
+// order, inside one read transaction; an error from fn stops the iteration
+// and is returned as is. fn gets copies it may keep, and must not call the
+// store's write methods (a write waiting on this read transaction can
+// deadlock when the file has to grow).
+func (s *AggStore) ForEachUpdate(round uint64, fn func(Update) error) error {
+	return s.db.View(func(tx *bolt.Tx) error {
+		ups, err := bucket(tx, bucketUpdates)
+		if err != nil {
+			return err
+		}
+		ub := ups.Bucket(encodeU64(round))
+		if ub == nil {
+			return nil
+		}
+		return ub.ForEach(func(k, v []byte) error {
+			u, err := decodeUpdate(round, k, v)
+			if err != nil {
+				return err
+			}
+			return fn(u)
+		})
+	})
+}
+
+// Updates returns every stored update of round in client-id order.
+func (s *AggStore) Updates(round uint64) ([]Update, error) {
+	var us []Update
+	err := s.ForEachUpdate(round, func(u Update) error {
+		us = append(us, u)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("storage: updates of round %d: %w", round, err)
+	}
+	return us, nil
+}
+
+// PruneUpdates deletes the stored updates of every round below before and
+// returns how many rounds it pruned. Round records, checkpoints and latest
+// z are kept. One transaction; Compact afterwards to return the space to
+// the file system.
+func (s *AggStore) PruneUpdates(before uint64) (int, error) {
+	n := 0
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		ups, err := bucket(tx, bucketUpdates)
+		if err != nil {
+			return err
+		}
+		var doomed [][]byte
+		c := ups.Cursor()
+		for k, _ := c.First(); k != nil; k, _ = c.Next() {
+			r, err := decodeU64(k, "updates key")
+			if err != nil {
+				return err
+			}
+			if r >= before {
+				break
+			}
+			doomed = append(doomed, bytes.Clone(k))
+		}
+		for _, k := range doomed {
+			if err := ups.DeleteBucket(k); err != nil {
+				return err
+			}
+		}
+		n = len(doomed)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("storage: prune updates before %d: %w", before, err)
+	}
+	return n, nil
+}
+
+// ---- latest z ----
+
+func putLatestZ(tx *bolt.Tx, client string, round uint64, z []float64) error {
+	b, err := bucket(tx, bucketLatestZ)
+	if err != nil {
+		return err
+	}
+	if old := b.Get([]byte(client)); old != nil {
+		r, err := roundOf(old, "latest_z/"+client)
+		if err != nil {
+			return err
+		}
+		if round < r {
+			return fmt.Errorf("%w: z of %q for round %d, have round %d", ErrStale, client, round, r)
+		}
+	}
+	return b.Put([]byte(client), encodeRoundVec(round, z))
+}
+
+// PutLatestZ stores client's latest FedSplit z for round; a z older than the
+// stored one fails with ErrStale. One transaction.
+func (s *AggStore) PutLatestZ(client string, round uint64, z []float64) error {
+	if err := checkName("client id", client); err != nil {
+		return err
+	}
+	if err := checkVec("z", z); err != nil {
+		return err
+	}
+	if err := s.db.Update(func(tx *bolt.Tx) error { return putLatestZ(tx, client, round, z) }); err != nil {
+		return fmt.Errorf("storage: put latest z of %q: %w", client, err)
+	}
+	return nil
+}
+
+// ClientZ returns client's latest z and its round, or ErrNotFound. A read
+// transaction.
+func (s *AggStore) ClientZ(client string) (round uint64, z []float64, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketLatestZ)
+		if err != nil {
+			return err
+		}
+		v := b.Get([]byte(client))
+		if v == nil {
+			return fmt.Errorf("%w: z of %q", ErrNotFound, client)
+		}
+		round, z, err = decodeRoundVec(v, "latest_z/"+client)
+		return err
+	})
+	return round, z, err
+}
+
+// LatestZ returns every client's latest z. A read transaction.
+func (s *AggStore) LatestZ() (map[string][]float64, error) {
+	zs := make(map[string][]float64)
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketLatestZ)
+		if err != nil {
+			return err
+		}
+		return b.ForEach(func(k, v []byte) error {
+			_, z, err := decodeRoundVec(v, "latest_z/"+string(k))
+			if err != nil {
+				return err
+			}
+			zs[string(k)] = z
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("storage: latest z: %w", err)
+	}
+	return zs, nil
+}
+
+// ---- checkpoints ----
+
+// PutCheckpoint stores the global model of round (overwriting). One
+// transaction.
+func (s *AggStore) PutCheckpoint(round uint64, vec []float64) error {
+	if round == 0 {
+		return fmt.Errorf("%w: round 0", ErrInvalid)
+	}
+	if err := checkVec("checkpoint", vec); err != nil {
+		return err
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketCheckpoints)
+		if err != nil {
+			return err
+		}
+		return b.Put(encodeU64(round), encodeFloats(vec))
+	})
+	if err != nil {
+		return fmt.Errorf("storage: put checkpoint %d: %w", round, err)
+	}
+	return nil
+}
+
+// Checkpoint returns the global model of round, or ErrNotFound. A read
+// transaction.
+func (s *AggStore) Checkpoint(round uint64) ([]float64, error) {
+	var v []float64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketCheckpoints)
+		if err != nil {
+			return err
+		}
+		raw := b.Get(encodeU64(round))
+		if raw == nil {
+			return fmt.Errorf("%w: checkpoint of round %d", ErrNotFound, round)
+		}
+		v, err = decodeFloats(raw, fmt.Sprintf("checkpoint %d", round))
+		return err
+	})
+	return v, err
+}
+
+// LatestCheckpoint returns the checkpoint with the highest round, or
+// ErrNotFound. A read transaction.
+func (s *AggStore) LatestCheckpoint() (round uint64, vec []float64, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketCheckpoints)
+		if err != nil {
+			return err
+		}
+		k, raw := b.Cursor().Last()
+		if k == nil {
+			return fmt.Errorf("%w: no checkpoint", ErrNotFound)
+		}
+		if round, err = decodeU64(k, "checkpoint key"); err != nil {
+			return err
+		}
+		vec, err = decodeFloats(raw, fmt.Sprintf("checkpoint %d", round))
+		return err
+	})
+	return round, vec, err
+}

@@ -1,0 +1,484 @@
+package storage
+
+import (
+	"bytes"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Edge schema, version 1:
+//
+//	meta      schema_version, kind = "edge"
+//	edge      client_id      string
+//	          created_at     unix ns
+//	          seen_round     u64, the newest round announcement seen
+//	          applied_round  u64, the newest round CommitRound applied
+//	          global         round u64 + float64s, the last global model
+//	          z              round u64 + float64s, FedSplit z_j and the round
+//	                         it was last updated for
+//	residuals name -> float64s (error-feedback residuals)
+//	outbox    round u64 -> the encoded wire update, until its receipt
+var (
+	bucketEdge      = []byte("edge")
+	bucketResiduals = []byte("residuals")
+	bucketOutbox    = []byte("outbox")
+
+	keyClientID     = []byte("client_id")
+	keyCreatedAt    = []byte("created_at")
+	keySeenRound    = []byte("seen_round")
+	keyAppliedRound = []byte("applied_round")
+	keyGlobal       = []byte("global")
+	keyZ            = []byte("z")
+)
+
+const edgeKind = "edge"
+
+var edgeSchema = schema{
+	kind: edgeKind,
+	migrations: []migration{
+		{name: "create buckets", run: createBuckets(bucketEdge, bucketResiduals, bucketOutbox)},
+	},
+}
+
+// ResidualUplink is the residual name CommitRound writes: the error-feedback
+// residual of the uplink codec.
+const ResidualUplink = "uplink"
+
+// EdgeStore is the edge agent's state in one bbolt file. It is safe for
+// concurrent use; bbolt serialises the writers.
+type EdgeStore struct {
+	db *bolt.DB
+}
+
+// OpenEdge opens or creates the edge database at path.
+func OpenEdge(path string, opts Options) (*EdgeStore, error) {
+	db, err := openDB(path, edgeSchema, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &EdgeStore{db: db}, nil
+}
+
+// Close releases the file and its lock.
+func (s *EdgeStore) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("storage: close %s: %w", s.db.Path(), err)
+	}
+	return nil
+}
+
+// Path is the database file.
+func (s *EdgeStore) Path() string { return s.db.Path() }
+
+// Check runs bbolt's page-level consistency check over the whole file (a
+// read transaction; cheap for an edge database).
+func (s *EdgeStore) Check() error { return check(s.db) }
+
+func (s *EdgeStore) update(fn func(b *bolt.Bucket, tx *bolt.Tx) error) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketEdge)
+		if err != nil {
+			return err
+		}
+		return fn(b, tx)
+	})
+}
+
+func (s *EdgeStore) view(fn func(b *bolt.Bucket, tx *bolt.Tx) error) error {
+	return s.db.View(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketEdge)
+		if err != nil {
+			return err
+		}
+		return fn(b, tx)
+	})
+}
+
+// Identity is who this agent is.
+type Identity struct {
+	ClientID  string
+	CreatedAt time.Time
+}
+
+// InitIdentity records the client id on first use and returns the stored
+// identity. Called again with the same id it changes nothing; with another
+// id it fails with ErrMismatch, because the FedSplit z and the outbox in
+// this file belong to the stored client. One transaction.
+func (s *EdgeStore) InitIdentity(clientID string, now time.Time) (Identity, error) {
+	if err := checkName("client id", clientID); err != nil {
+		return Identity{}, err
+	}
+	var id Identity
+	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+		if old := b.Get(keyClientID); old != nil {
+			var err error
+			if id, err = readIdentity(b); err != nil {
+				return err
+			}
+			if string(old) != clientID {
+				return fmt.Errorf("%w: this database belongs to client %q, not %q", ErrMismatch, old, clientID)
+			}
+			return nil
+		}
+		id = Identity{ClientID: clientID, CreatedAt: now}
+		if err := b.Put(keyClientID, []byte(clientID)); err != nil {
+			return err
+		}
+		return b.Put(keyCreatedAt, encodeTime(now))
+	})
+	if err != nil {
+		return Identity{}, fmt.Errorf("storage: init identity: %w", err)
+	}
+	return id, nil
+}
+
+func readIdentity(b *bolt.Bucket) (Identity, error) {
+	v := b.Get(keyClientID)
+	if v == nil {
+		return Identity{}, fmt.Errorf("%w: identity", ErrNotFound)
+	}
+	t, err := decodeTime(b.Get(keyCreatedAt), "edge/created_at")
+	if err != nil {
+		return Identity{}, err
+	}
+	return Identity{ClientID: string(v), CreatedAt: t}, nil
+}
+
+// Identity returns the stored identity, or ErrNotFound before InitIdentity.
+// A read transaction.
+func (s *EdgeStore) Identity() (Identity, error) {
+	var id Identity
+	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) (err error) {
+		id, err = readIdentity(b)
+		return err
+	})
+	return id, err
+}
+
+// getU64 reads an optional counter (0 when absent).
+func getU64(b *bolt.Bucket, key []byte) (uint64, error) {
+	v := b.Get(key)
+	if v == nil {
+		return 0, nil
+	}
+	return decodeU64(v, "edge/"+string(key))
+}
+
+// raiseSeen moves seen_round up to round (never down).
+func raiseSeen(b *bolt.Bucket, round uint64) error {
+	seen, err := getU64(b, keySeenRound)
+	if err != nil {
+		return err
+	}
+	if round > seen {
+		return b.Put(keySeenRound, encodeU64(round))
+	}
+	return nil
+}
+
+// SetSeenRound records the newest round announcement seen. Rounds only move
+// forward: a lower round fails with ErrStale (the same round is a no-op).
+// One transaction.
+func (s *EdgeStore) SetSeenRound(round uint64) error {
+	if round == 0 {
+		return fmt.Errorf("%w: round 0", ErrInvalid)
+	}
+	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+		seen, err := getU64(b, keySeenRound)
+		if err != nil {
+			return err
+		}
+		if round < seen {
+			return fmt.Errorf("%w: round %d, already seen %d", ErrStale, round, seen)
+		}
+		return raiseSeen(b, round)
+	})
+	if err != nil {
+		return fmt.Errorf("storage: set seen round: %w", err)
+	}
+	return nil
+}
+
+// SeenRound is the newest round seen (0 if none). A read transaction.
+func (s *EdgeStore) SeenRound() (uint64, error) {
+	var r uint64
+	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) (err error) {
+		r, err = getU64(b, keySeenRound)
+		return err
+	})
+	return r, err
+}
+
+// AppliedRound is the newest round CommitRound applied (0 if none). A read
+// transaction.
+func (s *EdgeStore) AppliedRound() (uint64, error) {
+	var r uint64
+	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) (err error) {
+		r, err = getU64(b, keyAppliedRound)
+		return err
+	})
+	return r, err
+}
+
+// SetGlobal stores the global model of a round announcement and raises the
+// seen round to it. A global model older than the stored one fails with
+// ErrStale (QoS 1 may redeliver an old announcement late); the same round
+// overwrites. One transaction.
+func (s *EdgeStore) SetGlobal(round uint64, vec []float64) error {
+	if round == 0 {
+		return fmt.Errorf("%w: round 0", ErrInvalid)
+	}
+	if err := checkVec("global model", vec); err != nil {
+		return err
+	}
+	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+		if old := b.Get(keyGlobal); old != nil {
+			r, err := roundOf(old, "edge/global")
+			if err != nil {
+				return err
+			}
+			if round < r {
+				return fmt.Errorf("%w: global model of round %d, have round %d", ErrStale, round, r)
+			}
+		}
+		if err := b.Put(keyGlobal, encodeRoundVec(round, vec)); err != nil {
+			return err
+		}
+		return raiseSeen(b, round)
+	})
+	if err != nil {
+		return fmt.Errorf("storage: set global: %w", err)
+	}
+	return nil
+}
+
+// Global returns the last global model and its round, or ErrNotFound. A
+// read transaction.
+func (s *EdgeStore) Global() (round uint64, vec []float64, err error) {
+	err = s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
+		v := b.Get(keyGlobal)
+		if v == nil {
+			return fmt.Errorf("%w: global model", ErrNotFound)
+		}
+		round, vec, err = decodeRoundVec(v, "edge/global")
+		return err
+	})
+	return round, vec, err
+}
+
+// InitZ stores FedSplit's initial z (the first global model the client sees)
+// if no z is stored yet, and reports whether it wrote. It never overwrites a
+// z: that only happens through CommitRound. One transaction.
+func (s *EdgeStore) InitZ(round uint64, z []float64) (bool, error) {
+	if err := checkVec("z", z); err != nil {
+		return false, err
+	}
+	wrote := false
+	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+		if b.Get(keyZ) != nil {
+			return nil
+		}
+		wrote = true
+		return b.Put(keyZ, encodeRoundVec(round, z))
+	})
+	if err != nil {
+		return false, fmt.Errorf("storage: init z: %w", err)
+	}
+	return wrote, nil
+}
+
+// Z returns FedSplit's z and the round it was last updated for, or
+// ErrNotFound. A read transaction.
+func (s *EdgeStore) Z() (round uint64, z []float64, err error) {
+	err = s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
+		v := b.Get(keyZ)
+		if v == nil {
+			return fmt.Errorf("%w: z", ErrNotFound)
+		}
+		round, z, err = decodeRoundVec(v, "edge/z")
+		return err
+	})
+	return round, z, err
+}
+
+// SetResidual stores an error-feedback residual under name. One
+// transaction.
+func (s *EdgeStore) SetResidual(name string, v []float64) error {
+	if err := checkName("residual name", name); err != nil {
+		return err
+	}
+	if err := checkVec("residual "+name, v); err != nil {
+		return err
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketResiduals)
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte(name), encodeFloats(v))
+	})
+	if err != nil {
+		return fmt.Errorf("storage: set residual %q: %w", name, err)
+	}
+	return nil
+}
+
+// DeleteResidual removes a residual (no error if absent). One transaction.
+func (s *EdgeStore) DeleteResidual(name string) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketResiduals)
+		if err != nil {
+			return err
+		}
+		return b.Delete([]byte(name))
+	})
+	if err != nil {
+		return fmt.Errorf("storage: delete residual %q: %w", name, err)
+	}
+	return nil
+}
+
+// Residual returns the residual stored under name, or ErrNotFound. A read
+// transaction.
+func (s *EdgeStore) Residual(name string) ([]float64, error) {
+	var v []float64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketResiduals)
+		if err != nil {
+			return err
+		}
+		raw := b.Get([]byte(name))
+		if raw == nil {
+			return fmt.Errorf("%w: residual %q", ErrNotFound, name)
+		}
+		v, err = decodeFloats(raw, "residual "+name)
+		return err
+	})
+	return v, err
+}
+
+// CommitRound is the durable end of a local round: in one transaction it
+// writes the new FedSplit z (tagged with round), the uplink residual (under
+// ResidualUplink), the applied round and the outbox entry holding the
+// encoded update, and raises the seen round. A nil or empty z or residual
+// leaves the stored one unchanged (FedAvg/FedProx have no z; a codec without
+// error feedback has no residual); outboxMsg is required.
+//
+// Applied rounds only move forward: if round is not greater than the last
+// applied round, nothing is written and the error wraps ErrAlreadyApplied.
+// That is what keeps a FedSplit step from being applied twice after a crash
+// and redelivery of the same round announcement.
+func (s *EdgeStore) CommitRound(round uint64, z, residual []float64, outboxMsg []byte) error {
+	if round == 0 {
+		return fmt.Errorf("%w: round 0", ErrInvalid)
+	}
+	if len(outboxMsg) == 0 {
+		return fmt.Errorf("%w: empty outbox message for round %d", ErrInvalid, round)
+	}
+	if len(z) > 0 {
+		if err := checkVec("z", z); err != nil {
+			return err
+		}
+	}
+	if len(residual) > 0 {
+		if err := checkVec("residual", residual); err != nil {
+			return err
+		}
+	}
+	err := s.update(func(b *bolt.Bucket, tx *bolt.Tx) error {
+		applied, err := getU64(b, keyAppliedRound)
+		if err != nil {
+			return err
+		}
+		if round <= applied {
+			return fmt.Errorf("%w: round %d (last applied %d)", ErrAlreadyApplied, round, applied)
+		}
+		out, err := bucket(tx, bucketOutbox)
+		if err != nil {
+			return err
+		}
+		res, err := bucket(tx, bucketResiduals)
+		if err != nil {
+			return err
+		}
+		if len(z) > 0 {
+			if err := b.Put(keyZ, encodeRoundVec(round, z)); err != nil {
+				return err
+			}
+		}
+		if len(residual) > 0 {
+			if err := res.Put([]byte(ResidualUplink), encodeFloats(residual)); err != nil {
+				return err
+			}
+		}
+		if err := out.Put(encodeU64(round), bytes.Clone(outboxMsg)); err != nil {
+			return err
+		}
+		if err := b.Put(keyAppliedRound, encodeU64(round)); err != nil {
+			return err
+		}
+		return raiseSeen(b, round)
+	})
+	if err != nil {
+		return fmt.Errorf("storage: commit round %d: %w", round, err)
+	}
+	return nil
+}
+
+// OutboxEntry is an update written but not yet receipted.
+type OutboxEntry struct {
+	Round uint64
+	Msg   []byte // the encoded wire update, as handed to CommitRound
+}
+
+// Outbox returns the unreceipted updates in round order. A read
+// transaction; the returned bytes are copies.
+func (s *EdgeStore) Outbox() ([]OutboxEntry, error) {
+	var entries []OutboxEntry
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketOutbox)
+		if err != nil {
+			return err
+		}
+		return b.ForEach(func(k, v []byte) error {
+			r, err := decodeU64(k, "outbox key")
+			if err != nil {
+				return err
+			}
+			if len(v) == 0 {
+				return fmt.Errorf("%w: outbox entry of round %d is empty", ErrCorrupt, r)
+			}
+			entries = append(entries, OutboxEntry{Round: r, Msg: bytes.Clone(v)})
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("storage: outbox: %w", err)
+	}
+	return entries, nil
+}
+
+// Ack removes the outbox entry of round after its receipt and reports
+// whether there was one (a duplicate receipt finds none: not an error). One
+// transaction.
+func (s *EdgeStore) Ack(round uint64) (bool, error) {
+	found := false
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketOutbox)
+		if err != nil {
+			return err
+		}
+		k := encodeU64(round)
+		if b.Get(k) == nil {
+			return nil
+		}
+		found = true
+		return b.Delete(k)
+	})
+	if err != nil {
+		return false, fmt.Errorf("storage: ack round %d: %w", round, err)
+	}
+	return found, nil
+}

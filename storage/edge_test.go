@@ -1,0 +1,286 @@
+package storage
+
+import (
+	"errors"
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+func TestEdgeIdentity(t *testing.T) {
+	path := tempPath(t, "edge.db")
+	s := openEdge(t, path)
+	if _, err := s.Identity(); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Identity before init: %v", err)
+	}
+	t0 := time.Unix(1700000000, 0)
+	id, err := s.InitIdentity("site-1", t0)
+	if err != nil || id.ClientID != "site-1" || !id.CreatedAt.Equal(t0) {
+		t.Fatalf("InitIdentity = %+v, %v", id, err)
+	}
+	// Same id later: unchanged, original creation time.
+	id, err = s.InitIdentity("site-1", t0.Add(time.Hour))
+	if err != nil || !id.CreatedAt.Equal(t0) {
+		t.Fatalf("InitIdentity again = %+v, %v", id, err)
+	}
+	if _, err := s.InitIdentity("site-2", t0); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("InitIdentity(other) = %v, want ErrMismatch", err)
+	}
+	if _, err := s.InitIdentity("", t0); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("InitIdentity(empty) = %v, want ErrInvalid", err)
+	}
+	closeT(t, s)
+	s = openEdge(t, path)
+	defer closeT(t, s)
+	if id, err := s.Identity(); err != nil || id.ClientID != "site-1" || !id.CreatedAt.Equal(t0) {
+		t.Fatalf("Identity after reopen = %+v, %v", id, err)
+	}
+}
+
+func TestEdgeRoundTripAndReopen(t *testing.T) {
+	path := tempPath(t, "edge.db")
+	s := openEdge(t, path)
+	z0 := []float64{0.5, -1, 2}
+	if err := s.SetGlobal(4, z0); err != nil {
+		t.Fatal(err)
+	}
+	if wrote, err := s.InitZ(4, z0); err != nil || !wrote {
+		t.Fatalf("InitZ = %v, %v", wrote, err)
+	}
+	if wrote, err := s.InitZ(5, []float64{9, 9, 9}); err != nil || wrote {
+		t.Fatalf("second InitZ = %v, %v, want no write", wrote, err)
+	}
+	z1 := []float64{0.25, -0.75, 1.5}
+	r1 := []float64{1e-3, 0, -1e-3}
+	if err := s.CommitRound(4, z1, r1, []byte("u4")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetResidual("downlink", []float64{7}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetGlobal(5, []float64{1, 1, 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CommitRound(5, nil, nil, []byte("u5")); err != nil { // FedProx round: no z
+		t.Fatal(err)
+	}
+	closeT(t, s)
+
+	s = openEdge(t, path)
+	defer closeT(t, s)
+	check := func(name string, got, want any) {
+		t.Helper()
+		if !equalAny(got, want) {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	zr, z, err := s.Z()
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("z round", zr, uint64(4))
+	check("z", z, z1)
+	res, err := s.Residual(ResidualUplink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("uplink residual", res, r1)
+	res, err = s.Residual("downlink")
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("downlink residual", res, []float64{7})
+	gr, g, err := s.Global()
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("global round", gr, uint64(5))
+	check("global", g, []float64{1, 1, 1})
+	applied, _ := s.AppliedRound()
+	check("applied", applied, uint64(5))
+	seen, _ := s.SeenRound()
+	check("seen", seen, uint64(5))
+	out, err := s.Outbox()
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("outbox", out, []OutboxEntry{{4, []byte("u4")}, {5, []byte("u5")}})
+
+	if found, err := s.Ack(4); err != nil || !found {
+		t.Fatalf("Ack(4) = %v, %v", found, err)
+	}
+	if found, err := s.Ack(4); err != nil || found {
+		t.Fatalf("duplicate Ack(4) = %v, %v", found, err)
+	}
+	out, _ = s.Outbox()
+	check("outbox after ack", out, []OutboxEntry{{5, []byte("u5")}})
+	if err := s.DeleteResidual("downlink"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Residual("downlink"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("deleted residual: %v", err)
+	}
+}
+
+func equalAny(a, b any) bool {
+	switch a := a.(type) {
+	case []float64:
+		return slices.Equal(a, b.([]float64))
+	case []OutboxEntry:
+		b := b.([]OutboxEntry)
+		return slices.EqualFunc(a, b, func(x, y OutboxEntry) bool { return x.Round == y.Round && string(x.Msg) == string(y.Msg) })
+	}
+	return a == b
+}
+
+func TestEdgeAlreadyApplied(t *testing.T) {
+	path := tempPath(t, "edge.db")
+	s := openEdge(t, path)
+	z := []float64{1, 2}
+	if err := s.CommitRound(7, z, z, []byte("u7")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Ack(7); err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, s)
+	// After a restart the same round announcement arrives again.
+	s = openEdge(t, path)
+	defer closeT(t, s)
+	tests := []struct {
+		round uint64
+		want  error
+	}{
+		{7, ErrAlreadyApplied},
+		{6, ErrAlreadyApplied},
+		{8, nil},
+		{8, ErrAlreadyApplied},
+	}
+	for _, tt := range tests {
+		err := s.CommitRound(tt.round, []float64{float64(tt.round), 0}, []float64{9, 9}, []byte("again"))
+		if !errors.Is(err, tt.want) && !(tt.want == nil && err == nil) {
+			t.Fatalf("CommitRound(%d) = %v, want %v", tt.round, err, tt.want)
+		}
+	}
+	// The refused commits wrote nothing: z is round 8's, the outbox has only 8.
+	zr, zv, _ := s.Z()
+	if zr != 8 || zv[0] != 8 {
+		t.Fatalf("z = %d %v", zr, zv)
+	}
+	out, _ := s.Outbox()
+	if len(out) != 1 || out[0].Round != 8 {
+		t.Fatalf("outbox = %v", out)
+	}
+}
+
+func TestEdgeRejectsBadInput(t *testing.T) {
+	s := openEdge(t, tempPath(t, "edge.db"))
+	defer closeT(t, s)
+	if err := s.SetGlobal(5, []float64{1}); err != nil {
+		t.Fatal(err)
+	}
+	nan := []float64{1, math.NaN()}
+	tests := []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"commit round 0", s.CommitRound(0, nil, nil, []byte("x")), ErrInvalid},
+		{"commit no msg", s.CommitRound(1, nil, nil, nil), ErrInvalid},
+		{"commit NaN z", s.CommitRound(1, nan, nil, []byte("x")), ErrInvalid},
+		{"commit Inf residual", s.CommitRound(1, nil, []float64{math.Inf(1)}, []byte("x")), ErrInvalid},
+		{"global round 0", s.SetGlobal(0, []float64{1}), ErrInvalid},
+		{"global empty", s.SetGlobal(6, nil), ErrInvalid},
+		{"global NaN", s.SetGlobal(6, nan), ErrInvalid},
+		{"global stale", s.SetGlobal(4, []float64{1}), ErrStale},
+		{"seen stale", s.SetSeenRound(4), ErrStale},
+		{"seen 0", s.SetSeenRound(0), ErrInvalid},
+		{"residual empty name", s.SetResidual("", []float64{1}), ErrInvalid},
+		{"residual NaN", s.SetResidual("r", nan), ErrInvalid},
+		{"initz empty", func() error { _, err := s.InitZ(1, nil); return err }(), ErrInvalid},
+	}
+	for _, tt := range tests {
+		if !errors.Is(tt.err, tt.want) {
+			t.Errorf("%s: %v, want %v", tt.name, tt.err, tt.want)
+		}
+	}
+	// None of that changed anything.
+	if r, _ := s.AppliedRound(); r != 0 {
+		t.Errorf("applied = %d", r)
+	}
+	if out, _ := s.Outbox(); len(out) != 0 {
+		t.Errorf("outbox = %v", out)
+	}
+	if _, _, err := s.Z(); !errors.Is(err, ErrNotFound) {
+		t.Errorf("z: %v", err)
+	}
+	if r, g, _ := s.Global(); r != 5 || len(g) != 1 {
+		t.Errorf("global = %d %v", r, g)
+	}
+	if err := s.SetSeenRound(5); err != nil {
+		t.Errorf("SetSeenRound(same) = %v", err)
+	}
+	if err := s.SetSeenRound(9); err != nil {
+		t.Errorf("SetSeenRound(9) = %v", err)
+	}
+	if r, _ := s.SeenRound(); r != 9 {
+		t.Errorf("seen = %d", r)
+	}
+}
+
+func TestEdgeCorruptValues(t *testing.T) {
+	tests := []struct {
+		name   string
+		bucket []byte
+		key    []byte
+		value  []byte
+		read   func(*EdgeStore) error
+	}{
+		{"z short", bucketEdge, keyZ, make([]byte, 12), func(s *EdgeStore) error { _, _, err := s.Z(); return err }},
+		{"z round only", bucketEdge, keyZ, make([]byte, 8), func(s *EdgeStore) error { _, _, err := s.Z(); return err }},
+		{"global odd", bucketEdge, keyGlobal, make([]byte, 23), func(s *EdgeStore) error { _, _, err := s.Global(); return err }},
+		{"global blocks SetGlobal", bucketEdge, keyGlobal, make([]byte, 5), func(s *EdgeStore) error { return s.SetGlobal(9, []float64{1}) }},
+		{"applied round", bucketEdge, keyAppliedRound, []byte{1, 2, 3}, func(s *EdgeStore) error { _, err := s.AppliedRound(); return err }},
+		{"applied round blocks commit", bucketEdge, keyAppliedRound, []byte{1, 2, 3}, func(s *EdgeStore) error {
+			return s.CommitRound(1, []float64{1}, nil, []byte("x"))
+		}},
+		{"seen round", bucketEdge, keySeenRound, []byte{1}, func(s *EdgeStore) error { _, err := s.SeenRound(); return err }},
+		{"created at", bucketEdge, keyCreatedAt, []byte{1}, func(s *EdgeStore) error { _, err := s.Identity(); return err }},
+		{"residual", bucketResiduals, []byte(ResidualUplink), make([]byte, 5), func(s *EdgeStore) error { _, err := s.Residual(ResidualUplink); return err }},
+		{"outbox key", bucketOutbox, []byte{1, 2, 3}, []byte("x"), func(s *EdgeStore) error { _, err := s.Outbox(); return err }},
+		{"outbox empty value", bucketOutbox, encodeU64(3), []byte{}, func(s *EdgeStore) error { _, err := s.Outbox(); return err }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := openEdge(t, tempPath(t, "edge.db"))
+			defer closeT(t, s)
+			if _, err := s.InitIdentity("c", time.Unix(1, 0)); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(tt.bucket).Put(tt.key, tt.value) }); err != nil {
+				t.Fatal(err)
+			}
+			if err := tt.read(s); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("read = %v, want ErrCorrupt", err)
+			}
+		})
+	}
+	// A missing bucket is corruption too, not a nil-pointer panic.
+	s := openEdge(t, tempPath(t, "edge.db"))
+	defer closeT(t, s)
+	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket(bucketOutbox) }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Outbox(); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Outbox without bucket: %v", err)
+	}
+	if err := s.CommitRound(1, nil, nil, []byte("x")); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("CommitRound without outbox bucket: %v", err)
+	}
+	if r, _ := s.AppliedRound(); r != 0 {
+		t.Fatalf("failed commit moved the applied round to %d", r)
+	}
+}

@@ -1,0 +1,378 @@
+// Package storage owns edgefl's durable state in bbolt files: the edge
+// agent's state and outbox (EdgeStore) and the aggregator's client registry,
+// round log, accepted updates, latest FedSplit z per client and global-model
+// checkpoints (AggStore).
+//
+// Durability rules, shared by both stores:
+//   - every method that changes state is exactly one bbolt read-write
+//     transaction, committed with fsync (NoSync is never set), so a method
+//     that returned nil survived power loss and a method that did not return
+//     left no trace;
+//   - a file is opened by one process at a time: a second Open fails with
+//     ErrLocked after Options.LockTimeout instead of hanging;
+//   - the schema is versioned (bucket "meta", key "schema_version") and
+//     migrated forward on Open, one transaction per step; a file written by a
+//     newer binary is refused with ErrSchemaTooNew;
+//   - stored bytes are treated as untrusted on read: a value of the wrong
+//     shape is an error wrapping ErrCorrupt, never a panic.
+//
+// Values: integers and keys are big-endian uint64 (so rounds sort), float
+// vectors are little-endian float64, small records are JSON, messages are
+// the opaque bytes the caller hands in (the encoded wire messages). The
+// package does not import wire or anything MQTT.
+package storage
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+)
+
+// DefaultLockTimeout is how long Open waits for another process to release
+// the file when Options.LockTimeout is not set.
+const DefaultLockTimeout = 2 * time.Second
+
+// Options tune Open.
+type Options struct {
+	// LockTimeout bounds the wait for the file lock held by another process
+	// (or another handle in this one). <= 0 means DefaultLockTimeout: the
+	// wait is always bounded.
+	LockTimeout time.Duration
+}
+
+// Errors. Every error the stores return for these conditions wraps one of
+// them (test with errors.Is).
+var (
+	ErrLocked         = errors.New("storage: database is locked by another process")
+	ErrSchemaTooNew   = errors.New("storage: database schema is newer than this binary supports")
+	ErrWrongKind      = errors.New("storage: database belongs to another component")
+	ErrCorrupt        = errors.New("storage: corrupt value")
+	ErrNotFound       = errors.New("storage: not found")
+	ErrInvalid        = errors.New("storage: invalid argument")
+	ErrStale          = errors.New("storage: round older than the stored one")
+	ErrAlreadyApplied = errors.New("storage: round already applied")
+	ErrExists         = errors.New("storage: already exists")
+	ErrMismatch       = errors.New("storage: stored identity differs")
+)
+
+// Bucket and key names shared by both schemas.
+var (
+	bucketMeta       = []byte("meta")
+	keySchemaVersion = []byte("schema_version")
+	keyKind          = []byte("kind")
+)
+
+// migration moves a file from schema version i to i+1, where i is its index
+// in a schema's list. It runs inside the transaction that also stamps the new
+// version, so a step is all or nothing.
+type migration struct {
+	name string
+	run  func(tx *bolt.Tx) error
+}
+
+// schema is one kind of file: its name in the meta bucket and its migrations;
+// the current version is len(migrations).
+type schema struct {
+	kind       string
+	migrations []migration
+}
+
+func (s schema) version() uint64 { return uint64(len(s.migrations)) }
+
+// createBuckets is the body of a v0 -> v1 migration.
+func createBuckets(names ...[]byte) func(tx *bolt.Tx) error {
+	return func(tx *bolt.Tx) error {
+		for _, n := range names {
+			if _, err := tx.CreateBucketIfNotExists(n); err != nil {
+				return fmt.Errorf("create bucket %s: %w", n, err)
+			}
+		}
+		return nil
+	}
+}
+
+// openDB opens (creating if needed) the bbolt file at path, takes its lock
+// with a bounded wait, checks its kind and migrates it to sc's version.
+func openDB(path string, sc schema, opts Options) (*bolt.DB, error) {
+	timeout := opts.LockTimeout
+	if timeout <= 0 {
+		timeout = DefaultLockTimeout
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout: timeout,
+		NoSync:  false, // fsync every commit: durability is the point
+	})
+	if err != nil {
+		if errors.Is(err, bolterrors.ErrTimeout) {
+			return nil, fmt.Errorf("%w: %s (gave up after %v): %w", ErrLocked, path, timeout, err)
+		}
+		return nil, fmt.Errorf("storage: open %s: %w", path, err)
+	}
+	if err := migrate(db, sc); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("storage: %s: %w", path, err)
+	}
+	return db, nil
+}
+
+// readMeta returns a file's schema version and kind; a file without a meta
+// bucket is version 0 and must be empty.
+func readMeta(tx *bolt.Tx) (version uint64, kind string, err error) {
+	meta := tx.Bucket(bucketMeta)
+	if meta == nil {
+		var foreign []string
+		_ = tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+			foreign = append(foreign, string(name))
+			return nil
+		})
+		if len(foreign) > 0 {
+			return 0, "", fmt.Errorf("%w: no meta bucket but buckets %q: not an edgefl database", ErrWrongKind, foreign)
+		}
+		return 0, "", nil
+	}
+	v := meta.Get(keySchemaVersion)
+	if v == nil {
+		return 0, "", fmt.Errorf("%w: meta bucket without schema_version", ErrCorrupt)
+	}
+	version, err = decodeU64(v, "meta/schema_version")
+	if err != nil {
+		return 0, "", err
+	}
+	return version, string(meta.Get(keyKind)), nil
+}
+
+func migrate(db *bolt.DB, sc schema) error {
+	var version uint64
+	var kind string
+	if err := db.View(func(tx *bolt.Tx) (err error) {
+		version, kind, err = readMeta(tx)
+		return err
+	}); err != nil {
+		return err
+	}
+	if version > 0 && kind != sc.kind {
+		return fmt.Errorf("%w: this is a %q database, not %q", ErrWrongKind, kind, sc.kind)
+	}
+	if version > sc.version() {
+		return fmt.Errorf("%w: file has schema version %d, this binary knows up to %d (%s); upgrade the binary",
+			ErrSchemaTooNew, version, sc.version(), sc.kind)
+	}
+	for version < sc.version() {
+		m := sc.migrations[version]
+		err := db.Update(func(tx *bolt.Tx) error {
+			// Re-read inside the write transaction: the lock makes this
+			// the only writer, but be exact about what we migrate from.
+			v, _, err := readMeta(tx)
+			if err != nil {
+				return err
+			}
+			if v != version {
+				return fmt.Errorf("%w: schema version changed from %d to %d during migration", ErrCorrupt, version, v)
+			}
+			if err := m.run(tx); err != nil {
+				return err
+			}
+			meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+			if err != nil {
+				return err
+			}
+			if err := meta.Put(keyKind, []byte(sc.kind)); err != nil {
+				return err
+			}
+			return meta.Put(keySchemaVersion, encodeU64(version+1))
+		})
+		if err != nil {
+			return fmt.Errorf("migration %s v%d -> v%d (%s): %w", sc.kind, version, version+1, m.name, err)
+		}
+		version++
+	}
+	return nil
+}
+
+// schemaVersion reads the version of an open file (for tests and tools).
+func schemaVersion(db *bolt.DB) (v uint64, err error) {
+	err = db.View(func(tx *bolt.Tx) error {
+		v, _, err = readMeta(tx)
+		return err
+	})
+	return v, err
+}
+
+// check runs bbolt's consistency check of the whole file.
+func check(db *bolt.DB) error {
+	return db.View(func(tx *bolt.Tx) error {
+		var errs []error
+		for err := range tx.Check() {
+			errs = append(errs, err)
+		}
+		if len(errs) > 0 {
+			return fmt.Errorf("%w: bbolt check: %w", ErrCorrupt, errors.Join(errs...))
+		}
+		return nil
+	})
+}
+
+// compact writes a compacted copy of src to dst, which must not exist. It
+// compacts into dst+".tmp" and renames on success, so an interrupted compaction
+// never leaves a partial file under dst.
+func compact(src *bolt.DB, dst string, opts Options) (err error) {
+	if _, err := os.Stat(dst); err == nil {
+		return fmt.Errorf("%w: compact destination %s", ErrExists, dst)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("storage: compact: %w", err)
+	}
+	tmp := dst + ".tmp"
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("storage: compact: %w", err)
+	}
+	timeout := opts.LockTimeout
+	if timeout <= 0 {
+		timeout = DefaultLockTimeout
+	}
+	out, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: timeout})
+	if err != nil {
+		return fmt.Errorf("storage: compact: open %s: %w", tmp, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = os.Remove(tmp)
+		}
+	}()
+	if err := bolt.Compact(out, src, 16<<20); err != nil {
+		_ = out.Close()
+		return fmt.Errorf("storage: compact %s -> %s: %w", src.Path(), dst, err)
+	}
+	if err := out.Close(); err != nil {
+		return fmt.Errorf("storage: compact: close %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return fmt.Errorf("storage: compact: %w", err)
+	}
+	return syncDir(filepath.Dir(dst))
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("storage: sync dir: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("storage: sync dir %s: %w", dir, err)
+	}
+	return nil
+}
+
+// ---- value encodings ----
+
+func encodeU64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+
+func decodeU64(b []byte, what string) (uint64, error) {
+	if len(b) != 8 {
+		return 0, fmt.Errorf("%w: %s is %d bytes, want 8", ErrCorrupt, what, len(b))
+	}
+	return binary.BigEndian.Uint64(b), nil
+}
+
+// Times are stored as Unix nanoseconds; the zero time as 0.
+func encodeTime(t time.Time) []byte {
+	if t.IsZero() {
+		return encodeU64(0)
+	}
+	return encodeU64(uint64(t.UnixNano()))
+}
+
+func decodeTime(b []byte, what string) (time.Time, error) {
+	v, err := decodeU64(b, what)
+	if err != nil || v == 0 {
+		return time.Time{}, err
+	}
+	return time.Unix(0, int64(v)), nil
+}
+
+func appendFloats(dst []byte, v []float64) []byte {
+	for _, x := range v {
+		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(x))
+	}
+	return dst
+}
+
+func encodeFloats(v []float64) []byte { return appendFloats(make([]byte, 0, 8*len(v)), v) }
+
+// decodeFloats copies a non-empty little-endian float64 vector out of b
+// (which may be bbolt memory, valid only inside the transaction).
+func decodeFloats(b []byte, what string) ([]float64, error) {
+	if len(b) == 0 || len(b)%8 != 0 {
+		return nil, fmt.Errorf("%w: %s is %d bytes, want a positive multiple of 8", ErrCorrupt, what, len(b))
+	}
+	v := make([]float64, len(b)/8)
+	for i := range v {
+		v[i] = math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:]))
+	}
+	return v, nil
+}
+
+// A round-tagged vector: 8-byte big-endian round, then the floats.
+func encodeRoundVec(round uint64, v []float64) []byte {
+	return appendFloats(binary.BigEndian.AppendUint64(make([]byte, 0, 8+8*len(v)), round), v)
+}
+
+func decodeRoundVec(b []byte, what string) (uint64, []float64, error) {
+	if len(b) < 16 || len(b)%8 != 0 {
+		return 0, nil, fmt.Errorf("%w: %s is %d bytes, want 8 + a positive multiple of 8", ErrCorrupt, what, len(b))
+	}
+	v, err := decodeFloats(b[8:], what)
+	return binary.BigEndian.Uint64(b), v, err
+}
+
+// roundOf reads only the round of a round-tagged vector.
+func roundOf(b []byte, what string) (uint64, error) {
+	if len(b) < 16 || len(b)%8 != 0 {
+		return 0, fmt.Errorf("%w: %s is %d bytes, want 8 + a positive multiple of 8", ErrCorrupt, what, len(b))
+	}
+	return binary.BigEndian.Uint64(b), nil
+}
+
+// checkVec rejects vectors that must never be stored: empty or non-finite.
+func checkVec(what string, v []float64) error {
+	if len(v) == 0 {
+		return fmt.Errorf("%w: %s is empty", ErrInvalid, what)
+	}
+	if 8*uint64(len(v)) > bolt.MaxValueSize-8 {
+		return fmt.Errorf("%w: %s has %d values, too large for one value", ErrInvalid, what, len(v))
+	}
+	for i, x := range v {
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return fmt.Errorf("%w: %s[%d] is %v", ErrInvalid, what, i, x)
+		}
+	}
+	return nil
+}
+
+// checkName validates a client id or residual name used as a key. The
+// storage layer does not know wire's id charset; it only keeps keys sane.
+func checkName(what, s string) error {
+	if s == "" || len(s) > 255 {
+		return fmt.Errorf("%w: %s must be 1..255 bytes, got %d", ErrInvalid, what, len(s))
+	}
+	if bytes.IndexByte([]byte(s), 0) >= 0 {
+		return fmt.Errorf("%w: %s contains NUL", ErrInvalid, what)
+	}
+	return nil
+}
+
+func bucket(tx *bolt.Tx, name []byte) (*bolt.Bucket, error) {
+	b := tx.Bucket(name)
+	if b == nil {
+		return nil, fmt.Errorf("%w: bucket %s is missing", ErrCorrupt, name)
+	}
+	return b, nil
+}
