@@ -491,15 +491,17 @@ func (h *history) reset() { h.head, h.n = 0, 0 }
 // positive (then the pair would break the positive definiteness of the
 // quasi-Newton matrix and is skipped).
 func (h *history) push(x1, x0, g1, g0 []float64) {
-	s, y := h.s[h.head], h.y[h.head]
 	var sy float64
+	for i := range x1 {
+		sy += (x1[i] - x0[i]) * (g1[i] - g0[i])
+	}
+	if !(sy > 0) {
+		return // before touching the slot: when the ring is full it holds the oldest pair
+	}
+	s, y := h.s[h.head], h.y[h.head]
 	for i := range s {
 		s[i] = x1[i] - x0[i]
 		y[i] = g1[i] - g0[i]
-		sy += s[i] * y[i]
-	}
-	if !(sy > 0) {
-		return
 	}
 	h.rho[h.head] = 1 / sy
 	h.head = (h.head + 1) % len(h.s)
