@@ -9,11 +9,12 @@
 //
 // # Round life cycle
 //
-// A round is announced when K online clients can be selected, or when at
-// least Quorum can and the round has waited Config.Settle for more (this
-// absorbs the burst of retained status messages at start-up). With fewer than
-// Quorum clients online the round waits, with no timer, until enough come
-// online. Once announced, the round closes as soon as every selected client
+// A round is announced once it has waited Config.Settle (from the previous
+// round's aggregation, or from the first event at start-up) and at least
+// Quorum online clients can be selected; Settle lets the burst of retained
+// status messages at start-up, or clients reconnecting, arrive before the
+// draw. With fewer than Quorum clients online the round waits, with no
+// timer, until enough come online. Once announced, the round closes as soon as every selected client
 // has reported, or at the deadline if at least Quorum have. Below quorum at
 // the deadline it is extended once (Extend); below quorum at the extended
 // deadline the clients are re-selected for the same round number (Announce
@@ -64,8 +65,8 @@ type Config struct {
 	// MaxReselections bounds the re-selections per round; negative means
 	// unlimited (one every RoundTimeout+Extension while below quorum).
 	MaxReselections int
-	// Settle is how long a round waits for K clients to be online before it
-	// is announced to fewer (but at least Quorum); 0 announces at once.
+	// Settle is how long a round waits for clients to come online before
+	// its selection is drawn (>= 0); 0 draws as soon as Quorum are online.
 	Settle time.Duration
 	// Rounds is the total number of rounds; 0 runs forever.
 	Rounds int
@@ -117,8 +118,8 @@ func (c Config) validate() error {
 type Phase string
 
 const (
-	// PhaseWaiting: the round (or its re-selection) waits for enough online
-	// clients, or for Settle to pass; no announcement is in force.
+	// PhaseWaiting: the round (or its re-selection) waits for Settle to pass
+	// and Quorum clients to be online; no announcement is in force.
 	PhaseWaiting Phase = "waiting"
 	// PhaseCollecting: a selection is announced and its deadline is armed.
 	PhaseCollecting Phase = "collecting"
@@ -327,7 +328,9 @@ type Counters struct {
 }
 
 func (c Counters) clone() Counters {
-	if c.Rejected != nil {
+	if len(c.Rejected) == 0 {
+		c.Rejected = nil // as JSON gives it back
+	} else {
 		m := make(map[Reason]uint64, len(c.Rejected))
 		for k, v := range c.Rejected {
 			m[k] = v
@@ -339,11 +342,26 @@ func (c Counters) clone() Counters {
 
 // client is the registry entry of one known client.
 type client struct {
-	samples     int
-	online      bool
-	loss        float64 // NaN when unknown
-	lastRound   int     // latest round whose update from this client is stored
-	lastInvited int     // latest round this client was invited to
+	samples   int
+	online    bool
+	loss      float64 // NaN when unknown
+	lastRound int     // latest round whose update from this client is stored
+	pending   []int   // rounds invited to and not reported, ascending, at most maxPending
+}
+
+// maxPending bounds the invitations remembered per client: a late update for
+// an older round is rejected as stale (the client has been asked for newer
+// work since).
+const maxPending = 8
+
+func (cl *client) invite(round int) {
+	if n := len(cl.pending); n > 0 && cl.pending[n-1] == round {
+		return // picked again by a re-selection
+	}
+	cl.pending = append(cl.pending, round)
+	if n := len(cl.pending); n > maxPending {
+		cl.pending = slices.Delete(cl.pending, 0, n-maxPending)
+	}
 }
 
 // Coordinator is the round state machine. It is not safe for concurrent use:
@@ -496,6 +514,8 @@ func (c *Coordinator) reject(u UpdateArrived, r Reason) []Decision {
 
 func (c *Coordinator) stored(cl *client, u UpdateArrived) {
 	cl.lastRound = u.Round
+	// Invitations up to this round are answered or obsolete.
+	cl.pending = slices.DeleteFunc(cl.pending, func(r int) bool { return r <= u.Round })
 	if !math.IsNaN(u.Loss) && !math.IsInf(u.Loss, 0) {
 		cl.loss = u.Loss
 	}
@@ -536,9 +556,10 @@ func (c *Coordinator) update(u UpdateArrived, at time.Time) []Decision {
 	switch {
 	case cl.lastRound == u.Round:
 		return c.reject(u, Duplicate)
-	case c.cfg.StoreLate && u.Round == cl.lastInvited && u.Round > cl.lastRound:
-		// Only the latest round the client was invited to can hold its
-		// newest z; this also bounds what we remember per client.
+	case c.cfg.StoreLate && slices.Contains(cl.pending, u.Round):
+		// The client was asked for this round and we hold nothing newer
+		// from it (pending only keeps rounds after lastRound): its z is
+		// the newest we can have.
 		c.stored(cl, u)
 		c.counters.AcceptedLate++
 		return []Decision{AcceptLate{Round: u.Round, Client: u.Client, Partial: u.Partial}}
@@ -630,17 +651,14 @@ func (c *Coordinator) pool() []string {
 	return ids
 }
 
-// feasibility of a selection now: can it reach quorum, can it be full (K).
-func (c *Coordinator) feasibility() (pool []string, ok, full bool) {
-	pool = c.pool()
-	ok = len(pool) > 0 && len(c.received)+len(pool) >= c.cfg.Quorum
-	full = len(pool) >= c.cfg.K-len(c.received)
-	return pool, ok, full
+// selectable says whether a selection from pool can reach quorum.
+func (c *Coordinator) selectable(pool []string) bool {
+	return len(pool) > 0 && len(c.received)+len(pool) >= c.cfg.Quorum
 }
 
 func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
-	pool, ok, full := c.feasibility()
-	if !ok || (!full && at.Before(c.waitingSince.Add(c.cfg.Settle))) {
+	pool := c.pool()
+	if !c.selectable(pool) || at.Before(c.waitingSince.Add(c.cfg.Settle)) {
 		return out
 	}
 	attempt := c.attempts
@@ -656,7 +674,7 @@ func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
 	for _, id := range picks {
 		sel = append(sel, id)
 		c.invited[id] = true
-		c.clients[id].lastInvited = c.round
+		c.clients[id].invite(c.round)
 	}
 	slices.Sort(sel)
 	c.selected = sel
@@ -728,7 +746,7 @@ func (c *Coordinator) wantTimer() time.Time {
 	case PhaseCollecting:
 		return c.deadline
 	case PhaseWaiting:
-		if _, ok, full := c.feasibility(); ok && !full {
+		if c.selectable(c.pool()) {
 			return c.waitingSince.Add(c.cfg.Settle)
 		}
 	}

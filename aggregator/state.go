@@ -54,10 +54,10 @@ type ClientState struct {
 	Online  bool   `json:"online,omitempty"`
 	// Loss is the last reported anchor loss, valid when HasLoss (JSON has
 	// no NaN).
-	Loss        float64 `json:"loss,omitempty"`
-	HasLoss     bool    `json:"has_loss,omitempty"`
-	LastRound   int     `json:"last_round,omitempty"`   // latest round with a stored update
-	LastInvited int     `json:"last_invited,omitempty"` // latest round invited to
+	Loss      float64 `json:"loss,omitempty"`
+	HasLoss   bool    `json:"has_loss,omitempty"`
+	LastRound int     `json:"last_round,omitempty"` // latest round with a stored update
+	Pending   []int   `json:"pending,omitempty"`    // rounds invited to, not reported, ascending
 }
 
 // Snapshot returns a deep copy of the state, with every list sorted so that
@@ -87,7 +87,10 @@ func (c *Coordinator) Snapshot() State {
 	}
 	slices.SortFunc(s.Received, func(a, b Received) int { return cmp.Compare(a.Client, b.Client) })
 	for id, cl := range c.clients {
-		cs := ClientState{ID: id, Samples: cl.samples, Online: cl.online, LastRound: cl.lastRound, LastInvited: cl.lastInvited}
+		cs := ClientState{ID: id, Samples: cl.samples, Online: cl.online, LastRound: cl.lastRound}
+		if len(cl.pending) > 0 { // nil when empty, as JSON gives it back
+			cs.Pending = slices.Clone(cl.pending)
+		}
 		if !math.IsNaN(cl.loss) {
 			cs.Loss, cs.HasLoss = cl.loss, true
 		}
@@ -105,7 +108,7 @@ func (c *Coordinator) Restore(s State) error {
 	}
 	clients := make(map[string]*client, len(s.Clients))
 	for _, cs := range s.Clients {
-		cl := &client{samples: cs.Samples, online: cs.Online, loss: math.NaN(), lastRound: cs.LastRound, lastInvited: cs.LastInvited}
+		cl := &client{samples: cs.Samples, online: cs.Online, loss: math.NaN(), lastRound: cs.LastRound, pending: slices.Clone(cs.Pending)}
 		if cs.HasLoss {
 			cl.loss = cs.Loss
 		}
@@ -160,8 +163,12 @@ func (s State) check() error {
 			return bad("client with empty id")
 		case known[cs.ID]:
 			return bad("client %q listed twice", cs.ID)
-		case cs.Samples < 0 || cs.LastRound < 0 || cs.LastInvited < 0:
+		case cs.Samples < 0 || cs.LastRound < 0:
 			return bad("client %q has negative counts", cs.ID)
+		case len(cs.Pending) > maxPending || !slices.IsSorted(cs.Pending) ||
+			len(slices.Compact(slices.Clone(cs.Pending))) != len(cs.Pending) ||
+			(len(cs.Pending) > 0 && (cs.Pending[0] <= cs.LastRound || cs.Pending[len(cs.Pending)-1] > s.Round)):
+			return bad("client %q has pending rounds %v (last round %d, round %d)", cs.ID, cs.Pending, cs.LastRound, s.Round)
 		case cs.HasLoss && (math.IsNaN(cs.Loss) || math.IsInf(cs.Loss, 0)):
 			return bad("client %q has a non-finite loss", cs.ID)
 		}
