@@ -8,9 +8,11 @@
 // gamma-inexact when ||grad h(w; a)|| <= gamma ||grad f(a)|| (note that
 // grad h(a; a) = grad f(a)).
 //
-// Two solvers: mini-batch SGD (SGD), and full-batch L-BFGS (LBFGS) built on
-// gonum.org/v1/gonum/optimize. Minimize finds the centralised optimum (mu = 0)
-// to an absolute gradient tolerance.
+// Two solvers: mini-batch SGD (SGD), which returns its last iterate, and
+// full-batch L-BFGS (LBFGS, implemented in this package, see lbfgs.go for why
+// not gonum/optimize), which returns the evaluated point with the smallest
+// ||grad h||. Minimize finds the centralised optimum (mu = 0) to an absolute
+// gradient tolerance.
 //
 // # What counts against a budget
 //
@@ -38,17 +40,21 @@
 //   - Cancelling ctx is checked at the same places as the deadline and
 //     behaves the same way: the point reached is returned with a report and
 //     no error (Stop = "canceled").
+//   - The anchor evaluation is always made, even when ctx is already canceled
+//     or the deadline has passed: the report's AnchorGrad needs it. So is
+//     one full evaluation at a warm start (start != anchor), when the
+//     evaluation budget allows it, to know its gamma.
+//
+// Solve refuses (ErrConfig) a configuration with neither a target gamma nor
+// any budget limit: nothing would stop it.
 //
 // Partial work is normal: every stop returns the point reached and a report.
 // Solve returns an error only for a bad configuration (wrapping ErrConfig) or
 // when the model produces a non-finite loss or gradient (wrapping
 // ErrDiverged; the anchor is returned then).
 //
-// The package is pure and deterministic given the rng: no globals and no time
-// except through the Budget's clock. (gonum's optimize.Minimize runs the
-// method in goroutines of its own, but synchronously and strictly in sequence
-// for a single task, so results are deterministic; it also times itself with
-// time.Now for its own statistics, which we do not use.)
+// The package is pure and deterministic given the rng: no globals, no
+// goroutines, no time except through the Budget's clock.
 package proxsolver
 
 import (

@@ -89,9 +89,13 @@ func (s *session) sgd(start []float64, rep Report, rng *rand.Rand) ([]float64, e
 	f := rep.AnchorLoss
 	_, gnorm := obj.prox(w, f, rep.AnchorGrad, gh)
 	if start != nil && !equal(start, obj.anchor) {
+		stop := s.tr.interrupted()
 		if b.MaxGradEvals > 0 && obj.gradEvals+1 > b.MaxGradEvals {
+			stop = StopGradEvals
+		}
+		if stop != "" {
 			// Cannot afford to measure the start point: keep the anchor.
-			s.done(f, gnorm, StopGradEvals)
+			s.done(f, gnorm, stop)
 			return w, nil
 		}
 		copy(w, start)

@@ -158,6 +158,28 @@ func TestWarmStart(t *testing.T) {
 	}
 }
 
+func TestWarmStartOutOfBudget(t *testing.T) {
+	pr := newLSProblem(t, 3, 200, 6, 0.1, 0.5)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, solver := range []string{SGD, LBFGS} {
+		for _, tt := range []struct {
+			ctx  context.Context
+			b    Budget
+			stop string
+		}{
+			{context.Background(), Budget{MaxGradEvals: 1}, StopGradEvals},
+			{ctx, Budget{MaxEpochs: 5}, StopCanceled},
+		} {
+			cfg := Config{Solver: solver, Mu: pr.mu, Gamma: 0.1, LR: 0.1, Batch: 10}
+			w, rep, err := Solve(tt.ctx, pr.m, pr.d, pr.a, pr.exact, cfg, tt.b, rand.New(rand.NewPCG(1, 1)))
+			if err != nil || dist(w, pr.a) != 0 || rep.GradEvals != 1 || rep.Stop != tt.stop || rep.Gamma != 1 {
+				t.Errorf("%s %s: error %v, %d evaluations, stop %q, gamma %v; want the anchor (gamma 1) after its evaluation only", solver, tt.stop, err, rep.GradEvals, rep.Stop, rep.Gamma)
+			}
+		}
+	}
+}
+
 func TestInputsNotModified(t *testing.T) {
 	pr := newLSProblem(t, 4, 100, 4, 0.1, 0.5)
 	a := append([]float64(nil), pr.a...)
