@@ -623,3 +623,29 @@ func norm2(x []float64) float64 {
 	}
 	return math.Sqrt(s)
 }
+
+// TestLargeVector: payloads beyond the 1 MiB zstd window (several zstd
+// blocks, window descriptor instead of a single segment) round-trip.
+func TestLargeVector(t *testing.T) {
+	x := gaussian(newRNG(13), 300_000, 1)
+	for _, spec := range []string{"fp32", "fp16", "topk:0.5"} {
+		c := mustParse(t, spec)
+		msg := encode(t, c, x, nil, 1)
+		info, err := Inspect(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		y := decode(t, c, msg)
+		if len(y) != len(x) {
+			t.Fatalf("%s: %d values, want %d", spec, len(y), len(x))
+		}
+		if spec == "fp32" {
+			for i := range x {
+				if y[i] != float64(float32(x[i])) {
+					t.Fatalf("%s: value %d differs", spec, i)
+				}
+			}
+		}
+		t.Logf("%s: raw payload %d bytes, frame %d", spec, info.RawLen, info.FrameLen)
+	}
+}

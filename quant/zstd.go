@@ -2,6 +2,7 @@ package quant
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -72,13 +73,21 @@ func (z *zcodec) decompress(buf []byte, src []byte, want int) (out, keep []byte,
 	}
 	out, err = z.dec.DecodeAll(src, buf[:0:want+zSlack])
 	if err != nil {
-		if err == zstd.ErrDecoderSizeExceeded || err == zstd.ErrFrameSizeExceeded {
+		// At the cap, zstd may instead fail with an unexported block-size
+		// error: after the declared size was produced, that is the same
+		// bomb. (Were the message to change, the bomb still fails, as
+		// ErrCorrupt; the test would notice.)
+		if err == zstd.ErrDecoderSizeExceeded || err == zstd.ErrFrameSizeExceeded ||
+			(len(out) >= want && strings.Contains(err.Error(), "bigger than max block size")) {
 			return nil, buf, fmt.Errorf("%w: zstd payload decodes to more than the declared %d bytes: %w", ErrTooLarge, want, err)
 		}
 		if err == zstd.ErrWindowSizeExceeded {
 			return nil, buf, fmt.Errorf("%w: zstd window above %d bytes: %w", ErrTooLarge, zWindow, err)
 		}
 		return nil, buf, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
+	}
+	if len(out) > want {
+		return nil, buf, fmt.Errorf("%w: zstd payload decodes to %d bytes, header declares %d", ErrTooLarge, len(out), want)
 	}
 	if len(out) != want {
 		return nil, buf, fmt.Errorf("%w: zstd payload decodes to %d bytes, header declares %d", ErrCorrupt, len(out), want)
