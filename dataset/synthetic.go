@@ -10,9 +10,9 @@ import (
 
 // Defaults of the FedProx synthetic generator (generate_synthetic.py).
 const (
-	SyntheticDevices = 30
-	SyntheticDim     = 60
-	SyntheticClasses = 10
+	DefaultSyntheticDevices = 30
+	DefaultSyntheticDim     = 60
+	DefaultSyntheticClasses = 10
 )
 
 // maxSyntheticValues bounds the generated feature values (samples × Dim):
@@ -43,13 +43,13 @@ type SyntheticConfig struct {
 
 func (c SyntheticConfig) withDefaults() (SyntheticConfig, error) {
 	if c.Devices == 0 {
-		c.Devices = SyntheticDevices
+		c.Devices = DefaultSyntheticDevices
 	}
 	if c.Dim == 0 {
-		c.Dim = SyntheticDim
+		c.Dim = DefaultSyntheticDim
 	}
 	if c.Classes == 0 {
-		c.Classes = SyntheticClasses
+		c.Classes = DefaultSyntheticClasses
 	}
 	var err error
 	switch {
