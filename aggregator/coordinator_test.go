@@ -234,7 +234,8 @@ func TestScenarios(t *testing.T) {
 			steps: []script{
 				{Tick{At: ms(50)}, announce},
 				{UpdateArrived{Client: "a", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "a"}}},
-				{Tick{At: ms(1050)}, []Decision{Extend{Round: 1, Deadline: ms(1550)}, SetTimer{At: ms(1550)}}},
+				// A late timer: the extension counts from when it is noticed.
+				{Tick{At: ms(1060)}, []Decision{Extend{Round: 1, Deadline: ms(1560)}, SetTimer{At: ms(1560)}}},
 				{UpdateArrived{Client: "c", Round: 1, At: ms(1200)}, []Decision{
 					Accept{Round: 1, Client: "c"},
 					CloseRound{Round: 1, Contributors: []string{"a", "c"}, Partial: []string{}, Stragglers: []string{"b"}, At: ms(1200)},
@@ -608,41 +609,24 @@ func TestSelectors(t *testing.T) {
 }
 
 func TestResume(t *testing.T) {
-	restored := func(t *testing.T, c *Coordinator, cfg Config) *Coordinator {
-		t.Helper()
-		b, err := json.Marshal(c.Snapshot())
-		if err != nil {
-			t.Fatal(err)
-		}
-		var s State
-		if err := json.Unmarshal(b, &s); err != nil {
-			t.Fatal(err)
-		}
-		r := mustNew(t, cfg)
-		if err := r.Restore(s); err != nil {
-			t.Fatal(err)
-		}
-		mustEqual(t, "snapshot after restore", r.Snapshot(), c.Snapshot())
-		return r
-	}
 	cfg := baseConfig()
 	c := mustNew(t, cfg)
-	mustEqual(t, "fresh", restored(t, c, cfg).Resume(), []Decision(nil))
+	mustEqual(t, "fresh", restored(t, cfg, c).Resume(), []Decision(nil))
 
 	c = round1(t, baseConfig())
 	c.Step(upd("a", 1, 100))
 	c.Step(Tick{At: ms(1050)}) // extended to 1550
-	mustEqual(t, "collecting", restored(t, c, cfg).Resume(), []Decision{
+	mustEqual(t, "collecting", restored(t, cfg, c).Resume(), []Decision{
 		Announce{Round: 1, Selected: []string{"a", "b", "c"}, Deadline: ms(1550)}, SetTimer{At: ms(1550)}})
 
 	cr := only[CloseRound](t, c.Step(upd("b", 1, 1200)))
-	mustEqual(t, "closing", restored(t, c, cfg).Resume(), []Decision{cr})
+	mustEqual(t, "closing", restored(t, cfg, c).Resume(), []Decision{cr})
 
 	cfg.Rounds = 1 // the restarted broker-agg was told to stop after round 1
-	r := restored(t, c, cfg)
+	r := restored(t, cfg, c)
 	fin := r.Step(AggregatedRound{Round: 1, At: ms(1300)})
 	mustEqual(t, "finished", fin, []Decision{Finished{Rounds: 1, At: ms(1300)}})
-	mustEqual(t, "resume finished", restored(t, r, cfg).Resume(), fin)
+	mustEqual(t, "resume finished", restored(t, cfg, r).Resume(), fin)
 }
 
 func TestRestoreRejectsBadState(t *testing.T) {
