@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -373,6 +374,16 @@ func roundBucket(tx *bolt.Tx, n uint64) (*bolt.Bucket, error) {
 	return rb, nil
 }
 
+// currentRoundBucket is roundBucket for the current-round pointer, which
+// must never dangle.
+func currentRoundBucket(tx *bolt.Tx, n uint64) (*bolt.Bucket, error) {
+	rb, err := roundBucket(tx, n)
+	if errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("%w: current round %d has no record", ErrCorrupt, n)
+	}
+	return rb, err
+}
+
 // OpenRound starts round r.Number with its config (and optional state), makes
 // it the current round and stores global as the round's checkpoint (nil: no
 // checkpoint). If the current round is still open it is closed in the same
@@ -405,9 +416,9 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 			if r.Number <= cur {
 				return fmt.Errorf("%w: round %d, current round is %d", ErrStale, r.Number, cur)
 			}
-			cb, err := roundBucket(tx, cur)
+			cb, err := currentRoundBucket(tx, cur)
 			if err != nil {
-				return fmt.Errorf("current round: %w", err)
+				return err
 			}
 			prev, err := readRound(cb, cur)
 			if err != nil {
@@ -531,9 +542,9 @@ func (s *AggStore) CurrentRound() (Round, error) {
 		if err != nil {
 			return err
 		}
-		rb, err := roundBucket(tx, n)
+		rb, err := currentRoundBucket(tx, n)
 		if err != nil {
-			return fmt.Errorf("current round: %w", err)
+			return err
 		}
 		r, err = readRound(rb, n)
 		return err
@@ -549,7 +560,7 @@ type Update struct {
 	ClientID    string
 	StoredAt    time.Time
 	SampleCount uint64  // n_k reported with the update (0 = unknown)
-	Loss        float64 // the client's loss at the anchor; NaN = unknown
+	Loss        float64 // the client's loss at the anchor; set NaN when unknown (0 is a loss)
 	Msg         []byte  // the encoded wire update as received
 }
 
