@@ -281,6 +281,17 @@ func TestDiverged(t *testing.T) {
 		}
 		checkCounts(t, tt.name, s, rep)
 	}
+	// +Inf at the warm start (not a line-search trial) is divergence too.
+	s0 := &spy{Model: pr.m, hook: func(calls int, _ model.Data, loss float64) float64 {
+		if calls == 2 {
+			return math.Inf(1)
+		}
+		return loss
+	}}
+	start := randVec(rand.New(rand.NewPCG(9, 9)), len(pr.a), 1)
+	if w, _, err := Solve(context.Background(), s0, pr.d, pr.a, start, Config{Solver: LBFGS, Mu: pr.mu, Gamma: 1e-9}, Budget{}, nil); !errors.Is(err, ErrDiverged) || dist(w, pr.a) != 0 {
+		t.Errorf("lbfgs +Inf at the warm start: error %v, want ErrDiverged and the anchor", err)
+	}
 	// Minimize too.
 	s := &spy{Model: pr.m, hook: nanAfter(4)}
 	if _, _, err := Minimize(context.Background(), s, pr.d, nil, 1e-10, 0); !errors.Is(err, ErrDiverged) {
@@ -312,6 +323,8 @@ func TestBadConfig(t *testing.T) {
 		{"negative max grad evals", func(_ *Config, b *Budget, _ *solveArgs) { b.MaxGradEvals = -1 }},
 		{"deadline without clock", func(_ *Config, b *Budget, _ *solveArgs) { b.Deadline = time.Unix(1, 0) }},
 		{"no target and no budget", func(c *Config, b *Budget, _ *solveArgs) { c.Gamma = 0; *b = Budget{} }},
+		{"lbfgs, no target and no budget", func(c *Config, b *Budget, _ *solveArgs) { *c = Config{Solver: LBFGS}; *b = Budget{} }},
+		{"sgd with a target but no budget", func(_ *Config, b *Budget, _ *solveArgs) { *b = Budget{} }},
 		{"sgd without rng", func(_ *Config, _ *Budget, a *solveArgs) { a.rng = nil }},
 		{"nil context", func(_ *Config, _ *Budget, a *solveArgs) { a.ctx = nil }},
 		{"nil model", func(_ *Config, _ *Budget, a *solveArgs) { a.m = nil }},
@@ -347,6 +360,12 @@ func TestBadConfig(t *testing.T) {
 	if _, _, err := Solve(context.Background(), pr.m, pr.d, pr.a, nil, Config{Solver: LBFGS, Mu: 0.1, Gamma: 0.1}, Budget{}, nil); err != nil {
 		t.Errorf("lbfgs without rng: %v", err)
 	}
+	// Without a budget, a cancelable context is enough.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, rep, err := Solve(ctx, pr.m, pr.d, pr.a, nil, Config{Solver: SGD, LR: 0.1, Batch: 10}, Budget{}, rand.New(rand.NewPCG(1, 1))); err != nil || rep.Stop != StopCanceled {
+		t.Errorf("sgd without budget, cancelable context: stop %q, error %v", rep.Stop, err)
+	}
 	// gamma 0 is "no target" and fine with a budget; gamma 1 is allowed.
 	for _, g := range []float64{0, 1} {
 		if err := (Config{Solver: SGD, Gamma: g, LR: 1, Batch: 1}).Validate(); err != nil {
@@ -367,3 +386,47 @@ type solveArgs struct {
 func itoa(i int) string { return strconv.Itoa(i) }
 
 func ftoa(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+
+// TestLBFGSBacktracksFromOverflow: a loss of +Inf at a line-search trial
+// point (here a barrier just outside the solution, as an overflow far from
+// the data would be) shortens the step instead of failing the solve.
+func TestLBFGSBacktracksFromOverflow(t *testing.T) {
+	// A large mu keeps the solution close to the anchor: the first trial step
+	// (of length 1) crosses the barrier.
+	pr := newLSProblem(t, 14, 200, 6, 0.1, 50)
+	radius := dist(pr.exact, pr.a) * 1.001
+	infs := 0
+	barrier := &barrierModel{Model: pr.m, a: pr.a, radius: radius, hits: &infs}
+	w, rep, err := Solve(context.Background(), barrier, pr.d, pr.a, nil, Config{Solver: LBFGS, Mu: pr.mu, Gamma: 1e-9}, Budget{MaxGradEvals: 500}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Stop != StopGamma || dist(w, pr.exact) > 1e-7 {
+		t.Errorf("stop %q, ||w - exact|| = %.3g after %d evaluations", rep.Stop, dist(w, pr.exact), rep.GradEvals)
+	}
+	if infs == 0 {
+		t.Errorf("the barrier was never hit: the test does not exercise the backtracking")
+	}
+	t.Logf("%d evaluations, %d of them beyond the barrier", rep.GradEvals, infs)
+}
+
+// barrierModel returns a loss of +Inf (and a NaN gradient) outside the ball
+// of the given radius around a.
+type barrierModel struct {
+	model.Model
+	a      []float64
+	radius float64
+	hits   *int
+}
+
+func (m *barrierModel) LossGrad(w []float64, d model.Data, grad []float64) float64 {
+	loss := m.Model.LossGrad(w, d, grad)
+	if dist(w, m.a) > m.radius {
+		*m.hits++
+		for i := range grad {
+			grad[i] = math.NaN()
+		}
+		return math.Inf(1)
+	}
+	return loss
+}

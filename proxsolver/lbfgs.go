@@ -111,11 +111,20 @@ func (r *lbfgsRun) budgetSpent() string {
 }
 
 // eval evaluates x into cur, offers it as the best point and reports whether
-// the run must stop (divergence, target reached, zero gradient).
-func (r *lbfgsRun) eval(x []float64) bool {
+// the run must stop (divergence, target reached, zero gradient). At a trial
+// point of a line search (trial), a loss of +Inf is not divergence but a step
+// too long (an overflow far from the data, e.g. least squares): cur.h is +Inf
+// and the line search shrinks the step. Any other non-finite value is
+// ErrDiverged.
+func (r *lbfgsRun) eval(x []float64, trial bool) bool {
 	copy(r.cur.x, x)
 	f, err := r.obj.full(r.cur.x, r.cur.gf)
 	if err != nil {
+		if trial && math.IsInf(f, 1) {
+			r.cur.f, r.cur.h, r.cur.gnorm = f, f, math.Inf(1)
+			clear(r.cur.gh) // the slope is meaningless: the searches go by h
+			return false
+		}
 		r.err = err
 		return true
 	}
@@ -190,7 +199,7 @@ func (r *lbfgsRun) phase(x0 *point, ls lineSearch) {
 			if !moved {
 				return // the step no longer changes x
 			}
-			if r.eval(r.cur.x) {
+			if r.eval(r.cur.x, true) {
 				return
 			}
 			accept, next, ok := ls.iterate(r.cur.h, dot(r.cur.gh, d))
@@ -252,7 +261,7 @@ func (s *session) lbfgs(start []float64, rep Report) ([]float64, error) {
 	if start != nil && !equal(start, obj.anchor) {
 		// A warm start: L-BFGS starts there (but the anchor stays a
 		// candidate for the returned point).
-		if r.stop = r.budgetSpent(); r.stop == "" && !r.eval(start) {
+		if r.stop = r.budgetSpent(); r.stop == "" && !r.eval(start, false) {
 			x0.set(&r.cur)
 		}
 	}
@@ -297,7 +306,7 @@ func Minimize(ctx context.Context, m model.Model, d model.Data, start []float64,
 	obj := &objective{m: m, d: d}
 	tr := newTracker(ctx, Budget{})
 	r := newLBFGSRun(obj, tr, p, gradTol, maxEvals, StopGradEvals)
-	r.eval(start)
+	r.eval(start, false)
 	rep := Report{AnchorLoss: r.cur.f, AnchorGrad: clone(r.cur.gf)}
 	if r.err != nil {
 		return diverged(start, obj, tr, rep, r.err)

@@ -45,13 +45,18 @@
 //     one full evaluation at a warm start (start != anchor), when the
 //     evaluation budget allows it, to know its gamma.
 //
-// Solve refuses (ErrConfig) a configuration with neither a target gamma nor
-// any budget limit: nothing would stop it.
+// Solve refuses (ErrConfig) to start what nothing could stop: no budget
+// limit and a context that is never canceled (ctx.Done() == nil), with no
+// target gamma, or with SGD (constant-step SGD stalls at a noise floor and
+// may never reach its target). L-BFGS with a target and no budget is allowed:
+// it stops by itself when it can make no further progress (StopStalled).
 //
 // Partial work is normal: every stop returns the point reached and a report.
 // Solve returns an error only for a bad configuration (wrapping ErrConfig) or
 // when the model produces a non-finite loss or gradient (wrapping
-// ErrDiverged; the anchor is returned then).
+// ErrDiverged; the anchor is returned then). The one exception: a loss of
+// +Inf at an L-BFGS line-search trial point means the step was too long (an
+// overflow far from the data) and the line search shortens it.
 //
 // The package is pure and deterministic given the rng: no globals, no
 // goroutines, no time except through the Budget's clock.
@@ -186,11 +191,16 @@ func Solve(ctx context.Context, m model.Model, d model.Data, anchor, start []flo
 	if err := b.Validate(); err != nil {
 		return nil, Report{}, err
 	}
-	if cfg.Gamma == 0 && b.unlimited() {
-		return nil, Report{}, fmt.Errorf("%w: no target gamma and no budget: nothing would stop the solve", ErrConfig)
-	}
 	if ctx == nil {
 		return nil, Report{}, fmt.Errorf("%w: nil context", ErrConfig)
+	}
+	if b.unlimited() && ctx.Done() == nil {
+		switch {
+		case cfg.Gamma == 0:
+			return nil, Report{}, fmt.Errorf("%w: no target gamma, no budget and a context that is never canceled: nothing would stop the solve", ErrConfig)
+		case cfg.Solver == SGD:
+			return nil, Report{}, fmt.Errorf("%w: sgd needs a budget (max epochs, max gradient evaluations or a deadline) or a cancelable context: constant-step SGD may never reach gamma %v", ErrConfig, cfg.Gamma)
+		}
 	}
 	if cfg.Solver == SGD && rng == nil {
 		return nil, Report{}, fmt.Errorf("%w: sgd needs a random source", ErrConfig)

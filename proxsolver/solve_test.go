@@ -115,7 +115,7 @@ func TestZeroAnchorGradientReturnsAtOnce(t *testing.T) {
 	a := make([]float64, 4)
 	start := []float64{1, 2, 3, 4}
 	for _, solver := range []string{SGD, LBFGS} {
-		w, rep, err := Solve(context.Background(), m, d, a, start, Config{Solver: solver, Mu: 1, Gamma: 0.1, LR: 0.1, Batch: 5}, Budget{}, rand.New(rand.NewPCG(1, 2)))
+		w, rep, err := Solve(context.Background(), m, d, a, start, Config{Solver: solver, Mu: 1, Gamma: 0.1, LR: 0.1, Batch: 5}, Budget{MaxEpochs: 10}, rand.New(rand.NewPCG(1, 2)))
 		if err != nil {
 			t.Fatal(err)
 		}
