@@ -705,7 +705,7 @@ type RoundAnnouncement struct {
 	Model           *ModelSpec             `protobuf:"bytes,6,opt,name=model,proto3" json:"model,omitempty"`
 	Budget          *WorkBudget            `protobuf:"bytes,7,opt,name=budget,proto3" json:"budget,omitempty"`
 	DeadlineUnixMs  int64                  `protobuf:"varint,8,opt,name=deadline_unix_ms,json=deadlineUnixMs,proto3" json:"deadline_unix_ms,omitempty"` // 0 = no deadline
-	Selected        []string               `protobuf:"bytes,9,rep,name=selected,proto3" json:"selected,omitempty"`                                      // selected client ids (unique)
+	Selected        []string               `protobuf:"bytes,9,rep,name=selected,proto3" json:"selected,omitempty"`                                      // selected client ids (unique); empty = every client
 	Global          *Vector                `protobuf:"bytes,10,opt,name=global,proto3" json:"global,omitempty"`                                         // the global model x^t; required
 	UplinkCodec     string                 `protobuf:"bytes,11,opt,name=uplink_codec,json=uplinkCodec,proto3" json:"uplink_codec,omitempty"`            // codec spec clients must use uplink
 	CreatedAtUnixMs int64                  `protobuf:"varint,12,opt,name=created_at_unix_ms,json=createdAtUnixMs,proto3" json:"created_at_unix_ms,omitempty"`

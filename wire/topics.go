@@ -181,3 +181,52 @@ func (t Topics) Parse(topic string) (Kind, string, error) {
 	}
 	return kind, id, nil
 }
+
+// ErrTopicMismatch reports a message whose client id is not the one its
+// topic names (a client publishing as another, or a misrouted message).
+var ErrTopicMismatch = errors.New("wire: message does not match its topic")
+
+// Decode parses topic, decodes b as the message type the topic carries and
+// checks that the message's client id is the topic's: the one call an MQTT
+// handler needs. Errors wrap ErrBadTopic/ErrBadID, a decoder error, or
+// ErrTopicMismatch; the message is nil whenever the error is not.
+func (t Topics) Decode(topic string, b []byte, lim Limits) (Kind, Message, error) {
+	kind, id, err := t.Parse(topic)
+	if err != nil {
+		return KindUnknown, nil, err
+	}
+	var (
+		m   Message
+		cid string
+	)
+	switch kind {
+	case KindRound:
+		r, err := DecodeRound(b, lim)
+		if err != nil {
+			return kind, nil, err
+		}
+		m = r
+	case KindStatus:
+		s, err := DecodeStatus(b, lim)
+		if err != nil {
+			return kind, nil, err
+		}
+		m, cid = s, s.ClientId
+	case KindUpdate:
+		u, err := DecodeUpdate(b, lim)
+		if err != nil {
+			return kind, nil, err
+		}
+		m, cid = u, u.ClientId
+	case KindReceipt:
+		r, err := DecodeReceipt(b, lim)
+		if err != nil {
+			return kind, nil, err
+		}
+		m, cid = r, r.ClientId
+	}
+	if id != "" && cid != id {
+		return kind, nil, fmt.Errorf("%w: %q carries a %v of client %q", ErrTopicMismatch, topic, kind, cid)
+	}
+	return kind, m, nil
+}

@@ -194,3 +194,46 @@ func FuzzParseTopic(f *testing.F) {
 		}
 	})
 }
+
+func TestTopicsDecode(t *testing.T) {
+	tp, err := ForFederation("fed1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	update := mustEncode(t, sampleUpdate()) // client site-1
+	tests := []struct {
+		name  string
+		topic string
+		msg   []byte
+		kind  Kind
+		want  error
+	}{
+		{"update", "edgefl/fed1/updates/site-1", update, KindUpdate, nil},
+		{"round", "edgefl/fed1/round", mustEncode(t, sampleRound()), KindRound, nil},
+		{"status", "edgefl/fed1/clients/site-1/status", mustEncode(t, sampleStatus()), KindStatus, nil},
+		{"receipt", "edgefl/fed1/receipts/site-1", mustEncode(t, sampleReceipt()), KindReceipt, nil},
+		{"update as another client", "edgefl/fed1/updates/site-2", update, KindUpdate, ErrTopicMismatch},
+		{"status as another client", "edgefl/fed1/clients/site-2/status", mustEncode(t, sampleStatus()), KindStatus, ErrTopicMismatch},
+		{"status on the update topic", "edgefl/fed1/updates/site-1", mustEncode(t, sampleStatus()), KindUpdate, ErrWrongType},
+		{"update on the round topic", "edgefl/fed1/round", update, KindRound, ErrWrongType},
+		{"bad topic", "edgefl/fed1/updates/+", update, KindUnknown, ErrBadTopic},
+		{"garbage", "edgefl/fed1/updates/site-1", []byte{0xff}, KindUpdate, ErrMalformed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			kind, m, err := tp.Decode(tt.topic, tt.msg, Limits{})
+			if kind != tt.kind {
+				t.Errorf("kind = %v, want %v", kind, tt.kind)
+			}
+			if tt.want == nil {
+				if err != nil || m == nil {
+					t.Fatalf("Decode = %v, %v", m, err)
+				}
+				return
+			}
+			if !errors.Is(err, tt.want) || m != nil {
+				t.Fatalf("Decode = %v, %v; want nil, %v", m, err, tt.want)
+			}
+		})
+	}
+}
