@@ -228,6 +228,12 @@ func Solve(ctx context.Context, m model.Model, d model.Data, anchor, start []flo
 		return clone(anchor), finish(obj, tr, rep, 0), nil
 	}
 	s := session{obj: obj, tr: tr, cfg: cfg, g0: g0, thresh: cfg.Gamma * g0}
+	if cfg.Gamma == 1 && (start == nil || equal(start, anchor)) {
+		// The anchor itself is 1-inexact.
+		s.rep = rep
+		s.done(fa, g0, StopGamma)
+		return clone(anchor), s.rep, nil
+	}
 	var w []float64
 	switch cfg.Solver {
 	case SGD:

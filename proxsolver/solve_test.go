@@ -2,6 +2,7 @@ package proxsolver
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -122,6 +123,34 @@ func TestZeroAnchorGradientReturnsAtOnce(t *testing.T) {
 		if dist(w, a) != 0 || rep.Gamma != 0 || rep.GradNorm != 0 || rep.Stop != StopConverged || rep.GradEvals != 1 || rep.Epochs != 0 {
 			t.Errorf("%s: w = %v, report %+v; want the anchor, gamma 0, stop converged, 1 evaluation", solver, w, rep)
 		}
+	}
+}
+
+func TestGammaOneIsTheAnchor(t *testing.T) {
+	pr := newLSProblem(t, 5, 100, 4, 0.1, 0.5)
+	for _, solver := range []string{SGD, LBFGS} {
+		w, rep, err := Solve(context.Background(), pr.m, pr.d, pr.a, nil, Config{Solver: solver, Mu: pr.mu, Gamma: 1, LR: 0.1, Batch: 10}, Budget{MaxEpochs: 10}, rand.New(rand.NewPCG(1, 1)))
+		if err != nil || dist(w, pr.a) != 0 || rep.Stop != StopGamma || rep.Gamma != 1 || rep.GradEvals != 1 {
+			t.Errorf("%s gamma 1: error %v, stop %q, gamma %v, %d evaluations; want the anchor at once", solver, err, rep.Stop, rep.Gamma, rep.GradEvals)
+		}
+	}
+}
+
+// TestLBFGSStopsByItself: a target below floating-point precision and no
+// budget; L-BFGS must stop on its own, at the precision floor.
+func TestLBFGSStopsByItself(t *testing.T) {
+	pr := newLSProblem(t, 6, 300, 8, 0.1, 0.5)
+	w, rep, err := Solve(context.Background(), pr.m, pr.d, pr.a, nil, Config{Solver: LBFGS, Mu: pr.mu, Gamma: 1e-300}, Budget{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if (rep.Stop != StopStalled && rep.Stop != StopConverged) || dist(w, pr.exact) > 1e-12 {
+		t.Errorf("stop %q after %d evaluations, ||w - exact|| = %.3g", rep.Stop, rep.GradEvals, dist(w, pr.exact))
+	}
+	t.Logf("stop %q after %d evaluations at ||grad h|| = %.3g", rep.Stop, rep.GradEvals, rep.GradNorm)
+	_, rep, err = Minimize(context.Background(), pr.m, pr.d, nil, 1e-300, 0)
+	if !errors.Is(err, ErrNotConverged) || rep.Stop != StopStalled {
+		t.Errorf("minimize to 1e-300: stop %q, error %v", rep.Stop, err)
 	}
 }
 
