@@ -75,6 +75,24 @@ func maxAbs(global []float64, ups []Update) float64 {
 // or harmful underflow: the result is +Inf only when the true distance exceeds
 // the float64 range.
 func dist(a, b []float64) float64 {
+	s, r := distParts(a, b)
+	return 2 * s * r
+}
+
+// logDist returns ln ||a - b|| (-Inf for equal vectors), finite for any
+// finite input.
+func logDist(a, b []float64) float64 {
+	s, r := distParts(a, b)
+	if r == 0 {
+		return math.Inf(-1)
+	}
+	return math.Ln2 + math.Log(s) + math.Log(r)
+}
+
+// distParts returns a power of two s and r with ||a - b|| = 2 s r, r at most
+// sqrt(len(a)): the differences are halved (so they cannot overflow) and
+// scaled by their own largest magnitude.
+func distParts(a, b []float64) (s, r float64) {
 	var mx float64
 	for i, v := range a {
 		h := v * 0.5
@@ -84,7 +102,7 @@ func dist(a, b []float64) float64 {
 		mx = max(mx, math.Abs(h))
 	}
 	if mx == 0 {
-		return 0
+		return 1, 0
 	}
 	s, inv := pow2Scale(mx)
 	var ss float64
@@ -96,7 +114,7 @@ func dist(a, b []float64) float64 {
 		h *= inv
 		ss += h * h
 	}
-	return 2 * s * math.Sqrt(ss)
+	return s, math.Sqrt(ss)
 }
 
 // cosineToRef returns cos(v_k, r) for every update, where v_k = w_k

@@ -188,39 +188,33 @@ func (n NormBound) Aggregate(global []float64, ups []Update, out []float64) (Rep
 		return Report{}, err
 	}
 	m, d := len(ups), len(global)
-	// Norms on a common power-of-two scale: they cannot overflow, and the
-	// clipping factor B/||delta|| is scale-free.
-	sc, inv := pow2Scale(maxAbs(global, ups))
-	norms := make([]float64, m)
+	// Work with ln ||w_k - global||: each norm is computed at its own scale
+	// (a common scale would let one huge update underflow every other norm
+	// to zero, the very case bounding is for), and nothing overflows.
+	logn := make([]float64, m)
 	for k, u := range ups {
-		var ss float64
-		for i, w := range u.Params {
-			h := (w*0.5 - global[i]*0.5) * inv
-			ss += h * h
-		}
-		norms[k] = 2 * math.Sqrt(ss)
+		logn[k] = logDist(u.Params, global)
 	}
-	b := n.Bound * inv
+	logB := math.Log(n.Bound)
 	if n.Bound == 0 {
-		b = n.Mult * medianOf(norms)
+		logB = math.Log(n.Mult) + logMedian(logn)
 	}
 	clipped := 0
 	cl := make([]Update, m)
 	buf := make([]float64, m*d)
 	for k, u := range ups {
 		cl[k] = u
-		if !(norms[k] > b) {
+		if !(logn[k] > logB) {
 			continue
 		}
 		clipped++
 		p := buf[k*d : (k+1)*d]
-		// global + (w - global) B/||w - global||, computed as
-		// global + h B/(||w - global||/2) with h = w/2 - global/2, which
-		// cannot overflow.
-		f := b / (norms[k] * 0.5)
+		// global + (w - global) f with f = B/||w - global|| < 1, computed
+		// as global + (w/2 - global/2)(2f), which cannot overflow.
+		f2 := 2 * math.Exp(logB-logn[k])
 		for i, w := range u.Params {
 			g := global[i]
-			v := g + (w*0.5-g*0.5)*f
+			v := g + (w*0.5-g*0.5)*f2
 			// The exact value lies between global and w.
 			p[i] = min(max(v, min(g, w)), max(g, w))
 		}
@@ -233,15 +227,15 @@ func (n NormBound) Aggregate(global []float64, ups []Update, out []float64) (Rep
 	if rep.Metrics == nil {
 		rep.Metrics = map[string]float64{}
 	}
-	rep.Metrics["norm_bound"] = min(b*sc, math.MaxFloat64) // saturates
+	rep.Metrics["norm_bound"] = min(math.Exp(logB), math.MaxFloat64) // saturates
 	rep.Metrics["clipped"] = float64(clipped)
 	return rep, nil
 }
 
-// medianOf returns the median of the values (the mean of the two middle ones
-// for an even count); when it is 0 and some value is positive, the median of
-// the positive values.
-func medianOf(v []float64) float64 {
+// logMedian returns ln of the median of exp(l) (the mean of the two middle
+// values for an even count); when that median is 0 (-Inf) and some value is
+// positive, ln of the median of the positive values; -Inf when all are 0.
+func logMedian(l []float64) float64 {
 	med := func(a []float64) float64 {
 		a = slices.Clone(a)
 		slices.Sort(a)
@@ -249,20 +243,25 @@ func medianOf(v []float64) float64 {
 		if n%2 == 1 {
 			return a[n/2]
 		}
-		return a[n/2-1]*0.5 + a[n/2]*0.5
+		lo, hi := a[n/2-1], a[n/2]
+		if math.IsInf(lo, -1) {
+			return hi - math.Ln2
+		}
+		// ln((e^lo + e^hi)/2) with hi >= lo.
+		return hi + math.Log1p(math.Exp(lo-hi)) - math.Ln2
 	}
-	md := med(v)
-	if md > 0 {
+	md := med(l)
+	if !math.IsInf(md, -1) {
 		return md
 	}
 	var pos []float64
-	for _, x := range v {
-		if x > 0 {
+	for _, x := range l {
+		if !math.IsInf(x, -1) {
 			pos = append(pos, x)
 		}
 	}
 	if len(pos) == 0 {
-		return 0
+		return math.Inf(-1)
 	}
 	return med(pos)
 }

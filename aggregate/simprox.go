@@ -309,10 +309,7 @@ func (s *SimProx) terms(global []float64, ups []Update) simproxTerms {
 		t.sbar += v
 	}
 	t.sbar /= float64(m)
-	t.lambda = s.cfg.Lambda0
-	if t.sbar < s.cfg.Tau {
-		t.lambda = min(max(s.cfg.Lambda0*t.sbar/s.cfg.Tau, 0), s.cfg.Lambda0)
-	}
+	t.lambda = dynamicLambda(s.cfg.Lambda0, s.cfg.Tau, t.sbar)
 
 	// Eq. 10 and 12 in the log domain, eq. 13 by log-sum-exp.
 	t.logA = make([]float64, m)
@@ -359,6 +356,15 @@ func (s *SimProx) terms(global []float64, ups []Update) simproxTerms {
 		t.weights[i] /= z
 	}
 	return t
+}
+
+// dynamicLambda is sec. III.A.3's rule, lambda0 s_bar/tau below the
+// threshold and lambda0 above it, clamped into [0, lambda0].
+func dynamicLambda(lambda0, tau, sbar float64) float64 {
+	if sbar >= tau {
+		return lambda0
+	}
+	return min(max(lambda0*sbar/tau, 0), lambda0)
 }
 
 func sq(v float64) float64 { return v * v }
