@@ -73,9 +73,10 @@ type Config struct {
 	// Seed derives each selection's random source, together with the round
 	// number and the attempt, so a restarted coordinator selects the same.
 	Seed uint64
-	// Selector picks clients; nil means aggregate.Uniform. Its own state (if
-	// any) is not part of Snapshot: use selectors that are a function of
-	// (round, candidates, rng) to keep restarts deterministic.
+	// Selector picks clients; nil means aggregate.Uniform. A selector that
+	// keeps state between rounds must implement json.Marshaler and
+	// json.Unmarshaler for Snapshot/Restore to carry that state; otherwise a
+	// restarted coordinator's selector starts afresh.
 	Selector aggregate.Selector
 	// StoreLate is true for the FedSplit family: an update that arrives after
 	// its round closed becomes the client's latest z (AcceptLate). FedAvg and

@@ -29,6 +29,9 @@ func baseConfig() Config {
 
 func mustNew(t *testing.T, cfg Config) *Coordinator {
 	t.Helper()
+	if _, ok := cfg.Selector.(*rotor); ok {
+		cfg.Selector = &rotor{} // stateful: one per coordinator, like the shell builds it
+	}
 	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -580,6 +583,62 @@ type badSelector struct{}
 func (badSelector) Name() string { return "bad" }
 func (badSelector) Select(_ int, cands []aggregate.Candidate, k int, _ *rand.Rand) []int {
 	return []int{-1, len(cands), 1, 1}
+}
+
+// rotor is a stateful selector: each draw continues where the last stopped.
+// Its state travels in Snapshot through MarshalJSON/UnmarshalJSON.
+type rotor struct {
+	Next int `json:"next"`
+}
+
+func (*rotor) Name() string { return "rotor" }
+func (r *rotor) Select(_ int, cands []aggregate.Candidate, k int, _ *rand.Rand) []int {
+	out := []int{}
+	for i := range min(k, len(cands)) {
+		out = append(out, (r.Next+i)%len(cands))
+	}
+	r.Next += len(out)
+	return out
+}
+
+type plainRotor rotor // without the methods, for encoding/json
+
+func (r *rotor) MarshalJSON() ([]byte, error) { return json.Marshal((*plainRotor)(r)) }
+func (r *rotor) UnmarshalJSON(b []byte) error { return json.Unmarshal(b, (*plainRotor)(r)) }
+
+func TestSelectorState(t *testing.T) {
+	cfg := baseConfig()
+	cfg.Selector = &rotor{}
+	c := mustNew(t, cfg)
+	bringOnline(c, ms(0), "a", "b", "c", "d", "e")
+	only[Announce](t, c.Step(Tick{At: ms(50)}))
+	s := c.Snapshot()
+	if s.SelectorName != "rotor" || string(s.Selector) != `{"next":3}` {
+		t.Fatalf("selector state %q %s", s.SelectorName, s.Selector)
+	}
+	for _, tc := range []struct {
+		name    string
+		mod     func(*State)
+		wantErr bool
+		want    int // rotor.Next after Restore
+	}{
+		{"restored", func(*State) {}, false, 3},
+		{"other selector's state is ignored", func(s *State) { s.SelectorName = "window" }, false, 0},
+		{"corrupt state is refused", func(s *State) { s.Selector = json.RawMessage(`{"next":"x"}`) }, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := c.Snapshot()
+			tc.mod(&s)
+			r := mustNew(t, cfg)
+			err := r.Restore(s)
+			if (err != nil) != tc.wantErr || (err != nil && !errors.Is(err, ErrBadState)) {
+				t.Fatalf("Restore: %v", err)
+			}
+			if got := r.sel.(*rotor).Next; !tc.wantErr && got != tc.want {
+				t.Fatalf("rotor.Next = %d, want %d", got, tc.want)
+			}
+		})
+	}
 }
 
 func TestSelectors(t *testing.T) {

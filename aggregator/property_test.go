@@ -109,8 +109,11 @@ func randomConfig(seed uint64) Config {
 		Seed:            seed,
 		StoreLate:       rng.IntN(2) == 0,
 	}
-	if rng.IntN(2) == 0 {
+	switch rng.IntN(3) {
+	case 0:
 		cfg.Selector = aggregate.BySamples{}
+	case 1:
+		cfg.Selector = &rotor{}
 	}
 	return cfg
 }
@@ -361,9 +364,10 @@ func TestRandomEvents(t *testing.T) {
 // any prefix of a stream makes the same subsequent decisions as the one that
 // ran uninterrupted.
 func TestRestartMidRound(t *testing.T) {
-	for _, seed := range []uint64{3, 11, 42} {
+	for i, seed := range []uint64{3, 11, 42} {
 		cfg := randomConfig(seed)
 		cfg.K, cfg.Quorum, cfg.MaxReselections, cfg.Rounds = 3, 2, 1, 0
+		cfg.Selector = []aggregate.Selector{nil, aggregate.BySamples{}, &rotor{}}[i]
 		c := mustNew(t, cfg)
 		g := newGen(seed)
 		var evs []Event

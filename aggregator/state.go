@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -39,6 +40,10 @@ type State struct {
 	Timer        time.Time     `json:"timer"`     // the last SetTimer sent
 	Clients      []ClientState `json:"clients,omitempty"`
 	Counters     Counters      `json:"counters"`
+	// SelectorName and Selector hold a stateful selector's own state (see
+	// Config.Selector); Restore applies it only to a selector of that name.
+	SelectorName string          `json:"selector_name,omitempty"`
+	Selector     json.RawMessage `json:"selector,omitempty"`
 }
 
 // Received is one stored update of the open round.
@@ -97,14 +102,27 @@ func (c *Coordinator) Snapshot() State {
 		s.Clients = append(s.Clients, cs)
 	}
 	slices.SortFunc(s.Clients, func(a, b ClientState) int { return cmp.Compare(a.ID, b.ID) })
+	if m, ok := c.sel.(json.Marshaler); ok {
+		// A selector whose state cannot be encoded restarts afresh, as one
+		// without state does; selection stays valid either way.
+		if b, err := m.MarshalJSON(); err == nil && json.Valid(b) {
+			s.SelectorName, s.Selector = c.sel.Name(), b
+		}
+	}
 	return s
 }
 
 // Restore replaces the coordinator's state with s, after checking that s is
-// consistent; on error the coordinator is unchanged. Call Resume next.
+// consistent; on error the coordinator's own state is unchanged (a stateful
+// selector may have been partly restored). Call Resume next.
 func (c *Coordinator) Restore(s State) error {
 	if err := s.check(); err != nil {
 		return err
+	}
+	if u, ok := c.sel.(json.Unmarshaler); ok && s.Selector != nil && s.SelectorName == c.sel.Name() {
+		if err := u.UnmarshalJSON(s.Selector); err != nil {
+			return fmt.Errorf("%w: selector %s: %w", ErrBadState, s.SelectorName, err)
+		}
 	}
 	clients := make(map[string]*client, len(s.Clients))
 	for _, cs := range s.Clients {
