@@ -13,19 +13,29 @@
 // round's aggregation, or from the first event at start-up) and at least
 // Quorum online clients can be selected; Settle lets the burst of retained
 // status messages at start-up, or clients reconnecting, arrive before the
-// draw. With fewer than Quorum clients online the round waits, with no
-// timer, until enough come online. Once announced, the round closes as soon as every selected client
-// has reported, or at the deadline if at least Quorum have. Below quorum at
-// the deadline it is extended once (Extend); below quorum at the extended
-// deadline the clients are re-selected for the same round number (Announce
-// with Attempt > 0): updates already received are kept, their senders stay in
-// the selection and K minus their number are drawn from the other online
-// clients. From the first missed deadline on the round is overdue and closes
-// the moment it has Quorum updates. After Config.MaxReselections
+// draw. With fewer than Quorum clients online the round waits, with no timer,
+// until enough come online. Once announced, the round closes as soon as
+// every selected client has reported, or at the deadline if at least Quorum
+// have; a selected client that went offline is simply a straggler then.
+// Below quorum at the deadline the round is extended once (Extend); below
+// quorum at the extended deadline the clients are re-selected for the same
+// round number (Announce with Attempt > 0): updates already received are
+// kept, their senders stay in the selection, and K minus their number are
+// drawn from the other online clients; clients dropped from the selection
+// may still report. From the first missed deadline on, the round is overdue
+// and closes the moment it has Quorum updates. After Config.MaxReselections
 // re-selections the round stalls: it keeps its selection, sets no timer and
-// closes when enough invited clients report. It never closes below quorum: a
-// global model made of one or two hospitals' models would publish those
+// closes when enough invited clients report. It never closes below quorum:
+// a global model made of one or two hospitals' models would publish those
 // sites' models to everyone.
+//
+// # Updates
+//
+// Every UpdateArrived gets exactly one answer, first in its batch: Accept
+// (an invited client, the open round, first copy), AcceptLate (FedSplit
+// family: the newest update of a client for a round it was invited to that
+// has closed) or Reject with a Reason. Unsolicited updates are rejected
+// (NotSelected) in every family.
 //
 // # Ordering contract with the shell
 //
@@ -38,6 +48,13 @@
 // aggregates, checkpoints, persists and only then steps AggregatedRound, which
 // opens the next round (or emits Finished), so the closed round is durable
 // before the next announcement is published.
+//
+// # Restart
+//
+// State holds the open round's received set, so the shell restores it with
+// Restore (no re-feeding of updates) and carries out Resume(): the current
+// announcement and timer, or the pending CloseRound. Ticks for deadlines
+// that passed while the process was down are handled as late ticks.
 package aggregator
 
 import (
@@ -535,7 +552,7 @@ func (c *Coordinator) update(u UpdateArrived, at time.Time) []Decision {
 	case u.Round < 1:
 		return c.reject(u, StaleRound)
 	case u.Round == c.round && c.phase != PhaseClosing:
-		if _, dup := c.received[u.Client]; dup || cl.lastRound == u.Round {
+		if _, dup := c.received[u.Client]; dup {
 			return c.reject(u, Duplicate)
 		}
 		if !c.invited[u.Client] {
