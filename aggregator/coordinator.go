@@ -39,12 +39,14 @@
 //
 // # Ordering contract with the shell
 //
-// Carry out each batch's decisions in order, and persist Snapshot() together
-// with the accepted updates in the same bbolt transaction before doing
-// anything visible outside (publishing an announcement, sending a receipt);
-// like raft's "persist before send", this guarantees that a restarted
+// Carry out each batch's decisions in order, and persist the accepted
+// updates and then Snapshot() (or both in one bbolt transaction) before doing
+// anything visible outside (publishing an announcement, sending a receipt).
+// Like raft's "persist before send", this guarantees that a restarted
 // coordinator never announces a different selection for a round and attempt
-// that the clients have already seen. CloseRound ends a round; the shell
+// that the clients have already seen, and never counts an update it does not
+// hold; an update stored without the state that accepts it is simply
+// accepted again when the unreceipted client re-sends it. CloseRound ends a round; the shell
 // aggregates, checkpoints, persists and only then steps AggregatedRound, which
 // opens the next round (or emits Finished), so the closed round is durable
 // before the next announcement is published.
