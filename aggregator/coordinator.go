@@ -704,8 +704,9 @@ func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
 	return append(out, Announce{Round: c.round, Attempt: attempt, Selected: slices.Clone(sel), Deadline: c.deadline})
 }
 
-// selectStream matches sim's streamSelect so that, for attempt 0, a live
-// federation and `broker-agg simulate` with the same seed draw alike.
+// selectStream and selectRand repeat sim's streamSelect derivation, so that
+// for attempt 0 a live federation and `broker-agg simulate` with the same
+// seed draw alike when handed the same candidates in the same order.
 const selectStream = 2
 
 func selectRand(seed uint64, round, attempt int) *rand.Rand {
