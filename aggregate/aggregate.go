@@ -3,6 +3,18 @@
 // papers' similarity-based and robust aggregators) and the client selection
 // policies. It is pure: randomness comes from the *rand.Rand it is handed,
 // state lives in the aggregator or selector value.
+//
+// Aggregators: FedAvg, Mean, SimProx (seeds/000), FedSim (cosine weighting,
+// seeds/001), FedSimCluster (seeds/002) with Sketch for the anchor gradient,
+// FedSiam (seeds/004), Median, TrimmedMean, NormBound (wraps any other).
+// Selectors: Uniform, BySamples, ByLoss (seeds/003), Window (seeds/000).
+// PNI is seeds/002's non-IID index. NewAggregator and NewSelector build them
+// from spec strings (see registry.go for the grammar).
+//
+// Every aggregator returns a finite model for finite input: vectors are
+// scaled by powers of two before sums of squares, convex combinations are
+// guarded against rounding past the float64 range, and exponentials are
+// taken in the log domain.
 package aggregate
 
 import (
@@ -72,19 +84,15 @@ func check(global []float64, ups []Update, out []float64) error {
 	if len(out) != len(global) {
 		return fmt.Errorf("%w: out has %d, global has %d", ErrDim, len(out), len(global))
 	}
-	for _, v := range global {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return fmt.Errorf("%w in the global model", ErrNonFinite)
-		}
+	if !allFinite(global) {
+		return fmt.Errorf("%w in the global model", ErrNonFinite)
 	}
 	for k, u := range ups {
 		if len(u.Params) != len(global) {
 			return fmt.Errorf("%w: update %d (%s) has %d, want %d", ErrDim, k, u.Client, len(u.Params), len(global))
 		}
-		for _, v := range u.Params {
-			if math.IsNaN(v) || math.IsInf(v, 0) {
-				return fmt.Errorf("%w in update %d (%s)", ErrNonFinite, k, u.Client)
-			}
+		if !allFinite(u.Params) {
+			return fmt.Errorf("%w in update %d (%s)", ErrNonFinite, k, u.Client)
 		}
 	}
 	return nil

@@ -102,10 +102,8 @@ func (f *FedSimCluster) Aggregate(global []float64, ups []Update, out []float64)
 		if len(u.AnchorGrad) != L {
 			return Report{}, fmt.Errorf("%w: anchor gradient of update %d (%s) has %d, update 0 has %d", ErrDim, k, u.Client, len(u.AnchorGrad), L)
 		}
-		for _, v := range u.AnchorGrad {
-			if math.IsNaN(v) || math.IsInf(v, 0) {
-				return Report{}, fmt.Errorf("%w in the anchor gradient of update %d (%s)", ErrNonFinite, k, u.Client)
-			}
+		if !allFinite(u.AnchorGrad) {
+			return Report{}, fmt.Errorf("%w in the anchor gradient of update %d (%s)", ErrNonFinite, k, u.Client)
 		}
 		if u.Samples < 0 {
 			return Report{}, errNegSamples(u)

@@ -393,3 +393,36 @@ func ExamplePNI() {
 	fmt.Printf("%.4f\n", pni)
 	// Output: 0.5208
 }
+
+// TestClusterOrderWithoutIDs: with empty or repeated client ids the
+// canonical order falls back to gradients, sample counts and parameters, so
+// the result still does not depend on the input order.
+func TestClusterOrderWithoutIDs(t *testing.T) {
+	g, ups, _ := groups(81, 12, 20)
+	for k := range ups {
+		ups[k].Client = ""
+		if k%4 == 1 { // same gradient as the previous one: tie broken by samples
+			ups[k].AnchorGrad = ups[k-1].AnchorGrad
+		}
+		if k%4 == 2 { // same gradient and samples: tie broken by params
+			ups[k].AnchorGrad, ups[k].Samples = ups[k-1].AnchorGrad, ups[k-1].Samples
+		}
+	}
+	out, rep := aggregate(t, newCluster(t, 3, 5), g, ups)
+	for seed := range uint64(5) {
+		perm := newRand(seed).Perm(len(ups))
+		p := make([]Update, len(ups))
+		for i, j := range perm {
+			p[i] = ups[j]
+		}
+		pout, prep := aggregate(t, newCluster(t, 3, 5), g, p)
+		if e := maxRelDiff(out, pout); e > 1e-14 {
+			t.Fatalf("perm %d: output differs by %g", seed, e)
+		}
+		for i, j := range perm {
+			if rep.Clusters[j] != prep.Clusters[i] {
+				t.Fatalf("perm %d: clusters differ", seed)
+			}
+		}
+	}
+}

@@ -57,18 +57,33 @@ func pow2Scale(mx float64) (s, inv float64) {
 	return math.Ldexp(1, e), math.Ldexp(1, -e)
 }
 
-// maxAbs returns the largest |v| over global and every update's parameters.
+// maxAbs returns the largest |v| over global and every update's parameters
+// (which must be finite: for finite floats the order of |v| is the order of
+// their bit patterns without the sign, compared here as integers).
 func maxAbs(global []float64, ups []Update) float64 {
-	var mx float64
-	for _, v := range global {
-		mx = max(mx, math.Abs(v))
-	}
+	mx := maxAbsBits(global)
 	for _, u := range ups {
-		for _, v := range u.Params {
-			mx = max(mx, math.Abs(v))
-		}
+		mx = max(mx, maxAbsBits(u.Params))
+	}
+	return math.Float64frombits(mx)
+}
+
+func maxAbsBits(v []float64) uint64 {
+	var mx uint64
+	for _, x := range v {
+		mx = max(mx, math.Float64bits(x)&^(1<<63))
 	}
 	return mx
+}
+
+// allFinite reports whether v holds no NaN or Inf (x*0 is NaN exactly for
+// those, and a NaN makes the sum NaN).
+func allFinite(v []float64) bool {
+	var s float64
+	for _, x := range v {
+		s += x * 0
+	}
+	return s == 0
 }
 
 // dist returns ||a - b|| (||a|| when b is nil) without intermediate overflow
@@ -125,26 +140,27 @@ func distParts(a, b []float64) (s, r float64) {
 func cosineToRef(global []float64, ups []Update, centre bool, p []float64) []float64 {
 	d := len(global)
 	_, inv := pow2Scale(maxAbs(global, ups))
-	r := make([]float64, d)
-	vec := func(k, i int) float64 {
-		v := ups[k].Params[i] * inv
-		if centre {
-			v -= global[i] * inv
-		}
-		return v
+	gs := make([]float64, d) // global, scaled
+	for i, g := range global {
+		gs[i] = g * inv
 	}
+	r := make([]float64, d)
 	if p == nil {
-		for i, g := range global {
-			r[i] = g * inv
-		}
+		copy(r, gs)
 	} else {
-		for k := range ups {
+		for k, u := range ups {
 			pk := p[k]
 			if pk == 0 {
 				continue
 			}
-			for i := range r {
-				r[i] += pk * vec(k, i)
+			if centre {
+				for i, w := range u.Params {
+					r[i] += pk * (w*inv - gs[i])
+				}
+			} else {
+				for i, w := range u.Params {
+					r[i] += pk * (w * inv)
+				}
 			}
 		}
 	}
@@ -154,12 +170,20 @@ func cosineToRef(global []float64, ups []Update, centre bool, p []float64) []flo
 	}
 	dots := make([]float64, len(ups))
 	norms := make([]float64, len(ups))
-	for k := range ups {
+	for k, u := range ups {
 		var dot, n2 float64
-		for i, rv := range r {
-			v := vec(k, i)
-			dot += v * rv
-			n2 += v * v
+		if centre {
+			for i, w := range u.Params {
+				v := w*inv - gs[i]
+				dot += v * r[i]
+				n2 += v * v
+			}
+		} else {
+			for i, w := range u.Params {
+				v := w * inv
+				dot += v * r[i]
+				n2 += v * v
+			}
 		}
 		dots[k], norms[k] = dot, math.Sqrt(n2)
 	}

@@ -24,8 +24,8 @@ import (
 // +Inf (a diverged client) also counts as the highest known loss. When no
 // client has a known positive loss the selection is uniform.
 type ByLoss struct {
-	Power   float64 // >= 0; 1 when the zero value is used through NewSelector
-	Explore float64 // >= 0
+	Power   float64 // >= 0 (NewSelector's default: 1)
+	Explore float64 // >= 0 (NewSelector's default: 0.1)
 }
 
 func (b ByLoss) Name() string {
