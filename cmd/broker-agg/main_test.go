@@ -1,0 +1,77 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Bad input gets a one-line error naming the flag or file, a non-zero exit
+// and never a panic.
+func TestSimulateBadInput(t *testing.T) {
+	dir := t.TempDir()
+	ragged := filepath.Join(dir, "ragged.csv")
+	os.WriteFile(ragged, []byte("a,b,label\n1,2,0\n3,1\n"), 0o644)
+	nan := filepath.Join(dir, "nan.csv")
+	os.WriteFile(nan, []byte("a,b,label\n1,NaN,0\n3,1,1\n"), 0o644)
+	small := filepath.Join(dir, "small.csv")
+	os.WriteFile(small, []byte("a,b,label\n1,2,0\n3,1,1\n2,2,1\n"), 0o644)
+	labels := filepath.Join(dir, "labels.csv")
+	os.WriteFile(labels, []byte("a,b,label\n1,2,0\n3,1,-1\n"), 0o644)
+	tests := []struct {
+		name string
+		args []string
+		want string // in the error line
+	}{
+		{"unknown dataset", []string{"--dataset", "mnist"}, "--dataset"},
+		{"unknown partition", []string{"--partition", "zipf:2"}, "--partition"},
+		{"missing file", []string{"--dataset", "csv:" + filepath.Join(dir, "nope.csv") + ":label=label", "--partition", "iid"}, "nope.csv"},
+		{"ragged csv", []string{"--dataset", "csv:" + ragged + ":label=label", "--partition", "iid", "--clients", "1", "--per-round", "1"}, "ragged.csv"},
+		{"nan in data", []string{"--dataset", "csv:" + nan + ":label=label", "--partition", "iid", "--clients", "1", "--per-round", "1"}, "nan.csv"},
+		{"label out of range", []string{"--dataset", "csv:" + labels + ":label=label", "--partition", "iid", "--clients", "1", "--per-round", "1"}, "labels.csv"},
+		{"more clients than samples", []string{"--dataset", "csv:" + small + ":label=label", "--partition", "iid", "--clients", "5", "--per-round", "1"}, "clients"},
+		{"zero step", []string{"--step", "0"}, "--step"},
+		{"negative step", []string{"--step", "-1"}, "--step"},
+		{"gamma zero", []string{"--gamma", "0"}, "--gamma"},
+		{"gamma above one", []string{"--gamma", "1.5"}, "--gamma"},
+		{"unknown algo", []string{"--algo", "fedfoo"}, "fedfoo"},
+		{"unknown model", []string{"--model", "cnn"}, "--model"},
+		{"unknown solver", []string{"--solver", "adam"}, "--solver"},
+		{"stray argument", []string{"extra"}, "extra"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			args := append([]string{"simulate", "--rounds", "1", "--out", t.TempDir()}, tt.args...)
+			code := run(context.Background(), args, &stdout, &stderr)
+			if code == 0 {
+				t.Fatalf("exit 0; stderr: %s", stderr.String())
+			}
+			lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+			last := lines[len(lines)-1]
+			if !strings.Contains(last, tt.want) || !strings.HasPrefix(last, "broker-agg simulate: ") {
+				t.Errorf("last stderr line %q: want a broker-agg simulate error naming %q", last, tt.want)
+			}
+		})
+	}
+}
+
+func TestUnknownCommand(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"frobnicate"}, &stdout, &stderr); code != 2 {
+		t.Errorf("exit %d, want 2", code)
+	}
+	if !strings.Contains(stderr.String(), `unknown command "frobnicate"`) {
+		t.Errorf("stderr: %s", stderr.String())
+	}
+}
+
+func TestSimulateBadFlagIsUsageError(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"simulate", "--clients", "many"}, &stdout, &stderr); code != 2 {
+		t.Errorf("exit %d, want 2", code)
+	}
+}

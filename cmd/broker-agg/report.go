@@ -1,0 +1,52 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/edgefl/edgefl/sim"
+)
+
+// runReport prints a markdown table from results.json files (one per seed).
+func runReport(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("report", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	metric := fs.String("metric", "accuracy", "metric: accuracy (percent) | loss | gap | relgap | dist | bytes_up")
+	atList := fs.String("at", "0", "comma-separated rounds to tabulate (0 = the last round)")
+	below := fs.Float64("below", 0, "also report the first round at which the metric falls below this value")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: broker-agg report [flags] RESULTS.json...  (several files: mean ± sd over them)")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return err
+		}
+		return errUsage
+	}
+	var at []int
+	for _, s := range strings.Split(*atList, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 0 {
+			return fmt.Errorf("--at %q: want comma-separated round numbers >= 0", *atList)
+		}
+		at = append(at, n)
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return errUsage
+	}
+	var files []*sim.Results
+	for _, p := range fs.Args() {
+		r, err := sim.ReadResults(p)
+		if err != nil {
+			return err
+		}
+		files = append(files, r)
+	}
+	return sim.Report(stdout, files, *metric, at, *below)
+}

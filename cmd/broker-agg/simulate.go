@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/sim"
+)
+
+func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg := sim.DefaultConfig()
+	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.Dataset, "dataset", cfg.Dataset, "data `SPEC`: synthetic:ALPHA,BETA | synthetic-iid | idx:DIR | csv:PATH:label=COLUMN | leaf:PATH")
+	fs.StringVar(&cfg.Partition, "partition", cfg.Partition, "partition `SPEC`: natural (synthetic devices, LEAF users) | iid | dirichlet:ALPHA | classes:K")
+	fs.IntVar(&cfg.Clients, "clients", cfg.Clients, "number of clients N")
+	fs.IntVar(&cfg.PerRound, "per-round", cfg.PerRound, "clients selected per round K")
+	algos := fs.String("algo", "fedavg,fedprox,fedsplit,fedproxsplit", "comma-separated `LIST` of NAME[:key=value...]: fedavg, fedprox, fedsplit, fedproxsplit, or an aggregator ("+strings.Join(aggregate.Names(), ", ")+"); keys: solver, mu, gamma, epochs, batch, lr, step, relax, label")
+	fs.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "communication rounds R")
+	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "random seed (data, partition, selection, stragglers, SGD order)")
+	out := fs.String("out", "results", "output `DIR` for results.json, results.csv, results.png")
+	fs.StringVar(&cfg.Model, "model", cfg.Model, "model: logreg | binary-logreg | linear | mlp")
+	fs.IntVar(&cfg.Hidden, "hidden", cfg.Hidden, "hidden units (mlp)")
+	fs.StringVar(&cfg.Activation, "activation", cfg.Activation, "hidden activation (mlp): relu | tanh")
+	fs.Float64Var(&cfg.L2, "l2", cfg.L2, "L2 regularisation lambda of (lambda/2)||w||^2")
+	fs.StringVar(&cfg.Standardize, "standardize", cfg.Standardize, "feature standardisation: none | client | global (default: client for csv/leaf, none otherwise)")
+	fs.Float64Var(&cfg.TestFrac, "test-fraction", cfg.TestFrac, "fraction of each client's samples held out for testing")
+	fs.StringVar(&cfg.Select, "select", cfg.Select, "client selection: uniform | samples | loss | window")
+	fs.Float64Var(&cfg.Stragglers, "stragglers", cfg.Stragglers, "straggler rate p: round(K(1-p)) selected clients do E epochs, the rest a random number in [1, E)")
+	fs.StringVar(&cfg.Local.Solver, "solver", cfg.Local.Solver, "local solver: sgd | lbfgs")
+	fs.Float64Var(&cfg.Local.Mu, "mu", cfg.Local.Mu, "FedProx proximal weight mu")
+	fs.Float64Var(&cfg.Local.Gamma, "gamma", cfg.Local.Gamma, "target inexactness gamma in (0, 1]: the local solve stops once ||grad h|| <= gamma ||grad f(anchor)||")
+	fs.IntVar(&cfg.Local.Epochs, "epochs", cfg.Local.Epochs, "local work budget E in passes over the local data")
+	fs.IntVar(&cfg.Local.Batch, "batch", cfg.Local.Batch, "SGD mini-batch size")
+	fs.Float64Var(&cfg.Local.LR, "lr", cfg.Local.LR, "SGD learning rate")
+	fs.Float64Var(&cfg.Local.Step, "step", cfg.Local.Step, "FedSplit step size s")
+	fs.Float64Var(&cfg.Local.Relax, "relax", cfg.Local.Relax, "FedSplit relaxation alpha: 1 = Peaceman-Rachford, 0.5 = Douglas-Rachford")
+	fs.Float64Var(&cfg.OptimumTol, "optimum-tol", cfg.OptimumTol, "gradient-norm tolerance of the centralised optimum")
+	fs.BoolVar(&cfg.SaveModels, "save-models", false, "also write DIR/<algo>-model.json with each final model")
+	fs.IntVar(&cfg.Workers, "workers", 0, "clients solved in parallel (default: GOMAXPROCS); results do not depend on it")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var err error
+	cfg.Algos, err = sim.ParseAlgos(*algos, cfg.Local, func(n string) bool { return slices.Contains(aggregate.Names(), n) })
+	if err != nil {
+		return err
+	}
+	res, err := sim.Run(ctx, cfg, stderr)
+	if err != nil {
+		return err
+	}
+	if err := res.WriteDir(*out); err != nil {
+		return err
+	}
+	if cfg.SaveModels {
+		for _, r := range res.Runs {
+			if err := sim.SaveModel(*out, r.Algo, res.Model, r.Final); err != nil {
+				return err
+			}
+		}
+	}
+	return sim.Summary(stdout, res, filepath.Join(*out, "results.json"))
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): installs what the tests need when it is
+# missing (Mosquitto, Fashion-MNIST, qemu-user), then vets, runs every test,
+# and runs each fuzzer briefly on top of its seed corpus.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+[ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || need+=(mosquitto)
+command -v mosquitto_pub >/dev/null 2>&1 || need+=(mosquitto-clients)
+[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need+=(dataset-fashion-mnist)
+command -v qemu-aarch64-static >/dev/null 2>&1 || command -v qemu-aarch64 >/dev/null 2>&1 || need+=(qemu-user-static)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing test dependencies: ${need[*]}"
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+echo "== go vet"
+go vet ./...
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then
+  echo "gofmt would change: $unformatted" >&2
+  exit 1
+fi
+
+echo "== go test"
+go test -count=1 -timeout 15m ./...
+
+# Each fuzzer runs briefly on top of its committed seed corpus (which go test
+# above already replayed). FUZZTIME=0 skips this step.
+fuzztime=${FUZZTIME:-5s}
+if [ "$fuzztime" != "0" ]; then
+  echo "== fuzz ($fuzztime each)"
+  for pkg in $(go list ./...); do
+    dir=$(go list -f '{{.Dir}}' "$pkg")
+    for f in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //' | sort -u); do
+      go test -run='^$' -fuzz="^${f}\$" -fuzztime="$fuzztime" "$pkg" >/dev/null || { echo "fuzzer $f in $pkg failed" >&2; go test -run="^${f}\$" "$pkg"; exit 1; }
+      echo "ok   $pkg $f"
+    done
+  done
+fi

@@ -1,0 +1,244 @@
+// Package sim owns `broker-agg simulate`: many virtual clients in one process,
+// trained with the same proxsolver, split and aggregate code as the daemons,
+// on the same data, partition, selection sequence and seed for every algorithm
+// of a run, with per-round results written as JSON, CSV and a plot.
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/edgefl/edgefl/proxsolver"
+)
+
+// Algorithm families.
+const (
+	FedAvg       = "fedavg"       // local SGD, sample-weighted mean, stragglers dropped
+	FedProx      = "fedprox"      // gamma-inexact prox solve, partial work kept, uniform mean
+	FedSplit     = "fedsplit"     // FedSplit with exact prox (L-BFGS to --gamma, no work budget)
+	FedProxSplit = "fedproxsplit" // FedSplit whose prox is the budgeted gamma-inexact FedProx solve
+)
+
+// Config is one simulation run.
+type Config struct {
+	Dataset     string  `json:"dataset"`
+	Partition   string  `json:"partition"`
+	Clients     int     `json:"clients"`
+	PerRound    int     `json:"per_round"`
+	Algos       []Algo  `json:"algos"`
+	Rounds      int     `json:"rounds"`
+	Seed        uint64  `json:"seed"`
+	Model       string  `json:"model"`
+	Hidden      int     `json:"hidden,omitempty"`
+	Activation  string  `json:"activation,omitempty"`
+	L2          float64 `json:"l2"`
+	Standardize string  `json:"standardize"`
+	TestFrac    float64 `json:"test_fraction"`
+	Select      string  `json:"select"`
+	Stragglers  float64 `json:"stragglers"`
+	// Defaults for every algorithm (overridable per algorithm).
+	Local Local `json:"local"`
+	// Codec is the uplink codec spec ("" = none: exact float64 vectors).
+	Codec string `json:"codec,omitempty"`
+	// OptimumTol is the gradient-norm tolerance of the centralised optimum.
+	OptimumTol float64 `json:"optimum_tol"`
+	SaveModels bool    `json:"save_models"`
+	Workers    int     `json:"-"`
+}
+
+// Local are the per-algorithm knobs: the local solve and FedSplit's steps.
+type Local struct {
+	Solver string  `json:"solver"`
+	Mu     float64 `json:"mu"`
+	Gamma  float64 `json:"gamma"`
+	Epochs int     `json:"epochs"`
+	Batch  int     `json:"batch"`
+	LR     float64 `json:"lr"`
+	Step   float64 `json:"step"`
+	Relax  float64 `json:"relax"`
+}
+
+// Algo is one entry of --algo: a family, its local knobs and its aggregator.
+type Algo struct {
+	Label  string `json:"label"`
+	Family string `json:"family"`
+	// Agg is the aggregator spec for the FedAvg/FedProx families (the
+	// FedSplit families always average every known client's latest z).
+	Agg   string `json:"aggregator"`
+	Local Local  `json:"local"`
+}
+
+// DefaultConfig returns the defaults the CLI documents.
+func DefaultConfig() Config {
+	return Config{
+		Dataset: "synthetic:1,1", Partition: "natural", Clients: 30, PerRound: 10,
+		Rounds: 100, Seed: 1, Model: "logreg", Hidden: 64, Activation: "relu",
+		TestFrac: 0.1, Select: "uniform", OptimumTol: 1e-10,
+		Local: Local{Solver: proxsolver.SGD, Mu: 1, Gamma: 1e-3, Epochs: 20, Batch: 10, LR: 0.01, Step: 1, Relax: 1},
+	}
+}
+
+// algoKeys are the per-algorithm options; anything else is handed to the
+// aggregator spec.
+var algoKeys = map[string]bool{"solver": true, "mu": true, "gamma": true, "epochs": true, "batch": true, "lr": true, "step": true, "relax": true, "label": true}
+
+// ParseAlgos parses --algo: a comma-separated list of NAME[:key=value...],
+// where NAME is fedavg, fedprox, fedsplit, fedproxsplit, or an aggregator name
+// (then the FedProx local solve feeds that aggregator). def supplies the
+// knobs not overridden. isAgg reports whether a name is a known aggregator.
+func ParseAlgos(list string, def Local, isAgg func(name string) bool) ([]Algo, error) {
+	var out []Algo
+	seen := map[string]bool{}
+	for _, item := range strings.Split(list, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		parts := strings.Split(item, ":")
+		a := Algo{Family: parts[0], Local: def}
+		switch a.Family {
+		case FedAvg:
+			// FedAvg is defined by its local SGD without a proximal term.
+			a.Agg, a.Local.Mu, a.Local.Solver = "fedavg", 0, proxsolver.SGD
+		case FedProx:
+			a.Agg = "mean"
+		case FedSplit, FedProxSplit:
+			a.Agg = "fedsplit-mean"
+		default:
+			if isAgg == nil || !isAgg(a.Family) {
+				return nil, fmt.Errorf("--algo: unknown algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit or an aggregator name)", a.Family)
+			}
+			a.Agg, a.Family = a.Family, FedProx
+		}
+		var aggOpts []string
+		for _, kv := range parts[1:] {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				return nil, fmt.Errorf("--algo %q: option %q is not key=value", item, kv)
+			}
+			if !algoKeys[k] {
+				aggOpts = append(aggOpts, kv)
+				continue
+			}
+			if a.Family == FedAvg && k == "mu" {
+				return nil, fmt.Errorf("--algo %q: fedavg has no proximal term (use fedprox:mu=...)", item)
+			}
+			if err := a.Local.set(k, v, &a.Label); err != nil {
+				return nil, fmt.Errorf("--algo %q: %w", item, err)
+			}
+		}
+		if len(aggOpts) > 0 {
+			if a.Family == FedSplit || a.Family == FedProxSplit || a.Agg == "fedavg" || a.Agg == "mean" {
+				return nil, fmt.Errorf("--algo %q: unknown option(s) %s (want solver, mu, gamma, epochs, batch, lr, step, relax, label)", item, strings.Join(aggOpts, ", "))
+			}
+			a.Agg += ":" + strings.Join(aggOpts, ":")
+		}
+		if a.Label == "" {
+			a.Label = item
+		}
+		if seen[a.Label] {
+			return nil, fmt.Errorf("--algo: %q listed twice (give one a label=NAME)", a.Label)
+		}
+		seen[a.Label] = true
+		out = append(out, a)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("--algo: no algorithm given")
+	}
+	return out, nil
+}
+
+func (l *Local) set(k, v string, label *string) error {
+	if k == "label" {
+		*label = v
+		return nil
+	}
+	if k == "solver" {
+		l.Solver = v
+		return nil
+	}
+	if k == "epochs" || k == "batch" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("%s=%q: want a whole number", k, v)
+		}
+		if k == "epochs" {
+			l.Epochs = n
+		} else {
+			l.Batch = n
+		}
+		return nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return fmt.Errorf("%s=%q: want a number", k, v)
+	}
+	switch k {
+	case "mu":
+		l.Mu = f
+	case "gamma":
+		l.Gamma = f
+	case "lr":
+		l.LR = f
+	case "step":
+		l.Step = f
+	case "relax":
+		l.Relax = f
+	}
+	return nil
+}
+
+// Validate checks the local knobs, naming the flag at fault.
+func (l Local) Validate() error {
+	finite := func(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
+	switch {
+	case l.Solver != proxsolver.SGD && l.Solver != proxsolver.LBFGS:
+		return fmt.Errorf("--solver: want sgd or lbfgs, got %q", l.Solver)
+	case !(l.Mu >= 0) || !finite(l.Mu):
+		return fmt.Errorf("--mu: want a number >= 0, got %v", l.Mu)
+	case !(l.Gamma > 0 && l.Gamma <= 1):
+		return fmt.Errorf("--gamma: want a number in (0, 1], got %v", l.Gamma)
+	case l.Epochs < 1:
+		return fmt.Errorf("--epochs: want at least 1, got %d", l.Epochs)
+	case l.Batch < 1:
+		return fmt.Errorf("--batch: want at least 1, got %d", l.Batch)
+	case !(l.LR > 0) || !finite(l.LR):
+		return fmt.Errorf("--lr: want a number > 0, got %v", l.LR)
+	case !(l.Step > 0) || !finite(l.Step):
+		return fmt.Errorf("--step: want a number > 0, got %v", l.Step)
+	case !(l.Relax > 0 && l.Relax <= 1):
+		return fmt.Errorf("--relax: want a number in (0, 1], got %v", l.Relax)
+	}
+	return nil
+}
+
+// Validate checks the run configuration, naming the flag at fault.
+func (c Config) Validate() error {
+	switch {
+	case c.Clients < 1:
+		return fmt.Errorf("--clients: want at least 1, got %d", c.Clients)
+	case c.PerRound < 1:
+		return fmt.Errorf("--per-round: want at least 1, got %d", c.PerRound)
+	case c.Rounds < 1:
+		return fmt.Errorf("--rounds: want at least 1, got %d", c.Rounds)
+	case !(c.L2 >= 0) || math.IsInf(c.L2, 0):
+		return fmt.Errorf("--l2: want a number >= 0, got %v", c.L2)
+	case !(c.Stragglers >= 0 && c.Stragglers <= 1):
+		return fmt.Errorf("--stragglers: want a rate in [0, 1], got %v", c.Stragglers)
+	case !(c.TestFrac >= 0 && c.TestFrac < 1):
+		return fmt.Errorf("--test-fraction: want a number in [0, 1), got %v", c.TestFrac)
+	case !(c.OptimumTol > 0):
+		return fmt.Errorf("--optimum-tol: want a number > 0, got %v", c.OptimumTol)
+	case len(c.Algos) == 0:
+		return errors.New("--algo: no algorithm given")
+	}
+	for _, a := range c.Algos {
+		if err := a.Local.Validate(); err != nil {
+			return fmt.Errorf("algorithm %s: %w", a.Label, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,89 @@
+package sim
+
+import (
+	"strings"
+	"testing"
+)
+
+func isAgg(n string) bool { return n == "simprox" || n == "median" }
+
+func TestParseAlgos(t *testing.T) {
+	def := DefaultConfig().Local
+	tests := []struct {
+		in      string
+		want    []Algo
+		wantErr string
+	}{
+		{in: "fedavg", want: []Algo{{Label: "fedavg", Family: FedAvg, Agg: "fedavg", Local: func() Local { l := def; l.Mu = 0; return l }()}}},
+		{in: "fedprox:mu=0,fedprox:mu=1", want: []Algo{
+			{Label: "fedprox:mu=0", Family: FedProx, Agg: "mean", Local: func() Local { l := def; l.Mu = 0; return l }()},
+			{Label: "fedprox:mu=1", Family: FedProx, Agg: "mean", Local: func() Local { l := def; l.Mu = 1; return l }()},
+		}},
+		{in: "fedsplit:solver=lbfgs:step=10:label=split", want: []Algo{{Label: "split", Family: FedSplit, Agg: "fedsplit-mean", Local: func() Local { l := def; l.Solver = "lbfgs"; l.Step = 10; return l }()}}},
+		{in: "simprox:lambda0=0.5:mu=0.1", want: []Algo{{Label: "simprox:lambda0=0.5:mu=0.1", Family: FedProx, Agg: "simprox:lambda0=0.5", Local: func() Local { l := def; l.Mu = 0.1; return l }()}}},
+		{in: "bogus", wantErr: `unknown algorithm "bogus"`},
+		{in: "fedavg:mu=1", wantErr: "fedavg has no proximal term"},
+		{in: "fedprox:mu", wantErr: "not key=value"},
+		{in: "fedprox:mu=x", wantErr: `mu="x": want a number`},
+		{in: "fedprox:lambda0=1", wantErr: "unknown option"},
+		{in: "fedprox,fedprox", wantErr: "listed twice"},
+		{in: ",", wantErr: "no algorithm"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseAlgos(tt.in, def, isAgg)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want it to contain %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %d algos, want %d", len(got), len(tt.want))
+			}
+			for i := range got {
+				if got[i] != tt.want[i] {
+					t.Errorf("algo %d = %+v, want %+v", i, got[i], tt.want[i])
+				}
+			}
+		})
+	}
+}
+
+func TestValidateNamesTheFlag(t *testing.T) {
+	base := DefaultConfig()
+	base.Algos, _ = ParseAlgos("fedprox", base.Local, nil)
+	tests := []struct {
+		mutate func(*Config)
+		flag   string
+	}{
+		{func(c *Config) { c.Clients = 0 }, "--clients"},
+		{func(c *Config) { c.PerRound = 0 }, "--per-round"},
+		{func(c *Config) { c.Rounds = 0 }, "--rounds"},
+		{func(c *Config) { c.L2 = -1 }, "--l2"},
+		{func(c *Config) { c.Stragglers = 1.5 }, "--stragglers"},
+		{func(c *Config) { c.Algos[0].Local.Gamma = 0 }, "--gamma"},
+		{func(c *Config) { c.Algos[0].Local.Gamma = 1.5 }, "--gamma"},
+		{func(c *Config) { c.Algos[0].Local.Step = 0 }, "--step"},
+		{func(c *Config) { c.Algos[0].Local.Step = -1 }, "--step"},
+		{func(c *Config) { c.Algos[0].Local.Relax = 0 }, "--relax"},
+		{func(c *Config) { c.Algos[0].Local.LR = 0 }, "--lr"},
+		{func(c *Config) { c.Algos[0].Local.Solver = "adam" }, "--solver"},
+		{func(c *Config) { c.Algos[0].Local.Epochs = 0 }, "--epochs"},
+	}
+	for _, tt := range tests {
+		c := base
+		c.Algos = append([]Algo(nil), base.Algos...)
+		tt.mutate(&c)
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), tt.flag) {
+			t.Errorf("Validate() = %v, want an error naming %s", err, tt.flag)
+		}
+	}
+	if err := base.Validate(); err != nil {
+		t.Fatalf("defaults invalid: %v", err)
+	}
+}

@@ -1,0 +1,414 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/proxsolver"
+	"github.com/edgefl/edgefl/split"
+)
+
+// Results is what a run writes to results.json.
+type Results struct {
+	Config  Config   `json:"config"`
+	Data    DataInfo `json:"data"`
+	Optimum Optimum  `json:"optimum"`
+	Runs    []AlgoRun `json:"runs"`
+	// Model is the model every run trained (for saving the final weights).
+	Model model.Model `json:"-"`
+}
+
+// DataInfo describes the federated data set of a run.
+type DataInfo struct {
+	Name         string `json:"name"`
+	Clients      int    `json:"clients"`
+	TrainSamples int    `json:"train_samples"`
+	TestSamples  int    `json:"test_samples"`
+	Features     int    `json:"features"`
+	Classes      int    `json:"classes"`
+	Params       int    `json:"params"`
+	MinClient    int    `json:"min_client_samples"`
+	MaxClient    int    `json:"max_client_samples"`
+}
+
+// Optimum is the centralised optimum of F on the pooled training data.
+type Optimum struct {
+	TrainLoss    Float `json:"train_loss"`
+	TestAccuracy Float `json:"test_accuracy"`
+	GradNorm     Float `json:"grad_norm"`
+	GradEvals    int     `json:"grad_evals"`
+	Seconds      Float `json:"seconds"`
+	Converged    bool    `json:"converged"`
+}
+
+// AlgoRun is one algorithm's trajectory.
+type AlgoRun struct {
+	Algo       string  `json:"algo"`
+	Family     string  `json:"family"`
+	Aggregator string  `json:"aggregator"`
+	Local      Local   `json:"local"`
+	Rounds     []Round `json:"rounds"`
+	// Final is the last global model (written by --save-models).
+	Final []float64 `json:"-"`
+}
+
+// Round is one row of the results: the global model after the round.
+type Round struct {
+	Round        int                `json:"round"`
+	TrainLoss    Float            `json:"train_loss"`
+	TestAccuracy Float            `json:"test_accuracy"`
+	Gap          Float            `json:"gap"`
+	DistToOpt    Float            `json:"dist_to_opt"`
+	Participants int                `json:"participants"`
+	Stragglers   int                `json:"stragglers"`
+	GradEvals    int                `json:"grad_evals"`
+	Seconds      Float            `json:"seconds"`
+	BytesUp      int64              `json:"bytes_up"`
+	Metrics      map[string]float64 `json:"metrics,omitempty"`
+}
+
+// seeds derived from the run seed; distinct streams so that adding one kind
+// of randomness never shifts another.
+const (
+	streamInit = iota + 1
+	streamSelect
+	streamStraggle
+	streamSolve
+	streamCodec
+)
+
+func newRand(seed uint64, stream, a, b int) *rand.Rand {
+	return rand.New(rand.NewPCG(seed^uint64(stream)*0x9e3779b97f4a7c15, uint64(a)<<32^uint64(b)))
+}
+
+// env is what every algorithm of a run shares.
+type env struct {
+	cfg       Config
+	fed       *dataset.Federated
+	spec      model.Spec
+	train     model.Data
+	test      model.Data
+	pooledM   model.Model
+	xStar     []float64
+	fStar     float64
+	nTotal    int
+	cands     []aggregate.Candidate
+	stragKeep int // selected clients per round that do full work
+}
+
+// Run executes the simulation. Progress lines go to progress (may be nil).
+func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) {
+	if progress == nil {
+		progress = io.Discard
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = runtime.GOMAXPROCS(0)
+	}
+	src, err := dataset.ParseSource(cfg.Dataset)
+	if err != nil {
+		return nil, fmt.Errorf("--dataset: %w", err)
+	}
+	part, err := dataset.ParsePartition(cfg.Partition)
+	if err != nil {
+		return nil, fmt.Errorf("--partition: %w", err)
+	}
+	fed, err := dataset.Build(src, part, dataset.BuildOptions{
+		Clients: cfg.Clients, TestFraction: cfg.TestFrac, Seed: cfg.Seed,
+		Standardize: cfg.Standardize, SyntheticDevices: cfg.Clients,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(fed.Clients) < cfg.PerRound {
+		return nil, fmt.Errorf("--per-round %d: the data set has only %d clients", cfg.PerRound, len(fed.Clients))
+	}
+	e := &env{cfg: cfg, fed: fed}
+	e.spec = model.Spec{Kind: cfg.Model, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2}
+	if cfg.Model == model.KindMLP {
+		e.spec.Hidden, e.spec.Activation = cfg.Hidden, cfg.Activation
+	}
+	if cfg.Model == model.KindLinear {
+		e.spec.Classes = 0
+	}
+	m, err := model.New(e.spec)
+	if err != nil {
+		return nil, fmt.Errorf("--model: %w", err)
+	}
+	e.pooledM = m
+	for _, c := range fed.Clients {
+		for _, d := range []model.Data{c.Train, c.Test} {
+			if err := model.CheckTargets(e.spec, d); err != nil {
+				return nil, fmt.Errorf("--dataset %s, client %s: %w", cfg.Dataset, c.ID, err)
+			}
+		}
+	}
+	e.train, e.test = fed.Pooled()
+	e.nTotal = e.train.N
+	if e.nTotal == 0 {
+		return nil, fmt.Errorf("--dataset %s: no training samples", cfg.Dataset)
+	}
+	res := &Results{Config: cfg, Model: m, Data: DataInfo{
+		Name: fed.Name, Clients: len(fed.Clients), TrainSamples: e.train.N, TestSamples: e.test.N,
+		Features: fed.D, Classes: fed.Classes, Params: m.NumParams(), MinClient: math.MaxInt,
+	}}
+	for _, c := range fed.Clients {
+		res.Data.MinClient = min(res.Data.MinClient, c.Train.N)
+		res.Data.MaxClient = max(res.Data.MaxClient, c.Train.N)
+		e.cands = append(e.cands, aggregate.Candidate{ID: c.ID, Samples: c.Train.N, Loss: math.NaN()})
+	}
+	fmt.Fprintf(progress, "data %s: %d clients, %d train / %d test samples (per client %d..%d), %d features, %d classes, %d params\n",
+		fed.Name, len(fed.Clients), e.train.N, e.test.N, res.Data.MinClient, res.Data.MaxClient, fed.D, fed.Classes, m.NumParams())
+
+	// The centralised optimum: what every run is measured against.
+	t0 := time.Now()
+	x0 := m.InitParams(newRand(cfg.Seed, streamInit, 0, 0))
+	xs, rep, err := proxsolver.Minimize(ctx, m, e.train, x0, cfg.OptimumTol, 100000)
+	res.Optimum.Converged = err == nil
+	if err != nil && !errors.Is(err, proxsolver.ErrNotConverged) {
+		return nil, fmt.Errorf("centralised optimum: %w", err)
+	}
+	e.xStar, e.fStar = xs, rep.Loss
+	res.Optimum = Optimum{TrainLoss: Float(rep.Loss), TestAccuracy: Float(m.Score(xs, e.test)), GradNorm: Float(gradNorm(m, xs, e.train)),
+		GradEvals: rep.GradEvals, Seconds: Float(time.Since(t0).Seconds()), Converged: err == nil}
+	fmt.Fprintf(progress, "centralised optimum: F* = %.12g, ||grad F|| = %.2e (%d gradient evaluations, %.1fs), test accuracy %.4f\n",
+		res.Optimum.TrainLoss, res.Optimum.GradNorm, rep.GradEvals, res.Optimum.Seconds, res.Optimum.TestAccuracy)
+	if !res.Optimum.Converged {
+		fmt.Fprintf(progress, "warning: the optimum did not reach ||grad F|| <= %g: gaps are relative to the best point found\n", cfg.OptimumTol)
+	}
+	e.stragKeep = int(math.Round(float64(cfg.PerRound) * (1 - cfg.Stragglers)))
+
+	for _, a := range cfg.Algos {
+		run, err := e.runAlgo(ctx, a, x0, progress)
+		if err != nil {
+			return res, fmt.Errorf("%s: %w", a.Label, err)
+		}
+		res.Runs = append(res.Runs, *run)
+	}
+	return res, nil
+}
+
+func gradNorm(m model.Model, w []float64, d model.Data) float64 {
+	g := make([]float64, len(w))
+	m.LossGrad(w, d, g)
+	return norm(g)
+}
+
+func norm(v []float64) float64 {
+	var s float64
+	for _, x := range v {
+		s += x * x
+	}
+	return math.Sqrt(s)
+}
+
+func dist(a, b []float64) float64 {
+	var s float64
+	for i := range a {
+		s += (a[i] - b[i]) * (a[i] - b[i])
+	}
+	return math.Sqrt(s)
+}
+
+// job is one selected client's local work in a round.
+type job struct {
+	client    int
+	epochs    int // 0: no epoch budget (exact FedSplit)
+	straggler bool
+}
+
+type outcome struct {
+	params []float64 // w_k, or FedSplit's new z_j
+	rep    proxsolver.Report
+	err    error
+}
+
+func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Writer) (*AlgoRun, error) {
+	cfg := e.cfg
+	split_ := a.Family == FedSplit || a.Family == FedProxSplit
+	var agg aggregate.Aggregator
+	if !split_ {
+		var err error
+		if agg, err = aggregate.NewAggregator(a.Agg, cfg.Seed); err != nil {
+			return nil, fmt.Errorf("aggregator: %w", err)
+		}
+	}
+	sel, err := aggregate.NewSelector(cfg.Select)
+	if err != nil {
+		return nil, fmt.Errorf("--select: %w", err)
+	}
+	run := &AlgoRun{Algo: a.Label, Family: a.Family, Aggregator: a.Agg, Local: a.Local}
+	x := append([]float64(nil), x0...)
+	z := make(map[int][]float64) // FedSplit: every known client's latest z
+	cands := append([]aggregate.Candidate(nil), e.cands...)
+	models := make([]model.Model, cfg.Workers)
+	for i := range models {
+		models[i] = e.pooledM.Clone()
+	}
+	run.Rounds = append(run.Rounds, e.evaluate(0, x))
+	sp := split.Params{Step: a.Local.Step, Relax: a.Local.Relax}
+
+	for t := 1; t <= cfg.Rounds; t++ {
+		if err := ctx.Err(); err != nil {
+			return run, err
+		}
+		start := time.Now()
+		picked := sel.Select(t, cands, cfg.PerRound, newRand(cfg.Seed, streamSelect, t, 0))
+		jobs := e.assignWork(t, picked, a)
+		row := Round{Round: t}
+		outs := make([]outcome, len(jobs))
+		var wg sync.WaitGroup
+		next := make(chan int)
+		for w := 0; w < cfg.Workers; w++ {
+			wg.Add(1)
+			go func(m model.Model) {
+				defer wg.Done()
+				for i := range next {
+					outs[i] = e.work(ctx, m, a, sp, jobs[i], x, z[jobs[i].client], t)
+				}
+			}(models[w])
+		}
+		for i, j := range jobs {
+			if a.Family == FedAvg && j.straggler {
+				continue // FedAvg drops stragglers
+			}
+			next <- i
+		}
+		close(next)
+		wg.Wait()
+
+		var ups []aggregate.Update
+		for i, j := range jobs {
+			if j.straggler {
+				row.Stragglers++
+			}
+			if outs[i].params == nil {
+				continue
+			}
+			if outs[i].err != nil {
+				return run, fmt.Errorf("round %d, client %s: %w", t, e.fed.Clients[j.client].ID, outs[i].err)
+			}
+			row.Participants++
+			row.GradEvals += outs[i].rep.GradEvals
+			row.BytesUp += int64(8 * len(outs[i].params))
+			cands[j.client].Loss = outs[i].rep.AnchorLoss
+			if split_ {
+				z[j.client] = outs[i].params
+				continue
+			}
+			ups = append(ups, aggregate.Update{Client: e.fed.Clients[j.client].ID, Params: outs[i].params,
+				Samples: e.fed.Clients[j.client].Train.N, AnchorGrad: outs[i].rep.AnchorGrad, Loss: outs[i].rep.AnchorLoss})
+		}
+		next_ := make([]float64, len(x))
+		switch {
+		case split_:
+			if len(z) > 0 {
+				zs := make([][]float64, 0, len(z))
+				for c := range e.fed.Clients { // client order: deterministic sum
+					if v, ok := z[c]; ok {
+						zs = append(zs, v)
+					}
+				}
+				if _, err := split.ServerStep(next_, zs); err != nil {
+					return run, err
+				}
+				x = next_
+			}
+		case len(ups) > 0:
+			rep, err := agg.Aggregate(x, ups, next_)
+			if err != nil {
+				return run, fmt.Errorf("round %d: %w", t, err)
+			}
+			row.Metrics = rep.Metrics
+			x = next_
+		}
+		ev := e.evaluate(t, x)
+		row.TrainLoss, row.TestAccuracy, row.Gap, row.DistToOpt = ev.TrainLoss, ev.TestAccuracy, ev.Gap, ev.DistToOpt
+		row.Seconds = Float(time.Since(start).Seconds())
+		run.Rounds = append(run.Rounds, row)
+		fmt.Fprintf(progress, "%-16s round %4d/%d  loss %.6f  gap %.3e  acc %.4f  clients %d (stragglers %d)  %.2fs\n",
+			a.Label, t, cfg.Rounds, float64(row.TrainLoss), float64(row.Gap), float64(row.TestAccuracy), row.Participants, row.Stragglers, row.Seconds)
+		if math.IsNaN(float64(row.TrainLoss)) || math.IsInf(float64(row.TrainLoss), 0) {
+			return run, fmt.Errorf("round %d: training diverged (loss %v); lower --lr or --step", t, row.TrainLoss)
+		}
+	}
+	run.Final = x
+	return run, nil
+}
+
+// assignWork gives each picked client its epoch budget. As in the FedProx
+// reference, round(K(1-p)) of the K selected clients do the full E epochs and
+// the others get a uniformly random number of epochs in [1, E). The draw
+// depends only on the seed, the round and the picked clients, so algorithms
+// with the same selection see the same stragglers.
+func (e *env) assignWork(t int, picked []int, a Algo) []job {
+	rng := newRand(e.cfg.Seed, streamStraggle, t, 0)
+	order := rng.Perm(len(picked))
+	keep := min(e.stragKeep, len(picked))
+	jobs := make([]job, len(picked))
+	for rank, i := range order {
+		j := job{client: picked[i], epochs: a.Local.Epochs}
+		if rank >= keep {
+			j.straggler = true
+			if a.Local.Epochs > 1 {
+				j.epochs = 1 + rng.IntN(a.Local.Epochs-1)
+			}
+		}
+		jobs[i] = j
+	}
+	if a.Family == FedSplit { // the exact reference: no work budget
+		for i := range jobs {
+			jobs[i].epochs, jobs[i].straggler = 0, false
+		}
+	}
+	return jobs
+}
+
+func (e *env) work(ctx context.Context, m model.Model, a Algo, sp split.Params, j job, x, zj []float64, t int) outcome {
+	c := e.fed.Clients[j.client]
+	rng := newRand(e.cfg.Seed, streamSolve, t, j.client)
+	cfg := proxsolver.Config{Solver: a.Local.Solver, Mu: a.Local.Mu, Gamma: a.Local.Gamma, LR: a.Local.LR, Batch: a.Local.Batch}
+	budget := proxsolver.Budget{MaxEpochs: j.epochs}
+	if a.Family == FedSplit {
+		cfg.Solver = proxsolver.LBFGS
+		budget.MaxGradEvals = 100000
+	}
+	if a.Family != FedSplit && a.Family != FedProxSplit {
+		w, rep, err := proxsolver.Solve(ctx, m, c.Train, x, nil, cfg, budget, rng)
+		return outcome{params: w, rep: rep, err: err}
+	}
+	if zj == nil {
+		zj = x // z_j starts at the first global model the client sees
+	}
+	step := split.ClientStepSize(sp.Step, len(e.fed.Clients), float64(c.Train.N)/float64(e.nTotal))
+	var rep proxsolver.Report
+	zNew, _, err := split.ClientStep(x, zj, step, sp, func(v []float64, s float64) ([]float64, error) {
+		cfg.Mu = 1 / s
+		var w []float64
+		var err error
+		w, rep, err = proxsolver.Solve(ctx, m, c.Train, v, x, cfg, budget, rng)
+		return w, err
+	})
+	return outcome{params: zNew, rep: rep, err: err}
+}
+
+func (e *env) evaluate(t int, x []float64) Round {
+	loss := e.pooledM.LossGrad(x, e.train, nil)
+	r := Round{Round: t, TrainLoss: Float(loss), TestAccuracy: Float(math.NaN()), Gap: Float(loss - e.fStar), DistToOpt: Float(dist(x, e.xStar))}
+	if e.test.N > 0 {
+		r.TestAccuracy = Float(e.pooledM.Score(x, e.test))
+	}
+	return r
+}

@@ -1,0 +1,178 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func smallConfig(t *testing.T, algos string) Config {
+	t.Helper()
+	c := DefaultConfig()
+	c.Dataset, c.Partition = "synthetic:0.5,0.5", "natural"
+	c.Clients, c.PerRound, c.Rounds = 6, 6, 60
+	c.L2 = 0.05
+	c.Local.Epochs, c.Local.Gamma = 5, 1e-8
+	c.Local.Step = 5
+	c.Workers = 2
+	var err error
+	c.Algos, err = ParseAlgos(algos, c.Local, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// FedSplit with an exact prox converges to the centralised optimum; FedAvg
+// with several local epochs stops at a biased point.
+func TestFedSplitReachesOptimumFedAvgDoesNot(t *testing.T) {
+	cfg := smallConfig(t, "fedavg,fedsplit")
+	res, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Optimum.Converged || res.Optimum.GradNorm > 1e-10 {
+		t.Fatalf("optimum not converged: ||grad|| = %v", res.Optimum.GradNorm)
+	}
+	last := func(r AlgoRun) Round { return r.Rounds[len(r.Rounds)-1] }
+	avg, split := last(res.Runs[0]), last(res.Runs[1])
+	rel := float64(split.Gap) / float64(res.Optimum.TrainLoss)
+	if !(rel < 1e-8) {
+		t.Errorf("fedsplit relative gap after %d rounds = %.3e, want < 1e-8", cfg.Rounds, rel)
+	}
+	if !(float64(avg.Gap)/float64(res.Optimum.TrainLoss) > 1e-4) {
+		t.Errorf("fedavg relative gap = %.3e: expected a plateau well above FedSplit's", float64(avg.Gap)/float64(res.Optimum.TrainLoss))
+	}
+	if len(res.Runs[0].Rounds) != cfg.Rounds+1 || res.Runs[0].Rounds[0].Round != 0 {
+		t.Errorf("rows: got %d starting at %d, want round 0..%d", len(res.Runs[0].Rounds), res.Runs[0].Rounds[0].Round, cfg.Rounds)
+	}
+}
+
+// The run is a function of the seed alone: worker count and repetition do
+// not change a bit of the trajectory.
+func TestDeterministic(t *testing.T) {
+	cfg := smallConfig(t, "fedprox,fedproxsplit")
+	cfg.Rounds, cfg.PerRound, cfg.Stragglers = 5, 3, 0.5
+	a, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Workers = 1
+	b, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range a.Runs {
+		for r := range a.Runs[i].Rounds {
+			x, y := a.Runs[i].Rounds[r], b.Runs[i].Rounds[r]
+			if x.TrainLoss != y.TrainLoss || x.GradEvals != y.GradEvals || x.Stragglers != y.Stragglers {
+				t.Fatalf("%s round %d differs: %+v vs %+v", a.Runs[i].Algo, r, x, y)
+			}
+		}
+	}
+	cfg.Seed = 2
+	c, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Runs[0].Rounds[5].TrainLoss == a.Runs[0].Rounds[5].TrainLoss {
+		t.Error("another seed gave the same trajectory")
+	}
+}
+
+// Stragglers: round(K(1-p)) clients do the full work; FedAvg drops the
+// others, FedProx keeps their partial work.
+func TestStragglers(t *testing.T) {
+	cfg := smallConfig(t, "fedavg,fedprox")
+	cfg.Rounds, cfg.PerRound, cfg.Stragglers = 3, 5, 0.4
+	res, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range res.Runs[0].Rounds[1:] {
+		if row.Stragglers != 2 || row.Participants != 3 {
+			t.Errorf("fedavg round %d: %d participants, %d stragglers; want 3 and 2", row.Round, row.Participants, row.Stragglers)
+		}
+	}
+	for _, row := range res.Runs[1].Rounds[1:] {
+		if row.Stragglers != 2 || row.Participants != 5 {
+			t.Errorf("fedprox round %d: %d participants, %d stragglers; want 5 and 2", row.Round, row.Participants, row.Stragglers)
+		}
+	}
+}
+
+func TestWriteDir(t *testing.T) {
+	cfg := smallConfig(t, "fedavg,fedsplit")
+	cfg.Rounds = 3
+	cfg.SaveModels = true
+	res, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := res.WriteDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	var back struct {
+		Config  map[string]any `json:"config"`
+		Optimum struct {
+			TrainLoss    float64 `json:"train_loss"`
+			TestAccuracy float64 `json:"test_accuracy"`
+		} `json:"optimum"`
+		Runs []struct {
+			Algo   string           `json:"algo"`
+			Rounds []map[string]any `json:"rounds"`
+		} `json:"runs"`
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Optimum.TrainLoss <= 0 || len(back.Runs) != 2 || len(back.Runs[1].Rounds) != 4 {
+		t.Fatalf("results.json: %+v", back)
+	}
+	for _, k := range []string{"round", "train_loss", "test_accuracy", "gap", "dist_to_opt", "participants", "stragglers", "grad_evals", "seconds", "bytes_up"} {
+		if _, ok := back.Runs[0].Rounds[1][k]; !ok {
+			t.Errorf("results.json round row lacks %q", k)
+		}
+	}
+	f, err := os.Open(filepath.Join(dir, "results.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rows, err := csv.NewReader(f).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1+2*4 || rows[0][0] != "algo" {
+		t.Errorf("results.csv: %d rows, header %v", len(rows), rows[0])
+	}
+	png, err := os.ReadFile(filepath.Join(dir, "results.png"))
+	if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
+		t.Errorf("results.png missing or not a PNG: %v", err)
+	}
+	for _, r := range res.Runs {
+		if err := SaveModel(dir, r.Algo, res.Model, r.Final); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "fedsplit-model.json")); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestFloatJSON(t *testing.T) {
+	b, _ := json.Marshal(struct{ A, B Float }{Float(math.NaN()), 1.5})
+	if string(b) != `{"A":null,"B":1.5}` {
+		t.Errorf("got %s", b)
+	}
+}
