@@ -1,11 +1,11 @@
 package sim
 
 import (
-	"math"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"

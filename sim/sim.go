@@ -20,9 +20,9 @@ import (
 
 // Results is what a run writes to results.json.
 type Results struct {
-	Config  Config   `json:"config"`
-	Data    DataInfo `json:"data"`
-	Optimum Optimum  `json:"optimum"`
+	Config  Config    `json:"config"`
+	Data    DataInfo  `json:"data"`
+	Optimum Optimum   `json:"optimum"`
 	Runs    []AlgoRun `json:"runs"`
 	// Model is the model every run trained (for saving the final weights).
 	Model model.Model `json:"-"`
@@ -46,9 +46,9 @@ type Optimum struct {
 	TrainLoss    Float `json:"train_loss"`
 	TestAccuracy Float `json:"test_accuracy"`
 	GradNorm     Float `json:"grad_norm"`
-	GradEvals    int     `json:"grad_evals"`
+	GradEvals    int   `json:"grad_evals"`
 	Seconds      Float `json:"seconds"`
-	Converged    bool    `json:"converged"`
+	Converged    bool  `json:"converged"`
 }
 
 // AlgoRun is one algorithm's trajectory.
@@ -65,14 +65,14 @@ type AlgoRun struct {
 // Round is one row of the results: the global model after the round.
 type Round struct {
 	Round        int                `json:"round"`
-	TrainLoss    Float            `json:"train_loss"`
-	TestAccuracy Float            `json:"test_accuracy"`
-	Gap          Float            `json:"gap"`
-	DistToOpt    Float            `json:"dist_to_opt"`
+	TrainLoss    Float              `json:"train_loss"`
+	TestAccuracy Float              `json:"test_accuracy"`
+	Gap          Float              `json:"gap"`
+	DistToOpt    Float              `json:"dist_to_opt"`
 	Participants int                `json:"participants"`
 	Stragglers   int                `json:"stragglers"`
 	GradEvals    int                `json:"grad_evals"`
-	Seconds      Float            `json:"seconds"`
+	Seconds      Float              `json:"seconds"`
 	BytesUp      int64              `json:"bytes_up"`
 	Metrics      map[string]float64 `json:"metrics,omitempty"`
 }
