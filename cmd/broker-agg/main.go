@@ -27,6 +27,10 @@ type command struct {
 
 func commands() []command {
 	return []command{
+		{"run", "run the aggregator daemon (embedded MQTT broker by default)", runServe},
+		{"demo", "embedded broker + aggregator + N in-process edge agents over real MQTT", runDemo},
+		{"status", "print the current round and each client's last-seen and participation", runStatus},
+		{"pki", "make a site PKI: a CA and per-site certificates for mutual TLS", runPKI},
 		{"simulate", "run many virtual clients in one process and write results.json/csv/png", runSimulate},
 		{"report", "tabulate results.json files (mean ± sd over seeds) as markdown", runReport},
 		{"version", "print the version", func(_ context.Context, _ []string, stdout, _ io.Writer) error {
