@@ -219,13 +219,21 @@ func (v valueCoder) encodeQSGD(p []byte, x []float64, rng *rand.Rand, recon []fl
 			amax = max(amax, math.Abs(f))
 		}
 		// ||x|| computed as amax·sqrt(sum (x/amax)^2): no overflow nor
-		// underflow, and >= amax exactly, so every |x_i|/norm <= 1.
+		// underflow; >= amax up to one rounding (the level clamp below
+		// absorbs that). 1/amax is Inf only for amax < 2^-1024.
 		norm := 0.0
 		if amax > 0 {
 			ss := 0.0
-			for _, f := range xs {
-				r := f / amax
-				ss += r * r
+			if inv := 1 / amax; !math.IsInf(inv, 0) {
+				for _, f := range xs {
+					r := f * inv
+					ss += r * r
+				}
+			} else {
+				for _, f := range xs {
+					r := f / amax
+					ss += r * r
+				}
 			}
 			norm = amax * math.Sqrt(ss)
 		}
@@ -243,9 +251,9 @@ func (v valueCoder) encodeQSGD(p []byte, x []float64, rng *rand.Rand, recon []fl
 		if shrink && nf > 0 {
 			// In units of nf^2 (no underflow for tiny buckets):
 			// ||v||^2 -> rn^2 and V = sum (nf/s)^2 p(1-p) -> vn.
-			vn := 0.0
+			vn, k := 0.0, s/nf
 			for _, f := range xs {
-				r := math.Abs(f) / nf * s
+				r := math.Abs(f) * k
 				pr := r - math.Floor(r)
 				vn += pr * (1 - pr)
 			}
@@ -255,19 +263,24 @@ func (v valueCoder) encodeQSGD(p []byte, x []float64, rng *rand.Rand, recon []fl
 		}
 		binary.LittleEndian.PutUint32(recs[4*b:], math.Float32bits(scale32))
 		unit := float64(scale32) / s
+		k := 0.0 // levels per unit of |x|
+		if nf > 0 {
+			k = s / nf
+		}
 		for j, f := range xs {
 			l := 0
 			if nf > 0 {
-				r := math.Abs(f) / nf * s
+				// r <= s up to one rounding; the clamp below keeps l <= s.
+				r := math.Abs(f) * k
 				fl := math.Floor(r)
-				l = int(fl)
-				if pr := r - fl; pr > 0 && rng.Float64() < pr {
-					l++
-				}
+				// Round up with probability r - fl: u < r-fl exactly when
+				// u-(r-fl) is negative. One draw per element, branch-free
+				// (these branches are coin flips for the predictor).
+				u := rng.Float64()
+				l = int(fl) + int(math.Float64bits(u-(r-fl))>>63)
 				l = min(l, v.levels)
-				if f < 0 {
-					l = -l
-				}
+				neg := int(int64(math.Float64bits(f)) >> 63) // -1 if f < 0
+				l = (l ^ neg) - neg
 			}
 			codes[lo+j] = byte(int8(l))
 			if recon != nil {
