@@ -43,6 +43,9 @@ type Config struct {
 	Local Local `json:"local"`
 	// Codec is the uplink codec spec ("" = none: exact float64 vectors).
 	Codec string `json:"codec,omitempty"`
+	// Downlink is the codec of the global model broadcast ("" = exact); the
+	// aggregator then applies the model it broadcast.
+	Downlink string `json:"downlink,omitempty"`
 	// OptimumTol is the gradient-norm tolerance of the centralised optimum.
 	OptimumTol float64 `json:"optimum_tol"`
 	SaveModels bool    `json:"save_models"`

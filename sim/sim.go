@@ -15,6 +15,7 @@ import (
 	"github.com/edgefl/edgefl/dataset"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
+	"github.com/edgefl/edgefl/quant"
 	"github.com/edgefl/edgefl/split"
 )
 
@@ -74,6 +75,7 @@ type Round struct {
 	GradEvals    int                `json:"grad_evals"`
 	Seconds      Float              `json:"seconds"`
 	BytesUp      int64              `json:"bytes_up"`
+	BytesDown    int64              `json:"bytes_down,omitempty"`
 	Metrics      map[string]float64 `json:"metrics,omitempty"`
 }
 
@@ -230,7 +232,8 @@ type job struct {
 }
 
 type outcome struct {
-	params []float64 // w_k, or FedSplit's new z_j
+	params []float64 // w_k, or FedSplit's new z_j (the client's exact state)
+	frame  []byte    // the encoded uplink message (nil without a codec)
 	rep    proxsolver.Report
 	err    error
 }
@@ -253,10 +256,30 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 	x := append([]float64(nil), x0...)
 	z := make(map[int][]float64) // FedSplit: every known client's latest z
 	cands := append([]aggregate.Candidate(nil), e.cands...)
-	models := make([]model.Model, cfg.Workers)
-	for i := range models {
-		models[i] = e.pooledM.Clone()
+	workers := make([]*worker, cfg.Workers)
+	for i := range workers {
+		workers[i] = &worker{m: e.pooledM.Clone()}
+		if cfg.Codec != "" {
+			if workers[i].codec, err = quant.Parse(cfg.Codec); err != nil {
+				return nil, fmt.Errorf("--codec: %w", err)
+			}
+		}
 	}
+	var serverCodec, downCodec *quant.Codec
+	if cfg.Codec != "" {
+		serverCodec, _ = quant.Parse(cfg.Codec)
+	}
+	if cfg.Downlink != "" {
+		if downCodec, err = quant.Parse(cfg.Downlink); err != nil {
+			return nil, fmt.Errorf("--downlink: %w", err)
+		}
+	}
+	// Uplink state: each client's error-feedback residual (FedAvg/FedProx
+	// family) and, for FedSplit, the server's decoded copy of each z_j (the
+	// client keeps its exact z; what it has not yet got across is the
+	// difference, sent in later rounds).
+	residual := make(map[int][]float64)
+	zServer := make(map[int][]float64)
 	run.Rounds = append(run.Rounds, e.evaluate(0, x))
 	sp := split.Params{Step: a.Local.Step, Relax: a.Local.Relax}
 
@@ -273,12 +296,16 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 		next := make(chan int)
 		for w := 0; w < cfg.Workers; w++ {
 			wg.Add(1)
-			go func(m model.Model) {
+			go func(wk *worker) {
 				defer wg.Done()
 				for i := range next {
-					outs[i] = e.work(ctx, m, a, sp, jobs[i], x, z[jobs[i].client], t)
+					c := jobs[i].client
+					outs[i] = e.work(ctx, wk.m, a, sp, jobs[i], x, z[c], t)
+					if wk.codec != nil && outs[i].err == nil && outs[i].params != nil {
+						outs[i].frame, outs[i].err = e.encode(wk.codec, a, outs[i].params, x, zServer[c], residual[c], t, c)
+					}
 				}
-			}(models[w])
+			}(workers[w])
 		}
 		for i, j := range jobs {
 			if a.Family == FedAvg && j.straggler {
@@ -288,6 +315,8 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 		}
 		close(next)
 		wg.Wait()
+		// Residuals are per client and each client runs at most once per
+		// round, so they are updated here, outside the workers.
 
 		var ups []aggregate.Update
 		for i, j := range jobs {
@@ -302,13 +331,22 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 			}
 			row.Participants++
 			row.GradEvals += outs[i].rep.GradEvals
-			row.BytesUp += int64(8 * len(outs[i].params))
 			cands[j.client].Loss = outs[i].rep.AnchorLoss
+			received := outs[i].params
+			if serverCodec != nil {
+				row.BytesUp += int64(len(outs[i].frame))
+				if received, err = e.receive(serverCodec, a, outs[i], x, zServer, residual, j.client); err != nil {
+					return run, fmt.Errorf("round %d, client %s: %w", t, e.fed.Clients[j.client].ID, err)
+				}
+			} else {
+				row.BytesUp += int64(8 * len(outs[i].params)) // exact float64 vectors
+			}
 			if split_ {
 				z[j.client] = outs[i].params
+				zServer[j.client] = received
 				continue
 			}
-			ups = append(ups, aggregate.Update{Client: e.fed.Clients[j.client].ID, Params: outs[i].params,
+			ups = append(ups, aggregate.Update{Client: e.fed.Clients[j.client].ID, Params: received,
 				Samples: e.fed.Clients[j.client].Train.N, AnchorGrad: outs[i].rep.AnchorGrad, Loss: outs[i].rep.AnchorLoss})
 		}
 		next_ := make([]float64, len(x))
@@ -317,7 +355,7 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 			if len(z) > 0 {
 				zs := make([][]float64, 0, len(z))
 				for c := range e.fed.Clients { // client order: deterministic sum
-					if v, ok := z[c]; ok {
+					if v, ok := zServer[c]; ok {
 						zs = append(zs, v)
 					}
 				}
@@ -333,6 +371,18 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 			}
 			row.Metrics = rep.Metrics
 			x = next_
+		}
+		if downCodec != nil {
+			// The aggregator applies the model it broadcasts, so that the
+			// clients' FedSplit reflections use the same x as the server.
+			frame, err := downCodec.Encode(nil, x, nil, newRand(cfg.Seed, streamCodec, t, -1))
+			if err != nil {
+				return run, fmt.Errorf("round %d downlink: %w", t, err)
+			}
+			if x, err = downCodec.Decode(frame, nil); err != nil {
+				return run, fmt.Errorf("round %d downlink: %w", t, err)
+			}
+			row.BytesDown = int64(len(frame))
 		}
 		ev := e.evaluate(t, x)
 		row.TrainLoss, row.TestAccuracy, row.Gap, row.DistToOpt = ev.TrainLoss, ev.TestAccuracy, ev.Gap, ev.DistToOpt
@@ -411,4 +461,71 @@ func (e *env) evaluate(t int, x []float64) Round {
 		r.TestAccuracy = Float(e.pooledM.Score(x, e.test))
 	}
 	return r
+}
+
+type worker struct {
+	m     model.Model
+	codec *quant.Codec
+}
+
+// encode makes the uplink frame of one client: the delta w_k - x with the
+// client's error-feedback residual (FedAvg/FedProx family), or z_j minus the
+// server's copy of z_j (FedSplit, whose difference already carries what
+// earlier rounds did not get across).
+func (e *env) encode(c *quant.Codec, a Algo, params, x, zSrv, res []float64, t, client int) ([]byte, error) {
+	delta := make([]float64, len(params))
+	rng := newRand(e.cfg.Seed, streamCodec, t, client)
+	if a.Family == FedSplit || a.Family == FedProxSplit {
+		base := zSrv
+		if base == nil {
+			base = x // the server's copy starts, like z_j, at the first global model
+		}
+		for i := range delta {
+			delta[i] = params[i] - base[i]
+		}
+		return c.Encode(nil, delta, nil, rng)
+	}
+	for i := range delta {
+		delta[i] = params[i] - x[i]
+	}
+	// Encode overwrites the residual it is handed; receive recomputes the
+	// client's new residual from what was actually decoded.
+	r := make([]float64, len(params))
+	copy(r, res)
+	return c.Encode(nil, delta, r, rng)
+}
+
+// receive decodes a client's frame as the aggregator does and returns the
+// vector the aggregation uses. It also advances the sender's residual
+// bookkeeping, which Encode cannot do across goroutines (see encode).
+func (e *env) receive(c *quant.Codec, a Algo, o outcome, x []float64, zSrv map[int][]float64, res map[int][]float64, client int) ([]float64, error) {
+	d, err := c.Decode(o.frame, nil)
+	if err != nil {
+		return nil, err
+	}
+	if len(d) != len(x) {
+		return nil, fmt.Errorf("decoded %d values, want %d", len(d), len(x))
+	}
+	base := x
+	if a.Family == FedSplit || a.Family == FedProxSplit {
+		if v, ok := zSrv[client]; ok {
+			base = v
+		}
+	} else {
+		// Error feedback: what was meant (delta + old residual) minus what
+		// arrived stays with the client for its next update.
+		r := res[client]
+		if r == nil {
+			r = make([]float64, len(x))
+		}
+		for i := range r {
+			r[i] += o.params[i] - x[i] - d[i]
+		}
+		res[client] = r
+	}
+	out := make([]float64, len(x))
+	for i := range out {
+		out[i] = base[i] + d[i]
+	}
+	return out, nil
 }

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/edgefl/edgefl/quant"
 )
 
 func smallConfig(t *testing.T, algos string) Config {
@@ -174,5 +176,67 @@ func TestFloatJSON(t *testing.T) {
 	b, _ := json.Marshal(struct{ A, B Float }{Float(math.NaN()), 1.5})
 	if string(b) != `{"A":null,"B":1.5}` {
 		t.Errorf("got %s", b)
+	}
+}
+
+// With a lossy codec and error feedback, FedSplit's server copy of each z_j
+// tracks the client's exact z: the copies differ by what is still in flight,
+// and the run still converges near the optimum.
+func TestCodecFedSplitCopiesAgree(t *testing.T) {
+	cfg := smallConfig(t, "fedsplit,fedprox")
+	cfg.Rounds, cfg.Codec = 60, "topk:0.25+q8"
+	res, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := int64(4 * res.Data.Params * cfg.PerRound)
+	for _, run := range res.Runs {
+		for _, row := range run.Rounds[1:] {
+			if row.BytesUp <= 0 || row.BytesUp*3 > raw {
+				t.Fatalf("%s round %d: %d bytes up, raw float32 would be %d: want > 3x smaller", run.Algo, row.Round, row.BytesUp, raw)
+			}
+		}
+	}
+	split := res.Runs[0].Rounds[cfg.Rounds]
+	if rel := float64(split.Gap) / float64(res.Optimum.TrainLoss); !(rel < 1e-3) {
+		t.Errorf("fedsplit with topk:0.25+q8: relative gap %.3e after %d rounds, want < 1e-3", rel, cfg.Rounds)
+	}
+}
+
+func TestEncodeReceiveAccounting(t *testing.T) {
+	// Sum of what the server received plus the final residual equals the
+	// sum of the true deltas (error feedback loses nothing).
+	e := &env{cfg: Config{Seed: 7}}
+	c, err := quant.Parse("topk:0.1+q8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := Algo{Family: FedProx}
+	const d = 50
+	x := make([]float64, d)
+	res := map[int][]float64{}
+	sumTrue, sumGot := make([]float64, d), make([]float64, d)
+	for r := 1; r <= 30; r++ {
+		w := make([]float64, d)
+		for i := range w {
+			w[i] = math.Sin(float64(r*i)) * float64(i%7)
+			sumTrue[i] += w[i]
+		}
+		frame, err := e.encode(c, a, w, x, nil, res[0], r, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := e.receive(c, a, outcome{params: w, frame: frame}, x, nil, res, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range got {
+			sumGot[i] += got[i]
+		}
+	}
+	for i := range sumTrue {
+		if diff := sumTrue[i] - sumGot[i] - res[0][i]; math.Abs(diff) > 1e-9 {
+			t.Fatalf("coordinate %d: true %v, received %v, residual %v", i, sumTrue[i], sumGot[i], res[0][i])
+		}
 	}
 }
