@@ -175,6 +175,9 @@ func (c *Codec) Decode(msg []byte, dst []float64) ([]float64, error) {
 		return nil, err
 	}
 	out := resize(dst, h.dim)
+	if out == nil {
+		out = []float64{} // dimension 0: empty, not nil (nil means error)
+	}
 	if !h.sparse {
 		h.val.decode(vals, out, false, 0)
 		return out, nil

@@ -129,7 +129,9 @@ func (t topK) k(n int) int {
 
 // Codec is a parsed codec spec together with the zstd encoder and decoder and
 // the scratch buffers it reuses. It encodes with its own spec and decodes any
-// valid frame. It is not safe for concurrent use.
+// valid frame. It is not safe for concurrent use. Its scratch grows to the
+// largest vector it has handled (about 40 bytes per value after a top-k
+// Encode with error feedback) and is kept for reuse.
 type Codec struct {
 	sparse bool
 	top    topK
@@ -252,9 +254,9 @@ func parseTopK(arg string) (topK, error) {
 		}
 		return topK{frac: f}, nil
 	}
-	n, err := strconv.ParseUint(arg, 10, 32)
+	n, err := strconv.ParseUint(arg, 10, 31) // fits int on 32-bit ARM too
 	if err != nil || n == 0 {
-		return topK{}, fmt.Errorf("topk count %q must be an integer in 1..%d (write a fraction with a '.')", arg, uint32(math.MaxUint32))
+		return topK{}, fmt.Errorf("topk count %q must be an integer in 1..%d (write a fraction with a '.')", arg, math.MaxInt32)
 	}
 	return topK{count: int(n)}, nil
 }

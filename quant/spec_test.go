@@ -2,6 +2,7 @@ package quant
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -78,6 +79,7 @@ func TestParseErrors(t *testing.T) {
 		{"topk:0", "count"},
 		{"topk:-1", "count"},
 		{"topk:4294967296", "count"},
+		{"topk:2147483648", "count"},
 		{"topk:abc", "count"},
 		{"topk:0.0", "fraction"},
 		{"topk:1.5", "fraction"},
@@ -111,7 +113,12 @@ func TestLimits(t *testing.T) {
 	if c := mustParse(t, "q8"); c.Limits() != DefaultLimits {
 		t.Errorf("Parse limits = %+v, want %+v", c.Limits(), DefaultLimits)
 	}
-	for _, lim := range []Limits{{MaxDim: 1<<27 + 1}, {MaxFrame: 1 << 31}, {MaxFrame: 10}} {
+	bad := []Limits{{MaxDim: 1<<27 + 1}, {MaxFrame: 10}}
+	if strconv.IntSize == 64 {
+		big := int64(1) << 31
+		bad = append(bad, Limits{MaxFrame: int(big)})
+	}
+	for _, lim := range bad {
 		if _, err := ParseWithLimits("q8", lim); !errors.Is(err, ErrSpec) {
 			t.Errorf("ParseWithLimits(%+v): %v, want ErrSpec", lim, err)
 		}
