@@ -49,7 +49,11 @@ type Config struct {
 	// OptimumTol is the gradient-norm tolerance of the centralised optimum.
 	OptimumTol float64 `json:"optimum_tol"`
 	SaveModels bool    `json:"save_models"`
-	Workers    int     `json:"-"`
+	// OptimumCache is a directory where centralised optima are kept, keyed
+	// by everything they depend on, so repeated runs on the same data skip
+	// the L-BFGS solve ("" = no cache).
+	OptimumCache string `json:"-"`
+	Workers      int    `json:"-"`
 }
 
 // Local are the per-algorithm knobs: the local solve and FedSplit's steps.

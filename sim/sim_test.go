@@ -240,3 +240,31 @@ func TestEncodeReceiveAccounting(t *testing.T) {
 		}
 	}
 }
+
+func TestOptimumCache(t *testing.T) {
+	cfg := smallConfig(t, "fedavg")
+	cfg.Rounds = 1
+	cfg.OptimumCache = t.TempDir()
+	a, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Optimum.GradEvals != 0 || a.Optimum.GradEvals == 0 {
+		t.Errorf("second run recomputed the optimum: %d then %d gradient evaluations", a.Optimum.GradEvals, b.Optimum.GradEvals)
+	}
+	if a.Optimum.TrainLoss != b.Optimum.TrainLoss || a.Runs[0].Rounds[1].Gap != b.Runs[0].Rounds[1].Gap {
+		t.Error("cached optimum differs from the computed one")
+	}
+	cfg.L2 = 0.1 // another objective: another cache entry
+	c, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Optimum.GradEvals == 0 {
+		t.Error("a different objective reused the cached optimum")
+	}
+}
