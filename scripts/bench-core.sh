@@ -27,7 +27,7 @@ if want stragglers; then
     for s in 1 2 3; do
       "$ba" simulate --dataset synthetic:1,1 --partition natural --clients 30 --per-round 10 \
         --epochs 20 --batch 10 --lr 0.01 --rounds 200 --stragglers $p --seed $s --step 10 \
-        --algo fedavg,fedprox:mu=0,fedprox:mu=1,fedproxsplit --out "$out/stragglers/p$p/seed$s" 2>"$out/stragglers-p$p-s$s.log"
+        --algo fedavg,fedprox:mu=0,fedprox:mu=1,fedproxsplit --optimum-cache "$out/optima" --out "$out/stragglers/p$p/seed$s" 2>"$out/stragglers-p$p-s$s.log"
     done
     echo "## stragglers p=$p: test accuracy (%) and training loss after 200 rounds, mean ± sd over seeds 1-3"
     "$ba" report --metric accuracy --at 200 "$out"/stragglers/p$p/seed*/results.json
@@ -37,7 +37,7 @@ fi
 
 if want fmnist; then
   "$ba" simulate --dataset idx:/usr/share/datasets/fashion-mnist --partition classes:2 --clients 100 --per-round 10 \
-    --model logreg --l2 1e-4 --epochs 20 --batch 10 --lr 0.03 --mu 1 --step 1 --gamma 1e-6 --rounds 100 --seed 1 \
+    --model logreg --l2 1e-3 --epochs 20 --batch 10 --lr 0.03 --mu 1 --step 1 --gamma 1e-6 --rounds 100 --seed 1 \
     --algo fedavg,fedprox,fedsplit,fedproxsplit --optimum-cache "$out/optima" --out "$out/fmnist" 2>"$out/fmnist.log"
   echo "## Fashion-MNIST, 100 clients, classes:2, 10 per round: test accuracy (%)"
   "$ba" report --metric accuracy --at 25,50,100 "$out/fmnist/results.json"

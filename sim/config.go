@@ -48,7 +48,9 @@ type Config struct {
 	Downlink string `json:"downlink,omitempty"`
 	// OptimumTol is the gradient-norm tolerance of the centralised optimum.
 	OptimumTol float64 `json:"optimum_tol"`
-	SaveModels bool    `json:"save_models"`
+	// OptimumEvals caps the gradient evaluations of the optimum's L-BFGS.
+	OptimumEvals int  `json:"optimum_evals"`
+	SaveModels   bool `json:"save_models"`
 	// OptimumCache is a directory where centralised optima are kept, keyed
 	// by everything they depend on, so repeated runs on the same data skip
 	// the L-BFGS solve ("" = no cache).
@@ -83,7 +85,7 @@ func DefaultConfig() Config {
 	return Config{
 		Dataset: "synthetic:1,1", Partition: "natural", Clients: 30, PerRound: 10,
 		Rounds: 100, Seed: 1, Model: "logreg", Hidden: 64, Activation: "relu",
-		TestFrac: 0.1, Select: "uniform", OptimumTol: 1e-10,
+		TestFrac: 0.1, Select: "uniform", OptimumTol: 1e-10, OptimumEvals: 3000,
 		Local: Local{Solver: proxsolver.SGD, Mu: 1, Gamma: 1e-3, Epochs: 20, Batch: 10, LR: 0.01, Step: 1, Relax: 1},
 	}
 }
@@ -237,6 +239,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--stragglers: want a rate in [0, 1], got %v", c.Stragglers)
 	case !(c.TestFrac >= 0 && c.TestFrac < 1):
 		return fmt.Errorf("--test-fraction: want a number in [0, 1), got %v", c.TestFrac)
+	case c.OptimumEvals < 1:
+		return fmt.Errorf("--optimum-evals: want at least 1, got %d", c.OptimumEvals)
 	case !(c.OptimumTol > 0):
 		return fmt.Errorf("--optimum-tol: want a number > 0, got %v", c.OptimumTol)
 	case len(c.Algos) == 0:

@@ -185,7 +185,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		xs, _ = readOptimum(cachePath, m.NumParams())
 	}
 	if xs == nil {
-		xs, rep, err = proxsolver.Minimize(ctx, m, e.train, x0, cfg.OptimumTol, 100000)
+		xs, rep, err = proxsolver.Minimize(ctx, m, e.train, x0, cfg.OptimumTol, cfg.OptimumEvals)
 		if err != nil && !errors.Is(err, proxsolver.ErrNotConverged) {
 			return nil, fmt.Errorf("centralised optimum: %w", err)
 		}
@@ -203,7 +203,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 	fmt.Fprintf(progress, "centralised optimum: F* = %.12g, ||grad F|| = %.2e (%d gradient evaluations, %.1fs), test accuracy %.4f\n",
 		e.fStar, gn, rep.GradEvals, float64(res.Optimum.Seconds), float64(res.Optimum.TestAccuracy))
 	if !res.Optimum.Converged {
-		fmt.Fprintf(progress, "warning: the optimum did not reach ||grad F|| <= %g: gaps are relative to the best point found\n", cfg.OptimumTol)
+		fmt.Fprintf(progress, "warning: the optimum did not reach ||grad F|| <= %g within %d gradient evaluations (--optimum-evals): gaps are relative to the best point found\n", cfg.OptimumTol, cfg.OptimumEvals)
 	}
 	e.stragKeep = int(math.Round(float64(cfg.PerRound) * (1 - cfg.Stragglers)))
 

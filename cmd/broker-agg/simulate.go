@@ -44,6 +44,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&cfg.Codec, "codec", "", "uplink codec `SPEC` (fp32, fp16, q8, q4, qsgd:16, topk:0.01+qsgd:16, ...); empty = exact float64 vectors")
 	fs.StringVar(&cfg.Downlink, "downlink", "", "global-model codec `SPEC` (fp32 or fp16); the aggregator applies the model it broadcasts")
 	fs.Float64Var(&cfg.OptimumTol, "optimum-tol", cfg.OptimumTol, "gradient-norm tolerance of the centralised optimum")
+	fs.IntVar(&cfg.OptimumEvals, "optimum-evals", cfg.OptimumEvals, "gradient evaluations allowed for the centralised optimum (an unregularised problem may need many; the run reports the norm reached)")
 	fs.StringVar(&cfg.OptimumCache, "optimum-cache", "", "`DIR` to keep centralised optima in, so runs on the same data and model skip recomputing it")
 	fs.BoolVar(&cfg.SaveModels, "save-models", false, "also write DIR/<algo>-model.json with each final model")
 	fs.IntVar(&cfg.Workers, "workers", 0, "clients solved in parallel (default: GOMAXPROCS); results do not depend on it")
