@@ -122,11 +122,12 @@
 // and parameters; the CRC32C; dim against Limits.MaxDim; that the raw payload
 // length is exactly what dim/nnz and the codec imply (within the varint range
 // for top-k); for zstd, that the declared size is achievable from the payload
-// (zstd cannot expand by more than 32768x). zstd then decodes into a buffer
-// capped at the declared size (WithDecodeAllCapLimit) with the decoder's
-// memory and window limited (WithDecoderMaxMemory, WithDecoderMaxWindow), so
-// a decompression bomb stops at the cap; the decoded length must equal the
-// declared one. Indices must be strictly increasing and < dim, codes in range,
+// (zstd cannot expand by more than 32768x). zstd then streams into a buffer
+// of exactly the declared size, its window capped at 1 MiB
+// (WithDecoderMaxWindow, WithDecoderMaxMemory), and one more byte of output
+// is an error: a decompression bomb stops one block past the declared size,
+// and the decoded length must equal it. Indices must be strictly increasing
+// and < dim, codes in range,
 // scales and values finite. DecodeAdd validates the whole frame before it
 // touches dst, so a bad frame never half-applies.
 package quant

@@ -82,13 +82,16 @@ func parseFrame(msg []byte, lim Limits) (header, []byte, error) {
 	if len(msg) < headerLen+crcLen {
 		return h, nil, fmt.Errorf("%w: %d bytes, shorter than header and checksum (%d)", ErrTruncated, len(msg), headerLen+crcLen)
 	}
-	h.payLen = int(binary.LittleEndian.Uint32(msg[28:]))
-	if want := uint64(headerLen) + uint64(h.payLen) + crcLen; uint64(len(msg)) != want {
+	// The four-byte fields are compared as uint64 before any becomes an int:
+	// on 32-bit ARM an int conversion of 2^31 or more would be negative.
+	u32 := func(off int) uint64 { return uint64(binary.LittleEndian.Uint32(msg[off:])) }
+	if want := headerLen + u32(28) + crcLen; uint64(len(msg)) != want {
 		if uint64(len(msg)) < want {
 			return h, nil, fmt.Errorf("%w: %d bytes, header declares %d", ErrTruncated, len(msg), want)
 		}
 		return h, nil, fmt.Errorf("%w: %d bytes after the declared %d-byte frame", ErrFormat, uint64(len(msg))-want, want)
 	}
+	h.payLen = len(msg) - headerLen - crcLen
 	body := msg[:headerLen+h.payLen]
 	if got, want := crc32.Checksum(body, castagnoli), binary.LittleEndian.Uint32(msg[headerLen+h.payLen:]); got != want {
 		return h, nil, fmt.Errorf("%w: computed %08x, frame says %08x", ErrChecksum, got, want)
@@ -104,20 +107,29 @@ func parseFrame(msg []byte, lim Limits) (header, []byte, error) {
 	default:
 		return h, nil, fmt.Errorf("%w: sparsifier id %d", ErrCodec, msg[6])
 	}
-	v := valueCoder{kind: msg[7], scale: msg[8], levels: int(msg[9]), bucket: int(binary.LittleEndian.Uint32(msg[12:]))}
+	if b := u32(12); b > maxBucket {
+		return h, nil, fmt.Errorf("%w: bucket %d above %d", ErrCodec, b, maxBucket)
+	}
+	v := valueCoder{kind: msg[7], scale: msg[8], levels: int(msg[9]), bucket: int(u32(12))}
 	if err := v.check(); err != nil {
 		return h, nil, err
 	}
 	h.val = v
-	h.dim = int(binary.LittleEndian.Uint32(msg[16:]))
-	h.nnz = int(binary.LittleEndian.Uint32(msg[20:]))
-	h.rawLen = int(binary.LittleEndian.Uint32(msg[24:]))
-	if h.dim > lim.MaxDim {
-		return h, nil, fmt.Errorf("%w: dimension %d, limit %d", ErrTooLarge, h.dim, lim.MaxDim)
+	dim, nnz, rawLen := u32(16), u32(20), u32(24)
+	if dim > uint64(lim.MaxDim) {
+		return h, nil, fmt.Errorf("%w: dimension %d, limit %d", ErrTooLarge, dim, lim.MaxDim)
 	}
-	if err := h.checkSizes(); err != nil {
+	if nnz > dim {
+		return h, nil, corrupt("nnz %d above dimension %d", nnz, dim)
+	}
+	// dim, nnz <= MaxDim <= 2^27, so the sizes checkSizes computes from them
+	// (<= 14·2^27) fit an int everywhere; rawLen is compared before it is
+	// converted.
+	h.dim, h.nnz = int(dim), int(nnz)
+	if err := h.checkSizes(rawLen); err != nil {
 		return h, nil, err
 	}
+	h.rawLen = int(rawLen)
 	return h, msg[headerLen : headerLen+h.payLen], nil
 }
 
@@ -151,33 +163,32 @@ func (v valueCoder) check() error {
 	return nil
 }
 
-// checkSizes checks nnz, rawLen and payLen against dim and the codec.
-func (h *header) checkSizes() error {
+// checkSizes checks nnz (<= dim), the declared raw payload length and the
+// payload length against dim and the codec.
+func (h *header) checkSizes(rawLen uint64) error {
 	if !h.sparse && h.nnz != h.dim {
 		return corrupt("dense frame with nnz %d != dimension %d", h.nnz, h.dim)
 	}
-	if h.nnz > h.dim {
-		return corrupt("nnz %d above dimension %d", h.nnz, h.dim)
-	}
-	lo := h.val.size(h.nnz) // dense, or sparse with 1-byte varints
+	lo := uint64(h.val.size(h.nnz)) // dense, or sparse with 1-byte varints
 	hi := lo
 	if h.sparse {
-		lo += h.nnz
-		hi += binary.MaxVarintLen32 * h.nnz
+		lo += uint64(h.nnz)
+		hi += binary.MaxVarintLen32 * uint64(h.nnz)
 	}
-	if h.rawLen < lo || h.rawLen > hi {
+	if rawLen < lo || rawLen > hi {
 		if lo == hi {
-			return corrupt("raw payload length %d, want %d for %d values of %s", h.rawLen, lo, h.nnz, h.val)
+			return corrupt("raw payload length %d, want %d for %d values of %s", rawLen, lo, h.nnz, h.val)
 		}
-		return corrupt("raw payload length %d outside %d..%d for %d values of %s", h.rawLen, lo, hi, h.nnz, h.val)
+		return corrupt("raw payload length %d outside %d..%d for %d values of %s", rawLen, lo, hi, h.nnz, h.val)
 	}
+	pay := uint64(h.payLen)
 	switch {
-	case !h.zstd && h.payLen != h.rawLen:
-		return corrupt("uncompressed payload is %d bytes, header declares %d", h.payLen, h.rawLen)
-	case h.zstd && h.rawLen == 0 && h.payLen != 0:
-		return corrupt("empty raw payload with %d payload bytes", h.payLen)
-	case h.zstd && uint64(h.rawLen) > zMaxRatio*uint64(h.payLen):
-		return corrupt("declared %d bytes cannot come from %d bytes of zstd", h.rawLen, h.payLen)
+	case !h.zstd && pay != rawLen:
+		return corrupt("uncompressed payload is %d bytes, header declares %d", pay, rawLen)
+	case h.zstd && rawLen == 0 && pay != 0:
+		return corrupt("empty raw payload with %d payload bytes", pay)
+	case h.zstd && rawLen > zMaxRatio*pay:
+		return corrupt("declared %d bytes cannot come from %d bytes of zstd", rawLen, pay)
 	}
 	return nil
 }

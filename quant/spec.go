@@ -41,10 +41,12 @@ var (
 // its peer would refuse). A zero field takes the value from DefaultLimits.
 //
 // A decode allocates at most: the output vector (8·dim bytes, only in Decode
-// and only when dst is too small), the decompressed payload (at most
-// 9·MaxDim bytes, for top-k with fp32 values and every coordinate kept) and,
-// for top-k, 12·nnz bytes of index and value scratch. Set MaxDim to the model's
-// dimension to keep this tight.
+// and only when dst is too small); the decompressed payload, exactly its
+// declared size, which the header checks already tie to dim (4·dim for fp32,
+// about 1·dim for q8/qsgd, up to 9·nnz for top-k with fp32 values); for
+// top-k, 12·nnz bytes of index and value scratch; and, once per Codec, about
+// 1.5 MiB of zstd window and block buffers. Buffers are kept for reuse. Set
+// MaxDim to the model's dimension to keep this tight.
 type Limits struct {
 	MaxDim   int // largest dimension accepted; at most 1<<27
 	MaxFrame int // largest frame in bytes; at most 1<<31 - 1
@@ -170,7 +172,7 @@ func ParseWithLimits(spec string, lim Limits) (*Codec, error) {
 	if c.lim, err = lim.withDefaults(); err != nil {
 		return nil, err
 	}
-	if err := c.z.init(c.lim); err != nil {
+	if err := c.z.init(); err != nil {
 		return nil, err
 	}
 	return c, nil

@@ -7,10 +7,6 @@ import (
 	"math/rand/v2"
 )
 
-// maxRawPerElem bounds raw payload bytes per dimension over every codec: a
-// 5-byte index varint plus q8 min/max with bucket 1 (8-byte record + code).
-const maxRawPerElem = 5 + 9
-
 func (v valueCoder) buckets(n int) int {
 	if v.bucket <= 0 {
 		return 0

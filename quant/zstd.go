@@ -1,8 +1,10 @@
 package quant
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
-	"strings"
+	"io"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -16,19 +18,18 @@ const (
 	// bytes (3-byte header + 1 RLE byte), so no payload of P bytes decodes
 	// to more than 32768·P bytes.
 	zMaxRatio = 32768
-	// zSlack is spare capacity past the declared size that lets zstd use its
-	// fast copy loops; anything decoded into it is rejected.
-	zSlack = 16
 )
 
 // zcodec owns one zstd encoder and one decoder, reused across calls,
-// concurrency 1 (no goroutines: only EncodeAll/DecodeAll are used).
+// concurrency 1: EncodeAll, and the decoder in synchronous streaming mode,
+// start no goroutines.
 type zcodec struct {
 	enc *zstd.Encoder
 	dec *zstd.Decoder
+	rd  bytes.Reader
 }
 
-func (z *zcodec) init(lim Limits) error {
+func (z *zcodec) init() error {
 	var err error
 	z.enc, err = zstd.NewWriter(nil,
 		zstd.WithEncoderConcurrency(1),
@@ -42,16 +43,18 @@ func (z *zcodec) init(lim Limits) error {
 	if err != nil {
 		return fmt.Errorf("quant: zstd encoder: %w", err)
 	}
-	// The per-call cap (WithDecodeAllCapLimit + the buffer's capacity) is the
-	// binding limit; MaxMemory is the backstop for the largest payload
-	// Limits allow.
-	maxMem := max(uint64(maxRawPerElem)*uint64(lim.MaxDim)+zSlack, zWindow)
+	// The decoder streams into a buffer of exactly the declared size (see
+	// decompress): in streaming mode MaxMemory and MaxWindow both cap the
+	// window, so its memory is one window plus a block, whatever the frame
+	// claims. (DecodeAll with a capacity cap would save a copy, but zstd's
+	// generic sequence decoder, used on armv7 and 386, appends past the cap
+	// before it checks: a bomb then costs over twice the declared size.)
 	z.dec, err = zstd.NewReader(nil,
 		zstd.WithDecoderConcurrency(1),
 		zstd.WithDecoderLowmem(true),
-		zstd.WithDecoderMaxMemory(maxMem),
+		zstd.WithDecoderMaxMemory(zWindow),
 		zstd.WithDecoderMaxWindow(zWindow),
-		zstd.WithDecodeAllCapLimit(true),
+		zstd.WithDecodeBuffersBelow(0), // never switch to a whole-buffer decode
 	)
 	if err != nil {
 		return fmt.Errorf("quant: zstd decoder: %w", err)
@@ -65,32 +68,34 @@ func (z *zcodec) compress(dst, src []byte) []byte {
 }
 
 // decompress decodes src, which must decode to exactly want bytes, into
-// buf's storage (grown if needed) and returns the decoded bytes and the
-// buffer to keep for reuse. It never decodes more than want+zSlack bytes.
+// buf's storage (grown to want if needed) and returns the decoded bytes and
+// the buffer to keep for reuse. It decodes at most one zstd block past want
+// (into the decoder's window, not into buf): a bomb stops there.
 func (z *zcodec) decompress(buf []byte, src []byte, want int) (out, keep []byte, err error) {
-	if cap(buf) < want+zSlack {
-		buf = make([]byte, 0, want+zSlack)
+	if cap(buf) < want {
+		buf = make([]byte, want)
 	}
-	out, err = z.dec.DecodeAll(src, buf[:0:want+zSlack])
-	if err != nil {
-		// At the cap, zstd may instead fail with an unexported block-size
-		// error: after the declared size was produced, that is the same
-		// bomb. (Were the message to change, the bomb still fails, as
-		// ErrCorrupt; the test would notice.)
-		if err == zstd.ErrDecoderSizeExceeded || err == zstd.ErrFrameSizeExceeded ||
-			(len(out) >= want && strings.Contains(err.Error(), "bigger than max block size")) {
-			return nil, buf, fmt.Errorf("%w: zstd payload decodes to more than the declared %d bytes: %w", ErrTooLarge, want, err)
-		}
-		if err == zstd.ErrWindowSizeExceeded {
-			return nil, buf, fmt.Errorf("%w: zstd window above %d bytes: %w", ErrTooLarge, zWindow, err)
-		}
+	out = buf[:want]
+	z.rd.Reset(src)
+	defer z.dec.Reset(nil) // let go of src
+	if err := z.dec.Reset(&z.rd); err != nil {
 		return nil, buf, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
 	}
-	if len(out) > want {
-		return nil, buf, fmt.Errorf("%w: zstd payload decodes to %d bytes, header declares %d", ErrTooLarge, len(out), want)
+	n, err := io.ReadFull(z.dec, out)
+	switch {
+	case err == nil:
+	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
+		return nil, buf, fmt.Errorf("%w: zstd payload decodes to %d bytes, header declares %d", ErrCorrupt, n, want)
+	case errors.Is(err, zstd.ErrWindowSizeExceeded) || errors.Is(err, zstd.ErrDecoderSizeExceeded):
+		return nil, buf, fmt.Errorf("%w: zstd window above %d bytes: %w", ErrTooLarge, zWindow, err)
+	default:
+		return nil, buf, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
 	}
-	if len(out) != want {
-		return nil, buf, fmt.Errorf("%w: zstd payload decodes to %d bytes, header declares %d", ErrCorrupt, len(out), want)
+	var one [1]byte
+	if m, err := z.dec.Read(one[:]); m > 0 {
+		return nil, buf, fmt.Errorf("%w: zstd payload decodes to more than the declared %d bytes", ErrTooLarge, want)
+	} else if err != io.EOF {
+		return nil, buf, fmt.Errorf("%w: zstd data after the declared %d bytes: %w", ErrCorrupt, want, err)
 	}
 	return out, buf, nil
 }
