@@ -13,7 +13,8 @@ import (
 // residual may be nil (no error feedback). Otherwise it must have
 // len(delta): Encode encodes v = delta + residual and, on success only,
 // overwrites residual with v minus what the receiver will decode. delta is
-// never written.
+// never written. With a residual, qsgd scales each bucket by its MMSE factor
+// so that error feedback stays bounded (see the package documentation).
 //
 // rng is required by qsgd (the only stage that draws) and ignored otherwise;
 // the same rng state gives the same bytes. Encode fails with ErrInput on NaN

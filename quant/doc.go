@@ -86,7 +86,7 @@
 //     E||x'-v||^2 <= min(B/s^2, sqrt(B)/s) ||v||^2 (Alistarh et al. 2017,
 //     Lemma 3.1; B = bucket length). The transmitted norm is rounded up to
 //     float32, which scales the bound by at most (1+2^-23)^2. Per element,
-//     |x'-x| < ||v||/s.
+//     |x'-x| <= ||v||/s (to the same rounding).
 //   - topk: the dropped coordinates decode as 0; the kept ones carry the value
 //     coder's error. Exact zeros are never sent, so nnz <= k.
 //
@@ -102,18 +102,21 @@
 // rounds sum(decoded) + residual = sum(delta) up to float64 rounding: nothing
 // is lost, only delayed. On error the residual is left untouched.
 //
-// Error feedback needs a contractive compressor, E||C(v)-v||^2 < ||v||^2,
-// or the residual grows without bound. top-k, q8, q4, fp16 and fp32 are.
-// QSGD need not be: its variance bound min(B/s^2, sqrt(B)/s)·||v||^2 exceeds
-// ||v||^2 whenever s < sqrt(B), and on Gaussian buckets of 512 the actual
-// variance does for s=4 (TestErrorFeedbackBounded: unscaled, the residual of
-// qsgd:4 reached 1e6·||delta|| in 150 rounds, qsgd:1 1e10; qsgd:16 stayed
-// bounded). So with a residual, qsgd sends each
-// bucket's scale multiplied by gamma = ||v||^2/(||v||^2 + V), V the bucket's
-// quantisation variance: the MMSE scaling, which makes the expected squared
-// error gamma·V < ||v||^2. The frame format is unchanged; the decoded vector
-// is then shrunk towards 0 (biased) in each round, and error feedback carries
-// the difference to the next one. Without a residual qsgd stays unbiased.
+// Error feedback needs a compressor whose error is a fraction of what it is
+// given, or the residual grows without bound. top-k is contractive in L2;
+// fp32, fp16, q8 and q4 err per element by at most a fixed fraction of the
+// bucket's largest magnitude (q8: 1/255, q4: 1/15), which bounds the residual
+// too (max|residual| <= max|delta|/14 for q4). QSGD has neither: its variance
+// bound min(B/s^2, sqrt(B)/s)·||v||^2 exceeds ||v||^2 whenever s < sqrt(B),
+// and on Gaussian buckets of 512 the actual variance does for s=4
+// (TestErrorFeedbackBounded: unscaled, the residual of qsgd:4 reached
+// 1e6·||delta|| in 150 rounds, qsgd:1 1e10; qsgd:16 stayed bounded). So with a
+// residual, qsgd sends each bucket's scale multiplied by
+// gamma = ||v||^2/(||v||^2 + V), V the bucket's quantisation variance (known
+// before drawing): the MMSE scaling, which makes the expected squared error
+// gamma·V < ||v||^2. The frame format is unchanged; the decoded vector is then
+// shrunk towards 0 (biased) in each round, and error feedback carries the
+// difference to the next one. Without a residual qsgd stays unbiased.
 //
 // # Hostile input
 //
@@ -127,7 +130,6 @@
 // (WithDecoderMaxWindow, WithDecoderMaxMemory), and one more byte of output
 // is an error: a decompression bomb stops one block past the declared size,
 // and the decoded length must equal it. Indices must be strictly increasing
-// and < dim, codes in range,
-// scales and values finite. DecodeAdd validates the whole frame before it
-// touches dst, so a bad frame never half-applies.
+// and < dim, codes in range, scales and values finite. DecodeAdd validates
+// the whole frame before it touches dst, so a bad frame never half-applies.
 package quant
