@@ -2,11 +2,11 @@
 # Reproduces the learning-core figures of the README: FedSplit exactness,
 # stragglers (the FedProx paper's setting, 3 seeds), Fashion-MNIST, and the
 # solver benchmarks. Usage: scripts/bench-core.sh [OUTDIR] [PART...]
-# PART is any of exactness stragglers fmnist solver (default: all).
+# PART is any of exactness stepscan stragglers fmnist solver (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench-results}; shift || true
-parts=${*:-exactness stragglers fmnist solver}
+parts=${*:-exactness stepscan stragglers fmnist solver}
 mkdir -p "$out"
 go build -o "$out/broker-agg" ./cmd/broker-agg
 ba="$out/broker-agg"
@@ -16,10 +16,19 @@ if want exactness; then
   # All 30 clients every round; FedSplit's prox solved by L-BFGS to gamma 1e-9;
   # FedAvg and FedProx with E = 20 SGD epochs (batch 10, lr 0.01).
   "$ba" simulate --dataset synthetic:1,1 --partition natural --clients 30 --per-round 30 \
-    --l2 0.01 --algo fedavg,fedprox:solver=sgd:mu=1,fedsplit --solver lbfgs --gamma 1e-9 --step 10 \
+    --l2 0.01 --algo fedavg,fedprox:solver=sgd:mu=1:label=fedprox-mu1,fedsplit --solver lbfgs --gamma 1e-9 --step 10 \
     --epochs 20 --batch 10 --lr 0.01 --rounds 150 --seed 1 --out "$out/exactness" 2>"$out/exactness.log"
   echo "## exactness: relative gap (F(x^t) - F*)/F*"
   "$ba" report --metric relgap --at 10,25,50,75,100,150 --below 1e-8 "$out/exactness/results.json"
+fi
+
+if want stepscan; then
+  # How FedSplit's step size s sets the linear rate (same problem as above).
+  "$ba" simulate --dataset synthetic:1,1 --partition natural --clients 30 --per-round 30 --l2 0.01 \
+    --algo fedsplit:step=1,fedsplit:step=3,fedsplit:step=10,fedsplit:step=30,fedsplit:step=100 --gamma 1e-9 \
+    --rounds 60 --seed 1 --out "$out/stepscan" 2>"$out/stepscan.log"
+  echo "## FedSplit step size scan: relative gap"
+  "$ba" report --metric relgap --at 20,40,60 "$out/stepscan/results.json"
 fi
 
 if want stragglers; then
