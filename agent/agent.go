@@ -1,0 +1,558 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// Deps are the agent's injectable collaborators. Every field is optional.
+type Deps struct {
+	// Clock reads the time for the local solve's deadline and the
+	// timestamps (nil = the wall clock).
+	Clock clock.Clock
+	// Logger receives the agent's log (nil = a text logger on stderr at
+	// Config.LogLevel). The agent adds a "site" attribute.
+	Logger *slog.Logger
+	// Data is this site's training data, used as is instead of loading
+	// Config.Data (for running many agents in one process).
+	Data *model.Data
+	// NewClient makes the MQTT client from the options the agent built
+	// (nil = mqtt.NewClient).
+	NewClient func(*mqtt.ClientOptions) mqtt.Client
+	// Observe, when set, is called after every event the agent handled, from
+	// the goroutine that handled it; it must not block.
+	Observe func(Event)
+}
+
+// EventKind classifies an Event.
+type EventKind int
+
+// Event kinds.
+const (
+	EventConnected  EventKind = iota + 1 // subscribed, status published, outbox re-sent
+	EventRound                           // a round announcement was handled (Action, Err)
+	EventReceipt                         // a receipt was handled (Round, Accepted)
+	EventBadMessage                      // an inbound message was dropped (Err)
+	EventPublished                       // the broker acknowledged an update (Round)
+)
+
+// Event is what Deps.Observe sees.
+type Event struct {
+	Kind     EventKind
+	Round    uint64
+	Action   Action // EventRound
+	Accepted bool   // EventReceipt
+	Err      error  // EventRound, EventBadMessage
+}
+
+// Stats are the agent's counters since New.
+type Stats struct {
+	Connects         uint64 // successful (re)connections
+	BadMessages      uint64 // inbound messages dropped: topic, size, version, schema, client id
+	BadAnnouncements uint64 // valid messages announcing a round this site cannot run
+	RoundsSolved     uint64 // rounds solved and committed
+	RoundErrors      uint64 // rounds that failed for a local reason (storage, encoding)
+	Resent           uint64 // outbox entries published again
+	Published        uint64 // update publishes acknowledged by the broker
+	PublishErrors    uint64 // update publishes that failed or timed out
+	ReceiptsAccepted uint64 // receipts of stored or duplicate updates
+	ReceiptsRejected uint64 // receipts rejecting an update (acked and dropped)
+	ReceiptsRetry    uint64 // INTERNAL rejections, kept in the outbox for a re-send
+}
+
+type counters struct {
+	connects, badMessages, badAnnouncements, roundsSolved, roundErrors, resent,
+	published, publishErrors, receiptsAccepted, receiptsRejected, receiptsRetry atomic.Uint64
+}
+
+// Agent is the edge daemon: one MQTT session, one state file, one site's data.
+type Agent struct {
+	cfg     Config
+	deps    Deps
+	log     *slog.Logger
+	clock   clock.Clock
+	data    model.Data
+	topics  wire.Topics
+	limits  wire.Limits
+	tStatus string
+	tUpdate string
+	tRcpt   string
+	stats   counters
+
+	mu       sync.Mutex
+	running  bool
+	closing  bool
+	runCtx   context.Context
+	store    *storage.EdgeStore
+	client   mqtt.Client
+	handler  *RoundHandler
+	pending  *wire.RoundAnnouncement
+	solving  uint64
+	preempt  context.CancelCauseFunc
+	inflight sync.WaitGroup
+	wake     chan struct{}
+}
+
+// New checks cfg, loads the site's data (or takes deps.Data) and returns an
+// agent ready to Run. It opens no file and no connection.
+func New(cfg Config, deps Deps) (*Agent, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, deps: deps, clock: deps.Clock, wake: make(chan struct{}, 1)}
+	if a.clock == nil {
+		a.clock = clock.Real{}
+	}
+	lg := deps.Logger
+	if lg == nil {
+		lvl, _ := ParseLevel(cfg.LogLevel)
+		lg = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	}
+	a.log = lg.With("site", cfg.SiteID)
+	if deps.Data != nil {
+		a.data = *deps.Data
+	} else {
+		d, err := LoadData(cfg)
+		if err != nil {
+			return nil, err
+		}
+		a.data = d
+	}
+	if a.data.N <= 0 {
+		return nil, configErr("the site has no training samples")
+	}
+	if err := a.data.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: data: %w", ErrConfig, err)
+	}
+	var err error
+	if a.topics, err = wire.ForFederation(cfg.Federation); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	a.tStatus, _ = a.topics.Status(cfg.SiteID)
+	a.tUpdate, _ = a.topics.Update(cfg.SiteID)
+	a.tRcpt, _ = a.topics.Receipt(cfg.SiteID)
+	a.limits = wire.Limits{MaxMessageBytes: cfg.MaxMessageBytes}
+	return a, nil
+}
+
+// Data returns the site's training data.
+func (a *Agent) Data() model.Data { return a.data }
+
+// Stats returns a snapshot of the counters.
+func (a *Agent) Stats() Stats {
+	c := &a.stats
+	return Stats{
+		Connects: c.connects.Load(), BadMessages: c.badMessages.Load(), BadAnnouncements: c.badAnnouncements.Load(),
+		RoundsSolved: c.roundsSolved.Load(), RoundErrors: c.roundErrors.Load(), Resent: c.resent.Load(),
+		Published: c.published.Load(), PublishErrors: c.publishErrors.Load(),
+		ReceiptsAccepted: c.receiptsAccepted.Load(), ReceiptsRejected: c.receiptsRejected.Load(), ReceiptsRetry: c.receiptsRetry.Load(),
+	}
+}
+
+func (a *Agent) observe(e Event) {
+	if a.deps.Observe != nil {
+		a.deps.Observe(e)
+	}
+}
+
+// Run opens the state file, connects (retrying until the broker answers),
+// and serves rounds until ctx is canceled. It then publishes the offline
+// status, disconnects cleanly, waits for its handlers and closes the state
+// file, and returns nil. A solve in progress at cancellation is abandoned
+// without committing anything: the retained announcement restarts it after
+// the next start. Errors are returned only for what prevents running at all
+// (state file, identity, TLS files).
+func (a *Agent) Run(ctx context.Context) error {
+	a.mu.Lock()
+	if a.running {
+		a.mu.Unlock()
+		return errors.New("agent: Run called twice")
+	}
+	a.running = true
+	a.mu.Unlock()
+
+	store, err := storage.OpenEdge(a.cfg.StateFile, storage.Options{})
+	if err != nil {
+		return fmt.Errorf("agent: state file: %w", err)
+	}
+	defer store.Close()
+	if _, err := store.InitIdentity(a.cfg.SiteID, a.clock.Now()); err != nil {
+		return fmt.Errorf("agent: state file %s: %w", a.cfg.StateFile, err)
+	}
+	opts, err := a.clientOptions()
+	if err != nil {
+		return err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	newClient := a.deps.NewClient
+	if newClient == nil {
+		newClient = mqtt.NewClient
+	}
+	client := newClient(opts)
+	a.mu.Lock()
+	a.runCtx, a.store, a.client = runCtx, store, client
+	a.handler = &RoundHandler{
+		ClientID: a.cfg.SiteID, Federation: a.cfg.Federation, Store: store, Data: a.data,
+		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
+	}
+	a.mu.Unlock()
+
+	if n, err := store.Outbox(); err == nil && len(n) > 0 {
+		a.log.Info("unreceipted updates in the outbox; re-sending on connect", "count", len(n))
+	}
+	a.log.Info("connecting", "brokers", a.cfg.Brokers, "federation", a.cfg.Federation, "samples", a.data.N)
+	tok := client.Connect()
+	a.inflight.Add(1)
+	go func() {
+		defer a.inflight.Done()
+		select {
+		case <-tok.Done():
+			if err := tok.Error(); err != nil {
+				a.log.Error("connect failed", "err", err)
+			}
+		case <-runCtx.Done():
+		}
+	}()
+
+	a.loop(runCtx)
+
+	a.mu.Lock()
+	a.closing = true
+	a.mu.Unlock()
+	a.shutdown(client)
+	cancel()
+	a.inflight.Wait()
+	a.log.Info("stopped", "stats", a.Stats())
+	return nil
+}
+
+// enter registers a callback; false once the agent is shutting down.
+func (a *Agent) enter() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closing || !a.running {
+		return false
+	}
+	a.inflight.Add(1)
+	return true
+}
+
+func (a *Agent) leave() { a.inflight.Done() }
+
+func (a *Agent) shutdown(client mqtt.Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
+	defer cancel()
+	if client.IsConnectionOpen() {
+		if b, err := a.statusMsg(true, false); err == nil {
+			if err := a.await(ctx, client.Publish(a.tStatus, 1, true, b)); err != nil {
+				a.log.Warn("offline status not published", "err", err)
+			}
+		}
+	}
+	client.Disconnect(defaultQuiesceMillis)
+}
+
+// loop handles round announcements one at a time until ctx is done.
+func (a *Agent) loop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.wake:
+		}
+		a.mu.Lock()
+		ann := a.pending
+		a.pending = nil
+		var solveCtx context.Context
+		if ann != nil {
+			solveCtx, a.preempt = context.WithCancelCause(ctx)
+			a.solving = ann.Round
+		}
+		a.mu.Unlock()
+		if ann == nil {
+			continue
+		}
+		res, err := a.handler.Handle(solveCtx, ann)
+		a.mu.Lock()
+		a.preempt(nil)
+		a.preempt, a.solving = nil, 0
+		a.mu.Unlock()
+		a.roundDone(ctx, ann, res, err)
+	}
+}
+
+func (a *Agent) roundDone(ctx context.Context, ann *wire.RoundAnnouncement, res Result, err error) {
+	lg := a.log.With("round", ann.Round)
+	switch {
+	case errors.Is(err, ErrBadAnnouncement):
+		a.stats.badAnnouncements.Add(1)
+		lg.Warn("round announcement rejected", "err", err)
+	case err != nil && ctx.Err() != nil:
+		lg.Info("round abandoned at shutdown; it restarts from the retained announcement", "err", err)
+	case err != nil:
+		a.stats.roundErrors.Add(1)
+		lg.Error("round failed", "err", err)
+	case res.Action == ActionSolved:
+		a.stats.roundsSolved.Add(1)
+		r := res.Update.Report
+		lg.Info("round solved", "algorithm", ann.Algorithm, "gamma", r.AchievedGamma, "epochs", r.Epochs,
+			"grad_evals", r.GradEvals, "seconds", r.Seconds, "loss", r.LocalLoss, "anchor_loss", r.AnchorLoss,
+			"stop", r.StopReason.String(), "partial", r.Partial, "bytes", len(res.Msg))
+		a.publishUpdate(ann.Round, res.Msg)
+	case res.Action == ActionResend:
+		a.stats.resent.Add(1)
+		lg.Info("round already applied; re-sending its unreceipted update")
+		a.publishUpdate(ann.Round, res.Msg)
+	default:
+		lg.Debug("round announcement", "action", res.Action.String())
+	}
+	a.observe(Event{Kind: EventRound, Round: ann.Round, Action: res.Action, Err: err})
+}
+
+// publishUpdate publishes an update (QoS 1) and tracks its acknowledgement
+// in the background; the outbox keeps it until its receipt either way.
+func (a *Agent) publishUpdate(round uint64, msg []byte) {
+	if !a.enter() {
+		return
+	}
+	tok := a.client.Publish(a.tUpdate, 1, false, msg)
+	go func() {
+		defer a.leave()
+		ctx, cancel := context.WithTimeout(a.runCtx, a.cfg.PublishTimeout)
+		defer cancel()
+		if err := a.await(ctx, tok); err != nil {
+			if a.runCtx.Err() != nil {
+				return // shutting down: the outbox keeps it
+			}
+			a.stats.publishErrors.Add(1)
+			a.log.Warn("update not acknowledged by the broker; the outbox keeps it", "round", round, "err", err)
+			return
+		}
+		a.stats.published.Add(1)
+		a.observe(Event{Kind: EventPublished, Round: round})
+	}()
+}
+
+// await waits for a paho token without a bare Wait.
+func (a *Agent) await(ctx context.Context, tok mqtt.Token) error {
+	select {
+	case <-tok.Done():
+		return tok.Error()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (a *Agent) statusMsg(online bool, will bool) ([]byte, error) {
+	s := &wire.ClientStatus{
+		ClientId: a.cfg.SiteID, Online: online, SampleCount: uint64(a.data.N),
+		Capabilities: a.cfg.Local.capabilities(), SoftwareVersion: a.cfg.SoftwareVersion,
+	}
+	if !will {
+		s.TimestampUnixMs = max(a.clock.Now().UnixMilli(), 0)
+	}
+	return wire.Encode(s)
+}
+
+func (a *Agent) clientOptions() (*mqtt.ClientOptions, error) {
+	will, err := a.statusMsg(false, true)
+	if err != nil {
+		return nil, fmt.Errorf("agent: status message: %w", err)
+	}
+	o := mqtt.NewClientOptions()
+	for _, b := range a.cfg.Brokers {
+		o.AddBroker(b)
+	}
+	o.SetClientID(a.cfg.SiteID).
+		SetCleanSession(false).
+		SetOrderMatters(false).
+		SetConnectRetry(true).
+		SetConnectRetryInterval(a.cfg.ReconnectMin).
+		SetAutoReconnect(true).
+		SetMaxReconnectInterval(a.cfg.ReconnectMax).
+		SetKeepAlive(a.cfg.KeepAlive).
+		SetConnectTimeout(a.cfg.ConnectTimeout).
+		SetWriteTimeout(a.cfg.PublishTimeout).
+		SetBinaryWill(a.tStatus, will, 1, true).
+		SetDefaultPublishHandler(a.onMessage).
+		SetOnConnectHandler(a.onConnect).
+		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
+			a.log.Warn("connection lost; reconnecting", "err", err)
+		}).
+		SetConnectionNotificationHandler(func(_ mqtt.Client, n mqtt.ConnectionNotification) {
+			switch n := n.(type) {
+			case mqtt.ConnectionNotificationBrokerFailed:
+				a.log.Warn("broker unreachable", "broker", n.Broker.String(), "err", n.Reason)
+			case mqtt.ConnectionNotificationFailed:
+				a.log.Warn("connection attempt failed", "err", n.Reason)
+			}
+		})
+	if a.cfg.Username != "" {
+		o.SetUsername(a.cfg.Username)
+		o.SetPassword(a.cfg.Password)
+	}
+	if tc, err := a.tlsConfig(); err != nil {
+		return nil, err
+	} else if tc != nil {
+		o.SetTLSConfig(tc)
+	}
+	return o, nil
+}
+
+func (a *Agent) tlsConfig() (*tls.Config, error) {
+	c := a.cfg
+	if c.CAFile == "" && c.CertFile == "" && c.ServerName == "" {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("agent: tls ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: tls ca %s: no PEM certificate in it", ErrConfig, c.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if c.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("agent: tls client certificate: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+// onConnect runs on every (re)connection: subscribe, announce the online
+// status, re-publish the outbox.
+func (a *Agent) onConnect(c mqtt.Client) {
+	if !a.enter() {
+		return
+	}
+	defer a.leave()
+	a.stats.connects.Add(1)
+	ctx, cancel := context.WithTimeout(a.runCtx, a.cfg.PublishTimeout)
+	defer cancel()
+	tok := c.SubscribeMultiple(map[string]byte{a.topics.Round(): 1, a.tRcpt: 1}, nil)
+	if err := a.await(ctx, tok); err != nil {
+		a.log.Error("subscribe failed", "err", err)
+	} else if st, ok := tok.(*mqtt.SubscribeToken); ok {
+		for topic, q := range st.Result() {
+			if q > 2 {
+				a.log.Error("broker refused the subscription (check its ACL)", "topic", topic)
+			}
+		}
+	}
+	if b, err := a.statusMsg(true, false); err != nil {
+		a.log.Error("status message", "err", err)
+	} else if err := a.await(ctx, c.Publish(a.tStatus, 1, true, b)); err != nil {
+		a.log.Warn("online status not published", "err", err)
+	}
+	a.resendOutbox()
+	a.log.Info("connected")
+	a.observe(Event{Kind: EventConnected})
+}
+
+func (a *Agent) resendOutbox() {
+	out, err := a.store.Outbox()
+	if err != nil {
+		a.log.Error("read outbox", "err", err)
+		return
+	}
+	for _, e := range out {
+		a.stats.resent.Add(1)
+		a.log.Info("re-sending unreceipted update", "round", e.Round)
+		a.publishUpdate(e.Round, e.Msg)
+	}
+}
+
+// onMessage is the default publish handler: every inbound message comes
+// here, including those the persistent session delivers before the
+// subscriptions of this connection are acknowledged.
+func (a *Agent) onMessage(_ mqtt.Client, m mqtt.Message) {
+	if !a.enter() {
+		return
+	}
+	defer a.leave()
+	kind, msg, err := a.topics.Decode(m.Topic(), m.Payload(), a.limits)
+	if err == nil {
+		switch kind {
+		case wire.KindRound:
+			a.offerRound(msg.(*wire.RoundAnnouncement))
+			return
+		case wire.KindReceipt:
+			if r := msg.(*wire.Receipt); r.ClientId == a.cfg.SiteID {
+				a.onReceipt(r)
+				return
+			}
+			err = fmt.Errorf("receipt for another client")
+		default:
+			err = fmt.Errorf("unexpected %v message", kind)
+		}
+	}
+	a.stats.badMessages.Add(1)
+	a.log.Warn("inbound message dropped", "topic", m.Topic(), "bytes", len(m.Payload()), "err", err)
+	a.observe(Event{Kind: EventBadMessage, Err: err})
+}
+
+// offerRound hands an announcement to the round loop (only the newest
+// waits) and preempts a solve of an older round.
+func (a *Agent) offerRound(ann *wire.RoundAnnouncement) {
+	a.mu.Lock()
+	if a.pending == nil || ann.Round >= a.pending.Round {
+		a.pending = ann
+	}
+	if a.preempt != nil && ann.Round > a.solving && ann.Federation == a.cfg.Federation {
+		a.log.Info("newer round announced; stopping the local solve early", "solving", a.solving, "announced", ann.Round)
+		a.preempt(ErrPreempted)
+	}
+	a.mu.Unlock()
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (a *Agent) onReceipt(r *wire.Receipt) {
+	lg := a.log.With("round", r.Round, "code", r.Code.String())
+	switch {
+	case r.Accepted:
+		had, err := a.store.Ack(r.Round)
+		if err != nil {
+			lg.Error("ack receipt", "err", err)
+			return
+		}
+		a.stats.receiptsAccepted.Add(1)
+		lg.Info("update receipted", "had_outbox_entry", had)
+	case r.Code == wire.ReceiptCode_RECEIPT_CODE_INTERNAL:
+		a.stats.receiptsRetry.Add(1)
+		lg.Warn("aggregator failed to store the update; kept for a re-send", "reason", r.Reason)
+	default:
+		if _, err := a.store.Ack(r.Round); err != nil {
+			lg.Error("ack rejected update", "err", err)
+			return
+		}
+		a.stats.receiptsRejected.Add(1)
+		lg.Warn("update rejected by the aggregator; dropped", "reason", r.Reason)
+	}
+	a.observe(Event{Kind: EventReceipt, Round: r.Round, Accepted: r.Accepted})
+}

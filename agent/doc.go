@@ -1,0 +1,92 @@
+// Package agent is edgefl's edge daemon: one MQTT session to the federation's
+// broker, one bbolt state file (storage.EdgeStore) and one site's training
+// data, which never leaves the site.
+//
+// # Round handling (RoundHandler)
+//
+// The round logic has no networking in it: RoundHandler.Handle takes a
+// validated wire.RoundAnnouncement and returns the encoded update to publish,
+// having done every durable effect first. For a round that selects this site
+// (an empty selection selects everyone) and that it has not applied:
+//
+//  1. everything is checked before anything is written: the federation, the
+//     model (model.New), that the local data fit it (model.CheckTargets),
+//     the uplink codec, the global model's frame (quant.Inspect, dimension =
+//     the model's parameter count, then quant decoding, which refuses NaN and
+//     Inf), the solver parameters and the budget. A failure wraps
+//     ErrBadAnnouncement and leaves the store untouched;
+//  2. SetGlobal(round, x);
+//  3. the local solve (proxsolver.Solve) under min(device budget, round
+//     budget): epochs, gradient evaluations, and a deadline = the earlier of
+//     now + max seconds and the round's deadline less Local.DeadlineMargin,
+//     read through the injected clock; a solve nothing limits gets
+//     Local.FallbackSeconds. fedavg solves with mu = 0; fedprox and any other
+//     family with the announced mu, anchored at x. fedsplit and fedproxsplit
+//     run split.ClientStep from the stored z_j (InitZ with x on first sight)
+//     with the prox being proxsolver.Solve anchored at v = 2x - z_j with
+//     mu = 1/step, warm-started at x. The announced step is used directly as
+//     this client's prox step s_j: the agent knows neither the number of
+//     clients m nor its weight p_j (split.ClientStepSize would need both).
+//     An unset relax means 1 (Peaceman-Rachford);
+//  4. the result (w, or the new z_j) is encoded with the round's uplink codec
+//     and decoded again: for FedSplit that decoded vector is what is stored
+//     as z_j, so the site's z_j and the aggregator's copy agree bit for bit.
+//     The update is kind FULL (base_round 0) and carries the work report;
+//  5. ONE storage.CommitRound(round, z, nil, update) writes z, the applied
+//     round and the outbox entry; only then is the update published.
+//
+// A round at or below the applied round is never solved again: if its update
+// is still in the outbox it is returned for re-sending (ActionResend). A solve
+// stopped because a newer round was announced (cancel cause ErrPreempted)
+// is committed and sent as partial work with stop reason SIGNAL. A solve
+// stopped by shutdown commits nothing: the retained announcement restarts it.
+//
+// The work report comes from proxsolver.Report: achieved gamma, epochs
+// (rounded), gradient evaluations, seconds (the budget clock's), the local
+// loss, the anchor loss (f at the received global model x: for FedSplit the
+// solve's anchor is v, so f(x) is evaluated once more, outside the budget),
+// the stop reason and partial = stopped by the budget (or preempted) before
+// reaching a target gamma > 0. proxsolver's "stalled" has no wire code and is
+// sent as UNSPECIFIED. A solve that diverges (non-finite loss) sends the
+// global model back (FedProx family) or z_j unchanged (FedSplit), with stop
+// reason ERROR. When the round asks for the anchor gradient (anchor_sketch),
+// the full gradient (dimension 0) or its random projection is attached; a
+// sketch longer than the gradient is not computed.
+//
+// Error feedback is not used: updates are FULL vectors, and for FedSplit the
+// quantisation error is absorbed by storing the decoded z_j. The residual
+// argument of CommitRound stays nil until DELTA / Z_DELTA updates exist.
+//
+// # The session (Agent)
+//
+// Agent.Run connects with paho: client id = site id, persistent session
+// (CleanSession false), QoS 1, SetOrderMatters(false), SetConnectRetry(true),
+// auto-reconnect with backoff (Config.ReconnectMin..ReconnectMax), a default
+// publish handler through which every inbound message goes, and as last will
+// the retained ClientStatus{online: false}. On every connection (the first
+// one included) it subscribes to round and receipts/<id>, publishes the
+// retained ClientStatus{online: true, sample count, capabilities = solver
+// names, version}, and re-publishes every outbox entry.
+//
+// Inbound messages are decoded with wire.Topics.Decode under the configured
+// Limits; a bad one (wrong topic, size, version, schema, client id) is logged
+// and counted (Stats.BadMessages) and dropped. Round announcements go to one
+// goroutine that handles them in order (only the newest waiting one is kept);
+// receipts are handled at once: accepted or duplicate -> storage.Ack;
+// rejected -> logged with code and reason, counted and acked (the aggregator
+// will never take that update), except RECEIPT_CODE_INTERNAL ("the client may
+// retry"), which stays in the outbox and is re-sent on the next connection or
+// re-announcement.
+//
+// On ctx cancellation Run publishes the retained offline status, disconnects
+// cleanly (the will is not sent on a clean disconnect), waits for its
+// handlers and closes the state file.
+//
+// # Data
+//
+// Config.Data is a dataset source spec. With DataClient = -1 the whole source
+// is the site's data (csv, idx, leaf); with DataClient = K the source is
+// partitioned like the simulator does and the site trains on client K's
+// training split (demos: synthetic:1,1 with natural partition). Deps.Data
+// bypasses loading altogether, for running many agents in one process.
+package agent

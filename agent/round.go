@@ -1,0 +1,586 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/proxsolver"
+	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/split"
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// Algorithm families a round announcement names. Any other name (an
+// aggregator such as "fedsim" or "median") trains like FedProx.
+const (
+	AlgoFedAvg       = "fedavg"       // local solve without a proximal term (mu = 0)
+	AlgoFedProx      = "fedprox"      // gamma-inexact prox solve anchored at the global model
+	AlgoFedSplit     = "fedsplit"     // FedSplit; the prox is the local solve with mu = 1/step
+	AlgoFedProxSplit = "fedproxsplit" // the same client step, under the work budget
+)
+
+// Errors of the round handler.
+var (
+	// ErrBadAnnouncement is wrapped when a round announcement cannot be used:
+	// another federation, an unknown model, a global model of the wrong
+	// dimension or with a bad frame, parameters out of range, data that
+	// do not fit the model. Nothing was written.
+	ErrBadAnnouncement = errors.New("agent: unusable round announcement")
+	// ErrPreempted is the cancel cause that stops a local solve early because
+	// a newer round was announced: the partial work is committed and sent
+	// (stop reason SIGNAL). Any other cancellation aborts the round without
+	// writing anything, and the retained announcement restarts it later.
+	ErrPreempted = errors.New("agent: preempted by a newer round")
+)
+
+// Action says what Handle did with an announcement.
+type Action int
+
+const (
+	// ActionNotSelected: the round does not select this site; only the
+	// seen round was recorded.
+	ActionNotSelected Action = iota + 1
+	// ActionSolved: the local round ran and was committed; publish Msg.
+	ActionSolved
+	// ActionResend: the round was applied before and its update is still
+	// unreceipted; publish Msg (the stored bytes) again.
+	ActionResend
+	// ActionDone: the round was applied and receipted; nothing to do.
+	ActionDone
+	// ActionStale: an announcement older than one already seen.
+	ActionStale
+)
+
+func (a Action) String() string {
+	switch a {
+	case ActionNotSelected:
+		return "not-selected"
+	case ActionSolved:
+		return "solved"
+	case ActionResend:
+		return "resend"
+	case ActionDone:
+		return "done"
+	case ActionStale:
+		return "stale"
+	}
+	return fmt.Sprintf("Action(%d)", int(a))
+}
+
+// Result is the outcome of one round announcement.
+type Result struct {
+	Round  uint64
+	Action Action
+	// Msg is the encoded wire update to publish on updates/<id>
+	// (ActionSolved, ActionResend), nil otherwise.
+	Msg []byte
+	// Update is the update Msg encodes (ActionSolved only).
+	Update *wire.ClientUpdate
+	// Sent is the vector as the aggregator will decode it: w for the
+	// FedProx family, the new z_j (also what was committed) for FedSplit
+	// (ActionSolved only).
+	Sent []float64
+	// Report is the local solve's report (ActionSolved only).
+	Report proxsolver.Report
+}
+
+// RoundHandler runs the edge side of a round over an EdgeStore, without any
+// networking: Handle turns a validated round announcement into the bytes to
+// publish, with every durable effect done by then. It is what Agent runs
+// for each announcement, and what tests drive directly.
+//
+// A RoundHandler is not safe for concurrent use (the Agent calls it from one
+// goroutine).
+type RoundHandler struct {
+	ClientID   string
+	Federation string
+	Store      *storage.EdgeStore
+	Data       model.Data
+	Clock      clock.Clock // nil = the wall clock
+	Local      Local
+	Limits     wire.Limits
+	Seed       uint64
+	Log        *slog.Logger // nil = slog.Default()
+}
+
+func (h *RoundHandler) log() *slog.Logger {
+	if h.Log == nil {
+		return slog.Default()
+	}
+	return h.Log
+}
+
+func (h *RoundHandler) clock() clock.Clock {
+	if h.Clock == nil {
+		return clock.Real{}
+	}
+	return h.Clock
+}
+
+// Selected reports whether ann selects id (an empty list selects everyone).
+func Selected(ann *wire.RoundAnnouncement, id string) bool {
+	return len(ann.GetSelected()) == 0 || slices.Contains(ann.GetSelected(), id)
+}
+
+func bad(round uint64, format string, args ...any) error {
+	return fmt.Errorf("%w: round %d: %s", ErrBadAnnouncement, round, fmt.Sprintf(format, args...))
+}
+
+// Handle processes one round announcement:
+//
+//   - not selected: record the seen round, nothing else;
+//   - a round already applied (CommitRound's applied round): never solved
+//     again; if its update is still in the outbox, return it for re-sending;
+//   - otherwise: check everything (model, data, parameters, the global
+//     model's frame and dimension) before writing anything, SetGlobal, run
+//     the local solve under min(device, round) budget and the round's
+//     deadline, encode the update with the uplink codec, and commit z (for
+//     FedSplit), the applied round and the outbox entry in ONE transaction.
+//     Only then is the update returned for publishing.
+//
+// An unusable announcement returns an error wrapping ErrBadAnnouncement and
+// leaves the store untouched. A canceled ctx (cause other than
+// ErrPreempted) aborts the round without committing.
+func (h *RoundHandler) Handle(ctx context.Context, ann *wire.RoundAnnouncement) (Result, error) {
+	if err := ann.Validate(h.Limits); err != nil {
+		return Result{}, fmt.Errorf("%w: %w", ErrBadAnnouncement, err)
+	}
+	r := ann.Round
+	res := Result{Round: r}
+	if ann.Federation != h.Federation {
+		return res, bad(r, "federation %q, this site belongs to %q", ann.Federation, h.Federation)
+	}
+	if !Selected(ann, h.ClientID) {
+		if err := h.Store.SetSeenRound(r); err != nil && !errors.Is(err, storage.ErrStale) {
+			return res, fmt.Errorf("agent: round %d: %w", r, err)
+		}
+		res.Action = ActionNotSelected
+		return res, nil
+	}
+	applied, err := h.Store.AppliedRound()
+	if err != nil {
+		return res, fmt.Errorf("agent: round %d: %w", r, err)
+	}
+	if r <= applied {
+		return h.resend(res)
+	}
+
+	p, err := h.prepare(ann)
+	if err != nil {
+		return res, err
+	}
+	if err := h.Store.SetGlobal(r, p.x); err != nil {
+		if errors.Is(err, storage.ErrStale) {
+			res.Action = ActionStale
+			return res, nil
+		}
+		return res, fmt.Errorf("agent: round %d: %w", r, err)
+	}
+
+	sent, rep, stop, err := h.solve(ctx, p)
+	if err != nil {
+		return res, err
+	}
+	if ctx.Err() != nil && !errors.Is(context.Cause(ctx), ErrPreempted) {
+		return res, fmt.Errorf("agent: round %d aborted, nothing committed: %w", r, context.Cause(ctx))
+	}
+
+	frame, err := p.codec.Encode(nil, sent, nil, rand.New(rand.NewPCG(h.Seed^0x5eed_c0dec, r)))
+	if err != nil {
+		return res, fmt.Errorf("agent: round %d: encode the update with %q: %w", r, ann.UplinkCodec, err)
+	}
+	// What the aggregator will decode: FedSplit keeps exactly this as z_j,
+	// so both copies agree bit for bit.
+	decoded, err := p.codec.Decode(frame, nil)
+	if err != nil {
+		return res, fmt.Errorf("agent: round %d: decode own update: %w", r, err)
+	}
+	u := &wire.ClientUpdate{
+		ClientId:     h.ClientID,
+		Round:        r,
+		Kind:         wire.UpdateKind_UPDATE_KIND_FULL,
+		Vector:       &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(sent)), Payload: frame},
+		SampleCount:  uint64(h.Data.N),
+		Report:       workReport(rep, stop, p.cfg.Gamma),
+		SentAtUnixMs: h.clock().Now().UnixMilli(),
+		Seq:          r,
+	}
+	if s := ann.AnchorSketch; s != nil {
+		u.AnchorGrad = h.anchorGrad(r, rep.AnchorGrad, s)
+	}
+	msg, err := wire.Encode(u)
+	if err != nil {
+		return res, fmt.Errorf("agent: round %d: encode update: %w", r, err)
+	}
+	if lim := h.Limits.MaxMessageBytes; lim > 0 && len(msg) > lim {
+		return res, fmt.Errorf("agent: round %d: update is %d bytes, over the %d-byte message limit", r, len(msg), lim)
+	}
+	var z []float64
+	if p.split {
+		z = decoded
+	}
+	if err := h.Store.CommitRound(r, z, nil, msg); err != nil {
+		if errors.Is(err, storage.ErrAlreadyApplied) {
+			return h.resend(res)
+		}
+		return res, fmt.Errorf("agent: round %d: %w", r, err)
+	}
+	res.Action, res.Msg, res.Update, res.Sent, res.Report = ActionSolved, msg, u, decoded, rep
+	return res, nil
+}
+
+// resend looks for the outbox entry of an applied round.
+func (h *RoundHandler) resend(res Result) (Result, error) {
+	out, err := h.Store.Outbox()
+	if err != nil {
+		return res, fmt.Errorf("agent: round %d: %w", res.Round, err)
+	}
+	for _, e := range out {
+		if e.Round == res.Round {
+			res.Action, res.Msg = ActionResend, e.Msg
+			return res, nil
+		}
+	}
+	res.Action = ActionDone
+	return res, nil
+}
+
+// prepared is a checked announcement, ready to solve.
+type prepared struct {
+	round  uint64
+	algo   string
+	split  bool
+	sp     split.Params
+	m      model.Model
+	x      []float64
+	codec  *quant.Codec
+	cfg    proxsolver.Config
+	budget proxsolver.Budget
+	sketch bool // the round asks for the anchor gradient
+}
+
+// prepare checks everything about ann that can be checked before writing:
+// nothing it rejects leaves a trace.
+func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement) (*prepared, error) {
+	r := ann.Round
+	p := &prepared{round: r, algo: ann.Algorithm}
+	p.split = ann.Algorithm == AlgoFedSplit || ann.Algorithm == AlgoFedProxSplit
+
+	spec, err := modelSpec(ann.Model)
+	if err != nil {
+		return nil, bad(r, "%v", err)
+	}
+	if p.m, err = model.New(spec); err != nil {
+		return nil, bad(r, "%v", err)
+	}
+	if err := model.CheckTargets(spec, h.Data); err != nil {
+		return nil, bad(r, "this site's data do not fit the announced model: %v", err)
+	}
+	dim := p.m.NumParams()
+	if int64(ann.Global.Dimension) != int64(dim) {
+		return nil, bad(r, "global model has dimension %d, the %s model has %d parameters", ann.Global.Dimension, spec.Kind, dim)
+	}
+	if p.codec, err = quant.ParseWithLimits(ann.UplinkCodec, quant.Limits{MaxDim: dim}); err != nil {
+		return nil, bad(r, "uplink codec: %v", err)
+	}
+	info, err := quant.Inspect(ann.Global.Payload)
+	if err != nil {
+		return nil, bad(r, "global model frame: %v", err)
+	}
+	if info.Dim != dim {
+		return nil, bad(r, "global model frame has dimension %d, want %d", info.Dim, dim)
+	}
+	if p.x, err = p.codec.Decode(ann.Global.Payload, nil); err != nil {
+		return nil, bad(r, "global model frame: %v", err)
+	}
+	if len(p.x) != dim { // Inspect and Decode agree; belt and braces
+		return nil, bad(r, "global model decodes to %d values, want %d", len(p.x), dim)
+	}
+
+	if p.cfg, err = h.solverConfig(ann, p.split); err != nil {
+		return nil, bad(r, "%v", err)
+	}
+	if p.split {
+		p.sp = split.Params{Step: ann.Params.GetStep(), Relax: ann.Params.GetRelax()}
+		if p.sp.Relax == 0 {
+			p.sp.Relax = 1 // unset: Peaceman-Rachford
+		}
+		if err := p.sp.Validate(); err != nil {
+			return nil, bad(r, "%v", err)
+		}
+		p.cfg.Mu = 1 / p.sp.Step
+		if math.IsInf(p.cfg.Mu, 0) {
+			return nil, bad(r, "fedsplit step %v is too small (1/step overflows)", p.sp.Step)
+		}
+	}
+	if err := p.cfg.Validate(); err != nil {
+		return nil, bad(r, "%v", err)
+	}
+	p.budget = h.budget(ann)
+	p.sketch = ann.AnchorSketch != nil
+	if err := p.budget.Validate(); err != nil {
+		return nil, bad(r, "%v", err)
+	}
+	return p, nil
+}
+
+// modelSpec converts the announced model. The wire form allows several
+// hidden layers; the models have at most one.
+func modelSpec(s *wire.ModelSpec) (model.Spec, error) {
+	if s == nil {
+		return model.Spec{}, errors.New("no model")
+	}
+	kind := s.Kind
+	switch kind { // the wire schema's comment spells two kinds differently
+	case "binlogreg":
+		kind = model.KindBinaryLogReg
+	case "linreg":
+		kind = model.KindLinear
+	}
+	if int64(s.Inputs) > model.MaxParams || int64(s.Classes) > model.MaxParams {
+		return model.Spec{}, fmt.Errorf("model %s: %d inputs, %d classes: beyond %d parameters", kind, s.Inputs, s.Classes, model.MaxParams)
+	}
+	spec := model.Spec{Kind: kind, Inputs: int(s.Inputs), Classes: int(s.Classes), Activation: s.Activation, L2: s.L2}
+	switch len(s.Hidden) {
+	case 0:
+	case 1:
+		if int64(s.Hidden[0]) > model.MaxParams {
+			return model.Spec{}, fmt.Errorf("model %s: %d hidden units", kind, s.Hidden[0])
+		}
+		spec.Hidden = int(s.Hidden[0])
+	default:
+		return model.Spec{}, fmt.Errorf("model %s: %d hidden layers, this agent supports one", kind, len(s.Hidden))
+	}
+	return spec, nil
+}
+
+// solverConfig combines the announced solver parameters with the device's
+// overrides and the defaults.
+func (h *RoundHandler) solverConfig(ann *wire.RoundAnnouncement, isSplit bool) (proxsolver.Config, error) {
+	prm := ann.Params
+	cfg := proxsolver.Config{
+		Solver: prm.GetSolver(), Mu: prm.GetMu(), Gamma: prm.GetGamma(),
+		LR: prm.GetLr(), Batch: int(min(prm.GetBatch(), math.MaxInt32)),
+	}
+	if ann.Algorithm == AlgoFedAvg {
+		cfg.Mu = 0 // FedAvg is the local solve without a proximal term
+	}
+	if cfg.Solver == "" {
+		cfg.Solver = proxsolver.SGD
+		if isSplit {
+			cfg.Solver = proxsolver.LBFGS
+		}
+	}
+	if h.Local.Solver != "" {
+		cfg.Solver = h.Local.Solver
+	}
+	if cfg.Solver != proxsolver.SGD && cfg.Solver != proxsolver.LBFGS {
+		return cfg, fmt.Errorf("solver %q: this agent runs %s and %s", cfg.Solver, proxsolver.SGD, proxsolver.LBFGS)
+	}
+	if h.Local.LR > 0 {
+		cfg.LR = h.Local.LR
+	}
+	if h.Local.Batch > 0 {
+		cfg.Batch = h.Local.Batch
+	}
+	if cfg.Solver == proxsolver.SGD {
+		if cfg.LR == 0 {
+			cfg.LR = DefaultSGDLearningRate
+		}
+		if cfg.Batch == 0 { // the wire's 0 means full batch
+			cfg.Batch = max(h.Data.N, 1)
+		}
+	}
+	return cfg, nil
+}
+
+// budget is min(device budget, round budget) and the round's deadline less
+// the margin, all read through the clock. A solve nothing limits gets
+// Local.FallbackSeconds.
+func (h *RoundHandler) budget(ann *wire.RoundAnnouncement) proxsolver.Budget {
+	loc := h.Local.withDefaults()
+	b := proxsolver.Budget{Clock: h.clock()}
+	minPos := func(a, c int) int {
+		switch {
+		case a <= 0:
+			return c
+		case c <= 0:
+			return a
+		}
+		return min(a, c)
+	}
+	rb := ann.Budget
+	b.MaxEpochs = minPos(loc.MaxEpochs, int(min(rb.GetMaxEpochs(), math.MaxInt32)))
+	b.MaxGradEvals = int(min(rb.GetMaxGradEvals(), math.MaxInt32))
+	secs := loc.MaxSeconds
+	if rs := rb.GetMaxSeconds(); rs > 0 && (secs <= 0 || rs < secs) {
+		secs = rs
+	}
+	now := b.Clock.Now()
+	var deadline time.Time
+	if secs > 0 {
+		deadline = now.Add(seconds(secs))
+	}
+	if ms := ann.DeadlineUnixMs; ms > 0 {
+		d := time.UnixMilli(ms).Add(-loc.DeadlineMargin)
+		if deadline.IsZero() || d.Before(deadline) {
+			deadline = d
+		}
+	}
+	if deadline.IsZero() && b.MaxEpochs == 0 && b.MaxGradEvals == 0 {
+		deadline = now.Add(seconds(loc.FallbackSeconds))
+	}
+	b.Deadline = deadline
+	return b
+}
+
+// seconds converts to a Duration, saturating instead of overflowing.
+func seconds(s float64) time.Duration {
+	const maxSecs = math.MaxInt64/int64(time.Second) - 1
+	if s >= float64(maxSecs) {
+		return time.Duration(maxSecs) * time.Second
+	}
+	return time.Duration(s * float64(time.Second))
+}
+
+// solve runs the local work of the round and returns the vector to send
+// (w, or FedSplit's new z_j), the report and the stop reason.
+func (h *RoundHandler) solve(ctx context.Context, p *prepared) ([]float64, proxsolver.Report, wire.StopReason, error) {
+	rng := rand.New(rand.NewPCG(h.Seed, p.round))
+	lg := h.log().With("round", p.round, "algorithm", p.algo, "solver", p.cfg.Solver)
+	if !p.split {
+		w, rep, err := proxsolver.Solve(ctx, p.m, h.Data, p.x, nil, p.cfg, p.budget, rng)
+		if err != nil {
+			if errors.Is(err, proxsolver.ErrDiverged) {
+				// The solver returns the anchor: sent with stop reason ERROR.
+				lg.Error("local solve diverged; sending the global model back", "err", err)
+				return slices.Clone(p.x), rep, wire.StopReason_STOP_REASON_ERROR, nil
+			}
+			return nil, rep, 0, fmt.Errorf("agent: round %d: local solve: %w", p.round, err)
+		}
+		return w, rep, stopReason(rep.Stop), nil
+	}
+
+	if _, err := h.Store.InitZ(p.round, p.x); err != nil {
+		return nil, proxsolver.Report{}, 0, fmt.Errorf("agent: round %d: %w", p.round, err)
+	}
+	_, z, err := h.Store.Z()
+	if err != nil {
+		return nil, proxsolver.Report{}, 0, fmt.Errorf("agent: round %d: %w", p.round, err)
+	}
+	if len(z) != len(p.x) {
+		return nil, proxsolver.Report{}, 0, fmt.Errorf("agent: round %d: the stored FedSplit z has dimension %d but the model has %d: the federation changed its model; this site's state file %s belongs to the old one",
+			p.round, len(z), len(p.x), h.Store.Path())
+	}
+	var (
+		rep      proxsolver.Report
+		diverged error
+	)
+	// The announced step is used as this client's prox step s_j: the agent
+	// knows neither m nor p_j (see the package documentation).
+	zNew, _, err := split.ClientStep(p.x, z, p.sp.Step, p.sp, func(v []float64, _ float64) ([]float64, error) {
+		w, r, err := proxsolver.Solve(ctx, p.m, h.Data, v, p.x, p.cfg, p.budget, rng)
+		rep = r
+		if errors.Is(err, proxsolver.ErrDiverged) {
+			diverged = err
+			return w, nil
+		}
+		return w, err
+	})
+	if err != nil {
+		return nil, rep, 0, fmt.Errorf("agent: round %d: FedSplit client step: %w", p.round, err)
+	}
+	// The prox's anchor is v = 2x - z: report the loss (and the gradient,
+	// when asked) at the received global model x instead, as the wire
+	// report defines them. One full evaluation outside the budget.
+	var g []float64
+	if p.sketch {
+		g = make([]float64, len(p.x))
+	}
+	rep.AnchorLoss, rep.AnchorGrad = p.m.LossGrad(p.x, h.Data, g), g
+	if diverged != nil {
+		// No step is taken: z_j is sent (and kept) unchanged.
+		lg.Error("prox solve diverged; sending z unchanged", "err", diverged)
+		return z, rep, wire.StopReason_STOP_REASON_ERROR, nil
+	}
+	return zNew, rep, stopReason(rep.Stop), nil
+}
+
+func stopReason(stop string) wire.StopReason {
+	switch stop {
+	case proxsolver.StopGamma, proxsolver.StopConverged:
+		return wire.StopReason_STOP_REASON_GAMMA_REACHED
+	case proxsolver.StopEpochs:
+		return wire.StopReason_STOP_REASON_MAX_EPOCHS
+	case proxsolver.StopGradEvals:
+		return wire.StopReason_STOP_REASON_MAX_GRAD_EVALS
+	case proxsolver.StopDeadline:
+		return wire.StopReason_STOP_REASON_DEADLINE
+	case proxsolver.StopCanceled:
+		return wire.StopReason_STOP_REASON_SIGNAL
+	}
+	return wire.StopReason_STOP_REASON_UNSPECIFIED // stalled: no wire code for it
+}
+
+// workReport fills the wire report from the solver's. Non-finite values
+// (only after a divergence) are sent as 0.
+func workReport(rep proxsolver.Report, stop wire.StopReason, target float64) *wire.WorkReport {
+	fin := func(x float64) float64 {
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return 0
+		}
+		return x
+	}
+	partial := false
+	switch stop {
+	case wire.StopReason_STOP_REASON_MAX_EPOCHS, wire.StopReason_STOP_REASON_MAX_GRAD_EVALS,
+		wire.StopReason_STOP_REASON_DEADLINE, wire.StopReason_STOP_REASON_SIGNAL:
+		partial = target > 0
+	case wire.StopReason_STOP_REASON_ERROR:
+		partial = true
+	}
+	g := fin(rep.Gamma)
+	if g < 0 {
+		g = 0
+	}
+	return &wire.WorkReport{
+		AchievedGamma: g,
+		Epochs:        uint64(math.Round(max(fin(rep.Epochs), 0))),
+		GradEvals:     uint64(max(rep.GradEvals, 0)),
+		Seconds:       max(rep.Elapsed.Seconds(), 0),
+		LocalLoss:     fin(rep.Loss),
+		AnchorLoss:    fin(rep.AnchorLoss),
+		StopReason:    stop,
+		Partial:       partial,
+	}
+}
+
+// anchorGrad is what the round's SketchSpec asks for: the full gradient at
+// the anchor (dimension 0) or its random projection. A sketch longer than the
+// gradient is refused (it would cost dimension x len(grad) for nothing).
+func (h *RoundHandler) anchorGrad(round uint64, g []float64, s *wire.SketchSpec) []float64 {
+	for _, v := range g {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil
+		}
+	}
+	switch {
+	case len(g) == 0:
+		return nil
+	case s.Dimension == 0:
+		return slices.Clone(g)
+	case int(s.Dimension) > len(g):
+		h.log().Warn("anchor sketch longer than the gradient: not sent", "round", round, "sketch", s.Dimension, "gradient", len(g))
+		return nil
+	}
+	return sketch(g, int(s.Dimension), s.Seed)
+}

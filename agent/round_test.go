@@ -1,0 +1,486 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/proxsolver"
+	"github.com/edgefl/edgefl/split"
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/wire"
+)
+
+func mustModel(t testing.TB) model.Model {
+	t.Helper()
+	m, err := model.New(model.Spec{Kind: model.KindLogReg, Inputs: testInputs, Classes: testClasses, L2: 1e-3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// decodeUpdate checks the published bytes and returns the update and its
+// decoded vector.
+func decodeUpdate(t testing.TB, msg []byte) (*wire.ClientUpdate, []float64) {
+	t.Helper()
+	u, err := wire.DecodeUpdate(msg, wire.Limits{})
+	if err != nil {
+		t.Fatalf("published update does not decode: %v", err)
+	}
+	if u.ClientId != testSite || u.Kind != wire.UpdateKind_UPDATE_KIND_FULL || u.BaseRound != 0 {
+		t.Fatalf("update header: %v", u)
+	}
+	return u, decodeFrame(t, u.Vector.Payload)
+}
+
+func TestHandleFedProx(t *testing.T) {
+	for _, algo := range []string{AlgoFedProx, AlgoFedAvg, "fedsim"} {
+		t.Run(algo, func(t *testing.T) {
+			h, _ := newHandler(t)
+			x := f32(testGlobal(1))
+			ann := announce(t, 1, algo, x)
+			ann.AnchorSketch = &wire.SketchSpec{} // full anchor gradient
+			res, err := h.Handle(context.Background(), ann)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Action != ActionSolved || res.Round != 1 {
+				t.Fatalf("action %v round %d", res.Action, res.Round)
+			}
+
+			// The same solve, independently: LBFGS is deterministic.
+			mu := 0.1
+			if algo == AlgoFedAvg {
+				mu = 0
+			}
+			cfg := proxsolver.Config{Solver: proxsolver.LBFGS, Mu: mu, Gamma: 1e-4}
+			w, rep, err := proxsolver.Solve(context.Background(), mustModel(t), h.Data, x, nil, cfg,
+				proxsolver.Budget{MaxEpochs: 30, Deadline: t0.Add(time.Hour), Clock: clock.NewFake(t0)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			u, got := decodeUpdate(t, res.Msg)
+			if !slices.Equal(got, f32(w)) {
+				t.Fatalf("update decodes to\n%v\nwant the solver's w\n%v", got, f32(w))
+			}
+			if !slices.Equal(res.Sent, got) {
+				t.Fatal("Result.Sent differs from the decoded update")
+			}
+			r := u.Report
+			if r.GradEvals != uint64(rep.GradEvals) || r.AchievedGamma != rep.Gamma || r.LocalLoss != rep.Loss ||
+				r.AnchorLoss != rep.AnchorLoss || r.Epochs != uint64(math.Round(rep.Epochs)) {
+				t.Fatalf("report %v, solver %+v", r, rep)
+			}
+			wantStop := stopReason(rep.Stop)
+			if r.StopReason != wantStop || r.Partial != (wantStop != wire.StopReason_STOP_REASON_GAMMA_REACHED) {
+				t.Fatalf("stop %v partial %v; solver stop %q", r.StopReason, r.Partial, rep.Stop)
+			}
+			if !slices.Equal(u.AnchorGrad, rep.AnchorGrad) {
+				t.Fatal("anchor gradient not sent as asked")
+			}
+			if u.SampleCount != uint64(h.Data.N) || u.Round != 1 {
+				t.Fatalf("sample count %d round %d", u.SampleCount, u.Round)
+			}
+
+			st := snapshot(t, h.Store)
+			if st.applied != 1 || st.seen != 1 || st.globalRound != 1 || !slices.Equal(st.global, x) {
+				t.Fatalf("state after the round: %+v", st)
+			}
+			if len(st.outbox) != 1 || st.outbox[0].Round != 1 || !slices.Equal(st.outbox[0].Msg, res.Msg) {
+				t.Fatalf("outbox %v", st.outbox)
+			}
+			if st.z != nil {
+				t.Fatal("FedProx wrote a FedSplit z")
+			}
+		})
+	}
+}
+
+func TestHandleFedSplit(t *testing.T) {
+	for _, algo := range []string{AlgoFedSplit, AlgoFedProxSplit} {
+		t.Run(algo, func(t *testing.T) {
+			h, _ := newHandler(t)
+			z := []float64(nil)
+			for round := uint64(1); round <= 3; round++ {
+				x := f32(testGlobal(round))
+				ann := announce(t, round, algo, x)
+				ann.Params.Step, ann.Params.Relax = 0.5, 0 // relax unset: Peaceman-Rachford
+				res, err := h.Handle(context.Background(), ann)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Action != ActionSolved {
+					t.Fatalf("round %d: %v", round, res.Action)
+				}
+				if z == nil {
+					z = x // z_j starts at the first global model
+				}
+				// The same step, independently.
+				cfg := proxsolver.Config{Solver: proxsolver.LBFGS, Mu: 1 / 0.5, Gamma: 1e-4}
+				b := proxsolver.Budget{MaxEpochs: 30, Deadline: t0.Add(time.Hour), Clock: clock.NewFake(t0)}
+				zNew, _, err := split.ClientStep(x, z, 0.5, split.Params{Step: 0.5, Relax: 1}, func(v []float64, _ float64) ([]float64, error) {
+					w, _, err := proxsolver.Solve(context.Background(), mustModel(t), h.Data, v, x, cfg, b, nil)
+					return w, err
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, got := decodeUpdate(t, res.Msg)
+				if !slices.Equal(got, f32(zNew)) {
+					t.Fatalf("round %d: update decodes to\n%v\nwant the client step's z\n%v", round, got, f32(zNew))
+				}
+				st := snapshot(t, h.Store)
+				if st.zRound != round || !slices.Equal(st.z, got) {
+					t.Fatalf("round %d: stored z (round %d) is not the sent one bit for bit", round, st.zRound)
+				}
+				if st.applied != round || len(st.outbox) != int(round) || !slices.Equal(st.outbox[round-1].Msg, res.Msg) {
+					t.Fatalf("round %d: applied %d, outbox %d entries", round, st.applied, len(st.outbox))
+				}
+				z = got
+			}
+		})
+	}
+}
+
+func TestHandleAppliedRoundIsNotSolvedAgain(t *testing.T) {
+	h, _ := newHandler(t)
+	ann := announce(t, 4, AlgoFedSplit, f32(testGlobal(4)))
+	first, err := h.Handle(context.Background(), ann)
+	if err != nil || first.Action != ActionSolved {
+		t.Fatal(first.Action, err)
+	}
+	before := snapshot(t, h.Store)
+
+	// Redelivery, and a re-announcement of the same round (new deadline,
+	// re-selection): never solved again, the outbox entry re-sent as is.
+	again := announce(t, 4, AlgoFedSplit, f32(testGlobal(9)))
+	again.DeadlineUnixMs = t0.Add(time.Hour).UnixMilli()
+	for _, a := range []*wire.RoundAnnouncement{ann, again} {
+		res, err := h.Handle(context.Background(), a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Action != ActionResend || !slices.Equal(res.Msg, first.Msg) {
+			t.Fatalf("action %v, same bytes %v", res.Action, slices.Equal(res.Msg, first.Msg))
+		}
+		if !snapshot(t, h.Store).equal(before) {
+			t.Fatal("re-handling an applied round changed the state")
+		}
+	}
+	// An older round is not solved either.
+	res, err := h.Handle(context.Background(), announce(t, 3, AlgoFedSplit, f32(testGlobal(3))))
+	if err != nil || res.Action != ActionDone {
+		t.Fatalf("older round: %v %v", res.Action, err)
+	}
+
+	// CommitRound's own refusal leads to the same re-send (a race with
+	// another writer, or a crash between the check and the commit).
+	if err := h.Store.CommitRound(4, nil, nil, []byte("x")); !errors.Is(err, storage.ErrAlreadyApplied) {
+		t.Fatalf("CommitRound again: %v", err)
+	}
+
+	// After the receipt: nothing left to do.
+	if had, err := h.Store.Ack(4); err != nil || !had {
+		t.Fatal(had, err)
+	}
+	res, err = h.Handle(context.Background(), ann)
+	if err != nil || res.Action != ActionDone || res.Msg != nil {
+		t.Fatalf("after the receipt: %v %v", res.Action, err)
+	}
+}
+
+func TestHandleRestartResends(t *testing.T) {
+	h, path := newHandler(t)
+	res, err := h.Handle(context.Background(), announce(t, 2, AlgoFedProx, f32(testGlobal(2))))
+	if err != nil || res.Action != ActionSolved {
+		t.Fatal(res.Action, err)
+	}
+	if err := h.Store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t, path)
+	defer s.Close()
+	h2 := &RoundHandler{ClientID: testSite, Federation: testFed, Store: s, Data: h.Data, Clock: clock.NewFake(t0)}
+	out, err := s.Outbox()
+	if err != nil || len(out) != 1 || !slices.Equal(out[0].Msg, res.Msg) {
+		t.Fatalf("outbox after reopen: %v %v", out, err)
+	}
+	res2, err := h2.Handle(context.Background(), announce(t, 2, AlgoFedProx, f32(testGlobal(2))))
+	if err != nil || res2.Action != ActionResend || !slices.Equal(res2.Msg, res.Msg) {
+		t.Fatalf("after restart: %v %v", res2.Action, err)
+	}
+}
+
+func TestHandleNotSelected(t *testing.T) {
+	h, _ := newHandler(t)
+	ann := announce(t, 5, AlgoFedProx, f32(testGlobal(5)))
+	ann.Selected = []string{"site-b", "site-c"}
+	res, err := h.Handle(context.Background(), ann)
+	if err != nil || res.Action != ActionNotSelected {
+		t.Fatal(res.Action, err)
+	}
+	st := snapshot(t, h.Store)
+	if st.seen != 5 || st.applied != 0 || len(st.outbox) != 0 || st.global != nil {
+		t.Fatalf("state %+v", st)
+	}
+	ann.Selected = append(ann.Selected, testSite)
+	if res, err := h.Handle(context.Background(), ann); err != nil || res.Action != ActionSolved {
+		t.Fatal(res.Action, err)
+	}
+}
+
+func TestHandleStaleAnnouncement(t *testing.T) {
+	h, _ := newHandler(t)
+	if err := h.Store.SetGlobal(8, f32(testGlobal(8))); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, h.Store)
+	res, err := h.Handle(context.Background(), announce(t, 6, AlgoFedProx, f32(testGlobal(6))))
+	if err != nil || res.Action != ActionStale {
+		t.Fatal(res.Action, err)
+	}
+	if !snapshot(t, h.Store).equal(before) {
+		t.Fatal("a stale announcement changed the state")
+	}
+}
+
+func TestHandleBadAnnouncements(t *testing.T) {
+	x := f32(testGlobal(1))
+	cases := []struct {
+		name string
+		mod  func(a *wire.RoundAnnouncement)
+	}{
+		{"other federation", func(a *wire.RoundAnnouncement) { a.Federation = "ward8" }},
+		{"invalid message", func(a *wire.RoundAnnouncement) { a.Round = 0 }},
+		{"no global", func(a *wire.RoundAnnouncement) { a.Global = nil }},
+		{"vector dimension", func(a *wire.RoundAnnouncement) { a.Global.Dimension = testDim + 1 }},
+		{"frame dimension", func(a *wire.RoundAnnouncement) {
+			a.Global.Payload = frame(t, "", append(slices.Clone(x), 0))
+		}},
+		{"model of another shape", func(a *wire.RoundAnnouncement) {
+			a.Model.Inputs = testInputs + 1
+			a.Global = &wire.Vector{Codec: "fp32", Dimension: (testInputs + 2) * testClasses, Payload: frame(t, "", make([]float64, (testInputs+2)*testClasses))}
+		}},
+		{"labels beyond the classes", func(a *wire.RoundAnnouncement) {
+			a.Model.Classes = 2
+			a.Global = &wire.Vector{Codec: "fp32", Dimension: (testInputs + 1) * 2, Payload: frame(t, "", make([]float64, (testInputs+1)*2))}
+		}},
+		{"NaN in the model", func(a *wire.RoundAnnouncement) { a.Global.Payload = nanFrame(t, testDim) }},
+		{"garbage frame", func(a *wire.RoundAnnouncement) { a.Global.Payload = []byte("not a quant frame at all, not at all") }},
+		{"truncated frame", func(a *wire.RoundAnnouncement) { a.Global.Payload = a.Global.Payload[:len(a.Global.Payload)-5] }},
+		{"bit flip", func(a *wire.RoundAnnouncement) { a.Global.Payload[40] ^= 1 }},
+		{"unknown model", func(a *wire.RoundAnnouncement) { a.Model.Kind = "transformer" }},
+		{"two hidden layers", func(a *wire.RoundAnnouncement) {
+			a.Model = &wire.ModelSpec{Kind: model.KindMLP, Inputs: testInputs, Classes: testClasses, Hidden: []uint32{4, 4}, Activation: "relu"}
+		}},
+		{"huge inputs", func(a *wire.RoundAnnouncement) { a.Model.Inputs = math.MaxUint32 }},
+		{"unknown solver", func(a *wire.RoundAnnouncement) { a.Params.Solver = "adam" }},
+		{"gamma above 1", func(a *wire.RoundAnnouncement) { a.Params.Gamma = 2 }},
+		{"fedsplit without step", func(a *wire.RoundAnnouncement) { a.Algorithm, a.Params.Step = AlgoFedSplit, 0 }},
+		{"fedsplit relax above 1", func(a *wire.RoundAnnouncement) { a.Algorithm, a.Params.Relax = AlgoFedSplit, 1.5 }},
+		{"fedsplit tiny step", func(a *wire.RoundAnnouncement) { a.Algorithm, a.Params.Step = AlgoFedSplit, 1e-320 }},
+		{"bad uplink codec", func(a *wire.RoundAnnouncement) { a.UplinkCodec = "gzip" }},
+		{"NaN mu", func(a *wire.RoundAnnouncement) { a.Params.Mu = math.NaN() }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h, _ := newHandler(t)
+			before := snapshot(t, h.Store)
+			ann := announce(t, 1, AlgoFedProx, x)
+			c.mod(ann)
+			res, err := h.Handle(context.Background(), ann)
+			if !errors.Is(err, ErrBadAnnouncement) {
+				t.Fatalf("got %v, %v; want ErrBadAnnouncement", res.Action, err)
+			}
+			if res.Msg != nil {
+				t.Fatal("an update for a bad announcement")
+			}
+			if !snapshot(t, h.Store).equal(before) {
+				t.Fatalf("a bad announcement changed the state: %+v", snapshot(t, h.Store))
+			}
+		})
+	}
+}
+
+func TestHandleBudget(t *testing.T) {
+	deadline := t0.Add(10 * time.Second)
+	cases := []struct {
+		name      string
+		local     Local
+		round     *wire.WorkBudget
+		deadline  time.Time
+		epochs    int
+		evals     int
+		wantDeadl time.Time
+	}{
+		{"round only", Local{}, &wire.WorkBudget{MaxEpochs: 7, MaxGradEvals: 40}, time.Time{}, 7, 40, time.Time{}},
+		{"device smaller", Local{MaxEpochs: 3}, &wire.WorkBudget{MaxEpochs: 7}, time.Time{}, 3, 0, time.Time{}},
+		{"round smaller", Local{MaxEpochs: 9}, &wire.WorkBudget{MaxEpochs: 7}, time.Time{}, 7, 0, time.Time{}},
+		{"device seconds", Local{MaxSeconds: 5}, &wire.WorkBudget{MaxSeconds: 8}, time.Time{}, 0, 0, t0.Add(5 * time.Second)},
+		{"round seconds", Local{MaxSeconds: 5}, &wire.WorkBudget{MaxSeconds: 2}, time.Time{}, 0, 0, t0.Add(2 * time.Second)},
+		{"deadline earlier", Local{MaxSeconds: 60}, nil, deadline, 0, 0, deadline.Add(-DefaultDeadlineMargin)},
+		{"deadline later", Local{MaxSeconds: 2, DeadlineMargin: -1}, nil, deadline, 0, 0, t0.Add(2 * time.Second)},
+		{"deadline, margin", Local{DeadlineMargin: 3 * time.Second}, nil, deadline, 0, 0, deadline.Add(-3 * time.Second)},
+		{"nothing: fallback", Local{FallbackSeconds: 42}, nil, time.Time{}, 0, 0, t0.Add(42 * time.Second)},
+		{"huge seconds", Local{}, &wire.WorkBudget{MaxSeconds: 1e300}, time.Time{}, 0, 0, t0.Add(time.Duration(math.MaxInt64/int64(time.Second)-1) * time.Second)},
+		{"huge epochs", Local{}, &wire.WorkBudget{MaxEpochs: math.MaxUint32, MaxGradEvals: math.MaxUint64}, time.Time{}, math.MaxInt32, math.MaxInt32, time.Time{}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := &RoundHandler{Clock: clock.NewFake(t0), Local: c.local}
+			ann := &wire.RoundAnnouncement{Budget: c.round}
+			if !c.deadline.IsZero() {
+				ann.DeadlineUnixMs = c.deadline.UnixMilli()
+			}
+			b := h.budget(ann)
+			if b.MaxEpochs != c.epochs || b.MaxGradEvals != c.evals || !b.Deadline.Equal(c.wantDeadl) {
+				t.Fatalf("budget %+v, want epochs %d evals %d deadline %v", b, c.epochs, c.evals, c.wantDeadl)
+			}
+			if err := b.Validate(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestHandleSolverConfig(t *testing.T) {
+	cases := []struct {
+		name  string
+		algo  string
+		p     *wire.Params
+		local Local
+		want  proxsolver.Config
+	}{
+		{"fedprox defaults to sgd", AlgoFedProx, &wire.Params{Mu: 0.5}, Local{}, proxsolver.Config{Solver: proxsolver.SGD, Mu: 0.5, LR: DefaultSGDLearningRate, Batch: 90}},
+		{"fedsplit defaults to lbfgs", AlgoFedSplit, &wire.Params{Step: 1}, Local{}, proxsolver.Config{Solver: proxsolver.LBFGS}},
+		{"fedavg has no prox term", AlgoFedAvg, &wire.Params{Mu: 0.5, Solver: "sgd", Lr: 0.1, Batch: 10}, Local{}, proxsolver.Config{Solver: proxsolver.SGD, LR: 0.1, Batch: 10}},
+		{"device overrides", AlgoFedProx, &wire.Params{Mu: 1, Solver: "sgd", Lr: 0.1, Batch: 10, Gamma: 0.1}, Local{Solver: proxsolver.SGD, LR: 0.05, Batch: 32}, proxsolver.Config{Solver: proxsolver.SGD, Mu: 1, Gamma: 0.1, LR: 0.05, Batch: 32}},
+		{"device forces lbfgs", AlgoFedProx, &wire.Params{Solver: "sgd"}, Local{Solver: proxsolver.LBFGS}, proxsolver.Config{Solver: proxsolver.LBFGS}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := &RoundHandler{Local: c.local, Data: testData(1, 90)}
+			got, err := h.solverConfig(&wire.RoundAnnouncement{Algorithm: c.algo, Params: c.p}, c.algo == AlgoFedSplit)
+			if err != nil || got != c.want {
+				t.Fatalf("got %+v, %v; want %+v", got, err, c.want)
+			}
+		})
+	}
+}
+
+func TestHandleDeadlineSendsPartialWork(t *testing.T) {
+	h, _ := newHandler(t)
+	fc := clock.NewFake(t0)
+	fc.Tick = time.Millisecond // every look at the clock costs 1 ms
+	h.Clock = fc
+	h.Local.DeadlineMargin = -1
+	ann := announce(t, 1, AlgoFedProxSplit, f32(testGlobal(1)))
+	ann.Params.Solver, ann.Params.Lr, ann.Params.Batch, ann.Params.Gamma = proxsolver.SGD, 0.05, 5, 1e-9
+	ann.Budget = nil
+	ann.DeadlineUnixMs = t0.Add(20 * time.Millisecond).UnixMilli()
+	res, err := h.Handle(context.Background(), ann)
+	if err != nil || res.Action != ActionSolved {
+		t.Fatal(res.Action, err)
+	}
+	r := res.Update.Report
+	if r.StopReason != wire.StopReason_STOP_REASON_DEADLINE || !r.Partial {
+		t.Fatalf("report %v", r)
+	}
+	if st := snapshot(t, h.Store); st.applied != 1 || len(st.outbox) != 1 || !slices.Equal(st.z, res.Sent) {
+		t.Fatalf("partial work not committed: %+v", st)
+	}
+}
+
+func TestHandleCancellation(t *testing.T) {
+	t.Run("preempted: partial work committed", func(t *testing.T) {
+		h, _ := newHandler(t)
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cancel(ErrPreempted)
+		ann := announce(t, 1, AlgoFedSplit, f32(testGlobal(1)))
+		res, err := h.Handle(ctx, ann)
+		if err != nil || res.Action != ActionSolved {
+			t.Fatal(res.Action, err)
+		}
+		if r := res.Update.Report; r.StopReason != wire.StopReason_STOP_REASON_SIGNAL || !r.Partial {
+			t.Fatalf("report %v", r)
+		}
+		if st := snapshot(t, h.Store); st.applied != 1 || len(st.outbox) != 1 {
+			t.Fatalf("state %+v", st)
+		}
+	})
+	t.Run("shutdown: nothing committed", func(t *testing.T) {
+		h, _ := newHandler(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		res, err := h.Handle(ctx, announce(t, 1, AlgoFedSplit, f32(testGlobal(1))))
+		if !errors.Is(err, context.Canceled) || res.Msg != nil {
+			t.Fatalf("got %v, %v", res.Action, err)
+		}
+		if st := snapshot(t, h.Store); st.applied != 0 || len(st.outbox) != 0 {
+			t.Fatalf("state %+v", st)
+		}
+		// The retained announcement, delivered again later, runs the round.
+		if res, err := h.Handle(context.Background(), announce(t, 1, AlgoFedSplit, f32(testGlobal(1)))); err != nil || res.Action != ActionSolved {
+			t.Fatal(res.Action, err)
+		}
+	})
+}
+
+func TestHandleDivergedSolve(t *testing.T) {
+	// A learning rate that makes SGD overflow: the global model (FedProx)
+	// or z (FedSplit) goes back with stop reason ERROR.
+	for _, algo := range []string{AlgoFedProx, AlgoFedProxSplit} {
+		t.Run(algo, func(t *testing.T) {
+			h, _ := newHandler(t)
+			x := f32(testGlobal(1))
+			ann := announce(t, 1, algo, x)
+			ann.Params.Solver, ann.Params.Lr, ann.Params.Batch = proxsolver.SGD, 1e300, 1
+			res, err := h.Handle(context.Background(), ann)
+			if err != nil || res.Action != ActionSolved {
+				t.Fatal(res.Action, err)
+			}
+			if r := res.Update.Report; r.StopReason != wire.StopReason_STOP_REASON_ERROR || !r.Partial {
+				t.Fatalf("report %v", r)
+			}
+			if !slices.Equal(res.Sent, x) {
+				t.Fatalf("sent %v, want the unchanged %v", res.Sent, x)
+			}
+		})
+	}
+}
+
+func TestSketchMatchesAggregate(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	g := make([]float64, 300)
+	for i := range g {
+		if i%7 != 0 {
+			g[i] = rng.NormFloat64()
+		}
+	}
+	for _, dim := range []int{0, 1, 63, 64, 65, 200} {
+		if got, want := sketch(g, dim, 99), aggregate.Sketch(g, dim, 99); !slices.Equal(got, want) {
+			t.Fatalf("dim %d: the agent's sketch differs from aggregate.Sketch", dim)
+		}
+	}
+}
+
+func TestAnchorSketchSent(t *testing.T) {
+	h, _ := newHandler(t)
+	ann := announce(t, 1, AlgoFedProx, f32(testGlobal(1)))
+	ann.AnchorSketch = &wire.SketchSpec{Dimension: 8, Seed: 11}
+	res, err := h.Handle(context.Background(), ann)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := aggregate.Sketch(res.Report.AnchorGrad, 8, 11); !slices.Equal(res.Update.AnchorGrad, want) {
+		t.Fatalf("anchor sketch %v, want %v", res.Update.AnchorGrad, want)
+	}
+}
