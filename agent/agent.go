@@ -259,7 +259,7 @@ func (a *Agent) shutdown(client mqtt.Client) {
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
 	defer cancel()
 	if client.IsConnectionOpen() {
-		if b, err := a.statusMsg(true, false); err == nil {
+		if b, err := a.statusMsg(false, false); err == nil {
 			if err := a.await(ctx, client.Publish(a.tStatus, 1, true, b)); err != nil {
 				a.log.Warn("offline status not published", "err", err)
 			}

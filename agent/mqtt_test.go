@@ -1,0 +1,425 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+	mochi "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// guard bounds every wait of these tests: a failure detector, never a way
+// of timing anything (every wait is on a channel).
+const guard = 20 * time.Second
+
+// startBroker runs mochi-mqtt in-process on a random loopback port.
+func startBroker(t *testing.T) (*mochi.Server, string) {
+	t.Helper()
+	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := srv.AddHook(new(allowAll), nil); err != nil {
+		t.Fatal(err)
+	}
+	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
+	if err := srv.AddListener(tcp); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Serve(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return srv, "tcp://" + tcp.Address()
+}
+
+// allowAll lets every client connect, publish and subscribe.
+type allowAll struct{ mochi.HookBase }
+
+func (*allowAll) ID() string { return "allow-all" }
+func (*allowAll) Provides(b byte) bool {
+	return b == mochi.OnConnectAuthenticate || b == mochi.OnACLCheck
+}
+func (*allowAll) OnConnectAuthenticate(*mochi.Client, packets.Packet) bool { return true }
+func (*allowAll) OnACLCheck(*mochi.Client, string, bool) bool              { return true }
+
+func await(t *testing.T, tok mqtt.Token) {
+	t.Helper()
+	select {
+	case <-tok.Done():
+		if err := tok.Error(); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(guard):
+		t.Fatal("MQTT operation timed out")
+	}
+}
+
+// fakeAgg is test code standing in for the aggregator: it announces rounds,
+// collects updates and status messages, and sends receipts.
+type fakeAgg struct {
+	t       *testing.T
+	c       mqtt.Client
+	topics  wire.Topics
+	updates chan []byte
+	status  chan *wire.ClientStatus
+}
+
+func newFakeAgg(t *testing.T, url string) *fakeAgg {
+	t.Helper()
+	topics, err := wire.ForFederation(testFed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeAgg{t: t, topics: topics, updates: make(chan []byte, 100), status: make(chan *wire.ClientStatus, 100)}
+	opts := mqtt.NewClientOptions().AddBroker(url).SetClientID("aggregator").SetCleanSession(true).
+		SetOrderMatters(true).
+		SetDefaultPublishHandler(func(_ mqtt.Client, m mqtt.Message) {
+			kind, msg, err := topics.Decode(m.Topic(), m.Payload(), wire.Limits{})
+			switch {
+			case err != nil:
+				t.Errorf("aggregator got a bad message on %s: %v", m.Topic(), err)
+			case kind == wire.KindUpdate:
+				f.updates <- slices.Clone(m.Payload())
+			case kind == wire.KindStatus:
+				f.status <- msg.(*wire.ClientStatus)
+			}
+		})
+	f.c = mqtt.NewClient(opts)
+	await(t, f.c.Connect())
+	await(t, f.c.SubscribeMultiple(map[string]byte{topics.UpdateFilter(): 1, topics.StatusFilter(): 1}, nil))
+	t.Cleanup(func() { f.c.Disconnect(100) })
+	return f
+}
+
+func (f *fakeAgg) publishRaw(topic string, b []byte, retained bool) {
+	f.t.Helper()
+	await(f.t, f.c.Publish(topic, 1, retained, b))
+}
+
+func (f *fakeAgg) announce(ann *wire.RoundAnnouncement) {
+	f.t.Helper()
+	b, err := wire.Encode(ann)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.publishRaw(f.topics.Round(), b, true)
+}
+
+func (f *fakeAgg) receipt(r *wire.Receipt) {
+	f.t.Helper()
+	b, err := wire.Encode(r)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	topic, _ := f.topics.Receipt(r.ClientId)
+	f.publishRaw(topic, b, false)
+}
+
+func accepted(round uint64) *wire.Receipt {
+	return &wire.Receipt{ClientId: testSite, Round: round, Accepted: true, StoredAtUnixMs: 1, Code: wire.ReceiptCode_RECEIPT_CODE_STORED, UpdateSeq: round}
+}
+
+func (f *fakeAgg) nextUpdate() ([]byte, *wire.ClientUpdate) {
+	f.t.Helper()
+	select {
+	case b := <-f.updates:
+		u, err := wire.DecodeUpdate(b, wire.Limits{})
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		return b, u
+	case <-time.After(guard):
+		f.t.Fatal("no update from the agent")
+	}
+	return nil, nil
+}
+
+func (f *fakeAgg) nextStatus() *wire.ClientStatus {
+	f.t.Helper()
+	select {
+	case s := <-f.status:
+		return s
+	case <-time.After(guard):
+		f.t.Fatal("no status from the agent")
+	}
+	return nil
+}
+
+// runningAgent is an Agent running in a goroutine, with its events.
+type runningAgent struct {
+	*Agent
+	events chan Event
+	cancel context.CancelFunc
+	errc   chan error
+}
+
+func startAgent(t *testing.T, url, state string, data model.Data) *runningAgent {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.SiteID, cfg.Federation, cfg.Brokers, cfg.StateFile = testSite, testFed, []string{url}, state
+	cfg.ReconnectMin, cfg.ReconnectMax = 100*time.Millisecond, time.Second
+	ra := &runningAgent{events: make(chan Event, 1000), errc: make(chan error, 1)}
+	a, err := New(cfg, Deps{
+		Clock: clock.NewFake(t0), Logger: testLogger(t), Data: &data,
+		Observe: func(e Event) {
+			select {
+			case ra.events <- e:
+			default:
+				t.Errorf("event dropped: %+v", e)
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ra.Agent = a
+	ctx, cancel := context.WithCancel(context.Background())
+	ra.cancel = cancel
+	go func() { ra.errc <- a.Run(ctx) }()
+	t.Cleanup(ra.stop)
+	return ra
+}
+
+// stop cancels Run and waits for it (idempotent).
+func (ra *runningAgent) stop() {
+	ra.cancel()
+	if ra.errc == nil {
+		return
+	}
+	select {
+	case err := <-ra.errc:
+		if err != nil {
+			panic(err)
+		}
+	case <-time.After(guard):
+		panic("Run did not return after cancel")
+	}
+	ra.errc = nil
+}
+
+// wait returns the first event matching ok, skipping the others.
+func (ra *runningAgent) wait(t *testing.T, what string, ok func(Event) bool) Event {
+	t.Helper()
+	timeout := time.After(guard)
+	for {
+		select {
+		case e := <-ra.events:
+			if ok(e) {
+				return e
+			}
+		case <-timeout:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func isKind(k EventKind) func(Event) bool { return func(e Event) bool { return e.Kind == k } }
+
+func receiptOf(round uint64) func(Event) bool {
+	return func(e Event) bool { return e.Kind == EventReceipt && e.Round == round }
+}
+
+func TestAgentThreeRoundsOverMQTT(t *testing.T) {
+	_, url := startBroker(t)
+	agg := newFakeAgg(t, url)
+	state := filepath.Join(t.TempDir(), "edge.db")
+	data := testData(2, 60)
+	ra := startAgent(t, url, state, data)
+
+	st := agg.nextStatus()
+	if !st.Online || st.ClientId != testSite || st.SampleCount != uint64(data.N) || len(st.Capabilities) != 2 {
+		t.Fatalf("online status %v", st)
+	}
+	ra.wait(t, "connected", isKind(EventConnected))
+
+	x := f32(testGlobal(1))
+	var lastZ []float64
+	for round := uint64(1); round <= 3; round++ {
+		ann := announce(t, round, AlgoFedSplit, x)
+		agg.announce(ann)
+		_, u := agg.nextUpdate()
+		if u.Round != round || u.SampleCount != uint64(data.N) || u.Kind != wire.UpdateKind_UPDATE_KIND_FULL {
+			t.Fatalf("round %d: update %v", round, u)
+		}
+		z := decodeFrame(t, u.Vector.Payload)
+		if round == 2 {
+			// A rejection is logged, counted and acked: the aggregator will
+			// never take that update.
+			agg.receipt(&wire.Receipt{ClientId: testSite, Round: round, Code: wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND, Reason: "round closed"})
+		} else {
+			agg.receipt(accepted(round))
+		}
+		ra.wait(t, "receipt", receiptOf(round))
+		x, lastZ = z, z // the server step with one client: the mean of one z
+	}
+	// A duplicate receipt finds nothing to ack and is harmless.
+	dup := accepted(3)
+	dup.Code = wire.ReceiptCode_RECEIPT_CODE_DUPLICATE
+	agg.receipt(dup)
+	ra.wait(t, "duplicate receipt", receiptOf(3))
+
+	s := ra.Stats()
+	if s.RoundsSolved != 3 || s.ReceiptsAccepted != 3 || s.ReceiptsRejected != 1 || s.BadMessages != 0 || s.BadAnnouncements != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	ra.stop()
+	if st := agg.nextStatus(); st.Online {
+		t.Fatalf("status after a clean shutdown: %v", st)
+	}
+
+	store := openStore(t, state)
+	defer store.Close()
+	es := snapshot(t, store)
+	if es.applied != 3 || len(es.outbox) != 0 || es.zRound != 3 || !slices.Equal(es.z, lastZ) {
+		t.Fatalf("state after 3 rounds: applied %d, outbox %d, z round %d, z equal %v", es.applied, len(es.outbox), es.zRound, slices.Equal(es.z, lastZ))
+	}
+}
+
+func TestAgentResendsAfterReconnectAndRestart(t *testing.T) {
+	srv, url := startBroker(t)
+	agg := newFakeAgg(t, url)
+	state := filepath.Join(t.TempDir(), "edge.db")
+	data := testData(3, 60)
+
+	ra := startAgent(t, url, state, data)
+	ra.wait(t, "connected", isKind(EventConnected))
+	agg.announce(announce(t, 1, AlgoFedProx, f32(testGlobal(1))))
+	first, u := agg.nextUpdate()
+	if u.Round != 1 {
+		t.Fatalf("update for round %d", u.Round)
+	}
+	ra.wait(t, "published", isKind(EventPublished))
+
+	// The broker drops the connection before any receipt: on reconnect the
+	// outbox entry goes out again, byte for byte.
+	cl, ok := srv.Clients.Get(testSite)
+	if !ok {
+		t.Fatal("agent not connected to the broker")
+	}
+	cl.Stop(errors.New("test: connection dropped"))
+	ra.wait(t, "reconnected", isKind(EventConnected))
+	if again, _ := agg.nextUpdate(); !slices.Equal(again, first) {
+		t.Fatal("re-sent update differs from the committed one")
+	}
+	ra.stop()
+	if s := ra.Stats(); s.RoundsSolved != 1 || s.Connects != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+
+	// A new agent over the same state file re-sends it on start.
+	for len(agg.updates) > 0 {
+		<-agg.updates
+	}
+	rb := startAgent(t, url, state, data)
+	rb.wait(t, "connected", isKind(EventConnected))
+	if again, _ := agg.nextUpdate(); !slices.Equal(again, first) {
+		t.Fatal("update re-sent after restart differs from the committed one")
+	}
+	// INTERNAL: the aggregator could not store it; the agent keeps it.
+	agg.receipt(&wire.Receipt{ClientId: testSite, Round: 1, Code: wire.ReceiptCode_RECEIPT_CODE_INTERNAL, Reason: "disk full"})
+	rb.wait(t, "internal receipt", receiptOf(1))
+	agg.receipt(accepted(1))
+	rb.wait(t, "receipt", receiptOf(1))
+	s := rb.Stats()
+	rb.stop()
+	if s.RoundsSolved != 0 || s.ReceiptsRetry != 1 || s.ReceiptsAccepted != 1 {
+		t.Fatalf("the restarted agent: stats %+v", s)
+	}
+	store := openStore(t, state)
+	defer store.Close()
+	if es := snapshot(t, store); es.applied != 1 || len(es.outbox) != 0 {
+		t.Fatalf("state: applied %d, outbox %d", es.applied, len(es.outbox))
+	}
+}
+
+func TestAgentDropsBadMessages(t *testing.T) {
+	_, url := startBroker(t)
+	agg := newFakeAgg(t, url)
+	state := filepath.Join(t.TempDir(), "edge.db")
+	ra := startAgent(t, url, state, testData(4, 60))
+	ra.wait(t, "connected", isKind(EventConnected))
+	round := agg.topics.Round()
+	rcpt, _ := agg.topics.Receipt(testSite)
+
+	good, err := wire.Encode(announce(t, 1, AlgoFedProx, f32(testGlobal(1))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env wire.Envelope
+	if err := proto.Unmarshal(good, &env); err != nil {
+		t.Fatal(err)
+	}
+	env.Version = 2
+	v2, err := proto.Marshal(&env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherReceipt, err := wire.Encode(&wire.Receipt{ClientId: "site-b", Round: 1, Accepted: true, StoredAtUnixMs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	bad := []struct {
+		name, topic string
+		payload     []byte
+		want        error
+	}{
+		{"garbage announcement", round, []byte("\xff\xfe garbage"), wire.ErrMalformed},
+		{"wrong version", round, v2, wire.ErrUnsupportedVersion},
+		{"empty retained", round, nil, nil},
+		{"garbage receipt", rcpt, []byte{0x08}, nil},
+		{"another client's receipt", rcpt, otherReceipt, wire.ErrTopicMismatch},
+		{"status on the receipt topic", rcpt, good, wire.ErrWrongType},
+	}
+	for _, b := range bad {
+		agg.publishRaw(b.topic, b.payload, b.topic == round)
+		e := ra.wait(t, b.name, isKind(EventBadMessage))
+		if b.want != nil && !errors.Is(e.Err, b.want) {
+			t.Errorf("%s: %v, want %v", b.name, e.Err, b.want)
+		}
+	}
+
+	// Valid messages announcing rounds this site cannot run.
+	wrongDim := announce(t, 1, AlgoFedProx, make([]float64, testDim+3))
+	nan := announce(t, 1, AlgoFedProx, f32(testGlobal(1)))
+	nan.Global.Payload = nanFrame(t, testDim)
+	for _, ann := range []*wire.RoundAnnouncement{wrongDim, nan} {
+		agg.announce(ann)
+		e := ra.wait(t, "rejected round", isKind(EventRound))
+		if !errors.Is(e.Err, ErrBadAnnouncement) {
+			t.Fatalf("bad announcement handled as %v, %v", e.Action, e.Err)
+		}
+	}
+	select {
+	case b := <-agg.updates:
+		t.Fatalf("an update for a bad announcement: %d bytes", len(b))
+	default:
+	}
+
+	// The agent is unharmed: the next good announcement runs.
+	agg.announce(announce(t, 1, AlgoFedProx, f32(testGlobal(1))))
+	if _, u := agg.nextUpdate(); u.Round != 1 {
+		t.Fatalf("update for round %d", u.Round)
+	}
+	s := ra.Stats()
+	ra.stop()
+	if s.BadMessages != uint64(len(bad)) || s.BadAnnouncements != 2 || s.RoundsSolved != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	store := openStore(t, state)
+	defer store.Close()
+	if es := snapshot(t, store); es.applied != 1 || es.seen != 1 || len(es.outbox) != 1 {
+		t.Fatalf("state %+v", es)
+	}
+}
