@@ -3,10 +3,58 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"log/slog"
+
+	"github.com/edgefl/edgefl/agent"
 )
 
-// runAgent runs the edge daemon.
+// runAgent runs the edge daemon until ctx is canceled (SIGINT/SIGTERM,
+// see main), then publishes the offline status and disconnects cleanly.
 func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("not implemented yet")
+	fs := flag.NewFlagSet("edge-agent run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "configuration `FILE` of key = value lines (see deploy/edge-agent.example.conf)")
+	flags := addOptionFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: edge-agent run --config FILE [--option value ...]\n\n"+
+			"Every option of the file can be given as a flag (underscores become hyphens)\nand then overrides the file.\n\nflags:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "edge-agent run: unexpected argument %q\n", fs.Arg(0))
+		fs.Usage()
+		return errUsage
+	}
+	if *path == "" && len(*flags) == 0 {
+		fmt.Fprintln(stderr, "edge-agent run: --config FILE is required (or every setting as a flag)")
+		fs.Usage()
+		return errUsage
+	}
+	cfg, err := loadConfig(*path, *flags, version)
+	if err != nil {
+		return err
+	}
+	lvl, err := agent.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		return err
+	}
+	hopts := &slog.HandlerOptions{Level: lvl}
+	var h slog.Handler = slog.NewTextHandler(stderr, hopts)
+	if cfg.LogFormat == "json" {
+		h = slog.NewJSONHandler(stderr, hopts)
+	}
+	a, err := agent.New(cfg.Config, agent.Deps{Logger: slog.New(h)})
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
 }

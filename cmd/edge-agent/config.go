@@ -1,0 +1,309 @@
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/edgefl/edgefl/agent"
+)
+
+// The configuration file is plain text, one setting per line:
+//
+//	# a comment
+//	key = value
+//
+// Keys are the option names below (a '-' in a key reads as '_'); values run
+// to the end of the line, surrounding spaces removed. An unknown key, a
+// repeated key (except broker) or a bad value is an error naming the file
+// and line. Every option can also be given as a flag, --key-with-hyphens
+// VALUE, which overrides the file. deploy/edge-agent.example.conf documents
+// every option.
+
+// option is one setting of the file and the command line.
+type option struct {
+	key   string // file form, underscores
+	help  string
+	set   func(c *runConfig, v string) error
+	multi bool // may repeat (values accumulate)
+}
+
+func flagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
+
+func str(dst func(c *runConfig) *string) func(*runConfig, string) error {
+	return func(c *runConfig, v string) error { *dst(c) = v; return nil }
+}
+
+func integer(dst func(c *runConfig) *int, lo int) func(*runConfig, string) error {
+	return func(c *runConfig, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < lo {
+			return fmt.Errorf("%q: expected an integer >= %d", v, lo)
+		}
+		*dst(c) = n
+		return nil
+	}
+}
+
+func unsigned(dst func(c *runConfig) *uint64) func(*runConfig, string) error {
+	return func(c *runConfig, v string) error {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return fmt.Errorf("%q: expected an integer >= 0", v)
+		}
+		*dst(c) = n
+		return nil
+	}
+}
+
+func number(dst func(c *runConfig) *float64) func(*runConfig, string) error {
+	return func(c *runConfig, v string) error {
+		x, err := strconv.ParseFloat(v, 64)
+		if err != nil || math.IsNaN(x) || math.IsInf(x, 0) || x < 0 {
+			return fmt.Errorf("%q: expected a finite number >= 0", v)
+		}
+		*dst(c) = x
+		return nil
+	}
+}
+
+// duration reads a Go duration ("30s", "2m") or a number of seconds.
+func duration(dst func(c *runConfig) *time.Duration) func(*runConfig, string) error {
+	return func(c *runConfig, v string) error {
+		d, err := parseDuration(v)
+		if err != nil {
+			return err
+		}
+		*dst(c) = d
+		return nil
+	}
+}
+
+func parseDuration(v string) (time.Duration, error) {
+	if x, err := strconv.ParseFloat(v, 64); err == nil {
+		if math.IsNaN(x) || x < 0 || x > float64(math.MaxInt64/int64(time.Second)) {
+			return 0, fmt.Errorf("%q: expected a duration >= 0", v)
+		}
+		return time.Duration(x * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("%q: expected a duration >= 0 such as 30s or 2m, or a number of seconds", v)
+	}
+	return d, nil
+}
+
+// options lists every setting. Keep deploy/edge-agent.example.conf in step
+// (TestExampleConfigDocumentsEveryOption).
+func options() []option {
+	return []option{
+		{key: "site_id", help: "this site's client id (MQTT client id, topics, state file identity)", set: str(func(c *runConfig) *string { return &c.SiteID })},
+		{key: "federation", help: "federation name; topics live under edgefl/<federation>/", set: str(func(c *runConfig) *string { return &c.Federation })},
+		{key: "broker", help: "broker URL, tcp://host:1883 or ssl://host:8883 (repeat, or comma-separate, for fail-over)", multi: true, set: func(c *runConfig, v string) error {
+			for _, b := range strings.Split(v, ",") {
+				if b = strings.TrimSpace(b); b != "" {
+					c.Brokers = append(c.Brokers, b)
+				}
+			}
+			return nil
+		}},
+		{key: "tls_ca", help: "PEM file of the CA that signed the broker's certificate (default: system roots)", set: str(func(c *runConfig) *string { return &c.CAFile })},
+		{key: "tls_cert", help: "PEM client certificate of this site (mutual TLS)", set: str(func(c *runConfig) *string { return &c.CertFile })},
+		{key: "tls_key", help: "PEM private key of the client certificate", set: str(func(c *runConfig) *string { return &c.KeyFile })},
+		{key: "tls_server_name", help: "name to verify in the broker's certificate (default: the URL's host)", set: str(func(c *runConfig) *string { return &c.ServerName })},
+		{key: "username", help: "MQTT username", set: str(func(c *runConfig) *string { return &c.Username })},
+		{key: "password", help: "MQTT password (prefer password_file: a flag shows in ps)", set: str(func(c *runConfig) *string { return &c.Password })},
+		{key: "password_file", help: "file holding the MQTT password (trailing newline removed)", set: func(c *runConfig, v string) error {
+			c.PasswordFile = v
+			return nil
+		}},
+		{key: "data", help: "local data: csv:PATH:label=COLUMN[:regression] | idx:DIR | leaf:PATH | synthetic:ALPHA,BETA | synthetic-iid", set: str(func(c *runConfig) *string { return &c.Data })},
+		{key: "data_client", help: "-1: the whole source is this site's data; K >= 0: client K of the partitioned source (demos)", set: integer(func(c *runConfig) *int { return &c.DataClient }, -1)},
+		{key: "data_partition", help: "with data_client: natural | iid | dirichlet:ALPHA | classes:K", set: str(func(c *runConfig) *string { return &c.DataPartition })},
+		{key: "data_clients", help: "with data_client: number of clients of the partition (synthetic: devices)", set: integer(func(c *runConfig) *int { return &c.DataClients }, 0)},
+		{key: "data_seed", help: "with data_client: seed of the generator and the partition (same at every site)", set: unsigned(func(c *runConfig) *uint64 { return &c.DataSeed })},
+		{key: "data_max_samples", help: "with data_client: cap on a synthetic device's samples (0 = none)", set: integer(func(c *runConfig) *int { return &c.DataMaxSamples }, 0)},
+		{key: "standardize", help: "none | client (this site's own feature statistics); empty: client for csv and leaf, none otherwise", set: str(func(c *runConfig) *string { return &c.Standardize })},
+		{key: "state_file", help: "bbolt state file (identity, FedSplit z, global model, outbox)", set: str(func(c *runConfig) *string { return &c.StateFile })},
+		{key: "max_epochs", help: "device cap on local epochs per round (0 = only the round's budget)", set: integer(func(c *runConfig) *int { return &c.Local.MaxEpochs }, 0)},
+		{key: "max_seconds", help: "device cap on seconds of local solve per round (0 = only the round's budget)", set: number(func(c *runConfig) *float64 { return &c.Local.MaxSeconds })},
+		{key: "solver", help: "force the local solver, sgd or lbfgs (empty = as the round says)", set: str(func(c *runConfig) *string { return &c.Local.Solver })},
+		{key: "lr", help: "override the SGD learning rate (0 = as the round says)", set: number(func(c *runConfig) *float64 { return &c.Local.LR })},
+		{key: "batch", help: "override the SGD mini-batch size (0 = as the round says)", set: integer(func(c *runConfig) *int { return &c.Local.Batch }, 0)},
+		{key: "deadline_margin", help: "stop the solve this long before the round's deadline (default 1s; negative: no margin)", set: func(c *runConfig, v string) error {
+			neg := strings.HasPrefix(v, "-")
+			d, err := parseDuration(strings.TrimPrefix(v, "-"))
+			if err != nil {
+				return err
+			}
+			if neg {
+				d = -max(d, 1)
+			}
+			c.Local.DeadlineMargin = d
+			return nil
+		}},
+		{key: "fallback_seconds", help: "limit of a solve that nothing else limits (default 300)", set: number(func(c *runConfig) *float64 { return &c.Local.FallbackSeconds })},
+		{key: "seed", help: "seed of the local solver's and the codec's randomness", set: unsigned(func(c *runConfig) *uint64 { return &c.Seed })},
+		{key: "max_message_bytes", help: "largest inbound message accepted (default 33554432)", set: integer(func(c *runConfig) *int { return &c.MaxMessageBytes }, 1)},
+		{key: "keepalive", help: "MQTT keepalive (default 30s)", set: duration(func(c *runConfig) *time.Duration { return &c.KeepAlive })},
+		{key: "connect_timeout", help: "timeout of one connection attempt (default 10s)", set: duration(func(c *runConfig) *time.Duration { return &c.ConnectTimeout })},
+		{key: "reconnect_min", help: "first retry interval when the broker is unreachable at start (default 2s)", set: duration(func(c *runConfig) *time.Duration { return &c.ReconnectMin })},
+		{key: "reconnect_max", help: "longest reconnect backoff (default 60s)", set: duration(func(c *runConfig) *time.Duration { return &c.ReconnectMax })},
+		{key: "publish_timeout", help: "how long a publish may wait for the broker (default 30s)", set: duration(func(c *runConfig) *time.Duration { return &c.PublishTimeout })},
+		{key: "log_level", help: "debug | info | warn | error", set: str(func(c *runConfig) *string { return &c.LogLevel })},
+		{key: "log_format", help: "text | json (stderr)", set: func(c *runConfig, v string) error {
+			if v != "text" && v != "json" {
+				return fmt.Errorf("%q: expected text or json", v)
+			}
+			c.LogFormat = v
+			return nil
+		}},
+	}
+}
+
+// runConfig is the agent's configuration plus the settings of the command
+// itself.
+type runConfig struct {
+	agent.Config
+	LogFormat    string // text or json
+	PasswordFile string // read into Config.Password by loadConfig
+}
+
+func lookup(key string) (option, bool) {
+	key = strings.ReplaceAll(strings.TrimSpace(key), "-", "_")
+	for _, o := range options() {
+		if o.key == key {
+			return o, true
+		}
+	}
+	return option{}, false
+}
+
+// setting is one key = value from the file or the command line.
+type setting struct {
+	key, value string
+	where      string // FILE:LINE or --flag
+}
+
+// readConfig parses the key = value text of name.
+func readConfig(r io.Reader, name string) ([]setting, error) {
+	var out []setting
+	seen := map[string]string{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		where := fmt.Sprintf("%s:%d", name, n)
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			return nil, fmt.Errorf("%s: expected key = value, got %q", where, line)
+		}
+		o, ok := lookup(k)
+		if !ok {
+			return nil, fmt.Errorf("%s: unknown option %q", where, strings.TrimSpace(k))
+		}
+		if prev, dup := seen[o.key]; dup && !o.multi {
+			return nil, fmt.Errorf("%s: %s is already set at %s", where, o.key, prev)
+		}
+		seen[o.key] = where
+		out = append(out, setting{key: o.key, value: strings.TrimSpace(v), where: where})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return out, nil
+}
+
+// buildConfig applies the file's settings, then the flags' (a flag
+// replaces the file's value, for broker the whole list).
+func buildConfig(file, flags []setting, version string) (runConfig, error) {
+	cfg := runConfig{Config: agent.DefaultConfig(), LogFormat: "text"}
+	cfg.SoftwareVersion = version
+	// password and password_file are one setting: a flag for either
+	// replaces both lines of the file.
+	group := func(key string) string { return strings.TrimSuffix(key, "_file") }
+	fromFlag := map[string]bool{}
+	for _, s := range flags {
+		fromFlag[group(s.key)] = true
+	}
+	apply := func(s setting) error {
+		o, _ := lookup(s.key)
+		if err := o.set(&cfg, s.value); err != nil {
+			return fmt.Errorf("%s: %s: %w", s.where, o.key, err)
+		}
+		return nil
+	}
+	for _, s := range file {
+		if fromFlag[group(s.key)] {
+			continue
+		}
+		if err := apply(s); err != nil {
+			return cfg, err
+		}
+	}
+	for _, s := range flags {
+		if err := apply(s); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
+}
+
+// addOptionFlags registers every option as --key-with-hyphens and returns
+// where the values given are collected, in command-line order.
+func addOptionFlags(fs *flag.FlagSet) *[]setting {
+	var got []setting
+	opts := options()
+	sort.Slice(opts, func(i, j int) bool { return opts[i].key < opts[j].key })
+	for _, o := range opts {
+		name := flagName(o.key)
+		fs.Func(name, o.help, func(v string) error {
+			got = append(got, setting{key: o.key, value: strings.TrimSpace(v), where: "--" + name})
+			return nil
+		})
+	}
+	return &got
+}
+
+// loadConfig reads the file (if any) and applies the flags.
+func loadConfig(path string, flags []setting, version string) (runConfig, error) {
+	var file []setting
+	if path != "" {
+		f, err := os.Open(path)
+		if err != nil {
+			return runConfig{}, err
+		}
+		defer f.Close()
+		if file, err = readConfig(f, path); err != nil {
+			return runConfig{}, err
+		}
+	}
+	cfg, err := buildConfig(file, flags, version)
+	if err != nil {
+		return cfg, err
+	}
+	if cfg.PasswordFile != "" {
+		if cfg.Password != "" {
+			return cfg, fmt.Errorf("password and password_file are both set")
+		}
+		b, err := os.ReadFile(cfg.PasswordFile)
+		if err != nil {
+			return cfg, fmt.Errorf("password_file: %w", err)
+		}
+		cfg.Password = strings.TrimRight(string(b), "\r\n")
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
