@@ -44,6 +44,7 @@ type EventKind int
 // Event kinds.
 const (
 	EventConnected  EventKind = iota + 1 // subscribed, status published, outbox re-sent
+	EventHandling                        // the round loop took an announcement (Round)
 	EventRound                           // a round announcement was handled (Action, Err)
 	EventReceipt                         // a receipt was handled (Round, Accepted)
 	EventBadMessage                      // an inbound message was dropped (Err)
@@ -288,6 +289,7 @@ func (a *Agent) loop(ctx context.Context) {
 		if ann == nil {
 			continue
 		}
+		a.observe(Event{Kind: EventHandling, Round: ann.Round})
 		res, err := a.handler.Handle(solveCtx, ann)
 		a.mu.Lock()
 		a.preempt(nil)

@@ -1,10 +1,15 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -83,7 +88,7 @@ func newFakeAgg(t *testing.T, url string) *fakeAgg {
 	}
 	f := &fakeAgg{t: t, topics: topics, updates: make(chan []byte, 100), status: make(chan *wire.ClientStatus, 100)}
 	opts := mqtt.NewClientOptions().AddBroker(url).SetClientID("aggregator").SetCleanSession(true).
-		SetOrderMatters(true).
+		SetOrderMatters(true).SetConnectRetry(true).SetConnectRetryInterval(50 * time.Millisecond).
 		SetDefaultPublishHandler(func(_ mqtt.Client, m mqtt.Message) {
 			kind, msg, err := topics.Decode(m.Topic(), m.Payload(), wire.Limits{})
 			switch {
@@ -126,8 +131,10 @@ func (f *fakeAgg) receipt(r *wire.Receipt) {
 	f.publishRaw(topic, b, false)
 }
 
-func accepted(round uint64) *wire.Receipt {
-	return &wire.Receipt{ClientId: testSite, Round: round, Accepted: true, StoredAtUnixMs: 1, Code: wire.ReceiptCode_RECEIPT_CODE_STORED, UpdateSeq: round}
+func accepted(round uint64) *wire.Receipt { return acceptedFor(testSite, round) }
+
+func acceptedFor(id string, round uint64) *wire.Receipt {
+	return &wire.Receipt{ClientId: id, Round: round, Accepted: true, StoredAtUnixMs: 1, Code: wire.ReceiptCode_RECEIPT_CODE_STORED, UpdateSeq: round}
 }
 
 func (f *fakeAgg) nextUpdate() ([]byte, *wire.ClientUpdate) {
@@ -166,8 +173,13 @@ type runningAgent struct {
 
 func startAgent(t *testing.T, url, state string, data model.Data) *runningAgent {
 	t.Helper()
+	return startAgentID(t, testSite, url, state, data)
+}
+
+func startAgentID(t *testing.T, id, url, state string, data model.Data) *runningAgent {
+	t.Helper()
 	cfg := DefaultConfig()
-	cfg.SiteID, cfg.Federation, cfg.Brokers, cfg.StateFile = testSite, testFed, []string{url}, state
+	cfg.SiteID, cfg.Federation, cfg.Brokers, cfg.StateFile = id, testFed, []string{url}, state
 	cfg.ReconnectMin, cfg.ReconnectMax = 100*time.Millisecond, time.Second
 	ra := &runningAgent{events: make(chan Event, 1000), errc: make(chan error, 1)}
 	a, err := New(cfg, Deps{
@@ -421,5 +433,140 @@ func TestAgentDropsBadMessages(t *testing.T) {
 	defer store.Close()
 	if es := snapshot(t, store); es.applied != 1 || es.seen != 1 || len(es.outbox) != 1 {
 		t.Fatalf("state %+v", es)
+	}
+}
+
+func TestAgentPreemptsOnNewerRound(t *testing.T) {
+	_, url := startBroker(t)
+	agg := newFakeAgg(t, url)
+	state := filepath.Join(t.TempDir(), "edge.db")
+	ra := startAgent(t, url, state, testData(5, 60))
+	ra.wait(t, "connected", isKind(EventConnected))
+
+	// A solve that only a signal ends: SGD to an unreachable gamma, no
+	// budget, and the fallback deadline on a clock that does not move.
+	endless := func(round uint64) *wire.RoundAnnouncement {
+		ann := announce(t, round, AlgoFedProx, f32(testGlobal(round)))
+		ann.Params.Solver, ann.Params.Lr, ann.Params.Batch, ann.Params.Gamma = "sgd", 0.01, 5, 1e-15
+		ann.Budget = nil
+		return ann
+	}
+	agg.announce(endless(1))
+	ra.wait(t, "round 1 taken", func(e Event) bool { return e.Kind == EventHandling && e.Round == 1 })
+	agg.announce(endless(2))
+	_, u := agg.nextUpdate()
+	if u.Round != 1 || u.Report.StopReason != wire.StopReason_STOP_REASON_SIGNAL || !u.Report.Partial {
+		t.Fatalf("preempted round: update %v", u)
+	}
+	ra.wait(t, "round 2 taken", func(e Event) bool { return e.Kind == EventHandling && e.Round == 2 })
+	ra.stop() // round 2 is abandoned: nothing committed
+
+	store := openStore(t, state)
+	defer store.Close()
+	es := snapshot(t, store)
+	if es.applied != 1 || len(es.outbox) != 1 || es.outbox[0].Round != 1 || es.globalRound != 2 {
+		t.Fatalf("state: applied %d, outbox %v, global of round %d", es.applied, len(es.outbox), es.globalRound)
+	}
+}
+
+// TestAgentsInOneProcess is what broker-agg demo does: several agents in one
+// process, each with its own state file and its data passed in directly.
+func TestAgentsInOneProcess(t *testing.T) {
+	_, url := startBroker(t)
+	agg := newFakeAgg(t, url)
+	ids := []string{"site-a", "site-b", "site-c"}
+	agents := map[string]*runningAgent{}
+	for i, id := range ids {
+		agents[id] = startAgentID(t, id, url, filepath.Join(t.TempDir(), id+".db"), testData(uint64(10+i), 30+10*i))
+		agents[id].wait(t, "connected", isKind(EventConnected))
+	}
+	for round := uint64(1); round <= 2; round++ {
+		ann := announce(t, round, AlgoFedProxSplit, f32(testGlobal(round)))
+		expect := len(ids) // an empty selection selects everyone
+		if round == 2 {
+			ann.Selected = []string{"site-a", "site-c"}
+			expect = len(ann.Selected)
+		}
+		agg.announce(ann)
+		got := map[string]bool{}
+		for range expect {
+			_, u := agg.nextUpdate()
+			if u.Round != round || got[u.ClientId] {
+				t.Fatalf("round %d: update %v", round, u)
+			}
+			got[u.ClientId] = true
+			if want := agents[u.ClientId].Data().N; u.SampleCount != uint64(want) {
+				t.Fatalf("%s: sample count %d, want %d", u.ClientId, u.SampleCount, want)
+			}
+			agg.receipt(acceptedFor(u.ClientId, round))
+		}
+		for id := range got {
+			agents[id].wait(t, "receipt", receiptOf(round))
+		}
+	}
+	b := agents["site-b"]
+	b.wait(t, "not selected in round 2", func(e Event) bool { return e.Kind == EventRound && e.Round == 2 && e.Action == ActionNotSelected })
+	for _, id := range ids {
+		want := uint64(2)
+		if id == "site-b" {
+			want = 1
+		}
+		if s := agents[id].Stats(); s.RoundsSolved != want || s.ReceiptsAccepted != want {
+			t.Errorf("%s: stats %+v", id, s)
+		}
+	}
+}
+
+// TestAgentWithMosquitto runs a round against the real Mosquitto broker.
+func TestAgentWithMosquitto(t *testing.T) {
+	const bin = "/usr/sbin/mosquitto"
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Skip("no mosquitto")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "mosquitto.conf")
+	os.WriteFile(conf, []byte(fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\n", port)), 0o644)
+	cmd := exec.Command(bin, "-c", conf)
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("mosquitto:\n%s", logs.String())
+		}
+	})
+	url := fmt.Sprintf("tcp://127.0.0.1:%d", port)
+	agg := newFakeAgg(t, url) // retries until mosquitto listens
+	state := filepath.Join(dir, "edge.db")
+	ra := startAgent(t, url, state, testData(6, 60))
+	if st := agg.nextStatus(); !st.Online {
+		t.Fatalf("status %v", st)
+	}
+	ra.wait(t, "connected", isKind(EventConnected))
+	for round := uint64(1); round <= 2; round++ {
+		agg.announce(announce(t, round, AlgoFedSplit, f32(testGlobal(round))))
+		_, u := agg.nextUpdate()
+		if u.Round != round {
+			t.Fatalf("update for round %d", u.Round)
+		}
+		agg.receipt(accepted(round))
+		ra.wait(t, "receipt", receiptOf(round))
+	}
+	ra.stop()
+	if st := agg.nextStatus(); st.Online {
+		t.Fatalf("status after shutdown %v", st)
 	}
 }
