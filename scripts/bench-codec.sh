@@ -15,7 +15,7 @@ files=()
 for c in $codecs; do
   d="$out/codec/$(echo "$c" | tr ':+' '_-')"
   "$ba" simulate --dataset idx:/usr/share/datasets/fashion-mnist --partition classes:2 --clients 100 --per-round 10 \
-    --model logreg --l2 1e-3 --epochs 5 --batch 10 --lr 0.03 --mu 1 --step 1 --gamma 1e-6 --rounds 100 --seed 1 \
+    --model logreg --l2 1e-3 --epochs 5 --batch 10 --lr 0.01 --mu 1 --step 3 --gamma 1e-6 --rounds 100 --seed 1 \
     --algo fedprox,fedproxsplit --codec "$c" --optimum-cache "$out/optima" --out "$d" 2>"$d.log" >/dev/null
   files+=("$d/results.json")
   echo "## codec $c (raw float32 update: $((4 * 7850)) bytes)"

@@ -46,7 +46,7 @@ fi
 
 if want fmnist; then
   "$ba" simulate --dataset idx:/usr/share/datasets/fashion-mnist --partition classes:2 --clients 100 --per-round 10 \
-    --model logreg --l2 1e-3 --epochs 20 --batch 10 --lr 0.03 --mu 1 --step 1 --gamma 1e-6 --rounds 100 --seed 1 \
+    --model logreg --l2 1e-3 --epochs 20 --batch 10 --lr 0.01 --mu 1 --step 3 --gamma 1e-6 --rounds 100 --seed 1 \
     --algo fedavg,fedprox,fedsplit,fedproxsplit --optimum-cache "$out/optima" --out "$out/fmnist" 2>"$out/fmnist.log"
   echo "## Fashion-MNIST, 100 clients, classes:2, 10 per round: test accuracy (%)"
   "$ba" report --metric accuracy --at 25,50,100 "$out/fmnist/results.json"
