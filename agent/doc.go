@@ -53,6 +53,11 @@
 // the full gradient (dimension 0) or its random projection is attached; a
 // sketch longer than the gradient is not computed.
 //
+// Randomness (SGD's shuffling, stochastic codecs) comes from streams seeded by
+// Config.Seed, the site id, the round and the purpose, so a re-run of a round
+// is reproducible and sites sharing a seed still draw independent
+// quantisation noise.
+//
 // Error feedback is not used: updates are FULL vectors, and for FedSplit the
 // quantisation error is absorbed by storing the decoded z_j. The residual
 // argument of CommitRound stays nil until DELTA / Z_DELTA updates exist.

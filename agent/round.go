@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -194,7 +195,7 @@ func (h *RoundHandler) Handle(ctx context.Context, ann *wire.RoundAnnouncement) 
 		return res, fmt.Errorf("agent: round %d aborted, nothing committed: %w", r, context.Cause(ctx))
 	}
 
-	frame, err := p.codec.Encode(nil, sent, nil, rand.New(rand.NewPCG(h.Seed^0x5eed_c0dec, r)))
+	frame, err := p.codec.Encode(nil, sent, nil, h.rng(r, streamCodec))
 	if err != nil {
 		return res, fmt.Errorf("agent: round %d: encode the update with %q: %w", r, ann.UplinkCodec, err)
 	}
@@ -236,6 +237,21 @@ func (h *RoundHandler) Handle(ctx context.Context, ann *wire.RoundAnnouncement) 
 	}
 	res.Action, res.Msg, res.Update, res.Sent, res.Report = ActionSolved, msg, u, decoded, rep
 	return res, nil
+}
+
+// Random streams of a round.
+const (
+	streamSolve = iota + 1
+	streamCodec
+)
+
+// rng is the random stream of one round: seeded by Seed, the client id (so
+// that sites with the same Seed still draw independently: QSGD's noise must
+// not be correlated across clients), the round and the stream.
+func (h *RoundHandler) rng(round uint64, stream uint64) *rand.Rand {
+	f := fnv.New64a()
+	f.Write([]byte(h.ClientID))
+	return rand.New(rand.NewPCG(h.Seed^f.Sum64(), round*0x9e3779b97f4a7c15^stream))
 }
 
 // resend looks for the outbox entry of an applied round.
@@ -455,7 +471,7 @@ func seconds(s float64) time.Duration {
 // solve runs the local work of the round and returns the vector to send
 // (w, or FedSplit's new z_j), the report and the stop reason.
 func (h *RoundHandler) solve(ctx context.Context, p *prepared) ([]float64, proxsolver.Report, wire.StopReason, error) {
-	rng := rand.New(rand.NewPCG(h.Seed, p.round))
+	rng := h.rng(p.round, streamSolve)
 	lg := h.log().With("round", p.round, "algorithm", p.algo, "solver", p.cfg.Solver)
 	if !p.split {
 		w, rep, err := proxsolver.Solve(ctx, p.m, h.Data, p.x, nil, p.cfg, p.budget, rng)

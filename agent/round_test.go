@@ -484,3 +484,18 @@ func TestAnchorSketchSent(t *testing.T) {
 		t.Fatalf("anchor sketch %v, want %v", res.Update.AnchorGrad, want)
 	}
 }
+
+func TestRandomStreamsDiffer(t *testing.T) {
+	a := &RoundHandler{ClientID: "site-a", Seed: 1}
+	b := &RoundHandler{ClientID: "site-b", Seed: 1}
+	draw := func(h *RoundHandler, round, stream uint64) uint64 { return h.rng(round, stream).Uint64() }
+	if draw(a, 1, streamCodec) == draw(b, 1, streamCodec) {
+		t.Fatal("two sites with the same seed draw the same codec noise")
+	}
+	if draw(a, 1, streamCodec) == draw(a, 2, streamCodec) || draw(a, 1, streamCodec) == draw(a, 1, streamSolve) {
+		t.Fatal("rounds or streams share a random stream")
+	}
+	if draw(a, 3, streamSolve) != draw(&RoundHandler{ClientID: "site-a", Seed: 1}, 3, streamSolve) {
+		t.Fatal("the stream is not deterministic")
+	}
+}
