@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
@@ -106,6 +107,13 @@ type Agent struct {
 	preempt  context.CancelCauseFunc
 	inflight sync.WaitGroup
 	wake     chan struct{}
+	retries  map[uint64]*retry // INTERNAL receipts: scheduled re-sends by round
+}
+
+// retry is a scheduled re-send of an update the aggregator failed to store.
+type retry struct {
+	attempts int
+	timer    *time.Timer
 }
 
 // New checks cfg, loads the site's data (or takes deps.Data) and returns an
@@ -235,6 +243,12 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	a.mu.Lock()
 	a.closing = true
+	for r, rt := range a.retries {
+		if rt.timer.Stop() {
+			a.inflight.Done() // the timer's callback will not run
+		}
+		delete(a.retries, r)
+	}
 	a.mu.Unlock()
 	a.shutdown(client)
 	cancel()
@@ -538,6 +552,7 @@ func (a *Agent) onReceipt(r *wire.Receipt) {
 	lg := a.log.With("round", r.Round, "code", r.Code.String())
 	switch {
 	case r.Accepted:
+		a.cancelRetry(r.Round)
 		had, err := a.store.Ack(r.Round)
 		if err != nil {
 			lg.Error("ack receipt", "err", err)
@@ -547,8 +562,10 @@ func (a *Agent) onReceipt(r *wire.Receipt) {
 		lg.Info("update receipted", "had_outbox_entry", had)
 	case r.Code == wire.ReceiptCode_RECEIPT_CODE_INTERNAL:
 		a.stats.receiptsRetry.Add(1)
-		lg.Warn("aggregator failed to store the update; kept for a re-send", "reason", r.Reason)
+		d := a.scheduleRetry(r.Round)
+		lg.Warn("aggregator failed to store the update; kept and re-sent later", "reason", r.Reason, "in", d)
 	default:
+		a.cancelRetry(r.Round)
 		if _, err := a.store.Ack(r.Round); err != nil {
 			lg.Error("ack rejected update", "err", err)
 			return
@@ -557,4 +574,65 @@ func (a *Agent) onReceipt(r *wire.Receipt) {
 		lg.Warn("update rejected by the aggregator; dropped", "reason", r.Reason)
 	}
 	a.observe(Event{Kind: EventReceipt, Round: r.Round, Accepted: r.Accepted})
+}
+
+// scheduleRetry re-sends round's outbox entry after a backoff that doubles
+// with every INTERNAL receipt of that round, from ReconnectMin up to
+// ReconnectMax (a reconnection or a re-announcement re-sends it sooner).
+func (a *Agent) scheduleRetry(round uint64) time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closing {
+		return 0
+	}
+	if a.retries == nil {
+		a.retries = map[uint64]*retry{}
+	}
+	rt := a.retries[round]
+	if rt == nil {
+		rt = &retry{}
+		a.retries[round] = rt
+	} else if rt.timer != nil && rt.timer.Stop() {
+		a.inflight.Done()
+	}
+	d := a.cfg.ReconnectMin
+	for i := 0; i < rt.attempts && d < a.cfg.ReconnectMax; i++ {
+		d *= 2
+	}
+	d = min(d, a.cfg.ReconnectMax)
+	rt.attempts++
+	a.inflight.Add(1)
+	rt.timer = time.AfterFunc(d, func() {
+		defer a.inflight.Done()
+		a.resendRound(round)
+	})
+	return d
+}
+
+func (a *Agent) cancelRetry(round uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if rt := a.retries[round]; rt != nil {
+		if rt.timer.Stop() {
+			a.inflight.Done()
+		}
+		delete(a.retries, round)
+	}
+}
+
+// resendRound publishes round's outbox entry again, if it is still there.
+func (a *Agent) resendRound(round uint64) {
+	out, err := a.store.Outbox()
+	if err != nil {
+		a.log.Error("read outbox", "err", err)
+		return
+	}
+	for _, e := range out {
+		if e.Round == round {
+			a.stats.resent.Add(1)
+			a.log.Info("re-sending an update the aggregator failed to store", "round", round)
+			a.publishUpdate(round, e.Msg)
+			return
+		}
+	}
 }

@@ -80,8 +80,9 @@
 // receipts are handled at once: accepted or duplicate -> storage.Ack;
 // rejected -> logged with code and reason, counted and acked (the aggregator
 // will never take that update), except RECEIPT_CODE_INTERNAL ("the client may
-// retry"), which stays in the outbox and is re-sent on the next connection or
-// re-announcement.
+// retry"), which stays in the outbox and is re-sent after a backoff doubling
+// from ReconnectMin to ReconnectMax (and on the next connection or
+// re-announcement).
 //
 // On ctx cancellation Run publishes the retained offline status, disconnects
 // cleanly (the will is not sent on a clean disconnect), waits for its

@@ -570,3 +570,34 @@ func TestAgentWithMosquitto(t *testing.T) {
 		t.Fatalf("status after shutdown %v", st)
 	}
 }
+
+// TestAgentRetriesAfterInternalReceipt: an INTERNAL rejection ("the client
+// may retry") keeps the update and re-sends it after a backoff, without
+// waiting for a reconnection or a re-announcement.
+func TestAgentRetriesAfterInternalReceipt(t *testing.T) {
+	_, url := startBroker(t)
+	agg := newFakeAgg(t, url)
+	state := filepath.Join(t.TempDir(), "edge.db")
+	ra := startAgent(t, url, state, testData(7, 60))
+	ra.wait(t, "connected", isKind(EventConnected))
+	agg.announce(announce(t, 1, AlgoFedProx, f32(testGlobal(1))))
+	first, _ := agg.nextUpdate()
+	for attempt := 1; attempt <= 2; attempt++ {
+		agg.receipt(&wire.Receipt{ClientId: testSite, Round: 1, Code: wire.ReceiptCode_RECEIPT_CODE_INTERNAL, Reason: "fsync failed"})
+		if again, _ := agg.nextUpdate(); !slices.Equal(again, first) {
+			t.Fatalf("attempt %d: the re-sent update differs", attempt)
+		}
+	}
+	agg.receipt(accepted(1))
+	ra.wait(t, "receipt", func(e Event) bool { return e.Kind == EventReceipt && e.Accepted })
+	s := ra.Stats()
+	ra.stop()
+	if s.ReceiptsRetry != 2 || s.ReceiptsAccepted != 1 || s.Resent != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+	store := openStore(t, state)
+	defer store.Close()
+	if es := snapshot(t, store); len(es.outbox) != 0 {
+		t.Fatalf("outbox %v", es.outbox)
+	}
+}
