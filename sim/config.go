@@ -48,6 +48,13 @@ type Config struct {
 	Downlink string `json:"downlink,omitempty"`
 	// OptimumTol is the gradient-norm tolerance of the centralised optimum.
 	OptimumTol float64 `json:"optimum_tol"`
+	// Faulty clients (the first Faulty of the federation) take part in every
+	// round and send their delta scaled by FaultyScale.
+	Faulty      int     `json:"faulty,omitempty"`
+	FaultyScale float64 `json:"faulty_scale,omitempty"`
+	// EvalEvery evaluates the global model every EvalEvery rounds and at the
+	// last one (0 or 1: every round); the other rows have null metrics.
+	EvalEvery int `json:"eval_every,omitempty"`
 	// OptimumEvals caps the gradient evaluations of the optimum's L-BFGS.
 	OptimumEvals int  `json:"optimum_evals"`
 	SaveModels   bool `json:"save_models"`
@@ -239,6 +246,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--stragglers: want a rate in [0, 1], got %v", c.Stragglers)
 	case !(c.TestFrac >= 0 && c.TestFrac < 1):
 		return fmt.Errorf("--test-fraction: want a number in [0, 1), got %v", c.TestFrac)
+	case c.Faulty < 0 || c.Faulty > c.Clients:
+		return fmt.Errorf("--faulty: want 0..%d clients, got %d", c.Clients, c.Faulty)
+	case c.Faulty > 0 && (math.IsNaN(c.FaultyScale) || math.IsInf(c.FaultyScale, 0)):
+		return fmt.Errorf("--faulty-scale: want a finite number, got %v", c.FaultyScale)
 	case c.OptimumEvals < 1:
 		return fmt.Errorf("--optimum-evals: want at least 1, got %d", c.OptimumEvals)
 	case !(c.OptimumTol > 0):

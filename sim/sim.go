@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -304,6 +305,12 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 		}
 		start := time.Now()
 		picked := sel.Select(t, cands, cfg.PerRound, newRand(cfg.Seed, streamSelect, t, 0))
+		// Faulty clients take part in every round (the robustness setting).
+		for c := 0; c < cfg.Faulty; c++ {
+			if !slices.Contains(picked, c) {
+				picked = append(picked, c)
+			}
+		}
 		jobs := e.assignWork(t, picked, a)
 		row := Round{Round: t}
 		outs := make([]outcome, len(jobs))
@@ -316,6 +323,12 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 				for i := range next {
 					c := jobs[i].client
 					outs[i] = e.work(ctx, wk.m, a, sp, jobs[i], x, z[c], t)
+					if c < cfg.Faulty && outs[i].params != nil {
+						// A faulty site sends its delta scaled: w = x + scale (w - x).
+						for k, v := range outs[i].params {
+							outs[i].params[k] = x[k] + cfg.FaultyScale*(v-x[k])
+						}
+					}
 					if wk.codec != nil && outs[i].err == nil && outs[i].params != nil {
 						outs[i].frame, outs[i].err = e.encode(wk.codec, a, outs[i].params, x, zServer[c], residual[c], t, c)
 					}
@@ -399,13 +412,17 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 			}
 			row.BytesDown = int64(len(frame))
 		}
-		ev := e.evaluate(t, x)
-		row.TrainLoss, row.TestAccuracy, row.Gap, row.DistToOpt = ev.TrainLoss, ev.TestAccuracy, ev.Gap, ev.DistToOpt
+		evaluated := cfg.EvalEvery <= 1 || t%cfg.EvalEvery == 0 || t == cfg.Rounds
+		row.TrainLoss, row.TestAccuracy, row.Gap, row.DistToOpt = Float(math.NaN()), Float(math.NaN()), Float(math.NaN()), Float(math.NaN())
+		if evaluated {
+			ev := e.evaluate(t, x)
+			row.TrainLoss, row.TestAccuracy, row.Gap, row.DistToOpt = ev.TrainLoss, ev.TestAccuracy, ev.Gap, ev.DistToOpt
+		}
 		row.Seconds = Float(time.Since(start).Seconds())
 		run.Rounds = append(run.Rounds, row)
 		fmt.Fprintf(progress, "%-16s round %4d/%d  loss %.6f  gap %.3e  acc %.4f  clients %d (stragglers %d)  %.2fs\n",
 			a.Label, t, cfg.Rounds, float64(row.TrainLoss), float64(row.Gap), float64(row.TestAccuracy), row.Participants, row.Stragglers, row.Seconds)
-		if math.IsNaN(float64(row.TrainLoss)) || math.IsInf(float64(row.TrainLoss), 0) {
+		if evaluated && (math.IsNaN(float64(row.TrainLoss)) || math.IsInf(float64(row.TrainLoss), 0)) {
 			return run, fmt.Errorf("round %d: training diverged (loss %v); lower --lr or --step", t, row.TrainLoss)
 		}
 	}

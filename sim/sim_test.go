@@ -8,8 +8,10 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
+	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/quant"
 )
 
@@ -23,7 +25,7 @@ func smallConfig(t *testing.T, algos string) Config {
 	c.Local.Step = 5
 	c.Workers = 2
 	var err error
-	c.Algos, err = ParseAlgos(algos, c.Local, nil)
+	c.Algos, err = ParseAlgos(algos, c.Local, func(n string) bool { return slices.Contains(aggregate.Names(), n) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,5 +268,25 @@ func TestOptimumCache(t *testing.T) {
 	}
 	if c.Optimum.GradEvals == 0 {
 		t.Error("a different objective reused the cached optimum")
+	}
+}
+
+// A faulty client scaling its delta by 1000 every round wrecks FedAvg; the
+// coordinate-wise median shrugs it off.
+func TestFaultyClient(t *testing.T) {
+	cfg := smallConfig(t, "fedprox:label=mean,median")
+	cfg.Rounds, cfg.PerRound, cfg.Faulty, cfg.FaultyScale = 10, 5, 1, 1000
+	res, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mean, med := res.Runs[0].Rounds[cfg.Rounds], res.Runs[1].Rounds[cfg.Rounds]
+	if !(float64(med.Gap) < 0.1*float64(mean.Gap)) {
+		t.Errorf("with a faulty client: median gap %.3e, mean gap %.3e; want the median far better", float64(med.Gap), float64(mean.Gap))
+	}
+	for _, row := range res.Runs[1].Rounds[1:] {
+		if row.Participants != 6 && row.Participants != 5 {
+			t.Errorf("round %d: %d participants, want the faulty client added to K = 5 unless picked", row.Round, row.Participants)
+		}
 	}
 }
