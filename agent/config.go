@@ -94,7 +94,10 @@ type Config struct {
 	// broker's packet size cap).
 	MaxMessageBytes int
 
-	// Connection timing (zero = the default).
+	// Connection timing (zero = the default): the MQTT keepalive, the
+	// timeout of one connection attempt, the retry interval of the first
+	// connection (also the first delay of an INTERNAL receipt's re-send), the
+	// longest reconnect backoff, and how long a publish may wait.
 	KeepAlive, ConnectTimeout, ReconnectMin, ReconnectMax, PublishTimeout time.Duration
 
 	// LogLevel is debug, info, warn or error.

@@ -66,7 +66,8 @@
 //
 // Agent.Run connects with paho: client id = site id, persistent session
 // (CleanSession false), QoS 1, SetOrderMatters(false), SetConnectRetry(true),
-// auto-reconnect with backoff (Config.ReconnectMin..ReconnectMax), a default
+// a first connection retried every Config.ReconnectMin, auto-reconnect with
+// paho's backoff (1 s doubling up to Config.ReconnectMax), a default
 // publish handler through which every inbound message goes, and as last will
 // the retained ClientStatus{online: false}. On every connection (the first
 // one included) it subscribes to round and receipts/<id>, publishes the
