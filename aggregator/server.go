@@ -1,0 +1,821 @@
+package aggregator
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/metrics"
+	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// Algorithm families (the announcement's algorithm field). Any aggregator
+// name of aggregate.Names() is also accepted: clients train it like
+// FedProx, and it names the aggregator.
+const (
+	AlgoFedAvg       = "fedavg"
+	AlgoFedProx      = "fedprox"
+	AlgoFedSplit     = "fedsplit"
+	AlgoFedProxSplit = "fedproxsplit"
+)
+
+// Init values of ServerConfig.Init.
+const (
+	InitZeros = "zeros" // the zero vector
+	InitModel = "model" // the model's InitParams drawn with InitSeed (zeros for the convex models, small random weights for the MLP)
+)
+
+// Params are the local-solve and FedSplit parameters a round announces.
+type Params struct {
+	Mu     float64 // FedProx proximal weight (forced to 0 for fedavg)
+	Step   float64 // FedSplit step size s (> 0 for the FedSplit family)
+	Relax  float64 // FedSplit relaxation alpha (1 Peaceman-Rachford, 0.5 Douglas-Rachford)
+	Solver string  // "sgd" | "lbfgs"
+	Gamma  float64 // target inexactness in (0, 1]
+	LR     float64 // SGD learning rate
+	Batch  int     // SGD mini-batch size (0 = full batch)
+	// The work budget: 0 means no limit for each.
+	MaxEpochs    int
+	MaxSeconds   float64
+	MaxGradEvals uint64
+}
+
+// ServerConfig configures the aggregator daemon (the I/O shell around the
+// Coordinator). Zero values take the defaults documented per field.
+type ServerConfig struct {
+	// Federation names the federation; topics live under
+	// "edgefl/<Federation>/".
+	Federation string
+
+	// BrokerURL is the MQTT broker, as paho spells it: tcp://host:1883,
+	// ssl://host:8883, ws://, wss://. For the embedded broker, its URL.
+	BrokerURL string
+	// ClientID is the aggregator's MQTT client id and identity (default
+	// "aggregator"); the broker's ACL must let it use the whole prefix.
+	ClientID string
+	// Username and Password authenticate to the broker (optional).
+	Username, Password string
+	// TLS configures TLS to the broker (ssl:// URLs); nil = defaults.
+	TLS *tls.Config
+
+	// K clients are selected per round (>= 1); QuorumFraction of them
+	// (default 1: all) must report for a round to close; see Config.
+	K               int
+	QuorumFraction  float64
+	RoundTimeout    time.Duration // default 10 min
+	Extension       time.Duration // default RoundTimeout
+	Settle          time.Duration // wait for clients to come online before a draw; default 0
+	MaxReselections int           // negative: unlimited
+	Rounds          int           // 0 runs forever
+	Seed            uint64        // selection and aggregator randomness
+
+	// Algorithm is fedavg, fedprox, fedsplit, fedproxsplit or an aggregator
+	// name (trained like fedprox). Default fedprox.
+	Algorithm string
+	// Aggregator is the aggregate.NewAggregator spec of the FedAvg/FedProx
+	// families; default: fedavg for fedavg, mean for fedprox, the algorithm
+	// itself for an aggregator name. Ignored by the FedSplit family (the
+	// mean of every known client's latest z).
+	Aggregator string
+	// Selector is the aggregate.NewSelector spec; default uniform.
+	Selector string
+	Params   Params
+	// AnchorSketch, when set, asks clients for the gradient at the anchor
+	// (Dimension 0) or its random-projection sketch (fedsim-cluster).
+	AnchorSketch *wire.SketchSpec
+
+	// Model is the model every client trains.
+	Model model.Spec
+	// Init is InitZeros (default) or InitModel with InitSeed.
+	Init     string
+	InitSeed uint64
+	// Codec is the uplink codec spec clients must use (default "fp32");
+	// the global model always travels as "fp32".
+	Codec string
+
+	// StatePath is the bbolt file of the round log (required).
+	StatePath string
+	// MetricsAddr serves /metrics (Prometheus text), /status (JSON) and
+	// /healthz; empty disables it.
+	MetricsAddr string
+	// Eval, when set, is evaluated after every aggregation: training loss
+	// and accuracy (R^2 for regression) of the global model on it.
+	Eval *model.Data
+	// FinalModel, when set, receives the last global model (model.Save)
+	// when the federation finishes.
+	FinalModel string
+	// MaxMessageBytes bounds an inbound message (default 16 MiB: the
+	// embedded broker's packet cap).
+	MaxMessageBytes int
+
+	// Clock is the time source (default RealClock).
+	Clock Clock
+	// Logger receives the daemon's log (default slog.Default()).
+	Logger *slog.Logger
+	// OnRound, when set, is called from the event loop after each round is
+	// aggregated and durably checkpointed, before the next announcement.
+	// It must not block for long.
+	OnRound func(RoundReport)
+}
+
+// RoundReport describes one aggregated round.
+type RoundReport struct {
+	Round        int
+	Contributors []string
+	Partial      []string
+	Stragglers   []string
+	Late         int           // late FedSplit updates stored since the previous aggregation
+	Duration     time.Duration // aggregation and checkpoint (wall time)
+	EvalLoss     float64       // NaN without ServerConfig.Eval
+	EvalScore    float64       // accuracy (R^2 for regression); NaN without Eval
+	Metrics      map[string]float64
+	Global       []float64 // the new global model (do not modify)
+}
+
+// Default values.
+const (
+	DefaultClientID        = "aggregator"
+	DefaultRoundTimeout    = 10 * time.Minute
+	DefaultMaxMessageBytes = 16 << 20
+)
+
+func isSplit(family string) bool { return family == AlgoFedSplit || family == AlgoFedProxSplit }
+
+// family maps an algorithm to its family and default aggregator spec.
+func family(algo string) (fam, agg string, err error) {
+	switch algo {
+	case AlgoFedAvg:
+		return AlgoFedAvg, "fedavg", nil
+	case AlgoFedProx:
+		return AlgoFedProx, "mean", nil
+	case AlgoFedSplit, AlgoFedProxSplit:
+		return algo, "fedsplit-mean", nil
+	}
+	if slices.Contains(aggregate.Names(), algo) {
+		return AlgoFedProx, algo, nil
+	}
+	return "", "", fmt.Errorf("%w: algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit or an aggregator: %s)",
+		ErrConfig, algo, strings.Join(aggregate.Names(), ", "))
+}
+
+func (c *ServerConfig) defaults() {
+	if c.ClientID == "" {
+		c.ClientID = DefaultClientID
+	}
+	if c.QuorumFraction == 0 {
+		c.QuorumFraction = 1
+	}
+	if c.RoundTimeout == 0 {
+		c.RoundTimeout = DefaultRoundTimeout
+	}
+	if c.Algorithm == "" {
+		c.Algorithm = AlgoFedProx
+	}
+	if c.Selector == "" {
+		c.Selector = "uniform"
+	}
+	if c.Init == "" {
+		c.Init = InitZeros
+	}
+	if c.Codec == "" {
+		c.Codec = "fp32"
+	}
+	if c.MaxMessageBytes <= 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.Clock == nil {
+		c.Clock = RealClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// storedConfig is what the round log remembers of the configuration (each
+// round's Config), checked on restart: a state file belongs to one
+// federation, algorithm family and model.
+type storedConfig struct {
+	Federation string     `json:"federation"`
+	Algorithm  string     `json:"algorithm"`
+	Family     string     `json:"family"`
+	Aggregator string     `json:"aggregator,omitempty"`
+	Model      model.Spec `json:"model"`
+	Dimension  int        `json:"dimension"`
+	Codec      string     `json:"codec"`
+}
+
+// Server is the aggregator daemon: it owns one Coordinator and carries out
+// its decisions over MQTT (paho) and bbolt (storage.AggStore). Build it with
+// NewServer, then Run it once.
+//
+// One goroutine (Run's event loop) owns the coordinator, the store's writes
+// and the timer. MQTT callbacks decode and validate messages on paho's
+// goroutines and hand status and update events to the loop through a
+// channel; an update's callback waits until the loop has made the update
+// durable (or rejected it) and only then acknowledges the MQTT message, so
+// an update the broker has handed over is either in bbolt or will be
+// redelivered.
+type Server struct {
+	cfg     ServerConfig
+	log     *slog.Logger
+	clock   Clock
+	topics  wire.Topics
+	lim     wire.Limits
+	qlim    quant.Limits
+	store   *storage.AggStore
+	coord   *Coordinator
+	model   model.Model
+	dim     int
+	fam     string
+	aggSpec string
+	agg     aggregate.Aggregator // nil for the FedSplit family
+	conf    []byte               // storedConfig JSON
+
+	codecs   sync.Pool    // *quant.Codec for the MQTT callbacks
+	loopQ    *quant.Codec // the loop's own codec
+	global   []float64    // the global model of globalR
+	globalR  int
+	frame    []byte // the fp32 frame of global (for globalR)
+	storeR   uint64 // the store's current round
+	lastSt   []byte // the state bytes last written to storeR
+	late     int    // late updates since the last aggregation
+	fresh    bool   // the state file was new
+	reqs     chan *request
+	client   mqtt.Client
+	timerC   <-chan time.Time
+	timerOff func()
+
+	runCtx     context.Context
+	ran        atomic.Bool
+	closed     atomic.Bool
+	ready      chan struct{}
+	subscribed chan struct{}
+	subOnce    sync.Once
+	finished   chan struct{}
+	finOnce    sync.Once
+	metAddr    atomic.Value // string
+
+	// metrics
+	mu                                      sync.Mutex
+	view                                    view
+	changed                                 chan struct{}
+	rejected                                metrics.LabeledCounter // shell-level rejections by reason
+	bytesIn                                 metrics.LabeledCounter // by topic kind
+	msgsIn                                  metrics.LabeledCounter
+	storageErrors, publishErrors, badStatus atomic.Uint64
+}
+
+// request is an event handed from an MQTT callback to the loop.
+type request struct {
+	status *wire.ClientStatus
+	update *inUpdate
+	done   chan struct{}
+}
+
+// inUpdate is a decoded, validated update.
+type inUpdate struct {
+	msg *wire.ClientUpdate
+	raw []byte
+	vec []float64
+}
+
+// NewServer validates cfg, opens the state file (a second daemon on the
+// same file fails here) and restores the coordinator from it. Call Run, or
+// Close if Run will not be called.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	cfg.defaults()
+	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request),
+		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{})}
+	s.metAddr.Store("")
+	var err error
+	if s.topics, err = wire.ForFederation(cfg.Federation); err != nil {
+		return nil, fmt.Errorf("%w: federation: %w", ErrConfig, err)
+	}
+	if err := wire.ValidID(cfg.ClientID); err != nil {
+		return nil, fmt.Errorf("%w: client id: %w", ErrConfig, err)
+	}
+	if cfg.BrokerURL == "" {
+		return nil, fmt.Errorf("%w: no broker URL", ErrConfig)
+	}
+	if cfg.StatePath == "" {
+		return nil, fmt.Errorf("%w: no state file", ErrConfig)
+	}
+	if cfg.K < 1 {
+		return nil, fmt.Errorf("%w: K = %d, want >= 1", ErrConfig, cfg.K)
+	}
+	if !(cfg.QuorumFraction > 0 && cfg.QuorumFraction <= 1) {
+		return nil, fmt.Errorf("%w: quorum fraction %v, want (0, 1]", ErrConfig, cfg.QuorumFraction)
+	}
+	if s.fam, s.aggSpec, err = family(cfg.Algorithm); err != nil {
+		return nil, err
+	}
+	if cfg.Aggregator != "" && !isSplit(s.fam) {
+		s.aggSpec = cfg.Aggregator
+	}
+	if !isSplit(s.fam) {
+		if s.agg, err = aggregate.NewAggregator(s.aggSpec, cfg.Seed); err != nil {
+			return nil, fmt.Errorf("%w: aggregator: %w", ErrConfig, err)
+		}
+	}
+	p := cfg.Params
+	if s.fam == AlgoFedAvg {
+		p.Mu = 0
+		s.cfg.Params.Mu = 0
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"mu", p.Mu}, {"step", p.Step}, {"relax", p.Relax}, {"gamma", p.Gamma}, {"lr", p.LR}, {"max seconds", p.MaxSeconds}} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
+			return nil, fmt.Errorf("%w: %s = %v, want finite and >= 0", ErrConfig, f.name, f.v)
+		}
+	}
+	if isSplit(s.fam) && !(p.Step > 0) {
+		return nil, fmt.Errorf("%w: %s needs a step size > 0", ErrConfig, s.fam)
+	}
+	if p.Batch < 0 || p.MaxEpochs < 0 {
+		return nil, fmt.Errorf("%w: negative batch or epochs", ErrConfig)
+	}
+	sel, err := aggregate.NewSelector(cfg.Selector)
+	if err != nil {
+		return nil, fmt.Errorf("%w: selector: %w", ErrConfig, err)
+	}
+	if s.model, err = model.New(cfg.Model); err != nil {
+		return nil, fmt.Errorf("%w: model: %w", ErrConfig, err)
+	}
+	s.dim = s.model.NumParams()
+	if cfg.Init != InitZeros && cfg.Init != InitModel {
+		return nil, fmt.Errorf("%w: init %q (want %s or %s)", ErrConfig, cfg.Init, InitZeros, InitModel)
+	}
+	if _, err := quant.Parse(cfg.Codec); err != nil {
+		return nil, fmt.Errorf("%w: codec: %w", ErrConfig, err)
+	}
+	if cfg.Eval != nil {
+		if err := cfg.Eval.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: evaluation data: %w", ErrConfig, err)
+		}
+		if cfg.Eval.D != cfg.Model.Inputs {
+			return nil, fmt.Errorf("%w: evaluation data has %d features, the model %d inputs", ErrConfig, cfg.Eval.D, cfg.Model.Inputs)
+		}
+		if err := model.CheckTargets(cfg.Model, *cfg.Eval); err != nil {
+			return nil, fmt.Errorf("%w: evaluation data: %w", ErrConfig, err)
+		}
+	}
+	s.lim = wire.Limits{MaxMessageBytes: cfg.MaxMessageBytes, MaxDimension: s.dim}
+	s.qlim = quant.Limits{MaxDim: s.dim, MaxFrame: cfg.MaxMessageBytes}
+	if s.loopQ, err = quant.ParseWithLimits("fp32", s.qlim); err != nil {
+		return nil, fmt.Errorf("aggregator: codec: %w", err)
+	}
+	s.codecs.New = func() any {
+		c, _ := quant.ParseWithLimits("fp32", s.qlim) // the same spec parsed above
+		return c
+	}
+	coord, err := New(Config{
+		K: cfg.K, Quorum: QuorumOf(cfg.K, cfg.QuorumFraction), RoundTimeout: cfg.RoundTimeout,
+		Extension: cfg.Extension, MaxReselections: cfg.MaxReselections, Settle: cfg.Settle,
+		Rounds: cfg.Rounds, Seed: cfg.Seed, Selector: sel, StoreLate: isSplit(s.fam),
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.coord = coord
+	s.conf, _ = json.Marshal(storedConfig{Federation: cfg.Federation, Algorithm: cfg.Algorithm, Family: s.fam,
+		Aggregator: s.aggSpec, Model: cfg.Model, Dimension: s.dim, Codec: cfg.Codec})
+
+	if s.store, err = storage.OpenAgg(cfg.StatePath, storage.Options{}); err != nil {
+		return nil, err
+	}
+	if err := s.restore(); err != nil {
+		s.store.Close()
+		return nil, err
+	}
+	s.refreshView()
+	return s, nil
+}
+
+// restore loads the round log: a fresh file gets round 1 with the initial
+// model; otherwise the coordinator's state, the global model of its round
+// and the stored configuration (which must match) come back.
+func (s *Server) restore() error {
+	cur, err := s.store.CurrentRound()
+	if errors.Is(err, storage.ErrNotFound) {
+		x0 := make([]float64, s.dim)
+		if s.cfg.Init == InitModel {
+			x0 = s.model.InitParams(rand.New(rand.NewPCG(s.cfg.InitSeed, 0x696e6974)))
+		}
+		st, _ := json.Marshal(s.coord.Snapshot())
+		now := s.clock.Now()
+		if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: now, Config: s.conf, State: st}, x0); err != nil {
+			return err
+		}
+		s.storeR, s.lastSt, s.fresh = 1, st, true
+		s.global, s.globalR = x0, 1
+		s.log.Info("new round log", "state", s.cfg.StatePath, "federation", s.cfg.Federation,
+			"algorithm", s.cfg.Algorithm, "model", s.cfg.Model.Kind, "dimension", s.dim)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	first, err := s.store.Round(1)
+	if err != nil {
+		return fmt.Errorf("aggregator: %s: round 1: %w", s.cfg.StatePath, err)
+	}
+	var was storedConfig
+	if err := json.Unmarshal(first.Config, &was); err != nil {
+		return fmt.Errorf("aggregator: %s: stored configuration: %w", s.cfg.StatePath, err)
+	}
+	if was.Federation != s.cfg.Federation || was.Family != s.fam || was.Model != s.cfg.Model || was.Dimension != s.dim {
+		return fmt.Errorf("%w: %s belongs to federation %q, %s, model %+v; this configuration is federation %q, %s, model %+v: use another --state file",
+			ErrConfig, s.cfg.StatePath, was.Federation, was.Family, was.Model, s.cfg.Federation, s.fam, s.cfg.Model)
+	}
+	var st State
+	if err := json.Unmarshal(cur.State, &st); err != nil {
+		return fmt.Errorf("aggregator: %s: state of round %d: %w", s.cfg.StatePath, cur.Number, err)
+	}
+	if err := s.coord.Restore(st); err != nil {
+		return fmt.Errorf("aggregator: %s: %w", s.cfg.StatePath, err)
+	}
+	s.storeR, s.lastSt = cur.Number, cur.State
+	r := s.coord.Round()
+	if s.coord.Phase() == PhaseFinished {
+		r++ // the final aggregate, checkpointed as round Rounds+1
+	}
+	if s.global, err = s.store.Checkpoint(uint64(r)); err != nil {
+		return fmt.Errorf("aggregator: %s: global model of round %d: %w", s.cfg.StatePath, r, err)
+	}
+	if len(s.global) != s.dim {
+		return fmt.Errorf("aggregator: %s: global model of round %d has %d values, the model %d", s.cfg.StatePath, r, len(s.global), s.dim)
+	}
+	s.globalR = r
+	s.log.Info("resuming from the round log", "state", s.cfg.StatePath, "round", r, "phase", s.coord.Phase(),
+		"received", len(st.Received), "clients", len(st.Clients))
+	return nil
+}
+
+// Close releases the state file of a Server that was never Run (Run closes
+// it itself).
+func (s *Server) Close() error {
+	if s.ran.Load() || !s.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	return s.store.Close()
+}
+
+// Ready is closed once Run is connected and subscribed to the broker and
+// has resumed the round; MetricsAddr is valid from then on.
+func (s *Server) Ready() <-chan struct{} { return s.ready }
+
+// Finished is closed when the last round (ServerConfig.Rounds) is
+// aggregated. Run keeps serving (receipts, metrics) until its context ends.
+func (s *Server) Finished() <-chan struct{} { return s.finished }
+
+// MetricsAddr is the address the metrics server listens on ("" when
+// disabled or not started).
+func (s *Server) MetricsAddr() string { return s.metAddr.Load().(string) }
+
+// Global returns a copy of the current global model and its round.
+func (s *Server) Global() ([]float64, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.view.global), s.view.globalRound
+}
+
+// Run connects to the broker, serves metrics, resumes the open round and
+// runs the event loop until ctx ends or a fatal error (the state file
+// cannot be written, a stored update cannot be read back). It closes the
+// state file before returning. A Server runs once.
+func (s *Server) Run(ctx context.Context) (err error) {
+	if !s.ran.CompareAndSwap(false, true) || s.closed.Load() {
+		return errors.New("aggregator: Server.Run called twice or after Close")
+	}
+	defer s.store.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.runCtx = ctx
+
+	var httpSrv *http.Server
+	if s.cfg.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", s.cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("aggregator: metrics listener: %w", err)
+		}
+		s.metAddr.Store(ln.Addr().String())
+		httpSrv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.log.Error("metrics server stopped", "err", err)
+			}
+		}()
+		s.log.Info("metrics at http://"+ln.Addr().String()+"/metrics", "status", "/status")
+	}
+	defer func() {
+		if httpSrv != nil {
+			sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = httpSrv.Shutdown(sctx)
+			c()
+		}
+	}()
+
+	s.client = mqtt.NewClient(s.clientOptions())
+	if err := s.connect(ctx); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		s.client.Disconnect(0)
+		return nil
+	}
+	defer func() {
+		cancel() // callbacks waiting on the loop give up (their messages stay unacknowledged)
+		s.client.Disconnect(500)
+	}()
+	if s.fresh {
+		// A fresh federation: a retained announcement of an earlier run
+		// under the same name would mislead clients that connect now.
+		s.publish(s.topics.Round(), true, nil, "clear retained round")
+	}
+	if err := s.apply(ctx, s.coord.Resume(), nil, nil); err != nil {
+		return err
+	}
+	close(s.ready)
+	err = s.loop(ctx)
+	if s.timerOff != nil {
+		s.timerOff()
+	}
+	return err
+}
+
+func (s *Server) loop(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			s.log.Info("aggregator stopping", "round", s.coord.Round(), "phase", s.coord.Phase())
+			return nil
+		case r := <-s.reqs:
+			var err error
+			switch {
+			case r.status != nil:
+				err = s.onStatus(ctx, r.status)
+			case r.update != nil:
+				err = s.onUpdate(ctx, r.update)
+			}
+			close(r.done)
+			if err != nil {
+				return err
+			}
+		case <-s.timerC:
+			s.timerC = nil
+			if err := s.step(ctx, Tick{At: s.clock.Now()}, nil); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// submit hands r to the loop and waits until it is handled; false when the
+// server stops first.
+func (s *Server) submit(r *request) bool {
+	ctx := s.runCtx
+	r.done = make(chan struct{})
+	select {
+	case s.reqs <- r:
+	case <-ctx.Done():
+		return false
+	}
+	select {
+	case <-r.done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (s *Server) onStatus(ctx context.Context, st *wire.ClientStatus) error {
+	now := s.clock.Now()
+	err := s.store.PutClientStatus(storage.ClientStatus{ID: st.ClientId, Online: st.Online, SampleCount: st.SampleCount,
+		Capabilities: st.Capabilities, SoftwareVersion: st.SoftwareVersion, At: now})
+	if err != nil {
+		// The registry is informational; the coordinator's state is what
+		// rounds run on.
+		s.storageErrors.Add(1)
+		s.log.Error("storing client status", "client", st.ClientId, "err", err)
+	}
+	if st.Online {
+		s.log.Debug("client online", "client", st.ClientId, "samples", st.SampleCount)
+		return s.step(ctx, ClientOnline{ID: st.ClientId, Samples: int(min(st.SampleCount, math.MaxInt32)), At: now}, nil)
+	}
+	s.log.Info("client offline", "client", st.ClientId)
+	return s.step(ctx, ClientOffline{ID: st.ClientId, At: now}, nil)
+}
+
+func (s *Server) onUpdate(ctx context.Context, u *inUpdate) error {
+	m := u.msg
+	r := m.Round
+	if r > math.MaxInt32 {
+		r = math.MaxInt32 // a future round either way
+	}
+	loss := math.NaN()
+	if rep := m.Report; rep != nil {
+		loss = rep.AnchorLoss
+	}
+	return s.step(ctx, UpdateArrived{Client: m.ClientId, Round: int(r), Partial: m.Report.GetPartial(), Loss: loss, At: s.clock.Now()}, u)
+}
+
+// step feeds one event to the coordinator and carries out its decisions.
+func (s *Server) step(ctx context.Context, ev Event, u *inUpdate) error {
+	var before *State
+	if u != nil {
+		b := s.coord.Snapshot()
+		before = &b
+	}
+	return s.apply(ctx, s.coord.Step(ev), u, before)
+}
+
+// apply carries out one batch of decisions in the coordinator's order:
+// first the durable writes (the accepted update, then the state), then
+// everything visible outside (receipts, announcements), the timer and the
+// round's close. before is the state to roll back to if the update cannot
+// be stored.
+func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *State) error {
+	defer s.refreshView()
+	now := s.clock.Now()
+	var storedAt time.Time
+	for _, d := range ds {
+		var round int
+		switch d := d.(type) {
+		case Accept:
+			round = d.Round
+		case AcceptLate:
+			round = d.Round
+		default:
+			continue
+		}
+		if u == nil || int(u.msg.Round) != round || u.msg.ClientId != clientOf(d) {
+			return fmt.Errorf("aggregator: coordinator accepted an update it was not given: %#v", d)
+		}
+		if err := s.storeUpdate(u, now); err != nil {
+			s.storageErrors.Add(1)
+			s.log.Error("storing an accepted update; rejecting it for a retry", "client", u.msg.ClientId, "round", u.msg.Round, "err", err)
+			if rerr := s.coord.Restore(*before); rerr != nil {
+				return fmt.Errorf("aggregator: roll back after a storage error: %w (storage: %w)", rerr, err)
+			}
+			s.reject("internal")
+			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store the update; retry", time.Time{})
+			return nil
+		}
+		storedAt = now
+	}
+	if err := s.persistState(); err != nil {
+		if u != nil && !storedAt.IsZero() && before != nil && s.coord.Restore(*before) == nil {
+			s.storageErrors.Add(1)
+			s.reject("internal")
+			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store its state; retry", time.Time{})
+		}
+		return err
+	}
+	var closing *CloseRound
+	for _, d := range ds {
+		switch d := d.(type) {
+		case Accept:
+			s.log.Info("update accepted", "client", d.Client, "round", d.Round, "partial", d.Partial)
+			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "", storedAt)
+		case AcceptLate:
+			s.late++
+			s.log.Info("late update stored as the client's latest z", "client", d.Client, "round", d.Round, "partial", d.Partial)
+			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "late: stored as the latest z", storedAt)
+		case Reject:
+			s.rejectByCoordinator(u, d)
+		case Announce:
+			if err := s.announce(d.Round, d.Attempt, d.Selected, d.Deadline); err != nil {
+				return err
+			}
+		case Extend:
+			sel := s.coord.Snapshot().Selected
+			s.log.Info("round below quorum at its deadline: extended", "round", d.Round, "deadline", d.Deadline)
+			if err := s.announce(d.Round, -1, sel, d.Deadline); err != nil {
+				return err
+			}
+		case SetTimer:
+			s.setTimer(d.At)
+		case CloseRound:
+			closing = &d
+		case Finished:
+			s.finish(d)
+		}
+	}
+	if closing != nil {
+		// After the rest of the batch (its SetTimer belongs to the
+		// closing phase): AggregatedRound is a new event.
+		return s.closeRound(ctx, *closing)
+	}
+	return nil
+}
+
+func clientOf(d Decision) string {
+	switch d := d.(type) {
+	case Accept:
+		return d.Client
+	case AcceptLate:
+		return d.Client
+	}
+	return ""
+}
+
+// storeUpdate writes an accepted update (and, for the FedSplit family, the
+// client's latest z) in one fsynced transaction. A copy already stored (a
+// re-send after a crash between the update and the state) is fine.
+func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
+	var z []float64
+	if isSplit(s.fam) {
+		z = u.vec
+	}
+	loss := math.NaN()
+	if u.msg.Report != nil {
+		loss = u.msg.Report.AnchorLoss
+	}
+	_, err := s.store.PutUpdate(storage.Update{Round: u.msg.Round, ClientID: u.msg.ClientId, StoredAt: now,
+		SampleCount: u.msg.SampleCount, Loss: loss, Msg: u.raw}, z)
+	return err
+}
+
+// persistState writes the coordinator's state to the store's current round
+// when it changed.
+func (s *Server) persistState() error {
+	b, err := json.Marshal(s.coord.Snapshot())
+	if err != nil {
+		return fmt.Errorf("aggregator: encode state: %w", err)
+	}
+	if bytes.Equal(b, s.lastSt) {
+		return nil
+	}
+	if err := s.store.PutRoundState(s.storeR, b); err != nil {
+		s.storageErrors.Add(1)
+		return fmt.Errorf("aggregator: persist state: %w", err)
+	}
+	s.lastSt = b
+	return nil
+}
+
+func (s *Server) setTimer(at time.Time) {
+	if s.timerOff != nil {
+		s.timerOff()
+		s.timerOff = nil
+	}
+	s.timerC = nil
+	if !at.IsZero() {
+		s.timerC, s.timerOff = s.clock.At(at)
+	}
+}
+
+func (s *Server) finish(d Finished) {
+	s.log.Info("federation finished", "rounds", d.Rounds)
+	s.refreshView()
+	if p := s.cfg.FinalModel; p != "" {
+		if err := saveModel(p, s.model, s.global); err != nil {
+			s.log.Error("writing the final model", "path", p, "err", err)
+		} else {
+			s.log.Info("final model written", "path", p)
+		}
+	}
+	s.finOnce.Do(func() { close(s.finished) })
+}
+
+func saveModel(path string, m model.Model, x []float64) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if err := model.Save(f, m, x); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

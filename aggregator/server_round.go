@@ -1,0 +1,270 @@
+package aggregator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/split"
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// announcement builds the round message for the current global model.
+func (s *Server) announcement(round int, selected []string, deadline time.Time) (*wire.RoundAnnouncement, error) {
+	if round != s.globalR {
+		return nil, fmt.Errorf("aggregator: announcing round %d with the global model of round %d", round, s.globalR)
+	}
+	if s.frame == nil {
+		f, err := s.loopQ.Encode(nil, s.global, nil, nil)
+		if err != nil {
+			return nil, fmt.Errorf("aggregator: encode the global model of round %d: %w", round, err)
+		}
+		s.frame = f
+	}
+	p := s.cfg.Params
+	ms := wire.ModelSpec{Kind: s.cfg.Model.Kind, Inputs: uint32(s.cfg.Model.Inputs), Classes: uint32(s.cfg.Model.Classes),
+		Activation: s.cfg.Model.Activation, L2: s.cfg.Model.L2}
+	if s.cfg.Model.Hidden > 0 {
+		ms.Hidden = []uint32{uint32(s.cfg.Model.Hidden)}
+	}
+	a := &wire.RoundAnnouncement{
+		Federation: s.cfg.Federation,
+		Round:      uint64(round),
+		Algorithm:  s.cfg.Algorithm,
+		Params: &wire.Params{Mu: p.Mu, Step: p.Step, Relax: p.Relax, Solver: p.Solver, Gamma: p.Gamma,
+			Lr: p.LR, Batch: uint32(p.Batch)},
+		Model:           &ms,
+		Budget:          &wire.WorkBudget{MaxEpochs: uint32(p.MaxEpochs), MaxSeconds: p.MaxSeconds, MaxGradEvals: p.MaxGradEvals},
+		DeadlineUnixMs:  deadline.UnixMilli(),
+		Selected:        slices.Clone(selected),
+		Global:          &wire.Vector{Codec: "fp32", Dimension: uint32(s.dim), Payload: s.frame},
+		UplinkCodec:     s.cfg.Codec,
+		CreatedAtUnixMs: s.clock.Now().UnixMilli(),
+		AnchorSketch:    s.cfg.AnchorSketch,
+	}
+	if !isSplit(s.fam) {
+		a.Aggregator = s.aggSpec
+	}
+	return a, nil
+}
+
+// announce publishes the retained round message (attempt < 0: an
+// extension).
+func (s *Server) announce(round, attempt int, selected []string, deadline time.Time) error {
+	a, err := s.announcement(round, selected, deadline)
+	if err != nil {
+		return err
+	}
+	b, err := wire.Encode(a)
+	if err != nil {
+		return fmt.Errorf("aggregator: encode announcement of round %d: %w", round, err)
+	}
+	if attempt >= 0 {
+		s.log.Info("round announced", "round", round, "attempt", attempt, "selected", selected,
+			"deadline", deadline.UTC().Format(time.RFC3339), "bytes", len(b))
+	}
+	s.publish(s.topics.Round(), true, b, "round announcement")
+	return nil
+}
+
+// closeRound aggregates the closed round, checkpoints the result as the
+// next round's global model (in the same transaction that opens the next
+// round), then steps AggregatedRound. After a restart the checkpoint may
+// exist already: then the aggregation is not redone.
+func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
+	start := time.Now()
+	r := cr.Round
+	final := s.cfg.Rounds > 0 && r >= s.cfg.Rounds
+	next, err := s.store.Checkpoint(uint64(r + 1))
+	var rep aggregate.Report
+	redo := errors.Is(err, storage.ErrNotFound)
+	switch {
+	case redo:
+		if next, rep, err = s.aggregate(cr); err != nil {
+			return err
+		}
+	case err != nil:
+		return fmt.Errorf("aggregator: checkpoint of round %d: %w", r+1, err)
+	default:
+		s.log.Info("round was aggregated before a restart; using its checkpoint", "round", r)
+	}
+	state, err := marshalState(s.coord.Snapshot())
+	if err != nil {
+		return err
+	}
+	now := s.clock.Now()
+	if final {
+		if redo {
+			if err := s.store.PutCheckpoint(uint64(r+1), next); err != nil {
+				return fmt.Errorf("aggregator: %w", err)
+			}
+		}
+		if err := s.store.CloseRound(uint64(r), now, state); err != nil {
+			return fmt.Errorf("aggregator: %w", err)
+		}
+	} else if s.storeR == uint64(r) {
+		if err := s.store.OpenRound(storage.Round{Number: uint64(r + 1), OpenedAt: now, Config: s.conf, State: state}, next); err != nil {
+			return fmt.Errorf("aggregator: %w", err)
+		}
+		s.storeR = uint64(r + 1)
+	}
+	s.lastSt = state
+	s.global, s.globalR, s.frame = next, r+1, nil
+	dur := time.Since(start)
+
+	rr := RoundReport{Round: r, Contributors: cr.Contributors, Partial: cr.Partial, Stragglers: cr.Stragglers,
+		Late: s.late, Duration: dur, EvalLoss: math.NaN(), EvalScore: math.NaN(), Metrics: rep.Metrics, Global: next}
+	if ev := s.cfg.Eval; ev != nil && ev.N > 0 {
+		rr.EvalLoss = s.model.LossGrad(next, *ev, nil)
+		rr.EvalScore = s.model.Score(next, *ev)
+	}
+	s.late = 0
+	s.mu.Lock()
+	s.view.last = rr
+	s.view.aggSeconds += dur.Seconds()
+	s.view.aggCount++
+	s.mu.Unlock()
+	args := []any{"round", r, "contributors", len(cr.Contributors), "partial", len(cr.Partial),
+		"stragglers", cr.Stragglers, "aggregation", dur.Round(time.Microsecond)}
+	if s.cfg.Eval != nil {
+		args = append(args, "eval_loss", rr.EvalLoss, "eval_score", rr.EvalScore)
+	}
+	s.log.Info("round aggregated", args...)
+	if s.cfg.OnRound != nil {
+		s.cfg.OnRound(rr)
+	}
+	return s.apply(ctx, s.coord.Step(AggregatedRound{Round: r, At: now}), nil, nil)
+}
+
+// aggregate computes the next global model from the closed round.
+func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+	out := make([]float64, s.dim)
+	if isSplit(s.fam) {
+		zs, err := s.store.LatestZ()
+		if err != nil {
+			return nil, aggregate.Report{}, fmt.Errorf("aggregator: %w", err)
+		}
+		ids := make([]string, 0, len(zs))
+		for id, z := range zs {
+			if len(z) != s.dim {
+				s.log.Error("stored z has the wrong dimension; left out", "client", id, "len", len(z))
+				continue
+			}
+			ids = append(ids, id)
+		}
+		if len(ids) == 0 {
+			// Cannot happen (the round closed with a quorum of stored z);
+			// keep the model rather than publish nothing.
+			return slices.Clone(s.global), aggregate.Report{}, nil
+		}
+		slices.Sort(ids) // a deterministic summation order
+		list := make([][]float64, len(ids))
+		for i, id := range ids {
+			list[i] = zs[id]
+		}
+		if _, err := split.ServerStep(out, list); err != nil {
+			return nil, aggregate.Report{}, fmt.Errorf("aggregator: fedsplit server step: %w", err)
+		}
+		return out, aggregate.Report{Metrics: map[string]float64{"clients_with_z": float64(len(ids))}}, nil
+	}
+	want := make(map[string]bool, len(cr.Contributors))
+	for _, id := range cr.Contributors {
+		want[id] = true
+	}
+	var ups []aggregate.Update
+	err := s.store.ForEachUpdate(uint64(cr.Round), func(u storage.Update) error {
+		if !want[u.ClientID] {
+			return nil // stored just before a crash, not counted by the coordinator
+		}
+		m, err := wire.DecodeUpdate(u.Msg, s.lim)
+		if err != nil {
+			return fmt.Errorf("stored update of %q: %w", u.ClientID, err)
+		}
+		vec, err := s.loopQ.Decode(m.Vector.Payload, nil)
+		if err != nil || len(vec) != s.dim {
+			return fmt.Errorf("stored update of %q: vector: %w", u.ClientID, err)
+		}
+		ups = append(ups, aggregate.Update{Client: u.ClientID, Params: vec, Samples: int(min(u.SampleCount, math.MaxInt32)),
+			AnchorGrad: m.AnchorGrad, Loss: u.Loss})
+		return nil
+	})
+	if err != nil {
+		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
+	}
+	if len(ups) != len(cr.Contributors) {
+		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %d contributors but %d stored updates", cr.Round, len(cr.Contributors), len(ups))
+	}
+	rep, err := s.agg.Aggregate(s.global, ups, out)
+	if err != nil {
+		return nil, rep, fmt.Errorf("aggregator: round %d: %s: %w", cr.Round, s.agg.Name(), err)
+	}
+	for i, v := range out {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil, rep, fmt.Errorf("aggregator: round %d: %s produced a non-finite value at %d", cr.Round, s.agg.Name(), i)
+		}
+	}
+	return out, rep, nil
+}
+
+func marshalState(st State) ([]byte, error) {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: encode state: %w", err)
+	}
+	return b, nil
+}
+
+// receiptCodes maps the coordinator's reasons to receipt codes.
+var receiptCodes = map[Reason]wire.ReceiptCode{
+	StaleRound:    wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND,
+	FutureRound:   wire.ReceiptCode_RECEIPT_CODE_FUTURE_ROUND,
+	NotSelected:   wire.ReceiptCode_RECEIPT_CODE_NOT_SELECTED,
+	UnknownClient: wire.ReceiptCode_RECEIPT_CODE_UNKNOWN_CLIENT,
+	RoundClosed:   wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND,
+}
+
+func (s *Server) rejectByCoordinator(u *inUpdate, d Reject) {
+	if u == nil {
+		return
+	}
+	if d.Reason == Duplicate {
+		// Accepted earlier: an accepted receipt again, so that the client
+		// clears its outbox.
+		at := s.clock.Now()
+		if st, err := s.store.GetUpdate(u.msg.Round, u.msg.ClientId); err == nil {
+			at = st.StoredAt
+		}
+		s.log.Info("duplicate update ignored", "client", d.Client, "round", d.Round)
+		s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE, "duplicate: stored earlier", at)
+		return
+	}
+	s.log.Warn("update rejected", "client", d.Client, "round", d.Round, "reason", d.Reason.String(), "current_round", s.coord.Round())
+	s.receipt(u.msg, false, receiptCodes[d.Reason], d.Reason.String(), time.Time{})
+}
+
+// receipt publishes a receipt for m.
+func (s *Server) receipt(m *wire.ClientUpdate, accepted bool, code wire.ReceiptCode, reason string, storedAt time.Time) {
+	topic, err := s.topics.Receipt(m.ClientId)
+	if err != nil {
+		return // the id was validated on the way in
+	}
+	r := &wire.Receipt{ClientId: m.ClientId, Round: m.Round, Accepted: accepted, Reason: reason, Code: code, UpdateSeq: m.Seq}
+	if accepted {
+		if storedAt.IsZero() {
+			storedAt = s.clock.Now()
+		}
+		r.StoredAtUnixMs = max(storedAt.UnixMilli(), 1)
+	}
+	b, err := wire.Encode(r)
+	if err != nil {
+		s.log.Error("encoding a receipt", "client", m.ClientId, "err", err)
+		return
+	}
+	s.publish(topic, false, b, "receipt")
+}

@@ -1,0 +1,330 @@
+package aggregator
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/edgefl/edgefl/metrics"
+	"github.com/edgefl/edgefl/storage"
+)
+
+// view is what the metrics and status handlers read, refreshed by the loop
+// after every batch of decisions.
+type view struct {
+	round       int
+	phase       Phase
+	selected    []string
+	received    []string
+	deadline    time.Time
+	counters    Counters
+	clients     int
+	online      int
+	global      []float64
+	globalRound int
+	last        RoundReport
+	aggSeconds  float64
+	aggCount    uint64
+	finished    bool
+}
+
+func (s *Server) refreshView() {
+	st := s.coord.Snapshot()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := &s.view
+	v.round, v.phase, v.deadline, v.counters = st.Round, st.Phase, st.Deadline, st.Counters
+	v.selected = st.Selected
+	v.received = make([]string, 0, len(st.Received)) // fresh: Watch copies outside the lock
+	for _, r := range st.Received {
+		v.received = append(v.received, r.Client)
+	}
+	v.clients, v.online = len(st.Clients), 0
+	for _, c := range st.Clients {
+		if c.Online {
+			v.online++
+		}
+	}
+	v.global, v.globalRound = s.global, s.globalR
+	v.finished = st.Phase == PhaseFinished
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// notify wakes Watch callers after a change outside the loop (a rejection
+// counted in an MQTT callback).
+func (s *Server) notify() {
+	s.mu.Lock()
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+}
+
+// reject counts a shell-level rejection.
+func (s *Server) reject(reason string) {
+	s.rejected.Inc(reason)
+	s.notify()
+}
+
+// ServerView is the daemon's in-memory view: round, phase and counters.
+type ServerView struct {
+	Round    int       `json:"round"`
+	Phase    Phase     `json:"phase"`
+	Selected []string  `json:"selected,omitempty"`
+	Received []string  `json:"received,omitempty"`
+	Deadline time.Time `json:"deadline"`
+	Clients  int       `json:"clients"`
+	Online   int       `json:"online"`
+	Counters Counters  `json:"counters"`
+	// Rejected counts every rejection by reason: the coordinator's and
+	// the shell's (decoding and validation).
+	Rejected map[string]uint64 `json:"rejected"`
+	// LastRound is the last aggregated round (0 before the first).
+	LastRound         int     `json:"last_round"`
+	LastParticipants  int     `json:"last_participants"`
+	LastStragglers    int     `json:"last_stragglers"`
+	EvalLoss          float64 `json:"-"`
+	EvalScore         float64 `json:"-"`
+	AggregatedRounds  uint64  `json:"aggregated_rounds"` // by this process
+	StorageErrors     uint64  `json:"storage_errors"`
+	PublishErrors     uint64  `json:"publish_errors"`
+	BadStatusMessages uint64  `json:"bad_status_messages"`
+}
+
+// Watch returns the current in-memory view and a channel closed at the
+// next change (tests wait on it instead of sleeping).
+func (s *Server) Watch() (ServerView, <-chan struct{}) {
+	s.mu.Lock()
+	v := s.view
+	ch := s.changed
+	s.mu.Unlock()
+	rej := s.rejected.Snapshot()
+	for r, n := range v.counters.Rejected {
+		rej[r.String()] += n
+	}
+	return ServerView{
+		Round: v.round, Phase: v.phase, Selected: slices.Clone(v.selected), Received: slices.Clone(v.received),
+		Deadline: v.deadline, Clients: v.clients, Online: v.online, Counters: v.counters, Rejected: rej,
+		LastRound: v.last.Round, LastParticipants: len(v.last.Contributors), LastStragglers: len(v.last.Stragglers),
+		EvalLoss: v.last.EvalLoss, EvalScore: v.last.EvalScore, AggregatedRounds: v.aggCount,
+		StorageErrors: s.storageErrors.Load(), PublishErrors: s.publishErrors.Load(), BadStatusMessages: s.badStatus.Load(),
+	}, ch
+}
+
+// Handler serves /metrics (Prometheus text format), /status (JSON: the
+// round and every client's last-seen and participation, read from the
+// state file) and /healthz.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", metrics.ContentType)
+		if err := metrics.Write(w, s.families()); err != nil {
+			s.log.Error("writing metrics", "err", err)
+		}
+	})
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		st, err := ReadStatus(s.store)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(st)
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		select {
+		case <-s.ready:
+			if s.client != nil && s.client.IsConnectionOpen() {
+				fmt.Fprintln(w, "ok")
+				return
+			}
+			http.Error(w, "not connected to the broker", http.StatusServiceUnavailable)
+		default:
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+		}
+	})
+	return mux
+}
+
+const ns = "edgefl_aggregator_"
+
+func (s *Server) families() []metrics.Family {
+	v, _ := s.Watch()
+	s.mu.Lock()
+	aggSum, aggCount, last := s.view.aggSeconds, s.view.aggCount, s.view.last
+	s.mu.Unlock()
+	c := v.Counters
+	rej := map[string]uint64{}
+	for _, r := range Reasons() {
+		rej[r.String()] = 0
+	}
+	for _, r := range ShellReasons() {
+		rej[r] = 0
+	}
+	for k, n := range v.Rejected {
+		rej[k] += n
+	}
+	phases := []metrics.Sample{}
+	for _, p := range []Phase{PhaseWaiting, PhaseCollecting, PhaseStalled, PhaseClosing, PhaseFinished} {
+		val := 0.0
+		if p == v.Phase {
+			val = 1
+		}
+		phases = append(phases, metrics.Sample{Labels: []metrics.Label{{Name: "phase", Value: string(p)}}, Value: val})
+	}
+	f := []metrics.Family{
+		metrics.One(ns+"round", "Current round number.", metrics.Gauge, float64(v.Round)),
+		{Name: ns + "phase", Help: "1 for the current round's phase.", Type: metrics.Gauge, Samples: phases},
+		metrics.One(ns+"round_selected", "Clients selected for the current round.", metrics.Gauge, float64(len(v.Selected))),
+		metrics.One(ns+"round_received", "Updates received for the current round.", metrics.Gauge, float64(len(v.Received))),
+		metrics.One(ns+"round_deadline_seconds", "Deadline of the current round (Unix seconds; 0 when none).", metrics.Gauge, unixOrZero(v.Deadline)),
+		metrics.One(ns+"rounds_closed_total", "Rounds closed.", metrics.Counter, float64(c.RoundsClosed)),
+		metrics.One(ns+"participants", "Contributors of the last aggregated round.", metrics.Gauge, float64(v.LastParticipants)),
+		metrics.One(ns+"stragglers", "Stragglers (selected, did not report) of the last aggregated round.", metrics.Gauge, float64(v.LastStragglers)),
+		metrics.One(ns+"stragglers_total", "Stragglers summed over closed rounds.", metrics.Counter, float64(c.Stragglers)),
+		metrics.One(ns+"updates_accepted_total", "Updates accepted for an open round.", metrics.Counter, float64(c.Accepted)),
+		metrics.One(ns+"updates_accepted_late_total", "Late FedSplit updates stored as the client's latest z.", metrics.Counter, float64(c.AcceptedLate)),
+		metrics.One(ns+"updates_partial_total", "Accepted updates with partial work.", metrics.Counter, float64(c.PartialUpdates)),
+		{Name: ns + "updates_rejected_total", Help: "Rejected updates by reason (duplicates get an accepted receipt but count here).",
+			Type: metrics.Counter, Samples: metrics.Samples("reason", rej)},
+		{Name: ns + "received_bytes_total", Help: "Payload bytes received, by topic kind.", Type: metrics.Counter, Samples: metrics.Samples("kind", s.bytesIn.Snapshot())},
+		{Name: ns + "received_messages_total", Help: "Messages received, by topic kind.", Type: metrics.Counter, Samples: metrics.Samples("kind", s.msgsIn.Snapshot())},
+		metrics.One(ns+"extensions_total", "Deadlines extended below quorum.", metrics.Counter, float64(c.Extensions)),
+		metrics.One(ns+"reselections_total", "Re-selections below quorum.", metrics.Counter, float64(c.Reselections)),
+		metrics.One(ns+"stalls_total", "Rounds that ran out of re-selections.", metrics.Counter, float64(c.Stalls)),
+		{Name: ns + "clients", Help: "Known clients, and those online.", Type: metrics.Gauge, Samples: []metrics.Sample{
+			{Labels: []metrics.Label{{Name: "state", Value: "known"}}, Value: float64(v.Clients)},
+			{Labels: []metrics.Label{{Name: "state", Value: "online"}}, Value: float64(v.Online)},
+		}},
+		{Name: ns + "aggregation_seconds", Help: "Time to aggregate and checkpoint a round.", Type: metrics.Summary, Samples: []metrics.Sample{
+			{Suffix: "_sum", Value: aggSum}, {Suffix: "_count", Value: float64(aggCount)},
+		}},
+		metrics.One(ns+"aggregation_last_seconds", "Time to aggregate and checkpoint the last round.", metrics.Gauge, last.Duration.Seconds()),
+		metrics.One(ns+"storage_errors_total", "Failed writes to the state file.", metrics.Counter, float64(v.StorageErrors)),
+		metrics.One(ns+"publish_errors_total", "Failed MQTT publishes.", metrics.Counter, float64(v.PublishErrors)),
+		metrics.One(ns+"bad_status_messages_total", "Status messages that failed to decode.", metrics.Counter, float64(v.BadStatusMessages)),
+		metrics.One(ns+"finished", "1 once the last round is aggregated.", metrics.Gauge, b2f(v.Phase == PhaseFinished)),
+	}
+	if s.cfg.Eval != nil && last.Round > 0 {
+		f = append(f,
+			metrics.One(ns+"eval_loss", "Loss of the global model on the evaluation set.", metrics.Gauge, last.EvalLoss),
+			metrics.One(ns+"eval_accuracy", "Accuracy (R^2 for regression) of the global model on the evaluation set.", metrics.Gauge, last.EvalScore),
+			metrics.One(ns+"eval_round", "Round whose aggregate the eval gauges describe.", metrics.Gauge, float64(last.Round)))
+	}
+	return f
+}
+
+func unixOrZero(t time.Time) float64 {
+	if t.IsZero() {
+		return 0
+	}
+	return float64(t.UnixMilli()) / 1000
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Status is the federation's state as `broker-agg status` prints it.
+type Status struct {
+	Federation string       `json:"federation,omitempty"`
+	Algorithm  string       `json:"algorithm,omitempty"`
+	Round      int          `json:"round"`
+	Phase      Phase        `json:"phase"`
+	Deadline   *time.Time   `json:"deadline,omitempty"`
+	Selected   []string     `json:"selected,omitempty"`
+	Received   []string     `json:"received,omitempty"`
+	Counters   Counters     `json:"counters"`
+	Clients    []ClientInfo `json:"clients"`
+}
+
+// ClientInfo is one client's line of Status.
+type ClientInfo struct {
+	ID            string     `json:"id"`
+	Online        bool       `json:"online"`
+	LastSeen      *time.Time `json:"last_seen,omitempty"`
+	Samples       uint64     `json:"samples"`
+	Participation uint64     `json:"participation"` // accepted updates
+	LastRound     int        `json:"last_round,omitempty"`
+	RecentLoss    *float64   `json:"recent_loss,omitempty"`
+	Version       string     `json:"version,omitempty"`
+	Selected      bool       `json:"selected,omitempty"` // in the current round's selection
+	Reported      bool       `json:"reported,omitempty"` // its update for the current round is stored
+}
+
+// ReadStatus reads the federation's status from a state file: the current
+// round's coordinator state and the client registry. It only reads.
+func ReadStatus(store *storage.AggStore) (Status, error) {
+	var out Status
+	cur, err := store.CurrentRound()
+	if errors.Is(err, storage.ErrNotFound) {
+		return out, fmt.Errorf("aggregator: %s holds no round yet", store.Path())
+	}
+	if err != nil {
+		return out, err
+	}
+	if first, err := store.Round(1); err == nil {
+		var sc storedConfig
+		if json.Unmarshal(first.Config, &sc) == nil {
+			out.Federation, out.Algorithm = sc.Federation, sc.Algorithm
+		}
+	}
+	var st State
+	if err := json.Unmarshal(cur.State, &st); err != nil {
+		return out, fmt.Errorf("aggregator: state of round %d: %w", cur.Number, err)
+	}
+	out.Round, out.Phase, out.Selected, out.Counters = st.Round, st.Phase, st.Selected, st.Counters
+	if !st.Deadline.IsZero() && (st.Phase == PhaseCollecting || st.Phase == PhaseStalled) {
+		d := st.Deadline
+		out.Deadline = &d
+	}
+	rcv := map[string]bool{}
+	for _, r := range st.Received {
+		out.Received = append(out.Received, r.Client)
+		rcv[r.Client] = true
+	}
+	coord := map[string]ClientState{}
+	for _, c := range st.Clients {
+		coord[c.ID] = c
+	}
+	recs, err := store.Clients()
+	if err != nil {
+		return out, err
+	}
+	seen := map[string]bool{}
+	for _, r := range recs {
+		ci := ClientInfo{ID: r.ID, Online: r.Online, Samples: r.SampleCount, Participation: r.Participation,
+			Version: r.SoftwareVersion, LastRound: coord[r.ID].LastRound, Selected: slices.Contains(st.Selected, r.ID), Reported: rcv[r.ID]}
+		if !r.LastSeen.IsZero() {
+			t := r.LastSeen.UTC()
+			ci.LastSeen = &t
+		}
+		if !math.IsNaN(r.RecentLoss) {
+			l := r.RecentLoss
+			ci.RecentLoss = &l
+		}
+		if c, ok := coord[r.ID]; ok {
+			ci.Online = c.Online // the coordinator's view is the one rounds run on
+		}
+		out.Clients = append(out.Clients, ci)
+		seen[r.ID] = true
+	}
+	for _, c := range st.Clients { // known to the coordinator, not (yet) in the registry
+		if !seen[c.ID] {
+			out.Clients = append(out.Clients, ClientInfo{ID: c.ID, Online: c.Online, Samples: uint64(c.Samples), LastRound: c.LastRound,
+				Selected: slices.Contains(st.Selected, c.ID), Reported: rcv[c.ID]})
+		}
+	}
+	slices.SortFunc(out.Clients, func(a, b ClientInfo) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
