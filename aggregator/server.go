@@ -77,6 +77,10 @@ type ServerConfig struct {
 	Username, Password string
 	// TLS configures TLS to the broker (ssl:// URLs); nil = defaults.
 	TLS *tls.Config
+	// Dial, when set, opens the connection to the broker instead of
+	// BrokerURL's address: the embedded broker's in-process connection
+	// (broker.Broker.Dial). BrokerURL then only names it in logs.
+	Dial func() (net.Conn, error)
 
 	// K clients are selected per round (>= 1); QuorumFraction of them
 	// (default 1: all) must report for a round to close; see Config.
@@ -314,7 +318,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := wire.ValidID(cfg.ClientID); err != nil {
 		return nil, fmt.Errorf("%w: client id: %w", ErrConfig, err)
 	}
-	if cfg.BrokerURL == "" {
+	if cfg.BrokerURL == "" && cfg.Dial != nil {
+		s.cfg.BrokerURL = "tcp://in-process"
+	}
+	if s.cfg.BrokerURL == "" {
 		return nil, fmt.Errorf("%w: no broker URL", ErrConfig)
 	}
 	if cfg.StatePath == "" {

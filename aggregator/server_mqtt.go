@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
+	"net/url"
 	"strings"
 	"time"
 
@@ -45,6 +47,9 @@ func (s *Server) clientOptions() *mqtt.ClientOptions {
 	}
 	if s.cfg.TLS != nil {
 		o.SetTLSConfig(s.cfg.TLS)
+	}
+	if dial := s.cfg.Dial; dial != nil {
+		o.SetCustomOpenConnectionFn(func(*url.URL, mqtt.ClientOptions) (net.Conn, error) { return dial() })
 	}
 	return o
 }

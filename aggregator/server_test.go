@@ -19,6 +19,8 @@ func TestServerRoundClosesWhenAllReport(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.config()
 	cfg.Rounds = 2
+	cfg.BrokerURL, cfg.Username, cfg.Password = "", "", ""
+	cfg.Dial = f.brk.Dial // the embedded broker's in-process connection
 	r := f.start(cfg)
 	samples := map[string]uint64{"site-a": 10, "site-b": 30, "site-c": 60}
 	agents := map[string]*fakeAgent{}

@@ -36,8 +36,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
+	"net"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -104,10 +106,11 @@ type Stats struct {
 
 // Broker is a running embedded broker.
 type Broker struct {
-	srv  *mqtt.Server
-	hook *authHook
-	addr string
-	tls  bool
+	srv    *mqtt.Server
+	hook   *authHook
+	addr   string
+	tls    bool
+	closed atomic.Bool
 }
 
 // Start validates cfg, starts listening and serves in the background until
@@ -232,8 +235,39 @@ func (b *Broker) Stats() Stats {
 	}
 }
 
+// internalListener labels connections made by Dial.
+const internalListener = "in-process"
+
+// Dial returns an in-memory connection to the broker for a client in this
+// process (the aggregator's paho client, through
+// ClientOptions.SetCustomOpenConnectionFn): no socket, no TLS, no password.
+// Such a connection's identity is its MQTT client id, which must be a valid
+// id; the ACL applies to it as to any other (give the aggregator's id as a
+// Superuser).
+func (b *Broker) Dial() (net.Conn, error) {
+	if b.closed.Load() {
+		return nil, errors.New("broker: closed")
+	}
+	cli, srv := net.Pipe()
+	go func() {
+		err := b.srv.EstablishConnection(internalListener, srv)
+		if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) {
+			b.hook.log.Debug("in-process connection ended", "err", err)
+		}
+	}()
+	return cli, nil
+}
+
 // Close disconnects every client and stops listening.
 func (b *Broker) Close() error {
+	if !b.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	// mochi's Close waits for every client but disconnects only those of
+	// its registered listeners.
+	for _, cl := range b.srv.Clients.GetByListener(internalListener) {
+		_ = b.srv.DisconnectClient(cl, packets.ErrServerShuttingDown)
+	}
 	if err := b.srv.Close(); err != nil {
 		return fmt.Errorf("broker: close: %w", err)
 	}
@@ -300,6 +334,8 @@ func (h *authHook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) boo
 	identity := certIdentity(cl)
 	user := string(pk.Connect.Username)
 	switch {
+	case cl.Net.Listener == internalListener:
+		identity = cl.ID // only code in this process can reach Dial
 	case user != "":
 		if identity != "" && user != identity {
 			return h.deny(cl, "username differs from the certificate's CN", "username", user, "cn", identity)

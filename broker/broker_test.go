@@ -4,6 +4,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"log/slog"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -482,3 +484,54 @@ func TestAnonymousDev(t *testing.T) {
 // mosquittoVectorHash is base64(PBKDF2-HMAC-SHA512("password", 12 zero
 // bytes, 101 iterations, 64 bytes)), from Python's hashlib.
 const mosquittoVectorHash = "Sy+8NFTq/5ylpLX6PDLqwPRRP+miLnpi60txFtXSoh6ASWB1MDrXEcOz7mhEJcD8f8RApPO2f6ANVgva683w5w=="
+
+// An in-process client (the aggregator) connects through Dial without a
+// password; its client id is its identity and the ACL applies.
+func TestDialInProcess(t *testing.T) {
+	b := passwordBroker(t)
+	dialer := func(id string) paho.Client {
+		o := paho.NewClientOptions().AddBroker("tcp://in-process").SetClientID(id).SetProtocolVersion(4).
+			SetAutoReconnect(false).SetCleanSession(false).SetConnectTimeout(waitFor).
+			SetCustomOpenConnectionFn(func(*url.URL, paho.ClientOptions) (net.Conn, error) { return b.Dial() })
+		c := paho.NewClient(o)
+		tok := c.Connect()
+		if !tok.WaitTimeout(waitFor) || tok.Error() != nil {
+			t.Fatalf("in-process connect: %v", tok.Error())
+		}
+		return c
+	}
+	agg := dialer("aggregator")
+	msgs := make(chan paho.Message, 10)
+	tok := agg.Subscribe(prefix+"updates/+", 1, func(_ paho.Client, m paho.Message) { msgs <- m })
+	if !tok.WaitTimeout(waitFor) || tok.Error() != nil || tok.(*paho.SubscribeToken).Result()[prefix+"updates/+"] >= 0x80 {
+		t.Fatalf("subscribe: %v", tok.Error())
+	}
+	site := mustDial(t, b.URL(), opts{id: "site-a", user: "site-a", pass: "site-a-pw"})
+	site.publish(t, prefix+"updates/site-a", 0, "hello")
+	select {
+	case m := <-msgs:
+		if string(m.Payload()) != "hello" {
+			t.Fatalf("got %q", m.Payload())
+		}
+	case <-time.After(waitFor):
+		t.Fatal("no message over the in-process connection")
+	}
+	// A non-superuser in-process identity is held to the site ACL.
+	other := dialer("site-b")
+	if tok := other.Subscribe(prefix+"updates/+", 1, nil); !tok.WaitTimeout(waitFor) || tok.(*paho.SubscribeToken).Result()[prefix+"updates/+"] < 0x80 {
+		t.Error("in-process site-b may read every update")
+	}
+	// Close does not wait for the in-process clients.
+	done := make(chan error, 1)
+	go func() { done <- b.Close() }()
+	select {
+	case <-done:
+	case <-time.After(waitFor):
+		t.Fatal("Close hangs with an in-process client connected")
+	}
+	if _, err := b.Dial(); err == nil {
+		t.Error("Dial after Close")
+	}
+	agg.Disconnect(0)
+	other.Disconnect(0)
+}
