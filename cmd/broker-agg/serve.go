@@ -1,24 +1,675 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/aggregator"
+	"github.com/edgefl/edgefl/broker"
+	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/pki"
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/wire"
 )
+
+// DefaultMetricsAddr is where `run` serves /metrics and /status, and where
+// `status` looks for a running daemon.
+const DefaultMetricsAddr = "127.0.0.1:9464"
+
+// passwordEnv holds the aggregator's password for an external broker when
+// --password-file is not given.
+const passwordEnv = "EDGEFL_MQTT_PASSWORD"
+
+type serveFlags struct {
+	config string
+
+	federation, listen, brokerURL, clientID  string
+	tlsCA, tlsClientCA, tlsCert, tlsKey      string
+	tlsServerName                            string
+	sessionExpiry                            time.Duration
+	brokerPasswd, username, passwordFile     string
+	allowAnonymous                           bool
+	maxPacket                                int
+	k                                        int
+	quorum                                   float64
+	roundTimeout, extension, settle          time.Duration
+	maxReselections, rounds                  int
+	seed                                     uint64
+	algo, agg, sel, solver, codec            string
+	mu, step, relax, gamma, lr, maxSeconds   float64
+	batch, epochs                            int
+	anchorSketch                             int
+	modelKind, activation                    string
+	inputs, classes, hidden                  int
+	l2                                       float64
+	init                                     string
+	initSeed                                 uint64
+	state, metricsAddr, evalData, finalModel string
+	logFormat, logLevel                      string
+	exitWhenFinished                         bool
+}
+
+// serveAliases are alternative flag names (short or as simulate spells
+// them) -> the canonical name.
+var serveAliases = map[string]string{
+	"k": "per-round", "quorum": "quorum-fraction", "algo": "algorithm", "select": "selector",
+	"epochs": "max-epochs", "inputs": "features", "state": "state-file", "metrics": "metrics-addr",
+}
+
+func canonical(name string) string {
+	if c, ok := serveAliases[name]; ok {
+		return c
+	}
+	return name
+}
+
+func serveFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
+	f := &serveFlags{}
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.config, "config", "", "configuration `FILE` of key = value lines, keys named as these flags (flags override the file)")
+
+	fs.StringVar(&f.federation, "federation", "default", "federation `NAME`; topics live under edgefl/NAME/")
+	fs.StringVar(&f.listen, "listen", "", "embedded broker listen `ADDR` (default :8883 with --tls-cert, else 127.0.0.1:1883)")
+	fs.StringVar(&f.brokerURL, "broker", "", "external broker `URL` (tcp://, ssl://, ws://, wss://) instead of the embedded one")
+	fs.StringVar(&f.clientID, "client-id", aggregator.DefaultClientID, "the aggregator's MQTT client id and identity (a superuser of the ACL)")
+	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "embedded broker: CA `FILE`; client certificates signed by it are required (mutual TLS, CN = site id)")
+	fs.StringVar(&f.tlsCA, "tls-ca", "", "external broker: CA `FILE` that signed the broker's certificate (default: the system roots)")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "certificate `FILE`: the embedded broker's server certificate, or the aggregator's client certificate for an external broker")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "private key `FILE` of --tls-cert")
+	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "external broker: the `NAME` its certificate must carry (default: the URL's host)")
+	fs.StringVar(&f.brokerPasswd, "password-file", "", "embedded broker: the sites' password `FILE`, Mosquitto format (see `broker-agg pki passwd`)")
+	fs.BoolVar(&f.allowAnonymous, "allow-anonymous", false, "embedded broker: let clients in without credentials (development only; the ACL still applies)")
+	fs.IntVar(&f.maxPacket, "max-message-bytes", broker.DefaultMaxPacketSize, "largest message in `BYTES`: the embedded broker's packet cap and the aggregator's inbound limit")
+	fs.DurationVar(&f.sessionExpiry, "session-expiry", broker.DefaultSessionExpiry, "embedded broker: how long a disconnected site's session and queued messages are kept")
+	fs.StringVar(&f.username, "username", "", "external broker: the aggregator's username")
+	fs.StringVar(&f.passwordFile, "broker-password-file", "", "external broker: `FILE` holding the aggregator's password (default: $"+passwordEnv+")")
+
+	fs.IntVar(&f.k, "per-round", 10, "clients selected per round")
+	fs.Float64Var(&f.quorum, "quorum-fraction", 0.7, "fraction of the selected clients a round needs to close at its deadline, in (0, 1]")
+	fs.DurationVar(&f.roundTimeout, "round-timeout", 10*time.Minute, "time from an announcement to its deadline")
+	fs.DurationVar(&f.extension, "extension", 0, "length of the one extension below quorum (default --round-timeout)")
+	fs.DurationVar(&f.settle, "settle", 5*time.Second, "wait for clients to come online before each draw")
+	fs.IntVar(&f.maxReselections, "max-reselections", 3, "re-selections of a round below quorum before it stalls (negative: unlimited)")
+	fs.IntVar(&f.rounds, "rounds", 0, "rounds to run (0: forever)")
+	fs.Uint64Var(&f.seed, "seed", 1, "seed of the selection and of randomised aggregators")
+
+	fs.StringVar(&f.algo, "algorithm", aggregator.AlgoFedProx, "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator ("+strings.Join(aggregate.Names(), ", ")+"), trained like fedprox")
+	fs.StringVar(&f.agg, "aggregator", "", "aggregator `SPEC` for the FedAvg/FedProx families, e.g. normbound:mult=3:inner=median (default: per --algo)")
+	fs.StringVar(&f.sel, "selector", "uniform", "client selection: uniform | samples | loss[:power=P][:explore=E] | window")
+	fs.StringVar(&f.solver, "solver", "sgd", "local solver: sgd | lbfgs")
+	fs.Float64Var(&f.mu, "mu", 0.01, "FedProx proximal weight (0 for fedavg)")
+	fs.Float64Var(&f.step, "step", 1, "FedSplit step size s")
+	fs.Float64Var(&f.relax, "relax", 1, "FedSplit relaxation: 1 Peaceman-Rachford, 0.5 Douglas-Rachford")
+	fs.Float64Var(&f.gamma, "gamma", 0.001, "target inexactness of the local solve, in (0, 1]")
+	fs.Float64Var(&f.lr, "lr", 0.01, "SGD learning rate")
+	fs.IntVar(&f.batch, "batch", 10, "SGD mini-batch size (0: full batch)")
+	fs.IntVar(&f.epochs, "max-epochs", 20, "work budget: local epochs (0: no limit)")
+	fs.Float64Var(&f.maxSeconds, "max-seconds", 0, "work budget: local seconds (0: no limit; the round deadline always applies)")
+	fs.IntVar(&f.anchorSketch, "anchor-sketch", -1, "ask clients for the gradient at the anchor: -1 no, 0 the full gradient, N a random-projection sketch of length N (fedsim-cluster)")
+	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec spec clients must use")
+
+	fs.StringVar(&f.modelKind, "model", model.KindLogReg, "model: logreg | binary-logreg | linear | mlp")
+	fs.IntVar(&f.inputs, "features", 0, "model inputs; default from --eval-data")
+	fs.IntVar(&f.classes, "classes", 0, "model classes (logreg, mlp); default from --eval-data")
+	fs.IntVar(&f.hidden, "hidden", 64, "hidden units (mlp)")
+	fs.StringVar(&f.activation, "activation", model.ActivationReLU, "hidden activation (mlp): relu | tanh")
+	fs.Float64Var(&f.l2, "l2", 0, "L2 coefficient lambda")
+	fs.StringVar(&f.init, "init", aggregator.InitZeros, "initial model: zeros | model (the model's own initialisation, seeded by --init-seed)")
+	fs.Uint64Var(&f.initSeed, "init-seed", 1, "seed of --init model")
+
+	fs.StringVar(&f.state, "state-file", "broker-agg.db", "state `FILE` (bbolt): round log, accepted updates, checkpoints; resumed on restart")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", DefaultMetricsAddr, "serve /metrics (Prometheus), /status and /healthz on `ADDR` (\"\": off)")
+	fs.StringVar(&f.evalData, "eval-data", "", "evaluation data `SPEC` (as simulate's --dataset: synthetic:A,B | synthetic-iid | idx:DIR | csv:PATH:label=COL | leaf:PATH): report loss and accuracy per round")
+	fs.StringVar(&f.finalModel, "final-model", "", "write the last global model to `FILE` when --rounds are done")
+	fs.BoolVar(&f.exitWhenFinished, "exit-when-finished", false, "exit once --rounds are done (default: keep serving receipts and metrics)")
+	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug | info | warn | error")
+	for alias, name := range serveAliases {
+		fs.Var(fs.Lookup(name).Value, alias, "same as --"+name)
+	}
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: broker-agg run [flags]
+
+Runs the aggregator daemon. By default it embeds an MQTT broker on --listen,
+authenticating sites by --password-file and/or mutual TLS (--tls-cert,
+--tls-key, --tls-client-ca) and enforcing the federation ACL; --broker URL
+uses an external broker instead (Mosquitto, EMQX; see deploy/mosquitto/).
+State lives in --state-file and survives kill -9: a restart resumes the open
+round. SIGINT/SIGTERM stop it cleanly.
+
+A --config file holds one "key = value" per line ('#' comments), keys named
+as the flags below (underscores may replace hyphens); flags given on the
+command line override it.
+
+flags:
+`)
+		fs.PrintDefaults()
+	}
+	return fs, f
+}
+
+// parseFlags parses args and then the --config file for the flags not set
+// on the command line.
+func parseFlags(fs *flag.FlagSet, args []string, configFlag *string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *configFlag == "" {
+		return nil
+	}
+	return applyConfigFile(fs, *configFlag)
+}
+
+func applyConfigFile(fs *flag.FlagSet, path string) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[canonical(f.Name)] = true })
+	fh, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	defer fh.Close()
+	seen := map[string]int{}
+	sc := bufio.NewScanner(io.LimitReader(fh, 1<<20))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		key, val, ok := strings.Cut(line, "=")
+		if !ok {
+			return fmt.Errorf("%s:%d: want key = value", path, n)
+		}
+		name := canonical(strings.ReplaceAll(strings.TrimSpace(key), "_", "-"))
+		val = strings.TrimSpace(val)
+		f := fs.Lookup(name)
+		switch {
+		case f == nil || name == "config":
+			return fmt.Errorf("%s:%d: unknown key %q", path, n, strings.TrimSpace(key))
+		case seen[name] > 0:
+			return fmt.Errorf("%s:%d: %s repeats line %d", path, n, name, seen[name])
+		}
+		seen[name] = n
+		if set[name] {
+			continue // the command line wins
+		}
+		if err := fs.Set(name, val); err != nil {
+			return fmt.Errorf("%s:%d: %s: %w", path, n, name, err)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("--config %s: %w", path, err)
+	}
+	return nil
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	o := &slog.HandlerOptions{Level: lvl}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, o)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, o)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// loadEval builds the evaluation set from a dataset spec: every sample of
+// the source, train and test pooled.
+func loadEval(spec string, seed uint64) (*model.Data, int, error) {
+	src, err := dataset.ParseSource(spec)
+	if err != nil {
+		return nil, 0, fmt.Errorf("--eval-data: %w", err)
+	}
+	part, opt := dataset.Partition{Kind: dataset.PartNatural}, dataset.BuildOptions{Seed: seed}
+	if src.Kind == dataset.SourceCSV || src.Kind == dataset.SourceIDX {
+		part, opt.Clients = dataset.Partition{Kind: dataset.PartIID}, 1
+	}
+	fed, err := dataset.Build(src, part, opt)
+	if err != nil {
+		return nil, 0, fmt.Errorf("--eval-data: %w", err)
+	}
+	train, test := fed.Pooled()
+	d := model.Data{N: train.N + test.N, D: fed.D, X: append(train.X, test.X...), Y: append(train.Y, test.Y...)}
+	return &d, fed.Classes, nil
+}
+
+// serverConfig turns the flags into an aggregator configuration (without
+// the broker connection).
+func (f *serveFlags) serverConfig(log *slog.Logger) (aggregator.ServerConfig, error) {
+	spec := model.Spec{Kind: f.modelKind, Inputs: f.inputs, Classes: f.classes, L2: f.l2}
+	if f.modelKind == model.KindMLP {
+		spec.Hidden, spec.Activation = f.hidden, f.activation
+	}
+	var eval *model.Data
+	if f.evalData != "" {
+		d, classes, err := loadEval(f.evalData, f.seed)
+		if err != nil {
+			return aggregator.ServerConfig{}, err
+		}
+		eval = d
+		if spec.Inputs == 0 {
+			spec.Inputs = d.D
+		}
+		if spec.Classes == 0 && (spec.Kind == model.KindLogReg || spec.Kind == model.KindMLP) {
+			spec.Classes = classes
+		}
+		log.Info("evaluation data loaded", "spec", f.evalData, "samples", d.N, "features", d.D, "classes", classes)
+	}
+	if spec.Inputs <= 0 {
+		return aggregator.ServerConfig{}, errors.New("--inputs: the model needs its input count (or give --eval-data)")
+	}
+	if (spec.Kind == model.KindLogReg || spec.Kind == model.KindMLP) && spec.Classes < 2 {
+		return aggregator.ServerConfig{}, errors.New("--classes: the model needs at least 2 classes (or give --eval-data)")
+	}
+	var sketch *wire.SketchSpec
+	switch {
+	case f.anchorSketch == 0:
+		sketch = &wire.SketchSpec{Seed: f.seed}
+	case f.anchorSketch > 0:
+		sketch = &wire.SketchSpec{Dimension: uint32(min(f.anchorSketch, math.MaxUint32)), Seed: f.seed}
+	}
+	if f.maxPacket <= 0 {
+		return aggregator.ServerConfig{}, errors.New("--max-message-bytes: want > 0")
+	}
+	return aggregator.ServerConfig{
+		Federation: f.federation, ClientID: f.clientID,
+		K: f.k, QuorumFraction: f.quorum, RoundTimeout: f.roundTimeout, Extension: f.extension, Settle: f.settle,
+		MaxReselections: f.maxReselections, Rounds: f.rounds, Seed: f.seed,
+		Algorithm: f.algo, Aggregator: f.agg, Selector: f.sel, AnchorSketch: sketch,
+		Params: aggregator.Params{Mu: f.mu, Step: f.step, Relax: f.relax, Solver: f.solver, Gamma: f.gamma, LR: f.lr,
+			Batch: f.batch, MaxEpochs: f.epochs, MaxSeconds: f.maxSeconds},
+		Model: spec, Init: f.init, InitSeed: f.initSeed, Codec: f.codec,
+		StatePath: f.state, MetricsAddr: f.metricsAddr, Eval: eval, FinalModel: f.finalModel,
+		MaxMessageBytes: f.maxPacket, Logger: log,
+	}, nil
+}
 
 // runServe runs the aggregator daemon (`broker-agg run`).
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("not implemented yet")
+	fs, f := serveFlagSet(stderr)
+	if err := parseFlags(fs, args, &f.config); err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, f.logFormat, f.logLevel)
+	if err != nil {
+		return err
+	}
+	cfg, err := f.serverConfig(log)
+	if err != nil {
+		return err
+	}
+	topics, err := wire.ForFederation(f.federation)
+	if err != nil {
+		return fmt.Errorf("--federation: %w", err)
+	}
+	if (f.tlsCert == "") != (f.tlsKey == "") {
+		return errors.New("--tls-cert and --tls-key go together")
+	}
+
+	var brk *broker.Broker
+	if f.brokerURL != "" {
+		if f.brokerPasswd != "" || f.allowAnonymous || f.listen != "" || f.tlsClientCA != "" {
+			return errors.New("--listen, --password-file, --tls-client-ca and --allow-anonymous configure the embedded broker; they do not apply with --broker")
+		}
+		cfg.BrokerURL = f.brokerURL
+		if f.tlsCA != "" || f.tlsCert != "" || isTLSURL(f.brokerURL) {
+			tc, err := pki.ClientTLSConfig(f.tlsCA, f.tlsCert, f.tlsKey)
+			if err != nil {
+				return err
+			}
+			tc.ServerName = f.tlsServerName
+			cfg.TLS = tc
+		}
+		cfg.Username = f.username
+		switch {
+		case f.passwordFile != "":
+			b, err := os.ReadFile(f.passwordFile)
+			if err != nil {
+				return fmt.Errorf("--password-file: %w", err)
+			}
+			cfg.Password = strings.TrimRight(strings.SplitN(string(b), "\n", 2)[0], "\r")
+		default:
+			cfg.Password = os.Getenv(passwordEnv)
+		}
+		if cfg.Password != "" && cfg.Username == "" {
+			cfg.Username = f.clientID
+		}
+	} else {
+		if f.username != "" || f.passwordFile != "" || f.tlsCA != "" || f.tlsServerName != "" {
+			return errors.New("--username, --broker-password-file, --tls-ca and --tls-server-name configure the connection to an external --broker (the embedded broker's client CA is --tls-client-ca)")
+		}
+		listen := f.listen
+		if listen == "" {
+			listen = "127.0.0.1:1883"
+			if f.tlsCert != "" {
+				listen = ":8883"
+			}
+		}
+		bc := broker.Config{Addr: listen, Prefix: topics.Prefix(), Superusers: []string{f.clientID},
+			PasswordFile: f.brokerPasswd, AllowAnonymous: f.allowAnonymous, MaxPacketSize: uint32(min(f.maxPacket, math.MaxUint32)),
+			SessionExpiry: f.sessionExpiry, Logger: log}
+		if f.tlsCert != "" {
+			tc, err := pki.ServerTLSConfig(f.tlsCert, f.tlsKey, f.tlsClientCA)
+			if err != nil {
+				return err
+			}
+			bc.TLS = tc
+		} else if f.tlsClientCA != "" {
+			return errors.New("--tls-client-ca needs --tls-cert and --tls-key (the embedded broker's certificate)")
+		}
+		// Open the state file before listening: a second daemon on the
+		// same file fails without touching the port.
+		cfg.Dial = func() (net.Conn, error) { return brk.Dial() }
+		cfg.BrokerURL = "tcp://in-process"
+		srv, err := aggregator.NewServer(cfg)
+		if err != nil {
+			return err
+		}
+		if brk, err = broker.Start(bc); err != nil {
+			srv.Close()
+			return err
+		}
+		defer brk.Close()
+		return serve(ctx, srv, f.exitWhenFinished, stdout)
+	}
+	srv, err := aggregator.NewServer(cfg)
+	if err != nil {
+		return err
+	}
+	return serve(ctx, srv, f.exitWhenFinished, stdout)
 }
 
-// runStatus prints the federation's current round and clients.
+func isTLSURL(u string) bool {
+	for _, p := range []string{"ssl://", "tls://", "mqtts://", "tcps://", "wss://"} {
+		if strings.HasPrefix(u, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func serve(ctx context.Context, srv *aggregator.Server, exitWhenFinished bool, stdout io.Writer) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if exitWhenFinished {
+		go func() {
+			select {
+			case <-srv.Finished():
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return srv.Run(ctx)
+}
+
+// runStatus prints the federation's current round and clients: from the
+// state file when no daemon holds it, else from the running daemon's
+// /status endpoint (bbolt lets one process at a time open the file).
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("not implemented yet")
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	state := fs.String("state", "broker-agg.db", "the daemon's state `FILE`")
+	addr := fs.String("addr", "", "ask the running daemon at `ADDR` (its --metrics address) instead of reading the file (default: read the file; if the daemon holds it, ask "+DefaultMetricsAddr+")")
+	asJSON := fs.Bool("json", false, "print JSON")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: broker-agg status [--state FILE | --addr HOST:PORT] [--json]\n\nPrints the current round and each client's last-seen and participation.\n\nflags:")
+		fs.PrintDefaults()
+	}
+	var cfgFlag string
+	if err := parseFlags(fs, args, &cfgFlag); err != nil {
+		return err
+	}
+	var st aggregator.Status
+	var err error
+	if *addr != "" {
+		st, err = fetchStatus(ctx, *addr)
+	} else {
+		st, err = readStatusFile(*state)
+		if errors.Is(err, storage.ErrLocked) {
+			var herr error
+			if st, herr = fetchStatus(ctx, DefaultMetricsAddr); herr != nil {
+				return fmt.Errorf("%s is held by a running daemon and its status endpoint did not answer (%v): pass its --metrics address as --addr", *state, herr)
+			}
+			err = nil
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	return printStatus(stdout, st, time.Now())
 }
 
-// runPKI makes a site PKI.
+func readStatusFile(path string) (aggregator.Status, error) {
+	if _, err := os.Stat(path); err != nil {
+		return aggregator.Status{}, fmt.Errorf("--state: %w", err)
+	}
+	s, err := storage.OpenAgg(path, storage.Options{LockTimeout: 500 * time.Millisecond})
+	if err != nil {
+		return aggregator.Status{}, err
+	}
+	defer s.Close()
+	return aggregator.ReadStatus(s)
+}
+
+func fetchStatus(ctx context.Context, addr string) (aggregator.Status, error) {
+	var st aggregator.Status
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/status", nil)
+	if err != nil {
+		return st, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return st, fmt.Errorf("%s/status: %s: %s", addr, resp.Status, strings.TrimSpace(string(b)))
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&st); err != nil {
+		return st, fmt.Errorf("%s/status: %w", addr, err)
+	}
+	return st, nil
+}
+
+func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
+	fmt.Fprintf(w, "federation %s (%s)  round %d  phase %s", orDash(st.Federation), orDash(st.Algorithm), st.Round, st.Phase)
+	if st.Deadline != nil {
+		fmt.Fprintf(w, "  deadline %s (%s)", st.Deadline.UTC().Format(time.RFC3339), rel(*st.Deadline, now))
+	}
+	fmt.Fprintf(w, "\nselected %d: %s\nreceived %d: %s\n", len(st.Selected), orDash(strings.Join(st.Selected, " ")),
+		len(st.Received), orDash(strings.Join(st.Received, " ")))
+	c := st.Counters
+	fmt.Fprintf(w, "rounds closed %d  accepted %d (late %d, partial %d)  stragglers %d  extensions %d  reselections %d\n\n",
+		c.RoundsClosed, c.Accepted, c.AcceptedLate, c.PartialUpdates, c.Stragglers, c.Extensions, c.Reselections)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLIENT\tONLINE\tLAST SEEN\tSAMPLES\tUPDATES\tLAST ROUND\tTHIS ROUND")
+	for _, ci := range st.Clients {
+		seen := "-"
+		if ci.LastSeen != nil {
+			seen = ci.LastSeen.UTC().Format("2006-01-02 15:04:05") + " (" + rel(*ci.LastSeen, now) + ")"
+		}
+		this := "-"
+		switch {
+		case ci.Reported:
+			this = "reported"
+		case ci.Selected:
+			this = "waiting"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\n", ci.ID, yesNo(ci.Online), seen, ci.Samples, ci.Participation, ci.LastRound, this)
+	}
+	return tw.Flush()
+}
+
+func rel(t, now time.Time) string {
+	d := now.Sub(t).Round(time.Second)
+	if d < 0 {
+		return "in " + (-d).String()
+	}
+	return d.String() + " ago"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// runPKI makes a site PKI (`broker-agg pki`), or with `pki passwd` adds a
+// site to a password file.
 func runPKI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("not implemented yet")
+	if len(args) > 0 && args[0] == "passwd" {
+		return runPasswd(args[1:], stdout, stderr)
+	}
+	fs := flag.NewFlagSet("pki", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", "pki", "output `DIR`")
+	hosts := fs.String("hosts", "localhost,127.0.0.1,::1", "comma-separated host names and IP addresses of the broker (server certificate)")
+	clients := fs.String("clients", "", "comma-separated site ids to issue client certificates for (CN = id)")
+	aggID := fs.String("aggregator-id", aggregator.DefaultClientID, "the aggregator's id, also issued a client certificate (for an external broker with mutual TLS; \"\": none)")
+	caName := fs.String("ca-name", "edgefl site CA", "the CA's common name")
+	days := fs.Int("days", int(pki.DefaultLeafValidity/(24*time.Hour)), "validity of the server and client certificates in days")
+	force := fs.Bool("force", false, "re-issue existing server and client certificates (never the CA)")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: broker-agg pki [flags]
+       broker-agg pki passwd --file FILE --user ID [--password-stdin]
+
+Makes (or extends) a site PKI for mutual TLS with ECDSA P-256 keys:
+  DIR/ca.crt, ca.key              the CA (made once, reused; keep ca.key offline)
+  DIR/server.crt, server.key      the broker's certificate for --hosts
+  DIR/clients/ID.crt, ID.key      one per site (CN = site id) and the aggregator
+Keys are written with mode 0600. Run the embedded broker with
+  broker-agg run --tls-cert DIR/server.crt --tls-key DIR/server.key --tls-client-ca DIR/ca.crt
+and give each site its ca.crt, ID.crt and ID.key.
+
+flags:
+`)
+		fs.PrintDefaults()
+	}
+	var cfgFlag string
+	if err := parseFlags(fs, args, &cfgFlag); err != nil {
+		return err
+	}
+	ids := splitList(*clients)
+	if *aggID != "" {
+		ids = append(ids, *aggID)
+	}
+	if *days <= 0 {
+		return errors.New("--days: want > 0")
+	}
+	written, err := pki.MakeSite(pki.SiteOptions{Dir: *dir, CAName: *caName, Hosts: splitList(*hosts), Clients: ids,
+		Validity: time.Duration(*days) * 24 * time.Hour, Force: *force})
+	for _, p := range written {
+		fmt.Fprintln(stdout, "wrote", p)
+	}
+	if err != nil {
+		return err
+	}
+	if len(written) == 0 {
+		fmt.Fprintln(stdout, "nothing to do: every certificate exists (use --force to re-issue)")
+	}
+	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return slices.Compact(out)
+}
+
+// runPasswd adds or replaces a site in a Mosquitto-format password file.
+func runPasswd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("pki passwd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	file := fs.String("file", "", "password `FILE` (created with mode 0600)")
+	user := fs.String("user", "", "site `ID` (username = MQTT client id = topic id)")
+	fromStdin := fs.Bool("password-stdin", false, "read the password from the first line of standard input (default: generate one and print it)")
+	iters := fs.Int("iterations", broker.DefaultIterations, "PBKDF2-SHA512 iterations")
+	var cfgFlag string
+	if err := parseFlags(fs, args, &cfgFlag); err != nil {
+		return err
+	}
+	if *file == "" || *user == "" {
+		return errors.New("--file and --user are required")
+	}
+	if err := wire.ValidID(*user); err != nil {
+		return fmt.Errorf("--user: %w", err)
+	}
+	var pw string
+	if *fromStdin {
+		line, err := bufio.NewReader(io.LimitReader(os.Stdin, 4096)).ReadString('\n')
+		if err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("reading the password: %w", err)
+		}
+		pw = strings.TrimRight(line, "\r\n")
+		if pw == "" {
+			return errors.New("empty password on standard input")
+		}
+	} else {
+		b := make([]byte, 18)
+		if _, err := rand.Read(b); err != nil {
+			return err
+		}
+		pw = base64.RawURLEncoding.EncodeToString(b)
+	}
+	if err := broker.SetPassword(*file, *user, pw, *iters); err != nil {
+		return err
+	}
+	if !*fromStdin {
+		fmt.Fprintf(stdout, "%s\n", pw)
+		fmt.Fprintf(stderr, "password of %s set in %s (printed above once; give it to the site)\n", *user, filepath.Clean(*file))
+	}
+	return nil
 }
 
 // runDemo runs the embedded broker, the aggregator and in-process agents.
