@@ -167,7 +167,10 @@ func TestErrors(t *testing.T) {
 		{"zero relax", Params{Step: 1, Relax: 0}.Validate(), "relaxation"},
 		{"relax above one", Params{Step: 1, Relax: 1.5}.Validate(), "relaxation"},
 		{"dimension", func() error { _, _, err := ClientStep([]float64{1}, []float64{1, 2}, 1, Params{1, 1}, id); return err }(), "dimensions"},
-		{"prox dimension", func() error { _, _, err := ClientStep([]float64{1, 2}, []float64{1, 2}, 1, Params{1, 1}, short); return err }(), "prox returned"},
+		{"prox dimension", func() error {
+			_, _, err := ClientStep([]float64{1, 2}, []float64{1, 2}, 1, Params{1, 1}, short)
+			return err
+		}(), "prox returned"},
 		{"no clients", func() error { _, err := ServerStep(nil, nil); return err }(), "no client"},
 		{"ragged clients", func() error { _, err := ServerStep(nil, [][]float64{{1, 2}, {1}}); return err }(), "client 1"},
 	}
