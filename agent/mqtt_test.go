@@ -19,7 +19,6 @@ import (
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/model"
@@ -364,16 +363,12 @@ func TestAgentDropsBadMessages(t *testing.T) {
 	round := agg.topics.Round()
 	rcpt, _ := agg.topics.Receipt(testSite)
 
-	good, err := wire.Encode(announce(t, 1, AlgoFedProx, f32(testGlobal(1))))
+	ann := announce(t, 1, AlgoFedProx, f32(testGlobal(1)))
+	good, err := wire.Encode(ann)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var env wire.Envelope
-	if err := proto.Unmarshal(good, &env); err != nil {
-		t.Fatal(err)
-	}
-	env.Version = 2
-	v2, err := proto.Marshal(&env)
+	v2, err := wire.EncodeVersion(ann, 2)
 	if err != nil {
 		t.Fatal(err)
 	}

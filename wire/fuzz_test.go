@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 )
 
 // fuzzLimits are small so that the fuzzer also reaches the limit checks.
@@ -65,7 +65,7 @@ func TestFuzzSeeds(t *testing.T) {
 func checkDecoded(t *testing.T, in []byte, m Message, err error) {
 	t.Helper()
 	if err != nil {
-		if m != nil && m.ProtoReflect().IsValid() {
+		if m != nil && !reflect.ValueOf(m).IsNil() {
 			t.Fatalf("error %v with a non-nil message", err)
 		}
 		return
@@ -84,13 +84,16 @@ func checkDecoded(t *testing.T, in []byte, m Message, err error) {
 	if err != nil {
 		t.Fatalf("decode of re-encoded message: %v", err)
 	}
-	if !proto.Equal(back, m) {
+	if !msgEqual(back, m) {
 		t.Fatalf("re-encode round trip changed the message")
 	}
 }
 
 func addSeeds(f *testing.F) {
 	for _, b := range seeds(f) {
+		f.Add(b)
+	}
+	for _, b := range goldenSeeds(f) {
 		f.Add(b)
 	}
 }

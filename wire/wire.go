@@ -1,6 +1,7 @@
 // Package wire owns what edge-agent and broker-agg say to each other over
 // MQTT: the topic names (topics.go) and the versioned message envelopes
-// (edgefl.proto, generated Go in edgefl.pb.go).
+// (edgefl.proto, the schema of record; hand-written Go types in messages.go
+// and their protobuf encoding in codec.go, pinned by testdata/golden/).
 //
 // Every payload is one Envelope carrying a schema version and exactly one of
 // RoundAnnouncement, ClientStatus, ClientUpdate or Receipt. Encode validates
@@ -21,7 +22,6 @@ import (
 	"math"
 
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 )
 
 // Version is the envelope schema version this package writes and the only
@@ -107,11 +107,14 @@ var noLimits = Limits{
 // Message is one of *RoundAnnouncement, *ClientStatus, *ClientUpdate,
 // *Receipt: what an Envelope can carry.
 type Message interface {
-	proto.Message
 	// Validate reports the first field that is missing, out of range or
 	// non-finite, or a size beyond lim (zero fields take DefaultLimits).
 	Validate(lim Limits) error
+	// String returns a one-line text form of the message, for logs.
+	String() string
 	wrap() isEnvelope_Body
+	codec
+	texter
 }
 
 func (m *RoundAnnouncement) wrap() isEnvelope_Body { return &Envelope_Round{Round: m} }
@@ -142,23 +145,29 @@ func fieldName(n protowire.Number) string {
 	return "no body"
 }
 
-var marshalOpts = proto.MarshalOptions{Deterministic: true}
-
 // Encode validates m (structure only: the receiver applies its own Limits)
 // and returns it wrapped in a current-version Envelope. Encoding is
-// deterministic for a given build, so re-encoding gives the same bytes.
+// deterministic (fields in ascending number order), so re-encoding gives the
+// same bytes.
 func Encode(m Message) ([]byte, error) {
-	if m == nil || !m.ProtoReflect().IsValid() {
+	return EncodeVersion(m, Version)
+}
+
+// EncodeVersion is Encode with the envelope version of your choice. It is
+// for tests of receivers (a version this build does not speak must be
+// rejected); everything else uses Encode.
+func EncodeVersion(m Message, version uint32) ([]byte, error) {
+	env := &Envelope{Version: version}
+	if m != nil {
+		env.Body = m.wrap()
+	}
+	if body, _ := env.message(); body == nil {
 		return nil, fmt.Errorf("%w: nil message", ErrInvalid)
 	}
 	if err := m.Validate(noLimits); err != nil {
 		return nil, err
 	}
-	b, err := marshalOpts.Marshal(&Envelope{Version: Version, Body: m.wrap()})
-	if err != nil {
-		return nil, fmt.Errorf("wire: marshal %T: %w", m, err)
-	}
-	return b, nil
+	return marshal(env), nil
 }
 
 // peek scans the envelope's top-level fields without allocating and returns
@@ -197,8 +206,6 @@ func peek(b []byte) (version uint32, body protowire.Number, err error) {
 	return version, body, nil
 }
 
-var unmarshalOpts = proto.UnmarshalOptions{DiscardUnknown: true}
-
 // decode runs the checks shared by every decoder: size, version, body type
 // (want 0 = any), unmarshal. The message is not yet validated.
 func decode(b []byte, lim Limits, want protowire.Number) (Message, error) {
@@ -219,21 +226,15 @@ func decode(b []byte, lim Limits, want protowire.Number) (Message, error) {
 		return nil, fmt.Errorf("%w: got %s, want %s", ErrWrongType, fieldName(body), fieldName(want))
 	}
 	var env Envelope
-	if err := unmarshalOpts.Unmarshal(b, &env); err != nil {
+	d := newDecoder(lim)
+	if err := env.unmarshal(b, d); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	var m Message
-	switch x := env.Body.(type) {
-	case *Envelope_Round:
-		m = x.Round
-	case *Envelope_Status:
-		m = x.Status
-	case *Envelope_Update:
-		m = x.Update
-	case *Envelope_Receipt:
-		m = x.Receipt
+	if d.tooMany != nil {
+		return nil, d.tooMany
 	}
-	if m == nil || !m.ProtoReflect().IsValid() {
+	m, num := env.message()
+	if m == nil || num != body {
 		// Unreachable after peek, kept so that a mismatch is an error.
 		return nil, fmt.Errorf("%w: envelope has no body", ErrMalformed)
 	}
