@@ -276,6 +276,7 @@ type prepared struct {
 	algo   string
 	split  bool
 	sp     split.Params
+	stepJ  float64 // this site's prox step s_j = s m n_j / n
 	m      model.Model
 	x      []float64
 	codec  *quant.Codec
@@ -333,9 +334,17 @@ func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement) (*prepared, error) {
 		if err := p.sp.Validate(); err != nil {
 			return nil, bad(r, "%v", err)
 		}
-		p.cfg.Mu = 1 / p.sp.Step
-		if math.IsInf(p.cfg.Mu, 0) {
-			return nil, bad(r, "fedsplit step %v is too small (1/step overflows)", p.sp.Step)
+		// Sample weighting: with m sites holding n samples, this site's
+		// prox step is s m n_j / n, so that the plain mean of the z_j has
+		// the minimiser of the sample-weighted pooled objective as its
+		// fixed point. Without the figures, every site weighs the same.
+		p.stepJ = p.sp.Step
+		if m, n := ann.Params.GetClients(), ann.Params.GetTotalSamples(); m > 0 && n > 0 && h.Data.N > 0 {
+			p.stepJ = split.ClientStepSize(p.sp.Step, int(m), float64(h.Data.N)/float64(n))
+		}
+		p.cfg.Mu = 1 / p.stepJ
+		if math.IsInf(p.cfg.Mu, 0) || !(p.stepJ > 0) {
+			return nil, bad(r, "fedsplit step %v for this site is out of range (1/step overflows)", p.stepJ)
 		}
 	}
 	if err := p.cfg.Validate(); err != nil {
@@ -503,7 +512,7 @@ func (h *RoundHandler) solve(ctx context.Context, p *prepared) ([]float64, proxs
 	)
 	// The announced step is used as this client's prox step s_j: the agent
 	// knows neither m nor p_j (see the package documentation).
-	zNew, _, err := split.ClientStep(p.x, z, p.sp.Step, p.sp, func(v []float64, _ float64) ([]float64, error) {
+	zNew, _, err := split.ClientStep(p.x, z, p.stepJ, p.sp, func(v []float64, _ float64) ([]float64, error) {
 		w, r, err := proxsolver.Solve(ctx, p.m, h.Data, v, p.x, p.cfg, p.budget, rng)
 		rep = r
 		if errors.Is(err, proxsolver.ErrDiverged) {

@@ -537,3 +537,31 @@ func FuzzHandle(f *testing.F) {
 		}
 	})
 }
+
+// With the federation's population announced, a site's prox step is
+// s m n_j / n (sample weighting), so the mean of the z_j converges to the
+// minimiser of the sample-weighted pooled objective.
+func TestHandleFedSplitSampleWeightedStep(t *testing.T) {
+	h, _ := newHandler(t)
+	x := f32(testGlobal(1))
+	ann := announce(t, 1, AlgoFedSplit, x)
+	const m, n = 4, 1000
+	ann.Params.Step, ann.Params.Clients, ann.Params.TotalSamples = 0.5, m, n
+	res, err := h.Handle(context.Background(), ann)
+	if err != nil || res.Action != ActionSolved {
+		t.Fatal(res.Action, err)
+	}
+	stepJ := split.ClientStepSize(0.5, m, float64(h.Data.N)/n)
+	cfg := proxsolver.Config{Solver: proxsolver.LBFGS, Mu: 1 / stepJ, Gamma: 1e-4}
+	b := proxsolver.Budget{MaxEpochs: 30, Deadline: t0.Add(time.Hour), Clock: clock.NewFake(t0)}
+	zNew, _, err := split.ClientStep(x, x, stepJ, split.Params{Step: 0.5, Relax: 1}, func(v []float64, _ float64) ([]float64, error) {
+		w, _, err := proxsolver.Solve(context.Background(), mustModel(t), h.Data, v, x, cfg, b, nil)
+		return w, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, got := decodeUpdate(t, res.Msg); !slices.Equal(got, f32(zNew)) {
+		t.Fatalf("update is not the client step with s_j = s m n_j / n = %v", stepJ)
+	}
+}

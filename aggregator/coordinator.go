@@ -442,6 +442,20 @@ func (c *Coordinator) Round() int { return c.round }
 // Phase is the current round's phase.
 func (c *Coordinator) Phase() Phase { return c.phase }
 
+// Population returns how many registered clients have a positive sample
+// count and the sum of those counts: FedSplit's per-client step
+// s_j = s m n_j / n needs them so that the mean of the z_j has the minimiser
+// of the sample-weighted objective as its fixed point.
+func (c *Coordinator) Population() (clients int, samples int64) {
+	for _, cl := range c.clients {
+		if cl.samples > 0 {
+			clients++
+			samples += int64(cl.samples)
+		}
+	}
+	return clients, samples
+}
+
 // NextDeadline is when the coordinator wants a Tick; zero when it does not.
 // It equals the At of the last SetTimer decision.
 func (c *Coordinator) NextDeadline() time.Time { return c.timer }

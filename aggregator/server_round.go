@@ -28,6 +28,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		s.frame = f
 	}
 	p := s.cfg.Params
+	popM, popN := s.coord.Population()
 	ms := wire.ModelSpec{Kind: s.cfg.Model.Kind, Inputs: uint32(s.cfg.Model.Inputs), Classes: uint32(s.cfg.Model.Classes),
 		Activation: s.cfg.Model.Activation, L2: s.cfg.Model.L2}
 	if s.cfg.Model.Hidden > 0 {
@@ -38,7 +39,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		Round:      uint64(round),
 		Algorithm:  s.cfg.Algorithm,
 		Params: &wire.Params{Mu: p.Mu, Step: p.Step, Relax: p.Relax, Solver: p.Solver, Gamma: p.Gamma,
-			Lr: p.LR, Batch: uint32(p.Batch)},
+			Lr: p.LR, Batch: uint32(p.Batch), Clients: uint32(min(popM, math.MaxUint32)), TotalSamples: uint64(popN)},
 		Model:           &ms,
 		Budget:          &wire.WorkBudget{MaxEpochs: uint32(p.MaxEpochs), MaxSeconds: p.MaxSeconds, MaxGradEvals: p.MaxGradEvals},
 		DeadlineUnixMs:  deadline.UnixMilli(),

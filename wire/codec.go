@@ -614,7 +614,7 @@ func (x *Vector) unmarshal(b []byte, d *decoder) error {
 func (x *Params) size() int {
 	return sizeDouble(1, x.Mu) + sizeDouble(2, x.Step) + sizeDouble(3, x.Relax) +
 		sizeString(4, x.Solver) + sizeDouble(5, x.Gamma) + sizeDouble(6, x.Lr) +
-		sizeVarint(7, uint64(x.Batch))
+		sizeVarint(7, uint64(x.Batch)) + sizeVarint(8, uint64(x.Clients)) + sizeVarint(9, x.TotalSamples)
 }
 
 func (x *Params) appendTo(b []byte) []byte {
@@ -624,7 +624,9 @@ func (x *Params) appendTo(b []byte) []byte {
 	b = appendString(b, 4, x.Solver)
 	b = appendDouble(b, 5, x.Gamma)
 	b = appendDouble(b, 6, x.Lr)
-	return appendVarint(b, 7, uint64(x.Batch))
+	b = appendVarint(b, 7, uint64(x.Batch))
+	b = appendVarint(b, 8, uint64(x.Clients))
+	return appendVarint(b, 9, x.TotalSamples)
 }
 
 func (x *Params) unmarshal(b []byte, d *decoder) error {
@@ -648,8 +650,13 @@ func (x *Params) unmarshal(b []byte, d *decoder) error {
 				return consumeString(&x.Solver, b)
 			}
 		case protowire.VarintType:
-			if num == 7 {
+			switch num {
+			case 7:
 				return consumeUint32(&x.Batch, b), nil
+			case 8:
+				return consumeUint32(&x.Clients, b), nil
+			case 9:
+				return consumeUint64(&x.TotalSamples, b), nil
 			}
 		}
 		return 0, nil

@@ -286,6 +286,24 @@ type Params struct {
 	Gamma  float64 `json:"gamma,omitempty"`  // target inexactness, >= 0
 	Lr     float64 `json:"lr,omitempty"`     // SGD learning rate, >= 0
 	Batch  uint32  `json:"batch,omitempty"`  // SGD mini-batch size (0 = full batch)
+	// FedSplit sample weighting: m clients holding n samples in all; a site
+	// with n_j samples uses the prox step s_j = Step * m * n_j / n (0 = Step).
+	Clients      uint32 `json:"clients,omitempty"`
+	TotalSamples uint64 `json:"total_samples,omitempty"`
+}
+
+func (x *Params) GetClients() uint32 {
+	if x != nil {
+		return x.Clients
+	}
+	return 0
+}
+
+func (x *Params) GetTotalSamples() uint64 {
+	if x != nil {
+		return x.TotalSamples
+	}
+	return 0
 }
 
 // Reset sets x to its zero value.

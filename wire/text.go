@@ -164,6 +164,8 @@ func (x *Params) appendText(w *textWriter) {
 	w.float("gamma", x.Gamma)
 	w.float("lr", x.Lr)
 	w.uint("batch", uint64(x.Batch))
+	w.uint("clients", uint64(x.Clients))
+	w.uint("total_samples", x.TotalSamples)
 }
 
 func (x *ModelSpec) appendText(w *textWriter) {
