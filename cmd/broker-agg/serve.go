@@ -298,7 +298,7 @@ func (f *serveFlags) serverConfig(log *slog.Logger) (aggregator.ServerConfig, er
 	case f.anchorSketch == 0:
 		sketch = &wire.SketchSpec{Seed: f.seed}
 	case f.anchorSketch > 0:
-		sketch = &wire.SketchSpec{Dimension: uint32(min(f.anchorSketch, math.MaxUint32)), Seed: f.seed}
+		sketch = &wire.SketchSpec{Dimension: uint32(min(int64(f.anchorSketch), math.MaxUint32)), Seed: f.seed}
 	}
 	if f.maxPacket <= 0 {
 		return aggregator.ServerConfig{}, errors.New("--max-message-bytes: want > 0")
@@ -378,7 +378,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 		}
 		bc := broker.Config{Addr: listen, Prefix: topics.Prefix(), Superusers: []string{f.clientID},
-			PasswordFile: f.brokerPasswd, AllowAnonymous: f.allowAnonymous, MaxPacketSize: uint32(min(f.maxPacket, math.MaxUint32)),
+			PasswordFile: f.brokerPasswd, AllowAnonymous: f.allowAnonymous, MaxPacketSize: uint32(min(int64(f.maxPacket), math.MaxUint32)),
 			SessionExpiry: f.sessionExpiry, Logger: log}
 		if f.tlsCert != "" {
 			tc, err := pki.ServerTLSConfig(f.tlsCert, f.tlsKey, f.tlsClientCA)
