@@ -41,6 +41,9 @@ type DataInfo struct {
 	Params       int    `json:"params"`
 	MinClient    int    `json:"min_client_samples"`
 	MaxClient    int    `json:"max_client_samples"`
+	// PNI is FedSim's privacy-preserving non-IID index (seeds/002 eq. 15-18):
+	// the spread of the clients' RMSE of one shared random model.
+	PNI Float `json:"pni"`
 }
 
 // Optimum is the centralised optimum of F on the pooled training data.
@@ -172,6 +175,8 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		res.Data.MaxClient = max(res.Data.MaxClient, c.Train.N)
 		e.cands = append(e.cands, aggregate.Candidate{ID: c.ID, Samples: c.Train.N, Loss: math.NaN()})
 	}
+	res.Data.PNI = Float(e.pni())
+	fmt.Fprintf(progress, "data %s: PNI %.4g\n", fed.Name, float64(res.Data.PNI))
 	fmt.Fprintf(progress, "data %s: %d clients, %d train / %d test samples (per client %d..%d), %d features, %d classes, %d params\n",
 		fed.Name, len(fed.Clients), e.train.N, e.test.N, res.Data.MinClient, res.Data.MaxClient, fed.D, fed.Classes, m.NumParams())
 
@@ -560,4 +565,36 @@ func (e *env) receive(c *quant.Codec, a Algo, o outcome, x []float64, zSrv map[i
 		out[i] = base[i] + d[i]
 	}
 	return out, nil
+}
+
+// pni computes the privacy-preserving non-IID index: the server draws one
+// random model, every client reports only the RMSE of that model's
+// predictions of its own training labels, and the index is the mean over
+// clients of the L2 distance between its RMSE and the others'.
+func (e *env) pni() float64 {
+	m := e.pooledM.Clone()
+	w := make([]float64, m.NumParams())
+	rng := newRand(e.cfg.Seed, streamInit, 1, 0)
+	scale := 1 / math.Sqrt(float64(max(e.fed.D, 1)))
+	for i := range w {
+		w[i] = rng.NormFloat64() * scale
+	}
+	var rmse []float64
+	for _, c := range e.fed.Clients {
+		if c.Train.N == 0 {
+			continue
+		}
+		pred := make([]float64, c.Train.N)
+		m.Predict(w, c.Train, pred)
+		r, err := aggregate.RMSE(pred, c.Train.Y)
+		if err != nil {
+			return math.NaN()
+		}
+		rmse = append(rmse, r)
+	}
+	v, err := aggregate.PNI(rmse)
+	if err != nil {
+		return math.NaN()
+	}
+	return v
 }

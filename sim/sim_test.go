@@ -290,3 +290,21 @@ func TestFaultyClient(t *testing.T) {
 		}
 	}
 }
+
+// PNI grows with heterogeneity: identical-distribution clients score lower
+// than the FedProx generator's synthetic(1,1) devices.
+func TestPNIOrdersHeterogeneity(t *testing.T) {
+	pni := func(ds string) float64 {
+		cfg := smallConfig(t, "fedavg")
+		cfg.Dataset, cfg.Rounds, cfg.Clients, cfg.PerRound = ds, 1, 20, 5
+		res, err := Run(context.Background(), cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return float64(res.Data.PNI)
+	}
+	iid, het := pni("synthetic-iid"), pni("synthetic:1,1")
+	if !(iid >= 0 && het > iid) {
+		t.Errorf("PNI synthetic-iid %.4g, synthetic(1,1) %.4g: want the heterogeneous one larger", iid, het)
+	}
+}
