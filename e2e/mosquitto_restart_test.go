@@ -1,0 +1,127 @@
+package e2e
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestMosquittoRestartMidRound: Mosquitto, the federation's external
+// broker, is restarted twice mid-round on the same port and persistence
+// directory: once with SIGTERM (it saves its persistence file: retained
+// announcement, sessions, queued messages) and once with SIGKILL (it comes
+// back with the file of the previous shutdown: a stale retained
+// announcement and none of the messages in flight). broker-agg and every
+// edge-agent reconnect by themselves and the run completes: every round
+// aggregates every site, every receipted update is in the round log, and
+// every site's z equals the aggregator's.
+func TestMosquittoRestartMidRound(t *testing.T) {
+	needMosquitto(t)
+	const (
+		sites  = 4
+		rounds = 7
+	)
+	dir := t.TempDir()
+	federation := "brokerrestart"
+	pw := setPasswords(t, dir, filepath.Join(dir, "passwd"), append(siteIDs(sites), "aggregator", "observer")...)
+	m := newMosquitto(t, dir, federation)
+	obs := newObserver(t, m.url(), federation, pw["observer"])
+	agg := newAggregator(t, dir, aggDefaults(federation).with(kv{
+		{"broker", m.url()}, {"username", "aggregator"}, {"broker_password_file", passwordFile(dir, "aggregator")},
+		{"per_round", fmt.Sprint(sites)}, {"rounds", fmt.Sprint(rounds)},
+		{"max_epochs", "0"}, {"max_seconds", "0.3"},
+		// A round whose announcement the broker lost is re-announced at
+		// its deadline (the extension), so keep deadlines short.
+		{"round_timeout", "3s"}, {"extension", "3s"},
+	}))
+	edges := startEdges(t, dir, federation, m.url(), sites, 60, nil)
+
+	rng := rand.New(rand.NewPCG(5, 0xb0b))
+	for i, how := range []string{"SIGTERM", "SIGKILL"} {
+		now := agg.mustScrape()
+		target := now["edgefl_aggregator_updates_accepted_total"] + float64(1+rng.IntN(sites+2))
+		at := agg.waitMetrics(30*time.Second, fmt.Sprintf("update #%v", target), func(m metrics) bool {
+			return m["edgefl_aggregator_updates_accepted_total"] >= target
+		})
+		if at["edgefl_aggregator_finished"] == 1 {
+			t.Fatal("finished before the broker restart")
+		}
+		if how == "SIGTERM" {
+			m.term()
+		} else {
+			m.p.kill()
+		}
+		m.start()
+		restarted := m.p.started
+		// Work flows again: an update accepted after the restart.
+		var acc logLine
+		waitFor(t, 30*time.Second, "an update accepted after the broker restart", func() (bool, error) {
+			for _, l := range agg.lines(msgIs("update accepted")) {
+				if l.at.After(restarted) {
+					acc = l
+					return true, nil
+				}
+			}
+			if !agg.p.alive() {
+				t.Fatalf("the aggregator exited:\n%s", agg.p.tail(20))
+			}
+			return false, nil
+		})
+		t.Logf("restart %d (%s) after update #%v (round %d, phase %s): next update accepted %v after Mosquitto started again",
+			i+1, how, target, at.round(), at.phase(), acc.at.Sub(restarted).Round(time.Millisecond))
+	}
+	agg.waitFinished(60 * time.Second)
+	for _, e := range edges {
+		waitFor(t, 20*time.Second, e.id+"'s last receipt", func() (bool, error) {
+			return len(e.lines(msgIs("update receipted", "round", rounds))) > 0, nil
+		})
+		if err := e.p.stop(); err != nil {
+			t.Errorf("%s: %v", e.id, err)
+		}
+	}
+	if err := agg.p.stop(); err != nil {
+		t.Errorf("aggregator: %v", err)
+	}
+	agg.noPanics()
+
+	if n := len(agg.lines(msgIs("subscribed"))); n < 3 {
+		t.Errorf("the aggregator subscribed %d times, want once per broker run (3)", n)
+	}
+	st := readAggState(t, agg.state)
+	if st.phase != "finished" || st.coordRnd != rounds || !allFinite(st.final) {
+		t.Fatalf("aggregator state: phase %s round %d", st.phase, st.coordRnd)
+	}
+	for r := uint64(1); r <= rounds; r++ {
+		if got := st.contributors(r); !slices.Equal(got, siteIDs(sites)) {
+			t.Errorf("round %d: stored updates from %v, want every site", r, got)
+		}
+	}
+	receipted := obs.accepted()
+	for _, e := range edges {
+		e.noPanics()
+		if n := len(e.lines(msgIs("connected"))); n < 3 {
+			t.Errorf("%s connected %d times, want once per broker run (3)", e.id, n)
+		}
+		for _, l := range e.lines(msgIs("update receipted")) {
+			receipted[key{uint64(l.num("round")), e.id}] = 0
+		}
+		es := readEdgeState(t, e.state)
+		az := st.z[e.id]
+		if es.zRound != az.round || !bitsEqual(es.z, az.z) {
+			t.Errorf("%s: site z of round %d, aggregator's of round %d, equal %v", e.id, es.zRound, az.round, bitsEqual(es.z, az.z))
+		}
+		if len(es.outbox) != 0 || es.applied != rounds {
+			t.Errorf("%s: applied %d, %d unreceipted", e.id, es.applied, len(es.outbox))
+		}
+	}
+	for k := range receipted {
+		if _, ok := st.updates[k.round][k.client]; !ok {
+			t.Errorf("update %v was receipted but is not in the round log", k)
+		}
+	}
+	t.Logf("%d receipted updates in the round log; deadline extensions %d; duplicate re-sends ignored %d",
+		len(receipted), st.extended, len(agg.lines(msgIs("duplicate update ignored"))))
+}

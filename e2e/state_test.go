@@ -1,0 +1,187 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// copyState copies a state file of a stopped process to a fresh path, so
+// that the checks open a copy and can never write to the original.
+func copyState(t *testing.T, path string) string {
+	t.Helper()
+	src, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst := filepath.Join(t.TempDir(), filepath.Base(path)+".copy")
+	out, err := os.Create(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+// aggState is what a test checks in the aggregator's state file.
+type aggState struct {
+	current   storage.Round
+	phase     string
+	coordRnd  int
+	updates   map[uint64]map[string]storage.Update // round -> client -> update
+	z         map[string]zAt                       // client -> latest z
+	final     []float64                            // the latest checkpoint
+	finalR    uint64
+	rejected  map[string]uint64 // the coordinator's rejections by reason
+	accepted  uint64
+	stragglrs uint64
+	extended  uint64
+	closed    uint64
+}
+
+type zAt struct {
+	round uint64
+	z     []float64
+}
+
+// readAggState opens a copy of a stopped aggregator's state file.
+func readAggState(t *testing.T, path string) aggState {
+	t.Helper()
+	s, err := storage.OpenAgg(copyState(t, path), storage.Options{LockTimeout: time.Second})
+	if err != nil {
+		t.Fatalf("open %s: %v", path, err)
+	}
+	defer s.Close()
+	if err := s.Check(); err != nil {
+		t.Fatalf("%s: bbolt check: %v", path, err)
+	}
+	st := aggState{updates: map[uint64]map[string]storage.Update{}, z: map[string]zAt{}}
+	if st.current, err = s.CurrentRound(); err != nil {
+		t.Fatalf("%s: current round: %v", path, err)
+	}
+	var coord struct {
+		Round    int    `json:"round"`
+		Phase    string `json:"phase"`
+		Counters struct {
+			Accepted   uint64            `json:"accepted"`
+			Rejected   map[string]uint64 `json:"rejected"`
+			Stragglers uint64            `json:"stragglers"`
+			Extensions uint64            `json:"extensions"`
+			Closed     uint64            `json:"rounds_closed"`
+		} `json:"counters"`
+	}
+	if err := json.Unmarshal(st.current.State, &coord); err != nil {
+		t.Fatalf("%s: coordinator state: %v", path, err)
+	}
+	st.phase, st.coordRnd = coord.Phase, coord.Round
+	st.rejected, st.accepted, st.stragglrs = coord.Counters.Rejected, coord.Counters.Accepted, coord.Counters.Stragglers
+	st.extended, st.closed = coord.Counters.Extensions, coord.Counters.Closed
+	for r := uint64(1); r <= st.current.Number; r++ {
+		ups, err := s.Updates(r)
+		if err != nil {
+			t.Fatalf("%s: updates of round %d: %v", path, r, err)
+		}
+		if len(ups) > 0 {
+			st.updates[r] = map[string]storage.Update{}
+		}
+		for _, u := range ups {
+			st.updates[r][u.ClientID] = u
+		}
+	}
+	clients, err := s.Clients()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range clients {
+		r, z, err := s.ClientZ(c.ID)
+		if errors.Is(err, storage.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.z[c.ID] = zAt{r, z}
+	}
+	if st.finalR, st.final, err = s.LatestCheckpoint(); err != nil {
+		t.Fatalf("%s: latest checkpoint: %v", path, err)
+	}
+	return st
+}
+
+// contributors lists the clients with a stored update for round r, sorted.
+func (s aggState) contributors(r uint64) []string {
+	var ids []string
+	for id := range s.updates[r] {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// edgeState is what a test checks in a site's state file.
+type edgeState struct {
+	applied, seen uint64
+	zRound        uint64
+	z             []float64
+	outbox        []storage.OutboxEntry
+}
+
+func readEdgeState(t *testing.T, path string) edgeState {
+	t.Helper()
+	s, err := storage.OpenEdge(copyState(t, path), storage.Options{LockTimeout: time.Second})
+	if err != nil {
+		t.Fatalf("open %s: %v", path, err)
+	}
+	defer s.Close()
+	if err := s.Check(); err != nil {
+		t.Fatalf("%s: bbolt check: %v", path, err)
+	}
+	var st edgeState
+	if st.applied, err = s.AppliedRound(); err != nil {
+		t.Fatal(err)
+	}
+	if st.seen, err = s.SeenRound(); err != nil {
+		t.Fatal(err)
+	}
+	st.zRound, st.z, err = s.Z()
+	if err != nil && !errors.Is(err, storage.ErrNotFound) {
+		t.Fatal(err)
+	}
+	if st.outbox, err = s.Outbox(); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// decodeStored decodes the vector of a stored update.
+func decodeStored(t *testing.T, u storage.Update) (*wire.ClientUpdate, []float64) {
+	t.Helper()
+	m, err := wire.DecodeUpdate(u.Msg, wire.Limits{})
+	if err != nil {
+		t.Fatalf("stored update (%d, %s): %v", u.Round, u.ClientID, err)
+	}
+	c, err := quant.Parse("fp32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := c.Decode(m.Vector.Payload, nil)
+	if err != nil {
+		t.Fatalf("stored update (%d, %s): vector: %v", u.Round, u.ClientID, err)
+	}
+	return m, v
+}
