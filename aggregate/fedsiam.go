@@ -24,7 +24,7 @@ type FedSiam struct {
 
 func (f FedSiam) Name() string {
 	n := "fedsiam"
-	if f.On != OnWeights {
+	if f.On != OnUpdates {
 		n += ":on=" + f.On.String()
 	}
 	if f.SampleWeighted {

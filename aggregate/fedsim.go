@@ -32,7 +32,7 @@ type FedSim struct {
 }
 
 func (f FedSim) Name() string {
-	if f.On == OnWeights {
+	if f.On == OnUpdates {
 		return "fedsim"
 	}
 	return "fedsim:on=" + f.On.String()

@@ -144,7 +144,7 @@ func TestCosinesInRange(t *testing.T) {
 // update by the same positive factor leaves the weights of FedSim and
 // FedSiam-DA unchanged.
 func TestCosineWeightsScaleInvariant(t *testing.T) {
-	aggs := []Aggregator{FedSim{}, FedSim{On: OnUpdates}, FedSiam{}, FedSiam{On: OnUpdates}, FedSiam{SampleWeighted: true}}
+	aggs := []Aggregator{FedSim{On: OnWeights}, FedSim{On: OnUpdates}, FedSiam{On: OnWeights}, FedSiam{On: OnUpdates}, FedSiam{On: OnWeights, SampleWeighted: true}}
 	for _, a := range aggs {
 		for _, c := range []float64{0.3, 7, 1e-250, 1e250, math.Ldexp(1, 600)} {
 			rng := newRand(11)
@@ -183,19 +183,19 @@ func TestFedSiamEquations(t *testing.T) {
 		want   []float64
 	}{
 		// w0 = (1, 1): cosines r, r, 1.
-		{"eq. 13-16", FedSiam{}, []float64{9, 9},
+		{"eq. 13-16", FedSiam{On: OnWeights}, []float64{9, 9},
 			ups2([]float64{2, 0}, []float64{0, 2}, []float64{1, 1}),
 			[]float64{r / (1 + 2*r), r / (1 + 2*r), 1 / (1 + 2*r)}},
 		// w0 = (0, 0.5): cosines 0, 1/sqrt(1.01)... client 0 orthogonal.
-		{"orthogonal client excluded", FedSiam{}, []float64{0, 0},
+		{"orthogonal client excluded", FedSiam{On: OnWeights}, []float64{0, 0},
 			ups2([]float64{1, 0}, []float64{-1, 1}, []float64{0, 0.5}),
 			[]float64{0, r / (r + 1), 1 / (r + 1)}},
 		// w0 = 0: no direction, uniform, result w0.
-		{"zero first aggregate", FedSiam{}, []float64{3, 3},
+		{"zero first aggregate", FedSiam{On: OnWeights}, []float64{3, 3},
 			ups2([]float64{1, 2}, []float64{-1, -2}),
 			[]float64{0.5, 0.5}},
 		// Samples 1, 2, 3: w0 = (2+0+3, 0+4+3)/6 = (5/6, 7/6).
-		{"w0 = FedAvg", FedSiam{SampleWeighted: true}, []float64{0, 0},
+		{"w0 = FedAvg", FedSiam{On: OnWeights, SampleWeighted: true}, []float64{0, 0},
 			ups2([]float64{2, 0}, []float64{0, 2}, []float64{1, 1}),
 			func() []float64 {
 				n := math.Hypot(5, 7)

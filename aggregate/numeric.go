@@ -9,14 +9,18 @@ import (
 type Space uint8
 
 const (
-	// OnWeights compares the client models w_k themselves, as the papers
-	// write (SimProx eq. 8-9, FedSim's sim(w_k, w), FedSiam-DA eq. 14).
-	OnWeights Space = iota
 	// OnUpdates compares the updates w_k - global. Where a paper compares a
 	// client with the global model, the update-space counterpart is the
 	// round's mean update (1/K) sum_k (w_k - global): the global model itself
-	// is a point, not a direction.
-	OnUpdates
+	// is a point, not a direction. It is the default (the zero value): on
+	// weights, every client's model is dominated by the shared global part,
+	// cosines to the global model are all close to 1 and FedSim's weights
+	// collapse to the uniform mean; on updates FedSim was better on every
+	// synthetic setting of the README's comparison.
+	OnUpdates Space = iota
+	// OnWeights compares the client models w_k themselves, as the papers
+	// write (SimProx eq. 8-9, FedSim's sim(w_k, w), FedSiam-DA eq. 14).
+	OnWeights
 )
 
 func (s Space) String() string {

@@ -20,11 +20,11 @@ import (
 //
 //	fedavg                      sample-weighted mean sum_k (n_k/n) w_k
 //	mean                        uniform mean (aliases: fedprox, fedsplit-mean)
-//	simprox                     lambda0 [0.7], tau [0.5], on=weights|updates [weights],
+//	simprox                     lambda0 [0.7], tau [0.5], on=weights|updates [updates],
 //	                            prev=client|global [client], softmax=true|false [true]
-//	fedsim                      on=weights|updates [weights]
+//	fedsim                      on=weights|updates [updates]
 //	fedsim-cluster              k [5], var [0.95], iters [100]
-//	fedsiam                     on=weights|updates [weights], w0=mean|fedavg [mean]
+//	fedsiam                     on=weights|updates [updates], w0=mean|fedavg [mean]
 //	median
 //	trimmed                     beta [0.1]
 //	normbound                   bound=B | mult=M [mult=3], inner=SPEC [fedavg]
@@ -317,7 +317,7 @@ func (o opts) choice(k, def string, valid ...string) (string, error) {
 }
 
 func (o opts) space() (Space, error) {
-	v, err := o.choice("on", "weights", "weights", "updates")
+	v, err := o.choice("on", "updates", "weights", "updates")
 	if err != nil {
 		return 0, err
 	}
