@@ -18,6 +18,8 @@ import (
 	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/wire"
+
+	"github.com/edgefl/edgefl/sketch"
 )
 
 // Algorithm families a round announcement names. Any other name (an
@@ -607,5 +609,5 @@ func (h *RoundHandler) anchorGrad(round uint64, g []float64, s *wire.SketchSpec)
 		h.log().Warn("anchor sketch longer than the gradient: not sent", "round", round, "sketch", s.Dimension, "gradient", len(g))
 		return nil
 	}
-	return sketch(g, int(s.Dimension), s.Seed)
+	return sketch.Of(g, int(s.Dimension), s.Seed)
 }

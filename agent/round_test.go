@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -454,21 +453,6 @@ func TestHandleDivergedSolve(t *testing.T) {
 				t.Fatalf("sent %v, want the unchanged %v", res.Sent, x)
 			}
 		})
-	}
-}
-
-func TestSketchMatchesAggregate(t *testing.T) {
-	rng := rand.New(rand.NewPCG(5, 5))
-	g := make([]float64, 300)
-	for i := range g {
-		if i%7 != 0 {
-			g[i] = rng.NormFloat64()
-		}
-	}
-	for _, dim := range []int{0, 1, 63, 64, 65, 200} {
-		if got, want := sketch(g, dim, 99), aggregate.Sketch(g, dim, 99); !slices.Equal(got, want) {
-			t.Fatalf("dim %d: the agent's sketch differs from aggregate.Sketch", dim)
-		}
 	}
 }
 

@@ -62,6 +62,7 @@ var forbiddenDeps = []struct {
 	// Our own server-side and test-only packages (DESIGN §1: the agent must not
 	// know aggregator internals).
 	{pattern: modulePath + "/aggregator/...", why: "the on-prem round coordinator: aggregator internals stay on the server"},
+	{pattern: modulePath + "/aggregate/...", why: "server-side aggregators (and gonum/mat with them); the agent shares only the sketch package"},
 	{pattern: modulePath + "/sim/...", why: "the in-process simulator (virtual clients, plots) is broker-agg simulate's"},
 	{pattern: modulePath + "/broker/...", why: "the embedded-broker wrapper is broker-agg's"},
 	{pattern: modulePath + "/internal/crossarch/...", why: "test helpers for the qemu tests"},
