@@ -68,6 +68,9 @@ func TestThirdOfSitesOffline(t *testing.T) {
 		}
 		return off == len(away), nil
 	})
+	// Rounds announced from here on cannot select them (the aggregator has
+	// their last will).
+	rOff := agg.mustScrape().round()
 	agg.waitMetrics(60*time.Second, fmt.Sprintf("round %d to close", r0+2), func(m metrics) bool {
 		return m["edgefl_aggregator_rounds_closed_total"] >= float64(r0+2)
 	})
@@ -92,19 +95,36 @@ func TestThirdOfSitesOffline(t *testing.T) {
 	if st.phase != "finished" || st.coordRnd != rounds {
 		t.Fatalf("aggregator state: phase %s round %d", st.phase, st.coordRnd)
 	}
-	// The round of the outage: the quorum of four at the deadline.
-	agr, ok := agg.p.find(msgIs("round aggregated", "round", r0))
-	if !ok {
-		t.Fatalf("no aggregation of round %d", r0)
+	// The outage closes a round on quorum at its deadline: a round that
+	// selected the killed sites gets no update from at least one of them
+	// (a site may still have published the update of the round it was
+	// solving in the milliseconds before SIGKILL landed), closes with the
+	// quorum of four and only killed sites as stragglers, after its deadline.
+	quorumClose := false
+	for r := r0; r <= rOff && !quorumClose; r++ {
+		agr, ok := agg.p.find(msgIs("round aggregated", "round", r))
+		if !ok {
+			t.Fatalf("no aggregation of round %d", r)
+		}
+		an, ok := agg.p.find(func(l logLine) bool { return msgIs("round announced")(l) && int(l.num("round")) == r })
+		if !ok {
+			t.Fatalf("no announcement of round %d", r)
+		}
+		strag, _ := agr.kv["stragglers"].([]any)
+		onlyAway := len(strag) > 0
+		for _, id := range strag {
+			onlyAway = onlyAway && slices.Contains(awayIDs, fmt.Sprint(id))
+		}
+		late := logTime(t, agr).Sub(logTime(t, an)) >= timeout-50*time.Millisecond
+		quorumClose = onlyAway && agr.num("contributors") >= 4 && late
+		t.Logf("round %d: contributors %v, stragglers %v, closed at the deadline %v", r, agr.num("contributors"), strag, late)
 	}
-	strag, _ := agr.kv["stragglers"].([]any)
-	if fmt.Sprint(strag) != fmt.Sprint(awayIDs) || agr.num("contributors") != 4 {
-		t.Errorf("round %d aggregated %v contributors, stragglers %v; want 4 and %v", r0, agr.num("contributors"), strag, awayIDs)
+	if !quorumClose {
+		t.Errorf("no round in %d..%d closed on quorum at its deadline with only the killed sites missing", r0, rOff)
 	}
-	if d := logTime(t, agr).Sub(logTime(t, ann)); d < timeout-50*time.Millisecond {
-		t.Errorf("round %d closed %v after its announcement, before its %v deadline", r0, d, timeout)
-	}
-	for r := r0; r <= r0+2; r++ {
+	// Rounds announced after the aggregator marked them offline run
+	// without them.
+	for r := rOff + 1; r < back; r++ {
 		got := st.contributors(uint64(r))
 		if len(got) < 4 || slices.ContainsFunc(got, func(id string) bool { return slices.Contains(awayIDs, id) }) {
 			t.Errorf("outage round %d: contributors %v", r, got)
