@@ -1,0 +1,734 @@
+// Command loadtest is the load generator of scripts/bench-e2e.sh: a whole
+// federation over MQTT on one machine, every party a real one.
+//
+//	loadtest gen --dir DIR [--train 20000] [--test 2000] [--seed 1]
+//	    writes a synthetic MNIST-shaped IDX data set (28x28 = 784 features,
+//	    10 classes) that `broker-agg simulate --dataset idx:DIR` and the
+//	    agents below read alike.
+//
+//	loadtest run --broker-agg BIN --data DIR [--clients 100] [--per-round K]
+//	             [--rounds 20] [--epochs E] [--kills N] ...
+//	    starts Mosquitto (password file, the shipped ACL), `broker-agg run
+//	    --broker` against it as its own process, and --clients edge agents
+//	    (package agent, the code of edge-agent) in this process, each with
+//	    its own bbolt state file and its client of the data's iid partition
+//	    (as simulate partitions it). It prints the seconds of every round
+//	    (from the aggregator's log: one "round aggregated" to the next; round
+//	    1 from its announcement), their mean and median, and the
+//	    aggregator's peak memory (VmHWM of the broker-agg process). With
+//	    --kills N it kills broker-agg with SIGKILL N times at seeded random
+//	    moments mid-round, restarts it on the same state file, and prints
+//	    the time from each restart (process start) to its first round
+//	    announcement and to its first accepted update.
+//
+// The last lines are machine-readable: "RESULT key=value ..." and one
+// "RECOVERY key=value ..." per kill.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/edgefl/edgefl/agent"
+	"github.com/edgefl/edgefl/broker"
+	"github.com/edgefl/edgefl/dataset"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: loadtest gen|run [flags] (see the package documentation)")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "gen":
+		err = gen(os.Args[2:])
+	case "run":
+		err = runLoad(os.Args[2:])
+	case "simstats":
+		err = simStats(os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadtest:", err)
+		os.Exit(1)
+	}
+}
+
+// ---- gen ----
+
+func gen(args []string) error {
+	fs := flag.NewFlagSet("gen", flag.ExitOnError)
+	dir := fs.String("dir", "", "output `DIR`")
+	train := fs.Int("train", 20000, "training samples")
+	test := fs.Int("test", 2000, "test samples")
+	seed := fs.Uint64("seed", 1, "seed")
+	noise := fs.Float64("noise", 70, "pixel noise (standard deviation, of 255)")
+	flip := fs.Float64("label-noise", 0.1, "fraction of samples given a random label (keeps the classes from being separable)")
+	fs.Parse(args)
+	if *dir == "" {
+		return errors.New("gen: --dir is required")
+	}
+	if err := os.MkdirAll(*dir, 0o755); err != nil {
+		return err
+	}
+	rng := rand.New(rand.NewPCG(*seed, 0x1d))
+	const side, classes = 28, 10
+	// Ten class prototypes: a few bright Gaussian blobs each.
+	protos := make([][]float64, classes)
+	for c := range protos {
+		p := make([]float64, side*side)
+		for range 4 {
+			cx, cy, r := 4+rng.Float64()*20, 4+rng.Float64()*20, 2+rng.Float64()*4
+			for y := range side {
+				for x := range side {
+					d2 := (float64(x)-cx)*(float64(x)-cx) + (float64(y)-cy)*(float64(y)-cy)
+					p[y*side+x] += 255 * math.Exp(-d2/(2*r*r))
+				}
+			}
+		}
+		protos[c] = p
+	}
+	write := func(prefix string, n int) error {
+		img := make([]byte, 0, n*side*side)
+		lab := make([]byte, n)
+		for i := range n {
+			c := rng.IntN(classes)
+			lab[i] = byte(c)
+			if rng.Float64() < *flip {
+				lab[i] = byte(rng.IntN(classes))
+			}
+			for _, v := range protos[c] {
+				img = append(img, byte(min(max(v+rng.NormFloat64()**noise, 0), 255)))
+			}
+		}
+		hdr := func(magic byte, dims ...int) []byte {
+			b := []byte{0, 0, 0x08, magic}
+			for _, d := range dims {
+				b = binary.BigEndian.AppendUint32(b, uint32(d))
+			}
+			return b
+		}
+		if err := os.WriteFile(filepath.Join(*dir, prefix+"-images-idx3-ubyte"), append(hdr(3, n, side, side), img...), 0o644); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(*dir, prefix+"-labels-idx1-ubyte"), append(hdr(1, n), lab...), 0o644)
+	}
+	if err := write("train", *train); err != nil {
+		return err
+	}
+	if err := write("t10k", *test); err != nil {
+		return err
+	}
+	fmt.Printf("wrote %d + %d samples of 784 features, 10 classes, to %s\n", *train, *test, *dir)
+	return nil
+}
+
+// ---- simstats ----
+
+// simStats prints the mean and median seconds per round of a simulate
+// results.json, leaving out the last round (which evaluates the model).
+func simStats(args []string) error {
+	fs := flag.NewFlagSet("simstats", flag.ExitOnError)
+	path := fs.String("results", "", "results.json of broker-agg simulate")
+	fs.Parse(args)
+	b, err := os.ReadFile(*path)
+	if err != nil {
+		return err
+	}
+	var res struct {
+		Runs []struct {
+			Algo   string `json:"algo"`
+			Rounds []struct {
+				Round   int      `json:"round"`
+				Seconds *float64 `json:"seconds"`
+			} `json:"rounds"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		return err
+	}
+	for _, r := range res.Runs {
+		var secs []float64
+		for _, row := range r.Rounds {
+			if row.Round >= 1 && row.Round < len(r.Rounds)-1 && row.Seconds != nil {
+				secs = append(secs, *row.Seconds)
+			}
+		}
+		mean, med := stats(secs)
+		fmt.Printf("SIM algo=%s rounds=%d per_round_mean_s=%.4f per_round_median_s=%.4f\n", r.Algo, len(secs), mean, med)
+	}
+	return nil
+}
+
+func stats(v []float64) (mean, median float64) {
+	if len(v) == 0 {
+		return math.NaN(), math.NaN()
+	}
+	for _, x := range v {
+		mean += x
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return mean / float64(len(v)), s[len(s)/2]
+}
+
+// ---- run ----
+
+type options struct {
+	aggBin, mosquitto, acl, data, work string
+	clients, perRound, rounds, epochs  int
+	batch                              int
+	lr, mu, step, gamma, l2            float64
+	algo, solver, codec                string
+	seed                               uint64
+	kills                              int
+	timeout                            time.Duration
+}
+
+func runLoad(args []string) error {
+	var o options
+	fs := flag.NewFlagSet("run", flag.ExitOnError)
+	fs.StringVar(&o.aggBin, "broker-agg", "", "the broker-agg `BINARY`")
+	fs.StringVar(&o.mosquitto, "mosquitto", "/usr/sbin/mosquitto", "the Mosquitto `BINARY`")
+	fs.StringVar(&o.acl, "acl", "deploy/mosquitto/edgefl.acl", "the shipped ACL (ward-7 is replaced by the federation)")
+	fs.StringVar(&o.data, "data", "", "IDX data `DIR` (loadtest gen)")
+	fs.StringVar(&o.work, "work", "", "working `DIR` for state files and logs (default: a temporary one, removed)")
+	fs.IntVar(&o.clients, "clients", 100, "edge agents N")
+	fs.IntVar(&o.perRound, "per-round", 100, "clients per round K")
+	fs.IntVar(&o.rounds, "rounds", 20, "rounds")
+	fs.IntVar(&o.epochs, "epochs", 5, "local epochs per round")
+	fs.IntVar(&o.batch, "batch", 10, "SGD mini-batch")
+	fs.Float64Var(&o.lr, "lr", 0.01, "SGD learning rate")
+	fs.Float64Var(&o.mu, "mu", 1, "FedProx mu")
+	fs.Float64Var(&o.step, "step", 1, "FedSplit step")
+	fs.Float64Var(&o.gamma, "gamma", 1e-3, "target inexactness")
+	fs.Float64Var(&o.l2, "l2", 0, "L2 coefficient of the model")
+	fs.StringVar(&o.algo, "algorithm", "fedproxsplit", "algorithm")
+	fs.StringVar(&o.solver, "solver", "sgd", "local solver")
+	fs.StringVar(&o.codec, "codec", "fp32", "uplink codec")
+	fs.Uint64Var(&o.seed, "seed", 1, "seed of the partition, the selection and the agents")
+	fs.IntVar(&o.kills, "kills", 0, "kill broker-agg (SIGKILL) this many times mid-round and measure its recovery")
+	fs.DurationVar(&o.timeout, "timeout", 30*time.Minute, "give up after")
+	fs.Parse(args)
+	if o.aggBin == "" || o.data == "" {
+		return errors.New("run: --broker-agg and --data are required")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+
+	src, err := dataset.ParseSource("idx:" + o.data)
+	if err != nil {
+		return err
+	}
+	fed, err := dataset.Build(src, dataset.Partition{Kind: dataset.PartIID}, dataset.BuildOptions{Clients: o.clients, Seed: o.seed})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("data: %d clients of %s, %d features, %d classes (%d-%d training samples each)\n",
+		len(fed.Clients), o.data, fed.D, fed.Classes, minSamples(fed), maxSamples(fed))
+
+	work := o.work
+	if work == "" {
+		if work, err = os.MkdirTemp("", "edgefl-loadtest-"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(work)
+	} else if err := os.MkdirAll(work, 0o755); err != nil {
+		return err
+	}
+	const federation = "bench"
+	ids := make([]string, o.clients)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("site-%03d", i+1)
+	}
+	pw, err := writePasswords(filepath.Join(work, "passwd"), append(slices.Clone(ids), "aggregator"))
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(work, "aggregator.password"), []byte(pw["aggregator"]+"\n"), 0o600); err != nil {
+		return err
+	}
+
+	// Mosquitto.
+	mport, err := freePort()
+	if err != nil {
+		return err
+	}
+	mq, err := startMosquitto(o, work, federation, mport)
+	if err != nil {
+		return err
+	}
+	defer mq.stop()
+	brokerURL := fmt.Sprintf("tcp://127.0.0.1:%d", mport)
+
+	// broker-agg.
+	metricsPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	agg := &aggProc{o: o, work: work, metrics: fmt.Sprintf("127.0.0.1:%d", metricsPort)}
+	conf := []string{
+		"federation = " + federation, "broker = " + brokerURL, "username = aggregator",
+		"broker_password_file = " + filepath.Join(work, "aggregator.password"),
+		"state_file = " + filepath.Join(work, "aggregator.db"), "metrics_addr = " + agg.metrics,
+		"model = logreg", fmt.Sprintf("l2 = %g", o.l2), fmt.Sprintf("features = %d", fed.D), fmt.Sprintf("classes = %d", fed.Classes),
+		"algorithm = " + o.algo, "solver = " + o.solver, "codec = " + o.codec,
+		fmt.Sprintf("per_round = %d", o.perRound), fmt.Sprintf("rounds = %d", o.rounds), "quorum_fraction = 1",
+		"round_timeout = 10m", "settle = 0s", "max_reselections = -1", fmt.Sprintf("seed = %d", o.seed),
+		fmt.Sprintf("mu = %g", o.mu), fmt.Sprintf("step = %g", o.step), fmt.Sprintf("gamma = %g", o.gamma),
+		fmt.Sprintf("lr = %g", o.lr), fmt.Sprintf("batch = %d", o.batch), fmt.Sprintf("max_epochs = %d", o.epochs),
+		"max_seconds = 0", "log_format = json", "log_level = info",
+	}
+	agg.conf = filepath.Join(work, "aggregator.conf")
+	if err := os.WriteFile(agg.conf, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
+		return err
+	}
+	if err := agg.start(ctx); err != nil {
+		return err
+	}
+	defer agg.stop()
+
+	// The agents, in this process.
+	alog := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	actx, stopAgents := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	agentErrs := make(chan error, o.clients)
+	for i, id := range ids {
+		cfg := agent.DefaultConfig()
+		cfg.SiteID, cfg.Federation, cfg.Brokers = id, federation, []string{brokerURL}
+		cfg.Username, cfg.Password = id, pw[id]
+		cfg.StateFile = filepath.Join(work, id+".db")
+		cfg.Seed = o.seed + uint64(i)
+		cfg.ReconnectMin, cfg.ReconnectMax = 200*time.Millisecond, 2*time.Second
+		data := fed.Clients[i].Train
+		a, err := agent.New(cfg, agent.Deps{Data: &data, Logger: alog})
+		if err != nil {
+			stopAgents()
+			return fmt.Errorf("agent %s: %w", id, err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.Run(actx); err != nil {
+				agentErrs <- fmt.Errorf("agent %s: %w", id, err)
+			}
+		}()
+	}
+	defer func() { stopAgents(); wg.Wait() }()
+
+	// Kills for the recovery figure.
+	rng := rand.New(rand.NewPCG(o.seed, 0x4b1))
+	type recovery struct {
+		round            int
+		phase            string
+		announce, accept time.Duration
+	}
+	var recs []recovery
+	for k := range o.kills {
+		m, err := agg.waitMetrics(ctx, func(m map[string]float64) bool { return true })
+		if err != nil {
+			return err
+		}
+		// Mid-round: a random share of the current round's updates in.
+		round := int(m["edgefl_aggregator_round"])
+		j := float64(1 + rng.IntN(max(o.perRound-1, 1)))
+		at, err := agg.waitMetrics(ctx, func(m map[string]float64) bool {
+			return int(m["edgefl_aggregator_round"]) > round && m["edgefl_aggregator_round_received"] >= j
+		})
+		if err != nil {
+			return err
+		}
+		if at["edgefl_aggregator_finished"] == 1 {
+			return fmt.Errorf("kill %d: the federation finished first: use more rounds", k+1)
+		}
+		agg.kill()
+		started := time.Now()
+		if err := agg.start(ctx); err != nil {
+			return err
+		}
+		ann, err := agg.waitEvent(ctx, "round announced", started)
+		if err != nil {
+			return err
+		}
+		acc, err := agg.waitEvent(ctx, "update accepted", started)
+		if err != nil {
+			return err
+		}
+		r := recovery{round: int(at["edgefl_aggregator_round"]), phase: fmt.Sprintf("%v of %d updates in", at["edgefl_aggregator_round_received"], o.perRound),
+			announce: ann.Sub(started), accept: acc.Sub(started)}
+		recs = append(recs, r)
+		fmt.Printf("kill %d in round %d (%s): restart -> announcement %v, -> first accepted update %v\n",
+			k+1, r.round, r.phase, r.announce.Round(time.Millisecond), r.accept.Round(time.Millisecond))
+	}
+
+	if _, err := agg.waitMetrics(ctx, func(m map[string]float64) bool { return m["edgefl_aggregator_finished"] == 1 }); err != nil {
+		select {
+		case aerr := <-agentErrs:
+			return fmt.Errorf("%w (%v)", err, aerr)
+		default:
+		}
+		return err
+	}
+	hwm, err := vmHWM(agg.cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	selfHWM, _ := vmHWM(os.Getpid())
+	mqHWM, _ := vmHWM(mq.cmd.Process.Pid)
+
+	// Seconds per round from the aggregator's log (its clock).
+	aggregated, announced := agg.roundTimes()
+	var secs []float64
+	for r := 1; r <= o.rounds; r++ {
+		end, ok := aggregated[r]
+		if !ok {
+			return fmt.Errorf("no aggregation time for round %d", r)
+		}
+		begin, ok := aggregated[r-1]
+		if r == 1 {
+			begin, ok = announced[1]
+		}
+		if !ok {
+			return fmt.Errorf("no start time for round %d", r)
+		}
+		secs = append(secs, end.Sub(begin).Seconds())
+	}
+	mean, med := stats(secs)
+	if o.kills == 0 {
+		fmt.Print("seconds per round:")
+		for _, s := range secs {
+			fmt.Printf(" %.3f", s)
+		}
+		fmt.Println()
+	}
+	total := aggregated[o.rounds].Sub(announced[1]).Seconds()
+	fmt.Printf("RESULT clients=%d per_round=%d rounds=%d epochs=%d algorithm=%s params=%d per_round_mean_s=%.4f per_round_median_s=%.4f total_s=%.3f aggregator_vmhwm_kb=%d agents_process_vmhwm_kb=%d mosquitto_vmhwm_kb=%d kills=%d\n",
+		o.clients, o.perRound, o.rounds, o.epochs, o.algo, fed.D*fed.Classes+fed.Classes, mean, med, total, hwm, selfHWM, mqHWM, o.kills)
+	for i, r := range recs {
+		fmt.Printf("RECOVERY kill=%d round=%d start_to_announcement_ms=%.0f start_to_accepted_update_ms=%.0f\n",
+			i+1, r.round, float64(r.announce)/1e6, float64(r.accept)/1e6)
+	}
+	return nil
+}
+
+func minSamples(f *dataset.Federated) int {
+	m := math.MaxInt
+	for _, c := range f.Clients {
+		m = min(m, c.Train.N)
+	}
+	return m
+}
+
+func maxSamples(f *dataset.Federated) int {
+	m := 0
+	for _, c := range f.Clients {
+		m = max(m, c.Train.N)
+	}
+	return m
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// writePasswords writes a Mosquitto password file (1,000 PBKDF2 iterations:
+// 101 clients connect at once) and returns the passwords.
+func writePasswords(path string, users []string) (map[string]string, error) {
+	pw := map[string]string{}
+	var b strings.Builder
+	for _, u := range users {
+		pw[u] = fmt.Sprintf("pw-%s-%d", u, rand.Uint64())
+		h, err := broker.HashPassword(pw[u], 1000)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(&b, "%s:%s\n", u, h)
+	}
+	return pw, os.WriteFile(path, []byte(b.String()), 0o600)
+}
+
+// ---- Mosquitto ----
+
+type mosq struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startMosquitto(o options, work, federation string, port int) (*mosq, error) {
+	acl, err := os.ReadFile(o.acl)
+	if err != nil {
+		return nil, err
+	}
+	aclPath := filepath.Join(work, "edgefl.acl")
+	if err := os.WriteFile(aclPath, []byte(strings.ReplaceAll(string(acl), "edgefl/ward-7/", "edgefl/"+federation+"/")), 0o644); err != nil {
+		return nil, err
+	}
+	me, err := user.Current()
+	if err != nil {
+		return nil, err
+	}
+	persist := filepath.Join(work, "mosquitto-data") + "/"
+	os.MkdirAll(persist, 0o755)
+	// deploy/mosquitto/mosquitto.conf's settings, with a password listener
+	// on loopback instead of its mutual-TLS one.
+	conf := fmt.Sprintf(`user %s
+per_listener_settings false
+allow_anonymous false
+acl_file %s
+password_file %s
+persistence true
+persistence_location %s
+autosave_interval 60
+max_queued_messages 100000
+max_queued_bytes 0
+max_inflight_messages 20
+max_packet_size 16777216
+set_tcp_nodelay true
+log_dest file %s
+listener %d 127.0.0.1
+`, me.Username, aclPath, filepath.Join(work, "passwd"), persist, filepath.Join(work, "mosquitto.log"), port)
+	cf := filepath.Join(work, "mosquitto.conf")
+	if err := os.WriteFile(cf, []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	m := &mosq{cmd: exec.Command(o.mosquitto, "-c", cf), done: make(chan struct{})}
+	if err := m.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { m.cmd.Wait(); close(m.done) }()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+		if err == nil {
+			c.Close()
+			return m, nil
+		}
+		select {
+		case <-m.done:
+			return nil, fmt.Errorf("mosquitto exited (see %s)", filepath.Join(work, "mosquitto.log"))
+		default:
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("mosquitto does not listen: %w", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (m *mosq) stop() {
+	m.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-m.done:
+	case <-time.After(10 * time.Second):
+		m.cmd.Process.Kill()
+	}
+}
+
+// ---- broker-agg ----
+
+type aggProc struct {
+	o       options
+	work    string
+	conf    string
+	metrics string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	runs    int
+
+	mu     sync.Mutex
+	events []event
+}
+
+type event struct {
+	msg   string
+	round int
+	at    time.Time
+}
+
+func (a *aggProc) start(ctx context.Context) error {
+	a.runs++
+	logf, err := os.Create(filepath.Join(a.work, fmt.Sprintf("aggregator.%d.log", a.runs)))
+	if err != nil {
+		return err
+	}
+	a.cmd = exec.Command(a.o.aggBin, "run", "--config", a.conf)
+	r, w := io.Pipe()
+	a.cmd.Stdout, a.cmd.Stderr = w, w
+	if err := a.cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	a.done = done
+	go func() { a.cmd.Wait(); w.Close(); close(done) }()
+	go func() {
+		defer logf.Close()
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 64<<10), 4<<20)
+		for sc.Scan() {
+			line := sc.Bytes()
+			logf.Write(append(line, '\n'))
+			var rec struct {
+				Time  time.Time `json:"time"`
+				Msg   string    `json:"msg"`
+				Round int       `json:"round"`
+			}
+			if json.Unmarshal(line, &rec) == nil && rec.Msg != "" {
+				a.mu.Lock()
+				a.events = append(a.events, event{rec.Msg, rec.Round, rec.Time})
+				a.mu.Unlock()
+			}
+		}
+	}()
+	for {
+		if code, _ := httpGet(a.metrics, "/healthz"); code == http.StatusOK {
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("broker-agg exited (see %s)", logf.Name())
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (a *aggProc) kill() {
+	a.cmd.Process.Signal(syscall.SIGKILL)
+	<-a.done
+}
+
+func (a *aggProc) stop() {
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-a.done:
+	case <-time.After(20 * time.Second):
+		a.kill()
+	}
+}
+
+// waitEvent waits for the first log line msg stamped after since.
+func (a *aggProc) waitEvent(ctx context.Context, msg string, since time.Time) (time.Time, error) {
+	for {
+		a.mu.Lock()
+		for _, e := range a.events {
+			if e.msg == msg && e.at.After(since) {
+				a.mu.Unlock()
+				return e.at, nil
+			}
+		}
+		a.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return time.Time{}, fmt.Errorf("waiting for %q: %w", msg, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// roundTimes returns, per round, the last "round aggregated" time and the
+// first "round announced" time.
+func (a *aggProc) roundTimes() (aggregated, announced map[int]time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	aggregated, announced = map[int]time.Time{}, map[int]time.Time{}
+	for _, e := range a.events {
+		switch e.msg {
+		case "round aggregated":
+			aggregated[e.round] = e.at
+		case "round announced":
+			if _, ok := announced[e.round]; !ok {
+				announced[e.round] = e.at
+			}
+		}
+	}
+	return aggregated, announced
+}
+
+func (a *aggProc) waitMetrics(ctx context.Context, cond func(map[string]float64) bool) (map[string]float64, error) {
+	for {
+		select {
+		case <-a.done:
+			return nil, errors.New("broker-agg exited")
+		default:
+		}
+		if code, body := httpGet(a.metrics, "/metrics"); code == http.StatusOK {
+			m := parseMetrics(body)
+			if cond(m) {
+				return m, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func httpGet(addr, path string) (int, string) {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + addr + path)
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	return resp.StatusCode, string(b)
+}
+
+func parseMetrics(body string) map[string]float64 {
+	m := map[string]float64{}
+	for _, line := range strings.Split(body, "\n") {
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if i := strings.LastIndexByte(line, ' '); i > 0 {
+			if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+				m[line[:i]] = v
+			}
+		}
+	}
+	return m
+}
+
+// vmHWM reads a process's peak resident set size in kB.
+func vmHWM(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			return strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM for %d", pid)
+}
