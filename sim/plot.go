@@ -36,15 +36,20 @@ func (r *Results) WritePlot(w io.Writer) error {
 		pl.X.Label.Text = "round"
 		pl.Y.Label.Text = p.y
 		pl.Legend.Top = true
-		if p.log {
+		logScale := p.log && r.anyPositive(p.val)
+		if logScale {
 			pl.Y.Scale = plot.LogScale{}
 			pl.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+		} else if p.log {
+			// No positive gap (the optimum search stopped early and the
+			// runs did better): a linear axis shows the signed values.
+			pl.Y.Label.Text = "gap"
 		}
 		for k, run := range r.Runs {
 			var pts plotter.XYs
 			for _, row := range run.Rounds {
 				v := p.val(row)
-				if math.IsNaN(v) || math.IsInf(v, 0) || (p.log && !(v > 0)) {
+				if math.IsNaN(v) || math.IsInf(v, 0) || (logScale && !(v > 0)) {
 					continue
 				}
 				pts = append(pts, plotter.XY{X: float64(row.Round), Y: v})
@@ -62,8 +67,8 @@ func (r *Results) WritePlot(w io.Writer) error {
 			pl.Add(line)
 			pl.Legend.Add(run.Algo, line)
 		}
-		if p.log {
-			// A log axis needs a positive range even when every gap is 0.
+		if logScale {
+			// A log axis needs a positive range.
 			if !(pl.Y.Min > 0) {
 				pl.Y.Min = 1e-16
 			}
@@ -75,4 +80,15 @@ func (r *Results) WritePlot(w io.Writer) error {
 	}
 	_, err := vgimg.PngCanvas{Canvas: img}.WriteTo(w)
 	return err
+}
+
+func (r *Results) anyPositive(val func(Round) float64) bool {
+	for _, run := range r.Runs {
+		for _, row := range run.Rounds {
+			if v := val(row); v > 0 && !math.IsInf(v, 0) {
+				return true
+			}
+		}
+	}
+	return false
 }

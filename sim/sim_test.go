@@ -308,3 +308,17 @@ func TestPNIOrdersHeterogeneity(t *testing.T) {
 		t.Errorf("PNI synthetic-iid %.4g, synthetic(1,1) %.4g: want the heterogeneous one larger", iid, het)
 	}
 }
+
+// A run whose optimum search stopped early can have no positive gap: the
+// plot falls back to a linear axis instead of failing.
+func TestPlotWithoutPositiveGap(t *testing.T) {
+	cfg := smallConfig(t, "fedavg")
+	cfg.Rounds, cfg.OptimumEvals = 2, 1
+	res, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.WriteDir(t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+}
