@@ -3,8 +3,9 @@ package aggregate
 import (
 	"fmt"
 	"math"
-	"math/bits"
 	"slices"
+
+	"github.com/edgefl/edgefl/internal/selectk"
 )
 
 // colBlock is how many coordinates the coordinate-wise aggregators gather at
@@ -59,53 +60,7 @@ func (Median) Aggregate(global []float64, ups []Update, out []float64) (Report, 
 // elements before it are <= a[k] and those after >= a[k], and returns a[k].
 // Quickselect with a median-of-three pivot; it falls back to sorting when the
 // partitioning degenerates, so the worst case stays O(n log n).
-func selectKth(a []float64, k int) float64 {
-	lo, hi := 0, len(a)-1
-	budget := 2 * bits.Len(uint(len(a)))
-	for hi > lo {
-		if budget == 0 {
-			slices.Sort(a[lo : hi+1])
-			return a[k]
-		}
-		budget--
-		mid := lo + (hi-lo)/2
-		// Median of three into a[mid].
-		if a[mid] < a[lo] {
-			a[mid], a[lo] = a[lo], a[mid]
-		}
-		if a[hi] < a[lo] {
-			a[hi], a[lo] = a[lo], a[hi]
-		}
-		if a[hi] < a[mid] {
-			a[hi], a[mid] = a[mid], a[hi]
-		}
-		p := a[mid]
-		// Hoare partition.
-		i, j := lo, hi
-		for i <= j {
-			for a[i] < p {
-				i++
-			}
-			for a[j] > p {
-				j--
-			}
-			if i <= j {
-				a[i], a[j] = a[j], a[i]
-				i++
-				j--
-			}
-		}
-		switch {
-		case k <= j:
-			hi = j
-		case k >= i:
-			lo = i
-		default:
-			return a[k]
-		}
-	}
-	return a[k]
-}
+func selectKth(a []float64, k int) float64 { return selectk.Kth(a, k) }
 
 // TrimmedMean is the coordinate-wise trimmed mean: for each coordinate the
 // floor(Beta K) smallest and the floor(Beta K) largest of the K values are

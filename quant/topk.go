@@ -3,8 +3,8 @@ package quant
 import (
 	"encoding/binary"
 	"math"
-	"math/bits"
-	"slices"
+
+	"github.com/edgefl/edgefl/internal/selectk"
 )
 
 // selectTopK returns, in ascending order, the indices of the k entries of v
@@ -48,42 +48,7 @@ func (c *Codec) selectTopK(v []float64, k int) []uint32 {
 // kthSmallest returns the m-th smallest (0-based) of a (no NaNs), reordering
 // a. Quickselect with a median-of-three pivot; past a depth limit it sorts
 // what is left, so the worst case is O(n log n).
-func kthSmallest(a []float64, m int) float64 {
-	lo, hi := 0, len(a)-1
-	depth := 2*bits.Len(uint(len(a))) + 8
-	for lo < hi {
-		if depth == 0 {
-			slices.Sort(a[lo : hi+1])
-			return a[m]
-		}
-		depth--
-		x, y, z := a[lo], a[lo+(hi-lo)/2], a[hi]
-		p := max(min(x, y), min(max(x, y), z)) // median of three
-		i, j := lo, hi
-		for i <= j {
-			for a[i] < p {
-				i++
-			}
-			for a[j] > p {
-				j--
-			}
-			if i <= j {
-				a[i], a[j] = a[j], a[i]
-				i++
-				j--
-			}
-		}
-		switch {
-		case m <= j:
-			hi = j
-		case m >= i:
-			lo = i
-		default: // j < m < i: a[m] == p
-			return a[m]
-		}
-	}
-	return a[m]
-}
+func kthSmallest(a []float64, m int) float64 { return selectk.Kth(a, m) }
 
 // appendIndices writes ascending indices as uvarints: the first index, then
 // each gap minus one.
