@@ -11,7 +11,8 @@ go build -o "$out/broker-agg" ./cmd/broker-agg
 ba="$out/broker-agg"
 want() { [[ " $parts " == *" $1 "* ]]; }
 # Every aggregator, with similarity on weights (as the papers write) and on updates.
-algos="fedavg,fedprox,fedproxsplit,simprox,simprox:on=updates:label=simprox-upd,fedsim,fedsim:on=updates:label=fedsim-upd,fedsim-cluster:k=3,fedsiam,median,trimmed:beta=0.2"
+# (The similarity aggregators default to on=updates; the labels say which is which.)
+algos="fedavg,fedprox,fedproxsplit,simprox:on=weights:label=simprox-w,simprox:label=simprox-upd,fedsim:on=weights:label=fedsim-w,fedsim:label=fedsim-upd,fedsim-cluster:k=3,fedsiam:on=weights:label=fedsiam-w,fedsiam:label=fedsiam-upd,median,trimmed:beta=0.2"
 
 if want fmnist; then
   for s in 1 2 3; do
