@@ -336,6 +336,10 @@ func parseBucket(o string) (int, error) {
 	return b, nil
 }
 
+// Lossless reports whether the codec delivers every float32 value bit for
+// bit (fp32, dense): error feedback has nothing to carry for it.
+func (c *Codec) Lossless() bool { return c.val.kind == valFP32 && !c.sparse }
+
 // String returns the canonical spec: Parse(c.String()) is the same codec.
 func (c *Codec) String() string {
 	var sb strings.Builder

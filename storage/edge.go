@@ -18,6 +18,11 @@ import (
 //	          global         round u64 + float64s, the last global model
 //	          z              round u64 + float64s, FedSplit z_j and the round
 //	                         it was last updated for
+//	          server_z       round u64 + float64s, FedSplit: the aggregator's
+//	                         copy of z_j as this site computes it (the base of
+//	                         the next Z_DELTA) and the round of the update that
+//	                         set it; absent = the aggregator holds no copy
+//	                         (added without a migration: absent is meaningful)
 //	residuals name -> float64s (error-feedback residuals)
 //	outbox    round u64 -> the encoded wire update, until its receipt
 var (
@@ -31,6 +36,7 @@ var (
 	keyAppliedRound = []byte("applied_round")
 	keyGlobal       = []byte("global")
 	keyZ            = []byte("z")
+	keyServerZ      = []byte("server_z")
 )
 
 const edgeKind = "edge"
@@ -359,32 +365,52 @@ func (s *EdgeStore) Residual(name string) ([]float64, error) {
 	return v, err
 }
 
-// CommitRound is the durable end of a local round: in one transaction it
-// writes the new FedSplit z (tagged with round), the uplink residual (under
-// ResidualUplink), the applied round and the outbox entry holding the
-// encoded update, and raises the seen round. A nil or empty z or residual
-// leaves the stored one unchanged (FedAvg/FedProx have no z; a codec without
-// error feedback has no residual); outboxMsg is required.
-//
-// Applied rounds only move forward: if round is not greater than the last
-// applied round, nothing is written and the error wraps ErrAlreadyApplied.
-// That is what keeps a FedSplit step from being applied twice after a crash
-// and redelivery of the same round announcement.
+// Commit is what one local round makes durable (see EdgeStore.Commit).
+type Commit struct {
+	Round uint64
+	// Z is FedSplit's new z_j (nil: unchanged; FedAvg/FedProx have none).
+	Z []float64
+	// ServerZ is the aggregator's copy of z_j once it applies this round's
+	// Z_DELTA (nil: unchanged).
+	ServerZ []float64
+	// Residual is the uplink codec's error-feedback residual, stored under
+	// ResidualUplink (nil: unchanged).
+	Residual []float64
+	// Msg is the encoded update for the outbox; required.
+	Msg []byte
+}
+
+// CommitRound is Commit without a server copy of z.
 func (s *EdgeStore) CommitRound(round uint64, z, residual []float64, outboxMsg []byte) error {
+	return s.Commit(Commit{Round: round, Z: z, Residual: residual, Msg: outboxMsg})
+}
+
+// Commit is the durable end of a local round: in one transaction it writes
+// the new FedSplit z and the aggregator's copy of it (both tagged with the
+// round), the uplink residual (under ResidualUplink), the applied round and
+// the outbox entry holding the encoded update, and raises the seen round. A
+// nil or empty vector leaves the stored one unchanged; Msg is required.
+//
+// Applied rounds only move forward: if the round is not greater than the
+// last applied round, nothing is written and the error wraps
+// ErrAlreadyApplied. That is what keeps a FedSplit step from being applied
+// twice after a crash and redelivery of the same round announcement.
+func (s *EdgeStore) Commit(c Commit) error {
+	round := c.Round
 	if round == 0 {
 		return fmt.Errorf("%w: round 0", ErrInvalid)
 	}
-	if len(outboxMsg) == 0 {
+	if len(c.Msg) == 0 {
 		return fmt.Errorf("%w: empty outbox message for round %d", ErrInvalid, round)
 	}
-	if len(z) > 0 {
-		if err := checkVec("z", z); err != nil {
-			return err
-		}
-	}
-	if len(residual) > 0 {
-		if err := checkVec("residual", residual); err != nil {
-			return err
+	for _, v := range []struct {
+		name string
+		vec  []float64
+	}{{"z", c.Z}, {"server z", c.ServerZ}, {"residual", c.Residual}} {
+		if len(v.vec) > 0 {
+			if err := checkVec(v.name, v.vec); err != nil {
+				return err
+			}
 		}
 	}
 	err := s.update(func(b *bolt.Bucket, tx *bolt.Tx) error {
@@ -403,17 +429,22 @@ func (s *EdgeStore) CommitRound(round uint64, z, residual []float64, outboxMsg [
 		if err != nil {
 			return err
 		}
-		if len(z) > 0 {
-			if err := b.Put(keyZ, encodeRoundVec(round, z)); err != nil {
+		if len(c.Z) > 0 {
+			if err := b.Put(keyZ, encodeRoundVec(round, c.Z)); err != nil {
 				return err
 			}
 		}
-		if len(residual) > 0 {
-			if err := res.Put([]byte(ResidualUplink), encodeFloats(residual)); err != nil {
+		if len(c.ServerZ) > 0 {
+			if err := b.Put(keyServerZ, encodeRoundVec(round, c.ServerZ)); err != nil {
 				return err
 			}
 		}
-		if err := out.Put(encodeU64(round), bytes.Clone(outboxMsg)); err != nil {
+		if len(c.Residual) > 0 {
+			if err := res.Put([]byte(ResidualUplink), encodeFloats(c.Residual)); err != nil {
+				return err
+			}
+		}
+		if err := out.Put(encodeU64(round), bytes.Clone(c.Msg)); err != nil {
 			return err
 		}
 		if err := b.Put(keyAppliedRound, encodeU64(round)); err != nil {
@@ -425,6 +456,21 @@ func (s *EdgeStore) CommitRound(round uint64, z, residual []float64, outboxMsg [
 		return fmt.Errorf("storage: commit round %d: %w", round, err)
 	}
 	return nil
+}
+
+// ServerZ returns the aggregator's copy of z_j as this site computed it and
+// the round of the update that set it, or ErrNotFound when the aggregator
+// holds no copy this site knows of. A read transaction.
+func (s *EdgeStore) ServerZ() (round uint64, z []float64, err error) {
+	err = s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
+		v := b.Get(keyServerZ)
+		if v == nil {
+			return fmt.Errorf("%w: server z", ErrNotFound)
+		}
+		round, z, err = decodeRoundVec(v, "edge/server_z")
+		return err
+	})
+	return round, z, err
 }
 
 // OutboxEntry is an update written but not yet receipted.
@@ -464,6 +510,21 @@ func (s *EdgeStore) Outbox() ([]OutboxEntry, error) {
 // whether there was one (a duplicate receipt finds none: not an error). One
 // transaction.
 func (s *EdgeStore) Ack(round uint64) (bool, error) {
+	return s.ack(round, false)
+}
+
+// AckRejected removes the outbox entry of a rejected round and, if there was
+// one, forgets the aggregator's copy of z in the same transaction: the copy
+// this site computed assumed the update would be applied, so the next
+// FedSplit update must be a delta against the round's global model (base
+// round 0), which resets the aggregator's copy. A rejection of a round with
+// no outbox entry (already receipted, or an update this site never sent,
+// published by someone else under its id) changes nothing.
+func (s *EdgeStore) AckRejected(round uint64) (bool, error) {
+	return s.ack(round, true)
+}
+
+func (s *EdgeStore) ack(round uint64, rejected bool) (bool, error) {
 	found := false
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		b, err := bucket(tx, bucketOutbox)
@@ -475,6 +536,15 @@ func (s *EdgeStore) Ack(round uint64) (bool, error) {
 			return nil
 		}
 		found = true
+		if rejected {
+			eb, err := bucket(tx, bucketEdge)
+			if err != nil {
+				return err
+			}
+			if err := eb.Delete(keyServerZ); err != nil {
+				return err
+			}
+		}
 		return b.Delete(k)
 	})
 	if err != nil {

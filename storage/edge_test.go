@@ -284,3 +284,53 @@ func TestEdgeCorruptValues(t *testing.T) {
 		t.Fatalf("failed commit moved the applied round to %d", r)
 	}
 }
+
+// The aggregator's copy of z: written by Commit with the round, kept by a
+// plain Ack, forgotten (with the outbox entry) by AckRejected, and it
+// survives a reopen.
+func TestEdgeServerZ(t *testing.T) {
+	path := tempPath(t, "edge.db")
+	s := openEdge(t, path)
+	if _, _, err := s.ServerZ(); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("ServerZ on a new store = %v, want ErrNotFound", err)
+	}
+	z, zs := []float64{1, 2, 3}, []float64{1, 2, 2.5}
+	if err := s.Commit(Commit{Round: 3, Z: z, ServerZ: zs, Msg: []byte("u3")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(Commit{Round: 4, Z: []float64{4, 4, 4}, Msg: []byte("u4")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Ack(3); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s = openEdge(t, path)
+	r, got, err := s.ServerZ()
+	if err != nil || r != 3 || !slices.Equal(got, zs) {
+		t.Fatalf("ServerZ after Ack and reopen = %d %v %v, want 3 %v", r, got, err, zs)
+	}
+	// A rejection of an update not in the outbox (one never sent, or
+	// receipted already) keeps the copy.
+	if had, err := s.AckRejected(3); err != nil || had {
+		t.Fatalf("AckRejected(3) of a receipted round = %v %v", had, err)
+	}
+	if r, _, err := s.ServerZ(); err != nil || r != 3 {
+		t.Fatalf("ServerZ after a rejection of no pending update = %d %v", r, err)
+	}
+	if had, err := s.AckRejected(4); err != nil || !had {
+		t.Fatalf("AckRejected(4) = %v %v", had, err)
+	}
+	if _, _, err := s.ServerZ(); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("ServerZ after a rejection = %v, want ErrNotFound", err)
+	}
+	if out, err := s.Outbox(); err != nil || len(out) != 0 {
+		t.Fatalf("outbox after the rejection = %v %v", out, err)
+	}
+	if r, got, err := s.Z(); err != nil || r != 4 || got[0] != 4 {
+		t.Fatalf("z after the rejection = %d %v %v, want round 4 kept", r, got, err)
+	}
+	if err := s.Commit(Commit{Round: 5, ServerZ: []float64{math.NaN(), 0, 0}, Msg: []byte("u5")}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Commit with a NaN server z = %v, want ErrInvalid", err)
+	}
+}
