@@ -566,7 +566,9 @@ func (a *Agent) onReceipt(r *wire.Receipt) {
 		lg.Warn("aggregator failed to store the update; kept and re-sent later", "reason", r.Reason, "in", d)
 	default:
 		a.cancelRetry(r.Round)
-		if _, err := a.store.Ack(r.Round); err != nil {
+		// AckRejected also forgets the aggregator's FedSplit copy of z,
+		// which assumed this update would be applied.
+		if _, err := a.store.AckRejected(r.Round); err != nil {
 			lg.Error("ack rejected update", "err", err)
 			return
 		}

@@ -24,15 +24,21 @@
 //     family with the announced mu, anchored at x. fedsplit and fedproxsplit
 //     run split.ClientStep from the stored z_j (InitZ with x on first sight)
 //     with the prox being proxsolver.Solve anchored at v = 2x - z_j with
-//     mu = 1/step, warm-started at x. The announced step is used directly as
-//     this client's prox step s_j: the agent knows neither the number of
-//     clients m nor its weight p_j (split.ClientStepSize would need both).
-//     An unset relax means 1 (Peaceman-Rachford);
-//  4. the result (w, or the new z_j) is encoded with the round's uplink codec
-//     and decoded again: for FedSplit that decoded vector is what is stored
-//     as z_j, so the site's z_j and the aggregator's copy agree bit for bit.
-//     The update is kind FULL (base_round 0) and carries the work report;
-//  5. ONE storage.CommitRound(round, z, nil, update) writes z, the applied
+//     mu = 1/s_j, warm-started at x, where s_j = s m n_j / n from the
+//     announced step s, number of clients m and total samples n
+//     (split.ClientStepSize; without m and n, s itself). An unset relax
+//     means 1 (Peaceman-Rachford);
+//  4. the result travels as a delta, encoded with the round's uplink codec
+//     and decoded again to know what the aggregator will hold (uplink):
+//     w - x plus the error-feedback residual of earlier rounds (kind DELTA;
+//     the new residual is what the codec did not send, not kept for the
+//     lossless fp32), or, for FedSplit, z_j minus the aggregator's copy of
+//     z_j (kind Z_DELTA, base_round = the round that set the copy), the copy
+//     being computed here exactly as the aggregator does, copy + decoded
+//     delta, so both agree bit for bit. z_j - copy is FedSplit's residual:
+//     it goes out with later rounds. With no copy (the first update, or
+//     after a rejection) the delta is against x with base_round 0;
+//  5. ONE storage.Commit writes z_j, the copy, the residual, the applied
 //     round and the outbox entry; only then is the update published.
 //
 // A round at or below the applied round is never solved again: if its update
@@ -58,9 +64,8 @@
 // is reproducible and sites sharing a seed still draw independent
 // quantisation noise.
 //
-// Error feedback is not used: updates are FULL vectors, and for FedSplit the
-// quantisation error is absorbed by storing the decoded z_j. The residual
-// argument of CommitRound stays nil until DELTA / Z_DELTA updates exist.
+// A rejection receipt for an update still in the outbox (storage.AckRejected)
+// drops it and forgets the copy of z_j, which assumed it would be applied.
 //
 // # The session (Agent)
 //

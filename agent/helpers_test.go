@@ -152,6 +152,8 @@ type edgeState struct {
 	global        []float64
 	zRound        uint64
 	z             []float64
+	serverZRound  uint64
+	serverZ       []float64
 	outbox        []storage.OutboxEntry
 }
 
@@ -171,6 +173,9 @@ func snapshot(t testing.TB, s *storage.EdgeStore) edgeState {
 	if st.zRound, st.z, err = s.Z(); err != nil && !errors.Is(err, storage.ErrNotFound) {
 		t.Fatal(err)
 	}
+	if st.serverZRound, st.serverZ, err = s.ServerZ(); err != nil && !errors.Is(err, storage.ErrNotFound) {
+		t.Fatal(err)
+	}
 	if st.outbox, err = s.Outbox(); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +184,8 @@ func snapshot(t testing.TB, s *storage.EdgeStore) edgeState {
 
 func (a edgeState) equal(b edgeState) bool {
 	if a.seen != b.seen || a.applied != b.applied || a.globalRound != b.globalRound || a.zRound != b.zRound ||
-		!slices.Equal(a.global, b.global) || !slices.Equal(a.z, b.z) || len(a.outbox) != len(b.outbox) {
+		!slices.Equal(a.global, b.global) || !slices.Equal(a.z, b.z) || len(a.outbox) != len(b.outbox) ||
+		a.serverZRound != b.serverZRound || !slices.Equal(a.serverZ, b.serverZ) {
 		return false
 	}
 	for i := range a.outbox {

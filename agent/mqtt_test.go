@@ -255,24 +255,32 @@ func TestAgentThreeRoundsOverMQTT(t *testing.T) {
 	ra.wait(t, "connected", isKind(EventConnected))
 
 	x := f32(testGlobal(1))
-	var lastZ []float64
+	var copyZ []float64 // the aggregator's copy of z
+	copyRound := uint64(0)
 	for round := uint64(1); round <= 3; round++ {
 		ann := announce(t, round, AlgoFedSplit, x)
 		agg.announce(ann)
 		_, u := agg.nextUpdate()
-		if u.Round != round || u.SampleCount != uint64(data.N) || u.Kind != wire.UpdateKind_UPDATE_KIND_FULL {
-			t.Fatalf("round %d: update %v", round, u)
+		// Round 3 follows a rejection: its delta is against x again.
+		if u.Round != round || u.SampleCount != uint64(data.N) || u.Kind != wire.UpdateKind_UPDATE_KIND_Z_DELTA || u.BaseRound != copyRound {
+			t.Fatalf("round %d: update %v, want a z delta against the copy of round %d", round, u, copyRound)
 		}
-		z := decodeFrame(t, u.Vector.Payload)
+		base := copyZ
+		if u.BaseRound == 0 {
+			base = x
+		}
+		z := plus(base, decodeFrame(t, u.Vector.Payload))
+		copyZ, copyRound = z, round
 		if round == 2 {
 			// A rejection is logged, counted and acked: the aggregator will
 			// never take that update.
 			agg.receipt(&wire.Receipt{ClientId: testSite, Round: round, Code: wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND, Reason: "round closed"})
+			copyZ, copyRound = nil, 0
 		} else {
 			agg.receipt(accepted(round))
 		}
 		ra.wait(t, "receipt", receiptOf(round))
-		x, lastZ = z, z // the server step with one client: the mean of one z
+		x = f32(z) // the server step with one client: the mean of one z, sent as fp32
 	}
 	// A duplicate receipt finds nothing to ack and is harmless.
 	dup := accepted(3)
@@ -292,8 +300,8 @@ func TestAgentThreeRoundsOverMQTT(t *testing.T) {
 	store := openStore(t, state)
 	defer store.Close()
 	es := snapshot(t, store)
-	if es.applied != 3 || len(es.outbox) != 0 || es.zRound != 3 || !slices.Equal(es.z, lastZ) {
-		t.Fatalf("state after 3 rounds: applied %d, outbox %d, z round %d, z equal %v", es.applied, len(es.outbox), es.zRound, slices.Equal(es.z, lastZ))
+	if es.applied != 3 || len(es.outbox) != 0 || es.zRound != 3 || es.serverZRound != 3 || !slices.Equal(es.serverZ, copyZ) {
+		t.Fatalf("state after 3 rounds: applied %d, outbox %d, z round %d, copy of round %d equal %v", es.applied, len(es.outbox), es.zRound, es.serverZRound, slices.Equal(es.serverZ, copyZ))
 	}
 }
 

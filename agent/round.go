@@ -197,21 +197,16 @@ func (h *RoundHandler) Handle(ctx context.Context, ann *wire.RoundAnnouncement) 
 		return res, fmt.Errorf("agent: round %d aborted, nothing committed: %w", r, context.Cause(ctx))
 	}
 
-	frame, err := p.codec.Encode(nil, sent, nil, h.rng(r, streamCodec))
+	up, err := h.uplink(p, sent)
 	if err != nil {
-		return res, fmt.Errorf("agent: round %d: encode the update with %q: %w", r, ann.UplinkCodec, err)
-	}
-	// What the aggregator will decode: FedSplit keeps exactly this as z_j,
-	// so both copies agree bit for bit.
-	decoded, err := p.codec.Decode(frame, nil)
-	if err != nil {
-		return res, fmt.Errorf("agent: round %d: decode own update: %w", r, err)
+		return res, err
 	}
 	u := &wire.ClientUpdate{
 		ClientId:     h.ClientID,
 		Round:        r,
-		Kind:         wire.UpdateKind_UPDATE_KIND_FULL,
-		Vector:       &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(sent)), Payload: frame},
+		Kind:         up.kind,
+		BaseRound:    up.base,
+		Vector:       &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(sent)), Payload: up.frame},
 		SampleCount:  uint64(h.Data.N),
 		Report:       workReport(rep, stop, p.cfg.Gamma),
 		SentAtUnixMs: h.clock().Now().UnixMilli(),
@@ -227,18 +222,91 @@ func (h *RoundHandler) Handle(ctx context.Context, ann *wire.RoundAnnouncement) 
 	if lim := h.Limits.MaxMessageBytes; lim > 0 && len(msg) > lim {
 		return res, fmt.Errorf("agent: round %d: update is %d bytes, over the %d-byte message limit", r, len(msg), lim)
 	}
-	var z []float64
+	c := storage.Commit{Round: r, Residual: up.residual, Msg: msg}
 	if p.split {
-		z = decoded
+		c.Z, c.ServerZ = sent, up.applied
 	}
-	if err := h.Store.CommitRound(r, z, nil, msg); err != nil {
+	if err := h.Store.Commit(c); err != nil {
 		if errors.Is(err, storage.ErrAlreadyApplied) {
 			return h.resend(res)
 		}
 		return res, fmt.Errorf("agent: round %d: %w", r, err)
 	}
-	res.Action, res.Msg, res.Update, res.Sent, res.Report = ActionSolved, msg, u, decoded, rep
+	res.Action, res.Msg, res.Update, res.Sent, res.Report = ActionSolved, msg, u, up.applied, rep
 	return res, nil
+}
+
+// uplinkFrame is an encoded update and what committing it changes.
+type uplinkFrame struct {
+	kind  wire.UpdateKind
+	base  uint64 // Z_DELTA: the round of the aggregator's copy the delta is against
+	frame []byte
+	// applied is the vector the aggregator will hold once it applies the
+	// frame: w_k as received (FedProx family), its new copy of z_j (FedSplit).
+	applied []float64
+	// residual is the new error-feedback residual (FedProx family, lossy
+	// codecs), nil otherwise.
+	residual []float64
+}
+
+// uplink encodes the round's result as a delta (DESIGN section 3):
+//
+//   - FedProx family: w_k - x with the error-feedback residual of earlier
+//     rounds added; what the codec did not get across becomes the new
+//     residual (not kept for the lossless fp32).
+//   - FedSplit: z_j minus the aggregator's copy of z_j, which this site
+//     computes exactly as the aggregator does (copy + decoded delta, bit for
+//     bit). What the codec did not get across is still in z_j - copy and goes
+//     out with later rounds: that difference is FedSplit's residual. With no
+//     copy known (the first update, or after a rejection) the delta is taken
+//     against the round's global model x (base round 0), which z_j starts
+//     from, and the aggregator resets its copy to x + delta.
+func (h *RoundHandler) uplink(p *prepared, sent []float64) (uplinkFrame, error) {
+	r, n := p.round, len(sent)
+	rng := h.rng(r, streamCodec)
+	up := uplinkFrame{kind: wire.UpdateKind_UPDATE_KIND_DELTA}
+	base := p.x
+	var residual []float64
+	if p.split {
+		up.kind = wire.UpdateKind_UPDATE_KIND_Z_DELTA
+		br, zs, err := h.Store.ServerZ()
+		switch {
+		case err == nil && len(zs) == n && br < r:
+			up.base, base = br, zs
+		case err == nil:
+			h.log().Warn("the stored copy of the aggregator's z does not fit this round; sending a delta against the global model", "round", r, "copy_round", br, "len", len(zs))
+		case !errors.Is(err, storage.ErrNotFound):
+			return up, fmt.Errorf("agent: round %d: %w", r, err)
+		}
+	} else if !p.codec.Lossless() {
+		old, err := h.Store.Residual(storage.ResidualUplink)
+		switch {
+		case err == nil && len(old) == n:
+			residual = old
+		case err == nil || errors.Is(err, storage.ErrNotFound):
+			residual = make([]float64, n) // none yet, or of another model
+		default:
+			return up, fmt.Errorf("agent: round %d: %w", r, err)
+		}
+	}
+	delta := make([]float64, n)
+	for i := range delta {
+		delta[i] = sent[i] - base[i]
+	}
+	// Encode replaces residual with (delta + residual) - what it sends.
+	frame, err := p.codec.Encode(nil, delta, residual, rng)
+	if err != nil {
+		return up, fmt.Errorf("agent: round %d: encode the update with %s: %w", r, p.codec, err)
+	}
+	d, err := p.codec.Decode(frame, nil)
+	if err != nil || len(d) != n {
+		return up, fmt.Errorf("agent: round %d: decode own update (%d values): %w", r, len(d), err)
+	}
+	up.frame, up.residual, up.applied = frame, residual, d
+	for i := range d {
+		d[i] += base[i] // what the aggregator computes: base + decoded
+	}
+	return up, nil
 }
 
 // Random streams of a round.

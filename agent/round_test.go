@@ -27,17 +27,35 @@ func mustModel(t testing.TB) model.Model {
 }
 
 // decodeUpdate checks the published bytes and returns the update and its
-// decoded vector.
-func decodeUpdate(t testing.TB, msg []byte) (*wire.ClientUpdate, []float64) {
+// decoded delta; kind and base round are checked against want and base.
+func decodeUpdate(t testing.TB, msg []byte, kind wire.UpdateKind, base uint64) (*wire.ClientUpdate, []float64) {
 	t.Helper()
 	u, err := wire.DecodeUpdate(msg, wire.Limits{})
 	if err != nil {
 		t.Fatalf("published update does not decode: %v", err)
 	}
-	if u.ClientId != testSite || u.Kind != wire.UpdateKind_UPDATE_KIND_FULL || u.BaseRound != 0 {
-		t.Fatalf("update header: %v", u)
+	if u.ClientId != testSite || u.Kind != kind || u.BaseRound != base {
+		t.Fatalf("update header: %v, want kind %v base round %d", u, kind, base)
 	}
 	return u, decodeFrame(t, u.Vector.Payload)
+}
+
+// plus returns base + d, as the aggregator reconstructs a delta.
+func plus(base, d []float64) []float64 {
+	out := make([]float64, len(d))
+	for i := range d {
+		out[i] = base[i] + d[i]
+	}
+	return out
+}
+
+// viaFP32 is what an fp32 delta v - base delivers: base + float32(v - base).
+func viaFP32(base, v []float64) []float64 {
+	out := make([]float64, len(v))
+	for i := range v {
+		out[i] = base[i] + float64(float32(v[i]-base[i]))
+	}
+	return out
 }
 
 func TestHandleFedProx(t *testing.T) {
@@ -66,9 +84,10 @@ func TestHandleFedProx(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			u, got := decodeUpdate(t, res.Msg)
-			if !slices.Equal(got, f32(w)) {
-				t.Fatalf("update decodes to\n%v\nwant the solver's w\n%v", got, f32(w))
+			u, d := decodeUpdate(t, res.Msg, wire.UpdateKind_UPDATE_KIND_DELTA, 0)
+			got := plus(x, d)
+			if want := viaFP32(x, w); !slices.Equal(got, want) {
+				t.Fatalf("x + the update's delta is\n%v\nwant the solver's w\n%v", got, want)
 			}
 			if !slices.Equal(res.Sent, got) {
 				t.Fatal("Result.Sent differs from the decoded update")
@@ -107,7 +126,7 @@ func TestHandleFedSplit(t *testing.T) {
 	for _, algo := range []string{AlgoFedSplit, AlgoFedProxSplit} {
 		t.Run(algo, func(t *testing.T) {
 			h, _ := newHandler(t)
-			z := []float64(nil)
+			var z, zs []float64 // the site's z, the aggregator's copy
 			for round := uint64(1); round <= 3; round++ {
 				x := f32(testGlobal(round))
 				ann := announce(t, round, algo, x)
@@ -132,18 +151,31 @@ func TestHandleFedSplit(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				_, got := decodeUpdate(t, res.Msg)
-				if !slices.Equal(got, f32(zNew)) {
-					t.Fatalf("round %d: update decodes to\n%v\nwant the client step's z\n%v", round, got, f32(zNew))
+				// The first delta is against x (base round 0), the next
+				// ones against the aggregator's copy of the round before.
+				base, baseRound := zs, round-1
+				if zs == nil {
+					base, baseRound = x, 0
+				}
+				_, d := decodeUpdate(t, res.Msg, wire.UpdateKind_UPDATE_KIND_Z_DELTA, baseRound)
+				got := plus(base, d)
+				if want := viaFP32(base, zNew); !slices.Equal(got, want) {
+					t.Fatalf("round %d: the copy + delta is\n%v\nwant the client step's z\n%v", round, got, want)
+				}
+				if !slices.Equal(res.Sent, got) {
+					t.Fatalf("round %d: Result.Sent is not the aggregator's new copy", round)
 				}
 				st := snapshot(t, h.Store)
-				if st.zRound != round || !slices.Equal(st.z, got) {
-					t.Fatalf("round %d: stored z (round %d) is not the sent one bit for bit", round, st.zRound)
+				if st.zRound != round || !slices.Equal(st.z, zNew) {
+					t.Fatalf("round %d: stored z (round %d) is not the client step's z", round, st.zRound)
+				}
+				if st.serverZRound != round || !slices.Equal(st.serverZ, got) {
+					t.Fatalf("round %d: stored copy (round %d) is not the aggregator's bit for bit", round, st.serverZRound)
 				}
 				if st.applied != round || len(st.outbox) != int(round) || !slices.Equal(st.outbox[round-1].Msg, res.Msg) {
 					t.Fatalf("round %d: applied %d, outbox %d entries", round, st.applied, len(st.outbox))
 				}
-				z = got
+				z, zs = zNew, got
 			}
 		})
 	}
@@ -393,7 +425,7 @@ func TestHandleDeadlineSendsPartialWork(t *testing.T) {
 	if r.StopReason != wire.StopReason_STOP_REASON_DEADLINE || !r.Partial {
 		t.Fatalf("report %v", r)
 	}
-	if st := snapshot(t, h.Store); st.applied != 1 || len(st.outbox) != 1 || !slices.Equal(st.z, res.Sent) {
+	if st := snapshot(t, h.Store); st.applied != 1 || len(st.outbox) != 1 || !slices.Equal(st.serverZ, res.Sent) {
 		t.Fatalf("partial work not committed: %+v", st)
 	}
 }
@@ -545,7 +577,7 @@ func TestHandleFedSplitSampleWeightedStep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, got := decodeUpdate(t, res.Msg); !slices.Equal(got, f32(zNew)) {
+	if _, d := decodeUpdate(t, res.Msg, wire.UpdateKind_UPDATE_KIND_Z_DELTA, 0); !slices.Equal(plus(x, d), viaFP32(x, zNew)) {
 		t.Fatalf("update is not the client step with s_j = s m n_j / n = %v", stepJ)
 	}
 }

@@ -113,9 +113,15 @@ type ServerConfig struct {
 	// Init is InitZeros (default) or InitModel with InitSeed.
 	Init     string
 	InitSeed uint64
-	// Codec is the uplink codec spec clients must use (default "fp32");
-	// the global model always travels as "fp32".
+	// Codec is the uplink codec spec clients must use (default "fp32").
+	// Updates travel as deltas: w_k - x (FedProx family, with the sites'
+	// error feedback), z_j minus this server's copy of z_j (FedSplit).
 	Codec string
+	// Downlink is the codec of the global model in the round announcement:
+	// "fp32" (default) or "fp16". The server applies the model exactly as
+	// the sites decode it (it keeps decode(encode(x)) as the global model),
+	// so both sides' FedSplit reflections 2x - z_j use the same x.
+	Downlink string
 
 	// StatePath is the bbolt file of the round log (required).
 	StatePath string
@@ -204,6 +210,9 @@ func (c *ServerConfig) defaults() {
 	if c.Codec == "" {
 		c.Codec = "fp32"
 	}
+	if c.Downlink == "" {
+		c.Downlink = "fp32"
+	}
 	if c.MaxMessageBytes <= 0 {
 		c.MaxMessageBytes = DefaultMaxMessageBytes
 	}
@@ -226,6 +235,7 @@ type storedConfig struct {
 	Model      model.Spec `json:"model"`
 	Dimension  int        `json:"dimension"`
 	Codec      string     `json:"codec"`
+	Downlink   string     `json:"downlink,omitempty"`
 }
 
 // Server is the aggregator daemon: it owns one Coordinator and carries out
@@ -257,6 +267,7 @@ type Server struct {
 
 	codecs   sync.Pool    // *quant.Codec for the MQTT callbacks
 	loopQ    *quant.Codec // the loop's own codec
+	down     *quant.Codec // the downlink codec (the loop's)
 	global   []float64    // the global model of globalR
 	globalR  int
 	frame    []byte // the fp32 frame of global (for globalR)
@@ -377,6 +388,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if _, err := quant.Parse(cfg.Codec); err != nil {
 		return nil, fmt.Errorf("%w: codec: %w", ErrConfig, err)
 	}
+	if d, err := quant.Parse(cfg.Downlink); err != nil || !(d.Lossless() || d.String() == "fp16") {
+		return nil, fmt.Errorf("%w: downlink codec %q: want fp32 or fp16 (the global model is sent whole, not as a delta)", ErrConfig, cfg.Downlink)
+	}
 	if cfg.Eval != nil {
 		if err := cfg.Eval.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: evaluation data: %w", ErrConfig, err)
@@ -393,6 +407,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if s.loopQ, err = quant.ParseWithLimits("fp32", s.qlim); err != nil {
 		return nil, fmt.Errorf("aggregator: codec: %w", err)
 	}
+	if s.down, err = quant.ParseWithLimits(cfg.Downlink, s.qlim); err != nil {
+		return nil, fmt.Errorf("aggregator: downlink codec: %w", err)
+	}
 	s.codecs.New = func() any {
 		c, _ := quant.ParseWithLimits("fp32", s.qlim) // the same spec parsed above
 		return c
@@ -407,7 +424,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	s.coord = coord
 	s.conf, _ = json.Marshal(storedConfig{Federation: cfg.Federation, Algorithm: cfg.Algorithm, Family: s.fam,
-		Aggregator: s.aggSpec, Model: cfg.Model, Dimension: s.dim, Codec: cfg.Codec})
+		Aggregator: s.aggSpec, Model: cfg.Model, Dimension: s.dim, Codec: cfg.Codec, Downlink: cfg.Downlink})
 
 	if s.store, err = storage.OpenAgg(cfg.StatePath, storage.Options{}); err != nil {
 		return nil, err
@@ -429,6 +446,9 @@ func (s *Server) restore() error {
 		x0 := make([]float64, s.dim)
 		if s.cfg.Init == InitModel {
 			x0 = s.model.InitParams(rand.New(rand.NewPCG(s.cfg.InitSeed, 0x696e6974)))
+		}
+		if x0, err = s.downlinked(x0); err != nil {
+			return err
 		}
 		st, _ := json.Marshal(s.coord.Snapshot())
 		now := s.clock.Now()
@@ -680,7 +700,15 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 		if u == nil || int(u.msg.Round) != round || u.msg.ClientId != clientOf(d) {
 			return fmt.Errorf("aggregator: coordinator accepted an update it was not given: %#v", d)
 		}
-		if err := s.storeUpdate(u, now); err != nil {
+		if err := s.storeUpdate(u, now); errors.Is(err, errBaseMismatch) {
+			if rerr := s.coord.Restore(*before); rerr != nil {
+				return fmt.Errorf("aggregator: roll back a mismatched delta: %w", rerr)
+			}
+			s.reject("base_mismatch")
+			s.log.Warn("update rejected", "client", u.msg.ClientId, "round", u.msg.Round, "reason", "base_mismatch", "detail", err)
+			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_BASE_MISMATCH, err.Error(), time.Time{})
+			return nil
+		} else if err != nil {
 			s.storageErrors.Add(1)
 			s.log.Error("storing an accepted update; rejecting it for a retry", "client", u.msg.ClientId, "round", u.msg.Round, "err", err)
 			if rerr := s.coord.Restore(*before); rerr != nil {
@@ -748,13 +776,19 @@ func clientOf(d Decision) string {
 	return ""
 }
 
+// errBaseMismatch: a Z_DELTA against a copy of z_j this server does not hold.
+var errBaseMismatch = errors.New("base round mismatch")
+
 // storeUpdate writes an accepted update (and, for the FedSplit family, the
 // client's latest z) in one fsynced transaction. A copy already stored (a
 // re-send after a crash between the update and the state) is fine.
 func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
 	var z []float64
 	if isSplit(s.fam) {
-		z = u.vec
+		var err error
+		if z, err = s.clientZ(u.msg, u.vec); err != nil {
+			return err
+		}
 	}
 	loss := math.NaN()
 	if u.msg.Report != nil {
@@ -763,6 +797,84 @@ func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
 	_, err := s.store.PutUpdate(storage.Update{Round: u.msg.Round, ClientID: u.msg.ClientId, StoredAt: now,
 		SampleCount: u.msg.SampleCount, Loss: loss, Msg: u.raw}, z)
 	return err
+}
+
+// clientZ is the client's new z_j from its FedSplit update: the decoded
+// vector itself (FULL), or this server's copy of z_j plus the decoded delta
+// (Z_DELTA). The copy is the one set by the update of base_round; base round
+// 0 means the global model of the update's round, which z_j starts from.
+func (s *Server) clientZ(m *wire.ClientUpdate, d []float64) ([]float64, error) {
+	if m.Kind == wire.UpdateKind_UPDATE_KIND_FULL {
+		return d, nil
+	}
+	var base []float64
+	if m.BaseRound == 0 {
+		var err error
+		if base, err = s.globalOf(m.Round); err != nil {
+			return nil, err
+		}
+	} else {
+		r, zc, err := s.store.ClientZ(m.ClientId)
+		switch {
+		case errors.Is(err, storage.ErrNotFound):
+			return nil, fmt.Errorf("%w: a delta against the copy of round %d, this server holds none", errBaseMismatch, m.BaseRound)
+		case err != nil:
+			return nil, err
+		case r != m.BaseRound || len(zc) != len(d):
+			return nil, fmt.Errorf("%w: a delta against the copy of round %d, this server holds round %d's", errBaseMismatch, m.BaseRound, r)
+		}
+		base = zc
+	}
+	z := make([]float64, len(d))
+	for i := range z {
+		z[i] = base[i] + d[i] // bit for bit what the site computes
+	}
+	return z, nil
+}
+
+// updateVector is a FedProx-family client's w_k: the decoded vector (FULL)
+// or the round's global model plus the decoded delta (DELTA).
+func (s *Server) updateVector(m *wire.ClientUpdate, d []float64) ([]float64, error) {
+	if m.Kind != wire.UpdateKind_UPDATE_KIND_DELTA {
+		return d, nil
+	}
+	x, err := s.globalOf(m.Round)
+	if err != nil {
+		return nil, err
+	}
+	for i := range d {
+		d[i] += x[i]
+	}
+	return d, nil
+}
+
+// globalOf returns the global model announced for round (read-only).
+func (s *Server) globalOf(round uint64) ([]float64, error) {
+	if round == uint64(s.globalR) {
+		return s.global, nil
+	}
+	x, err := s.store.Checkpoint(round)
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: global model of round %d: %w", round, err)
+	}
+	if len(x) != s.dim {
+		return nil, fmt.Errorf("aggregator: global model of round %d has %d values, want %d", round, len(x), s.dim)
+	}
+	return x, nil
+}
+
+// downlinked returns x as the sites decode it from the announcement, which
+// is what the server keeps as the global model.
+func (s *Server) downlinked(x []float64) ([]float64, error) {
+	f, err := s.down.Encode(nil, x, nil, nil)
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: encode the global model with %s: %w", s.down, err)
+	}
+	y, err := s.down.Decode(f, nil)
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: decode the global model: %w", err)
+	}
+	return y, nil
 }
 
 // persistState writes the coordinator's state to the store's current round

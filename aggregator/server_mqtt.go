@@ -215,7 +215,15 @@ func frameReason(err error) string {
 func ShellReasons() []string {
 	return []string{"bad_topic", "topic_mismatch", "unsupported_version", "too_large", "malformed", "invalid",
 		"unsupported_kind", "wrong_dimension", "non_finite", "corrupt_payload", "truncated_payload",
-		"bad_checksum", "payload_too_large", "bad_frame", "internal"}
+		"bad_checksum", "payload_too_large", "bad_frame", "base_mismatch", "internal"}
+}
+
+// deltaKind is the delta kind of the federation's family.
+func (s *Server) deltaKind() wire.UpdateKind {
+	if isSplit(s.fam) {
+		return wire.UpdateKind_UPDATE_KIND_Z_DELTA
+	}
+	return wire.UpdateKind_UPDATE_KIND_DELTA
 }
 
 // handleUpdate validates an update in the callback's goroutine: envelope,
@@ -238,8 +246,8 @@ func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
 		s.receipt(u, false, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, reason+": "+detail, time.Time{})
 		return true
 	}
-	if u.Kind != wire.UpdateKind_UPDATE_KIND_FULL {
-		return bad("unsupported_kind", fmt.Sprintf("kind %v; this aggregator takes FULL updates", u.Kind))
+	if want := s.deltaKind(); u.Kind != want && u.Kind != wire.UpdateKind_UPDATE_KIND_FULL {
+		return bad("unsupported_kind", fmt.Sprintf("kind %v; this %s federation takes %v (or FULL)", u.Kind, s.fam, want))
 	}
 	if int(u.Vector.Dimension) != s.dim {
 		return bad("wrong_dimension", fmt.Sprintf("dimension %d, the model has %d", u.Vector.Dimension, s.dim))

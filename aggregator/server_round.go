@@ -21,7 +21,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		return nil, fmt.Errorf("aggregator: announcing round %d with the global model of round %d", round, s.globalR)
 	}
 	if s.frame == nil {
-		f, err := s.loopQ.Encode(nil, s.global, nil, nil)
+		f, err := s.down.Encode(nil, s.global, nil, nil)
 		if err != nil {
 			return nil, fmt.Errorf("aggregator: encode the global model of round %d: %w", round, err)
 		}
@@ -44,7 +44,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		Budget:          &wire.WorkBudget{MaxEpochs: uint32(p.MaxEpochs), MaxSeconds: p.MaxSeconds, MaxGradEvals: p.MaxGradEvals},
 		DeadlineUnixMs:  deadline.UnixMilli(),
 		Selected:        slices.Clone(selected),
-		Global:          &wire.Vector{Codec: "fp32", Dimension: uint32(s.dim), Payload: s.frame},
+		Global:          &wire.Vector{Codec: s.down.String(), Dimension: uint32(s.dim), Payload: s.frame},
 		UplinkCodec:     s.cfg.Codec,
 		CreatedAtUnixMs: s.clock.Now().UnixMilli(),
 		AnchorSketch:    s.cfg.AnchorSketch,
@@ -88,6 +88,9 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	switch {
 	case redo:
 		if next, rep, err = s.aggregate(cr); err != nil {
+			return err
+		}
+		if next, err = s.downlinked(next); err != nil {
 			return err
 		}
 	case err != nil:
@@ -190,6 +193,9 @@ func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
 		vec, err := s.loopQ.Decode(m.Vector.Payload, nil)
 		if err != nil || len(vec) != s.dim {
 			return fmt.Errorf("stored update of %q: vector: %w", u.ClientID, err)
+		}
+		if vec, err = s.updateVector(m, vec); err != nil {
+			return fmt.Errorf("stored update of %q: %w", u.ClientID, err)
 		}
 		ups = append(ups, aggregate.Update{Client: u.ClientID, Params: vec, Samples: int(min(u.SampleCount, math.MaxInt32)),
 			AnchorGrad: m.AnchorGrad, Loss: u.Loss})

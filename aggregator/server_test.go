@@ -160,7 +160,7 @@ func TestServerBadUpdates(t *testing.T) {
 		{"truncated frame", a, "", enc(withPayload(frame[:len(frame)-7])), "truncated_payload", wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE},
 		{"bad checksum", a, "", enc(withPayload(flip(frame, len(frame)-1))), "bad_checksum", wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE},
 		{"not a frame", a, "", enc(withPayload([]byte("hello"))), "bad_frame", wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE},
-		{"delta kind", a, "", enc(func() *wire.ClientUpdate { u := good(); u.Kind = wire.UpdateKind_UPDATE_KIND_DELTA; return u }()), "unsupported_kind", wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE},
+		{"z-delta kind in a fedprox federation", a, "", enc(func() *wire.ClientUpdate { u := good(); u.Kind = wire.UpdateKind_UPDATE_KIND_Z_DELTA; return u }()), "unsupported_kind", wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE},
 		{"truncated envelope", a, "", enc(good())[:40], "malformed", 0},
 		{"oversized", a, "", enc(withPayload(make([]byte, 4096))), "too_large", 0},
 		{"unknown envelope version", a, "", withVersion(enc(good()), 9), "unsupported_version", 0},
@@ -480,4 +480,101 @@ func TestNewServerBadConfig(t *testing.T) {
 		s.Close()
 		t.Fatal("state file of another model accepted")
 	}
+}
+
+// zDelta is a Z_DELTA update of d against the copy set by round base.
+func zDelta(t *testing.T, id string, round, base uint64, d []float64) *wire.ClientUpdate {
+	u := update(t, id, round, d, 10)
+	u.Kind, u.BaseRound = wire.UpdateKind_UPDATE_KIND_Z_DELTA, base
+	return u
+}
+
+// FedSplit deltas: base round 0 is against the round's global model, later
+// ones against the copy the client's previous update set; a delta against a
+// copy the server does not hold is refused (BASE_MISMATCH, counted) and
+// changes nothing, and the client's reset (base 0) is taken.
+func TestServerFedSplitZDeltas(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.K, cfg.Algorithm, cfg.Params.Step, cfg.Params.Relax = 1, AlgoFedSplit, 0.5, 1
+	cfg.Init, cfg.InitSeed = InitModel, 3
+	r := f.start(cfg)
+	a := f.agent("site-a", 10)
+	x1 := decodeGlobal(t, a.nextRound(t, 1))
+	a.send(t, zDelta(t, "site-a", 1, 0, vec(1)))
+	wantReceipt(t, a.receipt(t), 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	z1 := make([]float64, 6)
+	for i := range z1 {
+		z1[i] = x1[i] + vec(1)[i]
+	}
+	if rr := r.round(t); !slices.Equal(rr.Global, f32s(z1)) { // one client: x2 = z_1, as fp32
+		t.Fatalf("x2 = %v, want x1 + delta = %v", rr.Global, f32s(z1))
+	}
+	a.nextRound(t, 2)
+	a.send(t, zDelta(t, "site-a", 2, 1, vec(2))) // against round 1's copy
+	wantReceipt(t, a.receipt(t), 2, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	z2 := make([]float64, 6)
+	for i := range z2 {
+		z2[i] = z1[i] + vec(2)[i]
+	}
+	if rr := r.round(t); !slices.Equal(rr.Global, f32s(z2)) {
+		t.Fatalf("x3 = %v, want the copy + delta %v (as fp32)", rr.Global, f32s(z2))
+	}
+	x3 := decodeGlobal(t, a.nextRound(t, 3))
+	a.send(t, zDelta(t, "site-a", 3, 1, vec(3))) // round 1's copy: replaced by round 2's
+	wantReceipt(t, a.receipt(t), 3, false, wire.ReceiptCode_RECEIPT_CODE_BASE_MISMATCH)
+	v := waitView(t, r.s, "mismatch counted", func(v ServerView) bool { return v.Rejected["base_mismatch"] == 1 })
+	if len(v.Received) != 0 {
+		t.Fatalf("a refused delta was counted as received: %v", v.Received)
+	}
+	a.send(t, zDelta(t, "site-a", 3, 0, vec(3))) // the client's reset: against x3
+	wantReceipt(t, a.receipt(t), 3, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	z3 := make([]float64, 6)
+	for i := range z3 {
+		z3[i] = x3[i] + vec(3)[i]
+	}
+	if rr := r.round(t); !slices.Equal(rr.Global, f32s(z3)) {
+		t.Fatalf("x4 = %v, want x3 + delta %v (as fp32)", rr.Global, f32s(z3))
+	}
+}
+
+// FedProx deltas are against the round's global model; with an fp16
+// downlink the server keeps the global model as the sites decode it.
+func TestServerDeltaAndFP16Downlink(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.K, cfg.Rounds, cfg.Algorithm, cfg.Downlink = 1, 2, AlgoFedProx, "fp16"
+	cfg.Init, cfg.InitSeed = InitModel, 3
+	r := f.start(cfg)
+	a := f.agent("site-a", 10)
+	ann := a.nextRound(t, 1)
+	x1 := decodeGlobal(t, ann)
+	if ann.Global.Codec != "fp16" {
+		t.Fatalf("global model codec %q", ann.Global.Codec)
+	}
+	if x, _ := r.s.Global(); !slices.Equal(x, x1) {
+		t.Fatalf("server's model %v, the sites decode %v", x, x1)
+	}
+	u := update(t, "site-a", 1, vec(1), 10)
+	u.Kind = wire.UpdateKind_UPDATE_KIND_DELTA
+	a.send(t, u)
+	wantReceipt(t, a.receipt(t), 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	r.round(t)
+	x2 := decodeGlobal(t, a.nextRound(t, 2))
+	if x, _ := r.s.Global(); !slices.Equal(x, x2) {
+		t.Fatalf("round 2: server's model %v, the sites decode %v", x, x2)
+	}
+	for i := range x2 {
+		if want := x1[i] + vec(1)[i]; math.Abs(x2[i]-want) > 1e-3*max(1, math.Abs(want)) {
+			t.Fatalf("x2[%d] = %v, want x1 + delta = %v to fp16 precision", i, x2[i], want)
+		}
+	}
+}
+
+func f32s(x []float64) []float64 {
+	out := make([]float64, len(x))
+	for i, v := range x {
+		out[i] = float64(float32(v))
+	}
+	return out
 }

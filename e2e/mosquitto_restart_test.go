@@ -110,8 +110,8 @@ func TestMosquittoRestartMidRound(t *testing.T) {
 		}
 		es := readEdgeState(t, e.state)
 		az := st.z[e.id]
-		if es.zRound != az.round || !bitsEqual(es.z, az.z) {
-			t.Errorf("%s: site z of round %d, aggregator's of round %d, equal %v", e.id, es.zRound, az.round, bitsEqual(es.z, az.z))
+		if es.copyRound != az.round || !bitsEqual(es.copyZ, az.z) {
+			t.Errorf("%s: site's copy of z of round %d, aggregator's z of round %d, equal %v", e.id, es.copyRound, az.round, bitsEqual(es.copyZ, az.z))
 		}
 		if len(es.outbox) != 0 || es.applied != rounds {
 			t.Errorf("%s: applied %d, %d unreceipted", e.id, es.applied, len(es.outbox))

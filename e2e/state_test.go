@@ -138,7 +138,11 @@ type edgeState struct {
 	applied, seen uint64
 	zRound        uint64
 	z             []float64
-	outbox        []storage.OutboxEntry
+	// The site's copy of the aggregator's z (FedSplit), which must equal
+	// the aggregator's bit for bit.
+	copyRound uint64
+	copyZ     []float64
+	outbox    []storage.OutboxEntry
 }
 
 func readEdgeState(t *testing.T, path string) edgeState {
@@ -159,6 +163,10 @@ func readEdgeState(t *testing.T, path string) edgeState {
 		t.Fatal(err)
 	}
 	st.zRound, st.z, err = s.Z()
+	if err != nil && !errors.Is(err, storage.ErrNotFound) {
+		t.Fatal(err)
+	}
+	st.copyRound, st.copyZ, err = s.ServerZ()
 	if err != nil && !errors.Is(err, storage.ErrNotFound) {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ type serveFlags struct {
 	roundTimeout, extension, settle          time.Duration
 	maxReselections, rounds                  int
 	seed                                     uint64
-	algo, agg, sel, solver, codec            string
+	algo, agg, sel, solver, codec, downlink  string
 	mu, step, relax, gamma, lr, maxSeconds   float64
 	batch, epochs                            int
 	anchorSketch                             int
@@ -128,7 +128,8 @@ func serveFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.IntVar(&f.epochs, "max-epochs", 20, "work budget: local epochs (0: no limit)")
 	fs.Float64Var(&f.maxSeconds, "max-seconds", 0, "work budget: local seconds (0: no limit; the round deadline always applies)")
 	fs.IntVar(&f.anchorSketch, "anchor-sketch", -1, "ask clients for the gradient at the anchor: -1 no, 0 the full gradient, N a random-projection sketch of length N (fedsim-cluster)")
-	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec spec clients must use")
+	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec `SPEC` clients must use for their deltas (fp32, fp16, q8, q4, qsgd:16, topk:0.05+q8, ...)")
+	fs.StringVar(&f.downlink, "downlink", "fp32", "codec of the global model in the round announcement: fp32 | fp16")
 
 	fs.StringVar(&f.modelKind, "model", model.KindLogReg, "model: logreg | binary-logreg | linear | mlp")
 	fs.IntVar(&f.inputs, "features", 0, "model inputs; default from --eval-data")
@@ -310,7 +311,7 @@ func (f *serveFlags) serverConfig(log *slog.Logger) (aggregator.ServerConfig, er
 		Algorithm: f.algo, Aggregator: f.agg, Selector: f.sel, AnchorSketch: sketch,
 		Params: aggregator.Params{Mu: f.mu, Step: f.step, Relax: f.relax, Solver: f.solver, Gamma: f.gamma, LR: f.lr,
 			Batch: f.batch, MaxEpochs: f.epochs, MaxSeconds: f.maxSeconds},
-		Model: spec, Init: f.init, InitSeed: f.initSeed, Codec: f.codec,
+		Model: spec, Init: f.init, InitSeed: f.initSeed, Codec: f.codec, Downlink: f.downlink,
 		StatePath: f.state, MetricsAddr: f.metricsAddr, Eval: eval, FinalModel: f.finalModel,
 		MaxMessageBytes: f.maxPacket, Logger: log,
 	}, nil
