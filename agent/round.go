@@ -293,6 +293,13 @@ func (h *RoundHandler) uplink(p *prepared, sent []float64) (uplinkFrame, error) 
 	for i := range delta {
 		delta[i] = sent[i] - base[i]
 	}
+	if p.split && !p.codec.Lossless() {
+		// z_j - copy is FedSplit's residual already; a zero residual only
+		// puts the codec in its error-feedback mode, whose stochastic
+		// quantisers shrink to their MMSE scale: the copy's error then
+		// contracts round after round instead of being amplified.
+		residual = make([]float64, n)
+	}
 	// Encode replaces residual with (delta + residual) - what it sends.
 	frame, err := p.codec.Encode(nil, delta, residual, rng)
 	if err != nil {
@@ -302,7 +309,10 @@ func (h *RoundHandler) uplink(p *prepared, sent []float64) (uplinkFrame, error) 
 	if err != nil || len(d) != n {
 		return up, fmt.Errorf("agent: round %d: decode own update (%d values): %w", r, len(d), err)
 	}
-	up.frame, up.residual, up.applied = frame, residual, d
+	up.frame, up.applied = frame, d
+	if !p.split {
+		up.residual = residual
+	}
 	for i := range d {
 		d[i] += base[i] // what the aggregator computes: base + decoded
 	}
