@@ -471,7 +471,15 @@ func norm(t time.Time) time.Time { return t.Round(0).UTC() }
 // Step applies one event and returns the decisions it causes, in the order
 // the shell must carry them out. After Finished it returns nil.
 func (c *Coordinator) Step(ev Event) []Decision {
-	if c.phase == PhaseFinished || ev == nil {
+	if ev == nil {
+		return nil
+	}
+	if c.phase == PhaseFinished {
+		// Nothing changes any more, but an update still gets its answer,
+		// so that the site clears its outbox instead of re-sending.
+		if u, ok := ev.(UpdateArrived); ok {
+			return c.afterFinish(u)
+		}
 		return nil
 	}
 	at := norm(ev.eventTime())
@@ -505,6 +513,21 @@ func (c *Coordinator) Step(ev Event) []Decision {
 		out = append(out, SetTimer{At: want})
 	}
 	return out
+}
+
+// afterFinish answers an update that arrives once the federation finished:
+// a copy of one it stored is a duplicate, anything else is too late.
+func (c *Coordinator) afterFinish(u UpdateArrived) []Decision {
+	cl := c.clients[u.Client]
+	switch {
+	case cl == nil:
+		return c.reject(u, UnknownClient)
+	case cl.lastRound == u.Round:
+		return c.reject(u, Duplicate)
+	case u.Round > c.round:
+		return c.reject(u, FutureRound)
+	}
+	return c.reject(u, RoundClosed)
 }
 
 func (c *Coordinator) register(id string) *client {

@@ -288,7 +288,7 @@ func TestScenarios(t *testing.T) {
 			},
 		},
 		{
-			name: "last round: Finished, then nothing",
+			name: "last round: Finished, then only answers to updates",
 			mod:  func(c *Config) { c.Rounds = 1 },
 			steps: []script{
 				{Tick{At: ms(50)}, announce},
@@ -298,7 +298,7 @@ func TestScenarios(t *testing.T) {
 					CloseRound{Round: 1, Contributors: []string{"a", "b"}, Partial: []string{}, Stragglers: []string{"c"}, At: ms(1050)}, cancel}},
 				{AggregatedRound{Round: 2, At: ms(1100)}, nil}, // wrong round: ignored
 				{AggregatedRound{Round: 1, At: ms(1200)}, []Decision{Finished{Rounds: 1, At: ms(1200)}}},
-				{UpdateArrived{Client: "c", Round: 1, At: ms(1300)}, nil},
+				{UpdateArrived{Client: "c", Round: 1, At: ms(1300)}, []Decision{Reject{Round: 1, Client: "c", Reason: RoundClosed}}},
 				{ClientOnline{ID: "z", At: ms(1300)}, nil},
 				{Tick{At: ms(5000)}, nil},
 			},
@@ -686,6 +686,16 @@ func TestResume(t *testing.T) {
 	fin := r.Step(AggregatedRound{Round: 1, At: ms(1300)})
 	mustEqual(t, "finished", fin, []Decision{Finished{Rounds: 1, At: ms(1300)}})
 	mustEqual(t, "resume finished", restored(t, cfg, r).Resume(), fin)
+
+	// After the end an update still gets an answer (and changes nothing
+	// else): a copy of a stored one is a duplicate, a late one is refused.
+	before := r.Snapshot()
+	mustEqual(t, "stored update re-sent", r.Step(upd("b", 1, 1400)), []Decision{Reject{Round: 1, Client: "b", Reason: Duplicate}})
+	mustEqual(t, "late update", r.Step(upd("c", 1, 1400)), []Decision{Reject{Round: 1, Client: "c", Reason: RoundClosed}})
+	mustEqual(t, "unknown site", r.Step(upd("z", 1, 1400)), []Decision{Reject{Round: 1, Client: "z", Reason: UnknownClient}})
+	after := r.Snapshot()
+	after.Counters.Rejected, before.Counters.Rejected = nil, nil
+	mustEqual(t, "state after the answers", after, before)
 }
 
 func TestRestoreRejectsBadState(t *testing.T) {
