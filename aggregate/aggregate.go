@@ -61,6 +61,21 @@ type Aggregator interface {
 	Aggregate(global []float64, ups []Update, out []float64) (Report, error)
 }
 
+// Stateful is implemented by aggregators whose result depends on the rounds
+// they aggregated before (SimProx remembers each client's previous model).
+// Their state is rebuilt after a restart by aggregating the stored rounds
+// again, in order: Aggregate is deterministic, so the state comes back
+// exactly.
+type Stateful interface {
+	Stateful() bool
+}
+
+// IsStateful reports whether a keeps state between rounds.
+func IsStateful(a Aggregator) bool {
+	s, ok := a.(Stateful)
+	return ok && s.Stateful()
+}
+
 // Errors shared by the aggregators.
 var (
 	ErrNoUpdates = errors.New("aggregate: no updates")

@@ -132,6 +132,9 @@ func (n NormBound) Name() string {
 	return s + ":inner=" + inner
 }
 
+// Stateful: as its inner aggregator.
+func (n NormBound) Stateful() bool { return n.Inner != nil && IsStateful(n.Inner) }
+
 func (n NormBound) Aggregate(global []float64, ups []Update, out []float64) (Report, error) {
 	if n.Inner == nil {
 		return Report{}, fmt.Errorf("aggregate: normbound: no inner aggregator")

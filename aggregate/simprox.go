@@ -112,6 +112,9 @@ func (s *SimProx) Config() SimProxConfig { return s.cfg }
 // Reset forgets every client's previous model.
 func (s *SimProx) Reset() { clear(s.prev) }
 
+// Stateful: SimProx remembers each client's previous model.
+func (s *SimProx) Stateful() bool { return true }
+
 func (s *SimProx) Name() string {
 	c := s.cfg
 	n := "simprox:lambda0=" + ftoa(c.Lambda0) + ":tau=" + ftoa(c.Tau) + ":on=" + c.On.String()

@@ -495,8 +495,54 @@ func (s *Server) restore() error {
 		return fmt.Errorf("aggregator: %s: global model of round %d has %d values, the model %d", s.cfg.StatePath, r, len(s.global), s.dim)
 	}
 	s.globalR = r
+	if err := s.replayAggregator(); err != nil {
+		return err
+	}
 	s.log.Info("resuming from the round log", "state", s.cfg.StatePath, "round", r, "phase", s.coord.Phase(),
 		"received", len(st.Received), "clients", len(st.Clients))
+	return nil
+}
+
+// replayAggregator rebuilds a stateful aggregator's memory (SimProx's
+// previous models) after a restart by aggregating every closed round again
+// from the round log, in order, discarding the results. Rounds whose
+// updates were pruned are skipped (their clients' history starts later).
+func (s *Server) replayAggregator() error {
+	if s.agg == nil || !aggregate.IsStateful(s.agg) {
+		return nil
+	}
+	out := make([]float64, s.dim)
+	replayed := 0
+	for r := 1; r < s.globalR; r++ {
+		rd, err := s.store.Round(uint64(r))
+		if err != nil {
+			return fmt.Errorf("aggregator: replay round %d: %w", r, err)
+		}
+		var st State
+		if err := json.Unmarshal(rd.State, &st); err != nil {
+			return fmt.Errorf("aggregator: replay round %d: state: %w", r, err)
+		}
+		cr := CloseRound{Round: r}
+		for _, rc := range st.Received {
+			cr.Contributors = append(cr.Contributors, rc.Client)
+		}
+		saved, savedR := s.global, s.globalR
+		if s.global, err = s.store.Checkpoint(uint64(r)); err != nil {
+			s.global = saved
+			return fmt.Errorf("aggregator: replay round %d: %w", r, err)
+		}
+		s.globalR = r
+		ups, err := s.closedUpdates(cr)
+		if err == nil && len(ups) > 0 {
+			_, err = s.agg.Aggregate(s.global, ups, out)
+			replayed++
+		}
+		s.global, s.globalR = saved, savedR
+		if err != nil && !errors.Is(err, errPruned) {
+			return fmt.Errorf("aggregator: replay round %d with %s: %w", r, s.agg.Name(), err)
+		}
+	}
+	s.log.Info("aggregator state rebuilt from the round log", "aggregator", s.agg.Name(), "rounds", replayed)
 	return nil
 }
 

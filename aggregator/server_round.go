@@ -177,6 +177,29 @@ func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
 		}
 		return out, aggregate.Report{Metrics: map[string]float64{"clients_with_z": float64(len(ids))}}, nil
 	}
+	ups, err := s.closedUpdates(cr)
+	if err != nil {
+		return nil, aggregate.Report{}, err
+	}
+	rep, err := s.agg.Aggregate(s.global, ups, out)
+	if err != nil {
+		return nil, rep, fmt.Errorf("aggregator: round %d: %s: %w", cr.Round, s.agg.Name(), err)
+	}
+	for i, v := range out {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil, rep, fmt.Errorf("aggregator: round %d: %s produced a non-finite value at %d", cr.Round, s.agg.Name(), i)
+		}
+	}
+	return out, rep, nil
+}
+
+// errPruned: a closed round's updates are no longer in the round log.
+var errPruned = errors.New("updates pruned")
+
+// closedUpdates loads the stored updates of a closed round's contributors
+// as the aggregator takes them (w_k, deltas added to the round's global
+// model, which must be s.global).
+func (s *Server) closedUpdates(cr CloseRound) ([]aggregate.Update, error) {
 	want := make(map[string]bool, len(cr.Contributors))
 	for _, id := range cr.Contributors {
 		want[id] = true
@@ -202,21 +225,15 @@ func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
+		return nil, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
+	}
+	if len(ups) == 0 && len(cr.Contributors) > 0 {
+		return nil, fmt.Errorf("aggregator: round %d: %w", cr.Round, errPruned)
 	}
 	if len(ups) != len(cr.Contributors) {
-		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %d contributors but %d stored updates", cr.Round, len(cr.Contributors), len(ups))
+		return nil, fmt.Errorf("aggregator: round %d: %d contributors but %d stored updates", cr.Round, len(cr.Contributors), len(ups))
 	}
-	rep, err := s.agg.Aggregate(s.global, ups, out)
-	if err != nil {
-		return nil, rep, fmt.Errorf("aggregator: round %d: %s: %w", cr.Round, s.agg.Name(), err)
-	}
-	for i, v := range out {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return nil, rep, fmt.Errorf("aggregator: round %d: %s produced a non-finite value at %d", cr.Round, s.agg.Name(), i)
-		}
-	}
-	return out, rep, nil
+	return ups, nil
 }
 
 func marshalState(st State) ([]byte, error) {
