@@ -293,15 +293,17 @@ func (h *RoundHandler) uplink(p *prepared, sent []float64) (uplinkFrame, error) 
 	for i := range delta {
 		delta[i] = sent[i] - base[i]
 	}
-	if p.split && !p.codec.Lossless() {
-		// z_j - copy is FedSplit's residual already; a zero residual only
-		// puts the codec in its error-feedback mode, whose stochastic
-		// quantisers shrink to their MMSE scale: the copy's error then
-		// contracts round after round instead of being amplified.
-		residual = make([]float64, n)
+	var frame []byte
+	var err error
+	if p.split {
+		// z_j - copy is FedSplit's residual already. EncodeBounded keeps
+		// QSGD unbiased (errors average out over the sites' copies) except
+		// where its variance would amplify what the next delta re-sends.
+		frame, err = p.codec.EncodeBounded(nil, delta, rng)
+	} else {
+		// Encode replaces residual with (delta + residual) - what it sends.
+		frame, err = p.codec.Encode(nil, delta, residual, rng)
 	}
-	// Encode replaces residual with (delta + residual) - what it sends.
-	frame, err := p.codec.Encode(nil, delta, residual, rng)
 	if err != nil {
 		return up, fmt.Errorf("agent: round %d: encode the update with %s: %w", r, p.codec, err)
 	}
@@ -309,10 +311,7 @@ func (h *RoundHandler) uplink(p *prepared, sent []float64) (uplinkFrame, error) 
 	if err != nil || len(d) != n {
 		return up, fmt.Errorf("agent: round %d: decode own update (%d values): %w", r, len(d), err)
 	}
-	up.frame, up.applied = frame, d
-	if !p.split {
-		up.residual = residual
-	}
+	up.frame, up.residual, up.applied = frame, residual, d
 	for i := range d {
 		d[i] += base[i] // what the aggregator computes: base + decoded
 	}

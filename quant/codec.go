@@ -23,6 +23,35 @@ import (
 // len(delta) > Limits.MaxDim or the frame would exceed Limits.MaxFrame. On
 // error it returns dst unchanged in length.
 func (c *Codec) Encode(dst []byte, delta, residual []float64, rng *rand.Rand) ([]byte, error) {
+	c.bound = false
+	return c.encode(dst, delta, residual, rng)
+}
+
+// EncodeBounded encodes delta without a residual, like Encode with a nil
+// one, except that qsgd scales a bucket down (by its MMSE factor) where its
+// variance would exceed the bucket's energy, and stays unbiased elsewhere.
+// That is for a sender whose next delta contains what this one failed to
+// deliver (FedSplit's z_j minus the receiver's copy): re-encoding it can
+// then never amplify the error, while unbiased errors still average out
+// across senders.
+func (c *Codec) EncodeBounded(dst []byte, delta []float64, rng *rand.Rand) ([]byte, error) {
+	c.bound = true
+	defer func() { c.bound = false }()
+	return c.encode(dst, delta, nil, rng)
+}
+
+// shrinkFor picks the qsgd scaling of the Encode in progress.
+func (c *Codec) shrinkFor(recon []float64) shrinkMode {
+	switch {
+	case c.bound:
+		return shrinkIfAmplifies
+	case recon != nil:
+		return shrinkMMSE
+	}
+	return shrinkNone
+}
+
+func (c *Codec) encode(dst []byte, delta, residual []float64, rng *rand.Rand) ([]byte, error) {
 	n := len(delta)
 	if n > c.lim.MaxDim {
 		return dst, fmt.Errorf("%w: dimension %d, limit %d", ErrTooLarge, n, c.lim.MaxDim)
@@ -54,12 +83,12 @@ func (c *Codec) Encode(dst []byte, delta, residual []float64, rng *rand.Rand) ([
 		if residual != nil {
 			recon = resize(c.recon, len(idx))
 		}
-		raw, err = c.val.encode(raw, c.vals, rng, recon, recon != nil)
+		raw, err = c.val.encode(raw, c.vals, rng, recon, c.shrinkFor(recon))
 	} else {
 		if residual != nil {
 			recon = resize(c.recon, n)
 		}
-		raw, err = c.val.encode(raw, v, rng, recon, recon != nil)
+		raw, err = c.val.encode(raw, v, rng, recon, c.shrinkFor(recon))
 	}
 	c.rawb = raw
 	if recon != nil {

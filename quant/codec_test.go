@@ -6,6 +6,7 @@ import (
 	"errors"
 	"hash/crc32"
 	"math"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"testing"
@@ -252,7 +253,7 @@ func TestQSGDVariance(t *testing.T) {
 					}
 					emp := 0.0
 					for range T {
-						if _, err := c.val.encode(nil, xs, rng, recon[:len(xs)], false); err != nil {
+						if _, err := c.val.encode(nil, xs, rng, recon[:len(xs)], shrinkNone); err != nil {
 							t.Fatal(err)
 						}
 						for i, f := range xs {
@@ -647,5 +648,58 @@ func TestLargeVector(t *testing.T) {
 			}
 		}
 		t.Logf("%s: raw payload %d bytes, frame %d", spec, info.RawLen, info.FrameLen)
+	}
+}
+
+// EncodeBounded: where QSGD's variance stays below the bucket's energy it is
+// the unbiased Encode, byte for byte; where it would exceed it (s = 1 on a
+// 512-bucket) the mean squared error is brought below ||v||^2, which the
+// unbiased quantiser exceeds.
+func TestEncodeBounded(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	v := make([]float64, 2048)
+	for i := range v {
+		v[i] = rng.NormFloat64()
+	}
+	energy := 0.0
+	for _, f := range v {
+		energy += f * f
+	}
+	fine := mustParse(t, "qsgd:127")
+	a, err := fine.Encode(nil, v, nil, newRNG(9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := fine.EncodeBounded(nil, v, newRNG(9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Fatal("qsgd:127: EncodeBounded differs from the unbiased Encode where no bucket amplifies")
+	}
+	coarse := mustParse(t, "qsgd:1")
+	mse := func(enc func(*rand.Rand) ([]byte, error)) float64 {
+		const T = 200
+		sum := 0.0
+		for k := range T {
+			f, err := enc(newRNG(uint64(k)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			y, err := coarse.Decode(f, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range v {
+				sum += (y[i] - v[i]) * (y[i] - v[i])
+			}
+		}
+		return sum / T
+	}
+	unbiased := mse(func(r *rand.Rand) ([]byte, error) { return coarse.Encode(nil, v, nil, r) })
+	bounded := mse(func(r *rand.Rand) ([]byte, error) { return coarse.EncodeBounded(nil, v, r) })
+	t.Logf("qsgd:1, ||v||^2 = %.0f: unbiased MSE %.0f, bounded %.0f", energy, unbiased, bounded)
+	if unbiased <= energy || bounded >= energy {
+		t.Fatalf("MSE unbiased %.0f, bounded %.0f, want them on either side of ||v||^2 = %.0f", unbiased, bounded, energy)
 	}
 }

@@ -140,6 +140,7 @@ type Codec struct {
 	val    valueCoder
 	raw    bool // skip zstd
 	lim    Limits
+	bound  bool // the Encode in progress is EncodeBounded
 
 	z zcodec
 

@@ -86,9 +86,9 @@ func put(out []float64, i int, x float64, add bool, scale float64) {
 
 // encode appends the value section of x (finite, within float32 range) to
 // dst. If recon is non-nil (len(x)) it receives the values the decoder will
-// produce. rng is used by qsgd only; shrink makes qsgd scale each bucket by
-// its MMSE factor (see encodeQSGD), for error feedback.
-func (v valueCoder) encode(dst []byte, x []float64, rng *rand.Rand, recon []float64, shrink bool) ([]byte, error) {
+// produce. rng is used by qsgd only; shrink says whether qsgd scales its
+// buckets down (see encodeQSGD).
+func (v valueCoder) encode(dst []byte, x []float64, rng *rand.Rand, recon []float64, shrink shrinkMode) ([]byte, error) {
 	n := len(x)
 	off := len(dst)
 	dst = grow(dst, v.size(n))
@@ -195,15 +195,25 @@ func (v valueCoder) encodeLinear(p []byte, x []float64, recon []float64) {
 // E[l_i] = s·v_i/||v||, and sends the bucket's scale: ||v|| rounded up to
 // float32, so that the decoded norm/s·l is unbiased.
 //
-// With shrink (error feedback), the scale sent is instead
+// shrinkMode says when a stochastic quantiser scales a bucket down.
+type shrinkMode int
+
+const (
+	shrinkNone        shrinkMode = iota // unbiased
+	shrinkMMSE                          // always (error feedback)
+	shrinkIfAmplifies                   // only where V > ||v||^2 (EncodeBounded)
+)
+
+// With shrinkMMSE (error feedback), the scale sent is instead
 // gamma·||v||, gamma = ||v||^2 / (||v||^2 + V), V the quantiser's variance
 // for this bucket (known before drawing). That is the MMSE scalar for an
 // unbiased quantiser: E||gamma·Q(v) - v||^2 = gamma·V < ||v||^2, so the
 // compressor is contractive and error feedback stays bounded. Unscaled QSGD
 // has variance up to min(B/s^2, sqrt(B)/s)·||v||^2, which may exceed
 // ||v||^2 when s < sqrt(B), and error feedback then amplifies the residual
-// round after round.
-func (v valueCoder) encodeQSGD(p []byte, x []float64, rng *rand.Rand, recon []float64, shrink bool) error {
+// round after round. shrinkIfAmplifies applies the MMSE scale only to the
+// buckets where V > ||v||^2 and stays unbiased elsewhere.
+func (v valueCoder) encodeQSGD(p []byte, x []float64, rng *rand.Rand, recon []float64, shrink shrinkMode) error {
 	n, nb := len(x), v.buckets(len(x))
 	recs, codes := p[:4*nb], p[4*nb:]
 	s := float64(v.levels)
@@ -244,7 +254,7 @@ func (v valueCoder) encodeQSGD(p []byte, x []float64, rng *rand.Rand, recon []fl
 		}
 		nf := float64(n32)
 		scale32 := n32
-		if shrink && nf > 0 {
+		if shrink != shrinkNone && nf > 0 {
 			// In units of nf^2 (no underflow for tiny buckets):
 			// ||v||^2 -> rn^2 and V = sum (nf/s)^2 p(1-p) -> vn.
 			vn, k := 0.0, s/nf
@@ -255,7 +265,9 @@ func (v valueCoder) encodeQSGD(p []byte, x []float64, rng *rand.Rand, recon []fl
 			}
 			vn /= s * s
 			rn := norm / nf
-			scale32 = float32(nf * (rn * rn / (rn*rn + vn)))
+			if shrink == shrinkMMSE || vn > rn*rn {
+				scale32 = float32(nf * (rn * rn / (rn*rn + vn)))
+			}
 		}
 		binary.LittleEndian.PutUint32(recs[4*b:], math.Float32bits(scale32))
 		unit := float64(scale32) / s

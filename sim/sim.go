@@ -520,10 +520,8 @@ func (e *env) encode(c *quant.Codec, a Algo, params, x, zSrv, res []float64, t, 
 		for i := range delta {
 			delta[i] = params[i] - base[i]
 		}
-		// A zero residual puts the codec in its error-feedback mode (MMSE
-		// shrink of stochastic quantisers), which keeps the copy's error
-		// contracting; z_j - copy is the residual itself.
-		return c.Encode(nil, delta, make([]float64, len(delta)), rng)
+		// z_j - copy is the residual itself; see quant.EncodeBounded.
+		return c.EncodeBounded(nil, delta, rng)
 	}
 	for i := range delta {
 		delta[i] = params[i] - x[i]
