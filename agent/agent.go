@@ -468,7 +468,18 @@ func (a *Agent) onConnect(c mqtt.Client) {
 	a.stats.connects.Add(1)
 	ctx, cancel := context.WithTimeout(a.runCtx, a.cfg.PublishTimeout)
 	defer cancel()
+	// The subscription and the online status go out together, and only
+	// then are their acknowledgements awaited: a SUBACK that is slow to
+	// come (seen once after a Mosquitto restart with a resumed session,
+	// whose subscriptions the broker kept anyway) must not hold back the
+	// status that makes this site selectable.
 	tok := c.SubscribeMultiple(map[string]byte{a.topics.Round(): 1, a.tRcpt: 1}, nil)
+	var pub mqtt.Token
+	if b, err := a.statusMsg(true, false); err != nil {
+		a.log.Error("status message", "err", err)
+	} else {
+		pub = c.Publish(a.tStatus, 1, true, b)
+	}
 	if err := a.await(ctx, tok); err != nil {
 		a.log.Error("subscribe failed", "err", err)
 	} else if st, ok := tok.(*mqtt.SubscribeToken); ok {
@@ -478,10 +489,10 @@ func (a *Agent) onConnect(c mqtt.Client) {
 			}
 		}
 	}
-	if b, err := a.statusMsg(true, false); err != nil {
-		a.log.Error("status message", "err", err)
-	} else if err := a.await(ctx, c.Publish(a.tStatus, 1, true, b)); err != nil {
-		a.log.Warn("online status not published", "err", err)
+	if pub != nil {
+		if err := a.await(ctx, pub); err != nil {
+			a.log.Warn("online status not published", "err", err)
+		}
 	}
 	a.resendOutbox()
 	a.log.Info("connected")
