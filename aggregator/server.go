@@ -526,18 +526,15 @@ func (s *Server) replayAggregator() error {
 		for _, rc := range st.Received {
 			cr.Contributors = append(cr.Contributors, rc.Client)
 		}
-		saved, savedR := s.global, s.globalR
-		if s.global, err = s.store.Checkpoint(uint64(r)); err != nil {
-			s.global = saved
+		x, err := s.store.Checkpoint(uint64(r))
+		if err != nil {
 			return fmt.Errorf("aggregator: replay round %d: %w", r, err)
 		}
-		s.globalR = r
-		ups, err := s.closedUpdates(cr)
+		ups, err := s.closedUpdates(cr, x)
 		if err == nil && len(ups) > 0 {
-			_, err = s.agg.Aggregate(s.global, ups, out)
+			_, err = s.agg.Aggregate(x, ups, out)
 			replayed++
 		}
-		s.global, s.globalR = saved, savedR
 		if err != nil && !errors.Is(err, errPruned) {
 			return fmt.Errorf("aggregator: replay round %d with %s: %w", r, s.agg.Name(), err)
 		}
@@ -879,19 +876,15 @@ func (s *Server) clientZ(m *wire.ClientUpdate, d []float64) ([]float64, error) {
 }
 
 // updateVector is a FedProx-family client's w_k: the decoded vector (FULL)
-// or the round's global model plus the decoded delta (DELTA).
-func (s *Server) updateVector(m *wire.ClientUpdate, d []float64) ([]float64, error) {
-	if m.Kind != wire.UpdateKind_UPDATE_KIND_DELTA {
-		return d, nil
+// or x, the global model of the update's round, plus the decoded delta
+// (DELTA).
+func updateVector(m *wire.ClientUpdate, d, x []float64) []float64 {
+	if m.Kind == wire.UpdateKind_UPDATE_KIND_DELTA {
+		for i := range d {
+			d[i] += x[i]
+		}
 	}
-	x, err := s.globalOf(m.Round)
-	if err != nil {
-		return nil, err
-	}
-	for i := range d {
-		d[i] += x[i]
-	}
-	return d, nil
+	return d
 }
 
 // globalOf returns the global model announced for round (read-only).

@@ -177,7 +177,7 @@ func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
 		}
 		return out, aggregate.Report{Metrics: map[string]float64{"clients_with_z": float64(len(ids))}}, nil
 	}
-	ups, err := s.closedUpdates(cr)
+	ups, err := s.closedUpdates(cr, s.global)
 	if err != nil {
 		return nil, aggregate.Report{}, err
 	}
@@ -197,9 +197,9 @@ func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
 var errPruned = errors.New("updates pruned")
 
 // closedUpdates loads the stored updates of a closed round's contributors
-// as the aggregator takes them (w_k, deltas added to the round's global
-// model, which must be s.global).
-func (s *Server) closedUpdates(cr CloseRound) ([]aggregate.Update, error) {
+// as the aggregator takes them: w_k, deltas added to x, the round's global
+// model.
+func (s *Server) closedUpdates(cr CloseRound, x []float64) ([]aggregate.Update, error) {
 	want := make(map[string]bool, len(cr.Contributors))
 	for _, id := range cr.Contributors {
 		want[id] = true
@@ -217,9 +217,7 @@ func (s *Server) closedUpdates(cr CloseRound) ([]aggregate.Update, error) {
 		if err != nil || len(vec) != s.dim {
 			return fmt.Errorf("stored update of %q: vector: %w", u.ClientID, err)
 		}
-		if vec, err = s.updateVector(m, vec); err != nil {
-			return fmt.Errorf("stored update of %q: %w", u.ClientID, err)
-		}
+		vec = updateVector(m, vec, x)
 		ups = append(ups, aggregate.Update{Client: u.ClientID, Params: vec, Samples: int(min(u.SampleCount, math.MaxInt32)),
 			AnchorGrad: m.AnchorGrad, Loss: u.Loss})
 		return nil
