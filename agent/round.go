@@ -88,8 +88,9 @@ type Result struct {
 	Msg []byte
 	// Update is the update Msg encodes (ActionSolved only).
 	Update *wire.ClientUpdate
-	// Sent is the vector as the aggregator will decode it: w for the
-	// FedProx family, the new z_j (also what was committed) for FedSplit
+	// Sent is the vector the aggregator will hold once it applies the
+	// update: x + the decoded delta (w as received) for the FedProx family,
+	// its new copy of z_j (also committed as the site's copy) for FedSplit
 	// (ActionSolved only).
 	Sent []float64
 	// Report is the local solve's report (ActionSolved only).
