@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -38,6 +40,7 @@ func TestSimulateBadInput(t *testing.T) {
 		{"gamma zero", []string{"--gamma", "0"}, "--gamma"},
 		{"gamma above one", []string{"--gamma", "1.5"}, "--gamma"},
 		{"unknown algo", []string{"--algo", "fedfoo"}, "fedfoo"},
+		{"unknown aggregator", []string{"--agg", "meanish"}, "meanish"},
 		{"unknown model", []string{"--model", "cnn"}, "--model"},
 		{"unknown solver", []string{"--solver", "adam"}, "--solver"},
 		{"stray argument", []string{"extra"}, "extra"},
@@ -73,5 +76,42 @@ func TestSimulateBadFlagIsUsageError(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if code := run(context.Background(), []string{"simulate", "--clients", "many"}, &stdout, &stderr); code != 2 {
 		t.Errorf("exit %d, want 2", code)
+	}
+}
+
+// --agg runs the named aggregators (alone, or after --algo's list).
+func TestSimulateAggFlag(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--agg", "median,simprox"}, []string{"median", "simprox"}},
+		{[]string{"--algo", "fedavg", "--agg", "median"}, []string{"fedavg", "median"}},
+	} {
+		var stdout, stderr bytes.Buffer
+		dir := t.TempDir()
+		args := append([]string{"simulate", "--dataset", "synthetic:1,1", "--clients", "5", "--per-round", "2", "--rounds", "1", "--epochs", "1", "--out", dir}, tt.args...)
+		if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
+			t.Fatalf("%v: exit %d: %s", tt.args, code, stderr.String())
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "results.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res struct {
+			Runs []struct {
+				Algo string `json:"algo"`
+			} `json:"runs"`
+		}
+		if err := json.Unmarshal(b, &res); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, r := range res.Runs {
+			got = append(got, r.Algo)
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%v: runs %v, want %v", tt.args, got, tt.want)
+		}
 	}
 }

@@ -21,6 +21,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&cfg.Partition, "partition", cfg.Partition, "partition `SPEC`: natural (synthetic devices, LEAF users) | iid | dirichlet:ALPHA | classes:K")
 	fs.IntVar(&cfg.Clients, "clients", cfg.Clients, "number of clients N")
 	fs.IntVar(&cfg.PerRound, "per-round", cfg.PerRound, "clients selected per round K")
+	aggs := fs.String("agg", "", "comma-separated `LIST` of aggregator SPECs to compare, each fed by FedProx local training (the same as naming them in --algo; without --algo, only these run)")
 	algos := fs.String("algo", "fedavg,fedprox,fedsplit,fedproxsplit", "comma-separated `LIST` of NAME[:key=value...]: fedavg, fedprox, fedsplit, fedproxsplit, or an aggregator ("+strings.Join(aggregate.Names(), ", ")+"); keys: solver, mu, gamma, epochs, batch, lr, step, relax, label")
 	fs.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "communication rounds R")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "random seed (data, partition, selection, stragglers, SGD order)")
@@ -60,8 +61,18 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	list := *algos
+	if *aggs != "" {
+		algoSet := false
+		fs.Visit(func(f *flag.Flag) { algoSet = algoSet || f.Name == "algo" })
+		if algoSet {
+			list += "," + *aggs
+		} else {
+			list = *aggs
+		}
+	}
 	var err error
-	cfg.Algos, err = sim.ParseAlgos(*algos, cfg.Local, func(n string) bool { return slices.Contains(aggregate.Names(), n) })
+	cfg.Algos, err = sim.ParseAlgos(list, cfg.Local, func(n string) bool { return slices.Contains(aggregate.Names(), n) })
 	if err != nil {
 		return err
 	}
