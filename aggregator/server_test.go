@@ -560,10 +560,10 @@ func TestServerDeltaAndFP16Downlink(t *testing.T) {
 	u.Kind = wire.UpdateKind_UPDATE_KIND_DELTA
 	a.send(t, u)
 	wantReceipt(t, a.receipt(t), 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
-	r.round(t)
+	rr := r.round(t)
 	x2 := decodeGlobal(t, a.nextRound(t, 2))
-	if x, _ := r.s.Global(); !slices.Equal(x, x2) {
-		t.Fatalf("round 2: server's model %v, the sites decode %v", x, x2)
+	if !slices.Equal(rr.Global, x2) {
+		t.Fatalf("round 2: server's model %v, the sites decode %v", rr.Global, x2)
 	}
 	for i := range x2 {
 		if want := x1[i] + vec(1)[i]; math.Abs(x2[i]-want) > 1e-3*max(1, math.Abs(want)) {
