@@ -41,7 +41,20 @@ if [ "$fuzztime" != "0" ]; then
   for pkg in $(go list ./...); do
     dir=$(go list -f '{{.Dir}}' "$pkg")
     for f in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //' | sort -u); do
-      go test -run='^$' -fuzz="^${f}\$" -fuzztime="$fuzztime" "$pkg" >/dev/null || { echo "fuzzer $f in $pkg failed" >&2; go test -run="^${f}\$" "$pkg"; exit 1; }
+      log=$(mktemp)
+      if ! go test -run='^$' -fuzz="^${f}\$" -fuzztime="$fuzztime" "$pkg" >"$log" 2>&1; then
+        # A finding is written to testdata/fuzz/$f and fails the replay
+        # below. A fuzzer that stops without one (the engine's own worker
+        # trouble on a loaded machine) is shown and retried once.
+        if ! go test -run="^${f}\$" "$pkg"; then
+          echo "fuzzer $f in $pkg found a failing input:" >&2; grep -v '^fuzz: elapsed' "$log" | tail -40 >&2; exit 1
+        fi
+        echo "fuzzer $f in $pkg stopped without a failing input; retrying once. Its output:" >&2
+        grep -v '^fuzz: elapsed' "$log" | tail -20 >&2
+        go test -run='^$' -fuzz="^${f}\$" -fuzztime="$fuzztime" "$pkg" >"$log" 2>&1 || {
+          echo "fuzzer $f in $pkg failed again:" >&2; grep -v '^fuzz: elapsed' "$log" | tail -40 >&2; exit 1; }
+      fi
+      rm -f "$log"
       echo "ok   $pkg $f"
     done
   done
