@@ -28,8 +28,8 @@ import (
 	"github.com/edgefl/edgefl/storage"
 )
 
-// cli runs broker-agg in-process and returns its exit code and output.
-func cli(t *testing.T, args ...string) (int, string, string) {
+// runCLI runs broker-agg in-process and returns its exit code and output.
+func runCLI(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	code := run(context.Background(), args, &stdout, &stderr)
@@ -114,7 +114,7 @@ func TestRunFlagAndConfigErrors(t *testing.T) {
 				args = append(args, "--config", conf)
 			}
 			args = append(args, tt.args...)
-			code, _, stderr := cli(t, args...)
+			code, _, stderr := runCLI(t, args...)
 			if code != tt.code {
 				t.Fatalf("exit %d, want %d; stderr:\n%s", code, tt.code, stderr)
 			}
@@ -173,7 +173,7 @@ func TestRunStateFileChecks(t *testing.T) {
 	srv.Close()
 	conf := filepath.Join(dir, "config")
 	os.WriteFile(conf, []byte(baseRunConf(dir)), 0o600)
-	code, _, stderr := cli(t, "run", "--config", conf)
+	code, _, stderr := runCLI(t, "run", "--config", conf)
 	if code != 1 || !strings.Contains(lastLine(stderr), `belongs to federation "other"`) {
 		t.Errorf("another federation's state file: exit %d, %s", code, lastLine(stderr))
 	}
@@ -184,7 +184,7 @@ func TestRunStateFileChecks(t *testing.T) {
 	}
 	defer held.Close()
 	start := time.Now()
-	code, _, stderr = cli(t, "run", "--config", conf, "--federation", "other")
+	code, _, stderr = runCLI(t, "run", "--config", conf, "--federation", "other")
 	if code != 1 || !strings.Contains(lastLine(stderr), "locked") {
 		t.Errorf("held state file: exit %d, %s", code, lastLine(stderr))
 	}
@@ -259,7 +259,7 @@ func TestRunServesAndStopsCleanly(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	code, out, errOut := cli(t, "status", "--addr", addr, "--json")
+	code, out, errOut := runCLI(t, "status", "--addr", addr, "--json")
 	var st aggregator.Status
 	if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
 		t.Fatalf("status --addr: exit %d: %s %s", code, out, errOut)
@@ -276,7 +276,7 @@ func TestRunServesAndStopsCleanly(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("run did not stop after cancel")
 	}
-	code, out, errOut = cli(t, "status", "--state", filepath.Join(dir, "state.db"))
+	code, out, errOut = runCLI(t, "status", "--state", filepath.Join(dir, "state.db"))
 	if code != 0 || !strings.Contains(out, "federation f (fedprox)  round 1  phase waiting") {
 		t.Errorf("status --state after the stop: exit %d:\n%s%s", code, out, errOut)
 	}
@@ -286,12 +286,12 @@ func TestRunServesAndStopsCleanly(t *testing.T) {
 // its state file (kept by `demo --dir`), as text and as JSON.
 func TestStatusOfADemoStateFile(t *testing.T) {
 	dir := t.TempDir()
-	code, out, errOut := cli(t, "demo", "--clients", "3", "--rounds", "2", "--max-epochs", "2", "--dir", dir)
+	code, out, errOut := runCLI(t, "demo", "--clients", "3", "--rounds", "2", "--max-epochs", "2", "--dir", dir)
 	if code != 0 {
 		t.Fatalf("demo: exit %d\n%s%s", code, out, errOut)
 	}
 	state := filepath.Join(dir, "aggregator.db")
-	code, out, errOut = cli(t, "status", "--state", state)
+	code, out, errOut = runCLI(t, "status", "--state", state)
 	if code != 0 {
 		t.Fatalf("status: exit %d: %s", code, errOut)
 	}
@@ -301,7 +301,7 @@ func TestStatusOfADemoStateFile(t *testing.T) {
 			t.Errorf("status output lacks %q:\n%s", want, out)
 		}
 	}
-	code, out, _ = cli(t, "status", "--state", state, "--json")
+	code, out, _ = runCLI(t, "status", "--state", state, "--json")
 	var st aggregator.Status
 	if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
 		t.Fatalf("status --json: exit %d: %s", code, out)
@@ -334,7 +334,7 @@ func TestStatusErrors(t *testing.T) {
 		{[]string{"extra"}, 1, `unexpected argument "extra"`},
 		{[]string{"--jsn"}, 2, ""},
 	} {
-		code, _, stderr := cli(t, append([]string{"status"}, tt.args...)...)
+		code, _, stderr := runCLI(t, append([]string{"status"}, tt.args...)...)
 		if code != tt.code || !strings.Contains(lastLine(stderr), tt.want) {
 			t.Errorf("status %v: exit %d (want %d), %q (want %q)", tt.args, code, tt.code, lastLine(stderr), tt.want)
 		}
@@ -351,7 +351,7 @@ func TestStatusErrors(t *testing.T) {
 // --force re-issues the leaves and never the CA.
 func TestPKIFilesAndModes(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "pki")
-	code, out, errOut := cli(t, "pki", "--dir", dir, "--clients", "site-a,site-b", "--hosts", "localhost,127.0.0.1")
+	code, out, errOut := runCLI(t, "pki", "--dir", dir, "--clients", "site-a,site-b", "--hosts", "localhost,127.0.0.1")
 	if code != 0 {
 		t.Fatalf("pki: exit %d: %s", code, errOut)
 	}
@@ -399,15 +399,15 @@ func TestPKIFilesAndModes(t *testing.T) {
 	caPEM, _ := os.ReadFile(filepath.Join(dir, "ca.crt"))
 	siteA, _ := os.ReadFile(filepath.Join(dir, "clients", "site-a.crt"))
 
-	code, out, _ = cli(t, "pki", "--dir", dir, "--clients", "site-a,site-b", "--hosts", "localhost,127.0.0.1")
+	code, out, _ = runCLI(t, "pki", "--dir", dir, "--clients", "site-a,site-b", "--hosts", "localhost,127.0.0.1")
 	if code != 0 || !strings.Contains(out, "nothing to do") {
 		t.Errorf("second run: exit %d: %s", code, out)
 	}
-	code, out, _ = cli(t, "pki", "--dir", dir, "--clients", "site-a,site-c", "--hosts", "localhost,127.0.0.1")
+	code, out, _ = runCLI(t, "pki", "--dir", dir, "--clients", "site-a,site-c", "--hosts", "localhost,127.0.0.1")
 	if code != 0 || strings.Count(out, "wrote ") != 2 || !strings.Contains(out, "site-c.crt") {
 		t.Errorf("adding site-c: exit %d: %s", code, out)
 	}
-	code, out, _ = cli(t, "pki", "--dir", dir, "--clients", "site-a", "--force")
+	code, out, _ = runCLI(t, "pki", "--dir", dir, "--clients", "site-a", "--force")
 	if code != 0 || strings.Contains(out, "ca.crt") || !strings.Contains(out, "server.crt") {
 		t.Errorf("--force: exit %d: %s", code, out)
 	}
@@ -418,7 +418,7 @@ func TestPKIFilesAndModes(t *testing.T) {
 		t.Error("--force did not re-issue site-a's certificate")
 	}
 	for _, bad := range [][]string{{"--days", "0"}, {"--clients", "bad id"}} {
-		if code, _, stderr := cli(t, append([]string{"pki", "--dir", t.TempDir()}, bad...)...); code != 1 {
+		if code, _, stderr := runCLI(t, append([]string{"pki", "--dir", t.TempDir()}, bad...)...); code != 1 {
 			t.Errorf("pki %v: exit %d (%s)", bad, code, lastLine(stderr))
 		}
 	}
@@ -446,7 +446,7 @@ func readCert(t *testing.T, path string) *x509.Certificate {
 // existing user's entry and keeps the others.
 func TestPKIPasswd(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "passwd")
-	code, out, errOut := cli(t, "pki", "passwd", "--file", file, "--user", "site-a", "--iterations", "1000")
+	code, out, errOut := runCLI(t, "pki", "passwd", "--file", file, "--user", "site-a", "--iterations", "1000")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
@@ -458,7 +458,7 @@ func TestPKIPasswd(t *testing.T) {
 		t.Errorf("password file mode %v", st.Mode().Perm())
 	}
 	withStdin(t, "from-stdin\n", func() {
-		code, out, errOut = cli(t, "pki", "passwd", "--file", file, "--user", "site-b", "--password-stdin", "--iterations", "1000")
+		code, out, errOut = runCLI(t, "pki", "passwd", "--file", file, "--user", "site-b", "--password-stdin", "--iterations", "1000")
 	})
 	if code != 0 || out != "" {
 		t.Fatalf("--password-stdin: exit %d, stdout %q, %s", code, out, errOut)
@@ -471,7 +471,7 @@ func TestPKIPasswd(t *testing.T) {
 		t.Errorf("site-a's hash %q is not Mosquitto's $7$ with 1000 iterations", entries["site-a"])
 	}
 	// Replacing site-a: the old password stops working, site-b is kept.
-	code, out, _ = cli(t, "pki", "passwd", "--file", file, "--user", "site-a", "--iterations", "1000")
+	code, out, _ = runCLI(t, "pki", "passwd", "--file", file, "--user", "site-a", "--iterations", "1000")
 	pwA2 := strings.TrimSpace(out)
 	entries = readPasswd(t, file)
 	if code != 0 || len(entries) != 2 || verify(t, entries["site-a"], pwA) || !verify(t, entries["site-a"], pwA2) || !verify(t, entries["site-b"], "from-stdin") {
@@ -492,7 +492,7 @@ func TestPKIPasswd(t *testing.T) {
 		{[]string{"--file", file, "--user", "x", "--password-stdin"}, "\n", "empty password"},
 	} {
 		var stderr string
-		withStdin(t, tt.stdin, func() { code, _, stderr = cli(t, append([]string{"pki", "passwd"}, tt.args...)...) })
+		withStdin(t, tt.stdin, func() { code, _, stderr = runCLI(t, append([]string{"pki", "passwd"}, tt.args...)...) })
 		if code != 1 || !strings.Contains(lastLine(stderr), tt.want) {
 			t.Errorf("pki passwd %v: exit %d, %q (want %q)", tt.args, code, lastLine(stderr), tt.want)
 		}
@@ -548,7 +548,7 @@ func verify(t *testing.T, hash, pw string) bool {
 // its rounds over MQTT and prints each round's test accuracy, the final
 // model's, and the centralised optimum's on the same test data.
 func TestDemoPrintsAccuracyNextToTheOptimum(t *testing.T) {
-	code, out, errOut := cli(t, "demo", "--clients", "3", "--rounds", "3", "--max-epochs", "2", "--seed", "2")
+	code, out, errOut := runCLI(t, "demo", "--clients", "3", "--rounds", "3", "--max-epochs", "2", "--seed", "2")
 	if code != 0 {
 		t.Fatalf("demo: exit %d\n%s%s", code, out, errOut)
 	}

@@ -8,75 +8,31 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"syscall"
+
+	"github.com/edgefl/edgefl/internal/cli"
 )
 
 // version is stamped at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-type command struct {
-	name, summary string
-	run           func(ctx context.Context, args []string, stdout, stderr io.Writer) error
-}
+// errUsage marks an error the flag package already reported.
+var errUsage = cli.ErrUsage
 
-func commands() []command {
-	return []command{
-		{"run", "run the edge daemon (see run --help)", runAgent},
-		{"bench", "benchmark a local FedProx solve on this device and suggest a work budget", runBench},
-		{"version", "print the version", func(_ context.Context, _ []string, stdout, _ io.Writer) error {
+func commands() []cli.Command {
+	return []cli.Command{
+		{Name: "run", Summary: "run the edge daemon (see run --help)", Run: runAgent},
+		{Name: "bench", Summary: "benchmark a local FedProx solve on this device and suggest a work budget", Run: runBench},
+		{Name: "version", Summary: "print the version", Run: func(_ context.Context, _ []string, stdout, _ io.Writer) error {
 			_, err := fmt.Fprintln(stdout, "edge-agent", version)
 			return err
 		}},
 	}
 }
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
-
-// errUsage marks an error the flag package already reported.
-var errUsage = errors.New("usage")
+func main() { cli.Main("edge-agent", commands()) }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		usage(stderr)
-		if len(args) == 0 {
-			return 2
-		}
-		return 0
-	}
-	for _, c := range commands() {
-		if c.name != args[0] {
-			continue
-		}
-		err := c.run(ctx, args[1:], stdout, stderr)
-		switch {
-		case err == nil, errors.Is(err, flag.ErrHelp):
-			return 0
-		case errors.Is(err, errUsage):
-			return 2
-		default:
-			fmt.Fprintf(stderr, "edge-agent %s: %v\n", c.name, err)
-			return 1
-		}
-	}
-	fmt.Fprintf(stderr, "edge-agent: unknown command %q\n", args[0])
-	usage(stderr)
-	return 2
-}
-
-func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: edge-agent COMMAND [flags]\n\ncommands:")
-	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
-	}
+	return cli.Run(ctx, "edge-agent", commands(), args, stdout, stderr)
 }

@@ -1,0 +1,77 @@
+// Package cli owns the subcommand dispatch shared by edgefl's binaries:
+// `NAME COMMAND [flags]`, a usage listing, signal-cancelled context and the
+// exit codes (0 ok or help, 1 failure, 2 usage error). Standard library only,
+// so edge-agent stays lean.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// ErrUsage marks an error the flag package has already reported: exit 2
+// without another message.
+var ErrUsage = errors.New("usage")
+
+// Command is one subcommand.
+type Command struct {
+	Name, Summary string
+	Run           func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+// Main runs the binary: its context is cancelled by SIGINT or SIGTERM, and
+// the process exits with Run's code.
+func Main(name string, cmds []Command) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := Run(ctx, name, cmds, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// Run dispatches args to the named command and returns the exit code: 0 on
+// success or help, 2 on a usage error or an unknown command, 1 on any other
+// error, which is printed as "NAME COMMAND: error".
+func Run(ctx context.Context, name string, cmds []Command, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(stderr, name, cmds)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range cmds {
+		if c.Name != args[0] {
+			continue
+		}
+		err := c.Run(ctx, args[1:], stdout, stderr)
+		switch {
+		case err == nil, errors.Is(err, flag.ErrHelp):
+			return 0
+		case errors.Is(err, ErrUsage):
+			return 2
+		default:
+			fmt.Fprintf(stderr, "%s %s: %v\n", name, c.Name, err)
+			return 1
+		}
+	}
+	fmt.Fprintf(stderr, "%s: unknown command %q\n", name, args[0])
+	usage(stderr, name, cmds)
+	return 2
+}
+
+func usage(w io.Writer, name string, cmds []Command) {
+	width := 0
+	for _, c := range cmds {
+		width = max(width, len(c.Name))
+	}
+	fmt.Fprintf(w, "usage: %s COMMAND [flags]\n\ncommands:\n", name)
+	for _, c := range cmds {
+		fmt.Fprintf(w, "  %-*s %s\n", width+2, c.Name, c.Summary)
+	}
+}
