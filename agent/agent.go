@@ -94,6 +94,9 @@ type Agent struct {
 	tUpdate string
 	tRcpt   string
 	stats   counters
+	// conn is the number of the current (or pending) connection attempt:
+	// the last will set for it and the statuses sent on it carry it.
+	conn atomic.Uint64
 
 	mu       sync.Mutex
 	running  bool
@@ -203,7 +206,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if _, err := store.InitIdentity(a.cfg.SiteID, a.clock.Now()); err != nil {
 		return fmt.Errorf("agent: state file %s: %w", a.cfg.StateFile, err)
 	}
-	opts, err := a.clientOptions()
+	opts, err := a.clientOptions(store)
 	if err != nil {
 		return err
 	}
@@ -274,7 +277,7 @@ func (a *Agent) shutdown(client mqtt.Client) {
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultShutdownTimeout)
 	defer cancel()
 	if client.IsConnectionOpen() {
-		if b, err := a.statusMsg(false, false); err == nil {
+		if b, err := a.statusMsg(false, false, a.conn.Load()); err == nil {
 			if err := a.await(ctx, client.Publish(a.tStatus, 1, true, b)); err != nil {
 				a.log.Warn("offline status not published", "err", err)
 			}
@@ -375,10 +378,13 @@ func (a *Agent) await(ctx context.Context, tok mqtt.Token) error {
 	}
 }
 
-func (a *Agent) statusMsg(online bool, will bool) ([]byte, error) {
+// statusMsg is the site's status for connection number conn; a last will
+// (written before the connection exists) carries no timestamp.
+func (a *Agent) statusMsg(online bool, will bool, conn uint64) ([]byte, error) {
 	s := &wire.ClientStatus{
 		ClientId: a.cfg.SiteID, Online: online, SampleCount: uint64(a.data.N),
 		Capabilities: a.cfg.Local.capabilities(), SoftwareVersion: a.cfg.SoftwareVersion,
+		Connection: conn,
 	}
 	if !will {
 		s.TimestampUnixMs = max(a.clock.Now().UnixMilli(), 0)
@@ -386,12 +392,31 @@ func (a *Agent) statusMsg(online bool, will bool) ([]byte, error) {
 	return wire.Encode(s)
 }
 
-func (a *Agent) clientOptions() (*mqtt.ClientOptions, error) {
-	will, err := a.statusMsg(false, true)
+// setWill numbers the next connection attempt and sets its last will. It
+// runs before the first connection and, through paho's reconnecting
+// handler, before every reconnection attempt, so that the will of an old
+// connection (published late, when a new connection takes over a
+// half-open one) carries a smaller number than the new connection's
+// online status and the aggregator can tell it is stale.
+func (a *Agent) setWill(store *storage.EdgeStore, o *mqtt.ClientOptions) error {
+	n, err := store.NextConnection(uint64(max(a.clock.Now().UnixMilli(), 0)))
 	if err != nil {
-		return nil, fmt.Errorf("agent: status message: %w", err)
+		return err
 	}
+	will, err := a.statusMsg(false, true, n)
+	if err != nil {
+		return fmt.Errorf("agent: status message: %w", err)
+	}
+	o.SetBinaryWill(a.tStatus, will, 1, true)
+	a.conn.Store(n)
+	return nil
+}
+
+func (a *Agent) clientOptions(store *storage.EdgeStore) (*mqtt.ClientOptions, error) {
 	o := mqtt.NewClientOptions()
+	if err := a.setWill(store, o); err != nil {
+		return nil, err
+	}
 	for _, b := range a.cfg.Brokers {
 		o.AddBroker(b)
 	}
@@ -405,7 +430,15 @@ func (a *Agent) clientOptions() (*mqtt.ClientOptions, error) {
 		SetKeepAlive(a.cfg.KeepAlive).
 		SetConnectTimeout(a.cfg.ConnectTimeout).
 		SetWriteTimeout(a.cfg.PublishTimeout).
-		SetBinaryWill(a.tStatus, will, 1, true).
+		SetReconnectingHandler(func(_ mqtt.Client, o *mqtt.ClientOptions) {
+			if err := a.setWill(store, o); err != nil {
+				// The attempt goes ahead with the previous number: the
+				// aggregator then orders this connection's statuses as
+				// the previous one's, which only matters if a stale will
+				// of that connection arrives after the new online status.
+				a.log.Error("numbering the connection attempt", "err", err)
+			}
+		}).
 		SetDefaultPublishHandler(a.onMessage).
 		SetOnConnectHandler(a.onConnect).
 		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
@@ -475,7 +508,7 @@ func (a *Agent) onConnect(c mqtt.Client) {
 	// status that makes this site selectable.
 	tok := c.SubscribeMultiple(map[string]byte{a.topics.Round(): 1, a.tRcpt: 1}, nil)
 	var pub mqtt.Token
-	if b, err := a.statusMsg(true, false); err != nil {
+	if b, err := a.statusMsg(true, false, a.conn.Load()); err != nil {
 		a.log.Error("status message", "err", err)
 	} else {
 		pub = c.Publish(a.tStatus, 1, true, b)

@@ -79,6 +79,14 @@
 // retained ClientStatus{online: true, sample count, capabilities = solver
 // names, version}, and re-publishes every outbox entry.
 //
+// Every connection attempt takes a new number from the state file
+// (storage.EdgeStore.NextConnection, never below the wall clock in ms), set
+// in its last will (paho's reconnecting handler rewrites the will before
+// each reconnection attempt) and in the statuses sent on it. The aggregator
+// sets aside a status older than one it has applied, so the will of a
+// half-open connection, published when the broker hands the session to the
+// new connection, cannot mark the connected site offline.
+//
 // Inbound messages are decoded with wire.Topics.Decode under the configured
 // Limits; a bad one (wrong topic, size, version, schema, client id) is logged
 // and counted (Stats.BadMessages) and dropped. Round announcements go to one

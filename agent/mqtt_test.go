@@ -604,3 +604,54 @@ func TestAgentRetriesAfterInternalReceipt(t *testing.T) {
 		t.Fatalf("outbox %v", es.outbox)
 	}
 }
+
+// TestAgentNumbersConnections: every connection's statuses carry its number:
+// the online status, the last will the broker publishes when the connection
+// drops, and the next connection (also after a restart over the same state
+// file) a larger number, so the aggregator can set a late will aside.
+func TestAgentNumbersConnections(t *testing.T) {
+	srv, url := startBroker(t)
+	agg := newFakeAgg(t, url)
+	state := filepath.Join(t.TempDir(), "edge.db")
+	data := testData(3, 60)
+	// next returns the next status of this site (the fake aggregator also
+	// sees the retained status of an earlier test run: none here).
+	next := func(online bool) uint64 {
+		t.Helper()
+		s := agg.nextStatus()
+		if s.ClientId != testSite || s.Online != online || s.Connection == 0 {
+			t.Fatalf("status %v, want online = %v with a connection number", s, online)
+		}
+		return s.Connection
+	}
+
+	ra := startAgent(t, url, state, data)
+	ra.wait(t, "connected", isKind(EventConnected))
+	first := next(true)
+	if first < uint64(t0.UnixMilli()) {
+		t.Fatalf("first connection number %d is below the clock's floor %d", first, t0.UnixMilli())
+	}
+	cl, ok := srv.Clients.Get(testSite)
+	if !ok {
+		t.Fatal("agent not connected to the broker")
+	}
+	cl.Stop(errors.New("test: connection dropped"))
+	if will := next(false); will != first {
+		t.Fatalf("the last will carries connection %d, want the dropped connection's %d", will, first)
+	}
+	ra.wait(t, "reconnected", isKind(EventConnected))
+	second := next(true)
+	if second <= first {
+		t.Fatalf("reconnection numbered %d, not above %d", second, first)
+	}
+	ra.stop()
+	if off := next(false); off != second {
+		t.Fatalf("the shutdown status carries connection %d, want %d", off, second)
+	}
+
+	rb := startAgent(t, url, state, data)
+	rb.wait(t, "connected", isKind(EventConnected))
+	if third := next(true); third <= second {
+		t.Fatalf("connection after a restart numbered %d, not above %d", third, second)
+	}
+}

@@ -161,14 +161,18 @@ type Event interface{ eventTime() time.Time }
 type ClientOnline struct {
 	ID      string
 	Samples int
-	At      time.Time
+	// Conn is the status's connection number (wire.ClientStatus.Connection;
+	// 0 = unnumbered). See StatusStale.
+	Conn uint64
+	At   time.Time
 }
 
 // ClientOffline: a client's status (or last will) says it is offline. An
 // unknown ID is registered as a known, offline client.
 type ClientOffline struct {
-	ID string
-	At time.Time
+	ID   string
+	Conn uint64 // as in ClientOnline
+	At   time.Time
 }
 
 // UpdateArrived: a decoded and validated update. Partial is the work
@@ -344,7 +348,8 @@ type Counters struct {
 	Reselections   uint64            `json:"reselections"`
 	Stalls         uint64            `json:"stalls"` // rounds that ran out of re-selections
 	RoundsClosed   uint64            `json:"rounds_closed"`
-	Ignored        uint64            `json:"ignored"` // malformed or out-of-place events
+	Ignored        uint64            `json:"ignored"`        // malformed or out-of-place events
+	StaleStatuses  uint64            `json:"stale_statuses"` // statuses StatusStale set aside
 }
 
 func (c Counters) clone() Counters {
@@ -367,6 +372,10 @@ type client struct {
 	loss      float64 // NaN when unknown
 	lastRound int     // latest round whose update from this client is stored
 	pending   []int   // rounds invited to and not reported, ascending, at most maxPending
+	// conn is the highest connection number among the statuses applied
+	// (0: none numbered). It is not part of State: after a restart the
+	// broker's retained statuses set it again.
+	conn uint64
 }
 
 // maxPending bounds the invitations remembered per client: a late update for
@@ -539,14 +548,36 @@ func (c *Coordinator) register(id string) *client {
 	return cl
 }
 
+// StatusStale reports whether a status of client id with connection number
+// conn is older than what the coordinator has applied, and so to be set
+// aside: a smaller number than the highest seen, or an online status whose
+// connection's offline status (its last will) was already applied. The
+// outcome does not depend on the order statuses arrive in, which MQTT does
+// not fix here: paho hands messages to concurrent handlers, a resumed
+// session's queued statuses mix with the retained one, and the will of a
+// half-open connection is published when a newer connection takes it over.
+// An unnumbered status (conn 0, older agents) is never stale.
+func (c *Coordinator) StatusStale(id string, conn uint64, online bool) bool {
+	cl := c.clients[id]
+	if cl == nil || conn == 0 {
+		return false
+	}
+	return conn < cl.conn || (conn == cl.conn && online && !cl.online)
+}
+
 func (c *Coordinator) clientOnline(e ClientOnline) []Decision {
 	if e.ID == "" {
 		c.counters.Ignored++
 		return nil
 	}
+	if c.StatusStale(e.ID, e.Conn, true) {
+		c.counters.StaleStatuses++
+		return nil
+	}
 	cl := c.register(e.ID)
 	cl.online = true
 	cl.samples = max(e.Samples, 0)
+	cl.conn = max(cl.conn, e.Conn)
 	return nil
 }
 
@@ -555,9 +586,15 @@ func (c *Coordinator) clientOffline(e ClientOffline) []Decision {
 		c.counters.Ignored++
 		return nil
 	}
+	if c.StatusStale(e.ID, e.Conn, false) {
+		c.counters.StaleStatuses++
+		return nil
+	}
 	// An offline selected client stays selected: it may come back before the
 	// deadline, and at the deadline it is simply a straggler.
-	c.register(e.ID).online = false
+	cl := c.register(e.ID)
+	cl.online = false
+	cl.conn = max(cl.conn, e.Conn)
 	return nil
 }
 

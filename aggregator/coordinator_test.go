@@ -772,3 +772,82 @@ func TestTimesNormalised(t *testing.T) {
 		t.Fatalf("deadline %v (%v), want %v in UTC", a.Deadline, a.Deadline.Location(), ms(1050))
 	}
 }
+
+// status is one client status message in TestStatusOrderIndependent.
+type status struct {
+	conn   uint64
+	online bool
+}
+
+func (s status) event(id string, at time.Time) Event {
+	if s.online {
+		return ClientOnline{ID: id, Samples: 10, Conn: s.conn, At: at}
+	}
+	return ClientOffline{ID: id, Conn: s.conn, At: at}
+}
+
+// permutations calls fn with every ordering of xs.
+func permutations[T any](xs []T, fn func([]T)) {
+	var rec func(k int)
+	rec = func(k int) {
+		if k == len(xs) {
+			fn(slices.Clone(xs))
+			return
+		}
+		for i := k; i < len(xs); i++ {
+			xs[k], xs[i] = xs[i], xs[k]
+			rec(k + 1)
+			xs[k], xs[i] = xs[i], xs[k]
+		}
+	}
+	rec(0)
+}
+
+// TestStatusOrderIndependent: with numbered connections, the client's
+// online state after a set of statuses is the same whatever order they
+// arrive in: the highest connection decides, and its offline (last will)
+// beats its online.
+func TestStatusOrderIndependent(t *testing.T) {
+	cases := []struct {
+		name     string
+		statuses []status
+		online   bool
+	}{
+		{"a late will of a taken-over connection", []status{{1, true}, {2, true}, {1, false}}, true},
+		{"a connection that ended", []status{{1, true}, {1, false}}, false},
+		{"queued history and the retained status after a restart", []status{{1, true}, {1, false}, {2, true}, {2, true}}, true},
+		{"two connections, both ended", []status{{1, true}, {1, false}, {2, true}, {2, false}}, false},
+		{"a clean shutdown status and the next connection", []status{{3, false}, {4, true}, {3, true}}, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			permutations(tc.statuses, func(order []status) {
+				c := mustNew(t, baseConfig())
+				stale := 0
+				for i, s := range order {
+					if c.StatusStale("a", s.conn, s.online) {
+						stale++
+					}
+					c.Step(s.event("a", ms(i)))
+				}
+				cs := c.Snapshot().Clients
+				if len(cs) != 1 || cs[0].Online != tc.online {
+					t.Fatalf("order %v: clients %+v, want online = %v", order, cs, tc.online)
+				}
+				if got := c.Counters().StaleStatuses; got != uint64(stale) {
+					t.Fatalf("order %v: stale_statuses = %d, StatusStale said %d", order, got, stale)
+				}
+			})
+		})
+	}
+	// Unnumbered statuses (older agents) apply as they arrive.
+	c := mustNew(t, baseConfig())
+	stepAll(c, status{0, false}.event("a", ms(0)), status{0, true}.event("a", ms(1)))
+	if cs := c.Snapshot().Clients; !cs[0].Online || c.Counters().StaleStatuses != 0 {
+		t.Fatalf("unnumbered offline then online: %+v, %+v", cs, c.Counters())
+	}
+	stepAll(c, status{0, false}.event("a", ms(2)))
+	if cs := c.Snapshot().Clients; cs[0].Online {
+		t.Fatalf("unnumbered online then offline: %+v", cs)
+	}
+}

@@ -682,6 +682,12 @@ func (s *Server) submit(r *request) bool {
 
 func (s *Server) onStatus(ctx context.Context, st *wire.ClientStatus) error {
 	now := s.clock.Now()
+	if s.coord.StatusStale(st.ClientId, st.Connection, st.Online) {
+		// Counted by the coordinator (stale_statuses) when stepped; the
+		// registry keeps the newer status.
+		s.log.Info("stale client status set aside", "client", st.ClientId, "online", st.Online, "connection", st.Connection)
+		return s.step(ctx, statusEvent(st, now), nil)
+	}
 	err := s.store.PutClientStatus(storage.ClientStatus{ID: st.ClientId, Online: st.Online, SampleCount: st.SampleCount,
 		Capabilities: st.Capabilities, SoftwareVersion: st.SoftwareVersion, At: now})
 	if err != nil {
@@ -691,11 +697,19 @@ func (s *Server) onStatus(ctx context.Context, st *wire.ClientStatus) error {
 		s.log.Error("storing client status", "client", st.ClientId, "err", err)
 	}
 	if st.Online {
-		s.log.Debug("client online", "client", st.ClientId, "samples", st.SampleCount)
-		return s.step(ctx, ClientOnline{ID: st.ClientId, Samples: int(min(st.SampleCount, math.MaxInt32)), At: now}, nil)
+		s.log.Debug("client online", "client", st.ClientId, "samples", st.SampleCount, "connection", st.Connection)
+	} else {
+		s.log.Info("client offline", "client", st.ClientId, "connection", st.Connection)
 	}
-	s.log.Info("client offline", "client", st.ClientId)
-	return s.step(ctx, ClientOffline{ID: st.ClientId, At: now}, nil)
+	return s.step(ctx, statusEvent(st, now), nil)
+}
+
+// statusEvent is the coordinator's event for a status message.
+func statusEvent(st *wire.ClientStatus, at time.Time) Event {
+	if st.Online {
+		return ClientOnline{ID: st.ClientId, Samples: int(min(st.SampleCount, math.MaxInt32)), Conn: st.Connection, At: at}
+	}
+	return ClientOffline{ID: st.ClientId, Conn: st.Connection, At: at}
 }
 
 func (s *Server) onUpdate(ctx context.Context, u *inUpdate) error {

@@ -210,6 +210,7 @@ func (s *Server) families() []metrics.Family {
 		metrics.One(ns+"storage_errors_total", "Failed writes to the state file.", metrics.Counter, float64(v.StorageErrors)),
 		metrics.One(ns+"publish_errors_total", "Failed MQTT publishes.", metrics.Counter, float64(v.PublishErrors)),
 		metrics.One(ns+"bad_status_messages_total", "Status messages that failed to decode.", metrics.Counter, float64(v.BadStatusMessages)),
+		metrics.One(ns+"stale_statuses_total", "Client statuses set aside as older than one already applied (a late last will, out-of-order delivery).", metrics.Counter, float64(c.StaleStatuses)),
 		metrics.One(ns+"finished", "1 once the last round is aggregated.", metrics.Gauge, b2f(v.Phase == PhaseFinished)),
 	}
 	if s.cfg.Eval != nil && last.Round > 0 {

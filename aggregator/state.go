@@ -130,6 +130,9 @@ func (c *Coordinator) Restore(s State) error {
 		if cs.HasLoss {
 			cl.loss = cs.Loss
 		}
+		if old := c.clients[cs.ID]; old != nil {
+			cl.conn = old.conn // statuses seen stay seen (not part of State)
+		}
 		clients[cs.ID] = cl
 	}
 	c.clients = clients

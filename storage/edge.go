@@ -3,6 +3,7 @@ package storage
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -23,6 +24,9 @@ import (
 //	                         the next Z_DELTA) and the round of the update that
 //	                         set it; absent = the aggregator holds no copy
 //	                         (added without a migration: absent is meaningful)
+//	          connection     u64, the number of the last MQTT connection
+//	                         attempt (absent = none yet; added without a
+//	                         migration)
 //	residuals name -> float64s (error-feedback residuals)
 //	outbox    round u64 -> the encoded wire update, until its receipt
 var (
@@ -37,6 +41,7 @@ var (
 	keyGlobal       = []byte("global")
 	keyZ            = []byte("z")
 	keyServerZ      = []byte("server_z")
+	keyConnection   = []byte("connection")
 )
 
 const edgeKind = "edge"
@@ -205,6 +210,31 @@ func (s *EdgeStore) SetSeenRound(round uint64) error {
 		return fmt.Errorf("storage: set seen round: %w", err)
 	}
 	return nil
+}
+
+// NextConnection takes the number of the site's next MQTT connection
+// attempt (wire.ClientStatus.Connection) and records it: one more than the
+// last, and never below floor. Callers pass the wall clock in milliseconds
+// as the floor, so a site whose state file was replaced still numbers above
+// the connections of its previous life (when the clock is sane). One
+// transaction.
+func (s *EdgeStore) NextConnection(floor uint64) (uint64, error) {
+	var n uint64
+	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+		last, err := getU64(b, keyConnection)
+		if err != nil {
+			return err
+		}
+		if last == math.MaxUint64 {
+			return fmt.Errorf("%w: connection numbers exhausted", ErrInvalid)
+		}
+		n = max(last+1, floor)
+		return b.Put(keyConnection, encodeU64(n))
+	})
+	if err != nil {
+		return 0, fmt.Errorf("storage: next connection: %w", err)
+	}
+	return n, nil
 }
 
 // SeenRound is the newest round seen (0 if none). A read transaction.

@@ -334,3 +334,33 @@ func TestEdgeServerZ(t *testing.T) {
 		t.Fatalf("Commit with a NaN server z = %v, want ErrInvalid", err)
 	}
 }
+
+// TestEdgeNextConnection: connection numbers only grow, across a reopen,
+// and never fall below the floor (the wall clock), nor does a floor below
+// the last number pull them back.
+func TestEdgeNextConnection(t *testing.T) {
+	path := tempPath(t, "edge.db")
+	s := openEdge(t, path)
+	steps := []struct {
+		floor, want uint64
+	}{
+		{0, 1}, {0, 2}, {1000, 1000}, {5, 1001}, {1001, 1002},
+	}
+	for i, st := range steps {
+		if got, err := s.NextConnection(st.floor); err != nil || got != st.want {
+			t.Fatalf("step %d: NextConnection(%d) = %d, %v; want %d", i, st.floor, got, err, st.want)
+		}
+	}
+	closeT(t, s)
+	s = openEdge(t, path)
+	defer closeT(t, s)
+	if got, err := s.NextConnection(0); err != nil || got != 1003 {
+		t.Fatalf("after reopen: NextConnection = %d, %v; want 1003", got, err)
+	}
+	if got, err := s.NextConnection(math.MaxUint64); err != nil || got != math.MaxUint64 {
+		t.Fatalf("NextConnection(max) = %d, %v", got, err)
+	}
+	if _, err := s.NextConnection(0); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("NextConnection past the last number = %v, want ErrInvalid", err)
+	}
+}

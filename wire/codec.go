@@ -834,7 +834,8 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 
 func (x *ClientStatus) size() int {
 	return sizeString(1, x.ClientId) + sizeVarint(2, boolVarint(x.Online)) + sizeVarint(3, x.SampleCount) +
-		sizeStrings(4, x.Capabilities) + sizeString(5, x.SoftwareVersion) + sizeVarint(6, uint64(x.TimestampUnixMs))
+		sizeStrings(4, x.Capabilities) + sizeString(5, x.SoftwareVersion) + sizeVarint(6, uint64(x.TimestampUnixMs)) +
+		sizeVarint(7, x.Connection)
 }
 
 func (x *ClientStatus) appendTo(b []byte) []byte {
@@ -843,7 +844,8 @@ func (x *ClientStatus) appendTo(b []byte) []byte {
 	b = appendVarint(b, 3, x.SampleCount)
 	b = appendStrings(b, 4, x.Capabilities)
 	b = appendString(b, 5, x.SoftwareVersion)
-	return appendVarint(b, 6, uint64(x.TimestampUnixMs))
+	b = appendVarint(b, 6, uint64(x.TimestampUnixMs))
+	return appendVarint(b, 7, x.Connection)
 }
 
 func (x *ClientStatus) unmarshal(b []byte, d *decoder) error {
@@ -857,6 +859,8 @@ func (x *ClientStatus) unmarshal(b []byte, d *decoder) error {
 				return consumeUint64(&x.SampleCount, b), nil
 			case 6:
 				return consumeInt64(&x.TimestampUnixMs, b), nil
+			case 7:
+				return consumeUint64(&x.Connection, b), nil
 			}
 		case protowire.BytesType:
 			switch num {

@@ -157,6 +157,12 @@ func validGolden() map[string]Message {
 			u.Report.StopReason = StopReason_STOP_REASON_UNSPECIFIED
 			return u
 		}(),
+		"connection_status.bin": func() Message {
+			st := maxStatus()
+			st.Connection = math.MaxUint64
+			return st
+		}(),
+		"will_status.bin": &ClientStatus{ClientId: "site-1", SampleCount: 54, Capabilities: []string{"sgd"}, Connection: 1795246965123},
 		"rejected_receipt.bin": &Receipt{ClientId: "s", Round: 2, Reason: "base mismatch",
 			StoredAtUnixMs: 0, Code: ReceiptCode_RECEIPT_CODE_BASE_MISMATCH, UpdateSeq: 1},
 	}

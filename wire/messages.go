@@ -589,6 +589,7 @@ type ClientStatus struct {
 	Capabilities    []string `json:"capabilities,omitempty"` // e.g. solver names "sgd", "lbfgs"
 	SoftwareVersion string   `json:"software_version,omitempty"`
 	TimestampUnixMs int64    `json:"timestamp_unix_ms,omitempty"`
+	Connection      uint64   `json:"connection,omitempty"` // see edgefl.proto: orders a site's statuses
 }
 
 // Reset sets x to its zero value.
@@ -632,6 +633,13 @@ func (x *ClientStatus) GetSoftwareVersion() string {
 func (x *ClientStatus) GetTimestampUnixMs() int64 {
 	if x != nil {
 		return x.TimestampUnixMs
+	}
+	return 0
+}
+
+func (x *ClientStatus) GetConnection() uint64 {
+	if x != nil {
+		return x.Connection
 	}
 	return 0
 }

@@ -211,6 +211,7 @@ func (x *ClientStatus) appendText(w *textWriter) {
 	w.strs("capabilities", x.Capabilities)
 	w.str("software_version", x.SoftwareVersion)
 	w.int("timestamp_unix_ms", x.TimestampUnixMs)
+	w.uint("connection", x.Connection)
 }
 
 func (x *WorkReport) appendText(w *textWriter) {
