@@ -98,19 +98,21 @@ type Agent struct {
 	// the last will set for it and the statuses sent on it carry it.
 	conn atomic.Uint64
 
-	mu       sync.Mutex
-	running  bool
-	closing  bool
-	runCtx   context.Context
-	store    *storage.EdgeStore
-	client   mqtt.Client
-	handler  *RoundHandler
-	pending  *wire.RoundAnnouncement
-	solving  uint64
-	preempt  context.CancelCauseFunc
-	inflight sync.WaitGroup
-	wake     chan struct{}
-	retries  map[uint64]*retry // INTERNAL receipts: scheduled re-sends by round
+	mu      sync.Mutex
+	running bool
+	closing bool
+	runCtx  context.Context
+	store   *storage.EdgeStore
+	client  mqtt.Client
+	handler *RoundHandler
+	pending *wire.RoundAnnouncement
+	solving uint64
+	// solvingRun is the run id of the round being solved ("" when idle).
+	solvingRun string
+	preempt    context.CancelCauseFunc
+	inflight   sync.WaitGroup
+	wake       chan struct{}
+	retries    map[uint64]*retry // INTERNAL receipts: scheduled re-sends by round
 }
 
 // retry is a scheduled re-send of an update the aggregator failed to store.
@@ -300,7 +302,7 @@ func (a *Agent) loop(ctx context.Context) {
 		var solveCtx context.Context
 		if ann != nil {
 			solveCtx, a.preempt = context.WithCancelCause(ctx)
-			a.solving = ann.Round
+			a.solving, a.solvingRun = ann.Round, ann.RunId
 		}
 		a.mu.Unlock()
 		if ann == nil {
@@ -310,7 +312,7 @@ func (a *Agent) loop(ctx context.Context) {
 		res, err := a.handler.Handle(solveCtx, ann)
 		a.mu.Lock()
 		a.preempt(nil)
-		a.preempt, a.solving = nil, 0
+		a.preempt, a.solving, a.solvingRun = nil, 0, ""
 		a.mu.Unlock()
 		a.roundDone(ctx, ann, res, err)
 	}
@@ -324,6 +326,8 @@ func (a *Agent) roundDone(ctx context.Context, ann *wire.RoundAnnouncement, res 
 		lg.Warn("round announcement rejected", "err", err)
 	case err != nil && ctx.Err() != nil:
 		lg.Info("round abandoned at shutdown; it restarts from the retained announcement", "err", err)
+	case errors.Is(err, ErrNewRun):
+		lg.Info("round of the previous run abandoned", "err", err)
 	case err != nil:
 		a.stats.roundErrors.Add(1)
 		lg.Error("round failed", "err", err)
@@ -578,10 +582,18 @@ func (a *Agent) onMessage(_ mqtt.Client, m mqtt.Message) {
 // waits) and preempts a solve of an older round.
 func (a *Agent) offerRound(ann *wire.RoundAnnouncement) {
 	a.mu.Lock()
-	if a.pending == nil || ann.Round >= a.pending.Round {
+	// An announcement of another aggregator run supersedes whatever waits
+	// or runs, whatever its round number (the new run counts from 1).
+	newRun := ann.RunId != "" && ann.RunId != a.solvingRun
+	if a.pending == nil || ann.Round >= a.pending.Round || (ann.RunId != "" && ann.RunId != a.pending.RunId) {
 		a.pending = ann
 	}
-	if a.preempt != nil && ann.Round > a.solving && ann.Federation == a.cfg.Federation {
+	switch {
+	case a.preempt == nil || ann.Federation != a.cfg.Federation:
+	case newRun:
+		a.log.Info("the aggregator started a new run; abandoning the local solve", "solving", a.solving, "run_id", ann.RunId)
+		a.preempt(ErrNewRun)
+	case ann.Round > a.solving:
 		a.log.Info("newer round announced; stopping the local solve early", "solving", a.solving, "announced", ann.Round)
 		a.preempt(ErrPreempted)
 	}

@@ -43,6 +43,10 @@ var (
 	// (stop reason SIGNAL). Any other cancellation aborts the round without
 	// writing anything, and the retained announcement restarts it later.
 	ErrPreempted = errors.New("agent: preempted by a newer round")
+	// ErrNewRun is the cancellation cause when the aggregator announces a
+	// new run while a round of the old one is solved: that round is
+	// abandoned, nothing is committed (the new run's state starts over).
+	ErrNewRun = errors.New("agent: the aggregator started a new run")
 )
 
 // Action says what Handle did with an announcement.
@@ -141,6 +145,8 @@ func bad(round uint64, format string, args ...any) error {
 
 // Handle processes one round announcement:
 //
+//   - an announcement of another aggregator run (run id) than the stored
+//     state's: the round state starts over (storage.EdgeStore.StartRun);
 //   - not selected: record the seen round, nothing else;
 //   - a round already applied (CommitRound's applied round): never solved
 //     again; if its update is still in the outbox, return it for re-sending;
@@ -162,6 +168,19 @@ func (h *RoundHandler) Handle(ctx context.Context, ann *wire.RoundAnnouncement) 
 	res := Result{Round: r}
 	if ann.Federation != h.Federation {
 		return res, bad(r, "federation %q, this site belongs to %q", ann.Federation, h.Federation)
+	}
+	if ann.RunId != "" {
+		rs, err := h.Store.StartRun(ann.RunId)
+		if err != nil {
+			return res, fmt.Errorf("agent: round %d: %w", r, err)
+		}
+		if rs.Reset {
+			// Only the aggregator may publish on the round topic (the
+			// broker's ACL), so a new run id is its word: its round log is
+			// new and its rounds start over.
+			h.log().Warn("the aggregator started a new run: this site's round state starts over",
+				"run_id", ann.RunId, "previous_run_id", rs.Previous, "round", r, "unreceipted_updates_dropped", rs.Dropped)
+		}
 	}
 	if !Selected(ann, h.ClientID) {
 		if err := h.Store.SetSeenRound(r); err != nil && !errors.Is(err, storage.ErrStale) {

@@ -581,3 +581,40 @@ func TestHandleFedSplitSampleWeightedStep(t *testing.T) {
 		t.Fatalf("update is not the client step with s_j = s m n_j / n = %v", stepJ)
 	}
 }
+
+// TestHandleNewRun: rounds of a new aggregator run (another run id) are
+// solved from round 1 on, though this site applied later rounds of the
+// previous run; the same run id keeps the old behaviour (an older round is
+// not solved again).
+func TestHandleNewRun(t *testing.T) {
+	h, _ := newHandler(t)
+	run := func(round uint64, id string) *wire.RoundAnnouncement {
+		a := announce(t, round, AlgoFedSplit, f32(testGlobal(round)))
+		a.RunId = id
+		return a
+	}
+	for _, r := range []uint64{6, 7} {
+		if res, err := h.Handle(context.Background(), run(r, "run-A")); err != nil || res.Action != ActionSolved {
+			t.Fatalf("run A round %d: %v %v", r, res.Action, err)
+		}
+	}
+	if res, err := h.Handle(context.Background(), run(1, "run-A")); err != nil || res.Action == ActionSolved {
+		t.Fatalf("run A round 1 after round 7: %v %v, want not solved", res.Action, err)
+	}
+	res, err := h.Handle(context.Background(), run(1, "run-B"))
+	if err != nil || res.Action != ActionSolved {
+		t.Fatalf("run B round 1: %v %v, want solved", res.Action, err)
+	}
+	st := snapshot(t, h.Store)
+	if st.applied != 1 || st.zRound != 1 || len(st.outbox) != 1 || st.outbox[0].Round != 1 {
+		t.Fatalf("state after run B round 1: applied %d, z round %d, outbox %+v", st.applied, st.zRound, st.outbox)
+	}
+	// The first FedSplit update of the new run is against the global
+	// model (no copy of z from the old run survives).
+	if res.Update.Kind != wire.UpdateKind_UPDATE_KIND_Z_DELTA || res.Update.BaseRound != 0 {
+		t.Fatalf("run B round 1 update: kind %v base %d, want Z_DELTA against the global model", res.Update.Kind, res.Update.BaseRound)
+	}
+	if id, err := h.Store.RunID(); err != nil || id != "run-B" {
+		t.Fatalf("stored run id %q, %v", id, err)
+	}
+}

@@ -3,6 +3,7 @@ package aggregator
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
@@ -236,6 +237,10 @@ type storedConfig struct {
 	Dimension  int        `json:"dimension"`
 	Codec      string     `json:"codec"`
 	Downlink   string     `json:"downlink,omitempty"`
+	// RunID names this round log in every announcement (wire
+	// RoundAnnouncement.run_id): chosen at random when the log is created,
+	// so sites can tell a new run (a wiped state file) from an old one.
+	RunID string `json:"run_id,omitempty"`
 }
 
 // Server is the aggregator daemon: it owns one Coordinator and carries out
@@ -263,7 +268,8 @@ type Server struct {
 	fam     string
 	aggSpec string
 	agg     aggregate.Aggregator // nil for the FedSplit family
-	conf    []byte               // storedConfig JSON
+	stored  storedConfig         // the run's configuration, with its run id once restored
+	conf    []byte               // stored as JSON
 
 	codecs   sync.Pool    // *quant.Codec for the MQTT callbacks
 	loopQ    *quant.Codec // the loop's own codec
@@ -423,8 +429,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, err
 	}
 	s.coord = coord
-	s.conf, _ = json.Marshal(storedConfig{Federation: cfg.Federation, Algorithm: cfg.Algorithm, Family: s.fam,
-		Aggregator: s.aggSpec, Model: cfg.Model, Dimension: s.dim, Codec: cfg.Codec, Downlink: cfg.Downlink})
+	s.stored = storedConfig{Federation: cfg.Federation, Algorithm: cfg.Algorithm, Family: s.fam,
+		Aggregator: s.aggSpec, Model: cfg.Model, Dimension: s.dim, Codec: cfg.Codec, Downlink: cfg.Downlink}
 
 	if s.store, err = storage.OpenAgg(cfg.StatePath, storage.Options{}); err != nil {
 		return nil, err
@@ -443,6 +449,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 func (s *Server) restore() error {
 	cur, err := s.store.CurrentRound()
 	if errors.Is(err, storage.ErrNotFound) {
+		s.stored.RunID = crand.Text()
+		s.conf, _ = json.Marshal(s.stored)
 		x0 := make([]float64, s.dim)
 		if s.cfg.Init == InitModel {
 			x0 = s.model.InitParams(rand.New(rand.NewPCG(s.cfg.InitSeed, 0x696e6974)))
@@ -458,7 +466,7 @@ func (s *Server) restore() error {
 		s.storeR, s.lastSt, s.fresh = 1, st, true
 		s.global, s.globalR = x0, 1
 		s.log.Info("new round log", "state", s.cfg.StatePath, "federation", s.cfg.Federation,
-			"algorithm", s.cfg.Algorithm, "model", s.cfg.Model.Kind, "dimension", s.dim)
+			"algorithm", s.cfg.Algorithm, "model", s.cfg.Model.Kind, "dimension", s.dim, "run_id", s.stored.RunID)
 		return nil
 	}
 	if err != nil {
@@ -476,6 +484,8 @@ func (s *Server) restore() error {
 		return fmt.Errorf("%w: %s belongs to federation %q, %s, model %+v; this configuration is federation %q, %s, model %+v: use another --state file",
 			ErrConfig, s.cfg.StatePath, was.Federation, was.Family, was.Model, s.cfg.Federation, s.fam, s.cfg.Model)
 	}
+	s.stored.RunID = was.RunID // "" for a log written before run ids
+	s.conf, _ = json.Marshal(s.stored)
 	var st State
 	if err := json.Unmarshal(cur.State, &st); err != nil {
 		return fmt.Errorf("aggregator: %s: state of round %d: %w", s.cfg.StatePath, cur.Number, err)

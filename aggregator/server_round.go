@@ -48,6 +48,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		UplinkCodec:     s.cfg.Codec,
 		CreatedAtUnixMs: s.clock.Now().UnixMilli(),
 		AnchorSketch:    s.cfg.AnchorSketch,
+		RunId:           s.stored.RunID,
 	}
 	if !isSplit(s.fam) {
 		a.Aggregator = s.aggSpec

@@ -27,6 +27,9 @@ import (
 //	          connection     u64, the number of the last MQTT connection
 //	                         attempt (absent = none yet; added without a
 //	                         migration)
+//	          run_id         string, the aggregator run the round state
+//	                         belongs to (absent = not known; added without a
+//	                         migration)
 //	residuals name -> float64s (error-feedback residuals)
 //	outbox    round u64 -> the encoded wire update, until its receipt
 var (
@@ -42,6 +45,7 @@ var (
 	keyZ            = []byte("z")
 	keyServerZ      = []byte("server_z")
 	keyConnection   = []byte("connection")
+	keyRunID        = []byte("run_id")
 )
 
 const edgeKind = "edge"
@@ -235,6 +239,78 @@ func (s *EdgeStore) NextConnection(floor uint64) (uint64, error) {
 		return 0, fmt.Errorf("storage: next connection: %w", err)
 	}
 	return n, nil
+}
+
+// RunID is the aggregator run the round state belongs to ("" if not
+// known). A read transaction.
+func (s *EdgeStore) RunID() (string, error) {
+	var id string
+	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
+		id = string(b.Get(keyRunID))
+		return nil
+	})
+	return id, err
+}
+
+// RunStart is what StartRun did.
+type RunStart struct {
+	Previous string // the run id the state belonged to ("" if none)
+	Reset    bool   // the round state was cleared
+	Dropped  int    // unreceipted updates of the previous run removed
+}
+
+// StartRun makes runID the run the round state belongs to. The same run:
+// nothing changes. A fresh state (no run id, no round seen) adopts it. Any
+// other case is a new aggregator run, whose rounds start at 1 again: in one
+// transaction the seen and applied rounds, the global model, FedSplit's z
+// and the aggregator's copy of it, the residuals and the outbox are
+// cleared (the identity and the connection counter stay).
+func (s *EdgeStore) StartRun(runID string) (RunStart, error) {
+	if runID == "" {
+		return RunStart{}, fmt.Errorf("storage: start run: %w: empty run id", ErrInvalid)
+	}
+	var rs RunStart
+	if cur, err := s.RunID(); err != nil {
+		return rs, fmt.Errorf("storage: start run: %w", err)
+	} else if cur == runID {
+		return RunStart{Previous: cur}, nil
+	}
+	err := s.update(func(b *bolt.Bucket, tx *bolt.Tx) error {
+		rs = RunStart{Previous: string(b.Get(keyRunID))}
+		seen, err := getU64(b, keySeenRound)
+		if err != nil {
+			return err
+		}
+		if rs.Previous == runID {
+			return nil
+		}
+		if rs.Previous != "" || seen > 0 {
+			rs.Reset = true
+			for _, k := range [][]byte{keySeenRound, keyAppliedRound, keyGlobal, keyZ, keyServerZ} {
+				if err := b.Delete(k); err != nil {
+					return err
+				}
+			}
+			out, err := bucket(tx, bucketOutbox)
+			if err != nil {
+				return err
+			}
+			rs.Dropped = out.Stats().KeyN
+			for _, name := range [][]byte{bucketOutbox, bucketResiduals} {
+				if err := tx.DeleteBucket(name); err != nil {
+					return err
+				}
+				if _, err := tx.CreateBucket(name); err != nil {
+					return err
+				}
+			}
+		}
+		return b.Put(keyRunID, []byte(runID))
+	})
+	if err != nil {
+		return RunStart{}, fmt.Errorf("storage: start run: %w", err)
+	}
+	return rs, nil
 }
 
 // SeenRound is the newest round seen (0 if none). A read transaction.

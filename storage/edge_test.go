@@ -364,3 +364,95 @@ func TestEdgeNextConnection(t *testing.T) {
 		t.Fatalf("NextConnection past the last number = %v, want ErrInvalid", err)
 	}
 }
+
+// TestEdgeStartRun: the same run keeps the state; a fresh state adopts a run
+// id; another run id (also over state of an unnamed run) clears the round
+// state in one go and keeps the identity and the connection counter.
+func TestEdgeStartRun(t *testing.T) {
+	path := tempPath(t, "edge.db")
+	s := openEdge(t, path)
+	t0 := time.Unix(1700000000, 0)
+	if _, err := s.InitIdentity("site-1", t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.StartRun(""); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("StartRun(\"\") = %v, want ErrInvalid", err)
+	}
+	if rs, err := s.StartRun("A"); err != nil || rs != (RunStart{}) {
+		t.Fatalf("fresh state: StartRun(A) = %+v, %v; want adopted, no reset", rs, err)
+	}
+	commitTwo := func() {
+		t.Helper()
+		if err := s.SetGlobal(2, []float64{1, 1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Commit(Commit{Round: 1, Z: []float64{1, 2}, ServerZ: []float64{1, 1}, Residual: []float64{0.5, 0}, Msg: []byte("u1")}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Commit(Commit{Round: 2, Z: []float64{2, 2}, Msg: []byte("u2")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commitTwo()
+	conn, err := s.NextConnection(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs, err := s.StartRun("A"); err != nil || rs.Reset || rs.Previous != "A" {
+		t.Fatalf("same run: StartRun(A) = %+v, %v", rs, err)
+	}
+	if out, _ := s.Outbox(); len(out) != 2 {
+		t.Fatalf("the same run dropped the outbox: %d entries", len(out))
+	}
+	wantCleared := func(what string) {
+		t.Helper()
+		if r, err := s.SeenRound(); err != nil || r != 0 {
+			t.Fatalf("%s: seen round %d, %v", what, r, err)
+		}
+		if r, err := s.AppliedRound(); err != nil || r != 0 {
+			t.Fatalf("%s: applied round %d, %v", what, r, err)
+		}
+		if _, _, err := s.Global(); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("%s: global: %v", what, err)
+		}
+		if _, _, err := s.Z(); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("%s: z: %v", what, err)
+		}
+		if _, _, err := s.ServerZ(); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("%s: server z: %v", what, err)
+		}
+		if r, err := s.Residual(ResidualUplink); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("%s: residual %v, %v", what, r, err)
+		}
+		if out, err := s.Outbox(); err != nil || len(out) != 0 {
+			t.Fatalf("%s: outbox %d, %v", what, len(out), err)
+		}
+		if id, err := s.Identity(); err != nil || id.ClientID != "site-1" {
+			t.Fatalf("%s: identity %+v, %v", what, id, err)
+		}
+	}
+	rs, err := s.StartRun("B")
+	if err != nil || !rs.Reset || rs.Previous != "A" || rs.Dropped != 2 {
+		t.Fatalf("new run: StartRun(B) = %+v, %v; want a reset dropping 2", rs, err)
+	}
+	wantCleared("after StartRun(B)")
+	closeT(t, s)
+	s = openEdge(t, path)
+	defer closeT(t, s)
+	if id, err := s.RunID(); err != nil || id != "B" {
+		t.Fatalf("RunID after reopen = %q, %v", id, err)
+	}
+	if n, err := s.NextConnection(0); err != nil || n != conn+1 {
+		t.Fatalf("connection counter after the reset: %d, %v; want %d", n, err, conn+1)
+	}
+	// The new run goes on from round 1 (Commit refuses rounds already applied).
+	commitTwo()
+	if err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error { return b.Delete(keyRunID) }); err != nil {
+		t.Fatal(err)
+	}
+	// Round state with no run id (written before run ids) is another run.
+	if rs, err := s.StartRun("C"); err != nil || !rs.Reset || rs.Previous != "" || rs.Dropped != 2 {
+		t.Fatalf("unnamed run with state: StartRun(C) = %+v, %v", rs, err)
+	}
+	wantCleared("after StartRun(C)")
+}

@@ -756,7 +756,8 @@ func (x *RoundAnnouncement) size() int {
 		sizeMessage(6, x.Model != nil, x.Model) + sizeMessage(7, x.Budget != nil, x.Budget) +
 		sizeVarint(8, uint64(x.DeadlineUnixMs)) + sizeStrings(9, x.Selected) +
 		sizeMessage(10, x.Global != nil, x.Global) + sizeString(11, x.UplinkCodec) +
-		sizeVarint(12, uint64(x.CreatedAtUnixMs)) + sizeMessage(13, x.AnchorSketch != nil, x.AnchorSketch)
+		sizeVarint(12, uint64(x.CreatedAtUnixMs)) + sizeMessage(13, x.AnchorSketch != nil, x.AnchorSketch) +
+		sizeString(14, x.RunId)
 }
 
 func (x *RoundAnnouncement) appendTo(b []byte) []byte {
@@ -772,7 +773,8 @@ func (x *RoundAnnouncement) appendTo(b []byte) []byte {
 	b = appendMessage(b, 10, x.Global != nil, x.Global)
 	b = appendString(b, 11, x.UplinkCodec)
 	b = appendVarint(b, 12, uint64(x.CreatedAtUnixMs))
-	return appendMessage(b, 13, x.AnchorSketch != nil, x.AnchorSketch)
+	b = appendMessage(b, 13, x.AnchorSketch != nil, x.AnchorSketch)
+	return appendString(b, 14, x.RunId)
 }
 
 func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
@@ -824,6 +826,8 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 					x.AnchorSketch = &SketchSpec{}
 				}
 				return consumeMessage(x.AnchorSketch, b, d)
+			case 14:
+				return consumeString(&x.RunId, b)
 			}
 		}
 		return 0, nil

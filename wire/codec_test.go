@@ -209,6 +209,7 @@ func TestEncodeRejectsInvalidUTF8(t *testing.T) {
 		func(r *RoundAnnouncement) { r.Selected[1] = bad },
 		func(r *RoundAnnouncement) { r.Global.Codec = bad },
 		func(r *RoundAnnouncement) { r.UplinkCodec = bad },
+		func(r *RoundAnnouncement) { r.RunId = bad },
 	}
 	for i, f := range round {
 		r := sampleRound()

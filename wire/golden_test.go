@@ -162,6 +162,11 @@ func validGolden() map[string]Message {
 			st.Connection = math.MaxUint64
 			return st
 		}(),
+		"run_round.bin": func() Message {
+			r := maxRound()
+			r.RunId = "RUNID234567ABCDEFGHIJKLMNO"
+			return r
+		}(),
 		"will_status.bin": &ClientStatus{ClientId: "site-1", SampleCount: 54, Capabilities: []string{"sgd"}, Connection: 1795246965123},
 		"rejected_receipt.bin": &Receipt{ClientId: "s", Round: 2, Reason: "base mismatch",
 			StoredAtUnixMs: 0, Code: ReceiptCode_RECEIPT_CODE_BASE_MISMATCH, UpdateSeq: 1},

@@ -484,6 +484,7 @@ type RoundAnnouncement struct {
 	UplinkCodec     string      `json:"uplink_codec,omitempty"`     // codec spec clients must use uplink
 	CreatedAtUnixMs int64       `json:"created_at_unix_ms,omitempty"`
 	AnchorSketch    *SketchSpec `json:"anchor_sketch,omitempty"` // absent = no anchor gradient wanted
+	RunId           string      `json:"run_id,omitempty"`        // the aggregator's round log; see edgefl.proto
 }
 
 // Reset sets x to its zero value.
@@ -578,6 +579,13 @@ func (x *RoundAnnouncement) GetAnchorSketch() *SketchSpec {
 		return x.AnchorSketch
 	}
 	return nil
+}
+
+func (x *RoundAnnouncement) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
 }
 
 // ClientStatus is published retained on <prefix>clients/<id>/status; the

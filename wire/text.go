@@ -202,6 +202,7 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.str("uplink_codec", x.UplinkCodec)
 	w.int("created_at_unix_ms", x.CreatedAtUnixMs)
 	w.msg("anchor_sketch", x.AnchorSketch != nil, x.AnchorSketch)
+	w.str("run_id", x.RunId)
 }
 
 func (x *ClientStatus) appendText(w *textWriter) {

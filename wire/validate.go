@@ -174,8 +174,12 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 	if s := m.AnchorSketch; s != nil && uint64(s.Dimension) > uint64(lim.MaxAnchorGrad) {
 		return invalid(msg, "anchor_sketch.dimension %d exceeds the limit %d", s.Dimension, lim.MaxAnchorGrad)
 	}
-	return nil
+	return checkText(msg, "run_id", m.RunId, maxRunIDLen, false)
 }
+
+// maxRunIDLen bounds RoundAnnouncement.RunId (the aggregator writes 26
+// characters).
+const maxRunIDLen = 64
 
 // Validate implements Message.
 func (m *ClientStatus) Validate(lim Limits) error {

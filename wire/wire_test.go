@@ -351,6 +351,9 @@ func TestValidateRound(t *testing.T) {
 		{"no uplink codec", func(r *RoundAnnouncement) { r.UplinkCodec = "" }, false},
 		{"aggregator too long", func(r *RoundAnnouncement) { r.Aggregator = strings.Repeat("a", 1025) }, false},
 		{"sketch too big", func(r *RoundAnnouncement) { r.AnchorSketch.Dimension = math.MaxUint32 }, false},
+		{"run id", func(r *RoundAnnouncement) { r.RunId = "0123456789ABCDEFGHJKMNPQRS" }, true},
+		{"run id too long", func(r *RoundAnnouncement) { r.RunId = strings.Repeat("a", 65) }, false},
+		{"run id control character", func(r *RoundAnnouncement) { r.RunId = "a\nb" }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
