@@ -557,6 +557,12 @@ func (a *Agent) onMessage(_ mqtt.Client, m mqtt.Message) {
 		return
 	}
 	defer a.leave()
+	if len(m.Payload()) == 0 && m.Topic() == a.topics.Round() {
+		// A fresh aggregator run clears the retained announcement of the
+		// previous one: nothing to do until it announces its round 1.
+		a.log.Debug("the retained round announcement was cleared")
+		return
+	}
 	kind, msg, err := a.topics.Decode(m.Topic(), m.Payload(), a.limits)
 	if err == nil {
 		switch kind {
