@@ -199,14 +199,7 @@ func TestAgentKilledMidSolveAndAtCommit(t *testing.T) {
 		t.Errorf("kills by class %v: want kills both before and after a commit", classes)
 	}
 	for _, e := range edges {
-		es := readEdgeState(t, e.state)
-		az := st.z[e.id]
-		if es.copyRound != az.round || !bitsEqual(es.copyZ, az.z) {
-			t.Errorf("%s: site's copy of z of round %d, aggregator's z of round %d, equal %v", e.id, es.copyRound, az.round, bitsEqual(es.copyZ, az.z))
-		}
-		if len(es.outbox) != 0 || es.applied != rounds {
-			t.Errorf("%s: applied %d, %d unreceipted", e.id, es.applied, len(es.outbox))
-		}
+		checkSiteCopy(t, e, st, rounds)
 	}
 	t.Logf("kills by what they interrupted: %v; duplicates answered: %d", classes,
 		len(v.lines(msgIs("update receipted", "code", "RECEIPT_CODE_DUPLICATE"))))

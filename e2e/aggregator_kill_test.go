@@ -179,17 +179,7 @@ func testAggregatorKill(t *testing.T, useMosquitto bool, seed uint64) {
 
 	// z: the site's copy equals the aggregator's, bit for bit.
 	for _, e := range edges {
-		es := readEdgeState(t, e.state)
-		az, ok := st.z[e.id]
-		switch {
-		case !ok:
-			t.Errorf("%s: the aggregator holds no z", e.id)
-		case es.copyRound != az.round || !bitsEqual(es.copyZ, az.z):
-			t.Errorf("%s: site's copy of z of round %d, aggregator's z of round %d, equal %v", e.id, es.copyRound, az.round, bitsEqual(es.copyZ, az.z))
-		}
-		if es.applied != rounds || len(es.outbox) != 0 {
-			t.Errorf("%s: applied round %d (want %d), %d unreceipted updates", e.id, es.applied, rounds, len(es.outbox))
-		}
+		checkSiteCopy(t, e, st, rounds)
 	}
 	t.Logf("%d kills, %d receipted updates all in the round log, %d duplicate re-sends ignored, %d runs of broker-agg",
 		len(done), len(receipted), dups, len(agg.runs))

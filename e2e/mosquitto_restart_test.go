@@ -108,14 +108,7 @@ func TestMosquittoRestartMidRound(t *testing.T) {
 		for _, l := range e.lines(msgIs("update receipted")) {
 			receipted[key{uint64(l.num("round")), e.id}] = 0
 		}
-		es := readEdgeState(t, e.state)
-		az := st.z[e.id]
-		if es.copyRound != az.round || !bitsEqual(es.copyZ, az.z) {
-			t.Errorf("%s: site's copy of z of round %d, aggregator's z of round %d, equal %v", e.id, es.copyRound, az.round, bitsEqual(es.copyZ, az.z))
-		}
-		if len(es.outbox) != 0 || es.applied != rounds {
-			t.Errorf("%s: applied %d, %d unreceipted", e.id, es.applied, len(es.outbox))
-		}
+		checkSiteCopy(t, e, st, rounds)
 	}
 	for k := range receipted {
 		if _, ok := st.updates[k.round][k.client]; !ok {

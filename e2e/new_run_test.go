@@ -82,16 +82,6 @@ func TestAggregatorStateReplaced(t *testing.T) {
 		if len(resets) != 1 || resets[0].str("run_id") != runID {
 			t.Errorf("%s: %d new-run resets logged (%v), want one to run %s", e.id, len(resets), resets, runID)
 		}
-		es := readEdgeState(t, e.state)
-		az, ok := st.z[e.id]
-		switch {
-		case !ok:
-			t.Errorf("%s: the new aggregator holds no z", e.id)
-		case es.copyRound != az.round || !bitsEqual(es.copyZ, az.z):
-			t.Errorf("%s: site's copy of z of round %d, aggregator's of round %d, equal %v", e.id, es.copyRound, az.round, bitsEqual(es.copyZ, az.z))
-		}
-		if es.applied != rounds || len(es.outbox) != 0 {
-			t.Errorf("%s: applied round %d (want %d), %d unreceipted updates", e.id, es.applied, rounds, len(es.outbox))
-		}
+		checkSiteCopy(t, e, st, rounds)
 	}
 }

@@ -146,14 +146,7 @@ func TestThirdOfSitesOffline(t *testing.T) {
 	}
 	for _, e := range edges {
 		e.noPanics()
-		es := readEdgeState(t, e.state)
-		az := st.z[e.id]
-		if es.copyRound != az.round || !bitsEqual(es.copyZ, az.z) {
-			t.Errorf("%s: site's copy of z of round %d, aggregator's z of round %d, equal %v", e.id, es.copyRound, az.round, bitsEqual(es.copyZ, az.z))
-		}
-		if len(es.outbox) != 0 {
-			t.Errorf("%s: %d unreceipted updates", e.id, len(es.outbox))
-		}
+		checkSiteCopy(t, e, st, 0)
 	}
 	t.Logf("stragglers over the run %d, rounds closed %d", st.stragglrs, st.closed)
 }

@@ -193,3 +193,24 @@ func decodeStored(t *testing.T, u storage.Update) (*wire.ClientUpdate, []float64
 	}
 	return m, v
 }
+
+// checkSiteCopy reads e's state file and checks that its copy of the
+// aggregator's z equals the aggregator's z for it (st), bit for bit, that
+// its outbox is empty and, if applied > 0, that it applied that round last.
+func checkSiteCopy(t *testing.T, e *edge, st aggState, applied uint64) {
+	t.Helper()
+	es := readEdgeState(t, e.state)
+	az, ok := st.z[e.id]
+	switch {
+	case !ok:
+		t.Errorf("%s: the aggregator holds no z", e.id)
+	case es.copyRound != az.round || !bitsEqual(es.copyZ, az.z):
+		t.Errorf("%s: site's copy of z of round %d, aggregator's z of round %d, equal %v", e.id, es.copyRound, az.round, bitsEqual(es.copyZ, az.z))
+	}
+	if len(es.outbox) != 0 {
+		t.Errorf("%s: %d unreceipted updates", e.id, len(es.outbox))
+	}
+	if applied > 0 && es.applied != applied {
+		t.Errorf("%s: applied round %d, want %d", e.id, es.applied, applied)
+	}
+}
