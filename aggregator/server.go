@@ -852,6 +852,13 @@ var errBaseMismatch = errors.New("base round mismatch")
 func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
 	var z []float64
 	if isSplit(s.fam) {
+		// Already stored: its z_j is this server's copy now, so clientZ
+		// would see a base the copy has moved past and refuse the re-send.
+		if _, err := s.store.GetUpdate(u.msg.Round, u.msg.ClientId); err == nil {
+			return nil
+		} else if !errors.Is(err, storage.ErrNotFound) {
+			return err
+		}
 		var err error
 		if z, err = s.clientZ(u.msg, u.vec); err != nil {
 			return err

@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"errors"
 	"github.com/edgefl/edgefl/aggregate"
 	"io"
 	"math"
@@ -631,5 +632,55 @@ func TestServerRestartKeepsSimProxHistory(t *testing.T) {
 	}
 	if slices.Equal(f32s(out), straight) {
 		t.Fatal("round 3 does not depend on SimProx's memory: the test shows nothing")
+	}
+}
+
+// A FedSplit delta stored just before a crash, whose coordinator state was
+// not (the two are separate transactions), comes back as a re-send after
+// the restart: it is taken as stored, not refused because the copy of z_j
+// it set has moved past its base round.
+func TestServerStoreUpdateResentAfterCrash(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.K, cfg.Algorithm, cfg.Params.Step, cfg.Params.Relax = 1, AlgoFedSplit, 0.5, 1
+	s, err := NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	in := func(m *wire.ClientUpdate, d []float64) *inUpdate {
+		raw, err := wire.Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &inUpdate{msg: m, raw: raw, vec: d}
+	}
+	now := f.clock.Now()
+	if err := s.storeUpdate(in(zDelta(t, "site-a", 1, 0, vec(1)), vec(1)), now); err != nil {
+		t.Fatalf("round 1 (base 0): %v", err)
+	}
+	if err := s.store.OpenRound(storage.Round{Number: 2, OpenedAt: now, Config: s.conf, State: []byte("{}")}, make([]float64, 6)); err != nil {
+		t.Fatal(err)
+	}
+	u2 := in(zDelta(t, "site-a", 2, 1, vec(2)), vec(2))
+	if err := s.storeUpdate(u2, now); err != nil {
+		t.Fatalf("round 2 (base 1): %v", err)
+	}
+	r, want, err := s.store.ClientZ("site-a")
+	if err != nil || r != 2 {
+		t.Fatalf("copy after round 2: round %d, %v", r, err)
+	}
+	if err := s.storeUpdate(u2, now); err != nil {
+		t.Fatalf("the same round-2 update again: %v, want it taken as stored", err)
+	}
+	if r, got, err := s.store.ClientZ("site-a"); err != nil || r != 2 || !slices.Equal(got, want) {
+		t.Fatalf("copy after the re-send: round %d %v, %v; want round 2 %v", r, got, err, want)
+	}
+	// A delta of a round not stored yet is still checked against the copy.
+	if err := s.store.OpenRound(storage.Round{Number: 3, OpenedAt: now, Config: s.conf, State: []byte("{}")}, make([]float64, 6)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.storeUpdate(in(zDelta(t, "site-a", 3, 1, vec(3)), vec(3)), now); !errors.Is(err, errBaseMismatch) {
+		t.Fatalf("round 3 against round 1's copy: %v, want errBaseMismatch", err)
 	}
 }
