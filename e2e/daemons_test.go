@@ -384,11 +384,7 @@ func (m *mosquitto) url() string { return fmt.Sprintf("tcp://127.0.0.1:%d", m.po
 func newMosquitto(t *testing.T, dir, federation string) *mosquitto {
 	t.Helper()
 	m := &mosquitto{t: t, dir: dir, port: freePort(t), conf: filepath.Join(dir, "mosquitto.conf")}
-	acl, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "mosquitto", "edgefl.acl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	aclText := strings.ReplaceAll(string(acl), "edgefl/ward-7/", "edgefl/"+federation+"/")
+	aclText := shippedACL(t, federation)
 	aclText += "\n# e2e tests: an observer of the whole federation\nuser observer\ntopic read edgefl/" + federation + "/#\n"
 	aclPath := filepath.Join(dir, "edgefl.acl")
 	if err := os.WriteFile(aclPath, []byte(aclText), 0o644); err != nil {
@@ -438,6 +434,16 @@ protocol mqtt
 	}
 	m.start()
 	return m
+}
+
+// shippedACL is deploy/mosquitto/edgefl.acl for federation.
+func shippedACL(t *testing.T, federation string) string {
+	t.Helper()
+	acl, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "mosquitto", "edgefl.acl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.ReplaceAll(string(acl), "edgefl/ward-7/", "edgefl/"+federation+"/")
 }
 
 // start runs Mosquitto (again, on the same port and persistence file) and

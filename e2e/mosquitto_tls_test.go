@@ -23,12 +23,8 @@ func newMosquittoShipped(t *testing.T, dir, federation string) *mosquitto {
 	if err != nil {
 		t.Fatal(err)
 	}
-	acl, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "mosquitto", "edgefl.acl"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	files := map[string]string{
-		"edgefl.acl":    strings.ReplaceAll(string(acl), "edgefl/ward-7/", "edgefl/"+federation+"/"),
+		"edgefl.acl":    shippedACL(t, federation),
 		"edgefl.passwd": "",
 	}
 	for name, text := range files {
