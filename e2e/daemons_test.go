@@ -157,9 +157,15 @@ func (a *aggregator) waitFinished(timeout time.Duration) metrics {
 }
 
 // lines of every run of the aggregator matching pred.
-func (a *aggregator) lines(pred func(logLine) bool) []logLine {
+func (a *aggregator) lines(pred func(logLine) bool) []logLine { return runLines(a.runs, pred) }
+
+// noPanics checks that no run of the aggregator panicked.
+func (a *aggregator) noPanics() { a.t.Helper(); checkNoPanics(a.t, a.runs) }
+
+// runLines is the log lines matching pred of every run of one daemon.
+func runLines(runs []*proc, pred func(logLine) bool) []logLine {
 	var out []logLine
-	for _, p := range a.runs {
+	for _, p := range runs {
 		for _, l := range p.all() {
 			if pred(l) {
 				out = append(out, l)
@@ -169,12 +175,12 @@ func (a *aggregator) lines(pred func(logLine) bool) []logLine {
 	return out
 }
 
-// noPanics checks that no run of the aggregator panicked.
-func (a *aggregator) noPanics() {
-	a.t.Helper()
-	for _, p := range a.runs {
+// checkNoPanics fails t for every run that panicked.
+func checkNoPanics(t *testing.T, runs []*proc) {
+	t.Helper()
+	for _, p := range runs {
 		if l, ok := p.panicked(); ok {
-			a.t.Errorf("%s panicked: %s", p.logPath, l)
+			t.Errorf("%s panicked: %s", p.logPath, l)
 		}
 	}
 }
@@ -297,26 +303,9 @@ func (e *edge) waitConnected(timeout time.Duration) {
 	e.p.waitLine(timeout, e.id+" connected", msgIs("connected"))
 }
 
-func (e *edge) lines(pred func(logLine) bool) []logLine {
-	var out []logLine
-	for _, p := range e.runs {
-		for _, l := range p.all() {
-			if pred(l) {
-				out = append(out, l)
-			}
-		}
-	}
-	return out
-}
+func (e *edge) lines(pred func(logLine) bool) []logLine { return runLines(e.runs, pred) }
 
-func (e *edge) noPanics() {
-	e.t.Helper()
-	for _, p := range e.runs {
-		if l, ok := p.panicked(); ok {
-			e.t.Errorf("%s panicked: %s", p.logPath, l)
-		}
-	}
-}
+func (e *edge) noPanics() { e.t.Helper(); checkNoPanics(e.t, e.runs) }
 
 // startEdges starts n agents site-1..site-n on clients 0..n-1 of an
 // n-device federation.
