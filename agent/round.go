@@ -408,6 +408,9 @@ func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement) (*prepared, error) {
 	if p.codec, err = quant.ParseWithLimits(ann.UplinkCodec, quant.Limits{MaxDim: dim}); err != nil {
 		return nil, bad(r, "uplink codec: %v", err)
 	}
+	if p.codec.MinDim() > dim {
+		return nil, bad(r, "uplink codec %s covers %d parameters, the %s model has %d", p.codec, p.codec.MinDim(), spec.Kind, dim)
+	}
 	info, err := quant.Inspect(ann.Global.Payload)
 	if err != nil {
 		return nil, bad(r, "global model frame: %v", err)

@@ -319,6 +319,7 @@ func TestHandleBadAnnouncements(t *testing.T) {
 		{"fedsplit relax above 1", func(a *wire.RoundAnnouncement) { a.Algorithm, a.Params.Relax = AlgoFedSplit, 1.5 }},
 		{"fedsplit tiny step", func(a *wire.RoundAnnouncement) { a.Algorithm, a.Params.Step = AlgoFedSplit, 1e-320 }},
 		{"bad uplink codec", func(a *wire.RoundAnnouncement) { a.UplinkCodec = "gzip" }},
+		{"uplink dct beyond the model", func(a *wire.RoundAnnouncement) { a.UplinkCodec = "dct:28x28x10+q8" }},
 		{"NaN mu", func(a *wire.RoundAnnouncement) { a.Params.Mu = math.NaN() }},
 	}
 	for _, c := range cases {

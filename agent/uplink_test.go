@@ -17,13 +17,17 @@ import (
 // lossyCodec keeps 3 of the 15 test parameters, at 8 bits.
 const lossyCodec = "topk:0.2+q8"
 
+// lossyCodecs are lossyCodec and one with every newer stage: the 4 inputs
+// as a 2×2 image of 3 classes through a DCT, 4-bit values, the range coder.
+var lossyCodecs = []string{lossyCodec, "dct:2x2x3+topk:0.3+q4+ac"}
+
 func decodeAny(t testing.TB, msg []byte) (*wire.ClientUpdate, []float64) {
 	t.Helper()
 	u, err := wire.DecodeUpdate(msg, wire.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := quant.Parse(lossyCodec)
+	c, err := quant.Parse("fp32") // any codec decodes any frame
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,6 +52,12 @@ func maxAbsDiff(a, b []float64) float64 {
 // since what a frame leaves out stays in z_j - copy, the copy catches up
 // with z_j as the federation (one site: x = its copy) converges.
 func TestFedSplitCopyTracksZOverALossyCodec(t *testing.T) {
+	for _, codec := range lossyCodecs {
+		t.Run(codec, func(t *testing.T) { testFedSplitCopyTracksZ(t, codec) })
+	}
+}
+
+func testFedSplitCopyTracksZ(t *testing.T, codec string) {
 	h, path := newHandler(t)
 	x := f32(testGlobal(1))
 	var aggCopy []float64
@@ -62,7 +72,7 @@ func TestFedSplitCopyTracksZOverALossyCodec(t *testing.T) {
 			h = &RoundHandler{ClientID: testSite, Federation: testFed, Store: s, Data: h.Data, Clock: h.Clock, Seed: h.Seed, Log: h.Log}
 		}
 		ann := announce(t, round, AlgoFedSplit, x)
-		ann.UplinkCodec, ann.Params.Step, ann.Params.Gamma = lossyCodec, 5, 1e-8
+		ann.UplinkCodec, ann.Params.Step, ann.Params.Gamma = codec, 5, 1e-8
 		ann.Model.L2 = 0.1 // strongly convex: z_j has a fixed point to reach
 		res, err := h.Handle(context.Background(), ann)
 		if err != nil || res.Action != ActionSolved {

@@ -391,8 +391,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Init != InitZeros && cfg.Init != InitModel {
 		return nil, fmt.Errorf("%w: init %q (want %s or %s)", ErrConfig, cfg.Init, InitZeros, InitModel)
 	}
-	if _, err := quant.Parse(cfg.Codec); err != nil {
+	if c, err := quant.Parse(cfg.Codec); err != nil {
 		return nil, fmt.Errorf("%w: codec: %w", ErrConfig, err)
+	} else if c.MinDim() > s.dim {
+		return nil, fmt.Errorf("%w: codec %s covers %d parameters, the %s model has %d", ErrConfig, c, c.MinDim(), cfg.Model.Kind, s.dim)
 	}
 	if d, err := quant.Parse(cfg.Downlink); err != nil || !(d.Lossless() || d.String() == "fp16") {
 		return nil, fmt.Errorf("%w: downlink codec %q: want fp32 or fp16 (the global model is sent whole, not as a delta)", ErrConfig, cfg.Downlink)

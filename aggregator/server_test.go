@@ -453,6 +453,7 @@ func TestNewServerBadConfig(t *testing.T) {
 		{"bad selector", func(c *ServerConfig) { c.Selector = "nope" }},
 		{"bad model", func(c *ServerConfig) { c.Model.Kind = "cnn" }},
 		{"bad codec", func(c *ServerConfig) { c.Codec = "q9" }},
+		{"codec dct beyond the model", func(c *ServerConfig) { c.Codec = "dct:28x28x10+q8" }},
 		{"NaN mu", func(c *ServerConfig) { c.Algorithm = AlgoFedProx; c.Params.Mu = math.NaN() }},
 		{"no state", func(c *ServerConfig) { c.StatePath = "" }},
 		{"no broker", func(c *ServerConfig) { c.BrokerURL = "" }},

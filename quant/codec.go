@@ -67,18 +67,34 @@ func (c *Codec) encode(dst []byte, delta, residual []float64, rng *rand.Rand) ([
 		return dst, err
 	}
 
+	// The transform, if any: everything below works on its coefficients u.
+	u := v
+	if c.tf.on() {
+		if n < c.tf.size() {
+			return dst, fmt.Errorf("%w: %s needs at least %d values, delta has %d", ErrInput, c.tf, c.tf.size(), n)
+		}
+		c.coef = resize(c.coef, n)
+		c.dctForward(c.tf, v, c.coef)
+		u = c.coef
+		if err := checkRange(u); err != nil {
+			return dst, err
+		}
+	}
+
 	// Raw payload, and the receiver's view of the sent values in recon.
 	var recon []float64
 	raw := c.rawb[:0]
-	h := header{zstd: !c.raw, sparse: c.sparse, val: c.val, dim: n, nnz: n}
+	h := header{zstd: !c.raw && !c.ac, ac: c.ac, tf: c.tf, sparse: c.sparse, val: c.val, dim: n, nnz: n}
 	var idx []uint32
 	if c.sparse {
-		idx = c.selectTopK(v, c.top.k(n))
+		idx = c.selectTopK(u, c.top.k(n))
 		h.nnz = len(idx)
-		raw = appendIndices(raw, idx)
+		if !c.ac { // ac codes the support itself
+			raw = appendIndices(raw, idx)
+		}
 		c.vals = resize(c.vals, len(idx))
 		for j, i := range idx {
-			c.vals[j] = v[i]
+			c.vals[j] = u[i]
 		}
 		if residual != nil {
 			recon = resize(c.recon, len(idx))
@@ -88,7 +104,7 @@ func (c *Codec) encode(dst []byte, delta, residual []float64, rng *rand.Rand) ([
 		if residual != nil {
 			recon = resize(c.recon, n)
 		}
-		raw, err = c.val.encode(raw, v, rng, recon, c.shrinkFor(recon))
+		raw, err = c.val.encode(raw, u, rng, recon, c.shrinkFor(recon))
 	}
 	c.rawb = raw
 	if recon != nil {
@@ -99,16 +115,20 @@ func (c *Codec) encode(dst []byte, delta, residual []float64, rng *rand.Rand) ([
 	}
 	h.rawLen = len(raw)
 
-	// Frame: header, payload (zstd appends in place), CRC32C.
+	// Frame: header, payload (zstd and ac append in place), CRC32C.
 	off := len(dst)
-	dst = grow(dst, headerLen)
-	if h.zstd && len(raw) > 0 {
+	hl := h.len()
+	dst = grow(dst, hl)
+	switch {
+	case h.ac:
+		dst = c.acEncode(dst, n, idx, c.sparse, c.val, raw)
+	case h.zstd && len(raw) > 0:
 		dst = c.z.compress(dst, raw)
-	} else {
+	default:
 		dst = append(dst, raw...)
 	}
-	h.payLen = len(dst) - off - headerLen
-	if size := headerLen + h.payLen + crcLen; size > c.lim.MaxFrame {
+	h.payLen = len(dst) - off - hl
+	if size := hl + h.payLen + crcLen; size > c.lim.MaxFrame {
 		return dst[:off], fmt.Errorf("%w: frame would be %d bytes, limit %d", ErrTooLarge, size, c.lim.MaxFrame)
 	}
 	h.put(dst[off:])
@@ -116,18 +136,47 @@ func (c *Codec) encode(dst []byte, delta, residual []float64, rng *rand.Rand) ([
 
 	// Error feedback: what was not sent stays with the sender.
 	if residual != nil {
-		if c.sparse {
+		switch {
+		case c.tf.on():
+			// The receiver inverts the coefficients it got; so does this.
+			got := recon
+			if c.sparse {
+				c.vals = resize(c.vals, n)
+				clear(c.vals)
+				for j, i := range idx {
+					c.vals[i] = recon[j]
+				}
+				got = c.vals
+			}
+			dec := resize(c.abs, n)
+			c.abs = dec
+			c.dctInverse(c.tf, got, dec)
+			for i := range residual {
+				residual[i] = v[i] - dec[i]
+			}
+		case c.sparse:
 			copy(residual, v)
 			for j, i := range idx {
 				residual[i] = v[i] - recon[j]
 			}
-		} else {
+		default:
 			for i := range residual {
 				residual[i] = v[i] - recon[i]
 			}
 		}
 	}
 	return dst, nil
+}
+
+// checkRange rejects coefficients beyond the float32 range (a transform can
+// grow a magnitude by up to sqrt(H·W)).
+func checkRange(u []float64) error {
+	for i, f := range u {
+		if math.Abs(f) > math.MaxFloat32 && math.IsInf(float64(float32(f)), 0) {
+			return fmt.Errorf("%w: dct coefficient %d = %g is beyond the float32 range", ErrInput, i, f)
+		}
+	}
+	return nil
 }
 
 // input validates delta and residual and returns the vector to encode:
@@ -174,13 +223,18 @@ func (c *Codec) open(msg []byte, wantDim int) (header, []byte, error) {
 		return h, nil, fmt.Errorf("%w: frame has dimension %d, destination %d", ErrDimension, h.dim, wantDim)
 	}
 	raw := pay
-	if h.zstd && h.rawLen > 0 {
+	switch {
+	case h.ac:
+		if raw, err = c.acDecode(pay, h); err != nil {
+			return h, nil, err
+		}
+	case h.zstd && h.rawLen > 0:
 		raw, c.draw, err = c.z.decompress(c.draw, pay, h.rawLen)
 		if err != nil {
 			return h, nil, err
 		}
 	}
-	if h.sparse {
+	if h.sparse && !h.ac {
 		var used int
 		c.didx, used, err = parseIndices(raw, h.nnz, h.dim, c.didx)
 		if err != nil {
@@ -208,6 +262,11 @@ func (c *Codec) Decode(msg []byte, dst []float64) ([]float64, error) {
 	if out == nil {
 		out = []float64{} // dimension 0: empty, not nil (nil means error)
 	}
+	if h.tf.on() {
+		c.coef = c.coefficients(h, vals)
+		c.dctInverse(h.tf, c.coef, out)
+		return out, nil
+	}
 	if !h.sparse {
 		h.val.decode(vals, out, false, 0)
 		return out, nil
@@ -234,6 +293,16 @@ func (c *Codec) DecodeAdd(msg []byte, dst []float64, scale float64) error {
 	if err != nil {
 		return err
 	}
+	if h.tf.on() {
+		c.coef = c.coefficients(h, vals)
+		dec := resize(c.abs, h.dim)
+		c.abs = dec
+		c.dctInverse(h.tf, c.coef, dec)
+		for i, x := range dec {
+			dst[i] += float64(scale * x)
+		}
+		return nil
+	}
 	if !h.sparse {
 		h.val.decode(vals, dst, true, scale)
 		return nil
@@ -244,4 +313,21 @@ func (c *Codec) DecodeAdd(msg []byte, dst []float64, scale float64) error {
 		dst[i] += float64(scale * c.dvals[j])
 	}
 	return nil
+}
+
+// coefficients decodes an opened frame's values into the dense coefficient
+// vector (zeros where top-k kept nothing), in c.coef's storage.
+func (c *Codec) coefficients(h header, vals []byte) []float64 {
+	u := resize(c.coef, h.dim)
+	if !h.sparse {
+		h.val.decode(vals, u, false, 0)
+		return u
+	}
+	clear(u)
+	c.dvals = resize(c.dvals, h.nnz)
+	h.val.decode(vals, c.dvals, false, 0)
+	for j, i := range c.didx[:h.nnz] {
+		u[i] = c.dvals[j]
+	}
+	return u
 }

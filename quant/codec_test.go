@@ -471,6 +471,9 @@ func TestSpecialVectors(t *testing.T) {
 	for _, spec := range allSpecs {
 		c := mustParse(t, spec)
 		for name, x := range vectors {
+			if len(x) < c.MinDim() {
+				continue // TestDCTTooShort
+			}
 			res := make([]float64, len(x))
 			msg := encode(t, c, x, res, 1)
 			y := decode(t, c, msg)
@@ -488,7 +491,7 @@ func TestSpecialVectors(t *testing.T) {
 					t.Errorf("%s/%s: residual %v, want %v", spec, name, res[i], x[i]-y[i])
 				}
 			}
-			if name == "zeros" && !c.raw && len(msg) > 80 {
+			if limit := 80 + 20*btoi(c.ac); name == "zeros" && !c.raw && len(msg) > limit {
 				t.Errorf("%s: all-zero vector of 1000 encodes to %d bytes", spec, len(msg))
 			}
 		}
@@ -529,7 +532,7 @@ func TestDeterministic(t *testing.T) {
 	for _, spec := range allSpecs {
 		a := encode(t, mustParse(t, spec), x, make([]float64, len(x)), 42)
 		c := mustParse(t, spec)
-		encode(t, c, gaussian(newRNG(1), 100, 1), nil, 1) // dirty scratch
+		encode(t, c, gaussian(newRNG(1), 200, 1), nil, 1) // dirty scratch
 		b := encode(t, c, x, make([]float64, len(x)), 42)
 		if !bytes.Equal(a, b) {
 			t.Errorf("%s: same input and seed give different frames", spec)

@@ -1,8 +1,10 @@
 // Package quant owns the update codecs: it turns a delta vector ([]float64,
 // whatever it means) into a self-describing, checksummed frame and back.
-// Stages compose: an optional top-k sparsifier, one value coder (lossless
-// float32, float16, 8/4-bit linear quantisation, QSGD stochastic
-// quantisation), then zstd (on by default), then the frame.
+// Stages compose: an optional transform (a 2-D DCT over image-shaped
+// weights), an optional top-k sparsifier, one value coder (lossless float32,
+// float16, 8/4-bit linear quantisation, QSGD stochastic quantisation), then
+// an entropy stage (zstd by default, or an adaptive range coder), then the
+// frame.
 //
 // Everything is pure and deterministic given the *rand.Rand passed to Encode
 // (only QSGD draws from it). A Codec owns one reused zstd encoder and decoder
@@ -13,7 +15,10 @@
 //
 // Users write a codec as a spec string, stages joined with '+':
 //
-//	spec    = [ sparse "+" ] value [ "+" framing ]  |  sparse [ "+" framing ]
+//	spec    = [ dct "+" ] ( [ sparse "+" ] value | sparse ) [ "+" framing ]
+//	dct     = "dct:" H "x" W [ "x" C ]        2-D DCT of the first H·W·C values: an H×W image
+//	                                          (row-major) of C interleaved channels; H, W in
+//	                                          1..256, C >= 1 (default 1). See dct.go.
 //	sparse  = "topk:" ( COUNT | FRACTION )    k largest |x|: COUNT is an integer >= 1,
 //	                                          FRACTION has a '.' or an exponent and is in (0, 1]
 //	value   = "fp32"                          lossless float32 (the reference codec)
@@ -22,16 +27,29 @@
 //	        | "q4" { ":" qopt }               4-bit linear, scale per bucket
 //	        | "qsgd:" S [ ":b=" B ]           QSGD, S levels (1..127) per bucket of B (default 512)
 //	qopt    = "b=" B | "minmax" | "absmax"    bucket size (default 512); scale mode (default minmax)
-//	framing = "zstd" | "raw"                  zstd is the default; raw skips it
+//	framing = "zstd" | "raw" | "ac"           zstd is the default; raw skips it; ac is the
+//	                                          adaptive range coder (see ac.go)
 //
 // Examples: "fp32", "fp16", "q8", "q4:b=128:absmax", "qsgd:16", "qsgd:16:b=1024",
-// "topk:0.01+qsgd:16", "topk:100+q8", "q8+raw". A sparse stage alone sends the
-// kept values as fp32 ("topk:0.01" = "topk:0.01+fp32"). Every payload is
-// zstd-compressed unless the spec ends in "+raw". (*Codec).String prints the
-// canonical form (defaults omitted, the value stage always present), which
-// Parse reads back to the same codec.
+// "topk:0.01+qsgd:16", "topk:100+q8", "q8+raw", "dct:28x28x10+topk:0.16+q4+ac".
+// A sparse stage alone sends the kept values as fp32 ("topk:0.01" =
+// "topk:0.01+fp32"). Every payload is zstd-compressed unless the spec ends in
+// "+raw" or "+ac". (*Codec).String prints the canonical form (defaults
+// omitted, the value stage always present), which Parse reads back to the
+// same codec.
 //
-// # Frame layout (version 1, little-endian)
+// The dct stage suits weights that multiply image pixels (logistic
+// regression, the first layer of an MLP, on images), laid out pixel-major
+// with the outputs innermost: for Fashion-MNIST logistic regression,
+// "dct:28x28x10". Top-k and the value coder then work on its coefficients,
+// and the receiver inverts the transform. A vector shorter than H·W·C is an
+// input error (MinDim says how long it must be).
+//
+// # Frame layout (versions 1 and 2, little-endian)
+//
+// A frame with neither a dct stage nor the ac stage is version 1; otherwise
+// version 2, whose header is 8 bytes longer and gives bytes 10 and 11 a
+// meaning (a version 1 decoder refuses it by its version byte).
 //
 //	offset size  field
 //	 0      4    magic "EFLQ"
@@ -41,16 +59,24 @@
 //	 7      1    value coder: 1 fp32, 2 fp16, 3 q8, 4 q4, 5 qsgd
 //	 8      1    scale mode (q8/q4): 0 min/max, 1 absmax; otherwise 0
 //	 9      1    QSGD levels s (1..127); otherwise 0
-//	10      2    reserved, 0
+//	10      1    version 1: reserved, 0. Version 2: transform, 0 none, 1 dct
+//	11      1    version 1: reserved, 0. Version 2: entropy stage, 0 zstd/raw (flag bit 0), 1 ac
 //	12      4    bucket size (q8/q4/qsgd, >= 1); otherwise 0
 //	16      4    dim: length of the vector
 //	20      4    nnz: number of values sent (= dim when dense, <= dim for top-k)
-//	24      4    raw payload length (before zstd)
+//	24      4    raw payload length (before zstd; for ac, the value section's length)
 //	28      4    payload length P (bytes in this frame)
-//	32      P    payload
-//	32+P    4    CRC32C (Castagnoli) of bytes [0, 32+P)
+//	version 2 only:
+//	32      2    dct H (1..256), or 0 without a transform
+//	34      2    dct W (1..256), or 0
+//	36      4    dct C (>= 1, H·W·C <= dim), or 0
+//	L       P    payload (L = 32 for version 1, 40 for version 2)
+//	L+P     4    CRC32C (Castagnoli) of bytes [0, L+P)
 //
-// The raw payload of a dense frame is the value section for dim values; a
+// With a dct stage, the values the payload carries are the transform's
+// coefficients (in its zigzag order); the decoder inverts the transform.
+// An ac payload is described in ac.go. Otherwise, the raw payload of a
+// dense frame is the value section for dim values; a
 // top-k frame's is the nnz indices (ascending; the first as a uvarint, then
 // each gap minus one as a uvarint) followed by the value section for the nnz
 // kept values, in index order. Value sections (n values, nb = ceil(n/B)
@@ -89,6 +115,10 @@
 //     |x'-x| <= ||v||/s (to the same rounding).
 //   - topk: the dropped coordinates decode as 0; the kept ones carry the value
 //     coder's error. Exact zeros are never sent, so nnz <= k.
+//   - dct: the bounds above hold for the coefficients, not per element. The
+//     transform is orthonormal, so the L2 error of the decoded vector is the
+//     L2 error of the coefficients, plus float64 rounding (about 1e-15
+//     relative); no dct codec is lossless.
 //
 // Encode rejects NaN and ±Inf in delta or residual and magnitudes beyond the
 // float32 range (and a QSGD bucket whose norm overflows float32): every scale

@@ -8,9 +8,16 @@ import (
 
 const (
 	magic     = "EFLQ"
-	version   = 1
+	version   = 1 // frames without a transform or the ac stage
+	version2  = 2 // frames with either: a 40-byte header
 	headerLen = 32
+	header2   = 40
 	crcLen    = 4
+
+	tfNone   = 0
+	tfDCT    = 1
+	entNone  = 0 // zstd or raw, as flag bit 0 says
+	entRange = 1 // the ac stage
 
 	flagZstd = 1 << 0
 )
@@ -20,12 +27,24 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli) // immutable after init
 // header is a parsed frame header.
 type header struct {
 	zstd   bool
+	ac     bool
+	tf     dctShape
 	sparse bool
 	val    valueCoder
 	dim    int
 	nnz    int
 	rawLen int
 	payLen int
+}
+
+// v2 says whether the frame needs the version 2 header.
+func (h *header) v2() bool { return h.ac || h.tf.on() }
+
+func (h *header) len() int {
+	if h.v2() {
+		return header2
+	}
+	return headerLen
 }
 
 func (h *header) put(b []byte) {
@@ -48,12 +67,26 @@ func (h *header) put(b []byte) {
 	binary.LittleEndian.PutUint32(b[20:], uint32(h.nnz))
 	binary.LittleEndian.PutUint32(b[24:], uint32(h.rawLen))
 	binary.LittleEndian.PutUint32(b[28:], uint32(h.payLen))
+	if h.v2() {
+		b[4] = version2
+		if h.tf.on() {
+			b[10] = tfDCT
+			binary.LittleEndian.PutUint16(b[32:], uint16(h.tf.h))
+			binary.LittleEndian.PutUint16(b[34:], uint16(h.tf.w))
+			binary.LittleEndian.PutUint32(b[36:], uint32(h.tf.c))
+		} else {
+			clear(b[32:40])
+		}
+		if h.ac {
+			b[11] = entRange
+		}
+	}
 }
 
 // spec is the canonical spec of the frame's codec (a top-k frame shows the
 // number of values it carries as its count).
 func (h *header) spec() string {
-	c := Codec{sparse: h.sparse, top: topK{count: h.nnz}, val: h.val, raw: !h.zstd}
+	c := Codec{tf: h.tf, sparse: h.sparse, top: topK{count: h.nnz}, val: h.val, raw: !h.zstd && !h.ac, ac: h.ac}
 	return c.String()
 }
 
@@ -76,30 +109,59 @@ func parseFrame(msg []byte, lim Limits) (header, []byte, error) {
 	if len(msg) < 5 {
 		return h, nil, fmt.Errorf("%w: %d bytes, shorter than a header", ErrTruncated, len(msg))
 	}
-	if msg[4] != version {
-		return h, nil, fmt.Errorf("%w: version %d (this build speaks %d)", ErrVersion, msg[4], version)
+	if msg[4] != version && msg[4] != version2 {
+		return h, nil, fmt.Errorf("%w: version %d (this build speaks %d and %d)", ErrVersion, msg[4], version, version2)
 	}
-	if len(msg) < headerLen+crcLen {
-		return h, nil, fmt.Errorf("%w: %d bytes, shorter than header and checksum (%d)", ErrTruncated, len(msg), headerLen+crcLen)
+	hl := headerLen
+	if msg[4] == version2 {
+		hl = header2
+	}
+	if len(msg) < hl+crcLen {
+		return h, nil, fmt.Errorf("%w: %d bytes, shorter than header and checksum (%d)", ErrTruncated, len(msg), hl+crcLen)
 	}
 	// The four-byte fields are compared as uint64 before any becomes an int:
 	// on 32-bit ARM an int conversion of 2^31 or more would be negative.
 	u32 := func(off int) uint64 { return uint64(binary.LittleEndian.Uint32(msg[off:])) }
-	if want := headerLen + u32(28) + crcLen; uint64(len(msg)) != want {
+	if want := uint64(hl) + u32(28) + crcLen; uint64(len(msg)) != want {
 		if uint64(len(msg)) < want {
 			return h, nil, fmt.Errorf("%w: %d bytes, header declares %d", ErrTruncated, len(msg), want)
 		}
 		return h, nil, fmt.Errorf("%w: %d bytes after the declared %d-byte frame", ErrFormat, uint64(len(msg))-want, want)
 	}
-	h.payLen = len(msg) - headerLen - crcLen
-	body := msg[:headerLen+h.payLen]
-	if got, want := crc32.Checksum(body, castagnoli), binary.LittleEndian.Uint32(msg[headerLen+h.payLen:]); got != want {
+	h.payLen = len(msg) - hl - crcLen
+	body := msg[:hl+h.payLen]
+	if got, want := crc32.Checksum(body, castagnoli), binary.LittleEndian.Uint32(msg[hl+h.payLen:]); got != want {
 		return h, nil, fmt.Errorf("%w: computed %08x, frame says %08x", ErrChecksum, got, want)
 	}
-	if msg[5]&^flagZstd != 0 || msg[10] != 0 || msg[11] != 0 {
-		return h, nil, fmt.Errorf("%w: unknown flags %#x or reserved bytes %#x %#x set", ErrFormat, msg[5], msg[10], msg[11])
+	if msg[4] == version && (msg[10] != 0 || msg[11] != 0) {
+		return h, nil, fmt.Errorf("%w: reserved bytes %#x %#x set", ErrFormat, msg[10], msg[11])
+	}
+	if msg[5]&^flagZstd != 0 || msg[10] > tfDCT || msg[11] > entRange {
+		return h, nil, fmt.Errorf("%w: unknown flags %#x, transform %d or entropy coder %d", ErrFormat, msg[5], msg[10], msg[11])
 	}
 	h.zstd = msg[5]&flagZstd != 0
+	h.ac = msg[11] == entRange
+	if h.zstd && h.ac {
+		return h, nil, fmt.Errorf("%w: both zstd and ac", ErrFormat)
+	}
+	if msg[4] == version2 {
+		th, tw, tc := binary.LittleEndian.Uint16(msg[32:]), binary.LittleEndian.Uint16(msg[34:]), u32(36)
+		switch {
+		case msg[10] == tfNone && (th != 0 || tw != 0 || tc != 0):
+			return h, nil, fmt.Errorf("%w: transform parameters without a transform", ErrFormat)
+		case msg[10] == tfDCT:
+			if th < 1 || th > maxDCTSide || tw < 1 || tw > maxDCTSide || tc < 1 {
+				return h, nil, fmt.Errorf("%w: dct shape %dx%dx%d (sides 1..%d, channels >= 1)", ErrCodec, th, tw, tc, maxDCTSide)
+			}
+			// Compared with dim below, once dim is bounded.
+			if uint64(th)*uint64(tw)*tc > uint64(lim.MaxDim) {
+				return h, nil, fmt.Errorf("%w: dct shape %dx%dx%d beyond dimension limit %d", ErrTooLarge, th, tw, tc, lim.MaxDim)
+			}
+			h.tf = dctShape{h: int(th), w: int(tw), c: int(tc)}
+		case !h.ac:
+			return h, nil, fmt.Errorf("%w: version 2 frame with neither transform nor ac", ErrFormat)
+		}
+	}
 	switch msg[6] {
 	case sparseNone:
 	case sparseTopK:
@@ -126,11 +188,14 @@ func parseFrame(msg []byte, lim Limits) (header, []byte, error) {
 	// (<= 14·2^27) fit an int everywhere; rawLen is compared before it is
 	// converted.
 	h.dim, h.nnz = int(dim), int(nnz)
+	if h.tf.on() && h.tf.size() > h.dim {
+		return h, nil, corrupt("dct shape %dx%dx%d covers %d values, dimension is %d", h.tf.h, h.tf.w, h.tf.c, h.tf.size(), h.dim)
+	}
 	if err := h.checkSizes(rawLen); err != nil {
 		return h, nil, err
 	}
 	h.rawLen = int(rawLen)
-	return h, msg[headerLen : headerLen+h.payLen], nil
+	return h, msg[hl : hl+h.payLen], nil
 }
 
 // check validates a value coder read from a frame.
@@ -171,6 +236,17 @@ func (h *header) checkSizes(rawLen uint64) error {
 	}
 	lo := uint64(h.val.size(h.nnz)) // dense, or sparse with 1-byte varints
 	hi := lo
+	if h.ac {
+		// rawLen is the value section the stream decodes to; the support
+		// travels as bits, and the stream holds at least its 4 flush bytes.
+		if rawLen != lo {
+			return corrupt("ac raw payload length %d, want %d for %d values of %s", rawLen, lo, h.nnz, h.val)
+		}
+		if recs := uint64(h.val.buckets(h.nnz) * h.val.recLen()); uint64(h.payLen) < recs+4 {
+			return corrupt("ac payload of %d bytes, below its %d bytes of scale records and 4 of stream", h.payLen, recs)
+		}
+		return nil
+	}
 	if h.sparse {
 		lo += uint64(h.nnz)
 		hi += binary.MaxVarintLen32 * uint64(h.nnz)

@@ -186,6 +186,9 @@ func FuzzRoundTrip(f *testing.F) {
 			if c.val.kind == valQSGD && errors.Is(err, ErrInput) {
 				return // a bucket whose norm overflows float32
 			}
+			if c.tf.on() && errors.Is(err, ErrInput) {
+				return // shorter than the dct shape, or a coefficient beyond float32
+			}
 			t.Fatalf("%s: Encode: %v", c, err)
 		}
 		y, err := c.Decode(msg, nil)
@@ -203,8 +206,8 @@ func FuzzRoundTrip(f *testing.F) {
 				t.Fatalf("%s: residual[%d] = %v, want %v", c, i, res[i], x[i]-y[i])
 			}
 		}
-		if c.sparse {
-			return
+		if c.sparse || c.tf.on() {
+			return // per-element bounds hold for the coefficients: TestDCT
 		}
 		switch c.val.kind {
 		case valFP32:

@@ -14,6 +14,8 @@ var allSpecs = []string{
 	"fp32", "fp16", "q8", "q4", "q8:absmax", "q4:absmax", "q8:b=7", "q4:b=33:absmax",
 	"qsgd:16", "qsgd:1:b=1", "qsgd:127:b=100",
 	"topk:0.1", "topk:3+fp16", "topk:0.05+q8", "topk:0.2+q4:absmax", "topk:0.01+qsgd:16",
+	"q4+ac", "fp16+ac", "topk:0.1+qsgd:16+ac", "topk:0.05+fp32+ac", "topk:0.3+q8:absmax+ac",
+	"dct:4x4x2+q8", "dct:3x3x4+topk:0.2+q4+ac", "dct:1x7+fp32+raw", "dct:5x4x2+topk:0.1+qsgd:4",
 	"fp32+raw", "q4+raw", "qsgd:4+raw", "topk:0.1+q8+raw",
 }
 
@@ -76,7 +78,7 @@ func resealed(msg []byte) []byte {
 // checks), with a valid CRC.
 func buildFrame(h header, payload []byte) []byte {
 	h.payLen = len(payload)
-	m := make([]byte, headerLen, headerLen+len(payload)+crcLen)
+	m := make([]byte, h.len(), h.len()+len(payload)+crcLen)
 	h.put(m)
 	m = append(m, payload...)
 	return binary.LittleEndian.AppendUint32(m, crc32.Checksum(m, castagnoli))
@@ -98,4 +100,11 @@ func decode(tb testing.TB, c *Codec, msg []byte) []float64 {
 		tb.Fatalf("%s: Decode: %v", c, err)
 	}
 	return y
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -135,14 +135,20 @@ func (t topK) k(n int) int {
 // largest vector it has handled (about 40 bytes per value after a top-k
 // Encode with error feedback) and is kept for reuse.
 type Codec struct {
+	tf     dctShape // transform stage (zero: none)
 	sparse bool
 	top    topK
 	val    valueCoder
 	raw    bool // skip zstd
+	ac     bool // the adaptive range coder instead of zstd
 	lim    Limits
 	bound  bool // the Encode in progress is EncodeBounded
 
-	z zcodec
+	z   zcodec
+	dct *dctTables
+	acm acModel
+	rce rcEncoder
+	rcd rcDecoder
 
 	// Encode scratch.
 	sum   []float64 // delta + residual
@@ -151,6 +157,7 @@ type Codec struct {
 	vals  []float64 // top-k gathered values
 	recon []float64 // what the receiver will decode (error feedback)
 	rawb  []byte    // raw payload
+	coef  []float64 // transform coefficients (encode and decode)
 	// Decode scratch.
 	draw  []byte // decompressed payload
 	didx  []uint32
@@ -186,7 +193,7 @@ func specErr(spec, format string, args ...any) error {
 	return fmt.Errorf("%w %q: %s", ErrSpec, spec, fmt.Sprintf(format, args...))
 }
 
-const specHelp = `want [topk:K+]VALUE[+raw] with VALUE one of fp32, fp16, q8, q4, qsgd:S (e.g. "topk:0.01+qsgd:16")`
+const specHelp = `want [dct:HxWxC+][topk:K+]VALUE[+zstd|+raw|+ac] with VALUE one of fp32, fp16, q8, q4, qsgd:S (e.g. "topk:0.01+qsgd:16", "dct:28x28x10+topk:0.16+q4+ac")`
 
 // parseSpec parses the grammar without creating the zstd state.
 func parseSpec(spec string) (*Codec, error) {
@@ -202,12 +209,21 @@ func parseSpec(spec string) (*Codec, error) {
 		st = strings.TrimSpace(st)
 		name, args, _ := strings.Cut(st, ":")
 		if haveFraming {
-			return nil, specErr(spec, "stage %q after the framing stage: zstd/raw must come last", st)
+			return nil, specErr(spec, "stage %q after the framing stage: zstd/raw/ac must come last", st)
 		}
 		switch name {
-		case "topk":
+		case "dct":
 			if i != 0 {
-				return nil, specErr(spec, "topk must be the first stage")
+				return nil, specErr(spec, "dct must be the first stage")
+			}
+			sh, err := parseDCT(args)
+			if err != nil {
+				return nil, specErr(spec, "%v", err)
+			}
+			c.tf = sh
+		case "topk":
+			if i != 0 && !(i == 1 && c.tf.on()) {
+				return nil, specErr(spec, "topk must be the first stage, or follow dct")
 			}
 			t, err := parseTopK(args)
 			if err != nil {
@@ -223,14 +239,14 @@ func parseSpec(spec string) (*Codec, error) {
 				return nil, specErr(spec, "%v", err)
 			}
 			c.val, haveVal = v, true
-		case "zstd", "raw":
+		case "zstd", "raw", "ac":
 			if args != "" || strings.Contains(st, ":") {
 				return nil, specErr(spec, "%s takes no parameters", name)
 			}
-			if i == 0 {
+			if !haveVal && !c.sparse {
 				return nil, specErr(spec, "%s needs a value stage before it; %s", name, specHelp)
 			}
-			c.raw, haveFraming = name == "raw", true
+			c.raw, c.ac, haveFraming = name == "raw", name == "ac", true
 		case "":
 			return nil, specErr(spec, "empty stage; %s", specHelp)
 		default:
@@ -244,6 +260,39 @@ func parseSpec(spec string) (*Codec, error) {
 		c.val = valueCoder{kind: valFP32}
 	}
 	return c, nil
+}
+
+// parseDCT reads "HxW" or "HxWxC".
+func parseDCT(arg string) (dctShape, error) {
+	parts := strings.Split(arg, "x")
+	if arg == "" || len(parts) < 2 || len(parts) > 3 {
+		return dctShape{}, fmt.Errorf("dct needs the image shape: dct:HxW or dct:HxWxC (e.g. dct:28x28x10), got %q", arg)
+	}
+	var v [3]int
+	v[2] = 1
+	for i, p := range parts {
+		n, err := strconv.Atoi(p)
+		limit := maxDCTSide
+		if i == 2 {
+			limit = maxLimitDim
+		}
+		if err != nil || n < 1 || n > limit {
+			return dctShape{}, fmt.Errorf("dct %s %q must be an integer in 1..%d", [3]string{"height", "width", "channels"}[i], p, limit)
+		}
+		v[i] = n
+	}
+	if uint64(v[0])*uint64(v[1])*uint64(v[2]) > maxLimitDim {
+		return dctShape{}, fmt.Errorf("dct %s covers more than %d values", arg, maxLimitDim)
+	}
+	return dctShape{h: v[0], w: v[1], c: v[2]}, nil
+}
+
+func (s dctShape) String() string {
+	out := "dct:" + strconv.Itoa(s.h) + "x" + strconv.Itoa(s.w)
+	if s.c != 1 {
+		out += "x" + strconv.Itoa(s.c)
+	}
+	return out
 }
 
 func parseTopK(arg string) (topK, error) {
@@ -339,11 +388,20 @@ func parseBucket(o string) (int, error) {
 
 // Lossless reports whether the codec delivers every float32 value bit for
 // bit (fp32, dense): error feedback has nothing to carry for it.
-func (c *Codec) Lossless() bool { return c.val.kind == valFP32 && !c.sparse }
+// MinDim is the shortest vector the codec encodes: the size of its dct
+// shape, else 0. Check it against the model when a federation is configured.
+func (c *Codec) MinDim() int { return c.tf.size() }
+
+// A transform is never lossless: its float64 arithmetic rounds.
+func (c *Codec) Lossless() bool { return c.val.kind == valFP32 && !c.sparse && !c.tf.on() }
 
 // String returns the canonical spec: Parse(c.String()) is the same codec.
 func (c *Codec) String() string {
 	var sb strings.Builder
+	if c.tf.on() {
+		sb.WriteString(c.tf.String())
+		sb.WriteByte('+')
+	}
 	if c.sparse {
 		sb.WriteString("topk:")
 		if c.top.frac > 0 {
@@ -360,6 +418,9 @@ func (c *Codec) String() string {
 	sb.WriteString(c.val.String())
 	if c.raw {
 		sb.WriteString("+raw")
+	}
+	if c.ac {
+		sb.WriteString("+ac")
 	}
 	return sb.String()
 }

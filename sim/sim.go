@@ -284,6 +284,9 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 			if workers[i].codec, err = quant.Parse(cfg.Codec); err != nil {
 				return nil, fmt.Errorf("--codec: %w", err)
 			}
+			if d, n := workers[i].codec.MinDim(), e.pooledM.NumParams(); d > n {
+				return nil, fmt.Errorf("--codec %s covers %d parameters, the model has %d", cfg.Codec, d, n)
+			}
 		}
 	}
 	var serverCodec, downCodec *quant.Codec
