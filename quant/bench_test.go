@@ -157,3 +157,39 @@ func TestCompressionRatios(t *testing.T) {
 	}
 	t.Log("\n" + sb.String())
 }
+
+// BenchmarkFashionMNISTDelta: the README's FedSplit codecs on a real uplink
+// delta (testdata/fedsplit_delta.f32, 7,850 values): what one update costs
+// the gateway to encode and the aggregator to decode, with and without the
+// dct and ac stages.
+func BenchmarkFashionMNISTDelta(b *testing.B) {
+	x := readDelta(b)
+	n := len(x)
+	for _, spec := range []string{"topk:0.16+q4", "dct:28x28x10+topk:0.16+q4", "dct:28x28x10+topk:0.16+q4+ac"} {
+		c := mustParse(b, spec)
+		msg := encode(b, c, x, nil, 2)
+		name := strings.ReplaceAll(spec, "+", "_")
+		b.Run("encode/"+name, func(b *testing.B) {
+			var dst []byte
+			var err error
+			b.SetBytes(int64(4 * n))
+			b.ReportAllocs()
+			for b.Loop() {
+				if dst, err = c.EncodeBounded(dst[:0], x, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(dst)), "bytes")
+		})
+		b.Run("decode-add/"+name, func(b *testing.B) {
+			acc := make([]float64, n)
+			b.SetBytes(int64(4 * n))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := c.DecodeAdd(msg, acc, 0.5); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

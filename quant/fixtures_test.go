@@ -45,7 +45,7 @@ func readF64(tb testing.TB, path string) []float64 {
 }
 
 // TestGolden: frames written by an earlier build still decode to what this
-// build encodes from the same input and seed (for +raw specs, byte for byte;
+// build encodes from the same input and seed (for +raw and +ac specs, byte for byte;
 // zstd output may change with the library, the decoded values may not).
 func TestGolden(t *testing.T) {
 	x := readF64(t, goldenInput)

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench-results}; shift || true
-codecs=${*:-fp32 fp16 q8 qsgd:16 qsgd:4 topk:0.3+q4 topk:0.2+q4 topk:0.12+q4 topk:0.05+q8 topk:0.01+qsgd:16}
+codecs=${*:-fp32 fp16 q8 qsgd:16 qsgd:4 topk:0.3+q4 topk:0.2+q4 topk:0.12+q4 topk:0.05+q8 topk:0.01+qsgd:16 dct:28x28x10+topk:0.16+q4+ac dct:28x28x10+topk:0.05+q4+ac}
 mkdir -p "$out/codec"
 go build -o "$out/broker-agg" ./cmd/broker-agg
 ba="$out/broker-agg"

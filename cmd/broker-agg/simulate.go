@@ -42,7 +42,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.Float64Var(&cfg.Local.LR, "lr", cfg.Local.LR, "SGD learning rate")
 	fs.Float64Var(&cfg.Local.Step, "step", cfg.Local.Step, "FedSplit step size s")
 	fs.Float64Var(&cfg.Local.Relax, "relax", cfg.Local.Relax, "FedSplit relaxation alpha: 1 = Peaceman-Rachford, 0.5 = Douglas-Rachford")
-	fs.StringVar(&cfg.Codec, "codec", "", "uplink codec `SPEC` (fp32, fp16, q8, q4, qsgd:16, topk:0.01+qsgd:16, ...); empty = exact float64 vectors")
+	fs.StringVar(&cfg.Codec, "codec", "", "uplink codec `SPEC` (fp32, fp16, q8, q4, qsgd:16, topk:0.01+qsgd:16, dct:28x28x10+topk:0.16+q4+ac, ...); empty = exact float64 vectors")
 	fs.StringVar(&cfg.Downlink, "downlink", "", "global-model codec `SPEC` (fp32 or fp16); the aggregator applies the model it broadcasts")
 	fs.Float64Var(&cfg.OptimumTol, "optimum-tol", cfg.OptimumTol, "gradient-norm tolerance of the centralised optimum")
 	fs.IntVar(&cfg.EvalEvery, "eval-every", 1, "evaluate the global model every `N` rounds and at the last (evaluation on large data dominates short local work)")
