@@ -93,21 +93,24 @@ func (c *Codec) acEncode(dst []byte, dim int, idx []uint32, sparse bool, v value
 
 // acSymbol returns symbol j of the code region and its context tree.
 func acSymbol(v valueCoder, codes []byte, j, n, dim int, idx []uint32, sparse bool) (sym, tree int) {
-	switch v.kind {
-	case valFP32, valFP16:
-		return int(codes[j]), j / max(n, 1)
-	case valQ4:
-		return int(codes[j>>1]>>(4*(j&1))) & 15, posBand(j, dim, idx, sparse)
-	default:
-		return int(codes[j]), posBand(j, dim, idx, sparse)
+	tree = acTree(v, j, n, dim, idx, sparse)
+	if v.kind == valQ4 {
+		return int(codes[j>>1]>>(4*(j&1))) & 15, tree
 	}
+	return int(codes[j]), tree
 }
 
-func posBand(j, dim int, idx []uint32, sparse bool) int {
-	if sparse {
+// acTree is the context tree of symbol j: its byte plane (fp32, fp16), or
+// the band of its value's position.
+func acTree(v valueCoder, j, n, dim int, idx []uint32, sparse bool) int {
+	switch {
+	case v.kind == valFP32 || v.kind == valFP16:
+		return j / max(n, 1)
+	case sparse:
 		return band(int(idx[j]), dim)
+	default:
+		return band(j, dim)
 	}
-	return band(j, dim)
 }
 
 // acDecode reads an ac payload for header h: the kept indices (top-k) into
@@ -148,13 +151,7 @@ func (c *Codec) acDecode(pay []byte, h header) ([]byte, error) {
 	}
 	count, bits, _ := v.acSymbols(n)
 	for j := range count {
-		var tree int
-		switch v.kind {
-		case valFP32, valFP16:
-			tree = j / max(n, 1)
-		default:
-			tree = posBand(j, h.dim, c.didx, h.sparse)
-		}
+		tree := acTree(v, j, n, h.dim, c.didx, h.sparse)
 		sym := decodeTree(d, m.codes[tree<<bits:(tree+1)<<bits], bits)
 		if v.kind == valQ4 {
 			codes[j>>1] |= byte(sym) << (4 * (j & 1))
