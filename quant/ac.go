@@ -137,7 +137,7 @@ func (c *Codec) acDecode(pay []byte, h header) ([]byte, error) {
 		c.didx = resize(c.didx, n)
 		var b1, b2 int
 		kept := 0
-		for pos := 0; pos < h.dim && kept < n; pos++ {
+		for pos := 0; pos < h.dim && kept < n && !d.overrun; pos++ {
 			b := 1
 			if h.dim-pos > n-kept {
 				b = d.bit(&m.support[band(pos, h.dim)*4+b1*2+b2])
@@ -150,7 +150,7 @@ func (c *Codec) acDecode(pay []byte, h header) ([]byte, error) {
 		}
 	}
 	count, bits, _ := v.acSymbols(n)
-	for j := range count {
+	for j := 0; j < count && !d.overrun; j++ { // a short stream stops here, not after dim bits
 		tree := acTree(v, j, n, h.dim, c.didx, h.sparse)
 		sym := decodeTree(d, m.codes[tree<<bits:(tree+1)<<bits], bits)
 		if v.kind == valQ4 {
