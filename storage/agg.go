@@ -13,7 +13,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Aggregator schema, version 1:
+// Aggregator schema, version 2 (version 1 without the seals; every value
+// outside meta is sealed with a CRC-32C, see seal.go):
 //
 //	meta        schema_version, kind = "agg"
 //	agg         current_round  u64
@@ -44,8 +45,16 @@ var aggSchema = schema{
 	migrations: []migration{
 		{name: "create buckets", run: createBuckets(bucketAgg, bucketClients, bucketRounds,
 			bucketUpdates, bucketLatestZ, bucketCheckpoints)},
+		{name: "seal values", run: sealAll},
+	},
+	layout: map[string][]string{
+		string(bucketAgg): {string(keyCurrentRound)}, string(bucketClients): nil, string(bucketRounds): nil,
+		string(bucketUpdates): nil, string(bucketLatestZ): nil, string(bucketCheckpoints): nil,
 	},
 }
+
+// roundKeys are the keys of a round's bucket.
+var roundKeys = []string{string(keyRoundMeta), string(keyRoundConfig), string(keyRoundState)}
 
 // updateHeader is the fixed part of a stored update: stored_at, sample
 // count, loss.
@@ -54,7 +63,7 @@ const updateHeader = 24
 // AggStore is the aggregator's state in one bbolt file. It is safe for
 // concurrent use; bbolt serialises the writers.
 type AggStore struct {
-	db   *bolt.DB
+	db   *guardedDB
 	opts Options
 }
 
@@ -151,7 +160,10 @@ func decodeClient(id, v []byte) (ClientRecord, error) {
 }
 
 func getClient(b *bolt.Bucket, id string) (ClientRecord, bool, error) {
-	v := b.Get([]byte(id))
+	v, err := sget(b, []byte(id), "clients/"+id)
+	if err != nil {
+		return ClientRecord{}, false, err
+	}
 	if v == nil {
 		return ClientRecord{ID: id, RecentLoss: math.NaN()}, false, nil
 	}
@@ -164,7 +176,7 @@ func putClient(b *bolt.Bucket, c ClientRecord) error {
 	if err != nil {
 		return fmt.Errorf("storage: encode client %q: %w", c.ID, err)
 	}
-	return b.Put([]byte(c.ID), v)
+	return sput(b, []byte(c.ID), v)
 }
 
 // PutClient writes a whole registry entry (replacing any). A non-finite
@@ -259,7 +271,7 @@ func (s *AggStore) Clients() ([]ClientRecord, error) {
 		if err != nil {
 			return err
 		}
-		return b.ForEach(func(k, v []byte) error {
+		return sforEach(b, "clients", func(k, v []byte) error {
 			c, err := decodeClient(k, v)
 			if err != nil {
 				return err
@@ -327,7 +339,19 @@ func fromUnixNs(ns int64) time.Time {
 
 func readRound(rb *bolt.Bucket, n uint64) (Round, error) {
 	var j roundJSON
-	if err := json.Unmarshal(rb.Get(keyRoundMeta), &j); err != nil {
+	meta, err := sget(rb, keyRoundMeta, fmt.Sprintf("round %d meta", n))
+	if err != nil {
+		return Round{}, err
+	}
+	config, err := sget(rb, keyRoundConfig, fmt.Sprintf("round %d config", n))
+	if err != nil {
+		return Round{}, err
+	}
+	state, err := sget(rb, keyRoundState, fmt.Sprintf("round %d state", n))
+	if err != nil {
+		return Round{}, err
+	}
+	if err := json.Unmarshal(meta, &j); err != nil {
 		return Round{}, fmt.Errorf("%w: round %d meta: %w", ErrCorrupt, n, err)
 	}
 	if j.Status != RoundOpen && j.Status != RoundClosed {
@@ -338,8 +362,8 @@ func readRound(rb *bolt.Bucket, n uint64) (Round, error) {
 		Status:   j.Status,
 		OpenedAt: fromUnixNs(j.OpenedAtUnixNs),
 		ClosedAt: fromUnixNs(j.ClosedAtUnixNs),
-		Config:   bytes.Clone(rb.Get(keyRoundConfig)),
-		State:    bytes.Clone(rb.Get(keyRoundState)),
+		Config:   bytes.Clone(config),
+		State:    bytes.Clone(state),
 	}, nil
 }
 
@@ -348,14 +372,14 @@ func writeRoundMeta(rb *bolt.Bucket, r Round) error {
 	if err != nil {
 		return err
 	}
-	return rb.Put(keyRoundMeta, v)
+	return sput(rb, keyRoundMeta, v)
 }
 
 func putBytes(b *bolt.Bucket, k, v []byte) error {
 	if len(v) == 0 {
 		return b.Delete(k)
 	}
-	return b.Put(k, bytes.Clone(v))
+	return sput(b, k, v)
 }
 
 // roundBucket returns the nested bucket of round n, or ErrNotFound.
@@ -408,7 +432,11 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 		if err != nil {
 			return err
 		}
-		if v := agg.Get(keyCurrentRound); v != nil {
+		v, err := sget(agg, keyCurrentRound, "agg/current_round")
+		if err != nil {
+			return err
+		}
+		if v != nil {
 			cur, err := decodeU64(v, "agg/current_round")
 			if err != nil {
 				return err
@@ -445,7 +473,7 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 		if err := putBytes(rb, keyRoundState, r.State); err != nil {
 			return err
 		}
-		if err := agg.Put(keyCurrentRound, encodeU64(r.Number)); err != nil {
+		if err := sput(agg, keyCurrentRound, encodeU64(r.Number)); err != nil {
 			return err
 		}
 		if global != nil {
@@ -453,7 +481,7 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 			if err != nil {
 				return err
 			}
-			return cp.Put(encodeU64(r.Number), encodeFloats(global))
+			return sput(cp, encodeU64(r.Number), encodeFloats(global))
 		}
 		return nil
 	})
@@ -534,7 +562,10 @@ func (s *AggStore) CurrentRound() (Round, error) {
 		if err != nil {
 			return err
 		}
-		v := agg.Get(keyCurrentRound)
+		v, err := sget(agg, keyCurrentRound, "agg/current_round")
+		if err != nil {
+			return err
+		}
 		if v == nil {
 			return fmt.Errorf("%w: no round yet", ErrNotFound)
 		}
@@ -634,7 +665,7 @@ func (s *AggStore) PutUpdate(u Update, z []float64) (stored bool, err error) {
 				return fmt.Errorf("updates of round %d: %w", u.Round, err)
 			}
 		}
-		if err := ub.Put([]byte(u.ClientID), encodeUpdate(u)); err != nil {
+		if err := sput(ub, []byte(u.ClientID), encodeUpdate(u)); err != nil {
 			return err
 		}
 		cb, err := bucket(tx, bucketClients)
@@ -678,7 +709,9 @@ func (s *AggStore) GetUpdate(round uint64, client string) (Update, error) {
 		}
 		var v []byte
 		if ub := ups.Bucket(encodeU64(round)); ub != nil {
-			v = ub.Get([]byte(client))
+			if v, err = sget(ub, []byte(client), fmt.Sprintf("update (%d, %q)", round, client)); err != nil {
+				return err
+			}
 		}
 		if v == nil {
 			return fmt.Errorf("%w: update (%d, %q)", ErrNotFound, round, client)
@@ -704,7 +737,7 @@ func (s *AggStore) ForEachUpdate(round uint64, fn func(Update) error) error {
 		if ub == nil {
 			return nil
 		}
-		return ub.ForEach(func(k, v []byte) error {
+		return sforEach(ub, fmt.Sprintf("updates/%d", round), func(k, v []byte) error {
 			u, err := decodeUpdate(round, k, v)
 			if err != nil {
 				return err
@@ -771,7 +804,11 @@ func putLatestZ(tx *bolt.Tx, client string, round uint64, z []float64) error {
 	if err != nil {
 		return err
 	}
-	if old := b.Get([]byte(client)); old != nil {
+	old, err := sget(b, []byte(client), "latest_z/"+client)
+	if err != nil {
+		return err
+	}
+	if old != nil {
 		r, err := roundOf(old, "latest_z/"+client)
 		if err != nil {
 			return err
@@ -780,7 +817,7 @@ func putLatestZ(tx *bolt.Tx, client string, round uint64, z []float64) error {
 			return fmt.Errorf("%w: z of %q for round %d, have round %d", ErrStale, client, round, r)
 		}
 	}
-	return b.Put([]byte(client), encodeRoundVec(round, z))
+	return sput(b, []byte(client), encodeRoundVec(round, z))
 }
 
 // PutLatestZ stores client's latest FedSplit z for round; a z older than the
@@ -806,7 +843,10 @@ func (s *AggStore) ClientZ(client string) (round uint64, z []float64, err error)
 		if err != nil {
 			return err
 		}
-		v := b.Get([]byte(client))
+		v, err := sget(b, []byte(client), "latest_z/"+client)
+		if err != nil {
+			return err
+		}
 		if v == nil {
 			return fmt.Errorf("%w: z of %q", ErrNotFound, client)
 		}
@@ -824,7 +864,7 @@ func (s *AggStore) LatestZ() (map[string][]float64, error) {
 		if err != nil {
 			return err
 		}
-		return b.ForEach(func(k, v []byte) error {
+		return sforEach(b, "latest_z", func(k, v []byte) error {
 			_, z, err := decodeRoundVec(v, "latest_z/"+string(k))
 			if err != nil {
 				return err
@@ -855,7 +895,7 @@ func (s *AggStore) PutCheckpoint(round uint64, vec []float64) error {
 		if err != nil {
 			return err
 		}
-		return b.Put(encodeU64(round), encodeFloats(vec))
+		return sput(b, encodeU64(round), encodeFloats(vec))
 	})
 	if err != nil {
 		return fmt.Errorf("storage: put checkpoint %d: %w", round, err)
@@ -872,7 +912,10 @@ func (s *AggStore) Checkpoint(round uint64) ([]float64, error) {
 		if err != nil {
 			return err
 		}
-		raw := b.Get(encodeU64(round))
+		raw, err := sget(b, encodeU64(round), fmt.Sprintf("checkpoint %d", round))
+		if err != nil {
+			return err
+		}
 		if raw == nil {
 			return fmt.Errorf("%w: checkpoint of round %d", ErrNotFound, round)
 		}
@@ -890,11 +933,15 @@ func (s *AggStore) LatestCheckpoint() (round uint64, vec []float64, err error) {
 		if err != nil {
 			return err
 		}
-		k, raw := b.Cursor().Last()
+		k, sealed := b.Cursor().Last()
 		if k == nil {
 			return fmt.Errorf("%w: no checkpoint", ErrNotFound)
 		}
 		if round, err = decodeU64(k, "checkpoint key"); err != nil {
+			return err
+		}
+		raw, err := unseal(k, sealed, fmt.Sprintf("checkpoint %d", round))
+		if err != nil {
 			return err
 		}
 		vec, err = decodeFloats(raw, fmt.Sprintf("checkpoint %d", round))

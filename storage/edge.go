@@ -9,7 +9,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Edge schema, version 1:
+// Edge schema, version 2 (version 1 without the seals; every value
+// outside meta is sealed with a CRC-32C, see seal.go):
 //
 //	meta      schema_version, kind = "edge"
 //	edge      client_id      string
@@ -54,6 +55,12 @@ var edgeSchema = schema{
 	kind: edgeKind,
 	migrations: []migration{
 		{name: "create buckets", run: createBuckets(bucketEdge, bucketResiduals, bucketOutbox)},
+		{name: "seal values", run: sealAll},
+	},
+	layout: map[string][]string{
+		string(bucketEdge): {string(keyClientID), string(keyCreatedAt), string(keySeenRound), string(keyAppliedRound),
+			string(keyGlobal), string(keyZ), string(keyServerZ), string(keyConnection), string(keyRunID)},
+		string(bucketResiduals): nil, string(bucketOutbox): nil,
 	},
 }
 
@@ -64,7 +71,7 @@ const ResidualUplink = "uplink"
 // EdgeStore is the edge agent's state in one bbolt file. It is safe for
 // concurrent use; bbolt serialises the writers.
 type EdgeStore struct {
-	db *bolt.DB
+	db *guardedDB
 }
 
 // OpenEdge opens or creates the edge database at path.
@@ -127,8 +134,11 @@ func (s *EdgeStore) InitIdentity(clientID string, now time.Time) (Identity, erro
 	}
 	var id Identity
 	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
-		if old := b.Get(keyClientID); old != nil {
-			var err error
+		old, err := eget(b, keyClientID)
+		if err != nil {
+			return err
+		}
+		if old != nil {
 			if id, err = readIdentity(b); err != nil {
 				return err
 			}
@@ -138,10 +148,10 @@ func (s *EdgeStore) InitIdentity(clientID string, now time.Time) (Identity, erro
 			return nil
 		}
 		id = Identity{ClientID: clientID, CreatedAt: now}
-		if err := b.Put(keyClientID, []byte(clientID)); err != nil {
+		if err := sput(b, keyClientID, []byte(clientID)); err != nil {
 			return err
 		}
-		return b.Put(keyCreatedAt, encodeTime(now))
+		return sput(b, keyCreatedAt, encodeTime(now))
 	})
 	if err != nil {
 		return Identity{}, fmt.Errorf("storage: init identity: %w", err)
@@ -150,11 +160,18 @@ func (s *EdgeStore) InitIdentity(clientID string, now time.Time) (Identity, erro
 }
 
 func readIdentity(b *bolt.Bucket) (Identity, error) {
-	v := b.Get(keyClientID)
+	v, err := eget(b, keyClientID)
+	if err != nil {
+		return Identity{}, err
+	}
 	if v == nil {
 		return Identity{}, fmt.Errorf("%w: identity", ErrNotFound)
 	}
-	t, err := decodeTime(b.Get(keyCreatedAt), "edge/created_at")
+	ct, err := eget(b, keyCreatedAt)
+	if err != nil {
+		return Identity{}, err
+	}
+	t, err := decodeTime(ct, "edge/created_at")
 	if err != nil {
 		return Identity{}, err
 	}
@@ -174,9 +191,9 @@ func (s *EdgeStore) Identity() (Identity, error) {
 
 // getU64 reads an optional counter (0 when absent).
 func getU64(b *bolt.Bucket, key []byte) (uint64, error) {
-	v := b.Get(key)
-	if v == nil {
-		return 0, nil
+	v, err := eget(b, key)
+	if err != nil || v == nil {
+		return 0, err
 	}
 	return decodeU64(v, "edge/"+string(key))
 }
@@ -188,7 +205,7 @@ func raiseSeen(b *bolt.Bucket, round uint64) error {
 		return err
 	}
 	if round > seen {
-		return b.Put(keySeenRound, encodeU64(round))
+		return sput(b, keySeenRound, encodeU64(round))
 	}
 	return nil
 }
@@ -233,7 +250,7 @@ func (s *EdgeStore) NextConnection(floor uint64) (uint64, error) {
 			return fmt.Errorf("%w: connection numbers exhausted", ErrInvalid)
 		}
 		n = max(last+1, floor)
-		return b.Put(keyConnection, encodeU64(n))
+		return sput(b, keyConnection, encodeU64(n))
 	})
 	if err != nil {
 		return 0, fmt.Errorf("storage: next connection: %w", err)
@@ -246,8 +263,9 @@ func (s *EdgeStore) NextConnection(floor uint64) (uint64, error) {
 func (s *EdgeStore) RunID() (string, error) {
 	var id string
 	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
-		id = string(b.Get(keyRunID))
-		return nil
+		v, err := eget(b, keyRunID)
+		id = string(v)
+		return err
 	})
 	return id, err
 }
@@ -276,7 +294,11 @@ func (s *EdgeStore) StartRun(runID string) (RunStart, error) {
 		return RunStart{Previous: cur}, nil
 	}
 	err := s.update(func(b *bolt.Bucket, tx *bolt.Tx) error {
-		rs = RunStart{Previous: string(b.Get(keyRunID))}
+		prev, err := eget(b, keyRunID)
+		if err != nil {
+			return err
+		}
+		rs = RunStart{Previous: string(prev)}
 		seen, err := getU64(b, keySeenRound)
 		if err != nil {
 			return err
@@ -305,7 +327,7 @@ func (s *EdgeStore) StartRun(runID string) (RunStart, error) {
 				}
 			}
 		}
-		return b.Put(keyRunID, []byte(runID))
+		return sput(b, keyRunID, []byte(runID))
 	})
 	if err != nil {
 		return RunStart{}, fmt.Errorf("storage: start run: %w", err)
@@ -346,7 +368,11 @@ func (s *EdgeStore) SetGlobal(round uint64, vec []float64) error {
 		return err
 	}
 	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
-		if old := b.Get(keyGlobal); old != nil {
+		old, err := eget(b, keyGlobal)
+		if err != nil {
+			return err
+		}
+		if old != nil {
 			r, err := roundOf(old, "edge/global")
 			if err != nil {
 				return err
@@ -355,7 +381,7 @@ func (s *EdgeStore) SetGlobal(round uint64, vec []float64) error {
 				return fmt.Errorf("%w: global model of round %d, have round %d", ErrStale, round, r)
 			}
 		}
-		if err := b.Put(keyGlobal, encodeRoundVec(round, vec)); err != nil {
+		if err := sput(b, keyGlobal, encodeRoundVec(round, vec)); err != nil {
 			return err
 		}
 		return raiseSeen(b, round)
@@ -370,7 +396,10 @@ func (s *EdgeStore) SetGlobal(round uint64, vec []float64) error {
 // read transaction.
 func (s *EdgeStore) Global() (round uint64, vec []float64, err error) {
 	err = s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
-		v := b.Get(keyGlobal)
+		v, err := eget(b, keyGlobal)
+		if err != nil {
+			return err
+		}
 		if v == nil {
 			return fmt.Errorf("%w: global model", ErrNotFound)
 		}
@@ -393,7 +422,7 @@ func (s *EdgeStore) InitZ(round uint64, z []float64) (bool, error) {
 			return nil
 		}
 		wrote = true
-		return b.Put(keyZ, encodeRoundVec(round, z))
+		return sput(b, keyZ, encodeRoundVec(round, z))
 	})
 	if err != nil {
 		return false, fmt.Errorf("storage: init z: %w", err)
@@ -405,7 +434,10 @@ func (s *EdgeStore) InitZ(round uint64, z []float64) (bool, error) {
 // ErrNotFound. A read transaction.
 func (s *EdgeStore) Z() (round uint64, z []float64, err error) {
 	err = s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
-		v := b.Get(keyZ)
+		v, err := eget(b, keyZ)
+		if err != nil {
+			return err
+		}
 		if v == nil {
 			return fmt.Errorf("%w: z", ErrNotFound)
 		}
@@ -429,7 +461,7 @@ func (s *EdgeStore) SetResidual(name string, v []float64) error {
 		if err != nil {
 			return err
 		}
-		return b.Put([]byte(name), encodeFloats(v))
+		return sput(b, []byte(name), encodeFloats(v))
 	})
 	if err != nil {
 		return fmt.Errorf("storage: set residual %q: %w", name, err)
@@ -461,7 +493,10 @@ func (s *EdgeStore) Residual(name string) ([]float64, error) {
 		if err != nil {
 			return err
 		}
-		raw := b.Get([]byte(name))
+		raw, err := sget(b, []byte(name), "residual "+name)
+		if err != nil {
+			return err
+		}
 		if raw == nil {
 			return fmt.Errorf("%w: residual %q", ErrNotFound, name)
 		}
@@ -536,24 +571,24 @@ func (s *EdgeStore) Commit(c Commit) error {
 			return err
 		}
 		if len(c.Z) > 0 {
-			if err := b.Put(keyZ, encodeRoundVec(round, c.Z)); err != nil {
+			if err := sput(b, keyZ, encodeRoundVec(round, c.Z)); err != nil {
 				return err
 			}
 		}
 		if len(c.ServerZ) > 0 {
-			if err := b.Put(keyServerZ, encodeRoundVec(round, c.ServerZ)); err != nil {
+			if err := sput(b, keyServerZ, encodeRoundVec(round, c.ServerZ)); err != nil {
 				return err
 			}
 		}
 		if len(c.Residual) > 0 {
-			if err := res.Put([]byte(ResidualUplink), encodeFloats(c.Residual)); err != nil {
+			if err := sput(res, []byte(ResidualUplink), encodeFloats(c.Residual)); err != nil {
 				return err
 			}
 		}
-		if err := out.Put(encodeU64(round), bytes.Clone(c.Msg)); err != nil {
+		if err := sput(out, encodeU64(round), c.Msg); err != nil {
 			return err
 		}
-		if err := b.Put(keyAppliedRound, encodeU64(round)); err != nil {
+		if err := sput(b, keyAppliedRound, encodeU64(round)); err != nil {
 			return err
 		}
 		return raiseSeen(b, round)
@@ -569,7 +604,10 @@ func (s *EdgeStore) Commit(c Commit) error {
 // holds no copy this site knows of. A read transaction.
 func (s *EdgeStore) ServerZ() (round uint64, z []float64, err error) {
 	err = s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
-		v := b.Get(keyServerZ)
+		v, err := eget(b, keyServerZ)
+		if err != nil {
+			return err
+		}
 		if v == nil {
 			return fmt.Errorf("%w: server z", ErrNotFound)
 		}
@@ -594,7 +632,7 @@ func (s *EdgeStore) Outbox() ([]OutboxEntry, error) {
 		if err != nil {
 			return err
 		}
-		return b.ForEach(func(k, v []byte) error {
+		return sforEach(b, "outbox", func(k, v []byte) error {
 			r, err := decodeU64(k, "outbox key")
 			if err != nil {
 				return err
@@ -658,3 +696,6 @@ func (s *EdgeStore) ack(round uint64, rejected bool) (bool, error) {
 	}
 	return found, nil
 }
+
+// eget is sget for a key of the edge bucket.
+func eget(b *bolt.Bucket, k []byte) ([]byte, error) { return sget(b, k, "edge/"+string(k)) }

@@ -30,6 +30,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -46,6 +48,10 @@ type Options struct {
 	// (or another handle in this one). <= 0 means DefaultLockTimeout: the
 	// wait is always bounded.
 	LockTimeout time.Duration
+	// SkipVerify skips the consistency check of every page on open (the
+	// cheap meta-page checks and the checksums of values still apply).
+	// For tools that must read a file they already verified.
+	SkipVerify bool
 }
 
 // Errors. Every error the stores return for these conditions wraps one of
@@ -62,6 +68,9 @@ var (
 	ErrExists         = errors.New("storage: already exists")
 	ErrMismatch       = errors.New("storage: stored identity differs")
 )
+
+// ourBuckets are the bucket names of every edgefl schema, old or new.
+var ourBuckets = []string{"meta", "agg", "clients", "rounds", "updates", "latest_z", "checkpoints", "edge", "residuals", "outbox"}
 
 // Bucket and key names shared by both schemas.
 var (
@@ -83,6 +92,10 @@ type migration struct {
 type schema struct {
 	kind       string
 	migrations []migration
+	// layout names the buckets of the current version and, for buckets
+	// with fixed keys, those keys (nil: keys are data, e.g. client ids);
+	// the check on open refuses anything else (guard.go).
+	layout map[string][]string
 }
 
 func (s schema) version() uint64 { return uint64(len(s.migrations)) }
@@ -100,25 +113,54 @@ func createBuckets(names ...[]byte) func(tx *bolt.Tx) error {
 }
 
 // openDB opens (creating if needed) the bbolt file at path, takes its lock
-// with a bounded wait, checks its kind and migrates it to sc's version.
-func openDB(path string, sc schema, opts Options) (*bolt.DB, error) {
+// with a bounded wait, verifies every page (guard.go), checks its kind and
+// migrates it to sc's version. A damaged file is an error wrapping
+// ErrCorrupt that names the file, never a panic or a hang.
+func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 	timeout := opts.LockTimeout
 	if timeout <= 0 {
 		timeout = DefaultLockTimeout
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{
+	if err := precheck(path); err != nil {
+		return nil, err
+	}
+	db, err := openGuarded(path, sc.layout, &bolt.Options{
 		Timeout: timeout,
 		NoSync:  false, // fsync every commit: durability is the point
 	})
 	if err != nil {
-		if errors.Is(err, bolterrors.ErrTimeout) {
+		switch {
+		case errors.Is(err, bolterrors.ErrTimeout):
 			return nil, fmt.Errorf("%w: %s (gave up after %v): %w", ErrLocked, path, timeout, err)
+		case errors.Is(err, ErrCorrupt):
+			return nil, err
+		case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrChecksum), errors.Is(err, bolterrors.ErrVersionMismatch):
+			return nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
 		}
 		return nil, fmt.Errorf("storage: open %s: %w", path, err)
 	}
+	if !opts.SkipVerify {
+		if err := bounded(db, "the consistency check", func() error { return check(db) }); err != nil {
+			_ = db.Close()
+			return nil, err
+		}
+	}
 	if err := migrate(db, sc); err != nil {
 		_ = db.Close()
+		if errors.Is(err, ErrCorrupt) && !strings.Contains(err.Error(), path) {
+			return nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
+		}
 		return nil, fmt.Errorf("storage: %s: %w", path, err)
+	}
+	if !opts.SkipVerify {
+		// Values are sealed from schema version 2 on, so this runs on the
+		// migrated file.
+		if err := bounded(db, "reading every value", func() error {
+			return db.View(func(tx *bolt.Tx) error { return db.checkValues(tx) })
+		}); err != nil {
+			_ = db.Close()
+			return nil, err
+		}
 	}
 	return db, nil
 }
@@ -133,6 +175,12 @@ func readMeta(tx *bolt.Tx) (version uint64, kind string, err error) {
 			foreign = append(foreign, string(name))
 			return nil
 		})
+		for _, n := range foreign {
+			if slices.Contains(ourBuckets, n) {
+				// Ours, but its meta bucket cannot be found: damaged.
+				return 0, "", fmt.Errorf("%w: no meta bucket, but edgefl's buckets %q", ErrCorrupt, foreign)
+			}
+		}
 		if len(foreign) > 0 {
 			return 0, "", fmt.Errorf("%w: no meta bucket but buckets %q: not an edgefl database", ErrWrongKind, foreign)
 		}
@@ -149,7 +197,7 @@ func readMeta(tx *bolt.Tx) (version uint64, kind string, err error) {
 	return version, string(meta.Get(keyKind)), nil
 }
 
-func migrate(db *bolt.DB, sc schema) error {
+func migrate(db *guardedDB, sc schema) error {
 	var version uint64
 	var kind string
 	if err := db.View(func(tx *bolt.Tx) (err error) {
@@ -158,8 +206,15 @@ func migrate(db *bolt.DB, sc schema) error {
 	}); err != nil {
 		return err
 	}
+	if version > 0 && kind == "" {
+		return fmt.Errorf("%w: the meta bucket has a schema version but no kind", ErrCorrupt)
+	}
 	if version > 0 && kind != sc.kind {
 		return fmt.Errorf("%w: this is a %q database, not %q", ErrWrongKind, kind, sc.kind)
+	}
+	if version > sc.version()+1000 {
+		// No binary will ever get there: a damaged value, not a newer file.
+		return fmt.Errorf("%w: implausible schema version %d", ErrCorrupt, version)
 	}
 	if version > sc.version() {
 		return fmt.Errorf("%w: file has schema version %d, this binary knows up to %d (%s); upgrade the binary",
@@ -198,7 +253,7 @@ func migrate(db *bolt.DB, sc schema) error {
 }
 
 // schemaVersion reads the version of an open file (for tests and tools).
-func schemaVersion(db *bolt.DB) (v uint64, err error) {
+func schemaVersion(db *guardedDB) (v uint64, err error) {
 	err = db.View(func(tx *bolt.Tx) error {
 		v, _, err = readMeta(tx)
 		return err
@@ -207,14 +262,16 @@ func schemaVersion(db *bolt.DB) (v uint64, err error) {
 }
 
 // check runs bbolt's consistency check of the whole file.
-func check(db *bolt.DB) error {
+func check(db *guardedDB) error {
 	return db.View(func(tx *bolt.Tx) error {
 		var errs []error
 		for err := range tx.Check() {
-			errs = append(errs, err)
+			if len(errs) < 3 { // the first few say enough; keep draining
+				errs = append(errs, err)
+			}
 		}
 		if len(errs) > 0 {
-			return fmt.Errorf("%w: bbolt check: %w", ErrCorrupt, errors.Join(errs...))
+			return fmt.Errorf("%w: %s fails bbolt's consistency check: %w", ErrCorrupt, db.path, errors.Join(errs...))
 		}
 		return nil
 	})
@@ -223,7 +280,7 @@ func check(db *bolt.DB) error {
 // compact writes a compacted copy of src to dst, which must not exist. It
 // compacts into dst+".tmp" and renames on success, so an interrupted compaction
 // never leaves a partial file under dst.
-func compact(src *bolt.DB, dst string, opts Options) (err error) {
+func compact(src *guardedDB, dst string, opts Options) (err error) {
 	if _, err := os.Stat(dst); err == nil {
 		return fmt.Errorf("%w: compact destination %s", ErrExists, dst)
 	} else if !errors.Is(err, os.ErrNotExist) {
@@ -246,7 +303,7 @@ func compact(src *bolt.DB, dst string, opts Options) (err error) {
 			_ = os.Remove(tmp)
 		}
 	}()
-	if err := bolt.Compact(out, src, 16<<20); err != nil {
+	if err := src.compactInto(out); err != nil {
 		_ = out.Close()
 		return fmt.Errorf("storage: compact %s -> %s: %w", src.Path(), dst, err)
 	}
@@ -316,6 +373,10 @@ func decodeFloats(b []byte, what string) ([]float64, error) {
 	v := make([]float64, len(b)/8)
 	for i := range v {
 		v[i] = math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:]))
+		if math.IsNaN(v[i]) || math.IsInf(v[i], 0) {
+			// Never written (checkVec refuses it): the file was altered.
+			return nil, fmt.Errorf("%w: %s[%d] is %v", ErrCorrupt, what, i, v[i])
+		}
 	}
 	return v, nil
 }

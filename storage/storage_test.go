@@ -2,6 +2,8 @@ package storage
 
 import (
 	"errors"
+	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -151,7 +153,7 @@ func TestMigrationFromV0(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, err := schemaVersion(db); err != nil || v != 0 {
+	if v, err := schemaVersion(&guardedDB{DB: db, path: path}); err != nil || v != 0 {
 		t.Fatalf("fixture version = %d, %v", v, err)
 	}
 	closeT(t, db)
@@ -181,6 +183,8 @@ func TestMigrationFromV0(t *testing.T) {
 // "outbox2" and counts its runs.
 func edgeV2(runs *int, fail bool) schema {
 	sc := edgeSchema
+	sc.layout = maps.Clone(edgeSchema.layout)
+	sc.layout["outbox2"] = nil
 	sc.migrations = append(append([]migration(nil), edgeSchema.migrations...), migration{
 		name: "test: move outbox to outbox2",
 		run: func(tx *bolt.Tx) error {
@@ -215,7 +219,7 @@ func TestMigrationFromV1(t *testing.T) {
 		t.Fatalf("failing migration: %v", err)
 	}
 	s = openEdge(t, path)
-	if v, _ := schemaVersion(s.db); v != 1 {
+	if v, _ := schemaVersion(s.db); v != edgeSchema.version() {
 		t.Fatalf("after failed migration version = %d", v)
 	}
 	_ = s.db.View(func(tx *bolt.Tx) error {
@@ -233,11 +237,11 @@ func TestMigrationFromV1(t *testing.T) {
 		if err != nil {
 			t.Fatalf("migrate to v2: %v", err)
 		}
-		if v, _ := schemaVersion(db); v != 2 {
-			t.Fatalf("version = %d, want 2", v)
+		if v, _ := schemaVersion(db); v != edgeSchema.version()+1 {
+			t.Fatalf("version = %d, want %d", v, edgeSchema.version()+1)
 		}
 		_ = db.View(func(tx *bolt.Tx) error {
-			if got := tx.Bucket([]byte("outbox2")).Get(encodeU64(3)); string(got) != "update-3" {
+			if got, err := sget(tx.Bucket([]byte("outbox2")), encodeU64(3), "outbox2"); err != nil || string(got) != "update-3" {
 				t.Errorf("outbox2[3] = %q", got)
 			}
 			if tx.Bucket(bucketOutbox) != nil {
@@ -253,8 +257,8 @@ func TestMigrationFromV1(t *testing.T) {
 
 	// This binary (v1) refuses the v2 file clearly.
 	_, err := OpenEdge(path, Options{})
-	if !errors.Is(err, ErrSchemaTooNew) || !strings.Contains(err.Error(), "schema version 2") {
-		t.Fatalf("OpenEdge(v2 file) = %v, want ErrSchemaTooNew naming version 2", err)
+	if want := fmt.Sprintf("schema version %d", edgeSchema.version()+1); !errors.Is(err, ErrSchemaTooNew) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("OpenEdge(newer file) = %v, want ErrSchemaTooNew naming %s", err, want)
 	}
 }
 

@@ -1,0 +1,429 @@
+package storage
+
+import (
+	"errors"
+
+	"fmt"
+	bolt "go.etcd.io/bbolt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The fixtures in testdata/v1 were written by the schema-1 code (before
+// values were sealed) with the calls of makeAggFile/makeEdgeFile below at
+// rounds 3 and 2 and vectors of 3 values; opening them must migrate them
+// and read back exactly what was written.
+func TestMigrationFromV1Fixtures(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"agg.db", "edge.db"} {
+		b, err := os.ReadFile(filepath.Join("testdata", "v1", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := OpenAgg(filepath.Join(dir, "agg.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := schemaVersion(a.db); v != aggSchema.version() {
+		t.Fatalf("agg version %d after migration, want %d", v, aggSchema.version())
+	}
+	cur, err := a.CurrentRound()
+	if err != nil || cur.Number != 3 || string(cur.Config) != `{"federation":"fx"}` || string(cur.State) != `{"round":1}` {
+		t.Fatalf("current round %+v, %v", cur, err)
+	}
+	for r := uint64(1); r <= 3; r++ {
+		x, err := a.Checkpoint(r)
+		if err != nil || !slices.Equal(x, []float64{float64(r), 0.5, -1.25}) {
+			t.Fatalf("checkpoint %d = %v, %v", r, x, err)
+		}
+		ups, err := a.Updates(r)
+		if err != nil || len(ups) != 2 || string(ups[1].Msg) != "msg-site-b" || ups[0].SampleCount != 10 || ups[0].Loss != 0.25 {
+			t.Fatalf("updates of %d = %+v, %v", r, ups, err)
+		}
+	}
+	if r, z, err := a.ClientZ("site-b"); err != nil || r != 3 || !slices.Equal(z, []float64{3, math.Pi, 1e-300}) {
+		t.Fatalf("z of site-b = %d %v %v", r, z, err)
+	}
+	if c, err := a.Client("site-a"); err != nil || !c.Online || c.Participation != 3 {
+		t.Fatalf("client site-a %+v %v", c, err)
+	}
+	closeT(t, a)
+
+	e, err := OpenEdge(filepath.Join(dir, "edge.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, err := e.Identity(); err != nil || id.ClientID != "site-a" {
+		t.Fatalf("identity %+v %v", id, err)
+	}
+	if r, z, err := e.Z(); err != nil || r != 2 || !slices.Equal(z, []float64{4, 5, 6}) {
+		t.Fatalf("z %d %v %v", r, z, err)
+	}
+	if r, z, err := e.ServerZ(); err != nil || r != 2 || !slices.Equal(z, []float64{4, 5, 6.5}) {
+		t.Fatalf("server z %d %v %v", r, z, err)
+	}
+	if res, err := e.Residual(ResidualUplink); err != nil || !slices.Equal(res, []float64{0.1, 0.2, 0.3}) {
+		t.Fatalf("residual %v %v", res, err)
+	}
+	if out, err := e.Outbox(); err != nil || len(out) != 1 || string(out[0].Msg) != "update-2" {
+		t.Fatalf("outbox %+v %v", out, err)
+	}
+	if id, err := e.RunID(); err != nil || id != "run-1" {
+		t.Fatalf("run id %q %v", id, err)
+	}
+	closeT(t, e)
+}
+
+// makeAggFile writes an aggregator file the way a FedSplit run does:
+// rounds, updates with z, checkpoints, registry entries. dim spreads it over
+// several pages.
+func makeAggFile(t testing.TB, path string, rounds, dim int) {
+	a, err := OpenAgg(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer settleMeta(t, a.db)
+	at := time.Unix(1700000000, 0)
+	rng := rand.New(rand.NewPCG(1, 2))
+	vec := func() []float64 {
+		v := make([]float64, dim)
+		for i := range v {
+			v[i] = rng.NormFloat64()
+		}
+		return v
+	}
+	for r := 1; r <= rounds; r++ {
+		if err := a.OpenRound(Round{Number: uint64(r), OpenedAt: at, Config: []byte(`{"federation":"fx"}`), State: []byte(fmt.Sprintf(`{"round":%d}`, r))}, vec()); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []string{"site-a", "site-b", "site-c"} {
+			if _, err := a.PutUpdate(Update{Round: uint64(r), ClientID: c, StoredAt: at, SampleCount: 10, Loss: 0.25, Msg: []byte(strings.Repeat(c, 20))}, vec()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// settleMeta commits two empty transactions, so both of bbolt's meta pages
+// describe the same data. bbolt falls back to the older meta page when the
+// newer one is damaged (a torn last commit looks exactly like that, and
+// that commit was never acknowledged); with both alike, damage to either
+// meta page must read back intact or be refused, like any other page.
+func settleMeta(t testing.TB, db *guardedDB) {
+	for range 2 {
+		if err := db.Update(func(*bolt.Tx) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// dumpAgg reads everything an aggregator restarts from.
+func dumpAgg(a *AggStore) (string, error) {
+	var b strings.Builder
+	cur, err := a.CurrentRound()
+	if err != nil {
+		return "", err
+	}
+	for r := uint64(1); r <= cur.Number; r++ {
+		rd, err := a.Round(r)
+		if err != nil {
+			return "", err
+		}
+		x, err := a.Checkpoint(r)
+		if err != nil {
+			return "", err
+		}
+		ups, err := a.Updates(r)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "%d %v %s %s %v %+v\n", r, rd.Status, rd.Config, rd.State, x, ups)
+	}
+	zs, err := a.LatestZ()
+	if err != nil {
+		return "", err
+	}
+	cs, err := a.Clients()
+	if err != nil {
+		return "", err
+	}
+	fmt.Fprintf(&b, "%v %+v\n", zs, cs)
+	return b.String(), nil
+}
+
+func makeEdgeFile(t testing.TB, path string, dim int) {
+	e, err := OpenEdge(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	defer settleMeta(t, e.db)
+	v := make([]float64, dim)
+	for i := range v {
+		v[i] = float64(i) / 7
+	}
+	if _, err := e.InitIdentity("site-a", time.Unix(1700000000, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.StartRun("run-1"); err != nil {
+		t.Fatal(err)
+	}
+	for r := uint64(1); r <= 3; r++ {
+		if err := e.SetGlobal(r, v); err != nil {
+			t.Fatal(err)
+		}
+		if r == 1 {
+			if _, err := e.InitZ(r, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := e.Commit(Commit{Round: r, Z: v, ServerZ: v, Residual: v, Msg: []byte(strings.Repeat("u", 100))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.Ack(1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func dumpEdge(e *EdgeStore) (string, error) {
+	id, err := e.Identity()
+	if err != nil {
+		return "", err
+	}
+	gr, g, err := e.Global()
+	if err != nil {
+		return "", err
+	}
+	zr, z, err := e.Z()
+	if err != nil {
+		return "", err
+	}
+	sr, sz, err := e.ServerZ()
+	if err != nil {
+		return "", err
+	}
+	res, err := e.Residual(ResidualUplink)
+	if err != nil {
+		return "", err
+	}
+	out, err := e.Outbox()
+	if err != nil {
+		return "", err
+	}
+	seen, err := e.SeenRound()
+	if err != nil {
+		return "", err
+	}
+	applied, err := e.AppliedRound()
+	if err != nil {
+		return "", err
+	}
+	run, err := e.RunID()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%+v %d %v %d %v %d %v %v %+v %d %d %s", id, gr, g, zr, z, sr, sz, res, out, seen, applied, run), nil
+}
+
+// outcome of opening and reading one damaged file.
+type outcome int
+
+const (
+	intact  outcome = iota // opened, every value read back equal
+	refused                // an error wrapping ErrCorrupt
+)
+
+// openDamaged opens b (written to a fresh file) with the real open path and
+// reads everything back, under a time limit. Any other outcome than an
+// intact read or an ErrCorrupt error fails the test: a panic kills the test
+// binary, a hang fails here, silently different numbers fail here.
+func openDamaged(t testing.TB, dir string, b []byte, agg bool, want, what string) outcome {
+	path := filepath.Join(dir, "damaged.db")
+	_ = os.Remove(path)
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		got string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		if agg {
+			a, err := OpenAgg(path, Options{})
+			if err != nil {
+				done <- result{err: err}
+				return
+			}
+			r.got, r.err = dumpAgg(a)
+			if err := a.Close(); err != nil && r.err == nil {
+				r.err = err
+			}
+		} else {
+			e, err := OpenEdge(path, Options{})
+			if err != nil {
+				done <- result{err: err}
+				return
+			}
+			r.got, r.err = dumpEdge(e)
+			if err := e.Close(); err != nil && r.err == nil {
+				r.err = err
+			}
+		}
+		done <- r
+	}()
+	select {
+	case r := <-done:
+		switch {
+		case r.err == nil && r.got == want:
+			return intact
+		case r.err == nil:
+			t.Fatalf("%s: opened and read different values:\n got %.300s\nwant %.300s", what, r.got, want)
+		case !errors.Is(r.err, ErrCorrupt):
+			t.Fatalf("%s: error not wrapping ErrCorrupt: %v", what, r.err)
+		case !strings.Contains(r.err.Error(), path) && !strings.Contains(r.err.Error(), "damaged.db"):
+			t.Fatalf("%s: error does not name the file: %v", what, r.err)
+		}
+		return refused
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: open and read did not finish in 30 s (a hang)", what)
+	}
+	return refused
+}
+
+// TestCorruptionSweep damages real state files every way a disk or an
+// operator does (truncation at every page boundary, each page zeroed, random
+// bit flips) and checks each is either read back intact or refused with an
+// ErrCorrupt error naming the file: never a panic, a hang or a wrong value.
+func TestCorruptionSweep(t *testing.T) {
+	for _, kind := range []string{"agg", "edge"} {
+		t.Run(kind, func(t *testing.T) {
+			dir := t.TempDir()
+			orig := filepath.Join(dir, "orig.db")
+			var want string
+			var err error
+			if kind == "agg" {
+				makeAggFile(t, orig, 6, 300)
+				a, err2 := OpenAgg(orig, Options{})
+				if err2 != nil {
+					t.Fatal(err2)
+				}
+				want, err = dumpAgg(a)
+				a.Close()
+			} else {
+				makeEdgeFile(t, orig, 600)
+				e, err2 := OpenEdge(orig, Options{})
+				if err2 != nil {
+					t.Fatal(err2)
+				}
+				want, err = dumpEdge(e)
+				e.Close()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			base, err := os.ReadFile(orig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const page = 4096
+			counts := map[string][2]int{}
+			note := func(what string, o outcome) {
+				c := counts[what]
+				c[o]++
+				counts[what] = c
+			}
+			for off := 0; off < len(base); off += page {
+				note("truncate", openDamaged(t, dir, base[:off], kind == "agg", want, fmt.Sprintf("truncated to %d", off)))
+				if off > 0 {
+					note("truncate", openDamaged(t, dir, base[:off+page/2], kind == "agg", want, fmt.Sprintf("truncated to %d", off+page/2)))
+				}
+				z := slices.Clone(base)
+				clear(z[off : off+page])
+				note("zero page", openDamaged(t, dir, z, kind == "agg", want, fmt.Sprintf("page %d zeroed", off/page)))
+			}
+			rng := rand.New(rand.NewPCG(7, uint64(len(kind))))
+			for i := 0; i < 300; i++ {
+				f := slices.Clone(base)
+				var flips []int
+				for j := 0; j <= i%3; j++ {
+					bit := rng.IntN(8 * len(f))
+					f[bit/8] ^= 1 << (bit % 8)
+					flips = append(flips, bit)
+				}
+				note("bit flips", openDamaged(t, dir, f, kind == "agg", want, fmt.Sprintf("bits %v flipped", flips)))
+			}
+			for what, c := range counts {
+				t.Logf("%s file (%d bytes), %s: %d read back intact, %d refused with ErrCorrupt", kind, len(base), what, c[intact], c[refused])
+			}
+		})
+	}
+}
+
+// fuzzFile damages a small real state file as data says: each 5-byte group
+// is a little-endian uint32 offset and a byte XORed in there; a trailing
+// group of fewer than 5 bytes truncates the file to (its first byte) pages.
+func fuzzFile(f *testing.F, agg bool) {
+	dir := f.TempDir()
+	orig := filepath.Join(dir, "orig.db")
+	var want string
+	var err error
+	if agg {
+		makeAggFile(f, orig, 3, 40)
+		a, err2 := OpenAgg(orig, Options{})
+		if err2 != nil {
+			f.Fatal(err2)
+		}
+		want, err = dumpAgg(a)
+		a.Close()
+	} else {
+		makeEdgeFile(f, orig, 40)
+		e, err2 := OpenEdge(orig, Options{})
+		if err2 != nil {
+			f.Fatal(err2)
+		}
+		want, err = dumpEdge(e)
+		e.Close()
+	}
+	if err != nil {
+		f.Fatal(err)
+	}
+	base, err := os.ReadFile(orig)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add([]byte{})
+	f.Add([]byte{3})
+	f.Add([]byte{0x10, 0, 0, 0, 0xff})
+	f.Add([]byte{0x20, 0x10, 0, 0, 0x01, 0x40, 0x30, 0, 0, 0x80})
+	for pg := 0; pg < len(base)/4096; pg++ {
+		f.Add([]byte{byte(pg*4096 + 20), byte((pg*4096 + 20) >> 8), 0, 0, 0x5a})
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b := slices.Clone(base)
+		for ; len(data) >= 5; data = data[5:] {
+			off := int(uint32(data[0]) | uint32(data[1])<<8 | uint32(data[2])<<16 | uint32(data[3])<<24)
+			b[off%len(b)] ^= data[4]
+		}
+		if len(data) > 0 {
+			b = b[:min(len(b), int(data[0])*4096)]
+		}
+		openDamaged(t, dir, b, agg, want, fmt.Sprintf("mutation %x", data))
+	})
+}
+
+func FuzzAggFile(f *testing.F)  { fuzzFile(f, true) }
+func FuzzEdgeFile(f *testing.F) { fuzzFile(f, false) }

@@ -1,0 +1,326 @@
+package storage
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"os"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// A damaged state file must give the daemon a one-line error and a non-zero
+// exit, never a Go panic or a hang (issue 10, items 3 and 4). bbolt trusts
+// its pages: a zeroed or truncated page makes it panic ("invalid freelist
+// page", "page N already freed", slice bounds) or fault on an mmap read past
+// the end of the file; a panic inside a write transaction can leave its
+// locks held, so a later Close blocks forever. Three defences, in order:
+//
+//  1. precheck reads the two meta pages itself, before bbolt maps the file:
+//     an empty file, no valid meta page, or a file shorter than its last
+//     commit's high-water mark is refused without touching a data page.
+//  2. Every transaction runs under guardedDB: panics (and, with
+//     debug.SetPanicOnFault, memory faults) are recovered into an error
+//     wrapping ErrCorrupt that names the file. The handle is then poisoned:
+//     every later call returns the same error, and after a write panic
+//     Close does not touch bbolt's locks.
+//  3. Open walks the page tree itself from the file's bytes (walk.go), then
+//     runs bbolt's consistency check (Tx.Check: freed pages in use, key
+//     order), then reads every value and checks its seal, each bounded in
+//     time, before the daemon reads anything.
+//
+// Values inside the pages are sealed with checksums (seal.go).
+
+// guardedDB is a bbolt handle whose transactions cannot panic.
+type guardedDB struct {
+	*bolt.DB
+	path   string
+	layout map[string][]string   // bucket -> its fixed keys (nil: any key); from the schema
+	broken atomic.Pointer[error] // the first recovered panic, if any
+	wedged atomic.Bool           // a write transaction panicked: bbolt's locks may be held
+}
+
+// guard is deferred by every entry point that touches pages; it recovers a
+// panic or memory fault into *err.
+func (d *guardedDB) guard(err *error, write bool) func() {
+	old := debug.SetPanicOnFault(true)
+	return func() {
+		debug.SetPanicOnFault(old)
+		if r := recover(); r != nil {
+			e := fmt.Errorf("%w: %s is damaged (%v)", ErrCorrupt, d.path, r)
+			d.broken.CompareAndSwap(nil, &e)
+			if write {
+				d.wedged.Store(true)
+			}
+			*err = e
+		}
+	}
+}
+
+func (d *guardedDB) failed() error {
+	if e := d.broken.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// View is bolt.DB.View with panics recovered.
+func (d *guardedDB) View(fn func(*bolt.Tx) error) (err error) {
+	if err := d.failed(); err != nil {
+		return err
+	}
+	defer d.guard(&err, false)()
+	return d.named(d.DB.View(fn))
+}
+
+// Update is bolt.DB.Update with panics recovered.
+func (d *guardedDB) Update(fn func(*bolt.Tx) error) (err error) {
+	if err := d.failed(); err != nil {
+		return err
+	}
+	defer d.guard(&err, true)()
+	return d.named(d.DB.Update(fn))
+}
+
+// named adds the file's path to a corruption error found inside a
+// transaction (a value failing its checksum), so the operator's one-line
+// error says which file.
+func (d *guardedDB) named(err error) error {
+	if err != nil && errors.Is(err, ErrCorrupt) && !strings.Contains(err.Error(), d.path) {
+		return fmt.Errorf("%w (in %s)", err, d.path)
+	}
+	return err
+}
+
+// Close closes the file, unless a write transaction panicked: then bbolt's
+// locks may be held and its Close would block forever, so the handle is
+// left to the process's exit (which releases the file lock and the map).
+func (d *guardedDB) Close() (err error) {
+	if d.wedged.Load() {
+		return fmt.Errorf("%w: %s was left open after a failed write", ErrCorrupt, d.path)
+	}
+	defer d.guard(&err, false)()
+	return d.DB.Close()
+}
+
+// Meta page layout (bbolt's internal/common: Page header, then Meta), in
+// the machine's byte order, which is little-endian on every platform edgefl
+// ships for.
+const (
+	pageHeaderSize = 16
+	metaMagic      = 0xED0CDAED
+	metaVersion    = 2
+	metaChecksumAt = 56 // offset of the checksum inside Meta: fnv-64a of the bytes before it
+	metaSize       = 64
+	minPageSize    = 512
+	maxPageSize    = 1 << 16
+	noFreelist     = ^uint64(0)
+)
+
+type boltMeta struct {
+	pageSize uint32
+	root     uint64
+	freelist uint64
+	pgid     uint64
+	txid     uint64
+}
+
+// parseMeta decodes and validates the meta at the start of page (nil:
+// invalid, with the reason).
+func parseMeta(page []byte) (*boltMeta, string) {
+	if len(page) < pageHeaderSize+metaSize {
+		return nil, "short"
+	}
+	m := page[pageHeaderSize : pageHeaderSize+metaSize]
+	le := binary.LittleEndian
+	if le.Uint32(m[0:]) != metaMagic {
+		return nil, "bad magic"
+	}
+	if le.Uint32(m[4:]) != metaVersion {
+		return nil, fmt.Sprintf("bbolt format version %d", le.Uint32(m[4:]))
+	}
+	h := fnv.New64a()
+	h.Write(m[:metaChecksumAt])
+	if h.Sum64() != le.Uint64(m[metaChecksumAt:]) {
+		return nil, "bad checksum"
+	}
+	bm := &boltMeta{pageSize: le.Uint32(m[8:]), root: le.Uint64(m[16:]), freelist: le.Uint64(m[32:]),
+		pgid: le.Uint64(m[40:]), txid: le.Uint64(m[48:])}
+	if bm.pageSize < minPageSize || bm.pageSize > maxPageSize || bm.pageSize&(bm.pageSize-1) != 0 {
+		return nil, fmt.Sprintf("page size %d", bm.pageSize)
+	}
+	if bm.root >= bm.pgid || (bm.freelist != noFreelist && bm.freelist >= bm.pgid) || bm.pgid < 4 {
+		return nil, fmt.Sprintf("pages out of range (root %d, freelist %d, high-water mark %d)", bm.root, bm.freelist, bm.pgid)
+	}
+	return bm, ""
+}
+
+// precheck refuses, before bbolt maps it, a file that cannot be a sound
+// database: empty, without a valid meta page, or shorter than the last
+// commit says it is. A missing file is fine (it will be created).
+func precheck(path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("storage: open %s: %w", path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("storage: stat %s: %w", path, err)
+	}
+	size := st.Size()
+	if size == 0 {
+		return fmt.Errorf("%w: %s is empty (0 bytes), not a state file", ErrCorrupt, path)
+	}
+	buf := make([]byte, pageHeaderSize+metaSize)
+	var metas []*boltMeta
+	var why []string
+	read := func(off int64) {
+		if _, err := f.ReadAt(buf, off); err != nil {
+			if errors.Is(err, io.EOF) {
+				why = append(why, fmt.Sprintf("meta page at %d: past the end of the file", off))
+				return
+			}
+			why = append(why, fmt.Sprintf("meta page at %d: %v", off, err))
+			return
+		}
+		if m, bad := parseMeta(buf); m != nil {
+			metas = append(metas, m)
+		} else {
+			why = append(why, fmt.Sprintf("meta page at %d: %s", off, bad))
+		}
+	}
+	read(0)
+	second := int64(4096)
+	if len(metas) == 1 {
+		second = int64(metas[0].pageSize)
+	}
+	read(second)
+	if len(metas) == 0 {
+		return fmt.Errorf("%w: %s has no valid bbolt meta page (%s)", ErrCorrupt, path, joinWhy(why))
+	}
+	m := metas[0]
+	if len(metas) == 2 && metas[1].txid > m.txid {
+		m = metas[1]
+	}
+	if need := int64(m.pgid) * int64(m.pageSize); size < need {
+		return fmt.Errorf("%w: %s is truncated: %d bytes, its last commit (transaction %d) needs %d",
+			ErrCorrupt, path, size, m.txid, need)
+	}
+	if err := walkTree(f, m); err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
+	}
+	return nil
+}
+
+func joinWhy(why []string) string {
+	s := ""
+	for i, w := range why {
+		if i > 0 {
+			s += "; "
+		}
+		s += w
+	}
+	return s
+}
+
+// openGuarded opens path with bbolt under the guard.
+func openGuarded(path string, layout map[string][]string, o *bolt.Options) (g *guardedDB, err error) {
+	g = &guardedDB{path: path, layout: layout}
+	defer g.guard(&err, true)()
+	db, err := bolt.Open(path, 0o600, o)
+	if err != nil {
+		return nil, err
+	}
+	g.DB = db
+	return g, nil
+}
+
+// checkTime bounds the consistency check on open: generous for the file's
+// size (bbolt checks tens of MB per second even on a gateway's SD card),
+// never unbounded.
+func checkTime(size int64) time.Duration {
+	d := 10*time.Second + time.Duration(size/(4<<20))*time.Second
+	return min(d, 5*time.Minute)
+}
+
+// bounded runs one whole-file check within checkTime. A check that
+// cannot finish in time is an error: the daemon must not start on a file it
+// could not verify.
+func bounded(d *guardedDB, what string, fn func() error) error {
+	var size int64
+	if st, err := os.Stat(d.path); err == nil {
+		size = st.Size()
+	}
+	limit := checkTime(size)
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(limit):
+		// The check goroutine keeps its read transaction; the caller
+		// exits, so the handle is poisoned rather than closed.
+		e := fmt.Errorf("%w: %s: %s did not finish in %v", ErrCorrupt, d.path, what, limit)
+		d.broken.CompareAndSwap(nil, &e)
+		d.wedged.Store(true)
+		return e
+	}
+}
+
+// checkValues reads every value of the file and checks its seal, and that
+// the buckets and the fixed keys are the schema's: a flipped bit in a key
+// would otherwise make a value look absent (a "fresh" round log, an
+// identity never set) instead of damaged.
+func (d *guardedDB) checkValues(tx *bolt.Tx) error {
+	return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+		if string(name) == string(bucketMeta) {
+			return nil
+		}
+		fixed, known := d.layout[string(name)]
+		if !known {
+			return fmt.Errorf("%w: %s has an unknown bucket %q", ErrCorrupt, d.path, name)
+		}
+		return checkBucket(b, string(name), fixed)
+	})
+}
+
+func checkBucket(b *bolt.Bucket, what string, fixed []string) error {
+	return b.ForEach(func(k, v []byte) error {
+		if fixed != nil && !slices.Contains(fixed, string(k)) {
+			return fmt.Errorf("%w: %s has an unknown key %q", ErrCorrupt, what, k)
+		}
+		if v == nil {
+			nb := b.Bucket(k)
+			if nb == nil {
+				return fmt.Errorf("%w: %s/%q is neither a value nor a bucket", ErrCorrupt, what, k)
+			}
+			var sub []string
+			if what == string(bucketRounds) {
+				sub = roundKeys
+			}
+			return checkBucket(nb, fmt.Sprintf("%s/%x", what, k), sub)
+		}
+		_, err := unseal(k, v, fmt.Sprintf("%s/%q", what, k))
+		return err
+	})
+}
+
+// compactInto copies the whole database into out under the guard.
+func (d *guardedDB) compactInto(out *bolt.DB) (err error) {
+	if err := d.failed(); err != nil {
+		return err
+	}
+	defer d.guard(&err, false)()
+	return bolt.Compact(out, d.DB, 16<<20)
+}
