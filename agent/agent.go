@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -102,6 +103,8 @@ type Agent struct {
 	running bool
 	closing bool
 	runCtx  context.Context
+	stop    context.CancelFunc // ends Run (a fatal error)
+	fatal   error              // why Run stopped by itself
 	store   *storage.EdgeStore
 	client  mqtt.Client
 	handler *RoundHandler
@@ -202,14 +205,20 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	store, err := storage.OpenEdge(a.cfg.StateFile, storage.Options{})
 	if err != nil {
-		return fmt.Errorf("agent: state file: %w", err)
+		return stateFileErr(err)
 	}
 	defer store.Close()
 	if _, err := store.InitIdentity(a.cfg.SiteID, a.clock.Now()); err != nil {
+		if errors.Is(err, storage.ErrCorrupt) {
+			return stateFileErr(err)
+		}
 		return fmt.Errorf("agent: state file %s: %w", a.cfg.StateFile, err)
 	}
 	opts, err := a.clientOptions(store)
 	if err != nil {
+		if errors.Is(err, storage.ErrCorrupt) {
+			return stateFileErr(err)
+		}
 		return err
 	}
 	runCtx, cancel := context.WithCancel(ctx)
@@ -220,7 +229,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	client := newClient(opts)
 	a.mu.Lock()
-	a.runCtx, a.store, a.client = runCtx, store, client
+	a.runCtx, a.stop, a.store, a.client = runCtx, cancel, store, client
 	a.handler = &RoundHandler{
 		ClientID: a.cfg.SiteID, Federation: a.cfg.Federation, Store: store, Data: a.data,
 		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
@@ -258,8 +267,68 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.shutdown(client)
 	cancel()
 	a.inflight.Wait()
+	a.mu.Lock()
+	fatal := a.fatal
+	a.mu.Unlock()
+	if fatal != nil {
+		a.log.Error("stopped: the state file is damaged", "err", fatal)
+		return fatal
+	}
 	a.log.Info("stopped", "stats", a.Stats())
 	return nil
+}
+
+// ResetState moves the state file at path aside, to path +
+// ".damaged-<unix seconds>", so that the next Run starts this site over from
+// the aggregator: the site keeps its id (it comes from the configuration)
+// and its connection numbers (floored by the clock, see setWill); the
+// aggregator sees a site with no copy of its FedSplit z and takes its next
+// update in full. Nothing is deleted: the old file stays for inspection. A
+// missing file is not an error ("" is returned).
+func ResetState(path string, now time.Time) (string, error) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	aside := fmt.Sprintf("%s.damaged-%d", path, now.Unix())
+	if _, err := os.Stat(aside); err == nil {
+		return "", fmt.Errorf("agent: reset state: %s already exists", aside)
+	}
+	if err := os.Rename(path, aside); err != nil {
+		return "", fmt.Errorf("agent: reset state: %w", err)
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return aside, nil
+}
+
+// stateFileErr is the one-line error for a state file the agent cannot use,
+// with the way out when it is damaged.
+func stateFileErr(err error) error {
+	if errors.Is(err, storage.ErrCorrupt) {
+		return fmt.Errorf("agent: state file: %w; start this site over from the aggregator with `edge-agent run --reset-state` (the damaged file is kept aside, the site keeps its id)", err)
+	}
+	return fmt.Errorf("agent: state file: %w", err)
+}
+
+// failIfDamaged stops Run when err says the state file is damaged: going
+// on would retry the same failing read forever; the process exits non-zero
+// and systemd (or the operator, with --reset-state) takes over.
+func (a *Agent) failIfDamaged(err error) bool {
+	if !errors.Is(err, storage.ErrCorrupt) {
+		return false
+	}
+	a.mu.Lock()
+	if a.fatal == nil {
+		a.fatal = stateFileErr(err)
+	}
+	stop := a.stop
+	a.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	return true
 }
 
 // enter registers a callback; false once the agent is shutting down.
@@ -324,6 +393,8 @@ func (a *Agent) roundDone(ctx context.Context, ann *wire.RoundAnnouncement, res 
 	case errors.Is(err, ErrBadAnnouncement):
 		a.stats.badAnnouncements.Add(1)
 		lg.Warn("round announcement rejected", "err", err)
+	case a.failIfDamaged(err):
+		a.stats.roundErrors.Add(1)
 	case err != nil && ctx.Err() != nil:
 		lg.Info("round abandoned at shutdown; it restarts from the retained announcement", "err", err)
 	case errors.Is(err, ErrNewRun):
@@ -441,6 +512,7 @@ func (a *Agent) clientOptions(store *storage.EdgeStore) (*mqtt.ClientOptions, er
 				// the previous one's, which only matters if a stale will
 				// of that connection arrives after the new online status.
 				a.log.Error("numbering the connection attempt", "err", err)
+				a.failIfDamaged(err)
 			}
 		}).
 		SetDefaultPublishHandler(a.onMessage).
@@ -540,6 +612,7 @@ func (a *Agent) resendOutbox() {
 	out, err := a.store.Outbox()
 	if err != nil {
 		a.log.Error("read outbox", "err", err)
+		a.failIfDamaged(err)
 		return
 	}
 	for _, e := range out {
@@ -618,6 +691,7 @@ func (a *Agent) onReceipt(r *wire.Receipt) {
 		had, err := a.store.Ack(r.Round)
 		if err != nil {
 			lg.Error("ack receipt", "err", err)
+			a.failIfDamaged(err)
 			return
 		}
 		a.stats.receiptsAccepted.Add(1)
@@ -632,6 +706,7 @@ func (a *Agent) onReceipt(r *wire.Receipt) {
 		// which assumed this update would be applied.
 		if _, err := a.store.AckRejected(r.Round); err != nil {
 			lg.Error("ack rejected update", "err", err)
+			a.failIfDamaged(err)
 			return
 		}
 		a.stats.receiptsRejected.Add(1)
@@ -689,6 +764,7 @@ func (a *Agent) resendRound(round uint64) {
 	out, err := a.store.Outbox()
 	if err != nil {
 		a.log.Error("read outbox", "err", err)
+		a.failIfDamaged(err)
 		return
 	}
 	for _, e := range out {

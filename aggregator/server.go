@@ -301,6 +301,7 @@ type Server struct {
 	view                                    view
 	changed                                 chan struct{}
 	rejected                                metrics.LabeledCounter // shell-level rejections by reason
+	corruption                              metrics.LabeledCounter // damaged stored values found at run time, by what
 	bytesIn                                 metrics.LabeledCounter // by topic kind
 	msgsIn                                  metrics.LabeledCounter
 	storageErrors, publishErrors, badStatus atomic.Uint64
@@ -435,14 +436,31 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		Aggregator: s.aggSpec, Model: cfg.Model, Dimension: s.dim, Codec: cfg.Codec, Downlink: cfg.Downlink}
 
 	if s.store, err = storage.OpenAgg(cfg.StatePath, storage.Options{}); err != nil {
-		return nil, err
+		return nil, DamagedStateError(cfg.StatePath, err)
 	}
 	if err := s.restore(); err != nil {
 		s.store.Close()
-		return nil, err
+		return nil, DamagedStateError(cfg.StatePath, err)
 	}
 	s.refreshView()
 	return s, nil
+}
+
+// DamagedStateError adds the way out to an error that says the state file
+// at path is damaged (storage.ErrCorrupt): the round to roll back to when
+// the newest values are damaged, or a new run when the pages are. Other
+// errors are returned as they are.
+func DamagedStateError(path string, err error) error {
+	if !errors.Is(err, storage.ErrCorrupt) {
+		return err
+	}
+	n, lerr := storage.LastIntactRound(path)
+	switch {
+	case lerr == nil && n > 0:
+		return fmt.Errorf("%w; rounds 1..%d are intact: roll back to round %d with `broker-agg run --rollback %d` (a copy of the file is kept)", err, n, n, n)
+	default:
+		return fmt.Errorf("%w; it cannot be rolled back: restore it from a copy, or move it aside to start a new run", err)
+	}
 }
 
 // restore loads the round log: a fresh file gets round 1 with the initial
@@ -892,6 +910,15 @@ func (s *Server) clientZ(m *wire.ClientUpdate, d []float64) ([]float64, error) {
 	} else {
 		r, zc, err := s.store.ClientZ(m.ClientId)
 		switch {
+		case errors.Is(err, storage.ErrCorrupt):
+			// The stored copy cannot be trusted: refuse the delta as
+			// against a copy this server does not hold, so the site
+			// re-sends against the round's global model (a FULL copy),
+			// which replaces the damaged one. Retrying the delta would
+			// fail the same way forever.
+			s.corruption.Inc("client_z")
+			s.log.Error("the stored copy of a client's z is damaged; asking the site for a new one", "client", m.ClientId, "err", err)
+			return nil, fmt.Errorf("%w: the copy held for round %d is damaged", errBaseMismatch, m.BaseRound)
 		case errors.Is(err, storage.ErrNotFound):
 			return nil, fmt.Errorf("%w: a delta against the copy of round %d, this server holds none", errBaseMismatch, m.BaseRound)
 		case err != nil:

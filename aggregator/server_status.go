@@ -207,6 +207,8 @@ func (s *Server) families() []metrics.Family {
 			{Suffix: "_sum", Value: aggSum}, {Suffix: "_count", Value: float64(aggCount)},
 		}},
 		metrics.One(ns+"aggregation_last_seconds", "Time to aggregate and checkpoint the last round.", metrics.Gauge, last.Duration.Seconds()),
+		{Name: ns + "state_corruption_total", Help: "Damaged values found in the state file while running, by what (the copy of a client's z: the site is asked for a new one).",
+			Type: metrics.Counter, Samples: metrics.Samples("what", withZero(s.corruption.Snapshot(), "client_z"))},
 		metrics.One(ns+"storage_errors_total", "Failed writes to the state file.", metrics.Counter, float64(v.StorageErrors)),
 		metrics.One(ns+"publish_errors_total", "Failed MQTT publishes.", metrics.Counter, float64(v.PublishErrors)),
 		metrics.One(ns+"bad_status_messages_total", "Status messages that failed to decode.", metrics.Counter, float64(v.BadStatusMessages)),
@@ -328,4 +330,17 @@ func ReadStatus(store *storage.AggStore) (Status, error) {
 	}
 	slices.SortFunc(out.Clients, func(a, b ClientInfo) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
+}
+
+// withZero adds the labels a counter always shows (at 0 until counted).
+func withZero(m map[string]uint64, labels ...string) map[string]uint64 {
+	if m == nil {
+		m = map[string]uint64{}
+	}
+	for _, l := range labels {
+		if _, ok := m[l]; !ok {
+			m[l] = 0
+		}
+	}
+	return m
 }

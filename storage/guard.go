@@ -311,9 +311,28 @@ func checkBucket(b *bolt.Bucket, what string, fixed []string) error {
 			}
 			return checkBucket(nb, fmt.Sprintf("%s/%x", what, k), sub)
 		}
-		_, err := unseal(k, v, fmt.Sprintf("%s/%q", what, k))
-		return err
+		v, err := unseal(k, v, fmt.Sprintf("%s/%q", what, k))
+		if err != nil {
+			return err
+		}
+		return checkVector(what, k, v)
 	})
+}
+
+// checkVector decodes the values that are float vectors, so that a
+// non-finite number (never written: checkVec refuses it) is found on open,
+// not when a round needs it.
+func checkVector(bucket string, k, v []byte) error {
+	what := fmt.Sprintf("%s/%q", bucket, k)
+	var err error
+	switch {
+	case bucket == string(bucketCheckpoints), bucket == string(bucketResiduals):
+		_, err = decodeFloats(v, what)
+	case bucket == string(bucketLatestZ),
+		bucket == string(bucketEdge) && (string(k) == string(keyGlobal) || string(k) == string(keyZ) || string(k) == string(keyServerZ)):
+		_, _, err = decodeRoundVec(v, what)
+	}
+	return err
 }
 
 // compactInto copies the whole database into out under the guard.

@@ -48,10 +48,10 @@ type Options struct {
 	// (or another handle in this one). <= 0 means DefaultLockTimeout: the
 	// wait is always bounded.
 	LockTimeout time.Duration
-	// SkipVerify skips the consistency check of every page on open (the
-	// cheap meta-page checks and the checksums of values still apply).
-	// For tools that must read a file they already verified.
-	SkipVerify bool
+	// SkipValueCheck skips reading every value on open (the page tree is
+	// still checked, and each value's checksum when it is read): for
+	// rolling back a file whose newest values are damaged.
+	SkipValueCheck bool
 }
 
 // Errors. Every error the stores return for these conditions wraps one of
@@ -139,7 +139,7 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 		}
 		return nil, fmt.Errorf("storage: open %s: %w", path, err)
 	}
-	if !opts.SkipVerify {
+	{
 		if err := bounded(db, "the consistency check", func() error { return check(db) }); err != nil {
 			_ = db.Close()
 			return nil, err
@@ -152,7 +152,7 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 		}
 		return nil, fmt.Errorf("storage: %s: %w", path, err)
 	}
-	if !opts.SkipVerify {
+	if !opts.SkipValueCheck {
 		// Values are sealed from schema version 2 on, so this runs on the
 		// migrated file.
 		if err := bounded(db, "reading every value", func() error {

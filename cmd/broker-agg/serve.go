@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -68,6 +69,7 @@ type serveFlags struct {
 	state, metricsAddr, evalData, finalModel string
 	logFormat, logLevel                      string
 	exitWhenFinished                         bool
+	rollback                                 string
 }
 
 // serveAliases are alternative flag names (short or as simulate spells
@@ -145,6 +147,7 @@ func serveFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.StringVar(&f.evalData, "eval-data", "", "evaluation data `SPEC` (as simulate's --dataset: synthetic:A,B | synthetic-iid | idx:DIR | csv:PATH:label=COL | leaf:PATH): report loss and accuracy per round")
 	fs.StringVar(&f.finalModel, "final-model", "", "write the last global model to `FILE` when --rounds are done")
 	fs.BoolVar(&f.exitWhenFinished, "exit-when-finished", false, "exit once --rounds are done (default: keep serving receipts and metrics)")
+	fs.StringVar(&f.rollback, "rollback", "", "before starting, roll the --state-file back to round `N` (or last-good: the newest intact round), keeping a copy of the file; command line only, never in a --config file")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug | info | warn | error")
 	for alias, name := range serveAliases {
@@ -212,7 +215,7 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 		val = strings.TrimSpace(val)
 		f := fs.Lookup(name)
 		switch {
-		case f == nil || name == "config":
+		case f == nil || name == "config" || name == "rollback":
 			return fmt.Errorf("%s:%d: unknown key %q", path, n, strings.TrimSpace(key))
 		case seen[name] > 0:
 			return fmt.Errorf("%s:%d: %s repeats line %d", path, n, name, seen[name])
@@ -330,6 +333,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg, err := f.serverConfig(log)
 	if err != nil {
 		return err
+	}
+	if f.rollback != "" {
+		if err := rollbackState(cfg.StatePath, f.rollback, log); err != nil {
+			return err
+		}
 	}
 	topics, err := wire.ForFederation(f.federation)
 	if err != nil {
@@ -476,6 +484,25 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return enc.Encode(st)
 	}
 	return printStatus(stdout, st, time.Now())
+}
+
+// rollbackState carries out --rollback before the daemon opens the file.
+func rollbackState(path, to string, log *slog.Logger) error {
+	var n uint64
+	if to != "last-good" {
+		v, err := strconv.ParseUint(to, 10, 64)
+		if err != nil || v == 0 {
+			return fmt.Errorf("--rollback %q: want a round number >= 1 or last-good", to)
+		}
+		n = v
+	}
+	res, err := storage.Rollback(path, n, time.Now())
+	if err != nil {
+		return fmt.Errorf("--rollback: %w", err)
+	}
+	log.Warn("state file rolled back", "state", path, "round", res.Round, "rounds_removed", res.Rounds,
+		"z_removed", len(res.ZsRemoved), "copy", res.Backup)
+	return nil
 }
 
 func readStatusFile(path string) (aggregator.Status, error) {

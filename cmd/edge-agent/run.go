@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/edgefl/edgefl/agent"
 )
@@ -17,6 +18,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := flag.NewFlagSet("edge-agent run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "configuration `FILE` of key = value lines (see deploy/edge-agent.example.conf)")
+	reset := fs.Bool("reset-state", false, "move a damaged state file aside (to FILE.damaged-<unix time>) and start this site over from the aggregator; the site keeps its id")
 	flags := addOptionFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: edge-agent run --config FILE [--option value ...]\n\n"+
@@ -52,9 +54,19 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if cfg.LogFormat == "json" {
 		h = slog.NewJSONHandler(stderr, hopts)
 	}
-	a, err := agent.New(cfg.Config, agent.Deps{Logger: slog.New(h)})
+	log := slog.New(h)
+	a, err := agent.New(cfg.Config, agent.Deps{Logger: log})
 	if err != nil {
 		return err
+	}
+	if *reset {
+		aside, err := agent.ResetState(cfg.StateFile, time.Now())
+		if err != nil {
+			return err
+		}
+		if aside != "" {
+			log.Warn("state file moved aside; this site starts over from the aggregator", "state", cfg.StateFile, "kept_as", aside)
+		}
 	}
 	return a.Run(ctx)
 }

@@ -1,0 +1,243 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Rolling the aggregator's round log back to round N (broker-agg run
+// --rollback N) is the way out of a file whose newest values are damaged, or
+// hold a model the federation must not continue from. Round N is kept as it
+// was last written while it was the current round: its record (reopened),
+// its coordinator state, its checkpoint (the global model announced for it)
+// and its stored updates. Everything later goes: the records, updates and
+// checkpoints of rounds after N, and every client's latest FedSplit z set by
+// an update of a round after N. Those z cannot be rebuilt (a z is the sum of
+// every delta since the client's first update, and old updates may be
+// pruned), so those clients have no copy at the aggregator: their next
+// update refers to a copy the aggregator no longer holds, is refused as
+// BASE_MISMATCH, and the site re-sends it against the round's global model
+// (the agent's AckRejected rule), which sets a fresh copy. Only a file whose
+// page tree is sound can be rolled back; a file whose pages are damaged must
+// be restored from a copy or replaced by a new run.
+
+// RoundIntact reports whether round n's values are all readable: its record,
+// its checkpoint and its stored updates (nil), or what is wrong.
+func (s *AggStore) RoundIntact(n uint64) error {
+	if _, err := s.Round(n); err != nil {
+		return err
+	}
+	if _, err := s.Checkpoint(n); err != nil {
+		return err
+	}
+	_, err := s.Updates(n)
+	return err
+}
+
+// LastIntactRound is the newest round n such that rounds 1..n are all
+// intact (0 when round 1 is not), read from the file at path. The file's
+// page tree must be sound.
+func LastIntactRound(path string) (uint64, error) {
+	s, err := OpenAgg(path, Options{SkipValueCheck: true})
+	if err != nil {
+		return 0, err
+	}
+	defer s.Close()
+	return s.lastIntact()
+}
+
+func (s *AggStore) lastIntact() (uint64, error) {
+	var cur uint64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		rs, err := bucket(tx, bucketRounds)
+		if err != nil {
+			return err
+		}
+		k, _ := rs.Cursor().Last()
+		if k != nil {
+			cur, err = decodeU64(k, "rounds key")
+		}
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	for n := uint64(1); n <= cur; n++ {
+		if s.RoundIntact(n) != nil {
+			return n - 1, nil
+		}
+	}
+	return cur, nil
+}
+
+// RollbackResult says what Rollback did.
+type RollbackResult struct {
+	Round      uint64 // the round the log now ends at
+	Backup     string // the copy of the file taken first
+	Rounds     int    // later rounds removed
+	ZsRemoved  []string
+	Checkpoint []float64 // round Round's global model
+}
+
+// Rollback rolls the aggregator file at path back to round n (0: the last
+// intact round), after copying the file to path + ".before-rollback-<unix
+// seconds>". Rounds 1..n must be intact. One write transaction.
+func Rollback(path string, n uint64, now time.Time) (RollbackResult, error) {
+	var res RollbackResult
+	s, err := OpenAgg(path, Options{SkipValueCheck: true})
+	if err != nil {
+		return res, fmt.Errorf("storage: roll back %s: %w", path, err)
+	}
+	last, err := s.lastIntact()
+	if err != nil {
+		s.Close()
+		return res, fmt.Errorf("storage: roll back %s: %w", path, err)
+	}
+	if n == 0 {
+		n = last
+	}
+	if n == 0 {
+		s.Close()
+		return res, fmt.Errorf("%w: roll back %s: round 1 is not intact; nothing to roll back to (start a new run with another state file)", ErrCorrupt, path)
+	}
+	if n > last {
+		s.Close()
+		return res, fmt.Errorf("%w: roll back %s to round %d: the newest intact round is %d", ErrInvalid, path, n, last)
+	}
+	// The copy: the file as it is, before any change.
+	res.Backup = fmt.Sprintf("%s.before-rollback-%d", path, now.Unix())
+	if err := copyFile(path, res.Backup); err != nil {
+		s.Close()
+		return res, fmt.Errorf("storage: roll back %s: keep a copy: %w", path, err)
+	}
+	res.Round = n
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		rs, err := bucket(tx, bucketRounds)
+		if err != nil {
+			return err
+		}
+		for _, name := range [][]byte{bucketRounds, bucketUpdates, bucketCheckpoints} {
+			b, err := bucket(tx, name)
+			if err != nil {
+				return err
+			}
+			var doomed [][]byte
+			c := b.Cursor()
+			for k, _ := c.Seek(encodeU64(n + 1)); k != nil; k, _ = c.Next() {
+				doomed = append(doomed, append([]byte(nil), k...))
+			}
+			for _, k := range doomed {
+				if b.Bucket(k) != nil {
+					err = b.DeleteBucket(k)
+				} else {
+					err = b.Delete(k)
+				}
+				if err != nil {
+					return err
+				}
+			}
+			if string(name) == string(bucketRounds) {
+				res.Rounds = len(doomed)
+			}
+		}
+		zb, err := bucket(tx, bucketLatestZ)
+		if err != nil {
+			return err
+		}
+		var doomed [][]byte
+		if err := zb.ForEach(func(k, raw []byte) error {
+			v, err := unseal(k, raw, "latest_z/"+string(k))
+			var r uint64
+			if err == nil {
+				r, err = roundOf(v, "latest_z/"+string(k))
+			}
+			if err != nil || r > n {
+				doomed = append(doomed, append([]byte(nil), k...))
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, k := range doomed {
+			if err := zb.Delete(k); err != nil {
+				return err
+			}
+			res.ZsRemoved = append(res.ZsRemoved, string(k))
+		}
+		// The registry is informational (last seen, participation): a
+		// damaged entry is dropped and rebuilt by the client's next status.
+		cb, err := bucket(tx, bucketClients)
+		if err != nil {
+			return err
+		}
+		var bad [][]byte
+		if err := cb.ForEach(func(k, raw []byte) error {
+			if _, err := unseal(k, raw, "clients/"+string(k)); err != nil {
+				bad = append(bad, append([]byte(nil), k...))
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, k := range bad {
+			if err := cb.Delete(k); err != nil {
+				return err
+			}
+		}
+		rb := rs.Bucket(encodeU64(n))
+		r, err := readRound(rb, n)
+		if err != nil {
+			return err
+		}
+		r.Status, r.ClosedAt = RoundOpen, time.Time{}
+		if err := writeRoundMeta(rb, r); err != nil {
+			return err
+		}
+		agg, err := bucket(tx, bucketAgg)
+		if err != nil {
+			return err
+		}
+		return sput(agg, keyCurrentRound, encodeU64(n))
+	})
+	if err == nil {
+		res.Checkpoint, err = s.Checkpoint(n)
+	}
+	if cerr := s.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return res, fmt.Errorf("storage: roll back %s to round %d: %w", path, n, err)
+	}
+	return res, nil
+}
+
+func copyFile(src, dst string) error {
+	if _, err := os.Stat(dst); err == nil {
+		return fmt.Errorf("%w: %s", ErrExists, dst)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
