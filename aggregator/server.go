@@ -463,6 +463,24 @@ func DamagedStateError(path string, err error) error {
 	}
 }
 
+// Rollback rolls the round log at path back to round n (0: the newest
+// intact round; see storage.Rollback) and gives it a new run id: the sites
+// have moved past round n (their applied rounds only grow), so they must
+// see a new run and start their round state over, from round n's global
+// model. Call it before NewServer opens the file.
+func Rollback(path string, n uint64, now time.Time) (storage.RollbackResult, string, error) {
+	runID := crand.Text()
+	res, err := storage.Rollback(path, n, now, func(b []byte) ([]byte, error) {
+		var c map[string]any
+		if err := json.Unmarshal(b, &c); err != nil {
+			return nil, fmt.Errorf("%w: round 1's configuration: %w", storage.ErrCorrupt, err)
+		}
+		c["run_id"] = runID
+		return json.Marshal(c)
+	})
+	return res, runID, err
+}
+
 // restore loads the round log: a fresh file gets round 1 with the initial
 // model; otherwise the coordinator's state, the global model of its round
 // and the stored configuration (which must match) come back.

@@ -86,8 +86,11 @@ type RollbackResult struct {
 
 // Rollback rolls the aggregator file at path back to round n (0: the last
 // intact round), after copying the file to path + ".before-rollback-<unix
-// seconds>". Rounds 1..n must be intact. One write transaction.
-func Rollback(path string, n uint64, now time.Time) (RollbackResult, error) {
+// seconds>". Rounds 1..n must be intact. rewrite, when not nil, replaces
+// round 1's config bytes in the same transaction (the aggregator gives the
+// rolled-back log a new run id there, so that the sites, which have moved
+// past round n, start their round state over). One write transaction.
+func Rollback(path string, n uint64, now time.Time, rewrite func(config []byte) ([]byte, error)) (RollbackResult, error) {
 	var res RollbackResult
 	s, err := OpenAgg(path, Options{SkipValueCheck: true})
 	if err != nil {
@@ -186,6 +189,20 @@ func Rollback(path string, n uint64, now time.Time) (RollbackResult, error) {
 		}
 		for _, k := range bad {
 			if err := cb.Delete(k); err != nil {
+				return err
+			}
+		}
+		if rewrite != nil {
+			fb := rs.Bucket(encodeU64(1))
+			first, err := readRound(fb, 1)
+			if err != nil {
+				return err
+			}
+			conf, err := rewrite(first.Config)
+			if err != nil {
+				return err
+			}
+			if err := putBytes(fb, keyRoundConfig, conf); err != nil {
 				return err
 			}
 		}

@@ -45,10 +45,10 @@ func TestRollbackPastDamage(t *testing.T) {
 	if n, err := LastIntactRound(path); err != nil || n != 4 {
 		t.Fatalf("last intact round %d, %v; want 4", n, err)
 	}
-	if _, err := Rollback(path, 5, time.Unix(100, 0)); !errors.Is(err, ErrInvalid) {
+	if _, err := Rollback(path, 5, time.Unix(100, 0), nil); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("rollback to the damaged round 5 = %v, want ErrInvalid", err)
 	}
-	res, err := Rollback(path, 0, time.Unix(100, 0))
+	res, err := Rollback(path, 0, time.Unix(100, 0), func(c []byte) ([]byte, error) { return append(c, " new"...), nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,6 +66,9 @@ func TestRollbackPastDamage(t *testing.T) {
 	cur, err := a.CurrentRound()
 	if err != nil || cur.Number != 4 || cur.Status != RoundOpen || !bytes.Equal(cur.State, r4.State) {
 		t.Fatalf("current round after rollback %+v, %v", cur, err)
+	}
+	if r1, err := a.Round(1); err != nil || string(r1.Config) != `{"federation":"fx"} new` {
+		t.Fatalf("round 1 config after rollback %q %v", r1.Config, err)
 	}
 	if x, err := a.Checkpoint(4); err != nil || !slices.Equal(x, cp4) {
 		t.Fatalf("checkpoint 4 %v %v", x, err)

@@ -496,12 +496,12 @@ func rollbackState(path, to string, log *slog.Logger) error {
 		}
 		n = v
 	}
-	res, err := storage.Rollback(path, n, time.Now())
+	res, runID, err := aggregator.Rollback(path, n, time.Now())
 	if err != nil {
 		return fmt.Errorf("--rollback: %w", err)
 	}
-	log.Warn("state file rolled back", "state", path, "round", res.Round, "rounds_removed", res.Rounds,
-		"z_removed", len(res.ZsRemoved), "copy", res.Backup)
+	log.Warn("state file rolled back: the federation resumes from this round as a new run", "state", path, "round", res.Round,
+		"rounds_removed", res.Rounds, "z_removed", len(res.ZsRemoved), "copy", res.Backup, "run_id", runID)
 	return nil
 }
 

@@ -21,8 +21,8 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	reset := fs.Bool("reset-state", false, "move a damaged state file aside (to FILE.damaged-<unix time>) and start this site over from the aggregator; the site keeps its id")
 	flags := addOptionFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: edge-agent run --config FILE [--option value ...]\n\n"+
-			"Every option of the file can be given as a flag (underscores become hyphens)\nand then overrides the file.\n\nflags:")
+		fmt.Fprintln(fs.Output(), "usage: edge-agent run --config FILE [--reset-state] [--option value ...]\n\n"+
+			"Every option of the file can be given as a flag (underscores become hyphens)\nand then overrides the file. --reset-state is a flag only: a damaged state file is\nmoved aside and the site starts over from the aggregator (it keeps its id).\n\nflags:")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
