@@ -26,6 +26,7 @@ import (
 	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/wire"
 )
@@ -180,7 +181,7 @@ func family(algo string) (fam, agg string, err error) {
 	case AlgoFedProx:
 		return AlgoFedProx, "mean", nil
 	case AlgoFedSplit, AlgoFedProxSplit:
-		return algo, "fedsplit-mean", nil
+		return algo, split.StepRobust, nil
 	}
 	if slices.Contains(aggregate.Names(), algo) {
 		return AlgoFedProx, algo, nil
@@ -268,6 +269,7 @@ type Server struct {
 	fam     string
 	aggSpec string
 	agg     aggregate.Aggregator // nil for the FedSplit family
+	screen  float64              // the FedSplit family's screening factor (split.RobustServerStep)
 	stored  storedConfig         // the run's configuration, with its run id once restored
 	conf    []byte               // stored as JSON
 
@@ -302,6 +304,7 @@ type Server struct {
 	changed                                 chan struct{}
 	rejected                                metrics.LabeledCounter // shell-level rejections by reason
 	corruption                              metrics.LabeledCounter // damaged stored values found at run time, by what
+	excluded                                metrics.LabeledCounter // FedSplit: z left out of a server step, by client
 	bytesIn                                 metrics.LabeledCounter // by topic kind
 	msgsIn                                  metrics.LabeledCounter
 	storageErrors, publishErrors, badStatus atomic.Uint64
@@ -354,8 +357,16 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if s.fam, s.aggSpec, err = family(cfg.Algorithm); err != nil {
 		return nil, err
 	}
-	if cfg.Aggregator != "" && !isSplit(s.fam) {
+	if cfg.Aggregator != "" {
 		s.aggSpec = cfg.Aggregator
+	}
+	if isSplit(s.fam) {
+		if s.screen, err = split.ParseServerStep(s.aggSpec); err != nil {
+			return nil, fmt.Errorf("%w: aggregator: %w", ErrConfig, err)
+		}
+	} else if strings.HasPrefix(s.aggSpec, "fedsplit") {
+		return nil, fmt.Errorf("%w: aggregator %q is a FedSplit server step; the %s family takes an update aggregator (%s)",
+			ErrConfig, s.aggSpec, s.fam, strings.Join(aggregate.Names(), ", "))
 	}
 	if !isSplit(s.fam) {
 		if s.agg, err = aggregate.NewAggregator(s.aggSpec, cfg.Seed); err != nil {
@@ -543,12 +554,61 @@ func (s *Server) restore() error {
 		return fmt.Errorf("aggregator: %s: global model of round %d has %d values, the model %d", s.cfg.StatePath, r, len(s.global), s.dim)
 	}
 	s.globalR = r
+	if err := s.checkPersistedRange(r); err != nil {
+		return err
+	}
 	if err := s.replayAggregator(); err != nil {
 		return err
 	}
 	s.log.Info("resuming from the round log", "state", s.cfg.StatePath, "round", r, "phase", s.coord.Phase(),
 		"received", len(st.Received), "clients", len(st.Clients))
 	return nil
+}
+
+// checkPersistedRange refuses to resume from a round log whose global model
+// or FedSplit z holds a value the downlink cannot carry (written by a
+// version that did not check updates' range: a poisoning site's z): every
+// announcement would fail, so the daemon would crash at each restart. The
+// error names the round to roll back to: before the oldest poisoned z was
+// set, with a checkpoint in range.
+func (s *Server) checkPersistedRange(r int) error {
+	n := r - 1
+	bad := s.checkRange("the global model", s.global)
+	if isSplit(s.fam) {
+		clients, err := s.store.Clients()
+		if err != nil {
+			return err
+		}
+		for _, c := range clients {
+			zr, z, err := s.store.ClientZ(c.ID)
+			if errors.Is(err, storage.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if zerr := s.checkRange("the z of "+c.ID, z); zerr != nil {
+				if bad == nil {
+					bad = zerr
+				}
+				n = min(n, int(zr)-1)
+			}
+		}
+	}
+	if bad == nil {
+		return nil
+	}
+	for ; n >= 1; n-- {
+		x, err := s.store.Checkpoint(uint64(n))
+		if err == nil && s.checkRange("", x) == nil {
+			break
+		}
+	}
+	if n < 1 {
+		return fmt.Errorf("aggregator: %s: %w; no earlier round can be resumed: start a new run with another --state-file", s.cfg.StatePath, bad)
+	}
+	return fmt.Errorf("aggregator: %s: %w; the federation cannot continue from it: roll back to round %d with `broker-agg run --rollback %d` (a copy of the file is kept)",
+		s.cfg.StatePath, bad, n, n)
 }
 
 // replayAggregator rebuilds a stateful aggregator's memory (SimProx's
@@ -805,7 +865,15 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 		if u == nil || int(u.msg.Round) != round || u.msg.ClientId != clientOf(d) {
 			return fmt.Errorf("aggregator: coordinator accepted an update it was not given: %#v", d)
 		}
-		if err := s.storeUpdate(u, now); errors.Is(err, errBaseMismatch) {
+		if err := s.storeUpdate(u, now); errors.Is(err, errOutOfRange) {
+			if rerr := s.coord.Restore(*before); rerr != nil {
+				return fmt.Errorf("aggregator: roll back an out-of-range update: %w", rerr)
+			}
+			s.reject("out_of_range")
+			s.log.Warn("update rejected", "client", u.msg.ClientId, "round", u.msg.Round, "reason", "out_of_range", "detail", err)
+			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "out_of_range: "+err.Error(), time.Time{})
+			return nil
+		} else if errors.Is(err, errBaseMismatch) {
 			if rerr := s.coord.Restore(*before); rerr != nil {
 				return fmt.Errorf("aggregator: roll back a mismatched delta: %w", rerr)
 			}
@@ -884,6 +952,31 @@ func clientOf(d Decision) string {
 // errBaseMismatch: a Z_DELTA against a copy of z_j this server does not hold.
 var errBaseMismatch = errors.New("base round mismatch")
 
+// errOutOfRange: an update whose model (w, or FedSplit's z_j) holds a value
+// the downlink codec cannot carry. Stored, it would end in a global model
+// no announcement can encode, and every restart would fail the same way.
+var errOutOfRange = errors.New("value beyond the downlink codec's range")
+
+// downlinkMax is the largest magnitude the downlink codec carries.
+func (s *Server) downlinkMax() float64 {
+	if s.cfg.Downlink == "fp16" {
+		return 65504
+	}
+	return math.MaxFloat32
+}
+
+// checkRange returns errOutOfRange naming the first value of v beyond the
+// downlink codec's range.
+func (s *Server) checkRange(what string, v []float64) error {
+	lim := s.downlinkMax()
+	for i, x := range v {
+		if !(math.Abs(x) <= lim) {
+			return fmt.Errorf("%w: %s[%d] = %g, the %s downlink carries |x| <= %g", errOutOfRange, what, i, x, s.cfg.Downlink, lim)
+		}
+	}
+	return nil
+}
+
 // storeUpdate writes an accepted update (and, for the FedSplit family, the
 // client's latest z) in one fsynced transaction. A copy already stored (a
 // re-send after a crash between the update and the state) is fine.
@@ -899,6 +992,24 @@ func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
 		}
 		var err error
 		if z, err = s.clientZ(u.msg, u.vec); err != nil {
+			return err
+		}
+		if err := s.checkRange("z", z); err != nil {
+			return err
+		}
+	} else {
+		w := u.vec
+		if u.msg.Kind == wire.UpdateKind_UPDATE_KIND_DELTA {
+			x, err := s.globalOf(u.msg.Round)
+			if err != nil {
+				return err
+			}
+			w = make([]float64, len(u.vec))
+			for i := range w {
+				w[i] = x[i] + u.vec[i] // as closedUpdates will
+			}
+		}
+		if err := s.checkRange("w", w); err != nil {
 			return err
 		}
 	}

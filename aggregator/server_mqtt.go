@@ -215,7 +215,7 @@ func frameReason(err error) string {
 func ShellReasons() []string {
 	return []string{"bad_topic", "topic_mismatch", "unsupported_version", "too_large", "malformed", "invalid",
 		"unsupported_kind", "wrong_dimension", "non_finite", "corrupt_payload", "truncated_payload",
-		"bad_checksum", "payload_too_large", "bad_frame", "base_mismatch", "internal"}
+		"bad_checksum", "payload_too_large", "bad_frame", "base_mismatch", "out_of_range", "internal"}
 }
 
 // deltaKind is the delta kind of the federation's family.

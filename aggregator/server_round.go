@@ -173,10 +173,21 @@ func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
 		for i, id := range ids {
 			list[i] = zs[id]
 		}
-		if _, err := split.ServerStep(out, list); err != nil {
+		_, left, err := split.RobustServerStep(out, list, s.global, s.screen)
+		if err != nil {
 			return nil, aggregate.Report{}, fmt.Errorf("aggregator: fedsplit server step: %w", err)
 		}
-		return out, aggregate.Report{Metrics: map[string]float64{"clients_with_z": float64(len(ids))}}, nil
+		if len(left) > 0 {
+			_, dist := split.Screen(list, s.global, s.screen)
+			med := slices.Clone(dist)
+			slices.Sort(med)
+			for _, j := range left {
+				s.excluded.Inc(ids[j])
+				s.log.Warn("a client's z is far from the global model: left out of this round's mean", "client", ids[j], "round", cr.Round,
+					"distance", dist[j], "median_distance", med[len(med)/2], "mult", s.screen)
+			}
+		}
+		return out, aggregate.Report{Metrics: map[string]float64{"clients_with_z": float64(len(ids)), "excluded": float64(len(left))}}, nil
 	}
 	ups, err := s.closedUpdates(cr, s.global)
 	if err != nil {

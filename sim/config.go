@@ -7,6 +7,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"github.com/edgefl/edgefl/split"
 	"math"
 	"strconv"
 	"strings"
@@ -122,7 +123,7 @@ func ParseAlgos(list string, def Local, isAgg func(name string) bool) ([]Algo, e
 		case FedProx:
 			a.Agg = "mean"
 		case FedSplit, FedProxSplit:
-			a.Agg = "fedsplit-mean"
+			a.Agg = split.StepRobust
 		default:
 			if isAgg == nil || !isAgg(a.Family) {
 				return nil, fmt.Errorf("--algo: unknown algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit or an aggregator name)", a.Family)
@@ -145,6 +146,21 @@ func ParseAlgos(list string, def Local, isAgg func(name string) bool) ([]Algo, e
 			if err := a.Local.set(k, v, &a.Label); err != nil {
 				return nil, fmt.Errorf("--algo %q: %w", item, err)
 			}
+		}
+		if len(aggOpts) > 0 && (a.Family == FedSplit || a.Family == FedProxSplit) {
+			// The server step's one option: mult=M, or mult=off for the
+			// plain mean.
+			if len(aggOpts) != 1 || !strings.HasPrefix(aggOpts[0], "mult=") {
+				return nil, fmt.Errorf("--algo %q: unknown option(s) %s (want solver, mu, gamma, epochs, batch, lr, step, relax, label, mult)", item, strings.Join(aggOpts, ", "))
+			}
+			a.Agg = split.StepRobust + ":" + aggOpts[0]
+			if aggOpts[0] == "mult=off" {
+				a.Agg = split.StepMean
+			}
+			if _, err := split.ParseServerStep(a.Agg); err != nil {
+				return nil, fmt.Errorf("--algo %q: %w", item, err)
+			}
+			aggOpts = nil
 		}
 		if len(aggOpts) > 0 {
 			if a.Family == FedSplit || a.Family == FedProxSplit || a.Agg == "fedavg" || a.Agg == "mean" {

@@ -19,7 +19,7 @@ func TestParseAlgos(t *testing.T) {
 			{Label: "fedprox:mu=0", Family: FedProx, Agg: "mean", Local: func() Local { l := def; l.Mu = 0; return l }()},
 			{Label: "fedprox:mu=1", Family: FedProx, Agg: "mean", Local: func() Local { l := def; l.Mu = 1; return l }()},
 		}},
-		{in: "fedsplit:solver=lbfgs:step=10:label=split", want: []Algo{{Label: "split", Family: FedSplit, Agg: "fedsplit-mean", Local: func() Local { l := def; l.Solver = "lbfgs"; l.Step = 10; return l }()}}},
+		{in: "fedsplit:solver=lbfgs:step=10:label=split", want: []Algo{{Label: "split", Family: FedSplit, Agg: "fedsplit-robust", Local: func() Local { l := def; l.Solver = "lbfgs"; l.Step = 10; return l }()}}},
 		{in: "simprox:lambda0=0.5:mu=0.1", want: []Algo{{Label: "simprox:lambda0=0.5:mu=0.1", Family: FedProx, Agg: "simprox:lambda0=0.5", Local: func() Local { l := def; l.Mu = 0.1; return l }()}}},
 		{in: "bogus", wantErr: `unknown algorithm "bogus"`},
 		{in: "fedavg:mu=1", wantErr: "fedavg has no proximal term"},

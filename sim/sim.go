@@ -263,10 +263,16 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 	cfg := e.cfg
 	split_ := a.Family == FedSplit || a.Family == FedProxSplit
 	var agg aggregate.Aggregator
+	var screen float64 // FedSplit's screening factor (split.RobustServerStep)
 	if !split_ {
 		var err error
 		if agg, err = aggregate.NewAggregator(a.Agg, cfg.Seed); err != nil {
 			return nil, fmt.Errorf("aggregator: %w", err)
+		}
+	} else {
+		var err error
+		if screen, err = split.ParseServerStep(a.Agg); err != nil {
+			return nil, err
 		}
 	}
 	sel, err := aggregate.NewSelector(cfg.Select)
@@ -395,8 +401,12 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 						zs = append(zs, v)
 					}
 				}
-				if _, err := split.ServerStep(next_, zs); err != nil {
+				_, out, err := split.RobustServerStep(next_, zs, x, screen)
+				if err != nil {
 					return run, err
+				}
+				if len(out) > 0 {
+					row.Metrics = map[string]float64{"excluded": float64(len(out))}
 				}
 				x = next_
 			}
