@@ -18,7 +18,8 @@ import (
 //
 // Aggregators and their keys (defaults in brackets):
 //
-//	fedavg                      sample-weighted mean sum_k (n_k/n) w_k
+//	fedavg                      sample-weighted mean sum_k (n_k/n) w_k; cap=M [off]:
+//	                            no n_k counts above M x the median n_k
 //	mean                        uniform mean (aliases: fedprox, fedsplit-mean)
 //	simprox                     lambda0 [0.7], tau [0.5], on=weights|updates [updates],
 //	                            prev=client|global [client], softmax=true|false [true]
@@ -41,8 +42,17 @@ type aggEntry struct {
 // aggregators is the registry (built per call: no package state).
 func aggregators() map[string]aggEntry {
 	return map[string]aggEntry{
-		"fedavg": {nil, func(opts, uint64) (Aggregator, error) { return FedAvg{}, nil }},
-		"mean":   {nil, func(opts, uint64) (Aggregator, error) { return Mean{}, nil }},
+		"fedavg": {[]string{"cap"}, func(o opts, _ uint64) (Aggregator, error) {
+			c, err := o.float("cap", 0)
+			if err != nil {
+				return nil, err
+			}
+			if c != 0 && !(c >= 1) {
+				return nil, fmt.Errorf("fedavg: cap must be >= 1 (a multiple of the median sample count), got %v", c)
+			}
+			return FedAvg{Cap: c}, nil
+		}},
+		"mean": {nil, func(opts, uint64) (Aggregator, error) { return Mean{}, nil }},
 		"fedprox": {nil, func(opts, uint64) (Aggregator, error) {
 			return Mean{Label: "fedprox"}, nil
 		}},

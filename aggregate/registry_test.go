@@ -61,7 +61,7 @@ func TestNewAggregatorErrors(t *testing.T) {
 	}{
 		{"", []string{"empty spec"}},
 		{"fedavgg", []string{`unknown aggregator "fedavgg"`, "fedavg, fedprox, fedsiam, fedsim, fedsim-cluster"}},
-		{"fedavg:k=1", []string{`unknown option "k"`, "valid: none"}},
+		{"fedavg:k=1", []string{`unknown option "k"`, "valid: cap"}},
 		{"simprox:lamda0=0.5", []string{`unknown option "lamda0"`, "lambda0, tau, on, prev, softmax"}},
 		{"simprox:lambda0=2", []string{"lambda0 = 2"}},
 		{"simprox:lambda0=x", []string{"lambda0", "invalid syntax"}},

@@ -305,6 +305,8 @@ type Server struct {
 	rejected                                metrics.LabeledCounter // shell-level rejections by reason
 	corruption                              metrics.LabeledCounter // damaged stored values found at run time, by what
 	excluded                                metrics.LabeledCounter // FedSplit: z left out of a server step, by client
+	capped                                  metrics.LabeledCounter // updates weighted by the client's first sample count, by client
+	samplesCapped                           map[string][2]uint64   // set by closedUpdates while aggregating: reported, first
 	bytesIn                                 metrics.LabeledCounter // by topic kind
 	msgsIn                                  metrics.LabeledCounter
 	storageErrors, publishErrors, badStatus atomic.Uint64

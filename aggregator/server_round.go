@@ -189,9 +189,17 @@ func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
 		}
 		return out, aggregate.Report{Metrics: map[string]float64{"clients_with_z": float64(len(ids)), "excluded": float64(len(left))}}, nil
 	}
+	s.samplesCapped = map[string][2]uint64{}
 	ups, err := s.closedUpdates(cr, s.global)
+	capped := s.samplesCapped
+	s.samplesCapped = nil
 	if err != nil {
 		return nil, aggregate.Report{}, err
+	}
+	for id, c := range capped {
+		s.capped.Inc(id)
+		s.log.Warn("a site reported more samples than it first did: weighted by its first count", "client", id, "round", cr.Round,
+			"reported", c[0], "first", c[1])
 	}
 	rep, err := s.agg.Aggregate(s.global, ups, out)
 	if err != nil {
@@ -217,6 +225,14 @@ func (s *Server) closedUpdates(cr CloseRound, x []float64) ([]aggregate.Update, 
 		want[id] = true
 	}
 	var ups []aggregate.Update
+	first := map[string]uint64{}
+	if cs, err := s.store.Clients(); err == nil {
+		for _, c := range cs {
+			first[c.ID] = c.FirstSampleCount
+		}
+	} else {
+		return nil, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
+	}
 	err := s.store.ForEachUpdate(uint64(cr.Round), func(u storage.Update) error {
 		if !want[u.ClientID] {
 			return nil // stored just before a crash, not counted by the coordinator
@@ -230,7 +246,16 @@ func (s *Server) closedUpdates(cr CloseRound, x []float64) ([]aggregate.Update, 
 			return fmt.Errorf("stored update of %q: vector: %w", u.ClientID, err)
 		}
 		vec = updateVector(m, vec, x)
-		ups = append(ups, aggregate.Update{Client: u.ClientID, Params: vec, Samples: int(min(u.SampleCount, math.MaxInt32)),
+		// A site's weight rests on its own word: it may not claim more
+		// samples than it first reported (documented in the README).
+		n := u.SampleCount
+		if f := first[u.ClientID]; f > 0 && n > f {
+			if s.samplesCapped != nil {
+				s.samplesCapped[u.ClientID] = [2]uint64{n, f}
+			}
+			n = f
+		}
+		ups = append(ups, aggregate.Update{Client: u.ClientID, Params: vec, Samples: int(min(n, math.MaxInt32)),
 			AnchorGrad: m.AnchorGrad, Loss: u.Loss})
 		return nil
 	})

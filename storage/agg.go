@@ -53,6 +53,68 @@ var aggSchema = schema{
 	},
 }
 
+func init() { aggSchema.invariants = aggInvariants }
+
+// aggInvariants: the round log has every round from its first to the current one
+// (a damaged key would otherwise leave a hole that reads as "not found"),
+// and no update or checkpoint belongs to a later round.
+func aggInvariants(tx *bolt.Tx) error {
+	agg, err := bucket(tx, bucketAgg)
+	if err != nil {
+		return err
+	}
+	v, err := sget(agg, keyCurrentRound, "agg/current_round")
+	if err != nil {
+		return err
+	}
+	var cur uint64
+	if v != nil {
+		if cur, err = decodeU64(v, "agg/current_round"); err != nil {
+			return err
+		}
+	}
+	rs, err := bucket(tx, bucketRounds)
+	if err != nil {
+		return err
+	}
+	next := uint64(0) // the log may start past round 1 (OpenRound allows it), but has no holes
+	if err := rs.ForEach(func(k, _ []byte) error {
+		r, err := decodeU64(k, "rounds key")
+		if err != nil {
+			return err
+		}
+		if next == 0 {
+			next = r
+		}
+		if r != next {
+			return fmt.Errorf("%w: the round log has round %d where round %d belongs", ErrCorrupt, r, next)
+		}
+		next++
+		return nil
+	}); err != nil {
+		return err
+	}
+	if next > 0 && next-1 != cur || next == 0 && cur != 0 {
+		return fmt.Errorf("%w: the round log ends at round %d, its current round is %d", ErrCorrupt, max(next, 1)-1, cur)
+	}
+	for _, name := range [][]byte{bucketUpdates, bucketCheckpoints} {
+		b, err := bucket(tx, name)
+		if err != nil {
+			return err
+		}
+		if err := b.ForEach(func(k, _ []byte) error {
+			r, err := decodeU64(k, string(name)+" key")
+			if err == nil && (r == 0 || r > cur) {
+				err = fmt.Errorf("%w: %s of round %d, the current round is %d", ErrCorrupt, name, r, cur)
+			}
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // roundKeys are the keys of a round's bucket.
 var roundKeys = []string{string(keyRoundMeta), string(keyRoundConfig), string(keyRoundState)}
 
@@ -102,14 +164,17 @@ func (s *AggStore) Compact(dst string) error { return compact(s.db, dst, s.opts)
 
 // ClientRecord is the registry entry of one client.
 type ClientRecord struct {
-	ID              string
-	Online          bool
-	LastSeen        time.Time
-	SampleCount     uint64
-	RecentLoss      float64 // loss at the anchor of its latest update; NaN = unknown
-	Participation   uint64  // accepted updates
-	Capabilities    []string
-	SoftwareVersion string
+	ID          string
+	Online      bool
+	LastSeen    time.Time
+	SampleCount uint64
+	// FirstSampleCount is the first non-zero sample count the client
+	// reported (status or update): the bound on the counts it reports later.
+	FirstSampleCount uint64
+	RecentLoss       float64 // loss at the anchor of its latest update; NaN = unknown
+	Participation    uint64  // accepted updates
+	Capabilities     []string
+	SoftwareVersion  string
 }
 
 type clientJSON struct {
@@ -117,6 +182,7 @@ type clientJSON struct {
 	Online          bool     `json:"online"`
 	LastSeenUnixNs  int64    `json:"last_seen_unix_ns,omitempty"`
 	SampleCount     uint64   `json:"sample_count"`
+	FirstSamples    uint64   `json:"first_sample_count,omitempty"`
 	RecentLoss      *float64 `json:"recent_loss,omitempty"`
 	Participation   uint64   `json:"participation"`
 	Capabilities    []string `json:"capabilities,omitempty"`
@@ -126,7 +192,7 @@ type clientJSON struct {
 func encodeClient(c ClientRecord) ([]byte, error) {
 	j := clientJSON{
 		ID: c.ID, Online: c.Online, SampleCount: c.SampleCount, Participation: c.Participation,
-		Capabilities: c.Capabilities, SoftwareVersion: c.SoftwareVersion,
+		Capabilities: c.Capabilities, SoftwareVersion: c.SoftwareVersion, FirstSamples: c.FirstSampleCount,
 	}
 	if !c.LastSeen.IsZero() {
 		j.LastSeenUnixNs = c.LastSeen.UnixNano()
@@ -148,7 +214,7 @@ func decodeClient(id, v []byte) (ClientRecord, error) {
 	}
 	c := ClientRecord{
 		ID: j.ID, Online: j.Online, SampleCount: j.SampleCount, Participation: j.Participation,
-		Capabilities: j.Capabilities, SoftwareVersion: j.SoftwareVersion, RecentLoss: math.NaN(),
+		Capabilities: j.Capabilities, SoftwareVersion: j.SoftwareVersion, RecentLoss: math.NaN(), FirstSampleCount: j.FirstSamples,
 	}
 	if j.LastSeenUnixNs != 0 {
 		c.LastSeen = time.Unix(0, j.LastSeenUnixNs)
@@ -227,6 +293,9 @@ func (s *AggStore) PutClientStatus(st ClientStatus) error {
 		c.Online = st.Online
 		if st.SampleCount > 0 {
 			c.SampleCount = st.SampleCount
+			if c.FirstSampleCount == 0 {
+				c.FirstSampleCount = st.SampleCount
+			}
 		}
 		if st.Capabilities != nil {
 			c.Capabilities = slices.Clone(st.Capabilities)
@@ -682,6 +751,9 @@ func (s *AggStore) PutUpdate(u Update, z []float64) (stored bool, err error) {
 		}
 		if u.SampleCount > 0 {
 			c.SampleCount = u.SampleCount
+			if c.FirstSampleCount == 0 {
+				c.FirstSampleCount = u.SampleCount
+			}
 		}
 		if !math.IsNaN(u.Loss) && !math.IsInf(u.Loss, 0) {
 			c.RecentLoss = u.Loss

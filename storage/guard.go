@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -232,6 +233,31 @@ func joinWhy(why []string) string {
 		s += w
 	}
 	return s
+}
+
+// refuseEmpty refuses an existing empty file before bbolt, which would
+// initialise it as a new database (a wiped round log would start a new run,
+// and `status` would say it holds no round). The size is read under the
+// file's lock, so a file another process is creating right now is
+// ErrLocked, not empty.
+func refuseEmpty(path string) error {
+	st, err := os.Stat(path)
+	if err != nil || st.Size() > 0 {
+		return nil // missing (created by bbolt) or not empty; bbolt reports other errors
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrLocked, path, err)
+	}
+	defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	if st, err := f.Stat(); err == nil && st.Size() == 0 {
+		return fmt.Errorf("%w: %s is empty (0 bytes), not a state file", ErrCorrupt, path)
+	}
+	return nil
 }
 
 // openGuarded opens path with bbolt under the guard.

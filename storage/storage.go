@@ -96,6 +96,9 @@ type schema struct {
 	// with fixed keys, those keys (nil: keys are data, e.g. client ids);
 	// the check on open refuses anything else (guard.go).
 	layout map[string][]string
+	// invariants, when set, checks what the layout cannot say (read on
+	// open with every value).
+	invariants func(tx *bolt.Tx) error
 }
 
 func (s schema) version() uint64 { return uint64(len(s.migrations)) }
@@ -121,7 +124,7 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 	if timeout <= 0 {
 		timeout = DefaultLockTimeout
 	}
-	if err := precheck(path); err != nil {
+	if err := refuseEmpty(path); err != nil {
 		return nil, err
 	}
 	db, err := openGuarded(path, sc.layout, &bolt.Options{
@@ -137,7 +140,16 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 		case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrChecksum), errors.Is(err, bolterrors.ErrVersionMismatch):
 			return nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
 		}
+		if perr := precheck(path); errors.Is(perr, ErrCorrupt) {
+			return nil, perr // what bbolt tripped on, said better
+		}
 		return nil, fmt.Errorf("storage: open %s: %w", path, err)
+	}
+	// Under the file lock bbolt now holds: nobody else writes while the
+	// page tree is read from the file's bytes.
+	if err := precheck(path); err != nil {
+		_ = db.Close()
+		return nil, err
 	}
 	{
 		if err := bounded(db, "the consistency check", func() error { return check(db) }); err != nil {
@@ -156,7 +168,15 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 		// Values are sealed from schema version 2 on, so this runs on the
 		// migrated file.
 		if err := bounded(db, "reading every value", func() error {
-			return db.View(func(tx *bolt.Tx) error { return db.checkValues(tx) })
+			return db.View(func(tx *bolt.Tx) error {
+				if err := db.checkValues(tx); err != nil {
+					return err
+				}
+				if sc.invariants != nil {
+					return db.named(sc.invariants(tx))
+				}
+				return nil
+			})
 		}); err != nil {
 			_ = db.Close()
 			return nil, err
@@ -190,11 +210,41 @@ func readMeta(tx *bolt.Tx) (version uint64, kind string, err error) {
 	if v == nil {
 		return 0, "", fmt.Errorf("%w: meta bucket without schema_version", ErrCorrupt)
 	}
+	// From version 2 on the meta values are sealed too (seal.go): a
+	// flipped bit in the version would otherwise read as "a newer binary
+	// wrote this file". Version 1 wrote them bare.
+	sealed := len(v) == 8+sealLen
+	if sealed {
+		if v, err = unseal(keySchemaVersion, v, "meta/schema_version"); err != nil {
+			return 0, "", err
+		}
+	}
 	version, err = decodeU64(v, "meta/schema_version")
 	if err != nil {
 		return 0, "", err
 	}
-	return version, string(meta.Get(keyKind)), nil
+	if sealed != (version >= 2) {
+		return 0, "", fmt.Errorf("%w: meta/schema_version %d is stored %s", ErrCorrupt, version, map[bool]string{true: "with a seal", false: "without its seal"}[sealed])
+	}
+	k := meta.Get(keyKind)
+	if sealed && k != nil {
+		if k, err = unseal(keyKind, k, "meta/kind"); err != nil {
+			return 0, "", err
+		}
+	}
+	return version, string(k), nil
+}
+
+// putMeta stamps a file's kind and schema version (sealed from version 2).
+func putMeta(meta *bolt.Bucket, kind string, version uint64) error {
+	k, v := []byte(kind), encodeU64(version)
+	if version >= 2 {
+		k, v = seal(keyKind, k), seal(keySchemaVersion, v)
+	}
+	if err := meta.Put(keyKind, k); err != nil {
+		return err
+	}
+	return meta.Put(keySchemaVersion, v)
 }
 
 func migrate(db *guardedDB, sc schema) error {
@@ -239,10 +289,7 @@ func migrate(db *guardedDB, sc schema) error {
 			if err != nil {
 				return err
 			}
-			if err := meta.Put(keyKind, []byte(sc.kind)); err != nil {
-				return err
-			}
-			return meta.Put(keySchemaVersion, encodeU64(version+1))
+			return putMeta(meta, sc.kind, version+1)
 		})
 		if err != nil {
 			return fmt.Errorf("migration %s v%d -> v%d (%s): %w", sc.kind, version, version+1, m.name, err)

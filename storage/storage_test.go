@@ -168,8 +168,8 @@ func TestMigrationFromV0(t *testing.T) {
 				t.Errorf("bucket %s missing", b)
 			}
 		}
-		if got := string(tx.Bucket(bucketMeta).Get(keyKind)); got != edgeKind {
-			t.Errorf("kind %q", got)
+		if _, got, err := readMeta(tx); err != nil || got != edgeKind {
+			t.Errorf("kind %q, %v", got, err)
 		}
 		return nil
 	}); err != nil {

@@ -16,7 +16,66 @@ import (
 // sound tree. (Page layout: bbolt's internal/common page.go and bucket.go.)
 func walkTree(r io.ReaderAt, m *boltMeta) error {
 	w := treeWalker{r: r, m: m, seen: map[uint64]bool{}}
-	return w.page(m.root, 0, "root")
+	if err := w.page(m.root, 0, "root", nil); err != nil {
+		return err
+	}
+	return w.freelist()
+}
+
+const freelistPageFlag = 0x10
+
+// freelist checks the free-page list: a freelist page, its ids inside it,
+// below the high-water mark, each once and none in use by the tree. (A
+// damaged count makes bbolt's own check loop over billions of ids.)
+func (w *treeWalker) freelist() error {
+	id := w.m.freelist
+	if id == noFreelist {
+		return nil
+	}
+	ps := uint64(w.m.pageSize)
+	if id < 2 || id >= w.m.pgid {
+		return fmt.Errorf("freelist: page %d is outside the data pages", id)
+	}
+	hdr := make([]byte, pageHeaderSize+8)
+	if _, err := w.r.ReadAt(hdr, int64(id*ps)); err != nil {
+		return fmt.Errorf("freelist: page %d: %w", id, err)
+	}
+	le := binary.LittleEndian
+	overflow := uint64(le.Uint32(hdr[12:]))
+	switch {
+	case le.Uint64(hdr) != id:
+		return fmt.Errorf("freelist: page %d says it is page %d", id, le.Uint64(hdr))
+	case le.Uint16(hdr[8:]) != freelistPageFlag:
+		return fmt.Errorf("freelist: page %d has type %#x", id, le.Uint16(hdr[8:]))
+	case id+overflow >= w.m.pgid:
+		return fmt.Errorf("freelist: page %d runs %d pages past the high-water mark", id, overflow)
+	}
+	count, skip := uint64(le.Uint16(hdr[10:])), uint64(0)
+	if count == 0xFFFF {
+		count, skip = le.Uint64(hdr[pageHeaderSize:]), 1
+	}
+	room := ((overflow+1)*ps - pageHeaderSize) / 8
+	if count+skip > room || count > w.m.pgid {
+		return fmt.Errorf("freelist: %d free pages do not fit its %d pages", count, overflow+1)
+	}
+	buf := make([]byte, (count+skip)*8)
+	if _, err := w.r.ReadAt(buf, int64(id*ps+pageHeaderSize)); err != nil {
+		return fmt.Errorf("freelist: %w", err)
+	}
+	free := make(map[uint64]bool, count)
+	for i := skip; i < count+skip; i++ {
+		f := le.Uint64(buf[8*i:])
+		switch {
+		case f < 2 || f >= w.m.pgid:
+			return fmt.Errorf("freelist: free page %d is outside the data pages", f)
+		case free[f]:
+			return fmt.Errorf("freelist: page %d is freed twice", f)
+		case w.seen[f]:
+			return fmt.Errorf("freelist: page %d is free and in use", f)
+		}
+		free[f] = true
+	}
+	return nil
 }
 
 const (
@@ -34,7 +93,9 @@ type treeWalker struct {
 	seen map[uint64]bool
 }
 
-func (w *treeWalker) page(id uint64, depth int, where string) error {
+// page checks page id and the tree below it; first, when not nil, is the
+// key its parent's branch element says the page starts with.
+func (w *treeWalker) page(id uint64, depth int, where string, first []byte) error {
 	ps := uint64(w.m.pageSize)
 	switch {
 	case depth > maxTreeDepth:
@@ -67,12 +128,12 @@ func (w *treeWalker) page(id uint64, depth int, where string) error {
 	if _, err := w.r.ReadAt(buf, int64(id*ps)); err != nil {
 		return fmt.Errorf("%s: page %d: %w", where, id, err)
 	}
-	return w.node(buf, depth, fmt.Sprintf("%s/page %d", where, id))
+	return w.node(buf, depth, fmt.Sprintf("%s/page %d", where, id), first)
 }
 
 // node checks one page's elements (p is the whole page, header included:
 // element offsets count from each element's own position).
-func (w *treeWalker) node(p []byte, depth int, where string) error {
+func (w *treeWalker) node(p []byte, depth int, where string, first []byte) error {
 	le := binary.LittleEndian
 	flags, count := le.Uint16(p[8:]), int(le.Uint16(p[10:]))
 	if pageHeaderSize+count*elemSize > len(p) {
@@ -84,6 +145,20 @@ func (w *treeWalker) node(p []byte, depth int, where string) error {
 	if count == 0 && flags == branchPageFlag {
 		return fmt.Errorf("%s: an empty branch", where)
 	}
+	var prev []byte
+	// Keys must rise within a page and a page must start with the key its
+	// parent files it under: a damaged key otherwise sends bbolt's search
+	// down the wrong branch, and a stored value reads as absent.
+	order := func(i int, k []byte) error {
+		if i == 0 && first != nil && string(k) != string(first) {
+			return fmt.Errorf("%s: starts with key %x, its parent says %x", where, k, first)
+		}
+		if i > 0 && string(k) <= string(prev) {
+			return fmt.Errorf("%s: key %d (%x) is not above key %d (%x)", where, i, k, i-1, prev)
+		}
+		prev = k
+		return nil
+	}
 	for i := 0; i < count; i++ {
 		at := pageHeaderSize + i*elemSize
 		e := p[at : at+elemSize]
@@ -92,7 +167,11 @@ func (w *treeWalker) node(p []byte, depth int, where string) error {
 			if uint64(at)+pos+ksize > uint64(len(p)) {
 				return fmt.Errorf("%s: branch element %d points outside the page", where, i)
 			}
-			if err := w.page(child, depth+1, where); err != nil {
+			k := p[uint64(at)+pos : uint64(at)+pos+ksize]
+			if err := order(i, k); err != nil {
+				return err
+			}
+			if err := w.page(child, depth+1, where, k); err != nil {
 				return err
 			}
 			continue
@@ -102,6 +181,9 @@ func (w *treeWalker) node(p []byte, depth int, where string) error {
 		if end > uint64(len(p)) {
 			return fmt.Errorf("%s: leaf element %d points outside the page", where, i)
 		}
+		if err := order(i, p[uint64(at)+pos:uint64(at)+pos+ksize]); err != nil {
+			return err
+		}
 		if eflags&bucketLeafFlag == 0 {
 			continue
 		}
@@ -110,7 +192,7 @@ func (w *treeWalker) node(p []byte, depth int, where string) error {
 			return fmt.Errorf("%s: bucket element %d is %d bytes", where, i, len(v))
 		}
 		if root := le.Uint64(v); root != 0 {
-			if err := w.page(root, depth+1, where); err != nil {
+			if err := w.page(root, depth+1, where, nil); err != nil {
 				return err
 			}
 			continue
@@ -122,7 +204,7 @@ func (w *treeWalker) node(p []byte, depth int, where string) error {
 		if le.Uint16(inline[8:]) != leafPageFlag {
 			return fmt.Errorf("%s: inline bucket %d is not a leaf", where, i)
 		}
-		if err := w.node(inline, depth+1, fmt.Sprintf("%s/inline %d", where, i)); err != nil {
+		if err := w.node(inline, depth+1, fmt.Sprintf("%s/inline %d", where, i), nil); err != nil {
 			return err
 		}
 	}

@@ -118,7 +118,7 @@ func serveFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the selection and of randomised aggregators")
 
 	fs.StringVar(&f.algo, "algorithm", aggregator.AlgoFedProx, "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator ("+strings.Join(aggregate.Names(), ", ")+"), trained like fedprox")
-	fs.StringVar(&f.agg, "aggregator", "", "aggregator `SPEC` for the FedAvg/FedProx families, e.g. normbound:mult=3:inner=median (default: per --algo)")
+	fs.StringVar(&f.agg, "aggregator", "", "how updates are combined: an update aggregator `SPEC` for the FedAvg/FedProx families (e.g. normbound:mult=3:inner=median); fedsplit-robust[:mult=M] (default) or fedsplit-mean for the FedSplit family (default: per --algorithm)")
 	fs.StringVar(&f.sel, "selector", "uniform", "client selection: uniform | samples | loss[:power=P][:explore=E] | window")
 	fs.StringVar(&f.solver, "solver", "sgd", "local solver: sgd | lbfgs")
 	fs.Float64Var(&f.mu, "mu", 0.01, "FedProx proximal weight (0 for fedavg)")
