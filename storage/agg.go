@@ -97,14 +97,21 @@ func aggInvariants(tx *bolt.Tx) error {
 	if next > 0 && next-1 != cur || next == 0 && cur != 0 {
 		return fmt.Errorf("%w: the round log ends at round %d, its current round is %d", ErrCorrupt, max(next, 1)-1, cur)
 	}
-	for _, name := range [][]byte{bucketUpdates, bucketCheckpoints} {
+	// The aggregator checkpoints the next round's model before it opens
+	// that round (and the final aggregate as round Rounds+1): a checkpoint
+	// may be one round ahead.
+	for _, c := range []struct {
+		name  []byte
+		ahead uint64
+	}{{bucketUpdates, 0}, {bucketCheckpoints, 1}} {
+		name := c.name
 		b, err := bucket(tx, name)
 		if err != nil {
 			return err
 		}
 		if err := b.ForEach(func(k, _ []byte) error {
 			r, err := decodeU64(k, string(name)+" key")
-			if err == nil && (r == 0 || r > cur) {
+			if err == nil && (r == 0 || r > cur+c.ahead) {
 				err = fmt.Errorf("%w: %s of round %d, the current round is %d", ErrCorrupt, name, r, cur)
 			}
 			return err
