@@ -139,6 +139,17 @@ type ServerConfig struct {
 	// MaxMessageBytes bounds an inbound message (default 16 MiB: the
 	// embedded broker's packet cap).
 	MaxMessageBytes int
+	// RateMessages and RateBurst limit each site's inbound messages (per
+	// second, and at once), RateBytes its bytes per second (a burst of one
+	// largest message always fits); over the limit a message is dropped
+	// and counted (ingest.go). Defaults DefaultRateMessages,
+	// DefaultRateBurst, DefaultRateBytes.
+	RateMessages float64
+	RateBurst    int
+	RateBytes    float64
+	// IngestWorkers decode inbound messages for the event loop (default 4);
+	// IngestQueue messages may wait for them (default DefaultIngestQueue).
+	IngestWorkers, IngestQueue int
 
 	// Clock is the time source (default RealClock).
 	Clock Clock
@@ -217,6 +228,21 @@ func (c *ServerConfig) defaults() {
 	}
 	if c.MaxMessageBytes <= 0 {
 		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.RateMessages <= 0 {
+		c.RateMessages = DefaultRateMessages
+	}
+	if c.RateBurst <= 0 {
+		c.RateBurst = DefaultRateBurst
+	}
+	if c.RateBytes <= 0 {
+		c.RateBytes = DefaultRateBytes
+	}
+	if c.IngestWorkers <= 0 {
+		c.IngestWorkers = 4
+	}
+	if c.IngestQueue <= 0 {
+		c.IngestQueue = DefaultIngestQueue
 	}
 	if c.Clock == nil {
 		c.Clock = RealClock{}
@@ -306,6 +332,10 @@ type Server struct {
 	corruption                              metrics.LabeledCounter // damaged stored values found at run time, by what
 	excluded                                metrics.LabeledCounter // FedSplit: z left out of a server step, by client
 	capped                                  metrics.LabeledCounter // updates weighted by the client's first sample count, by client
+	rateLimited                             metrics.LabeledCounter // messages dropped over a site's rate limit, by client
+	limits                                  limiter
+	receipts                                receiptCache
+	ingestQ                                 chan ingestJob
 	samplesCapped                           map[string][2]uint64   // set by closedUpdates while aggregating: reported, first
 	bytesIn                                 metrics.LabeledCounter // by topic kind
 	msgsIn                                  metrics.LabeledCounter
@@ -331,7 +361,7 @@ type inUpdate struct {
 // Close if Run will not be called.
 func NewServer(cfg ServerConfig) (*Server, error) {
 	cfg.defaults()
-	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request),
+	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request), ingestQ: make(chan ingestJob, cfg.IngestQueue),
 		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{})}
 	s.metAddr.Store("")
 	var err error
@@ -717,6 +747,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		}
 	}()
 
+	s.startIngest(ctx)
 	s.client = mqtt.NewClient(s.clientOptions())
 	if err := s.connect(ctx); err != nil {
 		return err

@@ -124,17 +124,6 @@ func (s *Server) publish(topic string, retained bool, payload []byte, what strin
 	}()
 }
 
-// onMessage is the handler of every inbound message (also paho's default
-// handler, for messages the persistent session delivers before the
-// subscriptions are re-established). It acknowledges a message once it is
-// handled: an accepted update is durable by then. When the server stops
-// first, the message stays unacknowledged and the broker redelivers it.
-func (s *Server) onMessage(_ mqtt.Client, m mqtt.Message) {
-	if s.handle(m.Topic(), m.Payload()) {
-		m.Ack()
-	}
-}
-
 // handle decodes and validates one message and, if it is a status or a
 // plausible update, hands it to the loop. It reports whether the message
 // was dealt with (false: the server stopped).
@@ -251,6 +240,9 @@ func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
 	}
 	if int(u.Vector.Dimension) != s.dim {
 		return bad("wrong_dimension", fmt.Sprintf("dimension %d, the model has %d", u.Vector.Dimension, s.dim))
+	}
+	if s.duplicate(u) {
+		return true // receipted already: answered from memory, nothing decoded
 	}
 	if info, err := quant.Inspect(u.Vector.Payload); err == nil && info.Dim != s.dim {
 		return bad("wrong_dimension", fmt.Sprintf("frame of dimension %d, the model has %d", info.Dim, s.dim))

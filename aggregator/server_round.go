@@ -319,6 +319,7 @@ func (s *Server) receipt(m *wire.ClientUpdate, accepted bool, code wire.ReceiptC
 			storedAt = s.clock.Now()
 		}
 		r.StoredAtUnixMs = max(storedAt.UnixMilli(), 1)
+		s.receipts.put(receiptKey{m.ClientId, m.Round}, storedAt)
 	}
 	b, err := wire.Encode(r)
 	if err != nil {

@@ -209,6 +209,8 @@ func (s *Server) families() []metrics.Family {
 		metrics.One(ns+"aggregation_last_seconds", "Time to aggregate and checkpoint the last round.", metrics.Gauge, last.Duration.Seconds()),
 		{Name: ns + "fedsplit_excluded_total", Help: "FedSplit: rounds in which a client's z was left out of the server step as too far from the global model (split.RobustServerStep), by client.",
 			Type: metrics.Counter, Samples: metrics.Samples("client", s.excluded.Snapshot())},
+		{Name: ns + "rate_limited_total", Help: "Messages dropped because their site was over its rate limit (--rate-messages, --rate-bytes), by client.",
+			Type: metrics.Counter, Samples: metrics.Samples("client", s.rateLimited.Snapshot())},
 		{Name: ns + "sample_count_capped_total", Help: "Updates weighted by the client's first reported sample count because they reported more, by client.",
 			Type: metrics.Counter, Samples: metrics.Samples("client", s.capped.Snapshot())},
 		{Name: ns + "state_corruption_total", Help: "Damaged values found in the state file while running, by what (the copy of a client's z: the site is asked for a new one).",

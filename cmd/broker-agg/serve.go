@@ -52,6 +52,8 @@ type serveFlags struct {
 	brokerPasswd, username, passwordFile     string
 	allowAnonymous                           bool
 	maxPacket                                int
+	rateMsgs, rateBytes                      float64
+	rateBurst                                int
 	k                                        int
 	quorum                                   float64
 	roundTimeout, extension, settle          time.Duration
@@ -104,6 +106,9 @@ func serveFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.StringVar(&f.brokerPasswd, "password-file", "", "embedded broker: the sites' password `FILE`, Mosquitto format (see `broker-agg pki passwd`)")
 	fs.BoolVar(&f.allowAnonymous, "allow-anonymous", false, "embedded broker: let clients in without credentials (development only; the ACL still applies)")
 	fs.IntVar(&f.maxPacket, "max-message-bytes", broker.DefaultMaxPacketSize, "largest message in `BYTES`: the embedded broker's packet cap and the aggregator's inbound limit")
+	fs.Float64Var(&f.rateMsgs, "rate-messages", aggregator.DefaultRateMessages, "per-site inbound rate limit in messages per second; over it (and --rate-burst) messages are dropped and counted")
+	fs.IntVar(&f.rateBurst, "rate-burst", aggregator.DefaultRateBurst, "messages a site may send at once before --rate-messages applies")
+	fs.Float64Var(&f.rateBytes, "rate-bytes", aggregator.DefaultRateBytes, "per-site inbound rate limit in bytes per second (one message of --max-message-bytes always fits)")
 	fs.DurationVar(&f.sessionExpiry, "session-expiry", broker.DefaultSessionExpiry, "embedded broker: how long a disconnected site's session and queued messages are kept")
 	fs.StringVar(&f.username, "username", "", "external broker: the aggregator's username")
 	fs.StringVar(&f.passwordFile, "broker-password-file", "", "external broker: `FILE` holding the aggregator's password (default: $"+passwordEnv+")")
@@ -317,6 +322,7 @@ func (f *serveFlags) serverConfig(log *slog.Logger) (aggregator.ServerConfig, er
 		Model: spec, Init: f.init, InitSeed: f.initSeed, Codec: f.codec, Downlink: f.downlink,
 		StatePath: f.state, MetricsAddr: f.metricsAddr, Eval: eval, FinalModel: f.finalModel,
 		MaxMessageBytes: f.maxPacket, Logger: log,
+		RateMessages: f.rateMsgs, RateBurst: f.rateBurst, RateBytes: f.rateBytes,
 	}, nil
 }
 
