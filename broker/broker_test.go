@@ -367,6 +367,14 @@ func TestReceiptsAndRetain(t *testing.T) {
 	if !tok.WaitTimeout(waitFor) || tok.Error() != nil {
 		t.Fatal(tok.Error())
 	}
+	// mochi acknowledges a QoS 1 publish before it routes it: a second
+	// publish of the same client, acknowledged, means the first has been
+	// routed (one client's packets are handled in order). Without it the
+	// subscription below could see the first one live (a flaky test).
+	tok = siteA.c.Publish(prefix+"clients/site-a/status", 1, false, "sync")
+	if !tok.WaitTimeout(waitFor) || tok.Error() != nil {
+		t.Fatal(tok.Error())
+	}
 	agg.subscribe(t, prefix+"updates/+")
 	agg.publish(t, prefix+"updates/marker", 0, "marker")
 	if m := agg.next(t); string(m.Payload()) != "marker" {
