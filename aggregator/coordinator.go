@@ -484,10 +484,17 @@ func (c *Coordinator) Step(ev Event) []Decision {
 		return nil
 	}
 	if c.phase == PhaseFinished {
-		// Nothing changes any more, but an update still gets its answer,
-		// so that the site clears its outbox instead of re-sending.
-		if u, ok := ev.(UpdateArrived); ok {
-			return c.afterFinish(u)
+		// No round changes any more, but an update still gets its answer,
+		// so that the site clears its outbox instead of re-sending, and
+		// presence is still tracked, so that status after the run shows
+		// the sites that went offline as offline (they decide nothing).
+		switch e := ev.(type) {
+		case UpdateArrived:
+			return c.afterFinish(e)
+		case ClientOnline:
+			return c.clientOnline(e)
+		case ClientOffline:
+			return c.clientOffline(e)
 		}
 		return nil
 	}

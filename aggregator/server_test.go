@@ -685,3 +685,33 @@ func TestServerStoreUpdateResentAfterCrash(t *testing.T) {
 		t.Fatalf("round 3 against round 1's copy: %v, want errBaseMismatch", err)
 	}
 }
+
+// Issue 10, item 8: a site that goes offline after the last round is shown
+// offline by status (the coordinator's table, which status prefers, used
+// to ignore statuses once finished).
+func TestStatusAfterFinishTracksPresence(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.K, cfg.Rounds = 1, 1
+	r := f.start(cfg)
+	a := f.agent("site-a", 10)
+	a.nextRound(t, 1)
+	a.send(t, update(t, "site-a", 1, vec(1), 10))
+	a.receipt(t)
+	<-r.s.Finished()
+	a.status(t, false, 10)
+	waitView(t, r.s, "site-a offline", func(v ServerView) bool { return v.Online == 0 })
+	r.stop(t)
+	st, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	s, err := ReadStatus(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Clients) != 1 || s.Clients[0].Online {
+		t.Fatalf("status after the run: %+v, want site-a offline", s.Clients)
+	}
+}
