@@ -31,8 +31,9 @@ import (
 //     IngestWorkers messages are decoded at once and at most IngestQueue
 //     wait, whatever the broker delivers.
 //  3. A duplicate of an update already receipted is answered from memory
-//     (the receipt cache) with its receipt, without decoding its vector,
-//     going through the event loop or reading the store.
+//     (the receipt cache) with its receipt, once validated like any update
+//     (a damaged copy is reported as damaged), without going through the
+//     event loop or reading the store.
 
 // Ingest defaults.
 const (
@@ -138,6 +139,14 @@ func (c *receiptCache) put(k receiptKey, storedAt time.Time) {
 // duplicate answers an update already receipted: true when it was one. (The
 // rate limit bounds how many receipts a flood gets back.)
 func (s *Server) duplicate(u *wire.ClientUpdate) bool {
+	// Only for the open round: the coordinator answers an update of a
+	// closed round by its own rules (stale, or a late FedSplit z).
+	s.mu.Lock()
+	open := s.view.phase == PhaseCollecting && uint64(s.view.round) == u.Round
+	s.mu.Unlock()
+	if !open {
+		return false
+	}
 	c := &s.receipts
 	c.mu.Lock()
 	r := c.m[receiptKey{u.ClientId, u.Round}]
@@ -146,8 +155,9 @@ func (s *Server) duplicate(u *wire.ClientUpdate) bool {
 		return false
 	}
 	s.reject("duplicate")
-	s.log.Debug("duplicate update answered from memory", "client", u.ClientId, "round", u.Round)
-	s.receipt(u, true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE, "", r.storedAt)
+	// The same line and receipt as the coordinator's duplicate (server_round.go).
+	s.log.Info("duplicate update ignored", "client", u.ClientId, "round", u.Round)
+	s.receipt(u, true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE, "duplicate: stored earlier", r.storedAt)
 	return true
 }
 

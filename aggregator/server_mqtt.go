@@ -241,9 +241,6 @@ func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
 	if int(u.Vector.Dimension) != s.dim {
 		return bad("wrong_dimension", fmt.Sprintf("dimension %d, the model has %d", u.Vector.Dimension, s.dim))
 	}
-	if s.duplicate(u) {
-		return true // receipted already: answered from memory, nothing decoded
-	}
 	if info, err := quant.Inspect(u.Vector.Payload); err == nil && info.Dim != s.dim {
 		return bad("wrong_dimension", fmt.Sprintf("frame of dimension %d, the model has %d", info.Dim, s.dim))
 	}
@@ -260,6 +257,11 @@ func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			return bad("non_finite", fmt.Sprintf("value %d is %v", i, v))
 		}
+	}
+	// Valid, and receipted already: answered from memory, without the event
+	// loop or a store read (a flood of one valid update costs a decode).
+	if s.duplicate(u) {
+		return true
 	}
 	return s.submit(&request{update: &inUpdate{msg: u, raw: payload, vec: vec}})
 }

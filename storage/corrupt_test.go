@@ -422,8 +422,8 @@ func fuzzFile(f *testing.F, agg bool) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b := slices.Clone(base)
 		for ; len(data) >= 5; data = data[5:] {
-			off := int(uint32(data[0]) | uint32(data[1])<<8 | uint32(data[2])<<16 | uint32(data[3])<<24)
-			b[off%len(b)] ^= data[4]
+			off := uint32(data[0]) | uint32(data[1])<<8 | uint32(data[2])<<16 | uint32(data[3])<<24
+			b[off%uint32(len(b))] ^= data[4]
 		}
 		if len(data) > 0 {
 			b = b[:min(len(b), int(data[0])*4096)]

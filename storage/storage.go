@@ -136,6 +136,9 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 		case errors.Is(err, bolterrors.ErrTimeout):
 			return nil, fmt.Errorf("%w: %s (gave up after %v): %w", ErrLocked, path, timeout, err)
 		case errors.Is(err, ErrCorrupt):
+			if perr := precheck(path); errors.Is(perr, ErrCorrupt) {
+				return nil, perr // what bbolt tripped on, said better
+			}
 			return nil, err
 		case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrChecksum), errors.Is(err, bolterrors.ErrVersionMismatch):
 			return nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
