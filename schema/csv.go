@@ -64,31 +64,71 @@ func (s *Schema) ReadCSVFile(path string) (*Table, error) {
 // extra columns ignored (listed in Table.Extra). name is used in errors,
 // which are one line naming the file, line, column and what was expected.
 func (s *Schema) ReadCSV(r io.Reader, name string) (*Table, error) {
-	return s.read(r, name, true)
+	t, _, err := s.read(r, name, true, "")
+	return t, err
+}
+
+// ReadSitesCSV is ReadCSV for a single multi-site CSV (simulate
+// --partition natural): siteColumn names each row's site, returned per row.
+// Split it with Table.Subset.
+func (s *Schema) ReadSitesCSV(r io.Reader, name, siteColumn string) (*Table, []string, error) {
+	return s.read(r, name, true, siteColumn)
+}
+
+// Subset is the table of the given rows, in that order (a site's rows of a
+// multi-site table). Lines keep the source CSV's line numbers.
+func (t *Table) Subset(rows []int) *Table {
+	out := &Table{Rows: len(rows), Columns: make([]Column, len(t.Columns)), Extra: t.Extra}
+	if t.ClassCounts != nil {
+		out.ClassCounts = make([]int, len(t.ClassCounts))
+	}
+	for j, c := range t.Columns {
+		o := &out.Columns[j]
+		for _, i := range rows {
+			o.Missing = append(o.Missing, c.Missing[i])
+			if c.Num != nil {
+				o.Num = append(o.Num, c.Num[i])
+			}
+			if c.Level != nil {
+				o.Level = append(o.Level, c.Level[i])
+			}
+		}
+	}
+	for _, i := range rows {
+		out.Lines = append(out.Lines, t.Lines[i])
+		if t.Labels != nil {
+			out.Labels = append(out.Labels, t.Labels[i])
+			if out.ClassCounts != nil {
+				out.ClassCounts[int(t.Labels[i])]++
+			}
+		}
+	}
+	return out
 }
 
 // ReadFeaturesCSV is ReadCSV for files that may lack the label column
 // (predict): a present label column is ignored.
 func (s *Schema) ReadFeaturesCSV(r io.Reader, name string) (*Table, error) {
-	return s.read(r, name, false)
+	t, _, err := s.read(r, name, false, "")
+	return t, err
 }
 
-func (s *Schema) read(r io.Reader, name string, withLabel bool) (*Table, error) {
+func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn string) (*Table, []string, error) {
 	cr := csv.NewReader(r)
 	cr.FieldsPerRecord = 0 // every row as wide as the header
 	cr.ReuseRecord = true
 	header, err := cr.Read()
 	if err == io.EOF {
-		return nil, fmt.Errorf("%s: empty file, expected a header row naming the columns", name)
+		return nil, nil, fmt.Errorf("%s: empty file, expected a header row naming the columns", name)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+		return nil, nil, fmt.Errorf("%s: %w", name, err)
 	}
 	pos := map[string]int{}
 	for i, h := range header {
 		h = strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))
 		if _, dup := pos[h]; dup {
-			return nil, fmt.Errorf("%s: line 1: column %q appears twice in the header", name, h)
+			return nil, nil, fmt.Errorf("%s: line 1: column %q appears twice in the header", name, h)
 		}
 		pos[h] = i
 	}
@@ -97,10 +137,23 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool) (*Table, error) 
 	for j, f := range s.Features {
 		i, ok := pos[f.Name]
 		if !ok {
-			return nil, fmt.Errorf("%s: line 1: missing column %q (%s feature of the schema)", name, f.Name, f.Type)
+			return nil, nil, fmt.Errorf("%s: line 1: missing column %q (%s feature of the schema)", name, f.Name, f.Type)
 		}
 		idx[j] = i
 		used[f.Name] = true
+	}
+	siteAt := -1
+	var sites []string
+	if siteColumn != "" {
+		i, ok := pos[siteColumn]
+		if !ok {
+			return nil, nil, fmt.Errorf("%s: line 1: missing site column %q", name, siteColumn)
+		}
+		if used[siteColumn] || siteColumn == s.Label.Column {
+			return nil, nil, fmt.Errorf("%s: site column %q is a schema column", name, siteColumn)
+		}
+		siteAt = i
+		used[siteColumn] = true
 	}
 	labelAt := -1
 	if i, ok := pos[s.Label.Column]; ok {
@@ -109,7 +162,7 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool) (*Table, error) 
 			labelAt = i
 		}
 	} else if withLabel {
-		return nil, fmt.Errorf("%s: line 1: missing label column %q", name, s.Label.Column)
+		return nil, nil, fmt.Errorf("%s: line 1: missing label column %q", name, s.Label.Column)
 	}
 	t := &Table{Columns: make([]Column, len(s.Features))}
 	for _, h := range header {
@@ -130,9 +183,9 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool) (*Table, error) 
 			// FieldPos is only valid after a successful Read.
 			var pe *csv.ParseError
 			if errors.As(err, &pe) {
-				return nil, fmt.Errorf("%s: line %d: %v", name, pe.Line, pe.Err)
+				return nil, nil, fmt.Errorf("%s: line %d: %v", name, pe.Line, pe.Err)
 			}
-			return nil, fmt.Errorf("%s: %w", name, err)
+			return nil, nil, fmt.Errorf("%s: %w", name, err)
 		}
 		line, _ := cr.FieldPos(0)
 		for j, f := range s.Features {
@@ -145,7 +198,7 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool) (*Table, error) 
 				if !miss {
 					v, err = strconv.ParseFloat(cell, 64)
 					if err != nil || math.IsInf(v, 0) || math.IsNaN(v) {
-						return nil, fmt.Errorf("%s: line %d: column %q: %q is not a finite number or a missing token", name, line, f.Name, clip(cell))
+						return nil, nil, fmt.Errorf("%s: line %d: column %q: %q is not a finite number or a missing token", name, line, f.Name, clip(cell))
 					}
 				}
 				c.Num = append(c.Num, v)
@@ -161,22 +214,29 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool) (*Table, error) 
 			if s.Task == TaskRegression {
 				v, err := strconv.ParseFloat(cell, 64)
 				if err != nil || math.IsInf(v, 0) || math.IsNaN(v) {
-					return nil, fmt.Errorf("%s: line %d: label column %q: %q is not a finite number", name, line, s.Label.Column, clip(cell))
+					return nil, nil, fmt.Errorf("%s: line %d: label column %q: %q is not a finite number", name, line, s.Label.Column, clip(cell))
 				}
 				t.Labels = append(t.Labels, v)
 			} else {
 				k, ok := s.ClassOf(cell)
 				if !ok {
-					return nil, fmt.Errorf("%s: line %d: label column %q: unknown label value %q, the schema maps %s", name, line, s.Label.Column, clip(cell), s.knownLabels())
+					return nil, nil, fmt.Errorf("%s: line %d: label column %q: unknown label value %q, the schema maps %s", name, line, s.Label.Column, clip(cell), s.knownLabels())
 				}
 				t.Labels = append(t.Labels, float64(k))
 				t.ClassCounts[k]++
 			}
 		}
+		if siteAt >= 0 {
+			site := strings.TrimSpace(rec[siteAt])
+			if site == "" {
+				return nil, nil, fmt.Errorf("%s: line %d: site column %q is empty", name, line, siteColumn)
+			}
+			sites = append(sites, strings.Clone(site))
+		}
 		t.Lines = append(t.Lines, line)
 		t.Rows++
 	}
-	return t, nil
+	return t, sites, nil
 }
 
 func clip(s string) string {

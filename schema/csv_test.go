@@ -98,3 +98,25 @@ func FuzzSchemaCSV(f *testing.F) {
 		}
 	})
 }
+
+func TestReadSitesCSVAndSubset(t *testing.T) {
+	s := gradeSchema(t)
+	csv := "site,size,kind,grade\nA,1,a,0\nB,2,b,1\nA,NA,b,3\n"
+	tab, sites, err := s.ReadSitesCSV(strings.NewReader(csv), "all.csv", "site")
+	if err != nil || strings.Join(sites, "") != "ABA" || len(tab.Extra) != 0 {
+		t.Fatalf("%v %v %v", err, sites, tab.Extra)
+	}
+	a := tab.Subset([]int{0, 2})
+	if a.Rows != 2 || a.Lines[1] != 4 || !a.Columns[0].Missing[1] || a.Columns[1].Level[1] != "b" || a.ClassCounts[0] != 1 || a.ClassCounts[1] != 1 {
+		t.Fatalf("subset %+v", a)
+	}
+	for _, c := range []struct{ col, csv, want string }{
+		{"where", csv, `missing site column "where"`},
+		{"grade", csv, `is a schema column`},
+		{"site", "site,size,kind,grade\n,1,a,0\n", `line 2: site column "site" is empty`},
+	} {
+		if _, _, err := s.ReadSitesCSV(strings.NewReader(c.csv), "all.csv", c.col); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%s: %v, want %q", c.col, err, c.want)
+		}
+	}
+}
