@@ -3,6 +3,8 @@
 //
 //	edge-agent run --config FILE   the daemon
 //	edge-agent bench               on-device benchmark: how much local work fits a round
+//	edge-agent evaluate            metrics of a model bundle on a labelled CSV
+//	edge-agent predict             predictions of a model bundle for a CSV
 //	edge-agent version             print the version
 package main
 
@@ -24,6 +26,8 @@ func commands() []cli.Command {
 	return []cli.Command{
 		{Name: "run", Summary: "run the edge daemon (see run --help)", Run: runAgent},
 		{Name: "bench", Summary: "benchmark a local FedProx solve on this device and suggest a work budget", Run: runBench},
+		{Name: "evaluate", Summary: "evaluate a model bundle on a labelled CSV (see evaluate --help)", Run: runEvaluate},
+		{Name: "predict", Summary: "write a model bundle's predictions for a CSV (see predict --help)", Run: runPredict},
 		{Name: "version", Summary: "print the version", Run: func(_ context.Context, _ []string, stdout, _ io.Writer) error {
 			_, err := fmt.Fprintln(stdout, "edge-agent", version)
 			return err

@@ -1,0 +1,254 @@
+// Package bundle is the model bundle of issue 11 item 4: one
+// self-describing JSON file holding everything needed to use a trained
+// model at a site.
+//
+// # Format (version 1)
+//
+//	{
+//	  "format": "edgefl-bundle",
+//	  "version": 1,
+//	  "model": {"kind": ..., "inputs": ..., "classes": ..., "layout": ..., "weights": [...]},
+//	  "schema": {...},          // the federation schema (label mapping included)
+//	  "transform": {...},       // prep.Transform, the fitted preprocessing
+//	  "evaluation": {"round": R, "federation": {...}, "sites": {"site-a": {...}}},
+//	  "provenance": {"federation": ..., "run_id": ..., "round": R, "algorithm": ...,
+//	                 "params": {"l2": "0.01", ...}, "edgefl_version": ..., "time": RFC 3339},
+//	  "digest": "sha256 hex"
+//	}
+//
+// The model's inputs are the transform's outputs in its documented order;
+// class k of the model is the schema's class k, reported as its first raw
+// value. Weights are float64 written as the shortest decimal that parses
+// back to the same value, so a round trip is exact.
+//
+// digest is the hex SHA-256 of the bundle's JSON encoding (encoding/json,
+// fields in this order, maps sorted, no indentation) with "digest" empty.
+// Read recomputes it and refuses a mismatch, an unknown format or version,
+// unknown fields and an inconsistent content (model inputs not the
+// transform's outputs, classes not the schema's, a transform of another
+// schema, non-finite weights). Write is atomic: temporary file, fsync,
+// rename, fsync of the directory.
+package bundle
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/edgefl/edgefl/evaluate"
+	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/prep"
+	"github.com/edgefl/edgefl/schema"
+)
+
+// Format and Version identify the file format.
+const (
+	Format  = "edgefl-bundle"
+	Version = 1
+)
+
+// MaxBytes bounds a bundle read from disk or the network.
+const MaxBytes = 256 << 20
+
+// Evaluation is the federated evaluation at the bundle's round.
+type Evaluation struct {
+	Round      int                        `json:"round"`
+	Federation evaluate.Report            `json:"federation"`
+	Sites      map[string]evaluate.Report `json:"sites,omitempty"`
+}
+
+// Provenance says where the model comes from.
+type Provenance struct {
+	Federation    string            `json:"federation"`
+	RunID         string            `json:"run_id"`
+	Round         int               `json:"round"`
+	Algorithm     string            `json:"algorithm"`
+	Params        map[string]string `json:"params,omitempty"`
+	EdgeflVersion string            `json:"edgefl_version"`
+	Time          string            `json:"time"` // RFC 3339, UTC
+}
+
+// Bundle is a model bundle. Build one with its fields and Marshal or
+// Write; Read and Unmarshal verify it.
+type Bundle struct {
+	Format     string          `json:"format"`
+	Version    int             `json:"version"`
+	Model      model.Saved     `json:"model"`
+	Schema     *schema.Schema  `json:"schema"`
+	Transform  *prep.Transform `json:"transform"`
+	Evaluation *Evaluation     `json:"evaluation,omitempty"`
+	Provenance Provenance      `json:"provenance"`
+	Digest     string          `json:"digest"`
+}
+
+func (b *Bundle) digest() (string, error) {
+	c := *b
+	c.Digest = ""
+	raw, err := json.Marshal(&c)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.Sum256(raw)
+	return hex.EncodeToString(h[:]), nil
+}
+
+// Check verifies the bundle's content is consistent (not its digest).
+func (b *Bundle) Check() error {
+	if b.Format != Format {
+		return fmt.Errorf("format %q, expected %q", b.Format, Format)
+	}
+	if b.Version != Version {
+		return fmt.Errorf("bundle version %d, this edgefl reads version %d", b.Version, Version)
+	}
+	if b.Schema == nil || b.Transform == nil {
+		return errors.New("no schema or no transform")
+	}
+	if err := b.Schema.Validate(); err != nil {
+		return fmt.Errorf("schema: %w", err)
+	}
+	if err := b.Transform.Validate(b.Schema); err != nil {
+		return err
+	}
+	if _, _, err := model.Load(bytes.NewReader(mustJSON(b.Model))); err != nil {
+		return err
+	}
+	if b.Model.Inputs != b.Transform.Outputs {
+		return fmt.Errorf("model has %d inputs, the transform gives %d", b.Model.Inputs, b.Transform.Outputs)
+	}
+	switch k := b.Schema.NumClasses(); {
+	case k == 0 && b.Model.Kind != model.KindLinear:
+		return fmt.Errorf("a regression schema with a %s model", b.Model.Kind)
+	case k == 2 && b.Model.Kind == model.KindBinaryLogReg:
+	case k > 0 && b.Model.Kind == model.KindLinear:
+		return fmt.Errorf("a %s schema with a linear model", b.Schema.Task)
+	case k > 0 && b.Model.Classes != k:
+		return fmt.Errorf("model has %d classes, the schema %d", b.Model.Classes, k)
+	}
+	return nil
+}
+
+func mustJSON(v any) []byte {
+	raw, _ := json.Marshal(v) // Saved holds finite floats only after checks
+	return raw
+}
+
+// Marshal checks b, sets its format, version and digest, and encodes it.
+func (b *Bundle) Marshal() ([]byte, error) {
+	b.Format, b.Version = Format, Version
+	if err := b.Check(); err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	d, err := b.digest()
+	if err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	b.Digest = d
+	raw, err := json.Marshal(b)
+	if err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	return append(raw, '\n'), nil
+}
+
+// Unmarshal decodes and verifies a bundle (digest, version, content).
+func Unmarshal(raw []byte) (*Bundle, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	var b Bundle
+	if err := dec.Decode(&b); err != nil {
+		return nil, fmt.Errorf("not a bundle: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("not a bundle: data after the bundle")
+	}
+	if b.Format != Format {
+		return nil, fmt.Errorf("not a bundle: format %q, expected %q", b.Format, Format)
+	}
+	if b.Version != Version {
+		return nil, fmt.Errorf("bundle version %d, this edgefl reads version %d", b.Version, Version)
+	}
+	d, err := b.digest()
+	if err != nil {
+		return nil, err
+	}
+	if d != b.Digest {
+		return nil, fmt.Errorf("digest mismatch: the file says %.16s, its content hashes to %.16s (corrupted or edited)", b.Digest, d)
+	}
+	if err := b.Check(); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+// Read reads and verifies the bundle at path; errors are one line naming
+// the file.
+func Read(path string) (*Bundle, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	defer f.Close()
+	raw, err := io.ReadAll(io.LimitReader(f, MaxBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("bundle %s: %w", path, err)
+	}
+	if len(raw) > MaxBytes {
+		return nil, fmt.Errorf("bundle %s: larger than %d bytes", path, MaxBytes)
+	}
+	b, err := Unmarshal(raw)
+	if err != nil {
+		return nil, fmt.Errorf("bundle %s: %w", path, err)
+	}
+	return b, nil
+}
+
+// Write marshals b to path atomically: nothing half-written on error.
+func Write(path string, b *Bundle) error {
+	raw, err := b.Marshal()
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(path, raw)
+}
+
+// WriteFileAtomic writes data to path through a temporary file in the same
+// directory, fsynced, renamed over path, then fsyncs the directory.
+func WriteFileAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	name := tmp.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			tmp.Close()
+			os.Remove(name)
+		}
+	}()
+	if _, err := tmp.Write(data); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(name, path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	ok = true
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}

@@ -1,0 +1,136 @@
+package bundle
+
+import (
+	"bytes"
+	"encoding/csv"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/edgefl/edgefl/evaluate"
+	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/schema"
+)
+
+// ParseDataArg parses a --data value: csv:PATH[:label=COL].
+func ParseDataArg(s string) (path, label string, err error) {
+	rest, ok := strings.CutPrefix(s, "csv:")
+	if !ok || rest == "" {
+		return "", "", fmt.Errorf("--data %q: expected csv:PATH[:label=COL]", s)
+	}
+	if i := strings.LastIndex(rest, ":label="); i >= 0 {
+		rest, label = rest[:i], rest[i+len(":label="):]
+		if label == "" || rest == "" {
+			return "", "", fmt.Errorf("--data %q: expected csv:PATH[:label=COL]", s)
+		}
+	}
+	return rest, label, nil
+}
+
+// Outputs applies the bundle's preprocessing and model to a table read
+// with its schema: class probabilities (width k = classes) or values (k = 1).
+func (b *Bundle) Outputs(t *schema.Table) (out []float64, k int, err error) {
+	m, w, err := model.Load(bytes.NewReader(mustJSON(b.Model)))
+	if err != nil {
+		return nil, 0, err
+	}
+	return model.Outputs(m, w, b.Transform.Apply(t, nil))
+}
+
+// EvaluateCSV reads path through the bundle's schema (label column label
+// when not empty) and evaluates the model on every row.
+func (b *Bundle) EvaluateCSV(path, label string) (evaluate.Report, error) {
+	s := *b.Schema
+	if label != "" {
+		s.Label.Column = label
+	}
+	t, err := s.ReadCSVFile(path)
+	if err != nil {
+		return evaluate.Report{}, err
+	}
+	out, k, err := b.Outputs(t)
+	if err != nil {
+		return evaluate.Report{}, err
+	}
+	if k == 1 {
+		return evaluate.Regression(out, t.Labels)
+	}
+	return evaluate.Classification(out, t.Labels, k)
+}
+
+// PredictCSV writes one row per row of in to out (atomically): the kept
+// columns, "prediction" (the predicted class's raw label value, or the
+// value for regression) and, for classification, "p_<class>" per class.
+func (b *Bundle) PredictCSV(in, out string, keep []string) (rows int, err error) {
+	raw, err := os.ReadFile(in)
+	if err != nil {
+		return 0, err
+	}
+	t, err := b.Schema.ReadFeaturesCSV(bytes.NewReader(raw), in)
+	if err != nil {
+		return 0, err
+	}
+	var kept [][]string
+	if len(keep) > 0 {
+		cr := csv.NewReader(bytes.NewReader(raw))
+		all, err := cr.ReadAll()
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", in, err)
+		}
+		pos := map[string]int{}
+		for i, h := range all[0] {
+			pos[strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))] = i
+		}
+		for _, c := range keep {
+			i, ok := pos[c]
+			if !ok {
+				return 0, fmt.Errorf("%s: line 1: --keep column %q is not in the header", in, c)
+			}
+			col := make([]string, 0, t.Rows)
+			for _, rec := range all[1:] {
+				col = append(col, rec[i])
+			}
+			kept = append(kept, col)
+		}
+	}
+	probs, k, err := b.Outputs(t)
+	if err != nil {
+		return 0, err
+	}
+	var buf bytes.Buffer
+	w := csv.NewWriter(&buf)
+	header := append([]string{}, keep...)
+	header = append(header, "prediction")
+	if k > 1 {
+		for _, c := range b.Schema.Label.Classes {
+			header = append(header, "p_"+c.Name)
+		}
+	}
+	w.Write(header)
+	rec := make([]string, len(header))
+	for i := range t.Rows {
+		for j := range kept {
+			rec[j] = kept[j][i]
+		}
+		row := probs[i*k : (i+1)*k]
+		if k == 1 {
+			rec[len(keep)] = strconv.FormatFloat(row[0], 'g', -1, 64)
+		} else {
+			best := 0
+			for c := range row {
+				if row[c] > row[best] {
+					best = c
+				}
+				rec[len(keep)+1+c] = strconv.FormatFloat(row[c], 'g', -1, 64)
+			}
+			rec[len(keep)] = b.Schema.RawLabel(best)
+		}
+		w.Write(rec)
+	}
+	w.Flush()
+	if err := w.Error(); err != nil {
+		return 0, err
+	}
+	return t.Rows, WriteFileAtomic(out, buf.Bytes())
+}

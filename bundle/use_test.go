@@ -1,0 +1,87 @@
+package bundle
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestPredictAndEvaluateCSV(t *testing.T) {
+	b := testBundle(t)
+	dir := t.TempDir()
+	out := filepath.Join(dir, "pred.csv")
+	n, err := b.PredictCSV("../schema/testdata/site.csv", out, []string{"extra"})
+	if err != nil || n != 3 {
+		t.Fatalf("%d %v", n, err)
+	}
+	got, _ := os.ReadFile(out)
+	lines := strings.Split(strings.TrimSpace(string(got)), "\n")
+	if len(lines) != 4 || lines[0] != "extra,prediction,p_low,p_high" || !strings.HasPrefix(lines[1], "x,") {
+		t.Fatalf("predictions:\n%s", got)
+	}
+	for _, l := range lines[1:] {
+		f := strings.Split(l, ",")
+		if f[1] != "0" && f[1] != "1" { // first raw value of class low / high
+			t.Fatalf("prediction %q is not a raw label value", f[1])
+		}
+	}
+	r, err := b.EvaluateCSV("../schema/testdata/site.csv", "")
+	if err != nil || r.N != 3 || len(r.Confusion) != 2 {
+		t.Fatalf("%v %+v", err, r)
+	}
+	// A CSV lacking a feature column: the training error, nothing written.
+	bad := filepath.Join(dir, "bad.csv")
+	os.WriteFile(bad, []byte("kind,grade\na,1\n"), 0o600)
+	out2 := filepath.Join(dir, "pred2.csv")
+	if _, err := b.PredictCSV(bad, out2, nil); err == nil || !strings.Contains(err.Error(), `missing column "size"`) {
+		t.Fatalf("err %v", err)
+	}
+	if _, err := os.Stat(out2); !os.IsNotExist(err) {
+		t.Fatal("output written on error")
+	}
+	if _, err := b.PredictCSV("../schema/testdata/site.csv", out2, []string{"nope"}); err == nil {
+		t.Fatal("unknown --keep column accepted")
+	}
+}
+
+func TestParseDataArg(t *testing.T) {
+	for _, c := range []struct{ in, path, label string }{
+		{"csv:a.csv", "a.csv", ""}, {"csv:/x/a.csv:label=y", "/x/a.csv", "y"},
+	} {
+		p, l, err := ParseDataArg(c.in)
+		if err != nil || p != c.path || l != c.label {
+			t.Fatalf("%q: %q %q %v", c.in, p, l, err)
+		}
+	}
+	for _, bad := range []string{"a.csv", "csv:", "csv:a.csv:label="} {
+		if _, _, err := ParseDataArg(bad); err == nil {
+			t.Fatalf("%q accepted", bad)
+		}
+	}
+}
+
+// BenchmarkPredictCSV measures predict throughput on 100,000 rows
+// (reported as rows/s).
+func BenchmarkPredictCSV(b *testing.B) {
+	t := &testing.T{}
+	bu := testBundle(t)
+	dir := b.TempDir()
+	in := filepath.Join(dir, "in.csv")
+	var sb strings.Builder
+	sb.WriteString("id,size,kind\n")
+	const rows = 100000
+	for i := range rows {
+		fmt.Fprintf(&sb, "%d,%g,%s\n", i, float64(i%97)/7, []string{"a", "b", "NA"}[i%3])
+	}
+	os.WriteFile(in, []byte(sb.String()), 0o600)
+	out := filepath.Join(dir, "out.csv")
+	b.ResetTimer()
+	for range b.N {
+		if _, err := bu.PredictCSV(in, out, []string{"id"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(rows*b.N)/b.Elapsed().Seconds(), "rows/s")
+}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/edgefl/edgefl/bundle"
+)
+
+// runEvaluate is `edge-agent evaluate`: the metrics of a bundle's model on
+// a labelled CSV, through the bundle's schema and preprocessing.
+func runEvaluate(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("evaluate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: edge-agent evaluate --model BUNDLE --data csv:PATH[:label=COL] [--json]\n\n"+
+			"Reads PATH by the bundle's schema (label=COL overrides the label column), applies the\n"+
+			"bundle's preprocessing and prints n, loss and accuracy, balanced accuracy, confusion\n"+
+			"matrix and ROC AUC (binary), or RMSE and R^2 (regression).\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	modelPath := fs.String("model", "", "model bundle written by broker-agg (required)")
+	data := fs.String("data", "", "labelled data: csv:PATH[:label=COL] (required)")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if *modelPath == "" || *data == "" || fs.NArg() > 0 {
+		return errors.New("evaluate: --model and --data are required, no arguments")
+	}
+	path, label, err := bundle.ParseDataArg(*data)
+	if err != nil {
+		return err
+	}
+	b, err := bundle.Read(*modelPath)
+	if err != nil {
+		return err
+	}
+	r, err := b.EvaluateCSV(path, label)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	fmt.Fprintf(stdout, "n          %d\nloss       %.6g\n", r.N, r.Loss)
+	if r.Confusion == nil {
+		fmt.Fprintf(stdout, "rmse       %.6g\n", r.RMSE)
+		if r.R2 != nil {
+			fmt.Fprintf(stdout, "r2         %.6g\n", *r.R2)
+		}
+		return nil
+	}
+	fmt.Fprintf(stdout, "accuracy   %.4f\nbalanced   %.4f\n", r.Accuracy, r.BalancedAccuracy)
+	if r.AUC != nil {
+		fmt.Fprintf(stdout, "auc        %.4f\n", *r.AUC)
+	}
+	fmt.Fprintln(stdout, "confusion (rows: true class, columns: predicted)")
+	for k, row := range r.Confusion {
+		fmt.Fprintf(stdout, "  %-12s %v\n", b.Schema.Label.Classes[k].Name, row)
+	}
+	return nil
+}

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/edgefl/edgefl/bundle"
+)
+
+// runPredict is `edge-agent predict`: one output row per input row.
+func runPredict(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("predict", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: edge-agent predict --model BUNDLE --data csv:PATH --out FILE [--keep COL,...]\n\n"+
+			"Writes FILE (atomically) with one row per row of PATH: the --keep columns, \"prediction\"\n"+
+			"(the predicted class as its raw label value, or the value for regression) and\n"+
+			"p_<class> per class. PATH is read by the bundle's schema (the label column may be absent).\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	modelPath := fs.String("model", "", "model bundle written by broker-agg (required)")
+	data := fs.String("data", "", "input rows: csv:PATH (required)")
+	out := fs.String("out", "", "output CSV (required)")
+	keep := fs.String("keep", "", "comma-separated input columns copied to the output")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if *modelPath == "" || *data == "" || *out == "" || fs.NArg() > 0 {
+		return errors.New("predict: --model, --data and --out are required, no arguments")
+	}
+	path, label, err := bundle.ParseDataArg(*data)
+	if err != nil {
+		return err
+	}
+	if label != "" {
+		return errors.New("predict: --data takes csv:PATH (no label=)")
+	}
+	var cols []string
+	if *keep != "" {
+		cols = strings.Split(*keep, ",")
+	}
+	b, err := bundle.Read(*modelPath)
+	if err != nil {
+		return err
+	}
+	n, err := b.PredictCSV(path, *out, cols)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %d predictions to %s\n", n, *out)
+	return nil
+}

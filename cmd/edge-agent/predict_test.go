@@ -1,0 +1,65 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/prep"
+	"github.com/edgefl/edgefl/schema"
+)
+
+// writeTestBundle builds a bundle over schema/testdata's grades schema.
+func writeTestBundle(t *testing.T, dir string) string {
+	s, err := schema.Load("../../schema/testdata/grades.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, err := s.ReadCSVFile("../../schema/testdata/site.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := prep.Compute(s, tab, []int{0, 1, 2})
+	tr, _ := prep.Fit(s, st, nil)
+	m := model.NewBinaryLogReg(tr.Outputs, 0)
+	w := []float64{1, -1, 0.5, 0.1}
+	path := filepath.Join(dir, "m.bundle.json")
+	err = bundle.Write(path, &bundle.Bundle{Model: model.Saved{Spec: m.Spec(), Layout: m.Layout(), Params: w}, Schema: s, Transform: tr,
+		Provenance: bundle.Provenance{Federation: "f", RunID: "r", Round: 1, Algorithm: "fedavg", EdgeflVersion: "test", Time: "2026-11-24T00:00:00Z"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestEvaluateAndPredictCommands(t *testing.T) {
+	dir := t.TempDir()
+	b := writeTestBundle(t, dir)
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"evaluate", "--model", b, "--data", "csv:../../schema/testdata/site.csv", "--json"}, &out, &errb); code != 0 {
+		t.Fatalf("evaluate exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), `"n": 3`) {
+		t.Fatalf("evaluate output %s", out.String())
+	}
+	pred := filepath.Join(dir, "p.csv")
+	out.Reset()
+	if code := run(context.Background(), []string{"predict", "--model", b, "--data", "csv:../../schema/testdata/site.csv", "--out", pred, "--keep", "extra"}, &out, &errb); code != 0 {
+		t.Fatalf("predict exit %d: %s", code, errb.String())
+	}
+	if got, _ := os.ReadFile(pred); !strings.HasPrefix(string(got), "extra,prediction,p_low,p_high\n") {
+		t.Fatalf("predictions %s", got)
+	}
+	// A tampered bundle: one line naming the file.
+	raw, _ := os.ReadFile(b)
+	os.WriteFile(b, bytes.Replace(raw, []byte(`"round":1`), []byte(`"round":2`), 1), 0o600)
+	errb.Reset()
+	if code := run(context.Background(), []string{"evaluate", "--model", b, "--data", "csv:../../schema/testdata/site.csv"}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "digest mismatch") {
+		t.Fatalf("tampered bundle: exit %d, %s", code, errb.String())
+	}
+}

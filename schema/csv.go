@@ -1,0 +1,266 @@
+package schema
+
+import (
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// Column is one feature's raw values, row by row. For a numeric feature
+// Num holds the parsed values; for a categorical one Level holds the cell
+// text. Missing[i] marks a missing token in row i (then Num[i] is 0 and
+// Level[i] is "").
+type Column struct {
+	Num     []float64
+	Level   []string
+	Missing []bool
+}
+
+// Table is a site's CSV read through a schema, before preprocessing.
+type Table struct {
+	Rows    int
+	Columns []Column  // Columns[j] is Schema.Features[j]
+	Labels  []float64 // class index, or the value for regression
+	Lines   []int     // CSV line of each row (1 = header)
+	// Extra are the header's columns the schema does not use, for the
+	// caller to log once at INFO.
+	Extra []string
+	// ClassCounts[k] is the number of rows of class k (classification).
+	ClassCounts []int
+}
+
+// SingleClass reports a classification table whose rows are all of one
+// class (allowed, but worth reporting).
+func (t *Table) SingleClass() bool {
+	present := 0
+	for _, c := range t.ClassCounts {
+		if c > 0 {
+			present++
+		}
+	}
+	return len(t.ClassCounts) > 0 && present == 1
+}
+
+// ReadCSVFile reads path with ReadCSV; errors name the file.
+func (s *Schema) ReadCSVFile(path string) (*Table, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	t, err := s.ReadCSV(f, path)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// ReadCSV reads a CSV with a header row by column name: any column order,
+// extra columns ignored (listed in Table.Extra). name is used in errors,
+// which are one line naming the file, line, column and what was expected.
+func (s *Schema) ReadCSV(r io.Reader, name string) (*Table, error) {
+	t, _, err := s.read(r, name, true, "")
+	return t, err
+}
+
+// ReadSitesCSV is ReadCSV for a single multi-site CSV (simulate
+// --partition natural): siteColumn names each row's site, returned per row.
+// Split it with Table.Subset.
+func (s *Schema) ReadSitesCSV(r io.Reader, name, siteColumn string) (*Table, []string, error) {
+	return s.read(r, name, true, siteColumn)
+}
+
+// Subset is the table of the given rows, in that order (a site's rows of a
+// multi-site table). Lines keep the source CSV's line numbers.
+func (t *Table) Subset(rows []int) *Table {
+	out := &Table{Rows: len(rows), Columns: make([]Column, len(t.Columns)), Extra: t.Extra}
+	if t.ClassCounts != nil {
+		out.ClassCounts = make([]int, len(t.ClassCounts))
+	}
+	for j, c := range t.Columns {
+		o := &out.Columns[j]
+		for _, i := range rows {
+			o.Missing = append(o.Missing, c.Missing[i])
+			if c.Num != nil {
+				o.Num = append(o.Num, c.Num[i])
+			}
+			if c.Level != nil {
+				o.Level = append(o.Level, c.Level[i])
+			}
+		}
+	}
+	for _, i := range rows {
+		out.Lines = append(out.Lines, t.Lines[i])
+		if t.Labels != nil {
+			out.Labels = append(out.Labels, t.Labels[i])
+			if out.ClassCounts != nil {
+				out.ClassCounts[int(t.Labels[i])]++
+			}
+		}
+	}
+	return out
+}
+
+// ReadFeaturesCSV is ReadCSV for files that may lack the label column
+// (predict): a present label column is ignored.
+func (s *Schema) ReadFeaturesCSV(r io.Reader, name string) (*Table, error) {
+	t, _, err := s.read(r, name, false, "")
+	return t, err
+}
+
+func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn string) (*Table, []string, error) {
+	cr := csv.NewReader(r)
+	cr.FieldsPerRecord = 0 // every row as wide as the header
+	cr.ReuseRecord = true
+	header, err := cr.Read()
+	if err == io.EOF {
+		return nil, nil, fmt.Errorf("%s: empty file, expected a header row naming the columns", name)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", name, err)
+	}
+	pos := map[string]int{}
+	for i, h := range header {
+		h = strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))
+		if _, dup := pos[h]; dup {
+			return nil, nil, fmt.Errorf("%s: line 1: column %q appears twice in the header", name, h)
+		}
+		pos[h] = i
+	}
+	used := map[string]bool{}
+	idx := make([]int, len(s.Features))
+	for j, f := range s.Features {
+		i, ok := pos[f.Name]
+		if !ok {
+			return nil, nil, fmt.Errorf("%s: line 1: missing column %q (%s feature of the schema)", name, f.Name, f.Type)
+		}
+		idx[j] = i
+		used[f.Name] = true
+	}
+	siteAt := -1
+	var sites []string
+	if siteColumn != "" {
+		i, ok := pos[siteColumn]
+		if !ok {
+			return nil, nil, fmt.Errorf("%s: line 1: missing site column %q", name, siteColumn)
+		}
+		if used[siteColumn] || siteColumn == s.Label.Column {
+			return nil, nil, fmt.Errorf("%s: site column %q is a schema column", name, siteColumn)
+		}
+		siteAt = i
+		used[siteColumn] = true
+	}
+	labelAt := -1
+	if i, ok := pos[s.Label.Column]; ok {
+		used[s.Label.Column] = true
+		if withLabel {
+			labelAt = i
+		}
+	} else if withLabel {
+		return nil, nil, fmt.Errorf("%s: line 1: missing label column %q", name, s.Label.Column)
+	}
+	t := &Table{Columns: make([]Column, len(s.Features))}
+	for _, h := range header {
+		h = strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))
+		if !used[h] {
+			t.Extra = append(t.Extra, h)
+		}
+	}
+	if withLabel {
+		t.ClassCounts = make([]int, s.NumClasses())
+	}
+	for {
+		rec, err := cr.Read()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			// FieldPos is only valid after a successful Read.
+			var pe *csv.ParseError
+			if errors.As(err, &pe) {
+				return nil, nil, fmt.Errorf("%s: line %d: %v", name, pe.Line, pe.Err)
+			}
+			return nil, nil, fmt.Errorf("%s: %w", name, err)
+		}
+		line, _ := cr.FieldPos(0)
+		for j, f := range s.Features {
+			cell := strings.TrimSpace(rec[idx[j]])
+			c := &t.Columns[j]
+			miss := s.IsMissing(cell)
+			c.Missing = append(c.Missing, miss)
+			if f.Type == Numeric {
+				v := 0.0
+				if !miss {
+					v, err = strconv.ParseFloat(cell, 64)
+					if err != nil || math.IsInf(v, 0) || math.IsNaN(v) {
+						return nil, nil, fmt.Errorf("%s: line %d: column %q: %q is not a finite number or a missing token", name, line, f.Name, clip(cell))
+					}
+				}
+				c.Num = append(c.Num, v)
+			} else {
+				if miss {
+					cell = ""
+				}
+				c.Level = append(c.Level, strings.Clone(cell))
+			}
+		}
+		if labelAt >= 0 {
+			cell := strings.TrimSpace(rec[labelAt])
+			if s.Task == TaskRegression {
+				v, err := strconv.ParseFloat(cell, 64)
+				if err != nil || math.IsInf(v, 0) || math.IsNaN(v) {
+					return nil, nil, fmt.Errorf("%s: line %d: label column %q: %q is not a finite number", name, line, s.Label.Column, clip(cell))
+				}
+				t.Labels = append(t.Labels, v)
+			} else {
+				k, ok := s.ClassOf(cell)
+				if !ok {
+					return nil, nil, fmt.Errorf("%s: line %d: label column %q: unknown label value %q, the schema maps %s", name, line, s.Label.Column, clip(cell), s.knownLabels())
+				}
+				t.Labels = append(t.Labels, float64(k))
+				t.ClassCounts[k]++
+			}
+		}
+		if siteAt >= 0 {
+			site := strings.TrimSpace(rec[siteAt])
+			if site == "" {
+				return nil, nil, fmt.Errorf("%s: line %d: site column %q is empty", name, line, siteColumn)
+			}
+			sites = append(sites, strings.Clone(site))
+		}
+		t.Lines = append(t.Lines, line)
+		t.Rows++
+	}
+	return t, sites, nil
+}
+
+func clip(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
+}
+
+func (s *Schema) knownLabels() string {
+	var b strings.Builder
+	n := 0
+	for _, c := range s.Label.Classes {
+		for _, v := range c.Values {
+			if n == 8 {
+				b.WriteString(", ...")
+				return b.String()
+			}
+			if n > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%q", v)
+			n++
+		}
+	}
+	return b.String()
+}
