@@ -4,7 +4,8 @@ package wire
 // names, fields and accessors protoc-gen-go generated, without the protobuf
 // reflection runtime. The encoding is in codec.go, the text form in text.go.
 // A field added to edgefl.proto must be added here, to the message's size,
-// appendTo, unmarshal and appendText methods, and to a golden fixture.
+// appendTo, unmarshal and appendText methods, to a golden fixture and to the
+// test descriptor in protobufgo_test.go (see gen.go).
 
 import "strconv"
 
