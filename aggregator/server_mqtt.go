@@ -228,7 +228,14 @@ func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
 		s.log.Warn("update rejected before decoding", "topic_client", id, "reason", reason, "bytes", len(payload), "err", err)
 		return true
 	}
-	u := msg.(*wire.ClientUpdate)
+	u, ok := msg.(*wire.ClientUpdate)
+	if !ok {
+		// Statistics and evaluation reports share the update topic; a run
+		// without a federation schema takes neither.
+		s.reject("unsupported_kind")
+		s.log.Warn("message rejected: this run has no federation schema", "topic_client", id, "body", wire.BodyKind(msg), "bytes", len(payload))
+		return true
+	}
 	bad := func(reason, detail string) bool {
 		s.reject(reason)
 		s.log.Warn("update rejected", "client", u.ClientId, "round", u.Round, "reason", reason, "detail", detail)

@@ -170,6 +170,8 @@ func TestServerBadUpdates(t *testing.T) {
 		{"topic/client id mismatch", inj, "site-a", enc(update(t, "site-b", 1, vec(5), 30)), "topic_mismatch", 0},
 		{"future round", a, "", enc(update(t, "site-a", 5, vec(1), 10)), "future_round", wire.ReceiptCode_RECEIPT_CODE_FUTURE_ROUND},
 		{"unknown client", x, "", enc(update(t, "site-x", 1, vec(1), 10)), "unknown_client", wire.ReceiptCode_RECEIPT_CODE_UNKNOWN_CLIENT},
+		{"statistics in a run without a schema", a, "", encMsg(t, &wire.SiteStatistics{ClientId: "site-a", SchemaDigest: strings.Repeat("ab", 32), Stats: []byte("{}")}), "unsupported_kind", 0},
+		{"evaluation in a run without a schema", a, "", encMsg(t, &wire.EvalReport{ClientId: "site-a", Round: 1, Report: []byte("{}")}), "unsupported_kind", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -714,4 +716,14 @@ func TestStatusAfterFinishTracksPresence(t *testing.T) {
 	if len(s.Clients) != 1 || s.Clients[0].Online {
 		t.Fatalf("status after the run: %+v, want site-a offline", s.Clients)
 	}
+}
+
+// encMsg encodes any wire message.
+func encMsg(t *testing.T, m wire.Message) []byte {
+	t.Helper()
+	b, err := wire.Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
