@@ -64,6 +64,14 @@ type Config struct {
 	// the L-BFGS solve ("" = no cache).
 	OptimumCache string `json:"-"`
 	Workers      int    `json:"-"`
+	// Schema is a federation schema file: the data (--dataset csv:PATH)
+	// is read by it and goes through the daemons' pipeline (package
+	// sitedata): per-site statistics, the federation's transform, and a
+	// federated evaluation on each site's held-out rows.
+	Schema string `json:"schema,omitempty"`
+	// SiteColumn names the column of each row's site (--partition
+	// natural with Schema).
+	SiteColumn string `json:"site_column,omitempty"`
 }
 
 // Local are the per-algorithm knobs: the local solve and FedSplit's steps.
@@ -249,10 +257,13 @@ func (l Local) Validate() error {
 
 // Validate checks the run configuration, naming the flag at fault.
 func (c Config) Validate() error {
+	// With a schema, 0 clients means one per site (natural) and 0 per
+	// round means every client.
+	schemaRun := c.Schema != ""
 	switch {
-	case c.Clients < 1:
+	case c.Clients < 1 && !(schemaRun && c.Clients == 0):
 		return fmt.Errorf("--clients: want at least 1, got %d", c.Clients)
-	case c.PerRound < 1:
+	case c.PerRound < 1 && !(schemaRun && c.PerRound == 0):
 		return fmt.Errorf("--per-round: want at least 1, got %d", c.PerRound)
 	case c.Rounds < 1:
 		return fmt.Errorf("--rounds: want at least 1, got %d", c.Rounds)

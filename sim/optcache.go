@@ -16,14 +16,17 @@ import (
 // optimumCachePath names the cache file for the optimum of this run's
 // objective: it depends on the data, the partition, the model and the
 // tolerance, not on the algorithms.
-func optimumCachePath(cfg Config, spec model.Spec) string {
+// extra keys what else the data depends on (a --schema run: the schema's
+// digest and the site column); "" keeps the keys of runs without it.
+func optimumCachePath(cfg Config, spec model.Spec, extra string) string {
 	key, _ := json.Marshal(struct {
 		Dataset, Partition, Standardize string
 		Clients                         int
 		Seed                            uint64
 		TestFrac, Tol                   float64
 		Spec                            model.Spec
-	}{cfg.Dataset, cfg.Partition, cfg.Standardize, cfg.Clients, cfg.Seed, cfg.TestFrac, cfg.OptimumTol, spec})
+		Extra                           string `json:",omitempty"`
+	}{cfg.Dataset, cfg.Partition, cfg.Standardize, cfg.Clients, cfg.Seed, cfg.TestFrac, cfg.OptimumTol, spec, extra})
 	h := sha256.Sum256(key)
 	return filepath.Join(cfg.OptimumCache, "optimum-"+hex.EncodeToString(h[:8])+".bin")
 }

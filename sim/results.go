@@ -12,6 +12,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/evaluate"
 	"github.com/edgefl/edgefl/model"
 )
 
@@ -142,6 +144,63 @@ func Summary(w io.Writer, r *Results, where string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if r.Optimum.Eval != nil {
+		if err := evalSummary(w, r); err != nil {
+			return err
+		}
+	}
 	_, err := fmt.Fprintf(w, "results: %s\n", where)
 	return err
+}
+
+// evalSummary prints the federated evaluation of a --schema run on the
+// sites' held-out rows: the centralised optimum and every run's last
+// evaluation, per site and for the federation.
+func evalSummary(w io.Writer, r *Results) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	ids := make([]string, len(r.Sites))
+	for i, s := range r.Sites {
+		ids[i] = s.ID
+	}
+	cls := r.Optimum.Eval.Federation.Confusion != nil
+	unit := "accuracy / AUC"
+	if !cls {
+		unit = "RMSE / R^2"
+	}
+	fmt.Fprintf(tw, "held-out rows (%s)\tround", unit)
+	for _, id := range ids {
+		fmt.Fprintf(tw, "\t%s", id)
+	}
+	fmt.Fprintf(tw, "\tfederation\n")
+	cell := func(rep evaluate.Report) string {
+		a, b := rep.Accuracy, rep.AUC
+		if !cls {
+			a, b = rep.RMSE, rep.R2
+		}
+		s := fmt.Sprintf("%.4f / ", a)
+		if b == nil {
+			return s + "-"
+		}
+		return s + fmt.Sprintf("%.4f", *b)
+	}
+	line := func(name, round string, ev *bundle.Evaluation) {
+		fmt.Fprintf(tw, "%s\t%s", name, round)
+		for _, id := range ids {
+			fmt.Fprintf(tw, "\t%s", cell(ev.Sites[id]))
+		}
+		fmt.Fprintf(tw, "\t%s\n", cell(ev.Federation))
+	}
+	line("centralised optimum", "-", r.Optimum.Eval)
+	for _, run := range r.Runs {
+		var last *bundle.Evaluation
+		for _, row := range run.Rounds {
+			if row.Eval != nil {
+				last = row.Eval
+			}
+		}
+		if last != nil {
+			line(run.Algo, strconv.Itoa(last.Round), last)
+		}
+	}
+	return tw.Flush()
 }

@@ -13,10 +13,12 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/dataset"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/sitedata"
 	"github.com/edgefl/edgefl/split"
 )
 
@@ -26,8 +28,11 @@ type Results struct {
 	Data    DataInfo  `json:"data"`
 	Optimum Optimum   `json:"optimum"`
 	Runs    []AlgoRun `json:"runs"`
+	// Sites are the sites of a --schema run.
+	Sites []SiteInfo `json:"sites,omitempty"`
 	// Model is the model every run trained (for saving the final weights).
 	Model model.Model `json:"-"`
+	sites *siteSet
 }
 
 // DataInfo describes the federated data set of a run.
@@ -41,6 +46,8 @@ type DataInfo struct {
 	Params       int    `json:"params"`
 	MinClient    int    `json:"min_client_samples"`
 	MaxClient    int    `json:"max_client_samples"`
+	// SchemaDigest is the federation schema's digest (--schema runs).
+	SchemaDigest string `json:"schema_digest,omitempty"`
 	// PNI is FedSim's privacy-preserving non-IID index (seeds/002 eq. 15-18):
 	// the spread of the clients' RMSE of one shared random model.
 	PNI Float `json:"pni"`
@@ -54,6 +61,9 @@ type Optimum struct {
 	GradEvals    int   `json:"grad_evals"`
 	Seconds      Float `json:"seconds"`
 	Converged    bool  `json:"converged"`
+	// Eval is the centralised optimum's federated evaluation (--schema
+	// runs): the reference the federation's figures compare with.
+	Eval *bundle.Evaluation `json:"eval,omitempty"`
 }
 
 // AlgoRun is one algorithm's trajectory.
@@ -81,6 +91,9 @@ type Round struct {
 	BytesUp      int64              `json:"bytes_up"`
 	BytesDown    int64              `json:"bytes_down,omitempty"`
 	Metrics      map[string]float64 `json:"metrics,omitempty"`
+	// Eval is the federated evaluation on the sites' held-out rows
+	// (--schema runs, evaluated rounds except round 0).
+	Eval *bundle.Evaluation `json:"eval,omitempty"`
 }
 
 // seeds derived from the run seed; distinct streams so that adding one kind
@@ -110,6 +123,7 @@ type env struct {
 	nTotal    int
 	cands     []aggregate.Candidate
 	stragKeep int // selected clients per round that do full work
+	sites     *siteSet
 }
 
 // Run executes the simulation. Progress lines go to progress (may be nil).
@@ -123,31 +137,51 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
-	src, err := dataset.ParseSource(cfg.Dataset)
-	if err != nil {
-		return nil, fmt.Errorf("--dataset: %w", err)
-	}
-	part, err := dataset.ParsePartition(cfg.Partition)
-	if err != nil {
-		return nil, fmt.Errorf("--partition: %w", err)
-	}
-	fed, err := dataset.Build(src, part, dataset.BuildOptions{
-		Clients: cfg.Clients, TestFraction: cfg.TestFrac, Seed: cfg.Seed,
-		Standardize: cfg.Standardize, SyntheticDevices: cfg.Clients,
-	})
-	if err != nil {
-		return nil, err
+	var fed *dataset.Federated
+	var sites *siteSet
+	var err error
+	if cfg.Schema != "" {
+		if fed, sites, err = buildSites(&cfg, progress); err != nil {
+			return nil, err
+		}
+	} else {
+		src, err := dataset.ParseSource(cfg.Dataset)
+		if err != nil {
+			return nil, fmt.Errorf("--dataset: %w", err)
+		}
+		part, err := dataset.ParsePartition(cfg.Partition)
+		if err != nil {
+			return nil, fmt.Errorf("--partition: %w", err)
+		}
+		fed, err = dataset.Build(src, part, dataset.BuildOptions{
+			Clients: cfg.Clients, TestFraction: cfg.TestFrac, Seed: cfg.Seed,
+			Standardize: cfg.Standardize, SyntheticDevices: cfg.Clients,
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	if len(fed.Clients) < cfg.PerRound {
 		return nil, fmt.Errorf("--per-round %d: the data set has only %d clients", cfg.PerRound, len(fed.Clients))
 	}
-	e := &env{cfg: cfg, fed: fed}
-	e.spec = model.Spec{Kind: cfg.Model, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2}
-	if cfg.Model == model.KindMLP {
-		e.spec.Hidden, e.spec.Activation = cfg.Hidden, cfg.Activation
-	}
-	if cfg.Model == model.KindLinear {
-		e.spec.Classes = 0
+	e := &env{cfg: cfg, fed: fed, sites: sites}
+	if sites != nil {
+		// The model every party of the federation trains (sitedata.ModelSpec).
+		hidden, act := 0, ""
+		if cfg.Model == model.KindMLP {
+			hidden, act = cfg.Hidden, cfg.Activation
+		}
+		if e.spec, err = sitedata.ModelSpec(sites.schema, sites.transform, cfg.Model, hidden, act, cfg.L2); err != nil {
+			return nil, fmt.Errorf("--model: %w", err)
+		}
+	} else {
+		e.spec = model.Spec{Kind: cfg.Model, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2}
+		if cfg.Model == model.KindMLP {
+			e.spec.Hidden, e.spec.Activation = cfg.Hidden, cfg.Activation
+		}
+		if cfg.Model == model.KindLinear {
+			e.spec.Classes = 0
+		}
 	}
 	m, err := model.New(e.spec)
 	if err != nil {
@@ -166,10 +200,13 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 	if e.nTotal == 0 {
 		return nil, fmt.Errorf("--dataset %s: no training samples", cfg.Dataset)
 	}
-	res := &Results{Config: cfg, Model: m, Data: DataInfo{
+	res := &Results{Config: cfg, Model: m, sites: sites, Data: DataInfo{
 		Name: fed.Name, Clients: len(fed.Clients), TrainSamples: e.train.N, TestSamples: e.test.N,
 		Features: fed.D, Classes: fed.Classes, Params: m.NumParams(), MinClient: math.MaxInt,
 	}}
+	if sites != nil {
+		res.Sites, res.Data.SchemaDigest = sites.info, sites.schema.Digest()
+	}
 	for _, c := range fed.Clients {
 		res.Data.MinClient = min(res.Data.MinClient, c.Train.N)
 		res.Data.MaxClient = max(res.Data.MaxClient, c.Train.N)
@@ -187,7 +224,11 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 	var rep proxsolver.Report
 	cachePath := ""
 	if cfg.OptimumCache != "" {
-		cachePath = optimumCachePath(cfg, e.spec)
+		extra := ""
+		if sites != nil {
+			extra = sites.schema.Digest() + "," + cfg.SiteColumn
+		}
+		cachePath = optimumCachePath(cfg, e.spec, extra)
 		xs, _ = readOptimum(cachePath, m.NumParams())
 	}
 	if xs == nil {
@@ -208,6 +249,12 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		GradEvals: rep.GradEvals, Seconds: Float(time.Since(t0).Seconds()), Converged: gn <= cfg.OptimumTol}
 	fmt.Fprintf(progress, "centralised optimum: F* = %.12g, ||grad F|| = %.2e (%d gradient evaluations, %.1fs), test accuracy %.4f\n",
 		e.fStar, gn, rep.GradEvals, float64(res.Optimum.Seconds), float64(res.Optimum.TestAccuracy))
+	if sites != nil {
+		if res.Optimum.Eval, err = sites.evaluate(e.spec, fed, 0, xs); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(progress, "centralised optimum, held-out rows:%s\n", evalLine(sites.ids, res.Optimum.Eval))
+	}
 	if !res.Optimum.Converged {
 		fmt.Fprintf(progress, "warning: the optimum did not reach ||grad F|| <= %g within %d gradient evaluations (--optimum-evals): gaps are relative to the best point found\n", cfg.OptimumTol, cfg.OptimumEvals)
 	}
@@ -435,11 +482,19 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 		if evaluated {
 			ev := e.evaluate(t, x)
 			row.TrainLoss, row.TestAccuracy, row.Gap, row.DistToOpt = ev.TrainLoss, ev.TestAccuracy, ev.Gap, ev.DistToOpt
+			if e.sites != nil {
+				if row.Eval, err = e.sites.evaluate(e.spec, e.fed, t, x); err != nil {
+					return run, fmt.Errorf("round %d: evaluation: %w", t, err)
+				}
+			}
 		}
 		row.Seconds = Float(time.Since(start).Seconds())
 		run.Rounds = append(run.Rounds, row)
 		fmt.Fprintf(progress, "%-16s round %4d/%d  loss %.6f  gap %.3e  acc %.4f  clients %d (stragglers %d)  %.2fs\n",
 			a.Label, t, cfg.Rounds, float64(row.TrainLoss), float64(row.Gap), float64(row.TestAccuracy), row.Participants, row.Stragglers, row.Seconds)
+		if row.Eval != nil {
+			fmt.Fprintf(progress, "%-16s round %4d/%d  held-out:%s\n", a.Label, t, cfg.Rounds, evalLine(e.sites.ids, row.Eval))
+		}
 		if evaluated && (math.IsNaN(float64(row.TrainLoss)) || math.IsInf(float64(row.TrainLoss), 0)) {
 			return run, fmt.Errorf("round %d: training diverged (loss %v); lower --lr or --step", t, row.TrainLoss)
 		}

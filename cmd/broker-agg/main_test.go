@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/edgefl/edgefl/bundle"
 )
 
 // Bad input gets a one-line error naming the flag or file, a non-zero exit
@@ -112,6 +115,98 @@ func TestSimulateAggFlag(t *testing.T) {
 		}
 		if !slices.Equal(got, tt.want) {
 			t.Errorf("%v: runs %v, want %v", tt.args, got, tt.want)
+		}
+	}
+}
+
+// simulate --schema: a multi-site CSV by its site column, the federated
+// evaluation in results.json, the final bundle, and one-line errors.
+func TestSimulateSchema(t *testing.T) {
+	dir := t.TempDir()
+	schemaFile := filepath.Join(dir, "schema.json")
+	os.WriteFile(schemaFile, []byte(`{"task": "binary", "features": [{"name": "a", "type": "numeric"}, {"name": "k", "type": "categorical"}],
+		"label": {"column": "y", "classes": [{"name": "no", "values": ["N"]}, {"name": "yes", "values": ["Y"]}]}, "min_site_samples": 5, "holdout": 0.3}`), 0o644)
+	var b strings.Builder
+	b.WriteString("k,site,y,a,note\n")
+	for i := range 120 {
+		y := "N"
+		if (i*7)%10 < 4+i%3 {
+			y = "Y"
+		}
+		fmt.Fprintf(&b, "%s,s%d,%s,%d,x\n", []string{"p", "q", "NA"}[i%3], i%3, y, (i*37)%23)
+	}
+	data := filepath.Join(dir, "all.csv")
+	os.WriteFile(data, []byte(b.String()), 0o644)
+	out := t.TempDir()
+	bundleFile := filepath.Join(out, "final.bundle.json")
+	var stdout, stderr bytes.Buffer
+	args := []string{"simulate", "--schema", schemaFile, "--dataset", "csv:" + data, "--site-column", "site", "--partition", "natural",
+		"--algo", "fedproxsplit", "--rounds", "4", "--eval-every", "2", "--l2", "0.01", "--out", out, "--bundle-out", bundleFile}
+	if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "federation") || !strings.Contains(stdout.String(), "s2") {
+		t.Fatalf("summary without the federated evaluation:\n%s", stdout.String())
+	}
+	raw, err := os.ReadFile(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Sites []struct{ ID string } `json:"sites"`
+		Runs  []struct {
+			Rounds []struct {
+				Round int `json:"round"`
+				Eval  *struct {
+					Federation struct{ N int } `json:"federation"`
+					Sites      map[string]struct{ N int }
+				} `json:"eval"`
+			} `json:"rounds"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(raw, &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Sites) != 3 || len(res.Runs) != 1 {
+		t.Fatalf("%s", raw)
+	}
+	var evaluated []int
+	for _, r := range res.Runs[0].Rounds {
+		if r.Eval != nil {
+			evaluated = append(evaluated, r.Round)
+			if len(r.Eval.Sites) != 3 || r.Eval.Federation.N == 0 {
+				t.Fatalf("round %d eval %+v", r.Round, r.Eval)
+			}
+		}
+	}
+	if !slices.Equal(evaluated, []int{2, 4}) {
+		t.Fatalf("evaluated rounds %v", evaluated)
+	}
+	bu, err := bundle.Read(bundleFile)
+	if err != nil || bu.Evaluation == nil || bu.Evaluation.Round != 4 || bu.Provenance.Algorithm != "fedproxsplit" || bu.Provenance.EdgeflVersion != version {
+		t.Fatalf("bundle: %v %+v", err, bu)
+	}
+
+	bad := filepath.Join(dir, "bad.csv")
+	os.WriteFile(bad, []byte("site,a,k,y\ns0,1,p,N\ns1,?,p,Y\ns1,1e999,q,N\n"), 0o644)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--schema", schemaFile, "--dataset", "csv:" + bad, "--site-column", "site"}, `bad.csv: line 4: column "a": "1e999" is not a finite number`},
+		{[]string{"--site-column", "site"}, "--site-column needs --schema"},
+		{[]string{"--bundle-out", bundleFile}, "--bundle-out needs --schema"},
+		{[]string{"--schema", schemaFile, "--dataset", "csv:" + data, "--site-column", "site", "--test-fraction", "0.2"}, "--test-fraction"},
+		{[]string{"--schema", filepath.Join(dir, "none.json"), "--dataset", "csv:" + data}, "none.json"},
+	} {
+		var stdout, stderr bytes.Buffer
+		args := append([]string{"simulate", "--rounds", "1", "--out", t.TempDir()}, c.args...)
+		if code := run(context.Background(), args, &stdout, &stderr); code == 0 {
+			t.Fatalf("%v: exit 0", c.args)
+		}
+		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		if last := lines[len(lines)-1]; !strings.Contains(last, c.want) || !strings.HasPrefix(last, "broker-agg simulate: ") {
+			t.Errorf("%v: last stderr line %q, want %q", c.args, last, c.want)
 		}
 	}
 }

@@ -8,8 +8,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/sim"
 )
 
@@ -17,8 +19,11 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	cfg := sim.DefaultConfig()
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.Dataset, "dataset", cfg.Dataset, "data `SPEC`: synthetic:ALPHA,BETA | synthetic-iid | idx:DIR | csv:PATH:label=COLUMN | leaf:PATH")
-	fs.StringVar(&cfg.Partition, "partition", cfg.Partition, "partition `SPEC`: natural (synthetic devices, LEAF users) | iid | dirichlet:ALPHA | classes:K")
+	fs.StringVar(&cfg.Dataset, "dataset", cfg.Dataset, "data `SPEC`: synthetic:ALPHA,BETA | synthetic-iid | idx:DIR | csv:PATH:label=COLUMN | leaf:PATH; with --schema: csv:PATH")
+	fs.StringVar(&cfg.Partition, "partition", cfg.Partition, "partition `SPEC`: natural (synthetic devices, LEAF users, or with --schema the sites of --site-column) | iid | dirichlet:ALPHA | classes:K")
+	fs.StringVar(&cfg.Schema, "schema", "", "federation schema `FILE` (JSON, as broker-agg run --schema): --dataset csv:PATH is read by header name through it and goes through the daemons' pipeline: per-site statistics of the training rows, the federation's preprocessing (the schema's standardize), training, and every --eval-every rounds and at the end a federated evaluation on each site's held-out rows (the schema's holdout share), written to results.json")
+	fs.StringVar(&cfg.SiteColumn, "site-column", "", "with --schema and --partition natural: the CSV column `NAME` naming each row's site (one client per site; --clients defaults to the site count, --per-round to every site)")
+	bundleOut := fs.String("bundle-out", "", "with --schema: write the final model bundle (model, schema, preprocessing, final evaluation, provenance) to `FILE`; with several algorithms FILE gets -LABEL before its extension")
 	fs.IntVar(&cfg.Clients, "clients", cfg.Clients, "number of clients N")
 	fs.IntVar(&cfg.PerRound, "per-round", cfg.PerRound, "clients selected per round K")
 	aggs := fs.String("agg", "", "comma-separated `LIST` of aggregator SPECs to compare, each fed by FedProx local training (the same as naming them in --algo; without --algo, only these run)")
@@ -26,12 +31,12 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "communication rounds R")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "random seed (data, partition, selection, stragglers, SGD order)")
 	out := fs.String("out", "results", "output `DIR` for results.json, results.csv, results.png")
-	fs.StringVar(&cfg.Model, "model", cfg.Model, "model: logreg | binary-logreg | linear | mlp")
+	fs.StringVar(&cfg.Model, "model", cfg.Model, "model: logreg | binary-logreg | linear | mlp; with --schema, logreg is the task's linear model (binary: binary-logreg, multiclass: logreg, regression: linear) and mlp a classifier")
 	fs.IntVar(&cfg.Hidden, "hidden", cfg.Hidden, "hidden units (mlp)")
 	fs.StringVar(&cfg.Activation, "activation", cfg.Activation, "hidden activation (mlp): relu | tanh")
 	fs.Float64Var(&cfg.L2, "l2", cfg.L2, "L2 regularisation lambda of (lambda/2)||w||^2")
-	fs.StringVar(&cfg.Standardize, "standardize", cfg.Standardize, "feature standardisation: none | client | global (default: client for csv/leaf, none otherwise)")
-	fs.Float64Var(&cfg.TestFrac, "test-fraction", cfg.TestFrac, "fraction of each client's samples held out for testing")
+	fs.StringVar(&cfg.Standardize, "standardize", cfg.Standardize, "feature standardisation: none | client | global (default: client for csv/leaf, none otherwise); with --schema: federation | client, overriding the schema's standardize")
+	fs.Float64Var(&cfg.TestFrac, "test-fraction", cfg.TestFrac, "fraction of each client's samples held out for testing (not with --schema: its holdout share applies)")
 	fs.StringVar(&cfg.Select, "select", cfg.Select, "client selection: uniform | samples | loss | window")
 	fs.Float64Var(&cfg.Stragglers, "stragglers", cfg.Stragglers, "straggler rate p: round(K(1-p)) selected clients do E epochs, the rest a random number in [1, E)")
 	fs.StringVar(&cfg.Local.Solver, "solver", cfg.Local.Solver, "local solver: sgd | lbfgs")
@@ -61,6 +66,28 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if cfg.Schema == "" {
+		for _, name := range []string{"site-column", "bundle-out"} {
+			if set[name] {
+				return fmt.Errorf("--%s needs --schema FILE", name)
+			}
+		}
+	} else {
+		if set["test-fraction"] {
+			return fmt.Errorf("--test-fraction does not apply with --schema: the schema's holdout share is each site's held-out rows")
+		}
+		if cfg.SiteColumn != "" {
+			// One client per site, every site each round, unless told.
+			if !set["clients"] {
+				cfg.Clients = 0
+			}
+			if !set["per-round"] {
+				cfg.PerRound = 0
+			}
+		}
+	}
 	list := *algos
 	if *aggs != "" {
 		algoSet := false
@@ -82,6 +109,20 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	if err := res.WriteDir(*out); err != nil {
 		return err
+	}
+	if *bundleOut != "" {
+		now := time.Now()
+		for _, r := range res.Runs {
+			b, err := res.Bundle(r, version, now)
+			if err != nil {
+				return err
+			}
+			path := sim.BundlePath(*bundleOut, r.Algo, len(res.Runs))
+			if err := bundle.Write(path, b); err != nil {
+				return fmt.Errorf("--bundle-out: %w", err)
+			}
+			fmt.Fprintf(stderr, "bundle %s: %s, round %d, digest %.16s\n", r.Algo, path, b.Provenance.Round, b.Digest)
+		}
 	}
 	if cfg.SaveModels {
 		for _, r := range res.Runs {

@@ -1,0 +1,364 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/evaluate"
+	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/prep"
+	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/sitedata"
+)
+
+// SiteInfo describes one site of a --schema run.
+type SiteInfo struct {
+	ID          string  `json:"id"`
+	TrainRows   int     `json:"train_rows"`
+	HoldoutRows int     `json:"holdout_rows"`
+	ClassCounts []int64 `json:"class_counts,omitempty"` // training rows per class
+	// StatsBytes is the size of the site's statistics as JSON (what it
+	// sends before round 1, before the envelope).
+	StatsBytes int `json:"stats_bytes"`
+}
+
+// siteSet is a --schema run's federation: the daemons' pipeline, computed
+// in one process (sitedata per site -> Statistics -> prep.Combine ->
+// sitedata.Fit -> sitedata.Data).
+type siteSet struct {
+	schema    *schema.Schema
+	transform *prep.Transform // the federation's (what the aggregator announces)
+	sites     []*sitedata.Site
+	ids       []string
+	info      []SiteInfo
+}
+
+// schemaSource is the CSV path of --dataset csv:PATH with --schema (a
+// :label=COLUMN suffix must name the schema's label column).
+func schemaSource(spec string, s *schema.Schema) (string, error) {
+	rest, ok := strings.CutPrefix(strings.TrimSpace(spec), "csv:")
+	if !ok || rest == "" {
+		return "", fmt.Errorf("--dataset %q: with --schema expected csv:PATH (the schema names the columns and the label)", spec)
+	}
+	if i := strings.LastIndex(rest, ":label="); i >= 0 {
+		if l := rest[i+len(":label="):]; l != s.Label.Column {
+			return "", fmt.Errorf("--dataset %q: label=%s, but the schema's label column is %q (with --schema, give csv:PATH)", spec, l, s.Label.Column)
+		}
+		rest = rest[:i]
+	}
+	return rest, nil
+}
+
+// schemaStandardize applies --standardize to the schema: "" keeps the
+// schema's; federation (or global) and client override it.
+func schemaStandardize(s *schema.Schema, mode string) error {
+	switch mode {
+	case "":
+	case schema.StandardizeFederation, dataset.StandardizeGlobal:
+		s.Standardize = schema.StandardizeFederation
+	case schema.StandardizeClient:
+		s.Standardize = schema.StandardizeClient
+	default:
+		return fmt.Errorf("--standardize %q: with --schema expected federation (pooled statistics, the default) or client", mode)
+	}
+	return s.Validate()
+}
+
+// buildSites reads the CSV by the schema, partitions its rows into sites
+// and runs the statistics phase and the transform, as the daemons do.
+func buildSites(cfg *Config, progress io.Writer) (*dataset.Federated, *siteSet, error) {
+	s, err := schema.Load(cfg.Schema)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--schema: %w", err)
+	}
+	if err := schemaStandardize(s, cfg.Standardize); err != nil {
+		return nil, nil, err
+	}
+	path, err := schemaSource(cfg.Dataset, s)
+	if err != nil {
+		return nil, nil, err
+	}
+	part, err := dataset.ParsePartition(cfg.Partition)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--partition: %w", err)
+	}
+	if part.Kind == dataset.PartNatural && cfg.SiteColumn == "" {
+		return nil, nil, fmt.Errorf("--partition natural with --schema needs --site-column NAME (the column naming each row's site); or use iid, dirichlet:ALPHA or classes:K")
+	}
+	if part.Kind != dataset.PartNatural && cfg.SiteColumn != "" {
+		return nil, nil, fmt.Errorf("--site-column %s: only --partition natural partitions by a site column (got --partition %s)", cfg.SiteColumn, cfg.Partition)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--dataset: %w", err)
+	}
+	defer f.Close()
+	var tab *schema.Table
+	var rowSite []string
+	if cfg.SiteColumn != "" {
+		tab, rowSite, err = s.ReadSitesCSV(f, path, cfg.SiteColumn)
+	} else {
+		tab, err = s.ReadCSV(f, path)
+	}
+	if err != nil {
+		return nil, nil, err // a *schema.CSVError: one line naming file, line, column
+	}
+	if tab.Rows == 0 {
+		return nil, nil, fmt.Errorf("%s: no data rows", path)
+	}
+	if len(tab.Extra) > 0 {
+		fmt.Fprintf(progress, "data %s: columns not in the schema, ignored: %s\n", path, strings.Join(tab.Extra, ", "))
+	}
+	var ids []string
+	var groups [][]int
+	if part.Kind == dataset.PartNatural {
+		bySite := map[string][]int{}
+		for i, id := range rowSite {
+			bySite[id] = append(bySite[id], i)
+		}
+		for id := range bySite {
+			ids = append(ids, id)
+		}
+		sort.Strings(ids) // the aggregator's fixed order: by site id
+		for _, id := range ids {
+			groups = append(groups, bySite[id])
+		}
+		if cfg.Clients != 0 && cfg.Clients != len(ids) {
+			return nil, nil, fmt.Errorf("--clients %d: column %q of %s names %d sites (one client per site; omit --clients)", cfg.Clients, cfg.SiteColumn, path, len(ids))
+		}
+	} else {
+		if cfg.Clients < 1 {
+			return nil, nil, fmt.Errorf("--clients: want at least 1 with --partition %s, got %d", cfg.Partition, cfg.Clients)
+		}
+		if groups, err = partitionRows(tab, s.NumClasses(), part, cfg.Clients, cfg.Seed); err != nil {
+			return nil, nil, err
+		}
+		w := len(strconv.Itoa(max(len(groups)-1, 0)))
+		for i := range groups {
+			ids = append(ids, fmt.Sprintf("client%0*d", w, i))
+		}
+	}
+	set := &siteSet{schema: s, ids: ids}
+	var stats []*prep.Stats
+	for k, g := range groups {
+		file := path
+		if part.Kind == dataset.PartNatural {
+			file = fmt.Sprintf("%s (site %s)", path, ids[k])
+		} else {
+			file = fmt.Sprintf("%s (%s)", path, ids[k])
+		}
+		site := sitedata.FromTable(s, tab.Subset(g), file)
+		st, err := site.Statistics()
+		if err != nil {
+			return nil, nil, err
+		}
+		if site.Table.SingleClass() {
+			fmt.Fprintf(progress, "site %s: every row is of one class (allowed; it trains and reports)\n", ids[k])
+		}
+		set.sites = append(set.sites, site)
+		stats = append(stats, st)
+		raw, err := json.Marshal(st)
+		if err != nil {
+			return nil, nil, err
+		}
+		set.info = append(set.info, SiteInfo{ID: ids[k], TrainRows: len(site.Train), HoldoutRows: len(site.Holdout), ClassCounts: st.ClassCounts, StatsBytes: len(raw)})
+	}
+	pooled, err := prep.Combine(s, stats)
+	if err != nil {
+		return nil, nil, err
+	}
+	if set.transform, err = sitedata.Fit(s, pooled); err != nil {
+		return nil, nil, err
+	}
+	fed := &dataset.Federated{
+		Name: fmt.Sprintf("%s (schema %.12s, %s, standardize %s)", path, s.Digest(), part, s.Standardize),
+		D:    set.transform.Outputs, Classes: s.NumClasses(), Standardized: s.Standardize,
+	}
+	for k, site := range set.sites {
+		train, hold, err := site.Data(set.transform)
+		if err != nil {
+			return nil, nil, err
+		}
+		fed.Clients = append(fed.Clients, dataset.Client{ID: ids[k], Train: train, Test: hold})
+	}
+	for _, c := range set.transform.Columns {
+		if c.Type == schema.Numeric {
+			fed.FeatureNames = append(fed.FeatureNames, c.Name)
+			continue
+		}
+		for _, l := range c.Levels {
+			fed.FeatureNames = append(fed.FeatureNames, c.Name+"="+l)
+		}
+	}
+	if cfg.Clients == 0 {
+		cfg.Clients = len(fed.Clients)
+	}
+	if cfg.PerRound == 0 {
+		cfg.PerRound = len(fed.Clients)
+	}
+	return fed, set, nil
+}
+
+// partitionRows splits the table's rows over clients with the partitioners
+// of the csv:PATH:label=COL path (the rows' indices stand in for their
+// features, so the groups are the same); each group lists its rows in file
+// order, as a site's own CSV would.
+func partitionRows(t *schema.Table, classes int, part dataset.Partition, clients int, seed uint64) ([][]int, error) {
+	idx := make([]float64, t.Rows)
+	for i := range idx {
+		idx[i] = float64(i)
+	}
+	ds := &dataset.Dataset{Name: "rows", Data: model.Data{N: t.Rows, D: 1, X: idx, Y: slices.Clone(t.Labels)}, Classes: classes}
+	opt := dataset.PartitionOptions{Seed: seed}
+	var f *dataset.Federated
+	var err error
+	switch part.Kind {
+	case dataset.PartIID:
+		f, err = dataset.PartitionIID(ds, clients, opt)
+	case dataset.PartDirichlet:
+		f, err = dataset.PartitionDirichlet(ds, clients, part.Alpha, opt)
+	case dataset.PartClasses:
+		f, err = dataset.PartitionClasses(ds, clients, part.K, opt)
+	default:
+		return nil, fmt.Errorf("--partition %s: not a partition of rows", part)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--partition: %w", err)
+	}
+	groups := make([][]int, len(f.Clients))
+	for k, c := range f.Clients {
+		for _, d := range []model.Data{c.Train, c.Test} {
+			for _, v := range d.X {
+				groups[k] = append(groups[k], int(v))
+			}
+		}
+		sort.Ints(groups[k])
+	}
+	return groups, nil
+}
+
+// evaluate is the federated evaluation of x: each site's report on its
+// held-out rows (sitedata.Evaluate) and their evaluate.Combine.
+func (set *siteSet) evaluate(spec model.Spec, fed *dataset.Federated, round int, x []float64) (*bundle.Evaluation, error) {
+	ev := &bundle.Evaluation{Round: round, Sites: map[string]evaluate.Report{}}
+	reports := make([]evaluate.Report, 0, len(fed.Clients))
+	for _, c := range fed.Clients {
+		r, err := sitedata.Evaluate(spec, x, c.Test)
+		if err != nil {
+			return nil, fmt.Errorf("site %s: %w", c.ID, err)
+		}
+		ev.Sites[c.ID] = r
+		reports = append(reports, r)
+	}
+	var err error
+	if ev.Federation, err = evaluate.Combine(reports); err != nil {
+		return nil, err
+	}
+	return ev, nil
+}
+
+// evalLine is a one-line summary of an evaluation for the progress log.
+func evalLine(ids []string, ev *bundle.Evaluation) string {
+	var b strings.Builder
+	one := func(name string, r evaluate.Report) {
+		fmt.Fprintf(&b, "  %s n %d loss %.4f", name, r.N, r.Loss)
+		if r.Confusion != nil {
+			fmt.Fprintf(&b, " acc %.4f", r.Accuracy)
+			if r.AUC != nil {
+				fmt.Fprintf(&b, " auc %.4f", *r.AUC)
+			}
+		} else {
+			fmt.Fprintf(&b, " rmse %.4g", r.RMSE)
+			if r.R2 != nil {
+				fmt.Fprintf(&b, " r2 %.4f", *r.R2)
+			}
+		}
+	}
+	one("federation", ev.Federation)
+	for _, id := range ids {
+		b.WriteString(" |")
+		one(id, ev.Sites[id])
+	}
+	return b.String()
+}
+
+// Bundle is the model bundle of one run's final model: the model, the
+// schema, the federation's transform, the final federated evaluation and
+// the provenance (algorithm and its parameters). Only for --schema runs.
+func (r *Results) Bundle(run AlgoRun, version string, now time.Time) (*bundle.Bundle, error) {
+	if r.sites == nil {
+		return nil, fmt.Errorf("--bundle-out needs --schema (a bundle carries the schema and the fitted preprocessing)")
+	}
+	if run.Final == nil {
+		return nil, fmt.Errorf("%s: no final model", run.Algo)
+	}
+	var ev *bundle.Evaluation
+	for _, row := range run.Rounds {
+		if row.Eval != nil {
+			ev = row.Eval
+		}
+	}
+	cfg := r.Config
+	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+	params := map[string]string{
+		"model": r.Model.Spec().Kind, "l2": f(cfg.L2), "rounds": strconv.Itoa(cfg.Rounds),
+		"clients": strconv.Itoa(cfg.Clients), "per_round": strconv.Itoa(cfg.PerRound), "select": cfg.Select,
+		"partition": cfg.Partition, "seed": strconv.FormatUint(cfg.Seed, 10), "aggregator": run.Aggregator,
+		"solver": run.Local.Solver, "epochs": strconv.Itoa(run.Local.Epochs), "gamma": f(run.Local.Gamma),
+		"standardize": r.sites.schema.Standardize,
+	}
+	switch run.Family {
+	case FedSplit, FedProxSplit:
+		params["step"], params["relax"] = f(run.Local.Step), f(run.Local.Relax)
+	}
+	if run.Family != FedAvg {
+		params["mu"] = f(run.Local.Mu)
+	}
+	if run.Local.Solver == "sgd" {
+		params["lr"], params["batch"] = f(run.Local.LR), strconv.Itoa(run.Local.Batch)
+	}
+	if s := r.Model.Spec(); s.Kind == model.KindMLP {
+		params["hidden"], params["activation"] = strconv.Itoa(s.Hidden), s.Activation
+	}
+	round := 0
+	if n := len(run.Rounds); n > 0 {
+		round = run.Rounds[n-1].Round
+	}
+	return &bundle.Bundle{
+		Model:      model.Saved{Spec: r.Model.Spec(), Layout: r.Model.Layout(), Params: run.Final},
+		Schema:     r.sites.schema,
+		Transform:  r.sites.transform,
+		Evaluation: ev,
+		Provenance: bundle.Provenance{
+			Federation: "simulate", RunID: fmt.Sprintf("simulate-%s-seed%d", run.Algo, cfg.Seed), Round: round,
+			Algorithm: run.Family, Params: params, EdgeflVersion: version, Time: now.UTC().Format(time.RFC3339),
+		},
+	}, nil
+}
+
+// BundlePath is where --bundle-out FILE puts run label's bundle: FILE
+// itself when the run has one algorithm, else FILE with "-LABEL" before
+// its extension.
+func BundlePath(file, label string, runs int) string {
+	if runs <= 1 {
+		return file
+	}
+	dir, base := "", file
+	if i := strings.LastIndexByte(file, '/'); i >= 0 {
+		dir, base = file[:i+1], file[i+1:]
+	}
+	name, ext, _ := strings.Cut(base, ".")
+	if ext != "" {
+		ext = "." + ext
+	}
+	return dir + name + "-" + safeName(label) + ext
+}

@@ -1,0 +1,338 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/evaluate"
+	"github.com/edgefl/edgefl/prep"
+	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/sitedata"
+)
+
+const testSchemaJSON = `{"task": "binary",
+ "features": [{"name": "size", "type": "numeric"}, {"name": "colour", "type": "categorical"}, {"name": "age", "type": "numeric"}],
+ "label": {"column": "y", "classes": [{"name": "no", "values": ["N", "0"]}, {"name": "yes", "values": ["Y", "1"]}]},
+ "min_site_samples": 5}`
+
+// siteRows makes n random rows of a site (map column -> cell); shift
+// moves the site's features (a skewed site).
+func siteRows(rng *rand.Rand, n int, shift float64) []map[string]string {
+	var rows []map[string]string
+	for range n {
+		size := rng.NormFloat64()*3 + 10 + shift
+		age := rng.Float64()*60 + 20 - 5*shift
+		colour := []string{"red", "green", "blue"}[rng.IntN(3)]
+		z := (size-10)/3 + (age-50)/20 + map[string]float64{"red": 1, "green": -1, "blue": 0}[colour] + rng.NormFloat64()*0.8
+		y := "N"
+		if z > 0 {
+			y = "Y"
+		}
+		r := map[string]string{"size": fmt.Sprintf("%.6g", size), "age": fmt.Sprintf("%.4g", age), "colour": colour, "y": y}
+		if rng.IntN(12) == 0 {
+			r["size"] = "NA"
+		}
+		if rng.IntN(15) == 0 {
+			r["colour"] = "?"
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+func csvOf(cols []string, rows []map[string]string) string {
+	var b strings.Builder
+	b.WriteString(strings.Join(cols, ",") + "\n")
+	for _, r := range rows {
+		rec := make([]string, len(cols))
+		for i, c := range cols {
+			rec[i] = r[c]
+		}
+		b.WriteString(strings.Join(rec, ",") + "\n")
+	}
+	return b.String()
+}
+
+// testSites writes a schema, three site CSVs (each its own column order)
+// and the combined CSV with a site column, rows interleaved (each site's
+// rows in its own order).
+func testSites(t *testing.T) (dir string, perSite []string) {
+	t.Helper()
+	dir = t.TempDir()
+	rng := rand.New(rand.NewPCG(5, 5))
+	names := []string{"hosp-a", "hosp-b", "hosp-c"}
+	orders := [][]string{{"size", "colour", "age", "y"}, {"y", "age", "size", "colour", "extra"}, {"colour", "y", "size", "age"}}
+	var all [][]map[string]string
+	for k, n := range []int{90, 40, 70} {
+		rows := siteRows(rng, n, float64(k))
+		all = append(all, rows)
+		p := filepath.Join(dir, names[k]+".csv")
+		os.WriteFile(p, []byte(csvOf(orders[k], rows)), 0o600)
+		perSite = append(perSite, p)
+	}
+	var comb []map[string]string
+	next := make([]int, 3)
+	for len(comb) < 200 {
+		k := rng.IntN(3)
+		if next[k] == len(all[k]) {
+			continue
+		}
+		r := all[k][next[k]]
+		r["site"] = names[k]
+		comb = append(comb, r)
+		next[k]++
+	}
+	os.WriteFile(filepath.Join(dir, "all.csv"), []byte(csvOf([]string{"age", "site", "y", "colour", "size"}, comb)), 0o600)
+	os.WriteFile(filepath.Join(dir, "schema.json"), []byte(testSchemaJSON), 0o600)
+	return dir, perSite
+}
+
+func schemaConfig(t *testing.T, dir, algos string) Config {
+	t.Helper()
+	c := DefaultConfig()
+	c.Schema, c.Dataset, c.Partition, c.SiteColumn = filepath.Join(dir, "schema.json"), "csv:"+filepath.Join(dir, "all.csv"), "natural", "site"
+	c.Clients, c.PerRound, c.Rounds, c.EvalEvery = 0, 0, 7, 3
+	c.L2 = 0.01
+	c.Local.Step = 5
+	c.Workers = 2
+	var err error
+	c.Algos, err = ParseAlgos(algos, c.Local, func(n string) bool { return slices.Contains(aggregate.Names(), n) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// A --schema run computes what the daemons compute: the sites read from
+// their own CSVs (sitedata.Load) give the same transform, and the run's
+// per-site evaluations equal sitedata.Evaluate on their held-out rows.
+func TestSchemaRunIsTheDaemonsPipeline(t *testing.T) {
+	for _, mode := range []string{"", "client"} {
+		t.Run("standardize="+mode, func(t *testing.T) {
+			dir, perSite := testSites(t)
+			cfg := schemaConfig(t, dir, "fedsplit,fedavg")
+			cfg.Standardize = mode
+			var progress bytes.Buffer
+			res, err := Run(context.Background(), cfg, &progress)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Config.Clients != 3 || res.Config.PerRound != 3 || len(res.Sites) != 3 || res.Sites[0].ID != "hosp-a" || res.Sites[2].ID != "hosp-c" {
+				t.Fatalf("config %+v sites %+v", res.Config, res.Sites)
+			}
+			if !strings.Contains(progress.String(), "hosp-b") {
+				t.Fatalf("progress: %s", progress.String())
+			}
+			// The daemons: each site loads its own CSV.
+			s, err := schema.Load(cfg.Schema)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if mode != "" {
+				s.Standardize = mode
+			}
+			var stats []*prep.Stats
+			var sites []*sitedata.Site
+			for k, p := range perSite {
+				st, err := sitedata.Load(s, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				x, err := st.Statistics()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Sites[k].TrainRows != len(st.Train) || res.Sites[k].HoldoutRows != len(st.Holdout) || res.Sites[k].StatsBytes < 100 {
+					t.Fatalf("site %d: %+v, loaded %d/%d", k, res.Sites[k], len(st.Train), len(st.Holdout))
+				}
+				sites, stats = append(sites, st), append(stats, x)
+			}
+			pooled, err := prep.Combine(s, stats)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr, err := sitedata.Fit(s, pooled)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(tr, res.sites.transform) {
+				t.Fatalf("transform differs:\n%+v\n%+v", tr, res.sites.transform)
+			}
+			spec, err := sitedata.ModelSpec(s, tr, "logreg", 0, "", cfg.L2)
+			if err != nil || spec != res.Model.Spec() || spec.Kind != "binary-logreg" {
+				t.Fatalf("spec %+v %v, run %+v", spec, err, res.Model.Spec())
+			}
+			for _, run := range res.Runs {
+				for _, row := range run.Rounds {
+					want := row.Round > 0 && (row.Round%cfg.EvalEvery == 0 || row.Round == cfg.Rounds)
+					if (row.Eval != nil) != want {
+						t.Fatalf("%s round %d: eval %v", run.Algo, row.Round, row.Eval != nil)
+					}
+				}
+				last := run.Rounds[len(run.Rounds)-1].Eval
+				var reports []evaluate.Report
+				for k, st := range sites {
+					_, hold, err := st.Data(tr)
+					if err != nil {
+						t.Fatal(err)
+					}
+					r, err := sitedata.Evaluate(spec, run.Final, hold)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !reflect.DeepEqual(r, last.Sites[res.Sites[k].ID]) {
+						t.Fatalf("%s site %d: run %+v, daemons %+v", run.Algo, k, last.Sites[res.Sites[k].ID], r)
+					}
+					reports = append(reports, r)
+				}
+				fedRep, _ := evaluate.Combine(reports)
+				if !reflect.DeepEqual(fedRep, last.Federation) || last.Round != cfg.Rounds || last.Federation.AUC == nil {
+					t.Fatalf("federation %+v, want %+v", last.Federation, fedRep)
+				}
+				// The bundle carries the final evaluation and evaluates
+				// like the federation (federated preprocessing).
+				b, err := res.Bundle(run, "test", time.Unix(0, 0))
+				if err != nil {
+					t.Fatal(err)
+				}
+				raw, err := b.Marshal()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if b, err = bundle.Unmarshal(raw); err != nil || b.Evaluation.Round != cfg.Rounds || b.Provenance.Algorithm != run.Family || b.Provenance.Params["l2"] != "0.01" {
+					t.Fatalf("bundle %v %+v", err, b.Provenance)
+				}
+			}
+			if res.Optimum.Eval == nil || res.Optimum.Eval.Federation.N != int64(res.Data.TestSamples) {
+				t.Fatalf("optimum eval %+v", res.Optimum.Eval)
+			}
+			var out bytes.Buffer
+			if err := Summary(&out, res, "x"); err != nil || !strings.Contains(out.String(), "centralised optimum") || !strings.Contains(out.String(), "hosp-c") {
+				t.Fatalf("summary: %v\n%s", err, out.String())
+			}
+		})
+	}
+}
+
+func TestSchemaRunIIDPartition(t *testing.T) {
+	dir, _ := testSites(t)
+	cfg := schemaConfig(t, dir, "fedavg")
+	cfg.Partition, cfg.SiteColumn, cfg.Clients, cfg.PerRound, cfg.Rounds = "iid", "", 4, 2, 2
+	res, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, s := range res.Sites {
+		n := s.TrainRows + s.HoldoutRows
+		if n < 50 || n > 50 {
+			t.Fatalf("iid site sizes %+v", res.Sites)
+		}
+		total += n
+	}
+	if total != 200 || res.Sites[0].ID != "client0" {
+		t.Fatalf("sites %+v", res.Sites)
+	}
+	again, err := Run(context.Background(), cfg, nil)
+	if err != nil || !reflect.DeepEqual(again.Sites, res.Sites) || !reflect.DeepEqual(again.Runs[0].Final, res.Runs[0].Final) {
+		t.Fatal("an iid --schema run is not deterministic")
+	}
+}
+
+func TestSchemaRunBadInput(t *testing.T) {
+	dir, _ := testSites(t)
+	bad := filepath.Join(dir, "bad.csv")
+	os.WriteFile(bad, []byte("site,size,colour,age,y\na,1,red,30,Y\nb,2,red,forty,N\n"), 0o600)
+	miss := filepath.Join(dir, "miss.csv")
+	os.WriteFile(miss, []byte("site,size,age,y\na,1,30,Y\n"), 0o600)
+	few := filepath.Join(dir, "few.csv")
+	os.WriteFile(few, []byte("site,size,colour,age,y\na,1,red,30,Y\na,2,red,40,N\nb,1,red,30,Y\n"), 0o600)
+	label := filepath.Join(dir, "label.csv")
+	os.WriteFile(label, []byte("site,size,colour,age,y\na,1,red,30,maybe\n"), 0o600)
+	cases := []struct {
+		name string
+		edit func(*Config)
+		want []string
+	}{
+		{"bad cell", func(c *Config) { c.Dataset = "csv:" + bad }, []string{"bad.csv", "line 3", `column "age"`, "finite number"}},
+		{"missing column", func(c *Config) { c.Dataset = "csv:" + miss }, []string{"miss.csv", "line 1", `"colour"`}},
+		{"unknown label", func(c *Config) { c.Dataset = "csv:" + label }, []string{"label.csv", "line 2", `"y"`, "unknown label"}},
+		{"too few rows", func(c *Config) { c.Dataset = "csv:" + few }, []string{"few.csv (site a)", "min_site_samples 5"}},
+		{"natural without site column", func(c *Config) { c.SiteColumn = "" }, []string{"--site-column"}},
+		{"site column with iid", func(c *Config) { c.Partition, c.Clients = "iid", 3 }, []string{"--site-column"}},
+		{"no site column in the file", func(c *Config) { c.SiteColumn = "hospital" }, []string{"all.csv", `"hospital"`}},
+		{"other label", func(c *Config) { c.Dataset += ":label=z" }, []string{"--dataset", `"y"`}},
+		{"not csv", func(c *Config) { c.Dataset = "synthetic:1,1" }, []string{"--dataset", "csv:PATH"}},
+		{"standardize none", func(c *Config) { c.Standardize = "none" }, []string{"--standardize"}},
+		{"wrong clients", func(c *Config) { c.Clients = 5 }, []string{"--clients 5", "3 sites"}},
+		{"linear model for a binary task", func(c *Config) { c.Model = "linear" }, []string{"--model"}},
+		{"no schema file", func(c *Config) { c.Schema = filepath.Join(dir, "nope.json") }, []string{"--schema", "nope.json"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := schemaConfig(t, dir, "fedavg")
+			c.edit(&cfg)
+			_, err := Run(context.Background(), cfg, nil)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("%v: want %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("not one line: %q", err)
+			}
+		})
+	}
+}
+
+// Without --schema nothing of the schema path shows in results.json.
+func TestNoSchemaResultsUnchanged(t *testing.T) {
+	cfg := smallConfig(t, "fedavg")
+	cfg.Rounds = 2
+	res, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := res.WriteJSON(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{`"eval"`, `"sites"`, `"schema`, `"site_column"`} {
+		if strings.Contains(b.String(), key) {
+			t.Fatalf("results.json of a run without --schema has %s", key)
+		}
+	}
+	if _, err := res.Bundle(res.Runs[0], "test", time.Now()); err == nil {
+		t.Fatal("a bundle without a schema")
+	}
+}
+
+func TestBundlePath(t *testing.T) {
+	for _, c := range []struct {
+		file, label string
+		runs        int
+		want        string
+	}{
+		{"out/final.bundle.json", "fedavg", 1, "out/final.bundle.json"},
+		{"out/final.bundle.json", "fedavg", 2, "out/final-fedavg.bundle.json"},
+		{"b", "fedsplit:step=5", 2, "b-fedsplit_step_5"},
+	} {
+		if got := BundlePath(c.file, c.label, c.runs); got != c.want {
+			t.Errorf("%q %q %d: %q, want %q", c.file, c.label, c.runs, got, c.want)
+		}
+	}
+}
