@@ -54,7 +54,9 @@ func TestConfigValidate(t *testing.T) {
 		{"Inf lr", func(c *Config) { c.Local.LR = math.Inf(1) }, "learning rate"},
 		{"negative batch", func(c *Config) { c.Local.Batch = -1 }, "batch"},
 		{"unknown solver", func(c *Config) { c.Local.Solver = "adam" }, "solver"},
-		{"schema csv with eval data", func(c *Config) { c.Data, c.EvalData, c.ModelOut = "csv:/srv/site.csv", "/srv/heldout.csv", "/srv/model.json" }, ""},
+		{"schema csv with eval data", func(c *Config) {
+			c.Data, c.EvalData, c.ModelOut = "csv:/srv/site.csv", "/srv/heldout.csv", "/srv/model.json"
+		}, ""},
 		{"eval data of a labelled csv", func(c *Config) { c.Data, c.EvalData = "csv:/srv/site.csv:label=dx", "/srv/heldout.csv" }, ""},
 		{"eval data without a csv source", func(c *Config) { c.Data, c.EvalData = "idx:/srv/mnist", "/srv/heldout.csv" }, "eval_data"},
 		{"eval data of a demo partition", func(c *Config) { c.Data, c.DataClient, c.EvalData = "csv:/srv/a.csv:label=y", 1, "/srv/heldout.csv" }, "eval_data"},
@@ -190,7 +192,7 @@ func TestConfigModelOutDefault(t *testing.T) {
 
 func TestCSVPath(t *testing.T) {
 	for _, tt := range []struct {
-		data, path string
+		data, path     string
 		ok, schemaOnly bool
 	}{
 		{"csv:/srv/a.csv", "/srv/a.csv", true, true},
@@ -207,5 +209,19 @@ func TestCSVPath(t *testing.T) {
 		if path != tt.path || ok != tt.ok || schemaOnly(c) != tt.schemaOnly {
 			t.Errorf("%q: csvPath = %q, %v; schemaOnly %v; want %q, %v, %v", tt.data, path, ok, schemaOnly(c), tt.path, tt.ok, tt.schemaOnly)
 		}
+	}
+}
+
+// A csv source without label= loads nothing at start (the federation's
+// schema reads it when announced); New succeeds and reports 0 samples.
+func TestNewSchemaOnlyData(t *testing.T) {
+	c := validConfig()
+	c.Data = "csv:" + filepath.Join(t.TempDir(), "not-read-yet.csv")
+	a, err := New(c, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Data().N != 0 || a.cfg.ModelOut != "final.bundle.json" {
+		t.Fatalf("data %d samples, model_out %q", a.Data().N, a.cfg.ModelOut)
 	}
 }
