@@ -119,16 +119,16 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn strin
 	cr.ReuseRecord = true
 	header, err := cr.Read()
 	if err == io.EOF {
-		return nil, nil, fmt.Errorf("%s: empty file, expected a header row naming the columns", name)
+		return nil, nil, &CSVError{File: name, Kind: KindEmpty, Expected: "a header row naming the columns"}
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", name, err)
+		return nil, nil, malformed(name, err)
 	}
 	pos := map[string]int{}
 	for i, h := range header {
 		h = strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))
 		if _, dup := pos[h]; dup {
-			return nil, nil, fmt.Errorf("%s: line 1: column %q appears twice in the header", name, h)
+			return nil, nil, &CSVError{File: name, Line: 1, Column: h, Kind: KindDuplicateColumn, Expected: "each column once"}
 		}
 		pos[h] = i
 	}
@@ -137,7 +137,7 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn strin
 	for j, f := range s.Features {
 		i, ok := pos[f.Name]
 		if !ok {
-			return nil, nil, fmt.Errorf("%s: line 1: missing column %q (%s feature of the schema)", name, f.Name, f.Type)
+			return nil, nil, &CSVError{File: name, Line: 1, Column: f.Name, Role: RoleFeature, Kind: KindMissingColumn, Expected: f.Type + " feature of the schema"}
 		}
 		idx[j] = i
 		used[f.Name] = true
@@ -147,10 +147,10 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn strin
 	if siteColumn != "" {
 		i, ok := pos[siteColumn]
 		if !ok {
-			return nil, nil, fmt.Errorf("%s: line 1: missing site column %q", name, siteColumn)
+			return nil, nil, &CSVError{File: name, Line: 1, Column: siteColumn, Role: RoleSite, Kind: KindMissingColumn, Expected: "the site column"}
 		}
 		if used[siteColumn] || siteColumn == s.Label.Column {
-			return nil, nil, fmt.Errorf("%s: site column %q is a schema column", name, siteColumn)
+			return nil, nil, &CSVError{File: name, Column: siteColumn, Role: RoleSite, Kind: KindSiteColumn, Expected: "a column the schema does not use"}
 		}
 		siteAt = i
 		used[siteColumn] = true
@@ -162,7 +162,7 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn strin
 			labelAt = i
 		}
 	} else if withLabel {
-		return nil, nil, fmt.Errorf("%s: line 1: missing label column %q", name, s.Label.Column)
+		return nil, nil, &CSVError{File: name, Line: 1, Column: s.Label.Column, Role: RoleLabel, Kind: KindMissingColumn, Expected: "the label column"}
 	}
 	t := &Table{Columns: make([]Column, len(s.Features))}
 	for _, h := range header {
@@ -183,9 +183,13 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn strin
 			// FieldPos is only valid after a successful Read.
 			var pe *csv.ParseError
 			if errors.As(err, &pe) {
-				return nil, nil, fmt.Errorf("%s: line %d: %v", name, pe.Line, pe.Err)
+				exp := "valid CSV quoting"
+				if errors.Is(pe.Err, csv.ErrFieldCount) {
+					exp = "a row as wide as the header"
+				}
+				return nil, nil, &CSVError{File: name, Line: pe.Line, Kind: KindMalformed, Expected: exp, Err: pe.Err}
 			}
-			return nil, nil, fmt.Errorf("%s: %w", name, err)
+			return nil, nil, malformed(name, err)
 		}
 		line, _ := cr.FieldPos(0)
 		for j, f := range s.Features {
@@ -198,7 +202,7 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn strin
 				if !miss {
 					v, err = strconv.ParseFloat(cell, 64)
 					if err != nil || math.IsInf(v, 0) || math.IsNaN(v) {
-						return nil, nil, fmt.Errorf("%s: line %d: column %q: %q is not a finite number or a missing token", name, line, f.Name, clip(cell))
+						return nil, nil, &CSVError{File: name, Line: line, Column: f.Name, Role: RoleFeature, Kind: KindBadValue, Expected: "a finite number or a missing token", Value: clip(cell)}
 					}
 				}
 				c.Num = append(c.Num, v)
@@ -214,13 +218,13 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn strin
 			if s.Task == TaskRegression {
 				v, err := strconv.ParseFloat(cell, 64)
 				if err != nil || math.IsInf(v, 0) || math.IsNaN(v) {
-					return nil, nil, fmt.Errorf("%s: line %d: label column %q: %q is not a finite number", name, line, s.Label.Column, clip(cell))
+					return nil, nil, &CSVError{File: name, Line: line, Column: s.Label.Column, Role: RoleLabel, Kind: KindBadValue, Expected: "a finite number", Value: clip(cell)}
 				}
 				t.Labels = append(t.Labels, v)
 			} else {
 				k, ok := s.ClassOf(cell)
 				if !ok {
-					return nil, nil, fmt.Errorf("%s: line %d: label column %q: unknown label value %q, the schema maps %s", name, line, s.Label.Column, clip(cell), s.knownLabels())
+					return nil, nil, &CSVError{File: name, Line: line, Column: s.Label.Column, Role: RoleLabel, Kind: KindUnknownLabel, Expected: s.knownLabels(), Value: clip(cell)}
 				}
 				t.Labels = append(t.Labels, float64(k))
 				t.ClassCounts[k]++
@@ -229,7 +233,7 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn strin
 		if siteAt >= 0 {
 			site := strings.TrimSpace(rec[siteAt])
 			if site == "" {
-				return nil, nil, fmt.Errorf("%s: line %d: site column %q is empty", name, line, siteColumn)
+				return nil, nil, &CSVError{File: name, Line: line, Column: siteColumn, Role: RoleSite, Kind: KindBadValue, Expected: "a site name"}
 			}
 			sites = append(sites, strings.Clone(site))
 		}
@@ -237,6 +241,17 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn strin
 		t.Rows++
 	}
 	return t, sites, nil
+}
+
+// malformed wraps an error of the csv reader (a *csv.ParseError, whose
+// text names the line, or an I/O error).
+func malformed(name string, err error) *CSVError {
+	e := &CSVError{File: name, Kind: KindMalformed, Expected: "a valid CSV file", Err: err}
+	var pe *csv.ParseError
+	if errors.As(err, &pe) {
+		e.Line = pe.Line
+	}
+	return e
 }
 
 func clip(s string) string {

@@ -1,6 +1,7 @@
 package schema
 
 import (
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -40,15 +41,21 @@ func TestReadCSVByName(t *testing.T) {
 
 func TestReadCSVErrors(t *testing.T) {
 	s := gradeSchema(t)
-	cases := []struct{ name, csv, want string }{
-		{"missing column", "grade,kind\n1,a\n", `f.csv: line 1: missing column "size"`},
-		{"missing label", "size,kind\n1,a\n", `missing label column "grade"`},
-		{"bad number", "size,kind,grade\n1,a,1\nabc,b,0\n", `f.csv: line 3: column "size": "abc" is not a finite number`},
-		{"inf", "size,kind,grade\nInf,a,1\n", `"Inf" is not a finite number`},
-		{"unknown label", "size,kind,grade\n1,a,7\n", `line 2: label column "grade": unknown label value "7"`},
-		{"short row", "size,kind,grade\n1,a\n", "line 2: wrong number of fields"},
-		{"empty", "", "empty file"},
-		{"dup header", "size,size,kind,grade\n", `column "size" appears twice`},
+	cases := []struct {
+		name, csv, want string
+		kind            string
+		line            int
+		column, value   string
+	}{
+		{"missing column", "grade,kind\n1,a\n", `f.csv: line 1: missing column "size"`, KindMissingColumn, 1, "size", ""},
+		{"missing label", "size,kind\n1,a\n", `missing label column "grade"`, KindMissingColumn, 1, "grade", ""},
+		{"bad number", "size,kind,grade\n1,a,1\nabc,b,0\n", `f.csv: line 3: column "size": "abc" is not a finite number`, KindBadValue, 3, "size", "abc"},
+		{"inf", "size,kind,grade\nInf,a,1\n", `"Inf" is not a finite number`, KindBadValue, 2, "size", "Inf"},
+		{"unknown label", "size,kind,grade\n1,a,7\n", `line 2: label column "grade": unknown label value "7"`, KindUnknownLabel, 2, "grade", "7"},
+		{"short row", "size,kind,grade\n1,a\n", "line 2: wrong number of fields", KindMalformed, 2, "", ""},
+		{"empty", "", "empty file", KindEmpty, 0, "", ""},
+		{"dup header", "size,size,kind,grade\n", `column "size" appears twice`, KindDuplicateColumn, 1, "size", ""},
+		{"bare quote", "size,kind,grade\n1,a\"b,1\n", "bare \"", KindMalformed, 2, "", ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -58,6 +65,13 @@ func TestReadCSVErrors(t *testing.T) {
 			}
 			if strings.Contains(err.Error(), "\n") {
 				t.Fatalf("not one line: %q", err)
+			}
+			var ce *CSVError
+			if !errors.As(err, &ce) {
+				t.Fatalf("%T is not a *CSVError", err)
+			}
+			if ce.File != "f.csv" || ce.Kind != c.kind || ce.Line != c.line || ce.Column != c.column || ce.Value != c.value || ce.Expected == "" {
+				t.Fatalf("%+v, want kind %q line %d column %q value %q", ce, c.kind, c.line, c.column, c.value)
 			}
 		})
 	}
