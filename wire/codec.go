@@ -314,8 +314,8 @@ func growFloat64(s []float64, n int) []float64 {
 	return t
 }
 
-// Field encoders. All field numbers of edgefl.proto are below 16, so every
-// tag is one byte; SizeTag keeps that true if a larger one is added.
+// Field encoders. Field numbers up to 15 take a one-byte tag, 16 and above
+// (RoundAnnouncement's 16-20) two bytes: SizeTag counts them.
 
 func sizeVarint(num protowire.Number, v uint64) int {
 	if v == 0 {
@@ -483,6 +483,14 @@ func (x *Envelope) message() (Message, protowire.Number) {
 		if b != nil && b.Receipt != nil {
 			return b.Receipt, fieldReceipt
 		}
+	case *Envelope_Statistics:
+		if b != nil && b.Statistics != nil {
+			return b.Statistics, fieldStatistics
+		}
+	case *Envelope_Evaluation:
+		if b != nil && b.Evaluation != nil {
+			return b.Evaluation, fieldEvaluation
+		}
 	}
 	return nil, 0
 }
@@ -518,6 +526,20 @@ func (x *Envelope) encodedBody() (codec, protowire.Number) {
 		}
 		if b != nil {
 			return &Receipt{}, fieldReceipt
+		}
+	case *Envelope_Statistics:
+		if b != nil && b.Statistics != nil {
+			return b.Statistics, fieldStatistics
+		}
+		if b != nil {
+			return &SiteStatistics{}, fieldStatistics
+		}
+	case *Envelope_Evaluation:
+		if b != nil && b.Evaluation != nil {
+			return b.Evaluation, fieldEvaluation
+		}
+		if b != nil {
+			return &EvalReport{}, fieldEvaluation
 		}
 	}
 	return nil, 0
@@ -576,6 +598,22 @@ func (x *Envelope) unmarshal(b []byte, d *decoder) error {
 				w = &Envelope_Receipt{Receipt: &Receipt{}}
 			}
 			n, err := consumeMessage(w.Receipt, b, d)
+			x.Body = w
+			return n, err
+		case num == fieldStatistics:
+			w, ok := x.Body.(*Envelope_Statistics)
+			if !ok || w == nil || w.Statistics == nil {
+				w = &Envelope_Statistics{Statistics: &SiteStatistics{}}
+			}
+			n, err := consumeMessage(w.Statistics, b, d)
+			x.Body = w
+			return n, err
+		case num == fieldEvaluation:
+			w, ok := x.Body.(*Envelope_Evaluation)
+			if !ok || w == nil || w.Evaluation == nil {
+				w = &Envelope_Evaluation{Evaluation: &EvalReport{}}
+			}
+			n, err := consumeMessage(w.Evaluation, b, d)
 			x.Body = w
 			return n, err
 		}
@@ -757,7 +795,9 @@ func (x *RoundAnnouncement) size() int {
 		sizeVarint(8, uint64(x.DeadlineUnixMs)) + sizeStrings(9, x.Selected) +
 		sizeMessage(10, x.Global != nil, x.Global) + sizeString(11, x.UplinkCodec) +
 		sizeVarint(12, uint64(x.CreatedAtUnixMs)) + sizeMessage(13, x.AnchorSketch != nil, x.AnchorSketch) +
-		sizeString(14, x.RunId)
+		sizeString(14, x.RunId) + sizeBytes(15, x.Schema) + sizeBytes(16, x.Transform) +
+		sizeVarint(17, uint64(x.Phase)) + sizeVarint(18, boolVarint(x.Evaluate)) +
+		sizeBytes(19, x.Bundle) + sizeVarint(20, uint64(x.EvalRound))
 }
 
 func (x *RoundAnnouncement) appendTo(b []byte) []byte {
@@ -774,7 +814,13 @@ func (x *RoundAnnouncement) appendTo(b []byte) []byte {
 	b = appendString(b, 11, x.UplinkCodec)
 	b = appendVarint(b, 12, uint64(x.CreatedAtUnixMs))
 	b = appendMessage(b, 13, x.AnchorSketch != nil, x.AnchorSketch)
-	return appendString(b, 14, x.RunId)
+	b = appendString(b, 14, x.RunId)
+	b = appendBytes(b, 15, x.Schema)
+	b = appendBytes(b, 16, x.Transform)
+	b = appendVarint(b, 17, uint64(x.Phase))
+	b = appendVarint(b, 18, boolVarint(x.Evaluate))
+	b = appendBytes(b, 19, x.Bundle)
+	return appendVarint(b, 20, uint64(x.EvalRound))
 }
 
 func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
@@ -788,6 +834,12 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 				return consumeInt64(&x.DeadlineUnixMs, b), nil
 			case 12:
 				return consumeInt64(&x.CreatedAtUnixMs, b), nil
+			case 17:
+				return consumeEnum((*int32)(&x.Phase), b), nil
+			case 18:
+				return consumeBool(&x.Evaluate, b), nil
+			case 20:
+				return consumeUint32(&x.EvalRound, b), nil
 			}
 		case protowire.BytesType:
 			switch num {
@@ -828,6 +880,12 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 				return consumeMessage(x.AnchorSketch, b, d)
 			case 14:
 				return consumeString(&x.RunId, b)
+			case 15:
+				return consumeBytes(&x.Schema, b), nil
+			case 16:
+				return consumeBytes(&x.Transform, b), nil
+			case 19:
+				return consumeBytes(&x.Bundle, b), nil
 			}
 		}
 		return 0, nil
@@ -839,7 +897,7 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 func (x *ClientStatus) size() int {
 	return sizeString(1, x.ClientId) + sizeVarint(2, boolVarint(x.Online)) + sizeVarint(3, x.SampleCount) +
 		sizeStrings(4, x.Capabilities) + sizeString(5, x.SoftwareVersion) + sizeVarint(6, uint64(x.TimestampUnixMs)) +
-		sizeVarint(7, x.Connection)
+		sizeVarint(7, x.Connection) + sizeString(8, x.ErrorReason) + sizeString(9, x.ErrorMessage)
 }
 
 func (x *ClientStatus) appendTo(b []byte) []byte {
@@ -849,7 +907,9 @@ func (x *ClientStatus) appendTo(b []byte) []byte {
 	b = appendStrings(b, 4, x.Capabilities)
 	b = appendString(b, 5, x.SoftwareVersion)
 	b = appendVarint(b, 6, uint64(x.TimestampUnixMs))
-	return appendVarint(b, 7, x.Connection)
+	b = appendVarint(b, 7, x.Connection)
+	b = appendString(b, 8, x.ErrorReason)
+	return appendString(b, 9, x.ErrorMessage)
 }
 
 func (x *ClientStatus) unmarshal(b []byte, d *decoder) error {
@@ -874,6 +934,10 @@ func (x *ClientStatus) unmarshal(b []byte, d *decoder) error {
 				return consumeRepeatedString(&x.Capabilities, b, d, "client status", "capabilities", d.maxCapabilities)
 			case 5:
 				return consumeString(&x.SoftwareVersion, b)
+			case 8:
+				return consumeString(&x.ErrorReason, b)
+			case 9:
+				return consumeString(&x.ErrorMessage, b)
 			}
 		}
 		return 0, nil
@@ -997,7 +1061,7 @@ func (x *ClientUpdate) unmarshal(b []byte, d *decoder) error {
 func (x *Receipt) size() int {
 	return sizeString(1, x.ClientId) + sizeVarint(2, x.Round) + sizeVarint(3, boolVarint(x.Accepted)) +
 		sizeString(4, x.Reason) + sizeVarint(5, uint64(x.StoredAtUnixMs)) + sizeVarint(6, uint64(x.Code)) +
-		sizeVarint(7, x.UpdateSeq)
+		sizeVarint(7, x.UpdateSeq) + sizeVarint(8, uint64(x.Subject))
 }
 
 func (x *Receipt) appendTo(b []byte) []byte {
@@ -1007,7 +1071,8 @@ func (x *Receipt) appendTo(b []byte) []byte {
 	b = appendString(b, 4, x.Reason)
 	b = appendVarint(b, 5, uint64(x.StoredAtUnixMs))
 	b = appendVarint(b, 6, uint64(x.Code))
-	return appendVarint(b, 7, x.UpdateSeq)
+	b = appendVarint(b, 7, x.UpdateSeq)
+	return appendVarint(b, 8, uint64(x.Subject))
 }
 
 func (x *Receipt) unmarshal(b []byte, d *decoder) error {
@@ -1025,6 +1090,8 @@ func (x *Receipt) unmarshal(b []byte, d *decoder) error {
 				return consumeEnum((*int32)(&x.Code), b), nil
 			case 7:
 				return consumeUint64(&x.UpdateSeq, b), nil
+			case 8:
+				return consumeEnum((*int32)(&x.Subject), b), nil
 			}
 		case protowire.BytesType:
 			switch num {
@@ -1032,6 +1099,83 @@ func (x *Receipt) unmarshal(b []byte, d *decoder) error {
 				return consumeString(&x.ClientId, b)
 			case 4:
 				return consumeString(&x.Reason, b)
+			}
+		}
+		return 0, nil
+	})
+}
+
+// SiteStatistics
+
+func (x *SiteStatistics) size() int {
+	return sizeString(1, x.ClientId) + sizeString(2, x.RunId) + sizeString(3, x.SchemaDigest) +
+		sizeBytes(4, x.Stats) + sizeVarint(5, uint64(x.SentAtUnixMs))
+}
+
+func (x *SiteStatistics) appendTo(b []byte) []byte {
+	b = appendString(b, 1, x.ClientId)
+	b = appendString(b, 2, x.RunId)
+	b = appendString(b, 3, x.SchemaDigest)
+	b = appendBytes(b, 4, x.Stats)
+	return appendVarint(b, 5, uint64(x.SentAtUnixMs))
+}
+
+func (x *SiteStatistics) unmarshal(b []byte, d *decoder) error {
+	return fields("SiteStatistics", b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+		switch typ {
+		case protowire.VarintType:
+			if num == 5 {
+				return consumeInt64(&x.SentAtUnixMs, b), nil
+			}
+		case protowire.BytesType:
+			switch num {
+			case 1:
+				return consumeString(&x.ClientId, b)
+			case 2:
+				return consumeString(&x.RunId, b)
+			case 3:
+				return consumeString(&x.SchemaDigest, b)
+			case 4:
+				return consumeBytes(&x.Stats, b), nil
+			}
+		}
+		return 0, nil
+	})
+}
+
+// EvalReport
+
+func (x *EvalReport) size() int {
+	return sizeString(1, x.ClientId) + sizeString(2, x.RunId) + sizeVarint(3, x.Round) +
+		sizeBytes(4, x.Report) + sizeVarint(5, uint64(x.SentAtUnixMs))
+}
+
+func (x *EvalReport) appendTo(b []byte) []byte {
+	b = appendString(b, 1, x.ClientId)
+	b = appendString(b, 2, x.RunId)
+	b = appendVarint(b, 3, x.Round)
+	b = appendBytes(b, 4, x.Report)
+	return appendVarint(b, 5, uint64(x.SentAtUnixMs))
+}
+
+func (x *EvalReport) unmarshal(b []byte, d *decoder) error {
+	return fields("EvalReport", b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+		switch typ {
+		case protowire.VarintType:
+			switch num {
+			case 3:
+				return consumeUint64(&x.Round, b), nil
+			case 5:
+				return consumeInt64(&x.SentAtUnixMs, b), nil
+			}
+		case protowire.BytesType:
+			switch num {
+			case 1:
+				return consumeString(&x.ClientId, b)
+			case 2:
+				return consumeString(&x.RunId, b)
+			case 4:
+				return consumeBytes(&x.Report, b), nil
 			}
 		}
 		return 0, nil

@@ -226,6 +226,13 @@ func TestEncodeRejectsInvalidUTF8(t *testing.T) {
 		&Receipt{ClientId: "a", Round: 1, Reason: bad},
 		func() Message { u := sampleUpdate(); u.ClientId = bad; return u }(),
 		func() Message { u := sampleUpdate(); u.Vector.Codec = bad; return u }(),
+		&ClientStatus{ClientId: "a", ErrorReason: SiteErrData, ErrorMessage: bad},
+		&ClientStatus{ClientId: "a", ErrorReason: bad},
+		func() Message { s := sampleStatistics(); s.ClientId = bad; return s }(),
+		func() Message { s := sampleStatistics(); s.RunId = bad; return s }(),
+		func() Message { s := sampleStatistics(); s.SchemaDigest = bad; return s }(),
+		func() Message { e := sampleEvaluation(); e.ClientId = bad; return e }(),
+		func() Message { e := sampleEvaluation(); e.RunId = bad; return e }(),
 	} {
 		if _, err := Encode(m); !errors.Is(err, ErrInvalid) {
 			t.Errorf("message %d: %v", i, err)
@@ -260,7 +267,7 @@ func TestGettersNilSafe(t *testing.T) {
 	for _, m := range []any{
 		(*Envelope)(nil), (*Vector)(nil), (*Params)(nil), (*ModelSpec)(nil), (*WorkBudget)(nil),
 		(*SketchSpec)(nil), (*RoundAnnouncement)(nil), (*ClientStatus)(nil), (*WorkReport)(nil),
-		(*ClientUpdate)(nil), (*Receipt)(nil),
+		(*ClientUpdate)(nil), (*Receipt)(nil), (*SiteStatistics)(nil), (*EvalReport)(nil),
 	} {
 		v := reflect.ValueOf(m)
 		n := 0
@@ -364,6 +371,8 @@ func FuzzRoundTrip(f *testing.F) {
 		roundTrip(t, b, &Vector{}, &Vector{})
 		roundTrip(t, b, &WorkBudget{}, &WorkBudget{})
 		roundTrip(t, b, &SketchSpec{}, &SketchSpec{})
+		roundTrip(t, b, &SiteStatistics{}, &SiteStatistics{})
+		roundTrip(t, b, &EvalReport{}, &EvalReport{})
 	})
 }
 

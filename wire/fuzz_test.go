@@ -25,7 +25,16 @@ func seeds(t testing.TB) map[string][]byte {
 		"empty":    {},
 		"version2": rawEnvelope(t, &Envelope{Version: 2, Body: &Envelope_Update{Update: sampleUpdate()}}),
 		"nobody":   rawEnvelope(t, &Envelope{Version: Version}),
+		// Issue 11.
+		"statistics":    mustEncode(t, sampleStatistics()),
+		"evaluation":    mustEncode(t, sampleEvaluation()),
+		"stats-round":   mustEncode(t, &RoundAnnouncement{Federation: "fed1", Phase: Phase_PHASE_STATISTICS, Schema: schemaJSON, RunId: "R1"}),
+		"error-status":  mustEncode(t, &ClientStatus{ClientId: "site-1", Online: true, ErrorReason: SiteErrBadValue, ErrorMessage: "site.csv line 3 column \"age\": expected a number"}),
+		"stats-receipt": mustEncode(t, &Receipt{ClientId: "site-1", Accepted: true, StoredAtUnixMs: 1, Code: ReceiptCode_RECEIPT_CODE_STORED, Subject: ReceiptSubject_RECEIPT_SUBJECT_STATISTICS}),
 	}
+	fin := sampleRound()
+	fin.Phase, fin.Schema, fin.Transform, fin.Evaluate, fin.EvalRound, fin.Bundle = Phase_PHASE_FINISHED, schemaJSON, transformJSON, true, 7, bundleJSON
+	s["finished-round"] = mustEncode(t, fin)
 	u := sampleUpdate()
 	u.Report.LocalLoss = 0
 	u.AnchorGrad = nil
@@ -45,7 +54,8 @@ func TestFuzzSeeds(t *testing.T) {
 	if !*update {
 		t.Skip("run with -update to rewrite testdata/fuzz")
 	}
-	for _, target := range []string{"FuzzDecodeUpdate", "FuzzDecodeRound", "FuzzDecodeStatus", "FuzzDecodeReceipt", "FuzzDecode"} {
+	for _, target := range []string{"FuzzDecodeUpdate", "FuzzDecodeRound", "FuzzDecodeStatus", "FuzzDecodeReceipt", "FuzzDecode",
+		"FuzzDecodeStatistics", "FuzzDecodeEvaluation", "FuzzDecodeSiteMessage", "FuzzTopicsDecodeUpdate"} {
 		dir := filepath.Join("testdata", "fuzz", target)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
@@ -140,5 +150,77 @@ func FuzzDecode(f *testing.F) {
 		if err == nil {
 			checkDecoded(t, b, m, nil)
 		}
+	})
+}
+
+func FuzzDecodeStatistics(f *testing.F) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeStatistics(b, fuzzLimits)
+		checkDecoded(t, b, m, err)
+	})
+}
+
+func FuzzDecodeEvaluation(f *testing.F) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeEvaluation(b, fuzzLimits)
+		checkDecoded(t, b, m, err)
+	})
+}
+
+func FuzzDecodeSiteMessage(f *testing.F) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeSiteMessage(b, fuzzLimits)
+		if err != nil && m != nil {
+			t.Fatalf("error %v with a non-nil message", err)
+		}
+		if err != nil {
+			return
+		}
+		switch m.(type) {
+		case *ClientUpdate, *SiteStatistics, *EvalReport:
+		default:
+			t.Fatalf("DecodeSiteMessage gives a %T", m)
+		}
+		checkDecoded(t, b, m, nil)
+	})
+}
+
+// FuzzTopicsDecodeUpdate checks the update topic: whatever it accepts is
+// one of its three bodies, of the topic's client.
+func FuzzTopicsDecodeUpdate(f *testing.F) {
+	addSeeds(f)
+	tp, err := ForFederation("fed1")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		kind, m, err := tp.Decode("edgefl/fed1/updates/site-1", b, fuzzLimits)
+		if kind != KindUpdate {
+			t.Fatalf("kind %v", kind)
+		}
+		if err != nil {
+			if m != nil {
+				t.Fatalf("error %v with a non-nil message", err)
+			}
+			return
+		}
+		var id string
+		switch m := m.(type) {
+		case *ClientUpdate:
+			id = m.ClientId
+		case *SiteStatistics:
+			id = m.ClientId
+		case *EvalReport:
+			id = m.ClientId
+		default:
+			t.Fatalf("update topic gives a %T", m)
+		}
+		if id != "site-1" {
+			t.Fatalf("update topic of site-1 gives a message of %q", id)
+		}
+		checkDecoded(t, b, m, nil)
 	})
 }

@@ -12,4 +12,9 @@ package wire
 // replaced and pin the bytes of every message type with every field set;
 // TestGoldenValid and TestGoldenRaw check that the hand-written code
 // produces exactly those bytes and decodes them back. Add a fixture (go test
-// ./wire -run Golden -update writes missing ones only) for a new field.
+// ./wire -run Golden -update writes missing ones only) for a new field, and
+// the field to the descriptor in protobufgo_test.go: TestProtobufGoAgrees
+// checks every fixture against protobuf-go's own codec on that descriptor
+// (so a fixture the hand-written code wrote, such as issue 11's, is what
+// protoc-gen-go code would write), and FuzzProtobufGo compares the two
+// codecs on arbitrary input. Only tests link protobuf-go's runtime.

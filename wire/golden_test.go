@@ -116,6 +116,62 @@ func maxReceipt() *Receipt {
 	}
 }
 
+// digest is a valid schema digest (hex SHA-256).
+const digest = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+
+// schemaJSON, transformJSON and bundleJSON stand for the JSON the receiver
+// parses; wire carries them as bytes.
+var (
+	schemaJSON    = []byte(`{"version":1,"task":"binary","label":{"column":"diagnosis","classes":{"M":1,"B":0}},"features":[{"name":"radius","type":"numeric"}]}`)
+	transformJSON = []byte(`{"version":1,"outputs":2,"mean":[14.1,0],"std":[3.5,1]}`)
+	bundleJSON    = []byte(`{"format":"edgefl-bundle","version":1,"digest":"sha256:00"}`)
+)
+
+// maxStatsRound is a PHASE_STATISTICS announcement with every field it may
+// carry.
+func maxStatsRound() *RoundAnnouncement {
+	r := maxRound()
+	r.Round, r.Phase, r.RunId, r.Schema = 0, Phase_PHASE_STATISTICS, "RUNID234567ABCDEFGHIJKLMNO", allBytes()
+	return r
+}
+
+// maxTrainRound is a training announcement of a run with a schema: schema,
+// transform, evaluate and eval_round set.
+func maxTrainRound() *RoundAnnouncement {
+	r := maxRound()
+	r.RunId, r.Schema, r.Transform, r.Evaluate, r.EvalRound = "RUNID234567ABCDEFGHIJKLMNO", schemaJSON, transformJSON, true, math.MaxUint32
+	return r
+}
+
+// maxFinishedRound is the last announcement of a run, with its bundle.
+func maxFinishedRound() *RoundAnnouncement {
+	r := maxTrainRound()
+	r.Phase, r.Bundle, r.UplinkCodec = Phase_PHASE_FINISHED, allBytes(), ""
+	return r
+}
+
+func maxStatistics() *SiteStatistics {
+	return &SiteStatistics{
+		ClientId: longID, RunId: "RUNID234567ABCDEFGHIJKLMNO ✓", SchemaDigest: digest,
+		Stats: allBytes(), SentAtUnixMs: math.MaxInt64,
+	}
+}
+
+func maxEvaluation() *EvalReport {
+	return &EvalReport{
+		ClientId: longID, RunId: "RUNID234567ABCDEFGHIJKLMNO ✓", Round: math.MaxUint64,
+		Report: allBytes(), SentAtUnixMs: math.MaxInt64,
+	}
+}
+
+func errorStatus() *ClientStatus {
+	st := maxStatus()
+	st.Connection = math.MaxUint64
+	st.ErrorReason = SiteErrSchema
+	st.ErrorMessage = `site.csv line 1: column "radius" missing (schema feature, numeric) ✓`
+	return st
+}
+
 // The smallest valid messages, with present-but-empty sub-messages and empty
 // (non-nil) repeated fields.
 func minRound() *RoundAnnouncement {
@@ -138,6 +194,26 @@ func minUpdate() *ClientUpdate {
 }
 
 func minReceipt() *Receipt { return &Receipt{ClientId: "s", Round: 1} }
+
+// minStatsRound is the smallest valid PHASE_STATISTICS announcement: no
+// model, global, algorithm or uplink codec.
+func minStatsRound() *RoundAnnouncement {
+	return &RoundAnnouncement{Federation: "f", Phase: Phase_PHASE_STATISTICS, Schema: []byte{'{'}}
+}
+
+// minFinishedRound is the smallest valid PHASE_FINISHED announcement.
+func minFinishedRound() *RoundAnnouncement {
+	return &RoundAnnouncement{
+		Federation: "f", Round: 1, Algorithm: "a", Model: &ModelSpec{Kind: "k"},
+		Global: &Vector{Codec: "c", Dimension: 1, Payload: []byte{0}}, Phase: Phase_PHASE_FINISHED,
+	}
+}
+
+func minStatistics() *SiteStatistics {
+	return &SiteStatistics{ClientId: "s", SchemaDigest: digest, Stats: []byte{0}}
+}
+
+func minEvaluation() *EvalReport { return &EvalReport{ClientId: "s", Report: []byte{0}} }
 
 // validGolden are valid messages: Encode must give the fixture's bytes, and
 // Decode must give the message back.
@@ -170,6 +246,24 @@ func validGolden() map[string]Message {
 		"will_status.bin": &ClientStatus{ClientId: "site-1", SampleCount: 54, Capabilities: []string{"sgd"}, Connection: 1795246965123},
 		"rejected_receipt.bin": &Receipt{ClientId: "s", Round: 2, Reason: "base mismatch",
 			StoredAtUnixMs: 0, Code: ReceiptCode_RECEIPT_CODE_BASE_MISMATCH, UpdateSeq: 1},
+
+		// Issue 11: federation schema, statistics, evaluation, bundle, site errors.
+		"stats_round.bin":        maxStatsRound(),
+		"schema_round.bin":       maxTrainRound(),
+		"finished_round.bin":     maxFinishedRound(),
+		"min_stats_round.bin":    minStatsRound(),
+		"min_finished_round.bin": minFinishedRound(),
+		"max_statistics.bin":     maxStatistics(),
+		"max_evaluation.bin":     maxEvaluation(),
+		"min_statistics.bin":     minStatistics(),
+		"min_evaluation.bin":     minEvaluation(),
+		"error_status.bin":       errorStatus(),
+		"reason_only_status.bin": &ClientStatus{ClientId: "s", ErrorReason: SiteErrData},
+		"statistics_receipt.bin": &Receipt{ClientId: longID, Accepted: true, Reason: "stored",
+			StoredAtUnixMs: math.MaxInt64, Code: ReceiptCode_RECEIPT_CODE_STORED, UpdateSeq: math.MaxUint64,
+			Subject: ReceiptSubject_RECEIPT_SUBJECT_STATISTICS},
+		"evaluation_receipt.bin": &Receipt{ClientId: "s", Round: 9, Reason: "bad report: not JSON",
+			Code: ReceiptCode_RECEIPT_CODE_BAD_UPDATE, Subject: ReceiptSubject_RECEIPT_SUBJECT_EVALUATION},
 	}
 }
 
@@ -232,6 +326,35 @@ func rawGolden() map[string]struct {
 		"raw_update.bin":       {maxUpdate(), func() rawMsg { return &ClientUpdate{} }},
 		"raw_receipt.bin":      {maxReceipt(), func() rawMsg { return &Receipt{} }},
 		"raw_params_empty.bin": {&Params{}, func() rawMsg { return &Params{} }},
+
+		// Issue 11.
+		"raw_envelope_statistics0.bin": {&Envelope{Version: Version, Body: &Envelope_Statistics{Statistics: &SiteStatistics{}}}, env},
+		"raw_envelope_evaluation0.bin": {&Envelope{Version: Version, Body: &Envelope_Evaluation{Evaluation: &EvalReport{}}}, env},
+		"raw_round_issue11_hostile.bin": {&Envelope{Version: Version, Body: &Envelope_Round{Round: &RoundAnnouncement{
+			Round: 3, Phase: Phase(-1), Evaluate: true, EvalRound: math.MaxUint32,
+			Bundle: []byte{0}, Transform: []byte("{}"),
+		}}}, env},
+		"raw_round_phase_unknown.bin": {&Envelope{Version: Version, Body: &Envelope_Round{Round: &RoundAnnouncement{
+			Phase: Phase(math.MaxInt32), Schema: []byte{0xff},
+		}}}, env},
+		"raw_statistics_hostile.bin": {&Envelope{Version: Version, Body: &Envelope_Statistics{Statistics: &SiteStatistics{
+			ClientId: "a b", RunId: "x\ny", SchemaDigest: "ZZ", SentAtUnixMs: math.MinInt64,
+		}}}, env},
+		"raw_evaluation_hostile.bin": {&Envelope{Version: Version, Body: &Envelope_Evaluation{Evaluation: &EvalReport{
+			ClientId: "", Round: math.MaxUint64, SentAtUnixMs: -1,
+		}}}, env},
+		"raw_receipt_subject.bin": {&Envelope{Version: Version, Body: &Envelope_Receipt{Receipt: &Receipt{
+			ClientId: "x", Subject: ReceiptSubject(-7),
+		}}}, env},
+		"raw_status_error_hostile.bin": {&Envelope{Version: Version, Body: &Envelope_Status{Status: &ClientStatus{
+			ClientId: "s", ErrorReason: "no such reason", ErrorMessage: "line 1\nline 2",
+		}}}, env},
+		"raw_round_issue11.bin": {maxFinishedRound(), func() rawMsg { return &RoundAnnouncement{} }},
+		"raw_statistics.bin":    {maxStatistics(), func() rawMsg { return &SiteStatistics{} }},
+		"raw_evaluation.bin":    {maxEvaluation(), func() rawMsg { return &EvalReport{} }},
+		"raw_status_error.bin":  {errorStatus(), func() rawMsg { return &ClientStatus{} }},
+		"raw_receipt_issue11.bin": {&Receipt{ClientId: "s", Subject: ReceiptSubject_RECEIPT_SUBJECT_EVALUATION},
+			func() rawMsg { return &Receipt{} }},
 	}
 }
 

@@ -4,7 +4,8 @@ package wire
 // names, fields and accessors protoc-gen-go generated, without the protobuf
 // reflection runtime. The encoding is in codec.go, the text form in text.go.
 // A field added to edgefl.proto must be added here, to the message's size,
-// appendTo, unmarshal and appendText methods, and to a golden fixture.
+// appendTo, unmarshal and appendText methods, to a golden fixture and to the
+// test descriptor in protobufgo_test.go (see gen.go).
 
 import "strconv"
 
@@ -143,6 +144,72 @@ func (x ReceiptCode) Enum() *ReceiptCode {
 // String returns the value's name, or its number for an unknown value.
 func (x ReceiptCode) String() string { return enumString(ReceiptCode_name, int32(x)) }
 
+// Phase says what a round announcement asks of the sites.
+type Phase int32
+
+const (
+	Phase_PHASE_TRAIN      Phase = 0 // a training round (what every announcement was so far)
+	Phase_PHASE_STATISTICS Phase = 1 // before round 1: sites send SiteStatistics of their training rows
+	Phase_PHASE_FINISHED   Phase = 2 // the run has ended: global is the final model
+)
+
+// Enum value maps for Phase.
+var (
+	Phase_name = map[int32]string{
+		0: "PHASE_TRAIN",
+		1: "PHASE_STATISTICS",
+		2: "PHASE_FINISHED",
+	}
+	Phase_value = map[string]int32{
+		"PHASE_TRAIN":      0,
+		"PHASE_STATISTICS": 1,
+		"PHASE_FINISHED":   2,
+	}
+)
+
+// Enum returns a pointer to a copy of x.
+func (x Phase) Enum() *Phase {
+	p := new(Phase)
+	*p = x
+	return p
+}
+
+// String returns the value's name, or its number for an unknown value.
+func (x Phase) String() string { return enumString(Phase_name, int32(x)) }
+
+// ReceiptSubject says what a receipt answers.
+type ReceiptSubject int32
+
+const (
+	ReceiptSubject_RECEIPT_SUBJECT_UPDATE     ReceiptSubject = 0 // a ClientUpdate
+	ReceiptSubject_RECEIPT_SUBJECT_STATISTICS ReceiptSubject = 1 // a SiteStatistics
+	ReceiptSubject_RECEIPT_SUBJECT_EVALUATION ReceiptSubject = 2 // an EvalReport
+)
+
+// Enum value maps for ReceiptSubject.
+var (
+	ReceiptSubject_name = map[int32]string{
+		0: "RECEIPT_SUBJECT_UPDATE",
+		1: "RECEIPT_SUBJECT_STATISTICS",
+		2: "RECEIPT_SUBJECT_EVALUATION",
+	}
+	ReceiptSubject_value = map[string]int32{
+		"RECEIPT_SUBJECT_UPDATE":     0,
+		"RECEIPT_SUBJECT_STATISTICS": 1,
+		"RECEIPT_SUBJECT_EVALUATION": 2,
+	}
+)
+
+// Enum returns a pointer to a copy of x.
+func (x ReceiptSubject) Enum() *ReceiptSubject {
+	p := new(ReceiptSubject)
+	*p = x
+	return p
+}
+
+// String returns the value's name, or its number for an unknown value.
+func (x ReceiptSubject) String() string { return enumString(ReceiptSubject_name, int32(x)) }
+
 // enumString is what protobuf-go printed for an enum value: its name, or
 // its number in decimal when the value is not in the schema.
 func enumString(names map[int32]string, v int32) string {
@@ -162,6 +229,8 @@ type Envelope struct {
 	//	*Envelope_Status
 	//	*Envelope_Update
 	//	*Envelope_Receipt
+	//	*Envelope_Statistics
+	//	*Envelope_Evaluation
 	Body isEnvelope_Body
 }
 
@@ -218,6 +287,24 @@ func (x *Envelope) GetReceipt() *Receipt {
 	return nil
 }
 
+func (x *Envelope) GetStatistics() *SiteStatistics {
+	if x != nil {
+		if w, ok := x.Body.(*Envelope_Statistics); ok && w != nil {
+			return w.Statistics
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetEvaluation() *EvalReport {
+	if x != nil {
+		if w, ok := x.Body.(*Envelope_Evaluation); ok && w != nil {
+			return w.Evaluation
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Body interface {
 	isEnvelope_Body()
 }
@@ -238,6 +325,14 @@ type Envelope_Receipt struct {
 	Receipt *Receipt
 }
 
+type Envelope_Statistics struct {
+	Statistics *SiteStatistics
+}
+
+type Envelope_Evaluation struct {
+	Evaluation *EvalReport
+}
+
 func (*Envelope_Round) isEnvelope_Body() {}
 
 func (*Envelope_Status) isEnvelope_Body() {}
@@ -245,6 +340,10 @@ func (*Envelope_Status) isEnvelope_Body() {}
 func (*Envelope_Update) isEnvelope_Body() {}
 
 func (*Envelope_Receipt) isEnvelope_Body() {}
+
+func (*Envelope_Statistics) isEnvelope_Body() {}
+
+func (*Envelope_Evaluation) isEnvelope_Body() {}
 
 // Vector is a model vector carried as a codec frame.
 type Vector struct {
@@ -485,6 +584,20 @@ type RoundAnnouncement struct {
 	CreatedAtUnixMs int64       `json:"created_at_unix_ms,omitempty"`
 	AnchorSketch    *SketchSpec `json:"anchor_sketch,omitempty"` // absent = no anchor gradient wanted
 	RunId           string      `json:"run_id,omitempty"`        // the aggregator's round log; see edgefl.proto
+	// schema.Canonical() JSON; empty = no federation schema (legacy data
+	// config). Checked by the receiver (schema.Parse), not by wire.
+	Schema []byte `json:"schema,omitempty"`
+	// prep.Transform JSON; empty in PHASE_STATISTICS and without a schema.
+	// Checked by the receiver, not by wire.
+	Transform []byte `json:"transform,omitempty"`
+	Phase     Phase  `json:"phase,omitempty"`
+	// Every site (selected or not) evaluates Global on its held-out rows and
+	// sends an EvalReport naming EvalRound.
+	Evaluate bool `json:"evaluate,omitempty"`
+	// PHASE_FINISHED only: the final model bundle (bundle.Marshal bytes).
+	Bundle []byte `json:"bundle,omitempty"`
+	// The round an EvalReport must name: the aggregations Global has had.
+	EvalRound uint32 `json:"eval_round,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -588,6 +701,48 @@ func (x *RoundAnnouncement) GetRunId() string {
 	return ""
 }
 
+func (x *RoundAnnouncement) GetSchema() []byte {
+	if x != nil {
+		return x.Schema
+	}
+	return nil
+}
+
+func (x *RoundAnnouncement) GetTransform() []byte {
+	if x != nil {
+		return x.Transform
+	}
+	return nil
+}
+
+func (x *RoundAnnouncement) GetPhase() Phase {
+	if x != nil {
+		return x.Phase
+	}
+	return Phase_PHASE_TRAIN
+}
+
+func (x *RoundAnnouncement) GetEvaluate() bool {
+	if x != nil {
+		return x.Evaluate
+	}
+	return false
+}
+
+func (x *RoundAnnouncement) GetBundle() []byte {
+	if x != nil {
+		return x.Bundle
+	}
+	return nil
+}
+
+func (x *RoundAnnouncement) GetEvalRound() uint32 {
+	if x != nil {
+		return x.EvalRound
+	}
+	return 0
+}
+
 // ClientStatus is published retained on <prefix>clients/<id>/status; the
 // MQTT last will is the same message with online = false.
 type ClientStatus struct {
@@ -598,6 +753,11 @@ type ClientStatus struct {
 	SoftwareVersion string   `json:"software_version,omitempty"`
 	TimestampUnixMs int64    `json:"timestamp_unix_ms,omitempty"`
 	Connection      uint64   `json:"connection,omitempty"` // see edgefl.proto: orders a site's statuses
+	// A site that cannot take part says why: one of the SiteErr reason codes
+	// and a one-line message naming file, line, column and what was
+	// expected, never a data value. Empty = no error.
+	ErrorReason  string `json:"error_reason,omitempty"`
+	ErrorMessage string `json:"error_message,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -650,6 +810,20 @@ func (x *ClientStatus) GetConnection() uint64 {
 		return x.Connection
 	}
 	return 0
+}
+
+func (x *ClientStatus) GetErrorReason() string {
+	if x != nil {
+		return x.ErrorReason
+	}
+	return ""
+}
+
+func (x *ClientStatus) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
 }
 
 // WorkReport is what the local solve did. Floats are finite; gamma,
@@ -830,6 +1004,9 @@ type Receipt struct {
 	StoredAtUnixMs int64       `json:"stored_at_unix_ms,omitempty"` // when the aggregator stored it (accepted)
 	Code           ReceiptCode `json:"code,omitempty"`
 	UpdateSeq      uint64      `json:"update_seq,omitempty"` // seq of the update this answers
+	// What this receipt answers. For STATISTICS, round 0 is valid; for
+	// EVALUATION, round is the report's (which may be 0).
+	Subject ReceiptSubject `json:"subject,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -880,6 +1057,109 @@ func (x *Receipt) GetCode() ReceiptCode {
 func (x *Receipt) GetUpdateSeq() uint64 {
 	if x != nil {
 		return x.UpdateSeq
+	}
+	return 0
+}
+
+func (x *Receipt) GetSubject() ReceiptSubject {
+	if x != nil {
+		return x.Subject
+	}
+	return ReceiptSubject_RECEIPT_SUBJECT_UPDATE
+}
+
+// SiteStatistics is published on <prefix>updates/<id> (the site's own update
+// topic) in PHASE_STATISTICS, before round 1.
+type SiteStatistics struct {
+	ClientId     string `json:"client_id,omitempty"`
+	RunId        string `json:"run_id,omitempty"`        // the announcement's run_id
+	SchemaDigest string `json:"schema_digest,omitempty"` // hex SHA-256 of the schema the site read its data with
+	Stats        []byte `json:"stats,omitempty"`         // prep.Stats JSON of the site's training rows (non-empty)
+	SentAtUnixMs int64  `json:"sent_at_unix_ms,omitempty"`
+}
+
+// Reset sets x to its zero value.
+func (x *SiteStatistics) Reset() { *x = SiteStatistics{} }
+
+func (x *SiteStatistics) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *SiteStatistics) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *SiteStatistics) GetSchemaDigest() string {
+	if x != nil {
+		return x.SchemaDigest
+	}
+	return ""
+}
+
+func (x *SiteStatistics) GetStats() []byte {
+	if x != nil {
+		return x.Stats
+	}
+	return nil
+}
+
+func (x *SiteStatistics) GetSentAtUnixMs() int64 {
+	if x != nil {
+		return x.SentAtUnixMs
+	}
+	return 0
+}
+
+// EvalReport is published on <prefix>updates/<id> when an announcement says
+// evaluate.
+type EvalReport struct {
+	ClientId     string `json:"client_id,omitempty"`
+	RunId        string `json:"run_id,omitempty"` // the announcement's run_id
+	Round        uint64 `json:"round,omitempty"`  // the announcement's eval_round; may be 0
+	Report       []byte `json:"report,omitempty"` // evaluate.Report JSON on the site's held-out rows (non-empty)
+	SentAtUnixMs int64  `json:"sent_at_unix_ms,omitempty"`
+}
+
+// Reset sets x to its zero value.
+func (x *EvalReport) Reset() { *x = EvalReport{} }
+
+func (x *EvalReport) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *EvalReport) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *EvalReport) GetRound() uint64 {
+	if x != nil {
+		return x.Round
+	}
+	return 0
+}
+
+func (x *EvalReport) GetReport() []byte {
+	if x != nil {
+		return x.Report
+	}
+	return nil
+}
+
+func (x *EvalReport) GetSentAtUnixMs() int64 {
+	if x != nil {
+		return x.SentAtUnixMs
 	}
 	return 0
 }

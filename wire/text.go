@@ -138,6 +138,8 @@ func (x *ClientStatus) String() string      { return text(x != nil, x) }
 func (x *WorkReport) String() string        { return text(x != nil, x) }
 func (x *ClientUpdate) String() string      { return text(x != nil, x) }
 func (x *Receipt) String() string           { return text(x != nil, x) }
+func (x *SiteStatistics) String() string    { return text(x != nil, x) }
+func (x *EvalReport) String() string        { return text(x != nil, x) }
 
 func (x *Envelope) appendText(w *textWriter) {
 	w.uint("version", uint64(x.Version))
@@ -148,6 +150,7 @@ func (x *Envelope) appendText(w *textWriter) {
 
 var bodyFieldNames = map[protowire.Number]string{
 	fieldRound: "round", fieldStatus: "status", fieldUpdate: "update", fieldReceipt: "receipt",
+	fieldStatistics: "statistics", fieldEvaluation: "evaluation",
 }
 
 func (x *Vector) appendText(w *textWriter) {
@@ -203,6 +206,12 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.int("created_at_unix_ms", x.CreatedAtUnixMs)
 	w.msg("anchor_sketch", x.AnchorSketch != nil, x.AnchorSketch)
 	w.str("run_id", x.RunId)
+	w.bytes("schema", x.Schema)
+	w.bytes("transform", x.Transform)
+	w.enum("phase", int32(x.Phase), Phase_name)
+	w.boolean("evaluate", x.Evaluate)
+	w.bytes("bundle", x.Bundle)
+	w.uint("eval_round", uint64(x.EvalRound))
 }
 
 func (x *ClientStatus) appendText(w *textWriter) {
@@ -213,6 +222,8 @@ func (x *ClientStatus) appendText(w *textWriter) {
 	w.str("software_version", x.SoftwareVersion)
 	w.int("timestamp_unix_ms", x.TimestampUnixMs)
 	w.uint("connection", x.Connection)
+	w.str("error_reason", x.ErrorReason)
+	w.str("error_message", x.ErrorMessage)
 }
 
 func (x *WorkReport) appendText(w *textWriter) {
@@ -247,4 +258,21 @@ func (x *Receipt) appendText(w *textWriter) {
 	w.int("stored_at_unix_ms", x.StoredAtUnixMs)
 	w.enum("code", int32(x.Code), ReceiptCode_name)
 	w.uint("update_seq", x.UpdateSeq)
+	w.enum("subject", int32(x.Subject), ReceiptSubject_name)
+}
+
+func (x *SiteStatistics) appendText(w *textWriter) {
+	w.str("client_id", x.ClientId)
+	w.str("run_id", x.RunId)
+	w.str("schema_digest", x.SchemaDigest)
+	w.bytes("stats", x.Stats)
+	w.int("sent_at_unix_ms", x.SentAtUnixMs)
+}
+
+func (x *EvalReport) appendText(w *textWriter) {
+	w.str("client_id", x.ClientId)
+	w.str("run_id", x.RunId)
+	w.uint("round", x.Round)
+	w.bytes("report", x.Report)
+	w.int("sent_at_unix_ms", x.SentAtUnixMs)
 }

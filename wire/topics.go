@@ -15,7 +15,7 @@ const (
 	KindUnknown Kind = iota
 	KindRound        // <prefix>round, retained
 	KindStatus       // <prefix>clients/<id>/status, retained; last will = offline
-	KindUpdate       // <prefix>updates/<id>
+	KindUpdate       // <prefix>updates/<id>: ClientUpdate, SiteStatistics or EvalReport
 	KindReceipt      // <prefix>receipts/<id>
 )
 
@@ -188,7 +188,9 @@ var ErrTopicMismatch = errors.New("wire: message does not match its topic")
 
 // Decode parses topic, decodes b as the message type the topic carries and
 // checks that the message's client id is the topic's: the one call an MQTT
-// handler needs. Errors wrap ErrBadTopic/ErrBadID, a decoder error, or
+// handler needs. The update topic carries three types: KindUpdate comes with
+// a *ClientUpdate, *SiteStatistics or *EvalReport (a type switch or BodyKind
+// tells them apart). Errors wrap ErrBadTopic/ErrBadID, a decoder error, or
 // ErrTopicMismatch; the message is nil whenever the error is not.
 func (t Topics) Decode(topic string, b []byte, lim Limits) (Kind, Message, error) {
 	kind, id, err := t.Parse(topic)
@@ -213,11 +215,19 @@ func (t Topics) Decode(topic string, b []byte, lim Limits) (Kind, Message, error
 		}
 		m, cid = s, s.ClientId
 	case KindUpdate:
-		u, err := DecodeUpdate(b, lim)
+		u, err := DecodeSiteMessage(b, lim)
 		if err != nil {
 			return kind, nil, err
 		}
-		m, cid = u, u.ClientId
+		m = u
+		switch u := u.(type) {
+		case *ClientUpdate:
+			cid = u.ClientId
+		case *SiteStatistics:
+			cid = u.ClientId
+		case *EvalReport:
+			cid = u.ClientId
+		}
 	case KindReceipt:
 		r, err := DecodeReceipt(b, lim)
 		if err != nil {
@@ -226,7 +236,7 @@ func (t Topics) Decode(topic string, b []byte, lim Limits) (Kind, Message, error
 		m, cid = r, r.ClientId
 	}
 	if id != "" && cid != id {
-		return kind, nil, fmt.Errorf("%w: %q carries a %v of client %q", ErrTopicMismatch, topic, kind, cid)
+		return kind, nil, fmt.Errorf("%w: %q carries a %s of client %q", ErrTopicMismatch, topic, BodyKind(m), cid)
 	}
 	return kind, m, nil
 }

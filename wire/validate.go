@@ -3,6 +3,8 @@ package wire
 import (
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -94,7 +96,15 @@ func checkVector(msg, field string, v *Vector, lim Limits) error {
 	return nil
 }
 
-// Validate implements Message.
+// Validate implements Message. What is required depends on the phase (see
+// edgefl.proto): PHASE_TRAIN needs round > 0, model, global, algorithm and
+// uplink codec, and no bundle; PHASE_STATISTICS needs round 0 and a schema,
+// and no transform or bundle (model, global, algorithm and uplink codec are
+// checked when present); PHASE_FINISHED needs round > 0, model, global and
+// algorithm (the uplink codec and the bundle are optional). evaluate needs a
+// schema and a transform, and eval_round is at most round. The contents of
+// schema, transform and bundle are JSON the receiver checks; wire bounds
+// their size only.
 func (m *RoundAnnouncement) Validate(lim Limits) error {
 	const msg = "round announcement"
 	if m == nil {
@@ -104,11 +114,27 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 	if err := checkID(msg, "federation", m.Federation); err != nil {
 		return err
 	}
-	if m.Round == 0 {
+	var train, stats bool
+	switch m.Phase {
+	case Phase_PHASE_TRAIN:
+		train = true
+	case Phase_PHASE_STATISTICS:
+		stats = true
+	case Phase_PHASE_FINISHED:
+	default:
+		return invalid(msg, "phase %d is unknown", int32(m.Phase))
+	}
+	if stats {
+		if m.Round != 0 {
+			return invalid(msg, "round must be 0 in %v, got %d", m.Phase, m.Round)
+		}
+	} else if m.Round == 0 {
 		return invalid(msg, "round must be > 0")
 	}
-	if err := ValidID(m.Algorithm); err != nil {
-		return fmt.Errorf("%w: %s: algorithm: %w", ErrInvalid, msg, err)
+	if !stats || m.Algorithm != "" {
+		if err := ValidID(m.Algorithm); err != nil {
+			return fmt.Errorf("%w: %s: algorithm: %w", ErrInvalid, msg, err)
+		}
 	}
 	if err := checkText(msg, "aggregator", m.Aggregator, maxLongTextLen, false); err != nil {
 		return err
@@ -127,19 +153,22 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 		}
 	}
 	if m.Model == nil {
-		return invalid(msg, "model is required")
-	}
-	if err := checkText(msg, "model.kind", m.Model.Kind, maxSpecLen, true); err != nil {
-		return err
-	}
-	if err := checkText(msg, "model.activation", m.Model.Activation, maxSpecLen, false); err != nil {
-		return err
-	}
-	if len(m.Model.Hidden) > maxHiddenLayers {
-		return invalid(msg, "model.hidden has %d layers, at most %d", len(m.Model.Hidden), maxHiddenLayers)
-	}
-	if err := checkNonNeg(msg, "model.l2", m.Model.L2); err != nil {
-		return err
+		if !stats {
+			return invalid(msg, "model is required")
+		}
+	} else {
+		if err := checkText(msg, "model.kind", m.Model.Kind, maxSpecLen, true); err != nil {
+			return err
+		}
+		if err := checkText(msg, "model.activation", m.Model.Activation, maxSpecLen, false); err != nil {
+			return err
+		}
+		if len(m.Model.Hidden) > maxHiddenLayers {
+			return invalid(msg, "model.hidden has %d layers, at most %d", len(m.Model.Hidden), maxHiddenLayers)
+		}
+		if err := checkNonNeg(msg, "model.l2", m.Model.L2); err != nil {
+			return err
+		}
 	}
 	if b := m.Budget; b != nil {
 		if err := checkNonNeg(msg, "budget.max_seconds", b.MaxSeconds); err != nil {
@@ -165,16 +194,58 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 		}
 		seen[id] = struct{}{}
 	}
-	if err := checkVector(msg, "global", m.Global, lim); err != nil {
-		return err
+	if !stats || m.Global != nil {
+		if err := checkVector(msg, "global", m.Global, lim); err != nil {
+			return err
+		}
 	}
-	if err := checkText(msg, "uplink_codec", m.UplinkCodec, maxSpecLen, true); err != nil {
+	if err := checkText(msg, "uplink_codec", m.UplinkCodec, maxSpecLen, train); err != nil {
 		return err
 	}
 	if s := m.AnchorSketch; s != nil && uint64(s.Dimension) > uint64(lim.MaxAnchorGrad) {
 		return invalid(msg, "anchor_sketch.dimension %d exceeds the limit %d", s.Dimension, lim.MaxAnchorGrad)
 	}
-	return checkText(msg, "run_id", m.RunId, maxRunIDLen, false)
+	if err := checkText(msg, "run_id", m.RunId, maxRunIDLen, false); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name string
+		v    []byte
+	}{{"schema", m.Schema}, {"transform", m.Transform}, {"bundle", m.Bundle}} {
+		if err := checkPayload(msg, f.name, f.v, lim, false); err != nil {
+			return err
+		}
+	}
+	switch {
+	case stats && len(m.Schema) == 0:
+		return invalid(msg, "%v needs a schema", m.Phase)
+	case stats && len(m.Transform) > 0:
+		return invalid(msg, "%v carries no transform (it is fitted from the statistics)", m.Phase)
+	case len(m.Transform) > 0 && len(m.Schema) == 0:
+		return invalid(msg, "a transform needs a schema")
+	case len(m.Bundle) > 0 && m.Phase != Phase_PHASE_FINISHED:
+		return invalid(msg, "a bundle is sent in %v only, not in %v", Phase_PHASE_FINISHED, m.Phase)
+	case m.Evaluate && (len(m.Schema) == 0 || len(m.Transform) == 0):
+		return invalid(msg, "evaluate needs a schema and a transform")
+	case uint64(m.EvalRound) > m.Round:
+		return invalid(msg, "eval_round %d is beyond round %d", m.EvalRound, m.Round)
+	}
+	return nil
+}
+
+// checkPayload bounds a bytes field by the message size limit; required
+// means non-empty.
+func checkPayload(msg, field string, v []byte, lim Limits, required bool) error {
+	if len(v) == 0 {
+		if required {
+			return invalid(msg, "%s is empty", field)
+		}
+		return nil
+	}
+	if len(v) > lim.MaxMessageBytes {
+		return invalid(msg, "%s is %d bytes, limit %d", field, len(v), lim.MaxMessageBytes)
+	}
+	return nil
 }
 
 // maxRunIDLen bounds RoundAnnouncement.RunId (the aggregator writes 26
@@ -201,8 +272,46 @@ func (m *ClientStatus) Validate(lim Limits) error {
 	if err := checkText(msg, "software_version", m.SoftwareVersion, maxVersionLen, false); err != nil {
 		return err
 	}
-	return checkTime(msg, "timestamp_unix_ms", m.TimestampUnixMs)
+	if err := checkTime(msg, "timestamp_unix_ms", m.TimestampUnixMs); err != nil {
+		return err
+	}
+	if m.ErrorReason == "" {
+		if m.ErrorMessage != "" {
+			return invalid(msg, "error_message without error_reason")
+		}
+		return nil
+	}
+	if !slices.Contains(siteErrReasons, m.ErrorReason) {
+		return invalid(msg, "error_reason %q is not one of %s", m.ErrorReason, strings.Join(siteErrReasons, ", "))
+	}
+	return checkText(msg, "error_message", m.ErrorMessage, MaxErrorMessageLen, false)
 }
+
+// Site error reasons: ClientStatus.ErrorReason says why a site cannot take
+// part (issue 11 item 6).
+const (
+	SiteErrSchema       = "schema_mismatch" // a missing schema column, a duplicate header
+	SiteErrBadValue     = "bad_value"       // a cell that does not parse and is not a missing token
+	SiteErrUnknownLabel = "unknown_label"   // a label value the schema's mapping does not know
+	SiteErrTooFewRows   = "too_few_rows"    // fewer training rows than min_site_samples
+	SiteErrBadTransform = "bad_transform"   // the schema or transform from the aggregator refused
+	SiteErrSolve        = "solve_failed"    // the local solve failed
+	SiteErrDisk         = "disk"            // state file, disk full, cannot write model_out
+	SiteErrData         = "data"            // anything else about the data file
+)
+
+var siteErrReasons = []string{
+	SiteErrSchema, SiteErrBadValue, SiteErrUnknownLabel, SiteErrTooFewRows,
+	SiteErrBadTransform, SiteErrSolve, SiteErrDisk, SiteErrData,
+}
+
+// SiteErrReasons returns every site error reason ClientStatus.ErrorReason
+// may carry (a new slice; the caller may keep it).
+func SiteErrReasons() []string { return slices.Clone(siteErrReasons) }
+
+// MaxErrorMessageLen bounds ClientStatus.ErrorMessage (bytes of UTF-8, one
+// line).
+const MaxErrorMessageLen = 512
 
 // Validate implements Message.
 func (m *ClientUpdate) Validate(lim Limits) error {
@@ -274,8 +383,16 @@ func (m *Receipt) Validate(lim Limits) error {
 	if err := checkID(msg, "client_id", m.ClientId); err != nil {
 		return err
 	}
-	if m.Round == 0 {
-		return invalid(msg, "round must be > 0")
+	switch m.Subject {
+	case ReceiptSubject_RECEIPT_SUBJECT_UPDATE:
+		if m.Round == 0 {
+			return invalid(msg, "round must be > 0")
+		}
+	case ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, ReceiptSubject_RECEIPT_SUBJECT_EVALUATION:
+		// Statistics come before round 1; an evaluation report names the
+		// aggregations its model had, which may be 0.
+	default:
+		return invalid(msg, "subject %d is unknown", int32(m.Subject))
 	}
 	if err := checkText(msg, "reason", m.Reason, maxLongTextLen, false); err != nil {
 		return err
@@ -298,4 +415,59 @@ func (m *Receipt) Validate(lim Limits) error {
 		return invalid(msg, "rejected with acceptance code %v", m.Code)
 	}
 	return nil
+}
+
+// checkDigest accepts a hex SHA-256 as schema.Digest writes it: 64
+// lowercase hex digits.
+func checkDigest(msg, field, s string) error {
+	if len(s) != 64 {
+		return invalid(msg, "%s must be 64 hex digits (SHA-256), got %d bytes", field, len(s))
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return invalid(msg, "%s must be lowercase hex, byte %d is %q", field, i, c)
+		}
+	}
+	return nil
+}
+
+// Validate implements Message.
+func (m *SiteStatistics) Validate(lim Limits) error {
+	const msg = "site statistics"
+	if m == nil {
+		return invalid(msg, "nil")
+	}
+	lim = lim.withDefaults()
+	if err := checkID(msg, "client_id", m.ClientId); err != nil {
+		return err
+	}
+	if err := checkText(msg, "run_id", m.RunId, maxRunIDLen, false); err != nil {
+		return err
+	}
+	if err := checkDigest(msg, "schema_digest", m.SchemaDigest); err != nil {
+		return err
+	}
+	if err := checkPayload(msg, "stats", m.Stats, lim, true); err != nil {
+		return err
+	}
+	return checkTime(msg, "sent_at_unix_ms", m.SentAtUnixMs)
+}
+
+// Validate implements Message.
+func (m *EvalReport) Validate(lim Limits) error {
+	const msg = "evaluation report"
+	if m == nil {
+		return invalid(msg, "nil")
+	}
+	lim = lim.withDefaults()
+	if err := checkID(msg, "client_id", m.ClientId); err != nil {
+		return err
+	}
+	if err := checkText(msg, "run_id", m.RunId, maxRunIDLen, false); err != nil {
+		return err
+	}
+	if err := checkPayload(msg, "report", m.Report, lim, true); err != nil {
+		return err
+	}
+	return checkTime(msg, "sent_at_unix_ms", m.SentAtUnixMs)
 }

@@ -4,7 +4,8 @@
 // and their protobuf encoding in codec.go, pinned by testdata/golden/).
 //
 // Every payload is one Envelope carrying a schema version and exactly one of
-// RoundAnnouncement, ClientStatus, ClientUpdate or Receipt. Encode validates
+// RoundAnnouncement, ClientStatus, ClientUpdate, Receipt, SiteStatistics or
+// EvalReport. Encode validates
 // and serialises a message; the Decode functions treat their input as
 // hostile: they check the size limit first, then the version and the body
 // type by scanning the top-level fields without allocating, then unmarshal,
@@ -20,6 +21,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -105,7 +108,7 @@ var noLimits = Limits{
 }
 
 // Message is one of *RoundAnnouncement, *ClientStatus, *ClientUpdate,
-// *Receipt: what an Envelope can carry.
+// *Receipt, *SiteStatistics, *EvalReport: what an Envelope can carry.
 type Message interface {
 	// Validate reports the first field that is missing, out of range or
 	// non-finite, or a size beyond lim (zero fields take DefaultLimits).
@@ -121,6 +124,10 @@ func (m *RoundAnnouncement) wrap() isEnvelope_Body { return &Envelope_Round{Roun
 func (m *ClientStatus) wrap() isEnvelope_Body      { return &Envelope_Status{Status: m} }
 func (m *ClientUpdate) wrap() isEnvelope_Body      { return &Envelope_Update{Update: m} }
 func (m *Receipt) wrap() isEnvelope_Body           { return &Envelope_Receipt{Receipt: m} }
+func (m *SiteStatistics) wrap() isEnvelope_Body {
+	return &Envelope_Statistics{Statistics: m}
+}
+func (m *EvalReport) wrap() isEnvelope_Body { return &Envelope_Evaluation{Evaluation: m} }
 
 // Envelope field numbers (see edgefl.proto).
 const (
@@ -129,6 +136,10 @@ const (
 	fieldStatus  protowire.Number = 3
 	fieldUpdate  protowire.Number = 4
 	fieldReceipt protowire.Number = 5
+	// fieldStatistics and fieldEvaluation are the last body fields: peek
+	// takes fieldRound..fieldEvaluation as bodies.
+	fieldStatistics protowire.Number = 6
+	fieldEvaluation protowire.Number = 7
 )
 
 func fieldName(n protowire.Number) string {
@@ -141,8 +152,57 @@ func fieldName(n protowire.Number) string {
 		return "ClientUpdate"
 	case fieldReceipt:
 		return "Receipt"
+	case fieldStatistics:
+		return "SiteStatistics"
+	case fieldEvaluation:
+		return "EvalReport"
 	}
 	return "no body"
+}
+
+// Body kinds returned by BodyKind.
+const (
+	BodyRound      = "round"
+	BodyStatus     = "status"
+	BodyUpdate     = "update"
+	BodyReceipt    = "receipt"
+	BodyStatistics = "statistics"
+	BodyEvaluation = "evaluation"
+)
+
+// BodyKind names the envelope body a message is: one of the Body constants
+// (the field's name in edgefl.proto's Envelope), or "" for anything else
+// (including a nil pointer). It tells apart the three messages the update
+// topic carries (ClientUpdate, SiteStatistics, EvalReport), e.g. for a log
+// field or a metric label.
+func BodyKind(msg any) string {
+	switch m := msg.(type) {
+	case *RoundAnnouncement:
+		if m != nil {
+			return BodyRound
+		}
+	case *ClientStatus:
+		if m != nil {
+			return BodyStatus
+		}
+	case *ClientUpdate:
+		if m != nil {
+			return BodyUpdate
+		}
+	case *Receipt:
+		if m != nil {
+			return BodyReceipt
+		}
+	case *SiteStatistics:
+		if m != nil {
+			return BodyStatistics
+		}
+	case *EvalReport:
+		if m != nil {
+			return BodyEvaluation
+		}
+	}
+	return ""
 }
 
 // Encode validates m (structure only: the receiver applies its own Limits)
@@ -188,7 +248,7 @@ func peek(b []byte) (version uint32, body protowire.Number, err error) {
 			}
 			version = uint32(v)
 			n = m
-		case num >= fieldRound && num <= fieldReceipt && typ == protowire.BytesType:
+		case num >= fieldRound && num <= fieldEvaluation && typ == protowire.BytesType:
 			_, m := protowire.ConsumeBytes(b)
 			if m < 0 {
 				return 0, 0, fmt.Errorf("%w: envelope body: %w", ErrMalformed, protowire.ParseError(m))
@@ -207,8 +267,9 @@ func peek(b []byte) (version uint32, body protowire.Number, err error) {
 }
 
 // decode runs the checks shared by every decoder: size, version, body type
-// (want 0 = any), unmarshal. The message is not yet validated.
-func decode(b []byte, lim Limits, want protowire.Number) (Message, error) {
+// (want empty = any, else one of want), unmarshal. The message is not yet
+// validated.
+func decode(b []byte, lim Limits, want ...protowire.Number) (Message, error) {
 	if len(b) > lim.MaxMessageBytes {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(b), lim.MaxMessageBytes)
 	}
@@ -222,8 +283,12 @@ func decode(b []byte, lim Limits, want protowire.Number) (Message, error) {
 	if body == 0 {
 		return nil, fmt.Errorf("%w: envelope has no body", ErrMalformed)
 	}
-	if want != 0 && body != want {
-		return nil, fmt.Errorf("%w: got %s, want %s", ErrWrongType, fieldName(body), fieldName(want))
+	if len(want) > 0 && !slices.Contains(want, body) {
+		names := make([]string, len(want))
+		for i, w := range want {
+			names[i] = fieldName(w)
+		}
+		return nil, fmt.Errorf("%w: got %s, want %s", ErrWrongType, fieldName(body), strings.Join(names, " or "))
 	}
 	var env Envelope
 	d := newDecoder(lim)
@@ -245,7 +310,7 @@ func decode(b []byte, lim Limits, want protowire.Number) (Message, error) {
 // the result, or the typed decoders when the topic fixes the type.
 func Decode(b []byte, lim Limits) (Message, error) {
 	lim = lim.withDefaults()
-	m, err := decode(b, lim, 0)
+	m, err := decode(b, lim)
 	if err != nil {
 		return nil, err
 	}
@@ -290,4 +355,29 @@ func DecodeUpdate(b []byte, lim Limits) (*ClientUpdate, error) {
 // DecodeReceipt decodes and validates a Receipt envelope.
 func DecodeReceipt(b []byte, lim Limits) (*Receipt, error) {
 	return decodeAs[*Receipt](b, lim, fieldReceipt)
+}
+
+// DecodeStatistics decodes and validates a SiteStatistics envelope.
+func DecodeStatistics(b []byte, lim Limits) (*SiteStatistics, error) {
+	return decodeAs[*SiteStatistics](b, lim, fieldStatistics)
+}
+
+// DecodeEvaluation decodes and validates an EvalReport envelope.
+func DecodeEvaluation(b []byte, lim Limits) (*EvalReport, error) {
+	return decodeAs[*EvalReport](b, lim, fieldEvaluation)
+}
+
+// DecodeSiteMessage decodes and validates what a site publishes on its update
+// topic: a *ClientUpdate, *SiteStatistics or *EvalReport envelope (any other
+// body is ErrWrongType). Tell them apart with a type switch or BodyKind.
+func DecodeSiteMessage(b []byte, lim Limits) (Message, error) {
+	lim = lim.withDefaults()
+	m, err := decode(b, lim, fieldUpdate, fieldStatistics, fieldEvaluation)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Validate(lim); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
