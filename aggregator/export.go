@@ -15,6 +15,14 @@ import (
 // ErrNotStored: the bundle asked for cannot be made from the state file.
 var ErrNotStored = errors.New("not stored")
 
+// notStored is a one-line ErrNotStored.
+type notStored struct{ msg string }
+
+func (e *notStored) Error() string        { return e.msg }
+func (e *notStored) Is(target error) bool { return target == ErrNotStored }
+
+func errNotStored(format string, a ...any) error { return &notStored{fmt.Sprintf(format, a...)} }
+
 // ExportBundle makes the model bundle of eval round `round` of a run with a
 // federation schema from its state file: the global model after that many
 // aggregations (the checkpoint of round+1) with the stored evaluation
@@ -25,7 +33,7 @@ var ErrNotStored = errors.New("not stored")
 func ExportBundle(store *storage.AggStore, round int, now time.Time, version string) ([]byte, int, error) {
 	first, err := store.Round(1)
 	if errors.Is(err, storage.ErrNotFound) {
-		return nil, 0, fmt.Errorf("%s holds no round yet: %w", store.Path(), ErrNotStored)
+		return nil, 0, errNotStored("%s holds no round yet", store.Path())
 	}
 	if err != nil {
 		return nil, 0, err
@@ -35,11 +43,11 @@ func ExportBundle(store *storage.AggStore, round int, now time.Time, version str
 		return nil, 0, fmt.Errorf("%s: stored configuration: %w", store.Path(), err)
 	}
 	if sc.SchemaDigest == "" {
-		return nil, 0, fmt.Errorf("%s is a run without a federation schema: it has no bundles (--schema makes them): %w", store.Path(), ErrNotStored)
+		return nil, 0, errNotStored("%s is a run without a federation schema: it has no bundles (--schema makes them)", store.Path())
 	}
 	b, err := store.Fit()
 	if errors.Is(err, storage.ErrNotFound) {
-		return nil, 0, fmt.Errorf("%s is still in the statistics phase: no model yet: %w", store.Path(), ErrNotStored)
+		return nil, 0, errNotStored("%s is still in the statistics phase: no model yet", store.Path())
 	}
 	if err != nil {
 		return nil, 0, err
@@ -68,8 +76,8 @@ func ExportBundle(store *storage.AggStore, round int, now time.Time, version str
 	}
 	x, err := store.Checkpoint(uint64(round) + 1)
 	if errors.Is(err, storage.ErrNotFound) || round < 0 {
-		return nil, 0, fmt.Errorf("round %d is not stored in %s (stored: rounds 0..%d, the model after that many aggregations): %w",
-			round, store.Path(), int(last)-1, ErrNotStored)
+		return nil, 0, errNotStored("round %d is not stored in %s (stored: rounds 0..%d, the model after that many aggregations)",
+			round, store.Path(), int(last)-1)
 	}
 	if err != nil {
 		return nil, 0, err
