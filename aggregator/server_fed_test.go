@@ -3,6 +3,7 @@ package aggregator
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http/httptest"
@@ -324,4 +325,238 @@ func metricsText(t *testing.T, s *Server) string {
 	rec := httptest.NewRecorder()
 	s.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	return rec.Body.String()
+}
+
+// trainRound has every site send an update of round and waits for the
+// aggregation; it returns the new global model.
+func trainRound(t *testing.T, r *running, sites []*fedSite, ann *wire.RoundAnnouncement, base float64) []float64 {
+	t.Helper()
+	dim := int(ann.Global.Dimension)
+	for i, s := range sites {
+		v := make([]float64, dim)
+		for j := range v {
+			v[j] = base + float64(i+j)/4
+		}
+		s.send(t, update(t, s.id, ann.Round, v, 24))
+		wantReceipt(t, s.receipt(t), ann.Round, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	}
+	return r.round(t).Global
+}
+
+// The statistics phase closes at its deadline with a quorum; a restart
+// during it keeps the statistics stored (a copy is a duplicate) and the
+// deadline; an update before round 1 is for a future round. A restart
+// after the fit announces the same transform and initial model.
+func TestFedStatisticsDeadlineAndRestarts(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.fedConfig(t)
+	cfg.QuorumFraction = 2.0 / 3
+	r := f.start(cfg)
+	a, b := f.fedSite(t, "site-a", 1), f.fedSite(t, "site-b", 2)
+	ann := a.nextPhase(t, wire.Phase_PHASE_STATISTICS, 0, false)
+	if ann.DeadlineUnixMs != start0.Add(time.Minute).UnixMilli() {
+		t.Fatalf("deadline %d", ann.DeadlineUnixMs)
+	}
+	a.sendStats(t, ann.RunId)
+	wantSubject(t, a.receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, 0, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	a.send(t, update(t, "site-a", 1, vec(1), 10))
+	wantReceipt(t, a.receipt(t), 1, false, wire.ReceiptCode_RECEIPT_CODE_FUTURE_ROUND)
+
+	r.stop(t)
+	r = f.start(cfg)
+	again := b.nextPhase(t, wire.Phase_PHASE_STATISTICS, 0, false)
+	if again.RunId != ann.RunId || again.DeadlineUnixMs != ann.DeadlineUnixMs {
+		t.Fatalf("statistics announcement after a restart %v", again)
+	}
+	a.sendStats(t, ann.RunId)
+	wantSubject(t, a.receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, 0, true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE)
+	b.sendStats(t, ann.RunId)
+	wantSubject(t, b.receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, 0, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	waitView(t, r.s, "two statistics sites", func(v ServerView) bool { return len(v.StatsSites) == 2 && v.Phase == PhaseStatistics })
+
+	f.clock.Advance(time.Minute) // the deadline, with a quorum of 2
+	a1 := a.nextPhase(t, wire.Phase_PHASE_TRAIN, 1, false)
+	if len(a1.Selected) != 2 || len(a1.Transform) == 0 {
+		t.Fatalf("round 1 %v", a1)
+	}
+	// A third site's statistics come too late.
+	c := f.fedSite(t, "site-c", 3)
+	c.sendStats(t, ann.RunId)
+	wantSubject(t, c.receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, 0, false, wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND)
+
+	r.stop(t)
+	r = f.start(cfg)
+	a1again := b.nextPhase(t, wire.Phase_PHASE_TRAIN, 1, false)
+	if !bytes.Equal(a1again.Transform, a1.Transform) || !bytes.Equal(a1again.Global.Payload, a1.Global.Payload) ||
+		a1again.Global.Dimension != a1.Global.Dimension || !slices.Equal(a1again.Selected, a1.Selected) {
+		t.Fatalf("round 1 after a restart differs:\n%v\n%v", a1again, a1)
+	}
+	st, err := ReadStatus(r.s.store)
+	if err != nil || !slices.Equal(st.StatisticsSites, []string{"site-a", "site-b"}) || st.Model == nil || st.Model.Inputs != 4 {
+		t.Fatalf("status %+v %v", st, err)
+	}
+}
+
+// A kill during the finishing phase: the restarted aggregator announces
+// the end again and keeps waiting for the final reports it lacks; at the
+// deadline it finishes with those it has. Export makes the bundle of any
+// stored round, and refuses a round that is not stored in one line.
+func TestFedFinishingRestartTimeoutAndExport(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.fedConfig(t)
+	cfg.Rounds, cfg.EvalEvery = 1, 0
+	r := f.start(cfg)
+	sites := []*fedSite{f.fedSite(t, "site-a", 1), f.fedSite(t, "site-b", 2), f.fedSite(t, "site-c", 3)}
+	ann := sites[0].nextPhase(t, wire.Phase_PHASE_STATISTICS, 0, false)
+	for _, s := range sites {
+		s.sendStats(t, ann.RunId)
+		s.receipt(t)
+	}
+	a1 := sites[0].nextPhase(t, wire.Phase_PHASE_TRAIN, 1, false)
+	x := trainRound(t, r, sites, a1, 0.25)
+	fin := sites[0].nextPhase(t, wire.Phase_PHASE_FINISHED, 1, false)
+	if fin.DeadlineUnixMs != f.clock.Now().Add(time.Minute).UnixMilli() {
+		t.Fatalf("finishing deadline %d", fin.DeadlineUnixMs)
+	}
+	sites[0].sendEval(t, fin)
+	wantSubject(t, sites[0].receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+
+	r.stop(t)
+	r = f.start(cfg)
+	again := sites[1].nextPhase(t, wire.Phase_PHASE_FINISHED, 1, false)
+	if again.DeadlineUnixMs != fin.DeadlineUnixMs || !again.Evaluate {
+		t.Fatalf("finishing announcement after a restart %v", again)
+	}
+	select {
+	case <-r.s.Finished():
+		t.Fatal("finished before the final reports or the deadline")
+	default:
+	}
+	sites[1].sendEval(t, again)
+	wantSubject(t, sites[1].receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	waitView(t, r.s, "second final report", func(v ServerView) bool { return v.EvalsStored["stored"] == 1 })
+	f.clock.Advance(time.Minute)
+	select {
+	case <-r.s.Finished():
+	case <-time.After(waitLong):
+		t.Fatal("not finished at the deadline")
+	}
+	done := sites[2].nextPhase(t, wire.Phase_PHASE_FINISHED, 1, true)
+	fb, err := bundle.Unmarshal(done.Bundle)
+	if err != nil || fb.Evaluation == nil || len(fb.Evaluation.Sites) != 2 || !slices.Equal(fb.Model.Params, x) {
+		t.Fatalf("final bundle %+v: %v", fb, err)
+	}
+	// A late final report is still stored and receipted.
+	sites[2].sendEval(t, done)
+	wantSubject(t, sites[2].receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+
+	// Export: round 0 (the initial model, no evaluation), round 1 (the
+	// final model with the three reports now stored), the default (the
+	// stored final bundle), a round that is not stored.
+	raw, n, err := ExportBundle(r.s.store, 0, f.clock.Now(), "test")
+	if b0, uerr := bundle.Unmarshal(raw); err != nil || uerr != nil || n != 0 || b0.Evaluation != nil || !slices.Equal(b0.Model.Params, make([]float64, 5)) {
+		t.Fatalf("export of round 0: %v %v", err, uerr)
+	}
+	raw, _, err = ExportBundle(r.s.store, 1, f.clock.Now(), "test")
+	if b1, uerr := bundle.Unmarshal(raw); err != nil || uerr != nil || b1.Evaluation == nil || len(b1.Evaluation.Sites) != 3 || !slices.Equal(b1.Model.Params, x) {
+		t.Fatalf("export of round 1: %v %v", err, uerr)
+	}
+	if raw, _, err = ExportBundle(r.s.store, -1, f.clock.Now(), "test"); err != nil || !bytes.Equal(raw, done.Bundle) {
+		t.Fatalf("default export is not the final bundle: %v", err)
+	}
+	_, _, err = ExportBundle(r.s.store, 7, f.clock.Now(), "test")
+	if !errors.Is(err, ErrNotStored) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "round 7 is not stored") {
+		t.Fatalf("export of round 7: %v", err)
+	}
+	for q, code := range map[string]int{"?round=1": 200, "?round=7": 404, "?round=x": 400, "": 200} {
+		rec := httptest.NewRecorder()
+		r.s.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/bundle"+q, nil))
+		if rec.Code != code {
+			t.Errorf("GET /bundle%s: %d %s", q, rec.Code, rec.Body)
+		}
+	}
+}
+
+// The stopping rules end a run before --rounds: the delta rule on the
+// model's change, the patience rule on the federated evaluation loss.
+func TestFedStoppingRules(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		set    func(*ServerConfig)
+		rounds uint64 // when the run ends
+		reason string
+	}{
+		{"delta", func(c *ServerConfig) { c.StopDelta = 10 }, 2, StopDelta},                         // round 1 starts from zeros: no change measured
+		{"patience", func(c *ServerConfig) { c.StopPatience, c.StopTol = 1, 1e9 }, 3, StopPatience}, // eval 1 is the best, eval 2 does not beat it by 1e9
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			cfg := f.fedConfig(t)
+			cfg.Rounds = 10
+			tc.set(&cfg)
+			r := f.start(cfg)
+			sites := []*fedSite{f.fedSite(t, "site-a", 1), f.fedSite(t, "site-b", 2), f.fedSite(t, "site-c", 3)}
+			ann := sites[0].nextPhase(t, wire.Phase_PHASE_STATISTICS, 0, false)
+			for _, s := range sites {
+				s.sendStats(t, ann.RunId)
+				s.receipt(t)
+			}
+			for round := uint64(1); round <= tc.rounds; round++ {
+				a := sites[0].nextPhase(t, wire.Phase_PHASE_TRAIN, round, false)
+				if a.Evaluate {
+					for _, s := range sites {
+						s.sendEval(t, a)
+						s.receipt(t)
+					}
+				}
+				trainRound(t, r, sites, a, float64(round))
+			}
+			fin := sites[0].nextPhase(t, wire.Phase_PHASE_FINISHED, tc.rounds, false)
+			if fin.EvalRound != uint32(tc.rounds) {
+				t.Fatalf("finishing %v", fin)
+			}
+			v := waitView(t, r.s, "stop reason", func(v ServerView) bool { return v.StopReason != "" })
+			if v.StopReason != tc.reason || v.Phase != PhaseFinishing {
+				t.Fatalf("stopped by %q in %s", v.StopReason, v.Phase)
+			}
+		})
+	}
+}
+
+// A site's error status is shown in status, counted per site and reason
+// when it changes, and cleared by a status without one.
+func TestFedSiteErrors(t *testing.T) {
+	f := newFixture(t)
+	r := f.start(f.config()) // site errors need no schema
+	a := f.agent("site-a", 0)
+	topic, _ := a.topics.Status("site-a")
+	conn := uint64(0)
+	send := func(reason, msg string) {
+		// Numbered as new connections: the ingest workers may hand
+		// statuses to the loop in any order, the newest wins.
+		conn++
+		b, _ := wire.Encode(&wire.ClientStatus{ClientId: "site-a", Online: true, SampleCount: 10, ErrorReason: reason, ErrorMessage: msg, Connection: conn})
+		a.pub(t, topic, true, b)
+	}
+	const m1 = `site-a.csv: line 1: no column "age" (expected by the schema)`
+	send(wire.SiteErrSchema, m1)
+	waitView(t, r.s, "one error", func(v ServerView) bool { return v.SiteErrors["site-a/schema_mismatch"] == 1 })
+	send(wire.SiteErrSchema, m1) // the same error again: not a change
+	send(wire.SiteErrBadValue, "site-a.csv: line 7, column \"age\": expected a number")
+	waitView(t, r.s, "changed error", func(v ServerView) bool { return v.SiteErrors["site-a/bad_value"] == 1 })
+	if v, _ := r.s.Watch(); v.SiteErrors["site-a/schema_mismatch"] != 1 {
+		t.Fatalf("site errors %v", v.SiteErrors)
+	}
+	st, err := ReadStatus(r.s.store)
+	if err != nil || len(st.Clients) != 1 || st.Clients[0].Error == nil || st.Clients[0].Error.Reason != wire.SiteErrBadValue {
+		t.Fatalf("status %+v %v", st, err)
+	}
+	if met := metricsText(t, r.s); !strings.Contains(met, `edgefl_aggregator_site_errors_total{site="site-a",reason="bad_value"} 1`) {
+		t.Fatalf("metrics:\n%s", met)
+	}
+	send("", "") // no error
+	waitView(t, r.s, "the error cleared", func(ServerView) bool {
+		st, err := ReadStatus(r.s.store)
+		return err == nil && st.Clients[0].Error == nil
+	})
 }
