@@ -53,8 +53,8 @@ var (
 	keyServerZ      = []byte("server_z")
 	keyConnection   = []byte("connection")
 	keyRunID        = []byte("run_id")
-	keyFinalMeta    = []byte("final_meta")
-	keyFinalBundle  = []byte("final_bundle")
+	keyEdgeFinalMeta    = []byte("final_meta")
+	keyEdgeFinalBundle  = []byte("final_bundle")
 )
 
 const edgeKind = "edge"
@@ -67,7 +67,7 @@ func edgeInvariants(tx *bolt.Tx) error {
 	if err != nil {
 		return err
 	}
-	if (b.Get(keyFinalMeta) == nil) != (b.Get(keyFinalBundle) == nil) {
+	if (b.Get(keyEdgeFinalMeta) == nil) != (b.Get(keyEdgeFinalBundle) == nil) {
 		return fmt.Errorf("%w: edge/final_meta and edge/final_bundle are not both present or both absent", ErrCorrupt)
 	}
 	return nil
@@ -88,7 +88,7 @@ var edgeSchema = schema{
 	layout: map[string][]string{
 		string(bucketEdge): {string(keyClientID), string(keyCreatedAt), string(keySeenRound), string(keyAppliedRound),
 			string(keyGlobal), string(keyZ), string(keyServerZ), string(keyConnection), string(keyRunID),
-			string(keyFinalMeta), string(keyFinalBundle)},
+			string(keyEdgeFinalMeta), string(keyEdgeFinalBundle)},
 		string(bucketResiduals): nil, string(bucketOutbox): nil,
 	},
 }
@@ -759,10 +759,10 @@ func (s *EdgeStore) SetFinal(f Final) error {
 		return fmt.Errorf("storage: set final: %w", err)
 	}
 	err = s.update(func(b *bolt.Bucket, tx *bolt.Tx) error {
-		if err := sput(b, keyFinalMeta, meta); err != nil {
+		if err := sput(b, keyEdgeFinalMeta, meta); err != nil {
 			return err
 		}
-		if err := sput(b, keyFinalBundle, f.Bundle); err != nil {
+		if err := sput(b, keyEdgeFinalBundle, f.Bundle); err != nil {
 			return err
 		}
 		if err := tx.DeleteBucket(bucketOutbox); err != nil {
@@ -782,11 +782,11 @@ func (s *EdgeStore) SetFinal(f Final) error {
 func (s *EdgeStore) Final() (Final, error) {
 	var f Final
 	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
-		meta, err := eget(b, keyFinalMeta)
+		meta, err := eget(b, keyEdgeFinalMeta)
 		if err != nil {
 			return err
 		}
-		raw, err := eget(b, keyFinalBundle)
+		raw, err := eget(b, keyEdgeFinalBundle)
 		if err != nil {
 			return err
 		}

@@ -530,13 +530,13 @@ func TestEdgeFinalCorrupt(t *testing.T) {
 		damage func(b *bolt.Bucket) error
 	}{
 		{"bundle byte flipped", func(b *bolt.Bucket) error {
-			v := slices.Clone(b.Get(keyFinalBundle))
+			v := slices.Clone(b.Get(keyEdgeFinalBundle))
 			v[3] ^= 0x20
-			return b.Put(keyFinalBundle, v)
+			return b.Put(keyEdgeFinalBundle, v)
 		}},
-		{"meta without bundle", func(b *bolt.Bucket) error { return b.Delete(keyFinalBundle) }},
-		{"bundle without meta", func(b *bolt.Bucket) error { return b.Delete(keyFinalMeta) }},
-		{"meta not JSON", func(b *bolt.Bucket) error { return b.Put(keyFinalMeta, seal(keyFinalMeta, []byte("{"))) }},
+		{"meta without bundle", func(b *bolt.Bucket) error { return b.Delete(keyEdgeFinalBundle) }},
+		{"bundle without meta", func(b *bolt.Bucket) error { return b.Delete(keyEdgeFinalMeta) }},
+		{"meta not JSON", func(b *bolt.Bucket) error { return b.Put(keyEdgeFinalMeta, seal(keyEdgeFinalMeta, []byte("{"))) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -574,7 +574,7 @@ func TestEdgeMigrationToFinalKeys(t *testing.T) {
 	v2.migrations = edgeSchema.migrations[:2]
 	v2.layout = maps.Clone(edgeSchema.layout)
 	v2.layout[string(bucketEdge)] = slices.DeleteFunc(slices.Clone(v2.layout[string(bucketEdge)]), func(k string) bool {
-		return k == string(keyFinalMeta) || k == string(keyFinalBundle)
+		return k == string(keyEdgeFinalMeta) || k == string(keyEdgeFinalBundle)
 	})
 	v2.invariants = nil
 	path := tempPath(t, "edge.db")
