@@ -19,8 +19,13 @@ import (
 // federation's schema (data = csv:PATH, nothing loaded at start).
 func startFedAgent(t *testing.T, url, state, csv string, mod func(*Config)) *runningAgent {
 	t.Helper()
+	return startFedAgentID(t, testSite, url, state, csv, mod)
+}
+
+func startFedAgentID(t *testing.T, id, url, state, csv string, mod func(*Config)) *runningAgent {
+	t.Helper()
 	cfg := DefaultConfig()
-	cfg.SiteID, cfg.Federation, cfg.Brokers, cfg.StateFile = testSite, testFed, []string{url}, state
+	cfg.SiteID, cfg.Federation, cfg.Brokers, cfg.StateFile = id, testFed, []string{url}, state
 	cfg.Data = "csv:" + csv
 	cfg.ReconnectMin, cfg.ReconnectMax = 100*time.Millisecond, time.Second
 	if mod != nil {
