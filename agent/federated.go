@@ -38,7 +38,11 @@ func (h *RoundHandler) diskErr(err error) error {
 	if errors.Is(err, storage.ErrCorrupt) {
 		return err // a damaged state file stops the agent (failIfDamaged)
 	}
-	return sitedata.NewError(sitedata.ReasonDisk, h.Store.Path(), err)
+	file := h.Store.Path()
+	if file == "" {
+		file = "state file" // closed under us: bbolt forgets the path
+	}
+	return sitedata.NewError(sitedata.ReasonDisk, file, err)
 }
 
 // solveErr is a site error "solve_failed", unless the solve was canceled

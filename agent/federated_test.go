@@ -586,3 +586,23 @@ func TestFederatedLegacyRoundWithoutData(t *testing.T) {
 		t.Fatalf("Handle = %v, want a data site error asking for label=", err)
 	}
 }
+
+// A state file that fails under a round is a site error "disk" naming the
+// file, with or without a schema (a damaged file still stops the agent:
+// ErrCorrupt is not turned into a site error).
+func TestRoundDiskErrorIsSiteError(t *testing.T) {
+	h, _ := newHandler(t)
+	if err := h.Store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ann := announce(t, 1, AlgoFedProx, f32(testGlobal(1)))
+	ann.RunId = fedRun
+	_, err := h.Handle(context.Background(), ann)
+	var se *sitedata.SiteError
+	if !errors.As(err, &se) || se.Reason != wire.SiteErrDisk || !strings.Contains(se.Public(), "state file: agent: round 1: storage: start run") {
+		t.Fatalf("Handle on a closed state file = %v, want a disk site error", err)
+	}
+	if got := h.diskErr(fmt.Errorf("x: %w", storage.ErrCorrupt)); !errors.Is(got, storage.ErrCorrupt) || errors.As(got, &se) {
+		t.Fatalf("diskErr(ErrCorrupt) = %v, want it unchanged", got)
+	}
+}
