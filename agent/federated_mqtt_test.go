@@ -331,7 +331,9 @@ func TestAgentFinishedRun(t *testing.T) {
 	if !ok {
 		t.Fatal("agent not connected")
 	}
-	cl.Stop(errors.New("test: connection dropped"))
+	if err := cl.Net.Conn.Close(); err != nil { // a network failure
+		t.Fatal(err)
+	}
 	ra.wait(t, "reconnected", isKind(EventConnected))
 	ra.stop()
 	for len(agg.evals) > 0 { // re-sends that crossed the receipt
