@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/sitedata"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/wire"
 )
@@ -51,6 +53,9 @@ const (
 	EventReceipt                         // a receipt was handled (Round, Accepted)
 	EventBadMessage                      // an inbound message was dropped (Err)
 	EventPublished                       // the broker acknowledged an update (Round)
+	EventUplink                          // a statistics or evaluation message was published (Subject, Round)
+	EventSiteError                       // the site error changed (Err: the new one, nil = cleared)
+	EventFinished                        // the run's end was handled (Round; Err set if the bundle was refused)
 )
 
 // Event is what Deps.Observe sees.
@@ -59,7 +64,9 @@ type Event struct {
 	Round    uint64
 	Action   Action // EventRound
 	Accepted bool   // EventReceipt
-	Err      error  // EventRound, EventBadMessage
+	Err      error  // EventRound, EventBadMessage, EventSiteError
+	// Subject is what an EventReceipt or EventUplink is about.
+	Subject wire.ReceiptSubject
 }
 
 // Stats are the agent's counters since New.
@@ -75,11 +82,14 @@ type Stats struct {
 	ReceiptsAccepted uint64 // receipts of stored or duplicate updates
 	ReceiptsRejected uint64 // receipts rejecting an update (acked and dropped)
 	ReceiptsRetry    uint64 // INTERNAL rejections, kept in the outbox for a re-send
+	StatisticsSent   uint64 // statistics publishes (re-sends included)
+	EvaluationsSent  uint64 // evaluation report publishes (re-sends included)
 }
 
 type counters struct {
 	connects, badMessages, badAnnouncements, roundsSolved, roundErrors, resent,
-	published, publishErrors, receiptsAccepted, receiptsRejected, receiptsRetry atomic.Uint64
+	published, publishErrors, receiptsAccepted, receiptsRejected, receiptsRetry,
+	statisticsSent, evaluationsSent atomic.Uint64
 }
 
 // Agent is the edge daemon: one MQTT session, one state file, one site's data.
@@ -98,6 +108,9 @@ type Agent struct {
 	// conn is the number of the current (or pending) connection attempt:
 	// the last will set for it and the statuses sent on it carry it.
 	conn atomic.Uint64
+	// samples is the sample count the status reports: the data loaded at
+	// start, or the training rows the federation's schema gives.
+	samples atomic.Int64
 
 	mu      sync.Mutex
 	running bool
@@ -116,6 +129,33 @@ type Agent struct {
 	inflight   sync.WaitGroup
 	wake       chan struct{}
 	retries    map[uint64]*retry // INTERNAL receipts: scheduled re-sends by round
+
+	// siteErr is why this site cannot take part (nil: it can), carried by
+	// its statuses.
+	siteErr *sitedata.SiteError
+	// finished: the run finishedRun has ended and its end was handled;
+	// announcements of that run are ignored until another run's arrives.
+	finished    bool
+	finishedRun string
+	// uplinks are the statistics and evaluation reports sent and not yet
+	// receipted (re-sent with a backoff); receipted those receipted, with
+	// their run id.
+	uplinks   map[uplinkKey]*pendingUplink
+	receipted map[uplinkKey]string
+}
+
+// uplinkKey names a statistics (round 0) or evaluation message.
+type uplinkKey struct {
+	subject wire.ReceiptSubject
+	round   uint64
+}
+
+// pendingUplink is a statistics or evaluation message awaiting its receipt.
+type pendingUplink struct {
+	run      string
+	msg      []byte
+	attempts int
+	timer    *time.Timer
 }
 
 // retry is a scheduled re-send of an update the aggregator failed to store.
@@ -141,21 +181,28 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		lg = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	}
 	a.log = lg.With("site", cfg.SiteID)
-	if deps.Data != nil {
+	switch {
+	case deps.Data != nil:
 		a.data = *deps.Data
-	} else {
+	case schemaOnly(cfg):
+		// csv:PATH without label=: read by the federation's schema when a
+		// round announces it, nothing to load now.
+	default:
 		d, err := LoadData(cfg)
 		if err != nil {
 			return nil, err
 		}
 		a.data = d
 	}
-	if a.data.N <= 0 {
-		return nil, configErr("the site has no training samples")
+	if deps.Data != nil || !schemaOnly(cfg) {
+		if a.data.N <= 0 {
+			return nil, configErr("the site has no training samples")
+		}
+		if err := a.data.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: data: %w", ErrConfig, err)
+		}
 	}
-	if err := a.data.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: data: %w", ErrConfig, err)
-	}
+	a.samples.Store(int64(a.data.N))
 	var err error
 	if a.topics, err = wire.ForFederation(cfg.Federation); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
@@ -178,6 +225,7 @@ func (a *Agent) Stats() Stats {
 		RoundsSolved: c.roundsSolved.Load(), RoundErrors: c.roundErrors.Load(), Resent: c.resent.Load(),
 		Published: c.published.Load(), PublishErrors: c.publishErrors.Load(),
 		ReceiptsAccepted: c.receiptsAccepted.Load(), ReceiptsRejected: c.receiptsRejected.Load(), ReceiptsRetry: c.receiptsRetry.Load(),
+		StatisticsSent: c.statisticsSent.Load(), EvaluationsSent: c.evaluationsSent.Load(),
 	}
 }
 
@@ -233,8 +281,19 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.handler = &RoundHandler{
 		ClientID: a.cfg.SiteID, Federation: a.cfg.Federation, Store: store, Data: a.data,
 		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
+		EvalFile: a.cfg.EvalData, ModelOut: a.cfg.ModelOut,
+		Emit: a.sendUplink, Receipted: a.isReceipted,
+	}
+	if a.cfg.DataClient < 0 {
+		a.handler.DataFile, _ = csvPath(a.cfg.Data)
+		if _, l, ok := strings.Cut(a.cfg.Data, ":label="); ok {
+			a.handler.DataLabel = strings.TrimSuffix(l, ":regression")
+		}
 	}
 	a.mu.Unlock()
+	if err := a.restoreFinal(store); err != nil {
+		return stateFileErr(err)
+	}
 
 	if n, err := store.Outbox(); err == nil && len(n) > 0 {
 		a.log.Info("unreceipted updates in the outbox; re-sending on connect", "count", len(n))
@@ -263,6 +322,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		delete(a.retries, r)
 	}
+	a.dropUplinksLocked(func(string) bool { return true })
 	a.mu.Unlock()
 	a.shutdown(client)
 	cancel()
@@ -377,6 +437,14 @@ func (a *Agent) loop(ctx context.Context) {
 		if ann == nil {
 			continue
 		}
+		if ann.RunId != "" {
+			a.mu.Lock()
+			a.dropUplinksLocked(func(run string) bool { return run != ann.RunId })
+			if a.finished && a.finishedRun != ann.RunId {
+				a.finished, a.finishedRun = false, ""
+			}
+			a.mu.Unlock()
+		}
 		a.observe(Event{Kind: EventHandling, Round: ann.Round})
 		res, err := a.handler.Handle(solveCtx, ann)
 		a.mu.Lock()
@@ -399,6 +467,13 @@ func (a *Agent) roundDone(ctx context.Context, ann *wire.RoundAnnouncement, res 
 		lg.Info("round abandoned at shutdown; it restarts from the retained announcement", "err", err)
 	case errors.Is(err, ErrNewRun):
 		lg.Info("round of the previous run abandoned", "err", err)
+	case errors.Is(err, ErrFinished):
+		lg.Info("round abandoned: the aggregator finished the run", "err", err)
+	case errors.As(err, new(*sitedata.SiteError)):
+		a.stats.roundErrors.Add(1)
+		var se *sitedata.SiteError
+		errors.As(err, &se)
+		a.setSiteError(se, ann)
 	case err != nil:
 		a.stats.roundErrors.Add(1)
 		lg.Error("round failed", "err", err)
@@ -413,8 +488,20 @@ func (a *Agent) roundDone(ctx context.Context, ann *wire.RoundAnnouncement, res 
 		a.stats.resent.Add(1)
 		lg.Info("round already applied; re-sending its unreceipted update")
 		a.publishUpdate(ann.Round, res.Msg)
+	case res.Action == ActionStatistics:
+		lg.Info("statistics phase: this site's statistics sent", "run_id", ann.RunId, "training_rows", res.SampleCount)
+	case res.Action == ActionFinishing:
+		lg.Info("the aggregator finished the run; waiting for the final model", "run_id", ann.RunId, "final_evaluation", len(res.Out) > 0)
+	case res.Action == ActionFinished:
+		a.runFinished(ann, res)
 	default:
 		lg.Debug("round announcement", "action", res.Action.String())
+	}
+	if err == nil && res.Healthy {
+		a.clearSiteError()
+	}
+	if n := int64(res.SampleCount); n > 0 && a.samples.Swap(n) != n {
+		a.publishStatus()
 	}
 	a.observe(Event{Kind: EventRound, Round: ann.Round, Action: res.Action, Err: err})
 }
@@ -457,10 +544,15 @@ func (a *Agent) await(ctx context.Context, tok mqtt.Token) error {
 // (written before the connection exists) carries no timestamp.
 func (a *Agent) statusMsg(online bool, will bool, conn uint64) ([]byte, error) {
 	s := &wire.ClientStatus{
-		ClientId: a.cfg.SiteID, Online: online, SampleCount: uint64(a.data.N),
+		ClientId: a.cfg.SiteID, Online: online, SampleCount: uint64(max(a.samples.Load(), 0)),
 		Capabilities: a.cfg.Local.capabilities(), SoftwareVersion: a.cfg.SoftwareVersion,
 		Connection: conn,
 	}
+	a.mu.Lock()
+	if se := a.siteErr; se != nil {
+		s.ErrorReason, s.ErrorMessage = se.Reason, se.Public()
+	}
+	a.mu.Unlock()
 	if !will {
 		s.TimestampUnixMs = max(a.clock.Now().UnixMilli(), 0)
 	}
@@ -604,6 +696,7 @@ func (a *Agent) onConnect(c mqtt.Client) {
 		}
 	}
 	a.resendOutbox()
+	a.resendUplinks()
 	a.log.Info("connected")
 	a.observe(Event{Kind: EventConnected})
 }
@@ -614,6 +707,12 @@ func (a *Agent) resendOutbox() {
 		a.log.Error("read outbox", "err", err)
 		a.failIfDamaged(err)
 		return
+	}
+	a.mu.Lock()
+	finished := a.finished
+	a.mu.Unlock()
+	if finished {
+		return // the run is over: nothing more is sent (SetFinal emptied the outbox)
 	}
 	for _, e := range out {
 		a.stats.resent.Add(1)
@@ -661,6 +760,14 @@ func (a *Agent) onMessage(_ mqtt.Client, m mqtt.Message) {
 // waits) and preempts a solve of an older round.
 func (a *Agent) offerRound(ann *wire.RoundAnnouncement) {
 	a.mu.Lock()
+	if a.finished && ann.RunId == a.finishedRun && ann.Federation == a.cfg.Federation {
+		// The run is over and its end handled: stay quiet until another
+		// run is announced.
+		a.mu.Unlock()
+		a.log.Debug("announcement of the finished run ignored", "run_id", ann.RunId, "round", ann.Round, "phase", ann.GetPhase().String())
+		a.observe(Event{Kind: EventRound, Round: ann.Round, Action: ActionIgnored})
+		return
+	}
 	// An announcement of another aggregator run supersedes whatever waits
 	// or runs, whatever its round number (the new run counts from 1).
 	newRun := ann.RunId != "" && ann.RunId != a.solvingRun
@@ -672,6 +779,9 @@ func (a *Agent) offerRound(ann *wire.RoundAnnouncement) {
 	case newRun:
 		a.log.Info("the aggregator started a new run; abandoning the local solve", "solving", a.solving, "run_id", ann.RunId)
 		a.preempt(ErrNewRun)
+	case ann.GetPhase() == wire.Phase_PHASE_FINISHED:
+		a.log.Info("the aggregator finished the run; abandoning the local solve", "solving", a.solving, "rounds", ann.Round)
+		a.preempt(ErrFinished)
 	case ann.Round > a.solving:
 		a.log.Info("newer round announced; stopping the local solve early", "solving", a.solving, "announced", ann.Round)
 		a.preempt(ErrPreempted)
@@ -684,6 +794,10 @@ func (a *Agent) offerRound(ann *wire.RoundAnnouncement) {
 }
 
 func (a *Agent) onReceipt(r *wire.Receipt) {
+	if r.GetSubject() != wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE {
+		a.onUplinkReceipt(r)
+		return
+	}
 	lg := a.log.With("round", r.Round, "code", r.Code.String())
 	switch {
 	case r.Accepted:

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -33,6 +34,9 @@ const (
 	defaultQuiesceMillis    = 250
 	defaultLogLevel         = "info"
 	defaultDataClientUnused = -1
+	// DefaultModelOutName is the final bundle's file name in the state
+	// file's directory when ModelOut is not set.
+	DefaultModelOutName = "final.bundle.json"
 )
 
 // Config is everything an edge agent is told. The zero value is not valid:
@@ -57,10 +61,22 @@ type Config struct {
 	Username, Password string
 
 	// Data is the local data source, a dataset source spec:
-	//   csv:PATH:label=COLUMN[:regression] | idx:DIR | leaf:PATH |
+	//   csv:PATH | csv:PATH:label=COLUMN[:regression] | idx:DIR | leaf:PATH |
 	//   synthetic:ALPHA,BETA | synthetic-iid
-	// Ignored when Deps.Data is given.
+	// A federation with a schema (announced by the aggregator) reads a csv
+	// source by the schema: by header name, the label column the schema's
+	// (label= is then ignored). csv:PATH without label= serves only such
+	// federations. Without a schema the source is loaded at start as
+	// configured (ignored when Deps.Data is given).
 	Data string
+	// EvalData is an optional separate CSV of held-out rows (read by the
+	// federation's schema): then every row of Data is a training row.
+	// Without it the schema's hold-out rule splits Data. Unused without a
+	// schema.
+	EvalData string
+	// ModelOut is where the final model bundle of a finished run is
+	// written (atomically); "" = final.bundle.json next to StateFile.
+	ModelOut string
 	// DataClient picks one client of the federation the source is
 	// partitioned into (0-based), for demos where several agents share one
 	// data set; -1 means the whole source is this site's data (the normal
@@ -165,6 +181,9 @@ func (c Config) withDefaults() Config {
 	if c.LogLevel == "" {
 		c.LogLevel = defaultLogLevel
 	}
+	if c.ModelOut == "" && c.StateFile != "" {
+		c.ModelOut = filepath.Join(filepath.Dir(c.StateFile), DefaultModelOutName)
+	}
 	c.Local = c.Local.withDefaults()
 	return c
 }
@@ -230,6 +249,14 @@ func (c Config) Validate() error {
 	}
 	if c.StateFile == "" {
 		return configErr("no state file")
+	}
+	if c.EvalData != "" {
+		if _, ok := csvPath(c.Data); !ok || c.DataClient >= 0 {
+			return configErr("eval_data %s: held-out rows of a csv source read by the federation's schema; data %q is not csv:PATH", c.EvalData, c.Data)
+		}
+	}
+	if c.ModelOut != "" && filepath.Clean(c.ModelOut) == filepath.Clean(c.StateFile) {
+		return configErr("model_out %s is the state file", c.ModelOut)
 	}
 	if c.DataClient < -1 {
 		return configErr("data client %d: expected >= 0, or -1 for the whole source", c.DataClient)
@@ -311,4 +338,25 @@ func (l Local) capabilities() []string {
 		return []string{l.Solver}
 	}
 	return []string{proxsolver.LBFGS, proxsolver.SGD}
+}
+
+// csvPath is the file of a csv source (csv:PATH[:label=COLUMN][:regression]),
+// which a federation schema reads by header name.
+func csvPath(data string) (string, bool) {
+	rest, ok := strings.CutPrefix(strings.TrimSpace(data), "csv:")
+	if !ok {
+		return "", false
+	}
+	rest = strings.TrimSuffix(rest, ":regression")
+	if i := strings.LastIndex(rest, ":label="); i >= 0 {
+		rest = rest[:i]
+	}
+	return rest, rest != ""
+}
+
+// schemaOnly reports a csv source without label=: it can only be read by a
+// federation schema, so nothing is loaded at start.
+func schemaOnly(c Config) bool {
+	_, ok := csvPath(c.Data)
+	return ok && c.DataClient < 0 && !strings.Contains(c.Data, ":label=")
 }

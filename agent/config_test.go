@@ -54,6 +54,13 @@ func TestConfigValidate(t *testing.T) {
 		{"Inf lr", func(c *Config) { c.Local.LR = math.Inf(1) }, "learning rate"},
 		{"negative batch", func(c *Config) { c.Local.Batch = -1 }, "batch"},
 		{"unknown solver", func(c *Config) { c.Local.Solver = "adam" }, "solver"},
+		{"schema csv with eval data", func(c *Config) {
+			c.Data, c.EvalData, c.ModelOut = "csv:/srv/site.csv", "/srv/heldout.csv", "/srv/model.json"
+		}, ""},
+		{"eval data of a labelled csv", func(c *Config) { c.Data, c.EvalData = "csv:/srv/site.csv:label=dx", "/srv/heldout.csv" }, ""},
+		{"eval data without a csv source", func(c *Config) { c.Data, c.EvalData = "idx:/srv/mnist", "/srv/heldout.csv" }, "eval_data"},
+		{"eval data of a demo partition", func(c *Config) { c.Data, c.DataClient, c.EvalData = "csv:/srv/a.csv:label=y", 1, "/srv/heldout.csv" }, "eval_data"},
+		{"model out is the state file", func(c *Config) { c.ModelOut = "./state.db" }, "model_out"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -166,5 +173,55 @@ func TestNewRefusesUnusableData(t *testing.T) {
 	good := testData(1, 10)
 	if _, err := New(c, Deps{Data: &good}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestConfigModelOutDefault(t *testing.T) {
+	for _, tt := range []struct{ state, out, want string }{
+		{"/var/lib/edgefl/edge-agent.db", "", "/var/lib/edgefl/final.bundle.json"},
+		{"edge.db", "", "final.bundle.json"},
+		{"/var/lib/edgefl/edge-agent.db", "/srv/model.json", "/srv/model.json"},
+	} {
+		c := validConfig()
+		c.StateFile, c.ModelOut = tt.state, tt.out
+		if got := c.withDefaults().ModelOut; got != tt.want {
+			t.Errorf("state %q, model_out %q: %q, want %q", tt.state, tt.out, got, tt.want)
+		}
+	}
+}
+
+func TestCSVPath(t *testing.T) {
+	for _, tt := range []struct {
+		data, path     string
+		ok, schemaOnly bool
+	}{
+		{"csv:/srv/a.csv", "/srv/a.csv", true, true},
+		{"csv:/srv/a.csv:label=dx", "/srv/a.csv", true, false},
+		{"csv:/srv/a.csv:label=y:regression", "/srv/a.csv", true, false},
+		{"csv:C:/data/a.csv", "C:/data/a.csv", true, true},
+		{"csv:", "", false, false},
+		{"idx:/srv/mnist", "", false, false},
+		{"synthetic:1,1", "", false, false},
+	} {
+		path, ok := csvPath(tt.data)
+		c := validConfig()
+		c.Data = tt.data
+		if path != tt.path || ok != tt.ok || schemaOnly(c) != tt.schemaOnly {
+			t.Errorf("%q: csvPath = %q, %v; schemaOnly %v; want %q, %v, %v", tt.data, path, ok, schemaOnly(c), tt.path, tt.ok, tt.schemaOnly)
+		}
+	}
+}
+
+// A csv source without label= loads nothing at start (the federation's
+// schema reads it when announced); New succeeds and reports 0 samples.
+func TestNewSchemaOnlyData(t *testing.T) {
+	c := validConfig()
+	c.Data = "csv:" + filepath.Join(t.TempDir(), "not-read-yet.csv")
+	a, err := New(c, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Data().N != 0 || a.cfg.ModelOut != "final.bundle.json" {
+		t.Fatalf("data %d samples, model_out %q", a.Data().N, a.cfg.ModelOut)
 	}
 }

@@ -102,6 +102,52 @@
 // cleanly (the will is not sent on a clean disconnect), waits for its
 // handlers and closes the state file.
 //
+// # A federation with a schema (issue 11)
+//
+// When announcements carry a federation schema, the site's data is the
+// CSV of Config.Data (csv:PATH; label= is then ignored) read by it with
+// package sitedata, the same code the aggregator and simulate run:
+//
+//   - PHASE_STATISTICS (round 0, before round 1): sitedata.Load splits the
+//     rows by the schema's hold-out rule (or, with Config.EvalData, every
+//     row of Data trains and EvalData's rows are held out), and the
+//     SiteStatistics of the training rows (prep.Stats JSON, the schema's
+//     digest, the run id) go out on the site's update topic;
+//   - PHASE_TRAIN with a transform: the training data are the site's
+//     Data(transform), cached per run, schema and transform; the round is
+//     solved exactly as without a schema. With evaluate, every site
+//     (selected or not) first sends an EvalReport of the announced global
+//     model on its held-out rows (sitedata.Evaluate), named by eval_round;
+//   - PHASE_FINISHED: the final EvalReport when asked and the bundle is not
+//     there yet; with the bundle, bundle.Unmarshal verifies its digest, its
+//     schema must be the federation's and its run the announcement's, and
+//     it is stored in the state file (storage.EdgeStore.SetFinal, which also
+//     empties the outbox) and written atomically to Config.ModelOut. The
+//     agent logs "federation finished; final model written" once, solves and
+//     sends nothing more (a solve in progress is abandoned, ErrFinished) and
+//     ignores the finished run's announcements, also after a restart (which
+//     rewrites ModelOut from the state file if the file is missing or
+//     different), until another run id is announced. Without a schema the
+//     end of a run is logged and the site stays quiet the same way.
+//
+// Statistics and evaluation reports are kept in memory until the
+// aggregator's receipt of that subject (Receipt.subject STATISTICS or
+// EVALUATION) and round: re-sent after a backoff doubling from
+// ReconnectMin to ReconnectMax, and on every reconnection; the retained
+// announcement makes them again after a restart (the aggregator answers a
+// repeat DUPLICATE).
+//
+// A site that cannot take part (sitedata.SiteError: a missing column, a bad
+// cell, an unknown label, too few rows, a transform, schema or bundle
+// refused, a failed solve, a disk error; the last two also without a
+// schema) logs the full error once at ERROR (it may show the offending
+// cell) and publishes its retained status with error_reason and
+// error_message = SiteError.Public(), which names file, line, column and
+// what was expected but no data value. The next announcement the site
+// serves with its data (statistics, an evaluation, a solved round, the
+// final bundle) clears it with a new status. With a schema the status's
+// sample_count is the training rows.
+//
 // # Data
 //
 // Config.Data is a dataset source spec. With DataClient = -1 the whole source

@@ -72,11 +72,13 @@ func await(t *testing.T, tok mqtt.Token) {
 // fakeAgg is test code standing in for the aggregator: it announces rounds,
 // collects updates and status messages, and sends receipts.
 type fakeAgg struct {
-	t       *testing.T
-	c       mqtt.Client
-	topics  wire.Topics
-	updates chan []byte
-	status  chan *wire.ClientStatus
+	t          *testing.T
+	c          mqtt.Client
+	topics     wire.Topics
+	updates    chan []byte
+	status     chan *wire.ClientStatus
+	statistics chan *wire.SiteStatistics
+	evals      chan *wire.EvalReport
 }
 
 func newFakeAgg(t *testing.T, url string) *fakeAgg {
@@ -85,7 +87,8 @@ func newFakeAgg(t *testing.T, url string) *fakeAgg {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeAgg{t: t, topics: topics, updates: make(chan []byte, 100), status: make(chan *wire.ClientStatus, 100)}
+	f := &fakeAgg{t: t, topics: topics, updates: make(chan []byte, 100), status: make(chan *wire.ClientStatus, 100),
+		statistics: make(chan *wire.SiteStatistics, 100), evals: make(chan *wire.EvalReport, 100)}
 	opts := mqtt.NewClientOptions().AddBroker(url).SetClientID("aggregator").SetCleanSession(true).
 		SetOrderMatters(true).SetConnectRetry(true).SetConnectRetryInterval(50 * time.Millisecond).
 		SetDefaultPublishHandler(func(_ mqtt.Client, m mqtt.Message) {
@@ -94,7 +97,14 @@ func newFakeAgg(t *testing.T, url string) *fakeAgg {
 			case err != nil:
 				t.Errorf("aggregator got a bad message on %s: %v", m.Topic(), err)
 			case kind == wire.KindUpdate:
-				f.updates <- slices.Clone(m.Payload())
+				switch msg := msg.(type) {
+				case *wire.SiteStatistics:
+					f.statistics <- msg
+				case *wire.EvalReport:
+					f.evals <- msg
+				default:
+					f.updates <- slices.Clone(m.Payload())
+				}
 			case kind == wire.KindStatus:
 				f.status <- msg.(*wire.ClientStatus)
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/sitedata"
 	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/wire"
@@ -65,6 +66,19 @@ const (
 	ActionDone
 	// ActionStale: an announcement older than one already seen.
 	ActionStale
+	// ActionStatistics: a statistics phase; the site's statistics are in
+	// Result.Out.
+	ActionStatistics
+	// ActionFinishing: the run has ended but its final bundle is not
+	// announced yet (a final evaluation, if asked, is in Result.Out).
+	ActionFinishing
+	// ActionFinished: the run has ended; with a schema its final bundle is
+	// now stored and written to ModelOut (Result.Final). Nothing more is
+	// solved or sent for this run.
+	ActionFinished
+	// ActionIgnored: an announcement of a run whose end this site has
+	// handled (the Agent drops it without calling Handle).
+	ActionIgnored
 )
 
 func (a Action) String() string {
@@ -79,6 +93,14 @@ func (a Action) String() string {
 		return "done"
 	case ActionStale:
 		return "stale"
+	case ActionStatistics:
+		return "statistics"
+	case ActionFinishing:
+		return "finishing"
+	case ActionFinished:
+		return "finished"
+	case ActionIgnored:
+		return "ignored"
 	}
 	return fmt.Sprintf("Action(%d)", int(a))
 }
@@ -99,6 +121,19 @@ type Result struct {
 	Sent []float64
 	// Report is the local solve's report (ActionSolved only).
 	Report proxsolver.Report
+
+	// Out are the statistics and evaluation reports the announcement
+	// produced, already handed to RoundHandler.Emit when it is set.
+	Out []Outgoing
+	// SampleCount is the number of training rows the federation's schema
+	// gives this site (0: no schema, or the data could not be read).
+	SampleCount int
+	// Healthy: the site's data, solve and disk served this announcement
+	// (statistics computed, an evaluation made, a round solved, the final
+	// bundle stored): a site error reported earlier is over.
+	Healthy bool
+	// Final is the final bundle stored (ActionFinished with a schema).
+	Final *storage.Final
 }
 
 // RoundHandler runs the edge side of a round over an EdgeStore, without any
@@ -112,12 +147,32 @@ type RoundHandler struct {
 	ClientID   string
 	Federation string
 	Store      *storage.EdgeStore
-	Data       model.Data
-	Clock      clock.Clock // nil = the wall clock
-	Local      Local
-	Limits     wire.Limits
-	Seed       uint64
-	Log        *slog.Logger // nil = slog.Default()
+	// Data is the training data of a federation without a schema (loaded
+	// at start; N = 0 when the site's data can only be read by a schema).
+	Data   model.Data
+	Clock  clock.Clock // nil = the wall clock
+	Local  Local
+	Limits wire.Limits
+	Seed   uint64
+	Log    *slog.Logger // nil = slog.Default()
+
+	// DataFile is the CSV a federation schema reads (Config.Data's path;
+	// "" = this site has none), EvalFile the optional separate held-out
+	// CSV (Config.EvalData), DataLabel the label= of Config.Data (only
+	// compared with the schema's, for a warning).
+	DataFile, EvalFile, DataLabel string
+	// ModelOut is where the final bundle is written (Config.ModelOut).
+	ModelOut string
+	// Emit, when set, is called with every statistics and evaluation
+	// message as soon as it is encoded (an evaluation before the round's
+	// solve starts); they are in Result.Out either way.
+	Emit func(Outgoing)
+	// Receipted, when set, reports whether the aggregator has receipted
+	// this site's statistics or evaluation report of (run, round):
+	// Handle then neither computes nor emits it again.
+	Receipted func(subject wire.ReceiptSubject, runID string, round uint64) bool
+
+	site siteCache
 }
 
 func (h *RoundHandler) log() *slog.Logger {
@@ -169,35 +224,60 @@ func (h *RoundHandler) Handle(ctx context.Context, ann *wire.RoundAnnouncement) 
 	if ann.Federation != h.Federation {
 		return res, bad(r, "federation %q, this site belongs to %q", ann.Federation, h.Federation)
 	}
-	if ann.RunId != "" {
-		rs, err := h.Store.StartRun(ann.RunId)
-		if err != nil {
-			return res, fmt.Errorf("agent: round %d: %w", r, err)
-		}
-		if rs.Reset {
-			// Only the aggregator may publish on the round topic (the
-			// broker's ACL), so a new run id is its word: its round log is
-			// new and its rounds start over.
-			h.log().Warn("the aggregator started a new run: this site's round state starts over",
-				"run_id", ann.RunId, "previous_run_id", rs.Previous, "round", r, "unreceipted_updates_dropped", rs.Dropped)
-		}
+	if err := h.startRun(ann); err != nil {
+		return res, err
 	}
+	if ann.GetPhase() != wire.Phase_PHASE_TRAIN || len(ann.GetSchema()) > 0 {
+		return h.handleFederated(ctx, ann, res)
+	}
+	if h.Data.N == 0 {
+		// data = csv:PATH without label=: nothing was loaded at start.
+		return res, &sitedata.SiteError{Reason: sitedata.ReasonData, File: h.DataFile,
+			Problem: "this federation announces no schema", Expected: "data = csv:PATH:label=COLUMN (a csv source without label= is read by a federation schema only)"}
+	}
+	return h.train(ctx, ann, h.Data, res)
+}
+
+// startRun makes the announcement's run the one the round state belongs
+// to (storage.EdgeStore.StartRun).
+func (h *RoundHandler) startRun(ann *wire.RoundAnnouncement) error {
+	if ann.RunId == "" {
+		return nil
+	}
+	rs, err := h.Store.StartRun(ann.RunId)
+	if err != nil {
+		return h.diskErr(fmt.Errorf("agent: round %d: %w", ann.Round, err))
+	}
+	if rs.Reset {
+		// Only the aggregator may publish on the round topic (the
+		// broker's ACL), so a new run id is its word: its round log is
+		// new and its rounds start over.
+		h.log().Warn("the aggregator started a new run: this site's round state starts over",
+			"run_id", ann.RunId, "previous_run_id", rs.Previous, "round", ann.Round, "unreceipted_updates_dropped", rs.Dropped)
+	}
+	return nil
+}
+
+// train is a training round over d (the site's training data): not
+// selected, already applied, or solved and committed (see Handle).
+func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d model.Data, res Result) (Result, error) {
+	r := ann.Round
 	if !Selected(ann, h.ClientID) {
 		if err := h.Store.SetSeenRound(r); err != nil && !errors.Is(err, storage.ErrStale) {
-			return res, fmt.Errorf("agent: round %d: %w", r, err)
+			return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
 		}
 		res.Action = ActionNotSelected
 		return res, nil
 	}
 	applied, err := h.Store.AppliedRound()
 	if err != nil {
-		return res, fmt.Errorf("agent: round %d: %w", r, err)
+		return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
 	}
 	if r <= applied {
 		return h.resend(res)
 	}
 
-	p, err := h.prepare(ann)
+	p, err := h.prepare(ann, d)
 	if err != nil {
 		return res, err
 	}
@@ -206,7 +286,7 @@ func (h *RoundHandler) Handle(ctx context.Context, ann *wire.RoundAnnouncement) 
 			res.Action = ActionStale
 			return res, nil
 		}
-		return res, fmt.Errorf("agent: round %d: %w", r, err)
+		return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
 	}
 
 	sent, rep, stop, err := h.solve(ctx, p)
@@ -227,7 +307,7 @@ func (h *RoundHandler) Handle(ctx context.Context, ann *wire.RoundAnnouncement) 
 		Kind:         up.kind,
 		BaseRound:    up.base,
 		Vector:       &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(sent)), Payload: up.frame},
-		SampleCount:  uint64(h.Data.N),
+		SampleCount:  uint64(d.N),
 		Report:       workReport(rep, stop, p.cfg.Gamma),
 		SentAtUnixMs: h.clock().Now().UnixMilli(),
 		Seq:          r,
@@ -250,9 +330,10 @@ func (h *RoundHandler) Handle(ctx context.Context, ann *wire.RoundAnnouncement) 
 		if errors.Is(err, storage.ErrAlreadyApplied) {
 			return h.resend(res)
 		}
-		return res, fmt.Errorf("agent: round %d: %w", r, err)
+		return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
 	}
 	res.Action, res.Msg, res.Update, res.Sent, res.Report = ActionSolved, msg, u, up.applied, rep
+	res.Healthy = true
 	return res, nil
 }
 
@@ -373,6 +454,7 @@ func (h *RoundHandler) resend(res Result) (Result, error) {
 // prepared is a checked announcement, ready to solve.
 type prepared struct {
 	round  uint64
+	data   model.Data // the site's training data
 	algo   string
 	split  bool
 	sp     split.Params
@@ -387,9 +469,9 @@ type prepared struct {
 
 // prepare checks everything about ann that can be checked before writing:
 // nothing it rejects leaves a trace.
-func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement) (*prepared, error) {
+func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement, d model.Data) (*prepared, error) {
 	r := ann.Round
-	p := &prepared{round: r, algo: ann.Algorithm}
+	p := &prepared{round: r, algo: ann.Algorithm, data: d}
 	p.split = ann.Algorithm == AlgoFedSplit || ann.Algorithm == AlgoFedProxSplit
 
 	spec, err := modelSpec(ann.Model)
@@ -399,7 +481,7 @@ func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement) (*prepared, error) {
 	if p.m, err = model.New(spec); err != nil {
 		return nil, bad(r, "%v", err)
 	}
-	if err := model.CheckTargets(spec, h.Data); err != nil {
+	if err := model.CheckTargets(spec, d); err != nil {
 		return nil, bad(r, "this site's data do not fit the announced model: %v", err)
 	}
 	dim := p.m.NumParams()
@@ -426,7 +508,7 @@ func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement) (*prepared, error) {
 		return nil, bad(r, "global model decodes to %d values, want %d", len(p.x), dim)
 	}
 
-	if p.cfg, err = h.solverConfig(ann, p.split); err != nil {
+	if p.cfg, err = h.solverConfig(ann, p.split, d.N); err != nil {
 		return nil, bad(r, "%v", err)
 	}
 	if p.split {
@@ -442,8 +524,8 @@ func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement) (*prepared, error) {
 		// the minimiser of the sample-weighted pooled objective as its
 		// fixed point. Without the figures, every site weighs the same.
 		p.stepJ = p.sp.Step
-		if m, n := ann.Params.GetClients(), ann.Params.GetTotalSamples(); m > 0 && n > 0 && h.Data.N > 0 {
-			p.stepJ = split.ClientStepSize(p.sp.Step, int(m), float64(h.Data.N)/float64(n))
+		if m, n := ann.Params.GetClients(), ann.Params.GetTotalSamples(); m > 0 && n > 0 && d.N > 0 {
+			p.stepJ = split.ClientStepSize(p.sp.Step, int(m), float64(d.N)/float64(n))
 		}
 		p.cfg.Mu = 1 / p.stepJ
 		if math.IsInf(p.cfg.Mu, 0) || !(p.stepJ > 0) {
@@ -493,7 +575,7 @@ func modelSpec(s *wire.ModelSpec) (model.Spec, error) {
 
 // solverConfig combines the announced solver parameters with the device's
 // overrides and the defaults.
-func (h *RoundHandler) solverConfig(ann *wire.RoundAnnouncement, isSplit bool) (proxsolver.Config, error) {
+func (h *RoundHandler) solverConfig(ann *wire.RoundAnnouncement, isSplit bool, samples int) (proxsolver.Config, error) {
 	prm := ann.Params
 	cfg := proxsolver.Config{
 		Solver: prm.GetSolver(), Mu: prm.GetMu(), Gamma: prm.GetGamma(),
@@ -525,7 +607,7 @@ func (h *RoundHandler) solverConfig(ann *wire.RoundAnnouncement, isSplit bool) (
 			cfg.LR = DefaultSGDLearningRate
 		}
 		if cfg.Batch == 0 { // the wire's 0 means full batch
-			cfg.Batch = max(h.Data.N, 1)
+			cfg.Batch = max(samples, 1)
 		}
 	}
 	return cfg, nil
@@ -586,24 +668,24 @@ func (h *RoundHandler) solve(ctx context.Context, p *prepared) ([]float64, proxs
 	rng := h.rng(p.round, streamSolve)
 	lg := h.log().With("round", p.round, "algorithm", p.algo, "solver", p.cfg.Solver)
 	if !p.split {
-		w, rep, err := proxsolver.Solve(ctx, p.m, h.Data, p.x, nil, p.cfg, p.budget, rng)
+		w, rep, err := proxsolver.Solve(ctx, p.m, p.data, p.x, nil, p.cfg, p.budget, rng)
 		if err != nil {
 			if errors.Is(err, proxsolver.ErrDiverged) {
 				// The solver returns the anchor: sent with stop reason ERROR.
 				lg.Error("local solve diverged; sending the global model back", "err", err)
 				return slices.Clone(p.x), rep, wire.StopReason_STOP_REASON_ERROR, nil
 			}
-			return nil, rep, 0, fmt.Errorf("agent: round %d: local solve: %w", p.round, err)
+			return nil, rep, 0, solveErr(ctx, fmt.Errorf("agent: round %d: local solve: %w", p.round, err))
 		}
 		return w, rep, stopReason(rep.Stop), nil
 	}
 
 	if _, err := h.Store.InitZ(p.round, p.x); err != nil {
-		return nil, proxsolver.Report{}, 0, fmt.Errorf("agent: round %d: %w", p.round, err)
+		return nil, proxsolver.Report{}, 0, h.diskErr(fmt.Errorf("agent: round %d: %w", p.round, err))
 	}
 	_, z, err := h.Store.Z()
 	if err != nil {
-		return nil, proxsolver.Report{}, 0, fmt.Errorf("agent: round %d: %w", p.round, err)
+		return nil, proxsolver.Report{}, 0, h.diskErr(fmt.Errorf("agent: round %d: %w", p.round, err))
 	}
 	if len(z) != len(p.x) {
 		return nil, proxsolver.Report{}, 0, fmt.Errorf("agent: round %d: the stored FedSplit z has dimension %d but the model has %d: the federation changed its model; this site's state file %s belongs to the old one",
@@ -616,7 +698,7 @@ func (h *RoundHandler) solve(ctx context.Context, p *prepared) ([]float64, proxs
 	// The announced step is used as this client's prox step s_j: the agent
 	// knows neither m nor p_j (see the package documentation).
 	zNew, _, err := split.ClientStep(p.x, z, p.stepJ, p.sp, func(v []float64, _ float64) ([]float64, error) {
-		w, r, err := proxsolver.Solve(ctx, p.m, h.Data, v, p.x, p.cfg, p.budget, rng)
+		w, r, err := proxsolver.Solve(ctx, p.m, p.data, v, p.x, p.cfg, p.budget, rng)
 		rep = r
 		if errors.Is(err, proxsolver.ErrDiverged) {
 			diverged = err
@@ -625,7 +707,7 @@ func (h *RoundHandler) solve(ctx context.Context, p *prepared) ([]float64, proxs
 		return w, err
 	})
 	if err != nil {
-		return nil, rep, 0, fmt.Errorf("agent: round %d: FedSplit client step: %w", p.round, err)
+		return nil, rep, 0, solveErr(ctx, fmt.Errorf("agent: round %d: FedSplit client step: %w", p.round, err))
 	}
 	// The prox's anchor is v = 2x - z: report the loss (and the gradient,
 	// when asked) at the received global model x instead, as the wire
@@ -634,7 +716,7 @@ func (h *RoundHandler) solve(ctx context.Context, p *prepared) ([]float64, proxs
 	if p.sketch {
 		g = make([]float64, len(p.x))
 	}
-	rep.AnchorLoss, rep.AnchorGrad = p.m.LossGrad(p.x, h.Data, g), g
+	rep.AnchorLoss, rep.AnchorGrad = p.m.LossGrad(p.x, p.data, g), g
 	if diverged != nil {
 		// No step is taken: z_j is sent (and kept) unchanged.
 		lg.Error("prox solve diverged; sending z unchanged", "err", diverged)

@@ -400,7 +400,7 @@ func TestHandleSolverConfig(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			h := &RoundHandler{Local: c.local, Data: testData(1, 90)}
-			got, err := h.solverConfig(&wire.RoundAnnouncement{Algorithm: c.algo, Params: c.p}, c.algo == AlgoFedSplit)
+			got, err := h.solverConfig(&wire.RoundAnnouncement{Algorithm: c.algo, Params: c.p}, c.algo == AlgoFedSplit, h.Data.N)
 			if err != nil || got != c.want {
 				t.Fatalf("got %+v, %v; want %+v", got, err, c.want)
 			}

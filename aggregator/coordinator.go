@@ -101,6 +101,29 @@ type Config struct {
 	// its round closed becomes the client's latest z (AcceptLate). FedAvg and
 	// FedProx ignore late updates (Reject with StaleRound or RoundClosed).
 	StoreLate bool
+
+	// The federated-preprocessing and evaluation protocol of a run with a
+	// federation schema (issue 11; coordinator_fed.go).
+	//
+	// Statistics: round 1 is preceded by a statistics phase. StatsSites:
+	// it closes once this many distinct sites sent statistics (0: K), or
+	// at its deadline (RoundTimeout from its announcement) once Quorum
+	// have, and from then on as soon as Quorum have.
+	Statistics bool
+	StatsSites int
+	// Evaluate: the run asks every site for an evaluation report of the
+	// global model in announcement r when r > 1 and (r-1) % EvalEvery == 0
+	// (EvalEvery 0: never during the run), and of the final model when it
+	// ends (the finishing phase waits up to RoundTimeout for them).
+	Evaluate  bool
+	EvalEvery int
+	// Stopping rules, checked at each aggregation (0: off): StopPatience
+	// evaluations in a row whose federated loss did not improve on the best
+	// by more than StopTol; a relative change of the global model below
+	// StopDelta (AggregatedRound.Change).
+	StopPatience int
+	StopTol      float64
+	StopDelta    float64
 }
 
 // ErrConfig reports an invalid Config.
@@ -130,6 +153,12 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: Settle = %v, want >= 0", ErrConfig, c.Settle)
 	case c.Rounds < 0:
 		return fmt.Errorf("%w: Rounds = %d, want >= 0", ErrConfig, c.Rounds)
+	case c.StatsSites < 0 || c.EvalEvery < 0 || c.StopPatience < 0:
+		return fmt.Errorf("%w: StatsSites %d, EvalEvery %d, StopPatience %d: want >= 0", ErrConfig, c.StatsSites, c.EvalEvery, c.StopPatience)
+	case !(c.StopTol >= 0) || !(c.StopDelta >= 0) || math.IsInf(c.StopTol, 0) || math.IsInf(c.StopDelta, 0):
+		return fmt.Errorf("%w: StopTol %v, StopDelta %v: want finite and >= 0", ErrConfig, c.StopTol, c.StopDelta)
+	case c.Evaluate && !c.Statistics:
+		return fmt.Errorf("%w: Evaluate needs the statistics phase (the sites it waits for)", ErrConfig)
 	}
 	return nil
 }
@@ -150,7 +179,20 @@ const (
 	PhaseClosing Phase = "closing"
 	// PhaseFinished: the last round is aggregated; Step does nothing more.
 	PhaseFinished Phase = "finished"
+	// PhaseStatistics: before round 1, sites send statistics of their
+	// training rows (Config.Statistics).
+	PhaseStatistics Phase = "statistics"
+	// PhaseFitting: FitTransform was emitted; waiting for TransformFitted.
+	PhaseFitting Phase = "fitting"
+	// PhaseFinishing: the run has ended (Finish was emitted); waiting for
+	// the sites' evaluation reports of the final model, or the deadline.
+	PhaseFinishing Phase = "finishing"
 )
+
+// Phases lists every phase, for metrics.
+func Phases() []Phase {
+	return []Phase{PhaseWaiting, PhaseCollecting, PhaseStalled, PhaseClosing, PhaseFinished, PhaseStatistics, PhaseFitting, PhaseFinishing}
+}
 
 // Event is an input to Step: ClientOnline, ClientOffline, UpdateArrived, Tick
 // or AggregatedRound, passed by value.
@@ -191,10 +233,17 @@ type UpdateArrived struct {
 type Tick struct{ At time.Time }
 
 // AggregatedRound: the shell aggregated and durably checkpointed the round
-// that CloseRound closed.
+// that CloseRound closed. For the stopping rules it carries, when HasEval,
+// the federated evaluation loss of the eval round the closed round's
+// announcement asked for, and, when HasChange, the relative change of the
+// global model ||x_new - x_old|| / ||x_old||.
 type AggregatedRound struct {
-	Round int
-	At    time.Time
+	Round     int
+	At        time.Time
+	EvalLoss  float64
+	HasEval   bool
+	Change    float64
+	HasChange bool
 }
 
 func (e ClientOnline) eventTime() time.Time    { return e.At }
@@ -262,7 +311,9 @@ type CloseRound struct {
 // cancels it.
 type SetTimer struct{ At time.Time }
 
-// Finished: the last round (Rounds) is aggregated; no decision follows.
+// Finished: the run is over (the last round, Rounds, is aggregated and,
+// with Config.Evaluate, the final evaluation is in or timed out); no
+// decision follows. Coordinator.StopReason says why the run ended.
 type Finished struct {
 	Rounds int
 	At     time.Time
@@ -350,6 +401,8 @@ type Counters struct {
 	RoundsClosed   uint64            `json:"rounds_closed"`
 	Ignored        uint64            `json:"ignored"`        // malformed or out-of-place events
 	StaleStatuses  uint64            `json:"stale_statuses"` // statuses StatusStale set aside
+	StatsAccepted  uint64            `json:"stats_accepted,omitempty"`
+	EvalsAccepted  uint64            `json:"evals_accepted,omitempty"` // evaluation reports (copies included)
 }
 
 func (c Counters) clone() Counters {
@@ -414,6 +467,7 @@ type Coordinator struct {
 	closedAt     time.Time // CloseRound's or Finished's time
 	timer        time.Time // last SetTimer sent
 	counters     Counters
+	fed          fedState // the statistics phase, evaluations, stopping rules
 }
 
 // New returns a coordinator waiting to announce round 1. The waiting (for
@@ -429,8 +483,15 @@ func New(cfg Config) (*Coordinator, error) {
 	if sel == nil {
 		sel = aggregate.Uniform{}
 	}
+	if cfg.StatsSites == 0 {
+		cfg.StatsSites = cfg.K
+	}
 	c := &Coordinator{cfg: cfg, sel: sel, clients: map[string]*client{}}
 	c.resetRound(1)
+	c.fed.reset()
+	if cfg.Statistics {
+		c.phase = PhaseStatistics
+	}
 	return c, nil
 }
 
@@ -483,20 +544,13 @@ func (c *Coordinator) Step(ev Event) []Decision {
 	if ev == nil {
 		return nil
 	}
-	if c.phase == PhaseFinished {
-		// No round changes any more, but an update still gets its answer,
-		// so that the site clears its outbox instead of re-sending, and
-		// presence is still tracked, so that status after the run shows
-		// the sites that went offline as offline (they decide nothing).
-		switch e := ev.(type) {
-		case UpdateArrived:
-			return c.afterFinish(e)
-		case ClientOnline:
-			return c.clientOnline(e)
-		case ClientOffline:
-			return c.clientOffline(e)
-		}
-		return nil
+	switch c.phase {
+	case PhaseFinished:
+		return c.stepFinished(ev)
+	case PhaseFinishing:
+		return c.stepFinishing(ev)
+	case PhaseStatistics, PhaseFitting:
+		return c.stepStatistics(ev)
 	}
 	at := norm(ev.eventTime())
 	if !c.started {
@@ -516,6 +570,10 @@ func (c *Coordinator) Step(ev Event) []Decision {
 		}
 	case AggregatedRound:
 		out = c.aggregated(e, at)
+	case EvalArrived:
+		out = c.evalArrived(e, at)
+	case StatisticsArrived:
+		out = c.lateStatistics(e)
 	default:
 		c.counters.Ignored++
 	}
@@ -524,11 +582,39 @@ func (c *Coordinator) Step(ev Event) []Decision {
 		// passed); trying on every event keeps this in one place.
 		out = c.trySelect(at, out)
 	}
+	return c.timerDecision(out)
+}
+
+// timerDecision appends SetTimer when the wanted timer changed.
+func (c *Coordinator) timerDecision(out []Decision) []Decision {
 	if want := c.wantTimer(); !want.Equal(c.timer) {
 		c.timer = want
 		out = append(out, SetTimer{At: want})
 	}
 	return out
+}
+
+// stepFinished is Step once the run has finished.
+func (c *Coordinator) stepFinished(ev Event) []Decision {
+	{
+		// No round changes any more, but an update still gets its answer,
+		// so that the site clears its outbox instead of re-sending, and
+		// presence is still tracked, so that status after the run shows
+		// the sites that went offline as offline (they decide nothing).
+		switch e := ev.(type) {
+		case UpdateArrived:
+			return c.afterFinish(e)
+		case ClientOnline:
+			return c.clientOnline(e)
+		case ClientOffline:
+			return c.clientOffline(e)
+		case EvalArrived:
+			return c.evalArrived(e, norm(e.At))
+		case StatisticsArrived:
+			return c.lateStatistics(e)
+		}
+		return nil
+	}
 }
 
 // afterFinish answers an update that arrives once the federation finished:
@@ -630,7 +716,7 @@ func (c *Coordinator) update(u UpdateArrived, at time.Time) []Decision {
 	switch {
 	case cl == nil:
 		return c.reject(u, UnknownClient)
-	case u.Round > c.round:
+	case u.Round > c.round, c.phase == PhaseStatistics, c.phase == PhaseFitting:
 		return c.reject(u, FutureRound)
 	case u.Round < 1:
 		return c.reject(u, StaleRound)
@@ -763,6 +849,9 @@ func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
 		return out
 	}
 	attempt := c.attempts
+	if attempt == 0 && c.EvalAt(c.round) {
+		c.askEval(c.round - 1)
+	}
 	picks := c.pick(pool, c.cfg.K-len(c.received), attempt)
 	c.attempts++
 	if attempt > 0 {
@@ -832,10 +921,8 @@ func (c *Coordinator) aggregated(e AggregatedRound, at time.Time) []Decision {
 		c.counters.Ignored++
 		return nil
 	}
-	if c.cfg.Rounds > 0 && c.round >= c.cfg.Rounds {
-		c.phase = PhaseFinished
-		c.closedAt = at
-		return []Decision{Finished{Rounds: c.round, At: at}}
+	if reason := c.stopRule(e); reason != "" {
+		return c.finish(at, reason)
 	}
 	c.resetRound(c.round + 1)
 	c.waitingSince = at
@@ -851,6 +938,12 @@ func (c *Coordinator) wantTimer() time.Time {
 		if c.selectable(c.pool()) {
 			return c.waitingSince.Add(c.cfg.Settle)
 		}
+	case PhaseStatistics:
+		if c.attempts > 0 && !c.overdue {
+			return c.deadline
+		}
+	case PhaseFinishing:
+		return c.deadline
 	}
 	return time.Time{}
 }
@@ -870,6 +963,14 @@ func (c *Coordinator) Resume() []Decision {
 		out = append(out, c.closeDecision())
 	case PhaseFinished:
 		return []Decision{Finished{Rounds: c.round, At: c.closedAt}}
+	case PhaseStatistics:
+		if c.attempts > 0 {
+			out = append(out, AnnounceStatistics{Deadline: c.deadline})
+		}
+	case PhaseFitting:
+		out = append(out, FitTransform{Sites: c.fed.statsList(), At: c.closedAt})
+	case PhaseFinishing:
+		out = append(out, Finish{Rounds: c.round, Deadline: c.deadline, Reason: c.fed.stopReason})
 	}
 	if !c.timer.IsZero() {
 		out = append(out, SetTimer{At: c.timer})

@@ -26,6 +26,7 @@ import (
 	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/schema"
 	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/wire"
@@ -134,8 +135,31 @@ type ServerConfig struct {
 	// and accuracy (R^2 for regression) of the global model on it.
 	Eval *model.Data
 	// FinalModel, when set, receives the last global model (model.Save)
-	// when the federation finishes.
+	// when the federation finishes; with a Schema, the final model bundle
+	// (default <state dir>/final.bundle.json).
 	FinalModel string
+
+	// Schema, when set, is the federation schema (issue 11): the run
+	// starts with a statistics phase, the model's inputs and classes come
+	// from the schema and the fitted preprocessing (Model's Kind, Hidden,
+	// Activation and L2 are the operator's; Inputs and Classes are
+	// ignored), and the sites evaluate the global model on their held-out
+	// rows every EvalEvery rounds (0: only at the end) and at the end.
+	Schema *schema.Schema
+	// StatsSites closes the statistics phase at that many sites (default
+	// K); see Config.StatsSites.
+	StatsSites int
+	EvalEvery  int
+	// EvalTable is --eval-data read with the Schema: evaluated, with the
+	// federation's preprocessing, after every aggregation (as Eval is
+	// without a schema).
+	EvalTable *schema.Table
+	// Stopping rules (0: off): see Config.
+	StopPatience int
+	StopTol      float64
+	StopDelta    float64
+	// Version is the edgefl version written in bundles' provenance.
+	Version string
 	// MaxMessageBytes bounds an inbound message (default 16 MiB: the
 	// embedded broker's packet cap).
 	MaxMessageBytes int
@@ -264,6 +288,9 @@ type storedConfig struct {
 	Dimension  int        `json:"dimension"`
 	Codec      string     `json:"codec"`
 	Downlink   string     `json:"downlink,omitempty"`
+	// SchemaDigest is the federation schema's digest (issue 11; empty:
+	// no schema). Model then holds the operator's model flags only.
+	SchemaDigest string `json:"schema_digest,omitempty"`
 	// RunID names this round log in every announcement (wire
 	// RoundAnnouncement.run_id): chosen at random when the log is created,
 	// so sites can tell a new run (a wiped state file) from an old one.
@@ -291,7 +318,12 @@ type Server struct {
 	store   *storage.AggStore
 	coord   *Coordinator
 	model   model.Model
+	spec    model.Spec // the model's spec (with a schema: once fitted)
 	dim     int
+	dec     atomic.Pointer[decoder] // what the MQTT callbacks decode with
+	fit     *fitRecord              // the fitted preprocessing (schema runs, once fitted)
+	eval    *model.Data             // ServerConfig.Eval, or EvalTable once fitted
+	fedRun                          // the issue 11 shell state (server_fed.go)
 	fam     string
 	aggSpec string
 	agg     aggregate.Aggregator // nil for the FedSplit family
@@ -299,7 +331,6 @@ type Server struct {
 	stored  storedConfig         // the run's configuration, with its run id once restored
 	conf    []byte               // stored as JSON
 
-	codecs   sync.Pool    // *quant.Codec for the MQTT callbacks
 	loopQ    *quant.Codec // the loop's own codec
 	down     *quant.Codec // the downlink codec (the loop's)
 	global   []float64    // the global model of globalR
@@ -346,6 +377,8 @@ type Server struct {
 type request struct {
 	status *wire.ClientStatus
 	update *inUpdate
+	stats  *inStats
+	eval   *inEval
 	done   chan struct{}
 }
 
@@ -428,21 +461,25 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: selector: %w", ErrConfig, err)
 	}
-	if s.model, err = model.New(cfg.Model); err != nil {
-		return nil, fmt.Errorf("%w: model: %w", ErrConfig, err)
-	}
-	s.dim = s.model.NumParams()
 	if cfg.Init != InitZeros && cfg.Init != InitModel {
 		return nil, fmt.Errorf("%w: init %q (want %s or %s)", ErrConfig, cfg.Init, InitZeros, InitModel)
 	}
-	if c, err := quant.Parse(cfg.Codec); err != nil {
+	if _, err := quant.Parse(cfg.Codec); err != nil {
 		return nil, fmt.Errorf("%w: codec: %w", ErrConfig, err)
-	} else if c.MinDim() > s.dim {
-		return nil, fmt.Errorf("%w: codec %s covers %d parameters, the %s model has %d", ErrConfig, c, c.MinDim(), cfg.Model.Kind, s.dim)
 	}
 	if d, err := quant.Parse(cfg.Downlink); err != nil || !(d.Lossless() || d.String() == "fp16") {
 		return nil, fmt.Errorf("%w: downlink codec %q: want fp32 or fp16 (the global model is sent whole, not as a delta)", ErrConfig, cfg.Downlink)
 	}
+	s.lim = wire.Limits{MaxMessageBytes: cfg.MaxMessageBytes}
+	s.dec.Store(&decoder{lim: s.lim})
+	if cfg.Schema != nil {
+		if err := s.checkSchemaConfig(); err != nil {
+			return nil, err
+		}
+	} else if err := s.setModel(cfg.Model); err != nil {
+		return nil, err
+	}
+	s.eval = cfg.Eval
 	if cfg.Eval != nil {
 		if err := cfg.Eval.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: evaluation data: %w", ErrConfig, err)
@@ -454,22 +491,13 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 			return nil, fmt.Errorf("%w: evaluation data: %w", ErrConfig, err)
 		}
 	}
-	s.lim = wire.Limits{MaxMessageBytes: cfg.MaxMessageBytes, MaxDimension: s.dim}
-	s.qlim = quant.Limits{MaxDim: s.dim, MaxFrame: cfg.MaxMessageBytes}
-	if s.loopQ, err = quant.ParseWithLimits("fp32", s.qlim); err != nil {
-		return nil, fmt.Errorf("aggregator: codec: %w", err)
-	}
-	if s.down, err = quant.ParseWithLimits(cfg.Downlink, s.qlim); err != nil {
-		return nil, fmt.Errorf("aggregator: downlink codec: %w", err)
-	}
-	s.codecs.New = func() any {
-		c, _ := quant.ParseWithLimits("fp32", s.qlim) // the same spec parsed above
-		return c
-	}
+	fed := cfg.Schema != nil
 	coord, err := New(Config{
 		K: cfg.K, Quorum: QuorumOf(cfg.K, cfg.QuorumFraction), RoundTimeout: cfg.RoundTimeout,
 		Extension: cfg.Extension, MaxReselections: cfg.MaxReselections, Settle: cfg.Settle,
 		Rounds: cfg.Rounds, Seed: cfg.Seed, Selector: sel, StoreLate: isSplit(s.fam),
+		Statistics: fed, StatsSites: cfg.StatsSites, Evaluate: fed, EvalEvery: cfg.EvalEvery,
+		StopPatience: cfg.StopPatience, StopTol: cfg.StopTol, StopDelta: cfg.StopDelta,
 	})
 	if err != nil {
 		return nil, err
@@ -477,6 +505,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.coord = coord
 	s.stored = storedConfig{Federation: cfg.Federation, Algorithm: cfg.Algorithm, Family: s.fam,
 		Aggregator: s.aggSpec, Model: cfg.Model, Dimension: s.dim, Codec: cfg.Codec, Downlink: cfg.Downlink}
+	if fed {
+		s.stored.Model, s.stored.SchemaDigest = s.operatorModel(), cfg.Schema.Digest()
+	}
 
 	if s.store, err = storage.OpenAgg(cfg.StatePath, storage.Options{}); err != nil {
 		return nil, DamagedStateError(cfg.StatePath, err)
@@ -529,6 +560,9 @@ func Rollback(path string, n uint64, now time.Time) (storage.RollbackResult, str
 // and the stored configuration (which must match) come back.
 func (s *Server) restore() error {
 	cur, err := s.store.CurrentRound()
+	if errors.Is(err, storage.ErrNotFound) && s.cfg.Schema != nil {
+		return s.restoreFreshFed()
+	}
 	if errors.Is(err, storage.ErrNotFound) {
 		s.stored.RunID = crand.Text()
 		s.conf, _ = json.Marshal(s.stored)
@@ -561,9 +595,22 @@ func (s *Server) restore() error {
 	if err := json.Unmarshal(first.Config, &was); err != nil {
 		return fmt.Errorf("aggregator: %s: stored configuration: %w", s.cfg.StatePath, err)
 	}
-	if was.Federation != s.cfg.Federation || was.Family != s.fam || was.Model != s.cfg.Model || was.Dimension != s.dim {
+	if was.SchemaDigest != s.stored.SchemaDigest {
+		return fmt.Errorf("%w: %s belongs to a run with federation schema %s; this configuration's schema is %s: use the same --schema, or another --state file",
+			ErrConfig, s.cfg.StatePath, orNone(was.SchemaDigest), orNone(s.stored.SchemaDigest))
+	}
+	if s.cfg.Schema != nil {
+		if err := s.restoreFit(); err != nil {
+			return err
+		}
+	}
+	wantModel, wantDim := s.cfg.Model, s.dim
+	if s.cfg.Schema != nil {
+		wantModel, wantDim = s.stored.Model, 0 // the fit decides the rest
+	}
+	if was.Federation != s.cfg.Federation || was.Family != s.fam || was.Model != wantModel || was.Dimension != wantDim {
 		return fmt.Errorf("%w: %s belongs to federation %q, %s, model %+v; this configuration is federation %q, %s, model %+v: use another --state file",
-			ErrConfig, s.cfg.StatePath, was.Federation, was.Family, was.Model, s.cfg.Federation, s.fam, s.cfg.Model)
+			ErrConfig, s.cfg.StatePath, was.Federation, was.Family, was.Model, s.cfg.Federation, s.fam, wantModel)
 	}
 	s.stored.RunID = was.RunID // "" for a log written before run ids
 	s.conf, _ = json.Marshal(s.stored)
@@ -575,9 +622,16 @@ func (s *Server) restore() error {
 		return fmt.Errorf("aggregator: %s: %w", s.cfg.StatePath, err)
 	}
 	s.storeR, s.lastSt = cur.Number, cur.State
+	s.loadSiteErrors()
 	r := s.coord.Round()
-	if s.coord.Phase() == PhaseFinished {
+	if ph := s.coord.Phase(); ph == PhaseFinished || ph == PhaseFinishing {
 		r++ // the final aggregate, checkpointed as round Rounds+1
+	}
+	if s.cfg.Schema != nil && s.fit == nil {
+		// The statistics phase (or a fit not yet stored): no model yet.
+		s.log.Info("resuming the statistics phase", "state", s.cfg.StatePath, "phase", s.coord.Phase(),
+			"statistics", len(st.StatsSites), "run_id", s.stored.RunID)
+		return nil
 	}
 	if s.global, err = s.store.Checkpoint(uint64(r)); err != nil {
 		return fmt.Errorf("aggregator: %s: global model of round %d: %w", s.cfg.StatePath, r, err)
@@ -789,6 +843,10 @@ func (s *Server) loop(ctx context.Context) error {
 				err = s.onStatus(ctx, r.status)
 			case r.update != nil:
 				err = s.onUpdate(ctx, r.update)
+			case r.stats != nil:
+				err = s.onStatistics(ctx, r.stats)
+			case r.eval != nil:
+				err = s.onEval(ctx, r.eval)
 			}
 			close(r.done)
 			if err != nil {
@@ -830,7 +888,10 @@ func (s *Server) onStatus(ctx context.Context, st *wire.ClientStatus) error {
 		return s.step(ctx, statusEvent(st, now), nil)
 	}
 	err := s.store.PutClientStatus(storage.ClientStatus{ID: st.ClientId, Online: st.Online, SampleCount: st.SampleCount,
-		Capabilities: st.Capabilities, SoftwareVersion: st.SoftwareVersion, At: now})
+		Capabilities: st.Capabilities, SoftwareVersion: st.SoftwareVersion, ErrorReason: st.ErrorReason, ErrorMessage: st.ErrorMessage, At: now})
+	if st.Online {
+		s.siteError(st.ClientId, st.ErrorReason, st.ErrorMessage)
+	}
 	if err != nil {
 		// The registry is informational; the coordinator's state is what
 		// rounds run on.
@@ -869,7 +930,7 @@ func (s *Server) onUpdate(ctx context.Context, u *inUpdate) error {
 // step feeds one event to the coordinator and carries out its decisions.
 func (s *Server) step(ctx context.Context, ev Event, u *inUpdate) error {
 	var before *State
-	if u != nil {
+	if u != nil || s.pendStats != nil || s.pendEval != nil {
 		b := s.coord.Snapshot()
 		before = &b
 	}
@@ -892,6 +953,11 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 			round = d.Round
 		case AcceptLate:
 			round = d.Round
+		case AcceptStatistics, AcceptEval:
+			if ok, err := s.storeFed(d, now, before); !ok || err != nil {
+				return err
+			}
+			continue
 		default:
 			continue
 		}
@@ -926,6 +992,9 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 		}
 		storedAt = now
 	}
+	if s.fedStored {
+		storedAt = now
+	}
 	if err := s.persistState(); err != nil {
 		if u != nil && !storedAt.IsZero() && before != nil && s.coord.Restore(*before) == nil {
 			s.storageErrors.Add(1)
@@ -935,6 +1004,7 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 		return err
 	}
 	var closing *CloseRound
+	var fitting *FitTransform
 	for _, d := range ds {
 		switch d := d.(type) {
 		case Accept:
@@ -961,13 +1031,32 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 		case CloseRound:
 			closing = &d
 		case Finished:
-			s.finish(d)
+			if err := s.finish(d); err != nil {
+				return err
+			}
+		case AcceptStatistics, RejectStatistics, AcceptEval, RejectEval:
+			s.answerFed(d, storedAt)
+		case AnnounceStatistics:
+			if err := s.announceStatistics(d.Deadline); err != nil {
+				return err
+			}
+		case FitTransform:
+			fitting = &d
+		case EvalComplete:
+			s.finalizeEval(d.Round)
+		case Finish:
+			if err := s.announceFinish(d); err != nil {
+				return err
+			}
 		}
 	}
 	if closing != nil {
 		// After the rest of the batch (its SetTimer belongs to the
 		// closing phase): AggregatedRound is a new event.
 		return s.closeRound(ctx, *closing)
+	}
+	if fitting != nil {
+		return s.fitTransform(ctx, *fitting)
 	}
 	return nil
 }
@@ -1167,17 +1256,27 @@ func (s *Server) setTimer(at time.Time) {
 	}
 }
 
-func (s *Server) finish(d Finished) {
-	s.log.Info("federation finished", "rounds", d.Rounds)
+func (s *Server) finish(d Finished) error {
+	s.log.Info("federation finished", "rounds", d.Rounds, "reason", s.coord.StopReason())
 	s.refreshView()
-	if p := s.cfg.FinalModel; p != "" {
+	var bundle []byte
+	if s.fit != nil {
+		var err error
+		if bundle, err = s.finalBundle(d.Rounds); err != nil {
+			return err
+		}
+	} else if p := s.cfg.FinalModel; p != "" {
 		if err := saveModel(p, s.model, s.global); err != nil {
 			s.log.Error("writing the final model", "path", p, "err", err)
 		} else {
 			s.log.Info("final model written", "path", p)
 		}
 	}
+	if err := s.announceFinished(d.Rounds, time.Time{}, bundle); err != nil {
+		return err
+	}
 	s.finOnce.Do(func() { close(s.finished) })
+	return nil
 }
 
 func saveModel(path string, m model.Model, x []float64) error {

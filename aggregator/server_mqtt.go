@@ -146,7 +146,7 @@ func (s *Server) handle(topic string, payload []byte) bool {
 		if len(payload) == 0 {
 			return true // a cleared retained status
 		}
-		_, msg, err := s.topics.Decode(topic, payload, s.lim)
+		_, msg, err := s.topics.Decode(topic, payload, s.dec.Load().lim)
 		if err != nil {
 			s.badStatus.Add(1)
 			s.log.Warn("bad status message ignored", "topic", topic, "client", id, "bytes", len(payload), "err", err)
@@ -221,19 +221,24 @@ func (s *Server) deltaKind() wire.UpdateKind {
 // BAD_UPDATE receipt too. The rest goes to the loop (client and round
 // checks by the coordinator, durable write, receipt).
 func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
-	_, msg, err := s.topics.Decode(topic, payload, s.lim)
+	dec := s.dec.Load()
+	_, msg, err := s.topics.Decode(topic, payload, dec.lim)
 	if err != nil {
 		reason := decodeReason(err)
 		s.reject(reason)
 		s.log.Warn("update rejected before decoding", "topic_client", id, "reason", reason, "bytes", len(payload), "err", err)
 		return true
 	}
-	u, ok := msg.(*wire.ClientUpdate)
-	if !ok {
-		// Statistics and evaluation reports share the update topic; a run
-		// without a federation schema takes neither.
-		s.reject("unsupported_kind")
-		s.log.Warn("message rejected: this run has no federation schema", "topic_client", id, "body", wire.BodyKind(msg), "bytes", len(payload))
+	var u *wire.ClientUpdate
+	switch m := msg.(type) {
+	case *wire.ClientUpdate:
+		u = m
+	case *wire.SiteStatistics:
+		return s.handleStatistics(m, payload)
+	case *wire.EvalReport:
+		return s.handleEval(m, payload)
+	default:
+		s.reject("malformed")
 		return true
 	}
 	bad := func(reason, detail string) bool {
@@ -242,23 +247,30 @@ func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
 		s.receipt(u, false, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, reason+": "+detail, time.Time{})
 		return true
 	}
+	if dec.dim == 0 {
+		// The statistics phase: no model, no round announced yet.
+		s.reject(FutureRound.String())
+		s.log.Warn("update rejected", "client", u.ClientId, "round", u.Round, "reason", FutureRound.String(), "detail", "the statistics phase: no round is announced yet")
+		s.receipt(u, false, wire.ReceiptCode_RECEIPT_CODE_FUTURE_ROUND, "future_round: the statistics phase is on", time.Time{})
+		return true
+	}
 	if want := s.deltaKind(); u.Kind != want && u.Kind != wire.UpdateKind_UPDATE_KIND_FULL {
 		return bad("unsupported_kind", fmt.Sprintf("kind %v; this %s federation takes %v (or FULL)", u.Kind, s.fam, want))
 	}
-	if int(u.Vector.Dimension) != s.dim {
-		return bad("wrong_dimension", fmt.Sprintf("dimension %d, the model has %d", u.Vector.Dimension, s.dim))
+	if int(u.Vector.Dimension) != dec.dim {
+		return bad("wrong_dimension", fmt.Sprintf("dimension %d, the model has %d", u.Vector.Dimension, dec.dim))
 	}
-	if info, err := quant.Inspect(u.Vector.Payload); err == nil && info.Dim != s.dim {
-		return bad("wrong_dimension", fmt.Sprintf("frame of dimension %d, the model has %d", info.Dim, s.dim))
+	if info, err := quant.Inspect(u.Vector.Payload); err == nil && info.Dim != dec.dim {
+		return bad("wrong_dimension", fmt.Sprintf("frame of dimension %d, the model has %d", info.Dim, dec.dim))
 	}
-	c := s.codecs.Get().(*quant.Codec)
+	c := dec.codecs.Get().(*quant.Codec)
 	vec, err := c.Decode(u.Vector.Payload, nil)
-	s.codecs.Put(c)
+	dec.codecs.Put(c)
 	if err != nil {
 		return bad(frameReason(err), err.Error())
 	}
-	if len(vec) != s.dim {
-		return bad("wrong_dimension", fmt.Sprintf("decoded %d values, the model has %d", len(vec), s.dim))
+	if len(vec) != dec.dim {
+		return bad("wrong_dimension", fmt.Sprintf("decoded %d values, the model has %d", len(vec), dec.dim))
 	}
 	for i, v := range vec {
 		if math.IsNaN(v) || math.IsInf(v, 0) {

@@ -29,10 +29,10 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 	}
 	p := s.cfg.Params
 	popM, popN := s.coord.Population()
-	ms := wire.ModelSpec{Kind: s.cfg.Model.Kind, Inputs: uint32(s.cfg.Model.Inputs), Classes: uint32(s.cfg.Model.Classes),
-		Activation: s.cfg.Model.Activation, L2: s.cfg.Model.L2}
-	if s.cfg.Model.Hidden > 0 {
-		ms.Hidden = []uint32{uint32(s.cfg.Model.Hidden)}
+	ms := wire.ModelSpec{Kind: s.spec.Kind, Inputs: uint32(s.spec.Inputs), Classes: uint32(s.spec.Classes),
+		Activation: s.spec.Activation, L2: s.spec.L2}
+	if s.spec.Hidden > 0 {
+		ms.Hidden = []uint32{uint32(s.spec.Hidden)}
 	}
 	a := &wire.RoundAnnouncement{
 		Federation: s.cfg.Federation,
@@ -52,6 +52,12 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 	}
 	if !isSplit(s.fam) {
 		a.Aggregator = s.aggSpec
+	}
+	if s.fit != nil {
+		a.Schema, a.Transform = s.schemaJSON, s.fit.Transform
+		if s.coord.EvalAt(round) {
+			a.Evaluate, a.EvalRound = true, uint32(round-1)
+		}
 	}
 	return a, nil
 }
@@ -120,12 +126,30 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 		s.storeR = uint64(r + 1)
 	}
 	s.lastSt = state
+	agg := AggregatedRound{Round: r, At: now}
+	if n := norm2(s.global); n > 0 && len(next) == len(s.global) {
+		d := 0.0
+		for i, v := range next {
+			d += (v - s.global[i]) * (v - s.global[i])
+		}
+		agg.Change, agg.HasChange = math.Sqrt(d)/n, true
+	}
+	if s.fit != nil && s.coord.EvalAt(r) {
+		// The evaluation this round's announcement asked for (of the
+		// model before this aggregation) is as complete as it gets.
+		s.finalizeEval(r - 1)
+		if fig, err := evalFigures(s.store, s.fit.schema, r-1, s.lim); err != nil {
+			s.log.Error("combining the evaluation reports", "round", r-1, "err", err)
+		} else if fig != nil && fig.Federation.N > 0 {
+			agg.EvalLoss, agg.HasEval = fig.Federation.Loss, true
+		}
+	}
 	s.global, s.globalR, s.frame = next, r+1, nil
 	dur := time.Since(start)
 
 	rr := RoundReport{Round: r, Contributors: cr.Contributors, Partial: cr.Partial, Stragglers: cr.Stragglers,
 		Late: s.late, Duration: dur, EvalLoss: math.NaN(), EvalScore: math.NaN(), Metrics: rep.Metrics, Global: next}
-	if ev := s.cfg.Eval; ev != nil && ev.N > 0 {
+	if ev := s.eval; ev != nil && ev.N > 0 {
 		rr.EvalLoss = s.model.LossGrad(next, *ev, nil)
 		rr.EvalScore = s.model.Score(next, *ev)
 	}
@@ -137,14 +161,17 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	s.mu.Unlock()
 	args := []any{"round", r, "contributors", len(cr.Contributors), "partial", len(cr.Partial),
 		"stragglers", cr.Stragglers, "aggregation", dur.Round(time.Microsecond)}
-	if s.cfg.Eval != nil {
+	if s.eval != nil {
 		args = append(args, "eval_loss", rr.EvalLoss, "eval_score", rr.EvalScore)
+	}
+	if agg.HasChange && s.cfg.StopDelta > 0 {
+		args = append(args, "change", agg.Change)
 	}
 	s.log.Info("round aggregated", args...)
 	if s.cfg.OnRound != nil {
 		s.cfg.OnRound(rr)
 	}
-	return s.apply(ctx, s.coord.Step(AggregatedRound{Round: r, At: now}), nil, nil)
+	return s.apply(ctx, s.coord.Step(agg), nil, nil)
 }
 
 // aggregate computes the next global model from the closed round.
@@ -327,4 +354,13 @@ func (s *Server) receipt(m *wire.ClientUpdate, accepted bool, code wire.ReceiptC
 		return
 	}
 	s.publish(topic, false, b, "receipt")
+}
+
+// norm2 is the Euclidean norm.
+func norm2(x []float64) float64 {
+	s := 0.0
+	for _, v := range x {
+		s += v * v
+	}
+	return math.Sqrt(s)
 }

@@ -4,14 +4,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/edgefl/edgefl/evaluate"
 	"github.com/edgefl/edgefl/metrics"
+	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/wire"
 )
 
 // view is what the metrics and status handlers read, refreshed by the loop
@@ -31,6 +35,8 @@ type view struct {
 	aggSeconds  float64
 	aggCount    uint64
 	finished    bool
+	statsSites  []string
+	stopReason  string
 }
 
 func (s *Server) refreshView() {
@@ -52,6 +58,7 @@ func (s *Server) refreshView() {
 	}
 	v.global, v.globalRound = s.global, s.globalR
 	v.finished = st.Phase == PhaseFinished
+	v.statsSites, v.stopReason = st.StatsSites, st.StopReason
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
@@ -94,6 +101,18 @@ type ServerView struct {
 	StorageErrors     uint64  `json:"storage_errors"`
 	PublishErrors     uint64  `json:"publish_errors"`
 	BadStatusMessages uint64  `json:"bad_status_messages"`
+	// The issue 11 protocol: the sites whose statistics were accepted,
+	// why the run ended, the latest federated evaluation, site errors
+	// counted by site and reason, and the statistics and evaluation
+	// reports answered (by "stored"/"duplicate", and rejected by reason).
+	StatsSites    []string          `json:"stats_sites,omitempty"`
+	StopReason    string            `json:"stop_reason,omitempty"`
+	Evaluation    *EvalStatus       `json:"evaluation,omitempty"`
+	SiteErrors    map[string]uint64 `json:"site_errors,omitempty"` // "site/reason"
+	StatsStored   map[string]uint64 `json:"stats_stored,omitempty"`
+	StatsRejected map[string]uint64 `json:"stats_rejected,omitempty"`
+	EvalsStored   map[string]uint64 `json:"evals_stored,omitempty"`
+	EvalsRejected map[string]uint64 `json:"evals_rejected,omitempty"`
 }
 
 // Watch returns the current in-memory view and a channel closed at the
@@ -102,6 +121,11 @@ func (s *Server) Watch() (ServerView, <-chan struct{}) {
 	s.mu.Lock()
 	v := s.view
 	ch := s.changed
+	ev := s.evalView
+	siteErrs := map[string]uint64{}
+	for k, n := range s.siteErrCounts {
+		siteErrs[k[0]+"/"+k[1]] = n
+	}
 	s.mu.Unlock()
 	rej := s.rejected.Snapshot()
 	for r, n := range v.counters.Rejected {
@@ -113,12 +137,16 @@ func (s *Server) Watch() (ServerView, <-chan struct{}) {
 		LastRound: v.last.Round, LastParticipants: len(v.last.Contributors), LastStragglers: len(v.last.Stragglers),
 		EvalLoss: v.last.EvalLoss, EvalScore: v.last.EvalScore, AggregatedRounds: v.aggCount,
 		StorageErrors: s.storageErrors.Load(), PublishErrors: s.publishErrors.Load(), BadStatusMessages: s.badStatus.Load(),
+		StatsSites: slices.Clone(v.statsSites), StopReason: v.stopReason, Evaluation: ev, SiteErrors: siteErrs,
+		StatsStored: s.statsStored.Snapshot(), StatsRejected: s.statsRejected.Snapshot(),
+		EvalsStored: s.evalsStored.Snapshot(), EvalsRejected: s.evalsRejected.Snapshot(),
 	}, ch
 }
 
 // Handler serves /metrics (Prometheus text format), /status (JSON: the
 // round and every client's last-seen and participation, read from the
-// state file) and /healthz.
+// state file), /bundle[?round=N] (a run with a schema: the model bundle of
+// a stored round, see ExportBundle) and /healthz.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
@@ -138,6 +166,7 @@ func (s *Server) Handler() http.Handler {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(st)
 	})
+	mux.HandleFunc("GET /bundle", s.serveBundle)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		select {
 		case <-s.ready:
@@ -172,7 +201,7 @@ func (s *Server) families() []metrics.Family {
 		rej[k] += n
 	}
 	phases := []metrics.Sample{}
-	for _, p := range []Phase{PhaseWaiting, PhaseCollecting, PhaseStalled, PhaseClosing, PhaseFinished} {
+	for _, p := range Phases() {
 		val := 0.0
 		if p == v.Phase {
 			val = 1
@@ -221,11 +250,24 @@ func (s *Server) families() []metrics.Family {
 		metrics.One(ns+"stale_statuses_total", "Client statuses set aside as older than one already applied (a late last will, out-of-order delivery).", metrics.Counter, float64(c.StaleStatuses)),
 		metrics.One(ns+"finished", "1 once the last round is aggregated.", metrics.Gauge, b2f(v.Phase == PhaseFinished)),
 	}
-	if s.cfg.Eval != nil && last.Round > 0 {
+	var errSamples []metrics.Sample
+	for _, k := range slices.Sorted(maps.Keys(v.SiteErrors)) {
+		site, reason, _ := strings.Cut(k, "/")
+		errSamples = append(errSamples, metrics.Sample{Labels: []metrics.Label{{Name: "site", Value: site}, {Name: "reason", Value: reason}},
+			Value: float64(v.SiteErrors[k])})
+	}
+	f = append(f, metrics.Family{Name: ns + "site_errors_total", Help: "Site errors reported in the sites' statuses (a change of a site's error counts once), by site and reason.",
+		Type: metrics.Counter, Samples: errSamples})
+	evalData := "eval"
+	if s.cfg.Schema != nil {
+		evalData = "eval_data" // the federated figures take the eval_ names
+		f = append(f, s.fedFamilies(v)...)
+	}
+	if s.eval != nil && last.Round > 0 {
 		f = append(f,
-			metrics.One(ns+"eval_loss", "Loss of the global model on the evaluation set.", metrics.Gauge, last.EvalLoss),
-			metrics.One(ns+"eval_accuracy", "Accuracy (R^2 for regression) of the global model on the evaluation set.", metrics.Gauge, last.EvalScore),
-			metrics.One(ns+"eval_round", "Round whose aggregate the eval gauges describe.", metrics.Gauge, float64(last.Round)))
+			metrics.One(ns+evalData+"_loss", "Loss of the global model on the evaluation set (--eval-data).", metrics.Gauge, last.EvalLoss),
+			metrics.One(ns+evalData+"_accuracy", "Accuracy (R^2 for regression) of the global model on the evaluation set (--eval-data).", metrics.Gauge, last.EvalScore),
+			metrics.One(ns+evalData+"_round", "Round whose aggregate the "+evalData+" gauges describe.", metrics.Gauge, float64(last.Round)))
 	}
 	return f
 }
@@ -255,6 +297,29 @@ type Status struct {
 	Received   []string     `json:"received,omitempty"`
 	Counters   Counters     `json:"counters"`
 	Clients    []ClientInfo `json:"clients"`
+	// A run with a federation schema: its digest, the sites whose
+	// statistics were accepted, the model and its inputs once fitted, the
+	// latest eval round's federated and per-site figures, why the run
+	// ended and its final bundle.
+	Schema          string      `json:"schema,omitempty"`
+	StatisticsSites []string    `json:"statistics_sites,omitempty"`
+	Model           *model.Spec `json:"model,omitempty"`
+	Evaluation      *EvalStatus `json:"evaluation,omitempty"`
+	StopReason      string      `json:"stop_reason,omitempty"`
+	FinalBundle     *BundleInfo `json:"final_bundle,omitempty"`
+}
+
+// BundleInfo names a stored bundle.
+type BundleInfo struct {
+	Round  int    `json:"round"`
+	Digest string `json:"digest"`
+	Bytes  int    `json:"bytes"`
+}
+
+// SiteError is a site's error as its status reported it.
+type SiteError struct {
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
 }
 
 // ClientInfo is one client's line of Status.
@@ -269,6 +334,7 @@ type ClientInfo struct {
 	Version       string     `json:"version,omitempty"`
 	Selected      bool       `json:"selected,omitempty"` // in the current round's selection
 	Reported      bool       `json:"reported,omitempty"` // its update for the current round is stored
+	Error         *SiteError `json:"error,omitempty"`    // the site's error, from its latest online status
 }
 
 // ReadStatus reads the federation's status from a state file: the current
@@ -285,7 +351,7 @@ func ReadStatus(store *storage.AggStore) (Status, error) {
 	if first, err := store.Round(1); err == nil {
 		var sc storedConfig
 		if json.Unmarshal(first.Config, &sc) == nil {
-			out.Federation, out.Algorithm = sc.Federation, sc.Algorithm
+			out.Federation, out.Algorithm, out.Schema = sc.Federation, sc.Algorithm, sc.SchemaDigest
 		}
 	}
 	var st State
@@ -325,6 +391,9 @@ func ReadStatus(store *storage.AggStore) (Status, error) {
 		if c, ok := coord[r.ID]; ok {
 			ci.Online = c.Online // the coordinator's view is the one rounds run on
 		}
+		if r.ErrorReason != "" || r.ErrorMessage != "" {
+			ci.Error = &SiteError{Reason: r.ErrorReason, Message: r.ErrorMessage}
+		}
 		out.Clients = append(out.Clients, ci)
 		seen[r.ID] = true
 	}
@@ -335,7 +404,7 @@ func ReadStatus(store *storage.AggStore) (Status, error) {
 		}
 	}
 	slices.SortFunc(out.Clients, func(a, b ClientInfo) int { return strings.Compare(a.ID, b.ID) })
-	return out, nil
+	return out, readFedStatus(store, &out, st)
 }
 
 // withZero adds the labels a counter always shows (at 0 until counted).
@@ -349,4 +418,111 @@ func withZero(m map[string]uint64, labels ...string) map[string]uint64 {
 		}
 	}
 	return m
+}
+
+// readFedStatus adds a schema run's part to a status read from the file.
+func readFedStatus(store *storage.AggStore, out *Status, st State) error {
+	if out.Schema == "" {
+		return nil
+	}
+	out.StatisticsSites, out.StopReason = st.StatsSites, st.StopReason
+	b, err := store.Fit()
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	rec, err := parseFit(b)
+	if err != nil {
+		return err
+	}
+	spec := rec.Model
+	out.Model = &spec
+	rounds, err := store.EvalRounds()
+	if err != nil {
+		return err
+	}
+	if n := len(rounds); n > 0 {
+		if out.Evaluation, err = evalFigures(store, rec.schema, int(rounds[n-1]), wire.Limits{}); err != nil {
+			return err
+		}
+	}
+	if raw, err := store.FinalBundle(); err == nil {
+		var head struct {
+			Provenance struct {
+				Round int `json:"round"`
+			} `json:"provenance"`
+			Digest string `json:"digest"`
+		}
+		if json.Unmarshal(raw, &head) == nil {
+			out.FinalBundle = &BundleInfo{Round: head.Provenance.Round, Digest: head.Digest, Bytes: len(raw)}
+		}
+	} else if !errors.Is(err, storage.ErrNotFound) {
+		return err
+	}
+	return nil
+}
+
+// fedFamilies are the metrics of a run with a federation schema.
+func (s *Server) fedFamilies(v ServerView) []metrics.Family {
+	f := []metrics.Family{
+		metrics.One(ns+"statistics_sites", "Sites whose statistics of their training rows were accepted.", metrics.Gauge, float64(len(v.StatsSites))),
+		{Name: ns + "statistics_total", Help: "Site statistics answered, by result (stored, duplicate, or the rejection reason).",
+			Type: metrics.Counter, Samples: metrics.Samples("result", merged(v.StatsStored, v.StatsRejected))},
+		{Name: ns + "evaluations_total", Help: "Evaluation reports answered, by result (stored, duplicate, or the rejection reason).",
+			Type: metrics.Counter, Samples: metrics.Samples("result", merged(v.EvalsStored, v.EvalsRejected))},
+	}
+	ev := v.Evaluation
+	if ev == nil {
+		return f
+	}
+	fed := ev.Federation
+	f = append(f,
+		metrics.One(ns+"eval_round", "Eval round of the federated evaluation gauges (aggregations the evaluated model had).", metrics.Gauge, float64(ev.Round)),
+		metrics.One(ns+"eval_sites", "Sites in the federated evaluation.", metrics.Gauge, float64(len(ev.Sites))),
+		metrics.One(ns+"eval_samples", "Held-out rows in the federated evaluation.", metrics.Gauge, float64(fed.N)),
+		metrics.One(ns+"eval_loss", "Federated evaluation loss (sample-weighted over the sites' held-out rows).", metrics.Gauge, fed.Loss))
+	site := func(name, help string, val func(r evaluate.Report) (float64, bool)) {
+		var ss []metrics.Sample
+		for _, id := range slices.Sorted(maps.Keys(ev.Sites)) {
+			if x, ok := val(ev.Sites[id]); ok {
+				ss = append(ss, metrics.Sample{Labels: []metrics.Label{{Name: "site", Value: id}}, Value: x})
+			}
+		}
+		f = append(f, metrics.Family{Name: ns + name, Help: help, Type: metrics.Gauge, Samples: ss})
+	}
+	site("site_eval_loss", "A site's evaluation loss on its held-out rows.", func(r evaluate.Report) (float64, bool) { return r.Loss, r.N > 0 })
+	if fed.Confusion != nil {
+		f = append(f,
+			metrics.One(ns+"eval_accuracy", "Federated evaluation accuracy.", metrics.Gauge, fed.Accuracy),
+			metrics.One(ns+"eval_balanced_accuracy", "Federated evaluation balanced accuracy.", metrics.Gauge, fed.BalancedAccuracy))
+		if fed.AUC != nil {
+			f = append(f, metrics.One(ns+"eval_auc", "Federated ROC AUC (sample-weighted mean of the sites').", metrics.Gauge, *fed.AUC))
+		}
+		site("site_eval_accuracy", "A site's evaluation accuracy on its held-out rows.", func(r evaluate.Report) (float64, bool) { return r.Accuracy, r.N > 0 })
+	} else {
+		f = append(f, metrics.One(ns+"eval_rmse", "Federated evaluation RMSE.", metrics.Gauge, fed.RMSE))
+		if fed.R2 != nil {
+			f = append(f, metrics.One(ns+"eval_r2", "Federated evaluation R^2.", metrics.Gauge, *fed.R2))
+		}
+		site("site_eval_r2", "A site's evaluation R^2 on its held-out rows.", func(r evaluate.Report) (float64, bool) {
+			if r.R2 == nil {
+				return 0, false
+			}
+			return *r.R2, true
+		})
+	}
+	return f
+}
+
+func merged(a, b map[string]uint64) map[string]uint64 {
+	out := map[string]uint64{}
+	for k, v := range a {
+		out[k] += v
+	}
+	for k, v := range b {
+		out[k] += v
+	}
+	return out
 }

@@ -44,6 +44,18 @@ type State struct {
 	// Config.Selector); Restore applies it only to a selector of that name.
 	SelectorName string          `json:"selector_name,omitempty"`
 	Selector     json.RawMessage `json:"selector,omitempty"`
+	// The issue 11 protocol (coordinator_fed.go); absent without a
+	// federation schema.
+	StatsSites []string `json:"stats_sites,omitempty"` // statistics accepted from
+	EvalRound  int      `json:"eval_round,omitempty"`  // the latest eval round asked for
+	EvalGot    []string `json:"eval_got,omitempty"`    // who reported EvalRound
+	EvalDone   bool     `json:"eval_done,omitempty"`
+	// BestLoss is the best federated evaluation loss (valid when HasBest),
+	// SinceBest the evaluations since it (the patience rule).
+	BestLoss   float64 `json:"best_loss,omitempty"`
+	HasBest    bool    `json:"has_best,omitempty"`
+	SinceBest  int     `json:"since_best,omitempty"`
+	StopReason string  `json:"stop_reason,omitempty"`
 }
 
 // Received is one stored update of the open round.
@@ -82,7 +94,18 @@ func (c *Coordinator) Snapshot() State {
 		ClosedAt:     c.closedAt,
 		Timer:        c.timer,
 		Counters:     c.counters.clone(),
+		StatsSites:   c.fed.statsList(),
+		EvalRound:    c.fed.evalRound,
+		EvalDone:     c.fed.evalDone,
+		BestLoss:     c.fed.bestLoss,
+		HasBest:      c.fed.hasBest,
+		SinceBest:    c.fed.sinceBest,
+		StopReason:   c.fed.stopReason,
 	}
+	for id := range c.fed.evalGot {
+		s.EvalGot = append(s.EvalGot, id)
+	}
+	slices.Sort(s.EvalGot)
 	for id := range c.invited {
 		s.Invited = append(s.Invited, id)
 	}
@@ -155,6 +178,16 @@ func (c *Coordinator) Restore(s State) error {
 	c.closedAt = norm(s.ClosedAt)
 	c.timer = norm(s.Timer)
 	c.counters = s.Counters.clone()
+	c.fed.reset()
+	for _, id := range s.StatsSites {
+		c.fed.stats[id] = true
+	}
+	for _, id := range s.EvalGot {
+		c.fed.evalGot[id] = true
+	}
+	c.fed.evalRound, c.fed.evalDone = s.EvalRound, s.EvalDone
+	c.fed.bestLoss, c.fed.hasBest, c.fed.sinceBest = s.BestLoss, s.HasBest, s.SinceBest
+	c.fed.stopReason = s.StopReason
 	return nil
 }
 
@@ -167,7 +200,7 @@ func (s State) check() error {
 		return bad("version %d, want %d", s.Version, StateVersion)
 	}
 	switch s.Phase {
-	case PhaseWaiting, PhaseCollecting, PhaseStalled, PhaseClosing, PhaseFinished:
+	case PhaseWaiting, PhaseCollecting, PhaseStalled, PhaseClosing, PhaseFinished, PhaseStatistics, PhaseFitting, PhaseFinishing:
 	default:
 		return bad("unknown phase %q", s.Phase)
 	}
@@ -215,6 +248,23 @@ func (s State) check() error {
 			return bad("received client %q not invited or listed twice", r.Client)
 		}
 		seen[r.Client] = true
+	}
+	for _, list := range [][]string{s.StatsSites, s.EvalGot} {
+		clear(seen)
+		for _, id := range list {
+			if !known[id] || seen[id] {
+				return bad("statistics or evaluation site %q unknown or listed twice", id)
+			}
+			seen[id] = true
+		}
+	}
+	switch {
+	case s.EvalRound < -1 || s.SinceBest < 0:
+		return bad("eval round %d, since best %d", s.EvalRound, s.SinceBest)
+	case s.HasBest && (math.IsNaN(s.BestLoss) || math.IsInf(s.BestLoss, 0)):
+		return bad("a non-finite best loss")
+	case (s.Phase == PhaseStatistics || s.Phase == PhaseFitting) && s.Round != 1:
+		return bad("phase %s in round %d", s.Phase, s.Round)
 	}
 	return nil
 }

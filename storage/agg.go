@@ -24,6 +24,16 @@ import (
 //	                                  sample_count u64 | loss float64 LE | message }
 //	latest_z    client id -> round u64 + float64s
 //	checkpoints round u64 -> float64s (the global model announced for the round)
+//
+// A run with a federation schema (issue 11; agg_fed.go) adds these buckets,
+// each created by its first write, so that a run without a schema writes
+// exactly the file it wrote before (no migration: the schema version stays
+// 2; an older binary refuses a file holding them as having an unknown
+// bucket):
+//
+//	statistics  client id -> stored_at unix ns u64 | message (a site's statistics)
+//	evals       eval round u64 -> bucket { client id -> stored_at unix ns u64 | message }
+//	federation  fit = the fitted preprocessing record (opaque bytes), final_bundle = bytes
 var (
 	bucketAgg         = []byte("agg")
 	bucketClients     = []byte("clients")
@@ -50,6 +60,7 @@ var aggSchema = schema{
 	layout: map[string][]string{
 		string(bucketAgg): {string(keyCurrentRound)}, string(bucketClients): nil, string(bucketRounds): nil,
 		string(bucketUpdates): nil, string(bucketLatestZ): nil, string(bucketCheckpoints): nil,
+		string(bucketStatistics): nil, string(bucketEvals): nil, string(bucketFederation): {string(keyFit), string(keyFinalBundle)},
 	},
 }
 
@@ -103,9 +114,14 @@ func aggInvariants(tx *bolt.Tx) error {
 	for _, c := range []struct {
 		name  []byte
 		ahead uint64
-	}{{bucketUpdates, 0}, {bucketCheckpoints, 1}} {
+	}{{bucketUpdates, 0}, {bucketCheckpoints, 1}, {bucketEvals, 0}} {
 		name := c.name
 		b, err := bucket(tx, name)
+		if string(name) == string(bucketEvals) {
+			if b, err = optBucket(tx, name); b == nil {
+				continue
+			}
+		}
 		if err != nil {
 			return err
 		}
@@ -182,6 +198,9 @@ type ClientRecord struct {
 	Participation    uint64  // accepted updates
 	Capabilities     []string
 	SoftwareVersion  string
+	// ErrorReason and ErrorMessage are the site error of its latest online
+	// status (wire ClientStatus error_reason/error_message; empty: none).
+	ErrorReason, ErrorMessage string
 }
 
 type clientJSON struct {
@@ -194,12 +213,15 @@ type clientJSON struct {
 	Participation   uint64   `json:"participation"`
 	Capabilities    []string `json:"capabilities,omitempty"`
 	SoftwareVersion string   `json:"software_version,omitempty"`
+	ErrorReason     string   `json:"error_reason,omitempty"`
+	ErrorMessage    string   `json:"error_message,omitempty"`
 }
 
 func encodeClient(c ClientRecord) ([]byte, error) {
 	j := clientJSON{
 		ID: c.ID, Online: c.Online, SampleCount: c.SampleCount, Participation: c.Participation,
 		Capabilities: c.Capabilities, SoftwareVersion: c.SoftwareVersion, FirstSamples: c.FirstSampleCount,
+		ErrorReason: c.ErrorReason, ErrorMessage: c.ErrorMessage,
 	}
 	if !c.LastSeen.IsZero() {
 		j.LastSeenUnixNs = c.LastSeen.UnixNano()
@@ -222,6 +244,7 @@ func decodeClient(id, v []byte) (ClientRecord, error) {
 	c := ClientRecord{
 		ID: j.ID, Online: j.Online, SampleCount: j.SampleCount, Participation: j.Participation,
 		Capabilities: j.Capabilities, SoftwareVersion: j.SoftwareVersion, RecentLoss: math.NaN(), FirstSampleCount: j.FirstSamples,
+		ErrorReason: j.ErrorReason, ErrorMessage: j.ErrorMessage,
 	}
 	if j.LastSeenUnixNs != 0 {
 		c.LastSeen = time.Unix(0, j.LastSeenUnixNs)
@@ -278,7 +301,11 @@ type ClientStatus struct {
 	SampleCount     uint64
 	Capabilities    []string
 	SoftwareVersion string
-	At              time.Time // when the aggregator received it
+	// ErrorReason and ErrorMessage: the site's error (empty: none). An
+	// online status sets or clears the stored error; an offline status (a
+	// last will carries none) keeps it.
+	ErrorReason, ErrorMessage string
+	At                        time.Time // when the aggregator received it
 }
 
 // PutClientStatus upserts a client's status (online flag, sample count,
@@ -309,6 +336,9 @@ func (s *AggStore) PutClientStatus(st ClientStatus) error {
 		}
 		if st.SoftwareVersion != "" {
 			c.SoftwareVersion = st.SoftwareVersion
+		}
+		if st.Online {
+			c.ErrorReason, c.ErrorMessage = st.ErrorReason, st.ErrorMessage
 		}
 		if st.At.After(c.LastSeen) {
 			c.LastSeen = st.At

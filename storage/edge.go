@@ -2,6 +2,7 @@ package storage
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math"
 	"time"
@@ -9,8 +10,9 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Edge schema, version 2 (version 1 without the seals; every value
-// outside meta is sealed with a CRC-32C, see seal.go):
+// Edge schema, version 3 (version 1 without the seals; every value
+// outside meta is sealed with a CRC-32C, see seal.go; version 2 without the
+// final bundle keys):
 //
 //	meta      schema_version, kind = "edge"
 //	edge      client_id      string
@@ -31,6 +33,10 @@ import (
 //	          run_id         string, the aggregator run the round state
 //	                         belongs to (absent = not known; added without a
 //	                         migration)
+//	          final_meta     JSON {"run_id", "round", "digest"}: the run whose
+//	                         final model bundle is stored (absent = none)
+//	          final_bundle   the final model bundle's bytes, exactly as
+//	                         received (present iff final_meta is)
 //	residuals name -> float64s (error-feedback residuals)
 //	outbox    round u64 -> the encoded wire update, until its receipt
 var (
@@ -38,28 +44,51 @@ var (
 	bucketResiduals = []byte("residuals")
 	bucketOutbox    = []byte("outbox")
 
-	keyClientID     = []byte("client_id")
-	keyCreatedAt    = []byte("created_at")
-	keySeenRound    = []byte("seen_round")
-	keyAppliedRound = []byte("applied_round")
-	keyGlobal       = []byte("global")
-	keyZ            = []byte("z")
-	keyServerZ      = []byte("server_z")
-	keyConnection   = []byte("connection")
-	keyRunID        = []byte("run_id")
+	keyClientID        = []byte("client_id")
+	keyCreatedAt       = []byte("created_at")
+	keySeenRound       = []byte("seen_round")
+	keyAppliedRound    = []byte("applied_round")
+	keyGlobal          = []byte("global")
+	keyZ               = []byte("z")
+	keyServerZ         = []byte("server_z")
+	keyConnection      = []byte("connection")
+	keyRunID           = []byte("run_id")
+	keyEdgeFinalMeta   = []byte("final_meta")
+	keyEdgeFinalBundle = []byte("final_bundle")
 )
 
 const edgeKind = "edge"
+
+func init() { edgeSchema.invariants = edgeInvariants }
+
+// edgeInvariants: the final bundle's two keys go together.
+func edgeInvariants(tx *bolt.Tx) error {
+	b, err := bucket(tx, bucketEdge)
+	if err != nil {
+		return err
+	}
+	if (b.Get(keyEdgeFinalMeta) == nil) != (b.Get(keyEdgeFinalBundle) == nil) {
+		return fmt.Errorf("%w: edge/final_meta and edge/final_bundle are not both present or both absent", ErrCorrupt)
+	}
+	return nil
+}
 
 var edgeSchema = schema{
 	kind: edgeKind,
 	migrations: []migration{
 		{name: "create buckets", run: createBuckets(bucketEdge, bucketResiduals, bucketOutbox)},
 		{name: "seal values", run: sealAll},
+		// Version 3 adds the final_meta and final_bundle keys, written
+		// when a run finishes. Nothing to convert: the step exists so that
+		// an older agent refuses a file holding them as written by a newer
+		// binary (ErrSchemaTooNew) instead of reporting unknown keys as
+		// damage and suggesting --reset-state.
+		{name: "final bundle keys", run: func(*bolt.Tx) error { return nil }},
 	},
 	layout: map[string][]string{
 		string(bucketEdge): {string(keyClientID), string(keyCreatedAt), string(keySeenRound), string(keyAppliedRound),
-			string(keyGlobal), string(keyZ), string(keyServerZ), string(keyConnection), string(keyRunID)},
+			string(keyGlobal), string(keyZ), string(keyServerZ), string(keyConnection), string(keyRunID),
+			string(keyEdgeFinalMeta), string(keyEdgeFinalBundle)},
 		string(bucketResiduals): nil, string(bucketOutbox): nil,
 	},
 }
@@ -699,3 +728,82 @@ func (s *EdgeStore) ack(round uint64, rejected bool) (bool, error) {
 
 // eget is sget for a key of the edge bucket.
 func eget(b *bolt.Bucket, k []byte) ([]byte, error) { return sget(b, k, "edge/"+string(k)) }
+
+// Final is the final model bundle of a finished aggregator run.
+type Final struct {
+	RunID  string `json:"run_id"` // the run it ends ("" for a run without a run id)
+	Round  uint64 `json:"round"`  // rounds the run completed
+	Digest string `json:"digest"` // the bundle's SHA-256 digest (hex), as the bundle states it
+	// Bundle is the bundle's bytes as received; the storage layer does not
+	// parse it (the agent verifies it before SetFinal and after Final).
+	Bundle []byte `json:"-"`
+}
+
+// MaxFinalBundle bounds a stored bundle (one bbolt value).
+const MaxFinalBundle = bolt.MaxValueSize - sealLen
+
+// SetFinal stores the final bundle of a finished run, replacing any earlier
+// one, and in the same transaction empties the outbox: the run is over, its
+// unreceipted updates can no longer be applied and are not re-sent. The
+// round state stays as it is until StartRun of another run (the bundle
+// stays then too, until the next run's replaces it). One transaction.
+func (s *EdgeStore) SetFinal(f Final) error {
+	if len(f.Bundle) == 0 || len(f.Bundle) > MaxFinalBundle {
+		return fmt.Errorf("storage: set final: %w: bundle of %d bytes", ErrInvalid, len(f.Bundle))
+	}
+	if f.Digest == "" {
+		return fmt.Errorf("storage: set final: %w: no digest", ErrInvalid)
+	}
+	meta, err := json.Marshal(f)
+	if err != nil {
+		return fmt.Errorf("storage: set final: %w", err)
+	}
+	err = s.update(func(b *bolt.Bucket, tx *bolt.Tx) error {
+		if err := sput(b, keyEdgeFinalMeta, meta); err != nil {
+			return err
+		}
+		if err := sput(b, keyEdgeFinalBundle, f.Bundle); err != nil {
+			return err
+		}
+		if err := tx.DeleteBucket(bucketOutbox); err != nil {
+			return err
+		}
+		_, err := tx.CreateBucket(bucketOutbox)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("storage: set final: %w", err)
+	}
+	return nil
+}
+
+// Final returns the stored final bundle, or ErrNotFound. A read
+// transaction; the bytes are a copy.
+func (s *EdgeStore) Final() (Final, error) {
+	var f Final
+	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
+		meta, err := eget(b, keyEdgeFinalMeta)
+		if err != nil {
+			return err
+		}
+		raw, err := eget(b, keyEdgeFinalBundle)
+		if err != nil {
+			return err
+		}
+		if meta == nil && raw == nil {
+			return fmt.Errorf("%w: final bundle", ErrNotFound)
+		}
+		if meta == nil || len(raw) == 0 {
+			return fmt.Errorf("%w: edge/final_meta and edge/final_bundle are not both present", ErrCorrupt)
+		}
+		if err := json.Unmarshal(meta, &f); err != nil || f.Digest == "" {
+			return fmt.Errorf("%w: edge/final_meta: %q", ErrCorrupt, meta)
+		}
+		f.Bundle = bytes.Clone(raw)
+		return nil
+	})
+	if err != nil {
+		return Final{}, fmt.Errorf("storage: final: %w", err)
+	}
+	return f, nil
+}

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"errors"
+	"maps"
 	"math"
 	"slices"
 	"testing"
@@ -455,4 +456,153 @@ func TestEdgeStartRun(t *testing.T) {
 		t.Fatalf("unnamed run with state: StartRun(C) = %+v, %v", rs, err)
 	}
 	wantCleared("after StartRun(C)")
+}
+
+// The final bundle of a finished run: stored with its run, round and
+// digest, byte for byte; storing it empties the outbox (the run is over);
+// it survives a reopen and the start of another run, and the next run's
+// replaces it.
+func TestEdgeFinal(t *testing.T) {
+	path := tempPath(t, "edge.db")
+	s := openEdge(t, path)
+	if _, err := s.InitIdentity("site-1", time.Unix(1700000000, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Final(); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Final before SetFinal: %v, want ErrNotFound", err)
+	}
+	if _, err := s.StartRun("A"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(Commit{Round: 1, Msg: []byte("u1")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []Final{
+		{RunID: "A", Round: 1, Digest: "d"},
+		{RunID: "A", Round: 1, Bundle: []byte("{}")},
+		{RunID: "A", Round: 1, Digest: "d", Bundle: make([]byte, MaxFinalBundle+1)},
+	} {
+		if err := s.SetFinal(bad); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("SetFinal(%d bytes, digest %q) = %v, want ErrInvalid", len(bad.Bundle), bad.Digest, err)
+		}
+	}
+	if out, _ := s.Outbox(); len(out) != 1 {
+		t.Fatalf("a refused SetFinal changed the outbox: %d entries", len(out))
+	}
+	fa := Final{RunID: "A", Round: 7, Digest: "abc123", Bundle: []byte("{\"format\": \"edgefl-bundle\"}\n")}
+	if err := s.SetFinal(fa); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := s.Outbox(); err != nil || len(out) != 0 {
+		t.Fatalf("outbox after SetFinal: %d entries, %v", len(out), err)
+	}
+	if r, err := s.AppliedRound(); err != nil || r != 1 {
+		t.Fatalf("applied round after SetFinal: %d, %v (round state must stay)", r, err)
+	}
+	check := func(what string, want Final) {
+		t.Helper()
+		got, err := s.Final()
+		if err != nil || got.RunID != want.RunID || got.Round != want.Round || got.Digest != want.Digest || string(got.Bundle) != string(want.Bundle) {
+			t.Fatalf("%s: Final = %+v, %v; want %+v", what, got, err, want)
+		}
+	}
+	check("after SetFinal", fa)
+	closeT(t, s)
+	s = openEdge(t, path)
+	check("after reopen", fa)
+	if rs, err := s.StartRun("B"); err != nil || !rs.Reset {
+		t.Fatalf("StartRun(B) = %+v, %v", rs, err)
+	}
+	check("after StartRun of another run", fa)
+	fb := Final{RunID: "B", Round: 3, Digest: "def", Bundle: []byte("bundle of B")}
+	if err := s.SetFinal(fb); err != nil {
+		t.Fatal(err)
+	}
+	check("replaced", fb)
+	closeT(t, s)
+}
+
+// A damaged or half-present final bundle is refused on open like any other
+// damaged value.
+func TestEdgeFinalCorrupt(t *testing.T) {
+	tests := []struct {
+		name   string
+		damage func(b *bolt.Bucket) error
+	}{
+		{"bundle byte flipped", func(b *bolt.Bucket) error {
+			v := slices.Clone(b.Get(keyEdgeFinalBundle))
+			v[3] ^= 0x20
+			return b.Put(keyEdgeFinalBundle, v)
+		}},
+		{"meta without bundle", func(b *bolt.Bucket) error { return b.Delete(keyEdgeFinalBundle) }},
+		{"bundle without meta", func(b *bolt.Bucket) error { return b.Delete(keyEdgeFinalMeta) }},
+		{"meta not JSON", func(b *bolt.Bucket) error { return b.Put(keyEdgeFinalMeta, seal(keyEdgeFinalMeta, []byte("{"))) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := tempPath(t, "edge.db")
+			s := openEdge(t, path)
+			if err := s.SetFinal(Final{RunID: "A", Round: 2, Digest: "d", Bundle: []byte("the bundle")}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.db.Update(func(tx *bolt.Tx) error { return tt.damage(tx.Bucket(bucketEdge)) }); err != nil {
+				t.Fatal(err)
+			}
+			_, err := s.Final()
+			closeT(t, s)
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("Final = %v, want ErrCorrupt", err)
+			}
+			if tt.name == "meta not JSON" {
+				return // a sealed value of the wrong shape: found when read
+			}
+			if s, err := OpenEdge(path, Options{}); !errors.Is(err, ErrCorrupt) {
+				if s != nil {
+					s.Close()
+				}
+				t.Fatalf("OpenEdge = %v, want ErrCorrupt", err)
+			}
+		})
+	}
+}
+
+// An edge file of schema version 2 (before the final bundle keys) opens
+// with its round state intact and is stamped version 3; the version-2 code
+// then refuses the file as newer instead of calling its keys damage.
+func TestEdgeMigrationToFinalKeys(t *testing.T) {
+	v2 := edgeSchema
+	v2.migrations = edgeSchema.migrations[:2]
+	v2.layout = maps.Clone(edgeSchema.layout)
+	v2.layout[string(bucketEdge)] = slices.DeleteFunc(slices.Clone(v2.layout[string(bucketEdge)]), func(k string) bool {
+		return k == string(keyEdgeFinalMeta) || k == string(keyEdgeFinalBundle)
+	})
+	v2.invariants = nil
+	path := tempPath(t, "edge.db")
+	db, err := openDB(path, v2, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := &EdgeStore{db: db}
+	if _, err := old.InitIdentity("site-1", time.Unix(1700000000, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Commit(Commit{Round: 2, Z: []float64{1, 2}, Msg: []byte("u2")}); err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, old)
+
+	s := openEdge(t, path)
+	if v, _ := schemaVersion(s.db); v != 3 || edgeSchema.version() != 3 {
+		t.Fatalf("version %d after open (schema %d), want 3", v, edgeSchema.version())
+	}
+	if r, z, err := s.Z(); err != nil || r != 2 || !slices.Equal(z, []float64{1, 2}) {
+		t.Fatalf("z after migration: %d %v %v", r, z, err)
+	}
+	if err := s.SetFinal(Final{RunID: "A", Round: 2, Digest: "d", Bundle: []byte("b")}); err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, s)
+	if _, err := openDB(path, v2, Options{}); !errors.Is(err, ErrSchemaTooNew) {
+		t.Fatalf("the version-2 code opening a version-3 file: %v, want ErrSchemaTooNew", err)
+	}
 }

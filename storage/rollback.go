@@ -16,7 +16,9 @@ import (
 // was last written while it was the current round: its record (reopened),
 // its coordinator state, its checkpoint (the global model announced for it)
 // and its stored updates. Everything later goes: the records, updates and
-// checkpoints of rounds after N, and every client's latest FedSplit z set by
+// checkpoints of rounds after N, the evaluation reports of eval rounds N and
+// later (they judge the models after N or more aggregations, which are
+// gone), the final bundle, and every client's latest FedSplit z set by
 // an update of a round after N. Those z cannot be rebuilt (a z is the sum of
 // every delta since the client's first update, and old updates may be
 // pruned), so those clients have no copy at the aggregator: their next
@@ -148,6 +150,18 @@ func Rollback(path string, n uint64, now time.Time, rewrite func(config []byte) 
 				res.Rounds = len(doomed)
 			}
 		}
+		// Evaluation reports of eval round e judge the model after e
+		// aggregations, the checkpoint of round e+1: those of rounds >= n
+		// judge models that are gone. The final bundle goes too: the run
+		// is not finished any more.
+		if err := dropEvalsFrom(tx, n); err != nil {
+			return err
+		}
+		if fb := tx.Bucket(bucketFederation); fb != nil {
+			if err := fb.Delete(keyFinalBundle); err != nil {
+				return err
+			}
+		}
 		zb, err := bucket(tx, bucketLatestZ)
 		if err != nil {
 			return err
@@ -257,4 +271,29 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// dropEvalsFrom deletes the evaluation reports of eval rounds >= n.
+func dropEvalsFrom(tx *bolt.Tx, n uint64) error {
+	b := tx.Bucket(bucketEvals)
+	if b == nil {
+		return nil
+	}
+	var doomed [][]byte
+	var err error
+	c := b.Cursor()
+	for k, _ := c.Seek(encodeU64(n)); k != nil; k, _ = c.Next() {
+		doomed = append(doomed, append([]byte(nil), k...))
+	}
+	for _, k := range doomed {
+		if b.Bucket(k) != nil {
+			err = b.DeleteBucket(k)
+		} else {
+			err = b.Delete(k)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -25,6 +25,7 @@ func commands() []cli.Command {
 		{Name: "run", Summary: "run the aggregator daemon (embedded MQTT broker by default)", Run: runServe},
 		{Name: "demo", Summary: "embedded broker + aggregator + N in-process edge agents over real MQTT", Run: runDemo},
 		{Name: "status", Summary: "print the current round and each client's last-seen and participation", Run: runStatus},
+		{Name: "export", Summary: "write the model bundle of a stored round of a run with --schema (also while the daemon runs)", Run: runExport},
 		{Name: "pki", Summary: "make a site PKI: a CA and per-site certificates for mutual TLS", Run: runPKI},
 		{Name: "simulate", Summary: "run many virtual clients in one process and write results.json/csv/png", Run: runSimulate},
 		{Name: "report", Summary: "tabulate results.json files (mean ± sd over seeds) as markdown", Run: runReport},

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -26,10 +27,13 @@ import (
 	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/aggregator"
 	"github.com/edgefl/edgefl/broker"
+	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/evaluate"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/pki"
 	"github.com/edgefl/edgefl/proxsolver"
+	"github.com/edgefl/edgefl/schema"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/wire"
 )
@@ -72,6 +76,9 @@ type serveFlags struct {
 	logFormat, logLevel                      string
 	exitWhenFinished                         bool
 	rollback                                 string
+	schema                                   string
+	statsSites, evalEvery, stopPatience      int
+	stopTol, stopDelta                       float64
 }
 
 // serveAliases are alternative flag names (short or as simulate spells
@@ -138,9 +145,16 @@ func serveFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec `SPEC` clients must use for their deltas (fp32, fp16, q8, q4, qsgd:16, topk:0.05+q8, dct:28x28x10+topk:0.16+q4+ac, ...; see quant's package doc)")
 	fs.StringVar(&f.downlink, "downlink", "fp32", "codec of the global model in the round announcement: fp32 | fp16")
 
-	fs.StringVar(&f.modelKind, "model", model.KindLogReg, "model: logreg | binary-logreg | linear | mlp")
-	fs.IntVar(&f.inputs, "features", 0, "model inputs; default from --eval-data")
-	fs.IntVar(&f.classes, "classes", 0, "model classes (logreg, mlp); default from --eval-data")
+	fs.StringVar(&f.schema, "schema", "", "federation schema `FILE` (JSON; see deploy/schema.example.json): sites read their CSV by column name, a statistics phase before round 1 fits the federation's preprocessing, the model's inputs and classes follow from it, sites evaluate on held-out rows, model bundles are written")
+	fs.IntVar(&f.statsSites, "stats-sites", 0, "with --schema: the statistics phase closes once this many sites sent theirs, or at --round-timeout with a quorum (0: --per-round)")
+	fs.IntVar(&f.evalEvery, "eval-every", 10, "with --schema: sites evaluate the global model every `E` rounds (0: only at the end); each evaluation writes latest.bundle.json next to the state file")
+	fs.IntVar(&f.stopPatience, "stop-patience", 0, "with --schema: end the run early after `P` evaluations in a row without the federated loss improving on its best by more than --stop-tol (0: off)")
+	fs.Float64Var(&f.stopTol, "stop-tol", 0, "improvement of the federated evaluation loss that resets --stop-patience")
+	fs.Float64Var(&f.stopDelta, "stop-delta", 0, "end the run early when an aggregation changes the global model by less than this, relatively: ||x_new - x_old|| / ||x_old|| (meant for the FedSplit family; 0: off)")
+
+	fs.StringVar(&f.modelKind, "model", model.KindLogReg, "model: logreg | binary-logreg | linear | mlp (with --schema: logreg is the task's linear model, mlp a classifier)")
+	fs.IntVar(&f.inputs, "features", 0, "model inputs; default from --eval-data (with --schema: from the fitted preprocessing, not set)")
+	fs.IntVar(&f.classes, "classes", 0, "model classes (logreg, mlp); default from --eval-data (with --schema: from the schema, not set)")
 	fs.IntVar(&f.hidden, "hidden", 64, "hidden units (mlp)")
 	fs.StringVar(&f.activation, "activation", model.ActivationReLU, "hidden activation (mlp): relu | tanh")
 	fs.Float64Var(&f.l2, "l2", 0, "L2 coefficient lambda")
@@ -149,8 +163,8 @@ func serveFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 
 	fs.StringVar(&f.state, "state-file", "broker-agg.db", "state `FILE` (bbolt): round log, accepted updates, checkpoints; resumed on restart")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", DefaultMetricsAddr, "serve /metrics (Prometheus), /status and /healthz on `ADDR` (\"\": off)")
-	fs.StringVar(&f.evalData, "eval-data", "", "evaluation data `SPEC` (as simulate's --dataset: synthetic:A,B | synthetic-iid | idx:DIR | csv:PATH:label=COL | leaf:PATH): report loss and accuracy per round")
-	fs.StringVar(&f.finalModel, "final-model", "", "write the last global model to `FILE` when --rounds are done")
+	fs.StringVar(&f.evalData, "eval-data", "", "evaluation data `SPEC` (as simulate's --dataset: synthetic:A,B | synthetic-iid | idx:DIR | csv:PATH:label=COL | leaf:PATH; with --schema csv:PATH, read by the schema and the federation's preprocessing): report loss and accuracy per round")
+	fs.StringVar(&f.finalModel, "final-model", "", "where the final model goes when the run ends: with --schema the final model bundle (default: final.bundle.json next to the state file), without it the last global model's weights (model.Save; default: none)")
 	fs.BoolVar(&f.exitWhenFinished, "exit-when-finished", false, "exit once --rounds are done (default: keep serving receipts and metrics)")
 	fs.StringVar(&f.rollback, "rollback", "", "before starting, roll the --state-file back to round `N` (or last-good: the newest intact round), keeping a copy of the file; command line only, never in a --config file")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
@@ -277,6 +291,12 @@ func loadEval(spec string, seed uint64) (*model.Data, int, error) {
 // serverConfig turns the flags into an aggregator configuration (without
 // the broker connection).
 func (f *serveFlags) serverConfig(log *slog.Logger) (aggregator.ServerConfig, error) {
+	if f.schema != "" {
+		return f.fedServerConfig(log)
+	}
+	if f.stopPatience > 0 {
+		return aggregator.ServerConfig{}, errors.New("--stop-patience: the patience rule watches the federated evaluation, which needs --schema")
+	}
 	spec := model.Spec{Kind: f.modelKind, Inputs: f.inputs, Classes: f.classes, L2: f.l2}
 	if f.modelKind == model.KindMLP {
 		spec.Hidden, spec.Activation = f.hidden, f.activation
@@ -302,16 +322,70 @@ func (f *serveFlags) serverConfig(log *slog.Logger) (aggregator.ServerConfig, er
 	if (spec.Kind == model.KindLogReg || spec.Kind == model.KindMLP) && spec.Classes < 2 {
 		return aggregator.ServerConfig{}, errors.New("--classes: the model needs at least 2 classes (or give --eval-data)")
 	}
-	var sketch *wire.SketchSpec
+	sketch := f.anchorSketchSpec()
+	if f.maxPacket <= 0 {
+		return aggregator.ServerConfig{}, errors.New("--max-message-bytes: want > 0")
+	}
+	return f.baseConfig(spec, sketch, eval, log), nil
+}
+
+// anchorSketch is the --anchor-sketch request.
+func (f *serveFlags) anchorSketchSpec() *wire.SketchSpec {
 	switch {
 	case f.anchorSketch == 0:
-		sketch = &wire.SketchSpec{Seed: f.seed}
+		return &wire.SketchSpec{Seed: f.seed}
 	case f.anchorSketch > 0:
-		sketch = &wire.SketchSpec{Dimension: uint32(min(int64(f.anchorSketch), math.MaxUint32)), Seed: f.seed}
+		return &wire.SketchSpec{Dimension: uint32(min(int64(f.anchorSketch), math.MaxUint32)), Seed: f.seed}
+	}
+	return nil
+}
+
+// fedServerConfig is serverConfig with --schema.
+func (f *serveFlags) fedServerConfig(log *slog.Logger) (aggregator.ServerConfig, error) {
+	sc, err := schema.Load(f.schema)
+	if err != nil {
+		return aggregator.ServerConfig{}, fmt.Errorf("--schema: %w", err)
+	}
+	if f.inputs != 0 || f.classes != 0 {
+		return aggregator.ServerConfig{}, errors.New("--features and --classes: with --schema the schema and the fitted preprocessing decide them")
+	}
+	if f.statsSites < 0 || f.evalEvery < 0 || f.stopPatience < 0 {
+		return aggregator.ServerConfig{}, errors.New("--stats-sites, --eval-every and --stop-patience: want >= 0")
 	}
 	if f.maxPacket <= 0 {
 		return aggregator.ServerConfig{}, errors.New("--max-message-bytes: want > 0")
 	}
+	spec := model.Spec{Kind: f.modelKind, L2: f.l2}
+	if f.modelKind == model.KindMLP {
+		spec.Hidden, spec.Activation = f.hidden, f.activation
+	}
+	cfg := f.baseConfig(spec, f.anchorSketchSpec(), nil, log)
+	cfg.Schema, cfg.StatsSites, cfg.EvalEvery = sc, f.statsSites, f.evalEvery
+	if f.evalData != "" {
+		spec := f.evalData
+		if !strings.HasPrefix(spec, "csv:") {
+			spec = "csv:" + spec
+		}
+		path, label, err := bundle.ParseDataArg(spec)
+		if err != nil {
+			return aggregator.ServerConfig{}, fmt.Errorf("--eval-data: with --schema, expected csv:PATH: %w", err)
+		}
+		if label != "" {
+			return aggregator.ServerConfig{}, fmt.Errorf("--eval-data %q: with --schema the schema names the label column (%s)", f.evalData, sc.Label.Column)
+		}
+		tab, err := sc.ReadCSVFile(path)
+		if err != nil {
+			return aggregator.ServerConfig{}, fmt.Errorf("--eval-data: %w", err)
+		}
+		cfg.EvalTable = tab
+		log.Info("evaluation data loaded (the federation's preprocessing applies once fitted)", "path", path, "rows", tab.Rows)
+	}
+	log.Info("federation schema loaded", "schema", f.schema, "digest", sc.Digest(), "task", sc.Task, "features", len(sc.Features))
+	return cfg, nil
+}
+
+// baseConfig is the configuration every run shares.
+func (f *serveFlags) baseConfig(spec model.Spec, sketch *wire.SketchSpec, eval *model.Data, log *slog.Logger) aggregator.ServerConfig {
 	return aggregator.ServerConfig{
 		Federation: f.federation, ClientID: f.clientID,
 		K: f.k, QuorumFraction: f.quorum, RoundTimeout: f.roundTimeout, Extension: f.extension, Settle: f.settle,
@@ -323,7 +397,8 @@ func (f *serveFlags) serverConfig(log *slog.Logger) (aggregator.ServerConfig, er
 		StatePath: f.state, MetricsAddr: f.metricsAddr, Eval: eval, FinalModel: f.finalModel,
 		MaxMessageBytes: f.maxPacket, Logger: log,
 		RateMessages: f.rateMsgs, RateBurst: f.rateBurst, RateBytes: f.rateBytes,
-	}, nil
+		StopPatience: f.stopPatience, StopTol: f.stopTol, StopDelta: f.stopDelta, Version: version,
+	}
 }
 
 // runServe runs the aggregator daemon (`broker-agg run`).
@@ -572,7 +647,73 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\n", ci.ID, yesNo(ci.Online), seen, ci.Samples, ci.Participation, ci.LastRound, this)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return printFedStatus(w, st)
+}
+
+// printFedStatus prints a run's schema, statistics, evaluation, site errors
+// and final bundle (nothing for a run without a schema and site errors).
+func printFedStatus(w io.Writer, st aggregator.Status) error {
+	var errs []string
+	for _, ci := range st.Clients {
+		if ci.Error != nil {
+			errs = append(errs, fmt.Sprintf("  %s: %s: %s", ci.ID, ci.Error.Reason, ci.Error.Message))
+		}
+	}
+	if len(errs) > 0 {
+		fmt.Fprintf(w, "\nsite errors:\n%s\n", strings.Join(errs, "\n"))
+	}
+	if st.Schema == "" {
+		return nil
+	}
+	fmt.Fprintf(w, "\nschema %.16s  statistics from %d sites: %s\n", st.Schema, len(st.StatisticsSites), orDash(strings.Join(st.StatisticsSites, " ")))
+	if m := st.Model; m != nil {
+		fmt.Fprintf(w, "model %s, %d inputs after the federation's preprocessing", m.Kind, m.Inputs)
+		if m.Classes > 0 {
+			fmt.Fprintf(w, ", %d classes", m.Classes)
+		}
+		fmt.Fprintln(w)
+	}
+	if ev := st.Evaluation; ev != nil {
+		fmt.Fprintf(w, "evaluation of round %d (the model after %d aggregations) on the sites' held-out rows:\n", ev.Round, ev.Round)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		cls := ev.Federation.Confusion != nil
+		if cls {
+			fmt.Fprintln(tw, "SITE\tN\tLOSS\tACCURACY\tBALANCED\tAUC")
+		} else {
+			fmt.Fprintln(tw, "SITE\tN\tLOSS\tRMSE\tR2")
+		}
+		row := func(name string, r evaluate.Report) {
+			if cls {
+				fmt.Fprintf(tw, "%s\t%d\t%.4g\t%.4f\t%.4f\t%s\n", name, r.N, r.Loss, r.Accuracy, r.BalancedAccuracy, optF(r.AUC))
+			} else {
+				fmt.Fprintf(tw, "%s\t%d\t%.4g\t%.4g\t%s\n", name, r.N, r.Loss, r.RMSE, optF(r.R2))
+			}
+		}
+		for _, id := range slices.Sorted(maps.Keys(ev.Sites)) {
+			row(id, ev.Sites[id])
+		}
+		row("federation", ev.Federation)
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if st.StopReason != "" {
+		fmt.Fprintf(w, "run ended: %s\n", st.StopReason)
+	}
+	if b := st.FinalBundle; b != nil {
+		fmt.Fprintf(w, "final bundle: round %d, %d bytes, digest %.16s (broker-agg export --state FILE --out FILE)\n", b.Round, b.Bytes, b.Digest)
+	}
+	return nil
+}
+
+func optF(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.4f", *v)
 }
 
 func rel(t, now time.Time) string {

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -576,4 +577,53 @@ func TestDemoPrintsAccuracyNextToTheOptimum(t *testing.T) {
 		t.Errorf("final accuracy %s%% differs from round 3's %s%%", final[2], rows[2][3])
 	}
 	t.Logf("demo: final accuracy %s%% (test loss %s), centralised optimum %s%% (test loss %s)", final[2], final[1], opt[2], opt[1])
+}
+
+// TestRunExampleConfigComplete: the example documents every option of
+// `run` (set or commented out) and every commented-out value is one `run`
+// accepts; `run --help` lists them.
+func TestRunExampleConfigComplete(t *testing.T) {
+	raw, err := os.ReadFile("../../deploy/broker-agg.example.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]bool{}
+	for n, line := range strings.Split(string(raw), "\n") {
+		line = strings.TrimSpace(line)
+		commented := strings.HasPrefix(line, "#")
+		body := strings.TrimSpace(strings.TrimPrefix(line, "#"))
+		key, val, ok := strings.Cut(body, "=")
+		key = strings.TrimSpace(key)
+		if !ok || strings.ContainsAny(key, " \t") || key == "" {
+			continue // prose
+		}
+		name := canonical(strings.ReplaceAll(key, "_", "-"))
+		fs, _ := serveFlagSet(io.Discard)
+		if fs.Lookup(name) == nil {
+			if commented {
+				continue // prose that happens to hold an "="
+			}
+			t.Errorf("line %d: unknown key %q", n+1, key)
+			continue
+		}
+		keys[name] = true
+		if err := fs.Set(name, strings.TrimSpace(val)); err != nil {
+			t.Errorf("line %d: %s = %s: %v", n+1, key, strings.TrimSpace(val), err)
+		}
+	}
+	fs, _ := serveFlagSet(io.Discard)
+	var help strings.Builder
+	fs.SetOutput(&help)
+	fs.Usage()
+	fs.VisitAll(func(fl *flag.Flag) {
+		if canonical(fl.Name) != fl.Name || fl.Name == "config" || fl.Name == "rollback" {
+			return // an alias, or command-line only
+		}
+		if !keys[fl.Name] {
+			t.Errorf("deploy/broker-agg.example.conf does not document %s", strings.ReplaceAll(fl.Name, "-", "_"))
+		}
+		if !strings.Contains(help.String(), "-"+fl.Name) {
+			t.Errorf("run --help does not list --%s", fl.Name)
+		}
+	})
 }

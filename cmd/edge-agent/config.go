@@ -124,7 +124,9 @@ func options() []option {
 			c.PasswordFile = v
 			return nil
 		}},
-		{key: "data", help: "local data: csv:PATH:label=COLUMN[:regression] | idx:DIR | leaf:PATH | synthetic:ALPHA,BETA | synthetic-iid", set: str(func(c *runConfig) *string { return &c.Data })},
+		{key: "data", help: "local data: csv:PATH (read by the federation's schema) | csv:PATH:label=COLUMN[:regression] | idx:DIR | leaf:PATH | synthetic:ALPHA,BETA | synthetic-iid", set: str(func(c *runConfig) *string { return &c.Data })},
+		{key: "eval_data", help: "optional CSV of held-out rows, read by the federation's schema (then every row of data trains; default: the schema's holdout share of data)", set: str(func(c *runConfig) *string { return &c.EvalData })},
+		{key: "model_out", help: "where the final model bundle is written when the federation finishes (default: final.bundle.json next to the state file)", set: str(func(c *runConfig) *string { return &c.ModelOut })},
 		{key: "data_client", help: "-1: the whole source is this site's data; K >= 0: client K of the partitioned source (demos)", set: integer(func(c *runConfig) *int { return &c.DataClient }, -1)},
 		{key: "data_partition", help: "with data_client: natural | iid | dirichlet:ALPHA | classes:K", set: str(func(c *runConfig) *string { return &c.DataPartition })},
 		{key: "data_clients", help: "with data_client: number of clients of the partition (synthetic: devices)", set: integer(func(c *runConfig) *int { return &c.DataClients }, 0)},

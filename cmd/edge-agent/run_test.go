@@ -85,6 +85,12 @@ func TestConfigFileAndFlags(t *testing.T) {
 		{name: "password flag replaces the file's password_file", file: base + "username = u\npassword_file = /nonexistent\n", flags: []string{"--password", "p"},
 			check: func(c runConfig) bool { return c.Password == "p" && c.PasswordFile == "" }},
 		{name: "json logs", file: base, flags: []string{"--log-format", "json"}, check: func(c runConfig) bool { return c.LogFormat == "json" }},
+		{name: "schema data, eval data and model out", file: base + "eval_data = /srv/heldout.csv\nmodel_out = /srv/final.json\n",
+			flags: []string{"--data", "csv:/srv/site.csv", "--data-client", "-1"},
+			check: func(c runConfig) bool {
+				return c.Data == "csv:/srv/site.csv" && c.EvalData == "/srv/heldout.csv" && c.ModelOut == "/srv/final.json"
+			}},
+		{name: "eval data of a synthetic source", file: base + "eval_data = /srv/heldout.csv\n", err: "eval_data"},
 		{name: "unknown key", file: base + "site = x\n", err: `:7: unknown option "site"`},
 		{name: "no equals", file: base + "site_id\n", err: ":7: expected key = value"},
 		{name: "duplicate", file: base + "site_id = s9\n", err: ":7: site_id is already set at"},

@@ -1,0 +1,412 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/sitedata"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// startFedAgent runs an agent whose data is the CSV at csv, read by the
+// federation's schema (data = csv:PATH, nothing loaded at start).
+func startFedAgent(t *testing.T, url, state, csv string, mod func(*Config)) *runningAgent {
+	t.Helper()
+	return startFedAgentID(t, testSite, url, state, csv, mod)
+}
+
+func startFedAgentID(t *testing.T, id, url, state, csv string, mod func(*Config)) *runningAgent {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.SiteID, cfg.Federation, cfg.Brokers, cfg.StateFile = id, testFed, []string{url}, state
+	cfg.Data = "csv:" + csv
+	cfg.ReconnectMin, cfg.ReconnectMax = 100*time.Millisecond, time.Second
+	if mod != nil {
+		mod(&cfg)
+	}
+	ra := &runningAgent{events: make(chan Event, 1000), errc: make(chan error, 1)}
+	a, err := New(cfg, Deps{
+		Clock: clock.NewFake(t0), Logger: testLogger(t),
+		Observe: func(e Event) {
+			select {
+			case ra.events <- e:
+			default:
+				t.Errorf("event dropped: %+v", e)
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ra.Agent = a
+	ctx, cancel := context.WithCancel(context.Background())
+	ra.cancel = cancel
+	go func() { ra.errc <- a.Run(ctx) }()
+	t.Cleanup(ra.stop)
+	return ra
+}
+
+// sameMsg reports whether two messages encode to the same bytes.
+func sameMsg(t *testing.T, a, b wire.Message) bool {
+	t.Helper()
+	x, err := wire.Encode(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := wire.Encode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.Equal(x, y)
+}
+
+func subjectReceipt(subject wire.ReceiptSubject, round uint64) *wire.Receipt {
+	return &wire.Receipt{ClientId: testSite, Round: round, Accepted: true, StoredAtUnixMs: 1, Code: wire.ReceiptCode_RECEIPT_CODE_STORED, Subject: subject}
+}
+
+func (f *fakeAgg) nextStatistics() *wire.SiteStatistics {
+	f.t.Helper()
+	select {
+	case s := <-f.statistics:
+		return s
+	case <-time.After(guard):
+		f.t.Fatal("no statistics from the agent")
+	}
+	return nil
+}
+
+func (f *fakeAgg) nextEval() *wire.EvalReport {
+	f.t.Helper()
+	select {
+	case e := <-f.evals:
+		return e
+	case <-time.After(guard):
+		f.t.Fatal("no evaluation report from the agent")
+	}
+	return nil
+}
+
+// statusWhere returns the next status ok accepts, skipping the others.
+func (f *fakeAgg) statusWhere(what string, ok func(*wire.ClientStatus) bool) *wire.ClientStatus {
+	f.t.Helper()
+	timeout := time.After(guard)
+	for {
+		select {
+		case s := <-f.status:
+			if ok(s) {
+				return s
+			}
+		case <-timeout:
+			f.t.Fatalf("no status %s", what)
+		}
+	}
+}
+
+// pendingUplinks is the number of statistics and evaluation messages the
+// agent is still re-sending.
+func (ra *runningAgent) pendingUplinks() int {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	return len(ra.uplinks)
+}
+
+func (f *fakeAgg) quiet(t *testing.T) {
+	t.Helper()
+	select {
+	case b := <-f.updates:
+		t.Fatalf("an update was published: %d bytes", len(b))
+	case s := <-f.statistics:
+		t.Fatalf("statistics were published: %v", s)
+	case e := <-f.evals:
+		t.Fatalf("an evaluation report was published: %v", e)
+	default:
+	}
+}
+
+// The statistics phase over MQTT: the agent sends its statistics and
+// re-sends them, byte for byte, until the aggregator's STATISTICS receipt;
+// its status then reports its training rows.
+func TestAgentStatisticsResentUntilReceipted(t *testing.T) {
+	_, url := startBroker(t)
+	agg := newFakeAgg(t, url)
+	f := newFedFixture(t, 80)
+	ra := startFedAgent(t, url, filepath.Join(t.TempDir(), "edge.db"), f.csv, nil)
+	if st := agg.nextStatus(); !st.Online || st.SampleCount != 0 || st.ErrorReason != "" {
+		t.Fatalf("online status before any schema: %v", st)
+	}
+	ra.wait(t, "connected", isKind(EventConnected))
+
+	agg.announce(f.statsAnn(fedRun))
+	first := agg.nextStatistics()
+	if first.RunId != fedRun || first.SchemaDigest != f.s.Digest() || string(first.Stats) != mustJSON(t, f.stats) {
+		t.Fatalf("statistics %v", first)
+	}
+	if st := agg.statusWhere("with the training rows", func(s *wire.ClientStatus) bool { return s.SampleCount > 0 }); st.SampleCount != uint64(f.train.N) || !st.Online {
+		t.Fatalf("status %v, want %d training rows", st, f.train.N)
+	}
+	// No receipt: re-sent after the backoff (100 ms, then 200 ms).
+	for range 2 {
+		if again := agg.nextStatistics(); !sameMsg(t, again, first) {
+			t.Fatalf("re-sent statistics differ: %v", again)
+		}
+	}
+	agg.receipt(subjectReceipt(wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, 0))
+	ra.wait(t, "statistics receipt", func(e Event) bool {
+		return e.Kind == EventReceipt && e.Subject == wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS && e.Accepted
+	})
+	if n := ra.pendingUplinks(); n != 0 {
+		t.Fatalf("%d messages still re-sent after the receipt", n)
+	}
+	// The retained announcement delivered again (a reconnection): the
+	// receipted statistics are not sent again.
+	agg.announce(f.statsAnn(fedRun))
+	ra.wait(t, "statistics phase handled", func(e Event) bool { return e.Kind == EventRound && e.Action == ActionDone })
+	s := ra.Stats()
+	if s.StatisticsSent < 3 || s.ReceiptsAccepted != 1 || s.RoundErrors != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	for len(agg.statistics) > 0 { // a re-send may have crossed the receipt
+		<-agg.statistics
+	}
+	agg.quiet(t)
+}
+
+// A CSV missing a schema column: the retained status says schema_mismatch
+// with a message naming file and column and no data value, no statistics
+// go out; once the file is fixed the next announcement clears it.
+func TestAgentSiteErrorStatus(t *testing.T) {
+	_, url := startBroker(t)
+	agg := newFakeAgg(t, url)
+	f := newFedFixture(t, 60)
+	broken := filepath.Join(t.TempDir(), "site.csv")
+	good, err := os.ReadFile(f.csv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(broken, bytes.Replace(good, []byte("id,age,"), []byte("id,years,"), 1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ra := startFedAgent(t, url, filepath.Join(t.TempDir(), "edge.db"), broken, nil)
+	ra.wait(t, "connected", isKind(EventConnected))
+	agg.announce(f.statsAnn(fedRun))
+	st := agg.statusWhere("with an error", func(s *wire.ClientStatus) bool { return s.ErrorReason != "" })
+	if st.ErrorReason != wire.SiteErrSchema || !st.Online || !strings.Contains(st.ErrorMessage, broken) || !strings.Contains(st.ErrorMessage, `"age"`) {
+		t.Fatalf("error status %v", st)
+	}
+	for _, cell := range strings.FieldsFunc(string(good), func(r rune) bool { return r == ',' || r == '\n' }) {
+		if len(cell) > 3 && strings.Contains(st.ErrorMessage, cell) && cell != "colour" && cell != "size" {
+			t.Fatalf("the error message %q carries the data value %q", st.ErrorMessage, cell)
+		}
+	}
+	e := ra.wait(t, "site error", isKind(EventSiteError))
+	var se *sitedata.SiteError
+	if !errors.As(e.Err, &se) || se.Reason != wire.SiteErrSchema {
+		t.Fatalf("site error event %v", e.Err)
+	}
+	failed := func(e Event) bool { return e.Kind == EventRound && e.Err != nil }
+	ra.wait(t, "the failed announcement", failed)
+	agg.quiet(t)
+
+	// The same error again: no new status (nor a new ERROR line).
+	agg.announce(f.statsAnn(fedRun))
+	ra.wait(t, "the same error", failed)
+	select {
+	case e := <-ra.events:
+		t.Fatalf("event after the repeated error: %+v", e)
+	default:
+	}
+
+	if err := os.WriteFile(broken, good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	agg.announce(f.statsAnn(fedRun))
+	if s := agg.nextStatistics(); string(s.Stats) != mustJSON(t, f.stats) {
+		t.Fatalf("statistics after the fix %v", s)
+	}
+	cleared := agg.statusWhere("without the error", func(s *wire.ClientStatus) bool { return s.ErrorReason == "" && s.Online })
+	if cleared.ErrorMessage != "" {
+		t.Fatalf("status after the fix %v", cleared)
+	}
+	ra.wait(t, "site error cleared", func(e Event) bool { return e.Kind == EventSiteError && e.Err == nil })
+	if s := ra.Stats(); s.RoundErrors != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// evaluate: a site the round does not select still evaluates the global
+// model on its held-out rows and sends the EvalReport of eval_round,
+// figures equal to sitedata.Evaluate, re-sent until its EVALUATION receipt.
+func TestAgentEvaluatesWhenNotSelected(t *testing.T) {
+	_, url := startBroker(t)
+	agg := newFakeAgg(t, url)
+	f := newFedFixture(t, 100)
+	ra := startFedAgent(t, url, filepath.Join(t.TempDir(), "edge.db"), f.csv, nil)
+	ra.wait(t, "connected", isKind(EventConnected))
+	x := f.global(t, 3)
+	ann := f.trainAnn(t, fedRun, 3, x)
+	ann.Selected, ann.Evaluate, ann.EvalRound = []string{"site-b"}, true, 2
+	agg.announce(ann)
+	ev := agg.nextEval()
+	want, err := sitedata.Evaluate(f.spec, x, f.holdout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Round != 2 || ev.RunId != fedRun || string(ev.Report) != mustJSON(t, want) {
+		t.Fatalf("evaluation %v, want round 2 with %s", ev, mustJSON(t, want))
+	}
+	if again := agg.nextEval(); !sameMsg(t, again, ev) {
+		t.Fatalf("re-sent evaluation differs: %v", again)
+	}
+	agg.receipt(subjectReceipt(wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, 2))
+	ra.wait(t, "evaluation receipt", func(e Event) bool {
+		return e.Kind == EventReceipt && e.Subject == wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION && e.Round == 2
+	})
+	if n := ra.pendingUplinks(); n != 0 {
+		t.Fatalf("%d messages still re-sent after the receipt", n)
+	}
+	select {
+	case b := <-agg.updates:
+		t.Fatalf("a site not selected sent an update (%d bytes)", len(b))
+	default:
+	}
+}
+
+// The end of a run over MQTT: the final evaluation, then the bundle
+// written to model_out and kept in the state file; announcements of the
+// finished run are ignored and nothing more is published, also after a
+// restart; another run's announcement wakes the site up.
+func TestAgentFinishedRun(t *testing.T) {
+	srv, url := startBroker(t)
+	agg := newFakeAgg(t, url)
+	f := newFedFixture(t, 80)
+	dir := t.TempDir()
+	state, out := filepath.Join(dir, "edge.db"), filepath.Join(dir, "out", "model.json")
+	if err := os.Mkdir(filepath.Dir(out), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	withOut := func(c *Config) { c.ModelOut = out }
+	ra := startFedAgent(t, url, state, f.csv, withOut)
+	ra.wait(t, "connected", isKind(EventConnected))
+
+	agg.announce(f.statsAnn(fedRun))
+	agg.nextStatistics()
+	agg.receipt(subjectReceipt(wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, 0))
+	x1 := f.global(t, 1)
+	agg.announce(f.trainAnn(t, fedRun, 1, x1))
+	_, u := agg.nextUpdate()
+	if u.Round != 1 || u.SampleCount != uint64(f.train.N) {
+		t.Fatalf("update %v", u)
+	}
+	agg.receipt(accepted(1))
+	ra.wait(t, "receipt", receiptOf(1))
+
+	x := f.global(t, 2)
+	agg.announce(f.finishedAnn(t, fedRun, 1, x, nil))
+	ev := agg.nextEval()
+	if want, _ := sitedata.Evaluate(f.spec, x, f.holdout); ev.Round != 1 || string(ev.Report) != mustJSON(t, want) {
+		t.Fatalf("final evaluation %v", ev)
+	}
+	agg.receipt(subjectReceipt(wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, 1))
+	b := f.bundleOf(t, fedRun, 1, x)
+	agg.announce(f.finishedAnn(t, fedRun, 1, x, b))
+	ra.wait(t, "finished", isKind(EventFinished))
+	if got, err := os.ReadFile(out); err != nil || !bytes.Equal(got, b) {
+		t.Fatalf("model_out: %v", err)
+	}
+
+	// Quiet: the finished run's announcements are ignored, a reconnection
+	// publishes nothing but the status.
+	agg.announce(f.finishedAnn(t, fedRun, 1, x, b))
+	ra.wait(t, "ignored", func(e Event) bool { return e.Kind == EventRound && e.Action == ActionIgnored })
+	agg.announce(f.trainAnn(t, fedRun, 2, x))
+	ra.wait(t, "ignored", func(e Event) bool { return e.Kind == EventRound && e.Action == ActionIgnored && e.Round == 2 })
+	cl, ok := srv.Clients.Get(testSite)
+	if !ok {
+		t.Fatal("agent not connected")
+	}
+	if err := cl.Net.Conn.Close(); err != nil { // a network failure
+		t.Fatal(err)
+	}
+	ra.wait(t, "reconnected", isKind(EventConnected))
+	ra.stop()
+	for len(agg.evals) > 0 { // re-sends that crossed the receipt
+		<-agg.evals
+	}
+	agg.quiet(t)
+	if s := ra.Stats(); s.RoundsSolved != 1 || s.RoundErrors != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+
+	store := openStore(t, state)
+	fin, err := store.Final()
+	store.Close()
+	if err != nil || fin.RunID != fedRun || !bytes.Equal(fin.Bundle, b) {
+		t.Fatalf("stored final %+v, %v", fin, err)
+	}
+
+	// A restart: still finished (the retained announcement is ignored),
+	// and a lost model_out is written again from the state file.
+	if err := os.Remove(out); err != nil {
+		t.Fatal(err)
+	}
+	rb := startFedAgent(t, url, state, f.csv, withOut)
+	// (The retained announcement may be delivered before the connection's
+	// own event: wait for the ignoring only.)
+	rb.wait(t, "ignored after restart", func(e Event) bool { return e.Kind == EventRound && e.Action == ActionIgnored })
+	if got, err := os.ReadFile(out); err != nil || !bytes.Equal(got, b) {
+		t.Fatalf("model_out not restored at start: %v", err)
+	}
+	agg.quiet(t)
+
+	// Another run wakes it up.
+	agg.announce(f.statsAnn("run-0002"))
+	if s := agg.nextStatistics(); s.RunId != "run-0002" {
+		t.Fatalf("statistics of the new run: %v", s)
+	}
+}
+
+// A bundle whose digest does not match is refused: an error status
+// (bad_transform), nothing written, and the site is not finished: the
+// aggregator's next, correct bundle is taken.
+func TestAgentRefusesTamperedBundle(t *testing.T) {
+	_, url := startBroker(t)
+	agg := newFakeAgg(t, url)
+	f := newFedFixture(t, 60)
+	state := filepath.Join(t.TempDir(), "edge.db")
+	ra := startFedAgent(t, url, state, f.csv, nil)
+	ra.wait(t, "connected", isKind(EventConnected))
+	x := f.global(t, 2)
+	good := f.bundleOf(t, fedRun, 2, x)
+	tampered := bytes.Replace(good, []byte(`"round":2`), []byte(`"round":3`), 1)
+	ann := f.finishedAnn(t, fedRun, 2, x, tampered)
+	ann.Evaluate = false
+	agg.announce(ann)
+	st := agg.statusWhere("with an error", func(s *wire.ClientStatus) bool { return s.ErrorReason != "" })
+	if st.ErrorReason != wire.SiteErrBadTransform || !strings.Contains(st.ErrorMessage, "digest mismatch") {
+		t.Fatalf("status %v", st)
+	}
+	modelOut := filepath.Join(filepath.Dir(state), DefaultModelOutName)
+	if _, err := os.Stat(modelOut); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a refused bundle was written: %v", err)
+	}
+	ann.Bundle = good
+	agg.announce(ann)
+	ra.wait(t, "finished", isKind(EventFinished))
+	if got, err := os.ReadFile(modelOut); err != nil || !bytes.Equal(got, good) {
+		t.Fatalf("model_out: %v", err)
+	}
+	agg.statusWhere("without the error", func(s *wire.ClientStatus) bool { return s.ErrorReason == "" })
+	ra.stop()
+	store := openStore(t, state)
+	defer store.Close()
+	if fin, err := store.Final(); err != nil || !bytes.Equal(fin.Bundle, good) {
+		t.Fatalf("stored final: %v", err)
+	}
+}

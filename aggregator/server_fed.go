@@ -1,0 +1,863 @@
+package aggregator
+
+import (
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/evaluate"
+	"github.com/edgefl/edgefl/metrics"
+	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/prep"
+	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/sitedata"
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// The shell's part of the issue 11 protocol: a run with a federation
+// schema. The coordinator decides (coordinator_fed.go); this file validates
+// the sites' statistics and evaluation reports, stores them before their
+// receipts, fits the preprocessing and creates the model, combines the
+// evaluation reports, writes the bundles and announces the statistics
+// phase and the end.
+
+// LatestBundle is the file name of the latest bundle in the state
+// directory; FinalBundle the default --final-model of a run with a schema.
+const (
+	LatestBundle = "latest.bundle.json"
+	FinalBundle  = "final.bundle.json"
+)
+
+// decoder is what the MQTT callbacks decode with; it changes once, when the
+// model is created after the statistics phase.
+type decoder struct {
+	dim    int // 0: no model yet
+	lim    wire.Limits
+	codecs *sync.Pool // *quant.Codec
+}
+
+// inStats and inEval are a decoded, validated SiteStatistics and
+// EvalReport on their way to the loop.
+type inStats struct {
+	msg *wire.SiteStatistics
+	raw []byte
+}
+
+type inEval struct {
+	msg *wire.EvalReport
+	raw []byte
+	rep evaluate.Report
+}
+
+// fitRecord is the stored fit (storage AggStore.PutFit): everything a
+// bundle needs besides the model's parameters and the evaluation, so that
+// `broker-agg export` makes one from the state file alone.
+type fitRecord struct {
+	Schema    json.RawMessage   `json:"schema"`    // canonical
+	Transform json.RawMessage   `json:"transform"` // prep.Transform
+	Model     model.Spec        `json:"model"`
+	Sites     []string          `json:"sites"` // whose statistics were combined
+	Rows      int64             `json:"rows"`  // pooled training rows
+	Algorithm string            `json:"algorithm"`
+	Params    map[string]string `json:"params,omitempty"`
+	FittedAt  time.Time         `json:"fitted_at"`
+
+	schema *schema.Schema
+	tr     *prep.Transform
+}
+
+// parseFit decodes and checks a stored fit record.
+func parseFit(b []byte) (*fitRecord, error) {
+	var r fitRecord
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%w: the fit record: %w", storage.ErrCorrupt, err)
+	}
+	var err error
+	if r.schema, err = schema.Parse(r.Schema); err != nil {
+		return nil, fmt.Errorf("%w: the fit record's schema: %w", storage.ErrCorrupt, err)
+	}
+	r.tr = new(prep.Transform)
+	if err := json.Unmarshal(r.Transform, r.tr); err != nil {
+		return nil, fmt.Errorf("%w: the fit record's transform: %w", storage.ErrCorrupt, err)
+	}
+	if err := r.tr.Validate(r.schema); err != nil {
+		return nil, fmt.Errorf("%w: the fit record's transform: %w", storage.ErrCorrupt, err)
+	}
+	if _, err := model.New(r.Model); err != nil || r.Model.Inputs != r.tr.Outputs {
+		return nil, fmt.Errorf("%w: the fit record's model %+v (transform outputs %d): %v", storage.ErrCorrupt, r.Model, r.tr.Outputs, err)
+	}
+	return &r, nil
+}
+
+// fedRun is the issue 11 state of the shell (loop-owned unless noted).
+type fedRun struct {
+	schemaJSON []byte // the schema's canonical JSON
+	pendStats  *inStats
+	pendEval   *inEval
+	fedStored  bool // this batch stored the pending message (false: a copy)
+	evalLogged int  // the last eval round logged and bundled
+	siteErrs   map[string][2]string
+
+	// under Server.mu
+	evalView      *EvalStatus
+	siteErrCounts map[[2]string]uint64
+
+	statsRejected, evalsRejected metrics.LabeledCounter
+	statsStored, evalsStored     metrics.LabeledCounter // by "stored" / "duplicate"
+}
+
+func orNone(d string) string {
+	if d == "" {
+		return "(none)"
+	}
+	return d
+}
+
+// operatorModel is the part of the model the operator chooses with a
+// schema (stored in the run's identity).
+func (s *Server) operatorModel() model.Spec {
+	m := model.Spec{Kind: s.cfg.Model.Kind, L2: s.cfg.Model.L2}
+	if m.Kind == model.KindMLP {
+		m.Hidden, m.Activation = s.cfg.Model.Hidden, s.cfg.Model.Activation
+	}
+	return m
+}
+
+// checkSchemaConfig validates a configuration with a schema before any
+// statistics exist: the schema, the model flags against its task (with a
+// stand-in transform), no legacy evaluation data.
+func (s *Server) checkSchemaConfig() error {
+	sc := s.cfg.Schema
+	if err := sc.Validate(); err != nil {
+		return fmt.Errorf("%w: schema: %w", ErrConfig, err)
+	}
+	m := s.operatorModel()
+	if _, err := sitedata.ModelSpec(sc, &prep.Transform{Outputs: 1}, m.Kind, m.Hidden, m.Activation, m.L2); err != nil {
+		return fmt.Errorf("%w: model: %w", ErrConfig, err)
+	}
+	if s.cfg.Eval != nil {
+		return fmt.Errorf("%w: with a schema, evaluation data is read by the schema (EvalTable), not given as model data", ErrConfig)
+	}
+	s.schemaJSON = sc.Canonical()
+	return nil
+}
+
+// setModel creates the model and everything whose size depends on it.
+func (s *Server) setModel(spec model.Spec) error {
+	m, err := model.New(spec)
+	if err != nil {
+		return fmt.Errorf("%w: model: %w", ErrConfig, err)
+	}
+	dim := m.NumParams()
+	if c, err := quant.Parse(s.cfg.Codec); err != nil {
+		return fmt.Errorf("%w: codec: %w", ErrConfig, err)
+	} else if c.MinDim() > dim {
+		return fmt.Errorf("%w: codec %s covers %d parameters, the %s model has %d", ErrConfig, c, c.MinDim(), spec.Kind, dim)
+	}
+	lim := wire.Limits{MaxMessageBytes: s.cfg.MaxMessageBytes, MaxDimension: dim}
+	qlim := quant.Limits{MaxDim: dim, MaxFrame: s.cfg.MaxMessageBytes}
+	loopQ, err := quant.ParseWithLimits("fp32", qlim)
+	if err != nil {
+		return fmt.Errorf("aggregator: codec: %w", err)
+	}
+	down, err := quant.ParseWithLimits(s.cfg.Downlink, qlim)
+	if err != nil {
+		return fmt.Errorf("aggregator: downlink codec: %w", err)
+	}
+	s.model, s.spec, s.dim, s.lim, s.qlim, s.loopQ, s.down = m, spec, dim, lim, qlim, loopQ, down
+	pool := &sync.Pool{New: func() any {
+		c, _ := quant.ParseWithLimits("fp32", qlim) // the same spec parsed above
+		return c
+	}}
+	s.dec.Store(&decoder{dim: dim, lim: lim, codecs: pool})
+	return nil
+}
+
+// restoreFreshFed starts a new round log with a schema: round 1 opens in
+// the statistics phase, without a model.
+func (s *Server) restoreFreshFed() error {
+	s.stored.RunID = crand.Text()
+	s.conf, _ = json.Marshal(s.stored)
+	st, _ := json.Marshal(s.coord.Snapshot())
+	if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: s.clock.Now(), Config: s.conf, State: st}, nil); err != nil {
+		return err
+	}
+	s.storeR, s.lastSt, s.fresh = 1, st, true
+	s.log.Info("new round log with a federation schema: statistics phase first", "state", s.cfg.StatePath, "federation", s.cfg.Federation,
+		"algorithm", s.cfg.Algorithm, "model", s.cfg.Model.Kind, "schema", s.stored.SchemaDigest, "run_id", s.stored.RunID)
+	return nil
+}
+
+// restoreFit loads the stored fit, if any, and re-creates the model from it.
+func (s *Server) restoreFit() error {
+	b, err := s.store.Fit()
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := s.useFit(b); err != nil {
+		return err
+	}
+	// The latest federated evaluation, for the metrics until the next.
+	if rs, err := s.store.EvalRounds(); err == nil && len(rs) > 0 {
+		if fig, err := evalFigures(s.store, s.fit.schema, int(rs[len(rs)-1]), s.lim); err == nil {
+			s.evalView = fig
+		}
+	}
+	return nil
+}
+
+func (s *Server) useFit(b []byte) error {
+	rec, err := parseFit(b)
+	if err != nil {
+		return fmt.Errorf("aggregator: %s: %w", s.cfg.StatePath, err)
+	}
+	if rec.schema.Digest() != s.stored.SchemaDigest {
+		return fmt.Errorf("%w: %s: the stored fit is of schema %s, the run's is %s", storage.ErrCorrupt, s.cfg.StatePath, rec.schema.Digest(), s.stored.SchemaDigest)
+	}
+	if err := s.setModel(rec.Model); err != nil {
+		return err
+	}
+	s.fit = rec
+	if t := s.cfg.EvalTable; t != nil {
+		d := rec.tr.Apply(t, nil)
+		s.eval = &d
+	}
+	return nil
+}
+
+// fitTransform carries out FitTransform: combine the sites' statistics, fit
+// the preprocessing, create the model and its initial parameters, store
+// them in one transaction (or find them stored: a restart), then step
+// TransformFitted.
+func (s *Server) fitTransform(ctx context.Context, d FitTransform) error {
+	if s.fit == nil {
+		b, err := s.store.Fit()
+		switch {
+		case err == nil:
+			s.log.Info("the preprocessing was fitted before a restart; using the stored fit")
+			if err := s.useFit(b); err != nil {
+				return err
+			}
+		case errors.Is(err, storage.ErrNotFound):
+			if err := s.newFit(d); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("aggregator: %w", err)
+		}
+		x0, err := s.store.Checkpoint(1)
+		if err != nil {
+			return fmt.Errorf("aggregator: the initial model: %w", err)
+		}
+		if len(x0) != s.dim {
+			return fmt.Errorf("aggregator: the initial model has %d values, the model %d", len(x0), s.dim)
+		}
+		s.global, s.globalR, s.frame = x0, 1, nil
+	}
+	return s.apply(ctx, s.coord.Step(TransformFitted{At: s.clock.Now()}), nil, nil)
+}
+
+func (s *Server) newFit(d FitTransform) error {
+	sc := s.cfg.Schema
+	recs, err := s.store.Statistics()
+	if err != nil {
+		return fmt.Errorf("aggregator: %w", err)
+	}
+	want := map[string]bool{}
+	for _, id := range d.Sites {
+		want[id] = true
+	}
+	var list []*prep.Stats
+	var rows int64
+	for _, r := range recs {
+		if !want[r.ClientID] {
+			continue
+		}
+		m, err := wire.DecodeStatistics(r.Msg, s.lim)
+		if err != nil {
+			return fmt.Errorf("aggregator: stored statistics of %q: %w", r.ClientID, err)
+		}
+		st, err := decodeStats(sc, m.Stats)
+		if err != nil {
+			return fmt.Errorf("aggregator: stored statistics of %q: %w", r.ClientID, err)
+		}
+		list = append(list, st)
+		rows += st.Rows
+	}
+	if len(list) != len(d.Sites) {
+		return fmt.Errorf("aggregator: %d statistics sites but %d stored statistics", len(d.Sites), len(list))
+	}
+	fail := func(what string, err error) error {
+		return fmt.Errorf("aggregator: the federation's statistics cannot be %s (start a new run with a corrected schema): %w", what, err)
+	}
+	pooled, err := prep.Combine(sc, list)
+	if err != nil {
+		return fail("combined", err)
+	}
+	tr, err := sitedata.Fit(sc, pooled)
+	if err != nil {
+		return fail("fitted", err)
+	}
+	op := s.operatorModel()
+	spec, err := sitedata.ModelSpec(sc, tr, op.Kind, op.Hidden, op.Activation, op.L2)
+	if err != nil {
+		return fail("given a model", err)
+	}
+	if err := s.setModel(spec); err != nil {
+		return err
+	}
+	x0 := make([]float64, s.dim)
+	if s.cfg.Init == InitModel {
+		x0 = s.model.InitParams(rand.New(rand.NewPCG(s.cfg.InitSeed, 0x696e6974)))
+	}
+	if x0, err = s.downlinked(x0); err != nil {
+		return err
+	}
+	trJSON, err := json.Marshal(tr)
+	if err != nil {
+		return fmt.Errorf("aggregator: encode the transform: %w", err)
+	}
+	rec := fitRecord{Schema: s.schemaJSON, Transform: trJSON, Model: spec, Sites: slices.Clone(d.Sites), Rows: rows,
+		Algorithm: s.cfg.Algorithm, Params: s.bundleParams(), FittedAt: s.clock.Now().UTC()}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("aggregator: encode the fit: %w", err)
+	}
+	if err := s.store.PutFit(b, x0); err != nil {
+		s.storageErrors.Add(1)
+		return fmt.Errorf("aggregator: %w", err)
+	}
+	if err := s.useFit(b); err != nil {
+		return err
+	}
+	s.log.Info("federation preprocessing fitted", "sites", d.Sites, "rows", rows, "inputs", tr.Outputs,
+		"standardize", tr.Standardize, "model", spec.Kind, "classes", spec.Classes, "dimension", s.dim)
+	return nil
+}
+
+// bundleParams are the algorithm's parameters in a bundle's provenance.
+func (s *Server) bundleParams() map[string]string {
+	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+	p := s.cfg.Params
+	m := map[string]string{
+		"aggregator": s.aggSpec, "mu": f(p.Mu), "solver": p.Solver, "gamma": f(p.Gamma), "lr": f(p.LR),
+		"batch": strconv.Itoa(p.Batch), "max_epochs": strconv.Itoa(p.MaxEpochs), "l2": f(s.cfg.Model.L2),
+		"codec": s.cfg.Codec, "downlink": s.cfg.Downlink, "per_round": strconv.Itoa(s.cfg.K),
+		"quorum_fraction": f(s.cfg.QuorumFraction), "seed": strconv.FormatUint(s.cfg.Seed, 10), "rounds": strconv.Itoa(s.cfg.Rounds),
+		"selector": s.cfg.Selector, "init": s.cfg.Init,
+	}
+	if isSplit(s.fam) {
+		m["step"], m["relax"] = f(p.Step), f(p.Relax)
+	}
+	return m
+}
+
+// decodeStats decodes a site's statistics strictly and checks them against
+// the schema.
+func decodeStats(sc *schema.Schema, b []byte) (*prep.Stats, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var st prep.Stats
+	if err := dec.Decode(&st); err != nil {
+		return nil, fmt.Errorf("statistics JSON: %w", err)
+	}
+	if err := st.Validate(sc); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// decodeReport decodes an evaluation report strictly and checks it is one
+// a site of this schema can have sent.
+func decodeReport(sc *schema.Schema, b []byte) (evaluate.Report, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var r evaluate.Report
+	if err := dec.Decode(&r); err != nil {
+		return r, fmt.Errorf("report JSON: %w", err)
+	}
+	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+	switch {
+	case r.N < 0:
+		return r, fmt.Errorf("n = %d", r.N)
+	case !finite(r.Loss) || r.Loss < 0 || !finite(r.Accuracy) || !finite(r.BalancedAccuracy) || !finite(r.RMSE) || !finite(r.SSE) ||
+		!finite(r.LabelMean) || !finite(r.LabelM2):
+		return r, errors.New("a figure is not finite or negative")
+	case r.AUC != nil && !(*r.AUC >= 0 && *r.AUC <= 1):
+		return r, errors.New("auc outside [0, 1]")
+	case r.R2 != nil && !finite(*r.R2):
+		return r, errors.New("r2 is not finite")
+	}
+	k := sc.NumClasses()
+	if k == 0 {
+		if r.Confusion != nil {
+			return r, errors.New("a confusion matrix for a regression task")
+		}
+		return r, nil
+	}
+	if r.N > 0 && len(r.Confusion) != k {
+		return r, fmt.Errorf("a confusion matrix of %d classes, the schema has %d", len(r.Confusion), k)
+	}
+	var sum int64
+	for _, row := range r.Confusion {
+		if len(row) != k {
+			return r, errors.New("the confusion matrix is not square")
+		}
+		for _, c := range row {
+			if c < 0 {
+				return r, errors.New("a negative count in the confusion matrix")
+			}
+			sum += c
+		}
+	}
+	if sum != r.N {
+		return r, fmt.Errorf("the confusion matrix counts %d rows, n = %d", sum, r.N)
+	}
+	return r, nil
+}
+
+// handleStatistics validates a site's statistics in the callback's
+// goroutine and hands them to the loop.
+func (s *Server) handleStatistics(m *wire.SiteStatistics, raw []byte) bool {
+	bad := func(code wire.ReceiptCode, reason, detail string) bool {
+		s.statsRejected.Inc(reason)
+		s.notify()
+		s.log.Warn("statistics rejected", "client", m.ClientId, "reason", reason, "detail", detail)
+		s.receiptFed(m.ClientId, 0, wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, false, code, reason+": "+detail, time.Time{})
+		return true
+	}
+	sc := s.cfg.Schema
+	switch {
+	case sc == nil:
+		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "no_schema", "this federation has no schema")
+	case m.RunId != s.stored.RunID:
+		return bad(wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND, "run_mismatch", fmt.Sprintf("statistics for run %q, this run is %q", m.RunId, s.stored.RunID))
+	case m.SchemaDigest != s.stored.SchemaDigest:
+		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "schema_mismatch",
+			fmt.Sprintf("the site read its data with schema %s, the federation's is %s", m.SchemaDigest, s.stored.SchemaDigest))
+	}
+	if _, err := decodeStats(sc, m.Stats); err != nil {
+		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "bad_statistics", err.Error())
+	}
+	return s.submit(&request{stats: &inStats{msg: m, raw: raw}})
+}
+
+// handleEval validates an evaluation report like handleStatistics.
+func (s *Server) handleEval(m *wire.EvalReport, raw []byte) bool {
+	bad := func(code wire.ReceiptCode, reason, detail string) bool {
+		s.evalsRejected.Inc(reason)
+		s.notify()
+		s.log.Warn("evaluation report rejected", "client", m.ClientId, "round", m.Round, "reason", reason, "detail", detail)
+		s.receiptFed(m.ClientId, m.Round, wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, false, code, reason+": "+detail, time.Time{})
+		return true
+	}
+	sc := s.cfg.Schema
+	switch {
+	case sc == nil:
+		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "no_schema", "this federation has no schema")
+	case m.RunId != s.stored.RunID:
+		return bad(wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND, "run_mismatch", fmt.Sprintf("a report for run %q, this run is %q", m.RunId, s.stored.RunID))
+	}
+	rep, err := decodeReport(sc, m.Report)
+	if err != nil {
+		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "bad_report", err.Error())
+	}
+	return s.submit(&request{eval: &inEval{msg: m, raw: raw, rep: rep}})
+}
+
+func (s *Server) onStatistics(ctx context.Context, in *inStats) error {
+	s.pendStats, s.fedStored = in, false
+	defer func() { s.pendStats = nil }()
+	return s.step(ctx, StatisticsArrived{Client: in.msg.ClientId, At: s.clock.Now()}, nil)
+}
+
+func (s *Server) onEval(ctx context.Context, in *inEval) error {
+	s.pendEval, s.fedStored = in, false
+	defer func() { s.pendEval = nil }()
+	r := in.msg.Round
+	if r > math.MaxInt32 {
+		r = math.MaxInt32 // a future round either way
+	}
+	return s.step(ctx, EvalArrived{Client: in.msg.ClientId, Round: int(r), At: s.clock.Now()}, nil)
+}
+
+// storeFed stores accepted statistics or an evaluation report before the
+// state and the receipt. ok is false when the batch stops here (a storage
+// error answered with an INTERNAL receipt after rolling the coordinator
+// back).
+func (s *Server) storeFed(d Decision, now time.Time, before *State) (ok bool, err error) {
+	var (
+		stored             bool
+		client             string
+		round              uint64
+		subject            wire.ReceiptSubject
+		storeErr, givenErr error
+	)
+	switch d := d.(type) {
+	case AcceptStatistics:
+		client, subject = d.Client, wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS
+		if in := s.pendStats; in == nil || in.msg.ClientId != d.Client {
+			givenErr = fmt.Errorf("aggregator: coordinator accepted statistics it was not given: %#v", d)
+		} else {
+			stored, storeErr = s.store.PutStatistics(d.Client, now, in.raw)
+		}
+	case AcceptEval:
+		client, round, subject = d.Client, uint64(d.Round), wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION
+		if in := s.pendEval; in == nil || in.msg.ClientId != d.Client || in.msg.Round != uint64(d.Round) {
+			givenErr = fmt.Errorf("aggregator: coordinator accepted an evaluation report it was not given: %#v", d)
+		} else {
+			stored, storeErr = s.store.PutEval(round, d.Client, now, in.raw)
+		}
+	}
+	if givenErr != nil {
+		return false, givenErr
+	}
+	if storeErr != nil {
+		s.storageErrors.Add(1)
+		s.log.Error("storing a site's message; rejecting it for a retry", "client", client, "subject", subject, "err", storeErr)
+		if before == nil {
+			return false, storeErr
+		}
+		if rerr := s.coord.Restore(*before); rerr != nil {
+			return false, fmt.Errorf("aggregator: roll back after a storage error: %w (storage: %w)", rerr, storeErr)
+		}
+		s.receiptFed(client, round, subject, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store it; retry", time.Time{})
+		return false, nil
+	}
+	s.fedStored = stored
+	return true, nil
+}
+
+// answerFed logs and receipts the coordinator's answer to statistics or an
+// evaluation report.
+func (s *Server) answerFed(d Decision, storedAt time.Time) {
+	dup := wire.ReceiptCode_RECEIPT_CODE_DUPLICATE
+	const (
+		subStats = wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS
+		subEval  = wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION
+	)
+	switch d := d.(type) {
+	case AcceptStatistics:
+		code, what := wire.ReceiptCode_RECEIPT_CODE_STORED, "stored"
+		if !s.fedStored {
+			code, what = dup, "duplicate"
+		}
+		s.statsStored.Inc(what)
+		s.log.Info("statistics "+what, "client", d.Client, "sites", len(s.coord.StatisticsSites()))
+		s.receiptFed(d.Client, 0, subStats, true, code, "", storedAt)
+	case RejectStatistics:
+		if d.Reason == Duplicate {
+			s.statsStored.Inc("duplicate")
+			s.log.Info("duplicate statistics ignored", "client", d.Client)
+			s.receiptFed(d.Client, 0, subStats, true, dup, "duplicate: stored earlier", s.clock.Now())
+			return
+		}
+		s.statsRejected.Inc(d.Reason.String())
+		detail := d.Reason.String()
+		if d.Reason == StaleRound {
+			detail = "stale_round: the statistics phase is over"
+		}
+		s.log.Warn("statistics rejected", "client", d.Client, "reason", d.Reason.String(), "phase", s.coord.Phase())
+		s.receiptFed(d.Client, 0, subStats, false, receiptCodes[d.Reason], detail, time.Time{})
+	case AcceptEval:
+		code, what := wire.ReceiptCode_RECEIPT_CODE_STORED, "stored"
+		if !s.fedStored {
+			code, what = dup, "duplicate"
+		}
+		s.evalsStored.Inc(what)
+		args := []any{"client", d.Client, "round", d.Round}
+		if in := s.pendEval; in != nil {
+			args = append(args, "n", in.rep.N, "loss", in.rep.Loss)
+		}
+		s.log.Info("evaluation report "+what, args...)
+		s.receiptFed(d.Client, uint64(d.Round), subEval, true, code, "", storedAt)
+	case RejectEval:
+		s.evalsRejected.Inc(d.Reason.String())
+		s.log.Warn("evaluation report rejected", "client", d.Client, "round", d.Round, "reason", d.Reason.String(), "current_round", s.coord.Round())
+		s.receiptFed(d.Client, uint64(max(d.Round, 0)), subEval, false, receiptCodes[d.Reason], d.Reason.String(), time.Time{})
+	}
+}
+
+// receiptFed publishes a receipt for statistics or an evaluation report.
+func (s *Server) receiptFed(client string, round uint64, subject wire.ReceiptSubject, accepted bool, code wire.ReceiptCode, reason string, storedAt time.Time) {
+	topic, err := s.topics.Receipt(client)
+	if err != nil {
+		return
+	}
+	r := &wire.Receipt{ClientId: client, Round: round, Accepted: accepted, Reason: reason, Code: code, Subject: subject}
+	if accepted {
+		if storedAt.IsZero() {
+			storedAt = s.clock.Now()
+		}
+		r.StoredAtUnixMs = max(storedAt.UnixMilli(), 1)
+	}
+	b, err := wire.Encode(r)
+	if err != nil {
+		s.log.Error("encoding a receipt", "client", client, "err", err)
+		return
+	}
+	s.publish(topic, false, b, "receipt")
+}
+
+// announceStatistics publishes the retained statistics-phase announcement.
+func (s *Server) announceStatistics(deadline time.Time) error {
+	a := &wire.RoundAnnouncement{
+		Federation: s.cfg.Federation, Round: 0, Algorithm: s.cfg.Algorithm, Phase: wire.Phase_PHASE_STATISTICS,
+		Schema: s.schemaJSON, DeadlineUnixMs: deadline.UnixMilli(), CreatedAtUnixMs: s.clock.Now().UnixMilli(), RunId: s.stored.RunID,
+	}
+	b, err := wire.Encode(a)
+	if err != nil {
+		return fmt.Errorf("aggregator: encode the statistics announcement: %w", err)
+	}
+	s.log.Info("statistics phase announced", "schema", s.stored.SchemaDigest, "deadline", deadline.UTC().Format(time.RFC3339), "bytes", len(b))
+	s.publish(s.topics.Round(), true, b, "statistics announcement")
+	return nil
+}
+
+// announceFinish announces the end of the run and asks for the final
+// evaluation.
+func (s *Server) announceFinish(d Finish) error {
+	s.log.Info("the run has ended: waiting for the sites' evaluation of the final model", "rounds", d.Rounds, "reason", d.Reason,
+		"deadline", d.Deadline.UTC().Format(time.RFC3339))
+	return s.announceFinished(d.Rounds, d.Deadline, nil)
+}
+
+// announceFinished publishes the retained PHASE_FINISHED announcement:
+// the final model (the checkpoint of round rounds+1), with a schema the
+// request for its evaluation, and the final bundle once there is one.
+func (s *Server) announceFinished(rounds int, deadline time.Time, bun []byte) error {
+	a, err := s.announcement(s.globalR, nil, deadline)
+	if err != nil {
+		return err
+	}
+	a.Round, a.Phase, a.Selected, a.Bundle = uint64(rounds), wire.Phase_PHASE_FINISHED, nil, bun
+	a.Evaluate, a.EvalRound = s.fit != nil, 0
+	if s.fit != nil {
+		a.EvalRound = uint32(rounds)
+	}
+	if deadline.IsZero() {
+		a.DeadlineUnixMs = 0
+	}
+	b, err := wire.Encode(a)
+	if err != nil {
+		return fmt.Errorf("aggregator: encode the final announcement: %w", err)
+	}
+	s.log.Info("end of the run announced", "rounds", rounds, "bundle_bytes", len(bun), "bytes", len(b))
+	s.publish(s.topics.Round(), true, b, "final announcement")
+	return nil
+}
+
+// EvalStatus is the federated evaluation of one eval round: the
+// sample-weighted combination of the sites' reports and each site's.
+type EvalStatus struct {
+	Round      int                        `json:"round"`
+	Federation evaluate.Report            `json:"federation"`
+	Sites      map[string]evaluate.Report `json:"sites"`
+}
+
+// evalFigures combines the stored reports of eval round e (nil: none).
+func evalFigures(store *storage.AggStore, sc *schema.Schema, e int, lim wire.Limits) (*EvalStatus, error) {
+	recs, err := store.Evals(uint64(e))
+	if err != nil || len(recs) == 0 {
+		return nil, err
+	}
+	out := &EvalStatus{Round: e, Sites: map[string]evaluate.Report{}}
+	var reps []evaluate.Report
+	for _, r := range recs {
+		m, err := wire.DecodeEvaluation(r.Msg, lim)
+		if err != nil {
+			return nil, fmt.Errorf("aggregator: stored evaluation (%d, %q): %w", e, r.ClientID, err)
+		}
+		rep, err := decodeReport(sc, m.Report)
+		if err != nil {
+			return nil, fmt.Errorf("aggregator: stored evaluation (%d, %q): %w", e, r.ClientID, err)
+		}
+		out.Sites[r.ClientID] = rep
+		reps = append(reps, rep) // client-id order: a deterministic sum
+	}
+	if out.Federation, err = evaluate.Combine(reps); err != nil {
+		return nil, fmt.Errorf("aggregator: evaluations of round %d: %w", e, err)
+	}
+	return out, nil
+}
+
+// finalizeEval logs eval round e's federated figures, shows them in the
+// metrics and status, and writes the latest bundle (once per eval round).
+func (s *Server) finalizeEval(e int) {
+	if s.fit == nil || e < 1 || e <= s.evalLogged {
+		return
+	}
+	fig, err := evalFigures(s.store, s.fit.schema, e, s.lim)
+	if err != nil {
+		s.log.Error("combining the evaluation reports", "round", e, "err", err)
+		return
+	}
+	if fig == nil {
+		return
+	}
+	s.evalLogged = e
+	s.mu.Lock()
+	s.evalView = fig
+	s.mu.Unlock()
+	s.log.Info("evaluation", evalArgs(fig)...)
+	x, err := s.globalOf(uint64(e + 1))
+	if err != nil {
+		s.log.Error("the model of an eval round", "round", e, "err", err)
+		return
+	}
+	raw, err := makeBundle(s.stored, s.fit, s.spec, x, fig, e, s.clock.Now(), s.cfg.Version)
+	if err != nil {
+		s.log.Error("making the latest bundle", "round", e, "err", err)
+		return
+	}
+	p := filepath.Join(filepath.Dir(s.cfg.StatePath), LatestBundle)
+	if err := bundle.WriteFileAtomic(p, raw); err != nil {
+		s.log.Error("writing the latest bundle", "path", p, "err", err)
+		return
+	}
+	s.log.Debug("latest bundle written", "path", p, "round", e)
+}
+
+func evalArgs(fig *EvalStatus) []any {
+	f := fig.Federation
+	args := []any{"round", fig.Round, "sites", len(fig.Sites), "n", f.N, "loss", f.Loss}
+	if f.Confusion != nil {
+		args = append(args, "accuracy", f.Accuracy, "balanced_accuracy", f.BalancedAccuracy)
+		if f.AUC != nil {
+			args = append(args, "auc", *f.AUC)
+		}
+	} else {
+		args = append(args, "rmse", f.RMSE)
+		if f.R2 != nil {
+			args = append(args, "r2", *f.R2)
+		}
+	}
+	return args
+}
+
+// makeBundle makes the bundle of eval round e (the model x after e
+// aggregations).
+func makeBundle(sc storedConfig, rec *fitRecord, spec model.Spec, x []float64, fig *EvalStatus, e int, now time.Time, version string) ([]byte, error) {
+	m, err := model.New(spec)
+	if err != nil {
+		return nil, err
+	}
+	if version == "" {
+		version = "dev"
+	}
+	b := &bundle.Bundle{
+		Model: model.Saved{Spec: spec, Layout: m.Layout(), Params: x}, Schema: rec.schema, Transform: rec.tr,
+		Provenance: bundle.Provenance{Federation: sc.Federation, RunID: sc.RunID, Round: e, Algorithm: sc.Algorithm,
+			Params: rec.Params, EdgeflVersion: version, Time: now.UTC().Format(time.RFC3339)},
+	}
+	if fig != nil {
+		b.Evaluation = &bundle.Evaluation{Round: e, Federation: fig.Federation, Sites: fig.Sites}
+	}
+	return b.Marshal()
+}
+
+// finalPath is where the final bundle goes.
+func (s *Server) finalPath() string {
+	if s.cfg.FinalModel != "" {
+		return s.cfg.FinalModel
+	}
+	return filepath.Join(filepath.Dir(s.cfg.StatePath), FinalBundle)
+}
+
+// finalBundle makes (once; a restart reuses the stored one), stores and
+// writes the final bundle.
+func (s *Server) finalBundle(rounds int) ([]byte, error) {
+	s.finalizeEval(rounds)
+	raw, err := s.store.FinalBundle()
+	if errors.Is(err, storage.ErrNotFound) {
+		fig, ferr := evalFigures(s.store, s.fit.schema, rounds, s.lim)
+		if ferr != nil {
+			s.log.Error("combining the final evaluation reports; the bundle has none", "err", ferr)
+			fig = nil
+		}
+		if raw, err = makeBundle(s.stored, s.fit, s.spec, s.global, fig, rounds, s.clock.Now(), s.cfg.Version); err != nil {
+			return nil, fmt.Errorf("aggregator: the final bundle: %w", err)
+		}
+		if err := s.store.PutFinalBundle(raw); err != nil {
+			s.storageErrors.Add(1)
+			return nil, fmt.Errorf("aggregator: %w", err)
+		}
+	} else if err != nil {
+		return nil, fmt.Errorf("aggregator: %w", err)
+	}
+	b, err := bundle.Unmarshal(raw)
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: the stored final bundle: %w", err)
+	}
+	p := s.finalPath()
+	if err := bundle.WriteFileAtomic(p, raw); err != nil {
+		s.log.Error("writing the final model bundle (it is in the state file: broker-agg export)", "path", p, "err", err)
+	} else {
+		args := []any{"path", p, "round", rounds, "digest", b.Digest, "bytes", len(raw)}
+		if b.Evaluation != nil {
+			args = append(args, "eval_sites", len(b.Evaluation.Sites), "eval_n", b.Evaluation.Federation.N)
+		}
+		s.log.Info("final model bundle written", args...)
+	}
+	return raw, nil
+}
+
+// loadSiteErrors seeds the site errors from the registry, so that a
+// restart does not log them again.
+func (s *Server) loadSiteErrors() {
+	s.siteErrs = map[string][2]string{}
+	cs, err := s.store.Clients()
+	if err != nil {
+		return
+	}
+	for _, c := range cs {
+		if c.ErrorReason != "" || c.ErrorMessage != "" {
+			s.siteErrs[c.ID] = [2]string{c.ErrorReason, c.ErrorMessage}
+		}
+	}
+}
+
+// siteError records a site's error from its online status: logged at WARN
+// and counted when it changes, at INFO when it clears.
+func (s *Server) siteError(id, reason, msg string) {
+	if s.siteErrs == nil {
+		s.siteErrs = map[string][2]string{}
+	}
+	old, had := s.siteErrs[id]
+	now := [2]string{reason, msg}
+	switch {
+	case reason == "" && msg == "":
+		if had {
+			delete(s.siteErrs, id)
+			s.log.Info("site error cleared", "client", id, "was", old[0])
+		}
+	case !had || old != now:
+		s.siteErrs[id] = now
+		if reason == "" {
+			reason = "unspecified"
+		}
+		s.mu.Lock()
+		if s.siteErrCounts == nil {
+			s.siteErrCounts = map[[2]string]uint64{}
+		}
+		s.siteErrCounts[[2]string{id, reason}]++
+		s.mu.Unlock()
+		s.log.Warn("site error", "client", id, "reason", reason, "message", msg)
+	}
+}

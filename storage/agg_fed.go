@@ -1,0 +1,315 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// The records of a run with a federation schema (issue 11): each site's
+// statistics of its training rows (before round 1), the fitted
+// preprocessing, each site's evaluation report per eval round, and the final
+// model bundle. Messages are stored as the caller hands them in (the encoded
+// wire messages as received), behind the time they were stored; every value
+// is sealed like the rest of the file.
+
+var (
+	bucketStatistics = []byte("statistics")
+	bucketEvals      = []byte("evals")
+	bucketFederation = []byte("federation")
+
+	keyFit         = []byte("fit")
+	keyFinalBundle = []byte("final_bundle")
+)
+
+// optBucket returns a version-3 bucket, nil (no error) when it has not
+// been written yet.
+func optBucket(tx *bolt.Tx, name []byte) (*bolt.Bucket, error) { return tx.Bucket(name), nil }
+
+// mkBucket returns a version-3 bucket, creating it.
+func mkBucket(tx *bolt.Tx, name []byte) (*bolt.Bucket, error) {
+	b, err := tx.CreateBucketIfNotExists(name)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", name, err)
+	}
+	return b, nil
+}
+
+func init() {
+	ourBuckets = append(ourBuckets, string(bucketStatistics), string(bucketEvals), string(bucketFederation))
+}
+
+// Record is one stored site message: a site's statistics (Round 0) or its
+// evaluation report of an eval round.
+type Record struct {
+	Round    uint64
+	ClientID string
+	StoredAt time.Time
+	Msg      []byte
+}
+
+func encodeRecord(at time.Time, msg []byte) []byte {
+	b := make([]byte, 0, 8+len(msg))
+	b = binary.BigEndian.AppendUint64(b, uint64(unixNs(at)))
+	return append(b, msg...)
+}
+
+func decodeRecord(round uint64, client, v []byte, what string) (Record, error) {
+	if len(v) <= 8 {
+		return Record{}, fmt.Errorf("%w: %s is %d bytes, want more than 8", ErrCorrupt, what, len(v))
+	}
+	return Record{Round: round, ClientID: string(client), StoredAt: fromUnixNs(int64(binary.BigEndian.Uint64(v))),
+		Msg: bytes.Clone(v[8:])}, nil
+}
+
+// PutStatistics stores a site's statistics message. It is idempotent: when
+// the site's statistics are already stored it writes nothing and returns
+// stored == false (the first copy stays). One transaction.
+func (s *AggStore) PutStatistics(client string, at time.Time, msg []byte) (stored bool, err error) {
+	if err := checkName("client id", client); err != nil {
+		return false, err
+	}
+	if len(msg) == 0 {
+		return false, fmt.Errorf("%w: empty statistics message", ErrInvalid)
+	}
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		b, err := mkBucket(tx, bucketStatistics)
+		if err != nil {
+			return err
+		}
+		if b.Get([]byte(client)) != nil {
+			return nil
+		}
+		stored = true
+		return sput(b, []byte(client), encodeRecord(at, msg))
+	})
+	if err != nil {
+		return false, fmt.Errorf("storage: put statistics of %q: %w", client, err)
+	}
+	return stored, nil
+}
+
+// Statistics returns every stored statistics message in client-id order. A
+// read transaction.
+func (s *AggStore) Statistics() ([]Record, error) {
+	var out []Record
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b, _ := optBucket(tx, bucketStatistics)
+		if b == nil {
+			return nil
+		}
+		return sforEach(b, "statistics", func(k, v []byte) error {
+			r, err := decodeRecord(0, k, v, fmt.Sprintf("statistics of %q", k))
+			if err == nil {
+				out = append(out, r)
+			}
+			return err
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("storage: statistics: %w", err)
+	}
+	return out, nil
+}
+
+// PutEval stores a site's evaluation report of eval round (the number of
+// aggregations the evaluated model has had: 1 ..= the current round). It is
+// idempotent like PutStatistics. One transaction.
+func (s *AggStore) PutEval(round uint64, client string, at time.Time, msg []byte) (stored bool, err error) {
+	if round == 0 {
+		return false, fmt.Errorf("%w: eval round 0", ErrInvalid)
+	}
+	if err := checkName("client id", client); err != nil {
+		return false, err
+	}
+	if len(msg) == 0 {
+		return false, fmt.Errorf("%w: empty evaluation message", ErrInvalid)
+	}
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		cur, err := currentRound(tx)
+		if err != nil {
+			return err
+		}
+		if round > cur {
+			return fmt.Errorf("%w: eval round %d, the current round is %d", ErrInvalid, round, cur)
+		}
+		evs, err := mkBucket(tx, bucketEvals)
+		if err != nil {
+			return err
+		}
+		rk := encodeU64(round)
+		eb := evs.Bucket(rk)
+		if eb != nil && eb.Get([]byte(client)) != nil {
+			return nil
+		}
+		if eb == nil {
+			if eb, err = evs.CreateBucket(rk); err != nil {
+				return fmt.Errorf("evals of round %d: %w", round, err)
+			}
+		}
+		stored = true
+		return sput(eb, []byte(client), encodeRecord(at, msg))
+	})
+	if err != nil {
+		return false, fmt.Errorf("storage: put evaluation (%d, %q): %w", round, client, err)
+	}
+	return stored, nil
+}
+
+func currentRound(tx *bolt.Tx) (uint64, error) {
+	agg, err := bucket(tx, bucketAgg)
+	if err != nil {
+		return 0, err
+	}
+	v, err := sget(agg, keyCurrentRound, "agg/current_round")
+	if err != nil {
+		return 0, err
+	}
+	if v == nil {
+		return 0, fmt.Errorf("%w: no round yet", ErrNotFound)
+	}
+	return decodeU64(v, "agg/current_round")
+}
+
+// Evals returns the stored evaluation reports of eval round in client-id
+// order (none: an empty list). A read transaction.
+func (s *AggStore) Evals(round uint64) ([]Record, error) {
+	var out []Record
+	err := s.db.View(func(tx *bolt.Tx) error {
+		evs, _ := optBucket(tx, bucketEvals)
+		if evs == nil {
+			return nil
+		}
+		eb := evs.Bucket(encodeU64(round))
+		if eb == nil {
+			return nil
+		}
+		return sforEach(eb, fmt.Sprintf("evals/%d", round), func(k, v []byte) error {
+			r, err := decodeRecord(round, k, v, fmt.Sprintf("evaluation (%d, %q)", round, k))
+			if err == nil {
+				out = append(out, r)
+			}
+			return err
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("storage: evaluations of round %d: %w", round, err)
+	}
+	return out, nil
+}
+
+// EvalRounds lists the eval rounds with at least one stored report,
+// ascending. A read transaction.
+func (s *AggStore) EvalRounds() ([]uint64, error) {
+	var out []uint64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		evs, _ := optBucket(tx, bucketEvals)
+		if evs == nil {
+			return nil
+		}
+		return evs.ForEach(func(k, v []byte) error {
+			r, err := decodeU64(k, "evals key")
+			if err != nil {
+				return err
+			}
+			if v == nil {
+				out = append(out, r)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("storage: eval rounds: %w", err)
+	}
+	return out, nil
+}
+
+// PutFit stores the run's fitted preprocessing record (opaque to storage)
+// and, in the same transaction, the global model of the current round (the
+// initial model, whose dimension the fit decides). A record already stored
+// is kept (the fit is done once per run): PutFit then fails with ErrExists
+// and writes nothing. One transaction.
+func (s *AggStore) PutFit(record []byte, global []float64) error {
+	if len(record) == 0 {
+		return fmt.Errorf("%w: empty fit record", ErrInvalid)
+	}
+	if err := checkVec("checkpoint", global); err != nil {
+		return err
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		cur, err := currentRound(tx)
+		if err != nil {
+			return err
+		}
+		fb, err := mkBucket(tx, bucketFederation)
+		if err != nil {
+			return err
+		}
+		if fb.Get(keyFit) != nil {
+			return fmt.Errorf("%w: the fit record", ErrExists)
+		}
+		if err := sput(fb, keyFit, record); err != nil {
+			return err
+		}
+		cp, err := bucket(tx, bucketCheckpoints)
+		if err != nil {
+			return err
+		}
+		return sput(cp, encodeU64(cur), encodeFloats(global))
+	})
+	if err != nil {
+		return fmt.Errorf("storage: put fit: %w", err)
+	}
+	return nil
+}
+
+// Fit returns the fit record, or ErrNotFound. A read transaction.
+func (s *AggStore) Fit() ([]byte, error) { return s.fedValue(keyFit, "the fit record") }
+
+// PutFinalBundle stores the run's final model bundle (replacing any). One
+// transaction.
+func (s *AggStore) PutFinalBundle(b []byte) error {
+	if len(b) == 0 {
+		return fmt.Errorf("%w: empty bundle", ErrInvalid)
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		fb, err := mkBucket(tx, bucketFederation)
+		if err != nil {
+			return err
+		}
+		return sput(fb, keyFinalBundle, b)
+	})
+	if err != nil {
+		return fmt.Errorf("storage: put final bundle: %w", err)
+	}
+	return nil
+}
+
+// FinalBundle returns the stored final bundle, or ErrNotFound. A read
+// transaction.
+func (s *AggStore) FinalBundle() ([]byte, error) {
+	return s.fedValue(keyFinalBundle, "the final bundle")
+}
+
+func (s *AggStore) fedValue(k []byte, what string) ([]byte, error) {
+	var out []byte
+	err := s.db.View(func(tx *bolt.Tx) error {
+		fb, _ := optBucket(tx, bucketFederation)
+		if fb == nil {
+			return fmt.Errorf("%w: %s", ErrNotFound, what)
+		}
+		v, err := sget(fb, k, "federation/"+string(k))
+		if err != nil {
+			return err
+		}
+		if v == nil {
+			return fmt.Errorf("%w: %s", ErrNotFound, what)
+		}
+		out = bytes.Clone(v)
+		return nil
+	})
+	return out, err
+}
