@@ -206,7 +206,11 @@ type ClientOnline struct {
 	// Conn is the status's connection number (wire.ClientStatus.Connection;
 	// 0 = unnumbered). See StatusStale.
 	Conn uint64
-	At   time.Time
+	// Failing: the status carries a site error (wire ClientStatus
+	// error_reason): the site is online but cannot take part, so it is not
+	// selected until a status without an error arrives.
+	Failing bool
+	At      time.Time
 }
 
 // ClientOffline: a client's status (or last will) says it is offline. An
@@ -422,6 +426,7 @@ func (c Counters) clone() Counters {
 type client struct {
 	samples   int
 	online    bool
+	failing   bool    // online with a site error: not selectable
 	loss      float64 // NaN when unknown
 	lastRound int     // latest round whose update from this client is stored
 	pending   []int   // rounds invited to and not reported, ascending, at most maxPending
@@ -669,6 +674,7 @@ func (c *Coordinator) clientOnline(e ClientOnline) []Decision {
 	}
 	cl := c.register(e.ID)
 	cl.online = true
+	cl.failing = e.Failing
 	cl.samples = max(e.Samples, 0)
 	cl.conn = max(cl.conn, e.Conn)
 	return nil
@@ -830,7 +836,7 @@ func (c *Coordinator) deadlinePassed(at time.Time, out []Decision) []Decision {
 func (c *Coordinator) pool() []string {
 	var ids []string
 	for id, cl := range c.clients {
-		if _, done := c.received[id]; cl.online && !done {
+		if _, done := c.received[id]; cl.online && !cl.failing && !done {
 			ids = append(ids, id)
 		}
 	}

@@ -851,3 +851,45 @@ func TestStatusOrderIndependent(t *testing.T) {
 		t.Fatalf("unnumbered online then offline: %+v", cs)
 	}
 }
+
+// A site whose status carries a site error is online but not selected
+// (it cannot take part: every round it was drawn into would wait for it),
+// also after a restart, until a status without an error arrives.
+func TestFailingSitesAreNotSelected(t *testing.T) {
+	cfg := baseConfig()
+	cfg.K, cfg.Quorum = 3, 3
+	c := mustNew(t, cfg)
+	bringOnline(c, ms(0), "s1", "s2", "s3")
+	c.Step(ClientOnline{ID: "s4", Samples: 10, Failing: true, At: ms(0)})
+	for r := 1; r <= 4; r++ {
+		a := only[Announce](t, c.Step(Tick{At: ms(100 * r)}))
+		if slices.Contains(a.Selected, "s4") {
+			t.Fatalf("round %d selected the failing site: %v", r, a.Selected)
+		}
+		ds := stepAll(c, upd(a.Selected[0], r, 100*r+1), upd(a.Selected[1], r, 100*r+2), upd(a.Selected[2], r, 100*r+3))
+		only[CloseRound](t, ds)
+		c.Step(AggregatedRound{Round: r, At: ms(100*r + 50)})
+	}
+	// The failing flag survives Snapshot/Restore.
+	st := c.Snapshot()
+	d := mustNew(t, cfg)
+	if err := d.Restore(st); err != nil {
+		t.Fatal(err)
+	}
+	c.Step(ClientOffline{ID: "s1", At: ms(560)})
+	d.Step(ClientOffline{ID: "s1", At: ms(560)})
+	for _, co := range []*Coordinator{c, d} {
+		if ds := co.Step(Tick{At: ms(600)}); len(ds) != 0 {
+			for _, x := range ds {
+				if a, ok := x.(Announce); ok {
+					t.Fatalf("announced %v with only two selectable sites and quorum 3", a.Selected)
+				}
+			}
+		}
+	}
+	// Fixed: its next status has no error, and it is drawn.
+	a := only[Announce](t, stepAll(d, ClientOnline{ID: "s4", Samples: 10, At: ms(700)}, Tick{At: ms(800)}))
+	if !slices.Contains(a.Selected, "s4") {
+		t.Fatalf("the site without its error was not selected: %v", a.Selected)
+	}
+}

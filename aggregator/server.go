@@ -909,7 +909,8 @@ func (s *Server) onStatus(ctx context.Context, st *wire.ClientStatus) error {
 // statusEvent is the coordinator's event for a status message.
 func statusEvent(st *wire.ClientStatus, at time.Time) Event {
 	if st.Online {
-		return ClientOnline{ID: st.ClientId, Samples: int(min(st.SampleCount, math.MaxInt32)), Conn: st.Connection, At: at}
+		return ClientOnline{ID: st.ClientId, Samples: int(min(st.SampleCount, math.MaxInt32)), Conn: st.Connection,
+			Failing: st.ErrorReason != "", At: at}
 	}
 	return ClientOffline{ID: st.ClientId, Conn: st.Connection, At: at}
 }

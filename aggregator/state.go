@@ -69,6 +69,9 @@ type ClientState struct {
 	ID      string `json:"id"`
 	Samples int    `json:"samples"`
 	Online  bool   `json:"online,omitempty"`
+	// Failing: the site's status carries a site error (it cannot take
+	// part), so it is not selected.
+	Failing bool `json:"failing,omitempty"`
 	// Loss is the last reported anchor loss, valid when HasLoss (JSON has
 	// no NaN).
 	Loss      float64 `json:"loss,omitempty"`
@@ -115,7 +118,7 @@ func (c *Coordinator) Snapshot() State {
 	}
 	slices.SortFunc(s.Received, func(a, b Received) int { return cmp.Compare(a.Client, b.Client) })
 	for id, cl := range c.clients {
-		cs := ClientState{ID: id, Samples: cl.samples, Online: cl.online, LastRound: cl.lastRound}
+		cs := ClientState{ID: id, Samples: cl.samples, Online: cl.online, Failing: cl.failing, LastRound: cl.lastRound}
 		if len(cl.pending) > 0 { // nil when empty, as JSON gives it back
 			cs.Pending = slices.Clone(cl.pending)
 		}
@@ -149,7 +152,7 @@ func (c *Coordinator) Restore(s State) error {
 	}
 	clients := make(map[string]*client, len(s.Clients))
 	for _, cs := range s.Clients {
-		cl := &client{samples: cs.Samples, online: cs.Online, loss: math.NaN(), lastRound: cs.LastRound, pending: slices.Clone(cs.Pending)}
+		cl := &client{samples: cs.Samples, online: cs.Online, failing: cs.Failing, loss: math.NaN(), lastRound: cs.LastRound, pending: slices.Clone(cs.Pending)}
 		if cs.HasLoss {
 			cl.loss = cs.Loss
 		}
