@@ -498,7 +498,9 @@ func (a *Agent) roundDone(ctx context.Context, ann *wire.RoundAnnouncement, res 
 		lg.Debug("round announcement", "action", res.Action.String())
 	}
 	if err == nil && res.Healthy {
-		a.clearSiteError()
+		// Storing the final bundle proves the disk and the aggregator's
+		// messages, not this site's data: a data error stays on show.
+		a.clearSiteError(res.Action == ActionFinished)
 	}
 	if n := int64(res.SampleCount); n > 0 && a.samples.Swap(n) != n {
 		a.publishStatus()

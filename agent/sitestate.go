@@ -204,15 +204,18 @@ func (a *Agent) setSiteError(se *sitedata.SiteError, ann *wire.RoundAnnouncement
 	a.observe(Event{Kind: EventSiteError, Err: se})
 }
 
-// clearSiteError ends a site error after a successful announcement.
-func (a *Agent) clearSiteError() {
+// clearSiteError ends a site error after a successful announcement;
+// keepData keeps an error about the site's data (the announcement did not
+// read it).
+func (a *Agent) clearSiteError(keepData bool) {
 	a.mu.Lock()
 	old := a.siteErr
-	a.siteErr = nil
-	a.mu.Unlock()
-	if old == nil {
+	if old == nil || keepData && dataError(old.Reason) {
+		a.mu.Unlock()
 		return
 	}
+	a.siteErr = nil
+	a.mu.Unlock()
 	a.log.Info("site error over; this site takes part again", "was", old.Reason)
 	a.publishStatus()
 	a.observe(Event{Kind: EventSiteError})
@@ -290,4 +293,14 @@ func (a *Agent) restoreFinal(store *storage.EdgeStore) error {
 		a.log.Info("final model of the finished run restored to model_out", "path", a.cfg.ModelOut, "digest", f.Digest, "run_id", f.RunID)
 	}
 	return nil
+}
+
+// dataError reports a site error about the site's data file, which only
+// reading the data again can clear.
+func dataError(reason string) bool {
+	switch reason {
+	case sitedata.ReasonSchema, sitedata.ReasonBadValue, sitedata.ReasonUnknownLabel, sitedata.ReasonTooFewRows, sitedata.ReasonData:
+		return true
+	}
+	return false
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -429,6 +430,17 @@ func (c kv) with(more kv) kv {
 	out := append(kv(nil), c...)
 	for _, p := range more {
 		out = out.set(p[0], p[1])
+	}
+	return out
+}
+
+// drop returns c without the given keys.
+func (c kv) drop(keys ...string) kv {
+	var out kv
+	for _, p := range c {
+		if !slices.Contains(keys, p[0]) {
+			out = append(out, p)
+		}
 	}
 	return out
 }
