@@ -350,7 +350,7 @@ type uplinkFrame struct {
 	residual []float64
 }
 
-// uplink encodes the round's result as a delta (DESIGN section 3):
+// uplink encodes the round's result as a delta (ARCHITECTURE.md, Uplink encoding):
 //
 //   - FedProx family: w_k - x with the error-feedback residual of earlier
 //     rounds added; what the codec did not get across becomes the new

@@ -1,7 +1,7 @@
 // Package broker is broker-agg's embedded MQTT broker: mochi-mqtt v2 on one
 // TCP (or TLS) listener, with packet size capped, authentication by a
 // Mosquitto-compatible password file and/or client certificates, and the
-// federation's ACL (DESIGN.md section 6) enforced by the broker itself.
+// federation's ACL (ARCHITECTURE.md, Security and the ACL) enforced by the broker itself.
 //
 // # Identity
 //

@@ -1,5 +1,5 @@
 // Package e2e holds edgefl's end-to-end tests: the failure semantics of
-// DESIGN.md section 5 proved on real processes.
+// ARCHITECTURE.md, Durability and failure semantics, proved on real processes.
 //
 // TestMain builds edge-agent and broker-agg once into a temporary
 // directory; every test then runs them as separate processes on

@@ -59,7 +59,7 @@ var forbiddenDeps = []struct {
 	{pattern: "html/template", why: "dashboards are broker-agg's"},
 	{pattern: "testing", why: "test helpers in the binary (it also registers the test flags)"},
 
-	// Our own server-side and test-only packages (DESIGN §1: the agent must not
+	// Our own server-side and test-only packages (ARCHITECTURE.md, Dependency rules: the agent must not
 	// know aggregator internals).
 	{pattern: modulePath + "/aggregator/...", why: "the on-prem round coordinator: aggregator internals stay on the server"},
 	{pattern: modulePath + "/aggregate/...", why: "server-side aggregators (and gonum/mat with them); the agent shares only the sketch package"},
@@ -72,7 +72,7 @@ var forbiddenDeps = []struct {
 // this one edge-agent may link. A new one needs a reason here, and its cost
 // checked with scripts/cross-compile.sh (8 MiB limit for linux/arm64).
 var allowedModules = map[string]string{
-	"github.com/eclipse/paho.mqtt.golang": "the MQTT client (DESIGN §8)",
+	"github.com/eclipse/paho.mqtt.golang": "the MQTT client (ARCHITECTURE.md, Libraries and how we use them)",
 	"github.com/gorilla/websocket":        "paho's websocket transport (ws://, wss://), imported by paho unconditionally",
 	"golang.org/x/net":                    "paho's proxy dialer (golang.org/x/net/proxy)",
 	"golang.org/x/sync":                   "paho's semaphore",
