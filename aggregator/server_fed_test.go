@@ -570,3 +570,39 @@ func TestFedSiteErrors(t *testing.T) {
 		return err == nil && st.Clients[0].Error == nil
 	})
 }
+
+// The schema's digest is part of the run's identity: a state file is
+// resumed only with the same schema, and the refusal names both digests.
+func TestFedSchemaIdentity(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.fedConfig(t)
+	s, err := NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	other, err := schema.Parse([]byte(strings.Replace(fedSchemaJSON, `"min_site_samples": 5`, `"min_site_samples": 6`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range []*schema.Schema{other, nil} {
+		c := cfg
+		c.Schema = sc
+		if sc == nil {
+			c.Model = testModel
+		}
+		_, err := NewServer(c)
+		want := "(none)"
+		if sc != nil {
+			want = sc.Digest()
+		}
+		if err == nil || !strings.Contains(err.Error(), cfg.Schema.Digest()) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("resuming with schema %v: %v", sc != nil, err)
+		}
+	}
+	c := cfg // the same schema resumes
+	if s, err = NewServer(c); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+}
