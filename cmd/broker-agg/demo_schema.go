@@ -123,7 +123,14 @@ func runDemoSchema(ctx context.Context, a demoSchemaArgs, log *slog.Logger, stdo
 		cfg := agentDefaultConfig()
 		cfg.SiteID, cfg.Federation, cfg.Brokers = id, fedName, []string{brk.URL()}
 		cfg.Username, cfg.Password = id, users[id]
-		cfg.StateFile = filepath.Join(stateDir, id+".db")
+		// A directory per site: its state file, and its copy of the final
+		// bundle next to it (the agent's default model_out).
+		if err := os.MkdirAll(filepath.Join(stateDir, id), 0o755); err != nil {
+			cancel()
+			<-srvDone
+			return err
+		}
+		cfg.StateFile = filepath.Join(stateDir, id, "edge-agent.db")
 		cfg.Seed = a.seed + uint64(i)
 		cfg.ReconnectMin = 200 * time.Millisecond
 		cfg.Data = "csv:" + files[i]
