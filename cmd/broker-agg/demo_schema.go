@@ -143,11 +143,18 @@ func runDemoSchema(ctx context.Context, a demoSchemaArgs, log *slog.Logger, stdo
 		go func() { agentsDone <- ag.Run(agentCtx) }()
 	}
 	var runErr error
+	finished := false
 	select {
 	case <-srv.Finished():
+		finished = true
 	case runErr = <-srvDone:
 		srvDone <- runErr
 	case <-ctx.Done():
+	}
+	if finished {
+		// Every site stores the final bundle of the end announcement and
+		// writes it next to its state file: give them a moment.
+		waitSiteBundles(ctx, stateDir, ids, 15*time.Second, stdout)
 	}
 	stopAgents()
 	for range ids {
@@ -274,4 +281,27 @@ func splitSites(path, siteColumn string, n int, seed uint64, dir string) (ids, f
 		ids, files = append(ids, id), append(files, p)
 	}
 	return ids, files, nil
+}
+
+// waitSiteBundles waits until every site wrote its copy of the final
+// bundle, or the time is up (then it says which did not).
+func waitSiteBundles(ctx context.Context, dir string, ids []string, limit time.Duration, stdout io.Writer) {
+	deadline := time.Now().Add(limit)
+	for {
+		var missing []string
+		for _, id := range ids {
+			if _, err := os.Stat(filepath.Join(dir, id, aggregator.FinalBundle)); err != nil {
+				missing = append(missing, id)
+			}
+		}
+		if len(missing) == 0 {
+			fmt.Fprintf(stdout, "every site wrote the final bundle (%s/SITE/%s)\n", dir, aggregator.FinalBundle)
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			fmt.Fprintf(stdout, "no final bundle written yet at: %v\n", missing)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
