@@ -180,6 +180,8 @@ func TestFedProtocolEndToEnd(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.fedConfig(t)
 	cfg.Rounds = 2
+	evalSite := siteCSV(t, cfg.Schema, "holdout", 20, 5)
+	cfg.EvalTable = evalSite.Table // --eval-data, read by the schema
 	r := f.start(cfg)
 	sites := []*fedSite{f.fedSite(t, "site-a", 1), f.fedSite(t, "site-b", 2), f.fedSite(t, "site-c", 3)}
 
@@ -210,6 +212,7 @@ func TestFedProtocolEndToEnd(t *testing.T) {
 		t.Fatalf("round 1 announcement %v", a1)
 	}
 	dim := int(a1.Global.Dimension)
+	var last RoundReport
 	step := func(round uint64, base float64) []float64 {
 		for i, s := range sites {
 			v := make([]float64, dim)
@@ -219,9 +222,16 @@ func TestFedProtocolEndToEnd(t *testing.T) {
 			s.send(t, update(t, s.id, round, v, 24))
 			wantReceipt(t, s.receipt(t), round, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
 		}
-		return r.round(t).Global
+		last = r.round(t)
+		return last.Global
 	}
-	step(1, 0.5)
+	x1 := step(1, 0.5)
+	// --eval-data is judged with the federation's preprocessing.
+	m, _ := model.New(model.Spec{Kind: model.KindBinaryLogReg, Inputs: 4, L2: 0.01})
+	d := tr.Apply(evalSite.Table, nil)
+	if want := m.LossGrad(x1, d, nil); last.EvalLoss != want || !(last.EvalScore >= 0) {
+		t.Fatalf("--eval-data loss %v, want %v (score %v)", last.EvalLoss, want, last.EvalScore)
+	}
 	a2 := sites[0].nextPhase(t, wire.Phase_PHASE_TRAIN, 2, false)
 	if !a2.Evaluate || a2.EvalRound != 1 {
 		t.Fatalf("round 2 announcement: evaluate %v eval_round %d", a2.Evaluate, a2.EvalRound)
@@ -296,7 +306,7 @@ func TestFedProtocolEndToEnd(t *testing.T) {
 	for _, line := range []string{
 		`edgefl_aggregator_eval_round 2`, `edgefl_aggregator_eval_sites 3`, `edgefl_aggregator_statistics_sites 3`,
 		`edgefl_aggregator_statistics_total{result="duplicate"} 1`, `edgefl_aggregator_evaluations_total{result="stored"} 6`,
-		`edgefl_aggregator_site_eval_accuracy{site="site-b"}`, `edgefl_aggregator_eval_auc`, `edgefl_aggregator_phase{phase="finished"} 1`,
+		`edgefl_aggregator_site_eval_accuracy{site="site-b"}`, `edgefl_aggregator_eval_auc`, `edgefl_aggregator_eval_data_loss`, `edgefl_aggregator_phase{phase="finished"} 1`,
 	} {
 		if !strings.Contains(met, line) {
 			t.Errorf("metrics lack %q", line)
@@ -559,4 +569,40 @@ func TestFedSiteErrors(t *testing.T) {
 		st, err := ReadStatus(r.s.store)
 		return err == nil && st.Clients[0].Error == nil
 	})
+}
+
+// The schema's digest is part of the run's identity: a state file is
+// resumed only with the same schema, and the refusal names both digests.
+func TestFedSchemaIdentity(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.fedConfig(t)
+	s, err := NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	other, err := schema.Parse([]byte(strings.Replace(fedSchemaJSON, `"min_site_samples": 5`, `"min_site_samples": 6`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range []*schema.Schema{other, nil} {
+		c := cfg
+		c.Schema = sc
+		if sc == nil {
+			c.Model = testModel
+		}
+		_, err := NewServer(c)
+		want := "(none)"
+		if sc != nil {
+			want = sc.Digest()
+		}
+		if err == nil || !strings.Contains(err.Error(), cfg.Schema.Digest()) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("resuming with schema %v: %v", sc != nil, err)
+		}
+	}
+	c := cfg // the same schema resumes
+	if s, err = NewServer(c); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
 }

@@ -263,7 +263,7 @@ func (s *Server) families() []metrics.Family {
 		evalData = "eval_data" // the federated figures take the eval_ names
 		f = append(f, s.fedFamilies(v)...)
 	}
-	if s.eval != nil && last.Round > 0 {
+	if (s.cfg.Eval != nil || s.cfg.EvalTable != nil) && last.Round > 0 {
 		f = append(f,
 			metrics.One(ns+evalData+"_loss", "Loss of the global model on the evaluation set (--eval-data).", metrics.Gauge, last.EvalLoss),
 			metrics.One(ns+evalData+"_accuracy", "Accuracy (R^2 for regression) of the global model on the evaluation set (--eval-data).", metrics.Gauge, last.EvalScore),

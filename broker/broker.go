@@ -101,15 +101,17 @@ type Config struct {
 	// SessionExpiry bounds how long a disconnected persistent session is
 	// kept; 0 means DefaultSessionExpiry.
 	SessionExpiry time.Duration
-	// Logger receives the broker's log lines: refused connections and ACL
-	// denials at Warn, mochi's own lines at Error only (it logs every
-	// ordinary disconnect at Warn); nil means slog.Default().
+	// Logger receives the broker's log lines: refused connections (TLS
+	// handshakes and MQTT logins, with the client id and the reason, at
+	// most once a minute per client and reason) and ACL denials at Warn,
+	// mochi's own lines at Error only (it logs every ordinary disconnect at
+	// Warn); nil means slog.Default().
 	Logger *slog.Logger
 }
 
 // Stats are the broker's security counters.
 type Stats struct {
-	AuthFailures uint64 // refused connections (bad or missing credentials, id mismatch, forbidden will)
+	AuthFailures uint64 // refused connections (TLS handshakes, bad or missing credentials, id mismatch, forbidden will)
 	ACLDenied    uint64 // refused publishes and subscriptions
 	Connected    int64  // clients connected now
 }
@@ -200,7 +202,18 @@ func Start(cfg Config) (*Broker, error) {
 	if err := srv.AddHook(h, nil); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	l := listeners.NewTCP(listeners.Config{ID: "edgefl", Address: cfg.Addr, TLSConfig: cfg.TLS})
+	var l listeners.Listener
+	if cfg.TLS != nil {
+		// The handshake happens before mochi sees the connection, so that
+		// a refused one is logged (refusals.go).
+		ln, err := net.Listen("tcp", cfg.Addr)
+		if err != nil {
+			return nil, fmt.Errorf("broker: listen on %s: %w", cfg.Addr, err)
+		}
+		l = listeners.NewNet("edgefl", newTLSListener(ln, cfg.TLS, h))
+	} else {
+		l = listeners.NewTCP(listeners.Config{ID: "edgefl", Address: cfg.Addr})
+	}
 	if err := srv.AddListener(l); err != nil {
 		return nil, fmt.Errorf("broker: listen on %s: %w", cfg.Addr, err)
 	}
@@ -293,6 +306,7 @@ type authHook struct {
 	hashes    map[string]passwordHash
 	plain     map[string][32]byte
 	log       *slog.Logger
+	refusals  refusalLog
 
 	authFailures atomic.Uint64
 	aclDenied    atomic.Uint64
@@ -335,8 +349,7 @@ func certIdentity(cl *mqtt.Client) string {
 }
 
 func (h *authHook) deny(cl *mqtt.Client, reason string, args ...any) bool {
-	h.authFailures.Add(1)
-	h.log.Warn("mqtt connection refused: "+reason, append([]any{"client_id", cl.ID, "remote", cl.Net.Remote}, args...)...)
+	h.refused(cl.ID, cl.Net.Remote, reason, args...)
 	return false
 }
 

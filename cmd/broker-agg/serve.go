@@ -882,6 +882,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	quorum := fs.Float64("quorum-fraction", 1, "fraction of the selection a round closes with at its deadline")
 	metricsAddr := fs.String("metrics-addr", "", "serve the aggregator's /metrics and /status on `ADDR` (default: off)")
 	logLevel := fs.String("log-level", "warn", "log level of the daemons (stderr): debug | info | warn | error")
+	schemaPath := fs.String("schema", "", "federation schema `FILE`: --dataset is then csv:PATH, each site gets its rows as a CSV read by the schema, and the run has a statistics phase, federated evaluation and a final bundle (issue 11)")
+	siteColumn := fs.String("site-column", "", "with --schema: the column naming each row's site (one agent per site; default: the rows are dealt to --clients sites)")
+	evalEvery := fs.Int("eval-every", 5, "with --schema: the sites evaluate every E rounds and at the end")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: broker-agg demo [flags]\n\nEmbedded broker + aggregator + N edge agents in one process over real MQTT\n(loopback TCP, per-site passwords, the federation ACL), each with its own\nstate file. Prints one line per round; Ctrl-C stops it.\n\nflags:")
 		fs.PrintDefaults()
@@ -900,6 +903,12 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	log, err := newLogger(stderr, "text", *logLevel)
 	if err != nil {
 		return err
+	}
+	if *schemaPath != "" {
+		return runDemoSchema(ctx, demoSchemaArgs{schema: *schemaPath, data: *dataSpec, siteColumn: *siteColumn, clients: *clients,
+			perRound: *perRound, rounds: *rounds, algo: *algo, agg: *aggSpec, seed: *seed, dir: *dir, model: *modelKind, hidden: *hidden,
+			l2: *l2, params: aggregator.Params{Mu: *mu, Step: *step, Relax: *relax, Solver: *solver, Gamma: *gamma, LR: *lr, Batch: *batch, MaxEpochs: *epochs},
+			codec: *codec, timeout: *timeout, quorum: *quorum, metricsAddr: *metricsAddr, evalEvery: *evalEvery}, log, stdout)
 	}
 
 	src, err := dataset.ParseSource(*dataSpec)

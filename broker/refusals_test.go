@@ -1,0 +1,134 @@
+package broker
+
+import (
+	"bytes"
+	"crypto/tls"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/edgefl/edgefl/pki"
+)
+
+// syncBuf collects log lines.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// refusals returns the logged refusal lines.
+func (s *syncBuf) refusals() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, l := range strings.Split(s.b.String(), "\n") {
+		if strings.Contains(l, `msg="mqtt connection refused"`) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// waitRefusals waits until the broker has counted n refusals (the log line
+// is written before the count is read back here).
+func waitRefusals(t *testing.T, b *Broker, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for b.Stats().AuthFailures < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d refusals counted, want %d", b.Stats().AuthFailures, n)
+		}
+		time.Sleep(5 * time.Millisecond) // the broker's own goroutines; no clock to inject
+	}
+}
+
+// Refused connections are logged at WARN with the client id and the reason
+// (TLS: no certificate, a certificate of another CA; MQTT: a bad password),
+// at most once a minute per client and reason, the next line counting those
+// suppressed; every one is counted.
+func TestConnectionRefusalsLogged(t *testing.T) {
+	dir, other := t.TempDir(), t.TempDir()
+	for _, d := range []string{dir, other} {
+		if _, err := pki.MakeSite(pki.SiteOptions{Dir: d, Clients: []string{"aggregator", "site-a"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scfg, err := pki.ServerTLSConfig(filepath.Join(dir, pki.ServerCertFile), filepath.Join(dir, pki.ServerKeyFile), filepath.Join(dir, pki.CACertFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuf{}
+	now := time.Unix(1_700_000_000, 0)
+	var clockMu sync.Mutex
+	b, err := Start(Config{Addr: "127.0.0.1:0", Prefix: prefix, TLS: scfg, Users: map[string]string{"site-a": "right"},
+		Superusers: []string{"aggregator"}, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	b.hook.refusals.now = func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return now }
+	tlsFrom := func(d string, cert bool) *tls.Config {
+		cf, kf := pki.ClientFiles(d, "site-a")
+		c, err := pki.ClientTLSConfig(filepath.Join(dir, pki.CACertFile), cf, kf) // trusts our broker
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !cert {
+			c.Certificates = nil
+		}
+		c.ServerName = "localhost"
+		return c
+	}
+	attempts := []struct {
+		o    opts
+		want string
+	}{
+		{opts{id: "site-a", tls: tlsFrom(dir, false)}, `reason="no client certificate"`},
+		{opts{id: "site-a", tls: tlsFrom(other, true)}, `client_id=site-a remote=127.0.0.1`},
+		{opts{id: "site-a", user: "site-a", pass: "wrong", tls: tlsFrom(dir, true)}, `reason="bad username or password"`},
+	}
+	for i, a := range attempts {
+		if c, err := dial(t, b.URL(), a.o); err == nil {
+			c.c.Disconnect(0)
+			t.Fatalf("attempt %d connected", i)
+		}
+		waitRefusals(t, b, uint64(i+1))
+		lines := logs.refusals()
+		if len(lines) != i+1 || !strings.Contains(lines[i], "level=WARN") || !strings.Contains(lines[i], a.want) {
+			t.Fatalf("attempt %d: refusal lines %q, want the last with %s", i, lines, a.want)
+		}
+	}
+	if l := logs.refusals()[1]; !strings.Contains(l, `reason="client certificate not signed by the site CA"`) {
+		t.Fatalf("another CA's certificate: %s", l)
+	}
+	// The same refusal again within the minute: counted, not logged.
+	for i := range 3 {
+		if _, err := dial(t, b.URL(), attempts[2].o); err == nil {
+			t.Fatal("connected")
+		}
+		waitRefusals(t, b, uint64(4+i))
+	}
+	if n := len(logs.refusals()); n != 3 {
+		t.Fatalf("%d refusal lines after repeats, want 3", n)
+	}
+	clockMu.Lock()
+	now = now.Add(refusalLogEvery)
+	clockMu.Unlock()
+	if _, err := dial(t, b.URL(), attempts[2].o); err == nil {
+		t.Fatal("connected")
+	}
+	waitRefusals(t, b, 7)
+	lines := logs.refusals()
+	if len(lines) != 4 || !strings.Contains(lines[3], "suppressed=3") {
+		t.Fatalf("the line after the window: %q", lines)
+	}
+}
