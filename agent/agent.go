@@ -612,14 +612,14 @@ func (a *Agent) clientOptions(store *storage.EdgeStore) (*mqtt.ClientOptions, er
 		SetDefaultPublishHandler(a.onMessage).
 		SetOnConnectHandler(a.onConnect).
 		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
-			a.log.Warn("connection lost; reconnecting", "err", err)
+			a.connTrouble("connection lost; reconnecting", "err", err)
 		}).
 		SetConnectionNotificationHandler(func(_ mqtt.Client, n mqtt.ConnectionNotification) {
 			switch n := n.(type) {
 			case mqtt.ConnectionNotificationBrokerFailed:
-				a.log.Warn("broker unreachable", "broker", n.Broker.String(), "err", n.Reason)
+				a.connTrouble("broker unreachable", "broker", n.Broker.String(), "err", n.Reason)
 			case mqtt.ConnectionNotificationFailed:
-				a.log.Warn("connection attempt failed", "err", n.Reason)
+				a.connTrouble("connection attempt failed", "err", n.Reason)
 			}
 		})
 	if a.cfg.Username != "" {
@@ -701,6 +701,21 @@ func (a *Agent) onConnect(c mqtt.Client) {
 	a.resendUplinks()
 	a.log.Info("connected")
 	a.observe(Event{Kind: EventConnected})
+}
+
+// connTrouble logs a connection problem at WARN while a run is on. Once
+// the run has finished, the aggregator may well have exited (with its
+// embedded broker, exit_when_finished): the site keeps reconnecting so it
+// sees the next run, but quietly, at DEBUG.
+func (a *Agent) connTrouble(msg string, args ...any) {
+	a.mu.Lock()
+	finished := a.finished
+	a.mu.Unlock()
+	if finished {
+		a.log.Debug(msg, args...)
+		return
+	}
+	a.log.Warn(msg, args...)
 }
 
 func (a *Agent) resendOutbox() {

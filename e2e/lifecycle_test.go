@@ -134,7 +134,7 @@ func TestModelLifecycle(t *testing.T) {
 		id := fmt.Sprintf("site-%d", i+1)
 		c := agentConf(federation, "tcp://"+listen, id, passwordFile(dir, id), i, sites, 0).
 			drop("data_client", "data_clients", "data_seed", "data_max_samples").
-			with(kv{{"data", "csv:" + files[i]}, {"model_out", filepath.Join(dir, id+".bundle.json")}})
+			with(kv{{"data", "csv:" + files[i]}, {"model_out", filepath.Join(dir, id+".bundle.json")}, {"log_level", "debug"}})
 		edges = append(edges, newEdge(t, dir, id, c))
 	}
 	bad := newEdge(t, dir, "site-4", agentConf(federation, "tcp://"+listen, "site-4", passwordFile(dir, "site-4"), 0, 1, 0).
@@ -214,6 +214,21 @@ func TestModelLifecycle(t *testing.T) {
 	}
 	if err := agg.p.stop(); err != nil {
 		t.Fatal(err)
+	}
+	// The aggregator (and its embedded broker) is gone: a finished site
+	// keeps reconnecting, quietly (DEBUG), until a new run starts.
+	for _, e := range edges {
+		e.p.waitLine(30*time.Second, e.id+" noticing the broker is gone", func(l logLine) bool {
+			return l.str("level") == "DEBUG" && (l.msg() == "connection lost; reconnecting" || l.msg() == "broker unreachable")
+		})
+		done := false
+		for _, l := range e.lines(func(logLine) bool { return true }) {
+			if l.msg() == "federation finished; final model written" {
+				done = true
+			} else if done && (l.str("level") == "WARN" || l.str("level") == "ERROR") {
+				t.Errorf("%s logged %s %q after the run finished", e.id, l.str("level"), l.msg())
+			}
+		}
 	}
 	exp := filepath.Join(dir, "round2.bundle.json")
 	if out, err := export("2", exp); err != nil {
