@@ -12,7 +12,12 @@
 //     ErrLocked after Options.LockTimeout instead of hanging;
 //   - the schema is versioned (bucket "meta", key "schema_version") and
 //     migrated forward on Open, one transaction per step; a file written by a
-//     newer binary is refused with ErrSchemaTooNew;
+//     newer binary is refused with ErrSchemaTooNew. One exception: the
+//     aggregator's buckets of a run with a federation schema (agg_fed.go)
+//     came without a version step and are created by their first write, so
+//     a run without a schema writes exactly the file it wrote before; an
+//     older binary refuses such a file as damaged (an unknown bucket)
+//     rather than as newer;
 //   - stored bytes are treated as untrusted on read: a value of the wrong
 //     shape is an error wrapping ErrCorrupt, never a panic.
 //
