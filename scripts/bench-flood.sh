@@ -40,7 +40,8 @@
 # gateway). For the same reason the agents run at nice 10, behind the
 # aggregator, the broker and the flooder. ROUND_EPOCHS=N budgets N local
 # epochs instead: the rounds then stretch with whatever CPU the flood takes
-# from the agents on this machine.
+# from the agents on this machine, and vary by a second or more from run to
+# run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench-results}/flood
