@@ -29,7 +29,9 @@
 # (VmHWM) of the broker-agg process (embedded broker included) and of
 # Mosquitto, flood run (baseline); their CPU seconds over the run; and the
 # round delay: the rounds the flood overlapped (one "round aggregated" line
-# of the aggregator's log to the next), summed, flood run minus baseline.
+# of the aggregator's log to the next), summed, flood run minus baseline;
+# and the machine's 1-minute load average before the baseline and after the
+# flood run (other work on the machine slows the flooder and the rounds).
 #
 # Rounds are paced by the round's work budget in seconds (max_seconds =
 # ROUND_SECONDS): an agent solves that long whatever CPU it gets, so the
@@ -76,7 +78,7 @@ for b in $BROKERS; do
     mb() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
     mq="-"
     if [ "$b" = mosquitto ]; then mq="$(mb "$(v mosquitto_vmhwm_kb)") ($(mb "$(v baseline_mosquitto_vmhwm_kb)"))"; fi
-    rows+=("| $b | $(v sent) ($(v sent_rate)/s, $(v message_bytes) B) | $(v rate_limited) | $(v passed_limit) | $(mb "$(v aggregator_vmhwm_kb)") ($(mb "$(v baseline_aggregator_vmhwm_kb)")) | $mq | $(v flooded_rounds) | $(v baseline_rounds_s) | $(v flood_rounds_s) | $(v delay_s) | $(v aggregator_cpu_s) ($(v baseline_aggregator_cpu_s)) |")
+    rows+=("| $b | $(v sent) ($(v sent_rate)/s, $(v message_bytes) B) | $(v rate_limited) | $(v passed_limit) | $(mb "$(v aggregator_vmhwm_kb)") ($(mb "$(v baseline_aggregator_vmhwm_kb)")) | $mq | $(v flooded_rounds) | $(v baseline_rounds_s) | $(v flood_rounds_s) | $(v delay_s) | $(v aggregator_cpu_s) ($(v baseline_aggregator_cpu_s)) | $(v loadavg_start)-$(v loadavg_end) |")
   done
 done
 
@@ -85,7 +87,7 @@ budget="${ROUND_SECONDS} s of local work (max_seconds)"
 {
   echo "## Flood: one site at $RATE msg/s for $FLOOD_SECONDS s ($SITES edge agents + the flooder, $ROUNDS rounds of $budget, $(nproc) cores)"
   echo
-  echo "| broker | messages sent (rate, size) | rate-limited | passed the limit | broker-agg VmHWM MB flood (baseline) | mosquitto VmHWM MB flood (baseline) | flooded rounds | their s baseline | their s flood | round delay s | broker-agg CPU s flood (baseline) |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| broker | messages sent (rate, size) | rate-limited | passed the limit | broker-agg VmHWM MiB flood (baseline) | mosquitto VmHWM MiB flood (baseline) | flooded rounds | their s baseline | their s flood | round delay s | broker-agg CPU s flood (baseline) | load average |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
 } | tee "$out/summary.txt"

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -90,6 +91,7 @@ func runFlood(args []string) error {
 	}
 	fmt.Printf("flood: %s broker, %d agents + %s, %d rounds of %s of local work, %d msg/s for %v from %v into round %d\n",
 		o.broker, o.sites, floodID, o.rounds, budget, o.rate, o.floodFor, o.floodAfter, o.floodRound)
+	load0 := loadAvg()
 	base, err := floodRun(o, filepath.Join(work, o.broker+"-baseline"), false)
 	if err != nil {
 		return fmt.Errorf("baseline: %w", err)
@@ -100,6 +102,8 @@ func runFlood(args []string) error {
 		return fmt.Errorf("flood: %w", err)
 	}
 	fl.print("flood")
+	load1 := loadAvg()
+	fmt.Printf("load average (1 min) at the start %s, at the end %s (this machine's other work competes for its %d cores)\n", load0, load1, runtime.NumCPU())
 
 	// The rounds the flood overlapped, against the same rounds without it.
 	var flooded []int
@@ -127,10 +131,10 @@ func runFlood(args []string) error {
 	fmt.Printf("RESULT broker=%s rate=%d flood_s=%g message_bytes=%d sent=%d sent_rate=%.0f flooder_disconnects=%d rate_limited=%.0f passed_limit=%.0f "+
 		"flooded_rounds=%d-%d baseline_rounds_s=%.3f flood_rounds_s=%.3f delay_s=%.3f worst_round_delay_s=%.3f run_delay_s=%.3f "+
 		"aggregator_vmhwm_kb=%d baseline_aggregator_vmhwm_kb=%d mosquitto_vmhwm_kb=%d baseline_mosquitto_vmhwm_kb=%d "+
-		"aggregator_cpu_s=%.2f baseline_aggregator_cpu_s=%.2f mosquitto_cpu_s=%.2f baseline_mosquitto_cpu_s=%.2f\n",
+		"aggregator_cpu_s=%.2f baseline_aggregator_cpu_s=%.2f mosquitto_cpu_s=%.2f baseline_mosquitto_cpu_s=%.2f loadavg_start=%s loadavg_end=%s\n",
 		o.broker, o.rate, o.floodFor.Seconds(), fl.msgBytes, fl.sent, float64(fl.sent)/fl.floodEnd.Sub(fl.floodStart).Seconds(), fl.disconnects,
 		fl.rateLimited, fl.passed-base.passed, flooded[0], flooded[len(flooded)-1], baseSum, floodSum, floodSum-baseSum, worst, all,
-		fl.aggHWM, base.aggHWM, fl.mqHWM, base.mqHWM, fl.aggCPU, base.aggCPU, fl.mqCPU, base.mqCPU)
+		fl.aggHWM, base.aggHWM, fl.mqHWM, base.mqHWM, fl.aggCPU, base.aggCPU, fl.mqCPU, base.mqCPU, load0, load1)
 	return nil
 }
 
@@ -330,6 +334,15 @@ func floodRun(o floodOptions, work string, withFlood bool) (*floodResult, error)
 		res.start[r], res.end[r] = begin, end
 	}
 	return res, nil
+}
+
+// loadAvg is the machine's 1-minute load average ("?" when unknown).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
 }
 
 // cpuSeconds is a process's user + system CPU time (/proc/PID/stat, in
