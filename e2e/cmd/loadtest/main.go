@@ -1,5 +1,6 @@
-// Command loadtest is the load generator of scripts/bench-e2e.sh: a whole
-// federation over MQTT on one machine, every party a real one.
+// Command loadtest is the load generator of scripts/bench-e2e.sh and
+// scripts/bench-flood.sh: a whole federation over MQTT on one machine, every
+// party a real one.
 //
 //	loadtest gen --dir DIR [--train 20000] [--test 2000] [--seed 1]
 //	    writes a synthetic MNIST-shaped IDX data set (28x28 = 784 features,
@@ -20,6 +21,23 @@
 //	    moments mid-round, restarts it on the same state file, and prints
 //	    the time from each restart (process start) to its first round
 //	    announcement and to its first accepted update.
+//
+//	loadtest flood --broker-agg BIN --edge-agent BIN [--broker embedded|mosquitto]
+//	               [--sites 3] [--rounds 8] [--round-seconds 3 | --round-epochs N]
+//	               [--rate 10000] [--batch 100] [--flood-seconds 10s] ...
+//	    the flood figure of scripts/bench-flood.sh: broker-agg (its embedded
+//	    broker with a password file, or --broker against Mosquitto with a
+//	    password file and the shipped ACL), --sites edge-agent processes
+//	    (synthetic(1,1), a 60 x 10 logistic regression) and an authenticated
+//	    site "flooder" in this process that takes part in every round with
+//	    one valid update. The federation runs twice on fresh state: a
+//	    baseline, then the same run in which the flooder re-publishes its
+//	    current round's update at --rate msg/s (QoS 0, --batch a tick) for
+//	    --flood-seconds from --flood-after into --flood-round. It prints the
+//	    seconds of every round of both runs, the messages sent and
+//	    rate-limited (/metrics), the VmHWM and CPU seconds of broker-agg
+//	    (and Mosquitto), and the round delay: the rounds the flood
+//	    overlapped, summed, flood run minus baseline.
 //
 // The last lines are machine-readable: "RESULT key=value ..." and one
 // "RECOVERY key=value ..." per kill.
@@ -57,7 +75,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: loadtest gen|run [flags] (see the package documentation)")
+		fmt.Fprintln(os.Stderr, "usage: loadtest gen|run|flood [flags] (see the package documentation)")
 		os.Exit(2)
 	}
 	var err error
@@ -68,6 +86,8 @@ func main() {
 		err = runLoad(os.Args[2:])
 	case "simstats":
 		err = simStats(os.Args[2:])
+	case "flood":
+		err = runFlood(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}

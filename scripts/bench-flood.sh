@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Issue 10's flood figure: one authenticated site floods the aggregator at a
+# paced RATE msg/s for FLOOD_SECONDS during a federation, through the
+# embedded broker and through Mosquitto; what it costs the aggregator in
+# memory and the federation in time.
+#
+#   scripts/bench-flood.sh [OUTDIR]          (default bench-results; writes OUTDIR/flood)
+#
+# Environment: BROKERS ("embedded mosquitto"), RATE (10000), BATCH (100),
+# FLOOD_SECONDS (10), SITES (3), ROUNDS (8), ROUND_SECONDS (3),
+# ROUND_EPOCHS (0), REPEAT (1), SEED (1).
+#
+# Every party is a real process on loopback: `broker-agg run` (embedded: its
+# own listener and a password file; mosquitto: `--broker` against Mosquitto
+# with a password file and the shipped deploy/mosquitto/edgefl.acl), SITES
+# `edge-agent run` processes (client k of synthetic(1,1), FedProx:FedSplit
+# with SGD on a 60 x 10 logistic regression, fp32 uplink) and, in
+# e2e/cmd/loadtest, the flooding site "flooder": its own password, a
+# participant in every round (it announces itself online and answers each
+# announcement with one valid FULL update for that round, ~2.5 kB). Each
+# broker runs the same federation twice, on fresh state: a baseline, then
+# the same run in which, FLOOD-seconds long from 1 s into round 3, the
+# flooder re-publishes its current round's update at RATE msg/s (a ticker,
+# BATCH messages a tick, QoS 0, on its one connection).
+#
+# Reported per broker: messages sent and the rate achieved; messages
+# rate-limited (edgefl_aggregator_rate_limited_total{client="flooder"}) and
+# the update messages that passed the limits beyond the baseline's; peak RSS
+# (VmHWM) of the broker-agg process (embedded broker included) and of
+# Mosquitto, flood run (baseline); their CPU seconds over the run; and the
+# round delay: the rounds the flood overlapped (one "round aggregated" line
+# of the aggregator's log to the next), summed, flood run minus baseline;
+# and the machine's 1-minute load average before the baseline and after the
+# flood run (other work on the machine slows the flooder and the rounds).
+#
+# Rounds are paced by the round's work budget in seconds (max_seconds =
+# ROUND_SECONDS): an agent solves that long whatever CPU it gets, so the
+# delay measured is the aggregator's and the broker's (announcements,
+# updates, receipts, storage, aggregation under the flood), not the agents'
+# loss of CPU to the flooder, broker and aggregator that share this
+# machine's cores with them (on a real federation each site has its own
+# gateway). For the same reason the agents run at nice 10, behind the
+# aggregator, the broker and the flooder. ROUND_EPOCHS=N budgets N local
+# epochs instead: the rounds then stretch with whatever CPU the flood takes
+# from the agents on this machine, and vary by a second or more from run to
+# run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-bench-results}/flood
+BROKERS=${BROKERS:-"embedded mosquitto"}
+RATE=${RATE:-10000}
+BATCH=${BATCH:-100}
+FLOOD_SECONDS=${FLOOD_SECONDS:-10}
+SITES=${SITES:-3}
+ROUNDS=${ROUNDS:-8}
+ROUND_SECONDS=${ROUND_SECONDS:-3}
+ROUND_EPOCHS=${ROUND_EPOCHS:-0}
+REPEAT=${REPEAT:-1}
+SEED=${SEED:-1}
+mkdir -p "$out"
+bin=$(mktemp -d)
+trap 'rm -rf "$bin"' EXIT
+go build -o "$bin/" ./cmd/broker-agg ./cmd/edge-agent ./e2e/cmd/loadtest
+if [[ " $BROKERS " == *" mosquitto "* ]]; then
+  [ -x /usr/sbin/mosquitto ] || { echo "needs /usr/sbin/mosquitto (apt-get install mosquitto)" >&2; exit 1; }
+fi
+
+rows=()
+for b in $BROKERS; do
+  for i in $(seq 1 "$REPEAT"); do
+    echo "== $b broker, run $i of $REPEAT"
+    "$bin/loadtest" flood --broker-agg "$bin/broker-agg" --edge-agent "$bin/edge-agent" --broker "$b" \
+      --work "$out/work/$b-$i" --sites "$SITES" --rounds "$ROUNDS" --round-seconds "$ROUND_SECONDS" \
+      --round-epochs "$ROUND_EPOCHS" --rate "$RATE" --batch "$BATCH" --flood-seconds "${FLOOD_SECONDS}s" \
+      --flood-round 3 --flood-after 1s --seed "$SEED" | tee "$out/$b-$i.txt"
+    r=$(grep '^RESULT ' "$out/$b-$i.txt")
+    v() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$r"; }
+    mb() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
+    mq="-"
+    if [ "$b" = mosquitto ]; then mq="$(mb "$(v mosquitto_vmhwm_kb)") ($(mb "$(v baseline_mosquitto_vmhwm_kb)"))"; fi
+    rows+=("| $b | $(v sent) ($(v sent_rate)/s, $(v message_bytes) B) | $(v rate_limited) | $(v passed_limit) | $(mb "$(v aggregator_vmhwm_kb)") ($(mb "$(v baseline_aggregator_vmhwm_kb)")) | $mq | $(v flooded_rounds) | $(v baseline_rounds_s) | $(v flood_rounds_s) | $(v delay_s) | $(v aggregator_cpu_s) ($(v baseline_aggregator_cpu_s)) | $(v loadavg_start)-$(v loadavg_end) |")
+  done
+done
+
+budget="${ROUND_SECONDS} s of local work (max_seconds)"
+[ "$ROUND_EPOCHS" -gt 0 ] && budget="$ROUND_EPOCHS local epochs"
+{
+  echo "## Flood: one site at $RATE msg/s for $FLOOD_SECONDS s ($SITES edge agents + the flooder, $ROUNDS rounds of $budget, $(nproc) cores)"
+  echo
+  echo "| broker | messages sent (rate, size) | rate-limited | passed the limit | broker-agg VmHWM MiB flood (baseline) | mosquitto VmHWM MiB flood (baseline) | flooded rounds | their s baseline | their s flood | round delay s | broker-agg CPU s flood (baseline) | load average |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+} | tee "$out/summary.txt"
