@@ -559,7 +559,11 @@ func (s *Server) answerFed(d Decision, storedAt time.Time) {
 			code, what = dup, "duplicate"
 		}
 		s.statsStored.Inc(what)
-		s.log.Info("statistics "+what, "client", d.Client, "sites", len(s.coord.StatisticsSites()))
+		args := []any{"client", d.Client, "sites", len(s.coord.StatisticsSites())}
+		if in := s.pendStats; in != nil {
+			args = append(args, "bytes", len(in.raw)) // the whole message, envelope included
+		}
+		s.log.Info("statistics "+what, args...)
 		s.receiptFed(d.Client, 0, subStats, true, code, "", storedAt)
 	case RejectStatistics:
 		if d.Reason == Duplicate {
