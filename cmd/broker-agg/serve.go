@@ -492,7 +492,17 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		defer brk.Close()
-		return serve(ctx, srv, f.exitWhenFinished, stdout)
+		err = serve(ctx, srv, f.exitWhenFinished, stdout)
+		if f.exitWhenFinished && isClosed(srv.Finished()) {
+			// The sites connected now get the end of the run (the final
+			// bundle) before the broker, and its retained copy, go away.
+			dctx, cancel := context.WithTimeout(ctx, drainWait)
+			if waiting := brk.Drain(dctx); len(waiting) > 0 {
+				log.Warn("exiting although these clients have not acknowledged the end of the run: they may lack the final bundle", "clients", waiting, "waited", drainWait)
+			}
+			cancel()
+		}
+		return err
 	}
 	srv, err := aggregator.NewServer(cfg)
 	if err != nil {
@@ -508,6 +518,19 @@ func isTLSURL(u string) bool {
 		}
 	}
 	return false
+}
+
+// drainWait bounds how long exit_when_finished waits, with the embedded
+// broker, for the connected sites to acknowledge the end of the run.
+const drainWait = 30 * time.Second
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 func serve(ctx context.Context, srv *aggregator.Server, exitWhenFinished bool, stdout io.Writer) error {
