@@ -2,14 +2,20 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/edgefl/edgefl/broker"
 	"github.com/edgefl/edgefl/bundle"
 )
 
@@ -164,5 +170,91 @@ func TestWriteSiteCSVs(t *testing.T) {
 	}
 	if _, err := writeSiteCSVs(src, [][]int{{3}}, []string{"a"}, dir); err == nil || !strings.Contains(err.Error(), "no data row 3") {
 		t.Errorf("a row beyond the file: %v", err)
+	}
+}
+
+// TestRunExitWhenFinishedDeliversTheBundle: `run --schema
+// --exit-when-finished` with the embedded broker exits once the run has
+// ended, and only after the connected sites have the end of the run: each
+// site writes the final bundle to its model_out, byte for byte the
+// aggregator's, although the broker is gone by then.
+func TestRunExitWhenFinishedDeliversTheBundle(t *testing.T) {
+	dir := t.TempDir()
+	schemaPath, csvPath := demoCSV(t, dir)
+	raw, err := os.ReadFile(csvPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	ids := []string{"site-a", "site-b"}
+	passwd := filepath.Join(dir, "passwd")
+	for i, id := range ids {
+		rows := append([]string{lines[0]}, lines[1+75*i:1+75*(i+1)]...)
+		os.WriteFile(filepath.Join(dir, id+".csv"), []byte(strings.Join(rows, "\n")+"\n"), 0o600)
+		if err := broker.SetPassword(passwd, id, id+"-pw", 1000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	conf := filepath.Join(dir, "aggregator.conf")
+	os.WriteFile(conf, []byte(fmt.Sprintf("federation = f\nstate_file = %s\nmetrics_addr =\nlisten = %s\npassword_file = %s\nschema = %s\n"+
+		"per_round = 2\nrounds = 2\nsettle = 100ms\nround_timeout = 20s\nalgorithm = fedproxsplit\nsolver = lbfgs\nl2 = 0.01\nexit_when_finished = true\nlog_format = json\n",
+		filepath.Join(dir, "aggregator.db"), addr, passwd, schemaPath)), 0o600)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"run", "--config", conf}, &stdout, &stderr) }()
+
+	agentCtx, stopAgents := context.WithCancel(ctx)
+	defer stopAgents()
+	agentsDone := make(chan error, len(ids))
+	for i, id := range ids {
+		cfg := agentDefaultConfig()
+		cfg.SiteID, cfg.Federation, cfg.Brokers = id, "f", []string{"tcp://" + addr}
+		cfg.Username, cfg.Password = id, id+"-pw"
+		cfg.StateFile, cfg.ModelOut = filepath.Join(dir, id+".db"), filepath.Join(dir, id+".bundle.json")
+		cfg.Data, cfg.Seed, cfg.ReconnectMin = "csv:"+filepath.Join(dir, id+".csv"), uint64(i), 100*time.Millisecond
+		ag, err := newAgent(cfg, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { agentsDone <- ag.Run(agentCtx) }()
+	}
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("run exited %d:\n%s", code, stderr.String())
+		}
+	case <-ctx.Done():
+		t.Fatalf("run did not exit:\n%s", stderr.String())
+	}
+	want, err := os.ReadFile(filepath.Join(dir, "final.bundle.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		p := filepath.Join(dir, id+".bundle.json")
+		var got []byte
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if got, err = os.ReadFile(p); err == nil {
+				break
+			}
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s's model_out: %v (the aggregator's bundle: %v)\n%s", id, err, bytes.Equal(got, want), stderr.String())
+		}
+	}
+	if strings.Contains(stderr.String(), "have not acknowledged the end of the run") {
+		t.Errorf("the drain timed out:\n%s", stderr.String())
+	}
+	stopAgents()
+	for range ids {
+		<-agentsDone
 	}
 }
