@@ -1273,7 +1273,7 @@ func (s *Server) finish(d Finished) error {
 			s.log.Info("final model written", "path", p)
 		}
 	}
-	if err := s.announceFinished(d.Rounds, time.Time{}, bundle); err != nil {
+	if err := s.announceFinished(d.Rounds, time.Time{}, bundle, true); err != nil {
 		return err
 	}
 	s.finOnce.Do(func() { close(s.finished) })

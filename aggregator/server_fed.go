@@ -559,7 +559,11 @@ func (s *Server) answerFed(d Decision, storedAt time.Time) {
 			code, what = dup, "duplicate"
 		}
 		s.statsStored.Inc(what)
-		s.log.Info("statistics "+what, "client", d.Client, "sites", len(s.coord.StatisticsSites()))
+		args := []any{"client", d.Client, "sites", len(s.coord.StatisticsSites())}
+		if in := s.pendStats; in != nil {
+			args = append(args, "bytes", len(in.raw)) // the whole message, envelope included
+		}
+		s.log.Info("statistics "+what, args...)
 		s.receiptFed(d.Client, 0, subStats, true, code, "", storedAt)
 	case RejectStatistics:
 		if d.Reason == Duplicate {
@@ -635,13 +639,15 @@ func (s *Server) announceStatistics(deadline time.Time) error {
 func (s *Server) announceFinish(d Finish) error {
 	s.log.Info("the run has ended: waiting for the sites' evaluation of the final model", "rounds", d.Rounds, "reason", d.Reason,
 		"deadline", d.Deadline.UTC().Format(time.RFC3339))
-	return s.announceFinished(d.Rounds, d.Deadline, nil)
+	return s.announceFinished(d.Rounds, d.Deadline, nil, false)
 }
 
 // announceFinished publishes the retained PHASE_FINISHED announcement:
 // the final model (the checkpoint of round rounds+1), with a schema the
 // request for its evaluation, and the final bundle once there is one.
-func (s *Server) announceFinished(rounds int, deadline time.Time, bun []byte) error {
+// last (the run's final message) waits for the broker to acknowledge it,
+// so that it is with the broker before Finished lets the daemon exit.
+func (s *Server) announceFinished(rounds int, deadline time.Time, bun []byte, last bool) error {
 	a, err := s.announcement(s.globalR, nil, deadline)
 	if err != nil {
 		return err
@@ -659,9 +665,29 @@ func (s *Server) announceFinished(rounds int, deadline time.Time, bun []byte) er
 		return fmt.Errorf("aggregator: encode the final announcement: %w", err)
 	}
 	s.log.Info("end of the run announced", "rounds", rounds, "bundle_bytes", len(bun), "bytes", len(b))
-	s.publish(s.topics.Round(), true, b, "final announcement")
+	if !last {
+		s.publish(s.topics.Round(), true, b, "final announcement")
+		return nil
+	}
+	tok := s.client.Publish(s.topics.Round(), 1, true, b)
+	limit, off := s.clock.At(s.clock.Now().Add(finalAckWait))
+	defer off()
+	select {
+	case <-tok.Done():
+		if err := tok.Error(); err != nil {
+			s.publishErrors.Add(1)
+			s.log.Error("publish failed", "what", "final announcement", "topic", s.topics.Round(), "err", err)
+		}
+	case <-limit:
+		s.log.Warn("the broker has not acknowledged the final announcement; finishing without its acknowledgement", "waited", finalAckWait)
+	case <-s.runCtx.Done():
+	}
 	return nil
 }
+
+// finalAckWait bounds the wait for the broker's acknowledgement of the
+// run's final announcement.
+const finalAckWait = 30 * time.Second
 
 // EvalStatus is the federated evaluation of one eval round: the
 // sample-weighted combination of the sites' reports and each site's.

@@ -50,6 +50,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"sort"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -279,6 +280,44 @@ func (b *Broker) Dial() (net.Conn, error) {
 		}
 	}()
 	return cli, nil
+}
+
+// Drain waits until the messages the broker has taken in have reached the
+// connected clients: first until every in-process client (Dial: the
+// aggregator) has disconnected, since the broker handles a client's packets
+// in order, so that what it published before leaving has been passed on to
+// the subscribers; then until every connected client has acknowledged the
+// QoS 1 and 2 messages sent to it. It returns nil when that holds, or at
+// ctx's end the ids of the clients it was still waiting for (sorted). For
+// a daemon exiting after the last message of a run: Close drops whatever
+// is still in flight, and with it the retained messages (an embedded
+// broker keeps them in memory only).
+func (b *Broker) Drain(ctx context.Context) []string {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var waiting []string
+		internal := false
+		for _, cl := range b.srv.Clients.GetAll() {
+			switch {
+			case cl.Closed():
+			case cl.Net.Listener == internalListener:
+				internal = true
+				waiting = append(waiting, cl.ID)
+			case cl.State.Inflight.Len() > 0:
+				waiting = append(waiting, cl.ID)
+			}
+		}
+		if !internal && len(waiting) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			sort.Strings(waiting)
+			return waiting
+		case <-tick.C:
+		}
+	}
 }
 
 // Close disconnects every client and stops listening.

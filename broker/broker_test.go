@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"log/slog"
@@ -542,4 +543,58 @@ func TestDialInProcess(t *testing.T) {
 	}
 	agg.Disconnect(0)
 	other.Disconnect(0)
+}
+
+// Drain waits for the in-process client (the aggregator) to leave and for
+// every connected client to acknowledge what it was sent: a site that
+// holds the last announcement unacknowledged is named; once it
+// acknowledges, Drain returns nil.
+func TestDrain(t *testing.T) {
+	b := passwordBroker(t)
+	o := paho.NewClientOptions().AddBroker("tcp://in-process").SetClientID("aggregator").SetProtocolVersion(4).
+		SetAutoReconnect(false).SetConnectTimeout(waitFor).
+		SetCustomOpenConnectionFn(func(*url.URL, paho.ClientOptions) (net.Conn, error) { return b.Dial() })
+	agg := paho.NewClient(o)
+	if tok := agg.Connect(); !tok.WaitTimeout(waitFor) || tok.Error() != nil {
+		t.Fatalf("in-process connect: %v", tok.Error())
+	}
+	got := make(chan paho.Message, 1)
+	so := paho.NewClientOptions().AddBroker(b.URL()).SetClientID("site-a").SetUsername("site-a").SetPassword("site-a-pw").
+		SetProtocolVersion(4).SetAutoReconnect(false).SetConnectTimeout(waitFor).SetAutoAckDisabled(true)
+	site := paho.NewClient(so)
+	if tok := site.Connect(); !tok.WaitTimeout(waitFor) || tok.Error() != nil {
+		t.Fatalf("site connect: %v", tok.Error())
+	}
+	t.Cleanup(func() { site.Disconnect(0) })
+	if tok := site.Subscribe(prefix+"round", 1, func(_ paho.Client, m paho.Message) { got <- m }); !tok.WaitTimeout(waitFor) || tok.Error() != nil {
+		t.Fatalf("subscribe: %v", tok.Error())
+	}
+	short := func() []string {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		return b.Drain(ctx)
+	}
+	// The aggregator is still connected: Drain waits for it.
+	if w := short(); len(w) != 1 || w[0] != "aggregator" {
+		t.Fatalf("Drain with the aggregator connected: %v", w)
+	}
+	if tok := agg.Publish(prefix+"round", 1, true, "the end"); !tok.WaitTimeout(waitFor) || tok.Error() != nil {
+		t.Fatalf("publish: %v", tok.Error())
+	}
+	agg.Disconnect(100)
+	var m paho.Message
+	select {
+	case m = <-got:
+	case <-time.After(waitFor):
+		t.Fatal("the site got nothing")
+	}
+	if w := short(); len(w) != 1 || w[0] != "site-a" {
+		t.Fatalf("Drain with the site's message unacknowledged: %v", w)
+	}
+	m.Ack()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	if w := b.Drain(ctx); w != nil {
+		t.Fatalf("Drain after the acknowledgement: %v", w)
+	}
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/quant"
-	"github.com/edgefl/edgefl/sitedata"
 	"github.com/edgefl/edgefl/split"
 )
 
@@ -166,13 +165,8 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 	}
 	e := &env{cfg: cfg, fed: fed, sites: sites}
 	if sites != nil {
-		// The model every party of the federation trains (sitedata.ModelSpec).
-		hidden, act := 0, ""
-		if cfg.Model == model.KindMLP {
-			hidden, act = cfg.Hidden, cfg.Activation
-		}
-		if e.spec, err = sitedata.ModelSpec(sites.schema, sites.transform, cfg.Model, hidden, act, cfg.L2); err != nil {
-			return nil, fmt.Errorf("--model: %w", err)
+		if e.spec, err = sites.modelSpec(cfg); err != nil {
+			return nil, err
 		}
 	} else {
 		e.spec = model.Spec{Kind: cfg.Model, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2}
@@ -218,10 +212,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		fed.Name, len(fed.Clients), e.train.N, e.test.N, res.Data.MinClient, res.Data.MaxClient, fed.D, fed.Classes, m.NumParams())
 
 	// The centralised optimum: what every run is measured against.
-	t0 := time.Now()
 	x0 := m.InitParams(newRand(cfg.Seed, streamInit, 0, 0))
-	var xs []float64
-	var rep proxsolver.Report
 	cachePath := ""
 	if cfg.OptimumCache != "" {
 		extra := ""
@@ -229,26 +220,12 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 			extra = sites.schema.Digest() + "," + cfg.SiteColumn
 		}
 		cachePath = optimumCachePath(cfg, e.spec, extra)
-		xs, _ = readOptimum(cachePath, m.NumParams())
 	}
-	if xs == nil {
-		xs, rep, err = proxsolver.Minimize(ctx, m, e.train, x0, cfg.OptimumTol, cfg.OptimumEvals)
-		if err != nil && !errors.Is(err, proxsolver.ErrNotConverged) {
-			return nil, fmt.Errorf("centralised optimum: %w", err)
-		}
-		if cachePath != "" {
-			if werr := writeOptimum(cachePath, xs); werr != nil {
-				fmt.Fprintf(progress, "warning: optimum cache: %v\n", werr)
-			}
-		}
+	xs, opt, err := centralised(ctx, cfg, m, e.train, e.test, x0, cachePath, progress)
+	if err != nil {
+		return nil, err
 	}
-	e.xStar = xs
-	e.fStar = m.LossGrad(xs, e.train, nil)
-	gn := gradNorm(m, xs, e.train)
-	res.Optimum = Optimum{TrainLoss: Float(e.fStar), TestAccuracy: Float(m.Score(xs, e.test)), GradNorm: Float(gn),
-		GradEvals: rep.GradEvals, Seconds: Float(time.Since(t0).Seconds()), Converged: gn <= cfg.OptimumTol}
-	fmt.Fprintf(progress, "centralised optimum: F* = %.12g, ||grad F|| = %.2e (%d gradient evaluations, %.1fs), test accuracy %.4f\n",
-		e.fStar, gn, rep.GradEvals, float64(res.Optimum.Seconds), float64(res.Optimum.TestAccuracy))
+	e.xStar, e.fStar, res.Optimum = xs, float64(opt.TrainLoss), opt
 	if sites != nil {
 		if res.Optimum.Eval, err = sites.evaluate(e.spec, fed, 0, xs); err != nil {
 			return nil, err
@@ -268,6 +245,37 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		res.Runs = append(res.Runs, *run)
 	}
 	return res, nil
+}
+
+// centralised is the centralised optimum of m on the pooled training data
+// from x0 (L-BFGS to cfg.OptimumTol within cfg.OptimumEvals gradient
+// evaluations; read from, or else written to, cachePath when it is given).
+func centralised(ctx context.Context, cfg Config, m model.Model, train, test model.Data, x0 []float64, cachePath string, progress io.Writer) ([]float64, Optimum, error) {
+	t0 := time.Now()
+	var xs []float64
+	var rep proxsolver.Report
+	var err error
+	if cachePath != "" {
+		xs, _ = readOptimum(cachePath, m.NumParams())
+	}
+	if xs == nil {
+		xs, rep, err = proxsolver.Minimize(ctx, m, train, x0, cfg.OptimumTol, cfg.OptimumEvals)
+		if err != nil && !errors.Is(err, proxsolver.ErrNotConverged) {
+			return nil, Optimum{}, fmt.Errorf("centralised optimum: %w", err)
+		}
+		if cachePath != "" {
+			if werr := writeOptimum(cachePath, xs); werr != nil {
+				fmt.Fprintf(progress, "warning: optimum cache: %v\n", werr)
+			}
+		}
+	}
+	fStar := m.LossGrad(xs, train, nil)
+	gn := gradNorm(m, xs, train)
+	opt := Optimum{TrainLoss: Float(fStar), TestAccuracy: Float(m.Score(xs, test)), GradNorm: Float(gn),
+		GradEvals: rep.GradEvals, Seconds: Float(time.Since(t0).Seconds()), Converged: gn <= cfg.OptimumTol}
+	fmt.Fprintf(progress, "centralised optimum: F* = %.12g, ||grad F|| = %.2e (%d gradient evaluations, %.1fs), test accuracy %.4f\n",
+		fStar, gn, rep.GradEvals, float64(opt.Seconds), float64(opt.TestAccuracy))
+	return xs, opt, nil
 }
 
 func gradNorm(m model.Model, w []float64, d model.Data) float64 {

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -40,6 +41,21 @@ type siteSet struct {
 	sites     []*sitedata.Site
 	ids       []string
 	info      []SiteInfo
+	rows      [][]int // each site's data rows of the CSV (0-based), in file order
+}
+
+// modelSpec is the model every party of the federation trains
+// (sitedata.ModelSpec of the schema, the transform and the model flags).
+func (set *siteSet) modelSpec(cfg Config) (model.Spec, error) {
+	hidden, act := 0, ""
+	if cfg.Model == model.KindMLP {
+		hidden, act = cfg.Hidden, cfg.Activation
+	}
+	spec, err := sitedata.ModelSpec(set.schema, set.transform, cfg.Model, hidden, act, cfg.L2)
+	if err != nil {
+		return model.Spec{}, fmt.Errorf("--model: %w", err)
+	}
+	return spec, nil
 }
 
 // schemaSource is the CSV path of --dataset csv:PATH with --schema (a
@@ -147,7 +163,7 @@ func buildSites(cfg *Config, progress io.Writer) (*dataset.Federated, *siteSet, 
 			ids = append(ids, fmt.Sprintf("client%0*d", w, i))
 		}
 	}
-	set := &siteSet{schema: s, ids: ids}
+	set := &siteSet{schema: s, ids: ids, rows: groups}
 	var stats []*prep.Stats
 	for k, g := range groups {
 		file := path
@@ -206,6 +222,73 @@ func buildSites(cfg *Config, progress io.Writer) (*dataset.Federated, *siteSet, 
 		cfg.PerRound = len(fed.Clients)
 	}
 	return fed, set, nil
+}
+
+// SchemaFederation is a --schema federation as simulate builds it, for
+// running the same federation with the daemons (broker-agg demo --schema):
+// its sites, each site's rows of the CSV, the model and the centralised
+// reference.
+type SchemaFederation struct {
+	// Sites are the sites in the aggregator's order (by id).
+	Sites []SiteInfo
+	// Rows[k] are site k's data rows of the CSV (0-based, the header not
+	// counted), in file order: a CSV of these rows under the same header,
+	// read by the schema, is exactly the site's data here (its training and
+	// held-out rows included, which follow the row order).
+	Rows [][]int
+	// Spec is the model every party trains.
+	Spec model.Spec
+	// Reference is the centralised optimum on the pooled training rows of
+	// every site with the federation's preprocessing (what Run measures the
+	// algorithms against), its Eval the figures on each site's held-out
+	// rows and their combination.
+	Reference Optimum
+}
+
+// BuildSchemaFederation reads cfg.Dataset by cfg.Schema, partitions it into
+// sites (cfg.Partition, cfg.SiteColumn, cfg.Clients, cfg.Seed), runs the
+// statistics phase and the transform, and computes the centralised
+// reference, all as Run does. cfg's model (Model, Hidden, Activation, L2)
+// and optimum settings (OptimumTol, OptimumEvals, OptimumCache) apply; its
+// algorithms and rounds do not.
+func BuildSchemaFederation(ctx context.Context, cfg Config, progress io.Writer) (*SchemaFederation, error) {
+	if progress == nil {
+		progress = io.Discard
+	}
+	if cfg.Schema == "" {
+		return nil, fmt.Errorf("sim: BuildSchemaFederation needs a schema")
+	}
+	if !(cfg.OptimumTol > 0) || cfg.OptimumEvals < 1 {
+		return nil, fmt.Errorf("sim: optimum tolerance %v and evaluations %d: want > 0 and >= 1", cfg.OptimumTol, cfg.OptimumEvals)
+	}
+	fed, set, err := buildSites(&cfg, progress)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := set.modelSpec(cfg)
+	if err != nil {
+		return nil, err
+	}
+	m, err := model.New(spec)
+	if err != nil {
+		return nil, fmt.Errorf("--model: %w", err)
+	}
+	train, test := fed.Pooled()
+	if train.N == 0 {
+		return nil, fmt.Errorf("--dataset %s: no training rows", cfg.Dataset)
+	}
+	cachePath := ""
+	if cfg.OptimumCache != "" {
+		cachePath = optimumCachePath(cfg, spec, set.schema.Digest()+","+cfg.SiteColumn)
+	}
+	xs, opt, err := centralised(ctx, cfg, m, train, test, m.InitParams(newRand(cfg.Seed, streamInit, 0, 0)), cachePath, progress)
+	if err != nil {
+		return nil, err
+	}
+	if opt.Eval, err = set.evaluate(spec, fed, 0, xs); err != nil {
+		return nil, err
+	}
+	return &SchemaFederation{Sites: set.info, Rows: set.rows, Spec: spec, Reference: opt}, nil
 }
 
 // partitionRows splits the table's rows over clients with the partitioners

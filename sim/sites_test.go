@@ -336,3 +336,80 @@ func TestBundlePath(t *testing.T) {
 		}
 	}
 }
+
+// BuildSchemaFederation is Run's federation without the algorithms: the
+// same sites and reference, and each site's rows of the CSV, written as the
+// site's own CSV, are the site's data (sitedata.Load gives the same
+// training and held-out rows, so the same reference figures).
+func TestBuildSchemaFederation(t *testing.T) {
+	dir, _ := testSites(t)
+	for _, part := range []string{"natural", "iid"} {
+		t.Run(part, func(t *testing.T) {
+			cfg := schemaConfig(t, dir, "fedavg")
+			if part == "iid" {
+				cfg.Partition, cfg.SiteColumn, cfg.Clients, cfg.PerRound = "iid", "", 3, 3
+			}
+			res, err := Run(context.Background(), cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fed, err := BuildSchemaFederation(context.Background(), cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(fed.Sites, res.Sites) || fed.Spec != res.Model.Spec() {
+				t.Fatalf("sites %+v spec %+v, Run's %+v %+v", fed.Sites, fed.Spec, res.Sites, res.Model.Spec())
+			}
+			ref, want := fed.Reference, res.Optimum
+			ref.Seconds, want.Seconds = 0, 0
+			if !reflect.DeepEqual(ref, want) || ref.Eval == nil {
+				t.Fatalf("reference %+v, Run's optimum %+v", ref, want)
+			}
+			// Each site's rows as a CSV of its own.
+			raw, err := os.ReadFile(filepath.Join(dir, "all.csv"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lines := strings.Split(strings.TrimSuffix(string(raw), "\n"), "\n")
+			s, err := schema.Load(cfg.Schema)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen := map[int]bool{}
+			var reports []evaluate.Report
+			for k, rows := range fed.Rows {
+				if !slices.IsSorted(rows) {
+					t.Fatalf("site %d: rows not in file order: %v", k, rows)
+				}
+				body := []string{lines[0]}
+				for _, i := range rows {
+					if seen[i] {
+						t.Fatalf("row %d in two sites", i)
+					}
+					seen[i] = true
+					body = append(body, lines[i+1])
+				}
+				p := filepath.Join(t.TempDir(), "site.csv")
+				os.WriteFile(p, []byte(strings.Join(body, "\n")+"\n"), 0o600)
+				st, err := sitedata.Load(s, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(st.Train) != fed.Sites[k].TrainRows || len(st.Holdout) != fed.Sites[k].HoldoutRows {
+					t.Fatalf("site %d: %d/%d rows loaded, %+v", k, len(st.Train), len(st.Holdout), fed.Sites[k])
+				}
+				reports = append(reports, fed.Reference.Eval.Sites[fed.Sites[k].ID])
+			}
+			if len(seen) != len(lines)-1 {
+				t.Fatalf("%d of %d rows in a site", len(seen), len(lines)-1)
+			}
+			if c, _ := evaluate.Combine(reports); !reflect.DeepEqual(c, fed.Reference.Eval.Federation) {
+				t.Fatalf("federation %+v, sites combine to %+v", fed.Reference.Eval.Federation, c)
+			}
+		})
+	}
+	cfg := DefaultConfig()
+	if _, err := BuildSchemaFederation(context.Background(), cfg, nil); err == nil {
+		t.Fatal("no schema: no error")
+	}
+}

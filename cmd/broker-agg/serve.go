@@ -492,7 +492,17 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		defer brk.Close()
-		return serve(ctx, srv, f.exitWhenFinished, stdout)
+		err = serve(ctx, srv, f.exitWhenFinished, stdout)
+		if f.exitWhenFinished && isClosed(srv.Finished()) {
+			// The sites connected now get the end of the run (the final
+			// bundle) before the broker, and its retained copy, go away.
+			dctx, cancel := context.WithTimeout(ctx, drainWait)
+			if waiting := brk.Drain(dctx); len(waiting) > 0 {
+				log.Warn("exiting although these clients have not acknowledged the end of the run: they may lack the final bundle", "clients", waiting, "waited", drainWait)
+			}
+			cancel()
+		}
+		return err
 	}
 	srv, err := aggregator.NewServer(cfg)
 	if err != nil {
@@ -508,6 +518,19 @@ func isTLSURL(u string) bool {
 		}
 	}
 	return false
+}
+
+// drainWait bounds how long exit_when_finished waits, with the embedded
+// broker, for the connected sites to acknowledge the end of the run.
+const drainWait = 30 * time.Second
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 func serve(ctx context.Context, srv *aggregator.Server, exitWhenFinished bool, stdout io.Writer) error {
@@ -857,13 +880,13 @@ func runPasswd(args []string, stdout, stderr io.Writer) error {
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	clients := fs.Int("clients", 5, "number of edge agents N")
+	clients := fs.Int("clients", 5, "number of edge agents N (with --schema and --partition natural: one per site of --site-column)")
 	perRound := fs.Int("per-round", 0, "clients selected per round K (0: all)")
 	rounds := fs.Int("rounds", 20, "rounds")
 	algo := fs.String("algorithm", aggregator.AlgoFedProxSplit, "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator name")
 	aggSpec := fs.String("aggregator", "", "aggregator SPEC (FedAvg/FedProx families)")
 	dataSpec := fs.String("dataset", "synthetic:1,1", "data SPEC, as simulate's --dataset")
-	partSpec := fs.String("partition", "natural", "partition SPEC: natural | iid | dirichlet:ALPHA | classes:K")
+	partSpec := fs.String("partition", "natural", "partition SPEC: natural | iid | dirichlet:ALPHA | classes:K (with --schema: natural needs --site-column; the others deal the rows to --clients sites, as simulate does)")
 	seed := fs.Uint64("seed", 1, "seed of the data, the partition and the selection")
 	dir := fs.String("dir", "", "keep the state files in `DIR` (default: a temporary directory, removed at exit)")
 	modelKind := fs.String("model", model.KindLogReg, "model: logreg | binary-logreg | linear | mlp")
@@ -882,11 +905,11 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	quorum := fs.Float64("quorum-fraction", 1, "fraction of the selection a round closes with at its deadline")
 	metricsAddr := fs.String("metrics-addr", "", "serve the aggregator's /metrics and /status on `ADDR` (default: off)")
 	logLevel := fs.String("log-level", "warn", "log level of the daemons (stderr): debug | info | warn | error")
-	schemaPath := fs.String("schema", "", "federation schema `FILE`: --dataset is then csv:PATH, each site gets its rows as a CSV read by the schema, and the run has a statistics phase, federated evaluation and a final bundle (issue 11)")
-	siteColumn := fs.String("site-column", "", "with --schema: the column naming each row's site (one agent per site; default: the rows are dealt to --clients sites)")
+	schemaPath := fs.String("schema", "", "federation schema `FILE`: --dataset is then csv:PATH, partitioned into sites as simulate --schema does; each site's rows go to a CSV of its own in the demo directory, which its agent reads by the schema (model_out next to it); the run has a statistics phase, federated evaluation and a final bundle, compared at the end with the centralised reference on the same rows and preprocessing (issue 11)")
+	siteColumn := fs.String("site-column", "", "with --schema and --partition natural: the column `NAME` naming each row's site (one agent per site)")
 	evalEvery := fs.Int("eval-every", 5, "with --schema: the sites evaluate every E rounds and at the end")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: broker-agg demo [flags]\n\nEmbedded broker + aggregator + N edge agents in one process over real MQTT\n(loopback TCP, per-site passwords, the federation ACL), each with its own\nstate file. Prints one line per round; Ctrl-C stops it.\n\nflags:")
+		fmt.Fprintln(fs.Output(), "usage: broker-agg demo [flags]\n       broker-agg demo --schema FILE --dataset csv:PATH [--site-column NAME --partition natural | --partition iid --clients N ...]\n\nEmbedded broker + aggregator + N edge agents in one process over real MQTT\n(loopback TCP, per-site passwords, the federation ACL), each with its own\nstate file. Prints one line per round; Ctrl-C stops it.\n\nWith --schema, the federation of a schema: each site reads its own CSV (its\nrows of --dataset, split as `broker-agg simulate --schema` splits them) by\nthe schema, sends statistics before round 1, evaluates on its held-out rows\nevery --eval-every rounds, and writes the final model bundle to its\nmodel_out. The end prints the bundle's path and the federation's and each\nsite's held-out figures next to the centralised reference.\n\nflags:")
 		fs.PrintDefaults()
 	}
 	var cfgFlag string
@@ -905,7 +928,18 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if *schemaPath != "" {
-		return runDemoSchema(ctx, demoSchemaArgs{schema: *schemaPath, data: *dataSpec, siteColumn: *siteColumn, clients: *clients,
+		// With --partition natural the site column decides how many sites
+		// there are: --clients then only when given (it must agree).
+		given := *clients
+		if strings.TrimSpace(*partSpec) == "natural" {
+			given = 0
+			fs.Visit(func(f *flag.Flag) {
+				if f.Name == "clients" {
+					given = *clients
+				}
+			})
+		}
+		return runDemoSchema(ctx, demoSchemaArgs{schema: *schemaPath, data: *dataSpec, siteColumn: *siteColumn, partition: *partSpec, clients: given,
 			perRound: *perRound, rounds: *rounds, algo: *algo, agg: *aggSpec, seed: *seed, dir: *dir, model: *modelKind, hidden: *hidden,
 			l2: *l2, params: aggregator.Params{Mu: *mu, Step: *step, Relax: *relax, Solver: *solver, Gamma: *gamma, LR: *lr, Batch: *batch, MaxEpochs: *epochs},
 			codec: *codec, timeout: *timeout, quorum: *quorum, metricsAddr: *metricsAddr, evalEvery: *evalEvery}, log, stdout)
