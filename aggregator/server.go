@@ -596,7 +596,7 @@ func (s *Server) restore() error {
 		return fmt.Errorf("aggregator: %s: stored configuration: %w", s.cfg.StatePath, err)
 	}
 	if was.SchemaDigest != s.stored.SchemaDigest {
-		return fmt.Errorf("%w: %s belongs to a run with federation schema %s; this configuration's schema is %s: use the same --schema, or another --state file",
+		return fmt.Errorf("%w: %s belongs to a run with federation schema %s; this configuration's schema is %s: use the same --schema, or another --state-file",
 			ErrConfig, s.cfg.StatePath, orNone(was.SchemaDigest), orNone(s.stored.SchemaDigest))
 	}
 	if s.cfg.Schema != nil {
@@ -609,7 +609,7 @@ func (s *Server) restore() error {
 		wantModel, wantDim = s.stored.Model, 0 // the fit decides the rest
 	}
 	if was.Federation != s.cfg.Federation || was.Family != s.fam || was.Model != wantModel || was.Dimension != wantDim {
-		return fmt.Errorf("%w: %s belongs to federation %q, %s, model %+v; this configuration is federation %q, %s, model %+v: use another --state file",
+		return fmt.Errorf("%w: %s belongs to federation %q, %s, model %+v; this configuration is federation %q, %s, model %+v: use another --state-file",
 			ErrConfig, s.cfg.StatePath, was.Federation, was.Family, was.Model, s.cfg.Federation, s.fam, wantModel)
 	}
 	s.stored.RunID = was.RunID // "" for a log written before run ids

@@ -479,26 +479,71 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		} else if f.tlsClientCA != "" {
 			return errors.New("--tls-client-ca needs --tls-cert and --tls-key (the embedded broker's certificate)")
 		}
+		// The password file and the ways to authenticate, before the state
+		// file is written.
+		if err := broker.Check(bc); err != nil {
+			return brokerFlagError(err, f.brokerPasswd)
+		}
 		// Open the state file before listening: a second daemon on the
 		// same file fails without touching the port.
 		cfg.Dial = func() (net.Conn, error) { return brk.Dial() }
 		cfg.BrokerURL = "tcp://in-process"
+		fresh := !exists(cfg.StatePath)
 		srv, err := aggregator.NewServer(cfg)
 		if err != nil {
 			return err
 		}
 		if brk, err = broker.Start(bc); err != nil {
 			srv.Close()
-			return err
+			return discardFresh(fresh, cfg.StatePath, srv, err)
 		}
 		defer brk.Close()
-		return serve(ctx, srv, f.exitWhenFinished, stdout)
+		return discardFresh(fresh, cfg.StatePath, srv, serve(ctx, srv, f.exitWhenFinished, stdout))
 	}
+	fresh := !exists(cfg.StatePath)
 	srv, err := aggregator.NewServer(cfg)
 	if err != nil {
 		return err
 	}
-	return serve(ctx, srv, f.exitWhenFinished, stdout)
+	return discardFresh(fresh, cfg.StatePath, srv, serve(ctx, srv, f.exitWhenFinished, stdout))
+}
+
+// brokerFlagError names the flag behind an embedded broker's configuration
+// error.
+func brokerFlagError(err error, passwordFile string) error {
+	if passwordFile != "" && strings.Contains(err.Error(), passwordFile) {
+		return fmt.Errorf("--password-file: %w", err)
+	}
+	if strings.Contains(err.Error(), "no way to authenticate") {
+		return fmt.Errorf("%w (--password-file, --tls-cert with --tls-key and --tls-client-ca, or --allow-anonymous)", err)
+	}
+	return err
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// discardFresh removes the state file a start created when the start
+// failed before the daemon served a round (a busy port, a broker that
+// refused the connection): the file holds nothing but the configuration
+// that failed, and a corrected command must not be refused as another
+// run's. err is the start's error; nil leaves everything as it is.
+func discardFresh(fresh bool, path string, srv *aggregator.Server, err error) error {
+	if err == nil || !fresh {
+		return err
+	}
+	select {
+	case <-srv.Ready():
+		return err // it ran: the file is the run's
+	default:
+	}
+	srv.Close() // released by Run already; a no-op then
+	if rerr := os.Remove(path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		return fmt.Errorf("%w (and removing the state file it created: %v)", err, rerr)
+	}
+	return err
 }
 
 func isTLSURL(u string) bool {
