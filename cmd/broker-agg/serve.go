@@ -180,7 +180,13 @@ authenticating sites by --password-file and/or mutual TLS (--tls-cert,
 --tls-key, --tls-client-ca) and enforcing the federation ACL; --broker URL
 uses an external broker instead (Mosquitto, EMQX; see deploy/mosquitto/).
 State lives in --state-file and survives kill -9: a restart resumes the open
-round. SIGINT/SIGTERM stop it cleanly.
+round. SIGINT/SIGTERM stop it cleanly. A restart must keep the run's
+--federation, --algorithm, --aggregator, model, --codec, --downlink, --mu
+(FedProx family) and --step and --relax (FedSplit family): other values are
+refused with the difference spelled out (start a new run with another
+--state-file); the local work settings (--solver, --gamma, --lr, --batch,
+--max-epochs, --max-seconds) may change and apply from the next
+announcement.
 
 A --config file holds one "key = value" per line ('#' comments), keys named
 as the flags below (underscores may replace hyphens); flags given on the
