@@ -863,6 +863,18 @@ func runPasswd(args []string, stdout, stderr io.Writer) error {
 	user := fs.String("user", "", "site `ID` (username = MQTT client id = topic id)")
 	fromStdin := fs.Bool("password-stdin", false, "read the password from the first line of standard input (default: generate one and print it)")
 	iters := fs.Int("iterations", broker.DefaultIterations, "PBKDF2-SHA512 iterations")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: broker-agg pki passwd --file FILE --user ID [--password-stdin]
+
+Adds a site to a Mosquitto-format password file for the embedded broker's
+--password-file (or Mosquitto's), or replaces its password. Without
+--password-stdin a random password is generated and printed once: give it to
+the site (its password_file).
+
+flags:
+`)
+		fs.PrintDefaults()
+	}
 	var cfgFlag string
 	if err := parseFlags(fs, args, &cfgFlag); err != nil {
 		return err
