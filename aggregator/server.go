@@ -171,6 +171,11 @@ type ServerConfig struct {
 	RateMessages float64
 	RateBurst    int
 	RateBytes    float64
+	// InstanceTakeover is how long a site's installation must have been
+	// gone (its last will) before another installation with the site's id
+	// takes it over (instances.go; default DefaultInstanceTakeover). One
+	// that stopped cleanly is taken over at once.
+	InstanceTakeover time.Duration
 	// IngestWorkers decode inbound messages for the event loop (default 4);
 	// IngestQueue messages may wait for them (default DefaultIngestQueue).
 	IngestWorkers, IngestQueue int
@@ -264,6 +269,9 @@ func (c *ServerConfig) defaults() {
 	}
 	if c.IngestWorkers <= 0 {
 		c.IngestWorkers = 4
+	}
+	if c.InstanceTakeover <= 0 {
+		c.InstanceTakeover = DefaultInstanceTakeover
 	}
 	if c.IngestQueue <= 0 {
 		c.IngestQueue = DefaultIngestQueue
@@ -419,6 +427,7 @@ type Server struct {
 	capped                                  metrics.LabeledCounter // updates weighted by the client's first sample count, by client
 	rateLimited                             metrics.LabeledCounter // messages dropped over a site's rate limit, by client
 	limits                                  limiter
+	inst                                    instanceGuard // one installation per site id (instances.go)
 	receipts                                receiptCache
 	ingestQ                                 chan ingestJob
 	samplesCapped                           map[string][2]uint64   // set by closedUpdates while aggregating: reported, first
@@ -451,6 +460,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request), ingestQ: make(chan ingestJob, cfg.IngestQueue),
 		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{})}
 	s.metAddr.Store("")
+	s.inst.takeover = cfg.InstanceTakeover
 	var err error
 	if s.topics, err = wire.ForFederation(cfg.Federation); err != nil {
 		return nil, fmt.Errorf("%w: federation: %w", ErrConfig, err)
@@ -943,6 +953,9 @@ func (s *Server) submit(r *request) bool {
 
 func (s *Server) onStatus(ctx context.Context, st *wire.ClientStatus) error {
 	now := s.clock.Now()
+	if !s.instanceStatus(st, now) {
+		return nil // another installation with this site's id
+	}
 	if s.coord.StatusStale(st.ClientId, st.Connection, st.Online) {
 		// Counted by the coordinator (stale_statuses) when stepped; the
 		// registry keeps the newer status.

@@ -52,7 +52,7 @@ type serveFlags struct {
 	federation, listen, brokerURL, clientID  string
 	tlsCA, tlsClientCA, tlsCert, tlsKey      string
 	tlsServerName                            string
-	sessionExpiry                            time.Duration
+	sessionExpiry, instanceTakeover          time.Duration
 	brokerPasswd, username, passwordFile     string
 	allowAnonymous                           bool
 	maxPacket                                int
@@ -117,6 +117,7 @@ func serveFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.IntVar(&f.rateBurst, "rate-burst", aggregator.DefaultRateBurst, "messages a site may send at once before --rate-messages applies")
 	fs.Float64Var(&f.rateBytes, "rate-bytes", aggregator.DefaultRateBytes, "per-site inbound rate limit in bytes per second (one message of --max-message-bytes always fits)")
 	fs.DurationVar(&f.sessionExpiry, "session-expiry", broker.DefaultSessionExpiry, "embedded broker: how long a disconnected site's session and queued messages are kept")
+	fs.DurationVar(&f.instanceTakeover, "instance-takeover", aggregator.DefaultInstanceTakeover, "a site id is served for one installation (instance id) at a time; once two installations with one id were seen alive (a cloned gateway), the first keeps the site and the other is set aside until the first stopped cleanly or has been offline this long")
 	fs.StringVar(&f.username, "username", "", "external broker: the aggregator's username")
 	fs.StringVar(&f.passwordFile, "broker-password-file", "", "external broker: `FILE` holding the aggregator's password (default: $"+passwordEnv+")")
 
@@ -402,7 +403,7 @@ func (f *serveFlags) baseConfig(spec model.Spec, sketch *wire.SketchSpec, eval *
 		Model: spec, Init: f.init, InitSeed: f.initSeed, Codec: f.codec, Downlink: f.downlink,
 		StatePath: f.state, MetricsAddr: f.metricsAddr, Eval: eval, FinalModel: f.finalModel,
 		MaxMessageBytes: f.maxPacket, Logger: log,
-		RateMessages: f.rateMsgs, RateBurst: f.rateBurst, RateBytes: f.rateBytes,
+		RateMessages: f.rateMsgs, RateBurst: f.rateBurst, RateBytes: f.rateBytes, InstanceTakeover: f.instanceTakeover,
 		StopPatience: f.stopPatience, StopTol: f.stopTol, StopDelta: f.stopDelta, Version: version,
 	}
 }
@@ -701,6 +702,7 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	printDuplicates(w, st.DuplicateInstances)
 	return printFedStatus(w, st)
 }
 
@@ -758,6 +760,21 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 		fmt.Fprintf(w, "final bundle: round %d, %d bytes, digest %.16s (broker-agg export --state FILE --out FILE)\n", b.Round, b.Bytes, b.Digest)
 	}
 	return nil
+}
+
+// printDuplicates lists the sites a second installation uses.
+func printDuplicates(w io.Writer, ds []aggregator.DuplicateInstance) {
+	if len(ds) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nsecond installations with one site id (set aside; a cloned gateway? give each its own site_id):\n")
+	for _, d := range ds {
+		var others []string
+		for _, o := range d.Others {
+			others = append(others, fmt.Sprintf("%s (last seen %s)", o.ID, o.LastSeen.UTC().Format(time.RFC3339)))
+		}
+		fmt.Fprintf(w, "  %s: held by instance %s; set aside: %s, %d messages\n", d.Site, d.Instance, strings.Join(others, ", "), d.SetAside)
+	}
 }
 
 func optF(v *float64) string {
