@@ -105,6 +105,9 @@ type Agent struct {
 	tUpdate string
 	tRcpt   string
 	stats   counters
+	// instance is this installation's id (the state file's), set by Run
+	// before the first status; every status and update carries it.
+	instance string
 	// conn is the number of the current (or pending) connection attempt:
 	// the last will set for it and the statuses sent on it carry it.
 	conn atomic.Uint64
@@ -256,12 +259,17 @@ func (a *Agent) Run(ctx context.Context) error {
 		return stateFileErr(err)
 	}
 	defer store.Close()
-	if _, err := store.InitIdentity(a.cfg.SiteID, a.clock.Now()); err != nil {
+	ident, err := store.InitIdentity(a.cfg.SiteID, a.clock.Now())
+	if err != nil {
 		if errors.Is(err, storage.ErrCorrupt) {
 			return stateFileErr(err)
 		}
 		return fmt.Errorf("agent: state file %s: %w", a.cfg.StateFile, err)
 	}
+	// Every status and update says which installation sent it: a second
+	// gateway with this site id (a cloned SD card) has another.
+	a.instance = ident.InstanceID
+	a.log.Info("this installation", "instance", ident.InstanceID, "state", a.cfg.StateFile)
 	opts, err := a.clientOptions(store)
 	if err != nil {
 		if errors.Is(err, storage.ErrCorrupt) {
@@ -279,7 +287,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	a.runCtx, a.stop, a.store, a.client = runCtx, cancel, store, client
 	a.handler = &RoundHandler{
-		ClientID: a.cfg.SiteID, Federation: a.cfg.Federation, Store: store, Data: a.data,
+		ClientID: a.cfg.SiteID, InstanceID: a.instance, Federation: a.cfg.Federation, Store: store, Data: a.data,
 		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
 		EvalFile: a.cfg.EvalData, ModelOut: a.cfg.ModelOut,
 		Emit: a.sendUplink, Receipted: a.isReceipted,
@@ -548,7 +556,7 @@ func (a *Agent) statusMsg(online bool, will bool, conn uint64) ([]byte, error) {
 	s := &wire.ClientStatus{
 		ClientId: a.cfg.SiteID, Online: online, SampleCount: uint64(max(a.samples.Load(), 0)),
 		Capabilities: a.cfg.Local.capabilities(), SoftwareVersion: a.cfg.SoftwareVersion,
-		Connection: conn,
+		Connection: conn, InstanceId: a.instance,
 	}
 	a.mu.Lock()
 	if se := a.siteErr; se != nil {

@@ -145,6 +145,7 @@ type Result struct {
 // goroutine).
 type RoundHandler struct {
 	ClientID   string
+	InstanceID string // this installation's (storage.Identity), carried by every update
 	Federation string
 	Store      *storage.EdgeStore
 	// Data is the training data of a federation without a schema (loaded
@@ -311,6 +312,7 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 		Report:       workReport(rep, stop, p.cfg.Gamma),
 		SentAtUnixMs: h.clock().Now().UnixMilli(),
 		Seq:          r,
+		InstanceId:   h.InstanceID,
 	}
 	if s := ann.AnchorSketch; s != nil {
 		u.AnchorGrad = h.anchorGrad(r, rep.AnchorGrad, s)

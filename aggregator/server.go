@@ -171,6 +171,11 @@ type ServerConfig struct {
 	RateMessages float64
 	RateBurst    int
 	RateBytes    float64
+	// InstanceTakeover is how long a site's installation must have been
+	// gone (its last will) before another installation with the site's id
+	// takes it over (instances.go; default DefaultInstanceTakeover). One
+	// that stopped cleanly is taken over at once.
+	InstanceTakeover time.Duration
 	// IngestWorkers decode inbound messages for the event loop (default 4);
 	// IngestQueue messages may wait for them (default DefaultIngestQueue).
 	IngestWorkers, IngestQueue int
@@ -265,6 +270,9 @@ func (c *ServerConfig) defaults() {
 	if c.IngestWorkers <= 0 {
 		c.IngestWorkers = 4
 	}
+	if c.InstanceTakeover <= 0 {
+		c.InstanceTakeover = DefaultInstanceTakeover
+	}
 	if c.IngestQueue <= 0 {
 		c.IngestQueue = DefaultIngestQueue
 	}
@@ -295,6 +303,60 @@ type storedConfig struct {
 	// RoundAnnouncement.run_id): chosen at random when the log is created,
 	// so sites can tell a new run (a wiped state file) from an old one.
 	RunID string `json:"run_id,omitempty"`
+	// Params are the algorithm's parameters a resumed run must keep (nil
+	// in a log written before they were kept: not checked then).
+	Params *storedParams `json:"params,omitempty"`
+}
+
+// storedParams are the parameters of the algorithm's math: FedProx's mu
+// (fedprox family; fedavg's is 0), FedSplit's step and relaxation (FedSplit
+// family; its sites derive their proximal weight from the step). A run
+// resumed with other values would mix two algorithms in one round log
+// (and FedSplit's z_j, the sites' copies and residuals assume one step), so
+// restore refuses it. The local work settings (solver, gamma, lr, batch,
+// the budget) are not among them: they may change between restarts and
+// apply from the next announcement.
+type storedParams struct {
+	Mu    float64 `json:"mu"`
+	Step  float64 `json:"step"`
+	Relax float64 `json:"relax"`
+}
+
+// resumeDiffs lists, as "--flag NEW differs from the run's OLD", the
+// parameters of this configuration that differ from the run's stored one.
+func (s *Server) resumeDiffs(was storedConfig) []string {
+	var d []string
+	diff := func(flag, now, then string) {
+		if now != then {
+			d = append(d, fmt.Sprintf("--%s %s differs from the run's %s", flag, now, then))
+		}
+	}
+	num := func(v float64) string { return fmt.Sprint(v) }
+	if was.Algorithm != "" {
+		diff("algorithm", s.cfg.Algorithm, was.Algorithm)
+	}
+	if was.Aggregator != "" {
+		diff("aggregator", s.aggSpec, was.Aggregator)
+	}
+	if was.Codec != "" {
+		diff("codec", s.cfg.Codec, was.Codec)
+	}
+	downWas := was.Downlink
+	if downWas == "" {
+		downWas = "fp32"
+	}
+	diff("downlink", s.cfg.Downlink, downWas)
+	if p := was.Params; p != nil && s.stored.Params != nil {
+		now := *s.stored.Params
+		if s.fam == AlgoFedProx {
+			diff("mu", num(now.Mu), num(p.Mu))
+		}
+		if isSplit(s.fam) {
+			diff("step", num(now.Step), num(p.Step))
+			diff("relax", num(now.Relax), num(p.Relax))
+		}
+	}
+	return d
 }
 
 // Server is the aggregator daemon: it owns one Coordinator and carries out
@@ -365,6 +427,7 @@ type Server struct {
 	capped                                  metrics.LabeledCounter // updates weighted by the client's first sample count, by client
 	rateLimited                             metrics.LabeledCounter // messages dropped over a site's rate limit, by client
 	limits                                  limiter
+	inst                                    instanceGuard // one installation per site id (instances.go)
 	receipts                                receiptCache
 	ingestQ                                 chan ingestJob
 	samplesCapped                           map[string][2]uint64   // set by closedUpdates while aggregating: reported, first
@@ -397,6 +460,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request), ingestQ: make(chan ingestJob, cfg.IngestQueue),
 		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{})}
 	s.metAddr.Store("")
+	s.inst.takeover = cfg.InstanceTakeover
 	var err error
 	if s.topics, err = wire.ForFederation(cfg.Federation); err != nil {
 		return nil, fmt.Errorf("%w: federation: %w", ErrConfig, err)
@@ -504,7 +568,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	s.coord = coord
 	s.stored = storedConfig{Federation: cfg.Federation, Algorithm: cfg.Algorithm, Family: s.fam,
-		Aggregator: s.aggSpec, Model: cfg.Model, Dimension: s.dim, Codec: cfg.Codec, Downlink: cfg.Downlink}
+		Aggregator: s.aggSpec, Model: cfg.Model, Dimension: s.dim, Codec: cfg.Codec, Downlink: cfg.Downlink,
+		Params: &storedParams{Mu: p.Mu, Step: p.Step, Relax: p.Relax}}
 	if fed {
 		s.stored.Model, s.stored.SchemaDigest = s.operatorModel(), cfg.Schema.Digest()
 	}
@@ -596,7 +661,7 @@ func (s *Server) restore() error {
 		return fmt.Errorf("aggregator: %s: stored configuration: %w", s.cfg.StatePath, err)
 	}
 	if was.SchemaDigest != s.stored.SchemaDigest {
-		return fmt.Errorf("%w: %s belongs to a run with federation schema %s; this configuration's schema is %s: use the same --schema, or another --state file",
+		return fmt.Errorf("%w: %s belongs to a run with federation schema %s; this configuration's schema is %s: use the same --schema, or another --state-file",
 			ErrConfig, s.cfg.StatePath, orNone(was.SchemaDigest), orNone(s.stored.SchemaDigest))
 	}
 	if s.cfg.Schema != nil {
@@ -609,10 +674,17 @@ func (s *Server) restore() error {
 		wantModel, wantDim = s.stored.Model, 0 // the fit decides the rest
 	}
 	if was.Federation != s.cfg.Federation || was.Family != s.fam || was.Model != wantModel || was.Dimension != wantDim {
-		return fmt.Errorf("%w: %s belongs to federation %q, %s, model %+v; this configuration is federation %q, %s, model %+v: use another --state file",
+		return fmt.Errorf("%w: %s belongs to federation %q, %s, model %+v; this configuration is federation %q, %s, model %+v: use another --state-file",
 			ErrConfig, s.cfg.StatePath, was.Federation, was.Family, was.Model, s.cfg.Federation, s.fam, wantModel)
 	}
+	if d := s.resumeDiffs(was); len(d) > 0 {
+		return fmt.Errorf("%w: %s (state file %s); use the run's values, or start a new run with another --state-file",
+			ErrConfig, strings.Join(d, ", "), s.cfg.StatePath)
+	}
 	s.stored.RunID = was.RunID // "" for a log written before run ids
+	if was.Params == nil {
+		s.stored.Params = nil // as the run's first round: unknown, not checked
+	}
 	s.conf, _ = json.Marshal(s.stored)
 	var st State
 	if err := json.Unmarshal(cur.State, &st); err != nil {
@@ -881,6 +953,9 @@ func (s *Server) submit(r *request) bool {
 
 func (s *Server) onStatus(ctx context.Context, st *wire.ClientStatus) error {
 	now := s.clock.Now()
+	if !s.instanceStatus(st, now) {
+		return nil // another installation with this site's id
+	}
 	if s.coord.StatusStale(st.ClientId, st.Connection, st.Online) {
 		// Counted by the coordinator (stale_statuses) when stepped; the
 		// registry keeps the newer status.

@@ -204,7 +204,7 @@ func frameReason(err error) string {
 func ShellReasons() []string {
 	return []string{"bad_topic", "topic_mismatch", "unsupported_version", "too_large", "malformed", "invalid",
 		"unsupported_kind", "wrong_dimension", "non_finite", "corrupt_payload", "truncated_payload",
-		"bad_checksum", "payload_too_large", "bad_frame", "base_mismatch", "out_of_range", "internal"}
+		"bad_checksum", "payload_too_large", "bad_frame", "base_mismatch", "out_of_range", "internal", "duplicate_instance"}
 }
 
 // deltaKind is the delta kind of the federation's family.
@@ -233,6 +233,9 @@ func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
 	switch m := msg.(type) {
 	case *wire.ClientUpdate:
 		u = m
+		if !s.instanceUpdate(u) {
+			return true // another installation with this site's id: set aside
+		}
 	case *wire.SiteStatistics:
 		return s.handleStatistics(m, payload)
 	case *wire.EvalReport:

@@ -161,6 +161,7 @@ func (s *Server) Handler() http.Handler {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
+		st.DuplicateInstances = s.inst.report()
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
@@ -256,6 +257,7 @@ func (s *Server) families() []metrics.Family {
 		errSamples = append(errSamples, metrics.Sample{Labels: []metrics.Label{{Name: "site", Value: site}, {Name: "reason", Value: reason}},
 			Value: float64(v.SiteErrors[k])})
 	}
+	f = append(f, s.inst.families()...)
 	f = append(f, metrics.Family{Name: ns + "site_errors_total", Help: "Site errors reported in the sites' statuses (a change of a site's error counts once), by site and reason.",
 		Type: metrics.Counter, Samples: errSamples})
 	evalData := "eval"
@@ -307,6 +309,9 @@ type Status struct {
 	Evaluation      *EvalStatus `json:"evaluation,omitempty"`
 	StopReason      string      `json:"stop_reason,omitempty"`
 	FinalBundle     *BundleInfo `json:"final_bundle,omitempty"`
+	// DuplicateInstances are the sites for which a second installation
+	// was seen (instances.go; the running daemon's only).
+	DuplicateInstances []DuplicateInstance `json:"duplicate_instances,omitempty"`
 }
 
 // BundleInfo names a stored bundle.

@@ -126,18 +126,24 @@ type Broker struct {
 	closed atomic.Bool
 }
 
-// Start validates cfg, starts listening and serves in the background until
-// Close.
-func Start(cfg Config) (*Broker, error) {
+// Check validates cfg as Start does (the listen address's syntax, the
+// prefix, the password file, that clients have a way to authenticate)
+// without listening: a daemon calls it before it writes anything.
+func Check(cfg Config) error {
+	_, err := newAuthHook(cfg, slog.New(slog.DiscardHandler))
+	return err
+}
+
+// newAuthHook validates cfg and loads its credentials.
+func newAuthHook(cfg Config, log *slog.Logger) (*authHook, error) {
 	if cfg.Addr == "" {
 		return nil, errors.New("broker: empty listen address")
 	}
+	if _, _, err := net.SplitHostPort(cfg.Addr); err != nil {
+		return nil, fmt.Errorf("broker: listen address: %w", err)
+	}
 	if _, err := wire.NewTopics(cfg.Prefix); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.Default()
 	}
 	for _, id := range cfg.Superusers {
 		if err := wire.ValidID(id); err != nil {
@@ -171,6 +177,20 @@ func Start(cfg Config) (*Broker, error) {
 	if !cfg.AllowAnonymous && cfg.PasswordFile == "" && len(cfg.Users) == 0 &&
 		(cfg.TLS == nil || cfg.TLS.ClientAuth != tls.RequireAndVerifyClientCert) {
 		return nil, errors.New("broker: no way to authenticate clients: give a password file, mutual TLS, or (for development) allow anonymous clients")
+	}
+	return h, nil
+}
+
+// Start validates cfg, starts listening and serves in the background until
+// Close.
+func Start(cfg Config) (*Broker, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	h, err := newAuthHook(cfg, log)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.AllowAnonymous {
 		log.Warn("embedded broker accepts anonymous clients: development only")

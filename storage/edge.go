@@ -2,6 +2,7 @@ package storage
 
 import (
 	"bytes"
+	crand "crypto/rand"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -10,13 +11,19 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Edge schema, version 3 (version 1 without the seals; every value
+// Edge schema, version 4 (version 1 without the seals; every value
 // outside meta is sealed with a CRC-32C, see seal.go; version 2 without the
-// final bundle keys):
+// final bundle keys; version 3 without instance_id):
 //
 //	meta      schema_version, kind = "edge"
 //	edge      client_id      string
 //	          created_at     unix ns
+//	          instance_id    string, this installation's random id, drawn
+//	                         once by InitIdentity (a file moved aside by
+//	                         --reset-state takes its id with it): two
+//	                         gateways with one site id and their own state
+//	                         files (a cloned SD card) tell the aggregator
+//	                         apart by it
 //	          seen_round     u64, the newest round announcement seen
 //	          applied_round  u64, the newest round CommitRound applied
 //	          global         round u64 + float64s, the last global model
@@ -46,6 +53,7 @@ var (
 
 	keyClientID        = []byte("client_id")
 	keyCreatedAt       = []byte("created_at")
+	keyInstanceID      = []byte("instance_id")
 	keySeenRound       = []byte("seen_round")
 	keyAppliedRound    = []byte("applied_round")
 	keyGlobal          = []byte("global")
@@ -84,9 +92,13 @@ var edgeSchema = schema{
 		// binary (ErrSchemaTooNew) instead of reporting unknown keys as
 		// damage and suggesting --reset-state.
 		{name: "final bundle keys", run: func(*bolt.Tx) error { return nil }},
+		// Version 4 adds instance_id, drawn by InitIdentity (also for a
+		// file of an older version, on its first open by this version);
+		// the step makes an older agent refuse the file as newer.
+		{name: "instance id key", run: func(*bolt.Tx) error { return nil }},
 	},
 	layout: map[string][]string{
-		string(bucketEdge): {string(keyClientID), string(keyCreatedAt), string(keySeenRound), string(keyAppliedRound),
+		string(bucketEdge): {string(keyClientID), string(keyCreatedAt), string(keyInstanceID), string(keySeenRound), string(keyAppliedRound),
 			string(keyGlobal), string(keyZ), string(keyServerZ), string(keyConnection), string(keyRunID),
 			string(keyEdgeFinalMeta), string(keyEdgeFinalBundle)},
 		string(bucketResiduals): nil, string(bucketOutbox): nil,
@@ -151,12 +163,17 @@ func (s *EdgeStore) view(fn func(b *bolt.Bucket, tx *bolt.Tx) error) error {
 type Identity struct {
 	ClientID  string
 	CreatedAt time.Time
+	// InstanceID is this installation's random id (26 characters of
+	// [A-Z2-7]), drawn once and kept across restarts; a new state file
+	// (--reset-state) draws a new one. "" before InitIdentity.
+	InstanceID string
 }
 
 // InitIdentity records the client id on first use and returns the stored
-// identity. Called again with the same id it changes nothing; with another
-// id it fails with ErrMismatch, because the FedSplit z and the outbox in
-// this file belong to the stored client. One transaction.
+// identity. Called again with the same id it changes nothing (but draws the
+// instance id of a file written before there was one); with another id it
+// fails with ErrMismatch, because the FedSplit z and the outbox in this file
+// belong to the stored client. One transaction.
 func (s *EdgeStore) InitIdentity(clientID string, now time.Time) (Identity, error) {
 	if err := checkName("client id", clientID); err != nil {
 		return Identity{}, err
@@ -174,10 +191,17 @@ func (s *EdgeStore) InitIdentity(clientID string, now time.Time) (Identity, erro
 			if string(old) != clientID {
 				return fmt.Errorf("%w: this database belongs to client %q, not %q", ErrMismatch, old, clientID)
 			}
-			return nil
+			if id.InstanceID != "" {
+				return nil
+			}
+			id.InstanceID = crand.Text()
+			return sput(b, keyInstanceID, []byte(id.InstanceID))
 		}
-		id = Identity{ClientID: clientID, CreatedAt: now}
+		id = Identity{ClientID: clientID, CreatedAt: now, InstanceID: crand.Text()}
 		if err := sput(b, keyClientID, []byte(clientID)); err != nil {
+			return err
+		}
+		if err := sput(b, keyInstanceID, []byte(id.InstanceID)); err != nil {
 			return err
 		}
 		return sput(b, keyCreatedAt, encodeTime(now))
@@ -204,7 +228,11 @@ func readIdentity(b *bolt.Bucket) (Identity, error) {
 	if err != nil {
 		return Identity{}, err
 	}
-	return Identity{ClientID: string(v), CreatedAt: t}, nil
+	inst, err := eget(b, keyInstanceID)
+	if err != nil {
+		return Identity{}, err
+	}
+	return Identity{ClientID: string(v), CreatedAt: t, InstanceID: string(inst)}, nil
 }
 
 // Identity returns the stored identity, or ErrNotFound before InitIdentity.

@@ -592,8 +592,8 @@ func TestEdgeMigrationToFinalKeys(t *testing.T) {
 	closeT(t, old)
 
 	s := openEdge(t, path)
-	if v, _ := schemaVersion(s.db); v != 3 || edgeSchema.version() != 3 {
-		t.Fatalf("version %d after open (schema %d), want 3", v, edgeSchema.version())
+	if v, _ := schemaVersion(s.db); v != edgeSchema.version() || v < 3 {
+		t.Fatalf("version %d after open (schema %d), want the schema's (>= 3)", v, edgeSchema.version())
 	}
 	if r, z, err := s.Z(); err != nil || r != 2 || !slices.Equal(z, []float64{1, 2}) {
 		t.Fatalf("z after migration: %d %v %v", r, z, err)

@@ -897,7 +897,8 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 func (x *ClientStatus) size() int {
 	return sizeString(1, x.ClientId) + sizeVarint(2, boolVarint(x.Online)) + sizeVarint(3, x.SampleCount) +
 		sizeStrings(4, x.Capabilities) + sizeString(5, x.SoftwareVersion) + sizeVarint(6, uint64(x.TimestampUnixMs)) +
-		sizeVarint(7, x.Connection) + sizeString(8, x.ErrorReason) + sizeString(9, x.ErrorMessage)
+		sizeVarint(7, x.Connection) + sizeString(8, x.ErrorReason) + sizeString(9, x.ErrorMessage) +
+		sizeString(10, x.InstanceId)
 }
 
 func (x *ClientStatus) appendTo(b []byte) []byte {
@@ -909,7 +910,8 @@ func (x *ClientStatus) appendTo(b []byte) []byte {
 	b = appendVarint(b, 6, uint64(x.TimestampUnixMs))
 	b = appendVarint(b, 7, x.Connection)
 	b = appendString(b, 8, x.ErrorReason)
-	return appendString(b, 9, x.ErrorMessage)
+	b = appendString(b, 9, x.ErrorMessage)
+	return appendString(b, 10, x.InstanceId)
 }
 
 func (x *ClientStatus) unmarshal(b []byte, d *decoder) error {
@@ -938,6 +940,8 @@ func (x *ClientStatus) unmarshal(b []byte, d *decoder) error {
 				return consumeString(&x.ErrorReason, b)
 			case 9:
 				return consumeString(&x.ErrorMessage, b)
+			case 10:
+				return consumeString(&x.InstanceId, b)
 			}
 		}
 		return 0, nil
@@ -999,7 +1003,8 @@ func (x *ClientUpdate) size() int {
 	return sizeString(1, x.ClientId) + sizeVarint(2, x.Round) + sizeVarint(3, uint64(x.Kind)) +
 		sizeMessage(4, x.Vector != nil, x.Vector) + sizeVarint(5, x.SampleCount) +
 		sizeMessage(6, x.Report != nil, x.Report) + sizePackedDouble(7, x.AnchorGrad) +
-		sizeVarint(8, x.BaseRound) + sizeVarint(9, uint64(x.SentAtUnixMs)) + sizeVarint(10, x.Seq)
+		sizeVarint(8, x.BaseRound) + sizeVarint(9, uint64(x.SentAtUnixMs)) + sizeVarint(10, x.Seq) +
+		sizeString(11, x.InstanceId)
 }
 
 func (x *ClientUpdate) appendTo(b []byte) []byte {
@@ -1012,7 +1017,8 @@ func (x *ClientUpdate) appendTo(b []byte) []byte {
 	b = appendPackedDouble(b, 7, x.AnchorGrad)
 	b = appendVarint(b, 8, x.BaseRound)
 	b = appendVarint(b, 9, uint64(x.SentAtUnixMs))
-	return appendVarint(b, 10, x.Seq)
+	b = appendVarint(b, 10, x.Seq)
+	return appendString(b, 11, x.InstanceId)
 }
 
 func (x *ClientUpdate) unmarshal(b []byte, d *decoder) error {
@@ -1050,6 +1056,8 @@ func (x *ClientUpdate) unmarshal(b []byte, d *decoder) error {
 					x.Report = &WorkReport{}
 				}
 				return consumeMessage(x.Report, b, d)
+			case 11:
+				return consumeString(&x.InstanceId, b)
 			}
 		}
 		return 0, nil

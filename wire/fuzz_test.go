@@ -31,6 +31,8 @@ func seeds(t testing.TB) map[string][]byte {
 		"stats-round":   mustEncode(t, &RoundAnnouncement{Federation: "fed1", Phase: Phase_PHASE_STATISTICS, Schema: schemaJSON, RunId: "R1"}),
 		"error-status":  mustEncode(t, &ClientStatus{ClientId: "site-1", Online: true, ErrorReason: SiteErrBadValue, ErrorMessage: "site.csv line 3 column \"age\": expected a number"}),
 		"stats-receipt": mustEncode(t, &Receipt{ClientId: "site-1", Accepted: true, StoredAtUnixMs: 1, Code: ReceiptCode_RECEIPT_CODE_STORED, Subject: ReceiptSubject_RECEIPT_SUBJECT_STATISTICS}),
+		// Issue 12.
+		"instance-status": mustEncode(t, &ClientStatus{ClientId: "site-1", Online: true, Connection: 3, InstanceId: "INSTANCE234567ABCDEFGHIJKL"}),
 	}
 	fin := sampleRound()
 	fin.Phase, fin.Schema, fin.Transform, fin.Evaluate, fin.EvalRound, fin.Bundle = Phase_PHASE_FINISHED, schemaJSON, transformJSON, true, 7, bundleJSON

@@ -264,6 +264,19 @@ func validGolden() map[string]Message {
 			Subject: ReceiptSubject_RECEIPT_SUBJECT_STATISTICS},
 		"evaluation_receipt.bin": &Receipt{ClientId: "s", Round: 9, Reason: "bad report: not JSON",
 			Code: ReceiptCode_RECEIPT_CODE_BAD_UPDATE, Subject: ReceiptSubject_RECEIPT_SUBJECT_EVALUATION},
+
+		// Issue 12: the installation's instance id (a cloned gateway).
+		"instance_status.bin": func() Message {
+			st := maxStatus()
+			st.Connection, st.InstanceId = 7, "INSTANCE234567ABCDEFGHIJKL"
+			return st
+		}(),
+		"instance_will_status.bin": &ClientStatus{ClientId: "site-1", Connection: 2, InstanceId: longID},
+		"instance_update.bin": func() Message {
+			u := maxUpdate()
+			u.InstanceId = "INSTANCE234567ABCDEFGHIJKL"
+			return u
+		}(),
 	}
 }
 

@@ -758,6 +758,9 @@ type ClientStatus struct {
 	// expected, never a data value. Empty = no error.
 	ErrorReason  string `json:"error_reason,omitempty"`
 	ErrorMessage string `json:"error_message,omitempty"`
+	// The installation this status comes from (a random id kept in the
+	// site's state file); empty = not told.
+	InstanceId string `json:"instance_id,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -822,6 +825,13 @@ func (x *ClientStatus) GetErrorReason() string {
 func (x *ClientStatus) GetErrorMessage() string {
 	if x != nil {
 		return x.ErrorMessage
+	}
+	return ""
+}
+
+func (x *ClientStatus) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
 	}
 	return ""
 }
@@ -919,6 +929,9 @@ type ClientUpdate struct {
 	// Client-side sequence number of this update (informational; a re-send of
 	// the same update carries the same seq). Deduplication uses (round, client).
 	Seq uint64 `json:"seq,omitempty"`
+	// The installation that sent this update (ClientStatus.InstanceId);
+	// empty = not told.
+	InstanceId string `json:"instance_id,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -992,6 +1005,13 @@ func (x *ClientUpdate) GetSeq() uint64 {
 		return x.Seq
 	}
 	return 0
+}
+
+func (x *ClientUpdate) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
 }
 
 // Receipt is published on <prefix>receipts/<id> after the update is durable

@@ -224,6 +224,7 @@ func (x *ClientStatus) appendText(w *textWriter) {
 	w.uint("connection", x.Connection)
 	w.str("error_reason", x.ErrorReason)
 	w.str("error_message", x.ErrorMessage)
+	w.str("instance_id", x.InstanceId)
 }
 
 func (x *WorkReport) appendText(w *textWriter) {
@@ -248,6 +249,7 @@ func (x *ClientUpdate) appendText(w *textWriter) {
 	w.uint("base_round", x.BaseRound)
 	w.int("sent_at_unix_ms", x.SentAtUnixMs)
 	w.uint("seq", x.Seq)
+	w.str("instance_id", x.InstanceId)
 }
 
 func (x *Receipt) appendText(w *textWriter) {

@@ -275,6 +275,9 @@ func (m *ClientStatus) Validate(lim Limits) error {
 	if err := checkTime(msg, "timestamp_unix_ms", m.TimestampUnixMs); err != nil {
 		return err
 	}
+	if err := checkInstance(msg, m.InstanceId); err != nil {
+		return err
+	}
 	if m.ErrorReason == "" {
 		if m.ErrorMessage != "" {
 			return invalid(msg, "error_message without error_reason")
@@ -371,7 +374,19 @@ func (m *ClientUpdate) Validate(lim Limits) error {
 			return invalid(msg, "anchor_grad[%d] is %v", i, g)
 		}
 	}
+	if err := checkInstance(msg, m.InstanceId); err != nil {
+		return err
+	}
 	return checkTime(msg, "sent_at_unix_ms", m.SentAtUnixMs)
+}
+
+// checkInstance accepts an empty instance id (not told) or one of an id's
+// characters ([A-Za-z0-9._-], at most MaxIDLen bytes).
+func checkInstance(msg, id string) error {
+	if id == "" {
+		return nil
+	}
+	return checkID(msg, "instance_id", id)
 }
 
 // Validate implements Message.

@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 
 	"github.com/edgefl/edgefl/internal/cli"
@@ -29,9 +28,8 @@ func commands() []cli.Command {
 		{Name: "pki", Summary: "make a site PKI: a CA and per-site certificates for mutual TLS", Run: runPKI},
 		{Name: "simulate", Summary: "run many virtual clients in one process and write results.json/csv/png", Run: runSimulate},
 		{Name: "report", Summary: "tabulate results.json files (mean ± sd over seeds) as markdown", Run: runReport},
-		{Name: "version", Summary: "print the version", Run: func(_ context.Context, _ []string, stdout, _ io.Writer) error {
-			_, err := fmt.Fprintln(stdout, "broker-agg", version)
-			return err
+		{Name: "version", Summary: "print the version", Run: func(_ context.Context, args []string, stdout, stderr io.Writer) error {
+			return cli.Version(args, stdout, stderr, "broker-agg", version)
 		}},
 	}
 }

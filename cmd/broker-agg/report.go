@@ -19,7 +19,14 @@ func runReport(_ context.Context, args []string, stdout, stderr io.Writer) error
 	atList := fs.String("at", "0", "comma-separated rounds to tabulate (0 = the last round)")
 	below := fs.Float64("below", 0, "also report the first round at which the metric falls below this value")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: broker-agg report [flags] RESULTS.json...  (several files: mean ± sd over them)")
+		fmt.Fprint(fs.Output(), `usage: broker-agg report [--metric NAME] [--at ROUNDS] [--below X] RESULTS.json...
+
+Tabulates the results.json files of broker-agg simulate as a markdown table:
+one row per algorithm, one column per --at round, each cell the mean ± sd of
+--metric over the files (one file per seed).
+
+flags:
+`)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

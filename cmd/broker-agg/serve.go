@@ -52,7 +52,7 @@ type serveFlags struct {
 	federation, listen, brokerURL, clientID  string
 	tlsCA, tlsClientCA, tlsCert, tlsKey      string
 	tlsServerName                            string
-	sessionExpiry                            time.Duration
+	sessionExpiry, instanceTakeover          time.Duration
 	brokerPasswd, username, passwordFile     string
 	allowAnonymous                           bool
 	maxPacket                                int
@@ -117,6 +117,7 @@ func serveFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.IntVar(&f.rateBurst, "rate-burst", aggregator.DefaultRateBurst, "messages a site may send at once before --rate-messages applies")
 	fs.Float64Var(&f.rateBytes, "rate-bytes", aggregator.DefaultRateBytes, "per-site inbound rate limit in bytes per second (one message of --max-message-bytes always fits)")
 	fs.DurationVar(&f.sessionExpiry, "session-expiry", broker.DefaultSessionExpiry, "embedded broker: how long a disconnected site's session and queued messages are kept")
+	fs.DurationVar(&f.instanceTakeover, "instance-takeover", aggregator.DefaultInstanceTakeover, "a site id is served for one installation (instance id) at a time; once two installations with one id were seen alive (a cloned gateway), the first keeps the site and the other is set aside until the first stopped cleanly or has been offline this long")
 	fs.StringVar(&f.username, "username", "", "external broker: the aggregator's username")
 	fs.StringVar(&f.passwordFile, "broker-password-file", "", "external broker: `FILE` holding the aggregator's password (default: $"+passwordEnv+")")
 
@@ -180,7 +181,13 @@ authenticating sites by --password-file and/or mutual TLS (--tls-cert,
 --tls-key, --tls-client-ca) and enforcing the federation ACL; --broker URL
 uses an external broker instead (Mosquitto, EMQX; see deploy/mosquitto/).
 State lives in --state-file and survives kill -9: a restart resumes the open
-round. SIGINT/SIGTERM stop it cleanly.
+round. SIGINT/SIGTERM stop it cleanly. A restart must keep the run's
+--federation, --algorithm, --aggregator, model, --codec, --downlink, --mu
+(FedProx family) and --step and --relax (FedSplit family): other values are
+refused with the difference spelled out (start a new run with another
+--state-file); the local work settings (--solver, --gamma, --lr, --batch,
+--max-epochs, --max-seconds) may change and apply from the next
+announcement.
 
 A --config file holds one "key = value" per line ('#' comments), keys named
 as the flags below (underscores may replace hyphens); flags given on the
@@ -396,7 +403,7 @@ func (f *serveFlags) baseConfig(spec model.Spec, sketch *wire.SketchSpec, eval *
 		Model: spec, Init: f.init, InitSeed: f.initSeed, Codec: f.codec, Downlink: f.downlink,
 		StatePath: f.state, MetricsAddr: f.metricsAddr, Eval: eval, FinalModel: f.finalModel,
 		MaxMessageBytes: f.maxPacket, Logger: log,
-		RateMessages: f.rateMsgs, RateBurst: f.rateBurst, RateBytes: f.rateBytes,
+		RateMessages: f.rateMsgs, RateBurst: f.rateBurst, RateBytes: f.rateBytes, InstanceTakeover: f.instanceTakeover,
 		StopPatience: f.stopPatience, StopTol: f.stopTol, StopDelta: f.stopDelta, Version: version,
 	}
 }
@@ -479,17 +486,23 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		} else if f.tlsClientCA != "" {
 			return errors.New("--tls-client-ca needs --tls-cert and --tls-key (the embedded broker's certificate)")
 		}
+		// The password file and the ways to authenticate, before the state
+		// file is written.
+		if err := broker.Check(bc); err != nil {
+			return brokerFlagError(err, f.brokerPasswd)
+		}
 		// Open the state file before listening: a second daemon on the
 		// same file fails without touching the port.
 		cfg.Dial = func() (net.Conn, error) { return brk.Dial() }
 		cfg.BrokerURL = "tcp://in-process"
+		fresh := !exists(cfg.StatePath)
 		srv, err := aggregator.NewServer(cfg)
 		if err != nil {
 			return err
 		}
 		if brk, err = broker.Start(bc); err != nil {
 			srv.Close()
-			return err
+			return discardFresh(fresh, cfg.StatePath, srv, err)
 		}
 		defer brk.Close()
 		err = serve(ctx, srv, f.exitWhenFinished, stdout)
@@ -502,13 +515,52 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 			cancel()
 		}
-		return err
+		return discardFresh(fresh, cfg.StatePath, srv, err)
 	}
+	fresh := !exists(cfg.StatePath)
 	srv, err := aggregator.NewServer(cfg)
 	if err != nil {
 		return err
 	}
-	return serve(ctx, srv, f.exitWhenFinished, stdout)
+	return discardFresh(fresh, cfg.StatePath, srv, serve(ctx, srv, f.exitWhenFinished, stdout))
+}
+
+// brokerFlagError names the flag behind an embedded broker's configuration
+// error.
+func brokerFlagError(err error, passwordFile string) error {
+	if passwordFile != "" && strings.Contains(err.Error(), passwordFile) {
+		return fmt.Errorf("--password-file: %w", err)
+	}
+	if strings.Contains(err.Error(), "no way to authenticate") {
+		return fmt.Errorf("%w (--password-file, --tls-cert with --tls-key and --tls-client-ca, or --allow-anonymous)", err)
+	}
+	return err
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// discardFresh removes the state file a start created when the start
+// failed before the daemon served a round (a busy port, a broker that
+// refused the connection): the file holds nothing but the configuration
+// that failed, and a corrected command must not be refused as another
+// run's. err is the start's error; nil leaves everything as it is.
+func discardFresh(fresh bool, path string, srv *aggregator.Server, err error) error {
+	if err == nil || !fresh {
+		return err
+	}
+	select {
+	case <-srv.Ready():
+		return err // it ran: the file is the run's
+	default:
+	}
+	srv.Close() // released by Run already; a no-op then
+	if rerr := os.Remove(path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		return fmt.Errorf("%w (and removing the state file it created: %v)", err, rerr)
+	}
+	return err
 }
 
 func isTLSURL(u string) bool {
@@ -673,6 +725,7 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	printDuplicates(w, st.DuplicateInstances)
 	return printFedStatus(w, st)
 }
 
@@ -730,6 +783,21 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 		fmt.Fprintf(w, "final bundle: round %d, %d bytes, digest %.16s (broker-agg export --state FILE --out FILE)\n", b.Round, b.Bytes, b.Digest)
 	}
 	return nil
+}
+
+// printDuplicates lists the sites a second installation uses.
+func printDuplicates(w io.Writer, ds []aggregator.DuplicateInstance) {
+	if len(ds) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nsecond installations with one site id (set aside; a cloned gateway? give each its own site_id):\n")
+	for _, d := range ds {
+		var others []string
+		for _, o := range d.Others {
+			others = append(others, fmt.Sprintf("%s (last seen %s)", o.ID, o.LastSeen.UTC().Format(time.RFC3339)))
+		}
+		fmt.Fprintf(w, "  %s: held by instance %s; set aside: %s, %d messages\n", d.Site, d.Instance, strings.Join(others, ", "), d.SetAside)
+	}
 }
 
 func optF(v *float64) string {
@@ -835,6 +903,18 @@ func runPasswd(args []string, stdout, stderr io.Writer) error {
 	user := fs.String("user", "", "site `ID` (username = MQTT client id = topic id)")
 	fromStdin := fs.Bool("password-stdin", false, "read the password from the first line of standard input (default: generate one and print it)")
 	iters := fs.Int("iterations", broker.DefaultIterations, "PBKDF2-SHA512 iterations")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: broker-agg pki passwd --file FILE --user ID [--password-stdin]
+
+Adds a site to a Mosquitto-format password file for the embedded broker's
+--password-file (or Mosquitto's), or replaces its password. Without
+--password-stdin a random password is generated and printed once: give it to
+the site (its password_file).
+
+flags:
+`)
+		fs.PrintDefaults()
+	}
 	var cfgFlag string
 	if err := parseFlags(fs, args, &cfgFlag); err != nil {
 		return err

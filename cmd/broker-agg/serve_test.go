@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -98,6 +99,9 @@ func TestRunFlagAndConfigErrors(t *testing.T) {
 		{"client CA without a server certificate", base, []string{"--tls-client-ca", filepath.Join(dir, "ca.crt")}, 1, "--tls-client-ca needs --tls-cert"},
 		{"external broker with embedded settings", base, []string{"--broker", "tcp://127.0.0.1:1"}, 1, "do not apply with --broker"},
 		{"embedded broker with external settings", base, []string{"--username", "aggregator"}, 1, "external --broker"},
+		{"missing password file", strings.Replace(base, "allow_anonymous = true\n", "", 1), []string{"--password-file", filepath.Join(dir, "passwd")}, 1, "--password-file"},
+		{"no way to authenticate", strings.Replace(base, "allow_anonymous = true\n", "allow_anonymous = false\n", 1), nil, 1, "--allow-anonymous"},
+		{"bad listen address", base, []string{"--listen", "8883"}, 1, "listen address"},
 		{"listen address in use", base, []string{"--listen", busyAddr}, 1, busyAddr},
 		{"metrics address in use", base, []string{"--metrics-addr", busyAddr}, 1, "metrics listener"},
 		// The command line wins over the file: --per-round 2 replaces the
@@ -130,14 +134,39 @@ func TestRunFlagAndConfigErrors(t *testing.T) {
 			}
 		})
 	}
-	// No failure left the state file open.
-	if _, err := os.Stat(filepath.Join(dir, "state.db")); err == nil {
-		s, err := storage.OpenAgg(filepath.Join(dir, "state.db"), storage.Options{LockTimeout: 100 * time.Millisecond})
-		if err != nil {
-			t.Fatalf("the state file is still held: %v", err)
-		}
-		s.Close()
+	// No failure wrote the state file: a corrected command is not refused
+	// as another run's.
+	if _, err := os.Stat(filepath.Join(dir, "state.db")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a failed start left the state file behind: %v", err)
 	}
+}
+
+// TestRunFailedStartLeavesNoState: a start that fails on its
+// authentication setup (a missing password file) writes no state file, so
+// the corrected command, with the federation the operator forgot, starts
+// the run instead of being refused as another federation's.
+func TestRunFailedStartLeavesNoState(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state.db")
+	passwd := filepath.Join(dir, "passwd")
+	code, _, stderr := runCLI(t, "run", "--features", "4", "--classes", "2", "--state-file", state, "--metrics-addr", "",
+		"--listen", "127.0.0.1:0", "--password-file", passwd)
+	if code != 1 || !strings.Contains(lastLine(stderr), "--password-file") || !strings.Contains(lastLine(stderr), passwd) {
+		t.Fatalf("missing password file: exit %d, %s", code, lastLine(stderr))
+	}
+	if _, err := os.Stat(state); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the failed start left %s: %v", state, err)
+	}
+	if err := os.WriteFile(passwd, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := aggregator.ServerConfig{Federation: "ward7", BrokerURL: "tcp://127.0.0.1:1", K: 1,
+		Model: model.Spec{Kind: model.KindLogReg, Inputs: 4, Classes: 2}, StatePath: state, Logger: newDiscardLogger()}
+	srv, err := aggregator.NewServer(cfg)
+	if err != nil {
+		t.Fatalf("the corrected configuration is refused: %v", err)
+	}
+	srv.Close()
 }
 
 // TestRunExampleConfig: deploy/broker-agg.example.conf uses only keys that
@@ -175,7 +204,7 @@ func TestRunStateFileChecks(t *testing.T) {
 	conf := filepath.Join(dir, "config")
 	os.WriteFile(conf, []byte(baseRunConf(dir)), 0o600)
 	code, _, stderr := runCLI(t, "run", "--config", conf)
-	if code != 1 || !strings.Contains(lastLine(stderr), `belongs to federation "other"`) {
+	if code != 1 || !strings.Contains(lastLine(stderr), `belongs to federation "other"`) || !strings.Contains(lastLine(stderr), "use another --state-file") {
 		t.Errorf("another federation's state file: exit %d, %s", code, lastLine(stderr))
 	}
 

@@ -36,6 +36,11 @@ type benchConfig struct {
 	Margin                     float64       // fraction of the deadline kept free
 	Seed                       uint64
 	JSON                       bool
+	// Config is the site's configuration file (--config): its data and
+	// model replace the synthetic problem (site, set by parseBenchFlags);
+	// SchemaFile the federation's schema for data read by one.
+	Config, SchemaFile string
+	site               *siteBench
 }
 
 func defaultBenchConfig() benchConfig {
@@ -68,7 +73,12 @@ type benchResult struct {
 	Batch           int        `json:"batch,omitempty"`
 	LR              float64    `json:"lr,omitempty"`
 	Mu              float64    `json:"mu"`
-	GenerateSeconds float64    `json:"generate_seconds"` // synthetic data
+	GenerateSeconds float64    `json:"generate_seconds"` // synthetic data; with --config, reading the site's
+	// Data and ShapeFrom say what was benchmarked: the site's data (read
+	// locally, never sent) and where the model's shape comes from (empty:
+	// the synthetic problem of the flags).
+	Data      string `json:"data,omitempty"`
+	ShapeFrom string `json:"shape_from,omitempty"`
 
 	SolveSeconds     float64 `json:"solve_seconds"`
 	EpochsDone       float64 `json:"epochs_done"` // training passes (Report.Epochs)
@@ -89,7 +99,11 @@ type benchResult struct {
 	DeadlineSeconds float64 `json:"deadline_seconds"`
 	Margin          float64 `json:"margin"`          // fraction of the deadline kept free
 	OverheadEpochs  int     `json:"overhead_epochs"` // full passes a solve makes besides training
-	BudgetEpochs    int     `json:"budget_epochs"`   // epochs per round that fit deadline·(1-margin)
+	// FitEpochs is how many epochs per round fit deadline·(1-margin);
+	// BudgetEpochs the suggestion: FitEpochs capped at MaxSuggested.
+	FitEpochs    int `json:"fit_epochs"`
+	BudgetEpochs int `json:"budget_epochs"`
+	MaxSuggested int `json:"max_suggested"`
 }
 
 // runBench benchmarks a local FedProx solve on this device and suggests the
@@ -120,16 +134,28 @@ func parseBenchFlags(args []string, stderr io.Writer) (benchConfig, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: edge-agent bench [flags]\n\n"+
-			"Times a FedProx local solve on synthetic data (Gaussian features, labels from a\n"+
-			"random linear teacher) and reports samples per second, seconds per epoch, peak\n"+
-			"resident memory and the epochs per round that fit --deadline.\n\nflags:\n")
+		fmt.Fprintf(fs.Output(), "usage: edge-agent bench [--config FILE [--schema FILE]] [flags]\n\n"+
+			"Times a FedProx local solve on this device and reports samples per second,\n"+
+			"seconds per epoch, peak resident memory and the epochs per round that fit\n"+
+			"--deadline (at most %d: the local solve stops at its gamma or the round's budget\n"+
+			"long before that).\n\n"+
+			"With --config (the site's edge-agent.conf) it trains on the site's own data,\n"+
+			"read locally and never sent (nothing connects to the broker; no credentials are\n"+
+			"read), with the site's model shape: for data read by the federation's schema\n"+
+			"(data = csv:PATH) from --schema FILE with a preprocessing fitted on this site's\n"+
+			"statistics, or else from the final model bundle of the site's last run\n"+
+			"(model_out or the state file); otherwise from the data's features and labels.\n"+
+			"The model kind is the aggregator's --model: give the same --model (and --hidden).\n"+
+			"Without --config it times a synthetic problem (Gaussian features, labels from a\n"+
+			"random linear teacher) of --samples x --features and --classes.\n\nflags:\n", maxSuggestedEpochs)
 		fs.PrintDefaults()
 	}
-	fs.IntVar(&cfg.Samples, "samples", cfg.Samples, "local training samples")
-	fs.IntVar(&cfg.Features, "features", cfg.Features, "features per sample")
-	fs.IntVar(&cfg.Classes, "classes", cfg.Classes, "classes")
-	fs.StringVar(&cfg.Model, "model", cfg.Model, "model: logreg | mlp")
+	fs.StringVar(&cfg.Config, "config", "", "the site's configuration `FILE` (edge-agent run --config): benchmark its data and model instead of a synthetic problem")
+	fs.StringVar(&cfg.SchemaFile, "schema", "", "with --config and data read by a schema: the federation's schema `FILE` (as broker-agg run --schema)")
+	fs.IntVar(&cfg.Samples, "samples", cfg.Samples, "local training samples (synthetic problem)")
+	fs.IntVar(&cfg.Features, "features", cfg.Features, "features per sample (synthetic problem)")
+	fs.IntVar(&cfg.Classes, "classes", cfg.Classes, "classes (synthetic problem)")
+	fs.StringVar(&cfg.Model, "model", cfg.Model, "model, as the aggregator's --model: logreg | binary-logreg | linear | mlp (with a schema, logreg is the task's linear model)")
 	fs.IntVar(&cfg.Hidden, "hidden", cfg.Hidden, "hidden units (mlp)")
 	fs.Float64Var(&cfg.L2, "l2", cfg.L2, "L2 regularisation lambda of (lambda/2)||w||^2")
 	fs.StringVar(&cfg.Solver, "solver", cfg.Solver, "local solver: sgd | lbfgs")
@@ -150,7 +176,39 @@ func parseBenchFlags(args []string, stderr io.Writer) (benchConfig, error) {
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	if cfg.Config == "" {
+		if cfg.SchemaFile != "" {
+			return cfg, errors.New("--schema needs --config FILE (the site's data)")
+		}
+		return cfg, cfg.validate()
+	}
+	var synthetic []string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "samples" || f.Name == "features" || f.Name == "classes" {
+			synthetic = append(synthetic, "--"+f.Name)
+		}
+	})
+	if len(synthetic) > 0 {
+		return cfg, fmt.Errorf("%s: with --config the site's data decides", strings.Join(synthetic, ", "))
+	}
+	if err := cfg.checkModelKind(); err != nil {
+		return cfg, err
+	}
+	site, err := loadSiteBench(cfg)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.site = &site
+	cfg.Samples, cfg.Features, cfg.Classes = site.data.N, site.data.D, site.spec.Classes
 	return cfg, cfg.validate()
+}
+
+func (c benchConfig) checkModelKind() error {
+	switch c.Model {
+	case model.KindLogReg, model.KindBinaryLogReg, model.KindLinear, model.KindMLP:
+		return nil
+	}
+	return fmt.Errorf("--model %q: want logreg, binary-logreg, linear or mlp", c.Model)
 }
 
 func (c benchConfig) validate() error {
@@ -163,8 +221,8 @@ func (c benchConfig) validate() error {
 		return fmt.Errorf("--deadline %v: want a positive duration", c.Deadline)
 	case !(c.Margin >= 0 && c.Margin < 1):
 		return fmt.Errorf("--margin %v: want a fraction in [0, 1)", c.Margin)
-	case c.Model != model.KindLogReg && c.Model != model.KindMLP:
-		return fmt.Errorf("--model %q: want logreg or mlp", c.Model)
+	case c.checkModelKind() != nil:
+		return c.checkModelKind()
 	case c.Solver != proxsolver.SGD && c.Solver != proxsolver.LBFGS:
 		return fmt.Errorf("--solver %q: want sgd or lbfgs", c.Solver)
 	}
@@ -187,7 +245,13 @@ func (c benchConfig) validate() error {
 const maxBenchValues = 1 << 26
 
 func (c benchConfig) spec() model.Spec {
-	s := model.Spec{Kind: c.Model, Inputs: c.Features, Classes: c.Classes, L2: c.L2}
+	if c.site != nil {
+		return c.site.spec
+	}
+	s := model.Spec{Kind: c.Model, Inputs: c.Features, L2: c.L2}
+	if c.Model == model.KindLogReg || c.Model == model.KindMLP {
+		s.Classes = c.Classes
+	}
 	if c.Model == model.KindMLP {
 		s.Hidden, s.Activation = c.Hidden, model.ActivationReLU
 	}
@@ -262,7 +326,22 @@ func bench(ctx context.Context, cfg benchConfig) (benchResult, error) {
 	clk := clock.Real{}
 
 	t0 := clk.Now()
-	data := benchData(cfg.Samples, cfg.Features, cfg.Classes, cfg.Seed)
+	var data model.Data
+	if cfg.site != nil {
+		data = cfg.site.data
+		res.Data, res.ShapeFrom = cfg.site.dataDesc, cfg.site.shapeFrom
+	} else {
+		k := max(cfg.Classes, 2)
+		if cfg.Model == model.KindBinaryLogReg {
+			k = 2
+		}
+		data = benchData(cfg.Samples, cfg.Features, k, cfg.Seed)
+		if cfg.Model == model.KindLinear {
+			for i := range data.Y {
+				data.Y[i] -= float64(k-1) / 2 // a real-valued target
+			}
+		}
+	}
 	res.GenerateSeconds = clk.Now().Sub(t0).Seconds()
 	m, err := model.New(res.Model)
 	if err != nil {
@@ -302,7 +381,9 @@ func bench(ctx context.Context, cfg benchConfig) (benchResult, error) {
 	if res.SecondsPerEpoch > 0 {
 		res.SamplesPerSecond = float64(cfg.Samples) / res.SecondsPerEpoch
 	}
-	res.BudgetEpochs = budgetEpochs(cfg.Deadline, cfg.Margin, res.SecondsPerEpoch, res.FullPassSeconds, res.OverheadEpochs)
+	res.FitEpochs = budgetEpochs(cfg.Deadline, cfg.Margin, res.SecondsPerEpoch, res.FullPassSeconds, res.OverheadEpochs)
+	res.MaxSuggested = maxSuggestedEpochs
+	res.BudgetEpochs = min(res.FitEpochs, maxSuggestedEpochs)
 	res.PeakRSSBytes, res.PeakRSSSource = peakRSS()
 	return res, nil
 }
@@ -386,11 +467,19 @@ func writeBenchText(w io.Writer, r benchResult) error {
 	const mib = 1 << 20
 	p("edge-agent %s bench on %s/%s, %d CPUs (the solve runs on one goroutine)\n", r.Version, r.GOOS, r.GOARCH, r.NumCPU)
 	shape := fmt.Sprintf("%d features x %d classes", r.Model.Inputs, r.Model.Classes)
-	if r.Model.Kind == model.KindMLP {
+	switch r.Model.Kind {
+	case model.KindMLP:
 		shape = fmt.Sprintf("%d features x %d hidden (%s) x %d classes", r.Model.Inputs, r.Model.Hidden, r.Model.Activation, r.Model.Classes)
+	case model.KindBinaryLogReg, model.KindLinear:
+		shape = fmt.Sprintf("%d features", r.Model.Inputs)
 	}
 	p("model        %s, %s, %d parameters\n", r.Model.Kind, shape, r.Params)
-	p("data         %d synthetic samples (seed %d), generated in %.2f s\n", r.Samples, r.Seed, r.GenerateSeconds)
+	if r.Data != "" {
+		p("             shape from %s\n", r.ShapeFrom)
+		p("data         %d samples of this site's data %s, read locally (nothing is sent)\n", r.Samples, r.Data)
+	} else {
+		p("data         %d synthetic samples (seed %d), generated in %.2f s; --config FILE benchmarks this site's data and model\n", r.Samples, r.Seed, r.GenerateSeconds)
+	}
 	if r.Solver == proxsolver.SGD {
 		p("solver       sgd, %d epochs, batch %d, lr %g, mu %g\n", r.Epochs, r.Batch, r.LR, r.Mu)
 	} else {
@@ -402,9 +491,17 @@ func writeBenchText(w io.Writer, r benchResult) error {
 	p("throughput   %.0f samples/s, %.4f s per epoch (a full-batch pass: %.4f s)\n", r.SamplesPerSecond, r.SecondsPerEpoch, r.FullPassSeconds)
 	p("peak memory  %.1f MiB (%s)\n", float64(r.PeakRSSBytes)/mib, r.PeakRSSSource)
 	deadline := seconds(r.DeadlineSeconds)
-	p("work budget  %d epochs per round fit the %s deadline with a %.0f%% margin:\n", r.BudgetEpochs, deadline, 100*r.Margin)
+	p("work budget  %d epochs per round fit the %s deadline with a %.0f%% margin:\n", r.FitEpochs, deadline, 100*r.Margin)
 	p("             %.1f s of compute, %d full overhead passes included;\n", r.DeadlineSeconds*(1-r.Margin), r.OverheadEpochs)
 	p("             %s\n", strings.ReplaceAll(marginNote, "\n", "\n             "))
+	if r.FitEpochs > r.BudgetEpochs {
+		p("suggested    max_epochs = %d (capped at %d: %d epochs fit, but the local solve stops at the\n", r.BudgetEpochs, r.MaxSuggested, r.FitEpochs)
+		p("             round's gamma or budget, the aggregator's --max-epochs, long before; this device\n")
+		p("             is not what limits a round's work, and max_epochs = 0 leaves it to the round)\n")
+	} else if r.BudgetEpochs > 0 {
+		p("suggested    max_epochs = %d in the site's configuration: the device cap on the local epochs of a\n", r.BudgetEpochs)
+		p("             round (the round's own budget, the aggregator's --max-epochs, applies when smaller)\n")
+	}
 	switch {
 	case r.Stop == proxsolver.StopDeadline:
 		p("warning      the solve hit the %s deadline before %d epochs: this device cannot do that much work in a round\n", deadline, r.Epochs)

@@ -132,7 +132,7 @@ func TestBenchFlagErrors(t *testing.T) {
 		{[]string{"-h"}, 0, "usage: edge-agent bench"},
 		{[]string{"--nope"}, 2, "flag provided but not defined"},
 		{[]string{"extra"}, 1, `unexpected argument "extra"`},
-		{[]string{"--model", "cnn"}, 1, `--model "cnn": want logreg or mlp`},
+		{[]string{"--model", "cnn"}, 1, `--model "cnn": want logreg, binary-logreg, linear or mlp`},
 		{[]string{"--solver", "adam"}, 1, `--solver "adam": want sgd or lbfgs`},
 		{[]string{"--samples", "0"}, 1, "--samples 0"},
 		{[]string{"--epochs", "0"}, 1, "--epochs 0"},

@@ -29,61 +29,80 @@ import (
 
 // option is one setting of the file and the command line.
 type option struct {
-	key   string // file form, underscores
-	help  string
-	set   func(c *runConfig, v string) error
+	key  string // file form, underscores
+	help string
+	val  optVal
+	// def is the default shown in --help when the setting's zero value
+	// stands for one the agent fills in (keepalive 0 = 30s); otherwise
+	// the default configuration's value is shown, when it is not zero.
+	def   string
 	multi bool // may repeat (values accumulate)
 }
 
-func flagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
-
-func str(dst func(c *runConfig) *string) func(*runConfig, string) error {
-	return func(c *runConfig, v string) error { *dst(c) = v; return nil }
+// optVal reads (set) and shows (get) one setting; typ names its values in
+// --help.
+type optVal struct {
+	typ string
+	set func(c *runConfig, v string) error
+	get func(c *runConfig) string
 }
 
-func integer(dst func(c *runConfig) *int, lo int) func(*runConfig, string) error {
-	return func(c *runConfig, v string) error {
+func (o option) set(c *runConfig, v string) error { return o.val.set(c, v) }
+
+func flagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
+
+func str(dst func(c *runConfig) *string) optVal {
+	return typedStr("string", dst)
+}
+
+func typedStr(typ string, dst func(c *runConfig) *string) optVal {
+	return optVal{typ: typ, set: func(c *runConfig, v string) error { *dst(c) = v; return nil },
+		get: func(c *runConfig) string { return *dst(c) }}
+}
+
+func integer(dst func(c *runConfig) *int, lo int) optVal {
+	return optVal{typ: "int", set: func(c *runConfig, v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < lo {
 			return fmt.Errorf("%q: expected an integer >= %d", v, lo)
 		}
 		*dst(c) = n
 		return nil
-	}
+	}, get: func(c *runConfig) string { return strconv.Itoa(*dst(c)) }}
 }
 
-func unsigned(dst func(c *runConfig) *uint64) func(*runConfig, string) error {
-	return func(c *runConfig, v string) error {
+func unsigned(dst func(c *runConfig) *uint64) optVal {
+	return optVal{typ: "uint", set: func(c *runConfig, v string) error {
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
 			return fmt.Errorf("%q: expected an integer >= 0", v)
 		}
 		*dst(c) = n
 		return nil
-	}
+	}, get: func(c *runConfig) string { return strconv.FormatUint(*dst(c), 10) }}
 }
 
-func number(dst func(c *runConfig) *float64) func(*runConfig, string) error {
-	return func(c *runConfig, v string) error {
+func number(dst func(c *runConfig) *float64) optVal {
+	return optVal{typ: "float", set: func(c *runConfig, v string) error {
 		x, err := strconv.ParseFloat(v, 64)
 		if err != nil || math.IsNaN(x) || math.IsInf(x, 0) || x < 0 {
 			return fmt.Errorf("%q: expected a finite number >= 0", v)
 		}
 		*dst(c) = x
 		return nil
-	}
+	}, get: func(c *runConfig) string { return strconv.FormatFloat(*dst(c), 'g', -1, 64) }}
 }
 
 // duration reads a Go duration ("30s", "2m") or a number of seconds.
-func duration(dst func(c *runConfig) *time.Duration) func(*runConfig, string) error {
-	return func(c *runConfig, v string) error {
+func duration(dst func(c *runConfig) *time.Duration) optVal {
+	return optVal{typ: "duration", set: func(c *runConfig, v string) error {
 		d, err := parseDuration(v)
 		if err != nil {
 			return err
 		}
 		*dst(c) = d
 		return nil
-	}
+	}, get: func(c *runConfig) string { return dst(c).String() }}
 }
 
 func parseDuration(v string) (time.Duration, error) {
@@ -104,42 +123,39 @@ func parseDuration(v string) (time.Duration, error) {
 // (TestExampleConfigDocumentsEveryOption).
 func options() []option {
 	return []option{
-		{key: "site_id", help: "this site's client id (MQTT client id, topics, state file identity)", set: str(func(c *runConfig) *string { return &c.SiteID })},
-		{key: "federation", help: "federation name; topics live under edgefl/<federation>/", set: str(func(c *runConfig) *string { return &c.Federation })},
-		{key: "broker", help: "broker URL, tcp://host:1883 or ssl://host:8883 (repeat, or comma-separate, for fail-over)", multi: true, set: func(c *runConfig, v string) error {
+		{key: "site_id", help: "this site's client id (MQTT client id, topics, state file identity)", val: str(func(c *runConfig) *string { return &c.SiteID })},
+		{key: "federation", help: "federation name; topics live under edgefl/<federation>/", val: str(func(c *runConfig) *string { return &c.Federation })},
+		{key: "broker", help: "broker URL, tcp://host:1883 or ssl://host:8883 (repeat, or comma-separate, for fail-over)", multi: true, val: optVal{typ: "URL", set: func(c *runConfig, v string) error {
 			for _, b := range strings.Split(v, ",") {
 				if b = strings.TrimSpace(b); b != "" {
 					c.Brokers = append(c.Brokers, b)
 				}
 			}
 			return nil
-		}},
-		{key: "tls_ca", help: "PEM file of the CA that signed the broker's certificate (default: system roots)", set: str(func(c *runConfig) *string { return &c.CAFile })},
-		{key: "tls_cert", help: "PEM client certificate of this site (mutual TLS)", set: str(func(c *runConfig) *string { return &c.CertFile })},
-		{key: "tls_key", help: "PEM private key of the client certificate", set: str(func(c *runConfig) *string { return &c.KeyFile })},
-		{key: "tls_server_name", help: "name to verify in the broker's certificate (default: the URL's host)", set: str(func(c *runConfig) *string { return &c.ServerName })},
-		{key: "username", help: "MQTT username", set: str(func(c *runConfig) *string { return &c.Username })},
-		{key: "password", help: "MQTT password (prefer password_file: a flag shows in ps)", set: str(func(c *runConfig) *string { return &c.Password })},
-		{key: "password_file", help: "file holding the MQTT password (trailing newline removed)", set: func(c *runConfig, v string) error {
-			c.PasswordFile = v
-			return nil
-		}},
-		{key: "data", help: "local data: csv:PATH (read by the federation's schema) | csv:PATH:label=COLUMN[:regression] | idx:DIR | leaf:PATH | synthetic:ALPHA,BETA | synthetic-iid", set: str(func(c *runConfig) *string { return &c.Data })},
-		{key: "eval_data", help: "optional CSV of held-out rows, read by the federation's schema (then every row of data trains; default: the schema's holdout share of data)", set: str(func(c *runConfig) *string { return &c.EvalData })},
-		{key: "model_out", help: "where the final model bundle is written when the federation finishes (default: final.bundle.json next to the state file)", set: str(func(c *runConfig) *string { return &c.ModelOut })},
-		{key: "data_client", help: "-1: the whole source is this site's data; K >= 0: client K of the partitioned source (demos)", set: integer(func(c *runConfig) *int { return &c.DataClient }, -1)},
-		{key: "data_partition", help: "with data_client: natural | iid | dirichlet:ALPHA | classes:K", set: str(func(c *runConfig) *string { return &c.DataPartition })},
-		{key: "data_clients", help: "with data_client: number of clients of the partition (synthetic: devices)", set: integer(func(c *runConfig) *int { return &c.DataClients }, 0)},
-		{key: "data_seed", help: "with data_client: seed of the generator and the partition (same at every site)", set: unsigned(func(c *runConfig) *uint64 { return &c.DataSeed })},
-		{key: "data_max_samples", help: "with data_client: cap on a synthetic device's samples (0 = none)", set: integer(func(c *runConfig) *int { return &c.DataMaxSamples }, 0)},
-		{key: "standardize", help: "none | client (this site's own feature statistics); empty: client for csv and leaf, none otherwise", set: str(func(c *runConfig) *string { return &c.Standardize })},
-		{key: "state_file", help: "bbolt state file (identity, FedSplit z, global model, outbox)", set: str(func(c *runConfig) *string { return &c.StateFile })},
-		{key: "max_epochs", help: "device cap on local epochs per round (0 = only the round's budget)", set: integer(func(c *runConfig) *int { return &c.Local.MaxEpochs }, 0)},
-		{key: "max_seconds", help: "device cap on seconds of local solve per round (0 = only the round's budget)", set: number(func(c *runConfig) *float64 { return &c.Local.MaxSeconds })},
-		{key: "solver", help: "force the local solver, sgd or lbfgs (empty = as the round says)", set: str(func(c *runConfig) *string { return &c.Local.Solver })},
-		{key: "lr", help: "override the SGD learning rate (0 = as the round says)", set: number(func(c *runConfig) *float64 { return &c.Local.LR })},
-		{key: "batch", help: "override the SGD mini-batch size (0 = as the round says)", set: integer(func(c *runConfig) *int { return &c.Local.Batch }, 0)},
-		{key: "deadline_margin", help: "stop the solve this long before the round's deadline (default 1s; negative: no margin)", set: func(c *runConfig, v string) error {
+		}, get: func(c *runConfig) string { return strings.Join(c.Brokers, ",") }}},
+		{key: "tls_ca", help: "PEM file of the CA that signed the broker's certificate (default: system roots)", val: typedStr("FILE", func(c *runConfig) *string { return &c.CAFile })},
+		{key: "tls_cert", help: "PEM client certificate of this site (mutual TLS)", val: typedStr("FILE", func(c *runConfig) *string { return &c.CertFile })},
+		{key: "tls_key", help: "PEM private key of the client certificate", val: typedStr("FILE", func(c *runConfig) *string { return &c.KeyFile })},
+		{key: "tls_server_name", help: "name to verify in the broker's certificate (default: the URL's host)", val: str(func(c *runConfig) *string { return &c.ServerName })},
+		{key: "username", help: "MQTT username", val: str(func(c *runConfig) *string { return &c.Username })},
+		{key: "password", help: "MQTT password (prefer password_file: a flag shows in ps)", val: str(func(c *runConfig) *string { return &c.Password })},
+		{key: "password_file", help: "file holding the MQTT password (trailing newline removed)", val: typedStr("FILE", func(c *runConfig) *string { return &c.PasswordFile })},
+		{key: "data", help: "local data: csv:PATH (read by the federation's schema) | csv:PATH:label=COLUMN[:regression] | idx:DIR | leaf:PATH | synthetic:ALPHA,BETA | synthetic-iid", val: str(func(c *runConfig) *string { return &c.Data })},
+		{key: "eval_data", help: "optional CSV of held-out rows, read by the federation's schema (then every row of data trains; default: the schema's holdout share of data)", val: str(func(c *runConfig) *string { return &c.EvalData })},
+		{key: "model_out", help: "where the final model bundle is written when the federation finishes (default: final.bundle.json next to the state file)", val: str(func(c *runConfig) *string { return &c.ModelOut })},
+		{key: "data_client", help: "-1: the whole source is this site's data; K >= 0: client K of the partitioned source (demos)", val: integer(func(c *runConfig) *int { return &c.DataClient }, -1)},
+		{key: "data_partition", help: "with data_client: natural | iid | dirichlet:ALPHA | classes:K", val: str(func(c *runConfig) *string { return &c.DataPartition })},
+		{key: "data_clients", help: "with data_client: number of clients of the partition (synthetic: devices)", val: integer(func(c *runConfig) *int { return &c.DataClients }, 0)},
+		{key: "data_seed", help: "with data_client: seed of the generator and the partition (same at every site)", val: unsigned(func(c *runConfig) *uint64 { return &c.DataSeed })},
+		{key: "data_max_samples", help: "with data_client: cap on a synthetic device's samples (0 = none)", val: integer(func(c *runConfig) *int { return &c.DataMaxSamples }, 0)},
+		{key: "standardize", help: "none | client (this site's own feature statistics); empty: client for csv and leaf, none otherwise", val: str(func(c *runConfig) *string { return &c.Standardize })},
+		{key: "state_file", help: "bbolt state file (identity, FedSplit z, global model, outbox)", val: typedStr("FILE", func(c *runConfig) *string { return &c.StateFile })},
+		{key: "max_epochs", help: "device cap on local epochs per round (0 = only the round's budget)", val: integer(func(c *runConfig) *int { return &c.Local.MaxEpochs }, 0)},
+		{key: "max_seconds", help: "device cap on seconds of local solve per round (0 = only the round's budget)", val: number(func(c *runConfig) *float64 { return &c.Local.MaxSeconds })},
+		{key: "solver", help: "force the local solver, sgd or lbfgs (empty = as the round says)", val: str(func(c *runConfig) *string { return &c.Local.Solver })},
+		{key: "lr", help: "override the SGD learning rate (0 = as the round says)", val: number(func(c *runConfig) *float64 { return &c.Local.LR })},
+		{key: "batch", help: "override the SGD mini-batch size (0 = as the round says)", val: integer(func(c *runConfig) *int { return &c.Local.Batch }, 0)},
+		{key: "deadline_margin", help: "stop the solve this long before the round's deadline (negative: no margin)", def: agent.DefaultDeadlineMargin.String(), val: optVal{typ: "duration", set: func(c *runConfig, v string) error {
 			neg := strings.HasPrefix(v, "-")
 			d, err := parseDuration(strings.TrimPrefix(v, "-"))
 			if err != nil {
@@ -150,23 +166,23 @@ func options() []option {
 			}
 			c.Local.DeadlineMargin = d
 			return nil
-		}},
-		{key: "fallback_seconds", help: "limit of a solve that nothing else limits (default 300)", set: number(func(c *runConfig) *float64 { return &c.Local.FallbackSeconds })},
-		{key: "seed", help: "seed of the local solver's and the codec's randomness", set: unsigned(func(c *runConfig) *uint64 { return &c.Seed })},
-		{key: "max_message_bytes", help: "largest inbound message accepted (default 33554432)", set: integer(func(c *runConfig) *int { return &c.MaxMessageBytes }, 1)},
-		{key: "keepalive", help: "MQTT keepalive (default 30s)", set: duration(func(c *runConfig) *time.Duration { return &c.KeepAlive })},
-		{key: "connect_timeout", help: "timeout of one connection attempt (default 10s)", set: duration(func(c *runConfig) *time.Duration { return &c.ConnectTimeout })},
-		{key: "reconnect_min", help: "first retry interval when the broker is unreachable at start (default 2s)", set: duration(func(c *runConfig) *time.Duration { return &c.ReconnectMin })},
-		{key: "reconnect_max", help: "longest reconnect backoff (default 60s)", set: duration(func(c *runConfig) *time.Duration { return &c.ReconnectMax })},
-		{key: "publish_timeout", help: "how long a publish may wait for the broker (default 30s)", set: duration(func(c *runConfig) *time.Duration { return &c.PublishTimeout })},
-		{key: "log_level", help: "debug | info | warn | error", set: str(func(c *runConfig) *string { return &c.LogLevel })},
-		{key: "log_format", help: "text | json (stderr)", set: func(c *runConfig, v string) error {
+		}, get: func(c *runConfig) string { return c.Local.DeadlineMargin.String() }}},
+		{key: "fallback_seconds", help: "seconds a solve may take when nothing else limits it", def: strconv.FormatFloat(agent.DefaultFallbackSeconds, 'g', -1, 64), val: number(func(c *runConfig) *float64 { return &c.Local.FallbackSeconds })},
+		{key: "seed", help: "seed of the local solver's and the codec's randomness", val: unsigned(func(c *runConfig) *uint64 { return &c.Seed })},
+		{key: "max_message_bytes", help: "largest inbound message accepted, in bytes", val: integer(func(c *runConfig) *int { return &c.MaxMessageBytes }, 1)},
+		{key: "keepalive", help: "MQTT keepalive", def: agent.DefaultKeepAlive.String(), val: duration(func(c *runConfig) *time.Duration { return &c.KeepAlive })},
+		{key: "connect_timeout", help: "timeout of one connection attempt", def: agent.DefaultConnectTimeout.String(), val: duration(func(c *runConfig) *time.Duration { return &c.ConnectTimeout })},
+		{key: "reconnect_min", help: "first retry interval when the broker is unreachable at start", def: agent.DefaultReconnectMin.String(), val: duration(func(c *runConfig) *time.Duration { return &c.ReconnectMin })},
+		{key: "reconnect_max", help: "longest reconnect backoff", def: agent.DefaultReconnectMax.String(), val: duration(func(c *runConfig) *time.Duration { return &c.ReconnectMax })},
+		{key: "publish_timeout", help: "how long a publish may wait for the broker", def: agent.DefaultPublishTimeout.String(), val: duration(func(c *runConfig) *time.Duration { return &c.PublishTimeout })},
+		{key: "log_level", help: "debug | info | warn | error", val: str(func(c *runConfig) *string { return &c.LogLevel })},
+		{key: "log_format", help: "text | json (stderr)", val: optVal{typ: "string", set: func(c *runConfig, v string) error {
 			if v != "text" && v != "json" {
 				return fmt.Errorf("%q: expected text or json", v)
 			}
 			c.LogFormat = v
 			return nil
-		}},
+		}, get: func(c *runConfig) string { return c.LogFormat }}},
 	}
 }
 
@@ -275,6 +291,31 @@ func addOptionFlags(fs *flag.FlagSet) *[]setting {
 		})
 	}
 	return &got
+}
+
+// printOptionFlags writes every option as a flag, as flag.PrintDefaults
+// would with its type and default (fs.Func flags would show "value").
+func printOptionFlags(w io.Writer) {
+	opts := options()
+	sort.Slice(opts, func(i, j int) bool { return opts[i].key < opts[j].key })
+	def := runConfig{Config: agent.DefaultConfig(), LogFormat: "text"}
+	for _, o := range opts {
+		d := o.def
+		if d == "" {
+			d = o.val.get(&def)
+			if d == "0" || d == "0s" {
+				d = ""
+			}
+		}
+		fmt.Fprintf(w, "  -%s %s\n    \t%s", flagName(o.key), o.val.typ, o.help)
+		if d != "" {
+			if o.val.typ == "string" {
+				d = strconv.Quote(d)
+			}
+			fmt.Fprintf(w, " (default %s)", d)
+		}
+		fmt.Fprintln(w)
+	}
 }
 
 // loadConfig reads the file (if any) and applies the flags.

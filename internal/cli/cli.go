@@ -75,3 +75,25 @@ func usage(w io.Writer, name string, cmds []Command) {
 		fmt.Fprintf(w, "  %-*s %s\n", width+2, c.Name, c.Summary)
 	}
 }
+
+// Version is the `version` command of binary name: it prints "name
+// version" (stamped at build time with -ldflags "-X main.version=...").
+func Version(args []string, stdout, stderr io.Writer, name, version string) error {
+	fs := flag.NewFlagSet(name+" version", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: %s version\n\nPrints the version this binary was built as (go build -ldflags \"-X main.version=...\";\n\"dev\" when built without it).\n", name)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return ErrUsage
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return ErrUsage
+	}
+	_, err := fmt.Fprintln(stdout, name, version)
+	return err
+}

@@ -1,0 +1,86 @@
+package storage
+
+import (
+	"errors"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Each installation draws its own instance id once: InitIdentity keeps it
+// across calls and reopenings, another file draws another, and a file of
+// schema version 3 (before instance ids) gets one on its first InitIdentity
+// and is stamped version 4, which the version-3 code refuses as newer.
+func TestEdgeInstanceID(t *testing.T) {
+	t0 := time.Unix(1700000000, 0)
+	path := tempPath(t, "edge.db")
+	s := openEdge(t, path)
+	id, err := s.InitIdentity("site-1", t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(id.InstanceID) != 26 {
+		t.Fatalf("instance id %q", id.InstanceID)
+	}
+	again, err := s.InitIdentity("site-1", t0.Add(time.Hour))
+	if err != nil || again != id {
+		t.Fatalf("InitIdentity again: %+v, %v; want %+v", again, err, id)
+	}
+	closeT(t, s)
+	s = openEdge(t, path)
+	if got, err := s.Identity(); err != nil || got != id {
+		t.Fatalf("after reopening: %+v, %v; want %+v", got, err, id)
+	}
+	closeT(t, s)
+
+	other := openEdge(t, tempPath(t, "clone.db"))
+	oid, err := other.InitIdentity("site-1", t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if oid.InstanceID == id.InstanceID || oid.InstanceID == "" {
+		t.Fatalf("a second file's instance id %q, the first's %q", oid.InstanceID, id.InstanceID)
+	}
+	closeT(t, other)
+
+	// A version-3 file.
+	v3 := edgeSchema
+	v3.migrations = edgeSchema.migrations[:3]
+	v3.layout = maps.Clone(edgeSchema.layout)
+	v3.layout[string(bucketEdge)] = slices.DeleteFunc(slices.Clone(v3.layout[string(bucketEdge)]), func(k string) bool {
+		return k == string(keyInstanceID)
+	})
+	oldPath := tempPath(t, "v3.db")
+	db, err := openDB(oldPath, v3, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := &EdgeStore{db: db}
+	if err := old.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+		if err := sput(b, keyClientID, []byte("site-1")); err != nil {
+			return err
+		}
+		return sput(b, keyCreatedAt, encodeTime(t0))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, old)
+	s = openEdge(t, oldPath)
+	if v, _ := schemaVersion(s.db); v != 4 {
+		t.Fatalf("version %d after open, want 4", v)
+	}
+	if got, err := s.Identity(); err != nil || got.InstanceID != "" || got.ClientID != "site-1" {
+		t.Fatalf("a version-3 identity: %+v, %v", got, err)
+	}
+	got, err := s.InitIdentity("site-1", t0.Add(time.Hour))
+	if err != nil || len(got.InstanceID) != 26 || !got.CreatedAt.Equal(t0) {
+		t.Fatalf("InitIdentity of a version-3 file: %+v, %v", got, err)
+	}
+	closeT(t, s)
+	if _, err := openDB(oldPath, v3, Options{}); !errors.Is(err, ErrSchemaTooNew) {
+		t.Fatalf("the version-3 code opening a version-4 file: %v, want ErrSchemaTooNew", err)
+	}
+}
