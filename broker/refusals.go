@@ -62,7 +62,9 @@ func (r *refusalLog) allow(key string) (bool, uint64) {
 
 // refused counts and (rate-limited) logs a refused connection.
 func (h *authHook) refused(clientID, remote, reason string, args ...any) {
-	h.authFailures.Add(1)
+	// Counted last: a refusal that shows in Stats has been logged (or
+	// suppressed), so a reader of the counter then finds its line.
+	defer h.authFailures.Add(1)
 	ok, suppressed := h.refusals.allow(clientID + "\x00" + reason)
 	if !ok {
 		return
