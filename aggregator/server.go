@@ -29,6 +29,7 @@ import (
 	"github.com/edgefl/edgefl/schema"
 	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
 )
 
@@ -973,7 +974,7 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 			s.log.Warn("update rejected", "client", u.msg.ClientId, "round", u.msg.Round, "reason", "out_of_range", "detail", err)
 			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "out_of_range: "+err.Error(), time.Time{})
 			return nil
-		} else if errors.Is(err, errBaseMismatch) {
+		} else if errors.Is(err, uplink.ErrBaseMismatch) {
 			if rerr := s.coord.Restore(*before); rerr != nil {
 				return fmt.Errorf("aggregator: roll back a mismatched delta: %w", rerr)
 			}
@@ -1072,9 +1073,6 @@ func clientOf(d Decision) string {
 	return ""
 }
 
-// errBaseMismatch: a Z_DELTA against a copy of z_j this server does not hold.
-var errBaseMismatch = errors.New("base round mismatch")
-
 // errOutOfRange: an update whose model (w, or FedSplit's z_j) holds a value
 // the downlink codec cannot carry. Stored, it would end in a global model
 // no announcement can encode, and every restart would fail the same way.
@@ -1121,16 +1119,16 @@ func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
 			return err
 		}
 	} else {
-		w := u.vec
-		if u.msg.Kind == wire.UpdateKind_UPDATE_KIND_DELTA {
-			x, err := s.globalOf(u.msg.Round)
-			if err != nil {
+		var x []float64
+		if uplink.BaseOf(uplink.HeaderOf(u.msg)) == uplink.BaseGlobal {
+			var err error
+			if x, err = s.globalOf(u.msg.Round); err != nil {
 				return err
 			}
-			w = make([]float64, len(u.vec))
-			for i := range w {
-				w[i] = x[i] + u.vec[i] // as closedUpdates will
-			}
+		}
+		w, err := uplink.Receive(uplink.HeaderOf(u.msg), u.vec, x, nil) // as closedUpdates will
+		if err != nil {
+			return err
 		}
 		if err := s.checkRange("w", w); err != nil {
 			return err
@@ -1145,58 +1143,38 @@ func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
 	return err
 }
 
-// clientZ is the client's new z_j from its FedSplit update: the decoded
-// vector itself (FULL), or this server's copy of z_j plus the decoded delta
-// (Z_DELTA). The copy is the one set by the update of base_round; base round
-// 0 means the global model of the update's round, which z_j starts from.
+// clientZ is the client's new z_j from its FedSplit update (uplink.Receive):
+// the decoded vector itself (FULL), the global model of the update's round
+// plus the decoded delta (base round 0), or this server's copy of z_j plus
+// the decoded delta, when the copy is the one base_round set
+// (uplink.ErrBaseMismatch otherwise). Only the base the update names is
+// read.
 func (s *Server) clientZ(m *wire.ClientUpdate, d []float64) ([]float64, error) {
-	if m.Kind == wire.UpdateKind_UPDATE_KIND_FULL {
-		return d, nil
-	}
-	var base []float64
-	if m.BaseRound == 0 {
+	h := uplink.HeaderOf(m)
+	var x []float64
+	var held *uplink.Copy
+	switch uplink.BaseOf(h) {
+	case uplink.BaseGlobal:
 		var err error
-		if base, err = s.globalOf(m.Round); err != nil {
+		if x, err = s.globalOf(m.Round); err != nil {
 			return nil, err
 		}
-	} else {
+	case uplink.BaseCopy:
 		r, zc, err := s.store.ClientZ(m.ClientId)
 		switch {
 		case errors.Is(err, storage.ErrCorrupt):
-			// The stored copy cannot be trusted: refuse the delta as
-			// against a copy this server does not hold, so the site
-			// re-sends against the round's global model (a FULL copy),
-			// which replaces the damaged one. Retrying the delta would
-			// fail the same way forever.
 			s.corruption.Inc("client_z")
 			s.log.Error("the stored copy of a client's z is damaged; asking the site for a new one", "client", m.ClientId, "err", err)
-			return nil, fmt.Errorf("%w: the copy held for round %d is damaged", errBaseMismatch, m.BaseRound)
+			return nil, uplink.DamagedCopy(m.BaseRound)
 		case errors.Is(err, storage.ErrNotFound):
-			return nil, fmt.Errorf("%w: a delta against the copy of round %d, this server holds none", errBaseMismatch, m.BaseRound)
+			// held stays nil: a copy this server does not hold.
 		case err != nil:
 			return nil, err
-		case r != m.BaseRound || len(zc) != len(d):
-			return nil, fmt.Errorf("%w: a delta against the copy of round %d, this server holds round %d's", errBaseMismatch, m.BaseRound, r)
-		}
-		base = zc
-	}
-	z := make([]float64, len(d))
-	for i := range z {
-		z[i] = base[i] + d[i] // bit for bit what the site computes
-	}
-	return z, nil
-}
-
-// updateVector is a FedProx-family client's w_k: the decoded vector (FULL)
-// or x, the global model of the update's round, plus the decoded delta
-// (DELTA).
-func updateVector(m *wire.ClientUpdate, d, x []float64) []float64 {
-	if m.Kind == wire.UpdateKind_UPDATE_KIND_DELTA {
-		for i := range d {
-			d[i] += x[i]
+		default:
+			held = &uplink.Copy{Round: r, Z: zc}
 		}
 	}
-	return d
+	return uplink.Receive(h, d, x, held)
 }
 
 // globalOf returns the global model announced for round (read-only).
