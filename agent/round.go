@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/quant"
@@ -362,7 +362,7 @@ func (h *RoundHandler) uplink(p *prepared, sent []float64) (uplink.Frame, error)
 			return uplink.Frame{}, fmt.Errorf("agent: round %d: %w", r, err)
 		}
 	}
-	f, err := uplink.Encode(p.codec, u, h.rng(r, streamCodec))
+	f, err := uplink.Encode(p.codec, u, h.rng(r, streams.SiteCodec))
 	if err != nil {
 		return f, fmt.Errorf("agent: round %d: %w", r, err)
 	}
@@ -372,19 +372,12 @@ func (h *RoundHandler) uplink(p *prepared, sent []float64) (uplink.Frame, error)
 	return f, nil
 }
 
-// Random streams of a round.
-const (
-	streamSolve = iota + 1
-	streamCodec
-)
-
-// rng is the random stream of one round: seeded by Seed, the client id (so
-// that sites with the same Seed still draw independently: QSGD's noise must
-// not be correlated across clients), the round and the stream.
-func (h *RoundHandler) rng(round uint64, stream uint64) *rand.Rand {
-	f := fnv.New64a()
-	f.Write([]byte(h.ClientID))
-	return rand.New(rand.NewPCG(h.Seed^f.Sum64(), round*0x9e3779b97f4a7c15^stream))
+// rng is the random stream of one round (streams.Site): seeded by Seed, the
+// client id (so that sites with the same Seed still draw independently:
+// QSGD's noise must not be correlated across clients), the round and the
+// stream.
+func (h *RoundHandler) rng(round uint64, s streams.SiteStream) *rand.Rand {
+	return streams.Site(h.Seed, h.ClientID, round, s)
 }
 
 // resend looks for the outbox entry of an applied round.
@@ -617,7 +610,7 @@ func seconds(s float64) time.Duration {
 // solve runs the local work of the round and returns the vector to send
 // (w, or FedSplit's new z_j), the report and the stop reason.
 func (h *RoundHandler) solve(ctx context.Context, p *prepared) ([]float64, proxsolver.Report, wire.StopReason, error) {
-	rng := h.rng(p.round, streamSolve)
+	rng := h.rng(p.round, streams.SiteSolve)
 	lg := h.log().With("round", p.round, "algorithm", p.algo, "solver", p.cfg.Solver)
 	if !p.split {
 		w, rep, err := proxsolver.Solve(ctx, p.m, p.data, p.x, nil, p.cfg, p.budget, rng)

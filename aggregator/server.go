@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -23,6 +22,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/quant"
@@ -569,7 +569,7 @@ func (s *Server) restore() error {
 		s.conf, _ = json.Marshal(s.stored)
 		x0 := make([]float64, s.dim)
 		if s.cfg.Init == InitModel {
-			x0 = s.model.InitParams(rand.New(rand.NewPCG(s.cfg.InitSeed, 0x696e6974)))
+			x0 = s.model.InitParams(streams.ModelInit(s.cfg.InitSeed))
 		}
 		if x0, err = s.downlinked(x0); err != nil {
 			return err

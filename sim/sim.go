@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/quant"
@@ -94,20 +94,6 @@ type Round struct {
 	// Eval is the federated evaluation on the sites' held-out rows
 	// (--schema runs, evaluated rounds except round 0).
 	Eval *bundle.Evaluation `json:"eval,omitempty"`
-}
-
-// seeds derived from the run seed; distinct streams so that adding one kind
-// of randomness never shifts another.
-const (
-	streamInit = iota + 1
-	streamSelect
-	streamStraggle
-	streamSolve
-	streamCodec
-)
-
-func newRand(seed uint64, stream, a, b int) *rand.Rand {
-	return rand.New(rand.NewPCG(seed^uint64(stream)*0x9e3779b97f4a7c15, uint64(a)<<32^uint64(b)))
 }
 
 // env is what every algorithm of a run shares.
@@ -219,7 +205,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 
 	// The centralised optimum: what every run is measured against.
 	t0 := time.Now()
-	x0 := m.InitParams(newRand(cfg.Seed, streamInit, 0, 0))
+	x0 := m.InitParams(streams.Of(cfg.Seed, streams.Init, 0, 0))
 	var xs []float64
 	var rep proxsolver.Report
 	cachePath := ""
@@ -365,7 +351,7 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 			return run, err
 		}
 		start := time.Now()
-		picked := sel.Select(t, cands, cfg.PerRound, newRand(cfg.Seed, streamSelect, t, 0))
+		picked := sel.Select(t, cands, cfg.PerRound, streams.Of(cfg.Seed, streams.Select, t, 0))
 		// Faulty clients take part in every round (the robustness setting).
 		for c := 0; c < cfg.Faulty; c++ {
 			if !slices.Contains(picked, c) {
@@ -468,7 +454,7 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 		if downCodec != nil {
 			// The aggregator applies the model it broadcasts, so that the
 			// clients' FedSplit reflections use the same x as the server.
-			frame, err := downCodec.Encode(nil, x, nil, newRand(cfg.Seed, streamCodec, t, -1))
+			frame, err := downCodec.Encode(nil, x, nil, streams.Of(cfg.Seed, streams.Codec, t, -1))
 			if err != nil {
 				return run, fmt.Errorf("round %d downlink: %w", t, err)
 			}
@@ -509,7 +495,7 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 // depends only on the seed, the round and the picked clients, so algorithms
 // with the same selection see the same stragglers.
 func (e *env) assignWork(t int, picked []int, a Algo) []job {
-	rng := newRand(e.cfg.Seed, streamStraggle, t, 0)
+	rng := streams.Of(e.cfg.Seed, streams.Straggle, t, 0)
 	order := rng.Perm(len(picked))
 	keep := min(e.stragKeep, len(picked))
 	jobs := make([]job, len(picked))
@@ -533,7 +519,7 @@ func (e *env) assignWork(t int, picked []int, a Algo) []job {
 
 func (e *env) work(ctx context.Context, m model.Model, a Algo, sp split.Params, j job, x, zj []float64, t int) outcome {
 	c := e.fed.Clients[j.client]
-	rng := newRand(e.cfg.Seed, streamSolve, t, j.client)
+	rng := streams.Of(e.cfg.Seed, streams.Solve, t, j.client)
 	cfg := proxsolver.Config{Solver: a.Local.Solver, Mu: a.Local.Mu, Gamma: a.Local.Gamma, LR: a.Local.LR, Batch: a.Local.Batch}
 	budget := proxsolver.Budget{MaxEpochs: j.epochs}
 	if a.Family == FedSplit {
@@ -579,7 +565,7 @@ type worker struct {
 // earlier rounds did not get across).
 func (e *env) encode(c *quant.Codec, a Algo, params, x, zSrv, res []float64, t, client int) ([]byte, error) {
 	delta := make([]float64, len(params))
-	rng := newRand(e.cfg.Seed, streamCodec, t, client)
+	rng := streams.Of(e.cfg.Seed, streams.Codec, t, client)
 	if a.Family == FedSplit || a.Family == FedProxSplit {
 		base := zSrv
 		if base == nil {
@@ -643,7 +629,7 @@ func (e *env) receive(c *quant.Codec, a Algo, o outcome, x []float64, zSrv map[i
 func (e *env) pni() float64 {
 	m := e.pooledM.Clone()
 	w := make([]float64, m.NumParams())
-	rng := newRand(e.cfg.Seed, streamInit, 1, 0)
+	rng := streams.Of(e.cfg.Seed, streams.Init, 1, 0)
 	scale := 1 / math.Sqrt(float64(max(e.fed.D, 1)))
 	for i := range w {
 		w[i] = rng.NormFloat64() * scale
