@@ -20,6 +20,7 @@ import (
 	"github.com/edgefl/edgefl/quant"
 	"github.com/edgefl/edgefl/sitedata"
 	"github.com/edgefl/edgefl/split"
+	"github.com/edgefl/edgefl/uplink"
 )
 
 // Results is what a run writes to results.json.
@@ -286,8 +287,8 @@ type job struct {
 }
 
 type outcome struct {
-	params []float64 // w_k, or FedSplit's new z_j (the client's exact state)
-	frame  []byte    // the encoded uplink message (nil without a codec)
+	params []float64     // w_k, or FedSplit's new z_j (the client's exact state)
+	frame  *uplink.Frame // the encoded uplink update (nil without a codec)
 	rep    proxsolver.Report
 	err    error
 }
@@ -337,12 +338,13 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 			return nil, fmt.Errorf("--downlink: %w", err)
 		}
 	}
-	// Uplink state: each client's error-feedback residual (FedAvg/FedProx
-	// family) and, for FedSplit, the server's decoded copy of each z_j (the
-	// client keeps its exact z; what it has not yet got across is the
-	// difference, sent in later rounds).
+	// Uplink state (package uplink): each client's error-feedback residual
+	// (FedAvg/FedProx family) and, for FedSplit, the server's decoded copy of
+	// each z_j (the client keeps its exact z; what it has not yet got across
+	// is the difference, sent in later rounds). One value serves as both
+	// sides' record of the copy: uplink computes them alike.
 	residual := make(map[int][]float64)
-	zServer := make(map[int][]float64)
+	zServer := make(map[int]*uplink.Copy)
 	run.Rounds = append(run.Rounds, e.evaluate(0, x))
 	sp := split.Params{Step: a.Local.Step, Relax: a.Local.Relax}
 
@@ -360,38 +362,9 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 		}
 		jobs := e.assignWork(t, picked, a)
 		row := Round{Round: t}
-		outs := make([]outcome, len(jobs))
-		var wg sync.WaitGroup
-		next := make(chan int)
-		for w := 0; w < cfg.Workers; w++ {
-			wg.Add(1)
-			go func(wk *worker) {
-				defer wg.Done()
-				for i := range next {
-					c := jobs[i].client
-					outs[i] = e.work(ctx, wk.m, a, sp, jobs[i], x, z[c], t)
-					if c < cfg.Faulty && outs[i].params != nil {
-						// A faulty site sends its delta scaled: w = x + scale (w - x).
-						for k, v := range outs[i].params {
-							outs[i].params[k] = x[k] + cfg.FaultyScale*(v-x[k])
-						}
-					}
-					if wk.codec != nil && outs[i].err == nil && outs[i].params != nil {
-						outs[i].frame, outs[i].err = e.encode(wk.codec, a, outs[i].params, x, zServer[c], residual[c], t, c)
-					}
-				}
-			}(workers[w])
-		}
-		for i, j := range jobs {
-			if a.Family == FedAvg && j.straggler {
-				continue // FedAvg drops stragglers
-			}
-			next <- i
-		}
-		close(next)
-		wg.Wait()
-		// Residuals are per client and each client runs at most once per
-		// round, so they are updated here, outside the workers.
+		outs := e.solveAll(ctx, a, sp, workers, jobs, x, z, zServer, residual, t)
+		// Residuals and copies are per client and each client runs at most
+		// once per round, so they are updated here, outside the workers.
 
 		var ups []aggregate.Update
 		for i, j := range jobs {
@@ -408,17 +381,18 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 			row.GradEvals += outs[i].rep.GradEvals
 			cands[j.client].Loss = outs[i].rep.AnchorLoss
 			received := outs[i].params
-			if serverCodec != nil {
-				row.BytesUp += int64(len(outs[i].frame))
-				if received, err = e.receive(serverCodec, a, outs[i], x, zServer, residual, j.client); err != nil {
+			if f := outs[i].frame; f != nil {
+				row.BytesUp += int64(len(f.Payload))
+				if received, err = receive(serverCodec, f, x, zServer[j.client]); err != nil {
 					return run, fmt.Errorf("round %d, client %s: %w", t, e.fed.Clients[j.client].ID, err)
 				}
+				residual[j.client] = f.Residual
 			} else {
 				row.BytesUp += int64(8 * len(outs[i].params)) // exact float64 vectors
 			}
 			if split_ {
 				z[j.client] = outs[i].params
-				zServer[j.client] = received
+				zServer[j.client] = &uplink.Copy{Round: uint64(t), Z: received}
 				continue
 			}
 			ups = append(ups, aggregate.Update{Client: e.fed.Clients[j.client].ID, Params: received,
@@ -431,7 +405,7 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 				zs := make([][]float64, 0, len(z))
 				for c := range e.fed.Clients { // client order: deterministic sum
 					if v, ok := zServer[c]; ok {
-						zs = append(zs, v)
+						zs = append(zs, v.Z)
 					}
 				}
 				_, out, err := split.RobustServerStep(next_, zs, x, screen)
@@ -559,67 +533,64 @@ type worker struct {
 	codec *quant.Codec
 }
 
-// encode makes the uplink frame of one client: the delta w_k - x with the
-// client's error-feedback residual (FedAvg/FedProx family), or z_j minus the
-// server's copy of z_j (FedSplit, whose difference already carries what
-// earlier rounds did not get across).
-func (e *env) encode(c *quant.Codec, a Algo, params, x, zSrv, res []float64, t, client int) ([]byte, error) {
-	delta := make([]float64, len(params))
-	rng := streams.Of(e.cfg.Seed, streams.Codec, t, client)
-	if a.Family == FedSplit || a.Family == FedProxSplit {
-		base := zSrv
-		if base == nil {
-			base = x // the server's copy starts, like z_j, at the first global model
-		}
-		for i := range delta {
-			delta[i] = params[i] - base[i]
-		}
-		// z_j - copy is the residual itself; see quant.EncodeBounded.
-		return c.EncodeBounded(nil, delta, rng)
+// solveAll runs the round's jobs on the worker pool: each selected client's
+// local work (e.work), a faulty client's scaling, and the client side of the
+// uplink (uplink.Encode against the client's residual or copy). FedAvg's
+// stragglers are dropped before they run. Workers only read the uplink
+// state; runAlgo updates it from the outcomes.
+func (e *env) solveAll(ctx context.Context, a Algo, sp split.Params, workers []*worker, jobs []job, x []float64,
+	z map[int][]float64, zServer map[int]*uplink.Copy, residual map[int][]float64, t int) []outcome {
+	cfg := e.cfg
+	isSplit := a.Family == FedSplit || a.Family == FedProxSplit
+	outs := make([]outcome, len(jobs))
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for _, wk := range workers {
+		wg.Add(1)
+		go func(wk *worker) {
+			defer wg.Done()
+			for i := range next {
+				c := jobs[i].client
+				o := e.work(ctx, wk.m, a, sp, jobs[i], x, z[c], t)
+				if c < cfg.Faulty && o.params != nil {
+					// A faulty site sends its delta scaled: w = x + scale (w - x).
+					for k, v := range o.params {
+						o.params[k] = x[k] + cfg.FaultyScale*(v-x[k])
+					}
+				}
+				if wk.codec != nil && o.err == nil && o.params != nil {
+					var f uplink.Frame
+					f, o.err = uplink.Encode(wk.codec, uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x,
+						Residual: residual[c], Copy: zServer[c]}, streams.Of(cfg.Seed, streams.Codec, t, c))
+					o.frame = &f
+				}
+				outs[i] = o
+			}
+		}(wk)
 	}
-	for i := range delta {
-		delta[i] = params[i] - x[i]
+	for i, j := range jobs {
+		if a.Family == FedAvg && j.straggler {
+			continue // FedAvg drops stragglers
+		}
+		next <- i
 	}
-	// Encode overwrites the residual it is handed; receive recomputes the
-	// client's new residual from what was actually decoded.
-	r := make([]float64, len(params))
-	copy(r, res)
-	return c.Encode(nil, delta, r, rng)
+	close(next)
+	wg.Wait()
+	return outs
 }
 
-// receive decodes a client's frame as the aggregator does and returns the
-// vector the aggregation uses. It also advances the sender's residual
-// bookkeeping, which Encode cannot do across goroutines (see encode).
-func (e *env) receive(c *quant.Codec, a Algo, o outcome, x []float64, zSrv map[int][]float64, res map[int][]float64, client int) ([]float64, error) {
-	d, err := c.Decode(o.frame, nil)
+// receive is the aggregator's side of a client's frame: decoded by the
+// server's codec and applied to its base (uplink.Receive), as the
+// aggregator does.
+func receive(c *quant.Codec, f *uplink.Frame, x []float64, held *uplink.Copy) ([]float64, error) {
+	d, err := c.Decode(f.Payload, nil)
 	if err != nil {
 		return nil, err
 	}
 	if len(d) != len(x) {
 		return nil, fmt.Errorf("decoded %d values, want %d", len(d), len(x))
 	}
-	base := x
-	if a.Family == FedSplit || a.Family == FedProxSplit {
-		if v, ok := zSrv[client]; ok {
-			base = v
-		}
-	} else {
-		// Error feedback: what was meant (delta + old residual) minus what
-		// arrived stays with the client for its next update.
-		r := res[client]
-		if r == nil {
-			r = make([]float64, len(x))
-		}
-		for i := range r {
-			r[i] += o.params[i] - x[i] - d[i]
-		}
-		res[client] = r
-	}
-	out := make([]float64, len(x))
-	for i := range out {
-		out[i] = base[i] + d[i]
-	}
-	return out, nil
+	return uplink.Receive(f.Header, d, x, held)
 }
 
 // pni computes the privacy-preserving non-IID index: the server draws one
