@@ -124,29 +124,9 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
-	var fed *dataset.Federated
-	var sites *siteSet
-	var err error
-	if cfg.Schema != "" {
-		if fed, sites, err = buildSites(&cfg, progress); err != nil {
-			return nil, err
-		}
-	} else {
-		src, err := dataset.ParseSource(cfg.Dataset)
-		if err != nil {
-			return nil, fmt.Errorf("--dataset: %w", err)
-		}
-		part, err := dataset.ParsePartition(cfg.Partition)
-		if err != nil {
-			return nil, fmt.Errorf("--partition: %w", err)
-		}
-		fed, err = dataset.Build(src, part, dataset.BuildOptions{
-			Clients: cfg.Clients, TestFraction: cfg.TestFrac, Seed: cfg.Seed,
-			Standardize: cfg.Standardize, SyntheticDevices: cfg.Clients,
-		})
-		if err != nil {
-			return nil, err
-		}
+	fed, sites, err := loadFederation(&cfg, progress)
+	if err != nil {
+		return nil, err
 	}
 	if len(fed.Clients) < cfg.PerRound {
 		return nil, fmt.Errorf("--per-round %d: the data set has only %d clients", cfg.PerRound, len(fed.Clients))
@@ -255,6 +235,28 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		res.Runs = append(res.Runs, *run)
 	}
 	return res, nil
+}
+
+// loadFederation builds the run's federated data: --dataset partitioned
+// by --partition, or with --schema the sites' CSVs through the daemons'
+// pipeline (buildSites, which may set cfg's site defaults).
+func loadFederation(cfg *Config, progress io.Writer) (*dataset.Federated, *siteSet, error) {
+	if cfg.Schema != "" {
+		return buildSites(cfg, progress)
+	}
+	src, err := dataset.ParseSource(cfg.Dataset)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--dataset: %w", err)
+	}
+	part, err := dataset.ParsePartition(cfg.Partition)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--partition: %w", err)
+	}
+	fed, err := dataset.Build(src, part, dataset.BuildOptions{
+		Clients: cfg.Clients, TestFraction: cfg.TestFrac, Seed: cfg.Seed,
+		Standardize: cfg.Standardize, SyntheticDevices: cfg.Clients,
+	})
+	return fed, nil, err
 }
 
 func gradNorm(m model.Model, w []float64, d model.Data) float64 {
@@ -367,6 +369,10 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 		// once per round, so they are updated here, outside the workers.
 
 		var ups []aggregate.Update
+		var frames map[string]*uplink.Frame // for cfg.trace
+		if cfg.trace != nil {
+			frames = map[string]*uplink.Frame{}
+		}
 		for i, j := range jobs {
 			if j.straggler {
 				row.Stragglers++
@@ -382,6 +388,9 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 			cands[j.client].Loss = outs[i].rep.AnchorLoss
 			received := outs[i].params
 			if f := outs[i].frame; f != nil {
+				if frames != nil {
+					frames[e.fed.Clients[j.client].ID] = f
+				}
 				row.BytesUp += int64(len(f.Payload))
 				if received, err = receive(serverCodec, f, x, zServer[j.client]); err != nil {
 					return run, fmt.Errorf("round %d, client %s: %w", t, e.fed.Clients[j.client].ID, err)
@@ -436,6 +445,9 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 				return run, fmt.Errorf("round %d downlink: %w", t, err)
 			}
 			row.BytesDown = int64(len(frame))
+		}
+		if cfg.trace != nil {
+			cfg.trace(a.Label, t, frames, x)
 		}
 		evaluated := cfg.EvalEvery <= 1 || t%cfg.EvalEvery == 0 || t == cfg.Rounds
 		row.TrainLoss, row.TestAccuracy, row.Gap, row.DistToOpt = Float(math.NaN()), Float(math.NaN()), Float(math.NaN()), Float(math.NaN())
