@@ -1102,54 +1102,45 @@ func (s *Server) checkRange(what string, v []float64) error {
 // client's latest z) in one fsynced transaction. A copy already stored (a
 // re-send after a crash between the update and the state) is fine.
 func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
-	var z []float64
+	what := "w"
 	if isSplit(s.fam) {
-		// Already stored: its z_j is this server's copy now, so clientZ
+		// Already stored: its z_j is this server's copy now, so vectorOf
 		// would see a base the copy has moved past and refuse the re-send.
 		if _, err := s.store.GetUpdate(u.msg.Round, u.msg.ClientId); err == nil {
 			return nil
 		} else if !errors.Is(err, storage.ErrNotFound) {
 			return err
 		}
-		var err error
-		if z, err = s.clientZ(u.msg, u.vec); err != nil {
-			return err
-		}
-		if err := s.checkRange("z", z); err != nil {
-			return err
-		}
-	} else {
-		var x []float64
-		if uplink.BaseOf(uplink.HeaderOf(u.msg)) == uplink.BaseGlobal {
-			var err error
-			if x, err = s.globalOf(u.msg.Round); err != nil {
-				return err
-			}
-		}
-		w, err := uplink.Receive(uplink.HeaderOf(u.msg), u.vec, x, nil) // as closedUpdates will
-		if err != nil {
-			return err
-		}
-		if err := s.checkRange("w", w); err != nil {
-			return err
-		}
+		what = "z"
+	}
+	v, err := s.vectorOf(u.msg, u.vec) // w as closedUpdates will compute it, or the new copy of z_j
+	if err != nil {
+		return err
+	}
+	if err := s.checkRange(what, v); err != nil {
+		return err
+	}
+	var z []float64
+	if isSplit(s.fam) {
+		z = v
 	}
 	loss := math.NaN()
 	if u.msg.Report != nil {
 		loss = u.msg.Report.AnchorLoss
 	}
-	_, err := s.store.PutUpdate(storage.Update{Round: u.msg.Round, ClientID: u.msg.ClientId, StoredAt: now,
+	_, err = s.store.PutUpdate(storage.Update{Round: u.msg.Round, ClientID: u.msg.ClientId, StoredAt: now,
 		SampleCount: u.msg.SampleCount, Loss: loss, Msg: u.raw}, z)
 	return err
 }
 
-// clientZ is the client's new z_j from its FedSplit update (uplink.Receive):
-// the decoded vector itself (FULL), the global model of the update's round
-// plus the decoded delta (base round 0), or this server's copy of z_j plus
-// the decoded delta, when the copy is the one base_round set
-// (uplink.ErrBaseMismatch otherwise). Only the base the update names is
-// read.
-func (s *Server) clientZ(m *wire.ClientUpdate, d []float64) ([]float64, error) {
+// vectorOf is what an update with decoded values d stands for
+// (uplink.Receive): w_k (FedProx family) or the client's new z_j, which
+// becomes this server's copy (FedSplit). That is d itself (FULL), the
+// global model of the update's round plus d (DELTA, and a Z_DELTA with base
+// round 0), or this server's copy of z_j plus d when the copy is the one
+// base_round set (uplink.ErrBaseMismatch otherwise). Only the base the
+// update names is read.
+func (s *Server) vectorOf(m *wire.ClientUpdate, d []float64) ([]float64, error) {
 	h := uplink.HeaderOf(m)
 	var x []float64
 	var held *uplink.Copy
