@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -77,13 +78,21 @@ func testSimMatchesLive(t *testing.T, algo, codec string) {
 	}
 
 	// The same federation live.
-	logs := &syncBuffer{}
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	// The daemons log to a file (safe from their goroutines, even after
+	// the test), shown when the test fails.
+	logPath := filepath.Join(t.TempDir(), "federation.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Log(logs.String())
+			b, _ := os.ReadFile(logPath)
+			t.Logf("the live federation's log:\n%s", b)
 		}
+		logFile.Close()
 	})
+	log := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	const fedName = "simlive"
 	topics, err := wire.ForFederation(fedName)
 	if err != nil {
@@ -226,23 +235,4 @@ func maxDiff(a, b []float64) float64 {
 		m = max(m, math.Abs(a[i]-b[i]))
 	}
 	return m
-}
-
-// syncBuffer is a log sink safe for the daemons' goroutines, read once they
-// have stopped.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
