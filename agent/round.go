@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -12,12 +11,14 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/quant"
 	"github.com/edgefl/edgefl/sitedata"
 	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
 
 	"github.com/edgefl/edgefl/sketch"
@@ -305,9 +306,9 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 	u := &wire.ClientUpdate{
 		ClientId:     h.ClientID,
 		Round:        r,
-		Kind:         up.kind,
-		BaseRound:    up.base,
-		Vector:       &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(sent)), Payload: up.frame},
+		Kind:         up.Kind,
+		BaseRound:    up.BaseRound,
+		Vector:       &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(sent)), Payload: up.Payload},
 		SampleCount:  uint64(d.N),
 		Report:       workReport(rep, stop, p.cfg.Gamma),
 		SentAtUnixMs: h.clock().Now().UnixMilli(),
@@ -324,9 +325,9 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 	if lim := h.Limits.MaxMessageBytes; lim > 0 && len(msg) > lim {
 		return res, fmt.Errorf("agent: round %d: update is %d bytes, over the %d-byte message limit", r, len(msg), lim)
 	}
-	c := storage.Commit{Round: r, Residual: up.residual, Msg: msg}
+	c := storage.Commit{Round: r, Residual: up.Residual, Msg: msg}
 	if p.split {
-		c.Z, c.ServerZ = sent, up.applied
+		c.Z, c.ServerZ = sent, up.Applied
 	}
 	if err := h.Store.Commit(c); err != nil {
 		if errors.Is(err, storage.ErrAlreadyApplied) {
@@ -334,107 +335,51 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 		}
 		return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
 	}
-	res.Action, res.Msg, res.Update, res.Sent, res.Report = ActionSolved, msg, u, up.applied, rep
+	res.Action, res.Msg, res.Update, res.Sent, res.Report = ActionSolved, msg, u, up.Applied, rep
 	res.Healthy = true
 	return res, nil
 }
 
-// uplinkFrame is an encoded update and what committing it changes.
-type uplinkFrame struct {
-	kind  wire.UpdateKind
-	base  uint64 // Z_DELTA: the round of the aggregator's copy the delta is against
-	frame []byte
-	// applied is the vector the aggregator will hold once it applies the
-	// frame: w_k as received (FedProx family), its new copy of z_j (FedSplit).
-	applied []float64
-	// residual is the new error-feedback residual (FedProx family, lossy
-	// codecs), nil otherwise.
-	residual []float64
-}
-
-// uplink encodes the round's result as a delta (ARCHITECTURE.md, Uplink encoding):
-//
-//   - FedProx family: w_k - x with the error-feedback residual of earlier
-//     rounds added; what the codec did not get across becomes the new
-//     residual (not kept for the lossless fp32).
-//   - FedSplit: z_j minus the aggregator's copy of z_j, which this site
-//     computes exactly as the aggregator does (copy + decoded delta, bit for
-//     bit). What the codec did not get across is still in z_j - copy and goes
-//     out with later rounds: that difference is FedSplit's residual. With no
-//     copy known (the first update, or after a rejection) the delta is taken
-//     against the round's global model x (base round 0), which z_j starts
-//     from, and the aggregator resets its copy to x + delta.
-func (h *RoundHandler) uplink(p *prepared, sent []float64) (uplinkFrame, error) {
-	r, n := p.round, len(sent)
-	rng := h.rng(r, streamCodec)
-	up := uplinkFrame{kind: wire.UpdateKind_UPDATE_KIND_DELTA}
-	base := p.x
-	var residual []float64
+// uplink encodes the round's result as a delta (package uplink;
+// ARCHITECTURE.md, Uplink encoding), with what the store holds: the
+// error-feedback residual (FedProx family, lossy codecs) or this site's
+// record of the aggregator's copy of z_j (FedSplit).
+func (h *RoundHandler) uplink(p *prepared, sent []float64) (uplink.Frame, error) {
+	r := p.round
+	u := uplink.Update{Split: p.split, Round: r, Sent: sent, Global: p.x, Tamper: poison}
 	if p.split {
-		up.kind = wire.UpdateKind_UPDATE_KIND_Z_DELTA
 		br, zs, err := h.Store.ServerZ()
 		switch {
-		case err == nil && len(zs) == n && br < r:
-			up.base, base = br, zs
 		case err == nil:
-			h.log().Warn("the stored copy of the aggregator's z does not fit this round; sending a delta against the global model", "round", r, "copy_round", br, "len", len(zs))
+			u.Copy = &uplink.Copy{Round: br, Z: zs}
 		case !errors.Is(err, storage.ErrNotFound):
-			return up, fmt.Errorf("agent: round %d: %w", r, err)
+			return uplink.Frame{}, fmt.Errorf("agent: round %d: %w", r, err)
 		}
 	} else if !p.codec.Lossless() {
 		old, err := h.Store.Residual(storage.ResidualUplink)
 		switch {
-		case err == nil && len(old) == n:
-			residual = old
-		case err == nil || errors.Is(err, storage.ErrNotFound):
-			residual = make([]float64, n) // none yet, or of another model
-		default:
-			return up, fmt.Errorf("agent: round %d: %w", r, err)
+		case err == nil:
+			u.Residual = old // of another model: none (uplink.Encode)
+		case !errors.Is(err, storage.ErrNotFound):
+			return uplink.Frame{}, fmt.Errorf("agent: round %d: %w", r, err)
 		}
 	}
-	delta := make([]float64, n)
-	for i := range delta {
-		delta[i] = sent[i] - base[i]
-	}
-	poison(delta) // a no-op outside the e2e tests' attacking build
-	var frame []byte
-	var err error
-	if p.split {
-		// z_j - copy is FedSplit's residual already. EncodeBounded keeps
-		// QSGD unbiased (errors average out over the sites' copies) except
-		// where its variance would amplify what the next delta re-sends.
-		frame, err = p.codec.EncodeBounded(nil, delta, rng)
-	} else {
-		// Encode replaces residual with (delta + residual) - what it sends.
-		frame, err = p.codec.Encode(nil, delta, residual, rng)
-	}
+	f, err := uplink.Encode(p.codec, u, h.rng(r, streams.SiteCodec))
 	if err != nil {
-		return up, fmt.Errorf("agent: round %d: encode the update with %s: %w", r, p.codec, err)
+		return f, fmt.Errorf("agent: round %d: %w", r, err)
 	}
-	d, err := p.codec.Decode(frame, nil)
-	if err != nil || len(d) != n {
-		return up, fmt.Errorf("agent: round %d: decode own update (%d values): %w", r, len(d), err)
+	if f.CopyUnused {
+		h.log().Warn("the stored copy of the aggregator's z does not fit this round; sending a delta against the global model", "round", r, "copy_round", u.Copy.Round, "len", len(u.Copy.Z))
 	}
-	up.frame, up.residual, up.applied = frame, residual, d
-	for i := range d {
-		d[i] += base[i] // what the aggregator computes: base + decoded
-	}
-	return up, nil
+	return f, nil
 }
 
-// Random streams of a round.
-const (
-	streamSolve = iota + 1
-	streamCodec
-)
-
-// rng is the random stream of one round: seeded by Seed, the client id (so
-// that sites with the same Seed still draw independently: QSGD's noise must
-// not be correlated across clients), the round and the stream.
-func (h *RoundHandler) rng(round uint64, stream uint64) *rand.Rand {
-	f := fnv.New64a()
-	f.Write([]byte(h.ClientID))
-	return rand.New(rand.NewPCG(h.Seed^f.Sum64(), round*0x9e3779b97f4a7c15^stream))
+// rng is the random stream of one round (streams.Site): seeded by Seed, the
+// client id (so that sites with the same Seed still draw independently:
+// QSGD's noise must not be correlated across clients), the round and the
+// stream.
+func (h *RoundHandler) rng(round uint64, s streams.SiteStream) *rand.Rand {
+	return streams.Site(h.Seed, h.ClientID, round, s)
 }
 
 // resend looks for the outbox entry of an applied round.
@@ -667,7 +612,7 @@ func seconds(s float64) time.Duration {
 // solve runs the local work of the round and returns the vector to send
 // (w, or FedSplit's new z_j), the report and the stop reason.
 func (h *RoundHandler) solve(ctx context.Context, p *prepared) ([]float64, proxsolver.Report, wire.StopReason, error) {
-	rng := h.rng(p.round, streamSolve)
+	rng := h.rng(p.round, streams.SiteSolve)
 	lg := h.log().With("round", p.round, "algorithm", p.algo, "solver", p.cfg.Solver)
 	if !p.split {
 		w, rep, err := proxsolver.Solve(ctx, p.m, p.data, p.x, nil, p.cfg, p.budget, rng)

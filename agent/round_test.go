@@ -10,6 +10,7 @@ import (
 
 	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/split"
@@ -505,14 +506,16 @@ func TestAnchorSketchSent(t *testing.T) {
 func TestRandomStreamsDiffer(t *testing.T) {
 	a := &RoundHandler{ClientID: "site-a", Seed: 1}
 	b := &RoundHandler{ClientID: "site-b", Seed: 1}
-	draw := func(h *RoundHandler, round, stream uint64) uint64 { return h.rng(round, stream).Uint64() }
-	if draw(a, 1, streamCodec) == draw(b, 1, streamCodec) {
+	draw := func(h *RoundHandler, round uint64, stream streams.SiteStream) uint64 {
+		return h.rng(round, stream).Uint64()
+	}
+	if draw(a, 1, streams.SiteCodec) == draw(b, 1, streams.SiteCodec) {
 		t.Fatal("two sites with the same seed draw the same codec noise")
 	}
-	if draw(a, 1, streamCodec) == draw(a, 2, streamCodec) || draw(a, 1, streamCodec) == draw(a, 1, streamSolve) {
+	if draw(a, 1, streams.SiteCodec) == draw(a, 2, streams.SiteCodec) || draw(a, 1, streams.SiteCodec) == draw(a, 1, streams.SiteSolve) {
 		t.Fatal("rounds or streams share a random stream")
 	}
-	if draw(a, 3, streamSolve) != draw(&RoundHandler{ClientID: "site-a", Seed: 1}, 3, streamSolve) {
+	if draw(a, 3, streams.SiteSolve) != draw(&RoundHandler{ClientID: "site-a", Seed: 1}, 3, streams.SiteSolve) {
 		t.Fatal("the stream is not deterministic")
 	}
 }

@@ -63,11 +63,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"time"
 
 	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/internal/streams"
 )
 
 // Config sets the coordinator's policy. The zero value is not valid: see New.
@@ -880,16 +880,6 @@ func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
 	return append(out, Announce{Round: c.round, Attempt: attempt, Selected: slices.Clone(sel), Deadline: c.deadline})
 }
 
-// selectStream and selectRand repeat sim's streamSelect derivation, so that
-// for attempt 0 a live federation and `broker-agg simulate` with the same
-// seed draw alike when handed the same candidates in the same order.
-const selectStream = 2
-
-func selectRand(seed uint64, round, attempt int) *rand.Rand {
-	stream := uint64(selectStream) // a variable: the product wraps, as in sim
-	return rand.New(rand.NewPCG(seed^stream*0x9e3779b97f4a7c15, uint64(round)<<32^uint64(attempt)))
-}
-
 // pick asks the selector for k of pool. A selector's answer is trusted only
 // as far as it is valid: out-of-range and repeated indices are dropped, and a
 // short answer is topped up in ID order, so a buggy selector cannot break
@@ -901,7 +891,7 @@ func (c *Coordinator) pick(pool []string, k, attempt int) []string {
 		cl := c.clients[id]
 		cands[i] = aggregate.Candidate{ID: id, Samples: cl.samples, Loss: cl.loss}
 	}
-	idx := c.sel.Select(c.round, cands, k, selectRand(c.cfg.Seed, c.round, attempt))
+	idx := c.sel.Select(c.round, cands, k, streams.Of(c.cfg.Seed, streams.Select, c.round, attempt))
 	taken := make([]bool, len(pool))
 	picks := make([]string, 0, k)
 	for _, i := range idx {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/internal/streams"
 )
 
 // t0 is the fake time base; tests move in milliseconds from it.
@@ -567,7 +568,7 @@ func TestSelectionDeterminism(t *testing.T) {
 		t.Fatalf("seeds 7 and 8 drew the same five selections: %v", a)
 	}
 	for r, sel := range a {
-		idx := aggregate.Uniform{}.Select(r+1, cands, 3, selectRand(7, r+1, 0))
+		idx := aggregate.Uniform{}.Select(r+1, cands, 3, streams.Of(7, streams.Select, r+1, 0))
 		var want []string
 		for _, i := range idx {
 			want = append(want, ids[i])

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -23,12 +22,14 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/quant"
 	"github.com/edgefl/edgefl/schema"
 	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
 )
 
@@ -633,7 +634,7 @@ func (s *Server) restore() error {
 		s.conf, _ = json.Marshal(s.stored)
 		x0 := make([]float64, s.dim)
 		if s.cfg.Init == InitModel {
-			x0 = s.model.InitParams(rand.New(rand.NewPCG(s.cfg.InitSeed, 0x696e6974)))
+			x0 = s.model.InitParams(streams.ModelInit(s.cfg.InitSeed))
 		}
 		if x0, err = s.downlinked(x0); err != nil {
 			return err
@@ -1048,7 +1049,7 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 			s.log.Warn("update rejected", "client", u.msg.ClientId, "round", u.msg.Round, "reason", "out_of_range", "detail", err)
 			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "out_of_range: "+err.Error(), time.Time{})
 			return nil
-		} else if errors.Is(err, errBaseMismatch) {
+		} else if errors.Is(err, uplink.ErrBaseMismatch) {
 			if rerr := s.coord.Restore(*before); rerr != nil {
 				return fmt.Errorf("aggregator: roll back a mismatched delta: %w", rerr)
 			}
@@ -1147,9 +1148,6 @@ func clientOf(d Decision) string {
 	return ""
 }
 
-// errBaseMismatch: a Z_DELTA against a copy of z_j this server does not hold.
-var errBaseMismatch = errors.New("base round mismatch")
-
 // errOutOfRange: an update whose model (w, or FedSplit's z_j) holds a value
 // the downlink codec cannot carry. Stored, it would end in a global model
 // no announcement can encode, and every restart would fail the same way.
@@ -1179,99 +1177,70 @@ func (s *Server) checkRange(what string, v []float64) error {
 // client's latest z) in one fsynced transaction. A copy already stored (a
 // re-send after a crash between the update and the state) is fine.
 func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
-	var z []float64
+	what := "w"
 	if isSplit(s.fam) {
-		// Already stored: its z_j is this server's copy now, so clientZ
+		// Already stored: its z_j is this server's copy now, so vectorOf
 		// would see a base the copy has moved past and refuse the re-send.
 		if _, err := s.store.GetUpdate(u.msg.Round, u.msg.ClientId); err == nil {
 			return nil
 		} else if !errors.Is(err, storage.ErrNotFound) {
 			return err
 		}
-		var err error
-		if z, err = s.clientZ(u.msg, u.vec); err != nil {
-			return err
-		}
-		if err := s.checkRange("z", z); err != nil {
-			return err
-		}
-	} else {
-		w := u.vec
-		if u.msg.Kind == wire.UpdateKind_UPDATE_KIND_DELTA {
-			x, err := s.globalOf(u.msg.Round)
-			if err != nil {
-				return err
-			}
-			w = make([]float64, len(u.vec))
-			for i := range w {
-				w[i] = x[i] + u.vec[i] // as closedUpdates will
-			}
-		}
-		if err := s.checkRange("w", w); err != nil {
-			return err
-		}
+		what = "z"
+	}
+	v, err := s.vectorOf(u.msg, u.vec) // w as closedUpdates will compute it, or the new copy of z_j
+	if err != nil {
+		return err
+	}
+	if err := s.checkRange(what, v); err != nil {
+		return err
+	}
+	var z []float64
+	if isSplit(s.fam) {
+		z = v
 	}
 	loss := math.NaN()
 	if u.msg.Report != nil {
 		loss = u.msg.Report.AnchorLoss
 	}
-	_, err := s.store.PutUpdate(storage.Update{Round: u.msg.Round, ClientID: u.msg.ClientId, StoredAt: now,
+	_, err = s.store.PutUpdate(storage.Update{Round: u.msg.Round, ClientID: u.msg.ClientId, StoredAt: now,
 		SampleCount: u.msg.SampleCount, Loss: loss, Msg: u.raw}, z)
 	return err
 }
 
-// clientZ is the client's new z_j from its FedSplit update: the decoded
-// vector itself (FULL), or this server's copy of z_j plus the decoded delta
-// (Z_DELTA). The copy is the one set by the update of base_round; base round
-// 0 means the global model of the update's round, which z_j starts from.
-func (s *Server) clientZ(m *wire.ClientUpdate, d []float64) ([]float64, error) {
-	if m.Kind == wire.UpdateKind_UPDATE_KIND_FULL {
-		return d, nil
-	}
-	var base []float64
-	if m.BaseRound == 0 {
+// vectorOf is what an update with decoded values d stands for
+// (uplink.Receive): w_k (FedProx family) or the client's new z_j, which
+// becomes this server's copy (FedSplit). That is d itself (FULL), the
+// global model of the update's round plus d (DELTA, and a Z_DELTA with base
+// round 0), or this server's copy of z_j plus d when the copy is the one
+// base_round set (uplink.ErrBaseMismatch otherwise). Only the base the
+// update names is read.
+func (s *Server) vectorOf(m *wire.ClientUpdate, d []float64) ([]float64, error) {
+	h := uplink.HeaderOf(m)
+	var x []float64
+	var held *uplink.Copy
+	switch uplink.BaseOf(h) {
+	case uplink.BaseGlobal:
 		var err error
-		if base, err = s.globalOf(m.Round); err != nil {
+		if x, err = s.globalOf(m.Round); err != nil {
 			return nil, err
 		}
-	} else {
+	case uplink.BaseCopy:
 		r, zc, err := s.store.ClientZ(m.ClientId)
 		switch {
 		case errors.Is(err, storage.ErrCorrupt):
-			// The stored copy cannot be trusted: refuse the delta as
-			// against a copy this server does not hold, so the site
-			// re-sends against the round's global model (a FULL copy),
-			// which replaces the damaged one. Retrying the delta would
-			// fail the same way forever.
 			s.corruption.Inc("client_z")
 			s.log.Error("the stored copy of a client's z is damaged; asking the site for a new one", "client", m.ClientId, "err", err)
-			return nil, fmt.Errorf("%w: the copy held for round %d is damaged", errBaseMismatch, m.BaseRound)
+			return nil, uplink.DamagedCopy(m.BaseRound)
 		case errors.Is(err, storage.ErrNotFound):
-			return nil, fmt.Errorf("%w: a delta against the copy of round %d, this server holds none", errBaseMismatch, m.BaseRound)
+			// held stays nil: a copy this server does not hold.
 		case err != nil:
 			return nil, err
-		case r != m.BaseRound || len(zc) != len(d):
-			return nil, fmt.Errorf("%w: a delta against the copy of round %d, this server holds round %d's", errBaseMismatch, m.BaseRound, r)
-		}
-		base = zc
-	}
-	z := make([]float64, len(d))
-	for i := range z {
-		z[i] = base[i] + d[i] // bit for bit what the site computes
-	}
-	return z, nil
-}
-
-// updateVector is a FedProx-family client's w_k: the decoded vector (FULL)
-// or x, the global model of the update's round, plus the decoded delta
-// (DELTA).
-func updateVector(m *wire.ClientUpdate, d, x []float64) []float64 {
-	if m.Kind == wire.UpdateKind_UPDATE_KIND_DELTA {
-		for i := range d {
-			d[i] += x[i]
+		default:
+			held = &uplink.Copy{Round: r, Z: zc}
 		}
 	}
-	return d
+	return uplink.Receive(h, d, x, held)
 }
 
 // globalOf returns the global model announced for round (read-only).

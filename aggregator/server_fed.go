@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/evaluate"
+	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/prep"
@@ -324,7 +324,7 @@ func (s *Server) newFit(d FitTransform) error {
 	}
 	x0 := make([]float64, s.dim)
 	if s.cfg.Init == InitModel {
-		x0 = s.model.InitParams(rand.New(rand.NewPCG(s.cfg.InitSeed, 0x696e6974)))
+		x0 = s.model.InitParams(streams.ModelInit(s.cfg.InitSeed))
 	}
 	if x0, err = s.downlinked(x0); err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
 )
 
@@ -268,11 +269,14 @@ func (s *Server) closedUpdates(cr CloseRound, x []float64) ([]aggregate.Update, 
 		if err != nil {
 			return fmt.Errorf("stored update of %q: %w", u.ClientID, err)
 		}
-		vec, err := s.loopQ.Decode(m.Vector.Payload, nil)
-		if err != nil || len(vec) != s.dim {
+		d, err := s.loopQ.Decode(m.Vector.Payload, nil)
+		if err != nil || len(d) != s.dim {
 			return fmt.Errorf("stored update of %q: vector: %w", u.ClientID, err)
 		}
-		vec = updateVector(m, vec, x)
+		vec, err := uplink.Receive(uplink.HeaderOf(m), d, x, nil)
+		if err != nil {
+			return fmt.Errorf("stored update of %q: %w", u.ClientID, err)
+		}
 		// A site's weight rests on its own word: it may not claim more
 		// samples than it first reported (documented in the README).
 		n := u.SampleCount

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
 )
 
@@ -681,8 +682,8 @@ func TestServerStoreUpdateResentAfterCrash(t *testing.T) {
 	if err := s.store.OpenRound(storage.Round{Number: 3, OpenedAt: now, Config: s.conf, State: []byte("{}")}, make([]float64, 6)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.storeUpdate(in(zDelta(t, "site-a", 3, 1, vec(3)), vec(3)), now); !errors.Is(err, errBaseMismatch) {
-		t.Fatalf("round 3 against round 1's copy: %v, want errBaseMismatch", err)
+	if err := s.storeUpdate(in(zDelta(t, "site-a", 3, 1, vec(3)), vec(3)), now); !errors.Is(err, uplink.ErrBaseMismatch) {
+		t.Fatalf("round 3 against round 1's copy: %v, want uplink.ErrBaseMismatch", err)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/edgefl/edgefl/proxsolver"
+	"github.com/edgefl/edgefl/uplink"
 )
 
 // Algorithm families.
@@ -72,6 +73,11 @@ type Config struct {
 	// SiteColumn names the column of each row's site (--partition
 	// natural with Schema).
 	SiteColumn string `json:"site_column,omitempty"`
+
+	// trace, when set (tests), is called after each round with the uplink
+	// frames the server received, by client id, and the next global model
+	// as the clients will decode it. It must not keep or change them.
+	trace func(algo string, round int, frames map[string]*uplink.Frame, x []float64)
 }
 
 // Local are the per-algorithm knobs: the local solve and FedSplit's steps.

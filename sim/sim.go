@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
@@ -15,10 +14,12 @@ import (
 	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/quant"
 	"github.com/edgefl/edgefl/split"
+	"github.com/edgefl/edgefl/uplink"
 )
 
 // Results is what a run writes to results.json.
@@ -95,20 +96,6 @@ type Round struct {
 	Eval *bundle.Evaluation `json:"eval,omitempty"`
 }
 
-// seeds derived from the run seed; distinct streams so that adding one kind
-// of randomness never shifts another.
-const (
-	streamInit = iota + 1
-	streamSelect
-	streamStraggle
-	streamSolve
-	streamCodec
-)
-
-func newRand(seed uint64, stream, a, b int) *rand.Rand {
-	return rand.New(rand.NewPCG(seed^uint64(stream)*0x9e3779b97f4a7c15, uint64(a)<<32^uint64(b)))
-}
-
 // env is what every algorithm of a run shares.
 type env struct {
 	cfg       Config
@@ -136,29 +123,9 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
 	}
-	var fed *dataset.Federated
-	var sites *siteSet
-	var err error
-	if cfg.Schema != "" {
-		if fed, sites, err = buildSites(&cfg, progress); err != nil {
-			return nil, err
-		}
-	} else {
-		src, err := dataset.ParseSource(cfg.Dataset)
-		if err != nil {
-			return nil, fmt.Errorf("--dataset: %w", err)
-		}
-		part, err := dataset.ParsePartition(cfg.Partition)
-		if err != nil {
-			return nil, fmt.Errorf("--partition: %w", err)
-		}
-		fed, err = dataset.Build(src, part, dataset.BuildOptions{
-			Clients: cfg.Clients, TestFraction: cfg.TestFrac, Seed: cfg.Seed,
-			Standardize: cfg.Standardize, SyntheticDevices: cfg.Clients,
-		})
-		if err != nil {
-			return nil, err
-		}
+	fed, sites, err := loadFederation(&cfg, progress)
+	if err != nil {
+		return nil, err
 	}
 	if len(fed.Clients) < cfg.PerRound {
 		return nil, fmt.Errorf("--per-round %d: the data set has only %d clients", cfg.PerRound, len(fed.Clients))
@@ -212,7 +179,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		fed.Name, len(fed.Clients), e.train.N, e.test.N, res.Data.MinClient, res.Data.MaxClient, fed.D, fed.Classes, m.NumParams())
 
 	// The centralised optimum: what every run is measured against.
-	x0 := m.InitParams(newRand(cfg.Seed, streamInit, 0, 0))
+	x0 := m.InitParams(streams.Of(cfg.Seed, streams.Init, 0, 0))
 	cachePath := ""
 	if cfg.OptimumCache != "" {
 		extra := ""
@@ -278,6 +245,28 @@ func centralised(ctx context.Context, cfg Config, m model.Model, train, test mod
 	return xs, opt, nil
 }
 
+// loadFederation builds the run's federated data: --dataset partitioned
+// by --partition, or with --schema the sites' CSVs through the daemons'
+// pipeline (buildSites, which may set cfg's site defaults).
+func loadFederation(cfg *Config, progress io.Writer) (*dataset.Federated, *siteSet, error) {
+	if cfg.Schema != "" {
+		return buildSites(cfg, progress)
+	}
+	src, err := dataset.ParseSource(cfg.Dataset)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--dataset: %w", err)
+	}
+	part, err := dataset.ParsePartition(cfg.Partition)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--partition: %w", err)
+	}
+	fed, err := dataset.Build(src, part, dataset.BuildOptions{
+		Clients: cfg.Clients, TestFraction: cfg.TestFrac, Seed: cfg.Seed,
+		Standardize: cfg.Standardize, SyntheticDevices: cfg.Clients,
+	})
+	return fed, nil, err
+}
+
 func gradNorm(m model.Model, w []float64, d model.Data) float64 {
 	g := make([]float64, len(w))
 	m.LossGrad(w, d, g)
@@ -308,8 +297,8 @@ type job struct {
 }
 
 type outcome struct {
-	params []float64 // w_k, or FedSplit's new z_j (the client's exact state)
-	frame  []byte    // the encoded uplink message (nil without a codec)
+	params []float64     // w_k, or FedSplit's new z_j (the client's exact state)
+	frame  *uplink.Frame // the encoded uplink update (nil without a codec)
 	rep    proxsolver.Report
 	err    error
 }
@@ -359,12 +348,13 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 			return nil, fmt.Errorf("--downlink: %w", err)
 		}
 	}
-	// Uplink state: each client's error-feedback residual (FedAvg/FedProx
-	// family) and, for FedSplit, the server's decoded copy of each z_j (the
-	// client keeps its exact z; what it has not yet got across is the
-	// difference, sent in later rounds).
+	// Uplink state (package uplink): each client's error-feedback residual
+	// (FedAvg/FedProx family) and, for FedSplit, the server's decoded copy of
+	// each z_j (the client keeps its exact z; what it has not yet got across
+	// is the difference, sent in later rounds). One value serves as both
+	// sides' record of the copy: uplink computes them alike.
 	residual := make(map[int][]float64)
-	zServer := make(map[int][]float64)
+	zServer := make(map[int]*uplink.Copy)
 	run.Rounds = append(run.Rounds, e.evaluate(0, x))
 	sp := split.Params{Step: a.Local.Step, Relax: a.Local.Relax}
 
@@ -373,7 +363,7 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 			return run, err
 		}
 		start := time.Now()
-		picked := sel.Select(t, cands, cfg.PerRound, newRand(cfg.Seed, streamSelect, t, 0))
+		picked := sel.Select(t, cands, cfg.PerRound, streams.Of(cfg.Seed, streams.Select, t, 0))
 		// Faulty clients take part in every round (the robustness setting).
 		for c := 0; c < cfg.Faulty; c++ {
 			if !slices.Contains(picked, c) {
@@ -382,40 +372,15 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 		}
 		jobs := e.assignWork(t, picked, a)
 		row := Round{Round: t}
-		outs := make([]outcome, len(jobs))
-		var wg sync.WaitGroup
-		next := make(chan int)
-		for w := 0; w < cfg.Workers; w++ {
-			wg.Add(1)
-			go func(wk *worker) {
-				defer wg.Done()
-				for i := range next {
-					c := jobs[i].client
-					outs[i] = e.work(ctx, wk.m, a, sp, jobs[i], x, z[c], t)
-					if c < cfg.Faulty && outs[i].params != nil {
-						// A faulty site sends its delta scaled: w = x + scale (w - x).
-						for k, v := range outs[i].params {
-							outs[i].params[k] = x[k] + cfg.FaultyScale*(v-x[k])
-						}
-					}
-					if wk.codec != nil && outs[i].err == nil && outs[i].params != nil {
-						outs[i].frame, outs[i].err = e.encode(wk.codec, a, outs[i].params, x, zServer[c], residual[c], t, c)
-					}
-				}
-			}(workers[w])
-		}
-		for i, j := range jobs {
-			if a.Family == FedAvg && j.straggler {
-				continue // FedAvg drops stragglers
-			}
-			next <- i
-		}
-		close(next)
-		wg.Wait()
-		// Residuals are per client and each client runs at most once per
-		// round, so they are updated here, outside the workers.
+		outs := e.solveAll(ctx, a, sp, workers, jobs, x, z, zServer, residual, t)
+		// Residuals and copies are per client and each client runs at most
+		// once per round, so they are updated here, outside the workers.
 
 		var ups []aggregate.Update
+		var frames map[string]*uplink.Frame // for cfg.trace
+		if cfg.trace != nil {
+			frames = map[string]*uplink.Frame{}
+		}
 		for i, j := range jobs {
 			if j.straggler {
 				row.Stragglers++
@@ -430,17 +395,21 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 			row.GradEvals += outs[i].rep.GradEvals
 			cands[j.client].Loss = outs[i].rep.AnchorLoss
 			received := outs[i].params
-			if serverCodec != nil {
-				row.BytesUp += int64(len(outs[i].frame))
-				if received, err = e.receive(serverCodec, a, outs[i], x, zServer, residual, j.client); err != nil {
+			if f := outs[i].frame; f != nil {
+				if frames != nil {
+					frames[e.fed.Clients[j.client].ID] = f
+				}
+				row.BytesUp += int64(len(f.Payload))
+				if received, err = receive(serverCodec, f, x, zServer[j.client]); err != nil {
 					return run, fmt.Errorf("round %d, client %s: %w", t, e.fed.Clients[j.client].ID, err)
 				}
+				residual[j.client] = f.Residual
 			} else {
 				row.BytesUp += int64(8 * len(outs[i].params)) // exact float64 vectors
 			}
 			if split_ {
 				z[j.client] = outs[i].params
-				zServer[j.client] = received
+				zServer[j.client] = &uplink.Copy{Round: uint64(t), Z: received}
 				continue
 			}
 			ups = append(ups, aggregate.Update{Client: e.fed.Clients[j.client].ID, Params: received,
@@ -453,7 +422,7 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 				zs := make([][]float64, 0, len(z))
 				for c := range e.fed.Clients { // client order: deterministic sum
 					if v, ok := zServer[c]; ok {
-						zs = append(zs, v)
+						zs = append(zs, v.Z)
 					}
 				}
 				_, out, err := split.RobustServerStep(next_, zs, x, screen)
@@ -476,7 +445,7 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 		if downCodec != nil {
 			// The aggregator applies the model it broadcasts, so that the
 			// clients' FedSplit reflections use the same x as the server.
-			frame, err := downCodec.Encode(nil, x, nil, newRand(cfg.Seed, streamCodec, t, -1))
+			frame, err := downCodec.Encode(nil, x, nil, streams.Of(cfg.Seed, streams.Codec, t, -1))
 			if err != nil {
 				return run, fmt.Errorf("round %d downlink: %w", t, err)
 			}
@@ -484,6 +453,9 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 				return run, fmt.Errorf("round %d downlink: %w", t, err)
 			}
 			row.BytesDown = int64(len(frame))
+		}
+		if cfg.trace != nil {
+			cfg.trace(a.Label, t, frames, x)
 		}
 		evaluated := cfg.EvalEvery <= 1 || t%cfg.EvalEvery == 0 || t == cfg.Rounds
 		row.TrainLoss, row.TestAccuracy, row.Gap, row.DistToOpt = Float(math.NaN()), Float(math.NaN()), Float(math.NaN()), Float(math.NaN())
@@ -517,7 +489,7 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 // depends only on the seed, the round and the picked clients, so algorithms
 // with the same selection see the same stragglers.
 func (e *env) assignWork(t int, picked []int, a Algo) []job {
-	rng := newRand(e.cfg.Seed, streamStraggle, t, 0)
+	rng := streams.Of(e.cfg.Seed, streams.Straggle, t, 0)
 	order := rng.Perm(len(picked))
 	keep := min(e.stragKeep, len(picked))
 	jobs := make([]job, len(picked))
@@ -541,7 +513,7 @@ func (e *env) assignWork(t int, picked []int, a Algo) []job {
 
 func (e *env) work(ctx context.Context, m model.Model, a Algo, sp split.Params, j job, x, zj []float64, t int) outcome {
 	c := e.fed.Clients[j.client]
-	rng := newRand(e.cfg.Seed, streamSolve, t, j.client)
+	rng := streams.Of(e.cfg.Seed, streams.Solve, t, j.client)
 	cfg := proxsolver.Config{Solver: a.Local.Solver, Mu: a.Local.Mu, Gamma: a.Local.Gamma, LR: a.Local.LR, Batch: a.Local.Batch}
 	budget := proxsolver.Budget{MaxEpochs: j.epochs}
 	if a.Family == FedSplit {
@@ -581,67 +553,64 @@ type worker struct {
 	codec *quant.Codec
 }
 
-// encode makes the uplink frame of one client: the delta w_k - x with the
-// client's error-feedback residual (FedAvg/FedProx family), or z_j minus the
-// server's copy of z_j (FedSplit, whose difference already carries what
-// earlier rounds did not get across).
-func (e *env) encode(c *quant.Codec, a Algo, params, x, zSrv, res []float64, t, client int) ([]byte, error) {
-	delta := make([]float64, len(params))
-	rng := newRand(e.cfg.Seed, streamCodec, t, client)
-	if a.Family == FedSplit || a.Family == FedProxSplit {
-		base := zSrv
-		if base == nil {
-			base = x // the server's copy starts, like z_j, at the first global model
-		}
-		for i := range delta {
-			delta[i] = params[i] - base[i]
-		}
-		// z_j - copy is the residual itself; see quant.EncodeBounded.
-		return c.EncodeBounded(nil, delta, rng)
+// solveAll runs the round's jobs on the worker pool: each selected client's
+// local work (e.work), a faulty client's scaling, and the client side of the
+// uplink (uplink.Encode against the client's residual or copy). FedAvg's
+// stragglers are dropped before they run. Workers only read the uplink
+// state; runAlgo updates it from the outcomes.
+func (e *env) solveAll(ctx context.Context, a Algo, sp split.Params, workers []*worker, jobs []job, x []float64,
+	z map[int][]float64, zServer map[int]*uplink.Copy, residual map[int][]float64, t int) []outcome {
+	cfg := e.cfg
+	isSplit := a.Family == FedSplit || a.Family == FedProxSplit
+	outs := make([]outcome, len(jobs))
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for _, wk := range workers {
+		wg.Add(1)
+		go func(wk *worker) {
+			defer wg.Done()
+			for i := range next {
+				c := jobs[i].client
+				o := e.work(ctx, wk.m, a, sp, jobs[i], x, z[c], t)
+				if c < cfg.Faulty && o.params != nil {
+					// A faulty site sends its delta scaled: w = x + scale (w - x).
+					for k, v := range o.params {
+						o.params[k] = x[k] + cfg.FaultyScale*(v-x[k])
+					}
+				}
+				if wk.codec != nil && o.err == nil && o.params != nil {
+					var f uplink.Frame
+					f, o.err = uplink.Encode(wk.codec, uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x,
+						Residual: residual[c], Copy: zServer[c]}, streams.Of(cfg.Seed, streams.Codec, t, c))
+					o.frame = &f
+				}
+				outs[i] = o
+			}
+		}(wk)
 	}
-	for i := range delta {
-		delta[i] = params[i] - x[i]
+	for i, j := range jobs {
+		if a.Family == FedAvg && j.straggler {
+			continue // FedAvg drops stragglers
+		}
+		next <- i
 	}
-	// Encode overwrites the residual it is handed; receive recomputes the
-	// client's new residual from what was actually decoded.
-	r := make([]float64, len(params))
-	copy(r, res)
-	return c.Encode(nil, delta, r, rng)
+	close(next)
+	wg.Wait()
+	return outs
 }
 
-// receive decodes a client's frame as the aggregator does and returns the
-// vector the aggregation uses. It also advances the sender's residual
-// bookkeeping, which Encode cannot do across goroutines (see encode).
-func (e *env) receive(c *quant.Codec, a Algo, o outcome, x []float64, zSrv map[int][]float64, res map[int][]float64, client int) ([]float64, error) {
-	d, err := c.Decode(o.frame, nil)
+// receive is the aggregator's side of a client's frame: decoded by the
+// server's codec and applied to its base (uplink.Receive), as the
+// aggregator does.
+func receive(c *quant.Codec, f *uplink.Frame, x []float64, held *uplink.Copy) ([]float64, error) {
+	d, err := c.Decode(f.Payload, nil)
 	if err != nil {
 		return nil, err
 	}
 	if len(d) != len(x) {
 		return nil, fmt.Errorf("decoded %d values, want %d", len(d), len(x))
 	}
-	base := x
-	if a.Family == FedSplit || a.Family == FedProxSplit {
-		if v, ok := zSrv[client]; ok {
-			base = v
-		}
-	} else {
-		// Error feedback: what was meant (delta + old residual) minus what
-		// arrived stays with the client for its next update.
-		r := res[client]
-		if r == nil {
-			r = make([]float64, len(x))
-		}
-		for i := range r {
-			r[i] += o.params[i] - x[i] - d[i]
-		}
-		res[client] = r
-	}
-	out := make([]float64, len(x))
-	for i := range out {
-		out[i] = base[i] + d[i]
-	}
-	return out, nil
+	return uplink.Receive(f.Header, d, x, held)
 }
 
 // pni computes the privacy-preserving non-IID index: the server draws one
@@ -651,7 +620,7 @@ func (e *env) receive(c *quant.Codec, a Algo, o outcome, x []float64, zSrv map[i
 func (e *env) pni() float64 {
 	m := e.pooledM.Clone()
 	w := make([]float64, m.NumParams())
-	rng := newRand(e.cfg.Seed, streamInit, 1, 0)
+	rng := streams.Of(e.cfg.Seed, streams.Init, 1, 0)
 	scale := 1 / math.Sqrt(float64(max(e.fed.D, 1)))
 	for i := range w {
 		w[i] = rng.NormFloat64() * scale

@@ -12,7 +12,9 @@ import (
 	"testing"
 
 	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/uplink"
 )
 
 func smallConfig(t *testing.T, algos string) Config {
@@ -208,15 +210,13 @@ func TestCodecFedSplitCopiesAgree(t *testing.T) {
 func TestEncodeReceiveAccounting(t *testing.T) {
 	// Sum of what the server received plus the final residual equals the
 	// sum of the true deltas (error feedback loses nothing).
-	e := &env{cfg: Config{Seed: 7}}
 	c, err := quant.Parse("topk:0.1+q8")
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := Algo{Family: FedProx}
 	const d = 50
 	x := make([]float64, d)
-	res := map[int][]float64{}
+	var res []float64
 	sumTrue, sumGot := make([]float64, d), make([]float64, d)
 	for r := 1; r <= 30; r++ {
 		w := make([]float64, d)
@@ -224,21 +224,22 @@ func TestEncodeReceiveAccounting(t *testing.T) {
 			w[i] = math.Sin(float64(r*i)) * float64(i%7)
 			sumTrue[i] += w[i]
 		}
-		frame, err := e.encode(c, a, w, x, nil, res[0], r, 0)
+		f, err := uplink.Encode(c, uplink.Update{Round: uint64(r), Sent: w, Global: x, Residual: res}, streams.Of(7, streams.Codec, r, 0))
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := e.receive(c, a, outcome{params: w, frame: frame}, x, nil, res, 0)
+		got, err := receive(c, &f, x, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
+		res = f.Residual
 		for i := range got {
 			sumGot[i] += got[i]
 		}
 	}
 	for i := range sumTrue {
-		if diff := sumTrue[i] - sumGot[i] - res[0][i]; math.Abs(diff) > 1e-9 {
-			t.Fatalf("coordinate %d: true %v, received %v, residual %v", i, sumTrue[i], sumGot[i], res[0][i])
+		if diff := sumTrue[i] - sumGot[i] - res[i]; math.Abs(diff) > 1e-9 {
+			t.Fatalf("coordinate %d: true %v, received %v, residual %v", i, sumTrue[i], sumGot[i], res[i])
 		}
 	}
 }

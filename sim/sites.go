@@ -15,6 +15,7 @@ import (
 	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/dataset"
 	"github.com/edgefl/edgefl/evaluate"
+	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/prep"
 	"github.com/edgefl/edgefl/schema"
@@ -281,7 +282,7 @@ func BuildSchemaFederation(ctx context.Context, cfg Config, progress io.Writer) 
 	if cfg.OptimumCache != "" {
 		cachePath = optimumCachePath(cfg, spec, set.schema.Digest()+","+cfg.SiteColumn)
 	}
-	xs, opt, err := centralised(ctx, cfg, m, train, test, m.InitParams(newRand(cfg.Seed, streamInit, 0, 0)), cachePath, progress)
+	xs, opt, err := centralised(ctx, cfg, m, train, test, m.InitParams(streams.Of(cfg.Seed, streams.Init, 0, 0)), cachePath, progress)
 	if err != nil {
 		return nil, err
 	}
