@@ -359,6 +359,8 @@ type Server struct {
 	mu                                      sync.Mutex
 	view                                    view
 	changed                                 chan struct{}
+	gen                                     uint64 // bumped with every change of the view (under mu)
+	stCache                                 statusCache
 	rejected                                metrics.LabeledCounter // shell-level rejections by reason
 	corruption                              metrics.LabeledCounter // damaged stored values found at run time, by what
 	excluded                                metrics.LabeledCounter // FedSplit: z left out of a server step, by client
@@ -369,6 +371,8 @@ type Server struct {
 	ingestQ                                 chan ingestJob
 	samplesCapped                           map[string][2]uint64   // set by closedUpdates while aggregating: reported, first
 	bytesIn                                 metrics.LabeledCounter // by topic kind
+	bytesInTotal                            atomic.Uint64          // bytesIn summed
+	hist                                    history                // the round history (history.go)
 	msgsIn                                  metrics.LabeledCounter
 	storageErrors, publishErrors, badStatus atomic.Uint64
 }
@@ -515,6 +519,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := s.restore(); err != nil {
 		s.store.Close()
 		return nil, DamagedStateError(cfg.StatePath, err)
+	}
+	if !s.fresh {
+		if err := s.rebuildHistory(); err != nil {
+			// Only the console's charts lack the earlier rounds.
+			s.log.Warn("the round history could not be rebuilt from the round log", "err", err)
+		}
 	}
 	s.refreshView()
 	return s, nil
@@ -969,7 +979,7 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 			if rerr := s.coord.Restore(*before); rerr != nil {
 				return fmt.Errorf("aggregator: roll back an out-of-range update: %w", rerr)
 			}
-			s.reject("out_of_range")
+			s.reject(u.msg.ClientId, "out_of_range")
 			s.log.Warn("update rejected", "client", u.msg.ClientId, "round", u.msg.Round, "reason", "out_of_range", "detail", err)
 			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "out_of_range: "+err.Error(), time.Time{})
 			return nil
@@ -977,7 +987,7 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 			if rerr := s.coord.Restore(*before); rerr != nil {
 				return fmt.Errorf("aggregator: roll back a mismatched delta: %w", rerr)
 			}
-			s.reject("base_mismatch")
+			s.reject(u.msg.ClientId, "base_mismatch")
 			s.log.Warn("update rejected", "client", u.msg.ClientId, "round", u.msg.Round, "reason", "base_mismatch", "detail", err)
 			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_BASE_MISMATCH, err.Error(), time.Time{})
 			return nil
@@ -987,7 +997,7 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 			if rerr := s.coord.Restore(*before); rerr != nil {
 				return fmt.Errorf("aggregator: roll back after a storage error: %w (storage: %w)", rerr, err)
 			}
-			s.reject("internal")
+			s.reject(u.msg.ClientId, "internal")
 			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store the update; retry", time.Time{})
 			return nil
 		}
@@ -999,7 +1009,7 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 	if err := s.persistState(); err != nil {
 		if u != nil && !storedAt.IsZero() && before != nil && s.coord.Restore(*before) == nil {
 			s.storageErrors.Add(1)
-			s.reject("internal")
+			s.reject(u.msg.ClientId, "internal")
 			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store its state; retry", time.Time{})
 		}
 		return err
@@ -1009,9 +1019,11 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 	for _, d := range ds {
 		switch d := d.(type) {
 		case Accept:
+			s.noteWork(u.msg)
 			s.log.Info("update accepted", "client", d.Client, "round", d.Round, "partial", d.Partial)
 			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "", storedAt)
 		case AcceptLate:
+			s.noteWork(u.msg)
 			s.late++
 			s.log.Info("late update stored as the client's latest z", "client", d.Client, "round", d.Round, "partial", d.Partial)
 			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "late: stored as the latest z", storedAt)

@@ -59,6 +59,7 @@ func (s *Server) refreshView() {
 	v.global, v.globalRound = s.global, s.globalR
 	v.finished = st.Phase == PhaseFinished
 	v.statsSites, v.stopReason = st.StatsSites, st.StopReason
+	s.gen++
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
@@ -67,14 +68,17 @@ func (s *Server) refreshView() {
 // counted in an MQTT callback).
 func (s *Server) notify() {
 	s.mu.Lock()
+	s.gen++
 	close(s.changed)
 	s.changed = make(chan struct{})
 	s.mu.Unlock()
 }
 
-// reject counts a shell-level rejection.
-func (s *Server) reject(reason string) {
+// reject counts a shell-level rejection, also as the site's when site
+// names a valid id.
+func (s *Server) reject(site, reason string) {
 	s.rejected.Inc(reason)
+	s.hist.reject(site, reason)
 	s.notify()
 }
 
@@ -155,17 +159,7 @@ func (s *Server) Handler() http.Handler {
 			s.log.Error("writing metrics", "err", err)
 		}
 	})
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		st, err := ReadStatus(s.store)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(st)
-	})
+	mux.HandleFunc("GET /status", s.serveStatus)
 	mux.HandleFunc("GET /bundle", s.serveBundle)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		select {
@@ -286,17 +280,27 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// Status is the federation's state as `broker-agg status` prints it.
+// Status is the federation's state as `broker-agg status` prints it and the
+// console at / shows it: read from the state file (ReadStatus), and from a
+// running daemon's /status with its live part (Server.LiveStatus).
 type Status struct {
-	Federation string       `json:"federation,omitempty"`
-	Algorithm  string       `json:"algorithm,omitempty"`
-	Round      int          `json:"round"`
-	Phase      Phase        `json:"phase"`
-	Deadline   *time.Time   `json:"deadline,omitempty"`
-	Selected   []string     `json:"selected,omitempty"`
-	Received   []string     `json:"received,omitempty"`
-	Counters   Counters     `json:"counters"`
-	Clients    []ClientInfo `json:"clients"`
+	Federation string `json:"federation,omitempty"`
+	Algorithm  string `json:"algorithm,omitempty"`
+	// The run's identity and codecs, as the round log stores them.
+	RunID      string `json:"run_id,omitempty"`
+	Aggregator string `json:"aggregator,omitempty"`
+	Codec      string `json:"codec,omitempty"`
+	Downlink   string `json:"downlink,omitempty"`
+	Round      int    `json:"round"`
+	Phase      Phase  `json:"phase"`
+	// RoundOpenedAt is when the current round (the statistics phase:
+	// the run) started.
+	RoundOpenedAt *time.Time   `json:"round_opened_at,omitempty"`
+	Deadline      *time.Time   `json:"deadline,omitempty"`
+	Selected      []string     `json:"selected,omitempty"`
+	Received      []string     `json:"received,omitempty"`
+	Counters      Counters     `json:"counters"`
+	Clients       []ClientInfo `json:"clients"`
 	// A run with a federation schema: its digest, the sites whose
 	// statistics were accepted, the model and its inputs once fitted, the
 	// latest eval round's federated and per-site figures, why the run
@@ -307,6 +311,9 @@ type Status struct {
 	Evaluation      *EvalStatus `json:"evaluation,omitempty"`
 	StopReason      string      `json:"stop_reason,omitempty"`
 	FinalBundle     *BundleInfo `json:"final_bundle,omitempty"`
+	// Live is what only the running daemon knows (its configuration,
+	// the round history); nil when read from the file.
+	Live *LiveStatus `json:"live,omitempty"`
 }
 
 // BundleInfo names a stored bundle.
@@ -335,6 +342,52 @@ type ClientInfo struct {
 	Selected      bool       `json:"selected,omitempty"` // in the current round's selection
 	Reported      bool       `json:"reported,omitempty"` // its update for the current round is stored
 	Error         *SiteError `json:"error,omitempty"`    // the site's error, from its latest online status
+	// From the running daemon: in the rounds of the history (the last
+	// HistoryRounds), how often the site was a straggler (invited, did
+	// not report) and sent partial work; its latest work report and
+	// evaluation; its rejected messages by reason.
+	Straggled  int               `json:"straggled,omitempty"`
+	Partial    int               `json:"partial,omitempty"`
+	LastWork   *WorkInfo         `json:"last_work,omitempty"`
+	LastEval   *SiteEval         `json:"last_eval,omitempty"`
+	Rejections map[string]uint64 `json:"rejections,omitempty"`
+}
+
+// WorkInfo is what a site's latest accepted update said of its local
+// solve: the inexactness it reached, its epochs, whether the budget
+// stopped it first.
+type WorkInfo struct {
+	Round   int     `json:"round"`
+	Gamma   float64 `json:"gamma"`
+	Epochs  uint64  `json:"epochs"`
+	Partial bool    `json:"partial,omitempty"`
+}
+
+// SiteEval is a site's figures in the latest evaluated round it took part in.
+type SiteEval struct {
+	Round int `json:"round"`
+	EvalFigures
+}
+
+// LiveStatus is the running daemon's part of Status.
+type LiveStatus struct {
+	Now            time.Time         `json:"now"`
+	Family         string            `json:"family"`
+	Rounds         int               `json:"rounds"` // 0: until stopped
+	PerRound       int               `json:"per_round"`
+	Quorum         int               `json:"quorum"`
+	QuorumFraction float64           `json:"quorum_fraction"`
+	RoundTimeout   float64           `json:"round_timeout_seconds"`
+	EvalEvery      int               `json:"eval_every,omitempty"`
+	Params         map[string]string `json:"params"`
+	// ScoreName names EvalFigures.Score: "accuracy", "r2" or "" (none).
+	ScoreName string `json:"score_name,omitempty"`
+	// Rejected counts every rejection by reason, as /metrics does.
+	Rejected map[string]uint64 `json:"rejected,omitempty"`
+	// History is the aggregated rounds after ?rounds_after (default: all
+	// kept), Evaluations the evaluated rounds after ?evals_after.
+	History     []RoundRecord `json:"history"`
+	Evaluations []EvalPoint   `json:"evaluations"`
 }
 
 // ReadStatus reads the federation's status from a state file: the current
@@ -352,7 +405,12 @@ func ReadStatus(store *storage.AggStore) (Status, error) {
 		var sc storedConfig
 		if json.Unmarshal(first.Config, &sc) == nil {
 			out.Federation, out.Algorithm, out.Schema = sc.Federation, sc.Algorithm, sc.SchemaDigest
+			out.RunID, out.Aggregator, out.Codec, out.Downlink = sc.RunID, sc.Aggregator, sc.Codec, sc.Downlink
 		}
+	}
+	if !cur.OpenedAt.IsZero() {
+		t := cur.OpenedAt.UTC()
+		out.RoundOpenedAt = &t
 	}
 	var st State
 	if err := json.Unmarshal(cur.State, &st); err != nil {
