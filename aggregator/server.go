@@ -128,9 +128,18 @@ type ServerConfig struct {
 
 	// StatePath is the bbolt file of the round log (required).
 	StatePath string
-	// MetricsAddr serves /metrics (Prometheus text), /status (JSON) and
-	// /healthz; empty disables it.
+	// MetricsAddr serves the console (/), /metrics (Prometheus text),
+	// /status (JSON), /bundle and /healthz; empty disables it.
 	MetricsAddr string
+	// HTTPTLS, when set, serves MetricsAddr over TLS; with ClientCAs and
+	// tls.RequireAndVerifyClientCert, only clients with a certificate of
+	// that CA connect, and of those only the common names in
+	// HTTPClientNames (when not empty) are let in.
+	HTTPTLS         *tls.Config
+	HTTPClientNames []string
+	// HTTPAuth, when set, requires HTTP basic auth on MetricsAddr (all but
+	// /healthz) and checks a username and password with it.
+	HTTPAuth func(user, password string) bool
 	// Eval, when set, is evaluated after every aggregation: training loss
 	// and accuracy (R^2 for regression) of the global model on it.
 	Eval *model.Data
@@ -795,13 +804,25 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			return fmt.Errorf("aggregator: metrics listener: %w", err)
 		}
 		s.metAddr.Store(ln.Addr().String())
-		httpSrv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		scheme := "http"
+		if s.cfg.HTTPTLS != nil {
+			ln = tls.NewListener(ln, s.cfg.HTTPTLS)
+			scheme = "https"
+		}
+		if !loopback(ln.Addr()) && s.cfg.HTTPAuth == nil && (s.cfg.HTTPTLS == nil || s.cfg.HTTPTLS.ClientCAs == nil) {
+			s.log.Warn("the console, /metrics and /status are served to the network without authentication: "+
+				"set --console-password-file or --console-client-ca, or keep --metrics-addr on loopback", "addr", ln.Addr().String())
+		}
+		httpSrv = &http.Server{Handler: s.guarded(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+			IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 		go func() {
 			if err := httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				s.log.Error("metrics server stopped", "err", err)
 			}
 		}()
-		s.log.Info("metrics at http://"+ln.Addr().String()+"/metrics", "status", "/status")
+		s.log.Info("console at "+scheme+"://"+ln.Addr().String()+"/", "metrics", "/metrics", "status", "/status",
+			"tls", s.cfg.HTTPTLS != nil, "client_certificates", s.cfg.HTTPTLS != nil && s.cfg.HTTPTLS.ClientCAs != nil,
+			"password", s.cfg.HTTPAuth != nil)
 	}
 	defer func() {
 		if httpSrv != nil {
@@ -1310,4 +1331,10 @@ func saveModel(path string, m model.Model, x []float64) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// loopback reports whether addr is a loopback address.
+func loopback(addr net.Addr) bool {
+	ta, ok := addr.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
 }

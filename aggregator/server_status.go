@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgefl/edgefl/aggregator/console"
 	"github.com/edgefl/edgefl/evaluate"
 	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/model"
@@ -147,12 +148,18 @@ func (s *Server) Watch() (ServerView, <-chan struct{}) {
 	}, ch
 }
 
-// Handler serves /metrics (Prometheus text format), /status (JSON: the
-// round and every client's last-seen and participation, read from the
-// state file), /bundle[?round=N] (a run with a schema: the model bundle of
-// a stored round, see ExportBundle) and /healthz.
+// Handler serves the console at / (package console), /metrics (Prometheus
+// text format), /status (JSON: the round and every client's last-seen and
+// participation, read from the state file, with the running daemon's
+// configuration and round history; see LiveStatus), /bundle[?round=N] (a
+// run with a schema: the model bundle of a stored round, see ExportBundle)
+// and /healthz. Only GET and HEAD; no authentication (Run adds it as
+// configured).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
+	con := console.Handler(func() (any, error) { return s.LiveStatus(-1, -1) }, s.clock.Now)
+	mux.Handle("GET /{$}", con)
+	mux.Handle("GET /console/", con)
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", metrics.ContentType)
 		if err := metrics.Write(w, s.families()); err != nil {
@@ -173,7 +180,21 @@ func (s *Server) Handler() http.Handler {
 			http.Error(w, "starting", http.StatusServiceUnavailable)
 		}
 	})
-	return mux
+	return console.Secure(mux)
+}
+
+// guarded is Handler behind the configured authentication: client
+// certificate names (HTTPClientNames, with HTTPTLS) and basic auth
+// (HTTPAuth).
+func (s *Server) guarded() http.Handler {
+	h := s.Handler()
+	if s.cfg.HTTPAuth != nil {
+		h = console.BasicAuth(h, s.cfg.HTTPAuth)
+	}
+	if s.cfg.HTTPTLS != nil && s.cfg.HTTPTLS.ClientCAs != nil && len(s.cfg.HTTPClientNames) > 0 {
+		h = console.ClientNames(h, s.cfg.HTTPClientNames)
+	}
+	return h
 }
 
 const ns = "edgefl_aggregator_"

@@ -229,7 +229,7 @@ func TestRunServesAndStopsCleanly(t *testing.T) {
 	}()
 
 	// The metrics address is in the log.
-	re := regexp.MustCompile(`"msg":"metrics at http://([0-9.:]+)/metrics"`)
+	re := regexp.MustCompile(`"msg":"console at http://([0-9.:]+)/"`)
 	var addr string
 	deadline := time.Now().Add(20 * time.Second)
 	for addr == "" {
