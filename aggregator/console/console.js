@@ -8,10 +8,6 @@
 
   var st = JSON.parse($('initial').textContent);
   var rounds = [], evals = [], runId = null, offset = 0, lastOK = Date.now(), failing = false;
-  absorb(st, true);
-  render();
-  setInterval(tick, 1000);
-  setTimeout(poll, POLL_MS);
 
   // ---- data ----
 
@@ -59,9 +55,9 @@
     var s = Math.max(0, Math.round(ms / 1000));
     if (s < 60) { return s + ' s'; }
     var m = Math.floor(s / 60); s %= 60;
-    if (m < 60) { return m + ' min ' + (s ? s + ' s' : ''); }
+    if (m < 60) { return m + ' min' + (s ? ' ' + s + ' s' : ''); }
     var h = Math.floor(m / 60); m %= 60;
-    if (h < 48) { return h + ' h ' + (m ? m + ' min' : ''); }
+    if (h < 48) { return h + ' h' + (m ? ' ' + m + ' min' : ''); }
     return Math.floor(h / 24) + ' d ' + (h % 24) + ' h';
   }
   function ago(iso) { return iso ? dur(now() - Date.parse(iso)) + ' ago' : '-'; }
@@ -69,7 +65,12 @@
     var d = new Date(iso);
     return isNaN(d) ? '-' : d.toLocaleString(undefined, { month: 'short', day: 'numeric', hour: '2-digit', minute: '2-digit', second: '2-digit' });
   }
-  function num(v, p) { return (v === null || v === undefined || !isFinite(v)) ? '-' : Number(v).toPrecision(p || 4).replace(/\.?0+(e|$)/, '$1'); }
+  function num(v, p) {
+    if (v === null || v === undefined || !isFinite(v)) { return '-'; }
+    var a = Math.abs(v);
+    if (a !== 0 && (a < 1e-3 || a >= 1e6)) { return Number(v).toExponential((p || 4) - 1).replace(/\.?0+e/, 'e'); }
+    return Number(v).toPrecision(p || 4).replace(/(\.\d*?)0+$/, '$1').replace(/\.$/, '');
+  }
   function bytes(v) {
     if (v === null || v === undefined) { return '-'; }
     var u = ['B', 'kB', 'MB', 'GB', 'TB'], i = 0;
@@ -247,7 +248,7 @@
       pts: evals.map(function (e) { return [e.round, e.federation.loss]; }) }]), {});
     draw('chart-score', perSite(score).concat([{ cls: 'fed', name: 'federation', dots: true, title: evTitle(scoreName()),
       pts: evals.map(function (e) { return [e.round, score(e.federation)]; }) }]), {});
-    draw('chart-delta', [{ cls: 'delta', name: '‖x^{t+1} − x^t‖', dots: true, title: function (p) { return 'round ' + p[0] + ': ' + num(p[1]); },
+    draw('chart-delta', [{ cls: 'delta', name: '‖xᵗ⁺¹ − xᵗ‖', dots: true, title: function (p) { return 'round ' + p[0] + ': ' + num(p[1]); },
       pts: rounds.map(function (r) { return [r.round, r.delta_norm === undefined ? null : r.delta_norm]; }) }], { log: true });
     var bt = function (what) { return function (p) { return 'round ' + p[0] + ': ' + what + ' ' + bytes(p[1]); }; };
     draw('chart-bytes', [
@@ -262,6 +263,21 @@
     if (err >= 7.5) { step *= 10; } else if (err >= 3.5) { step *= 5; } else if (err >= 1.5) { step *= 2; }
     var out = [];
     for (var v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) { out.push(Math.abs(v) < step * 1e-9 ? 0 : v); }
+    return out;
+  }
+
+  // logTicks are the log10 of 1, 2 and 5 times the powers of ten in
+  // [lo, hi] (log10 values), or of the powers alone when those are many.
+  function logTicks(lo, hi) {
+    var out = [], pow = [];
+    for (var k = Math.floor(lo); k <= Math.ceil(hi); k++) {
+      [1, 2, 5].forEach(function (m) {
+        var v = Math.log10(m) + k;
+        if (v >= lo && v <= hi) { out.push(v); if (m === 1) { pow.push(v); } }
+      });
+    }
+    if (out.length > 7) { out = pow; }
+    if (out.length > 7) { var step = Math.ceil(out.length / 6); out = out.filter(function (v, i) { return i % step === 0; }); }
     return out;
   }
 
@@ -292,17 +308,17 @@
     var Y = function (v) { return T + (1 - (v - y0) / (y1 - y0)) * (H - T - B); };
     var g = svg('svg', { viewBox: '0 0 ' + W + ' ' + H, role: 'img', 'aria-label': id });
     var fmt = opt.fmt || function (v) { return num(v, 3); };
-    var yt = opt.log ? ticks(Math.floor(y0), Math.ceil(y1), Math.max(1, Math.min(5, Math.ceil(y1) - Math.floor(y0)))).filter(function (v) { return v >= y0 && v <= y1 && v === Math.round(v); }) : ticks(y0, y1, 4);
+    var yt = opt.log ? logTicks(y0, y1) : ticks(y0, y1, 4);
     yt.forEach(function (v) {
       g.appendChild(svg('line', { 'class': 'grid', x1: L, x2: W - R, y1: Y(v), y2: Y(v) }));
-      g.appendChild(svg('text', { x: L - 6, y: Y(v) + 3, 'text-anchor': 'end' }, opt.log ? '1e' + v : fmt(v)));
+      g.appendChild(svg('text', { x: L - 6, y: Y(v) + 3, 'text-anchor': 'end' }, opt.log ? num(Math.pow(10, v), 2) : fmt(v)));
     });
     ticks(x0, x1, 6).filter(function (v) { return v === Math.round(v); }).forEach(function (v) {
       g.appendChild(svg('text', { x: X(v), y: H - 8, 'text-anchor': 'middle' }, String(v)));
     });
     g.appendChild(svg('line', { 'class': 'axis', x1: L, x2: W - R, y1: H - B, y2: H - B }));
     g.appendChild(svg('line', { 'class': 'axis', x1: L, x2: L, y1: T, y2: H - B }));
-    g.appendChild(svg('text', { x: W - R, y: H - 8, 'text-anchor': 'end' }, 'round'));
+    g.appendChild(svg('text', { x: L - 6, y: H - 8, 'text-anchor': 'end' }, 'round'));
     var legend = el('div', 'legend'), shown = {};
     series.forEach(function (s) {
       var dpath = '', pen = false;
@@ -336,4 +352,9 @@
     box.appendChild(g);
     box.appendChild(legend);
   }
+
+  absorb(st, true);
+  render();
+  setInterval(tick, 1000);
+  setTimeout(poll, POLL_MS);
 }());
