@@ -3,6 +3,7 @@ package aggregator
 import (
 	"encoding/json"
 	"errors"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -123,15 +124,35 @@ type history struct {
 	lastMsg map[string]time.Time
 	// rejected counts each site's rejected messages by reason.
 	rejected map[string]map[string]uint64
+	// Kept as rounds come and go: each site's partial and straggled rounds
+	// in rounds, and its latest evaluation.
+	partialN, straggledN map[string]int
+	lastEval             map[string]SiteEval
+}
+
+// count adds sign times r's partial and straggled sites to the per-site
+// counts.
+func (h *history) count(r RoundRecord, sign int) {
+	if h.partialN == nil {
+		h.partialN, h.straggledN = map[string]int{}, map[string]int{}
+	}
+	for _, id := range r.Partial {
+		h.partialN[id] += sign
+	}
+	for _, id := range r.Stragglers {
+		h.straggledN[id] += sign
+	}
 }
 
 func (h *history) addRound(r RoundRecord) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.count(r, 1)
 	if n := len(h.rounds); n > 0 && h.rounds[n-1].Round >= r.Round {
 		// A round aggregated again (a restart redoing it): replace.
 		i, found := slices.BinarySearchFunc(h.rounds, r.Round, func(x RoundRecord, t int) int { return x.Round - t })
 		if found {
+			h.count(h.rounds[i], -1)
 			h.rounds[i] = r
 			return
 		}
@@ -139,14 +160,25 @@ func (h *history) addRound(r RoundRecord) {
 	} else {
 		h.rounds = append(h.rounds, r)
 	}
-	if len(h.rounds) > HistoryRounds {
-		h.rounds = slices.Delete(h.rounds, 0, len(h.rounds)-HistoryRounds)
+	if n := len(h.rounds) - HistoryRounds; n > 0 {
+		for _, old := range h.rounds[:n] {
+			h.count(old, -1)
+		}
+		h.rounds = slices.Delete(h.rounds, 0, n)
 	}
 }
 
 func (h *history) addEval(p EvalPoint) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.lastEval == nil {
+		h.lastEval = map[string]SiteEval{}
+	}
+	for id, f := range p.Sites {
+		if old, ok := h.lastEval[id]; !ok || p.Round >= old.Round {
+			h.lastEval[id] = SiteEval{Round: p.Round, EvalFigures: f}
+		}
+	}
 	i, found := slices.BinarySearchFunc(h.evals, p.Round, func(x EvalPoint, t int) int { return x.Round - t })
 	if found {
 		h.evals[i] = p
@@ -233,35 +265,12 @@ func (h *history) snapshot(roundsAfter, evalsAfter int) (rounds []RoundRecord, e
 	lastMsg map[string]time.Time, rejected map[string]map[string]uint64, partial, stragglers map[string]int, lastEval map[string]SiteEval) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	partial, stragglers = map[string]int{}, map[string]int{}
-	for _, r := range h.rounds {
-		for _, id := range r.Partial {
-			partial[id]++
-		}
-		for _, id := range r.Stragglers {
-			stragglers[id]++
-		}
-		if r.Round > roundsAfter {
-			rounds = append(rounds, r)
-		}
-	}
-	lastEval = map[string]SiteEval{}
-	for _, e := range h.evals { // ascending: a site's latest wins
-		if e.Round > evalsAfter {
-			evals = append(evals, e)
-		}
-		for id, f := range e.Sites {
-			lastEval[id] = SiteEval{Round: e.Round, EvalFigures: f}
-		}
-	}
-	work = make(map[string]siteWork, len(h.work))
-	for k, v := range h.work {
-		work[k] = v
-	}
-	lastMsg = make(map[string]time.Time, len(h.lastMsg))
-	for k, v := range h.lastMsg {
-		lastMsg[k] = v
-	}
+	i, _ := slices.BinarySearchFunc(h.rounds, roundsAfter+1, func(x RoundRecord, t int) int { return x.Round - t })
+	rounds = slices.Clone(h.rounds[i:])
+	i, _ = slices.BinarySearchFunc(h.evals, evalsAfter+1, func(x EvalPoint, t int) int { return x.Round - t })
+	evals = slices.Clone(h.evals[i:])
+	partial, stragglers, lastEval = maps.Clone(h.partialN), maps.Clone(h.straggledN), maps.Clone(h.lastEval)
+	work, lastMsg = maps.Clone(h.work), maps.Clone(h.lastMsg)
 	rejected = make(map[string]map[string]uint64, len(h.rejected))
 	for k, m := range h.rejected {
 		c := make(map[string]uint64, len(m))

@@ -3,9 +3,12 @@ package aggregator
 import (
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -179,5 +182,55 @@ func TestConsoleHTTP(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Errorf("no guard configured: /status %d", resp.StatusCode)
+	}
+}
+
+// BenchmarkConsolePoll is what one open console costs the daemon per poll
+// (every 1.5 s): /status for the rounds it lacks, with 100 sites and a full
+// history of 1000 rounds and 100 evaluated rounds; and the first load.
+func BenchmarkConsolePoll(b *testing.B) {
+	f := &fixture{t: &testing.T{}, dir: b.TempDir(), clock: NewManualClock(start0)}
+	cfg := ServerConfig{Federation: testFed, BrokerURL: "tcp://127.0.0.1:1", K: 10, Algorithm: AlgoFedAvg, Model: testModel,
+		StatePath: filepath.Join(f.dir, "state.db"), Clock: f.clock, Logger: slog.New(slog.DiscardHandler)}
+	s, err := NewServer(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	up, down, d := uint64(12345), uint64(67890), 0.01
+	var ids []string
+	for i := range 100 {
+		ids = append(ids, "site-"+strconv.Itoa(i))
+	}
+	for r := 1; r <= HistoryRounds; r++ {
+		s.hist.addRound(RoundRecord{Round: r, Participants: 10, Stragglers: ids[r%100 : r%100+1], BytesUp: &up, BytesDown: &down, DeltaNorm: &d})
+		if r%10 == 0 {
+			p := EvalPoint{Round: r, Federation: EvalFigures{N: 1000, Loss: 0.5}, Sites: map[string]EvalFigures{}}
+			for _, id := range ids {
+				sc := 0.8
+				p.Sites[id] = EvalFigures{N: 10, Loss: 0.5, Score: &sc}
+			}
+			s.hist.addEval(p)
+		}
+	}
+	for _, id := range ids {
+		s.hist.setWork(id, siteWork{Round: 1000, Gamma: 0.1, Epochs: 5})
+		s.hist.seen(id, time.Now())
+	}
+	h := s.Handler()
+	for _, bc := range []struct{ name, path string }{
+		{"poll", "/status?compact=1&rounds_after=1000&evals_after=1000"},
+		{"first_load", "/"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, httptest.NewRequest("GET", bc.path, nil))
+				if rec.Code != 200 {
+					b.Fatal(rec.Code)
+				}
+				b.SetBytes(int64(rec.Body.Len()))
+			}
+		})
 	}
 }

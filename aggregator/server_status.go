@@ -438,7 +438,7 @@ func ReadStatus(store *storage.AggStore) (Status, error) {
 		return out, fmt.Errorf("aggregator: state of round %d: %w", cur.Number, err)
 	}
 	out.Round, out.Phase, out.Selected, out.Counters = st.Round, st.Phase, st.Selected, st.Counters
-	if !st.Deadline.IsZero() && (st.Phase == PhaseCollecting || st.Phase == PhaseStalled) {
+	if !st.Deadline.IsZero() && (st.Phase == PhaseCollecting || st.Phase == PhaseStalled || st.Phase == PhaseStatistics || st.Phase == PhaseFinishing) {
 		d := st.Deadline
 		out.Deadline = &d
 	}
