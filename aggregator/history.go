@@ -26,6 +26,11 @@ import (
 // HistoryRounds bounds the rounds (and evaluated rounds) kept in memory.
 const HistoryRounds = 1000
 
+// historySites bounds the sites whose last message and rejections are
+// kept (ids come from topics, which the broker's ACL ties to identities;
+// an external broker without the ACL could invent them).
+const historySites = 10000
+
 // historyRebuildValues bounds the checkpoint values read on restart to
 // compute the change of the global model of rebuilt rounds (one checkpoint
 // a round): a large model gets it for fewer rounds.
@@ -207,7 +212,9 @@ func (h *history) seen(id string, at time.Time) {
 	if h.lastMsg == nil {
 		h.lastMsg = map[string]time.Time{}
 	}
-	if at.After(h.lastMsg[id]) {
+	if old, ok := h.lastMsg[id]; !ok && len(h.lastMsg) >= historySites {
+		return
+	} else if at.After(old) {
 		h.lastMsg[id] = at
 	}
 }
@@ -223,6 +230,9 @@ func (h *history) reject(id, reason string) {
 	}
 	m := h.rejected[id]
 	if m == nil {
+		if len(h.rejected) >= historySites {
+			return
+		}
 		m = map[string]uint64{}
 		h.rejected[id] = m
 	}

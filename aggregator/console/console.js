@@ -3,7 +3,9 @@
 // no build step; every value goes into the page as text, never as markup.
 (function () {
   'use strict';
-  var POLL_MS = 1500, KEEP = 1000, SVGNS = 'http://www.w3.org/2000/svg';
+  // POLL_MS while the page is shown, HIDDEN_MS while its tab is in the
+  // background (it catches up at once when shown again).
+  var POLL_MS = 1500, HIDDEN_MS = 15000, KEEP = 1000, SVGNS = 'http://www.w3.org/2000/svg';
   var $ = function (id) { return document.getElementById(id); };
 
   var st = JSON.parse($('initial').textContent);
@@ -31,7 +33,15 @@
 
   function last(list) { return list.length ? list[list.length - 1].round : -1; }
 
+  var timer = null;
+  function schedule(ms) {
+    clearTimeout(timer);
+    timer = setTimeout(poll, document.hidden ? Math.max(ms, HIDDEN_MS) : ms);
+  }
+  document.addEventListener('visibilitychange', function () { if (!document.hidden) { schedule(0); } });
+
   function poll() {
+    timer = null;
     var url = '/status?compact=1&rounds_after=' + last(rounds) + '&evals_after=' + last(evals);
     fetch(url, { cache: 'no-store', credentials: 'same-origin' }).then(function (resp) {
       if (!resp.ok) { throw new Error('HTTP ' + resp.status); }
@@ -41,10 +51,10 @@
       absorb(s, false);
       lastOK = Date.now(); failing = false;
       render();
-      setTimeout(poll, newRun ? 0 : POLL_MS);
+      schedule(newRun ? 0 : POLL_MS);
     }).catch(function () {
       failing = true; tick();
-      setTimeout(poll, POLL_MS);
+      schedule(POLL_MS);
     });
   }
 
@@ -356,5 +366,5 @@
   absorb(st, true);
   render();
   setInterval(tick, 1000);
-  setTimeout(poll, POLL_MS);
+  schedule(POLL_MS);
 }());
