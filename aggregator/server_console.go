@@ -79,6 +79,10 @@ func (s *Server) LiveStatus(roundsAfter, evalsAfter int) (Status, error) {
 		live.Params["family"] = s.fam
 	}
 	st.Live = live
+	if st.Model == nil && s.cfg.Schema == nil {
+		spec := s.spec // set once, before Run, without a schema
+		st.Model = &spec
+	}
 	seen := map[string]bool{}
 	for i := range st.Clients {
 		c := &st.Clients[i]

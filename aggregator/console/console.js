@@ -149,7 +149,9 @@
     text($('schema'), st.schema ? st.schema.slice(0, 16) + '…' : 'none');
     renderParams(live.params || {});
     renderBundle();
-    text($('score-title'), 'Federated evaluation: ' + scoreName());
+    var evWhat = st.schema ? 'Federated evaluation' : 'Evaluation on --eval-data';
+    text($('loss-title'), evWhat + ': loss');
+    text($('score-title'), evWhat + ': ' + scoreName());
     renderCharts();
     renderSites(clients);
     tick();
