@@ -42,7 +42,9 @@ type browser struct {
 
 // newBrowser starts chromedriver on a free port and opens a headless
 // Chromium session with a fresh profile of its own; both end with the test.
-func newBrowser(t *testing.T, dir string, width, height int) *browser {
+// With phone set, Chromium emulates a phone's screen of width x height CSS
+// pixels (a headless window is never narrower than 500 pixels).
+func newBrowser(t *testing.T, dir string, width, height int, phone bool) *browser {
 	t.Helper()
 	e2eTest(t)
 	chromium, driver := firstExisting(chromiumBins), firstExisting(chromedriverBins)
@@ -61,15 +63,18 @@ func newBrowser(t *testing.T, dir string, width, height int) *browser {
 		return err == nil && st.Ready, err
 	})
 	profile := t.TempDir()
+	opts := map[string]any{
+		"binary": chromium,
+		"args": []string{"--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+			"--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
+			"--disable-default-apps", "--disable-extensions", "--user-data-dir=" + profile,
+			fmt.Sprintf("--window-size=%d,%d", max(width, 500), height)},
+	}
+	if phone {
+		opts["mobileEmulation"] = map[string]any{"deviceMetrics": map[string]any{"width": width, "height": height, "pixelRatio": 2, "touch": true}}
+	}
 	caps := map[string]any{"capabilities": map[string]any{"alwaysMatch": map[string]any{
-		"browserName": "chrome",
-		"goog:chromeOptions": map[string]any{
-			"binary": chromium,
-			"args": []string{"--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-				"--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-				"--disable-default-apps", "--disable-extensions", "--user-data-dir=" + profile,
-				fmt.Sprintf("--window-size=%d,%d", width, height)},
-		},
+		"browserName": "chrome", "goog:chromeOptions": opts,
 	}}}
 	var sess struct {
 		SessionID string `json:"sessionId"`

@@ -68,7 +68,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	dir := t.TempDir()
 	// The browser first (it takes seconds to start on a loaded machine):
 	// the console is open from the statistics phase on.
-	br := newBrowser(t, dir, 1280, 1500)
+	br := newBrowser(t, dir, 1280, 1500, false)
 	t.Logf("Chromium ready after %v", time.Since(start).Round(time.Millisecond))
 	federation := "ward5"
 	schemaPath := filepath.Join(dir, "schema.json")
@@ -159,11 +159,23 @@ func TestConsoleInBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// A phone: nothing wider than the screen.
-	br.resize(390, 844)
-	p = page("the phone layout", func(p consolePage) bool { return !p.Overflow })
-	br.fullScreenshot(filepath.Join(art, "console-phone.png"))
-	br.resize(1280, 1500)
+	// A phone (390 CSS pixels wide): nothing wider than the screen, the
+	// sites as cards.
+	phone := newBrowser(t, dir, 390, 844, true)
+	phone.open(url)
+	var layout struct {
+		Width    int  `json:"width"`
+		Overflow bool `json:"overflow"`
+		Cards    bool `json:"cards"`
+	}
+	if err := phone.eval(&layout, `return {width: window.innerWidth, overflow: document.documentElement.scrollWidth > window.innerWidth + 1,
+	  cards: getComputedStyle(document.querySelector('#sites tbody tr')).display === 'block'};`); err != nil {
+		t.Fatal(err)
+	}
+	if layout.Width != 390 || layout.Overflow || !layout.Cards {
+		t.Errorf("on a phone: %+v, want 390 pixels wide, nothing wider, the sites as cards", layout)
+	}
+	phone.screenshot(filepath.Join(art, "console-phone.png"))
 
 	// The end: the final bundle's digest, the same as the file's, and a
 	// chart point for every evaluated round /status lists.
