@@ -155,7 +155,9 @@ func (s *Server) Watch() (ServerView, <-chan struct{}) {
 // run with a schema: the model bundle of a stored round, see ExportBundle)
 // and /healthz. Only GET and HEAD; no authentication (Run adds it as
 // configured).
-func (s *Server) Handler() http.Handler {
+func (s *Server) Handler() http.Handler { return console.Secure(s.mux()) }
+
+func (s *Server) mux() *http.ServeMux {
 	mux := http.NewServeMux()
 	con := console.Handler(func() (any, error) { return s.LiveStatus(-1, -1) }, s.clock.Now)
 	mux.Handle("GET /{$}", con)
@@ -180,21 +182,21 @@ func (s *Server) Handler() http.Handler {
 			http.Error(w, "starting", http.StatusServiceUnavailable)
 		}
 	})
-	return console.Secure(mux)
+	return mux
 }
 
 // guarded is Handler behind the configured authentication: client
 // certificate names (HTTPClientNames, with HTTPTLS) and basic auth
-// (HTTPAuth).
+// (HTTPAuth). Every answer, a refusal too, carries Secure's headers.
 func (s *Server) guarded() http.Handler {
-	h := s.Handler()
+	var h http.Handler = s.mux()
 	if s.cfg.HTTPAuth != nil {
 		h = console.BasicAuth(h, s.cfg.HTTPAuth)
 	}
 	if s.cfg.HTTPTLS != nil && s.cfg.HTTPTLS.ClientCAs != nil && len(s.cfg.HTTPClientNames) > 0 {
 		h = console.ClientNames(h, s.cfg.HTTPClientNames)
 	}
-	return h
+	return console.Secure(h)
 }
 
 const ns = "edgefl_aggregator_"
