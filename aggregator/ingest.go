@@ -154,7 +154,7 @@ func (s *Server) duplicate(u *wire.ClientUpdate) bool {
 	if r == nil {
 		return false
 	}
-	s.reject("duplicate")
+	s.reject(u.ClientId, "duplicate")
 	// The same line and receipt as the coordinator's duplicate (server_round.go).
 	s.log.Info("duplicate update ignored", "client", u.ClientId, "round", u.Round)
 	s.receipt(u, true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE, "duplicate: stored earlier", r.storedAt)
@@ -214,6 +214,7 @@ func (s *Server) onMessage(_ mqtt.Client, m mqtt.Message) {
 	if _, id, err := s.topics.Parse(m.Topic()); err == nil && id != "" {
 		if ok, logNow, dropped := s.allow(id, len(m.Payload())); !ok {
 			s.rateLimited.Inc(id)
+			s.hist.reject(id, "rate_limited")
 			s.notify()
 			if logNow {
 				s.log.Warn("a site is over its message rate limit: messages dropped", "client", id, "dropped", dropped,

@@ -311,7 +311,7 @@ func (s *Server) instanceStatus(st *wire.ClientStatus, now time.Time) bool {
 func (s *Server) instanceUpdate(u *wire.ClientUpdate) bool {
 	v := s.inst.update(u, s.clock.Now())
 	if !v.ok {
-		s.reject("duplicate_instance")
+		s.reject(u.ClientId, "duplicate_instance")
 		s.logAside(u.ClientId, u.InstanceId, v, "update")
 	}
 	return v.ok

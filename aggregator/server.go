@@ -129,9 +129,18 @@ type ServerConfig struct {
 
 	// StatePath is the bbolt file of the round log (required).
 	StatePath string
-	// MetricsAddr serves /metrics (Prometheus text), /status (JSON) and
-	// /healthz; empty disables it.
+	// MetricsAddr serves the console (/), /metrics (Prometheus text),
+	// /status (JSON), /bundle and /healthz; empty disables it.
 	MetricsAddr string
+	// HTTPTLS, when set, serves MetricsAddr over TLS; with ClientCAs and
+	// tls.RequireAndVerifyClientCert, only clients with a certificate of
+	// that CA connect, and of those only the common names in
+	// HTTPClientNames (when not empty) are let in.
+	HTTPTLS         *tls.Config
+	HTTPClientNames []string
+	// HTTPAuth, when set, requires HTTP basic auth on MetricsAddr (all but
+	// /healthz) and checks a username and password with it.
+	HTTPAuth func(user, password string) bool
 	// Eval, when set, is evaluated after every aggregation: training loss
 	// and accuracy (R^2 for regression) of the global model on it.
 	Eval *model.Data
@@ -422,6 +431,8 @@ type Server struct {
 	mu                                      sync.Mutex
 	view                                    view
 	changed                                 chan struct{}
+	gen                                     uint64 // bumped with every change of the view (under mu)
+	stCache                                 statusCache
 	rejected                                metrics.LabeledCounter // shell-level rejections by reason
 	corruption                              metrics.LabeledCounter // damaged stored values found at run time, by what
 	excluded                                metrics.LabeledCounter // FedSplit: z left out of a server step, by client
@@ -433,6 +444,8 @@ type Server struct {
 	ingestQ                                 chan ingestJob
 	samplesCapped                           map[string][2]uint64   // set by closedUpdates while aggregating: reported, first
 	bytesIn                                 metrics.LabeledCounter // by topic kind
+	bytesInTotal                            atomic.Uint64          // bytesIn summed
+	hist                                    history                // the round history (history.go)
 	msgsIn                                  metrics.LabeledCounter
 	storageErrors, publishErrors, badStatus atomic.Uint64
 }
@@ -581,6 +594,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := s.restore(); err != nil {
 		s.store.Close()
 		return nil, DamagedStateError(cfg.StatePath, err)
+	}
+	if !s.fresh {
+		if err := s.rebuildHistory(); err != nil {
+			// Only the console's charts lack the earlier rounds.
+			s.log.Warn("the round history could not be rebuilt from the round log", "err", err)
+		}
 	}
 	s.refreshView()
 	return s, nil
@@ -858,13 +877,25 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			return fmt.Errorf("aggregator: metrics listener: %w", err)
 		}
 		s.metAddr.Store(ln.Addr().String())
-		httpSrv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		scheme := "http"
+		if s.cfg.HTTPTLS != nil {
+			ln = tls.NewListener(ln, s.cfg.HTTPTLS)
+			scheme = "https"
+		}
+		if !loopback(ln.Addr()) && s.cfg.HTTPAuth == nil && (s.cfg.HTTPTLS == nil || s.cfg.HTTPTLS.ClientCAs == nil) {
+			s.log.Warn("the console, /metrics and /status are served to the network without authentication: "+
+				"set --console-password-file or --console-client-ca, or keep --metrics-addr on loopback", "addr", ln.Addr().String())
+		}
+		httpSrv = &http.Server{Handler: s.guarded(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+			IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 		go func() {
 			if err := httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				s.log.Error("metrics server stopped", "err", err)
 			}
 		}()
-		s.log.Info("metrics at http://"+ln.Addr().String()+"/metrics", "status", "/status")
+		s.log.Info("console at "+scheme+"://"+ln.Addr().String()+"/", "metrics", "/metrics", "status", "/status",
+			"tls", s.cfg.HTTPTLS != nil, "client_certificates", s.cfg.HTTPTLS != nil && s.cfg.HTTPTLS.ClientCAs != nil,
+			"password", s.cfg.HTTPAuth != nil)
 	}
 	defer func() {
 		if httpSrv != nil {
@@ -1045,7 +1076,7 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 			if rerr := s.coord.Restore(*before); rerr != nil {
 				return fmt.Errorf("aggregator: roll back an out-of-range update: %w", rerr)
 			}
-			s.reject("out_of_range")
+			s.reject(u.msg.ClientId, "out_of_range")
 			s.log.Warn("update rejected", "client", u.msg.ClientId, "round", u.msg.Round, "reason", "out_of_range", "detail", err)
 			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "out_of_range: "+err.Error(), time.Time{})
 			return nil
@@ -1053,7 +1084,7 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 			if rerr := s.coord.Restore(*before); rerr != nil {
 				return fmt.Errorf("aggregator: roll back a mismatched delta: %w", rerr)
 			}
-			s.reject("base_mismatch")
+			s.reject(u.msg.ClientId, "base_mismatch")
 			s.log.Warn("update rejected", "client", u.msg.ClientId, "round", u.msg.Round, "reason", "base_mismatch", "detail", err)
 			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_BASE_MISMATCH, err.Error(), time.Time{})
 			return nil
@@ -1063,7 +1094,7 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 			if rerr := s.coord.Restore(*before); rerr != nil {
 				return fmt.Errorf("aggregator: roll back after a storage error: %w (storage: %w)", rerr, err)
 			}
-			s.reject("internal")
+			s.reject(u.msg.ClientId, "internal")
 			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store the update; retry", time.Time{})
 			return nil
 		}
@@ -1075,7 +1106,7 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 	if err := s.persistState(); err != nil {
 		if u != nil && !storedAt.IsZero() && before != nil && s.coord.Restore(*before) == nil {
 			s.storageErrors.Add(1)
-			s.reject("internal")
+			s.reject(u.msg.ClientId, "internal")
 			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store its state; retry", time.Time{})
 		}
 		return err
@@ -1085,9 +1116,11 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 	for _, d := range ds {
 		switch d := d.(type) {
 		case Accept:
+			s.noteWork(u.msg)
 			s.log.Info("update accepted", "client", d.Client, "round", d.Round, "partial", d.Partial)
 			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "", storedAt)
 		case AcceptLate:
+			s.noteWork(u.msg)
 			s.late++
 			s.log.Info("late update stored as the client's latest z", "client", d.Client, "round", d.Round, "partial", d.Partial)
 			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "late: stored as the latest z", storedAt)
@@ -1342,4 +1375,10 @@ func saveModel(path string, m model.Model, x []float64) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// loopback reports whether addr is a loopback address.
+func loopback(addr net.Addr) bool {
+	ta, ok := addr.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
 }

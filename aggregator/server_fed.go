@@ -437,6 +437,7 @@ func decodeReport(sc *schema.Schema, b []byte) (evaluate.Report, error) {
 func (s *Server) handleStatistics(m *wire.SiteStatistics, raw []byte) bool {
 	bad := func(code wire.ReceiptCode, reason, detail string) bool {
 		s.statsRejected.Inc(reason)
+		s.hist.reject(m.ClientId, "statistics/"+reason)
 		s.notify()
 		s.log.Warn("statistics rejected", "client", m.ClientId, "reason", reason, "detail", detail)
 		s.receiptFed(m.ClientId, 0, wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, false, code, reason+": "+detail, time.Time{})
@@ -462,6 +463,7 @@ func (s *Server) handleStatistics(m *wire.SiteStatistics, raw []byte) bool {
 func (s *Server) handleEval(m *wire.EvalReport, raw []byte) bool {
 	bad := func(code wire.ReceiptCode, reason, detail string) bool {
 		s.evalsRejected.Inc(reason)
+		s.hist.reject(m.ClientId, "evaluation/"+reason)
 		s.notify()
 		s.log.Warn("evaluation report rejected", "client", m.ClientId, "round", m.Round, "reason", reason, "detail", detail)
 		s.receiptFed(m.ClientId, m.Round, wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, false, code, reason+": "+detail, time.Time{})
@@ -573,6 +575,7 @@ func (s *Server) answerFed(d Decision, storedAt time.Time) {
 			return
 		}
 		s.statsRejected.Inc(d.Reason.String())
+		s.hist.reject(d.Client, "statistics/"+d.Reason.String())
 		detail := d.Reason.String()
 		if d.Reason == StaleRound {
 			detail = "stale_round: the statistics phase is over"
@@ -593,6 +596,7 @@ func (s *Server) answerFed(d Decision, storedAt time.Time) {
 		s.receiptFed(d.Client, uint64(d.Round), subEval, true, code, "", storedAt)
 	case RejectEval:
 		s.evalsRejected.Inc(d.Reason.String())
+		s.hist.reject(d.Client, "evaluation/"+d.Reason.String())
 		s.log.Warn("evaluation report rejected", "client", d.Client, "round", d.Round, "reason", d.Reason.String(), "current_round", s.coord.Round())
 		s.receiptFed(d.Client, uint64(max(d.Round, 0)), subEval, false, receiptCodes[d.Reason], d.Reason.String(), time.Time{})
 	}
@@ -616,6 +620,7 @@ func (s *Server) receiptFed(client string, round uint64, subject wire.ReceiptSub
 		s.log.Error("encoding a receipt", "client", client, "err", err)
 		return
 	}
+	s.hist.sent(uint64(len(b)))
 	s.publish(topic, false, b, "receipt")
 }
 
@@ -741,6 +746,7 @@ func (s *Server) finalizeEval(e int) {
 	s.mu.Lock()
 	s.evalView = fig
 	s.mu.Unlock()
+	s.hist.addEval(evalPointOf(fig))
 	s.log.Info("evaluation", evalArgs(fig)...)
 	x, err := s.globalOf(uint64(e + 1))
 	if err != nil {

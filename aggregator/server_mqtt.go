@@ -134,12 +134,16 @@ func (s *Server) handle(topic string, payload []byte) bool {
 		label = kind.String()
 	}
 	s.bytesIn.Add(label, uint64(len(payload)))
+	s.bytesInTotal.Add(uint64(len(payload)))
 	s.msgsIn.Inc(label)
+	if err == nil && id != "" {
+		s.hist.seen(id, s.clock.Now())
+	}
 	switch {
 	case err != nil:
 		s.log.Warn("message on an unexpected topic ignored", "topic", topic, "err", err)
 		if strings.HasPrefix(topic, s.topics.Prefix()+"updates/") {
-			s.reject("bad_topic")
+			s.reject("", "bad_topic")
 		}
 		return true
 	case kind == wire.KindStatus:
@@ -225,7 +229,7 @@ func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
 	_, msg, err := s.topics.Decode(topic, payload, dec.lim)
 	if err != nil {
 		reason := decodeReason(err)
-		s.reject(reason)
+		s.reject(id, reason)
 		s.log.Warn("update rejected before decoding", "topic_client", id, "reason", reason, "bytes", len(payload), "err", err)
 		return true
 	}
@@ -241,18 +245,18 @@ func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
 	case *wire.EvalReport:
 		return s.handleEval(m, payload)
 	default:
-		s.reject("malformed")
+		s.reject(id, "malformed")
 		return true
 	}
 	bad := func(reason, detail string) bool {
-		s.reject(reason)
+		s.reject(u.ClientId, reason)
 		s.log.Warn("update rejected", "client", u.ClientId, "round", u.Round, "reason", reason, "detail", detail)
 		s.receipt(u, false, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, reason+": "+detail, time.Time{})
 		return true
 	}
 	if dec.dim == 0 {
 		// The statistics phase: no model, no round announced yet.
-		s.reject(FutureRound.String())
+		s.reject(u.ClientId, FutureRound.String())
 		s.log.Warn("update rejected", "client", u.ClientId, "round", u.Round, "reason", FutureRound.String(), "detail", "the statistics phase: no round is announced yet")
 		s.receipt(u, false, wire.ReceiptCode_RECEIPT_CODE_FUTURE_ROUND, "future_round: the statistics phase is on", time.Time{})
 		return true

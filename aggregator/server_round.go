@@ -74,6 +74,11 @@ func (s *Server) announce(round, attempt int, selected []string, deadline time.T
 	if err != nil {
 		return fmt.Errorf("aggregator: encode announcement of round %d: %w", round, err)
 	}
+	s.hist.startRound(round, s.clock.Now(), s.bytesInTotal.Load())
+	s.mu.Lock()
+	online := s.view.online
+	s.mu.Unlock()
+	s.hist.sent(uint64(len(b)) * uint64(max(online, 1)))
 	if attempt >= 0 {
 		s.log.Info("round announced", "round", round, "attempt", attempt, "selected", selected,
 			"deadline", deadline.UTC().Format(time.RFC3339), "bytes", len(b))
@@ -128,12 +133,14 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	}
 	s.lastSt = state
 	agg := AggregatedRound{Round: r, At: now}
-	if n := norm2(s.global); n > 0 && len(next) == len(s.global) {
-		d := 0.0
-		for i, v := range next {
-			d += (v - s.global[i]) * (v - s.global[i])
+	hr := RoundRecord{Round: r, AggregatedAt: now, Participants: len(cr.Contributors), Late: s.late,
+		Partial: slices.Clone(cr.Partial), Stragglers: slices.Clone(cr.Stragglers)}
+	hr.BytesUp, hr.BytesDown, hr.OpenedAt = s.hist.endRound(r, s.bytesInTotal.Load())
+	if len(next) == len(s.global) {
+		hr.DeltaNorm, hr.RelChange = deltaOf(s.global, next)
+		if hr.RelChange != nil {
+			agg.Change, agg.HasChange = *hr.RelChange, true
 		}
-		agg.Change, agg.HasChange = math.Sqrt(d)/n, true
 	}
 	if s.fit != nil && s.coord.EvalAt(r) {
 		// The evaluation this round's announcement asked for (of the
@@ -155,6 +162,12 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 		rr.EvalScore = s.model.Score(next, *ev)
 	}
 	s.late = 0
+	hr.Seconds = dur.Seconds()
+	s.hist.addRound(hr)
+	if s.fit == nil && !math.IsNaN(rr.EvalLoss) {
+		score := rr.EvalScore
+		s.hist.addEval(EvalPoint{Round: r, Federation: EvalFigures{N: int64(s.eval.N), Loss: rr.EvalLoss, Score: &score}})
+	}
 	s.mu.Lock()
 	s.view.last = rr
 	s.view.aggSeconds += dur.Seconds()
@@ -330,10 +343,12 @@ func (s *Server) rejectByCoordinator(u *inUpdate, d Reject) {
 		if st, err := s.store.GetUpdate(u.msg.Round, u.msg.ClientId); err == nil {
 			at = st.StoredAt
 		}
+		s.hist.reject(d.Client, d.Reason.String())
 		s.log.Info("duplicate update ignored", "client", d.Client, "round", d.Round)
 		s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE, "duplicate: stored earlier", at)
 		return
 	}
+	s.hist.reject(d.Client, d.Reason.String())
 	s.log.Warn("update rejected", "client", d.Client, "round", d.Round, "reason", d.Reason.String(), "current_round", s.coord.Round())
 	s.receipt(u.msg, false, receiptCodes[d.Reason], d.Reason.String(), time.Time{})
 }
@@ -357,6 +372,7 @@ func (s *Server) receipt(m *wire.ClientUpdate, accepted bool, code wire.ReceiptC
 		s.log.Error("encoding a receipt", "client", m.ClientId, "err", err)
 		return
 	}
+	s.hist.sent(uint64(len(b)))
 	s.publish(topic, false, b, "receipt")
 }
 

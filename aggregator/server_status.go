@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgefl/edgefl/aggregator/console"
 	"github.com/edgefl/edgefl/evaluate"
 	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/model"
@@ -59,6 +60,7 @@ func (s *Server) refreshView() {
 	v.global, v.globalRound = s.global, s.globalR
 	v.finished = st.Phase == PhaseFinished
 	v.statsSites, v.stopReason = st.StatsSites, st.StopReason
+	s.gen++
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
@@ -67,14 +69,17 @@ func (s *Server) refreshView() {
 // counted in an MQTT callback).
 func (s *Server) notify() {
 	s.mu.Lock()
+	s.gen++
 	close(s.changed)
 	s.changed = make(chan struct{})
 	s.mu.Unlock()
 }
 
-// reject counts a shell-level rejection.
-func (s *Server) reject(reason string) {
+// reject counts a shell-level rejection, also as the site's when site
+// names a valid id.
+func (s *Server) reject(site, reason string) {
 	s.rejected.Inc(reason)
+	s.hist.reject(site, reason)
 	s.notify()
 }
 
@@ -143,30 +148,27 @@ func (s *Server) Watch() (ServerView, <-chan struct{}) {
 	}, ch
 }
 
-// Handler serves /metrics (Prometheus text format), /status (JSON: the
-// round and every client's last-seen and participation, read from the
-// state file), /bundle[?round=N] (a run with a schema: the model bundle of
-// a stored round, see ExportBundle) and /healthz.
-func (s *Server) Handler() http.Handler {
+// Handler serves the console at / (package console), /metrics (Prometheus
+// text format), /status (JSON: the round and every client's last-seen and
+// participation, read from the state file, with the running daemon's
+// configuration and round history; see LiveStatus), /bundle[?round=N] (a
+// run with a schema: the model bundle of a stored round, see ExportBundle)
+// and /healthz. Only GET and HEAD; no authentication (Run adds it as
+// configured).
+func (s *Server) Handler() http.Handler { return console.Secure(s.mux()) }
+
+func (s *Server) mux() *http.ServeMux {
 	mux := http.NewServeMux()
+	con := console.Handler(func() (any, error) { return s.LiveStatus(-1, -1) }, s.clock.Now)
+	mux.Handle("GET /{$}", con)
+	mux.Handle("GET /console/", con)
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", metrics.ContentType)
 		if err := metrics.Write(w, s.families()); err != nil {
 			s.log.Error("writing metrics", "err", err)
 		}
 	})
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		st, err := ReadStatus(s.store)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		st.DuplicateInstances = s.inst.report()
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(st)
-	})
+	mux.HandleFunc("GET /status", s.serveStatus)
 	mux.HandleFunc("GET /bundle", s.serveBundle)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		select {
@@ -181,6 +183,20 @@ func (s *Server) Handler() http.Handler {
 		}
 	})
 	return mux
+}
+
+// guarded is Handler behind the configured authentication: client
+// certificate names (HTTPClientNames, with HTTPTLS) and basic auth
+// (HTTPAuth). Every answer, a refusal too, carries Secure's headers.
+func (s *Server) guarded() http.Handler {
+	var h http.Handler = s.mux()
+	if s.cfg.HTTPAuth != nil {
+		h = console.BasicAuth(h, s.cfg.HTTPAuth)
+	}
+	if s.cfg.HTTPTLS != nil && s.cfg.HTTPTLS.ClientCAs != nil && len(s.cfg.HTTPClientNames) > 0 {
+		h = console.ClientNames(h, s.cfg.HTTPClientNames)
+	}
+	return console.Secure(h)
 }
 
 const ns = "edgefl_aggregator_"
@@ -288,17 +304,27 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// Status is the federation's state as `broker-agg status` prints it.
+// Status is the federation's state as `broker-agg status` prints it and the
+// console at / shows it: read from the state file (ReadStatus), and from a
+// running daemon's /status with its live part (Server.LiveStatus).
 type Status struct {
-	Federation string       `json:"federation,omitempty"`
-	Algorithm  string       `json:"algorithm,omitempty"`
-	Round      int          `json:"round"`
-	Phase      Phase        `json:"phase"`
-	Deadline   *time.Time   `json:"deadline,omitempty"`
-	Selected   []string     `json:"selected,omitempty"`
-	Received   []string     `json:"received,omitempty"`
-	Counters   Counters     `json:"counters"`
-	Clients    []ClientInfo `json:"clients"`
+	Federation string `json:"federation,omitempty"`
+	Algorithm  string `json:"algorithm,omitempty"`
+	// The run's identity and codecs, as the round log stores them.
+	RunID      string `json:"run_id,omitempty"`
+	Aggregator string `json:"aggregator,omitempty"`
+	Codec      string `json:"codec,omitempty"`
+	Downlink   string `json:"downlink,omitempty"`
+	Round      int    `json:"round"`
+	Phase      Phase  `json:"phase"`
+	// RoundOpenedAt is when the current round (the statistics phase:
+	// the run) started.
+	RoundOpenedAt *time.Time   `json:"round_opened_at,omitempty"`
+	Deadline      *time.Time   `json:"deadline,omitempty"`
+	Selected      []string     `json:"selected,omitempty"`
+	Received      []string     `json:"received,omitempty"`
+	Counters      Counters     `json:"counters"`
+	Clients       []ClientInfo `json:"clients"`
 	// A run with a federation schema: its digest, the sites whose
 	// statistics were accepted, the model and its inputs once fitted, the
 	// latest eval round's federated and per-site figures, why the run
@@ -312,6 +338,9 @@ type Status struct {
 	// DuplicateInstances are the sites for which a second installation
 	// was seen (instances.go; the running daemon's only).
 	DuplicateInstances []DuplicateInstance `json:"duplicate_instances,omitempty"`
+	// Live is what only the running daemon knows (its configuration,
+	// the round history); nil when read from the file.
+	Live *LiveStatus `json:"live,omitempty"`
 }
 
 // BundleInfo names a stored bundle.
@@ -340,6 +369,52 @@ type ClientInfo struct {
 	Selected      bool       `json:"selected,omitempty"` // in the current round's selection
 	Reported      bool       `json:"reported,omitempty"` // its update for the current round is stored
 	Error         *SiteError `json:"error,omitempty"`    // the site's error, from its latest online status
+	// From the running daemon: in the rounds of the history (the last
+	// HistoryRounds), how often the site was a straggler (invited, did
+	// not report) and sent partial work; its latest work report and
+	// evaluation; its rejected messages by reason.
+	Straggled  int               `json:"straggled,omitempty"`
+	Partial    int               `json:"partial,omitempty"`
+	LastWork   *WorkInfo         `json:"last_work,omitempty"`
+	LastEval   *SiteEval         `json:"last_eval,omitempty"`
+	Rejections map[string]uint64 `json:"rejections,omitempty"`
+}
+
+// WorkInfo is what a site's latest accepted update said of its local
+// solve: the inexactness it reached, its epochs, whether the budget
+// stopped it first.
+type WorkInfo struct {
+	Round   int     `json:"round"`
+	Gamma   float64 `json:"gamma"`
+	Epochs  uint64  `json:"epochs"`
+	Partial bool    `json:"partial,omitempty"`
+}
+
+// SiteEval is a site's figures in the latest evaluated round it took part in.
+type SiteEval struct {
+	Round int `json:"round"`
+	EvalFigures
+}
+
+// LiveStatus is the running daemon's part of Status.
+type LiveStatus struct {
+	Now            time.Time         `json:"now"`
+	Family         string            `json:"family"`
+	Rounds         int               `json:"rounds"` // 0: until stopped
+	PerRound       int               `json:"per_round"`
+	Quorum         int               `json:"quorum"`
+	QuorumFraction float64           `json:"quorum_fraction"`
+	RoundTimeout   float64           `json:"round_timeout_seconds"`
+	EvalEvery      int               `json:"eval_every,omitempty"`
+	Params         map[string]string `json:"params"`
+	// ScoreName names EvalFigures.Score: "accuracy", "r2" or "" (none).
+	ScoreName string `json:"score_name,omitempty"`
+	// Rejected counts every rejection by reason, as /metrics does.
+	Rejected map[string]uint64 `json:"rejected,omitempty"`
+	// History is the aggregated rounds after ?rounds_after (default: all
+	// kept), Evaluations the evaluated rounds after ?evals_after.
+	History     []RoundRecord `json:"history"`
+	Evaluations []EvalPoint   `json:"evaluations"`
 }
 
 // ReadStatus reads the federation's status from a state file: the current
@@ -357,14 +432,19 @@ func ReadStatus(store *storage.AggStore) (Status, error) {
 		var sc storedConfig
 		if json.Unmarshal(first.Config, &sc) == nil {
 			out.Federation, out.Algorithm, out.Schema = sc.Federation, sc.Algorithm, sc.SchemaDigest
+			out.RunID, out.Aggregator, out.Codec, out.Downlink = sc.RunID, sc.Aggregator, sc.Codec, sc.Downlink
 		}
+	}
+	if !cur.OpenedAt.IsZero() {
+		t := cur.OpenedAt.UTC()
+		out.RoundOpenedAt = &t
 	}
 	var st State
 	if err := json.Unmarshal(cur.State, &st); err != nil {
 		return out, fmt.Errorf("aggregator: state of round %d: %w", cur.Number, err)
 	}
 	out.Round, out.Phase, out.Selected, out.Counters = st.Round, st.Phase, st.Selected, st.Counters
-	if !st.Deadline.IsZero() && (st.Phase == PhaseCollecting || st.Phase == PhaseStalled) {
+	if !st.Deadline.IsZero() && (st.Phase == PhaseCollecting || st.Phase == PhaseStalled || st.Phase == PhaseStatistics || st.Phase == PhaseFinishing) {
 		d := st.Deadline
 		out.Deadline = &d
 	}

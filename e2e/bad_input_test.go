@@ -232,18 +232,27 @@ func injectBadInput(t *testing.T, agg *aggregator, m *mosquitto, obs *observer, 
 	if mm := after; mm.round() != int(r) || mm["edgefl_aggregator_round_received"] != 2 {
 		t.Errorf("after the injection: round %d with %v received, want round %d with 2", mm.round(), mm["edgefl_aggregator_round_received"], r)
 	}
-	// A log line per rejection, naming its reason.
-	for reason, n := range want {
-		var lines []logLine
+	// A log line per rejection, naming its reason. A rejection is counted
+	// before it is logged, and the log reaches this test through a pipe:
+	// wait for the lines, then check there are no more.
+	linesOf := func(reason string) []logLine {
 		if reason == "duplicate" {
-			lines = agg.p.all()
-			lines = slices.DeleteFunc(slices.Clone(lines), func(l logLine) bool { return !msgIs("duplicate update ignored", "client", "site-1", "round", r)(l) })
-		} else {
-			lines = slices.DeleteFunc(slices.Clone(agg.p.all()), func(l logLine) bool {
-				return l.str("reason") != reason || !strings.HasPrefix(l.msg(), "update rejected")
-			})
+			return slices.DeleteFunc(slices.Clone(agg.p.all()), func(l logLine) bool { return !msgIs("duplicate update ignored", "client", "site-1", "round", r)(l) })
 		}
-		if float64(len(lines)) != n {
+		return slices.DeleteFunc(slices.Clone(agg.p.all()), func(l logLine) bool {
+			return l.str("reason") != reason || !strings.HasPrefix(l.msg(), "update rejected")
+		})
+	}
+	waitFor(t, 10*time.Second, "a log line per rejection", func() (bool, error) {
+		for reason, n := range want {
+			if float64(len(linesOf(reason))) < n {
+				return false, fmt.Errorf("%d log lines for reason %s, want %v", len(linesOf(reason)), reason, n)
+			}
+		}
+		return true, nil
+	})
+	for reason, n := range want {
+		if lines := linesOf(reason); float64(len(lines)) != n {
 			t.Errorf("%d log lines for reason %s, want %v", len(lines), reason, n)
 		}
 	}

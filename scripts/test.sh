@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): installs what the tests need when it is
-# missing (Mosquitto, Fashion-MNIST, qemu-user), then vets, runs every test,
-# and runs each fuzzer briefly on top of its seed corpus.
+# missing (Mosquitto, Fashion-MNIST, qemu-user, Chromium and chromedriver),
+# then vets, runs every test, and runs each fuzzer briefly on top of its seed
+# corpus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +11,10 @@ need=()
 command -v mosquitto_pub >/dev/null 2>&1 || need+=(mosquitto-clients)
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need+=(dataset-fashion-mnist)
 command -v qemu-aarch64-static >/dev/null 2>&1 || command -v qemu-aarch64 >/dev/null 2>&1 || need+=(qemu-user-static)
+# The console's browser test (e2e/console_test.go) drives headless Chromium
+# through chromedriver.
+[ -x /usr/bin/chromium ] || need+=(chromium)
+[ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing test dependencies: ${need[*]}"
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo

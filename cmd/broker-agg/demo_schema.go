@@ -113,7 +113,6 @@ func runDemoSchema(ctx context.Context, a demoSchemaArgs, log *slog.Logger, stdo
 		fmt.Fprintf(stdout, "  %s: %d training rows, %d held out (%s)\n", ids[i], s.TrainRows, s.HoldoutRows, files[i])
 	}
 	fmt.Fprintf(stdout, "broker %s (per-site passwords, ACL on edgefl/%s/), state and site CSVs in %s\n", brk.Addr(), fedName, stateDir)
-	fmt.Fprintf(stdout, "%5s  %-9s  %-10s  %-8s  %s\n", "round", "clients", "stragglers", "elapsed", "federated evaluation (held-out rows)")
 	var srv *aggregator.Server
 	printed := -1
 	srv, err = aggregator.NewServer(aggregator.ServerConfig{
@@ -139,6 +138,8 @@ func runDemoSchema(ctx context.Context, a demoSchemaArgs, log *slog.Logger, stdo
 	}
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Run(ctx) }()
+	printConsole(ctx, srv, srvDone, stdout)
+	fmt.Fprintf(stdout, "%5s  %-9s  %-10s  %-8s  %s\n", "round", "clients", "stragglers", "elapsed", "federated evaluation (held-out rows)")
 	agentCtx, stopAgents := context.WithCancel(ctx)
 	defer stopAgents()
 	agentsDone := make(chan error, len(ids))

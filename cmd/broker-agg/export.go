@@ -28,6 +28,8 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	round := fs.Int("round", -1, "the eval round `N` to export: the global model after N aggregations with the sites' evaluation reports of that round (default: the final bundle once the run has finished, else the newest model)")
 	out := fs.String("out", "", "write the bundle to `FILE` (required; written atomically)")
 	addr := fs.String("addr", "", "ask the running daemon at `ADDR` (its --metrics address) instead of reading the file (default: read the file; if the daemon holds it, ask "+DefaultMetricsAddr+")")
+	var dc daemonClient
+	dc.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), `usage: broker-agg export --state FILE [--round N] --out FILE
 
@@ -52,13 +54,13 @@ flags:`)
 	var raw []byte
 	var err error
 	if *addr != "" {
-		raw, err = fetchBundle(ctx, *addr, *round)
+		raw, err = fetchBundle(ctx, &dc, *addr, *round)
 	} else {
 		raw, err = exportFromFile(*state, *round)
 		if errors.Is(err, storage.ErrLocked) {
 			var herr error
 			var answered *daemonAnswer
-			if raw, herr = fetchBundle(ctx, DefaultMetricsAddr, *round); errors.As(herr, &answered) {
+			if raw, herr = fetchBundle(ctx, &dc, DefaultMetricsAddr, *round); errors.As(herr, &answered) {
 				return herr // the daemon answered: e.g. the round is not stored
 			} else if herr != nil {
 				return fmt.Errorf("%s is held by a running daemon and its /bundle endpoint did not answer (%v): pass its --metrics address as --addr", *state, herr)
@@ -100,18 +102,12 @@ func exportFromFile(path string, round int) ([]byte, error) {
 	return raw, err
 }
 
-func fetchBundle(ctx context.Context, addr string, round int) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	u := "http://" + addr + "/bundle"
+func fetchBundle(ctx context.Context, dc *daemonClient, addr string, round int) ([]byte, error) {
+	p := "/bundle"
 	if round >= 0 {
-		u += "?round=" + url.QueryEscape(strconv.Itoa(round))
+		p += "?round=" + url.QueryEscape(strconv.Itoa(round))
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := dc.get(ctx, addr, p, 30*time.Second)
 	if err != nil {
 		return nil, err
 	}

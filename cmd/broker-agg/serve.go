@@ -79,6 +79,7 @@ type serveFlags struct {
 	schema                                   string
 	statsSites, evalEvery, stopPatience      int
 	stopTol, stopDelta                       float64
+	console                                  consoleFlags
 }
 
 // serveAliases are alternative flag names (short or as simulate spells
@@ -163,7 +164,8 @@ func serveFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.Uint64Var(&f.initSeed, "init-seed", 1, "seed of --init model")
 
 	fs.StringVar(&f.state, "state-file", "broker-agg.db", "state `FILE` (bbolt): round log, accepted updates, checkpoints; resumed on restart")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", DefaultMetricsAddr, "serve /metrics (Prometheus), /status and /healthz on `ADDR` (\"\": off)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", DefaultMetricsAddr, "serve the console (/), /metrics (Prometheus), /status (JSON), /bundle and /healthz on `ADDR` (loopback by default; \"\": off)")
+	f.console.register(fs)
 	fs.StringVar(&f.evalData, "eval-data", "", "evaluation data `SPEC` (as simulate's --dataset: synthetic:A,B | synthetic-iid | idx:DIR | csv:PATH:label=COL | leaf:PATH; with --schema csv:PATH, read by the schema and the federation's preprocessing): report loss and accuracy per round")
 	fs.StringVar(&f.finalModel, "final-model", "", "where the final model goes when the run ends: with --schema the final model bundle (default: final.bundle.json next to the state file), without it the last global model's weights (model.Save; default: none)")
 	fs.BoolVar(&f.exitWhenFinished, "exit-when-finished", false, "exit once --rounds are done (default: keep serving receipts and metrics)")
@@ -298,6 +300,14 @@ func loadEval(spec string, seed uint64) (*model.Data, int, error) {
 // serverConfig turns the flags into an aggregator configuration (without
 // the broker connection).
 func (f *serveFlags) serverConfig(log *slog.Logger) (aggregator.ServerConfig, error) {
+	cfg, err := f.modelServerConfig(log)
+	if err != nil {
+		return cfg, err
+	}
+	return cfg, f.console.apply(&cfg)
+}
+
+func (f *serveFlags) modelServerConfig(log *slog.Logger) (aggregator.ServerConfig, error) {
 	if f.schema != "" {
 		return f.fedServerConfig(log)
 	}
@@ -608,9 +618,11 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.SetOutput(stderr)
 	state := fs.String("state", "broker-agg.db", "the daemon's state `FILE`")
 	addr := fs.String("addr", "", "ask the running daemon at `ADDR` (its --metrics address) instead of reading the file (default: read the file; if the daemon holds it, ask "+DefaultMetricsAddr+")")
-	asJSON := fs.Bool("json", false, "print JSON")
+	asJSON := fs.Bool("json", false, "print JSON (from a running daemon: the console's data, /status)")
+	var dc daemonClient
+	dc.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: broker-agg status [--state FILE | --addr HOST:PORT] [--json]\n\nPrints the current round and each client's last-seen and participation.\n\nflags:")
+		fmt.Fprintln(fs.Output(), "usage: broker-agg status [--state FILE | --addr HOST:PORT|https://HOST:PORT] [--json]\n\nPrints the current round and each client's last-seen and participation; from a\nrunning daemon (--addr) also the run's configuration, recent rounds and each\nsite's figures: the data behind its console.\n\nflags:")
 		fs.PrintDefaults()
 	}
 	var cfgFlag string
@@ -620,12 +632,12 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var st aggregator.Status
 	var err error
 	if *addr != "" {
-		st, err = fetchStatus(ctx, *addr)
+		st, err = fetchStatus(ctx, &dc, *addr)
 	} else {
 		st, err = readStatusFile(*state)
 		if errors.Is(err, storage.ErrLocked) {
 			var herr error
-			if st, herr = fetchStatus(ctx, DefaultMetricsAddr); herr != nil {
+			if st, herr = fetchStatus(ctx, &dc, DefaultMetricsAddr); herr != nil {
 				return fmt.Errorf("%s is held by a running daemon and its status endpoint did not answer (%v): pass its --metrics address as --addr", *state, herr)
 			}
 			err = nil
@@ -673,15 +685,10 @@ func readStatusFile(path string) (aggregator.Status, error) {
 	return aggregator.ReadStatus(s)
 }
 
-func fetchStatus(ctx context.Context, addr string) (aggregator.Status, error) {
+// fetchStatus reads a running daemon's /status: the console's data.
+func fetchStatus(ctx context.Context, dc *daemonClient, addr string) (aggregator.Status, error) {
 	var st aggregator.Status
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/status", nil)
-	if err != nil {
-		return st, err
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := dc.get(ctx, addr, "/status?compact=1", 10*time.Second)
 	if err != nil {
 		return st, err
 	}
@@ -697,9 +704,28 @@ func fetchStatus(ctx context.Context, addr string) (aggregator.Status, error) {
 }
 
 func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
-	fmt.Fprintf(w, "federation %s (%s)  round %d  phase %s", orDash(st.Federation), orDash(st.Algorithm), st.Round, st.Phase)
+	if st.Live != nil {
+		now = st.Live.Now // the daemon's clock
+	}
+	fmt.Fprintf(w, "federation %s (%s)  round %d", orDash(st.Federation), orDash(st.Algorithm), st.Round)
+	if l := st.Live; l != nil && l.Rounds > 0 {
+		fmt.Fprintf(w, " of %d", l.Rounds)
+	}
+	fmt.Fprintf(w, "  phase %s", st.Phase)
+	if st.RoundOpenedAt != nil && st.Phase != aggregator.PhaseFinished {
+		fmt.Fprintf(w, " for %s", now.Sub(*st.RoundOpenedAt).Round(time.Second))
+	}
 	if st.Deadline != nil {
 		fmt.Fprintf(w, "  deadline %s (%s)", st.Deadline.UTC().Format(time.RFC3339), rel(*st.Deadline, now))
+	}
+	if st.RunID != "" {
+		fmt.Fprintf(w, "\nrun %s  codec %s, downlink %s", st.RunID, orDash(st.Codec), orDash(st.Downlink))
+		if st.Aggregator != "" {
+			fmt.Fprintf(w, "  aggregator %s", st.Aggregator)
+		}
+	}
+	if l := st.Live; l != nil {
+		fmt.Fprintf(w, "  quorum %d of %d", l.Quorum, l.PerRound)
 	}
 	fmt.Fprintf(w, "\nselected %d: %s\nreceived %d: %s\n", len(st.Selected), orDash(strings.Join(st.Selected, " ")),
 		len(st.Received), orDash(strings.Join(st.Received, " ")))
@@ -726,7 +752,57 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 		return err
 	}
 	printDuplicates(w, st.DuplicateInstances)
+	if err := printLive(w, st); err != nil {
+		return err
+	}
 	return printFedStatus(w, st)
+}
+
+// printLive prints what only a running daemon knows: each site's straggled
+// and partial rounds, its last work report and rejections, and the last
+// rounds of the history.
+func printLive(w io.Writer, st aggregator.Status) error {
+	l := st.Live
+	if l == nil {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "\nsites over the last %d rounds:\n", len(l.History))
+	fmt.Fprintln(tw, "CLIENT\tSTRAGGLED\tPARTIAL\tLAST GAMMA\tEPOCHS\tREJECTED")
+	for _, ci := range st.Clients {
+		gamma, epochs := "-", "-"
+		if lw := ci.LastWork; lw != nil {
+			gamma, epochs = fmt.Sprintf("%.3g", lw.Gamma), strconv.FormatUint(lw.Epochs, 10)
+		}
+		var rej []string
+		for _, r := range slices.Sorted(maps.Keys(ci.Rejections)) {
+			rej = append(rej, fmt.Sprintf("%s %d", r, ci.Rejections[r]))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", ci.ID, ci.Straggled, ci.Partial, gamma, epochs, orDash(strings.Join(rej, ", ")))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	h := l.History
+	if len(h) == 0 {
+		return nil
+	}
+	if len(h) > 5 {
+		h = h[len(h)-5:]
+	}
+	fmt.Fprintln(w, "\nrecent rounds:")
+	fmt.Fprintln(tw, "ROUND\tPARTICIPANTS\tSTRAGGLERS\tPARTIAL\tBYTES UP\tBYTES DOWN\t||x'-x||")
+	opt := func(p *uint64) string {
+		if p == nil {
+			return "-"
+		}
+		return strconv.FormatUint(*p, 10)
+	}
+	for _, r := range h {
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\n", r.Round, r.Participants, orDash(strings.Join(r.Stragglers, " ")),
+			orDash(strings.Join(r.Partial, " ")), opt(r.BytesUp), opt(r.BytesDown), optG(r.DeltaNorm))
+	}
+	return tw.Flush()
 }
 
 // printFedStatus prints a run's schema, statistics, evaluation, site errors
@@ -983,7 +1059,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	codec := fs.String("codec", "fp32", "uplink codec spec")
 	timeout := fs.Duration("round-timeout", time.Minute, "round deadline")
 	quorum := fs.Float64("quorum-fraction", 1, "fraction of the selection a round closes with at its deadline")
-	metricsAddr := fs.String("metrics-addr", "", "serve the aggregator's /metrics and /status on `ADDR` (default: off)")
+	metricsAddr := fs.String("metrics-addr", "", "serve the aggregator's console (/), /metrics and /status on `ADDR`, e.g. 127.0.0.1:9464 (default: off); its URL is printed")
 	logLevel := fs.String("log-level", "warn", "log level of the daemons (stderr): debug | info | warn | error")
 	schemaPath := fs.String("schema", "", "federation schema `FILE`: --dataset is then csv:PATH, partitioned into sites as simulate --schema does; each site's rows go to a CSV of its own in the demo directory, which its agent reads by the schema (model_out next to it); the run has a statistics phase, federated evaluation and a final bundle, compared at the end with the centralised reference on the same rows and preprocessing (issue 11)")
 	siteColumn := fs.String("site-column", "", "with --schema and --partition natural: the column `NAME` naming each row's site (one agent per site)")
@@ -1084,7 +1160,6 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fmt.Fprintf(stdout, "demo: %d sites, %d per round, %d rounds of %s on %s (%s partition), model %s with %d parameters\n",
 		*clients, k, *rounds, *algo, *dataSpec, part, *modelKind, mustParams(spec))
 	fmt.Fprintf(stdout, "broker %s (per-site passwords, ACL on edgefl/%s/), state in %s\n", brk.Addr(), fedName, stateDir)
-	fmt.Fprintf(stdout, "%5s  %-9s  %-10s  %-12s  %-9s  %s\n", "round", "clients", "stragglers", "test loss", "accuracy", "elapsed")
 	srv, err := aggregator.NewServer(aggregator.ServerConfig{
 		Federation: fedName, Dial: brk.Dial,
 		K: k, QuorumFraction: *quorum, RoundTimeout: *timeout, Settle: 300 * time.Millisecond, MaxReselections: -1,
@@ -1103,6 +1178,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Run(ctx) }()
+	printConsole(ctx, srv, srvDone, stdout)
+	fmt.Fprintf(stdout, "%5s  %-9s  %-10s  %-12s  %-9s  %s\n", "round", "clients", "stragglers", "test loss", "accuracy", "elapsed")
 
 	agentCtx, stopAgents := context.WithCancel(ctx)
 	defer stopAgents()
@@ -1186,4 +1263,25 @@ func mustParams(s model.Spec) int {
 		return 0
 	}
 	return m.NumParams()
+}
+
+func optG(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.4g", *v)
+}
+
+// printConsole waits until srv is serving and prints its console's URL
+// (nothing without a metrics address).
+func printConsole(ctx context.Context, srv *aggregator.Server, srvDone chan error, stdout io.Writer) {
+	select {
+	case <-srv.Ready():
+		if a := srv.MetricsAddr(); a != "" {
+			fmt.Fprintf(stdout, "console: http://%s/\n", a)
+		}
+	case err := <-srvDone:
+		srvDone <- err
+	case <-ctx.Done():
+	}
 }

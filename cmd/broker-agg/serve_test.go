@@ -104,6 +104,13 @@ func TestRunFlagAndConfigErrors(t *testing.T) {
 		{"bad listen address", base, []string{"--listen", "8883"}, 1, "listen address"},
 		{"listen address in use", base, []string{"--listen", busyAddr}, 1, busyAddr},
 		{"metrics address in use", base, []string{"--metrics-addr", busyAddr}, 1, "metrics listener"},
+		{"console certificate without key", base, []string{"--metrics-addr", "127.0.0.1:0", "--console-tls-cert", filepath.Join(dir, "x.crt")}, 1,
+			"--console-tls-cert and --console-tls-key go together"},
+		{"console client CA without HTTPS", base, []string{"--metrics-addr", "127.0.0.1:0", "--console-client-ca", filepath.Join(dir, "ca.crt")}, 1,
+			"--console-client-ca needs --console-tls-cert"},
+		{"console password file missing", base, []string{"--metrics-addr", "127.0.0.1:0", "--console-password-file", filepath.Join(dir, "nope")}, 1,
+			"--console-password-file"},
+		{"console guard without a console", base, []string{"--console-password-file", filepath.Join(dir, "nope")}, 1, "need --metrics-addr"},
 		// The command line wins over the file: --per-round 2 replaces the
 		// file's invalid 0, so the run gets as far as the busy port.
 		{"flag overrides the file", base + "per_round = 0\n", []string{"--per-round", "2", "--listen", busyAddr}, 1, busyAddr},
@@ -258,7 +265,7 @@ func TestRunServesAndStopsCleanly(t *testing.T) {
 	}()
 
 	// The metrics address is in the log.
-	re := regexp.MustCompile(`"msg":"metrics at http://([0-9.:]+)/metrics"`)
+	re := regexp.MustCompile(`"msg":"console at http://([0-9.:]+)/"`)
 	var addr string
 	deadline := time.Now().Add(20 * time.Second)
 	for addr == "" {

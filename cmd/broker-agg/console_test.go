@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgefl/edgefl/broker"
+	"github.com/edgefl/edgefl/pki"
+)
+
+// TestConsoleGuards: `run` with the console behind HTTPS, client
+// certificates of the federation's CA (operator only) and a password file;
+// `status --addr https://...` with the operator's certificate and password
+// reads it, a site's certificate, a wrong password or no certificate do not.
+func TestConsoleGuards(t *testing.T) {
+	dir := t.TempDir()
+	pdir := filepath.Join(dir, "pki")
+	if _, err := pki.MakeSite(pki.SiteOptions{Dir: pdir, Hosts: []string{"127.0.0.1"}, Clients: []string{"operator", "site-a"}}); err != nil {
+		t.Fatal(err)
+	}
+	pw := filepath.Join(dir, "console.passwd")
+	if err := broker.SetPassword(pw, "operator", "right horse battery", 1000); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(dir, "config")
+	os.WriteFile(conf, []byte(baseRunConf(dir)+"log_format = json\n"), 0o600)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"run", "--config", conf, "--metrics-addr", "127.0.0.1:0",
+			"--console-tls-cert", filepath.Join(pdir, "server.crt"), "--console-tls-key", filepath.Join(pdir, "server.key"),
+			"--console-client-ca", filepath.Join(pdir, "ca.crt"), "--console-password-file", pw}, &stdout, &stderr)
+	}()
+	re := regexp.MustCompile(`"msg":"console at https://([0-9.:]+)/"`)
+	var addr string
+	deadline := time.Now().Add(20 * time.Second)
+	for addr == "" {
+		if m := re.FindStringSubmatch(stderr.String()); m != nil {
+			addr = m[1]
+			break
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("run exited %d:\n%s", code, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no console address logged:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond) // polling the log under the deadline above
+	}
+	client := func(id string) *http.Client {
+		pool, err := pki.LoadCertPool(filepath.Join(pdir, "ca.crt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc := &tls.Config{RootCAs: pool}
+		if id != "" {
+			pair, err := tls.LoadX509KeyPair(filepath.Join(pdir, "clients", id+".crt"), filepath.Join(pdir, "clients", id+".key"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.Certificates = []tls.Certificate{pair}
+		}
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: 10 * time.Second}
+	}
+	get := func(c *http.Client, path, user, pass string) (int, error) {
+		req, _ := http.NewRequest("GET", "https://"+addr+path, nil)
+		if user != "" {
+			req.SetBasicAuth(user, pass)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	op, site := client("operator"), client("site-a")
+	for _, tt := range []struct {
+		name       string
+		c          *http.Client
+		path, user string
+		pass       string
+		want       int
+	}{
+		{"operator with its password", op, "/", "operator", "right horse battery", 200},
+		{"operator's status", op, "/status", "operator", "right horse battery", 200},
+		{"operator, wrong password", op, "/status", "operator", "wrong", 401},
+		{"operator without a password", op, "/metrics", "", "", 401},
+		{"healthz needs the certificate only", op, "/healthz", "", "", 200},
+		{"a site's certificate", site, "/status", "operator", "right horse battery", 403},
+	} {
+		if code, err := get(tt.c, tt.path, tt.user, tt.pass); err != nil || code != tt.want {
+			t.Errorf("%s: %d %v, want %d", tt.name, code, err, tt.want)
+		}
+	}
+	if _, err := get(client(""), "/healthz", "", ""); err == nil {
+		t.Error("no client certificate: the TLS handshake succeeded")
+	}
+	if resp, err := http.Get("http://" + addr + "/status"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Error("plain HTTP was answered with the status")
+		}
+	}
+
+	// status --addr, as the operator.
+	t.Setenv(consolePasswordEnv, "right horse battery")
+	cli := []string{"status", "--addr", "https://" + addr, "--ca", filepath.Join(pdir, "ca.crt"),
+		"--cert", filepath.Join(pdir, "clients", "operator.crt"), "--key", filepath.Join(pdir, "clients", "operator.key"), "--user", "operator"}
+	code, out, errOut := runCLI(t, cli...)
+	if code != 0 || !strings.Contains(out, "federation f (fedprox)  round 1") {
+		t.Fatalf("status --addr https: exit %d\n%s%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "quorum ") || !strings.Contains(out, "run ") {
+		t.Errorf("status --addr lacks the run's line:\n%s", out)
+	}
+	t.Setenv(consolePasswordEnv, "wrong")
+	if code, out, errOut := runCLI(t, cli...); code == 0 || !strings.Contains(out+errOut, "401") {
+		t.Errorf("status with a wrong password: exit %d\n%s%s", code, out, errOut)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("run exited %d:\n%s", code, stderr.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not stop")
+	}
+	if s := stderr.String(); strings.Contains(s, "without authentication") {
+		t.Errorf("a guarded console was warned about:\n%s", s)
+	}
+}
+
+// `demo --metrics-addr` prints its console's URL.
+func TestDemoPrintsConsole(t *testing.T) {
+	code, out, errOut := runCLI(t, "demo", "--clients", "2", "--rounds", "1", "--max-epochs", "1", "--metrics-addr", "127.0.0.1:0")
+	if code != 0 || !regexp.MustCompile(`(?m)^console: http://127\.0\.0\.1:[0-9]+/$`).MatchString(out) {
+		t.Fatalf("demo: exit %d\n%s%s", code, out, errOut)
+	}
+}
