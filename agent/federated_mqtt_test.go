@@ -2,7 +2,6 @@ package agent
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -10,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/sitedata"
 	"github.com/edgefl/edgefl/wire"
 )
@@ -31,26 +29,7 @@ func startFedAgentID(t *testing.T, id, url, state, csv string, mod func(*Config)
 	if mod != nil {
 		mod(&cfg)
 	}
-	ra := &runningAgent{events: make(chan Event, 1000), errc: make(chan error, 1)}
-	a, err := New(cfg, Deps{
-		Clock: clock.NewFake(t0), Logger: testLogger(t),
-		Observe: func(e Event) {
-			select {
-			case ra.events <- e:
-			default:
-				t.Errorf("event dropped: %+v", e)
-			}
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ra.Agent = a
-	ctx, cancel := context.WithCancel(context.Background())
-	ra.cancel = cancel
-	go func() { ra.errc <- a.Run(ctx) }()
-	t.Cleanup(ra.stop)
-	return ra
+	return runAgent(t, cfg, nil)
 }
 
 // sameMsg reports whether two messages encode to the same bytes.

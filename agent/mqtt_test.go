@@ -203,9 +203,16 @@ func startAgentID(t *testing.T, id, url, state string, data model.Data) *running
 	cfg := DefaultConfig()
 	cfg.SiteID, cfg.Federation, cfg.Brokers, cfg.StateFile = id, testFed, []string{url}, state
 	cfg.ReconnectMin, cfg.ReconnectMax = 100*time.Millisecond, time.Second
+	return runAgent(t, cfg, &data)
+}
+
+// runAgent runs an agent with cfg (and data, when not nil) on the fake
+// clock until the test ends, recording its events.
+func runAgent(t *testing.T, cfg Config, data *model.Data) *runningAgent {
+	t.Helper()
 	ra := &runningAgent{events: make(chan Event, 1000), errc: make(chan error, 1)}
 	a, err := New(cfg, Deps{
-		Clock: clock.NewFake(t0), Logger: testLogger(t), Data: &data,
+		Clock: clock.NewFake(t0), Logger: testLogger(t), Data: data,
 		Observe: func(e Event) {
 			select {
 			case ra.events <- e:
