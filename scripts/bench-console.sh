@@ -4,15 +4,15 @@
 #
 #   scripts/bench-console.sh [OUTDIR]        (default bench-results; writes OUTDIR/console)
 #
-# Environment: CLIENTS (100), K (10), ROUNDS (15), EPOCHS (25), REPS (3),
+# Environment: CLIENTS (100), K (10), ROUNDS (40), EPOCHS (25), REPS (3),
 # MODES ("none poll chromium"; chromium is skipped without CHROMIUM),
 # CHROMIUM (/usr/bin/chromium), SEED (1).
 #
 # The federation is the one of scripts/bench-e2e.sh (e2e/cmd/loadtest run:
 # Mosquitto, broker-agg as its own process, CLIENTS agents in one process;
 # 784 x 10 logistic regression, FedProx-split, SGD), kept short: K sites a
-# round, ROUNDS rounds of up to EPOCHS local epochs (about 2 s a round here,
-# so the console is open for some 30 s of polling a run). Each run uses fresh
+# round, ROUNDS rounds of up to EPOCHS local epochs (about 0.8 s a round and
+# some 35 s of polling a run here: about 1 min a run, 10 min in all). Each run uses fresh
 # state. Modes:
 #   none      nobody reads the console (the metrics address is not touched
 #             after the start: the end is read from broker-agg's log);
@@ -31,7 +31,7 @@ cd "$(dirname "$0")/.."
 out=${1:-bench-results}/console
 CLIENTS=${CLIENTS:-100}
 K=${K:-10}
-ROUNDS=${ROUNDS:-15}
+ROUNDS=${ROUNDS:-40}
 EPOCHS=${EPOCHS:-25}
 REPS=${REPS:-3}
 SEED=${SEED:-1}
