@@ -20,7 +20,14 @@
 //	    --kills N it kills broker-agg with SIGKILL N times at seeded random
 //	    moments mid-round, restarts it on the same state file, and prints
 //	    the time from each restart (process start) to its first round
-//	    announcement and to its first accepted update.
+//	    announcement and to its first accepted update. With --console poll
+//	    a client does what the console's page does for the whole run (GET
+//	    /, its stylesheet and script, then GET /status?compact=1&
+//	    rounds_after=R&evals_after=E every --console-poll, as console.js
+//	    computes them); with --console chromium the page is open in a
+//	    headless Chromium (through a counting proxy on loopback). It prints
+//	    broker-agg's CPU seconds (utime + stime) at the federation's end and
+//	    the console's requests (scripts/bench-console.sh).
 //
 //	loadtest flood --broker-agg BIN --edge-agent BIN [--broker embedded|mosquitto]
 //	               [--sites 3] [--rounds 8] [--round-seconds 3 | --round-epochs N]
@@ -226,6 +233,8 @@ type options struct {
 	seed                               uint64
 	kills                              int
 	timeout                            time.Duration
+	console, chromium                  string
+	consolePoll                        time.Duration
 }
 
 func runLoad(args []string) error {
@@ -252,9 +261,15 @@ func runLoad(args []string) error {
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the partition, the selection and the agents")
 	fs.IntVar(&o.kills, "kills", 0, "kill broker-agg (SIGKILL) this many times mid-round and measure its recovery")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Minute, "give up after")
+	fs.StringVar(&o.console, "console", "none", "the console open for the whole run: none, poll (a client doing what the page's script does) or chromium (the page in headless Chromium)")
+	fs.DurationVar(&o.consolePoll, "console-poll", 1500*time.Millisecond, "with --console poll: the page's polling interval (console.js POLL_MS)")
+	fs.StringVar(&o.chromium, "chromium", "/usr/bin/chromium", "with --console chromium: the Chromium `BINARY`")
 	fs.Parse(args)
 	if o.aggBin == "" || o.data == "" {
 		return errors.New("run: --broker-agg and --data are required")
+	}
+	if o.console != "none" && o.console != "poll" && o.console != "chromium" {
+		return errConsoleMode
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
@@ -331,6 +346,38 @@ func runLoad(args []string) error {
 	}
 	defer agg.stop()
 
+	// The console, open from the aggregator's start to the federation's end.
+	var cons consoleCounts
+	cctx, stopConsole := context.WithCancel(ctx)
+	var cwg sync.WaitGroup
+	var browser *chromium
+	switch o.console {
+	case "poll":
+		cwg.Add(1)
+		go func() { defer cwg.Done(); pollConsole(cctx, agg.metrics, o.consolePoll, &cons) }()
+	case "chromium":
+		proxy, closeProxy, err := countingProxy(agg.metrics, &cons)
+		if err != nil {
+			stopConsole()
+			return err
+		}
+		defer closeProxy()
+		if browser, err = startChromium(o.chromium, "http://"+proxy+"/", filepath.Join(work, "chromium.log")); err != nil {
+			stopConsole()
+			return err
+		}
+		defer browser.stop()
+	}
+	closeConsole := func() {
+		stopConsole()
+		cwg.Wait()
+		if browser != nil {
+			browser.stop()
+			browser = nil
+		}
+	}
+	defer closeConsole()
+
 	// The agents, in this process.
 	alog := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	actx, stopAgents := context.WithCancel(ctx)
@@ -404,7 +451,9 @@ func runLoad(args []string) error {
 			k+1, r.round, r.phase, r.announce.Round(time.Millisecond), r.accept.Round(time.Millisecond))
 	}
 
-	if _, err := agg.waitMetrics(ctx, func(m map[string]float64) bool { return m["edgefl_aggregator_finished"] == 1 }); err != nil {
+	// The end, from the aggregator's log (no polling of its metrics
+	// address, which would add load of its own to every run).
+	if _, err := agg.waitEvent(ctx, "federation finished", time.Time{}); err != nil {
 		select {
 		case aerr := <-agentErrs:
 			return fmt.Errorf("%w (%v)", err, aerr)
@@ -416,6 +465,15 @@ func runLoad(args []string) error {
 	if err != nil {
 		return err
 	}
+	aggCPU, err := cpuSeconds(agg.cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	if browser != nil && browser.exited() {
+		return fmt.Errorf("chromium exited during the run (see %s)", filepath.Join(work, "chromium.log"))
+	}
+	closeConsole()
+	paths, nreq, nbytes, nerr := cons.summary()
 	selfHWM, _ := vmHWM(os.Getpid())
 	mqHWM, _ := vmHWM(mq.cmd.Process.Pid)
 
@@ -445,8 +503,9 @@ func runLoad(args []string) error {
 		fmt.Println()
 	}
 	total := aggregated[o.rounds].Sub(announced[1]).Seconds()
-	fmt.Printf("RESULT clients=%d per_round=%d rounds=%d epochs=%d algorithm=%s params=%d per_round_mean_s=%.4f per_round_median_s=%.4f total_s=%.3f aggregator_vmhwm_kb=%d agents_process_vmhwm_kb=%d mosquitto_vmhwm_kb=%d kills=%d\n",
-		o.clients, o.perRound, o.rounds, o.epochs, o.algo, fed.D*fed.Classes+fed.Classes, mean, med, total, hwm, selfHWM, mqHWM, o.kills)
+	fmt.Printf("RESULT clients=%d per_round=%d rounds=%d epochs=%d algorithm=%s params=%d per_round_mean_s=%.4f per_round_median_s=%.4f total_s=%.3f aggregator_vmhwm_kb=%d aggregator_cpu_s=%.2f agents_process_vmhwm_kb=%d mosquitto_vmhwm_kb=%d kills=%d console=%s console_requests=%d console_bytes=%d console_errors=%d console_paths=%s\n",
+		o.clients, o.perRound, o.rounds, o.epochs, o.algo, fed.D*fed.Classes+fed.Classes, mean, med, total, hwm, aggCPU, selfHWM, mqHWM, o.kills,
+		o.console, nreq, nbytes, nerr, paths)
 	for i, r := range recs {
 		fmt.Printf("RECOVERY kill=%d round=%d start_to_announcement_ms=%.0f start_to_accepted_update_ms=%.0f\n",
 			i+1, r.round, float64(r.announce)/1e6, float64(r.accept)/1e6)
@@ -666,6 +725,8 @@ func (a *aggProc) waitEvent(ctx context.Context, msg string, since time.Time) (t
 		}
 		a.mu.Unlock()
 		select {
+		case <-a.done:
+			return time.Time{}, fmt.Errorf("waiting for %q: broker-agg exited", msg)
 		case <-ctx.Done():
 			return time.Time{}, fmt.Errorf("waiting for %q: %w", msg, ctx.Err())
 		case <-time.After(10 * time.Millisecond):
