@@ -339,9 +339,7 @@ func drawWeighted(w []float64, k int, rng *rand.Rand) []int {
 				}
 			}
 			rng.Shuffle(len(rest), func(a, b int) { rest[a], rest[b] = rest[b], rest[a] })
-			for _, i := range rest[:k-len(picked)] {
-				picked = append(picked, i)
-			}
+			picked = append(picked, rest[:k-len(picked)]...)
 			break
 		}
 		r := rng.Float64() * total

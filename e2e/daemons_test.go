@@ -297,12 +297,6 @@ func (e *edge) start() {
 	e.runs = append(e.runs, e.p)
 }
 
-// waitConnected waits for the current run's "connected" line.
-func (e *edge) waitConnected(timeout time.Duration) {
-	e.t.Helper()
-	e.p.waitLine(timeout, e.id+" connected", msgIs("connected"))
-}
-
 func (e *edge) lines(pred func(logLine) bool) []logLine { return runLines(e.runs, pred) }
 
 func (e *edge) noPanics() { e.t.Helper(); checkNoPanics(e.t, e.runs) }

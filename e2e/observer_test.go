@@ -122,19 +122,6 @@ func (o *observer) accepted() map[key]wire.ReceiptCode {
 	return out
 }
 
-// receiptsFor returns the receipts of client for round, in arrival order.
-func (o *observer) receiptsFor(client string, round uint64) []*wire.Receipt {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	var out []*wire.Receipt
-	for _, r := range o.receipts {
-		if r.ClientId == client && r.Round == round {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
 // update returns the last copy of client's update for round.
 func (o *observer) update(client string, round uint64) ([]byte, bool) {
 	o.mu.Lock()
