@@ -177,18 +177,8 @@ func runDemoSchema(ctx context.Context, a demoSchemaArgs, log *slog.Logger, stdo
 		// writes it to its model_out: give them a moment.
 		waitSiteBundles(ctx, final, ids, outs, 15*time.Second, stdout)
 	}
-	stopAgents()
-	for range ids {
-		if err := <-agentsDone; err != nil && runErr == nil {
-			runErr = err
-		}
-	}
-	cancel()
-	if err := <-srvDone; err != nil && runErr == nil {
-		runErr = err
-	}
-	if runErr != nil {
-		return runErr
+	if err := stopDemo(stopAgents, agentsDone, len(ids), cancel, srvDone, runErr); err != nil {
+		return err
 	}
 	if !finished {
 		fmt.Fprintf(stdout, "stopped before the run ended (%s)\n", time.Since(start).Round(time.Millisecond))

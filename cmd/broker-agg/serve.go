@@ -1208,18 +1208,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		srvDone <- runErr
 	case <-ctx.Done():
 	}
-	stopAgents()
-	for range ids {
-		if err := <-agentsDone; err != nil && runErr == nil {
-			runErr = err
-		}
-	}
-	cancel()
-	if err := <-srvDone; err != nil && runErr == nil {
-		runErr = err
-	}
-	if runErr != nil {
-		return runErr
+	if err := stopDemo(stopAgents, agentsDone, len(ids), cancel, srvDone, runErr); err != nil {
+		return err
 	}
 	x, r := srv.Global()
 	if r > *rounds {
@@ -1284,4 +1274,22 @@ func printConsole(ctx context.Context, srv *aggregator.Server, srvDone chan erro
 		srvDone <- err
 	case <-ctx.Done():
 	}
+}
+
+// stopDemo ends a demo's federation: the n agents first (stopAgents, then
+// their Run results on agentsDone), then the aggregator (cancel, then its
+// result on srvDone). It returns runErr, or else the first error any of
+// them returned.
+func stopDemo(stopAgents func(), agentsDone <-chan error, n int, cancel func(), srvDone <-chan error, runErr error) error {
+	stopAgents()
+	for range n {
+		if err := <-agentsDone; err != nil && runErr == nil {
+			runErr = err
+		}
+	}
+	cancel()
+	if err := <-srvDone; err != nil && runErr == nil {
+		runErr = err
+	}
+	return runErr
 }
