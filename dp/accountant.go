@@ -141,12 +141,12 @@ var ErrBudgetTooSmall = errors.New("dp: the privacy budget is too small for any 
 
 // CalibrateNoise returns a noise multiplier z with which rounds rounds of
 // sampling rate q spend at most eps at delta, within tol of eps (> 0;
-// Opacus's default is 0.01). It is Opacus's get_noise_multiplier
-// (opacus/accountants/utils.py) over orders (nil: OpacusOrders, so that
-// its results are Opacus's): double z from 20 until epsilon is under
-// budget, then bisect until eps - epsilon(z) <= tol, returning the z of the
-// last under-budget epsilon. So the z returned always meets the budget and
-// is at most a little larger than needed.
+// Opacus's default is 0.01), over orders (nil: DefaultOrders). It is
+// Opacus's get_noise_multiplier (opacus/accountants/utils.py): double z
+// from 20 until epsilon is under budget, then bisect until
+// eps - epsilon(z) <= tol, returning the z of the last under-budget
+// epsilon. So the z returned always meets the budget and is at most a
+// little larger than needed; with OpacusOrders its results are Opacus's.
 func CalibrateNoise(eps, delta, q float64, rounds int, tol float64, orders []float64) (float64, error) {
 	if err := checkBudget(eps, delta); err != nil {
 		return 0, err
@@ -161,7 +161,7 @@ func CalibrateNoise(eps, delta, q float64, rounds int, tol float64, orders []flo
 		return 0, fmt.Errorf("dp: tolerance must be > 0, got %v", tol)
 	}
 	if orders == nil {
-		orders = OpacusOrders()
+		orders = DefaultOrders()
 	}
 	lo, hi := 0.0, 10.0
 	epsHi := math.Inf(1)

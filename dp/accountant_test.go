@@ -137,7 +137,7 @@ func TestCalibrateNoise(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			e := EpsilonAfter(q, z, 200, 1e-5, OpacusOrders())
+			e := EpsilonAfter(q, z, 200, 1e-5, nil)
 			if e > eps || eps-e > 0.01 {
 				t.Errorf("eps %v q %v: z = %v spends %v", eps, q, z, e)
 			}
@@ -181,7 +181,7 @@ func TestEpsilonTable(t *testing.T) {
 	}
 	b.WriteString("\n| target epsilon (q = 0.1, 100 rounds) | z |\n|---|---|\n")
 	for _, eps := range []float64{1, 3, 8} {
-		z, err := CalibrateNoise(eps, 1e-5, 0.1, 100, 0.001, DefaultOrders())
+		z, err := CalibrateNoise(eps, 1e-5, 0.1, 100, 0.001, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -138,7 +138,7 @@ func TestPublished(t *testing.T) {
 		}
 	}
 	for _, c := range p.Calibrate {
-		z, err := CalibrateNoise(c.Eps, c.Delta, c.Q, c.Steps, 0.01, nil)
+		z, err := CalibrateNoise(c.Eps, c.Delta, c.Q, c.Steps, 0.01, OpacusOrders())
 		if err != nil || !near(z, c.Want, c.Tol) {
 			t.Errorf("CalibrateNoise(eps %v, q %v, %d steps) = %v, %v; want %v\n  source: %s", c.Eps, c.Q, c.Steps, z, err, c.Want, c.Source)
 		}
