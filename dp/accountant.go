@@ -17,6 +17,11 @@ type Accountant struct {
 	Orders []float64 `json:"orders"`
 	RDP    []float64 `json:"rdp"`
 	Rounds uint64    `json:"rounds"`
+
+	// cache: the per-order RDP of the last (q, z) charged, reused while
+	// rounds repeat it (not state: recomputed after a restore).
+	cacheQ, cacheZ float64
+	cache          []float64
 }
 
 // NewAccountant returns an accountant over orders (nil: DefaultOrders) that
@@ -39,8 +44,15 @@ func (a *Accountant) Step(q, z float64) error {
 	if len(a.RDP) != len(a.Orders) {
 		return fmt.Errorf("dp: accountant has %d orders and %d RDP values", len(a.Orders), len(a.RDP))
 	}
-	for i, o := range a.Orders {
-		a.RDP[i] += RDP(q, z, o)
+	if len(a.cache) != len(a.Orders) || a.cacheQ != q || a.cacheZ != z {
+		a.cache = make([]float64, len(a.Orders))
+		for i, o := range a.Orders {
+			a.cache[i] = RDP(q, z, o)
+		}
+		a.cacheQ, a.cacheZ = q, z
+	}
+	for i, r := range a.cache {
+		a.RDP[i] += r
 	}
 	a.Rounds++
 	return nil

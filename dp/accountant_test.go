@@ -190,12 +190,23 @@ func TestEpsilonTable(t *testing.T) {
 	t.Log(b.String())
 }
 
-// The accountant's cost per round: one Step over the 154 default orders.
+// The accountant's cost per round: one Step over the 154 default orders,
+// with a new q every round (the worst case: nothing is reused) and with the
+// same (q, z) as the round before.
 func BenchmarkAccountantStep(b *testing.B) {
 	a := NewAccountant(nil)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for b.Loop() {
 		if err := a.Step(0.05+0.1*rng.Float64(), 1.1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkAccountantStepRepeated(b *testing.B) {
+	a := NewAccountant(nil)
+	for b.Loop() {
+		if err := a.Step(0.1, 1.1); err != nil {
 			b.Fatal(err)
 		}
 	}
