@@ -13,8 +13,8 @@ import (
 
 // The fixtures in testdata/golden/ were written by the protoc-gen-go code
 // (protobuf-go v1.36.12, deterministic marshalling) that this package used
-// before its codec was written by hand; they pin the bytes of every message
-// type, with every field set to edge values, so that the hand-written codec
+// before its codec was written by hand (now generated); they pin the bytes of every message
+// type, with every field set to edge values, so that the generated codec
 // stays byte-compatible with edgefl.proto. -update writes missing fixtures
 // only: an existing one is never rewritten.
 
@@ -272,6 +272,14 @@ func validGolden() map[string]Message {
 			return st
 		}(),
 		"instance_will_status.bin": &ClientStatus{ClientId: "site-1", Connection: 2, InstanceId: longID},
+
+		// FedSplit's sample weighting (Params fields 8 and 9), which no
+		// fixture set before TestGoldenCoversEveryField.
+		"weighted_round.bin": func() Message {
+			r := maxRound()
+			r.Params.Clients, r.Params.TotalSamples = math.MaxUint32, math.MaxUint64
+			return r
+		}(),
 		"instance_update.bin": func() Message {
 			u := maxUpdate()
 			u.InstanceId = "INSTANCE234567ABCDEFGHIJKL"
