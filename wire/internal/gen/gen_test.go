@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -24,5 +25,27 @@ func TestGeneratedFilesUpToDate(t *testing.T) {
 		if !bytes.Equal(got, want) {
 			t.Errorf("wire/%s is stale: run go generate ./wire and commit the result", name)
 		}
+	}
+}
+
+// TestGenerateRejects: schemas the generated code would not handle.
+func TestGenerateRejects(t *testing.T) {
+	const head = "syntax = \"proto3\";\npackage p;\nmessage S {}\n"
+	for name, tc := range map[string]struct{ src, want string }{
+		"no envelope":      {head, "want a message Envelope"},
+		"envelope no body": {head + "message Envelope { uint32 version = 1; }", "want a message Envelope"},
+		"interleaved": {head + "message Envelope { uint32 version = 2; oneof body { S a = 1; S b = 3; } }",
+			"lies between the numbers of oneof body"},
+		"parse error": {head + "message Envelope { int32 x = 1; }", "int32"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "x.proto")
+			if err := os.WriteFile(path, []byte(tc.src), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := generate(path); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("generate: %v, want an error containing %q", err, tc.want)
+			}
+		})
 	}
 }
