@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"go/format"
 	"log"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -44,19 +45,9 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	for _, name := range slices.Sorted(mapsKeys(files)) {
+	for _, name := range slices.Sorted(maps.Keys(files)) {
 		if err := os.WriteFile(filepath.Join(*out, name), files[name], 0o644); err != nil {
 			log.Fatal(err)
-		}
-	}
-}
-
-func mapsKeys(m map[string][]byte) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
 		}
 	}
 }
