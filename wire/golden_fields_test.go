@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"bytes"
 	"math"
 	"os"
 	"path/filepath"
@@ -86,16 +85,10 @@ func edgeValue(t reflect.Type) reflect.Value {
 
 // fieldGolden returns the per-field fixtures by file name under
 // testdata/golden/.
-func fieldGolden(t testing.TB) map[string]struct {
-	msg   rawMsg
-	empty func() rawMsg
-} {
+func fieldGolden(t testing.TB) map[string]rawEntry {
 	t.Helper()
 	types := messageTypes()
-	out := map[string]struct {
-		msg   rawMsg
-		empty func() rawMsg
-	}{}
+	out := map[string]rawEntry{}
 	for _, m := range parseSchema(t).Messages {
 		typ, ok := types[m.Name]
 		if !ok {
@@ -111,10 +104,8 @@ func fieldGolden(t testing.TB) map[string]struct {
 			}
 			msg := reflect.New(typ)
 			msg.Elem().FieldByIndex(sf.Index).Set(edgeValue(sf.Type))
-			out[filepath.Join("fields", m.Name+"."+f.Name+".bin")] = struct {
-				msg   rawMsg
-				empty func() rawMsg
-			}{msg.Interface().(rawMsg), func() rawMsg { return reflect.New(typ).Interface().(rawMsg) }}
+			out[filepath.Join("fields", m.Name+"."+f.Name+".bin")] = rawEntry{
+				msg.Interface().(rawMsg), func() rawMsg { return reflect.New(typ).Interface().(rawMsg) }}
 		}
 	}
 	return out
@@ -138,19 +129,7 @@ func TestGoldenFields(t *testing.T) {
 	fixtures := fieldGolden(t)
 	for name, e := range fixtures {
 		t.Run(name, func(t *testing.T) {
-			enc := rawMarshal(t, e.msg)
-			want := golden(t, name, enc)
-			if !bytes.Equal(enc, want) {
-				t.Fatalf("marshal differs from the fixture:\n got %x\nwant %x", enc, want)
-			}
-			got := e.empty()
-			if err := rawUnmarshal(want, got); err != nil {
-				t.Fatalf("unmarshal: %v", err)
-			}
-			if !msgEqual(got, e.msg) {
-				t.Fatalf("unmarshal gives\n%v\nwant\n%v", got, e.msg)
-			}
-			protobufGoAgrees(t, file, e.msg, want)
+			protobufGoAgrees(t, file, e.msg, checkRawGolden(t, name, e.msg, e.empty))
 		})
 	}
 	// Every file in fields/ is one of them.

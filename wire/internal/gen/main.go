@@ -371,6 +371,19 @@ func varint(fl *proto3.Field, v string) string {
 	return "uint64(" + v + ")" // uint32, int64, enum (sign-extended)
 }
 
+// consumers decode a singular scalar (the field's address is %s) and name
+// its wire type.
+var consumers = map[proto3.Kind]struct{ call, typ string }{
+	proto3.KindDouble: {"consumeDouble(%s, b), nil", "Fixed64Type"},
+	proto3.KindUint32: {"consumeUint32(%s, b), nil", "VarintType"},
+	proto3.KindUint64: {"consumeUint64(%s, b), nil", "VarintType"},
+	proto3.KindInt64:  {"consumeInt64(%s, b), nil", "VarintType"},
+	proto3.KindBool:   {"consumeBool(%s, b), nil", "VarintType"},
+	proto3.KindEnum:   {"consumeEnum((*int32)(%s), b), nil", "VarintType"},
+	proto3.KindString: {"consumeString(%s, b)", "BytesType"},
+	proto3.KindBytes:  {"consumeBytes(%s, b), nil", "BytesType"},
+}
+
 // consume returns the statement decoding field fl of x from b, and the wire
 // type it needs ("" for any: a repeated scalar takes both forms).
 func consume(m *proto3.Message, fl *proto3.Field) (stmt, typ string) {
@@ -386,23 +399,8 @@ func consume(m *proto3.Message, fl *proto3.Field) (stmt, typ string) {
 		}
 		return fmt.Sprintf("return consumeRepeatedDouble(%s, typ, b, d, %s), nil", v, key), ""
 	}
-	switch fl.Kind {
-	case proto3.KindDouble:
-		return fmt.Sprintf("return consumeDouble(%s, b), nil", v), "Fixed64Type"
-	case proto3.KindUint32:
-		return fmt.Sprintf("return consumeUint32(%s, b), nil", v), "VarintType"
-	case proto3.KindUint64:
-		return fmt.Sprintf("return consumeUint64(%s, b), nil", v), "VarintType"
-	case proto3.KindInt64:
-		return fmt.Sprintf("return consumeInt64(%s, b), nil", v), "VarintType"
-	case proto3.KindBool:
-		return fmt.Sprintf("return consumeBool(%s, b), nil", v), "VarintType"
-	case proto3.KindEnum:
-		return fmt.Sprintf("return consumeEnum((*int32)(%s), b), nil", v), "VarintType"
-	case proto3.KindString:
-		return fmt.Sprintf("return consumeString(%s, b)", v), "BytesType"
-	case proto3.KindBytes:
-		return fmt.Sprintf("return consumeBytes(%s, b), nil", v), "BytesType"
+	if c, ok := consumers[fl.Kind]; ok {
+		return "return " + fmt.Sprintf(c.call, v), c.typ
 	}
 	x := "x." + proto3.GoName(fl.Name)
 	return fmt.Sprintf("if %s == nil {\n%s = &%s{}\n}\nreturn consumeMessage(%s, b, d)", x, x, fl.Message.Name, x), "BytesType"
@@ -491,36 +489,12 @@ func codecFile(w *writer, f *proto3.File) {
 		fields := byNumber(m)
 		w.p("func (x *%s) size() int {", m.Name)
 		w.p("n := 0")
-		done := map[*proto3.Oneof]bool{}
-		for _, fl := range fields {
-			if o := fl.Oneof; o != nil {
-				if !done[o] {
-					done[o] = true
-					w.p("if m, num := x.%s(); m != nil {", encoded(o))
-					w.p("n += sizeMessage(num, true, m)")
-					w.p("}")
-				}
-				continue
-			}
-			w.p("n += %s", sizeExpr(fl))
-		}
+		encodeFields(w, fields, "n += sizeMessage(num, true, m)", func(fl *proto3.Field) string { return "n += " + sizeExpr(fl) })
 		w.p("return n")
 		w.p("}")
 		w.p("")
 		w.p("func (x *%s) appendTo(b []byte) []byte {", m.Name)
-		done = map[*proto3.Oneof]bool{}
-		for _, fl := range fields {
-			if o := fl.Oneof; o != nil {
-				if !done[o] {
-					done[o] = true
-					w.p("if m, num := x.%s(); m != nil {", encoded(o))
-					w.p("b = appendMessage(b, num, true, m)")
-					w.p("}")
-				}
-				continue
-			}
-			w.p("b = %s", appendExpr(fl))
-		}
+		encodeFields(w, fields, "b = appendMessage(b, num, true, m)", func(fl *proto3.Field) string { return "b = " + appendExpr(fl) })
 		w.p("return b")
 		w.p("}")
 		w.p("")
@@ -556,6 +530,24 @@ func codecFile(w *writer, f *proto3.File) {
 		w.p("})")
 		w.p("}")
 		w.p("")
+	}
+}
+
+// encodeFields writes one statement a field, in number order: field(fl),
+// or for a oneof (at its first member) oneof with m and num its member.
+func encodeFields(w *writer, fields []*proto3.Field, oneof string, field func(*proto3.Field) string) {
+	done := map[*proto3.Oneof]bool{}
+	for _, fl := range fields {
+		o := fl.Oneof
+		switch {
+		case o == nil:
+			w.p("%s", field(fl))
+		case !done[o]:
+			done[o] = true
+			w.p("if m, num := x.%s(); m != nil {", encoded(o))
+			w.p("%s", oneof)
+			w.p("}")
+		}
 	}
 }
 
