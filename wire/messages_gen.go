@@ -945,9 +945,10 @@ type ClientUpdate struct {
 	// Optional gradient of f_k at the anchor, or its sketch (SketchSpec);
 	// finite values.
 	AnchorGrad []float64 `json:"anchor_grad,omitempty"`
-	// For UPDATE_KIND_Z_DELTA: the round of the server's copy of z_j the delta
-	// is taken against (< round; 0 = the client's initial z). Must be 0 for the
-	// other kinds.
+	// For UPDATE_KIND_Z_DELTA: the round of the update that set the server's
+	// copy of z_j the delta is taken against (< round); 0 = against the global
+	// model of this update's round (z_j's starting point), which resets the
+	// server's copy. Must be 0 for the other kinds.
 	BaseRound    uint64 `json:"base_round,omitempty"`
 	SentAtUnixMs int64  `json:"sent_at_unix_ms,omitempty"`
 	// Client-side sequence number of this update (informational; a re-send of
