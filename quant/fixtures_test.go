@@ -13,7 +13,7 @@ import (
 	"testing"
 )
 
-var update = flag.Bool("quant.update", false, "rewrite testdata/golden and the fuzz seed corpora in testdata/fuzz")
+var update = flag.Bool("update", false, "rewrite testdata/golden and the fuzz seed corpora in testdata/fuzz")
 
 // goldenName turns a spec into a file name.
 func goldenName(spec string) string {
@@ -35,7 +35,7 @@ func readF64(tb testing.TB, path string) []float64 {
 	tb.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
-		tb.Fatalf("%v (regenerate with: go test ./quant -run TestWriteFixtures -quant.update)", err)
+		tb.Fatalf("%v (regenerate with: go test ./quant -run TestWriteFixtures -update)", err)
 	}
 	x := make([]float64, len(b)/8)
 	for i := range x {
@@ -53,7 +53,7 @@ func TestGolden(t *testing.T) {
 		c := mustParse(t, spec)
 		golden, err := os.ReadFile(filepath.Join("testdata/golden", goldenName(spec)+".frame"))
 		if err != nil {
-			t.Fatalf("%s: %v (regenerate with: go test ./quant -run TestWriteFixtures -quant.update)", spec, err)
+			t.Fatalf("%s: %v (regenerate with: go test ./quant -run TestWriteFixtures -update)", spec, err)
 		}
 		fresh := encode(t, c, x, nil, 1)
 		if (c.raw || c.ac) && !bytes.Equal(fresh, golden) { // ours alone: byte for byte
@@ -69,10 +69,10 @@ func TestGolden(t *testing.T) {
 }
 
 // TestWriteFixtures regenerates testdata/golden and the fuzz seed corpora
-// when run with -quant.update.
+// when run with -update.
 func TestWriteFixtures(t *testing.T) {
 	if !*update {
-		t.Skip("run with -quant.update to rewrite the fixtures")
+		t.Skip("run with -update to rewrite the fixtures")
 	}
 	x := goldenVector()
 	var in []byte

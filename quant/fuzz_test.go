@@ -10,7 +10,7 @@ import (
 )
 
 // Seed corpora live in testdata/fuzz/<FuzzName>/ (written by
-// `go test ./quant -run TestWriteFixtures -quant.update`); run a target
+// `go test ./quant -run TestWriteFixtures -update`); run a target
 // with e.g. `go test ./quant -run '^$' -fuzz '^FuzzDecode$' -fuzztime 10s`.
 
 // fuzzLimits keep each execution small.

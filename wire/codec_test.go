@@ -195,6 +195,29 @@ func TestRepeatedLimits(t *testing.T) {
 	}
 }
 
+// TestEveryRepeatedFieldHasLimit checks that repeatedLimit (validate.go) bounds every
+// repeated field of edgefl.proto, so that a decoder never grows one beyond
+// what Validate accepts.
+func TestEveryRepeatedFieldHasLimit(t *testing.T) {
+	d := newDecoder(DefaultLimits)
+	n := 0
+	for _, m := range parseSchema(t).Messages {
+		for _, f := range m.Fields {
+			if !f.Repeated {
+				continue
+			}
+			n++
+			key := m.Name + "." + f.Name
+			if msg, name, limit := d.repeatedLimit(key); msg == key || name == key || limit == math.MaxInt {
+				t.Errorf("repeated field %s has no limit: add a case to repeatedLimit in wire/validate.go", key)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no repeated field found")
+	}
+}
+
 // TestEncodeRejectsInvalidUTF8 checks that Validate covers every string
 // field, so that Encode never writes a string proto3 forbids.
 func TestEncodeRejectsInvalidUTF8(t *testing.T) {

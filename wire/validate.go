@@ -19,6 +19,28 @@ const (
 	maxHiddenLayers  = 64
 )
 
+// repeatedLimit bounds the repeated field named by key ("Message.field" in
+// edgefl.proto) while it is decoded: the decoder keeps at most limit
+// elements, and more are an ErrInvalid error naming msg and name (the
+// message and field as Validate names them). Every repeated field of
+// edgefl.proto needs a case (TestRepeatedLimits); the generated decoders
+// call it with their key.
+func (d *decoder) repeatedLimit(key string) (msg, name string, limit int) {
+	switch key {
+	case "RoundAnnouncement.selected":
+		return "round announcement", "selected", d.lim.MaxClients
+	case "ModelSpec.hidden":
+		return "round announcement", "model.hidden", d.maxHidden
+	case "ClientStatus.capabilities":
+		return "client status", "capabilities", d.maxCapabilities
+	case "ClientUpdate.anchor_grad":
+		return "client update", "anchor_grad", d.lim.MaxAnchorGrad
+	}
+	// Unreachable for the fields of edgefl.proto; the message size bounds
+	// a field without a case.
+	return key, key, math.MaxInt
+}
+
 func invalid(msg, format string, args ...any) error {
 	return fmt.Errorf("%w: %s: %s", ErrInvalid, msg, fmt.Sprintf(format, args...))
 }

@@ -1,7 +1,8 @@
 // Package wire owns what edge-agent and broker-agg say to each other over
 // MQTT: the topic names (topics.go) and the versioned message envelopes
-// (edgefl.proto, the schema of record; hand-written Go types in messages.go
-// and their protobuf encoding in codec.go, pinned by testdata/golden/).
+// (edgefl.proto, the schema of record; Go types in messages_gen.go and their
+// protobuf encoding in codec_gen.go, generated from it by wire/internal/gen,
+// pinned by testdata/golden/).
 //
 // Every payload is one Envelope carrying a schema version and exactly one of
 // RoundAnnouncement, ClientStatus, ClientUpdate, Receipt, SiteStatistics or
@@ -120,46 +121,6 @@ type Message interface {
 	texter
 }
 
-func (m *RoundAnnouncement) wrap() isEnvelope_Body { return &Envelope_Round{Round: m} }
-func (m *ClientStatus) wrap() isEnvelope_Body      { return &Envelope_Status{Status: m} }
-func (m *ClientUpdate) wrap() isEnvelope_Body      { return &Envelope_Update{Update: m} }
-func (m *Receipt) wrap() isEnvelope_Body           { return &Envelope_Receipt{Receipt: m} }
-func (m *SiteStatistics) wrap() isEnvelope_Body {
-	return &Envelope_Statistics{Statistics: m}
-}
-func (m *EvalReport) wrap() isEnvelope_Body { return &Envelope_Evaluation{Evaluation: m} }
-
-// Envelope field numbers (see edgefl.proto).
-const (
-	fieldVersion protowire.Number = 1
-	fieldRound   protowire.Number = 2
-	fieldStatus  protowire.Number = 3
-	fieldUpdate  protowire.Number = 4
-	fieldReceipt protowire.Number = 5
-	// fieldStatistics and fieldEvaluation are the last body fields: peek
-	// takes fieldRound..fieldEvaluation as bodies.
-	fieldStatistics protowire.Number = 6
-	fieldEvaluation protowire.Number = 7
-)
-
-func fieldName(n protowire.Number) string {
-	switch n {
-	case fieldRound:
-		return "RoundAnnouncement"
-	case fieldStatus:
-		return "ClientStatus"
-	case fieldUpdate:
-		return "ClientUpdate"
-	case fieldReceipt:
-		return "Receipt"
-	case fieldStatistics:
-		return "SiteStatistics"
-	case fieldEvaluation:
-		return "EvalReport"
-	}
-	return "no body"
-}
-
 // Body kinds returned by BodyKind.
 const (
 	BodyRound      = "round"
@@ -248,7 +209,7 @@ func peek(b []byte) (version uint32, body protowire.Number, err error) {
 			}
 			version = uint32(v)
 			n = m
-		case num >= fieldRound && num <= fieldEvaluation && typ == protowire.BytesType:
+		case isBodyField(num) && typ == protowire.BytesType:
 			_, m := protowire.ConsumeBytes(b)
 			if m < 0 {
 				return 0, 0, fmt.Errorf("%w: envelope body: %w", ErrMalformed, protowire.ParseError(m))

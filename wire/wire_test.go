@@ -124,7 +124,7 @@ func TestRoundTrip(t *testing.T) {
 // breaks what a deployed agent sends fails here.
 //
 // These four, like testdata/golden/ (golden_test.go), were written by the
-// protoc-gen-go code wire used before its codec was written by hand, so
+// protoc-gen-go code wire used before its own codec (now generated), so
 // -update no longer rewrites them; Encode must still produce their bytes.
 func TestGolden(t *testing.T) {
 	msgs := map[string]Message{
