@@ -25,7 +25,7 @@ import (
 // Deps are the agent's injectable collaborators. Every field is optional.
 type Deps struct {
 	// Clock reads the time for the local solve's deadline and the
-	// timestamps (nil = the wall clock).
+	// timestamps, and arms the re-send timers (nil = the wall clock).
 	Clock clock.Clock
 	// Logger receives the agent's log (nil = a text logger on stderr at
 	// Config.LogLevel). The agent adds a "site" attribute.
