@@ -1,10 +1,9 @@
 package agent
 
 import (
-	"cmp"
 	"errors"
-	"maps"
 	"slices"
+	"sort"
 	"time"
 
 	"github.com/edgefl/edgefl/sitedata"
@@ -240,7 +239,12 @@ func (s *session) step(ev sessionEvent) []action {
 	case closed:
 		s.closing = true
 		var acts []action
-		for _, r := range slices.Sorted(maps.Keys(s.retries)) {
+		rounds := make([]uint64, 0, len(s.retries))
+		for r := range s.retries {
+			rounds = append(rounds, r)
+		}
+		slices.Sort(rounds)
+		for _, r := range rounds {
 			acts = append(acts, action{kind: actStop, key: updateKey(r)})
 			delete(s.retries, r)
 		}
@@ -531,12 +535,15 @@ func (s *session) dropUplinks(acts []action, drop func(run string) bool) []actio
 // uplinkKeys are the pending uplinks' keys in order (subject, round), so
 // that the actions of a step do not depend on map order.
 func (s *session) uplinkKeys() []pendingKey {
-	return slices.SortedFunc(maps.Keys(s.uplinks), func(a, b pendingKey) int {
-		if c := cmp.Compare(a.subject, b.subject); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.round, b.round)
+	keys := make([]pendingKey, 0, len(s.uplinks))
+	for k := range s.uplinks {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		a, b := keys[i], keys[j]
+		return a.subject < b.subject || a.subject == b.subject && a.round < b.round
 	})
+	return keys
 }
 
 // isReceipted reports whether the aggregator receipted the statistics or
