@@ -18,7 +18,6 @@ import (
 
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/model"
-	"github.com/edgefl/edgefl/sitedata"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/wire"
 )
@@ -26,7 +25,7 @@ import (
 // Deps are the agent's injectable collaborators. Every field is optional.
 type Deps struct {
 	// Clock reads the time for the local solve's deadline and the
-	// timestamps (nil = the wall clock).
+	// timestamps, and arms the re-send timers (nil = the wall clock).
 	Clock clock.Clock
 	// Logger receives the agent's log (nil = a text logger on stderr at
 	// Config.LogLevel). The agent adds a "site" attribute.
@@ -115,56 +114,26 @@ type Agent struct {
 	// start, or the training rows the federation's schema gives.
 	samples atomic.Int64
 
+	// mu guards the session state machine and what the shell keeps for
+	// it: the solve's cancellation and the armed timers.
 	mu      sync.Mutex
 	running bool
-	closing bool
 	runCtx  context.Context
 	stop    context.CancelFunc // ends Run (a fatal error)
 	fatal   error              // why Run stopped by itself
 	store   *storage.EdgeStore
 	client  mqtt.Client
 	handler *RoundHandler
-	pending *wire.RoundAnnouncement
-	solving uint64
-	// solvingRun is the run id of the round being solved ("" when idle).
-	solvingRun string
-	preempt    context.CancelCauseFunc
-	inflight   sync.WaitGroup
-	wake       chan struct{}
-	retries    map[uint64]*retry // INTERNAL receipts: scheduled re-sends by round
-
-	// siteErr is why this site cannot take part (nil: it can), carried by
-	// its statuses.
-	siteErr *sitedata.SiteError
-	// finished: the run finishedRun has ended and its end was handled;
-	// announcements of that run are ignored until another run's arrives.
-	finished    bool
-	finishedRun string
-	// uplinks are the statistics and evaluation reports sent and not yet
-	// receipted (re-sent with a backoff); receipted those receipted, with
-	// their run id.
-	uplinks   map[uplinkKey]*pendingUplink
-	receipted map[uplinkKey]string
-}
-
-// uplinkKey names a statistics (round 0) or evaluation message.
-type uplinkKey struct {
-	subject wire.ReceiptSubject
-	round   uint64
-}
-
-// pendingUplink is a statistics or evaluation message awaiting its receipt.
-type pendingUplink struct {
-	run      string
-	msg      []byte
-	attempts int
-	timer    *time.Timer
-}
-
-// retry is a scheduled re-send of an update the aggregator failed to store.
-type retry struct {
-	attempts int
-	timer    *time.Timer
+	// sess is the session rules (session.go); its actions are carried out
+	// by step.
+	sess session
+	// solveCtx is the context of the solve the session started last and
+	// preempt cancels it.
+	solveCtx context.Context
+	preempt  context.CancelCauseFunc
+	timers   map[pendingKey]clock.Timer
+	inflight sync.WaitGroup
+	wake     chan struct{}
 }
 
 // New checks cfg, loads the site's data (or takes deps.Data) and returns an
@@ -175,6 +144,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, deps: deps, clock: deps.Clock, wake: make(chan struct{}, 1)}
+	a.sess = session{federation: cfg.Federation, backoffMin: cfg.ReconnectMin, backoffMax: cfg.ReconnectMax}
 	if a.clock == nil {
 		a.clock = clock.Real{}
 	}
@@ -286,6 +256,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	client := newClient(opts)
 	a.mu.Lock()
 	a.runCtx, a.stop, a.store, a.client = runCtx, cancel, store, client
+	a.sess.store = store
 	a.handler = &RoundHandler{
 		ClientID: a.cfg.SiteID, InstanceID: a.instance, Federation: a.cfg.Federation, Store: store, Data: a.data,
 		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
@@ -322,16 +293,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	a.loop(runCtx)
 
-	a.mu.Lock()
-	a.closing = true
-	for r, rt := range a.retries {
-		if rt.timer.Stop() {
-			a.inflight.Done() // the timer's callback will not run
-		}
-		delete(a.retries, r)
-	}
-	a.dropUplinksLocked(func(string) bool { return true })
-	a.mu.Unlock()
+	a.step(closed{})
 	a.shutdown(client)
 	cancel()
 	a.inflight.Wait()
@@ -403,7 +365,7 @@ func (a *Agent) failIfDamaged(err error) bool {
 func (a *Agent) enter() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closing || !a.running {
+	if a.sess.closing || !a.running {
 		return false
 	}
 	a.inflight.Add(1)
@@ -425,7 +387,8 @@ func (a *Agent) shutdown(client mqtt.Client) {
 	client.Disconnect(defaultQuiesceMillis)
 }
 
-// loop handles round announcements one at a time until ctx is done.
+// loop hands round announcements to the round handler one at a time
+// until ctx is done.
 func (a *Agent) loop(ctx context.Context) {
 	for {
 		select {
@@ -433,87 +396,184 @@ func (a *Agent) loop(ctx context.Context) {
 			return
 		case <-a.wake:
 		}
-		a.mu.Lock()
-		ann := a.pending
-		a.pending = nil
-		var solveCtx context.Context
-		if ann != nil {
-			solveCtx, a.preempt = context.WithCancelCause(ctx)
-			a.solving, a.solvingRun = ann.Round, ann.RunId
+		var ann *wire.RoundAnnouncement
+		for _, act := range a.step(idle{}) {
+			if act.kind == actStartSolve {
+				ann = act.ann
+			}
 		}
-		a.mu.Unlock()
 		if ann == nil {
 			continue
 		}
-		if ann.RunId != "" {
-			a.mu.Lock()
-			a.dropUplinksLocked(func(run string) bool { return run != ann.RunId })
-			if a.finished && a.finishedRun != ann.RunId {
-				a.finished, a.finishedRun = false, ""
-			}
-			a.mu.Unlock()
-		}
+		a.mu.Lock()
+		solveCtx, cancel := a.solveCtx, a.preempt
+		a.mu.Unlock()
 		a.observe(Event{Kind: EventHandling, Round: ann.Round})
 		res, err := a.handler.Handle(solveCtx, ann)
-		a.mu.Lock()
-		a.preempt(nil)
-		a.preempt, a.solving, a.solvingRun = nil, 0, ""
-		a.mu.Unlock()
-		a.roundDone(ctx, ann, res, err)
+		cancel(nil)
+		a.step(solveDone{ann: ann, res: res, err: err, shutdown: ctx.Err() != nil})
+		if n := int64(res.SampleCount); n > 0 && a.samples.Swap(n) != n {
+			a.publishStatus()
+		}
+		a.observe(Event{Kind: EventRound, Round: ann.Round, Action: res.Action, Err: err})
 	}
 }
 
-func (a *Agent) roundDone(ctx context.Context, ann *wire.RoundAnnouncement, res Result, err error) {
+// step runs the session rules on ev under a.mu and carries out the actions
+// they decide, in order: those on the shell's own state (the solve's
+// context, timers) under the lock, which they never block, the others
+// (publishing, the store's failures, logs, events) after it. It returns
+// the actions.
+func (a *Agent) step(ev sessionEvent) []action {
+	a.mu.Lock()
+	acts := a.sess.step(ev)
+	for _, act := range acts {
+		a.doLocked(act)
+	}
+	a.mu.Unlock()
+	for _, act := range acts {
+		a.do(act)
+	}
+	return acts
+}
+
+// doLocked carries out what act asks of the shell's state (a.mu held).
+func (a *Agent) doLocked(act action) {
+	switch act.kind {
+	case actStartSolve:
+		a.solveCtx, a.preempt = context.WithCancelCause(a.runCtx)
+	case actPreempt:
+		if a.preempt != nil {
+			a.preempt(act.err)
+		}
+	case actArm:
+		if a.timers == nil {
+			a.timers = map[pendingKey]clock.Timer{}
+		}
+		if t := a.timers[act.key]; t != nil {
+			t.Stop()
+		}
+		k, gen := act.key, act.gen
+		// ReconnectMin > 0 (Config.withDefaults), so a fake clock never
+		// runs this callback under a.mu.
+		a.timers[k] = a.clock.AfterFunc(act.after, func() {
+			if !a.enter() {
+				return
+			}
+			defer a.leave()
+			a.step(timerFired{key: k, gen: gen})
+		})
+	case actStop:
+		if t := a.timers[act.key]; t != nil {
+			t.Stop()
+			delete(a.timers, act.key)
+		}
+	}
+}
+
+// do carries out the rest of act (a.mu not held).
+func (a *Agent) do(act action) {
+	switch act.kind {
+	case actWake:
+		select {
+		case a.wake <- struct{}{}:
+		default:
+		}
+	case actPreempt:
+		a.logPreempt(act)
+	case actIgnored:
+		ann := act.ann
+		a.log.Debug("announcement of the finished run ignored", "run_id", ann.RunId, "round", ann.Round, "phase", ann.GetPhase().String())
+		a.observe(Event{Kind: EventRound, Round: ann.Round, Action: ActionIgnored})
+	case actRoundDone:
+		a.roundDone(act)
+	case actPublishUpdate:
+		a.sendUpdate(act)
+	case actPublishUplink:
+		a.sendUplinkMsg(act)
+	case actReceipt:
+		a.receiptDone(act)
+	case actStoreFailed:
+		a.log.Error(act.what, "err", act.err)
+		a.failIfDamaged(act.err)
+	case actSiteError:
+		a.siteErrorSet(act.se, act.ann, act.same)
+	case actSiteErrorCleared:
+		a.siteErrorCleared(act.se)
+	case actFinished:
+		a.runFinished(act.ann, act.res)
+	}
+}
+
+func (a *Agent) logPreempt(act action) {
+	ann := act.ann
+	switch act.err {
+	case ErrNewRun:
+		a.log.Info("the aggregator started a new run; abandoning the local solve", "solving", act.solving, "run_id", ann.RunId)
+	case ErrFinished:
+		a.log.Info("the aggregator finished the run; abandoning the local solve", "solving", act.solving, "rounds", ann.Round)
+	default:
+		a.log.Info("newer round announced; stopping the local solve early", "solving", act.solving, "announced", ann.Round)
+	}
+}
+
+// roundDone logs and counts what an announcement came to.
+func (a *Agent) roundDone(act action) {
+	ann, res, err := act.ann, act.res, act.err
 	lg := a.log.With("round", ann.Round)
-	switch {
-	case errors.Is(err, ErrBadAnnouncement):
+	switch act.class {
+	case roundBad:
 		a.stats.badAnnouncements.Add(1)
 		lg.Warn("round announcement rejected", "err", err)
-	case a.failIfDamaged(err):
+	case roundDamaged:
+		a.failIfDamaged(err)
 		a.stats.roundErrors.Add(1)
-	case err != nil && ctx.Err() != nil:
+	case roundShutdown:
 		lg.Info("round abandoned at shutdown; it restarts from the retained announcement", "err", err)
-	case errors.Is(err, ErrNewRun):
+	case roundNewRun:
 		lg.Info("round of the previous run abandoned", "err", err)
-	case errors.Is(err, ErrFinished):
+	case roundRunFinished:
 		lg.Info("round abandoned: the aggregator finished the run", "err", err)
-	case errors.As(err, new(*sitedata.SiteError)):
+	case roundSiteError:
 		a.stats.roundErrors.Add(1)
-		var se *sitedata.SiteError
-		errors.As(err, &se)
-		a.setSiteError(se, ann)
-	case err != nil:
+	case roundFailed:
 		a.stats.roundErrors.Add(1)
 		lg.Error("round failed", "err", err)
-	case res.Action == ActionSolved:
-		a.stats.roundsSolved.Add(1)
-		r := res.Update.Report
-		lg.Info("round solved", "algorithm", ann.Algorithm, "gamma", r.AchievedGamma, "epochs", r.Epochs,
-			"grad_evals", r.GradEvals, "seconds", r.Seconds, "loss", r.LocalLoss, "anchor_loss", r.AnchorLoss,
-			"stop", r.StopReason.String(), "partial", r.Partial, "bytes", len(res.Msg))
-		a.publishUpdate(ann.Round, res.Msg)
-	case res.Action == ActionResend:
-		a.stats.resent.Add(1)
-		lg.Info("round already applied; re-sending its unreceipted update")
-		a.publishUpdate(ann.Round, res.Msg)
-	case res.Action == ActionStatistics:
-		lg.Info("statistics phase: this site's statistics sent", "run_id", ann.RunId, "training_rows", res.SampleCount)
-	case res.Action == ActionFinishing:
-		lg.Info("the aggregator finished the run; waiting for the final model", "run_id", ann.RunId, "final_evaluation", len(res.Out) > 0)
-	case res.Action == ActionFinished:
-		a.runFinished(ann, res)
 	default:
-		lg.Debug("round announcement", "action", res.Action.String())
+		switch res.Action {
+		case ActionSolved:
+			a.stats.roundsSolved.Add(1)
+			r := res.Update.Report
+			lg.Info("round solved", "algorithm", ann.Algorithm, "gamma", r.AchievedGamma, "epochs", r.Epochs,
+				"grad_evals", r.GradEvals, "seconds", r.Seconds, "loss", r.LocalLoss, "anchor_loss", r.AnchorLoss,
+				"stop", r.StopReason.String(), "partial", r.Partial, "bytes", len(res.Msg))
+		case ActionResend:
+			lg.Info("round already applied; re-sending its unreceipted update")
+		case ActionStatistics:
+			lg.Info("statistics phase: this site's statistics sent", "run_id", ann.RunId, "training_rows", res.SampleCount)
+		case ActionFinishing:
+			lg.Info("the aggregator finished the run; waiting for the final model", "run_id", ann.RunId, "final_evaluation", len(res.Out) > 0)
+		case ActionFinished:
+		default:
+			lg.Debug("round announcement", "action", res.Action.String())
+		}
 	}
-	if err == nil && res.Healthy {
-		// Storing the final bundle proves the disk and the aggregator's
-		// messages, not this site's data: a data error stays on show.
-		a.clearSiteError(res.Action == ActionFinished)
+}
+
+// sendUpdate publishes an update the session decided to send.
+func (a *Agent) sendUpdate(act action) {
+	round := act.key.round
+	switch act.why {
+	case sendAgain:
+		a.stats.resent.Add(1)
+	case sendReconnect:
+		a.stats.resent.Add(1)
+		a.log.Info("re-sending unreceipted update", "round", round)
+	case sendRetry:
+		a.stats.resent.Add(1)
+		a.log.Info("re-sending an update the aggregator failed to store", "round", round)
 	}
-	if n := int64(res.SampleCount); n > 0 && a.samples.Swap(n) != n {
-		a.publishStatus()
-	}
-	a.observe(Event{Kind: EventRound, Round: ann.Round, Action: res.Action, Err: err})
+	a.publishUpdate(round, act.msg)
 }
 
 // publishUpdate publishes an update (QoS 1) and tracks its acknowledgement
@@ -559,7 +619,7 @@ func (a *Agent) statusMsg(online bool, will bool, conn uint64) ([]byte, error) {
 		Connection: conn, InstanceId: a.instance,
 	}
 	a.mu.Lock()
-	if se := a.siteErr; se != nil {
+	if se := a.sess.siteErr; se != nil {
 		s.ErrorReason, s.ErrorMessage = se.Reason, se.Public()
 	}
 	a.mu.Unlock()
@@ -705,8 +765,7 @@ func (a *Agent) onConnect(c mqtt.Client) {
 			a.log.Warn("online status not published", "err", err)
 		}
 	}
-	a.resendOutbox()
-	a.resendUplinks()
+	a.step(connected{})
 	a.log.Info("connected")
 	a.observe(Event{Kind: EventConnected})
 }
@@ -717,33 +776,13 @@ func (a *Agent) onConnect(c mqtt.Client) {
 // sees the next run, but quietly, at DEBUG.
 func (a *Agent) connTrouble(msg string, args ...any) {
 	a.mu.Lock()
-	finished := a.finished
+	finished := a.sess.finished
 	a.mu.Unlock()
 	if finished {
 		a.log.Debug(msg, args...)
 		return
 	}
 	a.log.Warn(msg, args...)
-}
-
-func (a *Agent) resendOutbox() {
-	out, err := a.store.Outbox()
-	if err != nil {
-		a.log.Error("read outbox", "err", err)
-		a.failIfDamaged(err)
-		return
-	}
-	a.mu.Lock()
-	finished := a.finished
-	a.mu.Unlock()
-	if finished {
-		return // the run is over: nothing more is sent (SetFinal emptied the outbox)
-	}
-	for _, e := range out {
-		a.stats.resent.Add(1)
-		a.log.Info("re-sending unreceipted update", "round", e.Round)
-		a.publishUpdate(e.Round, e.Msg)
-	}
 }
 
 // onMessage is the default publish handler: every inbound message comes
@@ -764,11 +803,11 @@ func (a *Agent) onMessage(_ mqtt.Client, m mqtt.Message) {
 	if err == nil {
 		switch kind {
 		case wire.KindRound:
-			a.offerRound(msg.(*wire.RoundAnnouncement))
+			a.step(announced{ann: msg.(*wire.RoundAnnouncement)})
 			return
 		case wire.KindReceipt:
 			if r := msg.(*wire.Receipt); r.ClientId == a.cfg.SiteID {
-				a.onReceipt(r)
+				a.step(receiptArrived{r: r})
 				return
 			}
 			err = fmt.Errorf("receipt for another client")
@@ -781,137 +820,32 @@ func (a *Agent) onMessage(_ mqtt.Client, m mqtt.Message) {
 	a.observe(Event{Kind: EventBadMessage, Err: err})
 }
 
-// offerRound hands an announcement to the round loop (only the newest
-// waits) and preempts a solve of an older round.
-func (a *Agent) offerRound(ann *wire.RoundAnnouncement) {
-	a.mu.Lock()
-	if a.finished && ann.RunId == a.finishedRun && ann.Federation == a.cfg.Federation {
-		// The run is over and its end handled: stay quiet until another
-		// run is announced.
-		a.mu.Unlock()
-		a.log.Debug("announcement of the finished run ignored", "run_id", ann.RunId, "round", ann.Round, "phase", ann.GetPhase().String())
-		a.observe(Event{Kind: EventRound, Round: ann.Round, Action: ActionIgnored})
-		return
-	}
-	// An announcement of another aggregator run supersedes whatever waits
-	// or runs, whatever its round number (the new run counts from 1).
-	newRun := ann.RunId != "" && ann.RunId != a.solvingRun
-	if a.pending == nil || ann.Round >= a.pending.Round || (ann.RunId != "" && ann.RunId != a.pending.RunId) {
-		a.pending = ann
-	}
-	switch {
-	case a.preempt == nil || ann.Federation != a.cfg.Federation:
-	case newRun:
-		a.log.Info("the aggregator started a new run; abandoning the local solve", "solving", a.solving, "run_id", ann.RunId)
-		a.preempt(ErrNewRun)
-	case ann.GetPhase() == wire.Phase_PHASE_FINISHED:
-		a.log.Info("the aggregator finished the run; abandoning the local solve", "solving", a.solving, "rounds", ann.Round)
-		a.preempt(ErrFinished)
-	case ann.Round > a.solving:
-		a.log.Info("newer round announced; stopping the local solve early", "solving", a.solving, "announced", ann.Round)
-		a.preempt(ErrPreempted)
-	}
-	a.mu.Unlock()
-	select {
-	case a.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (a *Agent) onReceipt(r *wire.Receipt) {
-	if r.GetSubject() != wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE {
-		a.onUplinkReceipt(r)
-		return
-	}
+// receiptDone logs, counts and reports a receipt the session handled.
+func (a *Agent) receiptDone(act action) {
+	r := act.receipt
 	lg := a.log.With("round", r.Round, "code", r.Code.String())
-	switch {
-	case r.Accepted:
-		a.cancelRetry(r.Round)
-		had, err := a.store.Ack(r.Round)
-		if err != nil {
-			lg.Error("ack receipt", "err", err)
-			a.failIfDamaged(err)
-			return
-		}
+	what := "update"
+	if r.GetSubject() != wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE {
+		what = subjectName(r.GetSubject())
+	}
+	switch act.outcome {
+	case receiptAccepted:
 		a.stats.receiptsAccepted.Add(1)
-		lg.Info("update receipted", "had_outbox_entry", had)
-	case r.Code == wire.ReceiptCode_RECEIPT_CODE_INTERNAL:
+		if what == "update" {
+			lg.Info("update receipted", "had_outbox_entry", act.had)
+		} else {
+			lg.Info(what+" receipted", "had_pending", act.had)
+		}
+	case receiptRetry:
 		a.stats.receiptsRetry.Add(1)
-		d := a.scheduleRetry(r.Round)
-		lg.Warn("aggregator failed to store the update; kept and re-sent later", "reason", r.Reason, "in", d)
+		if what == "update" {
+			lg.Warn("aggregator failed to store the update; kept and re-sent later", "reason", r.Reason, "in", act.after)
+		} else {
+			lg.Warn("aggregator failed to store the "+what+"; re-sent later", "reason", r.Reason)
+		}
 	default:
-		a.cancelRetry(r.Round)
-		// AckRejected also forgets the aggregator's FedSplit copy of z,
-		// which assumed this update would be applied.
-		if _, err := a.store.AckRejected(r.Round); err != nil {
-			lg.Error("ack rejected update", "err", err)
-			a.failIfDamaged(err)
-			return
-		}
 		a.stats.receiptsRejected.Add(1)
-		lg.Warn("update rejected by the aggregator; dropped", "reason", r.Reason)
+		lg.Warn(what+" rejected by the aggregator; dropped", "reason", r.Reason)
 	}
-	a.observe(Event{Kind: EventReceipt, Round: r.Round, Accepted: r.Accepted})
-}
-
-// scheduleRetry re-sends round's outbox entry after a backoff that doubles
-// with every INTERNAL receipt of that round, from ReconnectMin up to
-// ReconnectMax (a reconnection or a re-announcement re-sends it sooner).
-func (a *Agent) scheduleRetry(round uint64) time.Duration {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closing {
-		return 0
-	}
-	if a.retries == nil {
-		a.retries = map[uint64]*retry{}
-	}
-	rt := a.retries[round]
-	if rt == nil {
-		rt = &retry{}
-		a.retries[round] = rt
-	} else if rt.timer != nil && rt.timer.Stop() {
-		a.inflight.Done()
-	}
-	d := a.cfg.ReconnectMin
-	for i := 0; i < rt.attempts && d < a.cfg.ReconnectMax; i++ {
-		d *= 2
-	}
-	d = min(d, a.cfg.ReconnectMax)
-	rt.attempts++
-	a.inflight.Add(1)
-	rt.timer = time.AfterFunc(d, func() {
-		defer a.inflight.Done()
-		a.resendRound(round)
-	})
-	return d
-}
-
-func (a *Agent) cancelRetry(round uint64) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if rt := a.retries[round]; rt != nil {
-		if rt.timer.Stop() {
-			a.inflight.Done()
-		}
-		delete(a.retries, round)
-	}
-}
-
-// resendRound publishes round's outbox entry again, if it is still there.
-func (a *Agent) resendRound(round uint64) {
-	out, err := a.store.Outbox()
-	if err != nil {
-		a.log.Error("read outbox", "err", err)
-		a.failIfDamaged(err)
-		return
-	}
-	for _, e := range out {
-		if e.Round == round {
-			a.stats.resent.Add(1)
-			a.log.Info("re-sending an update the aggregator failed to store", "round", round)
-			a.publishUpdate(round, e.Msg)
-			return
-		}
-	}
+	a.observe(Event{Kind: EventReceipt, Subject: r.GetSubject(), Round: r.Round, Accepted: r.Accepted})
 }

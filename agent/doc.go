@@ -98,6 +98,19 @@
 // from ReconnectMin to ReconnectMax (and on the next connection or
 // re-announcement).
 //
+// These rules (which announcement is solved next and when a solve is
+// pre-empted, what a new run resets, what a receipt does, when and after
+// which backoff something is sent again, the site error and the end of a
+// run) are a deterministic state machine, session.go: events in
+// (announcement, solver idle, solve done, receipt, timer fired,
+// connection up, statistics or evaluation emitted, shutdown), actions out
+// (start or pre-empt a solve, publish, arm or stop a timer, report a
+// receipt or a store failure, show or clear the site error). It does no
+// I/O beyond the three outbox calls of its store interface and reads no
+// clock; the Agent steps it under one lock and carries out its actions,
+// arming timers on Deps.Clock. A timer carries the generation it was
+// armed with, so one that fires after the state moved on does nothing.
+//
 // On ctx cancellation Run publishes the retained offline status, disconnects
 // cleanly (the will is not sent on a clean disconnect), waits for its
 // handlers and closes the state file.

@@ -93,7 +93,7 @@ func (f *fakeAgg) statusWhere(what string, ok func(*wire.ClientStatus) bool) *wi
 func (ra *runningAgent) pendingUplinks() int {
 	ra.mu.Lock()
 	defer ra.mu.Unlock()
-	return len(ra.uplinks)
+	return len(ra.sess.uplinks)
 }
 
 func (f *fakeAgg) quiet(t *testing.T) {
@@ -131,7 +131,10 @@ func TestAgentStatisticsResentUntilReceipted(t *testing.T) {
 		t.Fatalf("status %v, want %d training rows", st, f.train.N)
 	}
 	// No receipt: re-sent after the backoff (100 ms, then 200 ms).
-	for range 2 {
+	for i := range 2 {
+		if d, want := ra.nextTimer(t), 100*time.Millisecond<<i; d != want {
+			t.Fatalf("re-send %d after %v, want %v", i+1, d, want)
+		}
 		if again := agg.nextStatistics(); !sameMsg(t, again, first) {
 			t.Fatalf("re-sent statistics differ: %v", again)
 		}
@@ -242,6 +245,9 @@ func TestAgentEvaluatesWhenNotSelected(t *testing.T) {
 	}
 	if ev.Round != 2 || ev.RunId != fedRun || string(ev.Report) != mustJSON(t, want) {
 		t.Fatalf("evaluation %v, want round 2 with %s", ev, mustJSON(t, want))
+	}
+	if d := ra.nextTimer(t); d != 100*time.Millisecond {
+		t.Fatalf("evaluation re-sent after %v, want 100ms", d)
 	}
 	if again := agg.nextEval(); !sameMsg(t, again, ev) {
 		t.Fatalf("re-sent evaluation differs: %v", again)

@@ -188,6 +188,7 @@ func (f *fakeAgg) statusAfter(prev *wire.ClientStatus) *wire.ClientStatus {
 // runningAgent is an Agent running in a goroutine, with its events.
 type runningAgent struct {
 	*Agent
+	clk    *clock.Fake
 	events chan Event
 	cancel context.CancelFunc
 	errc   chan error
@@ -210,9 +211,9 @@ func startAgentID(t *testing.T, id, url, state string, data model.Data) *running
 // clock until the test ends, recording its events.
 func runAgent(t *testing.T, cfg Config, data *model.Data) *runningAgent {
 	t.Helper()
-	ra := &runningAgent{events: make(chan Event, 1000), errc: make(chan error, 1)}
+	ra := &runningAgent{clk: clock.NewFake(t0), events: make(chan Event, 1000), errc: make(chan error, 1)}
 	a, err := New(cfg, Deps{
-		Clock: clock.NewFake(t0), Logger: testLogger(t), Data: data,
+		Clock: ra.clk, Logger: testLogger(t), Data: data,
 		Observe: func(e Event) {
 			select {
 			case ra.events <- e:
@@ -261,6 +262,28 @@ func (ra *runningAgent) wait(t *testing.T, what string, ok func(Event) bool) Eve
 			}
 		case <-timeout:
 			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// nextTimer waits until a timer is armed on the agent's fake clock, moves
+// the clock to the earliest deadline (firing what is due) and returns how
+// far that was.
+func (ra *runningAgent) nextTimer(t *testing.T) time.Duration {
+	t.Helper()
+	timeout := time.After(guard)
+	for {
+		armed, ats := ra.clk.Armed()
+		if len(ats) > 0 {
+			at := slices.MinFunc(ats, time.Time.Compare)
+			d := at.Sub(ra.clk.Now())
+			ra.clk.Set(at)
+			return d
+		}
+		select {
+		case <-armed:
+		case <-timeout:
+			t.Fatal("no timer armed")
 		}
 	}
 }
@@ -629,6 +652,11 @@ func TestAgentRetriesAfterInternalReceipt(t *testing.T) {
 	first, _ := agg.nextUpdate()
 	for attempt := 1; attempt <= 2; attempt++ {
 		agg.receipt(&wire.Receipt{ClientId: testSite, Round: 1, Code: wire.ReceiptCode_RECEIPT_CODE_INTERNAL, Reason: "fsync failed"})
+		ra.wait(t, "internal receipt", receiptOf(1))
+		// The backoff doubles from ReconnectMin (100 ms).
+		if d, want := ra.nextTimer(t), 100*time.Millisecond<<(attempt-1); d != want {
+			t.Fatalf("attempt %d: re-sent after %v, want %v", attempt, d, want)
+		}
 		if again, _ := agg.nextUpdate(); !slices.Equal(again, first) {
 			t.Fatalf("attempt %d: the re-sent update differs", attempt)
 		}

@@ -1,0 +1,554 @@
+package agent
+
+import (
+	"errors"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/edgefl/edgefl/sitedata"
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// This file is the agent's session rules as a deterministic state machine
+// (ARCHITECTURE.md, "Core and shell"): which announcement is solved next
+// and when a solve is pre-empted, what a new run resets, what a receipt
+// does to the outbox, when an unreceipted message is sent again and after
+// which backoff, what the site's status says. session.step takes an event
+// and returns the actions the shell (agent.go) carries out. It does no I/O
+// but the few edge-store calls of sessionStore, starts no goroutine and
+// reads no clock: a timer is an action (actArm, a duration) whose firing
+// comes back as an event naming the generation it was armed with, so a
+// timer that fires after the state moved on is recognised and ignored.
+
+// sessionStore is what the session rules read and write of the edge state
+// (*storage.EdgeStore).
+type sessionStore interface {
+	Outbox() ([]storage.OutboxEntry, error)
+	Ack(round uint64) (bool, error)
+	AckRejected(round uint64) (bool, error)
+}
+
+// pendingKey names a message re-sent until the aggregator receipts it: an
+// update (subject UPDATE, its round), the statistics (round 0) or an
+// evaluation report (its eval round). It also names that message's timer.
+type pendingKey struct {
+	subject wire.ReceiptSubject
+	round   uint64
+}
+
+func updateKey(round uint64) pendingKey {
+	return pendingKey{subject: wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE, round: round}
+}
+
+// session is the state the session rules decide on. The shell calls step
+// under one lock.
+type session struct {
+	store      sessionStore
+	federation string
+	// backoffMin and backoffMax bound the re-send backoff (Config's
+	// ReconnectMin and ReconnectMax).
+	backoffMin, backoffMax time.Duration
+
+	closing bool
+	// pending is the newest announcement waiting for the solver; solving
+	// the one being handled (nil when idle).
+	pending, solving *wire.RoundAnnouncement
+	// finished: the run finishedRun has ended and its end was handled;
+	// announcements of that run are ignored until another run's arrives.
+	finished    bool
+	finishedRun string
+	// siteErr is why this site cannot take part (nil: it can), carried by
+	// its statuses.
+	siteErr *sitedata.SiteError
+	// retries are the updates an INTERNAL receipt asked to re-send, by
+	// round; uplinks the statistics and evaluation reports sent and not
+	// yet receipted; receipted those receipted, with their run id.
+	retries   map[uint64]*retryState
+	uplinks   map[pendingKey]*pendingUplink
+	receipted map[pendingKey]string
+	// gen numbers the timers armed.
+	gen uint64
+}
+
+// retryState is an update the aggregator failed to store (INTERNAL).
+type retryState struct {
+	attempts int
+	gen      uint64 // of its armed timer, 0 for none
+}
+
+// pendingUplink is a statistics or evaluation message awaiting its receipt.
+type pendingUplink struct {
+	run      string
+	msg      []byte
+	attempts int
+	gen      uint64
+}
+
+// Events of the session.
+type (
+	sessionEvent interface{ sessionEvent() }
+
+	// announced: a valid round announcement arrived.
+	announced struct{ ann *wire.RoundAnnouncement }
+	// idle: the solver is free and asks for the next announcement.
+	idle struct{}
+	// solveDone: RoundHandler.Handle returned for ann; shutdown says the
+	// agent's run was canceled meanwhile.
+	solveDone struct {
+		ann      *wire.RoundAnnouncement
+		res      Result
+		err      error
+		shutdown bool
+	}
+	// receiptArrived: a receipt for this site.
+	receiptArrived struct{ r *wire.Receipt }
+	// timerFired: the timer armed for key with generation gen fired.
+	timerFired struct {
+		key pendingKey
+		gen uint64
+	}
+	// connected: a connection is up (subscribed, status published).
+	connected struct{}
+	// emitted: the round handler produced a statistics or evaluation
+	// message.
+	emitted struct{ out Outgoing }
+	// finalRestored: at start, the state file holds the final bundle of
+	// run (and writing it to model_out failed with siteErr, if not nil).
+	finalRestored struct {
+		run     string
+		siteErr *sitedata.SiteError
+	}
+	// closed: the agent is shutting down.
+	closed struct{}
+)
+
+func (announced) sessionEvent()      {}
+func (idle) sessionEvent()           {}
+func (solveDone) sessionEvent()      {}
+func (receiptArrived) sessionEvent() {}
+func (timerFired) sessionEvent()     {}
+func (connected) sessionEvent()      {}
+func (emitted) sessionEvent()        {}
+func (finalRestored) sessionEvent()  {}
+func (closed) sessionEvent()         {}
+
+// actionKind says what an action asks of the shell.
+type actionKind int
+
+const (
+	actStartSolve       actionKind = iota + 1 // hand ann to RoundHandler.Handle
+	actPreempt                                // cancel the running solve of ann with cause err
+	actWake                                   // wake the solver: an announcement waits
+	actIgnored                                // ann is of the finished run: dropped
+	actRoundDone                              // a handled announcement: log and count (class, ann, res, err)
+	actPublishUpdate                          // publish msg as the update of key.round (why)
+	actPublishUplink                          // publish msg, the statistics or evaluation of key (why, attempt)
+	actArm                                    // (re)arm key's timer: fire timerFired{key, gen} after d
+	actStop                                   // stop key's timer
+	actReceipt                                // a receipt was handled (receipt, outcome, had, after)
+	actStoreFailed                            // the edge store failed (what, err)
+	actSiteError                              // the site error is se (same: unchanged)
+	actSiteErrorCleared                       // the site error se is over
+	actFinished                               // the run of ann ended (res)
+)
+
+// why says why an update or uplink is published.
+type why int
+
+const (
+	sendFirst     why = iota + 1 // solved, or the handler emitted it
+	sendAgain                    // its round was announced again (ActionResend)
+	sendReconnect                // a connection came up
+	sendRetry                    // its re-send timer fired
+)
+
+// roundClass classifies a handled announcement for the shell's log and
+// counters.
+type roundClass int
+
+const (
+	roundOK          roundClass = iota + 1 // no error: res.Action says what was done
+	roundBad                               // ErrBadAnnouncement
+	roundDamaged                           // the state file is damaged: Run stops
+	roundShutdown                          // abandoned at shutdown
+	roundNewRun                            // abandoned for a new run
+	roundRunFinished                       // abandoned: the run finished
+	roundSiteError                         // a site error
+	roundFailed                            // any other local failure
+)
+
+// receiptOutcome is what a receipt did.
+type receiptOutcome int
+
+const (
+	receiptAccepted receiptOutcome = iota + 1 // stored or duplicate: dropped from the outbox
+	receiptRetry                              // INTERNAL: kept, re-sent after a backoff
+	receiptRejected                           // any other rejection: dropped
+)
+
+// action is one thing the shell must do, in the order step returns them.
+type action struct {
+	kind    actionKind
+	ann     *wire.RoundAnnouncement
+	solving uint64 // actPreempt: the round being solved
+	res     Result
+	class   roundClass
+	key     pendingKey
+	gen     uint64
+	after   time.Duration
+	msg     []byte
+	why     why
+	attempt int
+	receipt *wire.Receipt
+	outcome receiptOutcome
+	had     bool
+	what    string
+	err     error
+	se      *sitedata.SiteError
+	same    bool
+}
+
+// step applies ev and returns the actions it decides.
+func (s *session) step(ev sessionEvent) []action {
+	switch ev := ev.(type) {
+	case announced:
+		return s.announced(ev.ann)
+	case idle:
+		return s.take()
+	case solveDone:
+		return s.solveDone(ev)
+	case receiptArrived:
+		if ev.r.GetSubject() != wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE {
+			return s.uplinkReceipt(ev.r)
+		}
+		return s.updateReceipt(ev.r)
+	case timerFired:
+		return s.timerFired(ev.key, ev.gen)
+	case connected:
+		return s.connected()
+	case emitted:
+		return s.emitted(ev.out)
+	case finalRestored:
+		s.finished, s.finishedRun = true, ev.run
+		if ev.siteErr != nil {
+			s.siteErr = ev.siteErr
+		}
+		return nil
+	case closed:
+		s.closing = true
+		var acts []action
+		rounds := make([]uint64, 0, len(s.retries))
+		for r := range s.retries {
+			rounds = append(rounds, r)
+		}
+		slices.Sort(rounds)
+		for _, r := range rounds {
+			acts = append(acts, action{kind: actStop, key: updateKey(r)})
+			delete(s.retries, r)
+		}
+		return s.dropUplinks(acts, func(string) bool { return true })
+	}
+	return nil
+}
+
+// announced keeps ann for the solver (only the newest waits) and pre-empts
+// a solve it supersedes.
+func (s *session) announced(ann *wire.RoundAnnouncement) []action {
+	if s.finished && ann.RunId == s.finishedRun && ann.Federation == s.federation {
+		// The run is over and its end handled: stay quiet until another
+		// run is announced.
+		return []action{{kind: actIgnored, ann: ann}}
+	}
+	// An announcement of another aggregator run supersedes whatever waits
+	// or runs, whatever its round number (the new run counts from 1).
+	if p := s.pending; p == nil || ann.Round >= p.Round || (ann.RunId != "" && ann.RunId != p.RunId) {
+		s.pending = ann
+	}
+	var acts []action
+	if cur := s.solving; cur != nil && ann.Federation == s.federation {
+		var cause error
+		switch {
+		case ann.RunId != "" && ann.RunId != cur.RunId:
+			cause = ErrNewRun
+		case ann.GetPhase() == wire.Phase_PHASE_FINISHED:
+			cause = ErrFinished
+		case ann.Round > cur.Round:
+			cause = ErrPreempted
+		}
+		if cause != nil {
+			acts = append(acts, action{kind: actPreempt, ann: ann, solving: cur.Round, err: cause})
+		}
+	}
+	return append(acts, action{kind: actWake})
+}
+
+// take hands the waiting announcement to the solver. An announcement with
+// a run id drops the messages of other runs and ends the "finished" quiet
+// of another run.
+func (s *session) take() []action {
+	ann := s.pending
+	if ann == nil {
+		return nil
+	}
+	s.pending, s.solving = nil, ann
+	var acts []action
+	if ann.RunId != "" {
+		acts = s.dropUplinks(acts, func(run string) bool { return run != ann.RunId })
+		if s.finished && s.finishedRun != ann.RunId {
+			s.finished, s.finishedRun = false, ""
+		}
+	}
+	return append(acts, action{kind: actStartSolve, ann: ann})
+}
+
+// solveDone classifies what Handle returned and decides what follows:
+// publish the update, the site error shown or cleared, the run's end.
+func (s *session) solveDone(ev solveDone) []action {
+	s.solving = nil
+	ann, res, err := ev.ann, ev.res, ev.err
+	done := action{kind: actRoundDone, ann: ann, res: res, err: err, class: roundOK}
+	var se *sitedata.SiteError
+	switch {
+	case errors.Is(err, ErrBadAnnouncement):
+		done.class = roundBad
+	case errors.Is(err, storage.ErrCorrupt):
+		done.class = roundDamaged
+	case err != nil && ev.shutdown:
+		done.class = roundShutdown
+	case errors.Is(err, ErrNewRun):
+		done.class = roundNewRun
+	case errors.Is(err, ErrFinished):
+		done.class = roundRunFinished
+	case errors.As(err, &se):
+		done.class = roundSiteError
+	case err != nil:
+		done.class = roundFailed
+	}
+	acts := []action{done}
+	switch {
+	case done.class == roundSiteError:
+		same := s.siteErr != nil && s.siteErr.Reason == se.Reason && s.siteErr.Public() == se.Public()
+		s.siteErr = se
+		acts = append(acts, action{kind: actSiteError, ann: ann, se: se, same: same})
+	case err != nil:
+	case res.Action == ActionSolved:
+		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendFirst})
+	case res.Action == ActionResend:
+		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendAgain})
+	case res.Action == ActionFinished:
+		s.finished, s.finishedRun = true, ann.RunId
+		acts = s.dropUplinks(acts, func(string) bool { return true })
+		acts = append(acts, action{kind: actFinished, ann: ann, res: res})
+	}
+	// Storing the final bundle proves the disk and the aggregator's
+	// messages, not this site's data: a data error stays on show.
+	if old := s.siteErr; err == nil && res.Healthy && old != nil && !(res.Action == ActionFinished && dataError(old.Reason)) {
+		s.siteErr = nil
+		acts = append(acts, action{kind: actSiteErrorCleared, se: old})
+	}
+	return acts
+}
+
+// updateReceipt: accepted drops the outbox entry; INTERNAL keeps it and
+// re-sends it after a backoff; any other rejection drops it and forgets the
+// aggregator's FedSplit copy of z, which assumed it would be applied.
+func (s *session) updateReceipt(r *wire.Receipt) []action {
+	var acts []action
+	switch {
+	case r.Accepted:
+		acts = s.cancelRetry(r.Round)
+		had, err := s.store.Ack(r.Round)
+		if err != nil {
+			return append(acts, action{kind: actStoreFailed, what: "ack receipt", err: err})
+		}
+		return append(acts, action{kind: actReceipt, receipt: r, outcome: receiptAccepted, had: had})
+	case r.Code == wire.ReceiptCode_RECEIPT_CODE_INTERNAL:
+		var d time.Duration
+		if !s.closing {
+			rt := s.retries[r.Round]
+			if rt == nil {
+				rt = &retryState{}
+				if s.retries == nil {
+					s.retries = map[uint64]*retryState{}
+				}
+				s.retries[r.Round] = rt
+			}
+			d = s.backoff(rt.attempts)
+			rt.attempts++
+			rt.gen = s.nextGen()
+			acts = append(acts, action{kind: actArm, key: updateKey(r.Round), gen: rt.gen, after: d})
+		}
+		return append(acts, action{kind: actReceipt, receipt: r, outcome: receiptRetry, after: d})
+	default:
+		acts = s.cancelRetry(r.Round)
+		if _, err := s.store.AckRejected(r.Round); err != nil {
+			return append(acts, action{kind: actStoreFailed, what: "ack rejected update", err: err})
+		}
+		return append(acts, action{kind: actReceipt, receipt: r, outcome: receiptRejected})
+	}
+}
+
+// uplinkReceipt: accepted (stored or duplicate) ends a statistics or
+// evaluation message's re-sending and remembers it receipted; INTERNAL
+// keeps it (its backoff goes on); another rejection drops it.
+func (s *session) uplinkReceipt(r *wire.Receipt) []action {
+	k := pendingKey{subject: r.GetSubject(), round: r.Round}
+	p := s.uplinks[k]
+	var acts []action
+	outcome := receiptRetry
+	if r.Accepted || r.Code != wire.ReceiptCode_RECEIPT_CODE_INTERNAL {
+		outcome = receiptRejected
+		if r.Accepted {
+			outcome = receiptAccepted
+		}
+		if p != nil {
+			acts = append(acts, action{kind: actStop, key: k})
+			delete(s.uplinks, k)
+			if r.Accepted {
+				if s.receipted == nil {
+					s.receipted = map[pendingKey]string{}
+				}
+				s.receipted[k] = p.run
+			}
+		}
+	}
+	return append(acts, action{kind: actReceipt, receipt: r, outcome: outcome, had: p != nil})
+}
+
+// timerFired re-sends what key's timer was armed for, unless the state
+// moved on since (receipted, replaced, re-armed, shutting down).
+func (s *session) timerFired(k pendingKey, gen uint64) []action {
+	if s.closing {
+		return nil
+	}
+	if k.subject == wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE {
+		if rt := s.retries[k.round]; rt == nil || rt.gen != gen {
+			return nil
+		}
+		out, err := s.store.Outbox()
+		if err != nil {
+			return []action{{kind: actStoreFailed, what: "read outbox", err: err}}
+		}
+		for _, e := range out {
+			if e.Round == k.round {
+				return []action{{kind: actPublishUpdate, key: k, msg: e.Msg, why: sendRetry}}
+			}
+		}
+		return nil
+	}
+	p := s.uplinks[k]
+	if p == nil || p.gen != gen {
+		return nil
+	}
+	arm := s.armUplink(k, p)
+	return []action{arm, {kind: actPublishUplink, key: k, msg: p.msg, why: sendRetry, attempt: p.attempts}}
+}
+
+// connected re-sends every unreceipted update (unless the run is over:
+// nothing more is sent) and every unreceipted statistics and evaluation
+// message.
+func (s *session) connected() []action {
+	out, err := s.store.Outbox()
+	var acts []action
+	switch {
+	case err != nil:
+		acts = append(acts, action{kind: actStoreFailed, what: "read outbox", err: err})
+	case !s.finished: // a finished run's outbox is empty anyway (SetFinal)
+		for _, e := range out {
+			acts = append(acts, action{kind: actPublishUpdate, key: updateKey(e.Round), msg: e.Msg, why: sendReconnect})
+		}
+	}
+	for _, k := range s.uplinkKeys() {
+		p := s.uplinks[k]
+		acts = append(acts, action{kind: actPublishUplink, key: k, msg: p.msg, why: sendReconnect, attempt: p.attempts})
+	}
+	return acts
+}
+
+// emitted sends a statistics or evaluation message and keeps it until the
+// aggregator receipts it: re-sent after a backoff doubling from backoffMin
+// to backoffMax, and on every connection. (The announcement asking for it
+// is retained: after a restart it is made again.)
+func (s *session) emitted(o Outgoing) []action {
+	if s.closing {
+		return nil
+	}
+	k := pendingKey{subject: o.Subject, round: o.Round}
+	if s.uplinks == nil {
+		s.uplinks = map[pendingKey]*pendingUplink{}
+	}
+	p := &pendingUplink{run: o.RunID, msg: o.Msg}
+	s.uplinks[k] = p
+	return []action{s.armUplink(k, p), {kind: actPublishUplink, key: k, msg: o.Msg, why: sendFirst, attempt: 0}}
+}
+
+// armUplink arms p's next re-send.
+func (s *session) armUplink(k pendingKey, p *pendingUplink) action {
+	d := s.backoff(p.attempts)
+	p.attempts++
+	p.gen = s.nextGen()
+	return action{kind: actArm, key: k, gen: p.gen, after: d}
+}
+
+// backoff is the delay before re-send number attempts+1: backoffMin,
+// doubled with every attempt, at most backoffMax.
+func (s *session) backoff(attempts int) time.Duration {
+	d := s.backoffMin
+	for i := 0; i < attempts && d < s.backoffMax; i++ {
+		d *= 2
+	}
+	return min(d, s.backoffMax)
+}
+
+func (s *session) nextGen() uint64 {
+	s.gen++
+	return s.gen
+}
+
+func (s *session) cancelRetry(round uint64) []action {
+	if _, ok := s.retries[round]; !ok {
+		return nil
+	}
+	delete(s.retries, round)
+	return []action{{kind: actStop, key: updateKey(round)}}
+}
+
+// dropUplinks forgets the pending and receipted messages of the runs drop
+// says, appending the stops of their timers to acts.
+func (s *session) dropUplinks(acts []action, drop func(run string) bool) []action {
+	for _, k := range s.uplinkKeys() {
+		if drop(s.uplinks[k].run) {
+			acts = append(acts, action{kind: actStop, key: k})
+			delete(s.uplinks, k)
+		}
+	}
+	for k, run := range s.receipted {
+		if drop(run) {
+			delete(s.receipted, k)
+		}
+	}
+	return acts
+}
+
+// uplinkKeys are the pending uplinks' keys in order (subject, round), so
+// that the actions of a step do not depend on map order.
+func (s *session) uplinkKeys() []pendingKey {
+	keys := make([]pendingKey, 0, len(s.uplinks))
+	for k := range s.uplinks {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		a, b := keys[i], keys[j]
+		return a.subject < b.subject || a.subject == b.subject && a.round < b.round
+	})
+	return keys
+}
+
+// isReceipted reports whether the aggregator receipted the statistics or
+// evaluation report (subject, round) of run.
+func (s *session) isReceipted(subject wire.ReceiptSubject, run string, round uint64) bool {
+	r, ok := s.receipted[pendingKey{subject: subject, round: round}]
+	return ok && r == run
+}
