@@ -22,6 +22,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/model"
@@ -190,8 +191,9 @@ type ServerConfig struct {
 	// IngestQueue messages may wait for them (default DefaultIngestQueue).
 	IngestWorkers, IngestQueue int
 
-	// Clock is the time source (default RealClock).
-	Clock Clock
+	// Clock is the time source: event times, the coordinator's timer, the
+	// aggregation's duration (default clock.Real).
+	Clock clock.Clock
 	// Logger receives the daemon's log (default slog.Default()).
 	Logger *slog.Logger
 	// OnRound, when set, is called from the event loop after each round is
@@ -287,7 +289,7 @@ func (c *ServerConfig) defaults() {
 		c.IngestQueue = DefaultIngestQueue
 	}
 	if c.Clock == nil {
-		c.Clock = RealClock{}
+		c.Clock = clock.Real{}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -383,7 +385,7 @@ func (s *Server) resumeDiffs(was storedConfig) []string {
 type Server struct {
 	cfg     ServerConfig
 	log     *slog.Logger
-	clock   Clock
+	clock   clock.Clock
 	topics  wire.Topics
 	lim     wire.Limits
 	qlim    quant.Limits
@@ -414,8 +416,7 @@ type Server struct {
 	fresh    bool   // the state file was new
 	reqs     chan *request
 	client   mqtt.Client
-	timerC   <-chan time.Time
-	timerOff func()
+	timer    clock.Timer // the coordinator's one timer (SetTimer); nil when none
 
 	runCtx     context.Context
 	ran        atomic.Bool
@@ -928,9 +929,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	}
 	close(s.ready)
 	err = s.loop(ctx)
-	if s.timerOff != nil {
-		s.timerOff()
-	}
+	s.setTimer(time.Time{})
 	return err
 }
 
@@ -956,8 +955,8 @@ func (s *Server) loop(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-		case <-s.timerC:
-			s.timerC = nil
+		case <-s.timerC():
+			s.timer = nil
 			if err := s.step(ctx, Tick{At: s.clock.Now()}, nil); err != nil {
 				return err
 			}
@@ -1323,15 +1322,25 @@ func (s *Server) persistState() error {
 	return nil
 }
 
+// setTimer (re)arms the coordinator's one timer for at; the zero time
+// stops it.
 func (s *Server) setTimer(at time.Time) {
-	if s.timerOff != nil {
-		s.timerOff()
-		s.timerOff = nil
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer = nil
 	}
-	s.timerC = nil
 	if !at.IsZero() {
-		s.timerC, s.timerOff = s.clock.At(at)
+		s.timer = s.clock.NewTimer(at.Sub(s.clock.Now()))
 	}
+}
+
+// timerC is the channel of the coordinator's timer (nil, which blocks, when
+// none is armed).
+func (s *Server) timerC() <-chan time.Time {
+	if s.timer == nil {
+		return nil
+	}
+	return s.timer.C()
 }
 
 func (s *Server) finish(d Finished) error {

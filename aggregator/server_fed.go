@@ -675,15 +675,15 @@ func (s *Server) announceFinished(rounds int, deadline time.Time, bun []byte, la
 		return nil
 	}
 	tok := s.client.Publish(s.topics.Round(), 1, true, b)
-	limit, off := s.clock.At(s.clock.Now().Add(finalAckWait))
-	defer off()
+	limit := s.clock.NewTimer(finalAckWait)
+	defer limit.Stop()
 	select {
 	case <-tok.Done():
 		if err := tok.Error(); err != nil {
 			s.publishErrors.Add(1)
 			s.log.Error("publish failed", "what", "final announcement", "topic", s.topics.Round(), "err", err)
 		}
-	case <-limit:
+	case <-limit.C():
 		s.log.Warn("the broker has not acknowledged the final announcement; finishing without its acknowledgement", "waited", finalAckWait)
 	case <-s.runCtx.Done():
 	}

@@ -92,7 +92,7 @@ func (s *Server) announce(round, attempt int, selected []string, deadline time.T
 // round), then steps AggregatedRound. After a restart the checkpoint may
 // exist already: then the aggregation is not redone.
 func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
-	start := time.Now()
+	start := s.clock.Now()
 	r := cr.Round
 	final := s.cfg.Rounds > 0 && r >= s.cfg.Rounds
 	next, err := s.store.Checkpoint(uint64(r + 1))
@@ -153,7 +153,7 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 		}
 	}
 	s.global, s.globalR, s.frame = next, r+1, nil
-	dur := time.Since(start)
+	dur := s.clock.Since(start)
 
 	rr := RoundReport{Round: r, Contributors: cr.Contributors, Partial: cr.Partial, Stragglers: cr.Stragglers,
 		Late: s.late, Duration: dur, EvalLoss: math.NaN(), EvalScore: math.NaN(), Metrics: rep.Metrics, Global: next}

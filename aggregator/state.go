@@ -36,8 +36,9 @@ type State struct {
 	// round (or its re-selection) started waiting, for Settle.
 	Started      bool          `json:"started,omitempty"`
 	WaitingSince time.Time     `json:"waiting_since"`
-	ClosedAt     time.Time     `json:"closed_at"` // when Round closed (or finished)
-	Timer        time.Time     `json:"timer"`     // the last SetTimer sent
+	ClosedAt     time.Time     `json:"closed_at"`      // when Round closed (or finished)
+	Timer        time.Time     `json:"timer"`          // the last SetTimer sent
+	Late         int           `json:"late,omitempty"` // late updates since the last aggregation
 	Clients      []ClientState `json:"clients,omitempty"`
 	Counters     Counters      `json:"counters"`
 	// SelectorName and Selector hold a stateful selector's own state (see
@@ -96,6 +97,7 @@ func (c *Coordinator) Snapshot() State {
 		WaitingSince: c.waitingSince,
 		ClosedAt:     c.closedAt,
 		Timer:        c.timer,
+		Late:         c.late,
 		Counters:     c.counters.clone(),
 		StatsSites:   c.fed.statsList(),
 		EvalRound:    c.fed.evalRound,
@@ -180,6 +182,8 @@ func (c *Coordinator) Restore(s State) error {
 	c.waitingSince = norm(s.WaitingSince)
 	c.closedAt = norm(s.ClosedAt)
 	c.timer = norm(s.Timer)
+	c.late = s.Late
+	c.proposal = nil
 	c.counters = s.Counters.clone()
 	c.fed.reset()
 	for _, id := range s.StatsSites {
@@ -207,8 +211,8 @@ func (s State) check() error {
 	default:
 		return bad("unknown phase %q", s.Phase)
 	}
-	if s.Round < 1 || s.Attempts < 0 {
-		return bad("round %d, attempts %d", s.Round, s.Attempts)
+	if s.Round < 1 || s.Attempts < 0 || s.Late < 0 {
+		return bad("round %d, attempts %d, late %d", s.Round, s.Attempts, s.Late)
 	}
 	if (s.Phase == PhaseCollecting || s.Phase == PhaseStalled) && (s.Attempts < 1 || s.Deadline.IsZero()) {
 		return bad("phase %s without an announced selection", s.Phase)
