@@ -40,16 +40,6 @@ func mustNew(t *testing.T, cfg Config) *Coordinator {
 	return c
 }
 
-func ofType[T Decision](ds []Decision) []T {
-	var out []T
-	for _, d := range ds {
-		if v, ok := d.(T); ok {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
 func only[T Decision](t *testing.T, ds []Decision) T {
 	t.Helper()
 	v := ofType[T](ds)

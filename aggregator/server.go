@@ -412,7 +412,6 @@ type Server struct {
 	frame    []byte // the fp32 frame of global (for globalR)
 	storeR   uint64 // the store's current round
 	lastSt   []byte // the state bytes last written to storeR
-	late     int    // late updates since the last aggregation
 	fresh    bool   // the state file was new
 	reqs     chan *request
 	client   mqtt.Client
@@ -659,7 +658,10 @@ func (s *Server) restore() error {
 		if x0, err = s.downlinked(x0); err != nil {
 			return err
 		}
-		st, _ := json.Marshal(s.coord.Snapshot())
+		st, err := s.coord.MarshalState()
+		if err != nil {
+			return err
+		}
 		now := s.clock.Now()
 		if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: now, Config: s.conf, State: st}, x0); err != nil {
 			return err
@@ -924,7 +926,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		// under the same name would mislead clients that connect now.
 		s.publish(s.topics.Round(), true, nil, "clear retained round")
 	}
-	if err := s.apply(ctx, s.coord.Resume(), nil, nil); err != nil {
+	if err := s.apply(ctx, s.coord.Resume(), nil, time.Time{}); err != nil {
 		return err
 	}
 	close(s.ready)
@@ -957,7 +959,7 @@ func (s *Server) loop(ctx context.Context) error {
 			}
 		case <-s.timerC():
 			s.timer = nil
-			if err := s.step(ctx, Tick{At: s.clock.Now()}, nil); err != nil {
+			if err := s.step(ctx, Tick{At: s.clock.Now()}); err != nil {
 				return err
 			}
 		}
@@ -987,12 +989,19 @@ func (s *Server) onStatus(ctx context.Context, st *wire.ClientStatus) error {
 	if !s.instanceStatus(st, now) {
 		return nil // another installation with this site's id
 	}
-	if s.coord.StatusStale(st.ClientId, st.Connection, st.Online) {
-		// Counted by the coordinator (stale_statuses) when stepped; the
-		// registry keeps the newer status.
+	ds := s.coord.Step(statusEvent(st, now))
+	if len(ofType[StaleStatus](ds)) > 0 {
+		// Counted by the coordinator (stale_statuses); the registry keeps
+		// the newer status.
 		s.log.Info("stale client status set aside", "client", st.ClientId, "online", st.Online, "connection", st.Connection)
-		return s.step(ctx, statusEvent(st, now), nil)
+	} else {
+		s.recordStatus(st, now)
 	}
+	return s.apply(ctx, ds, nil, time.Time{})
+}
+
+// recordStatus writes a status the coordinator applied to the registry.
+func (s *Server) recordStatus(st *wire.ClientStatus, now time.Time) {
 	err := s.store.PutClientStatus(storage.ClientStatus{ID: st.ClientId, Online: st.Online, SampleCount: st.SampleCount,
 		Capabilities: st.Capabilities, SoftwareVersion: st.SoftwareVersion, ErrorReason: st.ErrorReason, ErrorMessage: st.ErrorMessage, At: now})
 	if st.Online {
@@ -1009,7 +1018,17 @@ func (s *Server) onStatus(ctx context.Context, st *wire.ClientStatus) error {
 	} else {
 		s.log.Info("client offline", "client", st.ClientId, "connection", st.Connection)
 	}
-	return s.step(ctx, statusEvent(st, now), nil)
+}
+
+// ofType lists the decisions of type T in ds.
+func ofType[T Decision](ds []Decision) []T {
+	var out []T
+	for _, d := range ds {
+		if v, ok := d.(T); ok {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // statusEvent is the coordinator's event for a status message.
@@ -1031,87 +1050,103 @@ func (s *Server) onUpdate(ctx context.Context, u *inUpdate) error {
 	if rep := m.Report; rep != nil {
 		loss = rep.AnchorLoss
 	}
-	return s.step(ctx, UpdateArrived{Client: m.ClientId, Round: int(r), Partial: m.Report.GetPartial(), Loss: loss, At: s.clock.Now()}, u)
+	ev := UpdateArrived{Client: m.ClientId, Round: int(r), Partial: m.Report.GetPartial(), Loss: loss, At: s.clock.Now()}
+	return s.propose(ctx, ev, u, func(d Decision, now time.Time) (bool, error) {
+		if r, c := acceptedOf(d); int(m.Round) != r || m.ClientId != c {
+			return false, fmt.Errorf("aggregator: coordinator accepted an update it was not given: %#v", d)
+		}
+		return true, s.storeUpdate(u, now)
+	}, func(err error) error {
+		s.refuseUpdate(u, err)
+		return nil
+	})
 }
 
-// step feeds one event to the coordinator and carries out its decisions.
-func (s *Server) step(ctx context.Context, ev Event, u *inUpdate) error {
-	var before *State
-	if u != nil || s.pendStats != nil || s.pendEval != nil {
-		b := s.coord.Snapshot()
-		before = &b
+// propose hands a site's message to the coordinator as a proposal
+// (Coordinator.Propose): a message it accepts is stored first (store, which
+// reports whether it wrote it now: false for a copy stored earlier) and
+// only then applied (Stored); one that cannot be stored is forgotten
+// (StoreFailed), so the coordinator's state stays what it was, and answered
+// by refused. A store error that is not the message's fault ends the loop
+// when refused returns it.
+func (s *Server) propose(ctx context.Context, ev Event, u *inUpdate, store func(Decision, time.Time) (bool, error), refused func(error) error) error {
+	ds := s.coord.Propose(ev)
+	if !s.coord.Pending() {
+		return s.apply(ctx, ds, u, time.Time{})
 	}
-	return s.apply(ctx, s.coord.Step(ev), u, before)
-}
-
-// apply carries out one batch of decisions in the coordinator's order:
-// first the durable writes (the accepted update, then the state), then
-// everything visible outside (receipts, announcements), the timer and the
-// round's close. before is the state to roll back to if the update cannot
-// be stored.
-func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *State) error {
-	defer s.refreshView()
 	now := s.clock.Now()
-	var storedAt time.Time
-	for _, d := range ds {
-		var round int
-		switch d := d.(type) {
-		case Accept:
-			round = d.Round
-		case AcceptLate:
-			round = d.Round
-		case AcceptStatistics, AcceptEval:
-			if ok, err := s.storeFed(d, now, before); !ok || err != nil {
-				return err
-			}
-			continue
-		default:
-			continue
-		}
-		if u == nil || int(u.msg.Round) != round || u.msg.ClientId != clientOf(d) {
-			return fmt.Errorf("aggregator: coordinator accepted an update it was not given: %#v", d)
-		}
-		if err := s.storeUpdate(u, now); errors.Is(err, errOutOfRange) {
-			if rerr := s.coord.Restore(*before); rerr != nil {
-				return fmt.Errorf("aggregator: roll back an out-of-range update: %w", rerr)
-			}
-			s.reject(u.msg.ClientId, "out_of_range")
-			s.log.Warn("update rejected", "client", u.msg.ClientId, "round", u.msg.Round, "reason", "out_of_range", "detail", err)
-			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "out_of_range: "+err.Error(), time.Time{})
-			return nil
-		} else if errors.Is(err, uplink.ErrBaseMismatch) {
-			if rerr := s.coord.Restore(*before); rerr != nil {
-				return fmt.Errorf("aggregator: roll back a mismatched delta: %w", rerr)
-			}
-			s.reject(u.msg.ClientId, "base_mismatch")
-			s.log.Warn("update rejected", "client", u.msg.ClientId, "round", u.msg.Round, "reason", "base_mismatch", "detail", err)
-			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_BASE_MISMATCH, err.Error(), time.Time{})
-			return nil
-		} else if err != nil {
-			s.storageErrors.Add(1)
-			s.log.Error("storing an accepted update; rejecting it for a retry", "client", u.msg.ClientId, "round", u.msg.Round, "err", err)
-			if rerr := s.coord.Restore(*before); rerr != nil {
-				return fmt.Errorf("aggregator: roll back after a storage error: %w (storage: %w)", rerr, err)
-			}
-			s.reject(u.msg.ClientId, "internal")
-			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store the update; retry", time.Time{})
-			return nil
-		}
-		storedAt = now
+	wrote, err := store(ds[0], now)
+	if err != nil {
+		s.coord.Step(StoreFailed{At: now})
+		defer s.refreshView()
+		return refused(err)
 	}
-	if s.fedStored {
-		storedAt = now
+	storedAt := now
+	if !wrote {
+		storedAt = time.Time{}
 	}
+	return s.apply(ctx, s.coord.Step(Stored{At: now}), u, storedAt)
+}
+
+// refuseUpdate answers an accepted update that was not stored: a value the
+// downlink cannot carry, a delta against a copy this server does not hold,
+// or a storage error (INTERNAL: the site retries).
+func (s *Server) refuseUpdate(u *inUpdate, err error) {
+	m := u.msg
+	switch {
+	case errors.Is(err, errOutOfRange):
+		s.reject(m.ClientId, "out_of_range")
+		s.log.Warn("update rejected", "client", m.ClientId, "round", m.Round, "reason", "out_of_range", "detail", err)
+		s.receipt(m, false, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "out_of_range: "+err.Error(), time.Time{})
+	case errors.Is(err, uplink.ErrBaseMismatch):
+		s.reject(m.ClientId, "base_mismatch")
+		s.log.Warn("update rejected", "client", m.ClientId, "round", m.Round, "reason", "base_mismatch", "detail", err)
+		s.receipt(m, false, wire.ReceiptCode_RECEIPT_CODE_BASE_MISMATCH, err.Error(), time.Time{})
+	default:
+		s.storageErrors.Add(1)
+		s.log.Error("storing an accepted update; rejecting it for a retry", "client", m.ClientId, "round", m.Round, "err", err)
+		s.reject(m.ClientId, "internal")
+		s.receipt(m, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store the update; retry", time.Time{})
+	}
+}
+
+// step feeds one event that carries no site message to the coordinator and
+// carries out its decisions.
+func (s *Server) step(ctx context.Context, ev Event) error {
+	return s.apply(ctx, s.coord.Step(ev), nil, time.Time{})
+}
+
+// apply carries out one batch of decisions in the coordinator's order: the
+// state first (the batch's message, if any, is stored already: storedAt,
+// zero for a copy stored earlier), then everything visible outside
+// (receipts, announcements), the timer and the round's close.
+func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, storedAt time.Time) error {
+	defer s.refreshView()
 	if err := s.persistState(); err != nil {
-		if u != nil && !storedAt.IsZero() && before != nil && s.coord.Restore(*before) == nil {
+		if u != nil && !storedAt.IsZero() {
 			s.storageErrors.Add(1)
 			s.reject(u.msg.ClientId, "internal")
 			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store its state; retry", time.Time{})
 		}
 		return err
 	}
-	var closing *CloseRound
-	var fitting *FitTransform
+	closing, fitting, err := s.carryOut(ds, u, storedAt)
+	switch {
+	case err != nil:
+		return err
+	case closing != nil:
+		// After the rest of the batch (its SetTimer belongs to the
+		// closing phase): AggregatedRound is a new event.
+		return s.closeRound(ctx, *closing)
+	case fitting != nil:
+		return s.fitTransform(ctx, *fitting)
+	}
+	return nil
+}
+
+// carryOut carries out a batch's visible decisions in order and returns the
+// round to close or the transform to fit, which come last.
+func (s *Server) carryOut(ds []Decision, u *inUpdate, storedAt time.Time) (closing *CloseRound, fitting *FitTransform, err error) {
 	for _, d := range ds {
 		switch d := d.(type) {
 		case Accept:
@@ -1120,66 +1155,49 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "", storedAt)
 		case AcceptLate:
 			s.noteWork(u.msg)
-			s.late++
 			s.log.Info("late update stored as the client's latest z", "client", d.Client, "round", d.Round, "partial", d.Partial)
 			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "late: stored as the latest z", storedAt)
 		case Reject:
 			s.rejectByCoordinator(u, d)
 		case Announce:
-			if err := s.announce(d.Round, d.Attempt, d.Selected, d.Deadline); err != nil {
-				return err
-			}
+			err = s.announce(d.Round, d.Attempt, d.Selected, d.Deadline)
 		case Extend:
-			sel := s.coord.Snapshot().Selected
 			s.log.Info("round below quorum at its deadline: extended", "round", d.Round, "deadline", d.Deadline)
-			if err := s.announce(d.Round, -1, sel, d.Deadline); err != nil {
-				return err
-			}
+			err = s.announce(d.Round, -1, d.Selected, d.Deadline)
 		case SetTimer:
 			s.setTimer(d.At)
 		case CloseRound:
 			closing = &d
 		case Finished:
-			if err := s.finish(d); err != nil {
-				return err
-			}
+			err = s.finish(d)
 		case AcceptStatistics, RejectStatistics, AcceptEval, RejectEval:
 			s.answerFed(d, storedAt)
 		case AnnounceStatistics:
-			if err := s.announceStatistics(d.Deadline); err != nil {
-				return err
-			}
+			err = s.announceStatistics(d.Deadline)
 		case FitTransform:
 			fitting = &d
 		case EvalComplete:
 			s.finalizeEval(d.Round)
 		case Finish:
-			if err := s.announceFinish(d); err != nil {
-				return err
-			}
+			err = s.announceFinish(d)
+		}
+		if err != nil {
+			return nil, nil, err
 		}
 	}
-	if closing != nil {
-		// After the rest of the batch (its SetTimer belongs to the
-		// closing phase): AggregatedRound is a new event.
-		return s.closeRound(ctx, *closing)
-	}
-	if fitting != nil {
-		return s.fitTransform(ctx, *fitting)
-	}
-	return nil
+	return closing, fitting, nil
 }
 
-func clientOf(d Decision) string {
+// acceptedOf is the round and client an update's accept names.
+func acceptedOf(d Decision) (round int, client string) {
 	switch d := d.(type) {
 	case Accept:
-		return d.Client
+		return d.Round, d.Client
 	case AcceptLate:
-		return d.Client
+		return d.Round, d.Client
 	}
-	return ""
+	return 0, ""
 }
-
 // errOutOfRange: an update whose model (w, or FedSplit's z_j) holds a value
 // the downlink codec cannot carry. Stored, it would end in a global model
 // no announcement can encode, and every restart would fail the same way.
@@ -1307,9 +1325,9 @@ func (s *Server) downlinked(x []float64) ([]float64, error) {
 // persistState writes the coordinator's state to the store's current round
 // when it changed.
 func (s *Server) persistState() error {
-	b, err := json.Marshal(s.coord.Snapshot())
+	b, err := s.coord.MarshalState()
 	if err != nil {
-		return fmt.Errorf("aggregator: encode state: %w", err)
+		return err
 	}
 	if bytes.Equal(b, s.lastSt) {
 		return nil

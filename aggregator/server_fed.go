@@ -191,7 +191,10 @@ func (s *Server) setModel(spec model.Spec) error {
 func (s *Server) restoreFreshFed() error {
 	s.stored.RunID = crand.Text()
 	s.conf, _ = json.Marshal(s.stored)
-	st, _ := json.Marshal(s.coord.Snapshot())
+	st, err := s.coord.MarshalState()
+	if err != nil {
+		return err
+	}
 	if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: s.clock.Now(), Config: s.conf, State: st}, nil); err != nil {
 		return err
 	}
@@ -270,7 +273,7 @@ func (s *Server) fitTransform(ctx context.Context, d FitTransform) error {
 		}
 		s.global, s.globalR, s.frame = x0, 1, nil
 	}
-	return s.apply(ctx, s.coord.Step(TransformFitted{At: s.clock.Now()}), nil, nil)
+	return s.step(ctx, TransformFitted{At: s.clock.Now()})
 }
 
 func (s *Server) newFit(d FitTransform) error {
@@ -486,7 +489,7 @@ func (s *Server) handleEval(m *wire.EvalReport, raw []byte) bool {
 func (s *Server) onStatistics(ctx context.Context, in *inStats) error {
 	s.pendStats, s.fedStored = in, false
 	defer func() { s.pendStats = nil }()
-	return s.step(ctx, StatisticsArrived{Client: in.msg.ClientId, At: s.clock.Now()}, nil)
+	return s.propose(ctx, StatisticsArrived{Client: in.msg.ClientId, At: s.clock.Now()}, nil, s.storeFed, s.refuseFed)
 }
 
 func (s *Server) onEval(ctx context.Context, in *inEval) error {
@@ -496,54 +499,54 @@ func (s *Server) onEval(ctx context.Context, in *inEval) error {
 	if r > math.MaxInt32 {
 		r = math.MaxInt32 // a future round either way
 	}
-	return s.step(ctx, EvalArrived{Client: in.msg.ClientId, Round: int(r), At: s.clock.Now()}, nil)
+	return s.propose(ctx, EvalArrived{Client: in.msg.ClientId, Round: int(r), At: s.clock.Now()}, nil, s.storeFed, s.refuseFed)
 }
 
-// storeFed stores accepted statistics or an evaluation report before the
-// state and the receipt. ok is false when the batch stops here (a storage
-// error answered with an INTERNAL receipt after rolling the coordinator
-// back).
-func (s *Server) storeFed(d Decision, now time.Time, before *State) (ok bool, err error) {
-	var (
-		stored             bool
-		client             string
-		round              uint64
-		subject            wire.ReceiptSubject
-		storeErr, givenErr error
-	)
+// errNotGiven: the coordinator accepted a message the shell did not hand
+// it (a bug: the loop stops).
+var errNotGiven = errors.New("aggregator: coordinator accepted a message it was not given")
+
+// storeFed stores accepted statistics or an evaluation report (the
+// proposal, before the state and the receipt); stored is false for a copy
+// stored earlier.
+func (s *Server) storeFed(d Decision, now time.Time) (stored bool, err error) {
 	switch d := d.(type) {
 	case AcceptStatistics:
-		client, subject = d.Client, wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS
-		if in := s.pendStats; in == nil || in.msg.ClientId != d.Client {
-			givenErr = fmt.Errorf("aggregator: coordinator accepted statistics it was not given: %#v", d)
-		} else {
-			stored, storeErr = s.store.PutStatistics(d.Client, now, in.raw)
+		if in := s.pendStats; in != nil && in.msg.ClientId == d.Client {
+			stored, err = s.store.PutStatistics(d.Client, now, in.raw)
+			s.fedStored = stored
+			return stored, err
 		}
 	case AcceptEval:
-		client, round, subject = d.Client, uint64(d.Round), wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION
-		if in := s.pendEval; in == nil || in.msg.ClientId != d.Client || in.msg.Round != uint64(d.Round) {
-			givenErr = fmt.Errorf("aggregator: coordinator accepted an evaluation report it was not given: %#v", d)
-		} else {
-			stored, storeErr = s.store.PutEval(round, d.Client, now, in.raw)
+		if in := s.pendEval; in != nil && in.msg.ClientId == d.Client && in.msg.Round == uint64(d.Round) {
+			stored, err = s.store.PutEval(uint64(d.Round), d.Client, now, in.raw)
+			s.fedStored = stored
+			return stored, err
 		}
 	}
-	if givenErr != nil {
-		return false, givenErr
+	return false, fmt.Errorf("%w: %#v", errNotGiven, d)
+}
+
+// refuseFed answers statistics or an evaluation report that could not be
+// stored with an INTERNAL receipt (the site retries).
+func (s *Server) refuseFed(err error) error {
+	if errors.Is(err, errNotGiven) {
+		return err
 	}
-	if storeErr != nil {
-		s.storageErrors.Add(1)
-		s.log.Error("storing a site's message; rejecting it for a retry", "client", client, "subject", subject, "err", storeErr)
-		if before == nil {
-			return false, storeErr
-		}
-		if rerr := s.coord.Restore(*before); rerr != nil {
-			return false, fmt.Errorf("aggregator: roll back after a storage error: %w (storage: %w)", rerr, storeErr)
-		}
-		s.receiptFed(client, round, subject, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store it; retry", time.Time{})
-		return false, nil
+	var (
+		client  string
+		round   uint64
+		subject wire.ReceiptSubject
+	)
+	if in := s.pendStats; in != nil {
+		client, subject = in.msg.ClientId, wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS
+	} else if in := s.pendEval; in != nil {
+		client, round, subject = in.msg.ClientId, in.msg.Round, wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION
 	}
-	s.fedStored = stored
-	return true, nil
+	s.storageErrors.Add(1)
+	s.log.Error("storing a site's message; rejecting it for a retry", "client", client, "subject", subject, "err", err)
+	s.receiptFed(client, round, subject, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store it; retry", time.Time{})
+	return nil
 }
 
 // answerFed logs and receipts the coordinator's answer to statistics or an

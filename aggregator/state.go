@@ -275,3 +275,45 @@ func (s State) check() error {
 	}
 	return nil
 }
+
+// MarshalState encodes the state (Snapshot) as JSON, the form the round log
+// stores: the shell's one encoding of the state per batch of decisions.
+func (c *Coordinator) MarshalState() ([]byte, error) {
+	b, err := json.Marshal(c.Snapshot())
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: encode state: %w", err)
+	}
+	return b, nil
+}
+
+// Summary is what the shell's view and metrics read of the coordinator:
+// cheaper than Snapshot (no registry entries, no selector state).
+type Summary struct {
+	Round      int
+	Phase      Phase
+	Deadline   time.Time
+	Selected   []string // sorted
+	Received   []string // this round's contributors, sorted
+	Clients    int      // known clients
+	Online     int
+	Counters   Counters
+	StatsSites []string // sorted
+	StopReason string
+}
+
+// Summary returns the summary of the current state (copies).
+func (c *Coordinator) Summary() Summary {
+	s := Summary{Round: c.round, Phase: c.phase, Deadline: c.deadline, Selected: slices.Clone(c.selected),
+		Received: make([]string, 0, len(c.received)), Clients: len(c.clients), Counters: c.counters.clone(),
+		StatsSites: c.fed.statsList(), StopReason: c.fed.stopReason}
+	for id := range c.received {
+		s.Received = append(s.Received, id)
+	}
+	slices.Sort(s.Received)
+	for _, cl := range c.clients {
+		if cl.online {
+			s.Online++
+		}
+	}
+	return s
+}
