@@ -291,6 +291,9 @@ func (c *ServerConfig) defaults() {
 	if c.Clock == nil {
 		c.Clock = clock.Real{}
 	}
+	if c.BrokerURL == "" && c.Dial != nil {
+		c.BrokerURL = "tcp://in-process"
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -405,17 +408,17 @@ type Server struct {
 	stored  storedConfig         // the run's configuration, with its run id once restored
 	conf    []byte               // stored as JSON
 
-	loopQ    *quant.Codec // the loop's own codec
-	down     *quant.Codec // the downlink codec (the loop's)
-	global   []float64    // the global model of globalR
-	globalR  int
-	frame    []byte // the fp32 frame of global (for globalR)
-	storeR   uint64 // the store's current round
-	lastSt   []byte // the state bytes last written to storeR
-	fresh    bool   // the state file was new
-	reqs     chan *request
-	client   mqtt.Client
-	timer    clock.Timer // the coordinator's one timer (SetTimer); nil when none
+	loopQ   *quant.Codec // the loop's own codec
+	down    *quant.Codec // the downlink codec (the loop's)
+	global  []float64    // the global model of globalR
+	globalR int
+	frame   []byte // the fp32 frame of global (for globalR)
+	storeR  uint64 // the store's current round
+	lastSt  []byte // the state bytes last written to storeR
+	fresh   bool   // the state file was new
+	reqs    chan *request
+	client  mqtt.Client
+	timer   clock.Timer // the coordinator's one timer (SetTimer); nil when none
 
 	runCtx     context.Context
 	ran        atomic.Bool
@@ -466,134 +469,53 @@ type inUpdate struct {
 	vec []float64
 }
 
-// NewServer validates cfg, opens the state file (a second daemon on the
-// same file fails here) and restores the coordinator from it. Call Run, or
-// Close if Run will not be called.
+// NewServer validates cfg (Validate), opens the state file (a second
+// daemon on the same file fails here) and restores the coordinator from it.
+// Call Run, or Close if Run will not be called.
 func NewServer(cfg ServerConfig) (*Server, error) {
 	cfg.defaults()
-	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request), ingestQ: make(chan ingestJob, cfg.IngestQueue),
-		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{})}
-	s.metAddr.Store("")
-	s.inst.takeover = cfg.InstanceTakeover
-	var err error
-	if s.topics, err = wire.ForFederation(cfg.Federation); err != nil {
-		return nil, fmt.Errorf("%w: federation: %w", ErrConfig, err)
-	}
-	if err := wire.ValidID(cfg.ClientID); err != nil {
-		return nil, fmt.Errorf("%w: client id: %w", ErrConfig, err)
-	}
-	if cfg.BrokerURL == "" && cfg.Dial != nil {
-		s.cfg.BrokerURL = "tcp://in-process"
-	}
-	if s.cfg.BrokerURL == "" {
-		return nil, fmt.Errorf("%w: no broker URL", ErrConfig)
-	}
-	if cfg.StatePath == "" {
-		return nil, fmt.Errorf("%w: no state file", ErrConfig)
-	}
-	if cfg.K < 1 {
-		return nil, fmt.Errorf("%w: K = %d, want >= 1", ErrConfig, cfg.K)
-	}
-	if !(cfg.QuorumFraction > 0 && cfg.QuorumFraction <= 1) {
-		return nil, fmt.Errorf("%w: quorum fraction %v, want (0, 1]", ErrConfig, cfg.QuorumFraction)
-	}
-	if s.fam, s.aggSpec, err = family(cfg.Algorithm); err != nil {
+	d, err := cfg.derive()
+	if err != nil {
 		return nil, err
 	}
-	if cfg.Aggregator != "" {
-		s.aggSpec = cfg.Aggregator
-	}
-	if isSplit(s.fam) {
-		if s.screen, err = split.ParseServerStep(s.aggSpec); err != nil {
-			return nil, fmt.Errorf("%w: aggregator: %w", ErrConfig, err)
-		}
-	} else if strings.HasPrefix(s.aggSpec, "fedsplit") {
-		return nil, fmt.Errorf("%w: aggregator %q is a FedSplit server step; the %s family takes an update aggregator (%s)",
-			ErrConfig, s.aggSpec, s.fam, strings.Join(aggregate.Names(), ", "))
-	}
-	if !isSplit(s.fam) {
-		if s.agg, err = aggregate.NewAggregator(s.aggSpec, cfg.Seed); err != nil {
-			return nil, fmt.Errorf("%w: aggregator: %w", ErrConfig, err)
-		}
-	}
-	p := cfg.Params
-	if s.fam == AlgoFedAvg {
-		p.Mu = 0
-		s.cfg.Params.Mu = 0
-	}
-	for _, f := range []struct {
-		name string
-		v    float64
-	}{{"mu", p.Mu}, {"step", p.Step}, {"relax", p.Relax}, {"gamma", p.Gamma}, {"lr", p.LR}, {"max seconds", p.MaxSeconds}} {
-		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
-			return nil, fmt.Errorf("%w: %s = %v, want finite and >= 0", ErrConfig, f.name, f.v)
-		}
-	}
-	if isSplit(s.fam) && !(p.Step > 0) {
-		return nil, fmt.Errorf("%w: %s needs a step size > 0", ErrConfig, s.fam)
-	}
-	if p.Batch < 0 || p.MaxEpochs < 0 {
-		return nil, fmt.Errorf("%w: negative batch or epochs", ErrConfig)
-	}
-	sel, err := aggregate.NewSelector(cfg.Selector)
-	if err != nil {
-		return nil, fmt.Errorf("%w: selector: %w", ErrConfig, err)
-	}
-	if cfg.Init != InitZeros && cfg.Init != InitModel {
-		return nil, fmt.Errorf("%w: init %q (want %s or %s)", ErrConfig, cfg.Init, InitZeros, InitModel)
-	}
-	if _, err := quant.Parse(cfg.Codec); err != nil {
-		return nil, fmt.Errorf("%w: codec: %w", ErrConfig, err)
-	}
-	if d, err := quant.Parse(cfg.Downlink); err != nil || !(d.Lossless() || d.String() == "fp16") {
-		return nil, fmt.Errorf("%w: downlink codec %q: want fp32 or fp16 (the global model is sent whole, not as a delta)", ErrConfig, cfg.Downlink)
-	}
+	cfg.Params = d.params
+	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request), ingestQ: make(chan ingestJob, cfg.IngestQueue),
+		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{}),
+		topics: d.topics, fam: d.fam, aggSpec: d.aggSpec, screen: d.screen, agg: d.agg, eval: cfg.Eval}
+	s.metAddr.Store("")
+	s.inst.takeover = cfg.InstanceTakeover
 	s.lim = wire.Limits{MaxMessageBytes: cfg.MaxMessageBytes}
 	s.dec.Store(&decoder{lim: s.lim})
 	if cfg.Schema != nil {
-		if err := s.checkSchemaConfig(); err != nil {
-			return nil, err
-		}
+		s.schemaJSON = cfg.Schema.Canonical()
 	} else if err := s.setModel(cfg.Model); err != nil {
 		return nil, err
 	}
-	s.eval = cfg.Eval
-	if cfg.Eval != nil {
-		if err := cfg.Eval.Validate(); err != nil {
-			return nil, fmt.Errorf("%w: evaluation data: %w", ErrConfig, err)
-		}
-		if cfg.Eval.D != cfg.Model.Inputs {
-			return nil, fmt.Errorf("%w: evaluation data has %d features, the model %d inputs", ErrConfig, cfg.Eval.D, cfg.Model.Inputs)
-		}
-		if err := model.CheckTargets(cfg.Model, *cfg.Eval); err != nil {
-			return nil, fmt.Errorf("%w: evaluation data: %w", ErrConfig, err)
-		}
-	}
-	fed := cfg.Schema != nil
-	coord, err := New(Config{
-		K: cfg.K, Quorum: QuorumOf(cfg.K, cfg.QuorumFraction), RoundTimeout: cfg.RoundTimeout,
-		Extension: cfg.Extension, MaxReselections: cfg.MaxReselections, Settle: cfg.Settle,
-		Rounds: cfg.Rounds, Seed: cfg.Seed, Selector: sel, StoreLate: isSplit(s.fam),
-		Statistics: fed, StatsSites: cfg.StatsSites, Evaluate: fed, EvalEvery: cfg.EvalEvery,
-		StopPatience: cfg.StopPatience, StopTol: cfg.StopTol, StopDelta: cfg.StopDelta,
-	})
-	if err != nil {
+	if s.coord, err = New(d.coord); err != nil {
 		return nil, err
 	}
-	s.coord = coord
+	p := d.params
 	s.stored = storedConfig{Federation: cfg.Federation, Algorithm: cfg.Algorithm, Family: s.fam,
 		Aggregator: s.aggSpec, Model: cfg.Model, Dimension: s.dim, Codec: cfg.Codec, Downlink: cfg.Downlink,
 		Params: &storedParams{Mu: p.Mu, Step: p.Step, Relax: p.Relax}}
-	if fed {
-		s.stored.Model, s.stored.SchemaDigest = s.operatorModel(), cfg.Schema.Digest()
+	if cfg.Schema != nil {
+		s.stored.Model, s.stored.SchemaDigest = operatorModel(cfg.Model), cfg.Schema.Digest()
 	}
+	if err := s.open(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
 
-	if s.store, err = storage.OpenAgg(cfg.StatePath, storage.Options{}); err != nil {
-		return nil, DamagedStateError(cfg.StatePath, err)
+// open opens the state file and restores the round log from it.
+func (s *Server) open() error {
+	var err error
+	if s.store, err = storage.OpenAgg(s.cfg.StatePath, storage.Options{}); err != nil {
+		return DamagedStateError(s.cfg.StatePath, err)
 	}
 	if err := s.restore(); err != nil {
 		s.store.Close()
-		return nil, DamagedStateError(cfg.StatePath, err)
+		return DamagedStateError(s.cfg.StatePath, err)
 	}
 	if !s.fresh {
 		if err := s.rebuildHistory(); err != nil {
@@ -602,7 +524,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		}
 	}
 	s.refreshView()
-	return s, nil
+	return nil
 }
 
 // DamagedStateError adds the way out to an error that says the state file
@@ -1198,6 +1120,7 @@ func acceptedOf(d Decision) (round int, client string) {
 	}
 	return 0, ""
 }
+
 // errOutOfRange: an update whose model (w, or FedSplit's z_j) holds a value
 // the downlink codec cannot carry. Stored, it would end in a global model
 // no announcement can encode, and every restart would fail the same way.

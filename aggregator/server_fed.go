@@ -127,46 +127,22 @@ func orNone(d string) string {
 }
 
 // operatorModel is the part of the model the operator chooses with a
-// schema (stored in the run's identity).
-func (s *Server) operatorModel() model.Spec {
-	m := model.Spec{Kind: s.cfg.Model.Kind, L2: s.cfg.Model.L2}
+// schema (the schema decides the rest).
+func operatorModel(spec model.Spec) model.Spec {
+	m := model.Spec{Kind: spec.Kind, L2: spec.L2}
 	if m.Kind == model.KindMLP {
-		m.Hidden, m.Activation = s.cfg.Model.Hidden, s.cfg.Model.Activation
+		m.Hidden, m.Activation = spec.Hidden, spec.Activation
 	}
 	return m
 }
 
-// checkSchemaConfig validates a configuration with a schema before any
-// statistics exist: the schema, the model flags against its task (with a
-// stand-in transform), no legacy evaluation data.
-func (s *Server) checkSchemaConfig() error {
-	sc := s.cfg.Schema
-	if err := sc.Validate(); err != nil {
-		return fmt.Errorf("%w: schema: %w", ErrConfig, err)
-	}
-	m := s.operatorModel()
-	if _, err := sitedata.ModelSpec(sc, &prep.Transform{Outputs: 1}, m.Kind, m.Hidden, m.Activation, m.L2); err != nil {
-		return fmt.Errorf("%w: model: %w", ErrConfig, err)
-	}
-	if s.cfg.Eval != nil {
-		return fmt.Errorf("%w: with a schema, evaluation data is read by the schema (EvalTable), not given as model data", ErrConfig)
-	}
-	s.schemaJSON = sc.Canonical()
-	return nil
-}
-
 // setModel creates the model and everything whose size depends on it.
 func (s *Server) setModel(spec model.Spec) error {
-	m, err := model.New(spec)
+	m, err := newModel(spec, s.cfg.Codec)
 	if err != nil {
-		return fmt.Errorf("%w: model: %w", ErrConfig, err)
+		return err
 	}
 	dim := m.NumParams()
-	if c, err := quant.Parse(s.cfg.Codec); err != nil {
-		return fmt.Errorf("%w: codec: %w", ErrConfig, err)
-	} else if c.MinDim() > dim {
-		return fmt.Errorf("%w: codec %s covers %d parameters, the %s model has %d", ErrConfig, c, c.MinDim(), spec.Kind, dim)
-	}
 	lim := wire.Limits{MaxMessageBytes: s.cfg.MaxMessageBytes, MaxDimension: dim}
 	qlim := quant.Limits{MaxDim: dim, MaxFrame: s.cfg.MaxMessageBytes}
 	loopQ, err := quant.ParseWithLimits("fp32", qlim)
@@ -317,7 +293,7 @@ func (s *Server) newFit(d FitTransform) error {
 	if err != nil {
 		return fail("fitted", err)
 	}
-	op := s.operatorModel()
+	op := operatorModel(s.cfg.Model)
 	spec, err := sitedata.ModelSpec(sc, tr, op.Kind, op.Hidden, op.Activation, op.L2)
 	if err != nil {
 		return fail("given a model", err)
