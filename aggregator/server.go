@@ -571,28 +571,7 @@ func (s *Server) restore() error {
 		return s.restoreFreshFed()
 	}
 	if errors.Is(err, storage.ErrNotFound) {
-		s.stored.RunID = crand.Text()
-		s.conf, _ = json.Marshal(s.stored)
-		x0 := make([]float64, s.dim)
-		if s.cfg.Init == InitModel {
-			x0 = s.model.InitParams(streams.ModelInit(s.cfg.InitSeed))
-		}
-		if x0, err = s.downlinked(x0); err != nil {
-			return err
-		}
-		st, err := s.coord.MarshalState()
-		if err != nil {
-			return err
-		}
-		now := s.clock.Now()
-		if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: now, Config: s.conf, State: st}, x0); err != nil {
-			return err
-		}
-		s.storeR, s.lastSt, s.fresh = 1, st, true
-		s.global, s.globalR = x0, 1
-		s.log.Info("new round log", "state", s.cfg.StatePath, "federation", s.cfg.Federation,
-			"algorithm", s.cfg.Algorithm, "model", s.cfg.Model.Kind, "dimension", s.dim, "run_id", s.stored.RunID)
-		return nil
+		return s.restoreFresh()
 	}
 	if err != nil {
 		return err
@@ -665,6 +644,34 @@ func (s *Server) restore() error {
 	}
 	s.log.Info("resuming from the round log", "state", s.cfg.StatePath, "round", r, "phase", s.coord.Phase(),
 		"received", len(st.Received), "clients", len(st.Clients))
+	return nil
+}
+
+// restoreFresh starts a new round log: round 1 opens with the initial model
+// (zeros, or the model's initialisation from InitSeed).
+func (s *Server) restoreFresh() error {
+	s.stored.RunID = crand.Text()
+	s.conf, _ = json.Marshal(s.stored)
+	x0 := make([]float64, s.dim)
+	if s.cfg.Init == InitModel {
+		x0 = s.model.InitParams(streams.ModelInit(s.cfg.InitSeed))
+	}
+	x0, err := s.downlinked(x0)
+	if err != nil {
+		return err
+	}
+	st, err := s.coord.MarshalState()
+	if err != nil {
+		return err
+	}
+	now := s.clock.Now()
+	if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: now, Config: s.conf, State: st}, x0); err != nil {
+		return err
+	}
+	s.storeR, s.lastSt, s.fresh = 1, st, true
+	s.global, s.globalR = x0, 1
+	s.log.Info("new round log", "state", s.cfg.StatePath, "federation", s.cfg.Federation,
+		"algorithm", s.cfg.Algorithm, "model", s.cfg.Model.Kind, "dimension", s.dim, "run_id", s.stored.RunID)
 	return nil
 }
 

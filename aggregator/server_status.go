@@ -183,7 +183,7 @@ func (s *Server) mux() *http.ServeMux {
 func (s *Server) guarded() http.Handler {
 	var h http.Handler = s.mux()
 	if s.cfg.HTTPAuth != nil {
-		h = console.BasicAuth(h, s.cfg.HTTPAuth)
+		h = console.BasicAuth(h, s.cfg.HTTPAuth, s.clock.Now)
 	}
 	if s.cfg.HTTPTLS != nil && s.cfg.HTTPTLS.ClientCAs != nil && len(s.cfg.HTTPClientNames) > 0 {
 		h = console.ClientNames(h, s.cfg.HTTPClientNames)
