@@ -39,9 +39,12 @@
 //
 // # Ordering contract with the shell
 //
-// Carry out each batch's decisions in order, and persist the accepted
-// updates and then Snapshot() (or both in one bbolt transaction) before doing
-// anything visible outside (publishing an announcement, sending a receipt).
+// Hand a site's message to Propose, not Step: a message the coordinator
+// accepts is held until the shell has stored it and steps Stored (or
+// StoreFailed: it is forgotten, and the state is what it was before it);
+// see coordinator_propose.go. Carry out each batch's decisions in order,
+// and persist the state (MarshalState) before doing anything visible
+// outside (publishing an announcement, sending a receipt).
 // Like raft's "persist before send", this guarantees that a restarted
 // coordinator never announces a different selection for a round and attempt
 // that the clients have already seen, and never counts an update it does not
