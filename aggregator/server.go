@@ -982,10 +982,13 @@ func (s *Server) onUpdate(ctx context.Context, u *inUpdate) error {
 	ev := UpdateArrived{Client: m.ClientId, Round: int(r), Partial: m.Report.GetPartial(), Loss: loss, At: s.clock.Now()}
 	return s.propose(ctx, ev, u, func(d Decision, now time.Time) (bool, error) {
 		if r, c := acceptedOf(d); int(m.Round) != r || m.ClientId != c {
-			return false, fmt.Errorf("aggregator: coordinator accepted an update it was not given: %#v", d)
+			return false, fmt.Errorf("%w: %#v", errNotGiven, d)
 		}
 		return true, s.storeUpdate(u, now)
 	}, func(err error) error {
+		if errors.Is(err, errNotGiven) {
+			return err
+		}
 		s.refuseUpdate(u, err)
 		return nil
 	})
