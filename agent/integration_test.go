@@ -12,6 +12,7 @@ import (
 	"github.com/edgefl/edgefl/aggregator"
 	"github.com/edgefl/edgefl/broker"
 	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/schema"
@@ -55,7 +56,7 @@ func TestFederationWithSchemaEndToEnd(t *testing.T) {
 		Params:    aggregator.Params{Solver: proxsolver.LBFGS, Mu: 0.01, Gamma: 1e-6, MaxEpochs: 50},
 		StatePath: filepath.Join(aggDir, "state.db"), FinalModel: filepath.Join(aggDir, "final.bundle.json"),
 		Schema: s, EvalEvery: 1, Version: "test",
-		Clock: aggregator.NewManualClock(t0), Logger: testLogger(t),
+		Clock: clock.NewFake(t0), Logger: testLogger(t),
 	}
 	srv, err := aggregator.NewServer(cfg)
 	if err != nil {

@@ -39,9 +39,12 @@
 //
 // # Ordering contract with the shell
 //
-// Carry out each batch's decisions in order, and persist the accepted
-// updates and then Snapshot() (or both in one bbolt transaction) before doing
-// anything visible outside (publishing an announcement, sending a receipt).
+// Hand a site's message to Propose, not Step: a message the coordinator
+// accepts is held until the shell has stored it and steps Stored (or
+// StoreFailed: it is forgotten, and the state is what it was before it);
+// see coordinator_propose.go. Carry out each batch's decisions in order,
+// and persist the state (MarshalState) before doing anything visible
+// outside (publishing an announcement, sending a receipt).
 // Like raft's "persist before send", this guarantees that a restarted
 // coordinator never announces a different selection for a round and attempt
 // that the clients have already seen, and never counts an update it does not
@@ -270,9 +273,11 @@ type Announce struct {
 	Deadline time.Time
 }
 
-// Extend: republish the round message with the extended deadline.
+// Extend: republish the round message with the extended deadline and the
+// selection in force (sorted).
 type Extend struct {
 	Round    int
+	Selected []string
 	Deadline time.Time
 }
 
@@ -302,18 +307,31 @@ type Reject struct {
 // CloseRound: aggregate Round from exactly the Contributors' updates (the
 // FedSplit family: from every known client's latest z), checkpoint, then step
 // AggregatedRound. Stragglers were invited but did not report; Partial lists
-// contributors that sent partial work. All lists are sorted.
+// contributors that sent partial work. All lists are sorted. Final: Round is
+// the run's last (Config.Rounds), so no round opens after it. Late counts
+// the late updates (AcceptLate) stored since the previous aggregation.
 type CloseRound struct {
 	Round        int
 	Contributors []string
 	Partial      []string
 	Stragglers   []string
 	At           time.Time
+	Final        bool
+	Late         int
 }
 
 // SetTimer: (re)arm the single timer to fire a Tick at At; the zero time
 // cancels it.
 type SetTimer struct{ At time.Time }
+
+// StaleStatus: the client status (ClientOnline or ClientOffline) was set
+// aside as older than one already applied (see StatusStale): keep the
+// registry's newer status.
+type StaleStatus struct {
+	ID     string
+	Conn   uint64
+	Online bool
+}
 
 // Finished: the run is over (the last round, Rounds, is aggregated and,
 // with Config.Evaluate, the final evaluation is in or timed out); no
@@ -323,14 +341,15 @@ type Finished struct {
 	At     time.Time
 }
 
-func (Announce) decision()   {}
-func (Extend) decision()     {}
-func (Accept) decision()     {}
-func (AcceptLate) decision() {}
-func (Reject) decision()     {}
-func (CloseRound) decision() {}
-func (SetTimer) decision()   {}
-func (Finished) decision()   {}
+func (Announce) decision()    {}
+func (Extend) decision()      {}
+func (Accept) decision()      {}
+func (AcceptLate) decision()  {}
+func (Reject) decision()      {}
+func (CloseRound) decision()  {}
+func (SetTimer) decision()    {}
+func (Finished) decision()    {}
+func (StaleStatus) decision() {}
 
 // Reason says why an update was rejected; its String is the metric label.
 type Reason int
@@ -471,7 +490,9 @@ type Coordinator struct {
 	waitingSince time.Time
 	closedAt     time.Time // CloseRound's or Finished's time
 	timer        time.Time // last SetTimer sent
+	late         int       // late updates (AcceptLate) since the last aggregation
 	counters     Counters
+	proposal     Event    // an accepted message awaiting Stored or StoreFailed (coordinator_propose.go)
 	fed          fedState // the statistics phase, evaluations, stopping rules
 }
 
@@ -531,6 +552,9 @@ func (c *Coordinator) Population() (clients int, samples int64) {
 	return clients, samples
 }
 
+// final says whether the current round is the run's last (Config.Rounds).
+func (c *Coordinator) final() bool { return c.cfg.Rounds > 0 && c.round >= c.cfg.Rounds }
+
 // NextDeadline is when the coordinator wants a Tick; zero when it does not.
 // It equals the At of the last SetTimer decision.
 func (c *Coordinator) NextDeadline() time.Time { return c.timer }
@@ -548,6 +572,9 @@ func norm(t time.Time) time.Time { return t.Round(0).UTC() }
 func (c *Coordinator) Step(ev Event) []Decision {
 	if ev == nil {
 		return nil
+	}
+	if out, ok := c.settle(ev); ok {
+		return out
 	}
 	switch c.phase {
 	case PhaseFinished:
@@ -670,7 +697,7 @@ func (c *Coordinator) clientOnline(e ClientOnline) []Decision {
 	}
 	if c.StatusStale(e.ID, e.Conn, true) {
 		c.counters.StaleStatuses++
-		return nil
+		return []Decision{StaleStatus{ID: e.ID, Conn: e.Conn, Online: true}}
 	}
 	cl := c.register(e.ID)
 	cl.online = true
@@ -687,7 +714,7 @@ func (c *Coordinator) clientOffline(e ClientOffline) []Decision {
 	}
 	if c.StatusStale(e.ID, e.Conn, false) {
 		c.counters.StaleStatuses++
-		return nil
+		return []Decision{StaleStatus{ID: e.ID, Conn: e.Conn}}
 	}
 	// An offline selected client stays selected: it may come back before the
 	// deadline, and at the deadline it is simply a straggler.
@@ -717,50 +744,67 @@ func (c *Coordinator) stored(cl *client, u UpdateArrived) {
 	}
 }
 
-func (c *Coordinator) update(u UpdateArrived, at time.Time) []Decision {
+// judgeUpdate is the answer to an update in the open phases, without
+// changing anything: Accept (an invited client, the open round, first
+// copy), AcceptLate or Reject.
+func (c *Coordinator) judgeUpdate(u UpdateArrived) Decision {
+	rej := func(r Reason) Decision { return Reject{Round: u.Round, Client: u.Client, Reason: r} }
 	cl := c.clients[u.Client]
 	switch {
 	case cl == nil:
-		return c.reject(u, UnknownClient)
+		return rej(UnknownClient)
 	case u.Round > c.round, c.phase == PhaseStatistics, c.phase == PhaseFitting:
-		return c.reject(u, FutureRound)
+		return rej(FutureRound)
 	case u.Round < 1:
-		return c.reject(u, StaleRound)
+		return rej(StaleRound)
 	case u.Round == c.round && c.phase != PhaseClosing:
 		if _, dup := c.received[u.Client]; dup {
-			return c.reject(u, Duplicate)
+			return rej(Duplicate)
 		}
 		if !c.invited[u.Client] {
 			// An unsolicited update is refused in every family: accepting
 			// it would let a site bypass the selection policy (and, for
 			// FedSplit, step its z more often than the others).
-			return c.reject(u, NotSelected)
+			return rej(NotSelected)
 		}
-		c.received[u.Client] = u.Partial
-		c.stored(cl, u)
-		c.counters.Accepted++
-		out := []Decision{Accept{Round: u.Round, Client: u.Client, Partial: u.Partial}}
-		if c.closable() {
-			out = c.close(at, out)
-		}
-		return out
+		return Accept{Round: u.Round, Client: u.Client, Partial: u.Partial}
 	}
 	// The update's round is closed (or closing).
 	switch {
 	case cl.lastRound == u.Round:
-		return c.reject(u, Duplicate)
+		return rej(Duplicate)
 	case c.cfg.StoreLate && slices.Contains(cl.pending, u.Round):
 		// The client was asked for this round and we hold nothing newer
 		// from it (pending only keeps rounds after lastRound): its z is
 		// the newest we can have.
-		c.stored(cl, u)
-		c.counters.AcceptedLate++
-		return []Decision{AcceptLate{Round: u.Round, Client: u.Client, Partial: u.Partial}}
+		return AcceptLate{Round: u.Round, Client: u.Client, Partial: u.Partial}
 	case u.Round == c.round:
-		return c.reject(u, RoundClosed)
+		return rej(RoundClosed)
 	default:
-		return c.reject(u, StaleRound)
+		return rej(StaleRound)
 	}
+}
+
+func (c *Coordinator) update(u UpdateArrived, at time.Time) []Decision {
+	switch d := c.judgeUpdate(u).(type) {
+	case Accept:
+		c.received[u.Client] = u.Partial
+		c.stored(c.clients[u.Client], u)
+		c.counters.Accepted++
+		out := []Decision{d}
+		if c.closable() {
+			out = c.close(at, out)
+		}
+		return out
+	case AcceptLate:
+		c.stored(c.clients[u.Client], u)
+		c.counters.AcceptedLate++
+		c.late++
+		return []Decision{d}
+	case Reject:
+		return c.reject(u, d.Reason)
+	}
+	panic("aggregator: judgeUpdate answered neither Accept nor Reject")
 }
 
 // closable says whether the open round can close now.
@@ -792,7 +836,8 @@ func (c *Coordinator) close(at time.Time, out []Decision) []Decision {
 }
 
 func (c *Coordinator) closeDecision() CloseRound {
-	cr := CloseRound{Round: c.round, At: c.closedAt, Contributors: []string{}, Partial: []string{}, Stragglers: []string{}}
+	cr := CloseRound{Round: c.round, At: c.closedAt, Contributors: []string{}, Partial: []string{}, Stragglers: []string{},
+		Final: c.final(), Late: c.late}
 	for id, partial := range c.received {
 		cr.Contributors = append(cr.Contributors, id)
 		if partial {
@@ -819,7 +864,7 @@ func (c *Coordinator) deadlinePassed(at time.Time, out []Decision) []Decision {
 		c.extended = true
 		c.deadline = at.Add(c.cfg.Extension)
 		c.counters.Extensions++
-		return append(out, Extend{Round: c.round, Deadline: c.deadline})
+		return append(out, Extend{Round: c.round, Selected: slices.Clone(c.selected), Deadline: c.deadline})
 	}
 	if m := c.cfg.MaxReselections; m >= 0 && c.attempts-1 >= m {
 		c.phase = PhaseStalled
@@ -917,6 +962,7 @@ func (c *Coordinator) aggregated(e AggregatedRound, at time.Time) []Decision {
 		c.counters.Ignored++
 		return nil
 	}
+	c.late = 0
 	if reason := c.stopRule(e); reason != "" {
 		return c.finish(at, reason)
 	}

@@ -228,16 +228,28 @@ func (c *Coordinator) stepStatistics(ev Event) []Decision {
 	return c.timerDecision(out)
 }
 
+// judgeStatistics is the answer to statistics in the statistics and
+// fitting phases, without changing anything: AcceptStatistics,
+// RejectStatistics, or nil for a malformed event.
+func (c *Coordinator) judgeStatistics(e StatisticsArrived) Decision {
+	switch {
+	case e.Client == "":
+		return nil
+	case c.fed.stats[e.Client]:
+		return RejectStatistics{Client: e.Client, Reason: Duplicate}
+	case c.phase != PhaseStatistics:
+		return RejectStatistics{Client: e.Client, Reason: StaleRound}
+	}
+	return AcceptStatistics{Client: e.Client}
+}
+
 func (c *Coordinator) statistics(e StatisticsArrived, at time.Time) []Decision {
-	if e.Client == "" {
+	switch d := c.judgeStatistics(e).(type) {
+	case nil:
 		c.counters.Ignored++
 		return nil
-	}
-	if c.fed.stats[e.Client] {
-		return []Decision{RejectStatistics{Client: e.Client, Reason: Duplicate}}
-	}
-	if c.phase != PhaseStatistics {
-		return []Decision{RejectStatistics{Client: e.Client, Reason: StaleRound}}
+	case RejectStatistics:
+		return []Decision{d}
 	}
 	// A site may send its statistics before its status arrives (MQTT does
 	// not order topics): it becomes known, offline until its status says.
@@ -267,19 +279,29 @@ func (c *Coordinator) fit(at time.Time, out []Decision) []Decision {
 	return append(out, FitTransform{Sites: c.fed.statsList(), At: at})
 }
 
-func (c *Coordinator) evalArrived(e EvalArrived, at time.Time) []Decision {
+// judgeEval is the answer to an evaluation report, without changing
+// anything: AcceptEval or RejectEval.
+func (c *Coordinator) judgeEval(e EvalArrived) Decision {
 	switch {
 	case c.clients[e.Client] == nil:
-		return []Decision{RejectEval{Round: e.Round, Client: e.Client, Reason: UnknownClient}}
+		return RejectEval{Round: e.Round, Client: e.Client, Reason: UnknownClient}
 	case !c.EvalRequested(e.Round):
 		r := StaleRound
 		if e.Round >= c.round {
 			r = FutureRound
 		}
-		return []Decision{RejectEval{Round: e.Round, Client: e.Client, Reason: r}}
+		return RejectEval{Round: e.Round, Client: e.Client, Reason: r}
+	}
+	return AcceptEval{Round: e.Round, Client: e.Client}
+}
+
+func (c *Coordinator) evalArrived(e EvalArrived, at time.Time) []Decision {
+	d := c.judgeEval(e)
+	if _, ok := d.(AcceptEval); !ok {
+		return []Decision{d}
 	}
 	c.counters.EvalsAccepted++
-	out := []Decision{AcceptEval{Round: e.Round, Client: e.Client}}
+	out := []Decision{d}
 	if e.Round != c.fed.evalRound || c.fed.evalDone {
 		return out
 	}
@@ -324,7 +346,7 @@ func (c *Coordinator) stopRule(e AggregatedRound) string {
 	if c.cfg.StopDelta > 0 && e.HasChange && e.Change < c.cfg.StopDelta {
 		reason = StopDelta
 	}
-	if c.cfg.Rounds > 0 && c.round >= c.cfg.Rounds {
+	if c.final() {
 		reason = StopRounds
 	}
 	return reason

@@ -40,16 +40,6 @@ func mustNew(t *testing.T, cfg Config) *Coordinator {
 	return c
 }
 
-func ofType[T Decision](ds []Decision) []T {
-	var out []T
-	for _, d := range ds {
-		if v, ok := d.(T); ok {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
 func only[T Decision](t *testing.T, ds []Decision) T {
 	t.Helper()
 	v := ofType[T](ds)
@@ -213,7 +203,7 @@ func TestScenarios(t *testing.T) {
 				{UpdateArrived{Client: "a", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "a"}}},
 				{ClientOffline{ID: "b", At: ms(200)}, nil},
 				{ClientOffline{ID: "c", At: ms(200)}, nil},
-				{Tick{At: ms(1050)}, []Decision{Extend{Round: 1, Deadline: ms(1550)}, SetTimer{At: ms(1550)}}},
+				{Tick{At: ms(1050)}, []Decision{Extend{Round: 1, Selected: abc, Deadline: ms(1550)}, SetTimer{At: ms(1550)}}},
 				{ClientOnline{ID: "d", Samples: 5, At: ms(1100)}, nil},
 				{ClientOnline{ID: "e", Samples: 5, At: ms(1100)}, nil},
 				{Tick{At: ms(1549)}, nil},
@@ -239,7 +229,7 @@ func TestScenarios(t *testing.T) {
 				{Tick{At: ms(50)}, announce},
 				{UpdateArrived{Client: "a", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "a"}}},
 				// A late timer: the extension counts from when it is noticed.
-				{Tick{At: ms(1060)}, []Decision{Extend{Round: 1, Deadline: ms(1560)}, SetTimer{At: ms(1560)}}},
+				{Tick{At: ms(1060)}, []Decision{Extend{Round: 1, Selected: abc, Deadline: ms(1560)}, SetTimer{At: ms(1560)}}},
 				{UpdateArrived{Client: "c", Round: 1, At: ms(1200)}, []Decision{
 					Accept{Round: 1, Client: "c"},
 					CloseRound{Round: 1, Contributors: []string{"a", "c"}, Partial: []string{}, Stragglers: []string{"b"}, At: ms(1200)},
@@ -253,7 +243,7 @@ func TestScenarios(t *testing.T) {
 				{Tick{At: ms(50)}, announce},
 				{ClientOffline{ID: "b", At: ms(60)}, nil},
 				{ClientOffline{ID: "c", At: ms(60)}, nil},
-				{Tick{At: ms(1050)}, []Decision{Extend{Round: 1, Deadline: ms(1550)}, SetTimer{At: ms(1550)}}},
+				{Tick{At: ms(1050)}, []Decision{Extend{Round: 1, Selected: abc, Deadline: ms(1550)}, SetTimer{At: ms(1550)}}},
 				// Nobody reported and only a is online: re-selection waits (no timer).
 				{Tick{At: ms(1550)}, []Decision{cancel}},
 				{ClientOnline{ID: "d", Samples: 1, At: ms(3000)}, []Decision{
@@ -272,7 +262,7 @@ func TestScenarios(t *testing.T) {
 			steps: []script{
 				{Tick{At: ms(50)}, announce},
 				{UpdateArrived{Client: "a", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "a"}}},
-				{Tick{At: ms(1050)}, []Decision{Extend{Round: 1, Deadline: ms(1550)}, SetTimer{At: ms(1550)}}},
+				{Tick{At: ms(1050)}, []Decision{Extend{Round: 1, Selected: abc, Deadline: ms(1550)}, SetTimer{At: ms(1550)}}},
 				{Tick{At: ms(1550)}, []Decision{cancel}},
 				{ClientOnline{ID: "d", Samples: 1, At: ms(2000)}, nil},
 				{Tick{At: ms(9000)}, nil},
@@ -296,7 +286,7 @@ func TestScenarios(t *testing.T) {
 				{UpdateArrived{Client: "a", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "a"}}},
 				{UpdateArrived{Client: "b", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "b"}}},
 				{Tick{At: ms(1050)}, []Decision{
-					CloseRound{Round: 1, Contributors: []string{"a", "b"}, Partial: []string{}, Stragglers: []string{"c"}, At: ms(1050)}, cancel}},
+					CloseRound{Round: 1, Contributors: []string{"a", "b"}, Partial: []string{}, Stragglers: []string{"c"}, At: ms(1050), Final: true}, cancel}},
 				{AggregatedRound{Round: 2, At: ms(1100)}, nil}, // wrong round: ignored
 				{AggregatedRound{Round: 1, At: ms(1200)}, []Decision{Finished{Rounds: 1, At: ms(1200)}}},
 				{UpdateArrived{Client: "c", Round: 1, At: ms(1300)}, []Decision{Reject{Round: 1, Client: "c", Reason: RoundClosed}}},

@@ -325,8 +325,9 @@ func TestRandomEvents(t *testing.T) {
 	for seed := range uint64(seeds) {
 		cfg := randomConfig(seed)
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
-			c, twin := mustNew(t, cfg), mustNew(t, cfg)
+			c, twin, prop := mustNew(t, cfg), mustNew(t, cfg), mustNew(t, cfg)
 			g, k := newGen(seed), newChecker(t, cfg)
+			fails := rand.New(rand.NewPCG(seed, 7)) // not g's stream: the events stay the same
 			for i := range events {
 				ev := g.next(c)
 				ds := c.Step(ev)
@@ -338,8 +339,12 @@ func TestRandomEvents(t *testing.T) {
 				if tds := twin.Step(ev); !reflect.DeepEqual(tds, ds) {
 					t.Fatalf("event %d %T%+v: restored twin decided\n %+v\nnot\n %+v", i, ev, ev, tds, ds)
 				}
+				if pds := proposed(t, prop, ev, fails.IntN(4) == 0); !reflect.DeepEqual(pds, ds) {
+					t.Fatalf("event %d %T%+v: accept-then-advance decided\n %+v\nnot\n %+v", i, ev, ev, pds, ds)
+				}
 			}
 			mustEqual(t, "final state", twin.Snapshot(), c.Snapshot())
+			mustEqual(t, "final state (accept then advance)", prop.Snapshot(), c.Snapshot())
 			n := c.Counters()
 			closed += n.RoundsClosed
 			extended += n.Extensions
@@ -393,6 +398,30 @@ func TestRestartMidRound(t *testing.T) {
 			}
 		}
 	}
+}
+
+// proposed steps ev as the shell does (Propose; for a message it accepts,
+// Stored), the store failing once first when fail (StoreFailed, which must
+// leave the state as it was, and the message comes again). It returns the
+// batch the shell carries out.
+func proposed(t *testing.T, c *Coordinator, ev Event, fail bool) []Decision {
+	t.Helper()
+	before := c.Snapshot()
+	ds := c.Propose(ev)
+	if !c.Pending() {
+		return ds
+	}
+	mustEqual(t, "state after Propose", c.Snapshot(), before)
+	if fail {
+		c.Step(StoreFailed{At: ev.eventTime()})
+		mustEqual(t, "state after StoreFailed", c.Snapshot(), before)
+		ds = c.Propose(ev)
+	}
+	all := c.Step(Stored{At: ev.eventTime()})
+	if len(ds) != 1 || len(all) == 0 || !reflect.DeepEqual(all[0], ds[0]) {
+		t.Fatalf("proposed %+v, committed %+v", ds, all)
+	}
+	return all
 }
 
 func isReject(d Decision) bool { _, ok := d.(Reject); return ok }

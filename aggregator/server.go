@@ -22,6 +22,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/model"
@@ -190,8 +191,9 @@ type ServerConfig struct {
 	// IngestQueue messages may wait for them (default DefaultIngestQueue).
 	IngestWorkers, IngestQueue int
 
-	// Clock is the time source (default RealClock).
-	Clock Clock
+	// Clock is the time source: event times, the coordinator's timer, the
+	// aggregation's duration (default clock.Real).
+	Clock clock.Clock
 	// Logger receives the daemon's log (default slog.Default()).
 	Logger *slog.Logger
 	// OnRound, when set, is called from the event loop after each round is
@@ -287,7 +289,10 @@ func (c *ServerConfig) defaults() {
 		c.IngestQueue = DefaultIngestQueue
 	}
 	if c.Clock == nil {
-		c.Clock = RealClock{}
+		c.Clock = clock.Real{}
+	}
+	if c.BrokerURL == "" && c.Dial != nil {
+		c.BrokerURL = "tcp://in-process"
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -383,7 +388,7 @@ func (s *Server) resumeDiffs(was storedConfig) []string {
 type Server struct {
 	cfg     ServerConfig
 	log     *slog.Logger
-	clock   Clock
+	clock   clock.Clock
 	topics  wire.Topics
 	lim     wire.Limits
 	qlim    quant.Limits
@@ -403,19 +408,17 @@ type Server struct {
 	stored  storedConfig         // the run's configuration, with its run id once restored
 	conf    []byte               // stored as JSON
 
-	loopQ    *quant.Codec // the loop's own codec
-	down     *quant.Codec // the downlink codec (the loop's)
-	global   []float64    // the global model of globalR
-	globalR  int
-	frame    []byte // the fp32 frame of global (for globalR)
-	storeR   uint64 // the store's current round
-	lastSt   []byte // the state bytes last written to storeR
-	late     int    // late updates since the last aggregation
-	fresh    bool   // the state file was new
-	reqs     chan *request
-	client   mqtt.Client
-	timerC   <-chan time.Time
-	timerOff func()
+	loopQ   *quant.Codec // the loop's own codec
+	down    *quant.Codec // the downlink codec (the loop's)
+	global  []float64    // the global model of globalR
+	globalR int
+	frame   []byte // the fp32 frame of global (for globalR)
+	storeR  uint64 // the store's current round
+	lastSt  []byte // the state bytes last written to storeR
+	fresh   bool   // the state file was new
+	reqs    chan *request
+	client  mqtt.Client
+	timer   clock.Timer // the coordinator's one timer (SetTimer); nil when none
 
 	runCtx     context.Context
 	ran        atomic.Bool
@@ -466,134 +469,53 @@ type inUpdate struct {
 	vec []float64
 }
 
-// NewServer validates cfg, opens the state file (a second daemon on the
-// same file fails here) and restores the coordinator from it. Call Run, or
-// Close if Run will not be called.
+// NewServer validates cfg (Validate), opens the state file (a second
+// daemon on the same file fails here) and restores the coordinator from it.
+// Call Run, or Close if Run will not be called.
 func NewServer(cfg ServerConfig) (*Server, error) {
 	cfg.defaults()
-	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request), ingestQ: make(chan ingestJob, cfg.IngestQueue),
-		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{})}
-	s.metAddr.Store("")
-	s.inst.takeover = cfg.InstanceTakeover
-	var err error
-	if s.topics, err = wire.ForFederation(cfg.Federation); err != nil {
-		return nil, fmt.Errorf("%w: federation: %w", ErrConfig, err)
-	}
-	if err := wire.ValidID(cfg.ClientID); err != nil {
-		return nil, fmt.Errorf("%w: client id: %w", ErrConfig, err)
-	}
-	if cfg.BrokerURL == "" && cfg.Dial != nil {
-		s.cfg.BrokerURL = "tcp://in-process"
-	}
-	if s.cfg.BrokerURL == "" {
-		return nil, fmt.Errorf("%w: no broker URL", ErrConfig)
-	}
-	if cfg.StatePath == "" {
-		return nil, fmt.Errorf("%w: no state file", ErrConfig)
-	}
-	if cfg.K < 1 {
-		return nil, fmt.Errorf("%w: K = %d, want >= 1", ErrConfig, cfg.K)
-	}
-	if !(cfg.QuorumFraction > 0 && cfg.QuorumFraction <= 1) {
-		return nil, fmt.Errorf("%w: quorum fraction %v, want (0, 1]", ErrConfig, cfg.QuorumFraction)
-	}
-	if s.fam, s.aggSpec, err = family(cfg.Algorithm); err != nil {
+	d, err := cfg.derive()
+	if err != nil {
 		return nil, err
 	}
-	if cfg.Aggregator != "" {
-		s.aggSpec = cfg.Aggregator
-	}
-	if isSplit(s.fam) {
-		if s.screen, err = split.ParseServerStep(s.aggSpec); err != nil {
-			return nil, fmt.Errorf("%w: aggregator: %w", ErrConfig, err)
-		}
-	} else if strings.HasPrefix(s.aggSpec, "fedsplit") {
-		return nil, fmt.Errorf("%w: aggregator %q is a FedSplit server step; the %s family takes an update aggregator (%s)",
-			ErrConfig, s.aggSpec, s.fam, strings.Join(aggregate.Names(), ", "))
-	}
-	if !isSplit(s.fam) {
-		if s.agg, err = aggregate.NewAggregator(s.aggSpec, cfg.Seed); err != nil {
-			return nil, fmt.Errorf("%w: aggregator: %w", ErrConfig, err)
-		}
-	}
-	p := cfg.Params
-	if s.fam == AlgoFedAvg {
-		p.Mu = 0
-		s.cfg.Params.Mu = 0
-	}
-	for _, f := range []struct {
-		name string
-		v    float64
-	}{{"mu", p.Mu}, {"step", p.Step}, {"relax", p.Relax}, {"gamma", p.Gamma}, {"lr", p.LR}, {"max seconds", p.MaxSeconds}} {
-		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
-			return nil, fmt.Errorf("%w: %s = %v, want finite and >= 0", ErrConfig, f.name, f.v)
-		}
-	}
-	if isSplit(s.fam) && !(p.Step > 0) {
-		return nil, fmt.Errorf("%w: %s needs a step size > 0", ErrConfig, s.fam)
-	}
-	if p.Batch < 0 || p.MaxEpochs < 0 {
-		return nil, fmt.Errorf("%w: negative batch or epochs", ErrConfig)
-	}
-	sel, err := aggregate.NewSelector(cfg.Selector)
-	if err != nil {
-		return nil, fmt.Errorf("%w: selector: %w", ErrConfig, err)
-	}
-	if cfg.Init != InitZeros && cfg.Init != InitModel {
-		return nil, fmt.Errorf("%w: init %q (want %s or %s)", ErrConfig, cfg.Init, InitZeros, InitModel)
-	}
-	if _, err := quant.Parse(cfg.Codec); err != nil {
-		return nil, fmt.Errorf("%w: codec: %w", ErrConfig, err)
-	}
-	if d, err := quant.Parse(cfg.Downlink); err != nil || !(d.Lossless() || d.String() == "fp16") {
-		return nil, fmt.Errorf("%w: downlink codec %q: want fp32 or fp16 (the global model is sent whole, not as a delta)", ErrConfig, cfg.Downlink)
-	}
+	cfg.Params = d.params
+	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request), ingestQ: make(chan ingestJob, cfg.IngestQueue),
+		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{}),
+		topics: d.topics, fam: d.fam, aggSpec: d.aggSpec, screen: d.screen, agg: d.agg, eval: cfg.Eval}
+	s.metAddr.Store("")
+	s.inst.takeover = cfg.InstanceTakeover
 	s.lim = wire.Limits{MaxMessageBytes: cfg.MaxMessageBytes}
 	s.dec.Store(&decoder{lim: s.lim})
 	if cfg.Schema != nil {
-		if err := s.checkSchemaConfig(); err != nil {
-			return nil, err
-		}
+		s.schemaJSON = cfg.Schema.Canonical()
 	} else if err := s.setModel(cfg.Model); err != nil {
 		return nil, err
 	}
-	s.eval = cfg.Eval
-	if cfg.Eval != nil {
-		if err := cfg.Eval.Validate(); err != nil {
-			return nil, fmt.Errorf("%w: evaluation data: %w", ErrConfig, err)
-		}
-		if cfg.Eval.D != cfg.Model.Inputs {
-			return nil, fmt.Errorf("%w: evaluation data has %d features, the model %d inputs", ErrConfig, cfg.Eval.D, cfg.Model.Inputs)
-		}
-		if err := model.CheckTargets(cfg.Model, *cfg.Eval); err != nil {
-			return nil, fmt.Errorf("%w: evaluation data: %w", ErrConfig, err)
-		}
-	}
-	fed := cfg.Schema != nil
-	coord, err := New(Config{
-		K: cfg.K, Quorum: QuorumOf(cfg.K, cfg.QuorumFraction), RoundTimeout: cfg.RoundTimeout,
-		Extension: cfg.Extension, MaxReselections: cfg.MaxReselections, Settle: cfg.Settle,
-		Rounds: cfg.Rounds, Seed: cfg.Seed, Selector: sel, StoreLate: isSplit(s.fam),
-		Statistics: fed, StatsSites: cfg.StatsSites, Evaluate: fed, EvalEvery: cfg.EvalEvery,
-		StopPatience: cfg.StopPatience, StopTol: cfg.StopTol, StopDelta: cfg.StopDelta,
-	})
-	if err != nil {
+	if s.coord, err = New(d.coord); err != nil {
 		return nil, err
 	}
-	s.coord = coord
+	p := d.params
 	s.stored = storedConfig{Federation: cfg.Federation, Algorithm: cfg.Algorithm, Family: s.fam,
 		Aggregator: s.aggSpec, Model: cfg.Model, Dimension: s.dim, Codec: cfg.Codec, Downlink: cfg.Downlink,
 		Params: &storedParams{Mu: p.Mu, Step: p.Step, Relax: p.Relax}}
-	if fed {
-		s.stored.Model, s.stored.SchemaDigest = s.operatorModel(), cfg.Schema.Digest()
+	if cfg.Schema != nil {
+		s.stored.Model, s.stored.SchemaDigest = operatorModel(cfg.Model), cfg.Schema.Digest()
 	}
+	if err := s.open(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
 
-	if s.store, err = storage.OpenAgg(cfg.StatePath, storage.Options{}); err != nil {
-		return nil, DamagedStateError(cfg.StatePath, err)
+// open opens the state file and restores the round log from it.
+func (s *Server) open() error {
+	var err error
+	if s.store, err = storage.OpenAgg(s.cfg.StatePath, storage.Options{}); err != nil {
+		return DamagedStateError(s.cfg.StatePath, err)
 	}
 	if err := s.restore(); err != nil {
 		s.store.Close()
-		return nil, DamagedStateError(cfg.StatePath, err)
+		return DamagedStateError(s.cfg.StatePath, err)
 	}
 	if !s.fresh {
 		if err := s.rebuildHistory(); err != nil {
@@ -602,7 +524,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		}
 	}
 	s.refreshView()
-	return s, nil
+	return nil
 }
 
 // DamagedStateError adds the way out to an error that says the state file
@@ -649,25 +571,7 @@ func (s *Server) restore() error {
 		return s.restoreFreshFed()
 	}
 	if errors.Is(err, storage.ErrNotFound) {
-		s.stored.RunID = crand.Text()
-		s.conf, _ = json.Marshal(s.stored)
-		x0 := make([]float64, s.dim)
-		if s.cfg.Init == InitModel {
-			x0 = s.model.InitParams(streams.ModelInit(s.cfg.InitSeed))
-		}
-		if x0, err = s.downlinked(x0); err != nil {
-			return err
-		}
-		st, _ := json.Marshal(s.coord.Snapshot())
-		now := s.clock.Now()
-		if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: now, Config: s.conf, State: st}, x0); err != nil {
-			return err
-		}
-		s.storeR, s.lastSt, s.fresh = 1, st, true
-		s.global, s.globalR = x0, 1
-		s.log.Info("new round log", "state", s.cfg.StatePath, "federation", s.cfg.Federation,
-			"algorithm", s.cfg.Algorithm, "model", s.cfg.Model.Kind, "dimension", s.dim, "run_id", s.stored.RunID)
-		return nil
+		return s.restoreFresh()
 	}
 	if err != nil {
 		return err
@@ -740,6 +644,34 @@ func (s *Server) restore() error {
 	}
 	s.log.Info("resuming from the round log", "state", s.cfg.StatePath, "round", r, "phase", s.coord.Phase(),
 		"received", len(st.Received), "clients", len(st.Clients))
+	return nil
+}
+
+// restoreFresh starts a new round log: round 1 opens with the initial model
+// (zeros, or the model's initialisation from InitSeed).
+func (s *Server) restoreFresh() error {
+	s.stored.RunID = crand.Text()
+	s.conf, _ = json.Marshal(s.stored)
+	x0 := make([]float64, s.dim)
+	if s.cfg.Init == InitModel {
+		x0 = s.model.InitParams(streams.ModelInit(s.cfg.InitSeed))
+	}
+	x0, err := s.downlinked(x0)
+	if err != nil {
+		return err
+	}
+	st, err := s.coord.MarshalState()
+	if err != nil {
+		return err
+	}
+	now := s.clock.Now()
+	if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: now, Config: s.conf, State: st}, x0); err != nil {
+		return err
+	}
+	s.storeR, s.lastSt, s.fresh = 1, st, true
+	s.global, s.globalR = x0, 1
+	s.log.Info("new round log", "state", s.cfg.StatePath, "federation", s.cfg.Federation,
+		"algorithm", s.cfg.Algorithm, "model", s.cfg.Model.Kind, "dimension", s.dim, "run_id", s.stored.RunID)
 	return nil
 }
 
@@ -923,14 +855,12 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		// under the same name would mislead clients that connect now.
 		s.publish(s.topics.Round(), true, nil, "clear retained round")
 	}
-	if err := s.apply(ctx, s.coord.Resume(), nil, nil); err != nil {
+	if err := s.apply(ctx, s.coord.Resume(), nil, time.Time{}); err != nil {
 		return err
 	}
 	close(s.ready)
 	err = s.loop(ctx)
-	if s.timerOff != nil {
-		s.timerOff()
-	}
+	s.setTimer(time.Time{})
 	return err
 }
 
@@ -956,9 +886,9 @@ func (s *Server) loop(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-		case <-s.timerC:
-			s.timerC = nil
-			if err := s.step(ctx, Tick{At: s.clock.Now()}, nil); err != nil {
+		case <-s.timerC():
+			s.timer = nil
+			if err := s.step(ctx, Tick{At: s.clock.Now()}); err != nil {
 				return err
 			}
 		}
@@ -988,12 +918,19 @@ func (s *Server) onStatus(ctx context.Context, st *wire.ClientStatus) error {
 	if !s.instanceStatus(st, now) {
 		return nil // another installation with this site's id
 	}
-	if s.coord.StatusStale(st.ClientId, st.Connection, st.Online) {
-		// Counted by the coordinator (stale_statuses) when stepped; the
-		// registry keeps the newer status.
+	ds := s.coord.Step(statusEvent(st, now))
+	if len(ofType[StaleStatus](ds)) > 0 {
+		// Counted by the coordinator (stale_statuses); the registry keeps
+		// the newer status.
 		s.log.Info("stale client status set aside", "client", st.ClientId, "online", st.Online, "connection", st.Connection)
-		return s.step(ctx, statusEvent(st, now), nil)
+	} else {
+		s.recordStatus(st, now)
 	}
+	return s.apply(ctx, ds, nil, time.Time{})
+}
+
+// recordStatus writes a status the coordinator applied to the registry.
+func (s *Server) recordStatus(st *wire.ClientStatus, now time.Time) {
 	err := s.store.PutClientStatus(storage.ClientStatus{ID: st.ClientId, Online: st.Online, SampleCount: st.SampleCount,
 		Capabilities: st.Capabilities, SoftwareVersion: st.SoftwareVersion, ErrorReason: st.ErrorReason, ErrorMessage: st.ErrorMessage, At: now})
 	if st.Online {
@@ -1010,7 +947,17 @@ func (s *Server) onStatus(ctx context.Context, st *wire.ClientStatus) error {
 	} else {
 		s.log.Info("client offline", "client", st.ClientId, "connection", st.Connection)
 	}
-	return s.step(ctx, statusEvent(st, now), nil)
+}
+
+// ofType lists the decisions of type T in ds.
+func ofType[T Decision](ds []Decision) []T {
+	var out []T
+	for _, d := range ds {
+		if v, ok := d.(T); ok {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // statusEvent is the coordinator's event for a status message.
@@ -1032,87 +979,106 @@ func (s *Server) onUpdate(ctx context.Context, u *inUpdate) error {
 	if rep := m.Report; rep != nil {
 		loss = rep.AnchorLoss
 	}
-	return s.step(ctx, UpdateArrived{Client: m.ClientId, Round: int(r), Partial: m.Report.GetPartial(), Loss: loss, At: s.clock.Now()}, u)
+	ev := UpdateArrived{Client: m.ClientId, Round: int(r), Partial: m.Report.GetPartial(), Loss: loss, At: s.clock.Now()}
+	return s.propose(ctx, ev, u, func(d Decision, now time.Time) (bool, error) {
+		if r, c := acceptedOf(d); int(m.Round) != r || m.ClientId != c {
+			return false, fmt.Errorf("%w: %#v", errNotGiven, d)
+		}
+		return true, s.storeUpdate(u, now)
+	}, func(err error) error {
+		if errors.Is(err, errNotGiven) {
+			return err
+		}
+		s.refuseUpdate(u, err)
+		return nil
+	})
 }
 
-// step feeds one event to the coordinator and carries out its decisions.
-func (s *Server) step(ctx context.Context, ev Event, u *inUpdate) error {
-	var before *State
-	if u != nil || s.pendStats != nil || s.pendEval != nil {
-		b := s.coord.Snapshot()
-		before = &b
+// propose hands a site's message to the coordinator as a proposal
+// (Coordinator.Propose): a message it accepts is stored first (store, which
+// reports whether it wrote it now: false for a copy stored earlier) and
+// only then applied (Stored); one that cannot be stored is forgotten
+// (StoreFailed), so the coordinator's state stays what it was, and answered
+// by refused. A store error that is not the message's fault ends the loop
+// when refused returns it.
+func (s *Server) propose(ctx context.Context, ev Event, u *inUpdate, store func(Decision, time.Time) (bool, error), refused func(error) error) error {
+	ds := s.coord.Propose(ev)
+	if !s.coord.Pending() {
+		return s.apply(ctx, ds, u, time.Time{})
 	}
-	return s.apply(ctx, s.coord.Step(ev), u, before)
-}
-
-// apply carries out one batch of decisions in the coordinator's order:
-// first the durable writes (the accepted update, then the state), then
-// everything visible outside (receipts, announcements), the timer and the
-// round's close. before is the state to roll back to if the update cannot
-// be stored.
-func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *State) error {
-	defer s.refreshView()
 	now := s.clock.Now()
-	var storedAt time.Time
-	for _, d := range ds {
-		var round int
-		switch d := d.(type) {
-		case Accept:
-			round = d.Round
-		case AcceptLate:
-			round = d.Round
-		case AcceptStatistics, AcceptEval:
-			if ok, err := s.storeFed(d, now, before); !ok || err != nil {
-				return err
-			}
-			continue
-		default:
-			continue
-		}
-		if u == nil || int(u.msg.Round) != round || u.msg.ClientId != clientOf(d) {
-			return fmt.Errorf("aggregator: coordinator accepted an update it was not given: %#v", d)
-		}
-		if err := s.storeUpdate(u, now); errors.Is(err, errOutOfRange) {
-			if rerr := s.coord.Restore(*before); rerr != nil {
-				return fmt.Errorf("aggregator: roll back an out-of-range update: %w", rerr)
-			}
-			s.reject(u.msg.ClientId, "out_of_range")
-			s.log.Warn("update rejected", "client", u.msg.ClientId, "round", u.msg.Round, "reason", "out_of_range", "detail", err)
-			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "out_of_range: "+err.Error(), time.Time{})
-			return nil
-		} else if errors.Is(err, uplink.ErrBaseMismatch) {
-			if rerr := s.coord.Restore(*before); rerr != nil {
-				return fmt.Errorf("aggregator: roll back a mismatched delta: %w", rerr)
-			}
-			s.reject(u.msg.ClientId, "base_mismatch")
-			s.log.Warn("update rejected", "client", u.msg.ClientId, "round", u.msg.Round, "reason", "base_mismatch", "detail", err)
-			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_BASE_MISMATCH, err.Error(), time.Time{})
-			return nil
-		} else if err != nil {
-			s.storageErrors.Add(1)
-			s.log.Error("storing an accepted update; rejecting it for a retry", "client", u.msg.ClientId, "round", u.msg.Round, "err", err)
-			if rerr := s.coord.Restore(*before); rerr != nil {
-				return fmt.Errorf("aggregator: roll back after a storage error: %w (storage: %w)", rerr, err)
-			}
-			s.reject(u.msg.ClientId, "internal")
-			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store the update; retry", time.Time{})
-			return nil
-		}
-		storedAt = now
+	wrote, err := store(ds[0], now)
+	if err != nil {
+		s.coord.Step(StoreFailed{At: now})
+		defer s.refreshView()
+		return refused(err)
 	}
-	if s.fedStored {
-		storedAt = now
+	storedAt := now
+	if !wrote {
+		storedAt = time.Time{}
 	}
+	return s.apply(ctx, s.coord.Step(Stored{At: now}), u, storedAt)
+}
+
+// refuseUpdate answers an accepted update that was not stored: a value the
+// downlink cannot carry, a delta against a copy this server does not hold,
+// or a storage error (INTERNAL: the site retries).
+func (s *Server) refuseUpdate(u *inUpdate, err error) {
+	m := u.msg
+	switch {
+	case errors.Is(err, errOutOfRange):
+		s.reject(m.ClientId, "out_of_range")
+		s.log.Warn("update rejected", "client", m.ClientId, "round", m.Round, "reason", "out_of_range", "detail", err)
+		s.receipt(m, false, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "out_of_range: "+err.Error(), time.Time{})
+	case errors.Is(err, uplink.ErrBaseMismatch):
+		s.reject(m.ClientId, "base_mismatch")
+		s.log.Warn("update rejected", "client", m.ClientId, "round", m.Round, "reason", "base_mismatch", "detail", err)
+		s.receipt(m, false, wire.ReceiptCode_RECEIPT_CODE_BASE_MISMATCH, err.Error(), time.Time{})
+	default:
+		s.storageErrors.Add(1)
+		s.log.Error("storing an accepted update; rejecting it for a retry", "client", m.ClientId, "round", m.Round, "err", err)
+		s.reject(m.ClientId, "internal")
+		s.receipt(m, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store the update; retry", time.Time{})
+	}
+}
+
+// step feeds one event that carries no site message to the coordinator and
+// carries out its decisions.
+func (s *Server) step(ctx context.Context, ev Event) error {
+	return s.apply(ctx, s.coord.Step(ev), nil, time.Time{})
+}
+
+// apply carries out one batch of decisions in the coordinator's order: the
+// state first (the batch's message, if any, is stored already: storedAt,
+// zero for a copy stored earlier), then everything visible outside
+// (receipts, announcements), the timer and the round's close.
+func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, storedAt time.Time) error {
+	defer s.refreshView()
 	if err := s.persistState(); err != nil {
-		if u != nil && !storedAt.IsZero() && before != nil && s.coord.Restore(*before) == nil {
+		if u != nil && !storedAt.IsZero() {
 			s.storageErrors.Add(1)
 			s.reject(u.msg.ClientId, "internal")
 			s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store its state; retry", time.Time{})
 		}
 		return err
 	}
-	var closing *CloseRound
-	var fitting *FitTransform
+	closing, fitting, err := s.carryOut(ds, u, storedAt)
+	switch {
+	case err != nil:
+		return err
+	case closing != nil:
+		// After the rest of the batch (its SetTimer belongs to the
+		// closing phase): AggregatedRound is a new event.
+		return s.closeRound(ctx, *closing)
+	case fitting != nil:
+		return s.fitTransform(ctx, *fitting)
+	}
+	return nil
+}
+
+// carryOut carries out a batch's visible decisions in order and returns the
+// round to close or the transform to fit, which come last.
+func (s *Server) carryOut(ds []Decision, u *inUpdate, storedAt time.Time) (closing *CloseRound, fitting *FitTransform, err error) {
 	for _, d := range ds {
 		switch d := d.(type) {
 		case Accept:
@@ -1121,64 +1087,48 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, before *
 			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "", storedAt)
 		case AcceptLate:
 			s.noteWork(u.msg)
-			s.late++
 			s.log.Info("late update stored as the client's latest z", "client", d.Client, "round", d.Round, "partial", d.Partial)
 			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "late: stored as the latest z", storedAt)
 		case Reject:
 			s.rejectByCoordinator(u, d)
 		case Announce:
-			if err := s.announce(d.Round, d.Attempt, d.Selected, d.Deadline); err != nil {
-				return err
-			}
+			err = s.announce(d.Round, d.Attempt, d.Selected, d.Deadline)
 		case Extend:
-			sel := s.coord.Snapshot().Selected
 			s.log.Info("round below quorum at its deadline: extended", "round", d.Round, "deadline", d.Deadline)
-			if err := s.announce(d.Round, -1, sel, d.Deadline); err != nil {
-				return err
-			}
+			err = s.announce(d.Round, -1, d.Selected, d.Deadline)
 		case SetTimer:
 			s.setTimer(d.At)
 		case CloseRound:
 			closing = &d
 		case Finished:
-			if err := s.finish(d); err != nil {
-				return err
-			}
+			err = s.finish(d)
 		case AcceptStatistics, RejectStatistics, AcceptEval, RejectEval:
 			s.answerFed(d, storedAt)
 		case AnnounceStatistics:
-			if err := s.announceStatistics(d.Deadline); err != nil {
-				return err
-			}
+			err = s.announceStatistics(d.Deadline)
 		case FitTransform:
 			fitting = &d
 		case EvalComplete:
 			s.finalizeEval(d.Round)
 		case Finish:
-			if err := s.announceFinish(d); err != nil {
-				return err
-			}
+			err = s.announceFinish(d)
+		}
+		if err != nil {
+			return nil, nil, err
 		}
 	}
-	if closing != nil {
-		// After the rest of the batch (its SetTimer belongs to the
-		// closing phase): AggregatedRound is a new event.
-		return s.closeRound(ctx, *closing)
-	}
-	if fitting != nil {
-		return s.fitTransform(ctx, *fitting)
-	}
-	return nil
+	return closing, fitting, nil
 }
 
-func clientOf(d Decision) string {
+// acceptedOf is the round and client an update's accept names.
+func acceptedOf(d Decision) (round int, client string) {
 	switch d := d.(type) {
 	case Accept:
-		return d.Client
+		return d.Round, d.Client
 	case AcceptLate:
-		return d.Client
+		return d.Round, d.Client
 	}
-	return ""
+	return 0, ""
 }
 
 // errOutOfRange: an update whose model (w, or FedSplit's z_j) holds a value
@@ -1308,9 +1258,9 @@ func (s *Server) downlinked(x []float64) ([]float64, error) {
 // persistState writes the coordinator's state to the store's current round
 // when it changed.
 func (s *Server) persistState() error {
-	b, err := json.Marshal(s.coord.Snapshot())
+	b, err := s.coord.MarshalState()
 	if err != nil {
-		return fmt.Errorf("aggregator: encode state: %w", err)
+		return err
 	}
 	if bytes.Equal(b, s.lastSt) {
 		return nil
@@ -1323,15 +1273,25 @@ func (s *Server) persistState() error {
 	return nil
 }
 
+// setTimer (re)arms the coordinator's one timer for at; the zero time
+// stops it.
 func (s *Server) setTimer(at time.Time) {
-	if s.timerOff != nil {
-		s.timerOff()
-		s.timerOff = nil
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer = nil
 	}
-	s.timerC = nil
 	if !at.IsZero() {
-		s.timerC, s.timerOff = s.clock.At(at)
+		s.timer = s.clock.NewTimer(at.Sub(s.clock.Now()))
 	}
+}
+
+// timerC is the channel of the coordinator's timer (nil, which blocks, when
+// none is armed).
+func (s *Server) timerC() <-chan time.Time {
+	if s.timer == nil {
+		return nil
+	}
+	return s.timer.C()
 }
 
 func (s *Server) finish(d Finished) error {

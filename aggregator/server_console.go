@@ -37,14 +37,14 @@ func (s *Server) fileStatus() (Status, error) {
 	c := &s.stCache
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.ok && (c.gen == gen || time.Since(c.at) < statusMinAge) {
+	if c.ok && (c.gen == gen || s.clock.Since(c.at) < statusMinAge) {
 		return c.st, nil
 	}
 	st, err := ReadStatus(s.store)
 	if err != nil {
 		return st, err
 	}
-	c.gen, c.at, c.st, c.ok = gen, time.Now(), st, true
+	c.gen, c.at, c.st, c.ok = gen, s.clock.Now(), st, true
 	return st, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/wire"
 )
 
@@ -189,7 +190,7 @@ func TestConsoleHTTP(t *testing.T) {
 // (every 1.5 s): /status for the rounds it lacks, with 100 sites and a full
 // history of 1000 rounds and 100 evaluated rounds; and the first load.
 func BenchmarkConsolePoll(b *testing.B) {
-	f := &fixture{t: &testing.T{}, dir: b.TempDir(), clock: NewManualClock(start0)}
+	f := &fixture{t: &testing.T{}, dir: b.TempDir(), clock: clock.NewFake(start0)}
 	cfg := ServerConfig{Federation: testFed, BrokerURL: "tcp://127.0.0.1:1", K: 10, Algorithm: AlgoFedAvg, Model: testModel,
 		StatePath: filepath.Join(f.dir, "state.db"), Clock: f.clock, Logger: slog.New(slog.DiscardHandler)}
 	s, err := NewServer(cfg)

@@ -127,46 +127,22 @@ func orNone(d string) string {
 }
 
 // operatorModel is the part of the model the operator chooses with a
-// schema (stored in the run's identity).
-func (s *Server) operatorModel() model.Spec {
-	m := model.Spec{Kind: s.cfg.Model.Kind, L2: s.cfg.Model.L2}
+// schema (the schema decides the rest).
+func operatorModel(spec model.Spec) model.Spec {
+	m := model.Spec{Kind: spec.Kind, L2: spec.L2}
 	if m.Kind == model.KindMLP {
-		m.Hidden, m.Activation = s.cfg.Model.Hidden, s.cfg.Model.Activation
+		m.Hidden, m.Activation = spec.Hidden, spec.Activation
 	}
 	return m
 }
 
-// checkSchemaConfig validates a configuration with a schema before any
-// statistics exist: the schema, the model flags against its task (with a
-// stand-in transform), no legacy evaluation data.
-func (s *Server) checkSchemaConfig() error {
-	sc := s.cfg.Schema
-	if err := sc.Validate(); err != nil {
-		return fmt.Errorf("%w: schema: %w", ErrConfig, err)
-	}
-	m := s.operatorModel()
-	if _, err := sitedata.ModelSpec(sc, &prep.Transform{Outputs: 1}, m.Kind, m.Hidden, m.Activation, m.L2); err != nil {
-		return fmt.Errorf("%w: model: %w", ErrConfig, err)
-	}
-	if s.cfg.Eval != nil {
-		return fmt.Errorf("%w: with a schema, evaluation data is read by the schema (EvalTable), not given as model data", ErrConfig)
-	}
-	s.schemaJSON = sc.Canonical()
-	return nil
-}
-
 // setModel creates the model and everything whose size depends on it.
 func (s *Server) setModel(spec model.Spec) error {
-	m, err := model.New(spec)
+	m, err := newModel(spec, s.cfg.Codec)
 	if err != nil {
-		return fmt.Errorf("%w: model: %w", ErrConfig, err)
+		return err
 	}
 	dim := m.NumParams()
-	if c, err := quant.Parse(s.cfg.Codec); err != nil {
-		return fmt.Errorf("%w: codec: %w", ErrConfig, err)
-	} else if c.MinDim() > dim {
-		return fmt.Errorf("%w: codec %s covers %d parameters, the %s model has %d", ErrConfig, c, c.MinDim(), spec.Kind, dim)
-	}
 	lim := wire.Limits{MaxMessageBytes: s.cfg.MaxMessageBytes, MaxDimension: dim}
 	qlim := quant.Limits{MaxDim: dim, MaxFrame: s.cfg.MaxMessageBytes}
 	loopQ, err := quant.ParseWithLimits("fp32", qlim)
@@ -191,7 +167,10 @@ func (s *Server) setModel(spec model.Spec) error {
 func (s *Server) restoreFreshFed() error {
 	s.stored.RunID = crand.Text()
 	s.conf, _ = json.Marshal(s.stored)
-	st, _ := json.Marshal(s.coord.Snapshot())
+	st, err := s.coord.MarshalState()
+	if err != nil {
+		return err
+	}
 	if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: s.clock.Now(), Config: s.conf, State: st}, nil); err != nil {
 		return err
 	}
@@ -270,7 +249,7 @@ func (s *Server) fitTransform(ctx context.Context, d FitTransform) error {
 		}
 		s.global, s.globalR, s.frame = x0, 1, nil
 	}
-	return s.apply(ctx, s.coord.Step(TransformFitted{At: s.clock.Now()}), nil, nil)
+	return s.step(ctx, TransformFitted{At: s.clock.Now()})
 }
 
 func (s *Server) newFit(d FitTransform) error {
@@ -314,7 +293,7 @@ func (s *Server) newFit(d FitTransform) error {
 	if err != nil {
 		return fail("fitted", err)
 	}
-	op := s.operatorModel()
+	op := operatorModel(s.cfg.Model)
 	spec, err := sitedata.ModelSpec(sc, tr, op.Kind, op.Hidden, op.Activation, op.L2)
 	if err != nil {
 		return fail("given a model", err)
@@ -486,7 +465,7 @@ func (s *Server) handleEval(m *wire.EvalReport, raw []byte) bool {
 func (s *Server) onStatistics(ctx context.Context, in *inStats) error {
 	s.pendStats, s.fedStored = in, false
 	defer func() { s.pendStats = nil }()
-	return s.step(ctx, StatisticsArrived{Client: in.msg.ClientId, At: s.clock.Now()}, nil)
+	return s.propose(ctx, StatisticsArrived{Client: in.msg.ClientId, At: s.clock.Now()}, nil, s.storeFed, s.refuseFed)
 }
 
 func (s *Server) onEval(ctx context.Context, in *inEval) error {
@@ -496,54 +475,54 @@ func (s *Server) onEval(ctx context.Context, in *inEval) error {
 	if r > math.MaxInt32 {
 		r = math.MaxInt32 // a future round either way
 	}
-	return s.step(ctx, EvalArrived{Client: in.msg.ClientId, Round: int(r), At: s.clock.Now()}, nil)
+	return s.propose(ctx, EvalArrived{Client: in.msg.ClientId, Round: int(r), At: s.clock.Now()}, nil, s.storeFed, s.refuseFed)
 }
 
-// storeFed stores accepted statistics or an evaluation report before the
-// state and the receipt. ok is false when the batch stops here (a storage
-// error answered with an INTERNAL receipt after rolling the coordinator
-// back).
-func (s *Server) storeFed(d Decision, now time.Time, before *State) (ok bool, err error) {
-	var (
-		stored             bool
-		client             string
-		round              uint64
-		subject            wire.ReceiptSubject
-		storeErr, givenErr error
-	)
+// errNotGiven: the coordinator accepted a message the shell did not hand
+// it (a bug: the loop stops).
+var errNotGiven = errors.New("aggregator: coordinator accepted a message it was not given")
+
+// storeFed stores accepted statistics or an evaluation report (the
+// proposal, before the state and the receipt); stored is false for a copy
+// stored earlier.
+func (s *Server) storeFed(d Decision, now time.Time) (stored bool, err error) {
 	switch d := d.(type) {
 	case AcceptStatistics:
-		client, subject = d.Client, wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS
-		if in := s.pendStats; in == nil || in.msg.ClientId != d.Client {
-			givenErr = fmt.Errorf("aggregator: coordinator accepted statistics it was not given: %#v", d)
-		} else {
-			stored, storeErr = s.store.PutStatistics(d.Client, now, in.raw)
+		if in := s.pendStats; in != nil && in.msg.ClientId == d.Client {
+			stored, err = s.store.PutStatistics(d.Client, now, in.raw)
+			s.fedStored = stored
+			return stored, err
 		}
 	case AcceptEval:
-		client, round, subject = d.Client, uint64(d.Round), wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION
-		if in := s.pendEval; in == nil || in.msg.ClientId != d.Client || in.msg.Round != uint64(d.Round) {
-			givenErr = fmt.Errorf("aggregator: coordinator accepted an evaluation report it was not given: %#v", d)
-		} else {
-			stored, storeErr = s.store.PutEval(round, d.Client, now, in.raw)
+		if in := s.pendEval; in != nil && in.msg.ClientId == d.Client && in.msg.Round == uint64(d.Round) {
+			stored, err = s.store.PutEval(uint64(d.Round), d.Client, now, in.raw)
+			s.fedStored = stored
+			return stored, err
 		}
 	}
-	if givenErr != nil {
-		return false, givenErr
+	return false, fmt.Errorf("%w: %#v", errNotGiven, d)
+}
+
+// refuseFed answers statistics or an evaluation report that could not be
+// stored with an INTERNAL receipt (the site retries).
+func (s *Server) refuseFed(err error) error {
+	if errors.Is(err, errNotGiven) {
+		return err
 	}
-	if storeErr != nil {
-		s.storageErrors.Add(1)
-		s.log.Error("storing a site's message; rejecting it for a retry", "client", client, "subject", subject, "err", storeErr)
-		if before == nil {
-			return false, storeErr
-		}
-		if rerr := s.coord.Restore(*before); rerr != nil {
-			return false, fmt.Errorf("aggregator: roll back after a storage error: %w (storage: %w)", rerr, storeErr)
-		}
-		s.receiptFed(client, round, subject, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store it; retry", time.Time{})
-		return false, nil
+	var (
+		client  string
+		round   uint64
+		subject wire.ReceiptSubject
+	)
+	if in := s.pendStats; in != nil {
+		client, subject = in.msg.ClientId, wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS
+	} else if in := s.pendEval; in != nil {
+		client, round, subject = in.msg.ClientId, in.msg.Round, wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION
 	}
-	s.fedStored = stored
-	return true, nil
+	s.storageErrors.Add(1)
+	s.log.Error("storing a site's message; rejecting it for a retry", "client", client, "subject", subject, "err", err)
+	s.receiptFed(client, round, subject, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not store it; retry", time.Time{})
+	return nil
 }
 
 // answerFed logs and receipts the coordinator's answer to statistics or an
@@ -675,15 +654,15 @@ func (s *Server) announceFinished(rounds int, deadline time.Time, bun []byte, la
 		return nil
 	}
 	tok := s.client.Publish(s.topics.Round(), 1, true, b)
-	limit, off := s.clock.At(s.clock.Now().Add(finalAckWait))
-	defer off()
+	limit := s.clock.NewTimer(finalAckWait)
+	defer limit.Stop()
 	select {
 	case <-tok.Done():
 		if err := tok.Error(); err != nil {
 			s.publishErrors.Add(1)
 			s.log.Error("publish failed", "what", "final announcement", "topic", s.topics.Round(), "err", err)
 		}
-	case <-limit:
+	case <-limit.C():
 		s.log.Warn("the broker has not acknowledged the final announcement; finishing without its acknowledgement", "waited", finalAckWait)
 	case <-s.runCtx.Done():
 	}

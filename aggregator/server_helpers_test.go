@@ -16,6 +16,7 @@ import (
 	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgefl/edgefl/broker"
+	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/quant"
 	"github.com/edgefl/edgefl/wire"
@@ -23,7 +24,7 @@ import (
 
 // The shell's tests run a real embedded broker on a random loopback port,
 // the Server over paho, and fake agents (paho clients publishing statuses
-// and updates). Time is a ManualClock; tests wait on channels (agents'
+// and updates). Time is a clock.Fake; tests wait on channels (agents'
 // messages, Server.Watch) with a generous timeout and never sleep.
 
 const (
@@ -62,7 +63,7 @@ type fixture struct {
 	t     *testing.T
 	dir   string
 	brk   *broker.Broker
-	clock *ManualClock
+	clock *clock.Fake
 }
 
 var siteIDs = []string{"site-a", "site-b", "site-c", "site-d", "site-x", "injector"}
@@ -80,7 +81,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	return &fixture{t: t, dir: t.TempDir(), brk: b, clock: NewManualClock(start0)}
+	return &fixture{t: t, dir: t.TempDir(), brk: b, clock: clock.NewFake(start0)}
 }
 
 func (f *fixture) config() ServerConfig {

@@ -2,7 +2,6 @@ package aggregator
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -92,9 +91,8 @@ func (s *Server) announce(round, attempt int, selected []string, deadline time.T
 // round), then steps AggregatedRound. After a restart the checkpoint may
 // exist already: then the aggregation is not redone.
 func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
-	start := time.Now()
+	start := s.clock.Now()
 	r := cr.Round
-	final := s.cfg.Rounds > 0 && r >= s.cfg.Rounds
 	next, err := s.store.Checkpoint(uint64(r + 1))
 	var rep aggregate.Report
 	redo := errors.Is(err, storage.ErrNotFound)
@@ -111,12 +109,12 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	default:
 		s.log.Info("round was aggregated before a restart; using its checkpoint", "round", r)
 	}
-	state, err := marshalState(s.coord.Snapshot())
+	state, err := s.coord.MarshalState()
 	if err != nil {
 		return err
 	}
 	now := s.clock.Now()
-	if final {
+	if cr.Final {
 		if redo {
 			if err := s.store.PutCheckpoint(uint64(r+1), next); err != nil {
 				return fmt.Errorf("aggregator: %w", err)
@@ -133,7 +131,7 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	}
 	s.lastSt = state
 	agg := AggregatedRound{Round: r, At: now}
-	hr := RoundRecord{Round: r, AggregatedAt: now, Participants: len(cr.Contributors), Late: s.late,
+	hr := RoundRecord{Round: r, AggregatedAt: now, Participants: len(cr.Contributors), Late: cr.Late,
 		Partial: slices.Clone(cr.Partial), Stragglers: slices.Clone(cr.Stragglers)}
 	hr.BytesUp, hr.BytesDown, hr.OpenedAt = s.hist.endRound(r, s.bytesInTotal.Load())
 	if len(next) == len(s.global) {
@@ -153,15 +151,14 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 		}
 	}
 	s.global, s.globalR, s.frame = next, r+1, nil
-	dur := time.Since(start)
+	dur := s.clock.Since(start)
 
 	rr := RoundReport{Round: r, Contributors: cr.Contributors, Partial: cr.Partial, Stragglers: cr.Stragglers,
-		Late: s.late, Duration: dur, EvalLoss: math.NaN(), EvalScore: math.NaN(), Metrics: rep.Metrics, Global: next}
+		Late: cr.Late, Duration: dur, EvalLoss: math.NaN(), EvalScore: math.NaN(), Metrics: rep.Metrics, Global: next}
 	if ev := s.eval; ev != nil && ev.N > 0 {
 		rr.EvalLoss = s.model.LossGrad(next, *ev, nil)
 		rr.EvalScore = s.model.Score(next, *ev)
 	}
-	s.late = 0
 	hr.Seconds = dur.Seconds()
 	s.hist.addRound(hr)
 	if s.fit == nil && !math.IsNaN(rr.EvalLoss) {
@@ -185,7 +182,7 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	if s.cfg.OnRound != nil {
 		s.cfg.OnRound(rr)
 	}
-	return s.apply(ctx, s.coord.Step(agg), nil, nil)
+	return s.step(ctx, agg)
 }
 
 // aggregate computes the next global model from the closed round.
@@ -313,14 +310,6 @@ func (s *Server) closedUpdates(cr CloseRound, x []float64) ([]aggregate.Update, 
 		return nil, fmt.Errorf("aggregator: round %d: %d contributors but %d stored updates", cr.Round, len(cr.Contributors), len(ups))
 	}
 	return ups, nil
-}
-
-func marshalState(st State) ([]byte, error) {
-	b, err := json.Marshal(st)
-	if err != nil {
-		return nil, fmt.Errorf("aggregator: encode state: %w", err)
-	}
-	return b, nil
 }
 
 // receiptCodes maps the coordinator's reasons to receipt codes.

@@ -41,22 +41,14 @@ type view struct {
 }
 
 func (s *Server) refreshView() {
-	st := s.coord.Snapshot()
+	st := s.coord.Summary()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v := &s.view
 	v.round, v.phase, v.deadline, v.counters = st.Round, st.Phase, st.Deadline, st.Counters
 	v.selected = st.Selected
-	v.received = make([]string, 0, len(st.Received)) // fresh: Watch copies outside the lock
-	for _, r := range st.Received {
-		v.received = append(v.received, r.Client)
-	}
-	v.clients, v.online = len(st.Clients), 0
-	for _, c := range st.Clients {
-		if c.Online {
-			v.online++
-		}
-	}
+	v.received = st.Received // fresh: Watch copies outside the lock
+	v.clients, v.online = st.Clients, st.Online
 	v.global, v.globalRound = s.global, s.globalR
 	v.finished = st.Phase == PhaseFinished
 	v.statsSites, v.stopReason = st.StatsSites, st.StopReason
@@ -191,7 +183,7 @@ func (s *Server) mux() *http.ServeMux {
 func (s *Server) guarded() http.Handler {
 	var h http.Handler = s.mux()
 	if s.cfg.HTTPAuth != nil {
-		h = console.BasicAuth(h, s.cfg.HTTPAuth)
+		h = console.BasicAuth(h, s.cfg.HTTPAuth, s.clock.Now)
 	}
 	if s.cfg.HTTPTLS != nil && s.cfg.HTTPTLS.ClientCAs != nil && len(s.cfg.HTTPClientNames) > 0 {
 		h = console.ClientNames(h, s.cfg.HTTPClientNames)

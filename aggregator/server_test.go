@@ -2,7 +2,6 @@ package aggregator
 
 import (
 	"errors"
-	"github.com/edgefl/edgefl/aggregate"
 	"io"
 	"math"
 	"net/http"
@@ -10,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgefl/edgefl/aggregate"
 
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"

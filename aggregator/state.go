@@ -36,8 +36,9 @@ type State struct {
 	// round (or its re-selection) started waiting, for Settle.
 	Started      bool          `json:"started,omitempty"`
 	WaitingSince time.Time     `json:"waiting_since"`
-	ClosedAt     time.Time     `json:"closed_at"` // when Round closed (or finished)
-	Timer        time.Time     `json:"timer"`     // the last SetTimer sent
+	ClosedAt     time.Time     `json:"closed_at"`      // when Round closed (or finished)
+	Timer        time.Time     `json:"timer"`          // the last SetTimer sent
+	Late         int           `json:"late,omitempty"` // late updates since the last aggregation
 	Clients      []ClientState `json:"clients,omitempty"`
 	Counters     Counters      `json:"counters"`
 	// SelectorName and Selector hold a stateful selector's own state (see
@@ -96,6 +97,7 @@ func (c *Coordinator) Snapshot() State {
 		WaitingSince: c.waitingSince,
 		ClosedAt:     c.closedAt,
 		Timer:        c.timer,
+		Late:         c.late,
 		Counters:     c.counters.clone(),
 		StatsSites:   c.fed.statsList(),
 		EvalRound:    c.fed.evalRound,
@@ -180,6 +182,8 @@ func (c *Coordinator) Restore(s State) error {
 	c.waitingSince = norm(s.WaitingSince)
 	c.closedAt = norm(s.ClosedAt)
 	c.timer = norm(s.Timer)
+	c.late = s.Late
+	c.proposal = nil
 	c.counters = s.Counters.clone()
 	c.fed.reset()
 	for _, id := range s.StatsSites {
@@ -207,8 +211,8 @@ func (s State) check() error {
 	default:
 		return bad("unknown phase %q", s.Phase)
 	}
-	if s.Round < 1 || s.Attempts < 0 {
-		return bad("round %d, attempts %d", s.Round, s.Attempts)
+	if s.Round < 1 || s.Attempts < 0 || s.Late < 0 {
+		return bad("round %d, attempts %d, late %d", s.Round, s.Attempts, s.Late)
 	}
 	if (s.Phase == PhaseCollecting || s.Phase == PhaseStalled) && (s.Attempts < 1 || s.Deadline.IsZero()) {
 		return bad("phase %s without an announced selection", s.Phase)
@@ -270,4 +274,46 @@ func (s State) check() error {
 		return bad("phase %s in round %d", s.Phase, s.Round)
 	}
 	return nil
+}
+
+// MarshalState encodes the state (Snapshot) as JSON, the form the round log
+// stores: the shell's one encoding of the state per batch of decisions.
+func (c *Coordinator) MarshalState() ([]byte, error) {
+	b, err := json.Marshal(c.Snapshot())
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: encode state: %w", err)
+	}
+	return b, nil
+}
+
+// Summary is what the shell's view and metrics read of the coordinator:
+// cheaper than Snapshot (no registry entries, no selector state).
+type Summary struct {
+	Round      int
+	Phase      Phase
+	Deadline   time.Time
+	Selected   []string // sorted
+	Received   []string // this round's contributors, sorted
+	Clients    int      // known clients
+	Online     int
+	Counters   Counters
+	StatsSites []string // sorted
+	StopReason string
+}
+
+// Summary returns the summary of the current state (copies).
+func (c *Coordinator) Summary() Summary {
+	s := Summary{Round: c.round, Phase: c.phase, Deadline: c.deadline, Selected: slices.Clone(c.selected),
+		Received: make([]string, 0, len(c.received)), Clients: len(c.clients), Counters: c.counters.clone(),
+		StatsSites: c.fed.statsList(), StopReason: c.fed.stopReason}
+	for id := range c.received {
+		s.Received = append(s.Received, id)
+	}
+	slices.Sort(s.Received)
+	for _, cl := range c.clients {
+		if cl.online {
+			s.Online++
+		}
+	}
+	return s
 }

@@ -121,7 +121,7 @@ func testSimMatchesLive(t *testing.T, algo, codec string) {
 			Step: local.Step, Relax: local.Relax, Mu: local.Mu},
 		Model: model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
 		Codec: codec, Downlink: cfg.Downlink, StatePath: state,
-		Clock: aggregator.NewManualClock(t0), Logger: log.With("party", "aggregator"),
+		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
 		OnRound: func(rr aggregator.RoundReport) {
 			mu.Lock()
 			defer mu.Unlock()

@@ -21,8 +21,9 @@ func Open(path string) bool { return path == "/healthz" }
 // authCacheTTL as a keyed hash of the username and password, so that a
 // console polling every second costs one verification, not one a poll;
 // verifications run one at a time, so wrong guesses cost at most one core.
-func BasicAuth(next http.Handler, check func(user, password string) bool) http.Handler {
-	a := &basicAuth{next: next, check: check, ok: map[[32]byte]time.Time{}, sem: make(chan struct{}, 1)}
+// now is the clock the cache's expiry reads (the daemon's clock.Clock Now).
+func BasicAuth(next http.Handler, check func(user, password string) bool, now func() time.Time) http.Handler {
+	a := &basicAuth{next: next, check: check, now: now, ok: map[[32]byte]time.Time{}, sem: make(chan struct{}, 1)}
 	if _, err := rand.Read(a.key[:]); err != nil {
 		panic(fmt.Sprintf("console: random key: %v", err))
 	}
@@ -37,6 +38,7 @@ const (
 type basicAuth struct {
 	next  http.Handler
 	check func(user, password string) bool
+	now   func() time.Time
 	key   [32]byte
 	sem   chan struct{}
 
@@ -65,7 +67,7 @@ func (a *basicAuth) verify(r *http.Request, user, pw string) bool {
 	m.Write([]byte(pw))
 	var k [32]byte
 	copy(k[:], m.Sum(nil))
-	now := time.Now()
+	now := a.now()
 	a.mu.Lock()
 	until, cached := a.ok[k]
 	a.mu.Unlock()

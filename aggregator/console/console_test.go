@@ -18,7 +18,7 @@ var ok = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write
 // challenge; /healthz needs none.
 func TestBasicAuth(t *testing.T) {
 	var checks atomic.Int32
-	h := BasicAuth(ok, func(user, pw string) bool { checks.Add(1); return user == "operator" && pw == "s3cret" })
+	h := BasicAuth(ok, func(user, pw string) bool { checks.Add(1); return user == "operator" && pw == "s3cret" }, time.Now)
 	do := func(path, user, pw string) *httptest.ResponseRecorder {
 		req := httptest.NewRequest("GET", path, nil)
 		if user != "" {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -430,6 +431,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	cfg, err := f.serverConfig(log)
 	if err != nil {
+		return err
+	}
+	// Everything checkable without side effects, before --rollback, the
+	// broker or the state file is touched (the broker URL is set below).
+	vc := cfg
+	vc.BrokerURL = cmp.Or(f.brokerURL, "tcp://in-process")
+	if err := vc.Validate(); err != nil {
 		return err
 	}
 	if f.rollback != "" {
