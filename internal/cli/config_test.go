@@ -19,10 +19,12 @@ var testSyntax = Syntax{
 		k = strings.ReplaceAll(k, "-", "_")
 		return k, k == "a" || k == "b" || k == "m"
 	},
-	Multi:      func(k string) bool { return k == "m" },
-	NoEquals:   func(where, line string) error { return fmt.Errorf("%s: no = in %q", where, line) },
-	Unknown:    func(where, key string) error { return fmt.Errorf("%s: unknown %q", where, key) },
-	Repeated:   func(where, key string, first Setting) error { return fmt.Errorf("%s: %s first at %s", where, key, first.Where) },
+	Multi:    func(k string) bool { return k == "m" },
+	NoEquals: func(where, line string) error { return fmt.Errorf("%s: no = in %q", where, line) },
+	Unknown:  func(where, key string) error { return fmt.Errorf("%s: unknown %q", where, key) },
+	Repeated: func(where, key string, first Setting) error {
+		return fmt.Errorf("%s: %s first at %s", where, key, first.Where)
+	},
 	ReadFailed: func(err error) error { return fmt.Errorf("read: %w", err) },
 }
 
