@@ -190,6 +190,8 @@ type Config struct {
 	// Serving, when set, is called once the aggregator serves (or failed
 	// to start), before the agents start: no round can have closed yet.
 	Serving func(*Federation)
+	// ReconnectMin and ReconnectMax are the agents' (AgentsConfig's).
+	ReconnectMin, ReconnectMax time.Duration
 	// NewClock gives each agent its clock (nil: the wall clock).
 	NewClock func() clock.Clock
 	Logger   *slog.Logger
@@ -255,7 +257,8 @@ func Start(ctx context.Context, c Config) (*Federation, error) {
 		c.Serving(f)
 	}
 	f.agents, err = StartAgents(ctx, AgentsConfig{Federation: c.Federation, Brokers: []string{brk.URL()}, Passwords: pw,
-		Dir: c.Dir, Sites: c.Sites, Seed: c.Seed, NewClock: c.NewClock, Logger: c.Logger})
+		Dir: c.Dir, Sites: c.Sites, Seed: c.Seed, ReconnectMin: c.ReconnectMin, ReconnectMax: c.ReconnectMax,
+		NewClock: c.NewClock, Logger: c.Logger})
 	if err != nil {
 		f.cancel()
 		<-f.srvDone
