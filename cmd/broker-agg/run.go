@@ -89,76 +89,10 @@ func serveFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&f.config, "config", "", "configuration `FILE` of key = value lines, keys named as these flags (flags override the file)")
 
-	fs.StringVar(&f.federation, "federation", "default", "federation `NAME`; topics live under edgefl/NAME/")
-	fs.StringVar(&f.listen, "listen", "", "embedded broker listen `ADDR` (default :8883 with --tls-cert, else 127.0.0.1:1883)")
-	fs.StringVar(&f.brokerURL, "broker", "", "external broker `URL` (tcp://, ssl://, ws://, wss://) instead of the embedded one")
-	fs.StringVar(&f.clientID, "client-id", aggregator.DefaultClientID, "the aggregator's MQTT client id and identity (a superuser of the ACL)")
-	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "embedded broker: CA `FILE`; client certificates signed by it are required (mutual TLS, CN = site id)")
-	fs.StringVar(&f.tlsCA, "tls-ca", "", "external broker: CA `FILE` that signed the broker's certificate (default: the system roots)")
-	fs.StringVar(&f.tlsCert, "tls-cert", "", "certificate `FILE`: the embedded broker's server certificate, or the aggregator's client certificate for an external broker")
-	fs.StringVar(&f.tlsKey, "tls-key", "", "private key `FILE` of --tls-cert")
-	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "external broker: the `NAME` its certificate must carry (default: the URL's host)")
-	fs.StringVar(&f.brokerPasswd, "password-file", "", "embedded broker: the sites' password `FILE`, Mosquitto format (see `broker-agg pki passwd`)")
-	fs.BoolVar(&f.allowAnonymous, "allow-anonymous", false, "embedded broker: let clients in without credentials (development only; the ACL still applies)")
-	fs.IntVar(&f.maxPacket, "max-message-bytes", broker.DefaultMaxPacketSize, "largest message in `BYTES`: the embedded broker's packet cap and the aggregator's inbound limit")
-	fs.Float64Var(&f.rateMsgs, "rate-messages", aggregator.DefaultRateMessages, "per-site inbound rate limit in messages per second; over it (and --rate-burst) messages are dropped and counted")
-	fs.IntVar(&f.rateBurst, "rate-burst", aggregator.DefaultRateBurst, "messages a site may send at once before --rate-messages applies")
-	fs.Float64Var(&f.rateBytes, "rate-bytes", aggregator.DefaultRateBytes, "per-site inbound rate limit in bytes per second (one message of --max-message-bytes always fits)")
-	fs.DurationVar(&f.sessionExpiry, "session-expiry", broker.DefaultSessionExpiry, "embedded broker: how long a disconnected site's session and queued messages are kept")
-	fs.DurationVar(&f.instanceTakeover, "instance-takeover", aggregator.DefaultInstanceTakeover, "a site id is served for one installation (instance id) at a time; once two installations with one id were seen alive (a cloned gateway), the first keeps the site and the other is set aside until the first stopped cleanly or has been offline this long")
-	fs.StringVar(&f.username, "username", "", "external broker: the aggregator's username")
-	fs.StringVar(&f.passwordFile, "broker-password-file", "", "external broker: `FILE` holding the aggregator's password (default: $"+passwordEnv+")")
-
-	fs.IntVar(&f.k, "per-round", 10, "clients selected per round")
-	fs.Float64Var(&f.quorum, "quorum-fraction", 0.7, "fraction of the selected clients a round needs to close at its deadline, in (0, 1]")
-	fs.DurationVar(&f.roundTimeout, "round-timeout", 10*time.Minute, "time from an announcement to its deadline")
-	fs.DurationVar(&f.extension, "extension", 0, "length of the one extension below quorum (default --round-timeout)")
-	fs.DurationVar(&f.settle, "settle", 5*time.Second, "wait for clients to come online before each draw")
-	fs.IntVar(&f.maxReselections, "max-reselections", 3, "re-selections of a round below quorum before it stalls (negative: unlimited)")
-	fs.IntVar(&f.rounds, "rounds", 0, "rounds to run (0: forever)")
-	fs.Uint64Var(&f.seed, "seed", 1, "seed of the selection and of randomised aggregators")
-
-	fs.StringVar(&f.algo, "algorithm", aggregator.AlgoFedProx, "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator ("+strings.Join(aggregate.Names(), ", ")+"), trained like fedprox")
-	fs.StringVar(&f.agg, "aggregator", "", "how updates are combined: an update aggregator `SPEC` for the FedAvg/FedProx families (e.g. normbound:mult=3:inner=median); fedsplit-robust[:mult=M] (default) or fedsplit-mean for the FedSplit family (default: per --algorithm)")
-	fs.StringVar(&f.sel, "selector", "uniform", "client selection: uniform | samples | loss[:power=P][:explore=E] | window")
-	fs.StringVar(&f.solver, "solver", "sgd", "local solver: sgd | lbfgs")
-	fs.Float64Var(&f.mu, "mu", 0.01, "FedProx proximal weight (0 for fedavg)")
-	fs.Float64Var(&f.step, "step", 1, "FedSplit step size s")
-	fs.Float64Var(&f.relax, "relax", 1, "FedSplit relaxation: 1 Peaceman-Rachford, 0.5 Douglas-Rachford")
-	fs.Float64Var(&f.gamma, "gamma", 0.001, "target inexactness of the local solve, in (0, 1]")
-	fs.Float64Var(&f.lr, "lr", 0.01, "SGD learning rate")
-	fs.IntVar(&f.batch, "batch", 10, "SGD mini-batch size (0: full batch)")
-	fs.IntVar(&f.epochs, "max-epochs", 20, "work budget: local epochs (0: no limit)")
-	fs.Float64Var(&f.maxSeconds, "max-seconds", 0, "work budget: local seconds (0: no limit; the round deadline always applies)")
-	fs.IntVar(&f.anchorSketch, "anchor-sketch", -1, "ask clients for the gradient at the anchor: -1 no, 0 the full gradient, N a random-projection sketch of length N (fedsim-cluster)")
-	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec `SPEC` clients must use for their deltas (fp32, fp16, q8, q4, qsgd:16, topk:0.05+q8, dct:28x28x10+topk:0.16+q4+ac, ...; see quant's package doc)")
-	fs.StringVar(&f.downlink, "downlink", "fp32", "codec of the global model in the round announcement: fp32 | fp16")
-
-	fs.StringVar(&f.schema, "schema", "", "federation schema `FILE` (JSON; see deploy/schema.example.json): sites read their CSV by column name, a statistics phase before round 1 fits the federation's preprocessing, the model's inputs and classes follow from it, sites evaluate on held-out rows, model bundles are written")
-	fs.IntVar(&f.statsSites, "stats-sites", 0, "with --schema: the statistics phase closes once this many sites sent theirs, or at --round-timeout with a quorum (0: --per-round)")
-	fs.IntVar(&f.evalEvery, "eval-every", 10, "with --schema: sites evaluate the global model every `E` rounds (0: only at the end); each evaluation writes latest.bundle.json next to the state file")
-	fs.IntVar(&f.stopPatience, "stop-patience", 0, "with --schema: end the run early after `P` evaluations in a row without the federated loss improving on its best by more than --stop-tol (0: off)")
-	fs.Float64Var(&f.stopTol, "stop-tol", 0, "improvement of the federated evaluation loss that resets --stop-patience")
-	fs.Float64Var(&f.stopDelta, "stop-delta", 0, "end the run early when an aggregation changes the global model by less than this, relatively: ||x_new - x_old|| / ||x_old|| (meant for the FedSplit family; 0: off)")
-
-	fs.StringVar(&f.modelKind, "model", model.KindLogReg, "model: logreg | binary-logreg | linear | mlp (with --schema: logreg is the task's linear model, mlp a classifier)")
-	fs.IntVar(&f.inputs, "features", 0, "model inputs; default from --eval-data (with --schema: from the fitted preprocessing, not set)")
-	fs.IntVar(&f.classes, "classes", 0, "model classes (logreg, mlp); default from --eval-data (with --schema: from the schema, not set)")
-	fs.IntVar(&f.hidden, "hidden", 64, "hidden units (mlp)")
-	fs.StringVar(&f.activation, "activation", model.ActivationReLU, "hidden activation (mlp): relu | tanh")
-	fs.Float64Var(&f.l2, "l2", 0, "L2 coefficient lambda")
-	fs.StringVar(&f.init, "init", aggregator.InitZeros, "initial model: zeros | model (the model's own initialisation, seeded by --init-seed)")
-	fs.Uint64Var(&f.initSeed, "init-seed", 1, "seed of --init model")
-
-	fs.StringVar(&f.state, "state-file", "broker-agg.db", "state `FILE` (bbolt): round log, accepted updates, checkpoints; resumed on restart")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", DefaultMetricsAddr, "serve the console (/), /metrics (Prometheus), /status (JSON), /bundle and /healthz on `ADDR` (loopback by default; \"\": off)")
-	f.console.register(fs)
-	fs.StringVar(&f.evalData, "eval-data", "", "evaluation data `SPEC` (as simulate's --dataset: synthetic:A,B | synthetic-iid | idx:DIR | csv:PATH:label=COL | leaf:PATH; with --schema csv:PATH, read by the schema and the federation's preprocessing): report loss and accuracy per round")
-	fs.StringVar(&f.finalModel, "final-model", "", "where the final model goes when the run ends: with --schema the final model bundle (default: final.bundle.json next to the state file), without it the last global model's weights (model.Save; default: none)")
-	fs.BoolVar(&f.exitWhenFinished, "exit-when-finished", false, "exit once --rounds are done (default: keep serving receipts and metrics)")
-	fs.StringVar(&f.rollback, "rollback", "", "before starting, roll the --state-file back to round `N` (or last-good: the newest intact round), keeping a copy of the file; command line only, never in a --config file")
-	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
-	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug | info | warn | error")
+	f.registerConnection(fs)
+	f.registerRounds(fs)
+	f.registerFederation(fs)
+	f.registerDaemon(fs)
 	for alias, name := range serveAliases {
 		fs.Var(fs.Lookup(name).Value, alias, "same as --"+name)
 	}
@@ -187,6 +121,92 @@ flags:
 		fs.PrintDefaults()
 	}
 	return fs, f
+}
+
+// registerConnection registers the flags of the broker, embedded or
+// external, and of the connection to it.
+func (f *serveFlags) registerConnection(fs *flag.FlagSet) {
+	fs.StringVar(&f.federation, "federation", "default", "federation `NAME`; topics live under edgefl/NAME/")
+	fs.StringVar(&f.listen, "listen", "", "embedded broker listen `ADDR` (default :8883 with --tls-cert, else 127.0.0.1:1883)")
+	fs.StringVar(&f.brokerURL, "broker", "", "external broker `URL` (tcp://, ssl://, ws://, wss://) instead of the embedded one")
+	fs.StringVar(&f.clientID, "client-id", aggregator.DefaultClientID, "the aggregator's MQTT client id and identity (a superuser of the ACL)")
+	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "embedded broker: CA `FILE`; client certificates signed by it are required (mutual TLS, CN = site id)")
+	fs.StringVar(&f.tlsCA, "tls-ca", "", "external broker: CA `FILE` that signed the broker's certificate (default: the system roots)")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "certificate `FILE`: the embedded broker's server certificate, or the aggregator's client certificate for an external broker")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "private key `FILE` of --tls-cert")
+	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "external broker: the `NAME` its certificate must carry (default: the URL's host)")
+	fs.StringVar(&f.brokerPasswd, "password-file", "", "embedded broker: the sites' password `FILE`, Mosquitto format (see `broker-agg pki passwd`)")
+	fs.BoolVar(&f.allowAnonymous, "allow-anonymous", false, "embedded broker: let clients in without credentials (development only; the ACL still applies)")
+	fs.IntVar(&f.maxPacket, "max-message-bytes", broker.DefaultMaxPacketSize, "largest message in `BYTES`: the embedded broker's packet cap and the aggregator's inbound limit")
+	fs.Float64Var(&f.rateMsgs, "rate-messages", aggregator.DefaultRateMessages, "per-site inbound rate limit in messages per second; over it (and --rate-burst) messages are dropped and counted")
+	fs.IntVar(&f.rateBurst, "rate-burst", aggregator.DefaultRateBurst, "messages a site may send at once before --rate-messages applies")
+	fs.Float64Var(&f.rateBytes, "rate-bytes", aggregator.DefaultRateBytes, "per-site inbound rate limit in bytes per second (one message of --max-message-bytes always fits)")
+	fs.DurationVar(&f.sessionExpiry, "session-expiry", broker.DefaultSessionExpiry, "embedded broker: how long a disconnected site's session and queued messages are kept")
+	fs.DurationVar(&f.instanceTakeover, "instance-takeover", aggregator.DefaultInstanceTakeover, "a site id is served for one installation (instance id) at a time; once two installations with one id were seen alive (a cloned gateway), the first keeps the site and the other is set aside until the first stopped cleanly or has been offline this long")
+	fs.StringVar(&f.username, "username", "", "external broker: the aggregator's username")
+	fs.StringVar(&f.passwordFile, "broker-password-file", "", "external broker: `FILE` holding the aggregator's password (default: $"+passwordEnv+")")
+}
+
+// registerRounds registers the flags of the rounds and of the algorithm.
+func (f *serveFlags) registerRounds(fs *flag.FlagSet) {
+	fs.IntVar(&f.k, "per-round", 10, "clients selected per round")
+	fs.Float64Var(&f.quorum, "quorum-fraction", 0.7, "fraction of the selected clients a round needs to close at its deadline, in (0, 1]")
+	fs.DurationVar(&f.roundTimeout, "round-timeout", 10*time.Minute, "time from an announcement to its deadline")
+	fs.DurationVar(&f.extension, "extension", 0, "length of the one extension below quorum (default --round-timeout)")
+	fs.DurationVar(&f.settle, "settle", 5*time.Second, "wait for clients to come online before each draw")
+	fs.IntVar(&f.maxReselections, "max-reselections", 3, "re-selections of a round below quorum before it stalls (negative: unlimited)")
+	fs.IntVar(&f.rounds, "rounds", 0, "rounds to run (0: forever)")
+	fs.Uint64Var(&f.seed, "seed", 1, "seed of the selection and of randomised aggregators")
+
+	fs.StringVar(&f.algo, "algorithm", aggregator.AlgoFedProx, "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator ("+strings.Join(aggregate.Names(), ", ")+"), trained like fedprox")
+	fs.StringVar(&f.agg, "aggregator", "", "how updates are combined: an update aggregator `SPEC` for the FedAvg/FedProx families (e.g. normbound:mult=3:inner=median); fedsplit-robust[:mult=M] (default) or fedsplit-mean for the FedSplit family (default: per --algorithm)")
+	fs.StringVar(&f.sel, "selector", "uniform", "client selection: uniform | samples | loss[:power=P][:explore=E] | window")
+	fs.StringVar(&f.solver, "solver", "sgd", "local solver: sgd | lbfgs")
+	fs.Float64Var(&f.mu, "mu", 0.01, "FedProx proximal weight (0 for fedavg)")
+	fs.Float64Var(&f.step, "step", 1, "FedSplit step size s")
+	fs.Float64Var(&f.relax, "relax", 1, "FedSplit relaxation: 1 Peaceman-Rachford, 0.5 Douglas-Rachford")
+	fs.Float64Var(&f.gamma, "gamma", 0.001, "target inexactness of the local solve, in (0, 1]")
+	fs.Float64Var(&f.lr, "lr", 0.01, "SGD learning rate")
+	fs.IntVar(&f.batch, "batch", 10, "SGD mini-batch size (0: full batch)")
+	fs.IntVar(&f.epochs, "max-epochs", 20, "work budget: local epochs (0: no limit)")
+	fs.Float64Var(&f.maxSeconds, "max-seconds", 0, "work budget: local seconds (0: no limit; the round deadline always applies)")
+	fs.IntVar(&f.anchorSketch, "anchor-sketch", -1, "ask clients for the gradient at the anchor: -1 no, 0 the full gradient, N a random-projection sketch of length N (fedsim-cluster)")
+	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec `SPEC` clients must use for their deltas (fp32, fp16, q8, q4, qsgd:16, topk:0.05+q8, dct:28x28x10+topk:0.16+q4+ac, ...; see quant's package doc)")
+	fs.StringVar(&f.downlink, "downlink", "fp32", "codec of the global model in the round announcement: fp32 | fp16")
+}
+
+// registerFederation registers the flags of the schema, the stopping rules
+// and the model.
+func (f *serveFlags) registerFederation(fs *flag.FlagSet) {
+	fs.StringVar(&f.schema, "schema", "", "federation schema `FILE` (JSON; see deploy/schema.example.json): sites read their CSV by column name, a statistics phase before round 1 fits the federation's preprocessing, the model's inputs and classes follow from it, sites evaluate on held-out rows, model bundles are written")
+	fs.IntVar(&f.statsSites, "stats-sites", 0, "with --schema: the statistics phase closes once this many sites sent theirs, or at --round-timeout with a quorum (0: --per-round)")
+	fs.IntVar(&f.evalEvery, "eval-every", 10, "with --schema: sites evaluate the global model every `E` rounds (0: only at the end); each evaluation writes latest.bundle.json next to the state file")
+	fs.IntVar(&f.stopPatience, "stop-patience", 0, "with --schema: end the run early after `P` evaluations in a row without the federated loss improving on its best by more than --stop-tol (0: off)")
+	fs.Float64Var(&f.stopTol, "stop-tol", 0, "improvement of the federated evaluation loss that resets --stop-patience")
+	fs.Float64Var(&f.stopDelta, "stop-delta", 0, "end the run early when an aggregation changes the global model by less than this, relatively: ||x_new - x_old|| / ||x_old|| (meant for the FedSplit family; 0: off)")
+
+	fs.StringVar(&f.modelKind, "model", model.KindLogReg, "model: logreg | binary-logreg | linear | mlp (with --schema: logreg is the task's linear model, mlp a classifier)")
+	fs.IntVar(&f.inputs, "features", 0, "model inputs; default from --eval-data (with --schema: from the fitted preprocessing, not set)")
+	fs.IntVar(&f.classes, "classes", 0, "model classes (logreg, mlp); default from --eval-data (with --schema: from the schema, not set)")
+	fs.IntVar(&f.hidden, "hidden", 64, "hidden units (mlp)")
+	fs.StringVar(&f.activation, "activation", model.ActivationReLU, "hidden activation (mlp): relu | tanh")
+	fs.Float64Var(&f.l2, "l2", 0, "L2 coefficient lambda")
+	fs.StringVar(&f.init, "init", aggregator.InitZeros, "initial model: zeros | model (the model's own initialisation, seeded by --init-seed)")
+	fs.Uint64Var(&f.initSeed, "init-seed", 1, "seed of --init model")
+}
+
+// registerDaemon registers the flags of the state, the console, the
+// evaluation data, the end of the run and the logs.
+func (f *serveFlags) registerDaemon(fs *flag.FlagSet) {
+	fs.StringVar(&f.state, "state-file", "broker-agg.db", "state `FILE` (bbolt): round log, accepted updates, checkpoints; resumed on restart")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", DefaultMetricsAddr, "serve the console (/), /metrics (Prometheus), /status (JSON), /bundle and /healthz on `ADDR` (loopback by default; \"\": off)")
+	f.console.register(fs)
+	fs.StringVar(&f.evalData, "eval-data", "", "evaluation data `SPEC` (as simulate's --dataset: synthetic:A,B | synthetic-iid | idx:DIR | csv:PATH:label=COL | leaf:PATH; with --schema csv:PATH, read by the schema and the federation's preprocessing): report loss and accuracy per round")
+	fs.StringVar(&f.finalModel, "final-model", "", "where the final model goes when the run ends: with --schema the final model bundle (default: final.bundle.json next to the state file), without it the last global model's weights (model.Save; default: none)")
+	fs.BoolVar(&f.exitWhenFinished, "exit-when-finished", false, "exit once --rounds are done (default: keep serving receipts and metrics)")
+	fs.StringVar(&f.rollback, "rollback", "", "before starting, roll the --state-file back to round `N` (or last-good: the newest intact round), keeping a copy of the file; command line only, never in a --config file")
+	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug | info | warn | error")
 }
 
 // loadEval builds the evaluation set from a dataset spec: every sample of
@@ -357,87 +377,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return errors.New("--tls-cert and --tls-key go together")
 	}
 
-	var brk *broker.Broker
-	if f.brokerURL != "" {
-		if f.brokerPasswd != "" || f.allowAnonymous || f.listen != "" || f.tlsClientCA != "" {
-			return errors.New("--listen, --password-file, --tls-client-ca and --allow-anonymous configure the embedded broker; they do not apply with --broker")
-		}
-		cfg.BrokerURL = f.brokerURL
-		if f.tlsCA != "" || f.tlsCert != "" || isTLSURL(f.brokerURL) {
-			tc, err := pki.ClientTLSConfig(f.tlsCA, f.tlsCert, f.tlsKey)
-			if err != nil {
-				return err
-			}
-			tc.ServerName = f.tlsServerName
-			cfg.TLS = tc
-		}
-		cfg.Username = f.username
-		switch {
-		case f.passwordFile != "":
-			b, err := os.ReadFile(f.passwordFile)
-			if err != nil {
-				return fmt.Errorf("--password-file: %w", err)
-			}
-			cfg.Password = strings.TrimRight(strings.SplitN(string(b), "\n", 2)[0], "\r")
-		default:
-			cfg.Password = os.Getenv(passwordEnv)
-		}
-		if cfg.Password != "" && cfg.Username == "" {
-			cfg.Username = f.clientID
-		}
-	} else {
-		if f.username != "" || f.passwordFile != "" || f.tlsCA != "" || f.tlsServerName != "" {
-			return errors.New("--username, --broker-password-file, --tls-ca and --tls-server-name configure the connection to an external --broker (the embedded broker's client CA is --tls-client-ca)")
-		}
-		listen := f.listen
-		if listen == "" {
-			listen = "127.0.0.1:1883"
-			if f.tlsCert != "" {
-				listen = ":8883"
-			}
-		}
-		bc := broker.Config{Addr: listen, Prefix: topics.Prefix(), Superusers: []string{f.clientID},
-			PasswordFile: f.brokerPasswd, AllowAnonymous: f.allowAnonymous, MaxPacketSize: uint32(min(int64(f.maxPacket), math.MaxUint32)),
-			SessionExpiry: f.sessionExpiry, Logger: log}
-		if f.tlsCert != "" {
-			tc, err := pki.ServerTLSConfig(f.tlsCert, f.tlsKey, f.tlsClientCA)
-			if err != nil {
-				return err
-			}
-			bc.TLS = tc
-		} else if f.tlsClientCA != "" {
-			return errors.New("--tls-client-ca needs --tls-cert and --tls-key (the embedded broker's certificate)")
-		}
-		// The password file and the ways to authenticate, before the state
-		// file is written.
-		if err := broker.Check(bc); err != nil {
-			return brokerFlagError(err, f.brokerPasswd)
-		}
-		// Open the state file before listening: a second daemon on the
-		// same file fails without touching the port.
-		cfg.Dial = func() (net.Conn, error) { return brk.Dial() }
-		cfg.BrokerURL = "tcp://in-process"
-		fresh := !exists(cfg.StatePath)
-		srv, err := aggregator.NewServer(cfg)
-		if err != nil {
-			return err
-		}
-		if brk, err = broker.Start(bc); err != nil {
-			srv.Close()
-			return discardFresh(fresh, cfg.StatePath, srv, err)
-		}
-		defer brk.Close()
-		err = serve(ctx, srv, f.exitWhenFinished, stdout)
-		if f.exitWhenFinished && isClosed(srv.Finished()) {
-			// The sites connected now get the end of the run (the final
-			// bundle) before the broker, and its retained copy, go away.
-			dctx, cancel := context.WithTimeout(ctx, drainWait)
-			if waiting := brk.Drain(dctx); len(waiting) > 0 {
-				log.Warn("exiting although these clients have not acknowledged the end of the run: they may lack the final bundle", "clients", waiting, "waited", drainWait)
-			}
-			cancel()
-		}
-		return discardFresh(fresh, cfg.StatePath, srv, err)
+	if f.brokerURL == "" {
+		return serveEmbedded(ctx, f, cfg, topics, log, stdout)
+	}
+	if err := f.externalBroker(&cfg); err != nil {
+		return err
 	}
 	fresh := !exists(cfg.StatePath)
 	srv, err := aggregator.NewServer(cfg)
@@ -445,6 +389,103 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	return discardFresh(fresh, cfg.StatePath, srv, serve(ctx, srv, f.exitWhenFinished, stdout))
+}
+
+// externalBroker sets cfg's connection to the external --broker.
+func (f *serveFlags) externalBroker(cfg *aggregator.ServerConfig) error {
+	if f.brokerPasswd != "" || f.allowAnonymous || f.listen != "" || f.tlsClientCA != "" {
+		return errors.New("--listen, --password-file, --tls-client-ca and --allow-anonymous configure the embedded broker; they do not apply with --broker")
+	}
+	cfg.BrokerURL = f.brokerURL
+	if f.tlsCA != "" || f.tlsCert != "" || isTLSURL(f.brokerURL) {
+		tc, err := pki.ClientTLSConfig(f.tlsCA, f.tlsCert, f.tlsKey)
+		if err != nil {
+			return err
+		}
+		tc.ServerName = f.tlsServerName
+		cfg.TLS = tc
+	}
+	cfg.Username = f.username
+	switch {
+	case f.passwordFile != "":
+		b, err := os.ReadFile(f.passwordFile)
+		if err != nil {
+			return fmt.Errorf("--password-file: %w", err)
+		}
+		cfg.Password = strings.TrimRight(strings.SplitN(string(b), "\n", 2)[0], "\r")
+	default:
+		cfg.Password = os.Getenv(passwordEnv)
+	}
+	if cfg.Password != "" && cfg.Username == "" {
+		cfg.Username = f.clientID
+	}
+	return nil
+}
+
+// embeddedBroker is the embedded broker's configuration.
+func (f *serveFlags) embeddedBroker(topics wire.Topics, log *slog.Logger) (broker.Config, error) {
+	if f.username != "" || f.passwordFile != "" || f.tlsCA != "" || f.tlsServerName != "" {
+		return broker.Config{}, errors.New("--username, --broker-password-file, --tls-ca and --tls-server-name configure the connection to an external --broker (the embedded broker's client CA is --tls-client-ca)")
+	}
+	listen := f.listen
+	if listen == "" {
+		listen = "127.0.0.1:1883"
+		if f.tlsCert != "" {
+			listen = ":8883"
+		}
+	}
+	bc := broker.Config{Addr: listen, Prefix: topics.Prefix(), Superusers: []string{f.clientID},
+		PasswordFile: f.brokerPasswd, AllowAnonymous: f.allowAnonymous, MaxPacketSize: uint32(min(int64(f.maxPacket), math.MaxUint32)),
+		SessionExpiry: f.sessionExpiry, Logger: log}
+	if f.tlsCert != "" {
+		tc, err := pki.ServerTLSConfig(f.tlsCert, f.tlsKey, f.tlsClientCA)
+		if err != nil {
+			return bc, err
+		}
+		bc.TLS = tc
+	} else if f.tlsClientCA != "" {
+		return bc, errors.New("--tls-client-ca needs --tls-cert and --tls-key (the embedded broker's certificate)")
+	}
+	// The password file and the ways to authenticate, before the state
+	// file is written.
+	if err := broker.Check(bc); err != nil {
+		return bc, brokerFlagError(err, f.brokerPasswd)
+	}
+	return bc, nil
+}
+
+// serveEmbedded runs the daemon with its embedded broker.
+func serveEmbedded(ctx context.Context, f *serveFlags, cfg aggregator.ServerConfig, topics wire.Topics, log *slog.Logger, stdout io.Writer) error {
+	bc, err := f.embeddedBroker(topics, log)
+	if err != nil {
+		return err
+	}
+	// Open the state file before listening: a second daemon on the
+	// same file fails without touching the port.
+	var brk *broker.Broker
+	cfg.Dial = func() (net.Conn, error) { return brk.Dial() }
+	cfg.BrokerURL = "tcp://in-process"
+	fresh := !exists(cfg.StatePath)
+	srv, err := aggregator.NewServer(cfg)
+	if err != nil {
+		return err
+	}
+	if brk, err = broker.Start(bc); err != nil {
+		srv.Close()
+		return discardFresh(fresh, cfg.StatePath, srv, err)
+	}
+	defer brk.Close()
+	err = serve(ctx, srv, f.exitWhenFinished, stdout)
+	if f.exitWhenFinished && isClosed(srv.Finished()) {
+		// The sites connected now get the end of the run (the final
+		// bundle) before the broker, and its retained copy, go away.
+		dctx, cancel := context.WithTimeout(ctx, drainWait)
+		if waiting := brk.Drain(dctx); len(waiting) > 0 {
+			log.Warn("exiting although these clients have not acknowledged the end of the run: they may lack the final bundle", "clients", waiting, "waited", drainWait)
+		}
+		cancel()
+	}
+	return discardFresh(fresh, cfg.StatePath, srv, err)
 }
 
 // brokerFlagError names the flag behind an embedded broker's configuration
