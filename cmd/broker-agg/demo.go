@@ -158,7 +158,7 @@ func runDemoData(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.
 	if err != nil {
 		return err
 	}
-	stateDir, cleanup, err := localfed.StateDir(f.dir)
+	stateDir, cleanup, err := localfed.StateDir(f.dir, "edgefl-demo-")
 	if err != nil {
 		return err
 	}

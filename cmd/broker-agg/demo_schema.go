@@ -46,7 +46,7 @@ func runDemoSchema(ctx context.Context, f *demoFlags, log *slog.Logger, stdout i
 	if err != nil {
 		return err
 	}
-	stateDir, cleanup, err := localfed.StateDir(f.dir)
+	stateDir, cleanup, err := localfed.StateDir(f.dir, "edgefl-demo-")
 	if err != nil {
 		return err
 	}

@@ -76,12 +76,13 @@ func Passwords(users []string) (map[string]string, error) {
 }
 
 // StateDir returns dir, created if missing, or with dir "" a new temporary
-// directory; cleanup removes the temporary one (and nothing else).
-func StateDir(dir string) (path string, cleanup func(), err error) {
+// directory named by pattern (os.MkdirTemp's); cleanup removes the
+// temporary one (and nothing else).
+func StateDir(dir, pattern string) (path string, cleanup func(), err error) {
 	if dir != "" {
 		return dir, func() {}, os.MkdirAll(dir, 0o755)
 	}
-	if dir, err = os.MkdirTemp("", "edgefl-demo-"); err != nil {
+	if dir, err = os.MkdirTemp("", pattern); err != nil {
 		return "", nil, err
 	}
 	return dir, func() { os.RemoveAll(dir) }, nil

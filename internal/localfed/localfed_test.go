@@ -43,7 +43,7 @@ func TestPasswordsDiffer(t *testing.T) {
 }
 
 func TestStateDir(t *testing.T) {
-	tmp, cleanup, err := StateDir("")
+	tmp, cleanup, err := StateDir("", "localfed-test-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestStateDir(t *testing.T) {
 		t.Errorf("the temporary directory %s is still there (%v)", tmp, err)
 	}
 	kept := filepath.Join(t.TempDir(), "a", "b")
-	dir, cleanup, err := StateDir(kept)
+	dir, cleanup, err := StateDir(kept, "unused-")
 	if err != nil || dir != kept {
 		t.Fatalf("StateDir(%s) = %s, %v", kept, dir, err)
 	}

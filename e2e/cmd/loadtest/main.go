@@ -255,7 +255,7 @@ func runLoad(args []string) error {
 	}
 	fmt.Printf("data: %d clients of %s, %d features, %d classes (%d-%d training samples each)\n",
 		len(fed.Clients), o.data, fed.D, fed.Classes, minSamples(fed), maxSamples(fed))
-	work, cleanup, err := workDir(o.work, "edgefl-loadtest-")
+	work, cleanup, err := localfed.StateDir(o.work, "edgefl-loadtest-")
 	if err != nil {
 		return err
 	}
@@ -361,19 +361,6 @@ func parseLoadFlags(args []string) (options, error) {
 		return o, errConsoleMode
 	}
 	return o, nil
-}
-
-// workDir is dir, created, or a new temporary directory that cleanup
-// removes.
-func workDir(dir, pattern string) (string, func(), error) {
-	if dir != "" {
-		return dir, func() {}, os.MkdirAll(dir, 0o755)
-	}
-	dir, err := os.MkdirTemp("", pattern)
-	if err != nil {
-		return "", nil, err
-	}
-	return dir, func() { os.RemoveAll(dir) }, nil
 }
 
 // loadAggConf is broker-agg's configuration for `loadtest run`: against
