@@ -168,10 +168,7 @@ func testACL(t *testing.T, mode string) {
 		}
 		t.Logf("embedded broker logged %d refused connections and %d ACL denials", refused, denied)
 	}
-	if err := agg.p.stop(); err != nil {
-		t.Errorf("aggregator: %v", err)
-	}
-	agg.noPanics()
+	stopFederation(t, agg)
 	st := readAggState(t, agg.state)
 	if len(st.updates) != 0 || len(st.z) != 0 {
 		t.Errorf("the state file holds updates %v", st.updates)

@@ -129,17 +129,8 @@ func TestAgentKilledMidSolveAndAtCommit(t *testing.T) {
 		waitFor(t, 20*time.Second, e.id+"'s last receipt", func() (bool, error) {
 			return len(e.lines(msgIs("update receipted", "round", rounds))) > 0, nil
 		})
-		if err := e.p.stop(); err != nil {
-			t.Errorf("%s: %v", e.id, err)
-		}
 	}
-	if err := agg.p.stop(); err != nil {
-		t.Errorf("aggregator: %v", err)
-	}
-	agg.noPanics()
-	for _, e := range edges {
-		e.noPanics()
-	}
+	stopFederation(t, agg, edges...)
 
 	st := readAggState(t, agg.state)
 	if st.phase != "finished" || st.coordRnd != rounds {

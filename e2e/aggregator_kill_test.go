@@ -125,18 +125,7 @@ func testAggregatorKill(t *testing.T, useMosquitto bool, seed uint64) {
 			return len(e.lines(msgIs("update receipted", "round", rounds))) > 0, nil
 		})
 	}
-	for _, e := range edges {
-		if err := e.p.stop(); err != nil {
-			t.Errorf("%s: %v", e.id, err)
-		}
-	}
-	if err := agg.p.stop(); err != nil {
-		t.Errorf("aggregator: %v", err)
-	}
-	agg.noPanics()
-	for _, e := range edges {
-		e.noPanics()
-	}
+	stopFederation(t, agg, edges...)
 
 	st := readAggState(t, agg.state)
 	if st.phase != "finished" || st.coordRnd != rounds || st.finalR != rounds+1 || !allFinite(st.final) || len(st.final) != dim {

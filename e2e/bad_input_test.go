@@ -73,16 +73,7 @@ func runBadInputFederation(t *testing.T, name string, inject bool) []float64 {
 	}
 	agg.waitFinished(60 * time.Second)
 	waitReceipted(t, edges)
-	for _, e := range edges {
-		if err := e.p.stop(); err != nil {
-			t.Errorf("%s: %v", e.id, err)
-		}
-		e.noPanics()
-	}
-	if err := agg.p.stop(); err != nil {
-		t.Errorf("aggregator: %v", err)
-	}
-	agg.noPanics()
+	stopFederation(t, agg, edges...)
 	st := readAggState(t, agg.state)
 	if st.phase != "finished" || st.coordRnd != badRounds || st.finalR != badRounds+1 || !allFinite(st.final) {
 		t.Fatalf("%s: phase %s round %d checkpoint %d finite %v", name, st.phase, st.coordRnd, st.finalR, allFinite(st.final))

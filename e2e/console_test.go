@@ -226,8 +226,5 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	br.fullScreenshot(filepath.Join(art, "console-finished.png"))
 	t.Logf("screenshots in %s; the test took %v", art, time.Since(start).Round(time.Millisecond))
-	agg.noPanics()
-	for _, e := range append(edges, bad) {
-		e.noPanics()
-	}
+	noPanics(agg, append(edges, bad)...)
 }

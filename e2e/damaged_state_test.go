@@ -63,10 +63,7 @@ func TestDamagedAgentState(t *testing.T) {
 	if aside, _ := filepath.Glob(victim.state + ".damaged-*"); len(aside) != 1 {
 		t.Fatalf("damaged file kept as %v, want one copy", aside)
 	}
-	for _, e := range edges {
-		e.noPanics()
-	}
-	agg.noPanics()
+	stopFederation(t, agg, edges...)
 }
 
 // TestDamagedAggregatorState: one flipped bit in the aggregator's newest
@@ -141,15 +138,11 @@ func TestDamagedAggregatorState(t *testing.T) {
 	}
 	waitReceipted(t, edges)
 	for _, e := range edges {
-		e.noPanics()
 		if len(e.lines(msgIs("the aggregator started a new run: this site's round state starts over"))) == 0 {
 			t.Errorf("%s did not start over after the rollback", e.id)
 		}
 	}
-	if err := agg.p.stop(); err != nil {
-		t.Fatal(err)
-	}
-	agg.noPanics()
+	stopFederation(t, agg, edges...)
 	st := readAggState(t, agg.state)
 	if st.phase != "finished" || st.coordRnd != rounds {
 		t.Fatalf("after the rollback the run ended in phase %s round %d", st.phase, st.coordRnd)

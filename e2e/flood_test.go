@@ -117,10 +117,7 @@ func TestFloodIsRateLimited(t *testing.T) {
 	}
 	t.Logf("20,000 messages in %v; %v dropped by the rate limit; aggregator VmHWM %d kB", took,
 		m[`edgefl_aggregator_rate_limited_total{client="flooder"}`], vmHWM(t, agg.p.pid()))
-	if err := agg.p.stop(); err != nil {
-		t.Fatal(err)
-	}
-	agg.noPanics()
+	stopFederation(t, agg, edges...)
 	st := readAggState(t, agg.state)
 	for r := uint64(1); r <= rounds; r++ {
 		if got := st.contributors(r); len(got) != sites {

@@ -482,3 +482,32 @@ func setPasswords(t *testing.T, dir, file string, users ...string) map[string]st
 func passwordFile(dir, user string) string { return filepath.Join(dir, user+".password") }
 
 func mkdir(dir string) error { return os.MkdirAll(dir, 0o755) }
+
+// ---- the end of a test ----
+
+// stopFederation is the end of a federation test: every site stopped
+// cleanly (SIGTERM, an unclean exit an error), then the aggregator, then
+// every run of each of them checked for a Go panic or a fatal runtime error
+// in its output (noPanics).
+func stopFederation(t *testing.T, agg *aggregator, edges ...*edge) {
+	t.Helper()
+	for _, e := range edges {
+		if err := e.p.stop(); err != nil {
+			t.Errorf("%s: %v", e.id, err)
+		}
+	}
+	if err := agg.p.stop(); err != nil {
+		t.Errorf("aggregator: %v", err)
+	}
+	noPanics(agg, edges...)
+}
+
+// noPanics fails the test for every run of the aggregator and the sites
+// that panicked.
+func noPanics(agg *aggregator, edges ...*edge) {
+	agg.t.Helper()
+	agg.noPanics()
+	for _, e := range edges {
+		e.noPanics()
+	}
+}

@@ -259,8 +259,5 @@ func TestModelLifecycle(t *testing.T) {
 	}
 	t.Logf("broker-agg status:\n%s", st)
 
-	agg.noPanics()
-	for _, e := range append(edges, bad) {
-		e.noPanics()
-	}
+	noPanics(agg, append(edges, bad)...)
 }

@@ -110,16 +110,7 @@ func TestMosquittoMutualTLS(t *testing.T) {
 	if n := len(bad.lines(msgIs("connection attempt failed"))); n == 0 {
 		t.Errorf("the site with another CA's certificate logged no failed connection attempt:\n%s", bad.p.tail(10))
 	}
-	for _, e := range append(edges, bad) {
-		if err := e.p.stop(); err != nil {
-			t.Errorf("%s: %v", e.id, err)
-		}
-		e.noPanics()
-	}
-	if err := agg.p.stop(); err != nil {
-		t.Errorf("aggregator: %v", err)
-	}
-	agg.noPanics()
+	stopFederation(t, agg, append(edges, bad)...)
 	st := readAggState(t, agg.state)
 	for r := uint64(1); r <= rounds; r++ {
 		if got := st.contributors(r); !slices.Equal(got, ids) {

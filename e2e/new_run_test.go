@@ -57,15 +57,7 @@ func TestAggregatorStateReplaced(t *testing.T) {
 		t.Fatalf("run ids: first run %v, both runs %v: want two different ones", first, second)
 	}
 	runID := second[1].str("run_id")
-	for _, e := range edges {
-		if err := e.p.stop(); err != nil {
-			t.Errorf("%s: %v", e.id, err)
-		}
-	}
-	if err := agg.p.stop(); err != nil {
-		t.Errorf("aggregator: %v", err)
-	}
-	agg.noPanics()
+	stopFederation(t, agg, edges...)
 
 	st := readAggState(t, agg.state)
 	if st.phase != "finished" || st.coordRnd != rounds {
@@ -77,7 +69,6 @@ func TestAggregatorStateReplaced(t *testing.T) {
 		}
 	}
 	for _, e := range edges {
-		e.noPanics()
 		resets := e.lines(msgIs("the aggregator started a new run: this site's round state starts over"))
 		if len(resets) != 1 || resets[0].str("run_id") != runID {
 			t.Errorf("%s: %d new-run resets logged (%v), want one to run %s", e.id, len(resets), resets, runID)

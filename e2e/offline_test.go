@@ -82,15 +82,7 @@ func TestThirdOfSitesOffline(t *testing.T) {
 	t.Logf("restarted %v during round %d", awayIDs, back)
 	agg.waitFinished(60 * time.Second)
 	waitReceipted(t, edges)
-	for _, e := range edges {
-		if err := e.p.stop(); err != nil {
-			t.Errorf("%s: %v", e.id, err)
-		}
-	}
-	if err := agg.p.stop(); err != nil {
-		t.Errorf("aggregator: %v", err)
-	}
-	agg.noPanics()
+	stopFederation(t, agg, edges...)
 
 	st := readAggState(t, agg.state)
 	if st.phase != "finished" || st.coordRnd != rounds {
@@ -145,7 +137,6 @@ func TestThirdOfSitesOffline(t *testing.T) {
 		t.Logf("%s contributed again to rounds %v", id, after)
 	}
 	for _, e := range edges {
-		e.noPanics()
 		checkSiteCopy(t, e, st, 0)
 	}
 	t.Logf("stragglers over the run %d, rounds closed %d", st.stragglrs, st.closed)

@@ -91,9 +91,7 @@ func poisonRun(t *testing.T, name, attackBin string) float64 {
 			}
 		}
 	}
-	if err := agg.p.stop(); err != nil {
-		t.Fatal(err)
-	}
+	stopFederation(t, agg, edges...)
 	// The final model's accuracy on the five sites' pooled data (the
 	// federation's objective), loaded exactly as the sites load it.
 	var pooled model.Data
@@ -110,12 +108,5 @@ func poisonRun(t *testing.T, name, attackBin string) float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	acc := mdl.Score(readAggState(t, agg.state).final, pooled)
-	agg.noPanics()
-	for _, e := range edges {
-		if err := e.p.stop(); err != nil {
-			t.Errorf("%s: %v", e.id, err)
-		}
-	}
-	return acc
+	return mdl.Score(readAggState(t, agg.state).final, pooled)
 }

@@ -3,7 +3,6 @@ package sim
 import (
 	"bytes"
 	"context"
-	"errors"
 	"log/slog"
 	"math"
 	"os"
@@ -13,10 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/agent"
 	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/broker"
 	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/localfed"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/split"
@@ -93,84 +91,45 @@ func testSimMatchesLive(t *testing.T, algo, codec string) {
 		logFile.Close()
 	})
 	log := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	const fedName = "simlive"
-	topics, err := wire.ForFederation(fedName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	users := map[string]string{"aggregator": "agg-pw"}
-	for _, c := range fed.Clients {
-		users[c.ID] = "pw-" + c.ID
-	}
-	brk, err := broker.Start(broker.Config{Addr: "127.0.0.1:0", Prefix: topics.Prefix(), Users: users,
-		Superusers: []string{"aggregator"}, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer brk.Close()
-
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	state := filepath.Join(t.TempDir(), "agg.db")
 	var mu sync.Mutex
 	liveGlobal := map[int][]float64{}
-	srv, err := aggregator.NewServer(aggregator.ServerConfig{
-		Federation: fedName, BrokerURL: brk.URL(), Username: "aggregator", Password: users["aggregator"],
-		K: len(fed.Clients), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
-		Algorithm: algo,
-		Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs,
-			Step: local.Step, Relax: local.Relax, Mu: local.Mu},
-		Model: model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
-		Codec: codec, Downlink: cfg.Downlink, StatePath: state,
-		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
-		OnRound: func(rr aggregator.RoundReport) {
-			mu.Lock()
-			defer mu.Unlock()
-			liveGlobal[rr.Round] = slices.Clone(rr.Global)
-		},
-	})
+	sites := make([]localfed.Site, len(fed.Clients))
+	for i, c := range fed.Clients {
+		data := c.Train
+		sites[i] = localfed.Site{ID: c.ID, Data: &data}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	lf, err := localfed.Start(ctx, localfed.Config{Federation: "simlive", Dir: dir, Sites: sites, Seed: 1,
+		ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second,
+		NewClock: func() clock.Clock { return clock.NewFake(t0) }, Logger: log,
+		Server: aggregator.ServerConfig{
+			K: len(fed.Clients), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
+			Algorithm: algo,
+			Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs,
+				Step: local.Step, Relax: local.Relax, Mu: local.Mu},
+			Model: model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
+			Codec: codec, Downlink: cfg.Downlink,
+			Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
+			OnRound: func(rr aggregator.RoundReport) {
+				mu.Lock()
+				defer mu.Unlock()
+				liveGlobal[rr.Round] = slices.Clone(rr.Global)
+			},
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var wg sync.WaitGroup
-	errs := make(chan error, len(fed.Clients)+1)
-	run := func(what string, f func(context.Context) error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := f(ctx); err != nil {
-				errs <- errors.Join(errors.New(what), err)
-			}
-		}()
-	}
-	run("aggregator", srv.Run)
-	for _, c := range fed.Clients {
-		ac := agent.DefaultConfig()
-		ac.SiteID, ac.Federation, ac.Brokers = c.ID, fedName, []string{brk.URL()}
-		ac.Username, ac.Password = c.ID, users[c.ID]
-		ac.StateFile = filepath.Join(t.TempDir(), "edge.db")
-		ac.ReconnectMin, ac.ReconnectMax = 50*time.Millisecond, time.Second
-		data := c.Train
-		a, err := agent.New(ac, agent.Deps{Clock: clock.NewFake(t0), Logger: log.With("party", c.ID), Data: &data})
-		if err != nil {
-			t.Fatal(err)
-		}
-		run(c.ID, a.Run)
-	}
-	select {
-	case <-srv.Finished():
-	case err := <-errs:
-		t.Fatal(err)
-	case <-time.After(2 * time.Minute):
-		t.Fatal("the live federation did not finish")
-	}
-	cancel()
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	finished := lf.Wait(ctx)
+	if err := lf.Stop(); err != nil {
 		t.Error(err)
 	}
+	if !finished {
+		t.Fatal("the live federation did not finish")
+	}
+	state := lf.StatePath
 
 	// The aggregator's round log against simulate.
 	store, err := storage.OpenAgg(state, storage.Options{})

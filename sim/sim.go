@@ -303,172 +303,90 @@ type outcome struct {
 	err    error
 }
 
-func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Writer) (*AlgoRun, error) {
-	cfg := e.cfg
-	split_ := a.Family == FedSplit || a.Family == FedProxSplit
-	var agg aggregate.Aggregator
-	var screen float64 // FedSplit's screening factor (split.RobustServerStep)
-	if !split_ {
-		var err error
-		if agg, err = aggregate.NewAggregator(a.Agg, cfg.Seed); err != nil {
-			return nil, fmt.Errorf("aggregator: %w", err)
-		}
-	} else {
-		var err error
-		if screen, err = split.ParseServerStep(a.Agg); err != nil {
-			return nil, err
-		}
-	}
-	sel, err := aggregate.NewSelector(cfg.Select)
-	if err != nil {
-		return nil, fmt.Errorf("--select: %w", err)
-	}
-	run := &AlgoRun{Algo: a.Label, Family: a.Family, Aggregator: a.Agg, Local: a.Local}
-	x := append([]float64(nil), x0...)
-	z := make(map[int][]float64) // FedSplit: every known client's latest z
-	cands := append([]aggregate.Candidate(nil), e.cands...)
-	workers := make([]*worker, cfg.Workers)
-	for i := range workers {
-		workers[i] = &worker{m: e.pooledM.Clone()}
-		if cfg.Codec != "" {
-			if workers[i].codec, err = quant.Parse(cfg.Codec); err != nil {
-				return nil, fmt.Errorf("--codec: %w", err)
-			}
-			if d, n := workers[i].codec.MinDim(), e.pooledM.NumParams(); d > n {
-				return nil, fmt.Errorf("--codec %s covers %d parameters, the model has %d", cfg.Codec, d, n)
-			}
-		}
-	}
-	var serverCodec, downCodec *quant.Codec
-	if cfg.Codec != "" {
-		serverCodec, _ = quant.Parse(cfg.Codec)
-	}
-	if cfg.Downlink != "" {
-		if downCodec, err = quant.Parse(cfg.Downlink); err != nil {
-			return nil, fmt.Errorf("--downlink: %w", err)
-		}
-	}
+// algoState is the server's side of one algorithm's run across rounds:
+// the global model, the clients' z (FedSplit), the uplink state, the
+// worker pool and the codecs.
+type algoState struct {
+	a       Algo
+	split   bool
+	agg     aggregate.Aggregator // FedAvg/FedProx family
+	screen  float64              // FedSplit's screening factor (split.RobustServerStep)
+	sel     aggregate.Selector
+	sp      split.Params
+	x       []float64
+	z       map[int][]float64 // FedSplit: every known client's latest z
+	cands   []aggregate.Candidate
+	workers []*worker
+	// serverCodec decodes the uplink, downCodec encodes the broadcast
+	// model (nil: none).
+	serverCodec, downCodec *quant.Codec
 	// Uplink state (package uplink): each client's error-feedback residual
 	// (FedAvg/FedProx family) and, for FedSplit, the server's decoded copy of
 	// each z_j (the client keeps its exact z; what it has not yet got across
 	// is the difference, sent in later rounds). One value serves as both
 	// sides' record of the copy: uplink computes them alike.
-	residual := make(map[int][]float64)
-	zServer := make(map[int]*uplink.Copy)
-	run.Rounds = append(run.Rounds, e.evaluate(0, x))
-	sp := split.Params{Step: a.Local.Step, Relax: a.Local.Relax}
+	residual map[int][]float64
+	zServer  map[int]*uplink.Copy
+}
 
+// newAlgoState sets up algorithm a's run from the global model x0.
+func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
+	cfg := e.cfg
+	s := &algoState{a: a, split: a.Family == FedSplit || a.Family == FedProxSplit,
+		sp: split.Params{Step: a.Local.Step, Relax: a.Local.Relax},
+		x:  append([]float64(nil), x0...), z: make(map[int][]float64),
+		cands:    append([]aggregate.Candidate(nil), e.cands...),
+		residual: make(map[int][]float64), zServer: make(map[int]*uplink.Copy)}
+	var err error
+	if !s.split {
+		if s.agg, err = aggregate.NewAggregator(a.Agg, cfg.Seed); err != nil {
+			return nil, fmt.Errorf("aggregator: %w", err)
+		}
+	} else if s.screen, err = split.ParseServerStep(a.Agg); err != nil {
+		return nil, err
+	}
+	if s.sel, err = aggregate.NewSelector(cfg.Select); err != nil {
+		return nil, fmt.Errorf("--select: %w", err)
+	}
+	s.workers = make([]*worker, cfg.Workers)
+	for i := range s.workers {
+		s.workers[i] = &worker{m: e.pooledM.Clone()}
+		if cfg.Codec != "" {
+			if s.workers[i].codec, err = quant.Parse(cfg.Codec); err != nil {
+				return nil, fmt.Errorf("--codec: %w", err)
+			}
+			if d, n := s.workers[i].codec.MinDim(), e.pooledM.NumParams(); d > n {
+				return nil, fmt.Errorf("--codec %s covers %d parameters, the model has %d", cfg.Codec, d, n)
+			}
+		}
+	}
+	if cfg.Codec != "" {
+		s.serverCodec, _ = quant.Parse(cfg.Codec)
+	}
+	if cfg.Downlink != "" {
+		if s.downCodec, err = quant.Parse(cfg.Downlink); err != nil {
+			return nil, fmt.Errorf("--downlink: %w", err)
+		}
+	}
+	return s, nil
+}
+
+func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Writer) (*AlgoRun, error) {
+	cfg := e.cfg
+	s, err := e.newAlgoState(a, x0)
+	if err != nil {
+		return nil, err
+	}
+	run := &AlgoRun{Algo: a.Label, Family: a.Family, Aggregator: a.Agg, Local: a.Local}
+	run.Rounds = append(run.Rounds, e.evaluate(0, s.x))
 	for t := 1; t <= cfg.Rounds; t++ {
 		if err := ctx.Err(); err != nil {
 			return run, err
 		}
-		start := time.Now()
-		picked := sel.Select(t, cands, cfg.PerRound, streams.Of(cfg.Seed, streams.Select, t, 0))
-		// Faulty clients take part in every round (the robustness setting).
-		for c := 0; c < cfg.Faulty; c++ {
-			if !slices.Contains(picked, c) {
-				picked = append(picked, c)
-			}
+		row, evaluated, err := e.round(ctx, s, t)
+		if err != nil {
+			return run, err
 		}
-		jobs := e.assignWork(t, picked, a)
-		row := Round{Round: t}
-		outs := e.solveAll(ctx, a, sp, workers, jobs, x, z, zServer, residual, t)
-		// Residuals and copies are per client and each client runs at most
-		// once per round, so they are updated here, outside the workers.
-
-		var ups []aggregate.Update
-		var frames map[string]*uplink.Frame // for cfg.trace
-		if cfg.trace != nil {
-			frames = map[string]*uplink.Frame{}
-		}
-		for i, j := range jobs {
-			if j.straggler {
-				row.Stragglers++
-			}
-			if outs[i].params == nil {
-				continue
-			}
-			if outs[i].err != nil {
-				return run, fmt.Errorf("round %d, client %s: %w", t, e.fed.Clients[j.client].ID, outs[i].err)
-			}
-			row.Participants++
-			row.GradEvals += outs[i].rep.GradEvals
-			cands[j.client].Loss = outs[i].rep.AnchorLoss
-			received := outs[i].params
-			if f := outs[i].frame; f != nil {
-				if frames != nil {
-					frames[e.fed.Clients[j.client].ID] = f
-				}
-				row.BytesUp += int64(len(f.Payload))
-				if received, err = receive(serverCodec, f, x, zServer[j.client]); err != nil {
-					return run, fmt.Errorf("round %d, client %s: %w", t, e.fed.Clients[j.client].ID, err)
-				}
-				residual[j.client] = f.Residual
-			} else {
-				row.BytesUp += int64(8 * len(outs[i].params)) // exact float64 vectors
-			}
-			if split_ {
-				z[j.client] = outs[i].params
-				zServer[j.client] = &uplink.Copy{Round: uint64(t), Z: received}
-				continue
-			}
-			ups = append(ups, aggregate.Update{Client: e.fed.Clients[j.client].ID, Params: received,
-				Samples: e.fed.Clients[j.client].Train.N, AnchorGrad: outs[i].rep.AnchorGrad, Loss: outs[i].rep.AnchorLoss})
-		}
-		next_ := make([]float64, len(x))
-		switch {
-		case split_:
-			if len(z) > 0 {
-				zs := make([][]float64, 0, len(z))
-				for c := range e.fed.Clients { // client order: deterministic sum
-					if v, ok := zServer[c]; ok {
-						zs = append(zs, v.Z)
-					}
-				}
-				_, out, err := split.RobustServerStep(next_, zs, x, screen)
-				if err != nil {
-					return run, err
-				}
-				if len(out) > 0 {
-					row.Metrics = map[string]float64{"excluded": float64(len(out))}
-				}
-				x = next_
-			}
-		case len(ups) > 0:
-			rep, err := agg.Aggregate(x, ups, next_)
-			if err != nil {
-				return run, fmt.Errorf("round %d: %w", t, err)
-			}
-			row.Metrics = rep.Metrics
-			x = next_
-		}
-		if downCodec != nil {
-			// The aggregator applies the model it broadcasts, so that the
-			// clients' FedSplit reflections use the same x as the server.
-			frame, err := downCodec.Encode(nil, x, nil, streams.Of(cfg.Seed, streams.Codec, t, -1))
-			if err != nil {
-				return run, fmt.Errorf("round %d downlink: %w", t, err)
-			}
-			if x, err = downCodec.Decode(frame, nil); err != nil {
-				return run, fmt.Errorf("round %d downlink: %w", t, err)
-			}
-			row.BytesDown = int64(len(frame))
-		}
-		if cfg.trace != nil {
-			cfg.trace(a.Label, t, frames, x)
-		}
-		evaluated := cfg.EvalEvery <= 1 || t%cfg.EvalEvery == 0 || t == cfg.Rounds
-		row.TrainLoss, row.TestAccuracy, row.Gap, row.DistToOpt = Float(math.NaN()), Float(math.NaN()), Float(math.NaN()), Float(math.NaN())
-		if evaluated {
-			ev := e.evaluate(t, x)
-			row.TrainLoss, row.TestAccuracy, row.Gap, row.DistToOpt = ev.TrainLoss, ev.TestAccuracy, ev.Gap, ev.DistToOpt
-			if e.sites != nil {
-				if row.Eval, err = e.sites.evaluate(e.spec, e.fed, t, x); err != nil {
-					return run, fmt.Errorf("round %d: evaluation: %w", t, err)
-				}
-			}
-		}
-		row.Seconds = Float(time.Since(start).Seconds())
 		run.Rounds = append(run.Rounds, row)
 		fmt.Fprintf(progress, "%-16s round %4d/%d  loss %.6f  gap %.3e  acc %.4f  clients %d (stragglers %d)  %.2fs\n",
 			a.Label, t, cfg.Rounds, float64(row.TrainLoss), float64(row.Gap), float64(row.TestAccuracy), row.Participants, row.Stragglers, row.Seconds)
@@ -479,8 +397,163 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 			return run, fmt.Errorf("round %d: training diverged (loss %v); lower --lr or --step", t, row.TrainLoss)
 		}
 	}
-	run.Final = x
+	run.Final = s.x
 	return run, nil
+}
+
+// round runs round t: selection, the clients' work on the worker pool
+// (with fault injection and the client side of the uplink), the server's
+// side of the uplink, the server step, the downlink and the evaluation. It
+// reports whether the round was evaluated.
+func (e *env) round(ctx context.Context, s *algoState, t int) (Round, bool, error) {
+	cfg := e.cfg
+	start := time.Now()
+	jobs := e.assignWork(t, s.selectClients(cfg, t), s.a)
+	row := Round{Round: t}
+	outs := e.solveAll(ctx, s.a, s.sp, s.workers, jobs, s.x, s.z, s.zServer, s.residual, t)
+	ups, frames, err := e.receiveAll(s, t, jobs, outs, &row)
+	if err != nil {
+		return row, false, err
+	}
+	if err := s.serverStep(t, len(e.fed.Clients), ups, &row); err != nil {
+		return row, false, err
+	}
+	if err := s.downlink(cfg.Seed, t, &row); err != nil {
+		return row, false, err
+	}
+	if cfg.trace != nil {
+		cfg.trace(s.a.Label, t, frames, s.x)
+	}
+	evaluated := cfg.EvalEvery <= 1 || t%cfg.EvalEvery == 0 || t == cfg.Rounds
+	row.TrainLoss, row.TestAccuracy, row.Gap, row.DistToOpt = Float(math.NaN()), Float(math.NaN()), Float(math.NaN()), Float(math.NaN())
+	if evaluated {
+		ev := e.evaluate(t, s.x)
+		row.TrainLoss, row.TestAccuracy, row.Gap, row.DistToOpt = ev.TrainLoss, ev.TestAccuracy, ev.Gap, ev.DistToOpt
+		if e.sites != nil {
+			if row.Eval, err = e.sites.evaluate(e.spec, e.fed, t, s.x); err != nil {
+				return row, false, fmt.Errorf("round %d: evaluation: %w", t, err)
+			}
+		}
+	}
+	row.Seconds = Float(time.Since(start).Seconds())
+	return row, evaluated, nil
+}
+
+// selectClients draws round t's clients; faulty clients take part in every
+// round (the robustness setting).
+func (s *algoState) selectClients(cfg Config, t int) []int {
+	picked := s.sel.Select(t, s.cands, cfg.PerRound, streams.Of(cfg.Seed, streams.Select, t, 0))
+	for c := 0; c < cfg.Faulty; c++ {
+		if !slices.Contains(picked, c) {
+			picked = append(picked, c)
+		}
+	}
+	return picked
+}
+
+// receiveAll is the server's side of round t's uplink: it counts the
+// round's participants, stragglers, work and bytes in row, decodes each
+// frame against the server's base, and updates the uplink state (residuals
+// and copies are per client and each client runs at most once per round,
+// so they are updated here, outside the workers). It returns the FedAvg
+// family's updates and, for cfg.trace, the frames.
+func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *Round) ([]aggregate.Update, map[string]*uplink.Frame, error) {
+	var ups []aggregate.Update
+	var frames map[string]*uplink.Frame // for cfg.trace
+	if e.cfg.trace != nil {
+		frames = map[string]*uplink.Frame{}
+	}
+	for i, j := range jobs {
+		if j.straggler {
+			row.Stragglers++
+		}
+		if outs[i].params == nil {
+			continue
+		}
+		id := e.fed.Clients[j.client].ID
+		if outs[i].err != nil {
+			return nil, nil, fmt.Errorf("round %d, client %s: %w", t, id, outs[i].err)
+		}
+		row.Participants++
+		row.GradEvals += outs[i].rep.GradEvals
+		s.cands[j.client].Loss = outs[i].rep.AnchorLoss
+		received := outs[i].params
+		if f := outs[i].frame; f != nil {
+			if frames != nil {
+				frames[id] = f
+			}
+			row.BytesUp += int64(len(f.Payload))
+			var err error
+			if received, err = receive(s.serverCodec, f, s.x, s.zServer[j.client]); err != nil {
+				return nil, nil, fmt.Errorf("round %d, client %s: %w", t, id, err)
+			}
+			s.residual[j.client] = f.Residual
+		} else {
+			row.BytesUp += int64(8 * len(outs[i].params)) // exact float64 vectors
+		}
+		if s.split {
+			s.z[j.client] = outs[i].params
+			s.zServer[j.client] = &uplink.Copy{Round: uint64(t), Z: received}
+			continue
+		}
+		ups = append(ups, aggregate.Update{Client: id, Params: received,
+			Samples: e.fed.Clients[j.client].Train.N, AnchorGrad: outs[i].rep.AnchorGrad, Loss: outs[i].rep.AnchorLoss})
+	}
+	return ups, frames, nil
+}
+
+// serverStep computes the next global model: FedSplit's robust step over
+// the server's copies of every known z_j (in client order, of the n
+// clients: a deterministic sum), or the aggregator over the round's
+// updates; without either the model stays.
+func (s *algoState) serverStep(t, n int, ups []aggregate.Update, row *Round) error {
+	next := make([]float64, len(s.x))
+	switch {
+	case s.split:
+		if len(s.z) == 0 {
+			return nil
+		}
+		zs := make([][]float64, 0, len(s.z))
+		for c := range n {
+			if v, ok := s.zServer[c]; ok {
+				zs = append(zs, v.Z)
+			}
+		}
+		_, out, err := split.RobustServerStep(next, zs, s.x, s.screen)
+		if err != nil {
+			return err
+		}
+		if len(out) > 0 {
+			row.Metrics = map[string]float64{"excluded": float64(len(out))}
+		}
+		s.x = next
+	case len(ups) > 0:
+		rep, err := s.agg.Aggregate(s.x, ups, next)
+		if err != nil {
+			return fmt.Errorf("round %d: %w", t, err)
+		}
+		row.Metrics = rep.Metrics
+		s.x = next
+	}
+	return nil
+}
+
+// downlink applies the downlink codec to the global model: the aggregator
+// applies the model it broadcasts, so that the clients' FedSplit
+// reflections use the same x as the server.
+func (s *algoState) downlink(seed uint64, t int, row *Round) error {
+	if s.downCodec == nil {
+		return nil
+	}
+	frame, err := s.downCodec.Encode(nil, s.x, nil, streams.Of(seed, streams.Codec, t, -1))
+	if err != nil {
+		return fmt.Errorf("round %d downlink: %w", t, err)
+	}
+	if s.x, err = s.downCodec.Decode(frame, nil); err != nil {
+		return fmt.Errorf("round %d downlink: %w", t, err)
+	}
+	row.BytesDown = int64(len(frame))
+	return nil
 }
 
 // assignWork gives each picked client its epoch budget. As in the FedProx

@@ -93,53 +93,93 @@ func schemaStandardize(s *schema.Schema, mode string) error {
 // buildSites reads the CSV by the schema, partitions its rows into sites
 // and runs the statistics phase and the transform, as the daemons do.
 func buildSites(cfg *Config, progress io.Writer) (*dataset.Federated, *siteSet, error) {
+	src, err := readSchemaData(cfg, progress)
+	if err != nil {
+		return nil, nil, err
+	}
+	ids, groups, err := src.group(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	set := &siteSet{schema: src.schema, ids: ids, rows: groups}
+	if err := set.fit(src, progress); err != nil {
+		return nil, nil, err
+	}
+	fed, err := set.federated(src)
+	if err != nil {
+		return nil, nil, err
+	}
+	if cfg.Clients == 0 {
+		cfg.Clients = len(fed.Clients)
+	}
+	if cfg.PerRound == 0 {
+		cfg.PerRound = len(fed.Clients)
+	}
+	return fed, set, nil
+}
+
+// schemaData is the CSV of a --schema run, read by the schema.
+type schemaData struct {
+	schema  *schema.Schema
+	path    string
+	part    dataset.Partition
+	tab     *schema.Table
+	rowSite []string // each row's site (--site-column), else nil
+}
+
+// readSchemaData checks the flags of a --schema run and reads its CSV.
+func readSchemaData(cfg *Config, progress io.Writer) (*schemaData, error) {
 	s, err := schema.Load(cfg.Schema)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--schema: %w", err)
+		return nil, fmt.Errorf("--schema: %w", err)
 	}
 	if err := schemaStandardize(s, cfg.Standardize); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	path, err := schemaSource(cfg.Dataset, s)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	part, err := dataset.ParsePartition(cfg.Partition)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--partition: %w", err)
+		return nil, fmt.Errorf("--partition: %w", err)
 	}
 	if part.Kind == dataset.PartNatural && cfg.SiteColumn == "" {
-		return nil, nil, fmt.Errorf("--partition natural with --schema needs --site-column NAME (the column naming each row's site); or use iid, dirichlet:ALPHA or classes:K")
+		return nil, fmt.Errorf("--partition natural with --schema needs --site-column NAME (the column naming each row's site); or use iid, dirichlet:ALPHA or classes:K")
 	}
 	if part.Kind != dataset.PartNatural && cfg.SiteColumn != "" {
-		return nil, nil, fmt.Errorf("--site-column %s: only --partition natural partitions by a site column (got --partition %s)", cfg.SiteColumn, cfg.Partition)
+		return nil, fmt.Errorf("--site-column %s: only --partition natural partitions by a site column (got --partition %s)", cfg.SiteColumn, cfg.Partition)
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--dataset: %w", err)
+		return nil, fmt.Errorf("--dataset: %w", err)
 	}
 	defer f.Close()
-	var tab *schema.Table
-	var rowSite []string
+	d := &schemaData{schema: s, path: path, part: part}
 	if cfg.SiteColumn != "" {
-		tab, rowSite, err = s.ReadSitesCSV(f, path, cfg.SiteColumn)
+		d.tab, d.rowSite, err = s.ReadSitesCSV(f, path, cfg.SiteColumn)
 	} else {
-		tab, err = s.ReadCSV(f, path)
+		d.tab, err = s.ReadCSV(f, path)
 	}
 	if err != nil {
-		return nil, nil, err // a *schema.CSVError: one line naming file, line, column
+		return nil, err // a *schema.CSVError: one line naming file, line, column
 	}
-	if tab.Rows == 0 {
-		return nil, nil, fmt.Errorf("%s: no data rows", path)
+	if d.tab.Rows == 0 {
+		return nil, fmt.Errorf("%s: no data rows", path)
 	}
-	if len(tab.Extra) > 0 {
-		fmt.Fprintf(progress, "data %s: columns not in the schema, ignored: %s\n", path, strings.Join(tab.Extra, ", "))
+	if len(d.tab.Extra) > 0 {
+		fmt.Fprintf(progress, "data %s: columns not in the schema, ignored: %s\n", path, strings.Join(d.tab.Extra, ", "))
 	}
-	var ids []string
-	var groups [][]int
-	if part.Kind == dataset.PartNatural {
+	return d, nil
+}
+
+// group splits the rows into sites: by the site column (natural, sites in
+// the aggregator's fixed order, by id), or by the partition over
+// cfg.Clients sites client0...
+func (d *schemaData) group(cfg *Config) (ids []string, groups [][]int, err error) {
+	if d.part.Kind == dataset.PartNatural {
 		bySite := map[string][]int{}
-		for i, id := range rowSite {
+		for i, id := range d.rowSite {
 			bySite[id] = append(bySite[id], i)
 		}
 		for id := range bySite {
@@ -150,62 +190,69 @@ func buildSites(cfg *Config, progress io.Writer) (*dataset.Federated, *siteSet, 
 			groups = append(groups, bySite[id])
 		}
 		if cfg.Clients != 0 && cfg.Clients != len(ids) {
-			return nil, nil, fmt.Errorf("--clients %d: column %q of %s names %d sites (one client per site; omit --clients)", cfg.Clients, cfg.SiteColumn, path, len(ids))
+			return nil, nil, fmt.Errorf("--clients %d: column %q of %s names %d sites (one client per site; omit --clients)", cfg.Clients, cfg.SiteColumn, d.path, len(ids))
 		}
-	} else {
-		if cfg.Clients < 1 {
-			return nil, nil, fmt.Errorf("--clients: want at least 1 with --partition %s, got %d", cfg.Partition, cfg.Clients)
-		}
-		if groups, err = partitionRows(tab, s.NumClasses(), part, cfg.Clients, cfg.Seed); err != nil {
-			return nil, nil, err
-		}
-		w := len(strconv.Itoa(max(len(groups)-1, 0)))
-		for i := range groups {
-			ids = append(ids, fmt.Sprintf("client%0*d", w, i))
-		}
+		return ids, groups, nil
 	}
-	set := &siteSet{schema: s, ids: ids, rows: groups}
+	if cfg.Clients < 1 {
+		return nil, nil, fmt.Errorf("--clients: want at least 1 with --partition %s, got %d", cfg.Partition, cfg.Clients)
+	}
+	if groups, err = partitionRows(d.tab, d.schema.NumClasses(), d.part, cfg.Clients, cfg.Seed); err != nil {
+		return nil, nil, err
+	}
+	w := len(strconv.Itoa(max(len(groups)-1, 0)))
+	for i := range groups {
+		ids = append(ids, fmt.Sprintf("client%0*d", w, i))
+	}
+	return ids, groups, nil
+}
+
+// fit computes each site's statistics of its training rows, as the sites
+// send them, and fits the federation's preprocessing on them pooled.
+func (set *siteSet) fit(d *schemaData, progress io.Writer) error {
 	var stats []*prep.Stats
-	for k, g := range groups {
-		file := path
-		if part.Kind == dataset.PartNatural {
-			file = fmt.Sprintf("%s (site %s)", path, ids[k])
-		} else {
-			file = fmt.Sprintf("%s (%s)", path, ids[k])
+	for k, g := range set.rows {
+		file := fmt.Sprintf("%s (%s)", d.path, set.ids[k])
+		if d.part.Kind == dataset.PartNatural {
+			file = fmt.Sprintf("%s (site %s)", d.path, set.ids[k])
 		}
-		site := sitedata.FromTable(s, tab.Subset(g), file)
+		site := sitedata.FromTable(set.schema, d.tab.Subset(g), file)
 		st, err := site.Statistics()
 		if err != nil {
-			return nil, nil, err
+			return err
 		}
 		if site.Table.SingleClass() {
-			fmt.Fprintf(progress, "site %s: every row is of one class (allowed; it trains and reports)\n", ids[k])
+			fmt.Fprintf(progress, "site %s: every row is of one class (allowed; it trains and reports)\n", set.ids[k])
 		}
 		set.sites = append(set.sites, site)
 		stats = append(stats, st)
 		raw, err := json.Marshal(st)
 		if err != nil {
-			return nil, nil, err
+			return err
 		}
-		set.info = append(set.info, SiteInfo{ID: ids[k], TrainRows: len(site.Train), HoldoutRows: len(site.Holdout), ClassCounts: st.ClassCounts, StatsBytes: len(raw)})
+		set.info = append(set.info, SiteInfo{ID: set.ids[k], TrainRows: len(site.Train), HoldoutRows: len(site.Holdout), ClassCounts: st.ClassCounts, StatsBytes: len(raw)})
 	}
-	pooled, err := prep.Combine(s, stats)
+	pooled, err := prep.Combine(set.schema, stats)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	if set.transform, err = sitedata.Fit(s, pooled); err != nil {
-		return nil, nil, err
-	}
+	set.transform, err = sitedata.Fit(set.schema, pooled)
+	return err
+}
+
+// federated is the sites' data after the federation's preprocessing.
+func (set *siteSet) federated(d *schemaData) (*dataset.Federated, error) {
+	s := set.schema
 	fed := &dataset.Federated{
-		Name: fmt.Sprintf("%s (schema %.12s, %s, standardize %s)", path, s.Digest(), part, s.Standardize),
+		Name: fmt.Sprintf("%s (schema %.12s, %s, standardize %s)", d.path, s.Digest(), d.part, s.Standardize),
 		D:    set.transform.Outputs, Classes: s.NumClasses(), Standardized: s.Standardize,
 	}
 	for k, site := range set.sites {
 		train, hold, err := site.Data(set.transform)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		fed.Clients = append(fed.Clients, dataset.Client{ID: ids[k], Train: train, Test: hold})
+		fed.Clients = append(fed.Clients, dataset.Client{ID: set.ids[k], Train: train, Test: hold})
 	}
 	for _, c := range set.transform.Columns {
 		if c.Type == schema.Numeric {
@@ -216,13 +263,7 @@ func buildSites(cfg *Config, progress io.Writer) (*dataset.Federated, *siteSet, 
 			fed.FeatureNames = append(fed.FeatureNames, c.Name+"="+l)
 		}
 	}
-	if cfg.Clients == 0 {
-		cfg.Clients = len(fed.Clients)
-	}
-	if cfg.PerRound == 0 {
-		cfg.PerRound = len(fed.Clients)
-	}
-	return fed, set, nil
+	return fed, nil
 }
 
 // SchemaFederation is a --schema federation as simulate builds it, for

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/csv"
 	"errors"
 	"fmt"
@@ -12,31 +10,18 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/broker"
 	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/evaluate"
+	"github.com/edgefl/edgefl/internal/localfed"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/schema"
 	"github.com/edgefl/edgefl/sim"
 	"github.com/edgefl/edgefl/wire"
 )
-
-type demoSchemaArgs struct {
-	schema, data, siteColumn, partition string
-	// clients is --clients (with --partition natural only when given, else 0).
-	clients, perRound, rounds    int
-	algo, agg, dir, model, codec string
-	seed                         uint64
-	hidden                       int
-	l2, quorum                   float64
-	params                       aggregator.Params
-	timeout                      time.Duration
-	metricsAddr                  string
-	evalEvery                    int
-}
 
 // runDemoSchema is `broker-agg demo --schema`: the federation of issue 11
 // in one process. The CSV is partitioned into sites exactly as `broker-agg
@@ -48,148 +33,114 @@ type demoSchemaArgs struct {
 // the end the federation's held-out figures are printed next to the
 // centralised reference simulate computes on the same rows and
 // preprocessing.
-func runDemoSchema(ctx context.Context, a demoSchemaArgs, log *slog.Logger, stdout io.Writer) error {
-	sc, err := schema.Load(a.schema)
+func runDemoSchema(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.Writer) error {
+	sc, err := schema.Load(f.schema)
 	if err != nil {
 		return fmt.Errorf("--schema: %w", err)
 	}
-	path, label, err := bundle.ParseDataArg(a.data)
+	path, label, err := bundle.ParseDataArg(f.data)
 	if err != nil || label != "" {
-		return fmt.Errorf("--dataset %q: with --schema, want csv:PATH (the schema names the label column)", a.data)
+		return fmt.Errorf("--dataset %q: with --schema, want csv:PATH (the schema names the label column)", f.data)
 	}
-	// The sites and the reference, as simulate builds them.
-	cfg := sim.DefaultConfig()
-	cfg.Dataset, cfg.Schema, cfg.SiteColumn, cfg.Partition = "csv:"+path, a.schema, a.siteColumn, a.partition
-	cfg.Clients, cfg.PerRound, cfg.Seed = a.clients, 0, a.seed
-	cfg.Model, cfg.Hidden, cfg.Activation, cfg.L2 = a.model, a.hidden, model.ActivationReLU, a.l2
-	fed, err := sim.BuildSchemaFederation(ctx, cfg, io.Discard)
+	fed, err := sim.BuildSchemaFederation(ctx, f.simConfig(path), io.Discard)
 	if err != nil {
 		return err
 	}
-	stateDir := a.dir
-	if stateDir == "" {
-		if stateDir, err = os.MkdirTemp("", "edgefl-demo-"); err != nil {
-			return err
-		}
-		defer os.RemoveAll(stateDir)
-	} else if err := os.MkdirAll(stateDir, 0o755); err != nil {
+	stateDir, cleanup, err := localfed.StateDir(f.dir, "edgefl-demo-")
+	if err != nil {
 		return err
 	}
+	defer cleanup()
 	ids := demoSiteIDs(fed.Sites)
 	files, err := writeSiteCSVs(path, fed.Rows, ids, stateDir)
 	if err != nil {
 		return err
 	}
-	k := a.perRound
-	if k <= 0 || k > len(ids) {
-		k = len(ids)
+	sites := make([]localfed.Site, len(ids))
+	for i, id := range ids {
+		sites[i] = localfed.Site{ID: id, Source: "csv:" + files[i], ModelOut: filepath.Join(stateDir, id+".bundle.json")}
 	}
-	fedName := "demo"
-	topics, _ := wire.ForFederation(fedName)
-	users := map[string]string{}
-	for _, id := range ids {
-		b := make([]byte, 12)
-		if _, err := rand.Read(b); err != nil {
-			return err
-		}
-		users[id] = base64.RawURLEncoding.EncodeToString(b)
-	}
-	brk, err := broker.Start(broker.Config{Addr: "127.0.0.1:0", Prefix: topics.Prefix(), Users: users,
-		Superusers: []string{aggregator.DefaultClientID}, Logger: log})
-	if err != nil {
-		return err
-	}
-	defer brk.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	spec := model.Spec{Kind: a.model, L2: a.l2}
-	if a.model == model.KindMLP {
-		spec.Hidden, spec.Activation = a.hidden, model.ActivationReLU
-	}
+	k := f.perRoundOf(len(ids))
 	start := time.Now()
 	fmt.Fprintf(stdout, "demo: %d sites (%s), %d per round, %d rounds of %s, schema %s (%s, %d features), model %s with %d parameters\n",
-		len(ids), siteSource(a.siteColumn, a.partition), k, a.rounds, a.algo, a.schema, sc.Task, len(sc.Features), fed.Spec.Kind, mustParams(fed.Spec))
+		len(ids), siteSource(f.siteColumn, f.partition), k, f.rounds, f.algo, f.schema, sc.Task, len(sc.Features), fed.Spec.Kind, mustParams(fed.Spec))
 	for i, s := range fed.Sites {
 		fmt.Fprintf(stdout, "  %s: %d training rows, %d held out (%s)\n", ids[i], s.TrainRows, s.HoldoutRows, files[i])
 	}
-	fmt.Fprintf(stdout, "broker %s (per-site passwords, ACL on edgefl/%s/), state and site CSVs in %s\n", brk.Addr(), fedName, stateDir)
-	var srv *aggregator.Server
+	spec := model.Spec{Kind: f.model, L2: f.l2}
+	if f.model == model.KindMLP {
+		spec.Hidden, spec.Activation = f.hidden, model.ActivationReLU
+	}
+	cfg := f.serverConfig(k, spec, log)
+	cfg.Schema, cfg.EvalEvery, cfg.Version = sc, f.evalEvery, version
+	var srv *aggregator.Server // set before the agents start, so before any round
 	printed := -1
-	srv, err = aggregator.NewServer(aggregator.ServerConfig{
-		Federation: fedName, Dial: brk.Dial,
-		K: k, QuorumFraction: a.quorum, RoundTimeout: a.timeout, Settle: 300 * time.Millisecond, MaxReselections: -1,
-		Rounds: a.rounds, Seed: a.seed, Algorithm: a.algo, Aggregator: a.agg, Params: a.params,
-		Model: spec, Schema: sc, EvalEvery: a.evalEvery, Codec: a.codec, StatePath: filepath.Join(stateDir, "aggregator.db"),
-		MetricsAddr: a.metricsAddr, Logger: log, Version: version,
-		OnRound: func(rr aggregator.RoundReport) {
-			// An evaluation is shown once, when every site's report is in.
-			ev := ""
-			if v, _ := srv.Watch(); v.Evaluation != nil && v.Evaluation.Round != printed && len(v.Evaluation.Sites) == len(ids) {
-				printed = v.Evaluation.Round
-				ev = fmt.Sprintf("of round %d: %s", v.Evaluation.Round, figures(v.Evaluation.Federation))
-			}
-			fmt.Fprintf(stdout, "%5d  %-9s  %-10d  %-8s  %s\n", rr.Round,
-				fmt.Sprintf("%d/%d", len(rr.Contributors), len(rr.Contributors)+len(rr.Stragglers)), len(rr.Stragglers),
-				time.Since(start).Round(time.Millisecond), ev)
-		},
-	})
+	cfg.OnRound = func(rr aggregator.RoundReport) {
+		// An evaluation is shown once, when every site's report is in.
+		ev := ""
+		if v, _ := srv.Watch(); v.Evaluation != nil && v.Evaluation.Round != printed && len(v.Evaluation.Sites) == len(ids) {
+			printed = v.Evaluation.Round
+			ev = fmt.Sprintf("of round %d: %s", v.Evaluation.Round, figures(v.Evaluation.Federation))
+		}
+		fmt.Fprintf(stdout, "%5d  %-9s  %-10d  %-8s  %s\n", rr.Round,
+			fmt.Sprintf("%d/%d", len(rr.Contributors), len(rr.Contributors)+len(rr.Stragglers)), len(rr.Stragglers),
+			time.Since(start).Round(time.Millisecond), ev)
+	}
+	lf, err := localfed.Start(ctx, localfed.Config{Dir: stateDir, Sites: sites, Seed: f.seed, Server: cfg, Logger: log,
+		Serving: func(lf *localfed.Federation) {
+			srv = lf.Server
+			fmt.Fprintf(stdout, "broker %s (per-site passwords, ACL on edgefl/%s/), state and site CSVs in %s\n", lf.Broker.Addr(), demoFederation, stateDir)
+			printConsole(lf.Server, stdout)
+			fmt.Fprintf(stdout, "%5s  %-9s  %-10s  %-8s  %s\n", "round", "clients", "stragglers", "elapsed", "federated evaluation (held-out rows)")
+		}})
 	if err != nil {
 		return err
 	}
-	srvDone := make(chan error, 1)
-	go func() { srvDone <- srv.Run(ctx) }()
-	printConsole(ctx, srv, srvDone, stdout)
-	fmt.Fprintf(stdout, "%5s  %-9s  %-10s  %-8s  %s\n", "round", "clients", "stragglers", "elapsed", "federated evaluation (held-out rows)")
-	agentCtx, stopAgents := context.WithCancel(ctx)
-	defer stopAgents()
-	agentsDone := make(chan error, len(ids))
-	outs := make([]string, len(ids))
-	for i, id := range ids {
-		cfg := agentDefaultConfig()
-		cfg.SiteID, cfg.Federation, cfg.Brokers = id, fedName, []string{brk.URL()}
-		cfg.Username, cfg.Password = id, users[id]
-		cfg.StateFile = filepath.Join(stateDir, id+".db")
-		cfg.Seed = a.seed + uint64(i)
-		cfg.ReconnectMin = 200 * time.Millisecond
-		cfg.Data = "csv:" + files[i]
-		outs[i] = filepath.Join(stateDir, id+".bundle.json")
-		cfg.ModelOut = outs[i]
-		ag, err := newAgent(cfg, nil, log)
-		if err != nil {
-			cancel()
-			<-srvDone
-			return fmt.Errorf("agent %s: %w", id, err)
-		}
-		go func() { agentsDone <- ag.Run(agentCtx) }()
-	}
-	var runErr error
-	finished := false
-	select {
-	case <-srv.Finished():
-		finished = true
-	case runErr = <-srvDone:
-		srvDone <- runErr
-	case <-ctx.Done():
-	}
+	finished := lf.Wait(ctx)
 	final := filepath.Join(stateDir, aggregator.FinalBundle)
 	if finished {
 		// Every site stores the final bundle of the end announcement and
 		// writes it to its model_out: give them a moment.
+		outs := make([]string, len(sites))
+		for i, s := range sites {
+			outs[i] = s.ModelOut
+		}
 		waitSiteBundles(ctx, final, ids, outs, 15*time.Second, stdout)
 	}
-	if err := stopDemo(stopAgents, agentsDone, len(ids), cancel, srvDone, runErr); err != nil {
+	if err := lf.Stop(); err != nil {
 		return err
 	}
 	if !finished {
 		fmt.Fprintf(stdout, "stopped before the run ended (%s)\n", time.Since(start).Round(time.Millisecond))
 		return nil
 	}
+	return printDemoSchemaEnd(f, fed, ids, stateDir, final, start, stdout)
+}
+
+// simConfig is the simulator's configuration that splits the CSV at path
+// into the demo's sites and computes the centralised reference.
+func (f *demoFlags) simConfig(path string) sim.Config {
+	cfg := sim.DefaultConfig()
+	cfg.Dataset, cfg.Schema, cfg.SiteColumn, cfg.Partition = "csv:"+path, f.schema, f.siteColumn, f.partition
+	// With --partition natural the site column decides how many sites
+	// there are: --clients then only when given (it must agree).
+	cfg.Clients, cfg.PerRound, cfg.Seed = f.clients, 0, f.seed
+	if strings.TrimSpace(f.partition) == "natural" && !f.clientsGiven {
+		cfg.Clients = 0
+	}
+	cfg.Model, cfg.Hidden, cfg.Activation, cfg.L2 = f.model, f.hidden, model.ActivationReLU, f.l2
+	return cfg
+}
+
+// printDemoSchemaEnd prints the final bundle and the federation's and each
+// site's held-out figures next to the centralised reference's.
+func printDemoSchemaEnd(f *demoFlags, fed *sim.SchemaFederation, ids []string, stateDir, final string, start time.Time, stdout io.Writer) error {
 	b, err := bundle.Read(final)
 	if err != nil {
 		return fmt.Errorf("the final bundle: %w", err)
 	}
 	where := final
-	if a.dir == "" {
+	if f.dir == "" {
 		where += " (removed at exit; keep it with --dir)"
 	}
 	fmt.Fprintf(stdout, "done in %s: final bundle %s, round %d, digest %.16s\n", time.Since(start).Round(time.Millisecond), where, b.Provenance.Round, b.Digest)
@@ -209,7 +160,7 @@ func runDemoSchema(ctx context.Context, a demoSchemaArgs, log *slog.Logger, stdo
 			fmt.Fprintf(stdout, "(the reference stopped at ||grad F|| = %.2g, not at the optimum)\n", float64(fed.Reference.GradNorm))
 		}
 	}
-	if a.dir != "" {
+	if f.dir != "" {
 		fmt.Fprintf(stdout, "state kept in %s: broker-agg status --state %s; edge-agent evaluate --model %s --data csv:PATH\n",
 			stateDir, filepath.Join(stateDir, "aggregator.db"), final)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/edgefl/edgefl/broker"
 	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/internal/localfed"
 )
 
 const demoSchemaJSON = `{"task": "binary",
@@ -211,21 +212,18 @@ func TestRunExitWhenFinishedDeliversTheBundle(t *testing.T) {
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, []string{"run", "--config", conf}, &stdout, &stderr) }()
 
-	agentCtx, stopAgents := context.WithCancel(ctx)
-	defer stopAgents()
-	agentsDone := make(chan error, len(ids))
+	pw := map[string]string{}
+	sites := make([]localfed.Site, len(ids))
 	for i, id := range ids {
-		cfg := agentDefaultConfig()
-		cfg.SiteID, cfg.Federation, cfg.Brokers = id, "f", []string{"tcp://" + addr}
-		cfg.Username, cfg.Password = id, id+"-pw"
-		cfg.StateFile, cfg.ModelOut = filepath.Join(dir, id+".db"), filepath.Join(dir, id+".bundle.json")
-		cfg.Data, cfg.Seed, cfg.ReconnectMin = "csv:"+filepath.Join(dir, id+".csv"), uint64(i), 100*time.Millisecond
-		ag, err := newAgent(cfg, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		go func() { agentsDone <- ag.Run(agentCtx) }()
+		pw[id] = id + "-pw"
+		sites[i] = localfed.Site{ID: id, Source: "csv:" + filepath.Join(dir, id+".csv"), ModelOut: filepath.Join(dir, id+".bundle.json")}
 	}
+	agents, err := localfed.StartAgents(ctx, localfed.AgentsConfig{Federation: "f", Brokers: []string{"tcp://" + addr}, Passwords: pw,
+		Dir: dir, Sites: sites, ReconnectMin: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer agents.Stop()
 	select {
 	case code := <-done:
 		if code != 0 {
@@ -253,8 +251,5 @@ func TestRunExitWhenFinishedDeliversTheBundle(t *testing.T) {
 	if strings.Contains(stderr.String(), "have not acknowledged the end of the run") {
 		t.Errorf("the drain timed out:\n%s", stderr.String())
 	}
-	stopAgents()
-	for range ids {
-		<-agentsDone
-	}
+	agents.Stop()
 }

@@ -11,9 +11,12 @@ import (
 // exits 0 and starts with a synopsis and a sentence, and no flag shows its
 // type as "value".
 func TestEveryCommandHelp(t *testing.T) {
-	cmds := [][]string{{"pki", "passwd"}}
+	var cmds [][]string
 	for _, c := range commands() {
 		cmds = append(cmds, []string{c.Name})
+		for _, s := range c.Sub {
+			cmds = append(cmds, []string{c.Name, s.Name})
+		}
 	}
 	for _, c := range cmds {
 		name := strings.Join(c, " ")

@@ -15,22 +15,29 @@ import (
 	"github.com/edgefl/edgefl/sim"
 )
 
-func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// simulateFlags are simulate's flags that are not sim.Config's.
+type simulateFlags struct {
+	bundleOut, aggs, algos, out string
+}
+
+func simulateFlagSet(stderr io.Writer) (*flag.FlagSet, *sim.Config, *simulateFlags) {
 	cfg := sim.DefaultConfig()
+	o := &simulateFlags{}
+	bundleOut, aggs, algos, out := &o.bundleOut, &o.aggs, &o.algos, &o.out
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.Dataset, "dataset", cfg.Dataset, "data `SPEC`: synthetic:ALPHA,BETA | synthetic-iid | idx:DIR | csv:PATH:label=COLUMN | leaf:PATH; with --schema: csv:PATH")
 	fs.StringVar(&cfg.Partition, "partition", cfg.Partition, "partition `SPEC`: natural (synthetic devices, LEAF users, or with --schema the sites of --site-column) | iid | dirichlet:ALPHA | classes:K")
 	fs.StringVar(&cfg.Schema, "schema", "", "federation schema `FILE` (JSON, as broker-agg run --schema): --dataset csv:PATH is read by header name through it and goes through the daemons' pipeline: per-site statistics of the training rows, the federation's preprocessing (the schema's standardize), training, and every --eval-every rounds and at the end a federated evaluation on each site's held-out rows (the schema's holdout share), written to results.json")
 	fs.StringVar(&cfg.SiteColumn, "site-column", "", "with --schema and --partition natural: the CSV column `NAME` naming each row's site (one client per site; --clients defaults to the site count, --per-round to every site)")
-	bundleOut := fs.String("bundle-out", "", "with --schema: write the final model bundle (model, schema, preprocessing, final evaluation, provenance) to `FILE`; with several algorithms FILE gets -LABEL before its extension")
+	fs.StringVar(bundleOut, "bundle-out", "", "with --schema: write the final model bundle (model, schema, preprocessing, final evaluation, provenance) to `FILE`; with several algorithms FILE gets -LABEL before its extension")
 	fs.IntVar(&cfg.Clients, "clients", cfg.Clients, "number of clients N")
 	fs.IntVar(&cfg.PerRound, "per-round", cfg.PerRound, "clients selected per round K")
-	aggs := fs.String("agg", "", "comma-separated `LIST` of aggregator SPECs to compare, each fed by FedProx local training (the same as naming them in --algo; without --algo, only these run)")
-	algos := fs.String("algo", "fedavg,fedprox,fedsplit,fedproxsplit", "comma-separated `LIST` of NAME[:key=value...]: fedavg, fedprox, fedsplit, fedproxsplit, or an aggregator ("+strings.Join(aggregate.Names(), ", ")+"); keys: solver, mu, gamma, epochs, batch, lr, step, relax, label")
+	fs.StringVar(aggs, "agg", "", "comma-separated `LIST` of aggregator SPECs to compare, each fed by FedProx local training (the same as naming them in --algo; without --algo, only these run)")
+	fs.StringVar(algos, "algo", "fedavg,fedprox,fedsplit,fedproxsplit", "comma-separated `LIST` of NAME[:key=value...]: fedavg, fedprox, fedsplit, fedproxsplit, or an aggregator ("+strings.Join(aggregate.Names(), ", ")+"); keys: solver, mu, gamma, epochs, batch, lr, step, relax, label")
 	fs.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "communication rounds R")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "random seed (data, partition, selection, stragglers, SGD order)")
-	out := fs.String("out", "results", "output `DIR` for results.json, results.csv, results.png")
+	fs.StringVar(out, "out", "results", "output `DIR` for results.json, results.csv, results.png")
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "model: logreg | binary-logreg | linear | mlp; with --schema, logreg is the task's linear model (binary: binary-logreg, multiclass: logreg, regression: linear) and mlp a classifier")
 	fs.IntVar(&cfg.Hidden, "hidden", cfg.Hidden, "hidden units (mlp)")
 	fs.StringVar(&cfg.Activation, "activation", cfg.Activation, "hidden activation (mlp): relu | tanh")
@@ -75,15 +82,30 @@ flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return errUsage
+	return fs, &cfg, o
+}
+
+// runSimulate is `broker-agg simulate`: the algorithms of --algo over one
+// federation, in one process (package sim), written to --out.
+func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, cfg, o := simulateFlagSet(stderr)
+	var noConfig string
+	if err := parseFlags(fs, args, &noConfig); err != nil {
+		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	if err := o.apply(fs, cfg); err != nil {
+		return err
 	}
+	res, err := sim.Run(ctx, *cfg, stderr)
+	if err != nil {
+		return err
+	}
+	return o.write(res, cfg.SaveModels, stdout, stderr)
+}
+
+// apply checks the flags that depend on --schema and sets cfg's
+// algorithms from --algo and --agg.
+func (o *simulateFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if cfg.Schema == "" {
@@ -106,48 +128,47 @@ flags:
 			}
 		}
 	}
-	list := *algos
-	if *aggs != "" {
+	list := o.algos
+	if o.aggs != "" {
 		algoSet := false
 		fs.Visit(func(f *flag.Flag) { algoSet = algoSet || f.Name == "algo" })
 		if algoSet {
-			list += "," + *aggs
+			list += "," + o.aggs
 		} else {
-			list = *aggs
+			list = o.aggs
 		}
 	}
 	var err error
 	cfg.Algos, err = sim.ParseAlgos(list, cfg.Local, func(n string) bool { return slices.Contains(aggregate.Names(), n) })
-	if err != nil {
+	return err
+}
+
+// write writes the results, the bundles of --bundle-out, the models of
+// --save-models and the summary table.
+func (o *simulateFlags) write(res *sim.Results, saveModels bool, stdout, stderr io.Writer) error {
+	if err := res.WriteDir(o.out); err != nil {
 		return err
 	}
-	res, err := sim.Run(ctx, cfg, stderr)
-	if err != nil {
-		return err
-	}
-	if err := res.WriteDir(*out); err != nil {
-		return err
-	}
-	if *bundleOut != "" {
+	if o.bundleOut != "" {
 		now := time.Now()
 		for _, r := range res.Runs {
 			b, err := res.Bundle(r, version, now)
 			if err != nil {
 				return err
 			}
-			path := sim.BundlePath(*bundleOut, r.Algo, len(res.Runs))
+			path := sim.BundlePath(o.bundleOut, r.Algo, len(res.Runs))
 			if err := bundle.Write(path, b); err != nil {
 				return fmt.Errorf("--bundle-out: %w", err)
 			}
 			fmt.Fprintf(stderr, "bundle %s: %s, round %d, digest %.16s\n", r.Algo, path, b.Provenance.Round, b.Digest)
 		}
 	}
-	if cfg.SaveModels {
+	if saveModels {
 		for _, r := range res.Runs {
-			if err := sim.SaveModel(*out, r.Algo, res.Model, r.Final); err != nil {
+			if err := sim.SaveModel(o.out, r.Algo, res.Model, r.Final); err != nil {
 				return err
 			}
 		}
 	}
-	return sim.Summary(stdout, res, filepath.Join(*out, "results.json"))
+	return sim.Summary(stdout, res, filepath.Join(o.out, "results.json"))
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"flag"
 	"fmt"
 	"io"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/agent"
+	"github.com/edgefl/edgefl/internal/cli"
 )
 
 // The configuration file is plain text, one setting per line:
@@ -25,7 +25,8 @@ import (
 // repeated key (except broker) or a bad value is an error naming the file
 // and line. Every option can also be given as a flag, --key-with-hyphens
 // VALUE, which overrides the file. deploy/edge-agent.example.conf documents
-// every option.
+// every option. internal/cli parses the file (the parser broker-agg's
+// --config files share); this file names the options and words the errors.
 
 // option is one setting of the file and the command line.
 type option struct {
@@ -204,40 +205,36 @@ func lookup(key string) (option, bool) {
 	return option{}, false
 }
 
-// setting is one key = value from the file or the command line.
-type setting struct {
-	key, value string
-	where      string // FILE:LINE or --flag
+// setting is one key = value from the file or the command line (where:
+// FILE:LINE or --flag).
+type setting = cli.Setting
+
+// syntax is the edge-agent's configuration file syntax: the keys of
+// options (a '-' reads as '_'), broker the only one that may repeat.
+var syntax = cli.Syntax{
+	Key: func(k string) (string, bool) {
+		o, ok := lookup(k)
+		return o.key, ok
+	},
+	Multi: func(key string) bool { o, _ := lookup(key); return o.multi },
+	NoEquals: func(where, line string) error {
+		return fmt.Errorf("%s: expected key = value, got %q", where, line)
+	},
+	Unknown: func(where, key string) error { return fmt.Errorf("%s: unknown option %q", where, key) },
+	Repeated: func(where, key string, first setting) error {
+		return fmt.Errorf("%s: %s is already set at %s", where, key, first.Where)
+	},
+	MaxLine: 1 << 20,
 }
 
 // readConfig parses the key = value text of name.
 func readConfig(r io.Reader, name string) ([]setting, error) {
 	var out []setting
-	seen := map[string]string{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for n := 1; sc.Scan(); n++ {
-		where := fmt.Sprintf("%s:%d", name, n)
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		k, v, ok := strings.Cut(line, "=")
-		if !ok {
-			return nil, fmt.Errorf("%s: expected key = value, got %q", where, line)
-		}
-		o, ok := lookup(k)
-		if !ok {
-			return nil, fmt.Errorf("%s: unknown option %q", where, strings.TrimSpace(k))
-		}
-		if prev, dup := seen[o.key]; dup && !o.multi {
-			return nil, fmt.Errorf("%s: %s is already set at %s", where, o.key, prev)
-		}
-		seen[o.key] = where
-		out = append(out, setting{key: o.key, value: strings.TrimSpace(v), where: where})
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+	syn := syntax
+	syn.ReadFailed = func(err error) error { return fmt.Errorf("%s: %w", name, err) }
+	err := cli.ReadConfig(r, name, syn, func(s setting) error { out = append(out, s); return nil })
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -252,17 +249,17 @@ func buildConfig(file, flags []setting, version string) (runConfig, error) {
 	group := func(key string) string { return strings.TrimSuffix(key, "_file") }
 	fromFlag := map[string]bool{}
 	for _, s := range flags {
-		fromFlag[group(s.key)] = true
+		fromFlag[group(s.Key)] = true
 	}
 	apply := func(s setting) error {
-		o, _ := lookup(s.key)
-		if err := o.set(&cfg, s.value); err != nil {
-			return fmt.Errorf("%s: %s: %w", s.where, o.key, err)
+		o, _ := lookup(s.Key)
+		if err := o.set(&cfg, s.Value); err != nil {
+			return fmt.Errorf("%s: %s: %w", s.Where, o.key, err)
 		}
 		return nil
 	}
 	for _, s := range file {
-		if fromFlag[group(s.key)] {
+		if fromFlag[group(s.Key)] {
 			continue
 		}
 		if err := apply(s); err != nil {
@@ -286,7 +283,7 @@ func addOptionFlags(fs *flag.FlagSet) *[]setting {
 	for _, o := range opts {
 		name := flagName(o.key)
 		fs.Func(name, o.help, func(v string) error {
-			got = append(got, setting{key: o.key, value: strings.TrimSpace(v), where: "--" + name})
+			got = append(got, setting{Key: o.key, Value: strings.TrimSpace(v), Where: "--" + name})
 			return nil
 		})
 	}

@@ -19,10 +19,25 @@ import (
 // without another message.
 var ErrUsage = errors.New("usage")
 
-// Command is one subcommand.
+// Command is one subcommand. Sub are its own subcommands (`NAME COMMAND
+// SUB [flags]`, as `broker-agg pki passwd`): an argument naming one of them
+// runs it instead of Run; its errors read "NAME COMMAND: error" as Run's.
 type Command struct {
 	Name, Summary string
 	Run           func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+	Sub           []Command
+}
+
+// dispatch picks c's subcommand named by args[0], if any, else c itself.
+func (c Command) dispatch(args []string) (func(ctx context.Context, args []string, stdout, stderr io.Writer) error, []string) {
+	if len(args) > 0 {
+		for _, s := range c.Sub {
+			if s.Name == args[0] {
+				return s.Run, args[1:]
+			}
+		}
+	}
+	return c.Run, args
 }
 
 // Main runs the binary: its context is cancelled by SIGINT or SIGTERM, and
@@ -49,7 +64,8 @@ func Run(ctx context.Context, name string, cmds []Command, args []string, stdout
 		if c.Name != args[0] {
 			continue
 		}
-		err := c.Run(ctx, args[1:], stdout, stderr)
+		run, rest := c.dispatch(args[1:])
+		err := run(ctx, rest, stdout, stderr)
 		switch {
 		case err == nil, errors.Is(err, flag.ErrHelp):
 			return 0

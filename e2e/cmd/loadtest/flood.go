@@ -20,6 +20,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/edgefl/edgefl/internal/localfed"
 	"github.com/edgefl/edgefl/quant"
 	"github.com/edgefl/edgefl/wire"
 )
@@ -181,10 +182,7 @@ func floodRun(o floodOptions, work string, withFlood bool) (*floodResult, error)
 		return nil, err
 	}
 	const federation = "flood"
-	ids := make([]string, o.sites)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("site-%d", i+1)
-	}
+	ids := localfed.SiteIDs(o.sites, 0)
 	pw, err := writePasswords(filepath.Join(work, "passwd"), append(slices.Clone(ids), floodID, "aggregator"))
 	if err != nil {
 		return nil, err
@@ -194,26 +192,7 @@ func floodRun(o floodOptions, work string, withFlood bool) (*floodResult, error)
 		return nil, err
 	}
 	brokerURL := fmt.Sprintf("tcp://127.0.0.1:%d", port)
-	metricsPort, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	agg := &aggProc{o: options{aggBin: o.aggBin}, work: work, metrics: fmt.Sprintf("127.0.0.1:%d", metricsPort)}
-	conf := []string{
-		"federation = " + federation, "client_id = aggregator",
-		"state_file = " + filepath.Join(work, "aggregator.db"), "metrics_addr = " + agg.metrics,
-		"model = logreg", "features = 60", "classes = 10", "l2 = 0.001",
-		"algorithm = fedproxsplit", "solver = sgd", "mu = 1", "step = 1", "lr = 0.05", "batch = 10", "gamma = 0.000001",
-		"codec = fp32",
-		fmt.Sprintf("per_round = %d", o.sites+1), fmt.Sprintf("rounds = %d", o.rounds), "quorum_fraction = 1",
-		"round_timeout = 60s", "settle = 0s", "max_reselections = -1", fmt.Sprintf("seed = %d", o.seed),
-		"log_format = json", "log_level = info",
-	}
-	if o.roundEpochs > 0 {
-		conf = append(conf, fmt.Sprintf("max_epochs = %d", o.roundEpochs), "max_seconds = 0")
-	} else {
-		conf = append(conf, "max_epochs = 0", fmt.Sprintf("max_seconds = %g", o.roundSeconds))
-	}
+	conf := floodAggConf(o, federation, work)
 	var mq *mosq
 	if o.broker == "mosquitto" {
 		if mq, err = startMosquitto(options{mosquitto: o.mosquitto, acl: o.acl}, work, federation, port); err != nil {
@@ -228,42 +207,19 @@ func floodRun(o floodOptions, work string, withFlood bool) (*floodResult, error)
 	} else {
 		conf = append(conf, fmt.Sprintf("listen = 127.0.0.1:%d", port), "password_file = "+filepath.Join(work, "passwd"))
 	}
-	agg.conf = filepath.Join(work, "aggregator.conf")
-	if err := os.WriteFile(agg.conf, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
-		return nil, err
-	}
-	if err := agg.start(ctx); err != nil {
+	agg, err := startLoadAggregator(ctx, options{aggBin: o.aggBin}, work, conf)
+	if err != nil {
 		return nil, err
 	}
 	defer agg.stop()
-
-	// The edge agents: edge-agent processes, client k of synthetic(1,1)
-	// split over the sites.
-	var edges []*edgeProc
+	edges, err := startFloodEdges(o, work, federation, brokerURL, ids, pw)
 	defer func() {
 		for _, e := range edges {
 			e.stop()
 		}
 	}()
-	for i, id := range ids {
-		pf := filepath.Join(work, id+".password")
-		if err := os.WriteFile(pf, []byte(pw[id]+"\n"), 0o600); err != nil {
-			return nil, err
-		}
-		c := []string{
-			"site_id = " + id, "federation = " + federation, "broker = " + brokerURL,
-			"username = " + id, "password_file = " + pf, "state_file = " + filepath.Join(work, id+".db"),
-			"data = synthetic:1,1", fmt.Sprintf("data_client = %d", i), fmt.Sprintf("data_clients = %d", o.sites),
-			"data_seed = 3", "data_max_samples = 100", fmt.Sprintf("seed = %d", o.seed+uint64(i)),
-			"reconnect_min = 200ms", "reconnect_max = 1s", "log_format = json", "log_level = info",
-		}
-		e, err := startEdge(o.agentBin, work, id, c)
-		if e != nil {
-			edges = append(edges, e)
-		}
-		if err != nil {
-			return nil, err
-		}
+	if err != nil {
+		return nil, err
 	}
 
 	// The flooding site: a participant in every round, as the agents are.
@@ -298,42 +254,84 @@ func floodRun(o floodOptions, work string, withFlood bool) (*floodResult, error)
 		}
 		return nil, err
 	}
-	// Peak memory and CPU of the whole run, read before anything stops.
+	return res, res.measure(o, agg, mq, m, ids)
+}
+
+// floodAggConf is broker-agg's configuration of a flood run, without its
+// broker.
+func floodAggConf(o floodOptions, federation, work string) []string {
+	conf := []string{
+		"federation = " + federation, "client_id = aggregator",
+		"state_file = " + filepath.Join(work, "aggregator.db"),
+		"model = logreg", "features = 60", "classes = 10", "l2 = 0.001",
+		"algorithm = fedproxsplit", "solver = sgd", "mu = 1", "step = 1", "lr = 0.05", "batch = 10", "gamma = 0.000001",
+		"codec = fp32",
+		fmt.Sprintf("per_round = %d", o.sites+1), fmt.Sprintf("rounds = %d", o.rounds), "quorum_fraction = 1",
+		"round_timeout = 60s", "settle = 0s", "max_reselections = -1", fmt.Sprintf("seed = %d", o.seed),
+		"log_format = json", "log_level = info",
+	}
+	if o.roundEpochs > 0 {
+		return append(conf, fmt.Sprintf("max_epochs = %d", o.roundEpochs), "max_seconds = 0")
+	}
+	return append(conf, "max_epochs = 0", fmt.Sprintf("max_seconds = %g", o.roundSeconds))
+}
+
+// startFloodEdges starts the edge agents of a flood run: edge-agent
+// processes, client k of synthetic(1,1) split over the sites. It returns
+// the ones started also on an error.
+func startFloodEdges(o floodOptions, work, federation, brokerURL string, ids []string, pw map[string]string) ([]*edgeProc, error) {
+	var edges []*edgeProc
+	for i, id := range ids {
+		pf := filepath.Join(work, id+".password")
+		if err := os.WriteFile(pf, []byte(pw[id]+"\n"), 0o600); err != nil {
+			return edges, err
+		}
+		c := []string{
+			"site_id = " + id, "federation = " + federation, "broker = " + brokerURL,
+			"username = " + id, "password_file = " + pf, "state_file = " + filepath.Join(work, id+".db"),
+			"data = synthetic:1,1", fmt.Sprintf("data_client = %d", i), fmt.Sprintf("data_clients = %d", o.sites),
+			"data_seed = 3", "data_max_samples = 100", fmt.Sprintf("seed = %d", o.seed+uint64(i)),
+			"reconnect_min = 200ms", "reconnect_max = 1s", "log_format = json", "log_level = info",
+		}
+		e, err := startEdge(o.agentBin, work, id, c)
+		if e != nil {
+			edges = append(edges, e)
+		}
+		if err != nil {
+			return edges, err
+		}
+	}
+	return edges, nil
+}
+
+// measure reads a finished run's figures: peak memory and CPU (before
+// anything stops), the rate limit's counts from the final scrape m, and
+// the rounds' times from the aggregator's log.
+func (res *floodResult) measure(o floodOptions, agg *aggProc, mq *mosq, m map[string]float64, ids []string) error {
+	var err error
 	if res.aggHWM, err = vmHWM(agg.cmd.Process.Pid); err != nil {
-		return nil, err
+		return err
 	}
 	if res.aggCPU, err = cpuSeconds(agg.cmd.Process.Pid); err != nil {
-		return nil, err
+		return err
 	}
 	if mq != nil {
 		if res.mqHWM, err = vmHWM(mq.cmd.Process.Pid); err != nil {
-			return nil, err
+			return err
 		}
 		if res.mqCPU, err = cpuSeconds(mq.cmd.Process.Pid); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	res.rateLimited = m[`edgefl_aggregator_rate_limited_total{client="`+floodID+`"}`]
 	res.passed = m[`edgefl_aggregator_received_messages_total{kind="update"}`]
 	for _, id := range ids {
 		if n := m[`edgefl_aggregator_rate_limited_total{client="`+id+`"}`]; n > 0 {
-			return nil, fmt.Errorf("%s was rate-limited %v times", id, n)
+			return fmt.Errorf("%s was rate-limited %v times", id, n)
 		}
 	}
-	aggregated, announced := agg.roundTimes()
-	res.start, res.end = map[int]time.Time{}, map[int]time.Time{}
-	for r := 1; r <= o.rounds; r++ {
-		end, ok := aggregated[r]
-		begin, ok2 := aggregated[r-1]
-		if r == 1 {
-			begin, ok2 = announced[1]
-		}
-		if !ok || !ok2 {
-			return nil, fmt.Errorf("no start or end time for round %d in the aggregator's log", r)
-		}
-		res.start[r], res.end[r] = begin, end
-	}
-	return res, nil
+	res.start, res.end, err = agg.roundSpans(o.rounds)
+	return err
 }
 
 // loadAvg is the machine's 1-minute load average ("?" when unknown).

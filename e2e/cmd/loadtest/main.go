@@ -75,9 +75,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/edgefl/edgefl/agent"
 	"github.com/edgefl/edgefl/broker"
 	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/internal/localfed"
 )
 
 func main() {
@@ -238,6 +238,95 @@ type options struct {
 }
 
 func runLoad(args []string) error {
+	o, err := parseLoadFlags(args)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+
+	src, err := dataset.ParseSource("idx:" + o.data)
+	if err != nil {
+		return err
+	}
+	fed, err := dataset.Build(src, dataset.Partition{Kind: dataset.PartIID}, dataset.BuildOptions{Clients: o.clients, Seed: o.seed})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("data: %d clients of %s, %d features, %d classes (%d-%d training samples each)\n",
+		len(fed.Clients), o.data, fed.D, fed.Classes, minSamples(fed), maxSamples(fed))
+	work, cleanup, err := localfed.StateDir(o.work, "edgefl-loadtest-")
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	const federation = "bench"
+	ids := localfed.SiteIDs(o.clients, 3)
+	pw, err := writePasswords(filepath.Join(work, "passwd"), append(slices.Clone(ids), "aggregator"))
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(work, "aggregator.password"), []byte(pw["aggregator"]+"\n"), 0o600); err != nil {
+		return err
+	}
+
+	// Mosquitto.
+	mport, err := freePort()
+	if err != nil {
+		return err
+	}
+	mq, err := startMosquitto(o, work, federation, mport)
+	if err != nil {
+		return err
+	}
+	defer mq.stop()
+	brokerURL := fmt.Sprintf("tcp://127.0.0.1:%d", mport)
+
+	// broker-agg.
+	agg, err := startLoadAggregator(ctx, o, work, loadAggConf(o, federation, brokerURL, work, fed))
+	if err != nil {
+		return err
+	}
+	defer agg.stop()
+
+	// The console, open from the aggregator's start to the federation's end.
+	cons, err := openConsole(ctx, o, agg.metrics, work)
+	if err != nil {
+		return err
+	}
+	defer cons.close()
+
+	// The agents, in this process.
+	sites := make([]localfed.Site, len(ids))
+	for i, id := range ids {
+		data := fed.Clients[i].Train
+		sites[i] = localfed.Site{ID: id, Data: &data}
+	}
+	agents, err := localfed.StartAgents(ctx, localfed.AgentsConfig{Federation: federation, Brokers: []string{brokerURL}, Passwords: pw,
+		Dir: work, Sites: sites, Seed: o.seed, ReconnectMin: 200 * time.Millisecond, ReconnectMax: 2 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err != nil {
+		return err
+	}
+	defer agents.Stop()
+
+	recs, err := killAndRecover(ctx, o, agg)
+	if err != nil {
+		return err
+	}
+	// The end, from the aggregator's log (no polling of its metrics
+	// address, which would add load of its own to every run).
+	if _, err := agg.waitEvent(ctx, "federation finished", time.Time{}); err != nil {
+		if aerr := agents.Err(); aerr != nil {
+			return fmt.Errorf("%w (%v)", err, aerr)
+		}
+		return err
+	}
+	return printLoadResult(o, fed, agg, mq, cons, recs, work)
+}
+
+// parseLoadFlags reads `loadtest run`'s flags.
+func parseLoadFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
 	fs.StringVar(&o.aggBin, "broker-agg", "", "the broker-agg `BINARY`")
@@ -266,69 +355,21 @@ func runLoad(args []string) error {
 	fs.StringVar(&o.chromium, "chromium", "/usr/bin/chromium", "with --console chromium: the Chromium `BINARY`")
 	fs.Parse(args)
 	if o.aggBin == "" || o.data == "" {
-		return errors.New("run: --broker-agg and --data are required")
+		return o, errors.New("run: --broker-agg and --data are required")
 	}
 	if o.console != "none" && o.console != "poll" && o.console != "chromium" {
-		return errConsoleMode
+		return o, errConsoleMode
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
-	defer cancel()
+	return o, nil
+}
 
-	src, err := dataset.ParseSource("idx:" + o.data)
-	if err != nil {
-		return err
-	}
-	fed, err := dataset.Build(src, dataset.Partition{Kind: dataset.PartIID}, dataset.BuildOptions{Clients: o.clients, Seed: o.seed})
-	if err != nil {
-		return err
-	}
-	fmt.Printf("data: %d clients of %s, %d features, %d classes (%d-%d training samples each)\n",
-		len(fed.Clients), o.data, fed.D, fed.Classes, minSamples(fed), maxSamples(fed))
-
-	work := o.work
-	if work == "" {
-		if work, err = os.MkdirTemp("", "edgefl-loadtest-"); err != nil {
-			return err
-		}
-		defer os.RemoveAll(work)
-	} else if err := os.MkdirAll(work, 0o755); err != nil {
-		return err
-	}
-	const federation = "bench"
-	ids := make([]string, o.clients)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("site-%03d", i+1)
-	}
-	pw, err := writePasswords(filepath.Join(work, "passwd"), append(slices.Clone(ids), "aggregator"))
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(work, "aggregator.password"), []byte(pw["aggregator"]+"\n"), 0o600); err != nil {
-		return err
-	}
-
-	// Mosquitto.
-	mport, err := freePort()
-	if err != nil {
-		return err
-	}
-	mq, err := startMosquitto(o, work, federation, mport)
-	if err != nil {
-		return err
-	}
-	defer mq.stop()
-	brokerURL := fmt.Sprintf("tcp://127.0.0.1:%d", mport)
-
-	// broker-agg.
-	metricsPort, err := freePort()
-	if err != nil {
-		return err
-	}
-	agg := &aggProc{o: o, work: work, metrics: fmt.Sprintf("127.0.0.1:%d", metricsPort)}
-	conf := []string{
+// loadAggConf is broker-agg's configuration for `loadtest run`: against
+// Mosquitto at brokerURL, the model fitting fed.
+func loadAggConf(o options, federation, brokerURL, work string, fed *dataset.Federated) []string {
+	return []string{
 		"federation = " + federation, "broker = " + brokerURL, "username = aggregator",
 		"broker_password_file = " + filepath.Join(work, "aggregator.password"),
-		"state_file = " + filepath.Join(work, "aggregator.db"), "metrics_addr = " + agg.metrics,
+		"state_file = " + filepath.Join(work, "aggregator.db"),
 		"model = logreg", fmt.Sprintf("l2 = %g", o.l2), fmt.Sprintf("features = %d", fed.D), fmt.Sprintf("classes = %d", fed.Classes),
 		"algorithm = " + o.algo, "solver = " + o.solver, "codec = " + o.codec,
 		fmt.Sprintf("per_round = %d", o.perRound), fmt.Sprintf("rounds = %d", o.rounds), "quorum_fraction = 1",
@@ -337,87 +378,90 @@ func runLoad(args []string) error {
 		fmt.Sprintf("lr = %g", o.lr), fmt.Sprintf("batch = %d", o.batch), fmt.Sprintf("max_epochs = %d", o.epochs),
 		"max_seconds = 0", "log_format = json", "log_level = info",
 	}
-	agg.conf = filepath.Join(work, "aggregator.conf")
+}
+
+// startLoadAggregator writes conf (plus a metrics address on a free port)
+// to work/aggregator.conf and starts broker-agg on it.
+func startLoadAggregator(ctx context.Context, o options, work string, conf []string) (*aggProc, error) {
+	metricsPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	agg := &aggProc{o: o, work: work, metrics: fmt.Sprintf("127.0.0.1:%d", metricsPort), conf: filepath.Join(work, "aggregator.conf")}
+	conf = append(conf, "metrics_addr = "+agg.metrics)
 	if err := os.WriteFile(agg.conf, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
-		return err
+		return nil, err
 	}
 	if err := agg.start(ctx); err != nil {
-		return err
+		return nil, err
 	}
-	defer agg.stop()
+	return agg, nil
+}
 
-	// The console, open from the aggregator's start to the federation's end.
-	var cons consoleCounts
-	cctx, stopConsole := context.WithCancel(ctx)
-	var cwg sync.WaitGroup
-	var browser *chromium
+// console is the console's reader of --console, open from the
+// aggregator's start to the federation's end.
+type console struct {
+	counts  consoleCounts
+	stop    context.CancelFunc
+	wg      sync.WaitGroup
+	browser *chromium
+	proxy   func()
+	log     string
+}
+
+func openConsole(ctx context.Context, o options, metrics, work string) (*console, error) {
+	c := &console{log: filepath.Join(work, "chromium.log")}
+	cctx, stop := context.WithCancel(ctx)
+	c.stop = stop
 	switch o.console {
 	case "poll":
-		cwg.Add(1)
-		go func() { defer cwg.Done(); pollConsole(cctx, agg.metrics, o.consolePoll, &cons) }()
+		c.wg.Add(1)
+		go func() { defer c.wg.Done(); pollConsole(cctx, metrics, o.consolePoll, &c.counts) }()
 	case "chromium":
-		proxy, closeProxy, err := countingProxy(agg.metrics, &cons)
+		proxy, closeProxy, err := countingProxy(metrics, &c.counts)
 		if err != nil {
-			stopConsole()
-			return err
+			stop()
+			return nil, err
 		}
-		defer closeProxy()
-		if browser, err = startChromium(o.chromium, "http://"+proxy+"/", filepath.Join(work, "chromium.log")); err != nil {
-			stopConsole()
-			return err
-		}
-		defer browser.stop()
-	}
-	closeConsole := func() {
-		stopConsole()
-		cwg.Wait()
-		if browser != nil {
-			browser.stop()
-			browser = nil
+		c.proxy = closeProxy
+		if c.browser, err = startChromium(o.chromium, "http://"+proxy+"/", c.log); err != nil {
+			c.close()
+			return nil, err
 		}
 	}
-	defer closeConsole()
+	return c, nil
+}
 
-	// The agents, in this process.
-	alog := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	actx, stopAgents := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	agentErrs := make(chan error, o.clients)
-	for i, id := range ids {
-		cfg := agent.DefaultConfig()
-		cfg.SiteID, cfg.Federation, cfg.Brokers = id, federation, []string{brokerURL}
-		cfg.Username, cfg.Password = id, pw[id]
-		cfg.StateFile = filepath.Join(work, id+".db")
-		cfg.Seed = o.seed + uint64(i)
-		cfg.ReconnectMin, cfg.ReconnectMax = 200*time.Millisecond, 2*time.Second
-		data := fed.Clients[i].Train
-		a, err := agent.New(cfg, agent.Deps{Data: &data, Logger: alog})
-		if err != nil {
-			stopAgents()
-			return fmt.Errorf("agent %s: %w", id, err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := a.Run(actx); err != nil {
-				agentErrs <- fmt.Errorf("agent %s: %w", id, err)
-			}
-		}()
+// close stops the reader; it may be called again.
+func (c *console) close() {
+	c.stop()
+	c.wg.Wait()
+	if c.browser != nil {
+		c.browser.stop()
+		c.browser = nil
 	}
-	defer func() { stopAgents(); wg.Wait() }()
+	if c.proxy != nil {
+		c.proxy()
+		c.proxy = nil
+	}
+}
 
-	// Kills for the recovery figure.
+// recovery is one kill of broker-agg and its restart.
+type recovery struct {
+	round            int
+	phase            string
+	announce, accept time.Duration
+}
+
+// killAndRecover kills broker-agg --kills times at seeded random moments
+// mid-round, restarts it each time and measures its recovery.
+func killAndRecover(ctx context.Context, o options, agg *aggProc) ([]recovery, error) {
 	rng := rand.New(rand.NewPCG(o.seed, 0x4b1))
-	type recovery struct {
-		round            int
-		phase            string
-		announce, accept time.Duration
-	}
 	var recs []recovery
 	for k := range o.kills {
 		m, err := agg.waitMetrics(ctx, func(m map[string]float64) bool { return true })
 		if err != nil {
-			return err
+			return nil, err
 		}
 		// Mid-round: a random share of the current round's updates in.
 		round := int(m["edgefl_aggregator_round"])
@@ -426,23 +470,23 @@ func runLoad(args []string) error {
 			return int(m["edgefl_aggregator_round"]) > round && m["edgefl_aggregator_round_received"] >= j
 		})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if at["edgefl_aggregator_finished"] == 1 {
-			return fmt.Errorf("kill %d: the federation finished first: use more rounds", k+1)
+			return nil, fmt.Errorf("kill %d: the federation finished first: use more rounds", k+1)
 		}
 		agg.kill()
 		started := time.Now()
 		if err := agg.start(ctx); err != nil {
-			return err
+			return nil, err
 		}
 		ann, err := agg.waitEvent(ctx, "round announced", started)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		acc, err := agg.waitEvent(ctx, "update accepted", started)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		r := recovery{round: int(at["edgefl_aggregator_round"]), phase: fmt.Sprintf("%v of %d updates in", at["edgefl_aggregator_round_received"], o.perRound),
 			announce: ann.Sub(started), accept: acc.Sub(started)}
@@ -450,17 +494,12 @@ func runLoad(args []string) error {
 		fmt.Printf("kill %d in round %d (%s): restart -> announcement %v, -> first accepted update %v\n",
 			k+1, r.round, r.phase, r.announce.Round(time.Millisecond), r.accept.Round(time.Millisecond))
 	}
+	return recs, nil
+}
 
-	// The end, from the aggregator's log (no polling of its metrics
-	// address, which would add load of its own to every run).
-	if _, err := agg.waitEvent(ctx, "federation finished", time.Time{}); err != nil {
-		select {
-		case aerr := <-agentErrs:
-			return fmt.Errorf("%w (%v)", err, aerr)
-		default:
-		}
-		return err
-	}
+// printLoadResult prints the figures of a finished `loadtest run`: the
+// seconds per round, the RESULT and RECOVERY lines.
+func printLoadResult(o options, fed *dataset.Federated, agg *aggProc, mq *mosq, cons *console, recs []recovery, work string) error {
 	hwm, err := vmHWM(agg.cmd.Process.Pid)
 	if err != nil {
 		return err
@@ -469,30 +508,22 @@ func runLoad(args []string) error {
 	if err != nil {
 		return err
 	}
-	if browser != nil && browser.exited() {
-		return fmt.Errorf("chromium exited during the run (see %s)", filepath.Join(work, "chromium.log"))
+	if cons.browser != nil && cons.browser.exited() {
+		return fmt.Errorf("chromium exited during the run (see %s)", cons.log)
 	}
-	closeConsole()
-	paths, nreq, nbytes, nerr := cons.summary()
+	cons.close()
+	paths, nreq, nbytes, nerr := cons.counts.summary()
 	selfHWM, _ := vmHWM(os.Getpid())
 	mqHWM, _ := vmHWM(mq.cmd.Process.Pid)
 
 	// Seconds per round from the aggregator's log (its clock).
-	aggregated, announced := agg.roundTimes()
+	start, end, err := agg.roundSpans(o.rounds)
+	if err != nil {
+		return err
+	}
 	var secs []float64
 	for r := 1; r <= o.rounds; r++ {
-		end, ok := aggregated[r]
-		if !ok {
-			return fmt.Errorf("no aggregation time for round %d", r)
-		}
-		begin, ok := aggregated[r-1]
-		if r == 1 {
-			begin, ok = announced[1]
-		}
-		if !ok {
-			return fmt.Errorf("no start time for round %d", r)
-		}
-		secs = append(secs, end.Sub(begin).Seconds())
+		secs = append(secs, end[r].Sub(start[r]).Seconds())
 	}
 	mean, med := stats(secs)
 	if o.kills == 0 {
@@ -502,7 +533,7 @@ func runLoad(args []string) error {
 		}
 		fmt.Println()
 	}
-	total := aggregated[o.rounds].Sub(announced[1]).Seconds()
+	total := end[o.rounds].Sub(start[1]).Seconds()
 	fmt.Printf("RESULT clients=%d per_round=%d rounds=%d epochs=%d algorithm=%s params=%d per_round_mean_s=%.4f per_round_median_s=%.4f total_s=%.3f aggregator_vmhwm_kb=%d aggregator_cpu_s=%.2f agents_process_vmhwm_kb=%d mosquitto_vmhwm_kb=%d kills=%d console=%s console_requests=%d console_bytes=%d console_errors=%d console_paths=%s\n",
 		o.clients, o.perRound, o.rounds, o.epochs, o.algo, fed.D*fed.Classes+fed.Classes, mean, med, total, hwm, aggCPU, selfHWM, mqHWM, o.kills,
 		o.console, nreq, nbytes, nerr, paths)
@@ -541,10 +572,12 @@ func freePort() (int, error) {
 // writePasswords writes a Mosquitto password file (1,000 PBKDF2 iterations:
 // 101 clients connect at once) and returns the passwords.
 func writePasswords(path string, users []string) (map[string]string, error) {
-	pw := map[string]string{}
+	pw, err := localfed.Passwords(users)
+	if err != nil {
+		return nil, err
+	}
 	var b strings.Builder
 	for _, u := range users {
-		pw[u] = fmt.Sprintf("pw-%s-%d", u, rand.Uint64())
 		h, err := broker.HashPassword(pw[u], 1000)
 		if err != nil {
 			return nil, err
@@ -732,6 +765,26 @@ func (a *aggProc) waitEvent(ctx context.Context, msg string, since time.Time) (t
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+}
+
+// roundSpans returns, per round 1..rounds, its start (the previous round's
+// aggregation; round 1: its first announcement) and end (its last "round
+// aggregated"), from the aggregator's log.
+func (a *aggProc) roundSpans(rounds int) (start, end map[int]time.Time, err error) {
+	aggregated, announced := a.roundTimes()
+	start, end = map[int]time.Time{}, map[int]time.Time{}
+	for r := 1; r <= rounds; r++ {
+		e, ok := aggregated[r]
+		b, ok2 := aggregated[r-1]
+		if r == 1 {
+			b, ok2 = announced[1]
+		}
+		if !ok || !ok2 {
+			return nil, nil, fmt.Errorf("no start or end time for round %d in the aggregator's log", r)
+		}
+		start[r], end[r] = b, e
+	}
+	return start, end, nil
 }
 
 // roundTimes returns, per round, the last "round aggregated" time and the

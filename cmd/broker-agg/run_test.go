@@ -180,7 +180,7 @@ func TestRunFailedStartLeavesNoState(t *testing.T) {
 // `run` knows, with values it accepts.
 func TestRunExampleConfig(t *testing.T) {
 	fs, f := serveFlagSet(io.Discard)
-	if err := applyConfigFile(fs, "../../deploy/broker-agg.example.conf"); err != nil {
+	if err := parseFlags(fs, []string{"--config", "../../deploy/broker-agg.example.conf"}, &f.config); err != nil {
 		t.Fatal(err)
 	}
 	if f.federation != "ward-7" || f.k != 10 || f.quorum != 0.6 || f.roundTimeout != 5*time.Minute || f.algo != "fedproxsplit" ||

@@ -1,0 +1,252 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/edgefl/edgefl/aggregator"
+	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/internal/localfed"
+	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/proxsolver"
+)
+
+// demoFlags are `broker-agg demo`'s flags.
+type demoFlags struct {
+	clients, perRound, rounds  int
+	algo, agg, data, partition string
+	seed                       uint64
+	dir, model                 string
+	hidden                     int
+	l2                         float64
+	params                     aggregator.Params
+	codec                      string
+	timeout                    time.Duration
+	quorum                     float64
+	metricsAddr, logLevel      string
+	schema, siteColumn         string
+	evalEvery                  int
+	clientsGiven               bool // --clients was on the command line
+}
+
+func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
+	f := &demoFlags{}
+	p := &f.params
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&f.clients, "clients", 5, "number of edge agents N (with --schema and --partition natural: one per site of --site-column)")
+	fs.IntVar(&f.perRound, "per-round", 0, "clients selected per round K (0: all)")
+	fs.IntVar(&f.rounds, "rounds", 20, "rounds")
+	fs.StringVar(&f.algo, "algorithm", aggregator.AlgoFedProxSplit, "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator name")
+	fs.StringVar(&f.agg, "aggregator", "", "aggregator SPEC (FedAvg/FedProx families)")
+	fs.StringVar(&f.data, "dataset", "synthetic:1,1", "data SPEC, as simulate's --dataset")
+	fs.StringVar(&f.partition, "partition", "natural", "partition SPEC: natural | iid | dirichlet:ALPHA | classes:K (with --schema: natural needs --site-column; the others deal the rows to --clients sites, as simulate does)")
+	fs.Uint64Var(&f.seed, "seed", 1, "seed of the data, the partition and the selection")
+	fs.StringVar(&f.dir, "dir", "", "keep the state files in `DIR` (default: a temporary directory, removed at exit)")
+	fs.StringVar(&f.model, "model", model.KindLogReg, "model: logreg | binary-logreg | linear | mlp")
+	fs.IntVar(&f.hidden, "hidden", 64, "hidden units (mlp)")
+	fs.Float64Var(&f.l2, "l2", 0.01, "L2 coefficient (makes the pooled objective strongly convex: FedSplit then converges linearly)")
+	fs.StringVar(&p.Solver, "solver", "lbfgs", "local solver: sgd | lbfgs")
+	fs.Float64Var(&p.Mu, "mu", 1, "FedProx proximal weight")
+	fs.Float64Var(&p.Step, "step", 10, "FedSplit step size s (about 1/sqrt(l2 L); see README)")
+	fs.Float64Var(&p.Relax, "relax", 1, "FedSplit relaxation")
+	fs.Float64Var(&p.Gamma, "gamma", 1e-6, "target inexactness")
+	fs.Float64Var(&p.LR, "lr", 0.01, "SGD learning rate")
+	fs.IntVar(&p.Batch, "batch", 10, "SGD mini-batch size")
+	fs.IntVar(&p.MaxEpochs, "max-epochs", 20, "local epochs per round")
+	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec spec")
+	fs.DurationVar(&f.timeout, "round-timeout", time.Minute, "round deadline")
+	fs.Float64Var(&f.quorum, "quorum-fraction", 1, "fraction of the selection a round closes with at its deadline")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve the aggregator's console (/), /metrics and /status on `ADDR`, e.g. 127.0.0.1:9464 (default: off); its URL is printed")
+	fs.StringVar(&f.logLevel, "log-level", "warn", "log level of the daemons (stderr): debug | info | warn | error")
+	fs.StringVar(&f.schema, "schema", "", "federation schema `FILE`: --dataset is then csv:PATH, partitioned into sites as simulate --schema does; each site's rows go to a CSV of its own in the demo directory, which its agent reads by the schema (model_out next to it); the run has a statistics phase, federated evaluation and a final bundle, compared at the end with the centralised reference on the same rows and preprocessing (issue 11)")
+	fs.StringVar(&f.siteColumn, "site-column", "", "with --schema and --partition natural: the column `NAME` naming each row's site (one agent per site)")
+	fs.IntVar(&f.evalEvery, "eval-every", 5, "with --schema: the sites evaluate every E rounds and at the end")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: broker-agg demo [flags]\n       broker-agg demo --schema FILE --dataset csv:PATH [--site-column NAME --partition natural | --partition iid --clients N ...]\n\nEmbedded broker + aggregator + N edge agents in one process over real MQTT\n(loopback TCP, per-site passwords, the federation ACL), each with its own\nstate file. Prints one line per round; Ctrl-C stops it.\n\nWith --schema, the federation of a schema: each site reads its own CSV (its\nrows of --dataset, split as `broker-agg simulate --schema` splits them) by\nthe schema, sends statistics before round 1, evaluates on its held-out rows\nevery --eval-every rounds, and writes the final model bundle to its\nmodel_out. The end prints the bundle's path and the federation's and each\nsite's held-out figures next to the centralised reference.\n\nflags:")
+		fs.PrintDefaults()
+	}
+	return fs, f
+}
+
+// runDemo is `broker-agg demo`: the embedded broker, the aggregator and N
+// edge agents in one process, over real MQTT (internal/localfed). With
+// --schema it is runDemoSchema.
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, f := demoFlagSet(stderr)
+	var cfgFlag string
+	if err := parseFlags(fs, args, &cfgFlag); err != nil {
+		return err
+	}
+	if f.clients < 1 || f.rounds < 1 {
+		return errors.New("--clients and --rounds: want >= 1")
+	}
+	fs.Visit(func(fl *flag.Flag) { f.clientsGiven = f.clientsGiven || fl.Name == "clients" })
+	log, err := newLogger(stderr, "text", f.logLevel)
+	if err != nil {
+		return err
+	}
+	if f.schema != "" {
+		return runDemoSchema(ctx, f, log, stdout)
+	}
+	return runDemoData(ctx, f, log, stdout)
+}
+
+// demoData is the federation of a demo without --schema: --clients sites
+// of --dataset's partition, and the pooled test data.
+type demoData struct {
+	fed  *dataset.Federated
+	part dataset.Partition
+	spec model.Spec
+	test model.Data
+}
+
+func loadDemoData(f *demoFlags) (*demoData, error) {
+	src, err := dataset.ParseSource(f.data)
+	if err != nil {
+		return nil, fmt.Errorf("--dataset: %w", err)
+	}
+	part, err := dataset.ParsePartition(f.partition)
+	if err != nil {
+		return nil, fmt.Errorf("--partition: %w", err)
+	}
+	fed, err := dataset.Build(src, part, dataset.BuildOptions{Clients: f.clients, Seed: f.seed})
+	if err != nil {
+		return nil, fmt.Errorf("data: %w", err)
+	}
+	if len(fed.Clients) < f.clients {
+		return nil, fmt.Errorf("the data has %d clients, fewer than --clients %d", len(fed.Clients), f.clients)
+	}
+	spec := model.Spec{Kind: f.model, Inputs: fed.D, Classes: fed.Classes, L2: f.l2}
+	if f.model == model.KindMLP {
+		spec.Hidden, spec.Activation = f.hidden, model.ActivationReLU
+	}
+	_, test := fed.Pooled()
+	if test.N == 0 {
+		test, _ = fed.Pooled()
+	}
+	return &demoData{fed: fed, part: part, spec: spec, test: test}, nil
+}
+
+// perRound is the K of a demo of n sites.
+func (f *demoFlags) perRoundOf(n int) int {
+	if f.perRound <= 0 || f.perRound > n {
+		return n
+	}
+	return f.perRound
+}
+
+// serverConfig is the aggregator's configuration of a demo (localfed sets
+// its federation, connection and state file).
+func (f *demoFlags) serverConfig(k int, spec model.Spec, log *slog.Logger) aggregator.ServerConfig {
+	return aggregator.ServerConfig{
+		K: k, QuorumFraction: f.quorum, RoundTimeout: f.timeout, Settle: 300 * time.Millisecond, MaxReselections: -1,
+		Rounds: f.rounds, Seed: f.seed, Algorithm: f.algo, Aggregator: f.agg, Params: f.params,
+		Model: spec, Codec: f.codec, MetricsAddr: f.metricsAddr, Logger: log,
+	}
+}
+
+// runDemoData runs a demo without --schema: one line per round with the
+// test loss and accuracy, and at the end the centralised optimum's.
+func runDemoData(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.Writer) error {
+	d, err := loadDemoData(f)
+	if err != nil {
+		return err
+	}
+	stateDir, cleanup, err := localfed.StateDir(f.dir, "edgefl-demo-")
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	ids := localfed.SiteIDs(f.clients, 2)
+	sites := make([]localfed.Site, len(ids))
+	for i, id := range ids {
+		data := d.fed.Clients[i].Train
+		sites[i] = localfed.Site{ID: id, Data: &data}
+	}
+	k := f.perRoundOf(f.clients)
+	start := time.Now()
+	fmt.Fprintf(stdout, "demo: %d sites, %d per round, %d rounds of %s on %s (%s partition), model %s with %d parameters\n",
+		f.clients, k, f.rounds, f.algo, f.data, d.part, f.model, mustParams(d.spec))
+	sc := f.serverConfig(k, d.spec, log)
+	sc.Eval = &d.test
+	sc.OnRound = func(rr aggregator.RoundReport) {
+		fmt.Fprintf(stdout, "%5d  %-9s  %-10d  %-12.6g  %-9s  %s\n", rr.Round,
+			fmt.Sprintf("%d/%d", len(rr.Contributors), len(rr.Contributors)+len(rr.Stragglers)), len(rr.Stragglers),
+			rr.EvalLoss, fmt.Sprintf("%.2f%%", 100*rr.EvalScore), time.Since(start).Round(time.Millisecond))
+	}
+	lf, err := localfed.Start(ctx, localfed.Config{Dir: stateDir, Sites: sites, Seed: f.seed, Server: sc, Logger: log,
+		Serving: func(lf *localfed.Federation) {
+			fmt.Fprintf(stdout, "broker %s (per-site passwords, ACL on edgefl/%s/), state in %s\n", lf.Broker.Addr(), demoFederation, stateDir)
+			printConsole(lf.Server, stdout)
+			fmt.Fprintf(stdout, "%5s  %-9s  %-10s  %-12s  %-9s  %s\n", "round", "clients", "stragglers", "test loss", "accuracy", "elapsed")
+		}})
+	if err != nil {
+		return err
+	}
+	lf.Wait(ctx)
+	if err := lf.Stop(); err != nil {
+		return err
+	}
+	if x, r := lf.Server.Global(); r > f.rounds {
+		if err := printDemoOptimum(ctx, f, d, x, start, stdout); err != nil {
+			return err
+		}
+	}
+	if f.dir != "" {
+		fmt.Fprintf(stdout, "state kept in %s: broker-agg status --state %s\n", stateDir, lf.StatePath)
+	}
+	return nil
+}
+
+// demoFederation is the federation name of a demo.
+const demoFederation = "demo"
+
+// printDemoOptimum prints the final model's test figures and those of the
+// model a central server would fit on all the sites' training data pooled:
+// what the federation is measured against.
+func printDemoOptimum(ctx context.Context, f *demoFlags, d *demoData, x []float64, start time.Time, stdout io.Writer) error {
+	m, _ := model.New(d.spec)
+	fmt.Fprintf(stdout, "done: %d rounds in %s; final model: test loss %.6g, accuracy %.2f%%\n", f.rounds,
+		time.Since(start).Round(time.Millisecond), m.LossGrad(x, d.test, nil), 100*m.Score(x, d.test))
+	var pooled model.Data
+	for _, c := range d.fed.Clients[:f.clients] {
+		pooled.X = append(pooled.X, c.Train.X...)
+		pooled.Y = append(pooled.Y, c.Train.Y...)
+		pooled.N += c.Train.N
+	}
+	pooled.D = d.fed.D
+	xs, rep, err := proxsolver.Minimize(context.WithoutCancel(ctx), m, pooled, nil, 1e-10, 3000)
+	note := ""
+	if errors.Is(err, proxsolver.ErrNotConverged) {
+		note = fmt.Sprintf(" (best point after %d gradient evaluations, ||grad|| %.1e)", rep.GradEvals, rep.GradNorm)
+	} else if err != nil {
+		return fmt.Errorf("centralised optimum: %w", err)
+	}
+	fmt.Fprintf(stdout, "centralised optimum on the pooled training data%s: test loss %.6g, accuracy %.2f%%\n",
+		note, m.LossGrad(xs, d.test, nil), 100*m.Score(xs, d.test))
+	return nil
+}
+
+func mustParams(s model.Spec) int {
+	m, err := model.New(s)
+	if err != nil {
+		return 0
+	}
+	return m.NumParams()
+}
+
+// printConsole prints the console's URL of a serving aggregator (nothing
+// without a metrics address).
+func printConsole(srv *aggregator.Server, stdout io.Writer) {
+	if isClosed(srv.Ready()) {
+		if a := srv.MetricsAddr(); a != "" {
+			fmt.Fprintf(stdout, "console: http://%s/\n", a)
+		}
+	}
+}

@@ -1,0 +1,591 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/aggregator"
+	"github.com/edgefl/edgefl/broker"
+	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/pki"
+	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// DefaultMetricsAddr is where `run` serves /metrics and /status, and where
+// `status` looks for a running daemon.
+const DefaultMetricsAddr = "127.0.0.1:9464"
+
+// passwordEnv holds the aggregator's password for an external broker when
+// --password-file is not given.
+const passwordEnv = "EDGEFL_MQTT_PASSWORD"
+
+type serveFlags struct {
+	config string
+
+	federation, listen, brokerURL, clientID  string
+	tlsCA, tlsClientCA, tlsCert, tlsKey      string
+	tlsServerName                            string
+	sessionExpiry, instanceTakeover          time.Duration
+	brokerPasswd, username, passwordFile     string
+	allowAnonymous                           bool
+	maxPacket                                int
+	rateMsgs, rateBytes                      float64
+	rateBurst                                int
+	k                                        int
+	quorum                                   float64
+	roundTimeout, extension, settle          time.Duration
+	maxReselections, rounds                  int
+	seed                                     uint64
+	algo, agg, sel, solver, codec, downlink  string
+	mu, step, relax, gamma, lr, maxSeconds   float64
+	batch, epochs                            int
+	anchorSketch                             int
+	modelKind, activation                    string
+	inputs, classes, hidden                  int
+	l2                                       float64
+	init                                     string
+	initSeed                                 uint64
+	state, metricsAddr, evalData, finalModel string
+	logFormat, logLevel                      string
+	exitWhenFinished                         bool
+	rollback                                 string
+	schema                                   string
+	statsSites, evalEvery, stopPatience      int
+	stopTol, stopDelta                       float64
+	console                                  consoleFlags
+}
+
+// serveAliases are alternative flag names (short or as simulate spells
+// them) -> the canonical name.
+var serveAliases = map[string]string{
+	"k": "per-round", "quorum": "quorum-fraction", "algo": "algorithm", "select": "selector",
+	"epochs": "max-epochs", "inputs": "features", "state": "state-file", "metrics": "metrics-addr",
+}
+
+func canonical(name string) string {
+	if c, ok := serveAliases[name]; ok {
+		return c
+	}
+	return name
+}
+
+func serveFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
+	f := &serveFlags{}
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.config, "config", "", "configuration `FILE` of key = value lines, keys named as these flags (flags override the file)")
+
+	f.registerConnection(fs)
+	f.registerRounds(fs)
+	f.registerFederation(fs)
+	f.registerDaemon(fs)
+	for alias, name := range serveAliases {
+		fs.Var(fs.Lookup(name).Value, alias, "same as --"+name)
+	}
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: broker-agg run [flags]
+
+Runs the aggregator daemon. By default it embeds an MQTT broker on --listen,
+authenticating sites by --password-file and/or mutual TLS (--tls-cert,
+--tls-key, --tls-client-ca) and enforcing the federation ACL; --broker URL
+uses an external broker instead (Mosquitto, EMQX; see deploy/mosquitto/).
+State lives in --state-file and survives kill -9: a restart resumes the open
+round. SIGINT/SIGTERM stop it cleanly. A restart must keep the run's
+--federation, --algorithm, --aggregator, model, --codec, --downlink, --mu
+(FedProx family) and --step and --relax (FedSplit family): other values are
+refused with the difference spelled out (start a new run with another
+--state-file); the local work settings (--solver, --gamma, --lr, --batch,
+--max-epochs, --max-seconds) may change and apply from the next
+announcement.
+
+A --config file holds one "key = value" per line ('#' comments), keys named
+as the flags below (underscores may replace hyphens); flags given on the
+command line override it.
+
+flags:
+`)
+		fs.PrintDefaults()
+	}
+	return fs, f
+}
+
+// registerConnection registers the flags of the broker, embedded or
+// external, and of the connection to it.
+func (f *serveFlags) registerConnection(fs *flag.FlagSet) {
+	fs.StringVar(&f.federation, "federation", "default", "federation `NAME`; topics live under edgefl/NAME/")
+	fs.StringVar(&f.listen, "listen", "", "embedded broker listen `ADDR` (default :8883 with --tls-cert, else 127.0.0.1:1883)")
+	fs.StringVar(&f.brokerURL, "broker", "", "external broker `URL` (tcp://, ssl://, ws://, wss://) instead of the embedded one")
+	fs.StringVar(&f.clientID, "client-id", aggregator.DefaultClientID, "the aggregator's MQTT client id and identity (a superuser of the ACL)")
+	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "embedded broker: CA `FILE`; client certificates signed by it are required (mutual TLS, CN = site id)")
+	fs.StringVar(&f.tlsCA, "tls-ca", "", "external broker: CA `FILE` that signed the broker's certificate (default: the system roots)")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "certificate `FILE`: the embedded broker's server certificate, or the aggregator's client certificate for an external broker")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "private key `FILE` of --tls-cert")
+	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "external broker: the `NAME` its certificate must carry (default: the URL's host)")
+	fs.StringVar(&f.brokerPasswd, "password-file", "", "embedded broker: the sites' password `FILE`, Mosquitto format (see `broker-agg pki passwd`)")
+	fs.BoolVar(&f.allowAnonymous, "allow-anonymous", false, "embedded broker: let clients in without credentials (development only; the ACL still applies)")
+	fs.IntVar(&f.maxPacket, "max-message-bytes", broker.DefaultMaxPacketSize, "largest message in `BYTES`: the embedded broker's packet cap and the aggregator's inbound limit")
+	fs.Float64Var(&f.rateMsgs, "rate-messages", aggregator.DefaultRateMessages, "per-site inbound rate limit in messages per second; over it (and --rate-burst) messages are dropped and counted")
+	fs.IntVar(&f.rateBurst, "rate-burst", aggregator.DefaultRateBurst, "messages a site may send at once before --rate-messages applies")
+	fs.Float64Var(&f.rateBytes, "rate-bytes", aggregator.DefaultRateBytes, "per-site inbound rate limit in bytes per second (one message of --max-message-bytes always fits)")
+	fs.DurationVar(&f.sessionExpiry, "session-expiry", broker.DefaultSessionExpiry, "embedded broker: how long a disconnected site's session and queued messages are kept")
+	fs.DurationVar(&f.instanceTakeover, "instance-takeover", aggregator.DefaultInstanceTakeover, "a site id is served for one installation (instance id) at a time; once two installations with one id were seen alive (a cloned gateway), the first keeps the site and the other is set aside until the first stopped cleanly or has been offline this long")
+	fs.StringVar(&f.username, "username", "", "external broker: the aggregator's username")
+	fs.StringVar(&f.passwordFile, "broker-password-file", "", "external broker: `FILE` holding the aggregator's password (default: $"+passwordEnv+")")
+}
+
+// registerRounds registers the flags of the rounds and of the algorithm.
+func (f *serveFlags) registerRounds(fs *flag.FlagSet) {
+	fs.IntVar(&f.k, "per-round", 10, "clients selected per round")
+	fs.Float64Var(&f.quorum, "quorum-fraction", 0.7, "fraction of the selected clients a round needs to close at its deadline, in (0, 1]")
+	fs.DurationVar(&f.roundTimeout, "round-timeout", 10*time.Minute, "time from an announcement to its deadline")
+	fs.DurationVar(&f.extension, "extension", 0, "length of the one extension below quorum (default --round-timeout)")
+	fs.DurationVar(&f.settle, "settle", 5*time.Second, "wait for clients to come online before each draw")
+	fs.IntVar(&f.maxReselections, "max-reselections", 3, "re-selections of a round below quorum before it stalls (negative: unlimited)")
+	fs.IntVar(&f.rounds, "rounds", 0, "rounds to run (0: forever)")
+	fs.Uint64Var(&f.seed, "seed", 1, "seed of the selection and of randomised aggregators")
+
+	fs.StringVar(&f.algo, "algorithm", aggregator.AlgoFedProx, "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator ("+strings.Join(aggregate.Names(), ", ")+"), trained like fedprox")
+	fs.StringVar(&f.agg, "aggregator", "", "how updates are combined: an update aggregator `SPEC` for the FedAvg/FedProx families (e.g. normbound:mult=3:inner=median); fedsplit-robust[:mult=M] (default) or fedsplit-mean for the FedSplit family (default: per --algorithm)")
+	fs.StringVar(&f.sel, "selector", "uniform", "client selection: uniform | samples | loss[:power=P][:explore=E] | window")
+	fs.StringVar(&f.solver, "solver", "sgd", "local solver: sgd | lbfgs")
+	fs.Float64Var(&f.mu, "mu", 0.01, "FedProx proximal weight (0 for fedavg)")
+	fs.Float64Var(&f.step, "step", 1, "FedSplit step size s")
+	fs.Float64Var(&f.relax, "relax", 1, "FedSplit relaxation: 1 Peaceman-Rachford, 0.5 Douglas-Rachford")
+	fs.Float64Var(&f.gamma, "gamma", 0.001, "target inexactness of the local solve, in (0, 1]")
+	fs.Float64Var(&f.lr, "lr", 0.01, "SGD learning rate")
+	fs.IntVar(&f.batch, "batch", 10, "SGD mini-batch size (0: full batch)")
+	fs.IntVar(&f.epochs, "max-epochs", 20, "work budget: local epochs (0: no limit)")
+	fs.Float64Var(&f.maxSeconds, "max-seconds", 0, "work budget: local seconds (0: no limit; the round deadline always applies)")
+	fs.IntVar(&f.anchorSketch, "anchor-sketch", -1, "ask clients for the gradient at the anchor: -1 no, 0 the full gradient, N a random-projection sketch of length N (fedsim-cluster)")
+	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec `SPEC` clients must use for their deltas (fp32, fp16, q8, q4, qsgd:16, topk:0.05+q8, dct:28x28x10+topk:0.16+q4+ac, ...; see quant's package doc)")
+	fs.StringVar(&f.downlink, "downlink", "fp32", "codec of the global model in the round announcement: fp32 | fp16")
+}
+
+// registerFederation registers the flags of the schema, the stopping rules
+// and the model.
+func (f *serveFlags) registerFederation(fs *flag.FlagSet) {
+	fs.StringVar(&f.schema, "schema", "", "federation schema `FILE` (JSON; see deploy/schema.example.json): sites read their CSV by column name, a statistics phase before round 1 fits the federation's preprocessing, the model's inputs and classes follow from it, sites evaluate on held-out rows, model bundles are written")
+	fs.IntVar(&f.statsSites, "stats-sites", 0, "with --schema: the statistics phase closes once this many sites sent theirs, or at --round-timeout with a quorum (0: --per-round)")
+	fs.IntVar(&f.evalEvery, "eval-every", 10, "with --schema: sites evaluate the global model every `E` rounds (0: only at the end); each evaluation writes latest.bundle.json next to the state file")
+	fs.IntVar(&f.stopPatience, "stop-patience", 0, "with --schema: end the run early after `P` evaluations in a row without the federated loss improving on its best by more than --stop-tol (0: off)")
+	fs.Float64Var(&f.stopTol, "stop-tol", 0, "improvement of the federated evaluation loss that resets --stop-patience")
+	fs.Float64Var(&f.stopDelta, "stop-delta", 0, "end the run early when an aggregation changes the global model by less than this, relatively: ||x_new - x_old|| / ||x_old|| (meant for the FedSplit family; 0: off)")
+
+	fs.StringVar(&f.modelKind, "model", model.KindLogReg, "model: logreg | binary-logreg | linear | mlp (with --schema: logreg is the task's linear model, mlp a classifier)")
+	fs.IntVar(&f.inputs, "features", 0, "model inputs; default from --eval-data (with --schema: from the fitted preprocessing, not set)")
+	fs.IntVar(&f.classes, "classes", 0, "model classes (logreg, mlp); default from --eval-data (with --schema: from the schema, not set)")
+	fs.IntVar(&f.hidden, "hidden", 64, "hidden units (mlp)")
+	fs.StringVar(&f.activation, "activation", model.ActivationReLU, "hidden activation (mlp): relu | tanh")
+	fs.Float64Var(&f.l2, "l2", 0, "L2 coefficient lambda")
+	fs.StringVar(&f.init, "init", aggregator.InitZeros, "initial model: zeros | model (the model's own initialisation, seeded by --init-seed)")
+	fs.Uint64Var(&f.initSeed, "init-seed", 1, "seed of --init model")
+}
+
+// registerDaemon registers the flags of the state, the console, the
+// evaluation data, the end of the run and the logs.
+func (f *serveFlags) registerDaemon(fs *flag.FlagSet) {
+	fs.StringVar(&f.state, "state-file", "broker-agg.db", "state `FILE` (bbolt): round log, accepted updates, checkpoints; resumed on restart")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", DefaultMetricsAddr, "serve the console (/), /metrics (Prometheus), /status (JSON), /bundle and /healthz on `ADDR` (loopback by default; \"\": off)")
+	f.console.register(fs)
+	fs.StringVar(&f.evalData, "eval-data", "", "evaluation data `SPEC` (as simulate's --dataset: synthetic:A,B | synthetic-iid | idx:DIR | csv:PATH:label=COL | leaf:PATH; with --schema csv:PATH, read by the schema and the federation's preprocessing): report loss and accuracy per round")
+	fs.StringVar(&f.finalModel, "final-model", "", "where the final model goes when the run ends: with --schema the final model bundle (default: final.bundle.json next to the state file), without it the last global model's weights (model.Save; default: none)")
+	fs.BoolVar(&f.exitWhenFinished, "exit-when-finished", false, "exit once --rounds are done (default: keep serving receipts and metrics)")
+	fs.StringVar(&f.rollback, "rollback", "", "before starting, roll the --state-file back to round `N` (or last-good: the newest intact round), keeping a copy of the file; command line only, never in a --config file")
+	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text | json")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug | info | warn | error")
+}
+
+// loadEval builds the evaluation set from a dataset spec: every sample of
+// the source, train and test pooled.
+func loadEval(spec string, seed uint64) (*model.Data, int, error) {
+	src, err := dataset.ParseSource(spec)
+	if err != nil {
+		return nil, 0, fmt.Errorf("--eval-data: %w", err)
+	}
+	part, opt := dataset.Partition{Kind: dataset.PartNatural}, dataset.BuildOptions{Seed: seed}
+	if src.Kind == dataset.SourceCSV || src.Kind == dataset.SourceIDX {
+		part, opt.Clients = dataset.Partition{Kind: dataset.PartIID}, 1
+	}
+	fed, err := dataset.Build(src, part, opt)
+	if err != nil {
+		return nil, 0, fmt.Errorf("--eval-data: %w", err)
+	}
+	train, test := fed.Pooled()
+	d := model.Data{N: train.N + test.N, D: fed.D, X: append(train.X, test.X...), Y: append(train.Y, test.Y...)}
+	return &d, fed.Classes, nil
+}
+
+// serverConfig turns the flags into an aggregator configuration (without
+// the broker connection).
+func (f *serveFlags) serverConfig(log *slog.Logger) (aggregator.ServerConfig, error) {
+	cfg, err := f.modelServerConfig(log)
+	if err != nil {
+		return cfg, err
+	}
+	return cfg, f.console.apply(&cfg)
+}
+
+func (f *serveFlags) modelServerConfig(log *slog.Logger) (aggregator.ServerConfig, error) {
+	if f.schema != "" {
+		return f.fedServerConfig(log)
+	}
+	if f.stopPatience > 0 {
+		return aggregator.ServerConfig{}, errors.New("--stop-patience: the patience rule watches the federated evaluation, which needs --schema")
+	}
+	spec := model.Spec{Kind: f.modelKind, Inputs: f.inputs, Classes: f.classes, L2: f.l2}
+	if f.modelKind == model.KindMLP {
+		spec.Hidden, spec.Activation = f.hidden, f.activation
+	}
+	var eval *model.Data
+	if f.evalData != "" {
+		d, classes, err := loadEval(f.evalData, f.seed)
+		if err != nil {
+			return aggregator.ServerConfig{}, err
+		}
+		eval = d
+		if spec.Inputs == 0 {
+			spec.Inputs = d.D
+		}
+		if spec.Classes == 0 && (spec.Kind == model.KindLogReg || spec.Kind == model.KindMLP) {
+			spec.Classes = classes
+		}
+		log.Info("evaluation data loaded", "spec", f.evalData, "samples", d.N, "features", d.D, "classes", classes)
+	}
+	if spec.Inputs <= 0 {
+		return aggregator.ServerConfig{}, errors.New("--inputs: the model needs its input count (or give --eval-data)")
+	}
+	if (spec.Kind == model.KindLogReg || spec.Kind == model.KindMLP) && spec.Classes < 2 {
+		return aggregator.ServerConfig{}, errors.New("--classes: the model needs at least 2 classes (or give --eval-data)")
+	}
+	sketch := f.anchorSketchSpec()
+	if f.maxPacket <= 0 {
+		return aggregator.ServerConfig{}, errors.New("--max-message-bytes: want > 0")
+	}
+	return f.baseConfig(spec, sketch, eval, log), nil
+}
+
+// anchorSketch is the --anchor-sketch request.
+func (f *serveFlags) anchorSketchSpec() *wire.SketchSpec {
+	switch {
+	case f.anchorSketch == 0:
+		return &wire.SketchSpec{Seed: f.seed}
+	case f.anchorSketch > 0:
+		return &wire.SketchSpec{Dimension: uint32(min(int64(f.anchorSketch), math.MaxUint32)), Seed: f.seed}
+	}
+	return nil
+}
+
+// fedServerConfig is serverConfig with --schema.
+func (f *serveFlags) fedServerConfig(log *slog.Logger) (aggregator.ServerConfig, error) {
+	sc, err := schema.Load(f.schema)
+	if err != nil {
+		return aggregator.ServerConfig{}, fmt.Errorf("--schema: %w", err)
+	}
+	if f.inputs != 0 || f.classes != 0 {
+		return aggregator.ServerConfig{}, errors.New("--features and --classes: with --schema the schema and the fitted preprocessing decide them")
+	}
+	if f.statsSites < 0 || f.evalEvery < 0 || f.stopPatience < 0 {
+		return aggregator.ServerConfig{}, errors.New("--stats-sites, --eval-every and --stop-patience: want >= 0")
+	}
+	if f.maxPacket <= 0 {
+		return aggregator.ServerConfig{}, errors.New("--max-message-bytes: want > 0")
+	}
+	spec := model.Spec{Kind: f.modelKind, L2: f.l2}
+	if f.modelKind == model.KindMLP {
+		spec.Hidden, spec.Activation = f.hidden, f.activation
+	}
+	cfg := f.baseConfig(spec, f.anchorSketchSpec(), nil, log)
+	cfg.Schema, cfg.StatsSites, cfg.EvalEvery = sc, f.statsSites, f.evalEvery
+	if f.evalData != "" {
+		spec := f.evalData
+		if !strings.HasPrefix(spec, "csv:") {
+			spec = "csv:" + spec
+		}
+		path, label, err := bundle.ParseDataArg(spec)
+		if err != nil {
+			return aggregator.ServerConfig{}, fmt.Errorf("--eval-data: with --schema, expected csv:PATH: %w", err)
+		}
+		if label != "" {
+			return aggregator.ServerConfig{}, fmt.Errorf("--eval-data %q: with --schema the schema names the label column (%s)", f.evalData, sc.Label.Column)
+		}
+		tab, err := sc.ReadCSVFile(path)
+		if err != nil {
+			return aggregator.ServerConfig{}, fmt.Errorf("--eval-data: %w", err)
+		}
+		cfg.EvalTable = tab
+		log.Info("evaluation data loaded (the federation's preprocessing applies once fitted)", "path", path, "rows", tab.Rows)
+	}
+	log.Info("federation schema loaded", "schema", f.schema, "digest", sc.Digest(), "task", sc.Task, "features", len(sc.Features))
+	return cfg, nil
+}
+
+// baseConfig is the configuration every run shares.
+func (f *serveFlags) baseConfig(spec model.Spec, sketch *wire.SketchSpec, eval *model.Data, log *slog.Logger) aggregator.ServerConfig {
+	return aggregator.ServerConfig{
+		Federation: f.federation, ClientID: f.clientID,
+		K: f.k, QuorumFraction: f.quorum, RoundTimeout: f.roundTimeout, Extension: f.extension, Settle: f.settle,
+		MaxReselections: f.maxReselections, Rounds: f.rounds, Seed: f.seed,
+		Algorithm: f.algo, Aggregator: f.agg, Selector: f.sel, AnchorSketch: sketch,
+		Params: aggregator.Params{Mu: f.mu, Step: f.step, Relax: f.relax, Solver: f.solver, Gamma: f.gamma, LR: f.lr,
+			Batch: f.batch, MaxEpochs: f.epochs, MaxSeconds: f.maxSeconds},
+		Model: spec, Init: f.init, InitSeed: f.initSeed, Codec: f.codec, Downlink: f.downlink,
+		StatePath: f.state, MetricsAddr: f.metricsAddr, Eval: eval, FinalModel: f.finalModel,
+		MaxMessageBytes: f.maxPacket, Logger: log,
+		RateMessages: f.rateMsgs, RateBurst: f.rateBurst, RateBytes: f.rateBytes, InstanceTakeover: f.instanceTakeover,
+		StopPatience: f.stopPatience, StopTol: f.stopTol, StopDelta: f.stopDelta, Version: version,
+	}
+}
+
+// runServe runs the aggregator daemon (`broker-agg run`).
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, f := serveFlagSet(stderr)
+	if err := parseFlags(fs, args, &f.config); err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, f.logFormat, f.logLevel)
+	if err != nil {
+		return err
+	}
+	cfg, err := f.serverConfig(log)
+	if err != nil {
+		return err
+	}
+	// Everything checkable without side effects, before --rollback, the
+	// broker or the state file is touched (the broker URL is set below).
+	vc := cfg
+	vc.BrokerURL = cmp.Or(f.brokerURL, "tcp://in-process")
+	if err := vc.Validate(); err != nil {
+		return err
+	}
+	if f.rollback != "" {
+		if err := rollbackState(cfg.StatePath, f.rollback, log); err != nil {
+			return err
+		}
+	}
+	topics, err := wire.ForFederation(f.federation)
+	if err != nil {
+		return fmt.Errorf("--federation: %w", err)
+	}
+	if (f.tlsCert == "") != (f.tlsKey == "") {
+		return errors.New("--tls-cert and --tls-key go together")
+	}
+
+	if f.brokerURL == "" {
+		return serveEmbedded(ctx, f, cfg, topics, log, stdout)
+	}
+	if err := f.externalBroker(&cfg); err != nil {
+		return err
+	}
+	fresh := !exists(cfg.StatePath)
+	srv, err := aggregator.NewServer(cfg)
+	if err != nil {
+		return err
+	}
+	return discardFresh(fresh, cfg.StatePath, srv, serve(ctx, srv, f.exitWhenFinished, stdout))
+}
+
+// externalBroker sets cfg's connection to the external --broker.
+func (f *serveFlags) externalBroker(cfg *aggregator.ServerConfig) error {
+	if f.brokerPasswd != "" || f.allowAnonymous || f.listen != "" || f.tlsClientCA != "" {
+		return errors.New("--listen, --password-file, --tls-client-ca and --allow-anonymous configure the embedded broker; they do not apply with --broker")
+	}
+	cfg.BrokerURL = f.brokerURL
+	if f.tlsCA != "" || f.tlsCert != "" || isTLSURL(f.brokerURL) {
+		tc, err := pki.ClientTLSConfig(f.tlsCA, f.tlsCert, f.tlsKey)
+		if err != nil {
+			return err
+		}
+		tc.ServerName = f.tlsServerName
+		cfg.TLS = tc
+	}
+	cfg.Username = f.username
+	switch {
+	case f.passwordFile != "":
+		b, err := os.ReadFile(f.passwordFile)
+		if err != nil {
+			return fmt.Errorf("--password-file: %w", err)
+		}
+		cfg.Password = strings.TrimRight(strings.SplitN(string(b), "\n", 2)[0], "\r")
+	default:
+		cfg.Password = os.Getenv(passwordEnv)
+	}
+	if cfg.Password != "" && cfg.Username == "" {
+		cfg.Username = f.clientID
+	}
+	return nil
+}
+
+// embeddedBroker is the embedded broker's configuration.
+func (f *serveFlags) embeddedBroker(topics wire.Topics, log *slog.Logger) (broker.Config, error) {
+	if f.username != "" || f.passwordFile != "" || f.tlsCA != "" || f.tlsServerName != "" {
+		return broker.Config{}, errors.New("--username, --broker-password-file, --tls-ca and --tls-server-name configure the connection to an external --broker (the embedded broker's client CA is --tls-client-ca)")
+	}
+	listen := f.listen
+	if listen == "" {
+		listen = "127.0.0.1:1883"
+		if f.tlsCert != "" {
+			listen = ":8883"
+		}
+	}
+	bc := broker.Config{Addr: listen, Prefix: topics.Prefix(), Superusers: []string{f.clientID},
+		PasswordFile: f.brokerPasswd, AllowAnonymous: f.allowAnonymous, MaxPacketSize: uint32(min(int64(f.maxPacket), math.MaxUint32)),
+		SessionExpiry: f.sessionExpiry, Logger: log}
+	if f.tlsCert != "" {
+		tc, err := pki.ServerTLSConfig(f.tlsCert, f.tlsKey, f.tlsClientCA)
+		if err != nil {
+			return bc, err
+		}
+		bc.TLS = tc
+	} else if f.tlsClientCA != "" {
+		return bc, errors.New("--tls-client-ca needs --tls-cert and --tls-key (the embedded broker's certificate)")
+	}
+	// The password file and the ways to authenticate, before the state
+	// file is written.
+	if err := broker.Check(bc); err != nil {
+		return bc, brokerFlagError(err, f.brokerPasswd)
+	}
+	return bc, nil
+}
+
+// serveEmbedded runs the daemon with its embedded broker.
+func serveEmbedded(ctx context.Context, f *serveFlags, cfg aggregator.ServerConfig, topics wire.Topics, log *slog.Logger, stdout io.Writer) error {
+	bc, err := f.embeddedBroker(topics, log)
+	if err != nil {
+		return err
+	}
+	// Open the state file before listening: a second daemon on the
+	// same file fails without touching the port.
+	var brk *broker.Broker
+	cfg.Dial = func() (net.Conn, error) { return brk.Dial() }
+	cfg.BrokerURL = "tcp://in-process"
+	fresh := !exists(cfg.StatePath)
+	srv, err := aggregator.NewServer(cfg)
+	if err != nil {
+		return err
+	}
+	if brk, err = broker.Start(bc); err != nil {
+		srv.Close()
+		return discardFresh(fresh, cfg.StatePath, srv, err)
+	}
+	defer brk.Close()
+	err = serve(ctx, srv, f.exitWhenFinished, stdout)
+	if f.exitWhenFinished && isClosed(srv.Finished()) {
+		// The sites connected now get the end of the run (the final
+		// bundle) before the broker, and its retained copy, go away.
+		dctx, cancel := context.WithTimeout(ctx, drainWait)
+		if waiting := brk.Drain(dctx); len(waiting) > 0 {
+			log.Warn("exiting although these clients have not acknowledged the end of the run: they may lack the final bundle", "clients", waiting, "waited", drainWait)
+		}
+		cancel()
+	}
+	return discardFresh(fresh, cfg.StatePath, srv, err)
+}
+
+// brokerFlagError names the flag behind an embedded broker's configuration
+// error.
+func brokerFlagError(err error, passwordFile string) error {
+	if passwordFile != "" && strings.Contains(err.Error(), passwordFile) {
+		return fmt.Errorf("--password-file: %w", err)
+	}
+	if strings.Contains(err.Error(), "no way to authenticate") {
+		return fmt.Errorf("%w (--password-file, --tls-cert with --tls-key and --tls-client-ca, or --allow-anonymous)", err)
+	}
+	return err
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// discardFresh removes the state file a start created when the start
+// failed before the daemon served a round (a busy port, a broker that
+// refused the connection): the file holds nothing but the configuration
+// that failed, and a corrected command must not be refused as another
+// run's. err is the start's error; nil leaves everything as it is.
+func discardFresh(fresh bool, path string, srv *aggregator.Server, err error) error {
+	if err == nil || !fresh {
+		return err
+	}
+	select {
+	case <-srv.Ready():
+		return err // it ran: the file is the run's
+	default:
+	}
+	srv.Close() // released by Run already; a no-op then
+	if rerr := os.Remove(path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		return fmt.Errorf("%w (and removing the state file it created: %v)", err, rerr)
+	}
+	return err
+}
+
+func isTLSURL(u string) bool {
+	for _, p := range []string{"ssl://", "tls://", "mqtts://", "tcps://", "wss://"} {
+		if strings.HasPrefix(u, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// drainWait bounds how long exit_when_finished waits, with the embedded
+// broker, for the connected sites to acknowledge the end of the run.
+const drainWait = 30 * time.Second
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+func serve(ctx context.Context, srv *aggregator.Server, exitWhenFinished bool, stdout io.Writer) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if exitWhenFinished {
+		go func() {
+			select {
+			case <-srv.Finished():
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return srv.Run(ctx)
+}
+
+// rollbackState carries out --rollback before the daemon opens the file.
+func rollbackState(path, to string, log *slog.Logger) error {
+	var n uint64
+	if to != "last-good" {
+		v, err := strconv.ParseUint(to, 10, 64)
+		if err != nil || v == 0 {
+			return fmt.Errorf("--rollback %q: want a round number >= 1 or last-good", to)
+		}
+		n = v
+	}
+	res, runID, err := aggregator.Rollback(path, n, time.Now())
+	if err != nil {
+		return fmt.Errorf("--rollback: %w", err)
+	}
+	log.Warn("state file rolled back: the federation resumes from this round as a new run", "state", path, "round", res.Round,
+		"rounds_removed", res.Rounds, "z_removed", len(res.ZsRemoved), "copy", res.Backup, "run_id", runID)
+	return nil
+}
