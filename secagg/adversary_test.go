@@ -270,3 +270,23 @@ func TestStateRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestLowOrderKey: a site advertising a low-order X25519 key (every
+// agreement with it is zero) is turned away at round 0, before it can make
+// the other sites' ShareKeys fail.
+func TestLowOrderKey(t *testing.T) {
+	srv, err := NewServer(Config{Threshold: 2, Dim: 1}, []byte("s"))
+	must(t, err)
+	c, err := NewClient(Config{Threshold: 2, Dim: 1}, []byte("s"), "a", seeded(1))
+	must(t, err)
+	a := c.Advertise()
+	a.Keys.MaskKey = [KeySize]byte{} // the point of order 1
+	if err := srv.Receive(a); err == nil {
+		t.Fatal("a zero key accepted")
+	}
+	a.Keys.MaskKey = [KeySize]byte{0: 1} // u = 1, a point of order 4
+	if err := srv.Receive(a); err == nil {
+		t.Fatal("a low-order key accepted")
+	}
+	must(t, srv.Receive(c.Advertise()))
+}

@@ -73,6 +73,16 @@ func agree(priv *ecdh.PrivateKey, peer [KeySize]byte, session []byte, label stri
 	return derive(shared, session, label)
 }
 
+// checkPublicKey refuses a low-order X25519 public key: every agreement
+// with it gives the all-zero secret, which ecdh reports as an error. A site
+// advertising one would make every other site's ShareKeys fail, so the
+// server turns it away at round 0.
+func checkPublicKey(k [KeySize]byte) error {
+	probe := privateKey([KeySize]byte{9: 1, 31: 0x40})
+	_, err := agree(probe, k, nil, labelPairMask)
+	return err
+}
+
 // derive is HKDF-SHA256(secret, salt = session, info = label), 32 bytes.
 func derive(secret, session []byte, label string) ([KeySize]byte, error) {
 	var out [KeySize]byte

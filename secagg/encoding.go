@@ -134,6 +134,8 @@ func (r *reader) string(max uint64, what string) string {
 	return string(r.raw(r.count(1, max, what)))
 }
 
+func (r *reader) session() []byte { return r.bytes(maxSession, "session") }
+
 func (r *reader) id() string {
 	s := r.string(MaxIDLen, "site id")
 	if r.err == nil && s == "" {

@@ -97,6 +97,19 @@ func (s session) run(t testing.TB) outcome {
 			t.Logf("server refuses %v: %v", m.Kind(), err)
 		}
 	}
+	// answer lets site i handle the server message in (after tampering,
+	// if the session does) and delivers its answer.
+	answer := func(i int, in Message, step func() (Message, error)) {
+		if s.tamper != nil {
+			s.tamper(in)
+		}
+		m, err := step()
+		if err != nil {
+			o.siteErrs[i] = err
+			return
+		}
+		deliver(m)
+	}
 	advance := func() []Outgoing {
 		out, err := srv.Advance()
 		o.server = srv
@@ -138,15 +151,7 @@ func (s session) run(t testing.TB) outcome {
 		if !alive(i, 1) || index(kl.Sites, c.ID()) < 0 {
 			continue
 		}
-		if s.tamper != nil {
-			s.tamper(kl)
-		}
-		m, err := c.ShareKeys(kl, rnd)
-		if err != nil {
-			o.siteErrs[i] = err
-			continue
-		}
-		deliver(m)
+		answer(i, kl, func() (Message, error) { return c.ShareKeys(kl, rnd) })
 	}
 	out = advance()
 	persist()
@@ -160,15 +165,7 @@ func (s session) run(t testing.TB) outcome {
 			continue
 		}
 		sl := decodeAs[*ShareList](t, g.Msg)
-		if s.tamper != nil {
-			s.tamper(sl)
-		}
-		m, err := clients[i].MaskInput(sl, o.inputs[i])
-		if err != nil {
-			o.siteErrs[i] = err
-			continue
-		}
-		deliver(m)
+		answer(i, sl, func() (Message, error) { return clients[i].MaskInput(sl, o.inputs[i]) })
 	}
 	out = advance()
 	persist()
@@ -182,12 +179,7 @@ func (s session) run(t testing.TB) outcome {
 		if !alive(i, 3) {
 			continue
 		}
-		m, err := clients[i].Unmask(req)
-		if err != nil {
-			o.siteErrs[i] = err
-			continue
-		}
-		deliver(m)
+		answer(i, req, func() (Message, error) { return clients[i].Unmask(req) })
 	}
 	advance()
 	o.server = srv

@@ -55,8 +55,8 @@ type Message interface {
 	Kind() Kind
 	// SessionID returns the session the message belongs to.
 	SessionID() []byte
-	appendBody(b []byte) []byte
-	readBody(r *reader)
+	appendBody(b []byte) []byte // after the session, which Encode writes
+	readBody(r *reader)         // the session first
 }
 
 // PublicKeys is what a site advertises: its id, its X25519 key for the
@@ -205,32 +205,11 @@ func Decode(b []byte) (Message, error) {
 		return nil, fmt.Errorf("secagg: unknown message kind %d", body[5])
 	}
 	r := &reader{b: body[6:]}
-	session := r.bytes(maxSession, "session")
-	m.readBody(r)
+	m.readBody(r) // the session first, as Encode wrote it
 	if err := r.done(); err != nil {
 		return nil, fmt.Errorf("secagg: decode %v: %w", Kind(body[5]), err)
 	}
-	setSession(m, session)
 	return m, nil
-}
-
-func setSession(m Message, s []byte) {
-	switch m := m.(type) {
-	case *AdvertiseKeys:
-		m.Session = s
-	case *KeyList:
-		m.Session = s
-	case *ShareKeys:
-		m.Session = s
-	case *ShareList:
-		m.Session = s
-	case *MaskedInput:
-		m.Session = s
-	case *UnmaskRequest:
-		m.Session = s
-	case *UnmaskResponse:
-		m.Session = s
-	}
 }
 
 func appendKeys(b []byte, k PublicKeys) []byte {
@@ -269,7 +248,7 @@ func (r *reader) boxes() []EncryptedShare {
 }
 
 func (m *AdvertiseKeys) appendBody(b []byte) []byte { return appendKeys(b, m.Keys) }
-func (m *AdvertiseKeys) readBody(r *reader)         { m.Keys = r.publicKeys() }
+func (m *AdvertiseKeys) readBody(r *reader)         { m.Session, m.Keys = r.session(), r.publicKeys() }
 
 func (m *KeyList) appendBody(b []byte) []byte {
 	b = appendUvarint(b, uint64(len(m.Sites)))
@@ -280,6 +259,11 @@ func (m *KeyList) appendBody(b []byte) []byte {
 }
 
 func (m *KeyList) readBody(r *reader) {
+	m.Session = r.session()
+	m.readSites(r)
+}
+
+func (m *KeyList) readSites(r *reader) {
 	n := r.count(2+3*KeySize, 1<<20, "site")
 	m.Sites = make([]PublicKeys, 0, n)
 	for i := 0; i < n && r.err == nil; i++ {
@@ -292,18 +276,20 @@ func (m *KeyList) readBody(r *reader) {
 }
 
 func (m *ShareKeys) appendBody(b []byte) []byte { return appendBoxes(appendString(b, m.ID), m.Boxes) }
-func (m *ShareKeys) readBody(r *reader)         { m.ID, m.Boxes = r.id(), r.boxes() }
+func (m *ShareKeys) readBody(r *reader)         { m.Session, m.ID, m.Boxes = r.session(), r.id(), r.boxes() }
 
 func (m *ShareList) appendBody(b []byte) []byte { return appendBoxes(appendString(b, m.To), m.Boxes) }
-func (m *ShareList) readBody(r *reader)         { m.To, m.Boxes = r.id(), r.boxes() }
+func (m *ShareList) readBody(r *reader)         { m.Session, m.To, m.Boxes = r.session(), r.id(), r.boxes() }
 
 func (m *MaskedInput) appendBody(b []byte) []byte {
 	return appendVector(appendString(b, m.ID), m.Masked)
 }
-func (m *MaskedInput) readBody(r *reader) { m.ID, m.Masked = r.id(), r.vector() }
+func (m *MaskedInput) readBody(r *reader) {
+	m.Session, m.ID, m.Masked = r.session(), r.id(), r.vector()
+}
 
 func (m *UnmaskRequest) appendBody(b []byte) []byte { return appendStrings(b, m.Survivors) }
-func (m *UnmaskRequest) readBody(r *reader)         { m.Survivors = r.ids() }
+func (m *UnmaskRequest) readBody(r *reader)         { m.Session, m.Survivors = r.session(), r.ids() }
 
 func (m *UnmaskResponse) appendBody(b []byte) []byte {
 	b = appendString(b, m.ID)
@@ -316,7 +302,7 @@ func (m *UnmaskResponse) appendBody(b []byte) []byte {
 }
 
 func (m *UnmaskResponse) readBody(r *reader) {
-	m.ID = r.id()
+	m.Session, m.ID = r.session(), r.id()
 	n := r.count(3+ShareSize, 1<<20, "share")
 	m.Shares = make([]RevealedShare, 0, n)
 	for i := 0; i < n && r.err == nil; i++ {

@@ -117,6 +117,11 @@ func (s *Server) advert(m *AdvertiseKeys) error {
 		}
 		return fmt.Errorf("%w: site %s advertised other keys", ErrConflict, k.ID)
 	}
+	for _, pk := range [][KeySize]byte{k.EncKey, k.MaskKey} {
+		if err := checkPublicKey(pk); err != nil {
+			return fmt.Errorf("secagg: site %s advertises an unusable key: %w", k.ID, err)
+		}
+	}
 	for _, o := range s.keys {
 		if o.EncKey == k.EncKey || o.MaskKey == k.MaskKey || o.EncKey == k.MaskKey || o.MaskKey == k.EncKey {
 			return fmt.Errorf("%w: site %s advertises a key of site %s", ErrConflict, k.ID, o.ID)

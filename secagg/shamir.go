@@ -27,12 +27,6 @@ const SecretSize = 32
 
 var fieldP = new(big.Int).Add(new(big.Int).Lsh(big.NewInt(1), 256), big.NewInt(297))
 
-// share is one point (x, y) of a sharing polynomial.
-type share struct {
-	x uint32
-	y [ShareSize]byte
-}
-
 // splitSecret shares secret among the holders at xs (distinct, non-zero)
 // with threshold t: any t shares reconstruct it, t-1 reveal nothing. The
 // t-1 random coefficients come from rnd.

@@ -39,6 +39,12 @@ func appendKeyList(b []byte, keys []PublicKeys) []byte {
 	return (&KeyList{Sites: keys}).appendBody(b)
 }
 
+func (r *reader) keyList() []PublicKeys {
+	var kl KeyList
+	kl.readSites(r)
+	return kl.Sites
+}
+
 func appendBools(b []byte, v []bool) []byte {
 	b = appendUvarint(b, uint64(len(v)))
 	for _, x := range v {
@@ -113,11 +119,9 @@ func UnmarshalClient(b []byte) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{cfg: r.config(), session: r.bytes(maxSession, "session"), id: r.id(), phase: ClientPhase(r.byte1())}
+	c := &Client{cfg: r.config(), session: r.session(), id: r.id(), phase: ClientPhase(r.byte1())}
 	c.encPriv, c.maskPriv, c.seed = r.key(), r.key(), r.key()
-	var kl KeyList
-	kl.readBody(r)
-	c.keys = kl.Sites
+	c.keys = r.keyList()
 	n := r.count(2+2*ShareSize+1, 1<<20, "held share")
 	for i := 0; i < n && r.err == nil; i++ {
 		h := heldShare{of: r.id(), key: r.shareValue(), self: r.shareValue(), revealed: ShareKind(r.byte1())}
@@ -215,11 +219,9 @@ func UnmarshalServer(b []byte) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: r.config(), session: r.bytes(maxSession, "session"), phase: Phase(r.byte1())}
+	s := &Server{cfg: r.config(), session: r.session(), phase: Phase(r.byte1())}
 	s.reason = r.string(1<<16, "reason")
-	var kl KeyList
-	kl.readBody(r)
-	s.keys = kl.Sites
+	s.keys = r.keyList()
 	n := len(s.keys)
 	if m := r.count(1, uint64(n), "box list"); m > 0 {
 		s.boxes = make([][]EncryptedShare, m)
