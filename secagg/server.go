@@ -3,7 +3,6 @@ package secagg
 import (
 	"bytes"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"math/big"
 	"slices"
@@ -57,6 +56,7 @@ type Server struct {
 	inU3    []bool
 	sum     []uint32 // sum of masked inputs, then the result
 	resp    []*UnmaskResponse
+	nbr     [][]int // the graph of U1, computed on first use (not persisted)
 }
 
 // NewServer starts a session.
@@ -141,8 +141,13 @@ func (s *Server) site(id string) (int, error) {
 	return i, nil
 }
 
+// graph returns each site's neighbours in U1 (used from PhaseShareKeys on,
+// when U1 no longer changes).
 func (s *Server) graph() [][]int {
-	return neighbours(len(s.keys), s.cfg.Degree, s.cfg.GraphSeed, s.session)
+	if len(s.nbr) != len(s.keys) {
+		s.nbr = neighbours(len(s.keys), s.cfg.Degree, s.cfg.GraphSeed, s.session)
+	}
+	return s.nbr
 }
 
 func (s *Server) shareKeys(m *ShareKeys) error {
@@ -481,8 +486,6 @@ func (s *Server) unmask() error {
 	return nil
 }
 
-var errFewShares = errors.New("too few shares")
-
 // reconstruct combines the first t shares of site v's secret (self-mask
 // seed if v survived, mask key if not) that its holders revealed.
 func (s *Server) reconstruct(rc *reconstructor, v int, nbr []int) ([]byte, error) {
@@ -510,5 +513,5 @@ func (s *Server) reconstruct(rc *reconstructor, v int, nbr []int) ([]byte, error
 			return secret, nil
 		}
 	}
-	return nil, fmt.Errorf("%w: %d holders revealed a share of %s, threshold %d: %w", ErrTooFewSites, len(xs), id, s.cfg.Threshold, errFewShares)
+	return nil, fmt.Errorf("%w: %d holders revealed a share of %s, threshold %d", ErrTooFewSites, len(xs), id, s.cfg.Threshold)
 }
