@@ -246,13 +246,20 @@ func TestIdempotent(t *testing.T) {
 // unmarshals to the same bytes.
 func TestStateRoundTrip(t *testing.T) {
 	st := stage(t, 5, 2)
-	for _, c := range st.cls {
+	for i, c := range st.cls {
 		b, _ := c.MarshalBinary()
 		c2, err := UnmarshalClient(b)
 		must(t, err)
 		b2, _ := c2.MarshalBinary()
 		if !bytes.Equal(b, b2) {
 			t.Fatal("client state changes on a round trip")
+		}
+		want := KindMaskedInput
+		if i == 2 { // dropped before its masked input
+			want = KindShareKeys
+		}
+		if k := c2.Pending().Kind(); k != want {
+			t.Fatalf("site %d re-sends a %v, want %v", i, k, want)
 		}
 	}
 	b, _ := st.srv.MarshalBinary()
@@ -261,6 +268,11 @@ func TestStateRoundTrip(t *testing.T) {
 	b2, _ := s2.MarshalBinary()
 	if !bytes.Equal(b, b2) {
 		t.Fatal("server state changes on a round trip")
+	}
+	// A restarted server re-sends what opened its round.
+	p1, p2 := st.srv.Pending(), s2.Pending()
+	if len(p1) != 1 || len(p2) != 1 || !bytes.Equal(Encode(p1[0].Msg), Encode(st.req)) || !bytes.Equal(Encode(p2[0].Msg), Encode(st.req)) {
+		t.Fatal("Pending after a restart is not the UnmaskRequest")
 	}
 	for i := range b {
 		c := bytes.Clone(b)

@@ -90,6 +90,10 @@ func (c *Client) ID() string { return c.id }
 // Phase returns the last round the site has answered.
 func (c *Client) Phase() ClientPhase { return c.phase }
 
+// Pending returns the site's last answer (the message of the round it is
+// in), to re-send after a restart until the server acknowledges it.
+func (c *Client) Pending() Message { return mustDecode(c.out[c.phase]) }
+
 // Advertise returns round 0's message.
 func (c *Client) Advertise() *AdvertiseKeys { return mustDecode(c.out[0]).(*AdvertiseKeys) }
 

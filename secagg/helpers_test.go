@@ -1,10 +1,12 @@
 package secagg
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -40,7 +42,6 @@ type outcome struct {
 	siteErrs []error  // each site's first error
 	received [][]byte // every message the server received, encoded
 	states   [][]byte // the server's state after every step
-	sent     int      // bytes the server sent (one copy per recipient)
 }
 
 // run plays one session with real Client and Server values.
@@ -121,18 +122,19 @@ func (s session) run(t testing.TB) outcome {
 				t.Fatalf("server state: %v", err2)
 			}
 			o.server = srv
+			if err == nil {
+				// The restarted server re-sends exactly what Advance gave.
+				again := srv.Pending()
+				if !slices.EqualFunc(out, again, func(a, b Outgoing) bool {
+					return a.To == b.To && bytes.Equal(Encode(a.Msg), Encode(b.Msg))
+				}) {
+					t.Fatal("Pending after a restart differs from Advance's messages")
+				}
+			}
 		}
 		if err != nil {
 			o.err = err
 			return nil
-		}
-		for _, g := range out {
-			n := len(Encode(g.Msg))
-			if g.To == "" {
-				o.sent += n * s.k
-			} else {
-				o.sent += n
-			}
 		}
 		return out
 	}
