@@ -149,7 +149,7 @@ func (c *Client) ShareKeys(kl *KeyList, rnd io.Reader) (*ShareKeys, error) {
 	if me < 0 || kl.Sites[me] != c.Advertise().Keys {
 		return nil, fmt.Errorf("secagg: the key list does not carry site %s's advertised keys", c.id)
 	}
-	nbr := neighbours(len(kl.Sites), c.cfg.Degree, c.cfg.GraphSeed, c.session)[me]
+	nbr := newGraph(len(kl.Sites), c.cfg.Degree, c.cfg.GraphSeed, c.session).of(me)
 	holders := append(slices.Clone(nbr), me)
 	slices.Sort(holders)
 	xs := make([]uint32, len(holders))
@@ -203,6 +203,9 @@ func (c *Client) commit(r ClientPhase, in, out Message) {
 // already ensures it for received lists), no key used by two sites, and the
 // threshold rules.
 func checkKeyList(cfg Config, sites []PublicKeys) error {
+	if len(sites) > MaxSites {
+		return fmt.Errorf("secagg: %d sites in the key list, at most %d", len(sites), MaxSites)
+	}
 	seen := make(map[[KeySize]byte]bool, 2*len(sites))
 	for i, s := range sites {
 		if i > 0 && s.ID <= sites[i-1].ID {
@@ -236,7 +239,7 @@ func (c *Client) MaskInput(sl *ShareList, input []uint32) (*MaskedInput, error) 
 		return nil, fmt.Errorf("secagg: input of length %d, want %d", len(input), c.cfg.Dim)
 	}
 	me := index(c.keys, c.id)
-	nbr := neighbours(len(c.keys), c.cfg.Degree, c.cfg.GraphSeed, c.session)[me]
+	nbr := newGraph(len(c.keys), c.cfg.Degree, c.cfg.GraphSeed, c.session).of(me)
 	if len(sl.Boxes)+1 < c.cfg.Threshold {
 		return nil, fmt.Errorf("%w: %d neighbours sent shares, threshold %d", ErrTooFewSites, len(sl.Boxes), c.cfg.Threshold)
 	}

@@ -21,6 +21,10 @@ type Config struct {
 	Dim int
 }
 
+// MaxSites bounds the sites of one session (and so what a key list makes a
+// party allocate).
+const MaxSites = 1 << 14
+
 // MaxDim bounds Config.Dim.
 const MaxDim = 1 << 26
 

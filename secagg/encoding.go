@@ -169,7 +169,7 @@ func (r *reader) vector() []uint32 {
 
 // ids reads a strictly increasing list of site ids.
 func (r *reader) ids() []string {
-	n := r.count(2, 1<<20, "site")
+	n := r.count(2, MaxSites, "site")
 	out := make([]string, 0, n)
 	for i := 0; i < n && r.err == nil; i++ {
 		s := r.id()

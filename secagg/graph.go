@@ -7,31 +7,29 @@ import (
 	"slices"
 )
 
-// neighbours returns, for n sites (indices into the sorted key list), each
-// site's neighbours in increasing order. Degree 0, or a degree that is not
-// below n-1, gives the complete graph (Bonawitz et al. 2017). Otherwise
-// (SecAgg+, Bell et al. 2020) the sites are placed on a cycle in a random
-// order drawn from the public seed, and each is joined to the degree/2
-// sites on either side: a degree-regular circulant (Harary) graph under a
-// random labelling, the construction of Bell et al.'s Algorithm 2. The order
-// comes from AES-256-CTR keyed by HKDF(seed), so every party computes the
-// same graph whatever its Go version.
-func neighbours(n, degree int, seed [KeySize]byte, session []byte) [][]int {
-	out := make([][]int, n)
+// graph is the neighbour relation among the n sites of U1 (indices into the
+// sorted key list). Degree 0, or a degree that is not below n-1, gives the
+// complete graph (Bonawitz et al. 2017). Otherwise (SecAgg+, Bell et al.
+// 2020) the sites are placed on a cycle in a random order drawn from the
+// public seed, and each is joined to the degree/2 sites on either side: a
+// degree-regular circulant (Harary) graph under a random labelling, the
+// construction of Bell et al. The order comes from AES-256-CTR keyed by
+// HKDF(seed), so every party computes the same graph whatever its Go
+// version. It takes O(n) memory: rows are made on demand, so a party never
+// holds the n^2 edges of a complete graph.
+type graph struct {
+	n, half int   // half = degree/2; 0 for the complete graph
+	perm    []int // position -> site (sparse only)
+	pos     []int // site -> position (sparse only)
+}
+
+func newGraph(n, degree int, seed [KeySize]byte, session []byte) graph {
 	if degree == 0 || degree >= n-1 {
-		for i := range out {
-			out[i] = make([]int, 0, n-1)
-			for j := range n {
-				if j != i {
-					out[i] = append(out[i], j)
-				}
-			}
-		}
-		return out
+		return graph{n: n}
 	}
-	perm := make([]int, n)
-	for i := range perm {
-		perm[i] = i
+	g := graph{n: n, half: degree / 2, perm: make([]int, n), pos: make([]int, n)}
+	for i := range g.perm {
+		g.perm[i] = i
 	}
 	key, err := derive(seed[:], session, labelGraph)
 	if err != nil {
@@ -52,14 +50,30 @@ func neighbours(n, degree int, seed [KeySize]byte, session []byte) [][]int {
 	}
 	for i := n - 1; i > 0; i-- { // Fisher-Yates
 		j := int(next(uint64(i + 1)))
-		perm[i], perm[j] = perm[j], perm[i]
+		g.perm[i], g.perm[j] = g.perm[j], g.perm[i]
 	}
-	half := degree / 2
-	for pos, site := range perm {
-		for d := 1; d <= half; d++ {
-			out[site] = append(out[site], perm[(pos+d)%n], perm[(pos-d+n)%n])
+	for p, site := range g.perm {
+		g.pos[site] = p
+	}
+	return g
+}
+
+// of returns site i's neighbours in increasing order.
+func (g graph) of(i int) []int {
+	if g.half == 0 {
+		out := make([]int, 0, g.n-1)
+		for j := range g.n {
+			if j != i {
+				out = append(out, j)
+			}
 		}
-		slices.Sort(out[site])
+		return out
 	}
+	out := make([]int, 0, 2*g.half)
+	p := g.pos[i]
+	for d := 1; d <= g.half; d++ {
+		out = append(out, g.perm[(p+d)%g.n], g.perm[(p-d+g.n)%g.n])
+	}
+	slices.Sort(out)
 	return out
 }

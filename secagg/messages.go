@@ -232,7 +232,7 @@ func appendBoxes(b []byte, v []EncryptedShare) []byte {
 }
 
 func (r *reader) boxes() []EncryptedShare {
-	n := r.count(2+boxSize, 1<<20, "box")
+	n := r.count(2+boxSize, MaxSites, "box")
 	out := make([]EncryptedShare, 0, n)
 	for i := 0; i < n && r.err == nil; i++ {
 		e := EncryptedShare{Peer: r.id(), Box: r.bytes(boxSize, "box")}
@@ -264,7 +264,7 @@ func (m *KeyList) readBody(r *reader) {
 }
 
 func (m *KeyList) readSites(r *reader) {
-	n := r.count(2+3*KeySize, 1<<20, "site")
+	n := r.count(2+3*KeySize, MaxSites, "site")
 	m.Sites = make([]PublicKeys, 0, n)
 	for i := 0; i < n && r.err == nil; i++ {
 		k := r.publicKeys()
@@ -303,7 +303,7 @@ func (m *UnmaskResponse) appendBody(b []byte) []byte {
 
 func (m *UnmaskResponse) readBody(r *reader) {
 	m.Session, m.ID = r.session(), r.id()
-	n := r.count(3+ShareSize, 1<<20, "share")
+	n := r.count(3+ShareSize, MaxSites, "share")
 	m.Shares = make([]RevealedShare, 0, n)
 	for i := 0; i < n && r.err == nil; i++ {
 		s := RevealedShare{Of: r.id(), Kind: ShareKind(r.byte1()), Value: r.shareValue()}

@@ -196,6 +196,16 @@ func idsOf(k int) []string {
 	return out
 }
 
+// neighbours returns every row of the graph.
+func neighbours(n, degree int, seed [KeySize]byte, session []byte) [][]int {
+	g := newGraph(n, degree, seed, session)
+	out := make([][]int, n)
+	for i := range out {
+		out[i] = g.of(i)
+	}
+	return out
+}
+
 func TestGraphRegularSymmetric(t *testing.T) {
 	for _, tc := range []struct{ n, d int }{{10, 2}, {10, 4}, {100, 14}, {9, 8}, {5, 6}} {
 		g := neighbours(tc.n, tc.d, [32]byte{1}, []byte("s"))

@@ -56,7 +56,7 @@ type Server struct {
 	inU3    []bool
 	sum     []uint32 // sum of masked inputs, then the result
 	resp    []*UnmaskResponse
-	nbr     [][]int // the graph of U1, computed on first use (not persisted)
+	nbr     *graph // the graph of U1, made on first use (not persisted)
 }
 
 // NewServer starts a session.
@@ -127,6 +127,9 @@ func (s *Server) advert(m *AdvertiseKeys) error {
 			return fmt.Errorf("%w: site %s advertises a key of site %s", ErrConflict, k.ID, o.ID)
 		}
 	}
+	if len(s.keys) >= MaxSites {
+		return fmt.Errorf("secagg: more than %d sites", MaxSites)
+	}
 	i, _ := slices.BinarySearchFunc(s.keys, k.ID, func(a PublicKeys, id string) int { return cmpString(a.ID, id) })
 	s.keys = slices.Insert(s.keys, i, k)
 	return nil
@@ -143,11 +146,12 @@ func (s *Server) site(id string) (int, error) {
 
 // graph returns each site's neighbours in U1 (used from PhaseShareKeys on,
 // when U1 no longer changes).
-func (s *Server) graph() [][]int {
-	if len(s.nbr) != len(s.keys) {
-		s.nbr = neighbours(len(s.keys), s.cfg.Degree, s.cfg.GraphSeed, s.session)
+func (s *Server) graph() graph {
+	if s.nbr == nil || s.nbr.n != len(s.keys) {
+		g := newGraph(len(s.keys), s.cfg.Degree, s.cfg.GraphSeed, s.session)
+		s.nbr = &g
 	}
-	return s.nbr
+	return *s.nbr
 }
 
 func (s *Server) shareKeys(m *ShareKeys) error {
@@ -161,7 +165,7 @@ func (s *Server) shareKeys(m *ShareKeys) error {
 		}
 		return fmt.Errorf("%w: site %s sent other share boxes", ErrConflict, m.ID)
 	}
-	if err := s.checkBoxes(i, m.Boxes, s.graph()[i]); err != nil {
+	if err := s.checkBoxes(i, m.Boxes, s.graph().of(i)); err != nil {
 		return err
 	}
 	s.boxes[i] = slices.Clone(m.Boxes)
@@ -238,7 +242,7 @@ func (s *Server) unmaskResponse(m *UnmaskResponse) error {
 		}
 		return fmt.Errorf("%w: site %s sent another unmask response", ErrConflict, m.ID)
 	}
-	if err := s.checkResponse(i, m, s.graph()[i]); err != nil {
+	if err := s.checkResponse(i, m, s.graph().of(i)); err != nil {
 		return err
 	}
 	s.resp[i] = m
@@ -294,7 +298,7 @@ func (s *Server) Advance() ([]Outgoing, error) {
 		for changed := true; changed; {
 			changed = false
 			for i, in := range s.inU2 {
-				if in && 1+countIn(g[i], s.inU2) < s.cfg.Threshold {
+				if in && 1+countIn(g.of(i), s.inU2) < s.cfg.Threshold {
 					s.inU2[i], changed = false, true
 				}
 			}
@@ -365,7 +369,7 @@ func (s *Server) Pending() []Outgoing {
 				continue
 			}
 			sl := &ShareList{Session: s.session, To: s.keys[v].ID}
-			for _, u := range g[v] {
+			for _, u := range g.of(v) {
 				if !s.inU2[u] {
 					continue
 				}
@@ -447,10 +451,11 @@ func (s *Server) unmask() error {
 		if !s.inU2[v] {
 			continue
 		}
-		if !s.inU3[v] && countIn(g[v], s.inU3) == 0 {
+		nbr := g.of(v)
+		if !s.inU3[v] && countIn(nbr, s.inU3) == 0 {
 			continue // dropped, and no survivor masked with it
 		}
-		secret, err := s.reconstruct(rc, v, g[v])
+		secret, err := s.reconstruct(rc, v, nbr)
 		if err != nil {
 			return err
 		}
@@ -471,7 +476,7 @@ func (s *Server) unmask() error {
 		if [KeySize]byte(priv.PublicKey().Bytes()) != site.MaskKey {
 			return fmt.Errorf("%w: the mask key of dropped site %s does not match its advertised key", ErrTampered, site.ID)
 		}
-		for _, w := range g[v] {
+		for _, w := range nbr {
 			if !s.inU3[w] {
 				continue
 			}

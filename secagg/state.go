@@ -122,7 +122,7 @@ func UnmarshalClient(b []byte) (*Client, error) {
 	c := &Client{cfg: r.config(), session: r.session(), id: r.id(), phase: ClientPhase(r.byte1())}
 	c.encPriv, c.maskPriv, c.seed = r.key(), r.key(), r.key()
 	c.keys = r.keyList()
-	n := r.count(2+2*ShareSize+1, 1<<20, "held share")
+	n := r.count(2+2*ShareSize+1, MaxSites, "held share")
 	for i := 0; i < n && r.err == nil; i++ {
 		h := heldShare{of: r.id(), key: r.shareValue(), self: r.shareValue(), revealed: ShareKind(r.byte1())}
 		if h.revealed > ShareMaskKey || len(c.held) > 0 && h.of <= c.held[len(c.held)-1].of {
@@ -312,7 +312,7 @@ func (s *Server) check() error {
 	g := s.graph()
 	for i, bx := range s.boxes {
 		if bx != nil {
-			if err := s.checkBoxes(i, bx, g[i]); err != nil {
+			if err := s.checkBoxes(i, bx, g.of(i)); err != nil {
 				return err
 			}
 		}
@@ -329,7 +329,7 @@ func (s *Server) check() error {
 			if !s.inU3[i] {
 				return fmt.Errorf("a response from site %d outside U3", i)
 			}
-			if err := s.checkResponse(i, m, g[i]); err != nil {
+			if err := s.checkResponse(i, m, g.of(i)); err != nil {
 				return err
 			}
 		}
