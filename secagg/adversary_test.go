@@ -22,9 +22,17 @@ type staged struct {
 // UnmaskRequest; the sites in maskDrop send no masked input.
 func stage(t testing.TB, k int, maskDrop ...int) *staged {
 	t.Helper()
+	st, err := stageConfig(t, Config{Threshold: DefaultThreshold(k), Dim: 8}, k, maskDrop...)
+	must(t, err)
+	return st
+}
+
+// stageConfig is stage with a configuration; it returns the server's error
+// at the last Advance.
+func stageConfig(t testing.TB, cfg Config, k int, maskDrop ...int) (*staged, error) {
+	t.Helper()
 	rnd := seeded(11)
 	st := &staged{session: []byte("staged"), sls: make([]*ShareList, k)}
-	cfg := Config{Threshold: DefaultThreshold(k), Dim: 8}
 	var err error
 	if st.srv, err = NewServer(cfg, st.session); err != nil {
 		t.Fatal(err)
@@ -57,10 +65,11 @@ func stage(t testing.TB, k int, maskDrop ...int) *staged {
 		must(t, err)
 		must(t, st.srv.Receive(m))
 	}
-	out, err = st.srv.Advance()
-	must(t, err)
+	if out, err = st.srv.Advance(); err != nil {
+		return st, err
+	}
 	st.req = out[0].Msg.(*UnmaskRequest)
-	return st
+	return st, nil
 }
 
 func must(t testing.TB, err error) {
@@ -301,4 +310,31 @@ func TestLowOrderKey(t *testing.T) {
 		t.Fatal("a low-order key accepted")
 	}
 	must(t, srv.Receive(c.Advertise()))
+}
+
+// TestDisconnectedSurvivors: with a sparse graph, survivors that fall apart
+// into two parts would let the server learn each part's sum. The server
+// aborts (ErrTooFewSites) and a site asked anyway refuses (ErrPrivacy).
+func TestDisconnectedSurvivors(t *testing.T) {
+	cfg := Config{Threshold: 2, Degree: 2, GraphSeed: [32]byte{5}, Dim: 8}
+	g := newGraph(10, cfg.Degree, cfg.GraphSeed, []byte("staged"))
+	cut := []int{g.perm[2], g.perm[6]} // two cuts of the cycle
+	if _, err := stageConfig(t, cfg, 10, cut...); !errors.Is(err, ErrTooFewSites) {
+		t.Fatalf("server: %v", err)
+	}
+	st, err := stageConfig(t, cfg, 10)
+	must(t, err)
+	var surv []string
+	for i := range 10 {
+		if !slices.Contains(cut, i) {
+			surv = append(surv, siteID(i))
+		}
+	}
+	lie := &UnmaskRequest{Session: st.session, Survivors: surv}
+	if _, err := st.cls[g.perm[0]].Unmask(lie); !errors.Is(err, ErrPrivacy) {
+		t.Fatalf("site: %v", err)
+	}
+	if _, err := st.cls[g.perm[0]].Unmask(st.req); err != nil {
+		t.Fatalf("the connected survivors: %v", err)
+	}
 }

@@ -298,8 +298,10 @@ func pairSign(u, v string) int {
 // Unmask answers the UnmaskRequest (U3): for every site whose shares it
 // holds, the share of its self-mask seed if it is in U3, of its mask key if
 // not. It refuses (ErrPrivacy), before revealing anything, a request that
-// would reveal the other kind for a site than an earlier answer did, and a
-// request that does not list the site itself or lists fewer than t sites.
+// would reveal the other kind for a site than an earlier answer did, or
+// whose survivors do not form one connected part of the neighbour graph (the
+// server would learn partial sums); and a request that does not list the
+// site itself or lists fewer than t sites.
 func (c *Client) Unmask(req *UnmaskRequest) (*UnmaskResponse, error) {
 	if !bytes.Equal(req.Session, c.session) {
 		return nil, fmt.Errorf("%w: UnmaskRequest for another session", ErrPhase)
@@ -316,10 +318,16 @@ func (c *Client) Unmask(req *UnmaskRequest) (*UnmaskResponse, error) {
 	if len(req.Survivors) < c.cfg.Threshold {
 		return nil, fmt.Errorf("%w: %d survivors, threshold %d", ErrTooFewSites, len(req.Survivors), c.cfg.Threshold)
 	}
+	inU3 := make([]bool, len(c.keys))
 	for _, s := range req.Survivors {
-		if index(c.keys, s) < 0 {
+		i := index(c.keys, s)
+		if i < 0 {
 			return nil, fmt.Errorf("secagg: survivor %s never advertised keys", s)
 		}
+		inU3[i] = true
+	}
+	if !newGraph(len(c.keys), c.cfg.Degree, c.cfg.GraphSeed, c.session).connected(inU3) {
+		return nil, fmt.Errorf("%w: the survivors' mask graph is not connected, so the sum would reveal partial sums", ErrPrivacy)
 	}
 	kinds := make([]ShareKind, len(c.held))
 	for i, h := range c.held {

@@ -77,3 +77,41 @@ func (g graph) of(i int) []int {
 	slices.Sort(out)
 	return out
 }
+
+// connected reports whether the sites marked in form one connected part of
+// g. The masks of two survivors that are neighbours stay secret, so the
+// server learns the sum of each connected part of the survivors' graph: with
+// more than one part it would learn partial sums (with a lone survivor, its
+// input). The complete graph on two or more sites is always connected.
+func (g graph) connected(in []bool) bool {
+	start, total := -1, 0
+	for i, b := range in {
+		if b {
+			total++
+			if start < 0 {
+				start = i
+			}
+		}
+	}
+	if total == 0 {
+		return false
+	}
+	if g.half == 0 {
+		return total >= 2 || g.n == 1
+	}
+	seen := make([]bool, g.n)
+	seen[start] = true
+	queue, reached := []int{start}, 1
+	for len(queue) > 0 {
+		v := queue[0]
+		queue = queue[1:]
+		for _, w := range g.of(v) {
+			if in[w] && !seen[w] {
+				seen[w] = true
+				reached++
+				queue = append(queue, w)
+			}
+		}
+	}
+	return reached == total
+}

@@ -222,6 +222,28 @@ func TestGraphRegularSymmetric(t *testing.T) {
 			}
 		}
 	}
+	// Connectivity: a cycle (degree 2) cut in two places falls apart; the
+	// complete graph needs two survivors.
+	ring := newGraph(10, 2, [32]byte{3}, []byte("s"))
+	in := make([]bool, 10)
+	for i := range in {
+		in[i] = true
+	}
+	if !ring.connected(in) {
+		t.Fatal("the whole cycle is not connected")
+	}
+	in[ring.perm[2]], in[ring.perm[6]] = false, false
+	if ring.connected(in) {
+		t.Fatal("a cycle cut twice is connected")
+	}
+	in[ring.perm[6]] = true
+	if !ring.connected(in) {
+		t.Fatal("a cycle cut once is not connected")
+	}
+	full := newGraph(5, 0, [32]byte{}, nil)
+	if full.connected([]bool{false, true, false, false, false}) || !full.connected([]bool{false, true, true, false, false}) {
+		t.Fatal("complete graph connectivity")
+	}
 	a := neighbours(100, 14, [32]byte{1}, []byte("s"))
 	b := neighbours(100, 14, [32]byte{2}, []byte("s"))
 	if slices.EqualFunc(a, b, slices.Equal) {

@@ -317,6 +317,9 @@ func (s *Server) Advance() ([]Outgoing, error) {
 		if n := countTrue(s.inU3); n < s.cfg.Threshold {
 			return nil, s.abort(fmt.Errorf("%w: %d masked inputs, threshold %d", ErrTooFewSites, n, s.cfg.Threshold))
 		}
+		if !s.graph().connected(s.inU3) {
+			return nil, s.abort(fmt.Errorf("%w: the survivors' mask graph is not connected (unmasking would reveal partial sums)", ErrTooFewSites))
+		}
 		s.boxes, s.digests = nil, nil
 		s.resp = make([]*UnmaskResponse, len(s.keys))
 		s.phase = PhaseUnmask
