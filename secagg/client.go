@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sort"
 )
 
@@ -269,21 +270,11 @@ func (c *Client) MaskInput(sl *ShareList, input []uint32) (*MaskedInput, error) 
 		return nil, err
 	}
 	mk.apply(masked, sk, +1)
-	slices.SortFunc(held, func(a, b heldShare) int { return cmpString(a.of, b.of) })
+	slices.SortFunc(held, func(a, b heldShare) int { return strings.Compare(a.of, b.of) })
 	c.held = held
 	msg := &MaskedInput{Session: c.session, ID: c.id, Masked: masked}
 	c.commit(ClientMasked, sl, msg)
 	return msg, nil
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // pairSign is the sign with which site u adds the mask it shares with v:

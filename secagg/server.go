@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/big"
 	"slices"
+	"strings"
 )
 
 // Phase is the server's position in a session: the round whose messages it
@@ -130,7 +131,7 @@ func (s *Server) advert(m *AdvertiseKeys) error {
 	if len(s.keys) >= MaxSites {
 		return fmt.Errorf("secagg: more than %d sites", MaxSites)
 	}
-	i, _ := slices.BinarySearchFunc(s.keys, k.ID, func(a PublicKeys, id string) int { return cmpString(a.ID, id) })
+	i, _ := slices.BinarySearchFunc(s.keys, k.ID, func(a PublicKeys, id string) int { return strings.Compare(a.ID, id) })
 	s.keys = slices.Insert(s.keys, i, k)
 	return nil
 }
@@ -224,7 +225,7 @@ func (s *Server) expected(i int, nbr []int) []RevealedShare {
 		}
 		out = append(out, RevealedShare{Of: s.keys[j].ID, Kind: k})
 	}
-	slices.SortFunc(out, func(a, b RevealedShare) int { return cmpString(a.Of, b.Of) })
+	slices.SortFunc(out, func(a, b RevealedShare) int { return strings.Compare(a.Of, b.Of) })
 	return out
 }
 
@@ -376,7 +377,7 @@ func (s *Server) Pending() []Outgoing {
 				if !s.inU2[u] {
 					continue
 				}
-				k, _ := slices.BinarySearchFunc(s.boxes[u], sl.To, func(e EncryptedShare, id string) int { return cmpString(e.Peer, id) })
+				k, _ := slices.BinarySearchFunc(s.boxes[u], sl.To, func(e EncryptedShare, id string) int { return strings.Compare(e.Peer, id) })
 				sl.Boxes = append(sl.Boxes, EncryptedShare{Peer: s.keys[u].ID, Box: s.boxes[u][k].Box})
 			}
 			out = append(out, Outgoing{To: sl.To, Msg: sl})
@@ -507,7 +508,7 @@ func (s *Server) reconstruct(rc *reconstructor, v int, nbr []int) ([]byte, error
 		if r == nil {
 			continue
 		}
-		k, ok := slices.BinarySearchFunc(r.Shares, id, func(e RevealedShare, id string) int { return cmpString(e.Of, id) })
+		k, ok := slices.BinarySearchFunc(r.Shares, id, func(e RevealedShare, id string) int { return strings.Compare(e.Of, id) })
 		if !ok {
 			continue
 		}
