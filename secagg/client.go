@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 	"sort"
+	"strings"
 )
 
 // ClientPhase is how far a site has gone in one session.
