@@ -1,0 +1,12 @@
+//go:build !linux
+
+package secagg
+
+import "time"
+
+var start = time.Now()
+
+// threadCPU falls back to wall time off Linux.
+func threadCPU() time.Duration { return time.Since(start) }
+
+func lockThread() func() { return func() {} }
