@@ -6,7 +6,6 @@ import (
 	"errors"
 	"log/slog"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -15,8 +14,9 @@ import (
 
 	"github.com/edgefl/edgefl/agent"
 	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/broker"
 	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/testkit"
+	"github.com/edgefl/edgefl/internal/testkit/fedbroker"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/split"
@@ -78,43 +78,28 @@ func testSimMatchesLive(t *testing.T, algo, codec string) {
 	}
 
 	// The same federation live.
-	// The daemons log to a file (safe from their goroutines, even after
+	// The daemons log to a buffer (safe from their goroutines, even after
 	// the test), shown when the test fails.
-	logPath := filepath.Join(t.TempDir(), "federation.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var logs testkit.SyncBuffer
 	t.Cleanup(func() {
 		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("the live federation's log:\n%s", b)
+			t.Logf("the live federation's log:\n%s", logs.String())
 		}
-		logFile.Close()
 	})
-	log := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	const fedName = "simlive"
-	topics, err := wire.ForFederation(fedName)
-	if err != nil {
-		t.Fatal(err)
+	ids := make([]string, len(fed.Clients))
+	for i, c := range fed.Clients {
+		ids[i] = c.ID
 	}
-	users := map[string]string{"aggregator": "agg-pw"}
-	for _, c := range fed.Clients {
-		users[c.ID] = "pw-" + c.ID
-	}
-	brk, err := broker.Start(broker.Config{Addr: "127.0.0.1:0", Prefix: topics.Prefix(), Users: users,
-		Superusers: []string{"aggregator"}, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer brk.Close()
+	brk := fedbroker.Start(t, fedName, log, nil, ids...)
 
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	state := filepath.Join(t.TempDir(), "agg.db")
 	var mu sync.Mutex
 	liveGlobal := map[int][]float64{}
 	srv, err := aggregator.NewServer(aggregator.ServerConfig{
-		Federation: fedName, BrokerURL: brk.URL(), Username: "aggregator", Password: users["aggregator"],
+		Federation: fedName, BrokerURL: brk.URL(), Username: fedbroker.Aggregator, Password: fedbroker.AggregatorPassword,
 		K: len(fed.Clients), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
 		Algorithm: algo,
 		Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs,
@@ -148,7 +133,7 @@ func testSimMatchesLive(t *testing.T, algo, codec string) {
 	for _, c := range fed.Clients {
 		ac := agent.DefaultConfig()
 		ac.SiteID, ac.Federation, ac.Brokers = c.ID, fedName, []string{brk.URL()}
-		ac.Username, ac.Password = c.ID, users[c.ID]
+		ac.Username, ac.Password = c.ID, fedbroker.Password(c.ID)
 		ac.StateFile = filepath.Join(t.TempDir(), "edge.db")
 		ac.ReconnectMin, ac.ReconnectMax = 50*time.Millisecond, time.Second
 		data := c.Train

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/broker"
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/pki"
 )
 
@@ -34,7 +35,7 @@ func TestConsoleGuards(t *testing.T) {
 	os.WriteFile(conf, []byte(baseRunConf(dir)+"log_format = json\n"), 0o600)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testkit.SyncBuffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"run", "--config", conf, "--metrics-addr", "127.0.0.1:0",

@@ -17,6 +17,7 @@ import (
 
 	"github.com/edgefl/edgefl/broker"
 	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/internal/testkit"
 )
 
 const demoSchemaJSON = `{"task": "binary",
@@ -207,7 +208,7 @@ func TestRunExitWhenFinishedDeliversTheBundle(t *testing.T) {
 		filepath.Join(dir, "aggregator.db"), addr, passwd, schemaPath)), 0o600)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testkit.SyncBuffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, []string{"run", "--config", conf}, &stdout, &stderr) }()
 

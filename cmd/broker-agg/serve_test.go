@@ -20,12 +20,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/edgefl/edgefl/aggregator"
 	"github.com/edgefl/edgefl/broker"
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/storage"
 )
@@ -230,24 +230,6 @@ func TestRunStateFileChecks(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestRunServesAndStopsCleanly: `run` comes up (embedded broker, metrics on
 // a port of its choosing), `status --addr` reads the live daemon, a
 // canceled context (SIGINT/SIGTERM in main) stops it with exit 0 and
@@ -258,7 +240,7 @@ func TestRunServesAndStopsCleanly(t *testing.T) {
 	os.WriteFile(conf, []byte(baseRunConf(dir)+"per_round = 2\nlog_format = json\n"), 0o600)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testkit.SyncBuffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"run", "--config", conf, "--metrics-addr", "127.0.0.1:0"}, &stdout, &stderr)

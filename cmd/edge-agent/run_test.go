@@ -5,20 +5,16 @@ import (
 	"context"
 	"flag"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
 
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/wire"
 )
@@ -188,49 +184,11 @@ func TestRunBadInput(t *testing.T) {
 	}
 }
 
-// allowAll lets every client connect, publish and subscribe.
-type allowAll struct{ mochi.HookBase }
-
-func (*allowAll) ID() string { return "allow-all" }
-func (*allowAll) Provides(b byte) bool {
-	return b == mochi.OnConnectAuthenticate || b == mochi.OnACLCheck
-}
-func (*allowAll) OnConnectAuthenticate(*mochi.Client, packets.Packet) bool { return true }
-func (*allowAll) OnACLCheck(*mochi.Client, string, bool) bool              { return true }
-
-// syncBuffer is a bytes.Buffer safe for the agent's and the test's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestRunDaemon runs `edge-agent run --config FILE` against an in-process
 // broker: it comes online with its CSV data, and on cancellation (what
 // SIGINT/SIGTERM do through main's context) goes offline and exits 0.
 func TestRunDaemon(t *testing.T) {
-	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	srv.AddHook(new(allowAll), nil)
-	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
-	if err := srv.AddListener(tcp); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Serve(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	url := "tcp://" + tcp.Address()
+	_, url := testkit.StartBroker(t)
 
 	topics, _ := wire.ForFederation("ward")
 	statusTopic, _ := topics.Status("clinic-1")
@@ -276,7 +234,7 @@ func TestRunDaemon(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stderr syncBuffer
+	var stderr testkit.SyncBuffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"run", "--config", conf, "--broker", url, "--log-level", "debug"}, io.Discard, &stderr)
