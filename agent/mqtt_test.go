@@ -546,7 +546,7 @@ func TestAgentWithMosquitto(t *testing.T) {
 	l.Close()
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "mosquitto.conf")
-	os.WriteFile(conf, []byte(fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\n", port)), 0o644)
+	testkit.WriteFile(t, conf, fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\n", port))
 	cmd := exec.Command(bin, "-c", conf)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
@@ -555,7 +555,7 @@ func TestAgentWithMosquitto(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		cmd.Process.Kill()
-		cmd.Wait()
+		_ = cmd.Wait() // its exit status only says it was killed
 		if t.Failed() {
 			t.Logf("mosquitto:\n%s", logs.String())
 		}

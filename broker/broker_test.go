@@ -71,7 +71,7 @@ func TestPasswordFile(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := filepath.Join(t.TempDir(), "passwd")
-			os.WriteFile(p, []byte(tt.content), 0o600)
+			testkit.WriteFile(t, p, tt.content)
 			users, err := ReadPasswordFile(p)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.Is(err, ErrPasswordFile) {

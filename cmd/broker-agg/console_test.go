@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -32,7 +31,7 @@ func TestConsoleGuards(t *testing.T) {
 		t.Fatal(err)
 	}
 	conf := filepath.Join(dir, "config")
-	os.WriteFile(conf, []byte(baseRunConf(dir)+"log_format = json\n"), 0o600)
+	testkit.WriteFile(t, conf, baseRunConf(dir)+"log_format = json\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stdout, stderr testkit.SyncBuffer
@@ -84,9 +83,9 @@ func TestConsoleGuards(t *testing.T) {
 		if err != nil {
 			return 0, err
 		}
-		io.Copy(io.Discard, resp.Body)
+		_, err = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		return resp.StatusCode, nil
+		return resp.StatusCode, err
 	}
 	op, site := client("operator"), client("site-a")
 	for _, tt := range []struct {

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/internal/testkit"
 )
 
 // Bad input gets a one-line error naming the flag or file, a non-zero exit
@@ -19,13 +20,13 @@ import (
 func TestSimulateBadInput(t *testing.T) {
 	dir := t.TempDir()
 	ragged := filepath.Join(dir, "ragged.csv")
-	os.WriteFile(ragged, []byte("a,b,label\n1,2,0\n3,1\n"), 0o644)
+	testkit.WriteFile(t, ragged, "a,b,label\n1,2,0\n3,1\n")
 	nan := filepath.Join(dir, "nan.csv")
-	os.WriteFile(nan, []byte("a,b,label\n1,NaN,0\n3,1,1\n"), 0o644)
+	testkit.WriteFile(t, nan, "a,b,label\n1,NaN,0\n3,1,1\n")
 	small := filepath.Join(dir, "small.csv")
-	os.WriteFile(small, []byte("a,b,label\n1,2,0\n3,1,1\n2,2,1\n"), 0o644)
+	testkit.WriteFile(t, small, "a,b,label\n1,2,0\n3,1,1\n2,2,1\n")
 	labels := filepath.Join(dir, "labels.csv")
-	os.WriteFile(labels, []byte("a,b,label\n1,2,0\n3,1,-1\n"), 0o644)
+	testkit.WriteFile(t, labels, "a,b,label\n1,2,0\n3,1,-1\n")
 	tests := []struct {
 		name string
 		args []string
@@ -124,8 +125,8 @@ func TestSimulateAggFlag(t *testing.T) {
 func TestSimulateSchema(t *testing.T) {
 	dir := t.TempDir()
 	schemaFile := filepath.Join(dir, "schema.json")
-	os.WriteFile(schemaFile, []byte(`{"task": "binary", "features": [{"name": "a", "type": "numeric"}, {"name": "k", "type": "categorical"}],
-		"label": {"column": "y", "classes": [{"name": "no", "values": ["N"]}, {"name": "yes", "values": ["Y"]}]}, "min_site_samples": 5, "holdout": 0.3}`), 0o644)
+	testkit.WriteFile(t, schemaFile, `{"task": "binary", "features": [{"name": "a", "type": "numeric"}, {"name": "k", "type": "categorical"}],
+		"label": {"column": "y", "classes": [{"name": "no", "values": ["N"]}, {"name": "yes", "values": ["Y"]}]}, "min_site_samples": 5, "holdout": 0.3}`)
 	var b strings.Builder
 	b.WriteString("k,site,y,a,note\n")
 	for i := range 120 {
@@ -136,7 +137,7 @@ func TestSimulateSchema(t *testing.T) {
 		fmt.Fprintf(&b, "%s,s%d,%s,%d,x\n", []string{"p", "q", "NA"}[i%3], i%3, y, (i*37)%23)
 	}
 	data := filepath.Join(dir, "all.csv")
-	os.WriteFile(data, []byte(b.String()), 0o644)
+	testkit.WriteFile(t, data, b.String())
 	out := t.TempDir()
 	bundleFile := filepath.Join(out, "final.bundle.json")
 	var stdout, stderr bytes.Buffer
@@ -188,7 +189,7 @@ func TestSimulateSchema(t *testing.T) {
 	}
 
 	bad := filepath.Join(dir, "bad.csv")
-	os.WriteFile(bad, []byte("site,a,k,y\ns0,1,p,N\ns1,?,p,Y\ns1,1e999,q,N\n"), 0o644)
+	testkit.WriteFile(t, bad, "site,a,k,y\ns0,1,p,N\ns1,?,p,Y\ns1,1e999,q,N\n")
 	for _, c := range []struct {
 		args []string
 		want string

@@ -209,7 +209,7 @@ func TestRunStateFileChecks(t *testing.T) {
 	}
 	srv.Close()
 	conf := filepath.Join(dir, "config")
-	os.WriteFile(conf, []byte(baseRunConf(dir)), 0o600)
+	testkit.WriteFile(t, conf, baseRunConf(dir))
 	code, _, stderr := runCLI(t, "run", "--config", conf)
 	if code != 1 || !strings.Contains(lastLine(stderr), `belongs to federation "other"`) || !strings.Contains(lastLine(stderr), "use another --state-file") {
 		t.Errorf("another federation's state file: exit %d, %s", code, lastLine(stderr))
@@ -237,7 +237,7 @@ func TestRunStateFileChecks(t *testing.T) {
 func TestRunServesAndStopsCleanly(t *testing.T) {
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "config")
-	os.WriteFile(conf, []byte(baseRunConf(dir)+"per_round = 2\nlog_format = json\n"), 0o600)
+	testkit.WriteFile(t, conf, baseRunConf(dir)+"per_round = 2\nlog_format = json\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stdout, stderr testkit.SyncBuffer
@@ -528,7 +528,7 @@ func withStdin(t *testing.T, s string, fn func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { io.WriteString(w, s); w.Close() }()
+	go func() { _, _ = io.WriteString(w, s); w.Close() }() // fn reads it, or fails on its absence
 	old := os.Stdin
 	os.Stdin = r
 	defer func() { os.Stdin = old; r.Close() }()

@@ -137,7 +137,7 @@ func TestConfigFileAndFlags(t *testing.T) {
 func TestPasswordFile(t *testing.T) {
 	dir := t.TempDir()
 	pw := filepath.Join(dir, "pw")
-	os.WriteFile(pw, []byte("s3cret\n"), 0o600)
+	testkit.WriteFile(t, pw, "s3cret\n")
 	fs := newFlagSet()
 	flags := addOptionFlags(fs)
 	args := []string{"--site-id", "s", "--federation", "f", "--broker", "tcp://a:1", "--state-file", "x.db", "--username", "u", "--password-file", pw}
@@ -153,9 +153,9 @@ func TestPasswordFile(t *testing.T) {
 func TestRunBadInput(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.conf")
-	os.WriteFile(bad, []byte("site_id = s\nfrobnicate = 1\n"), 0o600)
+	testkit.WriteFile(t, bad, "site_id = s\nfrobnicate = 1\n")
 	noData := filepath.Join(dir, "nodata.conf")
-	os.WriteFile(noData, []byte("site_id = s\nfederation = f\nbroker = tcp://127.0.0.1:1\nstate_file = "+filepath.Join(dir, "s.db")+"\ndata = csv:"+filepath.Join(dir, "none.csv")+":label=y\n"), 0o600)
+	testkit.WriteFile(t, noData, "site_id = s\nfederation = f\nbroker = tcp://127.0.0.1:1\nstate_file = "+filepath.Join(dir, "s.db")+"\ndata = csv:"+filepath.Join(dir, "none.csv")+":label=y\n")
 	tests := []struct {
 		name string
 		args []string
@@ -226,11 +226,11 @@ func TestRunDaemon(t *testing.T) {
 
 	dir := t.TempDir()
 	csv := filepath.Join(dir, "clinic.csv")
-	os.WriteFile(csv, []byte("age,bp,y\n50,120,0\n61,140,1\n45,118,0\n70,150,1\n"), 0o600)
+	testkit.WriteFile(t, csv, "age,bp,y\n50,120,0\n61,140,1\n45,118,0\n70,150,1\n")
 	conf := filepath.Join(dir, "agent.conf")
 	state := filepath.Join(dir, "state.db")
-	os.WriteFile(conf, []byte("site_id = clinic-1\nfederation = ward\nbroker = tcp://127.0.0.1:1\n"+
-		"state_file = "+state+"\ndata = csv:"+csv+":label=y\nsolver = lbfgs\n"), 0o600)
+	testkit.WriteFile(t, conf, "site_id = clinic-1\nfederation = ward\nbroker = tcp://127.0.0.1:1\n"+
+		"state_file = "+state+"\ndata = csv:"+csv+":label=y\nsolver = lbfgs\n")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

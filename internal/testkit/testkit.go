@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -92,5 +93,15 @@ func (s *SyncBuffer) Lines(sub string) []string {
 			out = append(out, line)
 		}
 		text = rest
+	}
+}
+
+// WriteFile writes data to path, readable by the owner only (as the
+// daemons' configuration and key files must be), and fails the test if it
+// cannot. A file another user must read is written with os.WriteFile.
+func WriteFile(t testing.TB, path, data string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
 	}
 }

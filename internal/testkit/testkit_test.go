@@ -23,7 +23,9 @@ func TestLoggerAfterTest(t *testing.T) {
 
 func TestSyncBufferLines(t *testing.T) {
 	var b SyncBuffer
-	b.Write([]byte("a x\nb\nc x\npartial x"))
+	if _, err := b.Write([]byte("a x\nb\nc x\npartial x")); err != nil {
+		t.Fatal(err)
+	}
 	if got, want := b.Lines("x"), []string{"a x", "c x"}; !slices.Equal(got, want) {
 		t.Errorf("Lines(x) = %q, want %q", got, want)
 	}
