@@ -545,8 +545,7 @@ func TestAgentWithMosquitto(t *testing.T) {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	dir := t.TempDir()
-	conf := filepath.Join(dir, "mosquitto.conf")
-	testkit.WriteFile(t, conf, fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\n", port))
+	conf := testkit.WriteFileIn(t, dir, "mosquitto.conf", fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\n", port))
 	cmd := exec.Command(bin, "-c", conf)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs

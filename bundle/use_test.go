@@ -34,8 +34,7 @@ func TestPredictAndEvaluateCSV(t *testing.T) {
 		t.Fatalf("%v %+v", err, r)
 	}
 	// A CSV lacking a feature column: the training error, nothing written.
-	bad := filepath.Join(dir, "bad.csv")
-	testkit.WriteFile(t, bad, "kind,grade\na,1\n")
+	bad := testkit.WriteFileIn(t, dir, "bad.csv", "kind,grade\na,1\n")
 	out2 := filepath.Join(dir, "pred2.csv")
 	if _, err := b.PredictCSV(bad, out2, nil); err == nil || !strings.Contains(err.Error(), `missing column "size"`) {
 		t.Fatalf("err %v", err)

@@ -32,19 +32,34 @@ if [ -n "$unformatted" ]; then
   exit 1
 fi
 
-# golangci-lint (pinned, built from the Go module proxy once into
-# GOPATH/bin when missing, as staticcheck was before it) runs the linters of
-# .golangci.yml: staticcheck (the same v0.8.2 checks), errcheck, ineffassign,
-# unused, misspell and gofmt. Building it takes about 3 CPU-minutes once;
-# linting the tree about 1 (CONTRIBUTING.md, "Linters").
+# The linters. .golangci.yml's set (staticcheck, errcheck, ineffassign,
+# unused, misspell, gofmt) runs through golangci-lint when the pinned
+# version is installed in GOPATH/bin; GOLANGCI_INSTALL=1 builds it from the
+# Go module proxy when missing. It is not built by default: that takes
+# 4.5-7 CPU-minutes, over 4 minutes of wall time on the 2-core VM
+# (CONTRIBUTING.md, "Linters"). Without it, staticcheck alone (the same
+# v0.8.2 checks; pinned, built once when missing) is the gate.
 golangci_version=v2.15.0
 gl="$(go env GOPATH)/bin/golangci-lint"
-if ! "$gl" version 2>/dev/null | grep -q "version ${golangci_version#v} "; then
+have_golangci() { "$gl" version 2>/dev/null | grep -q "version ${golangci_version#v} "; }
+if ! have_golangci && [ "${GOLANGCI_INSTALL:-0}" = 1 ]; then
   echo "installing golangci-lint $golangci_version"
   go install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$golangci_version"
 fi
-echo "== golangci-lint"
-"$gl" run ./...
+if have_golangci; then
+  echo "== golangci-lint"
+  "$gl" run ./...
+else
+  echo "golangci-lint $golangci_version not installed (GOLANGCI_INSTALL=1 builds it): staticcheck alone"
+  staticcheck_version=v0.8.2
+  sc="$(go env GOPATH)/bin/staticcheck"
+  if ! "$sc" -version 2>/dev/null | grep -q "${staticcheck_version#v}"; then
+    echo "installing staticcheck $staticcheck_version"
+    go install "honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
+  fi
+  echo "== staticcheck"
+  "$sc" ./...
+fi
 
 # The gateways include 32-bit armv7: everything must at least build there
 # (integer widths, untyped constants).

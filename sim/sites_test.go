@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/evaluate"
 	"github.com/edgefl/edgefl/internal/testkit"
@@ -105,14 +104,7 @@ func schemaConfig(t *testing.T, dir, algos string) Config {
 	c.Schema, c.Dataset, c.Partition, c.SiteColumn = filepath.Join(dir, "schema.json"), "csv:"+filepath.Join(dir, "all.csv"), "natural", "site"
 	c.Clients, c.PerRound, c.Rounds, c.EvalEvery = 0, 0, 7, 3
 	c.L2 = 0.01
-	c.Local.Step = 5
-	c.Workers = 2
-	var err error
-	c.Algos, err = ParseAlgos(algos, c.Local, func(n string) bool { return slices.Contains(aggregate.Names(), n) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return withAlgos(t, c, algos)
 }
 
 // A --schema run computes what the daemons compute: the sites read from
@@ -253,14 +245,10 @@ func TestSchemaRunIIDPartition(t *testing.T) {
 
 func TestSchemaRunBadInput(t *testing.T) {
 	dir, _ := testSites(t)
-	bad := filepath.Join(dir, "bad.csv")
-	testkit.WriteFile(t, bad, "site,size,colour,age,y\na,1,red,30,Y\nb,2,red,forty,N\n")
-	miss := filepath.Join(dir, "miss.csv")
-	testkit.WriteFile(t, miss, "site,size,age,y\na,1,30,Y\n")
-	few := filepath.Join(dir, "few.csv")
-	testkit.WriteFile(t, few, "site,size,colour,age,y\na,1,red,30,Y\na,2,red,40,N\nb,1,red,30,Y\n")
-	label := filepath.Join(dir, "label.csv")
-	testkit.WriteFile(t, label, "site,size,colour,age,y\na,1,red,30,maybe\n")
+	bad := testkit.WriteFileIn(t, dir, "bad.csv", "site,size,colour,age,y\na,1,red,30,Y\nb,2,red,forty,N\n")
+	miss := testkit.WriteFileIn(t, dir, "miss.csv", "site,size,age,y\na,1,30,Y\n")
+	few := testkit.WriteFileIn(t, dir, "few.csv", "site,size,colour,age,y\na,1,red,30,Y\na,2,red,40,N\nb,1,red,30,Y\n")
+	label := testkit.WriteFileIn(t, dir, "label.csv", "site,size,colour,age,y\na,1,red,30,maybe\n")
 	cases := []struct {
 		name string
 		edit func(*Config)

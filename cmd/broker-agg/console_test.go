@@ -30,8 +30,7 @@ func TestConsoleGuards(t *testing.T) {
 	if err := broker.SetPassword(pw, "operator", "right horse battery", 1000); err != nil {
 		t.Fatal(err)
 	}
-	conf := filepath.Join(dir, "config")
-	testkit.WriteFile(t, conf, baseRunConf(dir)+"log_format = json\n")
+	conf := testkit.WriteFileIn(t, dir, "config", baseRunConf(dir)+"log_format = json\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stdout, stderr testkit.SyncBuffer

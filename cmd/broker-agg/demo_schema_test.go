@@ -51,12 +51,8 @@ func demoCSV(t *testing.T, dir string) (schemaPath, csvPath string) {
 		fmt.Fprintf(&b, "%s,%s,%s,%s,%.3f\n", sites[k], ward, ageCell, y, dose)
 	}
 	schemaPath, csvPath = filepath.Join(dir, "schema.json"), filepath.Join(dir, "all.csv")
-	if err := os.WriteFile(schemaPath, []byte(demoSchemaJSON), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(csvPath, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, schemaPath, demoSchemaJSON)
+	testkit.WriteFile(t, csvPath, b.String())
 	return schemaPath, csvPath
 }
 
@@ -158,8 +154,7 @@ func TestDemoSchemaRefusals(t *testing.T) {
 
 func TestWriteSiteCSVs(t *testing.T) {
 	dir := t.TempDir()
-	src := filepath.Join(dir, "all.csv")
-	testkit.WriteFile(t, src, "x,\"y, quoted\",site\n1,0,b\n2,\"a,b\",a\n3,0,b\n")
+	src := testkit.WriteFileIn(t, dir, "all.csv", "x,\"y, quoted\",site\n1,0,b\n2,\"a,b\",a\n3,0,b\n")
 	files, err := writeSiteCSVs(src, [][]int{{1}, {0, 2}}, []string{"a", "b"}, dir)
 	if err != nil {
 		t.Fatal(err)

@@ -19,14 +19,10 @@ import (
 // and never a panic.
 func TestSimulateBadInput(t *testing.T) {
 	dir := t.TempDir()
-	ragged := filepath.Join(dir, "ragged.csv")
-	testkit.WriteFile(t, ragged, "a,b,label\n1,2,0\n3,1\n")
-	nan := filepath.Join(dir, "nan.csv")
-	testkit.WriteFile(t, nan, "a,b,label\n1,NaN,0\n3,1,1\n")
-	small := filepath.Join(dir, "small.csv")
-	testkit.WriteFile(t, small, "a,b,label\n1,2,0\n3,1,1\n2,2,1\n")
-	labels := filepath.Join(dir, "labels.csv")
-	testkit.WriteFile(t, labels, "a,b,label\n1,2,0\n3,1,-1\n")
+	ragged := testkit.WriteFileIn(t, dir, "ragged.csv", "a,b,label\n1,2,0\n3,1\n")
+	nan := testkit.WriteFileIn(t, dir, "nan.csv", "a,b,label\n1,NaN,0\n3,1,1\n")
+	small := testkit.WriteFileIn(t, dir, "small.csv", "a,b,label\n1,2,0\n3,1,1\n2,2,1\n")
+	labels := testkit.WriteFileIn(t, dir, "labels.csv", "a,b,label\n1,2,0\n3,1,-1\n")
 	tests := []struct {
 		name string
 		args []string
@@ -136,8 +132,7 @@ func TestSimulateSchema(t *testing.T) {
 		}
 		fmt.Fprintf(&b, "%s,s%d,%s,%d,x\n", []string{"p", "q", "NA"}[i%3], i%3, y, (i*37)%23)
 	}
-	data := filepath.Join(dir, "all.csv")
-	testkit.WriteFile(t, data, b.String())
+	data := testkit.WriteFileIn(t, dir, "all.csv", b.String())
 	out := t.TempDir()
 	bundleFile := filepath.Join(out, "final.bundle.json")
 	var stdout, stderr bytes.Buffer
@@ -188,8 +183,7 @@ func TestSimulateSchema(t *testing.T) {
 		t.Fatalf("bundle: %v %+v", err, bu)
 	}
 
-	bad := filepath.Join(dir, "bad.csv")
-	testkit.WriteFile(t, bad, "site,a,k,y\ns0,1,p,N\ns1,?,p,Y\ns1,1e999,q,N\n")
+	bad := testkit.WriteFileIn(t, dir, "bad.csv", "site,a,k,y\ns0,1,p,N\ns1,?,p,Y\ns1,1e999,q,N\n")
 	for _, c := range []struct {
 		args []string
 		want string

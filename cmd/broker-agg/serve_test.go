@@ -120,9 +120,7 @@ func TestRunFlagAndConfigErrors(t *testing.T) {
 			args := []string{"run"}
 			if tt.conf != "" {
 				conf := filepath.Join(t.TempDir(), "config")
-				if err := os.WriteFile(conf, []byte(tt.conf), 0o600); err != nil {
-					t.Fatal(err)
-				}
+				testkit.WriteFile(t, conf, tt.conf)
 				args = append(args, "--config", conf)
 			}
 			args = append(args, tt.args...)
@@ -208,8 +206,7 @@ func TestRunStateFileChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Close()
-	conf := filepath.Join(dir, "config")
-	testkit.WriteFile(t, conf, baseRunConf(dir))
+	conf := testkit.WriteFileIn(t, dir, "config", baseRunConf(dir))
 	code, _, stderr := runCLI(t, "run", "--config", conf)
 	if code != 1 || !strings.Contains(lastLine(stderr), `belongs to federation "other"`) || !strings.Contains(lastLine(stderr), "use another --state-file") {
 		t.Errorf("another federation's state file: exit %d, %s", code, lastLine(stderr))
@@ -236,8 +233,7 @@ func TestRunStateFileChecks(t *testing.T) {
 // releases the state file, which `status --state` then reads.
 func TestRunServesAndStopsCleanly(t *testing.T) {
 	dir := t.TempDir()
-	conf := filepath.Join(dir, "config")
-	testkit.WriteFile(t, conf, baseRunConf(dir)+"per_round = 2\nlog_format = json\n")
+	conf := testkit.WriteFileIn(t, dir, "config", baseRunConf(dir)+"per_round = 2\nlog_format = json\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stdout, stderr testkit.SyncBuffer

@@ -35,15 +35,11 @@ func writeSite(t *testing.T, n int, data string) (conf, csv string) {
 		}
 		fmt.Fprintf(&b, "row%d,%d,%.4f,%.4f,%.4f,%s\n", i, y, a, bb, c, colors[i%3])
 	}
-	if err := os.WriteFile(csv, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, csv, b.String())
 	conf = filepath.Join(dir, "edge-agent.conf")
 	text := fmt.Sprintf("site_id = site-a\nfederation = f\nbroker = tcp://127.0.0.1:1\npassword_file = %s\ndata = %s\nstate_file = %s\n",
 		filepath.Join(dir, "no-such-password"), fmt.Sprintf(data, csv), filepath.Join(dir, "state", "edge.db"))
-	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, conf, text)
 	return conf, csv
 }
 

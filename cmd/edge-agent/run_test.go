@@ -109,9 +109,7 @@ func TestConfigFileAndFlags(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			path := filepath.Join(dir, "agent.conf")
-			if err := os.WriteFile(path, []byte(tt.file), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			testkit.WriteFile(t, path, tt.file)
 			fs := newFlagSet()
 			flags := addOptionFlags(fs)
 			if err := fs.Parse(tt.flags); err != nil {
@@ -136,8 +134,7 @@ func TestConfigFileAndFlags(t *testing.T) {
 
 func TestPasswordFile(t *testing.T) {
 	dir := t.TempDir()
-	pw := filepath.Join(dir, "pw")
-	testkit.WriteFile(t, pw, "s3cret\n")
+	pw := testkit.WriteFileIn(t, dir, "pw", "s3cret\n")
 	fs := newFlagSet()
 	flags := addOptionFlags(fs)
 	args := []string{"--site-id", "s", "--federation", "f", "--broker", "tcp://a:1", "--state-file", "x.db", "--username", "u", "--password-file", pw}
@@ -152,10 +149,8 @@ func TestPasswordFile(t *testing.T) {
 
 func TestRunBadInput(t *testing.T) {
 	dir := t.TempDir()
-	bad := filepath.Join(dir, "bad.conf")
-	testkit.WriteFile(t, bad, "site_id = s\nfrobnicate = 1\n")
-	noData := filepath.Join(dir, "nodata.conf")
-	testkit.WriteFile(t, noData, "site_id = s\nfederation = f\nbroker = tcp://127.0.0.1:1\nstate_file = "+filepath.Join(dir, "s.db")+"\ndata = csv:"+filepath.Join(dir, "none.csv")+":label=y\n")
+	bad := testkit.WriteFileIn(t, dir, "bad.conf", "site_id = s\nfrobnicate = 1\n")
+	noData := testkit.WriteFileIn(t, dir, "nodata.conf", "site_id = s\nfederation = f\nbroker = tcp://127.0.0.1:1\nstate_file = "+filepath.Join(dir, "s.db")+"\ndata = csv:"+filepath.Join(dir, "none.csv")+":label=y\n")
 	tests := []struct {
 		name string
 		args []string
@@ -225,8 +220,7 @@ func TestRunDaemon(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	csv := filepath.Join(dir, "clinic.csv")
-	testkit.WriteFile(t, csv, "age,bp,y\n50,120,0\n61,140,1\n45,118,0\n70,150,1\n")
+	csv := testkit.WriteFileIn(t, dir, "clinic.csv", "age,bp,y\n50,120,0\n61,140,1\n45,118,0\n70,150,1\n")
 	conf := filepath.Join(dir, "agent.conf")
 	state := filepath.Join(dir, "state.db")
 	testkit.WriteFile(t, conf, "site_id = clinic-1\nfederation = ward\nbroker = tcp://127.0.0.1:1\n"+

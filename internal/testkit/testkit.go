@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -104,4 +105,13 @@ func WriteFile(t testing.TB, path, data string) {
 	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// WriteFileIn writes data to the file name in dir as WriteFile does, and
+// returns its path.
+func WriteFileIn(t testing.TB, dir, name, data string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	WriteFile(t, path, data)
+	return path
 }
