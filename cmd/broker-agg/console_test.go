@@ -40,24 +40,7 @@ func TestConsoleGuards(t *testing.T) {
 			"--console-tls-cert", filepath.Join(pdir, "server.crt"), "--console-tls-key", filepath.Join(pdir, "server.key"),
 			"--console-client-ca", filepath.Join(pdir, "ca.crt"), "--console-password-file", pw}, &stdout, &stderr)
 	}()
-	re := regexp.MustCompile(`"msg":"console at https://([0-9.:]+)/"`)
-	var addr string
-	deadline := time.Now().Add(20 * time.Second)
-	for addr == "" {
-		if m := re.FindStringSubmatch(stderr.String()); m != nil {
-			addr = m[1]
-			break
-		}
-		select {
-		case code := <-done:
-			t.Fatalf("run exited %d:\n%s", code, stderr.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no console address logged:\n%s", stderr.String())
-		}
-		time.Sleep(10 * time.Millisecond) // polling the log under the deadline above
-	}
+	addr := loggedAddr(t, &stderr, done, "https")
 	client := func(id string) *http.Client {
 		pool, err := pki.LoadCertPool(filepath.Join(pdir, "ca.crt"))
 		if err != nil {

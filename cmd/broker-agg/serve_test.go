@@ -27,6 +27,7 @@ import (
 	"github.com/edgefl/edgefl/broker"
 	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/schema"
 	"github.com/edgefl/edgefl/storage"
 )
 
@@ -200,12 +201,7 @@ func newDiscardLogger() *slog.Logger {
 func TestRunStateFileChecks(t *testing.T) {
 	dir := t.TempDir()
 	state := filepath.Join(dir, "state.db")
-	srv, err := aggregator.NewServer(aggregator.ServerConfig{Federation: "other", BrokerURL: "tcp://127.0.0.1:1", K: 1,
-		Model: model.Spec{Kind: model.KindLogReg, Inputs: 4, Classes: 2}, StatePath: state})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Close()
+	stateFile(t, state, "other", nil)
 	conf := testkit.WriteFileIn(t, dir, "config", baseRunConf(dir))
 	code, _, stderr := runCLI(t, "run", "--config", conf)
 	if code != 1 || !strings.Contains(lastLine(stderr), `belongs to federation "other"`) || !strings.Contains(lastLine(stderr), "use another --state-file") {
@@ -227,6 +223,45 @@ func TestRunStateFileChecks(t *testing.T) {
 	}
 }
 
+// loggedAddr waits (20 s at most) for `run`, started with its stderr
+// in stderr and its exit code to come on done, to log the console's
+// address on scheme (the metrics address), and returns it.
+func loggedAddr(t *testing.T, stderr *testkit.SyncBuffer, done <-chan int, scheme string) string {
+	t.Helper()
+	re := regexp.MustCompile(`"msg":"console at ` + scheme + `://([0-9.:]+)/"`)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if m := re.FindStringSubmatch(stderr.String()); m != nil {
+			return m[1]
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("run exited %d:\n%s", code, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no console address logged:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond) // polling the log under the deadline above
+	}
+}
+
+// stateFile creates an aggregator state file at path for federation
+// (logistic regression, 4 inputs; with a schema when sc is not nil).
+func stateFile(t *testing.T, path, federation string, sc *schema.Schema) {
+	t.Helper()
+	spec := model.Spec{Kind: model.KindLogReg, Inputs: 4, Classes: 2}
+	if sc != nil {
+		spec = model.Spec{Kind: model.KindLogReg}
+	}
+	srv, err := aggregator.NewServer(aggregator.ServerConfig{Federation: federation, BrokerURL: "tcp://127.0.0.1:1", K: 1,
+		Model: spec, Schema: sc, StatePath: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+}
+
 // TestRunServesAndStopsCleanly: `run` comes up (embedded broker, metrics on
 // a port of its choosing), `status --addr` reads the live daemon, a
 // canceled context (SIGINT/SIGTERM in main) stops it with exit 0 and
@@ -243,24 +278,8 @@ func TestRunServesAndStopsCleanly(t *testing.T) {
 	}()
 
 	// The metrics address is in the log.
-	re := regexp.MustCompile(`"msg":"console at http://([0-9.:]+)/"`)
-	var addr string
+	addr := loggedAddr(t, &stderr, done, "http")
 	deadline := time.Now().Add(20 * time.Second)
-	for addr == "" {
-		if m := re.FindStringSubmatch(stderr.String()); m != nil {
-			addr = m[1]
-			break
-		}
-		select {
-		case code := <-done:
-			t.Fatalf("run exited %d:\n%s", code, stderr.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no metrics address logged:\n%s", stderr.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 	for {
 		resp, err := http.Get("http://" + addr + "/healthz")
 		if err == nil {
