@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/sitedata"
 	"github.com/edgefl/edgefl/wire"
 )
@@ -113,7 +114,7 @@ func (f *fakeAgg) quiet(t *testing.T) {
 // re-sends them, byte for byte, until the aggregator's STATISTICS receipt;
 // its status then reports its training rows.
 func TestAgentStatisticsResentUntilReceipted(t *testing.T) {
-	_, url := startBroker(t)
+	_, url := testkit.StartBroker(t)
 	agg := newFakeAgg(t, url)
 	f := newFedFixture(t, 80)
 	ra := startFedAgent(t, url, filepath.Join(t.TempDir(), "edge.db"), f.csv, nil)
@@ -164,7 +165,7 @@ func TestAgentStatisticsResentUntilReceipted(t *testing.T) {
 // with a message naming file and column and no data value, no statistics
 // go out; once the file is fixed the next announcement clears it.
 func TestAgentSiteErrorStatus(t *testing.T) {
-	_, url := startBroker(t)
+	_, url := testkit.StartBroker(t)
 	agg := newFakeAgg(t, url)
 	f := newFedFixture(t, 60)
 	broken := filepath.Join(t.TempDir(), "site.csv")
@@ -229,7 +230,7 @@ func TestAgentSiteErrorStatus(t *testing.T) {
 // model on its held-out rows and sends the EvalReport of eval_round,
 // figures equal to sitedata.Evaluate, re-sent until its EVALUATION receipt.
 func TestAgentEvaluatesWhenNotSelected(t *testing.T) {
-	_, url := startBroker(t)
+	_, url := testkit.StartBroker(t)
 	agg := newFakeAgg(t, url)
 	f := newFedFixture(t, 100)
 	ra := startFedAgent(t, url, filepath.Join(t.TempDir(), "edge.db"), f.csv, nil)
@@ -271,7 +272,7 @@ func TestAgentEvaluatesWhenNotSelected(t *testing.T) {
 // finished run are ignored and nothing more is published, also after a
 // restart; another run's announcement wakes the site up.
 func TestAgentFinishedRun(t *testing.T) {
-	srv, url := startBroker(t)
+	srv, url := testkit.StartBroker(t)
 	agg := newFakeAgg(t, url)
 	f := newFedFixture(t, 80)
 	dir := t.TempDir()
@@ -364,7 +365,7 @@ func TestAgentFinishedRun(t *testing.T) {
 // (bad_transform), nothing written, and the site is not finished: the
 // aggregator's next, correct bundle is taken.
 func TestAgentRefusesTamperedBundle(t *testing.T) {
-	_, url := startBroker(t)
+	_, url := testkit.StartBroker(t)
 	agg := newFakeAgg(t, url)
 	f := newFedFixture(t, 60)
 	state := filepath.Join(t.TempDir(), "edge.db")

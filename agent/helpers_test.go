@@ -4,16 +4,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
-	"log/slog"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/quant"
@@ -141,7 +140,7 @@ func newHandler(t testing.TB) (*RoundHandler, string) {
 	}
 	return &RoundHandler{
 		ClientID: testSite, Federation: testFed, Store: s, Data: testData(1, 90),
-		Clock: clock.NewFake(t0), Seed: 3, Log: testLogger(t),
+		Clock: clock.NewFake(t0), Seed: 3, Log: testkit.Logger(t),
 	}, path
 }
 
@@ -203,17 +202,4 @@ func f32(x []float64) []float64 {
 		out[i] = float64(float32(v))
 	}
 	return out
-}
-
-// testLogger sends the log to t.Log.
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(b []byte) (int, error) {
-	w.t.Helper()
-	w.t.Log(strings.TrimRight(string(b), "\n"))
-	return len(b), nil
 }

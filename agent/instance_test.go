@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/wire"
 )
 
@@ -24,7 +25,7 @@ func onlineAfter(f *fakeAgg, prev *wire.ClientStatus) *wire.ClientStatus {
 // the instance id of its state file: the same after a restart, another for
 // another state file (a cloned gateway) and after --reset-state.
 func TestAgentInstanceID(t *testing.T) {
-	_, url := startBroker(t)
+	_, url := testkit.StartBroker(t)
 	agg := newFakeAgg(t, url)
 	dir := t.TempDir()
 	state := filepath.Join(dir, "edge.db")

@@ -10,14 +10,14 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/broker"
 	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/testkit"
+	"github.com/edgefl/edgefl/internal/testkit/fedbroker"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/schema"
 	"github.com/edgefl/edgefl/sitedata"
-	"github.com/edgefl/edgefl/wire"
 )
 
 // TestFederationWithSchemaEndToEnd runs the whole issue 11 path in one
@@ -35,28 +35,18 @@ func TestFederationWithSchemaEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids := []string{"site-a", "site-b", "site-c"}
-	users := map[string]string{"aggregator": "agg-pw"}
-	for _, id := range ids {
-		users[id] = "pw-" + id
-	}
-	topics, _ := wire.ForFederation(testFed)
-	brk, err := broker.Start(broker.Config{Addr: "127.0.0.1:0", Prefix: topics.Prefix(), Users: users,
-		Superusers: []string{"aggregator"}, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { brk.Close() })
+	brk := fedbroker.Start(t, testFed, testkit.Logger(t), nil, ids...)
 
 	aggDir := t.TempDir()
 	const rounds = 3
 	cfg := aggregator.ServerConfig{
-		Federation: testFed, BrokerURL: brk.URL(), Username: "aggregator", Password: "agg-pw",
+		Federation: testFed, BrokerURL: brk.URL(), Username: fedbroker.Aggregator, Password: fedbroker.AggregatorPassword,
 		K: len(ids), QuorumFraction: 1, RoundTimeout: time.Minute, Rounds: rounds, Seed: 7,
 		Algorithm: AlgoFedProx, Model: model.Spec{Kind: model.KindLogReg, L2: 0.01},
 		Params:    aggregator.Params{Solver: proxsolver.LBFGS, Mu: 0.01, Gamma: 1e-6, MaxEpochs: 50},
 		StatePath: filepath.Join(aggDir, "state.db"), FinalModel: filepath.Join(aggDir, "final.bundle.json"),
 		Schema: s, EvalEvery: 1, Version: "test",
-		Clock: clock.NewFake(t0), Logger: testLogger(t),
+		Clock: clock.NewFake(t0), Logger: testkit.Logger(t),
 	}
 	srv, err := aggregator.NewServer(cfg)
 	if err != nil {
@@ -98,7 +88,7 @@ func TestFederationWithSchemaEndToEnd(t *testing.T) {
 			}
 		}
 		st.ra = startFedAgentID(t, id, brk.URL(), filepath.Join(dir, "edge.db"), st.csv, func(c *Config) {
-			c.Username, c.Password, c.ModelOut, c.EvalData = id, users[id], st.out, st.eval
+			c.Username, c.Password, c.ModelOut, c.EvalData = id, fedbroker.Password(id), st.out, st.eval
 		})
 		sites = append(sites, st)
 	}

@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -16,11 +14,9 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/wire"
 )
@@ -28,34 +24,6 @@ import (
 // guard bounds every wait of these tests: a failure detector, never a way
 // of timing anything (every wait is on a channel).
 const guard = 20 * time.Second
-
-// startBroker runs mochi-mqtt in-process on a random loopback port.
-func startBroker(t *testing.T) (*mochi.Server, string) {
-	t.Helper()
-	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err := srv.AddHook(new(allowAll), nil); err != nil {
-		t.Fatal(err)
-	}
-	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
-	if err := srv.AddListener(tcp); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Serve(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return srv, "tcp://" + tcp.Address()
-}
-
-// allowAll lets every client connect, publish and subscribe.
-type allowAll struct{ mochi.HookBase }
-
-func (*allowAll) ID() string { return "allow-all" }
-func (*allowAll) Provides(b byte) bool {
-	return b == mochi.OnConnectAuthenticate || b == mochi.OnACLCheck
-}
-func (*allowAll) OnConnectAuthenticate(*mochi.Client, packets.Packet) bool { return true }
-func (*allowAll) OnACLCheck(*mochi.Client, string, bool) bool              { return true }
 
 func await(t *testing.T, tok mqtt.Token) {
 	t.Helper()
@@ -213,7 +181,7 @@ func runAgent(t *testing.T, cfg Config, data *model.Data) *runningAgent {
 	t.Helper()
 	ra := &runningAgent{clk: clock.NewFake(t0), events: make(chan Event, 1000), errc: make(chan error, 1)}
 	a, err := New(cfg, Deps{
-		Clock: ra.clk, Logger: testLogger(t), Data: data,
+		Clock: ra.clk, Logger: testkit.Logger(t), Data: data,
 		Observe: func(e Event) {
 			select {
 			case ra.events <- e:
@@ -295,7 +263,7 @@ func receiptOf(round uint64) func(Event) bool {
 }
 
 func TestAgentThreeRoundsOverMQTT(t *testing.T) {
-	_, url := startBroker(t)
+	_, url := testkit.StartBroker(t)
 	agg := newFakeAgg(t, url)
 	state := filepath.Join(t.TempDir(), "edge.db")
 	data := testData(2, 60)
@@ -359,7 +327,7 @@ func TestAgentThreeRoundsOverMQTT(t *testing.T) {
 }
 
 func TestAgentResendsAfterReconnectAndRestart(t *testing.T) {
-	srv, url := startBroker(t)
+	srv, url := testkit.StartBroker(t)
 	agg := newFakeAgg(t, url)
 	state := filepath.Join(t.TempDir(), "edge.db")
 	data := testData(3, 60)
@@ -423,7 +391,7 @@ func TestAgentResendsAfterReconnectAndRestart(t *testing.T) {
 }
 
 func TestAgentDropsBadMessages(t *testing.T) {
-	_, url := startBroker(t)
+	_, url := testkit.StartBroker(t)
 	agg := newFakeAgg(t, url)
 	state := filepath.Join(t.TempDir(), "edge.db")
 	ra := startAgent(t, url, state, testData(4, 60))
@@ -504,7 +472,7 @@ func TestAgentDropsBadMessages(t *testing.T) {
 }
 
 func TestAgentPreemptsOnNewerRound(t *testing.T) {
-	_, url := startBroker(t)
+	_, url := testkit.StartBroker(t)
 	agg := newFakeAgg(t, url)
 	state := filepath.Join(t.TempDir(), "edge.db")
 	ra := startAgent(t, url, state, testData(5, 60))
@@ -539,7 +507,7 @@ func TestAgentPreemptsOnNewerRound(t *testing.T) {
 // TestAgentsInOneProcess is what broker-agg demo does: several agents in one
 // process, each with its own state file and its data passed in directly.
 func TestAgentsInOneProcess(t *testing.T) {
-	_, url := startBroker(t)
+	_, url := testkit.StartBroker(t)
 	agg := newFakeAgg(t, url)
 	ids := []string{"site-a", "site-b", "site-c"}
 	agents := map[string]*runningAgent{}
@@ -600,8 +568,7 @@ func TestAgentWithMosquitto(t *testing.T) {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	dir := t.TempDir()
-	conf := filepath.Join(dir, "mosquitto.conf")
-	os.WriteFile(conf, []byte(fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\n", port)), 0o644)
+	conf := testkit.WriteFileIn(t, dir, "mosquitto.conf", fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\n", port))
 	cmd := exec.Command(bin, "-c", conf)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
@@ -610,7 +577,7 @@ func TestAgentWithMosquitto(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		cmd.Process.Kill()
-		cmd.Wait()
+		_ = cmd.Wait() // its exit status only says it was killed
 		if t.Failed() {
 			t.Logf("mosquitto:\n%s", logs.String())
 		}
@@ -643,7 +610,7 @@ func TestAgentWithMosquitto(t *testing.T) {
 // may retry") keeps the update and re-sends it after a backoff, without
 // waiting for a reconnection or a re-announcement.
 func TestAgentRetriesAfterInternalReceipt(t *testing.T) {
-	_, url := startBroker(t)
+	_, url := testkit.StartBroker(t)
 	agg := newFakeAgg(t, url)
 	state := filepath.Join(t.TempDir(), "edge.db")
 	ra := startAgent(t, url, state, testData(7, 60))
@@ -680,7 +647,7 @@ func TestAgentRetriesAfterInternalReceipt(t *testing.T) {
 // drops, and the next connection (also after a restart over the same state
 // file) a larger number, so the aggregator can set a late will aside.
 func TestAgentNumbersConnections(t *testing.T) {
-	srv, url := startBroker(t)
+	srv, url := testkit.StartBroker(t)
 	agg := newFakeAgg(t, url)
 	state := filepath.Join(t.TempDir(), "edge.db")
 	data := testData(3, 60)

@@ -151,18 +151,7 @@ func TestCosineWeightsScaleInvariant(t *testing.T) {
 			g := randVec(rng, 12, 0.3, 1)
 			ups := randUpdates(rng, g, 7, 0.8, 1)
 			_, base := aggregate(t, a, g, ups)
-			sg := append([]float64(nil), g...)
-			for i := range sg {
-				sg[i] *= c
-			}
-			sups := make([]Update, len(ups))
-			for k, u := range ups {
-				sups[k] = u
-				sups[k].Params = append([]float64(nil), u.Params...)
-				for i := range sups[k].Params {
-					sups[k].Params[i] *= c
-				}
-			}
+			sg, sups := scaleAll(c, g, ups)
 			_, scaled := aggregate(t, a, sg, sups)
 			if e := maxRelDiff(base.Weights, scaled.Weights); e > 1e-13 {
 				t.Errorf("%s, x%g: weights change by %g", a.Name(), c, e)

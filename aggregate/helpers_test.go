@@ -45,6 +45,24 @@ func constUpdates(m int, p, g []float64) []Update {
 	return ups
 }
 
+// scaleAll returns c*g and the updates with c times their parameters
+// (copies; the inputs are left alone).
+func scaleAll(c float64, g []float64, ups []Update) ([]float64, []Update) {
+	scale := func(v []float64) []float64 {
+		out := make([]float64, len(v))
+		for i := range v {
+			out[i] = c * v[i]
+		}
+		return out
+	}
+	sups := make([]Update, len(ups))
+	for k, u := range ups {
+		sups[k] = u
+		sups[k].Params = scale(u.Params)
+	}
+	return scale(g), sups
+}
+
 func fill(d int, v float64) []float64 {
 	s := make([]float64, d)
 	for i := range s {

@@ -34,8 +34,12 @@ func TestFedAvgCap(t *testing.T) {
 	}
 	honest := ups[:4]
 	a, b := make([]float64, 1), make([]float64, 1)
-	(FedAvg{}).Aggregate(x, honest, a)
-	agg.Aggregate(x, honest, b)
+	if _, err := (FedAvg{}).Aggregate(x, honest, a); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agg.Aggregate(x, honest, b); err != nil {
+		t.Fatal(err)
+	}
 	if math.Float64bits(a[0]) != math.Float64bits(b[0]) {
 		t.Fatalf("cap changed an honest round: %v vs %v", a, b)
 	}

@@ -337,18 +337,7 @@ func TestSimProxCosineScaleInvariance(t *testing.T) {
 			cfg.On = on
 			a, _ := NewSimProx(cfg)
 			base := a.terms(g, ups)
-			sg := append([]float64(nil), g...)
-			for i := range sg {
-				sg[i] *= c
-			}
-			sups := make([]Update, len(ups))
-			for k, u := range ups {
-				sups[k] = u
-				sups[k].Params = append([]float64(nil), u.Params...)
-				for i := range sups[k].Params {
-					sups[k].Params[i] *= c
-				}
-			}
+			sg, sups := scaleAll(c, g, ups)
 			sc := a.terms(sg, sups)
 			if e := maxRelDiff(base.cos, sc.cos); e > 1e-12 {
 				t.Errorf("%v, x%g: cosines change by %g", on, c, e)

@@ -1,35 +1,16 @@
 package aggregator
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/wire"
 )
-
-// lockedBuffer is a bytes.Buffer for a logger and a reader.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func instStatus(site, inst string, online bool, conn uint64, at time.Time) *wire.ClientStatus {
 	st := &wire.ClientStatus{ClientId: site, Online: online, SampleCount: 10, Connection: conn, InstanceId: inst}
@@ -47,7 +28,7 @@ func instStatus(site, inst string, online bool, conn uint64, at time.Time) *wire
 // takes the site over, and the first one's updates are set aside in turn.
 func TestDuplicateInstanceSetAside(t *testing.T) {
 	f := newFixture(t)
-	var logs lockedBuffer
+	var logs testkit.SyncBuffer
 	cfg := f.config()
 	cfg.K, cfg.Logger = 2, slog.New(slog.NewTextHandler(&logs, nil))
 	r := f.start(cfg)

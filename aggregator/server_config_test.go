@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/model"
 )
 
@@ -21,7 +22,7 @@ func TestValidate(t *testing.T) {
 		return ServerConfig{
 			Federation: testFed, BrokerURL: "tcp://127.0.0.1:1", K: 3, QuorumFraction: 1, RoundTimeout: time.Minute,
 			Seed: 7, Algorithm: AlgoFedAvg, Model: testModel, StatePath: filepath.Join(dir, "state.db"),
-			Logger: testLogger(t), Params: Params{Solver: "sgd", LR: 0.1, MaxEpochs: 1, Gamma: 0.5},
+			Logger: testkit.Logger(t), Params: Params{Solver: "sgd", LR: 0.1, MaxEpochs: 1, Gamma: 0.5},
 		}
 	}
 	for _, tc := range []struct {

@@ -2,7 +2,6 @@ package aggregator
 
 import (
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -179,7 +178,6 @@ func TestConsoleHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Errorf("no guard configured: /status %d", resp.StatusCode)

@@ -5,11 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
-	"log/slog"
 	"math"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +14,8 @@ import (
 
 	"github.com/edgefl/edgefl/broker"
 	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/testkit"
+	"github.com/edgefl/edgefl/internal/testkit/fedbroker"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/quant"
 	"github.com/edgefl/edgefl/wire"
@@ -36,29 +35,6 @@ var testModel = model.Spec{Kind: model.KindLogReg, Inputs: 2, Classes: 2} // 6 p
 
 var start0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
-type tWriter struct {
-	mu   sync.Mutex
-	t    *testing.T
-	done bool
-}
-
-func (w *tWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-// testLogger logs through t.Log until the test ends (paho goroutines may
-// outlive it by a moment).
-func testLogger(t *testing.T) *slog.Logger {
-	w := &tWriter{t: t}
-	t.Cleanup(func() { w.mu.Lock(); w.done = true; w.mu.Unlock() })
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
 type fixture struct {
 	t     *testing.T
 	dir   string
@@ -70,26 +46,16 @@ var siteIDs = []string{"site-a", "site-b", "site-c", "site-d", "site-x", "inject
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	users := map[string]string{"aggregator": "agg-pw"}
-	for _, id := range siteIDs {
-		users[id] = "pw-" + id
-	}
-	topics, _ := wire.ForFederation(testFed)
-	b, err := broker.Start(broker.Config{Addr: "127.0.0.1:0", Prefix: topics.Prefix(), Users: users,
-		Superusers: []string{"aggregator", "injector"}, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
+	b := fedbroker.Start(t, testFed, testkit.Logger(t), []string{"injector"}, siteIDs...)
 	return &fixture{t: t, dir: t.TempDir(), brk: b, clock: clock.NewFake(start0)}
 }
 
 func (f *fixture) config() ServerConfig {
 	return ServerConfig{
-		Federation: testFed, BrokerURL: f.brk.URL(), Username: "aggregator", Password: "agg-pw",
+		Federation: testFed, BrokerURL: f.brk.URL(), Username: fedbroker.Aggregator, Password: fedbroker.AggregatorPassword,
 		K: 3, QuorumFraction: 1, RoundTimeout: time.Minute, Rounds: 0, Seed: 7,
 		Algorithm: AlgoFedAvg, Model: testModel, StatePath: filepath.Join(f.dir, "state.db"),
-		Clock: f.clock, Logger: testLogger(f.t),
+		Clock: f.clock, Logger: testkit.Logger(f.t),
 		Params: Params{Solver: "sgd", LR: 0.1, MaxEpochs: 1, Gamma: 0.5},
 	}
 }
@@ -202,7 +168,7 @@ func (f *fixture) agent(id string, samples uint64) *fakeAgent {
 			a.receipts <- msg
 		}
 	}
-	o := paho.NewClientOptions().AddBroker(f.brk.URL()).SetClientID(id).SetUsername(id).SetPassword("pw-"+id).
+	o := paho.NewClientOptions().AddBroker(f.brk.URL()).SetClientID(id).SetUsername(id).SetPassword(fedbroker.Password(id)).
 		SetCleanSession(false).SetOrderMatters(false).SetProtocolVersion(4).SetConnectTimeout(waitLong).
 		SetBinaryWill(status, will, 1, true).SetDefaultPublishHandler(handler)
 	a.c = paho.NewClient(o)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -15,6 +14,7 @@ import (
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/pki"
 )
 
@@ -71,7 +71,7 @@ func TestPasswordFile(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := filepath.Join(t.TempDir(), "passwd")
-			os.WriteFile(p, []byte(tt.content), 0o600)
+			testkit.WriteFile(t, p, tt.content)
 			users, err := ReadPasswordFile(p)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.Is(err, ErrPasswordFile) {
@@ -201,24 +201,11 @@ func (c *client) next(t *testing.T) paho.Message {
 	}
 }
 
-// testLogger sends log lines to t.Log, so they show only for failed tests
-// or with -v.
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tWriter struct{ t *testing.T }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	return len(p), nil
-}
-
 func startBroker(t *testing.T, cfg Config) *Broker {
 	t.Helper()
 	cfg.Addr = "127.0.0.1:0"
 	cfg.Prefix = prefix
-	cfg.Logger = testLogger(t)
+	cfg.Logger = testkit.Logger(t)
 	b, err := Start(cfg)
 	if err != nil {
 		t.Fatal(err)

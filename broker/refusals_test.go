@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"bytes"
 	"crypto/tls"
 	"log/slog"
 	"path/filepath"
@@ -10,33 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/pki"
 )
 
-// syncBuf collects log lines.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-// refusals returns the logged refusal lines.
-func (s *syncBuf) refusals() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-	for _, l := range strings.Split(s.b.String(), "\n") {
-		if strings.Contains(l, `msg="mqtt connection refused"`) {
-			out = append(out, l)
-		}
-	}
-	return out
-}
+// refused marks the log line of a refused connection.
+const refused = `msg="mqtt connection refused"`
 
 // waitRefusals waits until the broker has counted n refusals (the log line
 // is written before the count is read back here).
@@ -66,7 +44,7 @@ func TestConnectionRefusalsLogged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuf{}
+	logs := &testkit.SyncBuffer{}
 	now := time.Unix(1_700_000_000, 0)
 	var clockMu sync.Mutex
 	b, err := Start(Config{Addr: "127.0.0.1:0", Prefix: prefix, TLS: scfg, Users: map[string]string{"site-a": "right"},
@@ -102,12 +80,12 @@ func TestConnectionRefusalsLogged(t *testing.T) {
 			t.Fatalf("attempt %d connected", i)
 		}
 		waitRefusals(t, b, uint64(i+1))
-		lines := logs.refusals()
+		lines := logs.Lines(refused)
 		if len(lines) != i+1 || !strings.Contains(lines[i], "level=WARN") || !strings.Contains(lines[i], a.want) {
 			t.Fatalf("attempt %d: refusal lines %q, want the last with %s", i, lines, a.want)
 		}
 	}
-	if l := logs.refusals()[1]; !strings.Contains(l, `reason="client certificate not signed by the site CA"`) {
+	if l := logs.Lines(refused)[1]; !strings.Contains(l, `reason="client certificate not signed by the site CA"`) {
 		t.Fatalf("another CA's certificate: %s", l)
 	}
 	// The same refusal again within the minute: counted, not logged.
@@ -117,7 +95,7 @@ func TestConnectionRefusalsLogged(t *testing.T) {
 		}
 		waitRefusals(t, b, uint64(4+i))
 	}
-	if n := len(logs.refusals()); n != 3 {
+	if n := len(logs.Lines(refused)); n != 3 {
 		t.Fatalf("%d refusal lines after repeats, want 3", n)
 	}
 	clockMu.Lock()
@@ -127,7 +105,7 @@ func TestConnectionRefusalsLogged(t *testing.T) {
 		t.Fatal("connected")
 	}
 	waitRefusals(t, b, 7)
-	lines := logs.refusals()
+	lines := logs.Lines(refused)
 	if len(lines) != 4 || !strings.Contains(lines[3], "suppressed=3") {
 		t.Fatalf("the line after the window: %q", lines)
 	}

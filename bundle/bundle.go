@@ -218,7 +218,9 @@ func Write(path string, b *Bundle) error {
 }
 
 // WriteFileAtomic writes data to path through a temporary file in the same
-// directory, fsynced, renamed over path, then fsyncs the directory.
+// directory, fsynced, renamed over path, then fsyncs the directory; an
+// error from that last step means path holds data but may not survive a
+// crash.
 func WriteFileAtomic(path string, data []byte) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
@@ -246,9 +248,16 @@ func WriteFileAtomic(path string, data []byte) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	ok = true
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
+	// The rename is durable only once the directory is: an error here
+	// leaves the new file in place but not yet safe from a crash, and is
+	// returned as storage's compaction returns it.
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("write %s: sync directory: %w", path, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("write %s: sync directory: %w", path, err)
 	}
 	return nil
 }

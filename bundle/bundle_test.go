@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/edgefl/edgefl/evaluate"
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/prep"
 	"github.com/edgefl/edgefl/schema"
@@ -97,7 +98,7 @@ func TestReadRefuses(t *testing.T) {
 				t.Fatalf("edit %q not applied", c.edit)
 			}
 			path := filepath.Join(t.TempDir(), "b.json")
-			os.WriteFile(path, []byte(bad), 0o600)
+			testkit.WriteFile(t, path, bad)
 			_, err := Read(path)
 			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), path) || strings.Contains(err.Error(), "\n") {
 				t.Fatalf("err %v, want one line naming %s and %q", err, path, c.want)

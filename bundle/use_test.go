@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/edgefl/edgefl/internal/testkit"
 )
 
 func TestPredictAndEvaluateCSV(t *testing.T) {
@@ -32,8 +34,7 @@ func TestPredictAndEvaluateCSV(t *testing.T) {
 		t.Fatalf("%v %+v", err, r)
 	}
 	// A CSV lacking a feature column: the training error, nothing written.
-	bad := filepath.Join(dir, "bad.csv")
-	os.WriteFile(bad, []byte("kind,grade\na,1\n"), 0o600)
+	bad := testkit.WriteFileIn(t, dir, "bad.csv", "kind,grade\na,1\n")
 	out2 := filepath.Join(dir, "pred2.csv")
 	if _, err := b.PredictCSV(bad, out2, nil); err == nil || !strings.Contains(err.Error(), `missing column "size"`) {
 		t.Fatalf("err %v", err)
@@ -75,7 +76,7 @@ func BenchmarkPredictCSV(b *testing.B) {
 	for i := range rows {
 		fmt.Fprintf(&sb, "%d,%g,%s\n", i, float64(i%97)/7, []string{"a", "b", "NA"}[i%3])
 	}
-	os.WriteFile(in, []byte(sb.String()), 0o600)
+	testkit.WriteFile(t, in, sb.String())
 	out := filepath.Join(dir, "out.csv")
 	b.ResetTimer()
 	for range b.N {

@@ -59,7 +59,7 @@ func ReadCSV(r io.Reader, name string, opt CSVOptions) (*Dataset, error) {
 	}
 	br := bufio.NewReader(r)
 	if bom, _ := br.Peek(3); string(bom) == "\ufeff" {
-		br.Discard(3) // a UTF-8 byte order mark, as spreadsheets write
+		_, _ = br.Discard(3) // a UTF-8 byte order mark, as spreadsheets write (peeked: cannot fail)
 	}
 	cr := csv.NewReader(br)
 	cr.FieldsPerRecord = -1 // checked below, with a clearer message

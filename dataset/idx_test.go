@@ -20,7 +20,7 @@ func idxBytes(dims []uint32, data []byte) []byte {
 	var b bytes.Buffer
 	b.Write([]byte{0, 0, 0x08, byte(len(dims))})
 	for _, d := range dims {
-		binary.Write(&b, binary.BigEndian, d)
+		b.Write(binary.BigEndian.AppendUint32(nil, d))
 	}
 	b.Write(data)
 	return b.Bytes()

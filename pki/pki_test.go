@@ -10,6 +10,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/edgefl/edgefl/internal/testkit"
 )
 
 func TestMakeSite(t *testing.T) {
@@ -98,7 +100,7 @@ func TestMakeSiteBadInput(t *testing.T) {
 	}
 	// A CA key without its certificate is an error, not a new CA.
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, CAKeyFile), []byte("junk"), 0o600)
+	testkit.WriteFile(t, filepath.Join(dir, CAKeyFile), "junk")
 	if _, err := MakeSite(SiteOptions{Dir: dir}); err == nil {
 		t.Fatal("half a CA accepted")
 	}

@@ -312,7 +312,9 @@ func TestStatsJSONRoundTripAndValidate(t *testing.T) {
 	}
 	for k, mutate := range bad {
 		var c Stats
-		json.Unmarshal(b1, &c)
+		if err := json.Unmarshal(b1, &c); err != nil {
+			t.Fatal(err)
+		}
 		mutate(&c)
 		if err := c.Validate(s); err == nil {
 			t.Errorf("mutation %d accepted", k)
@@ -324,7 +326,9 @@ func TestStatsJSONRoundTripAndValidate(t *testing.T) {
 	tr, _ := Fit(s, st, nil)
 	tb, _ := json.Marshal(tr)
 	var tr2 Transform
-	json.Unmarshal(tb, &tr2)
+	if err := json.Unmarshal(tb, &tr2); err != nil {
+		t.Fatal(err)
+	}
 	if err := tr2.Validate(s); err != nil {
 		t.Fatal(err)
 	}

@@ -77,7 +77,7 @@ func (z *zcodec) decompress(buf []byte, src []byte, want int) (out, keep []byte,
 	}
 	out = buf[:want]
 	z.rd.Reset(src)
-	defer z.dec.Reset(nil) // let go of src
+	defer func() { _ = z.dec.Reset(nil) }() // let go of src (a nil reader cannot fail)
 	if err := z.dec.Reset(&z.rd); err != nil {
 		return nil, buf, fmt.Errorf("%w: zstd: %w", ErrCorrupt, err)
 	}

@@ -2,9 +2,10 @@ package schema
 
 import (
 	"bytes"
-	"os"
 	"strings"
 	"testing"
+
+	"github.com/edgefl/edgefl/internal/testkit"
 )
 
 const base = `"task":"binary","features":[{"name":"a","type":"numeric"},{"name":"b","type":"categorical"}],` +
@@ -79,7 +80,7 @@ func TestExampleSchema(t *testing.T) {
 func TestLoadErrorNamesFile(t *testing.T) {
 	dir := t.TempDir()
 	p := dir + "/bad.json"
-	os.WriteFile(p, []byte(`{"task":"binary"}`), 0o600)
+	testkit.WriteFile(t, p, `{"task":"binary"}`)
 	_, err := Load(p)
 	if err == nil || !strings.Contains(err.Error(), p) {
 		t.Fatalf("Load: %v", err)

@@ -5,8 +5,6 @@ import (
 	"context"
 	"log/slog"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -15,6 +13,7 @@ import (
 	"github.com/edgefl/edgefl/aggregator"
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/internal/localfed"
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/split"
@@ -76,21 +75,15 @@ func testSimMatchesLive(t *testing.T, algo, codec string) {
 	}
 
 	// The same federation live.
-	// The daemons log to a file (safe from their goroutines, even after
+	// The daemons log to a buffer (safe from their goroutines, even after
 	// the test), shown when the test fails.
-	logPath := filepath.Join(t.TempDir(), "federation.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var logs testkit.SyncBuffer
 	t.Cleanup(func() {
 		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("the live federation's log:\n%s", b)
+			t.Logf("the live federation's log:\n%s", logs.String())
 		}
-		logFile.Close()
 	})
-	log := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	liveGlobal := map[int][]float64{}

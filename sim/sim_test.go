@@ -24,6 +24,13 @@ func smallConfig(t *testing.T, algos string) Config {
 	c.Clients, c.PerRound, c.Rounds = 6, 6, 60
 	c.L2 = 0.05
 	c.Local.Epochs, c.Local.Gamma = 5, 1e-8
+	return withAlgos(t, c, algos)
+}
+
+// withAlgos finishes a test configuration: the step size and workers the
+// tests share, and the algorithms parsed from algos.
+func withAlgos(t *testing.T, c Config, algos string) Config {
+	t.Helper()
 	c.Local.Step = 5
 	c.Workers = 2
 	var err error

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/evaluate"
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/prep"
 	"github.com/edgefl/edgefl/schema"
 	"github.com/edgefl/edgefl/sitedata"
@@ -78,7 +78,7 @@ func testSites(t *testing.T) (dir string, perSite []string) {
 		rows := siteRows(rng, n, float64(k))
 		all = append(all, rows)
 		p := filepath.Join(dir, names[k]+".csv")
-		os.WriteFile(p, []byte(csvOf(orders[k], rows)), 0o600)
+		testkit.WriteFile(t, p, csvOf(orders[k], rows))
 		perSite = append(perSite, p)
 	}
 	var comb []map[string]string
@@ -93,8 +93,8 @@ func testSites(t *testing.T) (dir string, perSite []string) {
 		comb = append(comb, r)
 		next[k]++
 	}
-	os.WriteFile(filepath.Join(dir, "all.csv"), []byte(csvOf([]string{"age", "site", "y", "colour", "size"}, comb)), 0o600)
-	os.WriteFile(filepath.Join(dir, "schema.json"), []byte(testSchemaJSON), 0o600)
+	testkit.WriteFile(t, filepath.Join(dir, "all.csv"), csvOf([]string{"age", "site", "y", "colour", "size"}, comb))
+	testkit.WriteFile(t, filepath.Join(dir, "schema.json"), testSchemaJSON)
 	return dir, perSite
 }
 
@@ -104,14 +104,7 @@ func schemaConfig(t *testing.T, dir, algos string) Config {
 	c.Schema, c.Dataset, c.Partition, c.SiteColumn = filepath.Join(dir, "schema.json"), "csv:"+filepath.Join(dir, "all.csv"), "natural", "site"
 	c.Clients, c.PerRound, c.Rounds, c.EvalEvery = 0, 0, 7, 3
 	c.L2 = 0.01
-	c.Local.Step = 5
-	c.Workers = 2
-	var err error
-	c.Algos, err = ParseAlgos(algos, c.Local, func(n string) bool { return slices.Contains(aggregate.Names(), n) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return withAlgos(t, c, algos)
 }
 
 // A --schema run computes what the daemons compute: the sites read from
@@ -252,14 +245,10 @@ func TestSchemaRunIIDPartition(t *testing.T) {
 
 func TestSchemaRunBadInput(t *testing.T) {
 	dir, _ := testSites(t)
-	bad := filepath.Join(dir, "bad.csv")
-	os.WriteFile(bad, []byte("site,size,colour,age,y\na,1,red,30,Y\nb,2,red,forty,N\n"), 0o600)
-	miss := filepath.Join(dir, "miss.csv")
-	os.WriteFile(miss, []byte("site,size,age,y\na,1,30,Y\n"), 0o600)
-	few := filepath.Join(dir, "few.csv")
-	os.WriteFile(few, []byte("site,size,colour,age,y\na,1,red,30,Y\na,2,red,40,N\nb,1,red,30,Y\n"), 0o600)
-	label := filepath.Join(dir, "label.csv")
-	os.WriteFile(label, []byte("site,size,colour,age,y\na,1,red,30,maybe\n"), 0o600)
+	bad := testkit.WriteFileIn(t, dir, "bad.csv", "site,size,colour,age,y\na,1,red,30,Y\nb,2,red,forty,N\n")
+	miss := testkit.WriteFileIn(t, dir, "miss.csv", "site,size,age,y\na,1,30,Y\n")
+	few := testkit.WriteFileIn(t, dir, "few.csv", "site,size,colour,age,y\na,1,red,30,Y\na,2,red,40,N\nb,1,red,30,Y\n")
+	label := testkit.WriteFileIn(t, dir, "label.csv", "site,size,colour,age,y\na,1,red,30,maybe\n")
 	cases := []struct {
 		name string
 		edit func(*Config)
@@ -390,7 +379,7 @@ func TestBuildSchemaFederation(t *testing.T) {
 					body = append(body, lines[i+1])
 				}
 				p := filepath.Join(t.TempDir(), "site.csv")
-				os.WriteFile(p, []byte(strings.Join(body, "\n")+"\n"), 0o600)
+				testkit.WriteFile(t, p, strings.Join(body, "\n")+"\n")
 				st, err := sitedata.Load(s, p)
 				if err != nil {
 					t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/evaluate"
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/prep"
 	"github.com/edgefl/edgefl/schema"
@@ -83,9 +83,7 @@ func boolInt(b bool) int {
 func writeFile(t *testing.T, dir, name, content string) string {
 	t.Helper()
 	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, p, content)
 	return p
 }
 

@@ -2,7 +2,6 @@ package split
 
 import (
 	"math"
-	"slices"
 	"strings"
 	"testing"
 )
@@ -15,15 +14,7 @@ func runFederation(t *testing.T, cs []client, iters int, mult float64, attack fu
 	const d = 5
 	p := Params{Step: 0.5, Relax: 1}
 	m := len(cs)
-	var total float64
-	for _, c := range cs {
-		total += float64(c.n)
-	}
-	x := make([]float64, d)
-	zs := make([][]float64, m)
-	for j := range zs {
-		zs[j] = slices.Clone(x)
-	}
+	total, x, zs := start(cs, d)
 	screened, identical := 0, true
 	for it := 0; it < iters; it++ {
 		for j, c := range cs {

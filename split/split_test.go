@@ -102,15 +102,7 @@ func TestConvergesToPooledOptimum(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cs := federation(3, m, d, 0.1)
 			want := pooledOptimum(cs, d)
-			var total float64
-			for _, c := range cs {
-				total += float64(c.n)
-			}
-			x := make([]float64, d)
-			zs := make([][]float64, m)
-			for j := range zs {
-				zs[j] = append([]float64(nil), x...)
-			}
+			total, x, zs := start(cs, d)
 			for it := 0; it < tt.iters; it++ {
 				for j, c := range cs {
 					step := ClientStepSize(tt.p.Step, m, float64(c.n)/total)
@@ -182,4 +174,18 @@ func TestErrors(t *testing.T) {
 	if err := (Params{Step: 2, Relax: 0.5}).Validate(); err != nil {
 		t.Errorf("valid params rejected: %v", err)
 	}
+}
+
+// start is a FedSplit federation's starting point: the clients' total
+// sample count, x = 0 in dimension d and every client's z = x.
+func start(cs []client, d int) (total float64, x []float64, zs [][]float64) {
+	for _, c := range cs {
+		total += float64(c.n)
+	}
+	x = make([]float64, d)
+	zs = make([][]float64, len(cs))
+	for j := range zs {
+		zs[j] = make([]float64, d)
+	}
+	return total, x, zs
 }

@@ -253,7 +253,7 @@ func refuseEmpty(path string) error {
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
 		return fmt.Errorf("%w: %s: %w", ErrLocked, path, err)
 	}
-	defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	// The deferred f.Close releases the lock.
 	if st, err := f.Stat(); err == nil && st.Size() == 0 {
 		return fmt.Errorf("%w: %s is empty (0 bytes), not a state file", ErrCorrupt, path)
 	}

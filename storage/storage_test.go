@@ -12,6 +12,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/edgefl/edgefl/internal/testkit"
 )
 
 func tempPath(t *testing.T, name string) string {
@@ -291,9 +293,7 @@ func TestOpenRejects(t *testing.T) {
 
 	// Not a bbolt file at all.
 	junk := filepath.Join(dir, "junk.db")
-	if err := os.WriteFile(junk, []byte(strings.Repeat("not a database ", 1000)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, junk, strings.Repeat("not a database ", 1000))
 	if _, err := OpenEdge(junk, Options{}); err == nil {
 		t.Fatal("OpenEdge(junk) succeeded")
 	}

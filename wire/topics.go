@@ -165,7 +165,8 @@ func (t Topics) Parse(topic string) (Kind, string, error) {
 	if rest == "round" {
 		return KindRound, "", nil
 	}
-	kind, id := KindUnknown, ""
+	var kind Kind
+	var id string
 	switch {
 	case strings.HasPrefix(rest, "clients/") && strings.HasSuffix(rest, "/status") && len(rest) >= len("clients//status"):
 		kind, id = KindStatus, rest[len("clients/"):len(rest)-len("/status")]

@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-var ok = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("fine")) })
+var ok = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("fine")) })
 
 // A login is verified once and remembered; a wrong one is refused with a
 // challenge; /healthz needs none.

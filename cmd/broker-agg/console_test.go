@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/broker"
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/pki"
 )
 
@@ -30,35 +30,17 @@ func TestConsoleGuards(t *testing.T) {
 	if err := broker.SetPassword(pw, "operator", "right horse battery", 1000); err != nil {
 		t.Fatal(err)
 	}
-	conf := filepath.Join(dir, "config")
-	os.WriteFile(conf, []byte(baseRunConf(dir)+"log_format = json\n"), 0o600)
+	conf := testkit.WriteFileIn(t, dir, "config", baseRunConf(dir)+"log_format = json\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testkit.SyncBuffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"run", "--config", conf, "--metrics-addr", "127.0.0.1:0",
 			"--console-tls-cert", filepath.Join(pdir, "server.crt"), "--console-tls-key", filepath.Join(pdir, "server.key"),
 			"--console-client-ca", filepath.Join(pdir, "ca.crt"), "--console-password-file", pw}, &stdout, &stderr)
 	}()
-	re := regexp.MustCompile(`"msg":"console at https://([0-9.:]+)/"`)
-	var addr string
-	deadline := time.Now().Add(20 * time.Second)
-	for addr == "" {
-		if m := re.FindStringSubmatch(stderr.String()); m != nil {
-			addr = m[1]
-			break
-		}
-		select {
-		case code := <-done:
-			t.Fatalf("run exited %d:\n%s", code, stderr.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no console address logged:\n%s", stderr.String())
-		}
-		time.Sleep(10 * time.Millisecond) // polling the log under the deadline above
-	}
+	addr := loggedAddr(t, &stderr, done, "https")
 	client := func(id string) *http.Client {
 		pool, err := pki.LoadCertPool(filepath.Join(pdir, "ca.crt"))
 		if err != nil {
@@ -83,9 +65,9 @@ func TestConsoleGuards(t *testing.T) {
 		if err != nil {
 			return 0, err
 		}
-		io.Copy(io.Discard, resp.Body)
+		_, err = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		return resp.StatusCode, nil
+		return resp.StatusCode, err
 	}
 	op, site := client("operator"), client("site-a")
 	for _, tt := range []struct {

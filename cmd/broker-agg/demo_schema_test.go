@@ -18,6 +18,7 @@ import (
 	"github.com/edgefl/edgefl/broker"
 	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/internal/localfed"
+	"github.com/edgefl/edgefl/internal/testkit"
 )
 
 const demoSchemaJSON = `{"task": "binary",
@@ -51,12 +52,8 @@ func demoCSV(t *testing.T, dir string) (schemaPath, csvPath string) {
 		fmt.Fprintf(&b, "%s,%s,%s,%s,%.3f\n", sites[k], ward, ageCell, y, dose)
 	}
 	schemaPath, csvPath = filepath.Join(dir, "schema.json"), filepath.Join(dir, "all.csv")
-	if err := os.WriteFile(schemaPath, []byte(demoSchemaJSON), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(csvPath, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, schemaPath, demoSchemaJSON)
+	testkit.WriteFile(t, csvPath, b.String())
 	return schemaPath, csvPath
 }
 
@@ -158,8 +155,7 @@ func TestDemoSchemaRefusals(t *testing.T) {
 
 func TestWriteSiteCSVs(t *testing.T) {
 	dir := t.TempDir()
-	src := filepath.Join(dir, "all.csv")
-	os.WriteFile(src, []byte("x,\"y, quoted\",site\n1,0,b\n2,\"a,b\",a\n3,0,b\n"), 0o600)
+	src := testkit.WriteFileIn(t, dir, "all.csv", "x,\"y, quoted\",site\n1,0,b\n2,\"a,b\",a\n3,0,b\n")
 	files, err := writeSiteCSVs(src, [][]int{{1}, {0, 2}}, []string{"a", "b"}, dir)
 	if err != nil {
 		t.Fatal(err)
@@ -191,7 +187,7 @@ func TestRunExitWhenFinishedDeliversTheBundle(t *testing.T) {
 	passwd := filepath.Join(dir, "passwd")
 	for i, id := range ids {
 		rows := append([]string{lines[0]}, lines[1+75*i:1+75*(i+1)]...)
-		os.WriteFile(filepath.Join(dir, id+".csv"), []byte(strings.Join(rows, "\n")+"\n"), 0o600)
+		testkit.WriteFile(t, filepath.Join(dir, id+".csv"), strings.Join(rows, "\n")+"\n")
 		if err := broker.SetPassword(passwd, id, id+"-pw", 1000); err != nil {
 			t.Fatal(err)
 		}
@@ -203,12 +199,12 @@ func TestRunExitWhenFinishedDeliversTheBundle(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	conf := filepath.Join(dir, "aggregator.conf")
-	os.WriteFile(conf, []byte(fmt.Sprintf("federation = f\nstate_file = %s\nmetrics_addr =\nlisten = %s\npassword_file = %s\nschema = %s\n"+
+	testkit.WriteFile(t, conf, fmt.Sprintf("federation = f\nstate_file = %s\nmetrics_addr =\nlisten = %s\npassword_file = %s\nschema = %s\n"+
 		"per_round = 2\nrounds = 2\nsettle = 100ms\nround_timeout = 20s\nalgorithm = fedproxsplit\nsolver = lbfgs\nl2 = 0.01\nexit_when_finished = true\nlog_format = json\n",
-		filepath.Join(dir, "aggregator.db"), addr, passwd, schemaPath)), 0o600)
+		filepath.Join(dir, "aggregator.db"), addr, passwd, schemaPath))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testkit.SyncBuffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, []string{"run", "--config", conf}, &stdout, &stderr) }()
 

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/schema"
 )
 
@@ -21,23 +19,13 @@ import (
 func TestExportErrors(t *testing.T) {
 	dir := t.TempDir()
 	plain := filepath.Join(dir, "plain.db")
-	srv, err := aggregator.NewServer(aggregator.ServerConfig{Federation: "f", BrokerURL: "tcp://127.0.0.1:1", K: 1,
-		Model: model.Spec{Kind: model.KindLogReg, Inputs: 4, Classes: 2}, StatePath: plain})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Close()
+	stateFile(t, plain, "f", nil)
 	sc, err := schema.Load("../../deploy/schema.example.json")
 	if err != nil {
 		t.Fatal(err)
 	}
 	fed := filepath.Join(dir, "fed.db")
-	srv, err = aggregator.NewServer(aggregator.ServerConfig{Federation: "f", BrokerURL: "tcp://127.0.0.1:1", K: 1,
-		Model: model.Spec{Kind: model.KindLogReg}, Schema: sc, StatePath: fed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Close()
+	stateFile(t, fed, "f", sc)
 	daemon := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "round 9 is not stored in /var/lib/broker-agg/broker-agg.db (stored: rounds 0..4, the model after that many aggregations)", http.StatusNotFound)
 	}))

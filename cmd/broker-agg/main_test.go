@@ -12,20 +12,17 @@ import (
 	"testing"
 
 	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/internal/testkit"
 )
 
 // Bad input gets a one-line error naming the flag or file, a non-zero exit
 // and never a panic.
 func TestSimulateBadInput(t *testing.T) {
 	dir := t.TempDir()
-	ragged := filepath.Join(dir, "ragged.csv")
-	os.WriteFile(ragged, []byte("a,b,label\n1,2,0\n3,1\n"), 0o644)
-	nan := filepath.Join(dir, "nan.csv")
-	os.WriteFile(nan, []byte("a,b,label\n1,NaN,0\n3,1,1\n"), 0o644)
-	small := filepath.Join(dir, "small.csv")
-	os.WriteFile(small, []byte("a,b,label\n1,2,0\n3,1,1\n2,2,1\n"), 0o644)
-	labels := filepath.Join(dir, "labels.csv")
-	os.WriteFile(labels, []byte("a,b,label\n1,2,0\n3,1,-1\n"), 0o644)
+	ragged := testkit.WriteFileIn(t, dir, "ragged.csv", "a,b,label\n1,2,0\n3,1\n")
+	nan := testkit.WriteFileIn(t, dir, "nan.csv", "a,b,label\n1,NaN,0\n3,1,1\n")
+	small := testkit.WriteFileIn(t, dir, "small.csv", "a,b,label\n1,2,0\n3,1,1\n2,2,1\n")
+	labels := testkit.WriteFileIn(t, dir, "labels.csv", "a,b,label\n1,2,0\n3,1,-1\n")
 	tests := []struct {
 		name string
 		args []string
@@ -124,8 +121,8 @@ func TestSimulateAggFlag(t *testing.T) {
 func TestSimulateSchema(t *testing.T) {
 	dir := t.TempDir()
 	schemaFile := filepath.Join(dir, "schema.json")
-	os.WriteFile(schemaFile, []byte(`{"task": "binary", "features": [{"name": "a", "type": "numeric"}, {"name": "k", "type": "categorical"}],
-		"label": {"column": "y", "classes": [{"name": "no", "values": ["N"]}, {"name": "yes", "values": ["Y"]}]}, "min_site_samples": 5, "holdout": 0.3}`), 0o644)
+	testkit.WriteFile(t, schemaFile, `{"task": "binary", "features": [{"name": "a", "type": "numeric"}, {"name": "k", "type": "categorical"}],
+		"label": {"column": "y", "classes": [{"name": "no", "values": ["N"]}, {"name": "yes", "values": ["Y"]}]}, "min_site_samples": 5, "holdout": 0.3}`)
 	var b strings.Builder
 	b.WriteString("k,site,y,a,note\n")
 	for i := range 120 {
@@ -135,8 +132,7 @@ func TestSimulateSchema(t *testing.T) {
 		}
 		fmt.Fprintf(&b, "%s,s%d,%s,%d,x\n", []string{"p", "q", "NA"}[i%3], i%3, y, (i*37)%23)
 	}
-	data := filepath.Join(dir, "all.csv")
-	os.WriteFile(data, []byte(b.String()), 0o644)
+	data := testkit.WriteFileIn(t, dir, "all.csv", b.String())
 	out := t.TempDir()
 	bundleFile := filepath.Join(out, "final.bundle.json")
 	var stdout, stderr bytes.Buffer
@@ -187,8 +183,7 @@ func TestSimulateSchema(t *testing.T) {
 		t.Fatalf("bundle: %v %+v", err, bu)
 	}
 
-	bad := filepath.Join(dir, "bad.csv")
-	os.WriteFile(bad, []byte("site,a,k,y\ns0,1,p,N\ns1,?,p,Y\ns1,1e999,q,N\n"), 0o644)
+	bad := testkit.WriteFileIn(t, dir, "bad.csv", "site,a,k,y\ns0,1,p,N\ns1,?,p,Y\ns1,1e999,q,N\n")
 	for _, c := range []struct {
 		args []string
 		want string

@@ -20,13 +20,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/edgefl/edgefl/aggregator"
 	"github.com/edgefl/edgefl/broker"
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/schema"
 	"github.com/edgefl/edgefl/storage"
 )
 
@@ -120,9 +121,7 @@ func TestRunFlagAndConfigErrors(t *testing.T) {
 			args := []string{"run"}
 			if tt.conf != "" {
 				conf := filepath.Join(t.TempDir(), "config")
-				if err := os.WriteFile(conf, []byte(tt.conf), 0o600); err != nil {
-					t.Fatal(err)
-				}
+				testkit.WriteFile(t, conf, tt.conf)
 				args = append(args, "--config", conf)
 			}
 			args = append(args, tt.args...)
@@ -202,14 +201,8 @@ func newDiscardLogger() *slog.Logger {
 func TestRunStateFileChecks(t *testing.T) {
 	dir := t.TempDir()
 	state := filepath.Join(dir, "state.db")
-	srv, err := aggregator.NewServer(aggregator.ServerConfig{Federation: "other", BrokerURL: "tcp://127.0.0.1:1", K: 1,
-		Model: model.Spec{Kind: model.KindLogReg, Inputs: 4, Classes: 2}, StatePath: state})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Close()
-	conf := filepath.Join(dir, "config")
-	os.WriteFile(conf, []byte(baseRunConf(dir)), 0o600)
+	stateFile(t, state, "other", nil)
+	conf := testkit.WriteFileIn(t, dir, "config", baseRunConf(dir))
 	code, _, stderr := runCLI(t, "run", "--config", conf)
 	if code != 1 || !strings.Contains(lastLine(stderr), `belongs to federation "other"`) || !strings.Contains(lastLine(stderr), "use another --state-file") {
 		t.Errorf("another federation's state file: exit %d, %s", code, lastLine(stderr))
@@ -230,22 +223,43 @@ func TestRunStateFileChecks(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+// loggedAddr waits (20 s at most) for `run`, started with its stderr
+// in stderr and its exit code to come on done, to log the console's
+// address on scheme (the metrics address), and returns it.
+func loggedAddr(t *testing.T, stderr *testkit.SyncBuffer, done <-chan int, scheme string) string {
+	t.Helper()
+	re := regexp.MustCompile(`"msg":"console at ` + scheme + `://([0-9.:]+)/"`)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if m := re.FindStringSubmatch(stderr.String()); m != nil {
+			return m[1]
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("run exited %d:\n%s", code, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no console address logged:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond) // polling the log under the deadline above
+	}
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+// stateFile creates an aggregator state file at path for federation
+// (logistic regression, 4 inputs; with a schema when sc is not nil).
+func stateFile(t *testing.T, path, federation string, sc *schema.Schema) {
+	t.Helper()
+	spec := model.Spec{Kind: model.KindLogReg, Inputs: 4, Classes: 2}
+	if sc != nil {
+		spec = model.Spec{Kind: model.KindLogReg}
+	}
+	srv, err := aggregator.NewServer(aggregator.ServerConfig{Federation: federation, BrokerURL: "tcp://127.0.0.1:1", K: 1,
+		Model: spec, Schema: sc, StatePath: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
 }
 
 // TestRunServesAndStopsCleanly: `run` comes up (embedded broker, metrics on
@@ -254,35 +268,18 @@ func (s *syncBuffer) String() string {
 // releases the state file, which `status --state` then reads.
 func TestRunServesAndStopsCleanly(t *testing.T) {
 	dir := t.TempDir()
-	conf := filepath.Join(dir, "config")
-	os.WriteFile(conf, []byte(baseRunConf(dir)+"per_round = 2\nlog_format = json\n"), 0o600)
+	conf := testkit.WriteFileIn(t, dir, "config", baseRunConf(dir)+"per_round = 2\nlog_format = json\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testkit.SyncBuffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"run", "--config", conf, "--metrics-addr", "127.0.0.1:0"}, &stdout, &stderr)
 	}()
 
 	// The metrics address is in the log.
-	re := regexp.MustCompile(`"msg":"console at http://([0-9.:]+)/"`)
-	var addr string
+	addr := loggedAddr(t, &stderr, done, "http")
 	deadline := time.Now().Add(20 * time.Second)
-	for addr == "" {
-		if m := re.FindStringSubmatch(stderr.String()); m != nil {
-			addr = m[1]
-			break
-		}
-		select {
-		case code := <-done:
-			t.Fatalf("run exited %d:\n%s", code, stderr.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no metrics address logged:\n%s", stderr.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 	for {
 		resp, err := http.Get("http://" + addr + "/healthz")
 		if err == nil {
@@ -546,7 +543,7 @@ func withStdin(t *testing.T, s string, fn func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { io.WriteString(w, s); w.Close() }()
+	go func() { _, _ = io.WriteString(w, s); w.Close() }() // fn reads it, or fails on its absence
 	old := os.Stdin
 	os.Stdin = r
 	defer func() { os.Stdin = old; r.Close() }()

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/schema"
 	"github.com/edgefl/edgefl/sitedata"
@@ -34,15 +35,11 @@ func writeSite(t *testing.T, n int, data string) (conf, csv string) {
 		}
 		fmt.Fprintf(&b, "row%d,%d,%.4f,%.4f,%.4f,%s\n", i, y, a, bb, c, colors[i%3])
 	}
-	if err := os.WriteFile(csv, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, csv, b.String())
 	conf = filepath.Join(dir, "edge-agent.conf")
 	text := fmt.Sprintf("site_id = site-a\nfederation = f\nbroker = tcp://127.0.0.1:1\npassword_file = %s\ndata = %s\nstate_file = %s\n",
 		filepath.Join(dir, "no-such-password"), fmt.Sprintf(data, csv), filepath.Join(dir, "state", "edge.db"))
-	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, conf, text)
 	return conf, csv
 }
 
@@ -76,7 +73,7 @@ func TestBenchConfigSiteData(t *testing.T) {
 		f := strings.Split(line, ",")
 		b.WriteString(strings.Join(f[1:5], ",") + "\n")
 	}
-	os.WriteFile(csv, []byte(b.String()), 0o600)
+	testkit.WriteFile(t, csv, b.String())
 
 	r := benchJSON(t, "--config", conf, "--epochs", "2")
 	if r.Samples != 300 || r.Model.Kind != model.KindLogReg || r.Model.Inputs != 3 || r.Model.Classes != 2 || r.Params != 8 {
@@ -135,7 +132,7 @@ func TestBenchConfigSchemaData(t *testing.T) {
 		t.Fatalf("schema data without a schema: exit %d, %q", code, stderr)
 	}
 	sf := filepath.Join(t.TempDir(), "schema.json")
-	os.WriteFile(sf, []byte(benchSchemaJSON), 0o600)
+	testkit.WriteFile(t, sf, benchSchemaJSON)
 	sc, err := schema.Load(sf)
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +168,9 @@ func TestBenchConfigSchemaData(t *testing.T) {
 	}
 	m, _ := model.New(spec)
 	out := filepath.Join(filepath.Dir(csv), "state", "final.bundle.json")
-	os.MkdirAll(filepath.Dir(out), 0o755)
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if err := bundle.Write(out, &bundle.Bundle{Model: model.Saved{Spec: spec, Layout: m.Layout(), Params: make([]float64, m.NumParams())},
 		Schema: sc, Transform: tr, Provenance: bundle.Provenance{Federation: "f", RunID: "R", Round: 3, Algorithm: "fedprox", EdgeflVersion: "test", Time: "2026-01-01T00:00:00Z"}}); err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/prep"
 	"github.com/edgefl/edgefl/schema"
@@ -57,7 +58,7 @@ func TestEvaluateAndPredictCommands(t *testing.T) {
 	}
 	// A tampered bundle: one line naming the file.
 	raw, _ := os.ReadFile(b)
-	os.WriteFile(b, bytes.Replace(raw, []byte(`"round":1`), []byte(`"round":2`), 1), 0o600)
+	testkit.WriteFile(t, b, strings.Replace(string(raw), `"round":1`, `"round":2`, 1))
 	errb.Reset()
 	if code := run(context.Background(), []string{"evaluate", "--model", b, "--data", "csv:../../schema/testdata/site.csv"}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "digest mismatch") {
 		t.Fatalf("tampered bundle: exit %d, %s", code, errb.String())

@@ -5,20 +5,16 @@ import (
 	"context"
 	"flag"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
 
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/wire"
 )
@@ -113,9 +109,7 @@ func TestConfigFileAndFlags(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			path := filepath.Join(dir, "agent.conf")
-			if err := os.WriteFile(path, []byte(tt.file), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			testkit.WriteFile(t, path, tt.file)
 			fs := newFlagSet()
 			flags := addOptionFlags(fs)
 			if err := fs.Parse(tt.flags); err != nil {
@@ -140,8 +134,7 @@ func TestConfigFileAndFlags(t *testing.T) {
 
 func TestPasswordFile(t *testing.T) {
 	dir := t.TempDir()
-	pw := filepath.Join(dir, "pw")
-	os.WriteFile(pw, []byte("s3cret\n"), 0o600)
+	pw := testkit.WriteFileIn(t, dir, "pw", "s3cret\n")
 	fs := newFlagSet()
 	flags := addOptionFlags(fs)
 	args := []string{"--site-id", "s", "--federation", "f", "--broker", "tcp://a:1", "--state-file", "x.db", "--username", "u", "--password-file", pw}
@@ -156,10 +149,8 @@ func TestPasswordFile(t *testing.T) {
 
 func TestRunBadInput(t *testing.T) {
 	dir := t.TempDir()
-	bad := filepath.Join(dir, "bad.conf")
-	os.WriteFile(bad, []byte("site_id = s\nfrobnicate = 1\n"), 0o600)
-	noData := filepath.Join(dir, "nodata.conf")
-	os.WriteFile(noData, []byte("site_id = s\nfederation = f\nbroker = tcp://127.0.0.1:1\nstate_file = "+filepath.Join(dir, "s.db")+"\ndata = csv:"+filepath.Join(dir, "none.csv")+":label=y\n"), 0o600)
+	bad := testkit.WriteFileIn(t, dir, "bad.conf", "site_id = s\nfrobnicate = 1\n")
+	noData := testkit.WriteFileIn(t, dir, "nodata.conf", "site_id = s\nfederation = f\nbroker = tcp://127.0.0.1:1\nstate_file = "+filepath.Join(dir, "s.db")+"\ndata = csv:"+filepath.Join(dir, "none.csv")+":label=y\n")
 	tests := []struct {
 		name string
 		args []string
@@ -188,49 +179,11 @@ func TestRunBadInput(t *testing.T) {
 	}
 }
 
-// allowAll lets every client connect, publish and subscribe.
-type allowAll struct{ mochi.HookBase }
-
-func (*allowAll) ID() string { return "allow-all" }
-func (*allowAll) Provides(b byte) bool {
-	return b == mochi.OnConnectAuthenticate || b == mochi.OnACLCheck
-}
-func (*allowAll) OnConnectAuthenticate(*mochi.Client, packets.Packet) bool { return true }
-func (*allowAll) OnACLCheck(*mochi.Client, string, bool) bool              { return true }
-
-// syncBuffer is a bytes.Buffer safe for the agent's and the test's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestRunDaemon runs `edge-agent run --config FILE` against an in-process
 // broker: it comes online with its CSV data, and on cancellation (what
 // SIGINT/SIGTERM do through main's context) goes offline and exits 0.
 func TestRunDaemon(t *testing.T) {
-	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	srv.AddHook(new(allowAll), nil)
-	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
-	if err := srv.AddListener(tcp); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Serve(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	url := "tcp://" + tcp.Address()
+	_, url := testkit.StartBroker(t)
 
 	topics, _ := wire.ForFederation("ward")
 	statusTopic, _ := topics.Status("clinic-1")
@@ -267,16 +220,15 @@ func TestRunDaemon(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	csv := filepath.Join(dir, "clinic.csv")
-	os.WriteFile(csv, []byte("age,bp,y\n50,120,0\n61,140,1\n45,118,0\n70,150,1\n"), 0o600)
+	csv := testkit.WriteFileIn(t, dir, "clinic.csv", "age,bp,y\n50,120,0\n61,140,1\n45,118,0\n70,150,1\n")
 	conf := filepath.Join(dir, "agent.conf")
 	state := filepath.Join(dir, "state.db")
-	os.WriteFile(conf, []byte("site_id = clinic-1\nfederation = ward\nbroker = tcp://127.0.0.1:1\n"+
-		"state_file = "+state+"\ndata = csv:"+csv+":label=y\nsolver = lbfgs\n"), 0o600)
+	testkit.WriteFile(t, conf, "site_id = clinic-1\nfederation = ward\nbroker = tcp://127.0.0.1:1\n"+
+		"state_file = "+state+"\ndata = csv:"+csv+":label=y\nsolver = lbfgs\n")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stderr syncBuffer
+	var stderr testkit.SyncBuffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"run", "--config", conf, "--broker", url, "--log-level", "debug"}, io.Discard, &stderr)
