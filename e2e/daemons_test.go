@@ -463,7 +463,9 @@ func mosquittoPub(t *testing.T, port int, user, password, clientID, topic string
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Write(payload)
+	if _, err := f.Write(payload); err != nil {
+		t.Fatal(err)
+	}
 	f.Close()
 	args := []string{"-h", "127.0.0.1", "-p", fmt.Sprint(port), "-q", "1", "-t", topic, "-f", f.Name()}
 	if clientID != "" {

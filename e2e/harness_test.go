@@ -233,7 +233,7 @@ func startProc(t *testing.T, dir, name string, stdin io.Reader, bin string, args
 			p.changed = make(chan struct{})
 			p.mu.Unlock()
 		}
-		io.Copy(io.Discard, outR)
+		_, _ = io.Copy(io.Discard, outR) // drain what follows a read error so the process never blocks on its output
 	}()
 	go func() {
 		err := p.cmd.Wait()

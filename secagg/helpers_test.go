@@ -162,7 +162,9 @@ func (s session) run(t testing.TB) outcome {
 	}
 	for _, g := range out {
 		var i int
-		fmt.Sscanf(g.To, "site-%d", &i)
+		if _, err := fmt.Sscanf(g.To, "site-%d", &i); err != nil {
+			t.Fatalf("recipient %q: %v", g.To, err)
+		}
 		if !alive(i, 2) {
 			continue
 		}
@@ -177,7 +179,9 @@ func (s session) run(t testing.TB) outcome {
 	req := decodeAs[*UnmaskRequest](t, out[0].Msg)
 	for _, id := range req.Survivors {
 		var i int
-		fmt.Sscanf(id, "site-%d", &i)
+		if _, err := fmt.Sscanf(id, "site-%d", &i); err != nil {
+			t.Fatalf("survivor %q: %v", id, err)
+		}
 		if !alive(i, 3) {
 			continue
 		}

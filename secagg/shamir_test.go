@@ -2,6 +2,7 @@ package secagg
 
 import (
 	"bytes"
+	"io"
 	"math/big"
 	"math/rand/v2"
 	"testing"
@@ -26,7 +27,9 @@ func TestShamir(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 5))
 	for _, tc := range []struct{ n, t int }{{2, 2}, {3, 2}, {10, 7}, {50, 34}, {100, 67}} {
 		var secret [32]byte
-		rnd.Read(secret[:])
+		if _, err := io.ReadFull(rnd, secret[:]); err != nil {
+			t.Fatal(err)
+		}
 		secret[0] = 0xff // the top of the range
 		xs := make([]uint32, tc.n)
 		for i := range xs {

@@ -219,7 +219,7 @@ func TestRunExitWhenFinishedDeliversTheBundle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer agents.Stop()
+	defer func() { _ = agents.Stop() }() // on an early failure; stopped and checked at the end
 	select {
 	case code := <-done:
 		if code != 0 {
@@ -247,5 +247,7 @@ func TestRunExitWhenFinishedDeliversTheBundle(t *testing.T) {
 	if strings.Contains(stderr.String(), "have not acknowledged the end of the run") {
 		t.Errorf("the drain timed out:\n%s", stderr.String())
 	}
-	agents.Stop()
+	if err := agents.Stop(); err != nil {
+		t.Error(err)
+	}
 }

@@ -138,8 +138,7 @@ func StartAgents(ctx context.Context, c AgentsConfig) (*Agents, error) {
 		}
 		a, err := agent.New(cfg, deps)
 		if err != nil {
-			as.Stop()
-			return nil, fmt.Errorf("agent %s: %w", s.ID, err)
+			return nil, errors.Join(fmt.Errorf("agent %s: %w", s.ID, err), as.Stop())
 		}
 		as.wg.Add(1)
 		go func() {

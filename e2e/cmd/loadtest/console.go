@@ -170,7 +170,7 @@ func countingProxy(addr string, cnt *consoleCounts) (string, func(), error) {
 		return nil
 	}
 	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln)
+	go func() { _ = srv.Serve(ln) }() // ErrServerClosed once the returned stop runs
 	return ln.Addr().String(), func() { srv.Close() }, nil
 }
 
@@ -220,7 +220,7 @@ func startChromium(bin, pageURL, logPath string) (*chromium, error) {
 		return nil, err
 	}
 	c := &chromium{cmd: cmd, profile: profile, done: make(chan struct{})}
-	go func() { cmd.Wait(); logf.Close(); close(c.done) }()
+	go func() { _ = cmd.Wait(); logf.Close(); close(c.done) }() // killed at the end: its exit status is not the point
 	return c, nil
 }
 

@@ -67,7 +67,7 @@ func runFlood(args []string) error {
 	fs.DurationVar(&o.floodAfter, "flood-after", time.Second, "... this long after its announcement")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the selection and the agents")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up a run after")
-	fs.Parse(args)
+	_ = fs.Parse(args) // flag.ExitOnError: Parse exits on a bad flag
 	switch {
 	case o.aggBin == "" || o.agentBin == "":
 		return errors.New("flood: --broker-agg and --edge-agent are required")
@@ -394,7 +394,7 @@ func startEdge(bin, work, id string, conf []string) (*edgeProc, error) {
 		lf.Close()
 		return nil, err
 	}
-	go func() { e.cmd.Wait(); lf.Close(); close(e.done) }()
+	go func() { _ = e.cmd.Wait(); lf.Close(); close(e.done) }() // the exit is judged by the caller (ProcessState)
 	// Behind the aggregator, the broker and the flooder: a site's gateway
 	// is not the aggregator's box, so its solve should not take their CPU
 	// (the solve is paced by the round's budget either way).

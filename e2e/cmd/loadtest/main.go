@@ -114,7 +114,7 @@ func gen(args []string) error {
 	seed := fs.Uint64("seed", 1, "seed")
 	noise := fs.Float64("noise", 70, "pixel noise (standard deviation, of 255)")
 	flip := fs.Float64("label-noise", 0.1, "fraction of samples given a random label (keeps the classes from being separable)")
-	fs.Parse(args)
+	_ = fs.Parse(args) // flag.ExitOnError: Parse exits on a bad flag
 	if *dir == "" {
 		return errors.New("gen: --dir is required")
 	}
@@ -180,7 +180,7 @@ func gen(args []string) error {
 func simStats(args []string) error {
 	fs := flag.NewFlagSet("simstats", flag.ExitOnError)
 	path := fs.String("results", "", "results.json of broker-agg simulate")
-	fs.Parse(args)
+	_ = fs.Parse(args) // flag.ExitOnError: Parse exits on a bad flag
 	b, err := os.ReadFile(*path)
 	if err != nil {
 		return err
@@ -308,7 +308,11 @@ func runLoad(args []string) error {
 	if err != nil {
 		return err
 	}
-	defer agents.Stop()
+	defer func() {
+		if err := agents.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "loadtest: stopping the agents:", err)
+		}
+	}()
 
 	recs, err := killAndRecover(ctx, o, agg)
 	if err != nil {
@@ -353,7 +357,7 @@ func parseLoadFlags(args []string) (options, error) {
 	fs.StringVar(&o.console, "console", "none", "the console open for the whole run: none, poll (a client doing what the page's script does) or chromium (the page in headless Chromium)")
 	fs.DurationVar(&o.consolePoll, "console-poll", 1500*time.Millisecond, "with --console poll: the page's polling interval (console.js POLL_MS)")
 	fs.StringVar(&o.chromium, "chromium", "/usr/bin/chromium", "with --console chromium: the Chromium `BINARY`")
-	fs.Parse(args)
+	_ = fs.Parse(args) // flag.ExitOnError: Parse exits on a bad flag
 	if o.aggBin == "" || o.data == "" {
 		return o, errors.New("run: --broker-agg and --data are required")
 	}
@@ -437,7 +441,7 @@ func (c *console) close() {
 	c.stop()
 	c.wg.Wait()
 	if c.browser != nil {
-		c.browser.stop()
+		_ = c.browser.stop() // killed on purpose: its exit status is not the point
 		c.browser = nil
 	}
 	if c.proxy != nil {
@@ -608,7 +612,9 @@ func startMosquitto(o options, work, federation string, port int) (*mosq, error)
 		return nil, err
 	}
 	persist := filepath.Join(work, "mosquitto-data") + "/"
-	os.MkdirAll(persist, 0o755)
+	if err := os.MkdirAll(persist, 0o755); err != nil {
+		return nil, err
+	}
 	// deploy/mosquitto/mosquitto.conf's settings, with a password listener
 	// on loopback instead of its mutual-TLS one.
 	conf := fmt.Sprintf(`user %s
@@ -635,7 +641,7 @@ listener %d 127.0.0.1
 	if err := m.cmd.Start(); err != nil {
 		return nil, err
 	}
-	go func() { m.cmd.Wait(); close(m.done) }()
+	go func() { _ = m.cmd.Wait(); close(m.done) }() // the exit is judged by the caller (ProcessState)
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
 		if err == nil {
@@ -698,14 +704,14 @@ func (a *aggProc) start(ctx context.Context) error {
 	}
 	done := make(chan struct{})
 	a.done = done
-	go func() { a.cmd.Wait(); w.Close(); close(done) }()
+	go func() { _ = a.cmd.Wait(); w.Close(); close(done) }() // the exit is judged by the caller (ProcessState)
 	go func() {
 		defer logf.Close()
 		sc := bufio.NewScanner(r)
 		sc.Buffer(make([]byte, 64<<10), 4<<20)
 		for sc.Scan() {
 			line := sc.Bytes()
-			logf.Write(append(line, '\n'))
+			_, _ = logf.Write(append(line, '\n')) // a copy for the reader; the figures come from the parsed lines
 			var rec struct {
 				Time  time.Time `json:"time"`
 				Msg   string    `json:"msg"`
