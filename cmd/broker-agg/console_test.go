@@ -70,6 +70,10 @@ func TestConsoleGuards(t *testing.T) {
 		return resp.StatusCode, err
 	}
 	op, site := client("operator"), client("site-a")
+	// The console's address is logged before the daemon has connected to
+	// the broker and restored its round log; /healthz answers 503 until
+	// then (server_status.go). Wait for ready, as a health probe would.
+	waitHealthy(t, func() (int, error) { return get(op, "/healthz", "", "") }, done, &stderr)
 	for _, tt := range []struct {
 		name       string
 		c          *http.Client
@@ -132,5 +136,27 @@ func TestDemoPrintsConsole(t *testing.T) {
 	code, out, errOut := runCLI(t, "demo", "--clients", "2", "--rounds", "1", "--max-epochs", "1", "--metrics-addr", "127.0.0.1:0")
 	if code != 0 || !regexp.MustCompile(`(?m)^console: http://127\.0\.0\.1:[0-9]+/$`).MatchString(out) {
 		t.Fatalf("demo: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// waitHealthy polls /healthz (through get) until it answers 200, failing
+// the test when run exits first or after 20 s.
+func waitHealthy(t *testing.T, get func() (int, error), done <-chan int, stderr *testkit.SyncBuffer) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, err := get()
+		if err == nil && code == http.StatusOK {
+			return
+		}
+		select {
+		case c := <-done:
+			t.Fatalf("run exited %d:\n%s", c, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthz never answered 200 (last %d, %v):\n%s", code, err, stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond) // polling readiness under the deadline above
 	}
 }
