@@ -65,6 +65,20 @@ func decodeRecord(round uint64, client, v []byte, what string) (Record, error) {
 		Msg: bytes.Clone(v[8:])}, nil
 }
 
+// readRecords decodes b's records (client id -> encodeRecord) of round in
+// key order; name is b's path and what(k) names one record in errors.
+func readRecords(b *bolt.Bucket, round uint64, name string, what func(k []byte) string) ([]Record, error) {
+	var out []Record
+	err := sforEach(b, name, func(k, v []byte) error {
+		r, err := decodeRecord(round, k, v, what(k))
+		if err == nil {
+			out = append(out, r)
+		}
+		return err
+	})
+	return out, err
+}
+
 // PutStatistics stores a site's statistics message. It is idempotent: when
 // the site's statistics are already stored it writes nothing and returns
 // stored == false (the first copy stays). One transaction.
@@ -101,13 +115,9 @@ func (s *AggStore) Statistics() ([]Record, error) {
 		if b == nil {
 			return nil
 		}
-		return sforEach(b, "statistics", func(k, v []byte) error {
-			r, err := decodeRecord(0, k, v, fmt.Sprintf("statistics of %q", k))
-			if err == nil {
-				out = append(out, r)
-			}
-			return err
-		})
+		var err error
+		out, err = readRecords(b, 0, "statistics", func(k []byte) string { return fmt.Sprintf("statistics of %q", k) })
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("storage: statistics: %w", err)
@@ -187,13 +197,11 @@ func (s *AggStore) Evals(round uint64) ([]Record, error) {
 		if eb == nil {
 			return nil
 		}
-		return sforEach(eb, fmt.Sprintf("evals/%d", round), func(k, v []byte) error {
-			r, err := decodeRecord(round, k, v, fmt.Sprintf("evaluation (%d, %q)", round, k))
-			if err == nil {
-				out = append(out, r)
-			}
-			return err
+		var err error
+		out, err = readRecords(eb, round, fmt.Sprintf("evals/%d", round), func(k []byte) string {
+			return fmt.Sprintf("evaluation (%d, %q)", round, k)
 		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("storage: evaluations of round %d: %w", round, err)
