@@ -65,6 +65,17 @@ func decodeRecord(round uint64, client, v []byte, what string) (Record, error) {
 		Msg: bytes.Clone(v[8:])}, nil
 }
 
+// viewWritten runs fn on bucket name in a read transaction, and does
+// nothing when the bucket has not been written yet.
+func (s *AggStore) viewWritten(name []byte, fn func(b *bolt.Bucket) error) error {
+	return s.db.View(func(tx *bolt.Tx) error {
+		if b, _ := optBucket(tx, name); b != nil {
+			return fn(b)
+		}
+		return nil
+	})
+}
+
 // readRecords decodes b's records (client id -> encodeRecord) of round in
 // key order; name is b's path and what(k) names one record in errors.
 func readRecords(b *bolt.Bucket, round uint64, name string, what func(k []byte) string) ([]Record, error) {
@@ -110,12 +121,7 @@ func (s *AggStore) PutStatistics(client string, at time.Time, msg []byte) (store
 // read transaction.
 func (s *AggStore) Statistics() ([]Record, error) {
 	var out []Record
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b, _ := optBucket(tx, bucketStatistics)
-		if b == nil {
-			return nil
-		}
-		var err error
+	err := s.viewWritten(bucketStatistics, func(b *bolt.Bucket) (err error) {
 		out, err = readRecords(b, 0, "statistics", func(k []byte) string { return fmt.Sprintf("statistics of %q", k) })
 		return err
 	})
@@ -188,16 +194,11 @@ func currentRound(tx *bolt.Tx) (uint64, error) {
 // order (none: an empty list). A read transaction.
 func (s *AggStore) Evals(round uint64) ([]Record, error) {
 	var out []Record
-	err := s.db.View(func(tx *bolt.Tx) error {
-		evs, _ := optBucket(tx, bucketEvals)
-		if evs == nil {
-			return nil
-		}
+	err := s.viewWritten(bucketEvals, func(evs *bolt.Bucket) (err error) {
 		eb := evs.Bucket(encodeU64(round))
 		if eb == nil {
 			return nil
 		}
-		var err error
 		out, err = readRecords(eb, round, fmt.Sprintf("evals/%d", round), func(k []byte) string {
 			return fmt.Sprintf("evaluation (%d, %q)", round, k)
 		})
@@ -213,11 +214,7 @@ func (s *AggStore) Evals(round uint64) ([]Record, error) {
 // ascending. A read transaction.
 func (s *AggStore) EvalRounds() ([]uint64, error) {
 	var out []uint64
-	err := s.db.View(func(tx *bolt.Tx) error {
-		evs, _ := optBucket(tx, bucketEvals)
-		if evs == nil {
-			return nil
-		}
+	err := s.viewWritten(bucketEvals, func(evs *bolt.Bucket) error {
 		return evs.ForEach(func(k, v []byte) error {
 			r, err := decodeU64(k, "evals key")
 			if err != nil {

@@ -139,24 +139,25 @@ func (s *EdgeStore) Path() string { return s.db.Path() }
 // read transaction; cheap for an edge database).
 func (s *EdgeStore) Check() error { return check(s.db) }
 
+// update runs fn on the edge bucket in a write transaction.
 func (s *EdgeStore) update(fn func(b *bolt.Bucket, tx *bolt.Tx) error) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		b, err := bucket(tx, bucketEdge)
-		if err != nil {
-			return err
-		}
-		return fn(b, tx)
-	})
+	return s.db.Update(inEdge(fn))
 }
 
+// view runs fn on the edge bucket in a read transaction.
 func (s *EdgeStore) view(fn func(b *bolt.Bucket, tx *bolt.Tx) error) error {
-	return s.db.View(func(tx *bolt.Tx) error {
+	return s.db.View(inEdge(fn))
+}
+
+// inEdge is fn as a transaction function: it runs fn on tx's edge bucket.
+func inEdge(fn func(b *bolt.Bucket, tx *bolt.Tx) error) func(*bolt.Tx) error {
+	return func(tx *bolt.Tx) error {
 		b, err := bucket(tx, bucketEdge)
 		if err != nil {
 			return err
 		}
 		return fn(b, tx)
-	})
+	}
 }
 
 // Identity is who this agent is.
