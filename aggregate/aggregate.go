@@ -342,22 +342,29 @@ func drawWeighted(w []float64, k int, rng *rand.Rand) []int {
 			picked = append(picked, rest[:k-len(picked)]...)
 			break
 		}
-		r := rng.Float64() * total
-		idx := -1
-		for i, v := range w {
-			if v <= 0 {
-				continue
-			}
-			idx = i
-			r -= v
-			if r < 0 {
-				break
-			}
-		}
+		idx := walkWeights(w, rng.Float64()*total)
 		picked = append(picked, idx)
 		w[idx] = -1 // mark picked
 	}
 	return picked
+}
+
+// walkWeights lays the positive weights end to end and returns the index
+// of the one r falls in (r in [0, their total)); the last positive one when
+// rounding leaves r beyond the end, -1 when none is positive.
+func walkWeights(w []float64, r float64) int {
+	idx := -1
+	for i, v := range w {
+		if v <= 0 {
+			continue
+		}
+		idx = i
+		r -= v
+		if r < 0 {
+			break
+		}
+	}
+	return idx
 }
 
 func seq(n int) []int {

@@ -321,18 +321,7 @@ func kmeansPP(y []float64, m, r, k, maxIter int, rng *rand.Rand) []int {
 		if !(tot > 1e-24*spread) {
 			break
 		}
-		x := rng.Float64() * tot
-		pick := -1
-		for i, v := range dist {
-			if v <= 0 {
-				continue
-			}
-			pick = i
-			x -= v
-			if x < 0 {
-				break
-			}
-		}
+		pick := walkWeights(dist, rng.Float64()*tot)
 		c := append([]float64(nil), pt(pick)...)
 		centres = append(centres, c)
 		for i := range m {

@@ -173,9 +173,50 @@ func (s *SimProx) Aggregate(global []float64, ups []Update, out []float64) (Repo
 func (s *SimProx) terms(global []float64, ups []Update) simproxTerms {
 	m, d := len(ups), len(global)
 	t := simproxTerms{g: make([]float64, m), cos: make([]float64, m*m), gauss: make([]float64, m*m)}
-
-	// Rows x_i = (w_i - w)/sc for i < m and, on weights, x_m = w/sc.
 	weights := s.cfg.On == OnWeights
+	G, sc := s.gramMatrix(global, ups, weights)
+	s.proximal(G, sc, ups, d, t.g)
+	if m == 1 {
+		t.cos[0], t.gauss[0] = 1, 1
+		t.logA = []float64{-t.g[0]}
+		t.norm, t.weights = []float64{1}, []float64{1}
+		return t
+	}
+	t.sigma = gaussianSimilarity(G, m, sc, t.gauss)
+	var sref []float64
+	if weights {
+		sref = cosinesOfModels(G, m, d, t.cos)
+	} else {
+		sref = cosinesOfUpdates(G, m, d, t.cos)
+	}
+	for _, v := range sref {
+		t.sbar += v
+	}
+	t.sbar /= float64(m)
+	t.lambda = dynamicLambda(s.cfg.Lambda0, s.cfg.Tau, t.sbar)
+	t.logA = logAlpha(t.lambda, t.cos, t.gauss, t.g)
+	t.norm = normaliseLog(t.logA)
+	if s.cfg.NoSoftmax {
+		t.weights = append([]float64(nil), t.norm...)
+		return t
+	}
+	t.weights = softmax(t.norm)
+	return t
+}
+
+// gram is an n×n symmetric Gram matrix stored in full, row-major.
+type gram struct {
+	v []float64
+	n int
+}
+
+func (g gram) at(i, j int) float64 { return g.v[i*g.n+j] }
+
+// gramMatrix forms the rows x_i = (w_i - w)/sc for i < m and, on weights,
+// x_m = w/sc (sc a power of two, so the scaling is exact), and returns their
+// Gram matrix (in s's scratch space) with sc.
+func (s *SimProx) gramMatrix(global []float64, ups []Update, weights bool) (gram, float64) {
+	m, d := len(ups), len(global)
 	n := m
 	if weights {
 		n = m + 1
@@ -208,37 +249,37 @@ func (s *SimProx) terms(global []float64, ups []Update) simproxTerms {
 			}
 		}
 	}
-	at := func(i, j int) float64 { return G[i*n+j] }
+	return gram{v: G, n: n}, sc
+}
 
-	// g_i.
+// proximal sets g[i] to eq. 11's g_i: the distance from the client's
+// previous model, or from the global model (ProxToGlobal, a client seen for
+// the first time, or one whose previous model has another length).
+func (s *SimProx) proximal(G gram, sc float64, ups []Update, d int, g []float64) {
 	for i, u := range ups {
 		p, seen := s.prev[u.Client]
 		if s.cfg.ProxToGlobal || !seen || len(p) != d {
-			t.g[i] = math.Sqrt(at(i, i)) * sc // ||w_i - w||
+			g[i] = math.Sqrt(G.at(i, i)) * sc // ||w_i - w||
 		} else {
-			t.g[i] = dist(u.Params, p)
+			g[i] = dist(u.Params, p)
 		}
 	}
-	if m == 1 {
-		t.cos[0], t.gauss[0] = 1, 1
-		t.logA = []float64{-t.g[0]}
-		t.norm, t.weights = []float64{1}, []float64{1}
-		return t
-	}
+}
 
-	// Distances and sigma (eq. 7): translation-invariant, so from the
-	// centred rows.
+// gaussianSimilarity fills the m×m gauss with eq. 8's S^G and returns eq.
+// 7's sigma in parameter units (saturating, never +Inf). Distances are
+// translation-invariant, so they come from the centred rows; m >= 2.
+func gaussianSimilarity(G gram, m int, sc float64, gauss []float64) float64 {
 	dd := make([]float64, m*m)
 	var sum float64
 	for i := range m {
 		for j := i + 1; j < m; j++ {
-			v := math.Sqrt(max(at(i, i)+at(j, j)-2*at(i, j), 0))
+			v := math.Sqrt(max(G.at(i, i)+G.at(j, j)-2*G.at(i, j), 0))
 			dd[i*m+j], dd[j*m+i] = v, v
 			sum += v
 		}
 	}
 	sigma := sum / (float64(m) * float64(m-1) / 2)
-	t.sigma = min(sigma*sc, math.MaxFloat64) // a metric: saturates, never +Inf
 	for i := range m {
 		for j := range m {
 			g := 1.0
@@ -246,119 +287,132 @@ func (s *SimProx) terms(global []float64, ups []Update) simproxTerms {
 				r := dd[i*m+j] / sigma
 				g = math.Exp(-0.5 * r * r)
 			}
-			t.gauss[i*m+j] = g
+			gauss[i*m+j] = g
 		}
 	}
+	return min(sigma*sc, math.MaxFloat64) // a metric: saturates, never +Inf
+}
 
-	// Cosines (eq. 9) and s_i.
+// cosinesOfModels fills the m×m cos with eq. 9's cosines between the models
+// w_i, recovered from the Gram matrix of the centred rows and the row w,
+// and returns each model's cosine to the global model.
+func cosinesOfModels(G gram, m, d int, cos []float64) []float64 {
 	sref := make([]float64, m)
-	if weights {
-		// ||w_i||^2 = <x_i,x_i> + 2<x_i,w> + <w,w>, accurate to
-		// (d+4) eps (||x_i|| + ||w||)^2: below that the model is zero
-		// for all the arithmetic can tell.
-		wn2 := at(m, m)
-		un := make([]float64, m)
-		for i := range m {
-			u2 := at(i, i) + 2*at(i, m) + wn2
-			tol := float64(d+4) * eps * sq(math.Sqrt(at(i, i))+math.Sqrt(wn2))
-			if u2 > tol {
-				un[i] = math.Sqrt(u2)
-			}
-		}
-		for i := range m {
-			for j := i; j < m; j++ {
-				var c float64
-				if un[i] > 0 && un[j] > 0 {
-					c = clamp1((at(i, j) + at(i, m) + at(j, m) + wn2) / un[i] / un[j])
-				}
-				t.cos[i*m+j], t.cos[j*m+i] = c, c
-			}
-			if un[i] > 0 && wn2 > 0 {
-				sref[i] = clamp1((at(i, m) + wn2) / un[i] / math.Sqrt(wn2))
-			}
-		}
-	} else {
-		xn := make([]float64, m)
-		rs := make([]float64, m) // <x_i, sum_j x_j>
-		var q, nsum float64      // ||sum_j x_j||^2, sum_i ||x_i||
-		for i := range m {
-			xn[i] = math.Sqrt(at(i, i))
-			nsum += xn[i]
-			for j := range m {
-				rs[i] += at(i, j)
-			}
-			q += rs[i]
-		}
-		for i := range m {
-			for j := i; j < m; j++ {
-				var c float64
-				if xn[i] > 0 && xn[j] > 0 {
-					c = clamp1(at(i, j) / xn[i] / xn[j])
-				}
-				t.cos[i*m+j], t.cos[j*m+i] = c, c
-			}
-		}
-		// The mean update: zero within rounding when q is below the
-		// error of summing the Gram matrix.
-		if q > float64(d+2*m+4)*eps*nsum*nsum {
-			for i := range m {
-				if xn[i] > 0 {
-					sref[i] = clamp1(rs[i] / xn[i] / math.Sqrt(q))
-				}
-			}
+	// ||w_i||^2 = <x_i,x_i> + 2<x_i,w> + <w,w>, accurate to
+	// (d+4) eps (||x_i|| + ||w||)^2: below that the model is zero
+	// for all the arithmetic can tell.
+	wn2 := G.at(m, m)
+	un := make([]float64, m)
+	for i := range m {
+		u2 := G.at(i, i) + 2*G.at(i, m) + wn2
+		tol := float64(d+4) * eps * sq(math.Sqrt(G.at(i, i))+math.Sqrt(wn2))
+		if u2 > tol {
+			un[i] = math.Sqrt(u2)
 		}
 	}
-	for _, v := range sref {
-		t.sbar += v
+	for i := range m {
+		for j := i; j < m; j++ {
+			var c float64
+			if un[i] > 0 && un[j] > 0 {
+				c = clamp1((G.at(i, j) + G.at(i, m) + G.at(j, m) + wn2) / un[i] / un[j])
+			}
+			cos[i*m+j], cos[j*m+i] = c, c
+		}
+		if un[i] > 0 && wn2 > 0 {
+			sref[i] = clamp1((G.at(i, m) + wn2) / un[i] / math.Sqrt(wn2))
+		}
 	}
-	t.sbar /= float64(m)
-	t.lambda = dynamicLambda(s.cfg.Lambda0, s.cfg.Tau, t.sbar)
+	return sref
+}
 
-	// Eq. 10 and 12 in the log domain, eq. 13 by log-sum-exp.
-	t.logA = make([]float64, m)
-	mx := math.Inf(-1)
+// cosinesOfUpdates fills the m×m cos with eq. 9's cosines between the
+// updates x_i and returns each update's cosine to the mean update.
+func cosinesOfUpdates(G gram, m, d int, cos []float64) []float64 {
+	sref := make([]float64, m)
+	xn := make([]float64, m)
+	rs := make([]float64, m) // <x_i, sum_j x_j>
+	var q, nsum float64      // ||sum_j x_j||^2, sum_i ||x_i||
+	for i := range m {
+		xn[i] = math.Sqrt(G.at(i, i))
+		nsum += xn[i]
+		for j := range m {
+			rs[i] += G.at(i, j)
+		}
+		q += rs[i]
+	}
+	for i := range m {
+		for j := i; j < m; j++ {
+			var c float64
+			if xn[i] > 0 && xn[j] > 0 {
+				c = clamp1(G.at(i, j) / xn[i] / xn[j])
+			}
+			cos[i*m+j], cos[j*m+i] = c, c
+		}
+	}
+	// The mean update: zero within rounding when q is below the
+	// error of summing the Gram matrix.
+	if q > float64(d+2*m+4)*eps*nsum*nsum {
+		for i := range m {
+			if xn[i] > 0 {
+				sref[i] = clamp1(rs[i] / xn[i] / math.Sqrt(q))
+			}
+		}
+	}
+	return sref
+}
+
+// logAlpha is eq. 10 and 12 in the log domain: log alpha_i = -g_i +
+// log(1 + sum_{j != i} S_ij / (m - 1)), m >= 2.
+func logAlpha(lambda float64, cos, gauss, g []float64) []float64 {
+	m := len(g)
+	logA := make([]float64, m)
 	for i := range m {
 		var row float64
 		for j := range m {
 			if j != i {
-				row += t.lambda*t.cos[i*m+j] + (1-t.lambda)*t.gauss[i*m+j]
+				row += lambda*cos[i*m+j] + (1-lambda)*gauss[i*m+j]
 			}
 		}
 		c := max(1+row/float64(m-1), 0) // >= 1 - lambda >= 0 up to rounding
-		t.logA[i] = -t.g[i] + math.Log(c)
-		mx = max(mx, t.logA[i])
+		logA[i] = -g[i] + math.Log(c)
 	}
-	t.norm = make([]float64, m)
+	return logA
+}
+
+// normaliseLog is eq. 13 from the logarithms by log-sum-exp: alpha_i / sum
+// alpha, or the uniform weights when every alpha is 0.
+func normaliseLog(logA []float64) []float64 {
+	mx := math.Inf(-1)
+	for _, la := range logA {
+		mx = max(mx, la)
+	}
 	if math.IsInf(mx, -1) {
-		copy(t.norm, uniform(m)) // every alpha is 0: no preference
-	} else {
-		var z float64
-		for i, la := range t.logA {
-			t.norm[i] = math.Exp(la - mx)
-			z += t.norm[i]
-		}
-		for i := range t.norm {
-			t.norm[i] /= z
-		}
+		return uniform(len(logA)) // every alpha is 0: no preference
 	}
-	if s.cfg.NoSoftmax {
-		t.weights = append([]float64(nil), t.norm...)
-		return t
+	return expShiftNormalised(logA, mx)
+}
+
+// softmax is Algorithm 1's line 5: exp(a_i) / sum_j exp(a_j).
+func softmax(a []float64) []float64 {
+	mx := math.Inf(-1)
+	for _, v := range a {
+		mx = max(mx, v)
 	}
-	t.weights = make([]float64, m)
-	amx := math.Inf(-1)
-	for _, a := range t.norm {
-		amx = max(amx, a)
-	}
+	return expShiftNormalised(a, mx)
+}
+
+// expShiftNormalised returns exp(v_i - mx) / sum_j exp(v_j - mx).
+func expShiftNormalised(v []float64, mx float64) []float64 {
+	out := make([]float64, len(v))
 	var z float64
-	for i, a := range t.norm {
-		t.weights[i] = math.Exp(a - amx)
-		z += t.weights[i]
+	for i, x := range v {
+		out[i] = math.Exp(x - mx)
+		z += out[i]
 	}
-	for i := range t.weights {
-		t.weights[i] /= z
+	for i := range out {
+		out[i] /= z
 	}
-	return t
+	return out
 }
 
 // dynamicLambda is sec. III.A.3's rule, lambda0 s_bar/tau below the

@@ -52,40 +52,73 @@ func (c *Codec) shrinkFor(recon []float64) shrinkMode {
 }
 
 func (c *Codec) encode(dst []byte, delta, residual []float64, rng *rand.Rand) ([]byte, error) {
-	n := len(delta)
-	if n > c.lim.MaxDim {
-		return dst, fmt.Errorf("%w: dimension %d, limit %d", ErrTooLarge, n, c.lim.MaxDim)
-	}
-	if residual != nil && len(residual) != n {
-		return dst, fmt.Errorf("%w: residual has %d values, delta %d", ErrInput, len(residual), n)
-	}
-	if c.val.kind == valQSGD && rng == nil {
-		return dst, fmt.Errorf("%w: %s needs a *rand.Rand", ErrInput, c.val)
+	if err := c.checkArgs(delta, residual, rng); err != nil {
+		return dst, err
 	}
 	v, err := c.input(delta, residual)
 	if err != nil {
 		return dst, err
 	}
-
-	// The transform, if any: everything below works on its coefficients u.
-	u := v
-	if c.tf.on() {
-		if n < c.tf.size() {
-			return dst, fmt.Errorf("%w: %s needs at least %d values, delta has %d", ErrInput, c.tf, c.tf.size(), n)
-		}
-		c.coef = resize(c.coef, n)
-		c.dctForward(c.tf, v, c.coef)
-		u = c.coef
-		if err := checkRange(u); err != nil {
-			return dst, err
-		}
+	u, err := c.forward(v)
+	if err != nil {
+		return dst, err
 	}
+	h, raw, recon, idx, err := c.payload(u, residual != nil, rng)
+	if err != nil {
+		return dst, err
+	}
+	dst, err = c.frame(dst, h, raw, idx)
+	if err != nil {
+		return dst, err
+	}
+	if residual != nil {
+		c.feedback(residual, v, recon, idx)
+	}
+	return dst, nil
+}
 
-	// Raw payload, and the receiver's view of the sent values in recon.
-	var recon []float64
-	raw := c.rawb[:0]
-	h := header{zstd: !c.raw && !c.ac, ac: c.ac, tf: c.tf, sparse: c.sparse, val: c.val, dim: n, nnz: n}
-	var idx []uint32
+// checkArgs checks an Encode's arguments before any value is read.
+func (c *Codec) checkArgs(delta, residual []float64, rng *rand.Rand) error {
+	n := len(delta)
+	if n > c.lim.MaxDim {
+		return fmt.Errorf("%w: dimension %d, limit %d", ErrTooLarge, n, c.lim.MaxDim)
+	}
+	if residual != nil && len(residual) != n {
+		return fmt.Errorf("%w: residual has %d values, delta %d", ErrInput, len(residual), n)
+	}
+	if c.val.kind == valQSGD && rng == nil {
+		return fmt.Errorf("%w: %s needs a *rand.Rand", ErrInput, c.val)
+	}
+	return nil
+}
+
+// forward returns the vector the payload codes: v itself, or its transform
+// coefficients (in c.coef) when c has a transform.
+func (c *Codec) forward(v []float64) ([]float64, error) {
+	if !c.tf.on() {
+		return v, nil
+	}
+	n := len(v)
+	if n < c.tf.size() {
+		return nil, fmt.Errorf("%w: %s needs at least %d values, delta has %d", ErrInput, c.tf, c.tf.size(), n)
+	}
+	c.coef = resize(c.coef, n)
+	c.dctForward(c.tf, v, c.coef)
+	if i := beyondFloat32(c.coef); i >= 0 {
+		return nil, fmt.Errorf("%w: dct coefficient %d = %g is beyond the float32 range", ErrInput, i, c.coef[i])
+	}
+	return c.coef, nil
+}
+
+// payload codes u (its top-k when c sparsifies) into the raw payload (in
+// c.rawb) and returns the frame's header without its payload length, the
+// payload, the kept indices (top-k), and, when withRecon, the receiver's
+// view of the values sent (in c.recon, one per value coded).
+func (c *Codec) payload(u []float64, withRecon bool, rng *rand.Rand) (h header, raw []byte, recon []float64, idx []uint32, err error) {
+	n := len(u)
+	raw = c.rawb[:0]
+	h = header{zstd: !c.raw && !c.ac, ac: c.ac, tf: c.tf, sparse: c.sparse, val: c.val, dim: n, nnz: n}
+	vals := u
 	if c.sparse {
 		idx = c.selectTopK(u, c.top.k(n))
 		h.nnz = len(idx)
@@ -96,32 +129,32 @@ func (c *Codec) encode(dst []byte, delta, residual []float64, rng *rand.Rand) ([
 		for j, i := range idx {
 			c.vals[j] = u[i]
 		}
-		if residual != nil {
-			recon = resize(c.recon, len(idx))
-		}
-		raw, err = c.val.encode(raw, c.vals, rng, recon, c.shrinkFor(recon))
-	} else {
-		if residual != nil {
-			recon = resize(c.recon, n)
-		}
-		raw, err = c.val.encode(raw, u, rng, recon, c.shrinkFor(recon))
+		vals = c.vals
 	}
+	if withRecon {
+		recon = resize(c.recon, len(vals))
+	}
+	raw, err = c.val.encode(raw, vals, rng, recon, c.shrinkFor(recon))
 	c.rawb = raw
 	if recon != nil {
 		c.recon = recon
 	}
 	if err != nil {
-		return dst, err
+		return h, nil, nil, nil, err
 	}
 	h.rawLen = len(raw)
+	return h, raw, recon, idx, nil
+}
 
-	// Frame: header, payload (zstd and ac append in place), CRC32C.
+// frame appends the frame to dst: header, payload (zstd and ac append in
+// place), CRC32C. On error dst is returned unchanged in length.
+func (c *Codec) frame(dst []byte, h header, raw []byte, idx []uint32) ([]byte, error) {
 	off := len(dst)
 	hl := h.len()
 	dst = grow(dst, hl)
 	switch {
 	case h.ac:
-		dst = c.acEncode(dst, n, idx, c.sparse, c.val, raw)
+		dst = c.acEncode(dst, h.dim, idx, c.sparse, c.val, raw)
 	case h.zstd && len(raw) > 0:
 		dst = c.z.compress(dst, raw)
 	default:
@@ -132,51 +165,58 @@ func (c *Codec) encode(dst []byte, delta, residual []float64, rng *rand.Rand) ([
 		return dst[:off], fmt.Errorf("%w: frame would be %d bytes, limit %d", ErrTooLarge, size, c.lim.MaxFrame)
 	}
 	h.put(dst[off:])
-	dst = binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[off:], castagnoli))
-
-	// Error feedback: what was not sent stays with the sender.
-	if residual != nil {
-		switch {
-		case c.tf.on():
-			// The receiver inverts the coefficients it got; so does this.
-			got := recon
-			if c.sparse {
-				c.vals = resize(c.vals, n)
-				clear(c.vals)
-				for j, i := range idx {
-					c.vals[i] = recon[j]
-				}
-				got = c.vals
-			}
-			dec := resize(c.abs, n)
-			c.abs = dec
-			c.dctInverse(c.tf, got, dec)
-			for i := range residual {
-				residual[i] = v[i] - dec[i]
-			}
-		case c.sparse:
-			copy(residual, v)
-			for j, i := range idx {
-				residual[i] = v[i] - recon[j]
-			}
-		default:
-			for i := range residual {
-				residual[i] = v[i] - recon[i]
-			}
-		}
-	}
-	return dst, nil
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[off:], castagnoli)), nil
 }
 
-// checkRange rejects coefficients beyond the float32 range (a transform can
-// grow a magnitude by up to sqrt(H·W)).
-func checkRange(u []float64) error {
-	for i, f := range u {
-		if math.Abs(f) > math.MaxFloat32 && math.IsInf(float64(float32(f)), 0) {
-			return fmt.Errorf("%w: dct coefficient %d = %g is beyond the float32 range", ErrInput, i, f)
+// feedback is error feedback: residual becomes v minus what the receiver
+// will decode from the values it gets (recon, at idx when top-k), so what
+// was not sent stays with the sender.
+func (c *Codec) feedback(residual, v, recon []float64, idx []uint32) {
+	n := len(v)
+	switch {
+	case c.tf.on():
+		// The receiver inverts the coefficients it got; so does this.
+		got := recon
+		if c.sparse {
+			c.vals = resize(c.vals, n)
+			scatter(c.vals, idx, recon)
+			got = c.vals
+		}
+		dec := resize(c.abs, n)
+		c.abs = dec
+		c.dctInverse(c.tf, got, dec)
+		for i := range residual {
+			residual[i] = v[i] - dec[i]
+		}
+	case c.sparse:
+		copy(residual, v)
+		for j, i := range idx {
+			residual[i] = v[i] - recon[j]
+		}
+	default:
+		for i := range residual {
+			residual[i] = v[i] - recon[i]
 		}
 	}
-	return nil
+}
+
+// scatter sets dst to zero but dst[idx[j]] = vals[j].
+func scatter(dst []float64, idx []uint32, vals []float64) {
+	clear(dst)
+	for j, i := range idx {
+		dst[i] = vals[j]
+	}
+}
+
+// beyondFloat32 is the index of the first value beyond the float32 range
+// (a transform can grow a magnitude by up to sqrt(H·W)), or -1.
+func beyondFloat32(u []float64) int {
+	for i, f := range u {
+		if math.Abs(f) > math.MaxFloat32 && math.IsInf(float64(float32(f)), 0) {
+			return i
+		}
+	}
+	return -1
 }
 
 // input validates delta and residual and returns the vector to encode:
@@ -198,14 +238,12 @@ func (c *Codec) input(delta, residual []float64) ([]float64, error) {
 		}
 		v = c.sum
 	}
-	for i, f := range v {
-		if math.Abs(f) > math.MaxFloat32 && math.IsInf(float64(float32(f)), 0) {
-			what := "delta"
-			if residual != nil {
-				what = "delta+residual"
-			}
-			return nil, fmt.Errorf("%w: %s[%d] = %g is beyond the float32 range", ErrInput, what, i, f)
+	if i := beyondFloat32(v); i >= 0 {
+		what := "delta"
+		if residual != nil {
+			what = "delta+residual"
 		}
+		return nil, fmt.Errorf("%w: %s[%d] = %g is beyond the float32 range", ErrInput, what, i, v[i])
 	}
 	return v, nil
 }
@@ -267,16 +305,7 @@ func (c *Codec) Decode(msg []byte, dst []float64) ([]float64, error) {
 		c.dctInverse(h.tf, c.coef, out)
 		return out, nil
 	}
-	if !h.sparse {
-		h.val.decode(vals, out, false, 0)
-		return out, nil
-	}
-	clear(out)
-	c.dvals = resize(c.dvals, h.nnz)
-	h.val.decode(vals, c.dvals, false, 0)
-	for j, i := range c.didx[:h.nnz] {
-		out[i] = c.dvals[j]
-	}
+	c.decodeDense(h, vals, out)
 	return out, nil
 }
 
@@ -319,15 +348,18 @@ func (c *Codec) DecodeAdd(msg []byte, dst []float64, scale float64) error {
 // vector (zeros where top-k kept nothing), in c.coef's storage.
 func (c *Codec) coefficients(h header, vals []byte) []float64 {
 	u := resize(c.coef, h.dim)
+	c.decodeDense(h, vals, u)
+	return u
+}
+
+// decodeDense decodes an opened frame's values into out, of the frame's
+// dimension (zeros where top-k kept nothing).
+func (c *Codec) decodeDense(h header, vals []byte, out []float64) {
 	if !h.sparse {
-		h.val.decode(vals, u, false, 0)
-		return u
+		h.val.decode(vals, out, false, 0)
+		return
 	}
-	clear(u)
 	c.dvals = resize(c.dvals, h.nnz)
 	h.val.decode(vals, c.dvals, false, 0)
-	for j, i := range c.didx[:h.nnz] {
-		u[i] = c.dvals[j]
-	}
-	return u
+	scatter(out, c.didx[:h.nnz], c.dvals)
 }

@@ -97,105 +97,153 @@ func (h *header) spec() string {
 // the payload present. It returns the header and the payload.
 func parseFrame(msg []byte, lim Limits) (header, []byte, error) {
 	var h header
+	hl, err := checkEnvelope(msg, lim)
+	if err != nil {
+		return h, nil, err
+	}
+	h.payLen = len(msg) - hl - crcLen
+	if err := h.parseFlags(msg); err != nil {
+		return h, nil, err
+	}
+	if msg[4] == version2 {
+		if err := h.parseTransform(msg, lim); err != nil {
+			return h, nil, err
+		}
+	}
+	if err := h.parseCodec(msg); err != nil {
+		return h, nil, err
+	}
+	if err := h.parseSizes(msg, lim); err != nil {
+		return h, nil, err
+	}
+	return h, msg[hl : hl+h.payLen], nil
+}
+
+// le32 is the four-byte field at off, as a uint64: the fields are compared
+// as uint64 before any becomes an int (on 32-bit ARM an int conversion of
+// 2^31 or more would be negative).
+func le32(msg []byte, off int) uint64 { return uint64(binary.LittleEndian.Uint32(msg[off:])) }
+
+// checkEnvelope checks what surrounds the fields: the size limit, magic,
+// version, the declared length against the message's, and the CRC32C. It
+// returns the header's length.
+func checkEnvelope(msg []byte, lim Limits) (int, error) {
 	if len(msg) > lim.MaxFrame {
-		return h, nil, fmt.Errorf("%w: frame is %d bytes, limit %d", ErrTooLarge, len(msg), lim.MaxFrame)
+		return 0, fmt.Errorf("%w: frame is %d bytes, limit %d", ErrTooLarge, len(msg), lim.MaxFrame)
 	}
 	if len(msg) < len(magic) || string(msg[:len(magic)]) != magic {
 		if len(msg) < len(magic) && string(msg) == magic[:len(msg)] {
-			return h, nil, fmt.Errorf("%w: %d bytes, shorter than a header", ErrTruncated, len(msg))
+			return 0, fmt.Errorf("%w: %d bytes, shorter than a header", ErrTruncated, len(msg))
 		}
-		return h, nil, fmt.Errorf("%w: no %q magic", ErrFormat, magic)
+		return 0, fmt.Errorf("%w: no %q magic", ErrFormat, magic)
 	}
 	if len(msg) < 5 {
-		return h, nil, fmt.Errorf("%w: %d bytes, shorter than a header", ErrTruncated, len(msg))
+		return 0, fmt.Errorf("%w: %d bytes, shorter than a header", ErrTruncated, len(msg))
 	}
 	if msg[4] != version && msg[4] != version2 {
-		return h, nil, fmt.Errorf("%w: version %d (this build speaks %d and %d)", ErrVersion, msg[4], version, version2)
+		return 0, fmt.Errorf("%w: version %d (this build speaks %d and %d)", ErrVersion, msg[4], version, version2)
 	}
 	hl := headerLen
 	if msg[4] == version2 {
 		hl = header2
 	}
 	if len(msg) < hl+crcLen {
-		return h, nil, fmt.Errorf("%w: %d bytes, shorter than header and checksum (%d)", ErrTruncated, len(msg), hl+crcLen)
+		return 0, fmt.Errorf("%w: %d bytes, shorter than header and checksum (%d)", ErrTruncated, len(msg), hl+crcLen)
 	}
-	// The four-byte fields are compared as uint64 before any becomes an int:
-	// on 32-bit ARM an int conversion of 2^31 or more would be negative.
-	u32 := func(off int) uint64 { return uint64(binary.LittleEndian.Uint32(msg[off:])) }
-	if want := uint64(hl) + u32(28) + crcLen; uint64(len(msg)) != want {
+	if want := uint64(hl) + le32(msg, 28) + crcLen; uint64(len(msg)) != want {
 		if uint64(len(msg)) < want {
-			return h, nil, fmt.Errorf("%w: %d bytes, header declares %d", ErrTruncated, len(msg), want)
+			return 0, fmt.Errorf("%w: %d bytes, header declares %d", ErrTruncated, len(msg), want)
 		}
-		return h, nil, fmt.Errorf("%w: %d bytes after the declared %d-byte frame", ErrFormat, uint64(len(msg))-want, want)
+		return 0, fmt.Errorf("%w: %d bytes after the declared %d-byte frame", ErrFormat, uint64(len(msg))-want, want)
 	}
-	h.payLen = len(msg) - hl - crcLen
-	body := msg[:hl+h.payLen]
-	if got, want := crc32.Checksum(body, castagnoli), binary.LittleEndian.Uint32(msg[hl+h.payLen:]); got != want {
-		return h, nil, fmt.Errorf("%w: computed %08x, frame says %08x", ErrChecksum, got, want)
+	end := len(msg) - crcLen
+	if got, want := crc32.Checksum(msg[:end], castagnoli), binary.LittleEndian.Uint32(msg[end:]); got != want {
+		return 0, fmt.Errorf("%w: computed %08x, frame says %08x", ErrChecksum, got, want)
 	}
+	return hl, nil
+}
+
+// parseFlags reads the flags, transform and entropy-coder ids (not yet the
+// transform's parameters) and the reserved bytes of a version 1 frame.
+func (h *header) parseFlags(msg []byte) error {
 	if msg[4] == version && (msg[10] != 0 || msg[11] != 0) {
-		return h, nil, fmt.Errorf("%w: reserved bytes %#x %#x set", ErrFormat, msg[10], msg[11])
+		return fmt.Errorf("%w: reserved bytes %#x %#x set", ErrFormat, msg[10], msg[11])
 	}
 	if msg[5]&^flagZstd != 0 || msg[10] > tfDCT || msg[11] > entRange {
-		return h, nil, fmt.Errorf("%w: unknown flags %#x, transform %d or entropy coder %d", ErrFormat, msg[5], msg[10], msg[11])
+		return fmt.Errorf("%w: unknown flags %#x, transform %d or entropy coder %d", ErrFormat, msg[5], msg[10], msg[11])
 	}
 	h.zstd = msg[5]&flagZstd != 0
 	h.ac = msg[11] == entRange
 	if h.zstd && h.ac {
-		return h, nil, fmt.Errorf("%w: both zstd and ac", ErrFormat)
+		return fmt.Errorf("%w: both zstd and ac", ErrFormat)
 	}
-	if msg[4] == version2 {
-		th, tw, tc := binary.LittleEndian.Uint16(msg[32:]), binary.LittleEndian.Uint16(msg[34:]), u32(36)
-		switch {
-		case msg[10] == tfNone && (th != 0 || tw != 0 || tc != 0):
-			return h, nil, fmt.Errorf("%w: transform parameters without a transform", ErrFormat)
-		case msg[10] == tfDCT:
-			if th < 1 || th > maxDCTSide || tw < 1 || tw > maxDCTSide || tc < 1 {
-				return h, nil, fmt.Errorf("%w: dct shape %dx%dx%d (sides 1..%d, channels >= 1)", ErrCodec, th, tw, tc, maxDCTSide)
-			}
-			// Compared with dim below, once dim is bounded.
-			if uint64(th)*uint64(tw)*tc > uint64(lim.MaxDim) {
-				return h, nil, fmt.Errorf("%w: dct shape %dx%dx%d beyond dimension limit %d", ErrTooLarge, th, tw, tc, lim.MaxDim)
-			}
-			h.tf = dctShape{h: int(th), w: int(tw), c: int(tc)}
-		case !h.ac:
-			return h, nil, fmt.Errorf("%w: version 2 frame with neither transform nor ac", ErrFormat)
+	return nil
+}
+
+// parseTransform reads a version 2 frame's transform parameters; a
+// version 2 frame has a transform, ac, or both.
+func (h *header) parseTransform(msg []byte, lim Limits) error {
+	th, tw, tc := binary.LittleEndian.Uint16(msg[32:]), binary.LittleEndian.Uint16(msg[34:]), le32(msg, 36)
+	switch {
+	case msg[10] == tfNone && (th != 0 || tw != 0 || tc != 0):
+		return fmt.Errorf("%w: transform parameters without a transform", ErrFormat)
+	case msg[10] == tfDCT:
+		if th < 1 || th > maxDCTSide || tw < 1 || tw > maxDCTSide || tc < 1 {
+			return fmt.Errorf("%w: dct shape %dx%dx%d (sides 1..%d, channels >= 1)", ErrCodec, th, tw, tc, maxDCTSide)
 		}
+		// Compared with dim in parseSizes, once dim is bounded.
+		if uint64(th)*uint64(tw)*tc > uint64(lim.MaxDim) {
+			return fmt.Errorf("%w: dct shape %dx%dx%d beyond dimension limit %d", ErrTooLarge, th, tw, tc, lim.MaxDim)
+		}
+		h.tf = dctShape{h: int(th), w: int(tw), c: int(tc)}
+	case !h.ac:
+		return fmt.Errorf("%w: version 2 frame with neither transform nor ac", ErrFormat)
 	}
+	return nil
+}
+
+// parseCodec reads the sparsifier and the value coder.
+func (h *header) parseCodec(msg []byte) error {
 	switch msg[6] {
 	case sparseNone:
 	case sparseTopK:
 		h.sparse = true
 	default:
-		return h, nil, fmt.Errorf("%w: sparsifier id %d", ErrCodec, msg[6])
+		return fmt.Errorf("%w: sparsifier id %d", ErrCodec, msg[6])
 	}
-	if b := u32(12); b > maxBucket {
-		return h, nil, fmt.Errorf("%w: bucket %d above %d", ErrCodec, b, maxBucket)
+	if b := le32(msg, 12); b > maxBucket {
+		return fmt.Errorf("%w: bucket %d above %d", ErrCodec, b, maxBucket)
 	}
-	v := valueCoder{kind: msg[7], scale: msg[8], levels: int(msg[9]), bucket: int(u32(12))}
+	v := valueCoder{kind: msg[7], scale: msg[8], levels: int(msg[9]), bucket: int(le32(msg, 12))}
 	if err := v.check(); err != nil {
-		return h, nil, err
+		return err
 	}
 	h.val = v
-	dim, nnz, rawLen := u32(16), u32(20), u32(24)
+	return nil
+}
+
+// parseSizes reads the dimension, nnz and raw payload length and checks
+// them against the limits, the transform, the codec and the payload.
+func (h *header) parseSizes(msg []byte, lim Limits) error {
+	dim, nnz, rawLen := le32(msg, 16), le32(msg, 20), le32(msg, 24)
 	if dim > uint64(lim.MaxDim) {
-		return h, nil, fmt.Errorf("%w: dimension %d, limit %d", ErrTooLarge, dim, lim.MaxDim)
+		return fmt.Errorf("%w: dimension %d, limit %d", ErrTooLarge, dim, lim.MaxDim)
 	}
 	if nnz > dim {
-		return h, nil, corrupt("nnz %d above dimension %d", nnz, dim)
+		return corrupt("nnz %d above dimension %d", nnz, dim)
 	}
 	// dim, nnz <= MaxDim <= 2^27, so the sizes checkSizes computes from them
 	// (<= 14·2^27) fit an int everywhere; rawLen is compared before it is
 	// converted.
 	h.dim, h.nnz = int(dim), int(nnz)
 	if h.tf.on() && h.tf.size() > h.dim {
-		return h, nil, corrupt("dct shape %dx%dx%d covers %d values, dimension is %d", h.tf.h, h.tf.w, h.tf.c, h.tf.size(), h.dim)
+		return corrupt("dct shape %dx%dx%d covers %d values, dimension is %d", h.tf.h, h.tf.w, h.tf.c, h.tf.size(), h.dim)
 	}
 	if err := h.checkSizes(rawLen); err != nil {
-		return h, nil, err
+		return err
 	}
 	h.rawLen = int(rawLen)
-	return h, msg[hl : hl+h.payLen], nil
+	return nil
 }
 
 // check validates a value coder read from a frame.

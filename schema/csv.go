@@ -124,114 +124,34 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn strin
 	if err != nil {
 		return nil, nil, malformed(name, err)
 	}
-	pos := map[string]int{}
-	for i, h := range header {
-		h = strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))
-		if _, dup := pos[h]; dup {
-			return nil, nil, &CSVError{File: name, Line: 1, Column: h, Kind: KindDuplicateColumn, Expected: "each column once"}
-		}
-		pos[h] = i
+	l, err := s.layout(name, header, withLabel, siteColumn)
+	if err != nil {
+		return nil, nil, err
 	}
-	used := map[string]bool{}
-	idx := make([]int, len(s.Features))
-	for j, f := range s.Features {
-		i, ok := pos[f.Name]
-		if !ok {
-			return nil, nil, &CSVError{File: name, Line: 1, Column: f.Name, Role: RoleFeature, Kind: KindMissingColumn, Expected: f.Type + " feature of the schema"}
-		}
-		idx[j] = i
-		used[f.Name] = true
-	}
-	siteAt := -1
-	var sites []string
-	if siteColumn != "" {
-		i, ok := pos[siteColumn]
-		if !ok {
-			return nil, nil, &CSVError{File: name, Line: 1, Column: siteColumn, Role: RoleSite, Kind: KindMissingColumn, Expected: "the site column"}
-		}
-		if used[siteColumn] || siteColumn == s.Label.Column {
-			return nil, nil, &CSVError{File: name, Column: siteColumn, Role: RoleSite, Kind: KindSiteColumn, Expected: "a column the schema does not use"}
-		}
-		siteAt = i
-		used[siteColumn] = true
-	}
-	labelAt := -1
-	if i, ok := pos[s.Label.Column]; ok {
-		used[s.Label.Column] = true
-		if withLabel {
-			labelAt = i
-		}
-	} else if withLabel {
-		return nil, nil, &CSVError{File: name, Line: 1, Column: s.Label.Column, Role: RoleLabel, Kind: KindMissingColumn, Expected: "the label column"}
-	}
-	t := &Table{Columns: make([]Column, len(s.Features))}
-	for _, h := range header {
-		h = strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))
-		if !used[h] {
-			t.Extra = append(t.Extra, h)
-		}
-	}
+	t := &Table{Columns: make([]Column, len(s.Features)), Extra: l.extra}
 	if withLabel {
 		t.ClassCounts = make([]int, s.NumClasses())
 	}
+	var sites []string
 	for {
 		rec, err := cr.Read()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			// FieldPos is only valid after a successful Read.
-			var pe *csv.ParseError
-			if errors.As(err, &pe) {
-				exp := "valid CSV quoting"
-				if errors.Is(pe.Err, csv.ErrFieldCount) {
-					exp = "a row as wide as the header"
-				}
-				return nil, nil, &CSVError{File: name, Line: pe.Line, Kind: KindMalformed, Expected: exp, Err: pe.Err}
-			}
-			return nil, nil, malformed(name, err)
+			return nil, nil, rowError(name, err)
 		}
 		line, _ := cr.FieldPos(0)
-		for j, f := range s.Features {
-			cell := strings.TrimSpace(rec[idx[j]])
-			c := &t.Columns[j]
-			miss := s.IsMissing(cell)
-			c.Missing = append(c.Missing, miss)
-			if f.Type == Numeric {
-				v := 0.0
-				if !miss {
-					v, err = strconv.ParseFloat(cell, 64)
-					if err != nil || math.IsInf(v, 0) || math.IsNaN(v) {
-						return nil, nil, &CSVError{File: name, Line: line, Column: f.Name, Role: RoleFeature, Kind: KindBadValue, Expected: "a finite number or a missing token", Value: clip(cell)}
-					}
-				}
-				c.Num = append(c.Num, v)
-			} else {
-				if miss {
-					cell = ""
-				}
-				c.Level = append(c.Level, strings.Clone(cell))
+		if err := s.appendFeatures(t, rec, l.features, name, line); err != nil {
+			return nil, nil, err
+		}
+		if l.label >= 0 {
+			if err := s.appendLabel(t, strings.TrimSpace(rec[l.label]), name, line); err != nil {
+				return nil, nil, err
 			}
 		}
-		if labelAt >= 0 {
-			cell := strings.TrimSpace(rec[labelAt])
-			if s.Task == TaskRegression {
-				v, err := strconv.ParseFloat(cell, 64)
-				if err != nil || math.IsInf(v, 0) || math.IsNaN(v) {
-					return nil, nil, &CSVError{File: name, Line: line, Column: s.Label.Column, Role: RoleLabel, Kind: KindBadValue, Expected: "a finite number", Value: clip(cell)}
-				}
-				t.Labels = append(t.Labels, v)
-			} else {
-				k, ok := s.ClassOf(cell)
-				if !ok {
-					return nil, nil, &CSVError{File: name, Line: line, Column: s.Label.Column, Role: RoleLabel, Kind: KindUnknownLabel, Expected: s.knownLabels(), Value: clip(cell)}
-				}
-				t.Labels = append(t.Labels, float64(k))
-				t.ClassCounts[k]++
-			}
-		}
-		if siteAt >= 0 {
-			site := strings.TrimSpace(rec[siteAt])
+		if l.site >= 0 {
+			site := strings.TrimSpace(rec[l.site])
 			if site == "" {
 				return nil, nil, &CSVError{File: name, Line: line, Column: siteColumn, Role: RoleSite, Kind: KindBadValue, Expected: "a site name"}
 			}
@@ -241,6 +161,132 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn strin
 		t.Rows++
 	}
 	return t, sites, nil
+}
+
+// csvLayout is where a CSV's header puts what the schema reads.
+type csvLayout struct {
+	features []int    // features[j]: the column of Schema.Features[j]
+	label    int      // the label's column, or -1 (not read)
+	site     int      // the site column, or -1 (none asked for)
+	extra    []string // the header's columns nothing reads, in order
+}
+
+// layout maps the header's column names (trimmed, without a byte-order
+// mark) to the schema's features, the label (when withLabel) and the site
+// column (when not ""), each by name.
+func (s *Schema) layout(name string, header []string, withLabel bool, siteColumn string) (csvLayout, error) {
+	l := csvLayout{features: make([]int, len(s.Features)), label: -1, site: -1}
+	names := make([]string, len(header))
+	pos := map[string]int{}
+	for i, h := range header {
+		h = strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))
+		if _, dup := pos[h]; dup {
+			return l, &CSVError{File: name, Line: 1, Column: h, Kind: KindDuplicateColumn, Expected: "each column once"}
+		}
+		pos[h] = i
+		names[i] = h
+	}
+	used := map[string]bool{}
+	for j, f := range s.Features {
+		i, ok := pos[f.Name]
+		if !ok {
+			return l, &CSVError{File: name, Line: 1, Column: f.Name, Role: RoleFeature, Kind: KindMissingColumn, Expected: f.Type + " feature of the schema"}
+		}
+		l.features[j] = i
+		used[f.Name] = true
+	}
+	if siteColumn != "" {
+		i, ok := pos[siteColumn]
+		if !ok {
+			return l, &CSVError{File: name, Line: 1, Column: siteColumn, Role: RoleSite, Kind: KindMissingColumn, Expected: "the site column"}
+		}
+		if used[siteColumn] || siteColumn == s.Label.Column {
+			return l, &CSVError{File: name, Column: siteColumn, Role: RoleSite, Kind: KindSiteColumn, Expected: "a column the schema does not use"}
+		}
+		l.site = i
+		used[siteColumn] = true
+	}
+	if i, ok := pos[s.Label.Column]; ok {
+		used[s.Label.Column] = true
+		if withLabel {
+			l.label = i
+		}
+	} else if withLabel {
+		return l, &CSVError{File: name, Line: 1, Column: s.Label.Column, Role: RoleLabel, Kind: KindMissingColumn, Expected: "the label column"}
+	}
+	for _, h := range names {
+		if !used[h] {
+			l.extra = append(l.extra, h)
+		}
+	}
+	return l, nil
+}
+
+// rowError is the error for a data row the csv reader refused.
+func rowError(name string, err error) error {
+	// FieldPos is only valid after a successful Read.
+	var pe *csv.ParseError
+	if errors.As(err, &pe) {
+		exp := "valid CSV quoting"
+		if errors.Is(pe.Err, csv.ErrFieldCount) {
+			exp = "a row as wide as the header"
+		}
+		return &CSVError{File: name, Line: pe.Line, Kind: KindMalformed, Expected: exp, Err: pe.Err}
+	}
+	return malformed(name, err)
+}
+
+// appendFeatures appends one row's feature cells (rec[cols[j]] for feature
+// j) to t's columns: a number, a level, or a missing token.
+func (s *Schema) appendFeatures(t *Table, rec []string, cols []int, name string, line int) error {
+	for j, f := range s.Features {
+		cell := strings.TrimSpace(rec[cols[j]])
+		c := &t.Columns[j]
+		miss := s.IsMissing(cell)
+		c.Missing = append(c.Missing, miss)
+		if f.Type == Numeric {
+			v := 0.0
+			if !miss {
+				var ok bool
+				if v, ok = parseFinite(cell); !ok {
+					return &CSVError{File: name, Line: line, Column: f.Name, Role: RoleFeature, Kind: KindBadValue, Expected: "a finite number or a missing token", Value: clip(cell)}
+				}
+			}
+			c.Num = append(c.Num, v)
+		} else {
+			if miss {
+				cell = ""
+			}
+			c.Level = append(c.Level, strings.Clone(cell))
+		}
+	}
+	return nil
+}
+
+// appendLabel appends one row's label (a value for regression, a class
+// index otherwise) to t.
+func (s *Schema) appendLabel(t *Table, cell, name string, line int) error {
+	if s.Task == TaskRegression {
+		v, ok := parseFinite(cell)
+		if !ok {
+			return &CSVError{File: name, Line: line, Column: s.Label.Column, Role: RoleLabel, Kind: KindBadValue, Expected: "a finite number", Value: clip(cell)}
+		}
+		t.Labels = append(t.Labels, v)
+		return nil
+	}
+	k, ok := s.ClassOf(cell)
+	if !ok {
+		return &CSVError{File: name, Line: line, Column: s.Label.Column, Role: RoleLabel, Kind: KindUnknownLabel, Expected: s.knownLabels(), Value: clip(cell)}
+	}
+	t.Labels = append(t.Labels, float64(k))
+	t.ClassCounts[k]++
+	return nil
+}
+
+// parseFinite parses a cell as a finite float64.
+func parseFinite(cell string) (float64, bool) {
+	v, err := strconv.ParseFloat(cell, 64)
+	return v, err == nil && !math.IsInf(v, 0) && !math.IsNaN(v)
 }
 
 // malformed wraps an error of the csv reader (a *csv.ParseError, whose

@@ -664,18 +664,7 @@ func (s *AggStore) Round(n uint64) (Round, error) {
 func (s *AggStore) CurrentRound() (Round, error) {
 	var r Round
 	err := s.db.View(func(tx *bolt.Tx) error {
-		agg, err := bucket(tx, bucketAgg)
-		if err != nil {
-			return err
-		}
-		v, err := sget(agg, keyCurrentRound, "agg/current_round")
-		if err != nil {
-			return err
-		}
-		if v == nil {
-			return fmt.Errorf("%w: no round yet", ErrNotFound)
-		}
-		n, err := decodeU64(v, "agg/current_round")
+		n, err := currentRound(tx)
 		if err != nil {
 			return err
 		}

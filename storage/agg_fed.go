@@ -65,6 +65,31 @@ func decodeRecord(round uint64, client, v []byte, what string) (Record, error) {
 		Msg: bytes.Clone(v[8:])}, nil
 }
 
+// viewWritten runs fn on bucket name in a read transaction, and does
+// nothing when the bucket has not been written yet.
+func (s *AggStore) viewWritten(name []byte, fn func(b *bolt.Bucket) error) error {
+	return s.db.View(func(tx *bolt.Tx) error {
+		if b, _ := optBucket(tx, name); b != nil {
+			return fn(b)
+		}
+		return nil
+	})
+}
+
+// readRecords decodes b's records (client id -> encodeRecord) of round in
+// key order; name is b's path and what(k) names one record in errors.
+func readRecords(b *bolt.Bucket, round uint64, name string, what func(k []byte) string) ([]Record, error) {
+	var out []Record
+	err := sforEach(b, name, func(k, v []byte) error {
+		r, err := decodeRecord(round, k, v, what(k))
+		if err == nil {
+			out = append(out, r)
+		}
+		return err
+	})
+	return out, err
+}
+
 // PutStatistics stores a site's statistics message. It is idempotent: when
 // the site's statistics are already stored it writes nothing and returns
 // stored == false (the first copy stays). One transaction.
@@ -96,18 +121,9 @@ func (s *AggStore) PutStatistics(client string, at time.Time, msg []byte) (store
 // read transaction.
 func (s *AggStore) Statistics() ([]Record, error) {
 	var out []Record
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b, _ := optBucket(tx, bucketStatistics)
-		if b == nil {
-			return nil
-		}
-		return sforEach(b, "statistics", func(k, v []byte) error {
-			r, err := decodeRecord(0, k, v, fmt.Sprintf("statistics of %q", k))
-			if err == nil {
-				out = append(out, r)
-			}
-			return err
-		})
+	err := s.viewWritten(bucketStatistics, func(b *bolt.Bucket) (err error) {
+		out, err = readRecords(b, 0, "statistics", func(k []byte) string { return fmt.Sprintf("statistics of %q", k) })
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("storage: statistics: %w", err)
@@ -178,22 +194,15 @@ func currentRound(tx *bolt.Tx) (uint64, error) {
 // order (none: an empty list). A read transaction.
 func (s *AggStore) Evals(round uint64) ([]Record, error) {
 	var out []Record
-	err := s.db.View(func(tx *bolt.Tx) error {
-		evs, _ := optBucket(tx, bucketEvals)
-		if evs == nil {
-			return nil
-		}
+	err := s.viewWritten(bucketEvals, func(evs *bolt.Bucket) (err error) {
 		eb := evs.Bucket(encodeU64(round))
 		if eb == nil {
 			return nil
 		}
-		return sforEach(eb, fmt.Sprintf("evals/%d", round), func(k, v []byte) error {
-			r, err := decodeRecord(round, k, v, fmt.Sprintf("evaluation (%d, %q)", round, k))
-			if err == nil {
-				out = append(out, r)
-			}
-			return err
+		out, err = readRecords(eb, round, fmt.Sprintf("evals/%d", round), func(k []byte) string {
+			return fmt.Sprintf("evaluation (%d, %q)", round, k)
 		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("storage: evaluations of round %d: %w", round, err)
@@ -205,11 +214,7 @@ func (s *AggStore) Evals(round uint64) ([]Record, error) {
 // ascending. A read transaction.
 func (s *AggStore) EvalRounds() ([]uint64, error) {
 	var out []uint64
-	err := s.db.View(func(tx *bolt.Tx) error {
-		evs, _ := optBucket(tx, bucketEvals)
-		if evs == nil {
-			return nil
-		}
+	err := s.viewWritten(bucketEvals, func(evs *bolt.Bucket) error {
 		return evs.ForEach(func(k, v []byte) error {
 			r, err := decodeU64(k, "evals key")
 			if err != nil {

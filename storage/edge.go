@@ -139,24 +139,25 @@ func (s *EdgeStore) Path() string { return s.db.Path() }
 // read transaction; cheap for an edge database).
 func (s *EdgeStore) Check() error { return check(s.db) }
 
+// update runs fn on the edge bucket in a write transaction.
 func (s *EdgeStore) update(fn func(b *bolt.Bucket, tx *bolt.Tx) error) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		b, err := bucket(tx, bucketEdge)
-		if err != nil {
-			return err
-		}
-		return fn(b, tx)
-	})
+	return s.db.Update(inEdge(fn))
 }
 
+// view runs fn on the edge bucket in a read transaction.
 func (s *EdgeStore) view(fn func(b *bolt.Bucket, tx *bolt.Tx) error) error {
-	return s.db.View(func(tx *bolt.Tx) error {
+	return s.db.View(inEdge(fn))
+}
+
+// inEdge is fn as a transaction function: it runs fn on tx's edge bucket.
+func inEdge(fn func(b *bolt.Bucket, tx *bolt.Tx) error) func(*bolt.Tx) error {
+	return func(tx *bolt.Tx) error {
 		b, err := bucket(tx, bucketEdge)
 		if err != nil {
 			return err
 		}
 		return fn(b, tx)
-	})
+	}
 }
 
 // Identity is who this agent is.
@@ -394,20 +395,20 @@ func (s *EdgeStore) StartRun(runID string) (RunStart, error) {
 
 // SeenRound is the newest round seen (0 if none). A read transaction.
 func (s *EdgeStore) SeenRound() (uint64, error) {
-	var r uint64
-	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) (err error) {
-		r, err = getU64(b, keySeenRound)
-		return err
-	})
-	return r, err
+	return s.u64(keySeenRound)
 }
 
 // AppliedRound is the newest round CommitRound applied (0 if none). A read
 // transaction.
 func (s *EdgeStore) AppliedRound() (uint64, error) {
+	return s.u64(keyAppliedRound)
+}
+
+// u64 reads the counter stored under k (0 if none). A read transaction.
+func (s *EdgeStore) u64(k []byte) (uint64, error) {
 	var r uint64
 	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) (err error) {
-		r, err = getU64(b, keyAppliedRound)
+		r, err = getU64(b, k)
 		return err
 	})
 	return r, err
@@ -452,18 +453,7 @@ func (s *EdgeStore) SetGlobal(round uint64, vec []float64) error {
 // Global returns the last global model and its round, or ErrNotFound. A
 // read transaction.
 func (s *EdgeStore) Global() (round uint64, vec []float64, err error) {
-	err = s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
-		v, err := eget(b, keyGlobal)
-		if err != nil {
-			return err
-		}
-		if v == nil {
-			return fmt.Errorf("%w: global model", ErrNotFound)
-		}
-		round, vec, err = decodeRoundVec(v, "edge/global")
-		return err
-	})
-	return round, vec, err
+	return s.roundVec(keyGlobal, "global model")
 }
 
 // InitZ stores FedSplit's initial z (the first global model the client sees)
@@ -490,18 +480,7 @@ func (s *EdgeStore) InitZ(round uint64, z []float64) (bool, error) {
 // Z returns FedSplit's z and the round it was last updated for, or
 // ErrNotFound. A read transaction.
 func (s *EdgeStore) Z() (round uint64, z []float64, err error) {
-	err = s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
-		v, err := eget(b, keyZ)
-		if err != nil {
-			return err
-		}
-		if v == nil {
-			return fmt.Errorf("%w: z", ErrNotFound)
-		}
-		round, z, err = decodeRoundVec(v, "edge/z")
-		return err
-	})
-	return round, z, err
+	return s.roundVec(keyZ, "z")
 }
 
 // SetResidual stores an error-feedback residual under name. One
@@ -660,18 +639,24 @@ func (s *EdgeStore) Commit(c Commit) error {
 // the round of the update that set it, or ErrNotFound when the aggregator
 // holds no copy this site knows of. A read transaction.
 func (s *EdgeStore) ServerZ() (round uint64, z []float64, err error) {
+	return s.roundVec(keyServerZ, "server z")
+}
+
+// roundVec reads the round and vector stored under k (what names it in
+// ErrNotFound). A read transaction.
+func (s *EdgeStore) roundVec(k []byte, what string) (round uint64, vec []float64, err error) {
 	err = s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
-		v, err := eget(b, keyServerZ)
+		v, err := eget(b, k)
 		if err != nil {
 			return err
 		}
 		if v == nil {
-			return fmt.Errorf("%w: server z", ErrNotFound)
+			return fmt.Errorf("%w: %s", ErrNotFound, what)
 		}
-		round, z, err = decodeRoundVec(v, "edge/server_z")
+		round, vec, err = decodeRoundVec(v, "edge/"+string(k))
 		return err
 	})
-	return round, z, err
+	return round, vec, err
 }
 
 // OutboxEntry is an update written but not yet receipted.

@@ -98,21 +98,10 @@ func Rollback(path string, n uint64, now time.Time, rewrite func(config []byte) 
 	if err != nil {
 		return res, fmt.Errorf("storage: roll back %s: %w", path, err)
 	}
-	last, err := s.lastIntact()
+	n, err = s.rollbackTarget(path, n)
 	if err != nil {
 		s.Close()
-		return res, fmt.Errorf("storage: roll back %s: %w", path, err)
-	}
-	if n == 0 {
-		n = last
-	}
-	if n == 0 {
-		s.Close()
-		return res, fmt.Errorf("%w: roll back %s: round 1 is not intact; nothing to roll back to (start a new run with another state file)", ErrCorrupt, path)
-	}
-	if n > last {
-		s.Close()
-		return res, fmt.Errorf("%w: roll back %s to round %d: the newest intact round is %d", ErrInvalid, path, n, last)
+		return res, err
 	}
 	// The copy: the file as it is, before any change.
 	res.Backup = fmt.Sprintf("%s.before-rollback-%d", path, now.Unix())
@@ -121,120 +110,7 @@ func Rollback(path string, n uint64, now time.Time, rewrite func(config []byte) 
 		return res, fmt.Errorf("storage: roll back %s: keep a copy: %w", path, err)
 	}
 	res.Round = n
-	err = s.db.Update(func(tx *bolt.Tx) error {
-		rs, err := bucket(tx, bucketRounds)
-		if err != nil {
-			return err
-		}
-		for _, name := range [][]byte{bucketRounds, bucketUpdates, bucketCheckpoints} {
-			b, err := bucket(tx, name)
-			if err != nil {
-				return err
-			}
-			var doomed [][]byte
-			c := b.Cursor()
-			for k, _ := c.Seek(encodeU64(n + 1)); k != nil; k, _ = c.Next() {
-				doomed = append(doomed, append([]byte(nil), k...))
-			}
-			for _, k := range doomed {
-				if b.Bucket(k) != nil {
-					err = b.DeleteBucket(k)
-				} else {
-					err = b.Delete(k)
-				}
-				if err != nil {
-					return err
-				}
-			}
-			if string(name) == string(bucketRounds) {
-				res.Rounds = len(doomed)
-			}
-		}
-		// Evaluation reports of eval round e judge the model after e
-		// aggregations, the checkpoint of round e+1: those of rounds >= n
-		// judge models that are gone. The final bundle goes too: the run
-		// is not finished any more.
-		if err := dropEvalsFrom(tx, n); err != nil {
-			return err
-		}
-		if fb := tx.Bucket(bucketFederation); fb != nil {
-			if err := fb.Delete(keyFinalBundle); err != nil {
-				return err
-			}
-		}
-		zb, err := bucket(tx, bucketLatestZ)
-		if err != nil {
-			return err
-		}
-		var doomed [][]byte
-		if err := zb.ForEach(func(k, raw []byte) error {
-			v, err := unseal(k, raw, "latest_z/"+string(k))
-			var r uint64
-			if err == nil {
-				r, err = roundOf(v, "latest_z/"+string(k))
-			}
-			if err != nil || r > n {
-				doomed = append(doomed, append([]byte(nil), k...))
-			}
-			return nil
-		}); err != nil {
-			return err
-		}
-		for _, k := range doomed {
-			if err := zb.Delete(k); err != nil {
-				return err
-			}
-			res.ZsRemoved = append(res.ZsRemoved, string(k))
-		}
-		// The registry is informational (last seen, participation): a
-		// damaged entry is dropped and rebuilt by the client's next status.
-		cb, err := bucket(tx, bucketClients)
-		if err != nil {
-			return err
-		}
-		var bad [][]byte
-		if err := cb.ForEach(func(k, raw []byte) error {
-			if _, err := unseal(k, raw, "clients/"+string(k)); err != nil {
-				bad = append(bad, append([]byte(nil), k...))
-			}
-			return nil
-		}); err != nil {
-			return err
-		}
-		for _, k := range bad {
-			if err := cb.Delete(k); err != nil {
-				return err
-			}
-		}
-		if rewrite != nil {
-			fb := rs.Bucket(encodeU64(1))
-			first, err := readRound(fb, 1)
-			if err != nil {
-				return err
-			}
-			conf, err := rewrite(first.Config)
-			if err != nil {
-				return err
-			}
-			if err := putBytes(fb, keyRoundConfig, conf); err != nil {
-				return err
-			}
-		}
-		rb := rs.Bucket(encodeU64(n))
-		r, err := readRound(rb, n)
-		if err != nil {
-			return err
-		}
-		r.Status, r.ClosedAt = RoundOpen, time.Time{}
-		if err := writeRoundMeta(rb, r); err != nil {
-			return err
-		}
-		agg, err := bucket(tx, bucketAgg)
-		if err != nil {
-			return err
-		}
-		return sput(agg, keyCurrentRound, encodeU64(n))
-	})
+	err = s.db.Update(func(tx *bolt.Tx) error { return rollbackTx(tx, n, rewrite, &res) })
 	if err == nil {
 		res.Checkpoint, err = s.Checkpoint(n)
 	}
@@ -245,6 +121,182 @@ func Rollback(path string, n uint64, now time.Time, rewrite func(config []byte) 
 		return res, fmt.Errorf("storage: roll back %s to round %d: %w", path, n, err)
 	}
 	return res, nil
+}
+
+// rollbackTarget checks that the log can be rolled back to round n (0: the
+// last intact round) and returns the round it will end at.
+func (s *AggStore) rollbackTarget(path string, n uint64) (uint64, error) {
+	last, err := s.lastIntact()
+	if err != nil {
+		return 0, fmt.Errorf("storage: roll back %s: %w", path, err)
+	}
+	if n == 0 {
+		n = last
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("%w: roll back %s: round 1 is not intact; nothing to roll back to (start a new run with another state file)", ErrCorrupt, path)
+	}
+	if n > last {
+		return 0, fmt.Errorf("%w: roll back %s to round %d: the newest intact round is %d", ErrInvalid, path, n, last)
+	}
+	return n, nil
+}
+
+// rollbackTx is Rollback's one write transaction: it drops what came after
+// round n, rewrites round 1's config (rewrite != nil) and reopens round n.
+// It records in res what it removed.
+func rollbackTx(tx *bolt.Tx, n uint64, rewrite func(config []byte) ([]byte, error), res *RollbackResult) error {
+	rs, err := bucket(tx, bucketRounds)
+	if err != nil {
+		return err
+	}
+	for _, name := range [][]byte{bucketRounds, bucketUpdates, bucketCheckpoints} {
+		b, err := bucket(tx, name)
+		if err != nil {
+			return err
+		}
+		dropped, err := deleteRoundsFrom(b, n+1)
+		if err != nil {
+			return err
+		}
+		if string(name) == string(bucketRounds) {
+			res.Rounds = dropped
+		}
+	}
+	// Evaluation reports of eval round e judge the model after e
+	// aggregations, the checkpoint of round e+1: those of rounds >= n
+	// judge models that are gone. The final bundle goes too: the run
+	// is not finished any more.
+	if err := dropEvalsFrom(tx, n); err != nil {
+		return err
+	}
+	if fb := tx.Bucket(bucketFederation); fb != nil {
+		if err := fb.Delete(keyFinalBundle); err != nil {
+			return err
+		}
+	}
+	if res.ZsRemoved, err = dropLatestZAfter(tx, n); err != nil {
+		return err
+	}
+	if err := dropDamagedClients(tx); err != nil {
+		return err
+	}
+	if rewrite != nil {
+		if err := rewriteRunConfig(rs, rewrite); err != nil {
+			return err
+		}
+	}
+	if err := reopenRound(rs, n); err != nil {
+		return err
+	}
+	agg, err := bucket(tx, bucketAgg)
+	if err != nil {
+		return err
+	}
+	return sput(agg, keyCurrentRound, encodeU64(n))
+}
+
+// deleteRoundsFrom deletes b's keys (values or sub-buckets) of rounds >=
+// from and returns how many it deleted.
+func deleteRoundsFrom(b *bolt.Bucket, from uint64) (int, error) {
+	var doomed [][]byte
+	c := b.Cursor()
+	for k, _ := c.Seek(encodeU64(from)); k != nil; k, _ = c.Next() {
+		doomed = append(doomed, append([]byte(nil), k...))
+	}
+	for _, k := range doomed {
+		var err error
+		if b.Bucket(k) != nil {
+			err = b.DeleteBucket(k)
+		} else {
+			err = b.Delete(k)
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+	return len(doomed), nil
+}
+
+// dropLatestZAfter deletes every client's latest FedSplit z set by an
+// update of a round after n (or unreadable) and returns those clients.
+func dropLatestZAfter(tx *bolt.Tx, n uint64) ([]string, error) {
+	zb, err := bucket(tx, bucketLatestZ)
+	if err != nil {
+		return nil, err
+	}
+	var doomed [][]byte
+	if err := zb.ForEach(func(k, raw []byte) error {
+		v, err := unseal(k, raw, "latest_z/"+string(k))
+		var r uint64
+		if err == nil {
+			r, err = roundOf(v, "latest_z/"+string(k))
+		}
+		if err != nil || r > n {
+			doomed = append(doomed, append([]byte(nil), k...))
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	var removed []string
+	for _, k := range doomed {
+		if err := zb.Delete(k); err != nil {
+			return removed, err
+		}
+		removed = append(removed, string(k))
+	}
+	return removed, nil
+}
+
+// dropDamagedClients deletes the registry entries that do not unseal. The
+// registry is informational (last seen, participation): a damaged entry is
+// dropped and rebuilt by the client's next status.
+func dropDamagedClients(tx *bolt.Tx) error {
+	cb, err := bucket(tx, bucketClients)
+	if err != nil {
+		return err
+	}
+	var bad [][]byte
+	if err := cb.ForEach(func(k, raw []byte) error {
+		if _, err := unseal(k, raw, "clients/"+string(k)); err != nil {
+			bad = append(bad, append([]byte(nil), k...))
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, k := range bad {
+		if err := cb.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rewriteRunConfig replaces round 1's config bytes by rewrite's answer.
+func rewriteRunConfig(rs *bolt.Bucket, rewrite func(config []byte) ([]byte, error)) error {
+	fb := rs.Bucket(encodeU64(1))
+	first, err := readRound(fb, 1)
+	if err != nil {
+		return err
+	}
+	conf, err := rewrite(first.Config)
+	if err != nil {
+		return err
+	}
+	return putBytes(fb, keyRoundConfig, conf)
+}
+
+// reopenRound marks round n open again, as it was while it was current.
+func reopenRound(rs *bolt.Bucket, n uint64) error {
+	rb := rs.Bucket(encodeU64(n))
+	r, err := readRound(rb, n)
+	if err != nil {
+		return err
+	}
+	r.Status, r.ClosedAt = RoundOpen, time.Time{}
+	return writeRoundMeta(rb, r)
 }
 
 func copyFile(src, dst string) error {
@@ -279,21 +331,6 @@ func dropEvalsFrom(tx *bolt.Tx, n uint64) error {
 	if b == nil {
 		return nil
 	}
-	var doomed [][]byte
-	var err error
-	c := b.Cursor()
-	for k, _ := c.Seek(encodeU64(n)); k != nil; k, _ = c.Next() {
-		doomed = append(doomed, append([]byte(nil), k...))
-	}
-	for _, k := range doomed {
-		if b.Bucket(k) != nil {
-			err = b.DeleteBucket(k)
-		} else {
-			err = b.Delete(k)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err := deleteRoundsFrom(b, n)
+	return err
 }
