@@ -118,15 +118,26 @@ func fields(msg string, b []byte, field fieldFunc) error {
 // error code, as fieldFunc does.
 
 func consumeString(dst *string, b []byte) (int, error) {
-	v, n := protowire.ConsumeBytes(b)
-	if n < 0 {
-		return n, nil
-	}
-	if !utf8.Valid(v) {
-		return 0, errInvalidUTF8
+	v, n, err := consumeUTF8(b)
+	if n < 0 || err != nil {
+		return n, err
 	}
 	*dst = string(v)
 	return n, nil
+}
+
+// consumeUTF8 decodes a length-delimited value that must be valid UTF-8 (a
+// string field's): the value and the bytes consumed, a negative protowire
+// error code, or errInvalidUTF8.
+func consumeUTF8(b []byte) ([]byte, int, error) {
+	v, n := protowire.ConsumeBytes(b)
+	if n < 0 {
+		return nil, n, nil
+	}
+	if !utf8.Valid(v) {
+		return nil, 0, errInvalidUTF8
+	}
+	return v, n, nil
 }
 
 func consumeBytes(dst *[]byte, b []byte) int {
@@ -142,45 +153,35 @@ func consumeBytes(dst *[]byte, b []byte) int {
 	return n
 }
 
-func consumeUint64(dst *uint64, b []byte) int {
+// consumeVarint decodes a varint into *dst, converted by conv; *dst is left
+// alone if the varint is malformed.
+func consumeVarint[T any](dst *T, b []byte, conv func(uint64) T) int {
 	v, n := protowire.ConsumeVarint(b)
 	if n >= 0 {
-		*dst = v
+		*dst = conv(v)
 	}
 	return n
+}
+
+func consumeUint64(dst *uint64, b []byte) int {
+	return consumeVarint(dst, b, func(v uint64) uint64 { return v })
 }
 
 func consumeUint32(dst *uint32, b []byte) int {
-	v, n := protowire.ConsumeVarint(b)
-	if n >= 0 {
-		*dst = uint32(v)
-	}
-	return n
+	return consumeVarint(dst, b, func(v uint64) uint32 { return uint32(v) })
 }
 
 func consumeInt64(dst *int64, b []byte) int {
-	v, n := protowire.ConsumeVarint(b)
-	if n >= 0 {
-		*dst = int64(v)
-	}
-	return n
+	return consumeVarint(dst, b, func(v uint64) int64 { return int64(v) })
 }
 
 // consumeEnum decodes an enum's varint, truncated to int32 like protobuf-go.
 func consumeEnum(dst *int32, b []byte) int {
-	v, n := protowire.ConsumeVarint(b)
-	if n >= 0 {
-		*dst = int32(v)
-	}
-	return n
+	return consumeVarint(dst, b, func(v uint64) int32 { return int32(v) })
 }
 
 func consumeBool(dst *bool, b []byte) int {
-	v, n := protowire.ConsumeVarint(b)
-	if n >= 0 {
-		*dst = protowire.DecodeBool(v)
-	}
-	return n
+	return consumeVarint(dst, b, protowire.DecodeBool)
 }
 
 func consumeDouble(dst *float64, b []byte) int {
@@ -203,12 +204,9 @@ func consumeMessage(m codec, b []byte, d *decoder) (int, error) {
 // consumeRepeatedString appends one element to a repeated string field, up to
 // its limit (field is repeatedLimit's key).
 func consumeRepeatedString(dst *[]string, b []byte, d *decoder, field string) (int, error) {
-	v, n := protowire.ConsumeBytes(b)
-	if n < 0 {
-		return n, nil
-	}
-	if !utf8.Valid(v) {
-		return 0, errInvalidUTF8
+	v, n, err := consumeUTF8(b)
+	if n < 0 || err != nil {
+		return n, err
 	}
 	if limit := d.limit(field); len(*dst) >= limit {
 		d.over(field, limit)
@@ -250,7 +248,7 @@ func consumeRepeatedUint32(dst *[]uint32, typ protowire.Type, b []byte, d *decod
 		if !keep {
 			d.over(field, limit)
 		} else if count > 0 {
-			*dst = growUint32(*dst, count)
+			*dst = grow(*dst, count)
 		}
 		for len(p) > 0 {
 			v, m := protowire.ConsumeVarint(p)
@@ -298,7 +296,7 @@ func consumeRepeatedDouble(dst *[]float64, typ protowire.Type, b []byte, d *deco
 			return n
 		}
 		if count > 0 {
-			s := growFloat64(*dst, count)
+			s := grow(*dst, count)
 			for ; len(p) > 0; p = p[8:] {
 				v, _ := protowire.ConsumeFixed64(p)
 				s = append(s, math.Float64frombits(v))
@@ -310,20 +308,13 @@ func consumeRepeatedDouble(dst *[]float64, typ protowire.Type, b []byte, d *deco
 	return 0
 }
 
-func growUint32(s []uint32, n int) []uint32 {
+// grow returns s with room for n more elements (slices.Grow without its
+// rounding up, so a packed run allocates exactly what it holds).
+func grow[T any](s []T, n int) []T {
 	if cap(s)-len(s) >= n {
 		return s
 	}
-	t := make([]uint32, len(s), len(s)+n)
-	copy(t, s)
-	return t
-}
-
-func growFloat64(s []float64, n int) []float64 {
-	if cap(s)-len(s) >= n {
-		return s
-	}
-	t := make([]float64, len(s), len(s)+n)
+	t := make([]T, len(s), len(s)+n)
 	copy(t, s)
 	return t
 }
