@@ -41,9 +41,7 @@ func commands() []cli.Command {
 			Sub: []cli.Command{{Name: "passwd", Summary: "add a site to a Mosquitto-format password file", Run: runPasswd}}},
 		{Name: "simulate", Summary: "run many virtual clients in one process and write results.json/csv/png", Run: runSimulate},
 		{Name: "report", Summary: "tabulate results.json files (mean ± sd over seeds) as markdown", Run: runReport},
-		{Name: "version", Summary: "print the version", Run: func(_ context.Context, args []string, stdout, stderr io.Writer) error {
-			return cli.Version(args, stdout, stderr, "broker-agg", version)
-		}},
+		cli.VersionCommand("broker-agg", version),
 	}
 }
 

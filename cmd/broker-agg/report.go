@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/sim"
 )
 
@@ -29,11 +30,8 @@ flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return errUsage
+	if err := cli.Parse(fs, args); err != nil {
+		return err
 	}
 	var at []int
 	for _, s := range strings.Split(*atList, ",") {

@@ -9,6 +9,7 @@ import (
 	"io"
 
 	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/internal/cli"
 )
 
 // runEvaluate is `edge-agent evaluate`: the metrics of a bundle's model on
@@ -26,11 +27,8 @@ func runEvaluate(_ context.Context, args []string, stdout, stderr io.Writer) err
 	modelPath := fs.String("model", "", "model bundle written by broker-agg (required)")
 	data := fs.String("data", "", "labelled data: csv:PATH[:label=COL] (required)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
+	if err := cli.Parse(fs, args); err != nil {
+		return err
 	}
 	if *modelPath == "" || *data == "" || fs.NArg() > 0 {
 		return errors.New("evaluate: --model and --data are required, no arguments")

@@ -27,9 +27,7 @@ func commands() []cli.Command {
 		{Name: "bench", Summary: "benchmark a local FedProx solve on this device and suggest a work budget", Run: runBench},
 		{Name: "evaluate", Summary: "evaluate a model bundle on a labelled CSV (see evaluate --help)", Run: runEvaluate},
 		{Name: "predict", Summary: "write a model bundle's predictions for a CSV (see predict --help)", Run: runPredict},
-		{Name: "version", Summary: "print the version", Run: func(_ context.Context, args []string, stdout, stderr io.Writer) error {
-			return cli.Version(args, stdout, stderr, "edge-agent", version)
-		}},
+		cli.VersionCommand("edge-agent", version),
 	}
 }
 

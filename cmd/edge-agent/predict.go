@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/internal/cli"
 )
 
 // runPredict is `edge-agent predict`: one output row per input row.
@@ -26,11 +27,8 @@ func runPredict(_ context.Context, args []string, stdout, stderr io.Writer) erro
 	data := fs.String("data", "", "input rows: csv:PATH (required)")
 	out := fs.String("out", "", "output CSV (required)")
 	keep := fs.String("keep", "", "comma-separated input columns copied to the output")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
+	if err := cli.Parse(fs, args); err != nil {
+		return err
 	}
 	if *modelPath == "" || *data == "" || *out == "" || fs.NArg() > 0 {
 		return errors.New("predict: --model, --data and --out are required, no arguments")
