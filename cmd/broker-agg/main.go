@@ -28,9 +28,6 @@ import (
 // version is stamped at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-// errUsage marks an error the flag package already reported.
-var errUsage = cli.ErrUsage
-
 func commands() []cli.Command {
 	return []cli.Command{
 		{Name: "run", Summary: "run the aggregator daemon (embedded MQTT broker by default)", Run: runServe},

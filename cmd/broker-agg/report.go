@@ -43,7 +43,7 @@ flags:
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()
-		return errUsage
+		return cli.ErrUsage
 	}
 	var files []*sim.Results
 	for _, p := range fs.Args() {

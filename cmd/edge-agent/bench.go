@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
@@ -171,7 +172,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (benchConfig, error) {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, err
 		}
-		return cfg, errUsage
+		return cfg, cli.ErrUsage
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))

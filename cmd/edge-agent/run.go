@@ -38,12 +38,12 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "edge-agent run: unexpected argument %q\n", fs.Arg(0))
 		fs.Usage()
-		return errUsage
+		return cli.ErrUsage
 	}
 	if *path == "" && len(*flags) == 0 {
 		fmt.Fprintln(stderr, "edge-agent run: --config FILE is required (or every setting as a flag)")
 		fs.Usage()
-		return errUsage
+		return cli.ErrUsage
 	}
 	cfg, err := loadConfig(*path, *flags, version)
 	if err != nil {
