@@ -216,28 +216,34 @@ func consumeRepeatedString(dst *[]string, b []byte, d *decoder, field string) (i
 	return n, nil
 }
 
+// appendOne appends v to the repeated field *dst unless that would take it
+// over its limit (field is repeatedLimit's key), which is then recorded.
+func appendOne[T any](dst *[]T, v T, d *decoder, field string) {
+	if limit := d.limit(field); len(*dst) >= limit {
+		d.over(field, limit)
+		return
+	}
+	*dst = append(*dst, v)
+}
+
 // consumeRepeatedUint32 decodes one element (VarintType) or a packed run
 // (BytesType) of a repeated uint32 field, up to its limit (field is
 // repeatedLimit's key).
 func consumeRepeatedUint32(dst *[]uint32, typ protowire.Type, b []byte, d *decoder, field string) int {
-	limit := d.limit(field)
 	switch typ {
 	case protowire.VarintType:
 		v, n := protowire.ConsumeVarint(b)
 		if n < 0 {
 			return n
 		}
-		if len(*dst) >= limit {
-			d.over(field, limit)
-		} else {
-			*dst = append(*dst, uint32(v))
-		}
+		appendOne(dst, uint32(v), d, field)
 		return n
 	case protowire.BytesType:
 		p, n := protowire.ConsumeBytes(b)
 		if n < 0 {
 			return n
 		}
+		limit := d.limit(field)
 		count := 0 // varints in the run, if it is well formed
 		for _, c := range p {
 			if c < 0x80 {
@@ -269,18 +275,13 @@ func consumeRepeatedUint32(dst *[]uint32, typ protowire.Type, b []byte, d *decod
 // (BytesType) of a repeated double field, up to its limit (field is
 // repeatedLimit's key).
 func consumeRepeatedDouble(dst *[]float64, typ protowire.Type, b []byte, d *decoder, field string) int {
-	limit := d.limit(field)
 	switch typ {
 	case protowire.Fixed64Type:
 		v, n := protowire.ConsumeFixed64(b)
 		if n < 0 {
 			return n
 		}
-		if len(*dst) >= limit {
-			d.over(field, limit)
-		} else {
-			*dst = append(*dst, math.Float64frombits(v))
-		}
+		appendOne(dst, math.Float64frombits(v), d, field)
 		return n
 	case protowire.BytesType:
 		p, n := protowire.ConsumeBytes(b)
@@ -291,6 +292,7 @@ func consumeRepeatedDouble(dst *[]float64, typ protowire.Type, b []byte, d *deco
 			return -1 // protowire's code for a truncated value
 		}
 		count := len(p) / 8
+		limit := d.limit(field)
 		if len(*dst)+count > limit {
 			d.over(field, limit)
 			return n
@@ -357,12 +359,16 @@ func appendDouble(b []byte, num protowire.Number, v float64) []byte {
 	return protowire.AppendFixed64(b, math.Float64bits(v))
 }
 
-func sizeString(num protowire.Number, s string) int {
-	if s == "" {
+// sizeLen is the size of a length-delimited field of n bytes, omitted when
+// empty.
+func sizeLen(num protowire.Number, n int) int {
+	if n == 0 {
 		return 0
 	}
-	return protowire.SizeTag(num) + protowire.SizeBytes(len(s))
+	return protowire.SizeTag(num) + protowire.SizeBytes(n)
 }
+
+func sizeString(num protowire.Number, s string) int { return sizeLen(num, len(s)) }
 
 func appendString(b []byte, num protowire.Number, s string) []byte {
 	if s == "" {
@@ -372,12 +378,7 @@ func appendString(b []byte, num protowire.Number, s string) []byte {
 	return protowire.AppendString(b, s)
 }
 
-func sizeBytes(num protowire.Number, v []byte) int {
-	if len(v) == 0 {
-		return 0
-	}
-	return protowire.SizeTag(num) + protowire.SizeBytes(len(v))
-}
+func sizeBytes(num protowire.Number, v []byte) int { return sizeLen(num, len(v)) }
 
 func appendBytes(b []byte, num protowire.Number, v []byte) []byte {
 	if len(v) == 0 {
@@ -429,10 +430,7 @@ func packedUint32Len(s []uint32) int {
 }
 
 func sizePackedUint32(num protowire.Number, s []uint32) int {
-	if len(s) == 0 {
-		return 0
-	}
-	return protowire.SizeTag(num) + protowire.SizeBytes(packedUint32Len(s))
+	return sizeLen(num, packedUint32Len(s)) // 0 only when s is empty
 }
 
 func appendPackedUint32(b []byte, num protowire.Number, s []uint32) []byte {
@@ -447,12 +445,7 @@ func appendPackedUint32(b []byte, num protowire.Number, s []uint32) []byte {
 	return b
 }
 
-func sizePackedDouble(num protowire.Number, s []float64) int {
-	if len(s) == 0 {
-		return 0
-	}
-	return protowire.SizeTag(num) + protowire.SizeBytes(8*len(s))
-}
+func sizePackedDouble(num protowire.Number, s []float64) int { return sizeLen(num, 8*len(s)) }
 
 func appendPackedDouble(b []byte, num protowire.Number, s []float64) []byte {
 	if len(s) == 0 {

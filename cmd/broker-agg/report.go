@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -14,13 +13,7 @@ import (
 
 // runReport prints a markdown table from results.json files (one per seed).
 func runReport(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("report", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	metric := fs.String("metric", "accuracy", "metric: accuracy (percent) | loss | gap | relgap | dist | bytes_up")
-	atList := fs.String("at", "0", "comma-separated rounds to tabulate (0 = the last round)")
-	below := fs.Float64("below", 0, "also report the first round at which the metric falls below this value")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: broker-agg report [--metric NAME] [--at ROUNDS] [--below X] RESULTS.json...
+	fs := cli.NewFlagSet("report", stderr, `usage: broker-agg report [--metric NAME] [--at ROUNDS] [--below X] RESULTS.json...
 
 Tabulates the results.json files of broker-agg simulate as a markdown table:
 one row per algorithm, one column per --at round, each cell the mean ± sd of
@@ -28,8 +21,9 @@ one row per algorithm, one column per --at round, each cell the mean ± sd of
 
 flags:
 `)
-		fs.PrintDefaults()
-	}
+	metric := fs.String("metric", "accuracy", "metric: accuracy (percent) | loss | gap | relgap | dist | bytes_up")
+	atList := fs.String("at", "0", "comma-separated rounds to tabulate (0 = the last round)")
+	below := fs.Float64("below", 0, "also report the first round at which the metric falls below this value")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -14,15 +13,10 @@ import (
 
 // runPredict is `edge-agent predict`: one output row per input row.
 func runPredict(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("predict", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: edge-agent predict --model BUNDLE --data csv:PATH --out FILE [--keep COL,...]\n\n"+
-			"Writes FILE (atomically) with one row per row of PATH: the --keep columns, \"prediction\"\n"+
-			"(the predicted class as its raw label value, or the value for regression) and\n"+
-			"p_<class> per class. PATH is read by the bundle's schema (the label column may be absent).\n\nflags:\n")
-		fs.PrintDefaults()
-	}
+	fs := cli.NewFlagSet("predict", stderr, "usage: edge-agent predict --model BUNDLE --data csv:PATH --out FILE [--keep COL,...]\n\n"+
+		"Writes FILE (atomically) with one row per row of PATH: the --keep columns, \"prediction\"\n"+
+		"(the predicted class as its raw label value, or the value for regression) and\n"+
+		"p_<class> per class. PATH is read by the bundle's schema (the label column may be absent).\n\nflags:\n")
 	modelPath := fs.String("model", "", "model bundle written by broker-agg (required)")
 	data := fs.String("data", "", "input rows: csv:PATH (required)")
 	out := fs.String("out", "", "output CSV (required)")

@@ -114,11 +114,7 @@ func VersionCommand(name, version string) Command {
 }
 
 func printVersion(args []string, stdout, stderr io.Writer, name, version string) error {
-	fs := flag.NewFlagSet(name+" version", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: %s version\n\nPrints the version this binary was built as (go build -ldflags \"-X main.version=...\";\n\"dev\" when built without it).\n", name)
-	}
+	fs := NewFlagSet(name+" version", stderr, fmt.Sprintf("usage: %s version\n\nPrints the version this binary was built as (go build -ldflags \"-X main.version=...\";\n\"dev\" when built without it).\n", name))
 	if err := Parse(fs, args); err != nil {
 		return err
 	}
@@ -128,4 +124,17 @@ func printVersion(args []string, stdout, stderr io.Writer, name, version string)
 	}
 	_, err := fmt.Fprintln(stdout, name, version)
 	return err
+}
+
+// NewFlagSet is the flag set of a subcommand: errors and help go to stderr,
+// and the help is usage (as is: its own trailing newline) followed by the
+// flags' defaults. Parse it with Parse or ParseFlags.
+func NewFlagSet(name string, stderr io.Writer, usage string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	return fs
 }
