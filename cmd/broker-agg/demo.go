@@ -129,6 +129,12 @@ func loadDemoData(f *demoFlags) (*demoData, error) {
 	return &demoData{fed: fed, part: part, spec: spec, test: test}, nil
 }
 
+// stateDir is the demo's state directory: --dir, or a temporary one that
+// cleanup removes.
+func (f *demoFlags) stateDir() (dir string, cleanup func(), err error) {
+	return localfed.StateDir(f.dir, "edgefl-demo-")
+}
+
 // perRound is the K of a demo of n sites.
 func (f *demoFlags) perRoundOf(n int) int {
 	if f.perRound <= 0 || f.perRound > n {
@@ -154,7 +160,7 @@ func runDemoData(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.
 	if err != nil {
 		return err
 	}
-	stateDir, cleanup, err := localfed.StateDir(f.dir, "edgefl-demo-")
+	stateDir, cleanup, err := f.stateDir()
 	if err != nil {
 		return err
 	}
