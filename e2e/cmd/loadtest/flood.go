@@ -51,7 +51,7 @@ const floodID = "flooder"
 func runFlood(args []string) error {
 	var o floodOptions
 	fs := flag.NewFlagSet("flood", flag.ExitOnError)
-	o.procFlags.register(fs)
+	o.registerProcFlags(fs)
 	fs.StringVar(&o.agentBin, "edge-agent", "", "the edge-agent `BINARY`")
 	fs.StringVar(&o.broker, "broker", "embedded", "embedded (broker-agg's own listener and password file) | mosquitto (password file, the shipped ACL, broker-agg run --broker)")
 	fs.IntVar(&o.sites, "sites", 3, "edge agents (the flooding site comes on top)")

@@ -230,7 +230,7 @@ type procFlags struct {
 	aggBin, mosquitto, acl, work string
 }
 
-func (p *procFlags) register(fs *flag.FlagSet) {
+func (p *procFlags) registerProcFlags(fs *flag.FlagSet) {
 	fs.StringVar(&p.aggBin, "broker-agg", "", "the broker-agg `BINARY`")
 	fs.StringVar(&p.mosquitto, "mosquitto", "/usr/sbin/mosquitto", "the Mosquitto `BINARY`")
 	fs.StringVar(&p.acl, "acl", "deploy/mosquitto/edgefl.acl", "the shipped ACL (ward-7 is replaced by the federation)")
@@ -347,7 +347,7 @@ func runLoad(args []string) error {
 func parseLoadFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
-	o.procFlags.register(fs)
+	o.registerProcFlags(fs)
 	fs.StringVar(&o.data, "data", "", "IDX data `DIR` (loadtest gen)")
 	fs.IntVar(&o.clients, "clients", 100, "edge agents N")
 	fs.IntVar(&o.perRound, "per-round", 100, "clients per round K")
