@@ -106,11 +106,7 @@ type synthDevice struct {
 // reproduced, so the same seed does not give the reference's numbers. The
 // result is deterministic given Seed.
 func Synthetic(cfg SyntheticConfig) (*Federated, error) {
-	cfg, err := cfg.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	devs, err := generateSynthetic(cfg)
+	cfg, devs, err := drawSynthetic(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -125,11 +121,7 @@ func Synthetic(cfg SyntheticConfig) (*Federated, error) {
 // SyntheticPool generates the same samples as Synthetic with the same
 // config, all devices pooled in device order, for repartitioning.
 func SyntheticPool(cfg SyntheticConfig) (*Dataset, error) {
-	cfg, err := cfg.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	devs, err := generateSynthetic(cfg)
+	cfg, devs, err := drawSynthetic(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -138,6 +130,17 @@ func SyntheticPool(cfg SyntheticConfig) (*Dataset, error) {
 		parts[k] = d.Data
 	}
 	return &Dataset{Name: cfg.name(), Data: concat(cfg.Dim, parts), Classes: cfg.Classes}, nil
+}
+
+// drawSynthetic validates cfg, fills in its defaults and draws its devices:
+// Synthetic and SyntheticPool see the same samples.
+func drawSynthetic(cfg SyntheticConfig) (SyntheticConfig, []synthDevice, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return cfg, nil, err
+	}
+	devs, err := generateSynthetic(cfg)
+	return cfg, devs, err
 }
 
 // generateSynthetic draws the devices of a validated config.

@@ -28,6 +28,7 @@
 # median over the repetitions, and the medians' difference from "none".
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
 out=${1:-bench-results}/console
 CLIENTS=${CLIENTS:-100}
 K=${K:-10}
@@ -39,20 +40,17 @@ CHROMIUM=${CHROMIUM:-/usr/bin/chromium}
 MODES=${MODES:-"none poll chromium"}
 [ -x "$CHROMIUM" ] || MODES=${MODES//chromium/}
 mkdir -p "$out"
-bin=$(mktemp -d)
-trap 'rm -rf "$bin"' EXIT
-go build -o "$bin/" ./cmd/broker-agg ./e2e/cmd/loadtest
-[ -x /usr/sbin/mosquitto ] || { echo "needs /usr/sbin/mosquitto (apt-get install mosquitto)" >&2; exit 1; }
+build_bin ./cmd/broker-agg ./e2e/cmd/loadtest
+need_mosquitto
 
 data="$out/data"
-[ -f "$data/train-images-idx3-ubyte" ] || "$bin/loadtest" gen --dir "$data" --seed "$SEED"
-common=(--solver sgd --mu 1 --gamma 1e-3 --batch 10 --lr 0.01 --step 1 --l2 1e-4)
+loadtest_data "$data" "$SEED"
 
 for rep in $(seq 1 "$REPS"); do
   for mode in $MODES; do
     echo "== rep $rep, console: $mode"
     "$bin/loadtest" run --broker-agg "$bin/broker-agg" --data "$data" --clients "$CLIENTS" --per-round "$K" \
-      --rounds "$ROUNDS" --epochs "$EPOCHS" --seed "$SEED" "${common[@]}" --console "$mode" --chromium "$CHROMIUM" \
+      --rounds "$ROUNDS" --epochs "$EPOCHS" --seed "$SEED" "${train_flags[@]}" --console "$mode" --chromium "$CHROMIUM" \
       >"$out/$mode-$rep.txt" 2>"$out/$mode-$rep.log"
     grep '^RESULT' "$out/$mode-$rep.txt"
   done

@@ -31,6 +31,7 @@
 # first announcement and to its first accepted update.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
 out=${1:-bench-results}/e2e
 CLIENTS=${CLIENTS:-100}
 ROUNDS=${ROUNDS:-20}
@@ -40,24 +41,21 @@ KILLS=${KILLS:-5}
 KILL_ROUNDS=${KILL_ROUNDS:-12}
 SEED=${SEED:-1}
 mkdir -p "$out"
-bin=$(mktemp -d)
-trap 'rm -rf "$bin"' EXIT
-go build -o "$bin/" ./cmd/broker-agg ./e2e/cmd/loadtest
-[ -x /usr/sbin/mosquitto ] || { echo "needs /usr/sbin/mosquitto (apt-get install mosquitto)" >&2; exit 1; }
+build_bin ./cmd/broker-agg ./e2e/cmd/loadtest
+need_mosquitto
 
 data="$out/data"
-[ -f "$data/train-images-idx3-ubyte" ] || "$bin/loadtest" gen --dir "$data" --seed "$SEED"
-common=(--solver sgd --mu 1 --gamma 1e-3 --batch 10 --lr 0.01 --step 1 --l2 1e-4)
+loadtest_data "$data" "$SEED"
 
 summary=()
 for K in $KS; do
   echo "== MQTT: $CLIENTS agents, K = $K, $ROUNDS rounds, $EPOCHS epochs"
   "$bin/loadtest" run --broker-agg "$bin/broker-agg" --data "$data" --clients "$CLIENTS" --per-round "$K" \
-    --rounds "$ROUNDS" --epochs "$EPOCHS" --seed "$SEED" "${common[@]}" | tee "$out/mqtt-k$K.txt"
+    --rounds "$ROUNDS" --epochs "$EPOCHS" --seed "$SEED" "${train_flags[@]}" | tee "$out/mqtt-k$K.txt"
   echo "== simulate: the same configuration"
   rm -rf "$out/sim-k$K"
   /usr/bin/time -v "$bin/broker-agg" simulate --dataset "idx:$data" --partition iid --clients "$CLIENTS" --per-round "$K" \
-    --rounds "$ROUNDS" --epochs "$EPOCHS" --seed "$SEED" --algo fedproxsplit "${common[@]}" \
+    --rounds "$ROUNDS" --epochs "$EPOCHS" --seed "$SEED" --algo fedproxsplit "${train_flags[@]}" \
     --eval-every "$ROUNDS" --optimum-cache "$out/optima" --out "$out/sim-k$K" >"$out/sim-k$K.txt" 2>"$out/sim-k$K.log"
   "$bin/loadtest" simstats --results "$out/sim-k$K/results.json" | tee -a "$out/sim-k$K.txt"
   mqtt=$(sed -n 's/.*per_round_mean_s=\([0-9.]*\).*/\1/p' "$out/mqtt-k$K.txt")
@@ -72,7 +70,7 @@ done
 
 echo "== recovery: $KILLS kills of broker-agg, K = $CLIENTS"
 "$bin/loadtest" run --broker-agg "$bin/broker-agg" --data "$data" --clients "$CLIENTS" --per-round "$CLIENTS" \
-  --rounds "$KILL_ROUNDS" --epochs "$EPOCHS" --seed "$SEED" "${common[@]}" --kills "$KILLS" | tee "$out/recovery.txt"
+  --rounds "$KILL_ROUNDS" --epochs "$EPOCHS" --seed "$SEED" "${train_flags[@]}" --kills "$KILLS" | tee "$out/recovery.txt"
 
 echo
 echo "## End to end over MQTT vs simulate (784 x 10 logreg, 7,850 parameters; $(nproc) cores)"

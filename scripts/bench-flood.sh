@@ -46,6 +46,7 @@
 # run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
 out=${1:-bench-results}/flood
 BROKERS=${BROKERS:-"embedded mosquitto"}
 RATE=${RATE:-10000}
@@ -58,11 +59,9 @@ ROUND_EPOCHS=${ROUND_EPOCHS:-0}
 REPEAT=${REPEAT:-1}
 SEED=${SEED:-1}
 mkdir -p "$out"
-bin=$(mktemp -d)
-trap 'rm -rf "$bin"' EXIT
-go build -o "$bin/" ./cmd/broker-agg ./cmd/edge-agent ./e2e/cmd/loadtest
+build_bin ./cmd/broker-agg ./cmd/edge-agent ./e2e/cmd/loadtest
 if [[ " $BROKERS " == *" mosquitto "* ]]; then
-  [ -x /usr/sbin/mosquitto ] || { echo "needs /usr/sbin/mosquitto (apt-get install mosquitto)" >&2; exit 1; }
+  need_mosquitto
 fi
 
 rows=()

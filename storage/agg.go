@@ -70,19 +70,9 @@ func init() { aggSchema.invariants = aggInvariants }
 // (a damaged key would otherwise leave a hole that reads as "not found"),
 // and no update or checkpoint belongs to a later round.
 func aggInvariants(tx *bolt.Tx) error {
-	agg, err := bucket(tx, bucketAgg)
+	cur, _, err := readCurrentRound(tx) // 0 before the first round
 	if err != nil {
 		return err
-	}
-	v, err := sget(agg, keyCurrentRound, "agg/current_round")
-	if err != nil {
-		return err
-	}
-	var cur uint64
-	if v != nil {
-		if cur, err = decodeU64(v, "agg/current_round"); err != nil {
-			return err
-		}
 	}
 	rs, err := bucket(tx, bucketRounds)
 	if err != nil {
@@ -281,13 +271,9 @@ func (s *AggStore) PutClient(c ClientRecord) error {
 	if err := checkName("client id", c.ID); err != nil {
 		return err
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		b, err := bucket(tx, bucketClients)
-		if err != nil {
-			return err
-		}
+	err := s.db.Update(inBucket(bucketClients, func(b *bolt.Bucket) error {
 		return putClient(b, c)
-	})
+	}))
 	if err != nil {
 		return fmt.Errorf("storage: put client %q: %w", c.ID, err)
 	}
@@ -315,11 +301,7 @@ func (s *AggStore) PutClientStatus(st ClientStatus) error {
 	if err := checkName("client id", st.ID); err != nil {
 		return err
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		b, err := bucket(tx, bucketClients)
-		if err != nil {
-			return err
-		}
+	err := s.db.Update(inBucket(bucketClients, func(b *bolt.Bucket) error {
 		c, _, err := getClient(b, st.ID)
 		if err != nil {
 			return err
@@ -344,7 +326,7 @@ func (s *AggStore) PutClientStatus(st ClientStatus) error {
 			c.LastSeen = st.At
 		}
 		return putClient(b, c)
-	})
+	}))
 	if err != nil {
 		return fmt.Errorf("storage: put status of %q: %w", st.ID, err)
 	}
@@ -354,29 +336,21 @@ func (s *AggStore) PutClientStatus(st ClientStatus) error {
 // Client returns one registry entry, or ErrNotFound. A read transaction.
 func (s *AggStore) Client(id string) (ClientRecord, error) {
 	var c ClientRecord
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b, err := bucket(tx, bucketClients)
-		if err != nil {
-			return err
-		}
+	err := s.db.View(inBucket(bucketClients, func(b *bolt.Bucket) (err error) {
 		var ok bool
 		c, ok, err = getClient(b, id)
 		if err == nil && !ok {
 			err = fmt.Errorf("%w: client %q", ErrNotFound, id)
 		}
 		return err
-	})
+	}))
 	return c, err
 }
 
 // Clients returns the whole registry ordered by id. A read transaction.
 func (s *AggStore) Clients() ([]ClientRecord, error) {
 	var cs []ClientRecord
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b, err := bucket(tx, bucketClients)
-		if err != nil {
-			return err
-		}
+	err := s.db.View(inBucket(bucketClients, func(b *bolt.Bucket) error {
 		return sforEach(b, "clients", func(k, v []byte) error {
 			c, err := decodeClient(k, v)
 			if err != nil {
@@ -385,7 +359,7 @@ func (s *AggStore) Clients() ([]ClientRecord, error) {
 			cs = append(cs, c)
 			return nil
 		})
-	})
+	}))
 	if err != nil {
 		return nil, fmt.Errorf("storage: clients: %w", err)
 	}
@@ -504,6 +478,41 @@ func roundBucket(tx *bolt.Tx, n uint64) (*bolt.Bucket, error) {
 	return rb, nil
 }
 
+// inRound is inBucket for the bucket of round n, which must exist.
+func inRound(n uint64, fn func(rb *bolt.Bucket) error) func(tx *bolt.Tx) error {
+	return func(tx *bolt.Tx) error {
+		rb, err := roundBucket(tx, n)
+		if err != nil {
+			return err
+		}
+		return fn(rb)
+	}
+}
+
+// readCurrentRound reads the current-round pointer; ok is false before the
+// first round.
+func readCurrentRound(tx *bolt.Tx) (cur uint64, ok bool, err error) {
+	agg, err := bucket(tx, bucketAgg)
+	if err != nil {
+		return 0, false, err
+	}
+	v, err := sget(agg, keyCurrentRound, "agg/current_round")
+	if err != nil || v == nil {
+		return 0, false, err
+	}
+	cur, err = decodeU64(v, "agg/current_round")
+	return cur, err == nil, err
+}
+
+// currentRound is readCurrentRound with ErrNotFound before the first round.
+func currentRound(tx *bolt.Tx) (uint64, error) {
+	cur, ok, err := readCurrentRound(tx)
+	if err == nil && !ok {
+		err = fmt.Errorf("%w: no round yet", ErrNotFound)
+	}
+	return cur, err
+}
+
 // currentRoundBucket is roundBucket for the current-round pointer, which
 // must never dangle.
 func currentRoundBucket(tx *bolt.Tx, n uint64) (*bolt.Bucket, error) {
@@ -530,7 +539,7 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 		}
 	}
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		agg, err := bucket(tx, bucketAgg)
+		cur, ok, err := readCurrentRound(tx)
 		if err != nil {
 			return err
 		}
@@ -538,15 +547,7 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 		if err != nil {
 			return err
 		}
-		v, err := sget(agg, keyCurrentRound, "agg/current_round")
-		if err != nil {
-			return err
-		}
-		if v != nil {
-			cur, err := decodeU64(v, "agg/current_round")
-			if err != nil {
-				return err
-			}
+		if ok {
 			if r.Number <= cur {
 				return fmt.Errorf("%w: round %d, current round is %d", ErrStale, r.Number, cur)
 			}
@@ -579,6 +580,7 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 		if err := putBytes(rb, keyRoundState, r.State); err != nil {
 			return err
 		}
+		agg := tx.Bucket(bucketAgg) // present: readCurrentRound checked
 		if err := sput(agg, keyCurrentRound, encodeU64(r.Number)); err != nil {
 			return err
 		}
@@ -600,13 +602,9 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 // PutRoundState replaces the aggregator's state bytes of an existing round.
 // One transaction.
 func (s *AggStore) PutRoundState(n uint64, state []byte) error {
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		rb, err := roundBucket(tx, n)
-		if err != nil {
-			return err
-		}
+	err := s.db.Update(inRound(n, func(rb *bolt.Bucket) error {
 		return putBytes(rb, keyRoundState, state)
-	})
+	}))
 	if err != nil {
 		return fmt.Errorf("storage: put state of round %d: %w", n, err)
 	}
@@ -617,11 +615,7 @@ func (s *AggStore) PutRoundState(n uint64, state []byte) error {
 // keeps the stored state). Closing a closed round is a no-op that keeps the
 // first ClosedAt. One transaction.
 func (s *AggStore) CloseRound(n uint64, closedAt time.Time, state []byte) error {
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		rb, err := roundBucket(tx, n)
-		if err != nil {
-			return err
-		}
+	err := s.db.Update(inRound(n, func(rb *bolt.Bucket) error {
 		r, err := readRound(rb, n)
 		if err != nil {
 			return err
@@ -637,7 +631,7 @@ func (s *AggStore) CloseRound(n uint64, closedAt time.Time, state []byte) error 
 			return putBytes(rb, keyRoundState, state)
 		}
 		return nil
-	})
+	}))
 	if err != nil {
 		return fmt.Errorf("storage: close round %d: %w", n, err)
 	}
@@ -647,14 +641,10 @@ func (s *AggStore) CloseRound(n uint64, closedAt time.Time, state []byte) error 
 // Round returns round n, or ErrNotFound. A read transaction.
 func (s *AggStore) Round(n uint64) (Round, error) {
 	var r Round
-	err := s.db.View(func(tx *bolt.Tx) error {
-		rb, err := roundBucket(tx, n)
-		if err != nil {
-			return err
-		}
+	err := s.db.View(inRound(n, func(rb *bolt.Bucket) (err error) {
 		r, err = readRound(rb, n)
 		return err
-	})
+	}))
 	return r, err
 }
 
@@ -800,11 +790,7 @@ func (s *AggStore) PutUpdate(u Update, z []float64) (stored bool, err error) {
 // read transaction.
 func (s *AggStore) GetUpdate(round uint64, client string) (Update, error) {
 	var u Update
-	err := s.db.View(func(tx *bolt.Tx) error {
-		ups, err := bucket(tx, bucketUpdates)
-		if err != nil {
-			return err
-		}
+	err := s.db.View(inBucket(bucketUpdates, func(ups *bolt.Bucket) (err error) {
 		var v []byte
 		if ub := ups.Bucket(encodeU64(round)); ub != nil {
 			if v, err = sget(ub, []byte(client), fmt.Sprintf("update (%d, %q)", round, client)); err != nil {
@@ -816,7 +802,7 @@ func (s *AggStore) GetUpdate(round uint64, client string) (Update, error) {
 		}
 		u, err = decodeUpdate(round, []byte(client), v)
 		return err
-	})
+	}))
 	return u, err
 }
 
@@ -826,11 +812,7 @@ func (s *AggStore) GetUpdate(round uint64, client string) (Update, error) {
 // store's write methods (a write waiting on this read transaction can
 // deadlock when the file has to grow).
 func (s *AggStore) ForEachUpdate(round uint64, fn func(Update) error) error {
-	return s.db.View(func(tx *bolt.Tx) error {
-		ups, err := bucket(tx, bucketUpdates)
-		if err != nil {
-			return err
-		}
+	return s.db.View(inBucket(bucketUpdates, func(ups *bolt.Bucket) error {
 		ub := ups.Bucket(encodeU64(round))
 		if ub == nil {
 			return nil
@@ -842,7 +824,7 @@ func (s *AggStore) ForEachUpdate(round uint64, fn func(Update) error) error {
 			}
 			return fn(u)
 		})
-	})
+	}))
 }
 
 // Updates returns every stored update of round in client-id order.
@@ -864,11 +846,7 @@ func (s *AggStore) Updates(round uint64) ([]Update, error) {
 // the file system.
 func (s *AggStore) PruneUpdates(before uint64) (int, error) {
 	n := 0
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		ups, err := bucket(tx, bucketUpdates)
-		if err != nil {
-			return err
-		}
+	err := s.db.Update(inBucket(bucketUpdates, func(ups *bolt.Bucket) error {
 		var doomed [][]byte
 		c := ups.Cursor()
 		for k, _ := c.First(); k != nil; k, _ = c.Next() {
@@ -888,7 +866,7 @@ func (s *AggStore) PruneUpdates(before uint64) (int, error) {
 		}
 		n = len(doomed)
 		return nil
-	})
+	}))
 	if err != nil {
 		return 0, fmt.Errorf("storage: prune updates before %d: %w", before, err)
 	}
@@ -936,11 +914,7 @@ func (s *AggStore) PutLatestZ(client string, round uint64, z []float64) error {
 // ClientZ returns client's latest z and its round, or ErrNotFound. A read
 // transaction.
 func (s *AggStore) ClientZ(client string) (round uint64, z []float64, err error) {
-	err = s.db.View(func(tx *bolt.Tx) error {
-		b, err := bucket(tx, bucketLatestZ)
-		if err != nil {
-			return err
-		}
+	err = s.db.View(inBucket(bucketLatestZ, func(b *bolt.Bucket) error {
 		v, err := sget(b, []byte(client), "latest_z/"+client)
 		if err != nil {
 			return err
@@ -950,18 +924,14 @@ func (s *AggStore) ClientZ(client string) (round uint64, z []float64, err error)
 		}
 		round, z, err = decodeRoundVec(v, "latest_z/"+client)
 		return err
-	})
+	}))
 	return round, z, err
 }
 
 // LatestZ returns every client's latest z. A read transaction.
 func (s *AggStore) LatestZ() (map[string][]float64, error) {
 	zs := make(map[string][]float64)
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b, err := bucket(tx, bucketLatestZ)
-		if err != nil {
-			return err
-		}
+	err := s.db.View(inBucket(bucketLatestZ, func(b *bolt.Bucket) error {
 		return sforEach(b, "latest_z", func(k, v []byte) error {
 			_, z, err := decodeRoundVec(v, "latest_z/"+string(k))
 			if err != nil {
@@ -970,7 +940,7 @@ func (s *AggStore) LatestZ() (map[string][]float64, error) {
 			zs[string(k)] = z
 			return nil
 		})
-	})
+	}))
 	if err != nil {
 		return nil, fmt.Errorf("storage: latest z: %w", err)
 	}
@@ -988,13 +958,9 @@ func (s *AggStore) PutCheckpoint(round uint64, vec []float64) error {
 	if err := checkVec("checkpoint", vec); err != nil {
 		return err
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		b, err := bucket(tx, bucketCheckpoints)
-		if err != nil {
-			return err
-		}
+	err := s.db.Update(inBucket(bucketCheckpoints, func(b *bolt.Bucket) error {
 		return sput(b, encodeU64(round), encodeFloats(vec))
-	})
+	}))
 	if err != nil {
 		return fmt.Errorf("storage: put checkpoint %d: %w", round, err)
 	}
@@ -1005,11 +971,7 @@ func (s *AggStore) PutCheckpoint(round uint64, vec []float64) error {
 // transaction.
 func (s *AggStore) Checkpoint(round uint64) ([]float64, error) {
 	var v []float64
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b, err := bucket(tx, bucketCheckpoints)
-		if err != nil {
-			return err
-		}
+	err := s.db.View(inBucket(bucketCheckpoints, func(b *bolt.Bucket) error {
 		raw, err := sget(b, encodeU64(round), fmt.Sprintf("checkpoint %d", round))
 		if err != nil {
 			return err
@@ -1019,18 +981,14 @@ func (s *AggStore) Checkpoint(round uint64) ([]float64, error) {
 		}
 		v, err = decodeFloats(raw, fmt.Sprintf("checkpoint %d", round))
 		return err
-	})
+	}))
 	return v, err
 }
 
 // LatestCheckpoint returns the checkpoint with the highest round, or
 // ErrNotFound. A read transaction.
 func (s *AggStore) LatestCheckpoint() (round uint64, vec []float64, err error) {
-	err = s.db.View(func(tx *bolt.Tx) error {
-		b, err := bucket(tx, bucketCheckpoints)
-		if err != nil {
-			return err
-		}
+	err = s.db.View(inBucket(bucketCheckpoints, func(b *bolt.Bucket) error {
 		k, sealed := b.Cursor().Last()
 		if k == nil {
 			return fmt.Errorf("%w: no checkpoint", ErrNotFound)
@@ -1044,6 +1002,6 @@ func (s *AggStore) LatestCheckpoint() (round uint64, vec []float64, err error) {
 		}
 		vec, err = decodeFloats(raw, fmt.Sprintf("checkpoint %d", round))
 		return err
-	})
+	}))
 	return round, vec, err
 }

@@ -175,21 +175,6 @@ func (s *AggStore) PutEval(round uint64, client string, at time.Time, msg []byte
 	return stored, nil
 }
 
-func currentRound(tx *bolt.Tx) (uint64, error) {
-	agg, err := bucket(tx, bucketAgg)
-	if err != nil {
-		return 0, err
-	}
-	v, err := sget(agg, keyCurrentRound, "agg/current_round")
-	if err != nil {
-		return 0, err
-	}
-	if v == nil {
-		return 0, fmt.Errorf("%w: no round yet", ErrNotFound)
-	}
-	return decodeU64(v, "agg/current_round")
-}
-
 // Evals returns the stored evaluation reports of eval round in client-id
 // order (none: an empty list). A read transaction.
 func (s *AggStore) Evals(round uint64) ([]Record, error) {

@@ -492,13 +492,9 @@ func (s *EdgeStore) SetResidual(name string, v []float64) error {
 	if err := checkVec("residual "+name, v); err != nil {
 		return err
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		b, err := bucket(tx, bucketResiduals)
-		if err != nil {
-			return err
-		}
+	err := s.db.Update(inBucket(bucketResiduals, func(b *bolt.Bucket) error {
 		return sput(b, []byte(name), encodeFloats(v))
-	})
+	}))
 	if err != nil {
 		return fmt.Errorf("storage: set residual %q: %w", name, err)
 	}
@@ -507,13 +503,9 @@ func (s *EdgeStore) SetResidual(name string, v []float64) error {
 
 // DeleteResidual removes a residual (no error if absent). One transaction.
 func (s *EdgeStore) DeleteResidual(name string) error {
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		b, err := bucket(tx, bucketResiduals)
-		if err != nil {
-			return err
-		}
+	err := s.db.Update(inBucket(bucketResiduals, func(b *bolt.Bucket) error {
 		return b.Delete([]byte(name))
-	})
+	}))
 	if err != nil {
 		return fmt.Errorf("storage: delete residual %q: %w", name, err)
 	}
@@ -524,11 +516,7 @@ func (s *EdgeStore) DeleteResidual(name string) error {
 // transaction.
 func (s *EdgeStore) Residual(name string) ([]float64, error) {
 	var v []float64
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b, err := bucket(tx, bucketResiduals)
-		if err != nil {
-			return err
-		}
+	err := s.db.View(inBucket(bucketResiduals, func(b *bolt.Bucket) error {
 		raw, err := sget(b, []byte(name), "residual "+name)
 		if err != nil {
 			return err
@@ -538,7 +526,7 @@ func (s *EdgeStore) Residual(name string) ([]float64, error) {
 		}
 		v, err = decodeFloats(raw, "residual "+name)
 		return err
-	})
+	}))
 	return v, err
 }
 
@@ -669,11 +657,7 @@ type OutboxEntry struct {
 // transaction; the returned bytes are copies.
 func (s *EdgeStore) Outbox() ([]OutboxEntry, error) {
 	var entries []OutboxEntry
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b, err := bucket(tx, bucketOutbox)
-		if err != nil {
-			return err
-		}
+	err := s.db.View(inBucket(bucketOutbox, func(b *bolt.Bucket) error {
 		return sforEach(b, "outbox", func(k, v []byte) error {
 			r, err := decodeU64(k, "outbox key")
 			if err != nil {
@@ -685,7 +669,7 @@ func (s *EdgeStore) Outbox() ([]OutboxEntry, error) {
 			entries = append(entries, OutboxEntry{Round: r, Msg: bytes.Clone(v)})
 			return nil
 		})
-	})
+	}))
 	if err != nil {
 		return nil, fmt.Errorf("storage: outbox: %w", err)
 	}

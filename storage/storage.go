@@ -492,3 +492,15 @@ func bucket(tx *bolt.Tx, name []byte) (*bolt.Bucket, error) {
 	}
 	return b, nil
 }
+
+// inBucket is a transaction function (for db.View or db.Update) that runs fn
+// on the top-level bucket name, which must exist.
+func inBucket(name []byte, fn func(b *bolt.Bucket) error) func(tx *bolt.Tx) error {
+	return func(tx *bolt.Tx) error {
+		b, err := bucket(tx, name)
+		if err != nil {
+			return err
+		}
+		return fn(b)
+	}
+}

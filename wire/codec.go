@@ -118,15 +118,26 @@ func fields(msg string, b []byte, field fieldFunc) error {
 // error code, as fieldFunc does.
 
 func consumeString(dst *string, b []byte) (int, error) {
-	v, n := protowire.ConsumeBytes(b)
-	if n < 0 {
-		return n, nil
-	}
-	if !utf8.Valid(v) {
-		return 0, errInvalidUTF8
+	v, n, err := consumeUTF8(b)
+	if n < 0 || err != nil {
+		return n, err
 	}
 	*dst = string(v)
 	return n, nil
+}
+
+// consumeUTF8 decodes a length-delimited value that must be valid UTF-8 (a
+// string field's): the value and the bytes consumed, a negative protowire
+// error code, or errInvalidUTF8.
+func consumeUTF8(b []byte) ([]byte, int, error) {
+	v, n := protowire.ConsumeBytes(b)
+	if n < 0 {
+		return nil, n, nil
+	}
+	if !utf8.Valid(v) {
+		return nil, 0, errInvalidUTF8
+	}
+	return v, n, nil
 }
 
 func consumeBytes(dst *[]byte, b []byte) int {
@@ -142,45 +153,35 @@ func consumeBytes(dst *[]byte, b []byte) int {
 	return n
 }
 
-func consumeUint64(dst *uint64, b []byte) int {
+// consumeVarint decodes a varint into *dst, converted by conv; *dst is left
+// alone if the varint is malformed.
+func consumeVarint[T any](dst *T, b []byte, conv func(uint64) T) int {
 	v, n := protowire.ConsumeVarint(b)
 	if n >= 0 {
-		*dst = v
+		*dst = conv(v)
 	}
 	return n
+}
+
+func consumeUint64(dst *uint64, b []byte) int {
+	return consumeVarint(dst, b, func(v uint64) uint64 { return v })
 }
 
 func consumeUint32(dst *uint32, b []byte) int {
-	v, n := protowire.ConsumeVarint(b)
-	if n >= 0 {
-		*dst = uint32(v)
-	}
-	return n
+	return consumeVarint(dst, b, func(v uint64) uint32 { return uint32(v) })
 }
 
 func consumeInt64(dst *int64, b []byte) int {
-	v, n := protowire.ConsumeVarint(b)
-	if n >= 0 {
-		*dst = int64(v)
-	}
-	return n
+	return consumeVarint(dst, b, func(v uint64) int64 { return int64(v) })
 }
 
 // consumeEnum decodes an enum's varint, truncated to int32 like protobuf-go.
 func consumeEnum(dst *int32, b []byte) int {
-	v, n := protowire.ConsumeVarint(b)
-	if n >= 0 {
-		*dst = int32(v)
-	}
-	return n
+	return consumeVarint(dst, b, func(v uint64) int32 { return int32(v) })
 }
 
 func consumeBool(dst *bool, b []byte) int {
-	v, n := protowire.ConsumeVarint(b)
-	if n >= 0 {
-		*dst = protowire.DecodeBool(v)
-	}
-	return n
+	return consumeVarint(dst, b, protowire.DecodeBool)
 }
 
 func consumeDouble(dst *float64, b []byte) int {
@@ -203,12 +204,9 @@ func consumeMessage(m codec, b []byte, d *decoder) (int, error) {
 // consumeRepeatedString appends one element to a repeated string field, up to
 // its limit (field is repeatedLimit's key).
 func consumeRepeatedString(dst *[]string, b []byte, d *decoder, field string) (int, error) {
-	v, n := protowire.ConsumeBytes(b)
-	if n < 0 {
-		return n, nil
-	}
-	if !utf8.Valid(v) {
-		return 0, errInvalidUTF8
+	v, n, err := consumeUTF8(b)
+	if n < 0 || err != nil {
+		return n, err
 	}
 	if limit := d.limit(field); len(*dst) >= limit {
 		d.over(field, limit)
@@ -218,28 +216,34 @@ func consumeRepeatedString(dst *[]string, b []byte, d *decoder, field string) (i
 	return n, nil
 }
 
+// appendOne appends v to the repeated field *dst unless that would take it
+// over its limit (field is repeatedLimit's key), which is then recorded.
+func appendOne[T any](dst *[]T, v T, d *decoder, field string) {
+	if limit := d.limit(field); len(*dst) >= limit {
+		d.over(field, limit)
+		return
+	}
+	*dst = append(*dst, v)
+}
+
 // consumeRepeatedUint32 decodes one element (VarintType) or a packed run
 // (BytesType) of a repeated uint32 field, up to its limit (field is
 // repeatedLimit's key).
 func consumeRepeatedUint32(dst *[]uint32, typ protowire.Type, b []byte, d *decoder, field string) int {
-	limit := d.limit(field)
 	switch typ {
 	case protowire.VarintType:
 		v, n := protowire.ConsumeVarint(b)
 		if n < 0 {
 			return n
 		}
-		if len(*dst) >= limit {
-			d.over(field, limit)
-		} else {
-			*dst = append(*dst, uint32(v))
-		}
+		appendOne(dst, uint32(v), d, field)
 		return n
 	case protowire.BytesType:
 		p, n := protowire.ConsumeBytes(b)
 		if n < 0 {
 			return n
 		}
+		limit := d.limit(field)
 		count := 0 // varints in the run, if it is well formed
 		for _, c := range p {
 			if c < 0x80 {
@@ -250,7 +254,7 @@ func consumeRepeatedUint32(dst *[]uint32, typ protowire.Type, b []byte, d *decod
 		if !keep {
 			d.over(field, limit)
 		} else if count > 0 {
-			*dst = growUint32(*dst, count)
+			*dst = grow(*dst, count)
 		}
 		for len(p) > 0 {
 			v, m := protowire.ConsumeVarint(p)
@@ -271,18 +275,13 @@ func consumeRepeatedUint32(dst *[]uint32, typ protowire.Type, b []byte, d *decod
 // (BytesType) of a repeated double field, up to its limit (field is
 // repeatedLimit's key).
 func consumeRepeatedDouble(dst *[]float64, typ protowire.Type, b []byte, d *decoder, field string) int {
-	limit := d.limit(field)
 	switch typ {
 	case protowire.Fixed64Type:
 		v, n := protowire.ConsumeFixed64(b)
 		if n < 0 {
 			return n
 		}
-		if len(*dst) >= limit {
-			d.over(field, limit)
-		} else {
-			*dst = append(*dst, math.Float64frombits(v))
-		}
+		appendOne(dst, math.Float64frombits(v), d, field)
 		return n
 	case protowire.BytesType:
 		p, n := protowire.ConsumeBytes(b)
@@ -293,12 +292,13 @@ func consumeRepeatedDouble(dst *[]float64, typ protowire.Type, b []byte, d *deco
 			return -1 // protowire's code for a truncated value
 		}
 		count := len(p) / 8
+		limit := d.limit(field)
 		if len(*dst)+count > limit {
 			d.over(field, limit)
 			return n
 		}
 		if count > 0 {
-			s := growFloat64(*dst, count)
+			s := grow(*dst, count)
 			for ; len(p) > 0; p = p[8:] {
 				v, _ := protowire.ConsumeFixed64(p)
 				s = append(s, math.Float64frombits(v))
@@ -310,20 +310,13 @@ func consumeRepeatedDouble(dst *[]float64, typ protowire.Type, b []byte, d *deco
 	return 0
 }
 
-func growUint32(s []uint32, n int) []uint32 {
+// grow returns s with room for n more elements (slices.Grow without its
+// rounding up, so a packed run allocates exactly what it holds).
+func grow[T any](s []T, n int) []T {
 	if cap(s)-len(s) >= n {
 		return s
 	}
-	t := make([]uint32, len(s), len(s)+n)
-	copy(t, s)
-	return t
-}
-
-func growFloat64(s []float64, n int) []float64 {
-	if cap(s)-len(s) >= n {
-		return s
-	}
-	t := make([]float64, len(s), len(s)+n)
+	t := make([]T, len(s), len(s)+n)
 	copy(t, s)
 	return t
 }
@@ -366,12 +359,16 @@ func appendDouble(b []byte, num protowire.Number, v float64) []byte {
 	return protowire.AppendFixed64(b, math.Float64bits(v))
 }
 
-func sizeString(num protowire.Number, s string) int {
-	if s == "" {
+// sizeLen is the size of a length-delimited field of n bytes, omitted when
+// empty.
+func sizeLen(num protowire.Number, n int) int {
+	if n == 0 {
 		return 0
 	}
-	return protowire.SizeTag(num) + protowire.SizeBytes(len(s))
+	return protowire.SizeTag(num) + protowire.SizeBytes(n)
 }
+
+func sizeString(num protowire.Number, s string) int { return sizeLen(num, len(s)) }
 
 func appendString(b []byte, num protowire.Number, s string) []byte {
 	if s == "" {
@@ -381,12 +378,7 @@ func appendString(b []byte, num protowire.Number, s string) []byte {
 	return protowire.AppendString(b, s)
 }
 
-func sizeBytes(num protowire.Number, v []byte) int {
-	if len(v) == 0 {
-		return 0
-	}
-	return protowire.SizeTag(num) + protowire.SizeBytes(len(v))
-}
+func sizeBytes(num protowire.Number, v []byte) int { return sizeLen(num, len(v)) }
 
 func appendBytes(b []byte, num protowire.Number, v []byte) []byte {
 	if len(v) == 0 {
@@ -438,10 +430,7 @@ func packedUint32Len(s []uint32) int {
 }
 
 func sizePackedUint32(num protowire.Number, s []uint32) int {
-	if len(s) == 0 {
-		return 0
-	}
-	return protowire.SizeTag(num) + protowire.SizeBytes(packedUint32Len(s))
+	return sizeLen(num, packedUint32Len(s)) // 0 only when s is empty
 }
 
 func appendPackedUint32(b []byte, num protowire.Number, s []uint32) []byte {
@@ -456,12 +445,7 @@ func appendPackedUint32(b []byte, num protowire.Number, s []uint32) []byte {
 	return b
 }
 
-func sizePackedDouble(num protowire.Number, s []float64) int {
-	if len(s) == 0 {
-		return 0
-	}
-	return protowire.SizeTag(num) + protowire.SizeBytes(8*len(s))
-}
+func sizePackedDouble(num protowire.Number, s []float64) int { return sizeLen(num, 8*len(s)) }
 
 func appendPackedDouble(b []byte, num protowire.Number, s []float64) []byte {
 	if len(s) == 0 {

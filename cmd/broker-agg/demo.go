@@ -11,6 +11,7 @@ import (
 
 	"github.com/edgefl/edgefl/aggregator"
 	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/internal/localfed"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
@@ -37,8 +38,7 @@ type demoFlags struct {
 func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 	f := &demoFlags{}
 	p := &f.params
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cli.NewFlagSet("demo", stderr, "usage: broker-agg demo [flags]\n       broker-agg demo --schema FILE --dataset csv:PATH [--site-column NAME --partition natural | --partition iid --clients N ...]\n\nEmbedded broker + aggregator + N edge agents in one process over real MQTT\n(loopback TCP, per-site passwords, the federation ACL), each with its own\nstate file. Prints one line per round; Ctrl-C stops it.\n\nWith --schema, the federation of a schema: each site reads its own CSV (its\nrows of --dataset, split as `broker-agg simulate --schema` splits them) by\nthe schema, sends statistics before round 1, evaluates on its held-out rows\nevery --eval-every rounds, and writes the final model bundle to its\nmodel_out. The end prints the bundle's path and the federation's and each\nsite's held-out figures next to the centralised reference.\n\nflags:\n")
 	fs.IntVar(&f.clients, "clients", 5, "number of edge agents N (with --schema and --partition natural: one per site of --site-column)")
 	fs.IntVar(&f.perRound, "per-round", 0, "clients selected per round K (0: all)")
 	fs.IntVar(&f.rounds, "rounds", 20, "rounds")
@@ -67,10 +67,6 @@ func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 	fs.StringVar(&f.schema, "schema", "", "federation schema `FILE`: --dataset is then csv:PATH, partitioned into sites as simulate --schema does; each site's rows go to a CSV of its own in the demo directory, which its agent reads by the schema (model_out next to it); the run has a statistics phase, federated evaluation and a final bundle, compared at the end with the centralised reference on the same rows and preprocessing (issue 11)")
 	fs.StringVar(&f.siteColumn, "site-column", "", "with --schema and --partition natural: the column `NAME` naming each row's site (one agent per site)")
 	fs.IntVar(&f.evalEvery, "eval-every", 5, "with --schema: the sites evaluate every E rounds and at the end")
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: broker-agg demo [flags]\n       broker-agg demo --schema FILE --dataset csv:PATH [--site-column NAME --partition natural | --partition iid --clients N ...]\n\nEmbedded broker + aggregator + N edge agents in one process over real MQTT\n(loopback TCP, per-site passwords, the federation ACL), each with its own\nstate file. Prints one line per round; Ctrl-C stops it.\n\nWith --schema, the federation of a schema: each site reads its own CSV (its\nrows of --dataset, split as `broker-agg simulate --schema` splits them) by\nthe schema, sends statistics before round 1, evaluates on its held-out rows\nevery --eval-every rounds, and writes the final model bundle to its\nmodel_out. The end prints the bundle's path and the federation's and each\nsite's held-out figures next to the centralised reference.\n\nflags:")
-		fs.PrintDefaults()
-	}
 	return fs, f
 }
 
@@ -133,6 +129,12 @@ func loadDemoData(f *demoFlags) (*demoData, error) {
 	return &demoData{fed: fed, part: part, spec: spec, test: test}, nil
 }
 
+// stateDir is the demo's state directory: --dir, or a temporary one that
+// cleanup removes.
+func (f *demoFlags) stateDir() (dir string, cleanup func(), err error) {
+	return localfed.StateDir(f.dir, "edgefl-demo-")
+}
+
 // perRound is the K of a demo of n sites.
 func (f *demoFlags) perRoundOf(n int) int {
 	if f.perRound <= 0 || f.perRound > n {
@@ -158,7 +160,7 @@ func runDemoData(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.
 	if err != nil {
 		return err
 	}
-	stateDir, cleanup, err := localfed.StateDir(f.dir, "edgefl-demo-")
+	stateDir, cleanup, err := f.stateDir()
 	if err != nil {
 		return err
 	}

@@ -46,7 +46,7 @@ func runDemoSchema(ctx context.Context, f *demoFlags, log *slog.Logger, stdout i
 	if err != nil {
 		return err
 	}
-	stateDir, cleanup, err := localfed.StateDir(f.dir, "edgefl-demo-")
+	stateDir, cleanup, err := f.stateDir()
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/edgefl/edgefl/aggregator"
 	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/storage"
 )
 
@@ -22,25 +22,21 @@ import (
 // export`): from the state file when no daemon holds it, else from the
 // running daemon's /bundle endpoint, as `status` does.
 func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("export", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	state := fs.String("state", "broker-agg.db", "the daemon's state `FILE`")
-	round := fs.Int("round", -1, "the eval round `N` to export: the global model after N aggregations with the sites' evaluation reports of that round (default: the final bundle once the run has finished, else the newest model)")
-	out := fs.String("out", "", "write the bundle to `FILE` (required; written atomically)")
-	addr := fs.String("addr", "", "ask the running daemon at `ADDR` (its --metrics address) instead of reading the file (default: read the file; if the daemon holds it, ask "+DefaultMetricsAddr+")")
-	var dc daemonClient
-	dc.register(fs)
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), `usage: broker-agg export --state FILE [--round N] --out FILE
+	fs := cli.NewFlagSet("export", stderr, `usage: broker-agg export --state FILE [--round N] --out FILE
 
 Writes the model bundle (model, schema, fitted preprocessing, federated
 evaluation, provenance; see package bundle) of a round stored by a run with
 --schema. Works while the daemon runs (it asks the daemon's /bundle
 endpoint). Use the bundle with edge-agent evaluate / predict.
 
-flags:`)
-		fs.PrintDefaults()
-	}
+flags:
+`)
+	state := fs.String("state", "broker-agg.db", "the daemon's state `FILE`")
+	round := fs.Int("round", -1, "the eval round `N` to export: the global model after N aggregations with the sites' evaluation reports of that round (default: the final bundle once the run has finished, else the newest model)")
+	out := fs.String("out", "", "write the bundle to `FILE` (required; written atomically)")
+	addr := fs.String("addr", "", "ask the running daemon at `ADDR` (its --metrics address) instead of reading the file (default: read the file; if the daemon holds it, ask "+DefaultMetricsAddr+")")
+	var dc daemonClient
+	dc.register(fs)
 	var cfgFlag string
 	if err := parseFlags(fs, args, &cfgFlag); err != nil {
 		return err

@@ -28,9 +28,6 @@ import (
 // version is stamped at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-// errUsage marks an error the flag package already reported.
-var errUsage = cli.ErrUsage
-
 func commands() []cli.Command {
 	return []cli.Command{
 		{Name: "run", Summary: "run the aggregator daemon (embedded MQTT broker by default)", Run: runServe},
@@ -41,9 +38,7 @@ func commands() []cli.Command {
 			Sub: []cli.Command{{Name: "passwd", Summary: "add a site to a Mosquitto-format password file", Run: runPasswd}}},
 		{Name: "simulate", Summary: "run many virtual clients in one process and write results.json/csv/png", Run: runSimulate},
 		{Name: "report", Summary: "tabulate results.json files (mean ± sd over seeds) as markdown", Run: runReport},
-		{Name: "version", Summary: "print the version", Run: func(_ context.Context, args []string, stdout, stderr io.Writer) error {
-			return cli.Version(args, stdout, stderr, "broker-agg", version)
-		}},
+		cli.VersionCommand("broker-agg", version),
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,23 +15,14 @@ import (
 
 	"github.com/edgefl/edgefl/aggregator"
 	"github.com/edgefl/edgefl/broker"
+	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/pki"
 	"github.com/edgefl/edgefl/wire"
 )
 
 // runPKI makes a site PKI (`broker-agg pki`).
 func runPKI(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("pki", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	dir := fs.String("dir", "pki", "output `DIR`")
-	hosts := fs.String("hosts", "localhost,127.0.0.1,::1", "comma-separated host names and IP addresses of the broker (server certificate)")
-	clients := fs.String("clients", "", "comma-separated site ids to issue client certificates for (CN = id)")
-	aggID := fs.String("aggregator-id", aggregator.DefaultClientID, "the aggregator's id, also issued a client certificate (for an external broker with mutual TLS; \"\": none)")
-	caName := fs.String("ca-name", "edgefl site CA", "the CA's common name")
-	days := fs.Int("days", int(pki.DefaultLeafValidity/(24*time.Hour)), "validity of the server and client certificates in days")
-	force := fs.Bool("force", false, "re-issue existing server and client certificates (never the CA)")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: broker-agg pki [flags]
+	fs := cli.NewFlagSet("pki", stderr, `usage: broker-agg pki [flags]
        broker-agg pki passwd --file FILE --user ID [--password-stdin]
 
 Makes (or extends) a site PKI for mutual TLS with ECDSA P-256 keys:
@@ -45,8 +35,13 @@ and give each site its ca.crt, ID.crt and ID.key.
 
 flags:
 `)
-		fs.PrintDefaults()
-	}
+	dir := fs.String("dir", "pki", "output `DIR`")
+	hosts := fs.String("hosts", "localhost,127.0.0.1,::1", "comma-separated host names and IP addresses of the broker (server certificate)")
+	clients := fs.String("clients", "", "comma-separated site ids to issue client certificates for (CN = id)")
+	aggID := fs.String("aggregator-id", aggregator.DefaultClientID, "the aggregator's id, also issued a client certificate (for an external broker with mutual TLS; \"\": none)")
+	caName := fs.String("ca-name", "edgefl site CA", "the CA's common name")
+	days := fs.Int("days", int(pki.DefaultLeafValidity/(24*time.Hour)), "validity of the server and client certificates in days")
+	force := fs.Bool("force", false, "re-issue existing server and client certificates (never the CA)")
 	var cfgFlag string
 	if err := parseFlags(fs, args, &cfgFlag); err != nil {
 		return err
@@ -75,14 +70,7 @@ flags:
 // runPasswd adds or replaces a site in a Mosquitto-format password file
 // (`broker-agg pki passwd`).
 func runPasswd(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("pki passwd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	file := fs.String("file", "", "password `FILE` (created with mode 0600)")
-	user := fs.String("user", "", "site `ID` (username = MQTT client id = topic id)")
-	fromStdin := fs.Bool("password-stdin", false, "read the password from the first line of standard input (default: generate one and print it)")
-	iters := fs.Int("iterations", broker.DefaultIterations, "PBKDF2-SHA512 iterations")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: broker-agg pki passwd --file FILE --user ID [--password-stdin]
+	fs := cli.NewFlagSet("pki passwd", stderr, `usage: broker-agg pki passwd --file FILE --user ID [--password-stdin]
 
 Adds a site to a Mosquitto-format password file for the embedded broker's
 --password-file (or Mosquitto's), or replaces its password. Without
@@ -91,8 +79,10 @@ the site (its password_file).
 
 flags:
 `)
-		fs.PrintDefaults()
-	}
+	file := fs.String("file", "", "password `FILE` (created with mode 0600)")
+	user := fs.String("user", "", "site `ID` (username = MQTT client id = topic id)")
+	fromStdin := fs.Bool("password-stdin", false, "read the password from the first line of standard input (default: generate one and print it)")
+	iters := fs.Int("iterations", broker.DefaultIterations, "PBKDF2-SHA512 iterations")
 	var cfgFlag string
 	if err := parseFlags(fs, args, &cfgFlag); err != nil {
 		return err

@@ -2,24 +2,18 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
 
+	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/sim"
 )
 
 // runReport prints a markdown table from results.json files (one per seed).
 func runReport(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("report", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	metric := fs.String("metric", "accuracy", "metric: accuracy (percent) | loss | gap | relgap | dist | bytes_up")
-	atList := fs.String("at", "0", "comma-separated rounds to tabulate (0 = the last round)")
-	below := fs.Float64("below", 0, "also report the first round at which the metric falls below this value")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: broker-agg report [--metric NAME] [--at ROUNDS] [--below X] RESULTS.json...
+	fs := cli.NewFlagSet("report", stderr, `usage: broker-agg report [--metric NAME] [--at ROUNDS] [--below X] RESULTS.json...
 
 Tabulates the results.json files of broker-agg simulate as a markdown table:
 one row per algorithm, one column per --at round, each cell the mean ± sd of
@@ -27,13 +21,11 @@ one row per algorithm, one column per --at round, each cell the mean ± sd of
 
 flags:
 `)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return errUsage
+	metric := fs.String("metric", "accuracy", "metric: accuracy (percent) | loss | gap | relgap | dist | bytes_up")
+	atList := fs.String("at", "0", "comma-separated rounds to tabulate (0 = the last round)")
+	below := fs.Float64("below", 0, "also report the first round at which the metric falls below this value")
+	if err := cli.Parse(fs, args); err != nil {
+		return err
 	}
 	var at []int
 	for _, s := range strings.Split(*atList, ",") {
@@ -45,7 +37,7 @@ flags:
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()
-		return errUsage
+		return cli.ErrUsage
 	}
 	var files []*sim.Results
 	for _, p := range fs.Args() {

@@ -20,6 +20,7 @@ import (
 	"github.com/edgefl/edgefl/broker"
 	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/pki"
 	"github.com/edgefl/edgefl/schema"
@@ -86,19 +87,7 @@ func canonical(name string) string {
 
 func serveFlagSet(stderr io.Writer) (*flag.FlagSet, *serveFlags) {
 	f := &serveFlags{}
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&f.config, "config", "", "configuration `FILE` of key = value lines, keys named as these flags (flags override the file)")
-
-	f.registerConnection(fs)
-	f.registerRounds(fs)
-	f.registerFederation(fs)
-	f.registerDaemon(fs)
-	for alias, name := range serveAliases {
-		fs.Var(fs.Lookup(name).Value, alias, "same as --"+name)
-	}
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: broker-agg run [flags]
+	fs := cli.NewFlagSet("run", stderr, `usage: broker-agg run [flags]
 
 Runs the aggregator daemon. By default it embeds an MQTT broker on --listen,
 authenticating sites by --password-file and/or mutual TLS (--tls-cert,
@@ -119,7 +108,14 @@ command line override it.
 
 flags:
 `)
-		fs.PrintDefaults()
+	fs.StringVar(&f.config, "config", "", "configuration `FILE` of key = value lines, keys named as these flags (flags override the file)")
+
+	f.registerConnection(fs)
+	f.registerRounds(fs)
+	f.registerFederation(fs)
+	f.registerDaemon(fs)
+	for alias, name := range serveAliases {
+		fs.Var(fs.Lookup(name).Value, alias, "same as --"+name)
 	}
 	return fs, f
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/sim"
 )
 
@@ -24,8 +25,21 @@ func simulateFlagSet(stderr io.Writer) (*flag.FlagSet, *sim.Config, *simulateFla
 	cfg := sim.DefaultConfig()
 	o := &simulateFlags{}
 	bundleOut, aggs, algos, out := &o.bundleOut, &o.aggs, &o.algos, &o.out
-	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cli.NewFlagSet("simulate", stderr, `usage: broker-agg simulate [--dataset SPEC] [--partition SPEC] [--clients N] [--per-round K]
+                           [--algo LIST] [--rounds R] [--seed S] [--out DIR] [flags]
+
+Runs many virtual clients in one process, without MQTT, over the same code as
+the daemons: every algorithm of --algo sees the same data, partition,
+selection sequence, stragglers and SGD order. The run first computes the
+centralised optimum of the pooled data, so every round reports the gap to it.
+Writes DIR/results.json, results.csv and results.png, a progress line per
+round to stderr and a summary table to stdout; broker-agg report tabulates
+results.json files. With --schema, --dataset csv:PATH goes through the
+daemons' pipeline (statistics, the federation's preprocessing, federated
+evaluation).
+
+flags:
+`)
 	fs.StringVar(&cfg.Dataset, "dataset", cfg.Dataset, "data `SPEC`: synthetic:ALPHA,BETA | synthetic-iid | idx:DIR | csv:PATH:label=COLUMN | leaf:PATH; with --schema: csv:PATH")
 	fs.StringVar(&cfg.Partition, "partition", cfg.Partition, "partition `SPEC`: natural (synthetic devices, LEAF users, or with --schema the sites of --site-column) | iid | dirichlet:ALPHA | classes:K")
 	fs.StringVar(&cfg.Schema, "schema", "", "federation schema `FILE` (JSON, as broker-agg run --schema): --dataset csv:PATH is read by header name through it and goes through the daemons' pipeline: per-site statistics of the training rows, the federation's preprocessing (the schema's standardize), training, and every --eval-every rounds and at the end a federated evaluation on each site's held-out rows (the schema's holdout share), written to results.json")
@@ -64,24 +78,6 @@ func simulateFlagSet(stderr io.Writer) (*flag.FlagSet, *sim.Config, *simulateFla
 	fs.StringVar(&cfg.OptimumCache, "optimum-cache", "", "`DIR` to keep centralised optima in, so runs on the same data and model skip recomputing it")
 	fs.BoolVar(&cfg.SaveModels, "save-models", false, "also write DIR/<algo>-model.json with each final model")
 	fs.IntVar(&cfg.Workers, "workers", 0, "clients solved in parallel (default: GOMAXPROCS); results do not depend on it")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: broker-agg simulate [--dataset SPEC] [--partition SPEC] [--clients N] [--per-round K]
-                           [--algo LIST] [--rounds R] [--seed S] [--out DIR] [flags]
-
-Runs many virtual clients in one process, without MQTT, over the same code as
-the daemons: every algorithm of --algo sees the same data, partition,
-selection sequence, stragglers and SGD order. The run first computes the
-centralised optimum of the pooled data, so every round reports the gap to it.
-Writes DIR/results.json, results.csv and results.png, a progress line per
-round to stderr and a summary table to stdout; broker-agg report tabulates
-results.json files. With --schema, --dataset csv:PATH goes through the
-daemons' pipeline (statistics, the federation's preprocessing, federated
-evaluation).
-
-flags:
-`)
-		fs.PrintDefaults()
-	}
 	return fs, &cfg, o
 }
 

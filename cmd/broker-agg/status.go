@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/edgefl/edgefl/aggregator"
 	"github.com/edgefl/edgefl/evaluate"
+	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/storage"
 )
 
@@ -25,17 +25,12 @@ import (
 // state file when no daemon holds it, else from the running daemon's
 // /status endpoint (bbolt lets one process at a time open the file).
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cli.NewFlagSet("status", stderr, "usage: broker-agg status [--state FILE | --addr HOST:PORT|https://HOST:PORT] [--json]\n\nPrints the current round and each client's last-seen and participation; from a\nrunning daemon (--addr) also the run's configuration, recent rounds and each\nsite's figures: the data behind its console.\n\nflags:\n")
 	state := fs.String("state", "broker-agg.db", "the daemon's state `FILE`")
 	addr := fs.String("addr", "", "ask the running daemon at `ADDR` (its --metrics address) instead of reading the file (default: read the file; if the daemon holds it, ask "+DefaultMetricsAddr+")")
 	asJSON := fs.Bool("json", false, "print JSON (from a running daemon: the console's data, /status)")
 	var dc daemonClient
 	dc.register(fs)
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: broker-agg status [--state FILE | --addr HOST:PORT|https://HOST:PORT] [--json]\n\nPrints the current round and each client's last-seen and participation; from a\nrunning daemon (--addr) also the run's configuration, recent rounds and each\nsite's figures: the data behind its console.\n\nflags:")
-		fs.PrintDefaults()
-	}
 	var cfgFlag string
 	if err := parseFlags(fs, args, &cfgFlag); err != nil {
 		return err

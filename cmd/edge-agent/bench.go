@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
@@ -131,25 +132,20 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 func parseBenchFlags(args []string, stderr io.Writer) (benchConfig, error) {
 	cfg := defaultBenchConfig()
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: edge-agent bench [--config FILE [--schema FILE]] [flags]\n\n"+
-			"Times a FedProx local solve on this device and reports samples per second,\n"+
-			"seconds per epoch, peak resident memory and the epochs per round that fit\n"+
-			"--deadline (at most %d: the local solve stops at its gamma or the round's budget\n"+
-			"long before that).\n\n"+
-			"With --config (the site's edge-agent.conf) it trains on the site's own data,\n"+
-			"read locally and never sent (nothing connects to the broker; no credentials are\n"+
-			"read), with the site's model shape: for data read by the federation's schema\n"+
-			"(data = csv:PATH) from --schema FILE with a preprocessing fitted on this site's\n"+
-			"statistics, or else from the final model bundle of the site's last run\n"+
-			"(model_out or the state file); otherwise from the data's features and labels.\n"+
-			"The model kind is the aggregator's --model: give the same --model (and --hidden).\n"+
-			"Without --config it times a synthetic problem (Gaussian features, labels from a\n"+
-			"random linear teacher) of --samples x --features and --classes.\n\nflags:\n", maxSuggestedEpochs)
-		fs.PrintDefaults()
-	}
+	fs := cli.NewFlagSet("bench", stderr, fmt.Sprintf("usage: edge-agent bench [--config FILE [--schema FILE]] [flags]\n\n"+
+		"Times a FedProx local solve on this device and reports samples per second,\n"+
+		"seconds per epoch, peak resident memory and the epochs per round that fit\n"+
+		"--deadline (at most %d: the local solve stops at its gamma or the round's budget\n"+
+		"long before that).\n\n"+
+		"With --config (the site's edge-agent.conf) it trains on the site's own data,\n"+
+		"read locally and never sent (nothing connects to the broker; no credentials are\n"+
+		"read), with the site's model shape: for data read by the federation's schema\n"+
+		"(data = csv:PATH) from --schema FILE with a preprocessing fitted on this site's\n"+
+		"statistics, or else from the final model bundle of the site's last run\n"+
+		"(model_out or the state file); otherwise from the data's features and labels.\n"+
+		"The model kind is the aggregator's --model: give the same --model (and --hidden).\n"+
+		"Without --config it times a synthetic problem (Gaussian features, labels from a\n"+
+		"random linear teacher) of --samples x --features and --classes.\n\nflags:\n", maxSuggestedEpochs))
 	fs.StringVar(&cfg.Config, "config", "", "the site's configuration `FILE` (edge-agent run --config): benchmark its data and model instead of a synthetic problem")
 	fs.StringVar(&cfg.SchemaFile, "schema", "", "with --config and data read by a schema: the federation's schema `FILE` (as broker-agg run --schema)")
 	fs.IntVar(&cfg.Samples, "samples", cfg.Samples, "local training samples (synthetic problem)")
@@ -171,7 +167,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (benchConfig, error) {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, err
 		}
-		return cfg, errUsage
+		return cfg, cli.ErrUsage
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))

@@ -4,33 +4,25 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 
 	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/internal/cli"
 )
 
 // runEvaluate is `edge-agent evaluate`: the metrics of a bundle's model on
 // a labelled CSV, through the bundle's schema and preprocessing.
 func runEvaluate(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("evaluate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: edge-agent evaluate --model BUNDLE --data csv:PATH[:label=COL] [--json]\n\n"+
-			"Reads PATH by the bundle's schema (label=COL overrides the label column), applies the\n"+
-			"bundle's preprocessing and prints n, loss and accuracy, balanced accuracy, confusion\n"+
-			"matrix and ROC AUC (binary), or RMSE and R^2 (regression).\n\nflags:\n")
-		fs.PrintDefaults()
-	}
+	fs := cli.NewFlagSet("evaluate", stderr, "usage: edge-agent evaluate --model BUNDLE --data csv:PATH[:label=COL] [--json]\n\n"+
+		"Reads PATH by the bundle's schema (label=COL overrides the label column), applies the\n"+
+		"bundle's preprocessing and prints n, loss and accuracy, balanced accuracy, confusion\n"+
+		"matrix and ROC AUC (binary), or RMSE and R^2 (regression).\n\nflags:\n")
 	modelPath := fs.String("model", "", "model bundle written by broker-agg (required)")
 	data := fs.String("data", "", "labelled data: csv:PATH[:label=COL] (required)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
+	if err := cli.Parse(fs, args); err != nil {
+		return err
 	}
 	if *modelPath == "" || *data == "" || fs.NArg() > 0 {
 		return errors.New("evaluate: --model and --data are required, no arguments")

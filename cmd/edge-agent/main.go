@@ -18,18 +18,13 @@ import (
 // version is stamped at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-// errUsage marks an error the flag package already reported.
-var errUsage = cli.ErrUsage
-
 func commands() []cli.Command {
 	return []cli.Command{
 		{Name: "run", Summary: "run the edge daemon (see run --help)", Run: runAgent},
 		{Name: "bench", Summary: "benchmark a local FedProx solve on this device and suggest a work budget", Run: runBench},
 		{Name: "evaluate", Summary: "evaluate a model bundle on a labelled CSV (see evaluate --help)", Run: runEvaluate},
 		{Name: "predict", Summary: "write a model bundle's predictions for a CSV (see predict --help)", Run: runPredict},
-		{Name: "version", Summary: "print the version", Run: func(_ context.Context, args []string, stdout, stderr io.Writer) error {
-			return cli.Version(args, stdout, stderr, "edge-agent", version)
-		}},
+		cli.VersionCommand("edge-agent", version),
 	}
 }
 

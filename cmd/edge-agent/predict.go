@@ -3,34 +3,26 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
 
 	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/internal/cli"
 )
 
 // runPredict is `edge-agent predict`: one output row per input row.
 func runPredict(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("predict", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: edge-agent predict --model BUNDLE --data csv:PATH --out FILE [--keep COL,...]\n\n"+
-			"Writes FILE (atomically) with one row per row of PATH: the --keep columns, \"prediction\"\n"+
-			"(the predicted class as its raw label value, or the value for regression) and\n"+
-			"p_<class> per class. PATH is read by the bundle's schema (the label column may be absent).\n\nflags:\n")
-		fs.PrintDefaults()
-	}
+	fs := cli.NewFlagSet("predict", stderr, "usage: edge-agent predict --model BUNDLE --data csv:PATH --out FILE [--keep COL,...]\n\n"+
+		"Writes FILE (atomically) with one row per row of PATH: the --keep columns, \"prediction\"\n"+
+		"(the predicted class as its raw label value, or the value for regression) and\n"+
+		"p_<class> per class. PATH is read by the bundle's schema (the label column may be absent).\n\nflags:\n")
 	modelPath := fs.String("model", "", "model bundle written by broker-agg (required)")
 	data := fs.String("data", "", "input rows: csv:PATH (required)")
 	out := fs.String("out", "", "output CSV (required)")
 	keep := fs.String("keep", "", "comma-separated input columns copied to the output")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
+	if err := cli.Parse(fs, args); err != nil {
+		return err
 	}
 	if *modelPath == "" || *data == "" || *out == "" || fs.NArg() > 0 {
 		return errors.New("predict: --model, --data and --out are required, no arguments")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/agent"
+	"github.com/edgefl/edgefl/internal/cli"
 )
 
 // runAgent runs the edge daemon until ctx is canceled (SIGINT/SIGTERM,
@@ -32,21 +32,18 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		own.PrintDefaults()
 		printOptionFlags(fs.Output())
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
+	if err := cli.Parse(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "edge-agent run: unexpected argument %q\n", fs.Arg(0))
 		fs.Usage()
-		return errUsage
+		return cli.ErrUsage
 	}
 	if *path == "" && len(*flags) == 0 {
 		fmt.Fprintln(stderr, "edge-agent run: --config FILE is required (or every setting as a flag)")
 		fs.Usage()
-		return errUsage
+		return cli.ErrUsage
 	}
 	cfg, err := loadConfig(*path, *flags, version)
 	if err != nil {

@@ -92,19 +92,31 @@ func usage(w io.Writer, name string, cmds []Command) {
 	}
 }
 
-// Version is the `version` command of binary name: it prints "name
-// version" (stamped at build time with -ldflags "-X main.version=...").
-func Version(args []string, stdout, stderr io.Writer, name, version string) error {
-	fs := flag.NewFlagSet(name+" version", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: %s version\n\nPrints the version this binary was built as (go build -ldflags \"-X main.version=...\";\n\"dev\" when built without it).\n", name)
-	}
+// Parse parses args into fs (whose ErrorHandling is flag.ContinueOnError):
+// flag.ErrHelp is returned as is, any other error, which the flag package
+// has reported with the usage, as ErrUsage.
+func Parse(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
 		return ErrUsage
+	}
+	return nil
+}
+
+// VersionCommand is the `version` command of binary name: it prints "name
+// version" (stamped at build time with -ldflags "-X main.version=...").
+func VersionCommand(name, version string) Command {
+	return Command{Name: "version", Summary: "print the version", Run: func(_ context.Context, args []string, stdout, stderr io.Writer) error {
+		return printVersion(args, stdout, stderr, name, version)
+	}}
+}
+
+func printVersion(args []string, stdout, stderr io.Writer, name, version string) error {
+	fs := NewFlagSet(name+" version", stderr, fmt.Sprintf("usage: %s version\n\nPrints the version this binary was built as (go build -ldflags \"-X main.version=...\";\n\"dev\" when built without it).\n", name))
+	if err := Parse(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		fs.Usage()
@@ -112,4 +124,17 @@ func Version(args []string, stdout, stderr io.Writer, name, version string) erro
 	}
 	_, err := fmt.Fprintln(stdout, name, version)
 	return err
+}
+
+// NewFlagSet is the flag set of a subcommand: errors and help go to stderr,
+// and the help is usage (as is: its own trailing newline) followed by the
+// flags' defaults. Parse it with Parse or ParseFlags.
+func NewFlagSet(name string, stderr io.Writer, usage string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	return fs
 }

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bufio"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -123,11 +122,8 @@ func FlagSyntax(fs *flag.FlagSet, path string, alias func(string) string, exclud
 // names; "config" and the exclude flags are command line only). A flag
 // error the flag package reported returns ErrUsage (or flag.ErrHelp).
 func ParseFlags(fs *flag.FlagSet, args []string, config *string, alias func(string) string, exclude ...string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return ErrUsage
+	if err := Parse(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))

@@ -32,16 +32,17 @@ import (
 // the aggregator, and what the flood cost (see the package documentation).
 
 type floodOptions struct {
-	aggBin, agentBin, mosquitto, acl, work string
-	broker                                 string // embedded | mosquitto
-	sites, rounds                          int
-	roundSeconds                           float64
-	roundEpochs                            int
-	rate, batch                            int
-	floodFor, floodAfter                   time.Duration
-	floodRound                             int
-	seed                                   uint64
-	timeout                                time.Duration
+	procFlags
+	agentBin             string
+	broker               string // embedded | mosquitto
+	sites, rounds        int
+	roundSeconds         float64
+	roundEpochs          int
+	rate, batch          int
+	floodFor, floodAfter time.Duration
+	floodRound           int
+	seed                 uint64
+	timeout              time.Duration
 }
 
 // floodID is the flooding site's id (and username).
@@ -50,12 +51,9 @@ const floodID = "flooder"
 func runFlood(args []string) error {
 	var o floodOptions
 	fs := flag.NewFlagSet("flood", flag.ExitOnError)
-	fs.StringVar(&o.aggBin, "broker-agg", "", "the broker-agg `BINARY`")
+	o.registerProcFlags(fs)
 	fs.StringVar(&o.agentBin, "edge-agent", "", "the edge-agent `BINARY`")
 	fs.StringVar(&o.broker, "broker", "embedded", "embedded (broker-agg's own listener and password file) | mosquitto (password file, the shipped ACL, broker-agg run --broker)")
-	fs.StringVar(&o.mosquitto, "mosquitto", "/usr/sbin/mosquitto", "the Mosquitto `BINARY`")
-	fs.StringVar(&o.acl, "acl", "deploy/mosquitto/edgefl.acl", "the shipped ACL (ward-7 is replaced by the federation)")
-	fs.StringVar(&o.work, "work", "", "working `DIR` for state files and logs (default: a temporary one, removed)")
 	fs.IntVar(&o.sites, "sites", 3, "edge agents (the flooding site comes on top)")
 	fs.IntVar(&o.rounds, "rounds", 8, "rounds of each run")
 	fs.Float64Var(&o.roundSeconds, "round-seconds", 3, "the round's work budget (max_seconds): how long each agent solves")
@@ -195,7 +193,7 @@ func floodRun(o floodOptions, work string, withFlood bool) (*floodResult, error)
 	conf := floodAggConf(o, federation, work)
 	var mq *mosq
 	if o.broker == "mosquitto" {
-		if mq, err = startMosquitto(options{mosquitto: o.mosquitto, acl: o.acl}, work, federation, port); err != nil {
+		if mq, err = startMosquitto(options{procFlags: o.procFlags}, work, federation, port); err != nil {
 			return nil, err
 		}
 		defer mq.stop()
@@ -207,7 +205,7 @@ func floodRun(o floodOptions, work string, withFlood bool) (*floodResult, error)
 	} else {
 		conf = append(conf, fmt.Sprintf("listen = 127.0.0.1:%d", port), "password_file = "+filepath.Join(work, "passwd"))
 	}
-	agg, err := startLoadAggregator(ctx, options{aggBin: o.aggBin}, work, conf)
+	agg, err := startLoadAggregator(ctx, options{procFlags: o.procFlags}, work, conf)
 	if err != nil {
 		return nil, err
 	}

@@ -224,17 +224,31 @@ func stats(v []float64) (mean, median float64) {
 
 // ---- run ----
 
+// procFlags are the flags `run` and `flood` share: the programs they start
+// and where they work.
+type procFlags struct {
+	aggBin, mosquitto, acl, work string
+}
+
+func (p *procFlags) registerProcFlags(fs *flag.FlagSet) {
+	fs.StringVar(&p.aggBin, "broker-agg", "", "the broker-agg `BINARY`")
+	fs.StringVar(&p.mosquitto, "mosquitto", "/usr/sbin/mosquitto", "the Mosquitto `BINARY`")
+	fs.StringVar(&p.acl, "acl", "deploy/mosquitto/edgefl.acl", "the shipped ACL (ward-7 is replaced by the federation)")
+	fs.StringVar(&p.work, "work", "", "working `DIR` for state files and logs (default: a temporary one, removed)")
+}
+
 type options struct {
-	aggBin, mosquitto, acl, data, work string
-	clients, perRound, rounds, epochs  int
-	batch                              int
-	lr, mu, step, gamma, l2            float64
-	algo, solver, codec                string
-	seed                               uint64
-	kills                              int
-	timeout                            time.Duration
-	console, chromium                  string
-	consolePoll                        time.Duration
+	procFlags
+	data                              string
+	clients, perRound, rounds, epochs int
+	batch                             int
+	lr, mu, step, gamma, l2           float64
+	algo, solver, codec               string
+	seed                              uint64
+	kills                             int
+	timeout                           time.Duration
+	console, chromium                 string
+	consolePoll                       time.Duration
 }
 
 func runLoad(args []string) error {
@@ -333,11 +347,8 @@ func runLoad(args []string) error {
 func parseLoadFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
-	fs.StringVar(&o.aggBin, "broker-agg", "", "the broker-agg `BINARY`")
-	fs.StringVar(&o.mosquitto, "mosquitto", "/usr/sbin/mosquitto", "the Mosquitto `BINARY`")
-	fs.StringVar(&o.acl, "acl", "deploy/mosquitto/edgefl.acl", "the shipped ACL (ward-7 is replaced by the federation)")
+	o.registerProcFlags(fs)
 	fs.StringVar(&o.data, "data", "", "IDX data `DIR` (loadtest gen)")
-	fs.StringVar(&o.work, "work", "", "working `DIR` for state files and logs (default: a temporary one, removed)")
 	fs.IntVar(&o.clients, "clients", 100, "edge agents N")
 	fs.IntVar(&o.perRound, "per-round", 100, "clients per round K")
 	fs.IntVar(&o.rounds, "rounds", 20, "rounds")
