@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/aggregator"
+	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/internal/localfed"
 	"github.com/edgefl/edgefl/model"
@@ -44,12 +45,21 @@ func TestSimMatchesLive(t *testing.T) {
 		// fp32: a lossless codec keeps no residual (simulate kept one of
 		// float32 rounding errors until it used package uplink).
 		for _, codec := range []string{"fp32", "topk:0.2+q8", "dct:6x10x10+topk:0.3+q4+ac"} {
-			t.Run(algo+"/"+codec, func(t *testing.T) { testSimMatchesLive(t, algo, codec) })
+			t.Run(algo+"/"+codec, func(t *testing.T) { testSimMatchesLive(t, algo, codec, nil) })
 		}
+	}
+	// Central DP (docs/privacy.md): the clip at the sites, the re-clip
+	// and the noisy mean at the aggregator, with simulate's noise key
+	// (--dp-noise-seed) given to the aggregator, give the same frames and
+	// the same noised global models, bit for bit; with error feedback too.
+	for _, codec := range []string{"fp32", "topk:0.2+q8"} {
+		t.Run("dp/"+FedProx+"/"+codec, func(t *testing.T) {
+			testSimMatchesLive(t, FedProx, codec, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5})
+		})
 	}
 }
 
-func testSimMatchesLive(t *testing.T, algo, codec string) {
+func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config) {
 	const rounds = 3
 	cfg := DefaultConfig()
 	cfg.Dataset, cfg.Partition, cfg.Clients, cfg.PerRound, cfg.Rounds, cfg.Seed = "synthetic:1,1", "natural", 4, 4, rounds, 5
@@ -60,6 +70,12 @@ func testSimMatchesLive(t *testing.T, algo, codec string) {
 		agg = "mean"
 	}
 	cfg.Algos = []Algo{{Label: algo, Family: algo, Agg: agg, Local: local}}
+	var key *[32]byte
+	if private != nil {
+		cfg.DP, cfg.DPNoiseSeed = private, 7
+		k := dp.TestKey(cfg.DPNoiseSeed)
+		key = &k
+	}
 
 	// simulate, recording every round's frames and next global model.
 	simFrames := map[int]map[string]*uplink.Frame{}
@@ -111,7 +127,7 @@ func testSimMatchesLive(t *testing.T, algo, codec string) {
 			Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs,
 				Step: local.Step, Relax: local.Relax, Mu: local.Mu},
 			Model: model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
-			Codec: codec, Downlink: cfg.Downlink,
+			Codec: codec, Downlink: cfg.Downlink, DP: private, DPTestKey: key,
 			Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
 			OnRound: func(rr aggregator.RoundReport) {
 				mu.Lock()

@@ -32,7 +32,10 @@ func TestValidateDPParams(t *testing.T) {
 		{"delta 1", func(r *RoundAnnouncement) { r.Dp.Delta = 1 }, false},
 		{"epsilon spent negative", func(r *RoundAnnouncement) { r.Dp.EpsilonSpent = -1 }, false},
 		{"epsilon budget inf", func(r *RoundAnnouncement) { r.Dp.EpsilonBudget = math.Inf(1) }, false},
-		{"finished phase", func(r *RoundAnnouncement) { r.Phase = Phase_PHASE_FINISHED }, false},
+		{"finished phase: the final epsilon", func(r *RoundAnnouncement) { r.Phase = Phase_PHASE_FINISHED }, true},
+		{"statistics phase", func(r *RoundAnnouncement) {
+			*r = RoundAnnouncement{Federation: "fed1", Phase: Phase_PHASE_STATISTICS, Schema: schemaJSON, RunId: "R1", Dp: r.Dp}
+		}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -643,7 +643,8 @@ type RoundAnnouncement struct {
 	EvalRound uint32 `json:"eval_round,omitempty"`
 	// Client-level differential privacy of this round (docs/privacy.md):
 	// every selected site clips its update to dp.clip_norm before encoding it
-	// and sends its loss fields as 0. Absent = no DP. PHASE_TRAIN only.
+	// and sends its loss fields as 0. Absent = no DP. Not in PHASE_STATISTICS
+	// (PHASE_FINISHED carries the run's final epsilon).
 	Dp *DPParams `json:"dp,omitempty"`
 }
 

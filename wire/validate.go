@@ -251,8 +251,8 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 		return invalid(msg, "evaluate needs a schema and a transform")
 	case uint64(m.EvalRound) > m.Round:
 		return invalid(msg, "eval_round %d is beyond round %d", m.EvalRound, m.Round)
-	case m.Dp != nil && !train:
-		return invalid(msg, "dp is sent in %v only, not in %v", Phase_PHASE_TRAIN, m.Phase)
+	case m.Dp != nil && stats:
+		return invalid(msg, "dp is not sent in %v", m.Phase)
 	}
 	return m.Dp.validate(msg)
 }

@@ -32,6 +32,7 @@ type demoFlags struct {
 	schema, siteColumn         string
 	evalEvery                  int
 	clientsGiven               bool // --clients was on the command line
+	dp                         dpFlags
 }
 
 func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
@@ -67,6 +68,7 @@ func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 	fs.StringVar(&f.schema, "schema", "", "federation schema `FILE`: --dataset is then csv:PATH, partitioned into sites as simulate --schema does; each site's rows go to a CSV of its own in the demo directory, which its agent reads by the schema (model_out next to it); the run has a statistics phase, federated evaluation and a final bundle, compared at the end with the centralised reference on the same rows and preprocessing (issue 11)")
 	fs.StringVar(&f.siteColumn, "site-column", "", "with --schema and --partition natural: the column `NAME` naming each row's site (one agent per site)")
 	fs.IntVar(&f.evalEvery, "eval-every", 5, "with --schema: the sites evaluate every E rounds and at the end")
+	f.dp.register(fs, true)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: broker-agg demo [flags]\n       broker-agg demo --schema FILE --dataset csv:PATH [--site-column NAME --partition natural | --partition iid --clients N ...]\n\nEmbedded broker + aggregator + N edge agents in one process over real MQTT\n(loopback TCP, per-site passwords, the federation ACL), each with its own\nstate file. Prints one line per round; Ctrl-C stops it.\n\nWith --schema, the federation of a schema: each site reads its own CSV (its\nrows of --dataset, split as `broker-agg simulate --schema` splits them) by\nthe schema, sends statistics before round 1, evaluates on its held-out rows\nevery --eval-every rounds, and writes the final model bundle to its\nmodel_out. The end prints the bundle's path and the federation's and each\nsite's held-out figures next to the centralised reference.\n\nflags:")
 		fs.PrintDefaults()
@@ -92,6 +94,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if f.schema != "" {
+		if f.dp.mode != "off" {
+			return errors.New("--dp with --schema: the per-site statistics and evaluation reports are outside the privacy guarantee until they are privatised (docs/privacy.md)")
+		}
 		return runDemoSchema(ctx, f, log, stdout)
 	}
 	return runDemoData(ctx, f, log, stdout)
@@ -174,11 +179,18 @@ func runDemoData(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.
 	fmt.Fprintf(stdout, "demo: %d sites, %d per round, %d rounds of %s on %s (%s partition), model %s with %d parameters\n",
 		f.clients, k, f.rounds, f.algo, f.data, d.part, f.model, mustParams(d.spec))
 	sc := f.serverConfig(k, d.spec, log)
+	if sc.DP, err = f.dp.config(float64(k)/float64(f.clients), f.rounds); err != nil {
+		return err
+	}
 	sc.Eval = &d.test
 	sc.OnRound = func(rr aggregator.RoundReport) {
-		fmt.Fprintf(stdout, "%5d  %-9s  %-10d  %-12.6g  %-9s  %s\n", rr.Round,
+		eps := ""
+		if sc.DP != nil {
+			eps = fmt.Sprintf("  epsilon %.4g", rr.Epsilon)
+		}
+		fmt.Fprintf(stdout, "%5d  %-9s  %-10d  %-12.6g  %-9s  %s%s\n", rr.Round,
 			fmt.Sprintf("%d/%d", len(rr.Contributors), len(rr.Contributors)+len(rr.Stragglers)), len(rr.Stragglers),
-			rr.EvalLoss, fmt.Sprintf("%.2f%%", 100*rr.EvalScore), time.Since(start).Round(time.Millisecond))
+			rr.EvalLoss, fmt.Sprintf("%.2f%%", 100*rr.EvalScore), time.Since(start).Round(time.Millisecond), eps)
 	}
 	lf, err := localfed.Start(ctx, localfed.Config{Dir: stateDir, Sites: sites, Seed: f.seed, Server: sc, Logger: log,
 		Serving: func(lf *localfed.Federation) {

@@ -59,5 +59,12 @@ func (d *dpFlags) config(q float64, rounds int) (*dp.Config, error) {
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("--dp: %w", err)
 	}
+	if q > 0 {
+		if ok, eps, err := c.Within(nil, q); err != nil {
+			return nil, fmt.Errorf("--dp: %w", err)
+		} else if !ok {
+			return nil, fmt.Errorf("--dp-epsilon %g: even one round (q = %g, z = %g) spends epsilon %.4g", c.Budget, q, c.Noise, eps)
+		}
+	}
 	return c, nil
 }

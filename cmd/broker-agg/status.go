@@ -244,6 +244,14 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 			return err
 		}
 	}
+	if p := st.Privacy; p != nil {
+		budget := "no budget"
+		if p.Budget > 0 {
+			budget = fmt.Sprintf("budget %g", p.Budget)
+		}
+		fmt.Fprintf(w, "differential privacy (%s): epsilon %.4g at delta %g after %d rounds (%s; clip %g, noise multiplier %g)\n",
+			p.Mode, p.Epsilon, p.Delta, p.Rounds, budget, p.Clip, p.Noise)
+	}
 	if st.StopReason != "" {
 		fmt.Fprintf(w, "run ended: %s\n", st.StopReason)
 	}
