@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -118,23 +119,23 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
+	srvCfg := aggregator.ServerConfig{
+		K: len(fed.Clients), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
+		Algorithm: algo,
+		Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs,
+			Step: local.Step, Relax: local.Relax, Mu: local.Mu},
+		Model: model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
+		Codec: codec, Downlink: cfg.Downlink, DP: private, DPTestKey: key,
+		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
+		OnRound: func(rr aggregator.RoundReport) {
+			mu.Lock()
+			defer mu.Unlock()
+			liveGlobal[rr.Round] = slices.Clone(rr.Global)
+		},
+	}
 	lf, err := localfed.Start(ctx, localfed.Config{Federation: "simlive", Dir: dir, Sites: sites, Seed: 1,
 		ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second,
-		NewClock: func() clock.Clock { return clock.NewFake(t0) }, Logger: log,
-		Server: aggregator.ServerConfig{
-			K: len(fed.Clients), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
-			Algorithm: algo,
-			Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs,
-				Step: local.Step, Relax: local.Relax, Mu: local.Mu},
-			Model: model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
-			Codec: codec, Downlink: cfg.Downlink, DP: private, DPTestKey: key,
-			Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
-			OnRound: func(rr aggregator.RoundReport) {
-				mu.Lock()
-				defer mu.Unlock()
-				liveGlobal[rr.Round] = slices.Clone(rr.Global)
-			},
-		}})
+		NewClock: func() clock.Clock { return clock.NewFake(t0) }, Logger: log, Server: srvCfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,6 +195,52 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config) {
 	}
 	if maxDiff(simGlobal[rounds], simGlobal[1]) == 0 {
 		t.Error("the global model did not move: the comparison proves nothing")
+	}
+	if private != nil {
+		store.Close()
+		srvCfg.Federation, srvCfg.BrokerURL, srvCfg.StatePath, srvCfg.OnRound = "simlive", "tcp://127.0.0.1:1", state, nil
+		checkPrivacyRestored(t, srvCfg, rounds)
+	}
+}
+
+// checkPrivacyRestored: the accountant is in the state file (bbolt): the
+// status read from it, and an aggregator reopened on it, report the
+// epsilon of the rounds run (every site every round: q = 1); reopening
+// with another DP setting is refused.
+func checkPrivacyRestored(t *testing.T, cfg aggregator.ServerConfig, rounds int) {
+	t.Helper()
+	c := cfg.DP
+	want := dp.EpsilonAfter(1, c.Noise, rounds, c.Delta, nil)
+	store, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := aggregator.ReadStatus(store)
+	store.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := st.Privacy; p == nil || p.Rounds != uint64(rounds) || math.Abs(p.Epsilon-want) > 1e-9*want {
+		t.Fatalf("status from the state file: privacy %+v, want epsilon %v after %d rounds", st.Privacy, want, rounds)
+	}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	srv, err := aggregator.NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := srv.Watch()
+	srv.Close()
+	if p := v.Privacy; p == nil || p.Rounds != uint64(rounds) || p.Epsilon != st.Privacy.Epsilon {
+		t.Fatalf("reopened aggregator: privacy %+v, want %+v", v.Privacy, st.Privacy)
+	}
+	other := *c
+	other.Noise *= 2
+	cfg.DP = &other
+	if srv, err := aggregator.NewServer(cfg); err == nil || !strings.Contains(err.Error(), "--dp") {
+		if err == nil {
+			srv.Close()
+		}
+		t.Fatalf("reopened with another noise multiplier: %v, want a refusal naming --dp", err)
 	}
 }
 
