@@ -205,6 +205,10 @@ func runDemoData(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.
 	if err := lf.Stop(); err != nil {
 		return err
 	}
+	if v, _ := lf.Server.Watch(); v.StopReason == aggregator.StopDPBudget && v.Privacy != nil {
+		fmt.Fprintf(stdout, "stopped after %d rounds: the next would spend more than --dp-epsilon %g (spent %.4g)\n",
+			v.Privacy.Rounds, v.Privacy.Budget, v.Privacy.Epsilon)
+	}
 	if x, r := lf.Server.Global(); r > f.rounds {
 		if err := printDemoOptimum(ctx, f, d, x, start, stdout); err != nil {
 			return err
