@@ -52,15 +52,21 @@ func TestSimMatchesLive(t *testing.T) {
 	// Central DP (docs/privacy.md): the clip at the sites, the re-clip
 	// and the noisy mean at the aggregator, with simulate's noise key
 	// (--dp-noise-seed) given to the aggregator, give the same frames and
-	// the same noised global models, bit for bit; with error feedback too.
-	for _, codec := range []string{"fp32", "topk:0.2+q8"} {
+	// the same noised global models, bit for bit; with error feedback too,
+	// and across a restart of the whole federation after round 1 (the
+	// accountant, the noise key and the sites' residuals come back from
+	// their state files).
+	for i, codec := range []string{"fp32", "topk:0.2+q8"} {
 		t.Run("dp/"+FedProx+"/"+codec, func(t *testing.T) {
-			testSimMatchesLive(t, FedProx, codec, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5})
+			testSimMatchesLive(t, FedProx, codec, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5}, i)
 		})
 	}
 }
 
-func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config) {
+// testSimMatchesLive compares simulate with a live federation (private: under
+// DP; restartAfter > 0: the live federation is stopped once round
+// restartAfter is aggregated and started again on its state files).
+func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, restartAfter ...int) {
 	const rounds = 3
 	cfg := DefaultConfig()
 	cfg.Dataset, cfg.Partition, cfg.Clients, cfg.PerRound, cfg.Rounds, cfg.Seed = "synthetic:1,1", "natural", 4, 4, rounds, 5
@@ -119,6 +125,12 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
+	waitCtx, stopFirst := context.WithCancel(ctx)
+	defer stopFirst()
+	restart := 0
+	if len(restartAfter) > 0 {
+		restart = restartAfter[0]
+	}
 	srvCfg := aggregator.ServerConfig{
 		K: len(fed.Clients), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
 		Algorithm: algo,
@@ -131,13 +143,30 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config) {
 			mu.Lock()
 			defer mu.Unlock()
 			liveGlobal[rr.Round] = slices.Clone(rr.Global)
+			if rr.Round == restart {
+				stopFirst()
+			}
 		},
 	}
-	lf, err := localfed.Start(ctx, localfed.Config{Federation: "simlive", Dir: dir, Sites: sites, Seed: 1,
-		ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second,
-		NewClock: func() clock.Clock { return clock.NewFake(t0) }, Logger: log, Server: srvCfg})
-	if err != nil {
-		t.Fatal(err)
+	start := func() *localfed.Federation {
+		lf, err := localfed.Start(ctx, localfed.Config{Federation: "simlive", Dir: dir, Sites: sites, Seed: 1,
+			ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second,
+			NewClock: func() clock.Clock { return clock.NewFake(t0) }, Logger: log, Server: srvCfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lf
+	}
+	lf := start()
+	if restart > 0 {
+		if lf.Wait(waitCtx) {
+			t.Fatalf("finished before the restart after round %d", restart)
+		}
+		if err := lf.Stop(); err != nil {
+			t.Logf("stopping the federation for the restart: %v", err)
+		}
+		lf = start()
+		t.Logf("the federation was stopped after round %d and started again", restart)
 	}
 	finished := lf.Wait(ctx)
 	if err := lf.Stop(); err != nil {
