@@ -99,9 +99,8 @@ func EpsilonAfter(q, z float64, rounds int, delta float64, orders []float64) flo
 }
 
 // MaxRounds caps RoundsWithin: a budget that fits more rounds than this
-// (q = 0, or a huge z) is reported as MaxRounds. It fits a 32-bit int (the
-// edge agent imports dp through uplink and is built for 32-bit ARM too).
-const MaxRounds = 1 << 30
+// (q = 0, or a huge z) is reported as MaxRounds.
+const MaxRounds = 1 << 30 // fits a 32-bit int (the gateways include armv7)
 
 // RoundsWithin is how many rounds of (q, z) fit in the budget (eps, delta)
 // from a fresh start, over DefaultOrders: the largest T with
