@@ -310,7 +310,7 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 		BaseRound:    up.BaseRound,
 		Vector:       &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(sent)), Payload: up.Payload},
 		SampleCount:  uint64(d.N),
-		Report:       workReport(rep, stop, p.cfg.Gamma),
+		Report:       workReport(rep, stop, p.cfg.Gamma, p.clip > 0),
 		SentAtUnixMs: h.clock().Now().UnixMilli(),
 		Seq:          r,
 		InstanceId:   h.InstanceID,
@@ -346,7 +346,7 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 // record of the aggregator's copy of z_j (FedSplit).
 func (h *RoundHandler) uplink(p *prepared, sent []float64) (uplink.Frame, error) {
 	r := p.round
-	u := uplink.Update{Split: p.split, Round: r, Sent: sent, Global: p.x, Tamper: poison}
+	u := uplink.Update{Split: p.split, Round: r, Sent: sent, Global: p.x, Clip: p.clip, Tamper: poison}
 	if p.split {
 		br, zs, err := h.Store.ServerZ()
 		switch {
@@ -412,6 +412,9 @@ type prepared struct {
 	cfg    proxsolver.Config
 	budget proxsolver.Budget
 	sketch bool // the round asks for the anchor gradient
+	// clip is the announced DP clip norm (0: no DP): the update is
+	// clipped before it is encoded and the loss fields are sent as 0.
+	clip float64
 }
 
 // prepare checks everything about ann that can be checked before writing:
@@ -456,6 +459,9 @@ func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement, d model.Data) (*prep
 	}
 
 	if p.cfg, err = h.solverConfig(ann, p.split, d.N); err != nil {
+		return nil, bad(r, "%v", err)
+	}
+	if p.clip, err = dpClip(ann, p.split); err != nil {
 		return nil, bad(r, "%v", err)
 	}
 	if p.split {
@@ -690,7 +696,7 @@ func stopReason(stop string) wire.StopReason {
 
 // workReport fills the wire report from the solver's. Non-finite values
 // (only after a divergence) are sent as 0.
-func workReport(rep proxsolver.Report, stop wire.StopReason, target float64) *wire.WorkReport {
+func workReport(rep proxsolver.Report, stop wire.StopReason, target float64, private bool) *wire.WorkReport {
 	fin := func(x float64) float64 {
 		if math.IsNaN(x) || math.IsInf(x, 0) {
 			return 0
@@ -709,7 +715,7 @@ func workReport(rep proxsolver.Report, stop wire.StopReason, target float64) *wi
 	if g < 0 {
 		g = 0
 	}
-	return &wire.WorkReport{
+	w := &wire.WorkReport{
 		AchievedGamma: g,
 		Epochs:        uint64(math.Round(max(fin(rep.Epochs), 0))),
 		GradEvals:     uint64(max(rep.GradEvals, 0)),
@@ -719,6 +725,31 @@ func workReport(rep proxsolver.Report, stop wire.StopReason, target float64) *wi
 		StopReason:    stop,
 		Partial:       partial,
 	}
+	if private {
+		// Under DP the losses and the achieved inexactness are computed
+		// from the site's data without noise: sent as 0 (docs/privacy.md,
+		// "What the guarantee covers").
+		w.LocalLoss, w.AnchorLoss, w.AchievedGamma = 0, 0, 0
+	}
+	return w
+}
+
+// dpClip is the clip norm a round's DP parameters ask for (0: none). The
+// distributed mode (no secure aggregation yet), the FedSplit family and
+// anchor gradients are refused under DP, as the aggregator refuses them.
+func dpClip(ann *wire.RoundAnnouncement, split bool) (float64, error) {
+	d := ann.GetDp()
+	switch {
+	case d == nil:
+		return 0, nil
+	case d.Mode != wire.DPMode_DP_MODE_CENTRAL:
+		return 0, fmt.Errorf("differential privacy mode %v: this agent supports the central mode only (the distributed mode needs secure aggregation)", d.Mode)
+	case split:
+		return 0, uplink.ErrSplitDP
+	case ann.AnchorSketch != nil:
+		return 0, errors.New("differential privacy with an anchor gradient: refused (it is neither clipped nor noised)")
+	}
+	return d.ClipNorm, nil
 }
 
 // anchorGrad is what the round's SketchSpec asks for: the full gradient at

@@ -70,6 +70,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/internal/streams"
 )
 
@@ -127,6 +128,11 @@ type Config struct {
 	StopPatience int
 	StopTol      float64
 	StopDelta    float64
+
+	// DP is central differential privacy's accountant and budget
+	// (coordinator_dp.go; nil: off). It needs MaxReselections = 0, no
+	// StoreLate and no federation schema.
+	DP *dp.Config
 }
 
 // ErrConfig reports an invalid Config.
@@ -163,7 +169,7 @@ func (c Config) validate() error {
 	case c.Evaluate && !c.Statistics:
 		return fmt.Errorf("%w: Evaluate needs the statistics phase (the sites it waits for)", ErrConfig)
 	}
-	return nil
+	return c.validateDP()
 }
 
 // Phase is where the current round is in its life cycle.
@@ -494,6 +500,7 @@ type Coordinator struct {
 	counters     Counters
 	proposal     Event    // an accepted message awaiting Stored or StoreFailed (coordinator_propose.go)
 	fed          fedState // the statistics phase, evaluations, stopping rules
+	dp           dpState  // the accountant (Config.DP)
 }
 
 // New returns a coordinator waiting to announce round 1. The waiting (for
@@ -513,6 +520,9 @@ func New(cfg Config) (*Coordinator, error) {
 		cfg.StatsSites = cfg.K
 	}
 	c := &Coordinator{cfg: cfg, sel: sel, clients: map[string]*client{}}
+	if cfg.DP != nil {
+		c.dp.acc = dp.NewAccountant(nil)
+	}
 	c.resetRound(1)
 	c.fed.reset()
 	if cfg.Statistics {
@@ -829,6 +839,7 @@ func (c *Coordinator) closable() bool {
 func (c *Coordinator) close(at time.Time, out []Decision) []Decision {
 	c.phase = PhaseClosing
 	c.closedAt = at
+	c.dpCharge()
 	cr := c.closeDecision()
 	c.counters.Stragglers += uint64(len(cr.Stragglers))
 	c.counters.RoundsClosed++
@@ -891,7 +902,7 @@ func (c *Coordinator) pool() []string {
 
 // selectable says whether a selection from pool can reach quorum.
 func (c *Coordinator) selectable(pool []string) bool {
-	return len(pool) > 0 && len(c.received)+len(pool) >= c.cfg.Quorum
+	return len(pool) > 0 && len(c.received)+len(pool) >= c.cfg.Quorum && (c.attempts > 0 || c.dpFits(len(pool)))
 }
 
 func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
@@ -904,6 +915,9 @@ func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
 		c.askEval(c.round - 1)
 	}
 	picks := c.pick(pool, c.cfg.K-len(c.received), attempt)
+	if attempt == 0 {
+		c.dp.q = c.roundQ(len(pool))
+	}
 	c.attempts++
 	if attempt > 0 {
 		c.counters.Reselections++
@@ -965,6 +979,9 @@ func (c *Coordinator) aggregated(e AggregatedRound, at time.Time) []Decision {
 	c.late = 0
 	if reason := c.stopRule(e); reason != "" {
 		return c.finish(at, reason)
+	}
+	if c.dpExhausted() {
+		return c.finish(at, StopDPBudget)
 	}
 	c.resetRound(c.round + 1)
 	c.waitingSince = at

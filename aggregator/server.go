@@ -22,6 +22,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/metrics"
@@ -112,6 +113,19 @@ type ServerConfig struct {
 	// AnchorSketch, when set, asks clients for the gradient at the anchor
 	// (Dimension 0) or its random-projection sketch (fedsim-cluster).
 	AnchorSketch *wire.SketchSpec
+	// DP, when set, is central differential privacy (docs/privacy.md;
+	// server_dp.go): every round announces the clip norm, the sites clip,
+	// the aggregator re-clips and releases the fixed-denominator mean plus
+	// Gaussian noise from a secret key kept in the state file, and the
+	// coordinator's accountant stops the run before the budget is
+	// exceeded. FedProx family only, with fedavg or mean (sample weights
+	// are dropped), uniform selection, no re-selection (MaxReselections
+	// is taken as 0), no anchor gradients and no schema.
+	DP *dp.Config
+	// DPTestKey, when set, is a new run's noise key instead of 32 bytes
+	// from crypto/rand: for tests that compare a live run with simulate
+	// --dp-noise-seed (dp.TestKey), never for a deployment.
+	DPTestKey *[32]byte
 
 	// Model is the model every client trains.
 	Model model.Spec
@@ -210,6 +224,7 @@ type RoundReport struct {
 	Stragglers   []string
 	Late         int           // late FedSplit updates stored since the previous aggregation
 	Duration     time.Duration // aggregation and checkpoint (wall time)
+	Epsilon      float64       // the privacy spent after this round (ServerConfig.DP; 0 without)
 	EvalLoss     float64       // NaN without ServerConfig.Eval
 	EvalScore    float64       // accuracy (R^2 for regression); NaN without Eval
 	Metrics      map[string]float64
@@ -321,6 +336,12 @@ type storedConfig struct {
 	// Params are the algorithm's parameters a resumed run must keep (nil
 	// in a log written before they were kept: not checked then).
 	Params *storedParams `json:"params,omitempty"`
+	// DP is the run's differential-privacy setting (nil: none), which a
+	// resumed run must keep, and NoiseKey the secret key of its noise
+	// (32 bytes from crypto/rand, drawn when the log is created), so that
+	// an aggregation redone after a restart draws the same noise.
+	DP       *dp.Config `json:"dp,omitempty"`
+	NoiseKey []byte     `json:"dp_noise_key,omitempty"`
 }
 
 // storedParams are the parameters of the algorithm's math: FedProx's mu
@@ -361,6 +382,7 @@ func (s *Server) resumeDiffs(was storedConfig) []string {
 		downWas = "fp32"
 	}
 	diff("downlink", s.cfg.Downlink, downWas)
+	diff("dp", dpText(s.cfg.DP), dpText(was.DP))
 	if p := was.Params; p != nil && s.stored.Params != nil {
 		now := *s.stored.Params
 		if s.fam == AlgoFedProx {
@@ -497,7 +519,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	p := d.params
 	s.stored = storedConfig{Federation: cfg.Federation, Algorithm: cfg.Algorithm, Family: s.fam,
 		Aggregator: s.aggSpec, Model: cfg.Model, Dimension: s.dim, Codec: cfg.Codec, Downlink: cfg.Downlink,
-		Params: &storedParams{Mu: p.Mu, Step: p.Step, Relax: p.Relax}}
+		Params: &storedParams{Mu: p.Mu, Step: p.Step, Relax: p.Relax}, DP: cfg.DP}
 	if cfg.Schema != nil {
 		s.stored.Model, s.stored.SchemaDigest = operatorModel(cfg.Model), cfg.Schema.Digest()
 	}
@@ -606,6 +628,10 @@ func (s *Server) restore() error {
 			ErrConfig, strings.Join(d, ", "), s.cfg.StatePath)
 	}
 	s.stored.RunID = was.RunID // "" for a log written before run ids
+	s.stored.NoiseKey = was.NoiseKey
+	if err := s.checkNoiseKey(); err != nil {
+		return err
+	}
 	if was.Params == nil {
 		s.stored.Params = nil // as the run's first round: unknown, not checked
 	}
@@ -651,6 +677,9 @@ func (s *Server) restore() error {
 // (zeros, or the model's initialisation from InitSeed).
 func (s *Server) restoreFresh() error {
 	s.stored.RunID = crand.Text()
+	if err := s.newNoiseKey(); err != nil {
+		return err
+	}
 	s.conf, _ = json.Marshal(s.stored)
 	x0 := make([]float64, s.dim)
 	if s.cfg.Init == InitModel {

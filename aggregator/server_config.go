@@ -89,6 +89,9 @@ func (cfg *ServerConfig) derive() (derived, error) {
 		Statistics: fed, StatsSites: cfg.StatsSites, Evaluate: fed, EvalEvery: cfg.EvalEvery,
 		StopPatience: cfg.StopPatience, StopTol: cfg.StopTol, StopDelta: cfg.StopDelta,
 	}
+	if err := cfg.checkDP(&d); err != nil {
+		return d, err
+	}
 	return d, d.coord.validate()
 }
 

@@ -49,6 +49,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		CreatedAtUnixMs: s.clock.Now().UnixMilli(),
 		AnchorSketch:    s.cfg.AnchorSketch,
 		RunId:           s.stored.RunID,
+		Dp:              s.dpParams(),
 	}
 	if !isSplit(s.fam) {
 		a.Aggregator = s.aggSpec
@@ -178,6 +179,10 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	if agg.HasChange && s.cfg.StopDelta > 0 {
 		args = append(args, "change", agg.Change)
 	}
+	if eps, _, ok := s.coord.Privacy(); ok {
+		rr.Epsilon = eps
+		args = append(args, "epsilon", eps, "delta", s.cfg.DP.Delta)
+	}
 	s.log.Info("round aggregated", args...)
 	if s.cfg.OnRound != nil {
 		s.cfg.OnRound(rr)
@@ -187,6 +192,9 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 
 // aggregate computes the next global model from the closed round.
 func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+	if s.cfg.DP != nil {
+		return s.privateAggregate(cr)
+	}
 	out := make([]float64, s.dim)
 	if isSplit(s.fam) {
 		zs, err := s.store.LatestZ()
@@ -258,10 +266,6 @@ var errPruned = errors.New("updates pruned")
 // as the aggregator takes them: w_k, deltas added to x, the round's global
 // model.
 func (s *Server) closedUpdates(cr CloseRound, x []float64) ([]aggregate.Update, error) {
-	want := make(map[string]bool, len(cr.Contributors))
-	for _, id := range cr.Contributors {
-		want[id] = true
-	}
 	var ups []aggregate.Update
 	first := map[string]uint64{}
 	if cs, err := s.store.Clients(); err == nil {
@@ -271,18 +275,7 @@ func (s *Server) closedUpdates(cr CloseRound, x []float64) ([]aggregate.Update, 
 	} else {
 		return nil, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
 	}
-	err := s.store.ForEachUpdate(uint64(cr.Round), func(u storage.Update) error {
-		if !want[u.ClientID] {
-			return nil // stored just before a crash, not counted by the coordinator
-		}
-		m, err := wire.DecodeUpdate(u.Msg, s.lim)
-		if err != nil {
-			return fmt.Errorf("stored update of %q: %w", u.ClientID, err)
-		}
-		d, err := s.loopQ.Decode(m.Vector.Payload, nil)
-		if err != nil || len(d) != s.dim {
-			return fmt.Errorf("stored update of %q: vector: %w", u.ClientID, err)
-		}
+	err := s.forClosed(cr, func(u storage.Update, m *wire.ClientUpdate, d []float64) error {
 		vec, err := uplink.Receive(uplink.HeaderOf(m), d, x, nil)
 		if err != nil {
 			return fmt.Errorf("stored update of %q: %w", u.ClientID, err)
@@ -300,16 +293,43 @@ func (s *Server) closedUpdates(cr CloseRound, x []float64) ([]aggregate.Update, 
 			AnchorGrad: m.AnchorGrad, Loss: u.Loss})
 		return nil
 	})
+	return ups, err
+}
+
+// forClosed calls fn with each stored update of a closed round's
+// contributors, its message and its decoded vector, and checks that every
+// contributor's update was there.
+func (s *Server) forClosed(cr CloseRound, fn func(u storage.Update, m *wire.ClientUpdate, d []float64) error) error {
+	want := make(map[string]bool, len(cr.Contributors))
+	for _, id := range cr.Contributors {
+		want[id] = true
+	}
+	n := 0
+	err := s.store.ForEachUpdate(uint64(cr.Round), func(u storage.Update) error {
+		if !want[u.ClientID] {
+			return nil // stored just before a crash, not counted by the coordinator
+		}
+		m, err := wire.DecodeUpdate(u.Msg, s.lim)
+		if err != nil {
+			return fmt.Errorf("stored update of %q: %w", u.ClientID, err)
+		}
+		d, err := s.loopQ.Decode(m.Vector.Payload, nil)
+		if err != nil || len(d) != s.dim {
+			return fmt.Errorf("stored update of %q: vector: %w", u.ClientID, err)
+		}
+		n++
+		return fn(u, m, d)
+	})
 	if err != nil {
-		return nil, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
+		return fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
 	}
-	if len(ups) == 0 && len(cr.Contributors) > 0 {
-		return nil, fmt.Errorf("aggregator: round %d: %w", cr.Round, errPruned)
+	if n == 0 && len(cr.Contributors) > 0 {
+		return fmt.Errorf("aggregator: round %d: %w", cr.Round, errPruned)
 	}
-	if len(ups) != len(cr.Contributors) {
-		return nil, fmt.Errorf("aggregator: round %d: %d contributors but %d stored updates", cr.Round, len(cr.Contributors), len(ups))
+	if n != len(cr.Contributors) {
+		return fmt.Errorf("aggregator: round %d: %d contributors but %d stored updates", cr.Round, len(cr.Contributors), n)
 	}
-	return ups, nil
+	return nil
 }
 
 // receiptCodes maps the coordinator's reasons to receipt codes.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/aggregator/console"
+	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/evaluate"
 	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/model"
@@ -38,6 +39,7 @@ type view struct {
 	finished    bool
 	statsSites  []string
 	stopReason  string
+	privacy     *PrivacyStatus
 }
 
 func (s *Server) refreshView() {
@@ -52,6 +54,7 @@ func (s *Server) refreshView() {
 	v.global, v.globalRound = s.global, s.globalR
 	v.finished = st.Phase == PhaseFinished
 	v.statsSites, v.stopReason = st.StatsSites, st.StopReason
+	v.privacy = s.privacyStatus()
 	s.gen++
 	close(s.changed)
 	s.changed = make(chan struct{})
@@ -110,6 +113,8 @@ type ServerView struct {
 	StatsRejected map[string]uint64 `json:"stats_rejected,omitempty"`
 	EvalsStored   map[string]uint64 `json:"evals_stored,omitempty"`
 	EvalsRejected map[string]uint64 `json:"evals_rejected,omitempty"`
+	// Privacy is the differential-privacy accounting (ServerConfig.DP).
+	Privacy *PrivacyStatus `json:"privacy,omitempty"`
 }
 
 // Watch returns the current in-memory view and a channel closed at the
@@ -136,7 +141,7 @@ func (s *Server) Watch() (ServerView, <-chan struct{}) {
 		StorageErrors: s.storageErrors.Load(), PublishErrors: s.publishErrors.Load(), BadStatusMessages: s.badStatus.Load(),
 		StatsSites: slices.Clone(v.statsSites), StopReason: v.stopReason, Evaluation: ev, SiteErrors: siteErrs,
 		StatsStored: s.statsStored.Snapshot(), StatsRejected: s.statsRejected.Snapshot(),
-		EvalsStored: s.evalsStored.Snapshot(), EvalsRejected: s.evalsRejected.Snapshot(),
+		EvalsStored: s.evalsStored.Snapshot(), EvalsRejected: s.evalsRejected.Snapshot(), Privacy: v.privacy,
 	}, ch
 }
 
@@ -268,6 +273,7 @@ func (s *Server) families() []metrics.Family {
 	f = append(f, s.inst.families()...)
 	f = append(f, metrics.Family{Name: ns + "site_errors_total", Help: "Site errors reported in the sites' statuses (a change of a site's error counts once), by site and reason.",
 		Type: metrics.Counter, Samples: errSamples})
+	f = append(f, privacyFamilies(v.Privacy)...)
 	evalData := "eval"
 	if s.cfg.Schema != nil {
 		evalData = "eval_data" // the federated figures take the eval_ names
@@ -327,6 +333,8 @@ type Status struct {
 	Evaluation      *EvalStatus `json:"evaluation,omitempty"`
 	StopReason      string      `json:"stop_reason,omitempty"`
 	FinalBundle     *BundleInfo `json:"final_bundle,omitempty"`
+	// Privacy is the differential-privacy accounting of a --dp run.
+	Privacy *PrivacyStatus `json:"privacy,omitempty"`
 	// DuplicateInstances are the sites for which a second installation
 	// was seen (instances.go; the running daemon's only).
 	DuplicateInstances []DuplicateInstance `json:"duplicate_instances,omitempty"`
@@ -413,6 +421,7 @@ type LiveStatus struct {
 // round's coordinator state and the client registry. It only reads.
 func ReadStatus(store *storage.AggStore) (Status, error) {
 	var out Status
+	var dpConf *dp.Config
 	cur, err := store.CurrentRound()
 	if errors.Is(err, storage.ErrNotFound) {
 		return out, fmt.Errorf("aggregator: %s holds no round yet", store.Path())
@@ -425,6 +434,7 @@ func ReadStatus(store *storage.AggStore) (Status, error) {
 		if json.Unmarshal(first.Config, &sc) == nil {
 			out.Federation, out.Algorithm, out.Schema = sc.Federation, sc.Algorithm, sc.SchemaDigest
 			out.RunID, out.Aggregator, out.Codec, out.Downlink = sc.RunID, sc.Aggregator, sc.Codec, sc.Downlink
+			dpConf = sc.DP
 		}
 	}
 	if !cur.OpenedAt.IsZero() {
@@ -436,6 +446,10 @@ func ReadStatus(store *storage.AggStore) (Status, error) {
 		return out, fmt.Errorf("aggregator: state of round %d: %w", cur.Number, err)
 	}
 	out.Round, out.Phase, out.Selected, out.Counters = st.Round, st.Phase, st.Selected, st.Counters
+	if dpConf != nil && st.DP != nil && st.DP.Accountant != nil {
+		out.Privacy = newPrivacyStatus(dpConf, st.DP.Accountant)
+		out.StopReason = st.StopReason // dp_budget or rounds
+	}
 	if !st.Deadline.IsZero() && (st.Phase == PhaseCollecting || st.Phase == PhaseStalled || st.Phase == PhaseStatistics || st.Phase == PhaseFinishing) {
 		d := st.Deadline
 		out.Deadline = &d

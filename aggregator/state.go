@@ -57,6 +57,8 @@ type State struct {
 	HasBest    bool    `json:"has_best,omitempty"`
 	SinceBest  int     `json:"since_best,omitempty"`
 	StopReason string  `json:"stop_reason,omitempty"`
+	// DP is the privacy accountant (Config.DP; absent without).
+	DP *DPState `json:"dp,omitempty"`
 }
 
 // Received is one stored update of the open round.
@@ -106,6 +108,7 @@ func (c *Coordinator) Snapshot() State {
 		HasBest:      c.fed.hasBest,
 		SinceBest:    c.fed.sinceBest,
 		StopReason:   c.fed.stopReason,
+		DP:           c.snapshotDP(),
 	}
 	for id := range c.fed.evalGot {
 		s.EvalGot = append(s.EvalGot, id)
@@ -195,7 +198,7 @@ func (c *Coordinator) Restore(s State) error {
 	c.fed.evalRound, c.fed.evalDone = s.EvalRound, s.EvalDone
 	c.fed.bestLoss, c.fed.hasBest, c.fed.sinceBest = s.BestLoss, s.HasBest, s.SinceBest
 	c.fed.stopReason = s.StopReason
-	return nil
+	return c.restoreDP(s.DP)
 }
 
 // check verifies the invariants Restore relies on.

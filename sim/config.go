@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/uplink"
 )
@@ -73,6 +75,15 @@ type Config struct {
 	// SiteColumn names the column of each row's site (--partition
 	// natural with Schema).
 	SiteColumn string `json:"site_column,omitempty"`
+
+	// DP is central differential privacy (docs/privacy.md; nil: off):
+	// every site's update clipped to DP.Clip through package uplink, the
+	// noisy mean of uplink.NoisyMean with noise from dp.TestKey(DPNoiseSeed)
+	// (reproducible; a live federation draws a secret key), the accountant
+	// with q = PerRound/Clients, and the run stopped before a round that
+	// would exceed DP.Budget.
+	DP          *dp.Config `json:"dp,omitempty"`
+	DPNoiseSeed uint64     `json:"dp_noise_seed,omitempty"`
 
 	// trace, when set (tests), is called after each round with the uplink
 	// frames the server received, by client id, and the next global model
@@ -293,6 +304,32 @@ func (c Config) Validate() error {
 	for _, a := range c.Algos {
 		if err := a.Local.Validate(); err != nil {
 			return fmt.Errorf("algorithm %s: %w", a.Label, err)
+		}
+	}
+	return c.validateDP()
+}
+
+// validateDP refuses what --dp cannot cover (docs/privacy.md, "What the
+// guarantee covers" and "Sampling rate").
+func (c Config) validateDP() error {
+	if c.DP == nil {
+		return nil
+	}
+	if err := c.DP.Validate(); err != nil {
+		return fmt.Errorf("--dp: %w", err)
+	}
+	switch {
+	case c.Schema != "":
+		return errors.New("--dp with --schema: the per-site statistics and evaluation reports are outside the privacy guarantee until they are privatised (docs/privacy.md, \"What the guarantee covers\")")
+	case c.Faulty > 0:
+		return errors.New("--dp with --faulty: faulty clients take part in every round, outside the accountant's sampling rate")
+	}
+	for _, a := range c.Algos {
+		if a.Family == FedSplit || a.Family == FedProxSplit {
+			return fmt.Errorf("--dp, algorithm %s: %w", a.Label, uplink.ErrSplitDP)
+		}
+		if err := aggregate.CheckDP(a.Agg, c.Select); err != nil {
+			return fmt.Errorf("--dp, algorithm %s: %w", a.Label, err)
 		}
 	}
 	return nil

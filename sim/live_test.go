@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/edgefl/edgefl/aggregator"
+	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/internal/localfed"
 	"github.com/edgefl/edgefl/internal/testkit"
@@ -43,12 +45,27 @@ func TestSimMatchesLive(t *testing.T) {
 		// fp32: a lossless codec keeps no residual (simulate kept one of
 		// float32 rounding errors until it used package uplink).
 		for _, codec := range []string{"fp32", "topk:0.2+q8", "dct:6x10x10+topk:0.3+q4+ac"} {
-			t.Run(algo+"/"+codec, func(t *testing.T) { testSimMatchesLive(t, algo, codec) })
+			t.Run(algo+"/"+codec, func(t *testing.T) { testSimMatchesLive(t, algo, codec, nil) })
 		}
+	}
+	// Central DP (docs/privacy.md): the clip at the sites, the re-clip
+	// and the noisy mean at the aggregator, with simulate's noise key
+	// (--dp-noise-seed) given to the aggregator, give the same frames and
+	// the same noised global models, bit for bit; with error feedback too,
+	// and across a restart of the whole federation after round 1 (the
+	// accountant, the noise key and the sites' residuals come back from
+	// their state files).
+	for i, codec := range []string{"fp32", "topk:0.2+q8"} {
+		t.Run("dp/"+FedProx+"/"+codec, func(t *testing.T) {
+			testSimMatchesLive(t, FedProx, codec, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5}, i)
+		})
 	}
 }
 
-func testSimMatchesLive(t *testing.T, algo, codec string) {
+// testSimMatchesLive compares simulate with a live federation (private: under
+// DP; restartAfter > 0: the live federation is stopped once round
+// restartAfter is aggregated and started again on its state files).
+func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, restartAfter ...int) {
 	const rounds = 3
 	cfg := DefaultConfig()
 	cfg.Dataset, cfg.Partition, cfg.Clients, cfg.PerRound, cfg.Rounds, cfg.Seed = "synthetic:1,1", "natural", 4, 4, rounds, 5
@@ -59,6 +76,12 @@ func testSimMatchesLive(t *testing.T, algo, codec string) {
 		agg = "mean"
 	}
 	cfg.Algos = []Algo{{Label: algo, Family: algo, Agg: agg, Local: local}}
+	var key *[32]byte
+	if private != nil {
+		cfg.DP, cfg.DPNoiseSeed = private, 7
+		k := dp.TestKey(cfg.DPNoiseSeed)
+		key = &k
+	}
 
 	// simulate, recording every round's frames and next global model.
 	simFrames := map[int]map[string]*uplink.Frame{}
@@ -95,25 +118,48 @@ func testSimMatchesLive(t *testing.T, algo, codec string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	lf, err := localfed.Start(ctx, localfed.Config{Federation: "simlive", Dir: dir, Sites: sites, Seed: 1,
-		ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second,
-		NewClock: func() clock.Clock { return clock.NewFake(t0) }, Logger: log,
-		Server: aggregator.ServerConfig{
-			K: len(fed.Clients), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
-			Algorithm: algo,
-			Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs,
-				Step: local.Step, Relax: local.Relax, Mu: local.Mu},
-			Model: model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
-			Codec: codec, Downlink: cfg.Downlink,
-			Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
-			OnRound: func(rr aggregator.RoundReport) {
-				mu.Lock()
-				defer mu.Unlock()
-				liveGlobal[rr.Round] = slices.Clone(rr.Global)
-			},
-		}})
-	if err != nil {
-		t.Fatal(err)
+	waitCtx, stopFirst := context.WithCancel(ctx)
+	defer stopFirst()
+	restart := 0
+	if len(restartAfter) > 0 {
+		restart = restartAfter[0]
+	}
+	srvCfg := aggregator.ServerConfig{
+		K: len(fed.Clients), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
+		Algorithm: algo,
+		Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs,
+			Step: local.Step, Relax: local.Relax, Mu: local.Mu},
+		Model: model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
+		Codec: codec, Downlink: cfg.Downlink, DP: private, DPTestKey: key,
+		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
+		OnRound: func(rr aggregator.RoundReport) {
+			mu.Lock()
+			defer mu.Unlock()
+			liveGlobal[rr.Round] = slices.Clone(rr.Global)
+			if rr.Round == restart {
+				stopFirst()
+			}
+		},
+	}
+	start := func() *localfed.Federation {
+		lf, err := localfed.Start(ctx, localfed.Config{Federation: "simlive", Dir: dir, Sites: sites, Seed: 1,
+			ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second,
+			NewClock: func() clock.Clock { return clock.NewFake(t0) }, Logger: log, Server: srvCfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lf
+	}
+	lf := start()
+	if restart > 0 {
+		if lf.Wait(waitCtx) {
+			t.Fatalf("finished before the restart after round %d", restart)
+		}
+		if err := lf.Stop(); err != nil {
+			t.Logf("stopping the federation for the restart: %v", err)
+		}
+		lf = start()
+		t.Logf("the federation was stopped after round %d and started again", restart)
 	}
 	finished := lf.Wait(ctx)
 	if err := lf.Stop(); err != nil {
@@ -171,6 +217,52 @@ func testSimMatchesLive(t *testing.T, algo, codec string) {
 	}
 	if maxDiff(simGlobal[rounds], simGlobal[1]) == 0 {
 		t.Error("the global model did not move: the comparison proves nothing")
+	}
+	if private != nil {
+		store.Close()
+		srvCfg.Federation, srvCfg.BrokerURL, srvCfg.StatePath, srvCfg.OnRound = "simlive", "tcp://127.0.0.1:1", state, nil
+		checkPrivacyRestored(t, srvCfg, rounds)
+	}
+}
+
+// checkPrivacyRestored: the accountant is in the state file (bbolt): the
+// status read from it, and an aggregator reopened on it, report the
+// epsilon of the rounds run (every site every round: q = 1); reopening
+// with another DP setting is refused.
+func checkPrivacyRestored(t *testing.T, cfg aggregator.ServerConfig, rounds int) {
+	t.Helper()
+	c := cfg.DP
+	want := dp.EpsilonAfter(1, c.Noise, rounds, c.Delta, nil)
+	store, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := aggregator.ReadStatus(store)
+	store.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := st.Privacy; p == nil || p.Rounds != uint64(rounds) || math.Abs(p.Epsilon-want) > 1e-9*want {
+		t.Fatalf("status from the state file: privacy %+v, want epsilon %v after %d rounds", st.Privacy, want, rounds)
+	}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	srv, err := aggregator.NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := srv.Watch()
+	srv.Close()
+	if p := v.Privacy; p == nil || p.Rounds != uint64(rounds) || p.Epsilon != st.Privacy.Epsilon {
+		t.Fatalf("reopened aggregator: privacy %+v, want %+v", v.Privacy, st.Privacy)
+	}
+	other := *c
+	other.Noise *= 2
+	cfg.DP = &other
+	if srv, err := aggregator.NewServer(cfg); err == nil || !strings.Contains(err.Error(), "--dp") {
+		if err == nil {
+			srv.Close()
+		}
+		t.Fatalf("reopened with another noise multiplier: %v, want a refusal naming --dp", err)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
@@ -73,6 +74,8 @@ type AlgoRun struct {
 	Aggregator string  `json:"aggregator"`
 	Local      Local   `json:"local"`
 	Rounds     []Round `json:"rounds"`
+	// DP is the privacy the run spent (--dp; nil without).
+	DP *DPRun `json:"dp,omitempty"`
 	// Final is the last global model (written by --save-models).
 	Final []float64 `json:"-"`
 }
@@ -91,9 +94,27 @@ type Round struct {
 	BytesUp      int64              `json:"bytes_up"`
 	BytesDown    int64              `json:"bytes_down,omitempty"`
 	Metrics      map[string]float64 `json:"metrics,omitempty"`
+	// Epsilon is the privacy spent after this round (--dp; 0: no DP).
+	Epsilon Float `json:"epsilon,omitempty"`
 	// Eval is the federated evaluation on the sites' held-out rows
 	// (--schema runs, evaluated rounds except round 0).
 	Eval *bundle.Evaluation `json:"eval,omitempty"`
+}
+
+// DPRun is what --dp reports for one algorithm's run: the accountant's
+// epsilon at Delta after Rounds rounds of sampling rate SamplingRate and
+// noise multiplier Noise, and why it stopped early, if it did.
+type DPRun struct {
+	Epsilon      Float   `json:"epsilon"`
+	Delta        float64 `json:"delta"`
+	Noise        float64 `json:"noise_multiplier"`
+	Clip         float64 `json:"clip"`
+	SamplingRate float64 `json:"sampling_rate"`
+	Rounds       int     `json:"rounds"`
+	Budget       float64 `json:"epsilon_budget,omitempty"`
+	// Stopped is "epsilon_budget" when the run ended before --rounds
+	// because the next round would have exceeded the budget.
+	Stopped string `json:"stopped,omitempty"`
 }
 
 // env is what every algorithm of a run shares.
@@ -129,6 +150,17 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 	}
 	if len(fed.Clients) < cfg.PerRound {
 		return nil, fmt.Errorf("--per-round %d: the data set has only %d clients", cfg.PerRound, len(fed.Clients))
+	}
+	if cfg.DP != nil {
+		if cfg.Codec == "" {
+			cfg.Codec = "fp32" // the clip is applied by the uplink, as the daemons send it
+		}
+		q := float64(cfg.PerRound) / float64(len(fed.Clients))
+		if ok, eps, err := cfg.DP.Within(nil, q); err != nil {
+			return nil, fmt.Errorf("--dp: %w", err)
+		} else if !ok {
+			return nil, fmt.Errorf("--dp-epsilon %g: even one round (q = %g, z = %g) spends epsilon %.4g", cfg.DP.Budget, q, cfg.DP.Noise, eps)
+		}
 	}
 	e := &env{cfg: cfg, fed: fed, sites: sites}
 	if sites != nil {
@@ -327,6 +359,11 @@ type algoState struct {
 	// sides' record of the copy: uplink computes them alike.
 	residual map[int][]float64
 	zServer  map[int]*uplink.Copy
+	// Central DP (cfg.DP): the accountant, the noise key and the sampling
+	// rate of every round.
+	acc *dp.Accountant
+	key [32]byte
+	q   float64
 }
 
 // newAlgoState sets up algorithm a's run from the global model x0.
@@ -368,6 +405,13 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 			return nil, fmt.Errorf("--downlink: %w", err)
 		}
 	}
+	if cfg.DP != nil {
+		seed := cfg.DPNoiseSeed
+		if seed == 0 {
+			seed = cfg.Seed
+		}
+		s.acc, s.key, s.q = dp.NewAccountant(nil), dp.TestKey(seed), float64(cfg.PerRound)/float64(len(e.fed.Clients))
+	}
 	return s, nil
 }
 
@@ -378,18 +422,37 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 		return nil, err
 	}
 	run := &AlgoRun{Algo: a.Label, Family: a.Family, Aggregator: a.Agg, Local: a.Local}
+	if d := cfg.DP; d != nil {
+		run.DP = &DPRun{Delta: d.Delta, Noise: d.Noise, Clip: d.Clip, SamplingRate: s.q, Budget: d.Budget}
+	}
 	run.Rounds = append(run.Rounds, e.evaluate(0, s.x))
 	for t := 1; t <= cfg.Rounds; t++ {
 		if err := ctx.Err(); err != nil {
 			return run, err
+		}
+		if cfg.DP != nil {
+			ok, eps, err := cfg.DP.Within(s.acc, s.q)
+			if err != nil {
+				return run, err
+			}
+			if !ok {
+				run.DP.Stopped = "epsilon_budget"
+				fmt.Fprintf(progress, "%-16s stopped before round %d: it would spend epsilon %.4g > --dp-epsilon %g\n", a.Label, t, eps, cfg.DP.Budget)
+				break
+			}
 		}
 		row, evaluated, err := e.round(ctx, s, t)
 		if err != nil {
 			return run, err
 		}
 		run.Rounds = append(run.Rounds, row)
-		fmt.Fprintf(progress, "%-16s round %4d/%d  loss %.6f  gap %.3e  acc %.4f  clients %d (stragglers %d)  %.2fs\n",
-			a.Label, t, cfg.Rounds, float64(row.TrainLoss), float64(row.Gap), float64(row.TestAccuracy), row.Participants, row.Stragglers, row.Seconds)
+		epsText := ""
+		if run.DP != nil {
+			run.DP.Epsilon, run.DP.Rounds = row.Epsilon, t
+			epsText = fmt.Sprintf("  epsilon %.4g", float64(row.Epsilon))
+		}
+		fmt.Fprintf(progress, "%-16s round %4d/%d  loss %.6f  gap %.3e  acc %.4f  clients %d (stragglers %d)  %.2fs%s\n",
+			a.Label, t, cfg.Rounds, float64(row.TrainLoss), float64(row.Gap), float64(row.TestAccuracy), row.Participants, row.Stragglers, row.Seconds, epsText)
 		if row.Eval != nil {
 			fmt.Fprintf(progress, "%-16s round %4d/%d  held-out:%s\n", a.Label, t, cfg.Rounds, evalLine(e.sites.ids, row.Eval))
 		}
@@ -411,11 +474,16 @@ func (e *env) round(ctx context.Context, s *algoState, t int) (Round, bool, erro
 	jobs := e.assignWork(t, s.selectClients(cfg, t), s.a)
 	row := Round{Round: t}
 	outs := e.solveAll(ctx, s.a, s.sp, s.workers, jobs, s.x, s.z, s.zServer, s.residual, t)
-	ups, frames, err := e.receiveAll(s, t, jobs, outs, &row)
+	ups, cs, frames, err := e.receiveAll(s, t, jobs, outs, &row)
 	if err != nil {
 		return row, false, err
 	}
-	if err := s.serverStep(t, len(e.fed.Clients), ups, &row); err != nil {
+	if s.acc != nil {
+		err = s.privateStep(e.cfg.DP, t, len(jobs), cs, &row)
+	} else {
+		err = s.serverStep(t, len(e.fed.Clients), ups, &row)
+	}
+	if err != nil {
 		return row, false, err
 	}
 	if err := s.downlink(cfg.Seed, t, &row); err != nil {
@@ -457,8 +525,9 @@ func (s *algoState) selectClients(cfg Config, t int) []int {
 // and copies are per client and each client runs at most once per round,
 // so they are updated here, outside the workers). It returns the FedAvg
 // family's updates and, for cfg.trace, the frames.
-func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *Round) ([]aggregate.Update, map[string]*uplink.Frame, error) {
+func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *Round) ([]aggregate.Update, []uplink.Contribution, map[string]*uplink.Frame, error) {
 	var ups []aggregate.Update
+	var cs []uplink.Contribution        // under DP: the decoded deltas
 	var frames map[string]*uplink.Frame // for cfg.trace
 	if e.cfg.trace != nil {
 		frames = map[string]*uplink.Frame{}
@@ -472,7 +541,7 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 		}
 		id := e.fed.Clients[j.client].ID
 		if outs[i].err != nil {
-			return nil, nil, fmt.Errorf("round %d, client %s: %w", t, id, outs[i].err)
+			return nil, nil, nil, fmt.Errorf("round %d, client %s: %w", t, id, outs[i].err)
 		}
 		row.Participants++
 		row.GradEvals += outs[i].rep.GradEvals
@@ -483,9 +552,13 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 				frames[id] = f
 			}
 			row.BytesUp += int64(len(f.Payload))
+			var d []float64
 			var err error
-			if received, err = receive(s.serverCodec, f, s.x, s.zServer[j.client]); err != nil {
-				return nil, nil, fmt.Errorf("round %d, client %s: %w", t, id, err)
+			if d, received, err = receive(s.serverCodec, f, s.x, s.zServer[j.client]); err != nil {
+				return nil, nil, nil, fmt.Errorf("round %d, client %s: %w", t, id, err)
+			}
+			if s.acc != nil {
+				cs = append(cs, uplink.Contribution{Client: id, Delta: d})
 			}
 			s.residual[j.client] = f.Residual
 		} else {
@@ -499,7 +572,24 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 		ups = append(ups, aggregate.Update{Client: id, Params: received,
 			Samples: e.fed.Clients[j.client].Train.N, AnchorGrad: outs[i].rep.AnchorGrad, Loss: outs[i].rep.AnchorLoss})
 	}
-	return ups, frames, nil
+	return ups, cs, frames, nil
+}
+
+// privateStep is the central-DP server step of round t (uplink.NoisyMean
+// over the m invited clients' re-clipped deltas, noise from the round's
+// stream), then the accountant's charge for the round.
+func (s *algoState) privateStep(c *dp.Config, t, m int, cs []uplink.Contribution, row *Round) error {
+	next, err := uplink.NoisyMean(s.x, cs, uplink.Private{Clip: c.Clip, Noise: c.Noise, Denominator: m}, dp.NoiseRand(s.key, uint64(t)))
+	if err != nil {
+		return fmt.Errorf("round %d: %w", t, err)
+	}
+	s.x = next
+	if err := s.acc.Step(s.q, c.Noise); err != nil {
+		return fmt.Errorf("round %d: %w", t, err)
+	}
+	eps, _ := s.acc.Epsilon(c.Delta)
+	row.Epsilon = Float(eps)
+	return nil
 }
 
 // serverStep computes the next global model: FedSplit's robust step over
@@ -653,8 +743,11 @@ func (e *env) solveAll(ctx context.Context, a Algo, sp split.Params, workers []*
 				}
 				if wk.codec != nil && o.err == nil && o.params != nil {
 					var f uplink.Frame
-					f, o.err = uplink.Encode(wk.codec, uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x,
-						Residual: residual[c], Copy: zServer[c]}, streams.Of(cfg.Seed, streams.Codec, t, c))
+					u := uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x, Residual: residual[c], Copy: zServer[c]}
+					if cfg.DP != nil {
+						u.Clip = cfg.DP.Clip
+					}
+					f, o.err = uplink.Encode(wk.codec, u, streams.Of(cfg.Seed, streams.Codec, t, c))
 					o.frame = &f
 				}
 				outs[i] = o
@@ -675,15 +768,15 @@ func (e *env) solveAll(ctx context.Context, a Algo, sp split.Params, workers []*
 // receive is the aggregator's side of a client's frame: decoded by the
 // server's codec and applied to its base (uplink.Receive), as the
 // aggregator does.
-func receive(c *quant.Codec, f *uplink.Frame, x []float64, held *uplink.Copy) ([]float64, error) {
-	d, err := c.Decode(f.Payload, nil)
-	if err != nil {
-		return nil, err
+func receive(c *quant.Codec, f *uplink.Frame, x []float64, held *uplink.Copy) (d, v []float64, err error) {
+	if d, err = c.Decode(f.Payload, nil); err != nil {
+		return nil, nil, err
 	}
 	if len(d) != len(x) {
-		return nil, fmt.Errorf("decoded %d values, want %d", len(d), len(x))
+		return nil, nil, fmt.Errorf("decoded %d values, want %d", len(d), len(x))
 	}
-	return uplink.Receive(f.Header, d, x, held)
+	v, err = uplink.Receive(f.Header, d, x, held)
+	return d, v, err
 }
 
 // pni computes the privacy-preserving non-IID index: the server draws one

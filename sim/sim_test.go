@@ -235,7 +235,7 @@ func TestEncodeReceiveAccounting(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := receive(c, &f, x, nil)
+		_, got, err := receive(c, &f, x, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 
+	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/quant"
 	"github.com/edgefl/edgefl/wire"
 )
@@ -78,6 +79,12 @@ type Update struct {
 	// (nil: none). A copy of another length, or not from an earlier round,
 	// is not used (Frame.CopyUnused).
 	Copy *Copy
+	// Clip, when > 0, is central DP's clip norm C (docs/privacy.md, "The
+	// mechanism per round"): delta + residual is clipped to C before it is
+	// encoded, and the decoded frame is re-clipped as the aggregator does
+	// (Reclip) before Applied is computed. FedProx family only
+	// (ErrSplitDP).
+	Clip float64
 	// Tamper, when set, changes the delta in place before it is encoded:
 	// the agent's poison hook, a no-op except in the e2e tests' attacking
 	// build (agent/attack_on.go), whose own record follows what it sent.
@@ -99,6 +106,9 @@ type Frame struct {
 	// CopyUnused: Update.Copy was given but does not fit this round, so the
 	// delta is against the global model (base round 0).
 	CopyUnused bool
+	// Clipped is the DP clip's report (Update.Clip > 0): the norm of
+	// delta + residual before the clip and whether the clip shortened it.
+	Clipped dp.Clipped
 }
 
 // copyFits reports whether cp can be the base of an update of round with n
@@ -135,6 +145,18 @@ func Encode(c *quant.Codec, u Update, rng *rand.Rand) (Frame, error) {
 	for i := range delta {
 		delta[i] = u.Sent[i] - base[i]
 	}
+	if u.Clip > 0 {
+		if u.Split {
+			return Frame{}, fmt.Errorf("uplink: %w", ErrSplitDP)
+		}
+		var err error
+		if delta, f.Clipped, err = ClipDelta(delta, f.Residual, u.Clip); err != nil {
+			return Frame{}, err
+		}
+		if f.Residual != nil {
+			clear(f.Residual) // in delta now: what the codec leaves of the clipped vector is the new residual
+		}
+	}
 	if u.Tamper != nil {
 		u.Tamper(delta)
 	}
@@ -155,6 +177,11 @@ func Encode(c *quant.Codec, u Update, rng *rand.Rand) (Frame, error) {
 	d, err := c.Decode(f.Payload, nil)
 	if err != nil || len(d) != n {
 		return Frame{}, fmt.Errorf("uplink: decode own update (%d values): %w", len(d), err)
+	}
+	if u.Clip > 0 {
+		if err := Reclip(d, u.Clip); err != nil {
+			return Frame{}, err
+		}
 	}
 	// What the aggregator computes, by the aggregator's own rule.
 	if f.Applied, err = Receive(f.Header, d, u.Global, cp); err != nil {

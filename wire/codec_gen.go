@@ -483,6 +483,7 @@ func (x *RoundAnnouncement) size() int {
 	n += sizeVarint(18, boolVarint(x.Evaluate))
 	n += sizeBytes(19, x.Bundle)
 	n += sizeVarint(20, uint64(x.EvalRound))
+	n += sizeMessage(21, x.Dp != nil, x.Dp)
 	return n
 }
 
@@ -507,6 +508,7 @@ func (x *RoundAnnouncement) appendTo(b []byte) []byte {
 	b = appendVarint(b, 18, boolVarint(x.Evaluate))
 	b = appendBytes(b, 19, x.Bundle)
 	b = appendVarint(b, 20, uint64(x.EvalRound))
+	b = appendMessage(b, 21, x.Dp != nil, x.Dp)
 	return b
 }
 
@@ -607,6 +609,68 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 		case 20:
 			if typ == protowire.VarintType {
 				return consumeUint32(&x.EvalRound, b), nil
+			}
+		case 21:
+			if typ == protowire.BytesType {
+				if x.Dp == nil {
+					x.Dp = &DPParams{}
+				}
+				return consumeMessage(x.Dp, b, d)
+			}
+		}
+		return 0, nil
+	})
+}
+
+// DPParams
+
+func (x *DPParams) size() int {
+	n := 0
+	n += sizeVarint(1, uint64(x.Mode))
+	n += sizeDouble(2, x.ClipNorm)
+	n += sizeDouble(3, x.NoiseMultiplier)
+	n += sizeDouble(6, x.Delta)
+	n += sizeDouble(7, x.EpsilonSpent)
+	n += sizeDouble(8, x.EpsilonBudget)
+	return n
+}
+
+func (x *DPParams) appendTo(b []byte) []byte {
+	b = appendVarint(b, 1, uint64(x.Mode))
+	b = appendDouble(b, 2, x.ClipNorm)
+	b = appendDouble(b, 3, x.NoiseMultiplier)
+	b = appendDouble(b, 6, x.Delta)
+	b = appendDouble(b, 7, x.EpsilonSpent)
+	b = appendDouble(b, 8, x.EpsilonBudget)
+	return b
+}
+
+func (x *DPParams) unmarshal(b []byte, d *decoder) error {
+	return fields("DPParams", b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+		switch num {
+		case 1:
+			if typ == protowire.VarintType {
+				return consumeEnum((*int32)(&x.Mode), b), nil
+			}
+		case 2:
+			if typ == protowire.Fixed64Type {
+				return consumeDouble(&x.ClipNorm, b), nil
+			}
+		case 3:
+			if typ == protowire.Fixed64Type {
+				return consumeDouble(&x.NoiseMultiplier, b), nil
+			}
+		case 6:
+			if typ == protowire.Fixed64Type {
+				return consumeDouble(&x.Delta, b), nil
+			}
+		case 7:
+			if typ == protowire.Fixed64Type {
+				return consumeDouble(&x.EpsilonSpent, b), nil
+			}
+		case 8:
+			if typ == protowire.Fixed64Type {
+				return consumeDouble(&x.EpsilonBudget, b), nil
 			}
 		}
 		return 0, nil

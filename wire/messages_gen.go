@@ -37,6 +37,39 @@ func (x Phase) Enum() *Phase {
 // String returns the value's name, or its number for an unknown value.
 func (x Phase) String() string { return enumString(Phase_name, int32(x)) }
 
+// DPMode says who adds the Gaussian noise (docs/privacy.md, "Threat models").
+type DPMode int32
+
+const (
+	DPMode_DP_MODE_UNSPECIFIED DPMode = 0 // invalid in a DPParams
+	DPMode_DP_MODE_CENTRAL     DPMode = 1 // the aggregator adds N(0, (z C)^2) to the sum
+	DPMode_DP_MODE_DISTRIBUTED DPMode = 2 // the sites add shares; requires secure aggregation (not yet wired)
+)
+
+// Enum value maps for DPMode.
+var (
+	DPMode_name = map[int32]string{
+		0: "DP_MODE_UNSPECIFIED",
+		1: "DP_MODE_CENTRAL",
+		2: "DP_MODE_DISTRIBUTED",
+	}
+	DPMode_value = map[string]int32{
+		"DP_MODE_UNSPECIFIED": 0,
+		"DP_MODE_CENTRAL":     1,
+		"DP_MODE_DISTRIBUTED": 2,
+	}
+)
+
+// Enum returns a pointer to a copy of x.
+func (x DPMode) Enum() *DPMode {
+	p := new(DPMode)
+	*p = x
+	return p
+}
+
+// String returns the value's name, or its number for an unknown value.
+func (x DPMode) String() string { return enumString(DPMode_name, int32(x)) }
+
 // UpdateKind says what an update's vector holds.
 type UpdateKind int32
 
@@ -608,6 +641,11 @@ type RoundAnnouncement struct {
 	// The round an EvalReport must name: the number of aggregations `global`
 	// has had.
 	EvalRound uint32 `json:"eval_round,omitempty"`
+	// Client-level differential privacy of this round (docs/privacy.md):
+	// every selected site clips its update to dp.clip_norm before encoding it
+	// and sends its loss fields as 0. Absent = no DP. Not in PHASE_STATISTICS
+	// (PHASE_FINISHED carries the run's final epsilon).
+	Dp *DPParams `json:"dp,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -749,6 +787,71 @@ func (x *RoundAnnouncement) GetBundle() []byte {
 func (x *RoundAnnouncement) GetEvalRound() uint32 {
 	if x != nil {
 		return x.EvalRound
+	}
+	return 0
+}
+
+func (x *RoundAnnouncement) GetDp() *DPParams {
+	if x != nil {
+		return x.Dp
+	}
+	return nil
+}
+
+// DPParams are a round's differential-privacy parameters (docs/privacy.md,
+// "Wire fields (proposed)"). Field numbers 4 (update_noise_multiplier),
+// 5 (noise_shares) and 9 (adaptive) are kept for adaptive clipping and the
+// distributed mode; never reuse them.
+type DPParams struct {
+	Mode            DPMode  `json:"mode,omitempty"`
+	ClipNorm        float64 `json:"clip_norm,omitempty"`        // C: the L2 bound of a site's update (> 0, finite)
+	NoiseMultiplier float64 `json:"noise_multiplier,omitempty"` // z: the noise is z*C on the sum (> 0, finite)
+	Delta           float64 `json:"delta,omitempty"`            // the run's delta, in (0, 1)
+	EpsilonSpent    float64 `json:"epsilon_spent,omitempty"`    // after the previous round (informational), >= 0
+	EpsilonBudget   float64 `json:"epsilon_budget,omitempty"`   // 0 = none; >= 0
+}
+
+// Reset sets x to its zero value.
+func (x *DPParams) Reset() { *x = DPParams{} }
+
+func (x *DPParams) GetMode() DPMode {
+	if x != nil {
+		return x.Mode
+	}
+	return DPMode_DP_MODE_UNSPECIFIED
+}
+
+func (x *DPParams) GetClipNorm() float64 {
+	if x != nil {
+		return x.ClipNorm
+	}
+	return 0
+}
+
+func (x *DPParams) GetNoiseMultiplier() float64 {
+	if x != nil {
+		return x.NoiseMultiplier
+	}
+	return 0
+}
+
+func (x *DPParams) GetDelta() float64 {
+	if x != nil {
+		return x.Delta
+	}
+	return 0
+}
+
+func (x *DPParams) GetEpsilonSpent() float64 {
+	if x != nil {
+		return x.EpsilonSpent
+	}
+	return 0
+}
+
+func (x *DPParams) GetEpsilonBudget() float64 {
+	if x != nil {
+		return x.EpsilonBudget
 	}
 	return 0
 }

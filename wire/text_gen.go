@@ -16,6 +16,8 @@ func (x *SketchSpec) String() string { return text(x != nil, x) }
 
 func (x *RoundAnnouncement) String() string { return text(x != nil, x) }
 
+func (x *DPParams) String() string { return text(x != nil, x) }
+
 func (x *ClientStatus) String() string { return text(x != nil, x) }
 
 func (x *WorkReport) String() string { return text(x != nil, x) }
@@ -117,6 +119,16 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.boolean("evaluate", x.Evaluate)
 	w.bytes("bundle", x.Bundle)
 	w.uint("eval_round", uint64(x.EvalRound))
+	w.msg("dp", x.Dp != nil, x.Dp)
+}
+
+func (x *DPParams) appendText(w *textWriter) {
+	w.enum("mode", int32(x.Mode), DPMode_name)
+	w.float("clip_norm", x.ClipNorm)
+	w.float("noise_multiplier", x.NoiseMultiplier)
+	w.float("delta", x.Delta)
+	w.float("epsilon_spent", x.EpsilonSpent)
+	w.float("epsilon_budget", x.EpsilonBudget)
 }
 
 func (x *ClientStatus) appendText(w *textWriter) {

@@ -251,8 +251,35 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 		return invalid(msg, "evaluate needs a schema and a transform")
 	case uint64(m.EvalRound) > m.Round:
 		return invalid(msg, "eval_round %d is beyond round %d", m.EvalRound, m.Round)
+	case m.Dp != nil && stats:
+		return invalid(msg, "dp is not sent in %v", m.Phase)
 	}
-	return nil
+	return m.Dp.validate(msg)
+}
+
+// validate checks a round's DP parameters (nil: none).
+func (p *DPParams) validate(msg string) error {
+	if p == nil {
+		return nil
+	}
+	switch p.Mode {
+	case DPMode_DP_MODE_CENTRAL, DPMode_DP_MODE_DISTRIBUTED:
+	default:
+		return invalid(msg, "dp.mode %d is unknown", int32(p.Mode))
+	}
+	if !finite(p.ClipNorm) || !(p.ClipNorm > 0) {
+		return invalid(msg, "dp.clip_norm must be finite and > 0, got %v", p.ClipNorm)
+	}
+	if !finite(p.NoiseMultiplier) || !(p.NoiseMultiplier > 0) {
+		return invalid(msg, "dp.noise_multiplier must be finite and > 0, got %v", p.NoiseMultiplier)
+	}
+	if !(p.Delta > 0 && p.Delta < 1) {
+		return invalid(msg, "dp.delta must be in (0, 1), got %v", p.Delta)
+	}
+	if err := checkNonNeg(msg, "dp.epsilon_spent", p.EpsilonSpent); err != nil {
+		return err
+	}
+	return checkNonNeg(msg, "dp.epsilon_budget", p.EpsilonBudget)
 }
 
 // checkPayload bounds a bytes field by the message size limit; required

@@ -33,6 +33,7 @@ type demoFlags struct {
 	schema, siteColumn         string
 	evalEvery                  int
 	clientsGiven               bool // --clients was on the command line
+	dp                         dpFlags
 }
 
 func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
@@ -67,6 +68,7 @@ func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 	fs.StringVar(&f.schema, "schema", "", "federation schema `FILE`: --dataset is then csv:PATH, partitioned into sites as simulate --schema does; each site's rows go to a CSV of its own in the demo directory, which its agent reads by the schema (model_out next to it); the run has a statistics phase, federated evaluation and a final bundle, compared at the end with the centralised reference on the same rows and preprocessing (issue 11)")
 	fs.StringVar(&f.siteColumn, "site-column", "", "with --schema and --partition natural: the column `NAME` naming each row's site (one agent per site)")
 	fs.IntVar(&f.evalEvery, "eval-every", 5, "with --schema: the sites evaluate every E rounds and at the end")
+	f.dp.register(fs, true)
 	return fs, f
 }
 
@@ -88,6 +90,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if f.schema != "" {
+		if f.dp.mode != "off" {
+			return errors.New("--dp with --schema: the per-site statistics and evaluation reports are outside the privacy guarantee until they are privatised (docs/privacy.md)")
+		}
 		return runDemoSchema(ctx, f, log, stdout)
 	}
 	return runDemoData(ctx, f, log, stdout)
@@ -176,11 +181,18 @@ func runDemoData(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.
 	fmt.Fprintf(stdout, "demo: %d sites, %d per round, %d rounds of %s on %s (%s partition), model %s with %d parameters\n",
 		f.clients, k, f.rounds, f.algo, f.data, d.part, f.model, mustParams(d.spec))
 	sc := f.serverConfig(k, d.spec, log)
+	if sc.DP, err = f.dp.config(float64(k)/float64(f.clients), f.rounds); err != nil {
+		return err
+	}
 	sc.Eval = &d.test
 	sc.OnRound = func(rr aggregator.RoundReport) {
-		fmt.Fprintf(stdout, "%5d  %-9s  %-10d  %-12.6g  %-9s  %s\n", rr.Round,
+		eps := ""
+		if sc.DP != nil {
+			eps = fmt.Sprintf("  epsilon %.4g", rr.Epsilon)
+		}
+		fmt.Fprintf(stdout, "%5d  %-9s  %-10d  %-12.6g  %-9s  %s%s\n", rr.Round,
 			fmt.Sprintf("%d/%d", len(rr.Contributors), len(rr.Contributors)+len(rr.Stragglers)), len(rr.Stragglers),
-			rr.EvalLoss, fmt.Sprintf("%.2f%%", 100*rr.EvalScore), time.Since(start).Round(time.Millisecond))
+			rr.EvalLoss, fmt.Sprintf("%.2f%%", 100*rr.EvalScore), time.Since(start).Round(time.Millisecond), eps)
 	}
 	lf, err := localfed.Start(ctx, localfed.Config{Dir: stateDir, Sites: sites, Seed: f.seed, Server: sc, Logger: log,
 		Serving: func(lf *localfed.Federation) {
@@ -194,6 +206,10 @@ func runDemoData(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.
 	lf.Wait(ctx)
 	if err := lf.Stop(); err != nil {
 		return err
+	}
+	if v, _ := lf.Server.Watch(); v.StopReason == aggregator.StopDPBudget && v.Privacy != nil {
+		fmt.Fprintf(stdout, "stopped after %d rounds: the next would spend more than --dp-epsilon %g (spent %.4g)\n",
+			v.Privacy.Rounds, v.Privacy.Budget, v.Privacy.Epsilon)
 	}
 	if x, r := lf.Server.Global(); r > f.rounds {
 		if err := printDemoOptimum(ctx, f, d, x, start, stdout); err != nil {

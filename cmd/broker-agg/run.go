@@ -69,6 +69,7 @@ type serveFlags struct {
 	statsSites, evalEvery, stopPatience      int
 	stopTol, stopDelta                       float64
 	console                                  consoleFlags
+	dp                                       dpFlags
 }
 
 // serveAliases are alternative flag names (short or as simulate spells
@@ -170,6 +171,7 @@ func (f *serveFlags) registerRounds(fs *flag.FlagSet) {
 	fs.IntVar(&f.anchorSketch, "anchor-sketch", -1, "ask clients for the gradient at the anchor: -1 no, 0 the full gradient, N a random-projection sketch of length N (fedsim-cluster)")
 	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec `SPEC` clients must use for their deltas (fp32, fp16, q8, q4, qsgd:16, topk:0.05+q8, dct:28x28x10+topk:0.16+q4+ac, ...; see quant's package doc)")
 	fs.StringVar(&f.downlink, "downlink", "fp32", "codec of the global model in the round announcement: fp32 | fp16")
+	f.dp.register(fs, false)
 }
 
 // registerFederation registers the flags of the schema, the stopping rules
@@ -231,6 +233,9 @@ func loadEval(spec string, seed uint64) (*model.Data, int, error) {
 func (f *serveFlags) serverConfig(log *slog.Logger) (aggregator.ServerConfig, error) {
 	cfg, err := f.modelServerConfig(log)
 	if err != nil {
+		return cfg, err
+	}
+	if cfg.DP, err = f.dp.config(0, f.rounds); err != nil {
 		return cfg, err
 	}
 	return cfg, f.console.apply(&cfg)
@@ -367,6 +372,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	vc.BrokerURL = cmp.Or(f.brokerURL, "tcp://in-process")
 	if err := vc.Validate(); err != nil {
 		return err
+	}
+	if f.rollback != "" && cfg.DP != nil {
+		return errors.New("--rollback with --dp: the rounds after the one rolled back to were published and charged to the accountant; rolling back would forget their charge and publish them again under the same noise key")
 	}
 	if f.rollback != "" {
 		if err := rollbackState(cfg.StatePath, f.rollback, log); err != nil {

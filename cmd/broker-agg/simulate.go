@@ -19,6 +19,7 @@ import (
 // simulateFlags are simulate's flags that are not sim.Config's.
 type simulateFlags struct {
 	bundleOut, aggs, algos, out string
+	dp                          dpFlags
 }
 
 func simulateFlagSet(stderr io.Writer) (*flag.FlagSet, *sim.Config, *simulateFlags) {
@@ -77,6 +78,8 @@ flags:
 	fs.IntVar(&cfg.OptimumEvals, "optimum-evals", cfg.OptimumEvals, "gradient evaluations allowed for the centralised optimum (an unregularised problem may need many; the run reports the norm reached)")
 	fs.StringVar(&cfg.OptimumCache, "optimum-cache", "", "`DIR` to keep centralised optima in, so runs on the same data and model skip recomputing it")
 	fs.BoolVar(&cfg.SaveModels, "save-models", false, "also write DIR/<algo>-model.json with each final model")
+	o.dp.register(fs, true)
+	fs.Uint64Var(&cfg.DPNoiseSeed, "dp-noise-seed", 0, "with --dp: the seed of the noise key (dp.TestKey: reproducible and public, for simulation only; 0: --seed)")
 	fs.IntVar(&cfg.Workers, "workers", 0, "clients solved in parallel (default: GOMAXPROCS); results do not depend on it")
 	return fs, &cfg, o
 }
@@ -135,7 +138,14 @@ func (o *simulateFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 		}
 	}
 	var err error
-	cfg.Algos, err = sim.ParseAlgos(list, cfg.Local, func(n string) bool { return slices.Contains(aggregate.Names(), n) })
+	if cfg.Algos, err = sim.ParseAlgos(list, cfg.Local, func(n string) bool { return slices.Contains(aggregate.Names(), n) }); err != nil {
+		return err
+	}
+	q := 0.0
+	if cfg.Clients > 0 {
+		q = float64(cfg.PerRound) / float64(cfg.Clients)
+	}
+	cfg.DP, err = o.dp.config(q, cfg.Rounds)
 	return err
 }
 

@@ -117,8 +117,21 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 	fmt.Fprintf(w, "\nselected %d: %s\nreceived %d: %s\n", len(st.Selected), orDash(strings.Join(st.Selected, " ")),
 		len(st.Received), orDash(strings.Join(st.Received, " ")))
 	c := st.Counters
-	fmt.Fprintf(w, "rounds closed %d  accepted %d (late %d, partial %d)  stragglers %d  extensions %d  reselections %d\n\n",
+	fmt.Fprintf(w, "rounds closed %d  accepted %d (late %d, partial %d)  stragglers %d  extensions %d  reselections %d\n",
 		c.RoundsClosed, c.Accepted, c.AcceptedLate, c.PartialUpdates, c.Stragglers, c.Extensions, c.Reselections)
+	if p := st.Privacy; p != nil {
+		budget := "no budget"
+		if p.Budget > 0 {
+			budget = fmt.Sprintf("budget %g", p.Budget)
+		}
+		fmt.Fprintf(w, "differential privacy (%s): epsilon %.4g at delta %g after %d rounds (%s; clip %g, noise multiplier %g)",
+			p.Mode, p.Epsilon, p.Delta, p.Rounds, budget, p.Clip, p.Noise)
+		if st.Schema == "" && st.StopReason != "" {
+			fmt.Fprintf(w, "; run ended: %s", st.StopReason) // printFedStatus says it with a schema
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CLIENT\tONLINE\tLAST SEEN\tSAMPLES\tUPDATES\tLAST ROUND\tTHIS ROUND")
 	for _, ci := range st.Clients {

@@ -1,0 +1,54 @@
+package agent
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/edgefl/edgefl/dp"
+	"github.com/edgefl/edgefl/uplink"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// TestHandleDP: under an announced DPParams the site sends its update
+// clipped to the clip norm and its loss fields and achieved gamma as 0; a
+// distributed-mode or FedSplit announcement is refused.
+func TestHandleDP(t *testing.T) {
+	const c = 1e-3 // far below the solve's step: the clip bites
+	h, _ := newHandler(t)
+	x := f32(testGlobal(1))
+	ann := announce(t, 1, AlgoFedProx, x)
+	ann.Dp = &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: c, NoiseMultiplier: 1, Delta: 1e-5}
+	res, err := h.Handle(context.Background(), ann)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, d := decodeUpdate(t, res.Msg, wire.UpdateKind_UPDATE_KIND_DELTA, 0)
+	if n := dp.Norm(d); n > c*(1+1e-6) || n < c/2 {
+		t.Fatalf("sent a delta of norm %v, want the clip norm %v", n, c)
+	}
+	if r := u.Report; r.LocalLoss != 0 || r.AnchorLoss != 0 || r.AchievedGamma != 0 || r.GradEvals == 0 {
+		t.Fatalf("report %v: want the losses and gamma as 0, the work as done", r)
+	}
+
+	for _, tc := range []struct {
+		name string
+		mod  func(a *wire.RoundAnnouncement)
+		want string
+	}{
+		{"distributed", func(a *wire.RoundAnnouncement) { a.Dp.Mode = wire.DPMode_DP_MODE_DISTRIBUTED }, "central mode only"},
+		{"fedsplit", func(a *wire.RoundAnnouncement) { a.Algorithm = AlgoFedProxSplit }, uplink.ErrSplitDP.Error()},
+		{"anchor gradient", func(a *wire.RoundAnnouncement) { a.AnchorSketch = &wire.SketchSpec{} }, "anchor gradient"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, _ := newHandler(t)
+			a := announce(t, 1, AlgoFedProx, x)
+			a.Dp = &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: c, NoiseMultiplier: 1, Delta: 1e-5}
+			tc.mod(a)
+			_, err := h.Handle(context.Background(), a)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Handle = %v, want a refusal", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,153 @@
+package aggregator
+
+import (
+	crand "crypto/rand"
+	"encoding/json"
+	"fmt"
+
+	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/dp"
+	"github.com/edgefl/edgefl/metrics"
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/uplink"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// The shell's part of central differential privacy (ServerConfig.DP;
+// docs/privacy.md, "The mechanism per round" and "Threat models"): the
+// refusals, the noise key in the state file, the announced parameters, and
+// the aggregation through uplink.NoisyMean, the rule `simulate` runs too.
+
+// checkDP refuses what DP cannot cover; d is the derived configuration.
+func (cfg *ServerConfig) checkDP(d *derived) error {
+	if cfg.DP == nil {
+		return nil
+	}
+	if err := cfg.DP.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	switch {
+	case isSplit(d.fam):
+		return fmt.Errorf("%w: %w", ErrConfig, uplink.ErrSplitDP)
+	case cfg.Schema != nil:
+		return fmt.Errorf("%w: differential privacy with a federation schema: the per-site statistics and evaluation reports are outside the privacy guarantee until they are privatised (docs/privacy.md, \"What the guarantee covers\")", ErrConfig)
+	case cfg.AnchorSketch != nil:
+		return fmt.Errorf("%w: differential privacy with anchor gradients: a site's anchor gradient is not clipped or noised (docs/privacy.md, \"What the guarantee covers\")", ErrConfig)
+	}
+	if err := aggregate.CheckDP(d.aggSpec, cfg.Selector); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	d.coord.MaxReselections = 0
+	d.coord.DP = cfg.DP
+	return nil
+}
+
+// dpText is a DP setting as resumeDiffs compares and names it.
+func dpText(c *dp.Config) string {
+	if c == nil {
+		return "off"
+	}
+	b, _ := json.Marshal(c)
+	return string(b)
+}
+
+// newNoiseKey draws a new run's noise key.
+func (s *Server) newNoiseKey() error {
+	if s.cfg.DP == nil {
+		return nil
+	}
+	key := make([]byte, 32)
+	if k := s.cfg.DPTestKey; k != nil {
+		copy(key, k[:])
+	} else if _, err := crand.Read(key); err != nil {
+		return fmt.Errorf("aggregator: draw the DP noise key: %w", err)
+	}
+	s.stored.NoiseKey = key
+	return nil
+}
+
+// checkNoiseKey checks a restored run's noise key.
+func (s *Server) checkNoiseKey() error {
+	if s.cfg.DP != nil && len(s.stored.NoiseKey) != 32 {
+		return fmt.Errorf("%w: %s: the run's DP noise key is missing or damaged (%d bytes)", storage.ErrCorrupt, s.cfg.StatePath, len(s.stored.NoiseKey))
+	}
+	return nil
+}
+
+// dpParams are the DP parameters of the next announcement (nil without).
+func (s *Server) dpParams() *wire.DPParams {
+	c := s.cfg.DP
+	if c == nil {
+		return nil
+	}
+	eps, _, _ := s.coord.Privacy()
+	return &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: c.Clip, NoiseMultiplier: c.Noise,
+		Delta: c.Delta, EpsilonSpent: eps, EpsilonBudget: c.Budget}
+}
+
+// privateAggregate is the closed round's noisy mean: the contributors'
+// decoded deltas, re-clipped, summed, noised from the run's key and the
+// round, over the round's fixed denominator (every site it invited).
+// Redone after a restart, it draws the same noise.
+func (s *Server) privateAggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+	var cs []uplink.Contribution
+	err := s.forClosed(cr, func(u storage.Update, m *wire.ClientUpdate, d []float64) error {
+		if m.GetKind() != wire.UpdateKind_UPDATE_KIND_DELTA {
+			return fmt.Errorf("stored update of %q is a %v, not a delta", u.ClientID, m.GetKind())
+		}
+		cs = append(cs, uplink.Contribution{Client: u.ClientID, Delta: d})
+		return nil
+	})
+	if err != nil {
+		return nil, aggregate.Report{}, err
+	}
+	var key [32]byte
+	copy(key[:], s.stored.NoiseKey)
+	m := len(cr.Contributors) + len(cr.Stragglers)
+	c := s.cfg.DP
+	out, err := uplink.NoisyMean(s.global, cs, uplink.Private{Clip: c.Clip, Noise: c.Noise, Denominator: m}, dp.NoiseRand(key, uint64(cr.Round)))
+	if err != nil {
+		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
+	}
+	return out, aggregate.Report{Metrics: map[string]float64{"dp_denominator": float64(m)}}, nil
+}
+
+// PrivacyStatus is a --dp run's accounting, as `status`, /status and
+// /metrics report it: the epsilon spent at Delta after Rounds charged
+// rounds, the budget (0: none), the clip norm and the noise multiplier.
+type PrivacyStatus struct {
+	Mode    string  `json:"mode"`
+	Epsilon float64 `json:"epsilon"`
+	Delta   float64 `json:"delta"`
+	Rounds  uint64  `json:"rounds"`
+	Budget  float64 `json:"epsilon_budget,omitempty"`
+	Clip    float64 `json:"clip"`
+	Noise   float64 `json:"noise_multiplier"`
+}
+
+func newPrivacyStatus(c *dp.Config, a *dp.Accountant) *PrivacyStatus {
+	eps, _ := a.Epsilon(c.Delta)
+	return &PrivacyStatus{Mode: dp.Central.String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: c.Clip, Noise: c.Noise}
+}
+
+// privacyStatus is the running coordinator's accounting (nil without DP).
+func (s *Server) privacyStatus() *PrivacyStatus {
+	if s.cfg.DP == nil {
+		return nil
+	}
+	st := s.coord.snapshotDP()
+	return newPrivacyStatus(s.cfg.DP, st.Accountant)
+}
+
+// privacyFamilies are the /metrics gauges of p (none when nil).
+func privacyFamilies(p *PrivacyStatus) []metrics.Family {
+	if p == nil {
+		return nil
+	}
+	return []metrics.Family{
+		metrics.One("edgefl_dp_epsilon", "Differential privacy: epsilon spent so far at edgefl_dp_delta (RDP accountant).", metrics.Gauge, p.Epsilon),
+		metrics.One("edgefl_dp_delta", "Differential privacy: the run's delta.", metrics.Gauge, p.Delta),
+		metrics.One("edgefl_dp_epsilon_budget", "Differential privacy: the epsilon budget (0: none).", metrics.Gauge, p.Budget),
+		metrics.One("edgefl_dp_rounds", "Differential privacy: rounds charged to the accountant.", metrics.Gauge, float64(p.Rounds)),
+	}
+}

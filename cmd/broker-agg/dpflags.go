@@ -1,0 +1,70 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+
+	"github.com/edgefl/edgefl/dp"
+)
+
+// dpFlags are the differential-privacy flags of run, demo and simulate
+// (docs/privacy.md; README "Differential privacy").
+type dpFlags struct {
+	mode                       string
+	clip, noise, delta, budget float64
+	rounds                     int
+}
+
+func (d *dpFlags) register(fs *flag.FlagSet, calibrates bool) {
+	fs.StringVar(&d.mode, "dp", "off", "client-level differential privacy: off | central (the aggregator clips every update to --dp-clip and adds Gaussian noise of std --dp-noise x --dp-clip to their sum; docs/privacy.md) | distributed (needs secure aggregation, not wired yet: refused)")
+	fs.Float64Var(&d.clip, "dp-clip", 1, "with --dp: the L2 norm `C` every site's update is clipped to")
+	noise := "with --dp: the noise multiplier `z` (the noise on the sum of clipped updates has std z*C)"
+	if calibrates {
+		noise += "; 0: calibrated so that --dp-rounds rounds spend --dp-epsilon"
+	}
+	fs.Float64Var(&d.noise, "dp-noise", 0, noise)
+	fs.Float64Var(&d.delta, "dp-delta", 1e-5, "with --dp: the delta of the (epsilon, delta) guarantee")
+	fs.Float64Var(&d.budget, "dp-epsilon", 0, "with --dp: the privacy budget; the run refuses to start when one round would exceed it and stops (as at --rounds) before a round that would; 0: none")
+	if calibrates {
+		fs.IntVar(&d.rounds, "dp-rounds", 0, "with --dp and --dp-epsilon but no --dp-noise: the rounds the calibrated noise must cover (0: --rounds)")
+	}
+}
+
+// config is the run's DP configuration (nil: off). q is the sampling rate
+// the calibration of --dp-noise assumes and rounds the run's --rounds
+// (q <= 0: no calibration).
+func (d *dpFlags) config(q float64, rounds int) (*dp.Config, error) {
+	mode, err := dp.ParseMode(d.mode)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("--dp: %w", err)
+	case mode == 0:
+		return nil, nil
+	case mode == dp.Distributed:
+		return nil, fmt.Errorf("--dp distributed: %w", dp.ErrDistributed)
+	}
+	c := &dp.Config{Clip: d.clip, Noise: d.noise, Delta: d.delta, Budget: d.budget}
+	if c.Noise == 0 {
+		if q <= 0 || c.Budget == 0 {
+			return nil, errors.New("--dp needs --dp-noise z (the noise multiplier)")
+		}
+		if d.rounds > 0 {
+			rounds = d.rounds
+		}
+		if c.Noise, err = dp.CalibrateNoise(c.Budget, c.Delta, q, rounds, 1e-3, nil); err != nil {
+			return nil, fmt.Errorf("--dp-epsilon %g over %d rounds at q = %g: %w", c.Budget, rounds, q, err)
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("--dp: %w", err)
+	}
+	if q > 0 {
+		if ok, eps, err := c.Within(nil, q); err != nil {
+			return nil, fmt.Errorf("--dp: %w", err)
+		} else if !ok {
+			return nil, fmt.Errorf("--dp-epsilon %g: even one round (q = %g, z = %g) spends epsilon %.4g", c.Budget, q, c.Noise, eps)
+		}
+	}
+	return c, nil
+}
