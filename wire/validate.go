@@ -136,7 +136,45 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 	if err := checkID(msg, "federation", m.Federation); err != nil {
 		return err
 	}
-	var train, stats bool
+	train, stats, err := m.checkPhase(msg)
+	if err != nil {
+		return err
+	}
+	if err := m.checkRunSpec(msg, stats); err != nil {
+		return err
+	}
+	if err := checkTime(msg, "deadline_unix_ms", m.DeadlineUnixMs); err != nil {
+		return err
+	}
+	if err := checkTime(msg, "created_at_unix_ms", m.CreatedAtUnixMs); err != nil {
+		return err
+	}
+	if err := checkSelected(msg, m.Selected, lim); err != nil {
+		return err
+	}
+	if !stats || m.Global != nil {
+		if err := checkVector(msg, "global", m.Global, lim); err != nil {
+			return err
+		}
+	}
+	if err := checkText(msg, "uplink_codec", m.UplinkCodec, maxSpecLen, train); err != nil {
+		return err
+	}
+	if s := m.AnchorSketch; s != nil && uint64(s.Dimension) > uint64(lim.MaxAnchorGrad) {
+		return invalid(msg, "anchor_sketch.dimension %d exceeds the limit %d", s.Dimension, lim.MaxAnchorGrad)
+	}
+	if err := checkText(msg, "run_id", m.RunId, maxRunIDLen, false); err != nil {
+		return err
+	}
+	if err := m.checkLifecycle(msg, stats, lim); err != nil {
+		return err
+	}
+	return m.Dp.validate(msg)
+}
+
+// checkPhase checks the phase and the round it allows (round 0 in the
+// statistics phase only) and tells which phase it is.
+func (m *RoundAnnouncement) checkPhase(msg string) (train, stats bool, err error) {
 	switch m.Phase {
 	case Phase_PHASE_TRAIN:
 		train = true
@@ -144,15 +182,22 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 		stats = true
 	case Phase_PHASE_FINISHED:
 	default:
-		return invalid(msg, "phase %d is unknown", int32(m.Phase))
+		return false, false, invalid(msg, "phase %d is unknown", int32(m.Phase))
 	}
 	if stats {
 		if m.Round != 0 {
-			return invalid(msg, "round must be 0 in %v, got %d", m.Phase, m.Round)
+			return false, false, invalid(msg, "round must be 0 in %v, got %d", m.Phase, m.Round)
 		}
 	} else if m.Round == 0 {
-		return invalid(msg, "round must be > 0")
+		return false, false, invalid(msg, "round must be > 0")
 	}
+	return train, stats, nil
+}
+
+// checkRunSpec checks what the round asks the sites to run: the algorithm,
+// the aggregator, the local solver's parameters, the model and the budget
+// (the algorithm and the model are optional in the statistics phase).
+func (m *RoundAnnouncement) checkRunSpec(msg string, stats bool) error {
 	if !stats || m.Algorithm != "" {
 		if err := ValidID(m.Algorithm); err != nil {
 			return fmt.Errorf("%w: %s: algorithm: %w", ErrInvalid, msg, err)
@@ -197,17 +242,17 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 			return err
 		}
 	}
-	if err := checkTime(msg, "deadline_unix_ms", m.DeadlineUnixMs); err != nil {
-		return err
+	return nil
+}
+
+// checkSelected checks the selection: at most lim.MaxClients valid ids,
+// none twice.
+func checkSelected(msg string, selected []string, lim Limits) error {
+	if len(selected) > lim.MaxClients {
+		return invalid(msg, "%d selected clients, limit %d", len(selected), lim.MaxClients)
 	}
-	if err := checkTime(msg, "created_at_unix_ms", m.CreatedAtUnixMs); err != nil {
-		return err
-	}
-	if len(m.Selected) > lim.MaxClients {
-		return invalid(msg, "%d selected clients, limit %d", len(m.Selected), lim.MaxClients)
-	}
-	seen := make(map[string]struct{}, len(m.Selected))
-	for i, id := range m.Selected {
+	seen := make(map[string]struct{}, len(selected))
+	for i, id := range selected {
 		if err := checkID(msg, fmt.Sprintf("selected[%d]", i), id); err != nil {
 			return err
 		}
@@ -216,20 +261,13 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 		}
 		seen[id] = struct{}{}
 	}
-	if !stats || m.Global != nil {
-		if err := checkVector(msg, "global", m.Global, lim); err != nil {
-			return err
-		}
-	}
-	if err := checkText(msg, "uplink_codec", m.UplinkCodec, maxSpecLen, train); err != nil {
-		return err
-	}
-	if s := m.AnchorSketch; s != nil && uint64(s.Dimension) > uint64(lim.MaxAnchorGrad) {
-		return invalid(msg, "anchor_sketch.dimension %d exceeds the limit %d", s.Dimension, lim.MaxAnchorGrad)
-	}
-	if err := checkText(msg, "run_id", m.RunId, maxRunIDLen, false); err != nil {
-		return err
-	}
+	return nil
+}
+
+// checkLifecycle checks the model lifecycle's payloads (schema, transform,
+// bundle: their sizes; their JSON is the receiver's) and which phase may
+// carry which, evaluation and DP included.
+func (m *RoundAnnouncement) checkLifecycle(msg string, stats bool, lim Limits) error {
 	for _, f := range []struct {
 		name string
 		v    []byte
@@ -254,7 +292,7 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 	case m.Dp != nil && stats:
 		return invalid(msg, "dp is not sent in %v", m.Phase)
 	}
-	return m.Dp.validate(msg)
+	return nil
 }
 
 // validate checks a round's DP parameters (nil: none).
