@@ -151,16 +151,8 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 	if len(fed.Clients) < cfg.PerRound {
 		return nil, fmt.Errorf("--per-round %d: the data set has only %d clients", cfg.PerRound, len(fed.Clients))
 	}
-	if cfg.DP != nil {
-		if cfg.Codec == "" {
-			cfg.Codec = "fp32" // the clip is applied by the uplink, as the daemons send it
-		}
-		q := float64(cfg.PerRound) / float64(len(fed.Clients))
-		if ok, eps, err := cfg.DP.Within(nil, q); err != nil {
-			return nil, fmt.Errorf("--dp: %w", err)
-		} else if !ok {
-			return nil, fmt.Errorf("--dp-epsilon %g: even one round (q = %g, z = %g) spends epsilon %.4g", cfg.DP.Budget, q, cfg.DP.Noise, eps)
-		}
+	if err := startDP(&cfg, len(fed.Clients)); err != nil {
+		return nil, err
 	}
 	e := &env{cfg: cfg, fed: fed, sites: sites}
 	if sites != nil {
@@ -193,22 +185,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 	if e.nTotal == 0 {
 		return nil, fmt.Errorf("--dataset %s: no training samples", cfg.Dataset)
 	}
-	res := &Results{Config: cfg, Model: m, sites: sites, Data: DataInfo{
-		Name: fed.Name, Clients: len(fed.Clients), TrainSamples: e.train.N, TestSamples: e.test.N,
-		Features: fed.D, Classes: fed.Classes, Params: m.NumParams(), MinClient: math.MaxInt,
-	}}
-	if sites != nil {
-		res.Sites, res.Data.SchemaDigest = sites.info, sites.schema.Digest()
-	}
-	for _, c := range fed.Clients {
-		res.Data.MinClient = min(res.Data.MinClient, c.Train.N)
-		res.Data.MaxClient = max(res.Data.MaxClient, c.Train.N)
-		e.cands = append(e.cands, aggregate.Candidate{ID: c.ID, Samples: c.Train.N, Loss: math.NaN()})
-	}
-	res.Data.PNI = Float(e.pni())
-	fmt.Fprintf(progress, "data %s: PNI %.4g\n", fed.Name, float64(res.Data.PNI))
-	fmt.Fprintf(progress, "data %s: %d clients, %d train / %d test samples (per client %d..%d), %d features, %d classes, %d params\n",
-		fed.Name, len(fed.Clients), e.train.N, e.test.N, res.Data.MinClient, res.Data.MaxClient, fed.D, fed.Classes, m.NumParams())
+	res := e.newResults(m, progress)
 
 	// The centralised optimum: what every run is measured against.
 	x0 := m.InitParams(streams.Of(cfg.Seed, streams.Init, 0, 0))
@@ -244,6 +221,48 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		res.Runs = append(res.Runs, *run)
 	}
 	return res, nil
+}
+
+// startDP checks, before any work, that a --dp run can take even one round
+// within its budget at the run's sampling rate K/N, and defaults the codec
+// to fp32 (the uplink applies the clip, as the daemons send it).
+func startDP(cfg *Config, clients int) error {
+	if cfg.DP == nil {
+		return nil
+	}
+	if cfg.Codec == "" {
+		cfg.Codec = "fp32"
+	}
+	q := float64(cfg.PerRound) / float64(clients)
+	if ok, eps, err := cfg.DP.Within(nil, q); err != nil {
+		return fmt.Errorf("--dp: %w", err)
+	} else if !ok {
+		return fmt.Errorf("--dp-epsilon %g: even one round (q = %g, z = %g) spends epsilon %.4g", cfg.DP.Budget, q, cfg.DP.Noise, eps)
+	}
+	return nil
+}
+
+// newResults starts the run's results with what the data is (sizes, the
+// PNI), prints it, and lists the selection's candidates.
+func (e *env) newResults(m model.Model, progress io.Writer) *Results {
+	fed, sites := e.fed, e.sites
+	res := &Results{Config: e.cfg, Model: m, sites: sites, Data: DataInfo{
+		Name: fed.Name, Clients: len(fed.Clients), TrainSamples: e.train.N, TestSamples: e.test.N,
+		Features: fed.D, Classes: fed.Classes, Params: m.NumParams(), MinClient: math.MaxInt,
+	}}
+	if sites != nil {
+		res.Sites, res.Data.SchemaDigest = sites.info, sites.schema.Digest()
+	}
+	for _, c := range fed.Clients {
+		res.Data.MinClient = min(res.Data.MinClient, c.Train.N)
+		res.Data.MaxClient = max(res.Data.MaxClient, c.Train.N)
+		e.cands = append(e.cands, aggregate.Candidate{ID: c.ID, Samples: c.Train.N, Loss: math.NaN()})
+	}
+	res.Data.PNI = Float(e.pni())
+	fmt.Fprintf(progress, "data %s: PNI %.4g\n", fed.Name, float64(res.Data.PNI))
+	fmt.Fprintf(progress, "data %s: %d clients, %d train / %d test samples (per client %d..%d), %d features, %d classes, %d params\n",
+		fed.Name, len(fed.Clients), e.train.N, e.test.N, res.Data.MinClient, res.Data.MaxClient, fed.D, fed.Classes, m.NumParams())
+	return res
 }
 
 // centralised is the centralised optimum of m on the pooled training data
