@@ -62,8 +62,7 @@ func TestLostEntriesRefused(t *testing.T) {
 	for _, kind := range []string{"agg", "edge"} {
 		t.Run(kind, func(t *testing.T) {
 			dir := t.TempDir()
-			orig := filepath.Join(dir, "orig.db")
-			want, base := makeSweepFile(t, orig, kind)
+			want, base := sweepFile(t, dir, kind)
 			offs := countFields(base, 4096)
 			if len(offs) < 3 {
 				t.Fatalf("found %d element counts in the file, the page scan is off", len(offs))
@@ -100,12 +99,7 @@ func TestLostEntriesRefused(t *testing.T) {
 // lists an update less; with the counts as written it is refused.
 func TestLostEntriesWithoutCensus(t *testing.T) {
 	dir := t.TempDir()
-	orig := filepath.Join(dir, "orig.db")
-	makeSweepFile(t, orig, "agg")
-	base, err := os.ReadFile(orig)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, base := sweepFile(t, dir, "agg")
 	for _, off := range countFields(base, 4096) {
 		n := binary.LittleEndian.Uint16(base[off:])
 		if n != 3 { // a round's updates: site-a, site-b, site-c
