@@ -61,18 +61,21 @@ func fnvAdd(h uint64, b []byte) uint64 {
 	return h
 }
 
-// entryHash hashes key k of the bucket at path (the length-prefixed keys
-// from the top-level bucket down).
-func entryHash(path, k []byte) uint64 {
-	h := fnvAdd(fnvOffset, path)
-	h = fnvAdd(h, binary.AppendUvarint(make([]byte, 0, binary.MaxVarintLen64), uint64(len(k))))
+// keyHash continues the hash h of a bucket's path (the length-prefixed
+// keys from the top-level bucket down, fnvOffset for the top-level bucket
+// itself) with key k: the hash of an entry, and the path hash of a nested
+// bucket.
+func keyHash(h uint64, k []byte) uint64 {
+	var n [binary.MaxVarintLen64]byte
+	h = fnvAdd(h, n[:binary.PutUvarint(n[:], uint64(len(k)))])
 	return fnvAdd(h, k)
 }
 
-func tallyBucket(b *bolt.Bucket, path []byte, t *tally) error {
+func tallyBucket(b *bolt.Bucket, path uint64, t *tally) error {
 	return b.ForEach(func(k, v []byte) error {
+		h := keyHash(path, k)
 		t.n++
-		t.sum += entryHash(path, k)
+		t.sum += h
 		if v != nil {
 			return nil
 		}
@@ -80,8 +83,7 @@ func tallyBucket(b *bolt.Bucket, path []byte, t *tally) error {
 		if nb == nil {
 			return fmt.Errorf("%w: %s/%q is neither a value nor a bucket", ErrCorrupt, t.name, k)
 		}
-		sub := binary.AppendUvarint(bytes.Clone(path), uint64(len(k)))
-		return tallyBucket(nb, append(sub, k...), t)
+		return tallyBucket(nb, h, t)
 	})
 }
 
@@ -93,7 +95,7 @@ func takeCensus(tx *bolt.Tx) ([]tally, error) {
 			return nil
 		}
 		t := tally{name: string(name)}
-		if err := tallyBucket(b, nil, &t); err != nil {
+		if err := tallyBucket(b, fnvOffset, &t); err != nil {
 			return err
 		}
 		ts = append(ts, t)
@@ -192,7 +194,7 @@ func checkCensus(tx *bolt.Tx, only string, required bool) error {
 		want = censusOf(want, only)
 		if b := tx.Bucket([]byte(only)); b != nil {
 			t := tally{name: only}
-			if err := tallyBucket(b, nil, &t); err != nil {
+			if err := tallyBucket(b, fnvOffset, &t); err != nil {
 				return err
 			}
 			have = []tally{t}
