@@ -167,22 +167,28 @@ func makeSweepFile(t *testing.T, path, kind string) (string, []byte) {
 	return want, b
 }
 
-// dumpFile opens path and reads everything back.
-func dumpFile(path, kind string) (string, error) {
+// dumpFile opens path, reads everything back and closes it.
+func dumpFile(path, kind string) (got string, err error) {
+	var c interface{ Close() error }
 	if kind == "agg" {
-		a, err := OpenAgg(path, Options{})
-		if err != nil {
-			return "", err
+		var a *AggStore
+		if a, err = OpenAgg(path, Options{}); err == nil {
+			c = a
+			got, err = dumpAgg(a)
 		}
-		defer a.Close()
-		return dumpAgg(a)
+	} else {
+		var e *EdgeStore
+		if e, err = OpenEdge(path, Options{}); err == nil {
+			c = e
+			got, err = dumpEdge(e)
+		}
 	}
-	e, err := OpenEdge(path, Options{})
-	if err != nil {
-		return "", err
+	if c != nil {
+		if cerr := c.Close(); err == nil {
+			err = cerr
+		}
 	}
-	defer e.Close()
-	return dumpEdge(e)
+	return got, err
 }
 
 func readBack(path, kind string) error {

@@ -264,27 +264,7 @@ func openDamaged(t testing.TB, dir string, b []byte, agg bool, want, what string
 	done := make(chan result, 1)
 	go func() {
 		var r result
-		if agg {
-			a, err := OpenAgg(path, Options{})
-			if err != nil {
-				done <- result{err: err}
-				return
-			}
-			r.got, r.err = dumpAgg(a)
-			if err := a.Close(); err != nil && r.err == nil {
-				r.err = err
-			}
-		} else {
-			e, err := OpenEdge(path, Options{})
-			if err != nil {
-				done <- result{err: err}
-				return
-			}
-			r.got, r.err = dumpEdge(e)
-			if err := e.Close(); err != nil && r.err == nil {
-				r.err = err
-			}
-		}
+		r.got, r.err = dumpFile(path, map[bool]string{true: "agg", false: "edge"}[agg])
 		done <- r
 	}()
 	select {
