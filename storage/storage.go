@@ -59,8 +59,9 @@ type Options struct {
 	// (or another handle in this one). <= 0 means DefaultLockTimeout: the
 	// wait is always bounded.
 	LockTimeout time.Duration
-	// SkipValueCheck skips reading every value on open (the page tree is
-	// still checked, and each value's checksum when it is read): for
+	// SkipValueCheck skips reading every value on open (the page tree and
+	// the sealed entry counts are still checked, and each value's checksum
+	// when it is read): for
 	// rolling back a file whose newest values are damaged.
 	SkipValueCheck bool
 }
@@ -181,31 +182,29 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 		}
 		return nil, fmt.Errorf("storage: %s: %w", path, err)
 	}
-	{
-		// Values are sealed from schema version 2 on, and counted from
-		// the census step on, so this runs on the migrated file. The
-		// counts are checked even when the values are not (a rollback
-		// must not start from a file that lost entries).
-		if err := bounded(db, "reading every value", func() error {
-			return db.View(func(tx *bolt.Tx) error {
-				if err := checkCensus(tx, "", sc.countedFrom > 0 && sc.version() >= sc.countedFrom); err != nil {
-					return err
-				}
-				if opts.SkipValueCheck {
-					return nil
-				}
-				if err := db.checkValues(tx); err != nil {
-					return err
-				}
-				if sc.invariants != nil {
-					return db.named(sc.invariants(tx))
-				}
+	// Values are sealed from schema version 2 on, and counted from
+	// the census step on, so this runs on the migrated file. The
+	// counts are checked even when the values are not (a rollback
+	// must not start from a file that lost entries).
+	if err := bounded(db, "reading every value", func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			if err := checkCensus(tx, "", sc.countedFrom > 0 && sc.version() >= sc.countedFrom); err != nil {
+				return err
+			}
+			if opts.SkipValueCheck {
 				return nil
-			})
-		}); err != nil {
-			_ = db.Close()
-			return nil, err
-		}
+			}
+			if err := db.checkValues(tx); err != nil {
+				return err
+			}
+			if sc.invariants != nil {
+				return db.named(sc.invariants(tx))
+			}
+			return nil
+		})
+	}); err != nil {
+		_ = db.Close()
+		return nil, err
 	}
 	return db, nil
 }
