@@ -13,10 +13,11 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Aggregator schema, version 2 (version 1 without the seals; every value
-// outside meta is sealed with a CRC-32C, see seal.go):
+// Aggregator schema, version 3 (version 1 without the seals; every value
+// outside meta is sealed with a CRC-32C, see seal.go; version 2 without
+// meta/census, the sealed entry counts of census.go):
 //
-//	meta        schema_version, kind = "agg"
+//	meta        schema_version, kind = "agg", census
 //	agg         current_round  u64
 //	clients     client id -> JSON clientJSON
 //	rounds      round u64 -> bucket { meta: JSON roundJSON, config: bytes, state: bytes }
@@ -28,7 +29,7 @@ import (
 // A run with a federation schema (issue 11; agg_fed.go) adds these buckets,
 // each created by its first write, so that a run without a schema writes
 // exactly the file it wrote before (no migration: the schema version stays
-// 2; an older binary refuses a file holding them as having an unknown
+// 3; an older binary refuses a file holding them as having an unknown
 // bucket):
 //
 //	statistics  client id -> stored_at unix ns u64 | message (a site's statistics)
@@ -56,7 +57,9 @@ var aggSchema = schema{
 		{name: "create buckets", run: createBuckets(bucketAgg, bucketClients, bucketRounds,
 			bucketUpdates, bucketLatestZ, bucketCheckpoints)},
 		{name: "seal values", run: sealAll},
+		{name: "count entries", run: writeCensus},
 	},
+	countedFrom: 3,
 	layout: map[string][]string{
 		string(bucketAgg): {string(keyCurrentRound)}, string(bucketClients): nil, string(bucketRounds): nil,
 		string(bucketUpdates): nil, string(bucketLatestZ): nil, string(bucketCheckpoints): nil,
@@ -988,20 +991,25 @@ func (s *AggStore) Checkpoint(round uint64) ([]float64, error) {
 // LatestCheckpoint returns the checkpoint with the highest round, or
 // ErrNotFound. A read transaction.
 func (s *AggStore) LatestCheckpoint() (round uint64, vec []float64, err error) {
-	err = s.db.View(inBucket(bucketCheckpoints, func(b *bolt.Bucket) error {
-		k, sealed := b.Cursor().Last()
-		if k == nil {
-			return fmt.Errorf("%w: no checkpoint", ErrNotFound)
+	err = s.db.View(func(tx *bolt.Tx) error {
+		if err := checkCensus(tx, string(bucketCheckpoints), false); err != nil {
+			return err // a lost last entry would make an older checkpoint the latest
 		}
-		if round, err = decodeU64(k, "checkpoint key"); err != nil {
+		return inBucket(bucketCheckpoints, func(b *bolt.Bucket) error {
+			k, sealed := b.Cursor().Last()
+			if k == nil {
+				return fmt.Errorf("%w: no checkpoint", ErrNotFound)
+			}
+			if round, err = decodeU64(k, "checkpoint key"); err != nil {
+				return err
+			}
+			raw, err := unseal(k, sealed, fmt.Sprintf("checkpoint %d", round))
+			if err != nil {
+				return err
+			}
+			vec, err = decodeFloats(raw, fmt.Sprintf("checkpoint %d", round))
 			return err
-		}
-		raw, err := unseal(k, sealed, fmt.Sprintf("checkpoint %d", round))
-		if err != nil {
-			return err
-		}
-		vec, err = decodeFloats(raw, fmt.Sprintf("checkpoint %d", round))
-		return err
-	}))
+		})(tx)
+	})
 	return round, vec, err
 }

@@ -69,6 +69,9 @@ func decodeRecord(round uint64, client, v []byte, what string) (Record, error) {
 // nothing when the bucket has not been written yet.
 func (s *AggStore) viewWritten(name []byte, fn func(b *bolt.Bucket) error) error {
 	return s.db.View(func(tx *bolt.Tx) error {
+		if err := checkCensus(tx, string(name), false); err != nil {
+			return err // a bucket that vanished would list as never written
+		}
 		if b, _ := optBucket(tx, name); b != nil {
 			return fn(b)
 		}

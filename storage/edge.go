@@ -11,11 +11,12 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Edge schema, version 4 (version 1 without the seals; every value
+// Edge schema, version 5 (version 1 without the seals; every value
 // outside meta is sealed with a CRC-32C, see seal.go; version 2 without the
-// final bundle keys; version 3 without instance_id):
+// final bundle keys; version 3 without instance_id; version 4 without
+// meta/census, the sealed entry counts of census.go):
 //
-//	meta      schema_version, kind = "edge"
+//	meta      schema_version, kind = "edge", census
 //	edge      client_id      string
 //	          created_at     unix ns
 //	          instance_id    string, this installation's random id, drawn
@@ -96,7 +97,10 @@ var edgeSchema = schema{
 		// file of an older version, on its first open by this version);
 		// the step makes an older agent refuse the file as newer.
 		{name: "instance id key", run: func(*bolt.Tx) error { return nil }},
+		// Version 5 adds meta/census, the sealed entry counts (census.go).
+		{name: "count entries", run: writeCensus},
 	},
+	countedFrom: 5,
 	layout: map[string][]string{
 		string(bucketEdge): {string(keyClientID), string(keyCreatedAt), string(keyInstanceID), string(keySeenRound), string(keyAppliedRound),
 			string(keyGlobal), string(keyZ), string(keyServerZ), string(keyConnection), string(keyRunID),

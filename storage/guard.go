@@ -34,8 +34,9 @@ import (
 //     Close does not touch bbolt's locks.
 //  3. Open walks the page tree itself from the file's bytes (walk.go), then
 //     runs bbolt's consistency check (Tx.Check: freed pages in use, key
-//     order), then reads every value and checks its seal, each bounded in
-//     time, before the daemon reads anything.
+//     order), then checks the sealed entry counts of every bucket
+//     (census.go) and reads every value and checks its seal, each bounded
+//     in time, before the daemon reads anything.
 //
 // Values inside the pages are sealed with checksums (seal.go).
 
@@ -87,7 +88,17 @@ func (d *guardedDB) Update(fn func(*bolt.Tx) error) (err error) {
 		return err
 	}
 	defer d.guard(&err, true)()
-	return d.named(d.DB.Update(fn))
+	return d.named(d.DB.Update(func(tx *bolt.Tx) error {
+		// The census (census.go): never build on a file that lost
+		// entries, and count this transaction's changes in it.
+		if err := checkCensus(tx, "", false); err != nil {
+			return err
+		}
+		if err := fn(tx); err != nil {
+			return err
+		}
+		return keepCensus(tx)
+	}))
 }
 
 // named adds the file's path to a corruption error found inside a

@@ -69,8 +69,8 @@ func TestEdgeInstanceID(t *testing.T) {
 	}
 	closeT(t, old)
 	s = openEdge(t, oldPath)
-	if v, _ := schemaVersion(s.db); v != 4 {
-		t.Fatalf("version %d after open, want 4", v)
+	if v, _ := schemaVersion(s.db); v != edgeSchema.version() {
+		t.Fatalf("version %d after open, want %d", v, edgeSchema.version())
 	}
 	if got, err := s.Identity(); err != nil || got.InstanceID != "" || got.ClientID != "site-1" {
 		t.Fatalf("a version-3 identity: %+v, %v", got, err)
@@ -81,6 +81,6 @@ func TestEdgeInstanceID(t *testing.T) {
 	}
 	closeT(t, s)
 	if _, err := openDB(oldPath, v3, Options{}); !errors.Is(err, ErrSchemaTooNew) {
-		t.Fatalf("the version-3 code opening a version-4 file: %v, want ErrSchemaTooNew", err)
+		t.Fatalf("the version-3 code opening a current file: %v, want ErrSchemaTooNew", err)
 	}
 }

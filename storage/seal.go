@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"strings"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -58,7 +59,13 @@ func sput(b *bolt.Bucket, k, v []byte) error { return b.Put(k, seal(k, v)) }
 
 // sforEach calls fn with every unsealed key/value of b (nested buckets are
 // skipped); a broken seal stops the iteration with ErrCorrupt.
+// what is the bucket's path; the sealed count of its top-level bucket is
+// checked first (census.go), so a listing is never silently short.
 func sforEach(b *bolt.Bucket, what string, fn func(k, v []byte) error) error {
+	top, _, _ := strings.Cut(what, "/")
+	if err := checkCensus(b.Tx(), top, false); err != nil {
+		return err
+	}
 	return b.ForEach(func(k, raw []byte) error {
 		if raw == nil {
 			return nil // a nested bucket

@@ -19,7 +19,12 @@
 //     older binary refuses such a file as damaged (an unknown bucket)
 //     rather than as newer;
 //   - stored bytes are treated as untrusted on read: a value of the wrong
-//     shape is an error wrapping ErrCorrupt, never a panic.
+//     shape is an error wrapping ErrCorrupt, never a panic;
+//   - every value is sealed with a checksum (seal.go) and every bucket's
+//     entries are counted in a sealed census (census.go), so a damaged file
+//     reads back intact or is refused with ErrCorrupt naming the file: a
+//     value that changed or an entry that vanished (a listing one short)
+//     is never returned as data.
 //
 // Values: integers and keys are big-endian uint64 (so rounds sort), float
 // vectors are little-endian float64, small records are JSON, messages are
@@ -32,6 +37,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -53,8 +59,9 @@ type Options struct {
 	// (or another handle in this one). <= 0 means DefaultLockTimeout: the
 	// wait is always bounded.
 	LockTimeout time.Duration
-	// SkipValueCheck skips reading every value on open (the page tree is
-	// still checked, and each value's checksum when it is read): for
+	// SkipValueCheck skips reading every value on open (the page tree and
+	// the sealed entry counts are still checked, and each value's checksum
+	// when it is read): for
 	// rolling back a file whose newest values are damaged.
 	SkipValueCheck bool
 }
@@ -104,6 +111,9 @@ type schema struct {
 	// invariants, when set, checks what the layout cannot say (read on
 	// open with every value).
 	invariants func(tx *bolt.Tx) error
+	// countedFrom is the version whose migration wrote the census
+	// (census.go): a file of that version or later must have one.
+	countedFrom uint64
 }
 
 func (s schema) version() uint64 { return uint64(len(s.migrations)) }
@@ -172,23 +182,29 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 		}
 		return nil, fmt.Errorf("storage: %s: %w", path, err)
 	}
-	if !opts.SkipValueCheck {
-		// Values are sealed from schema version 2 on, so this runs on the
-		// migrated file.
-		if err := bounded(db, "reading every value", func() error {
-			return db.View(func(tx *bolt.Tx) error {
-				if err := db.checkValues(tx); err != nil {
-					return err
-				}
-				if sc.invariants != nil {
-					return db.named(sc.invariants(tx))
-				}
+	// Values are sealed from schema version 2 on, and counted from
+	// the census step on, so this runs on the migrated file. The
+	// counts are checked even when the values are not (a rollback
+	// must not start from a file that lost entries).
+	if err := bounded(db, "reading every value", func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			if err := checkCensus(tx, "", sc.countedFrom > 0 && sc.version() >= sc.countedFrom); err != nil {
+				return err
+			}
+			if opts.SkipValueCheck {
 				return nil
-			})
-		}); err != nil {
-			_ = db.Close()
-			return nil, err
-		}
+			}
+			if err := db.checkValues(tx); err != nil {
+				return err
+			}
+			if sc.invariants != nil {
+				return db.named(sc.invariants(tx))
+			}
+			return nil
+		})
+	}); err != nil {
+		_ = db.Close()
+		return nil, err
 	}
 	return db, nil
 }
@@ -278,6 +294,7 @@ func migrate(db *guardedDB, sc schema) error {
 		return fmt.Errorf("%w: file has schema version %d, this binary knows up to %d (%s); upgrade the binary",
 			ErrSchemaTooNew, version, sc.version(), sc.kind)
 	}
+	existing := version > 0 // a new file's steps are not news
 	for version < sc.version() {
 		m := sc.migrations[version]
 		err := db.Update(func(tx *bolt.Tx) error {
@@ -301,6 +318,10 @@ func migrate(db *guardedDB, sc schema) error {
 		})
 		if err != nil {
 			return fmt.Errorf("migration %s v%d -> v%d (%s): %w", sc.kind, version, version+1, m.name, err)
+		}
+		if existing {
+			slog.Info("storage: migrated an existing file", "file", db.path, "kind", sc.kind,
+				"from", version, "to", version+1, "step", m.name)
 		}
 		version++
 	}
