@@ -582,21 +582,33 @@ func (a *Agent) publishUpdate(round uint64, msg []byte) {
 	if !a.enter() {
 		return
 	}
-	tok := a.client.Publish(a.tUpdate, 1, false, msg)
-	go func() {
-		defer a.leave()
-		ctx, cancel := context.WithTimeout(a.runCtx, a.cfg.PublishTimeout)
-		defer cancel()
-		if err := a.await(ctx, tok); err != nil {
-			if a.runCtx.Err() != nil {
-				return // shutting down: the outbox keeps it
-			}
+	a.publishAsync(a.tUpdate, false, msg, func(err error) {
+		if err != nil {
 			a.stats.publishErrors.Add(1)
 			a.log.Warn("update not acknowledged by the broker; the outbox keeps it", "round", round, "err", err)
 			return
 		}
 		a.stats.published.Add(1)
 		a.observe(Event{Kind: EventPublished, Round: round})
+	})
+}
+
+// publishAsync publishes msg on topic (QoS 1) and waits for the broker's
+// acknowledgement in the background, then calls done with the outcome;
+// not when the agent is shutting down and the wait failed (what must
+// survive that is in the outbox or is re-published on the next
+// connection). The caller has entered (a.enter); publishAsync leaves.
+func (a *Agent) publishAsync(topic string, retained bool, msg []byte, done func(err error)) {
+	tok := a.client.Publish(topic, 1, retained, msg)
+	go func() {
+		defer a.leave()
+		ctx, cancel := context.WithTimeout(a.runCtx, a.cfg.PublishTimeout)
+		defer cancel()
+		err := a.await(ctx, tok)
+		if err != nil && a.runCtx.Err() != nil {
+			return
+		}
+		done(err)
 	}()
 }
 

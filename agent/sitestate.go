@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"errors"
 
 	"github.com/edgefl/edgefl/sitedata"
@@ -41,19 +40,13 @@ func (a *Agent) publishUplink(k pendingKey, msg []byte) {
 	} else {
 		a.stats.evaluationsSent.Add(1)
 	}
-	tok := a.client.Publish(a.tUpdate, 1, false, msg)
-	go func() {
-		defer a.leave()
-		ctx, cancel := context.WithTimeout(a.runCtx, a.cfg.PublishTimeout)
-		defer cancel()
-		if err := a.await(ctx, tok); err != nil {
-			if a.runCtx.Err() == nil {
-				a.log.Warn(subjectName(k.subject)+" not acknowledged by the broker; re-sent later", "round", k.round, "err", err)
-			}
+	a.publishAsync(a.tUpdate, false, msg, func(err error) {
+		if err != nil {
+			a.log.Warn(subjectName(k.subject)+" not acknowledged by the broker; re-sent later", "round", k.round, "err", err)
 			return
 		}
 		a.observe(Event{Kind: EventUplink, Subject: k.subject, Round: k.round})
-	}()
+	})
 }
 
 func subjectName(s wire.ReceiptSubject) string {
@@ -108,15 +101,11 @@ func (a *Agent) publishStatus() {
 		a.log.Error("status message", "err", err)
 		return
 	}
-	tok := a.client.Publish(a.tStatus, 1, true, b)
-	go func() {
-		defer a.leave()
-		ctx, cancel := context.WithTimeout(a.runCtx, a.cfg.PublishTimeout)
-		defer cancel()
-		if err := a.await(ctx, tok); err != nil && a.runCtx.Err() == nil {
+	a.publishAsync(a.tStatus, true, b, func(err error) {
+		if err != nil {
 			a.log.Warn("status not published", "err", err)
 		}
-	}()
+	})
 }
 
 // runFinished logs the end of a run (the session stops re-sending and
