@@ -25,7 +25,7 @@ func (d *dpFlags) register(fs *flag.FlagSet, calibrates bool) {
 	}
 	fs.Float64Var(&d.noise, "dp-noise", 0, noise)
 	fs.Float64Var(&d.delta, "dp-delta", 1e-5, "with --dp: the delta of the (epsilon, delta) guarantee")
-	fs.Float64Var(&d.budget, "dp-epsilon", 0, "with --dp: the privacy budget; the run refuses to start when one round would exceed it and stops (as at --rounds) before a round that would; 0: none")
+	fs.Float64Var(&d.budget, "dp-epsilon", 0, "with --dp: the privacy budget; the run stops (as at --rounds) before a round that would exceed it (simulate and demo refuse to start when even one round would); 0: none")
 	if calibrates {
 		fs.IntVar(&d.rounds, "dp-rounds", 0, "with --dp and --dp-epsilon but no --dp-noise: the rounds the calibrated noise must cover (0: --rounds)")
 	}
