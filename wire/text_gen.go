@@ -16,6 +16,8 @@ func (x *SketchSpec) String() string { return text(x != nil, x) }
 
 func (x *RoundAnnouncement) String() string { return text(x != nil, x) }
 
+func (x *SecAggSpec) String() string { return text(x != nil, x) }
+
 func (x *DPParams) String() string { return text(x != nil, x) }
 
 func (x *ClientStatus) String() string { return text(x != nil, x) }
@@ -29,6 +31,8 @@ func (x *Receipt) String() string { return text(x != nil, x) }
 func (x *SiteStatistics) String() string { return text(x != nil, x) }
 
 func (x *EvalReport) String() string { return text(x != nil, x) }
+
+func (x *SecAggMessage) String() string { return text(x != nil, x) }
 
 func (x *Envelope) appendText(w *textWriter) {
 	w.uint("version", uint64(x.Version))
@@ -56,6 +60,10 @@ func (x *Envelope) appendText(w *textWriter) {
 	case *Envelope_Evaluation:
 		if b != nil {
 			w.msg("evaluation", b.Evaluation != nil, b.Evaluation)
+		}
+	case *Envelope_Secagg:
+		if b != nil {
+			w.msg("secagg", b.Secagg != nil, b.Secagg)
 		}
 	}
 }
@@ -120,6 +128,19 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.bytes("bundle", x.Bundle)
 	w.uint("eval_round", uint64(x.EvalRound))
 	w.msg("dp", x.Dp != nil, x.Dp)
+	w.msg("secagg", x.Secagg != nil, x.Secagg)
+	w.bytes("secagg_broadcast", x.SecaggBroadcast)
+	w.enum("secagg_phase", int32(x.SecaggPhase), SecAggPhase_name)
+}
+
+func (x *SecAggSpec) appendText(w *textWriter) {
+	w.uint("threshold", uint64(x.Threshold))
+	w.uint("degree", uint64(x.Degree))
+	w.bytes("graph_seed", x.GraphSeed)
+	w.float("clip", x.Clip)
+	w.uint("scale_bits", uint64(x.ScaleBits))
+	w.uint("max_sites", uint64(x.MaxSites))
+	w.uint("attempt", uint64(x.Attempt))
 }
 
 func (x *DPParams) appendText(w *textWriter) {
@@ -178,6 +199,7 @@ func (x *Receipt) appendText(w *textWriter) {
 	w.enum("code", int32(x.Code), ReceiptCode_name)
 	w.uint("update_seq", x.UpdateSeq)
 	w.enum("subject", int32(x.Subject), ReceiptSubject_name)
+	w.uint("secagg_kind", uint64(x.SecaggKind))
 }
 
 func (x *SiteStatistics) appendText(w *textWriter) {
@@ -194,4 +216,14 @@ func (x *EvalReport) appendText(w *textWriter) {
 	w.uint("round", x.Round)
 	w.bytes("report", x.Report)
 	w.int("sent_at_unix_ms", x.SentAtUnixMs)
+}
+
+func (x *SecAggMessage) appendText(w *textWriter) {
+	w.str("client_id", x.ClientId)
+	w.str("run_id", x.RunId)
+	w.uint("round", x.Round)
+	w.uint("kind", uint64(x.Kind))
+	w.bytes("payload", x.Payload)
+	w.int("sent_at_unix_ms", x.SentAtUnixMs)
+	w.uint("attempt", uint64(x.Attempt))
 }
