@@ -133,6 +133,10 @@ type Config struct {
 	// (coordinator_dp.go; nil: off). It needs MaxReselections = 0, no
 	// StoreLate and no federation schema.
 	DP *dp.Config
+	// SecAgg is secure aggregation's phases (coordinator_secagg.go; nil:
+	// off). It needs a quorum of at least its threshold, no StoreLate, no
+	// federation schema and no DP.
+	SecAgg *SecAggConfig
 }
 
 // ErrConfig reports an invalid Config.
@@ -169,6 +173,9 @@ func (c Config) validate() error {
 	case c.Evaluate && !c.Statistics:
 		return fmt.Errorf("%w: Evaluate needs the statistics phase (the sites it waits for)", ErrConfig)
 	}
+	if err := c.validateSecAgg(); err != nil {
+		return err
+	}
 	return c.validateDP()
 }
 
@@ -200,7 +207,7 @@ const (
 
 // Phases lists every phase, for metrics.
 func Phases() []Phase {
-	return []Phase{PhaseWaiting, PhaseCollecting, PhaseStalled, PhaseClosing, PhaseFinished, PhaseStatistics, PhaseFitting, PhaseFinishing}
+	return []Phase{PhaseWaiting, PhaseCollecting, PhaseStalled, PhaseClosing, PhaseFinished, PhaseStatistics, PhaseFitting, PhaseFinishing, PhaseSecAgg}
 }
 
 // Event is an input to Step: ClientOnline, ClientOffline, UpdateArrived, Tick
@@ -431,7 +438,9 @@ type Counters struct {
 	Ignored        uint64            `json:"ignored"`        // malformed or out-of-place events
 	StaleStatuses  uint64            `json:"stale_statuses"` // statuses StatusStale set aside
 	StatsAccepted  uint64            `json:"stats_accepted,omitempty"`
-	EvalsAccepted  uint64            `json:"evals_accepted,omitempty"` // evaluation reports (copies included)
+	EvalsAccepted  uint64            `json:"evals_accepted,omitempty"`  // evaluation reports (copies included)
+	SecAggMessages uint64            `json:"secagg_messages,omitempty"` // secure-aggregation messages accepted
+	SecAggAborts   uint64            `json:"secagg_aborts,omitempty"`   // sessions aborted without a sum
 }
 
 func (c Counters) clone() Counters {
@@ -498,9 +507,10 @@ type Coordinator struct {
 	timer        time.Time // last SetTimer sent
 	late         int       // late updates (AcceptLate) since the last aggregation
 	counters     Counters
-	proposal     Event    // an accepted message awaiting Stored or StoreFailed (coordinator_propose.go)
-	fed          fedState // the statistics phase, evaluations, stopping rules
-	dp           dpState  // the accountant (Config.DP)
+	proposal     Event       // an accepted message awaiting Stored or StoreFailed (coordinator_propose.go)
+	fed          fedState    // the statistics phase, evaluations, stopping rules
+	dp           dpState     // the accountant (Config.DP)
+	sa           secAggState // the round's secure aggregation (Config.SecAgg)
 }
 
 // New returns a coordinator waiting to announce round 1. The waiting (for
@@ -540,6 +550,7 @@ func (c *Coordinator) resetRound(r int) {
 	c.received = map[string]bool{}
 	c.deadline = time.Time{}
 	c.extended, c.overdue = false, false
+	c.resetSecAgg()
 }
 
 // Round is the current round number (the last one once finished).
@@ -609,7 +620,13 @@ func (c *Coordinator) Step(ev Event) []Decision {
 	case Tick:
 		if c.phase == PhaseCollecting && !at.Before(c.deadline) {
 			out = c.deadlinePassed(at, out)
+		} else if c.phase == PhaseSecAgg {
+			out = c.secAggTick(at, out)
 		}
+	case SecAggArrived:
+		out = c.secAggArrived(e, at)
+	case SecAggAdvanced:
+		out = c.secAggAdvanced(e, at)
 	case AggregatedRound:
 		out = c.aggregated(e, at)
 	case EvalArrived:
@@ -763,6 +780,10 @@ func (c *Coordinator) judgeUpdate(u UpdateArrived) Decision {
 	switch {
 	case cl == nil:
 		return rej(UnknownClient)
+	case c.cfg.SecAgg != nil:
+		// Under secure aggregation a site sends secagg messages only: a
+		// plain update would reach the aggregator unmasked.
+		return rej(NotSelected)
 	case u.Round > c.round, c.phase == PhaseStatistics, c.phase == PhaseFitting:
 		return rej(FutureRound)
 	case u.Round < 1:
@@ -837,6 +858,9 @@ func (c *Coordinator) closable() bool {
 }
 
 func (c *Coordinator) close(at time.Time, out []Decision) []Decision {
+	if c.cfg.SecAgg != nil && c.phase != PhaseSecAgg {
+		return c.startSecAgg(out)
+	}
 	c.phase = PhaseClosing
 	c.closedAt = at
 	c.dpCharge()
@@ -1003,6 +1027,10 @@ func (c *Coordinator) wantTimer() time.Time {
 		}
 	case PhaseFinishing:
 		return c.deadline
+	case PhaseSecAgg:
+		if !c.sa.advancing {
+			return c.sa.deadline
+		}
 	}
 	return time.Time{}
 }
@@ -1020,6 +1048,8 @@ func (c *Coordinator) Resume() []Decision {
 		out = append(out, Announce{Round: c.round, Attempt: c.attempts - 1, Selected: slices.Clone(c.selected), Deadline: c.deadline})
 	case PhaseClosing:
 		out = append(out, c.closeDecision())
+	case PhaseSecAgg:
+		out = append(out, c.resumeSecAgg())
 	case PhaseFinished:
 		return []Decision{Finished{Rounds: c.round, At: c.closedAt}}
 	case PhaseStatistics:

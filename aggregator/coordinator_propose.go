@@ -45,9 +45,13 @@ func (c *Coordinator) Propose(ev Event) []Decision {
 		}
 	case EvalArrived:
 		d = c.judgeEval(e)
+	case SecAggArrived:
+		if c.phase != PhaseFinished && c.phase != PhaseFinishing {
+			d = c.judgeSecAgg(e)
+		}
 	}
 	switch d.(type) {
-	case Accept, AcceptLate, AcceptStatistics, AcceptEval:
+	case Accept, AcceptLate, AcceptStatistics, AcceptEval, AcceptSecAgg:
 		c.proposal = ev
 		return []Decision{d}
 	}

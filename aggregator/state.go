@@ -59,6 +59,9 @@ type State struct {
 	StopReason string  `json:"stop_reason,omitempty"`
 	// DP is the privacy accountant (Config.DP; absent without).
 	DP *DPState `json:"dp,omitempty"`
+	// SecAgg is the round's secure aggregation (Config.SecAgg; absent
+	// without).
+	SecAgg *SecAggState `json:"secagg,omitempty"`
 }
 
 // Received is one stored update of the open round.
@@ -109,6 +112,7 @@ func (c *Coordinator) Snapshot() State {
 		SinceBest:    c.fed.sinceBest,
 		StopReason:   c.fed.stopReason,
 		DP:           c.snapshotDP(),
+		SecAgg:       c.snapshotSecAgg(),
 	}
 	for id := range c.fed.evalGot {
 		s.EvalGot = append(s.EvalGot, id)
@@ -198,6 +202,9 @@ func (c *Coordinator) Restore(s State) error {
 	c.fed.evalRound, c.fed.evalDone = s.EvalRound, s.EvalDone
 	c.fed.bestLoss, c.fed.hasBest, c.fed.sinceBest = s.BestLoss, s.HasBest, s.SinceBest
 	c.fed.stopReason = s.StopReason
+	if err := c.restoreSecAgg(s.SecAgg, s.Phase); err != nil {
+		return err
+	}
 	return c.restoreDP(s.DP)
 }
 
@@ -210,7 +217,7 @@ func (s State) check() error {
 		return bad("version %d, want %d", s.Version, StateVersion)
 	}
 	switch s.Phase {
-	case PhaseWaiting, PhaseCollecting, PhaseStalled, PhaseClosing, PhaseFinished, PhaseStatistics, PhaseFitting, PhaseFinishing:
+	case PhaseWaiting, PhaseCollecting, PhaseStalled, PhaseClosing, PhaseFinished, PhaseStatistics, PhaseFitting, PhaseFinishing, PhaseSecAgg:
 	default:
 		return bad("unknown phase %q", s.Phase)
 	}
