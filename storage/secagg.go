@@ -1,0 +1,281 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Secure aggregation's records (docs/secagg.md, "Persistence"). Like the
+// federation schema's buckets (agg_fed.go), each bucket is created by its
+// first write, so a run without --secagg writes exactly the file it wrote
+// before (no migration; an older binary refuses a file holding them as
+// having an unknown bucket).
+//
+// Aggregator:
+//
+//	secagg       server = round u64 | attempt u32 | the secagg.Server state
+//	             (written at each phase advance, alone in its transaction
+//	             with the deletion of the messages it has taken in)
+//	secagg_msgs  round u64 | attempt u32 | kind u8 | client id -> the
+//	             encoded wire message as received (a site's message of the
+//	             open phase, stored before it is counted: replayed into the
+//	             server state after a restart)
+//
+// Edge:
+//
+//	secagg       state = the agent's record of its session (opaque here:
+//	             round, attempt, its quantised input and the secagg.Client
+//	             state with its private keys; a secret, like the whole file)
+var (
+	bucketSecAgg     = []byte("secagg")
+	bucketSecAggMsgs = []byte("secagg_msgs")
+
+	keySecAggServer = []byte("server")
+	keySecAggEdge   = []byte("state")
+)
+
+func init() {
+	ourBuckets = append(ourBuckets, string(bucketSecAgg), string(bucketSecAggMsgs))
+	aggSchema.layout[string(bucketSecAgg)] = []string{string(keySecAggServer)}
+	aggSchema.layout[string(bucketSecAggMsgs)] = nil
+	edgeSchema.layout[string(bucketSecAgg)] = []string{string(keySecAggEdge)}
+}
+
+// ErrConflict: a second, different message under a key that holds one.
+var ErrConflict = errors.New("storage: a different message is stored under this key")
+
+func secAggKey(round uint64, attempt uint32, kind uint8, client string) []byte {
+	k := binary.BigEndian.AppendUint64(make([]byte, 0, 13+len(client)), round)
+	k = binary.BigEndian.AppendUint32(k, attempt)
+	return append(append(k, kind), client...)
+}
+
+// SecAggRecord is one stored secure-aggregation message.
+type SecAggRecord struct {
+	Round    uint64
+	Attempt  uint32
+	Kind     uint8
+	ClientID string
+	Msg      []byte
+}
+
+// PutSecAggMessage stores a site's secure-aggregation message under
+// (round, attempt, kind, client). The same bytes again store nothing
+// (stored == false); different bytes fail with ErrConflict. One transaction.
+func (s *AggStore) PutSecAggMessage(r SecAggRecord) (stored bool, err error) {
+	if err := checkName("client id", r.ClientID); err != nil {
+		return false, err
+	}
+	if len(r.Msg) == 0 || r.Round == 0 {
+		return false, fmt.Errorf("%w: secagg message of round %d with %d bytes", ErrInvalid, r.Round, len(r.Msg))
+	}
+	k := secAggKey(r.Round, r.Attempt, r.Kind, r.ClientID)
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		b, err := mkBucket(tx, bucketSecAggMsgs)
+		if err != nil {
+			return err
+		}
+		old, err := sget(b, k, "secagg message")
+		if err != nil {
+			return err
+		}
+		if old != nil {
+			if !bytes.Equal(old, r.Msg) {
+				return ErrConflict
+			}
+			return nil
+		}
+		stored = true
+		return sput(b, k, r.Msg)
+	})
+	if err != nil {
+		return false, fmt.Errorf("storage: put secagg message %d of %q (round %d, attempt %d): %w", r.Kind, r.ClientID, r.Round, r.Attempt, err)
+	}
+	return stored, nil
+}
+
+// SecAggMessages returns the stored messages of (round, attempt) in key
+// order (kind, then client id). A read transaction.
+func (s *AggStore) SecAggMessages(round uint64, attempt uint32) ([]SecAggRecord, error) {
+	var out []SecAggRecord
+	prefix := secAggKey(round, attempt, 0, "")[:12]
+	err := s.viewWritten(bucketSecAggMsgs, func(b *bolt.Bucket) error {
+		return sforEach(b, "secagg_msgs", func(k, v []byte) error {
+			if len(k) < 14 {
+				return fmt.Errorf("%w: secagg message key of %d bytes", ErrCorrupt, len(k))
+			}
+			if bytes.HasPrefix(k, prefix) {
+				out = append(out, SecAggRecord{Round: round, Attempt: attempt, Kind: k[12], ClientID: string(k[13:]), Msg: bytes.Clone(v)})
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("storage: secagg messages: %w", err)
+	}
+	return out, nil
+}
+
+// PutSecAggServer stores the server state of session (round, attempt) and,
+// in the same transaction, deletes every stored message it has taken in:
+// those of other sessions and those of this one with a kind below
+// keepFromKind. One transaction.
+func (s *AggStore) PutSecAggServer(round uint64, attempt uint32, state []byte, keepFromKind uint8) error {
+	if len(state) == 0 || round == 0 {
+		return fmt.Errorf("storage: put secagg server: %w: round %d, %d bytes", ErrInvalid, round, len(state))
+	}
+	v := binary.BigEndian.AppendUint64(make([]byte, 0, 12+len(state)), round)
+	v = binary.BigEndian.AppendUint32(v, attempt)
+	v = append(v, state...)
+	prefix := secAggKey(round, attempt, 0, "")[:12]
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b, err := mkBucket(tx, bucketSecAgg)
+		if err != nil {
+			return err
+		}
+		if err := sput(b, keySecAggServer, v); err != nil {
+			return err
+		}
+		mb, _ := optBucket(tx, bucketSecAggMsgs)
+		if mb == nil {
+			return nil
+		}
+		var del [][]byte
+		if err := mb.ForEach(func(k, _ []byte) error {
+			if !bytes.HasPrefix(k, prefix) || len(k) < 13 || k[12] < keepFromKind {
+				del = append(del, bytes.Clone(k))
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, k := range del {
+			if err := mb.Delete(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("storage: put secagg server: %w", err)
+	}
+	return nil
+}
+
+// SecAggServer returns the stored server state and its session, or
+// ErrNotFound. A read transaction.
+func (s *AggStore) SecAggServer() (round uint64, attempt uint32, state []byte, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		b, _ := optBucket(tx, bucketSecAgg)
+		if b == nil {
+			return fmt.Errorf("%w: secagg server state", ErrNotFound)
+		}
+		v, err := sget(b, keySecAggServer, "secagg/server")
+		if err != nil {
+			return err
+		}
+		if v == nil {
+			return fmt.Errorf("%w: secagg server state", ErrNotFound)
+		}
+		if len(v) <= 12 {
+			return fmt.Errorf("%w: secagg server state of %d bytes", ErrCorrupt, len(v))
+		}
+		round, attempt = binary.BigEndian.Uint64(v), binary.BigEndian.Uint32(v[8:])
+		state = bytes.Clone(v[12:])
+		return nil
+	})
+	return round, attempt, state, err
+}
+
+// SetSecAgg stores the agent's secure-aggregation record together with the
+// outbox entry of round (the message it sends next) in one transaction:
+// commit, then publish. round must be the applied round (Commit wrote the
+// round's first record and message). A nil msg leaves the outbox as it is.
+func (s *EdgeStore) SetSecAgg(round uint64, rec, msg []byte) error {
+	if len(rec) == 0 {
+		return fmt.Errorf("storage: set secagg: %w: empty record", ErrInvalid)
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		eb, err := bucket(tx, bucketEdge)
+		if err != nil {
+			return err
+		}
+		applied, err := getU64(eb, keyAppliedRound)
+		if err != nil {
+			return err
+		}
+		if round != applied {
+			return fmt.Errorf("%w: secagg record of round %d, the applied round is %d", ErrStale, round, applied)
+		}
+		b, err := mkBucket(tx, bucketSecAgg)
+		if err != nil {
+			return err
+		}
+		if err := sput(b, keySecAggEdge, rec); err != nil {
+			return err
+		}
+		if msg == nil {
+			return nil
+		}
+		out, err := bucket(tx, bucketOutbox)
+		if err != nil {
+			return err
+		}
+		return sput(out, encodeU64(round), msg)
+	})
+	if err != nil {
+		return fmt.Errorf("storage: set secagg: %w", err)
+	}
+	return nil
+}
+
+// SecAgg returns the agent's secure-aggregation record, or ErrNotFound. A
+// read transaction.
+func (s *EdgeStore) SecAgg() ([]byte, error) {
+	var out []byte
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b, _ := optBucket(tx, bucketSecAgg)
+		if b == nil {
+			return fmt.Errorf("%w: secagg record", ErrNotFound)
+		}
+		v, err := sget(b, keySecAggEdge, "secagg/state")
+		if err != nil {
+			return err
+		}
+		if v == nil {
+			return fmt.Errorf("%w: secagg record", ErrNotFound)
+		}
+		out = bytes.Clone(v)
+		return nil
+	})
+	return out, err
+}
+
+// AckIf removes the outbox entry of round if match says it is the one a
+// receipt answers (a receipt of an earlier secagg message of the round must
+// not remove the next one's entry), and reports whether it did. One
+// transaction.
+func (s *EdgeStore) AckIf(round uint64, match func(msg []byte) bool) (bool, error) {
+	found := false
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketOutbox)
+		if err != nil {
+			return err
+		}
+		k := encodeU64(round)
+		v, err := sget(b, k, "outbox entry")
+		if err != nil || v == nil || !match(v) {
+			return err
+		}
+		found = true
+		return b.Delete(k)
+	})
+	if err != nil {
+		return false, fmt.Errorf("storage: ack round %d: %w", round, err)
+	}
+	return found, nil
+}
