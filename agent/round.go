@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -15,6 +16,7 @@ import (
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/secagg"
 	"github.com/edgefl/edgefl/sitedata"
 	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
@@ -80,6 +82,10 @@ const (
 	// ActionIgnored: an announcement of a run whose end this site has
 	// handled (the Agent drops it without calling Handle).
 	ActionIgnored
+	// ActionSecAgg: under secure aggregation, the site's message of the
+	// session's phase (Result.SecAggKind) is committed as the round's
+	// outbox entry; publish Msg (agent/secagg.go).
+	ActionSecAgg
 )
 
 func (a Action) String() string {
@@ -102,6 +108,8 @@ func (a Action) String() string {
 		return "finished"
 	case ActionIgnored:
 		return "ignored"
+	case ActionSecAgg:
+		return "secagg"
 	}
 	return fmt.Sprintf("Action(%d)", int(a))
 }
@@ -135,6 +143,9 @@ type Result struct {
 	Healthy bool
 	// Final is the final bundle stored (ActionFinished with a schema).
 	Final *storage.Final
+	// SecAggKind is the kind of the secagg message in Msg (ActionSecAgg,
+	// and ActionResend of a ShareKeys in the masked phase).
+	SecAggKind secagg.Kind
 }
 
 // RoundHandler runs the edge side of a round over an EdgeStore, without any
@@ -173,6 +184,11 @@ type RoundHandler struct {
 	// this site's statistics or evaluation report of (run, round):
 	// Handle then neither computes nor emits it again.
 	Receipted func(subject wire.ReceiptSubject, runID string, round uint64) bool
+	// SecAggRand, when set, is the randomness of round's secure
+	// aggregation (keys, shares, stochastic rounding) instead of
+	// crypto/rand: for the test that compares a live run with simulate
+	// (sim/live_test.go), never for a deployment.
+	SecAggRand func(round uint64) io.Reader
 
 	site siteCache
 }
@@ -276,7 +292,16 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 		return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
 	}
 	if r <= applied {
+		if ann.Secagg != nil {
+			return h.secAggPhase(ann, res)
+		}
 		return h.resend(res)
+	}
+	if ann.Secagg != nil && ann.SecaggPhase != wire.SecAggPhase_SECAGG_PHASE_ADVERTISE {
+		// The session's keys were advertised without this site: it
+		// cannot join until the next round (or session).
+		res.Action = ActionDone
+		return res, nil
 	}
 
 	p, err := h.prepare(ann, d)
@@ -297,6 +322,10 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 	}
 	if ctx.Err() != nil && !errors.Is(context.Cause(ctx), ErrPreempted) {
 		return res, fmt.Errorf("agent: round %d aborted, nothing committed: %w", r, context.Cause(ctx))
+	}
+	if ann.Secagg != nil {
+		res.Report = rep
+		return h.secAggCommit(ann, p, sent, res)
 	}
 
 	up, err := h.uplink(p, sent)
@@ -462,6 +491,9 @@ func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement, d model.Data) (*prep
 		return nil, bad(r, "%v", err)
 	}
 	if p.clip, err = dpClip(ann, p.split); err != nil {
+		return nil, bad(r, "%v", err)
+	}
+	if err := secAggRefusals(ann, p.split); err != nil {
 		return nil, bad(r, "%v", err)
 	}
 	if p.split {

@@ -28,6 +28,7 @@ type sessionStore interface {
 	Outbox() ([]storage.OutboxEntry, error)
 	Ack(round uint64) (bool, error)
 	AckRejected(round uint64) (bool, error)
+	AckIf(round uint64, match func(msg []byte) bool) (bool, error)
 }
 
 // pendingKey names a message re-sent until the aggregator receipts it: an
@@ -55,6 +56,9 @@ type session struct {
 	// pending is the newest announcement waiting for the solver; solving
 	// the one being handled (nil when idle).
 	pending, solving *wire.RoundAnnouncement
+	// shareList is the newest secure-aggregation ShareList waiting for
+	// the solver (agent/secagg.go).
+	shareList *wire.SecAggMessage
 	// finished: the run finishedRun has ended and its end was handled;
 	// announcements of that run are ignored until another run's arrives.
 	finished    bool
@@ -122,17 +126,27 @@ type (
 	}
 	// closed: the agent is shutting down.
 	closed struct{}
+	// shareListArrived: the aggregator's secagg ShareList for this site.
+	shareListArrived struct{ msg *wire.SecAggMessage }
+	// shareListDone: RoundHandler.HandleShareList returned for msg.
+	shareListDone struct {
+		msg *wire.SecAggMessage
+		res Result
+		err error
+	}
 )
 
-func (announced) sessionEvent()      {}
-func (idle) sessionEvent()           {}
-func (solveDone) sessionEvent()      {}
-func (receiptArrived) sessionEvent() {}
-func (timerFired) sessionEvent()     {}
-func (connected) sessionEvent()      {}
-func (emitted) sessionEvent()        {}
-func (finalRestored) sessionEvent()  {}
-func (closed) sessionEvent()         {}
+func (announced) sessionEvent()        {}
+func (idle) sessionEvent()             {}
+func (solveDone) sessionEvent()        {}
+func (receiptArrived) sessionEvent()   {}
+func (timerFired) sessionEvent()       {}
+func (connected) sessionEvent()        {}
+func (emitted) sessionEvent()          {}
+func (finalRestored) sessionEvent()    {}
+func (closed) sessionEvent()           {}
+func (shareListArrived) sessionEvent() {}
+func (shareListDone) sessionEvent()    {}
 
 // actionKind says what an action asks of the shell.
 type actionKind int
@@ -152,6 +166,8 @@ const (
 	actSiteError                              // the site error is se (same: unchanged)
 	actSiteErrorCleared                       // the site error se is over
 	actFinished                               // the run of ann ended (res)
+	actStartShareList                         // hand msg (a secagg ShareList) to RoundHandler.HandleShareList
+	actShareListDone                          // a handled ShareList: log and count (res, err)
 )
 
 // why says why an update or uplink is published.
@@ -208,6 +224,7 @@ type action struct {
 	err     error
 	se      *sitedata.SiteError
 	same    bool
+	share   *wire.SecAggMessage
 }
 
 // step applies ev and returns the actions it decides.
@@ -220,10 +237,25 @@ func (s *session) step(ev sessionEvent) []action {
 	case solveDone:
 		return s.solveDone(ev)
 	case receiptArrived:
-		if ev.r.GetSubject() != wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE {
-			return s.uplinkReceipt(ev.r)
+		switch ev.r.GetSubject() {
+		case wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE:
+			return s.updateReceipt(ev.r)
+		case wire.ReceiptSubject_RECEIPT_SUBJECT_SECAGG:
+			return s.secAggReceipt(ev.r)
 		}
-		return s.updateReceipt(ev.r)
+		return s.uplinkReceipt(ev.r)
+	case shareListArrived:
+		if s.closing {
+			return nil
+		}
+		s.shareList = ev.msg
+		return []action{{kind: actWake}}
+	case shareListDone:
+		acts := []action{{kind: actShareListDone, share: ev.msg, res: ev.res, err: ev.err}}
+		if ev.err == nil && (ev.res.Action == ActionSecAgg || ev.res.Action == ActionResend) {
+			acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ev.msg.Round), msg: ev.res.Msg, why: sendFirst})
+		}
+		return acts
 	case timerFired:
 		return s.timerFired(ev.key, ev.gen)
 	case connected:
@@ -290,6 +322,10 @@ func (s *session) announced(ann *wire.RoundAnnouncement) []action {
 func (s *session) take() []action {
 	ann := s.pending
 	if ann == nil {
+		if sl := s.shareList; sl != nil {
+			s.shareList = nil
+			return []action{{kind: actStartShareList, share: sl}}
+		}
 		return nil
 	}
 	s.pending, s.solving = nil, ann
@@ -337,6 +373,8 @@ func (s *session) solveDone(ev solveDone) []action {
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendFirst})
 	case res.Action == ActionResend:
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendAgain})
+	case res.Action == ActionSecAgg:
+		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendFirst})
 	case res.Action == ActionFinished:
 		s.finished, s.finishedRun = true, ann.RunId
 		acts = s.dropUplinks(acts, func(string) bool { return true })
@@ -388,6 +426,30 @@ func (s *session) updateReceipt(r *wire.Receipt) []action {
 		}
 		return append(acts, action{kind: actReceipt, receipt: r, outcome: receiptRejected})
 	}
+}
+
+// secAggReceipt: a receipt of a secure-aggregation message removes the
+// round's outbox entry only if the entry is the message it answers (the
+// entry holds the session's latest message; a late receipt of an earlier
+// one must not drop it); INTERNAL re-sends the entry after a backoff, as
+// for an update.
+func (s *session) secAggReceipt(r *wire.Receipt) []action {
+	if r.Code == wire.ReceiptCode_RECEIPT_CODE_INTERNAL && !r.Accepted {
+		return s.updateReceipt(r)
+	}
+	had, err := s.store.AckIf(r.Round, func(msg []byte) bool { return secAggKindOf(msg) == r.SecaggKind })
+	if err != nil {
+		return []action{{kind: actStoreFailed, what: "ack secagg receipt", err: err}}
+	}
+	var acts []action
+	if had {
+		acts = s.cancelRetry(r.Round)
+	}
+	outcome := receiptAccepted
+	if !r.Accepted {
+		outcome = receiptRejected
+	}
+	return append(acts, action{kind: actReceipt, receipt: r, outcome: outcome, had: had})
 }
 
 // uplinkReceipt: accepted (stored or duplicate) ends a statistics or

@@ -46,6 +46,18 @@ func (m *memStore) Ack(round uint64) (bool, error) {
 	return had, nil
 }
 
+func (m *memStore) AckIf(round uint64, match func([]byte) bool) (bool, error) {
+	if m.err != nil {
+		return false, m.err
+	}
+	msg, had := m.outbox[round]
+	if !had || !match(msg) {
+		return false, nil
+	}
+	delete(m.outbox, round)
+	return true, nil
+}
+
 func (m *memStore) AckRejected(round uint64) (bool, error) {
 	had, err := m.Ack(round)
 	if err == nil {

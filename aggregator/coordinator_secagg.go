@@ -351,7 +351,7 @@ func (c *Coordinator) secAggAdvanced(e SecAggAdvanced, at time.Time) []Decision 
 		// The sum over U3 is known: U3 are the round's contributors.
 		received := make(map[string]bool, len(next))
 		for _, id := range next {
-			if cl := c.clients[id]; cl != nil && hasKey(c.received, id) {
+			if cl := c.clients[id]; cl != nil && c.invited[id] {
 				received[id] = false
 				c.stored(cl, UpdateArrived{Client: id, Round: c.round, Loss: math.NaN()})
 			}

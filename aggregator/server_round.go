@@ -54,6 +54,9 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 	if !isSplit(s.fam) {
 		a.Aggregator = s.aggSpec
 	}
+	if attempt, _, ok := s.coord.SecAggSession(); ok {
+		a.Secagg = s.secAggSpec(attempt)
+	}
 	if s.fit != nil {
 		a.Schema, a.Transform = s.schemaJSON, s.fit.Transform
 		if s.coord.EvalAt(round) {
@@ -194,6 +197,9 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
 	if s.cfg.DP != nil {
 		return s.privateAggregate(cr)
+	}
+	if s.cfg.SecAgg != nil {
+		return s.secAggAggregate(cr)
 	}
 	out := make([]float64, s.dim)
 	if isSplit(s.fam) {

@@ -19,6 +19,7 @@ import (
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/secagg"
 	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/uplink"
 )
@@ -131,6 +132,7 @@ type env struct {
 	cands     []aggregate.Candidate
 	stragKeep int // selected clients per round that do full work
 	sites     *siteSet
+	sq        *secagg.Quantizer // --secagg's quantiser (nil: off)
 }
 
 // Run executes the simulation. Progress lines go to progress (may be nil).
@@ -155,6 +157,10 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		return nil, err
 	}
 	e := &env{cfg: cfg, fed: fed, sites: sites}
+	if e.sq, err = secAggQuantizer(&cfg); err != nil {
+		return nil, err
+	}
+	e.cfg = cfg
 	if sites != nil {
 		if e.spec, err = sites.modelSpec(cfg); err != nil {
 			return nil, err
@@ -350,6 +356,7 @@ type job struct {
 type outcome struct {
 	params []float64     // w_k, or FedSplit's new z_j (the client's exact state)
 	frame  *uplink.Frame // the encoded uplink update (nil without a codec)
+	input  []uint32      // --secagg: the quantised update, the secure sum's input
 	rep    proxsolver.Report
 	err    error
 }
@@ -497,9 +504,12 @@ func (e *env) round(ctx context.Context, s *algoState, t int) (Round, bool, erro
 	if err != nil {
 		return row, false, err
 	}
-	if s.acc != nil {
+	switch {
+	case e.sq != nil:
+		err = e.secAggStep(s, t, jobs, outs, &row)
+	case s.acc != nil:
 		err = s.privateStep(e.cfg.DP, t, len(jobs), cs, &row)
-	} else {
+	default:
 		err = s.serverStep(t, len(e.fed.Clients), ups, &row)
 	}
 	if err != nil {
@@ -760,7 +770,9 @@ func (e *env) solveAll(ctx context.Context, a Algo, sp split.Params, workers []*
 						o.params[k] = x[k] + cfg.FaultyScale*(v-x[k])
 					}
 				}
-				if wk.codec != nil && o.err == nil && o.params != nil {
+				if e.sq != nil && o.err == nil && o.params != nil {
+					o.input, o.err = uplink.SecAggInput(*e.sq, o.params, x, e.secAggRand(jobs[i].client, t))
+				} else if wk.codec != nil && o.err == nil && o.params != nil {
 					var f uplink.Frame
 					u := uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x, Residual: residual[c], Copy: zServer[c]}
 					if cfg.DP != nil {

@@ -20,6 +20,7 @@ import (
 type simulateFlags struct {
 	bundleOut, aggs, algos, out string
 	dp                          dpFlags
+	secagg                      secAggFlags
 }
 
 func simulateFlagSet(stderr io.Writer) (*flag.FlagSet, *sim.Config, *simulateFlags) {
@@ -80,6 +81,7 @@ flags:
 	fs.BoolVar(&cfg.SaveModels, "save-models", false, "also write DIR/<algo>-model.json with each final model")
 	o.dp.register(fs, true)
 	fs.Uint64Var(&cfg.DPNoiseSeed, "dp-noise-seed", 0, "with --dp: the seed of the noise key (dp.TestKey: reproducible and public, for simulation only; 0: --seed)")
+	o.secagg.register(fs, false)
 	fs.IntVar(&cfg.Workers, "workers", 0, "clients solved in parallel (default: GOMAXPROCS); results do not depend on it")
 	return fs, &cfg, o
 }
@@ -145,8 +147,13 @@ func (o *simulateFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 	if cfg.Clients > 0 {
 		q = float64(cfg.PerRound) / float64(cfg.Clients)
 	}
-	cfg.DP, err = o.dp.config(q, cfg.Rounds)
-	return err
+	if cfg.DP, err = o.dp.config(q, cfg.Rounds); err != nil {
+		return err
+	}
+	if o.secagg.on {
+		cfg.SecAgg = &sim.SecAgg{Clip: o.secagg.clip, ScaleBits: o.secagg.scaleBits}
+	}
+	return nil
 }
 
 // write writes the results, the bundles of --bundle-out, the models of

@@ -20,6 +20,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -105,6 +106,9 @@ type AgentsConfig struct {
 	// NewClock gives each agent its clock (nil: the wall clock).
 	NewClock func() clock.Clock
 	Logger   *slog.Logger
+	// SecAggRand, when set, is each site's secure-aggregation randomness
+	// instead of crypto/rand (agent.Deps.SecAggRand): tests only.
+	SecAggRand func(site string, round uint64) io.Reader
 }
 
 // Agents are running edge agents.
@@ -133,6 +137,10 @@ func StartAgents(ctx context.Context, c AgentsConfig) (*Agents, error) {
 		cfg.ReconnectMax = c.ReconnectMax
 		cfg.Data, cfg.ModelOut = s.Source, s.ModelOut
 		deps := agent.Deps{Data: s.Data, Logger: c.Logger}
+		if f := c.SecAggRand; f != nil {
+			id := s.ID
+			deps.SecAggRand = func(round uint64) io.Reader { return f(id, round) }
+		}
 		if c.NewClock != nil {
 			deps.Clock = c.NewClock()
 		}
@@ -195,6 +203,8 @@ type Config struct {
 	// NewClock gives each agent its clock (nil: the wall clock).
 	NewClock func() clock.Clock
 	Logger   *slog.Logger
+	// SecAggRand is the agents' (AgentsConfig's).
+	SecAggRand func(site string, round uint64) io.Reader
 }
 
 // Federation is a running local federation.
@@ -258,7 +268,7 @@ func Start(ctx context.Context, c Config) (*Federation, error) {
 	}
 	f.agents, err = StartAgents(ctx, AgentsConfig{Federation: c.Federation, Brokers: []string{brk.URL()}, Passwords: pw,
 		Dir: c.Dir, Sites: c.Sites, Seed: c.Seed, ReconnectMin: c.ReconnectMin, ReconnectMax: c.ReconnectMax,
-		NewClock: c.NewClock, Logger: c.Logger})
+		NewClock: c.NewClock, Logger: c.Logger, SecAggRand: c.SecAggRand})
 	if err != nil {
 		f.cancel()
 		<-f.srvDone

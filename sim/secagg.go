@@ -1,0 +1,87 @@
+package sim
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/edgefl/edgefl/internal/streams"
+	"github.com/edgefl/edgefl/secagg"
+	"github.com/edgefl/edgefl/uplink"
+)
+
+// Secure aggregation in simulate (Config.SecAgg): what the daemons compute
+// (docs/secagg.md, "Aggregation"). Each participating client's input is its
+// update quantised by uplink.SecAggInput, the aggregator's unmasked sum is
+// exactly the ring sum of the inputs (the pairwise and self masks cancel in
+// Z_2^32; secagg's TestExactSumWithDropouts), and the next global model is
+// uplink.SecAggMean of that sum: the same function of the same integers as
+// the aggregator's, so a live federation whose sites draw their rounding
+// from the same streams ends each round with the same model bit for bit
+// (TestSimMatchesLive). The protocol's messages are not simulated.
+
+// secAggQuantizer is the run's quantiser (nil without --secagg); a zero
+// ScaleBits becomes the finest that cannot wrap, as the aggregator's.
+func secAggQuantizer(cfg *Config) (*secagg.Quantizer, error) {
+	sa := cfg.SecAgg
+	if sa == nil {
+		return nil, nil
+	}
+	if sa.ScaleBits == 0 {
+		sb, err := uplink.SecAggScaleBits(sa.Clip, cfg.PerRound)
+		if err != nil {
+			return nil, fmt.Errorf("--secagg: %w", err)
+		}
+		c := *sa
+		c.ScaleBits, cfg.SecAgg = sb, &c
+		sa = &c
+	}
+	q, err := secagg.NewQuantizer(sa.Clip, sa.ScaleBits, cfg.PerRound)
+	if err != nil {
+		return nil, fmt.Errorf("--secagg: %w", err)
+	}
+	return &q, nil
+}
+
+// secAggRand is client's stochastic rounding in round t: the run's SecAgg
+// stream (a site draws from crypto/rand; the live test gives both the same
+// stream).
+func (e *env) secAggRand(client, t int) io.Reader {
+	if f := e.cfg.secAggRand; f != nil {
+		return f(e.fed.Clients[client].ID, client, t)
+	}
+	return streams.Reader(streams.Of(e.cfg.Seed, streams.SecAgg, t, client))
+}
+
+// secAggStep is round t's server step under --secagg: the uniform mean of
+// the ring sum of the participants' inputs.
+func (e *env) secAggStep(s *algoState, t int, jobs []job, outs []outcome, row *Round) error {
+	var inputs [][]uint32
+	var trace map[string][]uint32
+	if e.cfg.traceSecAgg != nil {
+		trace = map[string][]uint32{}
+	}
+	for i, j := range jobs {
+		if outs[i].input == nil {
+			continue
+		}
+		inputs = append(inputs, outs[i].input)
+		if trace != nil {
+			trace[e.fed.Clients[j.client].ID] = outs[i].input
+		}
+	}
+	// A masked input costs 4 bytes per parameter, as fp32 (the protocol's
+	// keys and shares are not counted here).
+	row.BytesUp = int64(4 * len(s.x) * len(inputs))
+	if trace != nil {
+		e.cfg.traceSecAgg(s.a.Label, t, trace)
+	}
+	if len(inputs) == 0 {
+		return nil
+	}
+	next, err := uplink.SecAggMean(*e.sq, s.x, uplink.SecAggPlainSum(inputs, len(s.x)), len(inputs))
+	if err != nil {
+		return fmt.Errorf("round %d: %w", t, err)
+	}
+	s.x = next
+	return nil
+}
