@@ -136,15 +136,16 @@ type (
 	}
 )
 
-func (announced) sessionEvent()        {}
-func (idle) sessionEvent()             {}
-func (solveDone) sessionEvent()        {}
-func (receiptArrived) sessionEvent()   {}
-func (timerFired) sessionEvent()       {}
-func (connected) sessionEvent()        {}
-func (emitted) sessionEvent()          {}
-func (finalRestored) sessionEvent()    {}
-func (closed) sessionEvent()           {}
+func (announced) sessionEvent()      {}
+func (idle) sessionEvent()           {}
+func (solveDone) sessionEvent()      {}
+func (receiptArrived) sessionEvent() {}
+func (timerFired) sessionEvent()     {}
+func (connected) sessionEvent()      {}
+func (emitted) sessionEvent()        {}
+func (finalRestored) sessionEvent()  {}
+func (closed) sessionEvent()         {}
+
 func (shareListArrived) sessionEvent() {}
 func (shareListDone) sessionEvent()    {}
 
