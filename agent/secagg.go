@@ -371,3 +371,19 @@ func secAggRefusals(ann *wire.RoundAnnouncement, split bool) error {
 	}
 	return nil
 }
+
+// SecAggSession reads the secure-aggregation session stored in a site's
+// state file: its round, attempt and quantised input (for tests and
+// inspection; the client state with the site's keys is not returned).
+// ErrNotFound (storage's) when the site has none.
+func SecAggSession(s *storage.EdgeStore) (round uint64, attempt uint32, input []uint32, err error) {
+	b, err := s.SecAgg()
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	rec, err := unmarshalSecAggRecord(b)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	return rec.round, rec.attempt, rec.input, nil
+}
