@@ -70,6 +70,10 @@ type Event struct {
 	Err      error  // EventRound, EventBadMessage, EventSiteError
 	// Subject is what an EventReceipt or EventUplink is about.
 	Subject wire.ReceiptSubject
+	// SecAggKind is the secagg kind an EventReceipt of subject SECAGG
+	// answers, or the kind of the message an EventRound (ActionSecAgg)
+	// committed.
+	SecAggKind uint32
 }
 
 // Stats are the agent's counters since New.
@@ -413,7 +417,7 @@ func (a *Agent) loop(ctx context.Context) {
 		if share != nil {
 			res, err := a.handler.HandleShareList(share)
 			a.step(shareListDone{msg: share, res: res, err: err})
-			a.observe(Event{Kind: EventRound, Round: share.Round, Action: res.Action, Err: err})
+			a.observe(Event{Kind: EventRound, Round: share.Round, Action: res.Action, Err: err, SecAggKind: uint32(res.SecAggKind)})
 			a.wakeUp() // an announcement may wait
 			continue
 		}
@@ -430,7 +434,7 @@ func (a *Agent) loop(ctx context.Context) {
 		if n := int64(res.SampleCount); n > 0 && a.samples.Swap(n) != n {
 			a.publishStatus()
 		}
-		a.observe(Event{Kind: EventRound, Round: ann.Round, Action: res.Action, Err: err})
+		a.observe(Event{Kind: EventRound, Round: ann.Round, Action: res.Action, Err: err, SecAggKind: uint32(res.SecAggKind)})
 	}
 }
 
@@ -915,5 +919,5 @@ func (a *Agent) receiptDone(act action) {
 		a.stats.receiptsRejected.Add(1)
 		lg.Warn(what+" rejected by the aggregator; dropped", "reason", r.Reason)
 	}
-	a.observe(Event{Kind: EventReceipt, Subject: r.GetSubject(), Round: r.Round, Accepted: r.Accepted})
+	a.observe(Event{Kind: EventReceipt, Subject: r.GetSubject(), Round: r.Round, Accepted: r.Accepted, SecAggKind: r.SecaggKind})
 }

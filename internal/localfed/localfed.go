@@ -109,11 +109,15 @@ type AgentsConfig struct {
 	// SecAggRand, when set, is each site's secure-aggregation randomness
 	// instead of crypto/rand (agent.Deps.SecAggRand): tests only.
 	SecAggRand func(site string, round uint64) io.Reader
+	// Observe, when set, sees each site's agent events
+	// (agent.Deps.Observe); it must not block.
+	Observe func(site string, ev agent.Event)
 }
 
 // Agents are running edge agents.
 type Agents struct {
 	cancel context.CancelFunc
+	stops  map[string]context.CancelFunc // each site's own
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	err    error
@@ -123,7 +127,7 @@ type Agents struct {
 // cannot be made, the ones started are stopped and the error returned.
 func StartAgents(ctx context.Context, c AgentsConfig) (*Agents, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	as := &Agents{cancel: cancel}
+	as := &Agents{cancel: cancel, stops: map[string]context.CancelFunc{}}
 	for i, s := range c.Sites {
 		cfg := agent.DefaultConfig()
 		cfg.SiteID, cfg.Federation, cfg.Brokers = s.ID, c.Federation, c.Brokers
@@ -141,6 +145,10 @@ func StartAgents(ctx context.Context, c AgentsConfig) (*Agents, error) {
 			id := s.ID
 			deps.SecAggRand = func(round uint64) io.Reader { return f(id, round) }
 		}
+		if f := c.Observe; f != nil {
+			id := s.ID
+			deps.Observe = func(ev agent.Event) { f(id, ev) }
+		}
 		if c.NewClock != nil {
 			deps.Clock = c.NewClock()
 		}
@@ -148,10 +156,15 @@ func StartAgents(ctx context.Context, c AgentsConfig) (*Agents, error) {
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("agent %s: %w", s.ID, err), as.Stop())
 		}
+		siteCtx, stop := context.WithCancel(ctx)
+		as.mu.Lock()
+		as.stops[s.ID] = stop
+		as.mu.Unlock()
 		as.wg.Add(1)
 		go func() {
 			defer as.wg.Done()
-			if err := a.Run(ctx); err != nil {
+			defer stop()
+			if err := a.Run(siteCtx); err != nil {
 				as.fail(fmt.Errorf("agent %s: %w", s.ID, err))
 			}
 		}()
@@ -172,6 +185,18 @@ func (as *Agents) Err() error {
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	return as.err
+}
+
+// StopSite stops one site's agent (as at shutdown: its offline status
+// goes out) without waiting for it; an unknown id does nothing. Safe from
+// an Observe callback.
+func (as *Agents) StopSite(id string) {
+	as.mu.Lock()
+	stop := as.stops[id]
+	as.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }
 
 // Stop stops every agent, waits for them, and returns the first error one
@@ -203,8 +228,9 @@ type Config struct {
 	// NewClock gives each agent its clock (nil: the wall clock).
 	NewClock func() clock.Clock
 	Logger   *slog.Logger
-	// SecAggRand is the agents' (AgentsConfig's).
+	// SecAggRand and Observe are the agents' (AgentsConfig's).
 	SecAggRand func(site string, round uint64) io.Reader
+	Observe    func(site string, ev agent.Event)
 }
 
 // Federation is a running local federation.
@@ -268,7 +294,7 @@ func Start(ctx context.Context, c Config) (*Federation, error) {
 	}
 	f.agents, err = StartAgents(ctx, AgentsConfig{Federation: c.Federation, Brokers: []string{brk.URL()}, Passwords: pw,
 		Dir: c.Dir, Sites: c.Sites, Seed: c.Seed, ReconnectMin: c.ReconnectMin, ReconnectMax: c.ReconnectMax,
-		NewClock: c.NewClock, Logger: c.Logger, SecAggRand: c.SecAggRand})
+		NewClock: c.NewClock, Logger: c.Logger, SecAggRand: c.SecAggRand, Observe: c.Observe})
 	if err != nil {
 		f.cancel()
 		<-f.srvDone
@@ -316,3 +342,6 @@ func (f *Federation) Stop() error {
 	}
 	return errors.Join(err, f.Broker.Close())
 }
+
+// StopSite stops one site's agent (Agents.StopSite).
+func (f *Federation) StopSite(id string) { f.agents.StopSite(id) }

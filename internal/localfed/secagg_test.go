@@ -2,9 +2,20 @@ package localfed
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"math"
+	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/edgefl/edgefl/agent"
+	"github.com/edgefl/edgefl/secagg"
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/uplink"
+	"github.com/edgefl/edgefl/wire"
 
 	"github.com/edgefl/edgefl/aggregator"
 	"github.com/edgefl/edgefl/dataset"
@@ -63,5 +74,134 @@ func TestSecAggFederationRuns(t *testing.T) {
 				t.Fatalf("finished %v after %d rounds", finished, rounds)
 			}
 		})
+	}
+}
+
+// TestSecAggDropouts is the daemon-level exactness test over MQTT: with K
+// sites and one of them stopped after the aggregator stored its message of
+// each phase in turn (or none), the round's model is exactly the uniform
+// mean of the plain ring sum of the contributors' inputs (as the sites
+// stored them), and the contributors are the sites whose masked input the
+// sum holds: a site gone after its advertisement or its key shares is not
+// among them, one gone after its masked input is (its self mask is
+// reconstructed from the others' shares).
+func TestSecAggDropouts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs federations over MQTT")
+	}
+	for _, k := range []int{3, 5} {
+		for _, drop := range []uint32{0, wire.SecAggKindAdvertiseKeys, wire.SecAggKindShareKeys, wire.SecAggKindMaskedInput} {
+			t.Run(fmt.Sprintf("K=%d/drop-after-kind-%d", k, drop), func(t *testing.T) { testSecAggDropout(t, k, drop) })
+		}
+	}
+}
+
+func testSecAggDropout(t *testing.T, k int, drop uint32) {
+	src, err := dataset.ParseSource("synthetic:1,1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fed, err := dataset.Build(src, dataset.Partition{Kind: dataset.PartNatural}, dataset.BuildOptions{Clients: k, Seed: 2, SyntheticMaxSamples: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := SiteIDs(k, 0)
+	sites := make([]Site, len(ids))
+	for i, id := range ids {
+		data := fed.Clients[i].Train
+		sites[i] = Site{ID: id, Data: &data}
+	}
+	var logs testkit.SyncBuffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("log:\n%s", logs.String())
+		}
+	})
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	victim := ids[k-1]
+	stopIt := make(chan string, 1)
+	var mu sync.Mutex
+	var report aggregator.RoundReport
+	dir := t.TempDir()
+	const clip = 0.5
+	lf, err := Start(ctx, Config{Dir: dir, Sites: sites, Seed: 1, Logger: log,
+		Observe: func(site string, ev agent.Event) {
+			if drop != 0 && site == victim && ev.Kind == agent.EventReceipt && ev.Subject == wire.ReceiptSubject_RECEIPT_SUBJECT_SECAGG &&
+				ev.Accepted && ev.SecAggKind == drop {
+				select {
+				case stopIt <- site:
+				default:
+				}
+			}
+		},
+		Server: aggregator.ServerConfig{K: k, QuorumFraction: 1, RoundTimeout: 30 * time.Second, Settle: 50 * time.Millisecond,
+			MaxReselections: -1, Rounds: 1, Seed: 1, Algorithm: aggregator.AlgoFedProx,
+			Params: aggregator.Params{Mu: 1, Solver: "lbfgs", Gamma: 1e-3, MaxEpochs: 2},
+			Model:  model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: 0.01},
+			SecAgg: &aggregator.SecAggSettings{Clip: clip, Timeout: 1500 * time.Millisecond},
+			OnRound: func(rr aggregator.RoundReport) {
+				mu.Lock()
+				defer mu.Unlock()
+				report = rr
+			}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		select {
+		case id := <-stopIt:
+			lf.StopSite(id)
+		case <-ctx.Done():
+		}
+	}()
+	finished := lf.Wait(ctx)
+	if err := lf.Stop(); err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+	if !finished {
+		t.Fatal("the round did not finish")
+	}
+	mu.Lock()
+	rr := report
+	mu.Unlock()
+	want := slices.Clone(ids)
+	if drop == wire.SecAggKindAdvertiseKeys || drop == wire.SecAggKindShareKeys {
+		want = ids[:k-1]
+	}
+	if !slices.Equal(rr.Contributors, want) {
+		t.Fatalf("contributors %v, want %v", rr.Contributors, want)
+	}
+	var inputs [][]uint32
+	for _, id := range rr.Contributors {
+		es, err := storage.OpenEdge(filepath.Join(dir, id+".db"), storage.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, _, in, err := agent.SecAggSession(es)
+		es.Close()
+		if err != nil || r != 1 {
+			t.Fatalf("site %s: session of round %d: %v", id, r, err)
+		}
+		inputs = append(inputs, in)
+	}
+	sb, err := uplink.SecAggScaleBits(clip, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := secagg.NewQuantizer(clip, sb, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dim := len(rr.Global)
+	wantModel, err := uplink.SecAggMean(q, make([]float64, dim), uplink.SecAggPlainSum(inputs, dim), len(inputs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range wantModel {
+		if math.Float64bits(float64(float32(wantModel[i]))) != math.Float64bits(rr.Global[i]) {
+			t.Fatalf("coordinate %d: the model is %v, the mean of the plain sum %v (as fp32 %v)", i, rr.Global[i], wantModel[i], float32(wantModel[i]))
+		}
 	}
 }
