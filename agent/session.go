@@ -271,6 +271,7 @@ func (s *session) step(ev sessionEvent) []action {
 		return nil
 	case closed:
 		s.closing = true
+		s.shareList = nil
 		var acts []action
 		rounds := make([]uint64, 0, len(s.retries))
 		for r := range s.retries {

@@ -101,6 +101,8 @@ func keyName(k pendingKey) string {
 		return fmt.Sprintf("update/%d", k.round)
 	case wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS:
 		return fmt.Sprintf("statistics/%d", k.round)
+	case wire.ReceiptSubject_RECEIPT_SUBJECT_SECAGG:
+		return fmt.Sprintf("secagg/%d", k.round)
 	}
 	return fmt.Sprintf("evaluation/%d", k.round)
 }
@@ -129,7 +131,11 @@ func render(a action) string {
 		}
 		return fmt.Sprintf("done %d %s", a.ann.Round, classNames[a.class])
 	case actPublishUpdate, actPublishUplink:
-		s := fmt.Sprintf("publish %s %s %s", keyName(a.key), a.msg, whyNames[a.why])
+		msg := string(a.msg)
+		if k := secAggKindOf(a.msg); k != 0 {
+			msg = fmt.Sprintf("sa%d", k) // a secagg message of that kind
+		}
+		s := fmt.Sprintf("publish %s %s %s", keyName(a.key), msg, whyNames[a.why])
 		if a.kind == actPublishUplink && a.why == sendRetry {
 			s += fmt.Sprintf(" #%d", a.attempt)
 		}
@@ -158,6 +164,13 @@ func render(a action) string {
 		return "site error cleared " + a.se.Reason
 	case actFinished:
 		return fmt.Sprintf("finished %d", a.ann.Round)
+	case actStartShareList:
+		return fmt.Sprintf("start share-list %d", a.share.Round)
+	case actShareListDone:
+		if a.err != nil {
+			return fmt.Sprintf("share-list %d failed", a.share.Round)
+		}
+		return fmt.Sprintf("share-list %d %s", a.share.Round, a.res.Action)
 	}
 	return fmt.Sprintf("action(%d)", a.kind)
 }
