@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/secagg"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"
@@ -490,4 +491,64 @@ func secAggText(c *SecAggSettings) string {
 		return "off"
 	}
 	return fmt.Sprintf("clip %g, scale 2^%d, threshold %d, timeout %v", c.Clip, c.ScaleBits, c.Threshold, c.Timeout)
+}
+
+// SecAggStatus is a --secagg run's secure aggregation, as `status`,
+// /status and /metrics report it: the open round's session (attempt) and
+// phase, the sessions aborted so far and why the last one did, and the
+// settings.
+type SecAggStatus struct {
+	Phase     string  `json:"phase"` // advertise | share-keys | masked-input | unmask
+	Attempt   int     `json:"attempt"`
+	Deadline  string  `json:"deadline,omitempty"` // of the phase after the advertise phase (RFC 3339)
+	Messages  uint64  `json:"messages"`
+	Aborts    uint64  `json:"aborts"`
+	LastAbort string  `json:"last_abort,omitempty"`
+	Threshold int     `json:"threshold"`
+	Clip      float64 `json:"clip"`
+	ScaleBits int     `json:"scale_bits"`
+}
+
+func newSecAggStatus(c *SecAggSettings, st *SecAggState, phase Phase, ctr Counters) *SecAggStatus {
+	out := &SecAggStatus{Phase: secagg.PhaseAdvertise.String(), Messages: ctr.SecAggMessages, Aborts: ctr.SecAggAborts,
+		Threshold: c.Threshold, Clip: c.Clip, ScaleBits: c.ScaleBits}
+	if st != nil {
+		out.Attempt, out.LastAbort = st.Attempt, st.LastAbort
+		if phase == PhaseSecAgg {
+			out.Phase = secagg.Phase(st.Phase).String()
+			if st.Advancing {
+				out.Phase = secagg.Phase(st.Phase + 1).String()
+			}
+			if !st.Deadline.IsZero() && !st.Advancing {
+				out.Deadline = st.Deadline.UTC().Format(time.RFC3339)
+			}
+		}
+	}
+	return out
+}
+
+// secAggStatus is the running coordinator's (nil without --secagg).
+func (s *Server) secAggStatus() *SecAggStatus {
+	if s.cfg.SecAgg == nil {
+		return nil
+	}
+	st := s.coord.snapshotSecAgg()
+	return newSecAggStatus(s.cfg.SecAgg, st, s.coord.Phase(), s.coord.Counters())
+}
+
+// secAggFamilies are the /metrics families of p (none when nil).
+func secAggFamilies(p *SecAggStatus) []metrics.Family {
+	if p == nil {
+		return nil
+	}
+	var phases []metrics.Sample
+	for _, ph := range []secagg.Phase{secagg.PhaseAdvertise, secagg.PhaseShareKeys, secagg.PhaseMasked, secagg.PhaseUnmask} {
+		phases = append(phases, metrics.Sample{Labels: []metrics.Label{{Name: "phase", Value: ph.String()}}, Value: b2f(p.Phase == ph.String())})
+	}
+	return []metrics.Family{
+		{Name: ns + "secagg_phase", Help: "Secure aggregation: 1 for the open round's phase.", Type: metrics.Gauge, Samples: phases},
+		metrics.One(ns+"secagg_attempt", "Secure aggregation: the open round's session (sessions aborted in this round).", metrics.Gauge, float64(p.Attempt)),
+		metrics.One(ns+"secagg_messages_total", "Secure aggregation: sites' messages accepted and stored.", metrics.Counter, float64(p.Messages)),
+		metrics.One(ns+"secagg_aborts_total", "Secure aggregation: sessions aborted without a sum (too few sites left, a tampered share); the round drew a new session.", metrics.Counter, float64(p.Aborts)),
+	}
 }

@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/http/httptest"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -203,5 +206,94 @@ func testSecAggDropout(t *testing.T, k int, drop uint32) {
 		if math.Float64bits(float64(float32(wantModel[i]))) != math.Float64bits(rr.Global[i]) {
 			t.Fatalf("coordinate %d: the model is %v, the mean of the plain sum %v (as fp32 %v)", i, rr.Global[i], wantModel[i], float32(wantModel[i]))
 		}
+	}
+}
+
+// TestSecAggAbortVisible: a session that loses a site below the threshold
+// aborts without a sum (no round is aggregated), a new session is drawn,
+// and the operator sees why: a log line, the abort counter in /metrics and
+// the last abort in the status.
+func TestSecAggAbortVisible(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a federation over MQTT")
+	}
+	src, err := dataset.ParseSource("synthetic:1,1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const k = 3
+	fed, err := dataset.Build(src, dataset.Partition{Kind: dataset.PartNatural}, dataset.BuildOptions{Clients: k, Seed: 1, SyntheticMaxSamples: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := SiteIDs(k, 0)
+	sites := make([]Site, len(ids))
+	for i, id := range ids {
+		data := fed.Clients[i].Train
+		sites[i] = Site{ID: id, Data: &data}
+	}
+	var logs testkit.SyncBuffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("log:\n%s", logs.String())
+		}
+	})
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stopIt := make(chan string, 1)
+	var aggregated atomic.Int32
+	lf, err := Start(ctx, Config{Dir: t.TempDir(), Sites: sites, Seed: 1, Logger: log,
+		Observe: func(site string, ev agent.Event) {
+			if site == ids[0] && ev.Kind == agent.EventReceipt && ev.Accepted && ev.SecAggKind == wire.SecAggKindAdvertiseKeys {
+				select {
+				case stopIt <- site:
+				default:
+				}
+			}
+		},
+		Server: aggregator.ServerConfig{K: k, QuorumFraction: 1, RoundTimeout: 30 * time.Second, Settle: 50 * time.Millisecond,
+			MaxReselections: -1, Rounds: 1, Seed: 1, Algorithm: aggregator.AlgoFedAvg,
+			Params: aggregator.Params{Solver: "lbfgs", Gamma: 1e-3, MaxEpochs: 2},
+			Model:  model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: 0.01},
+			// t = K: one site fewer aborts the session.
+			SecAgg:  &aggregator.SecAggSettings{Clip: 1, Threshold: k, Timeout: time.Second},
+			OnRound: func(aggregator.RoundReport) { aggregated.Add(1) }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lf.Stop()
+	go func() {
+		select {
+		case id := <-stopIt:
+			lf.StopSite(id)
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		v, ch := lf.Server.Watch()
+		if v.SecAgg != nil && v.SecAgg.Aborts > 0 {
+			if !strings.Contains(v.SecAgg.LastAbort, "threshold") || v.SecAgg.Attempt != 1 || v.LastRound != 0 {
+				t.Fatalf("after the abort: %+v, last round %d", *v.SecAgg, v.LastRound)
+			}
+			break
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.Fatal("no abort")
+		}
+	}
+	rec := httptest.NewRecorder()
+	lf.Server.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if body := rec.Body.String(); !strings.Contains(body, "edgefl_aggregator_secagg_aborts_total 1") ||
+		!strings.Contains(body, "edgefl_aggregator_secagg_attempt 1") {
+		t.Fatalf("/metrics does not show the abort:\n%s", body)
+	}
+	if !strings.Contains(logs.String(), "secure aggregation aborted") {
+		t.Fatal("no log line says the session aborted")
+	}
+	if n := aggregated.Load(); n != 0 {
+		t.Fatalf("%d rounds aggregated from an aborted session", n)
 	}
 }
