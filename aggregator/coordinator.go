@@ -671,6 +671,8 @@ func (c *Coordinator) stepFinished(ev Event) []Decision {
 			return c.evalArrived(e, norm(e.At))
 		case StatisticsArrived:
 			return c.lateStatistics(e)
+		case SecAggArrived:
+			return c.secAggArrived(e, norm(e.At))
 		}
 		return nil
 	}

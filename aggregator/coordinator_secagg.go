@@ -222,7 +222,12 @@ func (c *Coordinator) judgeSecAgg(e SecAggArrived) Decision {
 		return rej(UnknownClient)
 	case c.cfg.SecAgg == nil:
 		return rej(NotSelected)
-	case e.Round < c.round:
+	case e.Round < c.round || (e.Round == c.round && c.phase == PhaseFinished):
+		if cl.lastRound == e.Round {
+			// Its input is in that round's sum: a re-send (after a
+			// restart) is answered as a duplicate, so the site clears it.
+			return rej(Duplicate)
+		}
 		return rej(StaleRound)
 	case e.Round > c.round, c.phase == PhaseStatistics, c.phase == PhaseFitting:
 		return rej(FutureRound)
