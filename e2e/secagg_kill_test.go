@@ -44,15 +44,21 @@ var secAggPhases = []struct {
 	site       func(round int) func(logLine) bool
 }{
 	{"advertise",
-		func(r int) func(logLine) bool { return msgIs("secagg message stored", "round", r, "kind", "AdvertiseKeys") },
+		func(r int) func(logLine) bool {
+			return msgIs("secagg message stored", "round", r, "kind", "AdvertiseKeys")
+		},
 		func(r int) func(logLine) bool {
 			return msgIs("round solved; secure aggregation: keys advertised (the update stays on this site)", "round", r)
 		}},
 	{"share-keys",
-		func(r int) func(logLine) bool { return msgIs("secagg phase announced", "round", r, "phase", "share-keys") },
+		func(r int) func(logLine) bool {
+			return msgIs("secagg phase announced", "round", r, "phase", "share-keys")
+		},
 		func(r int) func(logLine) bool { return msgIs("secure aggregation: ShareKeys sent", "round", r) }},
 	{"masked-input",
-		func(r int) func(logLine) bool { return msgIs("secagg phase announced", "round", r, "phase", "masked-input") },
+		func(r int) func(logLine) bool {
+			return msgIs("secagg phase announced", "round", r, "phase", "masked-input")
+		},
 		func(r int) func(logLine) bool { return msgIs("secure aggregation: masked input sent", "round", r) }},
 	{"unmask",
 		func(r int) func(logLine) bool { return msgIs("secagg phase announced", "round", r, "phase", "unmask") },
