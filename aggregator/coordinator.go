@@ -614,7 +614,7 @@ func (c *Coordinator) Step(ev Event) []Decision {
 	case ClientOnline:
 		out = c.clientOnline(e)
 	case ClientOffline:
-		out = c.clientOffline(e)
+		out = c.secAggCheck(c.clientOffline(e))
 	case UpdateArrived:
 		out = c.update(e, at)
 	case Tick:

@@ -305,12 +305,27 @@ func (c *Coordinator) secAggArrived(e SecAggArrived, at time.Time) []Decision {
 			return out
 		}
 		c.sa.got[e.Client] = true
-		if len(c.sa.got) == len(c.sa.expect) {
-			out = c.secAggAdvance(out)
-		}
-		return out
+		return c.secAggCheck(out)
 	}
 	panic("aggregator: judgeSecAgg answered neither accept nor reject")
+}
+
+// secAggCheck closes the open phase once every site it expects has sent
+// its message or gone offline (its status, or its last will): waiting for
+// the deadline would only delay the round, since an offline site cannot
+// answer, and the protocol recovers from its dropout (or aborts below the
+// threshold). A site that comes back later has missed the phase, as a
+// dropout does.
+func (c *Coordinator) secAggCheck(out []Decision) []Decision {
+	if c.phase != PhaseSecAgg || c.sa.advancing {
+		return out
+	}
+	for _, id := range c.sa.expect {
+		if cl := c.clients[id]; !c.sa.got[id] && cl != nil && cl.online {
+			return out
+		}
+	}
+	return c.secAggAdvance(out)
 }
 
 // startSecAgg is close() of a secagg round's advertise phase: the secagg

@@ -62,7 +62,8 @@ func TestCoordinatorSecAggRound(t *testing.T) {
 	mustEqual(t, "an advertise of a counted site", propose(t, c, sa("a", 1, 0, 1, 155)),
 		[]Decision{RejectSecAgg{Round: 1, Kind: 1, Client: "a", Reason: Duplicate}})
 	propose(t, c, sa("b", 1, 0, 3, 160))
-	// c never shares its keys: the phase closes at its deadline.
+	// c never shares its keys (and stays online): the phase closes at its
+	// deadline.
 	mustEqual(t, "share-keys deadline", c.Step(Tick{At: ms(340)}), []Decision{
 		SecAggAdvance{Round: 1, Phase: SecAggShareKeys}, SetTimer{}})
 	c = restored(t, cfg, c)
@@ -175,4 +176,26 @@ func TestCoordinatorSecAggConfig(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCoordinatorSecAggOffline: a phase closes as soon as every site it
+// expects has sent its message or gone offline, not at its deadline.
+func TestCoordinatorSecAggOffline(t *testing.T) {
+	c := mustNew(t, secAggCoordConfig())
+	bringOnline(c, ms(0), "a", "b", "c")
+	c.Step(Tick{At: ms(50)})
+	for i, id := range []string{"a", "b", "c"} {
+		propose(t, c, sa(id, 1, 0, 1, 100+i))
+	}
+	c.Step(SecAggAdvanced{Round: 1, Phase: SecAggAdvertise, Next: []string{"a", "b", "c"}, At: ms(110)})
+	propose(t, c, sa("a", 1, 0, 3, 120))
+	if ds := c.Step(ClientOffline{ID: "c", At: ms(130)}); len(ofType[SecAggAdvance](ds)) != 0 {
+		t.Fatalf("closed with b still online and silent: %+v", ds)
+	}
+	out := propose(t, c, sa("b", 1, 0, 3, 140))
+	mustEqual(t, "b's message closes the phase (c is offline)", only[SecAggAdvance](t, out), SecAggAdvance{Round: 1, Phase: SecAggShareKeys})
+	c.Step(SecAggAdvanced{Round: 1, Phase: SecAggShareKeys, Next: []string{"a", "b"}, At: ms(150)})
+	propose(t, c, sa("a", 1, 0, 5, 160))
+	out = c.Step(ClientOffline{ID: "b", At: ms(170)})
+	mustEqual(t, "b going offline closes the phase", only[SecAggAdvance](t, out), SecAggAdvance{Round: 1, Phase: SecAggMasked})
 }
