@@ -356,6 +356,7 @@ func (s *Server) announceSecAgg(d AnnounceSecAgg) error {
 		return err
 	}
 	a.SecaggPhase = wire.SecAggPhase(d.Phase)
+	a.Global = nil // the sites taking part have it: no need to send it four times
 	for _, o := range srv.Pending() {
 		if o.To == "" {
 			a.SecaggBroadcast = secagg.Encode(o.Msg)

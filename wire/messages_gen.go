@@ -673,7 +673,7 @@ type RoundAnnouncement struct {
 	Budget          *WorkBudget `json:"budget,omitempty"`
 	DeadlineUnixMs  int64       `json:"deadline_unix_ms,omitempty"` // 0 = no deadline
 	Selected        []string    `json:"selected,omitempty"`         // selected client ids (unique); empty = every client
-	Global          *Vector     `json:"global,omitempty"`           // the global model x^t; required
+	Global          *Vector     `json:"global,omitempty"`           // the global model x^t; required (but see secagg_phase)
 	UplinkCodec     string      `json:"uplink_codec,omitempty"`     // codec spec clients must use uplink
 	CreatedAtUnixMs int64       `json:"created_at_unix_ms,omitempty"`
 	AnchorSketch    *SketchSpec `json:"anchor_sketch,omitempty"` // absent = no anchor gradient wanted
@@ -711,7 +711,9 @@ type RoundAnnouncement struct {
 	// the current phase: the KeyList in SECAGG_PHASE_SHARE_KEYS, the
 	// UnmaskRequest in SECAGG_PHASE_UNMASK; empty in the other phases.
 	SecaggBroadcast []byte `json:"secagg_broadcast,omitempty"`
-	// Where the round's secure aggregation is (needs secagg).
+	// Where the round's secure aggregation is (needs secagg). After
+	// SECAGG_PHASE_ADVERTISE the announcement may leave global out: the
+	// sites taking part solved with it, and a phase changes nothing of it.
 	SecaggPhase SecAggPhase `json:"secagg_phase,omitempty"`
 }
 

@@ -44,6 +44,10 @@ func TestValidateSecAggRound(t *testing.T) {
 		{"clip inf", func(r *RoundAnnouncement) { r.Secagg.Clip = math.Inf(1) }, false},
 		{"scale bits 41", func(r *RoundAnnouncement) { r.Secagg.ScaleBits = 41 }, false},
 		{"finished phase", func(r *RoundAnnouncement) { r.Phase = Phase_PHASE_FINISHED }, false},
+		{"masked phase without the global model", func(r *RoundAnnouncement) {
+			r.SecaggPhase, r.Global = SecAggPhase_SECAGG_PHASE_MASKED, nil
+		}, true},
+		{"advertise phase without the global model", func(r *RoundAnnouncement) { r.Global = nil }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

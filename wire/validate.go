@@ -152,7 +152,10 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 	if err := checkSelected(msg, m.Selected, lim); err != nil {
 		return err
 	}
-	if !stats || m.Global != nil {
+	// A secure-aggregation phase after the advertise phase may leave the
+	// global model out: the sites that take part have it.
+	laterPhase := m.Secagg != nil && m.SecaggPhase != SecAggPhase_SECAGG_PHASE_ADVERTISE
+	if !(stats || laterPhase) || m.Global != nil {
 		if err := checkVector(msg, "global", m.Global, lim); err != nil {
 			return err
 		}
