@@ -231,17 +231,13 @@ func (h *RoundHandler) secAggPhase(ann *wire.RoundAnnouncement, res Result) (Res
 		}
 		return h.secAggSend(ann, rec.input, c, m, res)
 	case wire.SecAggPhase_SECAGG_PHASE_MASKED:
-		if c.Phase() == secagg.ClientShared {
-			// The ShareList comes on the receipts topic; re-sending the
-			// ShareKeys is how a site that missed it asks again (the
-			// aggregator answers a duplicate with it).
-			msg, err := h.secAggMessage(ann, c.Pending())
-			if err != nil {
-				return res, err
-			}
-			res.Action, res.Msg, res.SecAggKind = ActionResend, msg, secagg.KindShareKeys
-			return res, nil
-		}
+		// The ShareList comes on the receipts topic. A site that missed it
+		// asks again by re-sending its ShareKeys, which stays in the
+		// outbox until the ShareList arrives (agent/session.go
+		// secAggReceipt): on its next connection, not on every copy of
+		// this announcement.
+		res.Action = ActionDone
+		return res, nil
 	case wire.SecAggPhase_SECAGG_PHASE_UNMASK:
 		if c.Phase() == secagg.ClientMasked {
 			req, err := decodeBroadcast[*secagg.UnmaskRequest](ann)
@@ -281,7 +277,11 @@ func (h *RoundHandler) HandleShareList(m *wire.SecAggMessage) (Result, error) {
 		return res, h.diskErr(fmt.Errorf("%w: agent: round %d: the secagg client state: %w", storage.ErrCorrupt, m.Round, err))
 	}
 	if c.Phase() != secagg.ClientShared {
-		return h.resend(res)
+		// Answered already (a second copy of the ShareList: the answer to
+		// a re-sent ShareKeys): the masked input in the outbox is re-sent
+		// as any unreceipted message is, never computed again.
+		res.Action = ActionDone
+		return res, nil
 	}
 	p, err := secagg.Decode(m.Payload)
 	if err != nil {

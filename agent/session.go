@@ -439,7 +439,13 @@ func (s *session) secAggReceipt(r *wire.Receipt) []action {
 	if r.Code == wire.ReceiptCode_RECEIPT_CODE_INTERNAL && !r.Accepted {
 		return s.updateReceipt(r)
 	}
-	had, err := s.store.AckIf(r.Round, func(msg []byte) bool { return secAggKindOf(msg) == r.SecaggKind })
+	// A stored ShareKeys stays in the outbox until the ShareList it asks
+	// for arrives (the masked input then replaces it): re-sent on every
+	// connection, it is how a site that missed its ShareList gets it again
+	// (the aggregator answers a duplicate with it). Any other accepted
+	// message, and every rejected one, leaves.
+	keep := r.Accepted && r.SecaggKind == wire.SecAggKindShareKeys
+	had, err := s.store.AckIf(r.Round, func(msg []byte) bool { return !keep && secAggKindOf(msg) == r.SecaggKind })
 	if err != nil {
 		return []action{{kind: actStoreFailed, what: "ack secagg receipt", err: err}}
 	}

@@ -83,17 +83,22 @@ func TestSessionSecAgg(t *testing.T) {
 				want: []string{"share-list 3 secagg", "publish update/3 sa5 first"}},
 			{ev: shareListArrived{shareList(3)}, want: []string{"wake"}},
 			{ev: idle{}, want: []string{"start share-list 3"}},
-			{ev: shareListDone{msg: shareList(3), res: Result{Round: 3, Action: ActionResend, Msg: masked}},
-				want: []string{"share-list 3 resend", "publish update/3 sa5 first"}},
+			{ev: shareListDone{msg: shareList(3), res: Result{Round: 3, Action: ActionDone}},
+				want: []string{"share-list 3 done"}},
 			{ev: shareListArrived{shareList(3)}, want: []string{"wake"}},
 			{ev: idle{}, want: []string{"start share-list 3"}},
 			{ev: shareListDone{msg: shareList(3), err: errors.New("tampered")}, want: []string{"share-list 3 failed"}},
 		}},
-		{name: "a receipt of an earlier message keeps the next one's entry", outbox: map[uint64][]byte{3: share}, steps: []sessionStep{
-			{ev: saRcpt(3, 1, codeOK), want: []string{"receipt secagg/3 accepted"}, check: outboxIs(map[uint64]string{3: "sa3"})},
-			{ev: saRcpt(3, 3, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE), want: []string{"receipt secagg/3 accepted had"},
+		{name: "a receipt of an earlier message keeps the next one's entry", outbox: map[uint64][]byte{3: masked}, steps: []sessionStep{
+			{ev: saRcpt(3, 3, codeOK), want: []string{"receipt secagg/3 accepted"}, check: outboxIs(map[uint64]string{3: "sa5"})},
+			{ev: saRcpt(3, 5, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE), want: []string{"receipt secagg/3 accepted had"},
 				check: outboxIs(nil)},
 			{ev: connected{}, want: nil},
+		}},
+		{name: "a stored ShareKeys stays until its ShareList comes, re-sent on each connection", outbox: map[uint64][]byte{3: share}, steps: []sessionStep{
+			{ev: saRcpt(3, 3, codeOK), want: []string{"receipt secagg/3 accepted"}, check: outboxIs(map[uint64]string{3: "sa3"})},
+			{ev: connected{}, want: []string{"publish update/3 sa3 reconnect"}},
+			{ev: saRcpt(3, 3, codeStale), want: []string{"receipt secagg/3 rejected had"}, check: outboxIs(nil)},
 		}},
 		{name: "INTERNAL re-sends the round's entry after the backoff", outbox: map[uint64][]byte{3: masked}, steps: []sessionStep{
 			{ev: saRcpt(3, 5, codeRetry), want: []string{"arm update/3 100ms", "receipt secagg/3 retry"}},

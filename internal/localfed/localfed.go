@@ -116,18 +116,27 @@ type AgentsConfig struct {
 
 // Agents are running edge agents.
 type Agents struct {
+	ctx    context.Context
 	cancel context.CancelFunc
-	stops  map[string]context.CancelFunc // each site's own
+	sites  map[string]*siteRun // each site's own run
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	err    error
+}
+
+// siteRun is one site's agent: how to make it, and its current run.
+type siteRun struct {
+	cfg  agent.Config
+	deps agent.Deps
+	stop context.CancelFunc
+	done chan struct{}
 }
 
 // StartAgents starts one agent per site, each running until Stop. If one
 // cannot be made, the ones started are stopped and the error returned.
 func StartAgents(ctx context.Context, c AgentsConfig) (*Agents, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	as := &Agents{cancel: cancel, stops: map[string]context.CancelFunc{}}
+	as := &Agents{ctx: ctx, cancel: cancel, sites: map[string]*siteRun{}}
 	for i, s := range c.Sites {
 		cfg := agent.DefaultConfig()
 		cfg.SiteID, cfg.Federation, cfg.Brokers = s.ID, c.Federation, c.Brokers
@@ -152,24 +161,36 @@ func StartAgents(ctx context.Context, c AgentsConfig) (*Agents, error) {
 		if c.NewClock != nil {
 			deps.Clock = c.NewClock()
 		}
-		a, err := agent.New(cfg, deps)
-		if err != nil {
+		sr := &siteRun{cfg: cfg, deps: deps}
+		as.sites[s.ID] = sr
+		if err := as.run(sr); err != nil {
 			return nil, errors.Join(fmt.Errorf("agent %s: %w", s.ID, err), as.Stop())
 		}
-		siteCtx, stop := context.WithCancel(ctx)
-		as.mu.Lock()
-		as.stops[s.ID] = stop
-		as.mu.Unlock()
-		as.wg.Add(1)
-		go func() {
-			defer as.wg.Done()
-			defer stop()
-			if err := a.Run(siteCtx); err != nil {
-				as.fail(fmt.Errorf("agent %s: %w", s.ID, err))
-			}
-		}()
 	}
 	return as, nil
+}
+
+// run starts a new run of sr's agent (a.mu not held).
+func (as *Agents) run(sr *siteRun) error {
+	a, err := agent.New(sr.cfg, sr.deps)
+	if err != nil {
+		return err
+	}
+	siteCtx, stop := context.WithCancel(as.ctx)
+	done := make(chan struct{})
+	as.mu.Lock()
+	sr.stop, sr.done = stop, done
+	as.mu.Unlock()
+	as.wg.Add(1)
+	go func() {
+		defer as.wg.Done()
+		defer close(done)
+		defer stop()
+		if err := a.Run(siteCtx); err != nil {
+			as.fail(fmt.Errorf("agent %s: %w", sr.cfg.SiteID, err))
+		}
+	}()
+	return nil
 }
 
 func (as *Agents) fail(err error) {
@@ -192,11 +213,32 @@ func (as *Agents) Err() error {
 // an Observe callback.
 func (as *Agents) StopSite(id string) {
 	as.mu.Lock()
-	stop := as.stops[id]
+	var stop context.CancelFunc
+	if sr := as.sites[id]; sr != nil {
+		stop = sr.stop
+	}
 	as.mu.Unlock()
 	if stop != nil {
 		stop()
 	}
+}
+
+// RestartSite stops one site's agent (if running), waits for it to exit
+// and starts it again on its state file, as a site restarted by its
+// operator. Not from an Observe callback (it waits for the agent).
+func (as *Agents) RestartSite(id string) error {
+	as.mu.Lock()
+	sr := as.sites[id]
+	as.mu.Unlock()
+	if sr == nil {
+		return fmt.Errorf("localfed: no site %q", id)
+	}
+	as.StopSite(id)
+	<-sr.done
+	if as.ctx.Err() != nil {
+		return as.ctx.Err()
+	}
+	return as.run(sr)
 }
 
 // Stop stops every agent, waits for them, and returns the first error one

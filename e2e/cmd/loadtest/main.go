@@ -249,6 +249,9 @@ type options struct {
 	timeout                           time.Duration
 	console, chromium                 string
 	consolePoll                       time.Duration
+	secagg                            bool
+	secaggTimeout                     time.Duration
+	drop                              float64
 }
 
 func runLoad(args []string) error {
@@ -316,12 +319,19 @@ func runLoad(args []string) error {
 		data := fed.Clients[i].Train
 		sites[i] = localfed.Site{ID: id, Data: &data}
 	}
+	drops := newDropper(o, ids)
+	var cpu cpuSampler
 	agents, err := localfed.StartAgents(ctx, localfed.AgentsConfig{Federation: federation, Brokers: []string{brokerURL}, Passwords: pw,
 		Dir: work, Sites: sites, Seed: o.seed, ReconnectMin: 200 * time.Millisecond, ReconnectMax: 2 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		Observe: drops.observe})
 	if err != nil {
 		return err
 	}
+	sctx, stopSampling := context.WithCancel(ctx)
+	defer stopSampling()
+	go drops.run(sctx, agents, agg)
+	go cpu.run(sctx, agg)
 	defer func() {
 		if err := agents.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "loadtest: stopping the agents:", err)
@@ -340,7 +350,13 @@ func runLoad(args []string) error {
 		}
 		return err
 	}
-	return printLoadResult(o, fed, agg, mq, cons, recs, work)
+	if err := printLoadResult(o, fed, agg, mq, cons, recs, work); err != nil {
+		return err
+	}
+	if o.secagg || o.drop > 0 {
+		return printSecAggResult(o, agg, &cpu, drops)
+	}
+	return nil
 }
 
 // parseLoadFlags reads `loadtest run`'s flags.
@@ -368,6 +384,9 @@ func parseLoadFlags(args []string) (options, error) {
 	fs.StringVar(&o.console, "console", "none", "the console open for the whole run: none, poll (a client doing what the page's script does) or chromium (the page in headless Chromium)")
 	fs.DurationVar(&o.consolePoll, "console-poll", 1500*time.Millisecond, "with --console poll: the page's polling interval (console.js POLL_MS)")
 	fs.StringVar(&o.chromium, "chromium", "/usr/bin/chromium", "with --console chromium: the Chromium `BINARY`")
+	fs.BoolVar(&o.secagg, "secagg", false, "run broker-agg with --secagg (and print the SECAGG line)")
+	fs.DurationVar(&o.secaggTimeout, "secagg-timeout", time.Minute, "with --secagg: broker-agg's --secagg-timeout")
+	fs.Float64Var(&o.drop, "drop", 0, "the share F of each round's sites that drop out after their masked input, from round 2 on (restarted once the round is aggregated); also prints the SECAGG line without --secagg")
 	_ = fs.Parse(args) // flag.ExitOnError: Parse exits on a bad flag
 	if o.aggBin == "" || o.data == "" {
 		return o, errors.New("run: --broker-agg and --data are required")
@@ -381,7 +400,7 @@ func parseLoadFlags(args []string) (options, error) {
 // loadAggConf is broker-agg's configuration for `loadtest run`: against
 // Mosquitto at brokerURL, the model fitting fed.
 func loadAggConf(o options, federation, brokerURL, work string, fed *dataset.Federated) []string {
-	return []string{
+	conf := []string{
 		"federation = " + federation, "broker = " + brokerURL, "username = aggregator",
 		"broker_password_file = " + filepath.Join(work, "aggregator.password"),
 		"state_file = " + filepath.Join(work, "aggregator.db"),
@@ -393,6 +412,10 @@ func loadAggConf(o options, federation, brokerURL, work string, fed *dataset.Fed
 		fmt.Sprintf("lr = %g", o.lr), fmt.Sprintf("batch = %d", o.batch), fmt.Sprintf("max_epochs = %d", o.epochs),
 		"max_seconds = 0", "log_format = json", "log_level = info",
 	}
+	if o.secagg {
+		conf = append(conf, "secagg = true", "secagg_clip = 1", "secagg_timeout = "+o.secaggTimeout.String())
+	}
+	return conf
 }
 
 // startLoadAggregator writes conf (plus a metrics address on a free port)
