@@ -43,6 +43,9 @@ type Deps struct {
 	// SecAggRand, when set, replaces crypto/rand as the randomness of a
 	// round's secure aggregation (RoundHandler.SecAggRand): tests only.
 	SecAggRand func(round uint64) io.Reader
+	// SecAggNoiseKey, when set, replaces the site's distributed-DP noise
+	// key (RoundHandler.SecAggNoiseKey): tests only.
+	SecAggNoiseKey *[32]byte
 }
 
 // EventKind classifies an Event.
@@ -269,7 +272,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		ClientID: a.cfg.SiteID, InstanceID: a.instance, Federation: a.cfg.Federation, Store: store, Data: a.data,
 		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
 		EvalFile: a.cfg.EvalData, ModelOut: a.cfg.ModelOut,
-		Emit: a.sendUplink, Receipted: a.isReceipted, SecAggRand: a.deps.SecAggRand,
+		Emit: a.sendUplink, Receipted: a.isReceipted, SecAggRand: a.deps.SecAggRand, SecAggNoiseKey: a.deps.SecAggNoiseKey,
 	}
 	if a.cfg.DataClient < 0 {
 		a.handler.DataFile, _ = csvPath(a.cfg.Data)

@@ -189,6 +189,10 @@ type RoundHandler struct {
 	// crypto/rand: for the test that compares a live run with simulate
 	// (sim/live_test.go), never for a deployment.
 	SecAggRand func(round uint64) io.Reader
+	// SecAggNoiseKey, when set, replaces the site's secret distributed-DP
+	// noise key (drawn from crypto/rand into the edge store): for the test
+	// that compares a live run with simulate, never for a deployment.
+	SecAggNoiseKey *[32]byte
 
 	site siteCache
 }
@@ -774,8 +778,10 @@ func dpClip(ann *wire.RoundAnnouncement, split bool) (float64, error) {
 	switch {
 	case d == nil:
 		return 0, nil
-	case d.Mode != wire.DPMode_DP_MODE_CENTRAL:
-		return 0, fmt.Errorf("differential privacy mode %v: this agent supports the central mode only (the distributed mode needs secure aggregation)", d.Mode)
+	case d.Mode == wire.DPMode_DP_MODE_DISTRIBUTED && ann.Secagg == nil:
+		return 0, errors.New("differential privacy in the distributed mode without secure aggregation: refused (the noise shares are only safe inside a secure sum)")
+	case d.Mode != wire.DPMode_DP_MODE_CENTRAL && d.Mode != wire.DPMode_DP_MODE_DISTRIBUTED:
+		return 0, fmt.Errorf("differential privacy mode %v: unknown to this agent", d.Mode)
 	case split:
 		return 0, uplink.ErrSplitDP
 	case ann.AnchorSketch != nil:

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/secagg"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"
@@ -125,9 +126,9 @@ func (h *RoundHandler) secAggCommit(ann *wire.RoundAnnouncement, p *prepared, se
 	if err != nil {
 		return res, bad(r, "secagg: %v", err)
 	}
-	input, err := uplink.SecAggInput(q, sent, p.x, h.secAggRand(r))
+	input, err := h.secAggInput(ann, q, sent, p.x)
 	if err != nil {
-		return res, fmt.Errorf("agent: round %d: %w", r, err)
+		return res, err
 	}
 	c, err := h.newSecAggClient(ann, len(p.x))
 	if err != nil {
@@ -366,8 +367,8 @@ func secAggRefusals(ann *wire.RoundAnnouncement, split bool) error {
 		return uplink.ErrSecAggSplit
 	case ann.AnchorSketch != nil:
 		return errors.New("secure aggregation with an anchor gradient: refused (it is per site)")
-	case ann.Dp != nil:
-		return errors.New("secure aggregation with differential privacy: refused (the distributed mode is not built yet)")
+	case ann.Dp != nil && ann.Dp.Mode != wire.DPMode_DP_MODE_DISTRIBUTED:
+		return errors.New("secure aggregation with central differential privacy: refused (the aggregator cannot re-clip what it cannot see; the distributed mode is the one that composes)")
 	}
 	return nil
 }
@@ -386,4 +387,34 @@ func SecAggSession(s *storage.EdgeStore) (round uint64, attempt uint32, input []
 		return 0, 0, nil, err
 	}
 	return rec.round, rec.attempt, rec.input, nil
+}
+
+// secAggInput is the site's input: its quantised update, and under
+// distributed DP (docs/privacy.md "Threat models") its clipped update plus
+// its noise share, drawn from the round's stream of the site's secret
+// noise key (kept in the edge store), then quantised
+// (uplink.SecAggNoisyInput).
+func (h *RoundHandler) secAggInput(ann *wire.RoundAnnouncement, q secagg.Quantizer, sent, global []float64) ([]uint32, error) {
+	r := ann.Round
+	d := ann.GetDp()
+	if d == nil {
+		in, err := uplink.SecAggInput(q, sent, global, h.secAggRand(r))
+		if err != nil {
+			return nil, fmt.Errorf("agent: round %d: %w", r, err)
+		}
+		return in, nil
+	}
+	key, err := h.Store.SecAggNoiseKey()
+	if err != nil {
+		return nil, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
+	}
+	if h.SecAggNoiseKey != nil {
+		key = *h.SecAggNoiseKey
+	}
+	std := dp.SiteStd(d.NoiseMultiplier, d.ClipNorm, int(d.NoiseShares))
+	in, err := uplink.SecAggNoisyInput(q, sent, global, d.ClipNorm, std, dp.NoiseRand(key, r), h.secAggRand(r))
+	if err != nil {
+		return nil, fmt.Errorf("agent: round %d: %w", r, err)
+	}
+	return in, nil
 }

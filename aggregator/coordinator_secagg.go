@@ -182,8 +182,6 @@ func (c Config) validateSecAgg() error {
 		return fmt.Errorf("%w: secure aggregation refuses late updates (a late site's input is in no sum)", ErrConfig)
 	case c.Statistics:
 		return fmt.Errorf("%w: secure aggregation with a federation schema: the statistics and evaluation reports are per site", ErrConfig)
-	case c.DP != nil:
-		return fmt.Errorf("%w: secure aggregation with central differential privacy is not supported (the distributed mode is the one that composes)", ErrConfig)
 	}
 	return nil
 }

@@ -27,6 +27,8 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	switch {
+	case cfg.DP.Distributed && cfg.SecAgg == nil:
+		return fmt.Errorf("%w: %w", ErrConfig, dp.ErrDistributed)
 	case isSplit(d.fam):
 		return fmt.Errorf("%w: %w", ErrConfig, uplink.ErrSplitDP)
 	case cfg.Schema != nil:
@@ -81,8 +83,12 @@ func (s *Server) dpParams() *wire.DPParams {
 		return nil
 	}
 	eps, _, _ := s.coord.Privacy()
-	return &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: c.Clip, NoiseMultiplier: c.Noise,
+	p := &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: c.Clip, NoiseMultiplier: c.Noise,
 		Delta: c.Delta, EpsilonSpent: eps, EpsilonBudget: c.Budget}
+	if c.Distributed {
+		p.Mode, p.NoiseShares = wire.DPMode_DP_MODE_DISTRIBUTED, uint32(s.cfg.SecAgg.Threshold)
+	}
+	return p
 }
 
 // privateAggregate is the closed round's noisy mean: the contributors'
@@ -127,7 +133,7 @@ type PrivacyStatus struct {
 
 func newPrivacyStatus(c *dp.Config, a *dp.Accountant) *PrivacyStatus {
 	eps, _ := a.Epsilon(c.Delta)
-	return &PrivacyStatus{Mode: dp.Central.String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: c.Clip, Noise: c.Noise}
+	return &PrivacyStatus{Mode: c.Mode().String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: c.Clip, Noise: c.Noise}
 }
 
 // privacyStatus is the running coordinator's accounting (nil without DP).

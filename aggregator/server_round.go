@@ -195,11 +195,11 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 
 // aggregate computes the next global model from the closed round.
 func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+	if s.cfg.SecAgg != nil {
+		return s.secAggAggregate(cr) // with --dp distributed, the noise is in the sum
+	}
 	if s.cfg.DP != nil {
 		return s.privateAggregate(cr)
-	}
-	if s.cfg.SecAgg != nil {
-		return s.secAggAggregate(cr)
 	}
 	out := make([]float64, s.dim)
 	if isSplit(s.fam) {

@@ -77,8 +77,8 @@ func (cfg *ServerConfig) checkSecAgg(d *derived) error {
 		return refuse("anchor gradients are per-site (they describe a site's data): not sent under --secagg")
 	case cfg.Schema != nil:
 		return refuse("a federation schema's statistics and evaluation reports are per site: not supported under --secagg yet")
-	case cfg.DP != nil:
-		return refuse("central differential privacy re-clips each update, which the aggregator no longer sees; the distributed mode is the one that composes with secure aggregation (not built yet)")
+	case cfg.DP != nil && !cfg.DP.Distributed:
+		return refuse("central differential privacy re-clips each update, which the aggregator no longer sees; the distributed mode is the one that composes with secure aggregation (--dp distributed)")
 	case cfg.K < 2:
 		return refuse("K = %d: a sum of one site is that site's update; want K >= 2", cfg.K)
 	case !(sc.Clip > 0) || sc.Clip > 1e6:
@@ -89,8 +89,11 @@ func (cfg *ServerConfig) checkSecAgg(d *derived) error {
 	if sc.Timeout == 0 {
 		sc.Timeout = DefaultSecAggTimeout
 	}
-	if sc.Threshold == 0 {
-		sc.Threshold = max(secagg.DefaultThreshold(cfg.K), cfg.K/2+1)
+	sc.Threshold = uplink.SecAggThreshold(cfg.K, sc.Threshold)
+	if cfg.DP != nil {
+		// The quantiser's range holds the clipped update and the noise's
+		// tail (uplink.SecAggDPRange); --secagg-clip does not apply.
+		sc.Clip = uplink.SecAggDPRange(cfg.DP.Clip, cfg.DP.Noise, sc.Threshold)
 	}
 	if sc.ScaleBits == 0 {
 		sb, err := uplink.SecAggScaleBits(sc.Clip, cfg.K)

@@ -7,10 +7,10 @@ import (
 	"slices"
 )
 
-// ErrDistributed is the error for the distributed mode until secure
-// aggregation is wired into the daemons: its noise shares are only safe
-// inside a secure sum (docs/privacy.md, "Threat models").
-var ErrDistributed = errors.New("dp: the distributed mode needs secure aggregation (--secagg), which is not wired into the daemons yet; use central (docs/privacy.md, \"Status\")")
+// ErrDistributed is the error for the distributed mode without secure
+// aggregation: its noise shares are only safe inside a secure sum
+// (docs/privacy.md, "Threat models").
+var ErrDistributed = errors.New("dp: the distributed mode needs secure aggregation (--secagg): each site's noise share is only safe inside a secure sum (docs/privacy.md, \"Threat models\")")
 
 // ParseMode parses a --dp value: off (or empty), central, distributed. It
 // returns 0 for off.
@@ -40,6 +40,18 @@ type Config struct {
 	// Budget, when > 0, is the epsilon the run may not exceed: it stops
 	// before a round that would.
 	Budget float64 `json:"epsilon_budget,omitempty"`
+	// Distributed: the sites add the noise in shares inside secure
+	// aggregation (SiteStd, docs/privacy.md "Threat models"); false: the
+	// aggregator adds it (central).
+	Distributed bool `json:"distributed,omitempty"`
+}
+
+// Mode is the configuration's mode (Central or Distributed).
+func (c Config) Mode() Mode {
+	if c.Distributed {
+		return Distributed
+	}
+	return Central
 }
 
 // On reports whether c asks for DP.

@@ -113,6 +113,10 @@ type Config struct {
 type SecAgg struct {
 	Clip      float64 `json:"clip"`
 	ScaleBits int     `json:"scale_bits"`
+	// Threshold is the secagg threshold t (0: uplink.SecAggThreshold's
+	// default); with DP.Distributed each site's noise share is sized for
+	// it.
+	Threshold int `json:"threshold,omitempty"`
 }
 
 // Local are the per-algorithm knobs: the local solve and FedSplit's steps.
@@ -346,12 +350,15 @@ func (c Config) validateSecAgg() error {
 	switch {
 	case c.Schema != "":
 		return errors.New("--secagg with --schema: the per-site statistics and evaluation reports are not summed securely")
-	case c.DP != nil:
-		return errors.New("--secagg with --dp: not composed yet (the distributed mode is the one that composes)")
+	case c.DP != nil && !c.DP.Distributed:
+		return errors.New("--secagg with --dp central: the aggregator cannot re-clip what it cannot see (use --dp distributed)")
 	case c.Codec != "" && c.Codec != "fp32":
 		return fmt.Errorf("--secagg with --codec %s: under --secagg a site's update is its ring-quantised vector; leave --codec empty or fp32", c.Codec)
 	case c.PerRound < 2:
 		return errors.New("--secagg needs --per-round >= 2 (a sum of one site is that site's update)")
+	}
+	if t := uplink.SecAggThreshold(c.PerRound, sa.Threshold); t > c.PerRound || 2*t <= c.PerRound {
+		return fmt.Errorf("--secagg threshold %d: want more than half of --per-round %d and at most it", t, c.PerRound)
 	}
 	if _, err := secagg.NewQuantizer(sa.Clip, sa.ScaleBits, c.PerRound); err != nil {
 		return fmt.Errorf("--secagg: %w", err)
@@ -380,6 +387,8 @@ func (c Config) validateDP() error {
 		return fmt.Errorf("--dp: %w", err)
 	}
 	switch {
+	case c.DP.Distributed && c.SecAgg == nil:
+		return fmt.Errorf("--dp distributed: %w", dp.ErrDistributed)
 	case c.Schema != "":
 		return errors.New("--dp with --schema: the per-site statistics and evaluation reports are outside the privacy guarantee until they are privatised (docs/privacy.md, \"What the guarantee covers\")")
 	case c.Faulty > 0:

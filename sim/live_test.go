@@ -68,8 +68,15 @@ func TestSimMatchesLive(t *testing.T) {
 	// file nor the daemons' log holds one site's input; also across a
 	// restart of the whole federation after round 1 (secagg_live_test.go).
 	for _, restart := range []int{0, 1} {
-		t.Run(fmt.Sprintf("secagg/%s/restart=%d", FedProx, restart), func(t *testing.T) { testSimMatchesLiveSecAgg(t, restart) })
+		t.Run(fmt.Sprintf("secagg/%s/restart=%d", FedProx, restart), func(t *testing.T) { testSimMatchesLiveSecAgg(t, restart, nil) })
 	}
+	// Distributed DP under secure aggregation (docs/privacy.md "Threat
+	// models"): each site's clipped update plus its noise share, from the
+	// same per-site keys in both, then the same sum: the same models bit
+	// for bit and the same epsilon every round.
+	t.Run("secagg/dp-distributed/"+FedProx, func(t *testing.T) {
+		testSimMatchesLiveSecAgg(t, 1, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5, Distributed: true})
+	})
 }
 
 // testSimMatchesLive compares simulate with a live federation (private: under

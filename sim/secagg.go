@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/secagg"
 	"github.com/edgefl/edgefl/uplink"
@@ -25,6 +26,13 @@ func secAggQuantizer(cfg *Config) (*secagg.Quantizer, error) {
 	sa := cfg.SecAgg
 	if sa == nil {
 		return nil, nil
+	}
+	if d := cfg.DP; d != nil {
+		// As the aggregator: the range holds the clip and the noise's
+		// tail (uplink.SecAggDPRange).
+		c := *sa
+		c.Clip, cfg.SecAgg = uplink.SecAggDPRange(d.Clip, d.Noise, uplink.SecAggThreshold(cfg.PerRound, sa.Threshold)), &c
+		sa = &c
 	}
 	if sa.ScaleBits == 0 {
 		sb, err := uplink.SecAggScaleBits(sa.Clip, cfg.PerRound)
@@ -83,5 +91,43 @@ func (e *env) secAggStep(s *algoState, t int, jobs []job, outs []outcome, row *R
 		return fmt.Errorf("round %d: %w", t, err)
 	}
 	s.x = next
+	if c := e.cfg.DP; s.acc != nil {
+		// Distributed DP: the noise is in the sum; the accountant is
+		// charged as in the central mode.
+		if err := s.acc.Step(s.q, c.Noise); err != nil {
+			return fmt.Errorf("round %d: %w", t, err)
+		}
+		eps, _ := s.acc.Epsilon(c.Delta)
+		row.Epsilon = Float(eps)
+	}
 	return nil
+}
+
+// secAggInput is client's input in round t: its quantised update, under
+// distributed DP with its noise share from its own key (siteNoiseKey),
+// as a site computes it (agent/secagg.go secAggInput).
+func (e *env) secAggInput(client, t int, sent, x []float64) ([]uint32, error) {
+	d := e.cfg.DP
+	if d == nil {
+		return uplink.SecAggInput(*e.sq, sent, x, e.secAggRand(client, t))
+	}
+	std := dp.SiteStd(d.Noise, d.Clip, uplink.SecAggThreshold(e.cfg.PerRound, e.cfg.SecAgg.Threshold))
+	return uplink.SecAggNoisyInput(*e.sq, sent, x, d.Clip, std, dp.NoiseRand(e.siteNoiseKey(client), uint64(t)), e.secAggRand(client, t))
+}
+
+// siteNoiseKey is client's distributed-DP noise key: a site draws its own
+// from crypto/rand; simulate derives one per client from --dp-noise-seed
+// (dp.TestKey: reproducible, public, for simulation only).
+func (e *env) siteNoiseKey(client int) [32]byte {
+	return SiteNoiseKey(e.cfg, client)
+}
+
+// SiteNoiseKey is the distributed-DP noise key simulate gives client
+// index (tests give a live site the same).
+func SiteNoiseKey(cfg Config, client int) [32]byte {
+	seed := cfg.DPNoiseSeed
+	if seed == 0 {
+		seed = cfg.Seed
+	}
+	return dp.TestKey(seed*1_000_003 + uint64(client) + 1)
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/edgefl/edgefl/agent"
 	"github.com/edgefl/edgefl/aggregator"
+	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/internal/localfed"
 	"github.com/edgefl/edgefl/internal/streams"
@@ -30,7 +31,7 @@ import (
 // testSimMatchesLiveSecAgg is TestSimMatchesLive's secure-aggregation case
 // (restartAfter > 0: the live federation is stopped once that round is
 // aggregated and started again on its state files).
-func testSimMatchesLiveSecAgg(t *testing.T, restartAfter int) {
+func testSimMatchesLiveSecAgg(t *testing.T, restartAfter int, private *dp.Config) {
 	const rounds = 3
 	cfg := DefaultConfig()
 	cfg.Dataset, cfg.Partition, cfg.Clients, cfg.PerRound, cfg.Rounds, cfg.Seed = "synthetic:1,1", "natural", 4, 4, rounds, 5
@@ -38,6 +39,7 @@ func testSimMatchesLiveSecAgg(t *testing.T, restartAfter int) {
 	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, Epochs: 3, Batch: 10, LR: 0.01, Step: 10, Relax: 1}
 	cfg.Algos = []Algo{{Label: FedProx, Family: FedProx, Agg: "mean", Local: local}}
 	cfg.SecAgg = &SecAgg{Clip: 0.5}
+	cfg.DP, cfg.DPNoiseSeed = private, 9
 	// Both sides draw a site's rounding from the run's SecAgg stream of
 	// its index (a deployed site: crypto/rand).
 	index := map[string]int{}
@@ -49,7 +51,8 @@ func testSimMatchesLiveSecAgg(t *testing.T, restartAfter int) {
 	simGlobal := map[int][]float64{}
 	cfg.traceSecAgg = func(_ string, round int, in map[string][]uint32) { simInputs[round] = in }
 	cfg.trace = func(_ string, round int, _ map[string]*uplink.Frame, x []float64) { simGlobal[round] = slices.Clone(x) }
-	if _, err := Run(context.Background(), cfg, nil); err != nil {
+	res, err := Run(context.Background(), cfg, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 	fed, _, err := loadFederation(&cfg, nil)
@@ -67,6 +70,7 @@ func testSimMatchesLiveSecAgg(t *testing.T, restartAfter int) {
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	liveGlobal := map[int][]float64{}
+	liveEps := map[int]float64{}
 	sites := make([]localfed.Site, len(fed.Clients))
 	for i, c := range fed.Clients {
 		data := c.Train
@@ -84,12 +88,13 @@ func testSimMatchesLiveSecAgg(t *testing.T, restartAfter int) {
 		Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs, Mu: local.Mu},
 		Model:  model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
 		Codec:  "fp32", Downlink: cfg.Downlink,
-		SecAgg: &aggregator.SecAggSettings{Clip: cfg.SecAgg.Clip, Timeout: time.Minute},
-		Clock:  clock.NewFake(t0), Logger: log.With("party", "aggregator"),
+		SecAgg: &aggregator.SecAggSettings{Clip: cfg.SecAgg.Clip, Timeout: time.Minute}, DP: private,
+		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
 		OnRound: func(rr aggregator.RoundReport) {
 			mu.Lock()
 			defer mu.Unlock()
 			liveGlobal[rr.Round] = slices.Clone(rr.Global)
+			liveEps[rr.Round] = rr.Epsilon
 			if rr.Round == restartAfter {
 				stopFirst()
 			}
@@ -99,7 +104,11 @@ func testSimMatchesLiveSecAgg(t *testing.T, restartAfter int) {
 		lf, err := localfed.Start(ctx, localfed.Config{Federation: "simlive", Dir: dir, Sites: sites, Seed: 1,
 			ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second,
 			NewClock: func() clock.Clock { return clock.NewFake(t0) }, Logger: log, Server: srvCfg,
-			SecAggRand: func(site string, round uint64) io.Reader { return rnd(index[site], round) }})
+			SecAggRand: func(site string, round uint64) io.Reader { return rnd(index[site], round) },
+			SecAggNoiseKey: func(site string) *[32]byte {
+				k := SiteNoiseKey(cfg, index[site])
+				return &k
+			}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -132,6 +141,20 @@ func testSimMatchesLiveSecAgg(t *testing.T, restartAfter int) {
 		}
 		if !bitsEqual(live, simGlobal[r]) {
 			t.Errorf("round %d: the live global model differs from simulate's (max |diff| %g)", r, maxDiff(live, simGlobal[r]))
+		}
+		if private != nil {
+			mu.Lock()
+			eps := liveEps[r]
+			mu.Unlock()
+			want := -1.0
+			for _, row := range res.Runs[0].Rounds {
+				if row.Round == r {
+					want = float64(row.Epsilon)
+				}
+			}
+			if eps != want || !(eps > 0) {
+				t.Errorf("round %d: epsilon %v live, %v in simulate", r, eps, want)
+			}
 		}
 	}
 	if maxDiff(simGlobal[rounds], simGlobal[1]) == 0 {

@@ -771,7 +771,7 @@ func (e *env) solveAll(ctx context.Context, a Algo, sp split.Params, workers []*
 					}
 				}
 				if e.sq != nil && o.err == nil && o.params != nil {
-					o.input, o.err = uplink.SecAggInput(*e.sq, o.params, x, e.secAggRand(jobs[i].client, t))
+					o.input, o.err = e.secAggInput(jobs[i].client, t, o.params, x)
 				} else if wk.codec != nil && o.err == nil && o.params != nil {
 					var f uplink.Frame
 					u := uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x, Residual: residual[c], Copy: zServer[c]}

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"bytes"
+	crand "crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -30,19 +31,22 @@ import (
 //	secagg       state = the agent's record of its session (opaque here:
 //	             round, attempt, its quantised input and the secagg.Client
 //	             state with its private keys; a secret, like the whole file)
+//	             noise_key = 32 bytes from crypto/rand, drawn once per run:
+//	             the key of the site's distributed-DP noise (dp.NoiseRand)
 var (
 	bucketSecAgg     = []byte("secagg")
 	bucketSecAggMsgs = []byte("secagg_msgs")
 
 	keySecAggServer = []byte("server")
 	keySecAggEdge   = []byte("state")
+	keySecAggNoise  = []byte("noise_key")
 )
 
 func init() {
 	ourBuckets = append(ourBuckets, string(bucketSecAgg), string(bucketSecAggMsgs))
 	aggSchema.layout[string(bucketSecAgg)] = []string{string(keySecAggServer)}
 	aggSchema.layout[string(bucketSecAggMsgs)] = nil
-	edgeSchema.layout[string(bucketSecAgg)] = []string{string(keySecAggEdge)}
+	edgeSchema.layout[string(bucketSecAgg)] = []string{string(keySecAggEdge), string(keySecAggNoise)}
 }
 
 // ErrConflict: a second, different message under a key that holds one.
@@ -278,4 +282,36 @@ func (s *EdgeStore) AckIf(round uint64, match func(msg []byte) bool) (bool, erro
 		return false, fmt.Errorf("storage: ack round %d: %w", round, err)
 	}
 	return found, nil
+}
+
+// SecAggNoiseKey returns the site's distributed-DP noise key, drawing it
+// from crypto/rand and storing it in the same transaction the first time
+// (a new run draws a new one: StartRun drops the bucket).
+func (s *EdgeStore) SecAggNoiseKey() ([32]byte, error) {
+	var key [32]byte
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b, err := mkBucket(tx, bucketSecAgg)
+		if err != nil {
+			return err
+		}
+		v, err := sget(b, keySecAggNoise, "secagg/noise_key")
+		if err != nil {
+			return err
+		}
+		if v != nil {
+			if len(v) != len(key) {
+				return fmt.Errorf("%w: secagg/noise_key of %d bytes", ErrCorrupt, len(v))
+			}
+			copy(key[:], v)
+			return nil
+		}
+		if _, err := crand.Read(key[:]); err != nil {
+			return err
+		}
+		return sput(b, keySecAggNoise, key[:])
+	})
+	if err != nil {
+		return key, fmt.Errorf("storage: secagg noise key: %w", err)
+	}
+	return key, nil
 }

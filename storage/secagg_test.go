@@ -106,11 +106,21 @@ func TestSecAggEdgeRecord(t *testing.T) {
 	if rec, err := s.SecAgg(); err != nil || string(rec) != "rec1" {
 		t.Fatalf("record after reopen %q %v", rec, err)
 	}
+	k1, err := s.SecAggNoiseKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k2, err := s.SecAggNoiseKey(); err != nil || k2 != k1 || k1 == ([32]byte{}) {
+		t.Fatalf("the noise key is not kept: %v", err)
+	}
 	if _, err := s.StartRun("R2"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.SecAgg(); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("a new run kept the old session's record: %v", err)
+	}
+	if k3, err := s.SecAggNoiseKey(); err != nil || k3 == k1 {
+		t.Fatalf("a new run kept the old run's noise key: %v", err)
 	}
 	if err := s.Check(); err != nil {
 		t.Fatal(err)

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 
+	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/secagg"
 	"github.com/edgefl/edgefl/wire"
 )
@@ -111,4 +113,62 @@ func SecAggPlainSum(inputs [][]uint32, dim int) []uint32 {
 		secagg.AddRing(sum, in)
 	}
 	return sum
+}
+
+// Distributed differential privacy under secure aggregation
+// (docs/privacy.md, "Threat models"; `--dp distributed --secagg`): each
+// site clips its update to L2 norm C and adds its share N(0, (z C)^2 / t)
+// of the noise, t the secagg threshold (the fewest inputs a sum holds), so
+// that every sum the aggregator can unmask carries noise of standard
+// deviation at least z C; then it quantises. The noise is added before the
+// stochastic rounding, which adds at most 2^-f per coordinate: the site
+// clips to C - sqrt(d) 2^-f so that the rounded contribution stays within C
+// (docs/privacy.md's first remedy). The quantiser's range is the clip plus
+// six standard deviations of the share (SecAggDPRange): a coordinate beyond
+// it (probability about 2e-9 each) is clipped there, after the noise, which
+// is post-processing of the site's noised value. The aggregator's mean is
+// the sum over U3 divided by |U3| (public: it chose U3), post-processing of
+// the noised sum. Caveats: the mechanism is the continuous Gaussian on
+// doubles, then rounded (the rigorous integer version is the distributed
+// discrete Gaussian of Kairouz, Liu & Steinke 2021), and the accountant's
+// subsampling amplification does not hold against the aggregator, which
+// knows who took part.
+
+// SecAggDPRange is the quantiser's per-coordinate range under distributed
+// DP: C plus six standard deviations of one site's share.
+func SecAggDPRange(clip, noise float64, threshold int) float64 {
+	return clip + 6*dp.SiteStd(noise, clip, threshold)
+}
+
+// SecAggNoisyInput is a site's input under distributed DP: sent - global
+// clipped to L2 norm clip - sqrt(d) 2^-f, plus N(0, std^2) on every
+// coordinate from noise (dp.NoiseRand of the site's secret key), quantised
+// with stochastic rounding from rnd.
+func SecAggNoisyInput(q secagg.Quantizer, sent, global []float64, clip, std float64, noise *rand.Rand, rnd io.Reader) ([]uint32, error) {
+	if len(sent) != len(global) {
+		return nil, fmt.Errorf("uplink: secagg input of %d values against a global model of %d", len(sent), len(global))
+	}
+	d := make([]float64, len(sent))
+	for i := range sent {
+		d[i] = sent[i] - global[i]
+	}
+	c := clip - math.Sqrt(float64(len(d)))*math.Ldexp(1, -q.ScaleBits)
+	if !(c > 0) {
+		return nil, fmt.Errorf("uplink: the clip norm %g is below the rounding's %g at scale 2^%d: raise the scale or the clip", clip, clip-c, q.ScaleBits)
+	}
+	if _, err := dp.Clip(d, c); err != nil {
+		return nil, fmt.Errorf("uplink: clip the update: %w", err)
+	}
+	dp.AddNoise(d, std, noise)
+	return q.Quantize(d, rnd)
+}
+
+// SecAggThreshold is the secagg threshold of a round of k sites: t when
+// given (> 0), else secagg.DefaultThreshold(k), and always more than k/2
+// (secagg.Config's rule for the complete graph).
+func SecAggThreshold(k, t int) int {
+	if t > 0 {
+		return t
+	}
+	return max(secagg.DefaultThreshold(k), k/2+1)
 }

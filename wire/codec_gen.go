@@ -737,6 +737,7 @@ func (x *DPParams) size() int {
 	n += sizeVarint(1, uint64(x.Mode))
 	n += sizeDouble(2, x.ClipNorm)
 	n += sizeDouble(3, x.NoiseMultiplier)
+	n += sizeVarint(5, uint64(x.NoiseShares))
 	n += sizeDouble(6, x.Delta)
 	n += sizeDouble(7, x.EpsilonSpent)
 	n += sizeDouble(8, x.EpsilonBudget)
@@ -747,6 +748,7 @@ func (x *DPParams) appendTo(b []byte) []byte {
 	b = appendVarint(b, 1, uint64(x.Mode))
 	b = appendDouble(b, 2, x.ClipNorm)
 	b = appendDouble(b, 3, x.NoiseMultiplier)
+	b = appendVarint(b, 5, uint64(x.NoiseShares))
 	b = appendDouble(b, 6, x.Delta)
 	b = appendDouble(b, 7, x.EpsilonSpent)
 	b = appendDouble(b, 8, x.EpsilonBudget)
@@ -767,6 +769,10 @@ func (x *DPParams) unmarshal(b []byte, d *decoder) error {
 		case 3:
 			if typ == protowire.Fixed64Type {
 				return consumeDouble(&x.NoiseMultiplier, b), nil
+			}
+		case 5:
+			if typ == protowire.VarintType {
+				return consumeUint32(&x.NoiseShares, b), nil
 			}
 		case 6:
 			if typ == protowire.Fixed64Type {

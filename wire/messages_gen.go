@@ -81,7 +81,7 @@ type DPMode int32
 const (
 	DPMode_DP_MODE_UNSPECIFIED DPMode = 0 // invalid in a DPParams
 	DPMode_DP_MODE_CENTRAL     DPMode = 1 // the aggregator adds N(0, (z C)^2) to the sum
-	DPMode_DP_MODE_DISTRIBUTED DPMode = 2 // the sites add shares; requires secure aggregation (not yet wired)
+	DPMode_DP_MODE_DISTRIBUTED DPMode = 2 // the sites add shares (noise_shares); requires secure aggregation (secagg)
 )
 
 // Enum value maps for DPMode.
@@ -954,16 +954,19 @@ func (x *SecAggSpec) GetAttempt() uint32 {
 }
 
 // DPParams are a round's differential-privacy parameters (docs/privacy.md,
-// "Wire fields (proposed)"). Field numbers 4 (update_noise_multiplier),
-// 5 (noise_shares) and 9 (adaptive) are kept for adaptive clipping and the
-// distributed mode; never reuse them.
+// "Wire fields (proposed)"). Field numbers 4 (update_noise_multiplier)
+// and 9 (adaptive) are kept for adaptive clipping; never reuse them.
 type DPParams struct {
 	Mode            DPMode  `json:"mode,omitempty"`
 	ClipNorm        float64 `json:"clip_norm,omitempty"`        // C: the L2 bound of a site's update (> 0, finite)
 	NoiseMultiplier float64 `json:"noise_multiplier,omitempty"` // z: the noise is z*C on the sum (> 0, finite)
-	Delta           float64 `json:"delta,omitempty"`            // the run's delta, in (0, 1)
-	EpsilonSpent    float64 `json:"epsilon_spent,omitempty"`    // after the previous round (informational), >= 0
-	EpsilonBudget   float64 `json:"epsilon_budget,omitempty"`   // 0 = none; >= 0
+	// DP_MODE_DISTRIBUTED: Q, the fewest sites a secure sum holds (the
+	// secagg threshold); each site adds N(0, (z C)^2 / Q) before masking.
+	// 0 in the central mode; >= 1 and with secagg in the distributed mode.
+	NoiseShares   uint32  `json:"noise_shares,omitempty"`
+	Delta         float64 `json:"delta,omitempty"`          // the run's delta, in (0, 1)
+	EpsilonSpent  float64 `json:"epsilon_spent,omitempty"`  // after the previous round (informational), >= 0
+	EpsilonBudget float64 `json:"epsilon_budget,omitempty"` // 0 = none; >= 0
 }
 
 // Reset sets x to its zero value.
@@ -986,6 +989,13 @@ func (x *DPParams) GetClipNorm() float64 {
 func (x *DPParams) GetNoiseMultiplier() float64 {
 	if x != nil {
 		return x.NoiseMultiplier
+	}
+	return 0
+}
+
+func (x *DPParams) GetNoiseShares() uint32 {
+	if x != nil {
+		return x.NoiseShares
 	}
 	return 0
 }

@@ -147,6 +147,7 @@ func (x *DPParams) appendText(w *textWriter) {
 	w.enum("mode", int32(x.Mode), DPMode_name)
 	w.float("clip_norm", x.ClipNorm)
 	w.float("noise_multiplier", x.NoiseMultiplier)
+	w.uint("noise_shares", uint64(x.NoiseShares))
 	w.float("delta", x.Delta)
 	w.float("epsilon_spent", x.EpsilonSpent)
 	w.float("epsilon_budget", x.EpsilonBudget)

@@ -175,6 +175,9 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 	if err := m.checkSecAgg(msg, train, lim); err != nil {
 		return err
 	}
+	if m.Dp.GetMode() == DPMode_DP_MODE_DISTRIBUTED && m.Secagg == nil && m.Phase == Phase_PHASE_TRAIN {
+		return invalid(msg, "dp in the distributed mode needs secagg: the noise shares are only safe inside a secure sum")
+	}
 	return m.Dp.validate(msg)
 }
 
@@ -360,6 +363,9 @@ func (p *DPParams) validate(msg string) error {
 	}
 	if !(p.Delta > 0 && p.Delta < 1) {
 		return invalid(msg, "dp.delta must be in (0, 1), got %v", p.Delta)
+	}
+	if (p.Mode == DPMode_DP_MODE_DISTRIBUTED) != (p.NoiseShares > 0) {
+		return invalid(msg, "dp.noise_shares %d in mode %v: want >= 1 in the distributed mode, 0 in the central one", p.NoiseShares, p.Mode)
 	}
 	if err := checkNonNeg(msg, "dp.epsilon_spent", p.EpsilonSpent); err != nil {
 		return err

@@ -24,6 +24,7 @@ func TestDPRefusals(t *testing.T) {
 		want string
 	}{
 		{"run distributed", []string{"run", "--config", conf, "--dp", "distributed", "--dp-noise", "1"}, "secure aggregation"},
+		{"run central with secagg", []string{"run", "--config", conf, "--dp", "central", "--dp-noise", "1", "--secagg", "--algorithm", "fedprox"}, "distributed mode is the one"},
 		{"run unknown mode", []string{"run", "--config", conf, "--dp", "local", "--dp-noise", "1"}, "unknown mode"},
 		{"run without noise", run, "--dp-noise"},
 		{"run fedsplit", append(run, "--dp-noise", "1", "--algorithm", "fedsplit"), "FedSplit family"},

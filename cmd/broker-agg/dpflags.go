@@ -17,7 +17,7 @@ type dpFlags struct {
 }
 
 func (d *dpFlags) register(fs *flag.FlagSet, calibrates bool) {
-	fs.StringVar(&d.mode, "dp", "off", "client-level differential privacy: off | central (the aggregator clips every update to --dp-clip and adds Gaussian noise of std --dp-noise x --dp-clip to their sum; docs/privacy.md) | distributed (needs secure aggregation, not wired yet: refused)")
+	fs.StringVar(&d.mode, "dp", "off", "client-level differential privacy: off | central (the aggregator clips every update to --dp-clip and adds Gaussian noise of std --dp-noise x --dp-clip to their sum; docs/privacy.md) | distributed (with --secagg: each site adds its share N(0, (z C)^2/t) of the noise to its clipped update before masking, t the secagg threshold; docs/privacy.md \"Threat models\")")
 	fs.Float64Var(&d.clip, "dp-clip", 1, "with --dp: the L2 norm `C` every site's update is clipped to")
 	noise := "with --dp: the noise multiplier `z` (the noise on the sum of clipped updates has std z*C)"
 	if calibrates {
@@ -41,10 +41,8 @@ func (d *dpFlags) config(q float64, rounds int) (*dp.Config, error) {
 		return nil, fmt.Errorf("--dp: %w", err)
 	case mode == 0:
 		return nil, nil
-	case mode == dp.Distributed:
-		return nil, fmt.Errorf("--dp distributed: %w", dp.ErrDistributed)
 	}
-	c := &dp.Config{Clip: d.clip, Noise: d.noise, Delta: d.delta, Budget: d.budget}
+	c := &dp.Config{Clip: d.clip, Noise: d.noise, Delta: d.delta, Budget: d.budget, Distributed: mode == dp.Distributed}
 	if c.Noise == 0 {
 		if q <= 0 || c.Budget == 0 {
 			return nil, errors.New("--dp needs --dp-noise z (the noise multiplier)")

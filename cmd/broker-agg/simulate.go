@@ -151,7 +151,7 @@ func (o *simulateFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 		return err
 	}
 	if o.secagg.on {
-		cfg.SecAgg = &sim.SecAgg{Clip: o.secagg.clip, ScaleBits: o.secagg.scaleBits}
+		cfg.SecAgg = &sim.SecAgg{Clip: o.secagg.clip, ScaleBits: o.secagg.scaleBits, Threshold: o.secagg.threshold}
 	}
 	return nil
 }

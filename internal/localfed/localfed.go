@@ -112,6 +112,9 @@ type AgentsConfig struct {
 	// Observe, when set, sees each site's agent events
 	// (agent.Deps.Observe); it must not block.
 	Observe func(site string, ev agent.Event)
+	// SecAggNoiseKey, when set, gives each site its distributed-DP noise
+	// key instead of crypto/rand (agent.Deps.SecAggNoiseKey): tests only.
+	SecAggNoiseKey func(site string) *[32]byte
 }
 
 // Agents are running edge agents.
@@ -157,6 +160,9 @@ func StartAgents(ctx context.Context, c AgentsConfig) (*Agents, error) {
 		if f := c.Observe; f != nil {
 			id := s.ID
 			deps.Observe = func(ev agent.Event) { f(id, ev) }
+		}
+		if f := c.SecAggNoiseKey; f != nil {
+			deps.SecAggNoiseKey = f(s.ID)
 		}
 		if c.NewClock != nil {
 			deps.Clock = c.NewClock()
@@ -270,9 +276,11 @@ type Config struct {
 	// NewClock gives each agent its clock (nil: the wall clock).
 	NewClock func() clock.Clock
 	Logger   *slog.Logger
-	// SecAggRand and Observe are the agents' (AgentsConfig's).
-	SecAggRand func(site string, round uint64) io.Reader
-	Observe    func(site string, ev agent.Event)
+	// SecAggRand, Observe and SecAggNoiseKey are the agents'
+	// (AgentsConfig's).
+	SecAggRand     func(site string, round uint64) io.Reader
+	Observe        func(site string, ev agent.Event)
+	SecAggNoiseKey func(site string) *[32]byte
 }
 
 // Federation is a running local federation.
@@ -336,7 +344,7 @@ func Start(ctx context.Context, c Config) (*Federation, error) {
 	}
 	f.agents, err = StartAgents(ctx, AgentsConfig{Federation: c.Federation, Brokers: []string{brk.URL()}, Passwords: pw,
 		Dir: c.Dir, Sites: c.Sites, Seed: c.Seed, ReconnectMin: c.ReconnectMin, ReconnectMax: c.ReconnectMax,
-		NewClock: c.NewClock, Logger: c.Logger, SecAggRand: c.SecAggRand, Observe: c.Observe})
+		NewClock: c.NewClock, Logger: c.Logger, SecAggRand: c.SecAggRand, Observe: c.Observe, SecAggNoiseKey: c.SecAggNoiseKey})
 	if err != nil {
 		f.cancel()
 		<-f.srvDone
