@@ -45,9 +45,16 @@
 //	    rate-limited (/metrics), the VmHWM and CPU seconds of broker-agg
 //	    (and Mosquitto), and the round delay: the rounds the flood
 //	    overlapped, summed, flood run minus baseline.
+//	loadtest run ... --algorithm fedprox --secagg [--drop F] [--secagg-timeout D]
+//	    the same with broker-agg's secure aggregation (scripts/bench-secagg.sh);
+//	    with --drop F the first round(F K) sites of every round from the
+//	    second on stop once their masked input is stored and are restarted
+//	    once the round is aggregated (secagg.go).
 //
-// The last lines are machine-readable: "RESULT key=value ..." and one
-// "RECOVERY key=value ..." per kill.
+// The last lines are machine-readable: "RESULT key=value ...", one
+// "RECOVERY key=value ..." per kill, and "ROUNDS key=value ...": rounds
+// 2..R's seconds from announcement to aggregation, broker-agg's CPU
+// seconds in them, and the bytes in and out per selected site.
 package main
 
 import (
@@ -353,10 +360,7 @@ func runLoad(args []string) error {
 	if err := printLoadResult(o, fed, agg, mq, cons, recs, work); err != nil {
 		return err
 	}
-	if o.secagg || o.drop > 0 {
-		return printSecAggResult(o, agg, &cpu, drops)
-	}
-	return nil
+	return printSecAggResult(o, agg, &cpu, drops)
 }
 
 // parseLoadFlags reads `loadtest run`'s flags.
@@ -384,9 +388,9 @@ func parseLoadFlags(args []string) (options, error) {
 	fs.StringVar(&o.console, "console", "none", "the console open for the whole run: none, poll (a client doing what the page's script does) or chromium (the page in headless Chromium)")
 	fs.DurationVar(&o.consolePoll, "console-poll", 1500*time.Millisecond, "with --console poll: the page's polling interval (console.js POLL_MS)")
 	fs.StringVar(&o.chromium, "chromium", "/usr/bin/chromium", "with --console chromium: the Chromium `BINARY`")
-	fs.BoolVar(&o.secagg, "secagg", false, "run broker-agg with --secagg (and print the SECAGG line)")
+	fs.BoolVar(&o.secagg, "secagg", false, "run broker-agg with --secagg")
 	fs.DurationVar(&o.secaggTimeout, "secagg-timeout", time.Minute, "with --secagg: broker-agg's --secagg-timeout")
-	fs.Float64Var(&o.drop, "drop", 0, "the share F of each round's sites that drop out after their masked input, from round 2 on (restarted once the round is aggregated); also prints the SECAGG line without --secagg")
+	fs.Float64Var(&o.drop, "drop", 0, "with --secagg: the share F of each round's sites that drop out after their masked input, from round 2 on (restarted once the round is aggregated)")
 	_ = fs.Parse(args) // flag.ExitOnError: Parse exits on a bad flag
 	if o.aggBin == "" || o.data == "" {
 		return o, errors.New("run: --broker-agg and --data are required")

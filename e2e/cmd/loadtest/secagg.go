@@ -14,8 +14,8 @@ import (
 	"github.com/edgefl/edgefl/wire"
 )
 
-// The secure-aggregation figures of scripts/bench-secagg.sh (`loadtest run
-// --secagg [--drop F]`): per round from the second on (the first warms up),
+// The per-round figures of scripts/bench-secagg.sh (`loadtest run
+// [--secagg [--drop F]]`, the ROUNDS line): per round from the second on (the first warms up),
 // the seconds from its announcement to its aggregation, broker-agg's CPU
 // seconds in that span, and the bytes the aggregator received and sent for
 // the round per selected site (its round history: every message on the
@@ -149,7 +149,7 @@ func (c *cpuSampler) at(t time.Time) float64 {
 	return v
 }
 
-// printSecAggResult prints the SECAGG line: the figures of rounds 2..R.
+// printSecAggResult prints the ROUNDS line: the figures of rounds 2..R.
 func printSecAggResult(o options, agg *aggProc, cpu *cpuSampler, drops *dropper) error {
 	code, body := httpGet(agg.metrics, "/status")
 	if code != http.StatusOK {
@@ -193,7 +193,7 @@ func printSecAggResult(o options, agg *aggProc, cpu *cpuSampler, drops *dropper)
 		dropped += n
 	}
 	drops.mu.Unlock()
-	fmt.Printf("SECAGG secagg=%v drop=%g per_round=%d rounds_measured=%d round_s_mean=%.3f aggregator_cpu_s_per_round=%.3f up_bytes_per_site=%.0f down_bytes_per_site=%.0f dropped_sites_total=%d\n",
+	fmt.Printf("ROUNDS secagg=%v drop=%g per_round=%d rounds_measured=%d round_s_mean=%.3f aggregator_cpu_s_per_round=%.3f up_bytes_per_site=%.0f down_bytes_per_site=%.0f dropped_sites_total=%d\n",
 		o.secagg, o.drop, o.perRound, len(secs), mean(secs), mean(cpus), mean(ups), mean(downs), dropped)
 	return nil
 }
