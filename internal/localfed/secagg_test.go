@@ -262,7 +262,11 @@ func TestSecAggAbortVisible(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lf.Stop()
+	defer func() {
+		if err := lf.Stop(); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	}()
 	go func() {
 		select {
 		case id := <-stopIt:
