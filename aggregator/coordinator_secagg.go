@@ -204,6 +204,20 @@ func (c *Coordinator) SecAggSession() (attempt, phase int, ok bool) {
 // none since the start).
 func (c *Coordinator) SecAggLastAbort() string { return c.sa.lastAbort }
 
+// SecAggCounted reports whether the coordinator counted client's message
+// of kind in the open session (the shell's restore takes only those again).
+func (c *Coordinator) SecAggCounted(client string, kind int) bool {
+	switch {
+	case c.cfg.SecAgg == nil:
+		return false
+	case kind == secAggKind(SecAggAdvertise) && c.phase != PhaseSecAgg:
+		return hasKey(c.received, client)
+	case c.phase == PhaseSecAgg && kind == secAggKind(c.sa.phase):
+		return c.sa.got[client]
+	}
+	return false
+}
+
 func (c *Coordinator) resetSecAgg() {
 	c.sa = secAggState{lastAbort: c.sa.lastAbort}
 }
@@ -350,6 +364,10 @@ func (c *Coordinator) secAggAdvanced(e SecAggAdvanced, at time.Time) []Decision 
 		return nil
 	}
 	c.sa.advancing = false
+	next := slices.Compact(slices.Sorted(slices.Values(e.Next)))
+	if e.Err == "" {
+		e.Err = c.checkNext(e.Phase, next)
+	}
 	if e.Err != "" {
 		c.counters.SecAggAborts++
 		c.sa.lastAbort = e.Err
@@ -364,7 +382,6 @@ func (c *Coordinator) secAggAdvanced(e SecAggAdvanced, at time.Time) []Decision 
 		c.deadline = time.Time{}
 		return []Decision{abort}
 	}
-	next := slices.Sorted(slices.Values(e.Next))
 	if e.Phase == SecAggUnmask {
 		// The sum over U3 is known: U3 are the round's contributors.
 		received := make(map[string]bool, len(next))
@@ -383,6 +400,35 @@ func (c *Coordinator) secAggAdvanced(e SecAggAdvanced, at time.Time) []Decision 
 	c.sa.got = map[string]bool{}
 	c.sa.deadline = at.Add(c.cfg.SecAgg.Timeout)
 	return []Decision{c.announceSecAgg()}
+}
+
+// checkNext is why the sites the shell reports for the phase after phase
+// cannot be right ("" when they can): fewer than the threshold, a site that
+// did not send the phase's message, or, after the unmask phase, other
+// sites than U3. The secagg.Server aborts in these cases itself; the
+// coordinator does not rely on it: a round never closes below the
+// threshold or with contributors it did not count.
+func (c *Coordinator) checkNext(phase int, next []string) string {
+	t := c.cfg.SecAgg.Threshold
+	switch {
+	case len(next) < t:
+		return fmt.Sprintf("secagg: %d sites for the next phase, threshold %d", len(next), t)
+	case phase == SecAggUnmask:
+		if !slices.Equal(next, c.sa.expect) {
+			return fmt.Sprintf("secagg: the sum is over %v, the survivors were %v", next, c.sa.expect)
+		}
+		return ""
+	}
+	for _, id := range next {
+		sent := c.sa.got[id]
+		if phase == SecAggAdvertise {
+			sent = hasKey(c.received, id)
+		}
+		if !sent {
+			return fmt.Sprintf("secagg: site %s is in the next phase without a stored message of this one", id)
+		}
+	}
+	return ""
 }
 
 func (c *Coordinator) announceSecAgg() AnnounceSecAgg {

@@ -436,7 +436,7 @@ func (s *Server) secAggAggregate(cr CloseRound) ([]float64, aggregate.Report, er
 
 // restoreSecAgg rebuilds the open session's server after a restart: its
 // stored state (if it is the coordinator's session) plus the stored
-// messages of the open phase, taken again.
+// messages of the open phase that the coordinator counted, taken again.
 func (s *Server) restoreSecAgg() error {
 	attempt, _, ok := s.coord.SecAggSession()
 	if !ok {
@@ -468,6 +468,12 @@ func (s *Server) restoreSecAgg() error {
 	}
 	taken := 0
 	for _, rec := range recs {
+		if !s.coord.SecAggCounted(rec.ClientID, int(rec.Kind)) {
+			// Stored just before a crash, before the coordinator's state
+			// that counts it: the site re-sends it (its outbox), and it is
+			// taken then, by both.
+			continue
+		}
 		m, err := wire.DecodeSecAgg(rec.Msg, s.lim)
 		if err != nil {
 			return fmt.Errorf("aggregator: %s: a stored secagg message of %q: %w", s.cfg.StatePath, rec.ClientID, err)
