@@ -2,6 +2,7 @@ package localfed
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math"
@@ -299,5 +300,15 @@ func TestSecAggAbortVisible(t *testing.T) {
 	}
 	if n := aggregated.Load(); n != 0 {
 		t.Fatalf("%d rounds aggregated from an aborted session", n)
+	}
+	// `broker-agg status` reads the same from the state file.
+	rec = httptest.NewRecorder()
+	lf.Server.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/status", nil))
+	var st aggregator.Status
+	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
+		t.Fatal(err)
+	}
+	if sa := st.SecAgg; sa == nil || sa.Aborts < 1 || !strings.Contains(sa.LastAbort, "threshold") || sa.Threshold != k {
+		t.Fatalf("/status: secagg %+v", st.SecAgg)
 	}
 }
