@@ -125,6 +125,12 @@ func (h *RoundHandler) statistics(ann *wire.RoundAnnouncement, res Result) (Resu
 	if err != nil {
 		return res, err
 	}
+	if s.Declared() {
+		// Nothing to fit: a schema that declares its preprocessing never
+		// needs a site's statistics, and a --dp run relies on none being
+		// sent (docs/privacy.md, "Preprocessing under DP").
+		return res, badTransform("statistics phase", errors.New("the schema declares its preprocessing: this site sends no statistics"))
+	}
 	st, err := h.site.load(h, ann.RunId, s)
 	if err != nil {
 		return res, err
