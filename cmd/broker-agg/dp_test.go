@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+	"github.com/edgefl/edgefl/internal/testkit"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +18,19 @@ func TestDPRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := []string{"run", "--config", conf, "--dp", "central"}
+	// A schema that does not declare its preprocessing (its statistics
+	// phase is outside the guarantee).
+	schemaPath, csvPath := demoCSV(t, dir)
+	schemaConf := func(name, schema string) string {
+		p := filepath.Join(dir, name+".config")
+		if err := os.WriteFile(p, []byte(fmt.Sprintf("federation = f\nstate_file = %s\nmetrics_addr =\nlisten = 127.0.0.1:0\nallow_anonymous = true\nschema = %s\n",
+			filepath.Join(dir, name+".db"), schema)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	declared := filepath.Join(dir, "declared.json")
+	testkit.WriteFile(t, declared, demoDeclaredSchemaJSON)
 	sim := []string{"simulate", "--dataset", "synthetic:1,1", "--clients", "10", "--per-round", "2", "--rounds", "2", "--out", dir,
 		"--algo", "fedprox", "--dp", "central"}
 	tests := []struct {
@@ -35,7 +50,12 @@ func TestDPRefusals(t *testing.T) {
 		{"simulate fedsplit", append(sim[:len(sim)-4:len(sim)-4], "--algo", "fedproxsplit", "--dp", "central", "--dp-noise", "1"), "FedSplit family"},
 		{"simulate budget below one round", append(sim, "--dp-noise", "1", "--dp-epsilon", "0.01"), "even one round"},
 		{"simulate budget too small to calibrate", append(sim, "--dp-epsilon", "1e-9"), "too small"},
-		{"demo schema", []string{"demo", "--dp", "central", "--dp-noise", "1", "--schema", "x.json"}, "--schema"},
+		{"run undeclared schema", []string{"run", "--config", schemaConf("undeclared", schemaPath), "--dp", "central", "--dp-noise", "1"}, "does not declare its preprocessing"},
+		{"run patience", []string{"run", "--config", schemaConf("declared", declared), "--dp", "central", "--dp-noise", "1", "--stop-patience", "2"}, "patience rule"},
+		{"demo undeclared schema", []string{"demo", "--dp", "central", "--dp-noise", "1", "--schema", schemaPath, "--dataset", "csv:" + csvPath,
+			"--site-column", "hospital"}, "must declare its preprocessing"},
+		{"simulate undeclared schema", []string{"simulate", "--dp", "central", "--dp-noise", "1", "--schema", schemaPath, "--dataset", "csv:" + csvPath,
+			"--site-column", "hospital", "--partition", "natural", "--rounds", "1", "--algo", "fedprox", "--out", dir}, "must declare its preprocessing"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
