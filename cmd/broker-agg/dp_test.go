@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/internal/testkit"
 	"os"
 	"path/filepath"
@@ -64,5 +67,39 @@ func TestDPRefusals(t *testing.T) {
 				t.Fatalf("exit %d, %q; want 1 and an error containing %q", code, lastLine(stderr), tt.want)
 			}
 		})
+	}
+}
+
+// TestSimulateSchemaDPCalibrates: simulate --schema with every site every
+// round (--per-round 0) calibrates --dp-noise from --dp-epsilon at q = 1,
+// before the CSV says how many sites there are.
+func TestSimulateSchemaDPCalibrates(t *testing.T) {
+	dir := t.TempDir()
+	_, csvPath := demoCSV(t, dir)
+	declared := filepath.Join(dir, "declared.json")
+	testkit.WriteFile(t, declared, demoDeclaredSchemaJSON)
+	out := filepath.Join(dir, "out")
+	code, stdout, stderr := runCLI(t, "simulate", "--schema", declared, "--dataset", "csv:"+csvPath, "--site-column", "hospital",
+		"--partition", "natural", "--rounds", "2", "--algo", "fedprox", "--optimum-evals", "1", "--dp", "central", "--dp-epsilon", "8", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
+	}
+	raw, err := os.ReadFile(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Runs []struct {
+			DP struct {
+				Epsilon, Noise, SamplingRate float64
+			}
+		}
+	}
+	if err := json.Unmarshal(bytes.ReplaceAll(bytes.ReplaceAll(raw, []byte(`"noise_multiplier"`), []byte(`"Noise"`)), []byte(`"sampling_rate"`), []byte(`"SamplingRate"`)), &res); err != nil {
+		t.Fatal(err)
+	}
+	z, _ := dp.CalibrateNoise(8, 1e-5, 1, 2, 1e-3, nil)
+	if len(res.Runs) != 1 || res.Runs[0].DP.Noise != z || res.Runs[0].DP.SamplingRate != 1 || !(res.Runs[0].DP.Epsilon <= 8) {
+		t.Fatalf("dp %+v, want z %v at q = 1", res.Runs, z)
 	}
 }
