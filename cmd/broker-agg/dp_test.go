@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"github.com/edgefl/edgefl/dp"
-	"github.com/edgefl/edgefl/internal/testkit"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/edgefl/edgefl/dp"
+	"github.com/edgefl/edgefl/internal/testkit"
 )
 
 // TestDPRefusals: what --dp cannot cover stops run, demo and simulate
