@@ -109,6 +109,10 @@ func TestModelLifecycleDP(t *testing.T) {
 		t.Errorf("metrics: statistics sites %v, epsilon %v (want 0 and %v)", m[`edgefl_aggregator_statistics_sites`], m[`edgefl_dp_epsilon`], eps)
 	}
 	for _, e := range edges {
+		done := e.p.waitLine(30*time.Second, e.id+"'s end of the run", func(l logLine) bool { return l.msg() == "federation finished; final model written" })
+		if done.num("dp_epsilon") != p.Epsilon {
+			t.Errorf("%s logged the end of the run with epsilon %v, the bundle's is %v", e.id, done.num("dp_epsilon"), p.Epsilon)
+		}
 		if n := len(e.lines(func(l logLine) bool { return strings.Contains(l.msg(), "statistics") && l.str("level") != "DEBUG" })); n != 0 {
 			t.Errorf("%s logged %d lines about statistics", e.id, n)
 		}
