@@ -67,7 +67,7 @@ func dpTrainRound(t *testing.T, r *running, sites []*fedSite, ann *wire.RoundAnn
 // the aggregator, whose operator sees them (status), but no bundle carries
 // them: the latest, the final and the exported bundles hold no evaluation
 // and no per-site value, and record the privacy guarantee at their round,
-// the accountant's epsilon after that many rounds.
+// the accountant's epsilon after that many rounds; across a restart.
 func TestFedDPDeclaredSchema(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.dpFedConfig(t)
@@ -91,7 +91,14 @@ func TestFedDPDeclaredSchema(t *testing.T) {
 	wantSubject(t, sites[0].receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, 0, false, wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND)
 
 	x1 := dpTrainRound(t, r, sites, a1)
+	// A restart: the declared fit, the noise key and the accountant come
+	// back from the state file.
+	r.stop(t)
+	r = f.start(cfg)
 	a2 := sites[0].nextPhase(t, wire.Phase_PHASE_TRAIN, 2, false)
+	if !bytes.Equal(a2.Transform, a1.Transform) || !slices.Equal(decodeGlobal(t, a2), x1) {
+		t.Fatal("the restarted aggregator announces another transform or model")
+	}
 	if !a2.Evaluate || a2.EvalRound != 1 || a2.Dp.EpsilonSpent != dp.EpsilonAfter(1, 1.3, 1, 1e-5, nil) {
 		t.Fatalf("round 2 announcement: evaluate %v round %d, dp %v", a2.Evaluate, a2.EvalRound, a2.Dp)
 	}
