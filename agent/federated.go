@@ -94,6 +94,12 @@ func (h *RoundHandler) handleFederated(ctx context.Context, ann *wire.RoundAnnou
 	if err != nil {
 		return res, err
 	}
+	if s.Declared() {
+		// No statistics phase refused the site: the rule applies here.
+		if err := h.site.site.site.EnoughRows(); err != nil {
+			return res, err
+		}
+	}
 	res.SampleCount = train.N
 	if ann.GetEvaluate() {
 		if err := h.evaluate(ann, holdout, &res); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -18,10 +19,11 @@ import (
 
 // declaredFixture is f with its schema's preprocessing declared (what a
 // --dp run announces): the transform is prep.Declared of the schema.
-func declaredFixture(t *testing.T) *fedFixture {
+func declaredFixture(t *testing.T, minSamples int) *fedFixture {
 	t.Helper()
 	f := newFedFixture(t, 80)
-	sc, err := schema.Parse([]byte(strings.Replace(strings.Replace(strings.Replace(fedSchemaJSON,
+	js := strings.Replace(fedSchemaJSON, `"min_site_samples": 10`, fmt.Sprintf(`"min_site_samples": %d`, minSamples), 1)
+	sc, err := schema.Parse([]byte(strings.Replace(strings.Replace(strings.Replace(js,
 		`{"name": "size", "type": "numeric"}`, `{"name": "size", "type": "numeric", "center": 50, "scale": 10}`, 1),
 		`{"name": "colour", "type": "categorical"}`, `{"name": "colour", "type": "categorical", "levels": ["red", "green", "blue"]}`, 1),
 		`{"name": "age", "type": "numeric"}`, `{"name": "age", "type": "numeric", "center": 50, "scale": 30}`, 1)))
@@ -46,7 +48,7 @@ func declaredFixture(t *testing.T) *fedFixture {
 // even when asked (a site error), and trains under the announced DP
 // parameters with the declared transform, no statistics phase before.
 func TestFederatedDeclaredSchemaUnderDP(t *testing.T) {
-	f := declaredFixture(t)
+	f := declaredFixture(t, 10)
 	h := newFedHandler(t, f)
 	var emitted []Outgoing
 	h.Emit = func(o Outgoing) { emitted = append(emitted, o) }
@@ -79,5 +81,23 @@ func TestFederatedDeclaredSchemaUnderDP(t *testing.T) {
 	}
 	if u.Kind != wire.UpdateKind_UPDATE_KIND_DELTA || math.Sqrt(n) > clip*(1+1e-6) || u.Report.LocalLoss != 0 || len(emitted) != 0 {
 		t.Fatalf("update kind %v, norm %v > clip %v, local loss %v", u.Kind, math.Sqrt(n), clip, u.Report.LocalLoss)
+	}
+}
+
+// With a declared schema no statistics phase refuses a site below
+// min_site_samples: it refuses to train instead (too_few_rows), sending
+// nothing.
+func TestFederatedDeclaredSchemaTooFewRows(t *testing.T) {
+	f := declaredFixture(t, 1000)
+	h := newFedHandler(t, f)
+	var emitted []Outgoing
+	h.Emit = func(o Outgoing) { emitted = append(emitted, o) }
+	ann := f.trainAnn(t, fedRun, 1, f.global(t, 1))
+	ann.Evaluate, ann.EvalRound = true, 0
+	res, err := h.Handle(context.Background(), ann)
+	var se *sitedata.SiteError
+	if !errors.As(err, &se) || se.Reason != sitedata.ReasonTooFewRows || !strings.Contains(se.Public(), "min_site_samples 1000") ||
+		res.Update != nil || len(emitted) != 0 {
+		t.Fatalf("a site below min_site_samples: %v, update %v, %d emitted", err, res.Update != nil, len(emitted))
 	}
 }

@@ -258,6 +258,9 @@ func (set *siteSet) declared(d *schemaData, progress io.Writer) error {
 			file = fmt.Sprintf("%s (site %s)", d.path, set.ids[k])
 		}
 		site := sitedata.FromTable(set.schema, d.tab.Subset(g), file)
+		if err := site.EnoughRows(); err != nil {
+			return err // as the site refuses to train
+		}
 		if site.Table.SingleClass() {
 			fmt.Fprintf(progress, "site %s: every row is of one class (allowed; it trains and reports)\n", set.ids[k])
 		}
