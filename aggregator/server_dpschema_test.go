@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -163,6 +165,12 @@ func TestFedDPDeclaredSchema(t *testing.T) {
 	noSiteValues(t, "export of round 1", raw, sites, reps)
 	if raw, _, err = ExportBundle(r.s.store, -1, f.clock.Now(), "test"); err != nil || !bytes.Equal(raw, done.Bundle) {
 		t.Fatalf("default export is not the final bundle: %v", err)
+	}
+	// The console shows the operator the epsilon spent.
+	rec := httptest.NewRecorder()
+	r.s.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+	if want := fmt.Sprintf("central: epsilon %.4g at delta 1e-05 after 2 rounds", fb.Privacy.Epsilon); rec.Code != 200 || !strings.Contains(rec.Body.String(), want) {
+		t.Errorf("console: %d, lacks %q", rec.Code, want)
 	}
 	st, err := ReadStatus(r.s.store)
 	if err != nil || st.Privacy == nil || st.Privacy.Epsilon != fb.Privacy.Epsilon || st.Evaluation == nil || len(st.StatisticsSites) != 0 {
