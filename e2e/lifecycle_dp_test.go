@@ -141,7 +141,8 @@ func TestModelLifecycleDP(t *testing.T) {
 	if err != nil {
 		t.Fatalf("broker-agg status: %v\n%s", err, st)
 	}
-	for _, w := range []string{"differential privacy (central): epsilon", "ACCURACY", "site-2", "final bundle: round 6"} {
+	for _, w := range []string{"differential privacy (central): epsilon", "ACCURACY", "site-2", "final bundle: round 6",
+		"preprocessing declared by the schema (no statistics phase)", "the operator's only under --dp: no bundle carries it"} {
 		if !strings.Contains(string(st), w) {
 			t.Errorf("broker-agg status lacks %q:\n%s", w, st)
 		}
