@@ -94,6 +94,12 @@ func (h *RoundHandler) handleFederated(ctx context.Context, ann *wire.RoundAnnou
 	if err != nil {
 		return res, err
 	}
+	if s.Declared() {
+		// No statistics phase refused the site: the rule applies here.
+		if err := h.site.site.site.EnoughRows(); err != nil {
+			return res, err
+		}
+	}
 	res.SampleCount = train.N
 	if ann.GetEvaluate() {
 		if err := h.evaluate(ann, holdout, &res); err != nil {
@@ -124,6 +130,12 @@ func (h *RoundHandler) statistics(ann *wire.RoundAnnouncement, res Result) (Resu
 	s, err := h.schemaOf(ann)
 	if err != nil {
 		return res, err
+	}
+	if s.Declared() {
+		// Nothing to fit: a schema that declares its preprocessing never
+		// needs a site's statistics, and a --dp run relies on none being
+		// sent (docs/privacy.md, "Preprocessing under DP").
+		return res, badTransform("statistics phase", errors.New("the schema declares its preprocessing: this site sends no statistics"))
 	}
 	st, err := h.site.load(h, ann.RunId, s)
 	if err != nil {

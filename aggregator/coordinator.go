@@ -115,6 +115,12 @@ type Config struct {
 	// have, and from then on as soon as Quorum have.
 	Statistics bool
 	StatsSites int
+	// DeclaredTransform (with Statistics): the schema declares the
+	// preprocessing, so no site sends statistics: the first event closes
+	// the phase at once with FitTransform of no sites, and the evaluation
+	// waits for the sites that have had an update accepted instead of the
+	// statistics sites (coordinator_fed.go).
+	DeclaredTransform bool
 	// Evaluate: the run asks every site for an evaluation report of the
 	// global model in announcement r when r > 1 and (r-1) % EvalEvery == 0
 	// (EvalEvery 0: never during the run), and of the final model when it
@@ -131,7 +137,8 @@ type Config struct {
 
 	// DP is central differential privacy's accountant and budget
 	// (coordinator_dp.go; nil: off). It needs MaxReselections = 0, no
-	// StoreLate and no federation schema.
+	// StoreLate and, with a federation schema, DeclaredTransform and no
+	// StopPatience (coordinator_fed.go).
 	DP *dp.Config
 }
 
@@ -168,6 +175,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: StopTol %v, StopDelta %v: want finite and >= 0", ErrConfig, c.StopTol, c.StopDelta)
 	case c.Evaluate && !c.Statistics:
 		return fmt.Errorf("%w: Evaluate needs the statistics phase (the sites it waits for)", ErrConfig)
+	case c.DeclaredTransform && !c.Statistics:
+		return fmt.Errorf("%w: DeclaredTransform is a way through the statistics phase: it needs Statistics", ErrConfig)
 	}
 	return c.validateDP()
 }

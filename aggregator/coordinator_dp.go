@@ -31,11 +31,15 @@ const StopDPBudget = "dp_budget"
 type DPState struct {
 	Accountant *dp.Accountant `json:"accountant"`
 	Q          float64        `json:"q,omitempty"`
+	// Rates is the charging history (bundles record the epsilon of their
+	// round from it: server_dpschema.go).
+	Rates []dp.Rate `json:"rates,omitempty"`
 }
 
 type dpState struct {
-	acc *dp.Accountant
-	q   float64
+	acc   *dp.Accountant
+	q     float64
+	rates []dp.Rate
 }
 
 func (c Config) validateDP() error {
@@ -51,10 +55,8 @@ func (c Config) validateDP() error {
 		return fmt.Errorf("%w: differential privacy needs MaxReselections = 0 (a re-selection raises a round's sampling rate after its budget check)", ErrConfig)
 	case c.StoreLate:
 		return fmt.Errorf("%w: differential privacy refuses late updates (a site would contribute outside its sampled round)", ErrConfig)
-	case c.Statistics || c.Evaluate:
-		return fmt.Errorf("%w: differential privacy with a federation schema: its statistics and evaluation reports are outside the guarantee", ErrConfig)
 	}
-	return nil
+	return c.validateFedDP()
 }
 
 // roundQ is the sampling rate of a selection of min(K, n) from a pool of n.
@@ -83,6 +85,7 @@ func (c *Coordinator) dpCharge() {
 	// Step fails only on a q outside [0, 1] or an invalid z, which
 	// roundQ and Config.validate rule out.
 	_ = c.dp.acc.Step(c.dp.q, c.cfg.DP.Noise)
+	c.dp.rates = dp.AppendRate(c.dp.rates, c.dp.q, c.cfg.DP.Noise)
 }
 
 // dpExhausted says whether no pool the registry can offer keeps the next
@@ -112,7 +115,8 @@ func (c *Coordinator) snapshotDP() *DPState {
 		return nil
 	}
 	a := c.dp.acc
-	return &DPState{Accountant: &dp.Accountant{Orders: slices.Clone(a.Orders), RDP: slices.Clone(a.RDP), Rounds: a.Rounds}, Q: c.dp.q}
+	return &DPState{Accountant: &dp.Accountant{Orders: slices.Clone(a.Orders), RDP: slices.Clone(a.RDP), Rounds: a.Rounds}, Q: c.dp.q,
+		Rates: slices.Clone(c.dp.rates)}
 }
 
 func (c *Coordinator) restoreDP(s *DPState) error {
@@ -130,6 +134,10 @@ func (c *Coordinator) restoreDP(s *DPState) error {
 	if len(a.Orders) == 0 || len(a.RDP) != len(a.Orders) || !(s.Q >= 0 && s.Q <= 1) {
 		return fmt.Errorf("%w: the accountant has %d orders, %d RDP values, q %v", ErrBadState, len(a.Orders), len(a.RDP), s.Q)
 	}
-	c.dp = dpState{acc: &dp.Accountant{Orders: slices.Clone(a.Orders), RDP: slices.Clone(a.RDP), Rounds: a.Rounds}, q: s.Q}
+	if err := checkRates(s.Rates, a.Rounds); err != nil {
+		return err
+	}
+	c.dp = dpState{acc: &dp.Accountant{Orders: slices.Clone(a.Orders), RDP: slices.Clone(a.RDP), Rounds: a.Rounds}, q: s.Q,
+		rates: slices.Clone(s.Rates)}
 	return nil
 }

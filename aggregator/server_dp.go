@@ -29,8 +29,8 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 	switch {
 	case isSplit(d.fam):
 		return fmt.Errorf("%w: %w", ErrConfig, uplink.ErrSplitDP)
-	case cfg.Schema != nil:
-		return fmt.Errorf("%w: differential privacy with a federation schema: the per-site statistics and evaluation reports are outside the privacy guarantee until they are privatised (docs/privacy.md, \"What the guarantee covers\")", ErrConfig)
+	case cfg.Schema != nil && !cfg.Schema.Declared():
+		return fmt.Errorf("%w: differential privacy with a federation schema that does not declare its preprocessing: the statistics phase would send per-site statistics the guarantee does not cover; declare center and scale of every numeric feature and the levels of every categorical one (deploy/schema-dp.example.json; docs/privacy.md, \"Preprocessing under DP\")", ErrConfig)
 	case cfg.AnchorSketch != nil:
 		return fmt.Errorf("%w: differential privacy with anchor gradients: a site's anchor gradient is not clipped or noised (docs/privacy.md, \"What the guarantee covers\")", ErrConfig)
 	}

@@ -166,6 +166,9 @@ func (s *Server) setModel(spec model.Spec) error {
 // the statistics phase, without a model.
 func (s *Server) restoreFreshFed() error {
 	s.stored.RunID = crand.Text()
+	if err := s.newNoiseKey(); err != nil {
+		return err
+	}
 	s.conf, _ = json.Marshal(s.stored)
 	st, err := s.coord.MarshalState()
 	if err != nil {
@@ -175,7 +178,11 @@ func (s *Server) restoreFreshFed() error {
 		return err
 	}
 	s.storeR, s.lastSt, s.fresh = 1, st, true
-	s.log.Info("new round log with a federation schema: statistics phase first", "state", s.cfg.StatePath, "federation", s.cfg.Federation,
+	first := "statistics phase first"
+	if s.cfg.Schema.Declared() {
+		first = "the schema declares the preprocessing: no statistics phase"
+	}
+	s.log.Info("new round log with a federation schema: "+first, "state", s.cfg.StatePath, "federation", s.cfg.Federation,
 		"algorithm", s.cfg.Algorithm, "model", s.cfg.Model.Kind, "schema", s.stored.SchemaDigest, "run_id", s.stored.RunID)
 	return nil
 }
@@ -254,6 +261,13 @@ func (s *Server) fitTransform(ctx context.Context, d FitTransform) error {
 
 func (s *Server) newFit(d FitTransform) error {
 	sc := s.cfg.Schema
+	if sc.Declared() {
+		tr, err := prep.Declared(sc)
+		if err != nil {
+			return fmt.Errorf("aggregator: the schema's declared preprocessing: %w", err)
+		}
+		return s.storeFit(d, tr, 0)
+	}
 	recs, err := s.store.Statistics()
 	if err != nil {
 		return fmt.Errorf("aggregator: %w", err)
@@ -293,6 +307,17 @@ func (s *Server) newFit(d FitTransform) error {
 	if err != nil {
 		return fail("fitted", err)
 	}
+	return s.storeFit(d, tr, rows)
+}
+
+// storeFit creates the model the transform tr implies and its initial
+// parameters and stores them with the fit (rows: the pooled training rows,
+// 0 for a declared transform).
+func (s *Server) storeFit(d FitTransform, tr *prep.Transform, rows int64) error {
+	sc := s.cfg.Schema
+	fail := func(what string, err error) error {
+		return fmt.Errorf("aggregator: the federation's preprocessing cannot be %s (start a new run with a corrected schema): %w", what, err)
+	}
 	op := operatorModel(s.cfg.Model)
 	spec, err := sitedata.ModelSpec(sc, tr, op.Kind, op.Hidden, op.Activation, op.L2)
 	if err != nil {
@@ -325,7 +350,11 @@ func (s *Server) newFit(d FitTransform) error {
 	if err := s.useFit(b); err != nil {
 		return err
 	}
-	s.log.Info("federation preprocessing fitted", "sites", d.Sites, "rows", rows, "inputs", tr.Outputs,
+	what := "federation preprocessing fitted"
+	if sc.Declared() {
+		what = "federation preprocessing declared by the schema"
+	}
+	s.log.Info(what, "sites", d.Sites, "rows", rows, "inputs", tr.Outputs,
 		"standardize", tr.Standardize, "model", spec.Kind, "classes", spec.Classes, "dimension", s.dim)
 	return nil
 }
@@ -732,7 +761,12 @@ func (s *Server) finalizeEval(e int) {
 		s.log.Error("the model of an eval round", "round", e, "err", err)
 		return
 	}
-	raw, err := makeBundle(s.stored, s.fit, s.spec, x, fig, e, s.clock.Now(), s.cfg.Version)
+	priv, err := s.livePrivacy(e)
+	if err != nil {
+		s.log.Error("the privacy of the latest bundle", "round", e, "err", err)
+		return
+	}
+	raw, err := makeBundle(s.stored, s.fit, s.spec, x, fig, priv, e, s.clock.Now(), s.cfg.Version)
 	if err != nil {
 		s.log.Error("making the latest bundle", "round", e, "err", err)
 		return
@@ -763,11 +797,19 @@ func evalArgs(fig *EvalStatus) []any {
 }
 
 // makeBundle makes the bundle of eval round e (the model x after e
-// aggregations).
-func makeBundle(sc storedConfig, rec *fitRecord, spec model.Spec, x []float64, fig *EvalStatus, e int, now time.Time, version string) ([]byte, error) {
+// aggregations). A run with differential privacy (sc.DP) records its
+// guarantee priv and no evaluation: the sites' figures are outside the
+// guarantee (docs/privacy.md, "Evaluation under DP").
+func makeBundle(sc storedConfig, rec *fitRecord, spec model.Spec, x []float64, fig *EvalStatus, priv *bundle.Privacy, e int, now time.Time, version string) ([]byte, error) {
 	m, err := model.New(spec)
 	if err != nil {
 		return nil, err
+	}
+	if sc.DP != nil {
+		if priv == nil {
+			return nil, errNoPrivacy
+		}
+		fig = nil
 	}
 	if version == "" {
 		version = "dev"
@@ -776,6 +818,7 @@ func makeBundle(sc storedConfig, rec *fitRecord, spec model.Spec, x []float64, f
 		Model: model.Saved{Spec: spec, Layout: m.Layout(), Params: x}, Schema: rec.schema, Transform: rec.tr,
 		Provenance: bundle.Provenance{Federation: sc.Federation, RunID: sc.RunID, Round: e, Algorithm: sc.Algorithm,
 			Params: rec.Params, EdgeflVersion: version, Time: now.UTC().Format(time.RFC3339)},
+		Privacy: priv,
 	}
 	if fig != nil {
 		b.Evaluation = &bundle.Evaluation{Round: e, Federation: fig.Federation, Sites: fig.Sites}
@@ -802,7 +845,11 @@ func (s *Server) finalBundle(rounds int) ([]byte, error) {
 			s.log.Error("combining the final evaluation reports; the bundle has none", "err", ferr)
 			fig = nil
 		}
-		if raw, err = makeBundle(s.stored, s.fit, s.spec, s.global, fig, rounds, s.clock.Now(), s.cfg.Version); err != nil {
+		priv, perr := s.livePrivacy(rounds)
+		if perr != nil {
+			return nil, fmt.Errorf("aggregator: the final bundle's privacy: %w", perr)
+		}
+		if raw, err = makeBundle(s.stored, s.fit, s.spec, s.global, fig, priv, rounds, s.clock.Now(), s.cfg.Version); err != nil {
 			return nil, fmt.Errorf("aggregator: the final bundle: %w", err)
 		}
 		if err := s.store.PutFinalBundle(raw); err != nil {
@@ -823,6 +870,9 @@ func (s *Server) finalBundle(rounds int) ([]byte, error) {
 		args := []any{"path", p, "round", rounds, "digest", b.Digest, "bytes", len(raw)}
 		if b.Evaluation != nil {
 			args = append(args, "eval_sites", len(b.Evaluation.Sites), "eval_n", b.Evaluation.Federation.N)
+		}
+		if p := b.Privacy; p != nil {
+			args = append(args, "dp_epsilon", p.Epsilon, "dp_delta", p.Delta, "evaluation", "withheld (differential privacy)")
 		}
 		s.log.Info("final model bundle written", args...)
 	}

@@ -17,13 +17,31 @@
 #     rows held out), every site every round (q = 1: no amplification),
 #     ROUNDS_BC rounds (default 10), clip C = CLIP_BC.
 #
-# The centralised optimum is not computed (--optimum-evals 1): the table is
-# test accuracy only.
+#   Breast cancer with the schema pipeline (part `sites`): the same three
+#     hospitals as CSVs read by a federation schema (simulate --schema, the
+#     daemons' pipeline: TestSimSchemaDPMatchesLive), every site every round
+#     (q = 1), ROUNDS_BC rounds, clip C = CLIP_BC, the schema's 20 % of each
+#     site's rows held out. Under --dp the schema declares its preprocessing
+#     (schema-dp.json of scripts/bench_sites_data.py: each feature's
+#     published range mapped to [-1, 1], no statistics phase); next to it the
+#     non-private runs with the statistics phase's federated preprocessing
+#     and with the declared one, and the centralised reference (simulate's
+#     optimum on the pooled training rows, declared preprocessing). The
+#     noise is drawn from five noise seeds (--dp-noise-seed 1..5):
+#     mean +- sd of held-out accuracy / AUC.
 #
-# Usage: scripts/bench-dp.sh [OUTDIR]   (default bench-results/dp)
+# In parts fmnist and bc the centralised optimum is not computed
+# (--optimum-evals 1): those tables are test accuracy only.
+#
+# Usage: scripts/bench-dp.sh [OUTDIR] [PART...]   (default bench-results/dp;
+# parts fmnist, bc, sites; default all three)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench-results/dp}
+shift || true
+parts=("$@")
+[[ ${#parts[@]} -gt 0 ]] || parts=(fmnist bc sites)
+want() { [[ " ${parts[*]} " == *" $1 "* ]]; }
 rf=${ROUNDS_FMNIST:-40}
 rb=${ROUNDS_BC:-10}
 cf=${CLIP_FMNIST:-1}
@@ -50,13 +68,36 @@ bc=(--dataset "leaf:$out/bc.json" --partition natural --clients 3 --per-round 3 
 
 for eps in none 8 3 1; do
   for set in fmnist bc; do
+    want $set || continue
     if [[ $set == fmnist ]]; then args=("${fmnist[@]}"); clip=$cf; else args=("${bc[@]}"); clip=$cb; fi
     dp=()
     [[ $eps == none ]] || dp=(--dp central --dp-clip "$clip" --dp-epsilon "$eps" --dp-delta 1e-5)
     "$ba" simulate "${args[@]}" "${dp[@]}" --out "$out/$set-$eps" 2>"$out/$set-$eps.log" >/dev/null
   done
 done
-$py scripts/bench_dp.py table "Fashion-MNIST, 100 clients (classes:2), 10 per round, $rf rounds, C = $cf: test accuracy (%)" \
+want fmnist && $py scripts/bench_dp.py table "Fashion-MNIST, 100 clients (classes:2), 10 per round, $rf rounds, C = $cf: test accuracy (%)" \
   "$out"/fmnist-{none,8,3,1}/results.json
-$py scripts/bench_dp.py table "Breast cancer, 3 hospitals, all every round, $rb rounds, C = $cb: test accuracy (%)" \
+want bc && $py scripts/bench_dp.py table "Breast cancer, 3 hospitals, all every round, $rb rounds, C = $cb: test accuracy (%)" \
   "$out"/bc-{none,8,3,1}/results.json
+
+if want sites; then
+  start=$(date +%s)
+  sites=(--dataset "csv:$out/bc-sites/combined.csv" --site-column site --partition natural
+    --model logreg --l2 0.002 --epochs 20 --batch 10 --lr 0.01 --mu 1 --rounds "$rb" --seed 1
+    --algo fedavg,fedprox --codec fp32 --eval-every "$rb")
+  "$ba" simulate --schema "$out/bc-sites/schema.json" "${sites[@]}" --out "$out/sites-federated" 2>"$out/sites-federated.log" >/dev/null
+  "$ba" simulate --schema "$out/bc-sites/schema-dp.json" "${sites[@]}" --out "$out/sites-declared" 2>"$out/sites-declared.log" >/dev/null
+  args=()
+  for eps in 8 3 1; do
+    [[ $eps == 8 ]] || args+=(--)
+    for seed in 1 2 3 4 5; do
+      "$ba" simulate --schema "$out/bc-sites/schema-dp.json" "${sites[@]}" --optimum-evals 1 \
+        --dp central --dp-clip "$cb" --dp-epsilon "$eps" --dp-delta 1e-5 --dp-noise-seed "$seed" \
+        --out "$out/sites-$eps-$seed" 2>"$out/sites-$eps-$seed.log" >/dev/null
+      args+=("$out/sites-$eps-$seed/results.json")
+    done
+  done
+  $py scripts/bench_dp.py sites "Breast cancer, schema pipeline, 3 hospitals, all every round, $rb rounds, C = $cb: held-out accuracy / AUC (%)" \
+    "$out/sites-federated/results.json" "$out/sites-federated/results.json" "$out/sites-declared/results.json" "${args[@]}"
+  echo "(part sites: $(( $(date +%s) - start )) s)"
+fi

@@ -319,8 +319,6 @@ func (c Config) validateDP() error {
 		return fmt.Errorf("--dp: %w", err)
 	}
 	switch {
-	case c.Schema != "":
-		return errors.New("--dp with --schema: the per-site statistics and evaluation reports are outside the privacy guarantee until they are privatised (docs/privacy.md, \"What the guarantee covers\")")
 	case c.Faulty > 0:
 		return errors.New("--dp with --faulty: faulty clients take part in every round, outside the accountant's sampling rate")
 	}

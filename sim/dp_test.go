@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -103,6 +104,7 @@ func TestSimDPBudgetStop(t *testing.T) {
 // TestSimDPRefusals: what --dp cannot cover is refused with an error that
 // says why.
 func TestSimDPRefusals(t *testing.T) {
+	sites, _ := testSites(t) // its schema does not declare its preprocessing
 	tests := []struct {
 		name   string
 		mutate func(*Config)
@@ -111,7 +113,9 @@ func TestSimDPRefusals(t *testing.T) {
 		{"fedsplit", func(c *Config) { c.Algos[0].Family, c.Algos[0].Agg = FedProxSplit, "robust" }, "FedSplit family"},
 		{"median", func(c *Config) { c.Algos[0].Agg = "median" }, "aggregator \"median\""},
 		{"loss selection", func(c *Config) { c.Select = "loss" }, "selector \"loss\""},
-		{"schema", func(c *Config) { c.Schema = "schema.json" }, "--schema"},
+		{"undeclared schema", func(c *Config) {
+			c.Schema, c.Dataset, c.SiteColumn, c.Partition, c.Clients, c.PerRound = filepath.Join(sites, "schema.json"), "csv:"+filepath.Join(sites, "all.csv"), "site", "natural", 0, 0
+		}, "the schema must declare its preprocessing"},
 		{"faulty", func(c *Config) { c.Faulty, c.FaultyScale = 1, 10 }, "--faulty"},
 		{"clip 0", func(c *Config) { c.DP.Clip = 0 }, "clip norm"},
 		{"delta 1", func(c *Config) { c.DP.Delta = 1 }, "delta"},

@@ -90,9 +90,6 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if f.schema != "" {
-		if f.dp.mode != "off" {
-			return errors.New("--dp with --schema: the per-site statistics and evaluation reports are outside the privacy guarantee until they are privatised (docs/privacy.md)")
-		}
 		return runDemoSchema(ctx, f, log, stdout)
 	}
 	return runDemoData(ctx, f, log, stdout)

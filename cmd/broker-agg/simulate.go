@@ -142,8 +142,11 @@ func (o *simulateFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 		return err
 	}
 	q := 0.0
-	if cfg.Clients > 0 {
+	switch {
+	case cfg.Clients > 0:
 		q = float64(cfg.PerRound) / float64(cfg.Clients)
+	case cfg.Schema != "" && cfg.PerRound == 0:
+		q = 1 // every site of the CSV, every round
 	}
 	cfg.DP, err = o.dp.config(q, cfg.Rounds)
 	return err

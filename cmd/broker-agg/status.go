@@ -220,7 +220,12 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 	if st.Schema == "" {
 		return nil
 	}
-	fmt.Fprintf(w, "\nschema %.16s  statistics from %d sites: %s\n", st.Schema, len(st.StatisticsSites), orDash(strings.Join(st.StatisticsSites, " ")))
+	if len(st.StatisticsSites) == 0 && st.Model != nil {
+		// A fitted transform has at least one statistics site.
+		fmt.Fprintf(w, "\nschema %.16s  preprocessing declared by the schema (no statistics phase)\n", st.Schema)
+	} else {
+		fmt.Fprintf(w, "\nschema %.16s  statistics from %d sites: %s\n", st.Schema, len(st.StatisticsSites), orDash(strings.Join(st.StatisticsSites, " ")))
+	}
 	if m := st.Model; m != nil {
 		fmt.Fprintf(w, "model %s, %d inputs after the federation's preprocessing", m.Kind, m.Inputs)
 		if m.Classes > 0 {
@@ -229,7 +234,11 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 		fmt.Fprintln(w)
 	}
 	if ev := st.Evaluation; ev != nil {
-		fmt.Fprintf(w, "evaluation of round %d (the model after %d aggregations) on the sites' held-out rows:\n", ev.Round, ev.Round)
+		only := ""
+		if st.Privacy != nil {
+			only = " (the operator's only under --dp: no bundle carries it)"
+		}
+		fmt.Fprintf(w, "evaluation of round %d (the model after %d aggregations) on the sites' held-out rows%s:\n", ev.Round, ev.Round, only)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		cls := ev.Federation.Confusion != nil
 		if cls {
