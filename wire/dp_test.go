@@ -75,7 +75,7 @@ func TestValidateSumDelta(t *testing.T) {
 		ok     bool
 	}{
 		{"join", func(u *ClientUpdate) { u.Kind, u.BaseRound = UpdateKind_UPDATE_KIND_SUM_DELTA, 0 }, true},
-		{"against the record of an earlier round", func(u *ClientUpdate) { u.Kind, u.BaseRound = UpdateKind_UPDATE_KIND_SUM_DELTA, u.Round - 1 }, true},
+		{"against the record of an earlier round", func(u *ClientUpdate) { u.Kind, u.BaseRound = UpdateKind_UPDATE_KIND_SUM_DELTA, u.Round-1 }, true},
 		{"base round not before the round", func(u *ClientUpdate) { u.Kind, u.BaseRound = UpdateKind_UPDATE_KIND_SUM_DELTA, u.Round }, false},
 		{"kind 5", func(u *ClientUpdate) { u.Kind = 5 }, false},
 		{"clip bit 1", func(u *ClientUpdate) { u.ClipBit = 1 }, true},
