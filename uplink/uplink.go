@@ -109,6 +109,9 @@ type Frame struct {
 	// Clipped is the DP clip's report (Update.Clip > 0): the norm of
 	// delta + residual before the clip and whether the clip shortened it.
 	Clipped dp.Clipped
+	// Sum is what a sum-mode update (EncodeSum) adds to the aggregator's
+	// sum once it is confirmed, nil otherwise.
+	Sum *Pending
 }
 
 // copyFits reports whether cp can be the base of an update of round with n
