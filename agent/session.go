@@ -53,8 +53,9 @@ type session struct {
 
 	closing bool
 	// pending is the newest announcement waiting for the solver; solving
-	// the one being handled (nil when idle).
-	pending, solving *wire.RoundAnnouncement
+	// the one being handled (nil when idle); deferred a sum-mode round
+	// handed back (ActionWaiting) until an update receipt comes.
+	pending, solving, deferred *wire.RoundAnnouncement
 	// finished: the run finishedRun has ended and its end was handled;
 	// announcements of that run are ignored until another run's arrives.
 	finished    bool
@@ -265,6 +266,9 @@ func (s *session) announced(ann *wire.RoundAnnouncement) []action {
 	// or runs, whatever its round number (the new run counts from 1).
 	if p := s.pending; p == nil || ann.Round >= p.Round || (ann.RunId != "" && ann.RunId != p.RunId) {
 		s.pending = ann
+		if d := s.deferred; d != nil && (ann.Round >= d.Round || ann.RunId != d.RunId) {
+			s.deferred = nil // superseded: the new one is handled instead
+		}
 	}
 	var acts []action
 	if cur := s.solving; cur != nil && ann.Federation == s.federation {
@@ -337,6 +341,8 @@ func (s *session) solveDone(ev solveDone) []action {
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendFirst})
 	case res.Action == ActionResend:
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendAgain})
+	case res.Action == ActionWaiting:
+		s.deferred = ann
 	case res.Action == ActionFinished:
 		s.finished, s.finishedRun = true, ann.RunId
 		acts = s.dropUplinks(acts, func(string) bool { return true })
@@ -351,10 +357,24 @@ func (s *session) solveDone(ev solveDone) []action {
 	return acts
 }
 
-// updateReceipt: accepted drops the outbox entry; INTERNAL keeps it and
-// re-sends it after a backoff; any other rejection drops it and forgets the
-// aggregator's FedSplit copy of z, which assumed it would be applied.
+// updateReceipt: accepted drops the outbox entry (a sum-mode update's
+// advances the site's record); INTERNAL keeps it and re-sends it after a
+// backoff; any other rejection drops it and forgets the aggregator's
+// FedSplit copy of z, which assumed it would be applied. A sum-mode round
+// deferred for the receipt goes back to the solver once the entry is gone.
 func (s *session) updateReceipt(r *wire.Receipt) []action {
+	acts := s.receiptOutcome(r)
+	if d := s.deferred; d != nil && (r.Accepted || r.Code != wire.ReceiptCode_RECEIPT_CODE_INTERNAL) {
+		s.deferred = nil
+		if s.pending == nil {
+			s.pending = d
+			acts = append(acts, action{kind: actWake})
+		}
+	}
+	return acts
+}
+
+func (s *session) receiptOutcome(r *wire.Receipt) []action {
 	var acts []action
 	switch {
 	case r.Accepted:

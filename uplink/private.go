@@ -24,12 +24,13 @@ import (
 //   - the aggregator's next model is x + (sum of the re-clipped deltas +
 //     N(0, (z C)^2 I)) / m, m the round's fixed denominator (NoisyMean).
 //
-// Only the FedProx family (fedavg with uniform weights, fedprox) is
-// privatised here; the FedSplit family under DP needs the sum-only state
-// of docs/privacy.md, "FedSplit", and is refused (ErrSplitDP).
+// This is the FedProx family (fedavg with uniform weights, fedprox); the
+// FedSplit family under DP runs in sum mode (sum.go), and the per-site
+// copy of z_j (Encode with Update.Split) is refused under DP (ErrSplitDP).
 
-// ErrSplitDP is the error for a FedSplit-family update under DP.
-var ErrSplitDP = errors.New("differential privacy with the FedSplit family (fedsplit, fedproxsplit) is not implemented yet: it needs the sum-only aggregator state of docs/privacy.md, \"FedSplit\"; use fedavg or fedprox")
+// ErrSplitDP is the error for a FedSplit-family update under DP outside
+// sum mode.
+var ErrSplitDP = errors.New("differential privacy with the FedSplit family (fedsplit, fedproxsplit) needs sum mode, where the aggregator keeps only the sum of the sites' contributions (RoundAnnouncement.split_sum; docs/privacy.md, \"FedSplit\"): the per-site copy of z_j is outside the guarantee")
 
 // ClipDelta is the site's clip: delta + residual (residual nil, or of
 // another length: none) clipped to L2 norm c, in a new slice, with the
