@@ -427,7 +427,11 @@ type Server struct {
 	aggSpec string
 	agg     aggregate.Aggregator // nil for the FedSplit family
 	screen  float64              // the FedSplit family's screening factor (split.RobustServerStep)
-	stored  storedConfig         // the run's configuration, with its run id once restored
+	// sum is the FedSplit family's sum-mode state (S, m and who is
+	// counted) as of the open round (nil outside sum mode; server_sum.go);
+	// nextSum the closing round's, until its checkpoint is stored.
+	sum, nextSum *uplink.SumState
+	stored       storedConfig // the run's configuration, with its run id once restored
 	conf    []byte               // stored as JSON
 
 	loopQ   *quant.Codec // the loop's own codec
@@ -504,6 +508,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request), ingestQ: make(chan ingestJob, cfg.IngestQueue),
 		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{}),
 		topics: d.topics, fam: d.fam, aggSpec: d.aggSpec, screen: d.screen, agg: d.agg, eval: cfg.Eval}
+	if d.sum {
+		s.sum = &uplink.SumState{}
+	}
 	s.metAddr.Store("")
 	s.inst.takeover = cfg.InstanceTakeover
 	s.lim = wire.Limits{MaxMessageBytes: cfg.MaxMessageBytes}
@@ -662,6 +669,9 @@ func (s *Server) restore() error {
 		return fmt.Errorf("aggregator: %s: global model of round %d has %d values, the model %d", s.cfg.StatePath, r, len(s.global), s.dim)
 	}
 	s.globalR = r
+	if err := s.restoreSum(cur); err != nil {
+		return err
+	}
 	if err := s.checkPersistedRange(r); err != nil {
 		return err
 	}
@@ -693,8 +703,12 @@ func (s *Server) restoreFresh() error {
 	if err != nil {
 		return err
 	}
+	sum, err := s.sumBytes(s.sum)
+	if err != nil {
+		return err
+	}
 	now := s.clock.Now()
-	if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: now, Config: s.conf, State: st}, x0); err != nil {
+	if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: now, Config: s.conf, State: st, Sum: sum}, x0); err != nil {
 		return err
 	}
 	s.storeR, s.lastSt, s.fresh = 1, st, true
@@ -1189,6 +1203,9 @@ func (s *Server) checkRange(what string, v []float64) error {
 // client's latest z) in one fsynced transaction. A copy already stored (a
 // re-send after a crash between the update and the state) is fine.
 func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
+	if s.sum != nil {
+		return s.storeSumUpdate(u, now)
+	}
 	what := "w"
 	if isSplit(s.fam) {
 		// Already stored: its z_j is this server's copy now, so vectorOf

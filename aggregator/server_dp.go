@@ -8,6 +8,7 @@ import (
 	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/metrics"
+	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
@@ -27,14 +28,20 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	switch {
-	case isSplit(d.fam):
-		return fmt.Errorf("%w: %w", ErrConfig, uplink.ErrSplitDP)
+	case isSplit(d.fam) && cfg.Aggregator != "" && cfg.Aggregator != split.StepMean:
+		return fmt.Errorf("%w: --aggregator %s: %w", ErrConfig, cfg.Aggregator, uplink.ErrSplitRobustDP)
 	case cfg.Schema != nil:
 		return fmt.Errorf("%w: differential privacy with a federation schema: the per-site statistics and evaluation reports are outside the privacy guarantee until they are privatised (docs/privacy.md, \"What the guarantee covers\")", ErrConfig)
 	case cfg.AnchorSketch != nil:
 		return fmt.Errorf("%w: differential privacy with anchor gradients: a site's anchor gradient is not clipped or noised (docs/privacy.md, \"What the guarantee covers\")", ErrConfig)
 	}
-	if err := aggregate.CheckDP(d.aggSpec, cfg.Selector); err != nil {
+	aggSpec := d.aggSpec
+	if isSplit(d.fam) {
+		// Sum mode: the server step is S/m (server_sum.go); no late
+		// updates (docs/privacy.md, "Sampling rate").
+		aggSpec, d.sum, d.coord.StoreLate = "", true, false
+	}
+	if err := aggregate.CheckDP(aggSpec, cfg.Selector); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	d.coord.MaxReselections = 0
@@ -90,6 +97,9 @@ func (s *Server) dpParams() *wire.DPParams {
 // round, over the round's fixed denominator (every site it invited).
 // Redone after a restart, it draws the same noise.
 func (s *Server) privateAggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+	if s.sum != nil {
+		return s.sumAggregate(cr)
+	}
 	var cs []uplink.Contribution
 	err := s.forClosed(cr, func(u storage.Update, m *wire.ClientUpdate, d []float64) error {
 		if m.GetKind() != wire.UpdateKind_UPDATE_KIND_DELTA {

@@ -44,6 +44,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		Budget:          &wire.WorkBudget{MaxEpochs: uint32(p.MaxEpochs), MaxSeconds: p.MaxSeconds, MaxGradEvals: p.MaxGradEvals},
 		DeadlineUnixMs:  deadline.UnixMilli(),
 		Selected:        slices.Clone(selected),
+		SplitSum:        s.sum != nil,
 		Global:          &wire.Vector{Codec: s.down.String(), Dimension: uint32(s.dim), Payload: s.frame},
 		UplinkCodec:     s.cfg.Codec,
 		CreatedAtUnixMs: s.clock.Now().UnixMilli(),
@@ -97,6 +98,11 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	next, err := s.store.Checkpoint(uint64(r + 1))
 	var rep aggregate.Report
 	redo := errors.Is(err, storage.ErrNotFound)
+	if err == nil && s.sum != nil && !cr.Final && s.storeR == uint64(r) {
+		// A checkpoint without its round: the sum that goes with it is
+		// computed again (the same noise, the same model).
+		redo = true
+	}
 	switch {
 	case redo:
 		if next, rep, err = s.aggregate(cr); err != nil {
@@ -125,11 +131,19 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 			return fmt.Errorf("aggregator: %w", err)
 		}
 	} else if s.storeR == uint64(r) {
-		if err := s.store.OpenRound(storage.Round{Number: uint64(r + 1), OpenedAt: now, Config: s.conf, State: state}, next); err != nil {
+		sum, err := s.sumBytes(s.nextSum)
+		if err != nil {
+			return err
+		}
+		if err := s.store.OpenRound(storage.Round{Number: uint64(r + 1), OpenedAt: now, Config: s.conf, State: state, Sum: sum}, next); err != nil {
 			return fmt.Errorf("aggregator: %w", err)
 		}
 		s.storeR = uint64(r + 1)
+		if s.nextSum != nil {
+			s.sum = s.nextSum // S moves with the checkpoint, in its transaction
+		}
 	}
+	s.nextSum = nil
 	s.lastSt = state
 	agg := AggregatedRound{Round: r, At: now}
 	hr := RoundRecord{Round: r, AggregatedAt: now, Participants: len(cr.Contributors), Late: cr.Late,
