@@ -432,7 +432,7 @@ type Server struct {
 	// nextSum the closing round's, until its checkpoint is stored.
 	sum, nextSum *uplink.SumState
 	stored       storedConfig // the run's configuration, with its run id once restored
-	conf    []byte               // stored as JSON
+	conf         []byte       // stored as JSON
 
 	loopQ   *quant.Codec // the loop's own codec
 	down    *quant.Codec // the downlink codec (the loop's)
