@@ -60,6 +60,16 @@ func TestSimMatchesLive(t *testing.T) {
 			testSimMatchesLive(t, FedProx, codec, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5}, i)
 		})
 	}
+	// FedProx:FedSplit under DP runs in sum mode (docs/privacy.md,
+	// "FedSplit"): the sites' deltas against their own records (joins in
+	// round 1), the aggregator's S and m; the records advance on the
+	// receipts live and after each round in simulate, and S and m come
+	// back from the state file after the restart.
+	for i, codec := range []string{"fp32", "q8"} {
+		t.Run("dp/"+FedProxSplit+"/"+codec, func(t *testing.T) {
+			testSimMatchesLive(t, FedProxSplit, codec, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5}, i)
+		})
+	}
 }
 
 // testSimMatchesLive compares simulate with a live federation (private: under
@@ -204,6 +214,9 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 		if algo == FedProxSplit && r > 1 && simFrames[r][fed.Clients[0].ID].BaseRound != uint64(r-1) {
 			t.Errorf("round %d: deltas are not against the copy of round %d", r, r-1)
 		}
+		if k := simFrames[r][fed.Clients[0].ID].Kind; algo == FedProxSplit && private != nil && k != wire.UpdateKind_UPDATE_KIND_SUM_DELTA {
+			t.Errorf("round %d: FedSplit under DP sent %v, want sum-mode deltas", r, k)
+		}
 		mu.Lock()
 		live := liveGlobal[r]
 		mu.Unlock()
@@ -217,6 +230,9 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 	}
 	if maxDiff(simGlobal[rounds], simGlobal[1]) == 0 {
 		t.Error("the global model did not move: the comparison proves nothing")
+	}
+	if zs, err := store.LatestZ(); err != nil || (private != nil && len(zs) > 0) {
+		t.Errorf("under DP the aggregator kept %d per-site z (%v)", len(zs), err)
 	}
 	if private != nil {
 		store.Close()
