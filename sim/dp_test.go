@@ -109,7 +109,7 @@ func TestSimDPRefusals(t *testing.T) {
 		mutate func(*Config)
 		want   string
 	}{
-		{"fedsplit robust step", func(c *Config) { c.Algos[0].Family, c.Algos[0].Agg = FedProxSplit, split.StepRobust + ":mult=3" }, "needs each site's z_j"},
+		{"fedsplit robust step", func(c *Config) { c.Algos[0].Family, c.Algos[0].Agg = FedProxSplit, split.StepRobust+":mult=3" }, "needs each site's z_j"},
 		{"median", func(c *Config) { c.Algos[0].Agg = "median" }, "aggregator \"median\""},
 		{"loss selection", func(c *Config) { c.Select = "loss" }, "selector \"loss\""},
 		{"schema", func(c *Config) { c.Schema = "schema.json" }, "--schema"},
