@@ -26,6 +26,11 @@
 // (ErrBaseMismatch otherwise). The site computes Frame.Applied with the same
 // Receive, so the two sides cannot drift apart.
 //
+// Under central differential privacy (private.go) the site clips and the
+// aggregator re-clips and takes the noisy mean; the FedSplit family then
+// runs in sum mode (sum.go): the aggregator keeps only the sum of the
+// sites' contributions, each site its own record of what it contributed.
+//
 // The package is pure: no goroutines, clocks, globals or I/O. Callers bring
 // what they stored (residual, copies, global models) and the random stream
 // the codec draws from (only qsgd draws; see internal/streams), and persist
