@@ -333,6 +333,9 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 	if s := ann.AnchorSketch; s != nil {
 		u.AnchorGrad = h.anchorGrad(r, rep.AnchorGrad, s)
 	}
+	if ann.GetDp().GetAdaptive() != nil && !up.Clipped.Clipped {
+		u.ClipBit = 1 // adaptive clipping: the norm was within the clip norm
+	}
 	msg, err := wire.Encode(u)
 	if err != nil {
 		return res, fmt.Errorf("agent: round %d: encode update: %w", r, err)

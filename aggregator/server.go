@@ -431,8 +431,11 @@ type Server struct {
 	// counted) as of the open round (nil outside sum mode; server_sum.go);
 	// nextSum the closing round's, until its checkpoint is stored.
 	sum, nextSum *uplink.SumState
-	stored       storedConfig // the run's configuration, with its run id once restored
-	conf         []byte       // stored as JSON
+	// nextClip is adaptive clipping's clip norm for the round after the
+	// closing one (0: none), until closeRound steps ClipEstimated.
+	nextClip float64
+	stored   storedConfig // the run's configuration, with its run id once restored
+	conf     []byte       // stored as JSON
 
 	loopQ   *quant.Codec // the loop's own codec
 	down    *quant.Codec // the downlink codec (the loop's)

@@ -88,8 +88,34 @@ func (s *Server) dpParams() *wire.DPParams {
 		return nil
 	}
 	eps, _, _ := s.coord.Privacy()
-	return &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: c.Clip, NoiseMultiplier: c.Noise,
+	p := &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: s.coord.DPClip(), NoiseMultiplier: c.Noise,
 		Delta: c.Delta, EpsilonSpent: eps, EpsilonBudget: c.Budget}
+	if a := c.Adaptive; a != nil {
+		p.UpdateNoiseMultiplier = c.UpdateNoise()
+		p.Adaptive = &wire.AdaptiveClip{TargetQuantile: a.Quantile, LearningRate: a.LR, BitNoise: a.BitNoise}
+	}
+	return p
+}
+
+// estimateClip is adaptive clipping's step for the closing round cr
+// (uplink.NextClip over the contributors' clip bits, noised from the
+// round's bit stream, over its fixed denominator m); the next clip norm
+// waits in s.nextClip for closeRound to step ClipEstimated before the
+// state is stored with the next checkpoint. Nothing without adaptive
+// clipping.
+func (s *Server) estimateClip(cr CloseRound, bits []bool, m int) error {
+	a := s.cfg.DP.Adaptive
+	if a == nil {
+		return nil
+	}
+	var key [32]byte
+	copy(key[:], s.stored.NoiseKey)
+	next, err := uplink.NextClip(*a, s.coord.DPClip(), bits, m, dp.BitNoiseRand(key, uint64(cr.Round)))
+	if err != nil {
+		return fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
+	}
+	s.nextClip = next
+	return nil
 }
 
 // privateAggregate is the closed round's noisy mean: the contributors'
@@ -101,11 +127,13 @@ func (s *Server) privateAggregate(cr CloseRound) ([]float64, aggregate.Report, e
 		return s.sumAggregate(cr)
 	}
 	var cs []uplink.Contribution
+	var bits []bool
 	err := s.forClosed(cr, func(u storage.Update, m *wire.ClientUpdate, d []float64) error {
 		if m.GetKind() != wire.UpdateKind_UPDATE_KIND_DELTA {
 			return fmt.Errorf("stored update of %q is a %v, not a delta", u.ClientID, m.GetKind())
 		}
 		cs = append(cs, uplink.Contribution{Client: u.ClientID, Delta: d})
+		bits = append(bits, m.ClipBit == 1)
 		return nil
 	})
 	if err != nil {
@@ -115,16 +143,21 @@ func (s *Server) privateAggregate(cr CloseRound) ([]float64, aggregate.Report, e
 	copy(key[:], s.stored.NoiseKey)
 	m := len(cr.Contributors) + len(cr.Stragglers)
 	c := s.cfg.DP
-	out, err := uplink.NoisyMean(s.global, cs, uplink.Private{Clip: c.Clip, Noise: c.Noise, Denominator: m}, dp.NoiseRand(key, uint64(cr.Round)))
+	clip := s.coord.DPClip()
+	out, err := uplink.NoisyMean(s.global, cs, uplink.Private{Clip: clip, Noise: c.UpdateNoise(), Denominator: m}, dp.NoiseRand(key, uint64(cr.Round)))
 	if err != nil {
 		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
 	}
-	return out, aggregate.Report{Metrics: map[string]float64{"dp_denominator": float64(m)}}, nil
+	if err := s.estimateClip(cr, bits, m); err != nil {
+		return nil, aggregate.Report{}, err
+	}
+	return out, aggregate.Report{Metrics: map[string]float64{"dp_denominator": float64(m), "dp_clip": clip}}, nil
 }
 
 // PrivacyStatus is a --dp run's accounting, as `status`, /status and
 // /metrics report it: the epsilon spent at Delta after Rounds charged
-// rounds, the budget (0: none), the clip norm and the noise multiplier.
+// rounds, the budget (0: none), the clip norm (with adaptive clipping, the
+// open round's) and the noise multiplier.
 type PrivacyStatus struct {
 	Mode    string  `json:"mode"`
 	Epsilon float64 `json:"epsilon"`
@@ -135,9 +168,14 @@ type PrivacyStatus struct {
 	Noise   float64 `json:"noise_multiplier"`
 }
 
-func newPrivacyStatus(c *dp.Config, a *dp.Accountant) *PrivacyStatus {
+func newPrivacyStatus(c *dp.Config, st *DPState) *PrivacyStatus {
+	a := st.Accountant
 	eps, _ := a.Epsilon(c.Delta)
-	return &PrivacyStatus{Mode: dp.Central.String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: c.Clip, Noise: c.Noise}
+	clip := c.Clip
+	if st.Clip > 0 {
+		clip = st.Clip // adaptive clipping: the open round's
+	}
+	return &PrivacyStatus{Mode: dp.Central.String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: clip, Noise: c.Noise}
 }
 
 // privacyStatus is the running coordinator's accounting (nil without DP).
@@ -146,7 +184,7 @@ func (s *Server) privacyStatus() *PrivacyStatus {
 		return nil
 	}
 	st := s.coord.snapshotDP()
-	return newPrivacyStatus(s.cfg.DP, st.Accountant)
+	return newPrivacyStatus(s.cfg.DP, st)
 }
 
 // privacyFamilies are the /metrics gauges of p (none when nil).

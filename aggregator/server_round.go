@@ -116,6 +116,12 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	default:
 		s.log.Info("round was aggregated before a restart; using its checkpoint", "round", r)
 	}
+	if s.nextClip > 0 {
+		// Adaptive clipping: the next round's clip norm is stored with
+		// its checkpoint (ClipEstimated, server_dp.go).
+		s.coord.Step(ClipEstimated{Round: r, Clip: s.nextClip, At: s.clock.Now()})
+		s.nextClip = 0
+	}
 	state, err := s.coord.MarshalState()
 	if err != nil {
 		return err

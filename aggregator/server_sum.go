@@ -68,11 +68,13 @@ func (s *Server) storeSumUpdate(u *inUpdate, now time.Time) error {
 // state waits in s.nextSum for the checkpoint's transaction.
 func (s *Server) sumAggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
 	var cs []uplink.SumContribution
+	var bits []bool
 	err := s.forClosed(cr, func(u storage.Update, m *wire.ClientUpdate, d []float64) error {
 		if m.GetKind() != wire.UpdateKind_UPDATE_KIND_SUM_DELTA {
 			return fmt.Errorf("stored update of %q is a %v, not a sum-mode delta", u.ClientID, m.GetKind())
 		}
 		cs = append(cs, uplink.SumContribution{Client: u.ClientID, Instance: m.InstanceId, Join: uplink.IsJoin(uplink.HeaderOf(m)), Delta: d})
+		bits = append(bits, m.ClipBit == 1)
 		return nil
 	})
 	if err != nil {
@@ -81,17 +83,20 @@ func (s *Server) sumAggregate(cr CloseRound) ([]float64, aggregate.Report, error
 	var key [32]byte
 	copy(key[:], s.stored.NoiseKey)
 	next := s.sum.Clone()
-	c := s.cfg.DP
-	out, err := next.CloseCentral(uint64(cr.Round), s.global, cs, uplink.Private{Clip: c.Clip, Noise: c.Noise}, dp.NoiseRand(key, uint64(cr.Round)))
+	clip := s.coord.DPClip()
+	out, err := next.CloseCentral(uint64(cr.Round), s.global, cs, uplink.Private{Clip: clip, Noise: s.cfg.DP.UpdateNoise()}, dp.NoiseRand(key, uint64(cr.Round)))
 	if err != nil {
 		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
+	}
+	if err := s.estimateClip(cr, bits, len(cr.Contributors)+len(cr.Stragglers)); err != nil {
+		return nil, aggregate.Report{}, err
 	}
 	joins := len(uplink.JoinersOf(cs))
 	if joins > 0 {
 		s.log.Info("sites counted in the FedSplit sum", "round", cr.Round, "joined", joins, "counted", next.M)
 	}
 	s.nextSum = next
-	return out, aggregate.Report{Metrics: map[string]float64{"split_counted": float64(next.M), "split_joined": float64(joins)}}, nil
+	return out, aggregate.Report{Metrics: map[string]float64{"split_counted": float64(next.M), "split_joined": float64(joins), "dp_clip": clip}}, nil
 }
 
 // sumBytes is st as stored with a round (nil outside sum mode).

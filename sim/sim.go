@@ -96,6 +96,9 @@ type Round struct {
 	Metrics      map[string]float64 `json:"metrics,omitempty"`
 	// Epsilon is the privacy spent after this round (--dp; 0: no DP).
 	Epsilon Float `json:"epsilon,omitempty"`
+	// Clip is the round's DP clip norm (--dp; it moves with adaptive
+	// clipping).
+	Clip Float `json:"clip,omitempty"`
 	// Eval is the federated evaluation on the sites' held-out rows
 	// (--schema runs, evaluated rounds except round 0).
 	Eval *bundle.Evaluation `json:"eval,omitempty"`
@@ -390,6 +393,10 @@ type algoState struct {
 	rec    map[int]*uplink.Record
 	sumCs  []uplink.SumContribution
 	sumPen map[int]uplink.Pending
+	// clip is the round's clip norm (cfg.DP.Clip, or adaptive clipping's
+	// estimate), bits the round's clip bits (true: not clipped).
+	clip float64
+	bits []bool
 }
 
 // newAlgoState sets up algorithm a's run from the global model x0.
@@ -440,6 +447,7 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 		if s.split {
 			s.sum, s.rec = &uplink.SumState{}, map[int]*uplink.Record{}
 		}
+		s.clip = cfg.DP.Clip
 	}
 	return s, nil
 }
@@ -561,7 +569,7 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 	if e.cfg.trace != nil {
 		frames = map[string]*uplink.Frame{}
 	}
-	s.sumCs, s.sumPen = nil, map[int]uplink.Pending{}
+	s.sumCs, s.sumPen, s.bits = nil, map[int]uplink.Pending{}, nil
 	for i, j := range jobs {
 		if j.straggler {
 			row.Stragglers++
@@ -582,6 +590,7 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 				frames[id] = f
 			}
 			row.BytesUp += int64(len(f.Payload))
+			s.bits = append(s.bits, !f.Clipped.Clipped)
 			if s.sum != nil {
 				// Sum mode: the server keeps the decoded delta for the
 				// round's sum; the client what it will add to its record.
@@ -623,15 +632,23 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 func (s *algoState) privateStep(c *dp.Config, t, m int, cs []uplink.Contribution, row *Round) error {
 	var next []float64
 	var err error
+	row.Clip = Float(s.clip)
 	if s.sum != nil {
 		next, err = s.sumStep(c, t, row)
 	} else {
-		next, err = uplink.NoisyMean(s.x, cs, uplink.Private{Clip: c.Clip, Noise: c.Noise, Denominator: m}, dp.NoiseRand(s.key, uint64(t)))
+		next, err = uplink.NoisyMean(s.x, cs, uplink.Private{Clip: s.clip, Noise: c.UpdateNoise(), Denominator: m}, dp.NoiseRand(s.key, uint64(t)))
 	}
 	if err != nil {
 		return fmt.Errorf("round %d: %w", t, err)
 	}
 	s.x = next
+	if a := c.Adaptive; a != nil {
+		// Adaptive clipping, as the aggregator (uplink.NextClip over the
+		// round's bits and its m invited clients).
+		if s.clip, err = uplink.NextClip(*a, s.clip, s.bits, m, dp.BitNoiseRand(s.key, uint64(t))); err != nil {
+			return fmt.Errorf("round %d: %w", t, err)
+		}
+	}
 	if err := s.acc.Step(s.q, c.Noise); err != nil {
 		return fmt.Errorf("round %d: %w", t, err)
 	}
@@ -645,7 +662,7 @@ func (s *algoState) privateStep(c *dp.Config, t, m int, cs []uplink.Contribution
 // contributing client's record advanced as its receipt advances it at a
 // site (uplink.Advance): every update of a simulated round is stored.
 func (s *algoState) sumStep(c *dp.Config, t int, row *Round) ([]float64, error) {
-	next, err := s.sum.CloseCentral(uint64(t), s.x, s.sumCs, uplink.Private{Clip: c.Clip, Noise: c.Noise}, dp.NoiseRand(s.key, uint64(t)))
+	next, err := s.sum.CloseCentral(uint64(t), s.x, s.sumCs, uplink.Private{Clip: s.clip, Noise: c.UpdateNoise()}, dp.NoiseRand(s.key, uint64(t)))
 	if err != nil {
 		return nil, err
 	}
@@ -811,11 +828,11 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 					var f uplink.Frame
 					rng := streams.Of(cfg.Seed, streams.Codec, t, c)
 					if s.sum != nil {
-						f, o.err = uplink.EncodeSum(wk.codec, uplink.SumUpdate{Round: uint64(t), Z: o.params, Global: x, Record: s.rec[c], Clip: cfg.DP.Clip}, rng)
+						f, o.err = uplink.EncodeSum(wk.codec, uplink.SumUpdate{Round: uint64(t), Z: o.params, Global: x, Record: s.rec[c], Clip: s.clip}, rng)
 					} else {
 						u := uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x, Residual: residual[c], Copy: zServer[c]}
 						if cfg.DP != nil {
-							u.Clip = cfg.DP.Clip
+							u.Clip = s.clip
 						}
 						f, o.err = uplink.Encode(wk.codec, u, rng)
 					}

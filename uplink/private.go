@@ -3,6 +3,7 @@ package uplink
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -117,4 +118,31 @@ func NoisyMean(global []float64, cs []Contribution, p Private, rng *rand.Rand) (
 		out[i] = global[i] + sum[i]/m
 	}
 	return out, nil
+}
+
+// NextClip is adaptive clipping's step at the aggregator (docs/privacy.md,
+// "The mechanism per round", step 3; Andrew et al. 2021): the round's
+// clip bits (true: the update's norm was at most c before the clip), their
+// centred sum plus N(0, a.BitNoise^2) from rng (the round's
+// dp.BitNoiseRand), the noised unclipped fraction over m, the round's
+// expected participants (its fixed denominator), and the next round's
+// clip norm a.Next(c, b).
+func NextClip(a dp.Adaptive, c float64, bits []bool, m int, rng *rand.Rand) (float64, error) {
+	if m < 1 {
+		return 0, fmt.Errorf("uplink: adaptive clipping over %d expected participants", m)
+	}
+	sum := 0.0
+	for _, b := range bits {
+		if b {
+			sum += 0.5
+		} else {
+			sum -= 0.5
+		}
+	}
+	sum += a.BitNoise * rng.NormFloat64()
+	next := a.Next(c, dp.UnclippedFraction(sum, float64(m)))
+	if !(next > 0) || math.IsInf(next, 0) {
+		return 0, fmt.Errorf("uplink: adaptive clipping: the next clip norm is %v", next)
+	}
+	return next, nil
 }

@@ -34,6 +34,8 @@ func TestDPRefusals(t *testing.T) {
 		{"run rollback", append(run, "--dp-noise", "1", "--rollback", "1"), "--rollback with --dp"},
 		{"simulate fedsplit robust step", append(sim[:len(sim)-4:len(sim)-4], "--algo", "fedproxsplit:mult=3", "--dp", "central", "--dp-noise", "1"), "needs each site's z_j"},
 		{"simulate budget below one round", append(sim, "--dp-noise", "1", "--dp-epsilon", "0.01"), "even one round"},
+		{"simulate adaptive clip bit noise too small", append(sim, "--dp-noise", "1", "--dp-clip-quantile", "0.5", "--dp-clip-bit-noise", "0.1"), "clip-bit noise"},
+		{"run adaptive quantile out of range", append(run, "--dp-noise", "1", "--dp-clip-quantile", "1.5"), "quantile"},
 		{"simulate budget too small to calibrate", append(sim, "--dp-epsilon", "1e-9"), "too small"},
 		{"demo schema", []string{"demo", "--dp", "central", "--dp-noise", "1", "--schema", "x.json"}, "--schema"},
 	}

@@ -145,7 +145,7 @@ func (o *simulateFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 	if cfg.Clients > 0 {
 		q = float64(cfg.PerRound) / float64(cfg.Clients)
 	}
-	cfg.DP, err = o.dp.config(q, cfg.Rounds)
+	cfg.DP, err = o.dp.config(q, cfg.Rounds, cfg.PerRound)
 	return err
 }
 
