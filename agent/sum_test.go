@@ -45,7 +45,6 @@ func record(t *testing.T, s *storage.EdgeStore) *uplink.Record {
 func TestHandleSumMode(t *testing.T) {
 	const c = 0.05
 	h, path := newHandler(t)
-	acks := sumStore{h.Store}
 	x1 := f32(testGlobal(1))
 	res, err := h.Handle(context.Background(), sumAnnounce(t, 1, x1, c))
 	if err != nil || res.Action != ActionSolved {
@@ -80,7 +79,7 @@ func TestHandleSumMode(t *testing.T) {
 	h.Store.Close()
 	h.Store = openStore(t, path)
 	t.Cleanup(func() { h.Store.Close() })
-	acks = sumStore{h.Store}
+	acks := sumStore{h.Store}
 	for range 2 { // STORED, then the re-send's DUPLICATE
 		if _, err := acks.Ack(1); err != nil {
 			t.Fatal(err)
