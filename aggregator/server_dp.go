@@ -197,5 +197,6 @@ func privacyFamilies(p *PrivacyStatus) []metrics.Family {
 		metrics.One("edgefl_dp_delta", "Differential privacy: the run's delta.", metrics.Gauge, p.Delta),
 		metrics.One("edgefl_dp_epsilon_budget", "Differential privacy: the epsilon budget (0: none).", metrics.Gauge, p.Budget),
 		metrics.One("edgefl_dp_rounds", "Differential privacy: rounds charged to the accountant.", metrics.Gauge, float64(p.Rounds)),
+		metrics.One("edgefl_dp_clip", "Differential privacy: the clip norm C of the open round (it moves with adaptive clipping).", metrics.Gauge, p.Clip),
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/edgefl/edgefl/dp"
+	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
@@ -151,5 +152,20 @@ func TestServerSumModeRefusals(t *testing.T) {
 	cfg.Aggregator = "fedsplit-mean"
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("fedsplit-mean under DP: %v", err)
+	}
+}
+
+// TestPrivacyFamilies: /metrics carries the open round's clip norm (which
+// adaptive clipping moves) with the accountant's figures.
+func TestPrivacyFamilies(t *testing.T) {
+	st := &DPState{Accountant: dp.NewAccountant(nil), Clip: 0.37}
+	var b strings.Builder
+	if err := metrics.Write(&b, privacyFamilies(newPrivacyStatus(&dp.Config{Clip: 1, Noise: 1, Delta: 1e-5}, st))); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"edgefl_dp_clip 0.37\n", "edgefl_dp_rounds 0\n", "edgefl_dp_delta 1e-05\n"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, b.String())
+		}
 	}
 }
