@@ -342,7 +342,14 @@ func (s *session) solveDone(ev solveDone) []action {
 	case res.Action == ActionResend:
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendAgain})
 	case res.Action == ActionWaiting:
-		s.deferred = ann
+		// The receipt may have come while the handler looked at the
+		// outbox: then the round goes back to the solver now.
+		if s.olderUnreceipted(ann.Round) {
+			s.deferred = ann
+		} else if s.pending == nil {
+			s.pending = ann
+			acts = append(acts, action{kind: actWake})
+		}
 	case res.Action == ActionFinished:
 		s.finished, s.finishedRun = true, ann.RunId
 		acts = s.dropUplinks(acts, func(string) bool { return true })
@@ -372,6 +379,16 @@ func (s *session) updateReceipt(r *wire.Receipt) []action {
 		}
 	}
 	return acts
+}
+
+// olderUnreceipted reports whether the outbox holds an update of a round
+// before round (a store error counts as yes: the next receipt retries).
+func (s *session) olderUnreceipted(round uint64) bool {
+	out, err := s.store.Outbox()
+	if err != nil {
+		return true
+	}
+	return slices.ContainsFunc(out, func(e storage.OutboxEntry) bool { return e.Round < round })
 }
 
 func (s *session) receiptOutcome(r *wire.Receipt) []action {

@@ -143,10 +143,13 @@ func TestHandleSplitDPNeedsSumMode(t *testing.T) {
 
 // TestSessionDefersSumRound: a round the handler hands back (ActionWaiting)
 // goes to the solver again when an update receipt comes, unless a newer
-// announcement superseded it; an INTERNAL receipt keeps it waiting.
+// announcement superseded it; an INTERNAL receipt keeps it waiting; when
+// the receipt came while the handler looked, the round goes back at once.
 func TestSessionDefersSumRound(t *testing.T) {
 	h := newSessionHarness()
 	s := h.s
+	st := s.store.(*memStore)
+	st.outbox[1] = []byte("u1")
 	ann := &wire.RoundAnnouncement{Federation: testFed, Round: 2, RunId: "R"}
 	s.step(announced{ann})
 	if acts := s.step(idle{}); len(acts) == 0 || acts[len(acts)-1].kind != actStartSolve {
@@ -165,7 +168,14 @@ func TestSessionDefersSumRound(t *testing.T) {
 	if s.pending != ann || s.deferred != nil || !slices.ContainsFunc(acts, func(a action) bool { return a.kind == actWake }) {
 		t.Fatalf("the receipt did not hand the round back: pending %v, actions %+v", s.pending, acts)
 	}
+	// The receipt came while the handler looked: no wait.
+	s.step(idle{})
+	acts = s.step(solveDone{ann: ann, res: Result{Round: 2, Action: ActionWaiting}})
+	if s.pending != ann || s.deferred != nil || !slices.ContainsFunc(acts, func(a action) bool { return a.kind == actWake }) {
+		t.Fatalf("a round waiting for a receipt already handled was deferred: pending %v, actions %+v", s.pending, acts)
+	}
 	// Superseded by a newer round before the receipt.
+	st.outbox[1] = []byte("u1")
 	s.step(idle{})
 	s.step(solveDone{ann: ann, res: Result{Round: 2, Action: ActionWaiting}})
 	newer := &wire.RoundAnnouncement{Federation: testFed, Round: 3, RunId: "R"}
