@@ -118,9 +118,12 @@ type ServerConfig struct {
 	// the aggregator re-clips and releases the fixed-denominator mean plus
 	// Gaussian noise from a secret key kept in the state file, and the
 	// coordinator's accountant stops the run before the budget is
-	// exceeded. FedProx family only, with fedavg or mean (sample weights
-	// are dropped), uniform selection, no re-selection (MaxReselections
-	// is taken as 0), no anchor gradients and no schema.
+	// exceeded. The FedProx family with fedavg or mean (sample weights
+	// are dropped); the FedSplit family in sum mode (server_sum.go: S and
+	// m only, no robust server step, no late updates); uniform selection,
+	// no re-selection (MaxReselections is taken as 0), no anchor
+	// gradients and no schema. With DP.Adaptive the clip norm moves every
+	// round (server_dp.go).
 	DP *dp.Config
 	// DPTestKey, when set, is a new run's noise key instead of 32 bytes
 	// from crypto/rand: for tests that compare a live run with simulate

@@ -88,7 +88,7 @@ type Update struct {
 	// mechanism per round"): delta + residual is clipped to C before it is
 	// encoded, and the decoded frame is re-clipped as the aggregator does
 	// (Reclip) before Applied is computed. FedProx family only
-	// (ErrSplitDP).
+	// (ErrSplitDP): the FedSplit family under DP is EncodeSum's.
 	Clip float64
 	// Tamper, when set, changes the delta in place before it is encoded:
 	// the agent's poison hook, a no-op except in the e2e tests' attacking
