@@ -256,7 +256,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	client := newClient(opts)
 	a.mu.Lock()
 	a.runCtx, a.stop, a.store, a.client = runCtx, cancel, store, client
-	a.sess.store = store
+	a.sess.store = sumStore{store}
 	a.handler = &RoundHandler{
 		ClientID: a.cfg.SiteID, InstanceID: a.instance, Federation: a.cfg.Federation, Store: store, Data: a.data,
 		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
@@ -549,6 +549,8 @@ func (a *Agent) roundDone(act action) {
 				"stop", r.StopReason.String(), "partial", r.Partial, "bytes", len(res.Msg))
 		case ActionResend:
 			lg.Info("round already applied; re-sending its unreceipted update")
+		case ActionWaiting:
+			lg.Info("FedSplit sum mode: this site's previous update awaits its receipt; the round is answered when it comes")
 		case ActionStatistics:
 			lg.Info("statistics phase: this site's statistics sent", "run_id", ann.RunId, "training_rows", res.SampleCount)
 		case ActionFinishing:

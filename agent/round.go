@@ -80,6 +80,10 @@ const (
 	// ActionIgnored: an announcement of a run whose end this site has
 	// handled (the Agent drops it without calling Handle).
 	ActionIgnored
+	// ActionWaiting: FedSplit in sum mode, an earlier update of this site
+	// awaits its receipt; nothing was solved or written, and the session
+	// hands the round over again once that receipt comes (agent/sum.go).
+	ActionWaiting
 )
 
 func (a Action) String() string {
@@ -102,6 +106,8 @@ func (a Action) String() string {
 		return "finished"
 	case ActionIgnored:
 		return "ignored"
+	case ActionWaiting:
+		return "waiting"
 	}
 	return fmt.Sprintf("Action(%d)", int(a))
 }
@@ -117,8 +123,9 @@ type Result struct {
 	Update *wire.ClientUpdate
 	// Sent is the vector the aggregator will hold once it applies the
 	// update: x + the decoded delta (w as received) for the FedProx family,
-	// its new copy of z_j (also committed as the site's copy) for FedSplit
-	// (ActionSolved only).
+	// its new copy of z_j (also committed as the site's copy) for FedSplit;
+	// in sum mode what the update adds to the aggregator's sum (committed
+	// as pending until its receipt) (ActionSolved only).
 	Sent []float64
 	// Report is the local solve's report (ActionSolved only).
 	Report proxsolver.Report
@@ -278,6 +285,14 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 	if r <= applied {
 		return h.resend(res)
 	}
+	if sumMode(ann) {
+		if w, err := h.waitingFor(r); err != nil {
+			return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
+		} else if w > 0 {
+			res.Action = ActionWaiting
+			return res, nil
+		}
+	}
 
 	p, err := h.prepare(ann, d)
 	if err != nil {
@@ -318,6 +333,9 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 	if s := ann.AnchorSketch; s != nil {
 		u.AnchorGrad = h.anchorGrad(r, rep.AnchorGrad, s)
 	}
+	if ann.GetDp().GetAdaptive() != nil && !up.Clipped.Clipped {
+		u.ClipBit = 1 // adaptive clipping: the norm was within the clip norm
+	}
 	msg, err := wire.Encode(u)
 	if err != nil {
 		return res, fmt.Errorf("agent: round %d: encode update: %w", r, err)
@@ -326,7 +344,10 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 		return res, fmt.Errorf("agent: round %d: update is %d bytes, over the %d-byte message limit", r, len(msg), lim)
 	}
 	c := storage.Commit{Round: r, Residual: up.Residual, Msg: msg}
-	if p.split {
+	switch {
+	case p.sum:
+		c.Z, c.Pending = sent, &storage.SumPending{Join: up.Sum.Join, V: up.Sum.V}
+	case p.split:
 		c.Z, c.ServerZ = sent, up.Applied
 	}
 	if err := h.Store.Commit(c); err != nil {
@@ -336,6 +357,9 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 		return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
 	}
 	res.Action, res.Msg, res.Update, res.Sent, res.Report = ActionSolved, msg, u, up.Applied, rep
+	if up.Sum != nil {
+		res.Sent = up.Sum.V
+	}
 	res.Healthy = true
 	return res, nil
 }
@@ -345,6 +369,9 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 // error-feedback residual (FedProx family, lossy codecs) or this site's
 // record of the aggregator's copy of z_j (FedSplit).
 func (h *RoundHandler) uplink(p *prepared, sent []float64) (uplink.Frame, error) {
+	if p.sum {
+		return h.sumUplink(p, sent)
+	}
 	r := p.round
 	u := uplink.Update{Split: p.split, Round: r, Sent: sent, Global: p.x, Clip: p.clip, Tamper: poison}
 	if p.split {
@@ -404,6 +431,7 @@ type prepared struct {
 	data   model.Data // the site's training data
 	algo   string
 	split  bool
+	sum    bool // FedSplit in sum mode (agent/sum.go)
 	sp     split.Params
 	stepJ  float64 // this site's prox step s_j = s m n_j / n
 	m      model.Model
@@ -423,6 +451,7 @@ func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement, d model.Data) (*prep
 	r := ann.Round
 	p := &prepared{round: r, algo: ann.Algorithm, data: d}
 	p.split = ann.Algorithm == AlgoFedSplit || ann.Algorithm == AlgoFedProxSplit
+	p.sum = sumMode(ann)
 
 	spec, err := modelSpec(ann.Model)
 	if err != nil {
@@ -461,7 +490,7 @@ func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement, d model.Data) (*prep
 	if p.cfg, err = h.solverConfig(ann, p.split, d.N); err != nil {
 		return nil, bad(r, "%v", err)
 	}
-	if p.clip, err = dpClip(ann, p.split); err != nil {
+	if p.clip, err = dpClip(ann, p.split && !p.sum); err != nil {
 		return nil, bad(r, "%v", err)
 	}
 	if p.split {
@@ -735,8 +764,9 @@ func workReport(rep proxsolver.Report, stop wire.StopReason, target float64, pri
 }
 
 // dpClip is the clip norm a round's DP parameters ask for (0: none). The
-// distributed mode (no secure aggregation yet), the FedSplit family and
-// anchor gradients are refused under DP, as the aggregator refuses them.
+// distributed mode (no secure aggregation yet), the FedSplit family outside
+// sum mode (split: the per-site copy of z_j is not privatised) and anchor
+// gradients are refused under DP, as the aggregator refuses them.
 func dpClip(ann *wire.RoundAnnouncement, split bool) (float64, error) {
 	d := ann.GetDp()
 	switch {

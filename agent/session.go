@@ -53,8 +53,9 @@ type session struct {
 
 	closing bool
 	// pending is the newest announcement waiting for the solver; solving
-	// the one being handled (nil when idle).
-	pending, solving *wire.RoundAnnouncement
+	// the one being handled (nil when idle); deferred a sum-mode round
+	// handed back (ActionWaiting) until an update receipt comes.
+	pending, solving, deferred *wire.RoundAnnouncement
 	// finished: the run finishedRun has ended and its end was handled;
 	// announcements of that run are ignored until another run's arrives.
 	finished    bool
@@ -265,6 +266,9 @@ func (s *session) announced(ann *wire.RoundAnnouncement) []action {
 	// or runs, whatever its round number (the new run counts from 1).
 	if p := s.pending; p == nil || ann.Round >= p.Round || (ann.RunId != "" && ann.RunId != p.RunId) {
 		s.pending = ann
+		if d := s.deferred; d != nil && (ann.Round >= d.Round || ann.RunId != d.RunId) {
+			s.deferred = nil // superseded: the new one is handled instead
+		}
 	}
 	var acts []action
 	if cur := s.solving; cur != nil && ann.Federation == s.federation {
@@ -337,6 +341,15 @@ func (s *session) solveDone(ev solveDone) []action {
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendFirst})
 	case res.Action == ActionResend:
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendAgain})
+	case res.Action == ActionWaiting:
+		// The receipt may have come while the handler looked at the
+		// outbox: then the round goes back to the solver now.
+		if s.olderUnreceipted(ann.Round) {
+			s.deferred = ann
+		} else if s.pending == nil {
+			s.pending = ann
+			acts = append(acts, action{kind: actWake})
+		}
 	case res.Action == ActionFinished:
 		s.finished, s.finishedRun = true, ann.RunId
 		acts = s.dropUplinks(acts, func(string) bool { return true })
@@ -351,10 +364,34 @@ func (s *session) solveDone(ev solveDone) []action {
 	return acts
 }
 
-// updateReceipt: accepted drops the outbox entry; INTERNAL keeps it and
-// re-sends it after a backoff; any other rejection drops it and forgets the
-// aggregator's FedSplit copy of z, which assumed it would be applied.
+// updateReceipt: accepted drops the outbox entry (a sum-mode update's
+// advances the site's record); INTERNAL keeps it and re-sends it after a
+// backoff; any other rejection drops it and forgets the aggregator's
+// FedSplit copy of z, which assumed it would be applied. A sum-mode round
+// deferred for the receipt goes back to the solver once the entry is gone.
 func (s *session) updateReceipt(r *wire.Receipt) []action {
+	acts := s.receiptOutcome(r)
+	if d := s.deferred; d != nil && (r.Accepted || r.Code != wire.ReceiptCode_RECEIPT_CODE_INTERNAL) {
+		s.deferred = nil
+		if s.pending == nil {
+			s.pending = d
+			acts = append(acts, action{kind: actWake})
+		}
+	}
+	return acts
+}
+
+// olderUnreceipted reports whether the outbox holds an update of a round
+// before round (a store error counts as yes: the next receipt retries).
+func (s *session) olderUnreceipted(round uint64) bool {
+	out, err := s.store.Outbox()
+	if err != nil {
+		return true
+	}
+	return slices.ContainsFunc(out, func(e storage.OutboxEntry) bool { return e.Round < round })
+}
+
+func (s *session) receiptOutcome(r *wire.Receipt) []action {
 	var acts []action
 	switch {
 	case r.Accepted:

@@ -595,6 +595,9 @@ func (c *Coordinator) Step(ev Event) []Decision {
 	if out, ok := c.settle(ev); ok {
 		return out
 	}
+	if c.clipEstimated(ev) {
+		return nil
+	}
 	switch c.phase {
 	case PhaseFinished:
 		return c.stepFinished(ev)

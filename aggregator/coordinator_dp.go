@@ -2,7 +2,9 @@ package aggregator
 
 import (
 	"fmt"
+	"math"
 	"slices"
+	"time"
 
 	"github.com/edgefl/edgefl/dp"
 )
@@ -27,19 +29,61 @@ import (
 const StopDPBudget = "dp_budget"
 
 // DPState is the accountant in State (absent without Config.DP): its RDP
-// values, and the sampling rate of the open round's selection.
+// values, the sampling rate of the open round's selection, and with
+// adaptive clipping the clip norm of the open round (0: Config.DP.Clip).
 type DPState struct {
 	Accountant *dp.Accountant `json:"accountant"`
 	Q          float64        `json:"q,omitempty"`
 	// Rates is the charging history (bundles record the epsilon of their
 	// round from it: server_dpschema.go).
 	Rates []dp.Rate `json:"rates,omitempty"`
+	Clip  float64   `json:"clip,omitempty"`
 }
 
 type dpState struct {
 	acc   *dp.Accountant
 	q     float64
 	rates []dp.Rate
+	clip  float64
+}
+
+// ClipEstimated: adaptive clipping (Config.DP.Adaptive) estimated the clip
+// norm of the round after Round from its noised clip bits. The shell steps
+// it while Round closes, before it stores the state with the next round's
+// checkpoint, so the clip norm moves with the checkpoint, once. Ignored
+// otherwise.
+type ClipEstimated struct {
+	Round int
+	Clip  float64
+	At    time.Time
+}
+
+func (e ClipEstimated) eventTime() time.Time { return e.At }
+
+// clipEstimated applies a ClipEstimated; ok is false for other events.
+func (c *Coordinator) clipEstimated(ev Event) (ok bool) {
+	e, ok := ev.(ClipEstimated)
+	if !ok {
+		return false
+	}
+	if c.cfg.DP == nil || c.cfg.DP.Adaptive == nil || c.phase != PhaseClosing || e.Round != c.round ||
+		!(e.Clip > 0) || math.IsInf(e.Clip, 0) {
+		c.counters.Ignored++
+		return true
+	}
+	c.dp.clip = e.Clip
+	return true
+}
+
+// DPClip is the clip norm of the open round (0 without DP).
+func (c *Coordinator) DPClip() float64 {
+	switch {
+	case c.cfg.DP == nil:
+		return 0
+	case c.dp.clip > 0:
+		return c.dp.clip
+	}
+	return c.cfg.DP.Clip
 }
 
 func (c Config) validateDP() error {
@@ -116,7 +160,7 @@ func (c *Coordinator) snapshotDP() *DPState {
 	}
 	a := c.dp.acc
 	return &DPState{Accountant: &dp.Accountant{Orders: slices.Clone(a.Orders), RDP: slices.Clone(a.RDP), Rounds: a.Rounds}, Q: c.dp.q,
-		Rates: slices.Clone(c.dp.rates)}
+		Rates: slices.Clone(c.dp.rates), Clip: c.dp.clip}
 }
 
 func (c *Coordinator) restoreDP(s *DPState) error {
@@ -131,13 +175,13 @@ func (c *Coordinator) restoreDP(s *DPState) error {
 		return nil
 	}
 	a := s.Accountant
-	if len(a.Orders) == 0 || len(a.RDP) != len(a.Orders) || !(s.Q >= 0 && s.Q <= 1) {
-		return fmt.Errorf("%w: the accountant has %d orders, %d RDP values, q %v", ErrBadState, len(a.Orders), len(a.RDP), s.Q)
+	if len(a.Orders) == 0 || len(a.RDP) != len(a.Orders) || !(s.Q >= 0 && s.Q <= 1) || !(s.Clip >= 0) || math.IsInf(s.Clip, 0) {
+		return fmt.Errorf("%w: the accountant has %d orders, %d RDP values, q %v, clip %v", ErrBadState, len(a.Orders), len(a.RDP), s.Q, s.Clip)
 	}
 	if err := checkRates(s.Rates, a.Rounds); err != nil {
 		return err
 	}
 	c.dp = dpState{acc: &dp.Accountant{Orders: slices.Clone(a.Orders), RDP: slices.Clone(a.RDP), Rounds: a.Rounds}, q: s.Q,
-		rates: slices.Clone(s.Rates)}
+		rates: slices.Clone(s.Rates), clip: s.Clip}
 	return nil
 }

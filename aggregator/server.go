@@ -118,9 +118,12 @@ type ServerConfig struct {
 	// the aggregator re-clips and releases the fixed-denominator mean plus
 	// Gaussian noise from a secret key kept in the state file, and the
 	// coordinator's accountant stops the run before the budget is
-	// exceeded. FedProx family only, with fedavg or mean (sample weights
-	// are dropped), uniform selection, no re-selection (MaxReselections
-	// is taken as 0), no anchor gradients and no schema.
+	// exceeded. The FedProx family with fedavg or mean (sample weights
+	// are dropped); the FedSplit family in sum mode (server_sum.go: S and
+	// m only, no robust server step, no late updates); uniform selection,
+	// no re-selection (MaxReselections is taken as 0), no anchor
+	// gradients and no schema. With DP.Adaptive the clip norm moves every
+	// round (server_dp.go).
 	DP *dp.Config
 	// DPTestKey, when set, is a new run's noise key instead of 32 bytes
 	// from crypto/rand: for tests that compare a live run with simulate
@@ -427,8 +430,15 @@ type Server struct {
 	aggSpec string
 	agg     aggregate.Aggregator // nil for the FedSplit family
 	screen  float64              // the FedSplit family's screening factor (split.RobustServerStep)
-	stored  storedConfig         // the run's configuration, with its run id once restored
-	conf    []byte               // stored as JSON
+	// sum is the FedSplit family's sum-mode state (S, m and who is
+	// counted) as of the open round (nil outside sum mode; server_sum.go);
+	// nextSum the closing round's, until its checkpoint is stored.
+	sum, nextSum *uplink.SumState
+	// nextClip is adaptive clipping's clip norm for the round after the
+	// closing one (0: none), until closeRound steps ClipEstimated.
+	nextClip float64
+	stored   storedConfig // the run's configuration, with its run id once restored
+	conf     []byte       // stored as JSON
 
 	loopQ   *quant.Codec // the loop's own codec
 	down    *quant.Codec // the downlink codec (the loop's)
@@ -504,6 +514,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request), ingestQ: make(chan ingestJob, cfg.IngestQueue),
 		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{}),
 		topics: d.topics, fam: d.fam, aggSpec: d.aggSpec, screen: d.screen, agg: d.agg, eval: cfg.Eval}
+	if d.sum {
+		s.sum = &uplink.SumState{}
+	}
 	s.metAddr.Store("")
 	s.inst.takeover = cfg.InstanceTakeover
 	s.lim = wire.Limits{MaxMessageBytes: cfg.MaxMessageBytes}
@@ -662,6 +675,9 @@ func (s *Server) restore() error {
 		return fmt.Errorf("aggregator: %s: global model of round %d has %d values, the model %d", s.cfg.StatePath, r, len(s.global), s.dim)
 	}
 	s.globalR = r
+	if err := s.restoreSum(cur); err != nil {
+		return err
+	}
 	if err := s.checkPersistedRange(r); err != nil {
 		return err
 	}
@@ -693,8 +709,12 @@ func (s *Server) restoreFresh() error {
 	if err != nil {
 		return err
 	}
+	sum, err := s.sumBytes(s.sum)
+	if err != nil {
+		return err
+	}
 	now := s.clock.Now()
-	if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: now, Config: s.conf, State: st}, x0); err != nil {
+	if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: now, Config: s.conf, State: st, Sum: sum}, x0); err != nil {
 		return err
 	}
 	s.storeR, s.lastSt, s.fresh = 1, st, true
@@ -1189,6 +1209,9 @@ func (s *Server) checkRange(what string, v []float64) error {
 // client's latest z) in one fsynced transaction. A copy already stored (a
 // re-send after a crash between the update and the state) is fine.
 func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
+	if s.sum != nil {
+		return s.storeSumUpdate(u, now)
+	}
 	what := "w"
 	if isSplit(s.fam) {
 		// Already stored: its z_j is this server's copy now, so vectorOf

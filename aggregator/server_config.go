@@ -36,6 +36,7 @@ type derived struct {
 	agg     aggregate.Aggregator // nil for the FedSplit family
 	params  Params
 	coord   Config
+	sum     bool // the FedSplit family in sum mode (server_sum.go)
 }
 
 // derive validates cfg (defaults applied) and returns what it determines.

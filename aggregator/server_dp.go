@@ -8,6 +8,7 @@ import (
 	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/metrics"
+	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
@@ -27,14 +28,20 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	switch {
-	case isSplit(d.fam):
-		return fmt.Errorf("%w: %w", ErrConfig, uplink.ErrSplitDP)
+	case isSplit(d.fam) && cfg.Aggregator != "" && cfg.Aggregator != split.StepMean:
+		return fmt.Errorf("%w: --aggregator %s: %w", ErrConfig, cfg.Aggregator, uplink.ErrSplitRobustDP)
 	case cfg.Schema != nil && !cfg.Schema.Declared():
 		return fmt.Errorf("%w: differential privacy with a federation schema that does not declare its preprocessing: the statistics phase would send per-site statistics the guarantee does not cover; declare center and scale of every numeric feature and the levels of every categorical one (deploy/schema-dp.example.json; docs/privacy.md, \"Preprocessing under DP\")", ErrConfig)
 	case cfg.AnchorSketch != nil:
 		return fmt.Errorf("%w: differential privacy with anchor gradients: a site's anchor gradient is not clipped or noised (docs/privacy.md, \"What the guarantee covers\")", ErrConfig)
 	}
-	if err := aggregate.CheckDP(d.aggSpec, cfg.Selector); err != nil {
+	aggSpec := d.aggSpec
+	if isSplit(d.fam) {
+		// Sum mode: the server step is S/m (server_sum.go); no late
+		// updates (docs/privacy.md, "Sampling rate").
+		aggSpec, d.sum, d.coord.StoreLate = "", true, false
+	}
+	if err := aggregate.CheckDP(aggSpec, cfg.Selector); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	d.coord.MaxReselections = 0
@@ -81,8 +88,34 @@ func (s *Server) dpParams() *wire.DPParams {
 		return nil
 	}
 	eps, _, _ := s.coord.Privacy()
-	return &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: c.Clip, NoiseMultiplier: c.Noise,
+	p := &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: s.coord.DPClip(), NoiseMultiplier: c.Noise,
 		Delta: c.Delta, EpsilonSpent: eps, EpsilonBudget: c.Budget}
+	if a := c.Adaptive; a != nil {
+		p.UpdateNoiseMultiplier = c.UpdateNoise()
+		p.Adaptive = &wire.AdaptiveClip{TargetQuantile: a.Quantile, LearningRate: a.LR, BitNoise: a.BitNoise}
+	}
+	return p
+}
+
+// estimateClip is adaptive clipping's step for the closing round cr
+// (uplink.NextClip over the contributors' clip bits, noised from the
+// round's bit stream, over its fixed denominator m); the next clip norm
+// waits in s.nextClip for closeRound to step ClipEstimated before the
+// state is stored with the next checkpoint. Nothing without adaptive
+// clipping.
+func (s *Server) estimateClip(cr CloseRound, bits []bool, m int) error {
+	a := s.cfg.DP.Adaptive
+	if a == nil {
+		return nil
+	}
+	var key [32]byte
+	copy(key[:], s.stored.NoiseKey)
+	next, err := uplink.NextClip(*a, s.coord.DPClip(), bits, m, dp.BitNoiseRand(key, uint64(cr.Round)))
+	if err != nil {
+		return fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
+	}
+	s.nextClip = next
+	return nil
 }
 
 // privateAggregate is the closed round's noisy mean: the contributors'
@@ -90,12 +123,17 @@ func (s *Server) dpParams() *wire.DPParams {
 // round, over the round's fixed denominator (every site it invited).
 // Redone after a restart, it draws the same noise.
 func (s *Server) privateAggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+	if s.sum != nil {
+		return s.sumAggregate(cr)
+	}
 	var cs []uplink.Contribution
+	var bits []bool
 	err := s.forClosed(cr, func(u storage.Update, m *wire.ClientUpdate, d []float64) error {
 		if m.GetKind() != wire.UpdateKind_UPDATE_KIND_DELTA {
 			return fmt.Errorf("stored update of %q is a %v, not a delta", u.ClientID, m.GetKind())
 		}
 		cs = append(cs, uplink.Contribution{Client: u.ClientID, Delta: d})
+		bits = append(bits, m.ClipBit == 1)
 		return nil
 	})
 	if err != nil {
@@ -105,16 +143,21 @@ func (s *Server) privateAggregate(cr CloseRound) ([]float64, aggregate.Report, e
 	copy(key[:], s.stored.NoiseKey)
 	m := len(cr.Contributors) + len(cr.Stragglers)
 	c := s.cfg.DP
-	out, err := uplink.NoisyMean(s.global, cs, uplink.Private{Clip: c.Clip, Noise: c.Noise, Denominator: m}, dp.NoiseRand(key, uint64(cr.Round)))
+	clip := s.coord.DPClip()
+	out, err := uplink.NoisyMean(s.global, cs, uplink.Private{Clip: clip, Noise: c.UpdateNoise(), Denominator: m}, dp.NoiseRand(key, uint64(cr.Round)))
 	if err != nil {
 		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
 	}
-	return out, aggregate.Report{Metrics: map[string]float64{"dp_denominator": float64(m)}}, nil
+	if err := s.estimateClip(cr, bits, m); err != nil {
+		return nil, aggregate.Report{}, err
+	}
+	return out, aggregate.Report{Metrics: map[string]float64{"dp_denominator": float64(m), "dp_clip": clip}}, nil
 }
 
 // PrivacyStatus is a --dp run's accounting, as `status`, /status and
 // /metrics report it: the epsilon spent at Delta after Rounds charged
-// rounds, the budget (0: none), the clip norm and the noise multiplier.
+// rounds, the budget (0: none), the clip norm (with adaptive clipping, the
+// open round's) and the noise multiplier.
 type PrivacyStatus struct {
 	Mode    string  `json:"mode"`
 	Epsilon float64 `json:"epsilon"`
@@ -125,9 +168,14 @@ type PrivacyStatus struct {
 	Noise   float64 `json:"noise_multiplier"`
 }
 
-func newPrivacyStatus(c *dp.Config, a *dp.Accountant) *PrivacyStatus {
+func newPrivacyStatus(c *dp.Config, st *DPState) *PrivacyStatus {
+	a := st.Accountant
 	eps, _ := a.Epsilon(c.Delta)
-	return &PrivacyStatus{Mode: dp.Central.String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: c.Clip, Noise: c.Noise}
+	clip := c.Clip
+	if st.Clip > 0 {
+		clip = st.Clip // adaptive clipping: the open round's
+	}
+	return &PrivacyStatus{Mode: dp.Central.String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: clip, Noise: c.Noise}
 }
 
 // privacyStatus is the running coordinator's accounting (nil without DP).
@@ -136,7 +184,7 @@ func (s *Server) privacyStatus() *PrivacyStatus {
 		return nil
 	}
 	st := s.coord.snapshotDP()
-	return newPrivacyStatus(s.cfg.DP, st.Accountant)
+	return newPrivacyStatus(s.cfg.DP, st)
 }
 
 // privacyFamilies are the /metrics gauges of p (none when nil).
@@ -149,5 +197,6 @@ func privacyFamilies(p *PrivacyStatus) []metrics.Family {
 		metrics.One("edgefl_dp_delta", "Differential privacy: the run's delta.", metrics.Gauge, p.Delta),
 		metrics.One("edgefl_dp_epsilon_budget", "Differential privacy: the epsilon budget (0: none).", metrics.Gauge, p.Budget),
 		metrics.One("edgefl_dp_rounds", "Differential privacy: rounds charged to the accountant.", metrics.Gauge, float64(p.Rounds)),
+		metrics.One("edgefl_dp_clip", "Differential privacy: the clip norm C of the open round (it moves with adaptive clipping).", metrics.Gauge, p.Clip),
 	}
 }

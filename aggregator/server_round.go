@@ -44,6 +44,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		Budget:          &wire.WorkBudget{MaxEpochs: uint32(p.MaxEpochs), MaxSeconds: p.MaxSeconds, MaxGradEvals: p.MaxGradEvals},
 		DeadlineUnixMs:  deadline.UnixMilli(),
 		Selected:        slices.Clone(selected),
+		SplitSum:        s.sum != nil,
 		Global:          &wire.Vector{Codec: s.down.String(), Dimension: uint32(s.dim), Payload: s.frame},
 		UplinkCodec:     s.cfg.Codec,
 		CreatedAtUnixMs: s.clock.Now().UnixMilli(),
@@ -97,6 +98,11 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	next, err := s.store.Checkpoint(uint64(r + 1))
 	var rep aggregate.Report
 	redo := errors.Is(err, storage.ErrNotFound)
+	if err == nil && s.sum != nil && !cr.Final && s.storeR == uint64(r) {
+		// A checkpoint without its round: the sum that goes with it is
+		// computed again (the same noise, the same model).
+		redo = true
+	}
 	switch {
 	case redo:
 		if next, rep, err = s.aggregate(cr); err != nil {
@@ -110,27 +116,10 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	default:
 		s.log.Info("round was aggregated before a restart; using its checkpoint", "round", r)
 	}
-	state, err := s.coord.MarshalState()
+	now, err := s.checkpoint(cr, next, redo)
 	if err != nil {
 		return err
 	}
-	now := s.clock.Now()
-	if cr.Final {
-		if redo {
-			if err := s.store.PutCheckpoint(uint64(r+1), next); err != nil {
-				return fmt.Errorf("aggregator: %w", err)
-			}
-		}
-		if err := s.store.CloseRound(uint64(r), now, state); err != nil {
-			return fmt.Errorf("aggregator: %w", err)
-		}
-	} else if s.storeR == uint64(r) {
-		if err := s.store.OpenRound(storage.Round{Number: uint64(r + 1), OpenedAt: now, Config: s.conf, State: state}, next); err != nil {
-			return fmt.Errorf("aggregator: %w", err)
-		}
-		s.storeR = uint64(r + 1)
-	}
-	s.lastSt = state
 	agg := AggregatedRound{Round: r, At: now}
 	hr := RoundRecord{Round: r, AggregatedAt: now, Participants: len(cr.Contributors), Late: cr.Late,
 		Partial: slices.Clone(cr.Partial), Stragglers: slices.Clone(cr.Stragglers)}
@@ -188,6 +177,52 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 		s.cfg.OnRound(rr)
 	}
 	return s.step(ctx, agg)
+}
+
+// checkpoint stores what closing round cr decided: the coordinator's state
+// (with adaptive clipping's next clip norm, server_dp.go) and next as the
+// next round's checkpoint, opening that round with the sum-mode state
+// (server_sum.go) in one transaction; after the last round, the final
+// checkpoint (when it was computed now: redo) and the round closed. It
+// returns the time it stored them.
+func (s *Server) checkpoint(cr CloseRound, next []float64, redo bool) (time.Time, error) {
+	r := cr.Round
+	if s.nextClip > 0 {
+		// Adaptive clipping: the next round's clip norm is stored with
+		// its checkpoint (ClipEstimated, server_dp.go).
+		s.coord.Step(ClipEstimated{Round: r, Clip: s.nextClip, At: s.clock.Now()})
+		s.nextClip = 0
+	}
+	state, err := s.coord.MarshalState()
+	if err != nil {
+		return time.Time{}, err
+	}
+	now := s.clock.Now()
+	if cr.Final {
+		if redo {
+			if err := s.store.PutCheckpoint(uint64(r+1), next); err != nil {
+				return time.Time{}, fmt.Errorf("aggregator: %w", err)
+			}
+		}
+		if err := s.store.CloseRound(uint64(r), now, state); err != nil {
+			return time.Time{}, fmt.Errorf("aggregator: %w", err)
+		}
+	} else if s.storeR == uint64(r) {
+		sum, err := s.sumBytes(s.nextSum)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if err := s.store.OpenRound(storage.Round{Number: uint64(r + 1), OpenedAt: now, Config: s.conf, State: state, Sum: sum}, next); err != nil {
+			return time.Time{}, fmt.Errorf("aggregator: %w", err)
+		}
+		s.storeR = uint64(r + 1)
+		if s.nextSum != nil {
+			s.sum = s.nextSum // S moves with the checkpoint, in its transaction
+		}
+	}
+	s.nextSum = nil
+	s.lastSt = state
+	return now, nil
 }
 
 // aggregate computes the next global model from the closed round.

@@ -40,6 +40,26 @@ type Config struct {
 	// Budget, when > 0, is the epsilon the run may not exceed: it stops
 	// before a round that would.
 	Budget float64 `json:"epsilon_budget,omitempty"`
+	// Adaptive, when set, is adaptive clipping (docs/privacy.md, "The
+	// mechanism per round", step 3): Clip is then the first round's C,
+	// each later round's follows Adaptive.Next from the noised clip bits,
+	// and the updates' noise multiplier is UpdateNoise() > Noise so that
+	// updates and bits together cost Noise, which the accountant charges.
+	Adaptive *Adaptive `json:"adaptive,omitempty"`
+}
+
+// UpdateNoise is the noise multiplier of the update sum: Noise with a fixed
+// clip, dp.UpdateNoise(Noise, Adaptive.BitNoise) with adaptive clipping
+// (Validate checks it exists).
+func (c Config) UpdateNoise() float64 {
+	if c.Adaptive == nil {
+		return c.Noise
+	}
+	z, err := UpdateNoise(c.Noise, c.Adaptive.BitNoise)
+	if err != nil {
+		return math.NaN()
+	}
+	return z
 }
 
 // On reports whether c asks for DP.
@@ -56,6 +76,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("dp: delta must be in (0, 1), got %v", c.Delta)
 	case !(c.Budget >= 0) || math.IsInf(c.Budget, 0):
 		return fmt.Errorf("dp: the epsilon budget must be a finite number >= 0 (0: none), got %v", c.Budget)
+	case c.Adaptive != nil:
+		return c.Adaptive.Validate(c.Noise)
 	}
 	return nil
 }

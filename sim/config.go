@@ -323,10 +323,17 @@ func (c Config) validateDP() error {
 		return errors.New("--dp with --faulty: faulty clients take part in every round, outside the accountant's sampling rate")
 	}
 	for _, a := range c.Algos {
+		agg := a.Agg
 		if a.Family == FedSplit || a.Family == FedProxSplit {
-			return fmt.Errorf("--dp, algorithm %s: %w", a.Label, uplink.ErrSplitDP)
+			// Sum mode (docs/privacy.md, "FedSplit"): the server step is
+			// S/m; a screening factor asks for the robust step, which
+			// needs each z_j.
+			if agg != split.StepRobust && agg != split.StepMean {
+				return fmt.Errorf("--dp, algorithm %s: %w", a.Label, uplink.ErrSplitRobustDP)
+			}
+			agg = ""
 		}
-		if err := aggregate.CheckDP(a.Agg, c.Select); err != nil {
+		if err := aggregate.CheckDP(agg, c.Select); err != nil {
 			return fmt.Errorf("--dp, algorithm %s: %w", a.Label, err)
 		}
 	}

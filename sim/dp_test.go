@@ -12,6 +12,7 @@ import (
 	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/uplink"
 )
 
@@ -110,7 +111,7 @@ func TestSimDPRefusals(t *testing.T) {
 		mutate func(*Config)
 		want   string
 	}{
-		{"fedsplit", func(c *Config) { c.Algos[0].Family, c.Algos[0].Agg = FedProxSplit, "robust" }, "FedSplit family"},
+		{"fedsplit robust step", func(c *Config) { c.Algos[0].Family, c.Algos[0].Agg = FedProxSplit, split.StepRobust+":mult=3" }, "needs each site's z_j"},
 		{"median", func(c *Config) { c.Algos[0].Agg = "median" }, "aggregator \"median\""},
 		{"loss selection", func(c *Config) { c.Select = "loss" }, "selector \"loss\""},
 		{"undeclared schema", func(c *Config) {
@@ -132,8 +133,12 @@ func TestSimDPRefusals(t *testing.T) {
 		})
 	}
 	cfg := dpConfig()
-	cfg.Algos[0].Family = FedSplit
-	if err := cfg.Validate(); !errors.Is(err, uplink.ErrSplitDP) {
-		t.Fatalf("fedsplit: %v, want uplink.ErrSplitDP", err)
+	cfg.Algos[0].Family, cfg.Algos[0].Agg = FedSplit, split.StepRobust
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("fedsplit under DP (sum mode): %v", err)
+	}
+	cfg.Algos[0].Agg = split.StepMean + ":x"
+	if err := cfg.Validate(); !errors.Is(err, uplink.ErrSplitRobustDP) {
+		t.Fatalf("fedsplit with another server step: %v, want uplink.ErrSplitRobustDP", err)
 	}
 }

@@ -60,6 +60,25 @@ func TestSimMatchesLive(t *testing.T) {
 			testSimMatchesLive(t, FedProx, codec, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5}, i)
 		})
 	}
+	// FedProx:FedSplit under DP runs in sum mode (docs/privacy.md,
+	// "FedSplit"): the sites' deltas against their own records (joins in
+	// round 1), the aggregator's S and m; the records advance on the
+	// receipts live and after each round in simulate, and S and m come
+	// back from the state file after the restart.
+	for i, codec := range []string{"fp32", "q8"} {
+		t.Run("dp/"+FedProxSplit+"/"+codec, func(t *testing.T) {
+			testSimMatchesLive(t, FedProxSplit, codec, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5}, i)
+		})
+	}
+	// Adaptive clipping: the clip bits on the wire, the noised bit sum and
+	// the next clip norm at the aggregator (stored with the checkpoint,
+	// so it survives the restart), for both families.
+	for _, algo := range []string{FedProx, FedProxSplit} {
+		t.Run("dp-adaptive/"+algo, func(t *testing.T) {
+			testSimMatchesLive(t, algo, "fp32", &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5,
+				Adaptive: &dp.Adaptive{Quantile: 0.5, LR: 0.2, BitNoise: 0.5}}, 1)
+		})
+	}
 }
 
 // testSimMatchesLive compares simulate with a live federation (private: under
@@ -86,12 +105,15 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 	// simulate, recording every round's frames and next global model.
 	simFrames := map[int]map[string]*uplink.Frame{}
 	simGlobal := map[int][]float64{}
+	var simRounds []Round
 	cfg.trace = func(_ string, round int, frames map[string]*uplink.Frame, x []float64) {
 		simFrames[round], simGlobal[round] = frames, slices.Clone(x)
 	}
-	if _, err := Run(context.Background(), cfg, nil); err != nil {
+	res, err := Run(context.Background(), cfg, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
+	simRounds = res.Runs[0].Rounds
 	fed, _, err := loadFederation(&cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -192,6 +214,8 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 				t.Errorf("round %d, %s: live %v against round %d, simulate %v against round %d", r, u.ClientID, m.Kind, m.BaseRound, want.Kind, want.BaseRound)
 			case !bytes.Equal(m.Vector.Payload, want.Payload):
 				t.Errorf("round %d, %s: the live frame (%d bytes) is not simulate's (%d bytes)", r, u.ClientID, len(m.Vector.Payload), len(want.Payload))
+			case private != nil && private.Adaptive != nil && (m.ClipBit == 1) == want.Clipped.Clipped:
+				t.Errorf("round %d, %s: clip bit %d, simulate's update was clipped: %v", r, u.ClientID, m.ClipBit, want.Clipped.Clipped)
 			}
 			return nil
 		})
@@ -203,6 +227,9 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 		}
 		if algo == FedProxSplit && r > 1 && simFrames[r][fed.Clients[0].ID].BaseRound != uint64(r-1) {
 			t.Errorf("round %d: deltas are not against the copy of round %d", r, r-1)
+		}
+		if k := simFrames[r][fed.Clients[0].ID].Kind; algo == FedProxSplit && private != nil && k != wire.UpdateKind_UPDATE_KIND_SUM_DELTA {
+			t.Errorf("round %d: FedSplit under DP sent %v, want sum-mode deltas", r, k)
 		}
 		mu.Lock()
 		live := liveGlobal[r]
@@ -217,6 +244,12 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 	}
 	if maxDiff(simGlobal[rounds], simGlobal[1]) == 0 {
 		t.Error("the global model did not move: the comparison proves nothing")
+	}
+	if private != nil && private.Adaptive != nil && simRounds[rounds].Clip == simRounds[1].Clip {
+		t.Errorf("adaptive clipping kept the clip norm at %v: the comparison proves nothing", simRounds[1].Clip)
+	}
+	if zs, err := store.LatestZ(); err != nil || (private != nil && len(zs) > 0) {
+		t.Errorf("under DP the aggregator kept %d per-site z (%v)", len(zs), err)
 	}
 	if private != nil {
 		store.Close()
@@ -257,6 +290,11 @@ func checkPrivacyRestored(t *testing.T, cfg aggregator.ServerConfig, rounds int)
 	}
 	other := *c
 	other.Noise *= 2
+	if a := other.Adaptive; a != nil {
+		b := *a
+		b.BitNoise *= 2 // still enough for the doubled noise
+		other.Adaptive = &b
+	}
 	cfg.DP = &other
 	if srv, err := aggregator.NewServer(cfg); err == nil || !strings.Contains(err.Error(), "--dp") {
 		if err == nil {

@@ -96,6 +96,9 @@ type Round struct {
 	Metrics      map[string]float64 `json:"metrics,omitempty"`
 	// Epsilon is the privacy spent after this round (--dp; 0: no DP).
 	Epsilon Float `json:"epsilon,omitempty"`
+	// Clip is the round's DP clip norm (--dp; it moves with adaptive
+	// clipping).
+	Clip Float `json:"clip,omitempty"`
 	// Eval is the federated evaluation on the sites' held-out rows
 	// (--schema runs, evaluated rounds except round 0).
 	Eval *bundle.Evaluation `json:"eval,omitempty"`
@@ -383,6 +386,17 @@ type algoState struct {
 	acc *dp.Accountant
 	key [32]byte
 	q   float64
+	// FedSplit under DP runs in sum mode, as the daemons do (package
+	// uplink, sum.go): the server's S and m, each client's record c_j, and
+	// the round's contributions with what each will add to its record.
+	sum    *uplink.SumState
+	rec    map[int]*uplink.Record
+	sumCs  []uplink.SumContribution
+	sumPen map[int]uplink.Pending
+	// clip is the round's clip norm (cfg.DP.Clip, or adaptive clipping's
+	// estimate), bits the round's clip bits (true: not clipped).
+	clip float64
+	bits []bool
 }
 
 // newAlgoState sets up algorithm a's run from the global model x0.
@@ -430,6 +444,10 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 			seed = cfg.Seed
 		}
 		s.acc, s.key, s.q = dp.NewAccountant(nil), dp.TestKey(seed), float64(cfg.PerRound)/float64(len(e.fed.Clients))
+		if s.split {
+			s.sum, s.rec = &uplink.SumState{}, map[int]*uplink.Record{}
+		}
+		s.clip = cfg.DP.Clip
 	}
 	return s, nil
 }
@@ -492,7 +510,7 @@ func (e *env) round(ctx context.Context, s *algoState, t int) (Round, bool, erro
 	start := time.Now()
 	jobs := e.assignWork(t, s.selectClients(cfg, t), s.a)
 	row := Round{Round: t}
-	outs := e.solveAll(ctx, s.a, s.sp, s.workers, jobs, s.x, s.z, s.zServer, s.residual, t)
+	outs := e.solveAll(ctx, s, jobs, t)
 	ups, cs, frames, err := e.receiveAll(s, t, jobs, outs, &row)
 	if err != nil {
 		return row, false, err
@@ -551,6 +569,7 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 	if e.cfg.trace != nil {
 		frames = map[string]*uplink.Frame{}
 	}
+	s.sumCs, s.sumPen, s.bits = nil, map[int]uplink.Pending{}, nil
 	for i, j := range jobs {
 		if j.straggler {
 			row.Stragglers++
@@ -571,6 +590,19 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 				frames[id] = f
 			}
 			row.BytesUp += int64(len(f.Payload))
+			s.bits = append(s.bits, !f.Clipped.Clipped)
+			if s.sum != nil {
+				// Sum mode: the server keeps the decoded delta for the
+				// round's sum; the client what it will add to its record.
+				d, err := s.serverCodec.Decode(f.Payload, nil)
+				if err != nil || len(d) != len(s.x) {
+					return nil, nil, nil, fmt.Errorf("round %d, client %s: decode (%d values): %w", t, id, len(d), err)
+				}
+				s.sumCs = append(s.sumCs, uplink.SumContribution{Client: id, Join: uplink.IsJoin(f.Header), Delta: d})
+				s.sumPen[j.client] = *f.Sum
+				s.z[j.client] = outs[i].params
+				continue
+			}
 			var d []float64
 			var err error
 			if d, received, err = receive(s.serverCodec, f, s.x, s.zServer[j.client]); err != nil {
@@ -598,17 +630,49 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 // over the m invited clients' re-clipped deltas, noise from the round's
 // stream), then the accountant's charge for the round.
 func (s *algoState) privateStep(c *dp.Config, t, m int, cs []uplink.Contribution, row *Round) error {
-	next, err := uplink.NoisyMean(s.x, cs, uplink.Private{Clip: c.Clip, Noise: c.Noise, Denominator: m}, dp.NoiseRand(s.key, uint64(t)))
+	var next []float64
+	var err error
+	row.Clip = Float(s.clip)
+	if s.sum != nil {
+		next, err = s.sumStep(c, t, row)
+	} else {
+		next, err = uplink.NoisyMean(s.x, cs, uplink.Private{Clip: s.clip, Noise: c.UpdateNoise(), Denominator: m}, dp.NoiseRand(s.key, uint64(t)))
+	}
 	if err != nil {
 		return fmt.Errorf("round %d: %w", t, err)
 	}
 	s.x = next
+	if a := c.Adaptive; a != nil {
+		// Adaptive clipping, as the aggregator (uplink.NextClip over the
+		// round's bits and its m invited clients).
+		if s.clip, err = uplink.NextClip(*a, s.clip, s.bits, m, dp.BitNoiseRand(s.key, uint64(t))); err != nil {
+			return fmt.Errorf("round %d: %w", t, err)
+		}
+	}
 	if err := s.acc.Step(s.q, c.Noise); err != nil {
 		return fmt.Errorf("round %d: %w", t, err)
 	}
 	eps, _ := s.acc.Epsilon(c.Delta)
 	row.Epsilon = Float(eps)
 	return nil
+}
+
+// sumStep is sum mode's server step of round t, as the aggregator's
+// (uplink.SumState.CloseCentral over the round's contributions), then each
+// contributing client's record advanced as its receipt advances it at a
+// site (uplink.Advance): every update of a simulated round is stored.
+func (s *algoState) sumStep(c *dp.Config, t int, row *Round) ([]float64, error) {
+	next, err := s.sum.CloseCentral(uint64(t), s.x, s.sumCs, uplink.Private{Clip: s.clip, Noise: c.UpdateNoise()}, dp.NoiseRand(s.key, uint64(t)))
+	if err != nil {
+		return nil, err
+	}
+	for client, p := range s.sumPen {
+		if s.rec[client], err = uplink.Advance(s.rec[client], uint64(t), p); err != nil {
+			return nil, err
+		}
+	}
+	row.Metrics = map[string]float64{"split_counted": float64(s.sum.M), "split_joined": float64(len(uplink.JoinersOf(s.sumCs)))}
+	return next, nil
 }
 
 // serverStep computes the next global model: FedSplit's robust step over
@@ -740,9 +804,9 @@ type worker struct {
 // uplink (uplink.Encode against the client's residual or copy). FedAvg's
 // stragglers are dropped before they run. Workers only read the uplink
 // state; runAlgo updates it from the outcomes.
-func (e *env) solveAll(ctx context.Context, a Algo, sp split.Params, workers []*worker, jobs []job, x []float64,
-	z map[int][]float64, zServer map[int]*uplink.Copy, residual map[int][]float64, t int) []outcome {
+func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []outcome {
 	cfg := e.cfg
+	a, sp, workers, x, z, zServer, residual := s.a, s.sp, s.workers, s.x, s.z, s.zServer, s.residual
 	isSplit := a.Family == FedSplit || a.Family == FedProxSplit
 	outs := make([]outcome, len(jobs))
 	var wg sync.WaitGroup
@@ -762,11 +826,16 @@ func (e *env) solveAll(ctx context.Context, a Algo, sp split.Params, workers []*
 				}
 				if wk.codec != nil && o.err == nil && o.params != nil {
 					var f uplink.Frame
-					u := uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x, Residual: residual[c], Copy: zServer[c]}
-					if cfg.DP != nil {
-						u.Clip = cfg.DP.Clip
+					rng := streams.Of(cfg.Seed, streams.Codec, t, c)
+					if s.sum != nil {
+						f, o.err = uplink.EncodeSum(wk.codec, uplink.SumUpdate{Round: uint64(t), Z: o.params, Global: x, Record: s.rec[c], Clip: s.clip}, rng)
+					} else {
+						u := uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x, Residual: residual[c], Copy: zServer[c]}
+						if cfg.DP != nil {
+							u.Clip = s.clip
+						}
+						f, o.err = uplink.Encode(wk.codec, u, rng)
 					}
-					f, o.err = uplink.Encode(wk.codec, u, streams.Of(cfg.Seed, streams.Codec, t, c))
 					o.frame = &f
 				}
 				outs[i] = o

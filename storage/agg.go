@@ -20,7 +20,11 @@ import (
 //	meta        schema_version, kind = "agg", census
 //	agg         current_round  u64
 //	clients     client id -> JSON clientJSON
-//	rounds      round u64 -> bucket { meta: JSON roundJSON, config: bytes, state: bytes }
+//	rounds      round u64 -> bucket { meta: JSON roundJSON, config: bytes, state: bytes,
+//	                                  sum: bytes (FedSplit sum mode's S and m at the
+//	                                  round's opening, uplink.SumState; absent
+//	                                  otherwise: added without a migration, as
+//	                                  the schema run's buckets) }
 //	updates     round u64 -> bucket { client id -> stored_at unix ns u64 |
 //	                                  sample_count u64 | loss float64 LE | message }
 //	latest_z    client id -> round u64 + float64s
@@ -47,6 +51,7 @@ var (
 	keyRoundMeta    = []byte("meta")
 	keyRoundConfig  = []byte("config")
 	keyRoundState   = []byte("state")
+	keyRoundSum     = []byte("sum")
 )
 
 const aggKind = "agg"
@@ -132,7 +137,7 @@ func aggInvariants(tx *bolt.Tx) error {
 }
 
 // roundKeys are the keys of a round's bucket.
-var roundKeys = []string{string(keyRoundMeta), string(keyRoundConfig), string(keyRoundState)}
+var roundKeys = []string{string(keyRoundMeta), string(keyRoundConfig), string(keyRoundState), string(keyRoundSum)}
 
 // updateHeader is the fixed part of a stored update: stored_at, sample
 // count, loss.
@@ -398,6 +403,10 @@ type Round struct {
 	ClosedAt time.Time // zero while open
 	Config   []byte    // the round's configuration, e.g. the encoded announcement
 	State    []byte    // the aggregator's own round state (opaque)
+	// Sum is the aggregator's FedSplit sum-mode state as the round opens
+	// (opaque; nil: none), written by OpenRound with the round's
+	// checkpoint in one transaction and never changed.
+	Sum []byte
 }
 
 type roundJSON struct {
@@ -434,6 +443,10 @@ func readRound(rb *bolt.Bucket, n uint64) (Round, error) {
 	if err != nil {
 		return Round{}, err
 	}
+	sum, err := sget(rb, keyRoundSum, fmt.Sprintf("round %d sum", n))
+	if err != nil {
+		return Round{}, err
+	}
 	if err := json.Unmarshal(meta, &j); err != nil {
 		return Round{}, fmt.Errorf("%w: round %d meta: %w", ErrCorrupt, n, err)
 	}
@@ -447,6 +460,7 @@ func readRound(rb *bolt.Bucket, n uint64) (Round, error) {
 		ClosedAt: fromUnixNs(j.ClosedAtUnixNs),
 		Config:   bytes.Clone(config),
 		State:    bytes.Clone(state),
+		Sum:      bytes.Clone(sum),
 	}, nil
 }
 
@@ -526,7 +540,8 @@ func currentRoundBucket(tx *bolt.Tx, n uint64) (*bolt.Bucket, error) {
 	return rb, err
 }
 
-// OpenRound starts round r.Number with its config (and optional state), makes
+// OpenRound starts round r.Number with its config (and optional state and
+// sum), makes
 // it the current round and stores global as the round's checkpoint (nil: no
 // checkpoint). If the current round is still open it is closed in the same
 // transaction, with ClosedAt = r.OpenedAt: "close t, open t+1" is one durable
@@ -581,6 +596,9 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 			return err
 		}
 		if err := putBytes(rb, keyRoundState, r.State); err != nil {
+			return err
+		}
+		if err := putBytes(rb, keyRoundSum, r.Sum); err != nil {
 			return err
 		}
 		agg := tx.Bucket(bucketAgg) // present: readCurrentRound checked

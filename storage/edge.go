@@ -11,10 +11,11 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Edge schema, version 5 (version 1 without the seals; every value
+// Edge schema, version 6 (version 1 without the seals; every value
 // outside meta is sealed with a CRC-32C, see seal.go; version 2 without the
 // final bundle keys; version 3 without instance_id; version 4 without
-// meta/census, the sealed entry counts of census.go):
+// meta/census, the sealed entry counts of census.go; version 5 without
+// FedSplit's sum mode, contrib and sum_pending):
 //
 //	meta      schema_version, kind = "edge", census
 //	edge      client_id      string
@@ -45,12 +46,22 @@ import (
 //	                         final model bundle is stored (absent = none)
 //	          final_bundle   the final model bundle's bytes, exactly as
 //	                         received (present iff final_meta is)
+//	          contrib        round u64 + float64s, FedSplit in sum mode
+//	                         (docs/privacy.md, "FedSplit"): the site's record
+//	                         c_j of what it has contributed to the
+//	                         aggregator's sum, and the round of the update
+//	                         that last advanced it; absent = not counted yet
 //	residuals name -> float64s (error-feedback residuals)
 //	outbox    round u64 -> the encoded wire update, until its receipt
+//	sum_pending round u64 -> join u8 (0 or 1) + float64s: what a sum-mode
+//	          update of the outbox adds to the aggregator's sum (and to
+//	          contrib once its accepted receipt comes: AckSum); every key
+//	          has its outbox entry
 var (
 	bucketEdge      = []byte("edge")
 	bucketResiduals = []byte("residuals")
 	bucketOutbox    = []byte("outbox")
+	bucketPending   = []byte("sum_pending")
 
 	keyClientID        = []byte("client_id")
 	keyCreatedAt       = []byte("created_at")
@@ -64,13 +75,15 @@ var (
 	keyRunID           = []byte("run_id")
 	keyEdgeFinalMeta   = []byte("final_meta")
 	keyEdgeFinalBundle = []byte("final_bundle")
+	keyContrib         = []byte("contrib")
 )
 
 const edgeKind = "edge"
 
 func init() { edgeSchema.invariants = edgeInvariants }
 
-// edgeInvariants: the final bundle's two keys go together.
+// edgeInvariants: the final bundle's two keys go together; every sum-mode
+// pending contribution has its outbox entry.
 func edgeInvariants(tx *bolt.Tx) error {
 	b, err := bucket(tx, bucketEdge)
 	if err != nil {
@@ -79,7 +92,18 @@ func edgeInvariants(tx *bolt.Tx) error {
 	if (b.Get(keyEdgeFinalMeta) == nil) != (b.Get(keyEdgeFinalBundle) == nil) {
 		return fmt.Errorf("%w: edge/final_meta and edge/final_bundle are not both present or both absent", ErrCorrupt)
 	}
-	return nil
+	// Looked up, not required: the layout requires both of the current
+	// version, and a test's made-up schema may move them.
+	out, pend := tx.Bucket(bucketOutbox), tx.Bucket(bucketPending)
+	if out == nil || pend == nil {
+		return nil
+	}
+	return pend.ForEach(func(k, _ []byte) error {
+		if out.Get(k) == nil {
+			return fmt.Errorf("%w: sum_pending has an entry %x without its outbox entry", ErrCorrupt, k)
+		}
+		return nil
+	})
 }
 
 var edgeSchema = schema{
@@ -99,13 +123,16 @@ var edgeSchema = schema{
 		{name: "instance id key", run: func(*bolt.Tx) error { return nil }},
 		// Version 5 adds meta/census, the sealed entry counts (census.go).
 		{name: "count entries", run: writeCensus},
+		// Version 6 adds FedSplit's sum mode: edge/contrib and the
+		// sum_pending bucket (an older agent refuses the file as newer).
+		{name: "sum mode", run: createBuckets(bucketPending)},
 	},
 	countedFrom: 5,
 	layout: map[string][]string{
 		string(bucketEdge): {string(keyClientID), string(keyCreatedAt), string(keyInstanceID), string(keySeenRound), string(keyAppliedRound),
 			string(keyGlobal), string(keyZ), string(keyServerZ), string(keyConnection), string(keyRunID),
-			string(keyEdgeFinalMeta), string(keyEdgeFinalBundle)},
-		string(bucketResiduals): nil, string(bucketOutbox): nil,
+			string(keyEdgeFinalMeta), string(keyEdgeFinalBundle), string(keyContrib)},
+		string(bucketResiduals): nil, string(bucketOutbox): nil, string(bucketPending): nil,
 	},
 }
 
@@ -343,8 +370,9 @@ type RunStart struct {
 // nothing changes. A fresh state (no run id, no round seen) adopts it. Any
 // other case is a new aggregator run, whose rounds start at 1 again: in one
 // transaction the seen and applied rounds, the global model, FedSplit's z
-// and the aggregator's copy of it, the residuals and the outbox are
-// cleared (the identity and the connection counter stay).
+// and the aggregator's copy of it (or the sum-mode record and its pending
+// contributions), the residuals and the outbox are cleared (the identity
+// and the connection counter stay).
 func (s *EdgeStore) StartRun(runID string) (RunStart, error) {
 	if runID == "" {
 		return RunStart{}, fmt.Errorf("storage: start run: %w: empty run id", ErrInvalid)
@@ -370,7 +398,7 @@ func (s *EdgeStore) StartRun(runID string) (RunStart, error) {
 		}
 		if rs.Previous != "" || seen > 0 {
 			rs.Reset = true
-			for _, k := range [][]byte{keySeenRound, keyAppliedRound, keyGlobal, keyZ, keyServerZ} {
+			for _, k := range [][]byte{keySeenRound, keyAppliedRound, keyGlobal, keyZ, keyServerZ, keyContrib} {
 				if err := b.Delete(k); err != nil {
 					return err
 				}
@@ -380,7 +408,7 @@ func (s *EdgeStore) StartRun(runID string) (RunStart, error) {
 				return err
 			}
 			rs.Dropped = out.Stats().KeyN
-			for _, name := range [][]byte{bucketOutbox, bucketResiduals} {
+			for _, name := range [][]byte{bucketOutbox, bucketResiduals, bucketPending} {
 				if err := tx.DeleteBucket(name); err != nil {
 					return err
 				}
@@ -547,6 +575,33 @@ type Commit struct {
 	Residual []float64
 	// Msg is the encoded update for the outbox; required.
 	Msg []byte
+	// Pending is what a sum-mode update adds to the aggregator's sum,
+	// kept with the outbox entry until its receipt (nil: not sum mode).
+	Pending *SumPending
+}
+
+// SumPending is what a sum-mode update adds to the aggregator's sum
+// (uplink.Pending): V, which for a join (Join) includes the round's global
+// model.
+type SumPending struct {
+	Join bool
+	V    []float64
+}
+
+func encodePending(p SumPending) []byte {
+	b := []byte{0}
+	if p.Join {
+		b[0] = 1
+	}
+	return appendFloats(b, p.V)
+}
+
+func decodePending(b []byte, what string) (SumPending, error) {
+	if len(b) < 1 || b[0] > 1 {
+		return SumPending{}, fmt.Errorf("%w: %s has no join flag", ErrCorrupt, what)
+	}
+	v, err := decodeFloats(b[1:], what)
+	return SumPending{Join: b[0] == 1, V: v}, err
 }
 
 // CommitRound is Commit without a server copy of z.
@@ -572,10 +627,13 @@ func (s *EdgeStore) Commit(c Commit) error {
 	if len(c.Msg) == 0 {
 		return fmt.Errorf("%w: empty outbox message for round %d", ErrInvalid, round)
 	}
+	if c.Pending != nil && len(c.Pending.V) == 0 {
+		return fmt.Errorf("%w: empty pending contribution for round %d", ErrInvalid, round)
+	}
 	for _, v := range []struct {
 		name string
 		vec  []float64
-	}{{"z", c.Z}, {"server z", c.ServerZ}, {"residual", c.Residual}} {
+	}{{"z", c.Z}, {"server z", c.ServerZ}, {"residual", c.Residual}, {"pending contribution", c.Pending.vec()}} {
 		if len(v.vec) > 0 {
 			if err := checkVec(v.name, v.vec); err != nil {
 				return err
@@ -615,6 +673,15 @@ func (s *EdgeStore) Commit(c Commit) error {
 		}
 		if err := sput(out, encodeU64(round), c.Msg); err != nil {
 			return err
+		}
+		if c.Pending != nil {
+			pend, err := bucket(tx, bucketPending)
+			if err != nil {
+				return err
+			}
+			if err := sput(pend, encodeU64(round), encodePending(*c.Pending)); err != nil {
+				return err
+			}
 		}
 		if err := sput(b, keyAppliedRound, encodeU64(round)); err != nil {
 			return err
@@ -681,14 +748,17 @@ func (s *EdgeStore) Outbox() ([]OutboxEntry, error) {
 }
 
 // Ack removes the outbox entry of round after its receipt and reports
-// whether there was one (a duplicate receipt finds none: not an error). One
-// transaction.
+// whether there was one (a duplicate receipt finds none: not an error). A
+// sum-mode update's entry is acknowledged by AckSum instead (ErrInvalid
+// here). One transaction.
 func (s *EdgeStore) Ack(round uint64) (bool, error) {
 	return s.ack(round, false)
 }
 
-// AckRejected removes the outbox entry of a rejected round and, if there was
-// one, forgets the aggregator's copy of z in the same transaction: the copy
+// AckRejected removes the outbox entry of a rejected round (and its
+// sum-mode pending contribution: the update is not in the aggregator's
+// sum) and, if there was one, forgets the aggregator's copy of z in the
+// same transaction: the copy
 // this site computed assumed the update would be applied, so the next
 // FedSplit update must be a delta against the round's global model (base
 // round 0), which resets the aggregator's copy. A rejection of a round with
@@ -710,6 +780,20 @@ func (s *EdgeStore) ack(round uint64, rejected bool) (bool, error) {
 			return nil
 		}
 		found = true
+		pend, err := bucket(tx, bucketPending)
+		if err != nil {
+			return err
+		}
+		if pend.Get(k) != nil {
+			if !rejected {
+				return fmt.Errorf("%w: round %d is a sum-mode update: its receipt advances the record (AckSum)", ErrInvalid, round)
+			}
+			// Rejected: not in the aggregator's sum, so not in the
+			// record either; what it carried goes out again next round.
+			if err := pend.Delete(k); err != nil {
+				return err
+			}
+		}
 		if rejected {
 			eb, err := bucket(tx, bucketEdge)
 			if err != nil {
@@ -720,6 +804,85 @@ func (s *EdgeStore) ack(round uint64, rejected bool) (bool, error) {
 			}
 		}
 		return b.Delete(k)
+	})
+	if err != nil {
+		return false, fmt.Errorf("storage: ack round %d: %w", round, err)
+	}
+	return found, nil
+}
+
+// Contribution returns FedSplit's sum-mode record c_j and the round of the
+// update that last advanced it, or ErrNotFound while the site is not
+// counted. A read transaction.
+func (s *EdgeStore) Contribution() (round uint64, c []float64, err error) {
+	return s.roundVec(keyContrib, "contribution record")
+}
+
+// Pending returns the sum-mode pending contribution of round's outbox
+// entry; ok is false when there is none. A read transaction.
+func (s *EdgeStore) Pending(round uint64) (p SumPending, ok bool, err error) {
+	err = s.db.View(inBucket(bucketPending, func(b *bolt.Bucket) error {
+		raw, err := sget(b, encodeU64(round), fmt.Sprintf("sum_pending %d", round))
+		if err != nil || raw == nil {
+			return err
+		}
+		ok = true
+		p, err = decodePending(raw, fmt.Sprintf("sum_pending %d", round))
+		return err
+	}))
+	if err != nil {
+		return SumPending{}, false, fmt.Errorf("storage: pending contribution of round %d: %w", round, err)
+	}
+	return p, ok, nil
+}
+
+// AckSum is Ack for a sum-mode update: in one transaction it removes
+// round's outbox entry and pending contribution and stores the advanced
+// record c (uplink.Advance of the record of round prev, 0: none, and the
+// pending contribution), and reports whether the entry was there. The
+// record must still be prev's (ErrStale otherwise: it advanced
+// meanwhile); an entry already gone (a duplicate receipt) changes nothing,
+// so a record advances exactly once per update.
+func (s *EdgeStore) AckSum(round, prev uint64, c []float64) (bool, error) {
+	if err := checkVec("contribution record", c); err != nil {
+		return false, err
+	}
+	found := false
+	err := s.update(func(eb *bolt.Bucket, tx *bolt.Tx) error {
+		out, err := bucket(tx, bucketOutbox)
+		if err != nil {
+			return err
+		}
+		pend, err := bucket(tx, bucketPending)
+		if err != nil {
+			return err
+		}
+		k := encodeU64(round)
+		if out.Get(k) == nil {
+			return nil
+		}
+		if pend.Get(k) == nil {
+			return fmt.Errorf("%w: round %d has no pending contribution", ErrInvalid, round)
+		}
+		found = true
+		cur := uint64(0)
+		if v, err := eget(eb, keyContrib); err != nil {
+			return err
+		} else if v != nil {
+			if cur, err = roundOf(v, "edge/contrib"); err != nil {
+				return err
+			}
+		}
+		if cur != prev {
+			return fmt.Errorf("%w: the record is of round %d, the advance is of the record of round %d", ErrStale, cur, prev)
+		}
+		if err := sput(eb, keyContrib, encodeRoundVec(round, c)); err != nil {
+			return err
+		}
+		if err := pend.Delete(k); err != nil {
+			return err
+		}
+		return out.Delete(k)
 	})
 	if err != nil {
 		return false, fmt.Errorf("storage: ack round %d: %w", round, err)
@@ -747,7 +910,8 @@ const MaxFinalBundle = bolt.MaxValueSize - sealLen
 // one, and in the same transaction empties the outbox: the run is over, its
 // unreceipted updates can no longer be applied and are not re-sent. The
 // round state stays as it is until StartRun of another run (the bundle
-// stays then too, until the next run's replaces it). One transaction.
+// stays then too, until the next run's replaces it). The sum-mode pending
+// contributions go with their outbox entries. One transaction.
 func (s *EdgeStore) SetFinal(f Final) error {
 	if len(f.Bundle) == 0 || len(f.Bundle) > MaxFinalBundle {
 		return fmt.Errorf("storage: set final: %w: bundle of %d bytes", ErrInvalid, len(f.Bundle))
@@ -766,11 +930,15 @@ func (s *EdgeStore) SetFinal(f Final) error {
 		if err := sput(b, keyEdgeFinalBundle, f.Bundle); err != nil {
 			return err
 		}
-		if err := tx.DeleteBucket(bucketOutbox); err != nil {
-			return err
+		for _, name := range [][]byte{bucketOutbox, bucketPending} {
+			if err := tx.DeleteBucket(name); err != nil {
+				return err
+			}
+			if _, err := tx.CreateBucket(name); err != nil {
+				return err
+			}
 		}
-		_, err := tx.CreateBucket(bucketOutbox)
-		return err
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("storage: set final: %w", err)
@@ -807,4 +975,12 @@ func (s *EdgeStore) Final() (Final, error) {
 		return Final{}, fmt.Errorf("storage: final: %w", err)
 	}
 	return f, nil
+}
+
+// vec is p's vector (nil for no pending contribution).
+func (p *SumPending) vec() []float64 {
+	if p == nil {
+		return nil
+	}
+	return p.V
 }

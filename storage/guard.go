@@ -366,8 +366,10 @@ func checkVector(bucket string, k, v []byte) error {
 	case bucket == string(bucketCheckpoints), bucket == string(bucketResiduals):
 		_, err = decodeFloats(v, what)
 	case bucket == string(bucketLatestZ),
-		bucket == string(bucketEdge) && (string(k) == string(keyGlobal) || string(k) == string(keyZ) || string(k) == string(keyServerZ)):
+		bucket == string(bucketEdge) && (string(k) == string(keyGlobal) || string(k) == string(keyZ) || string(k) == string(keyServerZ) || string(k) == string(keyContrib)):
 		_, _, err = decodeRoundVec(v, what)
+	case bucket == string(bucketPending):
+		_, err = decodePending(v, what)
 	}
 	return err
 }

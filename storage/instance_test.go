@@ -50,6 +50,7 @@ func TestEdgeInstanceID(t *testing.T) {
 	v3 := edgeSchema
 	v3.migrations = edgeSchema.migrations[:3]
 	v3.layout = maps.Clone(edgeSchema.layout)
+	delete(v3.layout, string(bucketPending))
 	v3.layout[string(bucketEdge)] = slices.DeleteFunc(slices.Clone(v3.layout[string(bucketEdge)]), func(k string) bool {
 		return k == string(keyInstanceID)
 	})

@@ -82,7 +82,7 @@ var (
 )
 
 // ourBuckets are the bucket names of every edgefl schema, old or new.
-var ourBuckets = []string{"meta", "agg", "clients", "rounds", "updates", "latest_z", "checkpoints", "edge", "residuals", "outbox"}
+var ourBuckets = []string{"meta", "agg", "clients", "rounds", "updates", "latest_z", "checkpoints", "edge", "residuals", "outbox", "sum_pending"}
 
 // Bucket and key names shared by both schemas.
 var (

@@ -484,6 +484,7 @@ func (x *RoundAnnouncement) size() int {
 	n += sizeBytes(19, x.Bundle)
 	n += sizeVarint(20, uint64(x.EvalRound))
 	n += sizeMessage(21, x.Dp != nil, x.Dp)
+	n += sizeVarint(25, boolVarint(x.SplitSum))
 	return n
 }
 
@@ -509,6 +510,7 @@ func (x *RoundAnnouncement) appendTo(b []byte) []byte {
 	b = appendBytes(b, 19, x.Bundle)
 	b = appendVarint(b, 20, uint64(x.EvalRound))
 	b = appendMessage(b, 21, x.Dp != nil, x.Dp)
+	b = appendVarint(b, 25, boolVarint(x.SplitSum))
 	return b
 }
 
@@ -617,6 +619,10 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 				}
 				return consumeMessage(x.Dp, b, d)
 			}
+		case 25:
+			if typ == protowire.VarintType {
+				return consumeBool(&x.SplitSum, b), nil
+			}
 		}
 		return 0, nil
 	})
@@ -629,9 +635,11 @@ func (x *DPParams) size() int {
 	n += sizeVarint(1, uint64(x.Mode))
 	n += sizeDouble(2, x.ClipNorm)
 	n += sizeDouble(3, x.NoiseMultiplier)
+	n += sizeDouble(4, x.UpdateNoiseMultiplier)
 	n += sizeDouble(6, x.Delta)
 	n += sizeDouble(7, x.EpsilonSpent)
 	n += sizeDouble(8, x.EpsilonBudget)
+	n += sizeMessage(9, x.Adaptive != nil, x.Adaptive)
 	return n
 }
 
@@ -639,9 +647,11 @@ func (x *DPParams) appendTo(b []byte) []byte {
 	b = appendVarint(b, 1, uint64(x.Mode))
 	b = appendDouble(b, 2, x.ClipNorm)
 	b = appendDouble(b, 3, x.NoiseMultiplier)
+	b = appendDouble(b, 4, x.UpdateNoiseMultiplier)
 	b = appendDouble(b, 6, x.Delta)
 	b = appendDouble(b, 7, x.EpsilonSpent)
 	b = appendDouble(b, 8, x.EpsilonBudget)
+	b = appendMessage(b, 9, x.Adaptive != nil, x.Adaptive)
 	return b
 }
 
@@ -660,6 +670,10 @@ func (x *DPParams) unmarshal(b []byte, d *decoder) error {
 			if typ == protowire.Fixed64Type {
 				return consumeDouble(&x.NoiseMultiplier, b), nil
 			}
+		case 4:
+			if typ == protowire.Fixed64Type {
+				return consumeDouble(&x.UpdateNoiseMultiplier, b), nil
+			}
 		case 6:
 			if typ == protowire.Fixed64Type {
 				return consumeDouble(&x.Delta, b), nil
@@ -671,6 +685,50 @@ func (x *DPParams) unmarshal(b []byte, d *decoder) error {
 		case 8:
 			if typ == protowire.Fixed64Type {
 				return consumeDouble(&x.EpsilonBudget, b), nil
+			}
+		case 9:
+			if typ == protowire.BytesType {
+				if x.Adaptive == nil {
+					x.Adaptive = &AdaptiveClip{}
+				}
+				return consumeMessage(x.Adaptive, b, d)
+			}
+		}
+		return 0, nil
+	})
+}
+
+// AdaptiveClip
+
+func (x *AdaptiveClip) size() int {
+	n := 0
+	n += sizeDouble(1, x.TargetQuantile)
+	n += sizeDouble(2, x.LearningRate)
+	n += sizeDouble(3, x.BitNoise)
+	return n
+}
+
+func (x *AdaptiveClip) appendTo(b []byte) []byte {
+	b = appendDouble(b, 1, x.TargetQuantile)
+	b = appendDouble(b, 2, x.LearningRate)
+	b = appendDouble(b, 3, x.BitNoise)
+	return b
+}
+
+func (x *AdaptiveClip) unmarshal(b []byte, d *decoder) error {
+	return fields("AdaptiveClip", b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+		switch num {
+		case 1:
+			if typ == protowire.Fixed64Type {
+				return consumeDouble(&x.TargetQuantile, b), nil
+			}
+		case 2:
+			if typ == protowire.Fixed64Type {
+				return consumeDouble(&x.LearningRate, b), nil
+			}
+		case 3:
+			if typ == protowire.Fixed64Type {
+				return consumeDouble(&x.BitNoise, b), nil
 			}
 		}
 		return 0, nil
@@ -838,6 +896,7 @@ func (x *ClientUpdate) size() int {
 	n += sizeVarint(9, uint64(x.SentAtUnixMs))
 	n += sizeVarint(10, x.Seq)
 	n += sizeString(11, x.InstanceId)
+	n += sizeVarint(12, uint64(x.ClipBit))
 	return n
 }
 
@@ -853,6 +912,7 @@ func (x *ClientUpdate) appendTo(b []byte) []byte {
 	b = appendVarint(b, 9, uint64(x.SentAtUnixMs))
 	b = appendVarint(b, 10, x.Seq)
 	b = appendString(b, 11, x.InstanceId)
+	b = appendVarint(b, 12, uint64(x.ClipBit))
 	return b
 }
 
@@ -906,6 +966,10 @@ func (x *ClientUpdate) unmarshal(b []byte, d *decoder) error {
 		case 11:
 			if typ == protowire.BytesType {
 				return consumeString(&x.InstanceId, b)
+			}
+		case 12:
+			if typ == protowire.VarintType {
+				return consumeUint32(&x.ClipBit, b), nil
 			}
 		}
 		return 0, nil

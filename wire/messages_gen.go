@@ -78,6 +78,12 @@ const (
 	UpdateKind_UPDATE_KIND_FULL        UpdateKind = 1 // the full local model w_k
 	UpdateKind_UPDATE_KIND_DELTA       UpdateKind = 2 // w_k - x^t, against the round's global model
 	UpdateKind_UPDATE_KIND_Z_DELTA     UpdateKind = 3 // FedSplit: z_j minus the server's copy of z_j
+	// FedSplit in sum mode (RoundAnnouncement.split_sum; docs/privacy.md,
+	// "FedSplit"): clip(z_j - c_j, C), z_j minus the site's own record c_j of
+	// what it has contributed to the aggregator's sum. base_round 0 is a join:
+	// c_j starts at the global model of this update's round, which the
+	// aggregator adds to its sum with the delta.
+	UpdateKind_UPDATE_KIND_SUM_DELTA UpdateKind = 4
 )
 
 // Enum value maps for UpdateKind.
@@ -87,12 +93,14 @@ var (
 		1: "UPDATE_KIND_FULL",
 		2: "UPDATE_KIND_DELTA",
 		3: "UPDATE_KIND_Z_DELTA",
+		4: "UPDATE_KIND_SUM_DELTA",
 	}
 	UpdateKind_value = map[string]int32{
 		"UPDATE_KIND_UNSPECIFIED": 0,
 		"UPDATE_KIND_FULL":        1,
 		"UPDATE_KIND_DELTA":       2,
 		"UPDATE_KIND_Z_DELTA":     3,
+		"UPDATE_KIND_SUM_DELTA":   4,
 	}
 )
 
@@ -646,6 +654,12 @@ type RoundAnnouncement struct {
 	// and sends its loss fields as 0. Absent = no DP. Not in PHASE_STATISTICS
 	// (PHASE_FINISHED carries the run's final epsilon).
 	Dp *DPParams `json:"dp,omitempty"`
+	// FedSplit family only: the aggregator keeps only the sum of what the
+	// sites have contributed (sum mode, docs/privacy.md "FedSplit"), not a
+	// copy of each z_j: updates are UPDATE_KIND_SUM_DELTA against the site's
+	// own record c_j, which advances only on the update's accepted receipt.
+	// Set with dp (a FedSplit-family round under DP without it is refused).
+	SplitSum bool `json:"split_sum,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -798,17 +812,31 @@ func (x *RoundAnnouncement) GetDp() *DPParams {
 	return nil
 }
 
+func (x *RoundAnnouncement) GetSplitSum() bool {
+	if x != nil {
+		return x.SplitSum
+	}
+	return false
+}
+
 // DPParams are a round's differential-privacy parameters (docs/privacy.md,
-// "Wire fields (proposed)"). Field numbers 4 (update_noise_multiplier),
-// 5 (noise_shares) and 9 (adaptive) are kept for adaptive clipping and the
-// distributed mode; never reuse them.
+// "Wire fields (proposed)"). Field number 5 (noise_shares) is kept for the
+// distributed mode; never reuse it.
 type DPParams struct {
 	Mode            DPMode  `json:"mode,omitempty"`
-	ClipNorm        float64 `json:"clip_norm,omitempty"`        // C: the L2 bound of a site's update (> 0, finite)
-	NoiseMultiplier float64 `json:"noise_multiplier,omitempty"` // z: the noise is z*C on the sum (> 0, finite)
-	Delta           float64 `json:"delta,omitempty"`            // the run's delta, in (0, 1)
-	EpsilonSpent    float64 `json:"epsilon_spent,omitempty"`    // after the previous round (informational), >= 0
-	EpsilonBudget   float64 `json:"epsilon_budget,omitempty"`   // 0 = none; >= 0
+	ClipNorm        float64 `json:"clip_norm,omitempty"`        // C: the L2 bound of a site's update this round (> 0, finite)
+	NoiseMultiplier float64 `json:"noise_multiplier,omitempty"` // z: the multiplier the accountant charges (> 0, finite)
+	// z_delta: the update's noise is z_delta*C on the sum; with adaptive
+	// clipping z_delta = (z^-2 - (2 sigma_b)^-2)^(-1/2) > z (dp.UpdateNoise),
+	// so the update and the clip bits together cost z. 0 = z (fixed clip).
+	UpdateNoiseMultiplier float64 `json:"update_noise_multiplier,omitempty"`
+	Delta                 float64 `json:"delta,omitempty"`          // the run's delta, in (0, 1)
+	EpsilonSpent          float64 `json:"epsilon_spent,omitempty"`  // after the previous round (informational), >= 0
+	EpsilonBudget         float64 `json:"epsilon_budget,omitempty"` // 0 = none; >= 0
+	// Adaptive clipping (Andrew et al. 2021; docs/privacy.md, "The mechanism
+	// per round", step 3): every update carries its clip bit, and clip_norm
+	// follows the target quantile from round to round. Absent = fixed clip.
+	Adaptive *AdaptiveClip `json:"adaptive,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -835,6 +863,13 @@ func (x *DPParams) GetNoiseMultiplier() float64 {
 	return 0
 }
 
+func (x *DPParams) GetUpdateNoiseMultiplier() float64 {
+	if x != nil {
+		return x.UpdateNoiseMultiplier
+	}
+	return 0
+}
+
 func (x *DPParams) GetDelta() float64 {
 	if x != nil {
 		return x.Delta
@@ -852,6 +887,44 @@ func (x *DPParams) GetEpsilonSpent() float64 {
 func (x *DPParams) GetEpsilonBudget() float64 {
 	if x != nil {
 		return x.EpsilonBudget
+	}
+	return 0
+}
+
+func (x *DPParams) GetAdaptive() *AdaptiveClip {
+	if x != nil {
+		return x.Adaptive
+	}
+	return nil
+}
+
+// AdaptiveClip are the adaptive clipping parameters of a DP run.
+type AdaptiveClip struct {
+	TargetQuantile float64 `json:"target_quantile,omitempty"` // gamma: the fraction of updates left unclipped, in (0, 1)
+	LearningRate   float64 `json:"learning_rate,omitempty"`   // eta_C: C <- C exp(-eta_C (b - gamma)), > 0, finite
+	BitNoise       float64 `json:"bit_noise,omitempty"`       // sigma_b: std of the noise on the sum of centred bits, > 0, finite
+}
+
+// Reset sets x to its zero value.
+func (x *AdaptiveClip) Reset() { *x = AdaptiveClip{} }
+
+func (x *AdaptiveClip) GetTargetQuantile() float64 {
+	if x != nil {
+		return x.TargetQuantile
+	}
+	return 0
+}
+
+func (x *AdaptiveClip) GetLearningRate() float64 {
+	if x != nil {
+		return x.LearningRate
+	}
+	return 0
+}
+
+func (x *AdaptiveClip) GetBitNoise() float64 {
+	if x != nil {
+		return x.BitNoise
 	}
 	return 0
 }
@@ -1060,6 +1133,10 @@ type ClientUpdate struct {
 	// The installation that sent this update (ClientStatus.instance_id);
 	// empty = not told.
 	InstanceId string `json:"instance_id,omitempty"`
+	// Adaptive clipping (RoundAnnouncement.dp.adaptive set): 1 if the update's
+	// norm before the clip was <= dp.clip_norm, else 0. The aggregator only
+	// uses the noised sum of the round's bits. 0 or 1.
+	ClipBit uint32 `json:"clip_bit,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -1140,6 +1217,13 @@ func (x *ClientUpdate) GetInstanceId() string {
 		return x.InstanceId
 	}
 	return ""
+}
+
+func (x *ClientUpdate) GetClipBit() uint32 {
+	if x != nil {
+		return x.ClipBit
+	}
+	return 0
 }
 
 // Receipt is published on <prefix>receipts/<id> after the update

@@ -18,6 +18,8 @@ func (x *RoundAnnouncement) String() string { return text(x != nil, x) }
 
 func (x *DPParams) String() string { return text(x != nil, x) }
 
+func (x *AdaptiveClip) String() string { return text(x != nil, x) }
+
 func (x *ClientStatus) String() string { return text(x != nil, x) }
 
 func (x *WorkReport) String() string { return text(x != nil, x) }
@@ -120,15 +122,24 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.bytes("bundle", x.Bundle)
 	w.uint("eval_round", uint64(x.EvalRound))
 	w.msg("dp", x.Dp != nil, x.Dp)
+	w.boolean("split_sum", x.SplitSum)
 }
 
 func (x *DPParams) appendText(w *textWriter) {
 	w.enum("mode", int32(x.Mode), DPMode_name)
 	w.float("clip_norm", x.ClipNorm)
 	w.float("noise_multiplier", x.NoiseMultiplier)
+	w.float("update_noise_multiplier", x.UpdateNoiseMultiplier)
 	w.float("delta", x.Delta)
 	w.float("epsilon_spent", x.EpsilonSpent)
 	w.float("epsilon_budget", x.EpsilonBudget)
+	w.msg("adaptive", x.Adaptive != nil, x.Adaptive)
+}
+
+func (x *AdaptiveClip) appendText(w *textWriter) {
+	w.float("target_quantile", x.TargetQuantile)
+	w.float("learning_rate", x.LearningRate)
+	w.float("bit_noise", x.BitNoise)
 }
 
 func (x *ClientStatus) appendText(w *textWriter) {
@@ -167,6 +178,7 @@ func (x *ClientUpdate) appendText(w *textWriter) {
 	w.int("sent_at_unix_ms", x.SentAtUnixMs)
 	w.uint("seq", x.Seq)
 	w.str("instance_id", x.InstanceId)
+	w.uint("clip_bit", uint64(x.ClipBit))
 }
 
 func (x *Receipt) appendText(w *textWriter) {

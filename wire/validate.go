@@ -317,7 +317,24 @@ func (p *DPParams) validate(msg string) error {
 	if err := checkNonNeg(msg, "dp.epsilon_spent", p.EpsilonSpent); err != nil {
 		return err
 	}
-	return checkNonNeg(msg, "dp.epsilon_budget", p.EpsilonBudget)
+	if err := checkNonNeg(msg, "dp.epsilon_budget", p.EpsilonBudget); err != nil {
+		return err
+	}
+	if u := p.UpdateNoiseMultiplier; u != 0 && !(finite(u) && u >= p.NoiseMultiplier) {
+		return invalid(msg, "dp.update_noise_multiplier must be 0 (= noise_multiplier) or finite and >= noise_multiplier %v, got %v", p.NoiseMultiplier, u)
+	}
+	a := p.Adaptive
+	switch {
+	case a == nil:
+		return nil
+	case !(a.TargetQuantile > 0 && a.TargetQuantile < 1):
+		return invalid(msg, "dp.adaptive.target_quantile must be in (0, 1), got %v", a.TargetQuantile)
+	case !finite(a.LearningRate) || !(a.LearningRate > 0):
+		return invalid(msg, "dp.adaptive.learning_rate must be finite and > 0, got %v", a.LearningRate)
+	case !finite(a.BitNoise) || !(a.BitNoise > 0):
+		return invalid(msg, "dp.adaptive.bit_noise must be finite and > 0, got %v", a.BitNoise)
+	}
+	return nil
 }
 
 // checkPayload bounds a bytes field by the message size limit; required
@@ -421,12 +438,15 @@ func (m *ClientUpdate) Validate(lim Limits) error {
 		if m.BaseRound != 0 {
 			return invalid(msg, "base_round must be 0 for kind %v, got %d", m.Kind, m.BaseRound)
 		}
-	case UpdateKind_UPDATE_KIND_Z_DELTA:
+	case UpdateKind_UPDATE_KIND_Z_DELTA, UpdateKind_UPDATE_KIND_SUM_DELTA:
 		if m.BaseRound >= m.Round {
 			return invalid(msg, "base_round %d must be < round %d", m.BaseRound, m.Round)
 		}
 	default:
-		return invalid(msg, "kind %d is not FULL, DELTA or Z_DELTA", int32(m.Kind))
+		return invalid(msg, "kind %d is not FULL, DELTA, Z_DELTA or SUM_DELTA", int32(m.Kind))
+	}
+	if m.ClipBit > 1 {
+		return invalid(msg, "clip_bit must be 0 or 1, got %d", m.ClipBit)
 	}
 	if err := checkVector(msg, "vector", m.Vector, lim); err != nil {
 		return err

@@ -178,7 +178,7 @@ func runDemoData(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.
 	fmt.Fprintf(stdout, "demo: %d sites, %d per round, %d rounds of %s on %s (%s partition), model %s with %d parameters\n",
 		f.clients, k, f.rounds, f.algo, f.data, d.part, f.model, mustParams(d.spec))
 	sc := f.serverConfig(k, d.spec, log)
-	if sc.DP, err = f.dp.config(float64(k)/float64(f.clients), f.rounds); err != nil {
+	if sc.DP, err = f.dp.config(float64(k)/float64(f.clients), f.rounds, k); err != nil {
 		return err
 	}
 	sc.Eval = &d.test

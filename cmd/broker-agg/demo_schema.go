@@ -76,7 +76,7 @@ func runDemoSchema(ctx context.Context, f *demoFlags, log *slog.Logger, stdout i
 	}
 	cfg := f.serverConfig(k, spec, log)
 	cfg.Schema, cfg.EvalEvery, cfg.Version = sc, f.evalEvery, version
-	if cfg.DP, err = f.dp.config(float64(k)/float64(len(ids)), f.rounds); err != nil {
+	if cfg.DP, err = f.dp.config(float64(k)/float64(len(ids)), f.rounds, k); err != nil {
 		return err
 	}
 	var srv *aggregator.Server // set before the agents start, so before any round

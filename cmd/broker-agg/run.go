@@ -235,7 +235,7 @@ func (f *serveFlags) serverConfig(log *slog.Logger) (aggregator.ServerConfig, er
 	if err != nil {
 		return cfg, err
 	}
-	if cfg.DP, err = f.dp.config(0, f.rounds); err != nil {
+	if cfg.DP, err = f.dp.config(0, f.rounds, f.k); err != nil {
 		return cfg, err
 	}
 	return cfg, f.console.apply(&cfg)

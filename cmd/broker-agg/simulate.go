@@ -148,7 +148,7 @@ func (o *simulateFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 	case cfg.Schema != "" && cfg.PerRound == 0:
 		q = 1 // every site of the CSV, every round
 	}
-	cfg.DP, err = o.dp.config(q, cfg.Rounds)
+	cfg.DP, err = o.dp.config(q, cfg.Rounds, cfg.PerRound)
 	return err
 }
 
