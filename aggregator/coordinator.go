@@ -44,22 +44,26 @@
 // StoreFailed: it is forgotten, and the state is what it was before it);
 // see coordinator_propose.go. Carry out each batch's decisions in order,
 // and persist the state (MarshalState) before doing anything visible
-// outside (publishing an announcement, sending a receipt).
-// Like raft's "persist before send", this guarantees that a restarted
-// coordinator never announces a different selection for a round and attempt
-// that the clients have already seen, and never counts an update it does not
-// hold; an update stored without the state that accepts it is simply
-// accepted again when the unreceipted client re-sends it. CloseRound ends a round; the shell
+// outside (publishing an announcement, sending a receipt), except after a
+// lone accept (Replayable) of a message stored with a replay log entry:
+// its only visible decision is its receipt, and the log rebuilds the state
+// it changed (coordinator_replay.go). Like raft's "persist before send",
+// this guarantees that a restarted coordinator never announces a different
+// selection for a round and attempt that the clients have already seen,
+// and never counts an update it does not hold. CloseRound ends a round; the shell
 // aggregates, checkpoints, persists and only then steps AggregatedRound, which
 // opens the next round (or emits Finished), so the closed round is durable
 // before the next announcement is published.
 //
 // # Restart
 //
-// State holds the open round's received set, so the shell restores it with
-// Restore (no re-feeding of updates) and carries out Resume(): the current
-// announcement and timer, or the pending CloseRound. Ticks for deadlines
-// that passed while the process was down are handled as late ticks.
+// The shell restores the stored State (the open round's received set as of
+// its last write) with Restore, hands the messages stored since, from the
+// round log's replay log, to Replay in the order they were stored (so the
+// state is what it was before the crash: coordinator_replay.go states the
+// invariant), and carries out Resume(): the current announcement and timer,
+// or the pending CloseRound. Ticks for deadlines that passed while the
+// process was down are handled as late ticks.
 package aggregator
 
 import (
@@ -499,6 +503,7 @@ type Coordinator struct {
 	late         int       // late updates (AcceptLate) since the last aggregation
 	counters     Counters
 	proposal     Event    // an accepted message awaiting Stored or StoreFailed (coordinator_propose.go)
+	applied      uint64   // the replay log index of the last stored message applied (coordinator_replay.go)
 	fed          fedState // the statistics phase, evaluations, stopping rules
 	dp           dpState  // the accountant (Config.DP)
 }

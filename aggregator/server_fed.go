@@ -471,11 +471,13 @@ func (s *Server) onStatistics(ctx context.Context, in *inStats) error {
 func (s *Server) onEval(ctx context.Context, in *inEval) error {
 	s.pendEval, s.fedStored = in, false
 	defer func() { s.pendEval = nil }()
-	r := in.msg.Round
-	if r > math.MaxInt32 {
-		r = math.MaxInt32 // a future round either way
-	}
-	return s.propose(ctx, EvalArrived{Client: in.msg.ClientId, Round: int(r), At: s.clock.Now()}, nil, s.storeFed, s.refuseFed)
+	return s.propose(ctx, evalEvent(in.msg, s.clock.Now()), nil, s.storeFed, s.refuseFed)
+}
+
+// evalEvent is the coordinator's event for an evaluation report received
+// (or, on restart, stored) at at.
+func evalEvent(m *wire.EvalReport, at time.Time) EvalArrived {
+	return EvalArrived{Client: m.ClientId, Round: int(min(m.Round, math.MaxInt32)), At: at} // a future round either way
 }
 
 // errNotGiven: the coordinator accepted a message the shell did not hand
@@ -483,24 +485,24 @@ func (s *Server) onEval(ctx context.Context, in *inEval) error {
 var errNotGiven = errors.New("aggregator: coordinator accepted a message it was not given")
 
 // storeFed stores accepted statistics or an evaluation report (the
-// proposal, before the state and the receipt); stored is false for a copy
-// stored earlier.
-func (s *Server) storeFed(d Decision, now time.Time) (stored bool, err error) {
+// proposal, before the state and the receipt) and returns its replay log
+// index: 0 for a copy stored earlier.
+func (s *Server) storeFed(d Decision, now time.Time) (index uint64, err error) {
 	switch d := d.(type) {
 	case AcceptStatistics:
 		if in := s.pendStats; in != nil && in.msg.ClientId == d.Client {
-			stored, err = s.store.PutStatistics(d.Client, now, in.raw)
-			s.fedStored = stored
-			return stored, err
+			index, err = s.store.PutStatistics(d.Client, now, in.raw)
+			s.fedStored = index > 0
+			return index, err
 		}
 	case AcceptEval:
 		if in := s.pendEval; in != nil && in.msg.ClientId == d.Client && in.msg.Round == uint64(d.Round) {
-			stored, err = s.store.PutEval(uint64(d.Round), d.Client, now, in.raw)
-			s.fedStored = stored
-			return stored, err
+			index, err = s.store.PutEval(uint64(d.Round), d.Client, now, in.raw)
+			s.fedStored = index > 0
+			return index, err
 		}
 	}
-	return false, fmt.Errorf("%w: %#v", errNotGiven, d)
+	return 0, fmt.Errorf("%w: %#v", errNotGiven, d)
 }
 
 // refuseFed answers statistics or an evaluation report that could not be

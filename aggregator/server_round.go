@@ -110,7 +110,7 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	default:
 		s.log.Info("round was aggregated before a restart; using its checkpoint", "round", r)
 	}
-	state, err := s.coord.MarshalState()
+	state, err := s.encodeState()
 	if err != nil {
 		return err
 	}

@@ -13,12 +13,14 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Aggregator schema, version 3 (version 1 without the seals; every value
+// Aggregator schema, version 4 (version 1 without the seals; every value
 // outside meta is sealed with a CRC-32C, see seal.go; version 2 without
-// meta/census, the sealed entry counts of census.go):
+// meta/census, the sealed entry counts of census.go; version 3 without the
+// replay log, log.go):
 //
 //	meta        schema_version, kind = "agg", census
-//	agg         current_round  u64
+//	agg         current_round  u64, log_index u64 (log.go)
+//	log         index u64 -> kind | round u64 | client id (log.go)
 //	clients     client id -> JSON clientJSON
 //	rounds      round u64 -> bucket { meta: JSON roundJSON, config: bytes, state: bytes }
 //	updates     round u64 -> bucket { client id -> stored_at unix ns u64 |
@@ -58,10 +60,12 @@ var aggSchema = schema{
 			bucketUpdates, bucketLatestZ, bucketCheckpoints)},
 		{name: "seal values", run: sealAll},
 		{name: "count entries", run: writeCensus},
+		{name: "replay log", run: createBuckets(bucketLog)},
 	},
 	countedFrom: 3,
 	layout: map[string][]string{
-		string(bucketAgg): {string(keyCurrentRound)}, string(bucketClients): nil, string(bucketRounds): nil,
+		string(bucketAgg): {string(keyCurrentRound), string(keyLogIndex)}, string(bucketLog): nil,
+		string(bucketClients): nil, string(bucketRounds): nil,
 		string(bucketUpdates): nil, string(bucketLatestZ): nil, string(bucketCheckpoints): nil,
 		string(bucketStatistics): nil, string(bucketEvals): nil, string(bucketFederation): {string(keyFit), string(keyFinalBundle)},
 	},
@@ -71,8 +75,16 @@ func init() { aggSchema.invariants = aggInvariants }
 
 // aggInvariants: the round log has every round from its first to the current one
 // (a damaged key would otherwise leave a hole that reads as "not found"),
-// and no update or checkpoint belongs to a later round.
+// no update or checkpoint belongs to a later round, and every replay log
+// entry names a stored message.
 func aggInvariants(tx *bolt.Tx) error {
+	if err := roundInvariants(tx); err != nil {
+		return err
+	}
+	return logInvariants(tx)
+}
+
+func roundInvariants(tx *bolt.Tx) error {
 	cur, _, err := readCurrentRound(tx) // 0 before the first round
 	if err != nil {
 		return err
@@ -168,6 +180,18 @@ func (s *AggStore) Path() string { return s.db.Path() }
 // Check runs bbolt's page-level consistency check over the whole file (a
 // read transaction over every page: slow on a large database).
 func (s *AggStore) Check() error { return check(s.db) }
+
+// Commits is the id of the file's last committed write transaction
+// (bbolt's transaction id): every write transaction, so every durable
+// event, advances it by one. A read transaction.
+func (s *AggStore) Commits() (uint64, error) {
+	var id int
+	err := s.db.View(func(tx *bolt.Tx) error {
+		id = tx.ID()
+		return nil
+	})
+	return uint64(id), err
+}
 
 // Compact writes a compacted copy of the database to dst, which must not
 // exist, using bbolt.Compact in a read transaction of this store (writers
@@ -526,7 +550,8 @@ func currentRoundBucket(tx *bolt.Tx, n uint64) (*bolt.Bucket, error) {
 	return rb, err
 }
 
-// OpenRound starts round r.Number with its config (and optional state), makes
+// OpenRound starts round r.Number with its config (and optional state: a
+// state clears the replay log, log.go), makes
 // it the current round and stores global as the round's checkpoint (nil: no
 // checkpoint). If the current round is still open it is closed in the same
 // transaction, with ClosedAt = r.OpenedAt: "close t, open t+1" is one durable
@@ -583,6 +608,11 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 		if err := putBytes(rb, keyRoundState, r.State); err != nil {
 			return err
 		}
+		if len(r.State) > 0 {
+			if err := clearLog(tx); err != nil {
+				return err
+			}
+		}
 		agg := tx.Bucket(bucketAgg) // present: readCurrentRound checked
 		if err := sput(agg, keyCurrentRound, encodeU64(r.Number)); err != nil {
 			return err
@@ -602,12 +632,20 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 	return nil
 }
 
-// PutRoundState replaces the aggregator's state bytes of an existing round.
-// One transaction.
+// PutRoundState replaces the aggregator's state bytes of an existing round
+// and clears the replay log (log.go): the state reflects every message
+// logged before it. One transaction.
 func (s *AggStore) PutRoundState(n uint64, state []byte) error {
-	err := s.db.Update(inRound(n, func(rb *bolt.Bucket) error {
-		return putBytes(rb, keyRoundState, state)
-	}))
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		rb, err := roundBucket(tx, n)
+		if err != nil {
+			return err
+		}
+		if err := putBytes(rb, keyRoundState, state); err != nil {
+			return err
+		}
+		return clearLog(tx)
+	})
 	if err != nil {
 		return fmt.Errorf("storage: put state of round %d: %w", n, err)
 	}
@@ -615,10 +653,14 @@ func (s *AggStore) PutRoundState(n uint64, state []byte) error {
 }
 
 // CloseRound marks round n closed at closedAt with its final state (nil
-// keeps the stored state). Closing a closed round is a no-op that keeps the
-// first ClosedAt. One transaction.
+// keeps the stored state; a state clears the replay log, log.go). Closing a
+// closed round is a no-op that keeps the first ClosedAt. One transaction.
 func (s *AggStore) CloseRound(n uint64, closedAt time.Time, state []byte) error {
-	err := s.db.Update(inRound(n, func(rb *bolt.Bucket) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		rb, err := roundBucket(tx, n)
+		if err != nil {
+			return err
+		}
 		r, err := readRound(rb, n)
 		if err != nil {
 			return err
@@ -631,10 +673,13 @@ func (s *AggStore) CloseRound(n uint64, closedAt time.Time, state []byte) error 
 			return err
 		}
 		if state != nil {
-			return putBytes(rb, keyRoundState, state)
+			if err := putBytes(rb, keyRoundState, state); err != nil {
+				return err
+			}
+			return clearLog(tx)
 		}
 		return nil
-	}))
+	})
 	if err != nil {
 		return fmt.Errorf("storage: close round %d: %w", n, err)
 	}
@@ -712,22 +757,24 @@ func decodeUpdate(round uint64, client, v []byte) (Update, error) {
 // seen, sample count, recent loss; created if absent). The round must exist.
 //
 // It is idempotent: if (round, client) is already stored it writes nothing
-// and returns stored == false with a nil error. A z older than the client's
-// stored z fails with ErrStale and writes nothing. One transaction, so when
-// PutUpdate returns the update is durable and a receipt may be sent.
-func (s *AggStore) PutUpdate(u Update, z []float64) (stored bool, err error) {
+// and returns index 0 with a nil error; otherwise index is the update's
+// entry in the replay log (log.go), appended in the same transaction. A z
+// older than the client's stored z fails with ErrStale and writes nothing.
+// One transaction, so when PutUpdate returns the update is durable and a
+// receipt may be sent.
+func (s *AggStore) PutUpdate(u Update, z []float64) (index uint64, err error) {
 	if u.Round == 0 {
-		return false, fmt.Errorf("%w: round 0", ErrInvalid)
+		return 0, fmt.Errorf("%w: round 0", ErrInvalid)
 	}
 	if err := checkName("client id", u.ClientID); err != nil {
-		return false, err
+		return 0, err
 	}
 	if len(u.Msg) == 0 {
-		return false, fmt.Errorf("%w: empty update message", ErrInvalid)
+		return 0, fmt.Errorf("%w: empty update message", ErrInvalid)
 	}
 	if z != nil {
 		if err := checkVec("z", z); err != nil {
-			return false, err
+			return 0, err
 		}
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
@@ -741,7 +788,7 @@ func (s *AggStore) PutUpdate(u Update, z []float64) (stored bool, err error) {
 		rk := encodeU64(u.Round)
 		ub := ups.Bucket(rk)
 		if ub != nil && ub.Get([]byte(u.ClientID)) != nil {
-			return nil // duplicate: stored stays false
+			return nil // duplicate: index stays 0
 		}
 		if z != nil {
 			if err := putLatestZ(tx, u.ClientID, u.Round, z); err != nil {
@@ -780,13 +827,13 @@ func (s *AggStore) PutUpdate(u Update, z []float64) (stored bool, err error) {
 		if err := putClient(cb, c); err != nil {
 			return err
 		}
-		stored = true
-		return nil
+		index, err = appendLog(tx, LogUpdate, u.Round, u.ClientID)
+		return err
 	})
 	if err != nil {
-		return false, fmt.Errorf("storage: put update (%d, %q): %w", u.Round, u.ClientID, err)
+		return 0, fmt.Errorf("storage: put update (%d, %q): %w", u.Round, u.ClientID, err)
 	}
-	return stored, nil
+	return index, nil
 }
 
 // GetUpdate returns the stored update (round, client), or ErrNotFound. A
@@ -845,11 +892,20 @@ func (s *AggStore) Updates(round uint64) ([]Update, error) {
 
 // PruneUpdates deletes the stored updates of every round below before and
 // returns how many rounds it pruned. Round records, checkpoints and latest
-// z are kept. One transaction; Compact afterwards to return the space to
-// the file system.
+// z are kept, and so are the updates of a round the replay log names (the
+// coordinator's state is rebuilt from them: log.go). One transaction;
+// Compact afterwards to return the space to the file system.
 func (s *AggStore) PruneUpdates(before uint64) (int, error) {
 	n := 0
-	err := s.db.Update(inBucket(bucketUpdates, func(ups *bolt.Bucket) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		ups, err := bucket(tx, bucketUpdates)
+		if err != nil {
+			return err
+		}
+		logged, err := logRounds(tx)
+		if err != nil {
+			return err
+		}
 		var doomed [][]byte
 		c := ups.Cursor()
 		for k, _ := c.First(); k != nil; k, _ = c.Next() {
@@ -860,7 +916,9 @@ func (s *AggStore) PruneUpdates(before uint64) (int, error) {
 			if r >= before {
 				break
 			}
-			doomed = append(doomed, bytes.Clone(k))
+			if !logged[r] {
+				doomed = append(doomed, bytes.Clone(k))
+			}
 		}
 		for _, k := range doomed {
 			if err := ups.DeleteBucket(k); err != nil {
@@ -869,7 +927,7 @@ func (s *AggStore) PruneUpdates(before uint64) (int, error) {
 		}
 		n = len(doomed)
 		return nil
-	}))
+	})
 	if err != nil {
 		return 0, fmt.Errorf("storage: prune updates before %d: %w", before, err)
 	}

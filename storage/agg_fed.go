@@ -93,15 +93,16 @@ func readRecords(b *bolt.Bucket, round uint64, name string, what func(k []byte) 
 	return out, err
 }
 
-// PutStatistics stores a site's statistics message. It is idempotent: when
-// the site's statistics are already stored it writes nothing and returns
-// stored == false (the first copy stays). One transaction.
-func (s *AggStore) PutStatistics(client string, at time.Time, msg []byte) (stored bool, err error) {
+// PutStatistics stores a site's statistics message and appends its entry
+// to the replay log (log.go), returning the entry's index. It is
+// idempotent: when the site's statistics are already stored it writes
+// nothing and returns 0 (the first copy stays). One transaction.
+func (s *AggStore) PutStatistics(client string, at time.Time, msg []byte) (index uint64, err error) {
 	if err := checkName("client id", client); err != nil {
-		return false, err
+		return 0, err
 	}
 	if len(msg) == 0 {
-		return false, fmt.Errorf("%w: empty statistics message", ErrInvalid)
+		return 0, fmt.Errorf("%w: empty statistics message", ErrInvalid)
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		b, err := mkBucket(tx, bucketStatistics)
@@ -111,13 +112,16 @@ func (s *AggStore) PutStatistics(client string, at time.Time, msg []byte) (store
 		if b.Get([]byte(client)) != nil {
 			return nil
 		}
-		stored = true
-		return sput(b, []byte(client), encodeRecord(at, msg))
+		if err := sput(b, []byte(client), encodeRecord(at, msg)); err != nil {
+			return err
+		}
+		index, err = appendLog(tx, LogStatistics, 0, client)
+		return err
 	})
 	if err != nil {
-		return false, fmt.Errorf("storage: put statistics of %q: %w", client, err)
+		return 0, fmt.Errorf("storage: put statistics of %q: %w", client, err)
 	}
-	return stored, nil
+	return index, nil
 }
 
 // Statistics returns every stored statistics message in client-id order. A
@@ -135,17 +139,18 @@ func (s *AggStore) Statistics() ([]Record, error) {
 }
 
 // PutEval stores a site's evaluation report of eval round (the number of
-// aggregations the evaluated model has had: 1 ..= the current round). It is
+// aggregations the evaluated model has had: 1 ..= the current round) and
+// appends its entry to the replay log, returning its index. It is
 // idempotent like PutStatistics. One transaction.
-func (s *AggStore) PutEval(round uint64, client string, at time.Time, msg []byte) (stored bool, err error) {
+func (s *AggStore) PutEval(round uint64, client string, at time.Time, msg []byte) (index uint64, err error) {
 	if round == 0 {
-		return false, fmt.Errorf("%w: eval round 0", ErrInvalid)
+		return 0, fmt.Errorf("%w: eval round 0", ErrInvalid)
 	}
 	if err := checkName("client id", client); err != nil {
-		return false, err
+		return 0, err
 	}
 	if len(msg) == 0 {
-		return false, fmt.Errorf("%w: empty evaluation message", ErrInvalid)
+		return 0, fmt.Errorf("%w: empty evaluation message", ErrInvalid)
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		cur, err := currentRound(tx)
@@ -169,13 +174,16 @@ func (s *AggStore) PutEval(round uint64, client string, at time.Time, msg []byte
 				return fmt.Errorf("evals of round %d: %w", round, err)
 			}
 		}
-		stored = true
-		return sput(eb, []byte(client), encodeRecord(at, msg))
+		if err := sput(eb, []byte(client), encodeRecord(at, msg)); err != nil {
+			return err
+		}
+		index, err = appendLog(tx, LogEval, round, client)
+		return err
 	})
 	if err != nil {
-		return false, fmt.Errorf("storage: put evaluation (%d, %q): %w", round, client, err)
+		return 0, fmt.Errorf("storage: put evaluation (%d, %q): %w", round, client, err)
 	}
-	return stored, nil
+	return index, nil
 }
 
 // Evals returns the stored evaluation reports of eval round in client-id

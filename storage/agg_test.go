@@ -106,16 +106,16 @@ func TestAggPutUpdateIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	u := Update{Round: 3, ClientID: "site-1", StoredAt: t0.Add(time.Second), SampleCount: 100, Loss: 0.7, Msg: []byte("first")}
-	stored, err := s.PutUpdate(u, []float64{1, 2})
-	if err != nil || !stored {
-		t.Fatalf("PutUpdate = %v, %v", stored, err)
+	idx, err := s.PutUpdate(u, []float64{1, 2})
+	if err != nil || idx != 1 {
+		t.Fatalf("PutUpdate = %v, %v, want log index 1", idx, err)
 	}
 	// A redelivery (QoS 1) with different bytes and z: ignored, nothing written.
 	dup := u
 	dup.Msg, dup.StoredAt, dup.Loss = []byte("second"), t0.Add(time.Hour), 0.1
-	stored, err = s.PutUpdate(dup, []float64{9, 9})
-	if err != nil || stored {
-		t.Fatalf("duplicate PutUpdate = %v, %v", stored, err)
+	idx, err = s.PutUpdate(dup, []float64{9, 9})
+	if err != nil || idx != 0 {
+		t.Fatalf("duplicate PutUpdate = %v, %v", idx, err)
 	}
 	closeT(t, s)
 
@@ -167,9 +167,9 @@ func TestAggPutUpdateRejects(t *testing.T) {
 		{"stale z", Update{Round: 1, ClientID: "a", Msg: []byte("m1")}, []float64{1}, ErrStale},
 	}
 	for _, tt := range tests {
-		stored, err := s.PutUpdate(tt.u, tt.z)
-		if !errors.Is(err, tt.want) || stored {
-			t.Errorf("%s: %v, %v, want %v", tt.name, stored, err, tt.want)
+		idx, err := s.PutUpdate(tt.u, tt.z)
+		if !errors.Is(err, tt.want) || idx != 0 {
+			t.Errorf("%s: %v, %v, want %v", tt.name, idx, err, tt.want)
 		}
 	}
 	// The stale attempt wrote nothing: no round-1 update, z still round 2,
@@ -184,8 +184,8 @@ func TestAggPutUpdateRejects(t *testing.T) {
 		t.Errorf("participation = %d", c.Participation)
 	}
 	// Without a z a late update for round 1 is fine.
-	if stored, err := s.PutUpdate(Update{Round: 1, ClientID: "a", Msg: []byte("m1"), Loss: math.NaN()}, nil); err != nil || !stored {
-		t.Fatalf("late update without z: %v %v", stored, err)
+	if idx, err := s.PutUpdate(Update{Round: 1, ClientID: "a", Msg: []byte("m1"), Loss: math.NaN()}, nil); err != nil || idx == 0 {
+		t.Fatalf("late update without z: %v %v", idx, err)
 	}
 	// Its NaN loss (unknown) keeps the loss of the first update (0).
 	if c, _ := s.Client("a"); c.Participation != 2 || c.RecentLoss != 0 {
@@ -239,6 +239,14 @@ func TestAggIterateAndPrune(t *testing.T) {
 		t.Fatalf("Clients = %+v %v", cs, err)
 	}
 
+	// The replay log names every update stored since the last state
+	// write (log.go): their rounds are kept.
+	if pruned, err := s.PruneUpdates(3); err != nil || pruned != 0 {
+		t.Fatalf("PruneUpdates with every update in the replay log = %d %v", pruned, err)
+	}
+	if err := s.PutRoundState(3, []byte("state")); err != nil {
+		t.Fatal(err)
+	}
 	pruned, err := s.PruneUpdates(3)
 	if err != nil || pruned != 2 {
 		t.Fatalf("PruneUpdates = %d %v", pruned, err)
@@ -313,6 +321,9 @@ func TestAggCompact(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+	if err := s.PutRoundState(20, []byte("state")); err != nil { // clears the replay log (log.go)
+		t.Fatal(err)
 	}
 	if _, err := s.PruneUpdates(20); err != nil {
 		t.Fatal(err)

@@ -131,7 +131,6 @@ func TestLostEntriesWithoutCensus(t *testing.T) {
 		if err != nil {
 			t.Fatalf("lowered count at %d, counts retaken: %v", off, err)
 		}
-		defer a.Close()
 		cur, err := a.CurrentRound()
 		if err != nil {
 			t.Fatal(err)
@@ -139,10 +138,13 @@ func TestLostEntriesWithoutCensus(t *testing.T) {
 		for r := uint64(1); r <= cur.Number; r++ {
 			if ups, err := a.Updates(r); err == nil && len(ups) == 2 {
 				t.Logf("lowered count at %d: without its sealed count, round %d lists %d updates, no error", off, r, len(ups))
+				a.Close()
 				return
 			}
 		}
-		t.Fatalf("lowered count at %d: the counts caught it, but no listing came out short without them", off)
+		// Another bucket of three entries (the replay log of the last
+		// round's updates): its loss is not a short listing of updates.
+		a.Close()
 	}
 	t.Fatal("no round's updates page with a lowered count was refused by the sealed counts")
 }

@@ -160,7 +160,11 @@ func dumpAgg(a *AggStore) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	fmt.Fprintf(&b, "%v %+v\n", zs, cs)
+	last, logged, err := a.Log()
+	if err != nil {
+		return "", err
+	}
+	fmt.Fprintf(&b, "%v %+v\nlog %d %+v\n", zs, cs, last, logged)
 	return b.String(), nil
 }
 

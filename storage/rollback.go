@@ -18,8 +18,9 @@ import (
 // and its stored updates. Everything later goes: the records, updates and
 // checkpoints of rounds after N, the evaluation reports of eval rounds N and
 // later (they judge the models after N or more aggregations, which are
-// gone), the final bundle, and every client's latest FedSplit z set by
-// an update of a round after N. Those z cannot be rebuilt (a z is the sum of
+// gone), the final bundle, every client's latest FedSplit z set by
+// an update of a round after N, and the replay log's entries (log.go: all
+// of them when N is before the current round, whose state they extend). Those z cannot be rebuilt (a z is the sum of
 // every delta since the client's first update, and old updates may be
 // pruned), so those clients have no copy at the aggregator: their next
 // update refers to a copy the aggregator no longer holds, is refused as
@@ -187,6 +188,21 @@ func rollbackTx(tx *bolt.Tx, n uint64, rewrite func(config []byte) ([]byte, erro
 		}
 	}
 	if err := reopenRound(rs, n); err != nil {
+		return err
+	}
+	// The replay log extends the current round's state only: going back
+	// past it drops every entry; staying at it drops those of the
+	// messages removed above (log.go).
+	cur, err := currentRound(tx)
+	if err != nil {
+		return err
+	}
+	if n < cur {
+		err = clearLog(tx)
+	} else {
+		err = dropDanglingLog(tx)
+	}
+	if err != nil {
 		return err
 	}
 	agg, err := bucket(tx, bucketAgg)

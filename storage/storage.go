@@ -1,7 +1,8 @@
 // Package storage owns edgefl's durable state in bbolt files: the edge
 // agent's state and outbox (EdgeStore) and the aggregator's client registry,
-// round log, accepted updates, latest FedSplit z per client and global-model
-// checkpoints (AggStore).
+// round log, accepted updates, latest FedSplit z per client, global-model
+// checkpoints and the replay log of the messages stored since the
+// coordinator's state was last written (AggStore; log.go).
 //
 // Durability rules, shared by both stores:
 //   - every method that changes state is exactly one bbolt read-write
