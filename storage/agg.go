@@ -9,8 +9,6 @@ import (
 	"math"
 	"slices"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // Aggregator schema, version 4 (version 1 without the seals; every value
@@ -77,14 +75,14 @@ func init() { aggSchema.invariants = aggInvariants }
 // (a damaged key would otherwise leave a hole that reads as "not found"),
 // no update or checkpoint belongs to a later round, and every replay log
 // entry names a stored message.
-func aggInvariants(tx *bolt.Tx) error {
+func aggInvariants(tx *wtx) error {
 	if err := roundInvariants(tx); err != nil {
 		return err
 	}
 	return logInvariants(tx)
 }
 
-func roundInvariants(tx *bolt.Tx) error {
+func roundInvariants(tx *wtx) error {
 	cur, _, err := readCurrentRound(tx) // 0 before the first round
 	if err != nil {
 		return err
@@ -186,7 +184,7 @@ func (s *AggStore) Check() error { return check(s.db) }
 // event, advances it by one. A read transaction.
 func (s *AggStore) Commits() (uint64, error) {
 	var id int
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *wtx) error {
 		id = tx.ID()
 		return nil
 	})
@@ -272,7 +270,7 @@ func decodeClient(id, v []byte) (ClientRecord, error) {
 	return c, nil
 }
 
-func getClient(b *bolt.Bucket, id string) (ClientRecord, bool, error) {
+func getClient(b *wbucket, id string) (ClientRecord, bool, error) {
 	v, err := sget(b, []byte(id), "clients/"+id)
 	if err != nil {
 		return ClientRecord{}, false, err
@@ -284,7 +282,7 @@ func getClient(b *bolt.Bucket, id string) (ClientRecord, bool, error) {
 	return c, true, err
 }
 
-func putClient(b *bolt.Bucket, c ClientRecord) error {
+func putClient(b *wbucket, c ClientRecord) error {
 	v, err := encodeClient(c)
 	if err != nil {
 		return fmt.Errorf("storage: encode client %q: %w", c.ID, err)
@@ -298,7 +296,7 @@ func (s *AggStore) PutClient(c ClientRecord) error {
 	if err := checkName("client id", c.ID); err != nil {
 		return err
 	}
-	err := s.db.Update(inBucket(bucketClients, func(b *bolt.Bucket) error {
+	err := s.db.Update(inBucket(bucketClients, func(b *wbucket) error {
 		return putClient(b, c)
 	}))
 	if err != nil {
@@ -328,7 +326,7 @@ func (s *AggStore) PutClientStatus(st ClientStatus) error {
 	if err := checkName("client id", st.ID); err != nil {
 		return err
 	}
-	err := s.db.Update(inBucket(bucketClients, func(b *bolt.Bucket) error {
+	err := s.db.Update(inBucket(bucketClients, func(b *wbucket) error {
 		c, _, err := getClient(b, st.ID)
 		if err != nil {
 			return err
@@ -363,7 +361,7 @@ func (s *AggStore) PutClientStatus(st ClientStatus) error {
 // Client returns one registry entry, or ErrNotFound. A read transaction.
 func (s *AggStore) Client(id string) (ClientRecord, error) {
 	var c ClientRecord
-	err := s.db.View(inBucket(bucketClients, func(b *bolt.Bucket) (err error) {
+	err := s.db.View(inBucket(bucketClients, func(b *wbucket) (err error) {
 		var ok bool
 		c, ok, err = getClient(b, id)
 		if err == nil && !ok {
@@ -377,7 +375,7 @@ func (s *AggStore) Client(id string) (ClientRecord, error) {
 // Clients returns the whole registry ordered by id. A read transaction.
 func (s *AggStore) Clients() ([]ClientRecord, error) {
 	var cs []ClientRecord
-	err := s.db.View(inBucket(bucketClients, func(b *bolt.Bucket) error {
+	err := s.db.View(inBucket(bucketClients, func(b *wbucket) error {
 		return sforEach(b, "clients", func(k, v []byte) error {
 			c, err := decodeClient(k, v)
 			if err != nil {
@@ -444,7 +442,7 @@ func fromUnixNs(ns int64) time.Time {
 	return time.Unix(0, ns)
 }
 
-func readRound(rb *bolt.Bucket, n uint64) (Round, error) {
+func readRound(rb *wbucket, n uint64) (Round, error) {
 	var j roundJSON
 	meta, err := sget(rb, keyRoundMeta, fmt.Sprintf("round %d meta", n))
 	if err != nil {
@@ -474,7 +472,7 @@ func readRound(rb *bolt.Bucket, n uint64) (Round, error) {
 	}, nil
 }
 
-func writeRoundMeta(rb *bolt.Bucket, r Round) error {
+func writeRoundMeta(rb *wbucket, r Round) error {
 	v, err := json.Marshal(roundJSON{Status: r.Status, OpenedAtUnixNs: unixNs(r.OpenedAt), ClosedAtUnixNs: unixNs(r.ClosedAt)})
 	if err != nil {
 		return err
@@ -482,7 +480,7 @@ func writeRoundMeta(rb *bolt.Bucket, r Round) error {
 	return sput(rb, keyRoundMeta, v)
 }
 
-func putBytes(b *bolt.Bucket, k, v []byte) error {
+func putBytes(b *wbucket, k, v []byte) error {
 	if len(v) == 0 {
 		return b.Delete(k)
 	}
@@ -490,7 +488,7 @@ func putBytes(b *bolt.Bucket, k, v []byte) error {
 }
 
 // roundBucket returns the nested bucket of round n, or ErrNotFound.
-func roundBucket(tx *bolt.Tx, n uint64) (*bolt.Bucket, error) {
+func roundBucket(tx *wtx, n uint64) (*wbucket, error) {
 	rs, err := bucket(tx, bucketRounds)
 	if err != nil {
 		return nil, err
@@ -506,8 +504,8 @@ func roundBucket(tx *bolt.Tx, n uint64) (*bolt.Bucket, error) {
 }
 
 // inRound is inBucket for the bucket of round n, which must exist.
-func inRound(n uint64, fn func(rb *bolt.Bucket) error) func(tx *bolt.Tx) error {
-	return func(tx *bolt.Tx) error {
+func inRound(n uint64, fn func(rb *wbucket) error) func(tx *wtx) error {
+	return func(tx *wtx) error {
 		rb, err := roundBucket(tx, n)
 		if err != nil {
 			return err
@@ -518,7 +516,7 @@ func inRound(n uint64, fn func(rb *bolt.Bucket) error) func(tx *bolt.Tx) error {
 
 // readCurrentRound reads the current-round pointer; ok is false before the
 // first round.
-func readCurrentRound(tx *bolt.Tx) (cur uint64, ok bool, err error) {
+func readCurrentRound(tx *wtx) (cur uint64, ok bool, err error) {
 	agg, err := bucket(tx, bucketAgg)
 	if err != nil {
 		return 0, false, err
@@ -532,7 +530,7 @@ func readCurrentRound(tx *bolt.Tx) (cur uint64, ok bool, err error) {
 }
 
 // currentRound is readCurrentRound with ErrNotFound before the first round.
-func currentRound(tx *bolt.Tx) (uint64, error) {
+func currentRound(tx *wtx) (uint64, error) {
 	cur, ok, err := readCurrentRound(tx)
 	if err == nil && !ok {
 		err = fmt.Errorf("%w: no round yet", ErrNotFound)
@@ -542,7 +540,7 @@ func currentRound(tx *bolt.Tx) (uint64, error) {
 
 // currentRoundBucket is roundBucket for the current-round pointer, which
 // must never dangle.
-func currentRoundBucket(tx *bolt.Tx, n uint64) (*bolt.Bucket, error) {
+func currentRoundBucket(tx *wtx, n uint64) (*wbucket, error) {
 	rb, err := roundBucket(tx, n)
 	if errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("%w: current round %d has no record", ErrCorrupt, n)
@@ -566,7 +564,7 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 			return err
 		}
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *wtx) error {
 		cur, ok, err := readCurrentRound(tx)
 		if err != nil {
 			return err
@@ -636,7 +634,7 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 // and clears the replay log (log.go): the state reflects every message
 // logged before it. One transaction.
 func (s *AggStore) PutRoundState(n uint64, state []byte) error {
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *wtx) error {
 		rb, err := roundBucket(tx, n)
 		if err != nil {
 			return err
@@ -656,7 +654,7 @@ func (s *AggStore) PutRoundState(n uint64, state []byte) error {
 // keeps the stored state; a state clears the replay log, log.go). Closing a
 // closed round is a no-op that keeps the first ClosedAt. One transaction.
 func (s *AggStore) CloseRound(n uint64, closedAt time.Time, state []byte) error {
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *wtx) error {
 		rb, err := roundBucket(tx, n)
 		if err != nil {
 			return err
@@ -689,7 +687,7 @@ func (s *AggStore) CloseRound(n uint64, closedAt time.Time, state []byte) error 
 // Round returns round n, or ErrNotFound. A read transaction.
 func (s *AggStore) Round(n uint64) (Round, error) {
 	var r Round
-	err := s.db.View(inRound(n, func(rb *bolt.Bucket) (err error) {
+	err := s.db.View(inRound(n, func(rb *wbucket) (err error) {
 		r, err = readRound(rb, n)
 		return err
 	}))
@@ -701,7 +699,7 @@ func (s *AggStore) Round(n uint64) (Round, error) {
 // round to resume. A read transaction.
 func (s *AggStore) CurrentRound() (Round, error) {
 	var r Round
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *wtx) error {
 		n, err := currentRound(tx)
 		if err != nil {
 			return err
@@ -777,7 +775,7 @@ func (s *AggStore) PutUpdate(u Update, z []float64) (index uint64, err error) {
 			return 0, err
 		}
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *wtx) error {
 		if _, err := roundBucket(tx, u.Round); err != nil {
 			return err
 		}
@@ -840,7 +838,7 @@ func (s *AggStore) PutUpdate(u Update, z []float64) (index uint64, err error) {
 // read transaction.
 func (s *AggStore) GetUpdate(round uint64, client string) (Update, error) {
 	var u Update
-	err := s.db.View(inBucket(bucketUpdates, func(ups *bolt.Bucket) (err error) {
+	err := s.db.View(inBucket(bucketUpdates, func(ups *wbucket) (err error) {
 		var v []byte
 		if ub := ups.Bucket(encodeU64(round)); ub != nil {
 			if v, err = sget(ub, []byte(client), fmt.Sprintf("update (%d, %q)", round, client)); err != nil {
@@ -862,7 +860,7 @@ func (s *AggStore) GetUpdate(round uint64, client string) (Update, error) {
 // store's write methods (a write waiting on this read transaction can
 // deadlock when the file has to grow).
 func (s *AggStore) ForEachUpdate(round uint64, fn func(Update) error) error {
-	return s.db.View(inBucket(bucketUpdates, func(ups *bolt.Bucket) error {
+	return s.db.View(inBucket(bucketUpdates, func(ups *wbucket) error {
 		ub := ups.Bucket(encodeU64(round))
 		if ub == nil {
 			return nil
@@ -897,7 +895,7 @@ func (s *AggStore) Updates(round uint64) ([]Update, error) {
 // Compact afterwards to return the space to the file system.
 func (s *AggStore) PruneUpdates(before uint64) (int, error) {
 	n := 0
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *wtx) error {
 		ups, err := bucket(tx, bucketUpdates)
 		if err != nil {
 			return err
@@ -936,7 +934,7 @@ func (s *AggStore) PruneUpdates(before uint64) (int, error) {
 
 // ---- latest z ----
 
-func putLatestZ(tx *bolt.Tx, client string, round uint64, z []float64) error {
+func putLatestZ(tx *wtx, client string, round uint64, z []float64) error {
 	b, err := bucket(tx, bucketLatestZ)
 	if err != nil {
 		return err
@@ -966,7 +964,7 @@ func (s *AggStore) PutLatestZ(client string, round uint64, z []float64) error {
 	if err := checkVec("z", z); err != nil {
 		return err
 	}
-	if err := s.db.Update(func(tx *bolt.Tx) error { return putLatestZ(tx, client, round, z) }); err != nil {
+	if err := s.db.Update(func(tx *wtx) error { return putLatestZ(tx, client, round, z) }); err != nil {
 		return fmt.Errorf("storage: put latest z of %q: %w", client, err)
 	}
 	return nil
@@ -975,7 +973,7 @@ func (s *AggStore) PutLatestZ(client string, round uint64, z []float64) error {
 // ClientZ returns client's latest z and its round, or ErrNotFound. A read
 // transaction.
 func (s *AggStore) ClientZ(client string) (round uint64, z []float64, err error) {
-	err = s.db.View(inBucket(bucketLatestZ, func(b *bolt.Bucket) error {
+	err = s.db.View(inBucket(bucketLatestZ, func(b *wbucket) error {
 		v, err := sget(b, []byte(client), "latest_z/"+client)
 		if err != nil {
 			return err
@@ -992,7 +990,7 @@ func (s *AggStore) ClientZ(client string) (round uint64, z []float64, err error)
 // LatestZ returns every client's latest z. A read transaction.
 func (s *AggStore) LatestZ() (map[string][]float64, error) {
 	zs := make(map[string][]float64)
-	err := s.db.View(inBucket(bucketLatestZ, func(b *bolt.Bucket) error {
+	err := s.db.View(inBucket(bucketLatestZ, func(b *wbucket) error {
 		return sforEach(b, "latest_z", func(k, v []byte) error {
 			_, z, err := decodeRoundVec(v, "latest_z/"+string(k))
 			if err != nil {
@@ -1019,7 +1017,7 @@ func (s *AggStore) PutCheckpoint(round uint64, vec []float64) error {
 	if err := checkVec("checkpoint", vec); err != nil {
 		return err
 	}
-	err := s.db.Update(inBucket(bucketCheckpoints, func(b *bolt.Bucket) error {
+	err := s.db.Update(inBucket(bucketCheckpoints, func(b *wbucket) error {
 		return sput(b, encodeU64(round), encodeFloats(vec))
 	}))
 	if err != nil {
@@ -1032,7 +1030,7 @@ func (s *AggStore) PutCheckpoint(round uint64, vec []float64) error {
 // transaction.
 func (s *AggStore) Checkpoint(round uint64) ([]float64, error) {
 	var v []float64
-	err := s.db.View(inBucket(bucketCheckpoints, func(b *bolt.Bucket) error {
+	err := s.db.View(inBucket(bucketCheckpoints, func(b *wbucket) error {
 		raw, err := sget(b, encodeU64(round), fmt.Sprintf("checkpoint %d", round))
 		if err != nil {
 			return err
@@ -1049,11 +1047,11 @@ func (s *AggStore) Checkpoint(round uint64) ([]float64, error) {
 // LatestCheckpoint returns the checkpoint with the highest round, or
 // ErrNotFound. A read transaction.
 func (s *AggStore) LatestCheckpoint() (round uint64, vec []float64, err error) {
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err = s.db.View(func(tx *wtx) error {
 		if err := checkCensus(tx, string(bucketCheckpoints), false); err != nil {
 			return err // a lost last entry would make an older checkpoint the latest
 		}
-		return inBucket(bucketCheckpoints, func(b *bolt.Bucket) error {
+		return inBucket(bucketCheckpoints, func(b *wbucket) error {
 			k, sealed := b.Cursor().Last()
 			if k == nil {
 				return fmt.Errorf("%w: no checkpoint", ErrNotFound)

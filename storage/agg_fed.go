@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // The records of a run with a federation schema (issue 11): each site's
@@ -27,10 +25,10 @@ var (
 
 // optBucket returns a version-3 bucket, nil (no error) when it has not
 // been written yet.
-func optBucket(tx *bolt.Tx, name []byte) (*bolt.Bucket, error) { return tx.Bucket(name), nil }
+func optBucket(tx *wtx, name []byte) (*wbucket, error) { return tx.Bucket(name), nil }
 
 // mkBucket returns a version-3 bucket, creating it.
-func mkBucket(tx *bolt.Tx, name []byte) (*bolt.Bucket, error) {
+func mkBucket(tx *wtx, name []byte) (*wbucket, error) {
 	b, err := tx.CreateBucketIfNotExists(name)
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", name, err)
@@ -67,8 +65,8 @@ func decodeRecord(round uint64, client, v []byte, what string) (Record, error) {
 
 // viewWritten runs fn on bucket name in a read transaction, and does
 // nothing when the bucket has not been written yet.
-func (s *AggStore) viewWritten(name []byte, fn func(b *bolt.Bucket) error) error {
-	return s.db.View(func(tx *bolt.Tx) error {
+func (s *AggStore) viewWritten(name []byte, fn func(b *wbucket) error) error {
+	return s.db.View(func(tx *wtx) error {
 		if err := checkCensus(tx, string(name), false); err != nil {
 			return err // a bucket that vanished would list as never written
 		}
@@ -81,7 +79,7 @@ func (s *AggStore) viewWritten(name []byte, fn func(b *bolt.Bucket) error) error
 
 // readRecords decodes b's records (client id -> encodeRecord) of round in
 // key order; name is b's path and what(k) names one record in errors.
-func readRecords(b *bolt.Bucket, round uint64, name string, what func(k []byte) string) ([]Record, error) {
+func readRecords(b *wbucket, round uint64, name string, what func(k []byte) string) ([]Record, error) {
 	var out []Record
 	err := sforEach(b, name, func(k, v []byte) error {
 		r, err := decodeRecord(round, k, v, what(k))
@@ -104,7 +102,7 @@ func (s *AggStore) PutStatistics(client string, at time.Time, msg []byte) (index
 	if len(msg) == 0 {
 		return 0, fmt.Errorf("%w: empty statistics message", ErrInvalid)
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *wtx) error {
 		b, err := mkBucket(tx, bucketStatistics)
 		if err != nil {
 			return err
@@ -128,7 +126,7 @@ func (s *AggStore) PutStatistics(client string, at time.Time, msg []byte) (index
 // read transaction.
 func (s *AggStore) Statistics() ([]Record, error) {
 	var out []Record
-	err := s.viewWritten(bucketStatistics, func(b *bolt.Bucket) (err error) {
+	err := s.viewWritten(bucketStatistics, func(b *wbucket) (err error) {
 		out, err = readRecords(b, 0, "statistics", func(k []byte) string { return fmt.Sprintf("statistics of %q", k) })
 		return err
 	})
@@ -152,7 +150,7 @@ func (s *AggStore) PutEval(round uint64, client string, at time.Time, msg []byte
 	if len(msg) == 0 {
 		return 0, fmt.Errorf("%w: empty evaluation message", ErrInvalid)
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *wtx) error {
 		cur, err := currentRound(tx)
 		if err != nil {
 			return err
@@ -190,7 +188,7 @@ func (s *AggStore) PutEval(round uint64, client string, at time.Time, msg []byte
 // order (none: an empty list). A read transaction.
 func (s *AggStore) Evals(round uint64) ([]Record, error) {
 	var out []Record
-	err := s.viewWritten(bucketEvals, func(evs *bolt.Bucket) (err error) {
+	err := s.viewWritten(bucketEvals, func(evs *wbucket) (err error) {
 		eb := evs.Bucket(encodeU64(round))
 		if eb == nil {
 			return nil
@@ -210,7 +208,7 @@ func (s *AggStore) Evals(round uint64) ([]Record, error) {
 // ascending. A read transaction.
 func (s *AggStore) EvalRounds() ([]uint64, error) {
 	var out []uint64
-	err := s.viewWritten(bucketEvals, func(evs *bolt.Bucket) error {
+	err := s.viewWritten(bucketEvals, func(evs *wbucket) error {
 		return evs.ForEach(func(k, v []byte) error {
 			r, err := decodeU64(k, "evals key")
 			if err != nil {
@@ -240,7 +238,7 @@ func (s *AggStore) PutFit(record []byte, global []float64) error {
 	if err := checkVec("checkpoint", global); err != nil {
 		return err
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *wtx) error {
 		cur, err := currentRound(tx)
 		if err != nil {
 			return err
@@ -276,7 +274,7 @@ func (s *AggStore) PutFinalBundle(b []byte) error {
 	if len(b) == 0 {
 		return fmt.Errorf("%w: empty bundle", ErrInvalid)
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *wtx) error {
 		fb, err := mkBucket(tx, bucketFederation)
 		if err != nil {
 			return err
@@ -297,7 +295,7 @@ func (s *AggStore) FinalBundle() ([]byte, error) {
 
 func (s *AggStore) fedValue(k []byte, what string) ([]byte, error) {
 	var out []byte
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *wtx) error {
 		fb, _ := optBucket(tx, bucketFederation)
 		if fb == nil {
 			return fmt.Errorf("%w: %s", ErrNotFound, what)

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 var t0 = time.Unix(1700000000, 0)
@@ -364,44 +362,44 @@ func TestAggCompact(t *testing.T) {
 func TestAggCorruptValues(t *testing.T) {
 	tests := []struct {
 		name  string
-		write func(tx *bolt.Tx) error
+		write func(tx *wtx) error
 		read  func(*AggStore) error
 	}{
-		{"client json", func(tx *bolt.Tx) error { return tx.Bucket(bucketClients).Put([]byte("a"), []byte("{nope")) },
+		{"client json", func(tx *wtx) error { return tx.Bucket(bucketClients).Put([]byte("a"), []byte("{nope")) },
 			func(s *AggStore) error { _, err := s.Client("a"); return err }},
-		{"client id mismatch", func(tx *bolt.Tx) error { return tx.Bucket(bucketClients).Put([]byte("a"), []byte(`{"id":"b"}`)) },
+		{"client id mismatch", func(tx *wtx) error { return tx.Bucket(bucketClients).Put([]byte("a"), []byte(`{"id":"b"}`)) },
 			func(s *AggStore) error { _, err := s.Clients(); return err }},
-		{"client blocks PutUpdate", func(tx *bolt.Tx) error { return tx.Bucket(bucketClients).Put([]byte("a"), []byte("[]")) },
+		{"client blocks PutUpdate", func(tx *wtx) error { return tx.Bucket(bucketClients).Put([]byte("a"), []byte("[]")) },
 			func(s *AggStore) error {
 				_, err := s.PutUpdate(Update{Round: 1, ClientID: "a", Msg: []byte("m")}, nil)
 				return err
 			}},
-		{"update short", func(tx *bolt.Tx) error {
+		{"update short", func(tx *wtx) error {
 			b, err := tx.Bucket(bucketUpdates).CreateBucketIfNotExists(encodeU64(1))
 			if err != nil {
 				return err
 			}
 			return b.Put([]byte("a"), make([]byte, 10))
 		}, func(s *AggStore) error { _, err := s.Updates(1); return err }},
-		{"latest z", func(tx *bolt.Tx) error { return tx.Bucket(bucketLatestZ).Put([]byte("a"), make([]byte, 9)) },
+		{"latest z", func(tx *wtx) error { return tx.Bucket(bucketLatestZ).Put([]byte("a"), make([]byte, 9)) },
 			func(s *AggStore) error { _, err := s.LatestZ(); return err }},
-		{"latest z blocks PutLatestZ", func(tx *bolt.Tx) error { return tx.Bucket(bucketLatestZ).Put([]byte("a"), make([]byte, 9)) },
+		{"latest z blocks PutLatestZ", func(tx *wtx) error { return tx.Bucket(bucketLatestZ).Put([]byte("a"), make([]byte, 9)) },
 			func(s *AggStore) error { return s.PutLatestZ("a", 2, []float64{1}) }},
-		{"checkpoint", func(tx *bolt.Tx) error { return tx.Bucket(bucketCheckpoints).Put(encodeU64(5), make([]byte, 7)) },
+		{"checkpoint", func(tx *wtx) error { return tx.Bucket(bucketCheckpoints).Put(encodeU64(5), make([]byte, 7)) },
 			func(s *AggStore) error { _, _, err := s.LatestCheckpoint(); return err }},
-		{"checkpoint key", func(tx *bolt.Tx) error { return tx.Bucket(bucketCheckpoints).Put([]byte{0xff}, make([]byte, 8)) },
+		{"checkpoint key", func(tx *wtx) error { return tx.Bucket(bucketCheckpoints).Put([]byte{0xff}, make([]byte, 8)) },
 			func(s *AggStore) error { _, _, err := s.LatestCheckpoint(); return err }},
-		{"round meta", func(tx *bolt.Tx) error {
+		{"round meta", func(tx *wtx) error {
 			return tx.Bucket(bucketRounds).Bucket(encodeU64(1)).Put(keyRoundMeta, []byte(`{"status":7}`))
 		}, func(s *AggStore) error { _, err := s.Round(1); return err }},
-		{"round meta blocks OpenRound", func(tx *bolt.Tx) error {
+		{"round meta blocks OpenRound", func(tx *wtx) error {
 			return tx.Bucket(bucketRounds).Bucket(encodeU64(1)).Put(keyRoundMeta, []byte("x"))
 		}, func(s *AggStore) error { return s.OpenRound(Round{Number: 2}, nil) }},
-		{"current round", func(tx *bolt.Tx) error { return tx.Bucket(bucketAgg).Put(keyCurrentRound, []byte{1}) },
+		{"current round", func(tx *wtx) error { return tx.Bucket(bucketAgg).Put(keyCurrentRound, []byte{1}) },
 			func(s *AggStore) error { _, err := s.CurrentRound(); return err }},
-		{"current round dangling", func(tx *bolt.Tx) error { return tx.Bucket(bucketAgg).Put(keyCurrentRound, encodeU64(9)) },
+		{"current round dangling", func(tx *wtx) error { return tx.Bucket(bucketAgg).Put(keyCurrentRound, encodeU64(9)) },
 			func(s *AggStore) error { _, err := s.CurrentRound(); return err }},
-		{"round as value", func(tx *bolt.Tx) error { return tx.Bucket(bucketRounds).Put(encodeU64(4), []byte("v")) },
+		{"round as value", func(tx *wtx) error { return tx.Bucket(bucketRounds).Put(encodeU64(4), []byte("v")) },
 			func(s *AggStore) error { _, err := s.Round(4); return err }},
 	}
 	for _, tt := range tests {

@@ -6,7 +6,6 @@ import (
 	"flag"
 
 	"fmt"
-	bolt "go.etcd.io/bbolt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -124,7 +123,7 @@ func makeAggFile(t testing.TB, path string, rounds, dim int) {
 // meta page must read back intact or be refused, like any other page.
 func settleMeta(t testing.TB, db *guardedDB) {
 	for range 2 {
-		if err := db.Update(func(*bolt.Tx) error { return nil }); err != nil {
+		if err := db.Update(func(*wtx) error { return nil }); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // The replay log (aggregator schema version 4; ARCHITECTURE.md, "Durability
@@ -105,7 +103,7 @@ func decodeLogEntry(k, v []byte) (Logged, error) {
 }
 
 // lastLogIndex reads agg/log_index (0: nothing logged yet).
-func lastLogIndex(tx *bolt.Tx) (uint64, error) {
+func lastLogIndex(tx *wtx) (uint64, error) {
 	agg, err := bucket(tx, bucketAgg)
 	if err != nil {
 		return 0, err
@@ -119,7 +117,7 @@ func lastLogIndex(tx *bolt.Tx) (uint64, error) {
 
 // appendLog appends the entry of a message stored in this transaction and
 // returns its index.
-func appendLog(tx *bolt.Tx, kind LogKind, round uint64, client string) (uint64, error) {
+func appendLog(tx *wtx, kind LogKind, round uint64, client string) (uint64, error) {
 	last, err := lastLogIndex(tx)
 	if err != nil {
 		return 0, err
@@ -139,7 +137,7 @@ func appendLog(tx *bolt.Tx, kind LogKind, round uint64, client string) (uint64, 
 }
 
 // clearLog empties the log (a state write: the state reflects every entry).
-func clearLog(tx *bolt.Tx) error {
+func clearLog(tx *wtx) error {
 	lb, err := bucket(tx, bucketLog)
 	if err != nil {
 		return err
@@ -149,7 +147,7 @@ func clearLog(tx *bolt.Tx) error {
 
 // deleteLogWhere deletes the entries doomed says go (an entry that does
 // not decode goes too).
-func deleteLogWhere(lb *bolt.Bucket, doomed func(Logged) bool) error {
+func deleteLogWhere(lb *wbucket, doomed func(Logged) bool) error {
 	var keys [][]byte
 	if err := lb.ForEach(func(k, raw []byte) error {
 		v, err := unseal(k, raw, "log entry")
@@ -174,7 +172,7 @@ func deleteLogWhere(lb *bolt.Bucket, doomed func(Logged) bool) error {
 
 // resolveLogged reads the message entry e names into e (ErrCorrupt when it
 // is not stored: a log entry always names a stored message).
-func resolveLogged(tx *bolt.Tx, e *Logged) error {
+func resolveLogged(tx *wtx, e *Logged) error {
 	var v []byte
 	var err error
 	what := fmt.Sprintf("%s (%d, %q) named by log entry %d", e.Kind, e.Round, e.ClientID, e.Index)
@@ -212,7 +210,7 @@ func resolveLogged(tx *bolt.Tx, e *Logged) error {
 
 // readLog returns the log's entries in index order, each with its message
 // when resolve, and the last index appended.
-func readLog(tx *bolt.Tx, resolve bool) (last uint64, out []Logged, err error) {
+func readLog(tx *wtx, resolve bool) (last uint64, out []Logged, err error) {
 	if last, err = lastLogIndex(tx); err != nil {
 		return 0, nil, err
 	}
@@ -244,7 +242,7 @@ func readLog(tx *bolt.Tx, resolve bool) (last uint64, out []Logged, err error) {
 // the last entry ever appended (the stored state reflects no entry above
 // it). A read transaction.
 func (s *AggStore) Log() (last uint64, entries []Logged, err error) {
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err = s.db.View(func(tx *wtx) error {
 		last, entries, err = readLog(tx, true)
 		return err
 	})
@@ -256,13 +254,13 @@ func (s *AggStore) Log() (last uint64, entries []Logged, err error) {
 
 // logInvariants: every entry decodes, is not past the last index and names
 // a stored message (read on open).
-func logInvariants(tx *bolt.Tx) error {
+func logInvariants(tx *wtx) error {
 	_, _, err := readLog(tx, true)
 	return err
 }
 
 // logRounds returns the update rounds the log names.
-func logRounds(tx *bolt.Tx) (map[uint64]bool, error) {
+func logRounds(tx *wtx) (map[uint64]bool, error) {
 	_, es, err := readLog(tx, false)
 	rounds := map[uint64]bool{}
 	for _, e := range es {
@@ -275,7 +273,7 @@ func logRounds(tx *bolt.Tx) (map[uint64]bool, error) {
 
 // dropDanglingLog deletes the entries whose message is no longer stored
 // (rollback removed it).
-func dropDanglingLog(tx *bolt.Tx) error {
+func dropDanglingLog(tx *wtx) error {
 	lb, err := bucket(tx, bucketLog)
 	if err != nil {
 		return err

@@ -166,7 +166,7 @@ func TestReplayLogNamesStoredMessages(t *testing.T) {
 		if err := tx.Bucket(bucketUpdates).Bucket(encodeU64(1)).Delete([]byte("a")); err != nil {
 			return err
 		}
-		return writeCensus(tx)
+		return writeCensus(&wtx{Tx: tx})
 	}); err != nil {
 		t.Fatal(err)
 	}
