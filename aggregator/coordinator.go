@@ -643,25 +643,31 @@ func (c *Coordinator) timerDecision(out []Decision) []Decision {
 
 // stepFinished is Step once the run has finished.
 func (c *Coordinator) stepFinished(ev Event) []Decision {
-	{
-		// No round changes any more, but an update still gets its answer,
-		// so that the site clears its outbox instead of re-sending, and
-		// presence is still tracked, so that status after the run shows
-		// the sites that went offline as offline (they decide nothing).
-		switch e := ev.(type) {
-		case UpdateArrived:
-			return c.afterFinish(e)
-		case ClientOnline:
-			return c.clientOnline(e)
-		case ClientOffline:
-			return c.clientOffline(e)
-		case EvalArrived:
-			return c.evalArrived(e, norm(e.At))
-		case StatisticsArrived:
-			return c.lateStatistics(e)
-		}
-		return nil
+	out, _ := c.afterRun(ev)
+	return out
+}
+
+// afterRun answers the events that still get an answer once the run has
+// ended (finished, or awaiting the final evaluation reports); ok is false
+// for any other event. No round changes any more, but an update still gets
+// its answer, so that the site clears its outbox instead of re-sending;
+// presence is still tracked, so that status after the run shows the sites
+// that went offline as offline (they decide nothing); evaluation reports
+// are taken and statistics are late.
+func (c *Coordinator) afterRun(ev Event) (out []Decision, ok bool) {
+	switch e := ev.(type) {
+	case UpdateArrived:
+		return c.afterFinish(e), true
+	case ClientOnline:
+		return c.clientOnline(e), true
+	case ClientOffline:
+		return c.clientOffline(e), true
+	case EvalArrived:
+		return c.evalArrived(e, norm(e.At)), true
+	case StatisticsArrived:
+		return c.lateStatistics(e), true
 	}
+	return nil, false
 }
 
 // afterFinish answers an update that arrives once the federation finished:

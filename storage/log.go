@@ -53,14 +53,11 @@ const (
 	LogEval       LogKind = 3 // evals/<eval round>/<client>
 )
 
+var logKindNames = [...]string{LogUpdate: "update", LogStatistics: "statistics", LogEval: "evaluation"}
+
 func (k LogKind) String() string {
-	switch k {
-	case LogUpdate:
-		return "update"
-	case LogStatistics:
-		return "statistics"
-	case LogEval:
-		return "evaluation"
+	if int(k) < len(logKindNames) && logKindNames[k] != "" {
+		return logKindNames[k]
 	}
 	return fmt.Sprintf("LogKind(%d)", uint8(k))
 }
