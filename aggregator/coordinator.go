@@ -59,11 +59,16 @@
 //
 // The shell restores the stored State (the open round's received set as of
 // its last write) with Restore, hands the messages stored since, from the
-// round log's replay log, to Replay in the order they were stored (so the
-// state is what it was before the crash: coordinator_replay.go states the
-// invariant), and carries out Resume(): the current announcement and timer,
-// or the pending CloseRound. Ticks for deadlines that passed while the
-// process was down are handled as late ticks.
+// round log's replay log, to Replay in the order they were stored, and
+// carries out Resume(): the current announcement and timer, or the pending
+// CloseRound. The invariant (coordinator_replay.go gives the argument): the
+// stored state plus the stored messages not yet reflected in it, replayed in
+// order at their stored times, is exactly the state the coordinator had when
+// it last applied a stored message; a replayed message the state already
+// reflects (its index at or below State.Applied) is a silent no-op, not a
+// counted duplicate; a replay has no effect outside the coordinator. Ticks
+// for deadlines that passed while the process was down are handled as late
+// ticks.
 package aggregator
 
 import (

@@ -3,6 +3,7 @@ package aggregator
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/edgefl/edgefl/storage"
@@ -132,7 +133,11 @@ func StoredState(store *storage.AggStore) (State, error) {
 	if err := c.Restore(st); err != nil {
 		return st, err
 	}
-	if _, err := replay(c, store, wire.DefaultLimits, func(string, ...any) {}); err != nil {
+	// The run's own limits are not in the file; the stored messages passed
+	// them once.
+	lim := wire.DefaultLimits
+	lim.MaxMessageBytes = math.MaxInt32
+	if _, err := replay(c, store, lim, func(string, ...any) {}); err != nil {
 		return st, err
 	}
 	return c.Snapshot(), nil
