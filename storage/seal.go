@@ -84,7 +84,7 @@ func sforEach(b *wbucket, what string, fn func(k, v []byte) error) error {
 // sealAll is the migration that seals every value of every bucket but meta,
 // recursively.
 func sealAll(tx *wtx) error {
-	return tx.Tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+	return tx.ForEach(func(name []byte, b *bolt.Bucket) error { // bbolt's buckets: no census before its migration step
 		if string(name) == string(bucketMeta) {
 			return nil
 		}

@@ -84,7 +84,6 @@ func (b *wbucket) Get(k []byte) []byte                      { return b.b.Get(k) 
 func (b *wbucket) ForEach(fn func(k, v []byte) error) error { return b.b.ForEach(fn) }
 func (b *wbucket) Cursor() *bolt.Cursor                     { return b.b.Cursor() } // reads only: Cursor.Delete bypasses the census
 func (b *wbucket) Stats() bolt.BucketStats                  { return b.b.Stats() }
-func (b *wbucket) raw() *bolt.Bucket                        { return b.b }
 
 // Put stores v under k (callers seal it: sput), counting a new key.
 func (b *wbucket) Put(k, v []byte) error {
