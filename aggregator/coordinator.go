@@ -44,22 +44,31 @@
 // StoreFailed: it is forgotten, and the state is what it was before it);
 // see coordinator_propose.go. Carry out each batch's decisions in order,
 // and persist the state (MarshalState) before doing anything visible
-// outside (publishing an announcement, sending a receipt).
-// Like raft's "persist before send", this guarantees that a restarted
-// coordinator never announces a different selection for a round and attempt
-// that the clients have already seen, and never counts an update it does not
-// hold; an update stored without the state that accepts it is simply
-// accepted again when the unreceipted client re-sends it. CloseRound ends a round; the shell
+// outside (publishing an announcement, sending a receipt), except after a
+// lone accept (Replayable) of a message stored with a replay log entry:
+// its only visible decision is its receipt, and the log rebuilds the state
+// it changed (coordinator_replay.go). Like raft's "persist before send",
+// this guarantees that a restarted coordinator never announces a different
+// selection for a round and attempt that the clients have already seen,
+// and never counts an update it does not hold. CloseRound ends a round; the shell
 // aggregates, checkpoints, persists and only then steps AggregatedRound, which
 // opens the next round (or emits Finished), so the closed round is durable
 // before the next announcement is published.
 //
 // # Restart
 //
-// State holds the open round's received set, so the shell restores it with
-// Restore (no re-feeding of updates) and carries out Resume(): the current
-// announcement and timer, or the pending CloseRound. Ticks for deadlines
-// that passed while the process was down are handled as late ticks.
+// The shell restores the stored State (the open round's received set as of
+// its last write) with Restore, hands the messages stored since, from the
+// round log's replay log, to Replay in the order they were stored, and
+// carries out Resume(): the current announcement and timer, or the pending
+// CloseRound. The invariant (coordinator_replay.go gives the argument): the
+// stored state plus the stored messages not yet reflected in it, replayed in
+// order at their stored times, is exactly the state the coordinator had when
+// it last applied a stored message; a replayed message the state already
+// reflects (its index at or below State.Applied) is a silent no-op, not a
+// counted duplicate; a replay has no effect outside the coordinator. Ticks
+// for deadlines that passed while the process was down are handled as late
+// ticks.
 package aggregator
 
 import (
@@ -508,6 +517,7 @@ type Coordinator struct {
 	late         int       // late updates (AcceptLate) since the last aggregation
 	counters     Counters
 	proposal     Event    // an accepted message awaiting Stored or StoreFailed (coordinator_propose.go)
+	applied      uint64   // the replay log index of the last stored message applied (coordinator_replay.go)
 	fed          fedState // the statistics phase, evaluations, stopping rules
 	dp           dpState  // the accountant (Config.DP)
 }
@@ -650,25 +660,31 @@ func (c *Coordinator) timerDecision(out []Decision) []Decision {
 
 // stepFinished is Step once the run has finished.
 func (c *Coordinator) stepFinished(ev Event) []Decision {
-	{
-		// No round changes any more, but an update still gets its answer,
-		// so that the site clears its outbox instead of re-sending, and
-		// presence is still tracked, so that status after the run shows
-		// the sites that went offline as offline (they decide nothing).
-		switch e := ev.(type) {
-		case UpdateArrived:
-			return c.afterFinish(e)
-		case ClientOnline:
-			return c.clientOnline(e)
-		case ClientOffline:
-			return c.clientOffline(e)
-		case EvalArrived:
-			return c.evalArrived(e, norm(e.At))
-		case StatisticsArrived:
-			return c.lateStatistics(e)
-		}
-		return nil
+	out, _ := c.afterRun(ev)
+	return out
+}
+
+// afterRun answers the events that still get an answer once the run has
+// ended (finished, or awaiting the final evaluation reports); ok is false
+// for any other event. No round changes any more, but an update still gets
+// its answer, so that the site clears its outbox instead of re-sending;
+// presence is still tracked, so that status after the run shows the sites
+// that went offline as offline (they decide nothing); evaluation reports
+// are taken and statistics are late.
+func (c *Coordinator) afterRun(ev Event) (out []Decision, ok bool) {
+	switch e := ev.(type) {
+	case UpdateArrived:
+		return c.afterFinish(e), true
+	case ClientOnline:
+		return c.clientOnline(e), true
+	case ClientOffline:
+		return c.clientOffline(e), true
+	case EvalArrived:
+		return c.evalArrived(e, norm(e.At)), true
+	case StatisticsArrived:
+		return c.lateStatistics(e), true
 	}
+	return nil, false
 }
 
 // afterFinish answers an update that arrives once the federation finished:

@@ -434,20 +434,10 @@ func (c *Coordinator) finished(at time.Time, out []Decision) []Decision {
 
 // stepFinishing is Step while the final evaluation reports are awaited.
 func (c *Coordinator) stepFinishing(ev Event) []Decision {
-	at := norm(ev.eventTime())
-	var out []Decision
-	switch e := ev.(type) {
-	case UpdateArrived:
-		out = c.afterFinish(e)
-	case ClientOnline:
-		out = c.clientOnline(e)
-	case ClientOffline:
-		out = c.clientOffline(e)
-	case EvalArrived:
-		out = c.evalArrived(e, at)
-	case StatisticsArrived:
-		out = c.lateStatistics(e)
-	case Tick:
+	out, ok := c.afterRun(ev)
+	switch at := norm(ev.eventTime()); {
+	case ok:
+	case isTick(ev):
 		if !at.Before(c.deadline) {
 			c.fed.evalDone = true
 			out = c.finished(at, out)
@@ -457,3 +447,5 @@ func (c *Coordinator) stepFinishing(ev Event) []Decision {
 	}
 	return c.timerDecision(out)
 }
+
+func isTick(ev Event) bool { _, ok := ev.(Tick); return ok }

@@ -17,8 +17,15 @@ import "time"
 // proceeds from there. State only moves forward; nothing is rolled back.
 // This is etcd raft's order (a proposal is applied once it is durable).
 
-// Stored: the message of the pending proposal is durable; apply it.
-type Stored struct{ At time.Time }
+// Stored: the message of the pending proposal is durable; apply it. Index
+// is the message's entry in the round log's replay log (storage.Logged;
+// 0: not logged, a copy stored earlier): the state's Applied moves to it,
+// so a replay of the same entry after a restart is recognised as applied
+// (coordinator_replay.go).
+type Stored struct {
+	At    time.Time
+	Index uint64
+}
 
 // StoreFailed: the message of the pending proposal was not stored (the
 // shell answers it itself); forget it.
@@ -33,25 +40,40 @@ func (e StoreFailed) eventTime() time.Time { return e.At }
 // before any other event. Every other event, and a message it rejects, is
 // stepped at once (Step).
 func (c *Coordinator) Propose(ev Event) []Decision {
-	var d Decision
-	switch e := ev.(type) {
-	case UpdateArrived:
-		if c.phase != PhaseFinished && c.phase != PhaseFinishing {
-			d = c.judgeUpdate(e)
-		}
-	case StatisticsArrived:
-		if c.phase == PhaseStatistics || c.phase == PhaseFitting {
-			d = c.judgeStatistics(e)
-		}
-	case EvalArrived:
-		d = c.judgeEval(e)
-	}
-	switch d.(type) {
-	case Accept, AcceptLate, AcceptStatistics, AcceptEval:
+	d := c.judge(ev)
+	if isAccept(d) {
 		c.proposal = ev
 		return []Decision{d}
 	}
 	return c.Step(ev)
+}
+
+// judge is the answer Step would give a site's message first, without
+// changing anything (nil: not a site's message, or one Step answers in a
+// phase where nothing is accepted).
+func (c *Coordinator) judge(ev Event) Decision {
+	switch e := ev.(type) {
+	case UpdateArrived:
+		if c.phase != PhaseFinished && c.phase != PhaseFinishing {
+			return c.judgeUpdate(e)
+		}
+	case StatisticsArrived:
+		if c.phase == PhaseStatistics || c.phase == PhaseFitting {
+			return c.judgeStatistics(e)
+		}
+	case EvalArrived:
+		return c.judgeEval(e)
+	}
+	return nil
+}
+
+// isAccept says whether d accepts a site's message (to be stored).
+func isAccept(d Decision) bool {
+	switch d.(type) {
+	case Accept, AcceptLate, AcceptStatistics, AcceptEval:
+		return true
+	}
+	return false
 }
 
 // Pending reports whether a proposal awaits Stored or StoreFailed.
@@ -59,13 +81,16 @@ func (c *Coordinator) Pending() bool { return c.proposal != nil }
 
 // settle handles Stored and StoreFailed; ok is false for other events.
 func (c *Coordinator) settle(ev Event) (out []Decision, ok bool) {
-	switch ev.(type) {
+	switch e := ev.(type) {
 	case Stored:
 		p := c.proposal
 		c.proposal = nil
 		if p == nil {
 			c.counters.Ignored++
 			return nil, true
+		}
+		if e.Index > c.applied {
+			c.applied = e.Index
 		}
 		return c.Step(p), true
 	case StoreFailed:

@@ -447,6 +447,7 @@ type Server struct {
 	frame   []byte // the fp32 frame of global (for globalR)
 	storeR  uint64 // the store's current round
 	lastSt  []byte // the state bytes last written to storeR
+	encodes uint64 // whole-state encodings (encodeState), loop-owned: tests count them
 	fresh   bool   // the state file was new
 	reqs    chan *request
 	client  mqtt.Client
@@ -656,6 +657,10 @@ func (s *Server) restore() error {
 	if err := s.coord.Restore(st); err != nil {
 		return fmt.Errorf("aggregator: %s: %w", s.cfg.StatePath, err)
 	}
+	replayed, err := s.replayLog()
+	if err != nil {
+		return err
+	}
 	s.storeR, s.lastSt = cur.Number, cur.State
 	s.loadSiteErrors()
 	r := s.coord.Round()
@@ -665,7 +670,7 @@ func (s *Server) restore() error {
 	if s.cfg.Schema != nil && s.fit == nil {
 		// The statistics phase (or a fit not yet stored): no model yet.
 		s.log.Info("resuming the statistics phase", "state", s.cfg.StatePath, "phase", s.coord.Phase(),
-			"statistics", len(st.StatsSites), "run_id", s.stored.RunID)
+			"statistics", len(s.coord.StatisticsSites()), "run_id", s.stored.RunID)
 		return nil
 	}
 	if s.global, err = s.store.Checkpoint(uint64(r)); err != nil {
@@ -684,8 +689,12 @@ func (s *Server) restore() error {
 	if err := s.replayAggregator(); err != nil {
 		return err
 	}
-	s.log.Info("resuming from the round log", "state", s.cfg.StatePath, "round", r, "phase", s.coord.Phase(),
-		"received", len(st.Received), "clients", len(st.Clients))
+	for _, e := range replayed.evalDone {
+		s.finalizeEval(e) // idempotent: the latest bundle rewritten
+	}
+	sum := s.coord.Summary()
+	s.log.Info("resuming from the round log", "state", s.cfg.StatePath, "round", r, "phase", sum.Phase,
+		"received", len(sum.Received), "clients", sum.Clients)
 	return nil
 }
 
@@ -1020,20 +1029,12 @@ func statusEvent(st *wire.ClientStatus, at time.Time) Event {
 
 func (s *Server) onUpdate(ctx context.Context, u *inUpdate) error {
 	m := u.msg
-	r := m.Round
-	if r > math.MaxInt32 {
-		r = math.MaxInt32 // a future round either way
-	}
-	loss := math.NaN()
-	if rep := m.Report; rep != nil {
-		loss = rep.AnchorLoss
-	}
-	ev := UpdateArrived{Client: m.ClientId, Round: int(r), Partial: m.Report.GetPartial(), Loss: loss, At: s.clock.Now()}
-	return s.propose(ctx, ev, u, func(d Decision, now time.Time) (bool, error) {
+	ev := updateEvent(m, s.clock.Now())
+	return s.propose(ctx, ev, u, func(d Decision, at time.Time) (uint64, error) {
 		if r, c := acceptedOf(d); int(m.Round) != r || m.ClientId != c {
-			return false, fmt.Errorf("%w: %#v", errNotGiven, d)
+			return 0, fmt.Errorf("%w: %#v", errNotGiven, d)
 		}
-		return true, s.storeUpdate(u, now)
+		return s.storeUpdate(u, at)
 	}, func(err error) error {
 		if errors.Is(err, errNotGiven) {
 			return err
@@ -1043,30 +1044,52 @@ func (s *Server) onUpdate(ctx context.Context, u *inUpdate) error {
 	})
 }
 
+// updateEvent is the coordinator's event for an update received (or, on
+// restart, stored) at at: the one place it is derived from the message, so
+// a replay steps exactly the event the update was proposed as.
+func updateEvent(m *wire.ClientUpdate, at time.Time) UpdateArrived {
+	loss := math.NaN()
+	if rep := m.Report; rep != nil {
+		loss = rep.AnchorLoss
+	}
+	return UpdateArrived{Client: m.ClientId, Round: int(min(m.Round, math.MaxInt32)), // a future round either way
+		Partial: m.Report.GetPartial(), Loss: loss, At: at}
+}
+
 // propose hands a site's message to the coordinator as a proposal
 // (Coordinator.Propose): a message it accepts is stored first (store, which
-// reports whether it wrote it now: false for a copy stored earlier) and
-// only then applied (Stored); one that cannot be stored is forgotten
+// returns its replay log index: 0 for a copy stored earlier), with the
+// event's time as its stored time (a replay steps the event at that time),
+// and only then applied (Stored); one that cannot be stored is forgotten
 // (StoreFailed), so the coordinator's state stays what it was, and answered
 // by refused. A store error that is not the message's fault ends the loop
-// when refused returns it.
-func (s *Server) propose(ctx context.Context, ev Event, u *inUpdate, store func(Decision, time.Time) (bool, error), refused func(error) error) error {
+// when refused returns it. When the batch is a lone accept of a logged
+// message (Replayable), the coordinator's state is not written: the replay
+// log rebuilds it (coordinator_replay.go), so the message costs one write
+// transaction.
+func (s *Server) propose(ctx context.Context, ev Event, u *inUpdate, store func(Decision, time.Time) (uint64, error), refused func(error) error) error {
 	ds := s.coord.Propose(ev)
 	if !s.coord.Pending() {
 		return s.apply(ctx, ds, u, time.Time{})
 	}
-	now := s.clock.Now()
-	wrote, err := store(ds[0], now)
+	at := ev.eventTime()
+	index, err := store(ds[0], at)
 	if err != nil {
-		s.coord.Step(StoreFailed{At: now})
+		s.coord.Step(StoreFailed{At: at})
 		defer s.refreshView()
 		return refused(err)
 	}
-	storedAt := now
-	if !wrote {
+	storedAt := at
+	if index == 0 {
 		storedAt = time.Time{}
 	}
-	return s.apply(ctx, s.coord.Step(Stored{At: now}), u, storedAt)
+	ds = s.coord.Step(Stored{At: at, Index: index})
+	if index > 0 && Replayable(ds) {
+		defer s.refreshView()
+		_, _, err := s.carryOut(ds, u, storedAt)
+		return err
+	}
+	return s.apply(ctx, ds, u, storedAt)
 }
 
 // refuseUpdate answers an accepted update that was not stored: a value the
@@ -1206,9 +1229,11 @@ func (s *Server) checkRange(what string, v []float64) error {
 }
 
 // storeUpdate writes an accepted update (and, for the FedSplit family, the
-// client's latest z) in one fsynced transaction. A copy already stored (a
-// re-send after a crash between the update and the state) is fine.
-func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
+// client's latest z) with its replay log entry in one fsynced transaction,
+// and returns the entry's index. A copy already stored (only in a round log
+// written before the replay log: the replay now applies every stored
+// update) is fine: index 0.
+func (s *Server) storeUpdate(u *inUpdate, now time.Time) (uint64, error) {
 	if s.sum != nil {
 		return s.storeSumUpdate(u, now)
 	}
@@ -1217,18 +1242,18 @@ func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
 		// Already stored: its z_j is this server's copy now, so vectorOf
 		// would see a base the copy has moved past and refuse the re-send.
 		if _, err := s.store.GetUpdate(u.msg.Round, u.msg.ClientId); err == nil {
-			return nil
+			return 0, nil
 		} else if !errors.Is(err, storage.ErrNotFound) {
-			return err
+			return 0, err
 		}
 		what = "z"
 	}
 	v, err := s.vectorOf(u.msg, u.vec) // w as closedUpdates will compute it, or the new copy of z_j
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := s.checkRange(what, v); err != nil {
-		return err
+		return 0, err
 	}
 	var z []float64
 	if isSplit(s.fam) {
@@ -1238,9 +1263,8 @@ func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
 	if u.msg.Report != nil {
 		loss = u.msg.Report.AnchorLoss
 	}
-	_, err = s.store.PutUpdate(storage.Update{Round: u.msg.Round, ClientID: u.msg.ClientId, StoredAt: now,
+	return s.store.PutUpdate(storage.Update{Round: u.msg.Round, ClientID: u.msg.ClientId, StoredAt: now,
 		SampleCount: u.msg.SampleCount, Loss: loss, Msg: u.raw}, z)
-	return err
 }
 
 // vectorOf is what an update with decoded values d stands for
@@ -1307,10 +1331,16 @@ func (s *Server) downlinked(x []float64) ([]float64, error) {
 	return y, nil
 }
 
+// encodeState is the coordinator's whole state as the round log stores it.
+func (s *Server) encodeState() ([]byte, error) {
+	s.encodes++
+	return s.coord.MarshalState()
+}
+
 // persistState writes the coordinator's state to the store's current round
-// when it changed.
+// when it changed (which clears the replay log: storage/log.go).
 func (s *Server) persistState() error {
-	b, err := s.coord.MarshalState()
+	b, err := s.encodeState()
 	if err != nil {
 		return err
 	}

@@ -444,49 +444,66 @@ func decodeReport(sc *schema.Schema, b []byte) (evaluate.Report, error) {
 // goroutine and hands them to the loop.
 func (s *Server) handleStatistics(m *wire.SiteStatistics, raw []byte) bool {
 	bad := func(code wire.ReceiptCode, reason, detail string) bool {
-		s.statsRejected.Inc(reason)
-		s.hist.reject(m.ClientId, "statistics/"+reason)
-		s.notify()
-		s.log.Warn("statistics rejected", "client", m.ClientId, "reason", reason, "detail", detail)
-		s.receiptFed(m.ClientId, 0, wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, false, code, reason+": "+detail, time.Time{})
-		return true
+		return s.refuseFedEarly(wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, m.ClientId, 0, code, reason, detail)
 	}
-	sc := s.cfg.Schema
 	switch {
-	case sc == nil:
-		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "no_schema", "this federation has no schema")
-	case m.RunId != s.stored.RunID:
-		return bad(wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND, "run_mismatch", fmt.Sprintf("statistics for run %q, this run is %q", m.RunId, s.stored.RunID))
+	case s.fedRefused(wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, m.ClientId, 0, m.RunId):
+		return true
 	case m.SchemaDigest != s.stored.SchemaDigest:
 		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "schema_mismatch",
 			fmt.Sprintf("the site read its data with schema %s, the federation's is %s", m.SchemaDigest, s.stored.SchemaDigest))
 	}
-	if _, err := decodeStats(sc, m.Stats); err != nil {
+	if _, err := decodeStats(s.cfg.Schema, m.Stats); err != nil {
 		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "bad_statistics", err.Error())
 	}
 	return s.submit(&request{stats: &inStats{msg: m, raw: raw}})
 }
 
+// fedRefused refuses (refuseFedEarly) statistics or an evaluation report
+// that no schema run takes, or that is for another run (runID), and says
+// whether it did.
+func (s *Server) fedRefused(subject wire.ReceiptSubject, client string, round uint64, runID string) bool {
+	what := "statistics"
+	if subject == wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION {
+		what = "an evaluation report"
+	}
+	switch {
+	case s.cfg.Schema == nil:
+		return s.refuseFedEarly(subject, client, round, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "no_schema", "this federation has no schema")
+	case runID != s.stored.RunID:
+		return s.refuseFedEarly(subject, client, round, wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND, "run_mismatch",
+			fmt.Sprintf("%s for run %q, this run is %q", what, runID, s.stored.RunID))
+	}
+	return false
+}
+
+// refuseFedEarly counts, logs and receipts statistics (subject STATISTICS)
+// or an evaluation report refused in the callback, before the loop; it
+// reports the message dealt with.
+func (s *Server) refuseFedEarly(subject wire.ReceiptSubject, client string, round uint64, code wire.ReceiptCode, reason, detail string) bool {
+	counter, what, msg := &s.statsRejected, "statistics", "statistics rejected"
+	args := []any{"client", client}
+	if subject == wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION {
+		counter, what, msg = &s.evalsRejected, "evaluation", "evaluation report rejected"
+		args = append(args, "round", round)
+	}
+	counter.Inc(reason)
+	s.hist.reject(client, what+"/"+reason)
+	s.notify()
+	s.log.Warn(msg, append(args, "reason", reason, "detail", detail)...)
+	s.receiptFed(client, round, subject, false, code, reason+": "+detail, time.Time{})
+	return true
+}
+
 // handleEval validates an evaluation report like handleStatistics.
 func (s *Server) handleEval(m *wire.EvalReport, raw []byte) bool {
-	bad := func(code wire.ReceiptCode, reason, detail string) bool {
-		s.evalsRejected.Inc(reason)
-		s.hist.reject(m.ClientId, "evaluation/"+reason)
-		s.notify()
-		s.log.Warn("evaluation report rejected", "client", m.ClientId, "round", m.Round, "reason", reason, "detail", detail)
-		s.receiptFed(m.ClientId, m.Round, wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, false, code, reason+": "+detail, time.Time{})
+	const subject = wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION
+	if s.fedRefused(subject, m.ClientId, m.Round, m.RunId) {
 		return true
 	}
-	sc := s.cfg.Schema
-	switch {
-	case sc == nil:
-		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "no_schema", "this federation has no schema")
-	case m.RunId != s.stored.RunID:
-		return bad(wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND, "run_mismatch", fmt.Sprintf("a report for run %q, this run is %q", m.RunId, s.stored.RunID))
-	}
-	rep, err := decodeReport(sc, m.Report)
+	rep, err := decodeReport(s.cfg.Schema, m.Report)
 	if err != nil {
-		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "bad_report", err.Error())
+		return s.refuseFedEarly(subject, m.ClientId, m.Round, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "bad_report", err.Error())
 	}
 	return s.submit(&request{eval: &inEval{msg: m, raw: raw, rep: rep}})
 }
@@ -500,11 +517,13 @@ func (s *Server) onStatistics(ctx context.Context, in *inStats) error {
 func (s *Server) onEval(ctx context.Context, in *inEval) error {
 	s.pendEval, s.fedStored = in, false
 	defer func() { s.pendEval = nil }()
-	r := in.msg.Round
-	if r > math.MaxInt32 {
-		r = math.MaxInt32 // a future round either way
-	}
-	return s.propose(ctx, EvalArrived{Client: in.msg.ClientId, Round: int(r), At: s.clock.Now()}, nil, s.storeFed, s.refuseFed)
+	return s.propose(ctx, evalEvent(in.msg, s.clock.Now()), nil, s.storeFed, s.refuseFed)
+}
+
+// evalEvent is the coordinator's event for an evaluation report received
+// (or, on restart, stored) at at.
+func evalEvent(m *wire.EvalReport, at time.Time) EvalArrived {
+	return EvalArrived{Client: m.ClientId, Round: int(min(m.Round, math.MaxInt32)), At: at} // a future round either way
 }
 
 // errNotGiven: the coordinator accepted a message the shell did not hand
@@ -512,24 +531,24 @@ func (s *Server) onEval(ctx context.Context, in *inEval) error {
 var errNotGiven = errors.New("aggregator: coordinator accepted a message it was not given")
 
 // storeFed stores accepted statistics or an evaluation report (the
-// proposal, before the state and the receipt); stored is false for a copy
-// stored earlier.
-func (s *Server) storeFed(d Decision, now time.Time) (stored bool, err error) {
+// proposal, before the state and the receipt) and returns its replay log
+// index: 0 for a copy stored earlier.
+func (s *Server) storeFed(d Decision, now time.Time) (index uint64, err error) {
 	switch d := d.(type) {
 	case AcceptStatistics:
 		if in := s.pendStats; in != nil && in.msg.ClientId == d.Client {
-			stored, err = s.store.PutStatistics(d.Client, now, in.raw)
-			s.fedStored = stored
-			return stored, err
+			index, err = s.store.PutStatistics(d.Client, now, in.raw)
+			s.fedStored = index > 0
+			return index, err
 		}
 	case AcceptEval:
 		if in := s.pendEval; in != nil && in.msg.ClientId == d.Client && in.msg.Round == uint64(d.Round) {
-			stored, err = s.store.PutEval(uint64(d.Round), d.Client, now, in.raw)
-			s.fedStored = stored
-			return stored, err
+			index, err = s.store.PutEval(uint64(d.Round), d.Client, now, in.raw)
+			s.fedStored = index > 0
+			return index, err
 		}
 	}
-	return false, fmt.Errorf("%w: %#v", errNotGiven, d)
+	return 0, fmt.Errorf("%w: %#v", errNotGiven, d)
 }
 
 // refuseFed answers statistics or an evaluation report that could not be

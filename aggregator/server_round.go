@@ -193,7 +193,7 @@ func (s *Server) checkpoint(cr CloseRound, next []float64, redo bool) (time.Time
 		s.coord.Step(ClipEstimated{Round: r, Clip: s.nextClip, At: s.clock.Now()})
 		s.nextClip = 0
 	}
-	state, err := s.coord.MarshalState()
+	state, err := s.encodeState()
 	if err != nil {
 		return time.Time{}, err
 	}

@@ -44,23 +44,23 @@ import (
 //     counted update is a DUPLICATE and one never counted is rejected.
 
 // storeSumUpdate stores an accepted sum-mode update once it fits the sum
-// (uplink.SumState.Check); a copy stored before a crash is fine.
-func (s *Server) storeSumUpdate(u *inUpdate, now time.Time) error {
+// (uplink.SumState.Check) with its replay log entry, and returns the
+// entry's index; a copy stored before the replay log existed is index 0.
+func (s *Server) storeSumUpdate(u *inUpdate, now time.Time) (uint64, error) {
 	m := u.msg
 	if _, err := s.store.GetUpdate(m.Round, m.ClientId); err == nil {
-		return nil
+		return 0, nil
 	} else if !errors.Is(err, storage.ErrNotFound) {
-		return err
+		return 0, err
 	}
 	if m.Kind != wire.UpdateKind_UPDATE_KIND_SUM_DELTA {
-		return fmt.Errorf("%w: a %v in sum mode", errOutOfRange, m.Kind) // handleUpdate refuses it first
+		return 0, fmt.Errorf("%w: a %v in sum mode", errOutOfRange, m.Kind) // handleUpdate refuses it first
 	}
 	if err := s.sum.Check(m.ClientId, m.InstanceId, uplink.IsJoin(uplink.HeaderOf(m))); err != nil {
-		return err
+		return 0, err
 	}
-	_, err := s.store.PutUpdate(storage.Update{Round: m.Round, ClientID: m.ClientId, StoredAt: now,
+	return s.store.PutUpdate(storage.Update{Round: m.Round, ClientID: m.ClientId, StoredAt: now,
 		SampleCount: m.SampleCount, Loss: 0, Msg: u.raw}, nil)
-	return err
 }
 
 // sumAggregate is the closed round's sum-mode step: the contributors'

@@ -59,6 +59,10 @@ type State struct {
 	StopReason string  `json:"stop_reason,omitempty"`
 	// DP is the privacy accountant (Config.DP; absent without).
 	DP *DPState `json:"dp,omitempty"`
+	// Applied is the replay log index of the last stored message this
+	// state reflects (Stored.Index; coordinator_replay.go): a replayed
+	// message at or below it is already applied.
+	Applied uint64 `json:"applied,omitempty"`
 }
 
 // Received is one stored update of the open round.
@@ -109,6 +113,7 @@ func (c *Coordinator) Snapshot() State {
 		SinceBest:    c.fed.sinceBest,
 		StopReason:   c.fed.stopReason,
 		DP:           c.snapshotDP(),
+		Applied:      c.applied,
 	}
 	for id := range c.fed.evalGot {
 		s.EvalGot = append(s.EvalGot, id)
@@ -187,6 +192,7 @@ func (c *Coordinator) Restore(s State) error {
 	c.timer = norm(s.Timer)
 	c.late = s.Late
 	c.proposal = nil
+	c.applied = s.Applied
 	c.counters = s.Counters.clone()
 	c.fed.reset()
 	for _, id := range s.StatsSites {

@@ -6,7 +6,6 @@ import (
 	"flag"
 
 	"fmt"
-	bolt "go.etcd.io/bbolt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -124,7 +123,7 @@ func makeAggFile(t testing.TB, path string, rounds, dim int) {
 // meta page must read back intact or be refused, like any other page.
 func settleMeta(t testing.TB, db *guardedDB) {
 	for range 2 {
-		if err := db.Update(func(*bolt.Tx) error { return nil }); err != nil {
+		if err := db.Update(func(*wtx) error { return nil }); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -160,7 +159,11 @@ func dumpAgg(a *AggStore) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	fmt.Fprintf(&b, "%v %+v\n", zs, cs)
+	last, logged, err := a.Log()
+	if err != nil {
+		return "", err
+	}
+	fmt.Fprintf(&b, "%v %+v\nlog %d %+v\n", zs, cs, last, logged)
 	return b.String(), nil
 }
 

@@ -84,7 +84,7 @@ func init() { edgeSchema.invariants = edgeInvariants }
 
 // edgeInvariants: the final bundle's two keys go together; every sum-mode
 // pending contribution has its outbox entry.
-func edgeInvariants(tx *bolt.Tx) error {
+func edgeInvariants(tx *wtx) error {
 	b, err := bucket(tx, bucketEdge)
 	if err != nil {
 		return err
@@ -116,11 +116,11 @@ var edgeSchema = schema{
 		// an older agent refuses a file holding them as written by a newer
 		// binary (ErrSchemaTooNew) instead of reporting unknown keys as
 		// damage and suggesting --reset-state.
-		{name: "final bundle keys", run: func(*bolt.Tx) error { return nil }},
+		{name: "final bundle keys", run: func(*wtx) error { return nil }},
 		// Version 4 adds instance_id, drawn by InitIdentity (also for a
 		// file of an older version, on its first open by this version);
 		// the step makes an older agent refuse the file as newer.
-		{name: "instance id key", run: func(*bolt.Tx) error { return nil }},
+		{name: "instance id key", run: func(*wtx) error { return nil }},
 		// Version 5 adds meta/census, the sealed entry counts (census.go).
 		{name: "count entries", run: writeCensus},
 		// Version 6 adds FedSplit's sum mode: edge/contrib and the
@@ -171,18 +171,18 @@ func (s *EdgeStore) Path() string { return s.db.Path() }
 func (s *EdgeStore) Check() error { return check(s.db) }
 
 // update runs fn on the edge bucket in a write transaction.
-func (s *EdgeStore) update(fn func(b *bolt.Bucket, tx *bolt.Tx) error) error {
+func (s *EdgeStore) update(fn func(b *wbucket, tx *wtx) error) error {
 	return s.db.Update(inEdge(fn))
 }
 
 // view runs fn on the edge bucket in a read transaction.
-func (s *EdgeStore) view(fn func(b *bolt.Bucket, tx *bolt.Tx) error) error {
+func (s *EdgeStore) view(fn func(b *wbucket, tx *wtx) error) error {
 	return s.db.View(inEdge(fn))
 }
 
 // inEdge is fn as a transaction function: it runs fn on tx's edge bucket.
-func inEdge(fn func(b *bolt.Bucket, tx *bolt.Tx) error) func(*bolt.Tx) error {
-	return func(tx *bolt.Tx) error {
+func inEdge(fn func(b *wbucket, tx *wtx) error) func(*wtx) error {
+	return func(tx *wtx) error {
 		b, err := bucket(tx, bucketEdge)
 		if err != nil {
 			return err
@@ -211,7 +211,7 @@ func (s *EdgeStore) InitIdentity(clientID string, now time.Time) (Identity, erro
 		return Identity{}, err
 	}
 	var id Identity
-	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err := s.update(func(b *wbucket, _ *wtx) error {
 		old, err := eget(b, keyClientID)
 		if err != nil {
 			return err
@@ -244,7 +244,7 @@ func (s *EdgeStore) InitIdentity(clientID string, now time.Time) (Identity, erro
 	return id, nil
 }
 
-func readIdentity(b *bolt.Bucket) (Identity, error) {
+func readIdentity(b *wbucket) (Identity, error) {
 	v, err := eget(b, keyClientID)
 	if err != nil {
 		return Identity{}, err
@@ -271,7 +271,7 @@ func readIdentity(b *bolt.Bucket) (Identity, error) {
 // A read transaction.
 func (s *EdgeStore) Identity() (Identity, error) {
 	var id Identity
-	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) (err error) {
+	err := s.view(func(b *wbucket, _ *wtx) (err error) {
 		id, err = readIdentity(b)
 		return err
 	})
@@ -279,7 +279,7 @@ func (s *EdgeStore) Identity() (Identity, error) {
 }
 
 // getU64 reads an optional counter (0 when absent).
-func getU64(b *bolt.Bucket, key []byte) (uint64, error) {
+func getU64(b *wbucket, key []byte) (uint64, error) {
 	v, err := eget(b, key)
 	if err != nil || v == nil {
 		return 0, err
@@ -288,7 +288,7 @@ func getU64(b *bolt.Bucket, key []byte) (uint64, error) {
 }
 
 // raiseSeen moves seen_round up to round (never down).
-func raiseSeen(b *bolt.Bucket, round uint64) error {
+func raiseSeen(b *wbucket, round uint64) error {
 	seen, err := getU64(b, keySeenRound)
 	if err != nil {
 		return err
@@ -306,7 +306,7 @@ func (s *EdgeStore) SetSeenRound(round uint64) error {
 	if round == 0 {
 		return fmt.Errorf("%w: round 0", ErrInvalid)
 	}
-	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err := s.update(func(b *wbucket, _ *wtx) error {
 		seen, err := getU64(b, keySeenRound)
 		if err != nil {
 			return err
@@ -330,7 +330,7 @@ func (s *EdgeStore) SetSeenRound(round uint64) error {
 // transaction.
 func (s *EdgeStore) NextConnection(floor uint64) (uint64, error) {
 	var n uint64
-	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err := s.update(func(b *wbucket, _ *wtx) error {
 		last, err := getU64(b, keyConnection)
 		if err != nil {
 			return err
@@ -351,7 +351,7 @@ func (s *EdgeStore) NextConnection(floor uint64) (uint64, error) {
 // known). A read transaction.
 func (s *EdgeStore) RunID() (string, error) {
 	var id string
-	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err := s.view(func(b *wbucket, _ *wtx) error {
 		v, err := eget(b, keyRunID)
 		id = string(v)
 		return err
@@ -383,7 +383,7 @@ func (s *EdgeStore) StartRun(runID string) (RunStart, error) {
 	} else if cur == runID {
 		return RunStart{Previous: cur}, nil
 	}
-	err := s.update(func(b *bolt.Bucket, tx *bolt.Tx) error {
+	err := s.update(func(b *wbucket, tx *wtx) error {
 		prev, err := eget(b, keyRunID)
 		if err != nil {
 			return err
@@ -439,7 +439,7 @@ func (s *EdgeStore) AppliedRound() (uint64, error) {
 // u64 reads the counter stored under k (0 if none). A read transaction.
 func (s *EdgeStore) u64(k []byte) (uint64, error) {
 	var r uint64
-	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) (err error) {
+	err := s.view(func(b *wbucket, _ *wtx) (err error) {
 		r, err = getU64(b, k)
 		return err
 	})
@@ -457,7 +457,7 @@ func (s *EdgeStore) SetGlobal(round uint64, vec []float64) error {
 	if err := checkVec("global model", vec); err != nil {
 		return err
 	}
-	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err := s.update(func(b *wbucket, _ *wtx) error {
 		old, err := eget(b, keyGlobal)
 		if err != nil {
 			return err
@@ -496,7 +496,7 @@ func (s *EdgeStore) InitZ(round uint64, z []float64) (bool, error) {
 		return false, err
 	}
 	wrote := false
-	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err := s.update(func(b *wbucket, _ *wtx) error {
 		if b.Get(keyZ) != nil {
 			return nil
 		}
@@ -524,7 +524,7 @@ func (s *EdgeStore) SetResidual(name string, v []float64) error {
 	if err := checkVec("residual "+name, v); err != nil {
 		return err
 	}
-	err := s.db.Update(inBucket(bucketResiduals, func(b *bolt.Bucket) error {
+	err := s.db.Update(inBucket(bucketResiduals, func(b *wbucket) error {
 		return sput(b, []byte(name), encodeFloats(v))
 	}))
 	if err != nil {
@@ -535,7 +535,7 @@ func (s *EdgeStore) SetResidual(name string, v []float64) error {
 
 // DeleteResidual removes a residual (no error if absent). One transaction.
 func (s *EdgeStore) DeleteResidual(name string) error {
-	err := s.db.Update(inBucket(bucketResiduals, func(b *bolt.Bucket) error {
+	err := s.db.Update(inBucket(bucketResiduals, func(b *wbucket) error {
 		return b.Delete([]byte(name))
 	}))
 	if err != nil {
@@ -548,7 +548,7 @@ func (s *EdgeStore) DeleteResidual(name string) error {
 // transaction.
 func (s *EdgeStore) Residual(name string) ([]float64, error) {
 	var v []float64
-	err := s.db.View(inBucket(bucketResiduals, func(b *bolt.Bucket) error {
+	err := s.db.View(inBucket(bucketResiduals, func(b *wbucket) error {
 		raw, err := sget(b, []byte(name), "residual "+name)
 		if err != nil {
 			return err
@@ -640,7 +640,7 @@ func (s *EdgeStore) Commit(c Commit) error {
 			}
 		}
 	}
-	err := s.update(func(b *bolt.Bucket, tx *bolt.Tx) error {
+	err := s.update(func(b *wbucket, tx *wtx) error {
 		applied, err := getU64(b, keyAppliedRound)
 		if err != nil {
 			return err
@@ -704,7 +704,7 @@ func (s *EdgeStore) ServerZ() (round uint64, z []float64, err error) {
 // roundVec reads the round and vector stored under k (what names it in
 // ErrNotFound). A read transaction.
 func (s *EdgeStore) roundVec(k []byte, what string) (round uint64, vec []float64, err error) {
-	err = s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err = s.view(func(b *wbucket, _ *wtx) error {
 		v, err := eget(b, k)
 		if err != nil {
 			return err
@@ -728,7 +728,7 @@ type OutboxEntry struct {
 // transaction; the returned bytes are copies.
 func (s *EdgeStore) Outbox() ([]OutboxEntry, error) {
 	var entries []OutboxEntry
-	err := s.db.View(inBucket(bucketOutbox, func(b *bolt.Bucket) error {
+	err := s.db.View(inBucket(bucketOutbox, func(b *wbucket) error {
 		return sforEach(b, "outbox", func(k, v []byte) error {
 			r, err := decodeU64(k, "outbox key")
 			if err != nil {
@@ -770,7 +770,7 @@ func (s *EdgeStore) AckRejected(round uint64) (bool, error) {
 
 func (s *EdgeStore) ack(round uint64, rejected bool) (bool, error) {
 	found := false
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *wtx) error {
 		b, err := bucket(tx, bucketOutbox)
 		if err != nil {
 			return err
@@ -821,7 +821,7 @@ func (s *EdgeStore) Contribution() (round uint64, c []float64, err error) {
 // Pending returns the sum-mode pending contribution of round's outbox
 // entry; ok is false when there is none. A read transaction.
 func (s *EdgeStore) Pending(round uint64) (p SumPending, ok bool, err error) {
-	err = s.db.View(inBucket(bucketPending, func(b *bolt.Bucket) error {
+	err = s.db.View(inBucket(bucketPending, func(b *wbucket) error {
 		raw, err := sget(b, encodeU64(round), fmt.Sprintf("sum_pending %d", round))
 		if err != nil || raw == nil {
 			return err
@@ -848,7 +848,7 @@ func (s *EdgeStore) AckSum(round, prev uint64, c []float64) (bool, error) {
 		return false, err
 	}
 	found := false
-	err := s.update(func(eb *bolt.Bucket, tx *bolt.Tx) error {
+	err := s.update(func(eb *wbucket, tx *wtx) error {
 		out, err := bucket(tx, bucketOutbox)
 		if err != nil {
 			return err
@@ -891,7 +891,7 @@ func (s *EdgeStore) AckSum(round, prev uint64, c []float64) (bool, error) {
 }
 
 // eget is sget for a key of the edge bucket.
-func eget(b *bolt.Bucket, k []byte) ([]byte, error) { return sget(b, k, "edge/"+string(k)) }
+func eget(b *wbucket, k []byte) ([]byte, error) { return sget(b, k, "edge/"+string(k)) }
 
 // Final is the final model bundle of a finished aggregator run.
 type Final struct {
@@ -923,7 +923,7 @@ func (s *EdgeStore) SetFinal(f Final) error {
 	if err != nil {
 		return fmt.Errorf("storage: set final: %w", err)
 	}
-	err = s.update(func(b *bolt.Bucket, tx *bolt.Tx) error {
+	err = s.update(func(b *wbucket, tx *wtx) error {
 		if err := sput(b, keyEdgeFinalMeta, meta); err != nil {
 			return err
 		}
@@ -950,7 +950,7 @@ func (s *EdgeStore) SetFinal(f Final) error {
 // transaction; the bytes are a copy.
 func (s *EdgeStore) Final() (Final, error) {
 	var f Final
-	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err := s.view(func(b *wbucket, _ *wtx) error {
 		meta, err := eget(b, keyEdgeFinalMeta)
 		if err != nil {
 			return err

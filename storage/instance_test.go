@@ -6,8 +6,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // Each installation draws its own instance id once: InitIdentity keeps it
@@ -60,7 +58,7 @@ func TestEdgeInstanceID(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := &EdgeStore{db: db}
-	if err := old.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	if err := old.update(func(b *wbucket, _ *wtx) error {
 		if err := sput(b, keyClientID, []byte("site-1")); err != nil {
 			return err
 		}
