@@ -120,6 +120,7 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.bytes("bundle", x.Bundle)
 	w.uint("eval_round", uint64(x.EvalRound))
 	w.msg("dp", x.Dp != nil, x.Dp)
+	w.boolean("private_selection", x.PrivateSelection)
 }
 
 func (x *DPParams) appendText(w *textWriter) {
@@ -178,6 +179,7 @@ func (x *Receipt) appendText(w *textWriter) {
 	w.enum("code", int32(x.Code), ReceiptCode_name)
 	w.uint("update_seq", x.UpdateSeq)
 	w.enum("subject", int32(x.Subject), ReceiptSubject_name)
+	w.str("run_id", x.RunId)
 }
 
 func (x *SiteStatistics) appendText(w *textWriter) {
