@@ -97,3 +97,11 @@ func (c *Coordinator) reinvite(id string) []Decision {
 	}
 	return []Decision{Invite{Round: c.round, Client: id}}
 }
+
+// setSelectionKey sets Config.SelectionKey: the shell reads the key from
+// its state file after New, before the first Step or Restore.
+func (c *Coordinator) setSelectionKey(key []byte) {
+	var k [32]byte
+	copy(k[:], key)
+	c.cfg.SelectionKey = &k
+}
