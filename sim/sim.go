@@ -141,7 +141,8 @@ type env struct {
 	fStar     float64
 	nTotal    int
 	cands     []aggregate.Candidate
-	stragKeep int // selected clients per round that do full work
+	stragKeep int  // selected clients per round that do full work
+	sampled   bool // the selector draws rounds of random size: round(K_t(1-p)) of them do
 	sites     *siteSet
 }
 
@@ -230,6 +231,9 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		fmt.Fprintf(progress, "warning: the optimum did not reach ||grad F|| <= %g within %d gradient evaluations (--optimum-evals): gaps are relative to the best point found\n", cfg.OptimumTol, cfg.OptimumEvals)
 	}
 	e.stragKeep = int(math.Round(float64(cfg.PerRound) * (1 - cfg.Stragglers)))
+	if sel, err := aggregate.NewSelector(cfg.Select); err == nil {
+		_, e.sampled = sel.(aggregate.Sampler)
+	}
 
 	for _, a := range cfg.Algos {
 		run, err := e.runAlgo(ctx, a, x0, progress)
@@ -742,6 +746,9 @@ func (e *env) assignWork(t int, picked []int, a Algo) []job {
 	rng := streams.Of(e.cfg.Seed, streams.Straggle, t, 0)
 	order := rng.Perm(len(picked))
 	keep := min(e.stragKeep, len(picked))
+	if e.sampled {
+		keep = int(math.Round(float64(len(picked)) * (1 - e.cfg.Stragglers)))
+	}
 	jobs := make([]job, len(picked))
 	for rank, i := range order {
 		j := job{client: picked[i], epochs: a.Local.Epochs}
