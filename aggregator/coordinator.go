@@ -27,7 +27,10 @@
 // re-selections the round stalls: it keeps its selection, sets no timer and
 // closes when enough invited clients report. It never closes below quorum:
 // a global model made of one or two hospitals' models would publish those
-// sites' models to everyone.
+// sites' models to everyone. A Sampler selector (Poisson, differential
+// privacy only) draws rounds of random size; their quorum is a fraction of
+// the draw, and an empty draw closes at once (coordinator_select.go): the
+// noise, not the quorum, protects the sites then.
 //
 // # Updates
 //
