@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/edgefl/edgefl/dp"
+	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/storage"
 )
 
@@ -101,5 +102,24 @@ func TestSelectionKey(t *testing.T) {
 			s.Close()
 		}
 		t.Fatalf("poisson without --dp: %v, want ErrConfig", err)
+	}
+}
+
+// TestPrivacyMetrics: /metrics of a --dp run carries the amplified epsilon
+// and, next to it, the per-site unamplified epsilon and its rounds.
+func TestPrivacyMetrics(t *testing.T) {
+	var b strings.Builder
+	p := &PrivacyStatus{Mode: "central", Epsilon: 2.5, Delta: 1e-5, Rounds: 40, Budget: 3, Clip: 1, Noise: 1.2,
+		EpsilonUnamplified: 9.75, SiteRounds: 8}
+	if err := metrics.Write(&b, privacyFamilies(p)); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"edgefl_dp_epsilon 2.5\n", "edgefl_dp_rounds 40\n", "edgefl_dp_epsilon_unamplified 9.75\n", "edgefl_dp_max_site_rounds 8\n"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, b.String())
+		}
+	}
+	if len(privacyFamilies(nil)) != 0 {
+		t.Error("privacy gauges without --dp")
 	}
 }
