@@ -116,8 +116,9 @@ func TestPrivateSelectionOverMQTT(t *testing.T) {
 
 	var (
 		mu       sync.Mutex
-		selected = map[int][]string{} // round -> contributors + stragglers (the aggregator's selection)
-		current  atomic.Pointer[Federation]
+		selected = map[int][]string{}       // round -> contributors + stragglers (the aggregator's selection)
+		current  atomic.Pointer[Federation] // the running federation, stored once Start returned
+		started  = make(chan struct{})
 		stopped  = make(chan struct{})
 	)
 	obs := &observer{invited: map[int]map[string]bool{}}
@@ -136,6 +137,7 @@ func TestPrivateSelectionOverMQTT(t *testing.T) {
 				// Every site goes down before the aggregator draws round 3:
 				// the draw (on this goroutine, once OnRound returns) still
 				// sees them online and invites sites that are gone.
+				<-started
 				if err := current.Load().StopAgents(); err != nil {
 					t.Errorf("stopping the sites: %v", err)
 				}
@@ -148,7 +150,6 @@ func TestPrivateSelectionOverMQTT(t *testing.T) {
 			ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second, Observers: []string{"observer"},
 			NewClock: func() clock.Clock { return clock.NewFake(t0) }, Logger: log, Server: srvCfg,
 			Serving: func(lf *Federation) {
-				current.Store(lf)
 				c := obs.watch(t, lf, "privsel")
 				t.Cleanup(func() { c.Disconnect(0) })
 			}})
@@ -158,6 +159,8 @@ func TestPrivateSelectionOverMQTT(t *testing.T) {
 		return lf
 	}
 	lf := start()
+	current.Store(lf)
+	close(started)
 	select {
 	case <-stopped:
 	case <-ctx.Done():
