@@ -397,9 +397,10 @@ func (a *Agent) loop(ctx context.Context) {
 		case <-a.wake:
 		}
 		var ann *wire.RoundAnnouncement
+		invited := false
 		for _, act := range a.step(idle{}) {
 			if act.kind == actStartSolve {
-				ann = act.ann
+				ann, invited = act.ann, act.invited
 			}
 		}
 		if ann == nil {
@@ -409,7 +410,7 @@ func (a *Agent) loop(ctx context.Context) {
 		solveCtx, cancel := a.solveCtx, a.preempt
 		a.mu.Unlock()
 		a.observe(Event{Kind: EventHandling, Round: ann.Round})
-		res, err := a.handler.Handle(solveCtx, ann)
+		res, err := a.handler.HandleInvited(solveCtx, ann, invited)
 		cancel(nil)
 		a.step(solveDone{ann: ann, res: res, err: err, shutdown: ctx.Err() != nil})
 		if n := int64(res.SampleCount); n > 0 && a.samples.Swap(n) != n {
@@ -502,6 +503,14 @@ func (a *Agent) do(act action) {
 		a.siteErrorCleared(act.se)
 	case actFinished:
 		a.runFinished(act.ann, act.res)
+	case actInvited:
+		r := act.receipt
+		if act.had {
+			a.log.Info("invited to a round (private selection)", "round", r.Round, "run_id", r.RunId)
+		} else {
+			a.log.Debug("invitation repeated", "round", r.Round, "run_id", r.RunId)
+		}
+		a.observe(Event{Kind: EventReceipt, Subject: r.GetSubject(), Round: r.Round})
 	}
 }
 

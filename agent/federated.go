@@ -76,7 +76,7 @@ func badTransform(what string, err error) error {
 // A problem with the site's data is a *sitedata.SiteError (the agent
 // publishes it in its status), as are a schema, transform or bundle
 // refused (bad_transform), a solve that fails and a disk error.
-func (h *RoundHandler) handleFederated(ctx context.Context, ann *wire.RoundAnnouncement, res Result) (Result, error) {
+func (h *RoundHandler) handleFederated(ctx context.Context, ann *wire.RoundAnnouncement, res Result, invited bool) (Result, error) {
 	switch ann.GetPhase() {
 	case wire.Phase_PHASE_STATISTICS:
 		return h.statistics(ann, res)
@@ -109,7 +109,7 @@ func (h *RoundHandler) handleFederated(ctx context.Context, ann *wire.RoundAnnou
 	if train.N == 0 {
 		return res, &sitedata.SiteError{Reason: sitedata.ReasonTooFewRows, File: h.DataFile, Problem: "no training rows", Expected: "at least one training row"}
 	}
-	return h.train(ctx, ann, train, res)
+	return h.train(ctx, ann, train, res, invited)
 }
 
 // schemaOf parses the announced schema.

@@ -198,8 +198,13 @@ func (h *RoundHandler) clock() clock.Clock {
 	return h.Clock
 }
 
-// Selected reports whether ann selects id (an empty list selects everyone).
+// Selected reports whether ann selects id: an empty list selects everyone,
+// except in an announcement with a private selection, which selects only
+// the sites it invites on their receipts topics (HandleInvited).
 func Selected(ann *wire.RoundAnnouncement, id string) bool {
+	if ann.GetPrivateSelection() {
+		return false
+	}
 	return len(ann.GetSelected()) == 0 || slices.Contains(ann.GetSelected(), id)
 }
 
@@ -225,6 +230,15 @@ func bad(round uint64, format string, args ...any) error {
 // leaves the store untouched. A canceled ctx (cause other than
 // ErrPreempted) aborts the round without committing.
 func (h *RoundHandler) Handle(ctx context.Context, ann *wire.RoundAnnouncement) (Result, error) {
+	return h.HandleInvited(ctx, ann, false)
+}
+
+// HandleInvited is Handle for an announcement whose selection is private
+// (wire RoundAnnouncement.private_selection): invited says that the
+// aggregator invited this site to ann's round and run on its receipts
+// topic (the session rules match the two, agent/session.go), and then the
+// site takes part as if ann listed it.
+func (h *RoundHandler) HandleInvited(ctx context.Context, ann *wire.RoundAnnouncement, invited bool) (Result, error) {
 	if err := ann.Validate(h.Limits); err != nil {
 		return Result{}, fmt.Errorf("%w: %w", ErrBadAnnouncement, err)
 	}
@@ -237,14 +251,14 @@ func (h *RoundHandler) Handle(ctx context.Context, ann *wire.RoundAnnouncement) 
 		return res, err
 	}
 	if ann.GetPhase() != wire.Phase_PHASE_TRAIN || len(ann.GetSchema()) > 0 {
-		return h.handleFederated(ctx, ann, res)
+		return h.handleFederated(ctx, ann, res, invited)
 	}
 	if h.Data.N == 0 {
 		// data = csv:PATH without label=: nothing was loaded at start.
 		return res, &sitedata.SiteError{Reason: sitedata.ReasonData, File: h.DataFile,
 			Problem: "this federation announces no schema", Expected: "data = csv:PATH:label=COLUMN (a csv source without label= is read by a federation schema only)"}
 	}
-	return h.train(ctx, ann, h.Data, res)
+	return h.train(ctx, ann, h.Data, res, invited)
 }
 
 // startRun makes the announcement's run the one the round state belongs
@@ -269,9 +283,9 @@ func (h *RoundHandler) startRun(ann *wire.RoundAnnouncement) error {
 
 // train is a training round over d (the site's training data): not
 // selected, already applied, or solved and committed (see Handle).
-func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d model.Data, res Result) (Result, error) {
+func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d model.Data, res Result, invited bool) (Result, error) {
 	r := ann.Round
-	if !Selected(ann, h.ClientID) {
+	if !Selected(ann, h.ClientID) && !(invited && ann.GetPrivateSelection()) {
 		if err := h.Store.SetSeenRound(r); err != nil && !errors.Is(err, storage.ErrStale) {
 			return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
 		}

@@ -54,8 +54,16 @@ type session struct {
 	closing bool
 	// pending is the newest announcement waiting for the solver; solving
 	// the one being handled (nil when idle); deferred a sum-mode round
-	// handed back (ActionWaiting) until an update receipt comes.
-	pending, solving, deferred *wire.RoundAnnouncement
+	// handed back (ActionWaiting) until an update receipt comes; latest the
+	// newest announcement seen (what an invitation arriving after it
+	// applies to).
+	pending, solving, deferred, latest *wire.RoundAnnouncement
+	// invite is the newest private invitation received (wire receipt
+	// subject INVITATION; docs/privacy.md "Sampling rate"): an announcement
+	// with private_selection is solved as selecting this site only if it
+	// names the same round and run. Not durable: the aggregator invites
+	// again whenever this site comes online while it is selected.
+	invite *invitation
 	// finished: the run finishedRun has ended and its end was handled;
 	// announcements of that run are ignored until another run's arrives.
 	finished    bool
@@ -71,6 +79,17 @@ type session struct {
 	receipted map[pendingKey]string
 	// gen numbers the timers armed.
 	gen uint64
+}
+
+// invitation is an invitation's round and run.
+type invitation struct {
+	run   string
+	round uint64
+}
+
+// invites says whether inv invites this site to ann's round.
+func (inv *invitation) invites(ann *wire.RoundAnnouncement) bool {
+	return inv != nil && ann.GetPrivateSelection() && inv.round == ann.Round && inv.run == ann.RunId
 }
 
 // retryState is an update the aggregator failed to store (INTERNAL).
@@ -139,7 +158,7 @@ func (closed) sessionEvent()         {}
 type actionKind int
 
 const (
-	actStartSolve       actionKind = iota + 1 // hand ann to RoundHandler.Handle
+	actStartSolve       actionKind = iota + 1 // hand ann to RoundHandler.HandleInvited (invited)
 	actPreempt                                // cancel the running solve of ann with cause err
 	actWake                                   // wake the solver: an announcement waits
 	actIgnored                                // ann is of the finished run: dropped
@@ -153,6 +172,7 @@ const (
 	actSiteError                              // the site error is se (same: unchanged)
 	actSiteErrorCleared                       // the site error se is over
 	actFinished                               // the run of ann ended (res)
+	actInvited                                // an invitation arrived (receipt; had: it was new)
 )
 
 // why says why an update or uplink is published.
@@ -209,6 +229,7 @@ type action struct {
 	err     error
 	se      *sitedata.SiteError
 	same    bool
+	invited bool
 }
 
 // step applies ev and returns the actions it decides.
@@ -221,6 +242,9 @@ func (s *session) step(ev sessionEvent) []action {
 	case solveDone:
 		return s.solveDone(ev)
 	case receiptArrived:
+		if ev.r.GetSubject() == wire.ReceiptSubject_RECEIPT_SUBJECT_INVITATION {
+			return s.invited(ev.r)
+		}
 		if ev.r.GetSubject() != wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE {
 			return s.uplinkReceipt(ev.r)
 		}
@@ -270,6 +294,9 @@ func (s *session) announced(ann *wire.RoundAnnouncement) []action {
 			s.deferred = nil // superseded: the new one is handled instead
 		}
 	}
+	if l := s.latest; l == nil || ann.Round >= l.Round || (ann.RunId != "" && ann.RunId != l.RunId) {
+		s.latest = ann
+	}
 	var acts []action
 	if cur := s.solving; cur != nil && ann.Federation == s.federation {
 		var cause error
@@ -304,7 +331,27 @@ func (s *session) take() []action {
 			s.finished, s.finishedRun = false, ""
 		}
 	}
-	return append(acts, action{kind: actStartSolve, ann: ann})
+	return append(acts, action{kind: actStartSolve, ann: ann, invited: s.invite.invites(ann)})
+}
+
+// invited keeps the invitation r (the newest one: of another run, or of a
+// later round) and, when the newest announcement is the round it invites
+// to, hands that announcement to the solver again: it was handled (or is
+// being handled) as not selecting this site. A repeated invitation does
+// the same: the solver finds the round applied and re-sends its update if
+// it is not receipted yet, as for a repeated announcement.
+func (s *session) invited(r *wire.Receipt) []action {
+	inv := &invitation{run: r.RunId, round: r.Round}
+	fresh := s.invite == nil || *s.invite != *inv
+	if s.invite == nil || inv.run != s.invite.run || inv.round >= s.invite.round {
+		s.invite = inv
+	}
+	acts := []action{{kind: actInvited, receipt: r, had: fresh}}
+	if l := s.latest; s.invite.invites(l) && !s.closing {
+		s.pending = l
+		acts = append(acts, action{kind: actWake})
+	}
+	return acts
 }
 
 // solveDone classifies what Handle returned and decides what follows:

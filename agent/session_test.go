@@ -104,6 +104,9 @@ var (
 func render(a action) string {
 	switch a.kind {
 	case actStartSolve:
+		if a.invited {
+			return fmt.Sprintf("start %s/%d invited", a.ann.RunId, a.ann.Round)
+		}
 		return fmt.Sprintf("start %s/%d", a.ann.RunId, a.ann.Round)
 	case actPreempt:
 		return fmt.Sprintf("preempt %d by %d: %v", a.solving, a.ann.Round, a.err)
@@ -146,6 +149,11 @@ func render(a action) string {
 		return "site error cleared " + a.se.Reason
 	case actFinished:
 		return fmt.Sprintf("finished %d", a.ann.Round)
+	case actInvited:
+		if a.had {
+			return fmt.Sprintf("invited %s/%d", a.receipt.RunId, a.receipt.Round)
+		}
+		return fmt.Sprintf("invited %s/%d again", a.receipt.RunId, a.receipt.Round)
 	}
 	return fmt.Sprintf("action(%d)", a.kind)
 }

@@ -27,7 +27,10 @@
 // re-selections the round stalls: it keeps its selection, sets no timer and
 // closes when enough invited clients report. It never closes below quorum:
 // a global model made of one or two hospitals' models would publish those
-// sites' models to everyone.
+// sites' models to everyone. A Sampler selector (Poisson, differential
+// privacy only) draws rounds of random size; their quorum is a fraction of
+// the draw, and an empty draw closes at once (coordinator_select.go): the
+// noise, not the quorum, protects the sites then.
 //
 // # Updates
 //
@@ -105,7 +108,21 @@ type Config struct {
 	// Seed derives each selection's random source, together with the round
 	// number and the attempt, so a restarted coordinator selects the same.
 	Seed uint64
-	// Selector picks clients; nil means aggregate.Uniform. A selector that
+	// SelectionKey, when set, replaces Seed as the selection's source: a
+	// secret key (streams.Secret), so that nobody who knows the public seed
+	// predicts the draw (differential privacy; docs/privacy.md, "Sampling
+	// rate"). The shell keeps it in its state file.
+	SelectionKey *[32]byte
+	// Invitations: the selection is not published (the shell announces
+	// rounds without it); the coordinator emits an Invite for every
+	// selected client with the announcement, again with an extension and
+	// whenever an invited client that has not reported comes online, and
+	// Resume repeats them (differential privacy; coordinator_select.go).
+	Invitations bool
+	// Selector picks clients; nil means aggregate.Uniform. A Sampler
+	// (aggregate.Poisson) draws rounds of random size, possibly empty:
+	// the round's quorum is then Quorum/K of its selection, and an empty
+	// round closes at once (coordinator_select.go); it needs DP. A selector that
 	// keeps state between rounds must implement json.Marshaler and
 	// json.Unmarshaler for Snapshot/Restore to carry that state; otherwise a
 	// restarted coordinator's selector starts afresh.
@@ -342,6 +359,11 @@ type CloseRound struct {
 	At           time.Time
 	Final        bool
 	Late         int
+	// Denominator is a DP round's fixed denominator m
+	// (aggregate.DPDenominator, fixed when the round was drawn); 0
+	// without DP, or in a state written before it was kept (then the
+	// invited sites, contributors and stragglers, are m).
+	Denominator int
 }
 
 // SetTimer: (re)arm the single timer to fire a Tick at At; the zero time
@@ -742,7 +764,7 @@ func (c *Coordinator) clientOnline(e ClientOnline) []Decision {
 	cl.failing = e.Failing
 	cl.samples = max(e.Samples, 0)
 	cl.conn = max(cl.conn, e.Conn)
-	return nil
+	return c.reinvite(e.ID)
 }
 
 func (c *Coordinator) clientOffline(e ClientOffline) []Decision {
@@ -847,7 +869,7 @@ func (c *Coordinator) update(u UpdateArrived, at time.Time) []Decision {
 
 // closable says whether the open round can close now.
 func (c *Coordinator) closable() bool {
-	if len(c.received) < c.cfg.Quorum {
+	if len(c.received) < c.quorum() {
 		return false
 	}
 	if c.overdue {
@@ -876,7 +898,7 @@ func (c *Coordinator) close(at time.Time, out []Decision) []Decision {
 
 func (c *Coordinator) closeDecision() CloseRound {
 	cr := CloseRound{Round: c.round, At: c.closedAt, Contributors: []string{}, Partial: []string{}, Stragglers: []string{},
-		Final: c.final(), Late: c.late}
+		Final: c.final(), Late: c.late, Denominator: c.dp.m}
 	for id, partial := range c.received {
 		cr.Contributors = append(cr.Contributors, id)
 		if partial {
@@ -895,7 +917,7 @@ func (c *Coordinator) closeDecision() CloseRound {
 }
 
 func (c *Coordinator) deadlinePassed(at time.Time, out []Decision) []Decision {
-	if len(c.received) >= c.cfg.Quorum {
+	if len(c.received) >= c.quorum() {
 		return c.close(at, out)
 	}
 	c.overdue = true
@@ -903,6 +925,7 @@ func (c *Coordinator) deadlinePassed(at time.Time, out []Decision) []Decision {
 		c.extended = true
 		c.deadline = at.Add(c.cfg.Extension)
 		c.counters.Extensions++
+		out = c.invite(out, c.waitingFor())
 		return append(out, Extend{Round: c.round, Selected: slices.Clone(c.selected), Deadline: c.deadline})
 	}
 	if m := c.cfg.MaxReselections; m >= 0 && c.attempts-1 >= m {
@@ -944,7 +967,7 @@ func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
 	}
 	picks := c.pick(pool, c.cfg.K-len(c.received), attempt)
 	if attempt == 0 {
-		c.dp.q = c.roundQ(len(pool))
+		c.dpDrawn(len(pool))
 	}
 	c.attempts++
 	if attempt > 0 {
@@ -960,11 +983,21 @@ func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
 		c.clients[id].invite(c.round)
 	}
 	slices.Sort(sel)
+	if len(sel) == 0 {
+		sel = nil // an empty Poisson draw, as Restore gives it back
+	}
 	c.selected = sel
 	c.phase = PhaseCollecting
 	c.deadline = at.Add(c.cfg.RoundTimeout)
 	c.extended = false
-	return append(out, Announce{Round: c.round, Attempt: attempt, Selected: slices.Clone(sel), Deadline: c.deadline})
+	out = c.invite(out, picks)
+	out = append(out, Announce{Round: c.round, Attempt: attempt, Selected: slices.Clone(sel), Deadline: c.deadline})
+	if c.closable() {
+		// An empty Poisson draw: the round is released at once (under DP,
+		// noise only; coordinator_select.go).
+		out = c.close(at, out)
+	}
+	return out
 }
 
 // pick asks the selector for k of pool. A selector's answer is trusted only
@@ -978,7 +1011,12 @@ func (c *Coordinator) pick(pool []string, k, attempt int) []string {
 		cl := c.clients[id]
 		cands[i] = aggregate.Candidate{ID: id, Samples: cl.samples, Loss: cl.loss}
 	}
-	idx := c.sel.Select(c.round, cands, k, streams.Of(c.cfg.Seed, streams.Select, c.round, attempt))
+	idx := c.sel.Select(c.round, cands, k, streams.Selection(c.cfg.Seed, c.cfg.SelectionKey, c.round, attempt))
+	if c.sampled() {
+		// A Sampler's selection is its whole answer, of any size: never
+		// capped at k or topped up.
+		k = len(pool)
+	}
 	taken := make([]bool, len(pool))
 	picks := make([]string, 0, k)
 	for _, i := range idx {
@@ -990,7 +1028,7 @@ func (c *Coordinator) pick(pool []string, k, attempt int) []string {
 			picks = append(picks, pool[i])
 		}
 	}
-	for i := 0; len(picks) < k; i++ {
+	for i := 0; len(picks) < k && !c.sampled(); i++ {
 		if !taken[i] {
 			taken[i] = true
 			picks = append(picks, pool[i])
@@ -1045,6 +1083,7 @@ func (c *Coordinator) Resume() []Decision {
 	var out []Decision
 	switch c.phase {
 	case PhaseCollecting, PhaseStalled:
+		out = c.invite(out, c.waitingFor())
 		out = append(out, Announce{Round: c.round, Attempt: c.attempts - 1, Selected: slices.Clone(c.selected), Deadline: c.deadline})
 	case PhaseClosing:
 		out = append(out, c.closeDecision())

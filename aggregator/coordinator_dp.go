@@ -2,10 +2,12 @@ package aggregator
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
 
+	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/dp"
 )
 
@@ -14,12 +16,19 @@ import (
 //
 //   - a round's selection is drawn once (no re-selection: a second draw
 //     would raise the round's sampling rate after its budget check); its
-//     sampling rate is q = K_t / N_t, the sites invited over the pool the
-//     selection was drawn from;
+//     sampling rate q_t is aggregate.SamplingRate over the pool N_t it was
+//     drawn from (poisson: its q, or K/N_t; uniform: K_t / N_t), and its
+//     fixed denominator m_t aggregate.DPDenominator, both fixed by the
+//     draw before anyone answers;
 //   - a round is only drawn when one more round at that q keeps the
 //     accountant within the budget (otherwise it waits for a larger pool);
 //   - the accountant is charged when the round closes, so the state stored
-//     with the round's checkpoint holds the charge, once;
+//     with the round's checkpoint holds the charge, once; so is each
+//     contributor's count of rounds, from which the unamplified per-site
+//     epsilon is reported (docs/privacy.md, "Sampling rate", option (b):
+//     the unsampled Gaussian, q = 1, over the rounds a site's update was in
+//     the aggregate, the maximum over sites; the figure that holds against
+//     whoever learns the selection, the aggregator included);
 //   - after an aggregation the run finishes (StopReason "dp_budget", the
 //     normal end of a run) when not even the whole registry as the pool
 //     would keep the next round within the budget.
@@ -29,11 +38,15 @@ import (
 const StopDPBudget = "dp_budget"
 
 // DPState is the accountant in State (absent without Config.DP): its RDP
-// values, the sampling rate of the open round's selection, and with
-// adaptive clipping the clip norm of the open round (0: Config.DP.Clip).
+// values, the sampling rate and fixed denominator of the open round's
+// selection, how many aggregated rounds each site contributed to, the
+// charging history, and with adaptive clipping the clip norm of the open
+// round (0: Config.DP.Clip).
 type DPState struct {
-	Accountant *dp.Accountant `json:"accountant"`
-	Q          float64        `json:"q,omitempty"`
+	Accountant *dp.Accountant    `json:"accountant"`
+	Q          float64           `json:"q,omitempty"`
+	M          int               `json:"denominator,omitempty"`
+	SiteRounds map[string]uint64 `json:"site_rounds,omitempty"`
 	// Rates is the charging history (bundles record the epsilon of their
 	// round from it: server_dpschema.go).
 	Rates []dp.Rate `json:"rates,omitempty"`
@@ -45,6 +58,14 @@ type dpState struct {
 	q     float64
 	rates []dp.Rate
 	clip  float64
+	m     int
+	sites map[string]uint64
+	// unsampled is the accountant of the most charged site: max(sites)
+	// steps of (1, z). z is the run's, so a site's unamplified accountant
+	// is its count of rounds alone, and the maximum over sites is the
+	// site with the most; stepping it reuses the RDP vector of (1, z).
+	// Not state: rebuilt from sites by restoreDP.
+	unsampled *dp.Accountant
 }
 
 // ClipEstimated: adaptive clipping (Config.DP.Adaptive) estimated the clip
@@ -88,6 +109,9 @@ func (c *Coordinator) DPClip() float64 {
 
 func (c Config) validateDP() error {
 	d := c.DP
+	if _, ok := c.Selector.(aggregate.Sampler); ok && d == nil {
+		return fmt.Errorf("%w: selector %s draws rounds of random size, possibly of one site or none: it needs differential privacy (--dp), whose noise covers a round of any size; use uniform", ErrConfig, c.Selector.Name())
+	}
 	if d == nil {
 		return nil
 	}
@@ -103,12 +127,19 @@ func (c Config) validateDP() error {
 	return c.validateFedDP()
 }
 
-// roundQ is the sampling rate of a selection of min(K, n) from a pool of n.
+// roundQ is the sampling rate of a selection from a pool of n.
 func (c *Coordinator) roundQ(n int) float64 {
-	if n <= 0 {
-		return 1
+	return aggregate.SamplingRate(c.sel, c.cfg.K, n)
+}
+
+// dpDrawn fixes the sampling rate and the denominator of the round just
+// drawn from a pool of n.
+func (c *Coordinator) dpDrawn(n int) {
+	if c.cfg.DP == nil {
+		return
 	}
-	return float64(min(c.cfg.K, n)) / float64(n)
+	c.dp.q = c.roundQ(n)
+	c.dp.m = aggregate.DPDenominator(c.sel, c.cfg.K, n)
 }
 
 // dpFits says whether a round drawn from a pool of n sites keeps the
@@ -130,6 +161,27 @@ func (c *Coordinator) dpCharge() {
 	// roundQ and Config.validate rule out.
 	_ = c.dp.acc.Step(c.dp.q, c.cfg.DP.Noise)
 	c.dp.rates = dp.AppendRate(c.dp.rates, c.dp.q, c.cfg.DP.Noise)
+	if c.dp.sites == nil {
+		c.dp.sites = map[string]uint64{}
+	}
+	for id := range c.received {
+		c.dp.sites[id]++
+	}
+	c.syncUnsampled()
+}
+
+// syncUnsampled steps the most charged site's accountant up to its count.
+func (c *Coordinator) syncUnsampled() {
+	if c.dp.unsampled == nil {
+		c.dp.unsampled = dp.NewAccountant(nil)
+	}
+	var most uint64
+	for _, n := range c.dp.sites {
+		most = max(most, n)
+	}
+	for c.dp.unsampled.Rounds < most {
+		_ = c.dp.unsampled.Step(1, c.cfg.DP.Noise) // valid z: see dpCharge
+	}
 }
 
 // dpExhausted says whether no pool the registry can offer keeps the next
@@ -154,13 +206,32 @@ func (c *Coordinator) Privacy() (eps float64, rounds uint64, ok bool) {
 	return eps, c.dp.acc.Rounds, true
 }
 
+// SitePrivacy is the unamplified per-site epsilon at the configured delta
+// (the unsampled Gaussian over the rounds each site contributed to, the
+// maximum over sites) and that site's count of rounds; ok is false
+// without DP.
+func (c *Coordinator) SitePrivacy() (eps float64, rounds uint64, ok bool) {
+	if c.cfg.DP == nil {
+		return 0, 0, false
+	}
+	if c.dp.unsampled == nil || c.dp.unsampled.Rounds == 0 {
+		return 0, 0, true
+	}
+	eps, _ = c.dp.unsampled.Epsilon(c.cfg.DP.Delta)
+	return eps, c.dp.unsampled.Rounds, true
+}
+
 func (c *Coordinator) snapshotDP() *DPState {
 	if c.cfg.DP == nil {
 		return nil
 	}
 	a := c.dp.acc
-	return &DPState{Accountant: &dp.Accountant{Orders: slices.Clone(a.Orders), RDP: slices.Clone(a.RDP), Rounds: a.Rounds}, Q: c.dp.q,
+	s := &DPState{Accountant: &dp.Accountant{Orders: slices.Clone(a.Orders), RDP: slices.Clone(a.RDP), Rounds: a.Rounds}, Q: c.dp.q, M: c.dp.m,
 		Rates: slices.Clone(c.dp.rates), Clip: c.dp.clip}
+	if len(c.dp.sites) > 0 {
+		s.SiteRounds = maps.Clone(c.dp.sites)
+	}
+	return s
 }
 
 func (c *Coordinator) restoreDP(s *DPState) error {
@@ -175,13 +246,19 @@ func (c *Coordinator) restoreDP(s *DPState) error {
 		return nil
 	}
 	a := s.Accountant
-	if len(a.Orders) == 0 || len(a.RDP) != len(a.Orders) || !(s.Q >= 0 && s.Q <= 1) || !(s.Clip >= 0) || math.IsInf(s.Clip, 0) {
-		return fmt.Errorf("%w: the accountant has %d orders, %d RDP values, q %v, clip %v", ErrBadState, len(a.Orders), len(a.RDP), s.Q, s.Clip)
+	if len(a.Orders) == 0 || len(a.RDP) != len(a.Orders) || !(s.Q >= 0 && s.Q <= 1) || s.M < 0 || !(s.Clip >= 0) || math.IsInf(s.Clip, 0) {
+		return fmt.Errorf("%w: the accountant has %d orders, %d RDP values, q %v, denominator %d, clip %v", ErrBadState, len(a.Orders), len(a.RDP), s.Q, s.M, s.Clip)
 	}
 	if err := checkRates(s.Rates, a.Rounds); err != nil {
 		return err
 	}
-	c.dp = dpState{acc: &dp.Accountant{Orders: slices.Clone(a.Orders), RDP: slices.Clone(a.RDP), Rounds: a.Rounds}, q: s.Q,
-		rates: slices.Clone(s.Rates), clip: s.Clip}
+	for id, n := range s.SiteRounds {
+		if id == "" || n > a.Rounds {
+			return fmt.Errorf("%w: site %q contributed to %d of %d charged rounds", ErrBadState, id, n, a.Rounds)
+		}
+	}
+	c.dp = dpState{acc: &dp.Accountant{Orders: slices.Clone(a.Orders), RDP: slices.Clone(a.RDP), Rounds: a.Rounds}, q: s.Q, m: s.M,
+		sites: maps.Clone(s.SiteRounds), rates: slices.Clone(s.Rates), clip: s.Clip}
+	c.syncUnsampled()
 	return nil
 }

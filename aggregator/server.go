@@ -107,7 +107,8 @@ type ServerConfig struct {
 	// itself for an aggregator name. Ignored by the FedSplit family (the
 	// mean of every known client's latest z).
 	Aggregator string
-	// Selector is the aggregate.NewSelector spec; default uniform.
+	// Selector is the aggregate.NewSelector spec; default uniform, and
+	// poisson (aggregate.DPSelector) with DP.
 	Selector string
 	Params   Params
 	// AnchorSketch, when set, asks clients for the gradient at the anchor
@@ -120,15 +121,19 @@ type ServerConfig struct {
 	// coordinator's accountant stops the run before the budget is
 	// exceeded. The FedProx family with fedavg or mean (sample weights
 	// are dropped); the FedSplit family in sum mode (server_sum.go: S and
-	// m only, no robust server step, no late updates); uniform selection,
-	// no re-selection (MaxReselections is taken as 0), no anchor
-	// gradients and no schema. With DP.Adaptive the clip norm moves every
-	// round (server_dp.go).
+	// m only, no robust server step, no late updates); poisson (the
+	// default) or uniform selection drawn from a secret key and not
+	// published (invitations on receipts/<id>), no re-selection
+	// (MaxReselections is taken as 0), no anchor gradients; a schema only
+	// if it declares its preprocessing. With DP.Adaptive the clip norm
+	// moves every round (server_dp.go).
 	DP *dp.Config
-	// DPTestKey, when set, is a new run's noise key instead of 32 bytes
-	// from crypto/rand: for tests that compare a live run with simulate
-	// --dp-noise-seed (dp.TestKey), never for a deployment.
-	DPTestKey *[32]byte
+	// DPTestKey and DPTestSelectionKey, when set, are a new run's noise
+	// key and selection key instead of 32 bytes from crypto/rand each: for
+	// tests that compare a live run with simulate --dp-noise-seed
+	// (dp.TestKey, dp.TestSelectionKey), never for a deployment.
+	DPTestKey          *[32]byte
+	DPTestSelectionKey *[32]byte
 
 	// Model is the model every client trains.
 	Model model.Spec
@@ -232,6 +237,10 @@ type RoundReport struct {
 	EvalScore    float64       // accuracy (R^2 for regression); NaN without Eval
 	Metrics      map[string]float64
 	Global       []float64 // the new global model (do not modify)
+
+	// EpsilonUnamplified is the largest per-site epsilon without
+	// amplification by subsampling after this round (ServerConfig.DP).
+	EpsilonUnamplified float64
 }
 
 // Default values.
@@ -275,6 +284,9 @@ func (c *ServerConfig) defaults() {
 	}
 	if c.Selector == "" {
 		c.Selector = "uniform"
+		if c.DP != nil {
+			c.Selector = aggregate.DPSelector
+		}
 	}
 	if c.Init == "" {
 		c.Init = InitZeros
@@ -343,8 +355,12 @@ type storedConfig struct {
 	// resumed run must keep, and NoiseKey the secret key of its noise
 	// (32 bytes from crypto/rand, drawn when the log is created), so that
 	// an aggregation redone after a restart draws the same noise.
-	DP       *dp.Config `json:"dp,omitempty"`
-	NoiseKey []byte     `json:"dp_noise_key,omitempty"`
+	// SelectionKey is the secret key of the selection stream
+	// (streams.Secret; 32 bytes from crypto/rand, drawn with NoiseKey), so
+	// that nobody who knows --seed predicts who is sampled.
+	DP           *dp.Config `json:"dp,omitempty"`
+	NoiseKey     []byte     `json:"dp_noise_key,omitempty"`
+	SelectionKey []byte     `json:"dp_selection_key,omitempty"`
 }
 
 // storedParams are the parameters of the algorithm's math: FedProx's mu
@@ -642,7 +658,7 @@ func (s *Server) restore() error {
 			ErrConfig, strings.Join(d, ", "), s.cfg.StatePath)
 	}
 	s.stored.RunID = was.RunID // "" for a log written before run ids
-	s.stored.NoiseKey = was.NoiseKey
+	s.stored.NoiseKey, s.stored.SelectionKey = was.NoiseKey, was.SelectionKey
 	if err := s.checkNoiseKey(); err != nil {
 		return err
 	}
@@ -1163,6 +1179,8 @@ func (s *Server) carryOut(ds []Decision, u *inUpdate, storedAt time.Time) (closi
 			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "late: stored as the latest z", storedAt)
 		case Reject:
 			s.rejectByCoordinator(u, d)
+		case Invite:
+			s.invite(d)
 		case Announce:
 			err = s.announce(d.Round, d.Attempt, d.Selected, d.Deadline)
 		case Extend:

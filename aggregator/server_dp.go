@@ -46,6 +46,7 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 	}
 	d.coord.MaxReselections = 0
 	d.coord.DP = cfg.DP
+	d.coord.Invitations = true
 	return nil
 }
 
@@ -58,26 +59,50 @@ func dpText(c *dp.Config) string {
 	return string(b)
 }
 
-// newNoiseKey draws a new run's noise key.
+// newNoiseKey draws a new run's noise key and selection key.
 func (s *Server) newNoiseKey() error {
 	if s.cfg.DP == nil {
 		return nil
 	}
-	key := make([]byte, 32)
-	if k := s.cfg.DPTestKey; k != nil {
-		copy(key, k[:])
-	} else if _, err := crand.Read(key); err != nil {
+	var err error
+	if s.stored.NoiseKey, err = newKey(s.cfg.DPTestKey); err != nil {
 		return fmt.Errorf("aggregator: draw the DP noise key: %w", err)
 	}
-	s.stored.NoiseKey = key
+	if s.stored.SelectionKey, err = newKey(s.cfg.DPTestSelectionKey); err != nil {
+		return fmt.Errorf("aggregator: draw the DP selection key: %w", err)
+	}
+	s.coord.setSelectionKey(s.stored.SelectionKey)
 	return nil
 }
 
-// checkNoiseKey checks a restored run's noise key.
+// newKey is 32 bytes from crypto/rand, or a copy of test when set.
+func newKey(test *[32]byte) ([]byte, error) {
+	key := make([]byte, 32)
+	if test != nil {
+		copy(key, test[:])
+		return key, nil
+	}
+	_, err := crand.Read(key)
+	return key, err
+}
+
+// checkNoiseKey checks a restored run's noise and selection keys and hands
+// the selection key to the coordinator. A --dp round log written before the
+// selection key was kept has none: its rounds were drawn from the public
+// seed, and mixing the two in one run would not make the earlier draws
+// secret, so it is refused like a damaged key.
 func (s *Server) checkNoiseKey() error {
-	if s.cfg.DP != nil && len(s.stored.NoiseKey) != 32 {
+	if s.cfg.DP == nil {
+		return nil
+	}
+	if len(s.stored.NoiseKey) != 32 {
 		return fmt.Errorf("%w: %s: the run's DP noise key is missing or damaged (%d bytes)", storage.ErrCorrupt, s.cfg.StatePath, len(s.stored.NoiseKey))
 	}
+	if len(s.stored.SelectionKey) != 32 {
+		return fmt.Errorf("%w: %s: the run's DP selection key is missing or damaged (%d bytes); a --dp run started by an older broker-agg drew its selection from the public --seed: finish it with that version or start a new run with another --state-file",
+			storage.ErrCorrupt, s.cfg.StatePath, len(s.stored.SelectionKey))
+	}
+	s.coord.setSelectionKey(s.stored.SelectionKey)
 	return nil
 }
 
@@ -141,7 +166,7 @@ func (s *Server) privateAggregate(cr CloseRound) ([]float64, aggregate.Report, e
 	}
 	var key [32]byte
 	copy(key[:], s.stored.NoiseKey)
-	m := len(cr.Contributors) + len(cr.Stragglers)
+	m := denominatorOf(cr)
 	c := s.cfg.DP
 	clip := s.coord.DPClip()
 	out, err := uplink.NoisyMean(s.global, cs, uplink.Private{Clip: clip, Noise: c.UpdateNoise(), Denominator: m}, dp.NoiseRand(key, uint64(cr.Round)))
@@ -157,25 +182,46 @@ func (s *Server) privateAggregate(cr CloseRound) ([]float64, aggregate.Report, e
 // PrivacyStatus is a --dp run's accounting, as `status`, /status and
 // /metrics report it: the epsilon spent at Delta after Rounds charged
 // rounds, the budget (0: none), the clip norm (with adaptive clipping, the
-// open round's) and the noise multiplier.
+// open round's) and the noise multiplier; and the unamplified per-site
+// epsilon (docs/privacy.md, "Sampling rate"): the unsampled Gaussian over
+// the SiteRounds rounds of the site that contributed to the most, the
+// figure that holds against whoever learns the selection (the aggregator
+// itself included). The budget is on Epsilon.
 type PrivacyStatus struct {
-	Mode    string  `json:"mode"`
-	Epsilon float64 `json:"epsilon"`
-	Delta   float64 `json:"delta"`
-	Rounds  uint64  `json:"rounds"`
-	Budget  float64 `json:"epsilon_budget,omitempty"`
-	Clip    float64 `json:"clip"`
-	Noise   float64 `json:"noise_multiplier"`
+	Mode               string  `json:"mode"`
+	Epsilon            float64 `json:"epsilon"`
+	Delta              float64 `json:"delta"`
+	Rounds             uint64  `json:"rounds"`
+	Budget             float64 `json:"epsilon_budget,omitempty"`
+	Clip               float64 `json:"clip"`
+	Noise              float64 `json:"noise_multiplier"`
+	EpsilonUnamplified float64 `json:"epsilon_unamplified"`
+	SiteRounds         uint64  `json:"max_site_rounds"`
 }
 
-func newPrivacyStatus(c *dp.Config, st *DPState) *PrivacyStatus {
+func newPrivacyStatus(c *dp.Config, st *DPState, siteEps float64, siteRounds uint64) *PrivacyStatus {
 	a := st.Accountant
 	eps, _ := a.Epsilon(c.Delta)
 	clip := c.Clip
 	if st.Clip > 0 {
 		clip = st.Clip // adaptive clipping: the open round's
 	}
-	return &PrivacyStatus{Mode: dp.Central.String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: clip, Noise: c.Noise}
+	return &PrivacyStatus{Mode: dp.Central.String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: clip, Noise: c.Noise,
+		EpsilonUnamplified: siteEps, SiteRounds: siteRounds}
+}
+
+// storedPrivacyStatus is the accounting of a state read from the round log
+// (`status`): the per-site figure recomputed from the sites' counts.
+func storedPrivacyStatus(c *dp.Config, st *DPState) *PrivacyStatus {
+	var most uint64
+	for _, n := range st.SiteRounds {
+		most = max(most, n)
+	}
+	var siteEps float64
+	if most > 0 && most <= dp.MaxRounds {
+		siteEps = dp.EpsilonAfter(1, c.Noise, int(most), c.Delta, st.Accountant.Orders)
+	}
+	return newPrivacyStatus(c, st, siteEps, most)
 }
 
 // privacyStatus is the running coordinator's accounting (nil without DP).
@@ -184,7 +230,8 @@ func (s *Server) privacyStatus() *PrivacyStatus {
 		return nil
 	}
 	st := s.coord.snapshotDP()
-	return newPrivacyStatus(s.cfg.DP, st)
+	siteEps, siteRounds, _ := s.coord.SitePrivacy()
+	return newPrivacyStatus(s.cfg.DP, st, siteEps, siteRounds)
 }
 
 // privacyFamilies are the /metrics gauges of p (none when nil).
@@ -198,5 +245,17 @@ func privacyFamilies(p *PrivacyStatus) []metrics.Family {
 		metrics.One("edgefl_dp_epsilon_budget", "Differential privacy: the epsilon budget (0: none).", metrics.Gauge, p.Budget),
 		metrics.One("edgefl_dp_rounds", "Differential privacy: rounds charged to the accountant.", metrics.Gauge, float64(p.Rounds)),
 		metrics.One("edgefl_dp_clip", "Differential privacy: the clip norm C of the open round (it moves with adaptive clipping).", metrics.Gauge, p.Clip),
+		metrics.One("edgefl_dp_epsilon_unamplified", "Differential privacy: the largest per-site epsilon without amplification by subsampling (q = 1 over the rounds the site contributed to), at edgefl_dp_delta: what holds against whoever knows the selection.", metrics.Gauge, p.EpsilonUnamplified),
+		metrics.One("edgefl_dp_max_site_rounds", "Differential privacy: the most rounds any one site contributed to.", metrics.Gauge, float64(p.SiteRounds)),
 	}
+}
+
+// denominatorOf is the closing round's fixed denominator (the coordinator's,
+// aggregate.DPDenominator), or the sites it invited in a state written
+// before the denominator was kept.
+func denominatorOf(cr CloseRound) int {
+	if cr.Denominator > 0 {
+		return cr.Denominator
+	}
+	return len(cr.Contributors) + len(cr.Stragglers)
 }

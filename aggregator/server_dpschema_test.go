@@ -107,7 +107,7 @@ func TestFedDPDeclaredSchema(t *testing.T) {
 	var reps []evaluate.Report
 	for _, s := range sites {
 		reps = append(reps, s.sendEval(t, a2))
-		wantSubject(t, s.receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+		wantSubject(t, s.answer(t, wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, 1), wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
 	}
 	// The operator (trusted in central mode) sees the sites' figures.
 	v := waitView(t, r.s, "the evaluation of round 1", func(v ServerView) bool { return v.Evaluation != nil && v.Evaluation.Round == 1 })

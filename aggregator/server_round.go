@@ -52,6 +52,12 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		RunId:           s.stored.RunID,
 		Dp:              s.dpParams(),
 	}
+	if s.cfg.DP != nil {
+		// Private selection (docs/privacy.md, "Sampling rate"): the
+		// retained announcement names nobody; Invite decisions tell each
+		// selected site on its own receipts topic (server_invite.go).
+		a.Selected, a.PrivateSelection = nil, true
+	}
 	if !isSplit(s.fam) {
 		a.Aggregator = s.aggSpec
 	}
@@ -169,8 +175,9 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 		args = append(args, "change", agg.Change)
 	}
 	if eps, _, ok := s.coord.Privacy(); ok {
-		rr.Epsilon = eps
-		args = append(args, "epsilon", eps, "delta", s.cfg.DP.Delta)
+		siteEps, siteRounds, _ := s.coord.SitePrivacy()
+		rr.Epsilon, rr.EpsilonUnamplified = eps, siteEps
+		args = append(args, "epsilon", eps, "delta", s.cfg.DP.Delta, "epsilon_unamplified", siteEps, "max_site_rounds", siteRounds)
 	}
 	s.log.Info("round aggregated", args...)
 	if s.cfg.OnRound != nil {

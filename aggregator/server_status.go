@@ -447,7 +447,7 @@ func ReadStatus(store *storage.AggStore) (Status, error) {
 	}
 	out.Round, out.Phase, out.Selected, out.Counters = st.Round, st.Phase, st.Selected, st.Counters
 	if dpConf != nil && st.DP != nil && st.DP.Accountant != nil {
-		out.Privacy = newPrivacyStatus(dpConf, st.DP)
+		out.Privacy = storedPrivacyStatus(dpConf, st.DP)
 		out.StopReason = st.StopReason // dp_budget or rounds
 	}
 	if !st.Deadline.IsZero() && (st.Phase == PhaseCollecting || st.Phase == PhaseStalled || st.Phase == PhaseStatistics || st.Phase == PhaseFinishing) {

@@ -88,7 +88,7 @@ func (s *Server) sumAggregate(cr CloseRound) ([]float64, aggregate.Report, error
 	if err != nil {
 		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
 	}
-	if err := s.estimateClip(cr, bits, len(cr.Contributors)+len(cr.Stragglers)); err != nil {
+	if err := s.estimateClip(cr, bits, denominatorOf(cr)); err != nil {
 		return nil, aggregate.Report{}, err
 	}
 	joins := len(uplink.JoinersOf(cs))

@@ -107,9 +107,9 @@ func TestServerSumMode(t *testing.T) {
 	r = f.start(cfg)
 	a.nextRound(t, 3)
 	a.send(t, sumDelta(t, "site-a", 3, 2, make([]float64, 6)))
-	wantReceipt(t, a.receipt(t), 3, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	wantReceipt(t, a.answer(t, wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE, 3), 3, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
 	b.send(t, sumDelta(t, "site-b", 3, 2, make([]float64, 6)))
-	wantReceipt(t, b.receipt(t), 3, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	wantReceipt(t, b.answer(t, wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE, 3), 3, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
 	if x4 := r.round(t).Global; closeTo(x4, x3, 1e-6) != nil {
 		t.Fatalf("x4 = %v after zero deltas, want x3 = %v: S or m was not restored", x4, x3)
 	}
@@ -160,7 +160,7 @@ func TestServerSumModeRefusals(t *testing.T) {
 func TestPrivacyFamilies(t *testing.T) {
 	st := &DPState{Accountant: dp.NewAccountant(nil), Clip: 0.37}
 	var b strings.Builder
-	if err := metrics.Write(&b, privacyFamilies(newPrivacyStatus(&dp.Config{Clip: 1, Noise: 1, Delta: 1e-5}, st))); err != nil {
+	if err := metrics.Write(&b, privacyFamilies(newPrivacyStatus(&dp.Config{Clip: 1, Noise: 1, Delta: 1e-5}, st, 0, 0))); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"edgefl_dp_clip 0.37\n", "edgefl_dp_rounds 0\n", "edgefl_dp_delta 1e-05\n"} {

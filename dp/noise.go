@@ -96,3 +96,14 @@ func TestKey(seed uint64) [32]byte {
 	binary.BigEndian.PutUint64(b[:], seed)
 	return sha256.Sum256(append([]byte("edgefl dp test key v1"), b[:]...))
 }
+
+// TestSelectionKey is a selection key (internal/streams.Secret) derived
+// from a public seed, the counterpart of TestKey for the selection stream:
+// `simulate --dp-noise-seed` and tests only, never a live federation
+// (whose key is 32 bytes from crypto/rand; docs/privacy.md, "Sampling
+// rate").
+func TestSelectionKey(seed uint64) [32]byte {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], seed)
+	return sha256.Sum256(append([]byte("edgefl dp test selection key v1"), b[:]...))
+}

@@ -2,17 +2,23 @@
 # Issue 13's privacy-utility figures: test accuracy of FedAvg, FedProx and
 # FedProx:FedSplit under central client-level DP (broker-agg simulate --dp central) at
 # epsilon = 1, 3, 8 (delta = 1e-5), next to the non-private run on the same
-# data, selection, SGD order and seed. For each target the noise
-# multiplier z is calibrated (dp.CalibrateNoise) so that the run's rounds at
-# its sampling rate q spend exactly that budget; the run reports the epsilon
-# it spent. Under DP FedAvg's sample weights are replaced by the
+# data, SGD order and seed. For each target the noise multiplier z is
+# calibrated (dp.CalibrateNoise) so that the run's rounds at its sampling
+# rate q spend exactly that budget; the run reports the epsilon it spent and
+# the largest per-site epsilon without amplification by subsampling (q = 1
+# over the rounds a site contributed to: what holds against anyone who
+# knows the selection, docs/privacy.md "Sampling rate"). Under DP the
+# selection is Poisson (each client with probability q, --dp's default,
+# drawn from a key derived from the seed); the non-private run selects
+# exactly K uniformly. Under DP FedAvg's sample weights are replaced by the
 # fixed-denominator mean (docs/privacy.md), so FedAvg and FedProx differ
 # only by the local solve (FedProx's proximal term). FedProx:FedSplit (step
 # s = 3) runs in sum mode under --dp: the aggregator keeps S = sum of the
 # sites' contributions and m, the sites ever counted, and publishes S/m
 # (docs/privacy.md, "FedSplit"); its noise accumulates in S.
 #
-#   Fashion-MNIST: 100 clients (classes:2), 10 per round (q = 0.1),
+#   Fashion-MNIST: 100 clients (classes:2), 10 per round (q = 0.1; under DP
+#     10 on average),
 #     ROUNDS_FMNIST rounds (default 40), 2 local epochs, clip C = CLIP_FMNIST.
 #   Breast cancer: the three hospitals of scripts/bench-sites.sh (as a LEAF
 #     file, one client per site, --standardize global, 25 % of each site's

@@ -22,7 +22,9 @@
   bench_dp.py table TITLE RESULTS.json...
       A markdown table: one row per algorithm, one column per results.json
       (the non-private run first): final test accuracy in %, and under DP
-      the epsilon spent and the noise multiplier z.
+      the epsilon spent, the largest per-site epsilon without amplification
+      by subsampling (what holds against anyone who knows the selection)
+      and the noise multiplier z.
 """
 import csv
 import json
@@ -66,7 +68,7 @@ def table(title, paths):
             acc = 100 * last["test_accuracy"]
             cell = f"{acc:.2f}"
             if dp is not None:
-                cell += f" (eps {dp['epsilon']:.3g}, z {dp['noise_multiplier']:.3g})"
+                cell += f" (eps {dp['epsilon']:.3g}, per site {dp.get('epsilon_unamplified', 0):.3g}, z {dp['noise_multiplier']:.3g})"
             if run["algo"] not in algos:
                 algos.append(run["algo"])
             cells[(run["algo"], col)] = cell

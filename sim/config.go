@@ -118,7 +118,7 @@ func DefaultConfig() Config {
 	return Config{
 		Dataset: "synthetic:1,1", Partition: "natural", Clients: 30, PerRound: 10,
 		Rounds: 100, Seed: 1, Model: "logreg", Hidden: 64, Activation: "relu",
-		TestFrac: 0.1, Select: "uniform", OptimumTol: 1e-10, OptimumEvals: 3000,
+		TestFrac: 0.1, OptimumTol: 1e-10, OptimumEvals: 3000,
 		Local: Local{Solver: proxsolver.SGD, Mu: 1, Gamma: 1e-3, Epochs: 20, Batch: 10, LR: 0.01, Step: 1, Relax: 1},
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -99,6 +100,11 @@ type Round struct {
 	// Clip is the round's DP clip norm (--dp; it moves with adaptive
 	// clipping).
 	Clip Float `json:"clip,omitempty"`
+	// EpsilonUnamplified is the largest per-site epsilon without
+	// amplification by subsampling after this round (--dp): the unsampled
+	// Gaussian over the rounds the site contributed to (docs/privacy.md,
+	// "Sampling rate"), what holds against whoever knows the selection.
+	EpsilonUnamplified Float `json:"epsilon_unamplified,omitempty"`
 	// Eval is the federated evaluation on the sites' held-out rows
 	// (--schema runs, evaluated rounds except round 0).
 	Eval *bundle.Evaluation `json:"eval,omitempty"`
@@ -118,6 +124,12 @@ type DPRun struct {
 	// Stopped is "epsilon_budget" when the run ended before --rounds
 	// because the next round would have exceeded the budget.
 	Stopped string `json:"stopped,omitempty"`
+
+	// EpsilonUnamplified is the largest per-site epsilon without
+	// amplification (Round.EpsilonUnamplified) and MaxSiteRounds the
+	// rounds of that site.
+	EpsilonUnamplified Float `json:"epsilon_unamplified"`
+	MaxSiteRounds      int   `json:"max_site_rounds"`
 }
 
 // env is what every algorithm of a run shares.
@@ -132,7 +144,8 @@ type env struct {
 	fStar     float64
 	nTotal    int
 	cands     []aggregate.Candidate
-	stragKeep int // selected clients per round that do full work
+	stragKeep int  // selected clients per round that do full work
+	sampled   bool // the selector draws rounds of random size: round(K_t(1-p)) of them do
 	sites     *siteSet
 }
 
@@ -140,6 +153,12 @@ type env struct {
 func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) {
 	if progress == nil {
 		progress = io.Discard
+	}
+	if cfg.Select == "" {
+		cfg.Select = "uniform"
+		if cfg.DP != nil {
+			cfg.Select = aggregate.DPSelector
+		}
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -215,6 +234,9 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		fmt.Fprintf(progress, "warning: the optimum did not reach ||grad F|| <= %g within %d gradient evaluations (--optimum-evals): gaps are relative to the best point found\n", cfg.OptimumTol, cfg.OptimumEvals)
 	}
 	e.stragKeep = int(math.Round(float64(cfg.PerRound) * (1 - cfg.Stragglers)))
+	if sel, err := aggregate.NewSelector(cfg.Select); err == nil {
+		_, e.sampled = sel.(aggregate.Sampler)
+	}
 
 	for _, a := range cfg.Algos {
 		run, err := e.runAlgo(ctx, a, x0, progress)
@@ -236,7 +258,11 @@ func startDP(cfg *Config, clients int) error {
 	if cfg.Codec == "" {
 		cfg.Codec = "fp32"
 	}
-	q := float64(cfg.PerRound) / float64(clients)
+	sel, err := aggregate.NewSelector(cfg.Select)
+	if err != nil {
+		return fmt.Errorf("--select: %w", err)
+	}
+	q := aggregate.SamplingRate(sel, cfg.PerRound, clients)
 	if ok, eps, err := cfg.DP.Within(nil, q); err != nil {
 		return fmt.Errorf("--dp: %w", err)
 	} else if !ok {
@@ -382,10 +408,19 @@ type algoState struct {
 	residual map[int][]float64
 	zServer  map[int]*uplink.Copy
 	// Central DP (cfg.DP): the accountant, the noise key and the sampling
-	// rate of every round.
-	acc *dp.Accountant
-	key [32]byte
-	q   float64
+	// rate of every round; the selection key (the daemon's is secret, this
+	// one derived from --dp-noise-seed), the candidates' order by id (the
+	// coordinator draws from its pool sorted by id), the round's fixed
+	// denominator, and each client's count of rounds contributed to with
+	// the accountant of the most charged one (q = 1).
+	acc       *dp.Accountant
+	key       [32]byte
+	q         float64
+	selKey    *[32]byte
+	byID      []int
+	m         int
+	siteRnds  map[string]int
+	unsampled *dp.Accountant
 	// FedSplit under DP runs in sum mode, as the daemons do (package
 	// uplink, sum.go): the server's S and m, each client's record c_j, and
 	// the round's contributions with what each will add to its record.
@@ -443,7 +478,16 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 		if seed == 0 {
 			seed = cfg.Seed
 		}
-		s.acc, s.key, s.q = dp.NewAccountant(nil), dp.TestKey(seed), float64(cfg.PerRound)/float64(len(e.fed.Clients))
+		n := len(e.fed.Clients)
+		s.acc, s.key, s.q = dp.NewAccountant(nil), dp.TestKey(seed), aggregate.SamplingRate(s.sel, cfg.PerRound, n)
+		k := dp.TestSelectionKey(seed)
+		s.selKey, s.m = &k, aggregate.DPDenominator(s.sel, cfg.PerRound, n)
+		s.byID = make([]int, n)
+		for i := range s.byID {
+			s.byID[i] = i
+		}
+		slices.SortStableFunc(s.byID, func(a, b int) int { return strings.Compare(e.fed.Clients[a].ID, e.fed.Clients[b].ID) })
+		s.siteRnds, s.unsampled = map[string]int{}, dp.NewAccountant(nil)
 		if s.split {
 			s.sum, s.rec = &uplink.SumState{}, map[int]*uplink.Record{}
 		}
@@ -486,7 +530,8 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 		epsText := ""
 		if run.DP != nil {
 			run.DP.Epsilon, run.DP.Rounds = row.Epsilon, t
-			epsText = fmt.Sprintf("  epsilon %.4g", float64(row.Epsilon))
+			run.DP.EpsilonUnamplified, run.DP.MaxSiteRounds = row.EpsilonUnamplified, int(s.unsampled.Rounds)
+			epsText = fmt.Sprintf("  epsilon %.4g (per site, unamplified %.4g)", float64(row.Epsilon), float64(row.EpsilonUnamplified))
 		}
 		fmt.Fprintf(progress, "%-16s round %4d/%d  loss %.6f  gap %.3e  acc %.4f  clients %d (stragglers %d)  %.2fs%s\n",
 			a.Label, t, cfg.Rounds, float64(row.TrainLoss), float64(row.Gap), float64(row.TestAccuracy), row.Participants, row.Stragglers, row.Seconds, epsText)
@@ -516,7 +561,7 @@ func (e *env) round(ctx context.Context, s *algoState, t int) (Round, bool, erro
 		return row, false, err
 	}
 	if s.acc != nil {
-		err = s.privateStep(e.cfg.DP, t, len(jobs), cs, &row)
+		err = s.privateStep(e.cfg.DP, t, s.m, cs, &row)
 	} else {
 		err = s.serverStep(t, len(e.fed.Clients), ups, &row)
 	}
@@ -547,6 +592,19 @@ func (e *env) round(ctx context.Context, s *algoState, t int) (Round, bool, erro
 // selectClients draws round t's clients; faulty clients take part in every
 // round (the robustness setting).
 func (s *algoState) selectClients(cfg Config, t int) []int {
+	if s.byID != nil {
+		// Under DP, as the coordinator draws: candidates by id, from the
+		// selection key's stream.
+		cands := make([]aggregate.Candidate, len(s.byID))
+		for i, c := range s.byID {
+			cands[i] = s.cands[c]
+		}
+		var picked []int
+		for _, i := range s.sel.Select(t, cands, cfg.PerRound, streams.Selection(cfg.Seed, s.selKey, t, 0)) {
+			picked = append(picked, s.byID[i])
+		}
+		return picked
+	}
 	picked := s.sel.Select(t, s.cands, cfg.PerRound, streams.Of(cfg.Seed, streams.Select, t, 0))
 	for c := 0; c < cfg.Faulty; c++ {
 		if !slices.Contains(picked, c) {
@@ -654,6 +712,27 @@ func (s *algoState) privateStep(c *dp.Config, t, m int, cs []uplink.Contribution
 	}
 	eps, _ := s.acc.Epsilon(c.Delta)
 	row.Epsilon = Float(eps)
+	ids := make([]string, 0, len(cs)+len(s.sumCs))
+	for _, ct := range cs {
+		ids = append(ids, ct.Client)
+	}
+	for _, ct := range s.sumCs { // sum mode
+		ids = append(ids, ct.Client)
+	}
+	most := 0
+	for _, id := range ids {
+		s.siteRnds[id]++
+		most = max(most, s.siteRnds[id])
+	}
+	for int(s.unsampled.Rounds) < most {
+		if err := s.unsampled.Step(1, c.Noise); err != nil {
+			return fmt.Errorf("round %d: %w", t, err)
+		}
+	}
+	if s.unsampled.Rounds > 0 {
+		eps, _ = s.unsampled.Epsilon(c.Delta)
+		row.EpsilonUnamplified = Float(eps)
+	}
 	return nil
 }
 
@@ -738,6 +817,9 @@ func (e *env) assignWork(t int, picked []int, a Algo) []job {
 	rng := streams.Of(e.cfg.Seed, streams.Straggle, t, 0)
 	order := rng.Perm(len(picked))
 	keep := min(e.stragKeep, len(picked))
+	if e.sampled {
+		keep = int(math.Round(float64(len(picked)) * (1 - e.cfg.Stragglers)))
+	}
 	jobs := make([]job, len(picked))
 	for rank, i := range order {
 		j := job{client: picked[i], epochs: a.Local.Epochs}

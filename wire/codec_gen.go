@@ -485,6 +485,7 @@ func (x *RoundAnnouncement) size() int {
 	n += sizeVarint(20, uint64(x.EvalRound))
 	n += sizeMessage(21, x.Dp != nil, x.Dp)
 	n += sizeVarint(25, boolVarint(x.SplitSum))
+	n += sizeVarint(28, boolVarint(x.PrivateSelection))
 	return n
 }
 
@@ -511,6 +512,7 @@ func (x *RoundAnnouncement) appendTo(b []byte) []byte {
 	b = appendVarint(b, 20, uint64(x.EvalRound))
 	b = appendMessage(b, 21, x.Dp != nil, x.Dp)
 	b = appendVarint(b, 25, boolVarint(x.SplitSum))
+	b = appendVarint(b, 28, boolVarint(x.PrivateSelection))
 	return b
 }
 
@@ -622,6 +624,10 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 		case 25:
 			if typ == protowire.VarintType {
 				return consumeBool(&x.SplitSum, b), nil
+			}
+		case 28:
+			if typ == protowire.VarintType {
+				return consumeBool(&x.PrivateSelection, b), nil
 			}
 		}
 		return 0, nil
@@ -988,6 +994,7 @@ func (x *Receipt) size() int {
 	n += sizeVarint(6, uint64(x.Code))
 	n += sizeVarint(7, x.UpdateSeq)
 	n += sizeVarint(8, uint64(x.Subject))
+	n += sizeString(10, x.RunId)
 	return n
 }
 
@@ -1000,6 +1007,7 @@ func (x *Receipt) appendTo(b []byte) []byte {
 	b = appendVarint(b, 6, uint64(x.Code))
 	b = appendVarint(b, 7, x.UpdateSeq)
 	b = appendVarint(b, 8, uint64(x.Subject))
+	b = appendString(b, 10, x.RunId)
 	return b
 }
 
@@ -1037,6 +1045,10 @@ func (x *Receipt) unmarshal(b []byte, d *decoder) error {
 		case 8:
 			if typ == protowire.VarintType {
 				return consumeEnum((*int32)(&x.Subject), b), nil
+			}
+		case 10:
+			if typ == protowire.BytesType {
+				return consumeString(&x.RunId, b)
 			}
 		}
 		return 0, nil

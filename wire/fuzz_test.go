@@ -34,6 +34,11 @@ func seeds(t testing.TB) map[string][]byte {
 		// Issue 12.
 		"instance-status": mustEncode(t, &ClientStatus{ClientId: "site-1", Online: true, Connection: 3, InstanceId: "INSTANCE234567ABCDEFGHIJKL"}),
 	}
+	// Private selection (docs/privacy.md "Sampling rate").
+	s["invitation"] = mustEncode(t, &Receipt{ClientId: "site-1", Round: 4, Subject: ReceiptSubject_RECEIPT_SUBJECT_INVITATION, RunId: "R1"})
+	priv := sampleRound()
+	priv.Selected, priv.PrivateSelection = nil, true
+	s["private-round"] = mustEncode(t, priv)
 	fin := sampleRound()
 	fin.Phase, fin.Schema, fin.Transform, fin.Evaluate, fin.EvalRound, fin.Bundle = Phase_PHASE_FINISHED, schemaJSON, transformJSON, true, 7, bundleJSON
 	s["finished-round"] = mustEncode(t, fin)

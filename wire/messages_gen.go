@@ -220,6 +220,10 @@ const (
 	ReceiptSubject_RECEIPT_SUBJECT_UPDATE     ReceiptSubject = 0 // a ClientUpdate
 	ReceiptSubject_RECEIPT_SUBJECT_STATISTICS ReceiptSubject = 1 // a SiteStatistics
 	ReceiptSubject_RECEIPT_SUBJECT_EVALUATION ReceiptSubject = 2 // an EvalReport
+	// Not an answer: the aggregator invites this site to `round` of run
+	// `run_id`, whose announcement has private_selection (repeated on
+	// re-announcement and reconnection; idempotent).
+	ReceiptSubject_RECEIPT_SUBJECT_INVITATION ReceiptSubject = 4
 )
 
 // Enum value maps for ReceiptSubject.
@@ -228,11 +232,13 @@ var (
 		0: "RECEIPT_SUBJECT_UPDATE",
 		1: "RECEIPT_SUBJECT_STATISTICS",
 		2: "RECEIPT_SUBJECT_EVALUATION",
+		4: "RECEIPT_SUBJECT_INVITATION",
 	}
 	ReceiptSubject_value = map[string]int32{
 		"RECEIPT_SUBJECT_UPDATE":     0,
 		"RECEIPT_SUBJECT_STATISTICS": 1,
 		"RECEIPT_SUBJECT_EVALUATION": 2,
+		"RECEIPT_SUBJECT_INVITATION": 4,
 	}
 )
 
@@ -660,6 +666,12 @@ type RoundAnnouncement struct {
 	// own record c_j, which advances only on the update's accepted receipt.
 	// Set with dp (a FedSplit-family round under DP without it is refused).
 	SplitSum bool `json:"split_sum,omitempty"`
+	// The selection is private (differential privacy, docs/privacy.md
+	// "Sampling rate"): `selected` is empty and does NOT mean every client;
+	// each selected site is told on its own receipts/<id> topic by a Receipt
+	// of subject INVITATION naming this round and run_id, and a site without
+	// one does not take part. Only with an empty `selected`.
+	PrivateSelection bool `json:"private_selection,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -815,6 +827,13 @@ func (x *RoundAnnouncement) GetDp() *DPParams {
 func (x *RoundAnnouncement) GetSplitSum() bool {
 	if x != nil {
 		return x.SplitSum
+	}
+	return false
+}
+
+func (x *RoundAnnouncement) GetPrivateSelection() bool {
+	if x != nil {
+		return x.PrivateSelection
 	}
 	return false
 }
@@ -1239,6 +1258,10 @@ type Receipt struct {
 	// What this receipt answers. For STATISTICS, round = 0 is valid; for
 	// EVALUATION, round is the report's (which may be 0).
 	Subject ReceiptSubject `json:"subject,omitempty"`
+	// INVITATION only: the run (RoundAnnouncement.run_id) the invitation is
+	// for, so that one queued from an earlier run is not taken for this
+	// run's round of the same number. Empty = an unnamed run.
+	RunId string `json:"run_id,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -1298,6 +1321,13 @@ func (x *Receipt) GetSubject() ReceiptSubject {
 		return x.Subject
 	}
 	return ReceiptSubject_RECEIPT_SUBJECT_UPDATE
+}
+
+func (x *Receipt) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
 }
 
 // SiteStatistics is published on <prefix>updates/<id> (the site's own

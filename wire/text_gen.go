@@ -123,6 +123,7 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.uint("eval_round", uint64(x.EvalRound))
 	w.msg("dp", x.Dp != nil, x.Dp)
 	w.boolean("split_sum", x.SplitSum)
+	w.boolean("private_selection", x.PrivateSelection)
 }
 
 func (x *DPParams) appendText(w *textWriter) {
@@ -190,6 +191,7 @@ func (x *Receipt) appendText(w *textWriter) {
 	w.enum("code", int32(x.Code), ReceiptCode_name)
 	w.uint("update_seq", x.UpdateSeq)
 	w.enum("subject", int32(x.Subject), ReceiptSubject_name)
+	w.str("run_id", x.RunId)
 }
 
 func (x *SiteStatistics) appendText(w *textWriter) {

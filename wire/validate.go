@@ -152,6 +152,9 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 	if err := checkSelected(msg, m.Selected, lim); err != nil {
 		return err
 	}
+	if m.PrivateSelection && len(m.Selected) > 0 {
+		return invalid(msg, "private_selection with %d clients listed in selected", len(m.Selected))
+	}
 	if !stats || m.Global != nil {
 		if err := checkVector(msg, "global", m.Global, lim); err != nil {
 			return err
@@ -513,8 +516,18 @@ func (m *Receipt) Validate(lim Limits) error {
 	case ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, ReceiptSubject_RECEIPT_SUBJECT_EVALUATION:
 		// Statistics come before round 1; an evaluation report names the
 		// aggregations its model had, which may be 0.
+	case ReceiptSubject_RECEIPT_SUBJECT_INVITATION:
+		if m.Round == 0 || m.Accepted {
+			return invalid(msg, "an invitation needs round > 0 and accepted false (round %d)", m.Round)
+		}
 	default:
 		return invalid(msg, "subject %d is unknown", int32(m.Subject))
+	}
+	if m.RunId != "" && m.Subject != ReceiptSubject_RECEIPT_SUBJECT_INVITATION {
+		return invalid(msg, "run_id on a receipt of subject %v (invitations only)", m.Subject)
+	}
+	if err := checkText(msg, "run_id", m.RunId, maxRunIDLen, false); err != nil {
+		return err
 	}
 	if err := checkText(msg, "reason", m.Reason, maxLongTextLen, false); err != nil {
 		return err

@@ -185,7 +185,7 @@ func runDemoData(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.
 	sc.OnRound = func(rr aggregator.RoundReport) {
 		eps := ""
 		if sc.DP != nil {
-			eps = fmt.Sprintf("  epsilon %.4g", rr.Epsilon)
+			eps = fmt.Sprintf("  epsilon %.4g (per site, unamplified %.4g)", rr.Epsilon, rr.EpsilonUnamplified)
 		}
 		fmt.Fprintf(stdout, "%5d  %-9s  %-10d  %-12.6g  %-9s  %s%s\n", rr.Round,
 			fmt.Sprintf("%d/%d", len(rr.Contributors), len(rr.Contributors)+len(rr.Stragglers)), len(rr.Stragglers),

@@ -20,7 +20,7 @@ type dpFlags struct {
 }
 
 func (d *dpFlags) register(fs *flag.FlagSet, calibrates bool) {
-	fs.StringVar(&d.mode, "dp", "off", "client-level differential privacy: off | central (the aggregator clips every update to --dp-clip and adds Gaussian noise of std --dp-noise x --dp-clip to their sum; the FedSplit family runs in sum mode: the aggregator keeps only the sum of the sites' contributions; with --schema the schema must declare its preprocessing, and bundles record the guarantee instead of the sites' evaluation; docs/privacy.md) | distributed (needs secure aggregation, not wired yet: refused)")
+	fs.StringVar(&d.mode, "dp", "off", "client-level differential privacy: off | central (the aggregator clips every update to --dp-clip and adds Gaussian noise of std --dp-noise x --dp-clip to their sum; the FedSplit family runs in sum mode: the aggregator keeps only the sum of the sites' contributions; the selection is poisson by default, drawn from a secret key, and each selected site is told privately; it reports epsilon and the largest per-site epsilon without amplification; with --schema the schema must declare its preprocessing, and bundles record the guarantee instead of the sites' evaluation; docs/privacy.md) | distributed (needs secure aggregation, not wired yet: refused)")
 	fs.Float64Var(&d.clip, "dp-clip", 1, "with --dp: the L2 norm `C` every site's update is clipped to")
 	noise := "with --dp: the noise multiplier `z` (the noise on the sum of clipped updates has std z*C)"
 	if calibrates {

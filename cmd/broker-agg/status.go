@@ -124,8 +124,8 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 		if p.Budget > 0 {
 			budget = fmt.Sprintf("budget %g", p.Budget)
 		}
-		fmt.Fprintf(w, "differential privacy (%s): epsilon %.4g at delta %g after %d rounds (%s; clip %g, noise multiplier %g)",
-			p.Mode, p.Epsilon, p.Delta, p.Rounds, budget, p.Clip, p.Noise)
+		fmt.Fprintf(w, "differential privacy (%s): epsilon %.4g at delta %g after %d rounds (%s; clip %g, noise multiplier %g); per site without amplification %.4g (the most rounds one site contributed to: %d)",
+			p.Mode, p.Epsilon, p.Delta, p.Rounds, budget, p.Clip, p.Noise, p.EpsilonUnamplified, p.SiteRounds)
 		if st.Schema == "" && st.StopReason != "" {
 			fmt.Fprintf(w, "; run ended: %s", st.StopReason) // printFedStatus says it with a schema
 		}
