@@ -267,7 +267,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	client := newClient(opts)
 	a.mu.Lock()
 	a.runCtx, a.stop, a.store, a.client = runCtx, cancel, store, client
-	a.sess.store = store
+	a.sess.store = sumStore{store}
 	a.handler = &RoundHandler{
 		ClientID: a.cfg.SiteID, InstanceID: a.instance, Federation: a.cfg.Federation, Store: store, Data: a.data,
 		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
@@ -409,10 +409,11 @@ func (a *Agent) loop(ctx context.Context) {
 		}
 		var ann *wire.RoundAnnouncement
 		var share *wire.SecAggMessage
+		invited := false
 		for _, act := range a.step(idle{}) {
 			switch act.kind {
 			case actStartSolve:
-				ann = act.ann
+				ann, invited = act.ann, act.invited
 			case actStartShareList:
 				share = act.share
 			}
@@ -431,7 +432,7 @@ func (a *Agent) loop(ctx context.Context) {
 		solveCtx, cancel := a.solveCtx, a.preempt
 		a.mu.Unlock()
 		a.observe(Event{Kind: EventHandling, Round: ann.Round})
-		res, err := a.handler.Handle(solveCtx, ann)
+		res, err := a.handler.HandleInvited(solveCtx, ann, invited)
 		cancel(nil)
 		a.step(solveDone{ann: ann, res: res, err: err, shutdown: ctx.Err() != nil})
 		if n := int64(res.SampleCount); n > 0 && a.samples.Swap(n) != n {
@@ -523,6 +524,14 @@ func (a *Agent) do(act action) {
 		a.runFinished(act.ann, act.res)
 	case actShareListDone:
 		a.shareListDone(act)
+	case actInvited:
+		r := act.receipt
+		if act.had {
+			a.log.Info("invited to a round (private selection)", "round", r.Round, "run_id", r.RunId)
+		} else {
+			a.log.Debug("invitation repeated", "round", r.Round, "run_id", r.RunId)
+		}
+		a.observe(Event{Kind: EventReceipt, Subject: r.GetSubject(), Round: r.Round})
 	}
 }
 
@@ -603,6 +612,8 @@ func (a *Agent) roundDone(act action) {
 			} else {
 				lg.Info("secure aggregation: "+res.SecAggKind.String()+" sent", "phase", ann.GetSecaggPhase().String(), "bytes", len(res.Msg))
 			}
+		case ActionWaiting:
+			lg.Info("FedSplit sum mode: this site's previous update awaits its receipt; the round is answered when it comes")
 		case ActionStatistics:
 			lg.Info("statistics phase: this site's statistics sent", "run_id", ann.RunId, "training_rows", res.SampleCount)
 		case ActionFinishing:

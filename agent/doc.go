@@ -7,7 +7,8 @@
 // The round logic has no networking in it: RoundHandler.Handle takes a
 // validated wire.RoundAnnouncement and returns the encoded update to publish,
 // having done every durable effect first. For a round that selects this site
-// (an empty selection selects everyone) and that it has not applied:
+// (an empty selection selects everyone, except with private_selection: then
+// only HandleInvited with an invitation does) and that it has not applied:
 //
 //  1. everything is checked before anything is written: the federation, the
 //     model (model.New), that the local data fit it (model.CheckTargets),
@@ -96,7 +97,11 @@
 // will never take that update), except RECEIPT_CODE_INTERNAL ("the client may
 // retry"), which stays in the outbox and is re-sent after a backoff doubling
 // from ReconnectMin to ReconnectMax (and on the next connection or
-// re-announcement).
+// re-announcement). An invitation (receipt subject INVITATION, differential
+// privacy's private selection; docs/privacy.md "Sampling rate") is kept in
+// memory, the newest only, and makes the announcement of its round and run
+// be handled as selecting this site, whichever arrives first; it is not
+// stored: the aggregator invites again when the site comes online.
 //
 // These rules (which announcement is solved next and when a solve is
 // pre-empted, what a new run resets, what a receipt does, when and after

@@ -57,3 +57,38 @@ func TestHandleDP(t *testing.T) {
 		})
 	}
 }
+
+// TestHandleClipBit: with adaptive clipping announced the update carries
+// its clip bit (1: within the clip norm), for both families; without it
+// the bit is 0.
+func TestHandleClipBit(t *testing.T) {
+	x := f32(testGlobal(1))
+	for _, tc := range []struct {
+		algo     string
+		clip     float64
+		adaptive bool
+		want     uint32
+	}{
+		{AlgoFedProx, 1e-3, true, 0},
+		{AlgoFedProx, 1e3, true, 1},
+		{AlgoFedProx, 1e3, false, 0},
+		{AlgoFedProxSplit, 1e-3, true, 0},
+		{AlgoFedProxSplit, 1e3, true, 1},
+	} {
+		h, _ := newHandler(t)
+		a := announce(t, 1, tc.algo, x)
+		a.SplitSum = tc.algo == AlgoFedProxSplit
+		a.Dp = &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: tc.clip, NoiseMultiplier: 1, Delta: 1e-5}
+		if tc.adaptive {
+			a.Dp.UpdateNoiseMultiplier = 1.1
+			a.Dp.Adaptive = &wire.AdaptiveClip{TargetQuantile: 0.5, LearningRate: 0.2, BitNoise: 1}
+		}
+		res, err := h.Handle(context.Background(), a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Update.ClipBit != tc.want {
+			t.Errorf("%s, C = %v, adaptive %v: clip bit %d, want %d", tc.algo, tc.clip, tc.adaptive, res.Update.ClipBit, tc.want)
+		}
+	}
+}

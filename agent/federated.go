@@ -76,7 +76,7 @@ func badTransform(what string, err error) error {
 // A problem with the site's data is a *sitedata.SiteError (the agent
 // publishes it in its status), as are a schema, transform or bundle
 // refused (bad_transform), a solve that fails and a disk error.
-func (h *RoundHandler) handleFederated(ctx context.Context, ann *wire.RoundAnnouncement, res Result) (Result, error) {
+func (h *RoundHandler) handleFederated(ctx context.Context, ann *wire.RoundAnnouncement, res Result, invited bool) (Result, error) {
 	switch ann.GetPhase() {
 	case wire.Phase_PHASE_STATISTICS:
 		return h.statistics(ann, res)
@@ -94,6 +94,12 @@ func (h *RoundHandler) handleFederated(ctx context.Context, ann *wire.RoundAnnou
 	if err != nil {
 		return res, err
 	}
+	if s.Declared() {
+		// No statistics phase refused the site: the rule applies here.
+		if err := h.site.site.site.EnoughRows(); err != nil {
+			return res, err
+		}
+	}
 	res.SampleCount = train.N
 	if ann.GetEvaluate() {
 		if err := h.evaluate(ann, holdout, &res); err != nil {
@@ -103,7 +109,7 @@ func (h *RoundHandler) handleFederated(ctx context.Context, ann *wire.RoundAnnou
 	if train.N == 0 {
 		return res, &sitedata.SiteError{Reason: sitedata.ReasonTooFewRows, File: h.DataFile, Problem: "no training rows", Expected: "at least one training row"}
 	}
-	return h.train(ctx, ann, train, res)
+	return h.train(ctx, ann, train, res, invited)
 }
 
 // schemaOf parses the announced schema.
@@ -124,6 +130,12 @@ func (h *RoundHandler) statistics(ann *wire.RoundAnnouncement, res Result) (Resu
 	s, err := h.schemaOf(ann)
 	if err != nil {
 		return res, err
+	}
+	if s.Declared() {
+		// Nothing to fit: a schema that declares its preprocessing never
+		// needs a site's statistics, and a --dp run relies on none being
+		// sent (docs/privacy.md, "Preprocessing under DP").
+		return res, badTransform("statistics phase", errors.New("the schema declares its preprocessing: this site sends no statistics"))
 	}
 	st, err := h.site.load(h, ann.RunId, s)
 	if err != nil {

@@ -86,6 +86,10 @@ const (
 	// session's phase (Result.SecAggKind) is committed as the round's
 	// outbox entry; publish Msg (agent/secagg.go).
 	ActionSecAgg
+	// ActionWaiting: FedSplit in sum mode, an earlier update of this site
+	// awaits its receipt; nothing was solved or written, and the session
+	// hands the round over again once that receipt comes (agent/sum.go).
+	ActionWaiting
 )
 
 func (a Action) String() string {
@@ -110,6 +114,8 @@ func (a Action) String() string {
 		return "ignored"
 	case ActionSecAgg:
 		return "secagg"
+	case ActionWaiting:
+		return "waiting"
 	}
 	return fmt.Sprintf("Action(%d)", int(a))
 }
@@ -125,8 +131,9 @@ type Result struct {
 	Update *wire.ClientUpdate
 	// Sent is the vector the aggregator will hold once it applies the
 	// update: x + the decoded delta (w as received) for the FedProx family,
-	// its new copy of z_j (also committed as the site's copy) for FedSplit
-	// (ActionSolved only).
+	// its new copy of z_j (also committed as the site's copy) for FedSplit;
+	// in sum mode what the update adds to the aggregator's sum (committed
+	// as pending until its receipt) (ActionSolved only).
 	Sent []float64
 	// Report is the local solve's report (ActionSolved only).
 	Report proxsolver.Report
@@ -211,8 +218,13 @@ func (h *RoundHandler) clock() clock.Clock {
 	return h.Clock
 }
 
-// Selected reports whether ann selects id (an empty list selects everyone).
+// Selected reports whether ann selects id: an empty list selects everyone,
+// except in an announcement with a private selection, which selects only
+// the sites it invites on their receipts topics (HandleInvited).
 func Selected(ann *wire.RoundAnnouncement, id string) bool {
+	if ann.GetPrivateSelection() {
+		return false
+	}
 	return len(ann.GetSelected()) == 0 || slices.Contains(ann.GetSelected(), id)
 }
 
@@ -238,6 +250,15 @@ func bad(round uint64, format string, args ...any) error {
 // leaves the store untouched. A canceled ctx (cause other than
 // ErrPreempted) aborts the round without committing.
 func (h *RoundHandler) Handle(ctx context.Context, ann *wire.RoundAnnouncement) (Result, error) {
+	return h.HandleInvited(ctx, ann, false)
+}
+
+// HandleInvited is Handle for an announcement whose selection is private
+// (wire RoundAnnouncement.private_selection): invited says that the
+// aggregator invited this site to ann's round and run on its receipts
+// topic (the session rules match the two, agent/session.go), and then the
+// site takes part as if ann listed it.
+func (h *RoundHandler) HandleInvited(ctx context.Context, ann *wire.RoundAnnouncement, invited bool) (Result, error) {
 	if err := ann.Validate(h.Limits); err != nil {
 		return Result{}, fmt.Errorf("%w: %w", ErrBadAnnouncement, err)
 	}
@@ -250,14 +271,14 @@ func (h *RoundHandler) Handle(ctx context.Context, ann *wire.RoundAnnouncement) 
 		return res, err
 	}
 	if ann.GetPhase() != wire.Phase_PHASE_TRAIN || len(ann.GetSchema()) > 0 {
-		return h.handleFederated(ctx, ann, res)
+		return h.handleFederated(ctx, ann, res, invited)
 	}
 	if h.Data.N == 0 {
 		// data = csv:PATH without label=: nothing was loaded at start.
 		return res, &sitedata.SiteError{Reason: sitedata.ReasonData, File: h.DataFile,
 			Problem: "this federation announces no schema", Expected: "data = csv:PATH:label=COLUMN (a csv source without label= is read by a federation schema only)"}
 	}
-	return h.train(ctx, ann, h.Data, res)
+	return h.train(ctx, ann, h.Data, res, invited)
 }
 
 // startRun makes the announcement's run the one the round state belongs
@@ -282,9 +303,9 @@ func (h *RoundHandler) startRun(ann *wire.RoundAnnouncement) error {
 
 // train is a training round over d (the site's training data): not
 // selected, already applied, or solved and committed (see Handle).
-func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d model.Data, res Result) (Result, error) {
+func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d model.Data, res Result, invited bool) (Result, error) {
 	r := ann.Round
-	if !Selected(ann, h.ClientID) {
+	if !Selected(ann, h.ClientID) && !(invited && ann.GetPrivateSelection()) {
 		if err := h.Store.SetSeenRound(r); err != nil && !errors.Is(err, storage.ErrStale) {
 			return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
 		}
@@ -306,6 +327,14 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 		// cannot join until the next round (or session).
 		res.Action = ActionDone
 		return res, nil
+	}
+	if sumMode(ann) {
+		if w, err := h.waitingFor(r); err != nil {
+			return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
+		} else if w > 0 {
+			res.Action = ActionWaiting
+			return res, nil
+		}
 	}
 
 	p, err := h.prepare(ann, d)
@@ -351,6 +380,9 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 	if s := ann.AnchorSketch; s != nil {
 		u.AnchorGrad = h.anchorGrad(r, rep.AnchorGrad, s)
 	}
+	if ann.GetDp().GetAdaptive() != nil && !up.Clipped.Clipped {
+		u.ClipBit = 1 // adaptive clipping: the norm was within the clip norm
+	}
 	msg, err := wire.Encode(u)
 	if err != nil {
 		return res, fmt.Errorf("agent: round %d: encode update: %w", r, err)
@@ -359,7 +391,10 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 		return res, fmt.Errorf("agent: round %d: update is %d bytes, over the %d-byte message limit", r, len(msg), lim)
 	}
 	c := storage.Commit{Round: r, Residual: up.Residual, Msg: msg}
-	if p.split {
+	switch {
+	case p.sum:
+		c.Z, c.Pending = sent, &storage.SumPending{Join: up.Sum.Join, V: up.Sum.V}
+	case p.split:
 		c.Z, c.ServerZ = sent, up.Applied
 	}
 	if err := h.Store.Commit(c); err != nil {
@@ -369,6 +404,9 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 		return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
 	}
 	res.Action, res.Msg, res.Update, res.Sent, res.Report = ActionSolved, msg, u, up.Applied, rep
+	if up.Sum != nil {
+		res.Sent = up.Sum.V
+	}
 	res.Healthy = true
 	return res, nil
 }
@@ -378,6 +416,9 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 // error-feedback residual (FedProx family, lossy codecs) or this site's
 // record of the aggregator's copy of z_j (FedSplit).
 func (h *RoundHandler) uplink(p *prepared, sent []float64) (uplink.Frame, error) {
+	if p.sum {
+		return h.sumUplink(p, sent)
+	}
 	r := p.round
 	u := uplink.Update{Split: p.split, Round: r, Sent: sent, Global: p.x, Clip: p.clip, Tamper: poison}
 	if p.split {
@@ -437,6 +478,7 @@ type prepared struct {
 	data   model.Data // the site's training data
 	algo   string
 	split  bool
+	sum    bool // FedSplit in sum mode (agent/sum.go)
 	sp     split.Params
 	stepJ  float64 // this site's prox step s_j = s m n_j / n
 	m      model.Model
@@ -456,6 +498,7 @@ func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement, d model.Data) (*prep
 	r := ann.Round
 	p := &prepared{round: r, algo: ann.Algorithm, data: d}
 	p.split = ann.Algorithm == AlgoFedSplit || ann.Algorithm == AlgoFedProxSplit
+	p.sum = sumMode(ann)
 
 	spec, err := modelSpec(ann.Model)
 	if err != nil {
@@ -494,7 +537,7 @@ func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement, d model.Data) (*prep
 	if p.cfg, err = h.solverConfig(ann, p.split, d.N); err != nil {
 		return nil, bad(r, "%v", err)
 	}
-	if p.clip, err = dpClip(ann, p.split); err != nil {
+	if p.clip, err = dpClip(ann, p.split && !p.sum); err != nil {
 		return nil, bad(r, "%v", err)
 	}
 	if err := secAggRefusals(ann, p.split); err != nil {
@@ -771,8 +814,9 @@ func workReport(rep proxsolver.Report, stop wire.StopReason, target float64, pri
 }
 
 // dpClip is the clip norm a round's DP parameters ask for (0: none). The
-// distributed mode (no secure aggregation yet), the FedSplit family and
-// anchor gradients are refused under DP, as the aggregator refuses them.
+// distributed mode (no secure aggregation yet), the FedSplit family outside
+// sum mode (split: the per-site copy of z_j is not privatised) and anchor
+// gradients are refused under DP, as the aggregator refuses them.
 func dpClip(ann *wire.RoundAnnouncement, split bool) (float64, error) {
 	d := ann.GetDp()
 	switch {

@@ -54,8 +54,17 @@ type session struct {
 
 	closing bool
 	// pending is the newest announcement waiting for the solver; solving
-	// the one being handled (nil when idle).
-	pending, solving *wire.RoundAnnouncement
+	// the one being handled (nil when idle); deferred a sum-mode round
+	// handed back (ActionWaiting) until an update receipt comes; latest the
+	// newest announcement seen (what an invitation arriving after it
+	// applies to).
+	pending, solving, deferred, latest *wire.RoundAnnouncement
+	// invite is the newest private invitation received (wire receipt
+	// subject INVITATION; docs/privacy.md "Sampling rate"): an announcement
+	// with private_selection is solved as selecting this site only if it
+	// names the same round and run. Not durable: the aggregator invites
+	// again whenever this site comes online while it is selected.
+	invite *invitation
 	// shareList is the newest secure-aggregation ShareList waiting for
 	// the solver (agent/secagg.go).
 	shareList *wire.SecAggMessage
@@ -74,6 +83,17 @@ type session struct {
 	receipted map[pendingKey]string
 	// gen numbers the timers armed.
 	gen uint64
+}
+
+// invitation is an invitation's round and run.
+type invitation struct {
+	run   string
+	round uint64
+}
+
+// invites says whether inv invites this site to ann's round.
+func (inv *invitation) invites(ann *wire.RoundAnnouncement) bool {
+	return inv != nil && ann.GetPrivateSelection() && inv.round == ann.Round && inv.run == ann.RunId
 }
 
 // retryState is an update the aggregator failed to store (INTERNAL).
@@ -153,7 +173,7 @@ func (shareListDone) sessionEvent()    {}
 type actionKind int
 
 const (
-	actStartSolve       actionKind = iota + 1 // hand ann to RoundHandler.Handle
+	actStartSolve       actionKind = iota + 1 // hand ann to RoundHandler.HandleInvited (invited)
 	actPreempt                                // cancel the running solve of ann with cause err
 	actWake                                   // wake the solver: an announcement waits
 	actIgnored                                // ann is of the finished run: dropped
@@ -169,6 +189,7 @@ const (
 	actFinished                               // the run of ann ended (res)
 	actStartShareList                         // hand msg (a secagg ShareList) to RoundHandler.HandleShareList
 	actShareListDone                          // a handled ShareList: log and count (res, err)
+	actInvited                                // an invitation arrived (receipt; had: it was new)
 )
 
 // why says why an update or uplink is published.
@@ -226,6 +247,7 @@ type action struct {
 	se      *sitedata.SiteError
 	same    bool
 	share   *wire.SecAggMessage
+	invited bool
 }
 
 // step applies ev and returns the actions it decides.
@@ -239,6 +261,8 @@ func (s *session) step(ev sessionEvent) []action {
 		return s.solveDone(ev)
 	case receiptArrived:
 		switch ev.r.GetSubject() {
+		case wire.ReceiptSubject_RECEIPT_SUBJECT_INVITATION:
+			return s.invited(ev.r)
 		case wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE:
 			return s.updateReceipt(ev.r)
 		case wire.ReceiptSubject_RECEIPT_SUBJECT_SECAGG:
@@ -299,6 +323,12 @@ func (s *session) announced(ann *wire.RoundAnnouncement) []action {
 	// or runs, whatever its round number (the new run counts from 1).
 	if p := s.pending; p == nil || ann.Round >= p.Round || (ann.RunId != "" && ann.RunId != p.RunId) {
 		s.pending = ann
+		if d := s.deferred; d != nil && (ann.Round >= d.Round || ann.RunId != d.RunId) {
+			s.deferred = nil // superseded: the new one is handled instead
+		}
+	}
+	if l := s.latest; l == nil || ann.Round >= l.Round || (ann.RunId != "" && ann.RunId != l.RunId) {
+		s.latest = ann
 	}
 	var acts []action
 	if cur := s.solving; cur != nil && ann.Federation == s.federation {
@@ -338,7 +368,27 @@ func (s *session) take() []action {
 			s.finished, s.finishedRun = false, ""
 		}
 	}
-	return append(acts, action{kind: actStartSolve, ann: ann})
+	return append(acts, action{kind: actStartSolve, ann: ann, invited: s.invite.invites(ann)})
+}
+
+// invited keeps the invitation r (the newest one: of another run, or of a
+// later round) and, when the newest announcement is the round it invites
+// to, hands that announcement to the solver again: it was handled (or is
+// being handled) as not selecting this site. A repeated invitation does
+// the same: the solver finds the round applied and re-sends its update if
+// it is not receipted yet, as for a repeated announcement.
+func (s *session) invited(r *wire.Receipt) []action {
+	inv := &invitation{run: r.RunId, round: r.Round}
+	fresh := s.invite == nil || *s.invite != *inv
+	if s.invite == nil || inv.run != s.invite.run || inv.round >= s.invite.round {
+		s.invite = inv
+	}
+	acts := []action{{kind: actInvited, receipt: r, had: fresh}}
+	if l := s.latest; s.invite.invites(l) && !s.closing {
+		s.pending = l
+		acts = append(acts, action{kind: actWake})
+	}
+	return acts
 }
 
 // solveDone classifies what Handle returned and decides what follows:
@@ -377,6 +427,15 @@ func (s *session) solveDone(ev solveDone) []action {
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendAgain})
 	case res.Action == ActionSecAgg:
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendFirst})
+	case res.Action == ActionWaiting:
+		// The receipt may have come while the handler looked at the
+		// outbox: then the round goes back to the solver now.
+		if s.olderUnreceipted(ann.Round) {
+			s.deferred = ann
+		} else if s.pending == nil {
+			s.pending = ann
+			acts = append(acts, action{kind: actWake})
+		}
 	case res.Action == ActionFinished:
 		s.finished, s.finishedRun = true, ann.RunId
 		acts = s.dropUplinks(acts, func(string) bool { return true })
@@ -391,10 +450,34 @@ func (s *session) solveDone(ev solveDone) []action {
 	return acts
 }
 
-// updateReceipt: accepted drops the outbox entry; INTERNAL keeps it and
-// re-sends it after a backoff; any other rejection drops it and forgets the
-// aggregator's FedSplit copy of z, which assumed it would be applied.
+// updateReceipt: accepted drops the outbox entry (a sum-mode update's
+// advances the site's record); INTERNAL keeps it and re-sends it after a
+// backoff; any other rejection drops it and forgets the aggregator's
+// FedSplit copy of z, which assumed it would be applied. A sum-mode round
+// deferred for the receipt goes back to the solver once the entry is gone.
 func (s *session) updateReceipt(r *wire.Receipt) []action {
+	acts := s.receiptOutcome(r)
+	if d := s.deferred; d != nil && (r.Accepted || r.Code != wire.ReceiptCode_RECEIPT_CODE_INTERNAL) {
+		s.deferred = nil
+		if s.pending == nil {
+			s.pending = d
+			acts = append(acts, action{kind: actWake})
+		}
+	}
+	return acts
+}
+
+// olderUnreceipted reports whether the outbox holds an update of a round
+// before round (a store error counts as yes: the next receipt retries).
+func (s *session) olderUnreceipted(round uint64) bool {
+	out, err := s.store.Outbox()
+	if err != nil {
+		return true
+	}
+	return slices.ContainsFunc(out, func(e storage.OutboxEntry) bool { return e.Round < round })
+}
+
+func (s *session) receiptOutcome(r *wire.Receipt) []action {
 	var acts []action
 	switch {
 	case r.Accepted:

@@ -118,6 +118,9 @@ var (
 func render(a action) string {
 	switch a.kind {
 	case actStartSolve:
+		if a.invited {
+			return fmt.Sprintf("start %s/%d invited", a.ann.RunId, a.ann.Round)
+		}
 		return fmt.Sprintf("start %s/%d", a.ann.RunId, a.ann.Round)
 	case actPreempt:
 		return fmt.Sprintf("preempt %d by %d: %v", a.solving, a.ann.Round, a.err)
@@ -171,6 +174,11 @@ func render(a action) string {
 			return fmt.Sprintf("share-list %d failed", a.share.Round)
 		}
 		return fmt.Sprintf("share-list %d %s", a.share.Round, a.res.Action)
+	case actInvited:
+		if a.had {
+			return fmt.Sprintf("invited %s/%d", a.receipt.RunId, a.receipt.Round)
+		}
+		return fmt.Sprintf("invited %s/%d again", a.receipt.RunId, a.receipt.Round)
 	}
 	return fmt.Sprintf("action(%d)", a.kind)
 }

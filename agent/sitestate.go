@@ -115,8 +115,12 @@ func (a *Agent) publishStatus() {
 // stays quiet until another run is announced).
 func (a *Agent) runFinished(ann *wire.RoundAnnouncement, res Result) {
 	if f := res.Final; f != nil {
-		a.log.Info("federation finished; final model written", "path", a.cfg.ModelOut, "digest", f.Digest,
-			"round", f.Round, "run_id", f.RunID, "bytes", len(f.Bundle))
+		args := []any{"path", a.cfg.ModelOut, "digest", f.Digest, "round", f.Round, "run_id", f.RunID, "bytes", len(f.Bundle)}
+		if d := ann.GetDp(); d != nil {
+			// The guarantee the bundle records (docs/privacy.md).
+			args = append(args, "dp_epsilon", d.GetEpsilonSpent(), "dp_delta", d.GetDelta())
+		}
+		a.log.Info("federation finished; final model written", args...)
 	} else {
 		a.log.Info("federation finished", "round", ann.Round, "run_id", ann.RunId)
 	}

@@ -30,7 +30,8 @@ import (
 //	trimmed                     beta [0.1]
 //	normbound                   bound=B | mult=M [mult=3], inner=SPEC [fedavg]
 //
-// Selectors: uniform, samples, loss (power [1], explore [0.1]), window.
+// Selectors: uniform, samples, loss (power [1], explore [0.1]), window,
+// poisson (q [0: k/n, k the sites requested per round, n the candidates]).
 //
 // Unknown names and keys are errors that list the valid ones.
 
@@ -166,7 +167,7 @@ func Names() []string {
 }
 
 // SelectorNames returns the selector names NewSelector accepts, sorted.
-func SelectorNames() []string { return []string{"loss", "samples", "uniform", "window"} }
+func SelectorNames() []string { return []string{"loss", "poisson", "samples", "uniform", "window"} }
 
 // NewAggregator builds an aggregator from a spec (see the grammar above).
 // seed seeds the aggregators that draw random numbers (fedsim-cluster's
@@ -191,13 +192,13 @@ func NewAggregator(spec string, seed uint64) (Aggregator, error) {
 }
 
 // NewSelector builds a selector from a spec: uniform, samples,
-// loss[:power=P][:explore=E], window.
+// loss[:power=P][:explore=E], window, poisson[:q=Q].
 func NewSelector(spec string) (Selector, error) {
 	name, o, err := parseSpec(spec, "")
 	if err != nil {
 		return nil, err
 	}
-	keys := map[string][]string{"uniform": nil, "samples": nil, "window": nil, "loss": {"power", "explore"}}
+	keys := map[string][]string{"uniform": nil, "samples": nil, "window": nil, "loss": {"power", "explore"}, "poisson": {"q"}}
 	k, ok := keys[name]
 	if !ok {
 		return nil, fmt.Errorf("aggregate: unknown selector %q (valid: %s)", name, strings.Join(SelectorNames(), ", "))
@@ -212,6 +213,15 @@ func NewSelector(spec string) (Selector, error) {
 		return BySamples{}, nil
 	case "window":
 		return NewWindow(), nil
+	case "poisson":
+		q, err := o.float("q", 0)
+		if err != nil {
+			return nil, fmt.Errorf("aggregate: poisson: %w", err)
+		}
+		if _, set := o.kv["q"]; set && !(q > 0 && q <= 1) {
+			return nil, fmt.Errorf("aggregate: poisson: q = %v, want a probability in (0, 1] (omit q for k/n)", q)
+		}
+		return Poisson{Q: q}, nil
 	}
 	b := ByLoss{}
 	if b.Power, err = o.float("power", 1); err != nil {

@@ -113,7 +113,7 @@ func TestNewSelector(t *testing.T) {
 		}
 	}
 	for spec, want := range map[string]string{
-		"random":         "loss, samples, uniform, window",
+		"random":         "loss, poisson, samples, uniform, window",
 		"window:size=3":  "valid: none",
 		"loss:temp=2":    "power, explore",
 		"loss:power=-1":  "power = -1",

@@ -27,7 +27,10 @@
 // re-selections the round stalls: it keeps its selection, sets no timer and
 // closes when enough invited clients report. It never closes below quorum:
 // a global model made of one or two hospitals' models would publish those
-// sites' models to everyone.
+// sites' models to everyone. A Sampler selector (Poisson, differential
+// privacy only) draws rounds of random size; their quorum is a fraction of
+// the draw, and an empty draw closes at once (coordinator_select.go): the
+// noise, not the quorum, protects the sites then.
 //
 // # Updates
 //
@@ -44,22 +47,31 @@
 // StoreFailed: it is forgotten, and the state is what it was before it);
 // see coordinator_propose.go. Carry out each batch's decisions in order,
 // and persist the state (MarshalState) before doing anything visible
-// outside (publishing an announcement, sending a receipt).
-// Like raft's "persist before send", this guarantees that a restarted
-// coordinator never announces a different selection for a round and attempt
-// that the clients have already seen, and never counts an update it does not
-// hold; an update stored without the state that accepts it is simply
-// accepted again when the unreceipted client re-sends it. CloseRound ends a round; the shell
+// outside (publishing an announcement, sending a receipt), except after a
+// lone accept (Replayable) of a message stored with a replay log entry:
+// its only visible decision is its receipt, and the log rebuilds the state
+// it changed (coordinator_replay.go). Like raft's "persist before send",
+// this guarantees that a restarted coordinator never announces a different
+// selection for a round and attempt that the clients have already seen,
+// and never counts an update it does not hold. CloseRound ends a round; the shell
 // aggregates, checkpoints, persists and only then steps AggregatedRound, which
 // opens the next round (or emits Finished), so the closed round is durable
 // before the next announcement is published.
 //
 // # Restart
 //
-// State holds the open round's received set, so the shell restores it with
-// Restore (no re-feeding of updates) and carries out Resume(): the current
-// announcement and timer, or the pending CloseRound. Ticks for deadlines
-// that passed while the process was down are handled as late ticks.
+// The shell restores the stored State (the open round's received set as of
+// its last write) with Restore, hands the messages stored since, from the
+// round log's replay log, to Replay in the order they were stored, and
+// carries out Resume(): the current announcement and timer, or the pending
+// CloseRound. The invariant (coordinator_replay.go gives the argument): the
+// stored state plus the stored messages not yet reflected in it, replayed in
+// order at their stored times, is exactly the state the coordinator had when
+// it last applied a stored message; a replayed message the state already
+// reflects (its index at or below State.Applied) is a silent no-op, not a
+// counted duplicate; a replay has no effect outside the coordinator. Ticks
+// for deadlines that passed while the process was down are handled as late
+// ticks.
 package aggregator
 
 import (
@@ -96,7 +108,21 @@ type Config struct {
 	// Seed derives each selection's random source, together with the round
 	// number and the attempt, so a restarted coordinator selects the same.
 	Seed uint64
-	// Selector picks clients; nil means aggregate.Uniform. A selector that
+	// SelectionKey, when set, replaces Seed as the selection's source: a
+	// secret key (streams.Secret), so that nobody who knows the public seed
+	// predicts the draw (differential privacy; docs/privacy.md, "Sampling
+	// rate"). The shell keeps it in its state file.
+	SelectionKey *[32]byte
+	// Invitations: the selection is not published (the shell announces
+	// rounds without it); the coordinator emits an Invite for every
+	// selected client with the announcement, again with an extension and
+	// whenever an invited client that has not reported comes online, and
+	// Resume repeats them (differential privacy; coordinator_select.go).
+	Invitations bool
+	// Selector picks clients; nil means aggregate.Uniform. A Sampler
+	// (aggregate.Poisson) draws rounds of random size, possibly empty:
+	// the round's quorum is then Quorum/K of its selection, and an empty
+	// round closes at once (coordinator_select.go); it needs DP. A selector that
 	// keeps state between rounds must implement json.Marshaler and
 	// json.Unmarshaler for Snapshot/Restore to carry that state; otherwise a
 	// restarted coordinator's selector starts afresh.
@@ -115,6 +141,12 @@ type Config struct {
 	// have, and from then on as soon as Quorum have.
 	Statistics bool
 	StatsSites int
+	// DeclaredTransform (with Statistics): the schema declares the
+	// preprocessing, so no site sends statistics: the first event closes
+	// the phase at once with FitTransform of no sites, and the evaluation
+	// waits for the sites that have had an update accepted instead of the
+	// statistics sites (coordinator_fed.go).
+	DeclaredTransform bool
 	// Evaluate: the run asks every site for an evaluation report of the
 	// global model in announcement r when r > 1 and (r-1) % EvalEvery == 0
 	// (EvalEvery 0: never during the run), and of the final model when it
@@ -131,7 +163,8 @@ type Config struct {
 
 	// DP is central differential privacy's accountant and budget
 	// (coordinator_dp.go; nil: off). It needs MaxReselections = 0, no
-	// StoreLate and no federation schema.
+	// StoreLate and, with a federation schema, DeclaredTransform and no
+	// StopPatience (coordinator_fed.go).
 	DP *dp.Config
 	// SecAgg is secure aggregation's phases (coordinator_secagg.go; nil:
 	// off). It needs a quorum of at least its threshold, no StoreLate, no
@@ -172,6 +205,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: StopTol %v, StopDelta %v: want finite and >= 0", ErrConfig, c.StopTol, c.StopDelta)
 	case c.Evaluate && !c.Statistics:
 		return fmt.Errorf("%w: Evaluate needs the statistics phase (the sites it waits for)", ErrConfig)
+	case c.DeclaredTransform && !c.Statistics:
+		return fmt.Errorf("%w: DeclaredTransform is a way through the statistics phase: it needs Statistics", ErrConfig)
 	}
 	if err := c.validateSecAgg(); err != nil {
 		return err
@@ -331,6 +366,11 @@ type CloseRound struct {
 	At           time.Time
 	Final        bool
 	Late         int
+	// Denominator is a DP round's fixed denominator m
+	// (aggregate.DPDenominator, fixed when the round was drawn); 0
+	// without DP, or in a state written before it was kept (then the
+	// invited sites, contributors and stragglers, are m).
+	Denominator int
 }
 
 // SetTimer: (re)arm the single timer to fire a Tick at At; the zero time
@@ -508,6 +548,7 @@ type Coordinator struct {
 	late         int       // late updates (AcceptLate) since the last aggregation
 	counters     Counters
 	proposal     Event       // an accepted message awaiting Stored or StoreFailed (coordinator_propose.go)
+	applied      uint64      // the replay log index of the last stored message applied (coordinator_replay.go)
 	fed          fedState    // the statistics phase, evaluations, stopping rules
 	dp           dpState     // the accountant (Config.DP)
 	sa           secAggState // the round's secure aggregation (Config.SecAgg)
@@ -597,6 +638,9 @@ func (c *Coordinator) Step(ev Event) []Decision {
 	if out, ok := c.settle(ev); ok {
 		return out
 	}
+	if c.clipEstimated(ev) {
+		return nil
+	}
 	switch c.phase {
 	case PhaseFinished:
 		return c.stepFinished(ev)
@@ -655,27 +699,33 @@ func (c *Coordinator) timerDecision(out []Decision) []Decision {
 
 // stepFinished is Step once the run has finished.
 func (c *Coordinator) stepFinished(ev Event) []Decision {
-	{
-		// No round changes any more, but an update still gets its answer,
-		// so that the site clears its outbox instead of re-sending, and
-		// presence is still tracked, so that status after the run shows
-		// the sites that went offline as offline (they decide nothing).
-		switch e := ev.(type) {
-		case UpdateArrived:
-			return c.afterFinish(e)
-		case ClientOnline:
-			return c.clientOnline(e)
-		case ClientOffline:
-			return c.clientOffline(e)
-		case EvalArrived:
-			return c.evalArrived(e, norm(e.At))
-		case StatisticsArrived:
-			return c.lateStatistics(e)
-		case SecAggArrived:
-			return c.secAggArrived(e, norm(e.At))
-		}
-		return nil
+	out, _ := c.afterRun(ev)
+	return out
+}
+
+// afterRun answers the events that still get an answer once the run has
+// ended (finished, or awaiting the final evaluation reports); ok is false
+// for any other event. No round changes any more, but an update still gets
+// its answer, so that the site clears its outbox instead of re-sending;
+// presence is still tracked, so that status after the run shows the sites
+// that went offline as offline (they decide nothing); evaluation reports
+// are taken and statistics are late.
+func (c *Coordinator) afterRun(ev Event) (out []Decision, ok bool) {
+	switch e := ev.(type) {
+	case UpdateArrived:
+		return c.afterFinish(e), true
+	case ClientOnline:
+		return c.clientOnline(e), true
+	case ClientOffline:
+		return c.clientOffline(e), true
+	case EvalArrived:
+		return c.evalArrived(e, norm(e.At)), true
+	case StatisticsArrived:
+		return c.lateStatistics(e), true
+	case SecAggArrived:
+		return c.secAggArrived(e, norm(e.At)), true
 	}
+	return nil, false
 }
 
 // afterFinish answers an update that arrives once the federation finished:
@@ -733,7 +783,7 @@ func (c *Coordinator) clientOnline(e ClientOnline) []Decision {
 	cl.failing = e.Failing
 	cl.samples = max(e.Samples, 0)
 	cl.conn = max(cl.conn, e.Conn)
-	return nil
+	return c.reinvite(e.ID)
 }
 
 func (c *Coordinator) clientOffline(e ClientOffline) []Decision {
@@ -842,7 +892,7 @@ func (c *Coordinator) update(u UpdateArrived, at time.Time) []Decision {
 
 // closable says whether the open round can close now.
 func (c *Coordinator) closable() bool {
-	if len(c.received) < c.cfg.Quorum {
+	if len(c.received) < c.quorum() {
 		return false
 	}
 	if c.overdue {
@@ -874,7 +924,7 @@ func (c *Coordinator) close(at time.Time, out []Decision) []Decision {
 
 func (c *Coordinator) closeDecision() CloseRound {
 	cr := CloseRound{Round: c.round, At: c.closedAt, Contributors: []string{}, Partial: []string{}, Stragglers: []string{},
-		Final: c.final(), Late: c.late}
+		Final: c.final(), Late: c.late, Denominator: c.dp.m}
 	for id, partial := range c.received {
 		cr.Contributors = append(cr.Contributors, id)
 		if partial {
@@ -893,7 +943,7 @@ func (c *Coordinator) closeDecision() CloseRound {
 }
 
 func (c *Coordinator) deadlinePassed(at time.Time, out []Decision) []Decision {
-	if len(c.received) >= c.cfg.Quorum {
+	if len(c.received) >= c.quorum() {
 		return c.close(at, out)
 	}
 	c.overdue = true
@@ -901,6 +951,7 @@ func (c *Coordinator) deadlinePassed(at time.Time, out []Decision) []Decision {
 		c.extended = true
 		c.deadline = at.Add(c.cfg.Extension)
 		c.counters.Extensions++
+		out = c.invite(out, c.waitingFor())
 		return append(out, Extend{Round: c.round, Selected: slices.Clone(c.selected), Deadline: c.deadline})
 	}
 	if m := c.cfg.MaxReselections; m >= 0 && c.attempts-1 >= m {
@@ -942,7 +993,7 @@ func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
 	}
 	picks := c.pick(pool, c.cfg.K-len(c.received), attempt)
 	if attempt == 0 {
-		c.dp.q = c.roundQ(len(pool))
+		c.dpDrawn(len(pool))
 	}
 	c.attempts++
 	if attempt > 0 {
@@ -958,11 +1009,21 @@ func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
 		c.clients[id].invite(c.round)
 	}
 	slices.Sort(sel)
+	if len(sel) == 0 {
+		sel = nil // an empty Poisson draw, as Restore gives it back
+	}
 	c.selected = sel
 	c.phase = PhaseCollecting
 	c.deadline = at.Add(c.cfg.RoundTimeout)
 	c.extended = false
-	return append(out, Announce{Round: c.round, Attempt: attempt, Selected: slices.Clone(sel), Deadline: c.deadline})
+	out = c.invite(out, picks)
+	out = append(out, Announce{Round: c.round, Attempt: attempt, Selected: slices.Clone(sel), Deadline: c.deadline})
+	if c.closable() {
+		// An empty Poisson draw: the round is released at once (under DP,
+		// noise only; coordinator_select.go).
+		out = c.close(at, out)
+	}
+	return out
 }
 
 // pick asks the selector for k of pool. A selector's answer is trusted only
@@ -976,7 +1037,12 @@ func (c *Coordinator) pick(pool []string, k, attempt int) []string {
 		cl := c.clients[id]
 		cands[i] = aggregate.Candidate{ID: id, Samples: cl.samples, Loss: cl.loss}
 	}
-	idx := c.sel.Select(c.round, cands, k, streams.Of(c.cfg.Seed, streams.Select, c.round, attempt))
+	idx := c.sel.Select(c.round, cands, k, streams.Selection(c.cfg.Seed, c.cfg.SelectionKey, c.round, attempt))
+	if c.sampled() {
+		// A Sampler's selection is its whole answer, of any size: never
+		// capped at k or topped up.
+		k = len(pool)
+	}
 	taken := make([]bool, len(pool))
 	picks := make([]string, 0, k)
 	for _, i := range idx {
@@ -988,7 +1054,7 @@ func (c *Coordinator) pick(pool []string, k, attempt int) []string {
 			picks = append(picks, pool[i])
 		}
 	}
-	for i := 0; len(picks) < k; i++ {
+	for i := 0; len(picks) < k && !c.sampled(); i++ {
 		if !taken[i] {
 			taken[i] = true
 			picks = append(picks, pool[i])
@@ -1047,6 +1113,7 @@ func (c *Coordinator) Resume() []Decision {
 	var out []Decision
 	switch c.phase {
 	case PhaseCollecting, PhaseStalled:
+		out = c.invite(out, c.waitingFor())
 		out = append(out, Announce{Round: c.round, Attempt: c.attempts - 1, Selected: slices.Clone(c.selected), Deadline: c.deadline})
 	case PhaseClosing:
 		out = append(out, c.closeDecision())

@@ -2,8 +2,12 @@ package aggregator
 
 import (
 	"fmt"
+	"maps"
+	"math"
 	"slices"
+	"time"
 
+	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/dp"
 )
 
@@ -12,12 +16,19 @@ import (
 //
 //   - a round's selection is drawn once (no re-selection: a second draw
 //     would raise the round's sampling rate after its budget check); its
-//     sampling rate is q = K_t / N_t, the sites invited over the pool the
-//     selection was drawn from;
+//     sampling rate q_t is aggregate.SamplingRate over the pool N_t it was
+//     drawn from (poisson: its q, or K/N_t; uniform: K_t / N_t), and its
+//     fixed denominator m_t aggregate.DPDenominator, both fixed by the
+//     draw before anyone answers;
 //   - a round is only drawn when one more round at that q keeps the
 //     accountant within the budget (otherwise it waits for a larger pool);
 //   - the accountant is charged when the round closes, so the state stored
-//     with the round's checkpoint holds the charge, once;
+//     with the round's checkpoint holds the charge, once; so is each
+//     contributor's count of rounds, from which the unamplified per-site
+//     epsilon is reported (docs/privacy.md, "Sampling rate", option (b):
+//     the unsampled Gaussian, q = 1, over the rounds a site's update was in
+//     the aggregate, the maximum over sites; the figure that holds against
+//     whoever learns the selection, the aggregator included);
 //   - after an aggregation the run finishes (StopReason "dp_budget", the
 //     normal end of a run) when not even the whole registry as the pool
 //     would keep the next round within the budget.
@@ -27,19 +38,80 @@ import (
 const StopDPBudget = "dp_budget"
 
 // DPState is the accountant in State (absent without Config.DP): its RDP
-// values, and the sampling rate of the open round's selection.
+// values, the sampling rate and fixed denominator of the open round's
+// selection, how many aggregated rounds each site contributed to, the
+// charging history, and with adaptive clipping the clip norm of the open
+// round (0: Config.DP.Clip).
 type DPState struct {
-	Accountant *dp.Accountant `json:"accountant"`
-	Q          float64        `json:"q,omitempty"`
+	Accountant *dp.Accountant    `json:"accountant"`
+	Q          float64           `json:"q,omitempty"`
+	M          int               `json:"denominator,omitempty"`
+	SiteRounds map[string]uint64 `json:"site_rounds,omitempty"`
+	// Rates is the charging history (bundles record the epsilon of their
+	// round from it: server_dpschema.go).
+	Rates []dp.Rate `json:"rates,omitempty"`
+	Clip  float64   `json:"clip,omitempty"`
 }
 
 type dpState struct {
-	acc *dp.Accountant
-	q   float64
+	acc   *dp.Accountant
+	q     float64
+	rates []dp.Rate
+	clip  float64
+	m     int
+	sites map[string]uint64
+	// unsampled is the accountant of the most charged site: max(sites)
+	// steps of (1, z). z is the run's, so a site's unamplified accountant
+	// is its count of rounds alone, and the maximum over sites is the
+	// site with the most; stepping it reuses the RDP vector of (1, z).
+	// Not state: rebuilt from sites by restoreDP.
+	unsampled *dp.Accountant
+}
+
+// ClipEstimated: adaptive clipping (Config.DP.Adaptive) estimated the clip
+// norm of the round after Round from its noised clip bits. The shell steps
+// it while Round closes, before it stores the state with the next round's
+// checkpoint, so the clip norm moves with the checkpoint, once. Ignored
+// otherwise.
+type ClipEstimated struct {
+	Round int
+	Clip  float64
+	At    time.Time
+}
+
+func (e ClipEstimated) eventTime() time.Time { return e.At }
+
+// clipEstimated applies a ClipEstimated; ok is false for other events.
+func (c *Coordinator) clipEstimated(ev Event) (ok bool) {
+	e, ok := ev.(ClipEstimated)
+	if !ok {
+		return false
+	}
+	if c.cfg.DP == nil || c.cfg.DP.Adaptive == nil || c.phase != PhaseClosing || e.Round != c.round ||
+		!(e.Clip > 0) || math.IsInf(e.Clip, 0) {
+		c.counters.Ignored++
+		return true
+	}
+	c.dp.clip = e.Clip
+	return true
+}
+
+// DPClip is the clip norm of the open round (0 without DP).
+func (c *Coordinator) DPClip() float64 {
+	switch {
+	case c.cfg.DP == nil:
+		return 0
+	case c.dp.clip > 0:
+		return c.dp.clip
+	}
+	return c.cfg.DP.Clip
 }
 
 func (c Config) validateDP() error {
 	d := c.DP
+	if _, ok := c.Selector.(aggregate.Sampler); ok && d == nil {
+		return fmt.Errorf("%w: selector %s draws rounds of random size, possibly of one site or none: it needs differential privacy (--dp), whose noise covers a round of any size; use uniform", ErrConfig, c.Selector.Name())
+	}
 	if d == nil {
 		return nil
 	}
@@ -51,18 +123,23 @@ func (c Config) validateDP() error {
 		return fmt.Errorf("%w: differential privacy needs MaxReselections = 0 (a re-selection raises a round's sampling rate after its budget check)", ErrConfig)
 	case c.StoreLate:
 		return fmt.Errorf("%w: differential privacy refuses late updates (a site would contribute outside its sampled round)", ErrConfig)
-	case c.Statistics || c.Evaluate:
-		return fmt.Errorf("%w: differential privacy with a federation schema: its statistics and evaluation reports are outside the guarantee", ErrConfig)
 	}
-	return nil
+	return c.validateFedDP()
 }
 
-// roundQ is the sampling rate of a selection of min(K, n) from a pool of n.
+// roundQ is the sampling rate of a selection from a pool of n.
 func (c *Coordinator) roundQ(n int) float64 {
-	if n <= 0 {
-		return 1
+	return c.cfg.DP.ChargedRate(aggregate.SamplingRate(c.sel, c.cfg.K, n))
+}
+
+// dpDrawn fixes the sampling rate and the denominator of the round just
+// drawn from a pool of n.
+func (c *Coordinator) dpDrawn(n int) {
+	if c.cfg.DP == nil {
+		return
 	}
-	return float64(min(c.cfg.K, n)) / float64(n)
+	c.dp.q = c.roundQ(n)
+	c.dp.m = aggregate.DPDenominator(c.sel, c.cfg.K, n)
 }
 
 // dpFits says whether a round drawn from a pool of n sites keeps the
@@ -83,6 +160,28 @@ func (c *Coordinator) dpCharge() {
 	// Step fails only on a q outside [0, 1] or an invalid z, which
 	// roundQ and Config.validate rule out.
 	_ = c.dp.acc.Step(c.dp.q, c.cfg.DP.Noise)
+	c.dp.rates = dp.AppendRate(c.dp.rates, c.dp.q, c.cfg.DP.Noise)
+	if c.dp.sites == nil {
+		c.dp.sites = map[string]uint64{}
+	}
+	for id := range c.received {
+		c.dp.sites[id]++
+	}
+	c.syncUnsampled()
+}
+
+// syncUnsampled steps the most charged site's accountant up to its count.
+func (c *Coordinator) syncUnsampled() {
+	if c.dp.unsampled == nil {
+		c.dp.unsampled = dp.NewAccountant(nil)
+	}
+	var most uint64
+	for _, n := range c.dp.sites {
+		most = max(most, n)
+	}
+	for c.dp.unsampled.Rounds < most {
+		_ = c.dp.unsampled.Step(1, c.cfg.DP.Noise) // valid z: see dpCharge
+	}
 }
 
 // dpExhausted says whether no pool the registry can offer keeps the next
@@ -107,12 +206,32 @@ func (c *Coordinator) Privacy() (eps float64, rounds uint64, ok bool) {
 	return eps, c.dp.acc.Rounds, true
 }
 
+// SitePrivacy is the unamplified per-site epsilon at the configured delta
+// (the unsampled Gaussian over the rounds each site contributed to, the
+// maximum over sites) and that site's count of rounds; ok is false
+// without DP.
+func (c *Coordinator) SitePrivacy() (eps float64, rounds uint64, ok bool) {
+	if c.cfg.DP == nil {
+		return 0, 0, false
+	}
+	if c.dp.unsampled == nil || c.dp.unsampled.Rounds == 0 {
+		return 0, 0, true
+	}
+	eps, _ = c.dp.unsampled.Epsilon(c.cfg.DP.Delta)
+	return eps, c.dp.unsampled.Rounds, true
+}
+
 func (c *Coordinator) snapshotDP() *DPState {
 	if c.cfg.DP == nil {
 		return nil
 	}
 	a := c.dp.acc
-	return &DPState{Accountant: &dp.Accountant{Orders: slices.Clone(a.Orders), RDP: slices.Clone(a.RDP), Rounds: a.Rounds}, Q: c.dp.q}
+	s := &DPState{Accountant: &dp.Accountant{Orders: slices.Clone(a.Orders), RDP: slices.Clone(a.RDP), Rounds: a.Rounds}, Q: c.dp.q, M: c.dp.m,
+		Rates: slices.Clone(c.dp.rates), Clip: c.dp.clip}
+	if len(c.dp.sites) > 0 {
+		s.SiteRounds = maps.Clone(c.dp.sites)
+	}
+	return s
 }
 
 func (c *Coordinator) restoreDP(s *DPState) error {
@@ -127,9 +246,19 @@ func (c *Coordinator) restoreDP(s *DPState) error {
 		return nil
 	}
 	a := s.Accountant
-	if len(a.Orders) == 0 || len(a.RDP) != len(a.Orders) || !(s.Q >= 0 && s.Q <= 1) {
-		return fmt.Errorf("%w: the accountant has %d orders, %d RDP values, q %v", ErrBadState, len(a.Orders), len(a.RDP), s.Q)
+	if len(a.Orders) == 0 || len(a.RDP) != len(a.Orders) || !(s.Q >= 0 && s.Q <= 1) || s.M < 0 || !(s.Clip >= 0) || math.IsInf(s.Clip, 0) {
+		return fmt.Errorf("%w: the accountant has %d orders, %d RDP values, q %v, denominator %d, clip %v", ErrBadState, len(a.Orders), len(a.RDP), s.Q, s.M, s.Clip)
 	}
-	c.dp = dpState{acc: &dp.Accountant{Orders: slices.Clone(a.Orders), RDP: slices.Clone(a.RDP), Rounds: a.Rounds}, q: s.Q}
+	if err := checkRates(s.Rates, a.Rounds); err != nil {
+		return err
+	}
+	for id, n := range s.SiteRounds {
+		if id == "" || n > a.Rounds {
+			return fmt.Errorf("%w: site %q contributed to %d of %d charged rounds", ErrBadState, id, n, a.Rounds)
+		}
+	}
+	c.dp = dpState{acc: &dp.Accountant{Orders: slices.Clone(a.Orders), RDP: slices.Clone(a.RDP), Rounds: a.Rounds}, q: s.Q, m: s.M,
+		sites: maps.Clone(s.SiteRounds), rates: slices.Clone(s.Rates), clip: s.Clip}
+	c.syncUnsampled()
 	return nil
 }

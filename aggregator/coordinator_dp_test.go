@@ -99,3 +99,44 @@ func TestCoordinatorDPConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestCoordinatorClipEstimated: adaptive clipping's next clip norm is taken
+// only while its round closes (and only with adaptive clipping), becomes
+// DPClip for the next round and survives Snapshot/Restore.
+func TestCoordinatorClipEstimated(t *testing.T) {
+	cfg := dpCoordConfig(0)
+	cfg.DP.Adaptive = &dp.Adaptive{Quantile: 0.5, LR: 0.2, BitNoise: 1}
+	c := mustNew(t, cfg)
+	bringOnline(c, ms(0), "a", "b", "c", "d")
+	if c.DPClip() != cfg.DP.Clip {
+		t.Fatalf("first clip %v, want %v", c.DPClip(), cfg.DP.Clip)
+	}
+	a := only[Announce](t, c.Step(Tick{At: ms(50)}))
+	c.Step(ClipEstimated{Round: a.Round, Clip: 0.5, At: ms(60)}) // the round is collecting: ignored
+	if c.DPClip() != cfg.DP.Clip {
+		t.Fatal("a clip estimate outside the round's close was taken")
+	}
+	var out []Decision
+	for i, id := range a.Selected {
+		out = append(out, c.Step(upd(id, a.Round, 100+i))...)
+	}
+	cr := only[CloseRound](t, out)
+	for _, bad := range []ClipEstimated{{Round: cr.Round + 1, Clip: 0.5}, {Round: cr.Round, Clip: math.Inf(1)}, {Round: cr.Round, Clip: 0}} {
+		c.Step(bad)
+	}
+	if c.DPClip() != cfg.DP.Clip {
+		t.Fatal("a bad clip estimate was taken")
+	}
+	c.Step(ClipEstimated{Round: cr.Round, Clip: 0.7, At: ms(150)})
+	c = restored(t, cfg, c)
+	c.Step(AggregatedRound{Round: cr.Round, At: ms(200)})
+	if c.DPClip() != 0.7 {
+		t.Fatalf("clip after the round %v, want 0.7", c.DPClip())
+	}
+	fixed := dpCoordConfig(0)
+	f := mustNew(t, fixed)
+	f.Step(ClipEstimated{Round: 0, Clip: 0.7})
+	if f.DPClip() != fixed.DP.Clip {
+		t.Fatal("a fixed clip norm moved")
+	}
+}

@@ -1,15 +1,20 @@
 package aggregator
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"time"
+
+	"github.com/edgefl/edgefl/dp"
 )
 
 // The protocol of a run with a federation schema (issue 11), as part of the
 // same deterministic state machine:
 //
-//   - Statistics phase (Config.Statistics), before round 1: the first event
+//   - Statistics phase (Config.Statistics), before round 1 (with
+//     Config.DeclaredTransform it closes at the first event, FitTransform of
+//     no sites: the schema declares the preprocessing): the first event
 //     announces it (AnnounceStatistics, with a deadline RoundTimeout later);
 //     each site's first valid statistics are accepted (AcceptStatistics:
 //     store durably, then receipt), a copy is a Duplicate. At StatsSites
@@ -22,7 +27,9 @@ import (
 //   - Evaluation (Config.Evaluate): announcement r asks for eval round r-1
 //     (EvalAt). EvalArrived for a requested eval round from a known client
 //     is accepted (AcceptEval: store idempotently, receipt); once every
-//     statistics site has reported the latest requested eval round,
+//     evaluation site (evalSites: the statistics sites, or with a declared
+//     transform the sites with an accepted update) has reported the
+//     latest requested eval round,
 //     EvalComplete tells the shell (log it, write the latest bundle).
 //   - Stopping (StopPatience/StopTol on the federated losses the shell
 //     hands in with AggregatedRound, StopDelta on the model's change) and
@@ -147,6 +154,52 @@ func (f *fedState) statsList() []string {
 	})
 }
 
+// evalSites are the sites an evaluation waits for, sorted: those whose
+// statistics were accepted, or with a declared transform (no statistics)
+// those that have had an update accepted in the run.
+func (c *Coordinator) evalSites() []string {
+	if !c.cfg.DeclaredTransform {
+		return c.fed.statsList()
+	}
+	var ids []string
+	for id, cl := range c.clients {
+		if cl.lastRound > 0 {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// validateFedDP: differential privacy with a federation schema needs the
+// schema's declared preprocessing (no site sends statistics) and no
+// patience rule (the run's length would then depend on the sites'
+// evaluation losses, which the guarantee does not cover; docs/privacy.md,
+// "Evaluation under DP").
+func (c Config) validateFedDP() error {
+	switch {
+	case c.Statistics && !c.DeclaredTransform:
+		return fmt.Errorf("%w: differential privacy with a federation schema needs the schema to declare its preprocessing: the statistics phase sends per-site statistics the guarantee does not cover (docs/privacy.md, \"Preprocessing under DP\")", ErrConfig)
+	case c.StopPatience > 0:
+		return fmt.Errorf("%w: differential privacy with the patience rule: when the run stops would depend on the sites' evaluation losses, which the guarantee does not cover (docs/privacy.md, \"Evaluation under DP\"); --stop-delta watches the released models only", ErrConfig)
+	}
+	return nil
+}
+
+// checkRates checks a restored charging history against the accountant's
+// rounds (a run started before the history was kept has none).
+func checkRates(rs []dp.Rate, rounds uint64) error {
+	for _, r := range rs {
+		if !(r.Q >= 0 && r.Q <= 1) || !(r.Noise > 0) || math.IsInf(r.Noise, 0) || r.Rounds < 1 {
+			return fmt.Errorf("%w: the DP charging history has a rate %+v", ErrBadState, r)
+		}
+	}
+	if n := dp.RatesRounds(rs); len(rs) > 0 && n != rounds {
+		return fmt.Errorf("%w: the DP charging history records %d rounds, the accountant %d", ErrBadState, n, rounds)
+	}
+	return nil
+}
+
 // StatisticsSites lists the sites whose statistics were accepted, sorted.
 func (c *Coordinator) StatisticsSites() []string { return c.fed.statsList() }
 
@@ -188,6 +241,11 @@ func (c *Coordinator) stepStatistics(ev Event) []Decision {
 	var out []Decision
 	if !c.started {
 		c.started, c.waitingSince = true, at
+	}
+	if c.phase == PhaseStatistics && c.attempts == 0 && c.cfg.DeclaredTransform {
+		// Nothing to collect: the schema declares the preprocessing.
+		c.attempts = 1
+		out = c.fit(at, out)
 	}
 	if c.phase == PhaseStatistics && c.attempts == 0 {
 		// The first event announces the phase.
@@ -306,7 +364,7 @@ func (c *Coordinator) evalArrived(e EvalArrived, at time.Time) []Decision {
 		return out
 	}
 	c.fed.evalGot[e.Client] = true
-	for id := range c.fed.stats {
+	for _, id := range c.evalSites() {
 		if !c.fed.evalGot[id] {
 			return out
 		}
@@ -356,7 +414,7 @@ func (c *Coordinator) stopRule(e AggregatedRound) string {
 func (c *Coordinator) finish(at time.Time, reason string) []Decision {
 	c.fed.stopReason = reason
 	c.closedAt = at
-	if !c.cfg.Evaluate || len(c.fed.stats) == 0 {
+	if !c.cfg.Evaluate || len(c.evalSites()) == 0 {
 		c.phase = PhaseFinished
 		return []Decision{Finished{Rounds: c.round, At: at}}
 	}
@@ -376,20 +434,10 @@ func (c *Coordinator) finished(at time.Time, out []Decision) []Decision {
 
 // stepFinishing is Step while the final evaluation reports are awaited.
 func (c *Coordinator) stepFinishing(ev Event) []Decision {
-	at := norm(ev.eventTime())
-	var out []Decision
-	switch e := ev.(type) {
-	case UpdateArrived:
-		out = c.afterFinish(e)
-	case ClientOnline:
-		out = c.clientOnline(e)
-	case ClientOffline:
-		out = c.clientOffline(e)
-	case EvalArrived:
-		out = c.evalArrived(e, at)
-	case StatisticsArrived:
-		out = c.lateStatistics(e)
-	case Tick:
+	out, ok := c.afterRun(ev)
+	switch at := norm(ev.eventTime()); {
+	case ok:
+	case isTick(ev):
 		if !at.Before(c.deadline) {
 			c.fed.evalDone = true
 			out = c.finished(at, out)
@@ -399,3 +447,5 @@ func (c *Coordinator) stepFinishing(ev Event) []Decision {
 	}
 	return c.timerDecision(out)
 }
+
+func isTick(ev Event) bool { _, ok := ev.(Tick); return ok }

@@ -17,8 +17,15 @@ import "time"
 // proceeds from there. State only moves forward; nothing is rolled back.
 // This is etcd raft's order (a proposal is applied once it is durable).
 
-// Stored: the message of the pending proposal is durable; apply it.
-type Stored struct{ At time.Time }
+// Stored: the message of the pending proposal is durable; apply it. Index
+// is the message's entry in the round log's replay log (storage.Logged;
+// 0: not logged, a copy stored earlier): the state's Applied moves to it,
+// so a replay of the same entry after a restart is recognised as applied
+// (coordinator_replay.go).
+type Stored struct {
+	At    time.Time
+	Index uint64
+}
 
 // StoreFailed: the message of the pending proposal was not stored (the
 // shell answers it itself); forget it.
@@ -28,34 +35,49 @@ func (e Stored) eventTime() time.Time      { return e.At }
 func (e StoreFailed) eventTime() time.Time { return e.At }
 
 // Propose is Step for a site's message (UpdateArrived, StatisticsArrived,
-// EvalArrived): a message it would accept is held, not applied, and the
+// EvalArrived, SecAggArrived): a message it would accept is held, not applied, and the
 // accept alone is returned; the shell then steps Stored or StoreFailed
 // before any other event. Every other event, and a message it rejects, is
 // stepped at once (Step).
 func (c *Coordinator) Propose(ev Event) []Decision {
-	var d Decision
-	switch e := ev.(type) {
-	case UpdateArrived:
-		if c.phase != PhaseFinished && c.phase != PhaseFinishing {
-			d = c.judgeUpdate(e)
-		}
-	case StatisticsArrived:
-		if c.phase == PhaseStatistics || c.phase == PhaseFitting {
-			d = c.judgeStatistics(e)
-		}
-	case EvalArrived:
-		d = c.judgeEval(e)
-	case SecAggArrived:
-		if c.phase != PhaseFinished && c.phase != PhaseFinishing {
-			d = c.judgeSecAgg(e)
-		}
-	}
-	switch d.(type) {
-	case Accept, AcceptLate, AcceptStatistics, AcceptEval, AcceptSecAgg:
+	d := c.judge(ev)
+	if isAccept(d) {
 		c.proposal = ev
 		return []Decision{d}
 	}
 	return c.Step(ev)
+}
+
+// judge is the answer Step would give a site's message first, without
+// changing anything (nil: not a site's message, or one Step answers in a
+// phase where nothing is accepted).
+func (c *Coordinator) judge(ev Event) Decision {
+	switch e := ev.(type) {
+	case UpdateArrived:
+		if c.phase != PhaseFinished && c.phase != PhaseFinishing {
+			return c.judgeUpdate(e)
+		}
+	case StatisticsArrived:
+		if c.phase == PhaseStatistics || c.phase == PhaseFitting {
+			return c.judgeStatistics(e)
+		}
+	case EvalArrived:
+		return c.judgeEval(e)
+	case SecAggArrived:
+		if c.phase != PhaseFinished && c.phase != PhaseFinishing {
+			return c.judgeSecAgg(e)
+		}
+	}
+	return nil
+}
+
+// isAccept says whether d accepts a site's message (to be stored).
+func isAccept(d Decision) bool {
+	switch d.(type) {
+	case Accept, AcceptLate, AcceptStatistics, AcceptEval, AcceptSecAgg:
+		return true
+	}
+	return false
 }
 
 // Pending reports whether a proposal awaits Stored or StoreFailed.
@@ -63,13 +85,16 @@ func (c *Coordinator) Pending() bool { return c.proposal != nil }
 
 // settle handles Stored and StoreFailed; ok is false for other events.
 func (c *Coordinator) settle(ev Event) (out []Decision, ok bool) {
-	switch ev.(type) {
+	switch e := ev.(type) {
 	case Stored:
 		p := c.proposal
 		c.proposal = nil
 		if p == nil {
 			c.counters.Ignored++
 			return nil, true
+		}
+		if e.Index > c.applied {
+			c.applied = e.Index
 		}
 		return c.Step(p), true
 	case StoreFailed:

@@ -86,7 +86,11 @@ func ExportBundle(store *storage.AggStore, round int, now time.Time, version str
 	if err != nil {
 		return nil, 0, err
 	}
-	raw, err := makeBundle(sc, rec, rec.Model, x, fig, round, now, version)
+	priv, err := storedPrivacy(store, sc, round)
+	if err != nil {
+		return nil, 0, err
+	}
+	raw, err := makeBundle(sc, rec, rec.Model, x, fig, priv, round, now, version)
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: round %d: %w", store.Path(), round, err)
 	}

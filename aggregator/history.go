@@ -374,20 +374,18 @@ func (s *Server) rebuildHistory() error {
 			}
 		}
 	}
-	// Each site's latest work report, from its latest stored update.
-	var st State
-	if err := json.Unmarshal(cur.State, &st); err == nil {
-		for _, c := range st.Clients {
-			if c.LastRound < 1 {
-				continue
-			}
-			u, err := s.store.GetUpdate(uint64(c.LastRound), c.ID)
-			if err != nil {
-				continue // pruned
-			}
-			if m, err := wire.DecodeUpdate(u.Msg, s.lim); err == nil && m.Report != nil {
-				s.hist.setWork(c.ID, siteWork{Round: c.LastRound, Gamma: m.Report.AchievedGamma, Epochs: m.Report.Epochs, Partial: m.Report.Partial})
-			}
+	// Each site's latest work report, from its latest stored update (the
+	// coordinator is restored and the round log replayed by now).
+	for _, c := range s.coord.Snapshot().Clients {
+		if c.LastRound < 1 {
+			continue
+		}
+		u, err := s.store.GetUpdate(uint64(c.LastRound), c.ID)
+		if err != nil {
+			continue // pruned
+		}
+		if m, err := wire.DecodeUpdate(u.Msg, s.lim); err == nil && m.Report != nil {
+			s.hist.setWork(c.ID, siteWork{Round: c.LastRound, Gamma: m.Report.AchievedGamma, Epochs: m.Report.Epochs, Partial: m.Report.Partial})
 		}
 	}
 	return nil

@@ -113,12 +113,8 @@ func TestRandomSecAggEvents(t *testing.T) {
 	}
 	var closed, aborts, advances uint64
 	for seed := range uint64(seeds) {
-		rng := rand.New(rand.NewPCG(seed, 13))
-		k := 2 + rng.IntN(4)
-		th := k/2 + 1 + rng.IntN(k-k/2)
-		cfg := Config{K: k, Quorum: th + rng.IntN(k-th+1), RoundTimeout: time.Second, Extension: 300 * time.Millisecond,
-			MaxReselections: rng.IntN(3) - 1, Settle: 20 * time.Millisecond, Rounds: rng.IntN(2) * (2 + rng.IntN(3)), Seed: seed,
-			SecAgg: &SecAggConfig{Threshold: th, Timeout: 500 * time.Millisecond}}
+		cfg := secAggConfig(seed)
+		k, th := cfg.K, cfg.SecAgg.Threshold
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			c, twin, prop := mustNew(t, cfg), mustNew(t, cfg), mustNew(t, cfg)
 			fails := rand.New(rand.NewPCG(seed, 7))
@@ -199,6 +195,16 @@ func TestRandomSecAggEvents(t *testing.T) {
 		t.Fatalf("coverage: closed %d, aborts %d, advances %d", closed, aborts, advances)
 	}
 	t.Logf("rounds closed %d, sessions aborted %d, phase advances %d", closed, aborts, advances)
+}
+
+// secAggConfig is a random secure-aggregation configuration of seed.
+func secAggConfig(seed uint64) Config {
+	rng := rand.New(rand.NewPCG(seed, 13))
+	k := 2 + rng.IntN(4)
+	th := k/2 + 1 + rng.IntN(k-k/2)
+	return Config{K: k, Quorum: th + rng.IntN(k-th+1), RoundTimeout: time.Second, Extension: 300 * time.Millisecond,
+		MaxReselections: rng.IntN(3) - 1, Settle: 20 * time.Millisecond, Rounds: rng.IntN(2) * (2 + rng.IntN(3)), Seed: seed,
+		SecAgg: &SecAggConfig{Threshold: th, Timeout: 500 * time.Millisecond}}
 }
 
 func isAnswer(d Decision) bool {

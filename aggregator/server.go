@@ -108,7 +108,8 @@ type ServerConfig struct {
 	// itself for an aggregator name. Ignored by the FedSplit family (the
 	// mean of every known client's latest z).
 	Aggregator string
-	// Selector is the aggregate.NewSelector spec; default uniform.
+	// Selector is the aggregate.NewSelector spec; default uniform, and
+	// poisson (aggregate.DPSelector) with DP.
 	Selector string
 	Params   Params
 	// AnchorSketch, when set, asks clients for the gradient at the anchor
@@ -119,21 +120,30 @@ type ServerConfig struct {
 	// the aggregator re-clips and releases the fixed-denominator mean plus
 	// Gaussian noise from a secret key kept in the state file, and the
 	// coordinator's accountant stops the run before the budget is
-	// exceeded. FedProx family only, with fedavg or mean (sample weights
-	// are dropped), uniform selection, no re-selection (MaxReselections
-	// is taken as 0), no anchor gradients and no schema.
+	// exceeded. The FedProx family with fedavg or mean (sample weights
+	// are dropped); the FedSplit family in sum mode (server_sum.go: S and
+	// m only, no robust server step, no late updates); poisson (the
+	// default) or uniform selection drawn from a secret key and not
+	// published (invitations on receipts/<id>), no re-selection
+	// (MaxReselections is taken as 0), no anchor gradients; a schema only
+	// if it declares its preprocessing. With DP.Adaptive the clip norm
+	// moves every round (server_dp.go).
 	DP *dp.Config
-	// DPTestKey, when set, is a new run's noise key instead of 32 bytes
-	// from crypto/rand: for tests that compare a live run with simulate
-	// --dp-noise-seed (dp.TestKey), never for a deployment.
-	DPTestKey *[32]byte
+	// DPTestKey and DPTestSelectionKey, when set, are a new run's noise
+	// key and selection key instead of 32 bytes from crypto/rand each: for
+	// tests that compare a live run with simulate --dp-noise-seed
+	// (dp.TestKey, dp.TestSelectionKey), never for a deployment.
+	DPTestKey          *[32]byte
+	DPTestSelectionKey *[32]byte
 	// SecAgg, when set, is secure aggregation (docs/secagg.md;
 	// server_secagg.go): the aggregator learns only the sum of the
 	// sites' quantised updates over the sites that finish the protocol.
-	// FedProx family only, with fedavg or mean (the uniform mean of the
-	// sum), uniform selection, the fp32 codec setting (the ring quantiser
-	// replaces it), no anchor gradients, no schema, no DP. Its zero fields
-	// are filled in by NewServer.
+	// The FedProx family with fedavg or mean (the uniform mean of the
+	// sum) and the FedSplit family in sum mode (the sum added to S),
+	// uniform selection (published: the KeyList names the participants),
+	// the fp32 codec setting (the ring quantiser replaces it), no anchor
+	// gradients, no schema, no central DP. Its zero fields are filled in
+	// by NewServer.
 	SecAgg *SecAggSettings
 
 	// Model is the model every client trains.
@@ -238,6 +248,10 @@ type RoundReport struct {
 	EvalScore    float64       // accuracy (R^2 for regression); NaN without Eval
 	Metrics      map[string]float64
 	Global       []float64 // the new global model (do not modify)
+
+	// EpsilonUnamplified is the largest per-site epsilon without
+	// amplification by subsampling after this round (ServerConfig.DP).
+	EpsilonUnamplified float64
 }
 
 // Default values.
@@ -281,6 +295,9 @@ func (c *ServerConfig) defaults() {
 	}
 	if c.Selector == "" {
 		c.Selector = "uniform"
+		if c.DP != nil && c.SecAgg == nil {
+			c.Selector = aggregate.DPSelector
+		}
 	}
 	if c.Init == "" {
 		c.Init = InitZeros
@@ -349,8 +366,12 @@ type storedConfig struct {
 	// resumed run must keep, and NoiseKey the secret key of its noise
 	// (32 bytes from crypto/rand, drawn when the log is created), so that
 	// an aggregation redone after a restart draws the same noise.
-	DP       *dp.Config `json:"dp,omitempty"`
-	NoiseKey []byte     `json:"dp_noise_key,omitempty"`
+	// SelectionKey is the secret key of the selection stream
+	// (streams.Secret; 32 bytes from crypto/rand, drawn with NoiseKey), so
+	// that nobody who knows --seed predicts who is sampled.
+	DP           *dp.Config `json:"dp,omitempty"`
+	NoiseKey     []byte     `json:"dp_noise_key,omitempty"`
+	SelectionKey []byte     `json:"dp_selection_key,omitempty"`
 	// SecAgg is the run's secure aggregation (nil: none), which a resumed
 	// run must keep: a site's session and the stored server state assume
 	// its quantiser and threshold.
@@ -441,8 +462,15 @@ type Server struct {
 	aggSpec string
 	agg     aggregate.Aggregator // nil for the FedSplit family
 	screen  float64              // the FedSplit family's screening factor (split.RobustServerStep)
-	stored  storedConfig         // the run's configuration, with its run id once restored
-	conf    []byte               // stored as JSON
+	// sum is the FedSplit family's sum-mode state (S, m and who is
+	// counted) as of the open round (nil outside sum mode; server_sum.go);
+	// nextSum the closing round's, until its checkpoint is stored.
+	sum, nextSum *uplink.SumState
+	// nextClip is adaptive clipping's clip norm for the round after the
+	// closing one (0: none), until closeRound steps ClipEstimated.
+	nextClip float64
+	stored   storedConfig // the run's configuration, with its run id once restored
+	conf     []byte       // stored as JSON
 
 	loopQ   *quant.Codec // the loop's own codec
 	down    *quant.Codec // the downlink codec (the loop's)
@@ -451,6 +479,7 @@ type Server struct {
 	frame   []byte // the fp32 frame of global (for globalR)
 	storeR  uint64 // the store's current round
 	lastSt  []byte // the state bytes last written to storeR
+	encodes uint64 // whole-state encodings (encodeState), loop-owned: tests count them
 	fresh   bool   // the state file was new
 	reqs    chan *request
 	client  mqtt.Client
@@ -528,6 +557,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request), ingestQ: make(chan ingestJob, cfg.IngestQueue),
 		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{}),
 		topics: d.topics, fam: d.fam, aggSpec: d.aggSpec, screen: d.screen, agg: d.agg, eval: cfg.Eval}
+	if d.sum {
+		s.sum = &uplink.SumState{}
+	}
 	s.metAddr.Store("")
 	s.inst.takeover = cfg.InstanceTakeover
 	s.lim = wire.Limits{MaxMessageBytes: cfg.MaxMessageBytes}
@@ -652,7 +684,7 @@ func (s *Server) restore() error {
 			ErrConfig, strings.Join(d, ", "), s.cfg.StatePath)
 	}
 	s.stored.RunID = was.RunID // "" for a log written before run ids
-	s.stored.NoiseKey = was.NoiseKey
+	s.stored.NoiseKey, s.stored.SelectionKey = was.NoiseKey, was.SelectionKey
 	if err := s.checkNoiseKey(); err != nil {
 		return err
 	}
@@ -667,6 +699,10 @@ func (s *Server) restore() error {
 	if err := s.coord.Restore(st); err != nil {
 		return fmt.Errorf("aggregator: %s: %w", s.cfg.StatePath, err)
 	}
+	replayed, err := s.replayLog()
+	if err != nil {
+		return err
+	}
 	s.storeR, s.lastSt = cur.Number, cur.State
 	s.loadSiteErrors()
 	r := s.coord.Round()
@@ -676,7 +712,7 @@ func (s *Server) restore() error {
 	if s.cfg.Schema != nil && s.fit == nil {
 		// The statistics phase (or a fit not yet stored): no model yet.
 		s.log.Info("resuming the statistics phase", "state", s.cfg.StatePath, "phase", s.coord.Phase(),
-			"statistics", len(st.StatsSites), "run_id", s.stored.RunID)
+			"statistics", len(s.coord.StatisticsSites()), "run_id", s.stored.RunID)
 		return nil
 	}
 	if s.global, err = s.store.Checkpoint(uint64(r)); err != nil {
@@ -686,6 +722,9 @@ func (s *Server) restore() error {
 		return fmt.Errorf("aggregator: %s: global model of round %d has %d values, the model %d", s.cfg.StatePath, r, len(s.global), s.dim)
 	}
 	s.globalR = r
+	if err := s.restoreSum(cur); err != nil {
+		return err
+	}
 	if err := s.checkPersistedRange(r); err != nil {
 		return err
 	}
@@ -695,8 +734,12 @@ func (s *Server) restore() error {
 	if err := s.restoreSecAgg(); err != nil {
 		return err
 	}
-	s.log.Info("resuming from the round log", "state", s.cfg.StatePath, "round", r, "phase", s.coord.Phase(),
-		"received", len(st.Received), "clients", len(st.Clients))
+	for _, e := range replayed.evalDone {
+		s.finalizeEval(e) // idempotent: the latest bundle rewritten
+	}
+	sum := s.coord.Summary()
+	s.log.Info("resuming from the round log", "state", s.cfg.StatePath, "round", r, "phase", sum.Phase,
+		"received", len(sum.Received), "clients", sum.Clients)
 	return nil
 }
 
@@ -720,8 +763,12 @@ func (s *Server) restoreFresh() error {
 	if err != nil {
 		return err
 	}
+	sum, err := s.sumBytes(s.sum)
+	if err != nil {
+		return err
+	}
 	now := s.clock.Now()
-	if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: now, Config: s.conf, State: st}, x0); err != nil {
+	if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: now, Config: s.conf, State: st, Sum: sum}, x0); err != nil {
 		return err
 	}
 	s.storeR, s.lastSt, s.fresh = 1, st, true
@@ -1029,20 +1076,12 @@ func statusEvent(st *wire.ClientStatus, at time.Time) Event {
 
 func (s *Server) onUpdate(ctx context.Context, u *inUpdate) error {
 	m := u.msg
-	r := m.Round
-	if r > math.MaxInt32 {
-		r = math.MaxInt32 // a future round either way
-	}
-	loss := math.NaN()
-	if rep := m.Report; rep != nil {
-		loss = rep.AnchorLoss
-	}
-	ev := UpdateArrived{Client: m.ClientId, Round: int(r), Partial: m.Report.GetPartial(), Loss: loss, At: s.clock.Now()}
-	return s.propose(ctx, ev, u, func(d Decision, now time.Time) (bool, error) {
+	ev := updateEvent(m, s.clock.Now())
+	return s.propose(ctx, ev, u, func(d Decision, at time.Time) (uint64, error) {
 		if r, c := acceptedOf(d); int(m.Round) != r || m.ClientId != c {
-			return false, fmt.Errorf("%w: %#v", errNotGiven, d)
+			return 0, fmt.Errorf("%w: %#v", errNotGiven, d)
 		}
-		return true, s.storeUpdate(u, now)
+		return s.storeUpdate(u, at)
 	}, func(err error) error {
 		if errors.Is(err, errNotGiven) {
 			return err
@@ -1052,30 +1091,52 @@ func (s *Server) onUpdate(ctx context.Context, u *inUpdate) error {
 	})
 }
 
+// updateEvent is the coordinator's event for an update received (or, on
+// restart, stored) at at: the one place it is derived from the message, so
+// a replay steps exactly the event the update was proposed as.
+func updateEvent(m *wire.ClientUpdate, at time.Time) UpdateArrived {
+	loss := math.NaN()
+	if rep := m.Report; rep != nil {
+		loss = rep.AnchorLoss
+	}
+	return UpdateArrived{Client: m.ClientId, Round: int(min(m.Round, math.MaxInt32)), // a future round either way
+		Partial: m.Report.GetPartial(), Loss: loss, At: at}
+}
+
 // propose hands a site's message to the coordinator as a proposal
 // (Coordinator.Propose): a message it accepts is stored first (store, which
-// reports whether it wrote it now: false for a copy stored earlier) and
-// only then applied (Stored); one that cannot be stored is forgotten
+// returns its replay log index: 0 for a copy stored earlier), with the
+// event's time as its stored time (a replay steps the event at that time),
+// and only then applied (Stored); one that cannot be stored is forgotten
 // (StoreFailed), so the coordinator's state stays what it was, and answered
 // by refused. A store error that is not the message's fault ends the loop
-// when refused returns it.
-func (s *Server) propose(ctx context.Context, ev Event, u *inUpdate, store func(Decision, time.Time) (bool, error), refused func(error) error) error {
+// when refused returns it. When the batch is a lone accept of a logged
+// message (Replayable), the coordinator's state is not written: the replay
+// log rebuilds it (coordinator_replay.go), so the message costs one write
+// transaction.
+func (s *Server) propose(ctx context.Context, ev Event, u *inUpdate, store func(Decision, time.Time) (uint64, error), refused func(error) error) error {
 	ds := s.coord.Propose(ev)
 	if !s.coord.Pending() {
 		return s.apply(ctx, ds, u, time.Time{})
 	}
-	now := s.clock.Now()
-	wrote, err := store(ds[0], now)
+	at := ev.eventTime()
+	index, err := store(ds[0], at)
 	if err != nil {
-		s.coord.Step(StoreFailed{At: now})
+		s.coord.Step(StoreFailed{At: at})
 		defer s.refreshView()
 		return refused(err)
 	}
-	storedAt := now
-	if !wrote {
+	storedAt := at
+	if index == 0 {
 		storedAt = time.Time{}
 	}
-	return s.apply(ctx, s.coord.Step(Stored{At: now}), u, storedAt)
+	ds = s.coord.Step(Stored{At: at, Index: index})
+	if index > 0 && Replayable(ds) {
+		defer s.refreshView()
+		_, _, err := s.carryOut(ds, u, storedAt)
+		return err
+	}
+	return s.apply(ctx, ds, u, storedAt)
 }
 
 // refuseUpdate answers an accepted update that was not stored: a value the
@@ -1153,6 +1214,8 @@ func (s *Server) carryOut(ds []Decision, u *inUpdate, storedAt time.Time) (closi
 			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "late: stored as the latest z", storedAt)
 		case Reject:
 			s.rejectByCoordinator(u, d)
+		case Invite:
+			s.invite(d)
 		case Announce:
 			err = s.announce(d.Round, d.Attempt, d.Selected, d.Deadline)
 		case Extend:
@@ -1228,26 +1291,31 @@ func (s *Server) checkRange(what string, v []float64) error {
 }
 
 // storeUpdate writes an accepted update (and, for the FedSplit family, the
-// client's latest z) in one fsynced transaction. A copy already stored (a
-// re-send after a crash between the update and the state) is fine.
-func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
+// client's latest z) with its replay log entry in one fsynced transaction,
+// and returns the entry's index. A copy already stored (only in a round log
+// written before the replay log: the replay now applies every stored
+// update) is fine: index 0.
+func (s *Server) storeUpdate(u *inUpdate, now time.Time) (uint64, error) {
+	if s.sum != nil {
+		return s.storeSumUpdate(u, now)
+	}
 	what := "w"
 	if isSplit(s.fam) {
 		// Already stored: its z_j is this server's copy now, so vectorOf
 		// would see a base the copy has moved past and refuse the re-send.
 		if _, err := s.store.GetUpdate(u.msg.Round, u.msg.ClientId); err == nil {
-			return nil
+			return 0, nil
 		} else if !errors.Is(err, storage.ErrNotFound) {
-			return err
+			return 0, err
 		}
 		what = "z"
 	}
 	v, err := s.vectorOf(u.msg, u.vec) // w as closedUpdates will compute it, or the new copy of z_j
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := s.checkRange(what, v); err != nil {
-		return err
+		return 0, err
 	}
 	var z []float64
 	if isSplit(s.fam) {
@@ -1257,9 +1325,8 @@ func (s *Server) storeUpdate(u *inUpdate, now time.Time) error {
 	if u.msg.Report != nil {
 		loss = u.msg.Report.AnchorLoss
 	}
-	_, err = s.store.PutUpdate(storage.Update{Round: u.msg.Round, ClientID: u.msg.ClientId, StoredAt: now,
+	return s.store.PutUpdate(storage.Update{Round: u.msg.Round, ClientID: u.msg.ClientId, StoredAt: now,
 		SampleCount: u.msg.SampleCount, Loss: loss, Msg: u.raw}, z)
-	return err
 }
 
 // vectorOf is what an update with decoded values d stands for
@@ -1326,10 +1393,16 @@ func (s *Server) downlinked(x []float64) ([]float64, error) {
 	return y, nil
 }
 
+// encodeState is the coordinator's whole state as the round log stores it.
+func (s *Server) encodeState() ([]byte, error) {
+	s.encodes++
+	return s.coord.MarshalState()
+}
+
 // persistState writes the coordinator's state to the store's current round
-// when it changed.
+// when it changed (which clears the replay log: storage/log.go).
 func (s *Server) persistState() error {
-	b, err := s.coord.MarshalState()
+	b, err := s.encodeState()
 	if err != nil {
 		return err
 	}

@@ -36,6 +36,7 @@ type derived struct {
 	agg     aggregate.Aggregator // nil for the FedSplit family
 	params  Params
 	coord   Config
+	sum     bool // the FedSplit family in sum mode (server_sum.go)
 }
 
 // derive validates cfg (defaults applied) and returns what it determines.
@@ -86,7 +87,7 @@ func (cfg *ServerConfig) derive() (derived, error) {
 		K: cfg.K, Quorum: QuorumOf(cfg.K, cfg.QuorumFraction), RoundTimeout: cfg.RoundTimeout,
 		Extension: cfg.Extension, MaxReselections: cfg.MaxReselections, Settle: cfg.Settle,
 		Rounds: cfg.Rounds, Seed: cfg.Seed, Selector: sel, StoreLate: isSplit(d.fam),
-		Statistics: fed, StatsSites: cfg.StatsSites, Evaluate: fed, EvalEvery: cfg.EvalEvery,
+		Statistics: fed, StatsSites: cfg.StatsSites, DeclaredTransform: fed && cfg.Schema.Declared(), Evaluate: fed, EvalEvery: cfg.EvalEvery,
 		StopPatience: cfg.StopPatience, StopTol: cfg.StopTol, StopDelta: cfg.StopDelta,
 	}
 	if err := cfg.checkDP(&d); err != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/metrics"
+	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
@@ -29,18 +30,28 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 	switch {
 	case cfg.DP.Distributed && cfg.SecAgg == nil:
 		return fmt.Errorf("%w: %w", ErrConfig, dp.ErrDistributed)
-	case isSplit(d.fam):
-		return fmt.Errorf("%w: %w", ErrConfig, uplink.ErrSplitDP)
-	case cfg.Schema != nil:
-		return fmt.Errorf("%w: differential privacy with a federation schema: the per-site statistics and evaluation reports are outside the privacy guarantee until they are privatised (docs/privacy.md, \"What the guarantee covers\")", ErrConfig)
+	case isSplit(d.fam) && cfg.Aggregator != "" && cfg.Aggregator != split.StepMean:
+		return fmt.Errorf("%w: --aggregator %s: %w", ErrConfig, cfg.Aggregator, uplink.ErrSplitRobustDP)
+	case cfg.Schema != nil && !cfg.Schema.Declared():
+		return fmt.Errorf("%w: differential privacy with a federation schema that does not declare its preprocessing: the statistics phase would send per-site statistics the guarantee does not cover; declare center and scale of every numeric feature and the levels of every categorical one (deploy/schema-dp.example.json; docs/privacy.md, \"Preprocessing under DP\")", ErrConfig)
 	case cfg.AnchorSketch != nil:
 		return fmt.Errorf("%w: differential privacy with anchor gradients: a site's anchor gradient is not clipped or noised (docs/privacy.md, \"What the guarantee covers\")", ErrConfig)
 	}
-	if err := aggregate.CheckDP(d.aggSpec, cfg.Selector); err != nil {
+	aggSpec := d.aggSpec
+	if isSplit(d.fam) {
+		// Sum mode: the server step is S/m (server_sum.go); no late
+		// updates (docs/privacy.md, "Sampling rate").
+		aggSpec, d.sum, d.coord.StoreLate = "", true, false
+	}
+	if err := aggregate.CheckDP(aggSpec, cfg.Selector); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	d.coord.MaxReselections = 0
 	d.coord.DP = cfg.DP
+	// Under --secagg the selection is public anyway: the KeyList on the
+	// round topic names the sites that advertised keys, so invitations
+	// would hide nothing (docs/privacy.md, "Threat models").
+	d.coord.Invitations = cfg.SecAgg == nil
 	return nil
 }
 
@@ -53,26 +64,50 @@ func dpText(c *dp.Config) string {
 	return string(b)
 }
 
-// newNoiseKey draws a new run's noise key.
+// newNoiseKey draws a new run's noise key and selection key.
 func (s *Server) newNoiseKey() error {
 	if s.cfg.DP == nil {
 		return nil
 	}
-	key := make([]byte, 32)
-	if k := s.cfg.DPTestKey; k != nil {
-		copy(key, k[:])
-	} else if _, err := crand.Read(key); err != nil {
+	var err error
+	if s.stored.NoiseKey, err = newKey(s.cfg.DPTestKey); err != nil {
 		return fmt.Errorf("aggregator: draw the DP noise key: %w", err)
 	}
-	s.stored.NoiseKey = key
+	if s.stored.SelectionKey, err = newKey(s.cfg.DPTestSelectionKey); err != nil {
+		return fmt.Errorf("aggregator: draw the DP selection key: %w", err)
+	}
+	s.coord.setSelectionKey(s.stored.SelectionKey)
 	return nil
 }
 
-// checkNoiseKey checks a restored run's noise key.
+// newKey is 32 bytes from crypto/rand, or a copy of test when set.
+func newKey(test *[32]byte) ([]byte, error) {
+	key := make([]byte, 32)
+	if test != nil {
+		copy(key, test[:])
+		return key, nil
+	}
+	_, err := crand.Read(key)
+	return key, err
+}
+
+// checkNoiseKey checks a restored run's noise and selection keys and hands
+// the selection key to the coordinator. A --dp round log written before the
+// selection key was kept has none: its rounds were drawn from the public
+// seed, and mixing the two in one run would not make the earlier draws
+// secret, so it is refused like a damaged key.
 func (s *Server) checkNoiseKey() error {
-	if s.cfg.DP != nil && len(s.stored.NoiseKey) != 32 {
+	if s.cfg.DP == nil {
+		return nil
+	}
+	if len(s.stored.NoiseKey) != 32 {
 		return fmt.Errorf("%w: %s: the run's DP noise key is missing or damaged (%d bytes)", storage.ErrCorrupt, s.cfg.StatePath, len(s.stored.NoiseKey))
 	}
+	if len(s.stored.SelectionKey) != 32 {
+		return fmt.Errorf("%w: %s: the run's DP selection key is missing or damaged (%d bytes); a --dp run started by an older broker-agg drew its selection from the public --seed: finish it with that version or start a new run with another --state-file",
+			storage.ErrCorrupt, s.cfg.StatePath, len(s.stored.SelectionKey))
+	}
+	s.coord.setSelectionKey(s.stored.SelectionKey)
 	return nil
 }
 
@@ -83,12 +118,37 @@ func (s *Server) dpParams() *wire.DPParams {
 		return nil
 	}
 	eps, _, _ := s.coord.Privacy()
-	p := &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: c.Clip, NoiseMultiplier: c.Noise,
+	p := &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: s.coord.DPClip(), NoiseMultiplier: c.Noise,
 		Delta: c.Delta, EpsilonSpent: eps, EpsilonBudget: c.Budget}
+	if a := c.Adaptive; a != nil {
+		p.UpdateNoiseMultiplier = c.UpdateNoise()
+		p.Adaptive = &wire.AdaptiveClip{TargetQuantile: a.Quantile, LearningRate: a.LR, BitNoise: a.BitNoise}
+	}
 	if c.Distributed {
 		p.Mode, p.NoiseShares = wire.DPMode_DP_MODE_DISTRIBUTED, uint32(s.cfg.SecAgg.Threshold)
 	}
 	return p
+}
+
+// estimateClip is adaptive clipping's step for the closing round cr
+// (uplink.NextClip over the contributors' clip bits, noised from the
+// round's bit stream, over its fixed denominator m); the next clip norm
+// waits in s.nextClip for closeRound to step ClipEstimated before the
+// state is stored with the next checkpoint. Nothing without adaptive
+// clipping.
+func (s *Server) estimateClip(cr CloseRound, bits []bool, m int) error {
+	a := s.cfg.DP.Adaptive
+	if a == nil {
+		return nil
+	}
+	var key [32]byte
+	copy(key[:], s.stored.NoiseKey)
+	next, err := uplink.NextClip(*a, s.coord.DPClip(), bits, m, dp.BitNoiseRand(key, uint64(cr.Round)))
+	if err != nil {
+		return fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
+	}
+	s.nextClip = next
+	return nil
 }
 
 // privateAggregate is the closed round's noisy mean: the contributors'
@@ -96,12 +156,17 @@ func (s *Server) dpParams() *wire.DPParams {
 // round, over the round's fixed denominator (every site it invited).
 // Redone after a restart, it draws the same noise.
 func (s *Server) privateAggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+	if s.sum != nil {
+		return s.sumAggregate(cr)
+	}
 	var cs []uplink.Contribution
+	var bits []bool
 	err := s.forClosed(cr, func(u storage.Update, m *wire.ClientUpdate, d []float64) error {
 		if m.GetKind() != wire.UpdateKind_UPDATE_KIND_DELTA {
 			return fmt.Errorf("stored update of %q is a %v, not a delta", u.ClientID, m.GetKind())
 		}
 		cs = append(cs, uplink.Contribution{Client: u.ClientID, Delta: d})
+		bits = append(bits, m.ClipBit == 1)
 		return nil
 	})
 	if err != nil {
@@ -109,31 +174,62 @@ func (s *Server) privateAggregate(cr CloseRound) ([]float64, aggregate.Report, e
 	}
 	var key [32]byte
 	copy(key[:], s.stored.NoiseKey)
-	m := len(cr.Contributors) + len(cr.Stragglers)
+	m := denominatorOf(cr)
 	c := s.cfg.DP
-	out, err := uplink.NoisyMean(s.global, cs, uplink.Private{Clip: c.Clip, Noise: c.Noise, Denominator: m}, dp.NoiseRand(key, uint64(cr.Round)))
+	clip := s.coord.DPClip()
+	out, err := uplink.NoisyMean(s.global, cs, uplink.Private{Clip: clip, Noise: c.UpdateNoise(), Denominator: m}, dp.NoiseRand(key, uint64(cr.Round)))
 	if err != nil {
 		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
 	}
-	return out, aggregate.Report{Metrics: map[string]float64{"dp_denominator": float64(m)}}, nil
+	if err := s.estimateClip(cr, bits, m); err != nil {
+		return nil, aggregate.Report{}, err
+	}
+	return out, aggregate.Report{Metrics: map[string]float64{"dp_denominator": float64(m), "dp_clip": clip}}, nil
 }
 
 // PrivacyStatus is a --dp run's accounting, as `status`, /status and
 // /metrics report it: the epsilon spent at Delta after Rounds charged
-// rounds, the budget (0: none), the clip norm and the noise multiplier.
+// rounds, the budget (0: none), the clip norm (with adaptive clipping, the
+// open round's) and the noise multiplier; and the unamplified per-site
+// epsilon (docs/privacy.md, "Sampling rate"): the unsampled Gaussian over
+// the SiteRounds rounds of the site that contributed to the most, the
+// figure that holds against whoever learns the selection (the aggregator
+// itself included). The budget is on Epsilon.
 type PrivacyStatus struct {
-	Mode    string  `json:"mode"`
-	Epsilon float64 `json:"epsilon"`
-	Delta   float64 `json:"delta"`
-	Rounds  uint64  `json:"rounds"`
-	Budget  float64 `json:"epsilon_budget,omitempty"`
-	Clip    float64 `json:"clip"`
-	Noise   float64 `json:"noise_multiplier"`
+	Mode               string  `json:"mode"`
+	Epsilon            float64 `json:"epsilon"`
+	Delta              float64 `json:"delta"`
+	Rounds             uint64  `json:"rounds"`
+	Budget             float64 `json:"epsilon_budget,omitempty"`
+	Clip               float64 `json:"clip"`
+	Noise              float64 `json:"noise_multiplier"`
+	EpsilonUnamplified float64 `json:"epsilon_unamplified"`
+	SiteRounds         uint64  `json:"max_site_rounds"`
 }
 
-func newPrivacyStatus(c *dp.Config, a *dp.Accountant) *PrivacyStatus {
+func newPrivacyStatus(c *dp.Config, st *DPState, siteEps float64, siteRounds uint64) *PrivacyStatus {
+	a := st.Accountant
 	eps, _ := a.Epsilon(c.Delta)
-	return &PrivacyStatus{Mode: c.Mode().String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: c.Clip, Noise: c.Noise}
+	clip := c.Clip
+	if st.Clip > 0 {
+		clip = st.Clip // adaptive clipping: the open round's
+	}
+	return &PrivacyStatus{Mode: c.Mode().String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: clip, Noise: c.Noise,
+		EpsilonUnamplified: siteEps, SiteRounds: siteRounds}
+}
+
+// storedPrivacyStatus is the accounting of a state read from the round log
+// (`status`): the per-site figure recomputed from the sites' counts.
+func storedPrivacyStatus(c *dp.Config, st *DPState) *PrivacyStatus {
+	var most uint64
+	for _, n := range st.SiteRounds {
+		most = max(most, n)
+	}
+	var siteEps float64
+	if most > 0 && most <= dp.MaxRounds {
+		siteEps = dp.EpsilonAfter(1, c.Noise, int(most), c.Delta, st.Accountant.Orders)
+	}
+	return newPrivacyStatus(c, st, siteEps, most)
 }
 
 // privacyStatus is the running coordinator's accounting (nil without DP).
@@ -142,7 +238,8 @@ func (s *Server) privacyStatus() *PrivacyStatus {
 		return nil
 	}
 	st := s.coord.snapshotDP()
-	return newPrivacyStatus(s.cfg.DP, st.Accountant)
+	siteEps, siteRounds, _ := s.coord.SitePrivacy()
+	return newPrivacyStatus(s.cfg.DP, st, siteEps, siteRounds)
 }
 
 // privacyFamilies are the /metrics gauges of p (none when nil).
@@ -155,5 +252,18 @@ func privacyFamilies(p *PrivacyStatus) []metrics.Family {
 		metrics.One("edgefl_dp_delta", "Differential privacy: the run's delta.", metrics.Gauge, p.Delta),
 		metrics.One("edgefl_dp_epsilon_budget", "Differential privacy: the epsilon budget (0: none).", metrics.Gauge, p.Budget),
 		metrics.One("edgefl_dp_rounds", "Differential privacy: rounds charged to the accountant.", metrics.Gauge, float64(p.Rounds)),
+		metrics.One("edgefl_dp_clip", "Differential privacy: the clip norm C of the open round (it moves with adaptive clipping).", metrics.Gauge, p.Clip),
+		metrics.One("edgefl_dp_epsilon_unamplified", "Differential privacy: the largest per-site epsilon without amplification by subsampling (q = 1 over the rounds the site contributed to), at edgefl_dp_delta: what holds against whoever knows the selection.", metrics.Gauge, p.EpsilonUnamplified),
+		metrics.One("edgefl_dp_max_site_rounds", "Differential privacy: the most rounds any one site contributed to.", metrics.Gauge, float64(p.SiteRounds)),
 	}
+}
+
+// denominatorOf is the closing round's fixed denominator (the coordinator's,
+// aggregate.DPDenominator), or the sites it invited in a state written
+// before the denominator was kept.
+func denominatorOf(cr CloseRound) int {
+	if cr.Denominator > 0 {
+		return cr.Denominator
+	}
+	return len(cr.Contributors) + len(cr.Stragglers)
 }

@@ -166,6 +166,9 @@ func (s *Server) setModel(spec model.Spec) error {
 // the statistics phase, without a model.
 func (s *Server) restoreFreshFed() error {
 	s.stored.RunID = crand.Text()
+	if err := s.newNoiseKey(); err != nil {
+		return err
+	}
 	s.conf, _ = json.Marshal(s.stored)
 	st, err := s.coord.MarshalState()
 	if err != nil {
@@ -175,7 +178,11 @@ func (s *Server) restoreFreshFed() error {
 		return err
 	}
 	s.storeR, s.lastSt, s.fresh = 1, st, true
-	s.log.Info("new round log with a federation schema: statistics phase first", "state", s.cfg.StatePath, "federation", s.cfg.Federation,
+	first := "statistics phase first"
+	if s.cfg.Schema.Declared() {
+		first = "the schema declares the preprocessing: no statistics phase"
+	}
+	s.log.Info("new round log with a federation schema: "+first, "state", s.cfg.StatePath, "federation", s.cfg.Federation,
 		"algorithm", s.cfg.Algorithm, "model", s.cfg.Model.Kind, "schema", s.stored.SchemaDigest, "run_id", s.stored.RunID)
 	return nil
 }
@@ -254,6 +261,13 @@ func (s *Server) fitTransform(ctx context.Context, d FitTransform) error {
 
 func (s *Server) newFit(d FitTransform) error {
 	sc := s.cfg.Schema
+	if sc.Declared() {
+		tr, err := prep.Declared(sc)
+		if err != nil {
+			return fmt.Errorf("aggregator: the schema's declared preprocessing: %w", err)
+		}
+		return s.storeFit(d, tr, 0)
+	}
 	recs, err := s.store.Statistics()
 	if err != nil {
 		return fmt.Errorf("aggregator: %w", err)
@@ -293,6 +307,17 @@ func (s *Server) newFit(d FitTransform) error {
 	if err != nil {
 		return fail("fitted", err)
 	}
+	return s.storeFit(d, tr, rows)
+}
+
+// storeFit creates the model the transform tr implies and its initial
+// parameters and stores them with the fit (rows: the pooled training rows,
+// 0 for a declared transform).
+func (s *Server) storeFit(d FitTransform, tr *prep.Transform, rows int64) error {
+	sc := s.cfg.Schema
+	fail := func(what string, err error) error {
+		return fmt.Errorf("aggregator: the federation's preprocessing cannot be %s (start a new run with a corrected schema): %w", what, err)
+	}
 	op := operatorModel(s.cfg.Model)
 	spec, err := sitedata.ModelSpec(sc, tr, op.Kind, op.Hidden, op.Activation, op.L2)
 	if err != nil {
@@ -325,7 +350,11 @@ func (s *Server) newFit(d FitTransform) error {
 	if err := s.useFit(b); err != nil {
 		return err
 	}
-	s.log.Info("federation preprocessing fitted", "sites", d.Sites, "rows", rows, "inputs", tr.Outputs,
+	what := "federation preprocessing fitted"
+	if sc.Declared() {
+		what = "federation preprocessing declared by the schema"
+	}
+	s.log.Info(what, "sites", d.Sites, "rows", rows, "inputs", tr.Outputs,
 		"standardize", tr.Standardize, "model", spec.Kind, "classes", spec.Classes, "dimension", s.dim)
 	return nil
 }
@@ -415,49 +444,66 @@ func decodeReport(sc *schema.Schema, b []byte) (evaluate.Report, error) {
 // goroutine and hands them to the loop.
 func (s *Server) handleStatistics(m *wire.SiteStatistics, raw []byte) bool {
 	bad := func(code wire.ReceiptCode, reason, detail string) bool {
-		s.statsRejected.Inc(reason)
-		s.hist.reject(m.ClientId, "statistics/"+reason)
-		s.notify()
-		s.log.Warn("statistics rejected", "client", m.ClientId, "reason", reason, "detail", detail)
-		s.receiptFed(m.ClientId, 0, wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, false, code, reason+": "+detail, time.Time{})
-		return true
+		return s.refuseFedEarly(wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, m.ClientId, 0, code, reason, detail)
 	}
-	sc := s.cfg.Schema
 	switch {
-	case sc == nil:
-		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "no_schema", "this federation has no schema")
-	case m.RunId != s.stored.RunID:
-		return bad(wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND, "run_mismatch", fmt.Sprintf("statistics for run %q, this run is %q", m.RunId, s.stored.RunID))
+	case s.fedRefused(wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, m.ClientId, 0, m.RunId):
+		return true
 	case m.SchemaDigest != s.stored.SchemaDigest:
 		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "schema_mismatch",
 			fmt.Sprintf("the site read its data with schema %s, the federation's is %s", m.SchemaDigest, s.stored.SchemaDigest))
 	}
-	if _, err := decodeStats(sc, m.Stats); err != nil {
+	if _, err := decodeStats(s.cfg.Schema, m.Stats); err != nil {
 		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "bad_statistics", err.Error())
 	}
 	return s.submit(&request{stats: &inStats{msg: m, raw: raw}})
 }
 
+// fedRefused refuses (refuseFedEarly) statistics or an evaluation report
+// that no schema run takes, or that is for another run (runID), and says
+// whether it did.
+func (s *Server) fedRefused(subject wire.ReceiptSubject, client string, round uint64, runID string) bool {
+	what := "statistics"
+	if subject == wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION {
+		what = "an evaluation report"
+	}
+	switch {
+	case s.cfg.Schema == nil:
+		return s.refuseFedEarly(subject, client, round, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "no_schema", "this federation has no schema")
+	case runID != s.stored.RunID:
+		return s.refuseFedEarly(subject, client, round, wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND, "run_mismatch",
+			fmt.Sprintf("%s for run %q, this run is %q", what, runID, s.stored.RunID))
+	}
+	return false
+}
+
+// refuseFedEarly counts, logs and receipts statistics (subject STATISTICS)
+// or an evaluation report refused in the callback, before the loop; it
+// reports the message dealt with.
+func (s *Server) refuseFedEarly(subject wire.ReceiptSubject, client string, round uint64, code wire.ReceiptCode, reason, detail string) bool {
+	counter, what, msg := &s.statsRejected, "statistics", "statistics rejected"
+	args := []any{"client", client}
+	if subject == wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION {
+		counter, what, msg = &s.evalsRejected, "evaluation", "evaluation report rejected"
+		args = append(args, "round", round)
+	}
+	counter.Inc(reason)
+	s.hist.reject(client, what+"/"+reason)
+	s.notify()
+	s.log.Warn(msg, append(args, "reason", reason, "detail", detail)...)
+	s.receiptFed(client, round, subject, false, code, reason+": "+detail, time.Time{})
+	return true
+}
+
 // handleEval validates an evaluation report like handleStatistics.
 func (s *Server) handleEval(m *wire.EvalReport, raw []byte) bool {
-	bad := func(code wire.ReceiptCode, reason, detail string) bool {
-		s.evalsRejected.Inc(reason)
-		s.hist.reject(m.ClientId, "evaluation/"+reason)
-		s.notify()
-		s.log.Warn("evaluation report rejected", "client", m.ClientId, "round", m.Round, "reason", reason, "detail", detail)
-		s.receiptFed(m.ClientId, m.Round, wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, false, code, reason+": "+detail, time.Time{})
+	const subject = wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION
+	if s.fedRefused(subject, m.ClientId, m.Round, m.RunId) {
 		return true
 	}
-	sc := s.cfg.Schema
-	switch {
-	case sc == nil:
-		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "no_schema", "this federation has no schema")
-	case m.RunId != s.stored.RunID:
-		return bad(wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND, "run_mismatch", fmt.Sprintf("a report for run %q, this run is %q", m.RunId, s.stored.RunID))
-	}
-	rep, err := decodeReport(sc, m.Report)
+	rep, err := decodeReport(s.cfg.Schema, m.Report)
 	if err != nil {
-		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "bad_report", err.Error())
+		return s.refuseFedEarly(subject, m.ClientId, m.Round, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "bad_report", err.Error())
 	}
 	return s.submit(&request{eval: &inEval{msg: m, raw: raw, rep: rep}})
 }
@@ -471,11 +517,13 @@ func (s *Server) onStatistics(ctx context.Context, in *inStats) error {
 func (s *Server) onEval(ctx context.Context, in *inEval) error {
 	s.pendEval, s.fedStored = in, false
 	defer func() { s.pendEval = nil }()
-	r := in.msg.Round
-	if r > math.MaxInt32 {
-		r = math.MaxInt32 // a future round either way
-	}
-	return s.propose(ctx, EvalArrived{Client: in.msg.ClientId, Round: int(r), At: s.clock.Now()}, nil, s.storeFed, s.refuseFed)
+	return s.propose(ctx, evalEvent(in.msg, s.clock.Now()), nil, s.storeFed, s.refuseFed)
+}
+
+// evalEvent is the coordinator's event for an evaluation report received
+// (or, on restart, stored) at at.
+func evalEvent(m *wire.EvalReport, at time.Time) EvalArrived {
+	return EvalArrived{Client: m.ClientId, Round: int(min(m.Round, math.MaxInt32)), At: at} // a future round either way
 }
 
 // errNotGiven: the coordinator accepted a message the shell did not hand
@@ -483,24 +531,24 @@ func (s *Server) onEval(ctx context.Context, in *inEval) error {
 var errNotGiven = errors.New("aggregator: coordinator accepted a message it was not given")
 
 // storeFed stores accepted statistics or an evaluation report (the
-// proposal, before the state and the receipt); stored is false for a copy
-// stored earlier.
-func (s *Server) storeFed(d Decision, now time.Time) (stored bool, err error) {
+// proposal, before the state and the receipt) and returns its replay log
+// index: 0 for a copy stored earlier.
+func (s *Server) storeFed(d Decision, now time.Time) (index uint64, err error) {
 	switch d := d.(type) {
 	case AcceptStatistics:
 		if in := s.pendStats; in != nil && in.msg.ClientId == d.Client {
-			stored, err = s.store.PutStatistics(d.Client, now, in.raw)
-			s.fedStored = stored
-			return stored, err
+			index, err = s.store.PutStatistics(d.Client, now, in.raw)
+			s.fedStored = index > 0
+			return index, err
 		}
 	case AcceptEval:
 		if in := s.pendEval; in != nil && in.msg.ClientId == d.Client && in.msg.Round == uint64(d.Round) {
-			stored, err = s.store.PutEval(uint64(d.Round), d.Client, now, in.raw)
-			s.fedStored = stored
-			return stored, err
+			index, err = s.store.PutEval(uint64(d.Round), d.Client, now, in.raw)
+			s.fedStored = index > 0
+			return index, err
 		}
 	}
-	return false, fmt.Errorf("%w: %#v", errNotGiven, d)
+	return 0, fmt.Errorf("%w: %#v", errNotGiven, d)
 }
 
 // refuseFed answers statistics or an evaluation report that could not be
@@ -733,7 +781,12 @@ func (s *Server) finalizeEval(e int) {
 		s.log.Error("the model of an eval round", "round", e, "err", err)
 		return
 	}
-	raw, err := makeBundle(s.stored, s.fit, s.spec, x, fig, e, s.clock.Now(), s.cfg.Version)
+	priv, err := s.livePrivacy(e)
+	if err != nil {
+		s.log.Error("the privacy of the latest bundle", "round", e, "err", err)
+		return
+	}
+	raw, err := makeBundle(s.stored, s.fit, s.spec, x, fig, priv, e, s.clock.Now(), s.cfg.Version)
 	if err != nil {
 		s.log.Error("making the latest bundle", "round", e, "err", err)
 		return
@@ -764,11 +817,19 @@ func evalArgs(fig *EvalStatus) []any {
 }
 
 // makeBundle makes the bundle of eval round e (the model x after e
-// aggregations).
-func makeBundle(sc storedConfig, rec *fitRecord, spec model.Spec, x []float64, fig *EvalStatus, e int, now time.Time, version string) ([]byte, error) {
+// aggregations). A run with differential privacy (sc.DP) records its
+// guarantee priv and no evaluation: the sites' figures are outside the
+// guarantee (docs/privacy.md, "Evaluation under DP").
+func makeBundle(sc storedConfig, rec *fitRecord, spec model.Spec, x []float64, fig *EvalStatus, priv *bundle.Privacy, e int, now time.Time, version string) ([]byte, error) {
 	m, err := model.New(spec)
 	if err != nil {
 		return nil, err
+	}
+	if sc.DP != nil {
+		if priv == nil {
+			return nil, errNoPrivacy
+		}
+		fig = nil
 	}
 	if version == "" {
 		version = "dev"
@@ -777,6 +838,7 @@ func makeBundle(sc storedConfig, rec *fitRecord, spec model.Spec, x []float64, f
 		Model: model.Saved{Spec: spec, Layout: m.Layout(), Params: x}, Schema: rec.schema, Transform: rec.tr,
 		Provenance: bundle.Provenance{Federation: sc.Federation, RunID: sc.RunID, Round: e, Algorithm: sc.Algorithm,
 			Params: rec.Params, EdgeflVersion: version, Time: now.UTC().Format(time.RFC3339)},
+		Privacy: priv,
 	}
 	if fig != nil {
 		b.Evaluation = &bundle.Evaluation{Round: e, Federation: fig.Federation, Sites: fig.Sites}
@@ -803,7 +865,11 @@ func (s *Server) finalBundle(rounds int) ([]byte, error) {
 			s.log.Error("combining the final evaluation reports; the bundle has none", "err", ferr)
 			fig = nil
 		}
-		if raw, err = makeBundle(s.stored, s.fit, s.spec, s.global, fig, rounds, s.clock.Now(), s.cfg.Version); err != nil {
+		priv, perr := s.livePrivacy(rounds)
+		if perr != nil {
+			return nil, fmt.Errorf("aggregator: the final bundle's privacy: %w", perr)
+		}
+		if raw, err = makeBundle(s.stored, s.fit, s.spec, s.global, fig, priv, rounds, s.clock.Now(), s.cfg.Version); err != nil {
 			return nil, fmt.Errorf("aggregator: the final bundle: %w", err)
 		}
 		if err := s.store.PutFinalBundle(raw); err != nil {
@@ -824,6 +890,9 @@ func (s *Server) finalBundle(rounds int) ([]byte, error) {
 		args := []any{"path", p, "round", rounds, "digest", b.Digest, "bytes", len(raw)}
 		if b.Evaluation != nil {
 			args = append(args, "eval_sites", len(b.Evaluation.Sites), "eval_n", b.Evaluation.Federation.N)
+		}
+		if p := b.Privacy; p != nil {
+			args = append(args, "dp_epsilon", p.Epsilon, "dp_delta", p.Delta, "evaluation", "withheld (differential privacy)")
 		}
 		s.log.Info("final model bundle written", args...)
 	}

@@ -379,7 +379,15 @@ func TestFedStatisticsDeadlineAndRestarts(t *testing.T) {
 		t.Fatalf("statistics announcement after a restart %v", again)
 	}
 	a.sendStats(t, ann.RunId)
-	wantSubject(t, a.receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, 0, true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE)
+	// The server acknowledges a message to the broker after answering it,
+	// so a stop right after the FUTURE_ROUND receipt can leave the update
+	// unacknowledged: the broker then redelivers it to the new server,
+	// which answers it again (at-least-once, as designed).
+	rc := a.receipt(t)
+	if rc.Subject == wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE && rc.Code == wire.ReceiptCode_RECEIPT_CODE_FUTURE_ROUND {
+		rc = a.receipt(t)
+	}
+	wantSubject(t, rc, wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, 0, true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE)
 	b.sendStats(t, ann.RunId)
 	wantSubject(t, b.receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, 0, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
 	waitView(t, r.s, "two statistics sites", func(v ServerView) bool { return len(v.StatsSites) == 2 && v.Phase == PhaseStatistics })

@@ -141,6 +141,7 @@ type fakeAgent struct {
 	topics   wire.Topics
 	rounds   chan *wire.RoundAnnouncement
 	receipts chan *wire.Receipt
+	invites  chan *wire.Receipt // RECEIPT_SUBJECT_INVITATION: private selection (--dp)
 }
 
 // agent connects a fake site (persistent session, will = offline),
@@ -149,7 +150,7 @@ type fakeAgent struct {
 func (f *fixture) agent(id string, samples uint64) *fakeAgent {
 	f.t.Helper()
 	topics, _ := wire.ForFederation(testFed)
-	a := &fakeAgent{id: id, topics: topics, rounds: make(chan *wire.RoundAnnouncement, 100), receipts: make(chan *wire.Receipt, 100)}
+	a := &fakeAgent{id: id, topics: topics, rounds: make(chan *wire.RoundAnnouncement, 100), receipts: make(chan *wire.Receipt, 100), invites: make(chan *wire.Receipt, 100)}
 	status, _ := topics.Status(id)
 	rcpt, _ := topics.Receipt(id)
 	will, _ := wire.Encode(&wire.ClientStatus{ClientId: id, Online: false})
@@ -165,6 +166,10 @@ func (f *fixture) agent(id string, samples uint64) *fakeAgent {
 		case *wire.RoundAnnouncement:
 			a.rounds <- msg
 		case *wire.Receipt:
+			if msg.Subject == wire.ReceiptSubject_RECEIPT_SUBJECT_INVITATION {
+				a.invites <- msg // under --dp: the private selection, apart from the answers
+				return
+			}
 			a.receipts <- msg
 		}
 	}
@@ -227,6 +232,23 @@ func (a *fakeAgent) receipt(t *testing.T) *wire.Receipt {
 	case <-time.After(waitLong):
 		t.Fatalf("%s: no receipt", a.id)
 		return nil
+	}
+}
+
+// answer is the next receipt answering a message of subject and round,
+// after any DUPLICATE answer to another one: the server acknowledges a
+// message to the broker only after answering it, so a server stopped
+// right after an answer may leave it unacknowledged, and the broker
+// redelivers it to the next server, which answers it again (at-least-once,
+// as designed).
+func (a *fakeAgent) answer(t *testing.T, subject wire.ReceiptSubject, round uint64) *wire.Receipt {
+	t.Helper()
+	for {
+		r := a.receipt(t)
+		if r.Code == wire.ReceiptCode_RECEIPT_CODE_DUPLICATE && (r.Subject != subject || r.Round != round) {
+			continue
+		}
+		return r
 	}
 }
 

@@ -213,6 +213,9 @@ func ShellReasons() []string {
 
 // deltaKind is the delta kind of the federation's family.
 func (s *Server) deltaKind() wire.UpdateKind {
+	if s.cfg.DP != nil && isSplit(s.fam) {
+		return wire.UpdateKind_UPDATE_KIND_SUM_DELTA // sum mode (server_sum.go)
+	}
 	if isSplit(s.fam) {
 		return wire.UpdateKind_UPDATE_KIND_Z_DELTA
 	}
@@ -263,8 +266,10 @@ func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
 		s.receipt(u, false, wire.ReceiptCode_RECEIPT_CODE_FUTURE_ROUND, "future_round: the statistics phase is on", time.Time{})
 		return true
 	}
-	if want := s.deltaKind(); u.Kind != want && u.Kind != wire.UpdateKind_UPDATE_KIND_FULL {
-		return bad("unsupported_kind", fmt.Sprintf("kind %v; this %s federation takes %v (or FULL)", u.Kind, s.fam, want))
+	if want := s.deltaKind(); u.Kind != want && (u.Kind != wire.UpdateKind_UPDATE_KIND_FULL || s.cfg.DP != nil) {
+		// Under DP a FULL vector would be neither a clipped delta nor
+		// against the site's record.
+		return bad("unsupported_kind", fmt.Sprintf("kind %v; this %s federation takes %v", u.Kind, s.fam, want))
 	}
 	if int(u.Vector.Dimension) != dec.dim {
 		return bad("wrong_dimension", fmt.Sprintf("dimension %d, the model has %d", u.Vector.Dimension, dec.dim))

@@ -44,12 +44,20 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		Budget:          &wire.WorkBudget{MaxEpochs: uint32(p.MaxEpochs), MaxSeconds: p.MaxSeconds, MaxGradEvals: p.MaxGradEvals},
 		DeadlineUnixMs:  deadline.UnixMilli(),
 		Selected:        slices.Clone(selected),
+		SplitSum:        s.sum != nil,
 		Global:          &wire.Vector{Codec: s.down.String(), Dimension: uint32(s.dim), Payload: s.frame},
 		UplinkCodec:     s.cfg.Codec,
 		CreatedAtUnixMs: s.clock.Now().UnixMilli(),
 		AnchorSketch:    s.cfg.AnchorSketch,
 		RunId:           s.stored.RunID,
 		Dp:              s.dpParams(),
+	}
+	if s.cfg.DP != nil && s.cfg.SecAgg == nil {
+		// Private selection (docs/privacy.md, "Sampling rate"): the
+		// retained announcement names nobody; Invite decisions tell each
+		// selected site on its own receipts topic (server_invite.go).
+		// Not under --secagg, whose KeyList names the sites anyway.
+		a.Selected, a.PrivateSelection = nil, true
 	}
 	if !isSplit(s.fam) {
 		a.Aggregator = s.aggSpec
@@ -100,6 +108,11 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	next, err := s.store.Checkpoint(uint64(r + 1))
 	var rep aggregate.Report
 	redo := errors.Is(err, storage.ErrNotFound)
+	if err == nil && s.sum != nil && !cr.Final && s.storeR == uint64(r) {
+		// A checkpoint without its round: the sum that goes with it is
+		// computed again (the same noise, the same model).
+		redo = true
+	}
 	switch {
 	case redo:
 		if next, rep, err = s.aggregate(cr); err != nil {
@@ -113,27 +126,10 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	default:
 		s.log.Info("round was aggregated before a restart; using its checkpoint", "round", r)
 	}
-	state, err := s.coord.MarshalState()
+	now, err := s.checkpoint(cr, next, redo)
 	if err != nil {
 		return err
 	}
-	now := s.clock.Now()
-	if cr.Final {
-		if redo {
-			if err := s.store.PutCheckpoint(uint64(r+1), next); err != nil {
-				return fmt.Errorf("aggregator: %w", err)
-			}
-		}
-		if err := s.store.CloseRound(uint64(r), now, state); err != nil {
-			return fmt.Errorf("aggregator: %w", err)
-		}
-	} else if s.storeR == uint64(r) {
-		if err := s.store.OpenRound(storage.Round{Number: uint64(r + 1), OpenedAt: now, Config: s.conf, State: state}, next); err != nil {
-			return fmt.Errorf("aggregator: %w", err)
-		}
-		s.storeR = uint64(r + 1)
-	}
-	s.lastSt = state
 	agg := AggregatedRound{Round: r, At: now}
 	hr := RoundRecord{Round: r, AggregatedAt: now, Participants: len(cr.Contributors), Late: cr.Late,
 		Partial: slices.Clone(cr.Partial), Stragglers: slices.Clone(cr.Stragglers)}
@@ -183,14 +179,61 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 		args = append(args, "change", agg.Change)
 	}
 	if eps, _, ok := s.coord.Privacy(); ok {
-		rr.Epsilon = eps
-		args = append(args, "epsilon", eps, "delta", s.cfg.DP.Delta)
+		siteEps, siteRounds, _ := s.coord.SitePrivacy()
+		rr.Epsilon, rr.EpsilonUnamplified = eps, siteEps
+		args = append(args, "epsilon", eps, "delta", s.cfg.DP.Delta, "epsilon_unamplified", siteEps, "max_site_rounds", siteRounds)
 	}
 	s.log.Info("round aggregated", args...)
 	if s.cfg.OnRound != nil {
 		s.cfg.OnRound(rr)
 	}
 	return s.step(ctx, agg)
+}
+
+// checkpoint stores what closing round cr decided: the coordinator's state
+// (with adaptive clipping's next clip norm, server_dp.go) and next as the
+// next round's checkpoint, opening that round with the sum-mode state
+// (server_sum.go) in one transaction; after the last round, the final
+// checkpoint (when it was computed now: redo) and the round closed. It
+// returns the time it stored them.
+func (s *Server) checkpoint(cr CloseRound, next []float64, redo bool) (time.Time, error) {
+	r := cr.Round
+	if s.nextClip > 0 {
+		// Adaptive clipping: the next round's clip norm is stored with
+		// its checkpoint (ClipEstimated, server_dp.go).
+		s.coord.Step(ClipEstimated{Round: r, Clip: s.nextClip, At: s.clock.Now()})
+		s.nextClip = 0
+	}
+	state, err := s.encodeState()
+	if err != nil {
+		return time.Time{}, err
+	}
+	now := s.clock.Now()
+	if cr.Final {
+		if redo {
+			if err := s.store.PutCheckpoint(uint64(r+1), next); err != nil {
+				return time.Time{}, fmt.Errorf("aggregator: %w", err)
+			}
+		}
+		if err := s.store.CloseRound(uint64(r), now, state); err != nil {
+			return time.Time{}, fmt.Errorf("aggregator: %w", err)
+		}
+	} else if s.storeR == uint64(r) {
+		sum, err := s.sumBytes(s.nextSum)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if err := s.store.OpenRound(storage.Round{Number: uint64(r + 1), OpenedAt: now, Config: s.conf, State: state, Sum: sum}, next); err != nil {
+			return time.Time{}, fmt.Errorf("aggregator: %w", err)
+		}
+		s.storeR = uint64(r + 1)
+		if s.nextSum != nil {
+			s.sum = s.nextSum // S moves with the checkpoint, in its transaction
+		}
+	}
+	s.nextSum = nil
+	s.lastSt = state
+	return now, nil
 }
 
 // aggregate computes the next global model from the closed round.

@@ -23,15 +23,20 @@ import (
 //
 // What is written when (store, then send):
 //
-//   - a site's message: its bytes under (round, attempt, kind, client) in
-//     one transaction (storage.PutSecAggMessage), after the secagg.Server
-//     took it and before the coordinator counts it; then the coordinator's
-//     state, then the receipt;
-//   - a phase advance: the server's whole state (storage.PutSecAggServer,
-//     which also drops the stored messages it took in), then the
-//     coordinator's state with the next phase, then the announcement (and
-//     the ShareLists). After a restart the server is the stored state plus
-//     the stored messages of the open phase, taken again.
+//   - a site's message: its bytes under (round, attempt, kind, client) with
+//     a replay log entry, in one transaction (storage.PutSecAggMessage),
+//     after the secagg.Server took it and before the coordinator counts
+//     it; then the receipt. The coordinator's state is not written for it
+//     (a lone accept: coordinator_replay.go); the next state write, at the
+//     latest the one that closes the phase, reflects it and clears the log;
+//   - a phase advance: the coordinator's state that closes the phase (with
+//     every message of it counted), then the server's whole state
+//     (storage.PutSecAggServer, which also drops the stored messages it
+//     took in), then the coordinator's state with the next phase, then the
+//     announcement (and the ShareLists). After a restart the coordinator
+//     is its stored state with the logged messages replayed (replayEvent),
+//     and the server is its stored state plus the stored messages of the
+//     open phase that the coordinator counts, taken again.
 
 // SecAggSettings are secure aggregation's settings (ServerConfig.SecAgg).
 type SecAggSettings struct {
@@ -70,7 +75,7 @@ func (cfg *ServerConfig) checkSecAgg(d *derived) error {
 	case d.aggSpec != "fedavg" && d.aggSpec != "mean":
 		return refuse("aggregator %q needs the individual updates (robust and similarity aggregators screen or weigh each one); under --secagg the aggregator sees only the sum: use fedavg or mean (both become the uniform mean of the sum; a norm bound is the sites' own clipping, --secagg-clip)", d.aggSpec)
 	case cfg.Selector != "uniform" && cfg.Selector != "":
-		return refuse("selector %q ranks sites by their losses, which the sites do not send under --secagg: use uniform", cfg.Selector)
+		return refuse("selector %q: %v", cfg.Selector, uplink.ErrSecAggSelector)
 	case cfg.Codec != "fp32":
 		return refuse("uplink codec %q: under --secagg a site's update is its quantised vector in the ring Z_2^32 (a masked vector does not compress; top-k and dct would reveal each site's support): leave --codec at fp32", cfg.Codec)
 	case cfg.AnchorSketch != nil:
@@ -190,9 +195,13 @@ func secAggSender(m secagg.Message) string {
 func (s *Server) onSecAgg(ctx context.Context, in *inSecAgg) error {
 	s.pendSecAgg, s.secAggStored = in, false
 	defer func() { s.pendSecAgg = nil }()
-	m := in.msg
-	ev := SecAggArrived{Client: m.ClientId, Round: clampRound(m.Round), Attempt: int(min(m.Attempt, 1<<30)), Kind: int(m.Kind), At: s.clock.Now()}
-	return s.propose(ctx, ev, nil, s.storeSecAgg, s.refuseSecAgg)
+	return s.propose(ctx, secAggEvent(in.msg, s.clock.Now()), nil, s.storeSecAgg, s.refuseSecAgg)
+}
+
+// secAggEvent is the coordinator's event for a site's secagg message
+// received (or stored, for the replay: replayEvent) at at.
+func secAggEvent(m *wire.SecAggMessage, at time.Time) SecAggArrived {
+	return SecAggArrived{Client: m.ClientId, Round: clampRound(m.Round), Attempt: int(min(m.Attempt, 1<<30)), Kind: int(m.Kind), At: at}
 }
 
 func clampRound(r uint64) int { return int(min(r, 1<<31-1)) }
@@ -202,27 +211,30 @@ func clampRound(r uint64) int { return int(min(r, 1<<31-1)) }
 var errSecAggRefused = errors.New("refused by the secure aggregation")
 
 // storeSecAgg hands an accepted message to the session's secagg.Server and
-// stores it (the proposal, before the state and the receipt).
-func (s *Server) storeSecAgg(d Decision, now time.Time) (bool, error) {
+// stores it with its replay log entry (the proposal, before the receipt;
+// one write transaction: the coordinator's state is not written after a
+// lone accept, coordinator_replay.go) and returns the entry's index (0: a
+// copy stored earlier).
+func (s *Server) storeSecAgg(d Decision, now time.Time) (uint64, error) {
 	a, ok := d.(AcceptSecAgg)
 	in := s.pendSecAgg
 	if !ok || in == nil || in.msg.ClientId != a.Client || clampRound(in.msg.Round) != a.Round || int(in.msg.Kind) != a.Kind {
-		return false, fmt.Errorf("%w: %#v", errNotGiven, d)
+		return 0, fmt.Errorf("%w: %#v", errNotGiven, d)
 	}
 	srv, err := s.secAggSession(a.Round, a.Attempt)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	if err := srv.Receive(in.parsed); err != nil {
-		return false, fmt.Errorf("%w: %w", errSecAggRefused, err)
+		return 0, fmt.Errorf("%w: %w", errSecAggRefused, err)
 	}
-	stored, err := s.store.PutSecAggMessage(storage.SecAggRecord{Round: uint64(a.Round), Attempt: uint32(a.Attempt), Kind: uint8(a.Kind),
-		ClientID: a.Client, Msg: in.raw})
+	index, err := s.store.PutSecAggMessage(storage.SecAggRecord{Round: uint64(a.Round), Attempt: uint32(a.Attempt), Kind: uint8(a.Kind),
+		ClientID: a.Client, Msg: in.raw}, now)
 	if errors.Is(err, storage.ErrConflict) {
-		return false, fmt.Errorf("%w: %w", errSecAggRefused, err)
+		return 0, fmt.Errorf("%w: %w", errSecAggRefused, err)
 	}
-	s.secAggStored = stored
-	return stored, err
+	s.secAggStored = index > 0
+	return index, err
 }
 
 // refuseSecAgg answers an accepted message that was not stored.
@@ -469,9 +481,9 @@ func (s *Server) restoreSecAgg() error {
 	taken := 0
 	for _, rec := range recs {
 		if !s.coord.SecAggCounted(rec.ClientID, int(rec.Kind)) {
-			// Stored just before a crash, before the coordinator's state
-			// that counts it: the site re-sends it (its outbox), and it is
-			// taken then, by both.
+			// Not counted by the restored coordinator (its replay did not
+			// accept it: the configuration changed), or of a phase the
+			// stored server state is past: not taken again.
 			continue
 		}
 		m, err := wire.DecodeSecAgg(rec.Msg, s.lim)

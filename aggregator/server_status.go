@@ -451,13 +451,13 @@ func ReadStatus(store *storage.AggStore) (Status, error) {
 		t := cur.OpenedAt.UTC()
 		out.RoundOpenedAt = &t
 	}
-	var st State
-	if err := json.Unmarshal(cur.State, &st); err != nil {
-		return out, fmt.Errorf("aggregator: state of round %d: %w", cur.Number, err)
+	st, err := StoredState(store) // the stored state and the messages stored since (coordinator_replay.go)
+	if err != nil {
+		return out, err
 	}
 	out.Round, out.Phase, out.Selected, out.Counters = st.Round, st.Phase, st.Selected, st.Counters
 	if dpConf != nil && st.DP != nil && st.DP.Accountant != nil {
-		out.Privacy = newPrivacyStatus(dpConf, st.DP.Accountant)
+		out.Privacy = storedPrivacyStatus(dpConf, st.DP)
 		out.StopReason = st.StopReason // dp_budget or rounds
 	}
 	if saConf != nil {

@@ -659,22 +659,22 @@ func TestServerStoreUpdateResentAfterCrash(t *testing.T) {
 		return &inUpdate{msg: m, raw: raw, vec: d}
 	}
 	now := f.clock.Now()
-	if err := s.storeUpdate(in(zDelta(t, "site-a", 1, 0, vec(1)), vec(1)), now); err != nil {
+	if _, err := s.storeUpdate(in(zDelta(t, "site-a", 1, 0, vec(1)), vec(1)), now); err != nil {
 		t.Fatalf("round 1 (base 0): %v", err)
 	}
 	if err := s.store.OpenRound(storage.Round{Number: 2, OpenedAt: now, Config: s.conf, State: []byte("{}")}, make([]float64, 6)); err != nil {
 		t.Fatal(err)
 	}
 	u2 := in(zDelta(t, "site-a", 2, 1, vec(2)), vec(2))
-	if err := s.storeUpdate(u2, now); err != nil {
+	if _, err := s.storeUpdate(u2, now); err != nil {
 		t.Fatalf("round 2 (base 1): %v", err)
 	}
 	r, want, err := s.store.ClientZ("site-a")
 	if err != nil || r != 2 {
 		t.Fatalf("copy after round 2: round %d, %v", r, err)
 	}
-	if err := s.storeUpdate(u2, now); err != nil {
-		t.Fatalf("the same round-2 update again: %v, want it taken as stored", err)
+	if idx, err := s.storeUpdate(u2, now); err != nil || idx != 0 {
+		t.Fatalf("the same round-2 update again: %d, %v, want it taken as stored", idx, err)
 	}
 	if r, got, err := s.store.ClientZ("site-a"); err != nil || r != 2 || !slices.Equal(got, want) {
 		t.Fatalf("copy after the re-send: round %d %v, %v; want round 2 %v", r, got, err, want)
@@ -683,7 +683,7 @@ func TestServerStoreUpdateResentAfterCrash(t *testing.T) {
 	if err := s.store.OpenRound(storage.Round{Number: 3, OpenedAt: now, Config: s.conf, State: []byte("{}")}, make([]float64, 6)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.storeUpdate(in(zDelta(t, "site-a", 3, 1, vec(3)), vec(3)), now); !errors.Is(err, uplink.ErrBaseMismatch) {
+	if _, err := s.storeUpdate(in(zDelta(t, "site-a", 3, 1, vec(3)), vec(3)), now); !errors.Is(err, uplink.ErrBaseMismatch) {
 		t.Fatalf("round 3 against round 1's copy: %v, want uplink.ErrBaseMismatch", err)
 	}
 }

@@ -62,6 +62,10 @@ type State struct {
 	// SecAgg is the round's secure aggregation (Config.SecAgg; absent
 	// without).
 	SecAgg *SecAggState `json:"secagg,omitempty"`
+	// Applied is the replay log index of the last stored message this
+	// state reflects (Stored.Index; coordinator_replay.go): a replayed
+	// message at or below it is already applied.
+	Applied uint64 `json:"applied,omitempty"`
 }
 
 // Received is one stored update of the open round.
@@ -113,6 +117,7 @@ func (c *Coordinator) Snapshot() State {
 		StopReason:   c.fed.stopReason,
 		DP:           c.snapshotDP(),
 		SecAgg:       c.snapshotSecAgg(),
+		Applied:      c.applied,
 	}
 	for id := range c.fed.evalGot {
 		s.EvalGot = append(s.EvalGot, id)
@@ -191,6 +196,7 @@ func (c *Coordinator) Restore(s State) error {
 	c.timer = norm(s.Timer)
 	c.late = s.Late
 	c.proposal = nil
+	c.applied = s.Applied
 	c.counters = s.Counters.clone()
 	c.fed.reset()
 	for _, id := range s.StatsSites {

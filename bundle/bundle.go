@@ -2,19 +2,28 @@
 // self-describing JSON file holding everything needed to use a trained
 // model at a site.
 //
-// # Format (version 1)
+// # Format (versions 1 and 2)
 //
 //	{
 //	  "format": "edgefl-bundle",
-//	  "version": 1,
+//	  "version": 1,             // 2 when "privacy" is present
 //	  "model": {"kind": ..., "inputs": ..., "classes": ..., "layout": ..., "weights": [...]},
 //	  "schema": {...},          // the federation schema (label mapping included)
 //	  "transform": {...},       // prep.Transform, the fitted preprocessing
 //	  "evaluation": {"round": R, "federation": {...}, "sites": {"site-a": {...}}},
 //	  "provenance": {"federation": ..., "run_id": ..., "round": R, "algorithm": ...,
 //	                 "params": {"l2": "0.01", ...}, "edgefl_version": ..., "time": RFC 3339},
+//	  "privacy": {...},         // version 2: a --dp run's guarantee (Privacy); then no "evaluation"
 //	  "digest": "sha256 hex"
 //	}
+//
+// Version 2 added "privacy" (privacy.go): the differential-privacy
+// guarantee of a model trained with --dp. Marshal writes version 1 when a
+// bundle has no privacy field, so an edgefl that reads only version 1
+// still reads every bundle of a run without --dp; Read accepts both and
+// refuses a privacy field in a version 1 bundle and an evaluation next to
+// a privacy field (a private bundle releases no per-site or federation
+// figure: docs/privacy.md, "Evaluation under DP").
 //
 // The model's inputs are the transform's outputs in its documented order;
 // class k of the model is the schema's class k, reported as its first raw
@@ -47,10 +56,13 @@ import (
 	"github.com/edgefl/edgefl/schema"
 )
 
-// Format and Version identify the file format.
+// Format and Version identify the file format: Version is the newest this
+// edgefl reads and writes, VersionPlain the version of a bundle without a
+// privacy field.
 const (
-	Format  = "edgefl-bundle"
-	Version = 1
+	Format       = "edgefl-bundle"
+	Version      = 2
+	VersionPlain = 1
 )
 
 // MaxBytes bounds a bundle read from disk or the network.
@@ -84,6 +96,7 @@ type Bundle struct {
 	Transform  *prep.Transform `json:"transform"`
 	Evaluation *Evaluation     `json:"evaluation,omitempty"`
 	Provenance Provenance      `json:"provenance"`
+	Privacy    *Privacy        `json:"privacy,omitempty"`
 	Digest     string          `json:"digest"`
 }
 
@@ -103,8 +116,19 @@ func (b *Bundle) Check() error {
 	if b.Format != Format {
 		return fmt.Errorf("format %q, expected %q", b.Format, Format)
 	}
-	if b.Version != Version {
-		return fmt.Errorf("bundle version %d, this edgefl reads version %d", b.Version, Version)
+	if err := checkVersion(b.Version); err != nil {
+		return err
+	}
+	if b.Privacy != nil {
+		switch {
+		case b.Version < 2:
+			return fmt.Errorf("bundle version %d with a privacy field (version 2 adds it)", b.Version)
+		case b.Evaluation != nil:
+			return errors.New("a bundle with a privacy guarantee carries no evaluation (the sites' figures are outside the guarantee)")
+		}
+		if err := b.Privacy.check(); err != nil {
+			return err
+		}
 	}
 	if b.Schema == nil || b.Transform == nil {
 		return errors.New("no schema or no transform")
@@ -133,14 +157,26 @@ func (b *Bundle) Check() error {
 	return nil
 }
 
+// checkVersion refuses a version this edgefl does not read.
+func checkVersion(v int) error {
+	if v < VersionPlain || v > Version {
+		return fmt.Errorf("bundle version %d, this edgefl reads versions %d to %d", v, VersionPlain, Version)
+	}
+	return nil
+}
+
 func mustJSON(v any) []byte {
 	raw, _ := json.Marshal(v) // Saved holds finite floats only after checks
 	return raw
 }
 
-// Marshal checks b, sets its format, version and digest, and encodes it.
+// Marshal checks b, sets its format, version (VersionPlain without a
+// privacy field) and digest, and encodes it.
 func (b *Bundle) Marshal() ([]byte, error) {
-	b.Format, b.Version = Format, Version
+	b.Format, b.Version = Format, VersionPlain
+	if b.Privacy != nil {
+		b.Version = Version
+	}
 	if err := b.Check(); err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
@@ -170,8 +206,8 @@ func Unmarshal(raw []byte) (*Bundle, error) {
 	if b.Format != Format {
 		return nil, fmt.Errorf("not a bundle: format %q, expected %q", b.Format, Format)
 	}
-	if b.Version != Version {
-		return nil, fmt.Errorf("bundle version %d, this edgefl reads version %d", b.Version, Version)
+	if err := checkVersion(b.Version); err != nil {
+		return nil, err
 	}
 	d, err := b.digest()
 	if err != nil {

@@ -83,12 +83,12 @@ func TestReadRefuses(t *testing.T) {
 	}
 	cases := []struct{ name, edit, want string }{
 		{"tampered weight", `"round":7`, "digest mismatch"},
-		{"version", `"version":1`, "bundle version 2"},
+		{"version", `"version":1`, "bundle version 3, this edgefl reads versions 1 to 2"},
 		{"unknown field", `"digest":`, "unknown field"},
 	}
 	repl := map[string]string{
 		"tampered weight": `"round":8`,
-		"version":         `"version":2`,
+		"version":         `"version":3`,
 		"unknown field":   `"extra":1,"digest":`,
 	}
 	for _, c := range cases {

@@ -108,3 +108,25 @@ func TestAdaptiveNext(t *testing.T) {
 		t.Errorf("UnclippedFraction = %v", got)
 	}
 }
+
+// TestConfigAdaptive: a configuration with adaptive clipping is checked
+// against its noise multiplier and raises the update noise to
+// UpdateNoise(z, sigma_b); without it the update noise is z.
+func TestConfigAdaptive(t *testing.T) {
+	c := Config{Clip: 1, Noise: 1.1, Delta: 1e-5}
+	if c.UpdateNoise() != 1.1 {
+		t.Fatalf("fixed clip: update noise %v", c.UpdateNoise())
+	}
+	c.Adaptive = &Adaptive{Quantile: 0.5, LR: 0.2, BitNoise: 5}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := UpdateNoise(1.1, 5)
+	if got := c.UpdateNoise(); got != want || !(got > 1.1) {
+		t.Fatalf("adaptive: update noise %v, want %v > z", got, want)
+	}
+	c.Adaptive.BitNoise = 0.5 // 2 sigma_b <= z
+	if err := c.Validate(); err == nil {
+		t.Fatal("a bit noise too small for z was accepted")
+	}
+}

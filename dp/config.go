@@ -44,6 +44,12 @@ type Config struct {
 	// aggregation (SiteStd, docs/privacy.md "Threat models"); false: the
 	// aggregator adds it (central).
 	Distributed bool `json:"distributed,omitempty"`
+	// Adaptive, when set, is adaptive clipping (docs/privacy.md, "The
+	// mechanism per round", step 3): Clip is then the first round's C,
+	// each later round's follows Adaptive.Next from the noised clip bits,
+	// and the updates' noise multiplier is UpdateNoise() > Noise so that
+	// updates and bits together cost Noise, which the accountant charges.
+	Adaptive *Adaptive `json:"adaptive,omitempty"`
 }
 
 // Mode is the configuration's mode (Central or Distributed).
@@ -52,6 +58,33 @@ func (c Config) Mode() Mode {
 		return Distributed
 	}
 	return Central
+}
+
+// UpdateNoise is the noise multiplier of the update sum: Noise with a fixed
+// clip, dp.UpdateNoise(Noise, Adaptive.BitNoise) with adaptive clipping
+// (Validate checks it exists).
+func (c Config) UpdateNoise() float64 {
+	if c.Adaptive == nil {
+		return c.Noise
+	}
+	z, err := UpdateNoise(c.Noise, c.Adaptive.BitNoise)
+	if err != nil {
+		return math.NaN()
+	}
+	return z
+}
+
+// ChargedRate is the sampling rate the accountant charges for a round
+// drawn at rate q: q in the central mode; 1 in the distributed mode, whose
+// adversary knows the selection (the aggregator draws it, and under secure
+// aggregation the KeyList on the round topic names the round's sites to
+// every site), so amplification by subsampling does not hold against it
+// and none is claimed (docs/privacy.md, "Sampling rate").
+func (c Config) ChargedRate(q float64) float64 {
+	if c.Distributed {
+		return 1
+	}
+	return q
 }
 
 // On reports whether c asks for DP.
@@ -68,9 +101,19 @@ func (c Config) Validate() error {
 		return fmt.Errorf("dp: delta must be in (0, 1), got %v", c.Delta)
 	case !(c.Budget >= 0) || math.IsInf(c.Budget, 0):
 		return fmt.Errorf("dp: the epsilon budget must be a finite number >= 0 (0: none), got %v", c.Budget)
+	case c.Adaptive != nil && c.Distributed:
+		return ErrDistributedAdaptive
+	case c.Adaptive != nil:
+		return c.Adaptive.Validate(c.Noise)
 	}
 	return nil
 }
+
+// ErrDistributedAdaptive refuses adaptive clipping in the distributed mode:
+// its clip bits would need their own noised secure sum (the aggregator
+// sees no single site's bit there), which is not built (docs/privacy.md,
+// "Threat models").
+var ErrDistributedAdaptive = errors.New("dp: adaptive clipping in the distributed mode: the clip bits would need their own secure sum with noise shares, which is not built; use a fixed --dp-clip")
 
 // EpsilonAfterStep is the epsilon a (nil: a new accountant) would report
 // after one more round at sampling rate q with noise multiplier z; a is

@@ -73,6 +73,21 @@ func NoiseRand(key [32]byte, round uint64) *rand.Rand {
 	return rand.New(rand.NewChaCha8(seed))
 }
 
+// BitNoiseRand is the stream of a round's clip-bit noise (adaptive
+// clipping): keyed like NoiseRand, in its own domain, so the update noise
+// and the bit noise are independent draws whatever either consumes.
+func BitNoiseRand(key [32]byte, round uint64) *rand.Rand {
+	h := sha256.New()
+	h.Write([]byte("edgefl dp clip-bit noise v1"))
+	h.Write(key[:])
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], round)
+	h.Write(b[:])
+	var seed [32]byte
+	copy(seed[:], h.Sum(nil))
+	return rand.New(rand.NewChaCha8(seed))
+}
+
 // TestKey is a noise key derived from a public seed: reproducible, and
 // therefore predictable by anyone who knows the seed. For tests and
 // `simulate` only, behind an explicit flag; never for a live federation.
@@ -80,4 +95,15 @@ func TestKey(seed uint64) [32]byte {
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], seed)
 	return sha256.Sum256(append([]byte("edgefl dp test key v1"), b[:]...))
+}
+
+// TestSelectionKey is a selection key (internal/streams.Secret) derived
+// from a public seed, the counterpart of TestKey for the selection stream:
+// `simulate --dp-noise-seed` and tests only, never a live federation
+// (whose key is 32 bytes from crypto/rand; docs/privacy.md, "Sampling
+// rate").
+func TestSelectionKey(seed uint64) [32]byte {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], seed)
+	return sha256.Sum256(append([]byte("edgefl dp test selection key v1"), b[:]...))
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -10,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	agg "github.com/edgefl/edgefl/aggregator"
 	"github.com/edgefl/edgefl/quant"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/wire"
@@ -74,23 +74,19 @@ func readAggState(t *testing.T, path string) aggState {
 	if st.current, err = s.CurrentRound(); err != nil {
 		t.Fatalf("%s: current round: %v", path, err)
 	}
-	var coord struct {
-		Round    int    `json:"round"`
-		Phase    string `json:"phase"`
-		Counters struct {
-			Accepted   uint64            `json:"accepted"`
-			Rejected   map[string]uint64 `json:"rejected"`
-			Stragglers uint64            `json:"stragglers"`
-			Extensions uint64            `json:"extensions"`
-			Closed     uint64            `json:"rounds_closed"`
-		} `json:"counters"`
-	}
-	if err := json.Unmarshal(st.current.State, &coord); err != nil {
+	// The state a restart resumes from: the stored one and the messages
+	// stored since (the replay log, aggregator/coordinator_replay.go).
+	coord, err := agg.StoredState(s)
+	if err != nil {
 		t.Fatalf("%s: coordinator state: %v", path, err)
 	}
-	st.phase, st.coordRnd = coord.Phase, coord.Round
-	st.rejected, st.accepted, st.stragglrs = coord.Counters.Rejected, coord.Counters.Accepted, coord.Counters.Stragglers
-	st.extended, st.closed = coord.Counters.Extensions, coord.Counters.Closed
+	st.phase, st.coordRnd = string(coord.Phase), coord.Round
+	st.rejected = map[string]uint64{}
+	for r, n := range coord.Counters.Rejected {
+		st.rejected[r.String()] = n
+	}
+	st.accepted, st.stragglrs = coord.Counters.Accepted, coord.Counters.Stragglers
+	st.extended, st.closed = coord.Counters.Extensions, coord.Counters.RoundsClosed
 	for r := uint64(1); r <= st.current.Number; r++ {
 		ups, err := s.Updates(r)
 		if err != nil {

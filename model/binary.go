@@ -104,8 +104,4 @@ func (m *BinaryLogReg) Predict(w []float64, d Data, out []float64) {
 }
 
 // Score returns the accuracy, NaN for an empty batch.
-func (m *BinaryLogReg) Score(w []float64, d Data) float64 {
-	m.pred = grow(m.pred, d.N)
-	m.Predict(w, d, m.pred)
-	return accuracy(m.pred, d.Y[:d.N])
-}
+func (m *BinaryLogReg) Score(w []float64, d Data) float64 { return predictedAccuracy(m, &m.pred, w, d) }

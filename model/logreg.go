@@ -86,11 +86,7 @@ func (m *LogReg) Predict(w []float64, d Data, out []float64) {
 }
 
 // Score returns the accuracy, NaN for an empty batch.
-func (m *LogReg) Score(w []float64, d Data) float64 {
-	m.pred = grow(m.pred, d.N)
-	m.Predict(w, d, m.pred)
-	return accuracy(m.pred, d.Y[:d.N])
-}
+func (m *LogReg) Score(w []float64, d Data) float64 { return predictedAccuracy(m, &m.pred, w, d) }
 
 // argmaxRows writes the column index of every row's largest entry.
 func argmaxRows(z []float64, c int, out []float64) {
@@ -104,6 +100,19 @@ func argmaxRows(z []float64, c int, out []float64) {
 		}
 		out[i] = float64(best)
 	}
+}
+
+// predictor is what a classifier's Score needs of it.
+type predictor interface {
+	Predict(w []float64, d Data, out []float64)
+}
+
+// predictedAccuracy is a classifier's Score: the accuracy of its
+// predictions (written to *buf, grown as needed), NaN for an empty batch.
+func predictedAccuracy(c predictor, buf *[]float64, w []float64, d Data) float64 {
+	*buf = grow(*buf, d.N)
+	c.Predict(w, d, *buf)
+	return accuracy(*buf, d.Y[:d.N])
 }
 
 func accuracy(pred, y []float64) float64 {

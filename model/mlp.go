@@ -158,8 +158,4 @@ func (m *MLP) Predict(w []float64, d Data, out []float64) {
 }
 
 // Score returns the accuracy, NaN for an empty batch.
-func (m *MLP) Score(w []float64, d Data) float64 {
-	m.pred = grow(m.pred, d.N)
-	m.Predict(w, d, m.pred)
-	return accuracy(m.pred, d.Y[:d.N])
-}
+func (m *MLP) Score(w []float64, d Data) float64 { return predictedAccuracy(m, &m.pred, w, d) }

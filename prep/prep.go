@@ -48,7 +48,7 @@ import (
 const Version = 1
 
 // MaxLevels bounds a categorical feature's distinct levels.
-const MaxLevels = 1024
+const MaxLevels = schema.MaxLevels
 
 // TooFewSamplesError is returned by Compute when a site has fewer training
 // rows than the schema's min_site_samples: it must not send statistics.

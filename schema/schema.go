@@ -22,6 +22,12 @@
 //	  "holdout_seed": 1                  // optional, default 1
 //	}
 //
+// A schema may also declare the preprocessing instead of having the
+// federation fit it from the sites' statistics (declared.go): every numeric
+// feature then carries "center" and "scale" (and optionally "impute"),
+// every categorical one its "levels" (and optionally "impute_level"); see
+// deploy/schema-dp.example.json. Differential privacy (--dp) requires it.
+//
 // For binary and multiclass tasks the order of "classes" is the class order:
 // class k is the model's output k (binary: classes[1] is the positive class).
 // Several raw values may map to one class; a raw value may map to only one.
@@ -81,12 +87,21 @@ const (
 	MaxFeatures  = 4096
 	MaxClasses   = 1024
 	MaxNameBytes = 256
+	MaxLevels    = 1024 // a categorical feature's levels (prep.MaxLevels)
 )
 
-// Feature is one input column.
+// Feature is one input column. The other fields are its declared
+// preprocessing (declared.go; all of them absent: the statistics phase
+// fits it): Center, Scale and Impute for a numeric feature, Levels and
+// ImputeLevel for a categorical one.
 type Feature struct {
-	Name string `json:"name"`
-	Type string `json:"type"`
+	Name        string   `json:"name"`
+	Type        string   `json:"type"`
+	Center      *float64 `json:"center,omitempty"`
+	Scale       *float64 `json:"scale,omitempty"`
+	Impute      *float64 `json:"impute,omitempty"`
+	Levels      []string `json:"levels,omitempty"`
+	ImputeLevel string   `json:"impute_level,omitempty"`
 }
 
 // Class is one label class and the raw values that mean it.
@@ -175,6 +190,7 @@ func Parse(b []byte) (*Schema, error) {
 	if r.HoldoutSeed != nil {
 		s.HoldoutSeed = *r.HoldoutSeed
 	}
+	s.fillDeclared()
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
@@ -290,7 +306,7 @@ func (s *Schema) Validate() error {
 	if !(s.Holdout >= 0 && s.Holdout <= 0.9) {
 		return fmt.Errorf("holdout %v, expected a share in [0, 0.9]", s.Holdout)
 	}
-	return nil
+	return s.validateDeclared()
 }
 
 // NumClasses is the number of classes (0 for regression).

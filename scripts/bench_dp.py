@@ -8,14 +8,28 @@
       0 benign. simulate reads it with --partition natural (one client per
       site) and standardises it with --standardize global.
 
+  bench_dp.py sites TITLE CENTRAL.json FEDERATED.json DECLARED.json EPS8.json... -- EPS3.json... -- EPS1.json...
+      The schema pipeline's table (bench-dp.sh's `sites` part): one row
+      per algorithm, held-out accuracy / ROC AUC in % of the federation
+      (the final round's evaluation on every site's held-out rows): the
+      centralised reference (simulate's optimum with the declared
+      preprocessing, from DECLARED.json), the non-private run with the
+      statistics phase's federated preprocessing (FEDERATED.json; its
+      optimum in CENTRAL.json, the same file), the non-private run with the
+      declared preprocessing, and each epsilon as mean +- sd over its
+      files (one per noise seed), with the epsilon spent and z.
+
   bench_dp.py table TITLE RESULTS.json...
       A markdown table: one row per algorithm, one column per results.json
       (the non-private run first): final test accuracy in %, and under DP
-      the epsilon spent and the noise multiplier z.
+      the epsilon spent, the largest per-site epsilon without amplification
+      by subsampling (what holds against anyone who knows the selection)
+      and the noise multiplier z.
 """
 import csv
 import json
 import os
+import statistics
 import sys
 
 MALIGNANT = {"M", "0", "malignant"}
@@ -54,7 +68,7 @@ def table(title, paths):
             acc = 100 * last["test_accuracy"]
             cell = f"{acc:.2f}"
             if dp is not None:
-                cell += f" (eps {dp['epsilon']:.3g}, z {dp['noise_multiplier']:.3g})"
+                cell += f" (eps {dp['epsilon']:.3g}, per site {dp.get('epsilon_unamplified', 0):.3g}, z {dp['noise_multiplier']:.3g})"
             if run["algo"] not in algos:
                 algos.append(run["algo"])
             cells[(run["algo"], col)] = cell
@@ -66,9 +80,66 @@ def table(title, paths):
     print()
 
 
+def _final_eval(run):
+    ev = [r["eval"] for r in run["rounds"] if r.get("eval")][-1]["federation"]
+    return 100 * ev["accuracy"], 100 * ev["auc"]
+
+
+def _load(p):
+    with open(p) as f:
+        return json.load(f)
+
+
+def sites(title, args):
+    groups, cur = [], []
+    for a in args:
+        if a == "--":
+            groups.append(cur)
+            cur = []
+        else:
+            cur.append(a)
+    groups.append(cur)
+    (central, federated, declared), eps_groups = groups[0][:3], [groups[0][3:]] + groups[1:]
+    fed, dec = _load(federated), _load(declared)
+    algos = [r["algo"] for r in dec["runs"]]
+    ref_fed = fed["optimum"]["eval"]["federation"]
+    ref_dec = dec["optimum"]["eval"]["federation"]
+    cols = ["centralised reference, declared preprocessing", "non-private, federated preprocessing",
+            "non-private, declared preprocessing"]
+    rows = {a: [f"{100 * ref_dec['accuracy']:.1f} / {100 * ref_dec['auc']:.1f}"] for a in algos}
+    for a in algos:
+        acc, auc = _final_eval(next(r for r in fed["runs"] if r["algo"] == a))
+        rows[a].append(f"{acc:.1f} / {auc:.1f}")
+        acc, auc = _final_eval(next(r for r in dec["runs"] if r["algo"] == a))
+        rows[a].append(f"{acc:.1f} / {auc:.1f}")
+    for files in eps_groups:
+        res = [_load(p) for p in files]
+        budget = res[0]["runs"][0]["dp"]["epsilon_budget"]
+        cols.append(f"epsilon {budget:g}")
+        for a in algos:
+            accs, aucs, eps, z = [], [], 0, 0
+            for r in res:
+                run = next(x for x in r["runs"] if x["algo"] == a)
+                acc, auc = _final_eval(run)
+                accs.append(acc)
+                aucs.append(auc)
+                eps, z = run["dp"]["epsilon"], run["dp"]["noise_multiplier"]
+            rows[a].append(f"{statistics.mean(accs):.1f} ± {statistics.stdev(accs):.1f} / "
+                           f"{statistics.mean(aucs):.1f} ± {statistics.stdev(aucs):.1f} (eps {eps:.3g}, z {z:.3g})")
+    print(f"### {title}\n")
+    print(f"(centralised reference with the federated preprocessing: {100 * ref_fed['accuracy']:.1f} / {100 * ref_fed['auc']:.1f})\n")
+    print("| algorithm | " + " | ".join(cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    for a in algos:
+        print(f"| {a} | " + " | ".join(rows[a]) + " |")
+    print()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "leaf":
         leaf(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "sites":
+        sites(sys.argv[2], sys.argv[3:])
     elif sys.argv[1] == "table":
         table(sys.argv[2], sys.argv[3:])
     else:

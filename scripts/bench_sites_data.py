@@ -18,6 +18,11 @@ metadata line "569,30,malignant,benign", then 30 features and the target,
   schema.json   the federation schema: 30 numeric features by sklearn's
                 names, binary label "diagnosis" (benign, malignant) with
                 the three sites' raw values
+  schema-dp.json  the same schema with its preprocessing declared (what
+                --dp needs: no statistics phase): each feature centred at
+                the midpoint of the published range in PUBLISHED_RANGE and
+                scaled by its half-width, so the published range maps to
+                [-1, 1] (deploy/schema-dp.example.json is this file)
 
 Every row is used once. The deal: malignant and benign rows each sorted by
 SHA-256 of "edgefl-bench-sites:<row>", then cut at the site counts.
@@ -40,6 +45,20 @@ FEATURES = [
     "worst texture", "worst perimeter", "worst area", "worst smoothness",
     "worst compactness", "worst concavity", "worst concave points", "worst symmetry",
     "worst fractal dimension",
+]
+
+# The published minimum and maximum of each feature: the "Summary
+# Statistics" table of the dataset's description (sklearn's
+# load_breast_cancer().DESCR, from UCI's wdbc.names), the stand-in for a
+# clinical reference range a federation would declare. It was computed on
+# all 569 rows, so it is public here but not independent of the data.
+PUBLISHED_RANGE = [
+    (6.981, 28.11), (9.71, 39.28), (43.79, 188.5), (143.5, 2501.0), (0.053, 0.163),
+    (0.019, 0.345), (0.0, 0.427), (0.0, 0.201), (0.106, 0.304), (0.05, 0.097),
+    (0.112, 2.873), (0.36, 4.885), (0.757, 21.98), (6.802, 542.2), (0.002, 0.031),
+    (0.002, 0.135), (0.0, 0.396), (0.0, 0.053), (0.008, 0.079), (0.001, 0.03),
+    (7.93, 36.04), (12.02, 49.54), (50.41, 251.2), (185.2, 4254.0), (0.071, 0.223),
+    (0.027, 1.058), (0.0, 1.252), (0.0, 0.291), (0.156, 0.664), (0.055, 0.208),
 ]
 
 # (malignant, benign) rows per site: 120/160 = 75 %, 30/233 = 12.9 %, 62/176 = 35.2 %.
@@ -108,6 +127,12 @@ def main():
     }
     with open(os.path.join(out, "schema.json"), "w") as f:
         json.dump(schema, f, indent=2)
+        f.write("\n")
+    declared = dict(schema, features=[
+        {"name": c, "type": "numeric", "center": round((lo + hi) / 2, 6), "scale": round((hi - lo) / 2, 6)}
+        for c, (lo, hi) in zip(FEATURES, PUBLISHED_RANGE)])
+    with open(os.path.join(out, "schema-dp.json"), "w") as f:
+        json.dump(declared, f, indent=2)
         f.write("\n")
     for s, (m, b) in enumerate(COUNTS):
         print(f"site{s + 1}: {m + b} rows, {m} malignant ({100 * m / (m + b):.1f} %)")

@@ -146,7 +146,7 @@ func DefaultConfig() Config {
 	return Config{
 		Dataset: "synthetic:1,1", Partition: "natural", Clients: 30, PerRound: 10,
 		Rounds: 100, Seed: 1, Model: "logreg", Hidden: 64, Activation: "relu",
-		TestFrac: 0.1, Select: "uniform", OptimumTol: 1e-10, OptimumEvals: 3000,
+		TestFrac: 0.1, OptimumTol: 1e-10, OptimumEvals: 3000,
 		Local: Local{Solver: proxsolver.SGD, Mu: 1, Gamma: 1e-3, Epochs: 20, Batch: 10, LR: 0.01, Step: 1, Relax: 1},
 	}
 }
@@ -372,7 +372,7 @@ func (c Config) validateSecAgg() error {
 		}
 	}
 	if c.Select != "" && c.Select != "uniform" {
-		return fmt.Errorf("--secagg with --select %s: the sites send no losses under --secagg; use uniform", c.Select)
+		return fmt.Errorf("--secagg with --select %s: %w", c.Select, uplink.ErrSecAggSelector)
 	}
 	return nil
 }
@@ -389,16 +389,21 @@ func (c Config) validateDP() error {
 	switch {
 	case c.DP.Distributed && c.SecAgg == nil:
 		return fmt.Errorf("--dp distributed: %w", dp.ErrDistributed)
-	case c.Schema != "":
-		return errors.New("--dp with --schema: the per-site statistics and evaluation reports are outside the privacy guarantee until they are privatised (docs/privacy.md, \"What the guarantee covers\")")
 	case c.Faulty > 0:
 		return errors.New("--dp with --faulty: faulty clients take part in every round, outside the accountant's sampling rate")
 	}
 	for _, a := range c.Algos {
+		agg := a.Agg
 		if a.Family == FedSplit || a.Family == FedProxSplit {
-			return fmt.Errorf("--dp, algorithm %s: %w", a.Label, uplink.ErrSplitDP)
+			// Sum mode (docs/privacy.md, "FedSplit"): the server step is
+			// S/m; a screening factor asks for the robust step, which
+			// needs each z_j.
+			if agg != split.StepRobust && agg != split.StepMean {
+				return fmt.Errorf("--dp, algorithm %s: %w", a.Label, uplink.ErrSplitRobustDP)
+			}
+			agg = ""
 		}
-		if err := aggregate.CheckDP(a.Agg, c.Select); err != nil {
+		if err := aggregate.CheckDP(agg, c.Select); err != nil {
 			return fmt.Errorf("--dp, algorithm %s: %w", a.Label, err)
 		}
 	}

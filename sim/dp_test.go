@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/uplink"
 )
 
@@ -103,15 +105,18 @@ func TestSimDPBudgetStop(t *testing.T) {
 // TestSimDPRefusals: what --dp cannot cover is refused with an error that
 // says why.
 func TestSimDPRefusals(t *testing.T) {
+	sites, _ := testSites(t) // its schema does not declare its preprocessing
 	tests := []struct {
 		name   string
 		mutate func(*Config)
 		want   string
 	}{
-		{"fedsplit", func(c *Config) { c.Algos[0].Family, c.Algos[0].Agg = FedProxSplit, "robust" }, "FedSplit family"},
+		{"fedsplit robust step", func(c *Config) { c.Algos[0].Family, c.Algos[0].Agg = FedProxSplit, split.StepRobust+":mult=3" }, "needs each site's z_j"},
 		{"median", func(c *Config) { c.Algos[0].Agg = "median" }, "aggregator \"median\""},
 		{"loss selection", func(c *Config) { c.Select = "loss" }, "selector \"loss\""},
-		{"schema", func(c *Config) { c.Schema = "schema.json" }, "--schema"},
+		{"undeclared schema", func(c *Config) {
+			c.Schema, c.Dataset, c.SiteColumn, c.Partition, c.Clients, c.PerRound = filepath.Join(sites, "schema.json"), "csv:"+filepath.Join(sites, "all.csv"), "site", "natural", 0, 0
+		}, "the schema must declare its preprocessing"},
 		{"faulty", func(c *Config) { c.Faulty, c.FaultyScale = 1, 10 }, "--faulty"},
 		{"clip 0", func(c *Config) { c.DP.Clip = 0 }, "clip norm"},
 		{"delta 1", func(c *Config) { c.DP.Delta = 1 }, "delta"},
@@ -128,8 +133,12 @@ func TestSimDPRefusals(t *testing.T) {
 		})
 	}
 	cfg := dpConfig()
-	cfg.Algos[0].Family = FedSplit
-	if err := cfg.Validate(); !errors.Is(err, uplink.ErrSplitDP) {
-		t.Fatalf("fedsplit: %v, want uplink.ErrSplitDP", err)
+	cfg.Algos[0].Family, cfg.Algos[0].Agg = FedSplit, split.StepRobust
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("fedsplit under DP (sum mode): %v", err)
+	}
+	cfg.Algos[0].Agg = split.StepMean + ":x"
+	if err := cfg.Validate(); !errors.Is(err, uplink.ErrSplitRobustDP) {
+		t.Fatalf("fedsplit with another server step: %v, want uplink.ErrSplitRobustDP", err)
 	}
 }

@@ -77,15 +77,43 @@ func TestSimMatchesLive(t *testing.T) {
 	t.Run("secagg/dp-distributed/"+FedProx, func(t *testing.T) {
 		testSimMatchesLiveSecAgg(t, 1, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5, Distributed: true})
 	})
+	// FedProx:FedSplit under DP runs in sum mode (docs/privacy.md,
+	// "FedSplit"): the sites' deltas against their own records (joins in
+	// round 1), the aggregator's S and m; the records advance on the
+	// receipts live and after each round in simulate, and S and m come
+	// back from the state file after the restart.
+	for i, codec := range []string{"fp32", "q8"} {
+		t.Run("dp/"+FedProxSplit+"/"+codec, func(t *testing.T) {
+			testSimMatchesLive(t, FedProxSplit, codec, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5}, i)
+		})
+	}
+	// Adaptive clipping: the clip bits on the wire, the noised bit sum and
+	// the next clip norm at the aggregator (stored with the checkpoint,
+	// so it survives the restart), for both families.
+	for _, algo := range []string{FedProx, FedProxSplit} {
+		t.Run("dp-adaptive/"+algo, func(t *testing.T) {
+			testSimMatchesLive(t, algo, "fp32", &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5,
+				Adaptive: &dp.Adaptive{Quantile: 0.5, LR: 0.2, BitNoise: 0.5}}, 1)
+		})
+	}
+	// Poisson sampling (--dp's default selector, docs/privacy.md "Sampling
+	// rate"): each site in a round with probability 0.5, from the secret
+	// selection key (simulate: derived from --dp-noise-seed, the daemon:
+	// the same key as a test hook), so rounds of every size, an empty one
+	// included, over the fixed denominator q*N; simulate and the daemons
+	// draw the same sites (the live announcements name nobody: the sites
+	// learn of it by invitation) and release the same noised models.
+	t.Run("dp/poisson/"+FedProx+"/fp32", func(t *testing.T) {
+		testSimMatchesLive(t, FedProx, "fp32", &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5}, 2)
+	})
 }
 
 // testSimMatchesLive compares simulate with a live federation (private: under
 // DP; restartAfter > 0: the live federation is stopped once round
 // restartAfter is aggregated and started again on its state files).
 func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, restartAfter ...int) {
-	const rounds = 3
 	cfg := DefaultConfig()
-	cfg.Dataset, cfg.Partition, cfg.Clients, cfg.PerRound, cfg.Rounds, cfg.Seed = "synthetic:1,1", "natural", 4, 4, rounds, 5
+	cfg.Dataset, cfg.Partition, cfg.Clients, cfg.PerRound, cfg.Rounds, cfg.Seed = "synthetic:1,1", "natural", 4, 4, 3, 5
 	cfg.L2, cfg.Codec, cfg.Downlink, cfg.Workers, cfg.OptimumEvals = 0.01, codec, "fp32", 2, 300
 	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, Epochs: 3, Batch: 10, LR: 0.01, Step: 10, Relax: 1}
 	agg := split.StepRobust
@@ -93,22 +121,35 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 		agg = "mean"
 	}
 	cfg.Algos = []Algo{{Label: algo, Family: algo, Agg: agg, Local: local}}
-	var key *[32]byte
+	var key, selKey *[32]byte
+	poisson := private != nil && len(restartAfter) > 0 && restartAfter[0] == 2
 	if private != nil {
 		cfg.DP, cfg.DPNoiseSeed = private, 7
-		k := dp.TestKey(cfg.DPNoiseSeed)
-		key = &k
+		k, sk := dp.TestKey(cfg.DPNoiseSeed), dp.TestSelectionKey(cfg.DPNoiseSeed)
+		cfg.Select = "uniform" // every site every round: K = N
+		if poisson {
+			// 6 rounds so that the draws over 4 sites vary; the key of
+			// seed 11 makes them 1, 0, 4, 1, 4, 3 sites (checked below):
+			// the restart follows the empty round.
+			cfg.Select, cfg.Rounds, cfg.DPNoiseSeed = "poisson:q=0.5", 6, 11
+			k, sk = dp.TestKey(cfg.DPNoiseSeed), dp.TestSelectionKey(cfg.DPNoiseSeed)
+		}
+		key, selKey = &k, &sk
 	}
+	rounds := cfg.Rounds
 
 	// simulate, recording every round's frames and next global model.
 	simFrames := map[int]map[string]*uplink.Frame{}
 	simGlobal := map[int][]float64{}
+	var simRounds []Round
 	cfg.trace = func(_ string, round int, frames map[string]*uplink.Frame, x []float64) {
 		simFrames[round], simGlobal[round] = frames, slices.Clone(x)
 	}
-	if _, err := Run(context.Background(), cfg, nil); err != nil {
+	res, err := Run(context.Background(), cfg, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
+	simRounds = res.Runs[0].Rounds
 	fed, _, err := loadFederation(&cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -141,18 +182,20 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 	if len(restartAfter) > 0 {
 		restart = restartAfter[0]
 	}
+	liveSelected := map[int][]string{}
 	srvCfg := aggregator.ServerConfig{
 		K: len(fed.Clients), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
 		Algorithm: algo,
 		Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs,
 			Step: local.Step, Relax: local.Relax, Mu: local.Mu},
 		Model: model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
-		Codec: codec, Downlink: cfg.Downlink, DP: private, DPTestKey: key,
+		Codec: codec, Downlink: cfg.Downlink, DP: private, DPTestKey: key, DPTestSelectionKey: selKey, Selector: cfg.Select,
 		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
 		OnRound: func(rr aggregator.RoundReport) {
 			mu.Lock()
 			defer mu.Unlock()
 			liveGlobal[rr.Round] = slices.Clone(rr.Global)
+			liveSelected[rr.Round] = append(slices.Clone(rr.Contributors), rr.Stragglers...)
 			if rr.Round == restart {
 				stopFirst()
 			}
@@ -193,6 +236,7 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 		t.Fatal(err)
 	}
 	defer store.Close()
+	var sizes []int
 	for r := 1; r <= rounds; r++ {
 		n := 0
 		err := store.ForEachUpdate(uint64(r), func(u storage.Update) error {
@@ -209,17 +253,34 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 				t.Errorf("round %d, %s: live %v against round %d, simulate %v against round %d", r, u.ClientID, m.Kind, m.BaseRound, want.Kind, want.BaseRound)
 			case !bytes.Equal(m.Vector.Payload, want.Payload):
 				t.Errorf("round %d, %s: the live frame (%d bytes) is not simulate's (%d bytes)", r, u.ClientID, len(m.Vector.Payload), len(want.Payload))
+			case private != nil && private.Adaptive != nil && (m.ClipBit == 1) == want.Clipped.Clipped:
+				t.Errorf("round %d, %s: clip bit %d, simulate's update was clipped: %v", r, u.ClientID, m.ClipBit, want.Clipped.Clipped)
 			}
 			return nil
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n != len(fed.Clients) || len(simFrames[r]) != len(fed.Clients) {
-			t.Errorf("round %d: %d updates live, %d in simulate, want %d", r, n, len(simFrames[r]), len(fed.Clients))
+		want := len(fed.Clients)
+		if poisson {
+			want = len(simFrames[r])
+			mu.Lock()
+			if sel := liveSelected[r]; len(sel) != want {
+				t.Errorf("round %d: the aggregator selected %v, simulate %d sites", r, sel, want)
+			}
+			mu.Unlock()
+			sizes = append(sizes, want)
 		}
-		if algo == FedProxSplit && r > 1 && simFrames[r][fed.Clients[0].ID].BaseRound != uint64(r-1) {
-			t.Errorf("round %d: deltas are not against the copy of round %d", r, r-1)
+		if n != want || len(simFrames[r]) != want {
+			t.Errorf("round %d: %d updates live, %d in simulate, want %d", r, n, len(simFrames[r]), want)
+		}
+		if f0 := simFrames[r][fed.Clients[0].ID]; f0 != nil && algo == FedProxSplit { // nil: not drawn (poisson)
+			if r > 1 && f0.BaseRound != uint64(r-1) {
+				t.Errorf("round %d: deltas are not against the copy of round %d", r, r-1)
+			}
+			if private != nil && f0.Kind != wire.UpdateKind_UPDATE_KIND_SUM_DELTA {
+				t.Errorf("round %d: FedSplit under DP sent %v, want sum-mode deltas", r, f0.Kind)
+			}
 		}
 		mu.Lock()
 		live := liveGlobal[r]
@@ -235,21 +296,34 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 	if maxDiff(simGlobal[rounds], simGlobal[1]) == 0 {
 		t.Error("the global model did not move: the comparison proves nothing")
 	}
+	if private != nil && private.Adaptive != nil && simRounds[rounds].Clip == simRounds[1].Clip {
+		t.Errorf("adaptive clipping kept the clip norm at %v: the comparison proves nothing", simRounds[1].Clip)
+	}
+	if zs, err := store.LatestZ(); err != nil || (private != nil && len(zs) > 0) {
+		t.Errorf("under DP the aggregator kept %d per-site z (%v)", len(zs), err)
+	}
+	if poisson && !slices.Equal(sizes, []int{1, 0, 4, 1, 4, 3}) {
+		t.Errorf("round sizes %v: the selection key no longer gives the rounds this test was written for (an empty one, a partial one)", sizes)
+	}
 	if private != nil {
 		store.Close()
 		srvCfg.Federation, srvCfg.BrokerURL, srvCfg.StatePath, srvCfg.OnRound = "simlive", "tcp://127.0.0.1:1", state, nil
-		checkPrivacyRestored(t, srvCfg, rounds)
+		checkPrivacyRestored(t, srvCfg, rounds, res.Runs[0].DP)
 	}
 }
 
 // checkPrivacyRestored: the accountant is in the state file (bbolt): the
 // status read from it, and an aggregator reopened on it, report the
-// epsilon of the rounds run (every site every round: q = 1); reopening
-// with another DP setting is refused.
-func checkPrivacyRestored(t *testing.T, cfg aggregator.ServerConfig, rounds int) {
+// epsilon of the rounds run, and the unamplified per-site epsilon,
+// simulate's figures; reopening with another DP setting is refused.
+func checkPrivacyRestored(t *testing.T, cfg aggregator.ServerConfig, rounds int, sim *DPRun) {
 	t.Helper()
 	c := cfg.DP
-	want := dp.EpsilonAfter(1, c.Noise, rounds, c.Delta, nil)
+	want := float64(sim.Epsilon)
+	if cfg.Selector == "uniform" && math.Abs(want-dp.EpsilonAfter(1, c.Noise, rounds, c.Delta, nil)) > 1e-9*want {
+		t.Errorf("simulate's epsilon %v is not that of %d rounds at q = 1", want, rounds)
+	}
+	wantSite := float64(sim.EpsilonUnamplified)
 	store, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -259,8 +333,10 @@ func checkPrivacyRestored(t *testing.T, cfg aggregator.ServerConfig, rounds int)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p := st.Privacy; p == nil || p.Rounds != uint64(rounds) || math.Abs(p.Epsilon-want) > 1e-9*want {
-		t.Fatalf("status from the state file: privacy %+v, want epsilon %v after %d rounds", st.Privacy, want, rounds)
+	if p := st.Privacy; p == nil || p.Rounds != uint64(rounds) || math.Abs(p.Epsilon-want) > 1e-9*want ||
+		math.Abs(p.EpsilonUnamplified-wantSite) > 1e-9*wantSite || p.SiteRounds != uint64(sim.MaxSiteRounds) {
+		t.Fatalf("status from the state file: privacy %+v, want epsilon %v after %d rounds, unamplified %v over %d rounds",
+			st.Privacy, want, rounds, wantSite, sim.MaxSiteRounds)
 	}
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	srv, err := aggregator.NewServer(cfg)
@@ -269,11 +345,16 @@ func checkPrivacyRestored(t *testing.T, cfg aggregator.ServerConfig, rounds int)
 	}
 	v, _ := srv.Watch()
 	srv.Close()
-	if p := v.Privacy; p == nil || p.Rounds != uint64(rounds) || p.Epsilon != st.Privacy.Epsilon {
+	if p := v.Privacy; p == nil || p.Rounds != uint64(rounds) || p.Epsilon != st.Privacy.Epsilon || math.Abs(p.EpsilonUnamplified-wantSite) > 1e-9*wantSite {
 		t.Fatalf("reopened aggregator: privacy %+v, want %+v", v.Privacy, st.Privacy)
 	}
 	other := *c
 	other.Noise *= 2
+	if a := other.Adaptive; a != nil {
+		b := *a
+		b.BitNoise *= 2 // still enough for the doubled noise
+		other.Adaptive = &b
+	}
 	cfg.DP = &other
 	if srv, err := aggregator.NewServer(cfg); err == nil || !strings.Contains(err.Error(), "--dp") {
 		if err == nil {

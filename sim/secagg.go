@@ -64,6 +64,7 @@ func (e *env) secAggRand(client, t int) io.Reader {
 // the ring sum of the participants' inputs.
 func (e *env) secAggStep(s *algoState, t int, jobs []job, outs []outcome, row *Round) error {
 	var inputs [][]uint32
+	var ids []string
 	var trace map[string][]uint32
 	if e.cfg.traceSecAgg != nil {
 		trace = map[string][]uint32{}
@@ -73,6 +74,7 @@ func (e *env) secAggStep(s *algoState, t int, jobs []job, outs []outcome, row *R
 			continue
 		}
 		inputs = append(inputs, outs[i].input)
+		ids = append(ids, e.fed.Clients[j.client].ID)
 		if trace != nil {
 			trace[e.fed.Clients[j.client].ID] = outs[i].input
 		}
@@ -91,14 +93,13 @@ func (e *env) secAggStep(s *algoState, t int, jobs []job, outs []outcome, row *R
 		return fmt.Errorf("round %d: %w", t, err)
 	}
 	s.x = next
-	if c := e.cfg.DP; s.acc != nil {
+	if s.acc != nil {
 		// Distributed DP: the noise is in the sum; the accountant is
-		// charged as in the central mode.
-		if err := s.acc.Step(s.q, c.Noise); err != nil {
-			return fmt.Errorf("round %d: %w", t, err)
-		}
-		eps, _ := s.acc.Epsilon(c.Delta)
-		row.Epsilon = Float(eps)
+		// charged as in the central mode, and each contributor's round
+		// counted for the per-site figure (the one that holds against the
+		// aggregator and the sites: the selection is public under
+		// --secagg, docs/privacy.md "Threat models").
+		return s.account(e.cfg.DP, t, ids, row)
 	}
 	return nil
 }

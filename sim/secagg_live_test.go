@@ -70,7 +70,7 @@ func testSimMatchesLiveSecAgg(t *testing.T, restartAfter int, private *dp.Config
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	liveGlobal := map[int][]float64{}
-	liveEps := map[int]float64{}
+	liveEps := map[int][2]float64{}
 	sites := make([]localfed.Site, len(fed.Clients))
 	for i, c := range fed.Clients {
 		data := c.Train
@@ -94,7 +94,7 @@ func testSimMatchesLiveSecAgg(t *testing.T, restartAfter int, private *dp.Config
 			mu.Lock()
 			defer mu.Unlock()
 			liveGlobal[rr.Round] = slices.Clone(rr.Global)
-			liveEps[rr.Round] = rr.Epsilon
+			liveEps[rr.Round] = [2]float64{rr.Epsilon, rr.EpsilonUnamplified}
 			if rr.Round == restartAfter {
 				stopFirst()
 			}
@@ -146,14 +146,14 @@ func testSimMatchesLiveSecAgg(t *testing.T, restartAfter int, private *dp.Config
 			mu.Lock()
 			eps := liveEps[r]
 			mu.Unlock()
-			want := -1.0
+			want := [2]float64{-1, -1}
 			for _, row := range res.Runs[0].Rounds {
 				if row.Round == r {
-					want = float64(row.Epsilon)
+					want = [2]float64{float64(row.Epsilon), float64(row.EpsilonUnamplified)}
 				}
 			}
-			if eps != want || !(eps > 0) {
-				t.Errorf("round %d: epsilon %v live, %v in simulate", r, eps, want)
+			if eps != want || !(eps[0] > 0) || !(eps[1] > 0) {
+				t.Errorf("round %d: epsilon and unamplified epsilon %v live, %v in simulate", r, eps, want)
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -97,6 +98,14 @@ type Round struct {
 	Metrics      map[string]float64 `json:"metrics,omitempty"`
 	// Epsilon is the privacy spent after this round (--dp; 0: no DP).
 	Epsilon Float `json:"epsilon,omitempty"`
+	// Clip is the round's DP clip norm (--dp; it moves with adaptive
+	// clipping).
+	Clip Float `json:"clip,omitempty"`
+	// EpsilonUnamplified is the largest per-site epsilon without
+	// amplification by subsampling after this round (--dp): the unsampled
+	// Gaussian over the rounds the site contributed to (docs/privacy.md,
+	// "Sampling rate"), what holds against whoever knows the selection.
+	EpsilonUnamplified Float `json:"epsilon_unamplified,omitempty"`
 	// Eval is the federated evaluation on the sites' held-out rows
 	// (--schema runs, evaluated rounds except round 0).
 	Eval *bundle.Evaluation `json:"eval,omitempty"`
@@ -116,6 +125,12 @@ type DPRun struct {
 	// Stopped is "epsilon_budget" when the run ended before --rounds
 	// because the next round would have exceeded the budget.
 	Stopped string `json:"stopped,omitempty"`
+
+	// EpsilonUnamplified is the largest per-site epsilon without
+	// amplification (Round.EpsilonUnamplified) and MaxSiteRounds the
+	// rounds of that site.
+	EpsilonUnamplified Float `json:"epsilon_unamplified"`
+	MaxSiteRounds      int   `json:"max_site_rounds"`
 }
 
 // env is what every algorithm of a run shares.
@@ -130,7 +145,8 @@ type env struct {
 	fStar     float64
 	nTotal    int
 	cands     []aggregate.Candidate
-	stragKeep int // selected clients per round that do full work
+	stragKeep int  // selected clients per round that do full work
+	sampled   bool // the selector draws rounds of random size: round(K_t(1-p)) of them do
 	sites     *siteSet
 	sq        *secagg.Quantizer // --secagg's quantiser (nil: off)
 }
@@ -139,6 +155,12 @@ type env struct {
 func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) {
 	if progress == nil {
 		progress = io.Discard
+	}
+	if cfg.Select == "" {
+		cfg.Select = "uniform"
+		if cfg.DP != nil && cfg.SecAgg == nil {
+			cfg.Select = aggregate.DPSelector
+		}
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -218,6 +240,9 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		fmt.Fprintf(progress, "warning: the optimum did not reach ||grad F|| <= %g within %d gradient evaluations (--optimum-evals): gaps are relative to the best point found\n", cfg.OptimumTol, cfg.OptimumEvals)
 	}
 	e.stragKeep = int(math.Round(float64(cfg.PerRound) * (1 - cfg.Stragglers)))
+	if sel, err := aggregate.NewSelector(cfg.Select); err == nil {
+		_, e.sampled = sel.(aggregate.Sampler)
+	}
 
 	for _, a := range cfg.Algos {
 		run, err := e.runAlgo(ctx, a, x0, progress)
@@ -239,7 +264,11 @@ func startDP(cfg *Config, clients int) error {
 	if cfg.Codec == "" {
 		cfg.Codec = "fp32"
 	}
-	q := float64(cfg.PerRound) / float64(clients)
+	sel, err := aggregate.NewSelector(cfg.Select)
+	if err != nil {
+		return fmt.Errorf("--select: %w", err)
+	}
+	q := cfg.DP.ChargedRate(aggregate.SamplingRate(sel, cfg.PerRound, clients))
 	if ok, eps, err := cfg.DP.Within(nil, q); err != nil {
 		return fmt.Errorf("--dp: %w", err)
 	} else if !ok {
@@ -386,10 +415,30 @@ type algoState struct {
 	residual map[int][]float64
 	zServer  map[int]*uplink.Copy
 	// Central DP (cfg.DP): the accountant, the noise key and the sampling
-	// rate of every round.
-	acc *dp.Accountant
-	key [32]byte
-	q   float64
+	// rate of every round; the selection key (the daemon's is secret, this
+	// one derived from --dp-noise-seed), the candidates' order by id (the
+	// coordinator draws from its pool sorted by id), the round's fixed
+	// denominator, and each client's count of rounds contributed to with
+	// the accountant of the most charged one (q = 1).
+	acc       *dp.Accountant
+	key       [32]byte
+	q         float64
+	selKey    *[32]byte
+	byID      []int
+	m         int
+	siteRnds  map[string]int
+	unsampled *dp.Accountant
+	// FedSplit under DP runs in sum mode, as the daemons do (package
+	// uplink, sum.go): the server's S and m, each client's record c_j, and
+	// the round's contributions with what each will add to its record.
+	sum    *uplink.SumState
+	rec    map[int]*uplink.Record
+	sumCs  []uplink.SumContribution
+	sumPen map[int]uplink.Pending
+	// clip is the round's clip norm (cfg.DP.Clip, or adaptive clipping's
+	// estimate), bits the round's clip bits (true: not clipped).
+	clip float64
+	bits []bool
 }
 
 // newAlgoState sets up algorithm a's run from the global model x0.
@@ -436,7 +485,20 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 		if seed == 0 {
 			seed = cfg.Seed
 		}
-		s.acc, s.key, s.q = dp.NewAccountant(nil), dp.TestKey(seed), float64(cfg.PerRound)/float64(len(e.fed.Clients))
+		n := len(e.fed.Clients)
+		s.acc, s.key, s.q = dp.NewAccountant(nil), dp.TestKey(seed), cfg.DP.ChargedRate(aggregate.SamplingRate(s.sel, cfg.PerRound, n))
+		k := dp.TestSelectionKey(seed)
+		s.selKey, s.m = &k, aggregate.DPDenominator(s.sel, cfg.PerRound, n)
+		s.byID = make([]int, n)
+		for i := range s.byID {
+			s.byID[i] = i
+		}
+		slices.SortStableFunc(s.byID, func(a, b int) int { return strings.Compare(e.fed.Clients[a].ID, e.fed.Clients[b].ID) })
+		s.siteRnds, s.unsampled = map[string]int{}, dp.NewAccountant(nil)
+		if s.split {
+			s.sum, s.rec = &uplink.SumState{}, map[int]*uplink.Record{}
+		}
+		s.clip = cfg.DP.Clip
 	}
 	return s, nil
 }
@@ -475,7 +537,8 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 		epsText := ""
 		if run.DP != nil {
 			run.DP.Epsilon, run.DP.Rounds = row.Epsilon, t
-			epsText = fmt.Sprintf("  epsilon %.4g", float64(row.Epsilon))
+			run.DP.EpsilonUnamplified, run.DP.MaxSiteRounds = row.EpsilonUnamplified, int(s.unsampled.Rounds)
+			epsText = fmt.Sprintf("  epsilon %.4g (per site, unamplified %.4g)", float64(row.Epsilon), float64(row.EpsilonUnamplified))
 		}
 		fmt.Fprintf(progress, "%-16s round %4d/%d  loss %.6f  gap %.3e  acc %.4f  clients %d (stragglers %d)  %.2fs%s\n",
 			a.Label, t, cfg.Rounds, float64(row.TrainLoss), float64(row.Gap), float64(row.TestAccuracy), row.Participants, row.Stragglers, row.Seconds, epsText)
@@ -499,7 +562,7 @@ func (e *env) round(ctx context.Context, s *algoState, t int) (Round, bool, erro
 	start := time.Now()
 	jobs := e.assignWork(t, s.selectClients(cfg, t), s.a)
 	row := Round{Round: t}
-	outs := e.solveAll(ctx, s.a, s.sp, s.workers, jobs, s.x, s.z, s.zServer, s.residual, t)
+	outs := e.solveAll(ctx, s, jobs, t)
 	ups, cs, frames, err := e.receiveAll(s, t, jobs, outs, &row)
 	if err != nil {
 		return row, false, err
@@ -508,7 +571,7 @@ func (e *env) round(ctx context.Context, s *algoState, t int) (Round, bool, erro
 	case e.sq != nil:
 		err = e.secAggStep(s, t, jobs, outs, &row)
 	case s.acc != nil:
-		err = s.privateStep(e.cfg.DP, t, len(jobs), cs, &row)
+		err = s.privateStep(e.cfg.DP, t, s.m, cs, &row)
 	default:
 		err = s.serverStep(t, len(e.fed.Clients), ups, &row)
 	}
@@ -539,6 +602,19 @@ func (e *env) round(ctx context.Context, s *algoState, t int) (Round, bool, erro
 // selectClients draws round t's clients; faulty clients take part in every
 // round (the robustness setting).
 func (s *algoState) selectClients(cfg Config, t int) []int {
+	if s.byID != nil {
+		// Under DP, as the coordinator draws: candidates by id, from the
+		// selection key's stream.
+		cands := make([]aggregate.Candidate, len(s.byID))
+		for i, c := range s.byID {
+			cands[i] = s.cands[c]
+		}
+		var picked []int
+		for _, i := range s.sel.Select(t, cands, cfg.PerRound, streams.Selection(cfg.Seed, s.selKey, t, 0)) {
+			picked = append(picked, s.byID[i])
+		}
+		return picked
+	}
 	picked := s.sel.Select(t, s.cands, cfg.PerRound, streams.Of(cfg.Seed, streams.Select, t, 0))
 	for c := 0; c < cfg.Faulty; c++ {
 		if !slices.Contains(picked, c) {
@@ -561,6 +637,7 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 	if e.cfg.trace != nil {
 		frames = map[string]*uplink.Frame{}
 	}
+	s.sumCs, s.sumPen, s.bits = nil, map[int]uplink.Pending{}, nil
 	for i, j := range jobs {
 		if j.straggler {
 			row.Stragglers++
@@ -581,6 +658,19 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 				frames[id] = f
 			}
 			row.BytesUp += int64(len(f.Payload))
+			s.bits = append(s.bits, !f.Clipped.Clipped)
+			if s.sum != nil {
+				// Sum mode: the server keeps the decoded delta for the
+				// round's sum; the client what it will add to its record.
+				d, err := s.serverCodec.Decode(f.Payload, nil)
+				if err != nil || len(d) != len(s.x) {
+					return nil, nil, nil, fmt.Errorf("round %d, client %s: decode (%d values): %w", t, id, len(d), err)
+				}
+				s.sumCs = append(s.sumCs, uplink.SumContribution{Client: id, Join: uplink.IsJoin(f.Header), Delta: d})
+				s.sumPen[j.client] = *f.Sum
+				s.z[j.client] = outs[i].params
+				continue
+			}
 			var d []float64
 			var err error
 			if d, received, err = receive(s.serverCodec, f, s.x, s.zServer[j.client]); err != nil {
@@ -608,17 +698,77 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 // over the m invited clients' re-clipped deltas, noise from the round's
 // stream), then the accountant's charge for the round.
 func (s *algoState) privateStep(c *dp.Config, t, m int, cs []uplink.Contribution, row *Round) error {
-	next, err := uplink.NoisyMean(s.x, cs, uplink.Private{Clip: c.Clip, Noise: c.Noise, Denominator: m}, dp.NoiseRand(s.key, uint64(t)))
+	var next []float64
+	var err error
+	row.Clip = Float(s.clip)
+	if s.sum != nil {
+		next, err = s.sumStep(c, t, row)
+	} else {
+		next, err = uplink.NoisyMean(s.x, cs, uplink.Private{Clip: s.clip, Noise: c.UpdateNoise(), Denominator: m}, dp.NoiseRand(s.key, uint64(t)))
+	}
 	if err != nil {
 		return fmt.Errorf("round %d: %w", t, err)
 	}
 	s.x = next
+	if a := c.Adaptive; a != nil {
+		// Adaptive clipping, as the aggregator (uplink.NextClip over the
+		// round's bits and its m invited clients).
+		if s.clip, err = uplink.NextClip(*a, s.clip, s.bits, m, dp.BitNoiseRand(s.key, uint64(t))); err != nil {
+			return fmt.Errorf("round %d: %w", t, err)
+		}
+	}
+	ids := make([]string, 0, len(cs)+len(s.sumCs))
+	for _, ct := range cs {
+		ids = append(ids, ct.Client)
+	}
+	for _, ct := range s.sumCs { // sum mode
+		ids = append(ids, ct.Client)
+	}
+	return s.account(c, t, ids, row)
+}
+
+// account charges round t to the accountant (at the run's sampling rate)
+// and counts it for each contributing site (ids), as the coordinator does:
+// the amplified epsilon and the largest per-site unamplified one in row.
+func (s *algoState) account(c *dp.Config, t int, ids []string, row *Round) error {
 	if err := s.acc.Step(s.q, c.Noise); err != nil {
 		return fmt.Errorf("round %d: %w", t, err)
 	}
 	eps, _ := s.acc.Epsilon(c.Delta)
 	row.Epsilon = Float(eps)
+	most := 0
+	for _, id := range ids {
+		s.siteRnds[id]++
+		most = max(most, s.siteRnds[id])
+	}
+	for int(s.unsampled.Rounds) < most {
+		if err := s.unsampled.Step(1, c.Noise); err != nil {
+			return fmt.Errorf("round %d: %w", t, err)
+		}
+	}
+	if s.unsampled.Rounds > 0 {
+		eps, _ = s.unsampled.Epsilon(c.Delta)
+		row.EpsilonUnamplified = Float(eps)
+	}
 	return nil
+}
+
+// sumStep is sum mode's server step of round t, as the aggregator's
+// (uplink.SumState.CloseCentral over the round's contributions), then each
+// contributing client's record advanced as its receipt advances it at a
+// site (uplink.Advance): every update of a simulated round is stored.
+func (s *algoState) sumStep(c *dp.Config, t int, row *Round) ([]float64, error) {
+	next, err := s.sum.CloseCentral(uint64(t), s.x, s.sumCs, uplink.Private{Clip: s.clip, Noise: c.UpdateNoise()}, dp.NoiseRand(s.key, uint64(t)))
+	if err != nil {
+		return nil, err
+	}
+	for client, p := range s.sumPen {
+		if s.rec[client], err = uplink.Advance(s.rec[client], uint64(t), p); err != nil {
+			return nil, err
+		}
+	}
+	row.Metrics = map[string]float64{"split_counted": float64(s.sum.M), "split_joined": float64(len(uplink.JoinersOf(s.sumCs)))}
+	return next, nil
 }
 
 // serverStep computes the next global model: FedSplit's robust step over
@@ -684,6 +834,9 @@ func (e *env) assignWork(t int, picked []int, a Algo) []job {
 	rng := streams.Of(e.cfg.Seed, streams.Straggle, t, 0)
 	order := rng.Perm(len(picked))
 	keep := min(e.stragKeep, len(picked))
+	if e.sampled {
+		keep = int(math.Round(float64(len(picked)) * (1 - e.cfg.Stragglers)))
+	}
 	jobs := make([]job, len(picked))
 	for rank, i := range order {
 		j := job{client: picked[i], epochs: a.Local.Epochs}
@@ -750,9 +903,9 @@ type worker struct {
 // uplink (uplink.Encode against the client's residual or copy). FedAvg's
 // stragglers are dropped before they run. Workers only read the uplink
 // state; runAlgo updates it from the outcomes.
-func (e *env) solveAll(ctx context.Context, a Algo, sp split.Params, workers []*worker, jobs []job, x []float64,
-	z map[int][]float64, zServer map[int]*uplink.Copy, residual map[int][]float64, t int) []outcome {
+func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []outcome {
 	cfg := e.cfg
+	a, sp, workers, x, z, zServer, residual := s.a, s.sp, s.workers, s.x, s.z, s.zServer, s.residual
 	isSplit := a.Family == FedSplit || a.Family == FedProxSplit
 	outs := make([]outcome, len(jobs))
 	var wg sync.WaitGroup
@@ -774,11 +927,16 @@ func (e *env) solveAll(ctx context.Context, a Algo, sp split.Params, workers []*
 					o.input, o.err = e.secAggInput(jobs[i].client, t, o.params, x)
 				} else if wk.codec != nil && o.err == nil && o.params != nil {
 					var f uplink.Frame
-					u := uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x, Residual: residual[c], Copy: zServer[c]}
-					if cfg.DP != nil {
-						u.Clip = cfg.DP.Clip
+					rng := streams.Of(cfg.Seed, streams.Codec, t, c)
+					if s.sum != nil {
+						f, o.err = uplink.EncodeSum(wk.codec, uplink.SumUpdate{Round: uint64(t), Z: o.params, Global: x, Record: s.rec[c], Clip: s.clip}, rng)
+					} else {
+						u := uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x, Residual: residual[c], Copy: zServer[c]}
+						if cfg.DP != nil {
+							u.Clip = s.clip
+						}
+						f, o.err = uplink.Encode(wk.codec, u, rng)
 					}
-					f, o.err = uplink.Encode(wk.codec, u, streams.Of(cfg.Seed, streams.Codec, t, c))
 					o.frame = &f
 				}
 				outs[i] = o

@@ -14,6 +14,7 @@ import (
 
 	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/evaluate"
 	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/model"
@@ -136,6 +137,9 @@ func readSchemaData(cfg *Config, progress io.Writer) (*schemaData, error) {
 	if err := schemaStandardize(s, cfg.Standardize); err != nil {
 		return nil, err
 	}
+	if cfg.DP != nil && !s.Declared() {
+		return nil, fmt.Errorf("--dp with --schema %s: the schema must declare its preprocessing (center and scale of every numeric feature, levels of every categorical one; deploy/schema-dp.example.json): the statistics phase would send per-site statistics the guarantee does not cover (docs/privacy.md, \"Preprocessing under DP\")", cfg.Schema)
+	}
 	path, err := schemaSource(cfg.Dataset, s)
 	if err != nil {
 		return nil, err
@@ -208,8 +212,14 @@ func (d *schemaData) group(cfg *Config) (ids []string, groups [][]int, err error
 }
 
 // fit computes each site's statistics of its training rows, as the sites
-// send them, and fits the federation's preprocessing on them pooled.
+// send them, and fits the federation's preprocessing on them pooled; with
+// a schema that declares its preprocessing no statistics are computed (no
+// site sends any) and the transform is prep.Declared, as the aggregator
+// announces it.
 func (set *siteSet) fit(d *schemaData, progress io.Writer) error {
+	if set.schema.Declared() {
+		return set.declared(d, progress)
+	}
 	var stats []*prep.Stats
 	for k, g := range set.rows {
 		file := fmt.Sprintf("%s (%s)", d.path, set.ids[k])
@@ -237,6 +247,35 @@ func (set *siteSet) fit(d *schemaData, progress io.Writer) error {
 		return err
 	}
 	set.transform, err = sitedata.Fit(set.schema, pooled)
+	return err
+}
+
+// declared is fit for a schema that declares its preprocessing.
+func (set *siteSet) declared(d *schemaData, progress io.Writer) error {
+	for k, g := range set.rows {
+		file := fmt.Sprintf("%s (%s)", d.path, set.ids[k])
+		if d.part.Kind == dataset.PartNatural {
+			file = fmt.Sprintf("%s (site %s)", d.path, set.ids[k])
+		}
+		site := sitedata.FromTable(set.schema, d.tab.Subset(g), file)
+		if err := site.EnoughRows(); err != nil {
+			return err // as the site refuses to train
+		}
+		if site.Table.SingleClass() {
+			fmt.Fprintf(progress, "site %s: every row is of one class (allowed; it trains and reports)\n", set.ids[k])
+		}
+		var counts []int64
+		if k := set.schema.NumClasses(); k > 0 {
+			counts = make([]int64, k)
+			for _, i := range site.Train {
+				counts[int(site.Table.Labels[i])]++
+			}
+		}
+		set.sites = append(set.sites, site)
+		set.info = append(set.info, SiteInfo{ID: set.ids[k], TrainRows: len(site.Train), HoldoutRows: len(site.Holdout), ClassCounts: counts})
+	}
+	var err error
+	set.transform, err = prep.Declared(set.schema)
 	return err
 }
 
@@ -432,6 +471,20 @@ func (r *Results) Bundle(run AlgoRun, version string, now time.Time) (*bundle.Bu
 			ev = row.Eval
 		}
 	}
+	var priv *bundle.Privacy
+	if d := run.DP; d != nil {
+		// As the aggregator's bundle: the guarantee after the run's
+		// rounds, and no evaluation (docs/privacy.md, "Evaluation under DP").
+		var rates []dp.Rate
+		if d.Rounds > 0 {
+			rates = []dp.Rate{{Q: d.SamplingRate, Noise: d.Noise, Rounds: uint64(d.Rounds)}}
+		}
+		var err error
+		if priv, err = bundle.NewPrivacy(dp.Config{Clip: d.Clip, Noise: d.Noise, Delta: d.Delta, Budget: d.Budget}, rates, d.Rounds); err != nil {
+			return nil, err
+		}
+		ev = nil
+	}
 	cfg := r.Config
 	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 	params := map[string]string{
@@ -467,6 +520,7 @@ func (r *Results) Bundle(run AlgoRun, version string, now time.Time) (*bundle.Bu
 			Federation: "simulate", RunID: fmt.Sprintf("simulate-%s-seed%d", run.Algo, cfg.Seed), Round: round,
 			Algorithm: run.Family, Params: params, EdgeflVersion: version, Time: now.UTC().Format(time.RFC3339),
 		},
+		Privacy: priv,
 	}, nil
 }
 

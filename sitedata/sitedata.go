@@ -77,6 +77,18 @@ func (st *Site) Statistics() (*prep.Stats, error) {
 	return stats, nil
 }
 
+// EnoughRows is the schema's min_site_samples rule without the statistics
+// (a schema that declares its preprocessing has no statistics phase): a
+// SiteError too_few_rows, as Statistics gives, below it; the site then
+// does not train either.
+func (st *Site) EnoughRows() error {
+	if n, m := len(st.Train), st.Schema.MinSiteSamples; n < m {
+		return &SiteError{Reason: ReasonTooFewRows, File: st.File, Problem: "too few rows",
+			Expected: fmt.Sprintf("at least min_site_samples %d training rows, have %d", m, n), Err: &prep.TooFewSamplesError{Rows: n, Min: m}}
+	}
+	return nil
+}
+
 // Fit is the federation's transform from the pooled statistics (what the
 // aggregator announces): prep.Fit(s, pooled, nil), or with standardize =
 // client prep.Fit(s, pooled, pooled), whose numeric means and scales are

@@ -9,18 +9,22 @@ import (
 	"math"
 	"slices"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
-// Aggregator schema, version 3 (version 1 without the seals; every value
+// Aggregator schema, version 4 (version 1 without the seals; every value
 // outside meta is sealed with a CRC-32C, see seal.go; version 2 without
-// meta/census, the sealed entry counts of census.go):
+// meta/census, the sealed entry counts of census.go; version 3 without the
+// replay log, log.go):
 //
 //	meta        schema_version, kind = "agg", census
-//	agg         current_round  u64
+//	agg         current_round  u64, log_index u64 (log.go)
+//	log         index u64 -> kind | round u64 | client id (log.go)
 //	clients     client id -> JSON clientJSON
-//	rounds      round u64 -> bucket { meta: JSON roundJSON, config: bytes, state: bytes }
+//	rounds      round u64 -> bucket { meta: JSON roundJSON, config: bytes, state: bytes,
+//	                                  sum: bytes (FedSplit sum mode's S and m at the
+//	                                  round's opening, uplink.SumState; absent
+//	                                  otherwise: added without a migration, as
+//	                                  the schema run's buckets) }
 //	updates     round u64 -> bucket { client id -> stored_at unix ns u64 |
 //	                                  sample_count u64 | loss float64 LE | message }
 //	latest_z    client id -> round u64 + float64s
@@ -47,6 +51,7 @@ var (
 	keyRoundMeta    = []byte("meta")
 	keyRoundConfig  = []byte("config")
 	keyRoundState   = []byte("state")
+	keyRoundSum     = []byte("sum")
 )
 
 const aggKind = "agg"
@@ -58,10 +63,12 @@ var aggSchema = schema{
 			bucketUpdates, bucketLatestZ, bucketCheckpoints)},
 		{name: "seal values", run: sealAll},
 		{name: "count entries", run: writeCensus},
+		{name: "replay log", run: createBuckets(bucketLog)},
 	},
 	countedFrom: 3,
 	layout: map[string][]string{
-		string(bucketAgg): {string(keyCurrentRound)}, string(bucketClients): nil, string(bucketRounds): nil,
+		string(bucketAgg): {string(keyCurrentRound), string(keyLogIndex)}, string(bucketLog): nil,
+		string(bucketClients): nil, string(bucketRounds): nil,
 		string(bucketUpdates): nil, string(bucketLatestZ): nil, string(bucketCheckpoints): nil,
 		string(bucketStatistics): nil, string(bucketEvals): nil, string(bucketFederation): {string(keyFit), string(keyFinalBundle)},
 	},
@@ -71,8 +78,16 @@ func init() { aggSchema.invariants = aggInvariants }
 
 // aggInvariants: the round log has every round from its first to the current one
 // (a damaged key would otherwise leave a hole that reads as "not found"),
-// and no update or checkpoint belongs to a later round.
-func aggInvariants(tx *bolt.Tx) error {
+// no update or checkpoint belongs to a later round, and every replay log
+// entry names a stored message.
+func aggInvariants(tx *wtx) error {
+	if err := roundInvariants(tx); err != nil {
+		return err
+	}
+	return logInvariants(tx)
+}
+
+func roundInvariants(tx *wtx) error {
 	cur, _, err := readCurrentRound(tx) // 0 before the first round
 	if err != nil {
 		return err
@@ -132,7 +147,7 @@ func aggInvariants(tx *bolt.Tx) error {
 }
 
 // roundKeys are the keys of a round's bucket.
-var roundKeys = []string{string(keyRoundMeta), string(keyRoundConfig), string(keyRoundState)}
+var roundKeys = []string{string(keyRoundMeta), string(keyRoundConfig), string(keyRoundState), string(keyRoundSum)}
 
 // updateHeader is the fixed part of a stored update: stored_at, sample
 // count, loss.
@@ -168,6 +183,18 @@ func (s *AggStore) Path() string { return s.db.Path() }
 // Check runs bbolt's page-level consistency check over the whole file (a
 // read transaction over every page: slow on a large database).
 func (s *AggStore) Check() error { return check(s.db) }
+
+// Commits is the id of the file's last committed write transaction
+// (bbolt's transaction id): every write transaction, so every durable
+// event, advances it by one. A read transaction.
+func (s *AggStore) Commits() (uint64, error) {
+	var id int
+	err := s.db.View(func(tx *wtx) error {
+		id = tx.ID()
+		return nil
+	})
+	return uint64(id), err
+}
 
 // Compact writes a compacted copy of the database to dst, which must not
 // exist, using bbolt.Compact in a read transaction of this store (writers
@@ -248,7 +275,7 @@ func decodeClient(id, v []byte) (ClientRecord, error) {
 	return c, nil
 }
 
-func getClient(b *bolt.Bucket, id string) (ClientRecord, bool, error) {
+func getClient(b *wbucket, id string) (ClientRecord, bool, error) {
 	v, err := sget(b, []byte(id), "clients/"+id)
 	if err != nil {
 		return ClientRecord{}, false, err
@@ -260,7 +287,7 @@ func getClient(b *bolt.Bucket, id string) (ClientRecord, bool, error) {
 	return c, true, err
 }
 
-func putClient(b *bolt.Bucket, c ClientRecord) error {
+func putClient(b *wbucket, c ClientRecord) error {
 	v, err := encodeClient(c)
 	if err != nil {
 		return fmt.Errorf("storage: encode client %q: %w", c.ID, err)
@@ -274,7 +301,7 @@ func (s *AggStore) PutClient(c ClientRecord) error {
 	if err := checkName("client id", c.ID); err != nil {
 		return err
 	}
-	err := s.db.Update(inBucket(bucketClients, func(b *bolt.Bucket) error {
+	err := s.db.Update(inBucket(bucketClients, func(b *wbucket) error {
 		return putClient(b, c)
 	}))
 	if err != nil {
@@ -304,7 +331,7 @@ func (s *AggStore) PutClientStatus(st ClientStatus) error {
 	if err := checkName("client id", st.ID); err != nil {
 		return err
 	}
-	err := s.db.Update(inBucket(bucketClients, func(b *bolt.Bucket) error {
+	err := s.db.Update(inBucket(bucketClients, func(b *wbucket) error {
 		c, _, err := getClient(b, st.ID)
 		if err != nil {
 			return err
@@ -339,7 +366,7 @@ func (s *AggStore) PutClientStatus(st ClientStatus) error {
 // Client returns one registry entry, or ErrNotFound. A read transaction.
 func (s *AggStore) Client(id string) (ClientRecord, error) {
 	var c ClientRecord
-	err := s.db.View(inBucket(bucketClients, func(b *bolt.Bucket) (err error) {
+	err := s.db.View(inBucket(bucketClients, func(b *wbucket) (err error) {
 		var ok bool
 		c, ok, err = getClient(b, id)
 		if err == nil && !ok {
@@ -353,7 +380,7 @@ func (s *AggStore) Client(id string) (ClientRecord, error) {
 // Clients returns the whole registry ordered by id. A read transaction.
 func (s *AggStore) Clients() ([]ClientRecord, error) {
 	var cs []ClientRecord
-	err := s.db.View(inBucket(bucketClients, func(b *bolt.Bucket) error {
+	err := s.db.View(inBucket(bucketClients, func(b *wbucket) error {
 		return sforEach(b, "clients", func(k, v []byte) error {
 			c, err := decodeClient(k, v)
 			if err != nil {
@@ -398,6 +425,10 @@ type Round struct {
 	ClosedAt time.Time // zero while open
 	Config   []byte    // the round's configuration, e.g. the encoded announcement
 	State    []byte    // the aggregator's own round state (opaque)
+	// Sum is the aggregator's FedSplit sum-mode state as the round opens
+	// (opaque; nil: none), written by OpenRound with the round's
+	// checkpoint in one transaction and never changed.
+	Sum []byte
 }
 
 type roundJSON struct {
@@ -420,7 +451,7 @@ func fromUnixNs(ns int64) time.Time {
 	return time.Unix(0, ns)
 }
 
-func readRound(rb *bolt.Bucket, n uint64) (Round, error) {
+func readRound(rb *wbucket, n uint64) (Round, error) {
 	var j roundJSON
 	meta, err := sget(rb, keyRoundMeta, fmt.Sprintf("round %d meta", n))
 	if err != nil {
@@ -431,6 +462,10 @@ func readRound(rb *bolt.Bucket, n uint64) (Round, error) {
 		return Round{}, err
 	}
 	state, err := sget(rb, keyRoundState, fmt.Sprintf("round %d state", n))
+	if err != nil {
+		return Round{}, err
+	}
+	sum, err := sget(rb, keyRoundSum, fmt.Sprintf("round %d sum", n))
 	if err != nil {
 		return Round{}, err
 	}
@@ -447,10 +482,11 @@ func readRound(rb *bolt.Bucket, n uint64) (Round, error) {
 		ClosedAt: fromUnixNs(j.ClosedAtUnixNs),
 		Config:   bytes.Clone(config),
 		State:    bytes.Clone(state),
+		Sum:      bytes.Clone(sum),
 	}, nil
 }
 
-func writeRoundMeta(rb *bolt.Bucket, r Round) error {
+func writeRoundMeta(rb *wbucket, r Round) error {
 	v, err := json.Marshal(roundJSON{Status: r.Status, OpenedAtUnixNs: unixNs(r.OpenedAt), ClosedAtUnixNs: unixNs(r.ClosedAt)})
 	if err != nil {
 		return err
@@ -458,7 +494,7 @@ func writeRoundMeta(rb *bolt.Bucket, r Round) error {
 	return sput(rb, keyRoundMeta, v)
 }
 
-func putBytes(b *bolt.Bucket, k, v []byte) error {
+func putBytes(b *wbucket, k, v []byte) error {
 	if len(v) == 0 {
 		return b.Delete(k)
 	}
@@ -466,7 +502,7 @@ func putBytes(b *bolt.Bucket, k, v []byte) error {
 }
 
 // roundBucket returns the nested bucket of round n, or ErrNotFound.
-func roundBucket(tx *bolt.Tx, n uint64) (*bolt.Bucket, error) {
+func roundBucket(tx *wtx, n uint64) (*wbucket, error) {
 	rs, err := bucket(tx, bucketRounds)
 	if err != nil {
 		return nil, err
@@ -482,8 +518,8 @@ func roundBucket(tx *bolt.Tx, n uint64) (*bolt.Bucket, error) {
 }
 
 // inRound is inBucket for the bucket of round n, which must exist.
-func inRound(n uint64, fn func(rb *bolt.Bucket) error) func(tx *bolt.Tx) error {
-	return func(tx *bolt.Tx) error {
+func inRound(n uint64, fn func(rb *wbucket) error) func(tx *wtx) error {
+	return func(tx *wtx) error {
 		rb, err := roundBucket(tx, n)
 		if err != nil {
 			return err
@@ -494,7 +530,7 @@ func inRound(n uint64, fn func(rb *bolt.Bucket) error) func(tx *bolt.Tx) error {
 
 // readCurrentRound reads the current-round pointer; ok is false before the
 // first round.
-func readCurrentRound(tx *bolt.Tx) (cur uint64, ok bool, err error) {
+func readCurrentRound(tx *wtx) (cur uint64, ok bool, err error) {
 	agg, err := bucket(tx, bucketAgg)
 	if err != nil {
 		return 0, false, err
@@ -508,7 +544,7 @@ func readCurrentRound(tx *bolt.Tx) (cur uint64, ok bool, err error) {
 }
 
 // currentRound is readCurrentRound with ErrNotFound before the first round.
-func currentRound(tx *bolt.Tx) (uint64, error) {
+func currentRound(tx *wtx) (uint64, error) {
 	cur, ok, err := readCurrentRound(tx)
 	if err == nil && !ok {
 		err = fmt.Errorf("%w: no round yet", ErrNotFound)
@@ -518,7 +554,7 @@ func currentRound(tx *bolt.Tx) (uint64, error) {
 
 // currentRoundBucket is roundBucket for the current-round pointer, which
 // must never dangle.
-func currentRoundBucket(tx *bolt.Tx, n uint64) (*bolt.Bucket, error) {
+func currentRoundBucket(tx *wtx, n uint64) (*wbucket, error) {
 	rb, err := roundBucket(tx, n)
 	if errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("%w: current round %d has no record", ErrCorrupt, n)
@@ -526,7 +562,8 @@ func currentRoundBucket(tx *bolt.Tx, n uint64) (*bolt.Bucket, error) {
 	return rb, err
 }
 
-// OpenRound starts round r.Number with its config (and optional state), makes
+// OpenRound starts round r.Number with its config (and optional state: a
+// state clears the replay log, log.go; and optional sum), makes
 // it the current round and stores global as the round's checkpoint (nil: no
 // checkpoint). If the current round is still open it is closed in the same
 // transaction, with ClosedAt = r.OpenedAt: "close t, open t+1" is one durable
@@ -541,7 +578,7 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 			return err
 		}
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *wtx) error {
 		cur, ok, err := readCurrentRound(tx)
 		if err != nil {
 			return err
@@ -583,6 +620,14 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 		if err := putBytes(rb, keyRoundState, r.State); err != nil {
 			return err
 		}
+		if err := putBytes(rb, keyRoundSum, r.Sum); err != nil {
+			return err
+		}
+		if len(r.State) > 0 {
+			if err := clearLog(tx); err != nil {
+				return err
+			}
+		}
 		agg := tx.Bucket(bucketAgg) // present: readCurrentRound checked
 		if err := sput(agg, keyCurrentRound, encodeU64(r.Number)); err != nil {
 			return err
@@ -602,12 +647,20 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 	return nil
 }
 
-// PutRoundState replaces the aggregator's state bytes of an existing round.
-// One transaction.
+// PutRoundState replaces the aggregator's state bytes of an existing round
+// and clears the replay log (log.go): the state reflects every message
+// logged before it. One transaction.
 func (s *AggStore) PutRoundState(n uint64, state []byte) error {
-	err := s.db.Update(inRound(n, func(rb *bolt.Bucket) error {
-		return putBytes(rb, keyRoundState, state)
-	}))
+	err := s.db.Update(func(tx *wtx) error {
+		rb, err := roundBucket(tx, n)
+		if err != nil {
+			return err
+		}
+		if err := putBytes(rb, keyRoundState, state); err != nil {
+			return err
+		}
+		return clearLog(tx)
+	})
 	if err != nil {
 		return fmt.Errorf("storage: put state of round %d: %w", n, err)
 	}
@@ -615,10 +668,14 @@ func (s *AggStore) PutRoundState(n uint64, state []byte) error {
 }
 
 // CloseRound marks round n closed at closedAt with its final state (nil
-// keeps the stored state). Closing a closed round is a no-op that keeps the
-// first ClosedAt. One transaction.
+// keeps the stored state; a state clears the replay log, log.go). Closing a
+// closed round is a no-op that keeps the first ClosedAt. One transaction.
 func (s *AggStore) CloseRound(n uint64, closedAt time.Time, state []byte) error {
-	err := s.db.Update(inRound(n, func(rb *bolt.Bucket) error {
+	err := s.db.Update(func(tx *wtx) error {
+		rb, err := roundBucket(tx, n)
+		if err != nil {
+			return err
+		}
 		r, err := readRound(rb, n)
 		if err != nil {
 			return err
@@ -631,10 +688,13 @@ func (s *AggStore) CloseRound(n uint64, closedAt time.Time, state []byte) error 
 			return err
 		}
 		if state != nil {
-			return putBytes(rb, keyRoundState, state)
+			if err := putBytes(rb, keyRoundState, state); err != nil {
+				return err
+			}
+			return clearLog(tx)
 		}
 		return nil
-	}))
+	})
 	if err != nil {
 		return fmt.Errorf("storage: close round %d: %w", n, err)
 	}
@@ -644,7 +704,7 @@ func (s *AggStore) CloseRound(n uint64, closedAt time.Time, state []byte) error 
 // Round returns round n, or ErrNotFound. A read transaction.
 func (s *AggStore) Round(n uint64) (Round, error) {
 	var r Round
-	err := s.db.View(inRound(n, func(rb *bolt.Bucket) (err error) {
+	err := s.db.View(inRound(n, func(rb *wbucket) (err error) {
 		r, err = readRound(rb, n)
 		return err
 	}))
@@ -656,7 +716,7 @@ func (s *AggStore) Round(n uint64) (Round, error) {
 // round to resume. A read transaction.
 func (s *AggStore) CurrentRound() (Round, error) {
 	var r Round
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *wtx) error {
 		n, err := currentRound(tx)
 		if err != nil {
 			return err
@@ -712,25 +772,27 @@ func decodeUpdate(round uint64, client, v []byte) (Update, error) {
 // seen, sample count, recent loss; created if absent). The round must exist.
 //
 // It is idempotent: if (round, client) is already stored it writes nothing
-// and returns stored == false with a nil error. A z older than the client's
-// stored z fails with ErrStale and writes nothing. One transaction, so when
-// PutUpdate returns the update is durable and a receipt may be sent.
-func (s *AggStore) PutUpdate(u Update, z []float64) (stored bool, err error) {
+// and returns index 0 with a nil error; otherwise index is the update's
+// entry in the replay log (log.go), appended in the same transaction. A z
+// older than the client's stored z fails with ErrStale and writes nothing.
+// One transaction, so when PutUpdate returns the update is durable and a
+// receipt may be sent.
+func (s *AggStore) PutUpdate(u Update, z []float64) (index uint64, err error) {
 	if u.Round == 0 {
-		return false, fmt.Errorf("%w: round 0", ErrInvalid)
+		return 0, fmt.Errorf("%w: round 0", ErrInvalid)
 	}
 	if err := checkName("client id", u.ClientID); err != nil {
-		return false, err
+		return 0, err
 	}
 	if len(u.Msg) == 0 {
-		return false, fmt.Errorf("%w: empty update message", ErrInvalid)
+		return 0, fmt.Errorf("%w: empty update message", ErrInvalid)
 	}
 	if z != nil {
 		if err := checkVec("z", z); err != nil {
-			return false, err
+			return 0, err
 		}
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *wtx) error {
 		if _, err := roundBucket(tx, u.Round); err != nil {
 			return err
 		}
@@ -741,7 +803,7 @@ func (s *AggStore) PutUpdate(u Update, z []float64) (stored bool, err error) {
 		rk := encodeU64(u.Round)
 		ub := ups.Bucket(rk)
 		if ub != nil && ub.Get([]byte(u.ClientID)) != nil {
-			return nil // duplicate: stored stays false
+			return nil // duplicate: index stays 0
 		}
 		if z != nil {
 			if err := putLatestZ(tx, u.ClientID, u.Round, z); err != nil {
@@ -780,20 +842,20 @@ func (s *AggStore) PutUpdate(u Update, z []float64) (stored bool, err error) {
 		if err := putClient(cb, c); err != nil {
 			return err
 		}
-		stored = true
-		return nil
+		index, err = appendLog(tx, LogUpdate, u.Round, u.ClientID)
+		return err
 	})
 	if err != nil {
-		return false, fmt.Errorf("storage: put update (%d, %q): %w", u.Round, u.ClientID, err)
+		return 0, fmt.Errorf("storage: put update (%d, %q): %w", u.Round, u.ClientID, err)
 	}
-	return stored, nil
+	return index, nil
 }
 
 // GetUpdate returns the stored update (round, client), or ErrNotFound. A
 // read transaction.
 func (s *AggStore) GetUpdate(round uint64, client string) (Update, error) {
 	var u Update
-	err := s.db.View(inBucket(bucketUpdates, func(ups *bolt.Bucket) (err error) {
+	err := s.db.View(inBucket(bucketUpdates, func(ups *wbucket) (err error) {
 		var v []byte
 		if ub := ups.Bucket(encodeU64(round)); ub != nil {
 			if v, err = sget(ub, []byte(client), fmt.Sprintf("update (%d, %q)", round, client)); err != nil {
@@ -815,7 +877,7 @@ func (s *AggStore) GetUpdate(round uint64, client string) (Update, error) {
 // store's write methods (a write waiting on this read transaction can
 // deadlock when the file has to grow).
 func (s *AggStore) ForEachUpdate(round uint64, fn func(Update) error) error {
-	return s.db.View(inBucket(bucketUpdates, func(ups *bolt.Bucket) error {
+	return s.db.View(inBucket(bucketUpdates, func(ups *wbucket) error {
 		ub := ups.Bucket(encodeU64(round))
 		if ub == nil {
 			return nil
@@ -845,11 +907,20 @@ func (s *AggStore) Updates(round uint64) ([]Update, error) {
 
 // PruneUpdates deletes the stored updates of every round below before and
 // returns how many rounds it pruned. Round records, checkpoints and latest
-// z are kept. One transaction; Compact afterwards to return the space to
-// the file system.
+// z are kept, and so are the updates of a round the replay log names (the
+// coordinator's state is rebuilt from them: log.go). One transaction;
+// Compact afterwards to return the space to the file system.
 func (s *AggStore) PruneUpdates(before uint64) (int, error) {
 	n := 0
-	err := s.db.Update(inBucket(bucketUpdates, func(ups *bolt.Bucket) error {
+	err := s.db.Update(func(tx *wtx) error {
+		ups, err := bucket(tx, bucketUpdates)
+		if err != nil {
+			return err
+		}
+		logged, err := logRounds(tx)
+		if err != nil {
+			return err
+		}
 		var doomed [][]byte
 		c := ups.Cursor()
 		for k, _ := c.First(); k != nil; k, _ = c.Next() {
@@ -860,7 +931,9 @@ func (s *AggStore) PruneUpdates(before uint64) (int, error) {
 			if r >= before {
 				break
 			}
-			doomed = append(doomed, bytes.Clone(k))
+			if !logged[r] {
+				doomed = append(doomed, bytes.Clone(k))
+			}
 		}
 		for _, k := range doomed {
 			if err := ups.DeleteBucket(k); err != nil {
@@ -869,7 +942,7 @@ func (s *AggStore) PruneUpdates(before uint64) (int, error) {
 		}
 		n = len(doomed)
 		return nil
-	}))
+	})
 	if err != nil {
 		return 0, fmt.Errorf("storage: prune updates before %d: %w", before, err)
 	}
@@ -878,7 +951,7 @@ func (s *AggStore) PruneUpdates(before uint64) (int, error) {
 
 // ---- latest z ----
 
-func putLatestZ(tx *bolt.Tx, client string, round uint64, z []float64) error {
+func putLatestZ(tx *wtx, client string, round uint64, z []float64) error {
 	b, err := bucket(tx, bucketLatestZ)
 	if err != nil {
 		return err
@@ -908,7 +981,7 @@ func (s *AggStore) PutLatestZ(client string, round uint64, z []float64) error {
 	if err := checkVec("z", z); err != nil {
 		return err
 	}
-	if err := s.db.Update(func(tx *bolt.Tx) error { return putLatestZ(tx, client, round, z) }); err != nil {
+	if err := s.db.Update(func(tx *wtx) error { return putLatestZ(tx, client, round, z) }); err != nil {
 		return fmt.Errorf("storage: put latest z of %q: %w", client, err)
 	}
 	return nil
@@ -917,7 +990,7 @@ func (s *AggStore) PutLatestZ(client string, round uint64, z []float64) error {
 // ClientZ returns client's latest z and its round, or ErrNotFound. A read
 // transaction.
 func (s *AggStore) ClientZ(client string) (round uint64, z []float64, err error) {
-	err = s.db.View(inBucket(bucketLatestZ, func(b *bolt.Bucket) error {
+	err = s.db.View(inBucket(bucketLatestZ, func(b *wbucket) error {
 		v, err := sget(b, []byte(client), "latest_z/"+client)
 		if err != nil {
 			return err
@@ -934,7 +1007,7 @@ func (s *AggStore) ClientZ(client string) (round uint64, z []float64, err error)
 // LatestZ returns every client's latest z. A read transaction.
 func (s *AggStore) LatestZ() (map[string][]float64, error) {
 	zs := make(map[string][]float64)
-	err := s.db.View(inBucket(bucketLatestZ, func(b *bolt.Bucket) error {
+	err := s.db.View(inBucket(bucketLatestZ, func(b *wbucket) error {
 		return sforEach(b, "latest_z", func(k, v []byte) error {
 			_, z, err := decodeRoundVec(v, "latest_z/"+string(k))
 			if err != nil {
@@ -961,7 +1034,7 @@ func (s *AggStore) PutCheckpoint(round uint64, vec []float64) error {
 	if err := checkVec("checkpoint", vec); err != nil {
 		return err
 	}
-	err := s.db.Update(inBucket(bucketCheckpoints, func(b *bolt.Bucket) error {
+	err := s.db.Update(inBucket(bucketCheckpoints, func(b *wbucket) error {
 		return sput(b, encodeU64(round), encodeFloats(vec))
 	}))
 	if err != nil {
@@ -974,7 +1047,7 @@ func (s *AggStore) PutCheckpoint(round uint64, vec []float64) error {
 // transaction.
 func (s *AggStore) Checkpoint(round uint64) ([]float64, error) {
 	var v []float64
-	err := s.db.View(inBucket(bucketCheckpoints, func(b *bolt.Bucket) error {
+	err := s.db.View(inBucket(bucketCheckpoints, func(b *wbucket) error {
 		raw, err := sget(b, encodeU64(round), fmt.Sprintf("checkpoint %d", round))
 		if err != nil {
 			return err
@@ -991,11 +1064,11 @@ func (s *AggStore) Checkpoint(round uint64) ([]float64, error) {
 // LatestCheckpoint returns the checkpoint with the highest round, or
 // ErrNotFound. A read transaction.
 func (s *AggStore) LatestCheckpoint() (round uint64, vec []float64, err error) {
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err = s.db.View(func(tx *wtx) error {
 		if err := checkCensus(tx, string(bucketCheckpoints), false); err != nil {
 			return err // a lost last entry would make an older checkpoint the latest
 		}
-		return inBucket(bucketCheckpoints, func(b *bolt.Bucket) error {
+		return inBucket(bucketCheckpoints, func(b *wbucket) error {
 			k, sealed := b.Cursor().Last()
 			if k == nil {
 				return fmt.Errorf("%w: no checkpoint", ErrNotFound)

@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // The records of a run with a federation schema (issue 11): each site's
@@ -27,10 +25,10 @@ var (
 
 // optBucket returns a version-3 bucket, nil (no error) when it has not
 // been written yet.
-func optBucket(tx *bolt.Tx, name []byte) (*bolt.Bucket, error) { return tx.Bucket(name), nil }
+func optBucket(tx *wtx, name []byte) (*wbucket, error) { return tx.Bucket(name), nil }
 
 // mkBucket returns a version-3 bucket, creating it.
-func mkBucket(tx *bolt.Tx, name []byte) (*bolt.Bucket, error) {
+func mkBucket(tx *wtx, name []byte) (*wbucket, error) {
 	b, err := tx.CreateBucketIfNotExists(name)
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", name, err)
@@ -67,8 +65,8 @@ func decodeRecord(round uint64, client, v []byte, what string) (Record, error) {
 
 // viewWritten runs fn on bucket name in a read transaction, and does
 // nothing when the bucket has not been written yet.
-func (s *AggStore) viewWritten(name []byte, fn func(b *bolt.Bucket) error) error {
-	return s.db.View(func(tx *bolt.Tx) error {
+func (s *AggStore) viewWritten(name []byte, fn func(b *wbucket) error) error {
+	return s.db.View(func(tx *wtx) error {
 		if err := checkCensus(tx, string(name), false); err != nil {
 			return err // a bucket that vanished would list as never written
 		}
@@ -81,7 +79,7 @@ func (s *AggStore) viewWritten(name []byte, fn func(b *bolt.Bucket) error) error
 
 // readRecords decodes b's records (client id -> encodeRecord) of round in
 // key order; name is b's path and what(k) names one record in errors.
-func readRecords(b *bolt.Bucket, round uint64, name string, what func(k []byte) string) ([]Record, error) {
+func readRecords(b *wbucket, round uint64, name string, what func(k []byte) string) ([]Record, error) {
 	var out []Record
 	err := sforEach(b, name, func(k, v []byte) error {
 		r, err := decodeRecord(round, k, v, what(k))
@@ -93,17 +91,18 @@ func readRecords(b *bolt.Bucket, round uint64, name string, what func(k []byte) 
 	return out, err
 }
 
-// PutStatistics stores a site's statistics message. It is idempotent: when
-// the site's statistics are already stored it writes nothing and returns
-// stored == false (the first copy stays). One transaction.
-func (s *AggStore) PutStatistics(client string, at time.Time, msg []byte) (stored bool, err error) {
+// PutStatistics stores a site's statistics message and appends its entry
+// to the replay log (log.go), returning the entry's index. It is
+// idempotent: when the site's statistics are already stored it writes
+// nothing and returns 0 (the first copy stays). One transaction.
+func (s *AggStore) PutStatistics(client string, at time.Time, msg []byte) (index uint64, err error) {
 	if err := checkName("client id", client); err != nil {
-		return false, err
+		return 0, err
 	}
 	if len(msg) == 0 {
-		return false, fmt.Errorf("%w: empty statistics message", ErrInvalid)
+		return 0, fmt.Errorf("%w: empty statistics message", ErrInvalid)
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *wtx) error {
 		b, err := mkBucket(tx, bucketStatistics)
 		if err != nil {
 			return err
@@ -111,20 +110,23 @@ func (s *AggStore) PutStatistics(client string, at time.Time, msg []byte) (store
 		if b.Get([]byte(client)) != nil {
 			return nil
 		}
-		stored = true
-		return sput(b, []byte(client), encodeRecord(at, msg))
+		if err := sput(b, []byte(client), encodeRecord(at, msg)); err != nil {
+			return err
+		}
+		index, err = appendLog(tx, LogStatistics, 0, client)
+		return err
 	})
 	if err != nil {
-		return false, fmt.Errorf("storage: put statistics of %q: %w", client, err)
+		return 0, fmt.Errorf("storage: put statistics of %q: %w", client, err)
 	}
-	return stored, nil
+	return index, nil
 }
 
 // Statistics returns every stored statistics message in client-id order. A
 // read transaction.
 func (s *AggStore) Statistics() ([]Record, error) {
 	var out []Record
-	err := s.viewWritten(bucketStatistics, func(b *bolt.Bucket) (err error) {
+	err := s.viewWritten(bucketStatistics, func(b *wbucket) (err error) {
 		out, err = readRecords(b, 0, "statistics", func(k []byte) string { return fmt.Sprintf("statistics of %q", k) })
 		return err
 	})
@@ -135,19 +137,20 @@ func (s *AggStore) Statistics() ([]Record, error) {
 }
 
 // PutEval stores a site's evaluation report of eval round (the number of
-// aggregations the evaluated model has had: 1 ..= the current round). It is
+// aggregations the evaluated model has had: 1 ..= the current round) and
+// appends its entry to the replay log, returning its index. It is
 // idempotent like PutStatistics. One transaction.
-func (s *AggStore) PutEval(round uint64, client string, at time.Time, msg []byte) (stored bool, err error) {
+func (s *AggStore) PutEval(round uint64, client string, at time.Time, msg []byte) (index uint64, err error) {
 	if round == 0 {
-		return false, fmt.Errorf("%w: eval round 0", ErrInvalid)
+		return 0, fmt.Errorf("%w: eval round 0", ErrInvalid)
 	}
 	if err := checkName("client id", client); err != nil {
-		return false, err
+		return 0, err
 	}
 	if len(msg) == 0 {
-		return false, fmt.Errorf("%w: empty evaluation message", ErrInvalid)
+		return 0, fmt.Errorf("%w: empty evaluation message", ErrInvalid)
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *wtx) error {
 		cur, err := currentRound(tx)
 		if err != nil {
 			return err
@@ -169,20 +172,23 @@ func (s *AggStore) PutEval(round uint64, client string, at time.Time, msg []byte
 				return fmt.Errorf("evals of round %d: %w", round, err)
 			}
 		}
-		stored = true
-		return sput(eb, []byte(client), encodeRecord(at, msg))
+		if err := sput(eb, []byte(client), encodeRecord(at, msg)); err != nil {
+			return err
+		}
+		index, err = appendLog(tx, LogEval, round, client)
+		return err
 	})
 	if err != nil {
-		return false, fmt.Errorf("storage: put evaluation (%d, %q): %w", round, client, err)
+		return 0, fmt.Errorf("storage: put evaluation (%d, %q): %w", round, client, err)
 	}
-	return stored, nil
+	return index, nil
 }
 
 // Evals returns the stored evaluation reports of eval round in client-id
 // order (none: an empty list). A read transaction.
 func (s *AggStore) Evals(round uint64) ([]Record, error) {
 	var out []Record
-	err := s.viewWritten(bucketEvals, func(evs *bolt.Bucket) (err error) {
+	err := s.viewWritten(bucketEvals, func(evs *wbucket) (err error) {
 		eb := evs.Bucket(encodeU64(round))
 		if eb == nil {
 			return nil
@@ -202,7 +208,7 @@ func (s *AggStore) Evals(round uint64) ([]Record, error) {
 // ascending. A read transaction.
 func (s *AggStore) EvalRounds() ([]uint64, error) {
 	var out []uint64
-	err := s.viewWritten(bucketEvals, func(evs *bolt.Bucket) error {
+	err := s.viewWritten(bucketEvals, func(evs *wbucket) error {
 		return evs.ForEach(func(k, v []byte) error {
 			r, err := decodeU64(k, "evals key")
 			if err != nil {
@@ -232,7 +238,7 @@ func (s *AggStore) PutFit(record []byte, global []float64) error {
 	if err := checkVec("checkpoint", global); err != nil {
 		return err
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *wtx) error {
 		cur, err := currentRound(tx)
 		if err != nil {
 			return err
@@ -268,7 +274,7 @@ func (s *AggStore) PutFinalBundle(b []byte) error {
 	if len(b) == 0 {
 		return fmt.Errorf("%w: empty bundle", ErrInvalid)
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *wtx) error {
 		fb, err := mkBucket(tx, bucketFederation)
 		if err != nil {
 			return err
@@ -289,7 +295,7 @@ func (s *AggStore) FinalBundle() ([]byte, error) {
 
 func (s *AggStore) fedValue(k []byte, what string) ([]byte, error) {
 	var out []byte
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *wtx) error {
 		fb, _ := optBucket(tx, bucketFederation)
 		if fb == nil {
 			return fmt.Errorf("%w: %s", ErrNotFound, what)

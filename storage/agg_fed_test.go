@@ -29,9 +29,9 @@ func TestAggFederationRecords(t *testing.T) {
 		msg   string
 		first bool
 	}{{"site-b", "stats b", true}, {"site-a", "stats a", true}, {"site-a", "stats a again", false}} {
-		stored, err := s.PutStatistics(c.id, t0.Add(time.Second), []byte(c.msg))
-		if err != nil || stored != c.first {
-			t.Fatalf("PutStatistics(%s) = %v, %v; want %v", c.id, stored, err, c.first)
+		idx, err := s.PutStatistics(c.id, t0.Add(time.Second), []byte(c.msg))
+		if stored := idx > 0; err != nil || stored != c.first {
+			t.Fatalf("PutStatistics(%s) = %v, %v; want stored %v", c.id, idx, err, c.first)
 		}
 	}
 	if _, err := s.PutStatistics("site-c", t0, nil); !errors.Is(err, ErrInvalid) {
@@ -59,9 +59,9 @@ func TestAggFederationRecords(t *testing.T) {
 		id    string
 		first bool
 	}{{1, "site-a", true}, {1, "site-b", true}, {3, "site-a", true}, {3, "site-a", false}, {4, "site-b", true}} {
-		stored, err := s.PutEval(e.round, e.id, t0.Add(time.Hour), []byte("report "+e.id))
-		if err != nil || stored != e.first {
-			t.Fatalf("PutEval(%d, %s) = %v, %v", e.round, e.id, stored, err)
+		idx, err := s.PutEval(e.round, e.id, t0.Add(time.Hour), []byte("report "+e.id))
+		if stored := idx > 0; err != nil || stored != e.first {
+			t.Fatalf("PutEval(%d, %s) = %v, %v", e.round, e.id, idx, err)
 		}
 	}
 	if err := s.PutFinalBundle([]byte("bundle")); err != nil {

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 var t0 = time.Unix(1700000000, 0)
@@ -106,16 +104,16 @@ func TestAggPutUpdateIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	u := Update{Round: 3, ClientID: "site-1", StoredAt: t0.Add(time.Second), SampleCount: 100, Loss: 0.7, Msg: []byte("first")}
-	stored, err := s.PutUpdate(u, []float64{1, 2})
-	if err != nil || !stored {
-		t.Fatalf("PutUpdate = %v, %v", stored, err)
+	idx, err := s.PutUpdate(u, []float64{1, 2})
+	if err != nil || idx != 1 {
+		t.Fatalf("PutUpdate = %v, %v, want log index 1", idx, err)
 	}
 	// A redelivery (QoS 1) with different bytes and z: ignored, nothing written.
 	dup := u
 	dup.Msg, dup.StoredAt, dup.Loss = []byte("second"), t0.Add(time.Hour), 0.1
-	stored, err = s.PutUpdate(dup, []float64{9, 9})
-	if err != nil || stored {
-		t.Fatalf("duplicate PutUpdate = %v, %v", stored, err)
+	idx, err = s.PutUpdate(dup, []float64{9, 9})
+	if err != nil || idx != 0 {
+		t.Fatalf("duplicate PutUpdate = %v, %v", idx, err)
 	}
 	closeT(t, s)
 
@@ -167,9 +165,9 @@ func TestAggPutUpdateRejects(t *testing.T) {
 		{"stale z", Update{Round: 1, ClientID: "a", Msg: []byte("m1")}, []float64{1}, ErrStale},
 	}
 	for _, tt := range tests {
-		stored, err := s.PutUpdate(tt.u, tt.z)
-		if !errors.Is(err, tt.want) || stored {
-			t.Errorf("%s: %v, %v, want %v", tt.name, stored, err, tt.want)
+		idx, err := s.PutUpdate(tt.u, tt.z)
+		if !errors.Is(err, tt.want) || idx != 0 {
+			t.Errorf("%s: %v, %v, want %v", tt.name, idx, err, tt.want)
 		}
 	}
 	// The stale attempt wrote nothing: no round-1 update, z still round 2,
@@ -184,8 +182,8 @@ func TestAggPutUpdateRejects(t *testing.T) {
 		t.Errorf("participation = %d", c.Participation)
 	}
 	// Without a z a late update for round 1 is fine.
-	if stored, err := s.PutUpdate(Update{Round: 1, ClientID: "a", Msg: []byte("m1"), Loss: math.NaN()}, nil); err != nil || !stored {
-		t.Fatalf("late update without z: %v %v", stored, err)
+	if idx, err := s.PutUpdate(Update{Round: 1, ClientID: "a", Msg: []byte("m1"), Loss: math.NaN()}, nil); err != nil || idx == 0 {
+		t.Fatalf("late update without z: %v %v", idx, err)
 	}
 	// Its NaN loss (unknown) keeps the loss of the first update (0).
 	if c, _ := s.Client("a"); c.Participation != 2 || c.RecentLoss != 0 {
@@ -239,6 +237,14 @@ func TestAggIterateAndPrune(t *testing.T) {
 		t.Fatalf("Clients = %+v %v", cs, err)
 	}
 
+	// The replay log names every update stored since the last state
+	// write (log.go): their rounds are kept.
+	if pruned, err := s.PruneUpdates(3); err != nil || pruned != 0 {
+		t.Fatalf("PruneUpdates with every update in the replay log = %d %v", pruned, err)
+	}
+	if err := s.PutRoundState(3, []byte("state")); err != nil {
+		t.Fatal(err)
+	}
 	pruned, err := s.PruneUpdates(3)
 	if err != nil || pruned != 2 {
 		t.Fatalf("PruneUpdates = %d %v", pruned, err)
@@ -314,6 +320,9 @@ func TestAggCompact(t *testing.T) {
 			}
 		}
 	}
+	if err := s.PutRoundState(20, []byte("state")); err != nil { // clears the replay log (log.go)
+		t.Fatal(err)
+	}
 	if _, err := s.PruneUpdates(20); err != nil {
 		t.Fatal(err)
 	}
@@ -353,44 +362,44 @@ func TestAggCompact(t *testing.T) {
 func TestAggCorruptValues(t *testing.T) {
 	tests := []struct {
 		name  string
-		write func(tx *bolt.Tx) error
+		write func(tx *wtx) error
 		read  func(*AggStore) error
 	}{
-		{"client json", func(tx *bolt.Tx) error { return tx.Bucket(bucketClients).Put([]byte("a"), []byte("{nope")) },
+		{"client json", func(tx *wtx) error { return tx.Bucket(bucketClients).Put([]byte("a"), []byte("{nope")) },
 			func(s *AggStore) error { _, err := s.Client("a"); return err }},
-		{"client id mismatch", func(tx *bolt.Tx) error { return tx.Bucket(bucketClients).Put([]byte("a"), []byte(`{"id":"b"}`)) },
+		{"client id mismatch", func(tx *wtx) error { return tx.Bucket(bucketClients).Put([]byte("a"), []byte(`{"id":"b"}`)) },
 			func(s *AggStore) error { _, err := s.Clients(); return err }},
-		{"client blocks PutUpdate", func(tx *bolt.Tx) error { return tx.Bucket(bucketClients).Put([]byte("a"), []byte("[]")) },
+		{"client blocks PutUpdate", func(tx *wtx) error { return tx.Bucket(bucketClients).Put([]byte("a"), []byte("[]")) },
 			func(s *AggStore) error {
 				_, err := s.PutUpdate(Update{Round: 1, ClientID: "a", Msg: []byte("m")}, nil)
 				return err
 			}},
-		{"update short", func(tx *bolt.Tx) error {
+		{"update short", func(tx *wtx) error {
 			b, err := tx.Bucket(bucketUpdates).CreateBucketIfNotExists(encodeU64(1))
 			if err != nil {
 				return err
 			}
 			return b.Put([]byte("a"), make([]byte, 10))
 		}, func(s *AggStore) error { _, err := s.Updates(1); return err }},
-		{"latest z", func(tx *bolt.Tx) error { return tx.Bucket(bucketLatestZ).Put([]byte("a"), make([]byte, 9)) },
+		{"latest z", func(tx *wtx) error { return tx.Bucket(bucketLatestZ).Put([]byte("a"), make([]byte, 9)) },
 			func(s *AggStore) error { _, err := s.LatestZ(); return err }},
-		{"latest z blocks PutLatestZ", func(tx *bolt.Tx) error { return tx.Bucket(bucketLatestZ).Put([]byte("a"), make([]byte, 9)) },
+		{"latest z blocks PutLatestZ", func(tx *wtx) error { return tx.Bucket(bucketLatestZ).Put([]byte("a"), make([]byte, 9)) },
 			func(s *AggStore) error { return s.PutLatestZ("a", 2, []float64{1}) }},
-		{"checkpoint", func(tx *bolt.Tx) error { return tx.Bucket(bucketCheckpoints).Put(encodeU64(5), make([]byte, 7)) },
+		{"checkpoint", func(tx *wtx) error { return tx.Bucket(bucketCheckpoints).Put(encodeU64(5), make([]byte, 7)) },
 			func(s *AggStore) error { _, _, err := s.LatestCheckpoint(); return err }},
-		{"checkpoint key", func(tx *bolt.Tx) error { return tx.Bucket(bucketCheckpoints).Put([]byte{0xff}, make([]byte, 8)) },
+		{"checkpoint key", func(tx *wtx) error { return tx.Bucket(bucketCheckpoints).Put([]byte{0xff}, make([]byte, 8)) },
 			func(s *AggStore) error { _, _, err := s.LatestCheckpoint(); return err }},
-		{"round meta", func(tx *bolt.Tx) error {
+		{"round meta", func(tx *wtx) error {
 			return tx.Bucket(bucketRounds).Bucket(encodeU64(1)).Put(keyRoundMeta, []byte(`{"status":7}`))
 		}, func(s *AggStore) error { _, err := s.Round(1); return err }},
-		{"round meta blocks OpenRound", func(tx *bolt.Tx) error {
+		{"round meta blocks OpenRound", func(tx *wtx) error {
 			return tx.Bucket(bucketRounds).Bucket(encodeU64(1)).Put(keyRoundMeta, []byte("x"))
 		}, func(s *AggStore) error { return s.OpenRound(Round{Number: 2}, nil) }},
-		{"current round", func(tx *bolt.Tx) error { return tx.Bucket(bucketAgg).Put(keyCurrentRound, []byte{1}) },
+		{"current round", func(tx *wtx) error { return tx.Bucket(bucketAgg).Put(keyCurrentRound, []byte{1}) },
 			func(s *AggStore) error { _, err := s.CurrentRound(); return err }},
-		{"current round dangling", func(tx *bolt.Tx) error { return tx.Bucket(bucketAgg).Put(keyCurrentRound, encodeU64(9)) },
+		{"current round dangling", func(tx *wtx) error { return tx.Bucket(bucketAgg).Put(keyCurrentRound, encodeU64(9)) },
 			func(s *AggStore) error { _, err := s.CurrentRound(); return err }},
-		{"round as value", func(tx *bolt.Tx) error { return tx.Bucket(bucketRounds).Put(encodeU64(4), []byte("v")) },
+		{"round as value", func(tx *wtx) error { return tx.Bucket(bucketRounds).Put(encodeU64(4), []byte("v")) },
 			func(s *AggStore) error { _, err := s.Round(4); return err }},
 	}
 	for _, tt := range tests {

@@ -6,7 +6,6 @@ import (
 	"flag"
 
 	"fmt"
-	bolt "go.etcd.io/bbolt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -106,7 +105,7 @@ func makeAggFile(t testing.TB, path string, rounds, dim int) {
 		return v
 	}
 	for r := 1; r <= rounds; r++ {
-		if err := a.OpenRound(Round{Number: uint64(r), OpenedAt: at, Config: []byte(`{"federation":"fx"}`), State: []byte(fmt.Sprintf(`{"round":%d}`, r))}, vec()); err != nil {
+		if err := a.OpenRound(Round{Number: uint64(r), OpenedAt: at, Config: []byte(`{"federation":"fx"}`), State: []byte(fmt.Sprintf(`{"round":%d}`, r)), Sum: []byte(fmt.Sprintf("sum of round %d", r))}, vec()); err != nil {
 			t.Fatal(err)
 		}
 		for _, c := range []string{"site-a", "site-b", "site-c"} {
@@ -124,7 +123,7 @@ func makeAggFile(t testing.TB, path string, rounds, dim int) {
 // meta page must read back intact or be refused, like any other page.
 func settleMeta(t testing.TB, db *guardedDB) {
 	for range 2 {
-		if err := db.Update(func(*bolt.Tx) error { return nil }); err != nil {
+		if err := db.Update(func(*wtx) error { return nil }); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -150,7 +149,7 @@ func dumpAgg(a *AggStore) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		fmt.Fprintf(&b, "%d %v %s %s %v %+v\n", r, rd.Status, rd.Config, rd.State, x, ups)
+		fmt.Fprintf(&b, "%d %v %s %s %q %v %+v\n", r, rd.Status, rd.Config, rd.State, rd.Sum, x, ups)
 	}
 	zs, err := a.LatestZ()
 	if err != nil {
@@ -160,7 +159,11 @@ func dumpAgg(a *AggStore) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	fmt.Fprintf(&b, "%v %+v\n", zs, cs)
+	last, logged, err := a.Log()
+	if err != nil {
+		return "", err
+	}
+	fmt.Fprintf(&b, "%v %+v\nlog %d %+v\n", zs, cs, last, logged)
 	return b.String(), nil
 }
 
@@ -195,6 +198,15 @@ func makeEdgeFile(t testing.TB, path string, dim int) {
 		}
 	}
 	if _, err := e.Ack(1); err != nil {
+		t.Fatal(err)
+	}
+	// FedSplit's sum mode: a join confirmed (contrib), an update pending.
+	for r := uint64(4); r <= 5; r++ {
+		if err := e.Commit(Commit{Round: r, Z: v, Msg: []byte(strings.Repeat("s", 50)), Pending: &SumPending{Join: r == 4, V: v}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.AckSum(4, 0, v); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -236,7 +248,15 @@ func dumpEdge(e *EdgeStore) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("%+v %d %v %d %v %d %v %v %+v %d %d %s", id, gr, g, zr, z, sr, sz, res, out, seen, applied, run), nil
+	cr, c, err := e.Contribution()
+	if err != nil {
+		return "", err
+	}
+	p, ok, err := e.Pending(5)
+	if err != nil || !ok {
+		return "", fmt.Errorf("pending of round 5: %v, %w", ok, err)
+	}
+	return fmt.Sprintf("%+v %d %v %d %v %d %v %v %+v %d %d %s %d %v %+v", id, gr, g, zr, z, sr, sz, res, out, seen, applied, run, cr, c, p), nil
 }
 
 // outcome of opening and reading one damaged file.

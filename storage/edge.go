@@ -11,10 +11,11 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Edge schema, version 5 (version 1 without the seals; every value
+// Edge schema, version 6 (version 1 without the seals; every value
 // outside meta is sealed with a CRC-32C, see seal.go; version 2 without the
 // final bundle keys; version 3 without instance_id; version 4 without
-// meta/census, the sealed entry counts of census.go):
+// meta/census, the sealed entry counts of census.go; version 5 without
+// FedSplit's sum mode, contrib and sum_pending):
 //
 //	meta      schema_version, kind = "edge", census
 //	edge      client_id      string
@@ -45,12 +46,22 @@ import (
 //	                         final model bundle is stored (absent = none)
 //	          final_bundle   the final model bundle's bytes, exactly as
 //	                         received (present iff final_meta is)
+//	          contrib        round u64 + float64s, FedSplit in sum mode
+//	                         (docs/privacy.md, "FedSplit"): the site's record
+//	                         c_j of what it has contributed to the
+//	                         aggregator's sum, and the round of the update
+//	                         that last advanced it; absent = not counted yet
 //	residuals name -> float64s (error-feedback residuals)
 //	outbox    round u64 -> the encoded wire update, until its receipt
+//	sum_pending round u64 -> join u8 (0 or 1) + float64s: what a sum-mode
+//	          update of the outbox adds to the aggregator's sum (and to
+//	          contrib once its accepted receipt comes: AckSum); every key
+//	          has its outbox entry
 var (
 	bucketEdge      = []byte("edge")
 	bucketResiduals = []byte("residuals")
 	bucketOutbox    = []byte("outbox")
+	bucketPending   = []byte("sum_pending")
 
 	keyClientID        = []byte("client_id")
 	keyCreatedAt       = []byte("created_at")
@@ -64,14 +75,16 @@ var (
 	keyRunID           = []byte("run_id")
 	keyEdgeFinalMeta   = []byte("final_meta")
 	keyEdgeFinalBundle = []byte("final_bundle")
+	keyContrib         = []byte("contrib")
 )
 
 const edgeKind = "edge"
 
 func init() { edgeSchema.invariants = edgeInvariants }
 
-// edgeInvariants: the final bundle's two keys go together.
-func edgeInvariants(tx *bolt.Tx) error {
+// edgeInvariants: the final bundle's two keys go together; every sum-mode
+// pending contribution has its outbox entry.
+func edgeInvariants(tx *wtx) error {
 	b, err := bucket(tx, bucketEdge)
 	if err != nil {
 		return err
@@ -79,7 +92,18 @@ func edgeInvariants(tx *bolt.Tx) error {
 	if (b.Get(keyEdgeFinalMeta) == nil) != (b.Get(keyEdgeFinalBundle) == nil) {
 		return fmt.Errorf("%w: edge/final_meta and edge/final_bundle are not both present or both absent", ErrCorrupt)
 	}
-	return nil
+	// Looked up, not required: the layout requires both of the current
+	// version, and a test's made-up schema may move them.
+	out, pend := tx.Bucket(bucketOutbox), tx.Bucket(bucketPending)
+	if out == nil || pend == nil {
+		return nil
+	}
+	return pend.ForEach(func(k, _ []byte) error {
+		if out.Get(k) == nil {
+			return fmt.Errorf("%w: sum_pending has an entry %x without its outbox entry", ErrCorrupt, k)
+		}
+		return nil
+	})
 }
 
 var edgeSchema = schema{
@@ -92,20 +116,23 @@ var edgeSchema = schema{
 		// an older agent refuses a file holding them as written by a newer
 		// binary (ErrSchemaTooNew) instead of reporting unknown keys as
 		// damage and suggesting --reset-state.
-		{name: "final bundle keys", run: func(*bolt.Tx) error { return nil }},
+		{name: "final bundle keys", run: func(*wtx) error { return nil }},
 		// Version 4 adds instance_id, drawn by InitIdentity (also for a
 		// file of an older version, on its first open by this version);
 		// the step makes an older agent refuse the file as newer.
-		{name: "instance id key", run: func(*bolt.Tx) error { return nil }},
+		{name: "instance id key", run: func(*wtx) error { return nil }},
 		// Version 5 adds meta/census, the sealed entry counts (census.go).
 		{name: "count entries", run: writeCensus},
+		// Version 6 adds FedSplit's sum mode: edge/contrib and the
+		// sum_pending bucket (an older agent refuses the file as newer).
+		{name: "sum mode", run: createBuckets(bucketPending)},
 	},
 	countedFrom: 5,
 	layout: map[string][]string{
 		string(bucketEdge): {string(keyClientID), string(keyCreatedAt), string(keyInstanceID), string(keySeenRound), string(keyAppliedRound),
 			string(keyGlobal), string(keyZ), string(keyServerZ), string(keyConnection), string(keyRunID),
-			string(keyEdgeFinalMeta), string(keyEdgeFinalBundle)},
-		string(bucketResiduals): nil, string(bucketOutbox): nil,
+			string(keyEdgeFinalMeta), string(keyEdgeFinalBundle), string(keyContrib)},
+		string(bucketResiduals): nil, string(bucketOutbox): nil, string(bucketPending): nil,
 	},
 }
 
@@ -144,18 +171,18 @@ func (s *EdgeStore) Path() string { return s.db.Path() }
 func (s *EdgeStore) Check() error { return check(s.db) }
 
 // update runs fn on the edge bucket in a write transaction.
-func (s *EdgeStore) update(fn func(b *bolt.Bucket, tx *bolt.Tx) error) error {
+func (s *EdgeStore) update(fn func(b *wbucket, tx *wtx) error) error {
 	return s.db.Update(inEdge(fn))
 }
 
 // view runs fn on the edge bucket in a read transaction.
-func (s *EdgeStore) view(fn func(b *bolt.Bucket, tx *bolt.Tx) error) error {
+func (s *EdgeStore) view(fn func(b *wbucket, tx *wtx) error) error {
 	return s.db.View(inEdge(fn))
 }
 
 // inEdge is fn as a transaction function: it runs fn on tx's edge bucket.
-func inEdge(fn func(b *bolt.Bucket, tx *bolt.Tx) error) func(*bolt.Tx) error {
-	return func(tx *bolt.Tx) error {
+func inEdge(fn func(b *wbucket, tx *wtx) error) func(*wtx) error {
+	return func(tx *wtx) error {
 		b, err := bucket(tx, bucketEdge)
 		if err != nil {
 			return err
@@ -184,7 +211,7 @@ func (s *EdgeStore) InitIdentity(clientID string, now time.Time) (Identity, erro
 		return Identity{}, err
 	}
 	var id Identity
-	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err := s.update(func(b *wbucket, _ *wtx) error {
 		old, err := eget(b, keyClientID)
 		if err != nil {
 			return err
@@ -217,7 +244,7 @@ func (s *EdgeStore) InitIdentity(clientID string, now time.Time) (Identity, erro
 	return id, nil
 }
 
-func readIdentity(b *bolt.Bucket) (Identity, error) {
+func readIdentity(b *wbucket) (Identity, error) {
 	v, err := eget(b, keyClientID)
 	if err != nil {
 		return Identity{}, err
@@ -244,7 +271,7 @@ func readIdentity(b *bolt.Bucket) (Identity, error) {
 // A read transaction.
 func (s *EdgeStore) Identity() (Identity, error) {
 	var id Identity
-	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) (err error) {
+	err := s.view(func(b *wbucket, _ *wtx) (err error) {
 		id, err = readIdentity(b)
 		return err
 	})
@@ -252,7 +279,7 @@ func (s *EdgeStore) Identity() (Identity, error) {
 }
 
 // getU64 reads an optional counter (0 when absent).
-func getU64(b *bolt.Bucket, key []byte) (uint64, error) {
+func getU64(b *wbucket, key []byte) (uint64, error) {
 	v, err := eget(b, key)
 	if err != nil || v == nil {
 		return 0, err
@@ -261,7 +288,7 @@ func getU64(b *bolt.Bucket, key []byte) (uint64, error) {
 }
 
 // raiseSeen moves seen_round up to round (never down).
-func raiseSeen(b *bolt.Bucket, round uint64) error {
+func raiseSeen(b *wbucket, round uint64) error {
 	seen, err := getU64(b, keySeenRound)
 	if err != nil {
 		return err
@@ -279,7 +306,7 @@ func (s *EdgeStore) SetSeenRound(round uint64) error {
 	if round == 0 {
 		return fmt.Errorf("%w: round 0", ErrInvalid)
 	}
-	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err := s.update(func(b *wbucket, _ *wtx) error {
 		seen, err := getU64(b, keySeenRound)
 		if err != nil {
 			return err
@@ -303,7 +330,7 @@ func (s *EdgeStore) SetSeenRound(round uint64) error {
 // transaction.
 func (s *EdgeStore) NextConnection(floor uint64) (uint64, error) {
 	var n uint64
-	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err := s.update(func(b *wbucket, _ *wtx) error {
 		last, err := getU64(b, keyConnection)
 		if err != nil {
 			return err
@@ -324,7 +351,7 @@ func (s *EdgeStore) NextConnection(floor uint64) (uint64, error) {
 // known). A read transaction.
 func (s *EdgeStore) RunID() (string, error) {
 	var id string
-	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err := s.view(func(b *wbucket, _ *wtx) error {
 		v, err := eget(b, keyRunID)
 		id = string(v)
 		return err
@@ -343,8 +370,9 @@ type RunStart struct {
 // nothing changes. A fresh state (no run id, no round seen) adopts it. Any
 // other case is a new aggregator run, whose rounds start at 1 again: in one
 // transaction the seen and applied rounds, the global model, FedSplit's z
-// and the aggregator's copy of it, the residuals and the outbox are
-// cleared (the identity and the connection counter stay).
+// and the aggregator's copy of it (or the sum-mode record and its pending
+// contributions), the residuals and the outbox are cleared (the identity
+// and the connection counter stay).
 func (s *EdgeStore) StartRun(runID string) (RunStart, error) {
 	if runID == "" {
 		return RunStart{}, fmt.Errorf("storage: start run: %w: empty run id", ErrInvalid)
@@ -355,7 +383,7 @@ func (s *EdgeStore) StartRun(runID string) (RunStart, error) {
 	} else if cur == runID {
 		return RunStart{Previous: cur}, nil
 	}
-	err := s.update(func(b *bolt.Bucket, tx *bolt.Tx) error {
+	err := s.update(func(b *wbucket, tx *wtx) error {
 		prev, err := eget(b, keyRunID)
 		if err != nil {
 			return err
@@ -370,7 +398,7 @@ func (s *EdgeStore) StartRun(runID string) (RunStart, error) {
 		}
 		if rs.Previous != "" || seen > 0 {
 			rs.Reset = true
-			for _, k := range [][]byte{keySeenRound, keyAppliedRound, keyGlobal, keyZ, keyServerZ} {
+			for _, k := range [][]byte{keySeenRound, keyAppliedRound, keyGlobal, keyZ, keyServerZ, keyContrib} {
 				if err := b.Delete(k); err != nil {
 					return err
 				}
@@ -380,7 +408,7 @@ func (s *EdgeStore) StartRun(runID string) (RunStart, error) {
 				return err
 			}
 			rs.Dropped = out.Stats().KeyN
-			for _, name := range [][]byte{bucketOutbox, bucketResiduals} {
+			for _, name := range [][]byte{bucketOutbox, bucketResiduals, bucketPending} {
 				if err := tx.DeleteBucket(name); err != nil {
 					return err
 				}
@@ -418,7 +446,7 @@ func (s *EdgeStore) AppliedRound() (uint64, error) {
 // u64 reads the counter stored under k (0 if none). A read transaction.
 func (s *EdgeStore) u64(k []byte) (uint64, error) {
 	var r uint64
-	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) (err error) {
+	err := s.view(func(b *wbucket, _ *wtx) (err error) {
 		r, err = getU64(b, k)
 		return err
 	})
@@ -436,7 +464,7 @@ func (s *EdgeStore) SetGlobal(round uint64, vec []float64) error {
 	if err := checkVec("global model", vec); err != nil {
 		return err
 	}
-	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err := s.update(func(b *wbucket, _ *wtx) error {
 		old, err := eget(b, keyGlobal)
 		if err != nil {
 			return err
@@ -475,7 +503,7 @@ func (s *EdgeStore) InitZ(round uint64, z []float64) (bool, error) {
 		return false, err
 	}
 	wrote := false
-	err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err := s.update(func(b *wbucket, _ *wtx) error {
 		if b.Get(keyZ) != nil {
 			return nil
 		}
@@ -503,7 +531,7 @@ func (s *EdgeStore) SetResidual(name string, v []float64) error {
 	if err := checkVec("residual "+name, v); err != nil {
 		return err
 	}
-	err := s.db.Update(inBucket(bucketResiduals, func(b *bolt.Bucket) error {
+	err := s.db.Update(inBucket(bucketResiduals, func(b *wbucket) error {
 		return sput(b, []byte(name), encodeFloats(v))
 	}))
 	if err != nil {
@@ -514,7 +542,7 @@ func (s *EdgeStore) SetResidual(name string, v []float64) error {
 
 // DeleteResidual removes a residual (no error if absent). One transaction.
 func (s *EdgeStore) DeleteResidual(name string) error {
-	err := s.db.Update(inBucket(bucketResiduals, func(b *bolt.Bucket) error {
+	err := s.db.Update(inBucket(bucketResiduals, func(b *wbucket) error {
 		return b.Delete([]byte(name))
 	}))
 	if err != nil {
@@ -527,7 +555,7 @@ func (s *EdgeStore) DeleteResidual(name string) error {
 // transaction.
 func (s *EdgeStore) Residual(name string) ([]float64, error) {
 	var v []float64
-	err := s.db.View(inBucket(bucketResiduals, func(b *bolt.Bucket) error {
+	err := s.db.View(inBucket(bucketResiduals, func(b *wbucket) error {
 		raw, err := sget(b, []byte(name), "residual "+name)
 		if err != nil {
 			return err
@@ -557,6 +585,33 @@ type Commit struct {
 	// SecAgg is the agent's secure-aggregation record of the round (nil:
 	// unchanged; secagg.go): Msg is then its first message.
 	SecAgg []byte
+	// Pending is what a sum-mode update adds to the aggregator's sum,
+	// kept with the outbox entry until its receipt (nil: not sum mode).
+	Pending *SumPending
+}
+
+// SumPending is what a sum-mode update adds to the aggregator's sum
+// (uplink.Pending): V, which for a join (Join) includes the round's global
+// model.
+type SumPending struct {
+	Join bool
+	V    []float64
+}
+
+func encodePending(p SumPending) []byte {
+	b := []byte{0}
+	if p.Join {
+		b[0] = 1
+	}
+	return appendFloats(b, p.V)
+}
+
+func decodePending(b []byte, what string) (SumPending, error) {
+	if len(b) < 1 || b[0] > 1 {
+		return SumPending{}, fmt.Errorf("%w: %s has no join flag", ErrCorrupt, what)
+	}
+	v, err := decodeFloats(b[1:], what)
+	return SumPending{Join: b[0] == 1, V: v}, err
 }
 
 // CommitRound is Commit without a server copy of z.
@@ -582,17 +637,20 @@ func (s *EdgeStore) Commit(c Commit) error {
 	if len(c.Msg) == 0 {
 		return fmt.Errorf("%w: empty outbox message for round %d", ErrInvalid, round)
 	}
+	if c.Pending != nil && len(c.Pending.V) == 0 {
+		return fmt.Errorf("%w: empty pending contribution for round %d", ErrInvalid, round)
+	}
 	for _, v := range []struct {
 		name string
 		vec  []float64
-	}{{"z", c.Z}, {"server z", c.ServerZ}, {"residual", c.Residual}} {
+	}{{"z", c.Z}, {"server z", c.ServerZ}, {"residual", c.Residual}, {"pending contribution", c.Pending.vec()}} {
 		if len(v.vec) > 0 {
 			if err := checkVec(v.name, v.vec); err != nil {
 				return err
 			}
 		}
 	}
-	err := s.update(func(b *bolt.Bucket, tx *bolt.Tx) error {
+	err := s.update(func(b *wbucket, tx *wtx) error {
 		applied, err := getU64(b, keyAppliedRound)
 		if err != nil {
 			return err
@@ -635,6 +693,15 @@ func (s *EdgeStore) Commit(c Commit) error {
 				return err
 			}
 		}
+		if c.Pending != nil {
+			pend, err := bucket(tx, bucketPending)
+			if err != nil {
+				return err
+			}
+			if err := sput(pend, encodeU64(round), encodePending(*c.Pending)); err != nil {
+				return err
+			}
+		}
 		if err := sput(b, keyAppliedRound, encodeU64(round)); err != nil {
 			return err
 		}
@@ -656,7 +723,7 @@ func (s *EdgeStore) ServerZ() (round uint64, z []float64, err error) {
 // roundVec reads the round and vector stored under k (what names it in
 // ErrNotFound). A read transaction.
 func (s *EdgeStore) roundVec(k []byte, what string) (round uint64, vec []float64, err error) {
-	err = s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err = s.view(func(b *wbucket, _ *wtx) error {
 		v, err := eget(b, k)
 		if err != nil {
 			return err
@@ -680,7 +747,7 @@ type OutboxEntry struct {
 // transaction; the returned bytes are copies.
 func (s *EdgeStore) Outbox() ([]OutboxEntry, error) {
 	var entries []OutboxEntry
-	err := s.db.View(inBucket(bucketOutbox, func(b *bolt.Bucket) error {
+	err := s.db.View(inBucket(bucketOutbox, func(b *wbucket) error {
 		return sforEach(b, "outbox", func(k, v []byte) error {
 			r, err := decodeU64(k, "outbox key")
 			if err != nil {
@@ -700,14 +767,17 @@ func (s *EdgeStore) Outbox() ([]OutboxEntry, error) {
 }
 
 // Ack removes the outbox entry of round after its receipt and reports
-// whether there was one (a duplicate receipt finds none: not an error). One
-// transaction.
+// whether there was one (a duplicate receipt finds none: not an error). A
+// sum-mode update's entry is acknowledged by AckSum instead (ErrInvalid
+// here). One transaction.
 func (s *EdgeStore) Ack(round uint64) (bool, error) {
 	return s.ack(round, false)
 }
 
-// AckRejected removes the outbox entry of a rejected round and, if there was
-// one, forgets the aggregator's copy of z in the same transaction: the copy
+// AckRejected removes the outbox entry of a rejected round (and its
+// sum-mode pending contribution: the update is not in the aggregator's
+// sum) and, if there was one, forgets the aggregator's copy of z in the
+// same transaction: the copy
 // this site computed assumed the update would be applied, so the next
 // FedSplit update must be a delta against the round's global model (base
 // round 0), which resets the aggregator's copy. A rejection of a round with
@@ -719,7 +789,7 @@ func (s *EdgeStore) AckRejected(round uint64) (bool, error) {
 
 func (s *EdgeStore) ack(round uint64, rejected bool) (bool, error) {
 	found := false
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *wtx) error {
 		b, err := bucket(tx, bucketOutbox)
 		if err != nil {
 			return err
@@ -729,6 +799,20 @@ func (s *EdgeStore) ack(round uint64, rejected bool) (bool, error) {
 			return nil
 		}
 		found = true
+		pend, err := bucket(tx, bucketPending)
+		if err != nil {
+			return err
+		}
+		if pend.Get(k) != nil {
+			if !rejected {
+				return fmt.Errorf("%w: round %d is a sum-mode update: its receipt advances the record (AckSum)", ErrInvalid, round)
+			}
+			// Rejected: not in the aggregator's sum, so not in the
+			// record either; what it carried goes out again next round.
+			if err := pend.Delete(k); err != nil {
+				return err
+			}
+		}
 		if rejected {
 			eb, err := bucket(tx, bucketEdge)
 			if err != nil {
@@ -746,8 +830,87 @@ func (s *EdgeStore) ack(round uint64, rejected bool) (bool, error) {
 	return found, nil
 }
 
+// Contribution returns FedSplit's sum-mode record c_j and the round of the
+// update that last advanced it, or ErrNotFound while the site is not
+// counted. A read transaction.
+func (s *EdgeStore) Contribution() (round uint64, c []float64, err error) {
+	return s.roundVec(keyContrib, "contribution record")
+}
+
+// Pending returns the sum-mode pending contribution of round's outbox
+// entry; ok is false when there is none. A read transaction.
+func (s *EdgeStore) Pending(round uint64) (p SumPending, ok bool, err error) {
+	err = s.db.View(inBucket(bucketPending, func(b *wbucket) error {
+		raw, err := sget(b, encodeU64(round), fmt.Sprintf("sum_pending %d", round))
+		if err != nil || raw == nil {
+			return err
+		}
+		ok = true
+		p, err = decodePending(raw, fmt.Sprintf("sum_pending %d", round))
+		return err
+	}))
+	if err != nil {
+		return SumPending{}, false, fmt.Errorf("storage: pending contribution of round %d: %w", round, err)
+	}
+	return p, ok, nil
+}
+
+// AckSum is Ack for a sum-mode update: in one transaction it removes
+// round's outbox entry and pending contribution and stores the advanced
+// record c (uplink.Advance of the record of round prev, 0: none, and the
+// pending contribution), and reports whether the entry was there. The
+// record must still be prev's (ErrStale otherwise: it advanced
+// meanwhile); an entry already gone (a duplicate receipt) changes nothing,
+// so a record advances exactly once per update.
+func (s *EdgeStore) AckSum(round, prev uint64, c []float64) (bool, error) {
+	if err := checkVec("contribution record", c); err != nil {
+		return false, err
+	}
+	found := false
+	err := s.update(func(eb *wbucket, tx *wtx) error {
+		out, err := bucket(tx, bucketOutbox)
+		if err != nil {
+			return err
+		}
+		pend, err := bucket(tx, bucketPending)
+		if err != nil {
+			return err
+		}
+		k := encodeU64(round)
+		if out.Get(k) == nil {
+			return nil
+		}
+		if pend.Get(k) == nil {
+			return fmt.Errorf("%w: round %d has no pending contribution", ErrInvalid, round)
+		}
+		found = true
+		cur := uint64(0)
+		if v, err := eget(eb, keyContrib); err != nil {
+			return err
+		} else if v != nil {
+			if cur, err = roundOf(v, "edge/contrib"); err != nil {
+				return err
+			}
+		}
+		if cur != prev {
+			return fmt.Errorf("%w: the record is of round %d, the advance is of the record of round %d", ErrStale, cur, prev)
+		}
+		if err := sput(eb, keyContrib, encodeRoundVec(round, c)); err != nil {
+			return err
+		}
+		if err := pend.Delete(k); err != nil {
+			return err
+		}
+		return out.Delete(k)
+	})
+	if err != nil {
+		return false, fmt.Errorf("storage: ack round %d: %w", round, err)
+	}
+	return found, nil
+}
+
 // eget is sget for a key of the edge bucket.
-func eget(b *bolt.Bucket, k []byte) ([]byte, error) { return sget(b, k, "edge/"+string(k)) }
+func eget(b *wbucket, k []byte) ([]byte, error) { return sget(b, k, "edge/"+string(k)) }
 
 // Final is the final model bundle of a finished aggregator run.
 type Final struct {
@@ -766,7 +929,8 @@ const MaxFinalBundle = bolt.MaxValueSize - sealLen
 // one, and in the same transaction empties the outbox: the run is over, its
 // unreceipted updates can no longer be applied and are not re-sent. The
 // round state stays as it is until StartRun of another run (the bundle
-// stays then too, until the next run's replaces it). One transaction.
+// stays then too, until the next run's replaces it). The sum-mode pending
+// contributions go with their outbox entries. One transaction.
 func (s *EdgeStore) SetFinal(f Final) error {
 	if len(f.Bundle) == 0 || len(f.Bundle) > MaxFinalBundle {
 		return fmt.Errorf("storage: set final: %w: bundle of %d bytes", ErrInvalid, len(f.Bundle))
@@ -778,18 +942,22 @@ func (s *EdgeStore) SetFinal(f Final) error {
 	if err != nil {
 		return fmt.Errorf("storage: set final: %w", err)
 	}
-	err = s.update(func(b *bolt.Bucket, tx *bolt.Tx) error {
+	err = s.update(func(b *wbucket, tx *wtx) error {
 		if err := sput(b, keyEdgeFinalMeta, meta); err != nil {
 			return err
 		}
 		if err := sput(b, keyEdgeFinalBundle, f.Bundle); err != nil {
 			return err
 		}
-		if err := tx.DeleteBucket(bucketOutbox); err != nil {
-			return err
+		for _, name := range [][]byte{bucketOutbox, bucketPending} {
+			if err := tx.DeleteBucket(name); err != nil {
+				return err
+			}
+			if _, err := tx.CreateBucket(name); err != nil {
+				return err
+			}
 		}
-		_, err := tx.CreateBucket(bucketOutbox)
-		return err
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("storage: set final: %w", err)
@@ -801,7 +969,7 @@ func (s *EdgeStore) SetFinal(f Final) error {
 // transaction; the bytes are a copy.
 func (s *EdgeStore) Final() (Final, error) {
 	var f Final
-	err := s.view(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	err := s.view(func(b *wbucket, _ *wtx) error {
 		meta, err := eget(b, keyEdgeFinalMeta)
 		if err != nil {
 			return err
@@ -826,4 +994,12 @@ func (s *EdgeStore) Final() (Final, error) {
 		return Final{}, fmt.Errorf("storage: final: %w", err)
 	}
 	return f, nil
+}
+
+// vec is p's vector (nil for no pending contribution).
+func (p *SumPending) vec() []float64 {
+	if p == nil {
+		return nil
+	}
+	return p.V
 }

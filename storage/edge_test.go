@@ -7,8 +7,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 func TestEdgeIdentity(t *testing.T) {
@@ -261,7 +259,7 @@ func TestEdgeCorruptValues(t *testing.T) {
 			if _, err := s.InitIdentity("c", time.Unix(1, 0)); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(tt.bucket).Put(tt.key, tt.value) }); err != nil {
+			if err := s.db.Update(func(tx *wtx) error { return tx.Bucket(tt.bucket).Put(tt.key, tt.value) }); err != nil {
 				t.Fatal(err)
 			}
 			if err := tt.read(s); !errors.Is(err, ErrCorrupt) {
@@ -272,7 +270,7 @@ func TestEdgeCorruptValues(t *testing.T) {
 	// A missing bucket is corruption too, not a nil-pointer panic.
 	s := openEdge(t, tempPath(t, "edge.db"))
 	defer closeT(t, s)
-	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket(bucketOutbox) }); err != nil {
+	if err := s.db.Update(func(tx *wtx) error { return tx.DeleteBucket(bucketOutbox) }); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Outbox(); !errors.Is(err, ErrCorrupt) {
@@ -448,7 +446,7 @@ func TestEdgeStartRun(t *testing.T) {
 	}
 	// The new run goes on from round 1 (Commit refuses rounds already applied).
 	commitTwo()
-	if err := s.update(func(b *bolt.Bucket, _ *bolt.Tx) error { return b.Delete(keyRunID) }); err != nil {
+	if err := s.update(func(b *wbucket, _ *wtx) error { return b.Delete(keyRunID) }); err != nil {
 		t.Fatal(err)
 	}
 	// Round state with no run id (written before run ids) is another run.
@@ -527,16 +525,16 @@ func TestEdgeFinal(t *testing.T) {
 func TestEdgeFinalCorrupt(t *testing.T) {
 	tests := []struct {
 		name   string
-		damage func(b *bolt.Bucket) error
+		damage func(b *wbucket) error
 	}{
-		{"bundle byte flipped", func(b *bolt.Bucket) error {
+		{"bundle byte flipped", func(b *wbucket) error {
 			v := slices.Clone(b.Get(keyEdgeFinalBundle))
 			v[3] ^= 0x20
 			return b.Put(keyEdgeFinalBundle, v)
 		}},
-		{"meta without bundle", func(b *bolt.Bucket) error { return b.Delete(keyEdgeFinalBundle) }},
-		{"bundle without meta", func(b *bolt.Bucket) error { return b.Delete(keyEdgeFinalMeta) }},
-		{"meta not JSON", func(b *bolt.Bucket) error { return b.Put(keyEdgeFinalMeta, seal(keyEdgeFinalMeta, []byte("{"))) }},
+		{"meta without bundle", func(b *wbucket) error { return b.Delete(keyEdgeFinalBundle) }},
+		{"bundle without meta", func(b *wbucket) error { return b.Delete(keyEdgeFinalMeta) }},
+		{"meta not JSON", func(b *wbucket) error { return b.Put(keyEdgeFinalMeta, seal(keyEdgeFinalMeta, []byte("{"))) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -545,7 +543,7 @@ func TestEdgeFinalCorrupt(t *testing.T) {
 			if err := s.SetFinal(Final{RunID: "A", Round: 2, Digest: "d", Bundle: []byte("the bundle")}); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.db.Update(func(tx *bolt.Tx) error { return tt.damage(tx.Bucket(bucketEdge)) }); err != nil {
+			if err := s.db.Update(func(tx *wtx) error { return tt.damage(tx.Bucket(bucketEdge)) }); err != nil {
 				t.Fatal(err)
 			}
 			_, err := s.Final()

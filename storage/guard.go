@@ -74,30 +74,37 @@ func (d *guardedDB) failed() error {
 }
 
 // View is bolt.DB.View with panics recovered.
-func (d *guardedDB) View(fn func(*bolt.Tx) error) (err error) {
+func (d *guardedDB) View(fn func(*wtx) error) (err error) {
 	if err := d.failed(); err != nil {
 		return err
 	}
 	defer d.guard(&err, false)()
-	return d.named(d.DB.View(fn))
+	return d.named(d.DB.View(func(tx *bolt.Tx) error { return fn(&wtx{Tx: tx}) }))
 }
 
-// Update is bolt.DB.Update with panics recovered.
-func (d *guardedDB) Update(fn func(*bolt.Tx) error) (err error) {
+// Update is bolt.DB.Update with panics recovered. The census (census.go)
+// is kept by the changes fn makes through the wtx (wtx.go) and written
+// back in the same transaction.
+func (d *guardedDB) Update(fn func(*wtx) error) (err error) {
 	if err := d.failed(); err != nil {
 		return err
 	}
 	defer d.guard(&err, true)()
 	return d.named(d.DB.Update(func(tx *bolt.Tx) error {
-		// The census (census.go): never build on a file that lost
-		// entries, and count this transaction's changes in it.
-		if err := checkCensus(tx, "", false); err != nil {
+		cen, err := loadCensus(tx)
+		if err != nil {
 			return err
 		}
-		if err := fn(tx); err != nil {
+		w := &wtx{Tx: tx, cen: cen}
+		if err := fn(w); err != nil {
 			return err
 		}
-		return keepCensus(tx)
+		if selfCheckCensus && w.cen != nil {
+			if err := checkCensus(w, "", false); err != nil {
+				return fmt.Errorf("the census kept by this transaction's writes is not the file's: %w", err)
+			}
+		}
+		return w.cen.save(tx)
 	}))
 }
 
@@ -366,8 +373,10 @@ func checkVector(bucket string, k, v []byte) error {
 	case bucket == string(bucketCheckpoints), bucket == string(bucketResiduals):
 		_, err = decodeFloats(v, what)
 	case bucket == string(bucketLatestZ),
-		bucket == string(bucketEdge) && (string(k) == string(keyGlobal) || string(k) == string(keyZ) || string(k) == string(keyServerZ)):
+		bucket == string(bucketEdge) && (string(k) == string(keyGlobal) || string(k) == string(keyZ) || string(k) == string(keyServerZ) || string(k) == string(keyContrib)):
 		_, _, err = decodeRoundVec(v, what)
+	case bucket == string(bucketPending):
+		_, err = decodePending(v, what)
 	}
 	return err
 }

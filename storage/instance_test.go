@@ -6,8 +6,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // Each installation draws its own instance id once: InitIdentity keeps it
@@ -50,6 +48,7 @@ func TestEdgeInstanceID(t *testing.T) {
 	v3 := edgeSchema
 	v3.migrations = edgeSchema.migrations[:3]
 	v3.layout = maps.Clone(edgeSchema.layout)
+	delete(v3.layout, string(bucketPending))
 	v3.layout[string(bucketEdge)] = slices.DeleteFunc(slices.Clone(v3.layout[string(bucketEdge)]), func(k string) bool {
 		return k == string(keyInstanceID)
 	})
@@ -59,7 +58,7 @@ func TestEdgeInstanceID(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := &EdgeStore{db: db}
-	if err := old.update(func(b *bolt.Bucket, _ *bolt.Tx) error {
+	if err := old.update(func(b *wbucket, _ *wtx) error {
 		if err := sput(b, keyClientID, []byte("site-1")); err != nil {
 			return err
 		}

@@ -46,6 +46,7 @@ func BenchmarkOpenAgg(b *testing.B) {
 	st, _ := os.Stat(path)
 	b.Logf("file: %d bytes", st.Size())
 	b.Run("bbolt only", func(b *testing.B) {
+		defer reportCPU(b, cpuNow())
 		for b.Loop() {
 			db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 			if err != nil {
@@ -55,6 +56,7 @@ func BenchmarkOpenAgg(b *testing.B) {
 		}
 	})
 	b.Run("verified", func(b *testing.B) {
+		defer reportCPU(b, cpuNow())
 		for b.Loop() {
 			s, err := OpenAgg(path, Options{})
 			if err != nil {

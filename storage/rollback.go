@@ -6,8 +6,6 @@ import (
 	"io"
 	"os"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // Rolling the aggregator's round log back to round N (broker-agg run
@@ -18,8 +16,9 @@ import (
 // and its stored updates. Everything later goes: the records, updates and
 // checkpoints of rounds after N, the evaluation reports of eval rounds N and
 // later (they judge the models after N or more aggregations, which are
-// gone), the final bundle, and every client's latest FedSplit z set by
-// an update of a round after N. Those z cannot be rebuilt (a z is the sum of
+// gone), the final bundle, every client's latest FedSplit z set by
+// an update of a round after N, and the replay log's entries (log.go: all
+// of them when N is before the current round, whose state they extend). Those z cannot be rebuilt (a z is the sum of
 // every delta since the client's first update, and old updates may be
 // pruned), so those clients have no copy at the aggregator: their next
 // update refers to a copy the aggregator no longer holds, is refused as
@@ -55,7 +54,7 @@ func LastIntactRound(path string) (uint64, error) {
 
 func (s *AggStore) lastIntact() (uint64, error) {
 	var cur uint64
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *wtx) error {
 		rs, err := bucket(tx, bucketRounds)
 		if err != nil {
 			return err
@@ -110,7 +109,7 @@ func Rollback(path string, n uint64, now time.Time, rewrite func(config []byte) 
 		return res, fmt.Errorf("storage: roll back %s: keep a copy: %w", path, err)
 	}
 	res.Round = n
-	err = s.db.Update(func(tx *bolt.Tx) error { return rollbackTx(tx, n, rewrite, &res) })
+	err = s.db.Update(func(tx *wtx) error { return rollbackTx(tx, n, rewrite, &res) })
 	if err == nil {
 		res.Checkpoint, err = s.Checkpoint(n)
 	}
@@ -145,7 +144,7 @@ func (s *AggStore) rollbackTarget(path string, n uint64) (uint64, error) {
 // rollbackTx is Rollback's one write transaction: it drops what came after
 // round n, rewrites round 1's config (rewrite != nil) and reopens round n.
 // It records in res what it removed.
-func rollbackTx(tx *bolt.Tx, n uint64, rewrite func(config []byte) ([]byte, error), res *RollbackResult) error {
+func rollbackTx(tx *wtx, n uint64, rewrite func(config []byte) ([]byte, error), res *RollbackResult) error {
 	rs, err := bucket(tx, bucketRounds)
 	if err != nil {
 		return err
@@ -189,6 +188,21 @@ func rollbackTx(tx *bolt.Tx, n uint64, rewrite func(config []byte) ([]byte, erro
 	if err := reopenRound(rs, n); err != nil {
 		return err
 	}
+	// The replay log extends the current round's state only: going back
+	// past it drops every entry; staying at it drops those of the
+	// messages removed above (log.go).
+	cur, err := currentRound(tx)
+	if err != nil {
+		return err
+	}
+	if n < cur {
+		err = clearLog(tx)
+	} else {
+		err = dropDanglingLog(tx)
+	}
+	if err != nil {
+		return err
+	}
 	agg, err := bucket(tx, bucketAgg)
 	if err != nil {
 		return err
@@ -198,7 +212,7 @@ func rollbackTx(tx *bolt.Tx, n uint64, rewrite func(config []byte) ([]byte, erro
 
 // deleteRoundsFrom deletes b's keys (values or sub-buckets) of rounds >=
 // from and returns how many it deleted.
-func deleteRoundsFrom(b *bolt.Bucket, from uint64) (int, error) {
+func deleteRoundsFrom(b *wbucket, from uint64) (int, error) {
 	var doomed [][]byte
 	c := b.Cursor()
 	for k, _ := c.Seek(encodeU64(from)); k != nil; k, _ = c.Next() {
@@ -220,7 +234,7 @@ func deleteRoundsFrom(b *bolt.Bucket, from uint64) (int, error) {
 
 // dropLatestZAfter deletes every client's latest FedSplit z set by an
 // update of a round after n (or unreadable) and returns those clients.
-func dropLatestZAfter(tx *bolt.Tx, n uint64) ([]string, error) {
+func dropLatestZAfter(tx *wtx, n uint64) ([]string, error) {
 	zb, err := bucket(tx, bucketLatestZ)
 	if err != nil {
 		return nil, err
@@ -252,7 +266,7 @@ func dropLatestZAfter(tx *bolt.Tx, n uint64) ([]string, error) {
 // dropDamagedClients deletes the registry entries that do not unseal. The
 // registry is informational (last seen, participation): a damaged entry is
 // dropped and rebuilt by the client's next status.
-func dropDamagedClients(tx *bolt.Tx) error {
+func dropDamagedClients(tx *wtx) error {
 	cb, err := bucket(tx, bucketClients)
 	if err != nil {
 		return err
@@ -275,7 +289,7 @@ func dropDamagedClients(tx *bolt.Tx) error {
 }
 
 // rewriteRunConfig replaces round 1's config bytes by rewrite's answer.
-func rewriteRunConfig(rs *bolt.Bucket, rewrite func(config []byte) ([]byte, error)) error {
+func rewriteRunConfig(rs *wbucket, rewrite func(config []byte) ([]byte, error)) error {
 	fb := rs.Bucket(encodeU64(1))
 	first, err := readRound(fb, 1)
 	if err != nil {
@@ -289,7 +303,7 @@ func rewriteRunConfig(rs *bolt.Bucket, rewrite func(config []byte) ([]byte, erro
 }
 
 // reopenRound marks round n open again, as it was while it was current.
-func reopenRound(rs *bolt.Bucket, n uint64) error {
+func reopenRound(rs *wbucket, n uint64) error {
 	rb := rs.Bucket(encodeU64(n))
 	r, err := readRound(rb, n)
 	if err != nil {
@@ -326,7 +340,7 @@ func copyFile(src, dst string) error {
 }
 
 // dropEvalsFrom deletes the evaluation reports of eval rounds >= n.
-func dropEvalsFrom(tx *bolt.Tx, n uint64) error {
+func dropEvalsFrom(tx *wtx, n uint64) error {
 	b := tx.Bucket(bucketEvals)
 	if b == nil {
 		return nil

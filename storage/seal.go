@@ -45,8 +45,11 @@ func unseal(k, raw []byte, what string) ([]byte, error) {
 	return v, nil
 }
 
+// getter is a bucket to read from (bbolt's, or a wbucket).
+type getter interface{ Get(k []byte) []byte }
+
 // sget returns the unsealed value of k in b, nil (no error) when absent.
-func sget(b *bolt.Bucket, k []byte, what string) ([]byte, error) {
+func sget(b getter, k []byte, what string) ([]byte, error) {
 	raw := b.Get(k)
 	if raw == nil {
 		return nil, nil
@@ -55,15 +58,15 @@ func sget(b *bolt.Bucket, k []byte, what string) ([]byte, error) {
 }
 
 // sput stores v sealed under k.
-func sput(b *bolt.Bucket, k, v []byte) error { return b.Put(k, seal(k, v)) }
+func sput(b *wbucket, k, v []byte) error { return b.Put(k, seal(k, v)) }
 
 // sforEach calls fn with every unsealed key/value of b (nested buckets are
 // skipped); a broken seal stops the iteration with ErrCorrupt.
 // what is the bucket's path; the sealed count of its top-level bucket is
 // checked first (census.go), so a listing is never silently short.
-func sforEach(b *bolt.Bucket, what string, fn func(k, v []byte) error) error {
+func sforEach(b *wbucket, what string, fn func(k, v []byte) error) error {
 	top, _, _ := strings.Cut(what, "/")
-	if err := checkCensus(b.Tx(), top, false); err != nil {
+	if err := checkCensus(b.tx, top, false); err != nil {
 		return err
 	}
 	return b.ForEach(func(k, raw []byte) error {
@@ -80,8 +83,8 @@ func sforEach(b *bolt.Bucket, what string, fn func(k, v []byte) error) error {
 
 // sealAll is the migration that seals every value of every bucket but meta,
 // recursively.
-func sealAll(tx *bolt.Tx) error {
-	return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+func sealAll(tx *wtx) error {
+	return tx.ForEach(func(name []byte, b *bolt.Bucket) error { // bbolt's buckets: no census before its migration step
 		if string(name) == string(bucketMeta) {
 			return nil
 		}

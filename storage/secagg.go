@@ -6,8 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-
-	bolt "go.etcd.io/bbolt"
+	"time"
 )
 
 // Secure aggregation's records (docs/secagg.md, "Persistence"). Like the
@@ -20,11 +19,15 @@ import (
 //
 //	secagg       server = round u64 | attempt u32 | the secagg.Server state
 //	             (written at each phase advance, alone in its transaction
-//	             with the deletion of the messages it has taken in)
-//	secagg_msgs  round u64 | attempt u32 | kind u8 | client id -> the
-//	             encoded wire message as received (a site's message of the
-//	             open phase, stored before it is counted: replayed into the
-//	             server state after a restart)
+//	             with the deletion of the messages it has taken in; the
+//	             coordinator's state, written before, cleared their replay
+//	             log entries)
+//	secagg_msgs  round u64 | attempt u32 | kind u8 | client id -> stored
+//	             at (unix ns u64) | the encoded wire message as received (a
+//	             site's message of the open phase, stored before it is
+//	             counted, with a replay log entry of kind LogSecAgg in the
+//	             same transaction: after a restart the coordinator replays
+//	             it and the secagg.Server takes it again)
 //
 // Edge:
 //
@@ -64,21 +67,24 @@ type SecAggRecord struct {
 	Attempt  uint32
 	Kind     uint8
 	ClientID string
+	StoredAt time.Time // set by SecAggMessages
 	Msg      []byte
 }
 
 // PutSecAggMessage stores a site's secure-aggregation message under
-// (round, attempt, kind, client). The same bytes again store nothing
-// (stored == false); different bytes fail with ErrConflict. One transaction.
-func (s *AggStore) PutSecAggMessage(r SecAggRecord) (stored bool, err error) {
+// (round, attempt, kind, client) with the time it was stored, and appends
+// its replay log entry (storage/log.go) in the same transaction, returning
+// its index. The same bytes again store nothing (index 0); different bytes
+// fail with ErrConflict. One transaction.
+func (s *AggStore) PutSecAggMessage(r SecAggRecord, at time.Time) (index uint64, err error) {
 	if err := checkName("client id", r.ClientID); err != nil {
-		return false, err
+		return 0, err
 	}
 	if len(r.Msg) == 0 || r.Round == 0 {
-		return false, fmt.Errorf("%w: secagg message of round %d with %d bytes", ErrInvalid, r.Round, len(r.Msg))
+		return 0, fmt.Errorf("%w: secagg message of round %d with %d bytes", ErrInvalid, r.Round, len(r.Msg))
 	}
 	k := secAggKey(r.Round, r.Attempt, r.Kind, r.ClientID)
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *wtx) error {
 		b, err := mkBucket(tx, bucketSecAggMsgs)
 		if err != nil {
 			return err
@@ -88,18 +94,41 @@ func (s *AggStore) PutSecAggMessage(r SecAggRecord) (stored bool, err error) {
 			return err
 		}
 		if old != nil {
-			if !bytes.Equal(old, r.Msg) {
+			rec, err := decodeRecord(r.Round, []byte(r.ClientID), old, "secagg message")
+			if err != nil {
+				return err
+			}
+			if !bytes.Equal(rec.Msg, r.Msg) {
 				return ErrConflict
 			}
 			return nil
 		}
-		stored = true
-		return sput(b, k, r.Msg)
+		if err := sput(b, k, encodeRecord(at, r.Msg)); err != nil {
+			return err
+		}
+		index, err = appendLog(tx, LogSecAgg, r.Round, secAggLogClient(r.Attempt, r.Kind, r.ClientID))
+		return err
 	})
 	if err != nil {
-		return false, fmt.Errorf("storage: put secagg message %d of %q (round %d, attempt %d): %w", r.Kind, r.ClientID, r.Round, r.Attempt, err)
+		return 0, fmt.Errorf("storage: put secagg message %d of %q (round %d, attempt %d): %w", r.Kind, r.ClientID, r.Round, r.Attempt, err)
 	}
-	return stored, nil
+	return index, nil
+}
+
+// secAggLogClient is the client part of a LogSecAgg entry: the rest of
+// the message's key after the round (attempt u32 | kind u8 | client id).
+func secAggLogClient(attempt uint32, kind uint8, client string) string {
+	return string(secAggKey(0, attempt, kind, client)[8:])
+}
+
+// parseSecAggLog splits a LogSecAgg entry's client part (secAggLogClient).
+func parseSecAggLog(e *Logged) error {
+	if len(e.ClientID) < 6 {
+		return fmt.Errorf("%w: secagg log entry %d of %d bytes", ErrCorrupt, e.Index, len(e.ClientID))
+	}
+	b := []byte(e.ClientID)
+	e.Attempt, e.SecAggKind, e.ClientID = binary.BigEndian.Uint32(b), b[4], string(b[5:])
+	return nil
 }
 
 // SecAggMessages returns the stored messages of (round, attempt) in key
@@ -107,14 +136,19 @@ func (s *AggStore) PutSecAggMessage(r SecAggRecord) (stored bool, err error) {
 func (s *AggStore) SecAggMessages(round uint64, attempt uint32) ([]SecAggRecord, error) {
 	var out []SecAggRecord
 	prefix := secAggKey(round, attempt, 0, "")[:12]
-	err := s.viewWritten(bucketSecAggMsgs, func(b *bolt.Bucket) error {
+	err := s.viewWritten(bucketSecAggMsgs, func(b *wbucket) error {
 		return sforEach(b, "secagg_msgs", func(k, v []byte) error {
 			if len(k) < 14 {
 				return fmt.Errorf("%w: secagg message key of %d bytes", ErrCorrupt, len(k))
 			}
-			if bytes.HasPrefix(k, prefix) {
-				out = append(out, SecAggRecord{Round: round, Attempt: attempt, Kind: k[12], ClientID: string(k[13:]), Msg: bytes.Clone(v)})
+			if !bytes.HasPrefix(k, prefix) {
+				return nil
 			}
+			rec, err := decodeRecord(round, k[13:], v, "secagg message")
+			if err != nil {
+				return err
+			}
+			out = append(out, SecAggRecord{Round: round, Attempt: attempt, Kind: k[12], ClientID: rec.ClientID, StoredAt: rec.StoredAt, Msg: rec.Msg})
 			return nil
 		})
 	})
@@ -127,7 +161,10 @@ func (s *AggStore) SecAggMessages(round uint64, attempt uint32) ([]SecAggRecord,
 // PutSecAggServer stores the server state of session (round, attempt) and,
 // in the same transaction, deletes every stored message it has taken in:
 // those of other sessions and those of this one with a kind below
-// keepFromKind. One transaction.
+// keepFromKind. The replay log must name none of them (the coordinator's
+// state that counts them is written first, which clears the log): a
+// message it names is refused with ErrInvalid, and nothing is written. One
+// transaction.
 func (s *AggStore) PutSecAggServer(round uint64, attempt uint32, state []byte, keepFromKind uint8) error {
 	if len(state) == 0 || round == 0 {
 		return fmt.Errorf("storage: put secagg server: %w: round %d, %d bytes", ErrInvalid, round, len(state))
@@ -136,7 +173,8 @@ func (s *AggStore) PutSecAggServer(round uint64, attempt uint32, state []byte, k
 	v = binary.BigEndian.AppendUint32(v, attempt)
 	v = append(v, state...)
 	prefix := secAggKey(round, attempt, 0, "")[:12]
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	doomed := func(k []byte) bool { return !bytes.HasPrefix(k, prefix) || len(k) < 13 || k[12] < keepFromKind }
+	err := s.db.Update(func(tx *wtx) error {
 		b, err := mkBucket(tx, bucketSecAgg)
 		if err != nil {
 			return err
@@ -144,13 +182,25 @@ func (s *AggStore) PutSecAggServer(round uint64, attempt uint32, state []byte, k
 		if err := sput(b, keySecAggServer, v); err != nil {
 			return err
 		}
+		_, logged, err := readLog(tx, false)
+		if err != nil {
+			return err
+		}
+		for _, e := range logged {
+			if e.Kind != LogSecAgg {
+				continue
+			}
+			if doomed(secAggKey(e.Round, e.Attempt, e.SecAggKind, e.ClientID)) {
+				return fmt.Errorf("%w: replay log entry %d names the secagg message %d of %q (round %d, attempt %d), which the advance would drop: the coordinator's state must be written first", ErrInvalid, e.Index, e.SecAggKind, e.ClientID, e.Round, e.Attempt)
+			}
+		}
 		mb, _ := optBucket(tx, bucketSecAggMsgs)
 		if mb == nil {
 			return nil
 		}
 		var del [][]byte
 		if err := mb.ForEach(func(k, _ []byte) error {
-			if !bytes.HasPrefix(k, prefix) || len(k) < 13 || k[12] < keepFromKind {
+			if doomed(k) {
 				del = append(del, bytes.Clone(k))
 			}
 			return nil
@@ -173,11 +223,8 @@ func (s *AggStore) PutSecAggServer(round uint64, attempt uint32, state []byte, k
 // SecAggServer returns the stored server state and its session, or
 // ErrNotFound. A read transaction.
 func (s *AggStore) SecAggServer() (round uint64, attempt uint32, state []byte, err error) {
-	err = s.db.View(func(tx *bolt.Tx) error {
-		b, _ := optBucket(tx, bucketSecAgg)
-		if b == nil {
-			return fmt.Errorf("%w: secagg server state", ErrNotFound)
-		}
+	found := false
+	err = s.viewWritten(bucketSecAgg, func(b *wbucket) error {
 		v, err := sget(b, keySecAggServer, "secagg/server")
 		if err != nil {
 			return err
@@ -189,9 +236,12 @@ func (s *AggStore) SecAggServer() (round uint64, attempt uint32, state []byte, e
 			return fmt.Errorf("%w: secagg server state of %d bytes", ErrCorrupt, len(v))
 		}
 		round, attempt = binary.BigEndian.Uint64(v), binary.BigEndian.Uint32(v[8:])
-		state = bytes.Clone(v[12:])
+		state, found = bytes.Clone(v[12:]), true
 		return nil
 	})
+	if err == nil && !found {
+		err = fmt.Errorf("%w: secagg server state", ErrNotFound)
+	}
 	return round, attempt, state, err
 }
 
@@ -203,7 +253,7 @@ func (s *EdgeStore) SetSecAgg(round uint64, rec, msg []byte) error {
 	if len(rec) == 0 {
 		return fmt.Errorf("storage: set secagg: %w: empty record", ErrInvalid)
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *wtx) error {
 		eb, err := bucket(tx, bucketEdge)
 		if err != nil {
 			return err
@@ -241,7 +291,7 @@ func (s *EdgeStore) SetSecAgg(round uint64, rec, msg []byte) error {
 // read transaction.
 func (s *EdgeStore) SecAgg() ([]byte, error) {
 	var out []byte
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *wtx) error {
 		b, _ := optBucket(tx, bucketSecAgg)
 		if b == nil {
 			return fmt.Errorf("%w: secagg record", ErrNotFound)
@@ -265,7 +315,7 @@ func (s *EdgeStore) SecAgg() ([]byte, error) {
 // transaction.
 func (s *EdgeStore) AckIf(round uint64, match func(msg []byte) bool) (bool, error) {
 	found := false
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *wtx) error {
 		b, err := bucket(tx, bucketOutbox)
 		if err != nil {
 			return err
@@ -289,7 +339,7 @@ func (s *EdgeStore) AckIf(round uint64, match func(msg []byte) bool) (bool, erro
 // (a new run draws a new one: StartRun drops the bucket).
 func (s *EdgeStore) SecAggNoiseKey() ([32]byte, error) {
 	var key [32]byte
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *wtx) error {
 		b, err := mkBucket(tx, bucketSecAgg)
 		if err != nil {
 			return err

@@ -1,7 +1,8 @@
 // Package storage owns edgefl's durable state in bbolt files: the edge
 // agent's state and outbox (EdgeStore) and the aggregator's client registry,
-// round log, accepted updates, latest FedSplit z per client and global-model
-// checkpoints (AggStore).
+// round log, accepted updates, latest FedSplit z per client, global-model
+// checkpoints and the replay log of the messages stored since the
+// coordinator's state was last written (AggStore; log.go).
 //
 // Durability rules, shared by both stores:
 //   - every method that changes state is exactly one bbolt read-write
@@ -82,7 +83,7 @@ var (
 )
 
 // ourBuckets are the bucket names of every edgefl schema, old or new.
-var ourBuckets = []string{"meta", "agg", "clients", "rounds", "updates", "latest_z", "checkpoints", "edge", "residuals", "outbox"}
+var ourBuckets = []string{"meta", "agg", "clients", "rounds", "updates", "latest_z", "checkpoints", "edge", "residuals", "outbox", "sum_pending"}
 
 // Bucket and key names shared by both schemas.
 var (
@@ -96,7 +97,7 @@ var (
 // version, so a step is all or nothing.
 type migration struct {
 	name string
-	run  func(tx *bolt.Tx) error
+	run  func(tx *wtx) error
 }
 
 // schema is one kind of file: its name in the meta bucket and its migrations;
@@ -110,7 +111,7 @@ type schema struct {
 	layout map[string][]string
 	// invariants, when set, checks what the layout cannot say (read on
 	// open with every value).
-	invariants func(tx *bolt.Tx) error
+	invariants func(tx *wtx) error
 	// countedFrom is the version whose migration wrote the census
 	// (census.go): a file of that version or later must have one.
 	countedFrom uint64
@@ -119,8 +120,8 @@ type schema struct {
 func (s schema) version() uint64 { return uint64(len(s.migrations)) }
 
 // createBuckets is the body of a v0 -> v1 migration.
-func createBuckets(names ...[]byte) func(tx *bolt.Tx) error {
-	return func(tx *bolt.Tx) error {
+func createBuckets(names ...[]byte) func(tx *wtx) error {
+	return func(tx *wtx) error {
 		for _, n := range names {
 			if _, err := tx.CreateBucketIfNotExists(n); err != nil {
 				return fmt.Errorf("create bucket %s: %w", n, err)
@@ -187,14 +188,14 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 	// counts are checked even when the values are not (a rollback
 	// must not start from a file that lost entries).
 	if err := bounded(db, "reading every value", func() error {
-		return db.View(func(tx *bolt.Tx) error {
+		return db.View(func(tx *wtx) error {
 			if err := checkCensus(tx, "", sc.countedFrom > 0 && sc.version() >= sc.countedFrom); err != nil {
 				return err
 			}
 			if opts.SkipValueCheck {
 				return nil
 			}
-			if err := db.checkValues(tx); err != nil {
+			if err := db.checkValues(tx.Tx); err != nil {
 				return err
 			}
 			if sc.invariants != nil {
@@ -211,7 +212,7 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 
 // readMeta returns a file's schema version and kind; a file without a meta
 // bucket is version 0 and must be empty.
-func readMeta(tx *bolt.Tx) (version uint64, kind string, err error) {
+func readMeta(tx *wtx) (version uint64, kind string, err error) {
 	meta := tx.Bucket(bucketMeta)
 	if meta == nil {
 		var foreign []string
@@ -260,7 +261,7 @@ func readMeta(tx *bolt.Tx) (version uint64, kind string, err error) {
 }
 
 // putMeta stamps a file's kind and schema version (sealed from version 2).
-func putMeta(meta *bolt.Bucket, kind string, version uint64) error {
+func putMeta(meta *wbucket, kind string, version uint64) error {
 	k, v := []byte(kind), encodeU64(version)
 	if version >= 2 {
 		k, v = seal(keyKind, k), seal(keySchemaVersion, v)
@@ -274,7 +275,7 @@ func putMeta(meta *bolt.Bucket, kind string, version uint64) error {
 func migrate(db *guardedDB, sc schema) error {
 	var version uint64
 	var kind string
-	if err := db.View(func(tx *bolt.Tx) (err error) {
+	if err := db.View(func(tx *wtx) (err error) {
 		version, kind, err = readMeta(tx)
 		return err
 	}); err != nil {
@@ -297,7 +298,7 @@ func migrate(db *guardedDB, sc schema) error {
 	existing := version > 0 // a new file's steps are not news
 	for version < sc.version() {
 		m := sc.migrations[version]
-		err := db.Update(func(tx *bolt.Tx) error {
+		err := db.Update(func(tx *wtx) error {
 			// Re-read inside the write transaction: the lock makes this
 			// the only writer, but be exact about what we migrate from.
 			v, _, err := readMeta(tx)
@@ -330,7 +331,7 @@ func migrate(db *guardedDB, sc schema) error {
 
 // schemaVersion reads the version of an open file (for tests and tools).
 func schemaVersion(db *guardedDB) (v uint64, err error) {
-	err = db.View(func(tx *bolt.Tx) error {
+	err = db.View(func(tx *wtx) error {
 		v, _, err = readMeta(tx)
 		return err
 	})
@@ -339,7 +340,7 @@ func schemaVersion(db *guardedDB) (v uint64, err error) {
 
 // check runs bbolt's consistency check of the whole file.
 func check(db *guardedDB) error {
-	return db.View(func(tx *bolt.Tx) error {
+	return db.View(func(tx *wtx) error {
 		var errs []error
 		for err := range tx.Check() {
 			if len(errs) < 3 { // the first few say enough; keep draining
@@ -506,7 +507,7 @@ func checkName(what, s string) error {
 	return nil
 }
 
-func bucket(tx *bolt.Tx, name []byte) (*bolt.Bucket, error) {
+func bucket(tx *wtx, name []byte) (*wbucket, error) {
 	b := tx.Bucket(name)
 	if b == nil {
 		return nil, fmt.Errorf("%w: bucket %s is missing", ErrCorrupt, name)
@@ -516,8 +517,8 @@ func bucket(tx *bolt.Tx, name []byte) (*bolt.Bucket, error) {
 
 // inBucket is a transaction function (for db.View or db.Update) that runs fn
 // on the top-level bucket name, which must exist.
-func inBucket(name []byte, fn func(b *bolt.Bucket) error) func(tx *bolt.Tx) error {
-	return func(tx *bolt.Tx) error {
+func inBucket(name []byte, fn func(b *wbucket) error) func(tx *wtx) error {
+	return func(tx *wtx) error {
 		b, err := bucket(tx, name)
 		if err != nil {
 			return err

@@ -164,7 +164,7 @@ func TestMigrationFromV0(t *testing.T) {
 	if v, err := schemaVersion(s.db); err != nil || v != edgeSchema.version() {
 		t.Fatalf("after open: version %d, %v; want %d", v, err, edgeSchema.version())
 	}
-	if err := s.db.View(func(tx *bolt.Tx) error {
+	if err := s.db.View(func(tx *wtx) error {
 		for _, b := range [][]byte{bucketMeta, bucketEdge, bucketResiduals, bucketOutbox} {
 			if tx.Bucket(b) == nil {
 				t.Errorf("bucket %s missing", b)
@@ -189,7 +189,7 @@ func edgeV2(runs *int, fail bool) schema {
 	sc.layout["outbox2"] = nil
 	sc.migrations = append(append([]migration(nil), edgeSchema.migrations...), migration{
 		name: "test: move outbox to outbox2",
-		run: func(tx *bolt.Tx) error {
+		run: func(tx *wtx) error {
 			*runs++
 			dst, err := tx.CreateBucket([]byte("outbox2"))
 			if err != nil {
@@ -224,7 +224,7 @@ func TestMigrationFromV1(t *testing.T) {
 	if v, _ := schemaVersion(s.db); v != edgeSchema.version() {
 		t.Fatalf("after failed migration version = %d", v)
 	}
-	_ = s.db.View(func(tx *bolt.Tx) error {
+	_ = s.db.View(func(tx *wtx) error {
 		if tx.Bucket([]byte("outbox2")) != nil {
 			t.Error("failed migration left outbox2 behind")
 		}
@@ -242,7 +242,7 @@ func TestMigrationFromV1(t *testing.T) {
 		if v, _ := schemaVersion(db); v != edgeSchema.version()+1 {
 			t.Fatalf("version = %d, want %d", v, edgeSchema.version()+1)
 		}
-		_ = db.View(func(tx *bolt.Tx) error {
+		_ = db.View(func(tx *wtx) error {
 			if got, err := sget(tx.Bucket([]byte("outbox2")), encodeU64(3), "outbox2"); err != nil || string(got) != "update-3" {
 				t.Errorf("outbox2[3] = %q", got)
 			}

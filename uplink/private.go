@@ -3,6 +3,7 @@ package uplink
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -24,12 +25,13 @@ import (
 //   - the aggregator's next model is x + (sum of the re-clipped deltas +
 //     N(0, (z C)^2 I)) / m, m the round's fixed denominator (NoisyMean).
 //
-// Only the FedProx family (fedavg with uniform weights, fedprox) is
-// privatised here; the FedSplit family under DP needs the sum-only state
-// of docs/privacy.md, "FedSplit", and is refused (ErrSplitDP).
+// This is the FedProx family (fedavg with uniform weights, fedprox); the
+// FedSplit family under DP runs in sum mode (sum.go), and the per-site
+// copy of z_j (Encode with Update.Split) is refused under DP (ErrSplitDP).
 
-// ErrSplitDP is the error for a FedSplit-family update under DP.
-var ErrSplitDP = errors.New("differential privacy with the FedSplit family (fedsplit, fedproxsplit) is not implemented yet: it needs the sum-only aggregator state of docs/privacy.md, \"FedSplit\"; use fedavg or fedprox")
+// ErrSplitDP is the error for a FedSplit-family update under DP outside
+// sum mode.
+var ErrSplitDP = errors.New("differential privacy with the FedSplit family (fedsplit, fedproxsplit) needs sum mode, where the aggregator keeps only the sum of the sites' contributions (RoundAnnouncement.split_sum; docs/privacy.md, \"FedSplit\"): the per-site copy of z_j is outside the guarantee")
 
 // ClipDelta is the site's clip: delta + residual (residual nil, or of
 // another length: none) clipped to L2 norm c, in a new slice, with the
@@ -116,4 +118,31 @@ func NoisyMean(global []float64, cs []Contribution, p Private, rng *rand.Rand) (
 		out[i] = global[i] + sum[i]/m
 	}
 	return out, nil
+}
+
+// NextClip is adaptive clipping's step at the aggregator (docs/privacy.md,
+// "The mechanism per round", step 3; Andrew et al. 2021): the round's
+// clip bits (true: the update's norm was at most c before the clip), their
+// centred sum plus N(0, a.BitNoise^2) from rng (the round's
+// dp.BitNoiseRand), the noised unclipped fraction over m, the round's
+// expected participants (its fixed denominator), and the next round's
+// clip norm a.Next(c, b).
+func NextClip(a dp.Adaptive, c float64, bits []bool, m int, rng *rand.Rand) (float64, error) {
+	if m < 1 {
+		return 0, fmt.Errorf("uplink: adaptive clipping over %d expected participants", m)
+	}
+	sum := 0.0
+	for _, b := range bits {
+		if b {
+			sum += 0.5
+		} else {
+			sum -= 0.5
+		}
+	}
+	sum += a.BitNoise * rng.NormFloat64()
+	next := a.Next(c, dp.UnclippedFraction(sum, float64(m)))
+	if !(next > 0) || math.IsInf(next, 0) {
+		return 0, fmt.Errorf("uplink: adaptive clipping: the next clip norm is %v", next)
+	}
+	return next, nil
 }

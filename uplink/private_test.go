@@ -152,3 +152,42 @@ func TestNoisyMeanNoise(t *testing.T) {
 		t.Error("the contributions' order changed the noisy mean")
 	}
 }
+
+// TestNextClip: with noise too small to matter, the clip norm shrinks when
+// more than the target quantile of updates fit under it and grows when
+// fewer do, by exp(-eta (b - gamma)) with b the unclipped fraction over the
+// expected participants; the same stream gives the same step.
+func TestNextClip(t *testing.T) {
+	a := dp.Adaptive{Quantile: 0.5, LR: 0.2, BitNoise: 1e-12}
+	rng := func() *rand.Rand { return dp.BitNoiseRand(dp.TestKey(1), 3) }
+	tests := []struct {
+		bits []bool
+		m    int
+		b    float64
+	}{
+		{[]bool{true, true, true, true}, 4, 1},
+		{[]bool{false, false, false, false}, 4, 0},
+		{[]bool{true, false}, 4, 0.5}, // 2 of 4 answered: centred sum 0
+		{[]bool{true, true}, 4, 0.75}, // 2 of 4 answered, both unclipped: (1/2 + 1/2)/4 above 1/2
+		{nil, 4, 0.5},                 // nobody answered
+		{[]bool{true, true, false}, 3, 2.0 / 3},
+	}
+	for _, tt := range tests {
+		got, err := NextClip(a, 2, tt.bits, tt.m, rng())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := 2 * math.Exp(-0.2*(tt.b-0.5)); math.Abs(got-want) > 1e-9 {
+			t.Errorf("bits %v of %d: next clip %v, want %v", tt.bits, tt.m, got, want)
+		}
+	}
+	a.BitNoise = 3
+	x, _ := NextClip(a, 2, []bool{true}, 4, rng())
+	y, _ := NextClip(a, 2, []bool{true}, 4, rng())
+	if x != y {
+		t.Error("the same stream gave another clip norm")
+	}
+	if _, err := NextClip(a, 2, nil, 0, rng()); err == nil {
+		t.Error("no expected participants was taken")
+	}
+}

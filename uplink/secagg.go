@@ -36,6 +36,15 @@ import (
 // "Composition") exists.
 var ErrSecAggSplit = errors.New("secure aggregation (--secagg) supports the FedProx family (fedavg, fedprox) only: the FedSplit family needs the aggregator's sum mode of z_j (docs/secagg.md, \"Composition\"), not built yet")
 
+// ErrSecAggSelector refuses every selector but uniform under secure
+// aggregation: a secure sum needs at least its threshold t of the round's
+// sites, fixed by the round's size K (a Poisson round of random size may
+// fall below it), and the sites send no losses to rank them by. The
+// selection is not private under --secagg anyway: the KeyList on the round
+// topic names the sites that advertised keys (docs/privacy.md, "Threat
+// models").
+var ErrSecAggSelector = errors.New("secure aggregation (--secagg) selects exactly K sites uniformly: its threshold t is fixed by K, which a Poisson round of random size may not reach, and the sites send no losses to rank them by; use uniform (the default under --secagg)")
+
 // SecAggSession is the session of a round's secure aggregation: every key
 // is derived with it as the HKDF salt, so no message or share of one
 // session opens in another.

@@ -26,6 +26,11 @@
 // (ErrBaseMismatch otherwise). The site computes Frame.Applied with the same
 // Receive, so the two sides cannot drift apart.
 //
+// Under central differential privacy (private.go) the site clips and the
+// aggregator re-clips and takes the noisy mean; the FedSplit family then
+// runs in sum mode (sum.go): the aggregator keeps only the sum of the
+// sites' contributions, each site its own record of what it contributed.
+//
 // The package is pure: no goroutines, clocks, globals or I/O. Callers bring
 // what they stored (residual, copies, global models) and the random stream
 // the codec draws from (only qsgd draws; see internal/streams), and persist
@@ -83,7 +88,7 @@ type Update struct {
 	// mechanism per round"): delta + residual is clipped to C before it is
 	// encoded, and the decoded frame is re-clipped as the aggregator does
 	// (Reclip) before Applied is computed. FedProx family only
-	// (ErrSplitDP).
+	// (ErrSplitDP): the FedSplit family under DP is EncodeSum's.
 	Clip float64
 	// Tamper, when set, changes the delta in place before it is encoded:
 	// the agent's poison hook, a no-op except in the e2e tests' attacking
@@ -109,6 +114,9 @@ type Frame struct {
 	// Clipped is the DP clip's report (Update.Clip > 0): the norm of
 	// delta + residual before the clip and whether the clip shortened it.
 	Clipped dp.Clipped
+	// Sum is what a sum-mode update (EncodeSum) adds to the aggregator's
+	// sum once it is confirmed, nil otherwise.
+	Sum *Pending
 }
 
 // copyFits reports whether cp can be the base of an update of round with n

@@ -513,6 +513,8 @@ func (x *RoundAnnouncement) size() int {
 	n += sizeMessage(22, x.Secagg != nil, x.Secagg)
 	n += sizeBytes(23, x.SecaggBroadcast)
 	n += sizeVarint(24, uint64(x.SecaggPhase))
+	n += sizeVarint(25, boolVarint(x.SplitSum))
+	n += sizeVarint(28, boolVarint(x.PrivateSelection))
 	return n
 }
 
@@ -541,6 +543,8 @@ func (x *RoundAnnouncement) appendTo(b []byte) []byte {
 	b = appendMessage(b, 22, x.Secagg != nil, x.Secagg)
 	b = appendBytes(b, 23, x.SecaggBroadcast)
 	b = appendVarint(b, 24, uint64(x.SecaggPhase))
+	b = appendVarint(b, 25, boolVarint(x.SplitSum))
+	b = appendVarint(b, 28, boolVarint(x.PrivateSelection))
 	return b
 }
 
@@ -664,6 +668,14 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 			if typ == protowire.VarintType {
 				return consumeEnum((*int32)(&x.SecaggPhase), b), nil
 			}
+		case 25:
+			if typ == protowire.VarintType {
+				return consumeBool(&x.SplitSum, b), nil
+			}
+		case 28:
+			if typ == protowire.VarintType {
+				return consumeBool(&x.PrivateSelection, b), nil
+			}
 		}
 		return 0, nil
 	})
@@ -737,10 +749,12 @@ func (x *DPParams) size() int {
 	n += sizeVarint(1, uint64(x.Mode))
 	n += sizeDouble(2, x.ClipNorm)
 	n += sizeDouble(3, x.NoiseMultiplier)
+	n += sizeDouble(4, x.UpdateNoiseMultiplier)
 	n += sizeVarint(5, uint64(x.NoiseShares))
 	n += sizeDouble(6, x.Delta)
 	n += sizeDouble(7, x.EpsilonSpent)
 	n += sizeDouble(8, x.EpsilonBudget)
+	n += sizeMessage(9, x.Adaptive != nil, x.Adaptive)
 	return n
 }
 
@@ -748,10 +762,12 @@ func (x *DPParams) appendTo(b []byte) []byte {
 	b = appendVarint(b, 1, uint64(x.Mode))
 	b = appendDouble(b, 2, x.ClipNorm)
 	b = appendDouble(b, 3, x.NoiseMultiplier)
+	b = appendDouble(b, 4, x.UpdateNoiseMultiplier)
 	b = appendVarint(b, 5, uint64(x.NoiseShares))
 	b = appendDouble(b, 6, x.Delta)
 	b = appendDouble(b, 7, x.EpsilonSpent)
 	b = appendDouble(b, 8, x.EpsilonBudget)
+	b = appendMessage(b, 9, x.Adaptive != nil, x.Adaptive)
 	return b
 }
 
@@ -770,6 +786,10 @@ func (x *DPParams) unmarshal(b []byte, d *decoder) error {
 			if typ == protowire.Fixed64Type {
 				return consumeDouble(&x.NoiseMultiplier, b), nil
 			}
+		case 4:
+			if typ == protowire.Fixed64Type {
+				return consumeDouble(&x.UpdateNoiseMultiplier, b), nil
+			}
 		case 5:
 			if typ == protowire.VarintType {
 				return consumeUint32(&x.NoiseShares, b), nil
@@ -785,6 +805,50 @@ func (x *DPParams) unmarshal(b []byte, d *decoder) error {
 		case 8:
 			if typ == protowire.Fixed64Type {
 				return consumeDouble(&x.EpsilonBudget, b), nil
+			}
+		case 9:
+			if typ == protowire.BytesType {
+				if x.Adaptive == nil {
+					x.Adaptive = &AdaptiveClip{}
+				}
+				return consumeMessage(x.Adaptive, b, d)
+			}
+		}
+		return 0, nil
+	})
+}
+
+// AdaptiveClip
+
+func (x *AdaptiveClip) size() int {
+	n := 0
+	n += sizeDouble(1, x.TargetQuantile)
+	n += sizeDouble(2, x.LearningRate)
+	n += sizeDouble(3, x.BitNoise)
+	return n
+}
+
+func (x *AdaptiveClip) appendTo(b []byte) []byte {
+	b = appendDouble(b, 1, x.TargetQuantile)
+	b = appendDouble(b, 2, x.LearningRate)
+	b = appendDouble(b, 3, x.BitNoise)
+	return b
+}
+
+func (x *AdaptiveClip) unmarshal(b []byte, d *decoder) error {
+	return fields("AdaptiveClip", b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+		switch num {
+		case 1:
+			if typ == protowire.Fixed64Type {
+				return consumeDouble(&x.TargetQuantile, b), nil
+			}
+		case 2:
+			if typ == protowire.Fixed64Type {
+				return consumeDouble(&x.LearningRate, b), nil
+			}
+		case 3:
+			if typ == protowire.Fixed64Type {
+				return consumeDouble(&x.BitNoise, b), nil
 			}
 		}
 		return 0, nil
@@ -952,6 +1016,7 @@ func (x *ClientUpdate) size() int {
 	n += sizeVarint(9, uint64(x.SentAtUnixMs))
 	n += sizeVarint(10, x.Seq)
 	n += sizeString(11, x.InstanceId)
+	n += sizeVarint(12, uint64(x.ClipBit))
 	return n
 }
 
@@ -967,6 +1032,7 @@ func (x *ClientUpdate) appendTo(b []byte) []byte {
 	b = appendVarint(b, 9, uint64(x.SentAtUnixMs))
 	b = appendVarint(b, 10, x.Seq)
 	b = appendString(b, 11, x.InstanceId)
+	b = appendVarint(b, 12, uint64(x.ClipBit))
 	return b
 }
 
@@ -1021,6 +1087,10 @@ func (x *ClientUpdate) unmarshal(b []byte, d *decoder) error {
 			if typ == protowire.BytesType {
 				return consumeString(&x.InstanceId, b)
 			}
+		case 12:
+			if typ == protowire.VarintType {
+				return consumeUint32(&x.ClipBit, b), nil
+			}
 		}
 		return 0, nil
 	})
@@ -1039,6 +1109,7 @@ func (x *Receipt) size() int {
 	n += sizeVarint(7, x.UpdateSeq)
 	n += sizeVarint(8, uint64(x.Subject))
 	n += sizeVarint(9, uint64(x.SecaggKind))
+	n += sizeString(10, x.RunId)
 	return n
 }
 
@@ -1052,6 +1123,7 @@ func (x *Receipt) appendTo(b []byte) []byte {
 	b = appendVarint(b, 7, x.UpdateSeq)
 	b = appendVarint(b, 8, uint64(x.Subject))
 	b = appendVarint(b, 9, uint64(x.SecaggKind))
+	b = appendString(b, 10, x.RunId)
 	return b
 }
 
@@ -1093,6 +1165,10 @@ func (x *Receipt) unmarshal(b []byte, d *decoder) error {
 		case 9:
 			if typ == protowire.VarintType {
 				return consumeUint32(&x.SecaggKind, b), nil
+			}
+		case 10:
+			if typ == protowire.BytesType {
+				return consumeString(&x.RunId, b)
 			}
 		}
 		return 0, nil

@@ -42,6 +42,11 @@ func seeds(t testing.TB) map[string][]byte {
 	sr.Secagg = &SecAggSpec{Threshold: 2, Clip: 1, ScaleBits: 20, MaxSites: 3}
 	sr.SecaggPhase, sr.SecaggBroadcast = SecAggPhase_SECAGG_PHASE_SHARE_KEYS, []byte("EFSA\x01 key list")
 	s["secagg-round"] = mustEncode(t, sr)
+	// Private selection (docs/privacy.md "Sampling rate").
+	s["invitation"] = mustEncode(t, &Receipt{ClientId: "site-1", Round: 4, Subject: ReceiptSubject_RECEIPT_SUBJECT_INVITATION, RunId: "R1"})
+	priv := sampleRound()
+	priv.Selected, priv.PrivateSelection = nil, true
+	s["private-round"] = mustEncode(t, priv)
 	fin := sampleRound()
 	fin.Phase, fin.Schema, fin.Transform, fin.Evaluate, fin.EvalRound, fin.Bundle = Phase_PHASE_FINISHED, schemaJSON, transformJSON, true, 7, bundleJSON
 	s["finished-round"] = mustEncode(t, fin)

@@ -116,6 +116,12 @@ const (
 	UpdateKind_UPDATE_KIND_FULL        UpdateKind = 1 // the full local model w_k
 	UpdateKind_UPDATE_KIND_DELTA       UpdateKind = 2 // w_k - x^t, against the round's global model
 	UpdateKind_UPDATE_KIND_Z_DELTA     UpdateKind = 3 // FedSplit: z_j minus the server's copy of z_j
+	// FedSplit in sum mode (RoundAnnouncement.split_sum; docs/privacy.md,
+	// "FedSplit"): clip(z_j - c_j, C), z_j minus the site's own record c_j of
+	// what it has contributed to the aggregator's sum. base_round 0 is a join:
+	// c_j starts at the global model of this update's round, which the
+	// aggregator adds to its sum with the delta.
+	UpdateKind_UPDATE_KIND_SUM_DELTA UpdateKind = 4
 )
 
 // Enum value maps for UpdateKind.
@@ -125,12 +131,14 @@ var (
 		1: "UPDATE_KIND_FULL",
 		2: "UPDATE_KIND_DELTA",
 		3: "UPDATE_KIND_Z_DELTA",
+		4: "UPDATE_KIND_SUM_DELTA",
 	}
 	UpdateKind_value = map[string]int32{
 		"UPDATE_KIND_UNSPECIFIED": 0,
 		"UPDATE_KIND_FULL":        1,
 		"UPDATE_KIND_DELTA":       2,
 		"UPDATE_KIND_Z_DELTA":     3,
+		"UPDATE_KIND_SUM_DELTA":   4,
 	}
 )
 
@@ -251,6 +259,10 @@ const (
 	ReceiptSubject_RECEIPT_SUBJECT_STATISTICS ReceiptSubject = 1 // a SiteStatistics
 	ReceiptSubject_RECEIPT_SUBJECT_EVALUATION ReceiptSubject = 2 // an EvalReport
 	ReceiptSubject_RECEIPT_SUBJECT_SECAGG     ReceiptSubject = 3 // a SecAggMessage (secagg_kind says which)
+	// Not an answer: the aggregator invites this site to `round` of run
+	// `run_id`, whose announcement has private_selection (repeated on
+	// re-announcement and reconnection; idempotent).
+	ReceiptSubject_RECEIPT_SUBJECT_INVITATION ReceiptSubject = 4
 )
 
 // Enum value maps for ReceiptSubject.
@@ -260,12 +272,14 @@ var (
 		1: "RECEIPT_SUBJECT_STATISTICS",
 		2: "RECEIPT_SUBJECT_EVALUATION",
 		3: "RECEIPT_SUBJECT_SECAGG",
+		4: "RECEIPT_SUBJECT_INVITATION",
 	}
 	ReceiptSubject_value = map[string]int32{
 		"RECEIPT_SUBJECT_UPDATE":     0,
 		"RECEIPT_SUBJECT_STATISTICS": 1,
 		"RECEIPT_SUBJECT_EVALUATION": 2,
 		"RECEIPT_SUBJECT_SECAGG":     3,
+		"RECEIPT_SUBJECT_INVITATION": 4,
 	}
 )
 
@@ -715,6 +729,18 @@ type RoundAnnouncement struct {
 	// SECAGG_PHASE_ADVERTISE the announcement may leave global out: the
 	// sites taking part solved with it, and a phase changes nothing of it.
 	SecaggPhase SecAggPhase `json:"secagg_phase,omitempty"`
+	// FedSplit family only: the aggregator keeps only the sum of what the
+	// sites have contributed (sum mode, docs/privacy.md "FedSplit"), not a
+	// copy of each z_j: updates are UPDATE_KIND_SUM_DELTA against the site's
+	// own record c_j, which advances only on the update's accepted receipt.
+	// Set with dp (a FedSplit-family round under DP without it is refused).
+	SplitSum bool `json:"split_sum,omitempty"`
+	// The selection is private (differential privacy, docs/privacy.md
+	// "Sampling rate"): `selected` is empty and does NOT mean every client;
+	// each selected site is told on its own receipts/<id> topic by a Receipt
+	// of subject INVITATION naming this round and run_id, and a site without
+	// one does not take part. Only with an empty `selected`.
+	PrivateSelection bool `json:"private_selection,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -888,6 +914,20 @@ func (x *RoundAnnouncement) GetSecaggPhase() SecAggPhase {
 	return SecAggPhase_SECAGG_PHASE_ADVERTISE
 }
 
+func (x *RoundAnnouncement) GetSplitSum() bool {
+	if x != nil {
+		return x.SplitSum
+	}
+	return false
+}
+
+func (x *RoundAnnouncement) GetPrivateSelection() bool {
+	if x != nil {
+		return x.PrivateSelection
+	}
+	return false
+}
+
 // SecAggSpec is what every party of a round's secure aggregation agrees on
 // (secagg.Config and secagg.Quantizer). The session that binds every key
 // and message is run_id, round and attempt (uplink.SecAggSession).
@@ -954,12 +994,15 @@ func (x *SecAggSpec) GetAttempt() uint32 {
 }
 
 // DPParams are a round's differential-privacy parameters (docs/privacy.md,
-// "Wire fields (proposed)"). Field numbers 4 (update_noise_multiplier)
-// and 9 (adaptive) are kept for adaptive clipping; never reuse them.
+// "Wire fields (proposed)").
 type DPParams struct {
 	Mode            DPMode  `json:"mode,omitempty"`
-	ClipNorm        float64 `json:"clip_norm,omitempty"`        // C: the L2 bound of a site's update (> 0, finite)
-	NoiseMultiplier float64 `json:"noise_multiplier,omitempty"` // z: the noise is z*C on the sum (> 0, finite)
+	ClipNorm        float64 `json:"clip_norm,omitempty"`        // C: the L2 bound of a site's update this round (> 0, finite)
+	NoiseMultiplier float64 `json:"noise_multiplier,omitempty"` // z: the multiplier the accountant charges (> 0, finite)
+	// z_delta: the update's noise is z_delta*C on the sum; with adaptive
+	// clipping z_delta = (z^-2 - (2 sigma_b)^-2)^(-1/2) > z (dp.UpdateNoise),
+	// so the update and the clip bits together cost z. 0 = z (fixed clip).
+	UpdateNoiseMultiplier float64 `json:"update_noise_multiplier,omitempty"`
 	// DP_MODE_DISTRIBUTED: Q, the fewest sites a secure sum holds (the
 	// secagg threshold); each site adds N(0, (z C)^2 / Q) before masking.
 	// 0 in the central mode; >= 1 and with secagg in the distributed mode.
@@ -967,6 +1010,10 @@ type DPParams struct {
 	Delta         float64 `json:"delta,omitempty"`          // the run's delta, in (0, 1)
 	EpsilonSpent  float64 `json:"epsilon_spent,omitempty"`  // after the previous round (informational), >= 0
 	EpsilonBudget float64 `json:"epsilon_budget,omitempty"` // 0 = none; >= 0
+	// Adaptive clipping (Andrew et al. 2021; docs/privacy.md, "The mechanism
+	// per round", step 3): every update carries its clip bit, and clip_norm
+	// follows the target quantile from round to round. Absent = fixed clip.
+	Adaptive *AdaptiveClip `json:"adaptive,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -989,6 +1036,13 @@ func (x *DPParams) GetClipNorm() float64 {
 func (x *DPParams) GetNoiseMultiplier() float64 {
 	if x != nil {
 		return x.NoiseMultiplier
+	}
+	return 0
+}
+
+func (x *DPParams) GetUpdateNoiseMultiplier() float64 {
+	if x != nil {
+		return x.UpdateNoiseMultiplier
 	}
 	return 0
 }
@@ -1017,6 +1071,44 @@ func (x *DPParams) GetEpsilonSpent() float64 {
 func (x *DPParams) GetEpsilonBudget() float64 {
 	if x != nil {
 		return x.EpsilonBudget
+	}
+	return 0
+}
+
+func (x *DPParams) GetAdaptive() *AdaptiveClip {
+	if x != nil {
+		return x.Adaptive
+	}
+	return nil
+}
+
+// AdaptiveClip are the adaptive clipping parameters of a DP run.
+type AdaptiveClip struct {
+	TargetQuantile float64 `json:"target_quantile,omitempty"` // gamma: the fraction of updates left unclipped, in (0, 1)
+	LearningRate   float64 `json:"learning_rate,omitempty"`   // eta_C: C <- C exp(-eta_C (b - gamma)), > 0, finite
+	BitNoise       float64 `json:"bit_noise,omitempty"`       // sigma_b: std of the noise on the sum of centred bits, > 0, finite
+}
+
+// Reset sets x to its zero value.
+func (x *AdaptiveClip) Reset() { *x = AdaptiveClip{} }
+
+func (x *AdaptiveClip) GetTargetQuantile() float64 {
+	if x != nil {
+		return x.TargetQuantile
+	}
+	return 0
+}
+
+func (x *AdaptiveClip) GetLearningRate() float64 {
+	if x != nil {
+		return x.LearningRate
+	}
+	return 0
+}
+
+func (x *AdaptiveClip) GetBitNoise() float64 {
+	if x != nil {
+		return x.BitNoise
 	}
 	return 0
 }
@@ -1225,6 +1317,10 @@ type ClientUpdate struct {
 	// The installation that sent this update (ClientStatus.instance_id);
 	// empty = not told.
 	InstanceId string `json:"instance_id,omitempty"`
+	// Adaptive clipping (RoundAnnouncement.dp.adaptive set): 1 if the update's
+	// norm before the clip was <= dp.clip_norm, else 0. The aggregator only
+	// uses the noised sum of the round's bits. 0 or 1.
+	ClipBit uint32 `json:"clip_bit,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -1307,6 +1403,13 @@ func (x *ClientUpdate) GetInstanceId() string {
 	return ""
 }
 
+func (x *ClientUpdate) GetClipBit() uint32 {
+	if x != nil {
+		return x.ClipBit
+	}
+	return 0
+}
+
 // Receipt is published on <prefix>receipts/<id> after the update
 // (statistics, evaluation report) is durable (accepted) or rejected.
 type Receipt struct {
@@ -1322,6 +1425,10 @@ type Receipt struct {
 	Subject ReceiptSubject `json:"subject,omitempty"`
 	// Subject SECAGG: the secagg.Kind of the message answered (1, 3, 5 or 7).
 	SecaggKind uint32 `json:"secagg_kind,omitempty"`
+	// INVITATION only: the run (RoundAnnouncement.run_id) the invitation is
+	// for, so that one queued from an earlier run is not taken for this
+	// run's round of the same number. Empty = an unnamed run.
+	RunId string `json:"run_id,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -1388,6 +1495,13 @@ func (x *Receipt) GetSecaggKind() uint32 {
 		return x.SecaggKind
 	}
 	return 0
+}
+
+func (x *Receipt) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
 }
 
 // SiteStatistics is published on <prefix>updates/<id> (the site's own

@@ -20,6 +20,8 @@ func (x *SecAggSpec) String() string { return text(x != nil, x) }
 
 func (x *DPParams) String() string { return text(x != nil, x) }
 
+func (x *AdaptiveClip) String() string { return text(x != nil, x) }
+
 func (x *ClientStatus) String() string { return text(x != nil, x) }
 
 func (x *WorkReport) String() string { return text(x != nil, x) }
@@ -131,6 +133,8 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.msg("secagg", x.Secagg != nil, x.Secagg)
 	w.bytes("secagg_broadcast", x.SecaggBroadcast)
 	w.enum("secagg_phase", int32(x.SecaggPhase), SecAggPhase_name)
+	w.boolean("split_sum", x.SplitSum)
+	w.boolean("private_selection", x.PrivateSelection)
 }
 
 func (x *SecAggSpec) appendText(w *textWriter) {
@@ -147,10 +151,18 @@ func (x *DPParams) appendText(w *textWriter) {
 	w.enum("mode", int32(x.Mode), DPMode_name)
 	w.float("clip_norm", x.ClipNorm)
 	w.float("noise_multiplier", x.NoiseMultiplier)
+	w.float("update_noise_multiplier", x.UpdateNoiseMultiplier)
 	w.uint("noise_shares", uint64(x.NoiseShares))
 	w.float("delta", x.Delta)
 	w.float("epsilon_spent", x.EpsilonSpent)
 	w.float("epsilon_budget", x.EpsilonBudget)
+	w.msg("adaptive", x.Adaptive != nil, x.Adaptive)
+}
+
+func (x *AdaptiveClip) appendText(w *textWriter) {
+	w.float("target_quantile", x.TargetQuantile)
+	w.float("learning_rate", x.LearningRate)
+	w.float("bit_noise", x.BitNoise)
 }
 
 func (x *ClientStatus) appendText(w *textWriter) {
@@ -189,6 +201,7 @@ func (x *ClientUpdate) appendText(w *textWriter) {
 	w.int("sent_at_unix_ms", x.SentAtUnixMs)
 	w.uint("seq", x.Seq)
 	w.str("instance_id", x.InstanceId)
+	w.uint("clip_bit", uint64(x.ClipBit))
 }
 
 func (x *Receipt) appendText(w *textWriter) {
@@ -201,6 +214,7 @@ func (x *Receipt) appendText(w *textWriter) {
 	w.uint("update_seq", x.UpdateSeq)
 	w.enum("subject", int32(x.Subject), ReceiptSubject_name)
 	w.uint("secagg_kind", uint64(x.SecaggKind))
+	w.str("run_id", x.RunId)
 }
 
 func (x *SiteStatistics) appendText(w *textWriter) {

@@ -152,6 +152,9 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 	if err := checkSelected(msg, m.Selected, lim); err != nil {
 		return err
 	}
+	if m.PrivateSelection && len(m.Selected) > 0 {
+		return invalid(msg, "private_selection with %d clients listed in selected", len(m.Selected))
+	}
 	// A secure-aggregation phase after the advertise phase may leave the
 	// global model out: the sites that take part have it.
 	laterPhase := m.Secagg != nil && m.SecaggPhase != SecAggPhase_SECAGG_PHASE_ADVERTISE
@@ -370,7 +373,24 @@ func (p *DPParams) validate(msg string) error {
 	if err := checkNonNeg(msg, "dp.epsilon_spent", p.EpsilonSpent); err != nil {
 		return err
 	}
-	return checkNonNeg(msg, "dp.epsilon_budget", p.EpsilonBudget)
+	if err := checkNonNeg(msg, "dp.epsilon_budget", p.EpsilonBudget); err != nil {
+		return err
+	}
+	if u := p.UpdateNoiseMultiplier; u != 0 && !(finite(u) && u >= p.NoiseMultiplier) {
+		return invalid(msg, "dp.update_noise_multiplier must be 0 (= noise_multiplier) or finite and >= noise_multiplier %v, got %v", p.NoiseMultiplier, u)
+	}
+	a := p.Adaptive
+	switch {
+	case a == nil:
+		return nil
+	case !(a.TargetQuantile > 0 && a.TargetQuantile < 1):
+		return invalid(msg, "dp.adaptive.target_quantile must be in (0, 1), got %v", a.TargetQuantile)
+	case !finite(a.LearningRate) || !(a.LearningRate > 0):
+		return invalid(msg, "dp.adaptive.learning_rate must be finite and > 0, got %v", a.LearningRate)
+	case !finite(a.BitNoise) || !(a.BitNoise > 0):
+		return invalid(msg, "dp.adaptive.bit_noise must be finite and > 0, got %v", a.BitNoise)
+	}
+	return nil
 }
 
 // checkPayload bounds a bytes field by the message size limit; required
@@ -474,12 +494,15 @@ func (m *ClientUpdate) Validate(lim Limits) error {
 		if m.BaseRound != 0 {
 			return invalid(msg, "base_round must be 0 for kind %v, got %d", m.Kind, m.BaseRound)
 		}
-	case UpdateKind_UPDATE_KIND_Z_DELTA:
+	case UpdateKind_UPDATE_KIND_Z_DELTA, UpdateKind_UPDATE_KIND_SUM_DELTA:
 		if m.BaseRound >= m.Round {
 			return invalid(msg, "base_round %d must be < round %d", m.BaseRound, m.Round)
 		}
 	default:
-		return invalid(msg, "kind %d is not FULL, DELTA or Z_DELTA", int32(m.Kind))
+		return invalid(msg, "kind %d is not FULL, DELTA, Z_DELTA or SUM_DELTA", int32(m.Kind))
+	}
+	if m.ClipBit > 1 {
+		return invalid(msg, "clip_bit must be 0 or 1, got %d", m.ClipBit)
 	}
 	if err := checkVector(msg, "vector", m.Vector, lim); err != nil {
 		return err
@@ -550,11 +573,21 @@ func (m *Receipt) Validate(lim Limits) error {
 		if m.Round == 0 || !siteSecAggKind(m.SecaggKind) {
 			return invalid(msg, "a secagg receipt needs round > 0 and the kind of a site's message (1, 3, 5, 7), got round %d kind %d", m.Round, m.SecaggKind)
 		}
+	case ReceiptSubject_RECEIPT_SUBJECT_INVITATION:
+		if m.Round == 0 || m.Accepted {
+			return invalid(msg, "an invitation needs round > 0 and accepted false (round %d)", m.Round)
+		}
 	default:
 		return invalid(msg, "subject %d is unknown", int32(m.Subject))
 	}
 	if m.Subject != ReceiptSubject_RECEIPT_SUBJECT_SECAGG && m.SecaggKind != 0 {
 		return invalid(msg, "secagg_kind %d on a receipt of subject %v", m.SecaggKind, m.Subject)
+	}
+	if m.RunId != "" && m.Subject != ReceiptSubject_RECEIPT_SUBJECT_INVITATION {
+		return invalid(msg, "run_id on a receipt of subject %v (invitations only)", m.Subject)
+	}
+	if err := checkText(msg, "run_id", m.RunId, maxRunIDLen, false); err != nil {
+		return err
 	}
 	if err := checkText(msg, "reason", m.Reason, maxLongTextLen, false); err != nil {
 		return err

@@ -147,9 +147,14 @@
     var m = st.model;
     text($('model'), m ? m.kind + ', ' + m.inputs + ' inputs' + (m.classes ? ', ' + m.classes + ' classes' : '') : '-');
     text($('schema'), st.schema ? st.schema.slice(0, 16) + '…' : 'none');
+    var pr = st.privacy;
+    text($('privacy'), pr ? pr.mode + ': epsilon ' + Number(pr.epsilon.toPrecision(4)) + ' at delta ' + pr.delta + ' after ' + pr.rounds + ' rounds' +
+      (pr.epsilon_budget ? ' (budget ' + pr.epsilon_budget + ')' : '') : 'off');
     renderParams(live.params || {});
     renderBundle();
-    var evWhat = st.schema ? 'Federated evaluation' : 'Evaluation on --eval-data';
+    // Under --dp the sites' figures are the operator's only: no bundle carries them
+    // (docs/privacy.md, "Evaluation under DP").
+    var evWhat = st.schema ? (pr ? 'Federated evaluation (operator only, not in any bundle)' : 'Federated evaluation') : 'Evaluation on --eval-data';
     text($('loss-title'), evWhat + ': loss');
     text($('score-title'), evWhat + ': ' + scoreName());
     renderCharts();

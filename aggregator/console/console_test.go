@@ -78,7 +78,7 @@ func TestPageEscapes(t *testing.T) {
 		Federation, Phase, Algorithm, Aggregator, Codec, Downlink, RunID, Schema, StopReason string
 		Round                                                                                int
 		RoundOpenedAt, Deadline                                                              *time.Time
-		Live, Model, FinalBundle                                                             *struct{}
+		Live, Model, FinalBundle, Privacy                                                    *struct{}
 		Clients                                                                              []struct{}
 	}
 	h := Handler(func() (any, error) {

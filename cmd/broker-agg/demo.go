@@ -92,9 +92,6 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if f.schema != "" {
-		if f.dp.mode != "off" {
-			return errors.New("--dp with --schema: the per-site statistics and evaluation reports are outside the privacy guarantee until they are privatised (docs/privacy.md)")
-		}
 		if f.secagg.on {
 			return errors.New("--secagg with --schema: the per-site statistics and evaluation reports are not summed securely (docs/secagg.md)")
 		}
@@ -186,7 +183,7 @@ func runDemoData(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.
 	fmt.Fprintf(stdout, "demo: %d sites, %d per round, %d rounds of %s on %s (%s partition), model %s with %d parameters\n",
 		f.clients, k, f.rounds, f.algo, f.data, d.part, f.model, mustParams(d.spec))
 	sc := f.serverConfig(k, d.spec, log)
-	if sc.DP, err = f.dp.config(float64(k)/float64(f.clients), f.rounds); err != nil {
+	if sc.DP, err = f.dp.config(float64(k)/float64(f.clients), f.rounds, k); err != nil {
 		return err
 	}
 	sc.SecAgg = f.secagg.settings()
@@ -194,7 +191,7 @@ func runDemoData(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.
 	sc.OnRound = func(rr aggregator.RoundReport) {
 		eps := ""
 		if sc.DP != nil {
-			eps = fmt.Sprintf("  epsilon %.4g", rr.Epsilon)
+			eps = fmt.Sprintf("  epsilon %.4g (per site, unamplified %.4g)", rr.Epsilon, rr.EpsilonUnamplified)
 		}
 		fmt.Fprintf(stdout, "%5d  %-9s  %-10d  %-12.6g  %-9s  %s%s\n", rr.Round,
 			fmt.Sprintf("%d/%d", len(rr.Contributors), len(rr.Contributors)+len(rr.Stragglers)), len(rr.Stragglers),

@@ -38,6 +38,9 @@ func runDemoSchema(ctx context.Context, f *demoFlags, log *slog.Logger, stdout i
 	if err != nil {
 		return fmt.Errorf("--schema: %w", err)
 	}
+	if f.dp.mode != "off" && !sc.Declared() {
+		return fmt.Errorf("--dp with --schema %s: the schema must declare its preprocessing (center and scale of every numeric feature, levels of every categorical one; deploy/schema-dp.example.json): the statistics phase would send per-site statistics the guarantee does not cover (docs/privacy.md, \"Preprocessing under DP\")", f.schema)
+	}
 	path, label, err := bundle.ParseDataArg(f.data)
 	if err != nil || label != "" {
 		return fmt.Errorf("--dataset %q: with --schema, want csv:PATH (the schema names the label column)", f.data)
@@ -73,6 +76,9 @@ func runDemoSchema(ctx context.Context, f *demoFlags, log *slog.Logger, stdout i
 	}
 	cfg := f.serverConfig(k, spec, log)
 	cfg.Schema, cfg.EvalEvery, cfg.Version = sc, f.evalEvery, version
+	if cfg.DP, err = f.dp.config(float64(k)/float64(len(ids)), f.rounds, k); err != nil {
+		return err
+	}
 	var srv *aggregator.Server // set before the agents start, so before any round
 	printed := -1
 	cfg.OnRound = func(rr aggregator.RoundReport) {
@@ -81,6 +87,9 @@ func runDemoSchema(ctx context.Context, f *demoFlags, log *slog.Logger, stdout i
 		if v, _ := srv.Watch(); v.Evaluation != nil && v.Evaluation.Round != printed && len(v.Evaluation.Sites) == len(ids) {
 			printed = v.Evaluation.Round
 			ev = fmt.Sprintf("of round %d: %s", v.Evaluation.Round, figures(v.Evaluation.Federation))
+		}
+		if cfg.DP != nil {
+			ev = fmt.Sprintf("epsilon %.4g  %s", rr.Epsilon, ev)
 		}
 		fmt.Fprintf(stdout, "%5d  %-9s  %-10d  %-8s  %s\n", rr.Round,
 			fmt.Sprintf("%d/%d", len(rr.Contributors), len(rr.Contributors)+len(rr.Stragglers)), len(rr.Stragglers),
@@ -107,6 +116,7 @@ func runDemoSchema(ctx context.Context, f *demoFlags, log *slog.Logger, stdout i
 		}
 		waitSiteBundles(ctx, final, ids, outs, 15*time.Second, stdout)
 	}
+	view, _ := lf.Server.Watch()
 	if err := lf.Stop(); err != nil {
 		return err
 	}
@@ -114,7 +124,7 @@ func runDemoSchema(ctx context.Context, f *demoFlags, log *slog.Logger, stdout i
 		fmt.Fprintf(stdout, "stopped before the run ended (%s)\n", time.Since(start).Round(time.Millisecond))
 		return nil
 	}
-	return printDemoSchemaEnd(f, fed, ids, stateDir, final, start, stdout)
+	return printDemoSchemaEnd(f, fed, ids, stateDir, final, view.Evaluation, start, stdout)
 }
 
 // simConfig is the simulator's configuration that splits the CSV at path
@@ -134,7 +144,13 @@ func (f *demoFlags) simConfig(path string) sim.Config {
 
 // printDemoSchemaEnd prints the final bundle and the federation's and each
 // site's held-out figures next to the centralised reference's.
-func printDemoSchemaEnd(f *demoFlags, fed *sim.SchemaFederation, ids []string, stateDir, final string, start time.Time, stdout io.Writer) error {
+//
+// Under --dp the bundle carries no evaluation: the figures printed are
+// then the aggregator's own (operator) view of the final evaluation, which
+// the demo, holding every site's data, may show (docs/privacy.md,
+// "Evaluation under DP").
+func printDemoSchemaEnd(f *demoFlags, fed *sim.SchemaFederation, ids []string, stateDir, final string, operator *aggregator.EvalStatus,
+	start time.Time, stdout io.Writer) error {
 	b, err := bundle.Read(final)
 	if err != nil {
 		return fmt.Errorf("the final bundle: %w", err)
@@ -145,7 +161,15 @@ func printDemoSchemaEnd(f *demoFlags, fed *sim.SchemaFederation, ids []string, s
 	}
 	fmt.Fprintf(stdout, "done in %s: final bundle %s, round %d, digest %.16s\n", time.Since(start).Round(time.Millisecond), where, b.Provenance.Round, b.Digest)
 	ref := fed.Reference.Eval
-	if e := b.Evaluation; e != nil && ref != nil {
+	e := b.Evaluation
+	if p := b.Privacy; p != nil {
+		fmt.Fprintf(stdout, "privacy: %s\n", p)
+		if operator != nil {
+			e = &bundle.Evaluation{Round: operator.Round, Federation: operator.Federation, Sites: operator.Sites}
+			fmt.Fprintln(stdout, "the bundle carries no evaluation (outside the guarantee); the aggregator's operator view of it:")
+		}
+	}
+	if e != nil && ref != nil {
 		fmt.Fprintf(stdout, "%-24s  %-42s  %s\n", "held-out rows", fmt.Sprintf("edgefl, the final model (round %d)", e.Round), "centralised reference (pooled training rows, same preprocessing)")
 		fmt.Fprintf(stdout, "  %-22s  %-42s  %s\n", fmt.Sprintf("federation (n %d)", e.Federation.N), figures(e.Federation), figures(ref.Federation))
 		for i, s := range fed.Sites {

@@ -26,6 +26,14 @@ const demoSchemaJSON = `{"task": "binary",
  "label": {"column": "outcome", "classes": [{"name": "well", "values": ["0", "well"]}, {"name": "ill", "values": ["1", "ill"]}]},
  "holdout": 0.25}`
 
+// demoDeclaredSchemaJSON is demoSchemaJSON with its preprocessing
+// declared (what --dp needs).
+const demoDeclaredSchemaJSON = `{"task": "binary",
+ "features": [{"name": "age", "type": "numeric", "center": 58, "scale": 12}, {"name": "dose", "type": "numeric", "center": 2, "scale": 1},
+              {"name": "ward", "type": "categorical", "levels": ["A", "B"]}],
+ "label": {"column": "outcome", "classes": [{"name": "well", "values": ["0", "well"]}, {"name": "ill", "values": ["1", "ill"]}]},
+ "holdout": 0.25}`
+
 // demoCSV writes a multi-site CSV (a hospital column, rows of the three
 // sites interleaved, each site its own case mix, missing cells) and the
 // schema into dir.
@@ -249,5 +257,65 @@ func TestRunExitWhenFinishedDeliversTheBundle(t *testing.T) {
 	}
 	if err := agents.Stop(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestDemoSchemaDP: `demo --schema --dp central` with a schema that
+// declares its preprocessing runs the whole path: no statistics phase,
+// every site's model_out byte for byte the aggregator's final bundle,
+// which records the guarantee and no evaluation; the end prints the
+// guarantee and the aggregator's (operator's) view of the evaluation.
+func TestDemoSchemaDP(t *testing.T) {
+	src := t.TempDir()
+	_, csvPath := demoCSV(t, src)
+	schemaPath := filepath.Join(src, "declared.json")
+	testkit.WriteFile(t, schemaPath, demoDeclaredSchemaJSON)
+	dir := filepath.Join(t.TempDir(), "demo")
+	code, out, errOut := runCLI(t, "demo", "--schema", schemaPath, "--dataset", "csv:"+csvPath, "--site-column", "hospital",
+		"--algorithm", "fedprox", "--rounds", "3", "--eval-every", "2", "--l2", "0.01", "--dir", dir,
+		"--dp", "central", "--dp-clip", "0.5", "--dp-noise", "2")
+	if code != 0 {
+		t.Fatalf("demo --schema --dp: exit %d\n%s%s", code, out, errOut)
+	}
+	want, err := os.ReadFile(filepath.Join(dir, "final.bundle.json"))
+	if err != nil {
+		t.Fatalf("no final bundle: %v\n%s", err, out)
+	}
+	b, err := bundle.Unmarshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := b.Privacy; p == nil || b.Evaluation != nil || p.Rounds != 3 || p.NoiseMultiplier != 2 || p.ClipNorm != 0.5 || b.Version != 2 {
+		t.Fatalf("final bundle: version %d, privacy %+v, evaluation %+v", b.Version, b.Privacy, b.Evaluation)
+	}
+	for _, id := range []string{"east", "north", "south"} {
+		if got, err := os.ReadFile(filepath.Join(dir, id+".bundle.json")); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("site %s's model_out: %v (same bytes as the aggregator's: %v)", id, err, bytes.Equal(got, want))
+		}
+	}
+	for _, re := range []string{
+		`(?m)^\s+1\s+3/3\s+0\s+\S+\s+epsilon [0-9.]+`,
+		`every site's model_out .* is the aggregator's final bundle, byte for byte`,
+		`privacy: central differential privacy \(per site\): epsilon [0-9.]+ at delta 1e-05 after 3 rounds`,
+		`the bundle carries no evaluation \(outside the guarantee\); the aggregator's operator view of it:`,
+		`(?m)^  federation \(n \d+\)\s+loss [0-9.]+  accuracy [0-9.]+%`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("output lacks %s:\n%s", re, out)
+		}
+	}
+	if strings.Contains(out, "statistics") {
+		t.Errorf("a statistics phase with a declared schema:\n%s", out)
+	}
+	// export of round 2: the guarantee after 2 rounds, shown.
+	exp := filepath.Join(dir, "round2.bundle.json")
+	code, out, errOut = runCLI(t, "export", "--state", filepath.Join(dir, "aggregator.db"), "--round", "2", "--out", exp)
+	if code != 0 || !strings.Contains(out, "no evaluation: outside the privacy guarantee") || !strings.Contains(out, "privacy: central differential privacy (per site)") ||
+		!strings.Contains(out, "after 2 rounds") {
+		t.Fatalf("export: exit %d\n%s%s", code, out, errOut)
+	}
+	b2, err := bundle.Read(exp)
+	if err != nil || b2.Privacy == nil || b2.Privacy.Rounds != 2 || !(b2.Privacy.Epsilon < b.Privacy.Epsilon) || b2.Evaluation != nil {
+		t.Fatalf("exported bundle of round 2: %v %+v", err, b2)
 	}
 }

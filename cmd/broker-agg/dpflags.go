@@ -14,10 +14,13 @@ type dpFlags struct {
 	mode                       string
 	clip, noise, delta, budget float64
 	rounds                     int
+	// Adaptive clipping: the target quantile (0: a fixed clip norm), the
+	// learning rate and the clip bits' noise (0: K/20).
+	quantile, clipLR, bitNoise float64
 }
 
 func (d *dpFlags) register(fs *flag.FlagSet, calibrates bool) {
-	fs.StringVar(&d.mode, "dp", "off", "client-level differential privacy: off | central (the aggregator clips every update to --dp-clip and adds Gaussian noise of std --dp-noise x --dp-clip to their sum; docs/privacy.md) | distributed (with --secagg: each site adds its share N(0, (z C)^2/t) of the noise to its clipped update before masking, t the secagg threshold; docs/privacy.md \"Threat models\")")
+	fs.StringVar(&d.mode, "dp", "off", "client-level differential privacy: off | central (the aggregator clips every update to --dp-clip and adds Gaussian noise of std --dp-noise x --dp-clip to their sum; the FedSplit family runs in sum mode: the aggregator keeps only the sum of the sites' contributions; the selection is poisson by default, drawn from a secret key, and each selected site is told privately; it reports epsilon and the largest per-site epsilon without amplification; with --schema the schema must declare its preprocessing, and bundles record the guarantee instead of the sites' evaluation; docs/privacy.md) | distributed (with --secagg: each site adds its share N(0, (z C)^2/t) of the noise to its clipped update before masking, t the secagg threshold; uniform selection, published: the per-site epsilon without amplification is the one against the aggregator and the sites; docs/privacy.md \"Threat models\")")
 	fs.Float64Var(&d.clip, "dp-clip", 1, "with --dp: the L2 norm `C` every site's update is clipped to")
 	noise := "with --dp: the noise multiplier `z` (the noise on the sum of clipped updates has std z*C)"
 	if calibrates {
@@ -29,12 +32,16 @@ func (d *dpFlags) register(fs *flag.FlagSet, calibrates bool) {
 	if calibrates {
 		fs.IntVar(&d.rounds, "dp-rounds", 0, "with --dp and --dp-epsilon but no --dp-noise: the rounds the calibrated noise must cover (0: --rounds)")
 	}
+	fs.Float64Var(&d.quantile, "dp-clip-quantile", 0, "with --dp: adaptive clipping (Andrew et al. 2021) to this target `quantile` of the update norms, in (0, 1), e.g. 0.5: every update carries its clip bit, the aggregator noises their sum and moves the clip norm each round from --dp-clip; the bits' cost is inside --dp-noise (the updates get the larger noise multiplier (z^-2 - (2 sigma_b)^-2)^-1/2); 0: a fixed clip norm")
+	fs.Float64Var(&d.clipLR, "dp-clip-lr", 0.2, "with --dp-clip-quantile: the clip norm's geometric learning `rate` eta_C (C <- C exp(-eta_C (b - quantile)))")
+	fs.Float64Var(&d.bitNoise, "dp-clip-bit-noise", 0, "with --dp-clip-quantile: `sigma_b`, the std of the noise on the sum of clip bits; must exceed --dp-noise / 2 (0: K/20, K the sites per round)")
 }
 
 // config is the run's DP configuration (nil: off). q is the sampling rate
 // the calibration of --dp-noise assumes and rounds the run's --rounds
-// (q <= 0: no calibration).
-func (d *dpFlags) config(q float64, rounds int) (*dp.Config, error) {
+// (q <= 0: no calibration); k is the sites per round (the default clip-bit
+// noise is k/20).
+func (d *dpFlags) config(q float64, rounds, k int) (*dp.Config, error) {
 	mode, err := dp.ParseMode(d.mode)
 	switch {
 	case err != nil:
@@ -43,6 +50,15 @@ func (d *dpFlags) config(q float64, rounds int) (*dp.Config, error) {
 		return nil, nil
 	}
 	c := &dp.Config{Clip: d.clip, Noise: d.noise, Delta: d.delta, Budget: d.budget, Distributed: mode == dp.Distributed}
+	if d.quantile != 0 {
+		c.Adaptive = &dp.Adaptive{Quantile: d.quantile, LR: d.clipLR, BitNoise: d.bitNoise}
+		if c.Adaptive.BitNoise == 0 {
+			c.Adaptive.BitNoise = float64(k) / 20
+		}
+	}
+	if q > 0 {
+		q = c.ChargedRate(q) // the distributed mode claims no amplification
+	}
 	if c.Noise == 0 {
 		if q <= 0 || c.Budget == 0 {
 			return nil, errors.New("--dp needs --dp-noise z (the noise multiplier)")

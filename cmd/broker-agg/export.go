@@ -26,7 +26,9 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 
 Writes the model bundle (model, schema, fitted preprocessing, federated
 evaluation, provenance; see package bundle) of a round stored by a run with
---schema. Works while the daemon runs (it asks the daemon's /bundle
+--schema. A run with --dp records its privacy guarantee at that round
+(epsilon, delta, clip, noise, sampling rates) instead of the evaluation, and
+export prints it. Works while the daemon runs (it asks the daemon's /bundle
 endpoint). Use the bundle with edge-agent evaluate / predict.
 
 flags:
@@ -81,7 +83,13 @@ flags:
 			ev += fmt.Sprintf(", accuracy %.4f", e.Federation.Accuracy)
 		}
 	}
+	if p := b.Privacy; p != nil {
+		ev = "no evaluation: outside the privacy guarantee"
+	}
 	fmt.Fprintf(stdout, "wrote %s: round %d of run %s (%s), %d bytes, digest %.16s\n", *out, b.Provenance.Round, b.Provenance.RunID, ev, len(raw), b.Digest)
+	if p := b.Privacy; p != nil {
+		fmt.Fprintf(stdout, "privacy: %s\n", p)
+	}
 	return nil
 }
 

@@ -159,7 +159,7 @@ func (f *serveFlags) registerRounds(fs *flag.FlagSet) {
 
 	fs.StringVar(&f.algo, "algorithm", aggregator.AlgoFedProx, "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator ("+strings.Join(aggregate.Names(), ", ")+"), trained like fedprox")
 	fs.StringVar(&f.agg, "aggregator", "", "how updates are combined: an update aggregator `SPEC` for the FedAvg/FedProx families (e.g. normbound:mult=3:inner=median); fedsplit-robust[:mult=M] (default) or fedsplit-mean for the FedSplit family (default: per --algorithm)")
-	fs.StringVar(&f.sel, "selector", "uniform", "client selection: uniform | samples | loss[:power=P][:explore=E] | window")
+	fs.StringVar(&f.sel, "selector", "", "client selection: uniform | samples | loss[:power=P][:explore=E] | window | poisson[:q=Q] (each online site independently with probability Q, default --per-round / online sites; --dp only); default uniform, poisson with --dp")
 	fs.StringVar(&f.solver, "solver", "sgd", "local solver: sgd | lbfgs")
 	fs.Float64Var(&f.mu, "mu", 0.01, "FedProx proximal weight (0 for fedavg)")
 	fs.Float64Var(&f.step, "step", 1, "FedSplit step size s")
@@ -179,10 +179,10 @@ func (f *serveFlags) registerRounds(fs *flag.FlagSet) {
 // registerFederation registers the flags of the schema, the stopping rules
 // and the model.
 func (f *serveFlags) registerFederation(fs *flag.FlagSet) {
-	fs.StringVar(&f.schema, "schema", "", "federation schema `FILE` (JSON; see deploy/schema.example.json): sites read their CSV by column name, a statistics phase before round 1 fits the federation's preprocessing, the model's inputs and classes follow from it, sites evaluate on held-out rows, model bundles are written")
+	fs.StringVar(&f.schema, "schema", "", "federation schema `FILE` (JSON; see deploy/schema.example.json): sites read their CSV by column name, a statistics phase before round 1 fits the federation's preprocessing (none when the schema declares it, as --dp requires: deploy/schema-dp.example.json), the model's inputs and classes follow from it, sites evaluate on held-out rows, model bundles are written")
 	fs.IntVar(&f.statsSites, "stats-sites", 0, "with --schema: the statistics phase closes once this many sites sent theirs, or at --round-timeout with a quorum (0: --per-round)")
 	fs.IntVar(&f.evalEvery, "eval-every", 10, "with --schema: sites evaluate the global model every `E` rounds (0: only at the end); each evaluation writes latest.bundle.json next to the state file")
-	fs.IntVar(&f.stopPatience, "stop-patience", 0, "with --schema: end the run early after `P` evaluations in a row without the federated loss improving on its best by more than --stop-tol (0: off)")
+	fs.IntVar(&f.stopPatience, "stop-patience", 0, "with --schema: end the run early after `P` evaluations in a row without the federated loss improving on its best by more than --stop-tol (0: off; refused with --dp: the sites' losses are outside the guarantee)")
 	fs.Float64Var(&f.stopTol, "stop-tol", 0, "improvement of the federated evaluation loss that resets --stop-patience")
 	fs.Float64Var(&f.stopDelta, "stop-delta", 0, "end the run early when an aggregation changes the global model by less than this, relatively: ||x_new - x_old|| / ||x_old|| (meant for the FedSplit family; 0: off)")
 
@@ -237,7 +237,7 @@ func (f *serveFlags) serverConfig(log *slog.Logger) (aggregator.ServerConfig, er
 	if err != nil {
 		return cfg, err
 	}
-	if cfg.DP, err = f.dp.config(0, f.rounds); err != nil {
+	if cfg.DP, err = f.dp.config(0, f.rounds, f.k); err != nil {
 		return cfg, err
 	}
 	cfg.SecAgg = f.secagg.settings()

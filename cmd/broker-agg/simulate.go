@@ -60,7 +60,7 @@ flags:
 	fs.Float64Var(&cfg.L2, "l2", cfg.L2, "L2 regularisation lambda of (lambda/2)||w||^2")
 	fs.StringVar(&cfg.Standardize, "standardize", cfg.Standardize, "feature standardisation: none | client | global (default: client for csv/leaf, none otherwise); with --schema: federation | client, overriding the schema's standardize")
 	fs.Float64Var(&cfg.TestFrac, "test-fraction", cfg.TestFrac, "fraction of each client's samples held out for testing (not with --schema: its holdout share applies)")
-	fs.StringVar(&cfg.Select, "select", cfg.Select, "client selection: uniform | samples | loss | window")
+	fs.StringVar(&cfg.Select, "select", cfg.Select, "client selection: uniform | samples | loss | window | poisson[:q=Q] (each client independently with probability Q, default --per-round / --clients); default uniform, poisson with --dp")
 	fs.Float64Var(&cfg.Stragglers, "stragglers", cfg.Stragglers, "straggler rate p: round(K(1-p)) selected clients do E epochs, the rest a random number in [1, E)")
 	fs.StringVar(&cfg.Local.Solver, "solver", cfg.Local.Solver, "local solver: sgd | lbfgs")
 	fs.Float64Var(&cfg.Local.Mu, "mu", cfg.Local.Mu, "FedProx proximal weight mu")
@@ -144,10 +144,24 @@ func (o *simulateFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 		return err
 	}
 	q := 0.0
-	if cfg.Clients > 0 {
-		q = float64(cfg.PerRound) / float64(cfg.Clients)
+	switch {
+	case cfg.Clients > 0:
+		spec := cfg.Select
+		if spec == "" {
+			spec = aggregate.DPSelector // what --dp defaults to; q is only used under --dp
+			if o.secagg.on {
+				spec = "uniform" // --secagg's only selector
+			}
+		}
+		sel, err := aggregate.NewSelector(spec)
+		if err != nil {
+			return fmt.Errorf("--select: %w", err)
+		}
+		q = aggregate.SamplingRate(sel, cfg.PerRound, cfg.Clients)
+	case cfg.Schema != "" && cfg.PerRound == 0:
+		q = 1 // every site of the CSV, every round
 	}
-	if cfg.DP, err = o.dp.config(q, cfg.Rounds); err != nil {
+	if cfg.DP, err = o.dp.config(q, cfg.Rounds, cfg.PerRound); err != nil {
 		return err
 	}
 	if o.secagg.on {

@@ -124,8 +124,8 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 		if p.Budget > 0 {
 			budget = fmt.Sprintf("budget %g", p.Budget)
 		}
-		fmt.Fprintf(w, "differential privacy (%s): epsilon %.4g at delta %g after %d rounds (%s; clip %g, noise multiplier %g)",
-			p.Mode, p.Epsilon, p.Delta, p.Rounds, budget, p.Clip, p.Noise)
+		fmt.Fprintf(w, "differential privacy (%s): epsilon %.4g at delta %g after %d rounds (%s; clip %g, noise multiplier %g); per site without amplification %.4g (the most rounds one site contributed to: %d)",
+			p.Mode, p.Epsilon, p.Delta, p.Rounds, budget, p.Clip, p.Noise, p.EpsilonUnamplified, p.SiteRounds)
 		if st.Schema == "" && st.StopReason != "" {
 			fmt.Fprintf(w, "; run ended: %s", st.StopReason) // printFedStatus says it with a schema
 		}
@@ -227,7 +227,12 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 	if st.Schema == "" {
 		return nil
 	}
-	fmt.Fprintf(w, "\nschema %.16s  statistics from %d sites: %s\n", st.Schema, len(st.StatisticsSites), orDash(strings.Join(st.StatisticsSites, " ")))
+	if len(st.StatisticsSites) == 0 && st.Model != nil {
+		// A fitted transform has at least one statistics site.
+		fmt.Fprintf(w, "\nschema %.16s  preprocessing declared by the schema (no statistics phase)\n", st.Schema)
+	} else {
+		fmt.Fprintf(w, "\nschema %.16s  statistics from %d sites: %s\n", st.Schema, len(st.StatisticsSites), orDash(strings.Join(st.StatisticsSites, " ")))
+	}
 	if m := st.Model; m != nil {
 		fmt.Fprintf(w, "model %s, %d inputs after the federation's preprocessing", m.Kind, m.Inputs)
 		if m.Classes > 0 {
@@ -236,7 +241,11 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 		fmt.Fprintln(w)
 	}
 	if ev := st.Evaluation; ev != nil {
-		fmt.Fprintf(w, "evaluation of round %d (the model after %d aggregations) on the sites' held-out rows:\n", ev.Round, ev.Round)
+		only := ""
+		if st.Privacy != nil {
+			only = " (the operator's only under --dp: no bundle carries it)"
+		}
+		fmt.Fprintf(w, "evaluation of round %d (the model after %d aggregations) on the sites' held-out rows%s:\n", ev.Round, ev.Round, only)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		cls := ev.Federation.Confusion != nil
 		if cls {

@@ -44,6 +44,11 @@ func runEvaluate(_ context.Context, args []string, stdout, stderr io.Writer) err
 		enc.SetIndent("", "  ")
 		return enc.Encode(r)
 	}
+	if p := b.Privacy; p != nil {
+		// The model's guarantee, not this evaluation's: these figures
+		// are of the local CSV and stay here.
+		fmt.Fprintf(stdout, "model      %s\n", p)
+	}
 	fmt.Fprintf(stdout, "n          %d\nloss       %.6g\n", r.N, r.Loss)
 	if r.Confusion == nil {
 		fmt.Fprintf(stdout, "rmse       %.6g\n", r.RMSE)

@@ -281,6 +281,9 @@ type Config struct {
 	SecAggRand     func(site string, round uint64) io.Reader
 	Observe        func(site string, ev agent.Event)
 	SecAggNoiseKey func(site string) *[32]byte
+	// Observers are extra superuser client ids, for tests that watch
+	// every topic through Broker.Dial.
+	Observers []string
 }
 
 // Federation is a running local federation.
@@ -318,7 +321,7 @@ func Start(ctx context.Context, c Config) (*Federation, error) {
 		superuser = aggregator.DefaultClientID
 	}
 	brk, err := broker.Start(broker.Config{Addr: "127.0.0.1:0", Prefix: topics.Prefix(), Users: pw,
-		Superusers: []string{superuser}, Logger: c.Logger})
+		Superusers: append([]string{superuser}, c.Observers...), Logger: c.Logger})
 	if err != nil {
 		return nil, err
 	}
@@ -363,6 +366,10 @@ func (f *Federation) waitServing(ctx context.Context) {
 	case <-ctx.Done():
 	}
 }
+
+// StopAgents stops the agents alone (Stop stops them too): the aggregator
+// and the broker keep running, as when every site goes down.
+func (f *Federation) StopAgents() error { return f.agents.Stop() }
 
 // Wait blocks until the run finished (true), the aggregator stopped
 // (Stop returns its error) or ctx is done.

@@ -23,6 +23,7 @@
 package streams
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"hash/fnv"
 	"io"
@@ -50,6 +51,39 @@ const (
 // Of is the run stream s of seed for (a, b).
 func Of(seed uint64, s Stream, a, b int) *rand.Rand {
 	return rand.New(rand.NewPCG(seed^uint64(s)*golden, uint64(a)<<32^uint64(b)))
+}
+
+// Secret is the run stream s for (a, b) keyed by a secret 32-byte key
+// instead of the public seed: ChaCha8 (a cryptographically secure
+// generator; PCG's state can be recovered from its output) seeded with
+// SHA-256 of a label, the key, s, a and b. Under --dp the selection is
+// drawn from it (docs/privacy.md, "Sampling rate": nobody who knows --seed
+// may predict who is sampled); the key is 32 bytes from crypto/rand in the
+// aggregator's state file, or a key derived from a seed in `simulate` and
+// tests.
+func Secret(key [32]byte, s Stream, a, b int) *rand.Rand {
+	h := sha256.New()
+	h.Write([]byte("edgefl secret stream v1"))
+	h.Write(key[:])
+	var n [24]byte
+	binary.BigEndian.PutUint64(n[0:], uint64(s))
+	binary.BigEndian.PutUint64(n[8:], uint64(a))
+	binary.BigEndian.PutUint64(n[16:], uint64(b))
+	h.Write(n[:])
+	var seed [32]byte
+	copy(seed[:], h.Sum(nil))
+	return rand.New(rand.NewChaCha8(seed))
+}
+
+// Selection is the stream a round's selection is drawn from, for the
+// coordinator and `simulate` alike: Secret(*key, Select, round, attempt)
+// when a selection key is set (--dp), else Of(seed, Select, round,
+// attempt).
+func Selection(seed uint64, key *[32]byte, round, attempt int) *rand.Rand {
+	if key != nil {
+		return Secret(*key, Select, round, attempt)
+	}
+	return Of(seed, Select, round, attempt)
 }
 
 // SiteStream names one kind of a site's randomness.

@@ -55,3 +55,33 @@ func TestStreamsDiffer(t *testing.T) {
 		}
 	}
 }
+
+// Secret streams: keyed by the key, not the seed; distinct across streams,
+// rounds and attempts; Selection picks the keyed stream when a key is set.
+func TestSecretStreams(t *testing.T) {
+	var k1, k2 [32]byte
+	k2[0] = 1
+	seen := map[uint64]string{}
+	for _, k := range [][32]byte{k1, k2} {
+		for s := Init; s <= Codec; s++ {
+			for a := 0; a < 3; a++ {
+				for b := 0; b < 2; b++ {
+					v := Secret(k, s, a, b).Uint64()
+					if _, dup := seen[v]; dup {
+						t.Fatalf("two secret streams draw alike")
+					}
+					seen[v] = "x"
+				}
+			}
+		}
+	}
+	if Selection(1, &k2, 3, 0).Uint64() != Secret(k2, Select, 3, 0).Uint64() {
+		t.Error("Selection with a key is not the secret stream")
+	}
+	if Selection(1, nil, 3, 0).Uint64() != Of(1, Select, 3, 0).Uint64() {
+		t.Error("Selection without a key is not the seeded stream")
+	}
+	if Selection(1, &k1, 3, 0).Uint64() != Selection(2, &k1, 3, 0).Uint64() {
+		t.Error("a keyed selection depends on the public seed")
+	}
+}

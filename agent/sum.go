@@ -1,0 +1,94 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/edgefl/edgefl/internal/streams"
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/uplink"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// FedSplit's sum mode at the site (RoundAnnouncement.split_sum;
+// docs/privacy.md, "FedSplit"; the rule is package uplink's): the update is
+// the clipped delta of z_j against the site's own record c_j of what it
+// has contributed to the aggregator's sum (a join against x while it has
+// none), committed with what it will add to that sum
+// (storage.SumPending); the record advances by exactly that, once, when
+// the accepted receipt comes (sumStore.Ack, storage.EdgeStore.AckSum). A
+// site sends its next update only once the previous one is receipted
+// (ActionWaiting): its sends are then in round order, so the aggregator's
+// duplicate rule (an update of the round it last stored from the site)
+// tells a re-send of a counted update (DUPLICATE: the record advances)
+// from one it never counted (rejected: it does not).
+
+// sumMode reports whether ann runs the FedSplit family in sum mode.
+func sumMode(ann *wire.RoundAnnouncement) bool {
+	return ann.SplitSum && (ann.Algorithm == AlgoFedSplit || ann.Algorithm == AlgoFedProxSplit)
+}
+
+// waitingFor is the round of an unreceipted update older than round in the
+// outbox (0: none): a sum-mode site answers round only after that
+// update's receipt.
+func (h *RoundHandler) waitingFor(round uint64) (uint64, error) {
+	out, err := h.Store.Outbox()
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range out {
+		if e.Round < round {
+			return e.Round, nil
+		}
+	}
+	return 0, nil
+}
+
+// sumUplink encodes a sum-mode update (uplink.EncodeSum) against the
+// site's record, or as a join while it has none.
+func (h *RoundHandler) sumUplink(p *prepared, z []float64) (uplink.Frame, error) {
+	r := p.round
+	u := uplink.SumUpdate{Round: r, Z: z, Global: p.x, Clip: p.clip, Tamper: poison}
+	cr, c, err := h.Store.Contribution()
+	switch {
+	case err == nil:
+		u.Record = &uplink.Record{Round: cr, C: c}
+	case !errors.Is(err, storage.ErrNotFound):
+		return uplink.Frame{}, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
+	}
+	f, err := uplink.EncodeSum(p.codec, u, h.rng(r, streams.SiteCodec))
+	if err != nil {
+		return f, fmt.Errorf("agent: round %d: %w", r, err)
+	}
+	return f, nil
+}
+
+// sumStore is the edge store as the session rules use it: an accepted
+// receipt of a sum-mode update advances the site's record
+// (uplink.Advance, storage.EdgeStore.AckSum) in the transaction that
+// drops its outbox entry; other updates are acknowledged as before.
+type sumStore struct{ *storage.EdgeStore }
+
+// Ack implements sessionStore.
+func (s sumStore) Ack(round uint64) (bool, error) {
+	p, ok, err := s.Pending(round)
+	if err != nil || !ok {
+		if err != nil {
+			return false, err
+		}
+		return s.EdgeStore.Ack(round)
+	}
+	var rec *uplink.Record
+	cr, c, err := s.Contribution()
+	switch {
+	case err == nil:
+		rec = &uplink.Record{Round: cr, C: c}
+	case !errors.Is(err, storage.ErrNotFound):
+		return false, err
+	}
+	next, err := uplink.Advance(rec, round, uplink.Pending{Join: p.Join, V: p.V})
+	if err != nil {
+		return false, fmt.Errorf("agent: the receipt of round %d: %w", round, err)
+	}
+	return s.AckSum(round, cr, next.C)
+}

@@ -1,0 +1,130 @@
+package aggregator
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/edgefl/edgefl/aggregate"
+	"github.com/edgefl/edgefl/dp"
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/uplink"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// The FedSplit family under differential privacy runs in sum mode
+// (docs/privacy.md, "FedSplit"; the rules are uplink's, sum.go): the
+// aggregator keeps S, m and who is counted (uplink.SumState), never a
+// site's z_j, and publishes x = S/m.
+//
+//   - Who is counted: a site is counted from its first update this server
+//     stores and counts in a round's sum (a join: base round 0), with that
+//     round's global model as its starting record (S += x, m += 1). m is
+//     therefore public metadata (how many sites ever contributed), like
+//     the selection; it is not the round's number of contributors.
+//   - An update is stored only if it fits (uplink.SumState.Check against
+//     the state as of the open round): a join from a counted installation
+//     and a delta from a site that is not counted are refused
+//     (BASE_MISMATCH). A join from a new installation of a counted site
+//     (its state file lost: --reset-state) counts it again; its old record
+//     stays in S, as a site that left for good does.
+//   - When the round closes, the contributors' stored updates are
+//     re-clipped, summed in client order, noised from the round's key
+//     stream and added to S with the joins (uplink.SumState.CloseCentral);
+//     the new S and m are stored with the next round's checkpoint in one
+//     transaction (storage.Round.Sum, OpenRound), so a restart that finds
+//     the checkpoint finds the S that produced it, and one that does not
+//     redoes the close from the S before it, drawing the same noise.
+//   - No late updates, no re-selection (as for the FedProx family under
+//     DP), no robust server step (uplink.ErrSplitRobustDP).
+//   - The duplicate rule makes an accepted receipt mean "in S": the
+//     coordinator answers DUPLICATE only for the round it last stored from
+//     the site, and a site in sum mode sends its next update only after
+//     the previous one is receipted (agent/sum.go), so a re-send of a
+//     counted update is a DUPLICATE and one never counted is rejected.
+
+// storeSumUpdate stores an accepted sum-mode update once it fits the sum
+// (uplink.SumState.Check) with its replay log entry, and returns the
+// entry's index; a copy stored before the replay log existed is index 0.
+func (s *Server) storeSumUpdate(u *inUpdate, now time.Time) (uint64, error) {
+	m := u.msg
+	if _, err := s.store.GetUpdate(m.Round, m.ClientId); err == nil {
+		return 0, nil
+	} else if !errors.Is(err, storage.ErrNotFound) {
+		return 0, err
+	}
+	if m.Kind != wire.UpdateKind_UPDATE_KIND_SUM_DELTA {
+		return 0, fmt.Errorf("%w: a %v in sum mode", errOutOfRange, m.Kind) // handleUpdate refuses it first
+	}
+	if err := s.sum.Check(m.ClientId, m.InstanceId, uplink.IsJoin(uplink.HeaderOf(m))); err != nil {
+		return 0, err
+	}
+	return s.store.PutUpdate(storage.Update{Round: m.Round, ClientID: m.ClientId, StoredAt: now,
+		SampleCount: m.SampleCount, Loss: 0, Msg: u.raw}, nil)
+}
+
+// sumAggregate is the closed round's sum-mode step: the contributors'
+// deltas re-clipped, summed, noised and added to S with the joins; the new
+// state waits in s.nextSum for the checkpoint's transaction.
+func (s *Server) sumAggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+	var cs []uplink.SumContribution
+	var bits []bool
+	err := s.forClosed(cr, func(u storage.Update, m *wire.ClientUpdate, d []float64) error {
+		if m.GetKind() != wire.UpdateKind_UPDATE_KIND_SUM_DELTA {
+			return fmt.Errorf("stored update of %q is a %v, not a sum-mode delta", u.ClientID, m.GetKind())
+		}
+		cs = append(cs, uplink.SumContribution{Client: u.ClientID, Instance: m.InstanceId, Join: uplink.IsJoin(uplink.HeaderOf(m)), Delta: d})
+		bits = append(bits, m.ClipBit == 1)
+		return nil
+	})
+	if err != nil {
+		return nil, aggregate.Report{}, err
+	}
+	var key [32]byte
+	copy(key[:], s.stored.NoiseKey)
+	next := s.sum.Clone()
+	clip := s.coord.DPClip()
+	out, err := next.CloseCentral(uint64(cr.Round), s.global, cs, uplink.Private{Clip: clip, Noise: s.cfg.DP.UpdateNoise()}, dp.NoiseRand(key, uint64(cr.Round)))
+	if err != nil {
+		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
+	}
+	if err := s.estimateClip(cr, bits, denominatorOf(cr)); err != nil {
+		return nil, aggregate.Report{}, err
+	}
+	joins := len(uplink.JoinersOf(cs))
+	if joins > 0 {
+		s.log.Info("sites counted in the FedSplit sum", "round", cr.Round, "joined", joins, "counted", next.M)
+	}
+	s.nextSum = next
+	return out, aggregate.Report{Metrics: map[string]float64{"split_counted": float64(next.M), "split_joined": float64(joins), "dp_clip": clip}}, nil
+}
+
+// sumBytes is st as stored with a round (nil outside sum mode).
+func (s *Server) sumBytes(st *uplink.SumState) ([]byte, error) {
+	if st == nil {
+		return nil, nil
+	}
+	b, err := st.MarshalBinary()
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: %w", err)
+	}
+	return b, nil
+}
+
+// restoreSum reads the sum-mode state stored with the current round cur
+// (nothing to read outside sum mode, or once the run has finished).
+func (s *Server) restoreSum(cur storage.Round) error {
+	if s.sum == nil || s.globalR != int(cur.Number) {
+		return nil
+	}
+	if len(cur.Sum) == 0 {
+		return fmt.Errorf("%w: %s: round %d of a FedSplit run under differential privacy has no sum state", storage.ErrCorrupt, s.cfg.StatePath, cur.Number)
+	}
+	if err := s.sum.UnmarshalBinary(cur.Sum); err != nil {
+		return fmt.Errorf("%w: %s: round %d: %w", storage.ErrCorrupt, s.cfg.StatePath, cur.Number, err)
+	}
+	if s.sum.M > 0 && len(s.sum.S) != s.dim {
+		return fmt.Errorf("%w: %s: round %d: a sum of %d values, the model has %d", storage.ErrCorrupt, s.cfg.StatePath, cur.Number, len(s.sum.S), s.dim)
+	}
+	return nil
+}

@@ -1,0 +1,171 @@
+package aggregator
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/edgefl/edgefl/dp"
+	"github.com/edgefl/edgefl/metrics"
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/uplink"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// sumDelta is a sum-mode update: a join (base 0) or a delta against the
+// record of round base.
+func sumDelta(t *testing.T, id string, round, base uint64, d []float64) *wire.ClientUpdate {
+	u := update(t, id, round, d, 10)
+	u.Kind, u.BaseRound = wire.UpdateKind_UPDATE_KIND_SUM_DELTA, base
+	u.Report.AnchorLoss = 0
+	return u
+}
+
+func scaled(v []float64, a float64) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = a * x
+	}
+	return out
+}
+
+// TestServerSumMode runs FedProx:FedSplit under central DP through the
+// real server and a real state file (docs/privacy.md, "FedSplit"): the
+// announcement says sum mode; the first updates join (S += x + delta,
+// m += 1 each); a second join of a counted site is refused
+// (BASE_MISMATCH; uplink's TestSumCheck has the rule) and changes nothing;
+// a delta
+// longer than C is re-clipped; the aggregator keeps no per-site z; after
+// a restart with an update stored and receipted, its re-send is a
+// DUPLICATE and the sum holds it once; S and m come back from the state
+// file. The noise is negligible (z = 1e-9), so each model is checked
+// against the plain sum.
+func TestServerSumMode(t *testing.T) {
+	const c = 2.0
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.K, cfg.Algorithm, cfg.Params.Step, cfg.Params.Relax = 2, AlgoFedProxSplit, 0.5, 1
+	cfg.Init, cfg.InitSeed = InitModel, 3
+	cfg.DP = &dp.Config{Clip: c, Noise: 1e-9, Delta: 1e-5}
+	r := f.start(cfg)
+	a, b := f.agent("site-a", 10), f.agent("site-b", 10)
+	ann := a.nextRound(t, 1)
+	if !ann.SplitSum || ann.Dp == nil {
+		t.Fatalf("round 1 announces split_sum %v, dp %v", ann.SplitSum, ann.Dp)
+	}
+	b.nextRound(t, 1)
+	x1 := decodeGlobal(t, ann)
+	da, db := scaled(vec(0), 0.1), scaled(vec(1), 0.1) // within C
+	a.send(t, sumDelta(t, "site-a", 1, 0, da))
+	wantReceipt(t, a.receipt(t), 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	b.send(t, sumDelta(t, "site-b", 1, 0, db))
+	wantReceipt(t, b.receipt(t), 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	x2 := make([]float64, 6)
+	for i := range x2 {
+		x2[i] = x1[i] + (float64(float32(da[i]))+float64(float32(db[i])))/2
+	}
+	rr := r.round(t)
+	if err := closeTo(rr.Global, x2, 1e-6); err != nil {
+		t.Fatalf("x2: %v", err)
+	}
+	if rr.Metrics["split_counted"] != 2 || rr.Metrics["split_joined"] != 2 {
+		t.Fatalf("round 1 metrics %v", rr.Metrics)
+	}
+
+	// Round 2: a joins again (refused), then a delta far longer than C.
+	a.nextRound(t, 2)
+	b.nextRound(t, 2)
+	a.send(t, sumDelta(t, "site-a", 2, 0, da))
+	wantReceipt(t, a.receipt(t), 2, false, wire.ReceiptCode_RECEIPT_CODE_BASE_MISMATCH)
+	long := scaled(vec(1), 100)
+	a.send(t, sumDelta(t, "site-a", 2, 1, long))
+	wantReceipt(t, a.receipt(t), 2, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+
+	// The aggregator stops with a's update stored and receipted, and b's
+	// not yet sent; a re-sends after the restart (its receipt lost).
+	r.stop(t)
+	r = f.start(cfg)
+	a.send(t, sumDelta(t, "site-a", 2, 1, long))
+	wantReceipt(t, a.receipt(t), 2, true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE)
+	b.send(t, sumDelta(t, "site-b", 2, 1, db))
+	wantReceipt(t, b.receipt(t), 2, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	clipped := f32s(long)
+	if err := uplink.Reclip(clipped, c); err != nil {
+		t.Fatal(err)
+	}
+	x3 := make([]float64, 6)
+	for i := range x3 {
+		x3[i] = rr.Global[i] + (clipped[i]+float64(float32(db[i])))/2
+	}
+	rr = r.round(t)
+	if err := closeTo(rr.Global, x3, 1e-6); err != nil {
+		t.Fatalf("x3 (a's re-clipped delta once): %v", err)
+	}
+
+	// A restart between rounds: S and m come back; zero deltas keep x.
+	r.stop(t)
+	r = f.start(cfg)
+	a.nextRound(t, 3)
+	a.send(t, sumDelta(t, "site-a", 3, 2, make([]float64, 6)))
+	wantReceipt(t, a.answer(t, wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE, 3), 3, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	b.send(t, sumDelta(t, "site-b", 3, 2, make([]float64, 6)))
+	wantReceipt(t, b.answer(t, wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE, 3), 3, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	if x4 := r.round(t).Global; closeTo(x4, x3, 1e-6) != nil {
+		t.Fatalf("x4 = %v after zero deltas, want x3 = %v: S or m was not restored", x4, x3)
+	}
+	r.stop(t)
+
+	st, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if zs, err := st.LatestZ(); err != nil || len(zs) != 0 {
+		t.Fatalf("the aggregator kept per-site z: %d, %v", len(zs), err)
+	}
+	cur, err := st.CurrentRound()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum uplink.SumState
+	if err := sum.UnmarshalBinary(cur.Sum); err != nil || sum.M != 2 || len(sum.Members) != 2 {
+		t.Fatalf("stored sum state: %+v, %v", sum, err)
+	}
+}
+
+// TestServerSumModeRefusals: the robust server step and late updates are
+// refused under DP; FedSplit itself is not.
+func TestServerSumModeRefusals(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.Algorithm, cfg.Params.Step, cfg.Params.Relax = AlgoFedSplit, 0.5, 1
+	cfg.DP = &dp.Config{Clip: 1, Noise: 1, Delta: 1e-5}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("fedsplit under DP: %v", err)
+	}
+	for _, agg := range []string{"fedsplit-robust", "fedsplit-robust:mult=3"} {
+		cfg.Aggregator = agg
+		if err := cfg.Validate(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "needs each site's z_j") {
+			t.Errorf("--aggregator %s under DP: %v, want a refusal", agg, err)
+		}
+	}
+	cfg.Aggregator = "fedsplit-mean"
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("fedsplit-mean under DP: %v", err)
+	}
+}
+
+// TestPrivacyFamilies: /metrics carries the open round's clip norm (which
+// adaptive clipping moves) with the accountant's figures.
+func TestPrivacyFamilies(t *testing.T) {
+	st := &DPState{Accountant: dp.NewAccountant(nil), Clip: 0.37}
+	var b strings.Builder
+	if err := metrics.Write(&b, privacyFamilies(newPrivacyStatus(&dp.Config{Clip: 1, Noise: 1, Delta: 1e-5}, st, 0, 0))); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"edgefl_dp_clip 0.37\n", "edgefl_dp_rounds 0\n", "edgefl_dp_delta 1e-05\n"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, b.String())
+		}
+	}
+}

@@ -1,0 +1,183 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/edgefl/edgefl/aggregator"
+	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/dp"
+	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/localfed"
+	"github.com/edgefl/edgefl/internal/testkit"
+	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/proxsolver"
+	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/uplink"
+)
+
+// testSchemaJSON with its preprocessing declared (what --dp needs).
+var declaredSchemaJSON = strings.NewReplacer(
+	`{"name": "size", "type": "numeric"}`, `{"name": "size", "type": "numeric", "center": 11, "scale": 4}`,
+	`{"name": "colour", "type": "categorical"}`, `{"name": "colour", "type": "categorical", "levels": ["red", "green", "blue"]}`,
+	`{"name": "age", "type": "numeric"}`, `{"name": "age", "type": "numeric", "center": 45, "scale": 20}`,
+).Replace(testSchemaJSON)
+
+// TestSimSchemaDPMatchesLive: `simulate --schema --dp` computes what the
+// daemons compute. The three sites of testSites, a schema that declares
+// its preprocessing, FedProx with an L-BFGS solve under central DP with
+// simulate's noise key (--dp-noise-seed) given to the aggregator, fp32 on
+// the wire: simulate, and live over MQTT the real aggregator.Server and
+// one real agent.Agent per site reading its own CSV by the schema (no
+// statistics phase), give bit for bit the same global model every round;
+// the sites' evaluation reports at the aggregator are simulate's
+// evaluations; the final bundle (every site's model_out, byte for byte the
+// aggregator's) has simulate's weights, no evaluation, and the same
+// privacy guarantee as simulate's bundle.
+func TestSimSchemaDPMatchesLive(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a federation over MQTT")
+	}
+	const rounds = 3
+	dir, perSite := testSites(t)
+	testkit.WriteFile(t, filepath.Join(dir, "schema.json"), declaredSchemaJSON)
+	cfg := schemaConfig(t, dir, "fedprox")
+	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, Epochs: 3, Batch: 10, LR: 0.01, Step: 1, Relax: 1}
+	cfg.Algos = []Algo{{Label: FedProx, Family: FedProx, Agg: "mean", Local: local}}
+	cfg.Rounds, cfg.EvalEvery, cfg.Codec, cfg.Downlink, cfg.Workers, cfg.OptimumEvals = rounds, 1, "fp32", "fp32", 2, 300
+	cfg.DP, cfg.DPNoiseSeed = &dp.Config{Clip: 0.3, Noise: 1.5, Delta: 1e-5}, 7
+	key := dp.TestKey(cfg.DPNoiseSeed)
+
+	simGlobal := map[int][]float64{}
+	cfg.trace = func(_ string, round int, _ map[string]*uplink.Frame, x []float64) { simGlobal[round] = slices.Clone(x) }
+	res, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := res.Runs[0]
+	for _, s := range res.Sites {
+		if s.StatsBytes != 0 {
+			t.Errorf("site %s: %d bytes of statistics with a declared schema", s.ID, s.StatsBytes)
+		}
+	}
+	simBundle, err := res.Bundle(run, "test", time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := simBundle.Marshal(); err != nil {
+		t.Fatal(err)
+	}
+
+	var logs testkit.SyncBuffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the live federation's log:\n%s", logs.String())
+		}
+	})
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	sc, err := schema.Load(cfg.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := t.TempDir()
+	sites := make([]localfed.Site, len(perSite))
+	for i, p := range perSite {
+		sites[i] = localfed.Site{ID: res.Sites[i].ID, Source: "csv:" + p, ModelOut: filepath.Join(live, res.Sites[i].ID+".bundle.json")}
+	}
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	liveGlobal := map[int][]float64{}
+	srvCfg := aggregator.ServerConfig{
+		K: len(sites), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
+		Algorithm: FedProx, Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs, Mu: local.Mu},
+		Model: model.Spec{Kind: model.KindLogReg, L2: cfg.L2}, Schema: sc, EvalEvery: 1,
+		Codec: "fp32", Downlink: "fp32", DP: cfg.DP, DPTestKey: &key, Version: "test",
+		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
+		OnRound: func(rr aggregator.RoundReport) {
+			mu.Lock()
+			defer mu.Unlock()
+			liveGlobal[rr.Round] = slices.Clone(rr.Global)
+		},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	lf, err := localfed.Start(ctx, localfed.Config{Federation: "simlive", Dir: live, Sites: sites, Seed: 1,
+		ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second,
+		NewClock: func() clock.Clock { return clock.NewFake(t0) }, Logger: log, Server: srvCfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	finished := lf.Wait(ctx)
+	final := filepath.Join(live, aggregator.FinalBundle)
+	var want []byte
+	for deadline := time.Now().Add(30 * time.Second); finished; time.Sleep(20 * time.Millisecond) {
+		// Every site writes the bundle of the end announcement: poll.
+		want, _ = os.ReadFile(final)
+		n := 0
+		for _, s := range sites {
+			if got, err := os.ReadFile(s.ModelOut); err == nil && len(want) > 0 && bytes.Equal(got, want) {
+				n++
+			}
+		}
+		if n == len(sites) || time.Now().After(deadline) {
+			if n != len(sites) {
+				t.Errorf("%d of %d sites wrote the aggregator's final bundle to their model_out", n, len(sites))
+			}
+			break
+		}
+	}
+	if err := lf.Stop(); err != nil {
+		t.Error(err)
+	}
+	if !finished {
+		t.Fatal("the live federation did not finish")
+	}
+
+	for r := 1; r <= rounds; r++ {
+		mu.Lock()
+		got := liveGlobal[r]
+		mu.Unlock()
+		if !bitsEqual(got, simGlobal[r]) {
+			t.Errorf("round %d: the live global model differs from simulate's (max |diff| %g)", r, maxDiff(got, simGlobal[r]))
+		}
+	}
+	if maxDiff(simGlobal[rounds], simGlobal[1]) == 0 {
+		t.Error("the global model did not move: the comparison proves nothing")
+	}
+	b, err := bundle.Unmarshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bitsEqual(b.Model.Params, run.Final) || b.Evaluation != nil || b.Privacy == nil {
+		t.Fatalf("final bundle: weights equal simulate's %v, evaluation %+v, privacy %+v", bitsEqual(b.Model.Params, run.Final), b.Evaluation, b.Privacy)
+	}
+	if !reflect.DeepEqual(b.Privacy, simBundle.Privacy) || b.Privacy.Epsilon != float64(run.DP.Epsilon) || b.Privacy.Rounds != rounds {
+		t.Fatalf("privacy: live %+v, simulate %+v (epsilon %v)", b.Privacy, simBundle.Privacy, run.DP.Epsilon)
+	}
+	t.Logf("%d rounds bit for bit; final bundle %d bytes, %s", rounds, len(want), b.Privacy)
+	// The operator's view of the final evaluation is simulate's.
+	store, err := storage.OpenAgg(lf.StatePath, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	st, err := aggregator.ReadStatus(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := run.Rounds[len(run.Rounds)-1].Eval
+	if st.Evaluation == nil || st.Evaluation.Round != rounds || !reflect.DeepEqual(st.Evaluation.Federation, last.Federation) ||
+		!reflect.DeepEqual(st.Evaluation.Sites, last.Sites) || len(st.StatisticsSites) != 0 {
+		t.Fatalf("the aggregator's evaluation %+v, simulate's %+v", st.Evaluation, last)
+	}
+}

@@ -1,0 +1,229 @@
+package storage
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// The census kept incrementally (census.go). Every transaction function of
+// this package gets a *wtx, and every bucket it reaches through it is a
+// *wbucket that knows its top-level bucket and its path; their Put, Delete,
+// CreateBucket, CreateBucketIfNotExists and DeleteBucket shadow bbolt's and
+// update that top-level bucket's tally (count, digest) in the transaction's
+// census as they change the file. The digest is a sum of hashes, so a change
+// adds or subtracts one hash (a deleted nested bucket: its subtree's, counted
+// once). guardedDB.Update writes the census back, in the same transaction,
+// when a change moved it. A write that goes around the wrappers (bbolt's own
+// methods through .Tx or .Bucket, Cursor.Delete) leaves the census behind
+// the file; the next open's full recount refuses the file
+// (TestCensusCatchesBypass), so such a write is a bug caught by the first
+// restart of any test that makes it.
+
+// wtx is a transaction with the census it keeps (cen is nil in a read
+// transaction, and in a write transaction on a file without a census yet:
+// the migration steps before "count entries").
+type wtx struct {
+	*bolt.Tx
+	cen *census
+}
+
+// census is a write transaction's running census: the stored one, moved by
+// every change made through the wrappers.
+type census struct {
+	ts    []tally // in name order, as takeCensus lists them
+	dirty bool
+}
+
+// wbucket is a bucket reached through a wtx. Its reads are bbolt's; its
+// writes keep the census.
+type wbucket struct {
+	b    *bolt.Bucket
+	tx   *wtx
+	top  string // the top-level bucket whose tally counts this one's entries
+	path uint64 // keyHash chain of this bucket's path (fnvOffset: a top-level bucket)
+}
+
+// moved moves the running tally of b's top-level bucket by n entries
+// whose hashes sum to sum, added or removed (nothing without a census, or
+// for meta, which is not counted).
+func (b *wbucket) moved(add bool, n, sum uint64) {
+	c := b.tx.cen
+	if c == nil || b.top == string(bucketMeta) {
+		return
+	}
+	i, ok := slices.BinarySearchFunc(c.ts, b.top, byName)
+	if !ok {
+		return // not counted: a top-level bucket made around the wrappers, which the next open refuses
+	}
+	t := &c.ts[i]
+	if add {
+		t.n, t.sum = t.n+n, t.sum+sum
+	} else {
+		t.n, t.sum = t.n-n, t.sum-sum
+	}
+	c.dirty = true
+}
+
+func byName(t tally, name string) int { return strings.Compare(t.name, name) }
+
+func (b *wbucket) child(nb *bolt.Bucket, k []byte) *wbucket {
+	if nb == nil {
+		return nil
+	}
+	return &wbucket{b: nb, tx: b.tx, top: b.top, path: keyHash(b.path, k)}
+}
+
+// Bucket is the nested bucket k (nil when there is none).
+func (b *wbucket) Bucket(k []byte) *wbucket { return b.child(b.b.Bucket(k), k) }
+
+// Reads, as bbolt's.
+func (b *wbucket) Get(k []byte) []byte                      { return b.b.Get(k) }
+func (b *wbucket) ForEach(fn func(k, v []byte) error) error { return b.b.ForEach(fn) }
+func (b *wbucket) Cursor() *bolt.Cursor                     { return b.b.Cursor() } // reads only: Cursor.Delete bypasses the census
+func (b *wbucket) Stats() bolt.BucketStats                  { return b.b.Stats() }
+
+// Put stores v under k (callers seal it: sput), counting a new key.
+func (b *wbucket) Put(k, v []byte) error {
+	isNew := b.b.Get(k) == nil
+	if err := b.b.Put(k, v); err != nil {
+		return err
+	}
+	if isNew {
+		b.moved(true, 1, keyHash(b.path, k))
+	}
+	return nil
+}
+
+// Delete removes the value under k (none: nothing happens).
+func (b *wbucket) Delete(k []byte) error {
+	if b.b.Get(k) == nil {
+		return b.b.Delete(k) // a nested bucket's key: bbolt's error; absent: nothing
+	}
+	if err := b.b.Delete(k); err != nil {
+		return err
+	}
+	b.moved(false, 1, keyHash(b.path, k))
+	return nil
+}
+
+// CreateBucket creates the nested bucket k (it must not exist).
+func (b *wbucket) CreateBucket(k []byte) (*wbucket, error) {
+	nb, err := b.b.CreateBucket(k)
+	if err != nil {
+		return nil, err
+	}
+	b.moved(true, 1, keyHash(b.path, k))
+	return b.child(nb, k), nil
+}
+
+// CreateBucketIfNotExists returns the nested bucket k, creating it.
+func (b *wbucket) CreateBucketIfNotExists(k []byte) (*wbucket, error) {
+	if nb := b.Bucket(k); nb != nil {
+		return nb, nil
+	}
+	return b.CreateBucket(k)
+}
+
+// DeleteBucket deletes the nested bucket k and everything under it.
+func (b *wbucket) DeleteBucket(k []byte) error {
+	var sub tally
+	h := keyHash(b.path, k)
+	if nb := b.b.Bucket(k); nb != nil {
+		sub.name = b.top
+		if err := tallyBucket(nb, h, &sub); err != nil {
+			return err
+		}
+	}
+	if err := b.b.DeleteBucket(k); err != nil {
+		return err
+	}
+	b.moved(false, sub.n+1, sub.sum+h)
+	return nil
+}
+
+// Bucket is the top-level bucket name (nil when there is none).
+func (tx *wtx) Bucket(name []byte) *wbucket {
+	b := tx.Tx.Bucket(name)
+	if b == nil {
+		return nil
+	}
+	return &wbucket{b: b, tx: tx, top: string(name), path: fnvOffset}
+}
+
+// counted adds an empty top-level bucket to the census.
+func (tx *wtx) counted(name []byte) {
+	c := tx.cen
+	if c == nil || string(name) == string(bucketMeta) {
+		return
+	}
+	i, ok := slices.BinarySearchFunc(c.ts, string(name), byName)
+	if !ok {
+		c.ts = slices.Insert(c.ts, i, tally{name: string(name)})
+		c.dirty = true
+	}
+}
+
+// CreateBucket creates the top-level bucket name.
+func (tx *wtx) CreateBucket(name []byte) (*wbucket, error) {
+	if _, err := tx.Tx.CreateBucket(name); err != nil {
+		return nil, err
+	}
+	tx.counted(name)
+	return tx.Bucket(name), nil
+}
+
+// CreateBucketIfNotExists returns the top-level bucket name, creating it.
+func (tx *wtx) CreateBucketIfNotExists(name []byte) (*wbucket, error) {
+	if b := tx.Bucket(name); b != nil {
+		return b, nil
+	}
+	return tx.CreateBucket(name)
+}
+
+// DeleteBucket deletes the top-level bucket name and drops it from the
+// census.
+func (tx *wtx) DeleteBucket(name []byte) error {
+	if err := tx.Tx.DeleteBucket(name); err != nil {
+		return err
+	}
+	if c := tx.cen; c != nil {
+		c.ts = slices.DeleteFunc(c.ts, func(t tally) bool { return t.name == string(name) })
+		c.dirty = true
+	}
+	return nil
+}
+
+// selfCheckCensus makes every write transaction recount the file and
+// compare it with the census it kept (set by the package's tests, so that
+// every test's writes check the wrappers; never in a binary).
+var selfCheckCensus bool
+
+// loadCensus starts a write transaction's running census from the stored
+// one (none: the file has no census yet, and none is kept).
+func loadCensus(tx *bolt.Tx) (*census, error) {
+	ts, ok, err := storedCensus(tx)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return &census{ts: ts}, nil
+}
+
+// saveCensus writes the running census back when a change moved it.
+func (c *census) save(tx *bolt.Tx) error {
+	if c == nil || !c.dirty {
+		return nil
+	}
+	for _, t := range c.ts {
+		if t.n > 1<<62 {
+			return fmt.Errorf("%w: bucket %s's count went below zero: the census was behind the file", ErrCorrupt, t.name)
+		}
+	}
+	meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+	if err != nil {
+		return err
+	}
+	return meta.Put(keyCensus, seal(keyCensus, encodeCensus(c.ts)))
+}
