@@ -407,6 +407,11 @@ func (a *Agent) loop(ctx context.Context) {
 			return
 		case <-a.wake:
 		}
+		if ctx.Err() != nil {
+			// Both were ready and select chose the wake: nothing new is
+			// started once the agent is stopping.
+			return
+		}
 		var ann *wire.RoundAnnouncement
 		var share *wire.SecAggMessage
 		invited := false

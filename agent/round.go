@@ -153,6 +153,12 @@ type Result struct {
 	// SecAggKind is the kind of the secagg message in Msg (ActionSecAgg,
 	// and ActionResend of a ShareKeys in the masked phase).
 	SecAggKind secagg.Kind
+	// Waiting is the earlier round whose unreceipted entry a sum-mode round
+	// waits for (ActionWaiting); under secure aggregation Msg is then that
+	// entry, re-sent: the aggregator answers it with the earlier round's
+	// UPDATE receipt once that round has closed (docs/secagg.md, "FedSplit
+	// under secure aggregation").
+	Waiting uint64
 }
 
 // RoundHandler runs the edge side of a round over an EdgeStore, without any
@@ -329,10 +335,13 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 		return res, nil
 	}
 	if sumMode(ann) {
-		if w, err := h.waitingFor(r); err != nil {
+		if w, msg, err := h.waitingFor(r); err != nil {
 			return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
 		} else if w > 0 {
-			res.Action = ActionWaiting
+			res.Action, res.Waiting = ActionWaiting, w
+			if secAggKindOf(msg) != 0 {
+				res.Msg = msg
+			}
 			return res, nil
 		}
 	}

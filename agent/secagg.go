@@ -102,10 +102,45 @@ func (h *RoundHandler) secAggRand(round uint64) io.Reader {
 	return crand.Reader
 }
 
-// secAggMessage is the wire envelope of a site's secagg message m.
+// secAggMessage is the wire envelope of a site's secagg message m. In sum
+// mode an AdvertiseKeys names the round of the site's record its input is
+// a delta against (0: a join) and the installation (the aggregator's
+// uplink.SumState.Check).
 func (h *RoundHandler) secAggMessage(ann *wire.RoundAnnouncement, m secagg.Message) ([]byte, error) {
-	return wire.Encode(&wire.SecAggMessage{ClientId: h.ClientID, RunId: ann.RunId, Round: ann.Round,
-		Attempt: ann.Secagg.Attempt, Kind: uint32(m.Kind()), Payload: secagg.Encode(m), SentAtUnixMs: h.clock().Now().UnixMilli()})
+	w := &wire.SecAggMessage{ClientId: h.ClientID, RunId: ann.RunId, Round: ann.Round,
+		Attempt: ann.Secagg.Attempt, Kind: uint32(m.Kind()), Payload: secagg.Encode(m), SentAtUnixMs: h.clock().Now().UnixMilli()}
+	if m.Kind() == secagg.KindAdvertiseKeys && sumMode(ann) {
+		p, ok, err := h.Store.Pending(ann.Round)
+		switch {
+		case err != nil:
+			return nil, h.diskErr(err)
+		case !ok:
+			// The round's first AdvertiseKeys: committed with its pending
+			// contribution in the same transaction (secAggCommit).
+			if w.BaseRound, err = h.recordRound(); err != nil {
+				return nil, err
+			}
+		case !p.Join:
+			if w.BaseRound, err = h.recordRound(); err != nil {
+				return nil, err
+			}
+		}
+		w.InstanceId = h.InstanceID
+	}
+	return wire.Encode(w)
+}
+
+// recordRound is the round of the site's sum-mode record c_j (0: none,
+// the site joins).
+func (h *RoundHandler) recordRound() (uint64, error) {
+	r, _, err := h.Store.Contribution()
+	if errors.Is(err, storage.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, h.diskErr(err)
+	}
+	return r, nil
 }
 
 // newSecAggClient makes the site's client of the announcement's session.
@@ -126,7 +161,13 @@ func (h *RoundHandler) secAggCommit(ann *wire.RoundAnnouncement, p *prepared, se
 	if err != nil {
 		return res, bad(r, "secagg: %v", err)
 	}
-	input, err := h.secAggInput(ann, q, sent, p.x)
+	var input []uint32
+	var pending *storage.SumPending
+	if p.sum {
+		input, pending, err = h.secAggSumInput(ann, q, sent, p.x)
+	} else {
+		input, err = h.secAggInput(ann, q, sent, p.x)
+	}
 	if err != nil {
 		return res, err
 	}
@@ -138,7 +179,11 @@ func (h *RoundHandler) secAggCommit(ann *wire.RoundAnnouncement, p *prepared, se
 	if err != nil {
 		return res, err
 	}
-	if err := h.Store.Commit(storage.Commit{Round: r, Msg: msg, SecAgg: rec}); err != nil {
+	commit := storage.Commit{Round: r, Msg: msg, SecAgg: rec}
+	if p.sum {
+		commit.Z, commit.Pending = sent, pending
+	}
+	if err := h.Store.Commit(commit); err != nil {
 		if errors.Is(err, storage.ErrAlreadyApplied) {
 			return h.resend(res)
 		}
@@ -357,13 +402,14 @@ func secAggKindOf(msg []byte) uint32 {
 }
 
 // secAggRefusals is what a site refuses under secure aggregation, as the
-// aggregator does (aggregator/server_secagg.go): the FedSplit family (no
-// sum mode yet), anchor gradients (per site), and DP (not composed yet).
+// aggregator does (aggregator/server_secagg.go): the FedSplit family
+// outside sum mode (the aggregator would need each z_j), anchor gradients
+// (per site), and central DP.
 func secAggRefusals(ann *wire.RoundAnnouncement, split bool) error {
 	switch {
 	case ann.Secagg == nil:
 		return nil
-	case split:
+	case split && !sumMode(ann):
 		return uplink.ErrSecAggSplit
 	case ann.AnchorSketch != nil:
 		return errors.New("secure aggregation with an anchor gradient: refused (it is per site)")
@@ -389,6 +435,49 @@ func SecAggSession(s *storage.EdgeStore) (round uint64, attempt uint32, input []
 	return rec.round, rec.attempt, rec.input, nil
 }
 
+// secAggSumInput is a sum-mode site's input (uplink.SecAggSumInput): the
+// quantised delta of its z_j against its record c_j (a join: against x on
+// the grid), under distributed DP clipped and with its noise share, and
+// what it adds to the record once the round's UPDATE receipt confirms it
+// is in the sum.
+func (h *RoundHandler) secAggSumInput(ann *wire.RoundAnnouncement, q secagg.Quantizer, z, global []float64) ([]uint32, *storage.SumPending, error) {
+	r := ann.Round
+	u := uplink.SumUpdate{Round: r, Z: z, Global: global, Tamper: poison}
+	cr, c, err := h.Store.Contribution()
+	switch {
+	case err == nil:
+		u.Record = &uplink.Record{Round: cr, C: c}
+	case !errors.Is(err, storage.ErrNotFound):
+		return nil, nil, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
+	}
+	var sd *uplink.SecAggDP
+	if d := ann.GetDp(); d != nil {
+		key, err := h.noiseKey(r)
+		if err != nil {
+			return nil, nil, err
+		}
+		sd = &uplink.SecAggDP{Clip: d.ClipNorm, Std: dp.SiteStd(d.NoiseMultiplier, d.ClipNorm, int(d.NoiseShares)), Noise: dp.NoiseRand(key, r)}
+	}
+	in, p, err := uplink.SecAggSumInput(q, u, sd, h.secAggRand(r))
+	if err != nil {
+		return nil, nil, fmt.Errorf("agent: round %d: %w", r, err)
+	}
+	return in, &storage.SumPending{Join: p.Join, V: p.V}, nil
+}
+
+// noiseKey is the site's distributed-DP noise key (kept in its edge store;
+// a test's fixed key when RoundHandler.SecAggNoiseKey is set).
+func (h *RoundHandler) noiseKey(r uint64) ([32]byte, error) {
+	key, err := h.Store.SecAggNoiseKey()
+	if err != nil {
+		return key, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
+	}
+	if h.SecAggNoiseKey != nil {
+		key = *h.SecAggNoiseKey
+	}
+	return key, nil
+}
+
 // secAggInput is the site's input: its quantised update, and under
 // distributed DP (docs/privacy.md "Threat models") its clipped update plus
 // its noise share, drawn from the round's stream of the site's secret
@@ -404,12 +493,9 @@ func (h *RoundHandler) secAggInput(ann *wire.RoundAnnouncement, q secagg.Quantiz
 		}
 		return in, nil
 	}
-	key, err := h.Store.SecAggNoiseKey()
+	key, err := h.noiseKey(r)
 	if err != nil {
-		return nil, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
-	}
-	if h.SecAggNoiseKey != nil {
-		key = *h.SecAggNoiseKey
+		return nil, err
 	}
 	std := dp.SiteStd(d.NoiseMultiplier, d.ClipNorm, int(d.NoiseShares))
 	in, err := uplink.SecAggNoisyInput(q, sent, global, d.ClipNorm, std, dp.NoiseRand(key, r), h.secAggRand(r))

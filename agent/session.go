@@ -29,6 +29,7 @@ type sessionStore interface {
 	Ack(round uint64) (bool, error)
 	AckRejected(round uint64) (bool, error)
 	AckIf(round uint64, match func(msg []byte) bool) (bool, error)
+	HasPending(round uint64) (bool, error)
 }
 
 // pendingKey names a message re-sent until the aggregator receipts it: an
@@ -428,6 +429,12 @@ func (s *session) solveDone(ev solveDone) []action {
 	case res.Action == ActionSecAgg:
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendFirst})
 	case res.Action == ActionWaiting:
+		if res.Msg != nil {
+			// Secure aggregation: the earlier round's last message again,
+			// which the aggregator answers with that round's UPDATE
+			// receipt once the round has closed.
+			acts = append(acts, action{kind: actPublishUpdate, key: updateKey(res.Waiting), msg: res.Msg, why: sendAgain})
+		}
 		// The receipt may have come while the handler looked at the
 		// outbox: then the round goes back to the solver now.
 		if s.olderUnreceipted(ann.Round) {
@@ -528,12 +535,23 @@ func (s *session) secAggReceipt(r *wire.Receipt) []action {
 	// (the aggregator answers a duplicate with it). Any other accepted
 	// message, and every rejected one, leaves.
 	keep := r.Accepted && r.SecaggKind == wire.SecAggKindShareKeys
-	had, err := s.store.AckIf(r.Round, func(msg []byte) bool { return !keep && secAggKindOf(msg) == r.SecaggKind })
+	// FedSplit's sum mode (docs/secagg.md, "FedSplit under secure
+	// aggregation"): the entry carries what the site's input adds to its
+	// record, and only the round's UPDATE receipt says whether the input
+	// is in the round's sum. A secagg receipt, accepted or rejected (an
+	// aborted session's message), leaves it: it is re-sent on the next
+	// connection and with the next round's announcement, which the
+	// aggregator answers with that UPDATE receipt once the round closed.
+	sum, err := s.store.HasPending(r.Round)
+	if err != nil {
+		return []action{{kind: actStoreFailed, what: "read the pending contribution", err: err}}
+	}
+	had, err := s.store.AckIf(r.Round, func(msg []byte) bool { return !keep && !sum && secAggKindOf(msg) == r.SecaggKind })
 	if err != nil {
 		return []action{{kind: actStoreFailed, what: "ack secagg receipt", err: err}}
 	}
 	var acts []action
-	if had {
+	if had || sum {
 		acts = s.cancelRetry(r.Round)
 	}
 	outcome := receiptAccepted

@@ -61,11 +61,36 @@ func TestSessionSecAgg(t *testing.T) {
 		return a
 	}
 	adv, share, masked := sam(t, 3, 1), sam(t, 3, 3), sam(t, 3, 5)
+	upd := func(round uint64, code wire.ReceiptCode) receiptArrived {
+		return rcpt(wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE, round, code)
+	}
 	tests := []struct {
-		name   string
-		outbox map[uint64][]byte
-		steps  []sessionStep
+		name    string
+		outbox  map[uint64][]byte
+		pending map[uint64]bool // FedSplit's sum mode
+		steps   []sessionStep
 	}{
+		{name: "sum mode: secagg receipts keep the entry, the round's UPDATE receipt ends it", outbox: map[uint64][]byte{3: masked},
+			pending: map[uint64]bool{3: true}, steps: []sessionStep{
+				{ev: saRcpt(3, 5, codeOK), want: []string{"receipt secagg/3 accepted"}, check: outboxIs(map[uint64]string{3: "sa5"})},
+				{ev: saRcpt(3, 5, codeStale), want: []string{"receipt secagg/3 rejected"}, check: outboxIs(map[uint64]string{3: "sa5"})},
+				{ev: connected{}, want: []string{"publish update/3 sa5 reconnect"}},
+				{ev: upd(3, codeOK), want: []string{"receipt update/3 accepted had"}, check: outboxIs(nil)},
+			}},
+		{name: "sum mode: a rejected UPDATE receipt drops the entry", outbox: map[uint64][]byte{3: masked},
+			pending: map[uint64]bool{3: true}, steps: []sessionStep{
+				{ev: upd(3, codeStale), want: []string{"receipt update/3 rejected"}, check: outboxIs(nil)},
+			}},
+		{name: "sum mode: a round waiting for an earlier secagg round re-sends its entry, and goes on after its receipt",
+			outbox: map[uint64][]byte{3: masked}, pending: map[uint64]bool{3: true}, steps: []sessionStep{
+				{ev: announced{secAggAnn(4)}, want: []string{"wake"}},
+				{ev: idle{}, want: []string{"start A/4"}},
+				{ev: solveDone{ann: secAggAnn(4), res: Result{Round: 4, Action: ActionWaiting, Waiting: 3, Msg: masked}},
+					want: []string{"done 4 waiting", "publish update/3 sa5 again"}},
+				{ev: idle{}, want: nil},
+				{ev: upd(3, codeOK), want: []string{"receipt update/3 accepted had", "wake"}},
+				{ev: idle{}, want: []string{"start A/4"}},
+			}},
 		{name: "the advertisement of a solved round is published", steps: []sessionStep{
 			{ev: announced{secAggAnn(3)}, want: []string{"wake"}},
 			{ev: idle{}, want: []string{"start A/3"}},
@@ -122,6 +147,7 @@ func TestSessionSecAgg(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newSessionHarness()
 			maps.Copy(h.store.outbox, tc.outbox)
+			h.store.pending = maps.Clone(tc.pending)
 			for i, st := range tc.steps {
 				h.got = nil
 				if st.ev != nil {

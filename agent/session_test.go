@@ -22,8 +22,9 @@ import (
 // memStore is a sessionStore in memory.
 type memStore struct {
 	outbox   map[uint64][]byte
-	rejected []uint64 // rounds AckRejected
-	err      error    // returned by every call when set
+	pending  map[uint64]bool // rounds with a sum-mode pending contribution
+	rejected []uint64        // rounds AckRejected
+	err      error           // returned by every call when set
 }
 
 func (m *memStore) Outbox() ([]storage.OutboxEntry, error) {
@@ -43,6 +44,7 @@ func (m *memStore) Ack(round uint64) (bool, error) {
 	}
 	_, had := m.outbox[round]
 	delete(m.outbox, round)
+	delete(m.pending, round)
 	return had, nil
 }
 
@@ -56,6 +58,10 @@ func (m *memStore) AckIf(round uint64, match func([]byte) bool) (bool, error) {
 	}
 	delete(m.outbox, round)
 	return true, nil
+}
+
+func (m *memStore) HasPending(round uint64) (bool, error) {
+	return m.pending[round], m.err
 }
 
 func (m *memStore) AckRejected(round uint64) (bool, error) {

@@ -101,12 +101,16 @@ type AcceptSecAgg struct {
 
 // RejectSecAgg: do not store; receipt with the reason's code (Duplicate:
 // an accepted receipt, and for a ShareKeys in the masked phase the site's
-// ShareList again).
+// ShareList again). Closed: the message is of a closed round, and the
+// reason says whether the site's input is in that round's sum (Duplicate)
+// or not (StaleRound): in FedSplit's sum mode the shell answers with the
+// round's UPDATE receipt too (server_secagg_sum.go).
 type RejectSecAgg struct {
 	Round  int
 	Kind   int
 	Client string
 	Reason Reason
+	Closed bool
 }
 
 // SecAggAdvance: close Phase of (Round, Attempt): advance the
@@ -235,12 +239,13 @@ func (c *Coordinator) judgeSecAgg(e SecAggArrived) Decision {
 	case c.cfg.SecAgg == nil:
 		return rej(NotSelected)
 	case e.Round < c.round || (e.Round == c.round && c.phase == PhaseFinished):
+		d := RejectSecAgg{Round: e.Round, Kind: e.Kind, Client: e.Client, Reason: StaleRound, Closed: true}
 		if cl.lastRound == e.Round {
 			// Its input is in that round's sum: a re-send (after a
 			// restart) is answered as a duplicate, so the site clears it.
-			return rej(Duplicate)
+			d.Reason = Duplicate
 		}
-		return rej(StaleRound)
+		return d
 	case e.Round > c.round, c.phase == PhaseStatistics, c.phase == PhaseFitting:
 		return rej(FutureRound)
 	case e.Attempt < c.sa.attempt:

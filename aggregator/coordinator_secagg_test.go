@@ -92,9 +92,9 @@ func TestCoordinatorSecAggRound(t *testing.T) {
 		[]Decision{RejectSecAgg{Round: 1, Kind: 7, Client: "a", Reason: Duplicate}})
 	c.Step(AggregatedRound{Round: 1, At: ms(450)})
 	mustEqual(t, "a's unmask response re-sent in the next round", propose(t, c, sa("a", 1, 0, 7, 460)),
-		[]Decision{RejectSecAgg{Round: 1, Kind: 7, Client: "a", Reason: Duplicate}})
+		[]Decision{RejectSecAgg{Round: 1, Kind: 7, Client: "a", Reason: Duplicate, Closed: true}})
 	mustEqual(t, "c's (not in the sum)", propose(t, c, sa("c", 1, 0, 3, 460)),
-		[]Decision{RejectSecAgg{Round: 1, Kind: 3, Client: "c", Reason: StaleRound}})
+		[]Decision{RejectSecAgg{Round: 1, Kind: 3, Client: "c", Reason: StaleRound, Closed: true}})
 	if att, ph, _ := c.SecAggSession(); att != 0 || ph != SecAggAdvertise || c.Round() != 2 {
 		t.Fatalf("next round: round %d session %d phase %d", c.Round(), att, ph)
 	}

@@ -130,6 +130,7 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	if err != nil {
 		return err
 	}
+	s.receiptSumSecAgg(cr) // after S is stored with the checkpoint: persist before send
 	agg := AggregatedRound{Round: r, At: now}
 	hr := RoundRecord{Round: r, AggregatedAt: now, Participants: len(cr.Contributors), Late: cr.Late,
 		Partial: slices.Clone(cr.Partial), Stragglers: slices.Clone(cr.Stragglers)}

@@ -10,6 +10,7 @@ import (
 	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/secagg"
+	splitpkg "github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
@@ -69,10 +70,11 @@ func (cfg *ServerConfig) checkSecAgg(d *derived) error {
 	refuse := func(format string, a ...any) error {
 		return fmt.Errorf("%w: secure aggregation (--secagg): %s", ErrConfig, fmt.Sprintf(format, a...))
 	}
+	split := isSplit(d.fam)
 	switch {
-	case isSplit(d.fam):
-		return fmt.Errorf("%w: %w", ErrConfig, uplink.ErrSecAggSplit)
-	case d.aggSpec != "fedavg" && d.aggSpec != "mean":
+	case split && cfg.Aggregator != "" && cfg.Aggregator != splitpkg.StepMean:
+		return refuse("--aggregator %s: %v", cfg.Aggregator, uplink.ErrSplitRobustDP)
+	case !split && d.aggSpec != "fedavg" && d.aggSpec != "mean":
 		return refuse("aggregator %q needs the individual updates (robust and similarity aggregators screen or weigh each one); under --secagg the aggregator sees only the sum: use fedavg or mean (both become the uniform mean of the sum; a norm bound is the sites' own clipping, --secagg-clip)", d.aggSpec)
 	case cfg.Selector != "uniform" && cfg.Selector != "":
 		return refuse("selector %q: %v", cfg.Selector, uplink.ErrSecAggSelector)
@@ -112,6 +114,10 @@ func (cfg *ServerConfig) checkSecAgg(d *derived) error {
 	}
 	d.coord.Quorum = max(d.coord.Quorum, sc.Threshold)
 	d.coord.SecAgg = &SecAggConfig{Threshold: sc.Threshold, Timeout: sc.Timeout}
+	if split {
+		// Sum mode (server_secagg_sum.go): S and m, no late updates.
+		d.aggSpec, d.sum, d.coord.StoreLate = "", true, false
+	}
 	return nil
 }
 
@@ -221,6 +227,9 @@ func (s *Server) storeSecAgg(d Decision, now time.Time) (uint64, error) {
 	if !ok || in == nil || in.msg.ClientId != a.Client || clampRound(in.msg.Round) != a.Round || int(in.msg.Kind) != a.Kind {
 		return 0, fmt.Errorf("%w: %#v", errNotGiven, d)
 	}
+	if err := s.checkSumSecAgg(in.msg); err != nil {
+		return 0, err
+	}
 	srv, err := s.secAggSession(a.Round, a.Attempt)
 	if err != nil {
 		return 0, err
@@ -243,6 +252,16 @@ func (s *Server) refuseSecAgg(err error) error {
 		return err
 	}
 	m := s.pendSecAgg.msg
+	if errors.Is(err, uplink.ErrBaseMismatch) {
+		// Sum mode: a join of a counted site, or a delta of one that is
+		// not counted; its input never enters a sum, and the UPDATE
+		// receipt ends the site's pending contribution.
+		s.reject(m.ClientId, "base_mismatch")
+		s.log.Warn("secagg message rejected", "client", m.ClientId, "round", m.Round, "reason", "base_mismatch", "detail", err)
+		s.receiptSecAgg(m.ClientId, m.Round, m.Kind, false, wire.ReceiptCode_RECEIPT_CODE_BASE_MISMATCH, err.Error(), time.Time{})
+		s.receipt(&wire.ClientUpdate{ClientId: m.ClientId, Round: m.Round}, false, wire.ReceiptCode_RECEIPT_CODE_BASE_MISMATCH, err.Error(), time.Time{})
+		return nil
+	}
 	if errors.Is(err, errSecAggRefused) {
 		s.reject(m.ClientId, "secagg_refused")
 		s.log.Warn("secagg message refused", "client", m.ClientId, "round", m.Round, "kind", m.Kind, "err", err)
@@ -267,6 +286,9 @@ func (s *Server) answerSecAgg(d Decision, storedAt time.Time) {
 		s.log.Info("secagg message stored", "client", d.Client, "round", d.Round, "attempt", d.Attempt, "kind", secagg.Kind(d.Kind).String())
 		s.receiptSecAgg(d.Client, uint64(d.Round), uint32(d.Kind), true, code, "", storedAt)
 	case RejectSecAgg:
+		if d.Closed && s.sum != nil {
+			s.answerClosedSum(d)
+		}
 		if d.Reason == Duplicate {
 			s.log.Info("duplicate secagg message ignored", "client", d.Client, "round", d.Round, "kind", secagg.Kind(d.Kind).String())
 			s.receiptSecAgg(d.Client, uint64(d.Round), uint32(d.Kind), true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE, "duplicate: stored earlier", s.clock.Now())
@@ -438,6 +460,9 @@ func (s *Server) secAggAggregate(cr CloseRound) ([]float64, aggregate.Report, er
 	_, q, err := uplink.SecAggSetup(s.secAggSpec(attempt), s.dim)
 	if err != nil {
 		return nil, aggregate.Report{}, err
+	}
+	if s.sum != nil {
+		return s.secAggSumAggregate(cr, attempt, q, sum)
 	}
 	out, err := uplink.SecAggMean(q, s.global, sum, len(cr.Contributors))
 	if err != nil {

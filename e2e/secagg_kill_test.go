@@ -29,9 +29,15 @@ import (
 
 const secAggRounds = 5
 
-func secAggConf(federation string) kv {
+// secAggAlgos are the runs the kills are made in: FedProx (the uniform
+// mean of the sum) and FedProx:FedSplit in sum mode (docs/secagg.md,
+// "FedSplit under secure aggregation": S and m, each site's record c_j
+// advanced on its round's UPDATE receipt).
+var secAggAlgos = []struct{ algorithm, aggregator string }{{"fedprox", "mean"}, {"fedproxsplit", "fedsplit-mean"}}
+
+func secAggConf(federation, algorithm, aggregator string) kv {
 	return aggDefaults(federation).with(kv{
-		{"algorithm", "fedprox"}, {"aggregator", "mean"},
+		{"algorithm", algorithm}, {"aggregator", aggregator},
 		{"per_round", "4"}, {"rounds", fmt.Sprint(secAggRounds)},
 		{"secagg", "true"}, {"secagg_clip", "0.5"}, {"secagg_timeout", "5s"},
 	})
@@ -69,12 +75,18 @@ var secAggPhases = []struct {
 
 func TestSecAggAggregatorKilledInEveryPhase(t *testing.T) {
 	e2eTest(t)
+	for _, al := range secAggAlgos {
+		t.Run(al.algorithm, func(t *testing.T) { testSecAggAggregatorKilled(t, al.algorithm, al.aggregator) })
+	}
+}
+
+func testSecAggAggregatorKilled(t *testing.T, algorithm, aggregator string) {
 	dir := t.TempDir()
 	const federation = "sakillagg"
 	passwd := filepath.Join(dir, "passwd")
 	setPasswords(t, dir, passwd, siteIDs(4)...)
 	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	agg := newAggregator(t, dir, secAggConf(federation).with(kv{{"listen", listen}, {"password_file", passwd}}))
+	agg := newAggregator(t, dir, secAggConf(federation, algorithm, aggregator).with(kv{{"listen", listen}, {"password_file", passwd}}))
 	edges := startEdges(t, dir, federation, "tcp://"+listen, 4, 60, nil)
 	for i, ph := range secAggPhases {
 		r := i + 1
@@ -83,17 +95,23 @@ func TestSecAggAggregatorKilledInEveryPhase(t *testing.T) {
 		agg.start()
 		t.Logf("aggregator killed in round %d, phase %s, and restarted", r, ph.name)
 	}
-	checkSecAggRun(t, agg, edges)
+	checkSecAggRun(t, agg, edges, algorithm == "fedproxsplit")
 }
 
 func TestSecAggSiteKilledInEveryPhase(t *testing.T) {
 	e2eTest(t)
+	for _, al := range secAggAlgos {
+		t.Run(al.algorithm, func(t *testing.T) { testSecAggSiteKilled(t, al.algorithm, al.aggregator) })
+	}
+}
+
+func testSecAggSiteKilled(t *testing.T, algorithm, aggregator string) {
 	dir := t.TempDir()
 	const federation = "sakillsite"
 	passwd := filepath.Join(dir, "passwd")
 	setPasswords(t, dir, passwd, siteIDs(4)...)
 	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	agg := newAggregator(t, dir, secAggConf(federation).with(kv{{"listen", listen}, {"password_file", passwd}}))
+	agg := newAggregator(t, dir, secAggConf(federation, algorithm, aggregator).with(kv{{"listen", listen}, {"password_file", passwd}}))
 	edges := startEdges(t, dir, federation, "tcp://"+listen, 4, 60, nil)
 	v := edges[0]
 	for i, ph := range secAggPhases {
@@ -106,7 +124,9 @@ func TestSecAggSiteKilledInEveryPhase(t *testing.T) {
 		}
 		for _, e := range es.outbox {
 			// An earlier round's ShareKeys may wait for its ShareList
-			// (until a re-send is answered stale); nothing of a later round.
+			// (until a re-send is answered stale), in sum mode an earlier
+			// round's entry for its UPDATE receipt; nothing of a later
+			// round.
 			if e.Round > uint64(r) {
 				t.Fatalf("killed in round %d: an outbox entry of round %d", r, e.Round)
 			}
@@ -114,12 +134,12 @@ func TestSecAggSiteKilledInEveryPhase(t *testing.T) {
 		v.start()
 		t.Logf("%s killed in round %d after committing its %s message (outbox: %d entry), restarted", v.id, r, ph.name, len(es.outbox))
 	}
-	checkSecAggRun(t, agg, edges)
+	checkSecAggRun(t, agg, edges, algorithm == "fedproxsplit")
 }
 
 // checkSecAggRun waits for the run's end, stops the federation and checks
 // it (see the comment above).
-func checkSecAggRun(t *testing.T, agg *aggregator, edges []*edge) {
+func checkSecAggRun(t *testing.T, agg *aggregator, edges []*edge, sumMode bool) {
 	t.Helper()
 	final := agg.waitFinished(90 * time.Second)
 	if final.round() != secAggRounds {
@@ -200,6 +220,10 @@ func checkSecAggRun(t *testing.T, agg *aggregator, edges []*edge) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if sumMode {
+		checkSecAggSum(t, s, edges, u3, q, x, sum, next)
+		return
+	}
 	want, err := uplink.SecAggMean(q, x, sum, len(inputs))
 	if err != nil {
 		t.Fatal(err)
@@ -209,4 +233,71 @@ func checkSecAggRun(t *testing.T, agg *aggregator, edges []*edge) {
 			t.Fatalf("coordinate %d of the final model: %v, the mean of the sum is %v", i, next[i], want[i])
 		}
 	}
+}
+
+// checkSecAggSum checks a sum-mode run's accounting after the kills, in
+// integers of 2^-f: S after the last round (the S stored with the last
+// round, plus the last round's unmasked sum; every site joined in round 1)
+// is exactly the sum of the four sites' records c_j (each advanced by its
+// rounds' UPDATE receipts; the last-round entry of a site of U3 still
+// waiting for its receipt counts with its pending contribution), and the
+// final model is
+// S/4 through the fp32 downlink, bit for bit.
+func checkSecAggSum(t *testing.T, s *storage.AggStore, edges []*edge, u3 []string, q secagg.Quantizer, x []float64, sum []uint32, next []float64) {
+	t.Helper()
+	last, err := s.Round(secAggRounds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st uplink.SumState
+	if err := st.UnmarshalBinary(last.Sum); err != nil || st.M != uint64(len(edges)) {
+		t.Fatalf("the sum stored with round %d: m %d (%v), want %d", secAggRounds, st.M, err, len(edges))
+	}
+	want, err := uplink.SecAggSumClose(q, &st, secAggRounds, x, sum, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := make([]float64, dim)
+	for _, e := range edges {
+		es, err := storage.OpenEdge(copyState(t, e.state), storage.Options{LockTimeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cr, c, err := es.Contribution()
+		if err != nil {
+			t.Fatalf("%s: no record: %v", e.id, err)
+		}
+		p, ok, err := es.Pending(secAggRounds)
+		es.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok && slices.Contains(u3, e.id) {
+			c2, err := uplink.Advance(&uplink.Record{Round: cr, C: c}, secAggRounds, uplink.Pending{Join: p.Join, V: p.V})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c = c2.C
+		}
+		t.Logf("%s: record of round %d, the last round's receipt pending: %v", e.id, cr, ok)
+		for i, v := range c {
+			records[i] += v
+		}
+	}
+	if !slices.Equal(records, st.S) {
+		t.Fatalf("S after the last round is not the sum of the sites' records (max |diff| %g)", maxAbsDiff(records, st.S))
+	}
+	for i := range want {
+		if math.Float64bits(float64(float32(want[i]))) != math.Float64bits(next[i]) {
+			t.Fatalf("coordinate %d of the final model: %v, S/m is %v", i, next[i], want[i])
+		}
+	}
+}
+
+func maxAbsDiff(a, b []float64) float64 {
+	var d float64
+	for i := range a {
+		d = max(d, math.Abs(a[i]-b[i]))
+	}
+	return d
 }

@@ -365,7 +365,12 @@ func (c Config) validateSecAgg() error {
 	}
 	for _, a := range c.Algos {
 		if a.Family == FedSplit || a.Family == FedProxSplit {
-			return fmt.Errorf("--secagg, algorithm %s: %w", a.Label, uplink.ErrSecAggSplit)
+			// Sum mode (docs/secagg.md, "FedSplit under secure
+			// aggregation"): the server step is S/m.
+			if a.Agg != split.StepRobust && a.Agg != split.StepMean {
+				return fmt.Errorf("--secagg, algorithm %s: %w", a.Label, uplink.ErrSplitRobustDP)
+			}
+			continue
 		}
 		if a.Agg != "" && a.Agg != "fedavg" && a.Agg != "mean" {
 			return fmt.Errorf("--secagg, algorithm %s: aggregator %q needs the individual updates; under --secagg only their sum is known (fedavg and mean become its uniform mean)", a.Label, a.Agg)

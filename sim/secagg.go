@@ -3,6 +3,8 @@ package sim
 import (
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 
 	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/internal/streams"
@@ -88,7 +90,14 @@ func (e *env) secAggStep(s *algoState, t int, jobs []job, outs []outcome, row *R
 	if len(inputs) == 0 {
 		return nil
 	}
-	next, err := uplink.SecAggMean(*e.sq, s.x, uplink.SecAggPlainSum(inputs, len(s.x)), len(inputs))
+	sum := uplink.SecAggPlainSum(inputs, len(s.x))
+	var next []float64
+	var err error
+	if s.sum != nil {
+		next, err = e.secAggSumStep(s, t, jobs, outs, sum, row)
+	} else {
+		next, err = uplink.SecAggMean(*e.sq, s.x, sum, len(inputs))
+	}
 	if err != nil {
 		return fmt.Errorf("round %d: %w", t, err)
 	}
@@ -104,16 +113,56 @@ func (e *env) secAggStep(s *algoState, t int, jobs []job, outs []outcome, row *R
 	return nil
 }
 
+// secAggSumStep is sum mode's close under secure aggregation, as the
+// aggregator's (uplink.SecAggSumClose with the round's joiners), then each
+// contributor's record advanced as its UPDATE receipt advances it at a
+// site (uplink.Advance): every input of a simulated round is in its sum.
+func (e *env) secAggSumStep(s *algoState, t int, jobs []job, outs []outcome, sum []uint32, row *Round) ([]float64, error) {
+	var joins []uplink.Joiner
+	for i, j := range jobs {
+		if p := outs[i].sumPen; outs[i].input != nil && p != nil && p.Join {
+			joins = append(joins, uplink.Joiner{Client: e.fed.Clients[j.client].ID})
+		}
+	}
+	slices.SortFunc(joins, func(a, b uplink.Joiner) int { return strings.Compare(a.Client, b.Client) })
+	next, err := uplink.SecAggSumClose(*e.sq, s.sum, uint64(t), s.x, sum, joins)
+	if err != nil {
+		return nil, err
+	}
+	for i, j := range jobs {
+		if p := outs[i].sumPen; outs[i].input != nil && p != nil {
+			if s.rec[j.client], err = uplink.Advance(s.rec[j.client], uint64(t), *p); err != nil {
+				return nil, err
+			}
+		}
+	}
+	row.Metrics = map[string]float64{"split_counted": float64(s.sum.M), "split_joined": float64(len(joins))}
+	return next, nil
+}
+
 // secAggInput is client's input in round t: its quantised update, under
 // distributed DP with its noise share from its own key (siteNoiseKey),
-// as a site computes it (agent/secagg.go secAggInput).
-func (e *env) secAggInput(client, t int, sent, x []float64) ([]uint32, error) {
+// as a site computes it (agent/secagg.go secAggInput); in sum mode (the
+// FedSplit family) its delta against its record and what the input adds
+// to that record once it is in a sum (uplink.SecAggSumInput). s.rec is
+// only read here (the round's step advances it).
+func (e *env) secAggInput(s *algoState, client, t int, sent, x []float64) ([]uint32, *uplink.Pending, error) {
 	d := e.cfg.DP
-	if d == nil {
-		return uplink.SecAggInput(*e.sq, sent, x, e.secAggRand(client, t))
+	var sd *uplink.SecAggDP
+	if d != nil {
+		std := dp.SiteStd(d.Noise, d.Clip, uplink.SecAggThreshold(e.cfg.PerRound, e.cfg.SecAgg.Threshold))
+		sd = &uplink.SecAggDP{Clip: d.Clip, Std: std, Noise: dp.NoiseRand(e.siteNoiseKey(client), uint64(t))}
 	}
-	std := dp.SiteStd(d.Noise, d.Clip, uplink.SecAggThreshold(e.cfg.PerRound, e.cfg.SecAgg.Threshold))
-	return uplink.SecAggNoisyInput(*e.sq, sent, x, d.Clip, std, dp.NoiseRand(e.siteNoiseKey(client), uint64(t)), e.secAggRand(client, t))
+	if s.sum != nil {
+		in, p, err := uplink.SecAggSumInput(*e.sq, uplink.SumUpdate{Round: uint64(t), Z: sent, Global: x, Record: s.rec[client]}, sd, e.secAggRand(client, t))
+		return in, &p, err
+	}
+	if sd == nil {
+		in, err := uplink.SecAggInput(*e.sq, sent, x, e.secAggRand(client, t))
+		return in, nil, err
+	}
+	in, err := uplink.SecAggNoisyInput(*e.sq, sent, x, sd.Clip, sd.Std, sd.Noise, e.secAggRand(client, t))
+	return in, nil, err
 }
 
 // siteNoiseKey is client's distributed-DP noise key: a site draws its own

@@ -383,9 +383,10 @@ type job struct {
 }
 
 type outcome struct {
-	params []float64     // w_k, or FedSplit's new z_j (the client's exact state)
-	frame  *uplink.Frame // the encoded uplink update (nil without a codec)
-	input  []uint32      // --secagg: the quantised update, the secure sum's input
+	params []float64       // w_k, or FedSplit's new z_j (the client's exact state)
+	frame  *uplink.Frame   // the encoded uplink update (nil without a codec)
+	input  []uint32        // --secagg: the quantised update, the secure sum's input
+	sumPen *uplink.Pending // --secagg, sum mode: what the input adds to the client's record
 	rep    proxsolver.Report
 	err    error
 }
@@ -499,6 +500,10 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 			s.sum, s.rec = &uplink.SumState{}, map[int]*uplink.Record{}
 		}
 		s.clip = cfg.DP.Clip
+	}
+	if s.split && cfg.SecAgg != nil && s.sum == nil {
+		// Sum mode under secure aggregation (docs/secagg.md).
+		s.sum, s.rec = &uplink.SumState{}, map[int]*uplink.Record{}
 	}
 	return s, nil
 }
@@ -924,7 +929,7 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 					}
 				}
 				if e.sq != nil && o.err == nil && o.params != nil {
-					o.input, o.err = e.secAggInput(jobs[i].client, t, o.params, x)
+					o.input, o.sumPen, o.err = e.secAggInput(s, jobs[i].client, t, o.params, x)
 				} else if wk.codec != nil && o.err == nil && o.params != nil {
 					var f uplink.Frame
 					rng := streams.Of(cfg.Seed, streams.Codec, t, c)

@@ -52,6 +52,9 @@ func init() {
 	edgeSchema.layout[string(bucketSecAgg)] = []string{string(keySecAggEdge), string(keySecAggNoise)}
 }
 
+// secAggAdvertiseKind is secagg.KindAdvertiseKeys (kept by PutSecAggServer).
+const secAggAdvertiseKind = 1
+
 // ErrConflict: a second, different message under a key that holds one.
 var ErrConflict = errors.New("storage: a different message is stored under this key")
 
@@ -161,7 +164,8 @@ func (s *AggStore) SecAggMessages(round uint64, attempt uint32) ([]SecAggRecord,
 // PutSecAggServer stores the server state of session (round, attempt) and,
 // in the same transaction, deletes every stored message it has taken in:
 // those of other sessions and those of this one with a kind below
-// keepFromKind. The replay log must name none of them (the coordinator's
+// keepFromKind, but its AdvertiseKeys (kind 1), kept until the next
+// session's state replaces this one. The replay log must name none of them (the coordinator's
 // state that counts them is written first, which clears the log): a
 // message it names is refused with ErrInvalid, and nothing is written. One
 // transaction.
@@ -173,7 +177,12 @@ func (s *AggStore) PutSecAggServer(round uint64, attempt uint32, state []byte, k
 	v = binary.BigEndian.AppendUint32(v, attempt)
 	v = append(v, state...)
 	prefix := secAggKey(round, attempt, 0, "")[:12]
-	doomed := func(k []byte) bool { return !bytes.HasPrefix(k, prefix) || len(k) < 13 || k[12] < keepFromKind }
+	// The session's AdvertiseKeys (kind 1) stay until another session's
+	// state replaces this one: they name each site's base round in FedSplit's
+	// sum mode, which the round's close needs (the joiners).
+	doomed := func(k []byte) bool {
+		return !bytes.HasPrefix(k, prefix) || len(k) < 13 || (k[12] < keepFromKind && k[12] != secAggAdvertiseKind)
+	}
 	err := s.db.Update(func(tx *wtx) error {
 		b, err := mkBucket(tx, bucketSecAgg)
 		if err != nil {

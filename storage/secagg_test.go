@@ -12,7 +12,7 @@ import (
 // conflicting second copy refused), each with its replay log entry (the
 // session and kind in it, read back with the message and its stored time),
 // listed per session, survive a reopen; a phase advance stores the server
-// state and drops the messages it took in, in one transaction, and refuses
+// state and drops the messages it took in (but the session's AdvertiseKeys) in one transaction, and refuses
 // while the replay log still names one of them.
 func TestSecAggAggregatorRecords(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "agg.db")
@@ -79,8 +79,8 @@ func TestSecAggAggregatorRecords(t *testing.T) {
 		t.Fatalf("server state: %d %d %q %v", r, a, st, err)
 	}
 	got, err = s.SecAggMessages(1, 0)
-	if err != nil || len(got) != 1 || got[0].Kind != 3 {
-		t.Fatalf("after the advance, the share keys message only: %+v, %v", got, err)
+	if err != nil || len(got) != 3 || got[0].Kind != 1 || got[1].Kind != 1 || got[2].Kind != 3 {
+		t.Fatalf("after the advance, the session's AdvertiseKeys and the share keys message only: %+v, %v", got, err)
 	}
 	if got, err := s.SecAggMessages(1, 1); err != nil || len(got) != 0 {
 		t.Fatalf("another session's messages kept: %+v, %v", got, err)

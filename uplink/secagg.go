@@ -31,10 +31,11 @@ import (
 //     uniform weights minimises the unweighted sum of the sites' losses
 //     (README, "Secure aggregation").
 
-// ErrSecAggSplit refuses the FedSplit family under secure aggregation until
-// its "sum mode" (the aggregator keeps sum_j z_j; docs/secagg.md,
-// "Composition") exists.
-var ErrSecAggSplit = errors.New("secure aggregation (--secagg) supports the FedProx family (fedavg, fedprox) only: the FedSplit family needs the aggregator's sum mode of z_j (docs/secagg.md, \"Composition\"), not built yet")
+// ErrSecAggSplit refuses the FedSplit family under secure aggregation
+// outside sum mode (RoundAnnouncement.split_sum): the aggregator would need
+// each site's z_j, which it never sees (docs/secagg.md, "FedSplit under
+// secure aggregation").
+var ErrSecAggSplit = errors.New("secure aggregation (--secagg) runs the FedSplit family only in sum mode (split_sum): the aggregator keeps the sum of the sites' contributions, never a site's z_j (docs/secagg.md, \"FedSplit under secure aggregation\")")
 
 // ErrSecAggSelector refuses every selector but uniform under secure
 // aggregation: a secure sum needs at least its threshold t of the round's

@@ -1284,6 +1284,8 @@ func (x *SecAggMessage) size() int {
 	n += sizeBytes(5, x.Payload)
 	n += sizeVarint(6, uint64(x.SentAtUnixMs))
 	n += sizeVarint(7, uint64(x.Attempt))
+	n += sizeVarint(8, x.BaseRound)
+	n += sizeString(9, x.InstanceId)
 	return n
 }
 
@@ -1295,6 +1297,8 @@ func (x *SecAggMessage) appendTo(b []byte) []byte {
 	b = appendBytes(b, 5, x.Payload)
 	b = appendVarint(b, 6, uint64(x.SentAtUnixMs))
 	b = appendVarint(b, 7, uint64(x.Attempt))
+	b = appendVarint(b, 8, x.BaseRound)
+	b = appendString(b, 9, x.InstanceId)
 	return b
 }
 
@@ -1328,6 +1332,14 @@ func (x *SecAggMessage) unmarshal(b []byte, d *decoder) error {
 		case 7:
 			if typ == protowire.VarintType {
 				return consumeUint32(&x.Attempt, b), nil
+			}
+		case 8:
+			if typ == protowire.VarintType {
+				return consumeUint64(&x.BaseRound, b), nil
+			}
+		case 9:
+			if typ == protowire.BytesType {
+				return consumeString(&x.InstanceId, b)
 			}
 		}
 		return 0, nil

@@ -1616,6 +1616,15 @@ type SecAggMessage struct {
 	Payload      []byte `json:"payload,omitempty"`   // secagg.Encode of the message; non-empty
 	SentAtUnixMs int64  `json:"sent_at_unix_ms,omitempty"`
 	Attempt      uint32 `json:"attempt,omitempty"` // SecAggSpec.attempt of the session
+	// FedSplit sum mode (RoundAnnouncement.split_sum; docs/secagg.md,
+	// "FedSplit under secure aggregation"), AdvertiseKeys only: the round of
+	// the site's record c_j its input is a delta against (< round); 0 = a
+	// join (against the round's global model on the quantiser's grid). Must
+	// be 0 in the other kinds.
+	BaseRound uint64 `json:"base_round,omitempty"`
+	// AdvertiseKeys: the installation that sent it (ClientStatus.instance_id;
+	// sum mode tells a re-join from a lost state file by it); empty = not told.
+	InstanceId string `json:"instance_id,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -1668,4 +1677,18 @@ func (x *SecAggMessage) GetAttempt() uint32 {
 		return x.Attempt
 	}
 	return 0
+}
+
+func (x *SecAggMessage) GetBaseRound() uint64 {
+	if x != nil {
+		return x.BaseRound
+	}
+	return 0
+}
+
+func (x *SecAggMessage) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
 }

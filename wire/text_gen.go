@@ -241,4 +241,6 @@ func (x *SecAggMessage) appendText(w *textWriter) {
 	w.bytes("payload", x.Payload)
 	w.int("sent_at_unix_ms", x.SentAtUnixMs)
 	w.uint("attempt", uint64(x.Attempt))
+	w.uint("base_round", x.BaseRound)
+	w.str("instance_id", x.InstanceId)
 }

@@ -709,5 +709,11 @@ func (m *SecAggMessage) Validate(lim Limits) error {
 	if err := checkPayload(msg, "payload", m.Payload, lim, true); err != nil {
 		return err
 	}
+	if m.BaseRound != 0 && (m.Kind != SecAggKindAdvertiseKeys || m.BaseRound >= m.Round) {
+		return invalid(msg, "base_round %d in a message of kind %d of round %d: only an AdvertiseKeys names its base round, and it is < round", m.BaseRound, m.Kind, m.Round)
+	}
+	if err := checkInstance(msg, m.InstanceId); err != nil {
+		return err
+	}
 	return checkTime(msg, "sent_at_unix_ms", m.SentAtUnixMs)
 }

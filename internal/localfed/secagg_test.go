@@ -125,7 +125,7 @@ func testSecAggDropout(t *testing.T, k int, drop uint32) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	victim := ids[k-1]
-	stopIt := make(chan string, 1)
+	var running atomic.Pointer[Federation]
 	var mu sync.Mutex
 	var report aggregator.RoundReport
 	dir := t.TempDir()
@@ -134,9 +134,14 @@ func testSecAggDropout(t *testing.T, k int, drop uint32) {
 		Observe: func(site string, ev agent.Event) {
 			if drop != 0 && site == victim && ev.Kind == agent.EventReceipt && ev.Subject == wire.ReceiptSubject_RECEIPT_SUBJECT_SECAGG &&
 				ev.Accepted && ev.SecAggKind == drop {
-				select {
-				case stopIt <- site:
-				default:
+				// At once, in the receipt's handler: the next phase's
+				// message to this site (the ShareList, the announcement)
+				// comes after the receipt and finds the agent stopping.
+				// (Stopping it from another goroutine raced with the
+				// aggregator, which closes the phase in a millisecond
+				// once the message is stored.)
+				if f := running.Load(); f != nil {
+					f.StopSite(site)
 				}
 			}
 		},
@@ -153,13 +158,7 @@ func testSecAggDropout(t *testing.T, k int, drop uint32) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		select {
-		case id := <-stopIt:
-			lf.StopSite(id)
-		case <-ctx.Done():
-		}
-	}()
+	running.Store(lf)
 	finished := lf.Wait(ctx)
 	if err := lf.Stop(); err != nil {
 		t.Errorf("Stop: %v", err)
