@@ -28,6 +28,13 @@
 // failure return code. Retained publishes on update topics are stored
 // unretained.
 //
+// # Rate limit
+//
+// Every client but the superusers is held to the per-site inbound rate
+// limit of package ratelimit on each publish, before the broker retains or
+// routes it: over it a message is dropped, counted (Broker.RateLimited) and
+// logged; see ratelimit.go for what a QoS 1 publish gets.
+//
 // # Known upstream race
 //
 // mochi v2.7.9 reads a topic's retained-message key without the topic's
@@ -59,6 +66,8 @@ import (
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
 
+	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/ratelimit"
 	"github.com/edgefl/edgefl/wire"
 )
 
@@ -102,6 +111,13 @@ type Config struct {
 	// SessionExpiry bounds how long a disconnected persistent session is
 	// kept; 0 means DefaultSessionExpiry.
 	SessionExpiry time.Duration
+	// RateLimit is every client's inbound limit but the superusers',
+	// enforced on each publish before it is routed (ratelimit.go): zero
+	// fields take package ratelimit's defaults, and MaxMessageBytes
+	// defaults to the packet cap.
+	RateLimit ratelimit.Limits
+	// Clock times the rate limit; nil means the real clock.
+	Clock clock.Clock
 	// Logger receives the broker's log lines: refused connections (TLS
 	// handshakes and MQTT logins, with the client id and the reason, at
 	// most once a minute per client and reason) and ACL denials at Warn,
@@ -121,6 +137,7 @@ type Stats struct {
 type Broker struct {
 	srv    *mqtt.Server
 	hook   *authHook
+	limit  *limitHook
 	addr   string
 	tls    bool
 	closed atomic.Bool
@@ -130,8 +147,13 @@ type Broker struct {
 // prefix, the password file, that clients have a way to authenticate)
 // without listening: a daemon calls it before it writes anything.
 func Check(cfg Config) error {
-	_, err := newAuthHook(cfg, slog.New(slog.DiscardHandler))
-	return err
+	if _, err := newAuthHook(cfg, slog.New(slog.DiscardHandler)); err != nil {
+		return err
+	}
+	if err := cfg.RateLimit.Validate(); err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
+	return nil
 }
 
 // newAuthHook validates cfg and loads its credentials.
@@ -223,6 +245,13 @@ func Start(cfg Config) (*Broker, error) {
 	if err := srv.AddHook(h, nil); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
+	lh, err := newLimitHook(cfg, caps.MaximumPacketSize, log)
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	if err := srv.AddHook(lh, nil); err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
 	var l listeners.Listener
 	if cfg.TLS != nil {
 		// The handshake happens before mochi sees the connection, so that
@@ -242,10 +271,12 @@ func Start(cfg Config) (*Broker, error) {
 		_ = srv.Close()
 		return nil, fmt.Errorf("broker: serve: %w", err)
 	}
-	b := &Broker{srv: srv, hook: h, addr: l.Address(), tls: cfg.TLS != nil}
+	b := &Broker{srv: srv, hook: h, limit: lh, addr: l.Address(), tls: cfg.TLS != nil}
+	rl := lh.lim.Limits()
 	log.Info("embedded MQTT broker listening", "addr", b.addr, "tls", b.tls,
 		"mutual_tls", cfg.TLS != nil && cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert,
-		"password_users", len(h.hashes), "max_packet_bytes", caps.MaximumPacketSize)
+		"password_users", len(h.hashes), "max_packet_bytes", caps.MaximumPacketSize,
+		"rate_msgs_per_s", rl.Messages, "rate_burst", rl.Burst, "rate_bytes_per_s", rl.Bytes)
 	return b, nil
 }
 
