@@ -197,6 +197,11 @@ type ServerConfig struct {
 	RateMessages float64
 	RateBurst    int
 	RateBytes    float64
+	// BrokerRateLimited, with the embedded broker, returns how many
+	// publishes the broker dropped over the same limits, by client
+	// (broker.Broker.RateLimited); shown in /metrics and the sites' rows
+	// (ingest_broker.go).
+	BrokerRateLimited func() map[string]uint64
 	// InstanceTakeover is how long a site's installation must have been
 	// gone (its last will) before another installation with the site's id
 	// takes it over (instances.go; default DefaultInstanceTakeover). One
