@@ -118,6 +118,11 @@ type Config struct {
 	RateLimit ratelimit.Limits
 	// Clock times the rate limit; nil means the real clock.
 	Clock clock.Clock
+	// SiteQueue bounds the QoS 1 messages the broker holds for a client
+	// that is not a superuser (unacknowledged, or waiting while it is
+	// offline): past it the oldest are forgotten (queue.go). 0 means
+	// DefaultSiteQueue.
+	SiteQueue int
 	// Logger receives the broker's log lines: refused connections (TLS
 	// handshakes and MQTT logins, with the client id and the reason, at
 	// most once a minute per client and reason) and ACL denials at Warn,
@@ -138,6 +143,7 @@ type Broker struct {
 	srv    *mqtt.Server
 	hook   *authHook
 	limit  *limitHook
+	queue  *queueHook
 	addr   string
 	tls    bool
 	closed atomic.Bool
@@ -152,6 +158,9 @@ func Check(cfg Config) error {
 	}
 	if err := cfg.RateLimit.Validate(); err != nil {
 		return fmt.Errorf("broker: %w", err)
+	}
+	if cfg.SiteQueue < 0 {
+		return fmt.Errorf("broker: negative site queue %d", cfg.SiteQueue)
 	}
 	return nil
 }
@@ -210,6 +219,9 @@ func Start(cfg Config) (*Broker, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	if cfg.SiteQueue < 0 {
+		return nil, fmt.Errorf("broker: negative site queue %d", cfg.SiteQueue)
+	}
 	h, err := newAuthHook(cfg, log)
 	if err != nil {
 		return nil, err
@@ -252,6 +264,13 @@ func Start(cfg Config) (*Broker, error) {
 	if err := srv.AddHook(lh, nil); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
+	qh := &queueHook{max: cfg.SiteQueue, super: h.super, info: srv.Info, log: log}
+	if qh.max == 0 {
+		qh.max = DefaultSiteQueue
+	}
+	if err := srv.AddHook(qh, nil); err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
 	var l listeners.Listener
 	if cfg.TLS != nil {
 		// The handshake happens before mochi sees the connection, so that
@@ -271,12 +290,12 @@ func Start(cfg Config) (*Broker, error) {
 		_ = srv.Close()
 		return nil, fmt.Errorf("broker: serve: %w", err)
 	}
-	b := &Broker{srv: srv, hook: h, limit: lh, addr: l.Address(), tls: cfg.TLS != nil}
+	b := &Broker{srv: srv, hook: h, limit: lh, queue: qh, addr: l.Address(), tls: cfg.TLS != nil}
 	rl := lh.lim.Limits()
 	log.Info("embedded MQTT broker listening", "addr", b.addr, "tls", b.tls,
 		"mutual_tls", cfg.TLS != nil && cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert,
 		"password_users", len(h.hashes), "max_packet_bytes", caps.MaximumPacketSize,
-		"rate_msgs_per_s", rl.Messages, "rate_burst", rl.Burst, "rate_bytes_per_s", rl.Bytes)
+		"rate_msgs_per_s", rl.Messages, "rate_burst", rl.Burst, "rate_bytes_per_s", rl.Bytes, "site_queue", qh.max)
 	return b, nil
 }
 
