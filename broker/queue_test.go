@@ -39,8 +39,12 @@ func TestSiteQueueBounded(t *testing.T) {
 			t.Fatalf("publish %d: %v", i, tok.Error())
 		}
 	}
-	// One connection's packets are handled in order: once the last is
-	// acknowledged, every one has been routed.
+	// mochi acknowledges a QoS 1 publish before it routes it, and handles
+	// one connection's packets in order: once a further publish is
+	// acknowledged, every receipt has been routed.
+	if tok := pub.c.Publish(prefix+"round", 1, false, "sync"); !tok.WaitTimeout(waitFor) || tok.Error() != nil {
+		t.Fatalf("sync publish: %v", tok.Error())
+	}
 	cl, ok := b.srv.Clients.Get("site-a")
 	if !ok {
 		t.Fatal("site-a's session is gone")
