@@ -47,7 +47,7 @@ type serveFlags struct {
 	allowAnonymous                           bool
 	maxPacket                                int
 	rateMsgs, rateBytes                      float64
-	rateBurst                                int
+	rateBurst, siteQueue                     int
 	k                                        int
 	quorum                                   float64
 	roundTimeout, extension, settle          time.Duration
@@ -141,6 +141,7 @@ func (f *serveFlags) registerConnection(fs *flag.FlagSet) {
 	fs.IntVar(&f.rateBurst, "rate-burst", aggregator.DefaultRateBurst, "messages a site may send at once before --rate-messages applies")
 	fs.Float64Var(&f.rateBytes, "rate-bytes", aggregator.DefaultRateBytes, "per-site inbound rate limit in bytes per second (one message of --max-message-bytes always fits)")
 	fs.DurationVar(&f.sessionExpiry, "session-expiry", broker.DefaultSessionExpiry, "embedded broker: how long a disconnected site's session and queued messages are kept")
+	fs.IntVar(&f.siteQueue, "site-queue", broker.DefaultSiteQueue, "embedded broker: the QoS 1 messages (announcements, receipts) held for one site while it is offline or has not acknowledged them; past it the oldest are forgotten (the latest announcement is retained, and a missed receipt comes again when the site re-sends its update)")
 	fs.DurationVar(&f.instanceTakeover, "instance-takeover", aggregator.DefaultInstanceTakeover, "a site id is served for one installation (instance id) at a time; once two installations with one id were seen alive (a cloned gateway), the first keeps the site and the other is set aside until the first stopped cleanly or has been offline this long")
 	fs.StringVar(&f.username, "username", "", "external broker: the aggregator's username")
 	fs.StringVar(&f.passwordFile, "broker-password-file", "", "external broker: `FILE` holding the aggregator's password (default: $"+passwordEnv+")")
@@ -452,7 +453,7 @@ func (f *serveFlags) embeddedBroker(topics wire.Topics, log *slog.Logger) (broke
 	}
 	bc := broker.Config{Addr: listen, Prefix: topics.Prefix(), Superusers: []string{f.clientID},
 		PasswordFile: f.brokerPasswd, AllowAnonymous: f.allowAnonymous, MaxPacketSize: uint32(min(int64(f.maxPacket), math.MaxUint32)),
-		SessionExpiry: f.sessionExpiry, Logger: log,
+		SessionExpiry: f.sessionExpiry, SiteQueue: f.siteQueue, Logger: log,
 		// The aggregator's limits, enforced by the broker before routing
 		// (broker/ratelimit.go): a flood never queues inside broker-agg.
 		RateLimit: ratelimit.Limits{Messages: f.rateMsgs, Burst: f.rateBurst, Bytes: f.rateBytes}}
