@@ -118,6 +118,10 @@ type Config struct {
 	RateLimit ratelimit.Limits
 	// Clock times the rate limit; nil means the real clock.
 	Clock clock.Clock
+	// WriteStall is how long a write to a client (not an in-process one)
+	// may make no progress before the connection is closed (stall.go); 0
+	// means DefaultWriteStall.
+	WriteStall time.Duration
 	// SiteQueue bounds the QoS 1 messages the broker holds for a client
 	// that is not a superuser (unacknowledged, or waiting while it is
 	// offline): past it the oldest are forgotten (queue.go). 0 means
@@ -135,6 +139,7 @@ type Config struct {
 type Stats struct {
 	AuthFailures uint64 // refused connections (TLS handshakes, bad or missing credentials, id mismatch, forbidden will)
 	ACLDenied    uint64 // refused publishes and subscriptions
+	WriteStalls  uint64 // connections closed because the client stopped reading (stall.go)
 	Connected    int64  // clients connected now
 }
 
@@ -271,19 +276,23 @@ func Start(cfg Config) (*Broker, error) {
 	if err := srv.AddHook(qh, nil); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	var l listeners.Listener
+	tcp, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("broker: listen on %s: %w", cfg.Addr, err)
+	}
+	stall := cfg.WriteStall
+	if stall <= 0 {
+		stall = DefaultWriteStall
+	}
+	var ln net.Listener = &stallListener{Listener: tcp, stall: stall, onStall: h.stalled}
 	if cfg.TLS != nil {
 		// The handshake happens before mochi sees the connection, so that
 		// a refused one is logged (refusals.go).
-		ln, err := net.Listen("tcp", cfg.Addr)
-		if err != nil {
-			return nil, fmt.Errorf("broker: listen on %s: %w", cfg.Addr, err)
-		}
-		l = listeners.NewNet("edgefl", newTLSListener(ln, cfg.TLS, h))
-	} else {
-		l = listeners.NewTCP(listeners.Config{ID: "edgefl", Address: cfg.Addr})
+		ln = newTLSListener(ln, cfg.TLS, h)
 	}
+	l := listeners.NewNet("edgefl", ln)
 	if err := srv.AddListener(l); err != nil {
+		_ = ln.Close()
 		return nil, fmt.Errorf("broker: listen on %s: %w", cfg.Addr, err)
 	}
 	if err := srv.Serve(); err != nil {
@@ -325,6 +334,7 @@ func (b *Broker) Stats() Stats {
 	return Stats{
 		AuthFailures: b.hook.authFailures.Load(),
 		ACLDenied:    b.hook.aclDenied.Load(),
+		WriteStalls:  b.hook.writeStalls.Load(),
 		Connected:    atomic.LoadInt64(&b.srv.Info.ClientsConnected),
 	}
 }
@@ -419,6 +429,7 @@ type authHook struct {
 
 	authFailures atomic.Uint64
 	aclDenied    atomic.Uint64
+	writeStalls  atomic.Uint64
 }
 
 func (h *authHook) ID() string { return "edgefl-auth-acl" }
