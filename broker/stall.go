@@ -54,7 +54,7 @@ func (c *stallConn) Write(p []byte) (int, error) {
 	n := 0
 	for n < len(p) {
 		end := min(len(p), n+stallChunk)
-		if err := c.Conn.SetWriteDeadline(time.Now().Add(c.stall)); err != nil {
+		if err := c.SetWriteDeadline(time.Now().Add(c.stall)); err != nil {
 			return n, err
 		}
 		m, err := c.Conn.Write(p[n:end])
@@ -62,7 +62,7 @@ func (c *stallConn) Write(p []byte) (int, error) {
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
-				_ = c.Conn.Close()
+				_ = c.Close()
 				c.onStall(c.Conn.RemoteAddr().String())
 			}
 			return n, err
@@ -72,7 +72,7 @@ func (c *stallConn) Write(p []byte) (int, error) {
 }
 
 // SetDeadline sets the read deadline only (see stallConn).
-func (c *stallConn) SetDeadline(t time.Time) error { return c.Conn.SetReadDeadline(t) }
+func (c *stallConn) SetDeadline(t time.Time) error { return c.SetReadDeadline(t) }
 
 // NetConn returns the wrapped connection (as tls.Conn's NetConn does).
 func (c *stallConn) NetConn() net.Conn { return c.Conn }
