@@ -274,6 +274,7 @@ func (s *Server) families() []metrics.Family {
 	f = append(f, metrics.Family{Name: ns + "site_errors_total", Help: "Site errors reported in the sites' statuses (a change of a site's error counts once), by site and reason.",
 		Type: metrics.Counter, Samples: errSamples})
 	f = append(f, privacyFamilies(v.Privacy)...)
+	f = append(f, s.brokerFamilies()...)
 	evalData := "eval"
 	if s.cfg.Schema != nil {
 		evalData = "eval_data" // the federated figures take the eval_ names

@@ -28,6 +28,13 @@
 // failure return code. Retained publishes on update topics are stored
 // unretained.
 //
+// # Rate limit
+//
+// Every client but the superusers is held to the per-site inbound rate
+// limit of package ratelimit on each publish, before the broker retains or
+// routes it: over it a message is dropped, counted (Broker.RateLimited) and
+// logged; see ratelimit.go for what a QoS 1 publish gets.
+//
 // # Known upstream race
 //
 // mochi v2.7.9 reads a topic's retained-message key without the topic's
@@ -59,6 +66,8 @@ import (
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
 
+	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/ratelimit"
 	"github.com/edgefl/edgefl/wire"
 )
 
@@ -102,6 +111,22 @@ type Config struct {
 	// SessionExpiry bounds how long a disconnected persistent session is
 	// kept; 0 means DefaultSessionExpiry.
 	SessionExpiry time.Duration
+	// RateLimit is every client's inbound limit but the superusers',
+	// enforced on each publish before it is routed (ratelimit.go): zero
+	// fields take package ratelimit's defaults, and MaxMessageBytes
+	// defaults to the packet cap.
+	RateLimit ratelimit.Limits
+	// Clock times the rate limit; nil means the real clock.
+	Clock clock.Clock
+	// WriteStall is how long a write to a client (not an in-process one)
+	// may make no progress before the connection is closed (stall.go); 0
+	// means DefaultWriteStall.
+	WriteStall time.Duration
+	// SiteQueue bounds the QoS 1 messages the broker holds for a client
+	// that is not a superuser (unacknowledged, or waiting while it is
+	// offline): past it the oldest are forgotten (queue.go). 0 means
+	// DefaultSiteQueue.
+	SiteQueue int
 	// Logger receives the broker's log lines: refused connections (TLS
 	// handshakes and MQTT logins, with the client id and the reason, at
 	// most once a minute per client and reason) and ACL denials at Warn,
@@ -114,6 +139,7 @@ type Config struct {
 type Stats struct {
 	AuthFailures uint64 // refused connections (TLS handshakes, bad or missing credentials, id mismatch, forbidden will)
 	ACLDenied    uint64 // refused publishes and subscriptions
+	WriteStalls  uint64 // connections closed because the client stopped reading (stall.go)
 	Connected    int64  // clients connected now
 }
 
@@ -121,6 +147,8 @@ type Stats struct {
 type Broker struct {
 	srv    *mqtt.Server
 	hook   *authHook
+	limit  *limitHook
+	queue  *queueHook
 	addr   string
 	tls    bool
 	closed atomic.Bool
@@ -130,8 +158,16 @@ type Broker struct {
 // prefix, the password file, that clients have a way to authenticate)
 // without listening: a daemon calls it before it writes anything.
 func Check(cfg Config) error {
-	_, err := newAuthHook(cfg, slog.New(slog.DiscardHandler))
-	return err
+	if _, err := newAuthHook(cfg, slog.New(slog.DiscardHandler)); err != nil {
+		return err
+	}
+	if err := cfg.RateLimit.Validate(); err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
+	if cfg.SiteQueue < 0 {
+		return fmt.Errorf("broker: negative site queue %d", cfg.SiteQueue)
+	}
+	return nil
 }
 
 // newAuthHook validates cfg and loads its credentials.
@@ -188,6 +224,9 @@ func Start(cfg Config) (*Broker, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	if cfg.SiteQueue < 0 {
+		return nil, fmt.Errorf("broker: negative site queue %d", cfg.SiteQueue)
+	}
 	h, err := newAuthHook(cfg, log)
 	if err != nil {
 		return nil, err
@@ -223,29 +262,49 @@ func Start(cfg Config) (*Broker, error) {
 	if err := srv.AddHook(h, nil); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	var l listeners.Listener
+	lh, err := newLimitHook(cfg, caps.MaximumPacketSize, log)
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	if err := srv.AddHook(lh, nil); err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	qh := &queueHook{max: cfg.SiteQueue, super: h.super, info: srv.Info, log: log}
+	if qh.max == 0 {
+		qh.max = DefaultSiteQueue
+	}
+	if err := srv.AddHook(qh, nil); err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	tcp, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("broker: listen on %s: %w", cfg.Addr, err)
+	}
+	stall := cfg.WriteStall
+	if stall <= 0 {
+		stall = DefaultWriteStall
+	}
+	var ln net.Listener = &stallListener{Listener: tcp, stall: stall, onStall: h.stalled}
 	if cfg.TLS != nil {
 		// The handshake happens before mochi sees the connection, so that
 		// a refused one is logged (refusals.go).
-		ln, err := net.Listen("tcp", cfg.Addr)
-		if err != nil {
-			return nil, fmt.Errorf("broker: listen on %s: %w", cfg.Addr, err)
-		}
-		l = listeners.NewNet("edgefl", newTLSListener(ln, cfg.TLS, h))
-	} else {
-		l = listeners.NewTCP(listeners.Config{ID: "edgefl", Address: cfg.Addr})
+		ln = newTLSListener(ln, cfg.TLS, h)
 	}
+	l := listeners.NewNet("edgefl", ln)
 	if err := srv.AddListener(l); err != nil {
+		_ = ln.Close()
 		return nil, fmt.Errorf("broker: listen on %s: %w", cfg.Addr, err)
 	}
 	if err := srv.Serve(); err != nil {
 		_ = srv.Close()
 		return nil, fmt.Errorf("broker: serve: %w", err)
 	}
-	b := &Broker{srv: srv, hook: h, addr: l.Address(), tls: cfg.TLS != nil}
+	b := &Broker{srv: srv, hook: h, limit: lh, queue: qh, addr: l.Address(), tls: cfg.TLS != nil}
+	rl := lh.lim.Limits()
 	log.Info("embedded MQTT broker listening", "addr", b.addr, "tls", b.tls,
 		"mutual_tls", cfg.TLS != nil && cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert,
-		"password_users", len(h.hashes), "max_packet_bytes", caps.MaximumPacketSize)
+		"password_users", len(h.hashes), "max_packet_bytes", caps.MaximumPacketSize,
+		"rate_msgs_per_s", rl.Messages, "rate_burst", rl.Burst, "rate_bytes_per_s", rl.Bytes, "site_queue", qh.max)
 	return b, nil
 }
 
@@ -275,6 +334,7 @@ func (b *Broker) Stats() Stats {
 	return Stats{
 		AuthFailures: b.hook.authFailures.Load(),
 		ACLDenied:    b.hook.aclDenied.Load(),
+		WriteStalls:  b.hook.writeStalls.Load(),
 		Connected:    atomic.LoadInt64(&b.srv.Info.ClientsConnected),
 	}
 }
@@ -369,6 +429,7 @@ type authHook struct {
 
 	authFailures atomic.Uint64
 	aclDenied    atomic.Uint64
+	writeStalls  atomic.Uint64
 }
 
 func (h *authHook) ID() string { return "edgefl-auth-acl" }
