@@ -116,7 +116,8 @@ type Config struct {
 	// fields take package ratelimit's defaults, and MaxMessageBytes
 	// defaults to the packet cap.
 	RateLimit ratelimit.Limits
-	// Clock times the rate limit; nil means the real clock.
+	// Clock times the rate limit and the ACL denials' log lines; nil
+	// means the real clock.
 	Clock clock.Clock
 	// WriteStall is how long a write to a client (not an in-process one)
 	// may make no progress before the connection is closed (stall.go); 0
@@ -129,7 +130,8 @@ type Config struct {
 	SiteQueue int
 	// Logger receives the broker's log lines: refused connections (TLS
 	// handshakes and MQTT logins, with the client id and the reason, at
-	// most once a minute per client and reason) and ACL denials at Warn,
+	// most once a minute per client and reason) and ACL denials (five per
+	// client at once, then one per 10 s with the count suppressed) at Warn,
 	// mochi's own lines at Error only (it logs every ordinary disconnect at
 	// Warn); nil means slog.Default().
 	Logger *slog.Logger
@@ -187,7 +189,11 @@ func newAuthHook(cfg Config, log *slog.Logger) (*authHook, error) {
 		}
 	}
 	h := &authHook{prefix: cfg.Prefix, anonymous: cfg.AllowAnonymous, log: log,
-		super: map[string]bool{}, hashes: map[string]passwordHash{}, plain: map[string][32]byte{}}
+		super: map[string]bool{}, hashes: map[string]passwordHash{}, plain: map[string][32]byte{},
+		denials: refusalLog{every: aclLogEvery, burst: aclLogBurst}}
+	if cfg.Clock != nil {
+		h.denials.now = cfg.Clock.Now
+	}
 	for _, id := range cfg.Superusers {
 		h.super[id] = true
 	}
@@ -426,6 +432,7 @@ type authHook struct {
 	plain     map[string][32]byte
 	log       *slog.Logger
 	refusals  refusalLog
+	denials   refusalLog // ACL denials, per client (OnACLCheck)
 
 	authFailures atomic.Uint64
 	aclDenied    atomic.Uint64
@@ -538,14 +545,34 @@ func (h *authHook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 	if h.allowed(cl.ID, topic, write) {
 		return true
 	}
-	h.aclDenied.Add(1)
+	// Counted last, as refusals are: a denial in Stats has been logged or
+	// suppressed.
+	defer h.aclDenied.Add(1)
 	op := "subscribe"
 	if write {
 		op = "publish"
 	}
-	h.log.Warn("mqtt "+op+" denied by ACL", "client_id", cl.ID, "topic", topic)
+	// A site publishing to a forbidden topic in a loop would otherwise
+	// write a line per message: aclLogBurst lines per client at once, then
+	// one per aclLogEvery with the count suppressed in between.
+	ok, suppressed := h.denials.allow(cl.ID)
+	if !ok {
+		return false
+	}
+	args := []any{"client_id", cl.ID, "topic", topic}
+	if suppressed > 0 {
+		args = append(args, "suppressed", suppressed)
+	}
+	h.log.Warn("mqtt "+op+" denied by ACL", args...)
 	return false
 }
+
+// The ACL denials' log lines per client: a burst (a misconfigured site's
+// few denied topics each get a line), then one per aclLogEvery.
+const (
+	aclLogBurst = 5
+	aclLogEvery = 10 * time.Second
+)
 
 // OnPublish stores sites' updates unretained: a retained update would be
 // re-delivered to the aggregator on every subscription.
