@@ -18,6 +18,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/mqttstore"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/wire"
@@ -741,6 +742,7 @@ func (a *Agent) clientOptions(store *storage.EdgeStore) (*mqtt.ClientOptions, er
 	}
 	o.SetClientID(a.cfg.SiteID).
 		SetCleanSession(false).
+		SetStore(mqttstore.New()). // paho's store, without its data race (internal/mqttstore)
 		SetOrderMatters(false).
 		SetConnectRetry(true).
 		SetConnectRetryInterval(a.cfg.ReconnectMin).

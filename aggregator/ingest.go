@@ -7,6 +7,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/edgefl/edgefl/internal/ratelimit"
 	"github.com/edgefl/edgefl/wire"
 )
 
@@ -35,80 +36,26 @@ import (
 //     (a damaged copy is reported as damaged), without going through the
 //     event loop or reading the store.
 
-// Ingest defaults.
+// Ingest defaults. The rate limit's are package ratelimit's: one rule for
+// the aggregator and the embedded broker (broker-agg's --rate-* flags set
+// both).
 const (
-	DefaultRateMessages = 20       // messages per second per site
-	DefaultRateBurst    = 100      // messages a site may send at once
-	DefaultRateBytes    = 32 << 20 // bytes per second per site (two updates of the largest size)
+	DefaultRateMessages = ratelimit.DefaultMessages // messages per second per site
+	DefaultRateBurst    = ratelimit.DefaultBurst    // messages a site may send at once
+	DefaultRateBytes    = ratelimit.DefaultBytes    // bytes per second per site (two updates of the largest size)
 	DefaultIngestQueue  = 256
-	rateLogEvery        = 10 * time.Second
 	receiptCacheSize    = 1 << 16
 )
 
-// tokenBucket is a rate limit: rate tokens per second, up to burst.
-type tokenBucket struct {
-	tokens float64
-	last   time.Time
+// rateLimits are the per-site limits of cfg.
+func rateLimits(cfg ServerConfig) ratelimit.Limits {
+	return ratelimit.Limits{Messages: cfg.RateMessages, Burst: cfg.RateBurst, Bytes: cfg.RateBytes, MaxMessageBytes: cfg.MaxMessageBytes}
 }
 
-func (b *tokenBucket) take(now time.Time, n, rate, burst float64) bool {
-	if b.last.IsZero() {
-		b.tokens = burst
-	} else if dt := now.Sub(b.last).Seconds(); dt > 0 {
-		b.tokens = min(burst, b.tokens+dt*rate)
-	}
-	b.last = now
-	if b.tokens < n {
-		return false
-	}
-	b.tokens -= n
-	return true
-}
-
-type siteLimit struct {
-	msgs, bytes tokenBucket
-	lastLog     time.Time
-	dropped     uint64 // since the last log line
-}
-
-// limiter holds the per-site rate limits.
-type limiter struct {
-	mu    sync.Mutex
-	sites map[string]*siteLimit
-}
-
-// allow reports whether a message of n bytes from site fits its limits; when
-// it does not, logNow says whether to log it (with the count dropped since
-// the last line).
-func (s *Server) allow(site string, n int) (ok bool, logNow bool, dropped uint64) {
-	now := s.clock.Now()
-	l := &s.limits
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.sites == nil {
-		l.sites = map[string]*siteLimit{}
-	}
-	sl := l.sites[site]
-	if sl == nil {
-		if len(l.sites) >= 1<<16 {
-			clear(l.sites) // ids are validated, but bound the map anyway
-		}
-		sl = &siteLimit{}
-		l.sites[site] = sl
-	}
-	rate, burst := s.cfg.RateMessages, float64(s.cfg.RateBurst)
-	byteRate := s.cfg.RateBytes
-	byteBurst := max(byteRate, float64(s.cfg.MaxMessageBytes))
-	if sl.msgs.take(now, 1, rate, burst) && sl.bytes.take(now, float64(n), byteRate, byteBurst) {
-		return true, false, 0
-	}
-	sl.dropped++
-	if sl.lastLog.IsZero() || now.Sub(sl.lastLog) >= rateLogEvery {
-		sl.lastLog, dropped = now, sl.dropped
-		sl.dropped = 0
-		return false, true, dropped
-	}
-	return false, false, 0
+// allow reports whether a message of n bytes from site fits its limits
+// (package ratelimit).
+func (s *Server) allow(site string, n int) ratelimit.Verdict {
+	return s.limits.Allow(site, n, s.clock.Now())
 }
 
 // receiptKey names an update: one per client and round.
@@ -212,12 +159,12 @@ func (s *Server) enqueue(topic string, payload []byte) bool {
 // redelivers it.
 func (s *Server) onMessage(_ mqtt.Client, m mqtt.Message) {
 	if _, id, err := s.topics.Parse(m.Topic()); err == nil && id != "" {
-		if ok, logNow, dropped := s.allow(id, len(m.Payload())); !ok {
+		if v := s.allow(id, len(m.Payload())); !v.OK {
 			s.rateLimited.Inc(id)
 			s.hist.reject(id, "rate_limited")
 			s.notify()
-			if logNow {
-				s.log.Warn("a site is over its message rate limit: messages dropped", "client", id, "dropped", dropped,
+			if v.LogNow {
+				s.log.Warn("a site is over its message rate limit: messages dropped", "client", id, "dropped", v.Dropped,
 					"limit_msgs_per_s", s.cfg.RateMessages, "limit_bytes_per_s", s.cfg.RateBytes)
 			}
 			m.Ack()

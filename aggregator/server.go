@@ -24,6 +24,7 @@ import (
 	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/ratelimit"
 	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/model"
@@ -215,6 +216,11 @@ type ServerConfig struct {
 	RateMessages float64
 	RateBurst    int
 	RateBytes    float64
+	// BrokerRateLimited, with the embedded broker, returns how many
+	// publishes the broker dropped over the same limits, by client
+	// (broker.Broker.RateLimited); shown in /metrics and the sites' rows
+	// (ingest_broker.go).
+	BrokerRateLimited func() map[string]uint64
 	// InstanceTakeover is how long a site's installation must have been
 	// gone (its last will) before another installation with the site's id
 	// takes it over (instances.go; default DefaultInstanceTakeover). One
@@ -515,7 +521,7 @@ type Server struct {
 	excluded                                metrics.LabeledCounter // FedSplit: z left out of a server step, by client
 	capped                                  metrics.LabeledCounter // updates weighted by the client's first sample count, by client
 	rateLimited                             metrics.LabeledCounter // messages dropped over a site's rate limit, by client
-	limits                                  limiter
+	limits                                  *ratelimit.Limiter
 	inst                                    instanceGuard // one installation per site id (instances.go)
 	receipts                                receiptCache
 	ingestQ                                 chan ingestJob
@@ -563,6 +569,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.metAddr.Store("")
 	s.inst.takeover = cfg.InstanceTakeover
 	s.lim = wire.Limits{MaxMessageBytes: cfg.MaxMessageBytes}
+	if s.limits, err = ratelimit.New(rateLimits(cfg)); err != nil {
+		return nil, fmt.Errorf("aggregator: %w", err)
+	}
 	s.dec.Store(&decoder{lim: s.lim})
 	if cfg.Schema != nil {
 		s.schemaJSON = cfg.Schema.Canonical()

@@ -60,6 +60,7 @@ func (s *Server) LiveStatus(roundsAfter, evalsAfter int) (Status, error) {
 	st.Clients = slices.Clone(st.Clients) // the cached copy is shared
 	v, _ := s.Watch()
 	rounds, evals, work, lastMsg, rejected, partial, straggled, lastEval := s.hist.snapshot(roundsAfter, evalsAfter)
+	rejected = s.addBrokerRejections(rejected)
 	if rounds == nil {
 		rounds = []RoundRecord{}
 	}

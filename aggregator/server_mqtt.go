@@ -12,6 +12,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/edgefl/edgefl/internal/mqttstore"
 	"github.com/edgefl/edgefl/quant"
 	"github.com/edgefl/edgefl/wire"
 )
@@ -23,7 +24,8 @@ func (s *Server) clientOptions() *mqtt.ClientOptions {
 	o := mqtt.NewClientOptions().
 		AddBroker(s.cfg.BrokerURL).
 		SetClientID(s.cfg.ClientID).
-		SetCleanSession(false). // the broker queues updates while we restart
+		SetCleanSession(false).    // the broker queues updates while we restart
+		SetStore(mqttstore.New()). // paho's store, without its data race (internal/mqttstore)
 		SetOrderMatters(false).
 		SetAutoAckDisabled(true). // acknowledged once durable (see onMessage)
 		SetConnectRetry(true).

@@ -280,6 +280,7 @@ func (s *Server) families() []metrics.Family {
 		Type: metrics.Counter, Samples: errSamples})
 	f = append(f, privacyFamilies(v.Privacy)...)
 	f = append(f, secAggFamilies(v.SecAgg)...)
+	f = append(f, s.brokerFamilies()...)
 	evalData := "eval"
 	if s.cfg.Schema != nil {
 		evalData = "eval_data" // the federated figures take the eval_ names

@@ -28,6 +28,13 @@
 // failure return code. Retained publishes on update topics are stored
 // unretained.
 //
+// # Rate limit
+//
+// Every client but the superusers is held to the per-site inbound rate
+// limit of package ratelimit on each publish, before the broker retains or
+// routes it: over it a message is dropped, counted (Broker.RateLimited) and
+// logged; see ratelimit.go for what a QoS 1 publish gets.
+//
 // # Known upstream race
 //
 // mochi v2.7.9 reads a topic's retained-message key without the topic's
@@ -59,6 +66,8 @@ import (
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
 
+	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/ratelimit"
 	"github.com/edgefl/edgefl/wire"
 )
 
@@ -102,9 +111,27 @@ type Config struct {
 	// SessionExpiry bounds how long a disconnected persistent session is
 	// kept; 0 means DefaultSessionExpiry.
 	SessionExpiry time.Duration
+	// RateLimit is every client's inbound limit but the superusers',
+	// enforced on each publish before it is routed (ratelimit.go): zero
+	// fields take package ratelimit's defaults, and MaxMessageBytes
+	// defaults to the packet cap.
+	RateLimit ratelimit.Limits
+	// Clock times the rate limit and the ACL denials' log lines; nil
+	// means the real clock.
+	Clock clock.Clock
+	// WriteStall is how long a write to a client (not an in-process one)
+	// may make no progress before the connection is closed (stall.go); 0
+	// means DefaultWriteStall.
+	WriteStall time.Duration
+	// SiteQueue bounds the QoS 1 messages the broker holds for a client
+	// that is not a superuser (unacknowledged, or waiting while it is
+	// offline): past it the oldest are forgotten (queue.go). 0 means
+	// DefaultSiteQueue.
+	SiteQueue int
 	// Logger receives the broker's log lines: refused connections (TLS
 	// handshakes and MQTT logins, with the client id and the reason, at
-	// most once a minute per client and reason) and ACL denials at Warn,
+	// most once a minute per client and reason) and ACL denials (five per
+	// client at once, then one per 10 s with the count suppressed) at Warn,
 	// mochi's own lines at Error only (it logs every ordinary disconnect at
 	// Warn); nil means slog.Default().
 	Logger *slog.Logger
@@ -114,6 +141,7 @@ type Config struct {
 type Stats struct {
 	AuthFailures uint64 // refused connections (TLS handshakes, bad or missing credentials, id mismatch, forbidden will)
 	ACLDenied    uint64 // refused publishes and subscriptions
+	WriteStalls  uint64 // connections closed because the client stopped reading (stall.go)
 	Connected    int64  // clients connected now
 }
 
@@ -121,6 +149,8 @@ type Stats struct {
 type Broker struct {
 	srv    *mqtt.Server
 	hook   *authHook
+	limit  *limitHook
+	queue  *queueHook
 	addr   string
 	tls    bool
 	closed atomic.Bool
@@ -130,8 +160,16 @@ type Broker struct {
 // prefix, the password file, that clients have a way to authenticate)
 // without listening: a daemon calls it before it writes anything.
 func Check(cfg Config) error {
-	_, err := newAuthHook(cfg, slog.New(slog.DiscardHandler))
-	return err
+	if _, err := newAuthHook(cfg, slog.New(slog.DiscardHandler)); err != nil {
+		return err
+	}
+	if err := cfg.RateLimit.Validate(); err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
+	if cfg.SiteQueue < 0 {
+		return fmt.Errorf("broker: negative site queue %d", cfg.SiteQueue)
+	}
+	return nil
 }
 
 // newAuthHook validates cfg and loads its credentials.
@@ -151,7 +189,11 @@ func newAuthHook(cfg Config, log *slog.Logger) (*authHook, error) {
 		}
 	}
 	h := &authHook{prefix: cfg.Prefix, anonymous: cfg.AllowAnonymous, log: log,
-		super: map[string]bool{}, hashes: map[string]passwordHash{}, plain: map[string][32]byte{}}
+		super: map[string]bool{}, hashes: map[string]passwordHash{}, plain: map[string][32]byte{},
+		denials: refusalLog{every: aclLogEvery, burst: aclLogBurst}}
+	if cfg.Clock != nil {
+		h.denials.now = cfg.Clock.Now
+	}
 	for _, id := range cfg.Superusers {
 		h.super[id] = true
 	}
@@ -188,6 +230,9 @@ func Start(cfg Config) (*Broker, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	if cfg.SiteQueue < 0 {
+		return nil, fmt.Errorf("broker: negative site queue %d", cfg.SiteQueue)
+	}
 	h, err := newAuthHook(cfg, log)
 	if err != nil {
 		return nil, err
@@ -223,29 +268,49 @@ func Start(cfg Config) (*Broker, error) {
 	if err := srv.AddHook(h, nil); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	var l listeners.Listener
+	lh, err := newLimitHook(cfg, caps.MaximumPacketSize, log)
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	if err := srv.AddHook(lh, nil); err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	qh := &queueHook{max: cfg.SiteQueue, super: h.super, info: srv.Info, log: log}
+	if qh.max == 0 {
+		qh.max = DefaultSiteQueue
+	}
+	if err := srv.AddHook(qh, nil); err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	tcp, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("broker: listen on %s: %w", cfg.Addr, err)
+	}
+	stall := cfg.WriteStall
+	if stall <= 0 {
+		stall = DefaultWriteStall
+	}
+	var ln net.Listener = &stallListener{Listener: tcp, stall: stall, onStall: h.stalled}
 	if cfg.TLS != nil {
 		// The handshake happens before mochi sees the connection, so that
 		// a refused one is logged (refusals.go).
-		ln, err := net.Listen("tcp", cfg.Addr)
-		if err != nil {
-			return nil, fmt.Errorf("broker: listen on %s: %w", cfg.Addr, err)
-		}
-		l = listeners.NewNet("edgefl", newTLSListener(ln, cfg.TLS, h))
-	} else {
-		l = listeners.NewTCP(listeners.Config{ID: "edgefl", Address: cfg.Addr})
+		ln = newTLSListener(ln, cfg.TLS, h)
 	}
+	l := listeners.NewNet("edgefl", ln)
 	if err := srv.AddListener(l); err != nil {
+		_ = ln.Close()
 		return nil, fmt.Errorf("broker: listen on %s: %w", cfg.Addr, err)
 	}
 	if err := srv.Serve(); err != nil {
 		_ = srv.Close()
 		return nil, fmt.Errorf("broker: serve: %w", err)
 	}
-	b := &Broker{srv: srv, hook: h, addr: l.Address(), tls: cfg.TLS != nil}
+	b := &Broker{srv: srv, hook: h, limit: lh, queue: qh, addr: l.Address(), tls: cfg.TLS != nil}
+	rl := lh.lim.Limits()
 	log.Info("embedded MQTT broker listening", "addr", b.addr, "tls", b.tls,
 		"mutual_tls", cfg.TLS != nil && cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert,
-		"password_users", len(h.hashes), "max_packet_bytes", caps.MaximumPacketSize)
+		"password_users", len(h.hashes), "max_packet_bytes", caps.MaximumPacketSize,
+		"rate_msgs_per_s", rl.Messages, "rate_burst", rl.Burst, "rate_bytes_per_s", rl.Bytes, "site_queue", qh.max)
 	return b, nil
 }
 
@@ -275,6 +340,7 @@ func (b *Broker) Stats() Stats {
 	return Stats{
 		AuthFailures: b.hook.authFailures.Load(),
 		ACLDenied:    b.hook.aclDenied.Load(),
+		WriteStalls:  b.hook.writeStalls.Load(),
 		Connected:    atomic.LoadInt64(&b.srv.Info.ClientsConnected),
 	}
 }
@@ -366,9 +432,11 @@ type authHook struct {
 	plain     map[string][32]byte
 	log       *slog.Logger
 	refusals  refusalLog
+	denials   refusalLog // ACL denials, per client (OnACLCheck)
 
 	authFailures atomic.Uint64
 	aclDenied    atomic.Uint64
+	writeStalls  atomic.Uint64
 }
 
 func (h *authHook) ID() string { return "edgefl-auth-acl" }
@@ -477,14 +545,34 @@ func (h *authHook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 	if h.allowed(cl.ID, topic, write) {
 		return true
 	}
-	h.aclDenied.Add(1)
+	// Counted last, as refusals are: a denial in Stats has been logged or
+	// suppressed.
+	defer h.aclDenied.Add(1)
 	op := "subscribe"
 	if write {
 		op = "publish"
 	}
-	h.log.Warn("mqtt "+op+" denied by ACL", "client_id", cl.ID, "topic", topic)
+	// A site publishing to a forbidden topic in a loop would otherwise
+	// write a line per message: aclLogBurst lines per client at once, then
+	// one per aclLogEvery with the count suppressed in between.
+	ok, suppressed := h.denials.allow(cl.ID)
+	if !ok {
+		return false
+	}
+	args := []any{"client_id", cl.ID, "topic", topic}
+	if suppressed > 0 {
+		args = append(args, "suppressed", suppressed)
+	}
+	h.log.Warn("mqtt "+op+" denied by ACL", args...)
 	return false
 }
+
+// The ACL denials' log lines per client: a burst (a misconfigured site's
+// few denied topics each get a line), then one per aclLogEvery.
+const (
+	aclLogBurst = 5
+	aclLogEvery = 10 * time.Second
+)
 
 // OnPublish stores sites' updates unretained: a retained update would be
 // re-delivered to the aggregator on every subscription.

@@ -22,15 +22,21 @@ import (
 // refusalLogEvery bounds the refusal lines of one client and reason.
 const refusalLogEvery = time.Minute
 
-// refusalLog rate-limits the refusal lines.
+// refusalLog rate-limits the refusal lines: per key, Burst lines at once,
+// then one per Every (a token bucket), each line saying how many were
+// suppressed since the previous one. Zero Every and Burst mean
+// refusalLogEvery and 1 (a line per key and minute).
 type refusalLog struct {
-	mu   sync.Mutex
-	now  func() time.Time
-	seen map[string]*refusalEntry
+	mu    sync.Mutex
+	now   func() time.Time
+	every time.Duration
+	burst float64
+	seen  map[string]*refusalEntry
 }
 
 type refusalEntry struct {
-	last       time.Time
+	last       time.Time // of the last refill
+	tokens     float64
 	suppressed uint64
 }
 
@@ -43,20 +49,31 @@ func (r *refusalLog) allow(key string) (bool, uint64) {
 	if r.now != nil {
 		now = r.now()
 	}
+	every, burst := r.every, r.burst
+	if every <= 0 {
+		every = refusalLogEvery
+	}
+	if burst < 1 {
+		burst = 1
+	}
 	if r.seen == nil || len(r.seen) >= 4096 {
 		r.seen = map[string]*refusalEntry{} // bounded: a flood of made-up ids costs lines, not memory
 	}
 	e := r.seen[key]
-	if e != nil && now.Sub(e.last) < refusalLogEvery {
+	if e == nil {
+		e = &refusalEntry{last: now, tokens: burst}
+		r.seen[key] = e
+	} else if d := now.Sub(e.last); d > 0 {
+		e.tokens = min(burst, e.tokens+float64(d)/float64(every))
+		e.last = now
+	}
+	if e.tokens < 1 {
 		e.suppressed++
 		return false, 0
 	}
-	if e == nil {
-		e = &refusalEntry{}
-		r.seen[key] = e
-	}
+	e.tokens--
 	n := e.suppressed
-	e.last, e.suppressed = now, 0
+	e.suppressed = 0
 	return true, n
 }
 

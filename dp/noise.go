@@ -62,23 +62,20 @@ func AddNoise(v []float64, std float64, rng *rand.Rand) {
 // differently noised view of the same sum. TestKey gives the fixed key of a
 // reproducible test or simulation.
 func NoiseRand(key [32]byte, round uint64) *rand.Rand {
-	h := sha256.New()
-	h.Write([]byte("edgefl dp noise v1"))
-	h.Write(key[:])
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], round)
-	h.Write(b[:])
-	var seed [32]byte
-	copy(seed[:], h.Sum(nil))
-	return rand.New(rand.NewChaCha8(seed))
+	return keyedRand("edgefl dp noise v1", key, round)
 }
 
 // BitNoiseRand is the stream of a round's clip-bit noise (adaptive
 // clipping): keyed like NoiseRand, in its own domain, so the update noise
 // and the bit noise are independent draws whatever either consumes.
 func BitNoiseRand(key [32]byte, round uint64) *rand.Rand {
+	return keyedRand("edgefl dp clip-bit noise v1", key, round)
+}
+
+// keyedRand is ChaCha8 seeded by SHA-256(domain, key, round big-endian).
+func keyedRand(domain string, key [32]byte, round uint64) *rand.Rand {
 	h := sha256.New()
-	h.Write([]byte("edgefl dp clip-bit noise v1"))
+	h.Write([]byte(domain))
 	h.Write(key[:])
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], round)

@@ -21,6 +21,7 @@ import (
 	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/dataset"
 	"github.com/edgefl/edgefl/internal/cli"
+	"github.com/edgefl/edgefl/internal/ratelimit"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/pki"
 	"github.com/edgefl/edgefl/schema"
@@ -46,7 +47,7 @@ type serveFlags struct {
 	allowAnonymous                           bool
 	maxPacket                                int
 	rateMsgs, rateBytes                      float64
-	rateBurst                                int
+	rateBurst, siteQueue                     int
 	k                                        int
 	quorum                                   float64
 	roundTimeout, extension, settle          time.Duration
@@ -137,10 +138,11 @@ func (f *serveFlags) registerConnection(fs *flag.FlagSet) {
 	fs.StringVar(&f.brokerPasswd, "password-file", "", "embedded broker: the sites' password `FILE`, Mosquitto format (see `broker-agg pki passwd`)")
 	fs.BoolVar(&f.allowAnonymous, "allow-anonymous", false, "embedded broker: let clients in without credentials (development only; the ACL still applies)")
 	fs.IntVar(&f.maxPacket, "max-message-bytes", broker.DefaultMaxPacketSize, "largest message in `BYTES`: the embedded broker's packet cap and the aggregator's inbound limit")
-	fs.Float64Var(&f.rateMsgs, "rate-messages", aggregator.DefaultRateMessages, "per-site inbound rate limit in messages per second; over it (and --rate-burst) messages are dropped and counted")
+	fs.Float64Var(&f.rateMsgs, "rate-messages", aggregator.DefaultRateMessages, "per-site inbound rate limit in messages per second; over it (and --rate-burst) messages are dropped and counted, by the embedded broker before it routes them (edgefl_broker_rate_limited_total) and by the aggregator before it decodes them (edgefl_aggregator_rate_limited_total)")
 	fs.IntVar(&f.rateBurst, "rate-burst", aggregator.DefaultRateBurst, "messages a site may send at once before --rate-messages applies")
 	fs.Float64Var(&f.rateBytes, "rate-bytes", aggregator.DefaultRateBytes, "per-site inbound rate limit in bytes per second (one message of --max-message-bytes always fits)")
 	fs.DurationVar(&f.sessionExpiry, "session-expiry", broker.DefaultSessionExpiry, "embedded broker: how long a disconnected site's session and queued messages are kept")
+	fs.IntVar(&f.siteQueue, "site-queue", broker.DefaultSiteQueue, "embedded broker: the QoS 1 messages (announcements, receipts) held for one site while it is offline or has not acknowledged them; past it the oldest are forgotten (the latest announcement is retained, and a missed receipt comes again when the site re-sends its update)")
 	fs.DurationVar(&f.instanceTakeover, "instance-takeover", aggregator.DefaultInstanceTakeover, "a site id is served for one installation (instance id) at a time; once two installations with one id were seen alive (a cloned gateway), the first keeps the site and the other is set aside until the first stopped cleanly or has been offline this long")
 	fs.StringVar(&f.username, "username", "", "external broker: the aggregator's username")
 	fs.StringVar(&f.passwordFile, "broker-password-file", "", "external broker: `FILE` holding the aggregator's password (default: $"+passwordEnv+")")
@@ -233,6 +235,9 @@ func loadEval(spec string, seed uint64) (*model.Data, int, error) {
 // serverConfig turns the flags into an aggregator configuration (without
 // the broker connection).
 func (f *serveFlags) serverConfig(log *slog.Logger) (aggregator.ServerConfig, error) {
+	if f.rateMsgs < 0 || f.rateBurst < 0 || f.rateBytes < 0 {
+		return aggregator.ServerConfig{}, errors.New("--rate-messages, --rate-burst and --rate-bytes must be >= 0 (0: the default)")
+	}
 	cfg, err := f.modelServerConfig(log)
 	if err != nil {
 		return cfg, err
@@ -451,7 +456,10 @@ func (f *serveFlags) embeddedBroker(topics wire.Topics, log *slog.Logger) (broke
 	}
 	bc := broker.Config{Addr: listen, Prefix: topics.Prefix(), Superusers: []string{f.clientID},
 		PasswordFile: f.brokerPasswd, AllowAnonymous: f.allowAnonymous, MaxPacketSize: uint32(min(int64(f.maxPacket), math.MaxUint32)),
-		SessionExpiry: f.sessionExpiry, Logger: log}
+		SessionExpiry: f.sessionExpiry, SiteQueue: f.siteQueue, Logger: log,
+		// The aggregator's limits, enforced by the broker before routing
+		// (broker/ratelimit.go): a flood never queues inside broker-agg.
+		RateLimit: ratelimit.Limits{Messages: f.rateMsgs, Burst: f.rateBurst, Bytes: f.rateBytes}}
 	if f.tlsCert != "" {
 		tc, err := pki.ServerTLSConfig(f.tlsCert, f.tlsKey, f.tlsClientCA)
 		if err != nil {
@@ -479,6 +487,12 @@ func serveEmbedded(ctx context.Context, f *serveFlags, cfg aggregator.ServerConf
 	// same file fails without touching the port.
 	var brk *broker.Broker
 	cfg.Dial = func() (net.Conn, error) { return brk.Dial() }
+	cfg.BrokerRateLimited = func() map[string]uint64 {
+		if brk == nil { // before the broker starts
+			return nil
+		}
+		return brk.RateLimited()
+	}
 	cfg.BrokerURL = "tcp://in-process"
 	fresh := !exists(cfg.StatePath)
 	srv, err := aggregator.NewServer(cfg)

@@ -41,6 +41,7 @@ type floodOptions struct {
 	rate, batch          int
 	floodFor, floodAfter time.Duration
 	floodRound           int
+	hidden               int // 0: the 60 x 10 logistic regression; else an MLP with this many hidden units
 	seed                 uint64
 	timeout              time.Duration
 }
@@ -63,6 +64,7 @@ func runFlood(args []string) error {
 	fs.DurationVar(&o.floodFor, "flood-seconds", 10*time.Second, "how long the flood lasts")
 	fs.IntVar(&o.floodRound, "flood-round", 3, "the flood starts in this round ...")
 	fs.DurationVar(&o.floodAfter, "flood-after", time.Second, "... this long after its announcement")
+	fs.IntVar(&o.hidden, "hidden", 0, "0: the federation trains a 60 x 10 logistic regression (updates of 2.5 kB); H > 0: a 60-H-10 MLP (71H+10 parameters, 4 bytes each in fp32: H = 512 sends 145 kB updates), the larger model a flood may carry")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the selection and the agents")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up a run after")
 	_ = fs.Parse(args) // flag.ExitOnError: Parse exits on a bad flag
@@ -73,6 +75,8 @@ func runFlood(args []string) error {
 		return fmt.Errorf("flood: --broker %q: want embedded or mosquitto", o.broker)
 	case o.rate <= 0 || o.batch <= 0 || o.floodFor <= 0:
 		return errors.New("flood: --rate, --batch and --flood-seconds must be > 0")
+	case o.hidden < 0:
+		return errors.New("flood: --hidden must be >= 0")
 	case o.floodRound < 1 || o.floodRound >= o.rounds:
 		return errors.New("flood: --flood-round must be in [1, --rounds)")
 	}
@@ -127,12 +131,12 @@ func runFlood(args []string) error {
 	}
 	fmt.Printf("flooded rounds %d-%d: %.3f s without the flood, %.3f s with it (delay %+.3f s; worst round %+.3f s; whole run %+.3f s)\n",
 		flooded[0], flooded[len(flooded)-1], baseSum, floodSum, floodSum-baseSum, worst, all)
-	fmt.Printf("RESULT broker=%s rate=%d flood_s=%g message_bytes=%d sent=%d sent_rate=%.0f flooder_disconnects=%d rate_limited=%.0f passed_limit=%.0f "+
+	fmt.Printf("RESULT broker=%s rate=%d flood_s=%g message_bytes=%d sent=%d sent_rate=%.0f flooder_disconnects=%d broker_rate_limited=%.0f rate_limited=%.0f passed_limit=%.0f "+
 		"flooded_rounds=%d-%d baseline_rounds_s=%.3f flood_rounds_s=%.3f delay_s=%.3f worst_round_delay_s=%.3f run_delay_s=%.3f "+
 		"aggregator_vmhwm_kb=%d baseline_aggregator_vmhwm_kb=%d mosquitto_vmhwm_kb=%d baseline_mosquitto_vmhwm_kb=%d "+
 		"aggregator_cpu_s=%.2f baseline_aggregator_cpu_s=%.2f mosquitto_cpu_s=%.2f baseline_mosquitto_cpu_s=%.2f loadavg_start=%s loadavg_end=%s\n",
 		o.broker, o.rate, o.floodFor.Seconds(), fl.msgBytes, fl.sent, float64(fl.sent)/fl.floodEnd.Sub(fl.floodStart).Seconds(), fl.disconnects,
-		fl.rateLimited, fl.passed-base.passed, flooded[0], flooded[len(flooded)-1], baseSum, floodSum, floodSum-baseSum, worst, all,
+		fl.brokerLimited, fl.rateLimited, fl.passed-base.passed, flooded[0], flooded[len(flooded)-1], baseSum, floodSum, floodSum-baseSum, worst, all,
 		fl.aggHWM, base.aggHWM, fl.mqHWM, base.mqHWM, fl.aggCPU, base.aggCPU, fl.mqCPU, base.mqCPU, load0, load1)
 	return nil
 }
@@ -145,7 +149,8 @@ type floodResult struct {
 	floodEnd            time.Time
 	sent, disconnects   int
 	msgBytes            int     // size of one flood message (the last round's)
-	rateLimited, passed float64 // flooder's rate-limited messages; update messages past the limits (every site)
+	rateLimited, passed float64 // flooder's messages rate-limited by the aggregator; update messages past the limits (every site)
+	brokerLimited       float64 // flooder's messages the embedded broker dropped over its rate limit (0 with Mosquitto)
 	aggHWM, mqHWM       int     // kB (mqHWM 0 with the embedded broker)
 	aggCPU, mqCPU       float64 // seconds of user + system CPU over the run
 }
@@ -162,8 +167,8 @@ func (r *floodResult) print(name string) {
 		fmt.Printf("; mosquitto VmHWM %d kB, %.2f s CPU", r.mqHWM, r.mqCPU)
 	}
 	if !r.floodStart.IsZero() {
-		fmt.Printf("; flood: %d messages of %d bytes in %.3f s, %.0f rate-limited, %d flooder disconnects",
-			r.sent, r.msgBytes, r.floodEnd.Sub(r.floodStart).Seconds(), r.rateLimited, r.disconnects)
+		fmt.Printf("; flood: %d messages of %d bytes in %.3f s, %.0f rate-limited by the broker, %.0f by the aggregator, %d flooder disconnects",
+			r.sent, r.msgBytes, r.floodEnd.Sub(r.floodStart).Seconds(), r.brokerLimited, r.rateLimited, r.disconnects)
 	}
 	fmt.Println()
 }
@@ -261,12 +266,17 @@ func floodAggConf(o floodOptions, federation, work string) []string {
 	conf := []string{
 		"federation = " + federation, "client_id = aggregator",
 		"state_file = " + filepath.Join(work, "aggregator.db"),
-		"model = logreg", "features = 60", "classes = 10", "l2 = 0.001",
+		"features = 60", "classes = 10", "l2 = 0.001",
 		"algorithm = fedproxsplit", "solver = sgd", "mu = 1", "step = 1", "lr = 0.05", "batch = 10", "gamma = 0.000001",
 		"codec = fp32",
 		fmt.Sprintf("per_round = %d", o.sites+1), fmt.Sprintf("rounds = %d", o.rounds), "quorum_fraction = 1",
 		"round_timeout = 60s", "settle = 0s", "max_reselections = -1", fmt.Sprintf("seed = %d", o.seed),
 		"log_format = json", "log_level = info",
+	}
+	if o.hidden > 0 {
+		conf = append(conf, "model = mlp", fmt.Sprintf("hidden = %d", o.hidden))
+	} else {
+		conf = append(conf, "model = logreg")
 	}
 	if o.roundEpochs > 0 {
 		return append(conf, fmt.Sprintf("max_epochs = %d", o.roundEpochs), "max_seconds = 0")
@@ -322,9 +332,10 @@ func (res *floodResult) measure(o floodOptions, agg *aggProc, mq *mosq, m map[st
 		}
 	}
 	res.rateLimited = m[`edgefl_aggregator_rate_limited_total{client="`+floodID+`"}`]
+	res.brokerLimited = m[`edgefl_broker_rate_limited_total{client="`+floodID+`"}`]
 	res.passed = m[`edgefl_aggregator_received_messages_total{kind="update"}`]
 	for _, id := range ids {
-		if n := m[`edgefl_aggregator_rate_limited_total{client="`+id+`"}`]; n > 0 {
+		if n := m[`edgefl_aggregator_rate_limited_total{client="`+id+`"}`] + m[`edgefl_broker_rate_limited_total{client="`+id+`"}`]; n > 0 {
 			return fmt.Errorf("%s was rate-limited %v times", id, n)
 		}
 	}
