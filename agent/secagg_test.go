@@ -276,3 +276,96 @@ func FuzzSecAggRecord(f *testing.F) {
 		}
 	})
 }
+
+// TestSecAggSumMode walks a site of FedProx:FedSplit under secure
+// aggregation (sum mode, docs/secagg.md "FedSplit under secure
+// aggregation") through two rounds: the first input joins (base round 0,
+// the installation named, the pending contribution x on the grid plus the
+// dequantised input, z_j committed), a new session of the round advertises
+// the same join; the next round waits for the first one's UPDATE receipt
+// and re-sends its entry; the receipt advances the record by exactly the
+// pending contribution; the second input is a delta against it (base round
+// 1) whose pending contribution is its dequantised input.
+func TestSecAggSumMode(t *testing.T) {
+	ctx := context.Background()
+	sites := newSecAggSites(t, 3)
+	s := sites[0]
+	s.h.InstanceID = "INSTANCE0"
+	ann := func(round uint64, attempt uint32) *wire.RoundAnnouncement {
+		a := secAggAnnouncement(t, round, attempt, wire.SecAggPhase_SECAGG_PHASE_ADVERTISE, nil, sites)
+		a.Algorithm, a.SplitSum = AlgoFedProxSplit, true
+		return a
+	}
+	a1 := ann(1, 0)
+	_, q, err := uplink.SecAggSetup(a1.Secagg, testDim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.h.Handle(ctx, a1)
+	if err != nil || res.Action != ActionSecAgg || res.SecAggKind != secagg.KindAdvertiseKeys {
+		t.Fatalf("round 1: %v %v", res.Action, err)
+	}
+	m, _ := payloadOf(t, res.Msg)
+	if m.BaseRound != 0 || m.InstanceId != "INSTANCE0" {
+		t.Fatalf("round 1's AdvertiseKeys: base round %d, instance %q; want a join from INSTANCE0", m.BaseRound, m.InstanceId)
+	}
+	p, ok, err := s.h.Store.Pending(1)
+	if err != nil || !ok || !p.Join {
+		t.Fatalf("round 1's pending contribution: %+v %v %v", p, ok, err)
+	}
+	_, _, input, err := SecAggSession(s.h.Store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xg, d := uplink.SecAggGrid(q, testGlobal(1)), q.Dequantize(input)
+	for i := range p.V {
+		if p.V[i] != xg[i]+d[i] {
+			t.Fatalf("pending[%d] = %v, want x on the grid + the dequantised input = %v", i, p.V[i], xg[i]+d[i])
+		}
+	}
+	if zr, _, err := s.h.Store.Z(); err != nil || zr != 1 {
+		t.Fatalf("z_j of round %d (%v), want round 1's", zr, err)
+	}
+	// The session aborted: the next one advertises new keys over the same
+	// join.
+	res, err = s.h.Handle(ctx, ann(1, 1))
+	if err != nil || res.Action != ActionSecAgg {
+		t.Fatalf("round 1, attempt 1: %v %v", res.Action, err)
+	}
+	if m, _ := payloadOf(t, res.Msg); m.BaseRound != 0 || m.Attempt != 1 {
+		t.Fatalf("attempt 1's AdvertiseKeys: base round %d attempt %d", m.BaseRound, m.Attempt)
+	}
+	if p2, ok, _ := s.h.Store.Pending(1); !ok || !slices.Equal(p2.V, p.V) {
+		t.Fatal("the new session changed the pending contribution")
+	}
+	// Round 2 waits for round 1's UPDATE receipt and re-sends its entry.
+	res, err = s.h.Handle(ctx, ann(2, 0))
+	if err != nil || res.Action != ActionWaiting || res.Waiting != 1 || secAggKindOf(res.Msg) != uint32(secagg.KindAdvertiseKeys) {
+		t.Fatalf("round 2 before round 1's receipt: %v waiting %d (%v)", res.Action, res.Waiting, err)
+	}
+	// Secagg receipts leave the entry; the round's UPDATE receipt advances
+	// the record.
+	acks := sumStore{s.h.Store}
+	if ok, err := acks.HasPending(1); !ok || err != nil {
+		t.Fatalf("HasPending(1) = %v, %v", ok, err)
+	}
+	if had, err := acks.Ack(1); !had || err != nil {
+		t.Fatalf("round 1's receipt: %v %v", had, err)
+	}
+	cr, c, err := s.h.Store.Contribution()
+	if err != nil || cr != 1 || !slices.Equal(c, p.V) {
+		t.Fatalf("the record after round 1's receipt: round %d (%v), want the pending contribution", cr, err)
+	}
+	res, err = s.h.Handle(ctx, ann(2, 0))
+	if err != nil || res.Action != ActionSecAgg {
+		t.Fatalf("round 2: %v %v", res.Action, err)
+	}
+	if m, _ := payloadOf(t, res.Msg); m.BaseRound != 1 {
+		t.Fatalf("round 2's AdvertiseKeys: base round %d, want 1 (the record's)", m.BaseRound)
+	}
+	p, ok, err = s.h.Store.Pending(2)
+	_, _, input, _ = SecAggSession(s.h.Store)
+	if err != nil || !ok || p.Join || !slices.Equal(p.V, q.Dequantize(input)) {
+		t.Fatalf("round 2's pending contribution: join %v (%v %v), want the dequantised input", p.Join, ok, err)
+	}
+}
