@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -40,6 +41,12 @@ type Deps struct {
 	// Observe, when set, is called after every event the agent handled, from
 	// the goroutine that handled it; it must not block.
 	Observe func(Event)
+	// SecAggRand, when set, replaces crypto/rand as the randomness of a
+	// round's secure aggregation (RoundHandler.SecAggRand): tests only.
+	SecAggRand func(round uint64) io.Reader
+	// SecAggNoiseKey, when set, replaces the site's distributed-DP noise
+	// key (RoundHandler.SecAggNoiseKey): tests only.
+	SecAggNoiseKey *[32]byte
 }
 
 // EventKind classifies an Event.
@@ -67,6 +74,10 @@ type Event struct {
 	Err      error  // EventRound, EventBadMessage, EventSiteError
 	// Subject is what an EventReceipt or EventUplink is about.
 	Subject wire.ReceiptSubject
+	// SecAggKind is the secagg kind an EventReceipt of subject SECAGG
+	// answers, or the kind of the message an EventRound (ActionSecAgg)
+	// committed.
+	SecAggKind uint32
 }
 
 // Stats are the agent's counters since New.
@@ -262,7 +273,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		ClientID: a.cfg.SiteID, InstanceID: a.instance, Federation: a.cfg.Federation, Store: store, Data: a.data,
 		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
 		EvalFile: a.cfg.EvalData, ModelOut: a.cfg.ModelOut,
-		Emit: a.sendUplink, Receipted: a.isReceipted,
+		Emit: a.sendUplink, Receipted: a.isReceipted, SecAggRand: a.deps.SecAggRand, SecAggNoiseKey: a.deps.SecAggNoiseKey,
 	}
 	if a.cfg.DataClient < 0 {
 		a.handler.DataFile, _ = csvPath(a.cfg.Data)
@@ -397,12 +408,28 @@ func (a *Agent) loop(ctx context.Context) {
 			return
 		case <-a.wake:
 		}
+		if ctx.Err() != nil {
+			// Both were ready and select chose the wake: nothing new is
+			// started once the agent is stopping.
+			return
+		}
 		var ann *wire.RoundAnnouncement
+		var share *wire.SecAggMessage
 		invited := false
 		for _, act := range a.step(idle{}) {
-			if act.kind == actStartSolve {
+			switch act.kind {
+			case actStartSolve:
 				ann, invited = act.ann, act.invited
+			case actStartShareList:
+				share = act.share
 			}
+		}
+		if share != nil {
+			res, err := a.handler.HandleShareList(share)
+			a.step(shareListDone{msg: share, res: res, err: err})
+			a.observe(Event{Kind: EventRound, Round: share.Round, Action: res.Action, Err: err, SecAggKind: uint32(res.SecAggKind)})
+			a.wakeUp() // an announcement may wait
+			continue
 		}
 		if ann == nil {
 			continue
@@ -417,7 +444,7 @@ func (a *Agent) loop(ctx context.Context) {
 		if n := int64(res.SampleCount); n > 0 && a.samples.Swap(n) != n {
 			a.publishStatus()
 		}
-		a.observe(Event{Kind: EventRound, Round: ann.Round, Action: res.Action, Err: err})
+		a.observe(Event{Kind: EventRound, Round: ann.Round, Action: res.Action, Err: err, SecAggKind: uint32(res.SecAggKind)})
 	}
 }
 
@@ -477,10 +504,7 @@ func (a *Agent) doLocked(act action) {
 func (a *Agent) do(act action) {
 	switch act.kind {
 	case actWake:
-		select {
-		case a.wake <- struct{}{}:
-		default:
-		}
+		a.wakeUp()
 	case actPreempt:
 		a.logPreempt(act)
 	case actIgnored:
@@ -504,6 +528,8 @@ func (a *Agent) do(act action) {
 		a.siteErrorCleared(act.se)
 	case actFinished:
 		a.runFinished(act.ann, act.res)
+	case actShareListDone:
+		a.shareListDone(act)
 	case actInvited:
 		r := act.receipt
 		if act.had {
@@ -512,6 +538,31 @@ func (a *Agent) do(act action) {
 			a.log.Debug("invitation repeated", "round", r.Round, "run_id", r.RunId)
 		}
 		a.observe(Event{Kind: EventReceipt, Subject: r.GetSubject(), Round: r.Round})
+	}
+}
+
+// wakeUp wakes the solver loop (it looks for work when woken).
+func (a *Agent) wakeUp() {
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// shareListDone logs what a secagg ShareList came to.
+func (a *Agent) shareListDone(act action) {
+	lg := a.log.With("round", act.share.Round, "attempt", act.share.Attempt)
+	switch {
+	case errors.Is(act.err, storage.ErrCorrupt):
+		a.failIfDamaged(act.err)
+		a.stats.roundErrors.Add(1)
+	case act.err != nil:
+		a.stats.roundErrors.Add(1)
+		lg.Error("secure aggregation: the share list could not be answered", "err", act.err)
+	case act.res.Action == ActionSecAgg:
+		lg.Info("secure aggregation: masked input sent", "bytes", len(act.res.Msg))
+	default:
+		lg.Debug("secure aggregation: share list", "action", act.res.Action.String())
 	}
 }
 
@@ -559,6 +610,14 @@ func (a *Agent) roundDone(act action) {
 				"stop", r.StopReason.String(), "partial", r.Partial, "bytes", len(res.Msg))
 		case ActionResend:
 			lg.Info("round already applied; re-sending its unreceipted update")
+		case ActionSecAgg:
+			if res.SecAggKind == 1 {
+				a.stats.roundsSolved.Add(1)
+				lg.Info("round solved; secure aggregation: keys advertised (the update stays on this site)", "algorithm", ann.Algorithm,
+					"epochs", res.Report.Epochs, "seconds", res.Report.Elapsed.Seconds(), "stop", res.Report.Stop, "attempt", ann.GetSecagg().GetAttempt())
+			} else {
+				lg.Info("secure aggregation: "+res.SecAggKind.String()+" sent", "phase", ann.GetSecaggPhase().String(), "bytes", len(res.Msg))
+			}
 		case ActionWaiting:
 			lg.Info("FedSplit sum mode: this site's previous update awaits its receipt; the round is answered when it comes")
 		case ActionStatistics:
@@ -831,11 +890,20 @@ func (a *Agent) onMessage(_ mqtt.Client, m mqtt.Message) {
 			a.step(announced{ann: msg.(*wire.RoundAnnouncement)})
 			return
 		case wire.KindReceipt:
-			if r := msg.(*wire.Receipt); r.ClientId == a.cfg.SiteID {
-				a.step(receiptArrived{r: r})
-				return
+			switch r := msg.(type) {
+			case *wire.Receipt:
+				if r.ClientId == a.cfg.SiteID {
+					a.step(receiptArrived{r: r})
+					return
+				}
+				err = fmt.Errorf("receipt for another client")
+			case *wire.SecAggMessage:
+				if r.ClientId == a.cfg.SiteID {
+					a.step(shareListArrived{msg: r})
+					return
+				}
+				err = fmt.Errorf("secagg share list for another client")
 			}
-			err = fmt.Errorf("receipt for another client")
 		default:
 			err = fmt.Errorf("unexpected %v message", kind)
 		}
@@ -872,5 +940,5 @@ func (a *Agent) receiptDone(act action) {
 		a.stats.receiptsRejected.Add(1)
 		lg.Warn(what+" rejected by the aggregator; dropped", "reason", r.Reason)
 	}
-	a.observe(Event{Kind: EventReceipt, Subject: r.GetSubject(), Round: r.Round, Accepted: r.Accepted})
+	a.observe(Event{Kind: EventReceipt, Subject: r.GetSubject(), Round: r.Round, Accepted: r.Accepted, SecAggKind: r.SecaggKind})
 }

@@ -36,7 +36,12 @@ func TestHandleDP(t *testing.T) {
 		mod  func(a *wire.RoundAnnouncement)
 		want string
 	}{
-		{"distributed", func(a *wire.RoundAnnouncement) { a.Dp.Mode = wire.DPMode_DP_MODE_DISTRIBUTED }, "central mode only"},
+		// The announcement's validation refuses it first (wire), the agent
+		// again (dpClip): the noise shares need a secure sum.
+		{"distributed without secagg", func(a *wire.RoundAnnouncement) { a.Dp.Mode, a.Dp.NoiseShares = wire.DPMode_DP_MODE_DISTRIBUTED, 2 }, "secagg"},
+		{"central with secagg", func(a *wire.RoundAnnouncement) {
+			a.Secagg = &wire.SecAggSpec{Threshold: 2, Clip: 1, ScaleBits: 20, MaxSites: 3}
+		}, "central differential privacy"},
 		{"fedsplit", func(a *wire.RoundAnnouncement) { a.Algorithm = AlgoFedProxSplit }, uplink.ErrSplitDP.Error()},
 		{"anchor gradient", func(a *wire.RoundAnnouncement) { a.AnchorSketch = &wire.SketchSpec{} }, "anchor gradient"},
 	} {

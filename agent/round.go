@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -15,6 +16,7 @@ import (
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/secagg"
 	"github.com/edgefl/edgefl/sitedata"
 	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
@@ -80,6 +82,10 @@ const (
 	// ActionIgnored: an announcement of a run whose end this site has
 	// handled (the Agent drops it without calling Handle).
 	ActionIgnored
+	// ActionSecAgg: under secure aggregation, the site's message of the
+	// session's phase (Result.SecAggKind) is committed as the round's
+	// outbox entry; publish Msg (agent/secagg.go).
+	ActionSecAgg
 	// ActionWaiting: FedSplit in sum mode, an earlier update of this site
 	// awaits its receipt; nothing was solved or written, and the session
 	// hands the round over again once that receipt comes (agent/sum.go).
@@ -106,6 +112,8 @@ func (a Action) String() string {
 		return "finished"
 	case ActionIgnored:
 		return "ignored"
+	case ActionSecAgg:
+		return "secagg"
 	case ActionWaiting:
 		return "waiting"
 	}
@@ -142,6 +150,15 @@ type Result struct {
 	Healthy bool
 	// Final is the final bundle stored (ActionFinished with a schema).
 	Final *storage.Final
+	// SecAggKind is the kind of the secagg message in Msg (ActionSecAgg,
+	// and ActionResend of a ShareKeys in the masked phase).
+	SecAggKind secagg.Kind
+	// Waiting is the earlier round whose unreceipted entry a sum-mode round
+	// waits for (ActionWaiting); under secure aggregation Msg is then that
+	// entry, re-sent: the aggregator answers it with the earlier round's
+	// UPDATE receipt once that round has closed (docs/secagg.md, "FedSplit
+	// under secure aggregation").
+	Waiting uint64
 }
 
 // RoundHandler runs the edge side of a round over an EdgeStore, without any
@@ -180,6 +197,15 @@ type RoundHandler struct {
 	// this site's statistics or evaluation report of (run, round):
 	// Handle then neither computes nor emits it again.
 	Receipted func(subject wire.ReceiptSubject, runID string, round uint64) bool
+	// SecAggRand, when set, is the randomness of round's secure
+	// aggregation (keys, shares, stochastic rounding) instead of
+	// crypto/rand: for the test that compares a live run with simulate
+	// (sim/live_test.go), never for a deployment.
+	SecAggRand func(round uint64) io.Reader
+	// SecAggNoiseKey, when set, replaces the site's secret distributed-DP
+	// noise key (drawn from crypto/rand into the edge store): for the test
+	// that compares a live run with simulate, never for a deployment.
+	SecAggNoiseKey *[32]byte
 
 	site siteCache
 }
@@ -297,13 +323,25 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 		return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
 	}
 	if r <= applied {
+		if ann.Secagg != nil {
+			return h.secAggPhase(ann, res)
+		}
 		return h.resend(res)
 	}
+	if ann.Secagg != nil && ann.SecaggPhase != wire.SecAggPhase_SECAGG_PHASE_ADVERTISE {
+		// The session's keys were advertised without this site: it
+		// cannot join until the next round (or session).
+		res.Action = ActionDone
+		return res, nil
+	}
 	if sumMode(ann) {
-		if w, err := h.waitingFor(r); err != nil {
+		if w, msg, err := h.waitingFor(r); err != nil {
 			return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
 		} else if w > 0 {
-			res.Action = ActionWaiting
+			res.Action, res.Waiting = ActionWaiting, w
+			if secAggKindOf(msg) != 0 {
+				res.Msg = msg
+			}
 			return res, nil
 		}
 	}
@@ -326,6 +364,10 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 	}
 	if ctx.Err() != nil && !errors.Is(context.Cause(ctx), ErrPreempted) {
 		return res, fmt.Errorf("agent: round %d aborted, nothing committed: %w", r, context.Cause(ctx))
+	}
+	if ann.Secagg != nil {
+		res.Report = rep
+		return h.secAggCommit(ann, p, sent, res)
 	}
 
 	up, err := h.uplink(p, sent)
@@ -505,6 +547,9 @@ func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement, d model.Data) (*prep
 		return nil, bad(r, "%v", err)
 	}
 	if p.clip, err = dpClip(ann, p.split && !p.sum); err != nil {
+		return nil, bad(r, "%v", err)
+	}
+	if err := secAggRefusals(ann, p.split); err != nil {
 		return nil, bad(r, "%v", err)
 	}
 	if p.split {
@@ -786,8 +831,10 @@ func dpClip(ann *wire.RoundAnnouncement, split bool) (float64, error) {
 	switch {
 	case d == nil:
 		return 0, nil
-	case d.Mode != wire.DPMode_DP_MODE_CENTRAL:
-		return 0, fmt.Errorf("differential privacy mode %v: this agent supports the central mode only (the distributed mode needs secure aggregation)", d.Mode)
+	case d.Mode == wire.DPMode_DP_MODE_DISTRIBUTED && ann.Secagg == nil:
+		return 0, errors.New("differential privacy in the distributed mode without secure aggregation: refused (the noise shares are only safe inside a secure sum)")
+	case d.Mode != wire.DPMode_DP_MODE_CENTRAL && d.Mode != wire.DPMode_DP_MODE_DISTRIBUTED:
+		return 0, fmt.Errorf("differential privacy mode %v: unknown to this agent", d.Mode)
 	case split:
 		return 0, uplink.ErrSplitDP
 	case ann.AnchorSketch != nil:

@@ -28,6 +28,8 @@ type sessionStore interface {
 	Outbox() ([]storage.OutboxEntry, error)
 	Ack(round uint64) (bool, error)
 	AckRejected(round uint64) (bool, error)
+	AckIf(round uint64, match func(msg []byte) bool) (bool, error)
+	HasPending(round uint64) (bool, error)
 }
 
 // pendingKey names a message re-sent until the aggregator receipts it: an
@@ -64,6 +66,9 @@ type session struct {
 	// names the same round and run. Not durable: the aggregator invites
 	// again whenever this site comes online while it is selected.
 	invite *invitation
+	// shareList is the newest secure-aggregation ShareList waiting for
+	// the solver (agent/secagg.go).
+	shareList *wire.SecAggMessage
 	// finished: the run finishedRun has ended and its end was handled;
 	// announcements of that run are ignored until another run's arrives.
 	finished    bool
@@ -142,6 +147,14 @@ type (
 	}
 	// closed: the agent is shutting down.
 	closed struct{}
+	// shareListArrived: the aggregator's secagg ShareList for this site.
+	shareListArrived struct{ msg *wire.SecAggMessage }
+	// shareListDone: RoundHandler.HandleShareList returned for msg.
+	shareListDone struct {
+		msg *wire.SecAggMessage
+		res Result
+		err error
+	}
 )
 
 func (announced) sessionEvent()      {}
@@ -153,6 +166,9 @@ func (connected) sessionEvent()      {}
 func (emitted) sessionEvent()        {}
 func (finalRestored) sessionEvent()  {}
 func (closed) sessionEvent()         {}
+
+func (shareListArrived) sessionEvent() {}
+func (shareListDone) sessionEvent()    {}
 
 // actionKind says what an action asks of the shell.
 type actionKind int
@@ -172,6 +188,8 @@ const (
 	actSiteError                              // the site error is se (same: unchanged)
 	actSiteErrorCleared                       // the site error se is over
 	actFinished                               // the run of ann ended (res)
+	actStartShareList                         // hand msg (a secagg ShareList) to RoundHandler.HandleShareList
+	actShareListDone                          // a handled ShareList: log and count (res, err)
 	actInvited                                // an invitation arrived (receipt; had: it was new)
 )
 
@@ -229,6 +247,7 @@ type action struct {
 	err     error
 	se      *sitedata.SiteError
 	same    bool
+	share   *wire.SecAggMessage
 	invited bool
 }
 
@@ -242,13 +261,27 @@ func (s *session) step(ev sessionEvent) []action {
 	case solveDone:
 		return s.solveDone(ev)
 	case receiptArrived:
-		if ev.r.GetSubject() == wire.ReceiptSubject_RECEIPT_SUBJECT_INVITATION {
+		switch ev.r.GetSubject() {
+		case wire.ReceiptSubject_RECEIPT_SUBJECT_INVITATION:
 			return s.invited(ev.r)
+		case wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE:
+			return s.updateReceipt(ev.r)
+		case wire.ReceiptSubject_RECEIPT_SUBJECT_SECAGG:
+			return s.secAggReceipt(ev.r)
 		}
-		if ev.r.GetSubject() != wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE {
-			return s.uplinkReceipt(ev.r)
+		return s.uplinkReceipt(ev.r)
+	case shareListArrived:
+		if s.closing {
+			return nil
 		}
-		return s.updateReceipt(ev.r)
+		s.shareList = ev.msg
+		return []action{{kind: actWake}}
+	case shareListDone:
+		acts := []action{{kind: actShareListDone, share: ev.msg, res: ev.res, err: ev.err}}
+		if ev.err == nil && (ev.res.Action == ActionSecAgg || ev.res.Action == ActionResend) {
+			acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ev.msg.Round), msg: ev.res.Msg, why: sendFirst})
+		}
+		return acts
 	case timerFired:
 		return s.timerFired(ev.key, ev.gen)
 	case connected:
@@ -263,6 +296,7 @@ func (s *session) step(ev sessionEvent) []action {
 		return nil
 	case closed:
 		s.closing = true
+		s.shareList = nil
 		var acts []action
 		rounds := make([]uint64, 0, len(s.retries))
 		for r := range s.retries {
@@ -321,6 +355,10 @@ func (s *session) announced(ann *wire.RoundAnnouncement) []action {
 func (s *session) take() []action {
 	ann := s.pending
 	if ann == nil {
+		if sl := s.shareList; sl != nil {
+			s.shareList = nil
+			return []action{{kind: actStartShareList, share: sl}}
+		}
 		return nil
 	}
 	s.pending, s.solving = nil, ann
@@ -388,7 +426,15 @@ func (s *session) solveDone(ev solveDone) []action {
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendFirst})
 	case res.Action == ActionResend:
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendAgain})
+	case res.Action == ActionSecAgg:
+		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendFirst})
 	case res.Action == ActionWaiting:
+		if res.Msg != nil {
+			// Secure aggregation: the earlier round's last message again,
+			// which the aggregator answers with that round's UPDATE
+			// receipt once the round has closed.
+			acts = append(acts, action{kind: actPublishUpdate, key: updateKey(res.Waiting), msg: res.Msg, why: sendAgain})
+		}
 		// The receipt may have come while the handler looked at the
 		// outbox: then the round goes back to the solver now.
 		if s.olderUnreceipted(ann.Round) {
@@ -472,6 +518,47 @@ func (s *session) receiptOutcome(r *wire.Receipt) []action {
 		}
 		return append(acts, action{kind: actReceipt, receipt: r, outcome: receiptRejected})
 	}
+}
+
+// secAggReceipt: a receipt of a secure-aggregation message removes the
+// round's outbox entry only if the entry is the message it answers (the
+// entry holds the session's latest message; a late receipt of an earlier
+// one must not drop it); INTERNAL re-sends the entry after a backoff, as
+// for an update.
+func (s *session) secAggReceipt(r *wire.Receipt) []action {
+	if r.Code == wire.ReceiptCode_RECEIPT_CODE_INTERNAL && !r.Accepted {
+		return s.updateReceipt(r)
+	}
+	// A stored ShareKeys stays in the outbox until the ShareList it asks
+	// for arrives (the masked input then replaces it): re-sent on every
+	// connection, it is how a site that missed its ShareList gets it again
+	// (the aggregator answers a duplicate with it). Any other accepted
+	// message, and every rejected one, leaves.
+	keep := r.Accepted && r.SecaggKind == wire.SecAggKindShareKeys
+	// FedSplit's sum mode (docs/secagg.md, "FedSplit under secure
+	// aggregation"): the entry carries what the site's input adds to its
+	// record, and only the round's UPDATE receipt says whether the input
+	// is in the round's sum. A secagg receipt, accepted or rejected (an
+	// aborted session's message), leaves it: it is re-sent on the next
+	// connection and with the next round's announcement, which the
+	// aggregator answers with that UPDATE receipt once the round closed.
+	sum, err := s.store.HasPending(r.Round)
+	if err != nil {
+		return []action{{kind: actStoreFailed, what: "read the pending contribution", err: err}}
+	}
+	had, err := s.store.AckIf(r.Round, func(msg []byte) bool { return !keep && !sum && secAggKindOf(msg) == r.SecaggKind })
+	if err != nil {
+		return []action{{kind: actStoreFailed, what: "ack secagg receipt", err: err}}
+	}
+	var acts []action
+	if had || sum {
+		acts = s.cancelRetry(r.Round)
+	}
+	outcome := receiptAccepted
+	if !r.Accepted {
+		outcome = receiptRejected
+	}
+	return append(acts, action{kind: actReceipt, receipt: r, outcome: outcome, had: had})
 }
 
 // uplinkReceipt: accepted (stored or duplicate) ends a statistics or

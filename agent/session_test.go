@@ -22,8 +22,9 @@ import (
 // memStore is a sessionStore in memory.
 type memStore struct {
 	outbox   map[uint64][]byte
-	rejected []uint64 // rounds AckRejected
-	err      error    // returned by every call when set
+	pending  map[uint64]bool // rounds with a sum-mode pending contribution
+	rejected []uint64        // rounds AckRejected
+	err      error           // returned by every call when set
 }
 
 func (m *memStore) Outbox() ([]storage.OutboxEntry, error) {
@@ -43,7 +44,24 @@ func (m *memStore) Ack(round uint64) (bool, error) {
 	}
 	_, had := m.outbox[round]
 	delete(m.outbox, round)
+	delete(m.pending, round)
 	return had, nil
+}
+
+func (m *memStore) AckIf(round uint64, match func([]byte) bool) (bool, error) {
+	if m.err != nil {
+		return false, m.err
+	}
+	msg, had := m.outbox[round]
+	if !had || !match(msg) {
+		return false, nil
+	}
+	delete(m.outbox, round)
+	return true, nil
+}
+
+func (m *memStore) HasPending(round uint64) (bool, error) {
+	return m.pending[round], m.err
 }
 
 func (m *memStore) AckRejected(round uint64) (bool, error) {
@@ -89,6 +107,8 @@ func keyName(k pendingKey) string {
 		return fmt.Sprintf("update/%d", k.round)
 	case wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS:
 		return fmt.Sprintf("statistics/%d", k.round)
+	case wire.ReceiptSubject_RECEIPT_SUBJECT_SECAGG:
+		return fmt.Sprintf("secagg/%d", k.round)
 	}
 	return fmt.Sprintf("evaluation/%d", k.round)
 }
@@ -120,7 +140,11 @@ func render(a action) string {
 		}
 		return fmt.Sprintf("done %d %s", a.ann.Round, classNames[a.class])
 	case actPublishUpdate, actPublishUplink:
-		s := fmt.Sprintf("publish %s %s %s", keyName(a.key), a.msg, whyNames[a.why])
+		msg := string(a.msg)
+		if k := secAggKindOf(a.msg); k != 0 {
+			msg = fmt.Sprintf("sa%d", k) // a secagg message of that kind
+		}
+		s := fmt.Sprintf("publish %s %s %s", keyName(a.key), msg, whyNames[a.why])
 		if a.kind == actPublishUplink && a.why == sendRetry {
 			s += fmt.Sprintf(" #%d", a.attempt)
 		}
@@ -149,6 +173,13 @@ func render(a action) string {
 		return "site error cleared " + a.se.Reason
 	case actFinished:
 		return fmt.Sprintf("finished %d", a.ann.Round)
+	case actStartShareList:
+		return fmt.Sprintf("start share-list %d", a.share.Round)
+	case actShareListDone:
+		if a.err != nil {
+			return fmt.Sprintf("share-list %d failed", a.share.Round)
+		}
+		return fmt.Sprintf("share-list %d %s", a.share.Round, a.res.Action)
 	case actInvited:
 		if a.had {
 			return fmt.Sprintf("invited %s/%d", a.receipt.RunId, a.receipt.Round)

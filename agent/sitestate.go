@@ -50,8 +50,11 @@ func (a *Agent) publishUplink(k pendingKey, msg []byte) {
 }
 
 func subjectName(s wire.ReceiptSubject) string {
-	if s == wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS {
+	switch s {
+	case wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS:
 		return "statistics"
+	case wire.ReceiptSubject_RECEIPT_SUBJECT_SECAGG:
+		return "secagg message"
 	}
 	return "evaluation report"
 }

@@ -29,19 +29,27 @@ func sumMode(ann *wire.RoundAnnouncement) bool {
 }
 
 // waitingFor is the round of an unreceipted update older than round in the
-// outbox (0: none): a sum-mode site answers round only after that
-// update's receipt.
-func (h *RoundHandler) waitingFor(round uint64) (uint64, error) {
+// outbox and its entry (0: none): a sum-mode site answers round only after
+// that update's receipt.
+func (h *RoundHandler) waitingFor(round uint64) (uint64, []byte, error) {
 	out, err := h.Store.Outbox()
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	for _, e := range out {
 		if e.Round < round {
-			return e.Round, nil
+			return e.Round, e.Msg, nil
 		}
 	}
-	return 0, nil
+	return 0, nil, nil
+}
+
+// HasPending reports whether round's outbox entry carries a sum-mode
+// pending contribution (the session keeps such an entry until the round's
+// UPDATE receipt, also under secure aggregation).
+func (s sumStore) HasPending(round uint64) (bool, error) {
+	_, ok, err := s.Pending(round)
+	return ok, err
 }
 
 // sumUplink encodes a sum-mode update (uplink.EncodeSum) against the

@@ -166,6 +166,10 @@ type Config struct {
 	// StoreLate and, with a federation schema, DeclaredTransform and no
 	// StopPatience (coordinator_fed.go).
 	DP *dp.Config
+	// SecAgg is secure aggregation's phases (coordinator_secagg.go; nil:
+	// off). It needs a quorum of at least its threshold, no StoreLate, no
+	// federation schema and no DP.
+	SecAgg *SecAggConfig
 }
 
 // ErrConfig reports an invalid Config.
@@ -204,6 +208,9 @@ func (c Config) validate() error {
 	case c.DeclaredTransform && !c.Statistics:
 		return fmt.Errorf("%w: DeclaredTransform is a way through the statistics phase: it needs Statistics", ErrConfig)
 	}
+	if err := c.validateSecAgg(); err != nil {
+		return err
+	}
 	return c.validateDP()
 }
 
@@ -235,7 +242,7 @@ const (
 
 // Phases lists every phase, for metrics.
 func Phases() []Phase {
-	return []Phase{PhaseWaiting, PhaseCollecting, PhaseStalled, PhaseClosing, PhaseFinished, PhaseStatistics, PhaseFitting, PhaseFinishing}
+	return []Phase{PhaseWaiting, PhaseCollecting, PhaseStalled, PhaseClosing, PhaseFinished, PhaseStatistics, PhaseFitting, PhaseFinishing, PhaseSecAgg}
 }
 
 // Event is an input to Step: ClientOnline, ClientOffline, UpdateArrived, Tick
@@ -471,7 +478,9 @@ type Counters struct {
 	Ignored        uint64            `json:"ignored"`        // malformed or out-of-place events
 	StaleStatuses  uint64            `json:"stale_statuses"` // statuses StatusStale set aside
 	StatsAccepted  uint64            `json:"stats_accepted,omitempty"`
-	EvalsAccepted  uint64            `json:"evals_accepted,omitempty"` // evaluation reports (copies included)
+	EvalsAccepted  uint64            `json:"evals_accepted,omitempty"`  // evaluation reports (copies included)
+	SecAggMessages uint64            `json:"secagg_messages,omitempty"` // secure-aggregation messages accepted
+	SecAggAborts   uint64            `json:"secagg_aborts,omitempty"`   // sessions aborted without a sum
 }
 
 func (c Counters) clone() Counters {
@@ -538,10 +547,11 @@ type Coordinator struct {
 	timer        time.Time // last SetTimer sent
 	late         int       // late updates (AcceptLate) since the last aggregation
 	counters     Counters
-	proposal     Event    // an accepted message awaiting Stored or StoreFailed (coordinator_propose.go)
-	applied      uint64   // the replay log index of the last stored message applied (coordinator_replay.go)
-	fed          fedState // the statistics phase, evaluations, stopping rules
-	dp           dpState  // the accountant (Config.DP)
+	proposal     Event       // an accepted message awaiting Stored or StoreFailed (coordinator_propose.go)
+	applied      uint64      // the replay log index of the last stored message applied (coordinator_replay.go)
+	fed          fedState    // the statistics phase, evaluations, stopping rules
+	dp           dpState     // the accountant (Config.DP)
+	sa           secAggState // the round's secure aggregation (Config.SecAgg)
 }
 
 // New returns a coordinator waiting to announce round 1. The waiting (for
@@ -581,6 +591,7 @@ func (c *Coordinator) resetRound(r int) {
 	c.received = map[string]bool{}
 	c.deadline = time.Time{}
 	c.extended, c.overdue = false, false
+	c.resetSecAgg()
 }
 
 // Round is the current round number (the last one once finished).
@@ -647,13 +658,19 @@ func (c *Coordinator) Step(ev Event) []Decision {
 	case ClientOnline:
 		out = c.clientOnline(e)
 	case ClientOffline:
-		out = c.clientOffline(e)
+		out = c.secAggCheck(c.clientOffline(e))
 	case UpdateArrived:
 		out = c.update(e, at)
 	case Tick:
 		if c.phase == PhaseCollecting && !at.Before(c.deadline) {
 			out = c.deadlinePassed(at, out)
+		} else if c.phase == PhaseSecAgg {
+			out = c.secAggTick(at, out)
 		}
+	case SecAggArrived:
+		out = c.secAggArrived(e, at)
+	case SecAggAdvanced:
+		out = c.secAggAdvanced(e, at)
 	case AggregatedRound:
 		out = c.aggregated(e, at)
 	case EvalArrived:
@@ -705,6 +722,8 @@ func (c *Coordinator) afterRun(ev Event) (out []Decision, ok bool) {
 		return c.evalArrived(e, norm(e.At)), true
 	case StatisticsArrived:
 		return c.lateStatistics(e), true
+	case SecAggArrived:
+		return c.secAggArrived(e, norm(e.At)), true
 	}
 	return nil, false
 }
@@ -813,6 +832,10 @@ func (c *Coordinator) judgeUpdate(u UpdateArrived) Decision {
 	switch {
 	case cl == nil:
 		return rej(UnknownClient)
+	case c.cfg.SecAgg != nil:
+		// Under secure aggregation a site sends secagg messages only: a
+		// plain update would reach the aggregator unmasked.
+		return rej(NotSelected)
 	case u.Round > c.round, c.phase == PhaseStatistics, c.phase == PhaseFitting:
 		return rej(FutureRound)
 	case u.Round < 1:
@@ -887,6 +910,9 @@ func (c *Coordinator) closable() bool {
 }
 
 func (c *Coordinator) close(at time.Time, out []Decision) []Decision {
+	if c.cfg.SecAgg != nil && c.phase != PhaseSecAgg {
+		return c.startSecAgg(out)
+	}
 	c.phase = PhaseClosing
 	c.closedAt = at
 	c.dpCharge()
@@ -1069,6 +1095,10 @@ func (c *Coordinator) wantTimer() time.Time {
 		}
 	case PhaseFinishing:
 		return c.deadline
+	case PhaseSecAgg:
+		if !c.sa.advancing {
+			return c.sa.deadline
+		}
 	}
 	return time.Time{}
 }
@@ -1087,6 +1117,8 @@ func (c *Coordinator) Resume() []Decision {
 		out = append(out, Announce{Round: c.round, Attempt: c.attempts - 1, Selected: slices.Clone(c.selected), Deadline: c.deadline})
 	case PhaseClosing:
 		out = append(out, c.closeDecision())
+	case PhaseSecAgg:
+		out = append(out, c.resumeSecAgg())
 	case PhaseFinished:
 		return []Decision{Finished{Rounds: c.round, At: c.closedAt}}
 	case PhaseStatistics:

@@ -129,7 +129,7 @@ func (c Config) validateDP() error {
 
 // roundQ is the sampling rate of a selection from a pool of n.
 func (c *Coordinator) roundQ(n int) float64 {
-	return aggregate.SamplingRate(c.sel, c.cfg.K, n)
+	return c.cfg.DP.ChargedRate(aggregate.SamplingRate(c.sel, c.cfg.K, n))
 }
 
 // dpDrawn fixes the sampling rate and the denominator of the round just

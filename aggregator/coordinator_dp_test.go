@@ -140,3 +140,24 @@ func TestCoordinatorClipEstimated(t *testing.T) {
 		t.Fatal("a fixed clip norm moved")
 	}
 }
+
+// TestCoordinatorDPDistributedChargesFullRate: in the distributed mode the
+// accountant claims no amplification by subsampling (the aggregator, and
+// under --secagg every site, knows the selection): a round drawn at 2 of a
+// pool of 4 is charged at q = 1 (dp.Config.ChargedRate), and the per-site
+// figure is beside it.
+func TestCoordinatorDPDistributedChargesFullRate(t *testing.T) {
+	cfg := dpCoordConfig(0)
+	cfg.DP.Distributed = true
+	c := mustNew(t, cfg)
+	bringOnline(c, ms(0), "a", "b", "c", "d")
+	dpRound(t, c, 1000)
+	eps, rounds, ok := c.Privacy()
+	want := dp.EpsilonAfter(1, cfg.DP.Noise, 1, cfg.DP.Delta, nil)
+	if !ok || rounds != 1 || math.Abs(eps-want) > 1e-9*want {
+		t.Fatalf("epsilon %v after %d rounds (%v), want %v (q = 1)", eps, rounds, ok, want)
+	}
+	if site, n, _ := c.SitePrivacy(); n != 1 || math.Abs(site-want) > 1e-9*want {
+		t.Fatalf("per-site epsilon %v over %d rounds, want %v over 1", site, n, want)
+	}
+}

@@ -35,7 +35,7 @@ func (e Stored) eventTime() time.Time      { return e.At }
 func (e StoreFailed) eventTime() time.Time { return e.At }
 
 // Propose is Step for a site's message (UpdateArrived, StatisticsArrived,
-// EvalArrived): a message it would accept is held, not applied, and the
+// EvalArrived, SecAggArrived): a message it would accept is held, not applied, and the
 // accept alone is returned; the shell then steps Stored or StoreFailed
 // before any other event. Every other event, and a message it rejects, is
 // stepped at once (Step).
@@ -63,6 +63,10 @@ func (c *Coordinator) judge(ev Event) Decision {
 		}
 	case EvalArrived:
 		return c.judgeEval(e)
+	case SecAggArrived:
+		if c.phase != PhaseFinished && c.phase != PhaseFinishing {
+			return c.judgeSecAgg(e)
+		}
 	}
 	return nil
 }
@@ -70,7 +74,7 @@ func (c *Coordinator) judge(ev Event) Decision {
 // isAccept says whether d accepts a site's message (to be stored).
 func isAccept(d Decision) bool {
 	switch d.(type) {
-	case Accept, AcceptLate, AcceptStatistics, AcceptEval:
+	case Accept, AcceptLate, AcceptStatistics, AcceptEval, AcceptSecAgg:
 		return true
 	}
 	return false

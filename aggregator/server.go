@@ -30,6 +30,7 @@ import (
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/quant"
 	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/secagg"
 	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"
@@ -135,6 +136,16 @@ type ServerConfig struct {
 	// (dp.TestKey, dp.TestSelectionKey), never for a deployment.
 	DPTestKey          *[32]byte
 	DPTestSelectionKey *[32]byte
+	// SecAgg, when set, is secure aggregation (docs/secagg.md;
+	// server_secagg.go): the aggregator learns only the sum of the
+	// sites' quantised updates over the sites that finish the protocol.
+	// The FedProx family with fedavg or mean (the uniform mean of the
+	// sum) and the FedSplit family in sum mode (the sum added to S),
+	// uniform selection (published: the KeyList names the participants),
+	// the fp32 codec setting (the ring quantiser replaces it), no anchor
+	// gradients, no schema, no central DP. Its zero fields are filled in
+	// by NewServer.
+	SecAgg *SecAggSettings
 
 	// Model is the model every client trains.
 	Model model.Spec
@@ -290,7 +301,7 @@ func (c *ServerConfig) defaults() {
 	}
 	if c.Selector == "" {
 		c.Selector = "uniform"
-		if c.DP != nil {
+		if c.DP != nil && c.SecAgg == nil {
 			c.Selector = aggregate.DPSelector
 		}
 	}
@@ -367,6 +378,10 @@ type storedConfig struct {
 	DP           *dp.Config `json:"dp,omitempty"`
 	NoiseKey     []byte     `json:"dp_noise_key,omitempty"`
 	SelectionKey []byte     `json:"dp_selection_key,omitempty"`
+	// SecAgg is the run's secure aggregation (nil: none), which a resumed
+	// run must keep: a site's session and the stored server state assume
+	// its quantiser and threshold.
+	SecAgg *SecAggSettings `json:"secagg,omitempty"`
 }
 
 // storedParams are the parameters of the algorithm's math: FedProx's mu
@@ -408,6 +423,7 @@ func (s *Server) resumeDiffs(was storedConfig) []string {
 	}
 	diff("downlink", s.cfg.Downlink, downWas)
 	diff("dp", dpText(s.cfg.DP), dpText(was.DP))
+	diff("secagg", secAggText(s.cfg.SecAgg), secAggText(was.SecAgg))
 	if p := was.Params; p != nil && s.stored.Params != nil {
 		now := *s.stored.Params
 		if s.fam == AlgoFedProx {
@@ -485,6 +501,15 @@ type Server struct {
 	finOnce    sync.Once
 	metAddr    atomic.Value // string
 
+	// secure aggregation (server_secagg.go): the open session's server,
+	// the message being proposed and whether it was stored now
+	sa           *secagg.Server
+	saRound      int
+	saAttempt    int
+	pendSecAgg   *inSecAgg
+	secAggStored bool
+	advance      *SecAggAdvance // set by carryOut, carried out after the batch
+
 	// metrics
 	mu                                      sync.Mutex
 	view                                    view
@@ -514,6 +539,7 @@ type request struct {
 	update *inUpdate
 	stats  *inStats
 	eval   *inEval
+	secagg *inSecAgg
 	done   chan struct{}
 }
 
@@ -558,7 +584,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	p := d.params
 	s.stored = storedConfig{Federation: cfg.Federation, Algorithm: cfg.Algorithm, Family: s.fam,
 		Aggregator: s.aggSpec, Model: cfg.Model, Dimension: s.dim, Codec: cfg.Codec, Downlink: cfg.Downlink,
-		Params: &storedParams{Mu: p.Mu, Step: p.Step, Relax: p.Relax}, DP: cfg.DP}
+		Params: &storedParams{Mu: p.Mu, Step: p.Step, Relax: p.Relax}, DP: cfg.DP, SecAgg: cfg.SecAgg}
 	if cfg.Schema != nil {
 		s.stored.Model, s.stored.SchemaDigest = operatorModel(cfg.Model), cfg.Schema.Digest()
 	}
@@ -712,6 +738,9 @@ func (s *Server) restore() error {
 		return err
 	}
 	if err := s.replayAggregator(); err != nil {
+		return err
+	}
+	if err := s.restoreSecAgg(); err != nil {
 		return err
 	}
 	for _, e := range replayed.evalDone {
@@ -964,6 +993,8 @@ func (s *Server) loop(ctx context.Context) error {
 				err = s.onStatistics(ctx, r.stats)
 			case r.eval != nil:
 				err = s.onEval(ctx, r.eval)
+			case r.secagg != nil:
+				err = s.onSecAgg(ctx, r.secagg)
 			}
 			close(r.done)
 			if err != nil {
@@ -1163,6 +1194,10 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, storedAt
 	switch {
 	case err != nil:
 		return err
+	case s.advance != nil:
+		adv := *s.advance
+		s.advance = nil
+		return s.advanceSecAgg(ctx, adv)
 	case closing != nil:
 		// After the rest of the batch (its SetTimer belongs to the
 		// closing phase): AggregatedRound is a new event.
@@ -1211,6 +1246,15 @@ func (s *Server) carryOut(ds []Decision, u *inUpdate, storedAt time.Time) (closi
 			s.finalizeEval(d.Round)
 		case Finish:
 			err = s.announceFinish(d)
+		case AcceptSecAgg, RejectSecAgg:
+			s.answerSecAgg(d, storedAt)
+		case SecAggAdvance:
+			s.advance = &d
+		case AnnounceSecAgg:
+			err = s.announceSecAgg(d)
+		case SecAggAbort:
+			s.log.Warn("secure aggregation aborted: the round's session has no sum; a new session is drawn (the round closes without these sites' updates, never with a wrong sum)",
+				"round", d.Round, "attempt", d.Attempt, "reason", d.Reason)
 		}
 		if err != nil {
 			return nil, nil, err

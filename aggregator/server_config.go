@@ -93,6 +93,9 @@ func (cfg *ServerConfig) derive() (derived, error) {
 	if err := cfg.checkDP(&d); err != nil {
 		return d, err
 	}
+	if err := cfg.checkSecAgg(&d); err != nil {
+		return d, err
+	}
 	return d, d.coord.validate()
 }
 

@@ -28,6 +28,8 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	switch {
+	case cfg.DP.Distributed && cfg.SecAgg == nil:
+		return fmt.Errorf("%w: %w", ErrConfig, dp.ErrDistributed)
 	case isSplit(d.fam) && cfg.Aggregator != "" && cfg.Aggregator != split.StepMean:
 		return fmt.Errorf("%w: --aggregator %s: %w", ErrConfig, cfg.Aggregator, uplink.ErrSplitRobustDP)
 	case cfg.Schema != nil && !cfg.Schema.Declared():
@@ -46,7 +48,10 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 	}
 	d.coord.MaxReselections = 0
 	d.coord.DP = cfg.DP
-	d.coord.Invitations = true
+	// Under --secagg the selection is public anyway: the KeyList on the
+	// round topic names the sites that advertised keys, so invitations
+	// would hide nothing (docs/privacy.md, "Threat models").
+	d.coord.Invitations = cfg.SecAgg == nil
 	return nil
 }
 
@@ -118,6 +123,9 @@ func (s *Server) dpParams() *wire.DPParams {
 	if a := c.Adaptive; a != nil {
 		p.UpdateNoiseMultiplier = c.UpdateNoise()
 		p.Adaptive = &wire.AdaptiveClip{TargetQuantile: a.Quantile, LearningRate: a.LR, BitNoise: a.BitNoise}
+	}
+	if c.Distributed {
+		p.Mode, p.NoiseShares = wire.DPMode_DP_MODE_DISTRIBUTED, uint32(s.cfg.SecAgg.Threshold)
 	}
 	return p
 }
@@ -206,7 +214,7 @@ func newPrivacyStatus(c *dp.Config, st *DPState, siteEps float64, siteRounds uin
 	if st.Clip > 0 {
 		clip = st.Clip // adaptive clipping: the open round's
 	}
-	return &PrivacyStatus{Mode: dp.Central.String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: clip, Noise: c.Noise,
+	return &PrivacyStatus{Mode: c.Mode().String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: clip, Noise: c.Noise,
 		EpsilonUnamplified: siteEps, SiteRounds: siteRounds}
 }
 

@@ -685,6 +685,7 @@ func (s *Server) announceFinished(rounds int, deadline time.Time, bun []byte, la
 		return err
 	}
 	a.Round, a.Phase, a.Selected, a.Bundle = uint64(rounds), wire.Phase_PHASE_FINISHED, nil, bun
+	a.Secagg = nil // the run is over: no session
 	a.Evaluate, a.EvalRound = s.fit != nil, 0
 	if s.fit != nil {
 		a.EvalRound = uint32(rounds)

@@ -249,6 +249,8 @@ func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
 		return s.handleStatistics(m, payload)
 	case *wire.EvalReport:
 		return s.handleEval(m, payload)
+	case *wire.SecAggMessage:
+		return s.handleSecAgg(m, payload)
 	default:
 		s.reject(id, "malformed")
 		return true

@@ -40,6 +40,12 @@ func replayEvent(e storage.Logged, lim wire.Limits) (Event, error) {
 			return nil, err
 		}
 		return evalEvent(m, e.StoredAt), nil
+	case storage.LogSecAgg:
+		m, err := wire.DecodeSecAgg(e.Msg, lim)
+		if err != nil {
+			return nil, err
+		}
+		return secAggEvent(m, e.StoredAt), nil
 	}
 	return nil, fmt.Errorf("%w: log entry %d of kind %v", storage.ErrCorrupt, e.Index, e.Kind)
 }
@@ -121,7 +127,15 @@ func StoredState(store *storage.AggStore) (State, error) {
 		_ = json.Unmarshal(first.Config, &sc) // unknown: no late updates, no schema, no DP
 	}
 	const never = 1 << 30 // a quorum no round reaches
-	cfg := Config{K: never, Quorum: never, RoundTimeout: time.Hour, StoreLate: isSplit(sc.Family) && sc.DP == nil, StatsSites: never, DP: sc.DP}
+	cfg := Config{K: never, Quorum: never, RoundTimeout: time.Hour, StoreLate: isSplit(sc.Family) && sc.DP == nil && sc.SecAgg == nil, StatsSites: never, DP: sc.DP}
+	if sa := sc.SecAgg; sa != nil {
+		// The secure aggregation's state and its messages' replay need
+		// it; its threshold bounds K (t > K/2): K = quorum = t, and with
+		// no Tick replayed, a phase or round still closes only when every
+		// site it waits for is in, as it would live.
+		cfg.K, cfg.Quorum = sa.Threshold, sa.Threshold
+		cfg.SecAgg = &SecAggConfig{Threshold: sa.Threshold, Timeout: max(sa.Timeout, time.Second)}
+	}
 	if sc.SchemaDigest != "" {
 		// Every eval round a logged report names was asked for.
 		cfg.Statistics, cfg.Evaluate, cfg.EvalEvery = true, true, 1

@@ -52,14 +52,18 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		RunId:           s.stored.RunID,
 		Dp:              s.dpParams(),
 	}
-	if s.cfg.DP != nil {
+	if s.cfg.DP != nil && s.cfg.SecAgg == nil {
 		// Private selection (docs/privacy.md, "Sampling rate"): the
 		// retained announcement names nobody; Invite decisions tell each
 		// selected site on its own receipts topic (server_invite.go).
+		// Not under --secagg, whose KeyList names the sites anyway.
 		a.Selected, a.PrivateSelection = nil, true
 	}
 	if !isSplit(s.fam) {
 		a.Aggregator = s.aggSpec
+	}
+	if attempt, _, ok := s.coord.SecAggSession(); ok {
+		a.Secagg = s.secAggSpec(attempt)
 	}
 	if s.fit != nil {
 		a.Schema, a.Transform = s.schemaJSON, s.fit.Transform
@@ -126,6 +130,7 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	if err != nil {
 		return err
 	}
+	s.receiptSumSecAgg(cr) // after S is stored with the checkpoint: persist before send
 	agg := AggregatedRound{Round: r, At: now}
 	hr := RoundRecord{Round: r, AggregatedAt: now, Participants: len(cr.Contributors), Late: cr.Late,
 		Partial: slices.Clone(cr.Partial), Stragglers: slices.Clone(cr.Stragglers)}
@@ -234,6 +239,9 @@ func (s *Server) checkpoint(cr CloseRound, next []float64, redo bool) (time.Time
 
 // aggregate computes the next global model from the closed round.
 func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+	if s.cfg.SecAgg != nil {
+		return s.secAggAggregate(cr) // with --dp distributed, the noise is in the sum
+	}
 	if s.cfg.DP != nil {
 		return s.privateAggregate(cr)
 	}

@@ -40,6 +40,7 @@ type view struct {
 	statsSites  []string
 	stopReason  string
 	privacy     *PrivacyStatus
+	secAgg      *SecAggStatus
 }
 
 func (s *Server) refreshView() {
@@ -55,6 +56,7 @@ func (s *Server) refreshView() {
 	v.finished = st.Phase == PhaseFinished
 	v.statsSites, v.stopReason = st.StatsSites, st.StopReason
 	v.privacy = s.privacyStatus()
+	v.secAgg = s.secAggStatus()
 	s.gen++
 	close(s.changed)
 	s.changed = make(chan struct{})
@@ -115,6 +117,8 @@ type ServerView struct {
 	EvalsRejected map[string]uint64 `json:"evals_rejected,omitempty"`
 	// Privacy is the differential-privacy accounting (ServerConfig.DP).
 	Privacy *PrivacyStatus `json:"privacy,omitempty"`
+	// SecAgg is the secure aggregation (ServerConfig.SecAgg).
+	SecAgg *SecAggStatus `json:"secagg,omitempty"`
 }
 
 // Watch returns the current in-memory view and a channel closed at the
@@ -142,6 +146,7 @@ func (s *Server) Watch() (ServerView, <-chan struct{}) {
 		StatsSites: slices.Clone(v.statsSites), StopReason: v.stopReason, Evaluation: ev, SiteErrors: siteErrs,
 		StatsStored: s.statsStored.Snapshot(), StatsRejected: s.statsRejected.Snapshot(),
 		EvalsStored: s.evalsStored.Snapshot(), EvalsRejected: s.evalsRejected.Snapshot(), Privacy: v.privacy,
+		SecAgg: v.secAgg,
 	}, ch
 }
 
@@ -274,6 +279,7 @@ func (s *Server) families() []metrics.Family {
 	f = append(f, metrics.Family{Name: ns + "site_errors_total", Help: "Site errors reported in the sites' statuses (a change of a site's error counts once), by site and reason.",
 		Type: metrics.Counter, Samples: errSamples})
 	f = append(f, privacyFamilies(v.Privacy)...)
+	f = append(f, secAggFamilies(v.SecAgg)...)
 	f = append(f, s.brokerFamilies()...)
 	evalData := "eval"
 	if s.cfg.Schema != nil {
@@ -336,6 +342,8 @@ type Status struct {
 	FinalBundle     *BundleInfo `json:"final_bundle,omitempty"`
 	// Privacy is the differential-privacy accounting of a --dp run.
 	Privacy *PrivacyStatus `json:"privacy,omitempty"`
+	// SecAgg is the secure aggregation of a --secagg run.
+	SecAgg *SecAggStatus `json:"secagg,omitempty"`
 	// DuplicateInstances are the sites for which a second installation
 	// was seen (instances.go; the running daemon's only).
 	DuplicateInstances []DuplicateInstance `json:"duplicate_instances,omitempty"`
@@ -423,6 +431,7 @@ type LiveStatus struct {
 func ReadStatus(store *storage.AggStore) (Status, error) {
 	var out Status
 	var dpConf *dp.Config
+	var saConf *SecAggSettings
 	cur, err := store.CurrentRound()
 	if errors.Is(err, storage.ErrNotFound) {
 		return out, fmt.Errorf("aggregator: %s holds no round yet", store.Path())
@@ -436,6 +445,7 @@ func ReadStatus(store *storage.AggStore) (Status, error) {
 			out.Federation, out.Algorithm, out.Schema = sc.Federation, sc.Algorithm, sc.SchemaDigest
 			out.RunID, out.Aggregator, out.Codec, out.Downlink = sc.RunID, sc.Aggregator, sc.Codec, sc.Downlink
 			dpConf = sc.DP
+			saConf = sc.SecAgg
 		}
 	}
 	if !cur.OpenedAt.IsZero() {
@@ -450,6 +460,9 @@ func ReadStatus(store *storage.AggStore) (Status, error) {
 	if dpConf != nil && st.DP != nil && st.DP.Accountant != nil {
 		out.Privacy = storedPrivacyStatus(dpConf, st.DP)
 		out.StopReason = st.StopReason // dp_budget or rounds
+	}
+	if saConf != nil {
+		out.SecAgg = newSecAggStatus(saConf, st.SecAgg, st.Phase, st.Counters)
 	}
 	if !st.Deadline.IsZero() && (st.Phase == PhaseCollecting || st.Phase == PhaseStalled || st.Phase == PhaseStatistics || st.Phase == PhaseFinishing) {
 		d := st.Deadline

@@ -59,6 +59,9 @@ type State struct {
 	StopReason string  `json:"stop_reason,omitempty"`
 	// DP is the privacy accountant (Config.DP; absent without).
 	DP *DPState `json:"dp,omitempty"`
+	// SecAgg is the round's secure aggregation (Config.SecAgg; absent
+	// without).
+	SecAgg *SecAggState `json:"secagg,omitempty"`
 	// Applied is the replay log index of the last stored message this
 	// state reflects (Stored.Index; coordinator_replay.go): a replayed
 	// message at or below it is already applied.
@@ -113,6 +116,7 @@ func (c *Coordinator) Snapshot() State {
 		SinceBest:    c.fed.sinceBest,
 		StopReason:   c.fed.stopReason,
 		DP:           c.snapshotDP(),
+		SecAgg:       c.snapshotSecAgg(),
 		Applied:      c.applied,
 	}
 	for id := range c.fed.evalGot {
@@ -204,6 +208,9 @@ func (c *Coordinator) Restore(s State) error {
 	c.fed.evalRound, c.fed.evalDone = s.EvalRound, s.EvalDone
 	c.fed.bestLoss, c.fed.hasBest, c.fed.sinceBest = s.BestLoss, s.HasBest, s.SinceBest
 	c.fed.stopReason = s.StopReason
+	if err := c.restoreSecAgg(s.SecAgg, s.Phase); err != nil {
+		return err
+	}
 	return c.restoreDP(s.DP)
 }
 
@@ -216,7 +223,7 @@ func (s State) check() error {
 		return bad("version %d, want %d", s.Version, StateVersion)
 	}
 	switch s.Phase {
-	case PhaseWaiting, PhaseCollecting, PhaseStalled, PhaseClosing, PhaseFinished, PhaseStatistics, PhaseFitting, PhaseFinishing:
+	case PhaseWaiting, PhaseCollecting, PhaseStalled, PhaseClosing, PhaseFinished, PhaseStatistics, PhaseFitting, PhaseFinishing, PhaseSecAgg:
 	default:
 		return bad("unknown phase %q", s.Phase)
 	}

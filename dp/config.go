@@ -7,10 +7,10 @@ import (
 	"slices"
 )
 
-// ErrDistributed is the error for the distributed mode until secure
-// aggregation is wired into the daemons: its noise shares are only safe
-// inside a secure sum (docs/privacy.md, "Threat models").
-var ErrDistributed = errors.New("dp: the distributed mode needs secure aggregation (--secagg), which is not wired into the daemons yet; use central (docs/privacy.md, \"Status\")")
+// ErrDistributed is the error for the distributed mode without secure
+// aggregation: its noise shares are only safe inside a secure sum
+// (docs/privacy.md, "Threat models").
+var ErrDistributed = errors.New("dp: the distributed mode needs secure aggregation (--secagg): each site's noise share is only safe inside a secure sum (docs/privacy.md, \"Threat models\")")
 
 // ParseMode parses a --dp value: off (or empty), central, distributed. It
 // returns 0 for off.
@@ -40,12 +40,24 @@ type Config struct {
 	// Budget, when > 0, is the epsilon the run may not exceed: it stops
 	// before a round that would.
 	Budget float64 `json:"epsilon_budget,omitempty"`
+	// Distributed: the sites add the noise in shares inside secure
+	// aggregation (SiteStd, docs/privacy.md "Threat models"); false: the
+	// aggregator adds it (central).
+	Distributed bool `json:"distributed,omitempty"`
 	// Adaptive, when set, is adaptive clipping (docs/privacy.md, "The
 	// mechanism per round", step 3): Clip is then the first round's C,
 	// each later round's follows Adaptive.Next from the noised clip bits,
 	// and the updates' noise multiplier is UpdateNoise() > Noise so that
 	// updates and bits together cost Noise, which the accountant charges.
 	Adaptive *Adaptive `json:"adaptive,omitempty"`
+}
+
+// Mode is the configuration's mode (Central or Distributed).
+func (c Config) Mode() Mode {
+	if c.Distributed {
+		return Distributed
+	}
+	return Central
 }
 
 // UpdateNoise is the noise multiplier of the update sum: Noise with a fixed
@@ -62,6 +74,19 @@ func (c Config) UpdateNoise() float64 {
 	return z
 }
 
+// ChargedRate is the sampling rate the accountant charges for a round
+// drawn at rate q: q in the central mode; 1 in the distributed mode, whose
+// adversary knows the selection (the aggregator draws it, and under secure
+// aggregation the KeyList on the round topic names the round's sites to
+// every site), so amplification by subsampling does not hold against it
+// and none is claimed (docs/privacy.md, "Sampling rate").
+func (c Config) ChargedRate(q float64) float64 {
+	if c.Distributed {
+		return 1
+	}
+	return q
+}
+
 // On reports whether c asks for DP.
 func (c Config) On() bool { return c != Config{} }
 
@@ -76,11 +101,19 @@ func (c Config) Validate() error {
 		return fmt.Errorf("dp: delta must be in (0, 1), got %v", c.Delta)
 	case !(c.Budget >= 0) || math.IsInf(c.Budget, 0):
 		return fmt.Errorf("dp: the epsilon budget must be a finite number >= 0 (0: none), got %v", c.Budget)
+	case c.Adaptive != nil && c.Distributed:
+		return ErrDistributedAdaptive
 	case c.Adaptive != nil:
 		return c.Adaptive.Validate(c.Noise)
 	}
 	return nil
 }
+
+// ErrDistributedAdaptive refuses adaptive clipping in the distributed mode:
+// its clip bits would need their own noised secure sum (the aggregator
+// sees no single site's bit there), which is not built (docs/privacy.md,
+// "Threat models").
+var ErrDistributedAdaptive = errors.New("dp: adaptive clipping in the distributed mode: the clip bits would need their own secure sum with noise shares, which is not built; use a fixed --dp-clip")
 
 // EpsilonAfterStep is the epsilon a (nil: a new accountant) would report
 // after one more round at sampling rate q with noise multiplier z; a is

@@ -204,3 +204,24 @@ func FuzzClip(f *testing.F) {
 		checkClip(t, v, bound)
 	})
 }
+
+// TestDistributedMode: the distributed mode claims no amplification (the
+// accountant charges q = 1: its adversary knows the selection) and refuses
+// adaptive clipping; the central mode charges q.
+func TestDistributedMode(t *testing.T) {
+	c := Config{Clip: 1, Noise: 1, Delta: 1e-5}
+	if q := c.ChargedRate(0.1); q != 0.1 {
+		t.Fatalf("central: charged %v, want 0.1", q)
+	}
+	c.Distributed = true
+	if q := c.ChargedRate(0.1); q != 1 {
+		t.Fatalf("distributed: charged %v, want 1", q)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.Adaptive = &Adaptive{Quantile: 0.5, LR: 0.2, BitNoise: 1}
+	if err := c.Validate(); !errors.Is(err, ErrDistributedAdaptive) {
+		t.Fatalf("distributed with adaptive clipping: %v", err)
+	}
+}

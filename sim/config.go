@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/edgefl/edgefl/split"
+	"io"
 	"math"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/proxsolver"
+	"github.com/edgefl/edgefl/secagg"
 	"github.com/edgefl/edgefl/uplink"
 )
 
@@ -85,10 +87,36 @@ type Config struct {
 	DP          *dp.Config `json:"dp,omitempty"`
 	DPNoiseSeed uint64     `json:"dp_noise_seed,omitempty"`
 
+	// SecAgg is secure aggregation (docs/secagg.md; nil: off): each
+	// client's update quantised as a site quantises it
+	// (uplink.SecAggInput, stochastic rounding from the run's SecAgg
+	// stream), the ring sum of the round's inputs, and the uniform mean
+	// of uplink.SecAggMean, as the aggregator computes it from the
+	// unmasked sum (masks cancel exactly, so simulate sums the inputs).
+	SecAgg *SecAgg `json:"secagg,omitempty"`
+
 	// trace, when set (tests), is called after each round with the uplink
 	// frames the server received, by client id, and the next global model
 	// as the clients will decode it. It must not keep or change them.
 	trace func(algo string, round int, frames map[string]*uplink.Frame, x []float64)
+	// traceSecAgg, when set (tests), is called after each round of a
+	// --secagg run with each client's quantised input.
+	traceSecAgg func(algo string, round int, inputs map[string][]uint32)
+	// secAggRand, when set (tests), replaces the run's SecAgg stream of
+	// client (its id and index) in round.
+	secAggRand func(client string, index, round int) io.Reader
+}
+
+// SecAgg are secure aggregation's settings (--secagg-clip,
+// --secagg-scale-bits; the threshold only matters to the daemons' dropout
+// handling).
+type SecAgg struct {
+	Clip      float64 `json:"clip"`
+	ScaleBits int     `json:"scale_bits"`
+	// Threshold is the secagg threshold t (0: uplink.SecAggThreshold's
+	// default); with DP.Distributed each site's noise share is sized for
+	// it.
+	Threshold int `json:"threshold,omitempty"`
 }
 
 // Local are the per-algorithm knobs: the local solve and FedSplit's steps.
@@ -306,7 +334,52 @@ func (c Config) Validate() error {
 			return fmt.Errorf("algorithm %s: %w", a.Label, err)
 		}
 	}
+	if err := c.validateSecAgg(); err != nil {
+		return err
+	}
 	return c.validateDP()
+}
+
+// validateSecAgg refuses what --secagg cannot cover, as the aggregator
+// does (aggregator/server_secagg.go).
+func (c Config) validateSecAgg() error {
+	sa := c.SecAgg
+	if sa == nil {
+		return nil
+	}
+	switch {
+	case c.Schema != "":
+		return errors.New("--secagg with --schema: the per-site statistics and evaluation reports are not summed securely")
+	case c.DP != nil && !c.DP.Distributed:
+		return errors.New("--secagg with --dp central: the aggregator cannot re-clip what it cannot see (use --dp distributed)")
+	case c.Codec != "" && c.Codec != "fp32":
+		return fmt.Errorf("--secagg with --codec %s: under --secagg a site's update is its ring-quantised vector; leave --codec empty or fp32", c.Codec)
+	case c.PerRound < 2:
+		return errors.New("--secagg needs --per-round >= 2 (a sum of one site is that site's update)")
+	}
+	if t := uplink.SecAggThreshold(c.PerRound, sa.Threshold); t > c.PerRound || 2*t <= c.PerRound {
+		return fmt.Errorf("--secagg threshold %d: want more than half of --per-round %d and at most it", t, c.PerRound)
+	}
+	if _, err := secagg.NewQuantizer(sa.Clip, sa.ScaleBits, c.PerRound); err != nil {
+		return fmt.Errorf("--secagg: %w", err)
+	}
+	for _, a := range c.Algos {
+		if a.Family == FedSplit || a.Family == FedProxSplit {
+			// Sum mode (docs/secagg.md, "FedSplit under secure
+			// aggregation"): the server step is S/m.
+			if a.Agg != split.StepRobust && a.Agg != split.StepMean {
+				return fmt.Errorf("--secagg, algorithm %s: %w", a.Label, uplink.ErrSplitRobustDP)
+			}
+			continue
+		}
+		if a.Agg != "" && a.Agg != "fedavg" && a.Agg != "mean" {
+			return fmt.Errorf("--secagg, algorithm %s: aggregator %q needs the individual updates; under --secagg only their sum is known (fedavg and mean become its uniform mean)", a.Label, a.Agg)
+		}
+	}
+	if c.Select != "" && c.Select != "uniform" {
+		return fmt.Errorf("--secagg with --select %s: %w", c.Select, uplink.ErrSecAggSelector)
+	}
+	return nil
 }
 
 // validateDP refuses what --dp cannot cover (docs/privacy.md, "What the
@@ -319,6 +392,8 @@ func (c Config) validateDP() error {
 		return fmt.Errorf("--dp: %w", err)
 	}
 	switch {
+	case c.DP.Distributed && c.SecAgg == nil:
+		return fmt.Errorf("--dp distributed: %w", dp.ErrDistributed)
 	case c.Faulty > 0:
 		return errors.New("--dp with --faulty: faulty clients take part in every round, outside the accountant's sampling rate")
 	}

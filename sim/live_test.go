@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"math"
 	"slices"
@@ -58,6 +59,30 @@ func TestSimMatchesLive(t *testing.T) {
 	for i, codec := range []string{"fp32", "topk:0.2+q8"} {
 		t.Run("dp/"+FedProx+"/"+codec, func(t *testing.T) {
 			testSimMatchesLive(t, FedProx, codec, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5}, i)
+		})
+	}
+	// Secure aggregation (docs/secagg.md): the sites' quantised inputs
+	// are simulate's byte for byte (their stochastic rounding drawn from
+	// the run's streams in both), the next global model is bit for bit
+	// simulate's uniform mean of the sum, neither the aggregator's state
+	// file nor the daemons' log holds one site's input; also across a
+	// restart of the whole federation after round 1 (secagg_live_test.go).
+	for _, restart := range []int{0, 1} {
+		t.Run(fmt.Sprintf("secagg/%s/restart=%d", FedProx, restart), func(t *testing.T) { testSimMatchesLiveSecAgg(t, FedProx, restart, nil) })
+	}
+	// FedProx:FedSplit under secure aggregation runs in sum mode
+	// (docs/secagg.md, "FedSplit under secure aggregation"): each site's
+	// quantised delta against its own record (joins in round 1, against x
+	// on the grid), S and m at the aggregator, the records advanced on the
+	// rounds' UPDATE receipts; across a restart, and with distributed DP.
+	t.Run("secagg/"+FedProxSplit+"/restart=1", func(t *testing.T) { testSimMatchesLiveSecAgg(t, FedProxSplit, 1, nil) })
+	// Distributed DP under secure aggregation (docs/privacy.md "Threat
+	// models"): each site's clipped update plus its noise share, from the
+	// same per-site keys in both, then the same sum: the same models bit
+	// for bit and the same epsilons every round.
+	for _, algo := range []string{FedProx, FedProxSplit} {
+		t.Run("secagg/dp-distributed/"+algo, func(t *testing.T) {
+			testSimMatchesLiveSecAgg(t, algo, 1, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5, Distributed: true})
 		})
 	}
 	// FedProx:FedSplit under DP runs in sum mode (docs/privacy.md,

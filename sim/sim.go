@@ -20,6 +20,7 @@ import (
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/secagg"
 	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/uplink"
 )
@@ -147,6 +148,7 @@ type env struct {
 	stragKeep int  // selected clients per round that do full work
 	sampled   bool // the selector draws rounds of random size: round(K_t(1-p)) of them do
 	sites     *siteSet
+	sq        *secagg.Quantizer // --secagg's quantiser (nil: off)
 }
 
 // Run executes the simulation. Progress lines go to progress (may be nil).
@@ -156,7 +158,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 	}
 	if cfg.Select == "" {
 		cfg.Select = "uniform"
-		if cfg.DP != nil {
+		if cfg.DP != nil && cfg.SecAgg == nil {
 			cfg.Select = aggregate.DPSelector
 		}
 	}
@@ -177,6 +179,10 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		return nil, err
 	}
 	e := &env{cfg: cfg, fed: fed, sites: sites}
+	if e.sq, err = secAggQuantizer(&cfg); err != nil {
+		return nil, err
+	}
+	e.cfg = cfg
 	if sites != nil {
 		if e.spec, err = sites.modelSpec(cfg); err != nil {
 			return nil, err
@@ -262,7 +268,7 @@ func startDP(cfg *Config, clients int) error {
 	if err != nil {
 		return fmt.Errorf("--select: %w", err)
 	}
-	q := aggregate.SamplingRate(sel, cfg.PerRound, clients)
+	q := cfg.DP.ChargedRate(aggregate.SamplingRate(sel, cfg.PerRound, clients))
 	if ok, eps, err := cfg.DP.Within(nil, q); err != nil {
 		return fmt.Errorf("--dp: %w", err)
 	} else if !ok {
@@ -377,8 +383,10 @@ type job struct {
 }
 
 type outcome struct {
-	params []float64     // w_k, or FedSplit's new z_j (the client's exact state)
-	frame  *uplink.Frame // the encoded uplink update (nil without a codec)
+	params []float64       // w_k, or FedSplit's new z_j (the client's exact state)
+	frame  *uplink.Frame   // the encoded uplink update (nil without a codec)
+	input  []uint32        // --secagg: the quantised update, the secure sum's input
+	sumPen *uplink.Pending // --secagg, sum mode: what the input adds to the client's record
 	rep    proxsolver.Report
 	err    error
 }
@@ -479,7 +487,7 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 			seed = cfg.Seed
 		}
 		n := len(e.fed.Clients)
-		s.acc, s.key, s.q = dp.NewAccountant(nil), dp.TestKey(seed), aggregate.SamplingRate(s.sel, cfg.PerRound, n)
+		s.acc, s.key, s.q = dp.NewAccountant(nil), dp.TestKey(seed), cfg.DP.ChargedRate(aggregate.SamplingRate(s.sel, cfg.PerRound, n))
 		k := dp.TestSelectionKey(seed)
 		s.selKey, s.m = &k, aggregate.DPDenominator(s.sel, cfg.PerRound, n)
 		s.byID = make([]int, n)
@@ -492,6 +500,10 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 			s.sum, s.rec = &uplink.SumState{}, map[int]*uplink.Record{}
 		}
 		s.clip = cfg.DP.Clip
+	}
+	if s.split && cfg.SecAgg != nil && s.sum == nil {
+		// Sum mode under secure aggregation (docs/secagg.md).
+		s.sum, s.rec = &uplink.SumState{}, map[int]*uplink.Record{}
 	}
 	return s, nil
 }
@@ -560,9 +572,12 @@ func (e *env) round(ctx context.Context, s *algoState, t int) (Round, bool, erro
 	if err != nil {
 		return row, false, err
 	}
-	if s.acc != nil {
+	switch {
+	case e.sq != nil:
+		err = e.secAggStep(s, t, jobs, outs, &row)
+	case s.acc != nil:
 		err = s.privateStep(e.cfg.DP, t, s.m, cs, &row)
-	} else {
+	default:
 		err = s.serverStep(t, len(e.fed.Clients), ups, &row)
 	}
 	if err != nil {
@@ -707,11 +722,6 @@ func (s *algoState) privateStep(c *dp.Config, t, m int, cs []uplink.Contribution
 			return fmt.Errorf("round %d: %w", t, err)
 		}
 	}
-	if err := s.acc.Step(s.q, c.Noise); err != nil {
-		return fmt.Errorf("round %d: %w", t, err)
-	}
-	eps, _ := s.acc.Epsilon(c.Delta)
-	row.Epsilon = Float(eps)
 	ids := make([]string, 0, len(cs)+len(s.sumCs))
 	for _, ct := range cs {
 		ids = append(ids, ct.Client)
@@ -719,6 +729,18 @@ func (s *algoState) privateStep(c *dp.Config, t, m int, cs []uplink.Contribution
 	for _, ct := range s.sumCs { // sum mode
 		ids = append(ids, ct.Client)
 	}
+	return s.account(c, t, ids, row)
+}
+
+// account charges round t to the accountant (at the run's sampling rate)
+// and counts it for each contributing site (ids), as the coordinator does:
+// the amplified epsilon and the largest per-site unamplified one in row.
+func (s *algoState) account(c *dp.Config, t int, ids []string, row *Round) error {
+	if err := s.acc.Step(s.q, c.Noise); err != nil {
+		return fmt.Errorf("round %d: %w", t, err)
+	}
+	eps, _ := s.acc.Epsilon(c.Delta)
+	row.Epsilon = Float(eps)
 	most := 0
 	for _, id := range ids {
 		s.siteRnds[id]++
@@ -906,7 +928,9 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 						o.params[k] = x[k] + cfg.FaultyScale*(v-x[k])
 					}
 				}
-				if wk.codec != nil && o.err == nil && o.params != nil {
+				if e.sq != nil && o.err == nil && o.params != nil {
+					o.input, o.sumPen, o.err = e.secAggInput(s, jobs[i].client, t, o.params, x)
+				} else if wk.codec != nil && o.err == nil && o.params != nil {
 					var f uplink.Frame
 					rng := streams.Of(cfg.Seed, streams.Codec, t, c)
 					if s.sum != nil {

@@ -114,6 +114,19 @@ func makeAggFile(t testing.TB, path string, rounds, dim int) {
 			}
 		}
 	}
+	// Secure aggregation: the server state of the last round's session
+	// and two ShareKeys after it, in the replay log.
+	if err := a.PutRoundState(uint64(rounds), []byte(`{"secagg":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.PutSecAggServer(uint64(rounds), 1, []byte(strings.Repeat("server", 30)), 3); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"site-a", "site-b"} {
+		if _, err := a.PutSecAggMessage(SecAggRecord{Round: uint64(rounds), Attempt: 1, Kind: 3, ClientID: c, Msg: []byte(strings.Repeat("k"+c, 12))}, at); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // settleMeta commits two empty transactions, so both of bbolt's meta pages
@@ -163,7 +176,15 @@ func dumpAgg(a *AggStore) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	fmt.Fprintf(&b, "%v %+v\nlog %d %+v\n", zs, cs, last, logged)
+	sr, sa, sst, err := a.SecAggServer()
+	if err != nil {
+		return "", err
+	}
+	sms, err := a.SecAggMessages(sr, sa)
+	if err != nil {
+		return "", err
+	}
+	fmt.Fprintf(&b, "%v %+v\nlog %d %+v\nsecagg %d %d %q %+v\n", zs, cs, last, logged, sr, sa, sst, sms)
 	return b.String(), nil
 }
 
@@ -207,6 +228,12 @@ func makeEdgeFile(t testing.TB, path string, dim int) {
 		}
 	}
 	if _, err := e.AckSum(4, 0, v); err != nil {
+		t.Fatal(err)
+	}
+	// Secure aggregation: the site's session record with the next
+	// message's outbox entry (its noise key is drawn from crypto/rand: not
+	// in a golden file).
+	if err := e.SetSecAgg(5, []byte(strings.Repeat("record", 40)), []byte(strings.Repeat("m", 60))); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -256,7 +283,11 @@ func dumpEdge(e *EdgeStore) (string, error) {
 	if err != nil || !ok {
 		return "", fmt.Errorf("pending of round 5: %v, %w", ok, err)
 	}
-	return fmt.Sprintf("%+v %d %v %d %v %d %v %v %+v %d %d %s %d %v %+v", id, gr, g, zr, z, sr, sz, res, out, seen, applied, run, cr, c, p), nil
+	sa, err := e.SecAgg()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%+v %d %v %d %v %d %v %v %+v %d %d %s %d %v %+v %q", id, gr, g, zr, z, sr, sz, res, out, seen, applied, run, cr, c, p, sa), nil
 }
 
 // outcome of opening and reading one damaged file.

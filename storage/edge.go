@@ -416,6 +416,13 @@ func (s *EdgeStore) StartRun(runID string) (RunStart, error) {
 					return err
 				}
 			}
+			if tx.Bucket(bucketSecAgg) != nil {
+				// The previous run's secure-aggregation session (and its
+				// keys) is over.
+				if err := tx.DeleteBucket(bucketSecAgg); err != nil {
+					return err
+				}
+			}
 		}
 		return sput(b, keyRunID, []byte(runID))
 	})
@@ -575,6 +582,9 @@ type Commit struct {
 	Residual []float64
 	// Msg is the encoded update for the outbox; required.
 	Msg []byte
+	// SecAgg is the agent's secure-aggregation record of the round (nil:
+	// unchanged; secagg.go): Msg is then its first message.
+	SecAgg []byte
 	// Pending is what a sum-mode update adds to the aggregator's sum,
 	// kept with the outbox entry until its receipt (nil: not sum mode).
 	Pending *SumPending
@@ -673,6 +683,15 @@ func (s *EdgeStore) Commit(c Commit) error {
 		}
 		if err := sput(out, encodeU64(round), c.Msg); err != nil {
 			return err
+		}
+		if c.SecAgg != nil {
+			sb, err := mkBucket(tx, bucketSecAgg)
+			if err != nil {
+				return err
+			}
+			if err := sput(sb, keySecAggEdge, c.SecAgg); err != nil {
+				return err
+			}
 		}
 		if c.Pending != nil {
 			pend, err := bucket(tx, bucketPending)

@@ -19,9 +19,10 @@ import (
 //	               absent: none yet). Indices only grow, also across
 //	               truncations and rollbacks.
 //	log            index u64 -> kind (1 byte) | round u64 | client id
+//	               (LogSecAgg: attempt u32 | secagg kind u8 | client id)
 //
 // Rules:
-//   - PutUpdate, PutStatistics and PutEval append an entry for the message
+//   - PutUpdate, PutStatistics, PutEval and PutSecAggMessage append an entry for the message
 //     they store (nothing for a copy already stored) and return its index;
 //   - every write of the coordinator's state (OpenRound with a State,
 //     PutRoundState, CloseRound with a state) clears the log in the same
@@ -51,9 +52,10 @@ const (
 	LogUpdate     LogKind = 1 // updates/<round>/<client>
 	LogStatistics LogKind = 2 // statistics/<client> (round 0)
 	LogEval       LogKind = 3 // evals/<eval round>/<client>
+	LogSecAgg     LogKind = 4 // secagg_msgs/<round, attempt, kind, client> (secagg.go)
 )
 
-var logKindNames = [...]string{LogUpdate: "update", LogStatistics: "statistics", LogEval: "evaluation"}
+var logKindNames = [...]string{LogUpdate: "update", LogStatistics: "statistics", LogEval: "evaluation", LogSecAgg: "secagg"}
 
 func (k LogKind) String() string {
 	if int(k) < len(logKindNames) && logKindNames[k] != "" {
@@ -68,8 +70,11 @@ type Logged struct {
 	Kind     LogKind
 	Round    uint64 // the update's round, the eval round; 0 for statistics
 	ClientID string
-	StoredAt time.Time
-	Msg      []byte // the message as stored (the encoded wire message)
+	// LogSecAgg only: the message's session (attempt) and secagg kind.
+	Attempt    uint32
+	SecAggKind uint8
+	StoredAt   time.Time
+	Msg        []byte // the message as stored (the encoded wire message)
 }
 
 func encodeLogEntry(kind LogKind, round uint64, client string) []byte {
@@ -91,10 +96,12 @@ func decodeLogEntry(k, v []byte) (Logged, error) {
 	switch {
 	case idx == 0:
 		return e, fmt.Errorf("%w: log entry 0", ErrCorrupt)
-	case e.Kind < LogUpdate || e.Kind > LogEval:
+	case e.Kind < LogUpdate || e.Kind > LogSecAgg:
 		return e, fmt.Errorf("%w: log entry %d has kind %d", ErrCorrupt, idx, v[0])
 	case (e.Kind == LogStatistics) != (e.Round == 0):
 		return e, fmt.Errorf("%w: log entry %d: %s of round %d", ErrCorrupt, idx, e.Kind, e.Round)
+	case e.Kind == LogSecAgg:
+		return e, parseSecAggLog(&e)
 	}
 	return e, nil
 }
@@ -187,6 +194,11 @@ func resolveLogged(tx *wtx, e *Logged) error {
 	case LogStatistics:
 		if b := tx.Bucket(bucketStatistics); b != nil {
 			v, err = sget(b, []byte(e.ClientID), what)
+		}
+	case LogSecAgg:
+		what = fmt.Sprintf("secagg message %d of %q (round %d, attempt %d) named by log entry %d", e.SecAggKind, e.ClientID, e.Round, e.Attempt, e.Index)
+		if b := tx.Bucket(bucketSecAggMsgs); b != nil {
+			v, err = sget(b, secAggKey(e.Round, e.Attempt, e.SecAggKind, e.ClientID), what)
 		}
 	}
 	if err != nil {

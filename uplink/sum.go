@@ -15,8 +15,8 @@ import (
 )
 
 // Sum mode: the FedSplit family when the aggregator may keep only
-// sum_j z_j (docs/privacy.md, "FedSplit"; under --dp today, under secure
-// aggregation next). Both sides, once:
+// sum_j z_j (docs/privacy.md, "FedSplit"; under --dp central, and under
+// secure aggregation: secagg_sum.go). Both sides, once:
 //
 //   - the aggregator keeps S and m (SumState), with x = S/m; never a
 //     site's z_j;

@@ -13,12 +13,13 @@ const (
 	fieldReceipt    protowire.Number = 5
 	fieldStatistics protowire.Number = 6
 	fieldEvaluation protowire.Number = 7
+	fieldSecagg     protowire.Number = 8
 )
 
 // isBodyField reports whether n is the number of a field of the Envelope's body.
 func isBodyField(n protowire.Number) bool {
 	switch n {
-	case fieldRound, fieldStatus, fieldUpdate, fieldReceipt, fieldStatistics, fieldEvaluation:
+	case fieldRound, fieldStatus, fieldUpdate, fieldReceipt, fieldStatistics, fieldEvaluation, fieldSecagg:
 		return true
 	}
 	return false
@@ -39,6 +40,8 @@ func fieldName(n protowire.Number) string {
 		return "SiteStatistics"
 	case fieldEvaluation:
 		return "EvalReport"
+	case fieldSecagg:
+		return "SecAggMessage"
 	}
 	return "no body"
 }
@@ -54,6 +57,8 @@ func (m *Receipt) wrap() isEnvelope_Body { return &Envelope_Receipt{Receipt: m} 
 func (m *SiteStatistics) wrap() isEnvelope_Body { return &Envelope_Statistics{Statistics: m} }
 
 func (m *EvalReport) wrap() isEnvelope_Body { return &Envelope_Evaluation{Evaluation: m} }
+
+func (m *SecAggMessage) wrap() isEnvelope_Body { return &Envelope_Secagg{Secagg: m} }
 
 // message returns the body and its field number, or nil and 0 when there is
 // none (including a oneof wrapper holding a nil message).
@@ -82,6 +87,10 @@ func (x *Envelope) message() (Message, protowire.Number) {
 	case *Envelope_Evaluation:
 		if b != nil && b.Evaluation != nil {
 			return b.Evaluation, fieldEvaluation
+		}
+	case *Envelope_Secagg:
+		if b != nil && b.Secagg != nil {
+			return b.Secagg, fieldSecagg
 		}
 	}
 	return nil, 0
@@ -134,6 +143,13 @@ func (x *Envelope) encodedBody() (codec, protowire.Number) {
 		}
 		if b != nil {
 			return &EvalReport{}, 7
+		}
+	case *Envelope_Secagg:
+		if b != nil && b.Secagg != nil {
+			return b.Secagg, 8
+		}
+		if b != nil {
+			return &SecAggMessage{}, 8
 		}
 	}
 	return nil, 0
@@ -220,6 +236,16 @@ func (x *Envelope) unmarshal(b []byte, d *decoder) error {
 					w = &Envelope_Evaluation{Evaluation: &EvalReport{}}
 				}
 				n, err := consumeMessage(w.Evaluation, b, d)
+				x.Body = w
+				return n, err
+			}
+		case 8:
+			if typ == protowire.BytesType {
+				w, ok := x.Body.(*Envelope_Secagg)
+				if !ok || w == nil || w.Secagg == nil {
+					w = &Envelope_Secagg{Secagg: &SecAggMessage{}}
+				}
+				n, err := consumeMessage(w.Secagg, b, d)
 				x.Body = w
 				return n, err
 			}
@@ -484,6 +510,9 @@ func (x *RoundAnnouncement) size() int {
 	n += sizeBytes(19, x.Bundle)
 	n += sizeVarint(20, uint64(x.EvalRound))
 	n += sizeMessage(21, x.Dp != nil, x.Dp)
+	n += sizeMessage(22, x.Secagg != nil, x.Secagg)
+	n += sizeBytes(23, x.SecaggBroadcast)
+	n += sizeVarint(24, uint64(x.SecaggPhase))
 	n += sizeVarint(25, boolVarint(x.SplitSum))
 	n += sizeVarint(28, boolVarint(x.PrivateSelection))
 	return n
@@ -511,6 +540,9 @@ func (x *RoundAnnouncement) appendTo(b []byte) []byte {
 	b = appendBytes(b, 19, x.Bundle)
 	b = appendVarint(b, 20, uint64(x.EvalRound))
 	b = appendMessage(b, 21, x.Dp != nil, x.Dp)
+	b = appendMessage(b, 22, x.Secagg != nil, x.Secagg)
+	b = appendBytes(b, 23, x.SecaggBroadcast)
+	b = appendVarint(b, 24, uint64(x.SecaggPhase))
 	b = appendVarint(b, 25, boolVarint(x.SplitSum))
 	b = appendVarint(b, 28, boolVarint(x.PrivateSelection))
 	return b
@@ -621,6 +653,21 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 				}
 				return consumeMessage(x.Dp, b, d)
 			}
+		case 22:
+			if typ == protowire.BytesType {
+				if x.Secagg == nil {
+					x.Secagg = &SecAggSpec{}
+				}
+				return consumeMessage(x.Secagg, b, d)
+			}
+		case 23:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.SecaggBroadcast, b), nil
+			}
+		case 24:
+			if typ == protowire.VarintType {
+				return consumeEnum((*int32)(&x.SecaggPhase), b), nil
+			}
 		case 25:
 			if typ == protowire.VarintType {
 				return consumeBool(&x.SplitSum, b), nil
@@ -628,6 +675,67 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 		case 28:
 			if typ == protowire.VarintType {
 				return consumeBool(&x.PrivateSelection, b), nil
+			}
+		}
+		return 0, nil
+	})
+}
+
+// SecAggSpec
+
+func (x *SecAggSpec) size() int {
+	n := 0
+	n += sizeVarint(1, uint64(x.Threshold))
+	n += sizeVarint(2, uint64(x.Degree))
+	n += sizeBytes(3, x.GraphSeed)
+	n += sizeDouble(4, x.Clip)
+	n += sizeVarint(5, uint64(x.ScaleBits))
+	n += sizeVarint(6, uint64(x.MaxSites))
+	n += sizeVarint(7, uint64(x.Attempt))
+	return n
+}
+
+func (x *SecAggSpec) appendTo(b []byte) []byte {
+	b = appendVarint(b, 1, uint64(x.Threshold))
+	b = appendVarint(b, 2, uint64(x.Degree))
+	b = appendBytes(b, 3, x.GraphSeed)
+	b = appendDouble(b, 4, x.Clip)
+	b = appendVarint(b, 5, uint64(x.ScaleBits))
+	b = appendVarint(b, 6, uint64(x.MaxSites))
+	b = appendVarint(b, 7, uint64(x.Attempt))
+	return b
+}
+
+func (x *SecAggSpec) unmarshal(b []byte, d *decoder) error {
+	return fields("SecAggSpec", b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+		switch num {
+		case 1:
+			if typ == protowire.VarintType {
+				return consumeUint32(&x.Threshold, b), nil
+			}
+		case 2:
+			if typ == protowire.VarintType {
+				return consumeUint32(&x.Degree, b), nil
+			}
+		case 3:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.GraphSeed, b), nil
+			}
+		case 4:
+			if typ == protowire.Fixed64Type {
+				return consumeDouble(&x.Clip, b), nil
+			}
+		case 5:
+			if typ == protowire.VarintType {
+				return consumeUint32(&x.ScaleBits, b), nil
+			}
+		case 6:
+			if typ == protowire.VarintType {
+				return consumeUint32(&x.MaxSites, b), nil
+			}
+		case 7:
+			if typ == protowire.VarintType {
+				return consumeUint32(&x.Attempt, b), nil
 			}
 		}
 		return 0, nil
@@ -642,6 +750,7 @@ func (x *DPParams) size() int {
 	n += sizeDouble(2, x.ClipNorm)
 	n += sizeDouble(3, x.NoiseMultiplier)
 	n += sizeDouble(4, x.UpdateNoiseMultiplier)
+	n += sizeVarint(5, uint64(x.NoiseShares))
 	n += sizeDouble(6, x.Delta)
 	n += sizeDouble(7, x.EpsilonSpent)
 	n += sizeDouble(8, x.EpsilonBudget)
@@ -654,6 +763,7 @@ func (x *DPParams) appendTo(b []byte) []byte {
 	b = appendDouble(b, 2, x.ClipNorm)
 	b = appendDouble(b, 3, x.NoiseMultiplier)
 	b = appendDouble(b, 4, x.UpdateNoiseMultiplier)
+	b = appendVarint(b, 5, uint64(x.NoiseShares))
 	b = appendDouble(b, 6, x.Delta)
 	b = appendDouble(b, 7, x.EpsilonSpent)
 	b = appendDouble(b, 8, x.EpsilonBudget)
@@ -679,6 +789,10 @@ func (x *DPParams) unmarshal(b []byte, d *decoder) error {
 		case 4:
 			if typ == protowire.Fixed64Type {
 				return consumeDouble(&x.UpdateNoiseMultiplier, b), nil
+			}
+		case 5:
+			if typ == protowire.VarintType {
+				return consumeUint32(&x.NoiseShares, b), nil
 			}
 		case 6:
 			if typ == protowire.Fixed64Type {
@@ -994,6 +1108,7 @@ func (x *Receipt) size() int {
 	n += sizeVarint(6, uint64(x.Code))
 	n += sizeVarint(7, x.UpdateSeq)
 	n += sizeVarint(8, uint64(x.Subject))
+	n += sizeVarint(9, uint64(x.SecaggKind))
 	n += sizeString(10, x.RunId)
 	return n
 }
@@ -1007,6 +1122,7 @@ func (x *Receipt) appendTo(b []byte) []byte {
 	b = appendVarint(b, 6, uint64(x.Code))
 	b = appendVarint(b, 7, x.UpdateSeq)
 	b = appendVarint(b, 8, uint64(x.Subject))
+	b = appendVarint(b, 9, uint64(x.SecaggKind))
 	b = appendString(b, 10, x.RunId)
 	return b
 }
@@ -1045,6 +1161,10 @@ func (x *Receipt) unmarshal(b []byte, d *decoder) error {
 		case 8:
 			if typ == protowire.VarintType {
 				return consumeEnum((*int32)(&x.Subject), b), nil
+			}
+		case 9:
+			if typ == protowire.VarintType {
+				return consumeUint32(&x.SecaggKind, b), nil
 			}
 		case 10:
 			if typ == protowire.BytesType {
@@ -1147,6 +1267,79 @@ func (x *EvalReport) unmarshal(b []byte, d *decoder) error {
 		case 5:
 			if typ == protowire.VarintType {
 				return consumeInt64(&x.SentAtUnixMs, b), nil
+			}
+		}
+		return 0, nil
+	})
+}
+
+// SecAggMessage
+
+func (x *SecAggMessage) size() int {
+	n := 0
+	n += sizeString(1, x.ClientId)
+	n += sizeString(2, x.RunId)
+	n += sizeVarint(3, x.Round)
+	n += sizeVarint(4, uint64(x.Kind))
+	n += sizeBytes(5, x.Payload)
+	n += sizeVarint(6, uint64(x.SentAtUnixMs))
+	n += sizeVarint(7, uint64(x.Attempt))
+	n += sizeVarint(8, x.BaseRound)
+	n += sizeString(9, x.InstanceId)
+	return n
+}
+
+func (x *SecAggMessage) appendTo(b []byte) []byte {
+	b = appendString(b, 1, x.ClientId)
+	b = appendString(b, 2, x.RunId)
+	b = appendVarint(b, 3, x.Round)
+	b = appendVarint(b, 4, uint64(x.Kind))
+	b = appendBytes(b, 5, x.Payload)
+	b = appendVarint(b, 6, uint64(x.SentAtUnixMs))
+	b = appendVarint(b, 7, uint64(x.Attempt))
+	b = appendVarint(b, 8, x.BaseRound)
+	b = appendString(b, 9, x.InstanceId)
+	return b
+}
+
+func (x *SecAggMessage) unmarshal(b []byte, d *decoder) error {
+	return fields("SecAggMessage", b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+		switch num {
+		case 1:
+			if typ == protowire.BytesType {
+				return consumeString(&x.ClientId, b)
+			}
+		case 2:
+			if typ == protowire.BytesType {
+				return consumeString(&x.RunId, b)
+			}
+		case 3:
+			if typ == protowire.VarintType {
+				return consumeUint64(&x.Round, b), nil
+			}
+		case 4:
+			if typ == protowire.VarintType {
+				return consumeUint32(&x.Kind, b), nil
+			}
+		case 5:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.Payload, b), nil
+			}
+		case 6:
+			if typ == protowire.VarintType {
+				return consumeInt64(&x.SentAtUnixMs, b), nil
+			}
+		case 7:
+			if typ == protowire.VarintType {
+				return consumeUint32(&x.Attempt, b), nil
+			}
+		case 8:
+			if typ == protowire.VarintType {
+				return consumeUint64(&x.BaseRound, b), nil
+			}
+		case 9:
+			if typ == protowire.BytesType {
+				return consumeString(&x.InstanceId, b)
 			}
 		}
 		return 0, nil

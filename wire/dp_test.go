@@ -17,7 +17,16 @@ func TestValidateDPParams(t *testing.T) {
 		ok     bool
 	}{
 		{"central", func(r *RoundAnnouncement) {}, true},
-		{"distributed", func(r *RoundAnnouncement) { r.Dp.Mode = DPMode_DP_MODE_DISTRIBUTED }, true},
+		{"distributed", func(r *RoundAnnouncement) {
+			r.Dp.Mode, r.Dp.NoiseShares = DPMode_DP_MODE_DISTRIBUTED, 7
+			r.Secagg = &SecAggSpec{Threshold: 7, Clip: 1, ScaleBits: 20, MaxSites: 10}
+		}, true},
+		{"distributed without secagg", func(r *RoundAnnouncement) { r.Dp.Mode, r.Dp.NoiseShares = DPMode_DP_MODE_DISTRIBUTED, 7 }, false},
+		{"distributed without shares", func(r *RoundAnnouncement) {
+			r.Dp.Mode = DPMode_DP_MODE_DISTRIBUTED
+			r.Secagg = &SecAggSpec{Threshold: 7, Clip: 1, ScaleBits: 20, MaxSites: 10}
+		}, false},
+		{"central with shares", func(r *RoundAnnouncement) { r.Dp.NoiseShares = 3 }, false},
 		{"no budget", func(r *RoundAnnouncement) { r.Dp.EpsilonBudget, r.Dp.EpsilonSpent = 0, 0 }, true},
 		{"absent", func(r *RoundAnnouncement) { r.Dp = nil }, true},
 		{"mode unspecified", func(r *RoundAnnouncement) { r.Dp.Mode = DPMode_DP_MODE_UNSPECIFIED }, false},

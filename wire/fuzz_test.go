@@ -33,7 +33,15 @@ func seeds(t testing.TB) map[string][]byte {
 		"stats-receipt": mustEncode(t, &Receipt{ClientId: "site-1", Accepted: true, StoredAtUnixMs: 1, Code: ReceiptCode_RECEIPT_CODE_STORED, Subject: ReceiptSubject_RECEIPT_SUBJECT_STATISTICS}),
 		// Issue 12.
 		"instance-status": mustEncode(t, &ClientStatus{ClientId: "site-1", Online: true, Connection: 3, InstanceId: "INSTANCE234567ABCDEFGHIJKL"}),
+		// Issue 13: secure aggregation.
+		"secagg":           mustEncode(t, &SecAggMessage{ClientId: "site-1", RunId: "R1", Round: 3, Kind: SecAggKindShareKeys, Payload: []byte("EFSA\x01"), Attempt: 1}),
+		"secagg-sharelist": mustEncode(t, &SecAggMessage{ClientId: "site-1", RunId: "R1", Round: 3, Kind: SecAggKindShareList, Payload: []byte("EFSA\x01")}),
+		"secagg-receipt":   mustEncode(t, &Receipt{ClientId: "site-1", Round: 3, Accepted: true, StoredAtUnixMs: 1, Code: ReceiptCode_RECEIPT_CODE_STORED, Subject: ReceiptSubject_RECEIPT_SUBJECT_SECAGG, SecaggKind: SecAggKindMaskedInput}),
 	}
+	sr := sampleRound()
+	sr.Secagg = &SecAggSpec{Threshold: 2, Clip: 1, ScaleBits: 20, MaxSites: 3}
+	sr.SecaggPhase, sr.SecaggBroadcast = SecAggPhase_SECAGG_PHASE_SHARE_KEYS, []byte("EFSA\x01 key list")
+	s["secagg-round"] = mustEncode(t, sr)
 	// Private selection (docs/privacy.md "Sampling rate").
 	s["invitation"] = mustEncode(t, &Receipt{ClientId: "site-1", Round: 4, Subject: ReceiptSubject_RECEIPT_SUBJECT_INVITATION, RunId: "R1"})
 	priv := sampleRound()
@@ -62,7 +70,8 @@ func TestFuzzSeeds(t *testing.T) {
 		t.Skip("run with -update to rewrite testdata/fuzz")
 	}
 	for _, target := range []string{"FuzzDecodeUpdate", "FuzzDecodeRound", "FuzzDecodeStatus", "FuzzDecodeReceipt", "FuzzDecode",
-		"FuzzDecodeStatistics", "FuzzDecodeEvaluation", "FuzzDecodeSiteMessage", "FuzzTopicsDecodeUpdate"} {
+		"FuzzDecodeStatistics", "FuzzDecodeEvaluation", "FuzzDecodeSiteMessage", "FuzzTopicsDecodeUpdate",
+		"FuzzDecodeSecAgg", "FuzzDecodeSiteInbox"} {
 		dir := filepath.Join("testdata", "fuzz", target)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
@@ -176,6 +185,37 @@ func FuzzDecodeEvaluation(f *testing.F) {
 	})
 }
 
+func FuzzDecodeSecAgg(f *testing.F) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeSecAgg(b, fuzzLimits)
+		checkDecoded(t, b, m, err)
+	})
+}
+
+func FuzzDecodeSiteInbox(f *testing.F) {
+	addSeeds(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeSiteInbox(b, fuzzLimits)
+		if err != nil && m != nil {
+			t.Fatalf("error %v with a non-nil message", err)
+		}
+		if err != nil {
+			return
+		}
+		switch m := m.(type) {
+		case *Receipt:
+		case *SecAggMessage:
+			if m.Kind != SecAggKindShareList {
+				t.Fatalf("DecodeSiteInbox gives a secagg kind %d", m.Kind)
+			}
+		default:
+			t.Fatalf("DecodeSiteInbox gives a %T", m)
+		}
+		checkDecoded(t, b, m, nil)
+	})
+}
+
 func FuzzDecodeSiteMessage(f *testing.F) {
 	addSeeds(f)
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -187,7 +227,7 @@ func FuzzDecodeSiteMessage(f *testing.F) {
 			return
 		}
 		switch m.(type) {
-		case *ClientUpdate, *SiteStatistics, *EvalReport:
+		case *ClientUpdate, *SiteStatistics, *EvalReport, *SecAggMessage:
 		default:
 			t.Fatalf("DecodeSiteMessage gives a %T", m)
 		}
@@ -221,6 +261,11 @@ func FuzzTopicsDecodeUpdate(f *testing.F) {
 		case *SiteStatistics:
 			id = m.ClientId
 		case *EvalReport:
+			id = m.ClientId
+		case *SecAggMessage:
+			if m.Kind == SecAggKindShareList {
+				t.Fatalf("update topic gives a ShareList")
+			}
 			id = m.ClientId
 		default:
 			t.Fatalf("update topic gives a %T", m)

@@ -286,6 +286,19 @@ func validGolden() map[string]Message {
 			u.InstanceId = "INSTANCE234567ABCDEFGHIJKL"
 			return u
 		}(),
+
+		// Issue 13: secure aggregation (docs/secagg.md).
+		"secagg_round.bin": func() Message {
+			r := maxRound()
+			r.Secagg = &SecAggSpec{Threshold: 7, Degree: 4, GraphSeed: bytes.Repeat([]byte{0xa5}, 32), Clip: 1.5,
+				ScaleBits: 24, MaxSites: 10, Attempt: 2}
+			r.SecaggPhase, r.SecaggBroadcast = SecAggPhase_SECAGG_PHASE_UNMASK, []byte("EFSA\x01 unmask request")
+			return r
+		}(),
+		"secagg_message.bin": &SecAggMessage{ClientId: longID, RunId: "RUNID234567ABCDEFGHIJKLMNO", Round: math.MaxUint64,
+			Kind: SecAggKindMaskedInput, Payload: []byte{0, 1, 2, 0xff}, SentAtUnixMs: math.MaxInt64, Attempt: math.MaxUint32},
+		"secagg_receipt.bin": &Receipt{ClientId: "s", Round: 3, Accepted: true, Reason: "stored", StoredAtUnixMs: 1,
+			Code: ReceiptCode_RECEIPT_CODE_STORED, Subject: ReceiptSubject_RECEIPT_SUBJECT_SECAGG, SecaggKind: SecAggKindShareKeys},
 	}
 }
 

@@ -37,13 +37,51 @@ func (x Phase) Enum() *Phase {
 // String returns the value's name, or its number for an unknown value.
 func (x Phase) String() string { return enumString(Phase_name, int32(x)) }
 
+// SecAggPhase is the phase of a round's secure aggregation: the
+// announcement is re-published at each change (docs/secagg.md, "Round
+// flow").
+type SecAggPhase int32
+
+const (
+	SecAggPhase_SECAGG_PHASE_ADVERTISE  SecAggPhase = 0 // selected sites solve, then send AdvertiseKeys
+	SecAggPhase_SECAGG_PHASE_SHARE_KEYS SecAggPhase = 1 // secagg_broadcast is the KeyList; sites send ShareKeys
+	SecAggPhase_SECAGG_PHASE_MASKED     SecAggPhase = 2 // each site's ShareList comes on its receipts topic; sites send MaskedInput
+	SecAggPhase_SECAGG_PHASE_UNMASK     SecAggPhase = 3 // secagg_broadcast is the UnmaskRequest; sites send UnmaskResponse
+)
+
+// Enum value maps for SecAggPhase.
+var (
+	SecAggPhase_name = map[int32]string{
+		0: "SECAGG_PHASE_ADVERTISE",
+		1: "SECAGG_PHASE_SHARE_KEYS",
+		2: "SECAGG_PHASE_MASKED",
+		3: "SECAGG_PHASE_UNMASK",
+	}
+	SecAggPhase_value = map[string]int32{
+		"SECAGG_PHASE_ADVERTISE":  0,
+		"SECAGG_PHASE_SHARE_KEYS": 1,
+		"SECAGG_PHASE_MASKED":     2,
+		"SECAGG_PHASE_UNMASK":     3,
+	}
+)
+
+// Enum returns a pointer to a copy of x.
+func (x SecAggPhase) Enum() *SecAggPhase {
+	p := new(SecAggPhase)
+	*p = x
+	return p
+}
+
+// String returns the value's name, or its number for an unknown value.
+func (x SecAggPhase) String() string { return enumString(SecAggPhase_name, int32(x)) }
+
 // DPMode says who adds the Gaussian noise (docs/privacy.md, "Threat models").
 type DPMode int32
 
 const (
 	DPMode_DP_MODE_UNSPECIFIED DPMode = 0 // invalid in a DPParams
 	DPMode_DP_MODE_CENTRAL     DPMode = 1 // the aggregator adds N(0, (z C)^2) to the sum
-	DPMode_DP_MODE_DISTRIBUTED DPMode = 2 // the sites add shares; requires secure aggregation (not yet wired)
+	DPMode_DP_MODE_DISTRIBUTED DPMode = 2 // the sites add shares (noise_shares); requires secure aggregation (secagg)
 )
 
 // Enum value maps for DPMode.
@@ -220,6 +258,7 @@ const (
 	ReceiptSubject_RECEIPT_SUBJECT_UPDATE     ReceiptSubject = 0 // a ClientUpdate
 	ReceiptSubject_RECEIPT_SUBJECT_STATISTICS ReceiptSubject = 1 // a SiteStatistics
 	ReceiptSubject_RECEIPT_SUBJECT_EVALUATION ReceiptSubject = 2 // an EvalReport
+	ReceiptSubject_RECEIPT_SUBJECT_SECAGG     ReceiptSubject = 3 // a SecAggMessage (secagg_kind says which)
 	// Not an answer: the aggregator invites this site to `round` of run
 	// `run_id`, whose announcement has private_selection (repeated on
 	// re-announcement and reconnection; idempotent).
@@ -232,12 +271,14 @@ var (
 		0: "RECEIPT_SUBJECT_UPDATE",
 		1: "RECEIPT_SUBJECT_STATISTICS",
 		2: "RECEIPT_SUBJECT_EVALUATION",
+		3: "RECEIPT_SUBJECT_SECAGG",
 		4: "RECEIPT_SUBJECT_INVITATION",
 	}
 	ReceiptSubject_value = map[string]int32{
 		"RECEIPT_SUBJECT_UPDATE":     0,
 		"RECEIPT_SUBJECT_STATISTICS": 1,
 		"RECEIPT_SUBJECT_EVALUATION": 2,
+		"RECEIPT_SUBJECT_SECAGG":     3,
 		"RECEIPT_SUBJECT_INVITATION": 4,
 	}
 )
@@ -273,6 +314,7 @@ type Envelope struct {
 	//	*Envelope_Receipt
 	//	*Envelope_Statistics
 	//	*Envelope_Evaluation
+	//	*Envelope_Secagg
 	Body isEnvelope_Body
 }
 
@@ -347,6 +389,15 @@ func (x *Envelope) GetEvaluation() *EvalReport {
 	return nil
 }
 
+func (x *Envelope) GetSecagg() *SecAggMessage {
+	if x != nil {
+		if w, ok := x.Body.(*Envelope_Secagg); ok && w != nil {
+			return w.Secagg
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Body interface {
 	isEnvelope_Body()
 }
@@ -375,6 +426,10 @@ type Envelope_Evaluation struct {
 	Evaluation *EvalReport
 }
 
+type Envelope_Secagg struct {
+	Secagg *SecAggMessage
+}
+
 func (*Envelope_Round) isEnvelope_Body() {}
 
 func (*Envelope_Status) isEnvelope_Body() {}
@@ -386,6 +441,8 @@ func (*Envelope_Receipt) isEnvelope_Body() {}
 func (*Envelope_Statistics) isEnvelope_Body() {}
 
 func (*Envelope_Evaluation) isEnvelope_Body() {}
+
+func (*Envelope_Secagg) isEnvelope_Body() {}
 
 // Vector is a model vector carried as a codec frame.
 type Vector struct {
@@ -630,7 +687,7 @@ type RoundAnnouncement struct {
 	Budget          *WorkBudget `json:"budget,omitempty"`
 	DeadlineUnixMs  int64       `json:"deadline_unix_ms,omitempty"` // 0 = no deadline
 	Selected        []string    `json:"selected,omitempty"`         // selected client ids (unique); empty = every client
-	Global          *Vector     `json:"global,omitempty"`           // the global model x^t; required
+	Global          *Vector     `json:"global,omitempty"`           // the global model x^t; required (but see secagg_phase)
 	UplinkCodec     string      `json:"uplink_codec,omitempty"`     // codec spec clients must use uplink
 	CreatedAtUnixMs int64       `json:"created_at_unix_ms,omitempty"`
 	AnchorSketch    *SketchSpec `json:"anchor_sketch,omitempty"` // absent = no anchor gradient wanted
@@ -660,6 +717,18 @@ type RoundAnnouncement struct {
 	// and sends its loss fields as 0. Absent = no DP. Not in PHASE_STATISTICS
 	// (PHASE_FINISHED carries the run's final epsilon).
 	Dp *DPParams `json:"dp,omitempty"`
+	// Secure aggregation of this round (docs/secagg.md): absent = none. The
+	// selected sites mask their quantised update; the aggregator learns only
+	// the sum over the sites that finish the protocol. PHASE_TRAIN only.
+	Secagg *SecAggSpec `json:"secagg,omitempty"`
+	// The secagg package's encoding of the server's message to every site of
+	// the current phase: the KeyList in SECAGG_PHASE_SHARE_KEYS, the
+	// UnmaskRequest in SECAGG_PHASE_UNMASK; empty in the other phases.
+	SecaggBroadcast []byte `json:"secagg_broadcast,omitempty"`
+	// Where the round's secure aggregation is (needs secagg). After
+	// SECAGG_PHASE_ADVERTISE the announcement may leave global out: the
+	// sites taking part solved with it, and a phase changes nothing of it.
+	SecaggPhase SecAggPhase `json:"secagg_phase,omitempty"`
 	// FedSplit family only: the aggregator keeps only the sum of what the
 	// sites have contributed (sum mode, docs/privacy.md "FedSplit"), not a
 	// copy of each z_j: updates are UPDATE_KIND_SUM_DELTA against the site's
@@ -824,6 +893,27 @@ func (x *RoundAnnouncement) GetDp() *DPParams {
 	return nil
 }
 
+func (x *RoundAnnouncement) GetSecagg() *SecAggSpec {
+	if x != nil {
+		return x.Secagg
+	}
+	return nil
+}
+
+func (x *RoundAnnouncement) GetSecaggBroadcast() []byte {
+	if x != nil {
+		return x.SecaggBroadcast
+	}
+	return nil
+}
+
+func (x *RoundAnnouncement) GetSecaggPhase() SecAggPhase {
+	if x != nil {
+		return x.SecaggPhase
+	}
+	return SecAggPhase_SECAGG_PHASE_ADVERTISE
+}
+
 func (x *RoundAnnouncement) GetSplitSum() bool {
 	if x != nil {
 		return x.SplitSum
@@ -838,9 +928,73 @@ func (x *RoundAnnouncement) GetPrivateSelection() bool {
 	return false
 }
 
+// SecAggSpec is what every party of a round's secure aggregation agrees on
+// (secagg.Config and secagg.Quantizer). The session that binds every key
+// and message is run_id, round and attempt (uplink.SecAggSession).
+type SecAggSpec struct {
+	Threshold uint32  `json:"threshold,omitempty"`  // t: shares needed to reconstruct a secret, >= 2
+	Degree    uint32  `json:"degree,omitempty"`     // SecAgg+ neighbour count (even); 0 = complete graph
+	GraphSeed []byte  `json:"graph_seed,omitempty"` // 32 bytes when degree > 0, else empty
+	Clip      float64 `json:"clip,omitempty"`       // each coordinate of w - x is clipped to [-clip, clip] (> 0, finite)
+	ScaleBits uint32  `json:"scale_bits,omitempty"` // fixed-point scale 2^scale_bits, <= 40
+	MaxSites  uint32  `json:"max_sites,omitempty"`  // the most inputs summed (the round's K), >= threshold
+	Attempt   uint32  `json:"attempt,omitempty"`    // the secure-aggregation session of this round: +1 after each abort
+}
+
+// Reset sets x to its zero value.
+func (x *SecAggSpec) Reset() { *x = SecAggSpec{} }
+
+func (x *SecAggSpec) GetThreshold() uint32 {
+	if x != nil {
+		return x.Threshold
+	}
+	return 0
+}
+
+func (x *SecAggSpec) GetDegree() uint32 {
+	if x != nil {
+		return x.Degree
+	}
+	return 0
+}
+
+func (x *SecAggSpec) GetGraphSeed() []byte {
+	if x != nil {
+		return x.GraphSeed
+	}
+	return nil
+}
+
+func (x *SecAggSpec) GetClip() float64 {
+	if x != nil {
+		return x.Clip
+	}
+	return 0
+}
+
+func (x *SecAggSpec) GetScaleBits() uint32 {
+	if x != nil {
+		return x.ScaleBits
+	}
+	return 0
+}
+
+func (x *SecAggSpec) GetMaxSites() uint32 {
+	if x != nil {
+		return x.MaxSites
+	}
+	return 0
+}
+
+func (x *SecAggSpec) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
 // DPParams are a round's differential-privacy parameters (docs/privacy.md,
-// "Wire fields (proposed)"). Field number 5 (noise_shares) is kept for the
-// distributed mode; never reuse it.
+// "Wire fields (proposed)").
 type DPParams struct {
 	Mode            DPMode  `json:"mode,omitempty"`
 	ClipNorm        float64 `json:"clip_norm,omitempty"`        // C: the L2 bound of a site's update this round (> 0, finite)
@@ -849,9 +1003,13 @@ type DPParams struct {
 	// clipping z_delta = (z^-2 - (2 sigma_b)^-2)^(-1/2) > z (dp.UpdateNoise),
 	// so the update and the clip bits together cost z. 0 = z (fixed clip).
 	UpdateNoiseMultiplier float64 `json:"update_noise_multiplier,omitempty"`
-	Delta                 float64 `json:"delta,omitempty"`          // the run's delta, in (0, 1)
-	EpsilonSpent          float64 `json:"epsilon_spent,omitempty"`  // after the previous round (informational), >= 0
-	EpsilonBudget         float64 `json:"epsilon_budget,omitempty"` // 0 = none; >= 0
+	// DP_MODE_DISTRIBUTED: Q, the fewest sites a secure sum holds (the
+	// secagg threshold); each site adds N(0, (z C)^2 / Q) before masking.
+	// 0 in the central mode; >= 1 and with secagg in the distributed mode.
+	NoiseShares   uint32  `json:"noise_shares,omitempty"`
+	Delta         float64 `json:"delta,omitempty"`          // the run's delta, in (0, 1)
+	EpsilonSpent  float64 `json:"epsilon_spent,omitempty"`  // after the previous round (informational), >= 0
+	EpsilonBudget float64 `json:"epsilon_budget,omitempty"` // 0 = none; >= 0
 	// Adaptive clipping (Andrew et al. 2021; docs/privacy.md, "The mechanism
 	// per round", step 3): every update carries its clip bit, and clip_norm
 	// follows the target quantile from round to round. Absent = fixed clip.
@@ -885,6 +1043,13 @@ func (x *DPParams) GetNoiseMultiplier() float64 {
 func (x *DPParams) GetUpdateNoiseMultiplier() float64 {
 	if x != nil {
 		return x.UpdateNoiseMultiplier
+	}
+	return 0
+}
+
+func (x *DPParams) GetNoiseShares() uint32 {
+	if x != nil {
+		return x.NoiseShares
 	}
 	return 0
 }
@@ -1258,6 +1423,8 @@ type Receipt struct {
 	// What this receipt answers. For STATISTICS, round = 0 is valid; for
 	// EVALUATION, round is the report's (which may be 0).
 	Subject ReceiptSubject `json:"subject,omitempty"`
+	// Subject SECAGG: the secagg.Kind of the message answered (1, 3, 5 or 7).
+	SecaggKind uint32 `json:"secagg_kind,omitempty"`
 	// INVITATION only: the run (RoundAnnouncement.run_id) the invitation is
 	// for, so that one queued from an earlier run is not taken for this
 	// run's round of the same number. Empty = an unnamed run.
@@ -1321,6 +1488,13 @@ func (x *Receipt) GetSubject() ReceiptSubject {
 		return x.Subject
 	}
 	return ReceiptSubject_RECEIPT_SUBJECT_UPDATE
+}
+
+func (x *Receipt) GetSecaggKind() uint32 {
+	if x != nil {
+		return x.SecaggKind
+	}
+	return 0
 }
 
 func (x *Receipt) GetRunId() string {
@@ -1425,4 +1599,96 @@ func (x *EvalReport) GetSentAtUnixMs() int64 {
 		return x.SentAtUnixMs
 	}
 	return 0
+}
+
+// SecAggMessage carries one secure-aggregation message (docs/secagg.md) in
+// the secagg package's own encoding (versioned, checksummed, fuzzed): from
+// a site on <prefix>updates/<id> (kinds 1 AdvertiseKeys, 3 ShareKeys, 5
+// MaskedInput, 7 UnmaskResponse; re-sent until a receipt with subject
+// SECAGG), and from the aggregator on <prefix>receipts/<id> (kind 4, the
+// site's ShareList). The idempotence key is (round, attempt, kind,
+// client_id).
+type SecAggMessage struct {
+	ClientId     string `json:"client_id,omitempty"` // the site that sends it (site -> aggregator) or receives it (ShareList)
+	RunId        string `json:"run_id,omitempty"`    // the announcement's run_id
+	Round        uint64 `json:"round,omitempty"`     // > 0
+	Kind         uint32 `json:"kind,omitempty"`      // the secagg.Kind, 1..7
+	Payload      []byte `json:"payload,omitempty"`   // secagg.Encode of the message; non-empty
+	SentAtUnixMs int64  `json:"sent_at_unix_ms,omitempty"`
+	Attempt      uint32 `json:"attempt,omitempty"` // SecAggSpec.attempt of the session
+	// FedSplit sum mode (RoundAnnouncement.split_sum; docs/secagg.md,
+	// "FedSplit under secure aggregation"), AdvertiseKeys only: the round of
+	// the site's record c_j its input is a delta against (< round); 0 = a
+	// join (against the round's global model on the quantiser's grid). Must
+	// be 0 in the other kinds.
+	BaseRound uint64 `json:"base_round,omitempty"`
+	// AdvertiseKeys: the installation that sent it (ClientStatus.instance_id;
+	// sum mode tells a re-join from a lost state file by it); empty = not told.
+	InstanceId string `json:"instance_id,omitempty"`
+}
+
+// Reset sets x to its zero value.
+func (x *SecAggMessage) Reset() { *x = SecAggMessage{} }
+
+func (x *SecAggMessage) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *SecAggMessage) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *SecAggMessage) GetRound() uint64 {
+	if x != nil {
+		return x.Round
+	}
+	return 0
+}
+
+func (x *SecAggMessage) GetKind() uint32 {
+	if x != nil {
+		return x.Kind
+	}
+	return 0
+}
+
+func (x *SecAggMessage) GetPayload() []byte {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
+func (x *SecAggMessage) GetSentAtUnixMs() int64 {
+	if x != nil {
+		return x.SentAtUnixMs
+	}
+	return 0
+}
+
+func (x *SecAggMessage) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *SecAggMessage) GetBaseRound() uint64 {
+	if x != nil {
+		return x.BaseRound
+	}
+	return 0
+}
+
+func (x *SecAggMessage) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
 }

@@ -16,6 +16,8 @@ func (x *SketchSpec) String() string { return text(x != nil, x) }
 
 func (x *RoundAnnouncement) String() string { return text(x != nil, x) }
 
+func (x *SecAggSpec) String() string { return text(x != nil, x) }
+
 func (x *DPParams) String() string { return text(x != nil, x) }
 
 func (x *AdaptiveClip) String() string { return text(x != nil, x) }
@@ -31,6 +33,8 @@ func (x *Receipt) String() string { return text(x != nil, x) }
 func (x *SiteStatistics) String() string { return text(x != nil, x) }
 
 func (x *EvalReport) String() string { return text(x != nil, x) }
+
+func (x *SecAggMessage) String() string { return text(x != nil, x) }
 
 func (x *Envelope) appendText(w *textWriter) {
 	w.uint("version", uint64(x.Version))
@@ -58,6 +62,10 @@ func (x *Envelope) appendText(w *textWriter) {
 	case *Envelope_Evaluation:
 		if b != nil {
 			w.msg("evaluation", b.Evaluation != nil, b.Evaluation)
+		}
+	case *Envelope_Secagg:
+		if b != nil {
+			w.msg("secagg", b.Secagg != nil, b.Secagg)
 		}
 	}
 }
@@ -122,8 +130,21 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.bytes("bundle", x.Bundle)
 	w.uint("eval_round", uint64(x.EvalRound))
 	w.msg("dp", x.Dp != nil, x.Dp)
+	w.msg("secagg", x.Secagg != nil, x.Secagg)
+	w.bytes("secagg_broadcast", x.SecaggBroadcast)
+	w.enum("secagg_phase", int32(x.SecaggPhase), SecAggPhase_name)
 	w.boolean("split_sum", x.SplitSum)
 	w.boolean("private_selection", x.PrivateSelection)
+}
+
+func (x *SecAggSpec) appendText(w *textWriter) {
+	w.uint("threshold", uint64(x.Threshold))
+	w.uint("degree", uint64(x.Degree))
+	w.bytes("graph_seed", x.GraphSeed)
+	w.float("clip", x.Clip)
+	w.uint("scale_bits", uint64(x.ScaleBits))
+	w.uint("max_sites", uint64(x.MaxSites))
+	w.uint("attempt", uint64(x.Attempt))
 }
 
 func (x *DPParams) appendText(w *textWriter) {
@@ -131,6 +152,7 @@ func (x *DPParams) appendText(w *textWriter) {
 	w.float("clip_norm", x.ClipNorm)
 	w.float("noise_multiplier", x.NoiseMultiplier)
 	w.float("update_noise_multiplier", x.UpdateNoiseMultiplier)
+	w.uint("noise_shares", uint64(x.NoiseShares))
 	w.float("delta", x.Delta)
 	w.float("epsilon_spent", x.EpsilonSpent)
 	w.float("epsilon_budget", x.EpsilonBudget)
@@ -191,6 +213,7 @@ func (x *Receipt) appendText(w *textWriter) {
 	w.enum("code", int32(x.Code), ReceiptCode_name)
 	w.uint("update_seq", x.UpdateSeq)
 	w.enum("subject", int32(x.Subject), ReceiptSubject_name)
+	w.uint("secagg_kind", uint64(x.SecaggKind))
 	w.str("run_id", x.RunId)
 }
 
@@ -208,4 +231,16 @@ func (x *EvalReport) appendText(w *textWriter) {
 	w.uint("round", x.Round)
 	w.bytes("report", x.Report)
 	w.int("sent_at_unix_ms", x.SentAtUnixMs)
+}
+
+func (x *SecAggMessage) appendText(w *textWriter) {
+	w.str("client_id", x.ClientId)
+	w.str("run_id", x.RunId)
+	w.uint("round", x.Round)
+	w.uint("kind", uint64(x.Kind))
+	w.bytes("payload", x.Payload)
+	w.int("sent_at_unix_ms", x.SentAtUnixMs)
+	w.uint("attempt", uint64(x.Attempt))
+	w.uint("base_round", x.BaseRound)
+	w.str("instance_id", x.InstanceId)
 }

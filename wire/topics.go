@@ -189,9 +189,10 @@ var ErrTopicMismatch = errors.New("wire: message does not match its topic")
 
 // Decode parses topic, decodes b as the message type the topic carries and
 // checks that the message's client id is the topic's: the one call an MQTT
-// handler needs. The update topic carries three types: KindUpdate comes with
-// a *ClientUpdate, *SiteStatistics or *EvalReport (a type switch or BodyKind
-// tells them apart). Errors wrap ErrBadTopic/ErrBadID, a decoder error, or
+// handler needs. The update topic carries four types: KindUpdate comes with
+// a *ClientUpdate, *SiteStatistics, *EvalReport or a site's *SecAggMessage
+// (a type switch or BodyKind tells them apart); KindReceipt with a *Receipt
+// or the aggregator's secagg ShareList (*SecAggMessage of kind 4). Errors wrap ErrBadTopic/ErrBadID, a decoder error, or
 // ErrTopicMismatch; the message is nil whenever the error is not.
 func (t Topics) Decode(topic string, b []byte, lim Limits) (Kind, Message, error) {
 	kind, id, err := t.Parse(topic)
@@ -228,13 +229,24 @@ func (t Topics) Decode(topic string, b []byte, lim Limits) (Kind, Message, error
 			cid = u.ClientId
 		case *EvalReport:
 			cid = u.ClientId
+		case *SecAggMessage:
+			if u.Kind == SecAggKindShareList {
+				return kind, nil, fmt.Errorf("%w: a secagg ShareList on an update topic", ErrInvalid)
+			}
+			cid = u.ClientId
 		}
 	case KindReceipt:
-		r, err := DecodeReceipt(b, lim)
+		r, err := DecodeSiteInbox(b, lim)
 		if err != nil {
 			return kind, nil, err
 		}
-		m, cid = r, r.ClientId
+		m = r
+		switch r := r.(type) {
+		case *Receipt:
+			cid = r.ClientId
+		case *SecAggMessage:
+			cid = r.ClientId
+		}
 	}
 	if id != "" && cid != id {
 		return kind, nil, fmt.Errorf("%w: %q carries a %s of client %q", ErrTopicMismatch, topic, BodyKind(m), cid)

@@ -155,7 +155,10 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 	if m.PrivateSelection && len(m.Selected) > 0 {
 		return invalid(msg, "private_selection with %d clients listed in selected", len(m.Selected))
 	}
-	if !stats || m.Global != nil {
+	// A secure-aggregation phase after the advertise phase may leave the
+	// global model out: the sites that take part have it.
+	laterPhase := m.Secagg != nil && m.SecaggPhase != SecAggPhase_SECAGG_PHASE_ADVERTISE
+	if !(stats || laterPhase) || m.Global != nil {
 		if err := checkVector(msg, "global", m.Global, lim); err != nil {
 			return err
 		}
@@ -172,7 +175,54 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 	if err := m.checkLifecycle(msg, stats, lim); err != nil {
 		return err
 	}
+	if err := m.checkSecAgg(msg, train, lim); err != nil {
+		return err
+	}
+	if m.Dp.GetMode() == DPMode_DP_MODE_DISTRIBUTED && m.Secagg == nil && m.Phase == Phase_PHASE_TRAIN {
+		return invalid(msg, "dp in the distributed mode needs secagg: the noise shares are only safe inside a secure sum")
+	}
 	return m.Dp.validate(msg)
+}
+
+// MaxSecAggSites bounds SecAggSpec.max_sites (secagg.MaxSites).
+const MaxSecAggSites = 1 << 14
+
+// checkSecAgg checks the secure-aggregation fields: the spec in
+// PHASE_TRAIN only, a phase and a broadcast only with a spec, and the
+// spec's own ranges (the secagg package checks the combination again:
+// secagg.Config.Validate, secagg.Quantizer.Validate).
+func (m *RoundAnnouncement) checkSecAgg(msg string, train bool, lim Limits) error {
+	sp := m.Secagg
+	if sp == nil {
+		if m.SecaggPhase != SecAggPhase_SECAGG_PHASE_ADVERTISE || len(m.SecaggBroadcast) > 0 {
+			return invalid(msg, "secagg_phase or secagg_broadcast without secagg")
+		}
+		return nil
+	}
+	if !train {
+		return invalid(msg, "secagg is sent in %v only, not in %v", Phase_PHASE_TRAIN, m.Phase)
+	}
+	if _, ok := SecAggPhase_name[int32(m.SecaggPhase)]; !ok {
+		return invalid(msg, "secagg_phase %d is unknown", int32(m.SecaggPhase))
+	}
+	bcast := m.SecaggPhase == SecAggPhase_SECAGG_PHASE_SHARE_KEYS || m.SecaggPhase == SecAggPhase_SECAGG_PHASE_UNMASK
+	if err := checkPayload(msg, "secagg_broadcast", m.SecaggBroadcast, lim, bcast); err != nil {
+		return err
+	}
+	if !bcast && len(m.SecaggBroadcast) > 0 {
+		return invalid(msg, "secagg_broadcast in %v", m.SecaggPhase)
+	}
+	switch {
+	case sp.Threshold < 2 || sp.MaxSites < sp.Threshold || sp.MaxSites > MaxSecAggSites:
+		return invalid(msg, "secagg threshold %d and max_sites %d: want 2 <= threshold <= max_sites <= %d", sp.Threshold, sp.MaxSites, MaxSecAggSites)
+	case sp.Degree%2 != 0 || (sp.Degree > 0) != (len(sp.GraphSeed) == 32) || (sp.Degree == 0 && len(sp.GraphSeed) > 0):
+		return invalid(msg, "secagg degree %d with a %d-byte graph seed: want 0 and none, or even and 32 bytes", sp.Degree, len(sp.GraphSeed))
+	case !finite(sp.Clip) || !(sp.Clip > 0):
+		return invalid(msg, "secagg clip must be finite and > 0, got %v", sp.Clip)
+	case sp.ScaleBits > 40:
+		return invalid(msg, "secagg scale_bits %d above 40", sp.ScaleBits)
+	}
+	return nil
 }
 
 // checkPhase checks the phase and the round it allows (round 0 in the
@@ -316,6 +366,9 @@ func (p *DPParams) validate(msg string) error {
 	}
 	if !(p.Delta > 0 && p.Delta < 1) {
 		return invalid(msg, "dp.delta must be in (0, 1), got %v", p.Delta)
+	}
+	if (p.Mode == DPMode_DP_MODE_DISTRIBUTED) != (p.NoiseShares > 0) {
+		return invalid(msg, "dp.noise_shares %d in mode %v: want >= 1 in the distributed mode, 0 in the central one", p.NoiseShares, p.Mode)
 	}
 	if err := checkNonNeg(msg, "dp.epsilon_spent", p.EpsilonSpent); err != nil {
 		return err
@@ -516,12 +569,19 @@ func (m *Receipt) Validate(lim Limits) error {
 	case ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, ReceiptSubject_RECEIPT_SUBJECT_EVALUATION:
 		// Statistics come before round 1; an evaluation report names the
 		// aggregations its model had, which may be 0.
+	case ReceiptSubject_RECEIPT_SUBJECT_SECAGG:
+		if m.Round == 0 || !siteSecAggKind(m.SecaggKind) {
+			return invalid(msg, "a secagg receipt needs round > 0 and the kind of a site's message (1, 3, 5, 7), got round %d kind %d", m.Round, m.SecaggKind)
+		}
 	case ReceiptSubject_RECEIPT_SUBJECT_INVITATION:
 		if m.Round == 0 || m.Accepted {
 			return invalid(msg, "an invitation needs round > 0 and accepted false (round %d)", m.Round)
 		}
 	default:
 		return invalid(msg, "subject %d is unknown", int32(m.Subject))
+	}
+	if m.Subject != ReceiptSubject_RECEIPT_SUBJECT_SECAGG && m.SecaggKind != 0 {
+		return invalid(msg, "secagg_kind %d on a receipt of subject %v", m.SecaggKind, m.Subject)
 	}
 	if m.RunId != "" && m.Subject != ReceiptSubject_RECEIPT_SUBJECT_INVITATION {
 		return invalid(msg, "run_id on a receipt of subject %v (invitations only)", m.Subject)
@@ -602,6 +662,57 @@ func (m *EvalReport) Validate(lim Limits) error {
 		return err
 	}
 	if err := checkPayload(msg, "report", m.Report, lim, true); err != nil {
+		return err
+	}
+	return checkTime(msg, "sent_at_unix_ms", m.SentAtUnixMs)
+}
+
+// The secagg.Kind values (wire does not import secagg): odd kinds go from a
+// site to the aggregator, 4 (ShareList) from the aggregator to one site.
+const (
+	SecAggKindAdvertiseKeys  = 1
+	SecAggKindShareKeys      = 3
+	SecAggKindShareList      = 4
+	SecAggKindMaskedInput    = 5
+	SecAggKindUnmaskResponse = 7
+)
+
+func siteSecAggKind(k uint32) bool {
+	switch k {
+	case SecAggKindAdvertiseKeys, SecAggKindShareKeys, SecAggKindMaskedInput, SecAggKindUnmaskResponse:
+		return true
+	}
+	return false
+}
+
+// Validate implements Message. kind is a site's message (1, 3, 5, 7) or a
+// ShareList (4); the payload's contents are the secagg package's to check
+// (secagg.Decode), and the receiver checks that its id and session match.
+func (m *SecAggMessage) Validate(lim Limits) error {
+	const msg = "secagg message"
+	if m == nil {
+		return invalid(msg, "nil")
+	}
+	lim = lim.withDefaults()
+	if err := checkID(msg, "client_id", m.ClientId); err != nil {
+		return err
+	}
+	if err := checkText(msg, "run_id", m.RunId, maxRunIDLen, false); err != nil {
+		return err
+	}
+	if m.Round == 0 {
+		return invalid(msg, "round must be > 0")
+	}
+	if !siteSecAggKind(m.Kind) && m.Kind != SecAggKindShareList {
+		return invalid(msg, "kind %d is not a secagg message kind this topic carries (1, 3, 4, 5, 7)", m.Kind)
+	}
+	if err := checkPayload(msg, "payload", m.Payload, lim, true); err != nil {
+		return err
+	}
+	if m.BaseRound != 0 && (m.Kind != SecAggKindAdvertiseKeys || m.BaseRound >= m.Round) {
+		return invalid(msg, "base_round %d in a message of kind %d of round %d: only an AdvertiseKeys names its base round, and it is < round", m.BaseRound, m.Kind, m.Round)
+	}
+	if err := checkInstance(msg, m.InstanceId); err != nil {
 		return err
 	}
 	return checkTime(msg, "sent_at_unix_ms", m.SentAtUnixMs)

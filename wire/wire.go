@@ -109,7 +109,8 @@ var noLimits = Limits{
 }
 
 // Message is one of *RoundAnnouncement, *ClientStatus, *ClientUpdate,
-// *Receipt, *SiteStatistics, *EvalReport: what an Envelope can carry.
+// *Receipt, *SiteStatistics, *EvalReport, *SecAggMessage: what an Envelope
+// can carry.
 type Message interface {
 	// Validate reports the first field that is missing, out of range or
 	// non-finite, or a size beyond lim (zero fields take DefaultLimits).
@@ -129,6 +130,7 @@ const (
 	BodyReceipt    = "receipt"
 	BodyStatistics = "statistics"
 	BodyEvaluation = "evaluation"
+	BodySecAgg     = "secagg"
 )
 
 // BodyKind names the envelope body a message is: one of the Body constants
@@ -161,6 +163,10 @@ func BodyKind(msg any) string {
 	case *EvalReport:
 		if m != nil {
 			return BodyEvaluation
+		}
+	case *SecAggMessage:
+		if m != nil {
+			return BodySecAgg
 		}
 	}
 	return ""
@@ -328,17 +334,41 @@ func DecodeEvaluation(b []byte, lim Limits) (*EvalReport, error) {
 	return decodeAs[*EvalReport](b, lim, fieldEvaluation)
 }
 
+// DecodeSecAgg decodes and validates a SecAggMessage envelope.
+func DecodeSecAgg(b []byte, lim Limits) (*SecAggMessage, error) {
+	return decodeAs[*SecAggMessage](b, lim, fieldSecagg)
+}
+
 // DecodeSiteMessage decodes and validates what a site publishes on its update
-// topic: a *ClientUpdate, *SiteStatistics or *EvalReport envelope (any other
-// body is ErrWrongType). Tell them apart with a type switch or BodyKind.
+// topic: a *ClientUpdate, *SiteStatistics, *EvalReport or *SecAggMessage
+// envelope (any other body is ErrWrongType). Tell them apart with a type
+// switch or BodyKind.
 func DecodeSiteMessage(b []byte, lim Limits) (Message, error) {
 	lim = lim.withDefaults()
-	m, err := decode(b, lim, fieldUpdate, fieldStatistics, fieldEvaluation)
+	m, err := decode(b, lim, fieldUpdate, fieldStatistics, fieldEvaluation, fieldSecagg)
 	if err != nil {
 		return nil, err
 	}
 	if err := m.Validate(lim); err != nil {
 		return nil, err
+	}
+	return m, nil
+}
+
+// DecodeSiteInbox decodes and validates what the aggregator publishes on a
+// site's receipts topic: a *Receipt, or a *SecAggMessage that is a ShareList
+// (secagg kind 4; any other kind or body is an error).
+func DecodeSiteInbox(b []byte, lim Limits) (Message, error) {
+	lim = lim.withDefaults()
+	m, err := decode(b, lim, fieldReceipt, fieldSecagg)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Validate(lim); err != nil {
+		return nil, err
+	}
+	if sm, ok := m.(*SecAggMessage); ok && sm.Kind != SecAggKindShareList {
+		return nil, fmt.Errorf("%w: secagg message of kind %d on a receipts topic, want %d (ShareList)", ErrInvalid, sm.Kind, SecAggKindShareList)
 	}
 	return m, nil
 }

@@ -34,6 +34,7 @@ type demoFlags struct {
 	evalEvery                  int
 	clientsGiven               bool // --clients was on the command line
 	dp                         dpFlags
+	secagg                     secAggFlags
 }
 
 func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
@@ -69,6 +70,7 @@ func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 	fs.StringVar(&f.siteColumn, "site-column", "", "with --schema and --partition natural: the column `NAME` naming each row's site (one agent per site)")
 	fs.IntVar(&f.evalEvery, "eval-every", 5, "with --schema: the sites evaluate every E rounds and at the end")
 	f.dp.register(fs, true)
+	f.secagg.register(fs, true)
 	return fs, f
 }
 
@@ -90,6 +92,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if f.schema != "" {
+		if f.secagg.on {
+			return errors.New("--secagg with --schema: the per-site statistics and evaluation reports are not summed securely (docs/secagg.md)")
+		}
 		return runDemoSchema(ctx, f, log, stdout)
 	}
 	return runDemoData(ctx, f, log, stdout)
@@ -181,6 +186,7 @@ func runDemoData(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.
 	if sc.DP, err = f.dp.config(float64(k)/float64(f.clients), f.rounds, k); err != nil {
 		return err
 	}
+	sc.SecAgg = f.secagg.settings()
 	sc.Eval = &d.test
 	sc.OnRound = func(rr aggregator.RoundReport) {
 		eps := ""

@@ -43,6 +43,10 @@ func TestDPRefusals(t *testing.T) {
 		want string
 	}{
 		{"run distributed", []string{"run", "--config", conf, "--dp", "distributed", "--dp-noise", "1"}, "secure aggregation"},
+		{"run central with secagg", []string{"run", "--config", conf, "--dp", "central", "--dp-noise", "1", "--secagg", "--algorithm", "fedprox"}, "distributed mode is the one"},
+		{"run distributed poisson", []string{"run", "--config", conf, "--dp", "distributed", "--dp-noise", "1", "--secagg", "--algorithm", "fedprox", "--selector", "poisson"}, "selects exactly K sites uniformly"},
+		{"run distributed adaptive", []string{"run", "--config", conf, "--dp", "distributed", "--dp-noise", "1", "--secagg", "--algorithm", "fedprox", "--dp-clip-quantile", "0.5"}, "adaptive clipping in the distributed mode"},
+		{"simulate distributed poisson", append(sim[:len(sim)-2:len(sim)-2], "--dp", "distributed", "--dp-noise", "1", "--secagg", "--select", "poisson"), "selects exactly K sites uniformly"},
 		{"run unknown mode", []string{"run", "--config", conf, "--dp", "local", "--dp-noise", "1"}, "unknown mode"},
 		{"run without noise", run, "--dp-noise"},
 		{"run fedsplit robust step", append(run, "--dp-noise", "1", "--algorithm", "fedsplit", "--aggregator", "fedsplit-robust:mult=3"), "needs each site's z_j"},

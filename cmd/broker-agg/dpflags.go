@@ -20,7 +20,7 @@ type dpFlags struct {
 }
 
 func (d *dpFlags) register(fs *flag.FlagSet, calibrates bool) {
-	fs.StringVar(&d.mode, "dp", "off", "client-level differential privacy: off | central (the aggregator clips every update to --dp-clip and adds Gaussian noise of std --dp-noise x --dp-clip to their sum; the FedSplit family runs in sum mode: the aggregator keeps only the sum of the sites' contributions; the selection is poisson by default, drawn from a secret key, and each selected site is told privately; it reports epsilon and the largest per-site epsilon without amplification; with --schema the schema must declare its preprocessing, and bundles record the guarantee instead of the sites' evaluation; docs/privacy.md) | distributed (needs secure aggregation, not wired yet: refused)")
+	fs.StringVar(&d.mode, "dp", "off", "client-level differential privacy: off | central (the aggregator clips every update to --dp-clip and adds Gaussian noise of std --dp-noise x --dp-clip to their sum; the FedSplit family runs in sum mode: the aggregator keeps only the sum of the sites' contributions; the selection is poisson by default, drawn from a secret key, and each selected site is told privately; it reports epsilon and the largest per-site epsilon without amplification; with --schema the schema must declare its preprocessing, and bundles record the guarantee instead of the sites' evaluation; docs/privacy.md) | distributed (with --secagg: each site adds its share N(0, (z C)^2/t) of the noise to its clipped update before masking, t the secagg threshold; uniform selection, published, and the accountant charges every round at q = 1: no amplification is claimed against an aggregator that knows who took part; docs/privacy.md \"Threat models\")")
 	fs.Float64Var(&d.clip, "dp-clip", 1, "with --dp: the L2 norm `C` every site's update is clipped to")
 	noise := "with --dp: the noise multiplier `z` (the noise on the sum of clipped updates has std z*C)"
 	if calibrates {
@@ -48,15 +48,16 @@ func (d *dpFlags) config(q float64, rounds, k int) (*dp.Config, error) {
 		return nil, fmt.Errorf("--dp: %w", err)
 	case mode == 0:
 		return nil, nil
-	case mode == dp.Distributed:
-		return nil, fmt.Errorf("--dp distributed: %w", dp.ErrDistributed)
 	}
-	c := &dp.Config{Clip: d.clip, Noise: d.noise, Delta: d.delta, Budget: d.budget}
+	c := &dp.Config{Clip: d.clip, Noise: d.noise, Delta: d.delta, Budget: d.budget, Distributed: mode == dp.Distributed}
 	if d.quantile != 0 {
 		c.Adaptive = &dp.Adaptive{Quantile: d.quantile, LR: d.clipLR, BitNoise: d.bitNoise}
 		if c.Adaptive.BitNoise == 0 {
 			c.Adaptive.BitNoise = float64(k) / 20
 		}
+	}
+	if q > 0 {
+		q = c.ChargedRate(q) // the distributed mode claims no amplification
 	}
 	if c.Noise == 0 {
 		if q <= 0 || c.Budget == 0 {

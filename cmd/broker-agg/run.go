@@ -71,6 +71,7 @@ type serveFlags struct {
 	stopTol, stopDelta                       float64
 	console                                  consoleFlags
 	dp                                       dpFlags
+	secagg                                   secAggFlags
 }
 
 // serveAliases are alternative flag names (short or as simulate spells
@@ -174,6 +175,7 @@ func (f *serveFlags) registerRounds(fs *flag.FlagSet) {
 	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec `SPEC` clients must use for their deltas (fp32, fp16, q8, q4, qsgd:16, topk:0.05+q8, dct:28x28x10+topk:0.16+q4+ac, ...; see quant's package doc)")
 	fs.StringVar(&f.downlink, "downlink", "fp32", "codec of the global model in the round announcement: fp32 | fp16")
 	f.dp.register(fs, false)
+	f.secagg.register(fs, true)
 }
 
 // registerFederation registers the flags of the schema, the stopping rules
@@ -243,6 +245,7 @@ func (f *serveFlags) serverConfig(log *slog.Logger) (aggregator.ServerConfig, er
 	if cfg.DP, err = f.dp.config(0, f.rounds, f.k); err != nil {
 		return cfg, err
 	}
+	cfg.SecAgg = f.secagg.settings()
 	return cfg, f.console.apply(&cfg)
 }
 

@@ -20,6 +20,7 @@ import (
 type simulateFlags struct {
 	bundleOut, aggs, algos, out string
 	dp                          dpFlags
+	secagg                      secAggFlags
 }
 
 func simulateFlagSet(stderr io.Writer) (*flag.FlagSet, *sim.Config, *simulateFlags) {
@@ -80,6 +81,7 @@ flags:
 	fs.BoolVar(&cfg.SaveModels, "save-models", false, "also write DIR/<algo>-model.json with each final model")
 	o.dp.register(fs, true)
 	fs.Uint64Var(&cfg.DPNoiseSeed, "dp-noise-seed", 0, "with --dp: the seed of the noise key (dp.TestKey: reproducible and public, for simulation only; 0: --seed)")
+	o.secagg.register(fs, false)
 	fs.IntVar(&cfg.Workers, "workers", 0, "clients solved in parallel (default: GOMAXPROCS); results do not depend on it")
 	return fs, &cfg, o
 }
@@ -147,6 +149,9 @@ func (o *simulateFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 		spec := cfg.Select
 		if spec == "" {
 			spec = aggregate.DPSelector // what --dp defaults to; q is only used under --dp
+			if o.secagg.on {
+				spec = "uniform" // --secagg's only selector
+			}
 		}
 		sel, err := aggregate.NewSelector(spec)
 		if err != nil {
@@ -156,8 +161,13 @@ func (o *simulateFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 	case cfg.Schema != "" && cfg.PerRound == 0:
 		q = 1 // every site of the CSV, every round
 	}
-	cfg.DP, err = o.dp.config(q, cfg.Rounds, cfg.PerRound)
-	return err
+	if cfg.DP, err = o.dp.config(q, cfg.Rounds, cfg.PerRound); err != nil {
+		return err
+	}
+	if o.secagg.on {
+		cfg.SecAgg = &sim.SecAgg{Clip: o.secagg.clip, ScaleBits: o.secagg.scaleBits, Threshold: o.secagg.threshold}
+	}
+	return nil
 }
 
 // write writes the results, the bundles of --bundle-out, the models of

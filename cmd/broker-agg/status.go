@@ -131,6 +131,13 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 		}
 		fmt.Fprintln(w)
 	}
+	if sa := st.SecAgg; sa != nil {
+		fmt.Fprintf(w, "secure aggregation: phase %s, session %d  messages %d  aborted sessions %d  (threshold %d, clip %g, scale 2^%d)\n",
+			sa.Phase, sa.Attempt, sa.Messages, sa.Aborts, sa.Threshold, sa.Clip, sa.ScaleBits)
+		if sa.LastAbort != "" {
+			fmt.Fprintf(w, "  last abort: %s\n", sa.LastAbort)
+		}
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CLIENT\tONLINE\tLAST SEEN\tSAMPLES\tUPDATES\tLAST ROUND\tTHIS ROUND")

@@ -20,6 +20,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -105,21 +106,40 @@ type AgentsConfig struct {
 	// NewClock gives each agent its clock (nil: the wall clock).
 	NewClock func() clock.Clock
 	Logger   *slog.Logger
+	// SecAggRand, when set, is each site's secure-aggregation randomness
+	// instead of crypto/rand (agent.Deps.SecAggRand): tests only.
+	SecAggRand func(site string, round uint64) io.Reader
+	// Observe, when set, sees each site's agent events
+	// (agent.Deps.Observe); it must not block.
+	Observe func(site string, ev agent.Event)
+	// SecAggNoiseKey, when set, gives each site its distributed-DP noise
+	// key instead of crypto/rand (agent.Deps.SecAggNoiseKey): tests only.
+	SecAggNoiseKey func(site string) *[32]byte
 }
 
 // Agents are running edge agents.
 type Agents struct {
+	ctx    context.Context
 	cancel context.CancelFunc
+	sites  map[string]*siteRun // each site's own run
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	err    error
+}
+
+// siteRun is one site's agent: how to make it, and its current run.
+type siteRun struct {
+	cfg  agent.Config
+	deps agent.Deps
+	stop context.CancelFunc
+	done chan struct{}
 }
 
 // StartAgents starts one agent per site, each running until Stop. If one
 // cannot be made, the ones started are stopped and the error returned.
 func StartAgents(ctx context.Context, c AgentsConfig) (*Agents, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	as := &Agents{cancel: cancel}
+	as := &Agents{ctx: ctx, cancel: cancel, sites: map[string]*siteRun{}}
 	for i, s := range c.Sites {
 		cfg := agent.DefaultConfig()
 		cfg.SiteID, cfg.Federation, cfg.Brokers = s.ID, c.Federation, c.Brokers
@@ -133,22 +153,50 @@ func StartAgents(ctx context.Context, c AgentsConfig) (*Agents, error) {
 		cfg.ReconnectMax = c.ReconnectMax
 		cfg.Data, cfg.ModelOut = s.Source, s.ModelOut
 		deps := agent.Deps{Data: s.Data, Logger: c.Logger}
+		if f := c.SecAggRand; f != nil {
+			id := s.ID
+			deps.SecAggRand = func(round uint64) io.Reader { return f(id, round) }
+		}
+		if f := c.Observe; f != nil {
+			id := s.ID
+			deps.Observe = func(ev agent.Event) { f(id, ev) }
+		}
+		if f := c.SecAggNoiseKey; f != nil {
+			deps.SecAggNoiseKey = f(s.ID)
+		}
 		if c.NewClock != nil {
 			deps.Clock = c.NewClock()
 		}
-		a, err := agent.New(cfg, deps)
-		if err != nil {
+		sr := &siteRun{cfg: cfg, deps: deps}
+		as.sites[s.ID] = sr
+		if err := as.run(sr); err != nil {
 			return nil, errors.Join(fmt.Errorf("agent %s: %w", s.ID, err), as.Stop())
 		}
-		as.wg.Add(1)
-		go func() {
-			defer as.wg.Done()
-			if err := a.Run(ctx); err != nil {
-				as.fail(fmt.Errorf("agent %s: %w", s.ID, err))
-			}
-		}()
 	}
 	return as, nil
+}
+
+// run starts a new run of sr's agent (a.mu not held).
+func (as *Agents) run(sr *siteRun) error {
+	a, err := agent.New(sr.cfg, sr.deps)
+	if err != nil {
+		return err
+	}
+	siteCtx, stop := context.WithCancel(as.ctx)
+	done := make(chan struct{})
+	as.mu.Lock()
+	sr.stop, sr.done = stop, done
+	as.mu.Unlock()
+	as.wg.Add(1)
+	go func() {
+		defer as.wg.Done()
+		defer close(done)
+		defer stop()
+		if err := a.Run(siteCtx); err != nil {
+			as.fail(fmt.Errorf("agent %s: %w", sr.cfg.SiteID, err))
+		}
+	}()
+	return nil
 }
 
 func (as *Agents) fail(err error) {
@@ -164,6 +212,39 @@ func (as *Agents) Err() error {
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	return as.err
+}
+
+// StopSite stops one site's agent (as at shutdown: its offline status
+// goes out) without waiting for it; an unknown id does nothing. Safe from
+// an Observe callback.
+func (as *Agents) StopSite(id string) {
+	as.mu.Lock()
+	var stop context.CancelFunc
+	if sr := as.sites[id]; sr != nil {
+		stop = sr.stop
+	}
+	as.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// RestartSite stops one site's agent (if running), waits for it to exit
+// and starts it again on its state file, as a site restarted by its
+// operator. Not from an Observe callback (it waits for the agent).
+func (as *Agents) RestartSite(id string) error {
+	as.mu.Lock()
+	sr := as.sites[id]
+	as.mu.Unlock()
+	if sr == nil {
+		return fmt.Errorf("localfed: no site %q", id)
+	}
+	as.StopSite(id)
+	<-sr.done
+	if as.ctx.Err() != nil {
+		return as.ctx.Err()
+	}
+	return as.run(sr)
 }
 
 // Stop stops every agent, waits for them, and returns the first error one
@@ -195,6 +276,11 @@ type Config struct {
 	// NewClock gives each agent its clock (nil: the wall clock).
 	NewClock func() clock.Clock
 	Logger   *slog.Logger
+	// SecAggRand, Observe and SecAggNoiseKey are the agents'
+	// (AgentsConfig's).
+	SecAggRand     func(site string, round uint64) io.Reader
+	Observe        func(site string, ev agent.Event)
+	SecAggNoiseKey func(site string) *[32]byte
 	// Observers are extra superuser client ids, for tests that watch
 	// every topic through Broker.Dial.
 	Observers []string
@@ -261,7 +347,7 @@ func Start(ctx context.Context, c Config) (*Federation, error) {
 	}
 	f.agents, err = StartAgents(ctx, AgentsConfig{Federation: c.Federation, Brokers: []string{brk.URL()}, Passwords: pw,
 		Dir: c.Dir, Sites: c.Sites, Seed: c.Seed, ReconnectMin: c.ReconnectMin, ReconnectMax: c.ReconnectMax,
-		NewClock: c.NewClock, Logger: c.Logger})
+		NewClock: c.NewClock, Logger: c.Logger, SecAggRand: c.SecAggRand, Observe: c.Observe, SecAggNoiseKey: c.SecAggNoiseKey})
 	if err != nil {
 		f.cancel()
 		<-f.srvDone
@@ -313,3 +399,6 @@ func (f *Federation) Stop() error {
 	}
 	return errors.Join(err, f.Broker.Close())
 }
+
+// StopSite stops one site's agent (Agents.StopSite).
+func (f *Federation) StopSite(id string) { f.agents.StopSite(id) }

@@ -26,6 +26,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"hash/fnv"
+	"io"
 	"math/rand/v2"
 )
 
@@ -44,6 +45,7 @@ const (
 	Straggle                   // which selected clients straggle, and their epochs: a = round
 	Solve                      // a client's local solve (SGD order): a = round, b = client index
 	Codec                      // uplink QSGD noise: a = round, b = client index; downlink: b = -1
+	SecAgg                     // secure aggregation's stochastic rounding (simulate; a site uses crypto/rand): a = round, b = client index
 )
 
 // Of is the run stream s of seed for (a, b).
@@ -98,6 +100,21 @@ func Site(seed uint64, id string, round uint64, s SiteStream) *rand.Rand {
 	f := fnv.New64a()
 	f.Write([]byte(id))
 	return rand.New(rand.NewPCG(seed^f.Sum64(), round*golden^uint64(s)))
+}
+
+// Reader reads the bytes of r's 64-bit draws, little-endian: a seeded
+// io.Reader for what takes one (secagg.Quantizer.Quantize).
+func Reader(r *rand.Rand) io.Reader { return reader{r} }
+
+type reader struct{ r *rand.Rand }
+
+func (r reader) Read(p []byte) (int, error) {
+	for i := 0; i < len(p); i += 8 {
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], r.r.Uint64())
+		copy(p[i:], b[:])
+	}
+	return len(p), nil
 }
 
 // ModelInit is the random source of the aggregator's initial model

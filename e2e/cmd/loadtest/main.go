@@ -45,9 +45,16 @@
 //	    rate-limited (/metrics), the VmHWM and CPU seconds of broker-agg
 //	    (and Mosquitto), and the round delay: the rounds the flood
 //	    overlapped, summed, flood run minus baseline.
+//	loadtest run ... --algorithm fedprox --secagg [--drop F] [--secagg-timeout D]
+//	    the same with broker-agg's secure aggregation (scripts/bench-secagg.sh);
+//	    with --drop F the first round(F K) sites of every round from the
+//	    second on stop once their masked input is stored and are restarted
+//	    once the round is aggregated (secagg.go).
 //
-// The last lines are machine-readable: "RESULT key=value ..." and one
-// "RECOVERY key=value ..." per kill.
+// The last lines are machine-readable: "RESULT key=value ...", one
+// "RECOVERY key=value ..." per kill, and "ROUNDS key=value ...": rounds
+// 2..R's seconds from announcement to aggregation, broker-agg's CPU
+// seconds in them, and the bytes in and out per selected site.
 package main
 
 import (
@@ -249,6 +256,9 @@ type options struct {
 	timeout                           time.Duration
 	console, chromium                 string
 	consolePoll                       time.Duration
+	secagg                            bool
+	secaggTimeout                     time.Duration
+	drop                              float64
 }
 
 func runLoad(args []string) error {
@@ -316,12 +326,19 @@ func runLoad(args []string) error {
 		data := fed.Clients[i].Train
 		sites[i] = localfed.Site{ID: id, Data: &data}
 	}
+	drops := newDropper(o, ids)
+	var cpu cpuSampler
 	agents, err := localfed.StartAgents(ctx, localfed.AgentsConfig{Federation: federation, Brokers: []string{brokerURL}, Passwords: pw,
 		Dir: work, Sites: sites, Seed: o.seed, ReconnectMin: 200 * time.Millisecond, ReconnectMax: 2 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		Observe: drops.observe})
 	if err != nil {
 		return err
 	}
+	sctx, stopSampling := context.WithCancel(ctx)
+	defer stopSampling()
+	go drops.run(sctx, agents, agg)
+	go cpu.run(sctx, agg)
 	defer func() {
 		if err := agents.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "loadtest: stopping the agents:", err)
@@ -340,7 +357,10 @@ func runLoad(args []string) error {
 		}
 		return err
 	}
-	return printLoadResult(o, fed, agg, mq, cons, recs, work)
+	if err := printLoadResult(o, fed, agg, mq, cons, recs, work); err != nil {
+		return err
+	}
+	return printSecAggResult(o, agg, &cpu, drops)
 }
 
 // parseLoadFlags reads `loadtest run`'s flags.
@@ -368,6 +388,9 @@ func parseLoadFlags(args []string) (options, error) {
 	fs.StringVar(&o.console, "console", "none", "the console open for the whole run: none, poll (a client doing what the page's script does) or chromium (the page in headless Chromium)")
 	fs.DurationVar(&o.consolePoll, "console-poll", 1500*time.Millisecond, "with --console poll: the page's polling interval (console.js POLL_MS)")
 	fs.StringVar(&o.chromium, "chromium", "/usr/bin/chromium", "with --console chromium: the Chromium `BINARY`")
+	fs.BoolVar(&o.secagg, "secagg", false, "run broker-agg with --secagg")
+	fs.DurationVar(&o.secaggTimeout, "secagg-timeout", time.Minute, "with --secagg: broker-agg's --secagg-timeout")
+	fs.Float64Var(&o.drop, "drop", 0, "with --secagg: the share F of each round's sites that drop out after their masked input, from round 2 on (restarted once the round is aggregated)")
 	_ = fs.Parse(args) // flag.ExitOnError: Parse exits on a bad flag
 	if o.aggBin == "" || o.data == "" {
 		return o, errors.New("run: --broker-agg and --data are required")
@@ -381,7 +404,7 @@ func parseLoadFlags(args []string) (options, error) {
 // loadAggConf is broker-agg's configuration for `loadtest run`: against
 // Mosquitto at brokerURL, the model fitting fed.
 func loadAggConf(o options, federation, brokerURL, work string, fed *dataset.Federated) []string {
-	return []string{
+	conf := []string{
 		"federation = " + federation, "broker = " + brokerURL, "username = aggregator",
 		"broker_password_file = " + filepath.Join(work, "aggregator.password"),
 		"state_file = " + filepath.Join(work, "aggregator.db"),
@@ -393,6 +416,10 @@ func loadAggConf(o options, federation, brokerURL, work string, fed *dataset.Fed
 		fmt.Sprintf("lr = %g", o.lr), fmt.Sprintf("batch = %d", o.batch), fmt.Sprintf("max_epochs = %d", o.epochs),
 		"max_seconds = 0", "log_format = json", "log_level = info",
 	}
+	if o.secagg {
+		conf = append(conf, "secagg = true", "secagg_clip = 1", "secagg_timeout = "+o.secaggTimeout.String())
+	}
+	return conf
 }
 
 // startLoadAggregator writes conf (plus a metrics address on a free port)
