@@ -631,24 +631,7 @@ func (s *Server) answerFed(d Decision, storedAt time.Time) {
 
 // receiptFed publishes a receipt for statistics or an evaluation report.
 func (s *Server) receiptFed(client string, round uint64, subject wire.ReceiptSubject, accepted bool, code wire.ReceiptCode, reason string, storedAt time.Time) {
-	topic, err := s.topics.Receipt(client)
-	if err != nil {
-		return
-	}
-	r := &wire.Receipt{ClientId: client, Round: round, Accepted: accepted, Reason: reason, Code: code, Subject: subject}
-	if accepted {
-		if storedAt.IsZero() {
-			storedAt = s.clock.Now()
-		}
-		r.StoredAtUnixMs = max(storedAt.UnixMilli(), 1)
-	}
-	b, err := wire.Encode(r)
-	if err != nil {
-		s.log.Error("encoding a receipt", "client", client, "err", err)
-		return
-	}
-	s.hist.sent(uint64(len(b)))
-	s.publish(topic, false, b, "receipt")
+	s.sendReceipt(&wire.Receipt{ClientId: client, Round: round, Accepted: accepted, Reason: reason, Code: code, Subject: subject}, storedAt, "receipt")
 }
 
 // announceStatistics publishes the retained statistics-phase announcement.

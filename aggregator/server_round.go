@@ -414,25 +414,37 @@ func (s *Server) rejectByCoordinator(u *inUpdate, d Reject) {
 
 // receipt publishes a receipt for m.
 func (s *Server) receipt(m *wire.ClientUpdate, accepted bool, code wire.ReceiptCode, reason string, storedAt time.Time) {
-	topic, err := s.topics.Receipt(m.ClientId)
-	if err != nil {
-		return // the id was validated on the way in
-	}
 	r := &wire.Receipt{ClientId: m.ClientId, Round: m.Round, Accepted: accepted, Reason: reason, Code: code, UpdateSeq: m.Seq}
-	if accepted {
+	if at := s.sendReceipt(r, storedAt, "receipt"); !at.IsZero() {
+		s.receipts.put(receiptKey{m.ClientId, m.Round}, at)
+	}
+}
+
+// sendReceipt publishes r on its site's receipts topic, what naming it in
+// the log and the published-message counts. An accepted receipt says when
+// the message was stored (storedAt; zero: now, for a copy stored earlier),
+// which it returns (zero for a refusal or a receipt not sent).
+func (s *Server) sendReceipt(r *wire.Receipt, storedAt time.Time, what string) time.Time {
+	topic, err := s.topics.Receipt(r.ClientId)
+	if err != nil {
+		return time.Time{} // the id was validated on the way in
+	}
+	if r.Accepted {
 		if storedAt.IsZero() {
 			storedAt = s.clock.Now()
 		}
 		r.StoredAtUnixMs = max(storedAt.UnixMilli(), 1)
-		s.receipts.put(receiptKey{m.ClientId, m.Round}, storedAt)
+	} else {
+		storedAt = time.Time{}
 	}
 	b, err := wire.Encode(r)
 	if err != nil {
-		s.log.Error("encoding a receipt", "client", m.ClientId, "err", err)
-		return
+		s.log.Error("encoding a "+what, "client", r.ClientId, "err", err)
+		return time.Time{}
 	}
 	s.hist.sent(uint64(len(b)))
-	s.publish(topic, false, b, "receipt")
+	s.publish(topic, false, b, what)
+	return storedAt
 }
 
 // norm2 is the Euclidean norm.

@@ -307,25 +307,11 @@ func (s *Server) answerSecAgg(d Decision, storedAt time.Time) {
 
 // receiptSecAgg publishes a receipt of subject SECAGG.
 func (s *Server) receiptSecAgg(client string, round uint64, kind uint32, accepted bool, code wire.ReceiptCode, reason string, storedAt time.Time) {
-	topic, err := s.topics.Receipt(client)
-	if err != nil || round == 0 {
+	if round == 0 {
 		return
 	}
-	r := &wire.Receipt{ClientId: client, Round: round, Accepted: accepted, Reason: reason, Code: code,
-		Subject: wire.ReceiptSubject_RECEIPT_SUBJECT_SECAGG, SecaggKind: kind}
-	if accepted {
-		if storedAt.IsZero() {
-			storedAt = s.clock.Now()
-		}
-		r.StoredAtUnixMs = max(storedAt.UnixMilli(), 1)
-	}
-	b, err := wire.Encode(r)
-	if err != nil {
-		s.log.Error("encoding a secagg receipt", "client", client, "err", err)
-		return
-	}
-	s.hist.sent(uint64(len(b)))
-	s.publish(topic, false, b, "secagg receipt")
+	s.sendReceipt(&wire.Receipt{ClientId: client, Round: round, Accepted: accepted, Reason: reason, Code: code,
+		Subject: wire.ReceiptSubject_RECEIPT_SUBJECT_SECAGG, SecaggKind: kind}, storedAt, "secagg receipt")
 }
 
 // advanceSecAgg carries out SecAggAdvance: the server's Advance (unless its
