@@ -65,7 +65,7 @@ func unmarshalSecAggRecord(b []byte) (*secAggRecord, error) {
 		return nil, errBadRecord
 	}
 	b = b[1:]
-	n, k := binary.Uvarint(b)
+	n, k := canonUvarint(b)
 	if k <= 0 || n > uint64(len(b)-k) || n > 256 {
 		return nil, errBadRecord
 	}
@@ -76,7 +76,7 @@ func unmarshalSecAggRecord(b []byte) (*secAggRecord, error) {
 	}
 	r.round, r.attempt = binary.BigEndian.Uint64(b), binary.BigEndian.Uint32(b[8:])
 	b = b[12:]
-	n, k = binary.Uvarint(b)
+	n, k = canonUvarint(b)
 	if k <= 0 || n > secagg.MaxDim || n*4 > uint64(len(b)-k) {
 		return nil, errBadRecord
 	}
@@ -90,6 +90,16 @@ func unmarshalSecAggRecord(b []byte) (*secAggRecord, error) {
 		return nil, errBadRecord
 	}
 	return r, nil
+}
+
+// canonUvarint is binary.Uvarint refusing (k = 0) an overlong encoding,
+// so a record has one encoding: what decodes encodes back to its bytes.
+func canonUvarint(b []byte) (uint64, int) {
+	v, k := binary.Uvarint(b)
+	if k > 0 && k != len(binary.AppendUvarint(nil, v)) {
+		return 0, 0
+	}
+	return v, k
 }
 
 // secAggRand is the randomness of the site's secure aggregation: its keys,

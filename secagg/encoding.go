@@ -81,7 +81,7 @@ func (r *reader) uvarint() uint64 {
 		return 0
 	}
 	v, n := binary.Uvarint(r.b)
-	if n <= 0 {
+	if n <= 0 || n != len(binary.AppendUvarint(nil, v)) { // overlong: one encoding per message
 		r.fail("bad varint")
 		return 0
 	}
