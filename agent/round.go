@@ -370,6 +370,15 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 		return h.secAggCommit(ann, p, sent, res)
 	}
 
+	return h.commitUpdate(ann, p, d, sent, rep, stop, res)
+}
+
+// commitUpdate encodes the solved round's update (the uplink's rules, the
+// work report, the clip bit) and commits it with its outbox entry: after
+// this the update survives any crash and is published (ARCHITECTURE.md,
+// "Commit, then publish, at the edge").
+func (h *RoundHandler) commitUpdate(ann *wire.RoundAnnouncement, p *prepared, d model.Data, sent []float64, rep proxsolver.Report, stop wire.StopReason, res Result) (Result, error) {
+	r := ann.Round
 	up, err := h.uplink(p, sent)
 	if err != nil {
 		return res, err

@@ -183,18 +183,8 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		return nil, err
 	}
 	e.cfg = cfg
-	if sites != nil {
-		if e.spec, err = sites.modelSpec(cfg); err != nil {
-			return nil, err
-		}
-	} else {
-		e.spec = model.Spec{Kind: cfg.Model, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2}
-		if cfg.Model == model.KindMLP {
-			e.spec.Hidden, e.spec.Activation = cfg.Hidden, cfg.Activation
-		}
-		if cfg.Model == model.KindLinear {
-			e.spec.Classes = 0
-		}
+	if e.spec, err = modelSpecOf(cfg, fed, sites); err != nil {
+		return nil, err
 	}
 	m, err := model.New(e.spec)
 	if err != nil {
@@ -252,6 +242,22 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		res.Runs = append(res.Runs, *run)
 	}
 	return res, nil
+}
+
+// modelSpecOf is the run's model: the schema's (a --schema run) or the
+// flags' over the data's dimensions.
+func modelSpecOf(cfg Config, fed *dataset.Federated, sites *siteSet) (model.Spec, error) {
+	if sites != nil {
+		return sites.modelSpec(cfg)
+	}
+	spec := model.Spec{Kind: cfg.Model, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2}
+	if cfg.Model == model.KindMLP {
+		spec.Hidden, spec.Activation = cfg.Hidden, cfg.Activation
+	}
+	if cfg.Model == model.KindLinear {
+		spec.Classes = 0
+	}
+	return spec, nil
 }
 
 // startDP checks, before any work, that a --dp run can take even one round

@@ -261,6 +261,21 @@ type options struct {
 	drop                              float64
 }
 
+// loadData is the load's federation: o.clients IID clients of the IDX data.
+func loadData(o options) (*dataset.Federated, error) {
+	src, err := dataset.ParseSource("idx:" + o.data)
+	if err != nil {
+		return nil, err
+	}
+	fed, err := dataset.Build(src, dataset.Partition{Kind: dataset.PartIID}, dataset.BuildOptions{Clients: o.clients, Seed: o.seed})
+	if err != nil {
+		return nil, err
+	}
+	fmt.Printf("data: %d clients of %s, %d features, %d classes (%d-%d training samples each)\n",
+		len(fed.Clients), o.data, fed.D, fed.Classes, minSamples(fed), maxSamples(fed))
+	return fed, nil
+}
+
 func runLoad(args []string) error {
 	o, err := parseLoadFlags(args)
 	if err != nil {
@@ -269,16 +284,10 @@ func runLoad(args []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
 
-	src, err := dataset.ParseSource("idx:" + o.data)
+	fed, err := loadData(o)
 	if err != nil {
 		return err
 	}
-	fed, err := dataset.Build(src, dataset.Partition{Kind: dataset.PartIID}, dataset.BuildOptions{Clients: o.clients, Seed: o.seed})
-	if err != nil {
-		return err
-	}
-	fmt.Printf("data: %d clients of %s, %d features, %d classes (%d-%d training samples each)\n",
-		len(fed.Clients), o.data, fed.D, fed.Classes, minSamples(fed), maxSamples(fed))
 	work, cleanup, err := localfed.StateDir(o.work, "edgefl-loadtest-")
 	if err != nil {
 		return err
