@@ -936,6 +936,9 @@ func (a *Agent) receiptDone(act action) {
 		} else {
 			lg.Warn("aggregator failed to store the "+what+"; re-sent later", "reason", r.Reason)
 		}
+	case receiptRejectedKept:
+		a.stats.receiptsRejected.Add(1)
+		lg.Warn(what+" rejected by the aggregator; the round's contribution is kept until its update receipt", "reason", r.Reason)
 	default:
 		a.stats.receiptsRejected.Add(1)
 		lg.Warn(what+" rejected by the aggregator; dropped", "reason", r.Reason)

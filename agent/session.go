@@ -222,9 +222,10 @@ const (
 type receiptOutcome int
 
 const (
-	receiptAccepted receiptOutcome = iota + 1 // stored or duplicate: dropped from the outbox
-	receiptRetry                              // INTERNAL: kept, re-sent after a backoff
-	receiptRejected                           // any other rejection: dropped
+	receiptAccepted     receiptOutcome = iota + 1 // stored or duplicate: dropped from the outbox
+	receiptRetry                                  // INTERNAL: kept, re-sent after a backoff
+	receiptRejected                               // any other rejection: dropped
+	receiptRejectedKept                           // a secagg message rejected in sum mode: the contribution stays pending
 )
 
 // action is one thing the shell must do, in the order step returns them.
@@ -555,7 +556,10 @@ func (s *session) secAggReceipt(r *wire.Receipt) []action {
 		acts = s.cancelRetry(r.Round)
 	}
 	outcome := receiptAccepted
-	if !r.Accepted {
+	switch {
+	case !r.Accepted && sum:
+		outcome = receiptRejectedKept
+	case !r.Accepted:
 		outcome = receiptRejected
 	}
 	return append(acts, action{kind: actReceipt, receipt: r, outcome: outcome, had: had})

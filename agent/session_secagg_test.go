@@ -73,7 +73,7 @@ func TestSessionSecAgg(t *testing.T) {
 		{name: "sum mode: secagg receipts keep the entry, the round's UPDATE receipt ends it", outbox: map[uint64][]byte{3: masked},
 			pending: map[uint64]bool{3: true}, steps: []sessionStep{
 				{ev: saRcpt(3, 5, codeOK), want: []string{"receipt secagg/3 accepted"}, check: outboxIs(map[uint64]string{3: "sa5"})},
-				{ev: saRcpt(3, 5, codeStale), want: []string{"receipt secagg/3 rejected"}, check: outboxIs(map[uint64]string{3: "sa5"})},
+				{ev: saRcpt(3, 5, codeStale), want: []string{"receipt secagg/3 rejected-kept"}, check: outboxIs(map[uint64]string{3: "sa5"})},
 				{ev: connected{}, want: []string{"publish update/3 sa5 reconnect"}},
 				{ev: upd(3, codeOK), want: []string{"receipt update/3 accepted had"}, check: outboxIs(nil)},
 			}},

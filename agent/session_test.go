@@ -115,7 +115,7 @@ func keyName(k pendingKey) string {
 
 var (
 	whyNames     = map[why]string{sendFirst: "first", sendAgain: "again", sendReconnect: "reconnect", sendRetry: "retry"}
-	outcomeNames = map[receiptOutcome]string{receiptAccepted: "accepted", receiptRetry: "retry", receiptRejected: "rejected"}
+	outcomeNames = map[receiptOutcome]string{receiptAccepted: "accepted", receiptRetry: "retry", receiptRejected: "rejected", receiptRejectedKept: "rejected-kept"}
 	classNames   = map[roundClass]string{roundBad: "bad", roundDamaged: "damaged", roundShutdown: "shutdown", roundNewRun: "new-run",
 		roundRunFinished: "run-finished", roundSiteError: "site-error", roundFailed: "failed"}
 )

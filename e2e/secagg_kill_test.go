@@ -154,7 +154,11 @@ func checkSecAggRun(t *testing.T, agg *aggregator, edges []*edge, sumMode bool) 
 		// A site whose last will closed a phase without it (a dropout)
 		// may see its re-sent message of that phase refused as stale;
 		// never as a bad or conflicting one.
-		for _, l := range e.lines(msgIs("secagg message rejected by the aggregator; dropped")) {
+		rejected := func(l logLine) bool {
+			return msgIs("secagg message rejected by the aggregator; dropped")(l) ||
+				msgIs("secagg message rejected by the aggregator; the round's contribution is kept until its update receipt")(l)
+		}
+		for _, l := range e.lines(rejected) {
 			if l.str("code") != "RECEIPT_CODE_STALE_ROUND" {
 				t.Errorf("%s: a secagg message rejected: %s", e.id, l.raw)
 			}
