@@ -122,7 +122,8 @@ type Config struct {
 	// Selector picks clients; nil means aggregate.Uniform. A Sampler
 	// (aggregate.Poisson) draws rounds of random size, possibly empty:
 	// the round's quorum is then Quorum/K of its selection, and an empty
-	// round closes at once (coordinator_select.go); it needs DP. A selector that
+	// round closes at once, or at its deadline with DP.FixedRounds
+	// (coordinator_select.go); it needs DP. A selector that
 	// keeps state between rounds must implement json.Marshaler and
 	// json.Unmarshaler for Snapshot/Restore to carry that state; otherwise a
 	// restarted coordinator's selector starts afresh.
@@ -895,6 +896,11 @@ func (c *Coordinator) closable() bool {
 	if len(c.received) < c.quorum() {
 		return false
 	}
+	if c.phase == PhaseCollecting && c.cfg.DP != nil && c.cfg.DP.FixedRounds {
+		// Fixed-length rounds close at their deadline (deadlinePassed),
+		// so when a round ends tells nobody how many were drawn.
+		return false
+	}
 	if c.overdue {
 		return true
 	}
@@ -1020,7 +1026,8 @@ func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
 	out = append(out, Announce{Round: c.round, Attempt: attempt, Selected: slices.Clone(sel), Deadline: c.deadline})
 	if c.closable() {
 		// An empty Poisson draw: the round is released at once (under DP,
-		// noise only; coordinator_select.go).
+		// noise only; coordinator_select.go), or at its deadline with
+		// fixed-length rounds.
 		out = c.close(at, out)
 	}
 	return out

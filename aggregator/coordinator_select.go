@@ -25,6 +25,13 @@ import (
 //     accountant charges it, because skipping or redrawing it would make
 //     whether a round happens depend on the draw, which the amplification
 //     argument keeps secret.
+//   - Fixed-length rounds (dp.Config.FixedRounds): a round that is
+//     collecting closes only at its deadline, also when every invited site
+//     has reported and when the draw was empty, so the time from one
+//     announcement to the next is RoundTimeout + aggregation + Settle
+//     whatever the draw (an extension below quorum and a stalled round
+//     depend on the sites' availability, which DP assumes independent of
+//     their data).
 //   - Invitations (Config.Invitations): the shell announces rounds without
 //     the selection; every selected site is told privately, by an Invite
 //     decision, with the announcement, with its extension, whenever it

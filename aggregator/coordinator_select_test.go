@@ -282,3 +282,75 @@ func TestCoordinatorSitePrivacy(t *testing.T) {
 		t.Fatalf("a site charged more than the run: %v, want ErrBadState", err)
 	}
 }
+
+// TestCoordinatorFixedRounds: with dp.Config.FixedRounds a round closes at
+// its deadline and never earlier, whatever its draw (empty, some, every
+// site) and however fast the invited sites report, so every round lasts
+// RoundTimeout and the announcements follow each other at one interval;
+// without it the same draws close as soon as the last invited site
+// reported (an empty one at once). The extension below quorum is
+// unchanged.
+func TestCoordinatorFixedRounds(t *testing.T) {
+	key := dp.TestSelectionKey(5)
+	for _, tc := range []struct {
+		name string
+		q    float64
+	}{{"empty draws", 1e-12}, {"half", 0.5}, {"every site", 1}} {
+		for _, fixed := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/fixed=%v", tc.name, fixed), func(t *testing.T) {
+				cfg := poissonConfig(tc.q, &key)
+				cfg.DP.FixedRounds = fixed
+				c := mustNew(t, cfg)
+				pool := poolIDs(6)
+				bringOnline(c, ms(0), pool...)
+				now := 100
+				var starts []int
+				sizes := map[int]bool{}
+				for r := 1; r <= 6; r++ {
+					a := only[Announce](t, c.Step(Tick{At: ms(now)}))
+					starts = append(starts, now)
+					sizes[len(c.Snapshot().Selected)] = true
+					deadline := now + 1000
+					if !a.Deadline.Equal(ms(deadline)) {
+						t.Fatalf("round %d: deadline %v, want %v", r, a.Deadline, ms(deadline))
+					}
+					closedAt := now // an empty draw closes at once without fixed rounds
+					var closes []CloseRound
+					for i, id := range c.Snapshot().Selected {
+						closedAt = now + 10 + i
+						closes = append(closes, ofType[CloseRound](c.Step(upd(id, r, closedAt)))...)
+					}
+					if fixed {
+						if len(closes) != 0 {
+							t.Fatalf("round %d: closed at %v before its deadline", r, closes[0].At)
+						}
+						cr := only[CloseRound](t, c.Step(Tick{At: ms(deadline)}))
+						if !cr.At.Equal(ms(deadline)) || len(cr.Stragglers) != 0 {
+							t.Fatalf("round %d: %+v, want a close at the deadline with no stragglers", r, cr)
+						}
+						closedAt = deadline
+					} else if c.Phase() != PhaseClosing || !c.Snapshot().ClosedAt.Equal(ms(closedAt)) {
+						t.Fatalf("round %d: phase %v closed at %v, want closed at %v", r, c.Phase(), c.Snapshot().ClosedAt, ms(closedAt))
+					}
+					c.Step(AggregatedRound{Round: r, At: ms(closedAt + 5)})
+					now = closedAt + 5 + 50 // Settle
+				}
+				if tc.q == 0.5 && len(sizes) < 2 {
+					t.Fatalf("q = 0.5 drew rounds of sizes %v only: the case shows nothing", sizes)
+				}
+				if fixed {
+					for i := 1; i < len(starts); i++ {
+						if d := starts[i] - starts[i-1]; d != 1055 {
+							t.Fatalf("rounds %d and %d started %d ms apart, want 1055 (deadline, aggregation, settle)", i, i+1, d)
+						}
+					}
+				}
+			})
+		}
+	}
+	// The distributed mode publishes its selection: fixed rounds refused.
+	c := dp.Config{Clip: 1, Noise: 1, Delta: 1e-5, Distributed: true, FixedRounds: true}
+	if err := c.Validate(); !errors.Is(err, dp.ErrDistributedFixedRounds) {
+		t.Fatalf("distributed with fixed rounds: %v", err)
+	}
+}

@@ -47,6 +47,14 @@ const CentralCovers = "client-level (epsilon, delta)-DP, add/remove one site: ev
 	"drawn by the aggregator (trusted: central mode). Preprocessing declared in the schema (no statistics sent); the sites' " +
 	"evaluation reports stay with the aggregator and are not in this bundle. docs/privacy.md"
 
+// The round-timing sentence of a central run's Covers: with fixed-length
+// rounds (dp.Config.FixedRounds) the timing is covered, otherwise it is
+// stated as not (docs/privacy.md, "What still leaks").
+const (
+	FixedRoundsCovers   = " Rounds closed at their deadline: their timing does not depend on the draw."
+	EarlyRoundsUncovers = " Not covered: round timing (a round closed once every invited site reported), which tells observers how many sites were drawn; see --dp-fixed-rounds."
+)
+
 // NewPrivacy is the Privacy of a central-mode run's model after rounds
 // rounds, from the run's DP configuration and its charging history rs
 // (which must record at least rounds rounds): the accountant replayed over
@@ -69,7 +77,14 @@ func NewPrivacy(c dp.Config, rs []dp.Rate, rounds int) (*Privacy, error) {
 	}
 	return &Privacy{Mode: dp.Central.String(), Unit: UnitSite, Epsilon: eps, Delta: c.Delta, Accountant: AccountantRDP,
 		Conversion: ConversionBalle2020, ClipNorm: c.Clip, NoiseMultiplier: c.Noise, Rounds: rounds, SamplingRates: pre,
-		EpsilonBudget: c.Budget, Covers: CentralCovers}, nil
+		EpsilonBudget: c.Budget, Covers: centralCovers(c.FixedRounds)}, nil
+}
+
+func centralCovers(fixedRounds bool) string {
+	if fixedRounds {
+		return CentralCovers + FixedRoundsCovers
+	}
+	return CentralCovers + EarlyRoundsUncovers
 }
 
 // check verifies a Privacy read from a file: known mode, accountant and

@@ -55,6 +55,14 @@ func TestPrivacyRoundTrip(t *testing.T) {
 	if s := p.String(); !strings.Contains(s, "epsilon ") || !strings.Contains(s, "after 7 rounds") || !strings.Contains(s, "sampling rates 0.5..1") {
 		t.Fatalf("String: %s", s)
 	}
+	// Round timing: covered only with fixed-length rounds.
+	if !strings.Contains(p.Covers, "Not covered: round timing") {
+		t.Fatalf("covers without fixed rounds: %s", p.Covers)
+	}
+	if pf, err := NewPrivacy(dp.Config{Clip: 0.5, Noise: 2, Delta: 1e-5, FixedRounds: true}, p.SamplingRates, 7); err != nil ||
+		!strings.Contains(pf.Covers, "closed at their deadline") || strings.Contains(pf.Covers, "Not covered") {
+		t.Fatalf("covers with fixed rounds: %v %+v", err, pf)
+	}
 	// After 3 rounds: the prefix of the history.
 	p3, err := NewPrivacy(dp.Config{Clip: 0.5, Noise: 2, Delta: 1e-5}, p.SamplingRates, 3)
 	if err != nil || p3.Rounds != 3 || p3.Epsilon != dp.EpsilonAfter(0.5, 2, 3, 1e-5, nil) || len(p3.SamplingRates) != 1 {

@@ -50,6 +50,12 @@ type Config struct {
 	// and the updates' noise multiplier is UpdateNoise() > Noise so that
 	// updates and bits together cost Noise, which the accountant charges.
 	Adaptive *Adaptive `json:"adaptive,omitempty"`
+	// FixedRounds: every round closes at its deadline, never earlier, so
+	// its length does not depend on how many sites were drawn (central
+	// mode's private selection; docs/privacy.md, "What still leaks",
+	// "Round timing"). Without it a round closes once every invited site
+	// has reported, and an empty round at once.
+	FixedRounds bool `json:"fixed_rounds,omitempty"`
 }
 
 // Mode is the configuration's mode (Central or Distributed).
@@ -103,6 +109,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("dp: the epsilon budget must be a finite number >= 0 (0: none), got %v", c.Budget)
 	case c.Adaptive != nil && c.Distributed:
 		return ErrDistributedAdaptive
+	case c.FixedRounds && c.Distributed:
+		return ErrDistributedFixedRounds
 	case c.Adaptive != nil:
 		return c.Adaptive.Validate(c.Noise)
 	}
@@ -114,6 +122,11 @@ func (c Config) Validate() error {
 // sees no single site's bit there), which is not built (docs/privacy.md,
 // "Threat models").
 var ErrDistributedAdaptive = errors.New("dp: adaptive clipping in the distributed mode: the clip bits would need their own secure sum with noise shares, which is not built; use a fixed --dp-clip")
+
+// ErrDistributedFixedRounds refuses fixed-length rounds in the distributed
+// mode: they hide how many sites a private selection drew, and the
+// distributed mode's selection is public (its KeyList names the sites).
+var ErrDistributedFixedRounds = errors.New("dp: fixed-length rounds (--dp-fixed-rounds) in the distributed mode: they hide the size of a private selection, and under --secagg the selection is published; drop --dp-fixed-rounds")
 
 // EpsilonAfterStep is the epsilon a (nil: a new accountant) would report
 // after one more round at sampling rate q with noise multiplier z; a is

@@ -47,6 +47,8 @@ func TestDPRefusals(t *testing.T) {
 		{"run distributed poisson", []string{"run", "--config", conf, "--dp", "distributed", "--dp-noise", "1", "--secagg", "--algorithm", "fedprox", "--selector", "poisson"}, "selects exactly K sites uniformly"},
 		{"run distributed adaptive", []string{"run", "--config", conf, "--dp", "distributed", "--dp-noise", "1", "--secagg", "--algorithm", "fedprox", "--dp-clip-quantile", "0.5"}, "adaptive clipping in the distributed mode"},
 		{"simulate distributed poisson", append(sim[:len(sim)-2:len(sim)-2], "--dp", "distributed", "--dp-noise", "1", "--secagg", "--select", "poisson"), "selects exactly K sites uniformly"},
+		{"run fixed rounds without dp", []string{"run", "--config", conf, "--dp-fixed-rounds"}, "--dp-fixed-rounds needs --dp central"},
+		{"run distributed fixed rounds", []string{"run", "--config", conf, "--dp", "distributed", "--dp-noise", "1", "--secagg", "--algorithm", "fedprox", "--dp-fixed-rounds"}, "fixed-length rounds"},
 		{"run unknown mode", []string{"run", "--config", conf, "--dp", "local", "--dp-noise", "1"}, "unknown mode"},
 		{"run without noise", run, "--dp-noise"},
 		{"run fedsplit robust step", append(run, "--dp-noise", "1", "--algorithm", "fedsplit", "--aggregator", "fedsplit-robust:mult=3"), "needs each site's z_j"},

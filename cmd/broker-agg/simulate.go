@@ -79,7 +79,7 @@ flags:
 	fs.IntVar(&cfg.OptimumEvals, "optimum-evals", cfg.OptimumEvals, "gradient evaluations allowed for the centralised optimum (an unregularised problem may need many; the run reports the norm reached)")
 	fs.StringVar(&cfg.OptimumCache, "optimum-cache", "", "`DIR` to keep centralised optima in, so runs on the same data and model skip recomputing it")
 	fs.BoolVar(&cfg.SaveModels, "save-models", false, "also write DIR/<algo>-model.json with each final model")
-	o.dp.register(fs, true)
+	o.dp.register(fs, true, false)
 	fs.Uint64Var(&cfg.DPNoiseSeed, "dp-noise-seed", 0, "with --dp: the seed of the noise key (dp.TestKey: reproducible and public, for simulation only; 0: --seed)")
 	o.secagg.register(fs, false)
 	fs.IntVar(&cfg.Workers, "workers", 0, "clients solved in parallel (default: GOMAXPROCS); results do not depend on it")
