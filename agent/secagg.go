@@ -489,10 +489,10 @@ func (h *RoundHandler) noiseKey(r uint64) ([32]byte, error) {
 }
 
 // secAggInput is the site's input: its quantised update, and under
-// distributed DP (docs/privacy.md "Threat models") its clipped update plus
-// its noise share, drawn from the round's stream of the site's secret
-// noise key (kept in the edge store), then quantised
-// (uplink.SecAggNoisyInput).
+// distributed DP (docs/privacy.md "Threat models") its clipped update,
+// quantised, plus its discrete-Gaussian noise share on the ring, drawn from
+// the round's stream of the site's secret noise key (kept in the edge
+// store) (uplink.SecAggNoisyInput).
 func (h *RoundHandler) secAggInput(ann *wire.RoundAnnouncement, q secagg.Quantizer, sent, global []float64) ([]uint32, error) {
 	r := ann.Round
 	d := ann.GetDp()

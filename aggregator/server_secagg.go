@@ -109,8 +109,14 @@ func (cfg *ServerConfig) checkSecAgg(d *derived) error {
 		}
 		sc.ScaleBits = sb
 	}
-	if _, err := secagg.NewQuantizer(sc.Clip, sc.ScaleBits, cfg.K); err != nil {
+	q, err := secagg.NewQuantizer(sc.Clip, sc.ScaleBits, cfg.K)
+	if err != nil {
 		return refuse("%v", err)
+	}
+	if cfg.DP != nil {
+		if err := uplink.CheckSecAggDP(q, cfg.DP.Clip, cfg.DP.Noise, sc.Threshold); err != nil {
+			return refuse("%v", err)
+		}
 	}
 	d.coord.Quorum = max(d.coord.Quorum, sc.Threshold)
 	d.coord.SecAgg = &SecAggConfig{Threshold: sc.Threshold, Timeout: sc.Timeout}

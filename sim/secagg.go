@@ -49,6 +49,11 @@ func secAggQuantizer(cfg *Config) (*secagg.Quantizer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--secagg: %w", err)
 	}
+	if d := cfg.DP; d != nil {
+		if err := uplink.CheckSecAggDP(q, d.Clip, d.Noise, uplink.SecAggThreshold(cfg.PerRound, sa.Threshold)); err != nil {
+			return nil, fmt.Errorf("--secagg: %w", err)
+		}
+	}
 	return &q, nil
 }
 

@@ -127,27 +127,39 @@ func SecAggPlainSum(inputs [][]uint32, dim int) []uint32 {
 
 // Distributed differential privacy under secure aggregation
 // (docs/privacy.md, "Threat models"; `--dp distributed --secagg`): each
-// site clips its update to L2 norm C and adds its share N(0, (z C)^2 / t)
-// of the noise, t the secagg threshold (the fewest inputs a sum holds), so
-// that every sum the aggregator can unmask carries noise of standard
-// deviation at least z C; then it quantises. The noise is added before the
-// stochastic rounding, which adds at most 2^-f per coordinate: the site
-// clips to C - sqrt(d) 2^-f so that the rounded contribution stays within C
-// (docs/privacy.md's first remedy). The quantiser's range is the clip plus
-// six standard deviations of the share (SecAggDPRange): a coordinate beyond
-// it (probability about 2e-9 each) is clipped there, after the noise, which
-// is post-processing of the site's noised value. The aggregator's mean is
-// the sum over U3 divided by |U3| (public: it chose U3), post-processing of
-// the noised sum. Caveats: the mechanism is the continuous Gaussian on
-// doubles, then rounded (the rigorous integer version is the distributed
-// discrete Gaussian of Kairouz, Liu & Steinke 2021), and the accountant's
-// subsampling amplification does not hold against the aggregator, which
-// knows who took part.
+// site clips its update to L2 norm C - sqrt(d) 2^-f, rounds it to the grid
+// 2^-f (stochastic rounding adds less than 2^-f per coordinate, so the
+// rounded contribution stays within C: docs/privacy.md's first remedy), and
+// adds to every ring element its share of the noise, a discrete Gaussian
+// N_Z(0, (z C 2^f)^2 / t) (AddRingNoise), t the secagg threshold (the
+// fewest inputs a sum holds). The ring sum is then the sites' rounded
+// contributions plus a sum of at least t independent discrete Gaussians:
+// the distributed discrete Gaussian mechanism of Kairouz, Liu & Steinke
+// 2021, whose RDP bound is the continuous Gaussian's at z plus tau d, which
+// CheckSecAggDP and AddRingNoise keep below 1e-12 (dp.CheckDistributedShare).
+// The noise does not depend on the data, and the modular wrap, the
+// dequantisation and the aggregator's mean (the sum over U3 divided by
+// |U3|, public: it chose U3) are post-processing of that sum. The
+// quantiser's range, the clip plus six standard deviations of a share
+// (SecAggDPRange), only sets the headroom: the K noised inputs' sum stays
+// far inside it. Caveat: the accountant's subsampling amplification does
+// not hold against the aggregator, which knows who took part.
 
 // SecAggDPRange is the quantiser's per-coordinate range under distributed
 // DP: C plus six standard deviations of one site's share.
 func SecAggDPRange(clip, noise float64, threshold int) float64 {
 	return clip + 6*dp.SiteStd(noise, clip, threshold)
+}
+
+// CheckSecAggDP refuses a distributed-DP quantiser whose noise share (noise
+// multiplier z, clip C, t shares) is too few grid steps for a model of any
+// size up to 2^31 coordinates (AddRingNoise's check, made once at start by
+// the aggregator and simulate so that no site's round fails on it).
+func CheckSecAggDP(q secagg.Quantizer, clip, noise float64, threshold int) error {
+	if err := dp.CheckDistributedShare(math.Ldexp(dp.SiteStd(noise, clip, threshold), q.ScaleBits), q.MaxSites, math.MaxInt32); err != nil {
+		return fmt.Errorf("uplink: %w", err)
+	}
+	return nil
 }
 
 // SecAggNoisyInput is a site's input under distributed DP: sent - global
@@ -169,8 +181,39 @@ func SecAggNoisyInput(q secagg.Quantizer, sent, global []float64, clip, std floa
 	if _, err := dp.Clip(d, c); err != nil {
 		return nil, fmt.Errorf("uplink: clip the update: %w", err)
 	}
-	dp.AddNoise(d, std, noise)
-	return q.Quantize(d, rnd)
+	in, err := q.Quantize(d, rnd)
+	if err != nil {
+		return nil, err
+	}
+	if err := AddRingNoise(q, in, std, noise); err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+// AddRingNoise adds to every ring element of in a draw of the discrete
+// Gaussian of std real units, std 2^f grid steps (dp.DiscreteGaussian),
+// modulo the ring: the distributed mode's noise share, added after the
+// clipped update was rounded to the grid (docs/secagg.md, "Distributed
+// DP"). It refuses a share too coarse for the sum of q.MaxSites of them to
+// be close to one discrete Gaussian (dp.CheckDistributedShare). A std of 0
+// adds nothing (tests of the rounding alone; --dp's noise is never 0).
+func AddRingNoise(q secagg.Quantizer, in []uint32, std float64, noise *rand.Rand) error {
+	if std == 0 {
+		return nil
+	}
+	sigma := math.Ldexp(std, q.ScaleBits)
+	if err := dp.CheckDistributedShare(sigma, q.MaxSites, len(in)); err != nil {
+		return fmt.Errorf("uplink: %w", err)
+	}
+	g, err := dp.NewDiscreteGaussian(sigma, noise)
+	if err != nil {
+		return fmt.Errorf("uplink: %w", err)
+	}
+	for i := range in {
+		in[i] += uint32(g.Draw()) // two's complement: modulo 2^32
+	}
+	return nil
 }
 
 // SecAggThreshold is the secagg threshold of a round of k sites: t when

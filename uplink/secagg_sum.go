@@ -97,14 +97,20 @@ func SecAggSumInput(q secagg.Quantizer, u SumUpdate, d *SecAggDP, rnd io.Reader)
 	if _, err := dp.Clip(delta, c); err != nil {
 		return nil, Pending{}, fmt.Errorf("uplink: clip the update: %w", err)
 	}
-	clipped := append([]float64(nil), delta...)
-	dp.AddNoise(delta, d.Std, d.Noise)
 	in, err := q.Quantize(delta, rnd)
 	if err != nil {
 		return nil, Pending{}, fmt.Errorf("uplink: %w", err)
 	}
-	p, err := PendingOf(join, xg, clipped)
-	return in, p, err
+	// The record advances by the rounded contribution, as without noise:
+	// the rounding error stays in z_j - c_j and is sent again.
+	p, err := PendingOf(join, xg, q.Dequantize(in))
+	if err != nil {
+		return nil, Pending{}, err
+	}
+	if err := AddRingNoise(q, in, d.Std, d.Noise); err != nil {
+		return nil, Pending{}, err
+	}
+	return in, p, nil
 }
 
 // SecAggSumClose is the aggregator's close of round in sum mode under

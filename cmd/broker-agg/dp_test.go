@@ -49,6 +49,8 @@ func TestDPRefusals(t *testing.T) {
 		{"simulate distributed poisson", append(sim[:len(sim)-2:len(sim)-2], "--dp", "distributed", "--dp-noise", "1", "--secagg", "--select", "poisson"), "selects exactly K sites uniformly"},
 		{"run fixed rounds without dp", []string{"run", "--config", conf, "--dp-fixed-rounds"}, "--dp-fixed-rounds needs --dp central"},
 		{"run distributed fixed rounds", []string{"run", "--config", conf, "--dp", "distributed", "--dp-noise", "1", "--secagg", "--algorithm", "fedprox", "--dp-fixed-rounds"}, "fixed-length rounds"},
+		{"run distributed coarse share", []string{"run", "--config", conf, "--dp", "distributed", "--dp-noise", "0.5", "--dp-clip", "0.1", "--secagg", "--algorithm", "fedprox", "--secagg-scale-bits", "2"}, "grid steps"},
+		{"simulate distributed coarse share", append(sim[:len(sim)-2:len(sim)-2], "--dp", "distributed", "--dp-noise", "0.5", "--dp-clip", "0.1", "--secagg", "--secagg-scale-bits", "2"), "grid steps"},
 		{"run unknown mode", []string{"run", "--config", conf, "--dp", "local", "--dp-noise", "1"}, "unknown mode"},
 		{"run without noise", run, "--dp-noise"},
 		{"run fedsplit robust step", append(run, "--dp-noise", "1", "--algorithm", "fedsplit", "--aggregator", "fedsplit-robust:mult=3"), "needs each site's z_j"},
