@@ -2,16 +2,13 @@ package localfed
 
 import (
 	"context"
-	"log/slog"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/dataset"
 	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/internal/clock"
-	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/model"
 )
 
@@ -26,27 +23,7 @@ func TestFixedRoundsOverMQTT(t *testing.T) {
 	}
 	const rounds, n = 4, 4
 	const timeout = 10 * time.Minute
-	src, err := dataset.ParseSource("synthetic:1,1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fd, err := dataset.Build(src, dataset.Partition{Kind: dataset.PartNatural}, dataset.BuildOptions{Clients: n, Seed: 1, SyntheticMaxSamples: 40})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := SiteIDs(n, 0)
-	sites := make([]Site, n)
-	for i, id := range ids {
-		data := fd.Clients[i].Train
-		sites[i] = Site{ID: id, Data: &data}
-	}
-	var logs testkit.SyncBuffer
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("the federation's log:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	fd, sites, log, _ := syntheticSites(t, n, 1)
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

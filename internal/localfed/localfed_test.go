@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/dataset"
 	"github.com/edgefl/edgefl/model"
 )
 
@@ -72,20 +71,8 @@ func TestFederationRuns(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a federation over MQTT")
 	}
-	src, err := dataset.ParseSource("synthetic:1,1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fed, err := dataset.Build(src, dataset.Partition{Kind: dataset.PartNatural}, dataset.BuildOptions{Clients: 3, Seed: 1, SyntheticMaxSamples: 40})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fed, sites, _, _ := syntheticSites(t, 3, 1)
 	ids := SiteIDs(3, 0)
-	sites := make([]Site, len(ids))
-	for i, id := range ids {
-		data := fed.Clients[i].Train
-		sites[i] = Site{ID: id, Data: &data}
-	}
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

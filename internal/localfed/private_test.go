@@ -2,7 +2,6 @@ package localfed
 
 import (
 	"context"
-	"log/slog"
 	"net"
 	"net/url"
 	"slices"
@@ -14,10 +13,8 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/dataset"
 	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/internal/clock"
-	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/wire"
@@ -87,27 +84,7 @@ func TestPrivateSelectionOverMQTT(t *testing.T) {
 		t.Skip("runs a federation over MQTT")
 	}
 	const rounds, n = 6, 6
-	src, err := dataset.ParseSource("synthetic:1,1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fd, err := dataset.Build(src, dataset.Partition{Kind: dataset.PartNatural}, dataset.BuildOptions{Clients: n, Seed: 1, SyntheticMaxSamples: 40})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := SiteIDs(n, 0)
-	sites := make([]Site, n)
-	for i, id := range ids {
-		data := fd.Clients[i].Train
-		sites[i] = Site{ID: id, Data: &data}
-	}
-	var logs testkit.SyncBuffer
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("the federation's log:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	fd, sites, log, _ := syntheticSites(t, n, 1)
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"math"
 	"net/http/httptest"
 	"path/filepath"
@@ -22,8 +21,6 @@ import (
 	"github.com/edgefl/edgefl/wire"
 
 	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/dataset"
-	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/model"
 )
 
@@ -36,27 +33,7 @@ func TestSecAggFederationRuns(t *testing.T) {
 	}
 	for _, k := range []int{2, 3, 5} {
 		t.Run(string(rune('0'+k)), func(t *testing.T) {
-			src, err := dataset.ParseSource("synthetic:1,1")
-			if err != nil {
-				t.Fatal(err)
-			}
-			fed, err := dataset.Build(src, dataset.Partition{Kind: dataset.PartNatural}, dataset.BuildOptions{Clients: k, Seed: 1, SyntheticMaxSamples: 40})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ids := SiteIDs(k, 0)
-			sites := make([]Site, len(ids))
-			for i, id := range ids {
-				data := fed.Clients[i].Train
-				sites[i] = Site{ID: id, Data: &data}
-			}
-			var logs testkit.SyncBuffer
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Logf("log:\n%s", logs.String())
-				}
-			})
-			log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			fed, sites, log, _ := syntheticSites(t, k, 1)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			rounds := 0
@@ -101,27 +78,8 @@ func TestSecAggDropouts(t *testing.T) {
 }
 
 func testSecAggDropout(t *testing.T, k int, drop uint32) {
-	src, err := dataset.ParseSource("synthetic:1,1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fed, err := dataset.Build(src, dataset.Partition{Kind: dataset.PartNatural}, dataset.BuildOptions{Clients: k, Seed: 2, SyntheticMaxSamples: 40})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fed, sites, log, _ := syntheticSites(t, k, 2)
 	ids := SiteIDs(k, 0)
-	sites := make([]Site, len(ids))
-	for i, id := range ids {
-		data := fed.Clients[i].Train
-		sites[i] = Site{ID: id, Data: &data}
-	}
-	var logs testkit.SyncBuffer
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("log:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	victim := ids[k-1]
@@ -217,28 +175,9 @@ func TestSecAggAbortVisible(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a federation over MQTT")
 	}
-	src, err := dataset.ParseSource("synthetic:1,1")
-	if err != nil {
-		t.Fatal(err)
-	}
 	const k = 3
-	fed, err := dataset.Build(src, dataset.Partition{Kind: dataset.PartNatural}, dataset.BuildOptions{Clients: k, Seed: 1, SyntheticMaxSamples: 40})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fed, sites, log, logs := syntheticSites(t, k, 1)
 	ids := SiteIDs(k, 0)
-	sites := make([]Site, len(ids))
-	for i, id := range ids {
-		data := fed.Clients[i].Train
-		sites[i] = Site{ID: id, Data: &data}
-	}
-	var logs testkit.SyncBuffer
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("log:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	stopIt := make(chan string, 1)

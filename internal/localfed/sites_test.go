@@ -1,0 +1,36 @@
+package localfed
+
+import (
+	"log/slog"
+	"testing"
+
+	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/internal/testkit"
+)
+
+// syntheticSites is a test federation of n sites over synthetic:1,1
+// (natural partition, 40 samples at most per site, drawn from seed) and a
+// debug logger writing to logs, which the test prints if it fails.
+func syntheticSites(t *testing.T, n int, seed uint64) (fd *dataset.Federated, sites []Site, log *slog.Logger, logs *testkit.SyncBuffer) {
+	t.Helper()
+	src, err := dataset.ParseSource("synthetic:1,1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err = dataset.Build(src, dataset.Partition{Kind: dataset.PartNatural}, dataset.BuildOptions{Clients: n, Seed: seed, SyntheticMaxSamples: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sites = make([]Site, n)
+	for i, id := range SiteIDs(n, 0) {
+		data := fd.Clients[i].Train
+		sites[i] = Site{ID: id, Data: &data}
+	}
+	logs = new(testkit.SyncBuffer)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the federation's log:\n%s", logs.String())
+		}
+	})
+	return fd, sites, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), logs
+}
