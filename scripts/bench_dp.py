@@ -19,6 +19,12 @@
       declared preprocessing, and each epsilon as mean +- sd over its
       files (one per noise seed), with the epsilon spent and z.
 
+  bench_dp.py spread TITLE MODE NONPRIVATE.json RESULTS.json... [-- MODE NONPRIVATE.json RESULTS.json...]
+      Rows of (algorithm, MODE), columns non-private and each epsilon
+      budget found in the RESULTS files (one file per noise seed): final
+      test accuracy in %, mean +- sd over the seeds, with the epsilon spent
+      and z (bench-dp.sh's `dist` part: central against distributed DP).
+
   bench_dp.py table TITLE RESULTS.json...
       A markdown table: one row per algorithm, one column per results.json
       (the non-private run first): final test accuracy in %, and under DP
@@ -135,11 +141,49 @@ def sites(title, args):
     print()
 
 
+def _final_acc(run):
+    return 100 * [r for r in run["rounds"] if r.get("test_accuracy") is not None][-1]["test_accuracy"]
+
+
+def spread(title, args):
+    groups, cur = [], []
+    for a in args + ["--"]:
+        if a == "--":
+            groups.append(cur)
+            cur = []
+        else:
+            cur.append(a)
+    budgets, rows = [], []
+    for mode, plain, *files in groups:
+        res = [_load(p) for p in files]
+        for b in (r["runs"][0]["dp"]["epsilon_budget"] for r in res):
+            if b not in budgets:
+                budgets.append(b)
+        for run in _load(plain)["runs"]:
+            a = run["algo"]
+            cells = [f"{_final_acc(run):.1f}"]
+            for b in budgets:
+                runs = [x for r in res for x in r["runs"] if x["algo"] == a and x["dp"]["epsilon_budget"] == b]
+                accs = [_final_acc(x) for x in runs]
+                cells.append(f"{statistics.mean(accs):.1f} ± {statistics.stdev(accs):.1f} "
+                             f"(eps {runs[0]['dp']['epsilon']:.3g}, z {runs[0]['dp']['noise_multiplier']:.3g}, {len(accs)} seeds)")
+            rows.append((f"{a}, {mode}", cells))
+    cols = ["non-private"] + [f"epsilon {b:g}" for b in budgets]
+    print(f"### {title}\n")
+    print("| algorithm, mode | " + " | ".join(cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    for label, cells in rows:
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    print()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "leaf":
         leaf(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "sites":
         sites(sys.argv[2], sys.argv[3:])
+    elif sys.argv[1] == "spread":
+        spread(sys.argv[2], sys.argv[3:])
     elif sys.argv[1] == "table":
         table(sys.argv[2], sys.argv[3:])
     else:
