@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -37,19 +36,14 @@ func TestAgentKilledMidSolveAndAtCommit(t *testing.T) {
 	)
 	dir := t.TempDir()
 	federation := "edgecrash"
-	passwd := filepath.Join(dir, "passwd")
-	setPasswords(t, dir, passwd, siteIDs(sites)...)
-	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	agg := newAggregator(t, dir, aggDefaults(federation).with(kv{
-		{"listen", listen}, {"password_file", passwd},
+	agg, edges := startFederation(t, dir, federation, aggDefaults(federation).with(kv{
 		{"per_round", fmt.Sprint(sites)}, {"rounds", fmt.Sprint(rounds)},
 		// Solves long enough to kill one in the middle, bound by work (not
 		// by wall time: on a loaded machine a time-bound solve gets less
 		// CPU, and the kill instants below are fractions of a solve's CPU).
 		{"max_epochs", "4000"}, {"max_seconds", "0"},
 		{"codec", "q8"}, // the site's copy of z is state a kill must not lose
-	}))
-	edges := startEdges(t, dir, federation, "tcp://"+listen, sites, 80, nil)
+	}), sites, 80)
 	v := edges[0]
 
 	announced := func(r int) logLine {

@@ -301,6 +301,19 @@ func (e *edge) lines(pred func(logLine) bool) []logLine { return runLines(e.runs
 
 func (e *edge) noPanics() { e.t.Helper(); checkNoPanics(e.t, e.runs) }
 
+// startFederation starts broker-agg on conf with its embedded broker on a
+// free port and password logins for site-1..site-n, then n edge agents of
+// at most maxSamples rows each: the setup of the tests that kill or damage
+// the daemons.
+func startFederation(t *testing.T, dir, federation string, conf kv, n, maxSamples int) (*aggregator, []*edge) {
+	t.Helper()
+	passwd := filepath.Join(dir, "passwd")
+	setPasswords(t, dir, passwd, siteIDs(n)...)
+	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	agg := newAggregator(t, dir, conf.with(kv{{"listen", listen}, {"password_file", passwd}}))
+	return agg, startEdges(t, dir, federation, "tcp://"+listen, n, maxSamples, nil)
+}
+
 // startEdges starts n agents site-1..site-n on clients 0..n-1 of an
 // n-device federation.
 func startEdges(t *testing.T, dir, federation, brokerURL string, n, maxSamples int, extra kv) []*edge {

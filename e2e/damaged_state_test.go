@@ -28,14 +28,9 @@ func TestDamagedAgentState(t *testing.T) {
 	)
 	dir := t.TempDir()
 	federation := "damaged"
-	passwd := filepath.Join(dir, "passwd")
-	setPasswords(t, dir, passwd, siteIDs(sites)...)
-	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	agg := newAggregator(t, dir, aggDefaults(federation).with(kv{
-		{"listen", listen}, {"password_file", passwd},
+	agg, edges := startFederation(t, dir, federation, aggDefaults(federation).with(kv{
 		{"per_round", fmt.Sprint(sites)}, {"rounds", fmt.Sprint(rounds)}, {"quorum_fraction", "0.6"},
-	}))
-	edges := startEdges(t, dir, federation, "tcp://"+listen, sites, 60, nil)
+	}), sites, 60)
 	victim := edges[0]
 	victim.p.waitLine(60*time.Second, "site-1's receipt of round 2", msgIs("update receipted", "round", 2))
 	victim.p.kill()
@@ -79,14 +74,9 @@ func TestDamagedAggregatorState(t *testing.T) {
 	)
 	dir := t.TempDir()
 	federation := "damagedagg"
-	passwd := filepath.Join(dir, "passwd")
-	setPasswords(t, dir, passwd, siteIDs(sites)...)
-	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	agg := newAggregator(t, dir, aggDefaults(federation).with(kv{
-		{"listen", listen}, {"password_file", passwd},
+	agg, edges := startFederation(t, dir, federation, aggDefaults(federation).with(kv{
 		{"per_round", fmt.Sprint(sites)}, {"rounds", fmt.Sprint(rounds)},
-	}))
-	edges := startEdges(t, dir, federation, "tcp://"+listen, sites, 60, nil)
+	}), sites, 60)
 	agg.waitMetrics(60*time.Second, "round 4", func(m metrics) bool { return m.round() >= 4 })
 	agg.p.kill()
 

@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -24,15 +23,10 @@ func TestAggregatorStateReplaced(t *testing.T) {
 	)
 	dir := t.TempDir()
 	federation := "newrun"
-	passwd := filepath.Join(dir, "passwd")
-	setPasswords(t, dir, passwd, siteIDs(sites)...)
-	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	agg := newAggregator(t, dir, aggDefaults(federation).with(kv{
-		{"listen", listen}, {"password_file", passwd},
+	agg, edges := startFederation(t, dir, federation, aggDefaults(federation).with(kv{
 		{"per_round", fmt.Sprint(sites)}, {"rounds", fmt.Sprint(rounds)},
 		{"codec", "q8"},
-	}))
-	edges := startEdges(t, dir, federation, "tcp://"+listen, sites, 60, nil)
+	}), sites, 60)
 	waitRun := func(run int) {
 		t.Helper()
 		agg.waitFinished(60 * time.Second)

@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"math"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -83,11 +82,7 @@ func TestSecAggAggregatorKilledInEveryPhase(t *testing.T) {
 func testSecAggAggregatorKilled(t *testing.T, algorithm, aggregator string) {
 	dir := t.TempDir()
 	const federation = "sakillagg"
-	passwd := filepath.Join(dir, "passwd")
-	setPasswords(t, dir, passwd, siteIDs(4)...)
-	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	agg := newAggregator(t, dir, secAggConf(federation, algorithm, aggregator).with(kv{{"listen", listen}, {"password_file", passwd}}))
-	edges := startEdges(t, dir, federation, "tcp://"+listen, 4, 60, nil)
+	agg, edges := startFederation(t, dir, federation, secAggConf(federation, algorithm, aggregator), 4, 60)
 	for i, ph := range secAggPhases {
 		r := i + 1
 		agg.p.waitLine(30*time.Second, fmt.Sprintf("round %d in phase %s", r, ph.name), ph.aggregator(r))
@@ -108,11 +103,7 @@ func TestSecAggSiteKilledInEveryPhase(t *testing.T) {
 func testSecAggSiteKilled(t *testing.T, algorithm, aggregator string) {
 	dir := t.TempDir()
 	const federation = "sakillsite"
-	passwd := filepath.Join(dir, "passwd")
-	setPasswords(t, dir, passwd, siteIDs(4)...)
-	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	agg := newAggregator(t, dir, secAggConf(federation, algorithm, aggregator).with(kv{{"listen", listen}, {"password_file", passwd}}))
-	edges := startEdges(t, dir, federation, "tcp://"+listen, 4, 60, nil)
+	agg, edges := startFederation(t, dir, federation, secAggConf(federation, algorithm, aggregator), 4, 60)
 	v := edges[0]
 	for i, ph := range secAggPhases {
 		r := i + 1

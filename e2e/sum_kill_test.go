@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -34,15 +33,10 @@ func TestSumModeKills(t *testing.T) {
 	)
 	dir := t.TempDir()
 	federation := "sumkill"
-	passwd := filepath.Join(dir, "passwd")
-	setPasswords(t, dir, passwd, siteIDs(sites)...)
-	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	agg := newAggregator(t, dir, aggDefaults(federation).with(kv{
-		{"listen", listen}, {"password_file", passwd},
+	agg, edges := startFederation(t, dir, federation, aggDefaults(federation).with(kv{
 		{"per_round", fmt.Sprint(sites)}, {"rounds", fmt.Sprint(rounds)},
 		{"dp", "central"}, {"dp_clip", fmt.Sprint(clip)}, {"dp_noise", "1e-9"},
-	}))
-	edges := startEdges(t, dir, federation, "tcp://"+listen, sites, 80, nil)
+	}), sites, 80)
 	v := edges[0]
 	for r := 1; r < rounds; r++ {
 		agg.p.waitLine(60*time.Second, fmt.Sprintf("round %d announced", r), msgIs("round announced", "round", r))
