@@ -91,6 +91,12 @@ func newKey(test *[32]byte) ([]byte, error) {
 	return key, err
 }
 
+// noiseKey is the run's noise key (checkNoiseKey checked its length).
+func (s *Server) noiseKey() (key [32]byte) {
+	copy(key[:], s.stored.NoiseKey)
+	return key
+}
+
 // checkNoiseKey checks a restored run's noise and selection keys and hands
 // the selection key to the coordinator. A --dp round log written before the
 // selection key was kept has none: its rounds were drawn from the public
@@ -141,9 +147,7 @@ func (s *Server) estimateClip(cr CloseRound, bits []bool, m int) error {
 	if a == nil {
 		return nil
 	}
-	var key [32]byte
-	copy(key[:], s.stored.NoiseKey)
-	next, err := uplink.NextClip(*a, s.coord.DPClip(), bits, m, dp.BitNoiseRand(key, uint64(cr.Round)))
+	next, err := uplink.NextClip(*a, s.coord.DPClip(), bits, m, dp.BitNoiseRand(s.noiseKey(), uint64(cr.Round)))
 	if err != nil {
 		return fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
 	}
@@ -172,12 +176,10 @@ func (s *Server) privateAggregate(cr CloseRound) ([]float64, aggregate.Report, e
 	if err != nil {
 		return nil, aggregate.Report{}, err
 	}
-	var key [32]byte
-	copy(key[:], s.stored.NoiseKey)
 	m := denominatorOf(cr)
 	c := s.cfg.DP
 	clip := s.coord.DPClip()
-	out, err := uplink.NoisyMean(s.global, cs, uplink.Private{Clip: clip, Noise: c.UpdateNoise(), Denominator: m}, dp.NoiseRand(key, uint64(cr.Round)))
+	out, err := uplink.NoisyMean(s.global, cs, uplink.Private{Clip: clip, Noise: c.UpdateNoise(), Denominator: m}, dp.NoiseRand(s.noiseKey(), uint64(cr.Round)))
 	if err != nil {
 		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
 	}

@@ -80,11 +80,9 @@ func (s *Server) sumAggregate(cr CloseRound) ([]float64, aggregate.Report, error
 	if err != nil {
 		return nil, aggregate.Report{}, err
 	}
-	var key [32]byte
-	copy(key[:], s.stored.NoiseKey)
 	next := s.sum.Clone()
 	clip := s.coord.DPClip()
-	out, err := next.CloseCentral(uint64(cr.Round), s.global, cs, uplink.Private{Clip: clip, Noise: s.cfg.DP.UpdateNoise()}, dp.NoiseRand(key, uint64(cr.Round)))
+	out, err := next.CloseCentral(uint64(cr.Round), s.global, cs, uplink.Private{Clip: clip, Noise: s.cfg.DP.UpdateNoise()}, dp.NoiseRand(s.noiseKey(), uint64(cr.Round)))
 	if err != nil {
 		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
 	}
