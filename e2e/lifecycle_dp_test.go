@@ -44,15 +44,7 @@ func TestModelLifecycleDP(t *testing.T) {
 	)
 	dir := t.TempDir()
 	federation := "ward9dp"
-	schemaPath := filepath.Join(dir, "schema.json")
-	if err := os.WriteFile(schemaPath, []byte(clinicalDeclaredSchema), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	std := []string{"age", "bmi", "smoker", "ward", "outcome"}
-	files := []string{filepath.Join(dir, "site-1.csv"), filepath.Join(dir, "site-2.csv"), filepath.Join(dir, "site-3.csv")}
-	clinicalSite(t, files[0], 1, 240, -10, std)
-	clinicalSite(t, files[1], 2, 200, 0, std)
-	clinicalSite(t, files[2], 3, 220, 12, []string{"outcome", "patient_id", "ward", "bmi", "smoker", "age"})
+	schemaPath, files := clinicalFederation(t, dir, clinicalDeclaredSchema)
 
 	passwd := filepath.Join(dir, "passwd")
 	setPasswords(t, dir, passwd, "site-1", "site-2", "site-3")
@@ -63,14 +55,7 @@ func TestModelLifecycleDP(t *testing.T) {
 		{"algorithm", "fedprox"}, {"l2", "0.01"}, {"max_epochs", "5"}, {"lr", "0.1"},
 		{"dp", "central"}, {"dp_clip", fmt.Sprint(clip)}, {"dp_noise", fmt.Sprint(noise)}, {"dp_delta", "1e-5"},
 	}).drop("features", "classes", "step"))
-	var edges []*edge
-	for i := range sites {
-		id := fmt.Sprintf("site-%d", i+1)
-		c := agentConf(federation, "tcp://"+listen, id, passwordFile(dir, id), i, sites, 0).
-			drop("data_client", "data_clients", "data_seed", "data_max_samples").
-			with(kv{{"data", "csv:" + files[i]}, {"model_out", filepath.Join(dir, id+".bundle.json")}})
-		edges = append(edges, newEdge(t, dir, id, c))
-	}
+	edges := clinicalEdges(t, dir, federation, listen, files, nil)
 	agg.waitFinished(180 * time.Second)
 
 	final := filepath.Join(dir, "final.bundle.json")

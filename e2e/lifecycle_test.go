@@ -94,6 +94,38 @@ func clinicalSite(t *testing.T, path string, seed uint64, rows int, shift float6
 	}
 }
 
+// clinicalFederation writes schema to dir/schema.json and the three
+// hospitals' CSVs (different sizes, shifted outcomes, the third with its
+// columns reordered and an extra one) to dir/site-N.csv.
+func clinicalFederation(t *testing.T, dir, schema string) (schemaPath string, files []string) {
+	t.Helper()
+	schemaPath = filepath.Join(dir, "schema.json")
+	if err := os.WriteFile(schemaPath, []byte(schema), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	std := []string{"age", "bmi", "smoker", "ward", "outcome"}
+	files = []string{filepath.Join(dir, "site-1.csv"), filepath.Join(dir, "site-2.csv"), filepath.Join(dir, "site-3.csv")}
+	clinicalSite(t, files[0], 1, 240, -10, std)
+	clinicalSite(t, files[1], 2, 200, 0, std)
+	clinicalSite(t, files[2], 3, 220, 12, []string{"outcome", "patient_id", "ward", "bmi", "smoker", "age"})
+	return schemaPath, files
+}
+
+// clinicalEdges starts an edge agent on each of files, site-1..site-N,
+// writing its model to dir/site-N.bundle.json, with extra settings.
+func clinicalEdges(t *testing.T, dir, federation, listen string, files []string, extra kv) []*edge {
+	t.Helper()
+	var edges []*edge
+	for i, f := range files {
+		id := fmt.Sprintf("site-%d", i+1)
+		c := agentConf(federation, "tcp://"+listen, id, passwordFile(dir, id), i, len(files), 0).
+			drop("data_client", "data_clients", "data_seed", "data_max_samples").
+			with(kv{{"data", "csv:" + f}, {"model_out", filepath.Join(dir, id+".bundle.json")}}).with(extra)
+		edges = append(edges, newEdge(t, dir, id, c))
+	}
+	return edges
+}
+
 // TestModelLifecycle is issue 11's whole path on real processes: a
 // federation schema given to broker-agg run, three sites whose CSVs differ
 // in column order, extra columns and case mix, the statistics phase, rounds
@@ -109,15 +141,7 @@ func TestModelLifecycle(t *testing.T) {
 	)
 	dir := t.TempDir()
 	federation := "ward9"
-	schemaPath := filepath.Join(dir, "schema.json")
-	if err := os.WriteFile(schemaPath, []byte(clinicalSchema), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	std := []string{"age", "bmi", "smoker", "ward", "outcome"}
-	files := []string{filepath.Join(dir, "site-1.csv"), filepath.Join(dir, "site-2.csv"), filepath.Join(dir, "site-3.csv")}
-	clinicalSite(t, files[0], 1, 240, -10, std)
-	clinicalSite(t, files[1], 2, 200, 0, std)
-	clinicalSite(t, files[2], 3, 220, 12, []string{"outcome", "patient_id", "ward", "bmi", "smoker", "age"})
+	schemaPath, files := clinicalFederation(t, dir, clinicalSchema)
 	broken := filepath.Join(dir, "site-4.csv")
 	clinicalSite(t, broken, 4, 100, 0, []string{"age", "smoker", "ward", "outcome"}) // no bmi
 
@@ -129,14 +153,7 @@ func TestModelLifecycle(t *testing.T) {
 		{"per_round", fmt.Sprint(sites)}, {"rounds", fmt.Sprint(rounds)}, {"eval_every", "2"},
 		{"l2", "0.01"}, {"max_epochs", "5"}, {"lr", "0.1"},
 	}).drop("features", "classes"))
-	var edges []*edge
-	for i := range sites {
-		id := fmt.Sprintf("site-%d", i+1)
-		c := agentConf(federation, "tcp://"+listen, id, passwordFile(dir, id), i, sites, 0).
-			drop("data_client", "data_clients", "data_seed", "data_max_samples").
-			with(kv{{"data", "csv:" + files[i]}, {"model_out", filepath.Join(dir, id+".bundle.json")}, {"log_level", "debug"}})
-		edges = append(edges, newEdge(t, dir, id, c))
-	}
+	edges := clinicalEdges(t, dir, federation, listen, files, kv{{"log_level", "debug"}})
 	bad := newEdge(t, dir, "site-4", agentConf(federation, "tcp://"+listen, "site-4", passwordFile(dir, "site-4"), 0, 1, 0).
 		drop("data_client", "data_clients", "data_seed", "data_max_samples").
 		with(kv{{"data", "csv:" + broken}, {"model_out", filepath.Join(dir, "site-4.bundle.json")}}))
