@@ -3,7 +3,6 @@ package sim
 import (
 	"bytes"
 	"context"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -78,13 +77,7 @@ func TestSimSchemaDPMatchesLive(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var logs testkit.SyncBuffer
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("the live federation's log:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log, _ := testkit.FailureLog(t, "the live federation")
 	sc, err := schema.Load(cfg.Schema)
 	if err != nil {
 		t.Fatal(err)

@@ -166,13 +166,7 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 	// The same federation live.
 	// The daemons log to a buffer (safe from their goroutines, even after
 	// the test), shown when the test fails.
-	var logs testkit.SyncBuffer
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("the live federation's log:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log, _ := testkit.FailureLog(t, "the live federation")
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	liveGlobal := map[int][]float64{}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"io"
-	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -66,13 +65,7 @@ func testSimMatchesLiveSecAgg(t *testing.T, algo string, restartAfter int, priva
 		t.Fatal(err)
 	}
 
-	var logs testkit.SyncBuffer
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("the live federation's log:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log, logs := testkit.FailureLog(t, "the live federation")
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	liveGlobal := map[int][]float64{}

@@ -26,11 +26,6 @@ func syntheticSites(t *testing.T, n int, seed uint64) (fd *dataset.Federated, si
 		data := fd.Clients[i].Train
 		sites[i] = Site{ID: id, Data: &data}
 	}
-	logs = new(testkit.SyncBuffer)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("the federation's log:\n%s", logs.String())
-		}
-	})
-	return fd, sites, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), logs
+	log, logs = testkit.FailureLog(t, "the federation")
+	return fd, sites, log, logs
 }

@@ -59,6 +59,20 @@ func (w *logWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// FailureLog returns a debug-level text logger writing to a SyncBuffer,
+// and the buffer, which is printed under "what's log:" if the test fails:
+// for a whole federation's log, too long to pass to t.Log line by line,
+// that a test may also search.
+func FailureLog(t testing.TB, what string) (*slog.Logger, *SyncBuffer) {
+	logs := new(SyncBuffer)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("%s's log:\n%s", what, logs.String())
+		}
+	})
+	return slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), logs
+}
+
 // SyncBuffer is a bytes.Buffer that a logger (or a command's output) and
 // the test can use from different goroutines. The zero value is empty and
 // ready to use.
