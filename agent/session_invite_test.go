@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"slices"
-	"strings"
 	"testing"
 
 	"github.com/edgefl/edgefl/wire"
@@ -84,13 +82,7 @@ func TestSessionInvitations(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newSessionHarness()
-			for i, st := range tc.steps {
-				h.got = nil
-				h.step(st.ev)
-				if !slices.Equal(h.got, st.want) {
-					t.Fatalf("step %d (%s):\n got  %s\n want %s", i, stepName(st), strings.Join(h.got, "; "), strings.Join(st.want, "; "))
-				}
-			}
+			h.run(t, tc.steps)
 		})
 	}
 }

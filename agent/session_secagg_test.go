@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -148,20 +146,7 @@ func TestSessionSecAgg(t *testing.T) {
 			h := newSessionHarness()
 			maps.Copy(h.store.outbox, tc.outbox)
 			h.store.pending = maps.Clone(tc.pending)
-			for i, st := range tc.steps {
-				h.got = nil
-				if st.ev != nil {
-					h.step(st.ev)
-				} else {
-					h.clk.Advance(st.advance)
-				}
-				if !slices.Equal(h.got, st.want) {
-					t.Fatalf("step %d (%s):\n got  %s\n want %s", i, stepName(st), strings.Join(h.got, "; "), strings.Join(st.want, "; "))
-				}
-				if st.check != nil {
-					st.check(t, h)
-				}
-			}
+			h.run(t, tc.steps)
 		})
 	}
 }

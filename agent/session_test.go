@@ -430,21 +430,28 @@ func TestSessionRules(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newSessionHarness()
 			maps.Copy(h.store.outbox, tc.outbox)
-			for i, st := range tc.steps {
-				h.got = nil
-				if st.ev != nil {
-					h.step(st.ev)
-				} else {
-					h.clk.Advance(st.advance)
-				}
-				if !slices.Equal(h.got, st.want) {
-					t.Fatalf("step %d (%s):\n got  %s\n want %s", i, stepName(st), strings.Join(h.got, "; "), strings.Join(st.want, "; "))
-				}
-				if st.check != nil {
-					st.check(t, h)
-				}
-			}
+			h.run(t, tc.steps)
 		})
+	}
+}
+
+// run steps each event (or advances the clock) and checks the actions the
+// shell carried out, and the step's own check.
+func (h *sessionHarness) run(t *testing.T, steps []sessionStep) {
+	t.Helper()
+	for i, st := range steps {
+		h.got = nil
+		if st.ev != nil {
+			h.step(st.ev)
+		} else {
+			h.clk.Advance(st.advance)
+		}
+		if !slices.Equal(h.got, st.want) {
+			t.Fatalf("step %d (%s):\n got  %s\n want %s", i, stepName(st), strings.Join(h.got, "; "), strings.Join(st.want, "; "))
+		}
+		if st.check != nil {
+			st.check(t, h)
+		}
 	}
 }
 
