@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -42,6 +43,10 @@ func TestHandleDP(t *testing.T) {
 		{"central with secagg", func(a *wire.RoundAnnouncement) {
 			a.Secagg = &wire.SecAggSpec{Threshold: 2, Clip: 1, ScaleBits: 20, MaxSites: 3}
 		}, "central differential privacy"},
+		{"distributed share of a few grid steps", func(a *wire.RoundAnnouncement) {
+			a.Dp.Mode, a.Dp.NoiseShares = wire.DPMode_DP_MODE_DISTRIBUTED, 2
+			a.Secagg = &wire.SecAggSpec{Threshold: 2, Clip: 1, ScaleBits: 2, MaxSites: 3}
+		}, "grid steps"},
 		{"fedsplit", func(a *wire.RoundAnnouncement) { a.Algorithm = AlgoFedProxSplit }, uplink.ErrSplitDP.Error()},
 		{"anchor gradient", func(a *wire.RoundAnnouncement) { a.AnchorSketch = &wire.SketchSpec{} }, "anchor gradient"},
 	} {
@@ -51,8 +56,8 @@ func TestHandleDP(t *testing.T) {
 			a.Dp = &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: c, NoiseMultiplier: 1, Delta: 1e-5}
 			tc.mod(a)
 			_, err := h.Handle(context.Background(), a)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Handle = %v, want a refusal", err)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrBadAnnouncement) {
+				t.Fatalf("Handle = %v, want a refusal of the announcement", err)
 			}
 		})
 	}

@@ -848,6 +848,18 @@ func dpClip(ann *wire.RoundAnnouncement, split bool) (float64, error) {
 		return 0, uplink.ErrSplitDP
 	case ann.AnchorSketch != nil:
 		return 0, errors.New("differential privacy with an anchor gradient: refused (it is neither clipped nor noised)")
+	case d.Mode == wire.DPMode_DP_MODE_DISTRIBUTED:
+		// The noise share must be fine enough on the announced grid for
+		// the shares' sum to be one discrete Gaussian (the check the
+		// aggregator makes at start), before anything is solved.
+		sp := ann.Secagg
+		q, err := secagg.NewQuantizer(sp.Clip, int(sp.ScaleBits), int(sp.MaxSites))
+		if err != nil {
+			return 0, fmt.Errorf("secagg: %w", err)
+		}
+		if err := uplink.CheckSecAggDP(q, d.ClipNorm, d.NoiseMultiplier, int(d.NoiseShares)); err != nil {
+			return 0, err
+		}
 	}
 	return d.ClipNorm, nil
 }
