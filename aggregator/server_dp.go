@@ -207,6 +207,9 @@ type PrivacyStatus struct {
 	Noise              float64 `json:"noise_multiplier"`
 	EpsilonUnamplified float64 `json:"epsilon_unamplified"`
 	SiteRounds         uint64  `json:"max_site_rounds"`
+	// FixedRounds: rounds close at their deadline (--dp-fixed-rounds), so
+	// their timing is covered.
+	FixedRounds bool `json:"fixed_rounds,omitempty"`
 }
 
 func newPrivacyStatus(c *dp.Config, st *DPState, siteEps float64, siteRounds uint64) *PrivacyStatus {
@@ -217,7 +220,7 @@ func newPrivacyStatus(c *dp.Config, st *DPState, siteEps float64, siteRounds uin
 		clip = st.Clip // adaptive clipping: the open round's
 	}
 	return &PrivacyStatus{Mode: c.Mode().String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: clip, Noise: c.Noise,
-		EpsilonUnamplified: siteEps, SiteRounds: siteRounds}
+		EpsilonUnamplified: siteEps, SiteRounds: siteRounds, FixedRounds: c.FixedRounds}
 }
 
 // storedPrivacyStatus is the accounting of a state read from the round log

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/aggregator"
+	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/evaluate"
 	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/storage"
@@ -126,6 +127,12 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 		}
 		fmt.Fprintf(w, "differential privacy (%s): epsilon %.4g at delta %g after %d rounds (%s; clip %g, noise multiplier %g); per site without amplification %.4g (the most rounds one site contributed to: %d)",
 			p.Mode, p.Epsilon, p.Delta, p.Rounds, budget, p.Clip, p.Noise, p.EpsilonUnamplified, p.SiteRounds)
+		switch {
+		case p.FixedRounds:
+			fmt.Fprint(w, "; rounds close at their deadline (--dp-fixed-rounds): their timing is covered")
+		case p.Mode == dp.Central.String():
+			fmt.Fprint(w, "; round timing not covered (rounds close when every invited site has reported; --dp-fixed-rounds)")
+		}
 		if st.Schema == "" && st.StopReason != "" {
 			fmt.Fprintf(w, "; run ended: %s", st.StopReason) // printFedStatus says it with a schema
 		}

@@ -27,3 +27,27 @@ func TestPrintStatusDuplicateInstances(t *testing.T) {
 		}
 	}
 }
+
+// `status` says whether a central-DP run's round timing is covered
+// (--dp-fixed-rounds); the distributed mode, whose selection is public,
+// says nothing of it.
+func TestPrintStatusRoundTiming(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		p         aggregator.PrivacyStatus
+		want, not string
+	}{
+		{aggregator.PrivacyStatus{Mode: "central", FixedRounds: true}, "rounds close at their deadline (--dp-fixed-rounds)", "not covered"},
+		{aggregator.PrivacyStatus{Mode: "central"}, "round timing not covered", "close at their deadline"},
+		{aggregator.PrivacyStatus{Mode: "distributed"}, "differential privacy (distributed)", "timing"},
+	} {
+		st := aggregator.Status{Federation: "f", Phase: aggregator.PhaseCollecting, Round: 3, Privacy: &tc.p}
+		var b bytes.Buffer
+		if err := printStatus(&b, st, at); err != nil {
+			t.Fatal(err)
+		}
+		if out := b.String(); !strings.Contains(out, tc.want) || strings.Contains(out, tc.not) {
+			t.Errorf("%s mode, fixed %v: want %q and not %q in:\n%s", tc.p.Mode, tc.p.FixedRounds, tc.want, tc.not, out)
+		}
+	}
+}
