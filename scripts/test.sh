@@ -22,6 +22,20 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+# No build output or other bulk in the repository: every tracked file over
+# 1 MB must be a fixture named in scripts/large-files.allow (one path a line,
+# with why it is there). A 31 MB broker-agg binary was once committed.
+echo "== tracked files over 1 MB"
+if git rev-parse --git-dir >/dev/null 2>&1; then
+  large=$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$1 > 1048576 {print $2}' |
+    grep -vxF -f <(grep -v '^#' scripts/large-files.allow | awk 'NF {print $1}') || true)
+  if [ -n "$large" ]; then
+    echo "tracked files over 1 MB that are not documented fixtures: $large" >&2
+    echo "remove them (git rm --cached; build outputs are ignored by .gitignore) or list them in scripts/large-files.allow with the reason" >&2
+    exit 1
+  fi
+fi
+
 echo "== go vet"
 go vet ./...
 # golangci-lint's gofmt (below) sees only what the default build compiles;
