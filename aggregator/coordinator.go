@@ -9,11 +9,13 @@
 //
 // # Round life cycle
 //
-// A round is announced once it has waited Config.Settle (from the previous
-// round's aggregation, or from the first event at start-up) and at least
-// Quorum online clients can be selected; Settle lets the burst of retained
-// status messages at start-up, or clients reconnecting, arrive before the
-// draw. With fewer than Quorum clients online the round waits, with no timer,
+// A round is announced once at least Quorum online clients can be selected
+// and nobody is expected (settleUntil): the first draw waits Config.Settle
+// from the first event, so that the burst of retained status messages at
+// start-up arrives before it; later draws wait up to Settle from the previous
+// round's aggregation only while a client that was online at the previous
+// draw is offline (it may be reconnecting), and otherwise follow the
+// aggregation at once. With fewer than Quorum clients online the round waits, with no timer,
 // until enough come online. Once announced, the round closes as soon as
 // every selected client has reported, or at the deadline if at least Quorum
 // have; a selected client that went offline is simply a straggler then.
@@ -100,8 +102,9 @@ type Config struct {
 	// MaxReselections bounds the re-selections per round; negative means
 	// unlimited (one every RoundTimeout+Extension while below quorum).
 	MaxReselections int
-	// Settle is how long a round waits for clients to come online before
-	// its selection is drawn (>= 0); 0 draws as soon as Quorum are online.
+	// Settle is how long a draw waits for expected clients that are not
+	// online (>= 0; settleUntil says who is expected); 0 draws as soon as
+	// Quorum are online.
 	Settle time.Duration
 	// Rounds is the total number of rounds; 0 runs forever.
 	Rounds int
@@ -509,6 +512,10 @@ type client struct {
 	// (0: none numbered). It is not part of State: after a restart the
 	// broker's retained statuses set it again.
 	conn uint64
+	// droppedAt is when the client last went offline (zero: never seen
+	// offline); settleUntil waits for a client that dropped after the
+	// previous draw.
+	droppedAt time.Time
 }
 
 // maxPending bounds the invitations remembered per client: a late update for
@@ -544,15 +551,18 @@ type Coordinator struct {
 	overdue      bool // a deadline passed below quorum: close on quorum
 	started      bool // waitingSince is set
 	waitingSince time.Time
-	closedAt     time.Time // CloseRound's or Finished's time
-	timer        time.Time // last SetTimer sent
-	late         int       // late updates (AcceptLate) since the last aggregation
-	counters     Counters
-	proposal     Event       // an accepted message awaiting Stored or StoreFailed (coordinator_propose.go)
-	applied      uint64      // the replay log index of the last stored message applied (coordinator_replay.go)
-	fed          fedState    // the statistics phase, evaluations, stopping rules
-	dp           dpState     // the accountant (Config.DP)
-	sa           secAggState // the round's secure aggregation (Config.SecAgg)
+	// lastDraw is when the last selection was drawn (zero: none yet);
+	// settleUntil uses it.
+	lastDraw time.Time
+	closedAt time.Time // CloseRound's or Finished's time
+	timer    time.Time // last SetTimer sent
+	late     int       // late updates (AcceptLate) since the last aggregation
+	counters Counters
+	proposal Event       // an accepted message awaiting Stored or StoreFailed (coordinator_propose.go)
+	applied  uint64      // the replay log index of the last stored message applied (coordinator_replay.go)
+	fed      fedState    // the statistics phase, evaluations, stopping rules
+	dp       dpState     // the accountant (Config.DP)
+	sa       secAggState // the round's secure aggregation (Config.SecAgg)
 }
 
 // New returns a coordinator waiting to announce round 1. The waiting (for
@@ -799,6 +809,9 @@ func (c *Coordinator) clientOffline(e ClientOffline) []Decision {
 	// An offline selected client stays selected: it may come back before the
 	// deadline, and at the deadline it is simply a straggler.
 	cl := c.register(e.ID)
+	if cl.online {
+		cl.droppedAt = norm(e.At)
+	}
 	cl.online = false
 	cl.conn = max(cl.conn, e.Conn)
 	return nil
@@ -990,9 +1003,10 @@ func (c *Coordinator) selectable(pool []string) bool {
 
 func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
 	pool := c.pool()
-	if !c.selectable(pool) || at.Before(c.waitingSince.Add(c.cfg.Settle)) {
+	if !c.selectable(pool) || at.Before(c.settleUntil()) {
 		return out
 	}
+	c.lastDraw = at
 	attempt := c.attempts
 	if attempt == 0 && c.EvalAt(c.round) {
 		c.askEval(c.round - 1)
@@ -1087,6 +1101,29 @@ func (c *Coordinator) aggregated(e AggregatedRound, at time.Time) []Decision {
 	return nil
 }
 
+// settleUntil is when the draw stops waiting for Settle; zero when it need
+// not wait. Settle waits for sites that are expected but not online yet:
+// after the coordinator starts or restarts (when the sites' retained
+// statuses arrive in a burst and the coordinator cannot know who is still
+// coming) the first draw waits the whole Settle; after that a draw waits
+// only while a site that was online at the previous draw is offline (a
+// reconnect, an agent restart), and never longer than Settle from the start
+// of the wait. A round whose expected sites are all online is drawn the
+// moment the previous one closes; a site already offline at the previous
+// draw is not waited for again.
+func (c *Coordinator) settleUntil() time.Time {
+	end := c.waitingSince.Add(c.cfg.Settle)
+	if c.lastDraw.IsZero() {
+		return end
+	}
+	for _, cl := range c.clients {
+		if !cl.online && cl.droppedAt.After(c.lastDraw) {
+			return end
+		}
+	}
+	return time.Time{}
+}
+
 // wantTimer is when the current phase needs a Tick.
 func (c *Coordinator) wantTimer() time.Time {
 	switch c.phase {
@@ -1094,7 +1131,7 @@ func (c *Coordinator) wantTimer() time.Time {
 		return c.deadline
 	case PhaseWaiting:
 		if c.selectable(c.pool()) {
-			return c.waitingSince.Add(c.cfg.Settle)
+			return c.settleUntil()
 		}
 	case PhaseStatistics:
 		if c.attempts > 0 && !c.overdue {

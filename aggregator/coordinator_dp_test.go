@@ -23,7 +23,7 @@ func dpCoordConfig(budgetRounds int) Config {
 // round closes and is aggregated.
 func dpRound(t *testing.T, c *Coordinator, base int) []Decision {
 	t.Helper()
-	a := only[Announce](t, c.Step(Tick{At: ms(base + 50)}))
+	a := drawn(t, c, ms(base+50))
 	var out []Decision
 	for i, id := range a.Selected {
 		out = append(out, c.Step(upd(id, a.Round, base+100+i))...)

@@ -35,7 +35,7 @@ func TestDeclaredTransformSkipsStatistics(t *testing.T) {
 	// Eval round 1 (asked for by round 2's announcement) completes once
 	// the three contributors reported; the fourth site, which sent no
 	// update, is not waited for.
-	a2 := only[Announce](t, c.Step(Tick{At: ms(1100)}))
+	a2 := drawn(t, c, ms(1100))
 	for i, id := range sent {
 		out := c.Step(evalAt(id, 1, 1200+i))
 		if complete := len(ofType[EvalComplete](out)) == 1; complete != (i == 2) {

@@ -60,15 +60,17 @@ func TestCloseRoundFinal(t *testing.T) {
 		c := mustNew(t, cfg)
 		bringOnline(c, ms(0), "a", "b", "c")
 		now := 50
+		next := c.Step(Tick{At: ms(now)}) // round 1 after Settle; later rounds at once
 		for r, want := range tc.final {
-			a := only[Announce](t, c.Step(Tick{At: ms(now)}))
+			a := only[Announce](t, next)
 			ds := stepAll(c, upd("a", r+1, now+1), upd("b", r+1, now+1), upd("c", r+1, now+1))
 			cr := only[CloseRound](t, ds)
 			if cr.Final != want {
 				t.Fatalf("rounds %d, round %d (%v): Final %v, want %v", tc.rounds, r+1, a.Selected, cr.Final, want)
 			}
 			mustEqual(t, "Resume's CloseRound", only[CloseRound](t, restored(t, cfg, c).Resume()), cr)
-			fin := ofType[Finished](c.Step(AggregatedRound{Round: r + 1, At: ms(now + 10)}))
+			next = c.Step(AggregatedRound{Round: r + 1, At: ms(now + 10)})
+			fin := ofType[Finished](next)
 			if (len(fin) == 1) != want {
 				t.Fatalf("rounds %d, round %d: Finished %v after a CloseRound with Final %v", tc.rounds, r+1, fin, want)
 			}
@@ -123,8 +125,7 @@ func TestLateCount(t *testing.T) {
 			if cr := only[CloseRound](t, c.Step(Tick{At: ms(1050)})); cr.Late != 0 {
 				t.Fatalf("round 1 Late %d", cr.Late)
 			}
-			c.Step(AggregatedRound{Round: 1, At: ms(1100)})
-			a := only[Announce](t, c.Step(Tick{At: ms(1150)}))
+			a := only[Announce](t, c.Step(AggregatedRound{Round: 1, At: ms(1100)}))
 			for _, u := range tc.late {
 				c.Step(u)
 			}

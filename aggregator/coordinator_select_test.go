@@ -78,9 +78,10 @@ func TestCoordinatorPoissonDraw(t *testing.T) {
 			bringOnline(c, ms(0), pool...)
 			sizes := map[int]bool{}
 			acc := dp.NewAccountant(nil)
+			base := 10000
+			var carried []Decision // every site online: a round is drawn when the previous one is aggregated
 			for r := 1; r <= 12; r++ {
-				base := r * 10000
-				ds := c.Step(Tick{At: ms(base)})
+				ds := append(carried, c.Step(Tick{At: ms(base)})...)
 				a := only[Announce](t, ds)
 				if want := wantDraw(cfg.Selector, pool, cfg.K, r, cfg.Seed, tc.key); !slices.Equal(a.Selected, want) {
 					t.Fatalf("round %d: selected %v, the draw is %v", r, a.Selected, want)
@@ -97,11 +98,14 @@ func TestCoordinatorPoissonDraw(t *testing.T) {
 				if len(crs) != 1 || crs[0].Denominator != tc.wantM || len(crs[0].Contributors) != len(a.Selected) {
 					t.Fatalf("round %d: closes %+v, want one close of %d contributors over %d", r, crs, len(a.Selected), tc.wantM)
 				}
-				c.Step(AggregatedRound{Round: r, At: ms(base + 500)})
+				// Charged at the close (an empty draw closes the moment
+				// it is drawn, before the previous aggregation returns).
 				_ = acc.Step(tc.wantQ, cfg.DP.Noise)
 				if eps, n, _ := c.Privacy(); n != uint64(r) || eps != must(acc.Epsilon(cfg.DP.Delta)) {
 					t.Fatalf("round %d: epsilon %v after %d charges, want %v", r, eps, n, must(acc.Epsilon(cfg.DP.Delta)))
 				}
+				base += 500
+				carried = c.Step(AggregatedRound{Round: r, At: ms(base)})
 			}
 			if tc.wantQ < 1 && len(sizes) < 2 {
 				t.Errorf("every round drew the same number of sites: %v", sizes)
@@ -149,7 +153,7 @@ func TestCoordinatorEmptyRound(t *testing.T) {
 	mustEqual(t, "resumed while closing", restored(t, cfg, c).Resume(), []Decision{ds[1]})
 	c.Step(AggregatedRound{Round: 1, At: ms(200)})
 	mustEqual(t, "next round", c.Round(), 2)
-	if a := only[Announce](t, c.Step(Tick{At: ms(300)})); a.Round != 2 || len(a.Selected) != 0 {
+	if a := drawn(t, c, ms(300)); a.Round != 2 || len(a.Selected) != 0 {
 		t.Fatalf("round 2: %+v", a)
 	}
 }
@@ -252,15 +256,16 @@ func TestCoordinatorSitePrivacy(t *testing.T) {
 	c := mustNew(t, cfg)
 	bringOnline(c, ms(0), "a", "b", "c")
 	// a reports every round, b every other round, c never (a straggler).
+	base := 10000
 	for r := 1; r <= 4; r++ {
-		base := r * 10000
-		c.Step(Tick{At: ms(base)})
+		c.Step(Tick{At: ms(base)}) // round 1 after Settle; later rounds were drawn when the previous was aggregated
 		c.Step(upd("a", r, base+100))
 		if r%2 == 0 {
 			c.Step(upd("b", r, base+110))
 		}
 		only[CloseRound](t, c.Step(Tick{At: ms(base + 1000)}))
-		c.Step(AggregatedRound{Round: r, At: ms(base + 2000)})
+		base += 2000
+		c.Step(AggregatedRound{Round: r, At: ms(base)})
 		want := dp.EpsilonAfter(1, cfg.DP.Noise, r, cfg.DP.Delta, nil)
 		eps, n, ok := c.SitePrivacy()
 		if !ok || n != uint64(r) || math.Abs(eps-want) > 1e-9*want {
@@ -307,7 +312,7 @@ func TestCoordinatorFixedRounds(t *testing.T) {
 				var starts []int
 				sizes := map[int]bool{}
 				for r := 1; r <= 6; r++ {
-					a := only[Announce](t, c.Step(Tick{At: ms(now)}))
+					a := drawn(t, c, ms(now))
 					starts = append(starts, now)
 					sizes[len(c.Snapshot().Selected)] = true
 					deadline := now + 1000
@@ -333,15 +338,15 @@ func TestCoordinatorFixedRounds(t *testing.T) {
 						t.Fatalf("round %d: phase %v closed at %v, want closed at %v", r, c.Phase(), c.Snapshot().ClosedAt, ms(closedAt))
 					}
 					c.Step(AggregatedRound{Round: r, At: ms(closedAt + 5)})
-					now = closedAt + 5 + 50 // Settle
+					now = closedAt + 5 // every site online: the next round is drawn at once
 				}
 				if tc.q == 0.5 && len(sizes) < 2 {
 					t.Fatalf("q = 0.5 drew rounds of sizes %v only: the case shows nothing", sizes)
 				}
 				if fixed {
 					for i := 1; i < len(starts); i++ {
-						if d := starts[i] - starts[i-1]; d != 1055 {
-							t.Fatalf("rounds %d and %d started %d ms apart, want 1055 (deadline, aggregation, settle)", i, i+1, d)
+						if d := starts[i] - starts[i-1]; d != 1005 {
+							t.Fatalf("rounds %d and %d started %d ms apart, want 1005 (deadline, aggregation)", i, i+1, d)
 						}
 					}
 				}

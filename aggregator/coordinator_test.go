@@ -51,6 +51,22 @@ func only[T Decision](t *testing.T, ds []Decision) T {
 }
 
 // stepAll steps the events in order and returns all decisions.
+// drawn steps a Tick at `at` and returns the current round's announcement:
+// the Tick's own (the first round, once Settle has passed), or, when the
+// round was drawn the moment the previous one was aggregated (every expected
+// site online: settleUntil), the one decided then, read back from the state.
+func drawn(t *testing.T, c *Coordinator, at time.Time) Announce {
+	t.Helper()
+	if a := ofType[Announce](c.Step(Tick{At: at})); len(a) == 1 {
+		return a[0]
+	}
+	s := c.Snapshot()
+	if s.Phase == PhaseWaiting || s.Attempts == 0 {
+		t.Fatalf("round %d not drawn by %v (phase %v)", s.Round, at, s.Phase)
+	}
+	return Announce{Round: s.Round, Attempt: s.Attempts - 1, Selected: s.Selected, Deadline: s.Deadline}
+}
+
 func stepAll(c *Coordinator, evs ...Event) []Decision {
 	var out []Decision
 	for _, ev := range evs {
@@ -156,7 +172,7 @@ func TestScenarios(t *testing.T) {
 		check func(*testing.T, Counters)
 	}{
 		{
-			name: "all selected report: closes immediately, next round settles",
+			name: "all selected report: closes immediately, next round drawn at once",
 			steps: []script{
 				{Tick{At: ms(10)}, nil}, // before Settle: nothing
 				{Tick{At: ms(50)}, announce},
@@ -170,11 +186,49 @@ func TestScenarios(t *testing.T) {
 					cancel,
 				}},
 				{Tick{At: ms(1050)}, nil}, // a stale timer firing is harmless
-				{AggregatedRound{Round: 1, At: ms(400)}, []Decision{SetTimer{At: ms(450)}}},
-				{Tick{At: ms(450)}, []Decision{Announce{Round: 2, Selected: abc, Deadline: ms(1450)}, SetTimer{At: ms(1450)}}},
+				// Every site is online: nobody to settle for.
+				{AggregatedRound{Round: 1, At: ms(400)}, []Decision{Announce{Round: 2, Selected: abc, Deadline: ms(1400)}, SetTimer{At: ms(1400)}}},
 			},
 			check: func(t *testing.T, n Counters) {
 				mustEqual(t, "counters", n, Counters{Accepted: 3, PartialUpdates: 1, RoundsClosed: 1})
+			},
+		},
+		{
+			name: "a site that dropped during the round is waited for up to Settle",
+			steps: []script{
+				{Tick{At: ms(50)}, announce},
+				{ClientOffline{ID: "c", At: ms(80)}, nil},
+				{UpdateArrived{Client: "a", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "a"}}},
+				{UpdateArrived{Client: "b", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "b"}}},
+				{Tick{At: ms(1050)}, []Decision{
+					CloseRound{Round: 1, Contributors: []string{"a", "b"}, Partial: []string{}, Stragglers: []string{"c"}, At: ms(1050)},
+					cancel,
+				}},
+				{AggregatedRound{Round: 1, At: ms(1100)}, []Decision{SetTimer{At: ms(1150)}}},
+				{ClientOnline{ID: "c", Samples: 10, At: ms(1120)}, []Decision{Announce{Round: 2, Selected: abc, Deadline: ms(2120)}, SetTimer{At: ms(2120)}}},
+			},
+		},
+		{
+			name: "a site offline since before the draw is not waited for again",
+			steps: []script{
+				{Tick{At: ms(50)}, announce},
+				{ClientOffline{ID: "c", At: ms(80)}, nil},
+				{UpdateArrived{Client: "a", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "a"}}},
+				{UpdateArrived{Client: "b", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "b"}}},
+				{Tick{At: ms(1050)}, []Decision{
+					CloseRound{Round: 1, Contributors: []string{"a", "b"}, Partial: []string{}, Stragglers: []string{"c"}, At: ms(1050)},
+					cancel,
+				}},
+				{AggregatedRound{Round: 1, At: ms(1100)}, []Decision{SetTimer{At: ms(1150)}}},
+				{Tick{At: ms(1150)}, []Decision{Announce{Round: 2, Selected: []string{"a", "b"}, Deadline: ms(2150)}, SetTimer{At: ms(2150)}}},
+				{UpdateArrived{Client: "a", Round: 2, At: ms(1200)}, []Decision{Accept{Round: 2, Client: "a"}}},
+				{UpdateArrived{Client: "b", Round: 2, At: ms(1200)}, []Decision{
+					Accept{Round: 2, Client: "b"},
+					CloseRound{Round: 2, Contributors: []string{"a", "b"}, Partial: []string{}, Stragglers: []string{}, At: ms(1200)},
+					cancel,
+				}},
+				// c dropped before round 2's draw: round 3 does not wait for it.
+				{AggregatedRound{Round: 2, At: ms(1250)}, []Decision{Announce{Round: 3, Selected: []string{"a", "b"}, Deadline: ms(2250)}, SetTimer{At: ms(2250)}}},
 			},
 		},
 		{
@@ -384,8 +438,8 @@ func TestLateUpdates(t *testing.T) {
 	}
 	nextRound := func(t *testing.T, c *Coordinator) {
 		t.Helper()
-		c.Step(AggregatedRound{Round: 1, At: ms(1100)})
-		a := only[Announce](t, c.Step(Tick{At: ms(1150)}))
+		// Every client is online: round 2 is drawn the moment round 1 is aggregated.
+		a := only[Announce](t, c.Step(AggregatedRound{Round: 1, At: ms(1100)}))
 		if a.Round != 2 {
 			t.Fatalf("announce %+v", a)
 		}
@@ -477,7 +531,7 @@ func TestOfflineThird(t *testing.T) {
 			back := map[string]bool{}
 			for r := 1; r <= 12; r++ {
 				now += 50
-				a := only[Announce](t, c.Step(Tick{At: ms(now)}))
+				a := drawn(t, c, ms(now))
 				if a.Round != r {
 					t.Fatalf("announce %+v, want round %d", a, r)
 				}
@@ -543,7 +597,7 @@ func TestSelectionDeterminism(t *testing.T) {
 		var sels [][]string
 		now := 50
 		for r := 1; r <= 5; r++ {
-			a := only[Announce](t, c.Step(Tick{At: ms(now)}))
+			a := drawn(t, c, ms(now))
 			sels = append(sels, a.Selected)
 			ds := stepAll(c, upd(a.Selected[0], r, now+1), upd(a.Selected[1], r, now+2), upd(a.Selected[2], r, now+3))
 			only[CloseRound](t, ds)
@@ -853,12 +907,16 @@ func TestFailingSitesAreNotSelected(t *testing.T) {
 	bringOnline(c, ms(0), "s1", "s2", "s3")
 	c.Step(ClientOnline{ID: "s4", Samples: 10, Failing: true, At: ms(0)})
 	for r := 1; r <= 4; r++ {
-		a := only[Announce](t, c.Step(Tick{At: ms(100 * r)}))
+		a := drawn(t, c, ms(100*r))
 		if slices.Contains(a.Selected, "s4") {
 			t.Fatalf("round %d selected the failing site: %v", r, a.Selected)
 		}
 		ds := stepAll(c, upd(a.Selected[0], r, 100*r+1), upd(a.Selected[1], r, 100*r+2), upd(a.Selected[2], r, 100*r+3))
 		only[CloseRound](t, ds)
+		if r == 4 {
+			// s1 drops before round 4 is aggregated: round 5 is not drawn at once.
+			c.Step(ClientOffline{ID: "s1", At: ms(100*r + 40)})
+		}
 		c.Step(AggregatedRound{Round: r, At: ms(100*r + 50)})
 	}
 	// The failing flag survives Snapshot/Restore.
@@ -867,8 +925,6 @@ func TestFailingSitesAreNotSelected(t *testing.T) {
 	if err := d.Restore(st); err != nil {
 		t.Fatal(err)
 	}
-	c.Step(ClientOffline{ID: "s1", At: ms(560)})
-	d.Step(ClientOffline{ID: "s1", At: ms(560)})
 	for _, co := range []*Coordinator{c, d} {
 		if ds := co.Step(Tick{At: ms(600)}); len(ds) != 0 {
 			for _, x := range ds {

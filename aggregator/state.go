@@ -34,13 +34,17 @@ type State struct {
 	Overdue  bool       `json:"overdue,omitempty"`
 	// Started is false until the first event; WaitingSince is when the
 	// round (or its re-selection) started waiting, for Settle.
-	Started      bool          `json:"started,omitempty"`
-	WaitingSince time.Time     `json:"waiting_since"`
-	ClosedAt     time.Time     `json:"closed_at"`      // when Round closed (or finished)
-	Timer        time.Time     `json:"timer"`          // the last SetTimer sent
-	Late         int           `json:"late,omitempty"` // late updates since the last aggregation
-	Clients      []ClientState `json:"clients,omitempty"`
-	Counters     Counters      `json:"counters"`
+	Started      bool      `json:"started,omitempty"`
+	WaitingSince time.Time `json:"waiting_since"`
+	// LastDraw is when the last selection was drawn (zero before the
+	// first); between rounds Settle waits only for sites that dropped
+	// after it (Coordinator.settleUntil).
+	LastDraw time.Time     `json:"last_draw,omitzero"`
+	ClosedAt time.Time     `json:"closed_at"`      // when Round closed (or finished)
+	Timer    time.Time     `json:"timer"`          // the last SetTimer sent
+	Late     int           `json:"late,omitempty"` // late updates since the last aggregation
+	Clients  []ClientState `json:"clients,omitempty"`
+	Counters Counters      `json:"counters"`
 	// SelectorName and Selector hold a stateful selector's own state (see
 	// Config.Selector); Restore applies it only to a selector of that name.
 	SelectorName string          `json:"selector_name,omitempty"`
@@ -88,6 +92,8 @@ type ClientState struct {
 	HasLoss   bool    `json:"has_loss,omitempty"`
 	LastRound int     `json:"last_round,omitempty"` // latest round with a stored update
 	Pending   []int   `json:"pending,omitempty"`    // rounds invited to, not reported, ascending
+	// DroppedAt is when the site last went offline (Coordinator.settleUntil).
+	DroppedAt time.Time `json:"dropped_at,omitzero"`
 }
 
 // Snapshot returns a deep copy of the state, with every list sorted so that
@@ -104,6 +110,7 @@ func (c *Coordinator) Snapshot() State {
 		Overdue:      c.overdue,
 		Started:      c.started,
 		WaitingSince: c.waitingSince,
+		LastDraw:     c.lastDraw,
 		ClosedAt:     c.closedAt,
 		Timer:        c.timer,
 		Late:         c.late,
@@ -132,7 +139,7 @@ func (c *Coordinator) Snapshot() State {
 	}
 	slices.SortFunc(s.Received, func(a, b Received) int { return cmp.Compare(a.Client, b.Client) })
 	for id, cl := range c.clients {
-		cs := ClientState{ID: id, Samples: cl.samples, Online: cl.online, Failing: cl.failing, LastRound: cl.lastRound}
+		cs := ClientState{ID: id, Samples: cl.samples, Online: cl.online, Failing: cl.failing, LastRound: cl.lastRound, DroppedAt: cl.droppedAt}
 		if len(cl.pending) > 0 { // nil when empty, as JSON gives it back
 			cs.Pending = slices.Clone(cl.pending)
 		}
@@ -166,7 +173,7 @@ func (c *Coordinator) Restore(s State) error {
 	}
 	clients := make(map[string]*client, len(s.Clients))
 	for _, cs := range s.Clients {
-		cl := &client{samples: cs.Samples, online: cs.Online, failing: cs.Failing, loss: math.NaN(), lastRound: cs.LastRound, pending: slices.Clone(cs.Pending)}
+		cl := &client{samples: cs.Samples, online: cs.Online, failing: cs.Failing, loss: math.NaN(), lastRound: cs.LastRound, pending: slices.Clone(cs.Pending), droppedAt: norm(cs.DroppedAt)}
 		if cs.HasLoss {
 			cl.loss = cs.Loss
 		}
@@ -192,6 +199,7 @@ func (c *Coordinator) Restore(s State) error {
 	c.extended, c.overdue = s.Extended, s.Overdue
 	c.started = s.Started
 	c.waitingSince = norm(s.WaitingSince)
+	c.lastDraw = norm(s.LastDraw)
 	c.closedAt = norm(s.ClosedAt)
 	c.timer = norm(s.Timer)
 	c.late = s.Late
