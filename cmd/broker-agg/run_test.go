@@ -586,6 +586,10 @@ func TestDemoPrintsAccuracyNextToTheOptimum(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("demo: exit %d\n%s%s", code, out, errOut)
 	}
+	// The first line says how long the demo takes (1 s + 9 site-rounds x 20 ms).
+	if first, _, _ := strings.Cut(out, "\n"); !strings.HasSuffix(first, "; about 1 s on a 2-core machine") {
+		t.Errorf("the first line does not say how long the demo takes: %q", first)
+	}
 	row := regexp.MustCompile(`(?m)^\s+(\d+)\s+3/3\s+0\s+(\S+)\s+([0-9.]+)%`)
 	rows := row.FindAllStringSubmatch(out, -1)
 	if len(rows) != 3 {
