@@ -129,7 +129,7 @@ func TestHospitalExample(t *testing.T) {
 		edges = append(edges, e)
 	}
 
-	agg.waitFinished(180 * time.Second)
+	waitFinishedWith(agg, edges, 180*time.Second)
 	final := filepath.Join(aggDir, "final.bundle.json")
 	waitFor(t, 60*time.Second, "the aggregator's final.bundle.json", func() (bool, error) {
 		_, err := os.Stat(final)
@@ -206,4 +206,19 @@ func TestHospitalExample(t *testing.T) {
 		t.Fatalf("edge-agent evaluate --json at cleveland: %v: %s", err, out)
 	}
 	stopFederation(t, agg, edges...)
+}
+
+// waitFinishedWith waits until the aggregator has finished its run, and
+// fails at once when it or one of the sites exits first (a configuration
+// the daemon refuses).
+func waitFinishedWith(agg *aggregator, edges []*edge, timeout time.Duration) {
+	agg.t.Helper()
+	agg.waitMetrics(timeout, "the federation to finish", func(m metrics) bool {
+		for _, e := range edges {
+			if !e.p.alive() {
+				agg.t.Fatalf("%s exited (%v):\n%s", e.id, e.p.exitError(), e.p.tail(10))
+			}
+		}
+		return m["edgefl_aggregator_finished"] == 1
+	})
 }
