@@ -9,7 +9,9 @@
 // (deploy/mosquitto/edgefl.acl) and password files written by
 // `broker-agg pki passwd`. Nothing sleeps for timing: every wait polls an
 // observable (the aggregator's /metrics, a JSON log line, a process exit)
-// under a deadline.
+// under a deadline. TestHospitalExample and TestGenericExampleConfigs run
+// the shipped configuration files of deploy/ instead of generated ones (each
+// lists in its comment the few settings it changes).
 //
 // Run it alone, it uses both cores for a couple of minutes:
 //

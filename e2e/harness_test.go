@@ -190,6 +190,13 @@ type proc struct {
 // process is killed when the test ends, if still running.
 func startProc(t *testing.T, dir, name string, stdin io.Reader, bin string, args ...string) *proc {
 	t.Helper()
+	return startProcIn(t, dir, name, "", stdin, bin, args...)
+}
+
+// startProcIn is startProc with the process's working directory cwd (""
+// the test's own): for configuration files whose paths are relative.
+func startProcIn(t *testing.T, dir, name, cwd string, stdin io.Reader, bin string, args ...string) *proc {
+	t.Helper()
 	logPath := filepath.Join(dir, name+".log")
 	for i := 2; ; i++ { // a restart gets its own file
 		if _, err := os.Stat(logPath); errors.Is(err, os.ErrNotExist) {
@@ -203,6 +210,7 @@ func startProc(t *testing.T, dir, name string, stdin io.Reader, bin string, args
 	}
 	p := &proc{t: t, name: name, logPath: logPath, changed: make(chan struct{}), exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
+	p.cmd.Dir = cwd
 	p.cmd.Stdin = stdin
 	outR, outW := io.Pipe()
 	p.cmd.Stdout, p.cmd.Stderr = outW, outW

@@ -176,16 +176,18 @@ func TestRunFailedStartLeavesNoState(t *testing.T) {
 }
 
 // TestRunExampleConfig: deploy/broker-agg.example.conf uses only keys that
-// `run` knows, with values it accepts.
+// `run` knows, with values it accepts, and with deploy/schema.example.json
+// installed where it says (its schema) is a valid server configuration.
 func TestRunExampleConfig(t *testing.T) {
 	fs, f := serveFlagSet(io.Discard)
 	if err := parseFlags(fs, []string{"--config", "../../deploy/broker-agg.example.conf"}, &f.config); err != nil {
 		t.Fatal(err)
 	}
 	if f.federation != "ward-7" || f.k != 10 || f.quorum != 0.6 || f.roundTimeout != 5*time.Minute || f.algo != "fedproxsplit" ||
-		f.inputs != 784 || f.classes != 10 || f.maxPacket != 16<<20 || f.tlsClientCA == "" || f.allowAnonymous || f.metricsAddr != "127.0.0.1:9464" {
+		f.inputs != 0 || f.classes != 0 || f.schema != "/etc/edgefl/schema.json" || f.maxPacket != 16<<20 || f.tlsClientCA == "" || f.allowAnonymous || f.metricsAddr != "127.0.0.1:9464" {
 		t.Fatalf("example parsed as %+v", *f)
 	}
+	f.schema = "../../deploy/schema.example.json" // installed as /etc/edgefl/schema.json
 	if _, err := f.serverConfig(newDiscardLogger()); err != nil {
 		t.Fatalf("the example's server configuration: %v", err)
 	}
@@ -585,6 +587,10 @@ func TestDemoPrintsAccuracyNextToTheOptimum(t *testing.T) {
 	code, out, errOut := runCLI(t, "demo", "--clients", "3", "--rounds", "3", "--max-epochs", "2", "--seed", "2")
 	if code != 0 {
 		t.Fatalf("demo: exit %d\n%s%s", code, out, errOut)
+	}
+	// The first line says how long the demo takes (1 s + 9 site-rounds x 20 ms).
+	if first, _, _ := strings.Cut(out, "\n"); !strings.HasSuffix(first, "; about 1 s on a 2-core machine") {
+		t.Errorf("the first line does not say how long the demo takes: %q", first)
 	}
 	row := regexp.MustCompile(`(?m)^\s+(\d+)\s+3/3\s+0\s+(\S+)\s+([0-9.]+)%`)
 	rows := row.FindAllStringSubmatch(out, -1)

@@ -43,8 +43,8 @@ func TestExampleConfigDocumentsEveryOption(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("the example does not validate: %v", err)
 	}
-	if cfg.SiteID != "hospital-north" || cfg.Federation != "cardiology" || !slices.Equal(cfg.Brokers, []string{"ssl://aggregator.cardiology.example:8883"}) ||
-		cfg.CertFile == "" || cfg.PasswordFile != "/run/credentials/edge-agent.service/broker.password" || cfg.Local.MaxSeconds != 120 ||
+	if cfg.SiteID != "hospital-north" || cfg.Federation != "ward-7" || !slices.Equal(cfg.Brokers, []string{"ssl://agg.ward7.example:8883"}) ||
+		cfg.CertFile != "/etc/edgefl/pki/clients/hospital-north.crt" || cfg.PasswordFile != "" || cfg.Local.MaxSeconds != 120 ||
 		cfg.Local.DeadlineMargin != time.Second || cfg.DataClient != -1 || cfg.SoftwareVersion != "v1.2.3" || cfg.LogFormat != "text" {
 		t.Fatalf("example parsed as %+v", cfg)
 	}
