@@ -59,10 +59,23 @@ func (b *Bundle) EvaluateCSV(path, label string) (evaluate.Report, error) {
 	return evaluate.Classification(out, t.Labels, k)
 }
 
+// PredictOptions are PredictCSV's choices of output columns.
+type PredictOptions struct {
+	// Keep are input columns copied to the output, first.
+	Keep []string
+	// RawLabel adds "prediction_raw" after "prediction" (classification):
+	// the first raw label value the schema maps to the predicted class.
+	RawLabel bool
+}
+
 // PredictCSV writes one row per row of in to out (atomically): the kept
-// columns, "prediction" (the predicted class's raw label value, or the
-// value for regression) and, for classification, "p_<class>" per class.
-func (b *Bundle) PredictCSV(in, out string, keep []string) (rows int, err error) {
+// columns, "prediction" (the predicted class's name from the schema, or
+// the value for regression), with opt.RawLabel "prediction_raw" (the
+// class's first raw label value: a class is named so that a raw code such
+// as 1 is not read as a severity) and, for classification, "p_<class>"
+// per class.
+func (b *Bundle) PredictCSV(in, out string, opt PredictOptions) (rows int, err error) {
+	keep := opt.Keep
 	raw, err := os.ReadFile(in)
 	if err != nil {
 		return 0, err
@@ -102,6 +115,11 @@ func (b *Bundle) PredictCSV(in, out string, keep []string) (rows int, err error)
 	w := csv.NewWriter(&buf)
 	header := append([]string{}, keep...)
 	header = append(header, "prediction")
+	withRaw := opt.RawLabel && k > 1
+	if withRaw {
+		header = append(header, "prediction_raw")
+	}
+	probCol := len(header) // the first p_<class> column
 	if k > 1 {
 		for _, c := range b.Schema.Label.Classes {
 			header = append(header, "p_"+c.Name)
@@ -122,9 +140,12 @@ func (b *Bundle) PredictCSV(in, out string, keep []string) (rows int, err error)
 				if row[c] > row[best] {
 					best = c
 				}
-				rec[len(keep)+1+c] = strconv.FormatFloat(row[c], 'g', -1, 64)
+				rec[probCol+c] = strconv.FormatFloat(row[c], 'g', -1, 64)
 			}
-			rec[len(keep)] = b.Schema.RawLabel(best)
+			rec[len(keep)] = b.Schema.Label.Classes[best].Name
+			if withRaw {
+				rec[len(keep)+1] = b.Schema.RawLabel(best)
+			}
 		}
 		w.Write(rec)
 	}
