@@ -605,9 +605,14 @@ func (a *Agent) roundDone(act action) {
 		case ActionSolved:
 			a.stats.roundsSolved.Add(1)
 			r := res.Update.Report
-			lg.Info("round solved", "algorithm", ann.Algorithm, "gamma", r.AchievedGamma, "epochs", r.Epochs,
+			args := []any{"algorithm", ann.Algorithm, "gamma", r.AchievedGamma, "epochs", r.Epochs,
 				"grad_evals", r.GradEvals, "seconds", r.Seconds, "loss", r.LocalLoss, "anchor_loss", r.AnchorLoss,
-				"stop", r.StopReason.String(), "partial", r.Partial, "bytes", len(res.Msg))
+				"stop", r.StopReason.String(), "partial", r.Partial, "bytes", len(res.Msg)}
+			if r.Partial {
+				// "partial" alone reads as a fault: say what it is.
+				args = append(args, "partial_why", partialWhy(r, ann.GetParams().GetGamma()))
+			}
+			lg.Info("round solved", args...)
 		case ActionResend:
 			lg.Info("round already applied; re-sending its unreceipted update")
 		case ActionSecAgg:

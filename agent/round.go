@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/edgefl/edgefl/internal/clock"
@@ -789,6 +790,26 @@ func stopReason(stop string) wire.StopReason {
 		return wire.StopReason_STOP_REASON_SIGNAL
 	}
 	return wire.StopReason_STOP_REASON_UNSPECIFIED // stalled: no wire code for it
+}
+
+// partialWhy is the agent's one-line explanation of a partial report
+// (wire.PartialMeans): the stop reason and the achieved against the
+// target gamma.
+func partialWhy(r *wire.WorkReport, target float64) string {
+	by := strings.ToLower(strings.TrimPrefix(r.StopReason.String(), "STOP_REASON_"))
+	switch r.StopReason {
+	case wire.StopReason_STOP_REASON_MAX_EPOCHS:
+		by = "the epoch budget (max_epochs)"
+	case wire.StopReason_STOP_REASON_MAX_GRAD_EVALS:
+		by = "the gradient-evaluation budget"
+	case wire.StopReason_STOP_REASON_DEADLINE:
+		by = "the round's deadline or the time budget"
+	case wire.StopReason_STOP_REASON_SIGNAL:
+		by = "a newer round (pre-empted)"
+	case wire.StopReason_STOP_REASON_ERROR:
+		return "the local solve diverged; the received model is sent back unchanged"
+	}
+	return fmt.Sprintf("stopped by %s before reaching the target gamma %g (achieved %.3g); the work is sent and used", by, target, r.AchievedGamma)
 }
 
 // workReport fills the wire report from the solver's. Non-finite values

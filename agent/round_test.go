@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -620,5 +621,24 @@ func TestHandleNewRun(t *testing.T) {
 	}
 	if id, err := h.Store.RunID(); err != nil || id != "run-B" {
 		t.Fatalf("stored run id %q, %v", id, err)
+	}
+}
+
+// A partial work report is explained where it is logged: what stopped the
+// solve, against which target gamma, and that the work is used.
+func TestPartialWhy(t *testing.T) {
+	for _, c := range []struct {
+		stop wire.StopReason
+		want string
+	}{
+		{wire.StopReason_STOP_REASON_MAX_EPOCHS, "stopped by the epoch budget (max_epochs) before reaching the target gamma 0.01 (achieved 0.25); the work is sent and used"},
+		{wire.StopReason_STOP_REASON_DEADLINE, "stopped by the round's deadline or the time budget before reaching the target gamma 0.01"},
+		{wire.StopReason_STOP_REASON_SIGNAL, "stopped by a newer round (pre-empted)"},
+		{wire.StopReason_STOP_REASON_ERROR, "diverged"},
+	} {
+		got := partialWhy(&wire.WorkReport{StopReason: c.stop, AchievedGamma: 0.25, Partial: true}, 0.01)
+		if !strings.Contains(got, c.want) {
+			t.Errorf("%v: %q, want %q", c.stop, got, c.want)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/edgefl/edgefl/evaluate"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/sitedata"
 )
 
 // ParseDataArg parses a --data value: csv:PATH[:label=COL].
@@ -57,6 +58,34 @@ func (b *Bundle) EvaluateCSV(path, label string) (evaluate.Report, error) {
 		return evaluate.Regression(out, t.Labels)
 	}
 	return evaluate.Classification(out, t.Labels, k)
+}
+
+// EvaluateHeldOutCSV is EvaluateCSV on exactly the rows of path that the
+// federation held out (the schema's hold-out rule: sitedata.Load's split),
+// through the transform the site applied (standardize = client: the
+// site's own numeric statistics of its training rows), as the agent
+// evaluates: run on the site's own data CSV, it reproduces the report the
+// site sent for the bundle's round (Evaluation.Sites), to the last digit.
+// A site with eval_data had that file as its held-out rows: evaluate it
+// with EvaluateCSV instead.
+func (b *Bundle) EvaluateHeldOutCSV(path, label string) (evaluate.Report, error) {
+	s := *b.Schema
+	if label != "" {
+		s.Label.Column = label
+	}
+	t, err := s.ReadCSVFile(path)
+	if err != nil {
+		return evaluate.Report{}, err
+	}
+	st := sitedata.FromTable(&s, t, path)
+	if len(st.Holdout) == 0 {
+		return evaluate.Report{}, fmt.Errorf("%s: none of its %d rows is held out by the schema (holdout %g)", path, t.Rows, s.Holdout)
+	}
+	_, holdout, err := st.Data(b.Transform)
+	if err != nil {
+		return evaluate.Report{}, err
+	}
+	return sitedata.Evaluate(b.Model.Spec, b.Model.Params, holdout)
 }
 
 // PredictOptions are PredictCSV's choices of output columns.
