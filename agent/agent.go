@@ -95,12 +95,13 @@ type Stats struct {
 	ReceiptsRetry    uint64 // INTERNAL rejections, kept in the outbox for a re-send
 	StatisticsSent   uint64 // statistics publishes (re-sends included)
 	EvaluationsSent  uint64 // evaluation report publishes (re-sends included)
+	LeftRuns         uint64 // announcements of a run this site has left, ignored
 }
 
 type counters struct {
 	connects, badMessages, badAnnouncements, roundsSolved, roundErrors, resent,
 	published, publishErrors, receiptsAccepted, receiptsRejected, receiptsRetry,
-	statisticsSent, evaluationsSent atomic.Uint64
+	statisticsSent, evaluationsSent, leftRuns atomic.Uint64
 }
 
 // Agent is the edge daemon: one MQTT session, one state file, one site's data.
@@ -210,7 +211,7 @@ func (a *Agent) Stats() Stats {
 		RoundsSolved: c.roundsSolved.Load(), RoundErrors: c.roundErrors.Load(), Resent: c.resent.Load(),
 		Published: c.published.Load(), PublishErrors: c.publishErrors.Load(),
 		ReceiptsAccepted: c.receiptsAccepted.Load(), ReceiptsRejected: c.receiptsRejected.Load(), ReceiptsRetry: c.receiptsRetry.Load(),
-		StatisticsSent: c.statisticsSent.Load(), EvaluationsSent: c.evaluationsSent.Load(),
+		StatisticsSent: c.statisticsSent.Load(), EvaluationsSent: c.evaluationsSent.Load(), LeftRuns: c.leftRuns.Load(),
 	}
 }
 
@@ -269,6 +270,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	a.runCtx, a.stop, a.store, a.client = runCtx, cancel, store, client
 	a.sess.store = sumStore{store}
+	if a.sess.run, a.sess.runSince, err = store.RunOrder(); err != nil {
+		a.mu.Unlock()
+		return stateFileErr(err)
+	}
 	a.handler = &RoundHandler{
 		ClientID: a.cfg.SiteID, InstanceID: a.instance, Federation: a.cfg.Federation, Store: store, Data: a.data,
 		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
@@ -510,6 +515,18 @@ func (a *Agent) do(act action) {
 	case actIgnored:
 		ann := act.ann
 		a.log.Debug("announcement of the finished run ignored", "run_id", ann.RunId, "round", ann.Round, "phase", ann.GetPhase().String())
+		a.observe(Event{Kind: EventRound, Round: ann.Round, Action: ActionIgnored})
+	case actLeftRun:
+		ann := act.ann
+		a.mu.Lock()
+		run, since := a.sess.run, a.sess.runSince
+		a.mu.Unlock()
+		a.log.Warn("announcement of a run this site has left ignored",
+			"why", "it was made before the run this site is in started: a stale copy (a broker restarted from an old persistence file?) or the aggregator's clock went back",
+			"run_id", ann.RunId, "round", ann.Round, "phase", ann.GetPhase().String(),
+			"created_at", time.UnixMilli(ann.CreatedAtUnixMs).UTC().Format(time.RFC3339Nano),
+			"current_run_id", run, "current_run_since", time.UnixMilli(since).UTC().Format(time.RFC3339Nano))
+		a.stats.leftRuns.Add(1)
 		a.observe(Event{Kind: EventRound, Round: ann.Round, Action: ActionIgnored})
 	case actRoundDone:
 		a.roundDone(act)

@@ -294,7 +294,16 @@ func (h *RoundHandler) startRun(ann *wire.RoundAnnouncement) error {
 	if ann.RunId == "" {
 		return nil
 	}
-	rs, err := h.Store.StartRun(ann.RunId)
+	run, since, err := h.Store.RunOrder()
+	if err != nil {
+		return h.diskErr(fmt.Errorf("agent: round %d: storage: start run: %w", ann.Round, err))
+	}
+	if leftRun(run, since, ann) {
+		// The session drops these; one that got here anyway (a race
+		// with the run's start) must not reset the round state either.
+		return bad(ann.Round, "run %s was announced at %d ms, before run %s this site is in (since %d ms): a run it has left", ann.RunId, ann.CreatedAtUnixMs, run, since)
+	}
+	rs, err := h.Store.StartRunAt(ann.RunId, ann.CreatedAtUnixMs)
 	if err != nil {
 		return h.diskErr(fmt.Errorf("agent: round %d: %w", ann.Round, err))
 	}

@@ -624,6 +624,37 @@ func TestHandleNewRun(t *testing.T) {
 	}
 }
 
+// An announcement of a run this site has left (older than the run it is
+// in, a stale retained copy) is refused as bad and leaves the round state
+// and the run order as they are; a newer run is taken.
+func TestHandleLeftRun(t *testing.T) {
+	h, _ := newHandler(t)
+	run := func(round uint64, id string, at int64) *wire.RoundAnnouncement {
+		a := announce(t, round, AlgoFedSplit, f32(testGlobal(round)))
+		a.RunId, a.CreatedAtUnixMs = id, at
+		return a
+	}
+	if res, err := h.Handle(context.Background(), run(1, "run-B", 5000)); err != nil || res.Action != ActionSolved {
+		t.Fatalf("run B round 1: %v %v", res.Action, err)
+	}
+	before := snapshot(t, h.Store)
+	if _, err := h.Handle(context.Background(), run(7, "run-A", 4000)); !errors.Is(err, ErrBadAnnouncement) || !strings.Contains(err.Error(), "a run it has left") {
+		t.Fatalf("run A (older) round 7: %v, want a bad announcement", err)
+	}
+	if after := snapshot(t, h.Store); !after.equal(before) {
+		t.Fatalf("the left run's announcement changed the state: %+v -> %+v", before, after)
+	}
+	if id, since, err := h.Store.RunOrder(); err != nil || id != "run-B" || since != 5000 {
+		t.Fatalf("run order %s %d %v", id, since, err)
+	}
+	if res, err := h.Handle(context.Background(), run(1, "run-C", 9000)); err != nil || res.Action != ActionSolved {
+		t.Fatalf("run C (newer) round 1: %v %v", res.Action, err)
+	}
+	if id, since, err := h.Store.RunOrder(); err != nil || id != "run-C" || since != 9000 {
+		t.Fatalf("run order %s %d %v", id, since, err)
+	}
+}
+
 // A partial work report is explained where it is logged: what stopped the
 // solve, against which target gamma, and that the work is used.
 func TestPartialWhy(t *testing.T) {

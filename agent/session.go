@@ -73,6 +73,12 @@ type session struct {
 	// announcements of that run are ignored until another run's arrives.
 	finished    bool
 	finishedRun string
+	// run is the newest aggregator run seen and runSince the creation time
+	// of its oldest announcement seen (Unix ms, 0: unknown): the run order
+	// (leftRun). Loaded from the edge state at start (storage RunOrder);
+	// the round handler records it there as it starts a run.
+	run      string
+	runSince int64
 	// siteErr is why this site cannot take part (nil: it can), carried by
 	// its statuses.
 	siteErr *sitedata.SiteError
@@ -95,6 +101,32 @@ type invitation struct {
 // invites says whether inv invites this site to ann's round.
 func (inv *invitation) invites(ann *wire.RoundAnnouncement) bool {
 	return inv != nil && ann.GetPrivateSelection() && inv.round == ann.Round && inv.run == ann.RunId
+}
+
+// leftRun reports whether ann is of an aggregator run this site has left:
+// another run than run, announced before since (the creation time of the
+// oldest announcement seen of run). Runs are ordered by their
+// announcements' creation times: an aggregator starts a new run after the
+// previous run's announcements were made, so an older one can only be a
+// stale copy (a broker restarted from an old persistence file, a retained
+// message re-delivered) and going back to it would abandon this run's
+// work. An unknown time (0, an older aggregator) orders nothing. The
+// session and the round handler both decide by it.
+func leftRun(run string, since int64, ann *wire.RoundAnnouncement) bool {
+	at := ann.GetCreatedAtUnixMs()
+	return ann.GetRunId() != "" && run != "" && ann.GetRunId() != run && since > 0 && at > 0 && at < since
+}
+
+// seeRun moves the run order to ann's run (not one left: see leftRun).
+func (s *session) seeRun(ann *wire.RoundAnnouncement) {
+	at := max(ann.GetCreatedAtUnixMs(), 0)
+	switch {
+	case ann.RunId == "":
+	case ann.RunId != s.run:
+		s.run, s.runSince = ann.RunId, at
+	case at > 0 && (s.runSince == 0 || at < s.runSince):
+		s.runSince = at
+	}
 }
 
 // retryState is an update the aggregator failed to store (INTERNAL).
@@ -191,6 +223,7 @@ const (
 	actStartShareList                         // hand msg (a secagg ShareList) to RoundHandler.HandleShareList
 	actShareListDone                          // a handled ShareList: log and count (res, err)
 	actInvited                                // an invitation arrived (receipt; had: it was new)
+	actLeftRun                                // ann is of a run this site has left: dropped (leftRun)
 )
 
 // why says why an update or uplink is published.
@@ -321,6 +354,10 @@ func (s *session) announced(ann *wire.RoundAnnouncement) []action {
 		// run is announced.
 		return []action{{kind: actIgnored, ann: ann}}
 	}
+	if leftRun(s.run, s.runSince, ann) {
+		return []action{{kind: actLeftRun, ann: ann}}
+	}
+	s.seeRun(ann)
 	// An announcement of another aggregator run supersedes whatever waits
 	// or runs, whatever its round number (the new run counts from 1).
 	if p := s.pending; p == nil || ann.Round >= p.Round || (ann.RunId != "" && ann.RunId != p.RunId) {

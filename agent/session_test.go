@@ -180,6 +180,8 @@ func render(a action) string {
 			return fmt.Sprintf("share-list %d failed", a.share.Round)
 		}
 		return fmt.Sprintf("share-list %d %s", a.share.Round, a.res.Action)
+	case actLeftRun:
+		return fmt.Sprintf("left-run %s/%d", a.ann.RunId, a.ann.Round)
 	case actInvited:
 		if a.had {
 			return fmt.Sprintf("invited %s/%d", a.receipt.RunId, a.receipt.Round)
@@ -193,6 +195,13 @@ func render(a action) string {
 
 func ann(run string, round uint64) *wire.RoundAnnouncement {
 	return &wire.RoundAnnouncement{Federation: testFed, Round: round, RunId: run}
+}
+
+// annAt is ann created at Unix ms at (the run order: leftRun).
+func annAt(run string, round uint64, at int64) *wire.RoundAnnouncement {
+	a := ann(run, round)
+	a.CreatedAtUnixMs = at
+	return a
 }
 
 func annPhase(run string, round uint64, p wire.Phase) *wire.RoundAnnouncement {
@@ -316,6 +325,29 @@ func TestSessionRules(t *testing.T) {
 			{ev: idle{}, want: []string{"start B/1"}},
 			// No longer the finished run: another run's announcement.
 			{ev: announced{annPhase("A", 7, wire.Phase_PHASE_FINISHED)}, want: []string{"preempt 1 by 7: " + ErrNewRun.Error(), "wake"}},
+		}},
+		{name: "a run left is never returned to: a stale retained announcement of it is dropped", steps: []sessionStep{
+			{ev: announced{annAt("A", 5, 1000)}, want: []string{"wake"}},
+			{ev: idle{}, want: []string{"start A/5"}},
+			{ev: announced{annAt("A", 4, 900)}, want: []string{"wake"}}, // an older round of A: the same run
+			{ev: announced{annAt("B", 1, 5000)}, want: []string{"preempt 5 by 1: " + ErrNewRun.Error(), "wake"}},
+			{ev: failed(annAt("A", 5, 1000), ErrNewRun), want: []string{"done 5 new-run"}},
+			{ev: idle{}, want: []string{"start B/1"}},
+			// Mosquitto restarted from an autosave holding A's announcements.
+			{ev: announced{annAt("A", 6, 1200)}, want: []string{"left-run A/6"}},
+			{ev: announced{annAt("B", 2, 6000)}, want: []string{"preempt 1 by 2: " + ErrPreempted.Error(), "wake"}},
+			{ev: announced{annAt("A", 7, 4999)}, want: []string{"left-run A/7"}},
+			{ev: solved(annAt("B", 1, 5000), "u1"), want: []string{"done 1 solved", "publish update/1 u1 first"}},
+			{ev: idle{}, want: []string{"start B/2"}},
+			// A genuinely newer run is taken, whatever its round number.
+			{ev: announced{annAt("C", 1, 9000)}, want: []string{"preempt 2 by 1: " + ErrNewRun.Error(), "wake"}},
+			{ev: announced{annAt("B", 3, 8000)}, want: []string{"left-run B/3"}},
+		}},
+		{name: "the run order comes from the state file: a restarted agent does not go back either", steps: []sessionStep{
+			{check: func(_ *testing.T, h *sessionHarness) { h.s.run, h.s.runSince = "B", 5000 }},
+			{ev: announced{annAt("A", 9, 4000)}, want: []string{"left-run A/9"}},
+			{ev: announced{annAt("B", 3, 7000)}, want: []string{"wake"}},
+			{ev: idle{}, want: []string{"start B/3"}},
 		}},
 		{name: "a finished run restored at start is ignored", steps: []sessionStep{
 			{ev: finalRestored{run: "A"}, want: nil},
