@@ -237,6 +237,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.running = true
 	a.mu.Unlock()
 
+	if err := CheckStateFile(a.cfg); err != nil {
+		return err
+	}
+	if _, err := os.Lstat(a.cfg.StateFile); errors.Is(err, os.ErrNotExist) && a.cfg.FreshState {
+		if tr := stateTraces(a.cfg); len(tr) > 0 {
+			a.log.Warn("state file missing; starting this site over with a new one as asked (--fresh-state)", "state", a.cfg.StateFile, "traces", tr)
+		}
+	}
 	store, err := storage.OpenEdge(a.cfg.StateFile, storage.Options{})
 	if err != nil {
 		return stateFileErr(err)
