@@ -47,6 +47,10 @@ type Deps struct {
 	// SecAggNoiseKey, when set, replaces the site's distributed-DP noise
 	// key (RoundHandler.SecAggNoiseKey): tests only.
 	SecAggNoiseKey *[32]byte
+	// WriteModelOut, when set, writes model_out instead of
+	// bundle.WriteFileAtomic (RoundHandler.WriteFile): tests only (a full
+	// disk).
+	WriteModelOut func(path string, data []byte) error
 }
 
 // EventKind classifies an Event.
@@ -287,6 +291,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
 		EvalFile: a.cfg.EvalData, ModelOut: a.cfg.ModelOut,
 		Emit: a.sendUplink, Receipted: a.isReceipted, SecAggRand: a.deps.SecAggRand, SecAggNoiseKey: a.deps.SecAggNoiseKey,
+		WriteFile: a.deps.WriteModelOut,
 	}
 	if a.cfg.DataClient < 0 {
 		a.handler.DataFile, _ = csvPath(a.cfg.Data)
@@ -536,6 +541,8 @@ func (a *Agent) do(act action) {
 			"current_run_id", run, "current_run_since", time.UnixMilli(since).UTC().Format(time.RFC3339Nano))
 		a.stats.leftRuns.Add(1)
 		a.observe(Event{Kind: EventRound, Round: ann.Round, Action: ActionIgnored})
+	case actWriteModelOut:
+		a.writeModelOut(act.attempt)
 	case actRoundDone:
 		a.roundDone(act)
 	case actPublishUpdate:

@@ -190,6 +190,9 @@ type RoundHandler struct {
 	DataFile, EvalFile, DataLabel string
 	// ModelOut is where the final bundle is written (Config.ModelOut).
 	ModelOut string
+	// WriteFile writes model_out (nil = bundle.WriteFileAtomic): tests
+	// inject a full disk with it.
+	WriteFile func(path string, data []byte) error
 	// Emit, when set, is called with every statistics and evaluation
 	// message as soon as it is encoded (an evaluation before the round's
 	// solve starts); they are in Result.Out either way.

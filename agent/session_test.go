@@ -102,6 +102,9 @@ func (h *sessionHarness) step(ev sessionEvent) {
 }
 
 func keyName(k pendingKey) string {
+	if k == modelOutKey {
+		return "model_out"
+	}
 	switch k.subject {
 	case wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE:
 		return fmt.Sprintf("update/%d", k.round)
@@ -180,6 +183,8 @@ func render(a action) string {
 			return fmt.Sprintf("share-list %d failed", a.share.Round)
 		}
 		return fmt.Sprintf("share-list %d %s", a.share.Round, a.res.Action)
+	case actWriteModelOut:
+		return fmt.Sprintf("write model_out #%d", a.attempt)
 	case actLeftRun:
 		return fmt.Sprintf("left-run %s/%d", a.ann.RunId, a.ann.Round)
 	case actInvited:
@@ -262,6 +267,7 @@ func receipted(subject wire.ReceiptSubject, run string, round uint64, want bool)
 func TestSessionRules(t *testing.T) {
 	schemaErr := &sitedata.SiteError{Reason: sitedata.ReasonSchema, Problem: "no column age"}
 	diskErr := &sitedata.SiteError{Reason: sitedata.ReasonDisk, Problem: "disk full"}
+	modelOutErr := sitedata.NewError(sitedata.ReasonDisk, "/var/lib/edgefl/final.bundle.json", fmt.Errorf("%w: no space left on device", ErrModelOut))
 	tests := []struct {
 		name   string
 		outbox map[uint64][]byte
@@ -348,6 +354,38 @@ func TestSessionRules(t *testing.T) {
 			{ev: announced{annAt("A", 9, 4000)}, want: []string{"left-run A/9"}},
 			{ev: announced{annAt("B", 3, 7000)}, want: []string{"wake"}},
 			{ev: idle{}, want: []string{"start B/3"}},
+		}},
+		{name: "model_out not written (disk full): written again on a backoff until it is, then the run's end", steps: []sessionStep{
+			{ev: announced{annPhase("A", 5, wire.Phase_PHASE_FINISHED)}, want: []string{"wake"}},
+			{ev: idle{}, want: []string{"start A/5"}},
+			{ev: emit(subjEval, "A", 5, "e"), want: []string{"arm evaluation/5 100ms", "publish evaluation/5 e first"}},
+			{ev: failed(annPhase("A", 5, wire.Phase_PHASE_FINISHED), modelOutErr),
+				want: []string{"done 5 site-error", "site error disk", "arm model_out 100ms"}},
+			// The same failure again (a re-delivered announcement) does not arm twice.
+			{ev: announced{annPhase("A", 5, wire.Phase_PHASE_FINISHED)}, want: []string{"wake"}},
+			{ev: idle{}, want: []string{"start A/5"}},
+			{ev: failed(annPhase("A", 5, wire.Phase_PHASE_FINISHED), modelOutErr), want: []string{"done 5 site-error", "site error disk (same)"}},
+			{advance: 100 * time.Millisecond, want: []string{"arm evaluation/5 200ms", "publish evaluation/5 e retry #2", "write model_out #1"}},
+			{ev: modelOutDone{run: "A", err: modelOutErr}, want: []string{"arm model_out 200ms"}},
+			{advance: 200 * time.Millisecond, want: []string{"arm evaluation/5 400ms", "publish evaluation/5 e retry #3", "write model_out #2"}},
+			// Space freed: written; the error clears and the run is over.
+			{ev: modelOutDone{run: "A"}, want: []string{"stop evaluation/5", "site error cleared disk"}},
+			{advance: 10 * time.Second, want: nil},
+			{ev: announced{annPhase("A", 5, wire.Phase_PHASE_FINISHED)}, want: []string{"ignored 5"}},
+		}},
+		{name: "model_out not written at start: written again; shutdown stops it", steps: []sessionStep{
+			{ev: finalRestored{run: "A", siteErr: modelOutErr}, want: []string{"arm model_out 100ms"}},
+			{advance: 100 * time.Millisecond, want: []string{"write model_out #1"}},
+			{ev: modelOutDone{run: "A", err: modelOutErr}, want: []string{"arm model_out 200ms"}},
+			{ev: closed{}, want: []string{"stop model_out"}},
+			{advance: time.Second, want: nil},
+			{ev: modelOutDone{run: "A"}, want: nil},
+		}},
+		{name: "another disk error is not a model_out re-write", steps: []sessionStep{
+			{ev: announced{ann("A", 2)}, want: []string{"wake"}},
+			{ev: idle{}, want: []string{"start A/2"}},
+			{ev: failed(ann("A", 2), diskErr), want: []string{"done 2 site-error", "site error disk"}},
+			{advance: time.Second, want: nil},
 		}},
 		{name: "a finished run restored at start is ignored", steps: []sessionStep{
 			{ev: finalRestored{run: "A"}, want: nil},
