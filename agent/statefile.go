@@ -81,6 +81,12 @@ func unmountedFS(path string) string {
 	if err != nil {
 		return ""
 	}
+	paths := []string{abs}
+	// Also through symbolic links (systemd's DynamicUser makes
+	// /var/lib/edgefl a link to /var/lib/private/edgefl).
+	if dir, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil && dir != filepath.Dir(abs) {
+		paths = append(paths, filepath.Join(dir, filepath.Base(abs)))
+	}
 	listed, err := mountPoints(fstabPath, 1)
 	if err != nil {
 		return ""
@@ -90,8 +96,10 @@ func unmountedFS(path string) string {
 		if mp == "/" || !filepath.IsAbs(mp) {
 			continue
 		}
-		if (abs == mp || strings.HasPrefix(abs, mp+"/")) && len(mp) > len(best) {
-			best = mp
+		for _, p := range paths {
+			if (p == mp || strings.HasPrefix(p, mp+"/")) && len(mp) > len(best) {
+				best = mp
+			}
 		}
 	}
 	if best == "" {
