@@ -47,6 +47,10 @@ type Deps struct {
 	// SecAggNoiseKey, when set, replaces the site's distributed-DP noise
 	// key (RoundHandler.SecAggNoiseKey): tests only.
 	SecAggNoiseKey *[32]byte
+	// WriteModelOut, when set, writes model_out instead of
+	// bundle.WriteFileAtomic (RoundHandler.WriteFile): tests only (a full
+	// disk).
+	WriteModelOut func(path string, data []byte) error
 }
 
 // EventKind classifies an Event.
@@ -95,12 +99,13 @@ type Stats struct {
 	ReceiptsRetry    uint64 // INTERNAL rejections, kept in the outbox for a re-send
 	StatisticsSent   uint64 // statistics publishes (re-sends included)
 	EvaluationsSent  uint64 // evaluation report publishes (re-sends included)
+	LeftRuns         uint64 // announcements of a run this site has left, ignored
 }
 
 type counters struct {
 	connects, badMessages, badAnnouncements, roundsSolved, roundErrors, resent,
 	published, publishErrors, receiptsAccepted, receiptsRejected, receiptsRetry,
-	statisticsSent, evaluationsSent atomic.Uint64
+	statisticsSent, evaluationsSent, leftRuns atomic.Uint64
 }
 
 // Agent is the edge daemon: one MQTT session, one state file, one site's data.
@@ -210,7 +215,7 @@ func (a *Agent) Stats() Stats {
 		RoundsSolved: c.roundsSolved.Load(), RoundErrors: c.roundErrors.Load(), Resent: c.resent.Load(),
 		Published: c.published.Load(), PublishErrors: c.publishErrors.Load(),
 		ReceiptsAccepted: c.receiptsAccepted.Load(), ReceiptsRejected: c.receiptsRejected.Load(), ReceiptsRetry: c.receiptsRetry.Load(),
-		StatisticsSent: c.statisticsSent.Load(), EvaluationsSent: c.evaluationsSent.Load(),
+		StatisticsSent: c.statisticsSent.Load(), EvaluationsSent: c.evaluationsSent.Load(), LeftRuns: c.leftRuns.Load(),
 	}
 }
 
@@ -236,6 +241,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.running = true
 	a.mu.Unlock()
 
+	if err := CheckStateFile(a.cfg); err != nil {
+		return err
+	}
+	if _, err := os.Lstat(a.cfg.StateFile); errors.Is(err, os.ErrNotExist) && a.cfg.FreshState {
+		if tr := stateTraces(a.cfg); len(tr) > 0 {
+			a.log.Warn("state file missing; starting this site over with a new one as asked (--fresh-state)", "state", a.cfg.StateFile, "traces", tr)
+		}
+	}
 	store, err := storage.OpenEdge(a.cfg.StateFile, storage.Options{})
 	if err != nil {
 		return stateFileErr(err)
@@ -269,11 +282,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	a.runCtx, a.stop, a.store, a.client = runCtx, cancel, store, client
 	a.sess.store = sumStore{store}
+	if a.sess.run, a.sess.runSince, err = store.RunOrder(); err != nil {
+		a.mu.Unlock()
+		return stateFileErr(err)
+	}
 	a.handler = &RoundHandler{
 		ClientID: a.cfg.SiteID, InstanceID: a.instance, Federation: a.cfg.Federation, Store: store, Data: a.data,
 		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
 		EvalFile: a.cfg.EvalData, ModelOut: a.cfg.ModelOut,
 		Emit: a.sendUplink, Receipted: a.isReceipted, SecAggRand: a.deps.SecAggRand, SecAggNoiseKey: a.deps.SecAggNoiseKey,
+		WriteFile: a.deps.WriteModelOut,
 	}
 	if a.cfg.DataClient < 0 {
 		a.handler.DataFile, _ = csvPath(a.cfg.Data)
@@ -511,6 +529,20 @@ func (a *Agent) do(act action) {
 		ann := act.ann
 		a.log.Debug("announcement of the finished run ignored", "run_id", ann.RunId, "round", ann.Round, "phase", ann.GetPhase().String())
 		a.observe(Event{Kind: EventRound, Round: ann.Round, Action: ActionIgnored})
+	case actLeftRun:
+		ann := act.ann
+		a.mu.Lock()
+		run, since := a.sess.run, a.sess.runSince
+		a.mu.Unlock()
+		a.log.Warn("announcement of a run this site has left ignored",
+			"why", "it was made before the run this site is in started: a stale copy (a broker restarted from an old persistence file?) or the aggregator's clock went back",
+			"run_id", ann.RunId, "round", ann.Round, "phase", ann.GetPhase().String(),
+			"created_at", time.UnixMilli(ann.CreatedAtUnixMs).UTC().Format(time.RFC3339Nano),
+			"current_run_id", run, "current_run_since", time.UnixMilli(since).UTC().Format(time.RFC3339Nano))
+		a.stats.leftRuns.Add(1)
+		a.observe(Event{Kind: EventRound, Round: ann.Round, Action: ActionIgnored})
+	case actWriteModelOut:
+		a.writeModelOut(act.attempt)
 	case actRoundDone:
 		a.roundDone(act)
 	case actPublishUpdate:
@@ -605,9 +637,14 @@ func (a *Agent) roundDone(act action) {
 		case ActionSolved:
 			a.stats.roundsSolved.Add(1)
 			r := res.Update.Report
-			lg.Info("round solved", "algorithm", ann.Algorithm, "gamma", r.AchievedGamma, "epochs", r.Epochs,
+			args := []any{"algorithm", ann.Algorithm, "gamma", r.AchievedGamma, "epochs", r.Epochs,
 				"grad_evals", r.GradEvals, "seconds", r.Seconds, "loss", r.LocalLoss, "anchor_loss", r.AnchorLoss,
-				"stop", r.StopReason.String(), "partial", r.Partial, "bytes", len(res.Msg))
+				"stop", r.StopReason.String(), "partial", r.Partial, "bytes", len(res.Msg)}
+			if r.Partial {
+				// "partial" alone reads as a fault: say what it is.
+				args = append(args, "partial_why", partialWhy(r, ann.GetParams().GetGamma()))
+			}
+			lg.Info("round solved", args...)
 		case ActionResend:
 			lg.Info("round already applied; re-sending its unreceipted update")
 		case ActionSecAgg:

@@ -98,6 +98,11 @@ type Config struct {
 	// StateFile is the bbolt file holding the identity, FedSplit z, the last
 	// global model and the outbox.
 	StateFile string
+	// FreshState lets Run create a missing state file although traces show
+	// this site ran before (CheckStateFile): a deliberate start over with
+	// a new identity. Not a key of the configuration file: edge-agent
+	// run's --fresh-state (and --reset-state) set it.
+	FreshState bool
 
 	// Local is the device's work budget and solver overrides.
 	Local Local

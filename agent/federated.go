@@ -290,11 +290,44 @@ func (h *RoundHandler) finish(ann *wire.RoundAnnouncement, res Result) (Result, 
 	if err := h.Store.SetFinal(f); err != nil {
 		return res, h.diskErr(err)
 	}
-	if err := bundle.WriteFileAtomic(h.ModelOut, raw); err != nil {
-		return res, sitedata.NewError(sitedata.ReasonDisk, h.ModelOut, err)
+	if err := h.writeModelOut(raw); err != nil {
+		return res, err
 	}
 	res.Action, res.Final, res.Healthy = ActionFinished, &f, true
 	return res, nil
+}
+
+// ErrModelOut is wrapped by the site error (disk) of a final bundle that
+// is stored but could not be written to model_out (disk full, read-only):
+// the agent writes it again later (session: modelOutKey) until it can.
+var ErrModelOut = errors.New("model_out not written")
+
+// writeModelOut writes the final bundle raw to model_out. When that fails,
+// a model_out holding something else (the previous run's final model,
+// which looks valid) is moved aside to model_out + ".stale", or removed
+// when it cannot be moved, so that nothing takes it for this run's model;
+// the error is a site error (disk) wrapping ErrModelOut.
+func (h *RoundHandler) writeModelOut(raw []byte) error {
+	write := h.WriteFile
+	if write == nil {
+		write = bundle.WriteFileAtomic
+	}
+	err := write(h.ModelOut, raw)
+	if err == nil {
+		return nil
+	}
+	if old, rerr := os.ReadFile(h.ModelOut); rerr == nil && !bytes.Equal(old, raw) {
+		aside := h.ModelOut + ".stale"
+		if merr := os.Rename(h.ModelOut, aside); merr != nil {
+			aside = "(removed)"
+			if merr := os.Remove(h.ModelOut); merr != nil {
+				aside = "(could not be moved or removed: " + merr.Error() + ")"
+			}
+		}
+		h.log().Warn("model_out held an older model (a previous run's): set aside so that it is not taken for this run's final model",
+			"path", h.ModelOut, "moved_to", aside)
+	}
+	return sitedata.NewError(sitedata.ReasonDisk, h.ModelOut, fmt.Errorf("%w: %w", ErrModelOut, err))
 }
 
 // RestoreModelOut writes a stored final bundle to ModelOut unless the file
@@ -308,8 +341,8 @@ func (h *RoundHandler) RestoreModelOut(f storage.Final) (bool, error) {
 	if _, err := bundle.Unmarshal(f.Bundle); err != nil {
 		return false, sitedata.NewError(sitedata.ReasonDisk, h.Store.Path(), fmt.Errorf("the stored final bundle: %w", err))
 	}
-	if err := bundle.WriteFileAtomic(h.ModelOut, f.Bundle); err != nil {
-		return false, sitedata.NewError(sitedata.ReasonDisk, h.ModelOut, err)
+	if err := h.writeModelOut(f.Bundle); err != nil {
+		return false, err
 	}
 	return true, nil
 }

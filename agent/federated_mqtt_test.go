@@ -6,9 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/sitedata"
 	"github.com/edgefl/edgefl/wire"
@@ -398,4 +401,77 @@ func TestAgentRefusesTamperedBundle(t *testing.T) {
 	if fin, err := store.Final(); err != nil || !bytes.Equal(fin.Bundle, good) {
 		t.Fatalf("stored final: %v", err)
 	}
+}
+
+// A final bundle that cannot be written to model_out (the disk is full):
+// model_out, which held the previous run's model, is set aside (it would
+// pass for this run's), the aggregator sees the site error (disk), the
+// write is tried again on a backoff, and once space is freed the model
+// arrives and the error clears, without a restart or a re-announcement.
+func TestAgentModelOutRetried(t *testing.T) {
+	_, url := testkit.StartBroker(t)
+	agg := newFakeAgg(t, url)
+	f := newFedFixture(t, 80)
+	dir := t.TempDir()
+	state, out := filepath.Join(dir, "edge.db"), filepath.Join(dir, "final.bundle.json")
+	previous := f.bundleOf(t, "run-0000", 3, f.global(t, 9))
+	if err := os.WriteFile(out, previous, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	openStore(t, state).Close() // the site's state (it ran run-0000)
+	var full atomic.Bool
+	var writes atomic.Int32
+	full.Store(true)
+	write := func(path string, data []byte) error {
+		writes.Add(1)
+		if full.Load() {
+			return &os.PathError{Op: "write", Path: path + ".tmp", Err: syscall.ENOSPC}
+		}
+		return bundle.WriteFileAtomic(path, data)
+	}
+	cfg := DefaultConfig()
+	cfg.SiteID, cfg.Federation, cfg.Brokers, cfg.StateFile, cfg.ModelOut = testSite, testFed, []string{url}, state, out
+	cfg.Data = "csv:" + f.csv
+	cfg.ReconnectMin, cfg.ReconnectMax = 100*time.Millisecond, time.Second
+	ra := runAgentDeps(t, cfg, nil, func(d *Deps) { d.WriteModelOut = write })
+	ra.wait(t, "connected", isKind(EventConnected))
+
+	x := f.global(t, 2)
+	b := f.bundleOf(t, fedRun, 1, x)
+	agg.announce(f.finishedAnn(t, fedRun, 1, x, b))
+	e := ra.wait(t, "the disk error", isKind(EventSiteError))
+	if !errors.Is(e.Err, ErrModelOut) || !strings.Contains(e.Err.Error(), "no space left on device") {
+		t.Fatalf("site error %v, want model_out not written", e.Err)
+	}
+	agg.statusWhere("with the disk error", func(s *wire.ClientStatus) bool { return s.GetErrorReason() == wire.SiteErrDisk })
+	if _, err := os.Stat(out); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("model_out still holds the previous run's model: %v", err)
+	}
+	if got, err := os.ReadFile(out + ".stale"); err != nil || !bytes.Equal(got, previous) {
+		t.Fatalf("the previous model was not kept as %s.stale: %v", out, err)
+	}
+	// Still full: tried again after 100 ms, again after 200 ms more (the
+	// fake clock runs the timer's callback, the write, synchronously).
+	for _, c := range []struct {
+		writes int32
+		after  time.Duration
+	}{{2, 100 * time.Millisecond}, {3, 200 * time.Millisecond}} {
+		if d := ra.nextTimer(t); d != c.after || writes.Load() != c.writes {
+			t.Fatalf("write #%d after %v (%d writes), want after %v", c.writes, d, writes.Load(), c.after)
+		}
+	}
+	full.Store(false) // space freed
+	if d := ra.nextTimer(t); d != 400*time.Millisecond || writes.Load() != 4 {
+		t.Fatalf("write #4 after %v (%d writes)", d, writes.Load())
+	}
+	if got, err := os.ReadFile(out); err != nil || !bytes.Equal(got, b) {
+		t.Fatalf("model_out after space was freed: %v", err)
+	}
+	if e := ra.wait(t, "the error cleared", isKind(EventSiteError)); e.Err != nil {
+		t.Fatalf("site error %v, want cleared", e.Err)
+	}
+	agg.statusWhere("without an error", func(s *wire.ClientStatus) bool { return s.Online && s.GetErrorReason() == "" })
+	// The run's end is handled: its announcement is now ignored.
+	agg.announce(f.finishedAnn(t, fedRun, 1, x, b))
+	ra.wait(t, "ignored", func(e Event) bool { return e.Kind == EventRound && e.Action == ActionIgnored })
 }

@@ -84,13 +84,19 @@ type fedFixture struct {
 
 func newFedFixture(t testing.TB, rows int) *fedFixture {
 	t.Helper()
+	return newFedFixtureOf(t, rows, fedSchemaJSON)
+}
+
+// newFedFixtureOf is newFedFixture with another schema for the same CSV.
+func newFedFixtureOf(t testing.TB, rows int, schemaJSON string) *fedFixture {
+	t.Helper()
 	f := &fedFixture{dir: t.TempDir()}
 	f.csv = filepath.Join(f.dir, "site.csv")
 	if err := os.WriteFile(f.csv, []byte(siteCSV(rows, 5)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var err error
-	if f.s, err = schema.Parse([]byte(fedSchemaJSON)); err != nil {
+	if f.s, err = schema.Parse([]byte(schemaJSON)); err != nil {
 		t.Fatal(err)
 	}
 	if f.site, err = sitedata.Load(f.s, f.csv); err != nil {
@@ -400,6 +406,45 @@ func TestFederatedTrainAndEvaluate(t *testing.T) {
 			m, _ := model.New(f.spec)
 			if l := m.LossGrad(x, f.train, nil); u.Report.AnchorLoss != l {
 				t.Fatalf("anchor loss %v, want %v on the transformed training rows", u.Report.AnchorLoss, l)
+			}
+		})
+	}
+}
+
+// edge-agent evaluate --heldout on the site's own CSV reproduces, to the
+// last digit, the evaluation report the site sent for the final model (the
+// bundle's per-site figure), under either standardisation; evaluating
+// every row mixes the training rows in and gives another figure.
+func TestEvaluateHeldOutIsTheSiteReport(t *testing.T) {
+	for _, std := range []string{"federation", "client"} {
+		t.Run(std, func(t *testing.T) {
+			f := newFedFixtureOf(t, 150, strings.Replace(fedSchemaJSON, `"min_site_samples"`, `"standardize": "`+std+`", "min_site_samples"`, 1))
+			h := newFedHandler(t, f)
+			x := f.global(t, 5)
+			raw := f.bundleOf(t, fedRun, 5, x)
+			ann := f.finishedAnn(t, fedRun, 5, x, nil) // the final evaluation, before the bundle
+			res, err := h.Handle(context.Background(), ann)
+			if err != nil || len(res.Out) != 1 {
+				t.Fatalf("final evaluation: %+v %v", res, err)
+			}
+			sent := string(decodeEval(t, res.Out[0]).Report)
+			b, err := bundle.Unmarshal(raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := b.EvaluateHeldOutCSV(f.csv, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if mustJSON(t, got) != sent || got.N != int64(len(f.site.Holdout)) {
+				t.Fatalf("evaluate --heldout %s\nthe site sent   %s", mustJSON(t, got), sent)
+			}
+			all, err := b.EvaluateCSV(f.csv, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if all.N != int64(f.site.Table.Rows) || mustJSON(t, all) == sent {
+				t.Fatalf("evaluate on every row: %s", mustJSON(t, all))
 			}
 		})
 	}

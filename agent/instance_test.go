@@ -73,7 +73,13 @@ func TestAgentInstanceID(t *testing.T) {
 	if _, err := ResetState(state, time.Unix(1800000000, 0)); err != nil {
 		t.Fatal(err)
 	}
-	ra = startAgent(t, url, state, data)
+	// edge-agent run --reset-state also sets FreshState: the copy moved
+	// aside would otherwise be a trace that refuses the new file.
+	cfg := DefaultConfig()
+	cfg.SiteID, cfg.Federation, cfg.Brokers, cfg.StateFile = testSite, testFed, []string{url}, state
+	cfg.ReconnectMin, cfg.ReconnectMax = 100*time.Millisecond, time.Second
+	cfg.FreshState = true
+	ra = runAgent(t, cfg, &data)
 	st4 := onlineAfter(agg, st3)
 	if st4.InstanceId == inst || st4.InstanceId == st3.InstanceId {
 		t.Fatalf("status after --reset-state %v (before: %s, clone %s)", st4, inst, st3.InstanceId)

@@ -179,8 +179,14 @@ func startAgentID(t *testing.T, id, url, state string, data model.Data) *running
 // clock until the test ends, recording its events.
 func runAgent(t *testing.T, cfg Config, data *model.Data) *runningAgent {
 	t.Helper()
+	return runAgentDeps(t, cfg, data, nil)
+}
+
+// runAgentDeps is runAgent with more dependencies set by mod.
+func runAgentDeps(t *testing.T, cfg Config, data *model.Data, mod func(*Deps)) *runningAgent {
+	t.Helper()
 	ra := &runningAgent{clk: clock.NewFake(t0), events: make(chan Event, 1000), errc: make(chan error, 1)}
-	a, err := New(cfg, Deps{
+	deps := Deps{
 		Clock: ra.clk, Logger: testkit.Logger(t), Data: data,
 		Observe: func(e Event) {
 			select {
@@ -189,7 +195,11 @@ func runAgent(t *testing.T, cfg Config, data *model.Data) *runningAgent {
 				t.Errorf("event dropped: %+v", e)
 			}
 		},
-	})
+	}
+	if mod != nil {
+		mod(&deps)
+	}
+	a, err := New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}

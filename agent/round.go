@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/edgefl/edgefl/internal/clock"
@@ -189,6 +190,9 @@ type RoundHandler struct {
 	DataFile, EvalFile, DataLabel string
 	// ModelOut is where the final bundle is written (Config.ModelOut).
 	ModelOut string
+	// WriteFile writes model_out (nil = bundle.WriteFileAtomic): tests
+	// inject a full disk with it.
+	WriteFile func(path string, data []byte) error
 	// Emit, when set, is called with every statistics and evaluation
 	// message as soon as it is encoded (an evaluation before the round's
 	// solve starts); they are in Result.Out either way.
@@ -293,7 +297,16 @@ func (h *RoundHandler) startRun(ann *wire.RoundAnnouncement) error {
 	if ann.RunId == "" {
 		return nil
 	}
-	rs, err := h.Store.StartRun(ann.RunId)
+	run, since, err := h.Store.RunOrder()
+	if err != nil {
+		return h.diskErr(fmt.Errorf("agent: round %d: storage: start run: %w", ann.Round, err))
+	}
+	if leftRun(run, since, ann) {
+		// The session drops these; one that got here anyway (a race
+		// with the run's start) must not reset the round state either.
+		return bad(ann.Round, "run %s was announced at %d ms, before run %s this site is in (since %d ms): a run it has left", ann.RunId, ann.CreatedAtUnixMs, run, since)
+	}
+	rs, err := h.Store.StartRunAt(ann.RunId, ann.CreatedAtUnixMs)
 	if err != nil {
 		return h.diskErr(fmt.Errorf("agent: round %d: %w", ann.Round, err))
 	}
@@ -789,6 +802,26 @@ func stopReason(stop string) wire.StopReason {
 		return wire.StopReason_STOP_REASON_SIGNAL
 	}
 	return wire.StopReason_STOP_REASON_UNSPECIFIED // stalled: no wire code for it
+}
+
+// partialWhy is the agent's one-line explanation of a partial report
+// (wire.PartialMeans): the stop reason and the achieved against the
+// target gamma.
+func partialWhy(r *wire.WorkReport, target float64) string {
+	by := strings.ToLower(strings.TrimPrefix(r.StopReason.String(), "STOP_REASON_"))
+	switch r.StopReason {
+	case wire.StopReason_STOP_REASON_MAX_EPOCHS:
+		by = "the epoch budget (max_epochs)"
+	case wire.StopReason_STOP_REASON_MAX_GRAD_EVALS:
+		by = "the gradient-evaluation budget"
+	case wire.StopReason_STOP_REASON_DEADLINE:
+		by = "the round's deadline or the time budget"
+	case wire.StopReason_STOP_REASON_SIGNAL:
+		by = "a newer round (pre-empted)"
+	case wire.StopReason_STOP_REASON_ERROR:
+		return "the local solve diverged; the received model is sent back unchanged"
+	}
+	return fmt.Sprintf("stopped by %s before reaching the target gamma %g (achieved %.3g); the work is sent and used", by, target, r.AchievedGamma)
 }
 
 // workReport fills the wire report from the solver's. Non-finite values

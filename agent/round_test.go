@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -620,5 +621,55 @@ func TestHandleNewRun(t *testing.T) {
 	}
 	if id, err := h.Store.RunID(); err != nil || id != "run-B" {
 		t.Fatalf("stored run id %q, %v", id, err)
+	}
+}
+
+// An announcement of a run this site has left (older than the run it is
+// in, a stale retained copy) is refused as bad and leaves the round state
+// and the run order as they are; a newer run is taken.
+func TestHandleLeftRun(t *testing.T) {
+	h, _ := newHandler(t)
+	run := func(round uint64, id string, at int64) *wire.RoundAnnouncement {
+		a := announce(t, round, AlgoFedSplit, f32(testGlobal(round)))
+		a.RunId, a.CreatedAtUnixMs = id, at
+		return a
+	}
+	if res, err := h.Handle(context.Background(), run(1, "run-B", 5000)); err != nil || res.Action != ActionSolved {
+		t.Fatalf("run B round 1: %v %v", res.Action, err)
+	}
+	before := snapshot(t, h.Store)
+	if _, err := h.Handle(context.Background(), run(7, "run-A", 4000)); !errors.Is(err, ErrBadAnnouncement) || !strings.Contains(err.Error(), "a run it has left") {
+		t.Fatalf("run A (older) round 7: %v, want a bad announcement", err)
+	}
+	if after := snapshot(t, h.Store); !after.equal(before) {
+		t.Fatalf("the left run's announcement changed the state: %+v -> %+v", before, after)
+	}
+	if id, since, err := h.Store.RunOrder(); err != nil || id != "run-B" || since != 5000 {
+		t.Fatalf("run order %s %d %v", id, since, err)
+	}
+	if res, err := h.Handle(context.Background(), run(1, "run-C", 9000)); err != nil || res.Action != ActionSolved {
+		t.Fatalf("run C (newer) round 1: %v %v", res.Action, err)
+	}
+	if id, since, err := h.Store.RunOrder(); err != nil || id != "run-C" || since != 9000 {
+		t.Fatalf("run order %s %d %v", id, since, err)
+	}
+}
+
+// A partial work report is explained where it is logged: what stopped the
+// solve, against which target gamma, and that the work is used.
+func TestPartialWhy(t *testing.T) {
+	for _, c := range []struct {
+		stop wire.StopReason
+		want string
+	}{
+		{wire.StopReason_STOP_REASON_MAX_EPOCHS, "stopped by the epoch budget (max_epochs) before reaching the target gamma 0.01 (achieved 0.25); the work is sent and used"},
+		{wire.StopReason_STOP_REASON_DEADLINE, "stopped by the round's deadline or the time budget before reaching the target gamma 0.01"},
+		{wire.StopReason_STOP_REASON_SIGNAL, "stopped by a newer round (pre-empted)"},
+		{wire.StopReason_STOP_REASON_ERROR, "diverged"},
+	} {
+		got := partialWhy(&wire.WorkReport{StopReason: c.stop, AchievedGamma: 0.25, Partial: true}, 0.01)
+		if !strings.Contains(got, c.want) {
+			t.Errorf("%v: %q, want %q", c.stop, got, c.want)
+		}
 	}
 }

@@ -73,6 +73,12 @@ type session struct {
 	// announcements of that run are ignored until another run's arrives.
 	finished    bool
 	finishedRun string
+	// run is the newest aggregator run seen and runSince the creation time
+	// of its oldest announcement seen (Unix ms, 0: unknown): the run order
+	// (leftRun). Loaded from the edge state at start (storage RunOrder);
+	// the round handler records it there as it starts a run.
+	run      string
+	runSince int64
 	// siteErr is why this site cannot take part (nil: it can), carried by
 	// its statuses.
 	siteErr *sitedata.SiteError
@@ -82,9 +88,17 @@ type session struct {
 	retries   map[uint64]*retryState
 	uplinks   map[pendingKey]*pendingUplink
 	receipted map[pendingKey]string
+	// modelOut is the re-write of model_out after a failed write (a site
+	// error wrapping ErrModelOut), nil when none is due; its timer is
+	// modelOutKey.
+	modelOut *retryState
 	// gen numbers the timers armed.
 	gen uint64
 }
+
+// modelOutKey names the model_out re-write's timer: a subject no receipt
+// has, so that it is no message's key.
+var modelOutKey = pendingKey{subject: -1}
 
 // invitation is an invitation's round and run.
 type invitation struct {
@@ -95,6 +109,32 @@ type invitation struct {
 // invites says whether inv invites this site to ann's round.
 func (inv *invitation) invites(ann *wire.RoundAnnouncement) bool {
 	return inv != nil && ann.GetPrivateSelection() && inv.round == ann.Round && inv.run == ann.RunId
+}
+
+// leftRun reports whether ann is of an aggregator run this site has left:
+// another run than run, announced before since (the creation time of the
+// oldest announcement seen of run). Runs are ordered by their
+// announcements' creation times: an aggregator starts a new run after the
+// previous run's announcements were made, so an older one can only be a
+// stale copy (a broker restarted from an old persistence file, a retained
+// message re-delivered) and going back to it would abandon this run's
+// work. An unknown time (0, an older aggregator) orders nothing. The
+// session and the round handler both decide by it.
+func leftRun(run string, since int64, ann *wire.RoundAnnouncement) bool {
+	at := ann.GetCreatedAtUnixMs()
+	return ann.GetRunId() != "" && run != "" && ann.GetRunId() != run && since > 0 && at > 0 && at < since
+}
+
+// seeRun moves the run order to ann's run (not one left: see leftRun).
+func (s *session) seeRun(ann *wire.RoundAnnouncement) {
+	at := max(ann.GetCreatedAtUnixMs(), 0)
+	switch {
+	case ann.RunId == "":
+	case ann.RunId != s.run:
+		s.run, s.runSince = ann.RunId, at
+	case at > 0 && (s.runSince == 0 || at < s.runSince):
+		s.runSince = at
+	}
 }
 
 // retryState is an update the aggregator failed to store (INTERNAL).
@@ -136,6 +176,12 @@ type (
 	}
 	// connected: a connection is up (subscribed, status published).
 	connected struct{}
+	// modelOutDone: the shell wrote the stored final bundle of run to
+	// model_out again (actWriteModelOut); err is why it still could not.
+	modelOutDone struct {
+		run string
+		err error
+	}
 	// emitted: the round handler produced a statistics or evaluation
 	// message.
 	emitted struct{ out Outgoing }
@@ -163,6 +209,7 @@ func (solveDone) sessionEvent()      {}
 func (receiptArrived) sessionEvent() {}
 func (timerFired) sessionEvent()     {}
 func (connected) sessionEvent()      {}
+func (modelOutDone) sessionEvent()   {}
 func (emitted) sessionEvent()        {}
 func (finalRestored) sessionEvent()  {}
 func (closed) sessionEvent()         {}
@@ -191,6 +238,8 @@ const (
 	actStartShareList                         // hand msg (a secagg ShareList) to RoundHandler.HandleShareList
 	actShareListDone                          // a handled ShareList: log and count (res, err)
 	actInvited                                // an invitation arrived (receipt; had: it was new)
+	actLeftRun                                // ann is of a run this site has left: dropped (leftRun)
+	actWriteModelOut                          // write the stored final bundle to model_out again (attempt); report modelOutDone
 )
 
 // why says why an update or uplink is published.
@@ -294,7 +343,9 @@ func (s *session) step(ev sessionEvent) []action {
 		if ev.siteErr != nil {
 			s.siteErr = ev.siteErr
 		}
-		return nil
+		return s.retryModelOut(ev.siteErr)
+	case modelOutDone:
+		return s.modelOutDone(ev.run, ev.err)
 	case closed:
 		s.closing = true
 		s.shareList = nil
@@ -307,6 +358,10 @@ func (s *session) step(ev sessionEvent) []action {
 		for _, r := range rounds {
 			acts = append(acts, action{kind: actStop, key: updateKey(r)})
 			delete(s.retries, r)
+		}
+		if s.modelOut != nil {
+			s.modelOut = nil
+			acts = append(acts, action{kind: actStop, key: modelOutKey})
 		}
 		return s.dropUplinks(acts, func(string) bool { return true })
 	}
@@ -321,6 +376,10 @@ func (s *session) announced(ann *wire.RoundAnnouncement) []action {
 		// run is announced.
 		return []action{{kind: actIgnored, ann: ann}}
 	}
+	if leftRun(s.run, s.runSince, ann) {
+		return []action{{kind: actLeftRun, ann: ann}}
+	}
+	s.seeRun(ann)
 	// An announcement of another aggregator run supersedes whatever waits
 	// or runs, whatever its round number (the new run counts from 1).
 	if p := s.pending; p == nil || ann.Round >= p.Round || (ann.RunId != "" && ann.RunId != p.RunId) {
@@ -422,6 +481,7 @@ func (s *session) solveDone(ev solveDone) []action {
 		same := s.siteErr != nil && s.siteErr.Reason == se.Reason && s.siteErr.Public() == se.Public()
 		s.siteErr = se
 		acts = append(acts, action{kind: actSiteError, ann: ann, se: se, same: same})
+		acts = append(acts, s.retryModelOut(se)...)
 	case err != nil:
 	case res.Action == ActionSolved:
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendFirst})
@@ -598,6 +658,12 @@ func (s *session) timerFired(k pendingKey, gen uint64) []action {
 	if s.closing {
 		return nil
 	}
+	if k == modelOutKey {
+		if m := s.modelOut; m == nil || m.gen != gen {
+			return nil
+		}
+		return []action{{kind: actWriteModelOut, attempt: s.modelOut.attempts}}
+	}
 	if k.subject == wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE {
 		if rt := s.retries[k.round]; rt == nil || rt.gen != gen {
 			return nil
@@ -665,6 +731,55 @@ func (s *session) armUplink(k pendingKey, p *pendingUplink) action {
 	p.attempts++
 	p.gen = s.nextGen()
 	return action{kind: actArm, key: k, gen: p.gen, after: d}
+}
+
+// retryModelOut arms the re-write of model_out when se says the final
+// bundle is stored but model_out could not be written (ErrModelOut: disk
+// full, read-only), unless one is armed: freeing space is then enough.
+func (s *session) retryModelOut(se *sitedata.SiteError) []action {
+	if se == nil || !errors.Is(se, ErrModelOut) || s.modelOut != nil || s.closing {
+		return nil
+	}
+	s.modelOut = &retryState{}
+	return []action{s.armModelOut()}
+}
+
+func (s *session) armModelOut() action {
+	m := s.modelOut
+	d := s.backoff(m.attempts)
+	m.attempts++
+	m.gen = s.nextGen()
+	return action{kind: actArm, key: modelOutKey, gen: m.gen, after: d}
+}
+
+// modelOutDone: written, the re-write is over, the site error it caused
+// is cleared and, unless another run has been announced since, run's end
+// is handled as when the write succeeds at once (quiet until another
+// run); still failing for the same reason, it is armed again after a
+// longer backoff; failing otherwise (the stored bundle is gone or
+// damaged), it stops and the error stays.
+func (s *session) modelOutDone(run string, err error) []action {
+	if s.modelOut == nil || s.closing {
+		return nil
+	}
+	if err != nil {
+		if errors.Is(err, ErrModelOut) {
+			return []action{s.armModelOut()}
+		}
+		s.modelOut = nil
+		return nil
+	}
+	s.modelOut = nil
+	var acts []action
+	if run != "" && (s.run == "" || s.run == run) && !s.finished {
+		s.finished, s.finishedRun = true, run
+		acts = s.dropUplinks(acts, func(string) bool { return true })
+	}
+	if old := s.siteErr; old != nil && errors.Is(old, ErrModelOut) {
+		s.siteErr = nil
+		acts = append(acts, action{kind: actSiteErrorCleared, se: old})
+	}
+	return acts
 }
 
 // backoff is the delay before re-send number attempts+1: backoffMin,

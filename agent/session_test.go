@@ -102,6 +102,9 @@ func (h *sessionHarness) step(ev sessionEvent) {
 }
 
 func keyName(k pendingKey) string {
+	if k == modelOutKey {
+		return "model_out"
+	}
 	switch k.subject {
 	case wire.ReceiptSubject_RECEIPT_SUBJECT_UPDATE:
 		return fmt.Sprintf("update/%d", k.round)
@@ -180,6 +183,10 @@ func render(a action) string {
 			return fmt.Sprintf("share-list %d failed", a.share.Round)
 		}
 		return fmt.Sprintf("share-list %d %s", a.share.Round, a.res.Action)
+	case actWriteModelOut:
+		return fmt.Sprintf("write model_out #%d", a.attempt)
+	case actLeftRun:
+		return fmt.Sprintf("left-run %s/%d", a.ann.RunId, a.ann.Round)
 	case actInvited:
 		if a.had {
 			return fmt.Sprintf("invited %s/%d", a.receipt.RunId, a.receipt.Round)
@@ -193,6 +200,13 @@ func render(a action) string {
 
 func ann(run string, round uint64) *wire.RoundAnnouncement {
 	return &wire.RoundAnnouncement{Federation: testFed, Round: round, RunId: run}
+}
+
+// annAt is ann created at Unix ms at (the run order: leftRun).
+func annAt(run string, round uint64, at int64) *wire.RoundAnnouncement {
+	a := ann(run, round)
+	a.CreatedAtUnixMs = at
+	return a
 }
 
 func annPhase(run string, round uint64, p wire.Phase) *wire.RoundAnnouncement {
@@ -253,6 +267,7 @@ func receipted(subject wire.ReceiptSubject, run string, round uint64, want bool)
 func TestSessionRules(t *testing.T) {
 	schemaErr := &sitedata.SiteError{Reason: sitedata.ReasonSchema, Problem: "no column age"}
 	diskErr := &sitedata.SiteError{Reason: sitedata.ReasonDisk, Problem: "disk full"}
+	modelOutErr := sitedata.NewError(sitedata.ReasonDisk, "/var/lib/edgefl/final.bundle.json", fmt.Errorf("%w: no space left on device", ErrModelOut))
 	tests := []struct {
 		name   string
 		outbox map[uint64][]byte
@@ -316,6 +331,61 @@ func TestSessionRules(t *testing.T) {
 			{ev: idle{}, want: []string{"start B/1"}},
 			// No longer the finished run: another run's announcement.
 			{ev: announced{annPhase("A", 7, wire.Phase_PHASE_FINISHED)}, want: []string{"preempt 1 by 7: " + ErrNewRun.Error(), "wake"}},
+		}},
+		{name: "a run left is never returned to: a stale retained announcement of it is dropped", steps: []sessionStep{
+			{ev: announced{annAt("A", 5, 1000)}, want: []string{"wake"}},
+			{ev: idle{}, want: []string{"start A/5"}},
+			{ev: announced{annAt("A", 4, 900)}, want: []string{"wake"}}, // an older round of A: the same run
+			{ev: announced{annAt("B", 1, 5000)}, want: []string{"preempt 5 by 1: " + ErrNewRun.Error(), "wake"}},
+			{ev: failed(annAt("A", 5, 1000), ErrNewRun), want: []string{"done 5 new-run"}},
+			{ev: idle{}, want: []string{"start B/1"}},
+			// Mosquitto restarted from an autosave holding A's announcements.
+			{ev: announced{annAt("A", 6, 1200)}, want: []string{"left-run A/6"}},
+			{ev: announced{annAt("B", 2, 6000)}, want: []string{"preempt 1 by 2: " + ErrPreempted.Error(), "wake"}},
+			{ev: announced{annAt("A", 7, 4999)}, want: []string{"left-run A/7"}},
+			{ev: solved(annAt("B", 1, 5000), "u1"), want: []string{"done 1 solved", "publish update/1 u1 first"}},
+			{ev: idle{}, want: []string{"start B/2"}},
+			// A genuinely newer run is taken, whatever its round number.
+			{ev: announced{annAt("C", 1, 9000)}, want: []string{"preempt 2 by 1: " + ErrNewRun.Error(), "wake"}},
+			{ev: announced{annAt("B", 3, 8000)}, want: []string{"left-run B/3"}},
+		}},
+		{name: "the run order comes from the state file: a restarted agent does not go back either", steps: []sessionStep{
+			{check: func(_ *testing.T, h *sessionHarness) { h.s.run, h.s.runSince = "B", 5000 }},
+			{ev: announced{annAt("A", 9, 4000)}, want: []string{"left-run A/9"}},
+			{ev: announced{annAt("B", 3, 7000)}, want: []string{"wake"}},
+			{ev: idle{}, want: []string{"start B/3"}},
+		}},
+		{name: "model_out not written (disk full): written again on a backoff until it is, then the run's end", steps: []sessionStep{
+			{ev: announced{annPhase("A", 5, wire.Phase_PHASE_FINISHED)}, want: []string{"wake"}},
+			{ev: idle{}, want: []string{"start A/5"}},
+			{ev: emit(subjEval, "A", 5, "e"), want: []string{"arm evaluation/5 100ms", "publish evaluation/5 e first"}},
+			{ev: failed(annPhase("A", 5, wire.Phase_PHASE_FINISHED), modelOutErr),
+				want: []string{"done 5 site-error", "site error disk", "arm model_out 100ms"}},
+			// The same failure again (a re-delivered announcement) does not arm twice.
+			{ev: announced{annPhase("A", 5, wire.Phase_PHASE_FINISHED)}, want: []string{"wake"}},
+			{ev: idle{}, want: []string{"start A/5"}},
+			{ev: failed(annPhase("A", 5, wire.Phase_PHASE_FINISHED), modelOutErr), want: []string{"done 5 site-error", "site error disk (same)"}},
+			{advance: 100 * time.Millisecond, want: []string{"arm evaluation/5 200ms", "publish evaluation/5 e retry #2", "write model_out #1"}},
+			{ev: modelOutDone{run: "A", err: modelOutErr}, want: []string{"arm model_out 200ms"}},
+			{advance: 200 * time.Millisecond, want: []string{"arm evaluation/5 400ms", "publish evaluation/5 e retry #3", "write model_out #2"}},
+			// Space freed: written; the error clears and the run is over.
+			{ev: modelOutDone{run: "A"}, want: []string{"stop evaluation/5", "site error cleared disk"}},
+			{advance: 10 * time.Second, want: nil},
+			{ev: announced{annPhase("A", 5, wire.Phase_PHASE_FINISHED)}, want: []string{"ignored 5"}},
+		}},
+		{name: "model_out not written at start: written again; shutdown stops it", steps: []sessionStep{
+			{ev: finalRestored{run: "A", siteErr: modelOutErr}, want: []string{"arm model_out 100ms"}},
+			{advance: 100 * time.Millisecond, want: []string{"write model_out #1"}},
+			{ev: modelOutDone{run: "A", err: modelOutErr}, want: []string{"arm model_out 200ms"}},
+			{ev: closed{}, want: []string{"stop model_out"}},
+			{advance: time.Second, want: nil},
+			{ev: modelOutDone{run: "A"}, want: nil},
+		}},
+		{name: "another disk error is not a model_out re-write", steps: []sessionStep{
+			{ev: announced{ann("A", 2)}, want: []string{"wake"}},
+			{ev: idle{}, want: []string{"start A/2"}},
+			{ev: failed(ann("A", 2), diskErr), want: []string{"done 2 site-error", "site error disk"}},
+			{advance: time.Second, want: nil},
 		}},
 		{name: "a finished run restored at start is ignored", steps: []sessionStep{
 			{ev: finalRestored{run: "A"}, want: nil},

@@ -155,6 +155,22 @@ func (a *Agent) restoreFinal(store *storage.EdgeStore) error {
 	return nil
 }
 
+// writeModelOut writes the stored final bundle to model_out again after a
+// failed write (the session's actWriteModelOut, on its backoff timer):
+// freeing space on a full disk is enough for the model to arrive.
+func (a *Agent) writeModelOut(attempt int) {
+	f, err := a.store.Final()
+	if err == nil {
+		_, err = a.handler.RestoreModelOut(f)
+	}
+	if err != nil {
+		a.log.Warn("model_out still cannot be written; trying again later", "path", a.cfg.ModelOut, "attempt", attempt, "err", err)
+	} else {
+		a.log.Info("final model written to model_out", "path", a.cfg.ModelOut, "digest", f.Digest, "run_id", f.RunID, "attempt", attempt)
+	}
+	a.step(modelOutDone{run: f.RunID, err: err})
+}
+
 // dataError reports a site error about the site's data file, which only
 // reading the data again can clear.
 func dataError(reason string) bool {

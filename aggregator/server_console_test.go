@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"encoding/json"
+	"html"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -137,6 +138,10 @@ func TestConsoleHTTP(t *testing.T) {
 	if page.Code != 200 || !strings.HasPrefix(page.Header().Get("Content-Type"), "text/html") ||
 		!strings.Contains(body, `data-site="site-a"`) || !strings.Contains(body, `id="initial"`) || !strings.Contains(body, testFed) {
 		t.Fatalf("GET /: %d %s\n%.2000s", page.Code, page.Header(), body)
+	}
+	// The Partial column says what partial means (it reads as a fault).
+	if !strings.Contains(body, `id="partial-means">Partial: rounds whose update `+html.EscapeString(wire.PartialMeans)) {
+		t.Errorf("the page does not explain the Partial column")
 	}
 	if csp := page.Header().Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") || !strings.Contains(csp, "script-src 'self'") {
 		t.Errorf("CSP %q", csp)

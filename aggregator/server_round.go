@@ -173,6 +173,9 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 	s.mu.Unlock()
 	args := []any{"round", r, "contributors", len(cr.Contributors), "partial", len(cr.Partial),
 		"stragglers", cr.Stragglers, "aggregation", dur.Round(time.Microsecond)}
+	if len(cr.Partial) > 0 {
+		args = append(args, "partial_means", wire.PartialMeans)
+	}
 	if s.eval != nil {
 		args = append(args, "eval_loss", rr.EvalLoss, "eval_score", rr.EvalScore)
 	}

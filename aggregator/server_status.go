@@ -239,7 +239,7 @@ func (s *Server) families() []metrics.Family {
 		metrics.One(ns+"stragglers_total", "Stragglers summed over closed rounds.", metrics.Counter, float64(c.Stragglers)),
 		metrics.One(ns+"updates_accepted_total", "Updates accepted for an open round.", metrics.Counter, float64(c.Accepted)),
 		metrics.One(ns+"updates_accepted_late_total", "Late FedSplit updates stored as the client's latest z.", metrics.Counter, float64(c.AcceptedLate)),
-		metrics.One(ns+"updates_partial_total", "Accepted updates with partial work.", metrics.Counter, float64(c.PartialUpdates)),
+		metrics.One(ns+"updates_partial_total", "Accepted updates with partial work: "+wire.PartialMeans+".", metrics.Counter, float64(c.PartialUpdates)),
 		{Name: ns + "updates_rejected_total", Help: "Rejected updates by reason (duplicates get an accepted receipt but count here).",
 			Type: metrics.Counter, Samples: metrics.Samples("reason", rej)},
 		{Name: ns + "received_bytes_total", Help: "Payload bytes received, by topic kind.", Type: metrics.Counter, Samples: metrics.Samples("kind", s.bytesIn.Snapshot())},

@@ -178,7 +178,12 @@ func parsePasswordFile(r io.Reader, name string) (map[string]string, error) {
 
 // SetPassword adds or replaces user's entry in the password file at path
 // (created with mode 0600 if missing), keeping the other lines as they are.
-// The file is rewritten through a temporary file and a rename.
+// The file is rewritten through a temporary file and a rename that keep an
+// existing file's owner, group and mode (Mosquitto reads it as its own
+// user: a file left owned by root and readable by root only makes its next
+// reload refuse every client), and through a symbolic link to its target.
+// When the owner cannot be kept (not run as root or as the owner) nothing
+// is written and the error says so.
 func SetPassword(path, user, password string, iterations int) error {
 	if err := wire.ValidID(user); err != nil {
 		return fmt.Errorf("broker: username: %w", err)
@@ -189,6 +194,14 @@ func SetPassword(path, user, password string, iterations int) error {
 	hash, err := HashPassword(password, iterations)
 	if err != nil {
 		return err
+	}
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		path = real // rename onto the target, not over the link
+	}
+	mode := os.FileMode(0o600)
+	owner := fileOwner{}
+	if fi, err := os.Stat(path); err == nil {
+		mode, owner = fi.Mode().Perm(), ownerOf(fi)
 	}
 	var lines []string
 	old, err := os.ReadFile(path)
@@ -220,7 +233,11 @@ func SetPassword(path, user, password string, iterations int) error {
 		return fmt.Errorf("broker: password file: %w", err)
 	}
 	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(0o600); err != nil {
+	if err := owner.apply(tmp); err != nil {
+		tmp.Close()
+		return fmt.Errorf("broker: password file %s: cannot keep its owner %s (run as root or as its owner): %w", path, owner, err)
+	}
+	if err := tmp.Chmod(mode); err != nil {
 		tmp.Close()
 		return fmt.Errorf("broker: password file: %w", err)
 	}

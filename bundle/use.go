@@ -11,6 +11,7 @@ import (
 	"github.com/edgefl/edgefl/evaluate"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/sitedata"
 )
 
 // ParseDataArg parses a --data value: csv:PATH[:label=COL].
@@ -59,10 +60,51 @@ func (b *Bundle) EvaluateCSV(path, label string) (evaluate.Report, error) {
 	return evaluate.Classification(out, t.Labels, k)
 }
 
+// EvaluateHeldOutCSV is EvaluateCSV on exactly the rows of path that the
+// federation held out (the schema's hold-out rule: sitedata.Load's split),
+// through the transform the site applied (standardize = client: the
+// site's own numeric statistics of its training rows), as the agent
+// evaluates: run on the site's own data CSV, it reproduces the report the
+// site sent for the bundle's round (Evaluation.Sites), to the last digit.
+// A site with eval_data had that file as its held-out rows: evaluate it
+// with EvaluateCSV instead.
+func (b *Bundle) EvaluateHeldOutCSV(path, label string) (evaluate.Report, error) {
+	s := *b.Schema
+	if label != "" {
+		s.Label.Column = label
+	}
+	t, err := s.ReadCSVFile(path)
+	if err != nil {
+		return evaluate.Report{}, err
+	}
+	st := sitedata.FromTable(&s, t, path)
+	if len(st.Holdout) == 0 {
+		return evaluate.Report{}, fmt.Errorf("%s: none of its %d rows is held out by the schema (holdout %g)", path, t.Rows, s.Holdout)
+	}
+	_, holdout, err := st.Data(b.Transform)
+	if err != nil {
+		return evaluate.Report{}, err
+	}
+	return sitedata.Evaluate(b.Model.Spec, b.Model.Params, holdout)
+}
+
+// PredictOptions are PredictCSV's choices of output columns.
+type PredictOptions struct {
+	// Keep are input columns copied to the output, first.
+	Keep []string
+	// RawLabel adds "prediction_raw" after "prediction" (classification):
+	// the first raw label value the schema maps to the predicted class.
+	RawLabel bool
+}
+
 // PredictCSV writes one row per row of in to out (atomically): the kept
-// columns, "prediction" (the predicted class's raw label value, or the
-// value for regression) and, for classification, "p_<class>" per class.
-func (b *Bundle) PredictCSV(in, out string, keep []string) (rows int, err error) {
+// columns, "prediction" (the predicted class's name from the schema, or
+// the value for regression), with opt.RawLabel "prediction_raw" (the
+// class's first raw label value: a class is named so that a raw code such
+// as 1 is not read as a severity) and, for classification, "p_<class>"
+// per class.
+func (b *Bundle) PredictCSV(in, out string, opt PredictOptions) (rows int, err error) {
+	keep := opt.Keep
 	raw, err := os.ReadFile(in)
 	if err != nil {
 		return 0, err
@@ -102,6 +144,11 @@ func (b *Bundle) PredictCSV(in, out string, keep []string) (rows int, err error)
 	w := csv.NewWriter(&buf)
 	header := append([]string{}, keep...)
 	header = append(header, "prediction")
+	withRaw := opt.RawLabel && k > 1
+	if withRaw {
+		header = append(header, "prediction_raw")
+	}
+	probCol := len(header) // the first p_<class> column
 	if k > 1 {
 		for _, c := range b.Schema.Label.Classes {
 			header = append(header, "p_"+c.Name)
@@ -122,9 +169,12 @@ func (b *Bundle) PredictCSV(in, out string, keep []string) (rows int, err error)
 				if row[c] > row[best] {
 					best = c
 				}
-				rec[len(keep)+1+c] = strconv.FormatFloat(row[c], 'g', -1, 64)
+				rec[probCol+c] = strconv.FormatFloat(row[c], 'g', -1, 64)
 			}
-			rec[len(keep)] = b.Schema.RawLabel(best)
+			rec[len(keep)] = b.Schema.Label.Classes[best].Name
+			if withRaw {
+				rec[len(keep)+1] = b.Schema.RawLabel(best)
+			}
 		}
 		w.Write(rec)
 	}

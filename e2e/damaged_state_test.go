@@ -138,3 +138,54 @@ func TestDamagedAggregatorState(t *testing.T) {
 		t.Fatalf("after the rollback the run ended in phase %s round %d", st.phase, st.coordRnd)
 	}
 }
+
+// TestMissingAgentState: a site whose state file is gone after its run
+// (the data partition not mounted, state_file pointing elsewhere) while
+// its model_out remains must not silently start over under a new identity:
+// edge-agent exits non-zero at once with a one-line error naming the state
+// file, the trace and --fresh-state, and creates nothing; with
+// --fresh-state it starts over, says so, and draws a new instance id.
+func TestMissingAgentState(t *testing.T) {
+	e2eTest(t)
+	dir := t.TempDir()
+	federation := "missingstate"
+	schemaPath, files := clinicalFederation(t, dir, clinicalSchema)
+	files = files[:2]
+	passwd := filepath.Join(dir, "passwd")
+	setPasswords(t, dir, passwd, "site-1", "site-2")
+	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	agg := newAggregator(t, dir, aggDefaults(federation).with(kv{
+		{"listen", listen}, {"password_file", passwd}, {"schema", schemaPath},
+		{"per_round", "2"}, {"rounds", "2"}, {"max_epochs", "2"}, {"lr", "0.1"},
+	}).drop("features", "classes"))
+	edges := clinicalEdges(t, dir, federation, listen, files, nil)
+	agg.waitFinished(120 * time.Second)
+	victim := edges[0]
+	modelOut := filepath.Join(dir, victim.id+".bundle.json")
+	victim.p.waitLine(60*time.Second, "site-1's final model", msgIs("federation finished; final model written"))
+	first := victim.lines(msgIs("this installation"))
+	victim.p.kill()
+	if err := os.Remove(victim.state); err != nil {
+		t.Fatal(err)
+	}
+
+	victim.start()
+	victim.p.waitExit(15 * time.Second)
+	out := victim.p.tail(5)
+	if victim.p.exitError() == nil || !strings.Contains(out, "is missing but this site has run here before") ||
+		!strings.Contains(out, victim.state) || !strings.Contains(out, modelOut) || !strings.Contains(out, "--fresh-state") {
+		t.Fatalf("edge-agent with its state file gone: exit %v, output:\n%s", victim.p.exitError(), out)
+	}
+	if _, err := os.Stat(victim.state); err == nil {
+		t.Fatal("the refused start created a state file")
+	}
+
+	victim.p = startProc(t, dir, victim.id, nil, agentBin, "run", "--config", victim.conf, "--fresh-state")
+	victim.runs = append(victim.runs, victim.p)
+	victim.p.waitLine(10*time.Second, "the fresh start", msgIs("state file missing; starting this site over with a new one as asked (--fresh-state)"))
+	again := victim.p.waitLine(10*time.Second, "the new installation", msgIs("this installation"))
+	if len(first) != 1 || again.str("instance") == "" || again.str("instance") == first[0].str("instance") {
+		t.Fatalf("instance ids: before %v, after %q: want a new one", first, again.str("instance"))
+	}
+	stopFederation(t, agg, edges...)
+}

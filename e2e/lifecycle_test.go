@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/evaluate"
 )
 
 // clinicalSchema is the schema of clinicalSite's CSVs: two numeric and two
@@ -210,6 +211,23 @@ func TestModelLifecycle(t *testing.T) {
 	}
 	if err := json.Unmarshal(out, &rep); err != nil || rep.N != 220 || rep.Accuracy < 0.6 {
 		t.Fatalf("edge-agent evaluate --json: %v: %s", err, out)
+	}
+	// --heldout: exactly the rows the federation held out, so the site
+	// reproduces its own federated figure, the report it sent for the
+	// final round (the bundle's per-site evaluation), digit for digit.
+	out, err = exec.Command(agentBin, "evaluate", "--heldout", "--model", filepath.Join(dir, "site-3.bundle.json"), "--data", "csv:"+files[2], "--json").CombinedOutput()
+	if err != nil {
+		t.Fatalf("edge-agent evaluate --heldout: %v\n%s", err, out)
+	}
+	var held, sent evaluate.Report
+	if err := json.Unmarshal(out, &held); err != nil {
+		t.Fatalf("edge-agent evaluate --heldout --json: %v: %s", err, out)
+	}
+	sent = ev.Sites["site-3"]
+	hj, _ := json.Marshal(held)
+	sj, _ := json.Marshal(sent)
+	if h, s := string(hj), string(sj); h != s || held.N == 0 || held.N >= int64(rep.N) {
+		t.Fatalf("evaluate --heldout on site-3's CSV:\n%s\nsite-3's federated figure:\n%s", h, s)
 	}
 	pred := filepath.Join(dir, "pred.csv")
 	if out, err := exec.Command(agentBin, "predict", "--model", filepath.Join(dir, "site-3.bundle.json"), "--data", "csv:"+files[2],

@@ -31,8 +31,8 @@
 // For binary and multiclass tasks the order of "classes" is the class order:
 // class k is the model's output k (binary: classes[1] is the positive class).
 // Several raw values may map to one class; a raw value may map to only one.
-// The raw label reported for a predicted class k (predict) is the first entry
-// of classes[k].values. Regression has no classes: the label column is parsed
+// predict reports a predicted class k by its name, classes[k].name, and with
+// --raw-label also by the first entry of classes[k].values (RawLabel). Regression has no classes: the label column is parsed
 // as a number.
 //
 // The held-out split: a site holds out row i (0-based data row of its CSV)

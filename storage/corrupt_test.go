@@ -202,7 +202,7 @@ func makeEdgeFile(t testing.TB, path string, dim int) {
 	if _, err := e.InitIdentity("site-a", time.Unix(1700000000, 0)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.StartRun("run-1"); err != nil {
+	if _, err := e.StartRunAt("run-1", 1700000000000); err != nil {
 		t.Fatal(err)
 	}
 	for r := uint64(1); r <= 3; r++ {

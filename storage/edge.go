@@ -73,6 +73,7 @@ var (
 	keyServerZ         = []byte("server_z")
 	keyConnection      = []byte("connection")
 	keyRunID           = []byte("run_id")
+	keyRunSince        = []byte("run_since")
 	keyEdgeFinalMeta   = []byte("final_meta")
 	keyEdgeFinalBundle = []byte("final_bundle")
 	keyContrib         = []byte("contrib")
@@ -126,11 +127,14 @@ var edgeSchema = schema{
 		// Version 6 adds FedSplit's sum mode: edge/contrib and the
 		// sum_pending bucket (an older agent refuses the file as newer).
 		{name: "sum mode", run: createBuckets(bucketPending)},
+		// Version 7 adds edge/run_since, the creation time of the oldest
+		// announcement seen of the current run (the agent's run order).
+		{name: "run order key", run: func(*wtx) error { return nil }},
 	},
 	countedFrom: 5,
 	layout: map[string][]string{
 		string(bucketEdge): {string(keyClientID), string(keyCreatedAt), string(keyInstanceID), string(keySeenRound), string(keyAppliedRound),
-			string(keyGlobal), string(keyZ), string(keyServerZ), string(keyConnection), string(keyRunID),
+			string(keyGlobal), string(keyZ), string(keyServerZ), string(keyConnection), string(keyRunID), string(keyRunSince),
 			string(keyEdgeFinalMeta), string(keyEdgeFinalBundle), string(keyContrib)},
 		string(bucketResiduals): nil, string(bucketOutbox): nil, string(bucketPending): nil,
 	},
@@ -359,6 +363,25 @@ func (s *EdgeStore) RunID() (string, error) {
 	return id, err
 }
 
+// RunOrder is the run the round state belongs to ("" if not known) and
+// its since: the creation time (Unix ms) of the oldest announcement of it
+// seen, 0 if not known. The agent orders runs by it (a run whose
+// announcements are older than since is one it has left). A read
+// transaction.
+func (s *EdgeStore) RunOrder() (id string, since int64, err error) {
+	err = s.view(func(b *wbucket, _ *wtx) error {
+		v, err := eget(b, keyRunID)
+		if err != nil {
+			return err
+		}
+		id = string(v)
+		u, err := getU64(b, keyRunSince)
+		since = int64(min(u, math.MaxInt64))
+		return err
+	})
+	return id, since, err
+}
+
 // RunStart is what StartRun did.
 type RunStart struct {
 	Previous string // the run id the state belonged to ("" if none)
@@ -374,13 +397,27 @@ type RunStart struct {
 // contributions), the residuals and the outbox are cleared (the identity
 // and the connection counter stay).
 func (s *EdgeStore) StartRun(runID string) (RunStart, error) {
+	return s.StartRunAt(runID, 0)
+}
+
+// StartRunAt is StartRun of an announcement created at since (Unix ms, 0
+// if not known), which becomes the run's since (RunOrder): a new run's,
+// or the current run's when older than its since. The caller decides
+// whether the run is one to start (the agent's run order); this records.
+func (s *EdgeStore) StartRunAt(runID string, since int64) (RunStart, error) {
 	if runID == "" {
 		return RunStart{}, fmt.Errorf("storage: start run: %w: empty run id", ErrInvalid)
 	}
+	since = max(since, 0)
 	var rs RunStart
-	if cur, err := s.RunID(); err != nil {
+	if cur, old, err := s.RunOrder(); err != nil {
 		return rs, fmt.Errorf("storage: start run: %w", err)
 	} else if cur == runID {
+		if since > 0 && (old == 0 || since < old) {
+			if err := s.update(func(b *wbucket, _ *wtx) error { return sput(b, keyRunSince, encodeU64(uint64(since))) }); err != nil {
+				return rs, fmt.Errorf("storage: start run: %w", err)
+			}
+		}
 		return RunStart{Previous: cur}, nil
 	}
 	err := s.update(func(b *wbucket, tx *wtx) error {
@@ -423,6 +460,13 @@ func (s *EdgeStore) StartRun(runID string) (RunStart, error) {
 					return err
 				}
 			}
+		}
+		if since > 0 {
+			if err := sput(b, keyRunSince, encodeU64(uint64(since))); err != nil {
+				return err
+			}
+		} else if err := b.Delete(keyRunSince); err != nil {
+			return err
 		}
 		return sput(b, keyRunID, []byte(runID))
 	})

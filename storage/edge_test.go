@@ -456,6 +456,47 @@ func TestEdgeStartRun(t *testing.T) {
 	wantCleared("after StartRun(C)")
 }
 
+// TestEdgeRunOrder: StartRunAt records the run's since, the creation time
+// of its oldest announcement seen; it survives a reopen, a new run replaces
+// it, an unknown time (0) clears it.
+func TestEdgeRunOrder(t *testing.T) {
+	path := tempPath(t, "edge.db")
+	s := openEdge(t, path)
+	if _, err := s.InitIdentity("site-1", time.Unix(1700000000, 0)); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range []struct {
+		run       string
+		at        int64
+		wantRun   string
+		wantSince int64
+		reset     bool
+	}{
+		{"A", 1000, "A", 1000, false},
+		{"A", 1500, "A", 1000, false}, // a later round of A
+		{"A", 900, "A", 900, false},   // an older round of A seen late
+		{"B", 5000, "B", 5000, true},
+		{"B", 0, "B", 5000, false},
+		{"C", 0, "C", 0, true}, // an aggregator that does not date its announcements
+		{"C", 7000, "C", 7000, false},
+	} {
+		rs, err := s.StartRunAt(c.run, c.at)
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		run, since, err := s.RunOrder()
+		if err != nil || run != c.wantRun || since != c.wantSince || rs.Reset != c.reset && rs.Previous != "" {
+			t.Fatalf("step %d: StartRunAt(%s, %d) = %+v; RunOrder %s %d %v; want %s %d", i, c.run, c.at, rs, run, since, err, c.wantRun, c.wantSince)
+		}
+	}
+	closeT(t, s)
+	s = openEdge(t, path)
+	defer closeT(t, s)
+	if run, since, err := s.RunOrder(); err != nil || run != "C" || since != 7000 {
+		t.Fatalf("after reopen: %s %d %v", run, since, err)
+	}
+}
+
 // The final bundle of a finished run: stored with its run, round and
 // digest, byte for byte; storing it empties the outbox (the run is over);
 // it survives a reopen and the start of another run, and the next run's

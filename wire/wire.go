@@ -372,3 +372,11 @@ func DecodeSiteInbox(b []byte, lim Limits) (Message, error) {
 	}
 	return m, nil
 }
+
+// PartialMeans is what a work report's "partial" means wherever it is
+// shown (the agent's and the aggregator's logs, status, the console,
+// /metrics): the local solve stopped at its budget (epochs, gradient
+// evaluations, the round's deadline) or was pre-empted by a newer round
+// before reaching the round's target gamma. Partial work is normal in the
+// FedProx family and is sent and used, not a fault.
+const PartialMeans = "stopped at its budget or deadline before reaching the round's target gamma; the work is used (normal for FedProx)"

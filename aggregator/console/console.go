@@ -20,6 +20,8 @@ import (
 	"net/http"
 	"reflect"
 	"time"
+
+	"github.com/edgefl/edgefl/wire"
 )
 
 //go:embed index.html console.css console.js
@@ -38,6 +40,8 @@ var page = template.Must(template.New("index.html").Funcs(template.FuncMap{
 		}
 		return "-"
 	},
+	// partialMeans explains the sites table's Partial column.
+	"partialMeans": func() string { return wire.PartialMeans },
 	"short": func(s string) string {
 		if len(s) > 16 {
 			return s[:16] + "…"

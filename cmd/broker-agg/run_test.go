@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -535,6 +536,71 @@ func TestPKIPasswd(t *testing.T) {
 	}
 	if len(readPasswd(t, file)) != 2 {
 		t.Error("a failed pki passwd changed the file")
+	}
+}
+
+// TestPKIPasswdKeepsOwnerAndMode: adding a site to a password file that
+// Mosquitto reads as its own user (owner mosquitto, mode 0640 or 0600)
+// keeps the file's owner, group and mode, also through a symbolic link
+// (the link stays a link); a new file is created 0600. Rewritten owned by
+// root and readable by root only, Mosquitto's next reload refused every
+// client.
+func TestPKIPasswdKeepsOwnerAndMode(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test chowns a file to another user: run it as root (scripts/test.sh does)")
+	}
+	for _, c := range []struct {
+		name     string
+		uid, gid int
+		mode     os.FileMode
+		link     bool
+	}{
+		{"mosquitto's 0600", 103, 110, 0o600, false},
+		{"group-readable 0640", 65534, 65534, 0o640, false},
+		{"through a symlink", 4242, 4343, 0o600, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			file := filepath.Join(dir, "edgefl.passwd")
+			if code, _, errOut := runCLI(t, "pki", "passwd", "--file", file, "--user", "site-a", "--iterations", "1000"); code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			if err := os.Chown(file, c.uid, c.gid); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(file, c.mode); err != nil {
+				t.Fatal(err)
+			}
+			arg := file
+			if c.link {
+				arg = filepath.Join(dir, "passwd-link")
+				if err := os.Symlink(file, arg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if code, _, errOut := runCLI(t, "pki", "passwd", "--file", arg, "--user", "site-m", "--iterations", "1000"); code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			fi, err := os.Stat(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := fi.Sys().(*syscall.Stat_t)
+			if int(st.Uid) != c.uid || int(st.Gid) != c.gid || fi.Mode().Perm() != c.mode {
+				t.Errorf("after pki passwd: uid %d gid %d mode %v, want %d %d %v", st.Uid, st.Gid, fi.Mode().Perm(), c.uid, c.gid, c.mode)
+			}
+			if entries := readPasswd(t, file); len(entries) != 2 {
+				t.Errorf("entries %v, want site-a and site-m", entries)
+			}
+			if c.link {
+				if li, err := os.Lstat(arg); err != nil || li.Mode()&os.ModeSymlink == 0 {
+					t.Errorf("the symbolic link was replaced by a file: %v %v", li.Mode(), err)
+				}
+			}
+			if left, _ := filepath.Glob(filepath.Join(dir, "*.tmp*")); len(left) > 0 {
+				t.Errorf("temporary files left: %v", left)
+			}
+		})
 	}
 }
 

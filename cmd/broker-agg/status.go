@@ -20,6 +20,7 @@ import (
 	"github.com/edgefl/edgefl/evaluate"
 	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/wire"
 )
 
 // runStatus prints the federation's current round and clients: from the
@@ -197,6 +198,7 @@ func printLive(w io.Writer, st aggregator.Status) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	fmt.Fprintf(w, "(PARTIAL: rounds whose update %s)\n", wire.PartialMeans)
 	h := l.History
 	if len(h) == 0 {
 		return nil

@@ -14,13 +14,16 @@ import (
 // runEvaluate is `edge-agent evaluate`: the metrics of a bundle's model on
 // a labelled CSV, through the bundle's schema and preprocessing.
 func runEvaluate(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := cli.NewFlagSet("evaluate", stderr, "usage: edge-agent evaluate --model BUNDLE --data csv:PATH[:label=COL] [--json]\n\n"+
+	fs := cli.NewFlagSet("evaluate", stderr, "usage: edge-agent evaluate --model BUNDLE --data csv:PATH[:label=COL] [--heldout] [--json]\n\n"+
 		"Reads PATH by the bundle's schema (label=COL overrides the label column), applies the\n"+
 		"bundle's preprocessing and prints n, loss and accuracy, balanced accuracy, confusion\n"+
-		"matrix and ROC AUC (binary), or RMSE and R^2 (regression).\n\nflags:\n")
+		"matrix and ROC AUC (binary), or RMSE and R^2 (regression). With --heldout only the rows\n"+
+		"the federation held out of PATH (the schema's holdout rule) are evaluated, as the site\n"+
+		"did: on the site's own data file this is the site's federated figure in the bundle.\n\nflags:\n")
 	modelPath := fs.String("model", "", "model bundle written by broker-agg (required)")
 	data := fs.String("data", "", "labelled data: csv:PATH[:label=COL] (required)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	heldout := fs.Bool("heldout", false, "evaluate only the rows of PATH the federation held out (never trained on)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -35,7 +38,11 @@ func runEvaluate(_ context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	r, err := b.EvaluateCSV(path, label)
+	evalCSV := b.EvaluateCSV
+	if *heldout {
+		evalCSV = b.EvaluateHeldOutCSV
+	}
+	r, err := evalCSV(path, label)
 	if err != nil {
 		return err
 	}
@@ -49,6 +56,11 @@ func runEvaluate(_ context.Context, args []string, stdout, stderr io.Writer) err
 		// are of the local CSV and stay here.
 		fmt.Fprintf(stdout, "model      %s\n", p)
 	}
+	rows := "every row"
+	if *heldout {
+		rows = "the held-out rows"
+	}
+	fmt.Fprintf(stdout, "rows       %s of %s\n", rows, path)
 	fmt.Fprintf(stdout, "n          %d\nloss       %.6g\n", r.N, r.Loss)
 	if r.Confusion == nil {
 		fmt.Fprintf(stdout, "rmse       %.6g\n", r.RMSE)

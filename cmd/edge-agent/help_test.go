@@ -30,7 +30,7 @@ func TestEveryCommandHelp(t *testing.T) {
 					"  -deadline-margin duration\n", "(default 1s)",
 					"  -broker URL\n", "  -seed uint\n", "  -lr float\n", "  -state-file FILE\n",
 					"  -log-level string\n", `(default "info")`,
-					"  -config FILE\n", "  -reset-state\n",
+					"  -config FILE\n", "  -reset-state\n", "  -fresh-state\n",
 				} {
 					if !strings.Contains(help, want) {
 						t.Errorf("run --help does not show %q", want)

@@ -13,14 +13,16 @@ import (
 
 // runPredict is `edge-agent predict`: one output row per input row.
 func runPredict(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := cli.NewFlagSet("predict", stderr, "usage: edge-agent predict --model BUNDLE --data csv:PATH --out FILE [--keep COL,...]\n\n"+
+	fs := cli.NewFlagSet("predict", stderr, "usage: edge-agent predict --model BUNDLE --data csv:PATH --out FILE [--keep COL,...] [--raw-label]\n\n"+
 		"Writes FILE (atomically) with one row per row of PATH: the --keep columns, \"prediction\"\n"+
-		"(the predicted class as its raw label value, or the value for regression) and\n"+
-		"p_<class> per class. PATH is read by the bundle's schema (the label column may be absent).\n\nflags:\n")
+		"(the predicted class's name from the schema, or the value for regression), with --raw-label\n"+
+		"\"prediction_raw\" (the first raw label value of that class), and p_<class> per class.\n"+
+		"PATH is read by the bundle's schema (the label column may be absent).\n\nflags:\n")
 	modelPath := fs.String("model", "", "model bundle written by broker-agg (required)")
 	data := fs.String("data", "", "input rows: csv:PATH (required)")
 	out := fs.String("out", "", "output CSV (required)")
 	keep := fs.String("keep", "", "comma-separated input columns copied to the output")
+	rawLabel := fs.Bool("raw-label", false, "add a prediction_raw column: the predicted class's first raw label value")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -42,7 +44,7 @@ func runPredict(_ context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	n, err := b.PredictCSV(path, *out, cols)
+	n, err := b.PredictCSV(path, *out, bundle.PredictOptions{Keep: cols, RawLabel: *rawLabel})
 	if err != nil {
 		return err
 	}

@@ -50,10 +50,11 @@ func TestEvaluateAndPredictCommands(t *testing.T) {
 	}
 	pred := filepath.Join(dir, "p.csv")
 	out.Reset()
-	if code := run(context.Background(), []string{"predict", "--model", b, "--data", "csv:../../schema/testdata/site.csv", "--out", pred, "--keep", "extra"}, &out, &errb); code != 0 {
+	if code := run(context.Background(), []string{"predict", "--model", b, "--data", "csv:../../schema/testdata/site.csv", "--out", pred, "--keep", "extra", "--raw-label"}, &out, &errb); code != 0 {
 		t.Fatalf("predict exit %d: %s", code, errb.String())
 	}
-	if got, _ := os.ReadFile(pred); !strings.HasPrefix(string(got), "extra,prediction,p_low,p_high\n") {
+	if got, _ := os.ReadFile(pred); !strings.HasPrefix(string(got), "extra,prediction,prediction_raw,p_low,p_high\nx,") ||
+		!strings.Contains(string(got), "\nx,high,1,") && !strings.Contains(string(got), "\nx,low,0,") {
 		t.Fatalf("predictions %s", got)
 	}
 	// A tampered bundle: one line naming the file.

@@ -273,3 +273,31 @@ func newFlagSet() *flag.FlagSet {
 	fs.SetOutput(io.Discard)
 	return fs
 }
+
+// Both systemd units wait for the clock (README.md, "Clocks"): ordered
+// after time-sync.target and pulling it in, so that with
+// systemd-time-wait-sync enabled a Raspberry Pi without a hardware clock
+// starts the daemon only once NTP has set the time.
+func TestSystemdUnitsWaitForTimeSync(t *testing.T) {
+	for _, unit := range []string{"edge-agent.service", "broker-agg.service"} {
+		raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "systemd", unit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var after, wants []string
+		for _, line := range strings.Split(string(raw), "\n") {
+			if v, ok := strings.CutPrefix(line, "After="); ok {
+				after = append(after, strings.Fields(v)...)
+			}
+			if v, ok := strings.CutPrefix(line, "Wants="); ok {
+				wants = append(wants, strings.Fields(v)...)
+			}
+		}
+		if !slices.Contains(after, "time-sync.target") || !slices.Contains(wants, "time-sync.target") {
+			t.Errorf("%s: After=%v Wants=%v, want time-sync.target in both", unit, after, wants)
+		}
+		if !strings.Contains(string(raw), "systemctl enable systemd-time-wait-sync") {
+			t.Errorf("%s does not say to enable systemd-time-wait-sync (without it time-sync.target waits for nothing)", unit)
+		}
+	}
+}

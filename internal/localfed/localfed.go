@@ -152,6 +152,9 @@ func StartAgents(ctx context.Context, c AgentsConfig) (*Agents, error) {
 		}
 		cfg.ReconnectMax = c.ReconnectMax
 		cfg.Data, cfg.ModelOut = s.Source, s.ModelOut
+		// Simulated sites of one process (demo --dir run again after
+		// removing state files): no gateway's identity to protect.
+		cfg.FreshState = true
 		deps := agent.Deps{Data: s.Data, Logger: c.Logger}
 		if f := c.SecAggRand; f != nil {
 			id := s.ID
