@@ -83,6 +83,16 @@ type FitTransform struct {
 	At    time.Time
 }
 
+// StatsOverdue: the statistics phase passed its deadline with fewer
+// than Quorum sites' statistics (Sites, sorted); it now closes as soon as
+// Quorum have sent theirs. The shell tells the operator which sites are
+// missing and why.
+type StatsOverdue struct {
+	Deadline time.Time
+	Sites    []string
+	Quorum   int
+}
+
 // AcceptEval: store the evaluation report (Round, Client) unless stored
 // already (then it is a duplicate), then receipt.
 type AcceptEval struct {
@@ -115,6 +125,7 @@ func (AnnounceStatistics) decision() {}
 func (AcceptStatistics) decision()   {}
 func (RejectStatistics) decision()   {}
 func (FitTransform) decision()       {}
+func (StatsOverdue) decision()       {}
 func (AcceptEval) decision()         {}
 func (RejectEval) decision()         {}
 func (EvalComplete) decision()       {}
@@ -270,6 +281,7 @@ func (c *Coordinator) stepStatistics(ev Event) []Decision {
 				out = c.fit(at, out)
 			} else {
 				c.overdue = true // close as soon as Quorum have sent theirs
+				out = append(out, StatsOverdue{Deadline: c.deadline, Sites: c.fed.statsList(), Quorum: c.cfg.Quorum})
 			}
 		}
 	case TransformFitted:

@@ -67,7 +67,9 @@ func TestStatisticsPhaseDeadline(t *testing.T) {
 	r := restored(t, cfg, c)
 	mustEqual(t, "resume", r.Resume(), []Decision{AnnounceStatistics{Deadline: ms(1000)}, SetTimer{At: ms(1000)}})
 	runScript(t, r, []script{
-		{Tick{At: ms(1000)}, []Decision{SetTimer{}}}, // below quorum: no timer, overdue
+		// below quorum: overdue (the shell warns, naming the missing
+		// sites), no timer
+		{Tick{At: ms(1000)}, []Decision{StatsOverdue{Deadline: ms(1000), Sites: []string{"a"}, Quorum: 2}, SetTimer{}}},
 		{stats("b", 5000), []Decision{AcceptStatistics{Client: "b"}, FitTransform{Sites: []string{"a", "b"}, At: ms(5000)}}},
 	})
 }

@@ -247,9 +247,9 @@ func (s *Server) families() []metrics.Family {
 		metrics.One(ns+"extensions_total", "Deadlines extended below quorum.", metrics.Counter, float64(c.Extensions)),
 		metrics.One(ns+"reselections_total", "Re-selections below quorum.", metrics.Counter, float64(c.Reselections)),
 		metrics.One(ns+"stalls_total", "Rounds that ran out of re-selections.", metrics.Counter, float64(c.Stalls)),
-		{Name: ns + "clients", Help: "Known clients, and those online.", Type: metrics.Gauge, Samples: []metrics.Sample{
+		{Name: ns + "clients", Help: "Known clients, and those online (none while the aggregator is not connected to the broker: their liveness is then unknown).", Type: metrics.Gauge, Samples: []metrics.Sample{
 			{Labels: []metrics.Label{{Name: "state", Value: "known"}}, Value: float64(v.Clients)},
-			{Labels: []metrics.Label{{Name: "state", Value: "online"}}, Value: float64(v.Online)},
+			{Labels: []metrics.Label{{Name: "state", Value: "online"}}, Value: float64(v.Online) * b2f(s.brokerStatus().Connected)},
 		}},
 		{Name: ns + "aggregation_seconds", Help: "Time to aggregate and checkpoint a round.", Type: metrics.Summary, Samples: []metrics.Sample{
 			{Suffix: "_sum", Value: aggSum}, {Suffix: "_count", Value: float64(aggCount)},
@@ -281,6 +281,7 @@ func (s *Server) families() []metrics.Family {
 	f = append(f, privacyFamilies(v.Privacy)...)
 	f = append(f, secAggFamilies(v.SecAgg)...)
 	f = append(f, s.brokerFamilies()...)
+	f = append(f, s.rosterFamilies()...)
 	evalData := "eval"
 	if s.cfg.Schema != nil {
 		evalData = "eval_data" // the federated figures take the eval_ names
@@ -344,6 +345,14 @@ type Status struct {
 	Privacy *PrivacyStatus `json:"privacy,omitempty"`
 	// SecAgg is the secure aggregation of a --secagg run.
 	SecAgg *SecAggStatus `json:"secagg,omitempty"`
+	// Broker is the aggregator's own broker connection, Refused the
+	// latest refused connection of each identity that is neither on the
+	// roster nor a known site (the embedded broker's; roster.go), and
+	// StatisticsOverdue the statistics phase past its deadline below
+	// quorum, with each missing site and why (the running daemon's only).
+	Broker            *BrokerStatus      `json:"broker,omitempty"`
+	Refused           []SiteRefusal      `json:"refused,omitempty"`
+	StatisticsOverdue *StatisticsOverdue `json:"statistics_overdue,omitempty"`
 	// DuplicateInstances are the sites for which a second installation
 	// was seen (instances.go; the running daemon's only).
 	DuplicateInstances []DuplicateInstance `json:"duplicate_instances,omitempty"`
@@ -387,6 +396,14 @@ type ClientInfo struct {
 	LastWork   *WorkInfo         `json:"last_work,omitempty"`
 	LastEval   *SiteEval         `json:"last_eval,omitempty"`
 	Rejections map[string]uint64 `json:"rejections,omitempty"`
+	// From the running daemon (roster.go): the site is on the roster
+	// (Expected), has never been heard of (NeverConnected), its latest
+	// refused connection, and whether its liveness is unknown (the
+	// aggregator is not connected to the broker; Online is then false).
+	Expected        bool         `json:"expected,omitempty"`
+	NeverConnected  bool         `json:"never_connected,omitempty"`
+	LastRefusal     *SiteRefusal `json:"last_refusal,omitempty"`
+	LivenessUnknown bool         `json:"liveness_unknown,omitempty"`
 }
 
 // WorkInfo is what a site's latest accepted update said of its local
