@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"path/filepath"
 	"slices"
@@ -730,12 +731,13 @@ func evalFigures(store *storage.AggStore, sc *schema.Schema, e int, lim wire.Lim
 		if err != nil {
 			return nil, fmt.Errorf("aggregator: stored evaluation (%d, %q): %w", e, r.ClientID, err)
 		}
-		out.Sites[r.ClientID] = rep
-		reps = append(reps, rep) // client-id order: a deterministic sum
+		out.Sites[r.ClientID] = rep.WithBaseline() // the aggregator's, whatever a site sent
+		reps = append(reps, rep)                   // client-id order: a deterministic sum
 	}
 	if out.Federation, err = evaluate.Combine(reps); err != nil {
 		return nil, fmt.Errorf("aggregator: evaluations of round %d: %w", e, err)
 	}
+	out.Federation = out.Federation.WithBaseline()
 	return out, nil
 }
 
@@ -787,6 +789,9 @@ func evalArgs(fig *EvalStatus) []any {
 	args := []any{"round", fig.Round, "sites", len(fig.Sites), "n", f.N, "loss", f.Loss}
 	if f.Confusion != nil {
 		args = append(args, "accuracy", f.Accuracy, "balanced_accuracy", f.BalancedAccuracy)
+		if b := f.Baseline; b != nil {
+			args = append(args, "majority_baseline", b.Accuracy)
+		}
 		if f.AUC != nil {
 			args = append(args, "auc", *f.AUC)
 		}
@@ -795,6 +800,21 @@ func evalArgs(fig *EvalStatus) []any {
 		if f.R2 != nil {
 			args = append(args, "r2", *f.R2)
 		}
+	}
+	// The sites (and the federation) whose model does not beat the
+	// baseline on their own rows: an accuracy that is the majority
+	// class's share says nothing.
+	var below []string
+	for _, id := range slices.Sorted(maps.Keys(fig.Sites)) {
+		if b := fig.Sites[id].Baseline; b != nil && !b.Beaten {
+			below = append(below, id)
+		}
+	}
+	if b := f.Baseline; b != nil && !b.Beaten {
+		below = append(below, "federation")
+	}
+	if len(below) > 0 {
+		args = append(args, "not_above_baseline", below)
 	}
 	return args
 }

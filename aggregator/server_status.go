@@ -615,6 +615,12 @@ func (s *Server) fedFamilies(v ServerView) []metrics.Family {
 		f = append(f, metrics.Family{Name: ns + name, Help: help, Type: metrics.Gauge, Samples: ss})
 	}
 	site("site_eval_loss", "A site's evaluation loss on its held-out rows.", func(r evaluate.Report) (float64, bool) { return r.Loss, r.N > 0 })
+	site("site_eval_below_baseline", "1 when the model does not beat the baseline on a site's held-out rows (the majority class; for regression the rows' mean, R^2 <= 0), else 0.", func(r evaluate.Report) (float64, bool) {
+		if r.Baseline == nil {
+			return 0, false
+		}
+		return b2f(!r.Baseline.Beaten), true
+	})
 	if fed.Confusion != nil {
 		f = append(f,
 			metrics.One(ns+"eval_accuracy", "Federated evaluation accuracy.", metrics.Gauge, fed.Accuracy),
@@ -623,6 +629,16 @@ func (s *Server) fedFamilies(v ServerView) []metrics.Family {
 			f = append(f, metrics.One(ns+"eval_auc", "Federated ROC AUC (sample-weighted mean of the sites').", metrics.Gauge, *fed.AUC))
 		}
 		site("site_eval_accuracy", "A site's evaluation accuracy on its held-out rows.", func(r evaluate.Report) (float64, bool) { return r.Accuracy, r.N > 0 })
+		site("site_eval_balanced_accuracy", "A site's evaluation balanced accuracy on its held-out rows.", func(r evaluate.Report) (float64, bool) { return r.BalancedAccuracy, r.N > 0 })
+		if b := fed.Baseline; b != nil {
+			f = append(f, metrics.One(ns+"eval_baseline_accuracy", "Accuracy of always predicting the majority class of the federation's held-out rows (the baseline eval_accuracy must beat).", metrics.Gauge, b.Accuracy))
+		}
+		site("site_eval_baseline_accuracy", "Accuracy of always predicting the majority class of a site's held-out rows (the baseline its accuracy must beat).", func(r evaluate.Report) (float64, bool) {
+			if r.Baseline == nil {
+				return 0, false
+			}
+			return r.Baseline.Accuracy, true
+		})
 	} else {
 		f = append(f, metrics.One(ns+"eval_rmse", "Federated evaluation RMSE.", metrics.Gauge, fed.RMSE))
 		if fed.R2 != nil {

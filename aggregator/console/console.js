@@ -255,7 +255,10 @@
     if (ev.dataset.v !== evSig) {
       ev.dataset.v = evSig; ev.textContent = '';
       if (e) {
-        ev.appendChild(document.createTextNode('loss ' + num(e.loss) + (e.score !== undefined && e.score !== null ? ' · ' + scoreName() + ' ' + num(e.score, 3) : '')));
+        ev.appendChild(document.createTextNode('loss ' + num(e.loss) + (e.score !== undefined && e.score !== null ? ' · ' + scoreName() + ' ' + num(e.score, 3) : '') +
+          (e.balanced_accuracy !== undefined ? ' · balanced ' + num(e.balanced_accuracy, 3) : '') +
+          (e.baseline !== undefined ? ' · majority-class baseline ' + num(e.baseline, 3) : '')));
+        if (e.below_baseline) { ev.appendChild(el('span', 'below', e.baseline !== undefined ? 'does not beat the majority-class baseline' : 'R² not above 0: no better than the mean')); }
         ev.appendChild(el('span', 'sub', 'round ' + e.round + ', n ' + e.n));
       } else { ev.textContent = '-'; }
     }
