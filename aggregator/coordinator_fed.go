@@ -376,16 +376,47 @@ func (c *Coordinator) evalArrived(e EvalArrived, at time.Time) []Decision {
 		return out
 	}
 	c.fed.evalGot[e.Client] = true
-	for _, id := range c.evalSites() {
-		if !c.fed.evalGot[id] {
-			return out
-		}
+	if len(c.evalMissing()) > 0 {
+		return out
 	}
 	c.fed.evalDone = true
 	if c.phase == PhaseFinishing {
 		return c.finished(at, out)
 	}
 	return append(out, EvalComplete{Round: e.Round})
+}
+
+// awaited are the sites an evaluation waits for, sorted: evalSites and,
+// for the final evaluation (the finishing phase), every site online
+// without a site error (the end's announcement asks every site): a site
+// that joined after the statistics phase and took part is not left out of
+// the final figures because its report came a moment after the others.
+// An online site going offline is no longer awaited; a statistics site is
+// awaited while offline, until the deadline.
+func (c *Coordinator) awaited() []string {
+	ids := c.evalSites()
+	if c.phase != PhaseFinishing {
+		return ids
+	}
+	for id, cl := range c.clients {
+		if cl.online && !cl.failing && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// evalMissing are the awaited sites that have not reported the latest
+// requested eval round, sorted.
+func (c *Coordinator) evalMissing() []string {
+	var out []string
+	for _, id := range c.awaited() {
+		if !c.fed.evalGot[id] {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // askEval starts tracking eval round e's reports (called when it is
@@ -426,11 +457,11 @@ func (c *Coordinator) stopRule(e AggregatedRound) string {
 func (c *Coordinator) finish(at time.Time, reason string) []Decision {
 	c.fed.stopReason = reason
 	c.closedAt = at
-	if !c.cfg.Evaluate || len(c.evalSites()) == 0 {
+	c.phase = PhaseFinishing // awaited() counts the online sites in it
+	if !c.cfg.Evaluate || len(c.awaited()) == 0 {
 		c.phase = PhaseFinished
 		return []Decision{Finished{Rounds: c.round, At: at}}
 	}
-	c.phase = PhaseFinishing
 	c.deadline = at.Add(c.cfg.RoundTimeout)
 	c.fed.evalRound, c.fed.evalDone = -1, false // askEval resets
 	c.askEval(c.round)
@@ -438,10 +469,11 @@ func (c *Coordinator) finish(at time.Time, reason string) []Decision {
 }
 
 func (c *Coordinator) finished(at time.Time, out []Decision) []Decision {
+	missing := c.evalMissing() // before the phase changes what is awaited
 	c.phase = PhaseFinished
 	c.closedAt = at
 	c.deadline = time.Time{}
-	return append(out, Finished{Rounds: c.round, At: at})
+	return append(out, Finished{Rounds: c.round, At: at, Missing: missing})
 }
 
 // stepFinishing is Step while the final evaluation reports are awaited.
@@ -449,6 +481,12 @@ func (c *Coordinator) stepFinishing(ev Event) []Decision {
 	out, ok := c.afterRun(ev)
 	switch at := norm(ev.eventTime()); {
 	case ok:
+		// A site going offline is no longer awaited: the reports of
+		// the others may be complete now.
+		if _, off := ev.(ClientOffline); off && c.phase == PhaseFinishing && !c.fed.evalDone && len(c.evalMissing()) == 0 {
+			c.fed.evalDone = true
+			out = c.finished(at, out)
+		}
 	case isTick(ev):
 		if !at.Before(c.deadline) {
 			c.fed.evalDone = true

@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http/httptest"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgefl/edgefl/broker"
+	"github.com/edgefl/edgefl/bundle"
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/pki"
@@ -226,5 +228,73 @@ func TestRefusedCertificateInStatusAndConsole(t *testing.T) {
 		if !strings.Contains(met, want) {
 			t.Fatalf("metrics lack %s:\n%s", want, met)
 		}
+	}
+}
+
+// The final evaluation waits for every site online, not only those whose
+// statistics made the preprocessing: site-d joined after the fit and its
+// report is in the final figures although it came after the others';
+// site-x, online and silent, is awaited until the deadline and then named
+// as missing in the bundle, whose provenance names the statistics sites.
+func TestFinalEvaluationAwaitsLateJoiners(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.fedConfig(t)
+	cfg.Rounds = 1
+	log, logs := testkit.FailureLog(t, "aggregator")
+	cfg.Logger = log
+	r := f.start(cfg)
+	sites := []*fedSite{f.fedSite(t, "site-a", 1), f.fedSite(t, "site-b", 2), f.fedSite(t, "site-c", 3)}
+	ann := sites[0].nextPhase(t, wire.Phase_PHASE_STATISTICS, 0, false)
+	for _, s := range sites {
+		s.sendStats(t, ann.RunId)
+		wantSubject(t, s.receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, 0, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	}
+	a1 := sites[0].nextPhase(t, wire.Phase_PHASE_TRAIN, 1, false)
+	late, silent := f.fedSite(t, "site-d", 4), f.agent("site-x", 30) // online after the fit
+	waitView(t, r.s, "five sites online", func(v ServerView) bool { return v.Online == 5 })
+	trainRound(t, r, sites, a1, 0.5)
+	fin := sites[0].nextPhase(t, wire.Phase_PHASE_FINISHED, 1, false)
+	for _, s := range sites {
+		s.sendEval(t, fin)
+		wantSubject(t, s.receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	}
+	late.sendEval(t, fin)
+	wantSubject(t, late.receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	if isDone(r.s.Finished()) {
+		t.Fatal("finished while site-x, online, had not reported")
+	}
+	f.clock.Advance(time.Minute) // the finishing deadline
+	select {
+	case <-r.s.Finished():
+	case <-time.After(waitLong):
+		t.Fatal("not finished at the deadline")
+	}
+	done := silent.nextPhase(t, wire.Phase_PHASE_FINISHED, 1, true)
+	fb, err := bundle.Unmarshal(done.Bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := slices.Sorted(maps.Keys(fb.Evaluation.Sites)); !slices.Equal(got, []string{"site-a", "site-b", "site-c", "site-d"}) {
+		t.Fatalf("the final figures cover %v", got)
+	}
+	if !slices.Equal(fb.Evaluation.Missing, []string{"site-x"}) || !slices.Equal(fb.Provenance.StatisticsSites, []string{"site-a", "site-b", "site-c"}) ||
+		fb.Version != bundle.VersionFigures {
+		t.Fatalf("bundle version %d, missing %v, statistics sites %v", fb.Version, fb.Evaluation.Missing, fb.Provenance.StatisticsSites)
+	}
+	if l := logs.Lines("final evaluation at its deadline without"); len(l) != 1 || !strings.Contains(l[0], "missing=[site-x]") {
+		t.Fatalf("the WARN: %q", l)
+	}
+	st, err := ReadStatus(r.s.store)
+	if err != nil || st.FinalBundle == nil || !slices.Equal(st.FinalBundle.EvalMissing, []string{"site-x"}) || len(st.FinalBundle.EvalSites) != 4 {
+		t.Fatalf("status's final bundle %+v %v", st.FinalBundle, err)
+	}
+}
+
+func isDone(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }

@@ -1466,7 +1466,7 @@ func (s *Server) finish(d Finished) error {
 	var bundle []byte
 	if s.fit != nil {
 		var err error
-		if bundle, err = s.finalBundle(d.Rounds); err != nil {
+		if bundle, err = s.finalBundle(d.Rounds, d.Missing); err != nil {
 			return err
 		}
 	} else if p := s.cfg.FinalModel; p != "" {

@@ -712,6 +712,9 @@ type EvalStatus struct {
 	Round      int                        `json:"round"`
 	Federation evaluate.Report            `json:"federation"`
 	Sites      map[string]evaluate.Report `json:"sites"`
+	// Missing, for the final evaluation, are the sites whose report was
+	// awaited and had not come at its deadline: the figures cover Sites.
+	Missing []string `json:"missing,omitempty"`
 }
 
 // evalFigures combines the stored reports of eval round e (nil: none).
@@ -840,11 +843,12 @@ func makeBundle(sc storedConfig, rec *fitRecord, spec model.Spec, x []float64, f
 	b := &bundle.Bundle{
 		Model: model.Saved{Spec: spec, Layout: m.Layout(), Params: x}, Schema: rec.schema, Transform: rec.tr,
 		Provenance: bundle.Provenance{Federation: sc.Federation, RunID: sc.RunID, Round: e, Algorithm: sc.Algorithm,
-			Params: rec.Params, EdgeflVersion: version, Time: now.UTC().Format(time.RFC3339)},
+			Params: rec.Params, EdgeflVersion: version, Time: now.UTC().Format(time.RFC3339),
+			StatisticsSites: slices.Clone(rec.Sites)},
 		Privacy: priv,
 	}
 	if fig != nil {
-		b.Evaluation = &bundle.Evaluation{Round: e, Federation: fig.Federation, Sites: fig.Sites}
+		b.Evaluation = &bundle.Evaluation{Round: e, Federation: fig.Federation, Sites: fig.Sites, Missing: fig.Missing}
 	}
 	return b.Marshal()
 }
@@ -859,7 +863,7 @@ func (s *Server) finalPath() string {
 
 // finalBundle makes (once; a restart reuses the stored one), stores and
 // writes the final bundle.
-func (s *Server) finalBundle(rounds int) ([]byte, error) {
+func (s *Server) finalBundle(rounds int, missing []string) ([]byte, error) {
 	s.finalizeEval(rounds)
 	raw, err := s.store.FinalBundle()
 	if errors.Is(err, storage.ErrNotFound) {
@@ -867,6 +871,15 @@ func (s *Server) finalBundle(rounds int) ([]byte, error) {
 		if ferr != nil {
 			s.log.Error("combining the final evaluation reports; the bundle has none", "err", ferr)
 			fig = nil
+		}
+		if len(missing) > 0 {
+			covered := 0
+			if fig != nil {
+				fig.Missing = slices.Clone(missing)
+				covered = len(fig.Sites)
+			}
+			s.log.Warn("final evaluation at its deadline without these sites' reports: the bundle's figures cover the others (its evaluation's missing names them)",
+				"missing", missing, "covered", covered)
 		}
 		priv, perr := s.livePrivacy(rounds)
 		if perr != nil {

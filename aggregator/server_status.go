@@ -366,6 +366,11 @@ type BundleInfo struct {
 	Round  int    `json:"round"`
 	Digest string `json:"digest"`
 	Bytes  int    `json:"bytes"`
+	// The sites its evaluation covers and those it awaited in vain, and
+	// the sites whose statistics made the preprocessing.
+	EvalSites       []string `json:"eval_sites,omitempty"`
+	EvalMissing     []string `json:"eval_missing,omitempty"`
+	StatisticsSites []string `json:"statistics_sites,omitempty"`
 }
 
 // SiteError is a site's error as its status reported it.
@@ -573,12 +578,22 @@ func readFedStatus(store *storage.AggStore, out *Status, st State) error {
 	if raw, err := store.FinalBundle(); err == nil {
 		var head struct {
 			Provenance struct {
-				Round int `json:"round"`
+				Round           int      `json:"round"`
+				StatisticsSites []string `json:"statistics_sites"`
 			} `json:"provenance"`
+			Evaluation *struct {
+				Sites   map[string]json.RawMessage `json:"sites"`
+				Missing []string                   `json:"missing"`
+			} `json:"evaluation"`
 			Digest string `json:"digest"`
 		}
 		if json.Unmarshal(raw, &head) == nil {
-			out.FinalBundle = &BundleInfo{Round: head.Provenance.Round, Digest: head.Digest, Bytes: len(raw)}
+			out.FinalBundle = &BundleInfo{Round: head.Provenance.Round, Digest: head.Digest, Bytes: len(raw),
+				StatisticsSites: head.Provenance.StatisticsSites}
+			if e := head.Evaluation; e != nil {
+				out.FinalBundle.EvalSites = slices.Sorted(maps.Keys(e.Sites))
+				out.FinalBundle.EvalMissing = e.Missing
+			}
 		}
 	} else if !errors.Is(err, storage.ErrNotFound) {
 		return err

@@ -303,6 +303,13 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 	}
 	if b := st.FinalBundle; b != nil {
 		fmt.Fprintf(w, "final bundle: round %d, %d bytes, digest %.16s (broker-agg export --state FILE --out FILE)\n", b.Round, b.Bytes, b.Digest)
+		if len(b.EvalSites) > 0 || len(b.EvalMissing) > 0 {
+			fmt.Fprintf(w, "  its evaluation covers %d sites: %s", len(b.EvalSites), orDash(strings.Join(b.EvalSites, " ")))
+			if len(b.EvalMissing) > 0 {
+				fmt.Fprintf(w, "; awaited without a report by its deadline: %s", strings.Join(b.EvalMissing, " "))
+			}
+			fmt.Fprintln(w)
+		}
 	}
 	return nil
 }
