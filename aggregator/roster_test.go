@@ -288,6 +288,22 @@ func TestFinalEvaluationAwaitsLateJoiners(t *testing.T) {
 	if err != nil || st.FinalBundle == nil || !slices.Equal(st.FinalBundle.EvalMissing, []string{"site-x"}) || len(st.FinalBundle.EvalSites) != 4 {
 		t.Fatalf("status's final bundle %+v %v", st.FinalBundle, err)
 	}
+	// The sites that joined after the fit are told of, once each, and
+	// marked in status (the console's data).
+	for _, c := range st.Clients {
+		late := c.ID == "site-d" || c.ID == "site-x"
+		if c.NotInPreprocessing != late {
+			t.Errorf("%s: not_in_preprocessing %v", c.ID, c.NotInPreprocessing)
+		}
+		if n := len(logs.Lines("statistics are not in the federation's preprocessing")); late && n != 2 {
+			t.Errorf("%d late-joiner WARNs, want one for each of site-d and site-x:\n%s", n, logs.String())
+		}
+	}
+	for _, id := range []string{"site-d", "site-x"} {
+		if l := logs.Lines("client=" + id + " statistics_sites=\"[site-a site-b site-c]\""); len(l) != 1 || !strings.Contains(l[0], "level=WARN") {
+			t.Errorf("%s's late-joiner line: %q", id, l)
+		}
+	}
 }
 
 func isDone(ch <-chan struct{}) bool {

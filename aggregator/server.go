@@ -1069,6 +1069,7 @@ func (s *Server) recordStatus(st *wire.ClientStatus, now time.Time) {
 	}
 	if st.Online {
 		s.log.Debug("client online", "client", st.ClientId, "samples", st.SampleCount, "connection", st.Connection)
+		s.noteLateJoiner(st.ClientId)
 	} else {
 		s.log.Info("client offline", "client", st.ClientId, "connection", st.Connection)
 	}

@@ -111,6 +111,7 @@ type fedRun struct {
 	fedStored  bool // this batch stored the pending message (false: a copy)
 	evalLogged int  // the last eval round logged and bundled
 	siteErrs   map[string][2]string
+	lateNoted  map[string]bool // sites told of as not in the preprocessing (noteLateJoiner)
 
 	// under Server.mu
 	evalView      *EvalStatus
@@ -256,8 +257,34 @@ func (s *Server) fitTransform(ctx context.Context, d FitTransform) error {
 			return fmt.Errorf("aggregator: the initial model has %d values, the model %d", len(x0), s.dim)
 		}
 		s.global, s.globalR, s.frame = x0, 1, nil
+		// The sites online now whose statistics are not in the fit.
+		if recs, err := s.store.Clients(); err == nil {
+			for _, r := range recs {
+				if r.Online {
+					s.noteLateJoiner(r.ID)
+				}
+			}
+		}
 	}
 	return s.step(ctx, TransformFitted{At: s.clock.Now()})
+}
+
+// noteLateJoiner logs, once per site and run, that an online site's
+// statistics are not among those the preprocessing was fitted from (it
+// joined after the statistics phase, or its statistics came late or were
+// refused): it trains and evaluates with a preprocessing its own rows
+// shaped none of. Status and the console mark it (not_in_preprocessing),
+// the bundle's provenance lists the sites that did shape it.
+func (s *Server) noteLateJoiner(id string) {
+	if s.fit == nil || len(s.fit.Sites) == 0 || slices.Contains(s.fit.Sites, id) || s.lateNoted[id] {
+		return
+	}
+	if s.lateNoted == nil {
+		s.lateNoted = map[string]bool{}
+	}
+	s.lateNoted[id] = true
+	s.log.Warn("a site whose statistics are not in the federation's preprocessing: it joined after the statistics phase (or its statistics came late or were refused); it trains and evaluates with the preprocessing fitted from the other sites' rows for the whole run",
+		"client", id, "statistics_sites", s.fit.Sites)
 }
 
 func (s *Server) newFit(d FitTransform) error {

@@ -405,10 +405,13 @@ type ClientInfo struct {
 	// (Expected), has never been heard of (NeverConnected), its latest
 	// refused connection, and whether its liveness is unknown (the
 	// aggregator is not connected to the broker; Online is then false).
-	Expected        bool         `json:"expected,omitempty"`
-	NeverConnected  bool         `json:"never_connected,omitempty"`
-	LastRefusal     *SiteRefusal `json:"last_refusal,omitempty"`
-	LivenessUnknown bool         `json:"liveness_unknown,omitempty"`
+	// NotInPreprocessing: a schema run's site whose statistics are not
+	// among those the preprocessing was fitted from (it joined later).
+	NotInPreprocessing bool         `json:"not_in_preprocessing,omitempty"`
+	Expected           bool         `json:"expected,omitempty"`
+	NeverConnected     bool         `json:"never_connected,omitempty"`
+	LastRefusal        *SiteRefusal `json:"last_refusal,omitempty"`
+	LivenessUnknown    bool         `json:"liveness_unknown,omitempty"`
 }
 
 // WorkInfo is what a site's latest accepted update said of its local
@@ -566,6 +569,11 @@ func readFedStatus(store *storage.AggStore, out *Status, st State) error {
 	}
 	spec := rec.Model
 	out.Model = &spec
+	if len(rec.Sites) > 0 {
+		for i := range out.Clients {
+			out.Clients[i].NotInPreprocessing = !slices.Contains(rec.Sites, out.Clients[i].ID)
+		}
+	}
 	rounds, err := store.EvalRounds()
 	if err != nil {
 		return err

@@ -235,7 +235,11 @@
     tr._client = c;
     tr.classList.toggle('failing', !!c.error);
     var q = function (cls) { return tr.querySelector('.' + cls); };
-    text(q('id'), c.id);
+    var idc = q('id'), idSig = c.id + (c.not_in_preprocessing ? '\n' : '');
+    if (idc.dataset.v !== idSig) {
+      idc.dataset.v = idSig; idc.textContent = c.id;
+      if (c.not_in_preprocessing) { idc.appendChild(el('span', 'sub', 'not in the preprocessing (joined after the statistics phase)')); }
+    }
     var state = q('state'), on = c.online ? 'online' : 'offline';
     var label = c.online ? 'online' : c.liveness_unknown ? 'unknown' : c.never_connected ? 'never connected' : 'offline';
     state.className = 'state ' + on;

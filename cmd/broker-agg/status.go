@@ -248,6 +248,15 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 	} else {
 		fmt.Fprintf(w, "\nschema %.16s  statistics from %d sites: %s\n", st.Schema, len(st.StatisticsSites), orDash(strings.Join(st.StatisticsSites, " ")))
 	}
+	var late []string
+	for _, ci := range st.Clients {
+		if ci.NotInPreprocessing {
+			late = append(late, ci.ID)
+		}
+	}
+	if len(late) > 0 {
+		fmt.Fprintf(w, "not in the preprocessing (joined after the statistics phase; trained with the others' preprocessing): %s\n", strings.Join(late, " "))
+	}
 	if m := st.Model; m != nil {
 		fmt.Fprintf(w, "model %s, %d inputs after the federation's preprocessing", m.Kind, m.Inputs)
 		if m.Classes > 0 {

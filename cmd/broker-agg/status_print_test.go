@@ -79,6 +79,7 @@ func TestPrintStatusAbsentSitesAndBaselines(t *testing.T) {
 			{ID: "site-a", Online: true, Expected: true},
 			{ID: "site-b", Expected: true, NeverConnected: true, LastRefusal: &aggregator.SiteRefusal{ID: "site-b", Reason: "client certificate expired or not yet valid", At: at.Add(-time.Minute), Count: 3}},
 			{ID: "site-c", Expected: true, NeverConnected: true},
+			{ID: "site-d", Online: true, NotInPreprocessing: true},
 		},
 		Refused:           []aggregator.SiteRefusal{{ID: "stranger", Reason: "identity not on the roster (--sites)", At: at, Count: 1}},
 		Broker:            &aggregator.BrokerStatus{URL: "ssl://mq:8883", LastError: "not Authorized", ConnectFailures: 4},
@@ -100,6 +101,7 @@ func TestPrintStatusAbsentSitesAndBaselines(t *testing.T) {
 		`SITE\s+N\s+LOSS\s+ACCURACY\s+BALANCED\s+BASELINE\s+AUC`,
 		`site-a\s+100\s+0\s+0\.7800\s+0\.0000\s+0\.7800\s+-\s+below baseline`,
 		`below baseline: the accuracy does not beat always predicting the rows' majority class`,
+		`not in the preprocessing \(joined after the statistics phase; trained with the others' preprocessing\): site-d`,
 	} {
 		if !regexp.MustCompile(re).MatchString(out) {
 			t.Errorf("status output lacks %s:\n%s", re, out)
