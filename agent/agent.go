@@ -945,6 +945,9 @@ func (a *Agent) receiptDone(act action) {
 	default:
 		a.stats.receiptsRejected.Add(1)
 		lg.Warn(what+" rejected by the aggregator; dropped", "reason", r.Reason)
+		if r.GetSubject() == wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS && r.Code == wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND {
+			a.log.Warn(notInPreprocessing + " (its statistics came after the statistics phase closed)")
+		}
 	}
 	a.observe(Event{Kind: EventReceipt, Subject: r.GetSubject(), Round: r.Round, Accepted: r.Accepted, SecAggKind: r.SecaggKind})
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -160,6 +161,7 @@ type runningAgent struct {
 	events chan Event
 	cancel context.CancelFunc
 	errc   chan error
+	logs   *testkit.SyncBuffer // its log lines too, for tests that search them
 }
 
 func startAgent(t *testing.T, url, state string, data model.Data) *runningAgent {
@@ -179,9 +181,10 @@ func startAgentID(t *testing.T, id, url, state string, data model.Data) *running
 // clock until the test ends, recording its events.
 func runAgent(t *testing.T, cfg Config, data *model.Data) *runningAgent {
 	t.Helper()
-	ra := &runningAgent{clk: clock.NewFake(t0), events: make(chan Event, 1000), errc: make(chan error, 1)}
+	ra := &runningAgent{clk: clock.NewFake(t0), events: make(chan Event, 1000), errc: make(chan error, 1), logs: &testkit.SyncBuffer{}}
+	lg := slog.New(slog.NewMultiHandler(testkit.Logger(t).Handler(), slog.NewTextHandler(ra.logs, nil)))
 	a, err := New(cfg, Deps{
-		Clock: ra.clk, Logger: testkit.Logger(t), Data: data,
+		Clock: ra.clk, Logger: lg, Data: data,
 		Observe: func(e Event) {
 			select {
 			case ra.events <- e:
