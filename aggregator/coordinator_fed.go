@@ -22,8 +22,10 @@ import (
 //     FitTransform names the sites whose statistics make the federation's
 //     preprocessing: the shell fits it, creates and checkpoints the initial
 //     model, persists, and steps TransformFitted, which opens round 1 as
-//     usual (waiting for Settle and Quorum). Statistics that arrive after
-//     the phase closed are rejected as StaleRound.
+//     usual (waiting for Settle and Quorum). Below Quorum at the deadline
+//     the phase goes on and StatsOverdue tells the shell (which names the
+//     missing sites and why). Statistics that arrive after the phase
+//     closed are rejected as StaleRound.
 //   - Evaluation (Config.Evaluate): announcement r asks for eval round r-1
 //     (EvalAt). EvalArrived for a requested eval round from a known client
 //     is accepted (AcceptEval: store idempotently, receipt); once every
@@ -35,8 +37,10 @@ import (
 //     hands in with AggregatedRound, StopDelta on the model's change) and
 //     the end: Finish (announce the end, with the final model) and, with
 //     Evaluate, the finishing phase: the final evaluation reports (eval
-//     round = Rounds done) until every statistics site reported or
-//     RoundTimeout passed, then Finished.
+//     round = Rounds done) until every awaited site reported (awaited: the
+//     statistics sites and every site online without a site error) or
+//     RoundTimeout passed, then Finished, naming the awaited sites that
+//     did not report (Missing).
 
 // StatisticsArrived: a decoded and validated SiteStatistics of Client.
 type StatisticsArrived struct {
