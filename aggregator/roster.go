@@ -49,10 +49,9 @@ type BrokerStatus struct {
 }
 
 // brokerConn tracks the aggregator's broker connection from paho's
-// connection notifications.
+// connection notifications (whether it is open now is paho's own state).
 type brokerConn struct {
 	mu        sync.Mutex
-	connected bool
 	since     time.Time
 	lastErr   string
 	lastErrAt time.Time
@@ -75,10 +74,10 @@ func (s *Server) onConnNotification(_ mqtt.Client, n mqtt.ConnectionNotification
 	c.mu.Lock()
 	switch n := n.(type) {
 	case mqtt.ConnectionNotificationConnected:
-		c.connected, c.since = true, now
+		c.since = now
 		c.loggedErr, c.quiet = "", 0
 	case mqtt.ConnectionNotificationLost:
-		c.connected, c.since = false, now
+		c.since = now
 		c.lost++
 	case mqtt.ConnectionNotificationConnecting:
 		if c.since.IsZero() {
@@ -89,7 +88,6 @@ func (s *Server) onConnNotification(_ mqtt.Client, n mqtt.ConnectionNotification
 		if n.Reason != nil {
 			msg = n.Reason.Error()
 		}
-		c.connected = false
 		c.failures++
 		c.lastErr, c.lastErrAt = msg, now
 		if msg == c.loggedErr && now.Sub(c.loggedAt) < connLogEvery {
@@ -117,7 +115,16 @@ func (s *Server) brokerStatus() BrokerStatus {
 	c := &s.conn
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	b := BrokerStatus{URL: s.cfg.BrokerURL, Connected: c.connected, LastError: c.lastErr, ConnectFailures: c.failures, Lost: c.lost}
+	// paho's own state decides Connected: its notifications run on
+	// goroutines of their own, so a "lost" may be handled after the
+	// "connected" of the reconnection that followed it.
+	open := false
+	select {
+	case <-s.ready: // s.client is set before, and not changed after
+		open = s.client != nil && s.client.IsConnectionOpen()
+	default: // starting: not connected yet
+	}
+	b := BrokerStatus{URL: s.cfg.BrokerURL, Connected: open, LastError: c.lastErr, ConnectFailures: c.failures, Lost: c.lost}
 	if !c.since.IsZero() {
 		t := c.since.UTC()
 		b.Since = &t
