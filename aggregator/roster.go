@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"maps"
+	"net/url"
 	"slices"
 	"sync"
 	"time"
@@ -124,7 +125,7 @@ func (s *Server) brokerStatus() BrokerStatus {
 		open = s.client != nil && s.client.IsConnectionOpen()
 	default: // starting: not connected yet
 	}
-	b := BrokerStatus{URL: s.cfg.BrokerURL, Connected: open, LastError: c.lastErr, ConnectFailures: c.failures, Lost: c.lost}
+	b := BrokerStatus{URL: redactURL(s.cfg.BrokerURL), Connected: open, LastError: c.lastErr, ConnectFailures: c.failures, Lost: c.lost}
 	if !c.since.IsZero() {
 		t := c.since.UTC()
 		b.Since = &t
@@ -134,6 +135,17 @@ func (s *Server) brokerStatus() BrokerStatus {
 		b.LastErrorAt = &t
 	}
 	return b
+}
+
+// redactURL drops a URL's user information (a password may be written in
+// it): status and the console show no credential.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	u.User = nil
+	return u.String()
 }
 
 // refusals returns the embedded broker's refusals by identity (nil

@@ -314,3 +314,16 @@ func isDone(ch <-chan struct{}) bool {
 		return false
 	}
 }
+
+// The broker URL in status carries no credential.
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"ssl://agg:secret@mq.example:8883": "ssl://mq.example:8883",
+		"tcp://127.0.0.1:1883":             "tcp://127.0.0.1:1883",
+		"tcp://in-process":                 "tcp://in-process",
+	} {
+		if got := redactURL(in); got != want {
+			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
