@@ -133,13 +133,13 @@ func TestMarshalRefusesInconsistent(t *testing.T) {
 // statistics sites; one of them in an older version's bundle is refused.
 func TestVersionFigures(t *testing.T) {
 	b := testBundle(t)
-	raw, err := b.Marshal()
-	if err != nil || b.Version != VersionPlain {
+	if _, err := b.Marshal(); err != nil || b.Version != VersionPlain {
 		t.Fatalf("a plain bundle: version %d, %v", b.Version, err)
 	}
 	b = testBundle(t)
 	b.Provenance.StatisticsSites = []string{"site-a", "site-b"}
-	if raw, err = b.Marshal(); err != nil || b.Version != VersionFigures {
+	raw, err := b.Marshal()
+	if err != nil || b.Version != VersionFigures {
 		t.Fatalf("with statistics sites: version %d, %v", b.Version, err)
 	}
 	got, err := Unmarshal(raw)
