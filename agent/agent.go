@@ -801,14 +801,14 @@ func (a *Agent) clientOptions(store *storage.EdgeStore) (*mqtt.ClientOptions, er
 		SetDefaultPublishHandler(a.onMessage).
 		SetOnConnectHandler(a.onConnect).
 		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
-			a.connTrouble("connection lost; reconnecting", "err", err)
+			a.connTrouble("connection lost; reconnecting", withHint([]any{"err", err}, err, a.cfg)...)
 		}).
 		SetConnectionNotificationHandler(func(_ mqtt.Client, n mqtt.ConnectionNotification) {
 			switch n := n.(type) {
 			case mqtt.ConnectionNotificationBrokerFailed:
-				a.connTrouble("broker unreachable", "broker", n.Broker.String(), "err", n.Reason)
+				a.connTrouble("broker unreachable", withHint([]any{"broker", n.Broker.String(), "err", n.Reason}, n.Reason, a.cfg)...)
 			case mqtt.ConnectionNotificationFailed:
-				a.connTrouble("connection attempt failed", "err", n.Reason)
+				a.connTrouble("connection attempt failed", withHint([]any{"err", n.Reason}, n.Reason, a.cfg)...)
 			}
 		})
 	if a.cfg.Username != "" {
@@ -844,6 +844,9 @@ func (a *Agent) tlsConfig() (*tls.Config, error) {
 		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
 		if err != nil {
 			return nil, fmt.Errorf("agent: tls client certificate: %w", err)
+		}
+		if err := checkOwnCert(cert, c.CertFile, c.SiteID, c.CAFile, a.clock.Now(), a.log); err != nil {
+			return nil, err
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}
@@ -979,6 +982,9 @@ func (a *Agent) receiptDone(act action) {
 	default:
 		a.stats.receiptsRejected.Add(1)
 		lg.Warn(what+" rejected by the aggregator; dropped", "reason", r.Reason)
+		if r.GetSubject() == wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS && r.Code == wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND {
+			a.log.Warn(notInPreprocessing + " (its statistics came after the statistics phase closed)")
+		}
 	}
 	a.observe(Event{Kind: EventReceipt, Subject: r.GetSubject(), Round: r.Round, Accepted: r.Accepted, SecAggKind: r.SecaggKind})
 }

@@ -475,3 +475,26 @@ func TestAgentModelOutRetried(t *testing.T) {
 	agg.announce(f.finishedAnn(t, fedRun, 1, x, b))
 	ra.wait(t, "ignored", func(e Event) bool { return e.Kind == EventRound && e.Action == ActionIgnored })
 }
+
+// A site whose statistics come after the statistics phase closed (a
+// STALE_ROUND receipt) is told at once that its rows are not in the
+// federation's preprocessing.
+func TestAgentToldStatisticsTooLate(t *testing.T) {
+	_, url := testkit.StartBroker(t)
+	agg := newFakeAgg(t, url)
+	f := newFedFixture(t, 80)
+	ra := startFedAgent(t, url, filepath.Join(t.TempDir(), "edge.db"), f.csv, nil)
+	ra.wait(t, "connected", isKind(EventConnected))
+	agg.announce(f.statsAnn(fedRun))
+	agg.nextStatistics()
+	stale := subjectReceipt(wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, 0)
+	stale.Accepted, stale.Code = false, wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND
+	agg.receipt(stale)
+	ra.wait(t, "the stale receipt", func(e Event) bool {
+		return e.Kind == EventReceipt && e.Subject == wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS && !e.Accepted
+	})
+	if l := ra.logs.Lines("this site's statistics are not in the federation's preprocessing"); len(l) != 1 || !strings.Contains(l[0], "level=WARN") ||
+		!strings.Contains(l[0], "after the statistics phase closed") {
+		t.Fatalf("the site was not told: %q", l)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -160,6 +161,7 @@ type runningAgent struct {
 	events chan Event
 	cancel context.CancelFunc
 	errc   chan error
+	logs   *testkit.SyncBuffer // its log lines too, for tests that search them
 }
 
 func startAgent(t *testing.T, url, state string, data model.Data) *runningAgent {
@@ -185,9 +187,10 @@ func runAgent(t *testing.T, cfg Config, data *model.Data) *runningAgent {
 // runAgentDeps is runAgent with more dependencies set by mod.
 func runAgentDeps(t *testing.T, cfg Config, data *model.Data, mod func(*Deps)) *runningAgent {
 	t.Helper()
-	ra := &runningAgent{clk: clock.NewFake(t0), events: make(chan Event, 1000), errc: make(chan error, 1)}
+	ra := &runningAgent{clk: clock.NewFake(t0), events: make(chan Event, 1000), errc: make(chan error, 1), logs: &testkit.SyncBuffer{}}
+	lg := slog.New(slog.NewMultiHandler(testkit.Logger(t).Handler(), slog.NewTextHandler(ra.logs, nil)))
 	deps := Deps{
-		Clock: ra.clk, Logger: testkit.Logger(t), Data: data,
+		Clock: ra.clk, Logger: lg, Data: data,
 		Observe: func(e Event) {
 			select {
 			case ra.events <- e:

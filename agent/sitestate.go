@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"encoding/json"
 	"errors"
+	"slices"
 
 	"github.com/edgefl/edgefl/sitedata"
 	"github.com/edgefl/edgefl/storage"
@@ -111,6 +113,24 @@ func (a *Agent) publishStatus() {
 	})
 }
 
+// notInPreprocessing is what a site is told when its statistics are not
+// among those the federation's preprocessing was fitted from.
+const notInPreprocessing = "this site's statistics are not in the federation's preprocessing: it joined after the statistics phase, so the preprocessing (means, levels, scales) was fitted from the other sites' rows and this site trained and evaluated with it"
+
+// statisticsSites reads a bundle's provenance.statistics_sites (nil when
+// there are none or the bundle does not parse: it was verified before).
+func statisticsSites(raw []byte) []string {
+	var b struct {
+		Provenance struct {
+			StatisticsSites []string `json:"statistics_sites"`
+		} `json:"provenance"`
+	}
+	if json.Unmarshal(raw, &b) != nil {
+		return nil
+	}
+	return b.Provenance.StatisticsSites
+}
+
 // runFinished logs the end of a run (the session stops re-sending and
 // stays quiet until another run is announced).
 func (a *Agent) runFinished(ann *wire.RoundAnnouncement, res Result) {
@@ -121,6 +141,9 @@ func (a *Agent) runFinished(ann *wire.RoundAnnouncement, res Result) {
 			args = append(args, "dp_epsilon", d.GetEpsilonSpent(), "dp_delta", d.GetDelta())
 		}
 		a.log.Info("federation finished; final model written", args...)
+		if sites := statisticsSites(f.Bundle); len(sites) > 0 && !slices.Contains(sites, a.cfg.SiteID) {
+			a.log.Warn(notInPreprocessing+" (the final bundle's provenance names the sites that shaped it)", "statistics_sites", sites)
+		}
 	} else {
 		a.log.Info("federation finished", "round", ann.Round, "run_id", ann.RunId)
 	}

@@ -396,6 +396,9 @@ type StaleStatus struct {
 type Finished struct {
 	Rounds int
 	At     time.Time
+	// Missing are the sites whose final evaluation was awaited and had
+	// not come at the deadline (sorted; the figures cover the others).
+	Missing []string
 }
 
 func (Announce) decision()    {}

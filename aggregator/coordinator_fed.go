@@ -22,8 +22,10 @@ import (
 //     FitTransform names the sites whose statistics make the federation's
 //     preprocessing: the shell fits it, creates and checkpoints the initial
 //     model, persists, and steps TransformFitted, which opens round 1 as
-//     usual (waiting for Settle and Quorum). Statistics that arrive after
-//     the phase closed are rejected as StaleRound.
+//     usual (waiting for Settle and Quorum). Below Quorum at the deadline
+//     the phase goes on and StatsOverdue tells the shell (which names the
+//     missing sites and why). Statistics that arrive after the phase
+//     closed are rejected as StaleRound.
 //   - Evaluation (Config.Evaluate): announcement r asks for eval round r-1
 //     (EvalAt). EvalArrived for a requested eval round from a known client
 //     is accepted (AcceptEval: store idempotently, receipt); once every
@@ -35,8 +37,10 @@ import (
 //     hands in with AggregatedRound, StopDelta on the model's change) and
 //     the end: Finish (announce the end, with the final model) and, with
 //     Evaluate, the finishing phase: the final evaluation reports (eval
-//     round = Rounds done) until every statistics site reported or
-//     RoundTimeout passed, then Finished.
+//     round = Rounds done) until every awaited site reported (awaited: the
+//     statistics sites and every site online without a site error) or
+//     RoundTimeout passed, then Finished, naming the awaited sites that
+//     did not report (Missing).
 
 // StatisticsArrived: a decoded and validated SiteStatistics of Client.
 type StatisticsArrived struct {
@@ -83,6 +87,16 @@ type FitTransform struct {
 	At    time.Time
 }
 
+// StatsOverdue: the statistics phase passed its deadline with fewer
+// than Quorum sites' statistics (Sites, sorted); it now closes as soon as
+// Quorum have sent theirs. The shell tells the operator which sites are
+// missing and why.
+type StatsOverdue struct {
+	Deadline time.Time
+	Sites    []string
+	Quorum   int
+}
+
 // AcceptEval: store the evaluation report (Round, Client) unless stored
 // already (then it is a duplicate), then receipt.
 type AcceptEval struct {
@@ -115,6 +129,7 @@ func (AnnounceStatistics) decision() {}
 func (AcceptStatistics) decision()   {}
 func (RejectStatistics) decision()   {}
 func (FitTransform) decision()       {}
+func (StatsOverdue) decision()       {}
 func (AcceptEval) decision()         {}
 func (RejectEval) decision()         {}
 func (EvalComplete) decision()       {}
@@ -270,6 +285,7 @@ func (c *Coordinator) stepStatistics(ev Event) []Decision {
 				out = c.fit(at, out)
 			} else {
 				c.overdue = true // close as soon as Quorum have sent theirs
+				out = append(out, StatsOverdue{Deadline: c.deadline, Sites: c.fed.statsList(), Quorum: c.cfg.Quorum})
 			}
 		}
 	case TransformFitted:
@@ -364,16 +380,47 @@ func (c *Coordinator) evalArrived(e EvalArrived, at time.Time) []Decision {
 		return out
 	}
 	c.fed.evalGot[e.Client] = true
-	for _, id := range c.evalSites() {
-		if !c.fed.evalGot[id] {
-			return out
-		}
+	if len(c.evalMissing()) > 0 {
+		return out
 	}
 	c.fed.evalDone = true
 	if c.phase == PhaseFinishing {
 		return c.finished(at, out)
 	}
 	return append(out, EvalComplete{Round: e.Round})
+}
+
+// awaited are the sites an evaluation waits for, sorted: evalSites and,
+// for the final evaluation (the finishing phase), every site online
+// without a site error (the end's announcement asks every site): a site
+// that joined after the statistics phase and took part is not left out of
+// the final figures because its report came a moment after the others.
+// An online site going offline is no longer awaited; a statistics site is
+// awaited while offline, until the deadline.
+func (c *Coordinator) awaited() []string {
+	ids := c.evalSites()
+	if c.phase != PhaseFinishing {
+		return ids
+	}
+	for id, cl := range c.clients {
+		if cl.online && !cl.failing && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// evalMissing are the awaited sites that have not reported the latest
+// requested eval round, sorted.
+func (c *Coordinator) evalMissing() []string {
+	var out []string
+	for _, id := range c.awaited() {
+		if !c.fed.evalGot[id] {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // askEval starts tracking eval round e's reports (called when it is
@@ -414,11 +461,11 @@ func (c *Coordinator) stopRule(e AggregatedRound) string {
 func (c *Coordinator) finish(at time.Time, reason string) []Decision {
 	c.fed.stopReason = reason
 	c.closedAt = at
-	if !c.cfg.Evaluate || len(c.evalSites()) == 0 {
+	c.phase = PhaseFinishing // awaited() counts the online sites in it
+	if !c.cfg.Evaluate || len(c.awaited()) == 0 {
 		c.phase = PhaseFinished
 		return []Decision{Finished{Rounds: c.round, At: at}}
 	}
-	c.phase = PhaseFinishing
 	c.deadline = at.Add(c.cfg.RoundTimeout)
 	c.fed.evalRound, c.fed.evalDone = -1, false // askEval resets
 	c.askEval(c.round)
@@ -426,10 +473,11 @@ func (c *Coordinator) finish(at time.Time, reason string) []Decision {
 }
 
 func (c *Coordinator) finished(at time.Time, out []Decision) []Decision {
+	missing := c.evalMissing() // before the phase changes what is awaited
 	c.phase = PhaseFinished
 	c.closedAt = at
 	c.deadline = time.Time{}
-	return append(out, Finished{Rounds: c.round, At: at})
+	return append(out, Finished{Rounds: c.round, At: at, Missing: missing})
 }
 
 // stepFinishing is Step while the final evaluation reports are awaited.
@@ -437,6 +485,12 @@ func (c *Coordinator) stepFinishing(ev Event) []Decision {
 	out, ok := c.afterRun(ev)
 	switch at := norm(ev.eventTime()); {
 	case ok:
+		// A site going offline is no longer awaited: the reports of
+		// the others may be complete now.
+		if _, off := ev.(ClientOffline); off && c.phase == PhaseFinishing && !c.fed.evalDone && len(c.evalMissing()) == 0 {
+			c.fed.evalDone = true
+			out = c.finished(at, out)
+		}
 	case isTick(ev):
 		if !at.Before(c.deadline) {
 			c.fed.evalDone = true

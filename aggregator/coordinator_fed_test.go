@@ -67,7 +67,9 @@ func TestStatisticsPhaseDeadline(t *testing.T) {
 	r := restored(t, cfg, c)
 	mustEqual(t, "resume", r.Resume(), []Decision{AnnounceStatistics{Deadline: ms(1000)}, SetTimer{At: ms(1000)}})
 	runScript(t, r, []script{
-		{Tick{At: ms(1000)}, []Decision{SetTimer{}}}, // below quorum: no timer, overdue
+		// below quorum: overdue (the shell warns, naming the missing
+		// sites), no timer
+		{Tick{At: ms(1000)}, []Decision{StatsOverdue{Deadline: ms(1000), Sites: []string{"a"}, Quorum: 2}, SetTimer{}}},
 		{stats("b", 5000), []Decision{AcceptStatistics{Client: "b"}, FitTransform{Sites: []string{"a", "b"}, At: ms(5000)}}},
 	})
 }
@@ -191,7 +193,8 @@ func TestFinishingTimeout(t *testing.T) {
 	mustEqual(t, "finish", out, []Decision{Finish{Rounds: 1, Deadline: ms(2001), Reason: StopRounds}, SetTimer{At: ms(2001)}})
 	c.Step(evalAt("a", 1, 1500))
 	mustEqual(t, "before the deadline", c.Step(Tick{At: ms(2000)}), []Decision(nil))
-	mustEqual(t, "deadline", c.Step(Tick{At: ms(2001)}), []Decision{Finished{Rounds: 1, At: ms(2001)}, SetTimer{}})
+	mustEqual(t, "deadline: the figures cover a only", c.Step(Tick{At: ms(2001)}),
+		[]Decision{Finished{Rounds: 1, At: ms(2001), Missing: []string{"b", "c"}}, SetTimer{}})
 
 	// Without evaluation the end is immediate, as before issue 11.
 	plain := baseConfig()
@@ -204,6 +207,38 @@ func TestFinishingTimeout(t *testing.T) {
 	if p.StopReason() != StopRounds {
 		t.Fatalf("reason %q", p.StopReason())
 	}
+}
+
+// The final evaluation waits for every site online without a site error,
+// not only the statistics sites: d joined after the preprocessing was
+// fitted and took part, and its report is awaited up to the deadline (the
+// final figures were written a moment before its report came). A site
+// going offline is no longer awaited; the sites still missing at the
+// deadline are named in Finished.
+func TestFinishingAwaitsOnlineSites(t *testing.T) {
+	cfg := fedConfig()
+	cfg.Rounds = 1
+	c := statsRound1(t, cfg)
+	bringOnline(c, ms(900), "d", "e") // joined after the fit
+	out := playRound(t, c, 1000, AggregatedRound{})
+	mustEqual(t, "finish", out, []Decision{Finish{Rounds: 1, Deadline: ms(2001), Reason: StopRounds}, SetTimer{At: ms(2001)}})
+	for _, id := range []string{"a", "b", "c"} {
+		if out := c.Step(evalAt(id, 1, 1100)); len(ofType[Finished](out)) > 0 {
+			t.Fatalf("finished without d's and e's reports: %v", out)
+		}
+	}
+	mustEqual(t, "d's report", c.Step(evalAt("d", 1, 1200)), []Decision{AcceptEval{Round: 1, Client: "d"}})
+	mustEqual(t, "e goes offline: complete", c.Step(ClientOffline{ID: "e", At: ms(1300)}),
+		[]Decision{Finished{Rounds: 1, At: ms(1300)}, SetTimer{}})
+
+	// At the deadline the missing are named.
+	c = statsRound1(t, cfg)
+	bringOnline(c, ms(900), "d")
+	playRound(t, c, 1000, AggregatedRound{})
+	for _, id := range []string{"a", "b", "c"} {
+		c.Step(evalAt(id, 1, 1100))
+	}
+	mustEqual(t, "deadline", c.Step(Tick{At: ms(2001)}), []Decision{Finished{Rounds: 1, At: ms(2001), Missing: []string{"d"}}, SetTimer{}})
 }
 
 func TestFedConfigValidation(t *testing.T) {

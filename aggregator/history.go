@@ -72,6 +72,13 @@ type EvalFigures struct {
 	N     int64    `json:"n"`
 	Loss  float64  `json:"loss"`
 	Score *float64 `json:"score,omitempty"`
+	// Classification: the balanced accuracy and the majority-class
+	// baseline's accuracy on the same rows (evaluate.Baseline);
+	// BelowBaseline marks a model that does not beat its baseline (for
+	// regression: R^2 not above 0, the rows' mean).
+	BalancedAccuracy *float64 `json:"balanced_accuracy,omitempty"`
+	Baseline         *float64 `json:"baseline,omitempty"`
+	BelowBaseline    bool     `json:"below_baseline,omitempty"`
 }
 
 // EvalPoint is the evaluation of the global model after Round
@@ -86,11 +93,18 @@ type EvalPoint struct {
 func figuresOf(r evaluate.Report) EvalFigures {
 	f := EvalFigures{N: r.N, Loss: r.Loss}
 	if r.Confusion != nil {
-		a := r.Accuracy
-		f.Score = &a
+		a, ba := r.Accuracy, r.BalancedAccuracy
+		f.Score, f.BalancedAccuracy = &a, &ba
 	} else if r.R2 != nil {
 		v := *r.R2
 		f.Score = &v
+	}
+	if b := r.WithBaseline().Baseline; b != nil {
+		if b.Rule == evaluate.BaselineMajority {
+			acc := b.Accuracy
+			f.Baseline = &acc
+		}
+		f.BelowBaseline = !b.Beaten
 	}
 	return f
 }

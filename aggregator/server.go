@@ -221,6 +221,16 @@ type ServerConfig struct {
 	// (broker.Broker.RateLimited); shown in /metrics and the sites' rows
 	// (ingest_broker.go).
 	BrokerRateLimited func() map[string]uint64
+	// Roster is the federation's expected sites (--sites, the password
+	// file's users, the site certificates issued under the PKI): status,
+	// the console and /metrics show each one, "never connected" until it
+	// is heard of, with its latest refused connection (roster.go).
+	Roster []string
+	// BrokerRefusals, with the embedded broker, returns the latest refused
+	// connection of every identity the broker refused
+	// (broker.Broker.Refusals); nil with an external broker, which the
+	// aggregator cannot see refuse anyone.
+	BrokerRefusals func() []SiteRefusal
 	// InstanceTakeover is how long a site's installation must have been
 	// gone (its last will) before another installation with the site's id
 	// takes it over (instances.go; default DefaultInstanceTakeover). One
@@ -529,6 +539,7 @@ type Server struct {
 	bytesIn                                 metrics.LabeledCounter // by topic kind
 	bytesInTotal                            atomic.Uint64          // bytesIn summed
 	hist                                    history                // the round history (history.go)
+	conn                                    brokerConn             // the aggregator's own broker connection (roster.go)
 	msgsIn                                  metrics.LabeledCounter
 	storageErrors, publishErrors, badStatus atomic.Uint64
 }
@@ -1058,6 +1069,7 @@ func (s *Server) recordStatus(st *wire.ClientStatus, now time.Time) {
 	}
 	if st.Online {
 		s.log.Debug("client online", "client", st.ClientId, "samples", st.SampleCount, "connection", st.Connection)
+		s.noteLateJoiner(st.ClientId)
 	} else {
 		s.log.Info("client offline", "client", st.ClientId, "connection", st.Connection)
 	}
@@ -1242,6 +1254,8 @@ func (s *Server) carryOut(ds []Decision, u *inUpdate, storedAt time.Time) (closi
 			err = s.announceStatistics(d.Deadline)
 		case FitTransform:
 			fitting = &d
+		case StatsOverdue:
+			s.warnStatisticsOverdue(d)
 		case EvalComplete:
 			s.finalizeEval(d.Round)
 		case Finish:
@@ -1453,7 +1467,7 @@ func (s *Server) finish(d Finished) error {
 	var bundle []byte
 	if s.fit != nil {
 		var err error
-		if bundle, err = s.finalBundle(d.Rounds); err != nil {
+		if bundle, err = s.finalBundle(d.Rounds, d.Missing); err != nil {
 			return err
 		}
 	} else if p := s.cfg.FinalModel; p != "" {

@@ -99,6 +99,8 @@ func (s *Server) LiveStatus(roundsAfter, evalsAfter int) (Status, error) {
 			st.Clients = append(st.Clients, c)
 		}
 	}
+	s.addRoster(&st)
+	st.StatisticsOverdue = s.statisticsOverdue(st)
 	slices.SortFunc(st.Clients, func(a, b ClientInfo) int {
 		if a.ID < b.ID {
 			return -1

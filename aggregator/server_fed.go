@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"path/filepath"
 	"slices"
@@ -110,6 +111,7 @@ type fedRun struct {
 	fedStored  bool // this batch stored the pending message (false: a copy)
 	evalLogged int  // the last eval round logged and bundled
 	siteErrs   map[string][2]string
+	lateNoted  map[string]bool // sites told of as not in the preprocessing (noteLateJoiner)
 
 	// under Server.mu
 	evalView      *EvalStatus
@@ -255,8 +257,34 @@ func (s *Server) fitTransform(ctx context.Context, d FitTransform) error {
 			return fmt.Errorf("aggregator: the initial model has %d values, the model %d", len(x0), s.dim)
 		}
 		s.global, s.globalR, s.frame = x0, 1, nil
+		// The sites online now whose statistics are not in the fit.
+		if recs, err := s.store.Clients(); err == nil {
+			for _, r := range recs {
+				if r.Online {
+					s.noteLateJoiner(r.ID)
+				}
+			}
+		}
 	}
 	return s.step(ctx, TransformFitted{At: s.clock.Now()})
+}
+
+// noteLateJoiner logs, once per site and run, that an online site's
+// statistics are not among those the preprocessing was fitted from (it
+// joined after the statistics phase, or its statistics came late or were
+// refused): it trains and evaluates with a preprocessing its own rows
+// shaped none of. Status and the console mark it (not_in_preprocessing),
+// the bundle's provenance lists the sites that did shape it.
+func (s *Server) noteLateJoiner(id string) {
+	if s.fit == nil || len(s.fit.Sites) == 0 || slices.Contains(s.fit.Sites, id) || s.lateNoted[id] {
+		return
+	}
+	if s.lateNoted == nil {
+		s.lateNoted = map[string]bool{}
+	}
+	s.lateNoted[id] = true
+	s.log.Warn("a site whose statistics are not in the federation's preprocessing: it joined after the statistics phase (or its statistics came late or were refused); it trains and evaluates with the preprocessing fitted from the other sites' rows for the whole run",
+		"client", id, "statistics_sites", s.fit.Sites)
 }
 
 func (s *Server) newFit(d FitTransform) error {
@@ -711,6 +739,9 @@ type EvalStatus struct {
 	Round      int                        `json:"round"`
 	Federation evaluate.Report            `json:"federation"`
 	Sites      map[string]evaluate.Report `json:"sites"`
+	// Missing, for the final evaluation, are the sites whose report was
+	// awaited and had not come at its deadline: the figures cover Sites.
+	Missing []string `json:"missing,omitempty"`
 }
 
 // evalFigures combines the stored reports of eval round e (nil: none).
@@ -730,12 +761,13 @@ func evalFigures(store *storage.AggStore, sc *schema.Schema, e int, lim wire.Lim
 		if err != nil {
 			return nil, fmt.Errorf("aggregator: stored evaluation (%d, %q): %w", e, r.ClientID, err)
 		}
-		out.Sites[r.ClientID] = rep
-		reps = append(reps, rep) // client-id order: a deterministic sum
+		out.Sites[r.ClientID] = rep.WithBaseline() // the aggregator's, whatever a site sent
+		reps = append(reps, rep)                   // client-id order: a deterministic sum
 	}
 	if out.Federation, err = evaluate.Combine(reps); err != nil {
 		return nil, fmt.Errorf("aggregator: evaluations of round %d: %w", e, err)
 	}
+	out.Federation = out.Federation.WithBaseline()
 	return out, nil
 }
 
@@ -787,6 +819,9 @@ func evalArgs(fig *EvalStatus) []any {
 	args := []any{"round", fig.Round, "sites", len(fig.Sites), "n", f.N, "loss", f.Loss}
 	if f.Confusion != nil {
 		args = append(args, "accuracy", f.Accuracy, "balanced_accuracy", f.BalancedAccuracy)
+		if b := f.Baseline; b != nil {
+			args = append(args, "majority_baseline", b.Accuracy)
+		}
 		if f.AUC != nil {
 			args = append(args, "auc", *f.AUC)
 		}
@@ -795,6 +830,21 @@ func evalArgs(fig *EvalStatus) []any {
 		if f.R2 != nil {
 			args = append(args, "r2", *f.R2)
 		}
+	}
+	// The sites (and the federation) whose model does not beat the
+	// baseline on their own rows: an accuracy that is the majority
+	// class's share says nothing.
+	var below []string
+	for _, id := range slices.Sorted(maps.Keys(fig.Sites)) {
+		if b := fig.Sites[id].Baseline; b != nil && !b.Beaten {
+			below = append(below, id)
+		}
+	}
+	if b := f.Baseline; b != nil && !b.Beaten {
+		below = append(below, "federation")
+	}
+	if len(below) > 0 {
+		args = append(args, "not_above_baseline", below)
 	}
 	return args
 }
@@ -820,11 +870,12 @@ func makeBundle(sc storedConfig, rec *fitRecord, spec model.Spec, x []float64, f
 	b := &bundle.Bundle{
 		Model: model.Saved{Spec: spec, Layout: m.Layout(), Params: x}, Schema: rec.schema, Transform: rec.tr,
 		Provenance: bundle.Provenance{Federation: sc.Federation, RunID: sc.RunID, Round: e, Algorithm: sc.Algorithm,
-			Params: rec.Params, EdgeflVersion: version, Time: now.UTC().Format(time.RFC3339)},
+			Params: rec.Params, EdgeflVersion: version, Time: now.UTC().Format(time.RFC3339),
+			StatisticsSites: slices.Clone(rec.Sites)},
 		Privacy: priv,
 	}
 	if fig != nil {
-		b.Evaluation = &bundle.Evaluation{Round: e, Federation: fig.Federation, Sites: fig.Sites}
+		b.Evaluation = &bundle.Evaluation{Round: e, Federation: fig.Federation, Sites: fig.Sites, Missing: fig.Missing}
 	}
 	return b.Marshal()
 }
@@ -839,7 +890,7 @@ func (s *Server) finalPath() string {
 
 // finalBundle makes (once; a restart reuses the stored one), stores and
 // writes the final bundle.
-func (s *Server) finalBundle(rounds int) ([]byte, error) {
+func (s *Server) finalBundle(rounds int, missing []string) ([]byte, error) {
 	s.finalizeEval(rounds)
 	raw, err := s.store.FinalBundle()
 	if errors.Is(err, storage.ErrNotFound) {
@@ -847,6 +898,15 @@ func (s *Server) finalBundle(rounds int) ([]byte, error) {
 		if ferr != nil {
 			s.log.Error("combining the final evaluation reports; the bundle has none", "err", ferr)
 			fig = nil
+		}
+		if len(missing) > 0 {
+			covered := 0
+			if fig != nil {
+				fig.Missing = slices.Clone(missing)
+				covered = len(fig.Sites)
+			}
+			s.log.Warn("final evaluation at its deadline without these sites' reports: the bundle's figures cover the others (its evaluation's missing names them)",
+				"missing", missing, "covered", covered)
 		}
 		priv, perr := s.livePrivacy(rounds)
 		if perr != nil {

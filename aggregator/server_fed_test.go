@@ -302,8 +302,82 @@ func TestFedProtocolEndToEnd(t *testing.T) {
 		st.Model == nil || st.Model.Inputs != 4 {
 		t.Fatalf("status %+v", st)
 	}
+	// The figures that do not mislead: next to each accuracy the
+	// balanced accuracy and the majority-class baseline of the same rows,
+	// in the console's data (/status) and the bundle; a model that does
+	// not beat its baseline is marked.
+	live, err := r.s.LiveStatus(-1, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(live)
+	var doc struct {
+		Evaluation struct {
+			Federation struct {
+				BalancedAccuracy *float64           `json:"balanced_accuracy"`
+				Baseline         *evaluate.Baseline `json:"baseline"`
+			} `json:"federation"`
+			Sites map[string]struct {
+				Accuracy float64            `json:"accuracy"`
+				Baseline *evaluate.Baseline `json:"baseline"`
+			} `json:"sites"`
+		} `json:"evaluation"`
+		Clients []struct {
+			ID       string `json:"id"`
+			LastEval *struct {
+				Score            *float64 `json:"score"`
+				BalancedAccuracy *float64 `json:"balanced_accuracy"`
+				Baseline         *float64 `json:"baseline"`
+				BelowBaseline    bool     `json:"below_baseline"`
+			} `json:"last_eval"`
+		} `json:"clients"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	majority := func(r evaluate.Report) float64 {
+		best, n := int64(0), int64(0)
+		for _, row := range r.Confusion {
+			var s int64
+			for _, c := range row {
+				s += c
+			}
+			best, n = max(best, s), n+s
+		}
+		return float64(best) / float64(n)
+	}
+	fedDoc := doc.Evaluation.Federation
+	if fedDoc.BalancedAccuracy == nil || fedDoc.Baseline == nil || fedDoc.Baseline.Rule != evaluate.BaselineMajority ||
+		fedDoc.Baseline.Accuracy != majority(want) || fedDoc.Baseline.Beaten != (want.Accuracy > majority(want)) {
+		t.Fatalf("the federation's figures in /status: %s", raw)
+	}
+	for i, s := range sites {
+		got, rep := doc.Evaluation.Sites[s.id], reps[i]
+		if got.Baseline == nil || got.Baseline.Accuracy != majority(rep) || got.Baseline.Beaten != (rep.Accuracy > majority(rep)) {
+			t.Fatalf("%s's baseline in /status %+v, its report %+v", s.id, got.Baseline, rep)
+		}
+	}
+	for _, c := range doc.Clients {
+		e := c.LastEval
+		if e == nil || e.Score == nil || e.BalancedAccuracy == nil || e.Baseline == nil {
+			t.Fatalf("%s's last evaluation in the console's data lacks figures: %s", c.ID, raw)
+		}
+		if e.BelowBaseline != (*e.Score <= *e.Baseline) {
+			t.Fatalf("%s: accuracy %v, baseline %v, below_baseline %v", c.ID, *e.Score, *e.Baseline, e.BelowBaseline)
+		}
+	}
+	if b := fb.Evaluation.Federation.Baseline; b == nil || b.Accuracy != majority(want) {
+		t.Fatalf("the bundle's federation baseline %+v", b)
+	}
+	for id, rep := range fb.Evaluation.Sites {
+		if rep.Baseline == nil {
+			t.Fatalf("the bundle's %s has no baseline", id)
+		}
+	}
 	met := metricsText(t, r.s)
 	for _, line := range []string{
+		`edgefl_aggregator_eval_baseline_accuracy`, `edgefl_aggregator_site_eval_baseline_accuracy{site="site-a"}`,
+		`edgefl_aggregator_site_eval_below_baseline{site="site-c"}`, `edgefl_aggregator_site_eval_balanced_accuracy{site="site-b"}`,
 		`edgefl_aggregator_eval_round 2`, `edgefl_aggregator_eval_sites 3`, `edgefl_aggregator_statistics_sites 3`,
 		`edgefl_aggregator_statistics_total{result="duplicate"} 1`, `edgefl_aggregator_evaluations_total{result="stored"} 6`,
 		`edgefl_aggregator_site_eval_accuracy{site="site-b"}`, `edgefl_aggregator_eval_auc`, `edgefl_aggregator_eval_data_loss`, `edgefl_aggregator_phase{phase="finished"} 1`,

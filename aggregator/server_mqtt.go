@@ -43,7 +43,8 @@ func (s *Server) clientOptions() *mqtt.ClientOptions {
 		}).
 		SetReconnectingHandler(func(mqtt.Client, *mqtt.ClientOptions) {
 			s.log.Debug("reconnecting to the broker", "broker", s.cfg.BrokerURL)
-		})
+		}).
+		SetConnectionNotificationHandler(s.onConnNotification)
 	if s.cfg.Username != "" {
 		o.SetUsername(s.cfg.Username).SetPassword(s.cfg.Password)
 	}

@@ -247,9 +247,9 @@ func (s *Server) families() []metrics.Family {
 		metrics.One(ns+"extensions_total", "Deadlines extended below quorum.", metrics.Counter, float64(c.Extensions)),
 		metrics.One(ns+"reselections_total", "Re-selections below quorum.", metrics.Counter, float64(c.Reselections)),
 		metrics.One(ns+"stalls_total", "Rounds that ran out of re-selections.", metrics.Counter, float64(c.Stalls)),
-		{Name: ns + "clients", Help: "Known clients, and those online.", Type: metrics.Gauge, Samples: []metrics.Sample{
+		{Name: ns + "clients", Help: "Known clients, and those online (none while the aggregator is not connected to the broker: their liveness is then unknown).", Type: metrics.Gauge, Samples: []metrics.Sample{
 			{Labels: []metrics.Label{{Name: "state", Value: "known"}}, Value: float64(v.Clients)},
-			{Labels: []metrics.Label{{Name: "state", Value: "online"}}, Value: float64(v.Online)},
+			{Labels: []metrics.Label{{Name: "state", Value: "online"}}, Value: float64(v.Online) * b2f(s.brokerStatus().Connected)},
 		}},
 		{Name: ns + "aggregation_seconds", Help: "Time to aggregate and checkpoint a round.", Type: metrics.Summary, Samples: []metrics.Sample{
 			{Suffix: "_sum", Value: aggSum}, {Suffix: "_count", Value: float64(aggCount)},
@@ -281,6 +281,7 @@ func (s *Server) families() []metrics.Family {
 	f = append(f, privacyFamilies(v.Privacy)...)
 	f = append(f, secAggFamilies(v.SecAgg)...)
 	f = append(f, s.brokerFamilies()...)
+	f = append(f, s.rosterFamilies()...)
 	evalData := "eval"
 	if s.cfg.Schema != nil {
 		evalData = "eval_data" // the federated figures take the eval_ names
@@ -344,6 +345,14 @@ type Status struct {
 	Privacy *PrivacyStatus `json:"privacy,omitempty"`
 	// SecAgg is the secure aggregation of a --secagg run.
 	SecAgg *SecAggStatus `json:"secagg,omitempty"`
+	// Broker is the aggregator's own broker connection, Refused the
+	// latest refused connection of each identity that is neither on the
+	// roster nor a known site (the embedded broker's; roster.go), and
+	// StatisticsOverdue the statistics phase past its deadline below
+	// quorum, with each missing site and why (the running daemon's only).
+	Broker            *BrokerStatus      `json:"broker,omitempty"`
+	Refused           []SiteRefusal      `json:"refused,omitempty"`
+	StatisticsOverdue *StatisticsOverdue `json:"statistics_overdue,omitempty"`
 	// DuplicateInstances are the sites for which a second installation
 	// was seen (instances.go; the running daemon's only).
 	DuplicateInstances []DuplicateInstance `json:"duplicate_instances,omitempty"`
@@ -357,6 +366,11 @@ type BundleInfo struct {
 	Round  int    `json:"round"`
 	Digest string `json:"digest"`
 	Bytes  int    `json:"bytes"`
+	// The sites its evaluation covers and those it awaited in vain, and
+	// the sites whose statistics made the preprocessing.
+	EvalSites       []string `json:"eval_sites,omitempty"`
+	EvalMissing     []string `json:"eval_missing,omitempty"`
+	StatisticsSites []string `json:"statistics_sites,omitempty"`
 }
 
 // SiteError is a site's error as its status reported it.
@@ -387,6 +401,17 @@ type ClientInfo struct {
 	LastWork   *WorkInfo         `json:"last_work,omitempty"`
 	LastEval   *SiteEval         `json:"last_eval,omitempty"`
 	Rejections map[string]uint64 `json:"rejections,omitempty"`
+	// From the running daemon (roster.go): the site is on the roster
+	// (Expected), has never been heard of (NeverConnected), its latest
+	// refused connection, and whether its liveness is unknown (the
+	// aggregator is not connected to the broker; Online is then false).
+	// NotInPreprocessing: a schema run's site whose statistics are not
+	// among those the preprocessing was fitted from (it joined later).
+	NotInPreprocessing bool         `json:"not_in_preprocessing,omitempty"`
+	Expected           bool         `json:"expected,omitempty"`
+	NeverConnected     bool         `json:"never_connected,omitempty"`
+	LastRefusal        *SiteRefusal `json:"last_refusal,omitempty"`
+	LivenessUnknown    bool         `json:"liveness_unknown,omitempty"`
 }
 
 // WorkInfo is what a site's latest accepted update said of its local
@@ -544,6 +569,11 @@ func readFedStatus(store *storage.AggStore, out *Status, st State) error {
 	}
 	spec := rec.Model
 	out.Model = &spec
+	if len(rec.Sites) > 0 {
+		for i := range out.Clients {
+			out.Clients[i].NotInPreprocessing = !slices.Contains(rec.Sites, out.Clients[i].ID)
+		}
+	}
 	rounds, err := store.EvalRounds()
 	if err != nil {
 		return err
@@ -556,12 +586,22 @@ func readFedStatus(store *storage.AggStore, out *Status, st State) error {
 	if raw, err := store.FinalBundle(); err == nil {
 		var head struct {
 			Provenance struct {
-				Round int `json:"round"`
+				Round           int      `json:"round"`
+				StatisticsSites []string `json:"statistics_sites"`
 			} `json:"provenance"`
+			Evaluation *struct {
+				Sites   map[string]json.RawMessage `json:"sites"`
+				Missing []string                   `json:"missing"`
+			} `json:"evaluation"`
 			Digest string `json:"digest"`
 		}
 		if json.Unmarshal(raw, &head) == nil {
-			out.FinalBundle = &BundleInfo{Round: head.Provenance.Round, Digest: head.Digest, Bytes: len(raw)}
+			out.FinalBundle = &BundleInfo{Round: head.Provenance.Round, Digest: head.Digest, Bytes: len(raw),
+				StatisticsSites: head.Provenance.StatisticsSites}
+			if e := head.Evaluation; e != nil {
+				out.FinalBundle.EvalSites = slices.Sorted(maps.Keys(e.Sites))
+				out.FinalBundle.EvalMissing = e.Missing
+			}
 		}
 	} else if !errors.Is(err, storage.ErrNotFound) {
 		return err
@@ -598,6 +638,12 @@ func (s *Server) fedFamilies(v ServerView) []metrics.Family {
 		f = append(f, metrics.Family{Name: ns + name, Help: help, Type: metrics.Gauge, Samples: ss})
 	}
 	site("site_eval_loss", "A site's evaluation loss on its held-out rows.", func(r evaluate.Report) (float64, bool) { return r.Loss, r.N > 0 })
+	site("site_eval_below_baseline", "1 when the model does not beat the baseline on a site's held-out rows (the majority class; for regression the rows' mean, R^2 <= 0), else 0.", func(r evaluate.Report) (float64, bool) {
+		if r.Baseline == nil {
+			return 0, false
+		}
+		return b2f(!r.Baseline.Beaten), true
+	})
 	if fed.Confusion != nil {
 		f = append(f,
 			metrics.One(ns+"eval_accuracy", "Federated evaluation accuracy.", metrics.Gauge, fed.Accuracy),
@@ -606,6 +652,16 @@ func (s *Server) fedFamilies(v ServerView) []metrics.Family {
 			f = append(f, metrics.One(ns+"eval_auc", "Federated ROC AUC (sample-weighted mean of the sites').", metrics.Gauge, *fed.AUC))
 		}
 		site("site_eval_accuracy", "A site's evaluation accuracy on its held-out rows.", func(r evaluate.Report) (float64, bool) { return r.Accuracy, r.N > 0 })
+		site("site_eval_balanced_accuracy", "A site's evaluation balanced accuracy on its held-out rows.", func(r evaluate.Report) (float64, bool) { return r.BalancedAccuracy, r.N > 0 })
+		if b := fed.Baseline; b != nil {
+			f = append(f, metrics.One(ns+"eval_baseline_accuracy", "Accuracy of always predicting the majority class of the federation's held-out rows (the baseline eval_accuracy must beat).", metrics.Gauge, b.Accuracy))
+		}
+		site("site_eval_baseline_accuracy", "Accuracy of always predicting the majority class of a site's held-out rows (the baseline its accuracy must beat).", func(r evaluate.Report) (float64, bool) {
+			if r.Baseline == nil {
+				return 0, false
+			}
+			return r.Baseline.Accuracy, true
+		})
 	} else {
 		f = append(f, metrics.One(ns+"eval_rmse", "Federated evaluation RMSE.", metrics.Gauge, fed.RMSE))
 		if fed.R2 != nil {

@@ -128,6 +128,11 @@ type Config struct {
 	// offline): past it the oldest are forgotten (queue.go). 0 means
 	// DefaultSiteQueue.
 	SiteQueue int
+	// Sites, when not empty, is the federation's roster: an identity
+	// that is neither on it nor a superuser is refused ("not on the
+	// roster"), so that a certificate of the site CA with an unknown CN
+	// cannot join. Empty: any identity the credentials allow.
+	Sites []string
 	// Logger receives the broker's log lines: refused connections (TLS
 	// handshakes and MQTT logins, with the client id and the reason, at
 	// most once a minute per client and reason) and ACL denials (five per
@@ -193,6 +198,16 @@ func newAuthHook(cfg Config, log *slog.Logger) (*authHook, error) {
 		denials: refusalLog{every: aclLogEvery, burst: aclLogBurst}}
 	if cfg.Clock != nil {
 		h.denials.now = cfg.Clock.Now
+		h.record.now = cfg.Clock.Now
+	}
+	for _, id := range cfg.Sites {
+		if err := wire.ValidID(id); err != nil {
+			return nil, fmt.Errorf("broker: site: %w", err)
+		}
+		if h.sites == nil {
+			h.sites = map[string]bool{}
+		}
+		h.sites[id] = true
 	}
 	for _, id := range cfg.Superusers {
 		h.super[id] = true
@@ -432,7 +447,9 @@ type authHook struct {
 	plain     map[string][32]byte
 	log       *slog.Logger
 	refusals  refusalLog
-	denials   refusalLog // ACL denials, per client (OnACLCheck)
+	record    refusalRecord   // the latest refusal per identity (Refusals)
+	sites     map[string]bool // Config.Sites; nil: no roster
+	denials   refusalLog      // ACL denials, per client (OnACLCheck)
 
 	authFailures atomic.Uint64
 	aclDenied    atomic.Uint64
@@ -509,6 +526,9 @@ func (h *authHook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) boo
 	}
 	if cl.ID != identity {
 		return h.deny(cl, "client id must equal the identity (username or certificate CN)", "identity", identity)
+	}
+	if h.sites != nil && !h.sites[identity] && !h.super[identity] && cl.Net.Listener != internalListener {
+		return h.deny(cl, "identity not on the roster (--sites)")
 	}
 	if pk.Connect.WillFlag && !h.allowed(identity, pk.Connect.WillTopic, true) {
 		return h.deny(cl, "last will on a topic the client may not publish", "will_topic", pk.Connect.WillTopic)

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -77,11 +78,68 @@ func (r *refusalLog) allow(key string) (bool, uint64) {
 	return true, n
 }
 
-// refused counts and (rate-limited) logs a refused connection.
+// Refusal is the latest refused connection of one claimed identity (the
+// client id, or a TLS certificate's unverified CN; "" when a handshake
+// named none), for the aggregator's roster: a site that never got in is
+// shown with why, not only logged.
+type Refusal struct {
+	ID     string    // the identity claimed
+	Reason string    // the latest refusal's reason
+	At     time.Time // the latest refusal's time
+	Count  uint64    // refusals of this identity since the broker started
+}
+
+// maxRefused bounds the identities whose refusals are kept: past it the
+// record starts over (a flood of made-up ids costs nothing but the record).
+const maxRefused = 1024
+
+// refusalRecord keeps the latest refusal per claimed identity.
+type refusalRecord struct {
+	mu  sync.Mutex
+	now func() time.Time
+	by  map[string]*Refusal
+}
+
+func (r *refusalRecord) note(id, reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	if r.now != nil {
+		now = r.now()
+	}
+	if r.by == nil || (len(r.by) >= maxRefused && r.by[id] == nil) {
+		r.by = map[string]*Refusal{}
+	}
+	e := r.by[id]
+	if e == nil {
+		e = &Refusal{ID: id}
+		r.by[id] = e
+	}
+	e.Reason, e.At = reason, now
+	e.Count++
+}
+
+func (r *refusalRecord) list() []Refusal {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Refusal, 0, len(r.by))
+	for _, e := range r.by {
+		out = append(out, *e)
+	}
+	slices.SortFunc(out, func(a, b Refusal) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Refusals returns the latest refused connection of every identity
+// refused since the broker started, sorted by identity.
+func (b *Broker) Refusals() []Refusal { return b.hook.record.list() }
+
+// refused counts, records and (rate-limited) logs a refused connection.
 func (h *authHook) refused(clientID, remote, reason string, args ...any) {
 	// Counted last: a refusal that shows in Stats has been logged (or
 	// suppressed), so a reader of the counter then finds its line.
 	defer h.authFailures.Add(1)
+	h.record.note(clientID, reason)
 	ok, suppressed := h.refusals.allow(clientID + "\x00" + reason)
 	if !ok {
 		return

@@ -10,9 +10,12 @@
 //	  "model": {"kind": ..., "inputs": ..., "classes": ..., "layout": ..., "weights": [...]},
 //	  "schema": {...},          // the federation schema (label mapping included)
 //	  "transform": {...},       // prep.Transform, the fitted preprocessing
-//	  "evaluation": {"round": R, "federation": {...}, "sites": {"site-a": {...}}},
+//	  "evaluation": {"round": R, "federation": {...}, "sites": {"site-a": {...}},
+//	                 "missing": ["site-d"]},   // version 3: awaited, no report
 //	  "provenance": {"federation": ..., "run_id": ..., "round": R, "algorithm": ...,
-//	                 "params": {"l2": "0.01", ...}, "edgefl_version": ..., "time": RFC 3339},
+//	                 "params": {"l2": "0.01", ...}, "edgefl_version": ..., "time": RFC 3339,
+//	                 "statistics_sites": ["site-a", ...]},  // version 3
+
 //	  "privacy": {...},         // version 2: a --dp run's guarantee (Privacy); then no "evaluation"
 //	  "digest": "sha256 hex"
 //	}
@@ -24,6 +27,16 @@
 // refuses a privacy field in a version 1 bundle and an evaluation next to
 // a privacy field (a private bundle releases no per-site or federation
 // figure: docs/privacy.md, "Evaluation under DP").
+//
+// Version 3 added what keeps the figures honest: each evaluation report's
+// "baseline" (evaluate.Baseline: the majority class's accuracy, or the
+// rows' mean for regression, and whether the model beats it), the
+// evaluation's "missing" (the sites whose report was awaited and had not
+// come when the figures were made: the figures cover "sites" only) and the
+// provenance's "statistics_sites" (whose statistics made the
+// preprocessing; a site not in it joined later and its rows shaped none
+// of it). Marshal writes version 3 only when one of them is present, so
+// bundles without them stay readable by an older edgefl.
 //
 // The model's inputs are the transform's outputs in its documented order;
 // class k of the model is the schema's class k, reported as its first raw
@@ -60,9 +73,11 @@ import (
 // edgefl reads and writes, VersionPlain the version of a bundle without a
 // privacy field.
 const (
-	Format       = "edgefl-bundle"
-	Version      = 2
-	VersionPlain = 1
+	Format         = "edgefl-bundle"
+	Version        = 3
+	VersionPlain   = 1
+	VersionPrivacy = 2 // adds "privacy"
+	VersionFigures = 3 // adds the reports' "baseline", the evaluation's "missing", the provenance's "statistics_sites"
 )
 
 // MaxBytes bounds a bundle read from disk or the network.
@@ -73,6 +88,9 @@ type Evaluation struct {
 	Round      int                        `json:"round"`
 	Federation evaluate.Report            `json:"federation"`
 	Sites      map[string]evaluate.Report `json:"sites,omitempty"`
+	// Missing are the sites whose report was awaited and had not come
+	// when the figures were made (version 3): the figures cover Sites.
+	Missing []string `json:"missing,omitempty"`
 }
 
 // Provenance says where the model comes from.
@@ -84,6 +102,9 @@ type Provenance struct {
 	Params        map[string]string `json:"params,omitempty"`
 	EdgeflVersion string            `json:"edgefl_version"`
 	Time          string            `json:"time"` // RFC 3339, UTC
+	// StatisticsSites are the sites whose statistics made the
+	// preprocessing (version 3; none when the schema declares it).
+	StatisticsSites []string `json:"statistics_sites,omitempty"`
 }
 
 // Bundle is a model bundle. Build one with its fields and Marshal or
@@ -130,6 +151,9 @@ func (b *Bundle) Check() error {
 			return err
 		}
 	}
+	if b.hasFigures() && b.Version < VersionFigures {
+		return fmt.Errorf("bundle version %d with baselines, missing sites or statistics sites (version %d adds them)", b.Version, VersionFigures)
+	}
 	if b.Schema == nil || b.Transform == nil {
 		return errors.New("no schema or no transform")
 	}
@@ -157,6 +181,26 @@ func (b *Bundle) Check() error {
 	return nil
 }
 
+// hasFigures reports whether b holds a field of version 3.
+func (b *Bundle) hasFigures() bool {
+	if len(b.Provenance.StatisticsSites) > 0 {
+		return true
+	}
+	e := b.Evaluation
+	if e == nil {
+		return false
+	}
+	if len(e.Missing) > 0 || e.Federation.Baseline != nil {
+		return true
+	}
+	for _, r := range e.Sites {
+		if r.Baseline != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // checkVersion refuses a version this edgefl does not read.
 func checkVersion(v int) error {
 	if v < VersionPlain || v > Version {
@@ -175,7 +219,10 @@ func mustJSON(v any) []byte {
 func (b *Bundle) Marshal() ([]byte, error) {
 	b.Format, b.Version = Format, VersionPlain
 	if b.Privacy != nil {
-		b.Version = Version
+		b.Version = VersionPrivacy
+	}
+	if b.hasFigures() {
+		b.Version = VersionFigures
 	}
 	if err := b.Check(); err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -83,12 +84,12 @@ func TestReadRefuses(t *testing.T) {
 	}
 	cases := []struct{ name, edit, want string }{
 		{"tampered weight", `"round":7`, "digest mismatch"},
-		{"version", `"version":1`, "bundle version 3, this edgefl reads versions 1 to 2"},
+		{"version", `"version":1`, "bundle version 4, this edgefl reads versions 1 to 3"},
 		{"unknown field", `"digest":`, "unknown field"},
 	}
 	repl := map[string]string{
 		"tampered weight": `"round":8`,
-		"version":         `"version":3`,
+		"version":         `"version":4`,
 		"unknown field":   `"extra":1,"digest":`,
 	}
 	for _, c := range cases {
@@ -125,5 +126,28 @@ func TestMarshalRefusesInconsistent(t *testing.T) {
 	}
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Fatal("a bad bundle left a file")
+	}
+}
+
+// Version 3 is written only for a bundle with a baseline, missing sites or
+// statistics sites; one of them in an older version's bundle is refused.
+func TestVersionFigures(t *testing.T) {
+	b := testBundle(t)
+	if _, err := b.Marshal(); err != nil || b.Version != VersionPlain {
+		t.Fatalf("a plain bundle: version %d, %v", b.Version, err)
+	}
+	b = testBundle(t)
+	b.Provenance.StatisticsSites = []string{"site-a", "site-b"}
+	raw, err := b.Marshal()
+	if err != nil || b.Version != VersionFigures {
+		t.Fatalf("with statistics sites: version %d, %v", b.Version, err)
+	}
+	got, err := Unmarshal(raw)
+	if err != nil || !slices.Equal(got.Provenance.StatisticsSites, []string{"site-a", "site-b"}) {
+		t.Fatalf("round trip: %v", err)
+	}
+	got.Version = VersionPlain
+	if err := got.Check(); err == nil || !strings.Contains(err.Error(), "version 3 adds them") {
+		t.Fatalf("version 1 with statistics sites: %v", err)
 	}
 }

@@ -104,7 +104,19 @@ func TestConsoleInBrowser(t *testing.T) {
 		return waitPage(br, long, what, readConsole, cond)
 	}
 	noReload := func(p consolePage) bool { return p.Marker && p.Navs == 1 }
-	page("the statistics phase, before any site", func(p consolePage) bool { return p.Phase == "statistics" && len(p.Sites) == 0 })
+	// Before any site connects, the roster (the password file's users)
+	// is shown, every site "never connected".
+	page("the statistics phase, before any site", func(p consolePage) bool {
+		if p.Phase != "statistics" || len(p.Sites) != sites+1 {
+			return false
+		}
+		for _, s := range p.Sites {
+			if s.State != "never connected" {
+				return false
+			}
+		}
+		return true
+	})
 	var edges []*edge
 	for i := range sites {
 		id := fmt.Sprintf("site-%d", i+1)

@@ -62,7 +62,10 @@ func newMosquittoShipped(t *testing.T, dir, federation string) *mosquitto {
 // by the shipped deploy/mosquitto files (mutual TLS, the ACL), with the
 // certificates `broker-agg pki` makes: broker-agg and every edge-agent
 // authenticate by certificate alone, and every round aggregates every site.
-// A site with a certificate from another CA never gets in.
+// A site with a certificate from another CA never gets in: with the
+// federation's ca.crt as tls_ca it refuses to start, in one line naming
+// the other PKI; with a tls_ca that also holds its own CA it tries, and
+// every refused attempt says why.
 func TestMosquittoMutualTLS(t *testing.T) {
 	needMosquitto(t)
 	const (
@@ -77,7 +80,7 @@ func TestMosquittoMutualTLS(t *testing.T) {
 		t.Fatalf("broker-agg pki: %v\n%s", err, out)
 	}
 	other := filepath.Join(dir, "other-pki")
-	if out, err := exec.Command(aggBin, "pki", "--dir", other, "--clients", "site-9", "--hosts", "127.0.0.1").CombinedOutput(); err != nil {
+	if out, err := exec.Command(aggBin, "pki", "--dir", other, "--clients", "site-9,site-8", "--hosts", "127.0.0.1").CombinedOutput(); err != nil {
 		t.Fatalf("broker-agg pki: %v\n%s", err, out)
 	}
 	m := newMosquittoShipped(t, dir, federation)
@@ -94,9 +97,21 @@ func TestMosquittoMutualTLS(t *testing.T) {
 		c = slices.DeleteFunc(c, func(p [2]string) bool { return p[0] == "username" || p[0] == "password_file" })
 		edges = append(edges, newEdge(t, dir, id, c))
 	}
-	intruder := agentConf(federation, url, "site-9", "", 0, sites, 60).with(tlsOf(other, "site-9"))
+	// site-9 trusts both CAs (its own too), so it passes its start check
+	// and Mosquitto refuses it; site-8 has the federation's ca.crt and
+	// stops at start.
+	both := filepath.Join(dir, "both-ca.crt")
+	caA, _ := os.ReadFile(filepath.Join(pk, "ca.crt"))
+	caB, _ := os.ReadFile(filepath.Join(other, "ca.crt"))
+	if err := os.WriteFile(both, append(caA, caB...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	intruder := agentConf(federation, url, "site-9", "", 0, sites, 60).with(tlsOf(other, "site-9")).set("tls_ca", both)
 	intruder = slices.DeleteFunc(intruder, func(p [2]string) bool { return p[0] == "username" || p[0] == "password_file" })
 	bad := newEdge(t, dir, "site-9", intruder)
+	stranger := agentConf(federation, url, "site-8", "", 0, sites, 60).with(tlsOf(other, "site-8"))
+	stranger = slices.DeleteFunc(stranger, func(p [2]string) bool { return p[0] == "username" || p[0] == "password_file" })
+	refused := newEdge(t, dir, "site-8", stranger)
 
 	agg.waitFinished(60 * time.Second)
 	for _, e := range edges {
@@ -110,6 +125,15 @@ func TestMosquittoMutualTLS(t *testing.T) {
 	if n := len(bad.lines(msgIs("connection attempt failed"))); n == 0 {
 		t.Errorf("the site with another CA's certificate logged no failed connection attempt:\n%s", bad.p.tail(10))
 	}
+	if l := bad.lines(func(l logLine) bool { return strings.Contains(l.str("hint"), "the broker refused this site") }); len(l) == 0 {
+		t.Errorf("the refused attempts do not say why:\n%s", bad.p.tail(10))
+	}
+	refused.p.waitExit(20 * time.Second)
+	if err := refused.p.exitError(); err == nil || !strings.Contains(refused.p.tail(3), "the certificate comes from another PKI") ||
+		len(refused.lines(msgIs("connection attempt failed"))) != 0 {
+		t.Errorf("site-8, with another PKI's certificate, did not stop at start with one line (exit %v):\n%s", err, refused.p.tail(5))
+	}
+	refused.noPanics()
 	stopFederation(t, agg, append(edges, bad)...)
 	st := readAggState(t, agg.state)
 	for r := uint64(1); r <= rounds; r++ {

@@ -43,6 +43,61 @@ type Report struct {
 	SSE       float64 `json:"sse,omitempty"`
 	LabelMean float64 `json:"label_mean,omitempty"`
 	LabelM2   float64 `json:"label_m2,omitempty"`
+	// Baseline is what the model is measured against (WithBaseline): the
+	// aggregator sets it for display, a site's report does not carry it.
+	Baseline *Baseline `json:"baseline,omitempty"`
+}
+
+// Baseline is the rule a model must beat on the same rows to be of any
+// use. Classification: always predicting the rows' majority class (its
+// accuracy is that class's share; its balanced accuracy 1 / the classes
+// present). Regression: always predicting the rows' own mean, whose R^2 is
+// 0 by definition, so the model beats it when its R^2 is above 0.
+type Baseline struct {
+	Rule string `json:"rule"` // BaselineMajority or BaselineMean
+	// Class is the majority class (its index; the lowest on ties) and
+	// Accuracy the rule's accuracy (classification only).
+	Class    int     `json:"class,omitempty"`
+	Accuracy float64 `json:"accuracy,omitempty"`
+	// Beaten: the model's accuracy is above the rule's (classification),
+	// its R^2 above 0 (regression). A model equal to the rule does not
+	// beat it.
+	Beaten bool `json:"beaten"`
+}
+
+// Baseline rules.
+const (
+	BaselineMajority = "majority_class"
+	BaselineMean     = "mean"
+)
+
+// WithBaseline returns r with its Baseline computed from its own rows
+// (the confusion matrix's row sums, or R^2): nil when there is none (no
+// rows, or a regression whose labels are all equal).
+func (r Report) WithBaseline() Report {
+	r.Baseline = nil
+	switch {
+	case r.N == 0:
+	case r.Confusion != nil:
+		best, bestN, total := 0, int64(-1), int64(0)
+		for t, row := range r.Confusion {
+			var n int64
+			for _, c := range row {
+				n += c
+			}
+			total += n
+			if n > bestN {
+				best, bestN = t, n
+			}
+		}
+		if total > 0 {
+			acc := float64(bestN) / float64(total)
+			r.Baseline = &Baseline{Rule: BaselineMajority, Class: best, Accuracy: acc, Beaten: r.Accuracy > acc}
+		}
+	case r.R2 != nil:
+		r.Baseline = &Baseline{Rule: BaselineMean, Beaten: *r.R2 > 0}
+	}
+	return r
 }
 
 // Classification evaluates class probabilities probs (n rows of k, row

@@ -138,3 +138,42 @@ func TestBadInput(t *testing.T) {
 		t.Fatal("mixed tasks combined")
 	}
 }
+
+// The baseline a model must beat: the rows' majority class (classification;
+// a model that predicts it for everyone equals it and does not beat it) or
+// the rows' mean (regression: R^2 above 0).
+func TestBaseline(t *testing.T) {
+	r2 := func(v float64) *float64 { return &v }
+	cases := []struct {
+		name string
+		r    Report
+		want *Baseline
+	}{
+		// 78 % is exactly "everyone has the disease": not beaten.
+		{"everyone has it", Report{N: 100, Confusion: [][]int64{{0, 22}, {0, 78}}},
+			&Baseline{Rule: BaselineMajority, Class: 1, Accuracy: 0.78, Beaten: false}},
+		// 85.7 % below the 92.9 % of the majority class: not beaten.
+		{"below the rule", Report{N: 14, Confusion: [][]int64{{12, 1}, {1, 0}}},
+			&Baseline{Rule: BaselineMajority, Class: 0, Accuracy: 13.0 / 14, Beaten: false}},
+		{"above the rule", Report{N: 10, Confusion: [][]int64{{3, 1}, {0, 6}}},
+			&Baseline{Rule: BaselineMajority, Class: 1, Accuracy: 0.6, Beaten: true}},
+		{"tie: the lowest class", Report{N: 4, Confusion: [][]int64{{1, 1, 0}, {0, 2, 0}, {0, 0, 0}}},
+			&Baseline{Rule: BaselineMajority, Class: 0, Accuracy: 0.5, Beaten: true}},
+		{"regression above the mean", Report{N: 5, R2: r2(0.4)}, &Baseline{Rule: BaselineMean, Beaten: true}},
+		{"regression at the mean", Report{N: 5, R2: r2(0)}, &Baseline{Rule: BaselineMean, Beaten: false}},
+		{"regression, constant labels", Report{N: 5}, nil},
+		{"no rows", Report{Confusion: [][]int64{{0, 0}, {0, 0}}}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := c.r
+			if r.Confusion != nil {
+				r.fromConfusion()
+			}
+			got := r.WithBaseline().Baseline
+			if (got == nil) != (c.want == nil) || got != nil && *got != *c.want {
+				t.Fatalf("baseline %+v, want %+v", got, c.want)
+			}
+		})
+	}
+}

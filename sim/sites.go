@@ -250,6 +250,16 @@ func (set *siteSet) fit(d *schemaData, progress io.Writer) error {
 	return err
 }
 
+// statisticsSites are the sites whose statistics made the preprocessing:
+// every site, sorted (none when the schema declares it), as a bundle's
+// provenance names them.
+func (set *siteSet) statisticsSites() []string {
+	if set.schema.Declared() {
+		return nil
+	}
+	return slices.Sorted(slices.Values(set.ids))
+}
+
 // declared is fit for a schema that declares its preprocessing.
 func (set *siteSet) declared(d *schemaData, progress io.Writer) error {
 	for k, g := range set.rows {
@@ -420,13 +430,14 @@ func (set *siteSet) evaluate(spec model.Spec, fed *dataset.Federated, round int,
 		if err != nil {
 			return nil, fmt.Errorf("site %s: %w", c.ID, err)
 		}
-		ev.Sites[c.ID] = r
+		ev.Sites[c.ID] = r.WithBaseline() // as the aggregator shows them
 		reports = append(reports, r)
 	}
 	var err error
 	if ev.Federation, err = evaluate.Combine(reports); err != nil {
 		return nil, err
 	}
+	ev.Federation = ev.Federation.WithBaseline()
 	return ev, nil
 }
 
@@ -519,6 +530,7 @@ func (r *Results) Bundle(run AlgoRun, version string, now time.Time) (*bundle.Bu
 		Provenance: bundle.Provenance{
 			Federation: "simulate", RunID: fmt.Sprintf("simulate-%s-seed%d", run.Algo, cfg.Seed), Round: round,
 			Algorithm: run.Family, Params: params, EdgeflVersion: version, Time: now.UTC().Format(time.RFC3339),
+			StatisticsSites: r.sites.statisticsSites(),
 		},
 		Privacy: priv,
 	}, nil

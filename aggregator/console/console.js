@@ -150,6 +150,7 @@
     var pr = st.privacy;
     text($('privacy'), pr ? pr.mode + ': epsilon ' + Number(pr.epsilon.toPrecision(4)) + ' at delta ' + pr.delta + ' after ' + pr.rounds + ' rounds' +
       (pr.epsilon_budget ? ' (budget ' + pr.epsilon_budget + ')' : '') : 'off');
+    renderAttention();
     renderParams(live.params || {});
     renderBundle();
     // Under --dp the sites' figures are the operator's only: no bundle carries them
@@ -160,6 +161,29 @@
     renderCharts();
     renderSites(clients);
     tick();
+  }
+
+  // The broker connection and what needs the operator: a statistics phase
+  // past its deadline below quorum (who is missing and why), connections
+  // refused for identities that are not sites.
+  function renderAttention() {
+    var b = st.broker;
+    text($('broker'), !b ? '-' : b.connected ? 'connected' + (b.since ? ' since ' + clock(b.since) : '') :
+      'NOT connected' + (b.last_error ? ': ' + b.last_error : '') + (b.since ? ' (since ' + clock(b.since) + ')' : '') + ' — sites\' liveness unknown');
+    $('broker').classList.toggle('bad', !!b && !b.connected);
+    var notes = [], o = st.statistics_overdue;
+    if (o) {
+      notes.push('statistics phase past its deadline below quorum (' + (o.received || []).length + ' of ' + o.quorum + '): ' +
+        (o.missing || []).map(function (m) { return m.id + ': ' + m.why; }).join('; '));
+    }
+    (st.refused || []).forEach(function (r) {
+      notes.push('refused ' + (r.id || '(no identity)') + ': ' + r.reason + ' (' + ago(r.at) + ', ' + r.count + '×)');
+    });
+    var box = $('attention'), sig = notes.join('\n');
+    $('attention-box').hidden = !notes.length;
+    if (box.dataset.v === sig) { return; }
+    box.dataset.v = sig; box.textContent = '';
+    notes.forEach(function (n) { box.appendChild(el('span', 'note', n)); });
   }
 
   function renderParams(p) {
@@ -211,12 +235,17 @@
     tr._client = c;
     tr.classList.toggle('failing', !!c.error);
     var q = function (cls) { return tr.querySelector('.' + cls); };
-    text(q('id'), c.id);
+    var idc = q('id'), idSig = c.id + (c.not_in_preprocessing ? '\n' : '');
+    if (idc.dataset.v !== idSig) {
+      idc.dataset.v = idSig; idc.textContent = c.id;
+      if (c.not_in_preprocessing) { idc.appendChild(el('span', 'sub', 'not in the preprocessing (joined after the statistics phase)')); }
+    }
     var state = q('state'), on = c.online ? 'online' : 'offline';
+    var label = c.online ? 'online' : c.liveness_unknown ? 'unknown' : c.never_connected ? 'never connected' : 'offline';
     state.className = 'state ' + on;
-    if (state.dataset.v !== on) {
-      state.dataset.v = on; state.textContent = '';
-      state.appendChild(el('span', 'dot')); state.appendChild(document.createTextNode(on));
+    if (state.dataset.v !== label) {
+      state.dataset.v = label; state.textContent = '';
+      state.appendChild(el('span', 'dot')); state.appendChild(document.createTextNode(label));
     }
     text(q('seen'), ago(c.last_seen));
     text(q('rounds'), String(c.participation || 0));
@@ -230,7 +259,10 @@
     if (ev.dataset.v !== evSig) {
       ev.dataset.v = evSig; ev.textContent = '';
       if (e) {
-        ev.appendChild(document.createTextNode('loss ' + num(e.loss) + (e.score !== undefined && e.score !== null ? ' · ' + scoreName() + ' ' + num(e.score, 3) : '')));
+        ev.appendChild(document.createTextNode('loss ' + num(e.loss) + (e.score !== undefined && e.score !== null ? ' · ' + scoreName() + ' ' + num(e.score, 3) : '') +
+          (e.balanced_accuracy !== undefined ? ' · balanced ' + num(e.balanced_accuracy, 3) : '') +
+          (e.baseline !== undefined ? ' · majority-class baseline ' + num(e.baseline, 3) : '')));
+        if (e.below_baseline) { ev.appendChild(el('span', 'below', e.baseline !== undefined ? 'does not beat the majority-class baseline' : 'R² not above 0: no better than the mean')); }
         ev.appendChild(el('span', 'sub', 'round ' + e.round + ', n ' + e.n));
       } else { ev.textContent = '-'; }
     }
@@ -240,10 +272,12 @@
       rj.dataset.v = rjSig; rj.textContent = keys.length ? '' : '-';
       keys.forEach(function (k) { rj.appendChild(el('span', k === 'duplicate' ? 'rej benign' : 'rej', k + ' ' + r[k])); });
     }
-    var er = q('error'), erSig = c.error ? c.error.reason + '\n' + c.error.message : '-';
+    var rf = c.last_refusal, er = q('error');
+    var erSig = c.error ? c.error.reason + '\n' + c.error.message : rf ? 'refused\n' + rf.reason + rf.at + rf.count : '-';
     if (er.dataset.v !== erSig) {
-      er.dataset.v = erSig; er.textContent = c.error ? c.error.reason || 'error' : '-';
+      er.dataset.v = erSig; er.textContent = c.error ? c.error.reason || 'error' : rf ? 'refused by the broker' : '-';
       if (c.error) { er.appendChild(el('span', 'msg', c.error.message)); }
+      if (!c.error && rf) { er.appendChild(el('span', 'msg', rf.reason + ' (' + clock(rf.at) + ', ' + rf.count + '×)')); }
     }
   }
 

@@ -78,7 +78,8 @@ func TestPageEscapes(t *testing.T) {
 		Federation, Phase, Algorithm, Aggregator, Codec, Downlink, RunID, Schema, StopReason string
 		Round                                                                                int
 		RoundOpenedAt, Deadline                                                              *time.Time
-		Live, Model, FinalBundle, Privacy                                                    *struct{}
+		Live, Model, FinalBundle, Privacy, Broker, StatisticsOverdue                         *struct{}
+		Refused                                                                              []struct{}
 		Clients                                                                              []struct{}
 	}
 	h := Handler(func() (any, error) {

@@ -252,8 +252,8 @@ const demoFederation = "demo"
 // what the federation is measured against.
 func printDemoOptimum(ctx context.Context, f *demoFlags, d *demoData, x []float64, start time.Time, stdout io.Writer) error {
 	m, _ := model.New(d.spec)
-	fmt.Fprintf(stdout, "done: %d rounds in %s; final model: test loss %.6g, accuracy %.2f%%\n", f.rounds,
-		time.Since(start).Round(time.Millisecond), m.LossGrad(x, d.test, nil), 100*m.Score(x, d.test))
+	fmt.Fprintf(stdout, "done: %d rounds in %s; final model: test loss %.6g, accuracy %.2f%%%s\n", f.rounds,
+		time.Since(start).Round(time.Millisecond), m.LossGrad(x, d.test, nil), 100*m.Score(x, d.test), majorityNote(d.spec, d.test, m.Score(x, d.test)))
 	var pooled model.Data
 	for _, c := range d.fed.Clients[:f.clients] {
 		pooled.X = append(pooled.X, c.Train.X...)
@@ -271,6 +271,27 @@ func printDemoOptimum(ctx context.Context, f *demoFlags, d *demoData, x []float6
 	fmt.Fprintf(stdout, "centralised optimum on the pooled training data%s: test loss %.6g, accuracy %.2f%%\n",
 		note, m.LossGrad(xs, d.test, nil), 100*m.Score(xs, d.test))
 	return nil
+}
+
+// majorityNote is the majority-class baseline of the test rows next to a
+// classifier's accuracy ("" for regression): the accuracy of always
+// predicting the most frequent class, which a useful model beats.
+func majorityNote(spec model.Spec, test model.Data, acc float64) string {
+	if spec.Kind == model.KindLinear || test.N == 0 {
+		return ""
+	}
+	counts := map[float64]int{}
+	best := 0
+	for _, y := range test.Y {
+		counts[y]++
+		best = max(best, counts[y])
+	}
+	base := float64(best) / float64(test.N)
+	note := fmt.Sprintf(" (majority-class baseline %.2f%%", 100*base)
+	if acc <= base {
+		note += ", not beaten"
+	}
+	return note + ")"
 }
 
 func mustParams(s model.Spec) int {

@@ -170,15 +170,15 @@ func printDemoSchemaEnd(f *demoFlags, fed *sim.SchemaFederation, ids []string, s
 		}
 	}
 	if e != nil && ref != nil {
-		fmt.Fprintf(stdout, "%-24s  %-42s  %s\n", "held-out rows", fmt.Sprintf("edgefl, the final model (round %d)", e.Round), "centralised reference (pooled training rows, same preprocessing)")
-		fmt.Fprintf(stdout, "  %-22s  %-42s  %s\n", fmt.Sprintf("federation (n %d)", e.Federation.N), figures(e.Federation), figures(ref.Federation))
+		fmt.Fprintf(stdout, "%-24s  %-72s  %s\n", "held-out rows", fmt.Sprintf("edgefl, the final model (round %d)", e.Round), "centralised reference (pooled training rows, same preprocessing)")
+		fmt.Fprintf(stdout, "  %-22s  %-72s  %s\n", fmt.Sprintf("federation (n %d)", e.Federation.N), figures(e.Federation), figures(ref.Federation))
 		for i, s := range fed.Sites {
 			r, ok := e.Sites[ids[i]]
 			got := "no report"
 			if ok {
 				got = figures(r)
 			}
-			fmt.Fprintf(stdout, "  %-22s  %-42s  %s\n", fmt.Sprintf("%s (n %d)", ids[i], r.N), got, figures(ref.Sites[s.ID]))
+			fmt.Fprintf(stdout, "  %-22s  %-72s  %s\n", fmt.Sprintf("%s (n %d)", ids[i], r.N), got, figures(ref.Sites[s.ID]))
 		}
 		if !fed.Reference.Converged {
 			fmt.Fprintf(stdout, "(the reference stopped at ||grad F|| = %.2g, not at the optimum)\n", float64(fed.Reference.GradNorm))
@@ -198,10 +198,19 @@ func figures(r evaluate.Report) string {
 		s := fmt.Sprintf("loss %.4f  rmse %.4g", r.Loss, r.RMSE)
 		if r.R2 != nil {
 			s += fmt.Sprintf("  r2 %.4f", *r.R2)
+			if *r.R2 <= 0 {
+				s += " (not above the mean)"
+			}
 		}
 		return s
 	}
-	s := fmt.Sprintf("loss %.4f  accuracy %.2f%%", r.Loss, 100*r.Accuracy)
+	s := fmt.Sprintf("loss %.4f  accuracy %.2f%%  balanced %.2f%%", r.Loss, 100*r.Accuracy, 100*r.BalancedAccuracy)
+	if b := r.WithBaseline().Baseline; b != nil {
+		s += fmt.Sprintf("  baseline %.2f%%", 100*b.Accuracy)
+		if !b.Beaten {
+			s += " (not above)"
+		}
+	}
 	if r.AUC != nil {
 		s += fmt.Sprintf("  AUC %.4f", *r.AUC)
 	}

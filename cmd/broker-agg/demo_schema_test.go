@@ -119,13 +119,16 @@ func TestDemoSchema(t *testing.T) {
 	if rows != 150 {
 		t.Errorf("%d rows in the site CSVs, want 150", rows)
 	}
+	// Accuracy with the balanced accuracy and the majority-class
+	// baseline of the same rows next to it (marked when not beaten).
+	const acc = `accuracy [0-9.]+%  balanced [0-9.]+%  baseline [0-9.]+%(?: \(not above\))?`
 	for _, re := range []string{
 		`(?m)^\s+2\s+3/3\s+0\s+\S+\s*$`,
-		`(?m)^\s+3\s+3/3\s+0\s+\S+\s+of round 2: loss [0-9.]+  accuracy [0-9.]+%  AUC [0-9.]+$`,
+		`(?m)^\s+3\s+3/3\s+0\s+\S+\s+of round 2: loss [0-9.]+  ` + acc + `  AUC [0-9.]+$`,
 		`every site's model_out \(.*SITE\.bundle\.json\) is the aggregator's final bundle, byte for byte`,
 		`final bundle ` + regexp.QuoteMeta(final) + `, round 3, digest ` + b.Digest[:16],
-		`(?m)^  federation \(n \d+\)\s+loss [0-9.]+  accuracy [0-9.]+%  AUC [0-9.]+\s+loss [0-9.]+  accuracy [0-9.]+%  AUC [0-9.]+$`,
-		`(?m)^  east \(n \d+\)\s+loss [0-9.]+  accuracy [0-9.]+%  AUC [0-9.]+\s+loss [0-9.]+  accuracy`,
+		`(?m)^  federation \(n \d+\)\s+loss [0-9.]+  ` + acc + `  AUC [0-9.]+\s+loss [0-9.]+  ` + acc + `  AUC [0-9.]+$`,
+		`(?m)^  east \(n \d+\)\s+loss [0-9.]+  ` + acc + `  AUC [0-9.]+\s+loss [0-9.]+  accuracy`,
 		`centralised reference \(pooled training rows, same preprocessing\)`,
 	} {
 		if !regexp.MustCompile(re).MatchString(out) {

@@ -11,6 +11,8 @@ import (
 	"math"
 	"net"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -66,6 +68,7 @@ type serveFlags struct {
 	logFormat, logLevel                      string
 	exitWhenFinished                         bool
 	rollback                                 string
+	sites                                    string
 	schema                                   string
 	statsSites, evalEvery, stopPatience      int
 	stopTol, stopDelta                       float64
@@ -144,6 +147,7 @@ func (f *serveFlags) registerConnection(fs *flag.FlagSet) {
 	fs.DurationVar(&f.sessionExpiry, "session-expiry", broker.DefaultSessionExpiry, "embedded broker: how long a disconnected site's session and queued messages are kept")
 	fs.IntVar(&f.siteQueue, "site-queue", broker.DefaultSiteQueue, "embedded broker: the QoS 1 messages (announcements, receipts) held for one site while it is offline or has not acknowledged them; past it the oldest are forgotten (the latest announcement is retained, and a missed receipt comes again when the site re-sends its update)")
 	fs.DurationVar(&f.instanceTakeover, "instance-takeover", aggregator.DefaultInstanceTakeover, "a site id is served for one installation (instance id) at a time; once two installations with one id were seen alive (a cloned gateway), the first keeps the site and the other is set aside until the first stopped cleanly or has been offline this long")
+	fs.StringVar(&f.sites, "sites", "", "the federation's roster: the site ids expected, comma-separated; status, the console and /metrics show each one (never connected, or the embedded broker's latest refusal of it, with its reason and time), and the embedded broker refuses any other identity (default: the --password-file's users and the certificates under the --tls-client-ca's clients/ folder, shown but not enforced)")
 	fs.StringVar(&f.username, "username", "", "external broker: the aggregator's username")
 	fs.StringVar(&f.passwordFile, "broker-password-file", "", "external broker: `FILE` holding the aggregator's password (default: $"+passwordEnv+")")
 }
@@ -397,6 +401,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return errors.New("--tls-cert and --tls-key go together")
 	}
 
+	if cfg.Roster, err = f.roster(); err != nil {
+		return err
+	}
+	if len(cfg.Roster) > 0 {
+		log.Info("roster", "sites", cfg.Roster, "enforced_by_the_embedded_broker", f.sites != "" && f.brokerURL == "")
+	}
 	if f.brokerURL == "" {
 		return serveEmbedded(ctx, f, cfg, topics, log, stdout)
 	}
@@ -454,7 +464,14 @@ func (f *serveFlags) embeddedBroker(topics wire.Topics, log *slog.Logger) (broke
 			listen = ":8883"
 		}
 	}
-	bc := broker.Config{Addr: listen, Prefix: topics.Prefix(), Superusers: []string{f.clientID},
+	var sites []string
+	if f.sites != "" { // an explicit roster is enforced; a derived one only shown
+		var err error
+		if sites, err = parseSites(f.sites); err != nil {
+			return broker.Config{}, err
+		}
+	}
+	bc := broker.Config{Addr: listen, Prefix: topics.Prefix(), Superusers: []string{f.clientID}, Sites: sites,
 		PasswordFile: f.brokerPasswd, AllowAnonymous: f.allowAnonymous, MaxPacketSize: uint32(min(int64(f.maxPacket), math.MaxUint32)),
 		SessionExpiry: f.sessionExpiry, SiteQueue: f.siteQueue, Logger: log,
 		// The aggregator's limits, enforced by the broker before routing
@@ -493,6 +510,16 @@ func serveEmbedded(ctx context.Context, f *serveFlags, cfg aggregator.ServerConf
 		}
 		return brk.RateLimited()
 	}
+	cfg.BrokerRefusals = func() []aggregator.SiteRefusal {
+		if brk == nil {
+			return nil
+		}
+		var out []aggregator.SiteRefusal
+		for _, r := range brk.Refusals() {
+			out = append(out, aggregator.SiteRefusal{ID: r.ID, Reason: r.Reason, At: r.At, Count: r.Count})
+		}
+		return out
+	}
 	cfg.BrokerURL = "tcp://in-process"
 	fresh := !exists(cfg.StatePath)
 	srv, err := aggregator.NewServer(cfg)
@@ -515,6 +542,60 @@ func serveEmbedded(ctx context.Context, f *serveFlags, cfg aggregator.ServerConf
 		cancel()
 	}
 	return discardFresh(fresh, cfg.StatePath, srv, err)
+}
+
+// parseSites parses --sites: comma-separated site ids.
+func parseSites(list string) ([]string, error) {
+	var out []string
+	for _, id := range strings.Split(list, ",") {
+		id = strings.TrimSpace(id)
+		if id == "" {
+			continue
+		}
+		if err := wire.ValidID(id); err != nil {
+			return nil, fmt.Errorf("--sites: %w", err)
+		}
+		out = append(out, id)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("--sites: no site id")
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// roster is the federation's expected sites: --sites, else the users of
+// the embedded broker's --password-file and the client certificates
+// `broker-agg pki` wrote next to --tls-client-ca (its clients/ folder),
+// without the aggregator's own id.
+func (f *serveFlags) roster() ([]string, error) {
+	if f.sites != "" {
+		return parseSites(f.sites)
+	}
+	var ids []string
+	if f.brokerPasswd != "" && f.brokerURL == "" {
+		users, err := broker.ReadPasswordFile(f.brokerPasswd)
+		if err != nil {
+			return nil, fmt.Errorf("--password-file: %w", err)
+		}
+		for u := range users {
+			ids = append(ids, u)
+		}
+	}
+	if f.tlsClientCA != "" && f.brokerURL == "" {
+		certs, _ := filepath.Glob(filepath.Join(filepath.Dir(f.tlsClientCA), pki.ClientsDir, "*.crt"))
+		for _, c := range certs {
+			ids = append(ids, strings.TrimSuffix(filepath.Base(c), ".crt"))
+		}
+	}
+	out := ids[:0]
+	for _, id := range ids {
+		if id != f.clientID && wire.ValidID(id) == nil {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
 }
 
 // brokerFlagError names the flag behind an embedded broker's configuration

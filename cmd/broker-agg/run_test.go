@@ -668,7 +668,7 @@ func TestDemoPrintsAccuracyNextToTheOptimum(t *testing.T) {
 			t.Errorf("round line %d is round %s", i+1, r[1])
 		}
 	}
-	final := regexp.MustCompile(`done: 3 rounds in \S+; final model: test loss (\S+), accuracy ([0-9.]+)%`).FindStringSubmatch(out)
+	final := regexp.MustCompile(`done: 3 rounds in \S+; final model: test loss (\S+), accuracy ([0-9.]+)% \(majority-class baseline [0-9.]+%(, not beaten)?\)`).FindStringSubmatch(out)
 	opt := regexp.MustCompile(`centralised optimum on the pooled training data[^:]*: test loss (\S+), accuracy ([0-9.]+)%`).FindStringSubmatch(out)
 	if final == nil || opt == nil {
 		t.Fatalf("no final or optimum line:\n%s", out)

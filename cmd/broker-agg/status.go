@@ -161,11 +161,19 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 		case ci.Selected:
 			this = "waiting"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\n", ci.ID, yesNo(ci.Online), seen, ci.Samples, ci.Participation, ci.LastRound, this)
+		online := yesNo(ci.Online)
+		switch {
+		case ci.LivenessUnknown:
+			online = "unknown"
+		case ci.NeverConnected:
+			online = "never connected"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\n", ci.ID, online, seen, ci.Samples, ci.Participation, ci.LastRound, this)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	printAbsent(w, st, now)
 	printDuplicates(w, st.DuplicateInstances)
 	if err := printLive(w, st); err != nil {
 		return err
@@ -242,6 +250,15 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 	} else {
 		fmt.Fprintf(w, "\nschema %.16s  statistics from %d sites: %s\n", st.Schema, len(st.StatisticsSites), orDash(strings.Join(st.StatisticsSites, " ")))
 	}
+	var late []string
+	for _, ci := range st.Clients {
+		if ci.NotInPreprocessing {
+			late = append(late, ci.ID)
+		}
+	}
+	if len(late) > 0 {
+		fmt.Fprintf(w, "not in the preprocessing (joined after the statistics phase; trained with the others' preprocessing): %s\n", strings.Join(late, " "))
+	}
 	if m := st.Model; m != nil {
 		fmt.Fprintf(w, "model %s, %d inputs after the federation's preprocessing", m.Kind, m.Inputs)
 		if m.Classes > 0 {
@@ -258,15 +275,25 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		cls := ev.Federation.Confusion != nil
 		if cls {
-			fmt.Fprintln(tw, "SITE\tN\tLOSS\tACCURACY\tBALANCED\tAUC")
+			fmt.Fprintln(tw, "SITE\tN\tLOSS\tACCURACY\tBALANCED\tBASELINE\tAUC\t")
 		} else {
-			fmt.Fprintln(tw, "SITE\tN\tLOSS\tRMSE\tR2")
+			fmt.Fprintln(tw, "SITE\tN\tLOSS\tRMSE\tR2\t")
 		}
+		below := 0
 		row := func(name string, r evaluate.Report) {
+			mark := ""
+			if b := r.WithBaseline().Baseline; b != nil && !b.Beaten {
+				mark = "below baseline"
+				below++
+			}
 			if cls {
-				fmt.Fprintf(tw, "%s\t%d\t%.4g\t%.4f\t%.4f\t%s\n", name, r.N, r.Loss, r.Accuracy, r.BalancedAccuracy, optF(r.AUC))
+				base := "-"
+				if b := r.WithBaseline().Baseline; b != nil {
+					base = fmt.Sprintf("%.4f", b.Accuracy)
+				}
+				fmt.Fprintf(tw, "%s\t%d\t%.4g\t%.4f\t%.4f\t%s\t%s\t%s\n", name, r.N, r.Loss, r.Accuracy, r.BalancedAccuracy, base, optF(r.AUC), mark)
 			} else {
-				fmt.Fprintf(tw, "%s\t%d\t%.4g\t%.4g\t%s\n", name, r.N, r.Loss, r.RMSE, optF(r.R2))
+				fmt.Fprintf(tw, "%s\t%d\t%.4g\t%.4g\t%s\t%s\n", name, r.N, r.Loss, r.RMSE, optF(r.R2), mark)
 			}
 		}
 		for _, id := range slices.Sorted(maps.Keys(ev.Sites)) {
@@ -276,14 +303,62 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		if below > 0 && cls {
+			fmt.Fprintln(w, "below baseline: the accuracy does not beat always predicting the rows' majority class (BASELINE)")
+		} else if below > 0 {
+			fmt.Fprintln(w, "below baseline: R2 is not above 0, no better than predicting the rows' own mean")
+		}
 	}
 	if st.StopReason != "" {
 		fmt.Fprintf(w, "run ended: %s\n", st.StopReason)
 	}
 	if b := st.FinalBundle; b != nil {
 		fmt.Fprintf(w, "final bundle: round %d, %d bytes, digest %.16s (broker-agg export --state FILE --out FILE)\n", b.Round, b.Bytes, b.Digest)
+		if len(b.EvalSites) > 0 || len(b.EvalMissing) > 0 {
+			fmt.Fprintf(w, "  its evaluation covers %d sites: %s", len(b.EvalSites), orDash(strings.Join(b.EvalSites, " ")))
+			if len(b.EvalMissing) > 0 {
+				fmt.Fprintf(w, "; awaited without a report by its deadline: %s", strings.Join(b.EvalMissing, " "))
+			}
+			fmt.Fprintln(w)
+		}
 	}
 	return nil
+}
+
+// printAbsent says why sites are absent: the aggregator's own broker
+// connection, the broker's refusals (roster sites and identities that are
+// not sites), a statistics phase past its deadline below quorum.
+func printAbsent(w io.Writer, st aggregator.Status, now time.Time) {
+	if b := st.Broker; b != nil && !b.Connected {
+		fmt.Fprintf(w, "\nthe aggregator is NOT connected to the broker %s", b.URL)
+		if b.LastError != "" {
+			fmt.Fprintf(w, ": %s", b.LastError)
+		}
+		fmt.Fprintf(w, " (%d failed attempts); the sites' liveness is unknown\n", b.ConnectFailures)
+	}
+	var refused []string
+	for _, ci := range st.Clients {
+		if r := ci.LastRefusal; r != nil {
+			refused = append(refused, fmt.Sprintf("  %s: %s (%s, %d times)", ci.ID, r.Reason, rel(r.At, now), r.Count))
+		}
+	}
+	for _, r := range st.Refused {
+		id := r.ID
+		if id == "" {
+			id = "(no identity)"
+		}
+		refused = append(refused, fmt.Sprintf("  %s (not a site): %s (%s, %d times)", id, r.Reason, rel(r.At, now), r.Count))
+	}
+	if len(refused) > 0 {
+		fmt.Fprintf(w, "\nconnections refused by the broker:\n%s\n", strings.Join(refused, "\n"))
+	}
+	if o := st.StatisticsOverdue; o != nil {
+		fmt.Fprintf(w, "\nstatistics phase past its deadline (%s) below quorum: %d of %d sites sent theirs; missing:\n",
+			rel(o.Deadline, now), len(o.Received), o.Quorum)
+		for _, m := range o.Missing {
+			fmt.Fprintf(w, "  %s: %s\n", m.ID, m.Why)
+		}
+	}
 }
 
 // printDuplicates lists the sites a second installation uses.

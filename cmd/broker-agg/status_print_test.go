@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/edgefl/edgefl/aggregator"
+	"github.com/edgefl/edgefl/evaluate"
 )
 
 // `status` lists a site used by a second installation, with the holder and
@@ -48,6 +50,61 @@ func TestPrintStatusRoundTiming(t *testing.T) {
 		}
 		if out := b.String(); !strings.Contains(out, tc.want) || strings.Contains(out, tc.not) {
 			t.Errorf("%s mode, fixed %v: want %q and not %q in:\n%s", tc.p.Mode, tc.p.FixedRounds, tc.want, tc.not, out)
+		}
+	}
+}
+
+// `status` explains every absent site (a roster site never connected, one
+// refused by the broker, an identity that is not a site, the statistics
+// phase past its deadline, the aggregator's own refused connection) and
+// puts the balanced accuracy and the majority-class baseline next to each
+// accuracy, marking a model that does not beat it.
+func TestPrintStatusAbsentSitesAndBaselines(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	ev := func(c [][]int64) evaluate.Report {
+		r := evaluate.Report{N: 0, Confusion: c}
+		for t, row := range c {
+			for p, n := range row {
+				r.N += n
+				if t == p {
+					r.Accuracy += float64(n)
+				}
+			}
+		}
+		r.Accuracy /= float64(r.N)
+		return r
+	}
+	st := aggregator.Status{Federation: "f", Phase: aggregator.PhaseStatistics, Schema: "abc",
+		Clients: []aggregator.ClientInfo{
+			{ID: "site-a", Online: true, Expected: true},
+			{ID: "site-b", Expected: true, NeverConnected: true, LastRefusal: &aggregator.SiteRefusal{ID: "site-b", Reason: "client certificate expired or not yet valid", At: at.Add(-time.Minute), Count: 3}},
+			{ID: "site-c", Expected: true, NeverConnected: true},
+			{ID: "site-d", Online: true, NotInPreprocessing: true},
+		},
+		Refused:           []aggregator.SiteRefusal{{ID: "stranger", Reason: "identity not on the roster (--sites)", At: at, Count: 1}},
+		Broker:            &aggregator.BrokerStatus{URL: "ssl://mq:8883", LastError: "not Authorized", ConnectFailures: 4},
+		StatisticsOverdue: &aggregator.StatisticsOverdue{Deadline: at.Add(-7 * time.Second), Quorum: 3, Received: []string{"site-a"}, Missing: []aggregator.MissingSite{{ID: "site-b", Why: "refused by the broker: expired"}}},
+		Evaluation: &aggregator.EvalStatus{Round: 2, Federation: ev([][]int64{{0, 22}, {0, 78}}),
+			Sites: map[string]evaluate.Report{"site-a": ev([][]int64{{0, 22}, {0, 78}})}},
+	}
+	var b bytes.Buffer
+	if err := printStatus(&b, st, at); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, re := range []string{
+		`site-b\s+never connected`, `site-c\s+never connected`,
+		`the aggregator is NOT connected to the broker ssl://mq:8883: not Authorized \(4 failed attempts\); the sites' liveness is unknown`,
+		`site-b: client certificate expired or not yet valid \(1m0s ago, 3 times\)`,
+		`stranger \(not a site\): identity not on the roster`,
+		`statistics phase past its deadline \(7s ago\) below quorum: 1 of 3 sites sent theirs; missing:\n  site-b: refused by the broker: expired`,
+		`SITE\s+N\s+LOSS\s+ACCURACY\s+BALANCED\s+BASELINE\s+AUC`,
+		`site-a\s+100\s+0\s+0\.7800\s+0\.0000\s+0\.7800\s+-\s+below baseline`,
+		`below baseline: the accuracy does not beat always predicting the rows' majority class`,
+		`not in the preprocessing \(joined after the statistics phase; trained with the others' preprocessing\): site-d`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("status output lacks %s:\n%s", re, out)
 		}
 	}
 }

@@ -66,10 +66,21 @@ func runEvaluate(_ context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(stdout, "rmse       %.6g\n", r.RMSE)
 		if r.R2 != nil {
 			fmt.Fprintf(stdout, "r2         %.6g\n", *r.R2)
+			if *r.R2 <= 0 {
+				fmt.Fprintln(stdout, "baseline   the model does NOT beat predicting these rows' own mean (R^2 <= 0)")
+			}
 		}
 		return nil
 	}
 	fmt.Fprintf(stdout, "accuracy   %.4f\nbalanced   %.4f\n", r.Accuracy, r.BalancedAccuracy)
+	if bl := r.WithBaseline().Baseline; bl != nil {
+		// The rule a model must beat to be of any use on these rows.
+		verdict := "the model beats it"
+		if !bl.Beaten {
+			verdict = "the model does NOT beat it"
+		}
+		fmt.Fprintf(stdout, "baseline   %.4f (always %s, the most frequent class here; %s)\n", bl.Accuracy, b.Schema.Label.Classes[bl.Class].Name, verdict)
+	}
 	if r.AUC != nil {
 		fmt.Fprintf(stdout, "auc        %.4f\n", *r.AUC)
 	}
