@@ -472,6 +472,9 @@ type Server struct {
 	// counted) as of the open round (nil outside sum mode; server_sum.go);
 	// nextSum the closing round's, until its checkpoint is stored.
 	sum, nextSum *uplink.SumState
+	// initFrame is x_0's frame as round 1 published it, announced under a
+	// fixed roster (split_initial; server_sum.go), once read.
+	initFrame []byte
 	// nextClip is adaptive clipping's clip norm for the round after the
 	// closing one (0: none), until closeRound steps ClipEstimated.
 	nextClip float64
@@ -564,7 +567,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{}),
 		topics: d.topics, fam: d.fam, aggSpec: d.aggSpec, screen: d.screen, agg: d.agg, eval: cfg.Eval}
 	if d.sum {
-		s.sum = &uplink.SumState{}
+		s.sum = &uplink.SumState{Fixed: d.coord.FixedRoster}
 	}
 	s.metAddr.Store("")
 	s.inst.takeover = cfg.InstanceTakeover

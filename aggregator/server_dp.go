@@ -42,6 +42,9 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 		// Sum mode: the server step is S/m (server_sum.go); no late
 		// updates (docs/privacy.md, "Sampling rate").
 		aggSpec, d.sum, d.coord.StoreLate = "", true, false
+		// Central DP: the roster is fixed at the first draw and counted
+		// from round 1, so that m reveals nobody's selection (server_sum.go).
+		d.coord.FixedRoster = cfg.SecAgg == nil
 	}
 	if err := aggregate.CheckDP(aggSpec, cfg.Selector); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
