@@ -299,6 +299,13 @@ func (c *ServerConfig) defaults() {
 	if c.Algorithm == "" {
 		c.Algorithm = AlgoFedProx
 	}
+	if c.DP != nil && !c.DP.Distributed && !c.DP.FixedRounds && !c.DP.EarlyClose {
+		// Central DP whose rounds close early: their timing tells the
+		// draw's size, so they are charged at q = 1 (dp.Config.EarlyClose).
+		d := *c.DP
+		d.EarlyClose = true
+		c.DP = &d
+	}
 	if c.Selector == "" {
 		c.Selector = "uniform"
 		if c.DP != nil && c.SecAgg == nil {

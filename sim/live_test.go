@@ -141,6 +141,12 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 		k, sk := dp.TestKey(cfg.DPNoiseSeed), dp.TestSelectionKey(cfg.DPNoiseSeed)
 		cfg.Select = "poisson:q=1" // every site every round: K = N
 		if poisson {
+			// The daemons close these rounds early (no fixed-length
+			// rounds on a fake clock), so they charge every round at
+			// q = 1 (dp.Config.EarlyClose), and simulate is told to.
+			early := *private
+			early.EarlyClose = true
+			private, cfg.DP = &early, &early
 			// 6 rounds so that the draws over 4 sites vary; the key of
 			// seed 11 makes them 1, 0, 4, 1, 4, 3 sites (checked below):
 			// the restart follows the empty round.
