@@ -30,6 +30,12 @@ func TestDPRoundTimingCharge(t *testing.T) {
 		if tc.dp.EarlyClose {
 			t.Errorf("%s: defaults changed the caller's configuration", tc.name)
 		}
+		// A round log written before the early-close charge (the same
+		// setting, charged amplified) is refused on resume, not continued
+		// under another charge: resumeDiffs compares dpText.
+		if old := tc.dp; !tc.amplified && !old.Distributed && dpText(c) == dpText(&old) {
+			t.Errorf("%s: a run stored as %s resumes as %s", tc.name, dpText(&old), dpText(c))
+		}
 		p := newPrivacyStatus(c, &DPState{Accountant: dp.NewAccountant(nil)}, 0, 0)
 		if p.Amplified != tc.amplified {
 			t.Errorf("%s: /status says amplified %v", tc.name, p.Amplified)
