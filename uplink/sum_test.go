@@ -382,3 +382,38 @@ func FuzzSumState(f *testing.F) {
 		}
 	})
 }
+
+// TestSumRosterEmptyFirstRound: under a fixed roster an empty first draw
+// releases x_0 plus noise of std z C/m per coordinate, like any round; a
+// sum that counts on first updates released x_0 unchanged, without noise,
+// which told everyone that nobody had been drawn.
+func TestSumRosterEmptyFirstRound(t *testing.T) {
+	x0 := make([]float64, 4000)
+	const m, z, c = 5, 1.0, 0.5
+	for _, fixed := range []bool{false, true} {
+		st := &SumState{Fixed: fixed}
+		if fixed {
+			if err := st.StartRoster([]string{"a", "b", "c", "d", "e"}, x0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		next, err := st.CloseCentral(1, x0, nil, Private{Clip: c, Noise: z}, dp.NoiseRand(dp.TestKey(5), 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ss float64
+		for _, v := range next {
+			ss += v * v
+		}
+		std := math.Sqrt(ss / float64(len(next)))
+		if !fixed {
+			if std != 0 {
+				t.Fatalf("counting on first updates: an empty round 1 moved x_0 (std %v)", std)
+			}
+			continue
+		}
+		if want := z * c / m; math.Abs(std-want) > 0.05*want {
+			t.Errorf("fixed roster: an empty round 1 released noise of std %v, want z C/m = %v", std, want)
+		}
+	}
+}
