@@ -1068,6 +1068,11 @@ func (s *Server) recordStatus(st *wire.ClientStatus, now time.Time) {
 	}
 	if st.Online {
 		s.log.Debug("client online", "client", st.ClientId, "samples", st.SampleCount, "connection", st.Connection)
+		if r := s.coord.Roster(); r != nil && !slices.Contains(r, st.ClientId) {
+			// A fixed FedSplit roster (server_sum.go): the operator must see
+			// why this site never gets a round.
+			s.log.Warn("site not on this run's roster (fixed when round 1 was drawn): it is not drawn in this run; it can take part in the next run", "client", st.ClientId, "roster", len(r))
+		}
 	} else {
 		s.log.Info("client offline", "client", st.ClientId, "connection", st.Connection)
 	}

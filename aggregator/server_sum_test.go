@@ -5,8 +5,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/edgefl/edgefl/dp"
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"
@@ -47,6 +49,8 @@ func TestServerSumMode(t *testing.T) {
 	cfg := f.config()
 	cfg.K, cfg.Algorithm, cfg.Params.Step, cfg.Params.Relax = 2, AlgoFedProxSplit, 0.5, 1
 	cfg.Init, cfg.InitSeed = InitModel, 3
+	var logs *testkit.SyncBuffer
+	cfg.Logger, logs = testkit.FailureLog(t, "the aggregator")
 	cfg.DP = &dp.Config{Clip: c, Noise: 1e-9, Delta: 1e-5}
 	r := f.start(cfg)
 	a, b := f.agent("site-a", 10), f.agent("site-b", 10)
@@ -76,6 +80,23 @@ func TestServerSumMode(t *testing.T) {
 	}
 	if rr.Metrics["split_counted"] != 2 || rr.Metrics["split_joined"] != 2 {
 		t.Fatalf("round 1 metrics %v", rr.Metrics)
+	}
+	// A site first seen after round 1 was drawn is not on the roster: the
+	// operator is told why it never gets a round.
+	f.agent("site-c", 10)
+	for {
+		v, changed := r.s.Watch()
+		if v.Clients >= 3 {
+			break
+		}
+		select {
+		case <-changed:
+		case <-time.After(waitLong):
+			t.Fatalf("the late site's status was not applied: %d clients", v.Clients)
+		}
+	}
+	if l := logs.Lines("site not on this run's roster"); len(l) != 1 || !strings.Contains(l[0], "site-c") {
+		t.Fatalf("the late site was not reported: %q", l)
 	}
 
 	// Round 2: a joins again (refused), then a delta far longer than C.
