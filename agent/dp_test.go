@@ -82,8 +82,10 @@ func TestHandleClipBit(t *testing.T) {
 	} {
 		h, _ := newHandler(t)
 		a := announce(t, 1, tc.algo, x)
-		a.SplitSum = tc.algo == AlgoFedProxSplit
 		a.Dp = &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: tc.clip, NoiseMultiplier: 1, Delta: 1e-5}
+		if tc.algo == AlgoFedProxSplit {
+			a = sumAnnounce(t, 1, x, tc.clip)
+		}
 		if tc.adaptive {
 			a.Dp.UpdateNoiseMultiplier = 1.1
 			a.Dp.Adaptive = &wire.AdaptiveClip{TargetQuantile: 0.5, LearningRate: 0.2, BitNoise: 1}

@@ -521,6 +521,9 @@ type prepared struct {
 	// clip is the announced DP clip norm (0: no DP): the update is
 	// clipped before it is encoded and the loss fields are sent as 0.
 	clip float64
+	// initial is x_0 under a fixed roster (split_initial; sum.go): the
+	// record and z_j a site without a record starts from. nil otherwise.
+	initial []float64
 }
 
 // prepare checks everything about ann that can be checked before writing:
@@ -570,6 +573,11 @@ func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement, d model.Data) (*prep
 	}
 	if p.clip, err = dpClip(ann, p.split && !p.sum); err != nil {
 		return nil, bad(r, "%v", err)
+	}
+	if p.sum {
+		if p.initial, err = sumInitial(ann, p.codec, dim); err != nil {
+			return nil, bad(r, "%v", err)
+		}
 	}
 	if err := secAggRefusals(ann, p.split); err != nil {
 		return nil, bad(r, "%v", err)
@@ -743,7 +751,11 @@ func (h *RoundHandler) solve(ctx context.Context, p *prepared) ([]float64, proxs
 		return w, rep, stopReason(rep.Stop), nil
 	}
 
-	if _, err := h.Store.InitZ(p.round, p.x); err != nil {
+	z0 := p.x // z_j starts at the first global model the site sees
+	if p.initial != nil {
+		z0 = p.initial // or at x_0, where a fixed roster counts it from
+	}
+	if _, err := h.Store.InitZ(p.round, z0); err != nil {
 		return nil, proxsolver.Report{}, 0, h.diskErr(fmt.Errorf("agent: round %d: %w", p.round, err))
 	}
 	_, z, err := h.Store.Z()

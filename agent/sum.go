@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/edgefl/edgefl/internal/streams"
+	"github.com/edgefl/edgefl/quant"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
@@ -56,7 +57,7 @@ func (s sumStore) HasPending(round uint64) (bool, error) {
 // site's record, or as a join while it has none.
 func (h *RoundHandler) sumUplink(p *prepared, z []float64) (uplink.Frame, error) {
 	r := p.round
-	u := uplink.SumUpdate{Round: r, Z: z, Global: p.x, Clip: p.clip, Tamper: poison}
+	u := uplink.SumUpdate{Round: r, Z: z, Global: p.x, Initial: p.initial, Clip: p.clip, Tamper: poison}
 	cr, c, err := h.Store.Contribution()
 	switch {
 	case err == nil:
@@ -70,6 +71,33 @@ func (h *RoundHandler) sumUplink(p *prepared, z []float64) (uplink.Frame, error)
 	}
 	return f, nil
 }
+
+// sumInitial is x_0 of a fixed roster, decoded from the announcement's
+// split_initial with the codec that decodes its global model; nil without
+// a roster. Under central DP a sum-mode announcement without a roster is
+// refused: the aggregator would count this site on its first update and
+// so publish, through m, the round it was first drawn in.
+func sumInitial(ann *wire.RoundAnnouncement, c *quant.Codec, dim int) ([]float64, error) {
+	if ann.SplitRoster == 0 {
+		if d := ann.GetDp(); d != nil && d.Mode == wire.DPMode_DP_MODE_CENTRAL {
+			return nil, errNoRoster
+		}
+		return nil, nil
+	}
+	v := ann.SplitInitial
+	if v == nil || int64(v.Dimension) != int64(dim) {
+		return nil, fmt.Errorf("the initial model of the FedSplit roster has dimension %d, the model %d", v.GetDimension(), dim)
+	}
+	x0, err := c.Decode(v.Payload, nil)
+	if err != nil || len(x0) != dim {
+		return nil, fmt.Errorf("the initial model of the FedSplit roster (%d values): %w", len(x0), err)
+	}
+	return x0, nil
+}
+
+// errNoRoster refuses a central-DP FedSplit round from an aggregator that
+// counts sites on their first update (an older version).
+var errNoRoster = errors.New("a FedSplit round under central differential privacy without a fixed roster (split_roster): this aggregator counts a site in its sum when it is first drawn, which publishes that round through the sum's divisor; refused (upgrade the aggregator; docs/privacy.md, \"As built (FedSplit)\")")
 
 // sumStore is the edge store as the session rules use it: an accepted
 // receipt of a sum-mode update advances the site's record

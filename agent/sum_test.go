@@ -14,13 +14,20 @@ import (
 	"github.com/edgefl/edgefl/wire"
 )
 
-// sumAnnounce is a FedProx:FedSplit round in sum mode under central DP.
+// sumAnnounce is a FedProx:FedSplit round in sum mode under central DP,
+// with a fixed roster of 3 sites whose initial model is sumX0.
 func sumAnnounce(t *testing.T, round uint64, x []float64, clip float64) *wire.RoundAnnouncement {
 	ann := announce(t, round, AlgoFedProxSplit, x)
 	ann.SplitSum = true
 	ann.Dp = &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: clip, NoiseMultiplier: 1, Delta: 1e-5}
+	ann.SplitRoster = 3
+	ann.SplitInitial = &wire.Vector{Codec: "fp32", Dimension: uint32(len(x)), Payload: frame(t, "", sumX0())}
 	return ann
 }
+
+// sumX0 is the roster's initial model in sumAnnounce: another vector than
+// any round's, so that a delta against the round's model shows.
+func sumX0() []float64 { return f32(testGlobal(7)) }
 
 // record is the store's sum-mode record (nil: none).
 func record(t *testing.T, s *storage.EdgeStore) *uplink.Record {
@@ -60,9 +67,9 @@ func TestHandleSumMode(t *testing.T) {
 	if err := uplink.Reclip(d, c); err != nil {
 		t.Fatal(err)
 	}
-	join := plus(x1, d)
+	join := plus(sumX0(), d)
 	if !bitsEqual(res.Sent, join) || record(t, h.Store) != nil {
-		t.Fatal("the join's pending contribution is not x + the re-clipped delta, or the record advanced before the receipt")
+		t.Fatal("the first update's pending contribution is not x_0 + the re-clipped delta, or the record advanced before the receipt")
 	}
 
 	// Round 2 while round 1 is unreceipted: nothing solved or written.
@@ -130,12 +137,59 @@ func TestHandleSumMode(t *testing.T) {
 	}
 }
 
+// TestHandleSumModeFixedRoster: under a fixed roster a site's z_j starts
+// at x_0 and its first update is a delta against x_0 (the record the
+// aggregator counted it with from round 1), not against the round's model;
+// an announcement under central DP without a roster (an aggregator that
+// counts a site when it is first drawn, publishing that round through m)
+// is refused before anything is solved, and so is a bad initial model.
+func TestHandleSumModeFixedRoster(t *testing.T) {
+	h, _ := newHandler(t)
+	x4 := f32(testGlobal(4))
+	res, err := h.Handle(context.Background(), sumAnnounce(t, 4, x4, 1e3))
+	if err != nil || res.Action != ActionSolved {
+		t.Fatalf("round 4: %v, %v", res.Action, err)
+	}
+	_, d := decodeUpdate(t, res.Msg, wire.UpdateKind_UPDATE_KIND_SUM_DELTA, 0)
+	_, z, err := h.Store.Z()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range d {
+		if want := float64(float32(z[i] - sumX0()[i])); d[i] != want {
+			t.Fatalf("delta[%d] = %v, want z_j - x_0 = %v", i, d[i], want)
+		}
+	}
+	if !bitsEqual(res.Sent, plus(sumX0(), d)) {
+		t.Fatal("the pending contribution is not x_0 + the delta")
+	}
+	for name, mod := range map[string]func(*wire.RoundAnnouncement){
+		"no roster": func(a *wire.RoundAnnouncement) { a.SplitRoster, a.SplitInitial = 0, nil },
+		"short x_0": func(a *wire.RoundAnnouncement) {
+			a.SplitInitial.Dimension = 2
+			a.SplitInitial.Payload = frame(t, "", []float64{1, 2})
+		},
+		"bad frame": func(a *wire.RoundAnnouncement) { a.SplitInitial.Payload = []byte{1, 2, 3} },
+	} {
+		h, _ := newHandler(t)
+		ann := sumAnnounce(t, 1, f32(testGlobal(1)), 1)
+		mod(ann)
+		before := snapshot(t, h.Store)
+		if res, err := h.Handle(context.Background(), ann); err == nil || res.Action == ActionSolved {
+			t.Errorf("%s: %v, %v: not refused", name, res.Action, err)
+		}
+		if !before.equal(snapshot(t, h.Store)) {
+			t.Errorf("%s: a refused round wrote to the store", name)
+		}
+	}
+}
+
 // TestHandleSplitDPNeedsSumMode: a FedSplit-family round under DP without
 // sum mode is refused (the per-site copy of z_j is not privatised).
 func TestHandleSplitDPNeedsSumMode(t *testing.T) {
 	h, _ := newHandler(t)
 	ann := sumAnnounce(t, 1, f32(testGlobal(1)), 1)
-	ann.SplitSum = false
+	ann.SplitSum, ann.SplitRoster, ann.SplitInitial = false, 0, nil
 	if _, err := h.Handle(context.Background(), ann); err == nil || !strings.Contains(err.Error(), uplink.ErrSplitDP.Error()) {
 		t.Fatalf("Handle = %v, want uplink.ErrSplitDP", err)
 	}

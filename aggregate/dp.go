@@ -16,7 +16,15 @@ const DPSelector = "poisson"
 // poisson (the default) and uniform (loss-based selection reads un-noised
 // losses; window and samples break the accountant's sampling rate). An
 // empty selectSpec is DPSelector.
-func CheckDP(aggSpec, selectSpec string) error {
+//
+// In the central mode the selector must be poisson: the accountant's
+// amplification by subsampling is a theorem for Poisson sampling (each
+// site independently with probability q; Mironov, Talwar & Zhang 2019),
+// not for drawing exactly K of N without replacement, which uniform does
+// (its add/remove neighbours change N, and no amplified bound at q = K/N
+// is proven for that relation here). In the distributed mode (central
+// false) the selection is published and charged at q = 1 anyway.
+func CheckDP(aggSpec, selectSpec string, central bool) error {
 	switch aggSpec {
 	case "", "fedavg", "mean":
 	default:
@@ -30,7 +38,11 @@ func CheckDP(aggSpec, selectSpec string) error {
 		return err
 	}
 	switch sel.(type) {
-	case Poisson, Uniform:
+	case Poisson:
+	case Uniform:
+		if central {
+			return fmt.Errorf("selector %q cannot be used with central differential privacy: it draws exactly K of the N sites without replacement, and the accountant's amplification at q = K/N is a theorem for Poisson sampling only; use poisson (the default under --dp; poisson:q=1 takes every site every round) (docs/privacy.md, \"Sampling rate\")", selectSpec)
+		}
 	default:
 		return fmt.Errorf("selector %q cannot be used with differential privacy: the accountant assumes poisson (each site independently with probability q) or uniform selection (q = K/N); loss-based selection also leaks un-noised losses (docs/privacy.md, \"Sampling rate\")", selectSpec)
 	}

@@ -118,16 +118,26 @@ func TestNewSelectorPoisson(t *testing.T) {
 
 func TestCheckDPSelectors(t *testing.T) {
 	for _, spec := range []string{"", "poisson", "poisson:q=0.2", "uniform"} {
-		if err := CheckDP("mean", spec); err != nil {
+		if err := CheckDP("mean", spec, false); err != nil {
 			t.Errorf("CheckDP(mean, %q): %v", spec, err)
 		}
 	}
 	for _, spec := range []string{"loss", "window", "samples", "poisson:q=2", "bogus"} {
-		if err := CheckDP("mean", spec); err == nil {
+		if err := CheckDP("mean", spec, false); err == nil {
 			t.Errorf("CheckDP(mean, %q) accepted", spec)
 		}
 	}
-	if err := CheckDP("median", "poisson"); err == nil || !strings.Contains(err.Error(), "median") {
+	// Central DP: poisson only; uniform's q = K/N is not an amplification
+	// theorem for drawing exactly K without replacement.
+	for _, spec := range []string{"", "poisson", "poisson:q=1"} {
+		if err := CheckDP("mean", spec, true); err != nil {
+			t.Errorf("central: CheckDP(mean, %q): %v", spec, err)
+		}
+	}
+	if err := CheckDP("mean", "uniform", true); err == nil || !strings.Contains(err.Error(), "Poisson sampling only") {
+		t.Errorf("central: CheckDP(mean, uniform): %v", err)
+	}
+	if err := CheckDP("median", "poisson", true); err == nil || !strings.Contains(err.Error(), "median") {
 		t.Errorf("CheckDP(median): %v", err)
 	}
 }

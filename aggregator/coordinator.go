@@ -79,6 +79,7 @@ package aggregator
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -122,6 +123,13 @@ type Config struct {
 	// whenever an invited client that has not reported comes online, and
 	// Resume repeats them (differential privacy; coordinator_select.go).
 	Invitations bool
+	// FixedRoster: the sites that can be drawn are fixed at the run's first
+	// draw, as every site registered then (a status seen, online or not);
+	// a site first seen later is never drawn in this run. FedSplit's sum
+	// mode under central DP counts the roster from round 1 so that its
+	// divisor m does not reveal who was drawn (docs/privacy.md, "As built
+	// (FedSplit)"); Roster reports it.
+	FixedRoster bool
 	// Selector picks clients; nil means aggregate.Uniform. A Sampler
 	// (aggregate.Poisson) draws rounds of random size, possibly empty:
 	// the round's quorum is then Quorum/K of its selection, and an empty
@@ -548,6 +556,7 @@ type Coordinator struct {
 	attempts     int             // selections announced for this round
 	selected     []string        // current selection, sorted
 	invited      map[string]bool // union of this round's selections
+	roster       map[string]bool // Config.FixedRoster, once fixed
 	received     map[string]bool // client -> partial, this round's contributors
 	deadline     time.Time
 	extended     bool // the current selection's deadline was extended
@@ -987,10 +996,23 @@ func (c *Coordinator) deadlinePassed(at time.Time, out []Decision) []Decision {
 	return out
 }
 
-// pool lists the online clients that have not reported this round, sorted.
+// Roster is the fixed roster, sorted (Config.FixedRoster; nil until the
+// run's first draw fixes it).
+func (c *Coordinator) Roster() []string {
+	if c.roster == nil {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(c.roster))
+}
+
+// pool lists the online clients that have not reported this round, sorted
+// (only the roster's, once it is fixed).
 func (c *Coordinator) pool() []string {
 	var ids []string
 	for id, cl := range c.clients {
+		if c.roster != nil && !c.roster[id] {
+			continue
+		}
 		if _, done := c.received[id]; cl.online && !cl.failing && !done {
 			ids = append(ids, id)
 		}
@@ -1010,6 +1032,12 @@ func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
 		return out
 	}
 	c.lastDraw = at
+	if c.cfg.FixedRoster && c.roster == nil {
+		c.roster = make(map[string]bool, len(c.clients))
+		for id := range c.clients {
+			c.roster[id] = true
+		}
+	}
 	attempt := c.attempts
 	if attempt == 0 && c.EvalAt(c.round) {
 		c.askEval(c.round - 1)

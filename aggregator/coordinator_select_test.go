@@ -359,3 +359,31 @@ func TestCoordinatorFixedRounds(t *testing.T) {
 		t.Fatalf("distributed with fixed rounds: %v", err)
 	}
 }
+
+// TestCoordinatorFixedRoster: with Config.FixedRoster the first draw fixes
+// the roster as every registered site (online or not); a site first seen
+// later is never drawn, also after a restore, while the roster's sites
+// are drawn as before.
+func TestCoordinatorFixedRoster(t *testing.T) {
+	cfg := poissonConfig(1, nil) // every pool member every round
+	cfg.FixedRoster = true
+	c := mustNew(t, cfg)
+	bringOnline(c, ms(0), "a", "b", "c")
+	c.Step(ClientOffline{ID: "c", At: ms(1)})
+	if r := c.Roster(); r != nil {
+		t.Fatalf("a roster before the first draw: %v", r)
+	}
+	a := only[Announce](t, c.Step(Tick{At: ms(100)}))
+	if !slices.Equal(a.Selected, []string{"a", "b"}) || !slices.Equal(c.Roster(), []string{"a", "b", "c"}) {
+		t.Fatalf("round 1 drew %v, roster %v; want a, b of the roster a, b, c", a.Selected, c.Roster())
+	}
+	bringOnline(c, ms(150), "late", "c")
+	c.Step(upd("a", 1, 200))
+	c.Step(upd("b", 1, 200))
+	c.Step(AggregatedRound{Round: 1, At: ms(300)})
+	c = restored(t, cfg, c)
+	c.Resume()
+	if a := only[Announce](t, c.Step(Tick{At: ms(400)})); !slices.Equal(a.Selected, []string{"a", "b", "c"}) {
+		t.Fatalf("round 2 drew %v, want the roster's a, b, c and not the late site", a.Selected)
+	}
+}

@@ -309,6 +309,13 @@ func (c *ServerConfig) defaults() {
 	if c.Algorithm == "" {
 		c.Algorithm = AlgoFedProx
 	}
+	if c.DP != nil && !c.DP.Distributed && !c.DP.FixedRounds && !c.DP.EarlyClose {
+		// Central DP whose rounds close early: their timing tells the
+		// draw's size, so they are charged at q = 1 (dp.Config.EarlyClose).
+		d := *c.DP
+		d.EarlyClose = true
+		c.DP = &d
+	}
 	if c.Selector == "" {
 		c.Selector = "uniform"
 		if c.DP != nil && c.SecAgg == nil {
@@ -482,6 +489,9 @@ type Server struct {
 	// counted) as of the open round (nil outside sum mode; server_sum.go);
 	// nextSum the closing round's, until its checkpoint is stored.
 	sum, nextSum *uplink.SumState
+	// initFrame is x_0's frame as round 1 published it, announced under a
+	// fixed roster (split_initial; server_sum.go), once read.
+	initFrame []byte
 	// nextClip is adaptive clipping's clip norm for the round after the
 	// closing one (0: none), until closeRound steps ClipEstimated.
 	nextClip float64
@@ -575,7 +585,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{}),
 		topics: d.topics, fam: d.fam, aggSpec: d.aggSpec, screen: d.screen, agg: d.agg, eval: cfg.Eval}
 	if d.sum {
-		s.sum = &uplink.SumState{}
+		s.sum = &uplink.SumState{Fixed: d.coord.FixedRoster}
 	}
 	s.metAddr.Store("")
 	s.inst.takeover = cfg.InstanceTakeover
@@ -1070,6 +1080,11 @@ func (s *Server) recordStatus(st *wire.ClientStatus, now time.Time) {
 	if st.Online {
 		s.log.Debug("client online", "client", st.ClientId, "samples", st.SampleCount, "connection", st.Connection)
 		s.noteLateJoiner(st.ClientId)
+		if r := s.coord.Roster(); r != nil && !slices.Contains(r, st.ClientId) {
+			// A fixed FedSplit roster (server_sum.go): the operator must see
+			// why this site never gets a round.
+			s.log.Warn("site not on this run's roster (fixed when round 1 was drawn): it is not drawn in this run; it can take part in the next run", "client", st.ClientId, "roster", len(r))
+		}
 	} else {
 		s.log.Info("client offline", "client", st.ClientId, "connection", st.Connection)
 	}

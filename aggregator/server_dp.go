@@ -42,8 +42,11 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 		// Sum mode: the server step is S/m (server_sum.go); no late
 		// updates (docs/privacy.md, "Sampling rate").
 		aggSpec, d.sum, d.coord.StoreLate = "", true, false
+		// Central DP: the roster is fixed at the first draw and counted
+		// from round 1, so that m reveals nobody's selection (server_sum.go).
+		d.coord.FixedRoster = cfg.SecAgg == nil
 	}
-	if err := aggregate.CheckDP(aggSpec, cfg.Selector); err != nil {
+	if err := aggregate.CheckDP(aggSpec, cfg.Selector, !cfg.DP.Distributed && cfg.SecAgg == nil); err != nil { // central with --secagg is refused as such (server_secagg.go)
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	d.coord.MaxReselections = 0
@@ -210,6 +213,11 @@ type PrivacyStatus struct {
 	// FixedRounds: rounds close at their deadline (--dp-fixed-rounds), so
 	// their timing is covered.
 	FixedRounds bool `json:"fixed_rounds,omitempty"`
+	// Amplified: Epsilon is amplified by subsampling (central mode, a
+	// secret Poisson draw, fixed-length rounds); false: every round is
+	// charged at q = 1 (distributed mode, or rounds that close early:
+	// dp.Config.Amplified).
+	Amplified bool `json:"amplified"`
 }
 
 func newPrivacyStatus(c *dp.Config, st *DPState, siteEps float64, siteRounds uint64) *PrivacyStatus {
@@ -220,7 +228,7 @@ func newPrivacyStatus(c *dp.Config, st *DPState, siteEps float64, siteRounds uin
 		clip = st.Clip // adaptive clipping: the open round's
 	}
 	return &PrivacyStatus{Mode: c.Mode().String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: clip, Noise: c.Noise,
-		EpsilonUnamplified: siteEps, SiteRounds: siteRounds, FixedRounds: c.FixedRounds}
+		EpsilonUnamplified: siteEps, SiteRounds: siteRounds, FixedRounds: c.FixedRounds, Amplified: c.Amplified()}
 }
 
 // storedPrivacyStatus is the accounting of a state read from the round log
@@ -260,6 +268,7 @@ func privacyFamilies(p *PrivacyStatus) []metrics.Family {
 		metrics.One("edgefl_dp_clip", "Differential privacy: the clip norm C of the open round (it moves with adaptive clipping).", metrics.Gauge, p.Clip),
 		metrics.One("edgefl_dp_epsilon_unamplified", "Differential privacy: the largest per-site epsilon without amplification by subsampling (q = 1 over the rounds the site contributed to), at edgefl_dp_delta: what holds against whoever knows the selection.", metrics.Gauge, p.EpsilonUnamplified),
 		metrics.One("edgefl_dp_max_site_rounds", "Differential privacy: the most rounds any one site contributed to.", metrics.Gauge, float64(p.SiteRounds)),
+		metrics.One("edgefl_dp_amplified", "Differential privacy: 1 when edgefl_dp_epsilon is amplified by subsampling (central mode, secret Poisson draw, fixed-length rounds); 0 when every round is charged at q = 1 (distributed mode, or --dp-fixed-rounds=false).", metrics.Gauge, b2f(p.Amplified)),
 	}
 }
 

@@ -29,6 +29,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 	}
 	p := s.cfg.Params
 	popM, popN := s.coord.Population()
+	var err error
 	ms := wire.ModelSpec{Kind: s.spec.Kind, Inputs: uint32(s.spec.Inputs), Classes: uint32(s.spec.Classes),
 		Activation: s.spec.Activation, L2: s.spec.L2}
 	if s.spec.Hidden > 0 {
@@ -58,6 +59,18 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		// selected site on its own receipts topic (server_invite.go).
 		// Not under --secagg, whose KeyList names the sites anyway.
 		a.Selected, a.PrivateSelection = nil, true
+	}
+	if s.cfg.DP != nil {
+		// The total sample count is a function of the sites' data (one
+		// patient's row changes it) and is not inside the guarantee: under
+		// DP it is not announced, and a FedSplit site's step is then s
+		// (docs/privacy.md, "What the guarantee covers").
+		a.Params.TotalSamples = 0
+	}
+	if s.sum != nil && s.sum.Fixed {
+		if a.SplitRoster, a.SplitInitial, err = s.rosterAnnounced(); err != nil {
+			return nil, err
+		}
 	}
 	if !isSplit(s.fam) {
 		a.Aggregator = s.aggSpec

@@ -2,10 +2,13 @@ package aggregator
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/edgefl/edgefl/dp"
+	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/metrics"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"
@@ -46,6 +49,8 @@ func TestServerSumMode(t *testing.T) {
 	cfg := f.config()
 	cfg.K, cfg.Algorithm, cfg.Params.Step, cfg.Params.Relax = 2, AlgoFedProxSplit, 0.5, 1
 	cfg.Init, cfg.InitSeed = InitModel, 3
+	var logs *testkit.SyncBuffer
+	cfg.Logger, logs = testkit.FailureLog(t, "the aggregator")
 	cfg.DP = &dp.Config{Clip: c, Noise: 1e-9, Delta: 1e-5}
 	r := f.start(cfg)
 	a, b := f.agent("site-a", 10), f.agent("site-b", 10)
@@ -55,6 +60,11 @@ func TestServerSumMode(t *testing.T) {
 	}
 	b.nextRound(t, 1)
 	x1 := decodeGlobal(t, ann)
+	// The roster (a and b, registered when round 1 was drawn) and x_0 are
+	// announced: every site starts from x_0 whenever it is first drawn.
+	if ann.SplitRoster != 2 || ann.SplitInitial == nil || !slices.Equal(decodeGlobal(t, &wire.RoundAnnouncement{Global: ann.SplitInitial}), x1) {
+		t.Fatalf("round 1 announces a roster of %d, initial model %v", ann.SplitRoster, ann.SplitInitial)
+	}
 	da, db := scaled(vec(0), 0.1), scaled(vec(1), 0.1) // within C
 	a.send(t, sumDelta(t, "site-a", 1, 0, da))
 	wantReceipt(t, a.receipt(t), 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
@@ -70,6 +80,23 @@ func TestServerSumMode(t *testing.T) {
 	}
 	if rr.Metrics["split_counted"] != 2 || rr.Metrics["split_joined"] != 2 {
 		t.Fatalf("round 1 metrics %v", rr.Metrics)
+	}
+	// A site first seen after round 1 was drawn is not on the roster: the
+	// operator is told why it never gets a round.
+	f.agent("site-c", 10)
+	for {
+		v, changed := r.s.Watch()
+		if v.Clients >= 3 {
+			break
+		}
+		select {
+		case <-changed:
+		case <-time.After(waitLong):
+			t.Fatalf("the late site's status was not applied: %d clients", v.Clients)
+		}
+	}
+	if l := logs.Lines("site not on this run's roster"); len(l) != 1 || !strings.Contains(l[0], "site-c") {
+		t.Fatalf("the late site was not reported: %q", l)
 	}
 
 	// Round 2: a joins again (refused), then a delta far longer than C.
@@ -167,5 +194,75 @@ func TestPrivacyFamilies(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, b.String())
 		}
+	}
+}
+
+// TestRestoreSumCounting: a round log whose FedSplit sum counts sites on
+// their first update (written by a version before the fixed roster, "EFS1")
+// is refused under central DP with a clear error, not converted or read as
+// a roster; a fixed-roster state reads back; a roster state outside
+// central DP is corrupt.
+func TestRestoreSumCounting(t *testing.T) {
+	joined := &uplink.SumState{S: []float64{1, 2}, M: 1, Members: map[string]uplink.Member{"a": {Joined: 1}}}
+	roster := &uplink.SumState{Fixed: true}
+	if err := roster.StartRoster([]string{"a", "b"}, []float64{1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		fixed  bool
+		stored *uplink.SumState
+		want   string
+	}{
+		{"old state under central DP", true, joined, "cannot convert a run in progress"},
+		{"roster under central DP", true, roster, ""},
+		{"roster under secagg", false, roster, "fixed roster, outside central DP"},
+		{"joins under secagg", false, joined, ""},
+	} {
+		b, err := tc.stored.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &Server{sum: &uplink.SumState{Fixed: tc.fixed}, globalR: 2, dim: 2}
+		s.cfg.StatePath = "state.db"
+		err = s.restoreSum(storage.Round{Number: 2, Sum: b})
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want an error saying %q", tc.name, err, tc.want)
+		case err == nil && (s.sum.Fixed != tc.fixed || s.sum.M != tc.stored.M):
+			t.Errorf("%s: restored %+v", tc.name, s.sum)
+		}
+	}
+}
+
+// TestAnnouncementSampleCount: the total sample count, a function of the
+// sites' data (one patient's row changes it), travels in the announcement
+// without DP (FedSplit's sample-weighted steps use it) and not under DP,
+// for both families.
+func TestAnnouncementSampleCount(t *testing.T) {
+	for _, tc := range []struct {
+		algo    string
+		private bool
+		want    uint64
+	}{
+		{AlgoFedProx, false, 30}, {AlgoFedProxSplit, false, 30},
+		{AlgoFedProx, true, 0}, {AlgoFedProxSplit, true, 0},
+	} {
+		f := newFixture(t)
+		cfg := f.config()
+		cfg.K, cfg.Algorithm, cfg.Params.Step, cfg.Params.Relax = 2, tc.algo, 0.5, 1
+		if tc.private {
+			cfg.DP = &dp.Config{Clip: 1, Noise: 1, Delta: 1e-5}
+		}
+		r := f.start(cfg)
+		a, b := f.agent("site-a", 10), f.agent("site-b", 20)
+		ann := a.nextRound(t, 1)
+		b.nextRound(t, 1)
+		if got := ann.Params.GetTotalSamples(); got != tc.want || ann.Params.GetClients() != 2 {
+			t.Errorf("%s, DP %v: the announcement says %d samples over %d sites, want %d over 2", tc.algo, tc.private, got, ann.Params.GetClients(), tc.want)
+		}
+		r.stop(t)
 	}
 }

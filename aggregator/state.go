@@ -66,6 +66,9 @@ type State struct {
 	// SecAgg is the round's secure aggregation (Config.SecAgg; absent
 	// without).
 	SecAgg *SecAggState `json:"secagg,omitempty"`
+	// Roster is the fixed roster (Config.FixedRoster), sorted; absent
+	// until the run's first draw fixes it.
+	Roster []string `json:"roster,omitempty"`
 	// Applied is the replay log index of the last stored message this
 	// state reflects (Stored.Index; coordinator_replay.go): a replayed
 	// message at or below it is already applied.
@@ -125,6 +128,7 @@ func (c *Coordinator) Snapshot() State {
 		DP:           c.snapshotDP(),
 		SecAgg:       c.snapshotSecAgg(),
 		Applied:      c.applied,
+		Roster:       c.Roster(),
 	}
 	for id := range c.fed.evalGot {
 		s.EvalGot = append(s.EvalGot, id)
@@ -216,6 +220,13 @@ func (c *Coordinator) Restore(s State) error {
 	c.fed.evalRound, c.fed.evalDone = s.EvalRound, s.EvalDone
 	c.fed.bestLoss, c.fed.hasBest, c.fed.sinceBest = s.BestLoss, s.HasBest, s.SinceBest
 	c.fed.stopReason = s.StopReason
+	c.roster = nil
+	if len(s.Roster) > 0 {
+		c.roster = make(map[string]bool, len(s.Roster))
+		for _, id := range s.Roster {
+			c.roster[id] = true
+		}
+	}
 	if err := c.restoreSecAgg(s.SecAgg, s.Phase); err != nil {
 		return err
 	}

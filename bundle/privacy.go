@@ -51,8 +51,12 @@ const CentralCovers = "client-level (epsilon, delta)-DP, add/remove one site: ev
 // rounds (dp.Config.FixedRounds) the timing is covered, otherwise it is
 // stated as not (docs/privacy.md, "What still leaks").
 const (
-	FixedRoundsCovers   = " Rounds closed at their deadline: their timing does not depend on the draw."
+	FixedRoundsCovers   = " Rounds closed at their deadline: their timing does not depend on the draw; epsilon is amplified by the secret Poisson draw (sampling_rates)."
 	EarlyRoundsUncovers = " Not covered: round timing (a round closed once every invited site reported), which tells observers how many sites were drawn; see --dp-fixed-rounds."
+	// EarlyRoundsCharged: rounds closed early (dp.Config.EarlyClose), and
+	// every round was charged at q = 1, which holds whatever their timing
+	// tells.
+	EarlyRoundsCharged = " Rounds closed once every invited site reported (--dp-fixed-rounds=false), so their timing tells how many sites were drawn: every round is charged at q = 1 (sampling_rates), no amplification by subsampling is claimed."
 )
 
 // NewPrivacy is the Privacy of a central-mode run's model after rounds
@@ -77,12 +81,15 @@ func NewPrivacy(c dp.Config, rs []dp.Rate, rounds int) (*Privacy, error) {
 	}
 	return &Privacy{Mode: dp.Central.String(), Unit: UnitSite, Epsilon: eps, Delta: c.Delta, Accountant: AccountantRDP,
 		Conversion: ConversionBalle2020, ClipNorm: c.Clip, NoiseMultiplier: c.Noise, Rounds: rounds, SamplingRates: pre,
-		EpsilonBudget: c.Budget, Covers: centralCovers(c.FixedRounds)}, nil
+		EpsilonBudget: c.Budget, Covers: centralCovers(c)}, nil
 }
 
-func centralCovers(fixedRounds bool) string {
-	if fixedRounds {
+func centralCovers(c dp.Config) string {
+	switch {
+	case c.FixedRounds:
 		return CentralCovers + FixedRoundsCovers
+	case c.EarlyClose:
+		return CentralCovers + EarlyRoundsCharged
 	}
 	return CentralCovers + EarlyRoundsUncovers
 }

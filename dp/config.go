@@ -56,6 +56,14 @@ type Config struct {
 	// "Round timing"). Without it a round closes once every invited site
 	// has reported, and an empty round at once.
 	FixedRounds bool `json:"fixed_rounds,omitempty"`
+	// EarlyClose: central mode without FixedRounds, a round closing once
+	// every invited site has reported (an empty draw at once), so that
+	// its length tells observers how many sites were drawn and, through
+	// the sites' speeds, which. Amplification by subsampling assumes the
+	// selection secret, so such rounds are charged at q = 1 (ChargedRate):
+	// the figure that holds whatever the timing reveals (docs/privacy.md,
+	// "Round timing").
+	EarlyClose bool `json:"early_close,omitempty"`
 }
 
 // Mode is the configuration's mode (Central or Distributed).
@@ -86,12 +94,21 @@ func (c Config) UpdateNoise() float64 {
 // aggregation the KeyList on the round topic names the round's sites to
 // every site), so amplification by subsampling does not hold against it
 // and none is claimed (docs/privacy.md, "Sampling rate").
+//
+// Central rounds that close early (EarlyClose) are charged at 1 too: their
+// timing tells the draw's size.
 func (c Config) ChargedRate(q float64) float64 {
-	if c.Distributed {
+	if c.Distributed || c.EarlyClose {
 		return 1
 	}
 	return q
 }
+
+// Amplified reports whether the accountant's figure is amplified by
+// subsampling (a secret Poisson draw whose size nothing publishes): the
+// central mode without EarlyClose. Otherwise every round is charged at
+// q = 1.
+func (c Config) Amplified() bool { return !c.Distributed && !c.EarlyClose }
 
 // On reports whether c asks for DP.
 func (c Config) On() bool { return c != Config{} }
@@ -111,6 +128,8 @@ func (c Config) Validate() error {
 		return ErrDistributedAdaptive
 	case c.FixedRounds && c.Distributed:
 		return ErrDistributedFixedRounds
+	case c.EarlyClose && (c.FixedRounds || c.Distributed):
+		return errors.New("dp: early-closing rounds are central mode without fixed-length rounds")
 	case c.Adaptive != nil:
 		return c.Adaptive.Validate(c.Noise)
 	}

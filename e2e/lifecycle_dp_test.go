@@ -54,6 +54,9 @@ func TestModelLifecycleDP(t *testing.T) {
 		{"per_round", fmt.Sprint(sites)}, {"rounds", fmt.Sprint(rounds)}, {"eval_every", "2"},
 		{"algorithm", "fedprox"}, {"l2", "0.01"}, {"max_epochs", "5"}, {"lr", "0.1"},
 		{"dp", "central"}, {"dp_clip", fmt.Sprint(clip)}, {"dp_noise", fmt.Sprint(noise)}, {"dp_delta", "1e-5"},
+		// Rounds close when every site has reported (charged at q = 1; the
+		// fixed-length default would make each last round_timeout).
+		{"dp_fixed_rounds", "false"},
 	}).drop("features", "classes", "step"))
 	edges := clinicalEdges(t, dir, federation, listen, files, nil)
 	agg.waitFinished(180 * time.Second)

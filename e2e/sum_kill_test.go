@@ -36,6 +36,9 @@ func TestSumModeKills(t *testing.T) {
 	agg, edges := startFederation(t, dir, federation, aggDefaults(federation).with(kv{
 		{"per_round", fmt.Sprint(sites)}, {"rounds", fmt.Sprint(rounds)},
 		{"dp", "central"}, {"dp_clip", fmt.Sprint(clip)}, {"dp_noise", "1e-9"},
+		// Rounds close when every site has reported (charged at q = 1; the
+		// fixed-length default would make each last round_timeout).
+		{"dp_fixed_rounds", "false"},
 	}), sites, 80)
 	v := edges[0]
 	for r := 1; r < rounds; r++ {

@@ -408,7 +408,7 @@ func (c Config) validateDP() error {
 			}
 			agg = ""
 		}
-		if err := aggregate.CheckDP(agg, c.Select); err != nil {
+		if err := aggregate.CheckDP(agg, c.Select, !c.DP.Distributed && c.SecAgg == nil); err != nil {
 			return fmt.Errorf("--dp, algorithm %s: %w", a.Label, err)
 		}
 	}

@@ -54,7 +54,9 @@ func TestSimSchemaDPMatchesLive(t *testing.T) {
 	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, Epochs: 3, Batch: 10, LR: 0.01, Step: 1, Relax: 1}
 	cfg.Algos = []Algo{{Label: FedProx, Family: FedProx, Agg: "mean", Local: local}}
 	cfg.Rounds, cfg.EvalEvery, cfg.Codec, cfg.Downlink, cfg.Workers, cfg.OptimumEvals = rounds, 1, "fp32", "fp32", 2, 300
-	cfg.DP, cfg.DPNoiseSeed = &dp.Config{Clip: 0.3, Noise: 1.5, Delta: 1e-5}, 7
+	// EarlyClose: the daemons' rounds close when every site has reported
+	// (a fake clock), so both charge q = 1 and the bundles say so.
+	cfg.DP, cfg.DPNoiseSeed = &dp.Config{Clip: 0.3, Noise: 1.5, Delta: 1e-5, EarlyClose: true}, 7
 	key := dp.TestKey(cfg.DPNoiseSeed)
 
 	simGlobal := map[int][]float64{}

@@ -442,6 +442,11 @@ type algoState struct {
 	rec    map[int]*uplink.Record
 	sumCs  []uplink.SumContribution
 	sumPen map[int]uplink.Pending
+	// initial is x_0 under central DP's fixed roster (every client counted
+	// from round 1 with the record x_0, as the aggregator counts every
+	// site registered when round 1 is drawn): a client's first update is a
+	// delta against it, and its z_j starts there.
+	initial []float64
 	// clip is the round's clip norm (cfg.DP.Clip, or adaptive clipping's
 	// estimate), bits the round's clip bits (true: not clipped).
 	clip float64
@@ -502,8 +507,19 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 		}
 		slices.SortStableFunc(s.byID, func(a, b int) int { return strings.Compare(e.fed.Clients[a].ID, e.fed.Clients[b].ID) })
 		s.siteRnds, s.unsampled = map[string]int{}, dp.NewAccountant(nil)
-		if s.split {
-			s.sum, s.rec = &uplink.SumState{}, map[int]*uplink.Record{}
+		if s.split && cfg.SecAgg == nil {
+			ids := make([]string, n)
+			for i, c := range e.fed.Clients {
+				ids[i] = c.ID
+			}
+			s.sum, s.rec = &uplink.SumState{Fixed: true}, map[int]*uplink.Record{}
+			if err := s.sum.StartRoster(ids, s.x); err != nil {
+				return nil, err
+			}
+			s.initial = slices.Clone(s.x)
+			for c := range n {
+				s.z[c] = s.initial // replaced, never written through
+			}
 		}
 		s.clip = cfg.DP.Clip
 	}
@@ -884,6 +900,12 @@ func (e *env) work(ctx context.Context, m model.Model, a Algo, sp split.Params, 
 		zj = x // z_j starts at the first global model the client sees
 	}
 	step := split.ClientStepSize(sp.Step, len(e.fed.Clients), float64(c.Train.N)/float64(e.nTotal))
+	if e.cfg.DP != nil {
+		// Under DP the announcement leaves the total sample count out (one
+		// patient's row changes it), and the site's step is then s
+		// (docs/privacy.md, "As built (FedSplit)"): the agent's rule.
+		step = sp.Step
+	}
 	var rep proxsolver.Report
 	zNew, _, err := split.ClientStep(x, zj, step, sp, func(v []float64, s float64) ([]float64, error) {
 		cfg.Mu = 1 / s
@@ -916,7 +938,7 @@ type worker struct {
 // state; runAlgo updates it from the outcomes.
 func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []outcome {
 	cfg := e.cfg
-	a, sp, workers, x, z, zServer, residual := s.a, s.sp, s.workers, s.x, s.z, s.zServer, s.residual
+	a, sp, workers, x, z, zServer, residual, initial := s.a, s.sp, s.workers, s.x, s.z, s.zServer, s.residual, s.initial
 	isSplit := a.Family == FedSplit || a.Family == FedProxSplit
 	outs := make([]outcome, len(jobs))
 	var wg sync.WaitGroup
@@ -940,7 +962,7 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 					var f uplink.Frame
 					rng := streams.Of(cfg.Seed, streams.Codec, t, c)
 					if s.sum != nil {
-						f, o.err = uplink.EncodeSum(wk.codec, uplink.SumUpdate{Round: uint64(t), Z: o.params, Global: x, Record: s.rec[c], Clip: s.clip}, rng)
+						f, o.err = uplink.EncodeSum(wk.codec, uplink.SumUpdate{Round: uint64(t), Z: o.params, Global: x, Initial: initial, Record: s.rec[c], Clip: s.clip}, rng)
 					} else {
 						u := uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x, Residual: residual[c], Copy: zServer[c]}
 						if cfg.DP != nil {

@@ -491,7 +491,11 @@ func (r *Results) Bundle(run AlgoRun, version string, now time.Time) (*bundle.Bu
 			rates = []dp.Rate{{Q: d.SamplingRate, Noise: d.Noise, Rounds: uint64(d.Rounds)}}
 		}
 		var err error
-		if priv, err = bundle.NewPrivacy(dp.Config{Clip: d.Clip, Noise: d.Noise, Delta: d.Delta, Budget: d.Budget}, rates, d.Rounds); err != nil {
+		c := dp.Config{Clip: d.Clip, Noise: d.Noise, Delta: d.Delta, Budget: d.Budget}
+		if r.Config.DP != nil {
+			c.EarlyClose = r.Config.DP.EarlyClose // charged at q = 1, and the bundle says why
+		}
+		if priv, err = bundle.NewPrivacy(c, rates, d.Rounds); err != nil {
 			return nil, err
 		}
 		ev = nil

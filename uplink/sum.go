@@ -74,6 +74,11 @@ type SumUpdate struct {
 	// Record is the site's confirmed record c_j; nil: the site is not
 	// counted yet, and this update joins.
 	Record *Record
+	// Initial is the record a site without one starts from under a fixed
+	// roster (SumState.Fixed): x_0, the model round 1 published, in which
+	// every site of the roster is counted from the start. nil: a join is
+	// against Global, this round's model (the aggregator adds it to S).
+	Initial []float64
 	// Clip is C (> 0 under DP; 0: no clip).
 	Clip float64
 	// Tamper is Update.Tamper (the e2e tests' poisoning hook).
@@ -98,6 +103,12 @@ func SumDelta(u SumUpdate) (delta []float64, baseRound uint64, cl dp.Clipped, er
 		return nil, 0, cl, fmt.Errorf("uplink: %d values to send, a global model of %d", n, len(u.Global))
 	}
 	base := u.Global
+	if u.Initial != nil {
+		if len(u.Initial) != n {
+			return nil, 0, cl, fmt.Errorf("uplink: %d values to send, an initial model of %d", n, len(u.Initial))
+		}
+		base = u.Initial
+	}
 	if r := u.Record; r != nil {
 		if len(r.C) != n {
 			return nil, 0, cl, fmt.Errorf("uplink: the site's record of its contributions has %d values, the model %d: the federation changed its model", len(r.C), n)
@@ -181,7 +192,11 @@ func EncodeSum(c *quant.Codec, u SumUpdate, rng *rand.Rand) (Frame, error) {
 			return Frame{}, err
 		}
 	}
-	p, err := PendingOf(u.Record == nil, u.Global, d)
+	start := u.Global
+	if u.Initial != nil {
+		start = u.Initial
+	}
+	p, err := PendingOf(u.Record == nil, start, d)
 	if err != nil {
 		return Frame{}, err
 	}
@@ -189,7 +204,8 @@ func EncodeSum(c *quant.Codec, u SumUpdate, rng *rand.Rand) (Frame, error) {
 	return f, nil
 }
 
-// IsJoin reports whether a sum-mode update joins the sum.
+// IsJoin reports whether a sum-mode update joins the sum (under a fixed
+// roster: is the site's first, against x_0).
 func IsJoin(h Header) bool {
 	return h.Kind == wire.UpdateKind_UPDATE_KIND_SUM_DELTA && h.BaseRound == 0
 }
@@ -203,8 +219,21 @@ type Member struct {
 }
 
 // SumState is the aggregator's whole FedSplit state in sum mode: S, m and
-// who is counted (public metadata: which sites have ever contributed).
+// who is counted.
+//
+// Two ways of counting. Under secure aggregation (Fixed false) a site is
+// counted from its first update (its join adds this round's x to S and 1
+// to m): the round's participants are published there anyway. Under
+// central DP the selection is secret, and an m that grows when a site is
+// first drawn would publish it through the noise scale of x = S/m (the
+// step ||x_{t+1} - x_t|| is dominated by z C sqrt(d)/m). So there the
+// roster is fixed (Fixed true, StartRoster): every site of the roster is
+// counted from round 1 with c_j = x_0, S = m x_0, and m never changes; a
+// site's first update is a delta against x_0 and adds only the delta
+// (docs/privacy.md, "As built (FedSplit)").
 type SumState struct {
+	// Fixed: the roster is fixed at round 1 (StartRoster), m = its size.
+	Fixed bool
 	// S is the sum of every counted site's contributions and of the noise
 	// of every round (nil before the first join).
 	S []float64
@@ -218,7 +247,35 @@ type SumState struct {
 
 // Clone is a deep copy of st.
 func (st *SumState) Clone() *SumState {
-	return &SumState{S: slices.Clone(st.S), M: st.M, Members: maps.Clone(st.Members)}
+	return &SumState{Fixed: st.Fixed, S: slices.Clone(st.S), M: st.M, Members: maps.Clone(st.Members)}
+}
+
+// StartRoster counts every site of ids (distinct, non-empty) from the
+// start, each with the record x0 (Fixed: S = m x0, m = len(ids)). Only on
+// a fixed-roster state that counts nobody yet.
+func (st *SumState) StartRoster(ids []string, x0 []float64) error {
+	switch {
+	case !st.Fixed:
+		return errors.New("uplink: a roster for a sum that counts sites on their first update")
+	case st.M > 0:
+		return fmt.Errorf("uplink: the roster of %d sites is fixed already", st.M)
+	case len(ids) == 0:
+		return errors.New("uplink: an empty roster")
+	}
+	members := make(map[string]Member, len(ids))
+	for _, id := range ids {
+		if _, dup := members[id]; dup || id == "" {
+			return fmt.Errorf("uplink: roster member %q empty or repeated", id)
+		}
+		members[id] = Member{}
+	}
+	m := float64(len(ids))
+	s := make([]float64, len(x0))
+	for i, v := range x0 {
+		s[i] = m * v
+	}
+	st.S, st.M, st.Members = s, uint64(len(ids)), members
+	return nil
 }
 
 // Check is the aggregator's rule for a sum-mode update of client (from
@@ -229,11 +286,36 @@ func (st *SumState) Clone() *SumState {
 // file was lost; --reset-state).
 func (st *SumState) Check(client, instance string, join bool) error {
 	m, counted := st.Members[client]
+	if st.Fixed {
+		return st.checkRoster(client, instance, join, m, counted)
+	}
 	switch {
 	case join && counted && (m.Instance == "" || instance == "" || m.Instance == instance):
 		return fmt.Errorf("%w: %w (joined in round %d); its record advances on the receipt of that update", ErrBaseMismatch, ErrCounted, m.Joined)
 	case !join && !counted:
 		return fmt.Errorf("%w: %w: a delta against a record the aggregator does not count; the site must join again (--reset-state)", ErrBaseMismatch, ErrNotCounted)
+	}
+	return nil
+}
+
+// ErrReinstalled is wrapped (with ErrBaseMismatch) by a first update from
+// a new installation of a roster site that has contributed already: its
+// old record stays in S and m is fixed, so it cannot start again at x_0.
+var ErrReinstalled = errors.New("this site's record was lost (a new installation) and the roster is fixed: it cannot take part again in this run")
+
+// checkRoster is Check under a fixed roster: a site off the roster, a
+// second first update, and a delta from a site that never contributed are
+// refused.
+func (st *SumState) checkRoster(client, instance string, join bool, m Member, onRoster bool) error {
+	switch {
+	case st.M > 0 && !onRoster:
+		return fmt.Errorf("%w: %w: the site is not on the run's roster (fixed at round 1)", ErrBaseMismatch, ErrNotCounted)
+	case join && m.Joined > 0 && (m.Instance == "" || instance == "" || m.Instance == instance):
+		return fmt.Errorf("%w: %w (first update in round %d); its record advances on the receipt of that update", ErrBaseMismatch, ErrCounted, m.Joined)
+	case join && m.Joined > 0:
+		return fmt.Errorf("%w: %w", ErrBaseMismatch, ErrReinstalled)
+	case !join && m.Joined == 0:
+		return fmt.Errorf("%w: %w: a delta against a record the site never started; the site must start again from x_0", ErrBaseMismatch, ErrNotCounted)
 	}
 	return nil
 }
@@ -299,6 +381,9 @@ func (st *SumState) Add(round uint64, x, sum []float64, joins []Joiner) ([]float
 	case st.M > 0 && len(st.S) != n:
 		return nil, fmt.Errorf("uplink: the aggregator's sum has %d values, the model %d", len(st.S), n)
 	}
+	if st.Fixed {
+		return st.addRoster(round, sum, joins)
+	}
 	m := st.M + uint64(len(joins))
 	if m == 0 {
 		return slices.Clone(x), nil // nobody counted: nothing was sent either
@@ -328,10 +413,39 @@ func (st *SumState) Add(round uint64, x, sum []float64, joins []Joiner) ([]float
 	return next, nil
 }
 
+// addRoster is Add under a fixed roster: S += sum; a site's first update
+// (a "joiner") is recorded as started, m does not change.
+func (st *SumState) addRoster(round uint64, sum []float64, joins []Joiner) ([]float64, error) {
+	if st.M == 0 {
+		return nil, errors.New("uplink: a round closed before the roster was fixed")
+	}
+	for _, jn := range joins {
+		if _, ok := st.Members[jn.Client]; !ok {
+			return nil, fmt.Errorf("uplink: %s is not on the roster", jn.Client)
+		}
+	}
+	s := slices.Clone(st.S)
+	next := make([]float64, len(s))
+	for i := range s {
+		s[i] += sum[i]
+		if math.IsNaN(s[i]) || math.IsInf(s[i], 0) {
+			return nil, fmt.Errorf("uplink: the sum overflows at %d", i)
+		}
+		next[i] = s[i] / float64(st.M)
+	}
+	st.Members = maps.Clone(st.Members)
+	for _, jn := range joins {
+		st.Members[jn.Client] = Member{Instance: jn.Instance, Joined: round}
+	}
+	st.S = s
+	return next, nil
+}
+
 // CloseCentral is the aggregator's central-DP close of round in sum mode:
 // ClippedSum to p.Clip, plus N(0, (p.Noise p.Clip)^2) per coordinate from
 // rng (the round's dp.NoiseRand) once anybody is counted, then Add.
-// p.Denominator is not used: m is st.M.
+// p.Denominator is not used: m is st.M. Under a fixed roster everybody is
+// counted from round 1, so every round, an empty draw included, is noised.
 func (st *SumState) CloseCentral(round uint64, x []float64, cs []SumContribution, p Private, rng *rand.Rand) ([]float64, error) {
 	if !(p.Noise > 0) {
 		return nil, fmt.Errorf("uplink: DP noise multiplier must be > 0, got %v", p.Noise)

@@ -247,6 +247,75 @@ func TestAdvanceRules(t *testing.T) {
 	}
 }
 
+// TestSumRoster: under a fixed roster every roster site is counted from
+// the start with x_0 (S = m x_0), m never moves, a site's first update adds
+// only its delta, and the check refuses what would break S = sum_j c_j.
+func TestSumRoster(t *testing.T) {
+	x0 := []float64{1, -2}
+	st := &SumState{Fixed: true}
+	if _, err := (&SumState{}).Clone().Add(1, x0, []float64{0, 0}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := (&SumState{}).StartRoster([]string{"a"}, x0); err == nil {
+		t.Fatal("a roster for a sum that counts on the first update")
+	}
+	if err := st.StartRoster([]string{"a", "a"}, x0); err == nil {
+		t.Fatal("a repeated roster member")
+	}
+	if err := st.StartRoster([]string{"a", "b", "c"}, x0); err != nil {
+		t.Fatal(err)
+	}
+	if st.M != 3 || !slices.Equal(st.S, []float64{3, -6}) {
+		t.Fatalf("roster: %+v", st)
+	}
+	if err := st.StartRoster([]string{"d"}, x0); err == nil {
+		t.Fatal("the roster was fixed twice")
+	}
+	// Round 1: a's first update (a join against x_0) moves S by its delta only.
+	next, err := st.Add(1, x0, []float64{3, 0}, []Joiner{{"a", "I1"}})
+	if err != nil || st.M != 3 || !slices.Equal(next, []float64{2, -2}) || st.Members["a"] != (Member{Instance: "I1", Joined: 1}) {
+		t.Fatalf("round 1: %v, %v, %+v", next, err, st)
+	}
+	// An empty round: m stays, the model moves by the (noise) sum only.
+	next, err = st.Add(2, next, []float64{0, 3}, nil)
+	if err != nil || st.M != 3 || !slices.Equal(next, []float64{2, -1}) {
+		t.Fatalf("round 2: %v, %v, %+v", next, err, st)
+	}
+	if _, err := st.Add(3, next, []float64{0, 0}, []Joiner{{"z", ""}}); err == nil {
+		t.Fatal("a site off the roster was counted")
+	}
+	tests := []struct {
+		client, instance string
+		join             bool
+		want             error
+	}{
+		{"a", "I1", false, nil},
+		{"a", "I1", true, ErrCounted},
+		{"a", "I2", true, ErrReinstalled}, // its old record stays in S: it cannot restart at x_0
+		{"b", "I3", true, nil},            // b's first update
+		{"b", "I3", false, ErrNotCounted}, // a delta against a record b never started
+		{"z", "I4", true, ErrNotCounted},  // off the roster
+		{"z", "I4", false, ErrNotCounted},
+	}
+	for _, tt := range tests {
+		err := st.Check(tt.client, tt.instance, tt.join)
+		if tt.want == nil && err != nil || tt.want != nil && (!errors.Is(err, tt.want) || !errors.Is(err, ErrBaseMismatch)) {
+			t.Errorf("Check(%q, %q, join %v) = %v, want %v", tt.client, tt.instance, tt.join, err, tt.want)
+		}
+	}
+	// The site side: a first update is a delta against x_0, not against x.
+	x := []float64{5, 5}
+	u := SumUpdate{Round: 4, Z: []float64{2, -1}, Global: x, Initial: x0}
+	d, base, _, err := SumDelta(u)
+	if err != nil || base != 0 || !slices.Equal(d, []float64{1, 1}) {
+		t.Fatalf("first delta: %v, %d, %v", d, base, err)
+	}
+	f, err := EncodeSum(codec(t, "fp32"), u, nil)
+	if err != nil || !f.Sum.Join || !slices.Equal(f.Sum.V, []float64{2, -1}) {
+		t.Fatalf("pending of a first update: %+v, %v", f.Sum, err)
+	}
+}
+
 func sampleSumState() *SumState {
 	return &SumState{S: []float64{1.5, -2, 0}, M: 3, Members: map[string]Member{"site-b": {Instance: "ABC", Joined: 2}, "site-a": {Joined: 1}}}
 }
@@ -254,7 +323,9 @@ func sampleSumState() *SumState {
 // TestSumStateRoundTrip: MarshalBinary and UnmarshalBinary agree, and
 // UnmarshalBinary refuses every truncation and the inconsistent states.
 func TestSumStateRoundTrip(t *testing.T) {
-	for _, st := range []*SumState{{}, sampleSumState()} {
+	fixed := sampleSumState()
+	fixed.Fixed, fixed.Members["site-c"] = true, Member{}
+	for _, st := range []*SumState{{}, sampleSumState(), {Fixed: true}, fixed} {
 		b, err := st.MarshalBinary()
 		if err != nil {
 			t.Fatal(err)
@@ -263,7 +334,7 @@ func TestSumStateRoundTrip(t *testing.T) {
 		if err := got.UnmarshalBinary(b); err != nil {
 			t.Fatal(err)
 		}
-		if got.M != st.M || !slices.Equal(got.S, st.S) || len(got.Members) != len(st.Members) {
+		if got.Fixed != st.Fixed || got.M != st.M || !slices.Equal(got.S, st.S) || len(got.Members) != len(st.Members) {
 			t.Fatalf("round trip: %+v, want %+v", got, st)
 		}
 		for id, m := range st.Members {
@@ -280,7 +351,8 @@ func TestSumStateRoundTrip(t *testing.T) {
 			t.Fatal("a trailing byte decoded")
 		}
 	}
-	for _, bad := range []*SumState{{M: 1}, {S: []float64{1}}, {M: 1, S: []float64{1}, Members: map[string]Member{"a": {}, "b": {}}}} {
+	for _, bad := range []*SumState{{M: 1}, {S: []float64{1}}, {M: 1, S: []float64{1}, Members: map[string]Member{"a": {}, "b": {}}},
+		{Fixed: true, M: 2, S: []float64{1}, Members: map[string]Member{"a": {}}}} {
 		if _, err := bad.MarshalBinary(); err == nil {
 			t.Errorf("%+v encoded", bad)
 		}
@@ -290,7 +362,9 @@ func TestSumStateRoundTrip(t *testing.T) {
 // FuzzSumState: any bytes either fail to decode or decode to a state that
 // encodes back to the same bytes (the form is canonical).
 func FuzzSumState(f *testing.F) {
-	for _, st := range []*SumState{{}, sampleSumState()} {
+	fixed := sampleSumState()
+	fixed.Fixed, fixed.Members["site-c"] = true, Member{}
+	for _, st := range []*SumState{{}, sampleSumState(), fixed} {
 		b, _ := st.MarshalBinary()
 		f.Add(b)
 	}
@@ -307,4 +381,39 @@ func FuzzSumState(f *testing.F) {
 			t.Fatalf("not canonical")
 		}
 	})
+}
+
+// TestSumRosterEmptyFirstRound: under a fixed roster an empty first draw
+// releases x_0 plus noise of std z C/m per coordinate, like any round; a
+// sum that counts on first updates released x_0 unchanged, without noise,
+// which told everyone that nobody had been drawn.
+func TestSumRosterEmptyFirstRound(t *testing.T) {
+	x0 := make([]float64, 4000)
+	const m, z, c = 5, 1.0, 0.5
+	for _, fixed := range []bool{false, true} {
+		st := &SumState{Fixed: fixed}
+		if fixed {
+			if err := st.StartRoster([]string{"a", "b", "c", "d", "e"}, x0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		next, err := st.CloseCentral(1, x0, nil, Private{Clip: c, Noise: z}, dp.NoiseRand(dp.TestKey(5), 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ss float64
+		for _, v := range next {
+			ss += v * v
+		}
+		std := math.Sqrt(ss / float64(len(next)))
+		if !fixed {
+			if std != 0 {
+				t.Fatalf("counting on first updates: an empty round 1 moved x_0 (std %v)", std)
+			}
+			continue
+		}
+		if want := z * c / m; math.Abs(std-want) > 0.05*want {
+			t.Errorf("fixed roster: an empty round 1 released noise of std %v, want z C/m = %v", std, want)
+		}
+	}
 }

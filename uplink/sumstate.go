@@ -19,8 +19,16 @@ import (
 // UnmarshalBinary refuses anything else: a short or long value, members
 // out of order or more than m, a sum without members or members without a
 // sum, a non-finite value.
+//
+// A fixed roster (SumState.Fixed) is "EFS2" | flags u8 (1: fixed) and the
+// same fields, with exactly m members once m > 0; a state that counts sites
+// on their first update is still written as "EFS1", so what versions that
+// know only "EFS1" stored reads back unchanged (as Fixed false).
 
-var sumMagic = []byte("EFS1")
+var (
+	sumMagic      = []byte("EFS1")
+	sumMagicFixed = []byte("EFS2")
+)
 
 // errSumState is wrapped by every UnmarshalBinary error.
 var errSumState = errors.New("uplink: bad sum state")
@@ -35,7 +43,13 @@ func (st *SumState) MarshalBinary() ([]byte, error) {
 	if uint64(len(ids)) > st.M || (st.M == 0) != (len(st.S) == 0) {
 		return nil, fmt.Errorf("uplink: sum state of %d members, m = %d, %d values", len(ids), st.M, len(st.S))
 	}
+	if st.Fixed && st.M > 0 && uint64(len(ids)) != st.M {
+		return nil, fmt.Errorf("uplink: a fixed roster of %d members, m = %d", len(ids), st.M)
+	}
 	b := append([]byte(nil), sumMagic...)
+	if st.Fixed {
+		b = append(append(b[:0], sumMagicFixed...), 1)
+	}
 	b = binary.BigEndian.AppendUint64(b, st.M)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(ids)))
 	for _, id := range ids {
@@ -61,10 +75,21 @@ func (st *SumState) UnmarshalBinary(b []byte) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", errSumState, fmt.Sprintf(format, args...))
 	}
-	if len(b) < len(sumMagic)+8+4 || string(b[:len(sumMagic)]) != string(sumMagic) {
+	fixed := false
+	switch {
+	case len(b) >= len(sumMagicFixed)+1 && string(b[:len(sumMagicFixed)]) == string(sumMagicFixed):
+		if b[len(sumMagicFixed)] != 1 {
+			return bad("flags %#x", b[len(sumMagicFixed)])
+		}
+		fixed, b = true, b[len(sumMagicFixed)+1:]
+	case len(b) >= len(sumMagic) && string(b[:len(sumMagic)]) == string(sumMagic):
+		b = b[len(sumMagic):]
+	default:
 		return bad("no header")
 	}
-	b = b[len(sumMagic):]
+	if len(b) < 8+4 {
+		return bad("no header")
+	}
 	m := binary.BigEndian.Uint64(b)
 	n := binary.BigEndian.Uint32(b[8:])
 	b = b[12:]
@@ -111,6 +136,9 @@ func (st *SumState) UnmarshalBinary(b []byte) error {
 			}
 		}
 	}
-	*st = SumState{S: s, M: m, Members: members}
+	if fixed && m > 0 && uint64(n) != m {
+		return bad("a fixed roster of %d members, m = %d", n, m)
+	}
+	*st = SumState{Fixed: fixed, S: s, M: m, Members: members}
 	return nil
 }

@@ -515,6 +515,8 @@ func (x *RoundAnnouncement) size() int {
 	n += sizeVarint(24, uint64(x.SecaggPhase))
 	n += sizeVarint(25, boolVarint(x.SplitSum))
 	n += sizeVarint(28, boolVarint(x.PrivateSelection))
+	n += sizeVarint(36, uint64(x.SplitRoster))
+	n += sizeMessage(37, x.SplitInitial != nil, x.SplitInitial)
 	return n
 }
 
@@ -545,6 +547,8 @@ func (x *RoundAnnouncement) appendTo(b []byte) []byte {
 	b = appendVarint(b, 24, uint64(x.SecaggPhase))
 	b = appendVarint(b, 25, boolVarint(x.SplitSum))
 	b = appendVarint(b, 28, boolVarint(x.PrivateSelection))
+	b = appendVarint(b, 36, uint64(x.SplitRoster))
+	b = appendMessage(b, 37, x.SplitInitial != nil, x.SplitInitial)
 	return b
 }
 
@@ -675,6 +679,17 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 		case 28:
 			if typ == protowire.VarintType {
 				return consumeBool(&x.PrivateSelection, b), nil
+			}
+		case 36:
+			if typ == protowire.VarintType {
+				return consumeUint32(&x.SplitRoster, b), nil
+			}
+		case 37:
+			if typ == protowire.BytesType {
+				if x.SplitInitial == nil {
+					x.SplitInitial = &Vector{}
+				}
+				return consumeMessage(x.SplitInitial, b, d)
 			}
 		}
 		return 0, nil

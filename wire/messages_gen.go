@@ -741,6 +741,17 @@ type RoundAnnouncement struct {
 	// of subject INVITATION naming this round and run_id, and a site without
 	// one does not take part. Only with an empty `selected`.
 	PrivateSelection bool `json:"private_selection,omitempty"`
+	// FedSplit in sum mode under central DP (split_sum and dp; docs/privacy.md,
+	// "As built (FedSplit)"): the roster is fixed when round 1 is drawn.
+	// split_roster is m, the number of sites the sum counts from round 1
+	// (public, the same in every round); split_initial is x_0, the model
+	// round 1 published (a frame of `global`'s codec and dimension): a site
+	// without a record starts from it (its record c_j and its z_j), and its
+	// first update (base_round 0) is a delta against it, not against this
+	// round's model. 0 / unset: a site joins the sum on its first update
+	// (secure aggregation, whose participants are published anyway).
+	SplitRoster  uint32  `json:"split_roster,omitempty"`
+	SplitInitial *Vector `json:"split_initial,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -926,6 +937,20 @@ func (x *RoundAnnouncement) GetPrivateSelection() bool {
 		return x.PrivateSelection
 	}
 	return false
+}
+
+func (x *RoundAnnouncement) GetSplitRoster() uint32 {
+	if x != nil {
+		return x.SplitRoster
+	}
+	return 0
+}
+
+func (x *RoundAnnouncement) GetSplitInitial() *Vector {
+	if x != nil {
+		return x.SplitInitial
+	}
+	return nil
 }
 
 // SecAggSpec is what every party of a round's secure aggregation agrees on

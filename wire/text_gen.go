@@ -135,6 +135,8 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.enum("secagg_phase", int32(x.SecaggPhase), SecAggPhase_name)
 	w.boolean("split_sum", x.SplitSum)
 	w.boolean("private_selection", x.PrivateSelection)
+	w.uint("split_roster", uint64(x.SplitRoster))
+	w.msg("split_initial", x.SplitInitial != nil, x.SplitInitial)
 }
 
 func (x *SecAggSpec) appendText(w *textWriter) {

@@ -163,6 +163,14 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 			return err
 		}
 	}
+	if (m.SplitRoster > 0) != (m.SplitInitial != nil) || (m.SplitRoster > 0 && !m.SplitSum) {
+		return invalid(msg, "split_roster %d and split_initial (set: %v) go together, and only with split_sum", m.SplitRoster, m.SplitInitial != nil)
+	}
+	if m.SplitInitial != nil {
+		if err := checkVector(msg, "split_initial", m.SplitInitial, lim); err != nil {
+			return err
+		}
+	}
 	if err := checkText(msg, "uplink_codec", m.UplinkCodec, maxSpecLen, train); err != nil {
 		return err
 	}

@@ -276,7 +276,7 @@ func TestDemoSchemaDP(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "demo")
 	code, out, errOut := runCLI(t, "demo", "--schema", schemaPath, "--dataset", "csv:"+csvPath, "--site-column", "hospital",
 		"--algorithm", "fedprox", "--rounds", "3", "--eval-every", "2", "--l2", "0.01", "--dir", dir,
-		"--dp", "central", "--dp-clip", "0.5", "--dp-noise", "2")
+		"--dp", "central", "--dp-clip", "0.5", "--dp-noise", "2", "--dp-fixed-rounds=false")
 	if code != 0 {
 		t.Fatalf("demo --schema --dp: exit %d\n%s%s", code, out, errOut)
 	}

@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -43,6 +45,10 @@ func TestDPRefusals(t *testing.T) {
 		want string
 	}{
 		{"run distributed", []string{"run", "--config", conf, "--dp", "distributed", "--dp-noise", "1"}, "secure aggregation"},
+		// Uniform selection draws exactly K without replacement: q = K/N is
+		// not an amplification theorem for it.
+		{"run central uniform", []string{"run", "--config", conf, "--dp", "central", "--dp-noise", "1", "--selector", "uniform"}, "Poisson sampling only"},
+		{"simulate central uniform", append(slices.Clone(sim), "--dp-noise", "1", "--select", "uniform"), "Poisson sampling only"},
 		{"run central with secagg", []string{"run", "--config", conf, "--dp", "central", "--dp-noise", "1", "--secagg", "--algorithm", "fedprox"}, "distributed mode is the one"},
 		{"run distributed poisson", []string{"run", "--config", conf, "--dp", "distributed", "--dp-noise", "1", "--secagg", "--algorithm", "fedprox", "--selector", "poisson"}, "selects exactly K sites uniformly"},
 		{"run distributed adaptive", []string{"run", "--config", conf, "--dp", "distributed", "--dp-noise", "1", "--secagg", "--algorithm", "fedprox", "--dp-clip-quantile", "0.5"}, "adaptive clipping in the distributed mode"},
@@ -84,6 +90,50 @@ func TestDPRefusals(t *testing.T) {
 // TestSimulateSchemaDPCalibrates: simulate --schema with every site every
 // round (--per-round 0) calibrates --dp-noise from --dp-epsilon at q = 1,
 // before the CSV says how many sites there are.
+// TestDPFixedRoundsDefault: under --dp central, run and demo close rounds
+// at their deadline unless --dp-fixed-rounds=false, which makes every
+// round charged at q = 1 (the timing then tells the draw's size); simulate
+// has no round timing and charges the amplified figure; the distributed
+// mode takes the flag's default silently and refuses it given.
+func TestDPFixedRoundsDefault(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		live              bool
+		args              []string
+		fixed, early, bad bool
+	}{
+		{"run central", true, []string{"--dp", "central"}, true, false, false},
+		{"run central, flag", true, []string{"--dp", "central", "--dp-fixed-rounds"}, true, false, false},
+		{"run central, opted out", true, []string{"--dp", "central", "--dp-fixed-rounds=false"}, false, true, false},
+		{"simulate central", false, []string{"--dp", "central"}, false, false, false},
+		{"run distributed", true, []string{"--dp", "distributed"}, false, false, false},
+		{"run distributed, flag", true, []string{"--dp", "distributed", "--dp-fixed-rounds"}, false, false, true},
+		{"run off, flag", true, []string{"--dp-fixed-rounds"}, false, false, true},
+		{"run off, opted out", true, []string{"--dp-fixed-rounds=false"}, false, false, false},
+	} {
+		var d dpFlags
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		d.register(fs, false, tc.live)
+		if err := fs.Parse(append(tc.args, "--dp-noise", "1")); err != nil {
+			t.Fatal(err)
+		}
+		c, err := d.config(0.1, 10, 2)
+		switch {
+		case tc.bad:
+			if err == nil {
+				t.Errorf("%s: accepted", tc.name)
+			}
+		case err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case c == nil:
+		case c.FixedRounds != tc.fixed || c.EarlyClose != tc.early:
+			t.Errorf("%s: fixed rounds %v, early close %v; want %v, %v", tc.name, c.FixedRounds, c.EarlyClose, tc.fixed, tc.early)
+		case (c.ChargedRate(0.1) == 1) != (tc.early || c.Distributed):
+			t.Errorf("%s: a round at q = 0.1 is charged at %v", tc.name, c.ChargedRate(0.1))
+		}
+	}
+}
+
 func TestSimulateSchemaDPCalibrates(t *testing.T) {
 	dir := t.TempDir()
 	_, csvPath := demoCSV(t, dir)

@@ -165,7 +165,7 @@ func (f *serveFlags) registerRounds(fs *flag.FlagSet) {
 
 	fs.StringVar(&f.algo, "algorithm", aggregator.AlgoFedProx, "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator ("+strings.Join(aggregate.Names(), ", ")+"), trained like fedprox")
 	fs.StringVar(&f.agg, "aggregator", "", "how updates are combined: an update aggregator `SPEC` for the FedAvg/FedProx families (e.g. normbound:mult=3:inner=median); fedsplit-robust[:mult=M] (default) or fedsplit-mean for the FedSplit family (default: per --algorithm)")
-	fs.StringVar(&f.sel, "selector", "", "client selection: uniform | samples | loss[:power=P][:explore=E] | window | poisson[:q=Q] (each online site independently with probability Q, default --per-round / online sites; --dp only); default uniform, poisson with --dp")
+	fs.StringVar(&f.sel, "selector", "", "client selection: uniform | samples | loss[:power=P][:explore=E] | window | poisson[:q=Q] (each online site independently with probability Q, default --per-round / online sites; --dp only); default uniform, poisson with --dp (the only one under --dp central)")
 	fs.StringVar(&f.solver, "solver", "sgd", "local solver: sgd | lbfgs")
 	fs.Float64Var(&f.mu, "mu", 0.01, "FedProx proximal weight (0 for fedavg)")
 	fs.Float64Var(&f.step, "step", 1, "FedSplit step size s")

@@ -60,7 +60,7 @@ flags:
 	fs.Float64Var(&cfg.L2, "l2", cfg.L2, "L2 regularisation lambda of (lambda/2)||w||^2")
 	fs.StringVar(&cfg.Standardize, "standardize", cfg.Standardize, "feature standardisation: none | client | global (default: client for csv/leaf, none otherwise); with --schema: federation | client, overriding the schema's standardize")
 	fs.Float64Var(&cfg.TestFrac, "test-fraction", cfg.TestFrac, "fraction of each client's samples held out for testing (not with --schema: its holdout share applies)")
-	fs.StringVar(&cfg.Select, "select", cfg.Select, "client selection: uniform | samples | loss | window | poisson[:q=Q] (each client independently with probability Q, default --per-round / --clients); default uniform, poisson with --dp")
+	fs.StringVar(&cfg.Select, "select", cfg.Select, "client selection: uniform | samples | loss | window | poisson[:q=Q] (each client independently with probability Q, default --per-round / --clients); default uniform, poisson with --dp (the only one under --dp central)")
 	fs.Float64Var(&cfg.Stragglers, "stragglers", cfg.Stragglers, "straggler rate p: round(K(1-p)) selected clients do E epochs, the rest a random number in [1, E)")
 	fs.StringVar(&cfg.Local.Solver, "solver", cfg.Local.Solver, "local solver: sgd | lbfgs")
 	fs.Float64Var(&cfg.Local.Mu, "mu", cfg.Local.Mu, "FedProx proximal weight mu")

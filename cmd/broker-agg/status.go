@@ -131,8 +131,15 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 		switch {
 		case p.FixedRounds:
 			fmt.Fprint(w, "; rounds close at their deadline (--dp-fixed-rounds): their timing is covered")
+		case p.Mode == dp.Central.String() && !p.Amplified:
+			fmt.Fprint(w, "; rounds close when every invited site has reported (--dp-fixed-rounds=false): their timing tells the draw's size")
 		case p.Mode == dp.Central.String():
 			fmt.Fprint(w, "; round timing not covered (rounds close when every invited site has reported; --dp-fixed-rounds)")
+		}
+		if p.Amplified {
+			fmt.Fprint(w, "; epsilon amplified by Poisson sampling (q < 1 per round)")
+		} else {
+			fmt.Fprint(w, "; epsilon charged at q = 1 every round (no amplification)")
 		}
 		if st.Schema == "" && st.StopReason != "" {
 			fmt.Fprintf(w, "; run ended: %s", st.StopReason) // printFedStatus says it with a schema

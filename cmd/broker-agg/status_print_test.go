@@ -39,9 +39,12 @@ func TestPrintStatusRoundTiming(t *testing.T) {
 		p         aggregator.PrivacyStatus
 		want, not string
 	}{
-		{aggregator.PrivacyStatus{Mode: "central", FixedRounds: true}, "rounds close at their deadline (--dp-fixed-rounds)", "not covered"},
-		{aggregator.PrivacyStatus{Mode: "central"}, "round timing not covered", "close at their deadline"},
+		{aggregator.PrivacyStatus{Mode: "central", FixedRounds: true, Amplified: true}, "rounds close at their deadline (--dp-fixed-rounds)", "not covered"},
+		{aggregator.PrivacyStatus{Mode: "central", FixedRounds: true, Amplified: true}, "epsilon amplified by Poisson sampling", "q = 1"},
+		{aggregator.PrivacyStatus{Mode: "central"}, "(--dp-fixed-rounds=false): their timing tells the draw's size", "close at their deadline"},
+		{aggregator.PrivacyStatus{Mode: "central"}, "epsilon charged at q = 1 every round (no amplification)", "amplified by"},
 		{aggregator.PrivacyStatus{Mode: "distributed"}, "differential privacy (distributed)", "timing"},
+		{aggregator.PrivacyStatus{Mode: "distributed"}, "charged at q = 1", "amplified by"},
 	} {
 		st := aggregator.Status{Federation: "f", Phase: aggregator.PhaseCollecting, Round: 3, Privacy: &tc.p}
 		var b bytes.Buffer

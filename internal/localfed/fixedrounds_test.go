@@ -2,6 +2,7 @@ package localfed
 
 import (
 	"context"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -98,6 +99,12 @@ func TestFixedRoundsOverMQTT(t *testing.T) {
 	}
 	if !lf.Wait(ctx) {
 		t.Fatal("the federation did not finish")
+	}
+	// Fixed-length rounds keep the amplified figure: each round charged at
+	// its q (0.5), and /status says so.
+	if v, _ := lf.Server.Watch(); v.Privacy == nil || !v.Privacy.Amplified || v.Privacy.Rounds != rounds ||
+		math.Abs(v.Privacy.Epsilon-dp.EpsilonAfter(0.5, 1, rounds, 1e-5, nil)) > 1e-9*v.Privacy.Epsilon {
+		t.Errorf("privacy after %d fixed-length rounds: %+v, want amplified at q = 0.5", rounds, v.Privacy)
 	}
 	if len(sizes) < 2 {
 		t.Logf("every round drew %v sites", sizes)
