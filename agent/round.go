@@ -853,6 +853,11 @@ func dpClip(ann *wire.RoundAnnouncement, split bool) (float64, error) {
 		// the shares' sum to be one discrete Gaussian (the check the
 		// aggregator makes at start), before anything is solved.
 		sp := ann.Secagg
+		if d.NoiseShares > sp.Threshold {
+			// Every sum holds at least t inputs: shares sized for more than
+			// t would leave a sum of t with less than z*C of noise.
+			return 0, fmt.Errorf("differential privacy in the distributed mode: the noise is split into %d shares but a sum may hold only the secagg threshold's %d inputs, which would carry less than the announced noise: refused", d.NoiseShares, sp.Threshold)
+		}
 		q, err := secagg.NewQuantizer(sp.Clip, int(sp.ScaleBits), int(sp.MaxSites))
 		if err != nil {
 			return 0, fmt.Errorf("secagg: %w", err)

@@ -97,10 +97,18 @@ func (cfg *ServerConfig) checkSecAgg(d *derived) error {
 		sc.Timeout = DefaultSecAggTimeout
 	}
 	sc.Threshold = uplink.SecAggThreshold(cfg.K, sc.Threshold)
+	shares := 0
 	if cfg.DP != nil {
+		// The noise shares: the threshold less the colluding sites the
+		// guarantee holds against (uplink.SecAggNoiseShares).
+		k, err := uplink.SecAggNoiseShares(sc.Threshold, cfg.DP.Colluders)
+		if err != nil {
+			return refuse("%v", err)
+		}
+		shares = k
 		// The quantiser's range holds the clipped update and the noise's
 		// tail (uplink.SecAggDPRange); --secagg-clip does not apply.
-		sc.Clip = uplink.SecAggDPRange(cfg.DP.Clip, cfg.DP.Noise, sc.Threshold)
+		sc.Clip = uplink.SecAggDPRange(cfg.DP.Clip, cfg.DP.Noise, shares)
 	}
 	if sc.ScaleBits == 0 {
 		sb, err := uplink.SecAggScaleBits(sc.Clip, cfg.K)
@@ -114,7 +122,7 @@ func (cfg *ServerConfig) checkSecAgg(d *derived) error {
 		return refuse("%v", err)
 	}
 	if cfg.DP != nil {
-		if err := uplink.CheckSecAggDP(q, cfg.DP.Clip, cfg.DP.Noise, sc.Threshold); err != nil {
+		if err := uplink.CheckSecAggDP(q, cfg.DP.Clip, cfg.DP.Noise, shares); err != nil {
 			return refuse("%v", err)
 		}
 	}

@@ -82,7 +82,7 @@ func TestSimMatchesLive(t *testing.T) {
 	// for bit and the same epsilons every round.
 	for _, algo := range []string{FedProx, FedProxSplit} {
 		t.Run("secagg/dp-distributed/"+algo, func(t *testing.T) {
-			testSimMatchesLiveSecAgg(t, algo, 1, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5, Distributed: true})
+			testSimMatchesLiveSecAgg(t, algo, 1, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5, Distributed: true, Colluders: 1})
 		})
 	}
 	// FedProx:FedSplit under DP runs in sum mode (docs/privacy.md,

@@ -20,12 +20,14 @@ type dpFlags struct {
 	// fixedRounds: rounds close at their deadline (run and demo only:
 	// simulate has no clock).
 	fixedRounds bool
+	// colluders: the distributed mode's collusion bound c.
+	colluders int
 }
 
 // register adds the flags to fs: calibrates adds --dp-rounds and the
 // calibration of --dp-noise, live (run, demo) --dp-fixed-rounds.
 func (d *dpFlags) register(fs *flag.FlagSet, calibrates, live bool) {
-	fs.StringVar(&d.mode, "dp", "off", "client-level differential privacy: off | central (the aggregator clips every update to --dp-clip and adds Gaussian noise of std --dp-noise x --dp-clip to their sum; the FedSplit family runs in sum mode: the aggregator keeps only the sum of the sites' contributions; the selection is poisson by default, drawn from a secret key, and each selected site is told privately; it reports epsilon and the largest per-site epsilon without amplification; with --schema the schema must declare its preprocessing, and bundles record the guarantee instead of the sites' evaluation; docs/privacy.md) | distributed (with --secagg: each site adds its share N(0, (z C)^2/t) of the noise to its clipped update before masking, t the secagg threshold; uniform selection, published, and the accountant charges every round at q = 1: no amplification is claimed against an aggregator that knows who took part; docs/privacy.md \"Threat models\")")
+	fs.StringVar(&d.mode, "dp", "off", "client-level differential privacy: off | central (the aggregator clips every update to --dp-clip and adds Gaussian noise of std --dp-noise x --dp-clip to their sum; the FedSplit family runs in sum mode: the aggregator keeps only the sum of the sites' contributions; the selection is poisson by default, drawn from a secret key, and each selected site is told privately; it reports epsilon and the largest per-site epsilon without amplification; with --schema the schema must declare its preprocessing, and bundles record the guarantee instead of the sites' evaluation; docs/privacy.md) | distributed (with --secagg: each site adds its share N(0, (z C)^2/(t - c)) of the noise to its clipped update before masking, t the secagg threshold, c --dp-colluders; uniform selection, published, and the accountant charges every round at q = 1: no amplification is claimed against an aggregator that knows who took part; docs/privacy.md \"Threat models\")")
 	fs.Float64Var(&d.clip, "dp-clip", 1, "with --dp: the L2 norm `C` every site's update is clipped to")
 	noise := "with --dp: the noise multiplier `z` (the noise on the sum of clipped updates has std z*C)"
 	if calibrates {
@@ -40,6 +42,7 @@ func (d *dpFlags) register(fs *flag.FlagSet, calibrates, live bool) {
 	fs.Float64Var(&d.quantile, "dp-clip-quantile", 0, "with --dp: adaptive clipping (Andrew et al. 2021) to this target `quantile` of the update norms, in (0, 1), e.g. 0.5: every update carries its clip bit, the aggregator noises their sum and moves the clip norm each round from --dp-clip; the bits' cost is inside --dp-noise (the updates get the larger noise multiplier (z^-2 - (2 sigma_b)^-2)^-1/2); 0: a fixed clip norm")
 	fs.Float64Var(&d.clipLR, "dp-clip-lr", 0.2, "with --dp-clip-quantile: the clip norm's geometric learning `rate` eta_C (C <- C exp(-eta_C (b - quantile)))")
 	fs.Float64Var(&d.bitNoise, "dp-clip-bit-noise", 0, "with --dp-clip-quantile: `sigma_b`, the std of the noise on the sum of clip bits; must exceed --dp-noise / 2 (0: K/20, K the sites per round)")
+	fs.IntVar(&d.colluders, "dp-colluders", 1, "with --dp distributed: the collusion bound `c`, how many sites besides the aggregator the guarantee holds against: every site knows its own noise share, so each share is N(0, (z C)^2/(t - c)) and any sum of at least t inputs less c sites' shares still carries std z*C; t - c must be at least 1 (0: against the aggregator and the broker only, shares of (z C)^2/t)")
 	if live {
 		fs.BoolVar(&d.fixedRounds, "dp-fixed-rounds", false, "with --dp central: every round closes at its deadline (--round-timeout), never when the last invited site has reported, so that when rounds end tells nobody how many sites were drawn (an empty draw otherwise closes at once); without it the bundles' privacy statement lists round timing as not covered (docs/privacy.md \"What still leaks\"). Every round then lasts --round-timeout: set it to what the slowest site needs")
 	}
@@ -60,6 +63,9 @@ func (d *dpFlags) config(q float64, rounds, k int) (*dp.Config, error) {
 		return nil, nil
 	}
 	c := &dp.Config{Clip: d.clip, Noise: d.noise, Delta: d.delta, Budget: d.budget, Distributed: mode == dp.Distributed, FixedRounds: d.fixedRounds}
+	if c.Distributed {
+		c.Colluders = d.colluders
+	}
 	if d.quantile != 0 {
 		c.Adaptive = &dp.Adaptive{Quantile: d.quantile, LR: d.clipLR, BitNoise: d.bitNoise}
 		if c.Adaptive.BitNoise == 0 {

@@ -133,6 +133,9 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 		case p.Mode == dp.Central.String():
 			fmt.Fprint(w, "; round timing not covered (rounds close when every invited site has reported; --dp-fixed-rounds)")
 		}
+		if p.HoldsAgainst != "" {
+			fmt.Fprintf(w, "; epsilon holds against %s", p.HoldsAgainst)
+		}
 		if st.Schema == "" && st.StopReason != "" {
 			fmt.Fprintf(w, "; run ended: %s", st.StopReason) // printFedStatus says it with a schema
 		}
