@@ -206,6 +206,13 @@ type RoundHandler struct {
 	// noise key (drawn from crypto/rand into the edge store): for the test
 	// that compares a live run with simulate, never for a deployment.
 	SecAggNoiseKey *[32]byte
+	// SecAggIdentity, when set, makes this site's secure aggregation the
+	// signed one (docs/secagg.md, "Threat model per mode"): it signs its
+	// key advertisements with its client certificate's key and refuses a
+	// key list with a key not signed by its site's certificate of the
+	// federation CA. Nil (password-only authentication): the
+	// honest-but-curious aggregator's model, as before.
+	SecAggIdentity *uplink.SecAggIdentity
 
 	site siteCache
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/secagg"
+	"github.com/edgefl/edgefl/sitedata"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
@@ -136,6 +137,13 @@ func (h *RoundHandler) secAggMessage(ann *wire.RoundAnnouncement, m secagg.Messa
 			}
 		}
 		w.InstanceId = h.InstanceID
+	}
+	if a, ok := m.(*secagg.AdvertiseKeys); ok && h.SecAggIdentity != nil {
+		sig, err := h.SecAggIdentity.Sign(uplink.SecAggAdvertDigest(a.Session, a.Keys), crand.Reader)
+		if err != nil {
+			return nil, fmt.Errorf("secagg: signing the advertisement: %w", err)
+		}
+		w.Certificate, w.Signature = h.SecAggIdentity.Cert, sig
 	}
 	return wire.Encode(w)
 }
@@ -281,6 +289,9 @@ func (h *RoundHandler) secAggPhase(ann *wire.RoundAnnouncement, res Result) (Res
 			res.Action = ActionDone // not in U1: the session goes on without this site
 			return res, nil
 		}
+		if err := h.checkSignedKeys(ann, kl); err != nil {
+			return res, err
+		}
 		m, err := c.ShareKeys(kl, h.secAggRand(r))
 		if err != nil {
 			return res, fmt.Errorf("agent: round %d: secagg share keys: %w", r, err)
@@ -381,6 +392,33 @@ func decodeBroadcast[T secagg.Message](ann *wire.RoundAnnouncement) (T, error) {
 		return zero, bad(ann.Round, "secagg broadcast: a %v of another session or phase", m.Kind())
 	}
 	return t, nil
+}
+
+// checkSignedKeys is signed secure aggregation's check of a KeyList,
+// before any share leaves this site: with a signing identity, every key
+// must carry a valid signature by its site's certificate of the
+// federation CA (uplink.CheckKeyList). A key list that fails is refused as
+// a site error (reason secagg_refused, carried by the site's status to
+// the aggregator's operator): this site shares nothing in the session.
+func (h *RoundHandler) checkSignedKeys(ann *wire.RoundAnnouncement, kl *secagg.KeyList) error {
+	id := h.SecAggIdentity
+	if id == nil {
+		return nil
+	}
+	refuse := func(err error) error {
+		return &sitedata.SiteError{Reason: sitedata.ReasonSecAgg, Problem: fmt.Sprintf("round %d session %d: key list refused: %v", ann.Round, ann.Secagg.Attempt, err), Err: err}
+	}
+	var signed []uplink.SignedKey
+	if len(ann.SecaggSignedKeys) > 0 {
+		var err error
+		if signed, err = uplink.DecodeSignedKeys(ann.SecaggSignedKeys); err != nil {
+			return refuse(fmt.Errorf("%w: %w", uplink.ErrSecAggSignature, err))
+		}
+	}
+	if err := uplink.CheckKeyList(id.Roots, h.clock().Now(), kl, signed); err != nil {
+		return refuse(err)
+	}
+	return nil
 }
 
 func inKeyList(kl *secagg.KeyList, id string) bool {

@@ -515,6 +515,7 @@ func (x *RoundAnnouncement) size() int {
 	n += sizeVarint(24, uint64(x.SecaggPhase))
 	n += sizeVarint(25, boolVarint(x.SplitSum))
 	n += sizeVarint(28, boolVarint(x.PrivateSelection))
+	n += sizeBytes(41, x.SecaggSignedKeys)
 	return n
 }
 
@@ -545,6 +546,7 @@ func (x *RoundAnnouncement) appendTo(b []byte) []byte {
 	b = appendVarint(b, 24, uint64(x.SecaggPhase))
 	b = appendVarint(b, 25, boolVarint(x.SplitSum))
 	b = appendVarint(b, 28, boolVarint(x.PrivateSelection))
+	b = appendBytes(b, 41, x.SecaggSignedKeys)
 	return b
 }
 
@@ -675,6 +677,10 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 		case 28:
 			if typ == protowire.VarintType {
 				return consumeBool(&x.PrivateSelection, b), nil
+			}
+		case 41:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.SecaggSignedKeys, b), nil
 			}
 		}
 		return 0, nil
@@ -1286,6 +1292,8 @@ func (x *SecAggMessage) size() int {
 	n += sizeVarint(7, uint64(x.Attempt))
 	n += sizeVarint(8, x.BaseRound)
 	n += sizeString(9, x.InstanceId)
+	n += sizeBytes(20, x.Certificate)
+	n += sizeBytes(21, x.Signature)
 	return n
 }
 
@@ -1299,6 +1307,8 @@ func (x *SecAggMessage) appendTo(b []byte) []byte {
 	b = appendVarint(b, 7, uint64(x.Attempt))
 	b = appendVarint(b, 8, x.BaseRound)
 	b = appendString(b, 9, x.InstanceId)
+	b = appendBytes(b, 20, x.Certificate)
+	b = appendBytes(b, 21, x.Signature)
 	return b
 }
 
@@ -1340,6 +1350,14 @@ func (x *SecAggMessage) unmarshal(b []byte, d *decoder) error {
 		case 9:
 			if typ == protowire.BytesType {
 				return consumeString(&x.InstanceId, b)
+			}
+		case 20:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.Certificate, b), nil
+			}
+		case 21:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.Signature, b), nil
 			}
 		}
 		return 0, nil

@@ -741,6 +741,13 @@ type RoundAnnouncement struct {
 	// of subject INVITATION naming this round and run_id, and a site without
 	// one does not take part. Only with an empty `selected`.
 	PrivateSelection bool `json:"private_selection,omitempty"`
+	// Signed secure aggregation (docs/secagg.md, "Threat model per mode"),
+	// SECAGG_PHASE_SHARE_KEYS only: the signed advertisements of the KeyList's
+	// sites as the aggregator received them (uplink.EncodeSignedKeys: per
+	// site its id, client certificate and signature of its keys). A site with
+	// a client certificate checks every key of the KeyList against it before
+	// it shares its keys; empty = no site signed.
+	SecaggSignedKeys []byte `json:"secagg_signed_keys,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -926,6 +933,13 @@ func (x *RoundAnnouncement) GetPrivateSelection() bool {
 		return x.PrivateSelection
 	}
 	return false
+}
+
+func (x *RoundAnnouncement) GetSecaggSignedKeys() []byte {
+	if x != nil {
+		return x.SecaggSignedKeys
+	}
+	return nil
 }
 
 // SecAggSpec is what every party of a round's secure aggregation agrees on
@@ -1625,6 +1639,13 @@ type SecAggMessage struct {
 	// AdvertiseKeys: the installation that sent it (ClientStatus.instance_id;
 	// sum mode tells a re-join from a lost state file by it); empty = not told.
 	InstanceId string `json:"instance_id,omitempty"`
+	// Signed secure aggregation (docs/secagg.md, "Threat model per mode"),
+	// AdvertiseKeys only: the site's client certificate (DER, issued by the
+	// federation CA, CN = client_id) and its signature of its advertised keys
+	// (uplink.SecAggAdvertDigest). Both empty: an unsigned advertisement
+	// (a site without a client certificate).
+	Certificate []byte `json:"certificate,omitempty"`
+	Signature   []byte `json:"signature,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -1691,4 +1712,18 @@ func (x *SecAggMessage) GetInstanceId() string {
 		return x.InstanceId
 	}
 	return ""
+}
+
+func (x *SecAggMessage) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
+func (x *SecAggMessage) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
 }

@@ -135,6 +135,7 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.enum("secagg_phase", int32(x.SecaggPhase), SecAggPhase_name)
 	w.boolean("split_sum", x.SplitSum)
 	w.boolean("private_selection", x.PrivateSelection)
+	w.bytes("secagg_signed_keys", x.SecaggSignedKeys)
 }
 
 func (x *SecAggSpec) appendText(w *textWriter) {
@@ -243,4 +244,6 @@ func (x *SecAggMessage) appendText(w *textWriter) {
 	w.uint("attempt", uint64(x.Attempt))
 	w.uint("base_round", x.BaseRound)
 	w.str("instance_id", x.InstanceId)
+	w.bytes("certificate", x.Certificate)
+	w.bytes("signature", x.Signature)
 }

@@ -144,6 +144,12 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 	if sa := st.SecAgg; sa != nil {
 		fmt.Fprintf(w, "secure aggregation: phase %s, session %d  messages %d  aborted sessions %d  (threshold %d, clip %g, scale 2^%d)\n",
 			sa.Phase, sa.Attempt, sa.Messages, sa.Aborts, sa.Threshold, sa.Clip, sa.ScaleBits)
+		switch sa.Model {
+		case aggregator.SecAggModelSigned:
+			fmt.Fprintf(w, "  model: signed (all %d sites of the last key list signed their keys; each site checks every key against the federation CA)\n", sa.ListedKeys)
+		case aggregator.SecAggModelHBC:
+			fmt.Fprintf(w, "  model: honest-but-curious aggregator (%d of %d sites of the last key list signed their keys)\n", sa.SignedKeys, sa.ListedKeys)
+		}
 		if sa.LastAbort != "" {
 			fmt.Fprintf(w, "  last abort: %s\n", sa.LastAbort)
 		}
