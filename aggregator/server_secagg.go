@@ -258,6 +258,17 @@ func (s *Server) storeSecAgg(d Decision, now time.Time) (uint64, error) {
 		return 0, fmt.Errorf("%w: %w", errSecAggRefused, err)
 	}
 	s.secAggStored = index > 0
+	if err == nil && len(in.msg.ViewSignature) > 0 {
+		// Signed secure aggregation: the site's view signature, relayed to
+		// the survivors with the UnmaskRequest (announceSecAgg). Lost in a
+		// crash between the two transactions, it is missing at the unmask,
+		// and the signing sites refuse the session (an abort, never a
+		// wrong reveal).
+		if verr := s.store.PutSecAggView(uint64(a.Round), uint32(a.Attempt), a.Client, in.msg.ViewSignature, now); verr != nil {
+			s.storageErrors.Add(1)
+			s.log.Error("storing a secagg view signature", "client", a.Client, "round", a.Round, "err", verr)
+		}
+	}
 	return index, err
 }
 
@@ -430,6 +441,15 @@ func (s *Server) announceSecAgg(d AnnounceSecAgg) error {
 					a.SecaggSignedKeys = uplink.EncodeSignedKeys(signed)
 				}
 			}
+			if req, ok := o.Msg.(*secagg.UnmaskRequest); ok {
+				views, err := s.viewSignatures(d.Round, d.Attempt, req.Survivors)
+				if err != nil {
+					return err
+				}
+				if len(views) > 0 {
+					a.SecaggViewSignatures = uplink.EncodeSignedKeys(views)
+				}
+			}
 		}
 	}
 	b, err := wire.Encode(a)
@@ -479,6 +499,40 @@ func (s *Server) signedKeys(round, attempt int, kl *secagg.KeyList) ([]uplink.Si
 	}
 	slices.SortFunc(signed, func(a, b uplink.SignedKey) int { return strings.Compare(a.ID, b.ID) })
 	return signed, nil
+}
+
+// viewSignatures is the survivors' signed views of the session (their
+// masked inputs' view signatures, with the certificates of their
+// advertisements), to relay with the UnmaskRequest: each site with a client
+// certificate reveals nothing unless every survivor signed its own view
+// (uplink.CheckViews). Survivors without one are left out (the signing
+// sites then refuse).
+func (s *Server) viewSignatures(round, attempt int, survivors []string) ([]uplink.SignedKey, error) {
+	recs, err := s.store.SecAggMessages(uint64(round), uint32(attempt))
+	if err != nil {
+		s.storageErrors.Add(1)
+		return nil, fmt.Errorf("aggregator: round %d: the stored view signatures: %w", round, err)
+	}
+	certs, sigs := map[string][]byte{}, map[string][]byte{}
+	for _, rec := range recs {
+		switch {
+		case rec.Kind == storage.SecAggViewKind:
+			sigs[rec.ClientID] = rec.Msg
+		case rec.Kind == uint8(secagg.KindAdvertiseKeys):
+			m, err := wire.DecodeSecAgg(rec.Msg, s.lim)
+			if err != nil {
+				return nil, fmt.Errorf("aggregator: round %d: the stored AdvertiseKeys of %q: %w", round, rec.ClientID, err)
+			}
+			certs[rec.ClientID] = m.Certificate
+		}
+	}
+	var out []uplink.SignedKey
+	for _, id := range survivors {
+		if len(sigs[id]) > 0 && len(certs[id]) > 0 {
+			out = append(out, uplink.SignedKey{ID: id, Cert: certs[id], Sig: sigs[id]})
+		}
+	}
+	return out, nil
 }
 
 // publishShareLists sends the open session's ShareLists in the masked

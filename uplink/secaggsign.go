@@ -197,3 +197,65 @@ func DecodeSignedKeys(b []byte) ([]SignedKey, error) {
 	}
 	return out, nil
 }
+
+// Signed secure aggregation's consistency check (after Bonawitz et al.
+// 2017's ConsistencyCheck, folded into the existing phases): each site signs
+// its view of the session with its masked input, and before it reveals any
+// share it checks that every site of the UnmaskRequest's survivors U3
+// signed the same view. The view is the KeyList it answered and, with the
+// complete graph, U2 (the sites whose shares it holds): two sites that were
+// shown different key lists, or different share-key survivors, hold
+// different views, and a survivor that sent no signed masked input in the
+// session has none. What it does not bind is U3 itself: U3 is known only
+// after the masked inputs (signing it needs one more round); the privacy
+// rule (t above half of each secret's holders) bounds what different U3
+// sets can yield (docs/secagg.md).
+
+// ErrSecAggView is the error of an UnmaskRequest a site refuses: a survivor
+// without a valid signature of this site's view of the session.
+var ErrSecAggView = errors.New("uplink: secure aggregation: the survivors did not sign this site's view of the session")
+
+// SecAggViewDigest is what a site signs with its masked input: SHA-256 of
+// a domain, the session, the digest of the KeyList it answered and, with
+// the complete graph, the sorted sites whose shares it holds (U2); nil
+// holders with the sparse graph, whose neighbourhoods differ between sites.
+func SecAggViewDigest(session []byte, keyList [32]byte, holders []string) [32]byte {
+	h := sha256.New()
+	h.Write([]byte("edgefl secagg view v1\x00"))
+	var n [binary.MaxVarintLen64]byte
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(session)))])
+	h.Write(session)
+	h.Write(keyList[:])
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(holders)))])
+	for _, id := range holders {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(id)))])
+		h.Write([]byte(id))
+	}
+	var d [32]byte
+	h.Sum(d[:0])
+	return d
+}
+
+// CheckViews verifies that every survivor signed view: exactly one signed
+// entry per survivor (certificate of the federation CA, CN = the survivor,
+// signature of view). The error wraps ErrSecAggView and names the first
+// survivor that fails.
+func CheckViews(roots *x509.CertPool, now time.Time, survivors []string, view [32]byte, signed []SignedKey) error {
+	by := make(map[string]SignedKey, len(signed))
+	for _, s := range signed {
+		if _, dup := by[s.ID]; dup {
+			return fmt.Errorf("%w: site %s's view is listed twice", ErrSecAggView, s.ID)
+		}
+		by[s.ID] = s
+	}
+	for _, id := range survivors {
+		s, ok := by[id]
+		if !ok {
+			return fmt.Errorf("%w: survivor %s signed no view", ErrSecAggView, id)
+		}
+		if err := VerifySigned(roots, now, id, s.Cert, s.Sig, view); err != nil {
+			return fmt.Errorf("%w: %w (it saw another key list or other survivors, or did not sign)", ErrSecAggView, err)
+		}
+	}
+	return nil
+}

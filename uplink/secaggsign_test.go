@@ -135,3 +135,84 @@ func TestDecodeSignedKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckViewsEquivocation: the consistency check against a malicious
+// server that the key signatures cannot catch. Four sites; the server
+// shows the victim a KeyList without site-d (every key in it genuine and
+// signed, so CheckKeyList passes) and forwards consistent ShareLists, so
+// that the victim masks with site-b and site-c only. Each site signs its
+// view with its masked input; before revealing, every site checks that
+// all survivors signed its own view: the victim's view differs from the
+// others', and every survivor refuses. Without the equivocation, every
+// site's check passes.
+func TestCheckViewsEquivocation(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	ids := []string{"site-a", "site-b", "site-c", "site-d"}
+	fed := secaggid.New(t, now, ids...)
+	for _, equivocate := range []bool{false, true} {
+		session := uplink.SecAggSession("run", 1, 0)
+		cfg := secagg.Config{Threshold: 3, Dim: 4}
+		clients := map[string]*secagg.Client{}
+		full := &secagg.KeyList{Session: session}
+		var signed []uplink.SignedKey
+		for _, id := range ids {
+			c, err := secagg.NewClient(cfg, session, id, crand.Reader)
+			if err != nil {
+				t.Fatal(err)
+			}
+			clients[id] = c
+			k := c.Advertise().Keys
+			full.Sites = append(full.Sites, k)
+			sig, _ := fed.Get(id).Sign(uplink.SecAggAdvertDigest(session, k), crand.Reader)
+			signed = append(signed, uplink.SignedKey{ID: id, Cert: fed.Get(id).Cert, Sig: sig})
+		}
+		// The victim's KeyList.
+		shown := full
+		if equivocate {
+			shown = &secagg.KeyList{Session: session, Sites: full.Sites[:3]}
+		}
+		if err := uplink.CheckKeyList(fed.Roots, now, shown, signed); err != nil {
+			t.Fatalf("the victim's key list: %v (the signatures cannot see an omission)", err)
+		}
+		boxes := map[string][]secagg.EncryptedShare{} // by recipient
+		for _, id := range ids {
+			kl := full
+			if id == "site-a" {
+				kl = shown
+			}
+			sk, err := clients[id].ShareKeys(kl, crand.Reader)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range sk.Boxes {
+				if equivocate && id == "site-d" && b.Peer == "site-a" {
+					continue // kept from the victim, which does not know site-d
+				}
+				boxes[b.Peer] = append(boxes[b.Peer], secagg.EncryptedShare{Peer: id, Box: b.Box})
+			}
+		}
+		views := map[string][32]byte{}
+		var viewSigs []uplink.SignedKey
+		for _, id := range ids {
+			if _, err := clients[id].MaskInput(&secagg.ShareList{Session: session, To: id, Boxes: boxes[id]}, make([]uint32, 4)); err != nil {
+				t.Fatal(err)
+			}
+			kl, holders, ok := clients[id].View()
+			if !ok {
+				t.Fatal("no view after the masked input")
+			}
+			views[id] = uplink.SecAggViewDigest(session, kl, holders)
+			sig, _ := fed.Get(id).Sign(views[id], crand.Reader)
+			viewSigs = append(viewSigs, uplink.SignedKey{ID: id, Cert: fed.Get(id).Cert, Sig: sig})
+		}
+		for _, id := range ids {
+			err := uplink.CheckViews(fed.Roots, now, ids, views[id], viewSigs)
+			switch {
+			case !equivocate && err != nil:
+				t.Fatalf("%s, no equivocation: %v", id, err)
+			case equivocate && !errors.Is(err, uplink.ErrSecAggView):
+				t.Fatalf("%s, the victim shown another key list: CheckViews = %v, want a refusal", id, err)
+			}
+		}
+	}
+}

@@ -516,6 +516,7 @@ func (x *RoundAnnouncement) size() int {
 	n += sizeVarint(25, boolVarint(x.SplitSum))
 	n += sizeVarint(28, boolVarint(x.PrivateSelection))
 	n += sizeBytes(41, x.SecaggSignedKeys)
+	n += sizeBytes(42, x.SecaggViewSignatures)
 	return n
 }
 
@@ -547,6 +548,7 @@ func (x *RoundAnnouncement) appendTo(b []byte) []byte {
 	b = appendVarint(b, 25, boolVarint(x.SplitSum))
 	b = appendVarint(b, 28, boolVarint(x.PrivateSelection))
 	b = appendBytes(b, 41, x.SecaggSignedKeys)
+	b = appendBytes(b, 42, x.SecaggViewSignatures)
 	return b
 }
 
@@ -681,6 +683,10 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 		case 41:
 			if typ == protowire.BytesType {
 				return consumeBytes(&x.SecaggSignedKeys, b), nil
+			}
+		case 42:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.SecaggViewSignatures, b), nil
 			}
 		}
 		return 0, nil
@@ -1294,6 +1300,7 @@ func (x *SecAggMessage) size() int {
 	n += sizeString(9, x.InstanceId)
 	n += sizeBytes(20, x.Certificate)
 	n += sizeBytes(21, x.Signature)
+	n += sizeBytes(22, x.ViewSignature)
 	return n
 }
 
@@ -1309,6 +1316,7 @@ func (x *SecAggMessage) appendTo(b []byte) []byte {
 	b = appendString(b, 9, x.InstanceId)
 	b = appendBytes(b, 20, x.Certificate)
 	b = appendBytes(b, 21, x.Signature)
+	b = appendBytes(b, 22, x.ViewSignature)
 	return b
 }
 
@@ -1358,6 +1366,10 @@ func (x *SecAggMessage) unmarshal(b []byte, d *decoder) error {
 		case 21:
 			if typ == protowire.BytesType {
 				return consumeBytes(&x.Signature, b), nil
+			}
+		case 22:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.ViewSignature, b), nil
 			}
 		}
 		return 0, nil

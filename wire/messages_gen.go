@@ -748,6 +748,13 @@ type RoundAnnouncement struct {
 	// a client certificate checks every key of the KeyList against it before
 	// it shares its keys; empty = no site signed.
 	SecaggSignedKeys []byte `json:"secagg_signed_keys,omitempty"`
+	// Signed secure aggregation's consistency check, SECAGG_PHASE_UNMASK only:
+	// each survivor's signed view of the session as the aggregator received
+	// it with its masked input (uplink.EncodeSignedKeys: per survivor its id,
+	// client certificate and view_signature). A site with a client
+	// certificate reveals no share unless every survivor signed its own view
+	// (uplink.CheckViews); empty = no survivor signed.
+	SecaggViewSignatures []byte `json:"secagg_view_signatures,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -938,6 +945,13 @@ func (x *RoundAnnouncement) GetPrivateSelection() bool {
 func (x *RoundAnnouncement) GetSecaggSignedKeys() []byte {
 	if x != nil {
 		return x.SecaggSignedKeys
+	}
+	return nil
+}
+
+func (x *RoundAnnouncement) GetSecaggViewSignatures() []byte {
+	if x != nil {
+		return x.SecaggViewSignatures
 	}
 	return nil
 }
@@ -1646,6 +1660,11 @@ type SecAggMessage struct {
 	// (a site without a client certificate).
 	Certificate []byte `json:"certificate,omitempty"`
 	Signature   []byte `json:"signature,omitempty"`
+	// Signed secure aggregation, MaskedInput only: the site's signature of its
+	// view of the session (uplink.SecAggViewDigest: the KeyList it answered
+	// and, with the complete graph, U2), by the key of the certificate it
+	// advertised its keys with. Empty: unsigned.
+	ViewSignature []byte `json:"view_signature,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -1724,6 +1743,13 @@ func (x *SecAggMessage) GetCertificate() []byte {
 func (x *SecAggMessage) GetSignature() []byte {
 	if x != nil {
 		return x.Signature
+	}
+	return nil
+}
+
+func (x *SecAggMessage) GetViewSignature() []byte {
+	if x != nil {
+		return x.ViewSignature
 	}
 	return nil
 }

@@ -136,6 +136,7 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.boolean("split_sum", x.SplitSum)
 	w.boolean("private_selection", x.PrivateSelection)
 	w.bytes("secagg_signed_keys", x.SecaggSignedKeys)
+	w.bytes("secagg_view_signatures", x.SecaggViewSignatures)
 }
 
 func (x *SecAggSpec) appendText(w *textWriter) {
@@ -246,4 +247,5 @@ func (x *SecAggMessage) appendText(w *textWriter) {
 	w.str("instance_id", x.InstanceId)
 	w.bytes("certificate", x.Certificate)
 	w.bytes("signature", x.Signature)
+	w.bytes("view_signature", x.ViewSignature)
 }

@@ -225,6 +225,12 @@ func (m *RoundAnnouncement) checkSecAgg(msg string, train bool, lim Limits) erro
 	if err := checkPayload(msg, "secagg_signed_keys", m.SecaggSignedKeys, lim, false); err != nil {
 		return err
 	}
+	if len(m.SecaggViewSignatures) > 0 && m.SecaggPhase != SecAggPhase_SECAGG_PHASE_UNMASK {
+		return invalid(msg, "secagg_view_signatures in %v (the unmask phase only)", m.SecaggPhase)
+	}
+	if err := checkPayload(msg, "secagg_view_signatures", m.SecaggViewSignatures, lim, false); err != nil {
+		return err
+	}
 	switch {
 	case sp.Threshold < 2 || sp.MaxSites < sp.Threshold || sp.MaxSites > MaxSecAggSites:
 		return invalid(msg, "secagg threshold %d and max_sites %d: want 2 <= threshold <= max_sites <= %d", sp.Threshold, sp.MaxSites, MaxSecAggSites)
@@ -728,6 +734,9 @@ func (m *SecAggMessage) Validate(lim Limits) error {
 	}
 	if (len(m.Certificate) > 0 || len(m.Signature) > 0) && (m.Kind != SecAggKindAdvertiseKeys || len(m.Certificate) == 0 || len(m.Signature) == 0) {
 		return invalid(msg, "a certificate (%d bytes) and a signature (%d bytes) in a message of kind %d: both or neither, in an AdvertiseKeys only", len(m.Certificate), len(m.Signature), m.Kind)
+	}
+	if len(m.ViewSignature) > 0 && (m.Kind != SecAggKindMaskedInput || len(m.ViewSignature) > MaxSecAggSig) {
+		return invalid(msg, "a view signature of %d bytes in a message of kind %d: in a MaskedInput only, at most %d bytes", len(m.ViewSignature), m.Kind, MaxSecAggSig)
 	}
 	if len(m.Certificate) > MaxSecAggCert || len(m.Signature) > MaxSecAggSig {
 		return invalid(msg, "a certificate of %d bytes or a signature of %d: want at most %d and %d", len(m.Certificate), len(m.Signature), MaxSecAggCert, MaxSecAggSig)

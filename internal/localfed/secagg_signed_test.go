@@ -82,36 +82,36 @@ func TestSecAggSignedEquivocation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a federation over MQTT")
 	}
-	type tamperFn func(t *testing.T, a *wire.RoundAnnouncement, kl *secagg.KeyList, signed []uplink.SignedKey) []uplink.SignedKey
-	const k = 3
-	ids := SiteIDs(k, 0)
+	ids := SiteIDs(4, 0)
 	victim := ids[0]
 	now := time.Now()
 	fed := secaggid.New(t, now, ids...)
 	rogue := secaggid.New(t, now, "site-x")
+	type tamperFn func(t *testing.T, m mqtt.Message, n *atomic.Int32) mqtt.Message
 	for _, tc := range []struct {
 		name   string
+		k, t   int // sites, secagg threshold
 		tamper tamperFn
 		want   string // in the abort reason; "" = no tampering
 	}{
-		{"none", nil, ""},
-		{"forged key for one site", func(t *testing.T, _ *wire.RoundAnnouncement, kl *secagg.KeyList, s []uplink.SignedKey) []uplink.SignedKey {
+		{"none", 3, 3, nil, ""},
+		{"forged key for one site", 3, 3, keyListTamper(func(t *testing.T, kl *secagg.KeyList, s []uplink.SignedKey) []uplink.SignedKey {
 			if _, err := crand.Read(kl.Sites[1].EncKey[:]); err != nil {
 				t.Fatal(err)
 			}
 			return s
-		}, "site " + ids[1] + ": the signature is not its certificate's"},
-		{"invented site signed by another CA", func(t *testing.T, _ *wire.RoundAnnouncement, kl *secagg.KeyList, s []uplink.SignedKey) []uplink.SignedKey {
+		}), "key list refused: uplink: secure aggregation: the key list is not signed by its sites: site " + ids[1] + ": the signature is not its certificate's"},
+		{"invented site signed by another CA", 3, 3, keyListTamper(func(t *testing.T, kl *secagg.KeyList, s []uplink.SignedKey) []uplink.SignedKey {
 			x := kl.Sites[1]
 			x.ID = "site-x"
 			if _, err := crand.Read(x.EncKey[:]); err != nil {
 				t.Fatal(err)
 			}
-			kl.Sites = append(kl.Sites, x) // sorted: site-x after site-0..
+			kl.Sites = append(kl.Sites, x) // sorted: site-x after site-1..
 			sig, _ := rogue.Get("site-x").Sign(uplink.SecAggAdvertDigest(kl.Session, x), crand.Reader)
 			return append(s, uplink.SignedKey{ID: "site-x", Cert: rogue.Get("site-x").Cert, Sig: sig})
-		}, "site site-x: its certificate is not the federation CA's"},
-		{"another site's signed key in a slot", func(t *testing.T, _ *wire.RoundAnnouncement, kl *secagg.KeyList, s []uplink.SignedKey) []uplink.SignedKey {
+		}), "site site-x: its certificate is not the federation CA's"},
+		{"another site's signed key in a slot", 3, 3, keyListTamper(func(t *testing.T, kl *secagg.KeyList, s []uplink.SignedKey) []uplink.SignedKey {
 			keep := kl.Sites[1].ID
 			kl.Sites[1] = kl.Sites[2]
 			kl.Sites[1].ID = keep
@@ -122,13 +122,25 @@ func TestSecAggSignedEquivocation(t *testing.T) {
 				}
 			}
 			return s
-		}, "the certificate is \"" + ids[2] + "\"'s"},
-		{"signatures stripped", func(t *testing.T, _ *wire.RoundAnnouncement, _ *secagg.KeyList, _ []uplink.SignedKey) []uplink.SignedKey {
+		}), "the certificate is \"" + ids[2] + "\"'s"},
+		{"signatures stripped", 3, 3, keyListTamper(func(t *testing.T, _ *secagg.KeyList, _ []uplink.SignedKey) []uplink.SignedKey {
 			return nil
-		}, "key carries no signature"},
+		}), "key carries no signature"},
+		// A different KeyList for one subscriber, every key in it genuine
+		// and signed but one site left out, is not a forgery the key
+		// signatures can see: an honest aggregator refuses the victim's
+		// ShareKeys (a box short), and the consistency check of the views
+		// catches it in a malicious one (uplink TestCheckViewsEquivocation).
+		// The survivors' view signatures kept from the victim (or a
+		// survivor claimed that sent none).
+		{"survivors' views stripped", 3, 3, unmaskTamper(func(_ *secagg.UnmaskRequest, _ []uplink.SignedKey) []uplink.SignedKey { return nil }), "survivor " + ids[0] + " signed no view"},
+		{"a survivor that sent no masked input", 3, 3, unmaskTamper(func(req *secagg.UnmaskRequest, s []uplink.SignedKey) []uplink.SignedKey {
+			req.Survivors = append(req.Survivors, "site-x")
+			return s
+		}), "survivor site-x signed no view"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fd, sites, log, logs := syntheticSites(t, k, 1)
+			fd, sites, log, logs := syntheticSites(t, tc.k, 1)
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
 			var mitm *mitmClient
@@ -139,27 +151,29 @@ func TestSecAggSignedEquivocation(t *testing.T) {
 				}
 				orig := o.DefaultPublishHandler
 				o.SetDefaultPublishHandler(func(c mqtt.Client, m mqtt.Message) {
-					orig(c, tamperAnnouncement(t, m, tc.tamper, &tampered))
+					orig(c, tc.tamper(t, m, &tampered))
 				})
 				mitm = &mitmClient{Client: mqtt.NewClient(o)}
 				return mitm
 			}
-			var siteErr atomic.Value
+			var mu sync.Mutex
+			siteErrs := map[string]string{}
 			var rounds atomic.Int32
 			lf, err := Start(ctx, Config{Dir: t.TempDir(), Sites: sites, Seed: 1, Logger: log,
 				SecAggIdentity: fed.Get, NewClient: newClient,
 				Observe: func(site string, ev agent.Event) {
 					var se *sitedata.SiteError
-					if site == victim && ev.Kind == agent.EventSiteError && errors.As(ev.Err, &se) && se.Reason == sitedata.ReasonSecAgg {
-						siteErr.Store(se.Public())
+					if ev.Kind == agent.EventSiteError && errors.As(ev.Err, &se) && se.Reason == sitedata.ReasonSecAgg {
+						mu.Lock()
+						siteErrs[site] = se.Public()
+						mu.Unlock()
 					}
 				},
-				Server: aggregator.ServerConfig{K: k, QuorumFraction: 1, RoundTimeout: 30 * time.Second, Settle: 50 * time.Millisecond,
+				Server: aggregator.ServerConfig{K: tc.k, QuorumFraction: 1, RoundTimeout: 30 * time.Second, Settle: 50 * time.Millisecond,
 					MaxReselections: -1, Rounds: 1, Seed: 1, Algorithm: aggregator.AlgoFedAvg,
-					Params: aggregator.Params{Solver: "lbfgs", Gamma: 1e-3, MaxEpochs: 2},
-					Model:  model.Spec{Kind: model.KindLogReg, Inputs: fd.D, Classes: fd.Classes, L2: 0.01},
-					// t = K: the victim's refusal leaves too few sites.
-					SecAgg:  &aggregator.SecAggSettings{Clip: 1, Threshold: k, Timeout: 20 * time.Second},
+					Params:  aggregator.Params{Solver: "lbfgs", Gamma: 1e-3, MaxEpochs: 2},
+					Model:   model.Spec{Kind: model.KindLogReg, Inputs: fd.D, Classes: fd.Classes, L2: 0.01},
+					SecAgg:  &aggregator.SecAggSettings{Clip: 1, Threshold: tc.t, Timeout: 20 * time.Second},
 					OnRound: func(aggregator.RoundReport) { rounds.Add(1) }}})
 			if err != nil {
 				t.Fatal(err)
@@ -178,8 +192,8 @@ func TestSecAggSignedEquivocation(t *testing.T) {
 				t.Fatalf("finished %v after %d rounds", finished, rounds.Load())
 			}
 			sa := st.SecAgg
-			if sa == nil || sa.Model != aggregator.SecAggModelSigned || sa.SignedKeys != k || sa.ListedKeys != k {
-				t.Fatalf("/status secagg %+v: want the signed model, %d of %d keys signed", sa, k, k)
+			if sa == nil || sa.Model != aggregator.SecAggModelSigned || sa.SignedKeys != tc.k || sa.ListedKeys != tc.k {
+				t.Fatalf("/status secagg %+v: want the signed model, %d of %d keys signed", sa, tc.k, tc.k)
 			}
 			if tc.tamper == nil {
 				if sa.Aborts != 0 {
@@ -189,53 +203,95 @@ func TestSecAggSignedEquivocation(t *testing.T) {
 			}
 			t.Logf("the abort, as the operator reads it: %s", sa.LastAbort)
 			if tampered.Load() == 0 {
-				t.Fatal("the key list was never tampered with")
+				t.Fatal("nothing was tampered with")
 			}
 			if sa.Aborts != 1 || !strings.Contains(sa.LastAbort, "refused by "+victim) || !strings.Contains(sa.LastAbort, tc.want) {
 				t.Fatalf("/status secagg: %d aborts, last %q; want one naming %s's refusal and %q", sa.Aborts, sa.LastAbort, victim, tc.want)
 			}
-			if got, _ := siteErr.Load().(string); !strings.Contains(got, tc.want) {
+			mu.Lock()
+			got := siteErrs[victim]
+			mu.Unlock()
+			if !strings.Contains(got, tc.want) {
 				t.Fatalf("the victim's site error %q, want %q", got, tc.want)
 			}
 			if !strings.Contains(logs.String(), "secure aggregation aborted") {
 				t.Fatal("no log line says the session aborted")
 			}
+			// The victim revealed nothing in the tampered session: no
+			// UnmaskResponse (nor, if its key list was refused, any
+			// ShareKeys or masked input).
 			for _, m := range mitm.sentSecAgg() {
-				if m[0] == 0 && m[1] != wire.SecAggKindAdvertiseKeys {
-					t.Fatalf("the victim sent a message of kind %d in the tampered session", m[1])
+				if m[0] == 0 && m[1] == wire.SecAggKindUnmaskResponse {
+					t.Fatal("the victim sent an UnmaskResponse in the tampered session")
+				}
+				if m[0] == 0 && m[1] != wire.SecAggKindAdvertiseKeys && strings.Contains(tc.want, "key list refused") {
+					t.Fatalf("the victim sent a message of kind %d after refusing the key list", m[1])
 				}
 			}
 		})
 	}
 }
 
-// tamperAnnouncement rewrites the first session's SHARE_KEYS announcement
-// (a retained round message) with tamper; anything else passes.
-func tamperAnnouncement(t *testing.T, m mqtt.Message, tamper func(*testing.T, *wire.RoundAnnouncement, *secagg.KeyList, []uplink.SignedKey) []uplink.SignedKey, n *atomic.Int32) mqtt.Message {
-	a, err := wire.DecodeRound(m.Payload(), wire.Limits{})
-	if err != nil || a.Secagg == nil || a.Secagg.Attempt != 0 || a.SecaggPhase != wire.SecAggPhase_SECAGG_PHASE_SHARE_KEYS {
-		return m
-	}
-	p, err := secagg.Decode(a.SecaggBroadcast)
-	if err != nil {
-		t.Errorf("the key list: %v", err)
-		return m
-	}
-	kl := p.(*secagg.KeyList)
-	var signed []uplink.SignedKey
-	if len(a.SecaggSignedKeys) > 0 {
-		if signed, err = uplink.DecodeSignedKeys(a.SecaggSignedKeys); err != nil {
+// keyListTamper rewrites the first session's SHARE_KEYS announcement (a
+// retained round message) with tamper; anything else passes.
+func keyListTamper(tamper func(*testing.T, *secagg.KeyList, []uplink.SignedKey) []uplink.SignedKey) func(*testing.T, mqtt.Message, *atomic.Int32) mqtt.Message {
+	return func(t *testing.T, m mqtt.Message, n *atomic.Int32) mqtt.Message {
+		a, err := wire.DecodeRound(m.Payload(), wire.Limits{})
+		if err != nil || a.Secagg == nil || a.Secagg.Attempt != 0 || a.SecaggPhase != wire.SecAggPhase_SECAGG_PHASE_SHARE_KEYS {
+			return m
+		}
+		p, err := secagg.Decode(a.SecaggBroadcast)
+		if err != nil {
+			t.Errorf("the key list: %v", err)
+			return m
+		}
+		kl := p.(*secagg.KeyList)
+		signed, err := uplink.DecodeSignedKeys(a.SecaggSignedKeys)
+		if err != nil {
 			t.Errorf("the signed keys: %v", err)
 			return m
 		}
+		signed = tamper(t, kl, signed)
+		a.SecaggBroadcast = secagg.Encode(kl)
+		a.SecaggSignedKeys = nil
+		if len(signed) > 0 {
+			a.SecaggSignedKeys = uplink.EncodeSignedKeys(signed)
+		}
+		return reencode(t, m, a, n)
 	}
-	signed = tamper(t, a, kl, signed)
-	a.SecaggBroadcast = secagg.Encode(kl)
-	a.SecaggSignedKeys = nil
-	if len(signed) > 0 {
-		a.SecaggSignedKeys = uplink.EncodeSignedKeys(signed)
+}
+
+// unmaskTamper rewrites the first session's UNMASK announcement: its
+// UnmaskRequest and the survivors' view signatures.
+func unmaskTamper(tamper func(*secagg.UnmaskRequest, []uplink.SignedKey) []uplink.SignedKey) func(*testing.T, mqtt.Message, *atomic.Int32) mqtt.Message {
+	return func(t *testing.T, m mqtt.Message, n *atomic.Int32) mqtt.Message {
+		a, err := wire.DecodeRound(m.Payload(), wire.Limits{})
+		if err != nil || a.Secagg == nil || a.Secagg.Attempt != 0 || a.SecaggPhase != wire.SecAggPhase_SECAGG_PHASE_UNMASK {
+			return m
+		}
+		p, err := secagg.Decode(a.SecaggBroadcast)
+		if err != nil {
+			t.Errorf("the unmask request: %v", err)
+			return m
+		}
+		req := p.(*secagg.UnmaskRequest)
+		views, err := uplink.DecodeSignedKeys(a.SecaggViewSignatures)
+		if err != nil {
+			t.Errorf("the view signatures: %v", err)
+			return m
+		}
+		views = tamper(req, views)
+		a.SecaggBroadcast = secagg.Encode(req)
+		a.SecaggViewSignatures = nil
+		if len(views) > 0 {
+			a.SecaggViewSignatures = uplink.EncodeSignedKeys(views)
+		}
+		return reencode(t, m, a, n)
 	}
-	b, err := wire.Encode(a)
+}
+
+func reencode(t *testing.T, m mqtt.Message, w wire.Message, n *atomic.Int32) mqtt.Message {
+	b, err := wire.Encode(w)
 	if err != nil {
 		t.Errorf("encode: %v", err)
 		return m
