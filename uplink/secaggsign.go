@@ -159,7 +159,8 @@ func EncodeSignedKeys(ks []SignedKey) []byte {
 }
 
 // DecodeSignedKeys reads EncodeSignedKeys' bytes, checking every length
-// (at most secagg.MaxSites entries); it never panics.
+// (at most secagg.MaxSites entries, minimal varints: one list has one
+// encoding); it never panics.
 func DecodeSignedKeys(b []byte) ([]SignedKey, error) {
 	bad := func(what string) ([]SignedKey, error) {
 		return nil, fmt.Errorf("uplink: signed keys: %s", what)
@@ -168,13 +169,13 @@ func DecodeSignedKeys(b []byte) ([]SignedKey, error) {
 		return bad("unknown version")
 	}
 	b = b[1:]
-	n, k := binary.Uvarint(b)
+	n, k := canonUvarint(b)
 	if k <= 0 || n > secagg.MaxSites {
 		return bad("bad count")
 	}
 	b = b[k:]
 	field := func(max int) ([]byte, bool) {
-		l, k := binary.Uvarint(b)
+		l, k := canonUvarint(b)
 		if k <= 0 || l > uint64(max) || l > uint64(len(b)-k) {
 			return nil, false
 		}
@@ -258,4 +259,13 @@ func CheckViews(roots *x509.CertPool, now time.Time, survivors []string, view [3
 		}
 	}
 	return nil
+}
+
+// canonUvarint is binary.Uvarint refusing a non-minimal encoding (k = 0).
+func canonUvarint(b []byte) (uint64, int) {
+	v, k := binary.Uvarint(b)
+	if k <= 0 || k != len(binary.AppendUvarint(nil, v)) {
+		return 0, 0
+	}
+	return v, k
 }

@@ -216,3 +216,20 @@ func TestCheckViewsEquivocation(t *testing.T) {
 		}
 	}
 }
+
+// FuzzDecodeSignedKeys: any bytes decode to a list or an error, never a
+// panic, and a decoded list encodes back to the same bytes.
+func FuzzDecodeSignedKeys(f *testing.F) {
+	f.Add(uplink.EncodeSignedKeys([]uplink.SignedKey{{ID: "site-a", Cert: []byte{1, 2}, Sig: []byte{3}}}))
+	f.Add(uplink.EncodeSignedKeys(nil))
+	f.Add([]byte{1, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ks, err := uplink.DecodeSignedKeys(b)
+		if err != nil {
+			return
+		}
+		if got := uplink.EncodeSignedKeys(ks); string(got) != string(b) {
+			t.Fatalf("%x decodes to %d entries that encode to %x", b, len(ks), got)
+		}
+	})
+}
