@@ -299,3 +299,85 @@ func reencode(t *testing.T, m mqtt.Message, w wire.Message, n *atomic.Int32) mqt
 	n.Add(1)
 	return tamperedMsg{Message: m, payload: b}
 }
+
+// TestSecAggSignedRestartInUnmask: the survivors' view signatures outlive
+// the aggregator. Signed sites; every site is kept from seeing the first
+// UNMASK announcement, the whole federation (broker, aggregator, agents)
+// is stopped once it was published, and started again on its state files:
+// the resumed aggregator announces the unmask phase again with the view
+// signatures it stored (AggStore.PutSecAggView), every site's check
+// passes, and the round completes without an abort.
+func TestSecAggSignedRestartInUnmask(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a federation over MQTT")
+	}
+	const k = 3
+	fd, sites, log, _ := syntheticSites(t, k, 1)
+	fed := secaggid.New(t, time.Now(), SiteIDs(k, 0)...)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var hiding atomic.Bool
+	hiding.Store(true)
+	seen := make(chan struct{}, k)
+	newClient := func(_ string, o *mqtt.ClientOptions) mqtt.Client {
+		orig := o.DefaultPublishHandler
+		o.SetDefaultPublishHandler(func(c mqtt.Client, m mqtt.Message) {
+			if a, err := wire.DecodeRound(m.Payload(), wire.Limits{}); err == nil && a.SecaggPhase == wire.SecAggPhase_SECAGG_PHASE_UNMASK && hiding.Load() {
+				if len(a.SecaggViewSignatures) == 0 {
+					t.Error("an unmask announcement without the survivors' views")
+				}
+				select {
+				case seen <- struct{}{}:
+				default:
+				}
+				return
+			}
+			orig(c, m)
+		})
+		return mqtt.NewClient(o)
+	}
+	var rounds atomic.Int32
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, Sites: sites, Seed: 1, Logger: log, SecAggIdentity: fed.Get, NewClient: newClient,
+		Server: aggregator.ServerConfig{K: k, QuorumFraction: 1, RoundTimeout: 30 * time.Second, Settle: 50 * time.Millisecond,
+			MaxReselections: -1, Rounds: 1, Seed: 1, Algorithm: aggregator.AlgoFedAvg,
+			Params:  aggregator.Params{Solver: "lbfgs", Gamma: 1e-3, MaxEpochs: 2},
+			Model:   model.Spec{Kind: model.KindLogReg, Inputs: fd.D, Classes: fd.Classes, L2: 0.01},
+			SecAgg:  &aggregator.SecAggSettings{Clip: 1, Timeout: 20 * time.Second},
+			OnRound: func(aggregator.RoundReport) { rounds.Add(1) }}}
+	lf, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-seen:
+	case <-ctx.Done():
+		t.Fatal("no unmask announcement")
+	}
+	if err := lf.Stop(); err != nil {
+		t.Logf("stopping the federation: %v", err)
+	}
+	if rounds.Load() != 0 {
+		t.Fatal("the round closed while every site was kept from its unmask phase")
+	}
+	hiding.Store(false)
+	if lf, err = Start(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	finished := lf.Wait(ctx)
+	rec := httptest.NewRecorder()
+	lf.Server.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/status", nil))
+	if err := lf.Stop(); err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+	var st aggregator.Status
+	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
+		t.Fatal(err)
+	}
+	if !finished || rounds.Load() != 1 {
+		t.Fatalf("finished %v after %d rounds", finished, rounds.Load())
+	}
+	if sa := st.SecAgg; sa == nil || sa.Aborts != 0 || sa.Attempt != 0 || sa.Model != aggregator.SecAggModelSigned {
+		t.Fatalf("/status secagg %+v: want the first session completed, signed, no abort", st.SecAgg)
+	}
+}
