@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -21,6 +22,7 @@ import (
 	"github.com/edgefl/edgefl/internal/mqttstore"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
 )
 
@@ -51,6 +53,10 @@ type Deps struct {
 	// bundle.WriteFileAtomic (RoundHandler.WriteFile): tests only (a full
 	// disk).
 	WriteModelOut func(path string, data []byte) error
+	// SecAggIdentity, when set, is the site's signing identity for signed
+	// secure aggregation (RoundHandler.SecAggIdentity) instead of the one
+	// made from Config's client certificate and CA: tests only.
+	SecAggIdentity *uplink.SecAggIdentity
 }
 
 // EventKind classifies an Event.
@@ -286,12 +292,18 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.mu.Unlock()
 		return stateFileErr(err)
 	}
+	saIdent, err := a.secAggIdentity()
+	if err != nil {
+		a.mu.Unlock()
+		return err
+	}
 	a.handler = &RoundHandler{
 		ClientID: a.cfg.SiteID, InstanceID: a.instance, Federation: a.cfg.Federation, Store: store, Data: a.data,
 		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
 		EvalFile: a.cfg.EvalData, ModelOut: a.cfg.ModelOut,
 		Emit: a.sendUplink, Receipted: a.isReceipted, SecAggRand: a.deps.SecAggRand, SecAggNoiseKey: a.deps.SecAggNoiseKey,
-		WriteFile: a.deps.WriteModelOut,
+		WriteFile:      a.deps.WriteModelOut,
+		SecAggIdentity: saIdent,
 	}
 	if a.cfg.DataClient < 0 {
 		a.handler.DataFile, _ = csvPath(a.cfg.Data)
@@ -821,6 +833,31 @@ func (a *Agent) clientOptions(store *storage.EdgeStore) (*mqtt.ClientOptions, er
 		o.SetTLSConfig(tc)
 	}
 	return o, nil
+}
+
+// secAggIdentity is the site's signing identity for signed secure
+// aggregation (docs/secagg.md, "Threat model per mode"): its mutual-TLS
+// client certificate and key, and the CA file as the federation CA, when
+// both are configured (`broker-agg pki` issues them); nil otherwise
+// (password-only: the honest-but-curious model).
+func (a *Agent) secAggIdentity() (*uplink.SecAggIdentity, error) {
+	if a.deps.SecAggIdentity != nil {
+		return a.deps.SecAggIdentity, nil
+	}
+	c := a.cfg
+	if c.CertFile == "" || c.CAFile == "" {
+		return nil, nil
+	}
+	tc, err := a.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	pair := tc.Certificates[0]
+	signer, ok := pair.PrivateKey.(crypto.Signer)
+	if !ok || len(pair.Certificate) == 0 {
+		return nil, fmt.Errorf("%w: tls client key: a %T cannot sign", ErrConfig, pair.PrivateKey)
+	}
+	return &uplink.SecAggIdentity{Cert: pair.Certificate[0], Signer: signer, Roots: tc.RootCAs}, nil
 }
 
 func (a *Agent) tlsConfig() (*tls.Config, error) {

@@ -47,6 +47,12 @@ func TestHandleDP(t *testing.T) {
 			a.Dp.Mode, a.Dp.NoiseShares = wire.DPMode_DP_MODE_DISTRIBUTED, 2
 			a.Secagg = &wire.SecAggSpec{Threshold: 2, Clip: 1, ScaleBits: 2, MaxSites: 3}
 		}, "grid steps"},
+		// Shares sized for more sites than a sum may hold: a sum of t
+		// inputs would carry sqrt(t/3) of the announced noise.
+		{"distributed with more shares than the threshold", func(a *wire.RoundAnnouncement) {
+			a.Dp.Mode, a.Dp.NoiseShares = wire.DPMode_DP_MODE_DISTRIBUTED, 3
+			a.Secagg = &wire.SecAggSpec{Threshold: 2, Clip: 2, ScaleBits: 20, MaxSites: 3}
+		}, "secagg threshold"},
 		{"fedsplit", func(a *wire.RoundAnnouncement) { a.Algorithm = AlgoFedProxSplit }, uplink.ErrSplitDP.Error()},
 		{"anchor gradient", func(a *wire.RoundAnnouncement) { a.AnchorSketch = &wire.SketchSpec{} }, "anchor gradient"},
 	} {

@@ -210,6 +210,13 @@ type RoundHandler struct {
 	// noise key (drawn from crypto/rand into the edge store): for the test
 	// that compares a live run with simulate, never for a deployment.
 	SecAggNoiseKey *[32]byte
+	// SecAggIdentity, when set, makes this site's secure aggregation the
+	// signed one (docs/secagg.md, "Threat model per mode"): it signs its
+	// key advertisements with its client certificate's key and refuses a
+	// key list with a key not signed by its site's certificate of the
+	// federation CA. Nil (password-only authentication): the
+	// honest-but-curious aggregator's model, as before.
+	SecAggIdentity *uplink.SecAggIdentity
 
 	site siteCache
 }
@@ -898,6 +905,11 @@ func dpClip(ann *wire.RoundAnnouncement, split bool) (float64, error) {
 		// the shares' sum to be one discrete Gaussian (the check the
 		// aggregator makes at start), before anything is solved.
 		sp := ann.Secagg
+		if d.NoiseShares > sp.Threshold {
+			// Every sum holds at least t inputs: shares sized for more than
+			// t would leave a sum of t with less than z*C of noise.
+			return 0, fmt.Errorf("differential privacy in the distributed mode: the noise is split into %d shares but a sum may hold only the secagg threshold's %d inputs, which would carry less than the announced noise: refused", d.NoiseShares, sp.Threshold)
+		}
 		q, err := secagg.NewQuantizer(sp.Clip, int(sp.ScaleBits), int(sp.MaxSites))
 		if err != nil {
 			return 0, fmt.Errorf("secagg: %w", err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/secagg"
+	"github.com/edgefl/edgefl/sitedata"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
@@ -116,7 +117,7 @@ func (h *RoundHandler) secAggRand(round uint64) io.Reader {
 // mode an AdvertiseKeys names the round of the site's record its input is
 // a delta against (0: a join) and the installation (the aggregator's
 // uplink.SumState.Check).
-func (h *RoundHandler) secAggMessage(ann *wire.RoundAnnouncement, m secagg.Message) ([]byte, error) {
+func (h *RoundHandler) secAggMessage(ann *wire.RoundAnnouncement, c *secagg.Client, m secagg.Message) ([]byte, error) {
 	w := &wire.SecAggMessage{ClientId: h.ClientID, RunId: ann.RunId, Round: ann.Round,
 		Attempt: ann.Secagg.Attempt, Kind: uint32(m.Kind()), Payload: secagg.Encode(m), SentAtUnixMs: h.clock().Now().UnixMilli()}
 	if m.Kind() == secagg.KindAdvertiseKeys && sumMode(ann) {
@@ -136,6 +137,26 @@ func (h *RoundHandler) secAggMessage(ann *wire.RoundAnnouncement, m secagg.Messa
 			}
 		}
 		w.InstanceId = h.InstanceID
+	}
+	if a, ok := m.(*secagg.AdvertiseKeys); ok && h.SecAggIdentity != nil {
+		sig, err := h.SecAggIdentity.Sign(uplink.SecAggAdvertDigest(a.Session, a.Keys), crand.Reader)
+		if err != nil {
+			return nil, fmt.Errorf("secagg: signing the advertisement: %w", err)
+		}
+		w.Certificate, w.Signature = h.SecAggIdentity.Cert, sig
+	}
+	if _, ok := m.(*secagg.MaskedInput); ok && h.SecAggIdentity != nil {
+		// The consistency check: this site's view of the session, signed
+		// with its masked input (uplink.SecAggViewDigest).
+		view, ok := h.secAggView(ann, c)
+		if !ok {
+			return nil, errors.New("secagg: a masked input without a view of the session")
+		}
+		sig, err := h.SecAggIdentity.Sign(view, crand.Reader)
+		if err != nil {
+			return nil, fmt.Errorf("secagg: signing the view: %w", err)
+		}
+		w.ViewSignature = sig
 	}
 	return wire.Encode(w)
 }
@@ -212,7 +233,7 @@ func (h *RoundHandler) secAggState(ann *wire.RoundAnnouncement, input []uint32, 
 		return nil, nil, fmt.Errorf("agent: round %d: secagg state: %w", ann.Round, err)
 	}
 	rec = (&secAggRecord{run: ann.RunId, round: ann.Round, attempt: ann.Secagg.Attempt, input: input, client: cs}).marshal()
-	if msg, err = h.secAggMessage(ann, m); err != nil {
+	if msg, err = h.secAggMessage(ann, c, m); err != nil {
 		return nil, nil, fmt.Errorf("agent: round %d: encode the secagg message: %w", ann.Round, err)
 	}
 	return rec, msg, nil
@@ -281,6 +302,9 @@ func (h *RoundHandler) secAggPhase(ann *wire.RoundAnnouncement, res Result) (Res
 			res.Action = ActionDone // not in U1: the session goes on without this site
 			return res, nil
 		}
+		if err := h.checkSignedKeys(ann, kl); err != nil {
+			return res, err
+		}
 		m, err := c.ShareKeys(kl, h.secAggRand(r))
 		if err != nil {
 			return res, fmt.Errorf("agent: round %d: secagg share keys: %w", r, err)
@@ -303,6 +327,9 @@ func (h *RoundHandler) secAggPhase(ann *wire.RoundAnnouncement, res Result) (Res
 			if !slicesContains(req.Survivors, h.ClientID) {
 				res.Action = ActionDone // its masked input is not in the sum
 				return res, nil
+			}
+			if err := h.checkViews(ann, c, req); err != nil {
+				return res, err
 			}
 			m, err := c.Unmask(req)
 			if err != nil {
@@ -381,6 +408,72 @@ func decodeBroadcast[T secagg.Message](ann *wire.RoundAnnouncement) (T, error) {
 		return zero, bad(ann.Round, "secagg broadcast: a %v of another session or phase", m.Kind())
 	}
 	return t, nil
+}
+
+// checkSignedKeys is signed secure aggregation's check of a KeyList,
+// before any share leaves this site: with a signing identity, every key
+// must carry a valid signature by its site's certificate of the
+// federation CA (uplink.CheckKeyList). A key list that fails is refused as
+// a site error (reason secagg_refused, carried by the site's status to
+// the aggregator's operator): this site shares nothing in the session.
+func (h *RoundHandler) checkSignedKeys(ann *wire.RoundAnnouncement, kl *secagg.KeyList) error {
+	id := h.SecAggIdentity
+	if id == nil {
+		return nil
+	}
+	refuse := func(err error) error {
+		return &sitedata.SiteError{Reason: sitedata.ReasonSecAgg, Problem: fmt.Sprintf("round %d session %d: key list refused: %v", ann.Round, ann.Secagg.Attempt, err), Err: err}
+	}
+	var signed []uplink.SignedKey
+	if len(ann.SecaggSignedKeys) > 0 {
+		var err error
+		if signed, err = uplink.DecodeSignedKeys(ann.SecaggSignedKeys); err != nil {
+			return refuse(fmt.Errorf("%w: %w", uplink.ErrSecAggSignature, err))
+		}
+	}
+	if err := uplink.CheckKeyList(id.Roots, h.clock().Now(), kl, signed); err != nil {
+		return refuse(err)
+	}
+	return nil
+}
+
+// secAggView is the digest of what this site saw of the session (c past
+// its masked input): the KeyList and, with the complete graph, U2
+// (secagg.Client.View, uplink.SecAggViewDigest).
+func (h *RoundHandler) secAggView(ann *wire.RoundAnnouncement, c *secagg.Client) ([32]byte, bool) {
+	kl, holders, ok := c.View()
+	if !ok {
+		return [32]byte{}, false
+	}
+	return uplink.SecAggViewDigest(uplink.SecAggSession(ann.RunId, ann.Round, ann.Secagg.Attempt), kl, holders), true
+}
+
+// checkViews is the consistency check before any share is revealed: with
+// a signing identity, every survivor of req must have signed this site's
+// own view of the session (uplink.CheckViews). A failure is a site error
+// (secagg_refused): nothing is revealed.
+func (h *RoundHandler) checkViews(ann *wire.RoundAnnouncement, c *secagg.Client, req *secagg.UnmaskRequest) error {
+	if h.SecAggIdentity == nil {
+		return nil
+	}
+	refuse := func(err error) error {
+		return &sitedata.SiteError{Reason: sitedata.ReasonSecAgg, Problem: fmt.Sprintf("round %d session %d: unmask refused: %v", ann.Round, ann.Secagg.Attempt, err), Err: err}
+	}
+	view, ok := h.secAggView(ann, c)
+	if !ok {
+		return refuse(errors.New("no masked input sent in this session"))
+	}
+	var signed []uplink.SignedKey
+	if len(ann.SecaggViewSignatures) > 0 {
+		var err error
+		if signed, err = uplink.DecodeSignedKeys(ann.SecaggViewSignatures); err != nil {
+			return refuse(fmt.Errorf("%w: %w", uplink.ErrSecAggView, err))
+		}
+	}
+	if err := uplink.CheckViews(h.SecAggIdentity.Roots, h.clock().Now(), req.Survivors, view, signed); err != nil {
+		return refuse(err)
+	}
+	return nil
 }
 
 func inKeyList(kl *secagg.KeyList, id string) bool {

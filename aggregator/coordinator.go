@@ -273,6 +273,11 @@ type ClientOnline struct {
 	// error_reason): the site is online but cannot take part, so it is not
 	// selected until a status without an error arrives.
 	Failing bool
+	// Refused: the status says the site refused the open secure-aggregation
+	// session (site error secagg_refused: a key list it could not verify,
+	// docs/secagg.md "Threat model per mode"). It stays selectable (the
+	// next session may be sound), but the open phase stops waiting for it.
+	Refused bool
 	At      time.Time
 }
 
@@ -516,6 +521,7 @@ type client struct {
 	samples   int
 	online    bool
 	failing   bool    // online with a site error: not selectable
+	refused   bool    // refused the open secagg session (ClientOnline.Refused); cleared when a session ends
 	loss      float64 // NaN when unknown
 	lastRound int     // latest round whose update from this client is stored
 	pending   []int   // rounds invited to and not reported, ascending, at most maxPending
@@ -679,7 +685,7 @@ func (c *Coordinator) Step(ev Event) []Decision {
 	var out []Decision
 	switch e := ev.(type) {
 	case ClientOnline:
-		out = c.clientOnline(e)
+		out = c.secAggCheck(c.clientOnline(e))
 	case ClientOffline:
 		out = c.secAggCheck(c.clientOffline(e))
 	case UpdateArrived:
@@ -804,6 +810,7 @@ func (c *Coordinator) clientOnline(e ClientOnline) []Decision {
 	cl := c.register(e.ID)
 	cl.online = true
 	cl.failing = e.Failing
+	cl.refused = e.Refused
 	cl.samples = max(e.Samples, 0)
 	cl.conn = max(cl.conn, e.Conn)
 	return c.reinvite(e.ID)

@@ -84,7 +84,11 @@ type SecAggAdvanced struct {
 	Phase   int
 	Next    []string
 	Err     string
-	At      time.Time
+	// Signed and Listed, after the advertise phase: how many of the
+	// KeyList's Listed sites signed their keys (signed secure
+	// aggregation; the status's model).
+	Signed, Listed int
+	At             time.Time
 }
 
 func (e SecAggArrived) eventTime() time.Time  { return e.At }
@@ -156,6 +160,9 @@ type secAggState struct {
 	got       map[string]bool // the sites whose message of the phase is stored
 	deadline  time.Time       // the phase's
 	lastAbort string          // why the last session aborted (any round)
+	// signed of listed sites of the last KeyList signed their keys (any
+	// round; the status's model).
+	signed, listed int
 }
 
 // SecAggState is the secure aggregation in State (absent without
@@ -168,6 +175,9 @@ type SecAggState struct {
 	Got       []string  `json:"got,omitempty"`
 	Deadline  time.Time `json:"deadline"`
 	LastAbort string    `json:"last_abort,omitempty"`
+	// SignedKeys of ListedKeys sites of the last KeyList signed their keys.
+	SignedKeys int `json:"signed_keys,omitempty"`
+	ListedKeys int `json:"listed_keys,omitempty"`
 }
 
 func (c Config) validateSecAgg() error {
@@ -328,7 +338,9 @@ func (c *Coordinator) secAggArrived(e SecAggArrived, at time.Time) []Decision {
 }
 
 // secAggCheck closes the open phase once every site it expects has sent
-// its message or gone offline (its status, or its last will): waiting for
+// its message, gone offline (its status, or its last will) or reported a
+// site error (it cannot answer: for example it refused the session's key
+// list under signed secure aggregation): waiting for
 // the deadline would only delay the round, since an offline site cannot
 // answer, and the protocol recovers from its dropout (or aborts below the
 // threshold). A site that comes back later has missed the phase, as a
@@ -338,7 +350,7 @@ func (c *Coordinator) secAggCheck(out []Decision) []Decision {
 		return out
 	}
 	for _, id := range c.sa.expect {
-		if cl := c.clients[id]; !c.sa.got[id] && cl != nil && cl.online {
+		if cl := c.clients[id]; !c.sa.got[id] && cl != nil && cl.online && !cl.failing && !cl.refused {
 			return out
 		}
 	}
@@ -369,9 +381,18 @@ func (c *Coordinator) secAggAdvanced(e SecAggAdvanced, at time.Time) []Decision 
 		return nil
 	}
 	c.sa.advancing = false
+	if e.Phase == SecAggAdvertise && e.Listed > 0 {
+		c.sa.signed, c.sa.listed = e.Signed, e.Listed
+	}
 	next := slices.Compact(slices.Sorted(slices.Values(e.Next)))
 	if e.Err == "" {
 		e.Err = c.checkNext(e.Phase, next)
+	}
+	if e.Err != "" || e.Phase == SecAggUnmask {
+		// The session ends: a refusal was of this session only.
+		for _, cl := range c.clients {
+			cl.refused = false
+		}
 	}
 	if e.Err != "" {
 		c.counters.SecAggAborts++
@@ -379,7 +400,7 @@ func (c *Coordinator) secAggAdvanced(e SecAggAdvanced, at time.Time) []Decision 
 		abort := SecAggAbort{Round: c.round, Attempt: c.sa.attempt, Reason: e.Err}
 		// The session's inputs are void: a new session, a new selection
 		// (the next attempt; Step draws it now if it can).
-		c.sa = secAggState{attempt: c.sa.attempt + 1, lastAbort: e.Err}
+		c.sa = secAggState{attempt: c.sa.attempt + 1, lastAbort: e.Err, signed: c.sa.signed, listed: c.sa.listed}
 		c.received = map[string]bool{}
 		c.phase = PhaseWaiting
 		c.waitingSince = at
@@ -461,7 +482,7 @@ func (c *Coordinator) snapshotSecAgg() *SecAggState {
 		return nil
 	}
 	s := &SecAggState{Attempt: c.sa.attempt, Phase: c.sa.phase, Advancing: c.sa.advancing, Expect: slices.Clone(c.sa.expect),
-		Deadline: c.sa.deadline, LastAbort: c.sa.lastAbort}
+		Deadline: c.sa.deadline, LastAbort: c.sa.lastAbort, SignedKeys: c.sa.signed, ListedKeys: c.sa.listed}
 	for id := range c.sa.got {
 		s.Got = append(s.Got, id)
 	}
@@ -501,6 +522,6 @@ func (c *Coordinator) restoreSecAgg(s *SecAggState, phase Phase) error {
 		got[id] = true
 	}
 	c.sa = secAggState{attempt: s.Attempt, phase: s.Phase, advancing: s.Advancing, expect: slices.Sorted(slices.Values(s.Expect)),
-		got: got, deadline: norm(s.Deadline), lastAbort: s.LastAbort}
+		got: got, deadline: norm(s.Deadline), lastAbort: s.LastAbort, signed: s.SignedKeys, listed: s.ListedKeys}
 	return nil
 }

@@ -1105,7 +1105,7 @@ func ofType[T Decision](ds []Decision) []T {
 func statusEvent(st *wire.ClientStatus, at time.Time) Event {
 	if st.Online {
 		return ClientOnline{ID: st.ClientId, Samples: int(min(st.SampleCount, math.MaxInt32)), Conn: st.Connection,
-			Failing: st.ErrorReason != "", At: at}
+			Failing: st.ErrorReason != "" && st.ErrorReason != wire.SiteErrSecAgg, Refused: st.ErrorReason == wire.SiteErrSecAgg, At: at}
 	}
 	return ClientOffline{ID: st.ClientId, Conn: st.Connection, At: at}
 }

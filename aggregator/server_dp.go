@@ -134,7 +134,8 @@ func (s *Server) dpParams() *wire.DPParams {
 		p.Adaptive = &wire.AdaptiveClip{TargetQuantile: a.Quantile, LearningRate: a.LR, BitNoise: a.BitNoise}
 	}
 	if c.Distributed {
-		p.Mode, p.NoiseShares = wire.DPMode_DP_MODE_DISTRIBUTED, uint32(s.cfg.SecAgg.Threshold)
+		k, _ := uplink.SecAggNoiseShares(s.cfg.SecAgg.Threshold, c.Colluders) // checked at start (checkSecAgg)
+		p.Mode, p.NoiseShares = wire.DPMode_DP_MODE_DISTRIBUTED, uint32(k)
 	}
 	return p
 }
@@ -218,6 +219,10 @@ type PrivacyStatus struct {
 	// charged at q = 1 (distributed mode, or rounds that close early:
 	// dp.Config.Amplified).
 	Amplified bool `json:"amplified"`
+	// Distributed mode: the collusion bound c (--dp-colluders) and whom
+	// epsilon holds against (dp.Config.HoldsAgainst).
+	Colluders    int    `json:"colluders,omitempty"`
+	HoldsAgainst string `json:"holds_against,omitempty"`
 }
 
 func newPrivacyStatus(c *dp.Config, st *DPState, siteEps float64, siteRounds uint64) *PrivacyStatus {
@@ -228,7 +233,8 @@ func newPrivacyStatus(c *dp.Config, st *DPState, siteEps float64, siteRounds uin
 		clip = st.Clip // adaptive clipping: the open round's
 	}
 	return &PrivacyStatus{Mode: c.Mode().String(), Epsilon: eps, Delta: c.Delta, Rounds: a.Rounds, Budget: c.Budget, Clip: clip, Noise: c.Noise,
-		EpsilonUnamplified: siteEps, SiteRounds: siteRounds, FixedRounds: c.FixedRounds, Amplified: c.Amplified()}
+		EpsilonUnamplified: siteEps, SiteRounds: siteRounds, FixedRounds: c.FixedRounds, Amplified: c.Amplified(),
+		Colluders: c.Colluders, HoldsAgainst: c.HoldsAgainst()}
 }
 
 // storedPrivacyStatus is the accounting of a state read from the round log

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/edgefl/edgefl/aggregate"
@@ -97,10 +98,18 @@ func (cfg *ServerConfig) checkSecAgg(d *derived) error {
 		sc.Timeout = DefaultSecAggTimeout
 	}
 	sc.Threshold = uplink.SecAggThreshold(cfg.K, sc.Threshold)
+	shares := 0
 	if cfg.DP != nil {
+		// The noise shares: the threshold less the colluding sites the
+		// guarantee holds against (uplink.SecAggNoiseShares).
+		k, err := uplink.SecAggNoiseShares(sc.Threshold, cfg.DP.Colluders)
+		if err != nil {
+			return refuse("%v", err)
+		}
+		shares = k
 		// The quantiser's range holds the clipped update and the noise's
 		// tail (uplink.SecAggDPRange); --secagg-clip does not apply.
-		sc.Clip = uplink.SecAggDPRange(cfg.DP.Clip, cfg.DP.Noise, sc.Threshold)
+		sc.Clip = uplink.SecAggDPRange(cfg.DP.Clip, cfg.DP.Noise, shares)
 	}
 	if sc.ScaleBits == 0 {
 		sb, err := uplink.SecAggScaleBits(sc.Clip, cfg.K)
@@ -114,7 +123,7 @@ func (cfg *ServerConfig) checkSecAgg(d *derived) error {
 		return refuse("%v", err)
 	}
 	if cfg.DP != nil {
-		if err := uplink.CheckSecAggDP(q, cfg.DP.Clip, cfg.DP.Noise, sc.Threshold); err != nil {
+		if err := uplink.CheckSecAggDP(q, cfg.DP.Clip, cfg.DP.Noise, shares); err != nil {
 			return refuse("%v", err)
 		}
 	}
@@ -249,6 +258,17 @@ func (s *Server) storeSecAgg(d Decision, now time.Time) (uint64, error) {
 		return 0, fmt.Errorf("%w: %w", errSecAggRefused, err)
 	}
 	s.secAggStored = index > 0
+	if err == nil && len(in.msg.ViewSignature) > 0 {
+		// Signed secure aggregation: the site's view signature, relayed to
+		// the survivors with the UnmaskRequest (announceSecAgg). Lost in a
+		// crash between the two transactions, it is missing at the unmask,
+		// and the signing sites refuse the session (an abort, never a
+		// wrong reveal).
+		if verr := s.store.PutSecAggView(uint64(a.Round), uint32(a.Attempt), a.Client, in.msg.ViewSignature, now); verr != nil {
+			s.storageErrors.Add(1)
+			s.log.Error("storing a secagg view signature", "client", a.Client, "round", a.Round, "err", verr)
+		}
+	}
 	return index, err
 }
 
@@ -345,11 +365,17 @@ func (s *Server) advanceSecAgg(ctx context.Context, d SecAggAdvance) error {
 	ev := SecAggAdvanced{Round: d.Round, Attempt: d.Attempt, Phase: d.Phase, At: s.clock.Now()}
 	switch srv.Phase() {
 	case secagg.PhaseAborted:
-		ev.Err = errText(advErr, srv)
+		ev.Err = errText(advErr, srv) + s.secAggRefusals()
 	case secagg.PhaseShareKeys:
-		for _, k := range srv.Pending()[0].Msg.(*secagg.KeyList).Sites {
+		kl := srv.Pending()[0].Msg.(*secagg.KeyList)
+		for _, k := range kl.Sites {
 			ev.Next = append(ev.Next, k.ID)
 		}
+		signed, err := s.signedKeys(d.Round, d.Attempt, kl)
+		if err != nil {
+			return err
+		}
+		ev.Signed, ev.Listed = len(signed), len(kl.Sites)
 	case secagg.PhaseMasked:
 		for _, o := range srv.Pending() {
 			ev.Next = append(ev.Next, o.To)
@@ -360,6 +386,23 @@ func (s *Server) advanceSecAgg(ctx context.Context, d SecAggAdvance) error {
 	s.log.Info("secagg phase closed", "round", d.Round, "attempt", d.Attempt, "phase", secagg.Phase(d.Phase).String(),
 		"next", srv.Phase().String(), "sites", len(ev.Next), "took", s.clock.Since(start).Round(time.Microsecond))
 	return s.step(ctx, ev)
+}
+
+// secAggRefusals names the sites whose status says they refused the
+// session (site error secagg_refused: a key list they could not verify),
+// for the abort's reason: "" when none did.
+func (s *Server) secAggRefusals() string {
+	var out []string
+	for id, e := range s.siteErrs {
+		if e[0] == wire.SiteErrSecAgg {
+			out = append(out, id+": "+e[1])
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	slices.Sort(out)
+	return "; refused by " + strings.Join(out, "; ")
 }
 
 // errText is why srv aborted.
@@ -389,6 +432,24 @@ func (s *Server) announceSecAgg(d AnnounceSecAgg) error {
 	for _, o := range srv.Pending() {
 		if o.To == "" {
 			a.SecaggBroadcast = secagg.Encode(o.Msg)
+			if kl, ok := o.Msg.(*secagg.KeyList); ok {
+				signed, err := s.signedKeys(d.Round, d.Attempt, kl)
+				if err != nil {
+					return err
+				}
+				if len(signed) > 0 {
+					a.SecaggSignedKeys = uplink.EncodeSignedKeys(signed)
+				}
+			}
+			if req, ok := o.Msg.(*secagg.UnmaskRequest); ok {
+				views, err := s.viewSignatures(d.Round, d.Attempt, req.Survivors)
+				if err != nil {
+					return err
+				}
+				if len(views) > 0 {
+					a.SecaggViewSignatures = uplink.EncodeSignedKeys(views)
+				}
+			}
 		}
 	}
 	b, err := wire.Encode(a)
@@ -406,6 +467,72 @@ func (s *Server) announceSecAgg(d AnnounceSecAgg) error {
 		s.publishShareLists("")
 	}
 	return nil
+}
+
+// signedKeys is the KeyList's signed advertisements, as the sites sent them
+// (their stored AdvertiseKeys envelopes), to relay with it: each site with
+// a client certificate checks every key against them (uplink.CheckKeyList;
+// docs/secagg.md, "Threat model per mode"). The aggregator relays; it
+// neither needs nor checks the signatures.
+func (s *Server) signedKeys(round, attempt int, kl *secagg.KeyList) ([]uplink.SignedKey, error) {
+	recs, err := s.store.SecAggMessages(uint64(round), uint32(attempt))
+	if err != nil {
+		s.storageErrors.Add(1)
+		return nil, fmt.Errorf("aggregator: round %d: the stored advertisements: %w", round, err)
+	}
+	listed := make(map[string]bool, len(kl.Sites))
+	for _, k := range kl.Sites {
+		listed[k.ID] = true
+	}
+	var signed []uplink.SignedKey
+	for _, rec := range recs {
+		if rec.Kind != uint8(secagg.KindAdvertiseKeys) || !listed[rec.ClientID] {
+			continue
+		}
+		m, err := wire.DecodeSecAgg(rec.Msg, s.lim)
+		if err != nil {
+			return nil, fmt.Errorf("aggregator: round %d: the stored AdvertiseKeys of %q: %w", round, rec.ClientID, err)
+		}
+		if len(m.Certificate) > 0 {
+			signed = append(signed, uplink.SignedKey{ID: rec.ClientID, Cert: m.Certificate, Sig: m.Signature})
+		}
+	}
+	slices.SortFunc(signed, func(a, b uplink.SignedKey) int { return strings.Compare(a.ID, b.ID) })
+	return signed, nil
+}
+
+// viewSignatures is the survivors' signed views of the session (their
+// masked inputs' view signatures, with the certificates of their
+// advertisements), to relay with the UnmaskRequest: each site with a client
+// certificate reveals nothing unless every survivor signed its own view
+// (uplink.CheckViews). Survivors without one are left out (the signing
+// sites then refuse).
+func (s *Server) viewSignatures(round, attempt int, survivors []string) ([]uplink.SignedKey, error) {
+	recs, err := s.store.SecAggMessages(uint64(round), uint32(attempt))
+	if err != nil {
+		s.storageErrors.Add(1)
+		return nil, fmt.Errorf("aggregator: round %d: the stored view signatures: %w", round, err)
+	}
+	certs, sigs := map[string][]byte{}, map[string][]byte{}
+	for _, rec := range recs {
+		switch {
+		case rec.Kind == storage.SecAggViewKind:
+			sigs[rec.ClientID] = rec.Msg
+		case rec.Kind == uint8(secagg.KindAdvertiseKeys):
+			m, err := wire.DecodeSecAgg(rec.Msg, s.lim)
+			if err != nil {
+				return nil, fmt.Errorf("aggregator: round %d: the stored AdvertiseKeys of %q: %w", round, rec.ClientID, err)
+			}
+			certs[rec.ClientID] = m.Certificate
+		}
+	}
+	var out []uplink.SignedKey
+	for _, id := range survivors {
+		if len(sigs[id]) > 0 && len(certs[id]) > 0 {
+			out = append(out, uplink.SignedKey{ID: id, Cert: certs[id], Sig: sigs[id]})
+		}
+	}
+	return out, nil
 }
 
 // publishShareLists sends the open session's ShareLists in the masked
@@ -546,13 +673,37 @@ type SecAggStatus struct {
 	Threshold int     `json:"threshold"`
 	Clip      float64 `json:"clip"`
 	ScaleBits int     `json:"scale_bits"`
+	// Model is the security model of the last key list announced
+	// (docs/secagg.md, "Threat model per mode"): "signed" when every site
+	// of it signed its keys with its client certificate (the sites then
+	// verify every key against the federation CA), "honest-but-curious"
+	// otherwise; empty before the first key list. SignedKeys of
+	// ListedKeys sites signed; kept with the coordinator's state
+	// (SecAggState), so `status` reads it from a stopped aggregator's file.
+	Model      string `json:"model,omitempty"`
+	SignedKeys int    `json:"signed_keys,omitempty"`
+	ListedKeys int    `json:"listed_keys,omitempty"`
 }
+
+// The security models SecAggStatus.Model names.
+const (
+	SecAggModelSigned = "signed"
+	SecAggModelHBC    = "honest-but-curious"
+)
 
 func newSecAggStatus(c *SecAggSettings, st *SecAggState, phase Phase, ctr Counters) *SecAggStatus {
 	out := &SecAggStatus{Phase: secagg.PhaseAdvertise.String(), Messages: ctr.SecAggMessages, Aborts: ctr.SecAggAborts,
 		Threshold: c.Threshold, Clip: c.Clip, ScaleBits: c.ScaleBits}
 	if st != nil {
 		out.Attempt, out.LastAbort = st.Attempt, st.LastAbort
+		out.SignedKeys, out.ListedKeys = st.SignedKeys, st.ListedKeys
+		switch {
+		case st.ListedKeys == 0:
+		case st.SignedKeys == st.ListedKeys:
+			out.Model = SecAggModelSigned
+		default:
+			out.Model = SecAggModelHBC
+		}
 		if phase == PhaseSecAgg {
 			out.Phase = secagg.Phase(st.Phase).String()
 			if st.Advancing {

@@ -64,6 +64,14 @@ type Config struct {
 	// the figure that holds whatever the timing reveals (docs/privacy.md,
 	// "Round timing").
 	EarlyClose bool `json:"early_close,omitempty"`
+	// Colluders is the distributed mode's collusion bound c: the sites
+	// besides the aggregator (and the broker) that the guarantee holds
+	// against. Each site knows its own noise share, so c colluding sites
+	// can take c shares out of any sum; the shares are sized so that the
+	// t - c left in any sum of at least t inputs still carry z*C
+	// (uplink.SecAggNoiseShares; docs/privacy.md "Threat models"). 0: the
+	// aggregator and the broker only.
+	Colluders int `json:"colluders,omitempty"`
 }
 
 // Mode is the configuration's mode (Central or Distributed).
@@ -110,6 +118,23 @@ func (c Config) ChargedRate(q float64) float64 {
 // q = 1.
 func (c Config) Amplified() bool { return !c.Distributed && !c.EarlyClose }
 
+// HoldsAgainst says whom a distributed-mode epsilon holds against: the
+// aggregator (its operator included), the broker and any Colluders sites
+// together, each of which knows its own noise share (uplink.SecAggNoiseShares
+// sizes the shares for them). "" in the central mode.
+func (c Config) HoldsAgainst() string {
+	if !c.Distributed {
+		return ""
+	}
+	switch c.Colluders {
+	case 0:
+		return "the aggregator and the broker, with no site colluding (a site that knows its own noise share sees a sum with less noise than z*C)"
+	case 1:
+		return "the aggregator, the broker and any one site together"
+	}
+	return fmt.Sprintf("the aggregator, the broker and any %d sites together", c.Colluders)
+}
+
 // On reports whether c asks for DP.
 func (c Config) On() bool { return c != Config{} }
 
@@ -130,6 +155,8 @@ func (c Config) Validate() error {
 		return ErrDistributedFixedRounds
 	case c.EarlyClose && (c.FixedRounds || c.Distributed):
 		return errors.New("dp: early-closing rounds are central mode without fixed-length rounds")
+	case c.Colluders < 0 || (c.Colluders > 0 && !c.Distributed):
+		return fmt.Errorf("dp: the collusion bound %d: want >= 0, and only in the distributed mode (the central mode's aggregator sees every update)", c.Colluders)
 	case c.Adaptive != nil:
 		return c.Adaptive.Validate(c.Noise)
 	}

@@ -96,6 +96,26 @@ func (c *Client) Phase() ClientPhase { return c.phase }
 func (c *Client) Pending() Message { return mustDecode(c.out[c.phase]) }
 
 // Advertise returns round 0's message.
+// View is what this site saw of the session once it has sent its masked
+// input (ok false before): the SHA-256 of the KeyList it answered, and the
+// sites whose shares it holds (itself and the senders of its ShareList, its
+// neighbours in U2), sorted, with the complete graph, where that is U2 and
+// the same for every site; nil with the sparse graph, where each site holds
+// its own neighbours'. Signed secure aggregation's consistency check
+// compares it between sites (uplink.SecAggViewDigest).
+func (c *Client) View() (keyList [32]byte, holders []string, ok bool) {
+	if c.phase < ClientMasked {
+		return keyList, nil, false
+	}
+	if c.cfg.Degree > 0 {
+		return c.inDigest[0], nil, true
+	}
+	for _, h := range c.held {
+		holders = append(holders, h.of)
+	}
+	return c.inDigest[0], holders, true
+}
+
 func (c *Client) Advertise() *AdvertiseKeys { return mustDecode(c.out[0]).(*AdvertiseKeys) }
 
 func mustDecode(b []byte) Message {

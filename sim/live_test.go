@@ -68,23 +68,28 @@ func TestSimMatchesLive(t *testing.T) {
 	// file nor the daemons' log holds one site's input; also across a
 	// restart of the whole federation after round 1 (secagg_live_test.go).
 	for _, restart := range []int{0, 1} {
-		t.Run(fmt.Sprintf("secagg/%s/restart=%d", FedProx, restart), func(t *testing.T) { testSimMatchesLiveSecAgg(t, FedProx, restart, nil) })
+		t.Run(fmt.Sprintf("secagg/%s/restart=%d", FedProx, restart), func(t *testing.T) { testSimMatchesLiveSecAgg(t, FedProx, restart, nil, false) })
 	}
 	// FedProx:FedSplit under secure aggregation runs in sum mode
 	// (docs/secagg.md, "FedSplit under secure aggregation"): each site's
 	// quantised delta against its own record (joins in round 1, against x
 	// on the grid), S and m at the aggregator, the records advanced on the
 	// rounds' UPDATE receipts; across a restart, and with distributed DP.
-	t.Run("secagg/"+FedProxSplit+"/restart=1", func(t *testing.T) { testSimMatchesLiveSecAgg(t, FedProxSplit, 1, nil) })
+	t.Run("secagg/"+FedProxSplit+"/restart=1", func(t *testing.T) { testSimMatchesLiveSecAgg(t, FedProxSplit, 1, nil, false) })
 	// Distributed DP under secure aggregation (docs/privacy.md "Threat
 	// models"): each site's clipped update plus its noise share, from the
 	// same per-site keys in both, then the same sum: the same models bit
 	// for bit and the same epsilons every round.
 	for _, algo := range []string{FedProx, FedProxSplit} {
 		t.Run("secagg/dp-distributed/"+algo, func(t *testing.T) {
-			testSimMatchesLiveSecAgg(t, algo, 1, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5, Distributed: true})
+			testSimMatchesLiveSecAgg(t, algo, 1, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5, Distributed: true, Colluders: 1}, false)
 		})
 	}
+	// Signed secure aggregation (docs/secagg.md, "Threat model per
+	// mode"): every site signs its keys with its certificate and checks
+	// every key of the KeyList against the federation CA; nothing is
+	// forged, so the sums, and the models, are simulate's bit for bit.
+	t.Run("secagg/signed/"+FedProx+"/restart=1", func(t *testing.T) { testSimMatchesLiveSecAgg(t, FedProx, 1, nil, true) })
 	// FedProx:FedSplit under DP runs in sum mode (docs/privacy.md,
 	// "FedSplit"): the sites' deltas against their own records (joins in
 	// round 1), the aggregator's S and m; the records advance on the

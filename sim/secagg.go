@@ -31,9 +31,13 @@ func secAggQuantizer(cfg *Config) (*secagg.Quantizer, error) {
 	}
 	if d := cfg.DP; d != nil {
 		// As the aggregator: the range holds the clip and the noise's
-		// tail (uplink.SecAggDPRange).
+		// tail (uplink.SecAggDPRange) of a share sized for the colluders.
+		shares, err := secAggNoiseShares(cfg)
+		if err != nil {
+			return nil, err
+		}
 		c := *sa
-		c.Clip, cfg.SecAgg = uplink.SecAggDPRange(d.Clip, d.Noise, uplink.SecAggThreshold(cfg.PerRound, sa.Threshold)), &c
+		c.Clip, cfg.SecAgg = uplink.SecAggDPRange(d.Clip, d.Noise, shares), &c
 		sa = &c
 	}
 	if sa.ScaleBits == 0 {
@@ -50,11 +54,26 @@ func secAggQuantizer(cfg *Config) (*secagg.Quantizer, error) {
 		return nil, fmt.Errorf("--secagg: %w", err)
 	}
 	if d := cfg.DP; d != nil {
-		if err := uplink.CheckSecAggDP(q, d.Clip, d.Noise, uplink.SecAggThreshold(cfg.PerRound, sa.Threshold)); err != nil {
+		shares, err := secAggNoiseShares(cfg)
+		if err != nil {
+			return nil, err
+		}
+		if err := uplink.CheckSecAggDP(q, d.Clip, d.Noise, shares); err != nil {
 			return nil, fmt.Errorf("--secagg: %w", err)
 		}
 	}
 	return &q, nil
+}
+
+// secAggNoiseShares is the announcement's noise_shares under distributed
+// DP, as the aggregator's (uplink.SecAggNoiseShares of the threshold and
+// the collusion bound).
+func secAggNoiseShares(cfg *Config) (int, error) {
+	k, err := uplink.SecAggNoiseShares(uplink.SecAggThreshold(cfg.PerRound, cfg.SecAgg.Threshold), cfg.DP.Colluders)
+	if err != nil {
+		return 0, fmt.Errorf("--secagg: %w", err)
+	}
+	return k, nil
 }
 
 // secAggRand is client's stochastic rounding in round t: the run's SecAgg
@@ -155,7 +174,11 @@ func (e *env) secAggInput(s *algoState, client, t int, sent, x []float64) ([]uin
 	d := e.cfg.DP
 	var sd *uplink.SecAggDP
 	if d != nil {
-		std := dp.SiteStd(d.Noise, d.Clip, uplink.SecAggThreshold(e.cfg.PerRound, e.cfg.SecAgg.Threshold))
+		shares, err := secAggNoiseShares(&e.cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		std := dp.SiteStd(d.Noise, d.Clip, shares)
 		sd = &uplink.SecAggDP{Clip: d.Clip, Std: std, Noise: dp.NoiseRand(e.siteNoiseKey(client), uint64(t))}
 	}
 	if s.sum != nil {

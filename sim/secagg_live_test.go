@@ -20,6 +20,7 @@ import (
 	"github.com/edgefl/edgefl/internal/localfed"
 	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/internal/testkit"
+	"github.com/edgefl/edgefl/internal/testkit/secaggid"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/secagg"
@@ -32,7 +33,7 @@ import (
 // for algo (FedProx, or FedProxSplit in sum mode; restartAfter > 0: the
 // live federation is stopped once that round is aggregated and started
 // again on its state files).
-func testSimMatchesLiveSecAgg(t *testing.T, algo string, restartAfter int, private *dp.Config) {
+func testSimMatchesLiveSecAgg(t *testing.T, algo string, restartAfter int, private *dp.Config, signed bool) {
 	const rounds = 3
 	cfg := DefaultConfig()
 	cfg.Dataset, cfg.Partition, cfg.Clients, cfg.PerRound, cfg.Rounds, cfg.Seed = "synthetic:1,1", "natural", 4, 4, rounds, 5
@@ -99,6 +100,14 @@ func testSimMatchesLiveSecAgg(t *testing.T, algo string, restartAfter int, priva
 			}
 		},
 	}
+	var ident func(string) *uplink.SecAggIdentity
+	if signed {
+		ids := make([]string, len(fed.Clients))
+		for i, c := range fed.Clients {
+			ids[i] = c.ID
+		}
+		ident = secaggid.New(t, t0, ids...).Get
+	}
 	start := func() *localfed.Federation {
 		lf, err := localfed.Start(ctx, localfed.Config{Federation: "simlive", Dir: dir, Sites: sites, Seed: 1,
 			ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second,
@@ -107,7 +116,8 @@ func testSimMatchesLiveSecAgg(t *testing.T, algo string, restartAfter int, priva
 			SecAggNoiseKey: func(site string) *[32]byte {
 				k := SiteNoiseKey(cfg, index[site])
 				return &k
-			}})
+			},
+			SecAggIdentity: ident})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,6 +139,20 @@ func testSimMatchesLiveSecAgg(t *testing.T, algo string, restartAfter int, priva
 	}
 	if !finished {
 		t.Fatal("the live federation did not finish")
+	}
+	if signed {
+		as, err := storage.OpenAgg(lf.StatePath, storage.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := aggregator.ReadStatus(as)
+		as.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sa := st.SecAgg; sa == nil || sa.Model != aggregator.SecAggModelSigned || sa.Aborts != 0 {
+			t.Fatalf("status secagg %+v: want the signed model and no abort", sa)
+		}
 	}
 
 	for r := 1; r <= rounds; r++ {

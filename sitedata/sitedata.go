@@ -242,6 +242,7 @@ const (
 	ReasonSolveFailed  = "solve_failed"    // the local solve failed
 	ReasonDisk         = "disk"            // state file, disk full, model_out not writable
 	ReasonData         = "data"            // anything else about the data file
+	ReasonSecAgg       = "secagg_refused"  // a secure-aggregation key list this site could not verify
 )
 
 // SiteError is why a site cannot take part. Error is the full one-line

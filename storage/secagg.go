@@ -27,7 +27,9 @@ import (
 //	             site's message of the open phase, stored before it is
 //	             counted, with a replay log entry of kind LogSecAgg in the
 //	             same transaction: after a restart the coordinator replays
-//	             it and the secagg.Server takes it again)
+//	             it and the secagg.Server takes it again; kind
+//	             SecAggViewKind: a site's signed view of the session,
+//	             PutSecAggView, without a replay log entry)
 //
 // Edge:
 //
@@ -54,6 +56,36 @@ func init() {
 
 // secAggAdvertiseKind is secagg.KindAdvertiseKeys (kept by PutSecAggServer).
 const secAggAdvertiseKind = 1
+
+// SecAggViewKind is the kind byte under which PutSecAggView keeps a site's
+// signed view of a session in secagg_msgs: not a secagg message kind (no
+// replay log entry; the coordinator counts nothing of it), and above every
+// phase's keepFromKind, so it stays until another session's state replaces
+// the session's (PutSecAggServer).
+const SecAggViewKind = 0x80
+
+// PutSecAggView keeps site client's signed view of session (round,
+// attempt) (signed secure aggregation: its MaskedInput's view_signature),
+// replacing any. One transaction.
+func (s *AggStore) PutSecAggView(round uint64, attempt uint32, client string, sig []byte, at time.Time) error {
+	if err := checkName("client id", client); err != nil {
+		return err
+	}
+	if len(sig) == 0 || round == 0 {
+		return fmt.Errorf("storage: put secagg view: %w: round %d, %d bytes", ErrInvalid, round, len(sig))
+	}
+	err := s.db.Update(func(tx *wtx) error {
+		b, err := mkBucket(tx, bucketSecAggMsgs)
+		if err != nil {
+			return err
+		}
+		return sput(b, secAggKey(round, attempt, SecAggViewKind, client), encodeRecord(at, sig))
+	})
+	if err != nil {
+		return fmt.Errorf("storage: put secagg view of %q (round %d, attempt %d): %w", client, round, attempt, err)
+	}
+	return nil
+}
 
 // ErrConflict: a second, different message under a key that holds one.
 var ErrConflict = errors.New("storage: a different message is stored under this key")

@@ -131,9 +131,12 @@ func SecAggPlainSum(inputs [][]uint32, dim int) []uint32 {
 // 2^-f (stochastic rounding adds less than 2^-f per coordinate, so the
 // rounded contribution stays within C: docs/privacy.md's first remedy), and
 // adds to every ring element its share of the noise, a discrete Gaussian
-// N_Z(0, (z C 2^f)^2 / t) (AddRingNoise), t the secagg threshold (the
-// fewest inputs a sum holds). The ring sum is then the sites' rounded
-// contributions plus a sum of at least t independent discrete Gaussians:
+// N_Z(0, (z C 2^f)^2 / k) (AddRingNoise), k = t - c (SecAggNoiseShares: t
+// the secagg threshold, the fewest inputs a sum holds, c the colluding
+// sites the guarantee holds against, who know their own shares). The ring
+// sum is then the sites' rounded contributions plus a sum of at least t
+// independent discrete Gaussians, at least k of them unknown to the
+// aggregator and any c sites:
 // the distributed discrete Gaussian mechanism of Kairouz, Liu & Steinke
 // 2021, whose RDP bound is the continuous Gaussian's at z plus tau d, which
 // CheckSecAggDP and AddRingNoise keep below 1e-12 (dp.CheckDistributedShare).
@@ -146,17 +149,18 @@ func SecAggPlainSum(inputs [][]uint32, dim int) []uint32 {
 // not hold against the aggregator, which knows who took part.
 
 // SecAggDPRange is the quantiser's per-coordinate range under distributed
-// DP: C plus six standard deviations of one site's share.
-func SecAggDPRange(clip, noise float64, threshold int) float64 {
-	return clip + 6*dp.SiteStd(noise, clip, threshold)
+// DP: C plus six standard deviations of one site's share (shares =
+// SecAggNoiseShares).
+func SecAggDPRange(clip, noise float64, shares int) float64 {
+	return clip + 6*dp.SiteStd(noise, clip, shares)
 }
 
 // CheckSecAggDP refuses a distributed-DP quantiser whose noise share (noise
-// multiplier z, clip C, t shares) is too few grid steps for a model of any
+// multiplier z, clip C, k = SecAggNoiseShares shares) is too few grid steps for a model of any
 // size up to 2^31 coordinates (AddRingNoise's check, made once at start by
 // the aggregator and simulate so that no site's round fails on it).
-func CheckSecAggDP(q secagg.Quantizer, clip, noise float64, threshold int) error {
-	if err := dp.CheckDistributedShare(math.Ldexp(dp.SiteStd(noise, clip, threshold), q.ScaleBits), q.MaxSites, math.MaxInt32); err != nil {
+func CheckSecAggDP(q secagg.Quantizer, clip, noise float64, shares int) error {
+	if err := dp.CheckDistributedShare(math.Ldexp(dp.SiteStd(noise, clip, shares), q.ScaleBits), q.MaxSites, math.MaxInt32); err != nil {
 		return fmt.Errorf("uplink: %w", err)
 	}
 	return nil
@@ -214,6 +218,23 @@ func AddRingNoise(q secagg.Quantizer, in []uint32, std float64, noise *rand.Rand
 		in[i] += uint32(g.Draw()) // two's complement: modulo 2^32
 	}
 	return nil
+}
+
+// SecAggNoiseShares is the distributed mode's noise_shares: the number k of
+// site shares, each N_Z(0, (z C)^2 / k), that must carry the full noise z
+// C. Every sum the aggregator can unmask holds at least t inputs (the
+// secagg threshold), and a site knows its own share, so c colluding sites
+// can subtract c shares from it: k = t - c leaves z C in any such sum after
+// that. k < 1 is refused: c colluders could then remove all the noise of a
+// sum of t inputs.
+func SecAggNoiseShares(threshold, colluders int) (int, error) {
+	if colluders < 0 {
+		return 0, fmt.Errorf("uplink: collusion bound %d: want >= 0", colluders)
+	}
+	if k := threshold - colluders; k >= 1 {
+		return k, nil
+	}
+	return 0, fmt.Errorf("uplink: distributed DP against %d colluding sites needs a secagg threshold of at least %d, got t = %d: a sum of t inputs less the %d colluders' own noise shares would carry no noise from an honest site (raise --secagg-threshold or --per-round, or lower --dp-colluders)", colluders, colluders+1, threshold, colluders)
 }
 
 // SecAggThreshold is the secagg threshold of a round of k sites: t when

@@ -182,3 +182,19 @@ func BenchmarkAddRingNoise(b *testing.B) {
 		}
 	}
 }
+
+// TestSecAggNoiseShares: the noise is split into t - c shares, so that a
+// sum of t inputs less c shares still holds one whole z*C; c >= t refused.
+func TestSecAggNoiseShares(t *testing.T) {
+	for _, tc := range []struct{ t, c, want int }{
+		{2, 0, 2}, {2, 1, 1}, {3, 1, 2}, {67, 1, 66}, {67, 10, 57}, {2, 2, 0}, {3, 5, 0}, {3, -1, 0},
+	} {
+		k, err := SecAggNoiseShares(tc.t, tc.c)
+		if k != tc.want || (err != nil) != (tc.want == 0) {
+			t.Errorf("SecAggNoiseShares(%d, %d) = %d, %v; want %d", tc.t, tc.c, k, err, tc.want)
+		}
+		if err == nil && float64(tc.t-tc.c)/float64(k) < 1 {
+			t.Errorf("t %d c %d: %d shares leave %.3f of the variance", tc.t, tc.c, k, float64(tc.t-tc.c)/float64(k))
+		}
+	}
+}

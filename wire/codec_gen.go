@@ -517,6 +517,8 @@ func (x *RoundAnnouncement) size() int {
 	n += sizeVarint(28, boolVarint(x.PrivateSelection))
 	n += sizeVarint(36, uint64(x.SplitRoster))
 	n += sizeMessage(37, x.SplitInitial != nil, x.SplitInitial)
+	n += sizeBytes(41, x.SecaggSignedKeys)
+	n += sizeBytes(42, x.SecaggViewSignatures)
 	return n
 }
 
@@ -549,6 +551,8 @@ func (x *RoundAnnouncement) appendTo(b []byte) []byte {
 	b = appendVarint(b, 28, boolVarint(x.PrivateSelection))
 	b = appendVarint(b, 36, uint64(x.SplitRoster))
 	b = appendMessage(b, 37, x.SplitInitial != nil, x.SplitInitial)
+	b = appendBytes(b, 41, x.SecaggSignedKeys)
+	b = appendBytes(b, 42, x.SecaggViewSignatures)
 	return b
 }
 
@@ -690,6 +694,14 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 					x.SplitInitial = &Vector{}
 				}
 				return consumeMessage(x.SplitInitial, b, d)
+			}
+		case 41:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.SecaggSignedKeys, b), nil
+			}
+		case 42:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.SecaggViewSignatures, b), nil
 			}
 		}
 		return 0, nil
@@ -1301,6 +1313,9 @@ func (x *SecAggMessage) size() int {
 	n += sizeVarint(7, uint64(x.Attempt))
 	n += sizeVarint(8, x.BaseRound)
 	n += sizeString(9, x.InstanceId)
+	n += sizeBytes(20, x.Certificate)
+	n += sizeBytes(21, x.Signature)
+	n += sizeBytes(22, x.ViewSignature)
 	return n
 }
 
@@ -1314,6 +1329,9 @@ func (x *SecAggMessage) appendTo(b []byte) []byte {
 	b = appendVarint(b, 7, uint64(x.Attempt))
 	b = appendVarint(b, 8, x.BaseRound)
 	b = appendString(b, 9, x.InstanceId)
+	b = appendBytes(b, 20, x.Certificate)
+	b = appendBytes(b, 21, x.Signature)
+	b = appendBytes(b, 22, x.ViewSignature)
 	return b
 }
 
@@ -1355,6 +1373,18 @@ func (x *SecAggMessage) unmarshal(b []byte, d *decoder) error {
 		case 9:
 			if typ == protowire.BytesType {
 				return consumeString(&x.InstanceId, b)
+			}
+		case 20:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.Certificate, b), nil
+			}
+		case 21:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.Signature, b), nil
+			}
+		case 22:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.ViewSignature, b), nil
 			}
 		}
 		return 0, nil

@@ -276,7 +276,7 @@ func TestValidateStatusError(t *testing.T) {
 }
 
 func TestSiteErrReasons(t *testing.T) {
-	want := []string{"schema_mismatch", "bad_value", "unknown_label", "too_few_rows", "bad_transform", "solve_failed", "disk", "data"}
+	want := []string{"schema_mismatch", "bad_value", "unknown_label", "too_few_rows", "bad_transform", "solve_failed", "disk", "data", "secagg_refused"}
 	got := SiteErrReasons()
 	if !slices.Equal(got, want) {
 		t.Fatalf("SiteErrReasons() = %v, want %v", got, want)
@@ -285,7 +285,7 @@ func TestSiteErrReasons(t *testing.T) {
 	if SiteErrReasons()[0] != SiteErrSchema {
 		t.Fatal("SiteErrReasons returns the package's slice")
 	}
-	for _, c := range []string{SiteErrSchema, SiteErrBadValue, SiteErrUnknownLabel, SiteErrTooFewRows, SiteErrBadTransform, SiteErrSolve, SiteErrDisk, SiteErrData} {
+	for _, c := range []string{SiteErrSchema, SiteErrBadValue, SiteErrUnknownLabel, SiteErrTooFewRows, SiteErrBadTransform, SiteErrSolve, SiteErrDisk, SiteErrData, SiteErrSecAgg} {
 		if !slices.Contains(want, c) {
 			t.Errorf("constant %q not listed", c)
 		}

@@ -752,6 +752,20 @@ type RoundAnnouncement struct {
 	// (secure aggregation, whose participants are published anyway).
 	SplitRoster  uint32  `json:"split_roster,omitempty"`
 	SplitInitial *Vector `json:"split_initial,omitempty"`
+	// Signed secure aggregation (docs/secagg.md, "Threat model per mode"),
+	// SECAGG_PHASE_SHARE_KEYS only: the signed advertisements of the KeyList's
+	// sites as the aggregator received them (uplink.EncodeSignedKeys: per
+	// site its id, client certificate and signature of its keys). A site with
+	// a client certificate checks every key of the KeyList against it before
+	// it shares its keys; empty = no site signed.
+	SecaggSignedKeys []byte `json:"secagg_signed_keys,omitempty"`
+	// Signed secure aggregation's consistency check, SECAGG_PHASE_UNMASK only:
+	// each survivor's signed view of the session as the aggregator received
+	// it with its masked input (uplink.EncodeSignedKeys: per survivor its id,
+	// client certificate and view_signature). A site with a client
+	// certificate reveals no share unless every survivor signed its own view
+	// (uplink.CheckViews); empty = no survivor signed.
+	SecaggViewSignatures []byte `json:"secagg_view_signatures,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -949,6 +963,20 @@ func (x *RoundAnnouncement) GetSplitRoster() uint32 {
 func (x *RoundAnnouncement) GetSplitInitial() *Vector {
 	if x != nil {
 		return x.SplitInitial
+	}
+	return nil
+}
+
+func (x *RoundAnnouncement) GetSecaggSignedKeys() []byte {
+	if x != nil {
+		return x.SecaggSignedKeys
+	}
+	return nil
+}
+
+func (x *RoundAnnouncement) GetSecaggViewSignatures() []byte {
+	if x != nil {
+		return x.SecaggViewSignatures
 	}
 	return nil
 }
@@ -1650,6 +1678,18 @@ type SecAggMessage struct {
 	// AdvertiseKeys: the installation that sent it (ClientStatus.instance_id;
 	// sum mode tells a re-join from a lost state file by it); empty = not told.
 	InstanceId string `json:"instance_id,omitempty"`
+	// Signed secure aggregation (docs/secagg.md, "Threat model per mode"),
+	// AdvertiseKeys only: the site's client certificate (DER, issued by the
+	// federation CA, CN = client_id) and its signature of its advertised keys
+	// (uplink.SecAggAdvertDigest). Both empty: an unsigned advertisement
+	// (a site without a client certificate).
+	Certificate []byte `json:"certificate,omitempty"`
+	Signature   []byte `json:"signature,omitempty"`
+	// Signed secure aggregation, MaskedInput only: the site's signature of its
+	// view of the session (uplink.SecAggViewDigest: the KeyList it answered
+	// and, with the complete graph, U2), by the key of the certificate it
+	// advertised its keys with. Empty: unsigned.
+	ViewSignature []byte `json:"view_signature,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -1716,4 +1756,25 @@ func (x *SecAggMessage) GetInstanceId() string {
 		return x.InstanceId
 	}
 	return ""
+}
+
+func (x *SecAggMessage) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
+func (x *SecAggMessage) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+func (x *SecAggMessage) GetViewSignature() []byte {
+	if x != nil {
+		return x.ViewSignature
+	}
+	return nil
 }

@@ -32,6 +32,18 @@ func TestValidateSecAggRound(t *testing.T) {
 		{"share keys without key list", func(r *RoundAnnouncement) { r.SecaggPhase = SecAggPhase_SECAGG_PHASE_SHARE_KEYS }, false},
 		{"unmask without request", func(r *RoundAnnouncement) { r.SecaggPhase = SecAggPhase_SECAGG_PHASE_UNMASK }, false},
 		{"broadcast in advertise", func(r *RoundAnnouncement) { r.SecaggBroadcast = []byte("x") }, false},
+		{"signed keys with the key list", func(r *RoundAnnouncement) {
+			r.SecaggPhase, r.SecaggBroadcast, r.SecaggSignedKeys = SecAggPhase_SECAGG_PHASE_SHARE_KEYS, []byte("k"), []byte("s")
+		}, true},
+		{"signed keys in unmask", func(r *RoundAnnouncement) {
+			r.SecaggPhase, r.SecaggBroadcast, r.SecaggSignedKeys = SecAggPhase_SECAGG_PHASE_UNMASK, []byte("u"), []byte("s")
+		}, false},
+		{"view signatures with the request", func(r *RoundAnnouncement) {
+			r.SecaggPhase, r.SecaggBroadcast, r.SecaggViewSignatures = SecAggPhase_SECAGG_PHASE_UNMASK, []byte("u"), []byte("v")
+		}, true},
+		{"view signatures in share keys", func(r *RoundAnnouncement) {
+			r.SecaggPhase, r.SecaggBroadcast, r.SecaggViewSignatures = SecAggPhase_SECAGG_PHASE_SHARE_KEYS, []byte("k"), []byte("v")
+		}, false},
 		{"threshold 1", func(r *RoundAnnouncement) { r.Secagg.Threshold = 1 }, false},
 		{"max sites below threshold", func(r *RoundAnnouncement) { r.Secagg.MaxSites = 2 }, false},
 		{"max sites too many", func(r *RoundAnnouncement) { r.Secagg.MaxSites = MaxSecAggSites + 1 }, false},
@@ -76,6 +88,13 @@ func TestValidateSecAggMessage(t *testing.T) {
 		{"base round not before the round", &SecAggMessage{ClientId: "s1", Round: 3, Kind: 1, Payload: []byte{1}, BaseRound: 3}, false},
 		{"bad instance id", &SecAggMessage{ClientId: "s1", Round: 3, Kind: 1, Payload: []byte{1}, InstanceId: "a/b"}, false},
 		{"empty payload", &SecAggMessage{ClientId: "s1", Round: 1, Kind: 1}, false},
+		{"signed advertise", &SecAggMessage{ClientId: "s1", Round: 1, Kind: 1, Payload: []byte{1}, Certificate: []byte{2}, Signature: []byte{3}}, true},
+		{"certificate without signature", &SecAggMessage{ClientId: "s1", Round: 1, Kind: 1, Payload: []byte{1}, Certificate: []byte{2}}, false},
+		{"signature of a share keys", &SecAggMessage{ClientId: "s1", Round: 1, Kind: 3, Payload: []byte{1}, Certificate: []byte{2}, Signature: []byte{3}}, false},
+		{"certificate too long", &SecAggMessage{ClientId: "s1", Round: 1, Kind: 1, Payload: []byte{1}, Certificate: make([]byte, MaxSecAggCert+1), Signature: []byte{3}}, false},
+		{"signed masked input", &SecAggMessage{ClientId: "s1", Round: 1, Kind: SecAggKindMaskedInput, Payload: []byte{1}, ViewSignature: []byte{4}}, true},
+		{"view signature of an advertise", &SecAggMessage{ClientId: "s1", Round: 1, Kind: 1, Payload: []byte{1}, ViewSignature: []byte{4}}, false},
+		{"view signature too long", &SecAggMessage{ClientId: "s1", Round: 1, Kind: SecAggKindMaskedInput, Payload: []byte{1}, ViewSignature: make([]byte, MaxSecAggSig+1)}, false},
 		{"bad id", &SecAggMessage{ClientId: "a b", Round: 1, Kind: 1, Payload: []byte{1}}, false},
 		{"negative time", &SecAggMessage{ClientId: "s1", Round: 1, Kind: 1, Payload: []byte{1}, SentAtUnixMs: -1}, false},
 	}

@@ -137,6 +137,8 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.boolean("private_selection", x.PrivateSelection)
 	w.uint("split_roster", uint64(x.SplitRoster))
 	w.msg("split_initial", x.SplitInitial != nil, x.SplitInitial)
+	w.bytes("secagg_signed_keys", x.SecaggSignedKeys)
+	w.bytes("secagg_view_signatures", x.SecaggViewSignatures)
 }
 
 func (x *SecAggSpec) appendText(w *textWriter) {
@@ -245,4 +247,7 @@ func (x *SecAggMessage) appendText(w *textWriter) {
 	w.uint("attempt", uint64(x.Attempt))
 	w.uint("base_round", x.BaseRound)
 	w.str("instance_id", x.InstanceId)
+	w.bytes("certificate", x.Certificate)
+	w.bytes("signature", x.Signature)
+	w.bytes("view_signature", x.ViewSignature)
 }

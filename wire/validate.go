@@ -192,6 +192,13 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 	return m.Dp.validate(msg)
 }
 
+// MaxSecAggCert and MaxSecAggSig bound an AdvertiseKeys' certificate and
+// signature (signed secure aggregation).
+const (
+	MaxSecAggCert = 8 << 10
+	MaxSecAggSig  = 1 << 10
+)
+
 // MaxSecAggSites bounds SecAggSpec.max_sites (secagg.MaxSites).
 const MaxSecAggSites = 1 << 14
 
@@ -219,6 +226,18 @@ func (m *RoundAnnouncement) checkSecAgg(msg string, train bool, lim Limits) erro
 	}
 	if !bcast && len(m.SecaggBroadcast) > 0 {
 		return invalid(msg, "secagg_broadcast in %v", m.SecaggPhase)
+	}
+	if len(m.SecaggSignedKeys) > 0 && m.SecaggPhase != SecAggPhase_SECAGG_PHASE_SHARE_KEYS {
+		return invalid(msg, "secagg_signed_keys in %v (the KeyList's phase only)", m.SecaggPhase)
+	}
+	if err := checkPayload(msg, "secagg_signed_keys", m.SecaggSignedKeys, lim, false); err != nil {
+		return err
+	}
+	if len(m.SecaggViewSignatures) > 0 && m.SecaggPhase != SecAggPhase_SECAGG_PHASE_UNMASK {
+		return invalid(msg, "secagg_view_signatures in %v (the unmask phase only)", m.SecaggPhase)
+	}
+	if err := checkPayload(msg, "secagg_view_signatures", m.SecaggViewSignatures, lim, false); err != nil {
+		return err
 	}
 	switch {
 	case sp.Threshold < 2 || sp.MaxSites < sp.Threshold || sp.MaxSites > MaxSecAggSites:
@@ -469,11 +488,15 @@ const (
 	SiteErrSolve        = "solve_failed"    // the local solve failed
 	SiteErrDisk         = "disk"            // state file, disk full, cannot write model_out
 	SiteErrData         = "data"            // anything else about the data file
+	// SiteErrSecAgg: the site refused a secure-aggregation session whose
+	// key list it could not verify (signed secure aggregation: a key
+	// without a valid signature by its site's certificate).
+	SiteErrSecAgg = "secagg_refused"
 )
 
 var siteErrReasons = []string{
 	SiteErrSchema, SiteErrBadValue, SiteErrUnknownLabel, SiteErrTooFewRows,
-	SiteErrBadTransform, SiteErrSolve, SiteErrDisk, SiteErrData,
+	SiteErrBadTransform, SiteErrSolve, SiteErrDisk, SiteErrData, SiteErrSecAgg,
 }
 
 // SiteErrReasons returns every site error reason ClientStatus.ErrorReason
@@ -716,6 +739,15 @@ func (m *SecAggMessage) Validate(lim Limits) error {
 	}
 	if err := checkPayload(msg, "payload", m.Payload, lim, true); err != nil {
 		return err
+	}
+	if (len(m.Certificate) > 0 || len(m.Signature) > 0) && (m.Kind != SecAggKindAdvertiseKeys || len(m.Certificate) == 0 || len(m.Signature) == 0) {
+		return invalid(msg, "a certificate (%d bytes) and a signature (%d bytes) in a message of kind %d: both or neither, in an AdvertiseKeys only", len(m.Certificate), len(m.Signature), m.Kind)
+	}
+	if len(m.ViewSignature) > 0 && (m.Kind != SecAggKindMaskedInput || len(m.ViewSignature) > MaxSecAggSig) {
+		return invalid(msg, "a view signature of %d bytes in a message of kind %d: in a MaskedInput only, at most %d bytes", len(m.ViewSignature), m.Kind, MaxSecAggSig)
+	}
+	if len(m.Certificate) > MaxSecAggCert || len(m.Signature) > MaxSecAggSig {
+		return invalid(msg, "a certificate of %d bytes or a signature of %d: want at most %d and %d", len(m.Certificate), len(m.Signature), MaxSecAggCert, MaxSecAggSig)
 	}
 	if m.BaseRound != 0 && (m.Kind != SecAggKindAdvertiseKeys || m.BaseRound >= m.Round) {
 		return invalid(msg, "base_round %d in a message of kind %d of round %d: only an AdvertiseKeys names its base round, and it is < round", m.BaseRound, m.Kind, m.Round)

@@ -24,6 +24,8 @@ type dpFlags struct {
 	// q = 1 (dp.Config.EarlyClose). live: the command has the flag.
 	fixedRounds optBool
 	live        bool
+	// colluders: the distributed mode's collusion bound c.
+	colluders int
 }
 
 // optBool is a boolean flag that knows whether it was given: true unless
@@ -55,7 +57,7 @@ func (b optBool) on() bool { return !b.off }
 // register adds the flags to fs: calibrates adds --dp-rounds and the
 // calibration of --dp-noise, live (run, demo) --dp-fixed-rounds.
 func (d *dpFlags) register(fs *flag.FlagSet, calibrates, live bool) {
-	fs.StringVar(&d.mode, "dp", "off", "client-level differential privacy: off | central (the aggregator clips every update to --dp-clip and adds Gaussian noise of std --dp-noise x --dp-clip to their sum; the FedSplit family runs in sum mode: the aggregator keeps only the sum of the sites' contributions and counts every site registered when round 1 is drawn from round 1 on; the selection is poisson (uniform is refused), drawn from a secret key, and each selected site is told privately; rounds are fixed-length by default (--dp-fixed-rounds); the total sample count is not announced; it reports epsilon and the largest per-site epsilon without amplification; with --schema the schema must declare its preprocessing, and bundles record the guarantee instead of the sites' evaluation; docs/privacy.md) | distributed (with --secagg: each site adds its share N(0, (z C)^2/t) of the noise to its clipped update before masking, t the secagg threshold; uniform selection, published, and the accountant charges every round at q = 1: no amplification is claimed against an aggregator that knows who took part; docs/privacy.md \"Threat models\")")
+	fs.StringVar(&d.mode, "dp", "off", "client-level differential privacy: off | central (the aggregator clips every update to --dp-clip and adds Gaussian noise of std --dp-noise x --dp-clip to their sum; the FedSplit family runs in sum mode: the aggregator keeps only the sum of the sites' contributions and counts every site registered when round 1 is drawn from round 1 on; the selection is poisson (uniform is refused), drawn from a secret key, and each selected site is told privately; rounds are fixed-length by default (--dp-fixed-rounds); the total sample count is not announced; it reports epsilon and the largest per-site epsilon without amplification; with --schema the schema must declare its preprocessing, and bundles record the guarantee instead of the sites' evaluation; docs/privacy.md) | distributed (with --secagg: each site adds its share N(0, (z C)^2/(t - c)) of the noise to its clipped update before masking, t the secagg threshold, c --dp-colluders; uniform selection, published, and the accountant charges every round at q = 1: no amplification is claimed against an aggregator that knows who took part; docs/privacy.md \"Threat models\")")
 	fs.Float64Var(&d.clip, "dp-clip", 1, "with --dp: the L2 norm `C` every site's update is clipped to")
 	noise := "with --dp: the noise multiplier `z` (the noise on the sum of clipped updates has std z*C)"
 	if calibrates {
@@ -71,6 +73,7 @@ func (d *dpFlags) register(fs *flag.FlagSet, calibrates, live bool) {
 	fs.Float64Var(&d.clipLR, "dp-clip-lr", 0.2, "with --dp-clip-quantile: the clip norm's geometric learning `rate` eta_C (C <- C exp(-eta_C (b - quantile)))")
 	fs.Float64Var(&d.bitNoise, "dp-clip-bit-noise", 0, "with --dp-clip-quantile: `sigma_b`, the std of the noise on the sum of clip bits; must exceed --dp-noise / 2 (0: K/20, K the sites per round)")
 	d.live = live
+	fs.IntVar(&d.colluders, "dp-colluders", 1, "with --dp distributed: the collusion bound `c`, how many sites besides the aggregator the guarantee holds against: every site knows its own noise share, so each share is N(0, (z C)^2/(t - c)) and any sum of at least t inputs less c sites' shares still carries std z*C; t - c must be at least 1 (0: against the aggregator and the broker only, shares of (z C)^2/t)")
 	if live {
 		fs.Var(&d.fixedRounds, "dp-fixed-rounds", "with --dp central (on by default): every round closes at its deadline (--round-timeout), never when the last invited site has reported, so that when rounds end tells nobody how many sites were drawn; every round then lasts --round-timeout: set it to what the slowest site needs. --dp-fixed-rounds=false closes a round once every invited site has reported (an empty draw at once), which tells observers the draw's size, so every round is then charged at q = 1: epsilon is the unamplified figure (docs/privacy.md \"Round timing\")")
 	}
@@ -94,6 +97,7 @@ func (d *dpFlags) config(q float64, rounds, k int) (*dp.Config, error) {
 	switch {
 	case mode == dp.Distributed:
 		c.FixedRounds = d.fixedRounds.set && d.fixedRounds.on() // refused by Validate
+		c.Colluders = d.colluders
 	case d.live:
 		// Central, live: fixed-length rounds unless turned off, and then
 		// the unamplified charge (simulate has no round timing).

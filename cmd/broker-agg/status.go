@@ -141,6 +141,9 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 		} else {
 			fmt.Fprint(w, "; epsilon charged at q = 1 every round (no amplification)")
 		}
+		if p.HoldsAgainst != "" {
+			fmt.Fprintf(w, "; epsilon holds against %s", p.HoldsAgainst)
+		}
 		if st.Schema == "" && st.StopReason != "" {
 			fmt.Fprintf(w, "; run ended: %s", st.StopReason) // printFedStatus says it with a schema
 		}
@@ -149,6 +152,12 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 	if sa := st.SecAgg; sa != nil {
 		fmt.Fprintf(w, "secure aggregation: phase %s, session %d  messages %d  aborted sessions %d  (threshold %d, clip %g, scale 2^%d)\n",
 			sa.Phase, sa.Attempt, sa.Messages, sa.Aborts, sa.Threshold, sa.Clip, sa.ScaleBits)
+		switch sa.Model {
+		case aggregator.SecAggModelSigned:
+			fmt.Fprintf(w, "  model: signed (all %d sites of the last key list signed their keys; each site checks every key against the federation CA)\n", sa.ListedKeys)
+		case aggregator.SecAggModelHBC:
+			fmt.Fprintf(w, "  model: honest-but-curious aggregator (%d of %d sites of the last key list signed their keys)\n", sa.SignedKeys, sa.ListedKeys)
+		}
 		if sa.LastAbort != "" {
 			fmt.Fprintf(w, "  last abort: %s\n", sa.LastAbort)
 		}

@@ -27,11 +27,14 @@ import (
 	"sync"
 	"time"
 
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+
 	"github.com/edgefl/edgefl/agent"
 	"github.com/edgefl/edgefl/aggregator"
 	"github.com/edgefl/edgefl/broker"
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
 )
 
@@ -115,6 +118,13 @@ type AgentsConfig struct {
 	// SecAggNoiseKey, when set, gives each site its distributed-DP noise
 	// key instead of crypto/rand (agent.Deps.SecAggNoiseKey): tests only.
 	SecAggNoiseKey func(site string) *[32]byte
+	// SecAggIdentity, when set, gives each site its signing identity for
+	// signed secure aggregation (agent.Deps.SecAggIdentity; nil for a site:
+	// unsigned).
+	SecAggIdentity func(site string) *uplink.SecAggIdentity
+	// NewClient, when set, makes each site's MQTT client (agent.Deps.NewClient):
+	// for tests that stand between one site and the broker.
+	NewClient func(site string, o *mqtt.ClientOptions) mqtt.Client
 }
 
 // Agents are running edge agents.
@@ -166,6 +176,13 @@ func StartAgents(ctx context.Context, c AgentsConfig) (*Agents, error) {
 		}
 		if f := c.SecAggNoiseKey; f != nil {
 			deps.SecAggNoiseKey = f(s.ID)
+		}
+		if f := c.SecAggIdentity; f != nil {
+			deps.SecAggIdentity = f(s.ID)
+		}
+		if f := c.NewClient; f != nil {
+			id := s.ID
+			deps.NewClient = func(o *mqtt.ClientOptions) mqtt.Client { return f(id, o) }
 		}
 		if c.NewClock != nil {
 			deps.Clock = c.NewClock()
@@ -284,6 +301,9 @@ type Config struct {
 	SecAggRand     func(site string, round uint64) io.Reader
 	Observe        func(site string, ev agent.Event)
 	SecAggNoiseKey func(site string) *[32]byte
+	// SecAggIdentity and NewClient are the agents' (AgentsConfig's).
+	SecAggIdentity func(site string) *uplink.SecAggIdentity
+	NewClient      func(site string, o *mqtt.ClientOptions) mqtt.Client
 	// Observers are extra superuser client ids, for tests that watch
 	// every topic through Broker.Dial.
 	Observers []string
@@ -350,7 +370,8 @@ func Start(ctx context.Context, c Config) (*Federation, error) {
 	}
 	f.agents, err = StartAgents(ctx, AgentsConfig{Federation: c.Federation, Brokers: []string{brk.URL()}, Passwords: pw,
 		Dir: c.Dir, Sites: c.Sites, Seed: c.Seed, ReconnectMin: c.ReconnectMin, ReconnectMax: c.ReconnectMax,
-		NewClock: c.NewClock, Logger: c.Logger, SecAggRand: c.SecAggRand, Observe: c.Observe, SecAggNoiseKey: c.SecAggNoiseKey})
+		NewClock: c.NewClock, Logger: c.Logger, SecAggRand: c.SecAggRand, Observe: c.Observe, SecAggNoiseKey: c.SecAggNoiseKey,
+		SecAggIdentity: c.SecAggIdentity, NewClient: c.NewClient})
 	if err != nil {
 		f.cancel()
 		<-f.srvDone

@@ -249,4 +249,8 @@ func TestSecAggAbortVisible(t *testing.T) {
 	if sa := st.SecAgg; sa == nil || sa.Aborts < 1 || !strings.Contains(sa.LastAbort, "threshold") || sa.Threshold != k {
 		t.Fatalf("/status: secagg %+v", st.SecAgg)
 	}
+	// Password-only sites sign nothing: the honest-but-curious model.
+	if sa := st.SecAgg; sa.Model != aggregator.SecAggModelHBC || sa.SignedKeys != 0 || sa.ListedKeys != k {
+		t.Fatalf("/status: secagg model %q, %d of %d keys signed; want honest-but-curious, 0 of %d", sa.Model, sa.SignedKeys, sa.ListedKeys, k)
+	}
 }
