@@ -142,7 +142,7 @@ func TestSitesBounded(t *testing.T) {
 // What passes in all stays within the limits.
 func TestDuplicateFloodKeepsNewMessages(t *testing.T) {
 	tests := []struct {
-		name   string
+		name      string
 		limits    Limits
 		size      int
 		perSecond int // the flood's rate
