@@ -697,7 +697,7 @@ func (a *Agent) await(ctx context.Context, tok mqtt.Token) error {
 // (written before the connection exists) carries no timestamp.
 func (a *Agent) statusMsg(online bool, will bool, conn uint64) ([]byte, error) {
 	s := &wire.ClientStatus{
-		ClientId: a.cfg.SiteID, Online: online, SampleCount: uint64(max(a.samples.Load(), 0)),
+		ClientId: a.cfg.SiteID, Online: online, SampleCount: claimedSamples(uint64(max(a.samples.Load(), 0))),
 		Capabilities: a.cfg.Local.capabilities(), SoftwareVersion: a.cfg.SoftwareVersion,
 		Connection: conn, InstanceId: a.instance,
 	}
