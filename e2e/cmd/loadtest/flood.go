@@ -41,7 +41,7 @@ type floodOptions struct {
 	rate, batch          int
 	floodFor, floodAfter time.Duration
 	floodRound           int
-	hidden               int // 0: the 60 x 10 logistic regression; else an MLP with this many hidden units
+	hidden               int           // 0: the 60 x 10 logistic regression; else an MLP with this many hidden units
 	content              string        // current | stale: what the flood re-publishes
 	roundTimeout         time.Duration // 0: broker-agg's default
 	seed                 uint64
