@@ -28,7 +28,9 @@
 // messages gets no more than before (all of it is "new" and it competes
 // with itself), and what a site gets through in all is bounded by the same
 // rate and burst as before. A duplicate dropped this way is an exact copy
-// of one the aggregator was handed already, so dropping it loses nothing.
+// of a message this limiter passed already; what it costs is that a
+// site's own re-send of such a message (after an INTERNAL receipt, say)
+// waits, while the site floods, for the buckets to rise above the reserve.
 //
 // An honest site sends a status per connection and an update (and at most
 // a statistics or evaluation report) per round: far below the defaults, also
