@@ -642,7 +642,7 @@ func (a *Agent) sendUpdate(act action) {
 		a.log.Info("re-sending unreceipted update", "round", round)
 	case sendRetry:
 		a.stats.resent.Add(1)
-		a.log.Info("re-sending an update the aggregator failed to store", "round", round)
+		a.log.Info("re-sending an update that has no receipt yet (none came in time, or the aggregator failed to store it)", "round", round)
 	}
 	a.publishUpdate(round, act.msg)
 }
