@@ -691,7 +691,7 @@ func (a *Agent) sendUpdate(act action) {
 		a.log.Info("re-sending unreceipted update", "round", round)
 	case sendRetry:
 		a.stats.resent.Add(1)
-		a.log.Info("re-sending an update the aggregator failed to store", "round", round)
+		a.log.Info("re-sending an update that has no receipt yet (none came in time, or the aggregator failed to store it)", "round", round)
 	}
 	a.publishUpdate(round, act.msg)
 }
@@ -746,7 +746,7 @@ func (a *Agent) await(ctx context.Context, tok mqtt.Token) error {
 // (written before the connection exists) carries no timestamp.
 func (a *Agent) statusMsg(online bool, will bool, conn uint64) ([]byte, error) {
 	s := &wire.ClientStatus{
-		ClientId: a.cfg.SiteID, Online: online, SampleCount: uint64(max(a.samples.Load(), 0)),
+		ClientId: a.cfg.SiteID, Online: online, SampleCount: claimedSamples(uint64(max(a.samples.Load(), 0))),
 		Capabilities: a.cfg.Local.capabilities(), SoftwareVersion: a.cfg.SoftwareVersion,
 		Connection: conn, InstanceId: a.instance,
 	}

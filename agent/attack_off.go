@@ -6,3 +6,7 @@ package agent
 // agent with -tags edgefl_attack (attack_on.go) to check the aggregator's
 // defences against a site that scales its updates.
 func poison([]float64) {}
+
+// claimedSamples is the sample count the site reports: its own in every
+// shipped build (attack_on.go lies about it).
+func claimedSamples(n uint64) uint64 { return n }

@@ -20,3 +20,14 @@ func poison(delta []float64) {
 		delta[i] *= s
 	}
 }
+
+// claimedSamples replaces the sample count the site reports, in its
+// statuses and updates, by $EDGEFL_ATTACK_SAMPLES when set: a site that
+// lies about its size from its very first message, to take FedAvg's
+// weight (issue 20, item 3).
+func claimedSamples(n uint64) uint64 {
+	if c, err := strconv.ParseUint(os.Getenv("EDGEFL_ATTACK_SAMPLES"), 10, 64); err == nil && c > 0 {
+		return c
+	}
+	return n
+}

@@ -117,8 +117,9 @@ type Config struct {
 
 	// Connection timing (zero = the default): the MQTT keepalive, the
 	// timeout of one connection attempt, the retry interval of the first
-	// connection (also the first delay of an INTERNAL receipt's re-send), the
-	// longest reconnect backoff, and how long a publish may wait.
+	// connection (also the first delay of an unreceipted update's re-send,
+	// and of an INTERNAL receipt's), the longest reconnect backoff (also the
+	// longest re-send backoff), and how long a publish may wait.
 	KeepAlive, ConnectTimeout, ReconnectMin, ReconnectMax, PublishTimeout time.Duration
 
 	// LogLevel is debug, info, warn or error.

@@ -97,7 +97,12 @@
 // will never take that update), except RECEIPT_CODE_INTERNAL ("the client may
 // retry"), which stays in the outbox and is re-sent after a backoff doubling
 // from ReconnectMin to ReconnectMax (and on the next connection or
-// re-announcement). An invitation (receipt subject INVITATION, differential
+// re-announcement). An update that gets no receipt at all (lost on its way:
+// dropped over the site's rate limit, say) is re-sent too, after a backoff
+// doubling from ReconnectMin to ReconnectMax from its publish on, until a
+// receipt comes (the aggregator answers a copy it stored DUPLICATE); it
+// used to wait for a reconnection or its round's re-announcement at the
+// deadline. Secure-aggregation messages keep the INTERNAL rule only. An invitation (receipt subject INVITATION, differential
 // privacy's private selection; docs/privacy.md "Sampling rate") is kept in
 // memory, the newest only, and makes the announcement of its round and run
 // be handled as selecting this site, whichever arrives first; it is not

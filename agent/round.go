@@ -409,7 +409,7 @@ func (h *RoundHandler) commitUpdate(ann *wire.RoundAnnouncement, p *prepared, d 
 		Kind:         up.Kind,
 		BaseRound:    up.BaseRound,
 		Vector:       &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(sent)), Payload: up.Payload},
-		SampleCount:  uint64(d.N),
+		SampleCount:  claimedSamples(uint64(d.N)),
 		Report:       workReport(rep, stop, p.cfg.Gamma, p.clip > 0),
 		SentAtUnixMs: h.clock().Now().UnixMilli(),
 		Seq:          r,

@@ -137,10 +137,14 @@ func (s *session) seeRun(ann *wire.RoundAnnouncement) {
 	}
 }
 
-// retryState is an update the aggregator failed to store (INTERNAL).
+// retryState is the re-send timer of an unreceipted update: after an
+// INTERNAL receipt (attempts of them so far), and from its first publish
+// until its receipt (untilReceipt, sends re-sends so far; armUpdate).
 type retryState struct {
-	attempts int
-	gen      uint64 // of its armed timer, 0 for none
+	attempts     int
+	sends        int
+	untilReceipt bool
+	gen          uint64 // of its armed timer, 0 for none
 }
 
 // pendingUplink is a statistics or evaluation message awaiting its receipt.
@@ -485,8 +489,10 @@ func (s *session) solveDone(ev solveDone) []action {
 	case err != nil:
 	case res.Action == ActionSolved:
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendFirst})
+		acts = append(acts, s.armUpdate(ann.Round, true)...)
 	case res.Action == ActionResend:
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendAgain})
+		acts = append(acts, s.armUpdate(ann.Round, true)...)
 	case res.Action == ActionSecAgg:
 		acts = append(acts, action{kind: actPublishUpdate, key: updateKey(ann.Round), msg: res.Msg, why: sendFirst})
 	case res.Action == ActionWaiting:
@@ -557,19 +563,9 @@ func (s *session) receiptOutcome(r *wire.Receipt) []action {
 		return append(acts, action{kind: actReceipt, receipt: r, outcome: receiptAccepted, had: had})
 	case r.Code == wire.ReceiptCode_RECEIPT_CODE_INTERNAL:
 		var d time.Duration
-		if !s.closing {
-			rt := s.retries[r.Round]
-			if rt == nil {
-				rt = &retryState{}
-				if s.retries == nil {
-					s.retries = map[uint64]*retryState{}
-				}
-				s.retries[r.Round] = rt
-			}
-			d = s.backoff(rt.attempts)
-			rt.attempts++
-			rt.gen = s.nextGen()
-			acts = append(acts, action{kind: actArm, key: updateKey(r.Round), gen: rt.gen, after: d})
+		if arm := s.armUpdate(r.Round, false); len(arm) > 0 {
+			d = arm[0].after
+			acts = append(acts, arm...)
 		}
 		return append(acts, action{kind: actReceipt, receipt: r, outcome: receiptRetry, after: d})
 	default:
@@ -674,9 +670,14 @@ func (s *session) timerFired(k pendingKey, gen uint64) []action {
 		}
 		for _, e := range out {
 			if e.Round == k.round {
-				return []action{{kind: actPublishUpdate, key: k, msg: e.Msg, why: sendRetry}}
+				acts := []action{{kind: actPublishUpdate, key: k, msg: e.Msg, why: sendRetry}}
+				if s.retries[k.round].untilReceipt { // again after the next backoff
+					acts = append(acts, s.armUpdate(k.round, true)...)
+				}
+				return acts
 			}
 		}
+		delete(s.retries, k.round) // receipted, or dropped with its run
 		return nil
 	}
 	p := s.uplinks[k]
@@ -795,6 +796,43 @@ func (s *session) backoff(attempts int) time.Duration {
 func (s *session) nextGen() uint64 {
 	s.gen++
 	return s.gen
+}
+
+// armUpdate arms the next re-send of round's update, which stays in the
+// outbox until its receipt, after a backoff doubling from backoffMin to
+// backoffMax (Config's ReconnectMin and ReconnectMax): untilReceipt, from
+// the update's publish on and again after each re-send, until a receipt
+// stops it; otherwise once, after an INTERNAL receipt (its own doubling
+// sequence). An update lost on its way (a publish the broker dropped over
+// the site's rate limit without a PUBACK, a message the aggregator's
+// limit dropped) used to be sent again only on a reconnection or when its
+// round was announced again at its deadline. The aggregator answers a
+// copy of an update it stored with a DUPLICATE receipt, which stops the
+// timer as any receipt does. Secure-aggregation messages keep their own
+// rules (an INTERNAL receipt only).
+func (s *session) armUpdate(round uint64, untilReceipt bool) []action {
+	if s.closing {
+		return nil
+	}
+	rt := s.retries[round]
+	if rt == nil {
+		rt = &retryState{}
+		if s.retries == nil {
+			s.retries = map[uint64]*retryState{}
+		}
+		s.retries[round] = rt
+	}
+	var d time.Duration
+	if untilReceipt {
+		rt.untilReceipt = true
+		d = s.backoff(rt.sends)
+		rt.sends++
+	} else {
+		d = s.backoff(rt.attempts)
+		rt.attempts++
+	}
+	rt.gen = s.nextGen()
+	return []action{{kind: actArm, key: updateKey(round), gen: rt.gen, after: d}}
 }
 
 func (s *session) cancelRetry(round uint64) []action {

@@ -33,7 +33,7 @@ func TestSessionInvitations(t *testing.T) {
 			{ev: handled(privAnn("A", 1), ActionNotSelected, true), want: []string{"done 1 not-selected"}},
 			{ev: inviteRcpt("A", 1), want: []string{"invited A/1", "wake"}},
 			{ev: idle{}, want: []string{"start A/1 invited"}},
-			{ev: solved(privAnn("A", 1), "u1"), want: []string{"done 1 solved", "publish update/1 u1 first"}},
+			{ev: solved(privAnn("A", 1), "u1"), want: []string{"done 1 solved", "publish update/1 u1 first", "arm update/1 100ms"}},
 		}},
 		{name: "invitation before the announcement", steps: []sessionStep{
 			{ev: inviteRcpt("A", 2), want: []string{"invited A/2"}},
@@ -51,11 +51,11 @@ func TestSessionInvitations(t *testing.T) {
 			{ev: inviteRcpt("A", 4), want: []string{"invited A/4"}},
 			{ev: announced{privAnn("A", 4)}, want: []string{"wake"}},
 			{ev: idle{}, want: []string{"start A/4 invited"}},
-			{ev: solved(privAnn("A", 4), "u4"), want: []string{"done 4 solved", "publish update/4 u4 first"}},
+			{ev: solved(privAnn("A", 4), "u4"), want: []string{"done 4 solved", "publish update/4 u4 first", "arm update/4 100ms"}},
 			{ev: inviteRcpt("A", 4), want: []string{"invited A/4 again", "wake"}},
 			{ev: idle{}, want: []string{"start A/4 invited"}},
 			{ev: solveDone{ann: privAnn("A", 4), res: Result{Round: 4, Action: ActionResend, Msg: []byte("u4")}},
-				want: []string{"done 4 resend", "publish update/4 u4 again"}},
+				want: []string{"done 4 resend", "publish update/4 u4 again", "arm update/4 200ms"}},
 		}},
 		{name: "an invitation for another round or run does not select", steps: []sessionStep{
 			{ev: inviteRcpt("A", 5), want: []string{"invited A/5"}},

@@ -49,6 +49,8 @@ type Report struct {
 	// clustering aggregators set it; clusters are numbered 0, 1, ... in the
 	// order of their first member after sorting updates by client id).
 	Clusters []int
+	// Capped are the sites whose sample count FedAvg's cap lowered.
+	Capped []Capped
 }
 
 // Aggregator combines client vectors into the next global model.
@@ -159,26 +161,40 @@ func weightedCoord(ups []Update, w []float64, i int) float64 {
 // FedAvg is the sample-weighted mean sum_k (n_k/n) w_k.
 //
 // Cap, when >= 1, bounds the weight a site can claim with its self-reported
-// sample count: no n_k counts for more than Cap x the median n_k of the
-// round. A site can then take at most Cap / (Cap + K - 1) of the weight,
-// whatever it claims (issue 10, item 6: one site claiming 2e9 samples took
-// the whole FedAvg weight). It changes nothing while every count is within
-// Cap x the median; a federation whose sites genuinely differ more than that
-// trades the exact sample weighting for the bound.
+// sample count: no n_k counts for more than Cap x the median count of the
+// round's other sites. A site's weight is then at most
+// Cap m_k / (Cap m_k + sum_{j != k} n_j), m_k the others' median: Cap/(Cap+K-1)
+// when the others report alike, and never more than Cap/(Cap+ceil((K-1)/2))
+// (at least half of the others count m_k or more), whatever it claims, also
+// from its very first message (one site claiming 2e9 samples took the whole
+// FedAvg weight). The median is the others', not the round's: with two
+// sites, the round's median is half the liar's claim. It changes nothing
+// while every count is within Cap x the others' median (a lone site has no
+// others and is never capped); a federation whose sites genuinely differ
+// more than that trades the exact sample weighting for the bound.
+// NewAggregator's "fedavg" has Cap DefaultFedAvgCap; "fedavg:cap=0" turns it
+// off.
 type FedAvg struct{ Cap float64 }
 
+// DefaultFedAvgCap is the cap of "fedavg" (see FedAvg): no site counts for
+// more than three times the median sample count of the others.
+const DefaultFedAvgCap = 3
+
 func (a FedAvg) Name() string {
-	if a.Cap >= 1 {
+	switch {
+	case a.Cap == DefaultFedAvgCap:
+		return "fedavg"
+	case a.Cap >= 1:
 		return fmt.Sprintf("fedavg:cap=%g", a.Cap)
 	}
-	return "fedavg"
+	return "fedavg:cap=0"
 }
 
 func (a FedAvg) Aggregate(global []float64, ups []Update, out []float64) (Report, error) {
 	if err := check(global, ups, out); err != nil {
 		return Report{}, err
 	}
-	capped := 0
+	var capped []Capped
 	if a.Cap >= 1 {
 		ups, capped = CapSamples(ups, a.Cap)
 	}
@@ -187,44 +203,56 @@ func (a FedAvg) Aggregate(global []float64, ups []Update, out []float64) (Report
 		return Report{}, err
 	}
 	weightedSum(ups, w, out)
-	rep := Report{Weights: w}
-	if capped > 0 {
-		rep.Metrics = map[string]float64{"samples_capped": float64(capped)}
+	rep := Report{Weights: w, Capped: capped}
+	if len(capped) > 0 {
+		rep.Metrics = map[string]float64{"samples_capped": float64(len(capped))}
 	}
 	return rep, nil
 }
 
+// Capped is a site whose sample count FedAvg's cap lowered in a round.
+type Capped struct {
+	Client           string
+	Claimed, Counted int
+}
+
 // CapSamples returns ups with every sample count above mult x the median
-// count lowered to it (a copy when anything changes) and how many it lowered.
-func CapSamples(ups []Update, mult float64) ([]Update, int) {
-	if len(ups) == 0 {
-		return ups, 0
+// count of the other updates lowered to it (a copy when anything changes)
+// and the counts it lowered, in input order. The limits are computed from
+// the counts as given, not as lowered.
+func CapSamples(ups []Update, mult float64) ([]Update, []Capped) {
+	if len(ups) < 2 {
+		return ups, nil
 	}
-	ns := make([]int, len(ups))
+	sorted := make([]int, len(ups))
 	for k, u := range ups {
-		ns[k] = u.Samples
+		sorted[k] = u.Samples
 	}
-	slices.Sort(ns)
-	med := float64(ns[len(ns)/2])
-	if len(ns)%2 == 0 {
-		med = (float64(ns[len(ns)/2-1]) + float64(ns[len(ns)/2])) / 2
-	}
-	limit := int(min(mult*med, math.MaxInt32))
+	slices.Sort(sorted)
+	others := make([]int, 0, len(ups)-1)
 	var out []Update
-	n := 0
+	var capped []Capped
 	for k, u := range ups {
+		// The others' counts: the sorted counts less one copy of u's.
+		i, _ := slices.BinarySearch(sorted, u.Samples)
+		others = append(append(others[:0], sorted[:i]...), sorted[i+1:]...)
+		med := float64(others[len(others)/2])
+		if len(others)%2 == 0 {
+			med = (float64(others[len(others)/2-1]) + float64(others[len(others)/2])) / 2
+		}
+		limit := int(min(mult*med, math.MaxInt32))
 		if u.Samples > limit {
 			if out == nil {
 				out = slices.Clone(ups)
 			}
 			out[k].Samples = limit
-			n++
+			capped = append(capped, Capped{Client: u.Client, Claimed: u.Samples, Counted: limit})
 		}
 	}
 	if out == nil {
-		return ups, 0
+		return ups, nil
 	}
-	return out, n
+	return out, capped
 }
 
 // Mean is the uniform mean (1/K) sum_k w_k: the FedProx paper's aggregation,

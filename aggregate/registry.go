@@ -18,8 +18,9 @@ import (
 //
 // Aggregators and their keys (defaults in brackets):
 //
-//	fedavg                      sample-weighted mean sum_k (n_k/n) w_k; cap=M [off]:
-//	                            no n_k counts above M x the median n_k
+//	fedavg                      sample-weighted mean sum_k (n_k/n) w_k; cap=M [3]:
+//	                            no n_k counts above M x the median n_k of the
+//	                            other sites (cap=0: off)
 //	mean                        uniform mean (aliases: fedprox, fedsplit-mean)
 //	simprox                     lambda0 [0.7], tau [0.5], on=weights|updates [updates],
 //	                            prev=client|global [client], softmax=true|false [true]
@@ -44,12 +45,12 @@ type aggEntry struct {
 func aggregators() map[string]aggEntry {
 	return map[string]aggEntry{
 		"fedavg": {[]string{"cap"}, func(o opts, _ uint64) (Aggregator, error) {
-			c, err := o.float("cap", 0)
+			c, err := o.float("cap", DefaultFedAvgCap)
 			if err != nil {
 				return nil, err
 			}
 			if c != 0 && !(c >= 1) {
-				return nil, fmt.Errorf("fedavg: cap must be >= 1 (a multiple of the median sample count), got %v", c)
+				return nil, fmt.Errorf("fedavg: cap must be >= 1 (a multiple of the other sites' median sample count) or 0 (off), got %v", c)
 			}
 			return FedAvg{Cap: c}, nil
 		}},

@@ -206,7 +206,7 @@ func TestFedAvgAndMean(t *testing.T) {
 	if _, err := (FedAvg{}).Aggregate(g, []Update{{Params: []float64{1, 1}, Samples: -1}}, make([]float64, 2)); err == nil {
 		t.Error("negative sample count accepted")
 	}
-	if (Mean{Label: "fedsplit"}).Name() != "fedsplit" || (Mean{}).Name() != "mean" || (FedAvg{}).Name() != "fedavg" {
+	if (Mean{Label: "fedsplit"}).Name() != "fedsplit" || (Mean{}).Name() != "mean" || (FedAvg{Cap: DefaultFedAvgCap}).Name() != "fedavg" || (FedAvg{}).Name() != "fedavg:cap=0" {
 		t.Error("names")
 	}
 }

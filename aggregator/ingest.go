@@ -21,7 +21,10 @@ import (
 //  1. Per-site rate limits (token buckets of messages and bytes per second,
 //     keyed by the client id of the topic), checked before anything is
 //     decoded: a message over the limit is dropped and acknowledged,
-//     counted per site and logged (at most once per 10 s per site). An
+//     counted per site and logged (at most once per 10 s per site). A copy
+//     of a message the site got through recently is dropped first: a tenth
+//     of the buckets is kept for new messages, so a site flooding copies of
+//     one update does not lose its next one (package ratelimit). An
 //     honest site sends a status per connection and an update per round,
 //     far below the defaults; an update it sends while limited is re-sent
 //     from its outbox (it gets no receipt), so nothing durable is lost.
@@ -52,10 +55,11 @@ func rateLimits(cfg ServerConfig) ratelimit.Limits {
 	return ratelimit.Limits{Messages: cfg.RateMessages, Burst: cfg.RateBurst, Bytes: cfg.RateBytes, MaxMessageBytes: cfg.MaxMessageBytes}
 }
 
-// allow reports whether a message of n bytes from site fits its limits
-// (package ratelimit).
-func (s *Server) allow(site string, n int) ratelimit.Verdict {
-	return s.limits.Allow(site, n, s.clock.Now())
+// allow reports whether a message with this payload from site fits its
+// limits (package ratelimit: a duplicate of a recent message is dropped
+// before a new one is).
+func (s *Server) allow(site string, payload []byte) ratelimit.Verdict {
+	return s.limits.Allow(site, payload, s.clock.Now())
 }
 
 // receiptKey names an update: one per client and round.
@@ -159,7 +163,7 @@ func (s *Server) enqueue(topic string, payload []byte) bool {
 // redelivers it.
 func (s *Server) onMessage(_ mqtt.Client, m mqtt.Message) {
 	if _, id, err := s.topics.Parse(m.Topic()); err == nil && id != "" {
-		if v := s.allow(id, len(m.Payload())); !v.OK {
+		if v := s.allow(id, m.Payload()); !v.OK {
 			s.rateLimited.Inc(id)
 			s.hist.reject(id, "rate_limited")
 			s.notify()

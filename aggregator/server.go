@@ -540,6 +540,7 @@ type Server struct {
 	corruption                              metrics.LabeledCounter // damaged stored values found at run time, by what
 	excluded                                metrics.LabeledCounter // FedSplit: z left out of a server step, by client
 	capped                                  metrics.LabeledCounter // updates weighted by the client's first sample count, by client
+	medianCapped                            metrics.LabeledCounter // updates FedAvg's cap weighted as a multiple of the others' median count, by client
 	rateLimited                             metrics.LabeledCounter // messages dropped over a site's rate limit, by client
 	limits                                  *ratelimit.Limiter
 	inst                                    instanceGuard // one installation per site id (instances.go)

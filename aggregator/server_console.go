@@ -130,6 +130,7 @@ func (s *Server) liveClient(c *ClientInfo, work map[string]siteWork, lastMsg map
 	if r := rejected[id]; len(r) > 0 {
 		c.Rejections = r
 	}
+	c.SamplesCapped = s.medianCapped.Get(id) + s.capped.Get(id)
 }
 
 // scoreName names EvalFigures.Score for this run.

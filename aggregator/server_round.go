@@ -317,6 +317,14 @@ func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
 	if err != nil {
 		return nil, rep, fmt.Errorf("aggregator: round %d: %s: %w", cr.Round, s.agg.Name(), err)
 	}
+	// FedAvg's cap on a site's count relative to the others' median
+	// (aggregate.FedAvg; simulate applies the same): counted and shown
+	// per site, logged once per round and site.
+	for _, c := range rep.Capped {
+		s.log.Warn("a site's sample count is far above the other sites': weighted as the cap's multiple of their median",
+			"client", c.Client, "round", cr.Round, "reported", c.Claimed, "counted", c.Counted, "aggregator", s.agg.Name())
+		s.medianCapped.Inc(c.Client)
+	}
 	for i, v := range out {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			return nil, rep, fmt.Errorf("aggregator: round %d: %s produced a non-finite value at %d", cr.Round, s.agg.Name(), i)

@@ -261,6 +261,8 @@ func (s *Server) families() []metrics.Family {
 			Type: metrics.Counter, Samples: metrics.Samples("client", s.rateLimited.Snapshot())},
 		{Name: ns + "sample_count_capped_total", Help: "Updates weighted by the client's first reported sample count because they reported more, by client.",
 			Type: metrics.Counter, Samples: metrics.Samples("client", s.capped.Snapshot())},
+		{Name: ns + "sample_count_median_capped_total", Help: "FedAvg: updates weighted as the cap's multiple of the other sites' median sample count because they reported more (aggregate.FedAvg, cap=3 by default), by client.",
+			Type: metrics.Counter, Samples: metrics.Samples("client", s.medianCapped.Snapshot())},
 		{Name: ns + "state_corruption_total", Help: "Damaged values found in the state file while running, by what (the copy of a client's z: the site is asked for a new one).",
 			Type: metrics.Counter, Samples: metrics.Samples("what", withZero(s.corruption.Snapshot(), "client_z"))},
 		metrics.One(ns+"storage_errors_total", "Failed writes to the state file.", metrics.Counter, float64(v.StorageErrors)),
@@ -412,6 +414,10 @@ type ClientInfo struct {
 	NeverConnected     bool         `json:"never_connected,omitempty"`
 	LastRefusal        *SiteRefusal `json:"last_refusal,omitempty"`
 	LivenessUnknown    bool         `json:"liveness_unknown,omitempty"`
+	// SamplesCapped: the site's updates this daemon weighted by less
+	// than the sample count they reported (FedAvg's cap relative to the
+	// other sites' median, or the site's first reported count).
+	SamplesCapped uint64 `json:"samples_capped,omitempty"`
 }
 
 // WorkInfo is what a site's latest accepted update said of its local

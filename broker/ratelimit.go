@@ -77,7 +77,7 @@ func (h *limitHook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packe
 	if h.super[cl.ID] || cl.Net.Inline {
 		return pk, nil
 	}
-	v := h.lim.Allow(cl.ID, len(pk.Payload), h.clock.Now())
+	v := h.lim.Allow(cl.ID, pk.Payload, h.clock.Now())
 	if v.OK {
 		h.passed.Inc(cl.ID)
 		return pk, nil

@@ -8,7 +8,13 @@
 #
 # Environment: BROKERS ("embedded mosquitto"), RATE (10000), BATCH (100),
 # FLOOD_SECONDS (10), SITES (3), ROUNDS (8), ROUND_SECONDS (3),
-# ROUND_EPOCHS (0), HIDDEN (0), REPEAT (1), SEED (1), BROKER_AGG (a
+# ROUND_EPOCHS (0), HIDDEN (0), REPEAT (1), SEED (1), FLOOD_CONTENT
+# (stale: the flood re-publishes the flooder's update of the round it began
+# in, and the flooder sends each later round's update once, as an agent
+# does, through its own flood; current: each copy is the update of the
+# round in progress, so the copies deliver its next update too),
+# ROUND_TIMEOUT (broker-agg's round_timeout; default its own, 10 min: a
+# round that loses the flooder's update waits that long), BROKER_AGG (a
 # broker-agg binary to measure instead of this tree's, e.g. one built at an
 # earlier commit for a before/after:
 #   git worktree add /tmp/before adde76a && (cd /tmp/before && go build -o broker-agg ./cmd/broker-agg)
@@ -68,6 +74,8 @@ ROUND_EPOCHS=${ROUND_EPOCHS:-0}
 HIDDEN=${HIDDEN:-0}
 REPEAT=${REPEAT:-1}
 SEED=${SEED:-1}
+FLOOD_CONTENT=${FLOOD_CONTENT:-stale}
+ROUND_TIMEOUT=${ROUND_TIMEOUT:-0}
 mkdir -p "$out"
 build_bin ./cmd/broker-agg ./cmd/edge-agent ./e2e/cmd/loadtest
 agg_bin=${BROKER_AGG:-$bin/broker-agg}
@@ -82,13 +90,14 @@ for b in $BROKERS; do
     "$bin/loadtest" flood --broker-agg "$agg_bin" --edge-agent "$bin/edge-agent" --broker "$b" \
       --work "$out/work/$b-$i" --sites "$SITES" --rounds "$ROUNDS" --round-seconds "$ROUND_SECONDS" \
       --round-epochs "$ROUND_EPOCHS" --rate "$RATE" --batch "$BATCH" --flood-seconds "${FLOOD_SECONDS}s" \
-      --flood-round 3 --flood-after 1s --hidden "$HIDDEN" --seed "$SEED" | tee "$out/$b-$i.txt"
+      --flood-round 3 --flood-after 1s --hidden "$HIDDEN" --seed "$SEED" \
+      --flood-content "$FLOOD_CONTENT" --round-timeout "$ROUND_TIMEOUT" | tee "$out/$b-$i.txt"
     r=$(grep '^RESULT ' "$out/$b-$i.txt")
     v() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$r"; }
     mb() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
     mq="-"
     if [ "$b" = mosquitto ]; then mq="$(mb "$(v mosquitto_vmhwm_kb)") ($(mb "$(v baseline_mosquitto_vmhwm_kb)"))"; fi
-    rows+=("| $b | $(v sent) ($(v sent_rate)/s, $(v message_bytes) B) | $(v broker_rate_limited) | $(v rate_limited) | $(v passed_limit) | $(mb "$(v aggregator_vmhwm_kb)") ($(mb "$(v baseline_aggregator_vmhwm_kb)")) | $mq | $(v flooded_rounds) | $(v baseline_rounds_s) | $(v flood_rounds_s) | $(v delay_s) | $(v aggregator_cpu_s) ($(v baseline_aggregator_cpu_s)) | $(v loadavg_start)-$(v loadavg_end) |")
+    rows+=("| $b | $(v sent) ($(v sent_rate)/s, $(v message_bytes) B) | $(v broker_rate_limited) | $(v rate_limited) | $(v passed_limit) | $(mb "$(v aggregator_vmhwm_kb)") ($(mb "$(v baseline_aggregator_vmhwm_kb)")) | $mq | $(v flooded_rounds) | $(v baseline_rounds_s) | $(v flood_rounds_s) | $(v delay_s) | $(v worst_round_delay_s) | $(v aggregator_cpu_s) ($(v baseline_aggregator_cpu_s)) | $(v loadavg_start)-$(v loadavg_end) |")
   done
 done
 
@@ -97,9 +106,11 @@ model="60 x 10 logistic regression"
 [ "$HIDDEN" -gt 0 ] && model="60-$HIDDEN-10 MLP"
 [ "$ROUND_EPOCHS" -gt 0 ] && budget="$ROUND_EPOCHS local epochs"
 {
-  echo "## Flood: one site at $RATE msg/s for $FLOOD_SECONDS s ($SITES edge agents + the flooder, $ROUNDS rounds of $budget, $model, $(nproc) cores)"
+  rt="round_timeout $ROUND_TIMEOUT"
+  [ "$ROUND_TIMEOUT" = 0 ] && rt="the default round_timeout"
+  echo "## Flood: one site at $RATE msg/s of $FLOOD_CONTENT copies for $FLOOD_SECONDS s ($SITES edge agents + the flooder, $ROUNDS rounds of $budget, $model, $rt, $(nproc) cores)"
   echo
-  echo "| broker | messages sent (rate, size) | dropped by the broker | dropped by the aggregator | passed the limit | broker-agg VmHWM MiB flood (baseline) | mosquitto VmHWM MiB flood (baseline) | flooded rounds | their s baseline | their s flood | round delay s | broker-agg CPU s flood (baseline) | load average |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| broker | messages sent (rate, size) | dropped by the broker | dropped by the aggregator | passed the limit | broker-agg VmHWM MiB flood (baseline) | mosquitto VmHWM MiB flood (baseline) | flooded rounds | their s baseline | their s flood | round delay s | worst round s | broker-agg CPU s flood (baseline) | load average |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
 } | tee "$out/summary.txt"

@@ -215,6 +215,15 @@ func ParseAlgos(list string, def Local, isAgg func(name string) bool) ([]Algo, e
 			}
 			aggOpts = nil
 		}
+		if len(aggOpts) > 0 && a.Family == FedAvg {
+			// FedAvg's one option: its sample cap, cap=M (cap=0: off),
+			// as the daemon's --aggregator fedavg:cap=M.
+			if len(aggOpts) != 1 || !strings.HasPrefix(aggOpts[0], "cap=") {
+				return nil, fmt.Errorf("--algo %q: unknown option(s) %s (want solver, gamma, epochs, batch, lr, label, cap)", item, strings.Join(aggOpts, ", "))
+			}
+			a.Agg = "fedavg:" + aggOpts[0]
+			aggOpts = nil
+		}
 		if len(aggOpts) > 0 {
 			if a.Family == FedSplit || a.Family == FedProxSplit || a.Agg == "fedavg" || a.Agg == "mean" {
 				return nil, fmt.Errorf("--algo %q: unknown option(s) %s (want solver, mu, gamma, epochs, batch, lr, step, relax, label)", item, strings.Join(aggOpts, ", "))

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/aggregator"
 	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/internal/clock"
@@ -49,6 +50,11 @@ func TestSimMatchesLive(t *testing.T) {
 			t.Run(algo+"/"+codec, func(t *testing.T) { testSimMatchesLive(t, algo, codec, nil) })
 		}
 	}
+	// FedAvg's sample cap (no site counts for more than 3 x the other
+	// sites' median, on by default): one of these four sites has 321
+	// samples against the others' median of 65, so the cap counts it for
+	// 195 every round, in simulate and in the daemon alike.
+	t.Run(FedAvg+"/fp32", func(t *testing.T) { testSimMatchesLive(t, FedAvg, "fp32", nil) })
 	// Central DP (docs/privacy.md): the clip at the sites, the re-clip
 	// and the noisy mean at the aggregator, with simulate's noise key
 	// (--dp-noise-seed) given to the aggregator, give the same frames and
@@ -135,8 +141,11 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 	cfg.L2, cfg.Codec, cfg.Downlink, cfg.Workers, cfg.OptimumEvals = 0.01, codec, "fp32", 2, 300
 	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, Epochs: 3, Batch: 10, LR: 0.01, Step: 10, Relax: 1}
 	agg := split.StepRobust
-	if algo == FedProx {
+	switch algo {
+	case FedProx:
 		agg = "mean"
+	case FedAvg:
+		agg, local.Mu = "fedavg", 0
 	}
 	cfg.Algos = []Algo{{Label: algo, Family: algo, Agg: agg, Local: local}}
 	var key, selKey *[32]byte
@@ -177,6 +186,17 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 	fed, _, err := loadFederation(&cfg, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if algo == FedAvg { // the test is of the cap: it must act
+		var ups []aggregate.Update
+		for _, c := range fed.Clients {
+			ups = append(ups, aggregate.Update{Client: c.ID, Samples: c.Train.N})
+		}
+		if _, capped := aggregate.CapSamples(ups, aggregate.DefaultFedAvgCap); len(capped) == 0 {
+			t.Fatalf("no site's count is capped: %+v", ups)
+		} else {
+			t.Logf("capped: %+v", capped)
+		}
 	}
 
 	// The same federation live.

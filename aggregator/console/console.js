@@ -222,7 +222,7 @@
 
   var COLS = [['id', 'Site'], ['state', 'State'], ['seen', 'Last seen'], ['num rounds', 'Rounds'], ['num straggled', 'Straggled'],
     ['num partial', 'Partial'], ['num gamma', 'Last γ'], ['num epochs', 'Epochs'], ['eval', 'Last evaluation'],
-    ['rejections', 'Rejections'], ['error', 'Error']];
+    ['rejections', 'Rejections'], ['num capped', 'Samples capped'], ['error', 'Error']];
 
   function newRow(id) {
     var tr = el('tr');
@@ -251,6 +251,7 @@
     text(q('rounds'), String(c.participation || 0));
     text(q('straggled'), String(c.straggled || 0));
     text(q('partial'), String(c.partial || 0));
+    text(q('capped'), String(c.samples_capped || 0));
     var w = c.last_work;
     text(q('gamma'), w ? num(w.gamma, 3) : '-');
     text(q('epochs'), w ? String(w.epochs) + (w.partial ? ' (partial)' : '') : '-');

@@ -141,7 +141,7 @@ func (f *serveFlags) registerConnection(fs *flag.FlagSet) {
 	fs.StringVar(&f.brokerPasswd, "password-file", "", "embedded broker: the sites' password `FILE`, Mosquitto format (see `broker-agg pki passwd`)")
 	fs.BoolVar(&f.allowAnonymous, "allow-anonymous", false, "embedded broker: let clients in without credentials (development only; the ACL still applies)")
 	fs.IntVar(&f.maxPacket, "max-message-bytes", broker.DefaultMaxPacketSize, "largest message in `BYTES`: the embedded broker's packet cap and the aggregator's inbound limit")
-	fs.Float64Var(&f.rateMsgs, "rate-messages", aggregator.DefaultRateMessages, "per-site inbound rate limit in messages per second; over it (and --rate-burst) messages are dropped and counted, by the embedded broker before it routes them (edgefl_broker_rate_limited_total) and by the aggregator before it decodes them (edgefl_aggregator_rate_limited_total)")
+	fs.Float64Var(&f.rateMsgs, "rate-messages", aggregator.DefaultRateMessages, "per-site inbound rate limit in messages per second; over it (and --rate-burst) messages are dropped and counted (copies of a message the site got through recently first: a tenth of the burst is kept for new messages), by the embedded broker before it routes them (edgefl_broker_rate_limited_total) and by the aggregator before it decodes them (edgefl_aggregator_rate_limited_total)")
 	fs.IntVar(&f.rateBurst, "rate-burst", aggregator.DefaultRateBurst, "messages a site may send at once before --rate-messages applies")
 	fs.Float64Var(&f.rateBytes, "rate-bytes", aggregator.DefaultRateBytes, "per-site inbound rate limit in bytes per second (one message of --max-message-bytes always fits)")
 	fs.DurationVar(&f.sessionExpiry, "session-expiry", broker.DefaultSessionExpiry, "embedded broker: how long a disconnected site's session and queued messages are kept")
@@ -164,7 +164,7 @@ func (f *serveFlags) registerRounds(fs *flag.FlagSet) {
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the selection and of randomised aggregators")
 
 	fs.StringVar(&f.algo, "algorithm", aggregator.AlgoFedProx, "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator ("+strings.Join(aggregate.Names(), ", ")+"), trained like fedprox")
-	fs.StringVar(&f.agg, "aggregator", "", "how updates are combined: an update aggregator `SPEC` for the FedAvg/FedProx families (e.g. normbound:mult=3:inner=median); fedsplit-robust[:mult=M] (default) or fedsplit-mean for the FedSplit family (default: per --algorithm)")
+	fs.StringVar(&f.agg, "aggregator", "", "how updates are combined: an update aggregator `SPEC` for the FedAvg/FedProx families (e.g. normbound:mult=3:inner=median; fedavg counts no site's reported sample count above 3 x the median of the other sites' counts by default, fedavg:cap=M sets M, fedavg:cap=0 turns the cap off); fedsplit-robust[:mult=M] (default) or fedsplit-mean for the FedSplit family (default: per --algorithm)")
 	fs.StringVar(&f.sel, "selector", "", "client selection: uniform | samples | loss[:power=P][:explore=E] | window | poisson[:q=Q] (each online site independently with probability Q, default --per-round / online sites; --dp only); default uniform, poisson with --dp (the only one under --dp central)")
 	fs.StringVar(&f.solver, "solver", "sgd", "local solver: sgd | lbfgs")
 	fs.Float64Var(&f.mu, "mu", 0.01, "FedProx proximal weight (0 for fedavg)")

@@ -223,6 +223,7 @@ func printLive(w io.Writer, st aggregator.Status) error {
 		return err
 	}
 	fmt.Fprintf(w, "(PARTIAL: rounds whose update %s)\n", wire.PartialMeans)
+	printSamplesCapped(w, st.Clients)
 	h := l.History
 	if len(h) == 0 {
 		return nil
@@ -426,4 +427,19 @@ func optG(v *float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.4g", *v)
+}
+
+// printSamplesCapped names the sites whose updates were weighted by less
+// than the sample count they reported (FedAvg's cap relative to the other
+// sites' median, or the site's first reported count), when there are any.
+func printSamplesCapped(w io.Writer, clients []aggregator.ClientInfo) {
+	var capped []string
+	for _, ci := range clients {
+		if ci.SamplesCapped > 0 {
+			capped = append(capped, fmt.Sprintf("%s %d", ci.ID, ci.SamplesCapped))
+		}
+	}
+	if len(capped) > 0 {
+		fmt.Fprintf(w, "sample counts capped (updates weighted below the count they reported): %s\n", strings.Join(capped, ", "))
+	}
 }

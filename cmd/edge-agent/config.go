@@ -173,8 +173,8 @@ func options() []option {
 		{key: "max_message_bytes", help: "largest inbound message accepted, in bytes", val: integer(func(c *runConfig) *int { return &c.MaxMessageBytes }, 1)},
 		{key: "keepalive", help: "MQTT keepalive", def: agent.DefaultKeepAlive.String(), val: duration(func(c *runConfig) *time.Duration { return &c.KeepAlive })},
 		{key: "connect_timeout", help: "timeout of one connection attempt", def: agent.DefaultConnectTimeout.String(), val: duration(func(c *runConfig) *time.Duration { return &c.ConnectTimeout })},
-		{key: "reconnect_min", help: "first retry interval when the broker is unreachable at start", def: agent.DefaultReconnectMin.String(), val: duration(func(c *runConfig) *time.Duration { return &c.ReconnectMin })},
-		{key: "reconnect_max", help: "longest reconnect backoff", def: agent.DefaultReconnectMax.String(), val: duration(func(c *runConfig) *time.Duration { return &c.ReconnectMax })},
+		{key: "reconnect_min", help: "first retry interval when the broker is unreachable at start; also the first re-send delay of an update without a receipt (doubling up to reconnect_max)", def: agent.DefaultReconnectMin.String(), val: duration(func(c *runConfig) *time.Duration { return &c.ReconnectMin })},
+		{key: "reconnect_max", help: "longest reconnect backoff, and longest re-send backoff of an update without a receipt", def: agent.DefaultReconnectMax.String(), val: duration(func(c *runConfig) *time.Duration { return &c.ReconnectMax })},
 		{key: "publish_timeout", help: "how long a publish may wait for the broker", def: agent.DefaultPublishTimeout.String(), val: duration(func(c *runConfig) *time.Duration { return &c.PublishTimeout })},
 		{key: "log_level", help: "debug | info | warn | error", val: str(func(c *runConfig) *string { return &c.LogLevel })},
 		{key: "log_format", help: "text | json (stderr)", val: optVal{typ: "string", set: func(c *runConfig, v string) error {

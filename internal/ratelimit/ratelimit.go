@@ -12,6 +12,26 @@
 // dropped and takes nothing from either. Drops are reported for logging at
 // most once per LogEvery per site, with the count since the last report.
 //
+// New content comes first. A site flooding copies of one message (a replay
+// of its last update, a client stuck in a loop) used to empty its buckets
+// for as long as it flooded, so that its own next update, the first copy of
+// a new message, was dropped with the copies: the round then waited for
+// that site until its deadline (10 min by default) and the site re-sent
+// only when the round was announced again. Now the limiter remembers the
+// fingerprints of the last few distinct messages each site got through
+// (recentMessages) and keeps a tenth of each bucket (reserveFraction) for
+// messages it has not seen: a copy of a message already passed (a
+// duplicate) passes only while the buckets hold more than that reserve; a
+// new message may take every token. A duplicate flood then leaves the
+// reserve standing, and the site's next update, status or report passes
+// at once. The limits are the same for both: a site sending distinct
+// messages gets no more than before (all of it is "new" and it competes
+// with itself), and what a site gets through in all is bounded by the same
+// rate and burst as before. A duplicate dropped this way is an exact copy
+// of a message this limiter passed already; what it costs is that a
+// site's own re-send of such a message (after an INTERNAL receipt, say)
+// waits, while the site floods, for the buckets to rise above the reserve.
+//
 // An honest site sends a status per connection and an update (and at most
 // a statistics or evaluation report) per round: far below the defaults, also
 // when it reconnects and its outbox re-sends its unreceipted updates.
@@ -22,6 +42,7 @@ package ratelimit
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"sync"
 	"time"
 )
@@ -36,6 +57,15 @@ const (
 	// maxSites bounds the map of sites: ids are authenticated, but a
 	// development broker admits anonymous clients under any id.
 	maxSites = 1 << 16
+	// recentMessages is how many distinct messages of a site are
+	// remembered (by a 64-bit fingerprint of the payload) to tell a
+	// duplicate from a new message: a status, an update, a statistics and
+	// an evaluation report a round, with room for the outbox's re-sends.
+	recentMessages = 8
+	// reserveFraction of each bucket is kept for new messages: a duplicate
+	// passes only while the bucket holds more than that (see the package
+	// documentation).
+	reserveFraction = 0.1
 )
 
 // Limits are one site's inbound rate limits.
@@ -100,13 +130,35 @@ func (b *bucket) refill(now time.Time, rate, burst float64) {
 
 type site struct {
 	msgs, bytes bucket
-	lastLog     time.Time
-	dropped     uint64 // since the last report
+	// recent are the fingerprints of the last distinct messages passed
+	// (a ring: next is where the next one goes, n how many are set).
+	recent  [recentMessages]uint64
+	next, n int
+	lastLog time.Time
+	dropped uint64 // since the last report
+}
+
+// seen reports whether fingerprint fp is one of the site's recent messages.
+func (s *site) seen(fp uint64) bool {
+	for _, r := range s.recent[:s.n] {
+		if r == fp {
+			return true
+		}
+	}
+	return false
+}
+
+// remember adds fp to the site's recent messages, forgetting the oldest.
+func (s *site) remember(fp uint64) {
+	s.recent[s.next] = fp
+	s.next = (s.next + 1) % recentMessages
+	s.n = min(s.n+1, recentMessages)
 }
 
 // Limiter holds the sites' buckets. Its zero value is not usable: New.
 type Limiter struct {
 	limits Limits
+	seed   maphash.Seed // of the messages' fingerprints: a site cannot aim at another message's
 	mu     sync.Mutex
 	sites  map[string]*site
 }
@@ -116,7 +168,7 @@ func New(l Limits) (*Limiter, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
-	return &Limiter{limits: l.WithDefaults(), sites: map[string]*site{}}, nil
+	return &Limiter{limits: l.WithDefaults(), seed: maphash.MakeSeed(), sites: map[string]*site{}}, nil
 }
 
 // Limits returns the limiter's limits (defaults filled in).
@@ -130,11 +182,19 @@ type Verdict struct {
 	// Dropped counting it and the drops not logged since the last line.
 	LogNow  bool
 	Dropped uint64
+	// Duplicate: the message is a copy of one of the site's recent
+	// messages that passed (whether it passed or not this time).
+	Duplicate bool
 }
 
-// Allow charges a message of n payload bytes from id at now, or drops it.
-func (r *Limiter) Allow(id string, n int, now time.Time) Verdict {
+// Allow charges a message with this payload from id at now, or drops it:
+// a new message when both buckets hold a token and its size, a duplicate
+// of a recent message only when they hold that beyond the reserve kept
+// for new messages.
+func (r *Limiter) Allow(id string, payload []byte, now time.Time) Verdict {
 	l := r.limits
+	n := len(payload)
+	fp := maphash.Bytes(r.seed, payload) // outside the lock: the only cost that grows with the message
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.sites[id]
@@ -148,16 +208,25 @@ func (r *Limiter) Allow(id string, n int, now time.Time) Verdict {
 	byteBurst := max(l.Bytes, float64(l.MaxMessageBytes))
 	s.msgs.refill(now, l.Messages, float64(l.Burst))
 	s.bytes.refill(now, l.Bytes, byteBurst)
-	if s.msgs.tokens >= 1 && s.bytes.tokens >= float64(n) {
+	dup := s.seen(fp)
+	var msgReserve, byteReserve float64
+	if dup {
+		msgReserve = float64(int(reserveFraction * float64(l.Burst))) // whole messages: none under a burst of 10
+		byteReserve = reserveFraction * byteBurst
+	}
+	if s.msgs.tokens >= 1+msgReserve && s.bytes.tokens >= float64(n)+byteReserve {
 		s.msgs.tokens--
 		s.bytes.tokens -= float64(n)
-		return Verdict{OK: true}
+		if !dup {
+			s.remember(fp)
+		}
+		return Verdict{OK: true, Duplicate: dup}
 	}
 	s.dropped++
 	if s.lastLog.IsZero() || now.Sub(s.lastLog) >= l.LogEvery {
-		v := Verdict{LogNow: true, Dropped: s.dropped}
+		v := Verdict{LogNow: true, Dropped: s.dropped, Duplicate: dup}
 		s.lastLog, s.dropped = now, 0
 		return v
 	}
-	return Verdict{}
+	return Verdict{Duplicate: dup}
 }

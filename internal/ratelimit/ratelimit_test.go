@@ -8,6 +8,15 @@ import (
 
 var t0 = time.Date(2026, 11, 27, 8, 0, 0, 0, time.UTC)
 
+// payload is a message of n bytes, distinct for each tag (for n >= 2).
+func payload(n, tag int) []byte {
+	b := make([]byte, n)
+	for i := 0; i < n && i < 4; i++ {
+		b[i] = byte(tag >> (8 * i))
+	}
+	return b
+}
+
 func mustNew(t *testing.T, l Limits) *Limiter {
 	t.Helper()
 	r, err := New(l)
@@ -59,7 +68,8 @@ func TestAllow(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := mustNew(t, tt.limits)
 			for i, m := range tt.msgs {
-				if got := r.Allow(m.id, m.n, t0.Add(m.at)); got.OK != m.want {
+				// Every message is new content (distinct payloads).
+				if got := r.Allow(m.id, payload(m.n, i), t0.Add(m.at)); got.OK != m.want {
 					t.Fatalf("message %d (%+v): ok %v", i, m, got.OK)
 				}
 			}
@@ -71,13 +81,13 @@ func TestAllow(t *testing.T) {
 // the drops in between.
 func TestLogEvery(t *testing.T) {
 	r := mustNew(t, Limits{Messages: 1, Burst: 1, Bytes: 1e9, LogEvery: 10 * time.Second})
-	if v := r.Allow("a", 1, t0); !v.OK {
+	if v := r.Allow("a", payload(1, 0), t0); !v.OK {
 		t.Fatal("first message dropped")
 	}
 	var logged, total uint64
 	var lines int
 	for i := range 1000 { // 100 s at 10 messages a second
-		v := r.Allow("a", 1, t0.Add(time.Duration(i)*100*time.Millisecond))
+		v := r.Allow("a", payload(1, 0), t0.Add(time.Duration(i)*100*time.Millisecond))
 		if !v.OK {
 			total++
 		}
@@ -90,10 +100,10 @@ func TestLogEvery(t *testing.T) {
 		t.Errorf("%d log lines over 100 s, want one per 10 s", lines)
 	}
 	// The drops since the last line are reported with the next one.
-	if v := r.Allow("a", 1, t0.Add(time.Hour)); !v.OK {
+	if v := r.Allow("a", payload(1, 0), t0.Add(time.Hour)); !v.OK {
 		t.Fatal("no refill after an hour")
 	}
-	for !r.Allow("a", 1, t0.Add(time.Hour)).LogNow {
+	for !r.Allow("a", payload(1, 0), t0.Add(time.Hour)).LogNow {
 	}
 	if logged > total || total-logged > 100 {
 		t.Errorf("logged %d of %d drops", logged, total)
@@ -117,9 +127,106 @@ func TestDefaultsAndValidate(t *testing.T) {
 func TestSitesBounded(t *testing.T) {
 	r := mustNew(t, Limits{})
 	for i := range maxSites + 10 {
-		r.Allow(string(rune('a'+i%26))+string(rune(i)), 1, t0)
+		r.Allow(string(rune('a'+i%26))+string(rune(i)), payload(1, 0), t0)
 	}
 	if n := len(r.sites); n > maxSites {
 		t.Errorf("%d sites kept", n)
+	}
+}
+
+// A site flooding copies of one message cannot crowd out its own next
+// message: duplicates pass only while the buckets hold more than the
+// reserve kept for new content, so the first copy of each new message
+// passes at once, however long the flood lasts (a flooding site used to
+// lose its next update, and its round waited for it until the deadline).
+// What passes in all stays within the limits.
+func TestDuplicateFloodKeepsNewMessages(t *testing.T) {
+	tests := []struct {
+		name      string
+		limits    Limits
+		size      int
+		perSecond int // the flood's rate
+	}{
+		{"defaults, 2.5 kB updates", Limits{MaxMessageBytes: 16 << 20}, 2536, 10000},
+		{"byte-bound, 2 MB updates", Limits{MaxMessageBytes: 16 << 20}, 2 << 20, 100},
+		{"small burst", Limits{Messages: 5, Burst: 10, Bytes: 1e9}, 100, 10000},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := mustNew(t, tt.limits)
+			l := r.Limits()
+			const seconds = 30
+			perSecond := tt.perSecond
+			var passed, newPassed, newSent int
+			cur := payload(tt.size, 0)
+			if !r.Allow("flooder", cur, t0).OK {
+				t.Fatal("first message dropped")
+			}
+			for i := 1; i < perSecond*seconds; i++ {
+				now := t0.Add(time.Duration(i) * time.Second / time.Duration(perSecond))
+				isNew := i%(perSecond*3/2) == 0 // every 1.5 s its next update, then copies of it
+				if isNew {
+					cur = payload(tt.size, i)
+					newSent++
+				}
+				v := r.Allow("flooder", cur, now)
+				if v.OK {
+					passed++
+				}
+				if isNew {
+					if !v.OK {
+						t.Fatalf("message %d: the first copy of a new message was dropped under the flood", i)
+					}
+					if v.Duplicate {
+						t.Fatalf("message %d: a new message taken for a duplicate", i)
+					}
+					newPassed++
+				}
+			}
+			if newPassed != newSent {
+				t.Errorf("%d of %d new messages passed", newPassed, newSent)
+			}
+			byteBurst := max(l.Bytes, float64(l.MaxMessageBytes))
+			maxMsgs := float64(l.Burst) + l.Messages*seconds
+			maxBytes := (byteBurst + l.Bytes*seconds) / float64(tt.size)
+			if limit := min(maxMsgs, maxBytes); float64(passed+1) > limit+1 {
+				t.Errorf("%d messages passed in %d s, the limits allow %v", passed+1, seconds, limit)
+			}
+			// The duplicates still go through at about the rate the
+			// limits allow less the reserve: the flood is limited, not
+			// shut out (an honest re-send is a duplicate too).
+			if passed < seconds {
+				t.Errorf("only %d messages passed in %d s", passed, seconds)
+			}
+		})
+	}
+}
+
+// A duplicate passes like any message while the site is within its limits
+// (an honest re-send of an unreceipted update after a reconnect is one);
+// one dropped is counted as a duplicate.
+func TestDuplicateWithinLimits(t *testing.T) {
+	r := mustNew(t, Limits{Messages: 20, Burst: 100, Bytes: 1e9})
+	m := payload(100, 7)
+	for i := range 90 {
+		if v := r.Allow("a", m, t0); !v.OK || v.Duplicate != (i > 0) {
+			t.Fatalf("copy %d: %+v", i, v)
+		}
+	}
+	// 10 tokens left, the reserve: copies are dropped, new messages pass.
+	if v := r.Allow("a", m, t0); v.OK || !v.Duplicate {
+		t.Fatalf("copy over the reserve: %+v", v)
+	}
+	for i := range 10 {
+		if v := r.Allow("a", payload(100, 100+i), t0); !v.OK {
+			t.Fatalf("new message %d within the reserve dropped", i)
+		}
+	}
+	if v := r.Allow("a", payload(100, 200), t0); v.OK {
+		t.Fatal("a new message over the whole burst passed")
+	}
+	// The fingerprints are per site: another site's copy is new to it.
+	if v := r.Allow("b", m, t0); !v.OK || v.Duplicate {
+		t.Fatalf("site b: %+v", v)
 	}
 }

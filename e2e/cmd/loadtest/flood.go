@@ -41,7 +41,9 @@ type floodOptions struct {
 	rate, batch          int
 	floodFor, floodAfter time.Duration
 	floodRound           int
-	hidden               int // 0: the 60 x 10 logistic regression; else an MLP with this many hidden units
+	hidden               int           // 0: the 60 x 10 logistic regression; else an MLP with this many hidden units
+	content              string        // current | stale: what the flood re-publishes
+	roundTimeout         time.Duration // 0: broker-agg's default
 	seed                 uint64
 	timeout              time.Duration
 }
@@ -65,8 +67,10 @@ func runFlood(args []string) error {
 	fs.IntVar(&o.floodRound, "flood-round", 3, "the flood starts in this round ...")
 	fs.DurationVar(&o.floodAfter, "flood-after", time.Second, "... this long after its announcement")
 	fs.IntVar(&o.hidden, "hidden", 0, "0: the federation trains a 60 x 10 logistic regression (updates of 2.5 kB); H > 0: a 60-H-10 MLP (71H+10 parameters, 4 bytes each in fp32: H = 512 sends 145 kB updates), the larger model a flood may carry")
+	fs.StringVar(&o.content, "flood-content", "current", "what the flood re-publishes: current (the flooder's update of the round in progress, refreshed at each announcement: its copies also deliver its next update) | stale (the update of the round the flood began in, throughout: the flooder's later updates are sent once each, as an agent sends them, and must get through its own flood)")
+	fs.DurationVar(&o.roundTimeout, "round-timeout", 0, "broker-agg's round_timeout (0: its default, 10 min): how long a round waits for a site whose update was lost")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the selection and the agents")
-	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up a run after")
+	fs.DurationVar(&o.timeout, "timeout", 30*time.Minute, "give up a run after")
 	_ = fs.Parse(args) // flag.ExitOnError: Parse exits on a bad flag
 	switch {
 	case o.aggBin == "" || o.agentBin == "":
@@ -77,6 +81,8 @@ func runFlood(args []string) error {
 		return errors.New("flood: --rate, --batch and --flood-seconds must be > 0")
 	case o.hidden < 0:
 		return errors.New("flood: --hidden must be >= 0")
+	case o.content != "current" && o.content != "stale":
+		return fmt.Errorf("flood: --flood-content %q: want current or stale", o.content)
 	case o.floodRound < 1 || o.floodRound >= o.rounds:
 		return errors.New("flood: --flood-round must be in [1, --rounds)")
 	}
@@ -92,8 +98,8 @@ func runFlood(args []string) error {
 	if o.roundEpochs > 0 {
 		budget = fmt.Sprintf("%d epochs", o.roundEpochs)
 	}
-	fmt.Printf("flood: %s broker, %d agents + %s, %d rounds of %s of local work, %d msg/s for %v from %v into round %d\n",
-		o.broker, o.sites, floodID, o.rounds, budget, o.rate, o.floodFor, o.floodAfter, o.floodRound)
+	fmt.Printf("flood: %s broker, %d agents + %s, %d rounds of %s of local work, %d msg/s of %s copies for %v from %v into round %d\n",
+		o.broker, o.sites, floodID, o.rounds, budget, o.rate, o.content, o.floodFor, o.floodAfter, o.floodRound)
 	load0 := loadAvg()
 	base, err := floodRun(o, filepath.Join(work, o.broker+"-baseline"), false)
 	if err != nil {
@@ -131,11 +137,11 @@ func runFlood(args []string) error {
 	}
 	fmt.Printf("flooded rounds %d-%d: %.3f s without the flood, %.3f s with it (delay %+.3f s; worst round %+.3f s; whole run %+.3f s)\n",
 		flooded[0], flooded[len(flooded)-1], baseSum, floodSum, floodSum-baseSum, worst, all)
-	fmt.Printf("RESULT broker=%s rate=%d flood_s=%g message_bytes=%d sent=%d sent_rate=%.0f flooder_disconnects=%d broker_rate_limited=%.0f rate_limited=%.0f passed_limit=%.0f "+
+	fmt.Printf("RESULT broker=%s content=%s rate=%d flood_s=%g message_bytes=%d sent=%d sent_rate=%.0f flooder_disconnects=%d broker_rate_limited=%.0f rate_limited=%.0f passed_limit=%.0f "+
 		"flooded_rounds=%d-%d baseline_rounds_s=%.3f flood_rounds_s=%.3f delay_s=%.3f worst_round_delay_s=%.3f run_delay_s=%.3f "+
 		"aggregator_vmhwm_kb=%d baseline_aggregator_vmhwm_kb=%d mosquitto_vmhwm_kb=%d baseline_mosquitto_vmhwm_kb=%d "+
 		"aggregator_cpu_s=%.2f baseline_aggregator_cpu_s=%.2f mosquitto_cpu_s=%.2f baseline_mosquitto_cpu_s=%.2f loadavg_start=%s loadavg_end=%s\n",
-		o.broker, o.rate, o.floodFor.Seconds(), fl.msgBytes, fl.sent, float64(fl.sent)/fl.floodEnd.Sub(fl.floodStart).Seconds(), fl.disconnects,
+		o.broker, o.content, o.rate, o.floodFor.Seconds(), fl.msgBytes, fl.sent, float64(fl.sent)/fl.floodEnd.Sub(fl.floodStart).Seconds(), fl.disconnects,
 		fl.brokerLimited, fl.rateLimited, fl.passed-base.passed, flooded[0], flooded[len(flooded)-1], baseSum, floodSum, floodSum-baseSum, worst, all,
 		fl.aggHWM, base.aggHWM, fl.mqHWM, base.mqHWM, fl.aggCPU, base.aggCPU, fl.mqCPU, base.mqCPU, load0, load1)
 	return nil
@@ -244,7 +250,7 @@ func floodRun(o floodOptions, work string, withFlood bool) (*floodResult, error)
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		res.floodStart, res.floodEnd, res.sent = fl.flood(o.rate, o.batch, o.floodFor)
+		res.floodStart, res.floodEnd, res.sent = fl.flood(o.rate, o.batch, o.floodFor, o.content == "stale")
 		res.disconnects = int(fl.lost.Load())
 		res.msgBytes = len(*fl.cur.Load())
 	}
@@ -270,8 +276,11 @@ func floodAggConf(o floodOptions, federation, work string) []string {
 		"algorithm = fedproxsplit", "solver = sgd", "mu = 1", "step = 1", "lr = 0.05", "batch = 10", "gamma = 0.000001",
 		"codec = fp32",
 		fmt.Sprintf("per_round = %d", o.sites+1), fmt.Sprintf("rounds = %d", o.rounds), "quorum_fraction = 1",
-		"round_timeout = 60s", "settle = 0s", "max_reselections = -1", fmt.Sprintf("seed = %d", o.seed),
+		"settle = 0s", "max_reselections = -1", fmt.Sprintf("seed = %d", o.seed),
 		"log_format = json", "log_level = info",
+	}
+	if o.roundTimeout > 0 {
+		conf = append(conf, fmt.Sprintf("round_timeout = %v", o.roundTimeout))
 	}
 	if o.hidden > 0 {
 		conf = append(conf, "model = mlp", fmt.Sprintf("hidden = %d", o.hidden))
@@ -565,11 +574,12 @@ func (f *flooder) waitRound(ctx context.Context, r int) (time.Time, error) {
 }
 
 // flood publishes rate messages a second for d, QoS 0: at each tick (every
-// batch/rate) as many copies of the current round's update as the elapsed
-// time calls for (batch when on time; a late tick catches up). It returns
-// when the first and the last message were handed to the client, and how
-// many were.
-func (f *flooder) flood(rate, batch int, d time.Duration) (start, end time.Time, sent int) {
+// batch/rate) as many copies of the current round's update (stale: of the
+// update current when the flood began) as the elapsed time calls for
+// (batch when on time; a late tick catches up). It returns when the first
+// and the last message were handed to the client, and how many were.
+func (f *flooder) flood(rate, batch int, d time.Duration, stale bool) (start, end time.Time, sent int) {
+	first := *f.cur.Load()
 	total := int(float64(rate) * d.Seconds())
 	tick := time.NewTicker(time.Duration(float64(time.Second) * float64(batch) / float64(rate)))
 	defer tick.Stop()
@@ -579,7 +589,11 @@ func (f *flooder) flood(rate, batch int, d time.Duration) (start, end time.Time,
 		<-tick.C
 		due := min(total, int(float64(rate)*time.Since(start).Seconds()))
 		for ; sent < due; sent++ {
-			last = f.c.Publish(f.update, 0, false, *f.cur.Load())
+			msg := first
+			if !stale {
+				msg = *f.cur.Load()
+			}
+			last = f.c.Publish(f.update, 0, false, msg)
 		}
 	}
 	end = time.Now()

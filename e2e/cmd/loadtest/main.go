@@ -39,8 +39,11 @@
 //	    site "flooder" in this process that takes part in every round with
 //	    one valid update. The federation runs twice on fresh state: a
 //	    baseline, then the same run in which the flooder re-publishes its
-//	    current round's update at --rate msg/s (QoS 0, --batch a tick) for
-//	    --flood-seconds from --flood-after into --flood-round. It prints the
+//	    current round's update (--flood-content stale: the update of the
+//	    round the flood began in, throughout) at --rate msg/s (QoS 0,
+//	    --batch a tick) for --flood-seconds from --flood-after into
+//	    --flood-round, with broker-agg's default round_timeout unless
+//	    --round-timeout. It prints the
 //	    seconds of every round of both runs, the messages sent and
 //	    rate-limited (/metrics), the VmHWM and CPU seconds of broker-agg
 //	    (and Mosquitto), and the round delay: the rounds the flood
