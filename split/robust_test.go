@@ -226,7 +226,7 @@ func relDist(a, b []float64) float64 {
 // final model's distance from the honest federation's (all four honest)
 // and from the honest three's optimum (the attacker's data left out),
 // relative to their norms, and how often each site was left out. It
-// asserts what README.md claims under "One site cannot break FedSplit":
+// asserts what README.md claims under "One far poisoner cannot break FedSplit":
 // x10 and x1000 every round are left out of >= 95 % of the steps and x
 // converges to the honest three's optimum; x0.5, x1.5 and x3 in odd rounds
 // (relaxations of the same operator) end on the honest federation's model;
