@@ -92,3 +92,51 @@ func TestServerFedSplitBoundsAScalingSite(t *testing.T) {
 		}
 	}
 }
+
+// A federation whose steps grow round after round (here three sites of
+// four doubling their deltas, under fedsplit-mean: nothing bounds them) is
+// reported as diverging: a WARN line, the counter and the status's
+// fedsplit_diverging_since, from the fifth growing step on.
+func TestServerFedSplitDivergenceIsReported(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.K, cfg.Algorithm, cfg.Params.Step, cfg.Params.Relax = 4, AlgoFedSplit, 0.5, 1
+	cfg.Init, cfg.InitSeed, cfg.Aggregator = InitModel, 3, "fedsplit-mean"
+	r := f.start(cfg)
+	ids := []string{"site-a", "site-b", "site-c", "site-d"}
+	agents := make([]*fakeAgent, len(ids))
+	for i, id := range ids {
+		agents[i] = f.agent(id, 10)
+	}
+	const rounds = 7
+	for round := uint64(1); round <= rounds; round++ {
+		for i, a := range agents {
+			a.nextRound(t, round)
+			d := vec(float64(i + 1))
+			for k := range d {
+				d[k] *= math.Pow(2, float64(round)) / 100
+			}
+			a.send(t, zDelta(t, ids[i], round, round-1, d))
+		}
+		for _, a := range agents {
+			wantReceipt(t, a.receipt(t), round, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+		}
+		r.round(t)
+	}
+	if n := r.s.diverging.Load(); n != rounds-divergeRounds {
+		t.Errorf("diverging steps counted: %d, want %d", n, rounds-divergeRounds)
+	}
+	r.stop(t)
+	st, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	status, err := ReadStatus(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status.FedSplitDiverging != divergeRounds+1 {
+		t.Errorf("status: diverging since round %d, want %d", status.FedSplitDiverging, divergeRounds+1)
+	}
+}
