@@ -484,7 +484,11 @@ type Server struct {
 	fam     string
 	aggSpec string
 	agg     aggregate.Aggregator // nil for the FedSplit family
-	screen  float64              // the FedSplit family's screening factor (split.RobustServerStep)
+	screen  float64              // the FedSplit family's step bound factor (split.BoundedStep)
+	// robust is the FedSplit server step's state as of the open round
+	// (server_robust.go); nextRobust the closing round's, until its
+	// checkpoint is stored.
+	robust, nextRobust *robustState
 	// sum is the FedSplit family's sum-mode state (S, m and who is
 	// counted) as of the open round (nil outside sum mode; server_sum.go);
 	// nextSum the closing round's, until its checkpoint is stored.
@@ -538,7 +542,11 @@ type Server struct {
 	stCache                                 statusCache
 	rejected                                metrics.LabeledCounter // shell-level rejections by reason
 	corruption                              metrics.LabeledCounter // damaged stored values found at run time, by what
-	excluded                                metrics.LabeledCounter // FedSplit: z left out of a server step, by client
+	excluded                                metrics.LabeledCounter // FedSplit: left out of a server step (set aside), by client
+	clipped                                 metrics.LabeledCounter // FedSplit: step of z clipped, by client
+	readmitted                              metrics.LabeledCounter // FedSplit: taken back after being set aside, by client
+	nonFinite                               atomic.Uint64          // FedSplit: steps that produced a non-finite value (model kept)
+	diverging                               atomic.Uint64          // FedSplit: steps taken while the iterate was diverging
 	capped                                  metrics.LabeledCounter // updates weighted by the client's first sample count, by client
 	medianCapped                            metrics.LabeledCounter // updates FedAvg's cap weighted as a multiple of the others' median count, by client
 	rateLimited                             metrics.LabeledCounter // messages dropped over a site's rate limit, by client
@@ -754,6 +762,9 @@ func (s *Server) restore() error {
 	}
 	s.globalR = r
 	if err := s.restoreSum(cur); err != nil {
+		return err
+	}
+	if err := s.restoreRobust(cur); err != nil {
 		return err
 	}
 	if err := s.checkPersistedRange(r); err != nil {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/aggregate"
-	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"
 	"github.com/edgefl/edgefl/wire"
@@ -240,15 +239,28 @@ func (s *Server) checkpoint(cr CloseRound, next []float64, redo bool) (time.Time
 		if err != nil {
 			return time.Time{}, err
 		}
-		if err := s.store.OpenRound(storage.Round{Number: uint64(r + 1), OpenedAt: now, Config: s.conf, State: state, Sum: sum}, next); err != nil {
+		rob := s.nextRobust
+		if rob == nil {
+			rob = s.robust // aggregated before a restart: the state as it was
+		}
+		robust, err := robustBytes(rob)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if err := s.store.OpenRound(storage.Round{Number: uint64(r + 1), OpenedAt: now, Config: s.conf, State: state, Sum: sum, Split: robust}, next); err != nil {
 			return time.Time{}, fmt.Errorf("aggregator: %w", err)
 		}
 		s.storeR = uint64(r + 1)
 		if s.nextSum != nil {
 			s.sum = s.nextSum // S moves with the checkpoint, in its transaction
 		}
+		if s.nextRobust != nil {
+			s.robust = s.nextRobust // so does the robust step's state
+		}
+	} else if cr.Final && s.nextRobust != nil {
+		s.robust = s.nextRobust // the final step's records, for the status of the running daemon
 	}
-	s.nextSum = nil
+	s.nextSum, s.nextRobust = nil, nil
 	s.lastSt = state
 	return now, nil
 }
@@ -263,43 +275,11 @@ func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
 	}
 	out := make([]float64, s.dim)
 	if isSplit(s.fam) {
-		zs, err := s.store.LatestZ()
+		m, err := s.splitStep(cr, out)
 		if err != nil {
-			return nil, aggregate.Report{}, fmt.Errorf("aggregator: %w", err)
+			return nil, aggregate.Report{}, err
 		}
-		ids := make([]string, 0, len(zs))
-		for id, z := range zs {
-			if len(z) != s.dim {
-				s.log.Error("stored z has the wrong dimension; left out", "client", id, "len", len(z))
-				continue
-			}
-			ids = append(ids, id)
-		}
-		if len(ids) == 0 {
-			// Cannot happen (the round closed with a quorum of stored z);
-			// keep the model rather than publish nothing.
-			return slices.Clone(s.global), aggregate.Report{}, nil
-		}
-		slices.Sort(ids) // a deterministic summation order
-		list := make([][]float64, len(ids))
-		for i, id := range ids {
-			list[i] = zs[id]
-		}
-		_, left, err := split.RobustServerStep(out, list, s.global, s.screen)
-		if err != nil {
-			return nil, aggregate.Report{}, fmt.Errorf("aggregator: fedsplit server step: %w", err)
-		}
-		if len(left) > 0 {
-			_, dist := split.Screen(list, s.global, s.screen)
-			med := slices.Clone(dist)
-			slices.Sort(med)
-			for _, j := range left {
-				s.excluded.Inc(ids[j])
-				s.log.Warn("a client's z is far from the global model: left out of this round's mean", "client", ids[j], "round", cr.Round,
-					"distance", dist[j], "median_distance", med[len(med)/2], "mult", s.screen)
-			}
-		}
-		return out, aggregate.Report{Metrics: map[string]float64{"clients_with_z": float64(len(ids)), "excluded": float64(len(left))}}, nil
+		return out, aggregate.Report{Metrics: m}, nil
 	}
 	s.samplesCapped = map[string][2]uint64{}
 	ups, err := s.closedUpdates(cr, s.global)

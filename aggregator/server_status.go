@@ -255,8 +255,14 @@ func (s *Server) families() []metrics.Family {
 			{Suffix: "_sum", Value: aggSum}, {Suffix: "_count", Value: float64(aggCount)},
 		}},
 		metrics.One(ns+"aggregation_last_seconds", "Time to aggregate and checkpoint the last round.", metrics.Gauge, last.Duration.Seconds()),
-		{Name: ns + "fedsplit_excluded_total", Help: "FedSplit: rounds in which a client's z was left out of the server step as too far from the global model (split.RobustServerStep), by client.",
+		{Name: ns + "fedsplit_excluded_total", Help: "FedSplit: rounds in which a client was left out of the server step, set aside by the step bound (split.BoundedStep), by client.",
 			Type: metrics.Counter, Samples: metrics.Samples("client", s.excluded.Snapshot())},
+		{Name: ns + "fedsplit_clipped_total", Help: "FedSplit: rounds in which a client's step of z was longer than the step bound and was clipped (split.BoundedStep), by client.",
+			Type: metrics.Counter, Samples: metrics.Samples("client", s.clipped.Snapshot())},
+		{Name: ns + "fedsplit_readmitted_total", Help: "FedSplit: times a client set aside was taken back into the server step, by client.",
+			Type: metrics.Counter, Samples: metrics.Samples("client", s.readmitted.Snapshot())},
+		metrics.One(ns+"fedsplit_non_finite_total", "FedSplit: server steps that produced a value that is not a finite number (the global model was kept).", metrics.Counter, float64(s.nonFinite.Load())),
+		metrics.One(ns+"fedsplit_diverging_total", "FedSplit: server steps taken while the iterate was diverging (the median step of z grew in 5 steps in a row).", metrics.Counter, float64(s.diverging.Load())),
 		{Name: ns + "rate_limited_total", Help: "Messages dropped because their site was over its rate limit (--rate-messages, --rate-bytes), by client.",
 			Type: metrics.Counter, Samples: metrics.Samples("client", s.rateLimited.Snapshot())},
 		{Name: ns + "sample_count_capped_total", Help: "Updates weighted by the client's first reported sample count because they reported more, by client.",
@@ -358,6 +364,12 @@ type Status struct {
 	// DuplicateInstances are the sites for which a second installation
 	// was seen (instances.go; the running daemon's only).
 	DuplicateInstances []DuplicateInstance `json:"duplicate_instances,omitempty"`
+	// FedSplitDiverging is the round since which the FedSplit iterate has
+	// been diverging (its median step of z grew in 5 steps in a row; 0:
+	// not diverging), FedSplitNonFinite the steps whose model was not
+	// finite and was not published.
+	FedSplitDiverging int `json:"fedsplit_diverging_since,omitempty"`
+	FedSplitNonFinite int `json:"fedsplit_non_finite,omitempty"`
 	// Live is what only the running daemon knows (its configuration,
 	// the round history); nil when read from the file.
 	Live *LiveStatus `json:"live,omitempty"`
@@ -418,6 +430,10 @@ type ClientInfo struct {
 	// than the sample count they reported (FedAvg's cap relative to the
 	// other sites' median, or the site's first reported count).
 	SamplesCapped uint64 `json:"samples_capped,omitempty"`
+	// FedSplit is what the robust FedSplit server step did with the site:
+	// the rounds its step was clipped or it was left out, and why (nil:
+	// never).
+	FedSplit *SiteScreen `json:"fedsplit,omitempty"`
 }
 
 // WorkInfo is what a site's latest accepted update said of its local
@@ -540,6 +556,15 @@ func ReadStatus(store *storage.AggStore) (Status, error) {
 		}
 	}
 	slices.SortFunc(out.Clients, func(a, b ClientInfo) int { return strings.Compare(a.ID, b.ID) })
+	if rs, err := decodeRobust(cur.Split); err == nil {
+		out.FedSplitDiverging, out.FedSplitNonFinite = rs.DivergingSince, rs.NonFinite
+		screens := screenOf(rs)
+		for i := range out.Clients {
+			if sc, ok := screens[out.Clients[i].ID]; ok {
+				out.Clients[i].FedSplit = &sc
+			}
+		}
+	}
 	return out, readFedStatus(store, &out, st)
 }
 

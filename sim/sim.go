@@ -404,7 +404,7 @@ type algoState struct {
 	a       Algo
 	split   bool
 	agg     aggregate.Aggregator // FedAvg/FedProx family
-	screen  float64              // FedSplit's screening factor (split.RobustServerStep)
+	screen  float64              // FedSplit's step bound factor (split.BoundedStep)
 	sel     aggregate.Selector
 	sp      split.Params
 	x       []float64
@@ -421,6 +421,12 @@ type algoState struct {
 	// sides' record of the copy: uplink computes them alike.
 	residual map[int][]float64
 	zServer  map[int]*uplink.Copy
+	// The FedSplit server step's state (split.BoundedStep), as the
+	// aggregator keeps it: each client's standing, the reference step,
+	// and the round's updates (decoded delta, against x or the copy).
+	bstate map[int]split.SiteState
+	bref   float64
+	bround map[int]splitUpdate
 	// Central DP (cfg.DP): the accountant, the noise key and the sampling
 	// rate of every round; the selection key (the daemon's is secret, this
 	// one derived from --dp-noise-seed), the candidates' order by id (the
@@ -460,7 +466,7 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 		sp: split.Params{Step: a.Local.Step, Relax: a.Local.Relax},
 		x:  append([]float64(nil), x0...), z: make(map[int][]float64),
 		cands:    append([]aggregate.Candidate(nil), e.cands...),
-		residual: make(map[int][]float64), zServer: make(map[int]*uplink.Copy)}
+		residual: make(map[int][]float64), zServer: make(map[int]*uplink.Copy), bstate: make(map[int]split.SiteState)}
 	var err error
 	if !s.split {
 		if s.agg, err = aggregate.NewAggregator(a.Agg, cfg.Seed); err != nil {
@@ -665,6 +671,7 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 		frames = map[string]*uplink.Frame{}
 	}
 	s.sumCs, s.sumPen, s.bits = nil, map[int]uplink.Pending{}, nil
+	s.bround = map[int]splitUpdate{}
 	for i, j := range jobs {
 		if j.straggler {
 			row.Stragglers++
@@ -703,12 +710,34 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 			if d, received, err = receive(s.serverCodec, f, s.x, s.zServer[j.client]); err != nil {
 				return nil, nil, nil, fmt.Errorf("round %d, client %s: %w", t, id, err)
 			}
+			if s.split {
+				s.bround[j.client] = splitUpdate{delta: d, reset: uplink.BaseOf(f.Header) != uplink.BaseCopy}
+			}
 			if s.acc != nil {
 				cs = append(cs, uplink.Contribution{Client: id, Delta: d})
 			}
 			s.residual[j.client] = f.Residual
 		} else {
 			row.BytesUp += int64(8 * len(outs[i].params)) // exact float64 vectors
+			if s.split {
+				// Exact vectors: the same protocol without a codec, the
+				// delta against the server's copy (x before any).
+				base, reset := s.x, true
+				if cp := s.zServer[j.client]; cp != nil {
+					base, reset = cp.Z, false
+				}
+				scale := 1.0
+				if j.client < e.cfg.Faulty && s.sum == nil {
+					scale = e.cfg.FaultyScale
+				}
+				d := make([]float64, len(base))
+				received = make([]float64, len(base))
+				for k := range d {
+					d[k] = (outs[i].params[k] - base[k]) * scale
+					received[k] = base[k] + d[k]
+				}
+				s.bround[j.client] = splitUpdate{delta: d, reset: reset}
+			}
 		}
 		if s.split {
 			s.z[j.client] = outs[i].params
@@ -809,18 +838,36 @@ func (s *algoState) serverStep(t, n int, ups []aggregate.Update, row *Round) err
 		if len(s.z) == 0 {
 			return nil
 		}
-		zs := make([][]float64, 0, len(s.z))
+		var in []split.SiteInput
+		var ids []int
 		for c := range n {
 			if v, ok := s.zServer[c]; ok {
-				zs = append(zs, v.Z)
+				u := s.bround[c]
+				in = append(in, split.SiteInput{Z: v.Z, Delta: u.delta, Reset: u.reset, State: s.bstate[c]})
+				ids = append(ids, c)
 			}
 		}
-		_, out, err := split.RobustServerStep(next, zs, s.x, s.screen)
+		_, rep, err := split.BoundedStep(next, s.x, in, s.screen, s.bref)
+		if errors.Is(err, split.ErrNonFinite) {
+			row.Metrics = map[string]float64{"non_finite": 1} // the model is kept, as the aggregator keeps it
+			return nil
+		}
 		if err != nil {
 			return err
 		}
-		if len(out) > 0 {
-			row.Metrics = map[string]float64{"excluded": float64(len(out))}
+		s.bref = rep.Ref
+		clipped, aside := 0, 0
+		for k, r := range rep.Sites {
+			s.bstate[ids[k]] = r.State
+			if r.Clipped {
+				clipped++
+			}
+			if r.State.Aside {
+				aside++
+			}
+		}
+		if clipped+aside > 0 {
+			row.Metrics = map[string]float64{"excluded": float64(aside), "clipped": float64(clipped)}
 		}
 		s.x = next
 	case len(ups) > 0:
@@ -950,10 +997,19 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 			for i := range next {
 				c := jobs[i].client
 				o := e.work(ctx, wk.m, a, sp, jobs[i], x, z[c], t)
+				var tamper func([]float64)
 				if c < cfg.Faulty && o.params != nil {
-					// A faulty site sends its delta scaled: w = x + scale (w - x).
-					for k, v := range o.params {
-						o.params[k] = x[k] + cfg.FaultyScale*(v-x[k])
+					if isSplit && s.sum == nil && e.sq == nil {
+						// A faulty FedSplit site scales the delta it
+						// sends, against the server's copy of its z, as
+						// the attacking agent does: its own z stays as
+						// computed (receiveAll without a codec).
+						tamper = scaleBy(cfg.FaultyScale)
+					} else {
+						// A faulty site sends its delta scaled: w = x + scale (w - x).
+						for k, v := range o.params {
+							o.params[k] = x[k] + cfg.FaultyScale*(v-x[k])
+						}
 					}
 				}
 				if e.sq != nil && o.err == nil && o.params != nil {
@@ -964,11 +1020,18 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 					if s.sum != nil {
 						f, o.err = uplink.EncodeSum(wk.codec, uplink.SumUpdate{Round: uint64(t), Z: o.params, Global: x, Initial: initial, Record: s.rec[c], Clip: s.clip}, rng)
 					} else {
-						u := uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x, Residual: residual[c], Copy: zServer[c]}
+						u := uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x, Residual: residual[c], Copy: zServer[c], Tamper: tamper}
 						if cfg.DP != nil {
 							u.Clip = s.clip
 						}
 						f, o.err = uplink.Encode(wk.codec, u, rng)
+						if o.err != nil && tamper != nil {
+							// A poisoned delta the codec cannot carry
+							// (beyond float32): the attacking agent's
+							// round fails and it sends nothing, keeping
+							// its z.
+							o.params, o.err = nil, nil
+						}
 					}
 					o.frame = &f
 				}
@@ -1031,4 +1094,21 @@ func (e *env) pni() float64 {
 		return math.NaN()
 	}
 	return v
+}
+
+// splitUpdate is a FedSplit client's update of a round as the server
+// decoded it: the delta, and whether it is against x (reset) or the
+// server's copy of its z.
+type splitUpdate struct {
+	delta []float64
+	reset bool
+}
+
+// scaleBy returns the poisoning hook of a faulty site: its delta times s.
+func scaleBy(s float64) func([]float64) {
+	return func(d []float64) {
+		for i := range d {
+			d[i] *= s
+		}
+	}
 }

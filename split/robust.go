@@ -1,6 +1,7 @@
 package split
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -8,105 +9,377 @@ import (
 	"strings"
 )
 
-// One authenticated site can publish any z_j it likes; the plain server step
-// (the mean of every z_j) lets it move x anywhere, and because z_j is the
-// site's persistent state the damage never ends (issue 10, item 1: a site
-// scaling its deltas x1000 drove the global model to 1e38). The robust step
-// screens the z_j before the mean:
+// One authenticated site can publish any z_j it likes. The plain server
+// step (the mean of every z_j) lets it move x anywhere, and because z_j is
+// the site's persistent state the damage never ends. A first defence left
+// out any z_j far from x (more than 20 times the median distance); it
+// failed against a mild poisoner: a site scaling each update it sends by 3
+// (or -1) drags x a little, every honest z_j follows x, the median
+// distance grows with the attack and the poisoner is never the outlier:
+// the model's norm doubled every round to a float32 overflow. Any test of
+// a z_j against x is relative to a model the attacker moves.
 //
-//	d_j = ||z_j - x||, x the global model the round announced;
-//	z_j is left out of this step when d_j > Mult x median(d).
+// The bounded step (BoundedStep) measures what a site changes instead:
 //
-// Why this keeps FedSplit exact for honest sites: at the fixed point every
-// z_j = x* - s_j grad f_j(x*) (Pathak & Wainwright, Prop. 1), so the d_j are
-// the sites' scaled gradients at the optimum, which differ by the sites'
-// heterogeneity, not by orders of magnitude; with Mult well above that
-// spread nobody is ever left out, and the step is the plain mean, bit for
-// bit (the same summation order). A poisoned z_j far from x is left out of
-// every step, so x converges to the fixed point of the honest sites alone
-// (the optimum of their pooled objective), and what a site that stays just
-// under the bound can do per step is at most Mult x median(d) / m.
+//	step_j = r_j - e_j,
 //
-// The screen needs a majority of honest sites and at least MinScreened of
-// them: with fewer z the median is not robust and the plain mean is used.
+// r_j the server's copy of z_j (what the site sent, decoded against its
+// base by package uplink: one rule, the site keeps the same copy) and e_j
+// the z_j the mean counts for the site. For an honest site the step is
+// z_j^{t+1} - z_j^t = 2 alpha (z_half - x): it shrinks to 0 as
+// Peaceman-Rachford converges, whatever the scale of the model. Each round
+//
+//	ref   = median_j ||step_j||, at most Growth x the last round's ref
+//	allow = max(Mult x ref, min(own_j, MaxRatio x ref), Floor x ||x||)
+//	e_j  <- e_j + clip(step_j, allow_j)
+//
+// (own_j: the longest step the site took within its allowance in its last
+// OwnRounds updates; a site whose data makes its steps steadily longer
+// than the others' keeps its share). What a clip leaves out is kept as the site's lag L_j = r_j - e_j and
+// counted in its later steps, so an honest site clipped now and then
+// catches up and the fixed point is the plain mean's; with nobody clipped
+// the step is the plain mean of the r_j bit for bit.
+//
+// Why each rule: the median is set by the honest majority. Growth: the
+// Peaceman-Rachford operator is nonexpansive, so honest convex sites'
+// steps do not grow together; a poisoner that drags every site along (a x3
+// site moves x so that every honest step grows with its own: none is the
+// outlier) would grow a bound that followed the median. A site scaling its
+// updates by s moves its copy r_j <- r_j + s (z_j - r_j): r_j - z_j is
+// multiplied by (1 - s) every round. For s in (0, 2) (0.5, 1.5: under- and
+// over-relaxations of the same operator) that contracts and the fixed point
+// is unchanged; for s = -1, 3, 10, 1000 it grows geometrically, so the
+// site's own updates outgrow its allowance, and a clipped update earns it
+// no allowance for the next rounds. A clip of an update that is itself
+// beyond the allowance (not only its lag) is a strike; Patience strikes
+// without Patience clean rounds in a row between them set the site aside:
+// left out of the mean, its e_j frozen, judged on its own updates. It is
+// taken back (e_j = r_j) after Patience updates in a row within its
+// allowance, if its copy is within DistMult median distances of x (a site
+// that parked its copy far away stays out). A site alternating hostile and
+// honest rounds strikes in every hostile round and never has the clean
+// rounds. Setting a site aside or taking one back moves the fixed point:
+// the next round's ref starts again from its own median.
+//
+// What it cannot tell apart: a site whose steps are within the honest
+// sites' spread (x1.5, or x-1 / x3 in alternate rounds, on strongly
+// heterogeneous data) moves x by at most its allowance per round, like an
+// honest site; and an honest site whose own steps outgrow its allowance
+// round after round may be set aside for a while. README.md gives the
+// measured figures. The rules need MinScreened sites with a step norm;
+// with fewer nothing is clipped.
 
-// DefaultMult is the screening factor of RobustServerStep.
-const DefaultMult = 20
+// DefaultMult is the step bound's factor: a site's step may be Mult times
+// the median step norm.
+const DefaultMult = 4
 
-// MinScreened is the number of z below which the step is the plain mean.
+// Growth is how much the reference step may grow from one round to the
+// next.
+const Growth = 1.25
+
+// DistMult bounds the distance from x of a set-aside site's copy when it
+// is taken back: DistMult times the median distance of the sites' copies.
+const DistMult = 20
+
+// Floor is the step, relative to ||x||, below which nothing is clipped:
+// far above float64 rounding (1e-16), far below any effect on the model
+// (a poisoner can move x by this fraction of its norm per round at most).
+const Floor = 1e-9
+
+// OwnRounds and MaxRatio bound a site's own allowance: the longest step it
+// took within its allowance in its last OwnRounds updates (an update of its
+// own beyond the allowance earns none, and is a strike), never above
+// MaxRatio times the reference.
+const (
+	OwnRounds = 4
+	MaxRatio  = 100
+)
+
+// Patience is the number of strikes that set a site aside, of clean rounds
+// in a row that forgive them, and of updates in a row within its allowance
+// that take a set-aside site back.
+const Patience = 2
+
+// MinScreened is the number of sites with a step norm below which nothing
+// is clipped.
 const MinScreened = 3
 
-// Screen returns the indices of the zs that RobustServerStep leaves out,
-// and each z's distance from x.
-func Screen(zs [][]float64, x []float64, mult float64) (out []int, dist []float64) {
-	dist = make([]float64, len(zs))
-	for j, z := range zs {
-		var s float64
-		for i, v := range z {
-			d := v - x[i]
-			s += d * d
-		}
-		dist[j] = math.Sqrt(s)
-	}
-	if len(zs) < MinScreened {
-		return nil, dist
-	}
-	sorted := slices.Clone(dist)
-	slices.Sort(sorted)
-	n := len(sorted)
-	med := sorted[n/2]
-	if n%2 == 0 {
-		med = (sorted[n/2-1] + sorted[n/2]) / 2
-	}
-	if !(med > 0) {
-		// Every honest z still equals x (the first round, before any
-		// update): only a z that moved at all can be an outlier, and with
-		// a zero median that would be every z that moved. Screen nothing.
-		return nil, dist
-	}
-	for j, d := range dist {
-		if d > mult*med || math.IsNaN(d) {
-			out = append(out, j)
-		}
-	}
-	return out, dist
+// SiteState is the bounded step's state of one site at the server (the
+// zero value: a site whose every update counted in full).
+type SiteState struct {
+	// Lag is r_j - e_j, what clips left out and later steps make up; nil
+	// when none.
+	Lag []float64 `json:"lag,omitempty"`
+	// Norm is the norm of the site's latest step, its vote in the median;
+	// Voted says it has one.
+	Norm  float64 `json:"norm,omitempty"`
+	Voted bool    `json:"voted,omitempty"`
+	// Applied are the norms of the site's steps in its last OwnRounds
+	// updates as far as they were within its allowance (0 for one whose
+	// own update was beyond it; its own update while it is set aside),
+	// oldest first.
+	Applied []float64 `json:"applied,omitempty"`
+	// Strikes counts the rounds the site was clipped in with a growing
+	// lag since it last had Patience clean rounds in a row; Clean counts
+	// its clean rounds in a row (its step within its allowance).
+	Strikes int `json:"strikes,omitempty"`
+	Clean   int `json:"clean,omitempty"`
+	// Aside: the site is left out of the mean.
+	Aside bool `json:"aside,omitempty"`
 }
 
-// RobustServerStep is ServerStep over the zs that Screen keeps (see the
-// comment above); it returns the indices it left out. mult <= 0 means
-// DefaultMult.
-func RobustServerStep(dst []float64, zs [][]float64, x []float64, mult float64) ([]float64, []int, error) {
+// SiteInput is one site's part in a round's bounded step.
+type SiteInput struct {
+	// Z is r_j, the server's copy of the site's z_j after this round.
+	Z []float64
+	// Delta is this round's decoded update (nil: the site sent none this
+	// round); Reset says it is against x (a join, or a site re-sending
+	// after its copy was forgotten: uplink's base round 0), which drops
+	// the lag: the step is then Delta itself.
+	Delta []float64
+	Reset bool
+	State SiteState
+}
+
+// SiteResult is what a round's bounded step did with one site.
+type SiteResult struct {
+	State SiteState
+	// Step is the norm of the step the site asked for (its lag included);
+	// Clipped says it was longer than the bound and was shortened.
+	Step    float64
+	Clipped bool
+	// SetAside: set aside in this round; Readmitted: back in the mean.
+	SetAside, Readmitted bool
+}
+
+// StepReport is a round's bound and each site's result (in input order).
+type StepReport struct {
+	// Bound is B (+Inf: nothing is clipped), Median the median step norm.
+	Bound, Median float64
+	// Ref is the median step the bound used: this round's, or Growth
+	// times the previous round's Ref when that is smaller. The caller
+	// keeps it for the next round (0: none, after a round that set a
+	// site aside or took one back).
+	Ref   float64
+	Sites []SiteResult
+}
+
+// ErrNonFinite is returned for a step or a model with a value that is not
+// a finite number.
+var ErrNonFinite = errors.New("fedsplit: a non-finite value")
+
+// BoundedStep computes the next global model from the sites' copies and
+// this round's updates (see the comment above) into dst and returns it with
+// the report; x is the round's global model. mult <= 0 means DefaultMult;
+// +Inf clips nothing (the plain mean). The inputs are not modified.
+func BoundedStep(dst, x []float64, sites []SiteInput, mult, ref float64) ([]float64, StepReport, error) {
 	if mult <= 0 {
 		mult = DefaultMult
 	}
-	for j, z := range zs {
-		if len(z) != len(x) {
-			return nil, nil, fmt.Errorf("%w: client %d has %d, the model %d", ErrDim, j, len(z), len(x))
+	d := len(x)
+	rep := StepReport{Sites: make([]SiteResult, len(sites))}
+	steps := make([][]float64, len(sites))
+	for j, in := range sites {
+		if len(in.Z) != d || (in.Delta != nil && len(in.Delta) != d) || (in.State.Lag != nil && len(in.State.Lag) != d) {
+			return nil, rep, fmt.Errorf("%w: site %d's vectors and the model's %d", ErrDim, j, d)
+		}
+		st := in.State
+		st.Lag = nil
+		var step []float64
+		switch {
+		case in.Delta != nil && in.Reset:
+			step = in.Delta
+		case in.Delta != nil && in.State.Lag != nil:
+			step = make([]float64, d)
+			for i := range step {
+				step[i] = in.Delta[i] + in.State.Lag[i]
+			}
+		case in.Delta != nil:
+			step = in.Delta
+		default:
+			step = in.State.Lag // no update: only a lag to make up
+		}
+		n := norm(step)
+		if math.IsNaN(n) || math.IsInf(n, 0) {
+			return nil, rep, fmt.Errorf("%w in site %d's step", ErrNonFinite, j)
+		}
+		if in.Delta != nil {
+			st.Norm, st.Voted = n, true
+		}
+		steps[j] = step
+		rep.Sites[j] = SiteResult{State: st, Step: n}
+	}
+	var votes []float64
+	for _, r := range rep.Sites {
+		if r.State.Voted {
+			votes = append(votes, r.State.Norm)
 		}
 	}
-	out, _ := Screen(zs, x, mult)
-	if len(out) == 0 {
-		dst, err := ServerStep(dst, zs)
-		return dst, nil, err
-	}
-	kept := make([][]float64, 0, len(zs)-len(out))
-	for j, z := range zs {
-		if !slices.Contains(out, j) {
-			kept = append(kept, z)
+	rep.Bound, rep.Median = math.Inf(1), math.NaN()
+	if len(votes) >= MinScreened {
+		slices.Sort(votes)
+		n := len(votes)
+		rep.Median = votes[n/2]
+		if n%2 == 0 {
+			rep.Median = (votes[n/2-1] + votes[n/2]) / 2
+		}
+		rep.Ref = rep.Median
+		if ref > 0 && rep.Ref > Growth*ref {
+			rep.Ref = Growth * ref
+		}
+		if !math.IsInf(mult, 1) {
+			rep.Bound = mult * rep.Ref
 		}
 	}
-	dst, err := ServerStep(dst, kept)
-	return dst, out, err
+	// Rounding noise is never clipped: once the steps are down to a few
+	// ulps of x their medians jump about at random.
+	floor := Floor * norm(x)
+	dist := make([]float64, len(sites))
+	for j, in := range sites {
+		var q float64
+		for i, v := range in.Z {
+			q += (v - x[i]) * (v - x[i])
+		}
+		dist[j] = math.Sqrt(q)
+	}
+	distBound := math.Inf(1)
+	if len(sites) >= MinScreened {
+		sorted := slices.Clone(dist)
+		slices.Sort(sorted)
+		n := len(sorted)
+		distBound = DistMult * (sorted[(n-1)/2] + sorted[n/2]) / 2
+	}
+	counted := make([][]float64, 0, len(sites))
+	for j, in := range sites {
+		r := &rep.Sites[j]
+		e := in.Z // e_j = r_j: the site counts as received
+		allowed := rep.Bound
+		if !math.IsInf(allowed, 1) && rep.Ref > 0 {
+			// A site's steps may be longer than the median's in every
+			// round (heterogeneous data): it may always step as far as
+			// it did, unclipped, in one of its last OwnRounds updates
+			// (up to MaxRatio median steps). Honest steps shrink as the
+			// federation converges, or oscillate (Peaceman-Rachford is
+			// not averaged); a poisoner's grow, are clipped and earn it
+			// nothing.
+			if own := slices.Max(append([]float64{0}, in.State.Applied...)); own > 0 {
+				allowed = max(allowed, min(own, MaxRatio*rep.Ref))
+			}
+		}
+		judged := allowed // the allowance a set-aside site's update is judged by
+		allowed = max(allowed, floor)
+		if in.Delta != nil {
+			n := r.Step
+			if in.State.Aside {
+				n = norm(in.Delta) // its own update, not its frozen lag
+			}
+			switch {
+			case n <= allowed:
+			case norm(in.Delta) <= allowed:
+				n = allowed // clipped for its lag only: it keeps its allowance
+			default:
+				n = 0 // its own update is beyond it: it earns none
+			}
+			as := append(slices.Clone(in.State.Applied), n)
+			r.State.Applied = as[max(0, len(as)-OwnRounds):]
+		}
+		if in.State.Aside {
+			// Set aside: e_j stays where it is (the lag takes the whole
+			// step) and the site is judged on its own updates: Patience
+			// of them in a row within its allowance, and a copy r_j no
+			// farther from x than DistMult times the median distance
+			// (a site that parked its copy far away while set aside
+			// stays out), take it back with e_j = r_j.
+			r.Clipped = r.Step > allowed
+			r.State.Lag = slices.Clone(steps[j])
+			if in.Delta != nil && norm(in.Delta) <= judged {
+				// (Not below the floor: steps of rounding noise say
+				// nothing about the site.)
+				r.State.Clean++
+			} else {
+				r.State.Clean = 0
+			}
+			if r.State.Clean >= Patience && dist[j] <= distBound {
+				r.State = SiteState{Norm: r.State.Norm, Voted: r.State.Voted, Applied: r.State.Applied}
+				r.Readmitted = true
+				counted = append(counted, in.Z)
+			}
+			continue
+		}
+		if r.Step > allowed {
+			// Shorten the step to the allowance: e_j = e_old + step
+			// allowed/|step|, and the rest is the new lag r_j - e_j.
+			r.Clipped = true
+			keep := 1 - allowed/r.Step
+			r.State.Lag = make([]float64, d)
+			e = make([]float64, d)
+			for i, v := range steps[j] {
+				r.State.Lag[i] = v * keep
+				e[i] = in.Z[i] - r.State.Lag[i]
+			}
+			r.State.Clean = 0
+			if in.Delta != nil && norm(in.Delta) > allowed {
+				// Its own update, not only its lag, is beyond its
+				// allowance: a strike.
+				r.State.Strikes++
+			}
+			if r.State.Strikes >= Patience && !r.State.Aside {
+				r.State.Aside, r.SetAside = true, true
+			}
+		} else if r.State.Clean++; r.State.Clean >= Patience {
+			// Patience clean rounds in a row forgive the strikes: a
+			// site alternating hostile and honest rounds never has them.
+			r.State.Strikes = 0
+		}
+		if !r.State.Aside {
+			counted = append(counted, e)
+		}
+	}
+	for _, r := range rep.Sites {
+		if r.SetAside || r.Readmitted {
+			// The sites in the mean changed, and so does the fixed
+			// point: the honest steps towards the new one may be far
+			// longer than the last ones. The next round's bound starts
+			// again from its own median.
+			rep.Ref = 0
+		}
+	}
+	if len(counted) == 0 {
+		// Every site set aside (no honest majority to speak of): keep x.
+		if dst == nil {
+			dst = make([]float64, d)
+		}
+		copy(dst, x)
+		return dst, rep, nil
+	}
+	dst, err := ServerStep(dst, counted)
+	if err != nil {
+		return nil, rep, err
+	}
+	for _, v := range dst {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil, rep, fmt.Errorf("%w in the mean of the sites' z", ErrNonFinite)
+		}
+	}
+	return dst, rep, nil
+}
+
+func norm(v []float64) float64 {
+	var s float64
+	for _, a := range v {
+		s += a * a
+	}
+	return math.Sqrt(s)
 }
 
 // Server step specs: the --aggregator values the FedSplit family takes.
 const (
-	StepRobust = "fedsplit-robust" // RobustServerStep, the default; ":mult=M" sets Mult
-	StepMean   = "fedsplit-mean"   // the plain mean of every z (no screening)
+	StepRobust = "fedsplit-robust" // BoundedStep, the default; ":mult=M" sets Mult
+	StepMean   = "fedsplit-mean"   // the plain mean of every z (no bound)
 )
 
-// ParseServerStep parses a FedSplit server-step spec and returns its
-// screening factor (+Inf for the plain mean). Any other aggregator is
+// ParseServerStep parses a FedSplit server-step spec and returns its step
+// bound's factor Mult (+Inf for the plain mean). Any other aggregator is
 // refused: the FedSplit server step averages states, not updates, and the
 // update aggregators (median, trimmed mean, norm bounding, ...) would be
 // silently meaningless there.
@@ -124,5 +397,5 @@ func ParseServerStep(spec string) (float64, error) {
 		}
 		return m, nil
 	}
-	return 0, fmt.Errorf("fedsplit: server step %q: the FedSplit family takes %s[:mult=M] (the default: z far from the model are left out of the mean) or %s (the plain mean)", spec, StepRobust, StepMean)
+	return 0, fmt.Errorf("fedsplit: server step %q: the FedSplit family takes %s[:mult=M] (the default: no site's step is longer than M times the median step) or %s (the plain mean)", spec, StepRobust, StepMean)
 }

@@ -39,13 +39,20 @@ func (c client) prox(v []float64, step float64) ([]float64, error) {
 }
 
 func federation(seed uint64, m, d int, lambda float64) []client {
+	return federationSized(seed, m, d, lambda, 2, 5, 40)
+}
+
+// federationSized is federation with the sites' shifts drawn with standard
+// deviation hetero (0: identically distributed sites) and each site's size
+// from n0 + [0, spread).
+func federationSized(seed uint64, m, d int, lambda, hetero float64, n0, spread int) []client {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	cs := make([]client, m)
 	for j := range cs {
-		n := 5 + rng.IntN(40) // unequal sizes: sample weighting matters
+		n := n0 + rng.IntN(spread) // unequal sizes: sample weighting matters
 		a := mat.NewDense(n, d, nil)
 		b := mat.NewVecDense(n, nil)
-		shift := rng.NormFloat64() * 2 // heterogeneous sites
+		shift := rng.NormFloat64() * hetero // heterogeneous sites
 		for i := 0; i < n; i++ {
 			for k := 0; k < d; k++ {
 				a.Set(i, k, rng.NormFloat64()+shift)

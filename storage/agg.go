@@ -52,6 +52,7 @@ var (
 	keyRoundConfig  = []byte("config")
 	keyRoundState   = []byte("state")
 	keyRoundSum     = []byte("sum")
+	keyRoundSplit   = []byte("split")
 )
 
 const aggKind = "agg"
@@ -147,7 +148,7 @@ func roundInvariants(tx *wtx) error {
 }
 
 // roundKeys are the keys of a round's bucket.
-var roundKeys = []string{string(keyRoundMeta), string(keyRoundConfig), string(keyRoundState), string(keyRoundSum)}
+var roundKeys = []string{string(keyRoundMeta), string(keyRoundConfig), string(keyRoundState), string(keyRoundSum), string(keyRoundSplit)}
 
 // updateHeader is the fixed part of a stored update: stored_at, sample
 // count, loss.
@@ -429,6 +430,10 @@ type Round struct {
 	// (opaque; nil: none), written by OpenRound with the round's
 	// checkpoint in one transaction and never changed.
 	Sum []byte
+	// Split is the robust FedSplit server step's state as the round opens
+	// (opaque: each site's lag and record; nil: none), written and kept
+	// like Sum.
+	Split []byte
 }
 
 type roundJSON struct {
@@ -469,6 +474,10 @@ func readRound(rb *wbucket, n uint64) (Round, error) {
 	if err != nil {
 		return Round{}, err
 	}
+	split, err := sget(rb, keyRoundSplit, fmt.Sprintf("round %d split", n))
+	if err != nil {
+		return Round{}, err
+	}
 	if err := json.Unmarshal(meta, &j); err != nil {
 		return Round{}, fmt.Errorf("%w: round %d meta: %w", ErrCorrupt, n, err)
 	}
@@ -483,6 +492,7 @@ func readRound(rb *wbucket, n uint64) (Round, error) {
 		Config:   bytes.Clone(config),
 		State:    bytes.Clone(state),
 		Sum:      bytes.Clone(sum),
+		Split:    bytes.Clone(split),
 	}, nil
 }
 
@@ -621,6 +631,9 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 			return err
 		}
 		if err := putBytes(rb, keyRoundSum, r.Sum); err != nil {
+			return err
+		}
+		if err := putBytes(rb, keyRoundSplit, r.Split); err != nil {
 			return err
 		}
 		if len(r.State) > 0 {

@@ -44,9 +44,9 @@ import (
 
 // Errors of sum mode.
 var (
-	// ErrSplitRobustDP is the error for a screening FedSplit server step
-	// in sum mode: split.RobustServerStep measures each z_j against the
-	// model, and the aggregator no longer holds any z_j.
+	// ErrSplitRobustDP is the error for the bounded FedSplit server step
+	// in sum mode: split.BoundedStep measures each site's step of z_j,
+	// and the aggregator no longer holds any z_j.
 	ErrSplitRobustDP = errors.New("the robust FedSplit server step (fedsplit-robust with mult) needs each site's z_j, which the aggregator does not keep under differential privacy (sum mode, docs/privacy.md \"FedSplit\"): clipping bounds what one site moves the model per round instead; use fedsplit-mean or leave the aggregator unset")
 	// ErrNotCounted is wrapped (with ErrBaseMismatch) by a delta against a
 	// record the aggregator does not count.

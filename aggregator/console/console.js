@@ -137,6 +137,8 @@
     var frac = live.rounds ? Math.min(1, (st.phase === 'finished' ? live.rounds : st.round - 1) / live.rounds) : 0;
     bar.style.width = (100 * frac).toFixed(1) + '%';
     text($('phase'), st.phase + (st.stop_reason ? ' (' + st.stop_reason + ')' : ''));
+    text($('fedsplit-health'), st.fedsplit_diverging_since ? 'diverging since round ' + st.fedsplit_diverging_since :
+      (st.fedsplit_non_finite ? st.fedsplit_non_finite + ' non-finite steps kept out' : '-'));
     text($('quorum'), live.per_round ? live.quorum + ' of ' + live.per_round + ' selected (' + Math.round(100 * live.quorum_fraction) + ' %)' : '-');
     var clients = st.clients || [];
     var online = clients.filter(function (c) { return c.online; }).length;
@@ -222,7 +224,7 @@
 
   var COLS = [['id', 'Site'], ['state', 'State'], ['seen', 'Last seen'], ['num rounds', 'Rounds'], ['num straggled', 'Straggled'],
     ['num partial', 'Partial'], ['num gamma', 'Last γ'], ['num epochs', 'Epochs'], ['eval', 'Last evaluation'],
-    ['rejections', 'Rejections'], ['num capped', 'Samples capped'], ['error', 'Error']];
+    ['rejections', 'Rejections'], ['num capped', 'Samples capped'], ['fedsplit', 'FedSplit bound'], ['error', 'Error']];
 
   function newRow(id) {
     var tr = el('tr');
@@ -272,6 +274,14 @@
     if (rj.dataset.v !== rjSig) {
       rj.dataset.v = rjSig; rj.textContent = keys.length ? '' : '-';
       keys.forEach(function (k) { rj.appendChild(el('span', k === 'duplicate' ? 'rej benign' : 'rej', k + ' ' + r[k])); });
+    }
+    var fs = q('fedsplit'), f = c.fedsplit, fsSig = f ? JSON.stringify(f) : '-';
+    if (fs.dataset.v !== fsSig) {
+      fs.dataset.v = fsSig; fs.textContent = '-';
+      if (f) {
+        fs.textContent = (f.aside_now ? 'left out' : 'in') + ' · clipped ' + (f.clipped_rounds || 0) + ', left out ' + (f.aside_rounds || 0);
+        fs.appendChild(el('span', 'msg', (f.reason || '') + (f.rounds && f.rounds.length ? ' (rounds ' + f.rounds.join(' ') + ')' : '')));
+      }
     }
     var rf = c.last_refusal, er = q('error');
     var erSig = c.error ? c.error.reason + '\n' + c.error.message : rf ? 'refused\n' + rf.reason + rf.at + rf.count : '-';

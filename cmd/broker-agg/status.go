@@ -191,6 +191,9 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 	}
 	printAbsent(w, st, now)
 	printDuplicates(w, st.DuplicateInstances)
+	if err := printFedSplitScreen(w, st); err != nil {
+		return err
+	}
 	if err := printLive(w, st); err != nil {
 		return err
 	}
@@ -442,4 +445,41 @@ func printSamplesCapped(w io.Writer, clients []aggregator.ClientInfo) {
 	if len(capped) > 0 {
 		fmt.Fprintf(w, "sample counts capped (updates weighted below the count they reported): %s\n", strings.Join(capped, ", "))
 	}
+}
+
+// printFedSplitScreen prints, for each site the robust FedSplit server
+// step clipped or left out, in how many rounds, the latest of them and why.
+func printFedSplitScreen(w io.Writer, st aggregator.Status) error {
+	if st.FedSplitDiverging > 0 {
+		fmt.Fprintf(w, "\nWARNING: the FedSplit iterate has been diverging since round %d (the sites' median step of z grows every round); the model is not to be trusted\n", st.FedSplitDiverging)
+	}
+	if st.FedSplitNonFinite > 0 {
+		fmt.Fprintf(w, "\nWARNING: %d FedSplit server steps produced a value that is not a finite number; the model of the round before was kept\n", st.FedSplitNonFinite)
+	}
+	var any bool
+	for _, ci := range st.Clients {
+		any = any || ci.FedSplit != nil
+	}
+	if !any {
+		return nil
+	}
+	fmt.Fprintln(w, "\nFedSplit step bound (sites clipped or left out):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLIENT\tCLIPPED\tLEFT OUT\tNOW\tRECENT ROUNDS\tLATEST")
+	for _, ci := range st.Clients {
+		sc := ci.FedSplit
+		if sc == nil {
+			continue
+		}
+		now := "in"
+		if sc.AsideNow {
+			now = "left out"
+		}
+		var rounds []string
+		for _, r := range sc.Rounds {
+			rounds = append(rounds, strconv.Itoa(r))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", ci.ID, sc.Clipped, sc.Aside, now, orDash(strings.Join(rounds, " ")), orDash(sc.Reason))
+	}
+	return tw.Flush()
 }

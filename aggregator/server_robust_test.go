@@ -1,0 +1,142 @@
+package aggregator
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/wire"
+)
+
+// The bounded FedSplit step in the daemon: three honest sites whose steps
+// shrink and a fourth whose deltas double and flip sign every round (the
+// copy of a site scaling its updates by 3 moves so). The fourth is clipped
+// from its first long step, set aside once its own updates exceed 25
+// median steps three times, and stays set aside across a restart (its
+// state is stored with the round's checkpoint). Its rounds and the reason
+// are in the status read from the state file, and the honest sites are
+// never clipped or left out.
+func TestServerFedSplitBoundsAScalingSite(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.K, cfg.Algorithm, cfg.Params.Step, cfg.Params.Relax = 4, AlgoFedSplit, 0.5, 1
+	cfg.Init, cfg.InitSeed = InitModel, 3
+	r := f.start(cfg)
+	ids := []string{"site-a", "site-b", "site-c", "site-d"}
+	agents := make([]*fakeAgent, len(ids))
+	for i, id := range ids {
+		agents[i] = f.agent(id, 10)
+	}
+	delta := func(i int, round uint64) []float64 {
+		d := vec(float64(i + 1))
+		s := math.Pow(0.5, float64(round)) // honest: shrinking steps
+		if ids[i] == "site-d" {
+			s = math.Pow(-2, float64(round)) // the poisoner's copy: x(-2) a round
+		}
+		for k := range d {
+			d[k] *= s
+		}
+		return d
+	}
+	const rounds = 8
+	var global []float64
+	for round := uint64(1); round <= rounds; round++ {
+		if round == 6 {
+			r.stop(t)
+			r = f.start(cfg)
+		}
+		for i, a := range agents {
+			a.nextRound(t, round)
+			a.send(t, zDelta(t, ids[i], round, round-1, delta(i, round)))
+		}
+		for _, a := range agents {
+			rc := a.receipt(t)
+			for rc.Round < round { // a redelivery across the restart
+				rc = a.receipt(t)
+			}
+			wantReceipt(t, rc, round, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+		}
+		rr := r.round(t)
+		global = rr.Global
+		t.Logf("round %d: %v", round, rr.Metrics)
+	}
+	for _, v := range global {
+		if math.IsNaN(v) || math.Abs(v) > 100 {
+			t.Fatalf("the global model ran away: %v", global)
+		}
+	}
+	r.stop(t)
+	st, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	status, err := ReadStatus(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range status.Clients {
+		sc := c.FedSplit
+		switch {
+		case c.ID == "site-d":
+			if sc == nil || !sc.AsideNow || sc.Aside < 2 || sc.Clipped < 4 || len(sc.Rounds) < 4 || sc.Reason == "" {
+				t.Fatalf("status of the poisoner: %+v", sc)
+			}
+			if sc.Rounds[len(sc.Rounds)-1] != rounds {
+				t.Errorf("its last round %v, want %d (set aside after the restart too)", sc.Rounds, rounds)
+			}
+			t.Logf("site-d: %s", fmt.Sprintf("%+v", *sc))
+		case sc != nil:
+			t.Errorf("honest %s: %+v", c.ID, *sc)
+		}
+	}
+}
+
+// A federation whose steps grow round after round (here three sites of
+// four doubling their deltas, under fedsplit-mean: nothing bounds them) is
+// reported as diverging: a WARN line, the counter and the status's
+// fedsplit_diverging_since, from the fifth growing step on.
+func TestServerFedSplitDivergenceIsReported(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.K, cfg.Algorithm, cfg.Params.Step, cfg.Params.Relax = 4, AlgoFedSplit, 0.5, 1
+	cfg.Init, cfg.InitSeed, cfg.Aggregator = InitModel, 3, "fedsplit-mean"
+	r := f.start(cfg)
+	ids := []string{"site-a", "site-b", "site-c", "site-d"}
+	agents := make([]*fakeAgent, len(ids))
+	for i, id := range ids {
+		agents[i] = f.agent(id, 10)
+	}
+	const rounds = 7
+	for round := uint64(1); round <= rounds; round++ {
+		for i, a := range agents {
+			a.nextRound(t, round)
+			d := vec(float64(i + 1))
+			for k := range d {
+				d[k] *= math.Pow(2, float64(round)) / 100
+			}
+			a.send(t, zDelta(t, ids[i], round, round-1, d))
+		}
+		for _, a := range agents {
+			wantReceipt(t, a.receipt(t), round, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+		}
+		r.round(t)
+	}
+	if n := r.s.diverging.Load(); n != rounds-divergeRounds {
+		t.Errorf("diverging steps counted: %d, want %d", n, rounds-divergeRounds)
+	}
+	r.stop(t)
+	st, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	status, err := ReadStatus(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status.FedSplitDiverging != divergeRounds+1 {
+		t.Errorf("status: diverging since round %d, want %d", status.FedSplitDiverging, divergeRounds+1)
+	}
+}
