@@ -343,7 +343,7 @@ func TestSessionRules(t *testing.T) {
 			{ev: announced{annAt("A", 6, 1200)}, want: []string{"left-run A/6"}},
 			{ev: announced{annAt("B", 2, 6000)}, want: []string{"preempt 1 by 2: " + ErrPreempted.Error(), "wake"}},
 			{ev: announced{annAt("A", 7, 4999)}, want: []string{"left-run A/7"}},
-			{ev: solved(annAt("B", 1, 5000), "u1"), want: []string{"done 1 solved", "publish update/1 u1 first"}},
+			{ev: solved(annAt("B", 1, 5000), "u1"), want: []string{"done 1 solved", "publish update/1 u1 first", "arm update/1 100ms"}},
 			{ev: idle{}, want: []string{"start B/2"}},
 			// A genuinely newer run is taken, whatever its round number.
 			{ev: announced{annAt("C", 1, 9000)}, want: []string{"preempt 2 by 1: " + ErrNewRun.Error(), "wake"}},
