@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -130,6 +131,13 @@ func TestConsoleInBrowser(t *testing.T) {
 		with(kv{{"data", "csv:" + broken}, {"model_out", filepath.Join(dir, "site-4.bundle.json")}}))
 
 	t.Logf("sites started after %v", time.Since(start).Round(time.Millisecond))
+	// site-3 freezes (SIGSTOP) once its statistics are in: it stays
+	// connected and drawn, so every round waits for it until its deadline
+	// and closes with the two others. That paces the run (a round whose
+	// sites all report closes in milliseconds, and the next is drawn at
+	// once) so that the page can be watched mid-run.
+	edges[2].p.waitLine(long, "site-3's statistics receipted", func(l logLine) bool { return l.msg() == "statistics receipted" })
+	edges[2].p.signal(syscall.SIGSTOP)
 
 	// The broken site's error, highlighted, without a reload.
 	p := page("site-4's schema error", func(p consolePage) bool {
@@ -152,7 +160,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 	}
 
-	// A site killed mid-run turns offline.
+	// A site killed mid-run (the frozen one) turns offline.
 	edges[2].p.kill()
 	killedAt, killed := p.Round, time.Now()
 	p = page("site-3 offline", func(p consolePage) bool { return p.Sites["site-3"].State == "offline" && noReload(p) })

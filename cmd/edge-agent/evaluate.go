@@ -47,9 +47,11 @@ func runEvaluate(_ context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	if *asJSON {
+		// With its baseline, as the bundle records a site's figure, so
+		// that --heldout reproduces the site's report field for field.
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(r)
+		return enc.Encode(r.WithBaseline())
 	}
 	if p := b.Privacy; p != nil {
 		// The model's guarantee, not this evaluation's: these figures
