@@ -79,7 +79,9 @@ func (s *Schema) ReadSitesCSV(r io.Reader, name, siteColumn string) (*Table, []s
 // multi-site table). Lines keep the source CSV's line numbers.
 func (t *Table) Subset(rows []int) *Table {
 	out := &Table{Rows: len(rows), Columns: make([]Column, len(t.Columns)), Extra: t.Extra}
-	if t.ClassCounts != nil {
+	// A regression table has no classes: its labels are values, not
+	// indices into ClassCounts.
+	if len(t.ClassCounts) > 0 {
 		out.ClassCounts = make([]int, len(t.ClassCounts))
 	}
 	for j, c := range t.Columns {
@@ -129,7 +131,7 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn strin
 		return nil, nil, err
 	}
 	t := &Table{Columns: make([]Column, len(s.Features)), Extra: l.extra}
-	if withLabel {
+	if withLabel && s.NumClasses() > 0 {
 		t.ClassCounts = make([]int, s.NumClasses())
 	}
 	var sites []string
