@@ -57,6 +57,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strings"
 )
 
 // Tasks.
@@ -162,6 +163,11 @@ func Parse(b []byte) (*Schema, error) {
 	dec.DisallowUnknownFields()
 	var r rawSchema
 	if err := dec.Decode(&r); err != nil {
+		if strings.HasPrefix(err.Error(), "json: unknown field") {
+			if where := unknownField(b); where != nil {
+				return nil, where
+			}
+		}
 		return nil, fmt.Errorf("invalid JSON: %w", err)
 	}
 	if dec.More() {
