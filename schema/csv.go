@@ -241,11 +241,11 @@ func rowError(name string, err error) error {
 // appendFeatures appends one row's feature cells (rec[cols[j]] for feature
 // j) to t's columns: a number, a level, or a missing token.
 func (s *Schema) appendFeatures(t *Table, rec []string, cols []int, name string, line int) error {
-	for j, f := range s.Features {
+	for j := range s.Features {
+		f := &s.Features[j]
 		cell := strings.TrimSpace(rec[cols[j]])
 		c := &t.Columns[j]
-		miss := s.IsMissing(cell)
-		c.Missing = append(c.Missing, miss)
+		miss := s.missing(f, cell)
 		if f.Type == Numeric {
 			v := 0.0
 			if !miss {
@@ -253,14 +253,23 @@ func (s *Schema) appendFeatures(t *Table, rec []string, cols []int, name string,
 				if v, ok = parseFinite(cell); !ok {
 					return &CSVError{File: name, Line: line, Column: f.Name, Role: RoleFeature, Kind: KindBadValue, Expected: "a finite number or a missing token", Value: clip(cell)}
 				}
+				if !f.inRange(v) {
+					if f.OutOfRange != OutOfRangeMissing {
+						return &CSVError{File: name, Line: line, Column: f.Name, Role: RoleFeature, Kind: KindBadValue,
+							Expected: "a number in the schema's valid range " + f.rangeText() + " or a missing token", Value: clip(cell)}
+					}
+					miss, v = true, 0
+				}
 			}
 			c.Num = append(c.Num, v)
 		} else {
 			if miss {
 				cell = ""
 			}
-			c.Level = append(c.Level, strings.Clone(cell))
+			// Numbers are compared as numbers: "4.0" is level "4".
+			c.Level = append(c.Level, strings.Clone(Level(cell)))
 		}
+		c.Missing = append(c.Missing, miss)
 	}
 	return nil
 }

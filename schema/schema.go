@@ -95,6 +95,11 @@ const (
 // preprocessing (declared.go; all of them absent: the statistics phase
 // fits it): Center, Scale and Impute for a numeric feature, Levels and
 // ImputeLevel for a categorical one.
+//
+// Missing are the feature's own missing tokens, besides the schema's (a
+// cholesterol of "0" that means "not measured"). Min and Max are a
+// numeric feature's valid range: a value outside it is an error at the
+// site, or with OutOfRange "missing" a missing value (values.go).
 type Feature struct {
 	Name        string   `json:"name"`
 	Type        string   `json:"type"`
@@ -103,6 +108,10 @@ type Feature struct {
 	Impute      *float64 `json:"impute,omitempty"`
 	Levels      []string `json:"levels,omitempty"`
 	ImputeLevel string   `json:"impute_level,omitempty"`
+	Missing     []string `json:"missing,omitempty"`
+	Min         *float64 `json:"min,omitempty"`
+	Max         *float64 `json:"max,omitempty"`
+	OutOfRange  string   `json:"out_of_range,omitempty"`
 }
 
 // Class is one label class and the raw values that mean it.
@@ -197,6 +206,7 @@ func Parse(b []byte) (*Schema, error) {
 		s.HoldoutSeed = *r.HoldoutSeed
 	}
 	s.fillDeclared()
+	s.fillValues()
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
@@ -246,6 +256,9 @@ func (s *Schema) Validate() error {
 		if f.Type != Numeric && f.Type != Categorical {
 			return fmt.Errorf("feature %q has unknown type %q, expected numeric or categorical", f.Name, f.Type)
 		}
+		if err := f.validateValues(); err != nil {
+			return err
+		}
 	}
 	switch s.Task {
 	case TaskRegression:
@@ -264,7 +277,7 @@ func (s *Schema) Validate() error {
 			return fmt.Errorf("label %q: %d classes, at most %d", s.Label.Column, len(s.Label.Classes), MaxClasses)
 		}
 		names := map[string]bool{}
-		values := map[string]string{}
+		values := map[string]string{} // by Level: "1" and "1.0" are one value
 		for k, c := range s.Label.Classes {
 			if err := checkName(fmt.Sprintf("label class %d", k+1), c.Name); err != nil {
 				return err
@@ -277,13 +290,13 @@ func (s *Schema) Validate() error {
 				return fmt.Errorf("label class %q has no raw values", c.Name)
 			}
 			for _, v := range c.Values {
-				if prev, ok := values[v]; ok {
+				if prev, ok := values[Level(v)]; ok {
 					if prev == c.Name {
-						return fmt.Errorf("label value %q is listed twice for class %q", v, c.Name)
+						return fmt.Errorf("label value %q is listed twice for class %q (numbers are compared as numbers)", v, c.Name)
 					}
-					return fmt.Errorf("label value %q is mapped to two classes, %q and %q", v, prev, c.Name)
+					return fmt.Errorf("label value %q is mapped to two classes, %q and %q (numbers are compared as numbers)", v, prev, c.Name)
 				}
-				values[v] = c.Name
+				values[Level(v)] = c.Name
 			}
 		}
 	}
@@ -295,7 +308,7 @@ func (s *Schema) Validate() error {
 	if s.Task != TaskRegression {
 		for _, c := range s.Label.Classes {
 			for _, v := range c.Values {
-				if slices.Contains(s.Missing, v) {
+				if s.IsMissing(v) {
 					return fmt.Errorf("label value %q of class %q is also a missing token", v, c.Name)
 				}
 			}
@@ -323,11 +336,15 @@ func (s *Schema) NumClasses() int {
 	return len(s.Label.Classes)
 }
 
-// ClassOf maps a raw label value to its class index.
+// ClassOf maps a raw label value to its class index. Numbers are
+// compared as numbers (Level): "1.0" is the class of "1".
 func (s *Schema) ClassOf(raw string) (int, bool) {
+	l := Level(raw)
 	for k, c := range s.Label.Classes {
-		if slices.Contains(c.Values, raw) {
-			return k, true
+		for _, v := range c.Values {
+			if v == raw || Level(v) == l {
+				return k, true
+			}
 		}
 	}
 	return 0, false
@@ -337,8 +354,9 @@ func (s *Schema) ClassOf(raw string) (int, bool) {
 // to it.
 func (s *Schema) RawLabel(k int) string { return s.Label.Classes[k].Values[0] }
 
-// IsMissing reports whether a cell value is a missing token.
-func (s *Schema) IsMissing(v string) bool { return slices.Contains(s.Missing, v) }
+// IsMissing reports whether a cell value is one of the schema's missing
+// tokens (numbers compared as numbers, Level).
+func (s *Schema) IsMissing(v string) bool { return matchesToken(v, s.Missing) }
 
 // Canonical is the schema's canonical encoding: compact JSON, fields in
 // the struct's order, defaults filled in.
