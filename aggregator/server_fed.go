@@ -256,6 +256,9 @@ func (s *Server) fitTransform(ctx context.Context, d FitTransform) error {
 		}
 		s.global, s.globalR, s.frame = x0, 1, nil
 	}
+	if stop, err := s.reviewStatistics(); stop || err != nil {
+		return err // --stats-review: round 1 is not announced
+	}
 	return s.step(ctx, TransformFitted{At: s.clock.Now()})
 }
 

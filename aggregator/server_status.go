@@ -340,6 +340,9 @@ type Status struct {
 	Evaluation      *EvalStatus `json:"evaluation,omitempty"`
 	StopReason      string      `json:"stop_reason,omitempty"`
 	FinalBundle     *BundleInfo `json:"final_bundle,omitempty"`
+	// StatisticsReview is the statistics review of the sites'
+	// statistics, once the preprocessing is fitted (stats_review.go).
+	StatisticsReview *StatsReview `json:"statistics_review,omitempty"`
 	// Privacy is the differential-privacy accounting of a --dp run.
 	Privacy *PrivacyStatus `json:"privacy,omitempty"`
 	// SecAgg is the secure aggregation of a --secagg run.
@@ -544,6 +547,9 @@ func readFedStatus(store *storage.AggStore, out *Status, st State) error {
 	}
 	spec := rec.Model
 	out.Model = &spec
+	if out.StatisticsReview, err = reviewOf(store, rec, wire.Limits{}); err != nil {
+		return err
+	}
 	rounds, err := store.EvalRounds()
 	if err != nil {
 		return err

@@ -11,6 +11,10 @@
 //	{
 //	  "task": "binary",                  // binary, multiclass or regression
 //	  "features": [{"name": "age", "type": "numeric"},
+//	               {"name": "chol", "type": "numeric",       // optional per feature:
+//	                "missing": ["0"],                        // its own missing tokens
+//	                "min": 50, "max": 700,                   // a valid range
+//	                "out_of_range": "error"},                // error (default) or missing
 //	               {"name": "site_kind", "type": "categorical"}],
 //	  "label": {"column": "diagnosis",
 //	            "classes": [{"name": "benign",    "values": ["B", "0"]},
@@ -34,6 +38,14 @@
 // The raw label reported for a predicted class k (predict) is the first entry
 // of classes[k].values. Regression has no classes: the label column is parsed
 // as a number.
+//
+// Values that read as finite numbers are compared as numbers (Level,
+// values.go): categorical cells, label values, declared levels and missing
+// tokens; "4.0" and "4" are one level, written "4". A feature's own
+// "missing" tokens add to the schema's for it; a value outside a numeric
+// feature's "min"/"max" is an error at the site, or with "out_of_range":
+// "missing" a missing value. An unknown key is refused with its JSON path
+// (fields.go).
 //
 // The held-out split: a site holds out row i (0-based data row of its CSV)
 // when HoldoutRow(i) is true, a pure function of holdout_seed and i, so the

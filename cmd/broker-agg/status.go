@@ -240,6 +240,13 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 	} else {
 		fmt.Fprintf(w, "\nschema %.16s  statistics from %d sites: %s\n", st.Schema, len(st.StatisticsSites), orDash(strings.Join(st.StatisticsSites, " ")))
 	}
+	if r := st.StatisticsReview; r != nil && len(r.Findings) > 0 {
+		stopped := ""
+		if r.Stopped {
+			stopped = "; the run stopped before round 1 (--stats-review): fix the schema and start a new run, or restart without --stats-review"
+		}
+		fmt.Fprintf(w, "statistics review: %d findings%s:\n  %s\n", len(r.Findings), stopped, strings.Join(r.Findings, "\n  "))
+	}
 	if m := st.Model; m != nil {
 		fmt.Fprintf(w, "model %s, %d inputs after the federation's preprocessing", m.Kind, m.Inputs)
 		if m.Classes > 0 {
