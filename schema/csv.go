@@ -117,6 +117,7 @@ func (s *Schema) ReadFeaturesCSV(r io.Reader, name string) (*Table, error) {
 
 func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn string) (*Table, []string, error) {
 	cr := csv.NewReader(r)
+	cr.Comma = s.comma()
 	cr.FieldsPerRecord = 0 // every row as wide as the header
 	cr.ReuseRecord = true
 	header, err := cr.Read()
@@ -192,7 +193,7 @@ func (s *Schema) layout(name string, header []string, withLabel bool, siteColumn
 	for j, f := range s.Features {
 		i, ok := pos[f.Name]
 		if !ok {
-			return l, &CSVError{File: name, Line: 1, Column: f.Name, Role: RoleFeature, Kind: KindMissingColumn, Expected: f.Type + " feature of the schema"}
+			return l, &CSVError{File: name, Line: 1, Column: f.Name, Role: RoleFeature, Kind: KindMissingColumn, Expected: f.Type + " feature of the schema", Hint: s.separatorHint(header)}
 		}
 		l.features[j] = i
 		used[f.Name] = true
@@ -200,7 +201,7 @@ func (s *Schema) layout(name string, header []string, withLabel bool, siteColumn
 	if siteColumn != "" {
 		i, ok := pos[siteColumn]
 		if !ok {
-			return l, &CSVError{File: name, Line: 1, Column: siteColumn, Role: RoleSite, Kind: KindMissingColumn, Expected: "the site column"}
+			return l, &CSVError{File: name, Line: 1, Column: siteColumn, Role: RoleSite, Kind: KindMissingColumn, Expected: "the site column", Hint: s.separatorHint(header)}
 		}
 		if used[siteColumn] || siteColumn == s.Label.Column {
 			return l, &CSVError{File: name, Column: siteColumn, Role: RoleSite, Kind: KindSiteColumn, Expected: "a column the schema does not use"}
@@ -214,7 +215,7 @@ func (s *Schema) layout(name string, header []string, withLabel bool, siteColumn
 			l.label = i
 		}
 	} else if withLabel {
-		return l, &CSVError{File: name, Line: 1, Column: s.Label.Column, Role: RoleLabel, Kind: KindMissingColumn, Expected: "the label column"}
+		return l, &CSVError{File: name, Line: 1, Column: s.Label.Column, Role: RoleLabel, Kind: KindMissingColumn, Expected: "the label column", Hint: s.separatorHint(header)}
 	}
 	for _, h := range names {
 		if !used[h] {
@@ -243,15 +244,17 @@ func rowError(name string, err error) error {
 func (s *Schema) appendFeatures(t *Table, rec []string, cols []int, name string, line int) error {
 	for j := range s.Features {
 		f := &s.Features[j]
-		cell := strings.TrimSpace(rec[cols[j]])
+		raw := strings.TrimSpace(rec[cols[j]])
 		c := &t.Columns[j]
-		miss := s.missing(f, cell)
+		miss := s.missing(f, raw)
+		cell, ambiguous := s.dotted(raw) // "1,5" with a decimal comma
 		if f.Type == Numeric {
 			v := 0.0
 			if !miss {
 				var ok bool
-				if v, ok = parseFinite(cell); !ok {
-					return &CSVError{File: name, Line: line, Column: f.Name, Role: RoleFeature, Kind: KindBadValue, Expected: "a finite number or a missing token", Value: clip(cell)}
+				if v, ok = parseFinite(cell); !ok || ambiguous {
+					return &CSVError{File: name, Line: line, Column: f.Name, Role: RoleFeature, Kind: KindBadValue, Expected: "a finite number or a missing token",
+						Value: clip(raw), Hint: s.decimalHint(raw)}
 				}
 				if !f.inRange(v) {
 					if f.OutOfRange != OutOfRangeMissing {
@@ -276,18 +279,22 @@ func (s *Schema) appendFeatures(t *Table, rec []string, cols []int, name string,
 
 // appendLabel appends one row's label (a value for regression, a class
 // index otherwise) to t.
-func (s *Schema) appendLabel(t *Table, cell, name string, line int) error {
+func (s *Schema) appendLabel(t *Table, raw, name string, line int) error {
+	cell, ambiguous := s.dotted(raw)
 	if s.Task == TaskRegression {
 		v, ok := parseFinite(cell)
-		if !ok {
-			return &CSVError{File: name, Line: line, Column: s.Label.Column, Role: RoleLabel, Kind: KindBadValue, Expected: "a finite number", Value: clip(cell)}
+		if !ok || ambiguous {
+			return &CSVError{File: name, Line: line, Column: s.Label.Column, Role: RoleLabel, Kind: KindBadValue, Expected: "a finite number", Value: clip(raw), Hint: s.decimalHint(raw)}
 		}
 		t.Labels = append(t.Labels, v)
 		return nil
 	}
-	k, ok := s.ClassOf(cell)
+	k, ok := s.ClassOf(raw)
 	if !ok {
-		return &CSVError{File: name, Line: line, Column: s.Label.Column, Role: RoleLabel, Kind: KindUnknownLabel, Expected: s.knownLabels(), Value: clip(cell)}
+		k, ok = s.ClassOf(cell)
+	}
+	if !ok {
+		return &CSVError{File: name, Line: line, Column: s.Label.Column, Role: RoleLabel, Kind: KindUnknownLabel, Expected: s.knownLabels(), Value: clip(raw)}
 	}
 	t.Labels = append(t.Labels, float64(k))
 	t.ClassCounts[k]++

@@ -23,7 +23,9 @@
 //	  "min_site_samples": 10,            // optional, default 10
 //	  "standardize": "federation",       // optional: federation (default) or client
 //	  "holdout": 0.2,                    // optional, default 0.2, in [0, 0.9]
-//	  "holdout_seed": 1                  // optional, default 1
+//	  "holdout_seed": 1,                 // optional, default 1
+//	  "separator": ";",                  // optional: the CSV's field separator, default ","
+//	  "decimal": ","                     // optional: the decimal mark, "." (default) or ","
 //	}
 //
 // A schema may also declare the preprocessing instead of having the
@@ -149,6 +151,12 @@ type Schema struct {
 	Standardize    string    `json:"standardize"`
 	Holdout        float64   `json:"holdout"`
 	HoldoutSeed    uint64    `json:"holdout_seed"`
+	// Separator and Decimal are the sites' CSV dialect (csvdialect.go):
+	// the field separator ("" or ",": a comma) and the decimal mark
+	// ("" or ".": a point; ",": a comma, as spreadsheets export it with
+	// Separator ";").
+	Separator string `json:"separator,omitempty"`
+	Decimal   string `json:"decimal,omitempty"`
 }
 
 // rawSchema distinguishes absent optional fields from zero values.
@@ -161,6 +169,8 @@ type rawSchema struct {
 	Standardize    string    `json:"standardize"`
 	Holdout        *float64  `json:"holdout"`
 	HoldoutSeed    *uint64   `json:"holdout_seed"`
+	Separator      string    `json:"separator"`
+	Decimal        string    `json:"decimal"`
 }
 
 // Load reads and validates the schema file path. Errors are one line and
@@ -197,6 +207,7 @@ func Parse(b []byte) (*Schema, error) {
 	s := &Schema{
 		Task: r.Task, Features: r.Features, Missing: r.Missing,
 		MinSiteSamples: 10, Standardize: r.Standardize, Holdout: 0.2, HoldoutSeed: 1,
+		Separator: r.Separator, Decimal: r.Decimal,
 	}
 	if r.Label == nil {
 		return nil, errors.New("no label: \"label\": {\"column\": ...} is required")
@@ -219,6 +230,7 @@ func Parse(b []byte) (*Schema, error) {
 	}
 	s.fillDeclared()
 	s.fillValues()
+	s.fillDialect()
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
@@ -336,6 +348,9 @@ func (s *Schema) Validate() error {
 	}
 	if !(s.Holdout >= 0 && s.Holdout <= 0.9) {
 		return fmt.Errorf("holdout %v, expected a share in [0, 0.9]", s.Holdout)
+	}
+	if err := s.validateDialect(); err != nil {
+		return err
 	}
 	return s.validateDeclared()
 }
