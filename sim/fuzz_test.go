@@ -39,6 +39,11 @@ func FuzzSimulateSchema(f *testing.F) {
 			f.Add([]byte(taskSchemas[task]), []byte(b.String()), uint8(part))
 		}
 	}
+	// The schema's value rules and CSV dialect: per-feature missing
+	// tokens, a valid range, ";" separators and decimal commas.
+	f.Add([]byte(`{"task":"regression","features":[{"name":"a","type":"numeric","missing":["0"],"min":-5,"max":50,"out_of_range":"missing"},`+
+		`{"name":"k","type":"categorical","missing":["x"]}],"label":{"column":"y"},"min_site_samples":2,"separator":";","decimal":","}`),
+		[]byte("site;a;k;y\ns1;1,5;4,0;2\ns1;0;4;1,25\ns1;99;x;3\ns1;2;1.0;4\ns2;3,5;4;5\ns2;-7;2;6\ns2;4;2,0;7\ns2;1;x;8\n"), uint8(0))
 	// One directory per fuzzing process: a fresh one per execution would
 	// cost more than the run.
 	dir := f.TempDir()
