@@ -195,6 +195,9 @@ type ServerConfig struct {
 	// K); see Config.StatsSites.
 	StatsSites int
 	EvalEvery  int
+	// StatsReview stops the run before round 1 when the statistics
+	// review has findings (stats_review.go).
+	StatsReview bool
 	// EvalTable is --eval-data read with the Schema: evaluated, with the
 	// federation's preprocessing, after every aggregation (as Eval is
 	// without a schema).
@@ -561,6 +564,10 @@ type Server struct {
 	conn                                    brokerConn             // the aggregator's own broker connection (roster.go)
 	msgsIn                                  metrics.LabeledCounter
 	storageErrors, publishErrors, badStatus atomic.Uint64
+
+	// reviewStop: the run stopped before round 1 for the statistics
+	// review (--stats-review; stats_review.go).
+	reviewStop atomic.Bool
 }
 
 // request is an event handed from an MQTT callback to the loop.

@@ -80,6 +80,11 @@ func (s *Server) LiveStatus(roundsAfter, evalsAfter int) (Status, error) {
 		live.Params["family"] = s.fam
 	}
 	st.Live = live
+	if r := st.StatisticsReview; r != nil && s.reviewStop.Load() {
+		c := *r
+		c.Stopped = true
+		st.StatisticsReview = &c
+	}
 	st.DuplicateInstances = s.inst.report()
 	if st.Model == nil && s.cfg.Schema == nil {
 		spec := s.spec // set once, before Run, without a schema

@@ -266,6 +266,9 @@ func (s *Server) fitTransform(ctx context.Context, d FitTransform) error {
 			}
 		}
 	}
+	if stop, err := s.reviewStatistics(); stop || err != nil {
+		return err // --stats-review: round 1 is not announced
+	}
 	return s.step(ctx, TransformFitted{At: s.clock.Now()})
 }
 

@@ -349,6 +349,9 @@ type Status struct {
 	Evaluation      *EvalStatus `json:"evaluation,omitempty"`
 	StopReason      string      `json:"stop_reason,omitempty"`
 	FinalBundle     *BundleInfo `json:"final_bundle,omitempty"`
+	// StatisticsReview is the statistics review of the sites'
+	// statistics, once the preprocessing is fitted (stats_review.go).
+	StatisticsReview *StatsReview `json:"statistics_review,omitempty"`
 	// Privacy is the differential-privacy accounting of a --dp run.
 	Privacy *PrivacyStatus `json:"privacy,omitempty"`
 	// SecAgg is the secure aggregation of a --secagg run.
@@ -604,6 +607,9 @@ func readFedStatus(store *storage.AggStore, out *Status, st State) error {
 		for i := range out.Clients {
 			out.Clients[i].NotInPreprocessing = !slices.Contains(rec.Sites, out.Clients[i].ID)
 		}
+	}
+	if out.StatisticsReview, err = reviewOf(store, rec, wire.Limits{}); err != nil {
+		return err
 	}
 	rounds, err := store.EvalRounds()
 	if err != nil {

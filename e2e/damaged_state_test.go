@@ -189,3 +189,53 @@ func TestMissingAgentState(t *testing.T) {
 	}
 	stopFederation(t, agg, edges...)
 }
+
+// TestZeroedMetaPage: a zeroed bbolt meta page, in a site's state file and
+// in the aggregator's, while they are down. Each daemon must refuse to
+// start with the damaged-file refusal the other damage gets (one line
+// naming the file and the page, and the way out), never with bbolt's
+// "panic: assertion failed", which reads like a crash.
+func TestZeroedMetaPage(t *testing.T) {
+	e2eTest(t)
+	const sites = 2
+	dir := t.TempDir()
+	federation := "zerometa"
+	agg, edges := startFederation(t, dir, federation, aggDefaults(federation).with(kv{
+		{"per_round", fmt.Sprint(sites)}, {"rounds", "2"},
+	}), sites, 40)
+	agg.waitFinished(60 * time.Second)
+	waitReceipted(t, edges)
+	stopFederation(t, agg, edges...)
+
+	zero := func(path string, page int) {
+		t.Helper()
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clear(b[page*4096 : (page+1)*4096])
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refused := func(p *proc, who, path, page, wayOut string) {
+		t.Helper()
+		p.waitExit(15 * time.Second)
+		out := p.tail(5)
+		if p.exitError() == nil || !strings.Contains(out, path+" is damaged: meta page "+page+" is zeroed") || !strings.Contains(out, wayOut) ||
+			strings.Contains(out, "panic") || strings.Contains(out, "assertion") {
+			t.Fatalf("%s on a state file with meta page %s zeroed: exit %v, output:\n%s", who, page, p.exitError(), out)
+		}
+	}
+	victim := edges[0]
+	zero(victim.state, 0)
+	victim.start()
+	refused(victim.p, "edge-agent", victim.state, "0", "--reset-state")
+
+	zero(agg.state, 1)
+	p := startProc(t, dir, "aggregator", nil, aggBin, "run", "--config", agg.conf)
+	// Its page tree is not sound, so it cannot be rolled back.
+	refused(p, "broker-agg run", agg.state, "1", "restore it from a copy")
+	p = startProc(t, dir, "status", nil, aggBin, "status", "--state", agg.state)
+	refused(p, "broker-agg status", agg.state, "1", agg.state)
+}

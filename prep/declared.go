@@ -31,12 +31,18 @@ func Declared(s *schema.Schema) (*Transform, error) {
 			}
 			tr.Outputs++
 		} else {
-			col.Levels = slices.Clone(f.Levels)
+			// Levels as the sites' cells read (schema.Level: "1.0" is
+			// level "1"); schema.Validate refused two that are one.
+			col.Levels = make([]string, len(f.Levels))
+			for k, l := range f.Levels {
+				col.Levels[k] = schema.Level(l)
+			}
 			slices.Sort(col.Levels)
 			col.ImputeLevel = f.ImputeLevel
 			if col.ImputeLevel == "" {
 				col.ImputeLevel = f.Levels[0]
 			}
+			col.ImputeLevel = schema.Level(col.ImputeLevel)
 			tr.Outputs += len(col.Levels)
 		}
 		tr.Columns[j] = col

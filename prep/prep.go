@@ -502,6 +502,25 @@ func (tr *Transform) Apply(t *schema.Table, rows []int) model.Data {
 	if t.Labels != nil {
 		d.Y = make([]float64, len(rows))
 	}
+	// Each categorical column's output of a level. A table's levels are
+	// schema.Level's (numbers as numbers); a transform fitted before
+	// they were may hold "1.0": its levels are found by their Level too
+	// (two that are one level: the first in the transform's order).
+	index := make([]map[string]int, len(tr.Columns))
+	for j, c := range tr.Columns {
+		if c.Type == schema.Numeric {
+			continue
+		}
+		index[j] = make(map[string]int, len(c.Levels))
+		for k, l := range c.Levels {
+			if _, dup := index[j][schema.Level(l)]; !dup {
+				index[j][schema.Level(l)] = k
+			}
+		}
+		for k, l := range c.Levels {
+			index[j][l] = k
+		}
+	}
 	for r, i := range rows {
 		x := d.X[r*tr.Outputs : (r+1)*tr.Outputs]
 		o := 0
@@ -520,7 +539,11 @@ func (tr *Transform) Apply(t *schema.Table, rows []int) model.Data {
 			if !col.Missing[i] {
 				l = col.Level[i]
 			}
-			if k, ok := slices.BinarySearch(c.Levels, l); ok {
+			k, ok := index[j][l]
+			if !ok {
+				k, ok = index[j][schema.Level(l)]
+			}
+			if ok {
 				x[o+k] = 1
 			}
 			o += len(c.Levels)

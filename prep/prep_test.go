@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -335,5 +336,45 @@ func TestStatsJSONRoundTripAndValidate(t *testing.T) {
 	tr2.Columns[0].Scale = 0
 	if tr2.Validate(s) == nil {
 		t.Fatal("zero scale accepted")
+	}
+}
+
+// A site's categorical cells are schema.Level's ("4.0" reads as level
+// "4"): statistics hold the one level, and a transform fitted before
+// (levels "1.0", "4.0") still finds its level for every cell, so a model
+// bundle made then predicts as it did.
+func TestNumericLevelsAreOneLevel(t *testing.T) {
+	s, err := schema.Parse([]byte(`{"task":"regression","features":[{"name":"cp","type":"categorical"}],"label":{"column":"y"},"min_site_samples":1,"holdout":0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.ReadCSV(strings.NewReader("cp,y\n1.0,1\n4.0,2\n4.0,3\n"), "a.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.ReadCSV(strings.NewReader("cp,y\n1,1\n4,2\n"), "b.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa, _ := Compute(s, a, []int{0, 1, 2})
+	sb, _ := Compute(s, b, []int{0, 1})
+	pooled, err := Combine(s, []*Stats{sa, sb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pooled.Features[0].Levels; len(got) != 2 || got["1"] != 2 || got["4"] != 3 {
+		t.Fatalf("pooled levels %v, want 1:2 4:3", got)
+	}
+	tr, err := Fit(s, pooled, nil)
+	if err != nil || tr.Outputs != 2 {
+		t.Fatalf("fit %v: %d outputs, want 2", err, tr.Outputs)
+	}
+	old := *tr
+	old.Columns = []Column{{Name: "cp", Type: schema.Categorical, Levels: []string{"1.0", "4.0"}, ImputeLevel: "4.0"}}
+	for _, x := range []*Transform{tr, &old} {
+		d := x.Apply(b, nil)
+		if !slices.Equal(d.X, []float64{1, 0, 0, 1}) {
+			t.Fatalf("levels %v: X %v, want one-hot 1, 4", x.Columns[0].Levels, d.X)
+		}
 	}
 }

@@ -79,7 +79,9 @@ func (s *Schema) ReadSitesCSV(r io.Reader, name, siteColumn string) (*Table, []s
 // multi-site table). Lines keep the source CSV's line numbers.
 func (t *Table) Subset(rows []int) *Table {
 	out := &Table{Rows: len(rows), Columns: make([]Column, len(t.Columns)), Extra: t.Extra}
-	if t.ClassCounts != nil {
+	// A regression table has no classes: its labels are values, not
+	// indices into ClassCounts.
+	if len(t.ClassCounts) > 0 {
 		out.ClassCounts = make([]int, len(t.ClassCounts))
 	}
 	for j, c := range t.Columns {
@@ -115,6 +117,7 @@ func (s *Schema) ReadFeaturesCSV(r io.Reader, name string) (*Table, error) {
 
 func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn string) (*Table, []string, error) {
 	cr := csv.NewReader(r)
+	cr.Comma = s.comma()
 	cr.FieldsPerRecord = 0 // every row as wide as the header
 	cr.ReuseRecord = true
 	header, err := cr.Read()
@@ -129,7 +132,7 @@ func (s *Schema) read(r io.Reader, name string, withLabel bool, siteColumn strin
 		return nil, nil, err
 	}
 	t := &Table{Columns: make([]Column, len(s.Features)), Extra: l.extra}
-	if withLabel {
+	if withLabel && s.NumClasses() > 0 {
 		t.ClassCounts = make([]int, s.NumClasses())
 	}
 	var sites []string
@@ -190,7 +193,7 @@ func (s *Schema) layout(name string, header []string, withLabel bool, siteColumn
 	for j, f := range s.Features {
 		i, ok := pos[f.Name]
 		if !ok {
-			return l, &CSVError{File: name, Line: 1, Column: f.Name, Role: RoleFeature, Kind: KindMissingColumn, Expected: f.Type + " feature of the schema"}
+			return l, &CSVError{File: name, Line: 1, Column: f.Name, Role: RoleFeature, Kind: KindMissingColumn, Expected: f.Type + " feature of the schema", Hint: s.separatorHint(header)}
 		}
 		l.features[j] = i
 		used[f.Name] = true
@@ -198,7 +201,7 @@ func (s *Schema) layout(name string, header []string, withLabel bool, siteColumn
 	if siteColumn != "" {
 		i, ok := pos[siteColumn]
 		if !ok {
-			return l, &CSVError{File: name, Line: 1, Column: siteColumn, Role: RoleSite, Kind: KindMissingColumn, Expected: "the site column"}
+			return l, &CSVError{File: name, Line: 1, Column: siteColumn, Role: RoleSite, Kind: KindMissingColumn, Expected: "the site column", Hint: s.separatorHint(header)}
 		}
 		if used[siteColumn] || siteColumn == s.Label.Column {
 			return l, &CSVError{File: name, Column: siteColumn, Role: RoleSite, Kind: KindSiteColumn, Expected: "a column the schema does not use"}
@@ -212,7 +215,7 @@ func (s *Schema) layout(name string, header []string, withLabel bool, siteColumn
 			l.label = i
 		}
 	} else if withLabel {
-		return l, &CSVError{File: name, Line: 1, Column: s.Label.Column, Role: RoleLabel, Kind: KindMissingColumn, Expected: "the label column"}
+		return l, &CSVError{File: name, Line: 1, Column: s.Label.Column, Role: RoleLabel, Kind: KindMissingColumn, Expected: "the label column", Hint: s.separatorHint(header)}
 	}
 	for _, h := range names {
 		if !used[h] {
@@ -239,17 +242,26 @@ func rowError(name string, err error) error {
 // appendFeatures appends one row's feature cells (rec[cols[j]] for feature
 // j) to t's columns: a number, a level, or a missing token.
 func (s *Schema) appendFeatures(t *Table, rec []string, cols []int, name string, line int) error {
-	for j, f := range s.Features {
-		cell := strings.TrimSpace(rec[cols[j]])
+	for j := range s.Features {
+		f := &s.Features[j]
+		raw := strings.TrimSpace(rec[cols[j]])
 		c := &t.Columns[j]
-		miss := s.IsMissing(cell)
-		c.Missing = append(c.Missing, miss)
+		miss := s.missing(f, raw)
+		cell, ambiguous := s.dotted(raw) // "1,5" with a decimal comma
 		if f.Type == Numeric {
 			v := 0.0
 			if !miss {
 				var ok bool
-				if v, ok = parseFinite(cell); !ok {
-					return &CSVError{File: name, Line: line, Column: f.Name, Role: RoleFeature, Kind: KindBadValue, Expected: "a finite number or a missing token", Value: clip(cell)}
+				if v, ok = parseFinite(cell); !ok || ambiguous {
+					return &CSVError{File: name, Line: line, Column: f.Name, Role: RoleFeature, Kind: KindBadValue, Expected: "a finite number or a missing token",
+						Value: clip(raw), Hint: s.decimalHint(raw)}
+				}
+				if !f.inRange(v) {
+					if f.OutOfRange != OutOfRangeMissing {
+						return &CSVError{File: name, Line: line, Column: f.Name, Role: RoleFeature, Kind: KindBadValue,
+							Expected: "a number in the schema's valid range " + f.rangeText() + " or a missing token", Value: clip(cell)}
+					}
+					miss, v = true, 0
 				}
 			}
 			c.Num = append(c.Num, v)
@@ -257,26 +269,32 @@ func (s *Schema) appendFeatures(t *Table, rec []string, cols []int, name string,
 			if miss {
 				cell = ""
 			}
-			c.Level = append(c.Level, strings.Clone(cell))
+			// Numbers are compared as numbers: "4.0" is level "4".
+			c.Level = append(c.Level, strings.Clone(Level(cell)))
 		}
+		c.Missing = append(c.Missing, miss)
 	}
 	return nil
 }
 
 // appendLabel appends one row's label (a value for regression, a class
 // index otherwise) to t.
-func (s *Schema) appendLabel(t *Table, cell, name string, line int) error {
+func (s *Schema) appendLabel(t *Table, raw, name string, line int) error {
+	cell, ambiguous := s.dotted(raw)
 	if s.Task == TaskRegression {
 		v, ok := parseFinite(cell)
-		if !ok {
-			return &CSVError{File: name, Line: line, Column: s.Label.Column, Role: RoleLabel, Kind: KindBadValue, Expected: "a finite number", Value: clip(cell)}
+		if !ok || ambiguous {
+			return &CSVError{File: name, Line: line, Column: s.Label.Column, Role: RoleLabel, Kind: KindBadValue, Expected: "a finite number", Value: clip(raw), Hint: s.decimalHint(raw)}
 		}
 		t.Labels = append(t.Labels, v)
 		return nil
 	}
-	k, ok := s.ClassOf(cell)
+	k, ok := s.ClassOf(raw)
 	if !ok {
-		return &CSVError{File: name, Line: line, Column: s.Label.Column, Role: RoleLabel, Kind: KindUnknownLabel, Expected: s.knownLabels(), Value: clip(cell)}
+		k, ok = s.ClassOf(cell)
+	}
+	if !ok {
+		return &CSVError{File: name, Line: line, Column: s.Label.Column, Role: RoleLabel, Kind: KindUnknownLabel, Expected: s.knownLabels(), Value: clip(raw)}
 	}
 	t.Labels = append(t.Labels, float64(k))
 	t.ClassCounts[k]++

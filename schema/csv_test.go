@@ -3,6 +3,7 @@ package schema
 import (
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -132,5 +133,41 @@ func TestReadSitesCSVAndSubset(t *testing.T) {
 		if _, _, err := s.ReadSitesCSV(strings.NewReader(c.csv), "all.csv", c.col); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Fatalf("%s: %v, want %q", c.col, err, c.want)
 		}
+	}
+}
+
+// Subset of every task's table: a regression table's labels are values,
+// not class indices, and have no class counts (a regression table once
+// indexed ClassCounts by its target value and panicked).
+func TestSubsetEveryTask(t *testing.T) {
+	const feats = `"features":[{"name":"a","type":"numeric"},{"name":"k","type":"categorical"}]`
+	for _, c := range []struct {
+		task, label string
+		counts      []int // class counts of rows 2 and 0
+	}{
+		{TaskBinary, `"label":{"column":"y","classes":[{"name":"n","values":["0"]},{"name":"p","values":["1","2"]}]}`, []int{1, 1}},
+		{TaskMulticlass, `"label":{"column":"y","classes":[{"name":"n","values":["0"]},{"name":"p","values":["1"]},{"name":"q","values":["2"]}]}`, []int{1, 0, 1}},
+		{TaskRegression, `"label":{"column":"y"}`, nil},
+	} {
+		t.Run(c.task, func(t *testing.T) {
+			s, err := Parse([]byte(`{"task":"` + c.task + `",` + feats + `,` + c.label + `}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tab, err := s.ReadCSV(strings.NewReader("a,k,y\n1,x,0\n2,y,1\n3,?,2\n"), "f.csv")
+			if err != nil {
+				t.Fatal(err)
+			}
+			sub := tab.Subset([]int{2, 0})
+			if sub.Rows != 2 || sub.Lines[0] != 4 || sub.Columns[0].Num[1] != 1 || !sub.Columns[1].Missing[0] {
+				t.Fatalf("subset %+v", sub)
+			}
+			if !slices.Equal(sub.ClassCounts, c.counts) || (c.counts == nil) != (tab.ClassCounts == nil) || sub.SingleClass() {
+				t.Fatalf("class counts %v (table %v), want %v", sub.ClassCounts, tab.ClassCounts, c.counts)
+			}
+			if c.task == TaskRegression && !slices.Equal(sub.Labels, []float64{2, 0}) {
+				t.Fatalf("labels %v", sub.Labels)
+			}
+		})
 	}
 }

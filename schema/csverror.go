@@ -39,11 +39,21 @@ type CSVError struct {
 	Expected string // what the cell or header should have held
 	Value    string // the offending cell (clipped), KindBadValue and KindUnknownLabel
 	Err      error  // the csv package's error, KindMalformed
+	// Hint is what probably went wrong, when it can be told (another
+	// field separator or decimal mark than the schema's): no data value.
+	Hint string
 }
 
 func (e *CSVError) Unwrap() error { return e.Err }
 
 func (e *CSVError) Error() string {
+	if e.Hint != "" {
+		return e.message() + " (" + e.Hint + ")"
+	}
+	return e.message()
+}
+
+func (e *CSVError) message() string {
 	col := fmt.Sprintf("column %q", e.Column)
 	if e.Role == RoleLabel || e.Role == RoleSite {
 		col = e.Role + " " + col

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 )
 
 // Declared preprocessing (docs/privacy.md, "Preprocessing under DP"). A
@@ -87,19 +86,19 @@ func (s *Schema) validateDeclared() error {
 		case len(f.Levels) > MaxLevels:
 			return fmt.Errorf("categorical feature %q: %d levels, at most %d", f.Name, len(f.Levels), MaxLevels)
 		}
-		seen := map[string]bool{}
+		seen := map[string]bool{} // by Level: "1" and "1.0" are one level
 		for _, l := range f.Levels {
 			switch {
 			case len(l) > MaxNameBytes:
 				return fmt.Errorf("categorical feature %q: a level is longer than %d bytes", f.Name, MaxNameBytes)
-			case seen[l]:
-				return fmt.Errorf("categorical feature %q: level %q is listed twice", f.Name, l)
-			case slices.Contains(s.Missing, l):
+			case seen[Level(l)]:
+				return fmt.Errorf("categorical feature %q: level %q is listed twice (numbers are compared as numbers)", f.Name, l)
+			case s.missing(&f, l):
 				return fmt.Errorf("categorical feature %q: level %q is a missing token", f.Name, l)
 			}
-			seen[l] = true
+			seen[Level(l)] = true
 		}
-		if f.ImputeLevel != "" && !seen[f.ImputeLevel] {
+		if f.ImputeLevel != "" && !seen[Level(f.ImputeLevel)] {
 			return fmt.Errorf("categorical feature %q: impute_level %q is not one of its levels", f.Name, f.ImputeLevel)
 		}
 	}

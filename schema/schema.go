@@ -11,6 +11,10 @@
 //	{
 //	  "task": "binary",                  // binary, multiclass or regression
 //	  "features": [{"name": "age", "type": "numeric"},
+//	               {"name": "chol", "type": "numeric",       // optional per feature:
+//	                "missing": ["0"],                        // its own missing tokens
+//	                "min": 50, "max": 700,                   // a valid range
+//	                "out_of_range": "error"},                // error (default) or missing
 //	               {"name": "site_kind", "type": "categorical"}],
 //	  "label": {"column": "diagnosis",
 //	            "classes": [{"name": "benign",    "values": ["B", "0"]},
@@ -19,7 +23,9 @@
 //	  "min_site_samples": 10,            // optional, default 10
 //	  "standardize": "federation",       // optional: federation (default) or client
 //	  "holdout": 0.2,                    // optional, default 0.2, in [0, 0.9]
-//	  "holdout_seed": 1                  // optional, default 1
+//	  "holdout_seed": 1,                 // optional, default 1
+//	  "separator": ";",                  // optional: the CSV's field separator, default ","
+//	  "decimal": ","                     // optional: the decimal mark, "." (default) or ","
 //	}
 //
 // A schema may also declare the preprocessing instead of having the
@@ -34,6 +40,14 @@
 // predict reports a predicted class k by its name, classes[k].name, and with
 // --raw-label also by the first entry of classes[k].values (RawLabel). Regression has no classes: the label column is parsed
 // as a number.
+//
+// Values that read as finite numbers are compared as numbers (Level,
+// values.go): categorical cells, label values, declared levels and missing
+// tokens; "4.0" and "4" are one level, written "4". A feature's own
+// "missing" tokens add to the schema's for it; a value outside a numeric
+// feature's "min"/"max" is an error at the site, or with "out_of_range":
+// "missing" a missing value. An unknown key is refused with its JSON path
+// (fields.go).
 //
 // The held-out split: a site holds out row i (0-based data row of its CSV)
 // when HoldoutRow(i) is true, a pure function of holdout_seed and i, so the
@@ -57,6 +71,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strings"
 )
 
 // Tasks.
@@ -94,6 +109,11 @@ const (
 // preprocessing (declared.go; all of them absent: the statistics phase
 // fits it): Center, Scale and Impute for a numeric feature, Levels and
 // ImputeLevel for a categorical one.
+//
+// Missing are the feature's own missing tokens, besides the schema's (a
+// cholesterol of "0" that means "not measured"). Min and Max are a
+// numeric feature's valid range: a value outside it is an error at the
+// site, or with OutOfRange "missing" a missing value (values.go).
 type Feature struct {
 	Name        string   `json:"name"`
 	Type        string   `json:"type"`
@@ -102,6 +122,10 @@ type Feature struct {
 	Impute      *float64 `json:"impute,omitempty"`
 	Levels      []string `json:"levels,omitempty"`
 	ImputeLevel string   `json:"impute_level,omitempty"`
+	Missing     []string `json:"missing,omitempty"`
+	Min         *float64 `json:"min,omitempty"`
+	Max         *float64 `json:"max,omitempty"`
+	OutOfRange  string   `json:"out_of_range,omitempty"`
 }
 
 // Class is one label class and the raw values that mean it.
@@ -127,6 +151,12 @@ type Schema struct {
 	Standardize    string    `json:"standardize"`
 	Holdout        float64   `json:"holdout"`
 	HoldoutSeed    uint64    `json:"holdout_seed"`
+	// Separator and Decimal are the sites' CSV dialect (csvdialect.go):
+	// the field separator ("" or ",": a comma) and the decimal mark
+	// ("" or ".": a point; ",": a comma, as spreadsheets export it with
+	// Separator ";").
+	Separator string `json:"separator,omitempty"`
+	Decimal   string `json:"decimal,omitempty"`
 }
 
 // rawSchema distinguishes absent optional fields from zero values.
@@ -139,6 +169,8 @@ type rawSchema struct {
 	Standardize    string    `json:"standardize"`
 	Holdout        *float64  `json:"holdout"`
 	HoldoutSeed    *uint64   `json:"holdout_seed"`
+	Separator      string    `json:"separator"`
+	Decimal        string    `json:"decimal"`
 }
 
 // Load reads and validates the schema file path. Errors are one line and
@@ -162,6 +194,11 @@ func Parse(b []byte) (*Schema, error) {
 	dec.DisallowUnknownFields()
 	var r rawSchema
 	if err := dec.Decode(&r); err != nil {
+		if strings.HasPrefix(err.Error(), "json: unknown field") {
+			if where := unknownField(b); where != nil {
+				return nil, where
+			}
+		}
 		return nil, fmt.Errorf("invalid JSON: %w", err)
 	}
 	if dec.More() {
@@ -170,6 +207,7 @@ func Parse(b []byte) (*Schema, error) {
 	s := &Schema{
 		Task: r.Task, Features: r.Features, Missing: r.Missing,
 		MinSiteSamples: 10, Standardize: r.Standardize, Holdout: 0.2, HoldoutSeed: 1,
+		Separator: r.Separator, Decimal: r.Decimal,
 	}
 	if r.Label == nil {
 		return nil, errors.New("no label: \"label\": {\"column\": ...} is required")
@@ -191,6 +229,8 @@ func Parse(b []byte) (*Schema, error) {
 		s.HoldoutSeed = *r.HoldoutSeed
 	}
 	s.fillDeclared()
+	s.fillValues()
+	s.fillDialect()
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
@@ -240,6 +280,9 @@ func (s *Schema) Validate() error {
 		if f.Type != Numeric && f.Type != Categorical {
 			return fmt.Errorf("feature %q has unknown type %q, expected numeric or categorical", f.Name, f.Type)
 		}
+		if err := f.validateValues(); err != nil {
+			return err
+		}
 	}
 	switch s.Task {
 	case TaskRegression:
@@ -258,7 +301,7 @@ func (s *Schema) Validate() error {
 			return fmt.Errorf("label %q: %d classes, at most %d", s.Label.Column, len(s.Label.Classes), MaxClasses)
 		}
 		names := map[string]bool{}
-		values := map[string]string{}
+		values := map[string]string{} // by Level: "1" and "1.0" are one value
 		for k, c := range s.Label.Classes {
 			if err := checkName(fmt.Sprintf("label class %d", k+1), c.Name); err != nil {
 				return err
@@ -271,13 +314,13 @@ func (s *Schema) Validate() error {
 				return fmt.Errorf("label class %q has no raw values", c.Name)
 			}
 			for _, v := range c.Values {
-				if prev, ok := values[v]; ok {
+				if prev, ok := values[Level(v)]; ok {
 					if prev == c.Name {
-						return fmt.Errorf("label value %q is listed twice for class %q", v, c.Name)
+						return fmt.Errorf("label value %q is listed twice for class %q (numbers are compared as numbers)", v, c.Name)
 					}
-					return fmt.Errorf("label value %q is mapped to two classes, %q and %q", v, prev, c.Name)
+					return fmt.Errorf("label value %q is mapped to two classes, %q and %q (numbers are compared as numbers)", v, prev, c.Name)
 				}
-				values[v] = c.Name
+				values[Level(v)] = c.Name
 			}
 		}
 	}
@@ -289,7 +332,7 @@ func (s *Schema) Validate() error {
 	if s.Task != TaskRegression {
 		for _, c := range s.Label.Classes {
 			for _, v := range c.Values {
-				if slices.Contains(s.Missing, v) {
+				if s.IsMissing(v) {
 					return fmt.Errorf("label value %q of class %q is also a missing token", v, c.Name)
 				}
 			}
@@ -306,6 +349,9 @@ func (s *Schema) Validate() error {
 	if !(s.Holdout >= 0 && s.Holdout <= 0.9) {
 		return fmt.Errorf("holdout %v, expected a share in [0, 0.9]", s.Holdout)
 	}
+	if err := s.validateDialect(); err != nil {
+		return err
+	}
 	return s.validateDeclared()
 }
 
@@ -317,11 +363,15 @@ func (s *Schema) NumClasses() int {
 	return len(s.Label.Classes)
 }
 
-// ClassOf maps a raw label value to its class index.
+// ClassOf maps a raw label value to its class index. Numbers are
+// compared as numbers (Level): "1.0" is the class of "1".
 func (s *Schema) ClassOf(raw string) (int, bool) {
+	l := Level(raw)
 	for k, c := range s.Label.Classes {
-		if slices.Contains(c.Values, raw) {
-			return k, true
+		for _, v := range c.Values {
+			if v == raw || Level(v) == l {
+				return k, true
+			}
 		}
 	}
 	return 0, false
@@ -331,8 +381,9 @@ func (s *Schema) ClassOf(raw string) (int, bool) {
 // to it.
 func (s *Schema) RawLabel(k int) string { return s.Label.Classes[k].Values[0] }
 
-// IsMissing reports whether a cell value is a missing token.
-func (s *Schema) IsMissing(v string) bool { return slices.Contains(s.Missing, v) }
+// IsMissing reports whether a cell value is one of the schema's missing
+// tokens (numbers compared as numbers, Level).
+func (s *Schema) IsMissing(v string) bool { return matchesToken(v, s.Missing) }
 
 // Canonical is the schema's canonical encoding: compact JSON, fields in
 // the struct's order, defaults filled in.

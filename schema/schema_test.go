@@ -103,3 +103,35 @@ func TestHoldoutShare(t *testing.T) {
 		t.Fatal("holdout 0 holds out rows")
 	}
 }
+
+// TestUnknownFieldPath: a key the schema does not know is refused with its
+// JSON path, the key, a hint where the mistake is a common one (or the
+// nearest known key), and what the object takes; encoding/json alone said
+// only `unknown field "name"`.
+func TestUnknownFieldPath(t *testing.T) {
+	const feats = `"features":[{"name":"a","type":"numeric"},{"name":"b","type":"categorical"}]`
+	const label = `"label":{"column":"y","classes":[{"name":"neg","values":["B"]},{"name":"pos","values":["M"]}]}`
+	for _, c := range []struct{ name, json, want string }{
+		{"label name", `{"task":"regression",` + feats + `,"label":{"name":"y"}}`,
+			`label: unknown field "name"; the label column is "column" (label takes column, classes)`},
+		{"feature column", `{"task":"binary","features":[{"name":"a","type":"numeric"},{"column":"b","type":"numeric"}],` + label + `}`,
+			`features[1]: unknown field "column"; a feature's column is "name" (a feature takes name, type,`},
+		{"feature misspelt", `{"task":"binary","features":[{"nmae":"a","type":"numeric"}],` + label + `}`,
+			`features[0]: unknown field "nmae"; did you mean "name"? (a feature takes name, type,`},
+		{"class value", `{"task":"binary",` + feats + `,"label":{"column":"y","classes":[{"name":"n","values":["0"]},{"name":"p","value":["1"]}]}}`,
+			`label.classes[1]: unknown field "value"; a class's raw values are "values": [...] (a class takes name, values)`},
+		{"top level", `{"task":"binary",` + feats + `,` + label + `,"holdot":0.3}`,
+			`unknown field "holdot"; did you mean "holdout"? (the schema takes task, features, label,`},
+		{"top level far", `{"task":"binary",` + feats + `,` + label + `,"colour":1}`,
+			`unknown field "colour" (the schema takes task,`},
+		{"after nested values", `{"task":"binary","features":[{"name":"a","type":"categorical","levels":["x","y"]},{"name":"b","type":"numeric","center":1,"scale":2,"Impute":0,"zzz":{"q":[1]}}],` + label + `}`,
+			`features[1]: unknown field "zzz" (a feature takes`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse([]byte(c.json))
+			if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("Parse: %v\nwant %q", err, c.want)
+			}
+		})
+	}
+}

@@ -116,7 +116,12 @@ if [ "$fuzztime" != "0" ]; then
       # The state-file fuzzers write and open a real bbolt file per execution
       # (about 1 ms): 20,000 of them take 20-30 s.
       case "$f" in FuzzAggFile|FuzzEdgeFile) [ "$fuzztime" = 100000x ] && ft=20000x ;; esac
-      if ! go test -run='^$' -fuzz="^${f}\$" -fuzztime="$ft" "$pkg" >"$log" 2>&1; then
+      # The simulate fuzzer runs a whole --schema simulation per input that
+      # parses (about 1 ms); minimising each new input it finds would take
+      # up to a minute at that rate, so its minimisation is bounded too.
+      mt=60s
+      case "$f" in FuzzSimulateSchema) [ "$fuzztime" = 100000x ] && ft=10000x; mt=500x ;; esac
+      if ! go test -run='^$' -fuzz="^${f}\$" -fuzztime="$ft" -fuzzminimizetime="$mt" "$pkg" >"$log" 2>&1; then
         # A finding is written to testdata/fuzz/$f and fails the replay
         # below. A fuzzer that stops without one (the fuzz engine's own
         # trouble, as with duration budgets) is shown and retried once.
@@ -125,7 +130,7 @@ if [ "$fuzztime" != "0" ]; then
         fi
         echo "fuzzer $f in $pkg stopped without a failing input; retrying once. Its output:" >&2
         grep -v '^fuzz: elapsed' "$log" | tail -20 >&2
-        go test -run='^$' -fuzz="^${f}\$" -fuzztime="$ft" "$pkg" >"$log" 2>&1 || {
+        go test -run='^$' -fuzz="^${f}\$" -fuzztime="$ft" -fuzzminimizetime="$mt" "$pkg" >"$log" 2>&1 || {
           echo "fuzzer $f in $pkg failed again:" >&2; grep -v '^fuzz: elapsed' "$log" | tail -40 >&2; exit 1; }
       fi
       rm -f "$log"

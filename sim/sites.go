@@ -242,6 +242,15 @@ func (set *siteSet) fit(d *schemaData, progress io.Writer) error {
 		}
 		set.info = append(set.info, SiteInfo{ID: set.ids[k], TrainRows: len(site.Train), HoldoutRows: len(site.Holdout), ClassCounts: st.ClassCounts, StatsBytes: len(raw)})
 	}
+	// The aggregator's statistics review, as it logs it (its findings
+	// never stop a simulation).
+	review, err := prep.ReviewStats(set.schema, set.ids, stats)
+	if err != nil {
+		return err
+	}
+	for _, f := range review.Lines() {
+		fmt.Fprintf(progress, "statistics review: %s\n", f)
+	}
 	pooled, err := prep.Combine(set.schema, stats)
 	if err != nil {
 		return err

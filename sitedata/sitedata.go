@@ -366,6 +366,9 @@ func Classify(file string, err error) *SiteError {
 		default:
 			e.Reason, e.Problem = ReasonData, ce.Kind
 		}
+		if ce.Hint != "" { // another separator or decimal mark: no data value
+			e.Problem += " (" + ce.Hint + ")"
+		}
 		if e.File == "" {
 			e.File = file
 		}

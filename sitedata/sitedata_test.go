@@ -137,6 +137,12 @@ func TestLoadErrors(t *testing.T) {
 	if !errors.As(err, &se) || se.Reason != ReasonData || !strings.Contains(se.Public(), "nope.csv") {
 		t.Fatalf("absent file: %v", err)
 	}
+	// A spreadsheet's ";" export: the public message (what the aggregator
+	// shows) names the separator, not only the missing column.
+	_, err = Load(s, writeFile(t, dir, "semicolons.csv", "size;colour;age;y\n1,5;a;3;Y\n"))
+	if !errors.As(err, &se) || se.Reason != ReasonSchema || !strings.Contains(se.Public(), `set "separator": ";" in the schema`) {
+		t.Fatalf("semicolons: %v / %q", err, se.Public())
+	}
 }
 
 func TestTooFewRows(t *testing.T) {

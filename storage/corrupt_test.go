@@ -329,6 +329,10 @@ func openDamaged(t testing.TB, dir string, b []byte, agg bool, want, what string
 			t.Fatalf("%s: error not wrapping ErrCorrupt: %v", what, r.err)
 		case !strings.Contains(r.err.Error(), path) && !strings.Contains(r.err.Error(), "damaged.db"):
 			t.Fatalf("%s: error does not name the file: %v", what, r.err)
+		case strings.Contains(r.err.Error(), "panic") || strings.Contains(r.err.Error(), "assertion") || strings.Contains(r.err.Error(), "\n"):
+			// The file is damaged; nothing crashed: bbolt's own words
+			// for a page it trips on must not read like a crash.
+			t.Fatalf("%s: the refusal reads like a crash or is not one line: %q", what, r.err)
 		}
 		return refused
 	case <-time.After(5 * time.Second):
@@ -382,6 +386,43 @@ func TestCorruptionSweep(t *testing.T) {
 				t.Logf("%s file (%d bytes), %s: %d read back intact, %d refused with ErrCorrupt", kind, len(base), what, c[intact], c[refused])
 			}
 		})
+	}
+}
+
+// TestZeroedMetaPage: a zeroed or overwritten meta page (either of the
+// two) is refused as a damaged file, in the words the other damage gets:
+// it names the file and the page, and says nothing of a panic or a failed
+// assertion (bbolt's consistency check said "panic: assertion failed:
+// page 0: has unexpected type/flags: 0", which reads like a crash).
+func TestZeroedMetaPage(t *testing.T) {
+	for _, kind := range []string{"agg", "edge"} {
+		dir := t.TempDir()
+		_, base := sweepFile(t, dir, kind)
+		for _, c := range []struct {
+			name string
+			page int
+			fill func(p []byte)
+			want string
+		}{
+			{"page 0 zeroed", 0, func(p []byte) { clear(p) }, "meta page 0 is zeroed"},
+			{"page 1 zeroed", 1, func(p []byte) { clear(p) }, "meta page 1 is zeroed"},
+			{"page 0 overwritten", 0, func(p []byte) { copy(p, base[2*4096:3*4096]) }, "meta page 0 is overwritten (its header says page 2"},
+			{"page 1 overwritten", 1, func(p []byte) { copy(p, base[2*4096:3*4096]) }, "meta page 1 is overwritten"},
+		} {
+			t.Run(kind+"/"+c.name, func(t *testing.T) {
+				b := slices.Clone(base)
+				c.fill(b[c.page*4096 : (c.page+1)*4096])
+				path := filepath.Join(dir, "damaged.db")
+				if err := os.WriteFile(path, b, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				_, err := dumpFile(path, kind)
+				if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), path+" is damaged: "+c.want) ||
+					strings.Contains(err.Error(), "panic") || strings.Contains(err.Error(), "assertion") {
+					t.Fatalf("%v, want ErrCorrupt with %q and no panic or assertion", err, path+" is damaged: "+c.want)
+				}
+			})
+		}
 	}
 }
 

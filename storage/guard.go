@@ -56,7 +56,7 @@ func (d *guardedDB) guard(err *error, write bool) func() {
 	return func() {
 		debug.SetPanicOnFault(old)
 		if r := recover(); r != nil {
-			e := fmt.Errorf("%w: %s is damaged (%v)", ErrCorrupt, d.path, r)
+			e := fmt.Errorf("%w: %s is damaged (%s)", ErrCorrupt, d.path, bboltSays(r))
 			d.broken.CompareAndSwap(nil, &e)
 			if write {
 				d.wedged.Store(true)
@@ -181,6 +181,42 @@ func parseMeta(page []byte) (*boltMeta, string) {
 	return bm, ""
 }
 
+// metaPageFlag is bbolt's page flag of a meta page.
+const metaPageFlag = 0x04
+
+// metaHeader checks the page header of meta page id (0 or 1): "" when it
+// is a meta page's, else what it is instead.
+func metaHeader(page []byte, id uint64) string {
+	if len(page) < pageHeaderSize {
+		return ""
+	}
+	if !slices.ContainsFunc(page, func(b byte) bool { return b != 0 }) {
+		return fmt.Sprintf("meta page %d is zeroed", id)
+	}
+	le := binary.LittleEndian
+	if got, flags := le.Uint64(page[0:]), le.Uint16(page[8:]); got != id || flags != metaPageFlag {
+		return fmt.Sprintf("meta page %d is overwritten (its header says page %d with flags %#x, not a meta page)", id, got, flags)
+	}
+	return ""
+}
+
+// bboltSays is an error bbolt raised on a damaged page (a panic recovered
+// by guard, or an error of its consistency check, which recovers its own
+// panics) without bbolt's "panic: assertion failed:" prefix: the file is
+// damaged, nothing crashed.
+func bboltSays(v any) string {
+	s := fmt.Sprint(v)
+	for {
+		t := strings.TrimPrefix(strings.TrimPrefix(strings.TrimSpace(s), "panic:"), " ")
+		t = strings.TrimPrefix(t, "assertion failed:")
+		t = strings.TrimSpace(t)
+		if t == s {
+			return s
+		}
+		s = t
+	}
+}
+
 // precheck refuses, before bbolt maps it, a file that cannot be a sound
 // database: empty, without a valid meta page, or shorter than the last
 // commit says it is. A missing file is fine (it will be created).
@@ -204,7 +240,8 @@ func precheck(path string) error {
 	buf := make([]byte, pageHeaderSize+metaSize)
 	var metas []*boltMeta
 	var why []string
-	read := func(off int64) {
+	overwritten := ""
+	read := func(id uint64, off int64) {
 		if _, err := f.ReadAt(buf, off); err != nil {
 			if errors.Is(err, io.EOF) {
 				why = append(why, fmt.Sprintf("meta page at %d: past the end of the file", off))
@@ -213,20 +250,31 @@ func precheck(path string) error {
 			why = append(why, fmt.Sprintf("meta page at %d: %v", off, err))
 			return
 		}
+		if bad := metaHeader(buf, id); bad != "" && overwritten == "" {
+			overwritten = bad
+		}
 		if m, bad := parseMeta(buf); m != nil {
 			metas = append(metas, m)
 		} else {
 			why = append(why, fmt.Sprintf("meta page at %d: %s", off, bad))
 		}
 	}
-	read(0)
+	read(0, 0)
 	second := int64(4096)
 	if len(metas) == 1 {
 		second = int64(metas[0].pageSize)
 	}
-	read(second)
+	read(1, second)
 	if len(metas) == 0 {
 		return fmt.Errorf("%w: %s has no valid bbolt meta page (%s)", ErrCorrupt, path, joinWhy(why))
+	}
+	// bbolt keeps two meta pages so that a commit torn while writing one
+	// falls back to the other: such a page still has its meta header,
+	// only its checksum fails. A meta page whose header is not a meta
+	// page's (zeroed, or other data written over it) is damage, not a
+	// torn commit; bbolt's own check would stop on it with an assertion.
+	if overwritten != "" {
+		return fmt.Errorf("%w: %s is damaged: %s", ErrCorrupt, path, overwritten)
 	}
 	m := metas[0]
 	if len(metas) == 2 && metas[1].txid > m.txid {

@@ -341,14 +341,14 @@ func schemaVersion(db *guardedDB) (v uint64, err error) {
 // check runs bbolt's consistency check of the whole file.
 func check(db *guardedDB) error {
 	return db.View(func(tx *wtx) error {
-		var errs []error
+		var errs []string
 		for err := range tx.Check() {
 			if len(errs) < 3 { // the first few say enough; keep draining
-				errs = append(errs, err)
+				errs = append(errs, bboltSays(err))
 			}
 		}
 		if len(errs) > 0 {
-			return fmt.Errorf("%w: %s fails bbolt's consistency check: %w", ErrCorrupt, db.path, errors.Join(errs...))
+			return fmt.Errorf("%w: %s is damaged: it fails bbolt's consistency check: %s", ErrCorrupt, db.path, strings.Join(errs, "; "))
 		}
 		return nil
 	})

@@ -154,6 +154,7 @@
       (pr.epsilon_budget ? ' (budget ' + pr.epsilon_budget + ')' : '') : 'off');
     renderAttention();
     renderParams(live.params || {});
+    renderReview();
     renderBundle();
     // Under --dp the sites' figures are the operator's only: no bundle carries them
     // (docs/privacy.md, "Evaluation under DP").
@@ -194,6 +195,21 @@
     if (box._sig === sig) { return; }
     box._sig = sig; box.textContent = '';
     keys.forEach(function (k) { box.appendChild(el('span', '', k + '=' + p[k])); });
+  }
+
+  // The statistics review (values that differ between sites), once the
+  // preprocessing is fitted; --stats-review stops the run before round 1.
+  function renderReview() {
+    var r = st.statistics_review, card = $('review-card');
+    var found = r && r.findings && r.findings.length ? r.findings : [];
+    card.hidden = found.length === 0;
+    if (!found.length) { return; }
+    text($('review-note'), found.length + ' findings from the sites\' statistics' + (r.stopped ?
+      '; the run stopped before round 1 (--stats-review): fix the schema and start a new run, or restart without --stats-review' : ''));
+    var ul = $('review-findings'), sig = found.join('\n');
+    if (ul._sig === sig) { return; }
+    ul._sig = sig; ul.textContent = '';
+    found.forEach(function (f) { ul.appendChild(el('li', '', f)); });
   }
 
   function renderBundle() {

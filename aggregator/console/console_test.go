@@ -81,9 +81,19 @@ func TestPageEscapes(t *testing.T) {
 		Live, Model, FinalBundle, Privacy, Broker, StatisticsOverdue                         *struct{}
 		Refused                                                                              []struct{}
 		Clients                                                                              []struct{}
+		// A finding quotes a level a site sent.
+		StatisticsReview *struct {
+			Findings []string
+			Stopped  bool
+		}
 	}
 	h := Handler(func() (any, error) {
-		return status{Federation: "</script><b>x</b>", Phase: "collecting", Round: 3}, nil
+		st := status{Federation: "</script><b>x</b>", Phase: "collecting", Round: 3}
+		st.StatisticsReview = &struct {
+			Findings []string
+			Stopped  bool
+		}{Findings: []string{`feature "k": levels seen only at site a: "<b>x</b>"`}, Stopped: true}
+		return st, nil
 	}, time.Now)
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))

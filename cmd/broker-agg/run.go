@@ -71,6 +71,7 @@ type serveFlags struct {
 	sites                                    string
 	schema                                   string
 	statsSites, evalEvery, stopPatience      int
+	statsReview                              bool
 	stopTol, stopDelta                       float64
 	console                                  consoleFlags
 	dp                                       dpFlags
@@ -187,6 +188,7 @@ func (f *serveFlags) registerRounds(fs *flag.FlagSet) {
 func (f *serveFlags) registerFederation(fs *flag.FlagSet) {
 	fs.StringVar(&f.schema, "schema", "", "federation schema `FILE` (JSON; see deploy/schema.example.json): sites read their CSV by column name, a statistics phase before round 1 fits the federation's preprocessing (none when the schema declares it, as --dp requires: deploy/schema-dp.example.json), the model's inputs and classes follow from it, sites evaluate on held-out rows, model bundles are written")
 	fs.IntVar(&f.statsSites, "stats-sites", 0, "with --schema: the statistics phase closes once this many sites sent theirs, or at --round-timeout with a quorum (0: --per-round)")
+	fs.BoolVar(&f.statsReview, "stats-review", false, "with --schema: stop before round 1 when the statistics review finds values that differ between sites (a level seen at one site only, per-site ranges that disagree; every finding is logged at WARN and shown in status and the console either way), so the schema can be fixed first; restart without it to go on")
 	fs.IntVar(&f.evalEvery, "eval-every", 10, "with --schema: sites evaluate the global model every `E` rounds (0: only at the end); each evaluation writes latest.bundle.json next to the state file")
 	fs.IntVar(&f.stopPatience, "stop-patience", 0, "with --schema: end the run early after `P` evaluations in a row without the federated loss improving on its best by more than --stop-tol (0: off; refused with --dp: the sites' losses are outside the guarantee)")
 	fs.Float64Var(&f.stopTol, "stop-tol", 0, "improvement of the federated evaluation loss that resets --stop-patience")
@@ -323,7 +325,7 @@ func (f *serveFlags) fedServerConfig(log *slog.Logger) (aggregator.ServerConfig,
 		spec.Hidden, spec.Activation = f.hidden, f.activation
 	}
 	cfg := f.baseConfig(spec, f.anchorSketchSpec(), nil, log)
-	cfg.Schema, cfg.StatsSites, cfg.EvalEvery = sc, f.statsSites, f.evalEvery
+	cfg.Schema, cfg.StatsSites, cfg.EvalEvery, cfg.StatsReview = sc, f.statsSites, f.evalEvery, f.statsReview
 	if f.evalData != "" {
 		spec := f.evalData
 		if !strings.HasPrefix(spec, "csv:") {

@@ -279,6 +279,13 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 	if len(late) > 0 {
 		fmt.Fprintf(w, "not in the preprocessing (joined after the statistics phase; trained with the others' preprocessing): %s\n", strings.Join(late, " "))
 	}
+	if r := st.StatisticsReview; r != nil && len(r.Findings) > 0 {
+		stopped := ""
+		if r.Stopped {
+			stopped = "; the run stopped before round 1 (--stats-review): fix the schema and start a new run, or restart without --stats-review"
+		}
+		fmt.Fprintf(w, "statistics review: %d findings%s:\n  %s\n", len(r.Findings), stopped, strings.Join(r.Findings, "\n  "))
+	}
 	if m := st.Model; m != nil {
 		fmt.Fprintf(w, "model %s, %d inputs after the federation's preprocessing", m.Kind, m.Inputs)
 		if m.Classes > 0 {

@@ -111,3 +111,24 @@ func TestPrintStatusAbsentSitesAndBaselines(t *testing.T) {
 		}
 	}
 }
+
+// `status` lists the statistics review's findings, and says when the run
+// stopped before round 1 for them (--stats-review).
+func TestPrintStatusStatisticsReview(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	finding := `feature "chol": per-site ranges disagree (site switzerland's mean lies outside site cleveland's range): cleveland [131, 564], switzerland [0, 0]`
+	for _, stopped := range []bool{false, true} {
+		st := aggregator.Status{Federation: "f", Phase: aggregator.PhaseFitting, Round: 1, Schema: "abc",
+			StatisticsSites:  []string{"cleveland", "switzerland"},
+			StatisticsReview: &aggregator.StatsReview{Findings: []string{finding}, Stopped: stopped}}
+		var b bytes.Buffer
+		if err := printStatus(&b, st, at); err != nil {
+			t.Fatal(err)
+		}
+		out := b.String()
+		if !strings.Contains(out, "statistics review: 1 findings") || !strings.Contains(out, "  "+finding+"\n") ||
+			strings.Contains(out, "--stats-review") != stopped {
+			t.Errorf("stopped %v: status output:\n%s", stopped, out)
+		}
+	}
+}

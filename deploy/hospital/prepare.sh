@@ -1,9 +1,9 @@
 #!/bin/sh
 # One hospital's export of the UCI heart-disease data (no header, 14 columns,
 # `?` for missing) as the CSV that schema.json reads: a header line naming the
-# columns, then the rows, with whole numbers written as Cleveland's export
-# does not (1.0 -> 1, as the other three hospitals write them), so that a
-# category such as cp is spelled the same at every site.
+# columns, then the rows as exported. (Cleveland writes whole numbers as 1.0,
+# the other three hospitals as 1: the schema compares categorical levels that
+# read as numbers as numbers, so cp's 4.0 and 4 are one level.)
 #
 #   ./prepare.sh processed.cleveland.data > patients.csv
 set -eu
@@ -12,4 +12,4 @@ if [ $# -ne 1 ]; then
 	exit 2
 fi
 echo 'age,sex,cp,trestbps,chol,fbs,restecg,thalach,exang,oldpeak,slope,ca,thal,num'
-sed -E 's/\.0(,|$)/\1/g' "$1"
+cat "$1"
