@@ -55,8 +55,8 @@ func taskSites(t *testing.T, task string) (dir string, perSite []string) {
 		rows := siteRows(rng, n, float64(k))
 		for _, r := range rows {
 			var size, age float64
-			fmt.Sscan(r["size"], &size) // "NA" leaves 0
-			fmt.Sscan(r["age"], &age)
+			_, _ = fmt.Sscan(r["size"], &size) // "NA" leaves 0: the test's rows mean it
+			_, _ = fmt.Sscan(r["age"], &age)
 			z := (size-10)/3 + (age-50)/20 + map[string]float64{"red": 1, "green": -1}[r["colour"]] + rng.NormFloat64()*0.5
 			switch task {
 			case schema.TaskMulticlass:

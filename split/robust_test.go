@@ -113,13 +113,6 @@ func protocolRun(t *testing.T, cs []client, rounds int, mult float64, scale func
 				ids = append(ids, j)
 			}
 		}
-		var plain []float64
-		for k := range in {
-			if k == 0 {
-				plain = make([]float64, d)
-			}
-			_ = k
-		}
 		zl := make([][]float64, len(in))
 		for k := range in {
 			zl[k] = in[k].Z

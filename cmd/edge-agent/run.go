@@ -61,7 +61,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		h = slog.NewJSONHandler(stderr, hopts)
 	}
 	log := slog.New(h)
-	cfg.Config.FreshState = *fresh || *reset
+	cfg.FreshState = *fresh || *reset
 	a, err := agent.New(cfg.Config, agent.Deps{Logger: log})
 	if err != nil {
 		return err
