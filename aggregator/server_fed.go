@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/edgefl/edgefl/bundle"
@@ -107,6 +108,10 @@ func parseFit(b []byte) (*fitRecord, error) {
 type fedRun struct {
 	schemaJSON []byte // the schema's canonical JSON
 	runSpec    []byte // the run spec this process last published on the run topic
+	// specStale: the broker connection was (re)made since, and a broker
+	// restarted without its retained messages has lost the run spec: the
+	// next announcement publishes it again (set by onConnect).
+	specStale  atomic.Bool
 	pendStats  *inStats
 	pendEval   *inEval
 	fedStored  bool // this batch stored the pending message (false: a copy)
@@ -1006,6 +1011,9 @@ func (s *Server) publishRunSpec(a *wire.RoundAnnouncement) error {
 	b, err := wire.Encode(spec)
 	if err != nil {
 		return fmt.Errorf("aggregator: encode the run spec: %w", err)
+	}
+	if s.specStale.Swap(false) {
+		s.runSpec = nil
 	}
 	if bytes.Equal(b, s.runSpec) {
 		return nil
