@@ -127,6 +127,14 @@ type Agent struct {
 	tUpdate string
 	tRcpt   string
 	stats   counters
+	// bodies holds the schema and transform bodies received on the run
+	// topic, by digest; waiting is the newest announcement that names a
+	// body by a digest not (yet) in bodies: it is handled when the run spec
+	// with that body arrives (wire RunSpec).
+	bodies  wire.BodyCache
+	waitMu  sync.Mutex
+	waiting *wire.RoundAnnouncement
+	spec    *wire.RunSpec // the newest run spec received
 	// instance is this installation's id (the state file's), set by Run
 	// before the first status; every status and update carries it.
 	instance string
@@ -905,7 +913,7 @@ func (a *Agent) onConnect(c mqtt.Client) {
 	// come (seen once after a Mosquitto restart with a resumed session,
 	// whose subscriptions the broker kept anyway) must not hold back the
 	// status that makes this site selectable.
-	tok := c.SubscribeMultiple(map[string]byte{a.topics.Round(): 1, a.tRcpt: 1}, nil)
+	tok := c.SubscribeMultiple(map[string]byte{a.topics.Round(): 1, a.topics.Run(): 1, a.tRcpt: 1}, nil)
 	var pub mqtt.Token
 	if b, err := a.statusMsg(true, false, a.conn.Load()); err != nil {
 		a.log.Error("status message", "err", err)
@@ -960,11 +968,18 @@ func (a *Agent) onMessage(_ mqtt.Client, m mqtt.Message) {
 		a.log.Debug("the retained round announcement was cleared")
 		return
 	}
+	if len(m.Payload()) == 0 && m.Topic() == a.topics.Run() {
+		a.log.Debug("the retained run spec was cleared")
+		return
+	}
 	kind, msg, err := a.topics.Decode(m.Topic(), m.Payload(), a.limits)
 	if err == nil {
 		switch kind {
 		case wire.KindRound:
-			a.step(announced{ann: msg.(*wire.RoundAnnouncement)})
+			a.announcedByDigest(msg.(*wire.RoundAnnouncement))
+			return
+		case wire.KindRun:
+			a.runSpecArrived(msg.(*wire.RunSpec))
 			return
 		case wire.KindReceipt:
 			switch r := msg.(type) {
@@ -987,6 +1002,69 @@ func (a *Agent) onMessage(_ mqtt.Client, m mqtt.Message) {
 	}
 	a.stats.badMessages.Add(1)
 	a.log.Warn("inbound message dropped", "topic", m.Topic(), "bytes", len(m.Payload()), "err", err)
+	a.observe(Event{Kind: EventBadMessage, Err: err})
+}
+
+// announcedByDigest hands the announcement to the session once the schema
+// and transform it names by digest are filled in from the run topic's
+// bodies; until then it waits for the run spec (runSpecArrived). The two
+// retained messages arrive in either order (handlers run concurrently).
+func (a *Agent) announcedByDigest(ann *wire.RoundAnnouncement) {
+	a.waitMu.Lock()
+	err := a.bodies.Resolve(ann)
+	a.waiting = nil
+	if err != nil {
+		a.waiting = ann
+	}
+	spec := a.spec
+	a.waitMu.Unlock()
+	if err != nil {
+		a.specMismatch(ann, spec, err)
+		return
+	}
+	a.step(announced{ann: ann})
+}
+
+// runSpecArrived keeps the run spec's bodies (by the digest computed here:
+// an altered body never stands for the announced digest) and hands on the
+// announcement that was waiting for them.
+func (a *Agent) runSpecArrived(spec *wire.RunSpec) {
+	if spec.Federation != a.cfg.Federation {
+		a.log.Warn("run spec of another federation ignored", "federation", spec.Federation)
+		return
+	}
+	a.waitMu.Lock()
+	a.bodies.Add(spec)
+	a.spec = spec
+	ann := a.waiting
+	var err error
+	if ann != nil {
+		if err = a.bodies.Resolve(ann); err == nil {
+			a.waiting = nil
+		}
+	}
+	a.waitMu.Unlock()
+	switch {
+	case ann == nil:
+	case err != nil:
+		a.specMismatch(ann, spec, err)
+	default:
+		a.step(announced{ann: ann})
+	}
+}
+
+// specMismatch reports an announcement whose schema or transform is not
+// (yet) on the run topic. When the newest run spec is this run's and holds
+// a body other than the one announced (altered, or not the aggregator's),
+// it is refused: logged, counted and reported; the announcement waits on.
+func (a *Agent) specMismatch(ann *wire.RoundAnnouncement, spec *wire.RunSpec, err error) {
+	if !spec.Contradicts(ann) {
+		a.log.Info("announcement waits for the run spec", "round", ann.Round, "run", ann.RunId, "err", err)
+		return
+	}
+	a.stats.badMessages.Add(1)
+	a.log.Warn("run spec refused: its schema or transform is not the one the announcement names by digest", "round", ann.Round,
+		"run", ann.RunId, "err", err)
 	a.observe(Event{Kind: EventBadMessage, Err: err})
 }
 

@@ -76,7 +76,9 @@
 // paho's backoff (1 s doubling up to Config.ReconnectMax), a default
 // publish handler through which every inbound message goes, and as last will
 // the retained ClientStatus{online: false}. On every connection (the first
-// one included) it subscribes to round and receipts/<id>, publishes the
+// one included) it subscribes to round, run (the retained RunSpec: the
+// schema and transform the announcements name by digest, wire/runspec.go)
+// and receipts/<id>, publishes the
 // retained ClientStatus{online: true, sample count, capabilities = solver
 // names, version}, and re-publishes every outbox entry.
 //

@@ -498,3 +498,49 @@ func TestAgentToldStatisticsTooLate(t *testing.T) {
 		t.Fatalf("the site was not told: %q", l)
 	}
 }
+
+// The schema and transform by digest (wire RunSpec): an announcement that
+// names them only by digest waits for the run topic; a run spec whose
+// transform is not the announced one (altered) is refused and nothing is
+// trained; the run's own spec lets the site train; a site that joins late
+// (a new state file, as after a restart on a fresh disk) gets both retained
+// messages and trains too.
+func TestAgentRunSpecByDigest(t *testing.T) {
+	_, url := testkit.StartBroker(t)
+	agg := newFakeAgg(t, url)
+	f := newFedFixture(t, 100)
+	ra := startFedAgent(t, url, filepath.Join(t.TempDir(), "edge.db"), f.csv, nil)
+	ra.wait(t, "connected", isKind(EventConnected))
+	x := f.global(t, 3)
+	ann := f.trainAnn(t, fedRun, 3, x)
+	spec := ann.ByDigest()
+	if len(ann.Schema) != 0 || len(ann.Transform) != 0 || ann.SchemaDigest == "" || ann.TransformDigest == "" {
+		t.Fatalf("announcement still carries bodies: %v", ann)
+	}
+	agg.announce(ann)
+	tampered := &wire.RunSpec{Federation: spec.Federation, RunId: spec.RunId, Schema: spec.Schema,
+		Transform: bytes.Replace(spec.Transform, []byte("1"), []byte("2"), 1)}
+	publishSpec := func(s *wire.RunSpec) {
+		b, err := wire.Encode(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		agg.publishRaw(agg.topics.Run(), b, true)
+	}
+	publishSpec(tampered)
+	ra.wait(t, "the altered run spec refused", func(e Event) bool {
+		return e.Kind == EventBadMessage && errors.Is(e.Err, wire.ErrBodyMissing)
+	})
+	agg.quiet(t)
+	publishSpec(spec)
+	if _, u := agg.nextUpdate(); u.Round != 3 {
+		t.Fatalf("update of round %d, want 3", u.Round)
+	}
+	ra.stop()
+
+	late := startFedAgent(t, url, filepath.Join(t.TempDir(), "edge.db"), f.csv, nil)
+	late.wait(t, "connected", isKind(EventConnected))
+	if _, u := agg.nextUpdate(); u.Round != 3 {
+		t.Fatalf("late site: update of round %d, want 3", u.Round)
+	}
+}

@@ -1006,6 +1006,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		// A fresh federation: a retained announcement of an earlier run
 		// under the same name would mislead clients that connect now.
 		s.publish(s.topics.Round(), true, nil, "clear retained round")
+		s.publish(s.topics.Run(), true, nil, "clear retained run spec")
 	}
 	if err := s.apply(ctx, s.coord.Resume(), nil, time.Time{}); err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/edgefl/edgefl/bundle"
@@ -106,6 +107,11 @@ func parseFit(b []byte) (*fitRecord, error) {
 // fedRun is the issue 11 state of the shell (loop-owned unless noted).
 type fedRun struct {
 	schemaJSON []byte // the schema's canonical JSON
+	runSpec    []byte // the run spec this process last published on the run topic
+	// specStale: the broker connection was (re)made since, and a broker
+	// restarted without its retained messages has lost the run spec: the
+	// next announcement publishes it again (set by onConnect).
+	specStale  atomic.Bool
 	pendStats  *inStats
 	pendEval   *inEval
 	fedStored  bool // this batch stored the pending message (false: a copy)
@@ -671,6 +677,9 @@ func (s *Server) announceStatistics(deadline time.Time) error {
 		Federation: s.cfg.Federation, Round: 0, Algorithm: s.cfg.Algorithm, Phase: wire.Phase_PHASE_STATISTICS,
 		Schema: s.schemaJSON, DeadlineUnixMs: deadline.UnixMilli(), CreatedAtUnixMs: s.clock.Now().UnixMilli(), RunId: s.stored.RunID,
 	}
+	if err := s.publishRunSpec(a); err != nil {
+		return err
+	}
 	b, err := wire.Encode(a)
 	if err != nil {
 		return fmt.Errorf("aggregator: encode the statistics announcement: %w", err)
@@ -706,6 +715,9 @@ func (s *Server) announceFinished(rounds int, deadline time.Time, bun []byte, la
 	}
 	if deadline.IsZero() {
 		a.DeadlineUnixMs = 0
+	}
+	if err := s.publishRunSpec(a); err != nil {
+		return err
 	}
 	b, err := wire.Encode(a)
 	if err != nil {
@@ -987,4 +999,30 @@ func (s *Server) siteError(id, reason, msg string) {
 		s.mu.Unlock()
 		s.log.Warn("site error", "client", id, "reason", reason, "message", msg)
 	}
+}
+
+// publishRunSpec moves the announcement's schema and transform to the
+// retained run spec on the run topic (wire.RoundAnnouncement.ByDigest: the
+// announcement keeps their digests) and publishes the spec when it is not
+// the one this process last published: once per run and fit, and again
+// after a restart, rather than with every round (wire RunSpec).
+func (s *Server) publishRunSpec(a *wire.RoundAnnouncement) error {
+	spec := a.ByDigest()
+	if spec == nil {
+		return nil
+	}
+	b, err := wire.Encode(spec)
+	if err != nil {
+		return fmt.Errorf("aggregator: encode the run spec: %w", err)
+	}
+	if s.specStale.Swap(false) {
+		s.runSpec = nil
+	}
+	if bytes.Equal(b, s.runSpec) {
+		return nil
+	}
+	s.runSpec = b
+	s.log.Info("run spec published", "schema", a.SchemaDigest, "transform", a.TransformDigest, "bytes", len(b))
+	s.publish(s.topics.Run(), true, b, "run spec")
+	return nil
 }

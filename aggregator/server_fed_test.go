@@ -280,6 +280,18 @@ func TestFedProtocolEndToEnd(t *testing.T) {
 		t.Fatal("not finished")
 	}
 	done := sites[1].nextPhase(t, wire.Phase_PHASE_FINISHED, 2, true)
+	// The schema and transform went out once each on the run topic (the
+	// statistics phase's spec, then the fitted one); every announcement
+	// named them by digest only.
+	for _, s := range sites {
+		s.mu.Lock()
+		inline, specs := s.inline, slices.Clone(s.specs)
+		s.mu.Unlock()
+		if inline != 0 || len(specs) != 2 || len(specs[0].Transform) != 0 || !bytes.Equal(specs[1].Schema, cfg.Schema.Canonical()) ||
+			!bytes.Equal(specs[1].Transform, a1.Transform) || specs[1].RunId != run {
+			t.Fatalf("%s: %d announcements with bodies, run specs %v", s.id, inline, specs)
+		}
+	}
 	fb, err := bundle.Unmarshal(done.Bundle)
 	if err != nil {
 		t.Fatal(err)

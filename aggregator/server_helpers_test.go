@@ -7,6 +7,8 @@ import (
 	"hash/crc32"
 	"math"
 	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -142,6 +144,15 @@ type fakeAgent struct {
 	rounds   chan *wire.RoundAnnouncement
 	receipts chan *wire.Receipt
 	invites  chan *wire.Receipt // RECEIPT_SUBJECT_INVITATION: private selection (--dp)
+
+	// The run topic, as an agent uses it: announcements name the schema
+	// and transform by digest; they are filled in from the run spec's
+	// bodies (waiting for it if it comes second).
+	mu      sync.Mutex
+	bodies  wire.BodyCache
+	waiting []*wire.RoundAnnouncement
+	specs   []*wire.RunSpec // every run spec received, in order
+	inline  int             // announcements that carried a schema or transform body
 }
 
 // agent connects a fake site (persistent session, will = offline),
@@ -164,7 +175,33 @@ func (f *fixture) agent(id string, samples uint64) *fakeAgent {
 		}
 		switch msg := msg.(type) {
 		case *wire.RoundAnnouncement:
+			a.mu.Lock()
+			if len(msg.Schema) > 0 || len(msg.Transform) > 0 {
+				a.inline++
+			}
+			if a.bodies.Resolve(msg) != nil {
+				a.waiting = append(a.waiting, msg)
+				a.mu.Unlock()
+				return
+			}
+			a.mu.Unlock()
 			a.rounds <- msg
+		case *wire.RunSpec:
+			a.mu.Lock()
+			a.specs = append(a.specs, msg)
+			a.bodies.Add(msg)
+			var ready []*wire.RoundAnnouncement
+			a.waiting = slices.DeleteFunc(a.waiting, func(r *wire.RoundAnnouncement) bool {
+				if a.bodies.Resolve(r) == nil {
+					ready = append(ready, r)
+					return true
+				}
+				return false
+			})
+			a.mu.Unlock()
+			for _, r := range ready {
+				a.rounds <- r
+			}
 		case *wire.Receipt:
 			if msg.Subject == wire.ReceiptSubject_RECEIPT_SUBJECT_INVITATION {
 				a.invites <- msg // under --dp: the private selection, apart from the answers
@@ -181,7 +218,7 @@ func (f *fixture) agent(id string, samples uint64) *fakeAgent {
 		f.t.Fatalf("agent %s connect: %v", id, tok.Error())
 	}
 	f.t.Cleanup(func() { a.c.Disconnect(100) })
-	tok := a.c.SubscribeMultiple(map[string]byte{topics.Round(): 1, rcpt: 1}, handler)
+	tok := a.c.SubscribeMultiple(map[string]byte{topics.Round(): 1, topics.Run(): 1, rcpt: 1}, handler)
 	if !tok.WaitTimeout(waitLong) || tok.Error() != nil {
 		f.t.Fatalf("agent %s subscribe: %v", id, tok.Error())
 	}

@@ -102,6 +102,7 @@ func (s *Server) onConnect(c mqtt.Client) {
 			}
 		}
 	}
+	s.specStale.Store(true)
 	s.log.Info("subscribed", "status", s.topics.StatusFilter(), "updates", s.topics.UpdateFilter())
 	s.subOnce.Do(func() { close(s.subscribed) })
 }

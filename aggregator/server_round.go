@@ -93,6 +93,9 @@ func (s *Server) announce(round, attempt int, selected []string, deadline time.T
 	if err != nil {
 		return err
 	}
+	if err := s.publishRunSpec(a); err != nil {
+		return err
+	}
 	b, err := wire.Encode(a)
 	if err != nil {
 		return fmt.Errorf("aggregator: encode announcement of round %d: %w", round, err)

@@ -18,7 +18,7 @@
 // identity id may
 //
 //	publish   P+"updates/"+id, P+"clients/"+id+"/status" (also as its last will)
-//	subscribe P+"round", P+"receipts/"+id
+//	subscribe P+"round", P+"run", P+"receipts/"+id
 //
 // and nothing else (no wildcards, no $SYS). A superuser identity (the
 // aggregator) may publish and subscribe to anything under P, including
@@ -558,7 +558,7 @@ func (h *authHook) allowed(identity, topic string, write bool) bool {
 	if write {
 		return rest == "updates/"+identity || rest == "clients/"+identity+"/status"
 	}
-	return rest == "round" || rest == "receipts/"+identity
+	return rest == "round" || rest == "run" || rest == "receipts/"+identity
 }
 
 func (h *authHook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {

@@ -278,6 +278,7 @@ func TestACLPublish(t *testing.T) {
 		prefix + "updates/site-a",
 		prefix + "clients/site-a/status",
 		prefix + "round",
+		prefix + "run",
 		prefix + "receipts/site-b",
 		prefix + "updates/site-b/extra",
 		"edgefl/other/updates/site-b",
@@ -302,8 +303,8 @@ func TestACLPublish(t *testing.T) {
 	if m := agg.next(t); string(m.Payload()) != "real" || m.Topic() != prefix+"updates/site-a" {
 		t.Fatalf("aggregator got %q on %s", m.Payload(), m.Topic())
 	}
-	if b.Stats().ACLDenied < 7 {
-		t.Errorf("ACL denials %d, want >= 7", b.Stats().ACLDenied)
+	if b.Stats().ACLDenied < 8 {
+		t.Errorf("ACL denials %d, want >= 8", b.Stats().ACLDenied)
 	}
 }
 
@@ -315,6 +316,8 @@ func TestACLSubscribe(t *testing.T) {
 		ok     bool
 	}{
 		{prefix + "round", true},
+		{prefix + "run", true},
+		{prefix + "run/x", false},
 		{prefix + "receipts/site-a", true},
 		{prefix + "receipts/site-b", false},
 		{prefix + "receipts/+", false},

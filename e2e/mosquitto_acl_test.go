@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,7 +17,7 @@ import (
 // refused; Mosquitto 2.0 grants and accepts them, and delivers nothing): a
 // site subscribing to another site's receipts gets a granted SUBACK but no
 // message; a site connecting with a last will on another site's status is
-// let in, and the will is never published.
+// let in, and the will is never published. A site reads the run topic.
 func TestMosquittoACLDenials(t *testing.T) {
 	needMosquitto(t)
 	dir := t.TempDir()
@@ -63,6 +64,22 @@ func TestMosquittoACLDenials(t *testing.T) {
 	if p := agg.Publish(prefix+"receipts/site-2", 1, false, "for site-2 only"); !p.WaitTimeout(10*time.Second) || p.Error() != nil {
 		t.Fatal(p.Error())
 	}
+
+	// The run topic (the retained run spec: the schema and transform the
+	// announcements name by digest) is readable by every site.
+	reader := connect("site-2", "")
+	defer reader.Disconnect(100)
+	if p := agg.Publish(prefix+"run", 1, true, "run spec"); !p.WaitTimeout(10*time.Second) || p.Error() != nil {
+		t.Fatal(p.Error())
+	}
+	if tok := reader.Subscribe(prefix+"run", 1, record); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("site-2 subscribe to run: %v", tok.Error())
+	}
+	waitFor(t, 10*time.Second, "the retained run spec at a site", func() (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Contains(got, prefix+"run"), nil
+	})
 
 	// A will on another site's status: the connection is accepted; when it
 	// drops, nothing is published.

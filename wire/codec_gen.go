@@ -14,12 +14,13 @@ const (
 	fieldStatistics protowire.Number = 6
 	fieldEvaluation protowire.Number = 7
 	fieldSecagg     protowire.Number = 8
+	fieldRun        protowire.Number = 9
 )
 
 // isBodyField reports whether n is the number of a field of the Envelope's body.
 func isBodyField(n protowire.Number) bool {
 	switch n {
-	case fieldRound, fieldStatus, fieldUpdate, fieldReceipt, fieldStatistics, fieldEvaluation, fieldSecagg:
+	case fieldRound, fieldStatus, fieldUpdate, fieldReceipt, fieldStatistics, fieldEvaluation, fieldSecagg, fieldRun:
 		return true
 	}
 	return false
@@ -42,6 +43,8 @@ func fieldName(n protowire.Number) string {
 		return "EvalReport"
 	case fieldSecagg:
 		return "SecAggMessage"
+	case fieldRun:
+		return "RunSpec"
 	}
 	return "no body"
 }
@@ -59,6 +62,8 @@ func (m *SiteStatistics) wrap() isEnvelope_Body { return &Envelope_Statistics{St
 func (m *EvalReport) wrap() isEnvelope_Body { return &Envelope_Evaluation{Evaluation: m} }
 
 func (m *SecAggMessage) wrap() isEnvelope_Body { return &Envelope_Secagg{Secagg: m} }
+
+func (m *RunSpec) wrap() isEnvelope_Body { return &Envelope_Run{Run: m} }
 
 // message returns the body and its field number, or nil and 0 when there is
 // none (including a oneof wrapper holding a nil message).
@@ -91,6 +96,10 @@ func (x *Envelope) message() (Message, protowire.Number) {
 	case *Envelope_Secagg:
 		if b != nil && b.Secagg != nil {
 			return b.Secagg, fieldSecagg
+		}
+	case *Envelope_Run:
+		if b != nil && b.Run != nil {
+			return b.Run, fieldRun
 		}
 	}
 	return nil, 0
@@ -150,6 +159,13 @@ func (x *Envelope) encodedBody() (codec, protowire.Number) {
 		}
 		if b != nil {
 			return &SecAggMessage{}, 8
+		}
+	case *Envelope_Run:
+		if b != nil && b.Run != nil {
+			return b.Run, 9
+		}
+		if b != nil {
+			return &RunSpec{}, 9
 		}
 	}
 	return nil, 0
@@ -246,6 +262,16 @@ func (x *Envelope) unmarshal(b []byte, d *decoder) error {
 					w = &Envelope_Secagg{Secagg: &SecAggMessage{}}
 				}
 				n, err := consumeMessage(w.Secagg, b, d)
+				x.Body = w
+				return n, err
+			}
+		case 9:
+			if typ == protowire.BytesType {
+				w, ok := x.Body.(*Envelope_Run)
+				if !ok || w == nil || w.Run == nil {
+					w = &Envelope_Run{Run: &RunSpec{}}
+				}
+				n, err := consumeMessage(w.Run, b, d)
 				x.Body = w
 				return n, err
 			}
@@ -519,6 +545,8 @@ func (x *RoundAnnouncement) size() int {
 	n += sizeMessage(37, x.SplitInitial != nil, x.SplitInitial)
 	n += sizeBytes(41, x.SecaggSignedKeys)
 	n += sizeBytes(42, x.SecaggViewSignatures)
+	n += sizeString(43, x.SchemaDigest)
+	n += sizeString(44, x.TransformDigest)
 	return n
 }
 
@@ -553,6 +581,8 @@ func (x *RoundAnnouncement) appendTo(b []byte) []byte {
 	b = appendMessage(b, 37, x.SplitInitial != nil, x.SplitInitial)
 	b = appendBytes(b, 41, x.SecaggSignedKeys)
 	b = appendBytes(b, 42, x.SecaggViewSignatures)
+	b = appendString(b, 43, x.SchemaDigest)
+	b = appendString(b, 44, x.TransformDigest)
 	return b
 }
 
@@ -702,6 +732,57 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 		case 42:
 			if typ == protowire.BytesType {
 				return consumeBytes(&x.SecaggViewSignatures, b), nil
+			}
+		case 43:
+			if typ == protowire.BytesType {
+				return consumeString(&x.SchemaDigest, b)
+			}
+		case 44:
+			if typ == protowire.BytesType {
+				return consumeString(&x.TransformDigest, b)
+			}
+		}
+		return 0, nil
+	})
+}
+
+// RunSpec
+
+func (x *RunSpec) size() int {
+	n := 0
+	n += sizeString(1, x.Federation)
+	n += sizeString(2, x.RunId)
+	n += sizeBytes(3, x.Schema)
+	n += sizeBytes(4, x.Transform)
+	return n
+}
+
+func (x *RunSpec) appendTo(b []byte) []byte {
+	b = appendString(b, 1, x.Federation)
+	b = appendString(b, 2, x.RunId)
+	b = appendBytes(b, 3, x.Schema)
+	b = appendBytes(b, 4, x.Transform)
+	return b
+}
+
+func (x *RunSpec) unmarshal(b []byte, d *decoder) error {
+	return fields("RunSpec", b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+		switch num {
+		case 1:
+			if typ == protowire.BytesType {
+				return consumeString(&x.Federation, b)
+			}
+		case 2:
+			if typ == protowire.BytesType {
+				return consumeString(&x.RunId, b)
+			}
+		case 3:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.Schema, b), nil
+			}
+		case 4:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.Transform, b), nil
 			}
 		}
 		return 0, nil

@@ -28,6 +28,7 @@ func seeds(t testing.TB) map[string][]byte {
 		// Issue 11.
 		"statistics":    mustEncode(t, sampleStatistics()),
 		"evaluation":    mustEncode(t, sampleEvaluation()),
+		"run-spec":      mustEncode(t, &RunSpec{Federation: "fed1", RunId: "R1", Schema: schemaJSON, Transform: []byte(`{"outputs":1}`)}),
 		"stats-round":   mustEncode(t, &RoundAnnouncement{Federation: "fed1", Phase: Phase_PHASE_STATISTICS, Schema: schemaJSON, RunId: "R1"}),
 		"error-status":  mustEncode(t, &ClientStatus{ClientId: "site-1", Online: true, ErrorReason: SiteErrBadValue, ErrorMessage: "site.csv line 3 column \"age\": expected a number"}),
 		"stats-receipt": mustEncode(t, &Receipt{ClientId: "site-1", Accepted: true, StoredAtUnixMs: 1, Code: ReceiptCode_RECEIPT_CODE_STORED, Subject: ReceiptSubject_RECEIPT_SUBJECT_STATISTICS}),

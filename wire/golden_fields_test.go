@@ -36,7 +36,7 @@ func messageTypes() map[string]reflect.Type {
 	}
 	walk(reflect.TypeFor[Envelope]())
 	for _, body := range []Message{&RoundAnnouncement{}, &ClientStatus{}, &ClientUpdate{}, &Receipt{},
-		&SiteStatistics{}, &EvalReport{}, &SecAggMessage{}} {
+		&SiteStatistics{}, &EvalReport{}, &SecAggMessage{}, &RunSpec{}} {
 		walk(reflect.TypeOf(body).Elem())
 	}
 	return types

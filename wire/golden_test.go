@@ -295,6 +295,14 @@ func validGolden() map[string]Message {
 			r.SecaggPhase, r.SecaggBroadcast = SecAggPhase_SECAGG_PHASE_UNMASK, []byte("EFSA\x01 unmask request")
 			return r
 		}(),
+		"run_spec.bin": &RunSpec{Federation: "fed1", RunId: "RUNID234567ABCDEFGHIJKLMNO",
+			Schema: []byte(`{"label":"y"}`), Transform: []byte(`{"outputs":1}`)},
+		"digest_round.bin": func() Message {
+			r := minRound()
+			r.SchemaDigest = BodyDigest([]byte(`{"label":"y"}`))
+			r.TransformDigest = BodyDigest([]byte(`{"outputs":1}`))
+			return r
+		}(),
 		"secagg_message.bin": &SecAggMessage{ClientId: longID, RunId: "RUNID234567ABCDEFGHIJKLMNO", Round: math.MaxUint64,
 			Kind: SecAggKindMaskedInput, Payload: []byte{0, 1, 2, 0xff}, SentAtUnixMs: math.MaxInt64, Attempt: math.MaxUint32},
 		"secagg_receipt.bin": &Receipt{ClientId: "s", Round: 3, Accepted: true, Reason: "stored", StoredAtUnixMs: 1,

@@ -315,6 +315,7 @@ type Envelope struct {
 	//	*Envelope_Statistics
 	//	*Envelope_Evaluation
 	//	*Envelope_Secagg
+	//	*Envelope_Run
 	Body isEnvelope_Body
 }
 
@@ -398,6 +399,15 @@ func (x *Envelope) GetSecagg() *SecAggMessage {
 	return nil
 }
 
+func (x *Envelope) GetRun() *RunSpec {
+	if x != nil {
+		if w, ok := x.Body.(*Envelope_Run); ok && w != nil {
+			return w.Run
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Body interface {
 	isEnvelope_Body()
 }
@@ -430,6 +440,10 @@ type Envelope_Secagg struct {
 	Secagg *SecAggMessage
 }
 
+type Envelope_Run struct {
+	Run *RunSpec
+}
+
 func (*Envelope_Round) isEnvelope_Body() {}
 
 func (*Envelope_Status) isEnvelope_Body() {}
@@ -443,6 +457,8 @@ func (*Envelope_Statistics) isEnvelope_Body() {}
 func (*Envelope_Evaluation) isEnvelope_Body() {}
 
 func (*Envelope_Secagg) isEnvelope_Body() {}
+
+func (*Envelope_Run) isEnvelope_Body() {}
 
 // Vector is a model vector carried as a codec frame.
 type Vector struct {
@@ -676,7 +692,8 @@ func (x *SketchSpec) GetSeed() uint64 {
 // be absent: the model's shape is known only once the transform is fitted).
 // PHASE_FINISHED has round > 0 (the rounds completed), global (the final
 // model), model and algorithm; bundle is optional. evaluate requires schema
-// and transform; eval_round <= round.
+// and transform; eval_round <= round. Here "a schema" and "a transform"
+// mean the body or its digest (schema_digest, transform_digest).
 type RoundAnnouncement struct {
 	Federation      string      `json:"federation,omitempty"`
 	Round           uint64      `json:"round,omitempty"`      // > 0 (0 in PHASE_STATISTICS)
@@ -697,10 +714,14 @@ type RoundAnnouncement struct {
 	// unnamed (older aggregators): sites keep their state.
 	RunId string `json:"run_id,omitempty"`
 	// schema.Canonical() JSON of the federation schema; empty = no federation
-	// schema (legacy data config). Validated by the receiver (schema.Parse).
+	// schema (legacy data config), or a schema named by schema_digest whose
+	// body is on the run topic (RunSpec). Validated by the receiver
+	// (schema.Parse). Aggregators before the run topic sent it in every
+	// announcement; current ones send schema_digest only.
 	Schema []byte `json:"schema,omitempty"`
 	// The fitted preprocessing (prep.Transform JSON); empty in
-	// PHASE_STATISTICS and without a schema. Validated by the receiver.
+	// PHASE_STATISTICS and without a schema, or named by transform_digest
+	// (body on the run topic). Validated by the receiver.
 	Transform []byte `json:"transform,omitempty"`
 	Phase     Phase  `json:"phase,omitempty"`
 	// Every site (selected or not) evaluates `global` on its held-out rows and
@@ -766,6 +787,17 @@ type RoundAnnouncement struct {
 	// certificate reveals no share unless every survivor signed its own view
 	// (uplink.CheckViews); empty = no survivor signed.
 	SecaggViewSignatures []byte `json:"secagg_view_signatures,omitempty"`
+	// The schema and the transform by digest (wire.BodyDigest: hex SHA-256
+	// of the exact bytes of RunSpec.schema / RunSpec.transform): the bodies
+	// travel once per run, retained on <prefix>run, instead of in every
+	// announcement. A receiver fills schema/transform from a RunSpec body
+	// whose digest it computed itself to be this one (wire.BodyCache), and
+	// waits for the run topic while it has none; a body with another digest
+	// is never used. With a body in this message too, the digest must be
+	// the body's. Empty = no such body (or, from an older aggregator, the
+	// body itself in schema/transform).
+	SchemaDigest    string `json:"schema_digest,omitempty"`
+	TransformDigest string `json:"transform_digest,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -977,6 +1009,64 @@ func (x *RoundAnnouncement) GetSecaggSignedKeys() []byte {
 func (x *RoundAnnouncement) GetSecaggViewSignatures() []byte {
 	if x != nil {
 		return x.SecaggViewSignatures
+	}
+	return nil
+}
+
+func (x *RoundAnnouncement) GetSchemaDigest() string {
+	if x != nil {
+		return x.SchemaDigest
+	}
+	return ""
+}
+
+func (x *RoundAnnouncement) GetTransformDigest() string {
+	if x != nil {
+		return x.TransformDigest
+	}
+	return ""
+}
+
+// RunSpec is published retained on <prefix>run: what a run's announcements
+// refer to by digest (RoundAnnouncement.schema_digest, transform_digest),
+// sent once when it changes (the statistics phase: the schema; once the
+// transform is fitted: both) rather than with every round. A site that
+// joins late or restarts gets it on subscribing, like the retained
+// announcement.
+type RunSpec struct {
+	Federation string `json:"federation,omitempty"`
+	RunId      string `json:"run_id,omitempty"`    // the aggregator's run (RoundAnnouncement.run_id); informative
+	Schema     []byte `json:"schema,omitempty"`    // schema.Canonical() JSON; required
+	Transform  []byte `json:"transform,omitempty"` // prep.Transform JSON; empty until it is fitted
+}
+
+// Reset sets x to its zero value.
+func (x *RunSpec) Reset() { *x = RunSpec{} }
+
+func (x *RunSpec) GetFederation() string {
+	if x != nil {
+		return x.Federation
+	}
+	return ""
+}
+
+func (x *RunSpec) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *RunSpec) GetSchema() []byte {
+	if x != nil {
+		return x.Schema
+	}
+	return nil
+}
+
+func (x *RunSpec) GetTransform() []byte {
+	if x != nil {
+		return x.Transform
 	}
 	return nil
 }

@@ -16,6 +16,8 @@ func (x *SketchSpec) String() string { return text(x != nil, x) }
 
 func (x *RoundAnnouncement) String() string { return text(x != nil, x) }
 
+func (x *RunSpec) String() string { return text(x != nil, x) }
+
 func (x *SecAggSpec) String() string { return text(x != nil, x) }
 
 func (x *DPParams) String() string { return text(x != nil, x) }
@@ -66,6 +68,10 @@ func (x *Envelope) appendText(w *textWriter) {
 	case *Envelope_Secagg:
 		if b != nil {
 			w.msg("secagg", b.Secagg != nil, b.Secagg)
+		}
+	case *Envelope_Run:
+		if b != nil {
+			w.msg("run", b.Run != nil, b.Run)
 		}
 	}
 }
@@ -139,6 +145,15 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.msg("split_initial", x.SplitInitial != nil, x.SplitInitial)
 	w.bytes("secagg_signed_keys", x.SecaggSignedKeys)
 	w.bytes("secagg_view_signatures", x.SecaggViewSignatures)
+	w.str("schema_digest", x.SchemaDigest)
+	w.str("transform_digest", x.TransformDigest)
+}
+
+func (x *RunSpec) appendText(w *textWriter) {
+	w.str("federation", x.Federation)
+	w.str("run_id", x.RunId)
+	w.bytes("schema", x.Schema)
+	w.bytes("transform", x.Transform)
 }
 
 func (x *SecAggSpec) appendText(w *textWriter) {

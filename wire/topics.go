@@ -17,6 +17,7 @@ const (
 	KindStatus       // <prefix>clients/<id>/status, retained; last will = offline
 	KindUpdate       // <prefix>updates/<id>: ClientUpdate, SiteStatistics or EvalReport
 	KindReceipt      // <prefix>receipts/<id>
+	KindRun          // <prefix>run, retained: the run's RunSpec
 )
 
 func (k Kind) String() string {
@@ -29,6 +30,8 @@ func (k Kind) String() string {
 		return "update"
 	case KindReceipt:
 		return "receipt"
+	case KindRun:
+		return "run"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -123,6 +126,10 @@ func (t Topics) Prefix() string { return t.prefix }
 // Round is the retained round-announcement topic.
 func (t Topics) Round() string { return t.prefix + "round" }
 
+// Run is the retained topic of the run's RunSpec (the schema and transform
+// the announcements name by digest).
+func (t Topics) Run() string { return t.prefix + "run" }
+
 // Status is client id's retained status topic (also its last-will topic).
 func (t Topics) Status(id string) (string, error) { return t.client("clients/", id, "/status") }
 
@@ -162,8 +169,11 @@ func (t Topics) Parse(topic string) (Kind, string, error) {
 	if !ok {
 		return KindUnknown, "", fmt.Errorf("%w: %q is not under %q", ErrBadTopic, topic, t.prefix)
 	}
-	if rest == "round" {
+	switch rest {
+	case "round":
 		return KindRound, "", nil
+	case "run":
+		return KindRun, "", nil
 	}
 	var kind Kind
 	var id string
@@ -206,6 +216,12 @@ func (t Topics) Decode(topic string, b []byte, lim Limits) (Kind, Message, error
 	switch kind {
 	case KindRound:
 		r, err := DecodeRound(b, lim)
+		if err != nil {
+			return kind, nil, err
+		}
+		m = r
+	case KindRun:
+		r, err := DecodeRun(b, lim)
 		if err != nil {
 			return kind, nil, err
 		}

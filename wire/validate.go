@@ -356,16 +356,30 @@ func (m *RoundAnnouncement) checkLifecycle(msg string, stats bool, lim Limits) e
 			return err
 		}
 	}
+	for _, f := range []struct {
+		name, digest string
+		body         []byte
+	}{{"schema_digest", m.SchemaDigest, m.Schema}, {"transform_digest", m.TransformDigest, m.Transform}} {
+		if f.digest == "" {
+			continue
+		}
+		if err := checkDigest(msg, f.name, f.digest); err != nil {
+			return err
+		}
+		if len(f.body) > 0 && BodyDigest(f.body) != f.digest {
+			return invalid(msg, "%s %.12s… is not the digest of the body it comes with", f.name, f.digest)
+		}
+	}
 	switch {
-	case stats && len(m.Schema) == 0:
+	case stats && !m.HasSchema():
 		return invalid(msg, "%v needs a schema", m.Phase)
-	case stats && len(m.Transform) > 0:
+	case stats && m.HasTransform():
 		return invalid(msg, "%v carries no transform (it is fitted from the statistics)", m.Phase)
-	case len(m.Transform) > 0 && len(m.Schema) == 0:
+	case m.HasTransform() && !m.HasSchema():
 		return invalid(msg, "a transform needs a schema")
 	case len(m.Bundle) > 0 && m.Phase != Phase_PHASE_FINISHED:
 		return invalid(msg, "a bundle is sent in %v only, not in %v", Phase_PHASE_FINISHED, m.Phase)
-	case m.Evaluate && (len(m.Schema) == 0 || len(m.Transform) == 0):
+	case m.Evaluate && (!m.HasSchema() || !m.HasTransform()):
 		return invalid(msg, "evaluate needs a schema and a transform")
 	case uint64(m.EvalRound) > m.Round:
 		return invalid(msg, "eval_round %d is beyond round %d", m.EvalRound, m.Round)
@@ -756,4 +770,23 @@ func (m *SecAggMessage) Validate(lim Limits) error {
 		return err
 	}
 	return checkTime(msg, "sent_at_unix_ms", m.SentAtUnixMs)
+}
+
+// Validate implements Message.
+func (m *RunSpec) Validate(lim Limits) error {
+	const msg = "run spec"
+	if m == nil {
+		return invalid(msg, "nil")
+	}
+	lim = lim.withDefaults()
+	if err := checkID(msg, "federation", m.Federation); err != nil {
+		return err
+	}
+	if err := checkText(msg, "run_id", m.RunId, maxRunIDLen, false); err != nil {
+		return err
+	}
+	if err := checkPayload(msg, "schema", m.Schema, lim, true); err != nil {
+		return err
+	}
+	return checkPayload(msg, "transform", m.Transform, lim, false)
 }

@@ -131,6 +131,7 @@ const (
 	BodyStatistics = "statistics"
 	BodyEvaluation = "evaluation"
 	BodySecAgg     = "secagg"
+	BodyRun        = "run"
 )
 
 // BodyKind names the envelope body a message is: one of the Body constants
@@ -167,6 +168,10 @@ func BodyKind(msg any) string {
 	case *SecAggMessage:
 		if m != nil {
 			return BodySecAgg
+		}
+	case *RunSpec:
+		if m != nil {
+			return BodyRun
 		}
 	}
 	return ""
@@ -337,6 +342,11 @@ func DecodeEvaluation(b []byte, lim Limits) (*EvalReport, error) {
 // DecodeSecAgg decodes and validates a SecAggMessage envelope.
 func DecodeSecAgg(b []byte, lim Limits) (*SecAggMessage, error) {
 	return decodeAs[*SecAggMessage](b, lim, fieldSecagg)
+}
+
+// DecodeRun decodes and validates a RunSpec envelope.
+func DecodeRun(b []byte, lim Limits) (*RunSpec, error) {
+	return decodeAs[*RunSpec](b, lim, fieldRun)
 }
 
 // DecodeSiteMessage decodes and validates what a site publishes on its update
