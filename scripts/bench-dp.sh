@@ -14,8 +14,11 @@
 # fixed-denominator mean (docs/privacy.md), so FedAvg and FedProx differ
 # only by the local solve (FedProx's proximal term). FedProx:FedSplit (step
 # s = 3) runs in sum mode under --dp: the aggregator keeps S = sum of the
-# sites' contributions and m, the sites ever counted, and publishes S/m
-# (docs/privacy.md, "FedSplit"); its noise accumulates in S.
+# sites' contributions over a roster of m sites fixed when round 1 is drawn
+# (each starting at the public x_0, so m tells nobody who was drawn) and
+# publishes S/m (docs/privacy.md, "FedSplit"); its noise accumulates in S.
+# Under --dp the total sample count is not announced, so FedSplit's
+# per-site step is uniform.
 #
 #   Fashion-MNIST: 100 clients (classes:2), 10 per round (q = 0.1; under DP
 #     10 on average),
@@ -45,9 +48,10 @@
 #     not tell the two modes apart), next to the non-private runs
 #     without and with --secagg: under distributed DP every
 #     site rounds its clipped update to the secagg grid and adds a discrete
-#     Gaussian share of variance (z C)^2 / t, t the secagg threshold (2 of
-#     the 3 sites, so the 3 shares sum to 1.5 times the central noise's
-#     variance: the price of tolerating a dropout), and the aggregator
+#     Gaussian share of variance (z C)^2 / (t - c), t the secagg threshold
+#     (2 of the 3 sites) and c = 1 the collusion bound (--dp-colluders), so
+#     the 3 shares sum to 3 times the central noise's variance: the price
+#     of tolerating a dropout and one colluding site), and the aggregator
 #     unmasks only the sum; the accountant charges q = 1 as in bc. The
 #     FedAvg/FedProx mean is uniform under --secagg (sample weights would
 #     reveal the counts), as it is under central DP.
