@@ -56,6 +56,12 @@ func TestACLDenialsLogBounded(t *testing.T) {
 	if last := got[len(got)-1]; !strings.Contains(last, `"suppressed":195`) {
 		t.Errorf("the line after the pause does not count the %d suppressed denials: %s", n-aclLogBurst, last)
 	}
+	// A denial is counted after its line is written (OnACLCheck): wait
+	// for the count, then check that it is exactly one more.
+	deadline = time.Now().Add(waitFor)
+	for b.Stats().ACLDenied < n+1 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
 	if d := b.Stats().ACLDenied; d != n+1 {
 		t.Errorf("ACLDenied %d, want %d: every denial is counted", d, n+1)
 	}

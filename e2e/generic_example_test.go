@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/csv"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -172,7 +173,9 @@ func breastCancerSite(t *testing.T, sc *schema.Schema, path string, seed uint64,
 		rec := make([]string, len(header))
 		z := 0.0
 		for j := range sc.Features {
-			x := 10 + 3*rng.NormFloat64()
+			// Sizes are never negative: the shipped schema gives mean
+			// radius the valid range [0, 100].
+			x := math.Abs(10 + 3*rng.NormFloat64())
 			if j < 5 {
 				z += x - 10
 			}

@@ -76,7 +76,7 @@ func TestClientNames(t *testing.T) {
 func TestPageEscapes(t *testing.T) {
 	type status struct {
 		Federation, Phase, Algorithm, Aggregator, Codec, Downlink, RunID, Schema, StopReason string
-		Round                                                                                int
+		Round, FedSplitDiverging, FedSplitNonFinite                                          int
 		RoundOpenedAt, Deadline                                                              *time.Time
 		Live, Model, FinalBundle, Privacy, Broker, StatisticsOverdue                         *struct{}
 		Refused                                                                              []struct{}
