@@ -2,8 +2,13 @@ package aggregator
 
 import (
 	"fmt"
+	"log/slog"
 	"math"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/edgefl/edgefl/internal/testkit"
 
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/wire"
@@ -93,15 +98,19 @@ func TestServerFedSplitBoundsAScalingSite(t *testing.T) {
 	}
 }
 
-// A federation whose steps grow round after round (here three sites of
-// four doubling their deltas, under fedsplit-mean: nothing bounds them) is
+// A federation whose steps grow round after round (here the four sites
+// doubling their deltas, under fedsplit-mean: nothing bounds them) is
 // reported as diverging: a WARN line, the counter and the status's
-// fedsplit_diverging_since, from the fifth growing step on.
+// fedsplit_diverging_since, from the fifth growing step on; and the run,
+// ending while it diverges, does not end as a normal finish: its last line
+// is an ERROR saying the final model is not to be trusted.
 func TestServerFedSplitDivergenceIsReported(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.config()
 	cfg.K, cfg.Algorithm, cfg.Params.Step, cfg.Params.Relax = 4, AlgoFedSplit, 0.5, 1
 	cfg.Init, cfg.InitSeed, cfg.Aggregator = InitModel, 3, "fedsplit-mean"
+	var logs testkit.SyncBuffer
+	cfg.Rounds, cfg.Logger = 7, slog.New(slog.NewTextHandler(&logs, nil))
 	r := f.start(cfg)
 	ids := []string{"site-a", "site-b", "site-c", "site-d"}
 	agents := make([]*fakeAgent, len(ids))
@@ -122,6 +131,14 @@ func TestServerFedSplitDivergenceIsReported(t *testing.T) {
 			wantReceipt(t, a.receipt(t), round, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
 		}
 		r.round(t)
+	}
+	select {
+	case <-r.s.Finished():
+	case <-time.After(waitLong):
+		t.Fatal("the run did not finish")
+	}
+	if out := logs.String(); !strings.Contains(out, `level=ERROR msg="federation finished with the FedSplit iterate diverging`) || strings.Contains(out, `msg="federation finished" `) {
+		t.Errorf("the run ended diverging as a normal finish:\n%s", out)
 	}
 	if n := r.s.diverging.Load(); n != rounds-divergeRounds {
 		t.Errorf("diverging steps counted: %d, want %d", n, rounds-divergeRounds)

@@ -426,6 +426,7 @@ type algoState struct {
 	// and the round's updates (decoded delta, against x or the copy).
 	bstate map[int]split.SiteState
 	bref   float64
+	bwatch split.Watch
 	bround map[int]splitUpdate
 	// Central DP (cfg.DP): the accountant, the noise key and the sampling
 	// rate of every round; the selection key (the daemon's is secret, this
@@ -847,7 +848,7 @@ func (s *algoState) serverStep(t, n int, ups []aggregate.Update, row *Round) err
 				ids = append(ids, c)
 			}
 		}
-		_, rep, err := split.BoundedStep(next, s.x, in, s.screen, s.bref)
+		_, rep, err := split.BoundedStep(next, s.x, in, s.screen, s.bref, s.bwatch)
 		if errors.Is(err, split.ErrNonFinite) {
 			row.Metrics = map[string]float64{"non_finite": 1} // the model is kept, as the aggregator keeps it
 			return nil
@@ -855,7 +856,7 @@ func (s *algoState) serverStep(t, n int, ups []aggregate.Update, row *Round) err
 		if err != nil {
 			return err
 		}
-		s.bref = rep.Ref
+		s.bref, s.bwatch = rep.Ref, rep.Watch
 		clipped, aside := 0, 0
 		for k, r := range rep.Sites {
 			s.bstate[ids[k]] = r.State
