@@ -728,8 +728,8 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 					base, reset = cp.Z, false
 				}
 				scale := 1.0
-				if j.client < e.cfg.Faulty && s.sum == nil {
-					scale = e.cfg.FaultyScale
+				if sc, ok := e.cfg.faultyScale(j.client, t); ok && s.sum == nil {
+					scale = sc
 				}
 				d := make([]float64, len(base))
 				received = make([]float64, len(base))
@@ -999,17 +999,17 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 				c := jobs[i].client
 				o := e.work(ctx, wk.m, a, sp, jobs[i], x, z[c], t)
 				var tamper func([]float64)
-				if c < cfg.Faulty && o.params != nil {
+				if sc, ok := cfg.faultyScale(c, t); ok && o.params != nil {
 					if isSplit && s.sum == nil && e.sq == nil {
 						// A faulty FedSplit site scales the delta it
 						// sends, against the server's copy of its z, as
 						// the attacking agent does: its own z stays as
 						// computed (receiveAll without a codec).
-						tamper = scaleBy(cfg.FaultyScale)
+						tamper = scaleBy(sc)
 					} else {
 						// A faulty site sends its delta scaled: w = x + scale (w - x).
 						for k, v := range o.params {
-							o.params[k] = x[k] + cfg.FaultyScale*(v-x[k])
+							o.params[k] = x[k] + sc*(v-x[k])
 						}
 					}
 				}

@@ -56,6 +56,7 @@ type fedRun struct {
 	clipped   []int     // the rounds each site was clipped in
 	aside     []int     // the rounds each site was left out of the mean
 	identical bool      // every step bit for bit the plain mean of the copies
+	diverging int       // the steps the divergence watch reported diverging
 }
 
 // protocolRun runs FedSplit with exact proxes for rounds rounds under the
@@ -134,6 +135,9 @@ func protocolRun(t *testing.T, cs []client, rounds int, mult float64, scale func
 			return run // not finite: run.x stays nil
 		}
 		ref, w = rep.Ref, rep.Watch
+		if rep.Diverging {
+			run.diverging++
+		}
 		for k, r := range rep.Sites {
 			j := ids[k]
 			states[j] = r.State
@@ -188,6 +192,9 @@ func TestRobustStepHonestIsExact(t *testing.T) {
 				if run.aside[j] > 400/10 {
 					t.Errorf("seed %d, shifts %.1f: honest site %d set aside in %d of 400 rounds", seed, hetero, j, run.aside[j])
 				}
+			}
+			if run.diverging > 0 {
+				t.Errorf("seed %d, shifts %.1f: the divergence watch fired in %d steps of an honest federation", seed, hetero, run.diverging)
 			}
 			if clipped == 0 && !run.identical {
 				t.Errorf("seed %d, shifts %.1f: nobody clipped, and not bit for bit the plain mean", seed, hetero)
