@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
@@ -238,7 +239,13 @@ func (s *Server) splitStep(cr CloseRound, out []float64) (map[string]float64, er
 			s.log.Warn("a FedSplit site's steps keep growing past the bound: set aside, left out of the server step until its updates are within bounds again",
 				"client", id, "round", cr.Round, "step", r.Step, "bound", rep.Bound, "median_step", rep.Median)
 		case r.State.Aside:
-			sc.Reason = fmt.Sprintf("left out: set aside (step %.3g, bound %.3g)", r.Step, rep.Bound)
+			// Still left out: the reason it was set aside stays (the
+			// divergence watch's or the strikes'), with this round's step.
+			why, _, _ := strings.Cut(sc.Reason, "; still left out")
+			if !strings.HasPrefix(why, "set aside") {
+				why = "set aside"
+			}
+			sc.Reason = fmt.Sprintf("%s; still left out (step %.3g, bound %.3g)", why, r.Step, rep.Bound)
 		default:
 			sc.Reason = fmt.Sprintf("clipped: step of z %.3g, bound %.3g (%g x the median step %.3g)", r.Step, rep.Bound, s.screen, rep.Median)
 			s.log.Warn("a FedSplit site's step of z is longer than the bound: clipped (the rest is applied in later rounds)",

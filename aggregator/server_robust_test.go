@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -155,5 +156,68 @@ func TestServerFedSplitDivergenceIsReported(t *testing.T) {
 	}
 	if status.FedSplitDiverging != divergeRounds+1 {
 		t.Errorf("status: diverging since round %d, want %d", status.FedSplitDiverging, divergeRounds+1)
+	}
+}
+
+// The divergence watch in the daemon: four sites whose steps all grow
+// (no site beyond the step bound, so nobody strikes), site-d's fastest.
+// At the fifth growing step (round 6) the watch names site-d, which is set
+// aside; its status reason says why and the honest sites stay in.
+func TestServerFedSplitDivergenceSetsTheCulpritAside(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.K, cfg.Algorithm, cfg.Params.Step, cfg.Params.Relax = 4, AlgoFedSplit, 0.5, 1
+	cfg.Init, cfg.InitSeed = InitModel, 3
+	var logs testkit.SyncBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	r := f.start(cfg)
+	ids := []string{"site-a", "site-b", "site-c", "site-d"}
+	agents := make([]*fakeAgent, len(ids))
+	for i, id := range ids {
+		agents[i] = f.agent(id, 10)
+	}
+	const rounds = 7
+	for round := uint64(1); round <= rounds; round++ {
+		for i, a := range agents {
+			a.nextRound(t, round)
+			d := vec(float64(i + 1))
+			s := math.Pow(1.1, float64(round)) / 100
+			if ids[i] == "site-d" {
+				s = 1.5 * math.Pow(1.2, float64(round)) / 100
+			}
+			for k := range d {
+				d[k] *= s
+			}
+			a.send(t, zDelta(t, ids[i], round, round-1, d))
+		}
+		for _, a := range agents {
+			wantReceipt(t, a.receipt(t), round, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+		}
+		r.round(t)
+	}
+	r.stop(t)
+	if !strings.Contains(logs.String(), `the site with the largest share of the growth is set aside" round=6`) || !strings.Contains(logs.String(), "client=site-d") {
+		t.Errorf("no WARN line naming site-d in round 6:\n%s", logs.String())
+	}
+	st, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	status, err := ReadStatus(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range status.Clients {
+		sc := c.FedSplit
+		switch {
+		case c.ID == "site-d":
+			if sc == nil || !sc.AsideNow || sc.Aside != 2 || !slices.Equal(sc.Rounds, []int{6, 7}) || !strings.Contains(sc.Reason, "the iterate was diverging") {
+				t.Fatalf("status of site-d: %+v", sc)
+			}
+			t.Logf("site-d: %+v", *sc)
+		case sc != nil:
+			t.Errorf("honest %s: %+v", c.ID, *sc)
+		}
 	}
 }
