@@ -1497,7 +1497,12 @@ func (s *Server) timerC() <-chan time.Time {
 }
 
 func (s *Server) finish(d Finished) error {
-	s.log.Info("federation finished", "rounds", d.Rounds, "reason", s.coord.StopReason())
+	if s.robust != nil && s.robust.DivergingSince > 0 {
+		// Not a normal finish: the model it ends with is not to be trusted.
+		s.log.Error("federation finished with the FedSplit iterate diverging: the final model is not to be trusted", "rounds", d.Rounds, "diverging_since", s.robust.DivergingSince, "reason", s.coord.StopReason())
+	} else {
+		s.log.Info("federation finished", "rounds", d.Rounds, "reason", s.coord.StopReason())
+	}
 	s.refreshView()
 	var bundle []byte
 	if s.fit != nil {

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
@@ -55,19 +56,17 @@ type robustState struct {
 	// NonFinite counts the steps that produced a value that is not a
 	// finite number (the model was kept).
 	NonFinite int `json:"non_finite,omitempty"`
-	// Median is the last step's median step norm, Growing the number of
-	// steps in a row whose median grew, and DivergingSince the round
-	// Growing reached divergeRounds (0: not diverging).
-	Median         float64 `json:"median,omitempty"`
-	Growing        int     `json:"growing,omitempty"`
-	DivergingSince int     `json:"diverging_since,omitempty"`
+	// Watch is the step's divergence watch (split.Watch: the residual of
+	// the last step and the steps in a row it grew in), DivergingSince
+	// the round it last reported the iterate diverging, until the
+	// residual stops growing (0: not diverging).
+	Watch          split.Watch `json:"watch,omitempty"`
+	DivergingSince int         `json:"diverging_since,omitempty"`
 }
 
-// divergeRounds is the number of steps in a row with a growing median step
-// that make the FedSplit iterate "diverging": Peaceman-Rachford's operator
-// is nonexpansive, so honest convex sites' steps do not grow together round
-// after round.
-const divergeRounds = 5
+// divergeRounds is the number of steps in a row with a growing residual
+// that make the FedSplit iterate "diverging" (split.DivergeRounds).
+const divergeRounds = split.DivergeRounds
 
 func newRobustState() *robustState {
 	return &robustState{Round: map[string]uint64{}, Sites: map[string]split.SiteState{}, Screen: map[string]*SiteScreen{}}
@@ -76,7 +75,7 @@ func newRobustState() *robustState {
 // clone returns a deep enough copy: the step replaces states, never edits
 // their vectors.
 func (r *robustState) clone() *robustState {
-	c := &robustState{Ref: r.Ref, NonFinite: r.NonFinite, Median: r.Median, Growing: r.Growing, DivergingSince: r.DivergingSince, Round: maps.Clone(r.Round), Sites: maps.Clone(r.Sites), Screen: map[string]*SiteScreen{}}
+	c := &robustState{Ref: r.Ref, NonFinite: r.NonFinite, Watch: r.Watch, DivergingSince: r.DivergingSince, Round: maps.Clone(r.Round), Sites: maps.Clone(r.Sites), Screen: map[string]*SiteScreen{}}
 	for id, sc := range r.Screen {
 		v := *sc
 		v.Rounds = slices.Clone(sc.Rounds)
@@ -185,7 +184,7 @@ func (s *Server) splitStep(cr CloseRound, out []float64) (map[string]float64, er
 		}
 		in[i].Delta, in[i].Reset = s.stepSince(id, st.Round[id], zr, zs[id])
 	}
-	_, rep, err := split.BoundedStep(out, s.global, in, s.screen, st.Ref)
+	_, rep, err := split.BoundedStep(out, s.global, in, s.screen, st.Ref, st.Watch)
 	if errors.Is(err, split.ErrNonFinite) {
 		// Never publish such a model: keep x, say so, count it (the
 		// updates' range check should make this unreachable).
@@ -199,22 +198,21 @@ func (s *Server) splitStep(cr CloseRound, out []float64) (map[string]float64, er
 	if err != nil {
 		return nil, fmt.Errorf("aggregator: fedsplit server step: %w", err)
 	}
-	st.Ref = rep.Ref
-	if med := rep.Median; med > 0 && st.Median > 0 && med > st.Median {
-		st.Growing++
-	} else {
-		st.Growing, st.DivergingSince = 0, 0
-	}
-	if !math.IsNaN(rep.Median) {
-		st.Median = rep.Median
-	}
-	if st.Growing >= divergeRounds {
+	st.Ref, st.Watch = rep.Ref, rep.Watch
+	switch {
+	case rep.Diverging:
 		if st.DivergingSince == 0 {
 			st.DivergingSince = cr.Round
 		}
 		s.diverging.Add(1)
-		s.log.Warn("the FedSplit iterate is diverging: the sites' median step of z has grown in every one of the last rounds, which honest convex sites never do; look for a site scaling its updates (status shows each site's clipped rounds)",
-			"round", cr.Round, "rounds_growing", st.Growing, "median_step", rep.Median, "since", st.DivergingSince)
+		msg := "the FedSplit iterate is diverging: the sites' steps of z (the fixed-point residual) have grown in every one of the last rounds, which honest convex sites never do"
+		if rep.Culprit >= 0 {
+			s.log.Warn(msg+"; the site with the largest share of the growth is set aside", "round", cr.Round, "residual", rep.Watch.Median, "since", st.DivergingSince, "client", ids[rep.Culprit])
+		} else {
+			s.log.Warn(msg+"; look for a site scaling its updates (status shows each site's clipped rounds)", "round", cr.Round, "residual", rep.Watch.Median, "since", st.DivergingSince)
+		}
+	case rep.Watch.Growing == 0:
+		st.DivergingSince = 0
 	}
 	clipped, aside := 0, 0
 	for i, id := range ids {
@@ -234,12 +232,20 @@ func (s *Server) splitStep(cr CloseRound, out []float64) (map[string]float64, er
 			sc.Reason = "taken back into the mean: its updates were within its allowance"
 			s.log.Info("a FedSplit site set aside is taken back into the server step", "client", id, "round", cr.Round)
 			s.readmitted.Inc(id)
+		case r.SetAside && i == rep.Culprit:
+			sc.Reason = fmt.Sprintf("set aside: the iterate was diverging (the steps of z grew in %d rounds in a row) and its step grew the most (step %.3g)", split.DivergeRounds, r.Step)
 		case r.SetAside:
 			sc.Reason = fmt.Sprintf("set aside: its step of z was clipped %d times with a growing lag (step %.3g, allowed %.3g = %g x the median step)", split.Patience, r.Step, rep.Bound, s.screen)
 			s.log.Warn("a FedSplit site's steps keep growing past the bound: set aside, left out of the server step until its updates are within bounds again",
 				"client", id, "round", cr.Round, "step", r.Step, "bound", rep.Bound, "median_step", rep.Median)
 		case r.State.Aside:
-			sc.Reason = fmt.Sprintf("left out: set aside (step %.3g, bound %.3g)", r.Step, rep.Bound)
+			// Still left out: the reason it was set aside stays (the
+			// divergence watch's or the strikes'), with this round's step.
+			why, _, _ := strings.Cut(sc.Reason, "; still left out")
+			if !strings.HasPrefix(why, "set aside") {
+				why = "set aside"
+			}
+			sc.Reason = fmt.Sprintf("%s; still left out (step %.3g, bound %.3g)", why, r.Step, rep.Bound)
 		default:
 			sc.Reason = fmt.Sprintf("clipped: step of z %.3g, bound %.3g (%g x the median step %.3g)", r.Step, rep.Bound, s.screen, rep.Median)
 			s.log.Warn("a FedSplit site's step of z is longer than the bound: clipped (the rest is applied in later rounds)",

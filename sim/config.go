@@ -58,6 +58,10 @@ type Config struct {
 	// round and send their delta scaled by FaultyScale.
 	Faulty      int     `json:"faulty,omitempty"`
 	FaultyScale float64 `json:"faulty_scale,omitempty"`
+	// FaultyEvery: a faulty client scales its delta only in the rounds t
+	// with t mod FaultyEvery = 1 (2: the odd rounds, honest in the
+	// others); 0 or 1: in every round.
+	FaultyEvery int `json:"faulty_every,omitempty"`
 	// EvalEvery evaluates the global model every EvalEvery rounds and at the
 	// last one (0 or 1: every round); the other rows have null metrics.
 	EvalEvery int `json:"eval_every,omitempty"`
@@ -331,6 +335,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--faulty: want 0..%d clients, got %d", c.Clients, c.Faulty)
 	case c.Faulty > 0 && (math.IsNaN(c.FaultyScale) || math.IsInf(c.FaultyScale, 0)):
 		return fmt.Errorf("--faulty-scale: want a finite number, got %v", c.FaultyScale)
+	case c.FaultyEvery < 0:
+		return fmt.Errorf("--faulty-every: want 0 (every round) or more, got %d", c.FaultyEvery)
 	case c.OptimumEvals < 1:
 		return fmt.Errorf("--optimum-evals: want at least 1, got %d", c.OptimumEvals)
 	case !(c.OptimumTol > 0):
@@ -422,4 +428,13 @@ func (c Config) validateDP() error {
 		}
 	}
 	return nil
+}
+
+// faultyScale is the scale faulty client c applies to its delta in round t;
+// false: c is honest in round t.
+func (c *Config) faultyScale(client, t int) (float64, bool) {
+	if client >= c.Faulty || (c.FaultyEvery > 1 && t%c.FaultyEvery != 1) {
+		return 1, false
+	}
+	return c.FaultyScale, true
 }

@@ -76,6 +76,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{func(c *Config) { c.Algos[0].Local.LR = 0 }, "--lr"},
 		{func(c *Config) { c.Algos[0].Local.Solver = "adam" }, "--solver"},
 		{func(c *Config) { c.Algos[0].Local.Epochs = 0 }, "--epochs"},
+		{func(c *Config) { c.Faulty, c.FaultyScale, c.FaultyEvery = 1, 3, -1 }, "--faulty-every"},
 	}
 	for _, tt := range tests {
 		c := base

@@ -426,6 +426,7 @@ type algoState struct {
 	// and the round's updates (decoded delta, against x or the copy).
 	bstate map[int]split.SiteState
 	bref   float64
+	bwatch split.Watch
 	bround map[int]splitUpdate
 	// Central DP (cfg.DP): the accountant, the noise key and the sampling
 	// rate of every round; the selection key (the daemon's is secret, this
@@ -727,8 +728,8 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 					base, reset = cp.Z, false
 				}
 				scale := 1.0
-				if j.client < e.cfg.Faulty && s.sum == nil {
-					scale = e.cfg.FaultyScale
+				if sc, ok := e.cfg.faultyScale(j.client, t); ok && s.sum == nil {
+					scale = sc
 				}
 				d := make([]float64, len(base))
 				received = make([]float64, len(base))
@@ -847,7 +848,7 @@ func (s *algoState) serverStep(t, n int, ups []aggregate.Update, row *Round) err
 				ids = append(ids, c)
 			}
 		}
-		_, rep, err := split.BoundedStep(next, s.x, in, s.screen, s.bref)
+		_, rep, err := split.BoundedStep(next, s.x, in, s.screen, s.bref, s.bwatch)
 		if errors.Is(err, split.ErrNonFinite) {
 			row.Metrics = map[string]float64{"non_finite": 1} // the model is kept, as the aggregator keeps it
 			return nil
@@ -855,7 +856,7 @@ func (s *algoState) serverStep(t, n int, ups []aggregate.Update, row *Round) err
 		if err != nil {
 			return err
 		}
-		s.bref = rep.Ref
+		s.bref, s.bwatch = rep.Ref, rep.Watch
 		clipped, aside := 0, 0
 		for k, r := range rep.Sites {
 			s.bstate[ids[k]] = r.State
@@ -998,17 +999,17 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 				c := jobs[i].client
 				o := e.work(ctx, wk.m, a, sp, jobs[i], x, z[c], t)
 				var tamper func([]float64)
-				if c < cfg.Faulty && o.params != nil {
+				if sc, ok := cfg.faultyScale(c, t); ok && o.params != nil {
 					if isSplit && s.sum == nil && e.sq == nil {
 						// A faulty FedSplit site scales the delta it
 						// sends, against the server's copy of its z, as
 						// the attacking agent does: its own z stays as
 						// computed (receiveAll without a codec).
-						tamper = scaleBy(cfg.FaultyScale)
+						tamper = scaleBy(sc)
 					} else {
 						// A faulty site sends its delta scaled: w = x + scale (w - x).
 						for k, v := range o.params {
-							o.params[k] = x[k] + cfg.FaultyScale*(v-x[k])
+							o.params[k] = x[k] + sc*(v-x[k])
 						}
 					}
 				}

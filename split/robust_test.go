@@ -56,6 +56,7 @@ type fedRun struct {
 	clipped   []int     // the rounds each site was clipped in
 	aside     []int     // the rounds each site was left out of the mean
 	identical bool      // every step bit for bit the plain mean of the copies
+	diverging int       // the steps the divergence watch reported diverging
 }
 
 // protocolRun runs FedSplit with exact proxes for rounds rounds under the
@@ -77,6 +78,7 @@ func protocolRun(t *testing.T, cs []client, rounds int, mult float64, scale func
 	copies := make([][]float64, m) // the server's copies r_j
 	states := make([]SiteState, m)
 	var ref float64
+	var w Watch
 	for it := 1; it <= rounds; it++ {
 		var in []SiteInput
 		var ids []int
@@ -121,11 +123,14 @@ func protocolRun(t *testing.T, cs []client, rounds int, mult float64, scale func
 		if err != nil {
 			t.Fatal(err)
 		}
-		next, rep, err := BoundedStep(nil, x, in, mult, ref)
+		next, rep, err := BoundedStep(nil, x, in, mult, ref, w)
 		if err != nil {
 			return run // not finite: run.x stays nil
 		}
-		ref = rep.Ref
+		ref, w = rep.Ref, rep.Watch
+		if rep.Diverging {
+			run.diverging++
+		}
 		for k, r := range rep.Sites {
 			j := ids[k]
 			states[j] = r.State
@@ -181,6 +186,9 @@ func TestRobustStepHonestIsExact(t *testing.T) {
 					t.Errorf("seed %d, shifts %.1f: honest site %d set aside in %d of 400 rounds", seed, hetero, j, run.aside[j])
 				}
 			}
+			if run.diverging > 0 {
+				t.Errorf("seed %d, shifts %.1f: the divergence watch fired in %d steps of an honest federation", seed, hetero, run.diverging)
+			}
 			if clipped == 0 && !run.identical {
 				t.Errorf("seed %d, shifts %.1f: nobody clipped, and not bit for bit the plain mean", seed, hetero)
 			}
@@ -224,8 +232,13 @@ func TestRobustStepAgainstScaledUpdates(t *testing.T) {
 			}
 		}
 	}
-	// Strongly heterogeneous sites of 5-45 rows: logged for README's
-	// "What the bound cannot tell apart", not asserted.
+	// Strongly heterogeneous sites of 5-45 rows (README's "What the bound
+	// cannot tell apart"): x1.5 and x3 in odd rounds stay within every
+	// honest site's spread and drove the iterate to 1e20 in seed 2 (as
+	// the plain mean does) until the divergence watch set the poisoner
+	// aside; asserted like the mild case but for x-1 in odd rounds, which
+	// never makes the iterate grow and is within the honest spread
+	// (measured 4.8e-2 from the honest model, seed 3: logged only).
 	for _, seed := range []uint64{1, 2, 3} {
 		cs := federationSized(seed, 4, 5, 0.1, 2, 5, 40)
 		honest := protocolRun(t, cs, rounds, DefaultMult, nil)
@@ -233,8 +246,17 @@ func TestRobustStepAgainstScaledUpdates(t *testing.T) {
 		for _, at := range attackScales {
 			run := protocolRun(t, cs, rounds, DefaultMult, at.scale)
 			plain := protocolRun(t, cs, rounds, math.Inf(1), at.scale)
+			dist, dist3 := relDist(run.x, honest.x), relDist(run.x, three)
 			t.Logf("heterogeneous seed %d %-17s bounded: %.2e from the honest model, %.2e from the honest three's (plain mean %.2e); attacker clipped %d, aside %d; honest aside %v",
-				seed, at.name, relDist(run.x, honest.x), relDist(run.x, three), relDist(plain.x, honest.x), run.clipped[0], run.aside[0], run.aside[1:])
+				seed, at.name, dist, dist3, relDist(plain.x, honest.x), run.clipped[0], run.aside[0], run.aside[1:])
+			for j := 1; j < len(cs); j++ {
+				if n := run.aside[j]; n > rounds/20 {
+					t.Errorf("heterogeneous seed %d %s: honest site %d set aside in %d of %d rounds", seed, at.name, j, n, rounds)
+				}
+			}
+			if at.name != "x-1 odd rounds" && !(min(dist, dist3) <= 0.02) {
+				t.Errorf("heterogeneous seed %d %s: %.3g from the honest model, %.3g from the honest three's", seed, at.name, dist, dist3)
+			}
 		}
 	}
 }

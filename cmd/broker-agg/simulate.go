@@ -76,6 +76,7 @@ flags:
 	fs.IntVar(&cfg.EvalEvery, "eval-every", 1, "evaluate the global model every `N` rounds and at the last (evaluation on large data dominates short local work)")
 	fs.IntVar(&cfg.Faulty, "faulty", 0, "number of faulty clients (the first ones): they take part in every round and send their delta scaled by --faulty-scale (FedSplit: the delta against the server's copy of their z, as a poisoning site does; their own z stays as computed)")
 	fs.Float64Var(&cfg.FaultyScale, "faulty-scale", 1000, "scale of a faulty client's delta w - x")
+	fs.IntVar(&cfg.FaultyEvery, "faulty-every", 0, "a faulty client scales its delta only in the rounds t with t mod N = 1 and is honest in the others (2: every odd round, an alternating attacker); 0: every round")
 	fs.IntVar(&cfg.OptimumEvals, "optimum-evals", cfg.OptimumEvals, "gradient evaluations allowed for the centralised optimum (an unregularised problem may need many; the run reports the norm reached)")
 	fs.StringVar(&cfg.OptimumCache, "optimum-cache", "", "`DIR` to keep centralised optima in, so runs on the same data and model skip recomputing it")
 	fs.BoolVar(&cfg.SaveModels, "save-models", false, "also write DIR/<algo>-model.json with each final model")

@@ -458,7 +458,10 @@ func printSamplesCapped(w io.Writer, clients []aggregator.ClientInfo) {
 // step clipped or left out, in how many rounds, the latest of them and why.
 func printFedSplitScreen(w io.Writer, st aggregator.Status) error {
 	if st.FedSplitDiverging > 0 {
-		fmt.Fprintf(w, "\nWARNING: the FedSplit iterate has been diverging since round %d (the sites' median step of z grows every round); the model is not to be trusted\n", st.FedSplitDiverging)
+		fmt.Fprintf(w, "\nWARNING: the FedSplit iterate has been diverging since round %d (the sites' steps of z grow every round); the model is not to be trusted\n", st.FedSplitDiverging)
+		if st.Phase == aggregator.PhaseFinished {
+			fmt.Fprintf(w, "WARNING: the run ended while the model was diverging: not a normal finish\n")
+		}
 	}
 	if st.FedSplitNonFinite > 0 {
 		fmt.Fprintf(w, "\nWARNING: %d FedSplit server steps produced a value that is not a finite number; the model of the round before was kept\n", st.FedSplitNonFinite)

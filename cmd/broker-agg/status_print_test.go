@@ -132,3 +132,27 @@ func TestPrintStatusStatisticsReview(t *testing.T) {
 		}
 	}
 }
+
+// `status` of a FedSplit run that ended while its iterate was diverging
+// says it was not a normal finish; a run still going says only that it
+// diverges.
+func TestPrintStatusDivergedFinish(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		phase aggregator.Phase
+		ended bool
+	}{{aggregator.PhaseFinished, true}, {aggregator.PhaseCollecting, false}} {
+		st := aggregator.Status{Federation: "f", Phase: tt.phase, Round: 40, FedSplitDiverging: 31}
+		var b bytes.Buffer
+		if err := printStatus(&b, st, at); err != nil {
+			t.Fatal(err)
+		}
+		out := b.String()
+		if !strings.Contains(out, "diverging since round 31") {
+			t.Errorf("%s: no divergence warning:\n%s", tt.phase, out)
+		}
+		if got := strings.Contains(out, "the run ended while the model was diverging: not a normal finish"); got != tt.ended {
+			t.Errorf("%s: says not a normal finish: %v, want %v:\n%s", tt.phase, got, tt.ended, out)
+		}
+	}
+}
