@@ -165,6 +165,21 @@ func TestScenarios(t *testing.T) {
 	abc := []string{"a", "b", "c"}
 	announce := []Decision{Announce{Round: 1, Selected: abc, Deadline: ms(1050)}, SetTimer{At: ms(1050)}}
 	cancel := SetTimer{}
+	// dropsInRound1: c goes offline during round 1, which closes at its
+	// deadline with a and b and is aggregated at 1100.
+	dropsInRound1 := func() []script {
+		return []script{
+			{Tick{At: ms(50)}, announce},
+			{ClientOffline{ID: "c", At: ms(80)}, nil},
+			{UpdateArrived{Client: "a", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "a"}}},
+			{UpdateArrived{Client: "b", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "b"}}},
+			{Tick{At: ms(1050)}, []Decision{
+				CloseRound{Round: 1, Contributors: []string{"a", "b"}, Partial: []string{}, Stragglers: []string{"c"}, At: ms(1050)},
+				cancel,
+			}},
+			{AggregatedRound{Round: 1, At: ms(1100)}, []Decision{SetTimer{At: ms(1150)}}},
+		}
+	}
 	for _, tc := range []struct {
 		name  string
 		mod   func(*Config)
@@ -195,41 +210,23 @@ func TestScenarios(t *testing.T) {
 		},
 		{
 			name: "a site that dropped during the round is waited for up to Settle",
-			steps: []script{
-				{Tick{At: ms(50)}, announce},
-				{ClientOffline{ID: "c", At: ms(80)}, nil},
-				{UpdateArrived{Client: "a", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "a"}}},
-				{UpdateArrived{Client: "b", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "b"}}},
-				{Tick{At: ms(1050)}, []Decision{
-					CloseRound{Round: 1, Contributors: []string{"a", "b"}, Partial: []string{}, Stragglers: []string{"c"}, At: ms(1050)},
-					cancel,
-				}},
-				{AggregatedRound{Round: 1, At: ms(1100)}, []Decision{SetTimer{At: ms(1150)}}},
-				{ClientOnline{ID: "c", Samples: 10, At: ms(1120)}, []Decision{Announce{Round: 2, Selected: abc, Deadline: ms(2120)}, SetTimer{At: ms(2120)}}},
-			},
+			steps: append(dropsInRound1(),
+				script{ClientOnline{ID: "c", Samples: 10, At: ms(1120)}, []Decision{Announce{Round: 2, Selected: abc, Deadline: ms(2120)}, SetTimer{At: ms(2120)}}},
+			),
 		},
 		{
 			name: "a site offline since before the draw is not waited for again",
-			steps: []script{
-				{Tick{At: ms(50)}, announce},
-				{ClientOffline{ID: "c", At: ms(80)}, nil},
-				{UpdateArrived{Client: "a", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "a"}}},
-				{UpdateArrived{Client: "b", Round: 1, At: ms(100)}, []Decision{Accept{Round: 1, Client: "b"}}},
-				{Tick{At: ms(1050)}, []Decision{
-					CloseRound{Round: 1, Contributors: []string{"a", "b"}, Partial: []string{}, Stragglers: []string{"c"}, At: ms(1050)},
-					cancel,
-				}},
-				{AggregatedRound{Round: 1, At: ms(1100)}, []Decision{SetTimer{At: ms(1150)}}},
-				{Tick{At: ms(1150)}, []Decision{Announce{Round: 2, Selected: []string{"a", "b"}, Deadline: ms(2150)}, SetTimer{At: ms(2150)}}},
-				{UpdateArrived{Client: "a", Round: 2, At: ms(1200)}, []Decision{Accept{Round: 2, Client: "a"}}},
-				{UpdateArrived{Client: "b", Round: 2, At: ms(1200)}, []Decision{
+			steps: append(dropsInRound1(),
+				script{Tick{At: ms(1150)}, []Decision{Announce{Round: 2, Selected: []string{"a", "b"}, Deadline: ms(2150)}, SetTimer{At: ms(2150)}}},
+				script{UpdateArrived{Client: "a", Round: 2, At: ms(1200)}, []Decision{Accept{Round: 2, Client: "a"}}},
+				script{UpdateArrived{Client: "b", Round: 2, At: ms(1200)}, []Decision{
 					Accept{Round: 2, Client: "b"},
 					CloseRound{Round: 2, Contributors: []string{"a", "b"}, Partial: []string{}, Stragglers: []string{}, At: ms(1200)},
 					cancel,
 				}},
 				// c dropped before round 2's draw: round 3 does not wait for it.
-				{AggregatedRound{Round: 2, At: ms(1250)}, []Decision{Announce{Round: 3, Selected: []string{"a", "b"}, Deadline: ms(2250)}, SetTimer{At: ms(2250)}}},
-			},
+				script{AggregatedRound{Round: 2, At: ms(1250)}, []Decision{Announce{Round: 3, Selected: []string{"a", "b"}, Deadline: ms(2250)}, SetTimer{At: ms(2250)}}},
+			),
 		},
 		{
 			name: "deadline with quorum: closes with the offline client as straggler",
