@@ -43,9 +43,14 @@ import (
 //     did not report (Missing).
 
 // StatisticsArrived: a decoded and validated SiteStatistics of Client.
+// Samples is its training rows (statisticsEvent): the site's sample count
+// from the statistics on, so that round 1's FedSplit steps (Population)
+// do not depend on whether the site's status with its count arrived
+// before the draw.
 type StatisticsArrived struct {
-	Client string
-	At     time.Time
+	Client  string
+	Samples int
+	At      time.Time
 }
 
 // TransformFitted: the shell fitted the preprocessing from FitTransform's
@@ -327,7 +332,9 @@ func (c *Coordinator) statistics(e StatisticsArrived, at time.Time) []Decision {
 	}
 	// A site may send its statistics before its status arrives (MQTT does
 	// not order topics): it becomes known, offline until its status says.
-	c.register(e.Client)
+	if cl := c.register(e.Client); e.Samples > 0 {
+		cl.samples = e.Samples
+	}
 	c.fed.stats[e.Client] = true
 	c.counters.StatsAccepted++
 	out := []Decision{AcceptStatistics{Client: e.Client}}

@@ -548,7 +548,18 @@ func (s *Server) handleEval(m *wire.EvalReport, raw []byte) bool {
 func (s *Server) onStatistics(ctx context.Context, in *inStats) error {
 	s.pendStats, s.fedStored = in, false
 	defer func() { s.pendStats = nil }()
-	return s.propose(ctx, StatisticsArrived{Client: in.msg.ClientId, At: s.clock.Now()}, nil, s.storeFed, s.refuseFed)
+	return s.propose(ctx, statisticsEvent(in.msg, s.clock.Now()), nil, s.storeFed, s.refuseFed)
+}
+
+// statisticsEvent is the coordinator's event of a stored SiteStatistics,
+// live and on replay alike: its training rows are the site's sample count
+// (prep.Stats.Rows; the statistics were validated before they were stored).
+func statisticsEvent(m *wire.SiteStatistics, at time.Time) StatisticsArrived {
+	var st struct {
+		Rows int64 `json:"rows"`
+	}
+	_ = json.Unmarshal(m.Stats, &st) // validated when received: a malformed one counts 0 (the status's count stands)
+	return StatisticsArrived{Client: m.ClientId, Samples: int(min(max(st.Rows, 0), math.MaxInt32)), At: at}
 }
 
 func (s *Server) onEval(ctx context.Context, in *inEval) error {

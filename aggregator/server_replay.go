@@ -33,7 +33,7 @@ func replayEvent(e storage.Logged, lim wire.Limits) (Event, error) {
 		if err != nil {
 			return nil, err
 		}
-		return StatisticsArrived{Client: m.ClientId, At: e.StoredAt}, nil
+		return statisticsEvent(m, e.StoredAt), nil
 	case storage.LogEval:
 		m, err := wire.DecodeEvaluation(e.Msg, lim)
 		if err != nil {

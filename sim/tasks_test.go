@@ -22,6 +22,7 @@ import (
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
 	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/split"
 	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/uplink"
 )
@@ -177,26 +178,31 @@ func TestSchemaRunEveryTask(t *testing.T) {
 // reading its own CSV by the schema (statistics, the fitted transform,
 // rounds, evaluation) give bit for bit simulate's global model every
 // round, simulate's final evaluation at the aggregator, and the final
-// bundle at every site. FedProx, not the FedSplit family: a FedSplit
-// site's prox step weighs it by the sample counts the aggregator knows
-// when it announces round 1, and after a statistics phase the sites'
-// counts arrive in statuses that may follow that announcement (the
-// daemons then differ from simulate, whatever the task).
+// bundle at every site, for FedProx and for FedProx:FedSplit, whose
+// per-site step weighs a site by the sample counts the aggregator knows
+// when it draws round 1: the statistics' training rows (StatisticsArrived),
+// not the statuses, which may arrive after that draw.
 func TestSimSchemaMatchesLiveEveryTask(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a federation over MQTT")
 	}
 	for _, task := range tasks {
-		t.Run(task, func(t *testing.T) { testSimSchemaMatchesLive(t, task) })
+		for _, algo := range []string{FedProx, FedProxSplit} {
+			t.Run(task+"/"+algo, func(t *testing.T) { testSimSchemaMatchesLive(t, task, algo) })
+		}
 	}
 }
 
-func testSimSchemaMatchesLive(t *testing.T, task string) {
+func testSimSchemaMatchesLive(t *testing.T, task, algo string) {
 	const rounds = 3
 	dir, perSite := taskSites(t, task)
-	cfg := schemaConfig(t, dir, FedProx)
+	cfg := schemaConfig(t, dir, algo)
 	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, Epochs: 3, Batch: 10, LR: 0.01, Step: 1, Relax: 1}
-	cfg.Algos = []Algo{{Label: FedProx, Family: FedProx, Agg: "mean", Local: local}}
+	agg := "mean"
+	if algo == FedProxSplit {
+		agg, local.Step = split.StepRobust, 10
+	}
+	cfg.Algos = []Algo{{Label: algo, Family: algo, Agg: agg, Local: local}}
 	cfg.Rounds, cfg.EvalEvery, cfg.Codec, cfg.Downlink, cfg.Workers, cfg.OptimumEvals = rounds, 1, "fp32", "fp32", 2, 300
 	simGlobal := map[int][]float64{}
 	cfg.trace = func(_ string, round int, _ map[string]*uplink.Frame, x []float64) { simGlobal[round] = slices.Clone(x) }
@@ -221,7 +227,7 @@ func testSimSchemaMatchesLive(t *testing.T, task string) {
 	liveGlobal := map[int][]float64{}
 	srvCfg := aggregator.ServerConfig{
 		K: len(sites), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
-		Algorithm: FedProx, Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs, Mu: local.Mu},
+		Algorithm: algo, Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs, Mu: local.Mu, Step: local.Step, Relax: local.Relax},
 		Model: model.Spec{Kind: model.KindLogReg, L2: cfg.L2}, Schema: sc, EvalEvery: 1,
 		Codec: "fp32", Downlink: "fp32", Version: "test",
 		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
