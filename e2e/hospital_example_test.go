@@ -192,7 +192,9 @@ func TestHospitalExample(t *testing.T) {
 			t.Errorf("the statistics review of the shipped schema has findings: %s", l.raw)
 		}
 	}
-	if _, ok := agg.p.find(func(l logLine) bool { return strings.Contains(l.raw, "statistics review: no level seen at one site only") }); !ok {
+	if _, ok := agg.p.find(func(l logLine) bool {
+		return strings.Contains(l.raw, "statistics review: no level seen at one site only")
+	}); !ok {
 		t.Error("no statistics review line in the aggregator's log")
 	}
 	// 0.80 when written; any working model of these data is well above 0.7.
