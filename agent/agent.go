@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -135,6 +136,9 @@ type Agent struct {
 	waitMu  sync.Mutex
 	waiting *wire.RoundAnnouncement
 	spec    *wire.RunSpec // the newest run spec received
+	// toldNotIn is the run whose preprocessing this site was told it is
+	// not in (tellNotInPreprocessing), so that it is said once.
+	toldNotIn string
 	// instance is this installation's id (the state file's), set by Run
 	// before the first status; every status and update carries it.
 	instance string
@@ -1033,6 +1037,7 @@ func (a *Agent) runSpecArrived(spec *wire.RunSpec) {
 		a.log.Warn("run spec of another federation ignored", "federation", spec.Federation)
 		return
 	}
+	a.tellNotInPreprocessing(spec)
 	a.waitMu.Lock()
 	a.bodies.Add(spec)
 	a.spec = spec
@@ -1050,6 +1055,23 @@ func (a *Agent) runSpecArrived(spec *wire.RunSpec) {
 		a.specMismatch(ann, spec, err)
 	default:
 		a.step(announced{ann: ann})
+	}
+}
+
+// tellNotInPreprocessing warns, once per run, when the fitted
+// preprocessing of the run spec was made without this site's statistics
+// (it joined after the statistics phase), as soon as the site reads it
+// rather than with the final bundle.
+func (a *Agent) tellNotInPreprocessing(spec *wire.RunSpec) {
+	if len(spec.Transform) == 0 || len(spec.StatisticsSites) == 0 || slices.Contains(spec.StatisticsSites, a.cfg.SiteID) {
+		return
+	}
+	a.waitMu.Lock()
+	told := a.toldNotIn == spec.RunId
+	a.toldNotIn = spec.RunId
+	a.waitMu.Unlock()
+	if !told {
+		a.log.Warn(notInPreprocessingNow, "run", spec.RunId, "statistics_sites", spec.StatisticsSites)
 	}
 }
 

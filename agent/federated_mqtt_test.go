@@ -544,3 +544,54 @@ func TestAgentRunSpecByDigest(t *testing.T) {
 		t.Fatalf("late site: update of round %d, want 3", u.Round)
 	}
 }
+
+// A site that joined after the statistics phase (it is not among the run
+// spec's statistics_sites) is told at once, when it reads the fitted
+// preprocessing, and once per run; a site among them is told nothing.
+func TestAgentToldNotInPreprocessingByRunSpec(t *testing.T) {
+	_, url := testkit.StartBroker(t)
+	agg := newFakeAgg(t, url)
+	f := newFedFixture(t, 100)
+	ra := startFedAgent(t, url, filepath.Join(t.TempDir(), "edge.db"), f.csv, nil)
+	ra.wait(t, "connected", isKind(EventConnected))
+	x := f.global(t, 3)
+	ann := f.trainAnn(t, fedRun, 3, x)
+	spec := ann.ByDigest()
+	publishSpec := func(sites ...string) {
+		s := &wire.RunSpec{Federation: spec.Federation, RunId: spec.RunId, Schema: spec.Schema, Transform: spec.Transform, StatisticsSites: sites}
+		b, err := wire.Encode(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		agg.publishRaw(agg.topics.Run(), b, true)
+	}
+	const told = "this site's statistics are not in the federation's preprocessing"
+	publishSpec(testSite, "site-z")
+	agg.announce(ann)
+	if _, u := agg.nextUpdate(); u.Round != 3 {
+		t.Fatalf("update of round %d, want 3", u.Round)
+	}
+	if l := ra.logs.Lines(told); len(l) != 0 {
+		t.Fatalf("a site among the statistics sites was told it is not: %q", l)
+	}
+	// The same run's spec again, twice (a re-publication after a restart):
+	// told once. The run topic is not ordered with the others: wait for
+	// the line, then for the second copy to be handled (a bad-message-free
+	// round trip: the next update).
+	publishSpec("site-y", "site-z")
+	for deadline := time.Now().Add(10 * time.Second); len(ra.logs.Lines(told)) == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the late site was not told")
+		}
+	}
+	publishSpec("site-y", "site-z")
+	ann4 := f.trainAnn(t, fedRun, 4, x)
+	ann4.ByDigest()
+	agg.announce(ann4)
+	if _, u := agg.nextUpdate(); u.Round != 4 {
+		t.Fatalf("update of round %d, want 4", u.Round)
+	}
+	if l := ra.logs.Lines(told); len(l) != 1 || !strings.Contains(l[0], "level=WARN") || !strings.Contains(l[0], "site-y") {
+		t.Fatalf("the late site was told %d times: %q", len(l), l)
+	}
+}

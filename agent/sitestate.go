@@ -117,6 +117,10 @@ func (a *Agent) publishStatus() {
 // among those the federation's preprocessing was fitted from.
 const notInPreprocessing = "this site's statistics are not in the federation's preprocessing: it joined after the statistics phase, so the preprocessing (means, levels, scales) was fitted from the other sites' rows and this site trained and evaluated with it"
 
+// notInPreprocessingNow is the same, told when the site reads the run's
+// fitted preprocessing (wire.RunSpec.statistics_sites), before it trains.
+const notInPreprocessingNow = "this site's statistics are not in the federation's preprocessing: it joined after the statistics phase, so the preprocessing (means, levels, scales) was fitted from the other sites' rows; this site trains and evaluates with it"
+
 // statisticsSites reads a bundle's provenance.statistics_sites (nil when
 // there are none or the bundle does not parse: it was verified before).
 func statisticsSites(raw []byte) []string {

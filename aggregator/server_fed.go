@@ -1022,6 +1022,9 @@ func (s *Server) publishRunSpec(a *wire.RoundAnnouncement) error {
 	if spec == nil {
 		return nil
 	}
+	if len(spec.Transform) > 0 {
+		spec.StatisticsSites = s.coord.StatisticsSites()
+	}
 	b, err := wire.Encode(spec)
 	if err != nil {
 		return fmt.Errorf("aggregator: encode the run spec: %w", err)

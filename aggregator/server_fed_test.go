@@ -288,7 +288,8 @@ func TestFedProtocolEndToEnd(t *testing.T) {
 		inline, specs := s.inline, slices.Clone(s.specs)
 		s.mu.Unlock()
 		if inline != 0 || len(specs) != 2 || len(specs[0].Transform) != 0 || !bytes.Equal(specs[1].Schema, cfg.Schema.Canonical()) ||
-			!bytes.Equal(specs[1].Transform, a1.Transform) || specs[1].RunId != run {
+			!bytes.Equal(specs[1].Transform, a1.Transform) || specs[1].RunId != run ||
+			len(specs[0].StatisticsSites) != 0 || !slices.Equal(specs[1].StatisticsSites, []string{"site-a", "site-b", "site-c"}) {
 			t.Fatalf("%s: %d announcements with bodies, run specs %v", s.id, inline, specs)
 		}
 	}

@@ -754,6 +754,7 @@ func (x *RunSpec) size() int {
 	n += sizeString(2, x.RunId)
 	n += sizeBytes(3, x.Schema)
 	n += sizeBytes(4, x.Transform)
+	n += sizeStrings(5, x.StatisticsSites)
 	return n
 }
 
@@ -762,6 +763,7 @@ func (x *RunSpec) appendTo(b []byte) []byte {
 	b = appendString(b, 2, x.RunId)
 	b = appendBytes(b, 3, x.Schema)
 	b = appendBytes(b, 4, x.Transform)
+	b = appendStrings(b, 5, x.StatisticsSites)
 	return b
 }
 
@@ -783,6 +785,10 @@ func (x *RunSpec) unmarshal(b []byte, d *decoder) error {
 		case 4:
 			if typ == protowire.BytesType {
 				return consumeBytes(&x.Transform, b), nil
+			}
+		case 5:
+			if typ == protowire.BytesType {
+				return consumeRepeatedString(&x.StatisticsSites, b, d, "RunSpec.statistics_sites")
 			}
 		}
 		return 0, nil

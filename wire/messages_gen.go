@@ -1038,6 +1038,11 @@ type RunSpec struct {
 	RunId      string `json:"run_id,omitempty"`    // the aggregator's run (RoundAnnouncement.run_id); informative
 	Schema     []byte `json:"schema,omitempty"`    // schema.Canonical() JSON; required
 	Transform  []byte `json:"transform,omitempty"` // prep.Transform JSON; empty until it is fitted
+	// With transform: the sites whose statistics it was fitted from, sorted.
+	// A site not among them (it joined after the statistics phase) trains
+	// and evaluates with a preprocessing made without its rows, and is told
+	// so as soon as it reads this spec.
+	StatisticsSites []string `json:"statistics_sites,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -1067,6 +1072,13 @@ func (x *RunSpec) GetSchema() []byte {
 func (x *RunSpec) GetTransform() []byte {
 	if x != nil {
 		return x.Transform
+	}
+	return nil
+}
+
+func (x *RunSpec) GetStatisticsSites() []string {
+	if x != nil {
+		return x.StatisticsSites
 	}
 	return nil
 }

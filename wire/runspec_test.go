@@ -62,3 +62,25 @@ func TestRunSpecByDigest(t *testing.T) {
 		t.Fatalf("body with another digest: Validate = %v, want ErrInvalid", err)
 	}
 }
+
+// A run spec's statistics sites come only with a transform, as valid ids,
+// each once.
+func TestRunSpecStatisticsSites(t *testing.T) {
+	base := func() *RunSpec {
+		return &RunSpec{Federation: "fed", RunId: "r1", Schema: []byte(`{}`), Transform: []byte(`{}`), StatisticsSites: []string{"site-a", "site-b"}}
+	}
+	if err := base().Validate(Limits{}); err != nil {
+		t.Fatalf("valid spec refused: %v", err)
+	}
+	for name, mod := range map[string]func(*RunSpec){
+		"without a transform": func(s *RunSpec) { s.Transform = nil },
+		"listed twice":        func(s *RunSpec) { s.StatisticsSites = []string{"site-a", "site-a"} },
+		"not an id":           func(s *RunSpec) { s.StatisticsSites = []string{"site a"} },
+	} {
+		s := base()
+		mod(s)
+		if err := s.Validate(Limits{}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+}

@@ -154,6 +154,7 @@ func (x *RunSpec) appendText(w *textWriter) {
 	w.str("run_id", x.RunId)
 	w.bytes("schema", x.Schema)
 	w.bytes("transform", x.Transform)
+	w.strs("statistics_sites", x.StatisticsSites)
 }
 
 func (x *SecAggSpec) appendText(w *textWriter) {

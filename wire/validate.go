@@ -29,6 +29,8 @@ func (d *decoder) repeatedLimit(key string) (msg, name string, limit int) {
 	switch key {
 	case "RoundAnnouncement.selected":
 		return "round announcement", "selected", d.lim.MaxClients
+	case "RunSpec.statistics_sites":
+		return "run spec", "statistics_sites", d.lim.MaxClients
 	case "ModelSpec.hidden":
 		return "round announcement", "model.hidden", d.maxHidden
 	case "ClientStatus.capabilities":
@@ -787,6 +789,22 @@ func (m *RunSpec) Validate(lim Limits) error {
 	}
 	if err := checkPayload(msg, "schema", m.Schema, lim, true); err != nil {
 		return err
+	}
+	if len(m.StatisticsSites) > 0 && len(m.Transform) == 0 {
+		return invalid(msg, "statistics_sites without a transform")
+	}
+	if len(m.StatisticsSites) > lim.MaxClients {
+		return invalid(msg, "%d statistics sites, limit %d", len(m.StatisticsSites), lim.MaxClients)
+	}
+	seen := make(map[string]struct{}, len(m.StatisticsSites))
+	for i, id := range m.StatisticsSites {
+		if err := checkID(msg, fmt.Sprintf("statistics_sites[%d]", i), id); err != nil {
+			return err
+		}
+		if _, dup := seen[id]; dup {
+			return invalid(msg, "statistics site %q listed twice", id)
+		}
+		seen[id] = struct{}{}
 	}
 	return checkPayload(msg, "transform", m.Transform, lim, false)
 }
