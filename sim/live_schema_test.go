@@ -79,11 +79,54 @@ func TestSimSchemaDPMatchesLive(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	log, _ := testkit.FailureLog(t, "the live federation")
 	sc, err := schema.Load(cfg.Schema)
 	if err != nil {
 		t.Fatal(err)
 	}
+	srvCfg := aggregator.ServerConfig{
+		K: len(perSite), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
+		Algorithm: FedProx, Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs, Mu: local.Mu},
+		Model: model.Spec{Kind: model.KindLogReg, L2: cfg.L2}, Schema: sc, EvalEvery: 1,
+		Codec: "fp32", Downlink: "fp32", DP: cfg.DP, DPTestKey: &key, Version: "test",
+	}
+	want, statePath := liveSchemaRun(t, "simlive", res, perSite, srvCfg, rounds, simGlobal)
+	b, err := bundle.Unmarshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bitsEqual(b.Model.Params, run.Final) || b.Evaluation != nil || b.Privacy == nil {
+		t.Fatalf("final bundle: weights equal simulate's %v, evaluation %+v, privacy %+v", bitsEqual(b.Model.Params, run.Final), b.Evaluation, b.Privacy)
+	}
+	if !reflect.DeepEqual(b.Privacy, simBundle.Privacy) || b.Privacy.Epsilon != float64(run.DP.Epsilon) || b.Privacy.Rounds != rounds {
+		t.Fatalf("privacy: live %+v, simulate %+v (epsilon %v)", b.Privacy, simBundle.Privacy, run.DP.Epsilon)
+	}
+	t.Logf("%d rounds bit for bit; final bundle %d bytes, %s", rounds, len(want), b.Privacy)
+	// The operator's view of the final evaluation is simulate's.
+	store, err := storage.OpenAgg(statePath, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	st, err := aggregator.ReadStatus(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := run.Rounds[len(run.Rounds)-1].Eval
+	if st.Evaluation == nil || st.Evaluation.Round != rounds || !reflect.DeepEqual(st.Evaluation.Federation, last.Federation) ||
+		!reflect.DeepEqual(st.Evaluation.Sites, last.Sites) || len(st.StatisticsSites) != 0 {
+		t.Fatalf("the aggregator's evaluation %+v, simulate's %+v", st.Evaluation, last)
+	}
+}
+
+// liveSchemaRun runs the live federation of a `simulate --schema` run: the
+// real aggregator (srv; its Clock, Logger and OnRound are set here) and one
+// real agent per site CSV of perSite, over MQTT to the end. It checks that
+// every site wrote the aggregator's final bundle to its model_out and that
+// every round's global model is simulate's (simGlobal) bit for bit, and
+// returns the final bundle and the aggregator's state file.
+func liveSchemaRun(t *testing.T, federation string, res *Results, perSite []string, srv aggregator.ServerConfig, rounds int, simGlobal map[int][]float64) (final []byte, statePath string) {
+	t.Helper()
+	log, _ := testkit.FailureLog(t, "the live federation")
 	live := t.TempDir()
 	sites := make([]localfed.Site, len(perSite))
 	for i, p := range perSite {
@@ -92,35 +135,28 @@ func TestSimSchemaDPMatchesLive(t *testing.T) {
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	liveGlobal := map[int][]float64{}
-	srvCfg := aggregator.ServerConfig{
-		K: len(sites), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
-		Algorithm: FedProx, Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs, Mu: local.Mu},
-		Model: model.Spec{Kind: model.KindLogReg, L2: cfg.L2}, Schema: sc, EvalEvery: 1,
-		Codec: "fp32", Downlink: "fp32", DP: cfg.DP, DPTestKey: &key, Version: "test",
-		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
-		OnRound: func(rr aggregator.RoundReport) {
-			mu.Lock()
-			defer mu.Unlock()
-			liveGlobal[rr.Round] = slices.Clone(rr.Global)
-		},
+	srv.Clock, srv.Logger = clock.NewFake(t0), log.With("party", "aggregator")
+	srv.OnRound = func(rr aggregator.RoundReport) {
+		mu.Lock()
+		defer mu.Unlock()
+		liveGlobal[rr.Round] = slices.Clone(rr.Global)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	lf, err := localfed.Start(ctx, localfed.Config{Federation: "simlive", Dir: live, Sites: sites, Seed: 1,
+	lf, err := localfed.Start(ctx, localfed.Config{Federation: federation, Dir: live, Sites: sites, Seed: 1,
 		ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second,
-		NewClock: func() clock.Clock { return clock.NewFake(t0) }, Logger: log, Server: srvCfg})
+		NewClock: func() clock.Clock { return clock.NewFake(t0) }, Logger: log, Server: srv})
 	if err != nil {
 		t.Fatal(err)
 	}
 	finished := lf.Wait(ctx)
-	final := filepath.Join(live, aggregator.FinalBundle)
-	var want []byte
+	path := filepath.Join(live, aggregator.FinalBundle)
 	for deadline := time.Now().Add(30 * time.Second); finished; time.Sleep(20 * time.Millisecond) {
 		// Every site writes the bundle of the end announcement: poll.
-		want, _ = os.ReadFile(final)
+		final, _ = os.ReadFile(path)
 		n := 0
 		for _, s := range sites {
-			if got, err := os.ReadFile(s.ModelOut); err == nil && len(want) > 0 && bytes.Equal(got, want) {
+			if got, err := os.ReadFile(s.ModelOut); err == nil && len(final) > 0 && bytes.Equal(got, final) {
 				n++
 			}
 		}
@@ -137,7 +173,6 @@ func TestSimSchemaDPMatchesLive(t *testing.T) {
 	if !finished {
 		t.Fatal("the live federation did not finish")
 	}
-
 	for r := 1; r <= rounds; r++ {
 		mu.Lock()
 		got := liveGlobal[r]
@@ -149,30 +184,5 @@ func TestSimSchemaDPMatchesLive(t *testing.T) {
 	if maxDiff(simGlobal[rounds], simGlobal[1]) == 0 {
 		t.Error("the global model did not move: the comparison proves nothing")
 	}
-	b, err := bundle.Unmarshal(want)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bitsEqual(b.Model.Params, run.Final) || b.Evaluation != nil || b.Privacy == nil {
-		t.Fatalf("final bundle: weights equal simulate's %v, evaluation %+v, privacy %+v", bitsEqual(b.Model.Params, run.Final), b.Evaluation, b.Privacy)
-	}
-	if !reflect.DeepEqual(b.Privacy, simBundle.Privacy) || b.Privacy.Epsilon != float64(run.DP.Epsilon) || b.Privacy.Rounds != rounds {
-		t.Fatalf("privacy: live %+v, simulate %+v (epsilon %v)", b.Privacy, simBundle.Privacy, run.DP.Epsilon)
-	}
-	t.Logf("%d rounds bit for bit; final bundle %d bytes, %s", rounds, len(want), b.Privacy)
-	// The operator's view of the final evaluation is simulate's.
-	store, err := storage.OpenAgg(lf.StatePath, storage.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	st, err := aggregator.ReadStatus(store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	last := run.Rounds[len(run.Rounds)-1].Eval
-	if st.Evaluation == nil || st.Evaluation.Round != rounds || !reflect.DeepEqual(st.Evaluation.Federation, last.Federation) ||
-		!reflect.DeepEqual(st.Evaluation.Sites, last.Sites) || len(st.StatisticsSites) != 0 {
-		t.Fatalf("the aggregator's evaluation %+v, simulate's %+v", st.Evaluation, last)
-	}
+	return final, lf.StatePath
 }

@@ -1,23 +1,18 @@
 package sim
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/edgefl/edgefl/aggregator"
 	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/internal/clock"
-	"github.com/edgefl/edgefl/internal/localfed"
 	"github.com/edgefl/edgefl/internal/testkit"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/proxsolver"
@@ -212,74 +207,17 @@ func testSimSchemaMatchesLive(t *testing.T, task, algo string) {
 	}
 	run := res.Runs[0]
 
-	log, _ := testkit.FailureLog(t, "the live federation")
 	sc, err := schema.Load(cfg.Schema)
 	if err != nil {
 		t.Fatal(err)
 	}
-	live := t.TempDir()
-	sites := make([]localfed.Site, len(perSite))
-	for i, p := range perSite {
-		sites[i] = localfed.Site{ID: res.Sites[i].ID, Source: "csv:" + p, ModelOut: filepath.Join(live, res.Sites[i].ID+".bundle.json")}
-	}
-	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	var mu sync.Mutex
-	liveGlobal := map[int][]float64{}
 	srvCfg := aggregator.ServerConfig{
-		K: len(sites), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
+		K: len(perSite), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
 		Algorithm: algo, Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs, Mu: local.Mu, Step: local.Step, Relax: local.Relax},
 		Model: model.Spec{Kind: model.KindLogReg, L2: cfg.L2}, Schema: sc, EvalEvery: 1,
 		Codec: "fp32", Downlink: "fp32", Version: "test",
-		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
-		OnRound: func(rr aggregator.RoundReport) {
-			mu.Lock()
-			defer mu.Unlock()
-			liveGlobal[rr.Round] = slices.Clone(rr.Global)
-		},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	lf, err := localfed.Start(ctx, localfed.Config{Federation: "simtask", Dir: live, Sites: sites, Seed: 1,
-		ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second,
-		NewClock: func() clock.Clock { return clock.NewFake(t0) }, Logger: log, Server: srvCfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	finished := lf.Wait(ctx)
-	final := filepath.Join(live, aggregator.FinalBundle)
-	var want []byte
-	for deadline := time.Now().Add(30 * time.Second); finished; time.Sleep(20 * time.Millisecond) {
-		want, _ = os.ReadFile(final)
-		n := 0
-		for _, s := range sites {
-			if got, err := os.ReadFile(s.ModelOut); err == nil && len(want) > 0 && bytes.Equal(got, want) {
-				n++
-			}
-		}
-		if n == len(sites) || time.Now().After(deadline) {
-			if n != len(sites) {
-				t.Errorf("%d of %d sites wrote the aggregator's final bundle to their model_out", n, len(sites))
-			}
-			break
-		}
-	}
-	if err := lf.Stop(); err != nil {
-		t.Error(err)
-	}
-	if !finished {
-		t.Fatal("the live federation did not finish")
-	}
-	for r := 1; r <= rounds; r++ {
-		mu.Lock()
-		got := liveGlobal[r]
-		mu.Unlock()
-		if !bitsEqual(got, simGlobal[r]) {
-			t.Errorf("round %d: the live global model differs from simulate's (max |diff| %g)", r, maxDiff(got, simGlobal[r]))
-		}
-	}
-	if maxDiff(simGlobal[rounds], simGlobal[1]) == 0 {
-		t.Error("the global model did not move: the comparison proves nothing")
-	}
+	want, statePath := liveSchemaRun(t, "simtask", res, perSite, srvCfg, rounds, simGlobal)
 	b, err := bundle.Unmarshal(want)
 	if err != nil {
 		t.Fatal(err)
@@ -287,7 +225,7 @@ func testSimSchemaMatchesLive(t *testing.T, task, algo string) {
 	if !bitsEqual(b.Model.Params, run.Final) || b.Evaluation == nil || b.Schema.Task != task {
 		t.Fatalf("final bundle: weights equal simulate's %v, evaluation %+v, task %s", bitsEqual(b.Model.Params, run.Final), b.Evaluation, b.Schema.Task)
 	}
-	store, err := storage.OpenAgg(lf.StatePath, storage.Options{})
+	store, err := storage.OpenAgg(statePath, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
