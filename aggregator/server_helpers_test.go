@@ -20,6 +20,7 @@ import (
 	"github.com/edgefl/edgefl/internal/testkit/fedbroker"
 	"github.com/edgefl/edgefl/model"
 	"github.com/edgefl/edgefl/quant"
+	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/wire"
 )
 
@@ -390,4 +391,20 @@ func evalData(d int) *model.Data {
 		x[i] = float64(i%5) - 2
 	}
 	return &model.Data{N: 4, D: d, X: x, Y: []float64{0, 1, 0, 1}}
+}
+
+// statusOfFile is ReadStatus of the state file at path (the daemon
+// stopped), as `broker-agg status --state` reads it.
+func statusOfFile(t *testing.T, path string) Status {
+	t.Helper()
+	st, err := storage.OpenAgg(path, storage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	status, err := ReadStatus(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return status
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/edgefl/edgefl/internal/testkit"
 
-	"github.com/edgefl/edgefl/storage"
 	"github.com/edgefl/edgefl/wire"
 )
 
@@ -73,15 +72,7 @@ func TestServerFedSplitBoundsAScalingSite(t *testing.T) {
 		}
 	}
 	r.stop(t)
-	st, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	status, err := ReadStatus(st)
-	if err != nil {
-		t.Fatal(err)
-	}
+	status := statusOfFile(t, cfg.StatePath)
 	for _, c := range status.Clients {
 		sc := c.FedSplit
 		switch {
@@ -145,15 +136,7 @@ func TestServerFedSplitDivergenceIsReported(t *testing.T) {
 		t.Errorf("diverging steps counted: %d, want %d", n, rounds-divergeRounds)
 	}
 	r.stop(t)
-	st, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	status, err := ReadStatus(st)
-	if err != nil {
-		t.Fatal(err)
-	}
+	status := statusOfFile(t, cfg.StatePath)
 	if status.FedSplitDiverging != divergeRounds+1 {
 		t.Errorf("status: diverging since round %d, want %d", status.FedSplitDiverging, divergeRounds+1)
 	}
@@ -199,15 +182,7 @@ func TestServerFedSplitDivergenceSetsTheCulpritAside(t *testing.T) {
 	if !strings.Contains(logs.String(), `the site with the largest share of the growth is set aside" round=6`) || !strings.Contains(logs.String(), "client=site-d") {
 		t.Errorf("no WARN line naming site-d in round 6:\n%s", logs.String())
 	}
-	st, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	status, err := ReadStatus(st)
-	if err != nil {
-		t.Fatal(err)
-	}
+	status := statusOfFile(t, cfg.StatePath)
 	for _, c := range status.Clients {
 		sc := c.FedSplit
 		switch {
