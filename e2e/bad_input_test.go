@@ -104,8 +104,17 @@ func injectBadInput(t *testing.T, agg *aggregator, m *mosquitto, obs *observer, 
 			held.p.cmd.Process.Signal(syscall.SIGCONT)
 		}
 	})
-	// Frozen: the open round has the other two sites' updates, not the
-	// held one's.
+	// Frozen: a round after the last one the held site solved before the
+	// stop can never get its update. (Rounds follow each other at once when
+	// every site is online, so the round open at the stop may still close:
+	// the held site's update for it can be on its way.)
+	var lastSolved uint64
+	for _, l := range held.p.all() {
+		if l.msg() == "round solved" {
+			lastSolved = max(lastSolved, uint64(l.num("round")))
+		}
+	}
+	// The open round has the other two sites' updates, not the held one's.
 	var r uint64
 	waitFor(t, 30*time.Second, "the open round to wait for the held site only", func() (bool, error) {
 		mm, err := agg.scrape()
@@ -121,7 +130,7 @@ func injectBadInput(t *testing.T, agg *aggregator, m *mosquitto, obs *observer, 
 		}
 		r = uint64(st.Round)
 		_, have := obs.update("site-1", r)
-		return st.Round == mm.round() && !slices.Contains(st.Received, held.id) && len(st.Received) == 2 && have, nil
+		return uint64(st.Round) > lastSolved && st.Round == mm.round() && !slices.Contains(st.Received, held.id) && len(st.Received) == 2 && have, nil
 	})
 	real1, _ := obs.update("site-1", r)
 	t.Logf("round %d open, %s held; injecting", r, held.id)
