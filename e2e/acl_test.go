@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/wire"
+	"github.com/edgefl/edgefl/proto/wire"
 )
 
 // TestUpdateTopicNeedsTheSitesIdentity: without credentials, with wrong

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/quant"
-	"github.com/edgefl/edgefl/wire"
+	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/proto/wire"
 )
 
 // TestBadInputOnUpdateTopic publishes hostile updates with mosquitto_pub

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/data/bundle"
 )
 
 // consolePage is what the console shows a person, read from the DOM

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/node/storage"
 )
 
 // TestDamagedAgentState is issue 10's item 3 on real processes: a site's

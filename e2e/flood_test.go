@@ -15,8 +15,8 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
-	"github.com/edgefl/edgefl/quant"
-	"github.com/edgefl/edgefl/wire"
+	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/proto/wire"
 )
 
 // flood publishes count copies of one valid update as site id (QoS 0, as

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/data/schema"
 )
 
 // TestGenericExampleConfigs runs deploy/broker-agg.example.conf and

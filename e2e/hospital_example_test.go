@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/data/schema"
 )
 
 // hospitalSites are deploy/hospital's four sites and their exports of the

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/agent"
-	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/node/agent"
 )
 
 // liarBound is how far (in accuracy on the sites' pooled data) the final

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/dp"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/learn/dp"
 )
 
 // clinicalSchema with its preprocessing declared: what --dp needs.

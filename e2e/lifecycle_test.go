@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/evaluate"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/learn/evaluate"
 )
 
 // clinicalSchema is the schema of clinicalSite's CSVs: two numeric and two

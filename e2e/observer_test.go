@@ -9,7 +9,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
-	"github.com/edgefl/edgefl/wire"
+	"github.com/edgefl/edgefl/proto/wire"
 )
 
 // key is an update's identity: (round, client).

@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/agent"
-	"github.com/edgefl/edgefl/secagg"
-	"github.com/edgefl/edgefl/storage"
-	"github.com/edgefl/edgefl/uplink"
+	"github.com/edgefl/edgefl/node/agent"
+	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/secagg"
+	"github.com/edgefl/edgefl/proto/uplink"
 )
 
 // The secure-aggregation kills (issue 13, docs/secagg.md "Persistence"):

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	agg "github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/quant"
-	"github.com/edgefl/edgefl/storage"
-	"github.com/edgefl/edgefl/wire"
+	"github.com/edgefl/edgefl/learn/quant"
+	agg "github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/wire"
 )
 
 // copyState copies a state file of a stopped process to a fresh path, so
@@ -75,7 +75,7 @@ func readAggState(t *testing.T, path string) aggState {
 		t.Fatalf("%s: current round: %v", path, err)
 	}
 	// The state a restart resumes from: the stored one and the messages
-	// stored since (the replay log, aggregator/coordinator_replay.go).
+	// stored since (the replay log, node/aggregator/coordinator_replay.go).
 	coord, err := agg.StoredState(s)
 	if err != nil {
 		t.Fatalf("%s: coordinator state: %v", path, err)

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/storage"
-	"github.com/edgefl/edgefl/uplink"
+	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/uplink"
 )
 
 // TestSumModeKills: FedProx:FedSplit under --dp central runs in sum mode

@@ -47,5 +47,5 @@ fi
 
 if want cost; then
   echo "## aggregation cost per round, d = 7,850"
-  go test ./aggregate/ -run '^$' -bench 'Aggregate/' -benchtime 3x | tee "$out/agg-bench.txt"
+  go test ./learn/aggregate/ -run '^$' -bench 'Aggregate/' -benchtime 3x | tee "$out/agg-bench.txt"
 fi

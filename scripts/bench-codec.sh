@@ -23,4 +23,4 @@ for c in $codecs; do
   "$ba" report --metric accuracy --at 25,50,100 "$d/results.json"
 done
 echo "## codec throughput (one core)"
-go test -run '^$' -bench . -benchtime 200ms ./quant/ | tee "$out/codec-bench.txt"
+go test -run '^$' -bench . -benchtime 200ms ./learn/quant/ | tee "$out/codec-bench.txt"

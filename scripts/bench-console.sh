@@ -16,7 +16,7 @@
 # state. Modes:
 #   none      nobody reads the console (the metrics address is not touched
 #             after the start: the end is read from broker-agg's log);
-#   poll      a client does what aggregator/console/console.js does in a
+#   poll      a client does what node/aggregator/console/console.js does in a
 #             shown tab: GET /, console.css, console.js, then GET
 #             /status?compact=1&rounds_after=R&evals_after=E 1.5 s after each
 #             answer, R and E the last rounds it holds;

@@ -54,5 +54,5 @@ fi
 
 if want solver; then
   echo "## solver benchmarks"
-  go test -run '^$' -bench . -benchmem -count 3 ./proxsolver/ | tee "$out/solver-bench.txt"
+  go test -run '^$' -bench . -benchmem -count 3 ./learn/proxsolver/ | tee "$out/solver-bench.txt"
 fi

@@ -50,14 +50,14 @@ if [ -n "$unformatted" ]; then
 fi
 
 # wire's Go code (messages_gen.go, codec_gen.go, text_gen.go) is generated
-# from wire/edgefl.proto by wire/internal/gen: regenerate it and fail when
+# from proto/wire/edgefl.proto by proto/wire/internal/gen: regenerate it and fail when
 # that changes anything under wire/, as etcd raft's verify-genproto does.
-echo "== go generate ./wire"
-go generate ./wire
+echo "== go generate ./proto/wire"
+go generate ./proto/wire
 if git rev-parse --git-dir >/dev/null 2>&1; then
-  if ! git diff --exit-code --stat -- wire || git status --porcelain -- 'wire/*_gen.go' | grep -q .; then
+  if ! git diff --exit-code --stat -- wire || git status --porcelain -- 'proto/wire/*_gen.go' | grep -q .; then
     git status --short -- wire >&2
-    echo "go generate ./wire changed the files above: the generated wire code was stale (wire/edgefl.proto edited without regenerating, or a *_gen.go file edited by hand), or wire/ has uncommitted changes. Run go generate ./wire and commit the result (CONTRIBUTING.md, Changing the wire schema)." >&2
+    echo "go generate ./proto/wire changed the files above: the generated wire code was stale (proto/wire/edgefl.proto edited without regenerating, or a *_gen.go file edited by hand), or wire/ has uncommitted changes. Run go generate ./proto/wire and commit the result (CONTRIBUTING.md, Changing the wire schema)." >&2
     exit 1
   fi
 fi

@@ -7,17 +7,17 @@ package sim
 import (
 	"errors"
 	"fmt"
-	"github.com/edgefl/edgefl/split"
+	"github.com/edgefl/edgefl/learn/split"
 	"io"
 	"math"
 	"strconv"
 	"strings"
 
-	"github.com/edgefl/edgefl/aggregate"
-	"github.com/edgefl/edgefl/dp"
-	"github.com/edgefl/edgefl/proxsolver"
-	"github.com/edgefl/edgefl/secagg"
-	"github.com/edgefl/edgefl/uplink"
+	"github.com/edgefl/edgefl/learn/aggregate"
+	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/proto/secagg"
+	"github.com/edgefl/edgefl/proto/uplink"
 )
 
 // Algorithm families.
@@ -356,7 +356,7 @@ func (c Config) Validate() error {
 }
 
 // validateSecAgg refuses what --secagg cannot cover, as the aggregator
-// does (aggregator/server_secagg.go).
+// does (node/aggregator/server_secagg.go).
 func (c Config) validateSecAgg() error {
 	sa := c.SecAgg
 	if sa == nil {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgefl/edgefl/internal/testkit"
+	"github.com/edgefl/edgefl/testkit"
 )
 
 // With a schema that declares its preprocessing simulate computes no

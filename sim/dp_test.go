@@ -9,11 +9,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgefl/edgefl/dp"
-	"github.com/edgefl/edgefl/proxsolver"
-	"github.com/edgefl/edgefl/quant"
-	"github.com/edgefl/edgefl/split"
-	"github.com/edgefl/edgefl/uplink"
+	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/learn/split"
+	"github.com/edgefl/edgefl/proto/uplink"
 )
 
 func dpConfig() Config {

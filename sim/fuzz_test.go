@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/internal/testkit"
-	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/data/schema"
+	"github.com/edgefl/edgefl/testkit"
 )
 
 // fuzzPartitions are the partitions FuzzSimulateSchema runs (its part

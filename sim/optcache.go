@@ -10,7 +10,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/learn/model"
 )
 
 // optimumCachePath names the cache file for the optimum of this run's

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/edgefl/edgefl/dp"
+	"github.com/edgefl/edgefl/learn/dp"
 )
 
 // TestSimPoisson: under --dp the default selection is Poisson at q = K/N:

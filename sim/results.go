@@ -12,9 +12,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/evaluate"
-	"github.com/edgefl/edgefl/model"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/learn/evaluate"
+	"github.com/edgefl/edgefl/learn/model"
 )
 
 // CSVHeader is the header row of results.csv: one row per algorithm and round.

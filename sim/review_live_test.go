@@ -10,15 +10,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregator"
+	"github.com/edgefl/edgefl/data/schema"
 	"github.com/edgefl/edgefl/internal/clock"
-	"github.com/edgefl/edgefl/internal/localfed"
-	"github.com/edgefl/edgefl/internal/testkit"
-	"github.com/edgefl/edgefl/internal/testkit/heartdisease"
-	"github.com/edgefl/edgefl/model"
-	"github.com/edgefl/edgefl/proxsolver"
-	"github.com/edgefl/edgefl/schema"
-	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/sim/localfed"
+	"github.com/edgefl/edgefl/testkit"
+	"github.com/edgefl/edgefl/testkit/heartdisease"
 )
 
 // TestStatsReviewHeartDisease: the four real heart-disease hospitals

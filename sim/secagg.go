@@ -6,10 +6,10 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/edgefl/edgefl/dp"
 	"github.com/edgefl/edgefl/internal/streams"
-	"github.com/edgefl/edgefl/secagg"
-	"github.com/edgefl/edgefl/uplink"
+	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/proto/secagg"
+	"github.com/edgefl/edgefl/proto/uplink"
 )
 
 // Secure aggregation in simulate (Config.SecAgg): what the daemons compute
@@ -166,7 +166,7 @@ func (e *env) secAggSumStep(s *algoState, t int, jobs []job, outs []outcome, sum
 
 // secAggInput is client's input in round t: its quantised update, under
 // distributed DP with its noise share from its own key (siteNoiseKey),
-// as a site computes it (agent/secagg.go secAggInput); in sum mode (the
+// as a site computes it (node/agent/secagg.go secAggInput); in sum mode (the
 // FedSplit family) its delta against its record and what the input adds
 // to that record once it is in a sum (uplink.SecAggSumInput). s.rec is
 // only read here (the round's step advances it).

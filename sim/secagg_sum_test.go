@@ -5,9 +5,9 @@ import (
 	"math"
 	"testing"
 
-	"github.com/edgefl/edgefl/proxsolver"
-	"github.com/edgefl/edgefl/split"
-	"github.com/edgefl/edgefl/uplink"
+	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/learn/split"
+	"github.com/edgefl/edgefl/proto/uplink"
 )
 
 // TestSecAggSumModeConverges: FedProx:FedSplit under --secagg without DP

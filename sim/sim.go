@@ -12,17 +12,17 @@ import (
 	"sync"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregate"
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/dataset"
-	"github.com/edgefl/edgefl/dp"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/data/dataset"
 	"github.com/edgefl/edgefl/internal/streams"
-	"github.com/edgefl/edgefl/model"
-	"github.com/edgefl/edgefl/proxsolver"
-	"github.com/edgefl/edgefl/quant"
-	"github.com/edgefl/edgefl/secagg"
-	"github.com/edgefl/edgefl/split"
-	"github.com/edgefl/edgefl/uplink"
+	"github.com/edgefl/edgefl/learn/aggregate"
+	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/learn/split"
+	"github.com/edgefl/edgefl/proto/secagg"
+	"github.com/edgefl/edgefl/proto/uplink"
 )
 
 // Results is what a run writes to results.json.

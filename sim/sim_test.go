@@ -11,10 +11,10 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/edgefl/edgefl/aggregate"
 	"github.com/edgefl/edgefl/internal/streams"
-	"github.com/edgefl/edgefl/quant"
-	"github.com/edgefl/edgefl/uplink"
+	"github.com/edgefl/edgefl/learn/aggregate"
+	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/proto/uplink"
 )
 
 func smallConfig(t *testing.T, algos string) Config {

@@ -12,15 +12,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/dataset"
-	"github.com/edgefl/edgefl/dp"
-	"github.com/edgefl/edgefl/evaluate"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/data/dataset"
+	"github.com/edgefl/edgefl/data/prep"
+	"github.com/edgefl/edgefl/data/schema"
+	"github.com/edgefl/edgefl/data/sitedata"
 	"github.com/edgefl/edgefl/internal/streams"
-	"github.com/edgefl/edgefl/model"
-	"github.com/edgefl/edgefl/prep"
-	"github.com/edgefl/edgefl/schema"
-	"github.com/edgefl/edgefl/sitedata"
+	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/learn/evaluate"
+	"github.com/edgefl/edgefl/learn/model"
 )
 
 // SiteInfo describes one site of a --schema run.

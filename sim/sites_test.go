@@ -13,12 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/evaluate"
-	"github.com/edgefl/edgefl/internal/testkit"
-	"github.com/edgefl/edgefl/prep"
-	"github.com/edgefl/edgefl/schema"
-	"github.com/edgefl/edgefl/sitedata"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/data/prep"
+	"github.com/edgefl/edgefl/data/schema"
+	"github.com/edgefl/edgefl/data/sitedata"
+	"github.com/edgefl/edgefl/learn/evaluate"
+	"github.com/edgefl/edgefl/testkit"
 )
 
 const testSchemaJSON = `{"task": "binary",

@@ -10,11 +10,11 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/edgefl/edgefl/dataset"
-	"github.com/edgefl/edgefl/dp"
-	"github.com/edgefl/edgefl/proxsolver"
-	"github.com/edgefl/edgefl/split"
-	"github.com/edgefl/edgefl/uplink"
+	"github.com/edgefl/edgefl/data/dataset"
+	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/learn/split"
+	"github.com/edgefl/edgefl/proto/uplink"
 )
 
 // fashionMNISTDir is where Debian's dataset-fashion-mnist package installs

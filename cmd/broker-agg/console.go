@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/broker"
-	"github.com/edgefl/edgefl/pki"
+	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/broker"
+	"github.com/edgefl/edgefl/proto/pki"
 )
 
 // The console's guards (`broker-agg run`) and the client side of them

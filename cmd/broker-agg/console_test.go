@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/broker"
-	"github.com/edgefl/edgefl/internal/testkit"
-	"github.com/edgefl/edgefl/pki"
+	"github.com/edgefl/edgefl/node/broker"
+	"github.com/edgefl/edgefl/proto/pki"
+	"github.com/edgefl/edgefl/testkit"
 )
 
 // TestConsoleGuards: `run` with the console behind HTTPS, client

@@ -10,12 +10,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/data/dataset"
 	"github.com/edgefl/edgefl/internal/cli"
-	"github.com/edgefl/edgefl/internal/localfed"
-	"github.com/edgefl/edgefl/model"
-	"github.com/edgefl/edgefl/proxsolver"
+	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/sim/localfed"
 )
 
 // demoFlags are `broker-agg demo`'s flags.
@@ -76,7 +76,7 @@ func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 }
 
 // runDemo is `broker-agg demo`: the embedded broker, the aggregator and N
-// edge agents in one process, over real MQTT (internal/localfed). With
+// edge agents in one process, over real MQTT (sim/localfed). With
 // --schema it is runDemoSchema.
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, f := demoFlagSet(stderr)

@@ -13,14 +13,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/evaluate"
-	"github.com/edgefl/edgefl/internal/localfed"
-	"github.com/edgefl/edgefl/model"
-	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/data/schema"
+	"github.com/edgefl/edgefl/learn/evaluate"
+	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/proto/wire"
 	"github.com/edgefl/edgefl/sim"
-	"github.com/edgefl/edgefl/wire"
+	"github.com/edgefl/edgefl/sim/localfed"
 )
 
 // runDemoSchema is `broker-agg demo --schema`: the federation of issue 11

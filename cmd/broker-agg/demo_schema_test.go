@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/broker"
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/internal/localfed"
-	"github.com/edgefl/edgefl/internal/testkit"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/node/broker"
+	"github.com/edgefl/edgefl/sim/localfed"
+	"github.com/edgefl/edgefl/testkit"
 )
 
 const demoSchemaJSON = `{"task": "binary",

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/internal/testkit"
-	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/data/schema"
+	"github.com/edgefl/edgefl/testkit"
 )
 
 // taskCSV writes a multi-site CSV (a hospital column, three sites

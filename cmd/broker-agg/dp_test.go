@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgefl/edgefl/dp"
-	"github.com/edgefl/edgefl/internal/testkit"
+	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/testkit"
 )
 
 // TestDPRefusals: what --dp cannot cover stops run, demo and simulate

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/edgefl/edgefl/dp"
+	"github.com/edgefl/edgefl/learn/dp"
 )
 
 // dpFlags are the differential-privacy flags of run, demo and simulate

@@ -12,10 +12,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/data/bundle"
 	"github.com/edgefl/edgefl/internal/cli"
-	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/storage"
 )
 
 // runExport writes the model bundle of a stored round (`broker-agg

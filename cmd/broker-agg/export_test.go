@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/data/schema"
 )
 
 // export refuses in one line: without --out, a state file without a

@@ -5,7 +5,7 @@
 //
 //	broker-agg run        the aggregator daemon, its MQTT broker embedded by default (run.go)
 //	broker-agg demo       embedded broker + aggregator + N edge agents in one process (demo.go;
-//	                      demo --schema: demo_schema.go; the wiring is internal/localfed's)
+//	                      demo --schema: demo_schema.go; the wiring is sim/localfed's)
 //	broker-agg status     the current round and each client, from the state file or a daemon (status.go)
 //	broker-agg export     the model bundle of a stored round (export.go)
 //	broker-agg pki        a site PKI: a CA and per-site certificates for mutual TLS (pki.go)

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/internal/testkit"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/testkit"
 )
 
 // Bad input gets a one-line error naming the flag or file, a non-zero exit

@@ -13,11 +13,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/broker"
 	"github.com/edgefl/edgefl/internal/cli"
-	"github.com/edgefl/edgefl/pki"
-	"github.com/edgefl/edgefl/wire"
+	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/broker"
+	"github.com/edgefl/edgefl/proto/pki"
+	"github.com/edgefl/edgefl/proto/wire"
 )
 
 // runPKI makes a site PKI (`broker-agg pki`).

@@ -17,17 +17,17 @@ import (
 	"strings"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregate"
-	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/broker"
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/dataset"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/data/dataset"
+	"github.com/edgefl/edgefl/data/schema"
 	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/internal/ratelimit"
-	"github.com/edgefl/edgefl/model"
-	"github.com/edgefl/edgefl/pki"
-	"github.com/edgefl/edgefl/schema"
-	"github.com/edgefl/edgefl/wire"
+	"github.com/edgefl/edgefl/learn/aggregate"
+	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/broker"
+	"github.com/edgefl/edgefl/proto/pki"
+	"github.com/edgefl/edgefl/proto/wire"
 )
 
 // DefaultMetricsAddr is where `run` serves /metrics and /status, and where
@@ -477,7 +477,7 @@ func (f *serveFlags) embeddedBroker(topics wire.Topics, log *slog.Logger) (broke
 		PasswordFile: f.brokerPasswd, AllowAnonymous: f.allowAnonymous, MaxPacketSize: uint32(min(int64(f.maxPacket), math.MaxUint32)),
 		SessionExpiry: f.sessionExpiry, SiteQueue: f.siteQueue, Logger: log,
 		// The aggregator's limits, enforced by the broker before routing
-		// (broker/ratelimit.go): a flood never queues inside broker-agg.
+		// (node/broker/ratelimit.go): a flood never queues inside broker-agg.
 		RateLimit: ratelimit.Limits{Messages: f.rateMsgs, Burst: f.rateBurst, Bytes: f.rateBytes}}
 	if f.tlsCert != "" {
 		tc, err := pki.ServerTLSConfig(f.tlsCert, f.tlsKey, f.tlsClientCA)

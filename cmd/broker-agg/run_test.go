@@ -24,12 +24,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/broker"
-	"github.com/edgefl/edgefl/internal/testkit"
-	"github.com/edgefl/edgefl/model"
-	"github.com/edgefl/edgefl/schema"
-	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/data/schema"
+	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/broker"
+	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/testkit"
 )
 
 // runCLI runs broker-agg in-process and returns its exit code and output.

@@ -4,7 +4,7 @@ import (
 	"flag"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregator"
+	"github.com/edgefl/edgefl/node/aggregator"
 )
 
 // secAggFlags are the secure-aggregation flags of run, demo and simulate

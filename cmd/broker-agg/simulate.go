@@ -10,9 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregate"
-	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/data/bundle"
 	"github.com/edgefl/edgefl/internal/cli"
+	"github.com/edgefl/edgefl/learn/aggregate"
 	"github.com/edgefl/edgefl/sim"
 )
 

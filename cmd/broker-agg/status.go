@@ -15,12 +15,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/dp"
-	"github.com/edgefl/edgefl/evaluate"
 	"github.com/edgefl/edgefl/internal/cli"
-	"github.com/edgefl/edgefl/storage"
-	"github.com/edgefl/edgefl/wire"
+	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/learn/evaluate"
+	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/wire"
 )
 
 // runStatus prints the federation's current round and clients: from the

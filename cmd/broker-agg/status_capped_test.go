@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregator"
+	"github.com/edgefl/edgefl/node/aggregator"
 )
 
 // `status` names the sites whose updates were weighted below the sample

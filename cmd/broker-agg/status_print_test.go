@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/aggregator"
-	"github.com/edgefl/edgefl/evaluate"
+	"github.com/edgefl/edgefl/learn/evaluate"
+	"github.com/edgefl/edgefl/node/aggregator"
 )
 
 // `status` lists a site used by a second installation, with the holder and

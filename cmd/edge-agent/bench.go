@@ -20,8 +20,8 @@ import (
 
 	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/internal/clock"
-	"github.com/edgefl/edgefl/model"
-	"github.com/edgefl/edgefl/proxsolver"
+	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/learn/proxsolver"
 )
 
 // benchConfig is what `edge-agent bench` measures.

@@ -9,14 +9,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/edgefl/edgefl/agent"
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/dataset"
-	"github.com/edgefl/edgefl/model"
-	"github.com/edgefl/edgefl/prep"
-	"github.com/edgefl/edgefl/schema"
-	"github.com/edgefl/edgefl/sitedata"
-	"github.com/edgefl/edgefl/storage"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/data/dataset"
+	"github.com/edgefl/edgefl/data/prep"
+	"github.com/edgefl/edgefl/data/schema"
+	"github.com/edgefl/edgefl/data/sitedata"
+	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/node/agent"
+	"github.com/edgefl/edgefl/node/storage"
 )
 
 // maxSuggestedEpochs caps the suggested budget. A small model on a small

@@ -9,11 +9,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/internal/testkit"
-	"github.com/edgefl/edgefl/model"
-	"github.com/edgefl/edgefl/schema"
-	"github.com/edgefl/edgefl/sitedata"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/data/schema"
+	"github.com/edgefl/edgefl/data/sitedata"
+	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/testkit"
 )
 
 // writeSite writes a site's CSV of n rows (columns y, a, b, c, color and

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/edgefl/edgefl/agent"
 	"github.com/edgefl/edgefl/internal/cli"
+	"github.com/edgefl/edgefl/node/agent"
 )
 
 // The configuration file is plain text, one setting per line:

@@ -66,7 +66,7 @@ var forbiddenDeps = []struct {
 	{pattern: modulePath + "/sim/...", why: "the in-process simulator (virtual clients, plots) is broker-agg simulate's"},
 	{pattern: modulePath + "/broker/...", why: "the embedded-broker wrapper is broker-agg's"},
 	{pattern: modulePath + "/internal/crossarch/...", why: "test helpers for the qemu tests"},
-	{pattern: modulePath + "/internal/testkit/...", why: "the shared test kit (test logger, embedded test broker, leak check)"},
+	{pattern: modulePath + "/testkit/...", why: "the shared test kit (test logger, embedded test broker, leak check)"},
 }
 
 // allowedModules are the only modules other than the standard library and

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/edgefl/edgefl/bundle"
+	"github.com/edgefl/edgefl/data/bundle"
 	"github.com/edgefl/edgefl/internal/cli"
 )
 

@@ -8,20 +8,20 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgefl/edgefl/bundle"
-	"github.com/edgefl/edgefl/internal/testkit"
-	"github.com/edgefl/edgefl/model"
-	"github.com/edgefl/edgefl/prep"
-	"github.com/edgefl/edgefl/schema"
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/data/prep"
+	"github.com/edgefl/edgefl/data/schema"
+	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/testkit"
 )
 
-// writeTestBundle builds a bundle over schema/testdata's grades schema.
+// writeTestBundle builds a bundle over data/schema/testdata's grades schema.
 func writeTestBundle(t *testing.T, dir string) string {
-	s, err := schema.Load("../../schema/testdata/grades.json")
+	s, err := schema.Load("../../data/schema/testdata/grades.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	tab, err := s.ReadCSVFile("../../schema/testdata/site.csv")
+	tab, err := s.ReadCSVFile("../../data/schema/testdata/site.csv")
 	if err != nil {
 		t.Fatal(err)
 	}

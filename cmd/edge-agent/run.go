@@ -8,8 +8,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/edgefl/edgefl/agent"
 	"github.com/edgefl/edgefl/internal/cli"
+	"github.com/edgefl/edgefl/node/agent"
 )
 
 // runAgent runs the edge daemon until ctx is canceled (SIGINT/SIGTERM,

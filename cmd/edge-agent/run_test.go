@@ -14,9 +14,9 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
-	"github.com/edgefl/edgefl/internal/testkit"
-	"github.com/edgefl/edgefl/storage"
-	"github.com/edgefl/edgefl/wire"
+	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/wire"
+	"github.com/edgefl/edgefl/testkit"
 )
 
 const exampleConf = "../../deploy/edge-agent.example.conf"

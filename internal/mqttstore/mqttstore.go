@@ -8,7 +8,7 @@
 // re-sends the stored messages after setting their Dup flag; a QoS 1
 // message OnConnect has just published and the broker has not yet
 // acknowledged is the very object the writer is encoding (and
-// PublishPacket.Write sets its RemainingLength). `go test -race ./agent`
+// PublishPacket.Write sets its RemainingLength). `go test -race ./node/agent`
 // reported it (the agent publishes its online status and re-sends its
 // outbox from OnConnect). Upstream: eclipse-paho/paho.mqtt.golang#703
 // (open; #657 the same trace). The reproduction, and this workaround

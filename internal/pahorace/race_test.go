@@ -17,7 +17,7 @@
 // the writer's FixedHeader.pack (packets.go:267), and the message is sent
 // twice. edge-agent publishes its online status (and re-sends its outbox)
 // from OnConnect with a persistent session, which is how
-// `go test -race ./agent` meets it when the broker is slow to acknowledge.
+// `go test -race ./node/agent` meets it when the broker is slow to acknowledge.
 // OnConnect is paho's documented place to publish after a connection, and
 // its store hands out packets by pointer: the race is paho's. The daemons
 // work around it with package mqttstore's store (TestCopyingStoreAvoidsTheRace).
@@ -35,7 +35,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/edgefl/edgefl/internal/mqttstore"
-	"github.com/edgefl/edgefl/internal/testkit"
+	"github.com/edgefl/edgefl/testkit"
 )
 
 // noAck drops every publish without a PUBACK (a broker slow to

@@ -2,7 +2,7 @@
 // one rule used in two places: by broker-agg's embedded broker on every
 // publish of a site before it is routed (package broker), and by the
 // aggregator on every message it is delivered before it is decoded
-// (aggregator/ingest.go), which is the only limit when the broker is an
+// (node/aggregator/ingest.go), which is the only limit when the broker is an
 // external Mosquitto.
 //
 // A site has two token buckets: messages (Messages a second, up to Burst at

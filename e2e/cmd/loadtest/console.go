@@ -75,7 +75,7 @@ type consoleStatus struct {
 	} `json:"live"`
 }
 
-// pollConsole does what aggregator/console/console.js does in a shown tab
+// pollConsole does what node/aggregator/console/console.js does in a shown tab
 // until ctx ends: GET / (the initial status is in the page), its
 // stylesheet and script, then GET /status?compact=1&rounds_after=R&
 // evals_after=E POLL after each answer (0 after a new run id), R and E the

@@ -20,9 +20,9 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
-	"github.com/edgefl/edgefl/internal/localfed"
-	"github.com/edgefl/edgefl/quant"
-	"github.com/edgefl/edgefl/wire"
+	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/proto/wire"
+	"github.com/edgefl/edgefl/sim/localfed"
 )
 
 // ---- flood ----

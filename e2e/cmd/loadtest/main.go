@@ -85,9 +85,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/edgefl/edgefl/broker"
-	"github.com/edgefl/edgefl/dataset"
-	"github.com/edgefl/edgefl/internal/localfed"
+	"github.com/edgefl/edgefl/data/dataset"
+	"github.com/edgefl/edgefl/node/broker"
+	"github.com/edgefl/edgefl/sim/localfed"
 )
 
 func main() {

@@ -9,9 +9,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/edgefl/edgefl/agent"
-	"github.com/edgefl/edgefl/internal/localfed"
-	"github.com/edgefl/edgefl/wire"
+	"github.com/edgefl/edgefl/node/agent"
+	"github.com/edgefl/edgefl/proto/wire"
+	"github.com/edgefl/edgefl/sim/localfed"
 )
 
 // The per-round figures of scripts/bench-secagg.sh (`loadtest run

@@ -1,0 +1,469 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/data/prep"
+	"github.com/edgefl/edgefl/data/schema"
+	"github.com/edgefl/edgefl/data/sitedata"
+	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/wire"
+)
+
+// Outgoing is a statistics or evaluation message for the site's update
+// topic, re-sent until the aggregator receipts (Subject, Round).
+type Outgoing struct {
+	Subject wire.ReceiptSubject // STATISTICS or EVALUATION
+	RunID   string
+	Round   uint64 // 0 for statistics; the eval round for an evaluation
+	Msg     []byte // the encoded envelope
+}
+
+// ErrFinished is the cancellation cause of a local solve when the
+// aggregator announces the end of the run: nothing is committed.
+var ErrFinished = errors.New("agent: the aggregator finished the run")
+
+// diskErr is a site error "disk" for a failure of the state file.
+func (h *RoundHandler) diskErr(err error) error {
+	if errors.Is(err, storage.ErrCorrupt) {
+		return err // a damaged state file stops the agent (failIfDamaged)
+	}
+	file := h.Store.Path()
+	if file == "" {
+		file = "state file" // closed under us: bbolt forgets the path
+	}
+	return sitedata.NewError(sitedata.ReasonDisk, file, err)
+}
+
+// solveErr is a site error "solve_failed", unless the solve was canceled
+// (then the cancellation cause is wrapped, as Handle's callers expect).
+func solveErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w: %w", err, context.Cause(ctx))
+	}
+	return sitedata.NewError(sitedata.ReasonSolveFailed, "", err)
+}
+
+// badTransform is a site error about the schema, transform or bundle the
+// aggregator sent.
+func badTransform(what string, err error) error {
+	return &sitedata.SiteError{Reason: sitedata.ReasonBadTransform, Problem: what + " refused: " + err.Error(), Err: err}
+}
+
+// handleFederated handles what a federation with a schema announces, and
+// the end of any run (PHASE_FINISHED):
+//
+//   - PHASE_STATISTICS: read the CSV by the schema (sitedata.Load) and
+//     emit the SiteStatistics of the training rows;
+//   - PHASE_TRAIN: the training data are sitedata's Data(transform), cached
+//     per run, schema and transform; with evaluate, the EvalReport of the
+//     global model on the held-out rows is emitted first (selected or
+//     not); then the round is trained as without a schema;
+//   - PHASE_FINISHED: the final evaluation when asked and no bundle yet;
+//     with the bundle: verify it (bundle.Unmarshal checks the digest),
+//     store it and write it atomically to ModelOut. Nothing is solved.
+//
+// A problem with the site's data is a *sitedata.SiteError (the agent
+// publishes it in its status), as are a schema, transform or bundle
+// refused (bad_transform), a solve that fails and a disk error.
+func (h *RoundHandler) handleFederated(ctx context.Context, ann *wire.RoundAnnouncement, res Result, invited bool) (Result, error) {
+	switch ann.GetPhase() {
+	case wire.Phase_PHASE_STATISTICS:
+		return h.statistics(ann, res)
+	case wire.Phase_PHASE_FINISHED:
+		return h.finish(ann, res)
+	}
+	s, err := h.schemaOf(ann)
+	if err != nil {
+		return res, err
+	}
+	if len(ann.GetTransform()) == 0 {
+		return res, badTransform("announcement", errors.New("a training round with a schema but no transform"))
+	}
+	train, holdout, err := h.site.data(h, ann.RunId, s, ann.GetTransform())
+	if err != nil {
+		return res, err
+	}
+	if s.Declared() {
+		// No statistics phase refused the site: the rule applies here.
+		if err := h.site.site.site.EnoughRows(); err != nil {
+			return res, err
+		}
+	}
+	res.SampleCount = train.N
+	if ann.GetEvaluate() {
+		if err := h.evaluate(ann, holdout, &res); err != nil {
+			return res, err
+		}
+	}
+	if train.N == 0 {
+		return res, &sitedata.SiteError{Reason: sitedata.ReasonTooFewRows, File: h.DataFile, Problem: "no training rows", Expected: "at least one training row"}
+	}
+	return h.train(ctx, ann, train, res, invited)
+}
+
+// schemaOf parses the announced schema.
+func (h *RoundHandler) schemaOf(ann *wire.RoundAnnouncement) (*schema.Schema, error) {
+	if h.DataFile == "" {
+		return nil, &sitedata.SiteError{Reason: sitedata.ReasonData, Problem: "the federation reads the sites' data by a schema",
+			Expected: "data = csv:PATH (this site's data is not a csv file)"}
+	}
+	s, err := schema.Parse(ann.GetSchema())
+	if err != nil {
+		return nil, badTransform("schema", err)
+	}
+	return s, nil
+}
+
+// statistics is the statistics phase: emit this site's SiteStatistics.
+func (h *RoundHandler) statistics(ann *wire.RoundAnnouncement, res Result) (Result, error) {
+	s, err := h.schemaOf(ann)
+	if err != nil {
+		return res, err
+	}
+	if s.Declared() {
+		// Nothing to fit: a schema that declares its preprocessing never
+		// needs a site's statistics, and a --dp run relies on none being
+		// sent (docs/privacy.md, "Preprocessing under DP").
+		return res, badTransform("statistics phase", errors.New("the schema declares its preprocessing: this site sends no statistics"))
+	}
+	st, err := h.site.load(h, ann.RunId, s)
+	if err != nil {
+		return res, err
+	}
+	res.SampleCount = len(st.site.Train)
+	if h.receipted(wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, ann.RunId, 0) {
+		res.Action, res.Healthy = ActionDone, true
+		return res, nil
+	}
+	stats, err := st.site.Statistics()
+	if err != nil {
+		return res, err
+	}
+	raw, err := json.Marshal(stats)
+	if err != nil {
+		return res, fmt.Errorf("agent: statistics: %w", err)
+	}
+	msg, err := wire.Encode(&wire.SiteStatistics{
+		ClientId: h.ClientID, RunId: ann.RunId, SchemaDigest: s.Digest(), Stats: raw,
+		SentAtUnixMs: max(h.clock().Now().UnixMilli(), 0),
+	})
+	if err != nil {
+		return res, fmt.Errorf("agent: statistics: %w", err)
+	}
+	if err := h.fits(msg, "statistics"); err != nil {
+		return res, err
+	}
+	h.emit(&res, Outgoing{Subject: wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, RunID: ann.RunId, Msg: msg})
+	res.Action, res.Healthy = ActionStatistics, true
+	return res, nil
+}
+
+// evaluate emits the EvalReport of the announced global model on the
+// held-out rows, named by the announcement's eval round.
+func (h *RoundHandler) evaluate(ann *wire.RoundAnnouncement, holdout model.Data, res *Result) error {
+	round := uint64(ann.GetEvalRound())
+	if h.receipted(wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, ann.RunId, round) {
+		res.Healthy = true
+		return nil
+	}
+	spec, err := modelSpec(ann.Model)
+	if err != nil {
+		return bad(ann.Round, "%v", err)
+	}
+	m, err := model.New(spec)
+	if err != nil {
+		return bad(ann.Round, "%v", err)
+	}
+	x, err := decodeGlobal(ann, m.NumParams())
+	if err != nil {
+		return err
+	}
+	rep, err := sitedata.Evaluate(spec, x, holdout)
+	if err != nil {
+		return bad(ann.Round, "evaluation of the global model: %v", err)
+	}
+	raw, err := json.Marshal(rep)
+	if err != nil {
+		return fmt.Errorf("agent: evaluation: %w", err)
+	}
+	msg, err := wire.Encode(&wire.EvalReport{
+		ClientId: h.ClientID, RunId: ann.RunId, Round: round, Report: raw,
+		SentAtUnixMs: max(h.clock().Now().UnixMilli(), 0),
+	})
+	if err != nil {
+		return fmt.Errorf("agent: evaluation: %w", err)
+	}
+	if err := h.fits(msg, "evaluation report"); err != nil {
+		return err
+	}
+	h.emit(res, Outgoing{Subject: wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, RunID: ann.RunId, Round: round, Msg: msg})
+	h.log().Info("evaluation sent", "eval_round", round, "n", rep.N, "loss", rep.Loss, "accuracy", rep.Accuracy)
+	res.Healthy = true
+	return nil
+}
+
+// decodeGlobal decodes the announced global model of a model with dim
+// parameters (the frame says its codec).
+func decodeGlobal(ann *wire.RoundAnnouncement, dim int) ([]float64, error) {
+	r := ann.Round
+	if int64(ann.Global.GetDimension()) != int64(dim) {
+		return nil, bad(r, "global model has dimension %d, the %s model has %d parameters", ann.Global.GetDimension(), ann.Model.GetKind(), dim)
+	}
+	info, err := quant.Inspect(ann.Global.GetPayload())
+	if err != nil {
+		return nil, bad(r, "global model frame: %v", err)
+	}
+	if info.Dim != dim {
+		return nil, bad(r, "global model frame has dimension %d, want %d", info.Dim, dim)
+	}
+	c, err := quant.ParseWithLimits("fp32", quant.Limits{MaxDim: dim})
+	if err != nil {
+		return nil, err
+	}
+	x, err := c.Decode(ann.Global.GetPayload(), nil)
+	if err != nil || len(x) != dim {
+		return nil, bad(r, "global model frame: %d values, %v", len(x), err)
+	}
+	return x, nil
+}
+
+// finish is PHASE_FINISHED (see handleFederated).
+func (h *RoundHandler) finish(ann *wire.RoundAnnouncement, res Result) (Result, error) {
+	if len(ann.GetSchema()) == 0 {
+		res.Action = ActionFinished // nothing to store: no bundle without a schema
+		return res, nil
+	}
+	if f, err := h.Store.Final(); err == nil && f.RunID == ann.RunId {
+		// Stored before (a re-delivered announcement): make sure the
+		// file is there, and nothing else.
+		if _, err := h.RestoreModelOut(f); err != nil {
+			return res, err
+		}
+		res.Action, res.Final = ActionDone, &f
+		return res, nil
+	} else if err != nil && !errors.Is(err, storage.ErrNotFound) {
+		return res, h.diskErr(err)
+	}
+	raw := ann.GetBundle()
+	if len(raw) == 0 {
+		res.Action = ActionFinishing
+		if !ann.GetEvaluate() {
+			return res, nil
+		}
+		s, err := h.schemaOf(ann)
+		if err != nil {
+			return res, err
+		}
+		train, holdout, err := h.site.data(h, ann.RunId, s, ann.GetTransform())
+		if err != nil {
+			return res, err
+		}
+		res.SampleCount = train.N
+		return res, h.evaluate(ann, holdout, &res)
+	}
+	b, err := bundle.Unmarshal(raw)
+	if err != nil {
+		return res, badTransform("final model bundle", err)
+	}
+	s, err := schema.Parse(ann.GetSchema())
+	if err != nil {
+		return res, badTransform("schema", err)
+	}
+	if got, want := b.Schema.Digest(), s.Digest(); got != want {
+		return res, badTransform("final model bundle", fmt.Errorf("its schema %.12s is not the federation's %.12s", got, want))
+	}
+	if id := b.Provenance.RunID; id != "" && ann.RunId != "" && id != ann.RunId {
+		return res, badTransform("final model bundle", fmt.Errorf("it is of run %s, the announcement of run %s", id, ann.RunId))
+	}
+	f := storage.Final{RunID: ann.RunId, Round: ann.Round, Digest: b.Digest, Bundle: slices.Clone(raw)}
+	if err := h.Store.SetFinal(f); err != nil {
+		return res, h.diskErr(err)
+	}
+	if err := h.writeModelOut(raw); err != nil {
+		return res, err
+	}
+	res.Action, res.Final, res.Healthy = ActionFinished, &f, true
+	return res, nil
+}
+
+// ErrModelOut is wrapped by the site error (disk) of a final bundle that
+// is stored but could not be written to model_out (disk full, read-only):
+// the agent writes it again later (session: modelOutKey) until it can.
+var ErrModelOut = errors.New("model_out not written")
+
+// writeModelOut writes the final bundle raw to model_out. When that fails,
+// a model_out holding something else (the previous run's final model,
+// which looks valid) is moved aside to model_out + ".stale", or removed
+// when it cannot be moved, so that nothing takes it for this run's model;
+// the error is a site error (disk) wrapping ErrModelOut.
+func (h *RoundHandler) writeModelOut(raw []byte) error {
+	write := h.WriteFile
+	if write == nil {
+		write = bundle.WriteFileAtomic
+	}
+	err := write(h.ModelOut, raw)
+	if err == nil {
+		return nil
+	}
+	if old, rerr := os.ReadFile(h.ModelOut); rerr == nil && !bytes.Equal(old, raw) {
+		aside := h.ModelOut + ".stale"
+		if merr := os.Rename(h.ModelOut, aside); merr != nil {
+			aside = "(removed)"
+			if merr := os.Remove(h.ModelOut); merr != nil {
+				aside = "(could not be moved or removed: " + merr.Error() + ")"
+			}
+		}
+		h.log().Warn("model_out held an older model (a previous run's): set aside so that it is not taken for this run's final model",
+			"path", h.ModelOut, "moved_to", aside)
+	}
+	return sitedata.NewError(sitedata.ReasonDisk, h.ModelOut, fmt.Errorf("%w: %w", ErrModelOut, err))
+}
+
+// RestoreModelOut writes a stored final bundle to ModelOut unless the file
+// already holds exactly its bytes (a crash between storing and writing, a
+// deleted file or a new model_out path), verifying it first. It reports
+// whether it wrote.
+func (h *RoundHandler) RestoreModelOut(f storage.Final) (bool, error) {
+	if old, err := os.ReadFile(h.ModelOut); err == nil && bytes.Equal(old, f.Bundle) {
+		return false, nil
+	}
+	if _, err := bundle.Unmarshal(f.Bundle); err != nil {
+		return false, sitedata.NewError(sitedata.ReasonDisk, h.Store.Path(), fmt.Errorf("the stored final bundle: %w", err))
+	}
+	if err := h.writeModelOut(f.Bundle); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+func (h *RoundHandler) receipted(subject wire.ReceiptSubject, run string, round uint64) bool {
+	return h.Receipted != nil && h.Receipted(subject, run, round)
+}
+
+func (h *RoundHandler) emit(res *Result, o Outgoing) {
+	res.Out = append(res.Out, o)
+	if h.Emit != nil {
+		h.Emit(o)
+	}
+}
+
+// fits checks an encoded message against the message size limit.
+func (h *RoundHandler) fits(msg []byte, what string) error {
+	if lim := h.Limits.MaxMessageBytes; lim > 0 && len(msg) > lim {
+		return fmt.Errorf("agent: %s is %d bytes, over the %d-byte message limit", what, len(msg), lim)
+	}
+	return nil
+}
+
+// siteCache holds the site's data as the federation's schema reads it:
+// loaded once per run and schema, transformed once per transform.
+type siteCache struct {
+	key  string // run id, schema digest
+	site *loadedSite
+
+	trKey          [sha256.Size]byte // the transform's bytes
+	train, holdout model.Data
+}
+
+// loadedSite is the site's CSV (and eval CSV) read by a schema.
+type loadedSite struct {
+	site *sitedata.Site
+	eval *schema.Table // Config.EvalData's rows, nil without it
+}
+
+// load reads the site's data by s (cached per run and schema). With an
+// eval file, every row of the data file is a training row and the eval
+// file's rows are the held-out rows.
+func (c *siteCache) load(h *RoundHandler, run string, s *schema.Schema) (*loadedSite, error) {
+	key := run + "\x00" + s.Digest()
+	if c.site != nil && c.key == key {
+		return c.site, nil
+	}
+	c.key, c.site, c.trKey = "", nil, [sha256.Size]byte{}
+	st, err := sitedata.Load(s, h.DataFile)
+	if err != nil {
+		return nil, err
+	}
+	ls := &loadedSite{site: st}
+	if h.EvalFile != "" {
+		st.Train, st.Holdout = make([]int, st.Table.Rows), nil
+		for i := range st.Train {
+			st.Train[i] = i
+		}
+		ev, err := sitedata.Load(s, h.EvalFile)
+		if err != nil {
+			return nil, err
+		}
+		ls.eval = ev.Table
+	}
+	lg := h.log()
+	lg.Info("site data read by the federation schema", "file", h.DataFile, "eval_file", h.EvalFile,
+		"schema", s.Digest()[:12], "rows", st.Table.Rows, "training_rows", len(st.Train), "held_out_rows", ls.heldOut())
+	if len(st.Table.Extra) > 0 {
+		lg.Info("columns the schema does not use are ignored", "file", h.DataFile, "columns", st.Table.Extra)
+	}
+	if h.DataLabel != "" && h.DataLabel != s.Label.Column {
+		lg.Warn("data's label= is ignored: the federation schema names the label column", "label", h.DataLabel, "schema_label", s.Label.Column)
+	}
+	if st.Table.SingleClass() {
+		lg.Warn("all of this site's rows are of one class (allowed; it trains and reports as usual)", "file", h.DataFile)
+	}
+	if ls.heldOut() == 0 {
+		lg.Warn("no held-out rows: evaluation reports will say n = 0", "holdout", s.Holdout, "eval_file", h.EvalFile)
+	}
+	c.key, c.site = key, ls
+	return ls, nil
+}
+
+func (ls *loadedSite) heldOut() int {
+	if ls.eval != nil {
+		return ls.eval.Rows
+	}
+	return len(ls.site.Holdout)
+}
+
+// data is the site's training and held-out data under the announced
+// transform (JSON of prep.Transform), cached per run, schema and
+// transform.
+func (c *siteCache) data(h *RoundHandler, run string, s *schema.Schema, rawTr []byte) (train, holdout model.Data, err error) {
+	ls, err := c.load(h, run, s)
+	if err != nil {
+		return train, holdout, err
+	}
+	key := sha256.Sum256(rawTr)
+	if key == c.trKey {
+		return c.train, c.holdout, nil
+	}
+	var tr prep.Transform
+	dec := json.NewDecoder(bytes.NewReader(rawTr))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&tr); err != nil {
+		return train, holdout, badTransform("transform", err)
+	}
+	if train, holdout, err = ls.site.Data(&tr); err != nil {
+		return train, holdout, err
+	}
+	if ls.eval != nil {
+		own, err := ls.site.Transform(&tr) // the training rows' (standardize = client)
+		if err != nil {
+			return train, holdout, err
+		}
+		holdout = model.Data{D: own.Outputs, X: []float64{}, Y: []float64{}}
+		if ls.eval.Rows > 0 {
+			holdout = own.Apply(ls.eval, nil)
+		}
+	}
+	c.trKey, c.train, c.holdout = key, train, holdout
+	return train, holdout, nil
+}

@@ -1,0 +1,127 @@
+package aggregator
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/proto/wire"
+)
+
+// quietClient is an MQTT client whose publishes complete at once: the
+// shell's per-update path measured without a broker.
+type quietClient struct{ mqtt.Client }
+
+type doneToken struct{}
+
+var closedCh = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+func (doneToken) Wait() bool                     { return true }
+func (doneToken) WaitTimeout(time.Duration) bool { return true }
+func (doneToken) Done() <-chan struct{}          { return closedCh }
+func (doneToken) Error() error                   { return nil }
+
+func (quietClient) Publish(string, byte, bool, any) mqtt.Token { return doneToken{} }
+
+// acceptBench is a server on a real bbolt file with clients sites online
+// and round 1 announced to all of them, driven without MQTT.
+type acceptBench struct {
+	s   *Server
+	ctx context.Context
+	ups []*inUpdate
+}
+
+func newAcceptBench(tb testing.TB, sites int) *acceptBench {
+	tb.Helper()
+	clk := clock.NewFake(start0)
+	cfg := ServerConfig{Federation: testFed, BrokerURL: "tcp://unused", K: sites, QuorumFraction: 1, RoundTimeout: time.Hour,
+		Algorithm: AlgoFedAvg, Model: testModel, StatePath: filepath.Join(tb.TempDir(), "state.db"), Clock: clk,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Params: Params{Solver: "sgd", LR: 0.1, MaxEpochs: 1, Gamma: 0.5}}
+	s, err := NewServer(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.store.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	tb.Cleanup(cancel)
+	s.runCtx, s.client = ctx, quietClient{}
+	b := &acceptBench{s: s, ctx: ctx}
+	for i := range sites {
+		id := fmt.Sprintf("site-%03d", i)
+		if err := s.onStatus(ctx, &wire.ClientStatus{ClientId: id, Online: true, SampleCount: 10}); err != nil {
+			tb.Fatal(err)
+		}
+		m := &wire.ClientUpdate{ClientId: id, Round: 1, Kind: wire.UpdateKind_UPDATE_KIND_FULL,
+			Vector: &wire.Vector{Codec: "fp32", Dimension: 6, Payload: fp32Frame(tb, vec(1))}, SampleCount: 10,
+			Report: &wire.WorkReport{AnchorLoss: 0.5, Epochs: 1, StopReason: wire.StopReason_STOP_REASON_MAX_EPOCHS}, Seq: 1}
+		raw, err := wire.Encode(m)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		b.ups = append(b.ups, &inUpdate{msg: m, raw: raw, vec: vec(1)})
+	}
+	if s.coord.Phase() != PhaseCollecting {
+		tb.Fatalf("round 1 not announced: phase %s", s.coord.Phase())
+	}
+	return b
+}
+
+// BenchmarkAcceptUpdates is the aggregator shell's cost of accepted
+// updates: one op is 99 updates of a round of 100 sites (the round stays
+// open), each proposed, stored in the round log and receipted as the event
+// loop does, on a real bbolt file (fsync included). cpu-ns/op is the
+// process's CPU time: steadier than the wall time on a loaded machine.
+func BenchmarkAcceptUpdates(b *testing.B) {
+	const sites = 100
+	var cpu time.Duration
+	defer func() { b.ReportMetric(float64(cpu)/float64(b.N), "cpu-ns/op") }()
+	for range b.N {
+		b.StopTimer()
+		ab := newAcceptBench(b, sites)
+		b.StartTimer()
+		start := cpuNow()
+		for _, u := range ab.ups[:sites-1] {
+			if err := ab.s.onUpdate(ab.ctx, u); err != nil {
+				b.Fatal(err)
+			}
+		}
+		cpu += cpuNow() - start
+		b.StopTimer()
+		if n := ab.s.coord.Counters().Accepted; n != sites-1 {
+			b.Fatalf("accepted %d, want %d", n, sites-1)
+		}
+		ab.s.store.Close()
+		b.StartTimer()
+	}
+}
+
+func fp32Frame(tb testing.TB, v []float64) []byte {
+	tb.Helper()
+	c, err := quant.Parse("fp32")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	f, err := c.Encode(nil, v, nil, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return f
+}
+
+// cpuNow is the process's user and system CPU time.
+func cpuNow() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}

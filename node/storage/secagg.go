@@ -1,0 +1,408 @@
+package storage
+
+import (
+	"bytes"
+	crand "crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Secure aggregation's records (docs/secagg.md, "Persistence"). Like the
+// federation schema's buckets (agg_fed.go), each bucket is created by its
+// first write, so a run without --secagg writes exactly the file it wrote
+// before (no migration; an older binary refuses a file holding them as
+// having an unknown bucket).
+//
+// Aggregator:
+//
+//	secagg       server = round u64 | attempt u32 | the secagg.Server state
+//	             (written at each phase advance, alone in its transaction
+//	             with the deletion of the messages it has taken in; the
+//	             coordinator's state, written before, cleared their replay
+//	             log entries)
+//	secagg_msgs  round u64 | attempt u32 | kind u8 | client id -> stored
+//	             at (unix ns u64) | the encoded wire message as received (a
+//	             site's message of the open phase, stored before it is
+//	             counted, with a replay log entry of kind LogSecAgg in the
+//	             same transaction: after a restart the coordinator replays
+//	             it and the secagg.Server takes it again; kind
+//	             SecAggViewKind: a site's signed view of the session,
+//	             PutSecAggView, without a replay log entry)
+//
+// Edge:
+//
+//	secagg       state = the agent's record of its session (opaque here:
+//	             round, attempt, its quantised input and the secagg.Client
+//	             state with its private keys; a secret, like the whole file)
+//	             noise_key = 32 bytes from crypto/rand, drawn once per run:
+//	             the key of the site's distributed-DP noise (dp.NoiseRand)
+var (
+	bucketSecAgg     = []byte("secagg")
+	bucketSecAggMsgs = []byte("secagg_msgs")
+
+	keySecAggServer = []byte("server")
+	keySecAggEdge   = []byte("state")
+	keySecAggNoise  = []byte("noise_key")
+)
+
+func init() {
+	ourBuckets = append(ourBuckets, string(bucketSecAgg), string(bucketSecAggMsgs))
+	aggSchema.layout[string(bucketSecAgg)] = []string{string(keySecAggServer)}
+	aggSchema.layout[string(bucketSecAggMsgs)] = nil
+	edgeSchema.layout[string(bucketSecAgg)] = []string{string(keySecAggEdge), string(keySecAggNoise)}
+}
+
+// secAggAdvertiseKind is secagg.KindAdvertiseKeys (kept by PutSecAggServer).
+const secAggAdvertiseKind = 1
+
+// SecAggViewKind is the kind byte under which PutSecAggView keeps a site's
+// signed view of a session in secagg_msgs: not a secagg message kind (no
+// replay log entry; the coordinator counts nothing of it), and above every
+// phase's keepFromKind, so it stays until another session's state replaces
+// the session's (PutSecAggServer).
+const SecAggViewKind = 0x80
+
+// PutSecAggView keeps site client's signed view of session (round,
+// attempt) (signed secure aggregation: its MaskedInput's view_signature),
+// replacing any. One transaction.
+func (s *AggStore) PutSecAggView(round uint64, attempt uint32, client string, sig []byte, at time.Time) error {
+	if err := checkName("client id", client); err != nil {
+		return err
+	}
+	if len(sig) == 0 || round == 0 {
+		return fmt.Errorf("storage: put secagg view: %w: round %d, %d bytes", ErrInvalid, round, len(sig))
+	}
+	err := s.db.Update(func(tx *wtx) error {
+		b, err := mkBucket(tx, bucketSecAggMsgs)
+		if err != nil {
+			return err
+		}
+		return sput(b, secAggKey(round, attempt, SecAggViewKind, client), encodeRecord(at, sig))
+	})
+	if err != nil {
+		return fmt.Errorf("storage: put secagg view of %q (round %d, attempt %d): %w", client, round, attempt, err)
+	}
+	return nil
+}
+
+// ErrConflict: a second, different message under a key that holds one.
+var ErrConflict = errors.New("storage: a different message is stored under this key")
+
+func secAggKey(round uint64, attempt uint32, kind uint8, client string) []byte {
+	k := binary.BigEndian.AppendUint64(make([]byte, 0, 13+len(client)), round)
+	k = binary.BigEndian.AppendUint32(k, attempt)
+	return append(append(k, kind), client...)
+}
+
+// SecAggRecord is one stored secure-aggregation message.
+type SecAggRecord struct {
+	Round    uint64
+	Attempt  uint32
+	Kind     uint8
+	ClientID string
+	StoredAt time.Time // set by SecAggMessages
+	Msg      []byte
+}
+
+// PutSecAggMessage stores a site's secure-aggregation message under
+// (round, attempt, kind, client) with the time it was stored, and appends
+// its replay log entry (node/storage/log.go) in the same transaction, returning
+// its index. The same bytes again store nothing (index 0); different bytes
+// fail with ErrConflict. One transaction.
+func (s *AggStore) PutSecAggMessage(r SecAggRecord, at time.Time) (index uint64, err error) {
+	if err := checkName("client id", r.ClientID); err != nil {
+		return 0, err
+	}
+	if len(r.Msg) == 0 || r.Round == 0 {
+		return 0, fmt.Errorf("%w: secagg message of round %d with %d bytes", ErrInvalid, r.Round, len(r.Msg))
+	}
+	k := secAggKey(r.Round, r.Attempt, r.Kind, r.ClientID)
+	err = s.db.Update(func(tx *wtx) error {
+		b, err := mkBucket(tx, bucketSecAggMsgs)
+		if err != nil {
+			return err
+		}
+		old, err := sget(b, k, "secagg message")
+		if err != nil {
+			return err
+		}
+		if old != nil {
+			rec, err := decodeRecord(r.Round, []byte(r.ClientID), old, "secagg message")
+			if err != nil {
+				return err
+			}
+			if !bytes.Equal(rec.Msg, r.Msg) {
+				return ErrConflict
+			}
+			return nil
+		}
+		if err := sput(b, k, encodeRecord(at, r.Msg)); err != nil {
+			return err
+		}
+		index, err = appendLog(tx, LogSecAgg, r.Round, secAggLogClient(r.Attempt, r.Kind, r.ClientID))
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("storage: put secagg message %d of %q (round %d, attempt %d): %w", r.Kind, r.ClientID, r.Round, r.Attempt, err)
+	}
+	return index, nil
+}
+
+// secAggLogClient is the client part of a LogSecAgg entry: the rest of
+// the message's key after the round (attempt u32 | kind u8 | client id).
+func secAggLogClient(attempt uint32, kind uint8, client string) string {
+	return string(secAggKey(0, attempt, kind, client)[8:])
+}
+
+// parseSecAggLog splits a LogSecAgg entry's client part (secAggLogClient).
+func parseSecAggLog(e *Logged) error {
+	if len(e.ClientID) < 6 {
+		return fmt.Errorf("%w: secagg log entry %d of %d bytes", ErrCorrupt, e.Index, len(e.ClientID))
+	}
+	b := []byte(e.ClientID)
+	e.Attempt, e.SecAggKind, e.ClientID = binary.BigEndian.Uint32(b), b[4], string(b[5:])
+	return nil
+}
+
+// SecAggMessages returns the stored messages of (round, attempt) in key
+// order (kind, then client id). A read transaction.
+func (s *AggStore) SecAggMessages(round uint64, attempt uint32) ([]SecAggRecord, error) {
+	var out []SecAggRecord
+	prefix := secAggKey(round, attempt, 0, "")[:12]
+	err := s.viewWritten(bucketSecAggMsgs, func(b *wbucket) error {
+		return sforEach(b, "secagg_msgs", func(k, v []byte) error {
+			if len(k) < 14 {
+				return fmt.Errorf("%w: secagg message key of %d bytes", ErrCorrupt, len(k))
+			}
+			if !bytes.HasPrefix(k, prefix) {
+				return nil
+			}
+			rec, err := decodeRecord(round, k[13:], v, "secagg message")
+			if err != nil {
+				return err
+			}
+			out = append(out, SecAggRecord{Round: round, Attempt: attempt, Kind: k[12], ClientID: rec.ClientID, StoredAt: rec.StoredAt, Msg: rec.Msg})
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("storage: secagg messages: %w", err)
+	}
+	return out, nil
+}
+
+// PutSecAggServer stores the server state of session (round, attempt) and,
+// in the same transaction, deletes every stored message it has taken in:
+// those of other sessions and those of this one with a kind below
+// keepFromKind, but its AdvertiseKeys (kind 1), kept until the next
+// session's state replaces this one. The replay log must name none of them (the coordinator's
+// state that counts them is written first, which clears the log): a
+// message it names is refused with ErrInvalid, and nothing is written. One
+// transaction.
+func (s *AggStore) PutSecAggServer(round uint64, attempt uint32, state []byte, keepFromKind uint8) error {
+	if len(state) == 0 || round == 0 {
+		return fmt.Errorf("storage: put secagg server: %w: round %d, %d bytes", ErrInvalid, round, len(state))
+	}
+	v := binary.BigEndian.AppendUint64(make([]byte, 0, 12+len(state)), round)
+	v = binary.BigEndian.AppendUint32(v, attempt)
+	v = append(v, state...)
+	prefix := secAggKey(round, attempt, 0, "")[:12]
+	// The session's AdvertiseKeys (kind 1) stay until another session's
+	// state replaces this one: they name each site's base round in FedSplit's
+	// sum mode, which the round's close needs (the joiners).
+	doomed := func(k []byte) bool {
+		return !bytes.HasPrefix(k, prefix) || len(k) < 13 || (k[12] < keepFromKind && k[12] != secAggAdvertiseKind)
+	}
+	err := s.db.Update(func(tx *wtx) error {
+		b, err := mkBucket(tx, bucketSecAgg)
+		if err != nil {
+			return err
+		}
+		if err := sput(b, keySecAggServer, v); err != nil {
+			return err
+		}
+		_, logged, err := readLog(tx, false)
+		if err != nil {
+			return err
+		}
+		for _, e := range logged {
+			if e.Kind != LogSecAgg {
+				continue
+			}
+			if doomed(secAggKey(e.Round, e.Attempt, e.SecAggKind, e.ClientID)) {
+				return fmt.Errorf("%w: replay log entry %d names the secagg message %d of %q (round %d, attempt %d), which the advance would drop: the coordinator's state must be written first", ErrInvalid, e.Index, e.SecAggKind, e.ClientID, e.Round, e.Attempt)
+			}
+		}
+		mb, _ := optBucket(tx, bucketSecAggMsgs)
+		if mb == nil {
+			return nil
+		}
+		var del [][]byte
+		if err := mb.ForEach(func(k, _ []byte) error {
+			if doomed(k) {
+				del = append(del, bytes.Clone(k))
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, k := range del {
+			if err := mb.Delete(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("storage: put secagg server: %w", err)
+	}
+	return nil
+}
+
+// SecAggServer returns the stored server state and its session, or
+// ErrNotFound. A read transaction.
+func (s *AggStore) SecAggServer() (round uint64, attempt uint32, state []byte, err error) {
+	found := false
+	err = s.viewWritten(bucketSecAgg, func(b *wbucket) error {
+		v, err := sget(b, keySecAggServer, "secagg/server")
+		if err != nil {
+			return err
+		}
+		if v == nil {
+			return fmt.Errorf("%w: secagg server state", ErrNotFound)
+		}
+		if len(v) <= 12 {
+			return fmt.Errorf("%w: secagg server state of %d bytes", ErrCorrupt, len(v))
+		}
+		round, attempt = binary.BigEndian.Uint64(v), binary.BigEndian.Uint32(v[8:])
+		state, found = bytes.Clone(v[12:]), true
+		return nil
+	})
+	if err == nil && !found {
+		err = fmt.Errorf("%w: secagg server state", ErrNotFound)
+	}
+	return round, attempt, state, err
+}
+
+// SetSecAgg stores the agent's secure-aggregation record together with the
+// outbox entry of round (the message it sends next) in one transaction:
+// commit, then publish. round must be the applied round (Commit wrote the
+// round's first record and message). A nil msg leaves the outbox as it is.
+func (s *EdgeStore) SetSecAgg(round uint64, rec, msg []byte) error {
+	if len(rec) == 0 {
+		return fmt.Errorf("storage: set secagg: %w: empty record", ErrInvalid)
+	}
+	err := s.db.Update(func(tx *wtx) error {
+		eb, err := bucket(tx, bucketEdge)
+		if err != nil {
+			return err
+		}
+		applied, err := getU64(eb, keyAppliedRound)
+		if err != nil {
+			return err
+		}
+		if round != applied {
+			return fmt.Errorf("%w: secagg record of round %d, the applied round is %d", ErrStale, round, applied)
+		}
+		b, err := mkBucket(tx, bucketSecAgg)
+		if err != nil {
+			return err
+		}
+		if err := sput(b, keySecAggEdge, rec); err != nil {
+			return err
+		}
+		if msg == nil {
+			return nil
+		}
+		out, err := bucket(tx, bucketOutbox)
+		if err != nil {
+			return err
+		}
+		return sput(out, encodeU64(round), msg)
+	})
+	if err != nil {
+		return fmt.Errorf("storage: set secagg: %w", err)
+	}
+	return nil
+}
+
+// SecAgg returns the agent's secure-aggregation record, or ErrNotFound. A
+// read transaction.
+func (s *EdgeStore) SecAgg() ([]byte, error) {
+	var out []byte
+	err := s.db.View(func(tx *wtx) error {
+		b, _ := optBucket(tx, bucketSecAgg)
+		if b == nil {
+			return fmt.Errorf("%w: secagg record", ErrNotFound)
+		}
+		v, err := sget(b, keySecAggEdge, "secagg/state")
+		if err != nil {
+			return err
+		}
+		if v == nil {
+			return fmt.Errorf("%w: secagg record", ErrNotFound)
+		}
+		out = bytes.Clone(v)
+		return nil
+	})
+	return out, err
+}
+
+// AckIf removes the outbox entry of round if match says it is the one a
+// receipt answers (a receipt of an earlier secagg message of the round must
+// not remove the next one's entry), and reports whether it did. One
+// transaction.
+func (s *EdgeStore) AckIf(round uint64, match func(msg []byte) bool) (bool, error) {
+	found := false
+	err := s.db.Update(func(tx *wtx) error {
+		b, err := bucket(tx, bucketOutbox)
+		if err != nil {
+			return err
+		}
+		k := encodeU64(round)
+		v, err := sget(b, k, "outbox entry")
+		if err != nil || v == nil || !match(v) {
+			return err
+		}
+		found = true
+		return b.Delete(k)
+	})
+	if err != nil {
+		return false, fmt.Errorf("storage: ack round %d: %w", round, err)
+	}
+	return found, nil
+}
+
+// SecAggNoiseKey returns the site's distributed-DP noise key, drawing it
+// from crypto/rand and storing it in the same transaction the first time
+// (a new run draws a new one: StartRun drops the bucket).
+func (s *EdgeStore) SecAggNoiseKey() ([32]byte, error) {
+	var key [32]byte
+	err := s.db.Update(func(tx *wtx) error {
+		b, err := mkBucket(tx, bucketSecAgg)
+		if err != nil {
+			return err
+		}
+		v, err := sget(b, keySecAggNoise, "secagg/noise_key")
+		if err != nil {
+			return err
+		}
+		if v != nil {
+			if len(v) != len(key) {
+				return fmt.Errorf("%w: secagg/noise_key of %d bytes", ErrCorrupt, len(v))
+			}
+			copy(key[:], v)
+			return nil
+		}
+		if _, err := crand.Read(key[:]); err != nil {
+			return err
+		}
+		return sput(b, keySecAggNoise, key[:])
+	})
+	if err != nil {
+		return key, fmt.Errorf("storage: secagg noise key: %w", err)
+	}
+	return key, nil
+}
