@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -117,6 +118,17 @@ func runDemoSchema(ctx context.Context, f *demoFlags, log *slog.Logger, stdout i
 		waitSiteBundles(ctx, final, ids, outs, 15*time.Second, stdout)
 	}
 	view, _ := lf.Server.Watch()
+	// A site's evaluation report and its update travel separately (the
+	// ingest workers may store the update first), so a round's row can be
+	// printed before the evaluation it would show is complete: print those
+	// from the history now.
+	if st, err := lf.Server.LiveStatus(-1, -1); err == nil && st.Live != nil {
+		for _, e := range st.Live.Evaluations {
+			if e.Round > printed && len(e.Sites) == len(ids) && (view.Evaluation == nil || e.Round < view.Evaluation.Round) {
+				fmt.Fprintf(stdout, "%5s  %-9s  %-10s  %-8s  of round %d: %s\n", "", "", "", "", e.Round, evalFigures(e.Federation))
+			}
+		}
+	}
 	if err := lf.Stop(); err != nil {
 		return err
 	}
@@ -215,6 +227,18 @@ func figures(r evaluate.Report) string {
 		s += fmt.Sprintf("  AUC %.4f", *r.AUC)
 	}
 	return s
+}
+
+// evalFigures is figures for an evaluation of the history, which keeps
+// the headline figures only (no AUC).
+func evalFigures(f aggregator.EvalFigures) string {
+	switch {
+	case f.BalancedAccuracy != nil && f.Score != nil:
+		return fmt.Sprintf("loss %.4f  accuracy %.2f%%  balanced %.2f%%", f.Loss, 100**f.Score, 100**f.BalancedAccuracy)
+	case f.Score != nil:
+		return fmt.Sprintf("loss %.4f  rmse %.4g  r2 %.4f", f.Loss, math.Sqrt(f.Loss), *f.Score)
+	}
+	return fmt.Sprintf("loss %.4f", f.Loss)
 }
 
 func siteSource(col, partition string) string {

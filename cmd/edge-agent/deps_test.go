@@ -61,10 +61,10 @@ var forbiddenDeps = []struct {
 
 	// Our own server-side and test-only packages (ARCHITECTURE.md, Dependency rules: the agent must not
 	// know aggregator internals).
-	{pattern: modulePath + "/aggregator/...", why: "the on-prem round coordinator: aggregator internals stay on the server"},
-	{pattern: modulePath + "/aggregate/...", why: "server-side aggregators (and gonum/mat with them); the agent shares only the sketch package"},
+	{pattern: modulePath + "/node/aggregator/...", why: "the on-prem round coordinator: aggregator internals stay on the server"},
+	{pattern: modulePath + "/learn/aggregate/...", why: "server-side aggregators (and gonum/mat with them); the agent shares only the sketch package"},
 	{pattern: modulePath + "/sim/...", why: "the in-process simulator (virtual clients, plots) is broker-agg simulate's"},
-	{pattern: modulePath + "/broker/...", why: "the embedded-broker wrapper is broker-agg's"},
+	{pattern: modulePath + "/node/broker/...", why: "the embedded-broker wrapper is broker-agg's"},
 	{pattern: modulePath + "/internal/crossarch/...", why: "test helpers for the qemu tests"},
 	{pattern: modulePath + "/testkit/...", why: "the shared test kit (test logger, embedded test broker, leak check)"},
 }
@@ -87,8 +87,8 @@ var allowedModules = map[string]string{
 // wantDeps must be linked: if they are missing the guard is looking at the
 // wrong thing.
 var wantDeps = []string{
-	modulePath + "/model",
-	modulePath + "/proxsolver",
+	modulePath + "/learn/model",
+	modulePath + "/learn/proxsolver",
 }
 
 func matchPattern(pattern, pkg string) bool {

@@ -42,7 +42,7 @@ func TestEvaluateAndPredictCommands(t *testing.T) {
 	dir := t.TempDir()
 	b := writeTestBundle(t, dir)
 	var out, errb bytes.Buffer
-	if code := run(context.Background(), []string{"evaluate", "--model", b, "--data", "csv:../../schema/testdata/site.csv", "--json"}, &out, &errb); code != 0 {
+	if code := run(context.Background(), []string{"evaluate", "--model", b, "--data", "csv:../../data/schema/testdata/site.csv", "--json"}, &out, &errb); code != 0 {
 		t.Fatalf("evaluate exit %d: %s", code, errb.String())
 	}
 	if !strings.Contains(out.String(), `"n": 3`) {
@@ -50,7 +50,7 @@ func TestEvaluateAndPredictCommands(t *testing.T) {
 	}
 	pred := filepath.Join(dir, "p.csv")
 	out.Reset()
-	if code := run(context.Background(), []string{"predict", "--model", b, "--data", "csv:../../schema/testdata/site.csv", "--out", pred, "--keep", "extra", "--raw-label"}, &out, &errb); code != 0 {
+	if code := run(context.Background(), []string{"predict", "--model", b, "--data", "csv:../../data/schema/testdata/site.csv", "--out", pred, "--keep", "extra", "--raw-label"}, &out, &errb); code != 0 {
 		t.Fatalf("predict exit %d: %s", code, errb.String())
 	}
 	if got, _ := os.ReadFile(pred); !strings.HasPrefix(string(got), "extra,prediction,prediction_raw,p_low,p_high\nx,") ||
@@ -61,7 +61,7 @@ func TestEvaluateAndPredictCommands(t *testing.T) {
 	raw, _ := os.ReadFile(b)
 	testkit.WriteFile(t, b, strings.Replace(string(raw), `"round":1`, `"round":2`, 1))
 	errb.Reset()
-	if code := run(context.Background(), []string{"evaluate", "--model", b, "--data", "csv:../../schema/testdata/site.csv"}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "digest mismatch") {
+	if code := run(context.Background(), []string{"evaluate", "--model", b, "--data", "csv:../../data/schema/testdata/site.csv"}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "digest mismatch") {
 		t.Fatalf("tampered bundle: exit %d, %s", code, errb.String())
 	}
 }
