@@ -8,7 +8,7 @@ import (
 )
 
 // secAggFlags are the secure-aggregation flags of run, demo and simulate
-// (docs/secagg.md; README "Secure aggregation").
+// (docs/secagg.md, "Using --secagg").
 type secAggFlags struct {
 	on        bool
 	clip      float64

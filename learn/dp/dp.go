@@ -6,7 +6,7 @@
 // accountant: Rényi DP of the sampled Gaussian mechanism (RDP, Mironov,
 // Talwar & Zhang 2019) composed over rounds (Accountant) and converted to
 // (epsilon, delta) (Epsilon, EpsilonClassic), with the budget helpers the
-// daemons and the README's figures need (RoundsWithin, CalibrateNoise).
+// daemons and docs/privacy.md's figures need (RoundsWithin, CalibrateNoise).
 //
 // The unit of privacy is a site: neighbouring federations differ by one
 // site's entire data, and the guarantee covers every update vector that site

@@ -29,7 +29,7 @@ import (
 //     either leaks its sample count or needs a second summed coordinate
 //     and a bound on the weights; the FedProx family's fixed point with
 //     uniform weights minimises the unweighted sum of the sites' losses
-//     (README, "Secure aggregation").
+//     (docs/secagg.md, "Using --secagg").
 
 // ErrSecAggSplit refuses the FedSplit family under secure aggregation
 // outside sum mode (RoundAnnouncement.split_sum): the aggregator would need
