@@ -13,7 +13,7 @@ import (
 	"github.com/edgefl/edgefl/proto/uplink"
 )
 
-// The secure-aggregation kills (issue 13, docs/secagg.md "Persistence"):
+// The secure-aggregation kills (docs/secagg.md, "Persistence"):
 // broker-agg, or one site, is killed with SIGKILL in each phase of a
 // session (advertise, share keys, masked input, unmask), one phase per
 // round, and restarted at once on its state file. The run completes every

@@ -1,5 +1,5 @@
-// Package dp owns client-level differential privacy (issue 13 item 1;
-// docs/privacy.md): what a site does to its update before it leaves
+// Package dp owns client-level differential privacy
+// (docs/privacy.md): what a site does to its update before it leaves
 // (Clip, the adaptive-clipping bit), the Gaussian noise that makes the
 // aggregate private (CentralStd, SiteStd, AddNoise, NoiseRand), the adaptive
 // clip norm's update (Adaptive, Andrew et al. 2021), and the privacy

@@ -145,7 +145,7 @@ type Config struct {
 	StoreLate bool
 
 	// The federated-preprocessing and evaluation protocol of a run with a
-	// federation schema (issue 11; coordinator_fed.go).
+	// federation schema (coordinator_fed.go).
 	//
 	// Statistics: round 1 is preceded by a statistics phase. StatsSites:
 	// it closes once this many distinct sites sent statistics (0: K), or

@@ -11,7 +11,7 @@ import (
 	"github.com/edgefl/edgefl/internal/ratelimit"
 )
 
-// The per-site inbound rate limit, at the broker (issue 10, item 2).
+// The per-site inbound rate limit, at the broker.
 //
 // The aggregator rate-limits each site's messages before it decodes them
 // (node/aggregator/ingest.go), but with the embedded broker a flood first went

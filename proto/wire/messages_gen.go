@@ -1286,7 +1286,7 @@ type ClientStatus struct {
 	// new one) or messages delivered out of order cannot mark a connected
 	// site offline. 0 = unnumbered (older agents): applied as it arrives.
 	Connection uint64 `json:"connection,omitempty"`
-	// A site that cannot take part says why (issue 11 item 6): a reason code
+	// A site that cannot take part says why: a reason code
 	// (schema_mismatch, bad_value, unknown_label, too_few_rows, bad_transform,
 	// solve_failed, disk, data) and a one-line message of at most 512 bytes
 	// that names file, line, column and what was expected, never a data
