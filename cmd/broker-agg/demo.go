@@ -94,7 +94,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if f.schema != "" {
 		if f.secagg.on {
-			return errors.New("--secagg with --schema: the per-site statistics and evaluation reports are not summed securely (docs/secagg.md)")
+			return errors.New("--secagg with --schema: the per-site statistics and evaluation reports are not summed securely (docs/privacy.md)")
 		}
 		return runDemoSchema(ctx, f, log, stdout)
 	}

@@ -136,7 +136,7 @@ type ServerConfig struct {
 	// (dp.TestKey, dp.TestSelectionKey), never for a deployment.
 	DPTestKey          *[32]byte
 	DPTestSelectionKey *[32]byte
-	// SecAgg, when set, is secure aggregation (docs/secagg.md;
+	// SecAgg, when set, is secure aggregation (docs/privacy.md;
 	// server_secagg.go): the aggregator learns only the sum of the
 	// sites' quantised updates over the sites that finish the protocol.
 	// The FedProx family with fedavg or mean (the uniform mean of the

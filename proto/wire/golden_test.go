@@ -287,7 +287,7 @@ func validGolden() map[string]Message {
 			return u
 		}(),
 
-		// Secure aggregation (docs/secagg.md).
+		// Secure aggregation (docs/privacy.md).
 		"secagg_round.bin": func() Message {
 			r := maxRound()
 			r.Secagg = &SecAggSpec{Threshold: 7, Degree: 4, GraphSeed: bytes.Repeat([]byte{0xa5}, 32), Clip: 1.5,
