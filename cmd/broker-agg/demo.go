@@ -65,7 +65,7 @@ func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec spec")
 	fs.DurationVar(&f.timeout, "round-timeout", time.Minute, "round deadline")
 	fs.Float64Var(&f.quorum, "quorum-fraction", 1, "fraction of the selection a round closes with at its deadline")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", "127.0.0.1:0", "serve the aggregator's console (/), /metrics and /status on `ADDR` (default: a free loopback port); its URL is printed; '' turns it off")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "127.0.0.1:0", "serve the aggregator's console (/), /metrics and /status on `ADDR` (port 0: a free one); its URL is printed; '' turns it off")
 	fs.StringVar(&f.logLevel, "log-level", "warn", "log level of the daemons (stderr): debug | info | warn | error")
 	fs.StringVar(&f.schema, "schema", "", "federation schema `FILE`: --dataset is then csv:PATH, partitioned into sites as simulate --schema does; each site's rows go to a CSV of its own in the demo directory, which its agent reads by the schema (model_out next to it); the run has a statistics phase, federated evaluation and a final bundle, compared at the end with the centralised reference on the same rows and preprocessing")
 	fs.StringVar(&f.siteColumn, "site-column", "", "with --schema and --partition natural: the column `NAME` naming each row's site (one agent per site)")
