@@ -14,7 +14,7 @@ import (
 	"github.com/edgefl/edgefl/node/storage"
 )
 
-// TestDamagedAgentState is issue 10's item 3 on real processes: a site's
+// TestDamagedAgentState is the agent's damaged-state recovery on real processes: a site's
 // state file truncated while the site is down (before the fix, edge-agent
 // logged "connected" and hung forever in a bbolt panic). The agent must
 // exit non-zero at once with a one-line error that names the file and the

@@ -79,7 +79,7 @@ func vmHWM(t *testing.T, pid int) int {
 	return 0
 }
 
-// TestFloodIsRateLimited is issue 10's item 2 on real processes: one
+// TestFloodIsRateLimited is the per-site rate limit on real processes: one
 // authenticated site re-publishes a valid update tens of thousands of times
 // while a federation runs. The flood is rate-limited for that site alone,
 // by the embedded broker before it routes a message (counted in
@@ -295,8 +295,9 @@ func (p *participant) floodStale(rate int, stop <-chan struct{}) int {
 	}
 }
 
-// TestFloodingSiteKeepsItsRound is issue 20's item 2 on real processes,
-// through the embedded broker and through Mosquitto: a site that takes part
+// TestFloodingSiteKeepsItsRound is the rate limit's reserve for messages it
+// has not seen, on real processes, through the embedded broker and through
+// Mosquitto: a site that takes part
 // in every round floods copies of its first update for the rest of the run
 // while it sends each later round's update once, as an agent does. Its
 // copies filled its rate limit, so that its next round's update was

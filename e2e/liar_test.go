@@ -20,7 +20,7 @@ import (
 // median count).
 const liarBound = 0.02
 
-// TestLyingSiteDoesNotDominate is issue 20's item 3 on real processes: four
+// TestLyingSiteDoesNotDominate is the lying site's sample-count cap on real processes: four
 // sites run FedAvg on heterogeneous data (synthetic(1,1)), one of them the
 // real edge-agent built with -tags edgefl_attack claiming 2e9 samples in
 // every status and update, its first message included (so the daemon's

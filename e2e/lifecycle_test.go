@@ -127,7 +127,7 @@ func clinicalEdges(t *testing.T, dir, federation, listen string, files []string,
 	return edges
 }
 
-// TestModelLifecycle is issue 11's whole path on real processes: a
+// TestModelLifecycle is a schema run's whole path on real processes: a
 // federation schema given to broker-agg run, three sites whose CSVs differ
 // in column order, extra columns and case mix, the statistics phase, rounds
 // with federated evaluation, the end announced with the final bundle, which

@@ -12,7 +12,7 @@ import (
 )
 
 // TestMosquittoACLDenials checks what deploy/mosquitto/edgefl.acl's comments
-// say Mosquitto does with what the ACL denies (issue 10, item 7: they used
+// say Mosquitto does with what the ACL denies (they used
 // to say a forbidden subscription and a will on a forbidden topic are
 // refused; Mosquitto 2.0 grants and accepts them, and delivers nothing): a
 // site subscribing to another site's receipts gets a granted SUBACK but no

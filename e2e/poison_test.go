@@ -26,7 +26,7 @@ import (
 // final model's pooled loss is within 2 % of the federation's without the
 // attack (all five honest, or the four without site-5: a set-aside site's
 // data is lost), its accuracy not more than 1 point lower than either
-// (the distances between the models are logged: README's table).
+// (the distances between the models are logged: docs/aggregators.md's table).
 func TestPoisoningSiteIsBounded(t *testing.T) {
 	e2eTest(t)
 	attackBin := filepath.Join(t.TempDir(), "edge-agent-attack")

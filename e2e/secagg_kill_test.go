@@ -13,7 +13,7 @@ import (
 	"github.com/edgefl/edgefl/proto/uplink"
 )
 
-// The secure-aggregation kills (issue 13, docs/secagg.md "Persistence"):
+// The secure-aggregation kills (docs/privacy.md, "Persistence"):
 // broker-agg, or one site, is killed with SIGKILL in each phase of a
 // session (advertise, share keys, masked input, unmask), one phase per
 // round, and restarted at once on its state file. The run completes every
@@ -29,7 +29,7 @@ import (
 const secAggRounds = 5
 
 // secAggAlgos are the runs the kills are made in: FedProx (the uniform
-// mean of the sum) and FedProx:FedSplit in sum mode (docs/secagg.md,
+// mean of the sum) and FedProx:FedSplit in sum mode (docs/privacy.md,
 // "FedSplit under secure aggregation": S and m, each site's record c_j
 // advanced on its round's UPDATE receipt).
 var secAggAlgos = []struct{ algorithm, aggregator string }{{"fedprox", "mean"}, {"fedproxsplit", "fedsplit-mean"}}

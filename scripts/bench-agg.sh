@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the aggregator comparison of the README (issue: the papers'
+# Reproduces the aggregator comparison of docs/results.md (issue: the papers'
 # aggregators). Usage: scripts/bench-agg.sh [OUTDIR] [PART...]
 # PART is any of fmnist synthetic faulty cost (default: all).
 set -euo pipefail

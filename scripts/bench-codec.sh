@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the compression figures of the README: Fashion-MNIST, 100 clients,
+# Reproduces the compression figures of docs/results.md: Fashion-MNIST, 100 clients,
 # classes:2, 10 per round, 100 rounds, multinomial logistic regression,
 # FedProx and FedProx:FedSplit, one run per uplink codec (same data, selection
 # and seeds), then the codec throughput benchmarks.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the learning-core figures of the README: FedSplit exactness,
+# Reproduces the learning-core figures of docs/results.md: FedSplit exactness,
 # stragglers (the FedProx paper's setting, 3 seeds), Fashion-MNIST, and the
 # solver benchmarks. Usage: scripts/bench-core.sh [OUTDIR] [PART...]
 # PART is any of exactness stepscan stragglers fmnist solver (default: all).

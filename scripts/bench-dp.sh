@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13's privacy-utility figures: test accuracy of FedAvg, FedProx and
+# The privacy-utility figures (docs/privacy.md, "Using --dp"): test accuracy of FedAvg, FedProx and
 # FedProx:FedSplit under central client-level DP (broker-agg simulate --dp central) at
 # epsilon = 1, 3, 8 (delta = 1e-5), next to the non-private run on the same
 # data, SGD order and seed. For each target the noise multiplier z is

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The edge footprint table of the README: binary sizes per target
+# The edge footprint table of docs/results.md: binary sizes per target
 # (scripts/cross-compile.sh), and edge-agent's peak resident memory and
 # throughput on a FedProx local solve of multinomial logistic regression on
 # 2,000 Fashion-MNIST-sized synthetic samples (784 features, 10 classes,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10's flood figure: one authenticated site floods the aggregator at a
+# The flood figure (docs/results.md, "A flooding site"): one authenticated site floods the aggregator at a
 # paced RATE msg/s for FLOOD_SECONDS during a federation, through the
 # embedded broker and through Mosquitto; what it costs the aggregator in
 # memory and the federation in time.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Secure aggregation's cost per round over MQTT with the daemons (issue 13,
-# docs/secagg.md "Cost over MQTT"), against the same round without it.
+# Secure aggregation's cost per round over MQTT with the daemons
+# (docs/privacy.md, "Cost over MQTT"), against the same round without it.
 #
 #   scripts/bench-secagg.sh [OUTDIR]        (default bench-results; writes OUTDIR/secagg)
 #

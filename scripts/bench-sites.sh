@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11's figures: a three-hospital federation on scikit-learn's
+# The model-quality figures (docs/results.md): a three-hospital federation on scikit-learn's
 # breast-cancer data (skewed case mix 75 / 13 / 35 % malignant, another
 # column order and other label spellings at each site, an extra column at
 # one), per site and federation accuracy and ROC AUC on the sites'

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Helpers of scripts/bench-dp.sh (issue 13's privacy-utility figures).
+"""Helpers of scripts/bench-dp.sh (the privacy-utility figures of docs/privacy.md).
 
   bench_dp.py leaf SITESDIR OUT.json
       The three breast-cancer sites of bench_sites_data.py (site1..3.csv,

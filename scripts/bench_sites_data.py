@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Three hospital sites from scikit-learn's breast-cancer data (issue 11).
+"""Three hospital sites from scikit-learn's breast-cancer data (docs/results.md, "Model quality at the sites").
 
 Usage: bench_sites_data.py OUTDIR
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scikit-learn cross-check of the bench-sites reference (issue 11).
+"""scikit-learn cross-check of the bench-sites reference (docs/results.md, "Model quality at the sites").
 
 Usage: bench_sites_ref.py DATADIR L2 OUT.json
 

@@ -91,7 +91,7 @@ type Config struct {
 	DP          *dp.Config `json:"dp,omitempty"`
 	DPNoiseSeed uint64     `json:"dp_noise_seed,omitempty"`
 
-	// SecAgg is secure aggregation (docs/secagg.md; nil: off): each
+	// SecAgg is secure aggregation (docs/privacy.md; nil: off): each
 	// client's update quantised as a site quantises it
 	// (uplink.SecAggInput, stochastic rounding from the run's SecAgg
 	// stream), the ring sum of the round's inputs, and the uniform mean
@@ -380,7 +380,7 @@ func (c Config) validateSecAgg() error {
 	}
 	for _, a := range c.Algos {
 		if a.Family == FedSplit || a.Family == FedProxSplit {
-			// Sum mode (docs/secagg.md, "FedSplit under secure
+			// Sum mode (docs/privacy.md, "FedSplit under secure
 			// aggregation"): the server step is S/m.
 			if a.Agg != split.StepRobust && a.Agg != split.StepMean {
 				return fmt.Errorf("--secagg, algorithm %s: %w", a.Label, uplink.ErrSplitRobustDP)

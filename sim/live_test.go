@@ -67,7 +67,7 @@ func TestSimMatchesLive(t *testing.T) {
 			testSimMatchesLive(t, FedProx, codec, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5}, i)
 		})
 	}
-	// Secure aggregation (docs/secagg.md): the sites' quantised inputs
+	// Secure aggregation (docs/privacy.md): the sites' quantised inputs
 	// are simulate's byte for byte (their stochastic rounding drawn from
 	// the run's streams in both), the next global model is bit for bit
 	// simulate's uniform mean of the sum, neither the aggregator's state
@@ -77,7 +77,7 @@ func TestSimMatchesLive(t *testing.T) {
 		t.Run(fmt.Sprintf("secagg/%s/restart=%d", FedProx, restart), func(t *testing.T) { testSimMatchesLiveSecAgg(t, FedProx, restart, nil, false) })
 	}
 	// FedProx:FedSplit under secure aggregation runs in sum mode
-	// (docs/secagg.md, "FedSplit under secure aggregation"): each site's
+	// (docs/privacy.md, "FedSplit under secure aggregation"): each site's
 	// quantised delta against its own record (joins in round 1, against x
 	// on the grid), S and m at the aggregator, the records advanced on the
 	// rounds' UPDATE receipts; across a restart, and with distributed DP.
@@ -91,7 +91,7 @@ func TestSimMatchesLive(t *testing.T) {
 			testSimMatchesLiveSecAgg(t, algo, 1, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5, Distributed: true, Colluders: 1}, false)
 		})
 	}
-	// Signed secure aggregation (docs/secagg.md, "Threat model per
+	// Signed secure aggregation (docs/privacy.md, "Threat model per
 	// mode"): every site signs its keys with its certificate and checks
 	// every key of the KeyList against the federation CA; nothing is
 	// forged, so the sums, and the models, are simulate's bit for bit.

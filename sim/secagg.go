@@ -13,7 +13,7 @@ import (
 )
 
 // Secure aggregation in simulate (Config.SecAgg): what the daemons compute
-// (docs/secagg.md, "Aggregation"). Each participating client's input is its
+// (docs/privacy.md, "Aggregation"). Each participating client's input is its
 // update quantised by uplink.SecAggInput, the aggregator's unmasked sum is
 // exactly the ring sum of the inputs (the pairwise and self masks cancel in
 // Z_2^32; secagg's TestExactSumWithDropouts), and the next global model is

@@ -11,7 +11,7 @@ import (
 )
 
 // TestSecAggSumModeConverges: FedProx:FedSplit under --secagg without DP
-// runs in sum mode (docs/secagg.md, "FedSplit under secure aggregation":
+// runs in sum mode (docs/privacy.md, "FedSplit under secure aggregation":
 // the aggregator keeps S and m and adds the secure sum of the sites'
 // quantised deltas). On real data (Fashion-MNIST shirts against T-shirts,
 // 6 non-IID sites, every site every round) it reaches plain FedProx:FedSplit's

@@ -531,7 +531,7 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 		s.clip = cfg.DP.Clip
 	}
 	if s.split && cfg.SecAgg != nil && s.sum == nil {
-		// Sum mode under secure aggregation (docs/secagg.md).
+		// Sum mode under secure aggregation (docs/privacy.md).
 		s.sum, s.rec = &uplink.SumState{}, map[int]*uplink.Record{}
 	}
 	return s, nil

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,6 +137,60 @@ func TestDemoPrintsConsole(t *testing.T) {
 	code, out, errOut := runCLI(t, "demo", "--clients", "2", "--rounds", "1", "--max-epochs", "1", "--metrics-addr", "127.0.0.1:0")
 	if code != 0 || !regexp.MustCompile(`(?m)^console: http://127\.0\.0\.1:[0-9]+/$`).MatchString(out) {
 		t.Fatalf("demo: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// consoleFetcher is the demo's stdout: when the demo prints its console's
+// URL, it fetches the page there before the demo goes on (the demo prints
+// the URL from its serving callback, before round 1, so the page is still
+// served).
+type consoleFetcher struct {
+	testkit.SyncBuffer
+	mu        sync.Mutex
+	url, page string
+	status    int
+	err       error
+}
+
+var consoleLine = regexp.MustCompile(`(?m)^console: (http://127\.0\.0\.1:[0-9]+/)$`)
+
+func (c *consoleFetcher) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m := consoleLine.FindSubmatch(p); m != nil && c.url == "" {
+		c.url = string(m[1])
+		resp, err := http.Get(c.url)
+		if err != nil {
+			c.err = err
+		} else {
+			b, err := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			c.status, c.page, c.err = resp.StatusCode, string(b), err
+		}
+	}
+	return c.SyncBuffer.Write(p)
+}
+
+// TestDemoServesConsoleByDefault: a plain `broker-agg demo` serves its
+// console on a free loopback port and prints a URL that answers with the
+// console page; --metrics-addr ” turns it off.
+func TestDemoServesConsoleByDefault(t *testing.T) {
+	args := []string{"demo", "--clients", "2", "--rounds", "1", "--max-epochs", "1"}
+	var out consoleFetcher
+	var errOut testkit.SyncBuffer
+	if code := run(context.Background(), args, &out, &errOut); code != 0 {
+		t.Fatalf("demo: exit %d\n%s%s", code, out.String(), errOut.String())
+	}
+	if out.url == "" {
+		t.Fatalf("demo printed no console URL:\n%s", out.String())
+	}
+	if out.err != nil || out.status != http.StatusOK || !strings.Contains(out.page, "edgefl console</title>") {
+		t.Fatalf("GET %s: %d, %v; not the console page:\n%.300s", out.url, out.status, out.err, out.page)
+	}
+
+	code, plain, errOut2 := runCLI(t, append(args, "--metrics-addr", "")...)
+	if code != 0 || strings.Contains(plain, "console:") {
+		t.Fatalf("demo --metrics-addr '': exit %d, want no console line:\n%s%s", code, plain, errOut2)
 	}
 }
 

@@ -56,7 +56,7 @@ func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 	fs.Float64Var(&f.l2, "l2", 0.01, "L2 coefficient (makes the pooled objective strongly convex: FedSplit then converges linearly)")
 	fs.StringVar(&p.Solver, "solver", "lbfgs", "local solver: sgd | lbfgs")
 	fs.Float64Var(&p.Mu, "mu", 1, "FedProx proximal weight")
-	fs.Float64Var(&p.Step, "step", 10, "FedSplit step size s (about 1/sqrt(l2 L); see README)")
+	fs.Float64Var(&p.Step, "step", 10, "FedSplit step size s (about 1/sqrt(l2 L); see docs/simulate.md)")
 	fs.Float64Var(&p.Relax, "relax", 1, "FedSplit relaxation")
 	fs.Float64Var(&p.Gamma, "gamma", 1e-6, "target inexactness")
 	fs.Float64Var(&p.LR, "lr", 0.01, "SGD learning rate")
@@ -65,9 +65,9 @@ func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec spec")
 	fs.DurationVar(&f.timeout, "round-timeout", time.Minute, "round deadline")
 	fs.Float64Var(&f.quorum, "quorum-fraction", 1, "fraction of the selection a round closes with at its deadline")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve the aggregator's console (/), /metrics and /status on `ADDR`, e.g. 127.0.0.1:9464 (default: off); its URL is printed")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "127.0.0.1:0", "serve the aggregator's console (/), /metrics and /status on `ADDR` (port 0: a free one); its URL is printed; '' turns it off")
 	fs.StringVar(&f.logLevel, "log-level", "warn", "log level of the daemons (stderr): debug | info | warn | error")
-	fs.StringVar(&f.schema, "schema", "", "federation schema `FILE`: --dataset is then csv:PATH, partitioned into sites as simulate --schema does; each site's rows go to a CSV of its own in the demo directory, which its agent reads by the schema (model_out next to it); the run has a statistics phase, federated evaluation and a final bundle, compared at the end with the centralised reference on the same rows and preprocessing (issue 11)")
+	fs.StringVar(&f.schema, "schema", "", "federation schema `FILE`: --dataset is then csv:PATH, partitioned into sites as simulate --schema does; each site's rows go to a CSV of its own in the demo directory, which its agent reads by the schema (model_out next to it); the run has a statistics phase, federated evaluation and a final bundle, compared at the end with the centralised reference on the same rows and preprocessing")
 	fs.StringVar(&f.siteColumn, "site-column", "", "with --schema and --partition natural: the column `NAME` naming each row's site (one agent per site)")
 	fs.IntVar(&f.evalEvery, "eval-every", 5, "with --schema: the sites evaluate every E rounds and at the end")
 	f.dp.register(fs, true, true)
@@ -94,7 +94,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if f.schema != "" {
 		if f.secagg.on {
-			return errors.New("--secagg with --schema: the per-site statistics and evaluation reports are not summed securely (docs/secagg.md)")
+			return errors.New("--secagg with --schema: the per-site statistics and evaluation reports are not summed securely (docs/privacy.md)")
 		}
 		return runDemoSchema(ctx, f, log, stdout)
 	}

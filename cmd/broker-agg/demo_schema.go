@@ -24,7 +24,7 @@ import (
 	"github.com/edgefl/edgefl/sim/localfed"
 )
 
-// runDemoSchema is `broker-agg demo --schema`: the federation of issue 11
+// runDemoSchema is `broker-agg demo --schema`: the federation of a schema run
 // in one process. The CSV is partitioned into sites exactly as `broker-agg
 // simulate --schema` partitions it (by --site-column with --partition
 // natural, or iid, dirichlet:ALPHA, classes:K over --clients sites); each

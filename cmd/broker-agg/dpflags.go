@@ -10,7 +10,7 @@ import (
 )
 
 // dpFlags are the differential-privacy flags of run, demo and simulate
-// (docs/privacy.md; README "Differential privacy").
+// (docs/privacy.md, "Using --dp").
 type dpFlags struct {
 	mode                       string
 	clip, noise, delta, budget float64

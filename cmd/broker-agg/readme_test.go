@@ -10,11 +10,12 @@ import (
 	"testing"
 )
 
-// readmeSection returns the lines of README.md's section under heading up
-// to the next heading of the same or a higher level, and that heading.
-func readmeSection(t *testing.T, heading string) (body, next string) {
+// docSection returns the lines of the markdown file's (path from the
+// repository's root) section under heading up to the next heading of the
+// same or a higher level, and that heading.
+func docSection(t *testing.T, file, heading string) (body, next string) {
 	t.Helper()
-	raw, err := os.ReadFile("../../README.md")
+	raw, err := os.ReadFile(filepath.Join("..", "..", file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,17 +41,17 @@ func readmeSection(t *testing.T, heading string) (body, next string) {
 		}
 	}
 	if !in {
-		t.Fatalf("README.md has no %q section", heading)
+		t.Fatalf("%s has no %q section", file, heading)
 	}
 	return b.String(), ""
 }
 
-// TestReadmeInstallAggregator: README.md says how to build and install
-// broker-agg on the aggregator box, right before "## Deploy to a gateway",
+// TestReadmeInstallAggregator: docs/operations.md says how to build and
+// install broker-agg on the aggregator box, right before "## Deploy to a gateway",
 // with the paths the systemd unit and the example configuration use, and
 // its build command builds a binary that prints the version it was given.
 func TestReadmeInstallAggregator(t *testing.T) {
-	sec, next := readmeSection(t, "### Install the aggregator")
+	sec, next := docSection(t, "docs/operations.md", "## Install the aggregator")
 	if next != "## Deploy to a gateway" {
 		t.Errorf("the section is followed by %q, want it right before \"## Deploy to a gateway\"", next)
 	}
@@ -118,5 +119,97 @@ func TestReadmeInstallAggregator(t *testing.T) {
 	out, err := exec.Command(bin, "version").Output()
 	if err != nil || strings.TrimSpace(string(out)) != "broker-agg readme-test" {
 		t.Fatalf("%s version: %q, %v", bin, out, err)
+	}
+}
+
+// TestReadmeCommands: README.md stays a few screens (at most 250 lines) and
+// opens with the two commands: the demo on its defaults and the test
+// command, which is exactly what CI runs (.ci/run).
+func TestReadmeCommands(t *testing.T) {
+	raw, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(raw)
+	if n := strings.Count(readme, "\n"); n > 250 {
+		t.Errorf("README.md has %d lines, want at most 250 (details go to docs/)", n)
+	}
+	first := regexp.MustCompile("(?s)```sh\n(.*?)```").FindStringSubmatch(readme)
+	if first == nil {
+		t.Fatal("README.md has no ```sh block")
+	}
+	var cmds []string
+	for _, line := range strings.Split(strings.TrimSpace(first[1]), "\n") {
+		cmd, _, _ := strings.Cut(line, "#")
+		cmds = append(cmds, strings.TrimSpace(cmd))
+	}
+	if len(cmds) != 2 || cmds[0] != "go run ./cmd/broker-agg demo" || cmds[1] != "scripts/test.sh" {
+		t.Errorf("README.md's first commands are %q, want the demo and scripts/test.sh", cmds)
+	}
+	ci, err := os.ReadFile("../../.ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^exec scripts/test\.sh$`).Match(ci) {
+		t.Errorf(".ci/run does not run the README's test command scripts/test.sh:\n%s", ci)
+	}
+}
+
+// headingAnchors are the anchors a markdown renderer (GitHub's rule) gives
+// the headings of a file: lower case, punctuation but '-' and '_' dropped,
+// spaces as '-'.
+func headingAnchors(t *testing.T, file string) map[string]bool {
+	t.Helper()
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drop := regexp.MustCompile(`[^\p{L}\p{N}_\- ]`)
+	anchors := map[string]bool{}
+	fence := false
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(line, "```") {
+			fence = !fence
+		}
+		if h, ok := strings.CutPrefix(strings.TrimLeft(line, "#"), " "); ok && !fence && strings.HasPrefix(line, "#") {
+			anchors[strings.ReplaceAll(drop.ReplaceAllString(strings.ToLower(strings.TrimSpace(h)), ""), " ", "-")] = true
+		}
+	}
+	return anchors
+}
+
+// TestReadmeLinks: every relative link of README.md and of the docs/ pages
+// leads to a file of the repository and, with a #fragment, to one of its
+// headings, so the sections that moved out of the README stay reachable.
+func TestReadmeLinks(t *testing.T) {
+	pages, err := filepath.Glob("../../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages = append(pages, "../../README.md")
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	for _, page := range pages {
+		raw, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(string(raw), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			file, frag, _ := strings.Cut(target, "#")
+			path := page
+			if file != "" {
+				path = filepath.Join(filepath.Dir(page), file)
+			}
+			if _, err := os.Stat(path); err != nil {
+				t.Errorf("%s links to %s: %v", page, target, err)
+				continue
+			}
+			if frag != "" && !headingAnchors(t, path)[frag] {
+				t.Errorf("%s links to %s: no heading of %s has the anchor %q", page, target, path, frag)
+			}
+		}
 	}
 }

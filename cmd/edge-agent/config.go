@@ -135,7 +135,7 @@ func options() []option {
 			return nil
 		}, get: func(c *runConfig) string { return strings.Join(c.Brokers, ",") }}},
 		{key: "tls_ca", help: "PEM file of the CA that signed the broker's certificate (default: system roots)", val: typedStr("FILE", func(c *runConfig) *string { return &c.CAFile })},
-		{key: "tls_cert", help: "PEM client certificate of this site (mutual TLS); with tls_ca, also signs this site's secure-aggregation keys and views, and every other site's are checked against tls_ca (docs/secagg.md)", val: typedStr("FILE", func(c *runConfig) *string { return &c.CertFile })},
+		{key: "tls_cert", help: "PEM client certificate of this site (mutual TLS); with tls_ca, also signs this site's secure-aggregation keys and views, and every other site's are checked against tls_ca (docs/privacy.md)", val: typedStr("FILE", func(c *runConfig) *string { return &c.CertFile })},
 		{key: "tls_key", help: "PEM private key of the client certificate", val: typedStr("FILE", func(c *runConfig) *string { return &c.KeyFile })},
 		{key: "tls_server_name", help: "name to verify in the broker's certificate (default: the URL's host)", val: str(func(c *runConfig) *string { return &c.ServerName })},
 		{key: "username", help: "MQTT username", val: str(func(c *runConfig) *string { return &c.Username })},

@@ -274,7 +274,7 @@ func newFlagSet() *flag.FlagSet {
 	return fs
 }
 
-// Both systemd units wait for the clock (README.md, "Clocks"): ordered
+// Both systemd units wait for the clock (docs/operations.md, "Clocks"): ordered
 // after time-sync.target and pulling it in, so that with
 // systemd-time-wait-sync enabled a Raspberry Pi without a hardware clock
 // starts the daemon only once NTP has set the time.

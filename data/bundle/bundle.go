@@ -1,4 +1,4 @@
-// Package bundle is the model bundle of issue 11 item 4: one
+// Package bundle is the model bundle: one
 // self-describing JSON file holding everything needed to use a trained
 // model at a site.
 //

@@ -1,11 +1,11 @@
-// Package prep is the federated preprocessing of issue 11 item 2, pure and
+// Package prep is the federated preprocessing of a schema run, pure and
 // deterministic: per-site statistics of the training rows (Compute), their
 // combination over sites (Combine), the fitted transform (Fit) and its
 // application to a site's rows (Transform.Apply), which yields model.Data.
 // The agent, the aggregator and simulate call exactly these functions.
 //
 // Statistics carry, per numeric feature, the count of present values, the
-// missing count, sum, sum of squares, min and max (what issue 11 lists)
+// missing count, sum, sum of squares, min and max (the statistics a site sends)
 // and also the mean and M2 (sum of squared deviations from the mean) of
 // the site: Combine pools means and variances with Chan et al.'s pairwise
 // formula on (count, mean, M2), which keeps the pooled variance accurate to

@@ -1,4 +1,4 @@
-// Package schema is the federation schema (issue 11 item 1): the features a
+// Package schema is the federation schema: the features a
 // federation trains on, by CSV column name, each numeric or categorical; the
 // label column and its mapping from raw values to classes; the tokens that
 // mean missing; the task; and the preprocessing options every site applies

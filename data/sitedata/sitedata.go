@@ -1,5 +1,5 @@
 // Package sitedata is the one place where a site's data becomes what the
-// federation trains and evaluates on (issue 11): a site's CSV read by the
+// federation trains and evaluates on: a site's CSV read by the
 // federation schema and split into training and held-out rows (Load,
 // FromTable), the statistics of its training rows (Statistics), the
 // federation's transform fitted from pooled statistics (Fit) and applied

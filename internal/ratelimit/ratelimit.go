@@ -1,4 +1,4 @@
-// Package ratelimit is the per-site inbound rate limit (issue 10, item 2),
+// Package ratelimit is the per-site inbound rate limit,
 // one rule used in two places: by broker-agg's embedded broker on every
 // publish of a site before it is routed (package broker), and by the
 // aggregator on every message it is delivered before it is decoded

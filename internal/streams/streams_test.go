@@ -6,7 +6,7 @@ import (
 )
 
 // The derivations are part of every recorded run (results.json, the
-// README's figures, a restarted coordinator's selection): these are the
+// figures of docs/results.md, a restarted coordinator's selection): these are the
 // formulas sim, the coordinator and the agent used before this package,
 // and the first draws of a few streams, pinned.
 func TestDerivationsPinned(t *testing.T) {

@@ -16,7 +16,7 @@ const (
 	// weights, every client's model is dominated by the shared global part,
 	// cosines to the global model are all close to 1 and FedSim's weights
 	// collapse to the uniform mean; on updates FedSim was better on every
-	// synthetic setting of the README's comparison.
+	// synthetic setting of docs/results.md's comparison.
 	OnUpdates Space = iota
 	// OnWeights compares the client models w_k themselves, as the papers
 	// write (SimProx eq. 8-9, FedSim's sim(w_k, w), FedSiam-DA eq. 14).

@@ -128,7 +128,7 @@ func TestRoundsWithin(t *testing.T) {
 	}
 }
 
-// CalibrateNoise meets the budget, within its tolerance, for the README's
+// CalibrateNoise meets the budget, within its tolerance, for docs/privacy.md's
 // targets; impossible budgets and bad arguments are errors.
 func TestCalibrateNoise(t *testing.T) {
 	for _, eps := range []float64{1, 3, 8} {
@@ -157,7 +157,7 @@ func TestCalibrateNoise(t *testing.T) {
 	}
 }
 
-// The table of the report (issue 13's README figures): epsilon at delta =
+// The table of the report (the figures of docs/privacy.md's design): epsilon at delta =
 // 1e-5 after 100, 500 and 1000 rounds, K = 10 of N = 100 sites (q = 0.1) and
 // 10 of 1000 (q = 0.01), z = 1.0 and 1.1; and the z that reaches epsilon =
 // 1, 3, 8 after 100 rounds at q = 0.1. Run: go test -run TestEpsilonTable -v ./learn/dp/

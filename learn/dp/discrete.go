@@ -10,7 +10,7 @@ import (
 
 // The distributed mode's noise is the discrete Gaussian N_Z(0, sigma^2) on
 // the secure-aggregation ring's integers (docs/privacy.md, "Threat models";
-// docs/secagg.md, "Distributed DP"): each site rounds its clipped update to
+// docs/privacy.md, "Distributed DP"): each site rounds its clipped update to
 // the grid first and adds its integer share after, so the ring sum is the
 // sites' rounded updates plus a sum of independent discrete Gaussians,
 // which is the distributed discrete Gaussian mechanism of Kairouz, Liu &

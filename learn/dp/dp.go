@@ -1,12 +1,12 @@
-// Package dp owns client-level differential privacy (issue 13 item 1;
-// docs/privacy.md): what a site does to its update before it leaves
+// Package dp owns client-level differential privacy
+// (docs/privacy.md): what a site does to its update before it leaves
 // (Clip, the adaptive-clipping bit), the Gaussian noise that makes the
 // aggregate private (CentralStd, SiteStd, AddNoise, NoiseRand), the adaptive
 // clip norm's update (Adaptive, Andrew et al. 2021), and the privacy
 // accountant: Rényi DP of the sampled Gaussian mechanism (RDP, Mironov,
 // Talwar & Zhang 2019) composed over rounds (Accountant) and converted to
 // (epsilon, delta) (Epsilon, EpsilonClassic), with the budget helpers the
-// daemons and the README's figures need (RoundsWithin, CalibrateNoise).
+// daemons and docs/privacy.md's figures need (RoundsWithin, CalibrateNoise).
 //
 // The unit of privacy is a site: neighbouring federations differ by one
 // site's entire data, and the guarantee covers every update vector that site

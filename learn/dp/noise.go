@@ -16,7 +16,7 @@ const (
 	// of the clipped updates. It sees every clipped update: trusted.
 	Central Mode = iota + 1
 	// Distributed: each of the K selected sites adds z*C/sqrt(K) to its own
-	// clipped update, so that the secure sum of issue 13 item 2 carries
+	// clipped update, so that the secure sum (secure aggregation) carries
 	// z*C in all and no single party sees an un-noised update or sum.
 	Distributed
 )

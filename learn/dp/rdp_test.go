@@ -75,8 +75,8 @@ func loadPublished(t *testing.T) published {
 }
 
 // near reports |got - want| <= tol and that got rounded to 3 significant
-// digits is want rounded to 3 significant digits (what issue 13 asks of the
-// accountant).
+// digits is want rounded to 3 significant digits (the precision the
+// published tables give).
 func near(got, want, tol float64) bool {
 	return math.Abs(got-want) <= tol && sig3(got) == sig3(want)
 }

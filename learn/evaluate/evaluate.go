@@ -1,5 +1,5 @@
-// Package evaluate computes the federated evaluation metrics of issue 11
-// item 3, pure: a site's Report on its held-out rows (Classification,
+// Package evaluate computes the federated evaluation metrics of a schema run,
+// pure: a site's Report on its held-out rows (Classification,
 // Regression) and the federation's figures from the sites' reports
 // (Combine).
 //

@@ -158,7 +158,7 @@ func TestCompressionRatios(t *testing.T) {
 	t.Log("\n" + sb.String())
 }
 
-// BenchmarkFashionMNISTDelta: the README's FedSplit codecs on a real uplink
+// BenchmarkFashionMNISTDelta: docs/results.md's FedSplit codecs on a real uplink
 // delta (testdata/fedsplit_delta.f32, 7,850 values): what one update costs
 // the gateway to encode and the aggregator to decode, with and without the
 // dct and ac stages.

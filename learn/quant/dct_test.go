@@ -145,7 +145,7 @@ func TestDCTTooShort(t *testing.T) {
 
 // readDelta reads testdata/fedsplit_delta.f32: one Fashion-MNIST FedSplit
 // uplink delta (z_j minus the aggregator's copy, logistic regression
-// 784×10 + 10) from round 50 of the README's compression run.
+// 784×10 + 10) from round 50 of docs/results.md's compression run.
 func readDelta(tb testing.TB) []float64 {
 	tb.Helper()
 	b, err := os.ReadFile("testdata/fedsplit_delta.f32")

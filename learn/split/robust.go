@@ -83,7 +83,7 @@ import (
 // rounds, on strongly heterogeneous data: 0.048 from the honest model in
 // one seed) moves x by at most its allowance per round, like an honest
 // site; and an honest site whose own steps outgrow its allowance round
-// after round may be set aside for a while. README.md gives the measured
+// after round may be set aside for a while. docs/aggregators.md gives the measured
 // figures. The rules need MinScreened sites with a step norm; with fewer
 // nothing is clipped.
 

@@ -204,8 +204,8 @@ func TestRobustStepHonestIsExact(t *testing.T) {
 // It measures the final model's distance from the honest federation's (all
 // four honest, same data) relative to its norm, and from the honest three's
 // optimum (the attacker's data left out), and how often each site was
-// clipped or set aside, and asserts the README's table (under "One
-// poisoning site cannot break FedSplit"): within 2 % of the honest
+// clipped or set aside, and asserts docs/aggregators.md's table (under "One
+// poisoning site and FedSplit"): within 2 % of the honest
 // federation's model or of the honest three's optimum, and no honest site
 // set aside in more than 5 % of the rounds (clipped is logged: a clipped
 // honest site catches up, nothing it sent is lost). The plain mean under
@@ -232,7 +232,7 @@ func TestRobustStepAgainstScaledUpdates(t *testing.T) {
 			}
 		}
 	}
-	// Strongly heterogeneous sites of 5-45 rows (README's "What the bound
+	// Strongly heterogeneous sites of 5-45 rows (docs/aggregators.md's "What the bound
 	// cannot tell apart"): x1.5 and x3 in odd rounds stay within every
 	// honest site's spread and drove the iterate to 1e20 in seed 2 (as
 	// the plain mean does) until the divergence watch set the poisoner

@@ -848,7 +848,7 @@ func (a *Agent) clientOptions(store *storage.EdgeStore) (*mqtt.ClientOptions, er
 }
 
 // secAggIdentity is the site's signing identity for signed secure
-// aggregation (docs/secagg.md, "Threat model per mode"): its mutual-TLS
+// aggregation (docs/privacy.md, "Threat model per mode"): its mutual-TLS
 // client certificate and key, and the CA file as the federation CA, when
 // both are configured (`broker-agg pki` issues them); nil otherwise
 // (password-only: the honest-but-curious model).

@@ -127,7 +127,7 @@
 // cleanly (the will is not sent on a clean disconnect), waits for its
 // handlers and closes the state file.
 //
-// # A federation with a schema (issue 11)
+// # A federation with a schema
 //
 // When announcements carry a federation schema, the site's data is the
 // CSV of Config.Data (csv:PATH; label= is then ignored) read by it with

@@ -20,7 +20,7 @@ import (
 	"github.com/edgefl/edgefl/testkit/fedbroker"
 )
 
-// TestFederationWithSchemaEndToEnd runs the whole issue 11 path in one
+// TestFederationWithSchemaEndToEnd runs the whole path of a schema run in one
 // process over the embedded broker (with its ACL): the real aggregator
 // (aggregator.Server with a schema) and three real agents reading their
 // CSVs (columns in their own order, one with a separate eval_data file):

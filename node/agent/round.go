@@ -157,7 +157,7 @@ type Result struct {
 	// Waiting is the earlier round whose unreceipted entry a sum-mode round
 	// waits for (ActionWaiting); under secure aggregation Msg is then that
 	// entry, re-sent: the aggregator answers it with the earlier round's
-	// UPDATE receipt once that round has closed (docs/secagg.md, "FedSplit
+	// UPDATE receipt once that round has closed (docs/privacy.md, "FedSplit
 	// under secure aggregation").
 	Waiting uint64
 }
@@ -211,7 +211,7 @@ type RoundHandler struct {
 	// that compares a live run with simulate, never for a deployment.
 	SecAggNoiseKey *[32]byte
 	// SecAggIdentity, when set, makes this site's secure aggregation the
-	// signed one (docs/secagg.md, "Threat model per mode"): it signs its
+	// signed one (docs/privacy.md, "Threat model per mode"): it signs its
 	// key advertisements with its client certificate's key and refuses a
 	// key list with a key not signed by its site's certificate of the
 	// federation CA. Nil (password-only authentication): the

@@ -16,7 +16,7 @@ import (
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
-// The site's side of secure aggregation (docs/secagg.md, "Round flow"): a
+// The site's side of secure aggregation (docs/privacy.md, "Round flow"): a
 // round whose announcement carries a SecAggSpec is solved as any other, but
 // the update is never sent. Its quantised input (uplink.SecAggInput) and a
 // new secagg.Client (keys and self-mask seed from crypto/rand) are

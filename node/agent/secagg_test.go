@@ -278,7 +278,7 @@ func FuzzSecAggRecord(f *testing.F) {
 }
 
 // TestSecAggSumMode walks a site of FedProx:FedSplit under secure
-// aggregation (sum mode, docs/secagg.md "FedSplit under secure
+// aggregation (sum mode, docs/privacy.md "FedSplit under secure
 // aggregation") through two rounds: the first input joins (base round 0,
 // the installation named, the pending contribution x on the grid plus the
 // dequantised input, z_j committed), a new session of the round advertises

@@ -592,7 +592,7 @@ func (s *session) secAggReceipt(r *wire.Receipt) []action {
 	// (the aggregator answers a duplicate with it). Any other accepted
 	// message, and every rejected one, leaves.
 	keep := r.Accepted && r.SecaggKind == wire.SecAggKindShareKeys
-	// FedSplit's sum mode (docs/secagg.md, "FedSplit under secure
+	// FedSplit's sum mode (docs/privacy.md, "FedSplit under secure
 	// aggregation"): the entry carries what the site's input adds to its
 	// record, and only the round's UPDATE receipt says whether the input
 	// is in the round's sum. A secagg receipt, accepted or rejected (an

@@ -10,7 +10,7 @@ import (
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
-// This file is the agent's side of a federation with a schema (issue 11):
+// This file is the agent's side of a federation with a schema:
 // statistics and evaluation reports re-sent until receipted, the site error
 // its statuses carry, and the end of a run.
 

@@ -145,7 +145,7 @@ type Config struct {
 	StoreLate bool
 
 	// The federated-preprocessing and evaluation protocol of a run with a
-	// federation schema (issue 11; coordinator_fed.go).
+	// federation schema (coordinator_fed.go).
 	//
 	// Statistics: round 1 is preceded by a statistics phase. StatsSites:
 	// it closes once this many distinct sites sent statistics (0: K), or
@@ -275,7 +275,7 @@ type ClientOnline struct {
 	Failing bool
 	// Refused: the status says the site refused the open secure-aggregation
 	// session (site error secagg_refused: a key list it could not verify,
-	// docs/secagg.md "Threat model per mode"). It stays selectable (the
+	// docs/privacy.md "Threat model per mode"). It stays selectable (the
 	// next session may be sound), but the open phase stops waiting for it.
 	Refused bool
 	At      time.Time

@@ -9,7 +9,7 @@ import (
 	"github.com/edgefl/edgefl/learn/dp"
 )
 
-// The protocol of a run with a federation schema (issue 11), as part of the
+// The protocol of a run with a federation schema, as part of the
 // same deterministic state machine:
 //
 //   - Statistics phase (Config.Statistics), before round 1 (with
@@ -147,7 +147,7 @@ const (
 	StopPatience = "stop_patience"
 )
 
-// fedState is the coordinator's part of the issue 11 protocol.
+// fedState is the coordinator's part of the schema-run protocol.
 type fedState struct {
 	stats      map[string]bool // sites whose statistics were accepted
 	evalRound  int             // the latest eval round asked for (0: none)

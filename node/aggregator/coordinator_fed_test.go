@@ -196,7 +196,7 @@ func TestFinishingTimeout(t *testing.T) {
 	mustEqual(t, "deadline: the figures cover a only", c.Step(Tick{At: ms(2001)}),
 		[]Decision{Finished{Rounds: 1, At: ms(2001), Missing: []string{"b", "c"}}, SetTimer{}})
 
-	// Without evaluation the end is immediate, as before issue 11.
+	// Without evaluation the end is immediate, as in a run without a schema.
 	plain := baseConfig()
 	plain.Rounds = 1
 	p := round1(t, plain)

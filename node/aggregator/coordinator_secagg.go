@@ -8,7 +8,7 @@ import (
 )
 
 // The coordinator's part of secure aggregation (Config.SecAgg;
-// docs/secagg.md, "Round flow"). A round under secagg runs the four rounds
+// docs/privacy.md, "Round flow"). A round under secagg runs the four rounds
 // of Bonawitz et al. as phases of one training round:
 //
 //   - advertise: the round's selection is announced as today (with the

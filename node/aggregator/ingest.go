@@ -11,7 +11,7 @@ import (
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
-// Bounded ingest (issue 10, item 2). One authenticated site re-publishing
+// Bounded ingest. One authenticated site re-publishing
 // its last valid update 10,000 times a second took the aggregator from 25 MB
 // to 1.5-2.4 GB and stalled the federation: paho hands every message to a
 // goroutine of its own, and each decoded its vector and then waited for the

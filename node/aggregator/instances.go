@@ -10,7 +10,7 @@ import (
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
-// Two installations with one site id (issue 12: a cloned SD card, two
+// Two installations with one site id (a cloned SD card, two
 // gateways each with its own state file) take the MQTT session from each
 // other every few seconds, and both would send updates for the site. Each
 // installation draws a random instance id once and keeps it in its state

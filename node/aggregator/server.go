@@ -136,7 +136,7 @@ type ServerConfig struct {
 	// (dp.TestKey, dp.TestSelectionKey), never for a deployment.
 	DPTestKey          *[32]byte
 	DPTestSelectionKey *[32]byte
-	// SecAgg, when set, is secure aggregation (docs/secagg.md;
+	// SecAgg, when set, is secure aggregation (docs/privacy.md;
 	// server_secagg.go): the aggregator learns only the sum of the
 	// sites' quantised updates over the sites that finish the protocol.
 	// The FedProx family with fedavg or mean (the uniform mean of the
@@ -184,7 +184,7 @@ type ServerConfig struct {
 	// (default <state dir>/final.bundle.json).
 	FinalModel string
 
-	// Schema, when set, is the federation schema (issue 11): the run
+	// Schema, when set, is the federation schema: the run
 	// starts with a statistics phase, the model's inputs and classes come
 	// from the schema and the fitted preprocessing (Model's Kind, Hidden,
 	// Activation and L2 are the operator's; Inputs and Classes are
@@ -378,7 +378,7 @@ type storedConfig struct {
 	Dimension  int        `json:"dimension"`
 	Codec      string     `json:"codec"`
 	Downlink   string     `json:"downlink,omitempty"`
-	// SchemaDigest is the federation schema's digest (issue 11; empty:
+	// SchemaDigest is the federation schema's digest (empty:
 	// no schema). Model then holds the operator's model flags only.
 	SchemaDigest string `json:"schema_digest,omitempty"`
 	// RunID names this round log in every announcement (wire
@@ -483,7 +483,7 @@ type Server struct {
 	dec     atomic.Pointer[decoder] // what the MQTT callbacks decode with
 	fit     *fitRecord              // the fitted preprocessing (schema runs, once fitted)
 	eval    *model.Data             // ServerConfig.Eval, or EvalTable once fitted
-	fedRun                          // the issue 11 shell state (server_fed.go)
+	fedRun                          // the schema run's shell state (server_fed.go)
 	fam     string
 	aggSpec string
 	agg     aggregate.Aggregator // nil for the FedSplit family

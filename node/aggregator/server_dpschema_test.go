@@ -62,7 +62,7 @@ func dpTrainRound(t *testing.T, r *running, sites []*fedSite, ann *wire.RoundAnn
 	return r.round(t).Global
 }
 
-// TestFedDPDeclaredSchema is issue 13 item 1 with a federation schema over
+// TestFedDPDeclaredSchema is central differential privacy with a federation schema over
 // the embedded broker: the schema declares its preprocessing, so round 1
 // is announced at once with that transform (no statistics phase; a site's
 // statistics are refused as stale); the sites' evaluation reports reach

@@ -29,7 +29,7 @@ import (
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
-// The shell's part of the issue 11 protocol: a run with a federation
+// The shell's part of the schema-run protocol: a run with a federation
 // schema. The coordinator decides (coordinator_fed.go); this file validates
 // the sites' statistics and evaluation reports, stores them before their
 // receipts, fits the preprocessing and creates the model, combines the
@@ -104,7 +104,7 @@ func parseFit(b []byte) (*fitRecord, error) {
 	return &r, nil
 }
 
-// fedRun is the issue 11 state of the shell (loop-owned unless noted).
+// fedRun is the schema run's state of the shell (loop-owned unless noted).
 type fedRun struct {
 	schemaJSON []byte // the schema's canonical JSON
 	runSpec    []byte // the run spec this process last published on the run topic

@@ -169,7 +169,7 @@ func wantSubject(t *testing.T, r *wire.Receipt, subject wire.ReceiptSubject, rou
 	}
 }
 
-// The whole issue 11 path over the embedded broker: the statistics phase
+// The whole schema-run path over the embedded broker: the statistics phase
 // (receipted, a copy is a duplicate), the fit (model inputs from the
 // one-hot levels), rounds whose announcements carry the schema and the
 // transform and ask for evaluations, evaluation reports stored and

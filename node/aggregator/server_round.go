@@ -338,7 +338,8 @@ func (s *Server) closedUpdates(cr CloseRound, x []float64) ([]aggregate.Update, 
 			return fmt.Errorf("stored update of %q: %w", u.ClientID, err)
 		}
 		// A site's weight rests on its own word: it may not claim more
-		// samples than it first reported (documented in the README).
+		// samples than it first reported (docs/aggregators.md, "What a site can do
+		// to the weights").
 		n := u.SampleCount
 		if f := first[u.ClientID]; f > 0 && n > f {
 			if s.samplesCapped != nil {

@@ -18,7 +18,7 @@ import (
 )
 
 // The shell's part of secure aggregation (ServerConfig.SecAgg;
-// docs/secagg.md, "Round flow" and "Persistence"): the refusals, the
+// docs/privacy.md, "Round flow" and "Persistence"): the refusals, the
 // secagg.Server of the open session and its records in the state file, the
 // inbound messages (stored, then handed to the server, then counted), the
 // phase advances and what they publish, and the aggregation of the sum.
@@ -472,7 +472,7 @@ func (s *Server) announceSecAgg(d AnnounceSecAgg) error {
 // signedKeys is the KeyList's signed advertisements, as the sites sent them
 // (their stored AdvertiseKeys envelopes), to relay with it: each site with
 // a client certificate checks every key against them (uplink.CheckKeyList;
-// docs/secagg.md, "Threat model per mode"). The aggregator relays; it
+// docs/privacy.md, "Threat model per mode"). The aggregator relays; it
 // neither needs nor checks the signatures.
 func (s *Server) signedKeys(round, attempt int, kl *secagg.KeyList) ([]uplink.SignedKey, error) {
 	recs, err := s.store.SecAggMessages(uint64(round), uint32(attempt))
@@ -674,7 +674,7 @@ type SecAggStatus struct {
 	Clip      float64 `json:"clip"`
 	ScaleBits int     `json:"scale_bits"`
 	// Model is the security model of the last key list announced
-	// (docs/secagg.md, "Threat model per mode"): "signed" when every site
+	// (docs/privacy.md, "Threat model per mode"): "signed" when every site
 	// of it signed its keys with its client certificate (the sites then
 	// verify every key against the federation CA), "honest-but-curious"
 	// otherwise; empty before the first key list. SignedKeys of

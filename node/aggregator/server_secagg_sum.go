@@ -13,7 +13,7 @@ import (
 )
 
 // The FedSplit family under secure aggregation runs in sum mode
-// (docs/secagg.md, "FedSplit under secure aggregation"; the rules are
+// (docs/privacy.md, "FedSplit under secure aggregation"; the rules are
 // uplink's, sum.go and secagg_sum.go): the aggregator keeps S, m and who is
 // counted, never a site's z_j, and adds the unmasked sum of the round's
 // quantised deltas (U3's) to S; x = S/m.

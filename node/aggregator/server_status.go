@@ -103,7 +103,7 @@ type ServerView struct {
 	StorageErrors     uint64  `json:"storage_errors"`
 	PublishErrors     uint64  `json:"publish_errors"`
 	BadStatusMessages uint64  `json:"bad_status_messages"`
-	// The issue 11 protocol: the sites whose statistics were accepted,
+	// The schema run: the sites whose statistics were accepted,
 	// why the run ended, the latest federated evaluation, site errors
 	// counted by site and reason, and the statistics and evaluation
 	// reports answered (by "stored"/"duplicate", and rejected by reason).

@@ -688,7 +688,7 @@ func TestServerStoreUpdateResentAfterCrash(t *testing.T) {
 	}
 }
 
-// Issue 10, item 8: a site that goes offline after the last round is shown
+// A site that goes offline after the last round is shown
 // offline by status (the coordinator's table, which status prefers, used
 // to ignore statuses once finished).
 func TestStatusAfterFinishTracksPresence(t *testing.T) {

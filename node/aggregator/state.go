@@ -49,7 +49,7 @@ type State struct {
 	// Config.Selector); Restore applies it only to a selector of that name.
 	SelectorName string          `json:"selector_name,omitempty"`
 	Selector     json.RawMessage `json:"selector,omitempty"`
-	// The issue 11 protocol (coordinator_fed.go); absent without a
+	// The schema run (coordinator_fed.go); absent without a
 	// federation schema.
 	StatsSites []string `json:"stats_sites,omitempty"` // statistics accepted from
 	EvalRound  int      `json:"eval_round,omitempty"`  // the latest eval round asked for

@@ -11,7 +11,7 @@ import (
 	"github.com/edgefl/edgefl/internal/ratelimit"
 )
 
-// The per-site inbound rate limit, at the broker (issue 10, item 2).
+// The per-site inbound rate limit, at the broker.
 //
 // The aggregator rate-limits each site's messages before it decodes them
 // (node/aggregator/ingest.go), but with the embedded broker a flood first went
@@ -19,7 +19,7 @@ import (
 // aggregator's in-process connection, whose queue holds up to 8,192
 // packets (mochi's MaximumClientWritesPending), and only then dropped by
 // the aggregator. That queue was where the embedded case's extra memory
-// went (README, "A flooding site"): about 20 MiB for 2.5 kB updates, and
+// went (docs/results.md, "A flooding site"): about 20 MiB for 2.5 kB updates, and
 // 8,192 times the update's size for a larger model.
 //
 // limitHook applies the same limits (package ratelimit, the same

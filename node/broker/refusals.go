@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Connection refusals reach the operator (issue 11 item 6): a refused
+// Connection refusals reach the operator: a refused
 // connection, whether by TLS (no client certificate, a certificate of
 // another CA or expired) or by the MQTT login (bad password, an id that is
 // not the identity), is logged at WARN with the client id it claimed and

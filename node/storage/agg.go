@@ -30,7 +30,7 @@ import (
 //	latest_z    client id -> round u64 + float64s
 //	checkpoints round u64 -> float64s (the global model announced for the round)
 //
-// A run with a federation schema (issue 11; agg_fed.go) adds these buckets,
+// A run with a federation schema (agg_fed.go) adds these buckets,
 // each created by its first write, so that a run without a schema writes
 // exactly the file it wrote before (no migration: the schema version stays
 // 3; an older binary refuses a file holding them as having an unknown

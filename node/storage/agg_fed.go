@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// The records of a run with a federation schema (issue 11): each site's
+// The records of a run with a federation schema: each site's
 // statistics of its training rows (before round 1), the fitted
 // preprocessing, each site's evaluation report per eval round, and the final
 // model bundle. Messages are stored as the caller hands them in (the encoded

@@ -18,7 +18,7 @@ import (
 )
 
 // A damaged state file must give the daemon a one-line error and a non-zero
-// exit, never a Go panic or a hang (issue 10, items 3 and 4). bbolt trusts
+// exit, never a Go panic or a hang (docs/operations.md, "When a state file is damaged"). bbolt trusts
 // its pages: a zeroed or truncated page makes it panic ("invalid freelist
 // page", "page N already freed", slice bounds) or fault on an mmap read past
 // the end of the file; a panic inside a write transaction can leave its

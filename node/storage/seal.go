@@ -12,7 +12,7 @@ import (
 // Every value the stores write outside the meta bucket is sealed: its bytes
 // followed by a 4-byte CRC-32C of key and value. bbolt checksums only its
 // meta pages, so without the seal a flipped bit in a stored checkpoint or z
-// is read back as a valid number and trained on (issue 10, item 5). Sealing
+// is read back as a valid number and trained on. Sealing
 // the key too catches a value that landed under another key. Schema version
 // 2 of both kinds introduced the seal; the migration seals every value of an
 // older file in place.

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Secure aggregation's records (docs/secagg.md, "Persistence"). Like the
+// Secure aggregation's records (docs/privacy.md, "Persistence"). Like the
 // federation schema's buckets (agg_fed.go), each bucket is created by its
 // first write, so a run without --secagg writes exactly the file it wrote
 // before (no migration; an older binary refuses a file holding them as

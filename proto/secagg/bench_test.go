@@ -10,7 +10,7 @@ import (
 // one site sends (up) and receives (down) in each round, the CPU time of
 // one site (all its rounds) and of the server (every Decode, Receive and
 // Advance; thread CPU time on Linux, so a loaded machine does not inflate it),
-// for the README's two models: Fashion-MNIST multinomial logistic
+// for docs/results.md's two models: Fashion-MNIST multinomial logistic
 // regression (784 x 10 + 10 = 7,850 parameters) and the breast-cancer
 // binary logistic regression (30 + 1). drop is the share of sites that
 // shared their keys and then sent no masked input (the costly case for the

@@ -33,7 +33,7 @@
 // self-mask share if that site is in U3 and the mask-key share if not; the
 // server reconstructs, checks each secret against the key or commitment
 // the site advertised, and removes the masks). The optional consistency
-// check round of the paper is not done: docs/secagg.md says why.
+// check round of the paper is not done: docs/privacy.md says why.
 //
 // Everything is deterministic given the io.Reader each randomised function
 // takes (crypto/rand in production, a seeded reader in tests); there are no

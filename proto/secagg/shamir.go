@@ -16,7 +16,7 @@ import (
 // cap a federation at 255 sites. A share is the polynomial's value at a
 // non-zero x (the holder's index + 1), encoded as ShareSize big-endian
 // bytes. math/big is not constant-time; a share's timing can leak to an
-// observer on the same machine only, which the threat model (docs/secagg.md)
+// observer on the same machine only, which the threat model (docs/privacy.md)
 // accepts.
 
 // ShareSize is the encoded size of one share's value.

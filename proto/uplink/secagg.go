@@ -13,7 +13,7 @@ import (
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
-// Secure aggregation's rules (docs/secagg.md, "Wire" and "Aggregation"), in
+// Secure aggregation's rules (docs/privacy.md, "Wire" and "Aggregation"), in
 // one place for the agent, the aggregator and simulate:
 //
 //   - the session every key and message of a round's secure aggregation is
@@ -29,13 +29,13 @@ import (
 //     either leaks its sample count or needs a second summed coordinate
 //     and a bound on the weights; the FedProx family's fixed point with
 //     uniform weights minimises the unweighted sum of the sites' losses
-//     (README, "Secure aggregation").
+//     (docs/privacy.md, "Using --secagg").
 
 // ErrSecAggSplit refuses the FedSplit family under secure aggregation
 // outside sum mode (RoundAnnouncement.split_sum): the aggregator would need
-// each site's z_j, which it never sees (docs/secagg.md, "FedSplit under
+// each site's z_j, which it never sees (docs/privacy.md, "FedSplit under
 // secure aggregation").
-var ErrSecAggSplit = errors.New("secure aggregation (--secagg) runs the FedSplit family only in sum mode (split_sum): the aggregator keeps the sum of the sites' contributions, never a site's z_j (docs/secagg.md, \"FedSplit under secure aggregation\")")
+var ErrSecAggSplit = errors.New("secure aggregation (--secagg) runs the FedSplit family only in sum mode (split_sum): the aggregator keeps the sum of the sites' contributions, never a site's z_j (docs/privacy.md, \"FedSplit under secure aggregation\")")
 
 // ErrSecAggSelector refuses every selector but uniform under secure
 // aggregation: a secure sum needs at least its threshold t of the round's
@@ -198,7 +198,7 @@ func SecAggNoisyInput(q secagg.Quantizer, sent, global []float64, clip, std floa
 // AddRingNoise adds to every ring element of in a draw of the discrete
 // Gaussian of std real units, std 2^f grid steps (dp.DiscreteGaussian),
 // modulo the ring: the distributed mode's noise share, added after the
-// clipped update was rounded to the grid (docs/secagg.md, "Distributed
+// clipped update was rounded to the grid (docs/privacy.md, "Distributed
 // DP"). It refuses a share too coarse for the sum of q.MaxSites of them to
 // be close to one discrete Gaussian (dp.CheckDistributedShare). A std of 0
 // adds nothing (tests of the rounding alone; --dp's noise is never 0).

@@ -11,7 +11,7 @@ import (
 )
 
 // The FedSplit family under secure aggregation runs in sum mode (sum.go;
-// docs/secagg.md, "FedSplit under secure aggregation"): the aggregator
+// docs/privacy.md, "FedSplit under secure aggregation"): the aggregator
 // keeps S and m and adds the secure sum of the sites' quantised deltas; a
 // site keeps z_j and its record c_j. The "delivered" vector is the ring
 // quantiser's: a site's input is its delta z_j - c_j (a join: z_j minus x

@@ -159,7 +159,7 @@ func TestSecAggDistributedDP(t *testing.T) {
 }
 
 // BenchmarkAddRingNoise: a site's discrete-Gaussian share under distributed
-// DP for the README's Fashion-MNIST logistic regression (7,850 values), at
+// DP for docs/results.md's Fashion-MNIST logistic regression (7,850 values), at
 // the scale the aggregator picks for 10 sites, z = 1, C = 1.
 func BenchmarkAddRingNoise(b *testing.B) {
 	const dim, sites = 7850, 10

@@ -16,7 +16,7 @@ import (
 	"github.com/edgefl/edgefl/proto/secagg"
 )
 
-// Signed secure aggregation (docs/secagg.md, "Threat model per mode"): a
+// Signed secure aggregation (docs/privacy.md, "Threat model per mode"): a
 // site whose federation has a site PKI (mutual TLS, certificates issued by
 // `broker-agg pki`, CN = site id) signs its AdvertiseKeys with its client
 // certificate's key, and before it shares its keys checks that every key of
@@ -210,7 +210,7 @@ func DecodeSignedKeys(b []byte) ([]SignedKey, error) {
 // session has none. What it does not bind is U3 itself: U3 is known only
 // after the masked inputs (signing it needs one more round); the privacy
 // rule (t above half of each secret's holders) bounds what different U3
-// sets can yield (docs/secagg.md).
+// sets can yield (docs/privacy.md).
 
 // ErrSecAggView is the error of an UnmaskRequest a site refuses: a survivor
 // without a valid signature of this site's view of the session.

@@ -25,16 +25,16 @@ func seeds(t testing.TB) map[string][]byte {
 		"empty":    {},
 		"version2": rawEnvelope(t, &Envelope{Version: 2, Body: &Envelope_Update{Update: sampleUpdate()}}),
 		"nobody":   rawEnvelope(t, &Envelope{Version: Version}),
-		// Issue 11.
+		// Schema runs.
 		"statistics":    mustEncode(t, sampleStatistics()),
 		"evaluation":    mustEncode(t, sampleEvaluation()),
 		"run-spec":      mustEncode(t, &RunSpec{Federation: "fed1", RunId: "R1", Schema: schemaJSON, Transform: []byte(`{"outputs":1}`)}),
 		"stats-round":   mustEncode(t, &RoundAnnouncement{Federation: "fed1", Phase: Phase_PHASE_STATISTICS, Schema: schemaJSON, RunId: "R1"}),
 		"error-status":  mustEncode(t, &ClientStatus{ClientId: "site-1", Online: true, ErrorReason: SiteErrBadValue, ErrorMessage: "site.csv line 3 column \"age\": expected a number"}),
 		"stats-receipt": mustEncode(t, &Receipt{ClientId: "site-1", Accepted: true, StoredAtUnixMs: 1, Code: ReceiptCode_RECEIPT_CODE_STORED, Subject: ReceiptSubject_RECEIPT_SUBJECT_STATISTICS}),
-		// Issue 12.
+		// One installation per site id.
 		"instance-status": mustEncode(t, &ClientStatus{ClientId: "site-1", Online: true, Connection: 3, InstanceId: "INSTANCE234567ABCDEFGHIJKL"}),
-		// Issue 13: secure aggregation.
+		// Secure aggregation.
 		"secagg":           mustEncode(t, &SecAggMessage{ClientId: "site-1", RunId: "R1", Round: 3, Kind: SecAggKindShareKeys, Payload: []byte("EFSA\x01"), Attempt: 1}),
 		"secagg-sharelist": mustEncode(t, &SecAggMessage{ClientId: "site-1", RunId: "R1", Round: 3, Kind: SecAggKindShareList, Payload: []byte("EFSA\x01")}),
 		"secagg-receipt":   mustEncode(t, &Receipt{ClientId: "site-1", Round: 3, Accepted: true, StoredAtUnixMs: 1, Code: ReceiptCode_RECEIPT_CODE_STORED, Subject: ReceiptSubject_RECEIPT_SUBJECT_SECAGG, SecaggKind: SecAggKindMaskedInput}),

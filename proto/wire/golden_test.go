@@ -248,7 +248,7 @@ func validGolden() map[string]Message {
 		"rejected_receipt.bin": &Receipt{ClientId: "s", Round: 2, Reason: "base mismatch",
 			StoredAtUnixMs: 0, Code: ReceiptCode_RECEIPT_CODE_BASE_MISMATCH, UpdateSeq: 1},
 
-		// Issue 11: federation schema, statistics, evaluation, bundle, site errors.
+		// Schema runs: federation schema, statistics, evaluation, bundle, site errors.
 		"stats_round.bin":        maxStatsRound(),
 		"schema_round.bin":       maxTrainRound(),
 		"finished_round.bin":     maxFinishedRound(),
@@ -266,7 +266,7 @@ func validGolden() map[string]Message {
 		"evaluation_receipt.bin": &Receipt{ClientId: "s", Round: 9, Reason: "bad report: not JSON",
 			Code: ReceiptCode_RECEIPT_CODE_BAD_UPDATE, Subject: ReceiptSubject_RECEIPT_SUBJECT_EVALUATION},
 
-		// Issue 12: the installation's instance id (a cloned gateway).
+		// One installation per site id: the installation's instance id (a cloned gateway).
 		"instance_status.bin": func() Message {
 			st := maxStatus()
 			st.Connection, st.InstanceId = 7, "INSTANCE234567ABCDEFGHIJKL"
@@ -287,7 +287,7 @@ func validGolden() map[string]Message {
 			return u
 		}(),
 
-		// Issue 13: secure aggregation (docs/secagg.md).
+		// Secure aggregation (docs/privacy.md).
 		"secagg_round.bin": func() Message {
 			r := maxRound()
 			r.Secagg = &SecAggSpec{Threshold: 7, Degree: 4, GraphSeed: bytes.Repeat([]byte{0xa5}, 32), Clip: 1.5,
@@ -364,7 +364,7 @@ func rawGolden() map[string]rawEntry {
 		"raw_receipt.bin":      {maxReceipt(), func() rawMsg { return &Receipt{} }},
 		"raw_params_empty.bin": {&Params{}, func() rawMsg { return &Params{} }},
 
-		// Issue 11.
+		// Schema runs.
 		"raw_envelope_statistics0.bin": {&Envelope{Version: Version, Body: &Envelope_Statistics{Statistics: &SiteStatistics{}}}, env},
 		"raw_envelope_evaluation0.bin": {&Envelope{Version: Version, Body: &Envelope_Evaluation{Evaluation: &EvalReport{}}}, env},
 		"raw_round_issue11_hostile.bin": {&Envelope{Version: Version, Body: &Envelope_Round{Round: &RoundAnnouncement{

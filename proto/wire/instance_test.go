@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// The instance id of a status or an update (issue 12: a cloned gateway):
+// The instance id of a status or an update (a cloned gateway):
 // empty (not told) or an id's characters, at most MaxIDLen bytes; it
 // survives a round trip.
 func TestValidateInstanceID(t *testing.T) {

@@ -38,7 +38,7 @@ func (x Phase) Enum() *Phase {
 func (x Phase) String() string { return enumString(Phase_name, int32(x)) }
 
 // SecAggPhase is the phase of a round's secure aggregation: the
-// announcement is re-published at each change (docs/secagg.md, "Round
+// announcement is re-published at each change (docs/privacy.md, "Round
 // flow").
 type SecAggPhase int32
 
@@ -738,7 +738,7 @@ type RoundAnnouncement struct {
 	// and sends its loss fields as 0. Absent = no DP. Not in PHASE_STATISTICS
 	// (PHASE_FINISHED carries the run's final epsilon).
 	Dp *DPParams `json:"dp,omitempty"`
-	// Secure aggregation of this round (docs/secagg.md): absent = none. The
+	// Secure aggregation of this round (docs/privacy.md): absent = none. The
 	// selected sites mask their quantised update; the aggregator learns only
 	// the sum over the sites that finish the protocol. PHASE_TRAIN only.
 	Secagg *SecAggSpec `json:"secagg,omitempty"`
@@ -773,7 +773,7 @@ type RoundAnnouncement struct {
 	// (secure aggregation, whose participants are published anyway).
 	SplitRoster  uint32  `json:"split_roster,omitempty"`
 	SplitInitial *Vector `json:"split_initial,omitempty"`
-	// Signed secure aggregation (docs/secagg.md, "Threat model per mode"),
+	// Signed secure aggregation (docs/privacy.md, "Threat model per mode"),
 	// SECAGG_PHASE_SHARE_KEYS only: the signed advertisements of the KeyList's
 	// sites as the aggregator received them (uplink.EncodeSignedKeys: per
 	// site its id, client certificate and signature of its keys). A site with
@@ -1286,7 +1286,7 @@ type ClientStatus struct {
 	// new one) or messages delivered out of order cannot mark a connected
 	// site offline. 0 = unnumbered (older agents): applied as it arrives.
 	Connection uint64 `json:"connection,omitempty"`
-	// A site that cannot take part says why (issue 11 item 6): a reason code
+	// A site that cannot take part says why: a reason code
 	// (schema_mismatch, bad_value, unknown_label, too_few_rows, bad_transform,
 	// solve_failed, disk, data) and a one-line message of at most 512 bytes
 	// that names file, line, column and what was expected, never a data
@@ -1756,7 +1756,7 @@ func (x *EvalReport) GetSentAtUnixMs() int64 {
 	return 0
 }
 
-// SecAggMessage carries one secure-aggregation message (docs/secagg.md) in
+// SecAggMessage carries one secure-aggregation message (docs/privacy.md) in
 // the secagg package's own encoding (versioned, checksummed, fuzzed): from
 // a site on <prefix>updates/<id> (kinds 1 AdvertiseKeys, 3 ShareKeys, 5
 // MaskedInput, 7 UnmaskResponse; re-sent until a receipt with subject
@@ -1771,7 +1771,7 @@ type SecAggMessage struct {
 	Payload      []byte `json:"payload,omitempty"`   // secagg.Encode of the message; non-empty
 	SentAtUnixMs int64  `json:"sent_at_unix_ms,omitempty"`
 	Attempt      uint32 `json:"attempt,omitempty"` // SecAggSpec.attempt of the session
-	// FedSplit sum mode (RoundAnnouncement.split_sum; docs/secagg.md,
+	// FedSplit sum mode (RoundAnnouncement.split_sum; docs/privacy.md,
 	// "FedSplit under secure aggregation"), AdvertiseKeys only: the round of
 	// the site's record c_j its input is a delta against (< round); 0 = a
 	// join (against the round's global model on the quantiser's grid). Must
@@ -1780,7 +1780,7 @@ type SecAggMessage struct {
 	// AdvertiseKeys: the installation that sent it (ClientStatus.instance_id;
 	// sum mode tells a re-join from a lost state file by it); empty = not told.
 	InstanceId string `json:"instance_id,omitempty"`
-	// Signed secure aggregation (docs/secagg.md, "Threat model per mode"),
+	// Signed secure aggregation (docs/privacy.md, "Threat model per mode"),
 	// AdvertiseKeys only: the site's client certificate (DER, issued by the
 	// federation CA, CN = client_id) and its signature of its advertised keys
 	// (uplink.SecAggAdvertDigest). Both empty: an unsigned advertisement

@@ -149,7 +149,7 @@ func readGolden(t *testing.T, name string) []byte {
 
 // TestProtobufGoAgrees checks every golden fixture against protobuf-go's own
 // codec on a descriptor of edgefl.proto: the fixtures written by wire's own
-// codec (the issue 11 ones and later) are exactly what protoc-gen-go code
+// codec (the schema run's and later) are exactly what protoc-gen-go code
 // would write.
 func TestProtobufGoAgrees(t *testing.T) {
 	file := edgeflDescriptor(t)

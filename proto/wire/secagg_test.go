@@ -8,7 +8,7 @@ import (
 )
 
 // TestValidateSecAggRound checks the rules of RoundAnnouncement's secure
-// aggregation fields (docs/secagg.md, "Wire").
+// aggregation fields (docs/privacy.md, "Wire").
 func TestValidateSecAggRound(t *testing.T) {
 	seed := bytes.Repeat([]byte{1}, 32)
 	tests := []struct {

@@ -494,7 +494,7 @@ func (m *ClientStatus) Validate(lim Limits) error {
 }
 
 // Site error reasons: ClientStatus.ErrorReason says why a site cannot take
-// part (issue 11 item 6).
+// part.
 const (
 	SiteErrSchema       = "schema_mismatch" // a missing schema column, a duplicate header
 	SiteErrBadValue     = "bad_value"       // a cell that does not parse and is not a missing token

@@ -1,5 +1,5 @@
 // Package heartdisease is a test fixture: the UCI heart-disease data of
-// four real hospitals (README.md), written as site CSVs with a header,
+// four real hospitals (deploy/hospital), written as site CSVs with a header,
 // and a federation schema for them.
 package heartdisease
 

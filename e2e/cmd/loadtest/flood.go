@@ -27,7 +27,7 @@ import (
 
 // ---- flood ----
 //
-// `loadtest flood` is issue 10's flood figure: the same small federation run
+// `loadtest flood` is the flood figure (docs/results.md, "A flooding site"): the same small federation run
 // twice, once as a baseline and once with one authenticated site flooding
 // the aggregator, and what the flood cost (see the package documentation).
 
