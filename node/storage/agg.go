@@ -67,6 +67,7 @@ var aggSchema = schema{
 		{name: "replay log", run: createBuckets(bucketLog)},
 	},
 	countedFrom: 3,
+	checkValue:  aggValue,
 	layout: map[string][]string{
 		string(bucketAgg): {string(keyCurrentRound), string(keyLogIndex)}, string(bucketLog): nil,
 		string(bucketClients): nil, string(bucketRounds): nil,
@@ -75,7 +76,25 @@ var aggSchema = schema{
 	},
 }
 
-func init() { aggSchema.invariants = aggInvariants }
+func init() {
+	aggSchema.invariants = aggInvariants
+	aggSchema.nested = map[string][]string{string(bucketRounds): roundKeys}
+}
+
+// aggValue decodes the values that are float vectors, so that a
+// non-finite number (never written: checkVec refuses it) is found on open,
+// not when a round needs it.
+func aggValue(bucket string, k, v []byte) error {
+	what := fmt.Sprintf("%s/%q", bucket, k)
+	var err error
+	switch bucket {
+	case string(bucketCheckpoints):
+		_, err = decodeFloats(v, what)
+	case string(bucketLatestZ):
+		_, _, err = decodeRoundVec(v, what)
+	}
+	return err
+}
 
 // aggInvariants: the round log has every round from its first to the current one
 // (a damaged key would otherwise leave a hole that reads as "not found"),

@@ -23,23 +23,6 @@ var (
 	keyFinalBundle = []byte("final_bundle")
 )
 
-// optBucket returns a version-3 bucket, nil (no error) when it has not
-// been written yet.
-func optBucket(tx *wtx, name []byte) (*wbucket, error) { return tx.Bucket(name), nil }
-
-// mkBucket returns a version-3 bucket, creating it.
-func mkBucket(tx *wtx, name []byte) (*wbucket, error) {
-	b, err := tx.CreateBucketIfNotExists(name)
-	if err != nil {
-		return nil, fmt.Errorf("bucket %s: %w", name, err)
-	}
-	return b, nil
-}
-
-func init() {
-	ourBuckets = append(ourBuckets, string(bucketStatistics), string(bucketEvals), string(bucketFederation))
-}
-
 // Record is one stored site message: a site's statistics (Round 0) or its
 // evaluation report of an eval round.
 type Record struct {

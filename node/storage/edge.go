@@ -83,6 +83,23 @@ const edgeKind = "edge"
 
 func init() { edgeSchema.invariants = edgeInvariants }
 
+// edgeValue decodes the values that are float vectors (and the pending
+// sum-mode records), so that a non-finite number (never written: checkVec
+// refuses it) is found on open, not when a round needs it.
+func edgeValue(bucket string, k, v []byte) error {
+	what := fmt.Sprintf("%s/%q", bucket, k)
+	var err error
+	switch {
+	case bucket == string(bucketResiduals):
+		_, err = decodeFloats(v, what)
+	case bucket == string(bucketEdge) && (string(k) == string(keyGlobal) || string(k) == string(keyZ) || string(k) == string(keyServerZ) || string(k) == string(keyContrib)):
+		_, _, err = decodeRoundVec(v, what)
+	case bucket == string(bucketPending):
+		_, err = decodePending(v, what)
+	}
+	return err
+}
+
 // edgeInvariants: the final bundle's two keys go together; every sum-mode
 // pending contribution has its outbox entry.
 func edgeInvariants(tx *wtx) error {
@@ -132,6 +149,7 @@ var edgeSchema = schema{
 		{name: "run order key", run: func(*wtx) error { return nil }},
 	},
 	countedFrom: 5,
+	checkValue:  edgeValue,
 	layout: map[string][]string{
 		string(bucketEdge): {string(keyClientID), string(keyCreatedAt), string(keyInstanceID), string(keySeenRound), string(keyAppliedRound),
 			string(keyGlobal), string(keyZ), string(keyServerZ), string(keyConnection), string(keyRunID), string(keyRunSince),
@@ -453,10 +471,10 @@ func (s *EdgeStore) StartRunAt(runID string, since int64) (RunStart, error) {
 					return err
 				}
 			}
-			if tx.Bucket(bucketSecAgg) != nil {
+			if tx.Bucket(bucketSecAggE) != nil {
 				// The previous run's secure-aggregation session (and its
 				// keys) is over.
-				if err := tx.DeleteBucket(bucketSecAgg); err != nil {
+				if err := tx.DeleteBucket(bucketSecAggE); err != nil {
 					return err
 				}
 			}
@@ -729,7 +747,7 @@ func (s *EdgeStore) Commit(c Commit) error {
 			return err
 		}
 		if c.SecAgg != nil {
-			sb, err := mkBucket(tx, bucketSecAgg)
+			sb, err := mkBucket(tx, bucketSecAggE)
 			if err != nil {
 				return err
 			}

@@ -44,9 +44,11 @@ import (
 type guardedDB struct {
 	*bolt.DB
 	path   string
-	layout map[string][]string   // bucket -> its fixed keys (nil: any key); from the schema
-	broken atomic.Pointer[error] // the first recovered panic, if any
-	wedged atomic.Bool           // a write transaction panicked: bbolt's locks may be held
+	layout map[string][]string                    // bucket -> its fixed keys (nil: any key); from the schema
+	nested map[string][]string                    // bucket -> the fixed keys of each bucket in it; from the schema
+	value  func(bucket string, k, v []byte) error // the schema's check of a value's shape
+	broken atomic.Pointer[error]                  // the first recovered panic, if any
+	wedged atomic.Bool                            // a write transaction panicked: bbolt's locks may be held
 }
 
 // guard is deferred by every entry point that touches pages; it recovers a
@@ -327,8 +329,8 @@ func refuseEmpty(path string) error {
 }
 
 // openGuarded opens path with bbolt under the guard.
-func openGuarded(path string, layout map[string][]string, o *bolt.Options) (g *guardedDB, err error) {
-	g = &guardedDB{path: path, layout: layout}
+func openGuarded(path string, sc schema, o *bolt.Options) (g *guardedDB, err error) {
+	g = &guardedDB{path: path, layout: sc.layout, nested: sc.nested, value: sc.checkValue}
 	defer g.guard(&err, true)()
 	db, err := bolt.Open(path, 0o600, o)
 	if err != nil {
@@ -383,11 +385,11 @@ func (d *guardedDB) checkValues(tx *bolt.Tx) error {
 		if !known {
 			return fmt.Errorf("%w: %s has an unknown bucket %q", ErrCorrupt, d.path, name)
 		}
-		return checkBucket(b, string(name), fixed)
+		return d.checkBucket(b, string(name), fixed)
 	})
 }
 
-func checkBucket(b *bolt.Bucket, what string, fixed []string) error {
+func (d *guardedDB) checkBucket(b *bolt.Bucket, what string, fixed []string) error {
 	return b.ForEach(func(k, v []byte) error {
 		if fixed != nil && !slices.Contains(fixed, string(k)) {
 			return fmt.Errorf("%w: %s has an unknown key %q", ErrCorrupt, what, k)
@@ -397,36 +399,17 @@ func checkBucket(b *bolt.Bucket, what string, fixed []string) error {
 			if nb == nil {
 				return fmt.Errorf("%w: %s/%q is neither a value nor a bucket", ErrCorrupt, what, k)
 			}
-			var sub []string
-			if what == string(bucketRounds) {
-				sub = roundKeys
-			}
-			return checkBucket(nb, fmt.Sprintf("%s/%x", what, k), sub)
+			return d.checkBucket(nb, fmt.Sprintf("%s/%x", what, k), d.nested[what])
 		}
 		v, err := unseal(k, v, fmt.Sprintf("%s/%q", what, k))
 		if err != nil {
 			return err
 		}
-		return checkVector(what, k, v)
+		if d.value == nil {
+			return nil
+		}
+		return d.value(what, k, v)
 	})
-}
-
-// checkVector decodes the values that are float vectors, so that a
-// non-finite number (never written: checkVec refuses it) is found on open,
-// not when a round needs it.
-func checkVector(bucket string, k, v []byte) error {
-	what := fmt.Sprintf("%s/%q", bucket, k)
-	var err error
-	switch {
-	case bucket == string(bucketCheckpoints), bucket == string(bucketResiduals):
-		_, err = decodeFloats(v, what)
-	case bucket == string(bucketLatestZ),
-		bucket == string(bucketEdge) && (string(k) == string(keyGlobal) || string(k) == string(keyZ) || string(k) == string(keyServerZ) || string(k) == string(keyContrib)):
-		_, _, err = decodeRoundVec(v, what)
-	case bucket == string(bucketPending):
-		_, err = decodePending(v, what)
-	}
-	return err
 }
 
 // compactInto copies the whole database into out under the guard.

@@ -2,9 +2,7 @@ package storage
 
 import (
 	"bytes"
-	crand "crypto/rand"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"time"
 )
@@ -31,27 +29,17 @@ import (
 //	             SecAggViewKind: a site's signed view of the session,
 //	             PutSecAggView, without a replay log entry)
 //
-// Edge:
-//
-//	secagg       state = the agent's record of its session (opaque here:
-//	             round, attempt, its quantised input and the secagg.Client
-//	             state with its private keys; a secret, like the whole file)
-//	             noise_key = 32 bytes from crypto/rand, drawn once per run:
-//	             the key of the site's distributed-DP noise (dp.NoiseRand)
+// The site's record is the edge store's (node/edgestore, secagg_edge.go).
 var (
 	bucketSecAgg     = []byte("secagg")
 	bucketSecAggMsgs = []byte("secagg_msgs")
 
 	keySecAggServer = []byte("server")
-	keySecAggEdge   = []byte("state")
-	keySecAggNoise  = []byte("noise_key")
 )
 
 func init() {
-	ourBuckets = append(ourBuckets, string(bucketSecAgg), string(bucketSecAggMsgs))
 	aggSchema.layout[string(bucketSecAgg)] = []string{string(keySecAggServer)}
 	aggSchema.layout[string(bucketSecAggMsgs)] = nil
-	edgeSchema.layout[string(bucketSecAgg)] = []string{string(keySecAggEdge), string(keySecAggNoise)}
 }
 
 // secAggAdvertiseKind is secagg.KindAdvertiseKeys (kept by PutSecAggServer).
@@ -86,9 +74,6 @@ func (s *AggStore) PutSecAggView(round uint64, attempt uint32, client string, si
 	}
 	return nil
 }
-
-// ErrConflict: a second, different message under a key that holds one.
-var ErrConflict = errors.New("storage: a different message is stored under this key")
 
 func secAggKey(round uint64, attempt uint32, kind uint8, client string) []byte {
 	k := binary.BigEndian.AppendUint64(make([]byte, 0, 13+len(client)), round)
@@ -284,125 +269,4 @@ func (s *AggStore) SecAggServer() (round uint64, attempt uint32, state []byte, e
 		err = fmt.Errorf("%w: secagg server state", ErrNotFound)
 	}
 	return round, attempt, state, err
-}
-
-// SetSecAgg stores the agent's secure-aggregation record together with the
-// outbox entry of round (the message it sends next) in one transaction:
-// commit, then publish. round must be the applied round (Commit wrote the
-// round's first record and message). A nil msg leaves the outbox as it is.
-func (s *EdgeStore) SetSecAgg(round uint64, rec, msg []byte) error {
-	if len(rec) == 0 {
-		return fmt.Errorf("storage: set secagg: %w: empty record", ErrInvalid)
-	}
-	err := s.db.Update(func(tx *wtx) error {
-		eb, err := bucket(tx, bucketEdge)
-		if err != nil {
-			return err
-		}
-		applied, err := getU64(eb, keyAppliedRound)
-		if err != nil {
-			return err
-		}
-		if round != applied {
-			return fmt.Errorf("%w: secagg record of round %d, the applied round is %d", ErrStale, round, applied)
-		}
-		b, err := mkBucket(tx, bucketSecAgg)
-		if err != nil {
-			return err
-		}
-		if err := sput(b, keySecAggEdge, rec); err != nil {
-			return err
-		}
-		if msg == nil {
-			return nil
-		}
-		out, err := bucket(tx, bucketOutbox)
-		if err != nil {
-			return err
-		}
-		return sput(out, encodeU64(round), msg)
-	})
-	if err != nil {
-		return fmt.Errorf("storage: set secagg: %w", err)
-	}
-	return nil
-}
-
-// SecAgg returns the agent's secure-aggregation record, or ErrNotFound. A
-// read transaction.
-func (s *EdgeStore) SecAgg() ([]byte, error) {
-	var out []byte
-	err := s.db.View(func(tx *wtx) error {
-		b, _ := optBucket(tx, bucketSecAgg)
-		if b == nil {
-			return fmt.Errorf("%w: secagg record", ErrNotFound)
-		}
-		v, err := sget(b, keySecAggEdge, "secagg/state")
-		if err != nil {
-			return err
-		}
-		if v == nil {
-			return fmt.Errorf("%w: secagg record", ErrNotFound)
-		}
-		out = bytes.Clone(v)
-		return nil
-	})
-	return out, err
-}
-
-// AckIf removes the outbox entry of round if match says it is the one a
-// receipt answers (a receipt of an earlier secagg message of the round must
-// not remove the next one's entry), and reports whether it did. One
-// transaction.
-func (s *EdgeStore) AckIf(round uint64, match func(msg []byte) bool) (bool, error) {
-	found := false
-	err := s.db.Update(func(tx *wtx) error {
-		b, err := bucket(tx, bucketOutbox)
-		if err != nil {
-			return err
-		}
-		k := encodeU64(round)
-		v, err := sget(b, k, "outbox entry")
-		if err != nil || v == nil || !match(v) {
-			return err
-		}
-		found = true
-		return b.Delete(k)
-	})
-	if err != nil {
-		return false, fmt.Errorf("storage: ack round %d: %w", round, err)
-	}
-	return found, nil
-}
-
-// SecAggNoiseKey returns the site's distributed-DP noise key, drawing it
-// from crypto/rand and storing it in the same transaction the first time
-// (a new run draws a new one: StartRun drops the bucket).
-func (s *EdgeStore) SecAggNoiseKey() ([32]byte, error) {
-	var key [32]byte
-	err := s.db.Update(func(tx *wtx) error {
-		b, err := mkBucket(tx, bucketSecAgg)
-		if err != nil {
-			return err
-		}
-		v, err := sget(b, keySecAggNoise, "secagg/noise_key")
-		if err != nil {
-			return err
-		}
-		if v != nil {
-			if len(v) != len(key) {
-				return fmt.Errorf("%w: secagg/noise_key of %d bytes", ErrCorrupt, len(v))
-			}
-			copy(key[:], v)
-			return nil
-		}
-		if _, err := crand.Read(key[:]); err != nil {
-			return err
-		}
-		return sput(b, keySecAggNoise, key[:])
-	})
-	if err != nil {
-		return key, fmt.Errorf("storage: secagg noise key: %w", err)
-	}
-	return key, nil
 }

@@ -82,8 +82,14 @@ var (
 	ErrMismatch       = errors.New("storage: stored identity differs")
 )
 
-// ourBuckets are the bucket names of every edgefl schema, old or new.
-var ourBuckets = []string{"meta", "agg", "clients", "rounds", "updates", "latest_z", "checkpoints", "edge", "residuals", "outbox", "sum_pending"}
+// ErrConflict: a second, different message under a key that holds one.
+var ErrConflict = errors.New("storage: a different message is stored under this key")
+
+// ourBuckets are the bucket names of every edgefl schema, old or new, of
+// both stores: a file without its meta bucket but with one of these is a
+// damaged edgefl file, whichever binary opens it.
+var ourBuckets = []string{"meta", "agg", "clients", "rounds", "updates", "latest_z", "checkpoints", "edge", "residuals", "outbox", "sum_pending",
+	"statistics", "evals", "federation", "secagg", "secagg_msgs"}
 
 // Bucket and key names shared by both schemas.
 var (
@@ -109,6 +115,14 @@ type schema struct {
 	// with fixed keys, those keys (nil: keys are data, e.g. client ids);
 	// the check on open refuses anything else (guard.go).
 	layout map[string][]string
+	// nested names, for a bucket of buckets, the fixed keys of each
+	// bucket in it (absent: any key).
+	nested map[string][]string
+	// checkValue, when set, checks the shape of a value read on open
+	// (after its seal): the float vectors are decoded, so a non-finite
+	// number (never written: checkVec refuses it) is found on open, not
+	// when a round needs it.
+	checkValue func(bucket string, k, v []byte) error
 	// invariants, when set, checks what the layout cannot say (read on
 	// open with every value).
 	invariants func(tx *wtx) error
@@ -143,7 +157,7 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 	if err := refuseEmpty(path); err != nil {
 		return nil, err
 	}
-	db, err := openGuarded(path, sc.layout, &bolt.Options{
+	db, err := openGuarded(path, sc, &bolt.Options{
 		Timeout: timeout,
 		NoSync:  false, // fsync every commit: durability is the point
 	})
@@ -526,3 +540,17 @@ func inBucket(name []byte, fn func(b *wbucket) error) func(tx *wtx) error {
 		return fn(b)
 	}
 }
+
+// mkBucket returns a bucket created by its first write (a version-3
+// bucket), creating it.
+func mkBucket(tx *wtx, name []byte) (*wbucket, error) {
+	b, err := tx.CreateBucketIfNotExists(name)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", name, err)
+	}
+	return b, nil
+}
+
+// optBucket returns a bucket created by its first write, nil (no error) when it has not
+// been written yet.
+func optBucket(tx *wtx, name []byte) (*wbucket, error) { return tx.Bucket(name), nil }
