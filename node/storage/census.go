@@ -105,7 +105,7 @@ func tallyBucket(b *bolt.Bucket, path uint64, t *tally) error {
 func takeCensus(tx *bolt.Tx) ([]tally, error) {
 	var ts []tally
 	err := tx.ForEach(func(name []byte, b *bolt.Bucket) error {
-		if bytes.Equal(name, bucketMeta) {
+		if bytes.Equal(name, BucketMeta) {
 			return nil
 		}
 		t := tally{name: string(name)}
@@ -146,11 +146,11 @@ func decodeCensus(b []byte) ([]tally, error) {
 // storedCensus returns the sealed census, ok == false when the file has
 // none (a file being migrated from an older version).
 func storedCensus(tx *bolt.Tx) (ts []tally, ok bool, err error) {
-	meta := tx.Bucket(bucketMeta)
+	meta := tx.Bucket(BucketMeta)
 	if meta == nil {
 		return nil, false, nil
 	}
-	v, err := sget(meta, keyCensus, "meta/census")
+	v, err := SGet(meta, keyCensus, "meta/census")
 	if err != nil || v == nil {
 		return nil, false, err
 	}
@@ -162,29 +162,29 @@ func storedCensus(tx *bolt.Tx) (ts []tally, ok bool, err error) {
 // scratch (when it changed). It is the body of the migration step that
 // introduces it; from then on the census is kept by the writes themselves
 // (wtx.go).
-func writeCensus(tx *wtx) error {
+func WriteCensus(tx *Tx) error {
 	ts, err := takeCensus(tx.Tx)
 	if err != nil {
 		return err
 	}
-	meta, err := tx.Tx.CreateBucketIfNotExists(bucketMeta)
+	meta, err := tx.Tx.CreateBucketIfNotExists(BucketMeta)
 	if err != nil {
 		return err
 	}
 	enc := encodeCensus(ts)
 	if old := meta.Get(keyCensus); old != nil {
-		if v, err := unseal(keyCensus, old, "meta/census"); err == nil && bytes.Equal(v, enc) {
+		if v, err := Unseal(keyCensus, old, "meta/census"); err == nil && bytes.Equal(v, enc) {
 			return nil // unchanged: leave the meta page clean
 		}
 	}
-	return meta.Put(keyCensus, seal(keyCensus, enc))
+	return meta.Put(keyCensus, Seal(keyCensus, enc))
 }
 
 // checkCensus compares the file with its sealed census (in a write
 // transaction: the census as its changes so far moved it): every top-level
 // bucket when only is "", else only that one (which may be absent if the
 // census says so). A file without a census passes unless required.
-func checkCensus(tx *wtx, only string, required bool) error {
+func CheckCensus(tx *Tx, only string, required bool) error {
 	var want []tally
 	if tx.cen != nil {
 		want = tx.cen.ts

@@ -41,7 +41,7 @@ import (
 // Values inside the pages are sealed with checksums (seal.go).
 
 // guardedDB is a bbolt handle whose transactions cannot panic.
-type guardedDB struct {
+type DB struct {
 	*bolt.DB
 	path   string
 	layout map[string][]string                    // bucket -> its fixed keys (nil: any key); from the schema
@@ -53,7 +53,7 @@ type guardedDB struct {
 
 // guard is deferred by every entry point that touches pages; it recovers a
 // panic or memory fault into *err.
-func (d *guardedDB) guard(err *error, write bool) func() {
+func (d *DB) guard(err *error, write bool) func() {
 	old := debug.SetPanicOnFault(true)
 	return func() {
 		debug.SetPanicOnFault(old)
@@ -68,7 +68,7 @@ func (d *guardedDB) guard(err *error, write bool) func() {
 	}
 }
 
-func (d *guardedDB) failed() error {
+func (d *DB) failed() error {
 	if e := d.broken.Load(); e != nil {
 		return *e
 	}
@@ -76,18 +76,18 @@ func (d *guardedDB) failed() error {
 }
 
 // View is bolt.DB.View with panics recovered.
-func (d *guardedDB) View(fn func(*wtx) error) (err error) {
+func (d *DB) View(fn func(*Tx) error) (err error) {
 	if err := d.failed(); err != nil {
 		return err
 	}
 	defer d.guard(&err, false)()
-	return d.named(d.DB.View(func(tx *bolt.Tx) error { return fn(&wtx{Tx: tx}) }))
+	return d.named(d.DB.View(func(tx *bolt.Tx) error { return fn(&Tx{Tx: tx}) }))
 }
 
 // Update is bolt.DB.Update with panics recovered. The census (census.go)
 // is kept by the changes fn makes through the wtx (wtx.go) and written
 // back in the same transaction.
-func (d *guardedDB) Update(fn func(*wtx) error) (err error) {
+func (d *DB) Update(fn func(*Tx) error) (err error) {
 	if err := d.failed(); err != nil {
 		return err
 	}
@@ -97,12 +97,12 @@ func (d *guardedDB) Update(fn func(*wtx) error) (err error) {
 		if err != nil {
 			return err
 		}
-		w := &wtx{Tx: tx, cen: cen}
+		w := &Tx{Tx: tx, cen: cen}
 		if err := fn(w); err != nil {
 			return err
 		}
-		if selfCheckCensus && w.cen != nil {
-			if err := checkCensus(w, "", false); err != nil {
+		if SelfCheckCensus && w.cen != nil {
+			if err := CheckCensus(w, "", false); err != nil {
 				return fmt.Errorf("the census kept by this transaction's writes is not the file's: %w", err)
 			}
 		}
@@ -113,7 +113,7 @@ func (d *guardedDB) Update(fn func(*wtx) error) (err error) {
 // named adds the file's path to a corruption error found inside a
 // transaction (a value failing its checksum), so the operator's one-line
 // error says which file.
-func (d *guardedDB) named(err error) error {
+func (d *DB) named(err error) error {
 	if err != nil && errors.Is(err, ErrCorrupt) && !strings.Contains(err.Error(), d.path) {
 		return fmt.Errorf("%w (in %s)", err, d.path)
 	}
@@ -123,7 +123,7 @@ func (d *guardedDB) named(err error) error {
 // Close closes the file, unless a write transaction panicked: then bbolt's
 // locks may be held and its Close would block forever, so the handle is
 // left to the process's exit (which releases the file lock and the map).
-func (d *guardedDB) Close() (err error) {
+func (d *DB) Close() (err error) {
 	if d.wedged.Load() {
 		return fmt.Errorf("%w: %s was left open after a failed write", ErrCorrupt, d.path)
 	}
@@ -329,8 +329,8 @@ func refuseEmpty(path string) error {
 }
 
 // openGuarded opens path with bbolt under the guard.
-func openGuarded(path string, sc schema, o *bolt.Options) (g *guardedDB, err error) {
-	g = &guardedDB{path: path, layout: sc.layout, nested: sc.nested, value: sc.checkValue}
+func openGuarded(path string, sc Schema, o *bolt.Options) (g *DB, err error) {
+	g = &DB{path: path, layout: sc.Layout, nested: sc.Nested, value: sc.CheckValue}
 	defer g.guard(&err, true)()
 	db, err := bolt.Open(path, 0o600, o)
 	if err != nil {
@@ -351,7 +351,7 @@ func checkTime(size int64) time.Duration {
 // bounded runs one whole-file check within checkTime. A check that
 // cannot finish in time is an error: the daemon must not start on a file it
 // could not verify.
-func bounded(d *guardedDB, what string, fn func() error) error {
+func bounded(d *DB, what string, fn func() error) error {
 	var size int64
 	if st, err := os.Stat(d.path); err == nil {
 		size = st.Size()
@@ -376,9 +376,9 @@ func bounded(d *guardedDB, what string, fn func() error) error {
 // the buckets and the fixed keys are the schema's: a flipped bit in a key
 // would otherwise make a value look absent (a "fresh" round log, an
 // identity never set) instead of damaged.
-func (d *guardedDB) checkValues(tx *bolt.Tx) error {
+func (d *DB) checkValues(tx *bolt.Tx) error {
 	return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
-		if string(name) == string(bucketMeta) {
+		if string(name) == string(BucketMeta) {
 			return nil
 		}
 		fixed, known := d.layout[string(name)]
@@ -389,7 +389,7 @@ func (d *guardedDB) checkValues(tx *bolt.Tx) error {
 	})
 }
 
-func (d *guardedDB) checkBucket(b *bolt.Bucket, what string, fixed []string) error {
+func (d *DB) checkBucket(b *bolt.Bucket, what string, fixed []string) error {
 	return b.ForEach(func(k, v []byte) error {
 		if fixed != nil && !slices.Contains(fixed, string(k)) {
 			return fmt.Errorf("%w: %s has an unknown key %q", ErrCorrupt, what, k)
@@ -401,7 +401,7 @@ func (d *guardedDB) checkBucket(b *bolt.Bucket, what string, fixed []string) err
 			}
 			return d.checkBucket(nb, fmt.Sprintf("%s/%x", what, k), d.nested[what])
 		}
-		v, err := unseal(k, v, fmt.Sprintf("%s/%q", what, k))
+		v, err := Unseal(k, v, fmt.Sprintf("%s/%q", what, k))
 		if err != nil {
 			return err
 		}
@@ -413,7 +413,7 @@ func (d *guardedDB) checkBucket(b *bolt.Bucket, what string, fixed []string) err
 }
 
 // compactInto copies the whole database into out under the guard.
-func (d *guardedDB) compactInto(out *bolt.DB) (err error) {
+func (d *DB) compactInto(out *bolt.DB) (err error) {
 	if err := d.failed(); err != nil {
 		return err
 	}
