@@ -95,7 +95,7 @@ type SecAggRecord struct {
 
 // PutSecAggMessage stores a site's secure-aggregation message under
 // (round, attempt, kind, client) with the time it was stored, and appends
-// its replay log entry (node/storage/log.go) in the same transaction, returning
+// its replay log entry (log.go) in the same transaction, returning
 // its index. The same bytes again store nothing (index 0); different bytes
 // fail with ErrConflict. One transaction.
 func (s *AggStore) PutSecAggMessage(r SecAggRecord, at time.Time) (index uint64, err error) {
