@@ -20,11 +20,11 @@ import (
 // and paths (a sum of 64-bit hashes, so a changed key is caught as well as
 // a lost one).
 //
-// The census is kept incrementally (wtx.go): every put, delete and bucket
+// The census is kept incrementally (Tx.go): every put, delete and bucket
 // creation or deletion goes through wrappers that know the bucket's path
 // and move its top-level bucket's count and digest (a sum of hashes, so one
 // hash is added or subtracted) in the same transaction, which writes the
-// census back (guardedDB.Update). So a count is always written in the same
+// census back (DB.Update). So a count is always written in the same
 // transaction as the changes it counts, whatever helper made them (rollback
 // and the migrations included), at a cost that does not grow with the file:
 // until 2026-11 every write recounted the whole file before and after its
@@ -32,7 +32,7 @@ import (
 // log of 1,000 rounds of 10 sites (go test -run '^$' -bench PutUpdate
 // ./node/storage/). The full recount runs on open (every bucket, with every
 // value read back: a write that went around the wrappers, or damage at
-// rest, is refused there) and before every listing (sforEach, viewWritten,
+// rest, is refused there) and before every listing (SForEach, viewWritten,
 // LatestCheckpoint), for the listed top-level bucket: a listing is never
 // silently short. That recount walks the top-level bucket's whole subtree
 // (for updates/<round>, every round's updates), which is affordable
@@ -41,7 +41,7 @@ import (
 // a new census format and migration. Writes no longer check the counts
 // before they build on the file: damage after the open check is found by
 // the next listing of its bucket or the next open. A mismatch is an error
-// wrapping ErrCorrupt that names the bucket (and, through guardedDB, the
+// wrapping ErrCorrupt that names the bucket (and, through DB, the
 // file). Compaction copies the meta bucket with the entries it counts, so
 // the copy's census is right as it stands.
 //
@@ -158,10 +158,10 @@ func storedCensus(tx *bolt.Tx) (ts []tally, ok bool, err error) {
 	return ts, err == nil, err
 }
 
-// writeCensus stores the census of the file as it is now, counted from
+// WriteCensus stores the census of the file as it is now, counted from
 // scratch (when it changed). It is the body of the migration step that
 // introduces it; from then on the census is kept by the writes themselves
-// (wtx.go).
+// (Tx.go).
 func WriteCensus(tx *Tx) error {
 	ts, err := takeCensus(tx.Tx)
 	if err != nil {
@@ -180,7 +180,7 @@ func WriteCensus(tx *Tx) error {
 	return meta.Put(keyCensus, Seal(keyCensus, enc))
 }
 
-// checkCensus compares the file with its sealed census (in a write
+// CheckCensus compares the file with its sealed census (in a write
 // transaction: the census as its changes so far moved it): every top-level
 // bucket when only is "", else only that one (which may be absent if the
 // census says so). A file without a census passes unless required.

@@ -27,7 +27,7 @@ import (
 //  1. precheck reads the two meta pages itself, before bbolt maps the file:
 //     an empty file, no valid meta page, or a file shorter than its last
 //     commit's high-water mark is refused without touching a data page.
-//  2. Every transaction runs under guardedDB: panics (and, with
+//  2. Every transaction runs under DB: panics (and, with
 //     debug.SetPanicOnFault, memory faults) are recovered into an error
 //     wrapping ErrCorrupt that names the file. The handle is then poisoned:
 //     every later call returns the same error, and after a write panic
@@ -40,7 +40,7 @@ import (
 //
 // Values inside the pages are sealed with checksums (seal.go).
 
-// guardedDB is a bbolt handle whose transactions cannot panic.
+// DB is a bbolt handle whose transactions cannot panic.
 type DB struct {
 	*bolt.DB
 	path   string
@@ -85,7 +85,7 @@ func (d *DB) View(fn func(*Tx) error) (err error) {
 }
 
 // Update is bolt.DB.Update with panics recovered. The census (census.go)
-// is kept by the changes fn makes through the wtx (wtx.go) and written
+// is kept by the changes fn makes through the Tx (Tx.go) and written
 // back in the same transaction.
 func (d *DB) Update(fn func(*Tx) error) (err error) {
 	if err := d.failed(); err != nil {

@@ -17,6 +17,7 @@ import (
 // 2 of both kinds introduced the seal; the migration seals every value of an
 // older file in place.
 
+// SealLen is the length of the seal after every value.
 const SealLen = 4
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -25,14 +26,14 @@ func sealSum(k, v []byte) uint32 {
 	return crc32.Update(crc32.Checksum(k, castagnoli), castagnoli, v)
 }
 
-// seal returns v with its seal appended (a new slice).
+// Seal returns v with its seal appended (a new slice).
 func Seal(k, v []byte) []byte {
 	out := make([]byte, len(v), len(v)+SealLen)
 	copy(out, v)
 	return binary.BigEndian.AppendUint32(out, sealSum(k, v))
 }
 
-// unseal checks raw's seal and returns the value without it (a sub-slice of
+// Unseal checks raw's seal and returns the value without it (a sub-slice of
 // raw: bbolt memory, valid only inside the transaction).
 func Unseal(k, raw []byte, what string) ([]byte, error) {
 	if len(raw) < SealLen {
@@ -45,10 +46,10 @@ func Unseal(k, raw []byte, what string) ([]byte, error) {
 	return v, nil
 }
 
-// getter is a bucket to read from (bbolt's, or a wbucket).
+// getter is a bucket to read from (bbolt's, or a Bucket).
 type getter interface{ Get(k []byte) []byte }
 
-// sget returns the unsealed value of k in b, nil (no error) when absent.
+// SGet returns the unsealed value of k in b, nil (no error) when absent.
 func SGet(b getter, k []byte, what string) ([]byte, error) {
 	raw := b.Get(k)
 	if raw == nil {
@@ -57,10 +58,10 @@ func SGet(b getter, k []byte, what string) ([]byte, error) {
 	return Unseal(k, raw, what)
 }
 
-// sput stores v sealed under k.
+// SPut stores v sealed under k.
 func SPut(b *Bucket, k, v []byte) error { return b.Put(k, Seal(k, v)) }
 
-// sforEach calls fn with every unsealed key/value of b (nested buckets are
+// SForEach calls fn with every unsealed key/value of b (nested buckets are
 // skipped); a broken seal stops the iteration with ErrCorrupt.
 // what is the bucket's path; the sealed count of its top-level bucket is
 // checked first (census.go), so a listing is never silently short.
@@ -81,7 +82,7 @@ func SForEach(b *Bucket, what string, fn func(k, v []byte) error) error {
 	})
 }
 
-// sealAll is the migration that seals every value of every bucket but meta,
+// SealAll is the migration that seals every value of every bucket but meta,
 // recursively.
 func SealAll(tx *Tx) error {
 	return tx.ForEach(func(name []byte, b *bolt.Bucket) error { // bbolt's buckets: no census before its migration step

@@ -3,7 +3,7 @@
 // owns opening a file (a bounded lock wait, the page checks of guard.go
 // and walk.go, the kind check and the forward migrations of a Schema), the
 // transaction wrappers that keep every bucket's sealed entry count
-// (wtx.go, census.go), the checksummed values (seal.go), the value
+// (Tx.go, census.go), the checksummed values (seal.go), the value
 // encodings and the errors the stores return. It knows no store's buckets
 // beyond their names (ourBuckets): each store declares its Schema (kind,
 // migrations, layout, value checks) and its own methods. The edge agent
@@ -104,7 +104,7 @@ var (
 	keyKind          = []byte("kind")
 )
 
-// migration moves a file from schema version i to i+1, where i is its index
+// Migration moves a file from schema version i to i+1, where i is its index
 // in a schema's list. It runs inside the transaction that also stamps the new
 // version, so a step is all or nothing.
 type Migration struct {
@@ -112,7 +112,7 @@ type Migration struct {
 	Run  func(tx *Tx) error
 }
 
-// schema is one kind of file: its name in the meta bucket and its migrations;
+// Schema is one kind of file: its name in the meta bucket and its migrations;
 // the current version is len(migrations).
 type Schema struct {
 	Kind       string
@@ -126,7 +126,7 @@ type Schema struct {
 	Nested map[string][]string
 	// checkValue, when set, checks the shape of a value read on open
 	// (after its seal): the float vectors are decoded, so a non-finite
-	// number (never written: checkVec refuses it) is found on open, not
+	// number (never written: CheckVec refuses it) is found on open, not
 	// when a round needs it.
 	CheckValue func(bucket string, k, v []byte) error
 	// invariants, when set, checks what the layout cannot say (read on
@@ -137,9 +137,10 @@ type Schema struct {
 	CountedFrom uint64
 }
 
+// Version is the schema's current version: the number of its migrations.
 func (s Schema) Version() uint64 { return uint64(len(s.Migrations)) }
 
-// createBuckets is the body of a v0 -> v1 migration.
+// CreateBuckets is the body of a v0 -> v1 migration.
 func CreateBuckets(names ...[]byte) func(tx *Tx) error {
 	return func(tx *Tx) error {
 		for _, n := range names {
@@ -151,7 +152,7 @@ func CreateBuckets(names ...[]byte) func(tx *Tx) error {
 	}
 }
 
-// openDB opens (creating if needed) the bbolt file at path, takes its lock
+// Open opens (creating if needed) the bbolt file at path, takes its lock
 // with a bounded wait, verifies every page (guard.go), checks its kind and
 // migrates it to sc's version. A damaged file is an error wrapping
 // ErrCorrupt that names the file, never a panic or a hang.
@@ -230,7 +231,7 @@ func Open(path string, sc Schema, opts Options) (*DB, error) {
 	return db, nil
 }
 
-// readMeta returns a file's schema version and kind; a file without a meta
+// ReadMeta returns a file's schema version and kind; a file without a meta
 // bucket is version 0 and must be empty.
 func ReadMeta(tx *Tx) (version uint64, kind string, err error) {
 	meta := tx.Bucket(BucketMeta)
@@ -349,7 +350,7 @@ func migrate(db *DB, sc Schema) error {
 	return nil
 }
 
-// schemaVersion reads the version of an open file (for tests and tools).
+// SchemaVersion reads the version of an open file (for tests and tools).
 func SchemaVersion(db *DB) (v uint64, err error) {
 	err = db.View(func(tx *Tx) error {
 		v, _, err = ReadMeta(tx)
@@ -358,7 +359,7 @@ func SchemaVersion(db *DB) (v uint64, err error) {
 	return v, err
 }
 
-// check runs bbolt's consistency check of the whole file.
+// Check runs bbolt's consistency check of the whole file.
 func Check(db *DB) error {
 	return db.View(func(tx *Tx) error {
 		var errs []string
@@ -374,7 +375,7 @@ func Check(db *DB) error {
 	})
 }
 
-// compact writes a compacted copy of src to dst, which must not exist. It
+// Compact writes a compacted copy of src to dst, which must not exist. It
 // compacts into dst+".tmp" and renames on success, so an interrupted compaction
 // never leaves a partial file under dst.
 func Compact(src *DB, dst string, opts Options) (err error) {
@@ -427,8 +428,10 @@ func syncDir(dir string) error {
 
 // ---- value encodings ----
 
+// EncodeU64 is v big-endian (keys sort by it).
 func EncodeU64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
+// DecodeU64 reads an EncodeU64 value; what names it in the error.
 func DecodeU64(b []byte, what string) (uint64, error) {
 	if len(b) != 8 {
 		return 0, fmt.Errorf("%w: %s is %d bytes, want 8", ErrCorrupt, what, len(b))
@@ -436,7 +439,7 @@ func DecodeU64(b []byte, what string) (uint64, error) {
 	return binary.BigEndian.Uint64(b), nil
 }
 
-// Times are stored as Unix nanoseconds; the zero time as 0.
+// EncodeTime stores a time as Unix nanoseconds; the zero time as 0.
 func EncodeTime(t time.Time) []byte {
 	if t.IsZero() {
 		return EncodeU64(0)
@@ -444,6 +447,7 @@ func EncodeTime(t time.Time) []byte {
 	return EncodeU64(uint64(t.UnixNano()))
 }
 
+// DecodeTime reads an EncodeTime value.
 func DecodeTime(b []byte, what string) (time.Time, error) {
 	v, err := DecodeU64(b, what)
 	if err != nil || v == 0 {
@@ -452,6 +456,7 @@ func DecodeTime(b []byte, what string) (time.Time, error) {
 	return time.Unix(0, int64(v)), nil
 }
 
+// AppendFloats appends v to dst as little-endian float64s.
 func AppendFloats(dst []byte, v []float64) []byte {
 	for _, x := range v {
 		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(x))
@@ -459,9 +464,10 @@ func AppendFloats(dst []byte, v []float64) []byte {
 	return dst
 }
 
+// EncodeFloats is v as little-endian float64s.
 func EncodeFloats(v []float64) []byte { return AppendFloats(make([]byte, 0, 8*len(v)), v) }
 
-// decodeFloats copies a non-empty little-endian float64 vector out of b
+// DecodeFloats copies a non-empty little-endian float64 vector out of b
 // (which may be bbolt memory, valid only inside the transaction).
 func DecodeFloats(b []byte, what string) ([]float64, error) {
 	if len(b) == 0 || len(b)%8 != 0 {
@@ -471,18 +477,20 @@ func DecodeFloats(b []byte, what string) ([]float64, error) {
 	for i := range v {
 		v[i] = math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:]))
 		if math.IsNaN(v[i]) || math.IsInf(v[i], 0) {
-			// Never written (checkVec refuses it): the file was altered.
+			// Never written (CheckVec refuses it): the file was altered.
 			return nil, fmt.Errorf("%w: %s[%d] is %v", ErrCorrupt, what, i, v[i])
 		}
 	}
 	return v, nil
 }
 
-// A round-tagged vector: 8-byte big-endian round, then the floats.
+// EncodeRoundVec is a round-tagged vector: 8-byte big-endian round, then
+// the floats.
 func EncodeRoundVec(round uint64, v []float64) []byte {
 	return AppendFloats(binary.BigEndian.AppendUint64(make([]byte, 0, 8+8*len(v)), round), v)
 }
 
+// DecodeRoundVec reads an EncodeRoundVec value.
 func DecodeRoundVec(b []byte, what string) (uint64, []float64, error) {
 	if len(b) < 16 || len(b)%8 != 0 {
 		return 0, nil, fmt.Errorf("%w: %s is %d bytes, want 8 + a positive multiple of 8", ErrCorrupt, what, len(b))
@@ -491,7 +499,7 @@ func DecodeRoundVec(b []byte, what string) (uint64, []float64, error) {
 	return binary.BigEndian.Uint64(b), v, err
 }
 
-// roundOf reads only the round of a round-tagged vector.
+// RoundOf reads only the round of a round-tagged vector.
 func RoundOf(b []byte, what string) (uint64, error) {
 	if len(b) < 16 || len(b)%8 != 0 {
 		return 0, fmt.Errorf("%w: %s is %d bytes, want 8 + a positive multiple of 8", ErrCorrupt, what, len(b))
@@ -499,7 +507,7 @@ func RoundOf(b []byte, what string) (uint64, error) {
 	return binary.BigEndian.Uint64(b), nil
 }
 
-// checkVec rejects vectors that must never be stored: empty or non-finite.
+// CheckVec rejects vectors that must never be stored: empty or non-finite.
 func CheckVec(what string, v []float64) error {
 	if len(v) == 0 {
 		return fmt.Errorf("%w: %s is empty", ErrInvalid, what)
@@ -515,7 +523,7 @@ func CheckVec(what string, v []float64) error {
 	return nil
 }
 
-// checkName validates a client id or residual name used as a key. The
+// CheckName validates a client id or residual name used as a key. The
 // storage layer does not know wire's id charset; it only keeps keys sane.
 func CheckName(what, s string) error {
 	if s == "" || len(s) > 255 {
@@ -527,6 +535,8 @@ func CheckName(what, s string) error {
 	return nil
 }
 
+// NeedBucket returns the top-level bucket name, which must exist: a missing
+// one is ErrCorrupt.
 func NeedBucket(tx *Tx, name []byte) (*Bucket, error) {
 	b := tx.Bucket(name)
 	if b == nil {
@@ -535,7 +545,7 @@ func NeedBucket(tx *Tx, name []byte) (*Bucket, error) {
 	return b, nil
 }
 
-// inBucket is a transaction function (for db.View or db.Update) that runs fn
+// InBucket is a transaction function (for db.View or db.Update) that runs fn
 // on the top-level bucket name, which must exist.
 func InBucket(name []byte, fn func(b *Bucket) error) func(tx *Tx) error {
 	return func(tx *Tx) error {
@@ -547,7 +557,7 @@ func InBucket(name []byte, fn func(b *Bucket) error) func(tx *Tx) error {
 	}
 }
 
-// mkBucket returns a bucket created by its first write (a version-3
+// MakeBucket returns a bucket created by its first write (a version-3
 // bucket), creating it.
 func MakeBucket(tx *Tx, name []byte) (*Bucket, error) {
 	b, err := tx.CreateBucketIfNotExists(name)
@@ -557,6 +567,6 @@ func MakeBucket(tx *Tx, name []byte) (*Bucket, error) {
 	return b, nil
 }
 
-// optBucket returns a bucket created by its first write, nil (no error) when it has not
+// OptBucket returns a bucket created by its first write, nil (no error) when it has not
 // been written yet.
 func OptBucket(tx *Tx, name []byte) (*Bucket, error) { return tx.Bucket(name), nil }

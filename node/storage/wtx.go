@@ -9,20 +9,20 @@ import (
 )
 
 // The census kept incrementally (census.go). Every transaction function of
-// this package gets a *wtx, and every bucket it reaches through it is a
-// *wbucket that knows its top-level bucket and its path; their Put, Delete,
+// this package gets a *Tx, and every bucket it reaches through it is a
+// *Bucket that knows its top-level bucket and its path; their Put, Delete,
 // CreateBucket, CreateBucketIfNotExists and DeleteBucket shadow bbolt's and
 // update that top-level bucket's tally (count, digest) in the transaction's
 // census as they change the file. The digest is a sum of hashes, so a change
 // adds or subtracts one hash (a deleted nested bucket: its subtree's, counted
-// once). guardedDB.Update writes the census back, in the same transaction,
+// once). DB.Update writes the census back, in the same transaction,
 // when a change moved it. A write that goes around the wrappers (bbolt's own
 // methods through .Tx or .Bucket, Cursor.Delete) leaves the census behind
 // the file; the next open's full recount refuses the file
 // (TestCensusCatchesBypass), so such a write is a bug caught by the first
 // restart of any test that makes it.
 
-// wtx is a transaction with the census it keeps (cen is nil in a read
+// Tx is a transaction with the census it keeps (cen is nil in a read
 // transaction, and in a write transaction on a file without a census yet:
 // the migration steps before "count entries").
 type Tx struct {
@@ -37,7 +37,7 @@ type census struct {
 	dirty bool
 }
 
-// wbucket is a bucket reached through a wtx. Its reads are bbolt's; its
+// Bucket is a bucket reached through a Tx. Its reads are bbolt's; its
 // writes keep the census.
 type Bucket struct {
 	b    *bolt.Bucket
@@ -85,7 +85,7 @@ func (b *Bucket) ForEach(fn func(k, v []byte) error) error { return b.b.ForEach(
 func (b *Bucket) Cursor() *bolt.Cursor                     { return b.b.Cursor() } // reads only: Cursor.Delete bypasses the census
 func (b *Bucket) Stats() bolt.BucketStats                  { return b.b.Stats() }
 
-// Put stores v under k (callers seal it: sput), counting a new key.
+// Put stores v under k (callers seal it: SPut), counting a new key.
 func (b *Bucket) Put(k, v []byte) error {
 	isNew := b.b.Get(k) == nil
 	if err := b.b.Put(k, v); err != nil {
@@ -196,7 +196,7 @@ func (tx *Tx) DeleteBucket(name []byte) error {
 	return nil
 }
 
-// selfCheckCensus makes every write transaction recount the file and
+// SelfCheckCensus makes every write transaction recount the file and
 // compare it with the census it kept (set by the package's tests, so that
 // every test's writes check the wrappers; never in a binary).
 var SelfCheckCensus bool
