@@ -84,7 +84,7 @@ func init() {
 }
 
 // aggValue decodes the values that are float vectors, so that a
-// non-finite number (never written: checkVec refuses it) is found on open,
+// non-finite number (never written: CheckVec refuses it) is found on open,
 // not when a round needs it.
 func aggValue(bucket string, k, v []byte) error {
 	what := fmt.Sprintf("%s/%q", bucket, k)
@@ -548,7 +548,7 @@ func roundBucket(tx *storage.Tx, n uint64) (*storage.Bucket, error) {
 	return rb, nil
 }
 
-// inRound is inBucket for the bucket of round n, which must exist.
+// inRound is InBucket for the bucket of round n, which must exist.
 func inRound(n uint64, fn func(rb *storage.Bucket) error) func(tx *storage.Tx) error {
 	return func(tx *storage.Tx) error {
 		rb, err := roundBucket(tx, n)

@@ -257,7 +257,7 @@ func dumpAggFileErr(path string) error {
 }
 
 // TestCensusCatchesBypass: a write that goes around the census wrappers
-// (bbolt's own Put, Delete or CreateBucket under a wtx) leaves the sealed
+// (bbolt's own Put, Delete or CreateBucket under a Tx) leaves the sealed
 // counts behind the file; a binary has no self-check (main_test.go), and
 // the next open refuses the file, naming the bucket, as it refuses an entry
 // lost to damage.

@@ -86,7 +86,7 @@ const edgeKind = "edge"
 func init() { edgeSchema.Invariants = edgeInvariants }
 
 // edgeValue decodes the values that are float vectors (and the pending
-// sum-mode records), so that a non-finite number (never written: checkVec
+// sum-mode records), so that a non-finite number (never written: CheckVec
 // refuses it) is found on open, not when a round needs it.
 func edgeValue(bucket string, k, v []byte) error {
 	what := fmt.Sprintf("%s/%q", bucket, k)
@@ -975,7 +975,7 @@ func (s *EdgeStore) AckSum(round, prev uint64, c []float64) (bool, error) {
 	return found, nil
 }
 
-// eget is sget for a key of the edge bucket.
+// eget is SGet for a key of the edge bucket.
 func eget(b *storage.Bucket, k []byte) ([]byte, error) { return storage.SGet(b, k, "edge/"+string(k)) }
 
 // Final is the final model bundle of a finished aggregator run.

@@ -20,7 +20,7 @@ import (
 // and paths (a sum of 64-bit hashes, so a changed key is caught as well as
 // a lost one).
 //
-// The census is kept incrementally (Tx.go): every put, delete and bucket
+// The census is kept incrementally (wtx.go): every put, delete and bucket
 // creation or deletion goes through wrappers that know the bucket's path
 // and move its top-level bucket's count and digest (a sum of hashes, so one
 // hash is added or subtracted) in the same transaction, which writes the
@@ -161,7 +161,7 @@ func storedCensus(tx *bolt.Tx) (ts []tally, ok bool, err error) {
 // WriteCensus stores the census of the file as it is now, counted from
 // scratch (when it changed). It is the body of the migration step that
 // introduces it; from then on the census is kept by the writes themselves
-// (Tx.go).
+// (wtx.go).
 func WriteCensus(tx *Tx) error {
 	ts, err := takeCensus(tx.Tx)
 	if err != nil {

@@ -85,7 +85,7 @@ func (d *DB) View(fn func(*Tx) error) (err error) {
 }
 
 // Update is bolt.DB.Update with panics recovered. The census (census.go)
-// is kept by the changes fn makes through the Tx (Tx.go) and written
+// is kept by the changes fn makes through the Tx (wtx.go) and written
 // back in the same transaction.
 func (d *DB) Update(fn func(*Tx) error) (err error) {
 	if err := d.failed(); err != nil {

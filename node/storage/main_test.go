@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestMain runs every test with the census self-check on (Tx.go): each
+// TestMain runs every test with the census self-check on (wtx.go): each
 // write transaction recounts the file and compares it with the census its
 // writes kept, so every test that writes also tests the wrappers. Not for
 // benchmarks, whose figures would then include the recount.

@@ -3,7 +3,7 @@
 // owns opening a file (a bounded lock wait, the page checks of guard.go
 // and walk.go, the kind check and the forward migrations of a Schema), the
 // transaction wrappers that keep every bucket's sealed entry count
-// (Tx.go, census.go), the checksummed values (seal.go), the value
+// (wtx.go, census.go), the checksummed values (seal.go), the value
 // encodings and the errors the stores return. It knows no store's buckets
 // beyond their names (ourBuckets): each store declares its Schema (kind,
 // migrations, layout, value checks) and its own methods. The edge agent
