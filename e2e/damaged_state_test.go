@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 )
 
@@ -81,7 +82,7 @@ func TestDamagedAggregatorState(t *testing.T) {
 	agg.p.kill()
 
 	// Flip one mantissa bit of the newest checkpoint, found by its bytes.
-	s, err := storage.OpenAgg(copyState(t, agg.state), storage.Options{})
+	s, err := aggstore.OpenAgg(copyState(t, agg.state), storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/node/agent"
+	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
@@ -168,7 +170,7 @@ func checkSecAggRun(t *testing.T, agg *aggregator, edges []*edge, sumMode bool) 
 
 	// The last round: its model is the uniform mean of the plain sum of
 	// the contributors' stored inputs, exactly (through the fp32 downlink).
-	s, err := storage.OpenAgg(copyState(t, agg.state), storage.Options{LockTimeout: time.Second})
+	s, err := aggstore.OpenAgg(copyState(t, agg.state), storage.Options{LockTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +201,7 @@ func checkSecAggRun(t *testing.T, agg *aggregator, edges []*edge, sumMode bool) 
 		if !slices.Contains(u3, e.id) {
 			continue
 		}
-		es, err := storage.OpenEdge(copyState(t, e.state), storage.Options{LockTimeout: time.Second})
+		es, err := edgestore.OpenEdge(copyState(t, e.state), storage.Options{LockTimeout: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -244,7 +246,7 @@ func checkSecAggRun(t *testing.T, agg *aggregator, edges []*edge, sumMode bool) 
 // waiting for its receipt counts with its pending contribution), and the
 // final model is
 // S/4 through the fp32 downlink, bit for bit.
-func checkSecAggSum(t *testing.T, s *storage.AggStore, edges []*edge, u3 []string, q secagg.Quantizer, x []float64, sum []uint32, next []float64) {
+func checkSecAggSum(t *testing.T, s *aggstore.AggStore, edges []*edge, u3 []string, q secagg.Quantizer, x []float64, sum []uint32, next []float64) {
 	t.Helper()
 	last, err := s.Round(secAggRounds)
 	if err != nil {
@@ -260,7 +262,7 @@ func checkSecAggSum(t *testing.T, s *storage.AggStore, edges []*edge, u3 []strin
 	}
 	records := make([]float64, dim)
 	for _, e := range edges {
-		es, err := storage.OpenEdge(copyState(t, e.state), storage.Options{LockTimeout: time.Second})
+		es, err := edgestore.OpenEdge(copyState(t, e.state), storage.Options{LockTimeout: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

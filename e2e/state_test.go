@@ -11,6 +11,8 @@ import (
 
 	"github.com/edgefl/edgefl/learn/quant"
 	agg "github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -40,12 +42,12 @@ func copyState(t *testing.T, path string) string {
 
 // aggState is what a test checks in the aggregator's state file.
 type aggState struct {
-	current   storage.Round
+	current   aggstore.Round
 	phase     string
 	coordRnd  int
-	updates   map[uint64]map[string]storage.Update // round -> client -> update
-	z         map[string]zAt                       // client -> latest z
-	final     []float64                            // the latest checkpoint
+	updates   map[uint64]map[string]aggstore.Update // round -> client -> update
+	z         map[string]zAt                        // client -> latest z
+	final     []float64                             // the latest checkpoint
 	finalR    uint64
 	rejected  map[string]uint64 // the coordinator's rejections by reason
 	accepted  uint64
@@ -62,7 +64,7 @@ type zAt struct {
 // readAggState opens a copy of a stopped aggregator's state file.
 func readAggState(t *testing.T, path string) aggState {
 	t.Helper()
-	s, err := storage.OpenAgg(copyState(t, path), storage.Options{LockTimeout: time.Second})
+	s, err := aggstore.OpenAgg(copyState(t, path), storage.Options{LockTimeout: time.Second})
 	if err != nil {
 		t.Fatalf("open %s: %v", path, err)
 	}
@@ -70,7 +72,7 @@ func readAggState(t *testing.T, path string) aggState {
 	if err := s.Check(); err != nil {
 		t.Fatalf("%s: bbolt check: %v", path, err)
 	}
-	st := aggState{updates: map[uint64]map[string]storage.Update{}, z: map[string]zAt{}}
+	st := aggState{updates: map[uint64]map[string]aggstore.Update{}, z: map[string]zAt{}}
 	if st.current, err = s.CurrentRound(); err != nil {
 		t.Fatalf("%s: current round: %v", path, err)
 	}
@@ -93,7 +95,7 @@ func readAggState(t *testing.T, path string) aggState {
 			t.Fatalf("%s: updates of round %d: %v", path, r, err)
 		}
 		if len(ups) > 0 {
-			st.updates[r] = map[string]storage.Update{}
+			st.updates[r] = map[string]aggstore.Update{}
 		}
 		for _, u := range ups {
 			st.updates[r][u.ClientID] = u
@@ -138,12 +140,12 @@ type edgeState struct {
 	// the aggregator's bit for bit.
 	copyRound uint64
 	copyZ     []float64
-	outbox    []storage.OutboxEntry
+	outbox    []edgestore.OutboxEntry
 }
 
 func readEdgeState(t *testing.T, path string) edgeState {
 	t.Helper()
-	s, err := storage.OpenEdge(copyState(t, path), storage.Options{LockTimeout: time.Second})
+	s, err := edgestore.OpenEdge(copyState(t, path), storage.Options{LockTimeout: time.Second})
 	if err != nil {
 		t.Fatalf("open %s: %v", path, err)
 	}
@@ -173,7 +175,7 @@ func readEdgeState(t *testing.T, path string) edgeState {
 }
 
 // decodeStored decodes the vector of a stored update.
-func decodeStored(t *testing.T, u storage.Update) (*wire.ClientUpdate, []float64) {
+func decodeStored(t *testing.T, u aggstore.Update) (*wire.ClientUpdate, []float64) {
 	t.Helper()
 	m, err := wire.DecodeUpdate(u.Msg, wire.Limits{})
 	if err != nil {

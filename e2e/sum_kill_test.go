@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 )
@@ -73,7 +75,7 @@ func TestSumModeKills(t *testing.T) {
 	if err := sum.UnmarshalBinary(st.current.Sum); err != nil || st.current.Number != rounds {
 		t.Fatalf("the sum state of round %d: %v", st.current.Number, err)
 	}
-	s, err := storage.OpenAgg(copyState(t, agg.state), storage.Options{LockTimeout: time.Second})
+	s, err := aggstore.OpenAgg(copyState(t, agg.state), storage.Options{LockTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +105,7 @@ func TestSumModeKills(t *testing.T) {
 		if len(es.outbox) != 0 {
 			t.Errorf("%s: %d unreceipted updates", e.id, len(es.outbox))
 		}
-		es2, err := storage.OpenEdge(copyState(t, e.state), storage.Options{LockTimeout: time.Second})
+		es2, err := edgestore.OpenEdge(copyState(t, e.state), storage.Options{LockTimeout: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

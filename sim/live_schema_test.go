@@ -19,6 +19,7 @@ import (
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/sim/localfed"
@@ -102,7 +103,7 @@ func TestSimSchemaDPMatchesLive(t *testing.T) {
 	}
 	t.Logf("%d rounds bit for bit; final bundle %d bytes, %s", rounds, len(want), b.Privacy)
 	// The operator's view of the final evaluation is simulate's.
-	store, err := storage.OpenAgg(statePath, storage.Options{})
+	store, err := aggstore.OpenAgg(statePath, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

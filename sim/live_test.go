@@ -19,6 +19,7 @@ import (
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/learn/split"
 	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -269,7 +270,7 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 	state := lf.StatePath
 
 	// The aggregator's round log against simulate.
-	store, err := storage.OpenAgg(state, storage.Options{})
+	store, err := aggstore.OpenAgg(state, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +278,7 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 	var sizes []int
 	for r := 1; r <= rounds; r++ {
 		n := 0
-		err := store.ForEachUpdate(uint64(r), func(u storage.Update) error {
+		err := store.ForEachUpdate(uint64(r), func(u aggstore.Update) error {
 			n++
 			m, err := wire.DecodeUpdate(u.Msg, wire.Limits{})
 			if err != nil {
@@ -364,7 +365,7 @@ func checkPrivacyRestored(t *testing.T, cfg aggregator.ServerConfig, rounds int,
 		t.Errorf("simulate's epsilon %v is not that of %d rounds at q = 1", want, rounds)
 	}
 	wantSite := float64(sim.EpsilonUnamplified)
-	store, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
+	store, err := aggstore.OpenAgg(cfg.StatePath, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/sim/localfed"
 	"github.com/edgefl/edgefl/testkit"
@@ -136,7 +137,7 @@ func TestStatsReviewHeartDisease(t *testing.T) {
 		t.Fatal(err)
 	}
 	// From the state file: the same findings, no "stopped" (the daemon's).
-	store, err := storage.OpenAgg(lf.StatePath, storage.Options{})
+	store, err := aggstore.OpenAgg(lf.StatePath, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,8 @@ import (
 	"github.com/edgefl/edgefl/learn/split"
 	"github.com/edgefl/edgefl/node/agent"
 	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
@@ -141,7 +143,7 @@ func testSimMatchesLiveSecAgg(t *testing.T, algo string, restartAfter int, priva
 		t.Fatal("the live federation did not finish")
 	}
 	if signed {
-		as, err := storage.OpenAgg(lf.StatePath, storage.Options{})
+		as, err := aggstore.OpenAgg(lf.StatePath, storage.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -185,7 +187,7 @@ func testSimMatchesLiveSecAgg(t *testing.T, algo string, restartAfter int, priva
 	}
 	// The last round's inputs, as each site stored them, are simulate's.
 	for _, c := range fed.Clients {
-		es, err := storage.OpenEdge(filepath.Join(dir, c.ID+".db"), storage.Options{})
+		es, err := edgestore.OpenEdge(filepath.Join(dir, c.ID+".db"), storage.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}

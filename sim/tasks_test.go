@@ -17,6 +17,7 @@ import (
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/learn/split"
 	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/testkit"
@@ -225,7 +226,7 @@ func testSimSchemaMatchesLive(t *testing.T, task, algo string) {
 	if !bitsEqual(b.Model.Params, run.Final) || b.Evaluation == nil || b.Schema.Task != task {
 		t.Fatalf("final bundle: weights equal simulate's %v, evaluation %+v, task %s", bitsEqual(b.Model.Params, run.Final), b.Evaluation, b.Schema.Task)
 	}
-	store, err := storage.OpenAgg(statePath, storage.Options{})
+	store, err := aggstore.OpenAgg(statePath, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/edgefl/edgefl/data/bundle"
 	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 )
 
@@ -97,7 +98,7 @@ func exportFromFile(path string, round int) ([]byte, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("--state: %w", err)
 	}
-	s, err := storage.OpenAgg(path, storage.Options{LockTimeout: 500 * time.Millisecond})
+	s, err := aggstore.OpenAgg(path, storage.Options{LockTimeout: 500 * time.Millisecond})
 	if err != nil {
 		return nil, err
 	}

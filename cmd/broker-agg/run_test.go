@@ -27,6 +27,7 @@ import (
 	"github.com/edgefl/edgefl/data/schema"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/broker"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/testkit"
@@ -211,7 +212,7 @@ func TestRunStateFileChecks(t *testing.T) {
 		t.Errorf("another federation's state file: exit %d, %s", code, lastLine(stderr))
 	}
 
-	held, err := storage.OpenAgg(state, storage.Options{})
+	held, err := aggstore.OpenAgg(state, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/evaluate"
 	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -66,7 +67,7 @@ func readStatusFile(path string) (aggregator.Status, error) {
 	if _, err := os.Stat(path); err != nil {
 		return aggregator.Status{}, fmt.Errorf("--state: %w", err)
 	}
-	s, err := storage.OpenAgg(path, storage.Options{LockTimeout: 500 * time.Millisecond})
+	s, err := aggstore.OpenAgg(path, storage.Options{LockTimeout: 500 * time.Millisecond})
 	if err != nil {
 		return aggregator.Status{}, err
 	}

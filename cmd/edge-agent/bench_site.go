@@ -16,6 +16,7 @@ import (
 	"github.com/edgefl/edgefl/data/sitedata"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/node/agent"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 )
 
@@ -185,7 +186,7 @@ func storedBundle(rc runConfig) (*bundle.Bundle, string, error) {
 	}
 	if rc.StateFile != "" {
 		if _, err := os.Stat(rc.StateFile); err == nil {
-			s, err := storage.OpenEdge(rc.StateFile, storage.Options{LockTimeout: time.Second})
+			s, err := edgestore.OpenEdge(rc.StateFile, storage.Options{LockTimeout: time.Second})
 			if err == nil {
 				fin, ferr := s.Final()
 				s.Close()

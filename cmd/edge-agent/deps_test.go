@@ -62,6 +62,7 @@ var forbiddenDeps = []struct {
 	// Our own server-side and test-only packages (ARCHITECTURE.md, Dependency rules: the agent must not
 	// know aggregator internals).
 	{pattern: modulePath + "/node/aggregator/...", why: "the on-prem round coordinator: aggregator internals stay on the server"},
+	{pattern: modulePath + "/node/aggstore/...", why: "the aggregator's store (registry, rounds, updates, round log, rollback): the agent links node/storage and node/edgestore only"},
 	{pattern: modulePath + "/learn/aggregate/...", why: "server-side aggregators (and gonum/mat with them); the agent shares only the sketch package"},
 	{pattern: modulePath + "/sim/...", why: "the in-process simulator (virtual clients, plots) is broker-agg simulate's"},
 	{pattern: modulePath + "/node/broker/...", why: "the embedded-broker wrapper is broker-agg's"},
@@ -77,7 +78,7 @@ var allowedModules = map[string]string{
 	"github.com/gorilla/websocket":        "paho's websocket transport (ws://, wss://), imported by paho unconditionally",
 	"golang.org/x/net":                    "paho's proxy dialer (golang.org/x/net/proxy)",
 	"golang.org/x/sync":                   "paho's semaphore",
-	"go.etcd.io/bbolt":                    "the edge state and outbox (storage/)",
+	"go.etcd.io/bbolt":                    "the edge state and outbox (node/storage, node/edgestore)",
 	"golang.org/x/sys":                    "bbolt's mmap, flock and fdatasync",
 	"github.com/klauspost/compress":       "zstd framing of updates (quant/)",
 	"google.golang.org/protobuf":          "the message envelopes (wire/)",
@@ -89,6 +90,7 @@ var allowedModules = map[string]string{
 var wantDeps = []string{
 	modulePath + "/learn/model",
 	modulePath + "/learn/proxsolver",
+	modulePath + "/node/edgestore",
 }
 
 func matchPattern(pattern, pkg string) bool {
@@ -199,6 +201,7 @@ func TestDepsGuardCatchesBrokerAgg(t *testing.T) {
 		"links gonum.org/v1/plot (forbidden",
 		"links image/png (forbidden",
 		"links codeberg.org/go-fonts/liberation",
+		"links " + modulePath + "/node/aggstore (forbidden",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("the guard did not report %q for broker-agg; it reported:\n%s", want, got)

@@ -14,6 +14,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 	"github.com/edgefl/edgefl/testkit"
@@ -255,7 +256,7 @@ func TestRunDaemon(t *testing.T) {
 			t.Fatalf("status after shutdown %v", s)
 		}
 	}
-	st, err := storage.OpenEdge(state, storage.Options{})
+	st, err := edgestore.OpenEdge(state, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

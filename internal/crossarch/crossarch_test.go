@@ -19,7 +19,9 @@ func TestPackagesOnARMv7(t *testing.T) {
 		// process, which needs binfmt_misc under qemu-user.
 		reexec []string
 	}{
-		{"node/storage", "bbolt on 32-bit ARM: its 2 GB map limit, integer widths of keys, counters and sizes", []string{"TestKillDuringWrites"}},
+		{"node/storage", "bbolt on 32-bit ARM: its 2 GB map limit, integer widths of keys, counters and sizes", nil},
+		{"node/edgestore", "the gateway's store on 32-bit ARM (a Raspberry Pi's): the same, on the edge file", []string{"TestKillDuringWrites"}},
+		{"node/aggstore", "the aggregator's store on 32-bit ARM: the same, on the round log", []string{"TestKillDuringWrites"}},
 		{"learn/quant", "frame header fields wider than a 32-bit int, allocation bounds of the generic (non-amd64) zstd decoder", nil},
 	}
 	for _, tt := range tests {

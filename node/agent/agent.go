@@ -22,6 +22,7 @@ import (
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/internal/mqttstore"
 	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -156,7 +157,7 @@ type Agent struct {
 	runCtx  context.Context
 	stop    context.CancelFunc // ends Run (a fatal error)
 	fatal   error              // why Run stopped by itself
-	store   *storage.EdgeStore
+	store   *edgestore.EdgeStore
 	client  mqtt.Client
 	handler *RoundHandler
 	// sess is the session rules (session.go); its actions are carried out
@@ -267,7 +268,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.log.Warn("state file missing; starting this site over with a new one as asked (--fresh-state)", "state", a.cfg.StateFile, "traces", tr)
 		}
 	}
-	store, err := storage.OpenEdge(a.cfg.StateFile, storage.Options{})
+	store, err := edgestore.OpenEdge(a.cfg.StateFile, storage.Options{})
 	if err != nil {
 		return stateFileErr(err)
 	}
@@ -779,7 +780,7 @@ func (a *Agent) statusMsg(online bool, will bool, conn uint64) ([]byte, error) {
 // connection (published late, when a new connection takes over a
 // half-open one) carries a smaller number than the new connection's
 // online status and the aggregator can tell it is stale.
-func (a *Agent) setWill(store *storage.EdgeStore, o *mqtt.ClientOptions) error {
+func (a *Agent) setWill(store *edgestore.EdgeStore, o *mqtt.ClientOptions) error {
 	n, err := store.NextConnection(uint64(max(a.clock.Now().UnixMilli(), 0)))
 	if err != nil {
 		return err
@@ -793,7 +794,7 @@ func (a *Agent) setWill(store *storage.EdgeStore, o *mqtt.ClientOptions) error {
 	return nil
 }
 
-func (a *Agent) clientOptions(store *storage.EdgeStore) (*mqtt.ClientOptions, error) {
+func (a *Agent) clientOptions(store *edgestore.EdgeStore) (*mqtt.ClientOptions, error) {
 	o := mqtt.NewClientOptions()
 	if err := a.setWill(store, o); err != nil {
 		return nil, err

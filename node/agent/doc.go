@@ -1,5 +1,5 @@
 // Package agent is edgefl's edge daemon: one MQTT session to the federation's
-// broker, one bbolt state file (storage.EdgeStore) and one site's training
+// broker, one bbolt state file (edgestore.EdgeStore) and one site's training
 // data, which never leaves the site.
 //
 // # Round handling (RoundHandler)
@@ -39,7 +39,7 @@
 //     delta, so both agree bit for bit. z_j - copy is FedSplit's residual:
 //     it goes out with later rounds. With no copy (the first update, or
 //     after a rejection) the delta is against x with base_round 0;
-//  5. ONE storage.Commit writes z_j, the copy, the residual, the applied
+//  5. ONE edgestore.Commit writes z_j, the copy, the residual, the applied
 //     round and the outbox entry; only then is the update published.
 //
 // A round at or below the applied round is never solved again: if its update
@@ -65,7 +65,7 @@
 // is reproducible and sites sharing a seed still draw independent
 // quantisation noise.
 //
-// A rejection receipt for an update still in the outbox (storage.AckRejected)
+// A rejection receipt for an update still in the outbox (edgestore.AckRejected)
 // drops it and forgets the copy of z_j, which assumed it would be applied.
 //
 // # The session (Agent)
@@ -83,7 +83,7 @@
 // names, version}, and re-publishes every outbox entry.
 //
 // Every connection attempt takes a new number from the state file
-// (storage.EdgeStore.NextConnection, never below the wall clock in ms), set
+// (edgestore.EdgeStore.NextConnection, never below the wall clock in ms), set
 // in its last will (paho's reconnecting handler rewrites the will before
 // each reconnection attempt) and in the statuses sent on it. The aggregator
 // sets aside a status older than one it has applied, so the will of a
@@ -94,7 +94,7 @@
 // Limits; a bad one (wrong topic, size, version, schema, client id) is logged
 // and counted (Stats.BadMessages) and dropped. Round announcements go to one
 // goroutine that handles them in order (only the newest waiting one is kept);
-// receipts are handled at once: accepted or duplicate -> storage.Ack;
+// receipts are handled at once: accepted or duplicate -> edgestore.Ack;
 // rejected -> logged with code and reason, counted and acked (the aggregator
 // will never take that update), except RECEIPT_CODE_INTERNAL ("the client may
 // retry"), which stays in the outbox and is re-sent after a backoff doubling
@@ -146,7 +146,7 @@
 //   - PHASE_FINISHED: the final EvalReport when asked and the bundle is not
 //     there yet; with the bundle, bundle.Unmarshal verifies its digest, its
 //     schema must be the federation's and its run the announcement's, and
-//     it is stored in the state file (storage.EdgeStore.SetFinal, which also
+//     it is stored in the state file (edgestore.EdgeStore.SetFinal, which also
 //     empties the outbox) and written atomically to Config.ModelOut. The
 //     agent logs "federation finished; final model written" once, solves and
 //     sends nothing more (a solve in progress is abandoned, ErrFinished) and

@@ -16,6 +16,7 @@ import (
 	"github.com/edgefl/edgefl/data/sitedata"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -286,7 +287,7 @@ func (h *RoundHandler) finish(ann *wire.RoundAnnouncement, res Result) (Result, 
 	if id := b.Provenance.RunID; id != "" && ann.RunId != "" && id != ann.RunId {
 		return res, badTransform("final model bundle", fmt.Errorf("it is of run %s, the announcement of run %s", id, ann.RunId))
 	}
-	f := storage.Final{RunID: ann.RunId, Round: ann.Round, Digest: b.Digest, Bundle: slices.Clone(raw)}
+	f := edgestore.Final{RunID: ann.RunId, Round: ann.Round, Digest: b.Digest, Bundle: slices.Clone(raw)}
 	if err := h.Store.SetFinal(f); err != nil {
 		return res, h.diskErr(err)
 	}
@@ -334,7 +335,7 @@ func (h *RoundHandler) writeModelOut(raw []byte) error {
 // already holds exactly its bytes (a crash between storing and writing, a
 // deleted file or a new model_out path), verifying it first. It reports
 // whether it wrote.
-func (h *RoundHandler) RestoreModelOut(f storage.Final) (bool, error) {
+func (h *RoundHandler) RestoreModelOut(f edgestore.Final) (bool, error) {
 	if old, err := os.ReadFile(h.ModelOut); err == nil && bytes.Equal(old, f.Bundle) {
 		return false, nil
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/edgefl/edgefl/learn/evaluate"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -507,7 +508,7 @@ func TestFederatedFinish(t *testing.T) {
 
 	t.Run("final evaluation, bundle, re-delivery", func(t *testing.T) {
 		h := newFedHandler(t, f)
-		if err := h.Store.Commit(storage.Commit{Round: 5, Msg: []byte("unreceipted")}); err != nil {
+		if err := h.Store.Commit(edgestore.Commit{Round: 5, Msg: []byte("unreceipted")}); err != nil {
 			t.Fatal(err)
 		}
 		res, err := h.Handle(context.Background(), f.finishedAnn(t, fedRun, 5, x, nil))

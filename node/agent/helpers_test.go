@@ -15,6 +15,7 @@ import (
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 	"github.com/edgefl/edgefl/testkit"
@@ -120,9 +121,9 @@ func announce(t testing.TB, round uint64, algo string, x []float64) *wire.RoundA
 	}
 }
 
-func openStore(t testing.TB, path string) *storage.EdgeStore {
+func openStore(t testing.TB, path string) *edgestore.EdgeStore {
 	t.Helper()
-	s, err := storage.OpenEdge(path, storage.Options{})
+	s, err := edgestore.OpenEdge(path, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,10 +154,10 @@ type edgeState struct {
 	z             []float64
 	serverZRound  uint64
 	serverZ       []float64
-	outbox        []storage.OutboxEntry
+	outbox        []edgestore.OutboxEntry
 }
 
-func snapshot(t testing.TB, s *storage.EdgeStore) edgeState {
+func snapshot(t testing.TB, s *edgestore.EdgeStore) edgeState {
 	t.Helper()
 	var st edgeState
 	var err error

@@ -19,6 +19,7 @@ import (
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/learn/quant"
 	"github.com/edgefl/edgefl/learn/split"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
@@ -150,7 +151,7 @@ type Result struct {
 	// bundle stored): a site error reported earlier is over.
 	Healthy bool
 	// Final is the final bundle stored (ActionFinished with a schema).
-	Final *storage.Final
+	Final *edgestore.Final
 	// SecAggKind is the kind of the secagg message in Msg (ActionSecAgg,
 	// and ActionResend of a ShareKeys in the masked phase).
 	SecAggKind secagg.Kind
@@ -171,9 +172,9 @@ type Result struct {
 // goroutine).
 type RoundHandler struct {
 	ClientID   string
-	InstanceID string // this installation's (storage.Identity), carried by every update
+	InstanceID string // this installation's (edgestore.Identity), carried by every update
 	Federation string
-	Store      *storage.EdgeStore
+	Store      *edgestore.EdgeStore
 	// Data is the training data of a federation without a schema (loaded
 	// at start; N = 0 when the site's data can only be read by a schema).
 	Data   model.Data
@@ -252,7 +253,7 @@ func bad(round uint64, format string, args ...any) error {
 // Handle processes one round announcement:
 //
 //   - an announcement of another aggregator run (run id) than the stored
-//     state's: the round state starts over (storage.EdgeStore.StartRun);
+//     state's: the round state starts over (edgestore.EdgeStore.StartRun);
 //   - not selected: record the seen round, nothing else;
 //   - a round already applied (CommitRound's applied round): never solved
 //     again; if its update is still in the outbox, return it for re-sending;
@@ -299,7 +300,7 @@ func (h *RoundHandler) HandleInvited(ctx context.Context, ann *wire.RoundAnnounc
 }
 
 // startRun makes the announcement's run the one the round state belongs
-// to (storage.EdgeStore.StartRun).
+// to (edgestore.EdgeStore.StartRun).
 func (h *RoundHandler) startRun(ann *wire.RoundAnnouncement) error {
 	if ann.RunId == "" {
 		return nil
@@ -428,10 +429,10 @@ func (h *RoundHandler) commitUpdate(ann *wire.RoundAnnouncement, p *prepared, d 
 	if lim := h.Limits.MaxMessageBytes; lim > 0 && len(msg) > lim {
 		return res, fmt.Errorf("agent: round %d: update is %d bytes, over the %d-byte message limit", r, len(msg), lim)
 	}
-	c := storage.Commit{Round: r, Residual: up.Residual, Msg: msg}
+	c := edgestore.Commit{Round: r, Residual: up.Residual, Msg: msg}
 	switch {
 	case p.sum:
-		c.Z, c.Pending = sent, &storage.SumPending{Join: up.Sum.Join, V: up.Sum.V}
+		c.Z, c.Pending = sent, &edgestore.SumPending{Join: up.Sum.Join, V: up.Sum.V}
 	case p.split:
 		c.Z, c.ServerZ = sent, up.Applied
 	}
@@ -468,7 +469,7 @@ func (h *RoundHandler) uplink(p *prepared, sent []float64) (uplink.Frame, error)
 			return uplink.Frame{}, fmt.Errorf("agent: round %d: %w", r, err)
 		}
 	} else if !p.codec.Lossless() {
-		old, err := h.Store.Residual(storage.ResidualUplink)
+		old, err := h.Store.Residual(edgestore.ResidualUplink)
 		switch {
 		case err == nil:
 			u.Residual = old // of another model: none (uplink.Encode)

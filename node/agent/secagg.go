@@ -10,6 +10,7 @@ import (
 
 	"github.com/edgefl/edgefl/data/sitedata"
 	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
@@ -21,9 +22,9 @@ import (
 // the update is never sent. Its quantised input (uplink.SecAggInput) and a
 // new secagg.Client (keys and self-mask seed from crypto/rand) are
 // committed with the AdvertiseKeys message as the round's outbox entry (one
-// transaction with the applied round: storage.Commit). Each later phase's
+// transaction with the applied round: edgestore.Commit). Each later phase's
 // message is computed from the stored record and committed, record and
-// outbox entry together (storage.EdgeStore.SetSecAgg), before it is
+// outbox entry together (edgestore.EdgeStore.SetSecAgg), before it is
 // published. After a restart or a reconnection the outbox entry is re-sent
 // as an update's is; a phase asked again gets the stored answer byte for
 // byte (the secagg.Client replays it), so a site never sends two different
@@ -185,7 +186,7 @@ func (h *RoundHandler) newSecAggClient(ann *wire.RoundAnnouncement, dim int) (*s
 
 // secAggCommit is the end of a solved round under secure aggregation: the
 // quantised update and the new session's client committed with its
-// AdvertiseKeys, the round applied (storage.Commit), before it is sent.
+// AdvertiseKeys, the round applied (edgestore.Commit), before it is sent.
 func (h *RoundHandler) secAggCommit(ann *wire.RoundAnnouncement, p *prepared, sent []float64, res Result) (Result, error) {
 	r := ann.Round
 	_, q, err := uplink.SecAggSetup(ann.Secagg, len(p.x))
@@ -193,7 +194,7 @@ func (h *RoundHandler) secAggCommit(ann *wire.RoundAnnouncement, p *prepared, se
 		return res, bad(r, "secagg: %v", err)
 	}
 	var input []uint32
-	var pending *storage.SumPending
+	var pending *edgestore.SumPending
 	if p.sum {
 		input, pending, err = h.secAggSumInput(ann, q, sent, p.x)
 	} else {
@@ -210,7 +211,7 @@ func (h *RoundHandler) secAggCommit(ann *wire.RoundAnnouncement, p *prepared, se
 	if err != nil {
 		return res, err
 	}
-	commit := storage.Commit{Round: r, Msg: msg, SecAgg: rec}
+	commit := edgestore.Commit{Round: r, Msg: msg, SecAgg: rec}
 	if p.sum {
 		commit.Z, commit.Pending = sent, pending
 	}
@@ -526,7 +527,7 @@ func secAggRefusals(ann *wire.RoundAnnouncement, split bool) error {
 // state file: its round, attempt and quantised input (for tests and
 // inspection; the client state with the site's keys is not returned).
 // ErrNotFound (storage's) when the site has none.
-func SecAggSession(s *storage.EdgeStore) (round uint64, attempt uint32, input []uint32, err error) {
+func SecAggSession(s *edgestore.EdgeStore) (round uint64, attempt uint32, input []uint32, err error) {
 	b, err := s.SecAgg()
 	if err != nil {
 		return 0, 0, nil, err
@@ -543,7 +544,7 @@ func SecAggSession(s *storage.EdgeStore) (round uint64, attempt uint32, input []
 // the grid), under distributed DP clipped and with its noise share, and
 // what it adds to the record once the round's UPDATE receipt confirms it
 // is in the sum.
-func (h *RoundHandler) secAggSumInput(ann *wire.RoundAnnouncement, q secagg.Quantizer, z, global []float64) ([]uint32, *storage.SumPending, error) {
+func (h *RoundHandler) secAggSumInput(ann *wire.RoundAnnouncement, q secagg.Quantizer, z, global []float64) ([]uint32, *edgestore.SumPending, error) {
 	r := ann.Round
 	u := uplink.SumUpdate{Round: r, Z: z, Global: global, Tamper: poison}
 	cr, c, err := h.Store.Contribution()
@@ -565,7 +566,7 @@ func (h *RoundHandler) secAggSumInput(ann *wire.RoundAnnouncement, q secagg.Quan
 	if err != nil {
 		return nil, nil, fmt.Errorf("agent: round %d: %w", r, err)
 	}
-	return in, &storage.SumPending{Join: p.Join, V: p.V}, nil
+	return in, &edgestore.SumPending{Join: p.Join, V: p.V}, nil
 }
 
 // noiseKey is the site's distributed-DP noise key (kept in its edge store;

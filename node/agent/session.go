@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/data/sitedata"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -23,9 +24,9 @@ import (
 // timer that fires after the state moved on is recognised and ignored.
 
 // sessionStore is what the session rules read and write of the edge state
-// (*storage.EdgeStore).
+// (*edgestore.EdgeStore).
 type sessionStore interface {
-	Outbox() ([]storage.OutboxEntry, error)
+	Outbox() ([]edgestore.OutboxEntry, error)
 	Ack(round uint64) (bool, error)
 	AckRejected(round uint64) (bool, error)
 	AckIf(round uint64, match func(msg []byte) bool) (bool, error)
@@ -548,7 +549,7 @@ func (s *session) olderUnreceipted(round uint64) bool {
 	if err != nil {
 		return true
 	}
-	return slices.ContainsFunc(out, func(e storage.OutboxEntry) bool { return e.Round < round })
+	return slices.ContainsFunc(out, func(e edgestore.OutboxEntry) bool { return e.Round < round })
 }
 
 func (s *session) receiptOutcome(r *wire.Receipt) []action {

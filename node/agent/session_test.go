@@ -11,6 +11,7 @@ import (
 
 	"github.com/edgefl/edgefl/data/sitedata"
 	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -27,13 +28,13 @@ type memStore struct {
 	err      error           // returned by every call when set
 }
 
-func (m *memStore) Outbox() ([]storage.OutboxEntry, error) {
+func (m *memStore) Outbox() ([]edgestore.OutboxEntry, error) {
 	if m.err != nil {
 		return nil, m.err
 	}
-	var out []storage.OutboxEntry
+	var out []edgestore.OutboxEntry
 	for _, r := range slices.Sorted(maps.Keys(m.outbox)) {
-		out = append(out, storage.OutboxEntry{Round: r, Msg: m.outbox[r]})
+		out = append(out, edgestore.OutboxEntry{Round: r, Msg: m.outbox[r]})
 	}
 	return out, nil
 }

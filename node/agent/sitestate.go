@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/edgefl/edgefl/data/sitedata"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -158,7 +159,7 @@ func (a *Agent) runFinished(ann *wire.RoundAnnouncement, res Result) {
 // for this site; model_out is rewritten if it does not hold the bundle. A
 // model_out that cannot be written is a site error (disk), not a reason
 // not to run.
-func (a *Agent) restoreFinal(store *storage.EdgeStore) error {
+func (a *Agent) restoreFinal(store *edgestore.EdgeStore) error {
 	f, err := store.Final()
 	switch {
 	case errors.Is(err, storage.ErrNotFound):

@@ -6,6 +6,7 @@ import (
 
 	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -16,8 +17,8 @@ import (
 // the clipped delta of z_j against the site's own record c_j of what it
 // has contributed to the aggregator's sum (a join against x while it has
 // none), committed with what it will add to that sum
-// (storage.SumPending); the record advances by exactly that, once, when
-// the accepted receipt comes (sumStore.Ack, storage.EdgeStore.AckSum). A
+// (edgestore.SumPending); the record advances by exactly that, once, when
+// the accepted receipt comes (sumStore.Ack, edgestore.EdgeStore.AckSum). A
 // site sends its next update only once the previous one is receipted
 // (ActionWaiting): its sends are then in round order, so the aggregator's
 // duplicate rule (an update of the round it last stored from the site)
@@ -101,9 +102,9 @@ var errNoRoster = errors.New("a FedSplit round under central differential privac
 
 // sumStore is the edge store as the session rules use it: an accepted
 // receipt of a sum-mode update advances the site's record
-// (uplink.Advance, storage.EdgeStore.AckSum) in the transaction that
+// (uplink.Advance, edgestore.EdgeStore.AckSum) in the transaction that
 // drops its outbox entry; other updates are acknowledged as before.
-type sumStore struct{ *storage.EdgeStore }
+type sumStore struct{ *edgestore.EdgeStore }
 
 // Ack implements sessionStore.
 func (s sumStore) Ack(round uint64) (bool, error) {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -30,7 +31,7 @@ func sumAnnounce(t *testing.T, round uint64, x []float64, clip float64) *wire.Ro
 func sumX0() []float64 { return f32(testGlobal(7)) }
 
 // record is the store's sum-mode record (nil: none).
-func record(t *testing.T, s *storage.EdgeStore) *uplink.Record {
+func record(t *testing.T, s *edgestore.EdgeStore) *uplink.Record {
 	t.Helper()
 	r, c, err := s.Contribution()
 	if errors.Is(err, storage.ErrNotFound) {

@@ -10,7 +10,7 @@ import (
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/learn/quant"
-	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -140,7 +140,7 @@ func TestFedProxResidualKeepsWhatWasNotSent(t *testing.T) {
 			received[i] += d[i]
 		}
 	}
-	r, err := h.Store.Residual(storage.ResidualUplink)
+	r, err := h.Store.Residual(edgestore.ResidualUplink)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import "time"
 // This is etcd raft's order (a proposal is applied once it is durable).
 
 // Stored: the message of the pending proposal is durable; apply it. Index
-// is the message's entry in the round log's replay log (storage.Logged;
+// is the message's entry in the round log's replay log (aggstore.Logged;
 // 0: not logged, a copy stored earlier): the state's Applied moves to it,
 // so a replay of the same entry after a restart is recognised as applied
 // (coordinator_replay.go).

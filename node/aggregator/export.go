@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -30,7 +31,7 @@ func errNotStored(format string, a ...any) error { return &notStored{fmt.Sprintf
 // bundle once the run has finished, else the newest checkpoint's. It
 // returns the bundle and its round; an error is one line (ErrNotStored
 // when the round is not there).
-func ExportBundle(store *storage.AggStore, round int, now time.Time, version string) ([]byte, int, error) {
+func ExportBundle(store *aggstore.AggStore, round int, now time.Time, version string) ([]byte, int, error) {
 	first, err := store.Round(1)
 	if errors.Is(err, storage.ErrNotFound) {
 		return nil, 0, errNotStored("%s holds no round yet", store.Path())

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/learn/evaluate"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -319,7 +320,7 @@ func (s *Server) rebuildHistory() error {
 		return err
 	}
 	last := int(cur.Number) - 1 // the newest closed round (the current one may be closed too: the end)
-	if cur.Status == storage.RoundClosed {
+	if cur.Status == aggstore.RoundClosed {
 		last = int(cur.Number)
 	}
 	first := max(1, last-HistoryRounds+1)

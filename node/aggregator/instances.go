@@ -14,7 +14,7 @@ import (
 // gateways each with its own state file) take the MQTT session from each
 // other every few seconds, and both would send updates for the site. Each
 // installation draws a random instance id once and keeps it in its state
-// file (storage.Identity.InstanceID); its statuses and updates carry it.
+// file (edgestore.Identity.InstanceID); its statuses and updates carry it.
 // The aggregator serves each site for one installation, the holder:
 //
 //   - the first instance seen holds the site;

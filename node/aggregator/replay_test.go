@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -17,7 +17,7 @@ func commits(t *testing.T, s *Server) uint64 {
 	return n
 }
 
-func replayLogOf(t *testing.T, store *storage.AggStore) []storage.Logged {
+func replayLogOf(t *testing.T, store *aggstore.AggStore) []aggstore.Logged {
 	t.Helper()
 	_, es, err := store.Log()
 	if err != nil {

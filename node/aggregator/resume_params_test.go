@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 )
 
@@ -95,7 +96,7 @@ func TestResumeRefusesOtherParams(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	st, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
+	st, err := aggstore.OpenAgg(cfg.StatePath, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +110,7 @@ func TestResumeRefusesOtherParams(t *testing.T) {
 	}
 	st.Close()
 	// Round 1's configuration as such a version wrote it.
-	if _, err := storage.Rollback(cfg.StatePath, 1, start0, func(b []byte) ([]byte, error) {
+	if _, err := aggstore.Rollback(cfg.StatePath, 1, start0, func(b []byte) ([]byte, error) {
 		var m map[string]any
 		if err := json.Unmarshal(b, &m); err != nil {
 			return nil, err
@@ -132,7 +133,7 @@ func TestResumeRefusesOtherParams(t *testing.T) {
 
 func roundOneConfig(t *testing.T, path string) string {
 	t.Helper()
-	st, err := storage.OpenAgg(path, storage.Options{})
+	st, err := aggstore.OpenAgg(path, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

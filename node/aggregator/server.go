@@ -31,6 +31,7 @@ import (
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/quant"
 	"github.com/edgefl/edgefl/learn/split"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
@@ -458,7 +459,7 @@ func (s *Server) resumeDiffs(was storedConfig) []string {
 }
 
 // Server is the aggregator daemon: it owns one Coordinator and carries out
-// its decisions over MQTT (paho) and bbolt (storage.AggStore). Build it with
+// its decisions over MQTT (paho) and bbolt (aggstore.AggStore). Build it with
 // NewServer, then Run it once.
 //
 // One goroutine (Run's event loop) owns the coordinator, the store's writes
@@ -475,7 +476,7 @@ type Server struct {
 	topics  wire.Topics
 	lim     wire.Limits
 	qlim    quant.Limits
-	store   *storage.AggStore
+	store   *aggstore.AggStore
 	coord   *Coordinator
 	model   model.Model
 	spec    model.Spec // the model's spec (with a schema: once fitted)
@@ -634,7 +635,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 // open opens the state file and restores the round log from it.
 func (s *Server) open() error {
 	var err error
-	if s.store, err = storage.OpenAgg(s.cfg.StatePath, storage.Options{}); err != nil {
+	if s.store, err = aggstore.OpenAgg(s.cfg.StatePath, storage.Options{}); err != nil {
 		return DamagedStateError(s.cfg.StatePath, err)
 	}
 	if err := s.restore(); err != nil {
@@ -659,7 +660,7 @@ func DamagedStateError(path string, err error) error {
 	if !errors.Is(err, storage.ErrCorrupt) {
 		return err
 	}
-	n, lerr := storage.LastIntactRound(path)
+	n, lerr := aggstore.LastIntactRound(path)
 	switch {
 	case lerr == nil && n > 0:
 		return fmt.Errorf("%w; rounds 1..%d are intact: roll back to round %d with `broker-agg run --rollback %d` (a copy of the file is kept)", err, n, n, n)
@@ -669,13 +670,13 @@ func DamagedStateError(path string, err error) error {
 }
 
 // Rollback rolls the round log at path back to round n (0: the newest
-// intact round; see storage.Rollback) and gives it a new run id: the sites
+// intact round; see aggstore.Rollback) and gives it a new run id: the sites
 // have moved past round n (their applied rounds only grow), so they must
 // see a new run and start their round state over, from round n's global
 // model. Call it before NewServer opens the file.
-func Rollback(path string, n uint64, now time.Time) (storage.RollbackResult, string, error) {
+func Rollback(path string, n uint64, now time.Time) (aggstore.RollbackResult, string, error) {
 	runID := crand.Text()
-	res, err := storage.Rollback(path, n, now, func(b []byte) ([]byte, error) {
+	res, err := aggstore.Rollback(path, n, now, func(b []byte) ([]byte, error) {
 		var c map[string]any
 		if err := json.Unmarshal(b, &c); err != nil {
 			return nil, fmt.Errorf("%w: round 1's configuration: %w", storage.ErrCorrupt, err)
@@ -817,7 +818,7 @@ func (s *Server) restoreFresh() error {
 		return err
 	}
 	now := s.clock.Now()
-	if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: now, Config: s.conf, State: st, Sum: sum}, x0); err != nil {
+	if err := s.store.OpenRound(aggstore.Round{Number: 1, OpenedAt: now, Config: s.conf, State: st, Sum: sum}, x0); err != nil {
 		return err
 	}
 	s.storeR, s.lastSt, s.fresh = 1, st, true
@@ -1086,7 +1087,7 @@ func (s *Server) onStatus(ctx context.Context, st *wire.ClientStatus) error {
 
 // recordStatus writes a status the coordinator applied to the registry.
 func (s *Server) recordStatus(st *wire.ClientStatus, now time.Time) {
-	err := s.store.PutClientStatus(storage.ClientStatus{ID: st.ClientId, Online: st.Online, SampleCount: st.SampleCount,
+	err := s.store.PutClientStatus(aggstore.ClientStatus{ID: st.ClientId, Online: st.Online, SampleCount: st.SampleCount,
 		Capabilities: st.Capabilities, SoftwareVersion: st.SoftwareVersion, ErrorReason: st.ErrorReason, ErrorMessage: st.ErrorMessage, At: now})
 	if st.Online {
 		s.siteError(st.ClientId, st.ErrorReason, st.ErrorMessage)
@@ -1383,7 +1384,7 @@ func (s *Server) storeUpdate(u *inUpdate, now time.Time) (uint64, error) {
 	if u.msg.Report != nil {
 		loss = u.msg.Report.AnchorLoss
 	}
-	return s.store.PutUpdate(storage.Update{Round: u.msg.Round, ClientID: u.msg.ClientId, StoredAt: now,
+	return s.store.PutUpdate(aggstore.Update{Round: u.msg.Round, ClientID: u.msg.ClientId, StoredAt: now,
 		SampleCount: u.msg.SampleCount, Loss: loss, Msg: u.raw}, z)
 }
 
@@ -1458,7 +1459,7 @@ func (s *Server) encodeState() ([]byte, error) {
 }
 
 // persistState writes the coordinator's state to the store's current round
-// when it changed (which clears the replay log: node/storage/log.go).
+// when it changed (which clears the replay log: node/aggstore/log.go).
 func (s *Server) persistState() error {
 	b, err := s.encodeState()
 	if err != nil {

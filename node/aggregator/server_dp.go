@@ -9,6 +9,7 @@ import (
 	"github.com/edgefl/edgefl/learn/aggregate"
 	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/split"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -169,7 +170,7 @@ func (s *Server) privateAggregate(cr CloseRound) ([]float64, aggregate.Report, e
 	}
 	var cs []uplink.Contribution
 	var bits []bool
-	err := s.forClosed(cr, func(u storage.Update, m *wire.ClientUpdate, d []float64) error {
+	err := s.forClosed(cr, func(u aggstore.Update, m *wire.ClientUpdate, d []float64) error {
 		if m.GetKind() != wire.UpdateKind_UPDATE_KIND_DELTA {
 			return fmt.Errorf("stored update of %q is a %v, not a delta", u.ClientID, m.GetKind())
 		}

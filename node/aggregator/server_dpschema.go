@@ -7,6 +7,7 @@ import (
 
 	"github.com/edgefl/edgefl/data/bundle"
 	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 )
 
@@ -40,7 +41,7 @@ func (s *Server) livePrivacy(e int) (*bundle.Privacy, error) {
 // storedPrivacy is bundlePrivacy from the newest coordinator state in the
 // round log (`broker-agg export`): its charging history holds every round
 // aggregated so far.
-func storedPrivacy(store *storage.AggStore, sc storedConfig, e int) (*bundle.Privacy, error) {
+func storedPrivacy(store *aggstore.AggStore, sc storedConfig, e int) (*bundle.Privacy, error) {
 	if sc.DP == nil {
 		return nil, nil
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/edgefl/edgefl/learn/evaluate"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -182,7 +183,7 @@ func (s *Server) restoreFreshFed() error {
 	if err != nil {
 		return err
 	}
-	if err := s.store.OpenRound(storage.Round{Number: 1, OpenedAt: s.clock.Now(), Config: s.conf, State: st}, nil); err != nil {
+	if err := s.store.OpenRound(aggstore.Round{Number: 1, OpenedAt: s.clock.Now(), Config: s.conf, State: st}, nil); err != nil {
 		return err
 	}
 	s.storeR, s.lastSt, s.fresh = 1, st, true
@@ -771,7 +772,7 @@ type EvalStatus struct {
 }
 
 // evalFigures combines the stored reports of eval round e (nil: none).
-func evalFigures(store *storage.AggStore, sc *schema.Schema, e int, lim wire.Limits) (*EvalStatus, error) {
+func evalFigures(store *aggstore.AggStore, sc *schema.Schema, e int, lim wire.Limits) (*EvalStatus, error) {
 	recs, err := store.Evals(uint64(e))
 	if err != nil || len(recs) == 0 {
 		return nil, err

@@ -17,6 +17,7 @@ import (
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/broker"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -397,7 +398,7 @@ func evalData(d int) *model.Data {
 // stopped), as `broker-agg status --state` reads it.
 func statusOfFile(t *testing.T, path string) Status {
 	t.Helper()
-	st, err := storage.OpenAgg(path, storage.Options{})
+	st, err := aggstore.OpenAgg(path, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

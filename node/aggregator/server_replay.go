@@ -6,6 +6,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -16,31 +17,31 @@ import (
 // announced. A new kind of stored site message becomes replayable with a
 // case in replayEvent giving the event it was proposed as (through the same
 // function the live path uses, like updateEvent), once its store method
-// appends a replay log entry (node/storage/log.go).
+// appends a replay log entry (node/aggstore/log.go).
 
 // replayEvent is the coordinator's event for a logged message: the event
 // it was proposed as, at its stored time.
-func replayEvent(e storage.Logged, lim wire.Limits) (Event, error) {
+func replayEvent(e aggstore.Logged, lim wire.Limits) (Event, error) {
 	switch e.Kind {
-	case storage.LogUpdate:
+	case aggstore.LogUpdate:
 		m, err := wire.DecodeUpdate(e.Msg, lim)
 		if err != nil {
 			return nil, err
 		}
 		return updateEvent(m, e.StoredAt), nil
-	case storage.LogStatistics:
+	case aggstore.LogStatistics:
 		m, err := wire.DecodeStatistics(e.Msg, lim)
 		if err != nil {
 			return nil, err
 		}
 		return statisticsEvent(m, e.StoredAt), nil
-	case storage.LogEval:
+	case aggstore.LogEval:
 		m, err := wire.DecodeEvaluation(e.Msg, lim)
 		if err != nil {
 			return nil, err
 		}
 		return evalEvent(m, e.StoredAt), nil
-	case storage.LogSecAgg:
+	case aggstore.LogSecAgg:
 		m, err := wire.DecodeSecAgg(e.Msg, lim)
 		if err != nil {
 			return nil, err
@@ -58,7 +59,7 @@ type replayResult struct {
 }
 
 // replay hands every message of the store's replay log to c.
-func replay(c *Coordinator, store *storage.AggStore, lim wire.Limits, log func(msg string, args ...any)) (replayResult, error) {
+func replay(c *Coordinator, store *aggstore.AggStore, lim wire.Limits, log func(msg string, args ...any)) (replayResult, error) {
 	var res replayResult
 	last, entries, err := store.Log()
 	if err != nil {
@@ -113,7 +114,7 @@ func (s *Server) replayLog() (replayResult, error) {
 // accept needs none): a message whose batch the crash cut off after it
 // would have closed its round shows as received, and the round closes when
 // the aggregator starts.
-func StoredState(store *storage.AggStore) (State, error) {
+func StoredState(store *aggstore.AggStore) (State, error) {
 	var st State
 	cur, err := store.CurrentRound()
 	if err != nil {

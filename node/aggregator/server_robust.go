@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/edgefl/edgefl/learn/split"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -19,7 +20,7 @@ import (
 // (package comment there): each site's step of z_j is bounded by the
 // honest sites' steps, a persistent poisoner is set aside. Its state (each
 // site's lag and standing, the reference step) is the aggregator's own,
-// kept with the round's checkpoint in one transaction (storage.Round.Split)
+// kept with the round's checkpoint in one transaction (aggstore.Round.Split)
 // like sum mode's S: a restart or a rollback to round n resumes with the
 // state as round n opened. The sites never see it: a clip changes e_j, the
 // z_j the mean counts, never the copy r_j that the site's next delta is
@@ -84,7 +85,7 @@ func (r *robustState) clone() *robustState {
 	return c
 }
 
-// robustBytes encodes st for storage.Round.Split (nil: none).
+// robustBytes encodes st for aggstore.Round.Split (nil: none).
 func robustBytes(st *robustState) ([]byte, error) {
 	if st == nil {
 		return nil, nil
@@ -124,7 +125,7 @@ func (s *Server) robustActive() bool { return isSplit(s.fam) && s.sum == nil }
 
 // restoreRobust reads the robust step's state stored with the current
 // round cur.
-func (s *Server) restoreRobust(cur storage.Round) error {
+func (s *Server) restoreRobust(cur aggstore.Round) error {
 	if !s.robustActive() {
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/learn/aggregate"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -250,7 +251,7 @@ func (s *Server) checkpoint(cr CloseRound, next []float64, redo bool) (time.Time
 		if err != nil {
 			return time.Time{}, err
 		}
-		if err := s.store.OpenRound(storage.Round{Number: uint64(r + 1), OpenedAt: now, Config: s.conf, State: state, Sum: sum, Split: robust}, next); err != nil {
+		if err := s.store.OpenRound(aggstore.Round{Number: uint64(r + 1), OpenedAt: now, Config: s.conf, State: state, Sum: sum, Split: robust}, next); err != nil {
 			return time.Time{}, fmt.Errorf("aggregator: %w", err)
 		}
 		s.storeR = uint64(r + 1)
@@ -332,7 +333,7 @@ func (s *Server) closedUpdates(cr CloseRound, x []float64) ([]aggregate.Update, 
 	} else {
 		return nil, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
 	}
-	err := s.forClosed(cr, func(u storage.Update, m *wire.ClientUpdate, d []float64) error {
+	err := s.forClosed(cr, func(u aggstore.Update, m *wire.ClientUpdate, d []float64) error {
 		vec, err := uplink.Receive(uplink.HeaderOf(m), d, x, nil)
 		if err != nil {
 			return fmt.Errorf("stored update of %q: %w", u.ClientID, err)
@@ -357,13 +358,13 @@ func (s *Server) closedUpdates(cr CloseRound, x []float64) ([]aggregate.Update, 
 // forClosed calls fn with each stored update of a closed round's
 // contributors, its message and its decoded vector, and checks that every
 // contributor's update was there.
-func (s *Server) forClosed(cr CloseRound, fn func(u storage.Update, m *wire.ClientUpdate, d []float64) error) error {
+func (s *Server) forClosed(cr CloseRound, fn func(u aggstore.Update, m *wire.ClientUpdate, d []float64) error) error {
 	want := make(map[string]bool, len(cr.Contributors))
 	for _, id := range cr.Contributors {
 		want[id] = true
 	}
 	n := 0
-	err := s.store.ForEachUpdate(uint64(cr.Round), func(u storage.Update) error {
+	err := s.store.ForEachUpdate(uint64(cr.Round), func(u aggstore.Update) error {
 		if !want[u.ClientID] {
 			return nil // stored just before a crash, not counted by the coordinator
 		}

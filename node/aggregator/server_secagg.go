@@ -11,6 +11,7 @@ import (
 	"github.com/edgefl/edgefl/internal/metrics"
 	"github.com/edgefl/edgefl/learn/aggregate"
 	splitpkg "github.com/edgefl/edgefl/learn/split"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
@@ -26,14 +27,14 @@ import (
 // What is written when (store, then send):
 //
 //   - a site's message: its bytes under (round, attempt, kind, client) with
-//     a replay log entry, in one transaction (storage.PutSecAggMessage),
+//     a replay log entry, in one transaction (aggstore.PutSecAggMessage),
 //     after the secagg.Server took it and before the coordinator counts
 //     it; then the receipt. The coordinator's state is not written for it
 //     (a lone accept: coordinator_replay.go); the next state write, at the
 //     latest the one that closes the phase, reflects it and clears the log;
 //   - a phase advance: the coordinator's state that closes the phase (with
 //     every message of it counted), then the server's whole state
-//     (storage.PutSecAggServer, which also drops the stored messages it
+//     (aggstore.PutSecAggServer, which also drops the stored messages it
 //     took in), then the coordinator's state with the next phase, then the
 //     announcement (and the ShareLists). After a restart the coordinator
 //     is its stored state with the logged messages replayed (replayEvent),
@@ -252,7 +253,7 @@ func (s *Server) storeSecAgg(d Decision, now time.Time) (uint64, error) {
 	if err := srv.Receive(in.parsed); err != nil {
 		return 0, fmt.Errorf("%w: %w", errSecAggRefused, err)
 	}
-	index, err := s.store.PutSecAggMessage(storage.SecAggRecord{Round: uint64(a.Round), Attempt: uint32(a.Attempt), Kind: uint8(a.Kind),
+	index, err := s.store.PutSecAggMessage(aggstore.SecAggRecord{Round: uint64(a.Round), Attempt: uint32(a.Attempt), Kind: uint8(a.Kind),
 		ClientID: a.Client, Msg: in.raw}, now)
 	if errors.Is(err, storage.ErrConflict) {
 		return 0, fmt.Errorf("%w: %w", errSecAggRefused, err)
@@ -516,7 +517,7 @@ func (s *Server) viewSignatures(round, attempt int, survivors []string) ([]uplin
 	certs, sigs := map[string][]byte{}, map[string][]byte{}
 	for _, rec := range recs {
 		switch {
-		case rec.Kind == storage.SecAggViewKind:
+		case rec.Kind == aggstore.SecAggViewKind:
 			sigs[rec.ClientID] = rec.Msg
 		case rec.Kind == uint8(secagg.KindAdvertiseKeys):
 			m, err := wire.DecodeSecAgg(rec.Msg, s.lim)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/edgefl/edgefl/internal/metrics"
 	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 )
 
@@ -69,7 +70,7 @@ func TestSelectionKey(t *testing.T) {
 	}
 
 	// A --dp log without a selection key.
-	if _, err := storage.Rollback(a.StatePath, 1, start0, func(b []byte) ([]byte, error) {
+	if _, err := aggstore.Rollback(a.StatePath, 1, start0, func(b []byte) ([]byte, error) {
 		var m map[string]any
 		if err := json.Unmarshal(b, &m); err != nil {
 			return nil, err

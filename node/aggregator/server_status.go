@@ -16,6 +16,7 @@ import (
 	"github.com/edgefl/edgefl/learn/evaluate"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/node/aggregator/console"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -478,7 +479,7 @@ type LiveStatus struct {
 
 // ReadStatus reads the federation's status from a state file: the current
 // round's coordinator state and the client registry. It only reads.
-func ReadStatus(store *storage.AggStore) (Status, error) {
+func ReadStatus(store *aggstore.AggStore) (Status, error) {
 	var out Status
 	var dpConf *dp.Config
 	var saConf *SecAggSettings
@@ -585,7 +586,7 @@ func withZero(m map[string]uint64, labels ...string) map[string]uint64 {
 }
 
 // readFedStatus adds a schema run's part to a status read from the file.
-func readFedStatus(store *storage.AggStore, out *Status, st State) error {
+func readFedStatus(store *aggstore.AggStore, out *Status, st State) error {
 	if out.Schema == "" {
 		return nil
 	}

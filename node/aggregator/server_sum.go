@@ -7,6 +7,7 @@ import (
 
 	"github.com/edgefl/edgefl/learn/aggregate"
 	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -38,7 +39,7 @@ import (
 //     re-clipped, summed in client order, noised from the round's key
 //     stream and added to S with the joins (uplink.SumState.CloseCentral);
 //     the new S and m are stored with the next round's checkpoint in one
-//     transaction (storage.Round.Sum, OpenRound), so a restart that finds
+//     transaction (aggstore.Round.Sum, OpenRound), so a restart that finds
 //     the checkpoint finds the S that produced it, and one that does not
 //     redoes the close from the S before it, drawing the same noise.
 //   - No late updates, no re-selection (as for the FedProx family under
@@ -65,7 +66,7 @@ func (s *Server) storeSumUpdate(u *inUpdate, now time.Time) (uint64, error) {
 	if err := s.sum.Check(m.ClientId, m.InstanceId, uplink.IsJoin(uplink.HeaderOf(m))); err != nil {
 		return 0, err
 	}
-	return s.store.PutUpdate(storage.Update{Round: m.Round, ClientID: m.ClientId, StoredAt: now,
+	return s.store.PutUpdate(aggstore.Update{Round: m.Round, ClientID: m.ClientId, StoredAt: now,
 		SampleCount: m.SampleCount, Loss: 0, Msg: u.raw}, nil)
 }
 
@@ -75,7 +76,7 @@ func (s *Server) storeSumUpdate(u *inUpdate, now time.Time) (uint64, error) {
 func (s *Server) sumAggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
 	var cs []uplink.SumContribution
 	var bits []bool
-	err := s.forClosed(cr, func(u storage.Update, m *wire.ClientUpdate, d []float64) error {
+	err := s.forClosed(cr, func(u aggstore.Update, m *wire.ClientUpdate, d []float64) error {
 		if m.GetKind() != wire.UpdateKind_UPDATE_KIND_SUM_DELTA {
 			return fmt.Errorf("stored update of %q is a %v, not a sum-mode delta", u.ClientID, m.GetKind())
 		}
@@ -149,7 +150,7 @@ var errSumCounting = errors.New("this round log's FedSplit sum counts sites on t
 
 // restoreSum reads the sum-mode state stored with the current round cur
 // (nothing to read outside sum mode, or once the run has finished).
-func (s *Server) restoreSum(cur storage.Round) error {
+func (s *Server) restoreSum(cur aggstore.Round) error {
 	if s.sum == nil || s.globalR != int(cur.Number) {
 		return nil
 	}

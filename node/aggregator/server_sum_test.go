@@ -9,6 +9,7 @@ import (
 
 	"github.com/edgefl/edgefl/internal/metrics"
 	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -142,7 +143,7 @@ func TestServerSumMode(t *testing.T) {
 	}
 	r.stop(t)
 
-	st, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
+	st, err := aggstore.OpenAgg(cfg.StatePath, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +226,7 @@ func TestRestoreSumCounting(t *testing.T) {
 		}
 		s := &Server{sum: &uplink.SumState{Fixed: tc.fixed}, globalR: 2, dim: 2}
 		s.cfg.StatePath = "state.db"
-		err = s.restoreSum(storage.Round{Number: 2, Sum: b})
+		err = s.restoreSum(aggstore.Round{Number: 2, Sum: b})
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("%s: %v", tc.name, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/edgefl/edgefl/learn/aggregate"
 
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -319,7 +320,7 @@ func TestServerRestartResumesOpenRound(t *testing.T) {
 	r2.stop(t)
 
 	// status reads the file once the daemon is gone.
-	st, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
+	st, err := aggstore.OpenAgg(cfg.StatePath, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -662,7 +663,7 @@ func TestServerStoreUpdateResentAfterCrash(t *testing.T) {
 	if _, err := s.storeUpdate(in(zDelta(t, "site-a", 1, 0, vec(1)), vec(1)), now); err != nil {
 		t.Fatalf("round 1 (base 0): %v", err)
 	}
-	if err := s.store.OpenRound(storage.Round{Number: 2, OpenedAt: now, Config: s.conf, State: []byte("{}")}, make([]float64, 6)); err != nil {
+	if err := s.store.OpenRound(aggstore.Round{Number: 2, OpenedAt: now, Config: s.conf, State: []byte("{}")}, make([]float64, 6)); err != nil {
 		t.Fatal(err)
 	}
 	u2 := in(zDelta(t, "site-a", 2, 1, vec(2)), vec(2))
@@ -680,7 +681,7 @@ func TestServerStoreUpdateResentAfterCrash(t *testing.T) {
 		t.Fatalf("copy after the re-send: round %d %v, %v; want round 2 %v", r, got, err, want)
 	}
 	// A delta of a round not stored yet is still checked against the copy.
-	if err := s.store.OpenRound(storage.Round{Number: 3, OpenedAt: now, Config: s.conf, State: []byte("{}")}, make([]float64, 6)); err != nil {
+	if err := s.store.OpenRound(aggstore.Round{Number: 3, OpenedAt: now, Config: s.conf, State: []byte("{}")}, make([]float64, 6)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.storeUpdate(in(zDelta(t, "site-a", 3, 1, vec(3)), vec(3)), now); !errors.Is(err, uplink.ErrBaseMismatch) {
@@ -704,7 +705,7 @@ func TestStatusAfterFinishTracksPresence(t *testing.T) {
 	a.status(t, false, 10)
 	waitView(t, r.s, "site-a offline", func(v ServerView) bool { return v.Online == 0 })
 	r.stop(t)
-	st, err := storage.OpenAgg(cfg.StatePath, storage.Options{})
+	st, err := aggstore.OpenAgg(cfg.StatePath, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

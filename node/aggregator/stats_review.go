@@ -6,7 +6,7 @@ import (
 
 	"github.com/edgefl/edgefl/data/prep"
 	"github.com/edgefl/edgefl/data/schema"
-	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -33,7 +33,7 @@ type StatsReview struct {
 
 // storedStats decodes the stored statistics of sites (the statistics the
 // preprocessing was fitted from), in the order given.
-func storedStats(store *storage.AggStore, sc *schema.Schema, lim wire.Limits, sites []string) ([]*prep.Stats, error) {
+func storedStats(store *aggstore.AggStore, sc *schema.Schema, lim wire.Limits, sites []string) ([]*prep.Stats, error) {
 	recs, err := store.Statistics()
 	if err != nil {
 		return nil, err
@@ -63,7 +63,7 @@ func storedStats(store *storage.AggStore, sc *schema.Schema, lim wire.Limits, si
 
 // reviewOf is the review of the fitted run's statistics (nil for a
 // schema that declares its preprocessing: no site sent any).
-func reviewOf(store *storage.AggStore, rec *fitRecord, lim wire.Limits) (*StatsReview, error) {
+func reviewOf(store *aggstore.AggStore, rec *fitRecord, lim wire.Limits) (*StatsReview, error) {
 	if rec.schema.Declared() || len(rec.Sites) == 0 {
 		return nil, nil
 	}

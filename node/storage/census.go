@@ -24,7 +24,7 @@ import (
 // creation or deletion goes through wrappers that know the bucket's path
 // and move its top-level bucket's count and digest (a sum of hashes, so one
 // hash is added or subtracted) in the same transaction, which writes the
-// census back (guardedDB.Update). So a count is always written in the same
+// census back (DB.Update). So a count is always written in the same
 // transaction as the changes it counts, whatever helper made them (rollback
 // and the migrations included), at a cost that does not grow with the file:
 // until 2026-11 every write recounted the whole file before and after its
@@ -32,7 +32,7 @@ import (
 // log of 1,000 rounds of 10 sites (go test -run '^$' -bench PutUpdate
 // ./node/storage/). The full recount runs on open (every bucket, with every
 // value read back: a write that went around the wrappers, or damage at
-// rest, is refused there) and before every listing (sforEach, viewWritten,
+// rest, is refused there) and before every listing (SForEach, viewWritten,
 // LatestCheckpoint), for the listed top-level bucket: a listing is never
 // silently short. That recount walks the top-level bucket's whole subtree
 // (for updates/<round>, every round's updates), which is affordable
@@ -41,7 +41,7 @@ import (
 // a new census format and migration. Writes no longer check the counts
 // before they build on the file: damage after the open check is found by
 // the next listing of its bucket or the next open. A mismatch is an error
-// wrapping ErrCorrupt that names the bucket (and, through guardedDB, the
+// wrapping ErrCorrupt that names the bucket (and, through DB, the
 // file). Compaction copies the meta bucket with the entries it counts, so
 // the copy's census is right as it stands.
 //
@@ -105,7 +105,7 @@ func tallyBucket(b *bolt.Bucket, path uint64, t *tally) error {
 func takeCensus(tx *bolt.Tx) ([]tally, error) {
 	var ts []tally
 	err := tx.ForEach(func(name []byte, b *bolt.Bucket) error {
-		if bytes.Equal(name, bucketMeta) {
+		if bytes.Equal(name, BucketMeta) {
 			return nil
 		}
 		t := tally{name: string(name)}
@@ -146,11 +146,11 @@ func decodeCensus(b []byte) ([]tally, error) {
 // storedCensus returns the sealed census, ok == false when the file has
 // none (a file being migrated from an older version).
 func storedCensus(tx *bolt.Tx) (ts []tally, ok bool, err error) {
-	meta := tx.Bucket(bucketMeta)
+	meta := tx.Bucket(BucketMeta)
 	if meta == nil {
 		return nil, false, nil
 	}
-	v, err := sget(meta, keyCensus, "meta/census")
+	v, err := SGet(meta, keyCensus, "meta/census")
 	if err != nil || v == nil {
 		return nil, false, err
 	}
@@ -158,33 +158,33 @@ func storedCensus(tx *bolt.Tx) (ts []tally, ok bool, err error) {
 	return ts, err == nil, err
 }
 
-// writeCensus stores the census of the file as it is now, counted from
+// WriteCensus stores the census of the file as it is now, counted from
 // scratch (when it changed). It is the body of the migration step that
 // introduces it; from then on the census is kept by the writes themselves
 // (wtx.go).
-func writeCensus(tx *wtx) error {
+func WriteCensus(tx *Tx) error {
 	ts, err := takeCensus(tx.Tx)
 	if err != nil {
 		return err
 	}
-	meta, err := tx.Tx.CreateBucketIfNotExists(bucketMeta)
+	meta, err := tx.Tx.CreateBucketIfNotExists(BucketMeta)
 	if err != nil {
 		return err
 	}
 	enc := encodeCensus(ts)
 	if old := meta.Get(keyCensus); old != nil {
-		if v, err := unseal(keyCensus, old, "meta/census"); err == nil && bytes.Equal(v, enc) {
+		if v, err := Unseal(keyCensus, old, "meta/census"); err == nil && bytes.Equal(v, enc) {
 			return nil // unchanged: leave the meta page clean
 		}
 	}
-	return meta.Put(keyCensus, seal(keyCensus, enc))
+	return meta.Put(keyCensus, Seal(keyCensus, enc))
 }
 
-// checkCensus compares the file with its sealed census (in a write
+// CheckCensus compares the file with its sealed census (in a write
 // transaction: the census as its changes so far moved it): every top-level
 // bucket when only is "", else only that one (which may be absent if the
 // census says so). A file without a census passes unless required.
-func checkCensus(tx *wtx, only string, required bool) error {
+func CheckCensus(tx *Tx, only string, required bool) error {
 	var want []tally
 	if tx.cen != nil {
 		want = tx.cen.ts

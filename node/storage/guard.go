@@ -27,7 +27,7 @@ import (
 //  1. precheck reads the two meta pages itself, before bbolt maps the file:
 //     an empty file, no valid meta page, or a file shorter than its last
 //     commit's high-water mark is refused without touching a data page.
-//  2. Every transaction runs under guardedDB: panics (and, with
+//  2. Every transaction runs under DB: panics (and, with
 //     debug.SetPanicOnFault, memory faults) are recovered into an error
 //     wrapping ErrCorrupt that names the file. The handle is then poisoned:
 //     every later call returns the same error, and after a write panic
@@ -40,18 +40,20 @@ import (
 //
 // Values inside the pages are sealed with checksums (seal.go).
 
-// guardedDB is a bbolt handle whose transactions cannot panic.
-type guardedDB struct {
+// DB is a bbolt handle whose transactions cannot panic.
+type DB struct {
 	*bolt.DB
 	path   string
-	layout map[string][]string   // bucket -> its fixed keys (nil: any key); from the schema
-	broken atomic.Pointer[error] // the first recovered panic, if any
-	wedged atomic.Bool           // a write transaction panicked: bbolt's locks may be held
+	layout map[string][]string                    // bucket -> its fixed keys (nil: any key); from the schema
+	nested map[string][]string                    // bucket -> the fixed keys of each bucket in it; from the schema
+	value  func(bucket string, k, v []byte) error // the schema's check of a value's shape
+	broken atomic.Pointer[error]                  // the first recovered panic, if any
+	wedged atomic.Bool                            // a write transaction panicked: bbolt's locks may be held
 }
 
 // guard is deferred by every entry point that touches pages; it recovers a
 // panic or memory fault into *err.
-func (d *guardedDB) guard(err *error, write bool) func() {
+func (d *DB) guard(err *error, write bool) func() {
 	old := debug.SetPanicOnFault(true)
 	return func() {
 		debug.SetPanicOnFault(old)
@@ -66,7 +68,7 @@ func (d *guardedDB) guard(err *error, write bool) func() {
 	}
 }
 
-func (d *guardedDB) failed() error {
+func (d *DB) failed() error {
 	if e := d.broken.Load(); e != nil {
 		return *e
 	}
@@ -74,18 +76,18 @@ func (d *guardedDB) failed() error {
 }
 
 // View is bolt.DB.View with panics recovered.
-func (d *guardedDB) View(fn func(*wtx) error) (err error) {
+func (d *DB) View(fn func(*Tx) error) (err error) {
 	if err := d.failed(); err != nil {
 		return err
 	}
 	defer d.guard(&err, false)()
-	return d.named(d.DB.View(func(tx *bolt.Tx) error { return fn(&wtx{Tx: tx}) }))
+	return d.named(d.DB.View(func(tx *bolt.Tx) error { return fn(&Tx{Tx: tx}) }))
 }
 
 // Update is bolt.DB.Update with panics recovered. The census (census.go)
-// is kept by the changes fn makes through the wtx (wtx.go) and written
+// is kept by the changes fn makes through the Tx (wtx.go) and written
 // back in the same transaction.
-func (d *guardedDB) Update(fn func(*wtx) error) (err error) {
+func (d *DB) Update(fn func(*Tx) error) (err error) {
 	if err := d.failed(); err != nil {
 		return err
 	}
@@ -95,12 +97,12 @@ func (d *guardedDB) Update(fn func(*wtx) error) (err error) {
 		if err != nil {
 			return err
 		}
-		w := &wtx{Tx: tx, cen: cen}
+		w := &Tx{Tx: tx, cen: cen}
 		if err := fn(w); err != nil {
 			return err
 		}
-		if selfCheckCensus && w.cen != nil {
-			if err := checkCensus(w, "", false); err != nil {
+		if SelfCheckCensus && w.cen != nil {
+			if err := CheckCensus(w, "", false); err != nil {
 				return fmt.Errorf("the census kept by this transaction's writes is not the file's: %w", err)
 			}
 		}
@@ -111,7 +113,7 @@ func (d *guardedDB) Update(fn func(*wtx) error) (err error) {
 // named adds the file's path to a corruption error found inside a
 // transaction (a value failing its checksum), so the operator's one-line
 // error says which file.
-func (d *guardedDB) named(err error) error {
+func (d *DB) named(err error) error {
 	if err != nil && errors.Is(err, ErrCorrupt) && !strings.Contains(err.Error(), d.path) {
 		return fmt.Errorf("%w (in %s)", err, d.path)
 	}
@@ -121,7 +123,7 @@ func (d *guardedDB) named(err error) error {
 // Close closes the file, unless a write transaction panicked: then bbolt's
 // locks may be held and its Close would block forever, so the handle is
 // left to the process's exit (which releases the file lock and the map).
-func (d *guardedDB) Close() (err error) {
+func (d *DB) Close() (err error) {
 	if d.wedged.Load() {
 		return fmt.Errorf("%w: %s was left open after a failed write", ErrCorrupt, d.path)
 	}
@@ -327,8 +329,8 @@ func refuseEmpty(path string) error {
 }
 
 // openGuarded opens path with bbolt under the guard.
-func openGuarded(path string, layout map[string][]string, o *bolt.Options) (g *guardedDB, err error) {
-	g = &guardedDB{path: path, layout: layout}
+func openGuarded(path string, sc Schema, o *bolt.Options) (g *DB, err error) {
+	g = &DB{path: path, layout: sc.Layout, nested: sc.Nested, value: sc.CheckValue}
 	defer g.guard(&err, true)()
 	db, err := bolt.Open(path, 0o600, o)
 	if err != nil {
@@ -349,7 +351,7 @@ func checkTime(size int64) time.Duration {
 // bounded runs one whole-file check within checkTime. A check that
 // cannot finish in time is an error: the daemon must not start on a file it
 // could not verify.
-func bounded(d *guardedDB, what string, fn func() error) error {
+func bounded(d *DB, what string, fn func() error) error {
 	var size int64
 	if st, err := os.Stat(d.path); err == nil {
 		size = st.Size()
@@ -374,20 +376,20 @@ func bounded(d *guardedDB, what string, fn func() error) error {
 // the buckets and the fixed keys are the schema's: a flipped bit in a key
 // would otherwise make a value look absent (a "fresh" round log, an
 // identity never set) instead of damaged.
-func (d *guardedDB) checkValues(tx *bolt.Tx) error {
+func (d *DB) checkValues(tx *bolt.Tx) error {
 	return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
-		if string(name) == string(bucketMeta) {
+		if string(name) == string(BucketMeta) {
 			return nil
 		}
 		fixed, known := d.layout[string(name)]
 		if !known {
 			return fmt.Errorf("%w: %s has an unknown bucket %q", ErrCorrupt, d.path, name)
 		}
-		return checkBucket(b, string(name), fixed)
+		return d.checkBucket(b, string(name), fixed)
 	})
 }
 
-func checkBucket(b *bolt.Bucket, what string, fixed []string) error {
+func (d *DB) checkBucket(b *bolt.Bucket, what string, fixed []string) error {
 	return b.ForEach(func(k, v []byte) error {
 		if fixed != nil && !slices.Contains(fixed, string(k)) {
 			return fmt.Errorf("%w: %s has an unknown key %q", ErrCorrupt, what, k)
@@ -397,40 +399,21 @@ func checkBucket(b *bolt.Bucket, what string, fixed []string) error {
 			if nb == nil {
 				return fmt.Errorf("%w: %s/%q is neither a value nor a bucket", ErrCorrupt, what, k)
 			}
-			var sub []string
-			if what == string(bucketRounds) {
-				sub = roundKeys
-			}
-			return checkBucket(nb, fmt.Sprintf("%s/%x", what, k), sub)
+			return d.checkBucket(nb, fmt.Sprintf("%s/%x", what, k), d.nested[what])
 		}
-		v, err := unseal(k, v, fmt.Sprintf("%s/%q", what, k))
+		v, err := Unseal(k, v, fmt.Sprintf("%s/%q", what, k))
 		if err != nil {
 			return err
 		}
-		return checkVector(what, k, v)
+		if d.value == nil {
+			return nil
+		}
+		return d.value(what, k, v)
 	})
 }
 
-// checkVector decodes the values that are float vectors, so that a
-// non-finite number (never written: checkVec refuses it) is found on open,
-// not when a round needs it.
-func checkVector(bucket string, k, v []byte) error {
-	what := fmt.Sprintf("%s/%q", bucket, k)
-	var err error
-	switch {
-	case bucket == string(bucketCheckpoints), bucket == string(bucketResiduals):
-		_, err = decodeFloats(v, what)
-	case bucket == string(bucketLatestZ),
-		bucket == string(bucketEdge) && (string(k) == string(keyGlobal) || string(k) == string(keyZ) || string(k) == string(keyServerZ) || string(k) == string(keyContrib)):
-		_, _, err = decodeRoundVec(v, what)
-	case bucket == string(bucketPending):
-		_, err = decodePending(v, what)
-	}
-	return err
-}
-
 // compactInto copies the whole database into out under the guard.
-func (d *guardedDB) compactInto(out *bolt.DB) (err error) {
+func (d *DB) compactInto(out *bolt.DB) (err error) {
 	if err := d.failed(); err != nil {
 		return err
 	}

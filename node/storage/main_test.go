@@ -13,7 +13,7 @@ import (
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if b := flag.Lookup("test.bench"); b == nil || b.Value.String() == "" {
-		selfCheckCensus = true
+		SelfCheckCensus = true
 	}
 	os.Exit(m.Run())
 }

@@ -17,7 +17,8 @@ import (
 // 2 of both kinds introduced the seal; the migration seals every value of an
 // older file in place.
 
-const sealLen = 4
+// SealLen is the length of the seal after every value.
+const SealLen = 4
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -25,55 +26,55 @@ func sealSum(k, v []byte) uint32 {
 	return crc32.Update(crc32.Checksum(k, castagnoli), castagnoli, v)
 }
 
-// seal returns v with its seal appended (a new slice).
-func seal(k, v []byte) []byte {
-	out := make([]byte, len(v), len(v)+sealLen)
+// Seal returns v with its seal appended (a new slice).
+func Seal(k, v []byte) []byte {
+	out := make([]byte, len(v), len(v)+SealLen)
 	copy(out, v)
 	return binary.BigEndian.AppendUint32(out, sealSum(k, v))
 }
 
-// unseal checks raw's seal and returns the value without it (a sub-slice of
+// Unseal checks raw's seal and returns the value without it (a sub-slice of
 // raw: bbolt memory, valid only inside the transaction).
-func unseal(k, raw []byte, what string) ([]byte, error) {
-	if len(raw) < sealLen {
+func Unseal(k, raw []byte, what string) ([]byte, error) {
+	if len(raw) < SealLen {
 		return nil, fmt.Errorf("%w: %s is %d bytes, shorter than its checksum", ErrCorrupt, what, len(raw))
 	}
-	v := raw[:len(raw)-sealLen]
+	v := raw[:len(raw)-SealLen]
 	if got, want := binary.BigEndian.Uint32(raw[len(v):]), sealSum(k, v); got != want {
 		return nil, fmt.Errorf("%w: %s fails its checksum (stored %08x, computed %08x)", ErrCorrupt, what, got, want)
 	}
 	return v, nil
 }
 
-// getter is a bucket to read from (bbolt's, or a wbucket).
+// getter is a bucket to read from (bbolt's, or a Bucket).
 type getter interface{ Get(k []byte) []byte }
 
-// sget returns the unsealed value of k in b, nil (no error) when absent.
-func sget(b getter, k []byte, what string) ([]byte, error) {
+// SGet returns the unsealed value of k in b, nil (no error) when absent.
+func SGet(b getter, k []byte, what string) ([]byte, error) {
 	raw := b.Get(k)
 	if raw == nil {
 		return nil, nil
 	}
-	return unseal(k, raw, what)
+	return Unseal(k, raw, what)
 }
 
-// sput stores v sealed under k.
-func sput(b *wbucket, k, v []byte) error { return b.Put(k, seal(k, v)) }
+// SPut stores v sealed under k.
+func SPut(b *Bucket, k, v []byte) error { return b.Put(k, Seal(k, v)) }
 
-// sforEach calls fn with every unsealed key/value of b (nested buckets are
+// SForEach calls fn with every unsealed key/value of b (nested buckets are
 // skipped); a broken seal stops the iteration with ErrCorrupt.
 // what is the bucket's path; the sealed count of its top-level bucket is
 // checked first (census.go), so a listing is never silently short.
-func sforEach(b *wbucket, what string, fn func(k, v []byte) error) error {
+func SForEach(b *Bucket, what string, fn func(k, v []byte) error) error {
 	top, _, _ := strings.Cut(what, "/")
-	if err := checkCensus(b.tx, top, false); err != nil {
+	if err := CheckCensus(b.tx, top, false); err != nil {
 		return err
 	}
 	return b.ForEach(func(k, raw []byte) error {
 		if raw == nil {
 			return nil // a nested bucket
 		}
-		v, err := unseal(k, raw, fmt.Sprintf("%s/%q", what, k))
+		v, err := Unseal(k, raw, fmt.Sprintf("%s/%q", what, k))
 		if err != nil {
 			return err
 		}
@@ -81,11 +82,11 @@ func sforEach(b *wbucket, what string, fn func(k, v []byte) error) error {
 	})
 }
 
-// sealAll is the migration that seals every value of every bucket but meta,
+// SealAll is the migration that seals every value of every bucket but meta,
 // recursively.
-func sealAll(tx *wtx) error {
+func SealAll(tx *Tx) error {
 	return tx.ForEach(func(name []byte, b *bolt.Bucket) error { // bbolt's buckets: no census before its migration step
-		if string(name) == string(bucketMeta) {
+		if string(name) == string(BucketMeta) {
 			return nil
 		}
 		return sealBucket(b)
@@ -100,7 +101,7 @@ func sealBucket(b *bolt.Bucket) error {
 		if v == nil {
 			nested = append(nested, append([]byte(nil), k...))
 		} else {
-			vals = append(vals, kv{append([]byte(nil), k...), seal(k, v)})
+			vals = append(vals, kv{append([]byte(nil), k...), Seal(k, v)})
 		}
 		return nil
 	}); err != nil {

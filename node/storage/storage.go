@@ -1,8 +1,14 @@
-// Package storage owns edgefl's durable state in bbolt files: the edge
-// agent's state and outbox (EdgeStore) and the aggregator's client registry,
-// round log, accepted updates, latest FedSplit z per client, global-model
-// checkpoints and the replay log of the messages stored since the
-// coordinator's state was last written (AggStore; log.go).
+// Package storage is the bbolt machinery edgefl's two stores share: the
+// edge agent's (node/edgestore) and the aggregator's (node/aggstore). It
+// owns opening a file (a bounded lock wait, the page checks of guard.go
+// and walk.go, the kind check and the forward migrations of a Schema), the
+// transaction wrappers that keep every bucket's sealed entry count
+// (wtx.go, census.go), the checksummed values (seal.go), the value
+// encodings and the errors the stores return. It knows no store's buckets
+// beyond their names (ourBuckets): each store declares its Schema (kind,
+// migrations, layout, value checks) and its own methods. The edge agent
+// links this package and node/edgestore only, not the aggregator's round
+// log.
 //
 // Durability rules, shared by both stores:
 //   - every method that changes state is exactly one bbolt read-write
@@ -14,11 +20,11 @@
 //   - the schema is versioned (bucket "meta", key "schema_version") and
 //     migrated forward on Open, one transaction per step; a file written by a
 //     newer binary is refused with ErrSchemaTooNew. One exception: the
-//     aggregator's buckets of a run with a federation schema (agg_fed.go)
-//     came without a version step and are created by their first write, so
-//     a run without a schema writes exactly the file it wrote before; an
-//     older binary refuses such a file as damaged (an unknown bucket)
-//     rather than as newer;
+//     aggregator's buckets of a run with a federation schema
+//     (node/aggstore/agg_fed.go) came without a version step and are
+//     created by their first write, so a run without a schema writes
+//     exactly the file it wrote before; an older binary refuses such a
+//     file as damaged (an unknown bucket) rather than as newer;
 //   - stored bytes are treated as untrusted on read: a value of the wrong
 //     shape is an error wrapping ErrCorrupt, never a panic;
 //   - every value is sealed with a checksum (seal.go) and every bucket's
@@ -82,46 +88,61 @@ var (
 	ErrMismatch       = errors.New("storage: stored identity differs")
 )
 
-// ourBuckets are the bucket names of every edgefl schema, old or new.
-var ourBuckets = []string{"meta", "agg", "clients", "rounds", "updates", "latest_z", "checkpoints", "edge", "residuals", "outbox", "sum_pending"}
+// ErrConflict: a second, different message under a key that holds one.
+var ErrConflict = errors.New("storage: a different message is stored under this key")
+
+// ourBuckets are the bucket names of every edgefl schema, old or new, of
+// both stores: a file without its meta bucket but with one of these is a
+// damaged edgefl file, whichever binary opens it.
+var ourBuckets = []string{"meta", "agg", "clients", "rounds", "updates", "latest_z", "checkpoints", "edge", "residuals", "outbox", "sum_pending",
+	"statistics", "evals", "federation", "secagg", "secagg_msgs"}
 
 // Bucket and key names shared by both schemas.
 var (
-	bucketMeta       = []byte("meta")
-	keySchemaVersion = []byte("schema_version")
+	BucketMeta       = []byte("meta")
+	KeySchemaVersion = []byte("schema_version")
 	keyKind          = []byte("kind")
 )
 
-// migration moves a file from schema version i to i+1, where i is its index
+// Migration moves a file from schema version i to i+1, where i is its index
 // in a schema's list. It runs inside the transaction that also stamps the new
 // version, so a step is all or nothing.
-type migration struct {
-	name string
-	run  func(tx *wtx) error
+type Migration struct {
+	Name string
+	Run  func(tx *Tx) error
 }
 
-// schema is one kind of file: its name in the meta bucket and its migrations;
+// Schema is one kind of file: its name in the meta bucket and its migrations;
 // the current version is len(migrations).
-type schema struct {
-	kind       string
-	migrations []migration
+type Schema struct {
+	Kind       string
+	Migrations []Migration
 	// layout names the buckets of the current version and, for buckets
 	// with fixed keys, those keys (nil: keys are data, e.g. client ids);
 	// the check on open refuses anything else (guard.go).
-	layout map[string][]string
+	Layout map[string][]string
+	// nested names, for a bucket of buckets, the fixed keys of each
+	// bucket in it (absent: any key).
+	Nested map[string][]string
+	// checkValue, when set, checks the shape of a value read on open
+	// (after its seal): the float vectors are decoded, so a non-finite
+	// number (never written: CheckVec refuses it) is found on open, not
+	// when a round needs it.
+	CheckValue func(bucket string, k, v []byte) error
 	// invariants, when set, checks what the layout cannot say (read on
 	// open with every value).
-	invariants func(tx *wtx) error
+	Invariants func(tx *Tx) error
 	// countedFrom is the version whose migration wrote the census
 	// (census.go): a file of that version or later must have one.
-	countedFrom uint64
+	CountedFrom uint64
 }
 
-func (s schema) version() uint64 { return uint64(len(s.migrations)) }
+// Version is the schema's current version: the number of its migrations.
+func (s Schema) Version() uint64 { return uint64(len(s.Migrations)) }
 
-// createBuckets is the body of a v0 -> v1 migration.
-func createBuckets(names ...[]byte) func(tx *wtx) error {
-	return func(tx *wtx) error {
+// CreateBuckets is the body of a v0 -> v1 migration.
+func CreateBuckets(names ...[]byte) func(tx *Tx) error {
+	return func(tx *Tx) error {
 		for _, n := range names {
 			if _, err := tx.CreateBucketIfNotExists(n); err != nil {
 				return fmt.Errorf("create bucket %s: %w", n, err)
@@ -131,11 +152,11 @@ func createBuckets(names ...[]byte) func(tx *wtx) error {
 	}
 }
 
-// openDB opens (creating if needed) the bbolt file at path, takes its lock
+// Open opens (creating if needed) the bbolt file at path, takes its lock
 // with a bounded wait, verifies every page (guard.go), checks its kind and
 // migrates it to sc's version. A damaged file is an error wrapping
 // ErrCorrupt that names the file, never a panic or a hang.
-func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
+func Open(path string, sc Schema, opts Options) (*DB, error) {
 	timeout := opts.LockTimeout
 	if timeout <= 0 {
 		timeout = DefaultLockTimeout
@@ -143,7 +164,7 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 	if err := refuseEmpty(path); err != nil {
 		return nil, err
 	}
-	db, err := openGuarded(path, sc.layout, &bolt.Options{
+	db, err := openGuarded(path, sc, &bolt.Options{
 		Timeout: timeout,
 		NoSync:  false, // fsync every commit: durability is the point
 	})
@@ -171,7 +192,7 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 		return nil, err
 	}
 	{
-		if err := bounded(db, "the consistency check", func() error { return check(db) }); err != nil {
+		if err := bounded(db, "the consistency check", func() error { return Check(db) }); err != nil {
 			_ = db.Close()
 			return nil, err
 		}
@@ -188,8 +209,8 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 	// counts are checked even when the values are not (a rollback
 	// must not start from a file that lost entries).
 	if err := bounded(db, "reading every value", func() error {
-		return db.View(func(tx *wtx) error {
-			if err := checkCensus(tx, "", sc.countedFrom > 0 && sc.version() >= sc.countedFrom); err != nil {
+		return db.View(func(tx *Tx) error {
+			if err := CheckCensus(tx, "", sc.CountedFrom > 0 && sc.Version() >= sc.CountedFrom); err != nil {
 				return err
 			}
 			if opts.SkipValueCheck {
@@ -198,8 +219,8 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 			if err := db.checkValues(tx.Tx); err != nil {
 				return err
 			}
-			if sc.invariants != nil {
-				return db.named(sc.invariants(tx))
+			if sc.Invariants != nil {
+				return db.named(sc.Invariants(tx))
 			}
 			return nil
 		})
@@ -210,10 +231,10 @@ func openDB(path string, sc schema, opts Options) (*guardedDB, error) {
 	return db, nil
 }
 
-// readMeta returns a file's schema version and kind; a file without a meta
+// ReadMeta returns a file's schema version and kind; a file without a meta
 // bucket is version 0 and must be empty.
-func readMeta(tx *wtx) (version uint64, kind string, err error) {
-	meta := tx.Bucket(bucketMeta)
+func ReadMeta(tx *Tx) (version uint64, kind string, err error) {
+	meta := tx.Bucket(BucketMeta)
 	if meta == nil {
 		var foreign []string
 		_ = tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
@@ -231,20 +252,20 @@ func readMeta(tx *wtx) (version uint64, kind string, err error) {
 		}
 		return 0, "", nil
 	}
-	v := meta.Get(keySchemaVersion)
+	v := meta.Get(KeySchemaVersion)
 	if v == nil {
 		return 0, "", fmt.Errorf("%w: meta bucket without schema_version", ErrCorrupt)
 	}
 	// From version 2 on the meta values are sealed too (seal.go): a
 	// flipped bit in the version would otherwise read as "a newer binary
 	// wrote this file". Version 1 wrote them bare.
-	sealed := len(v) == 8+sealLen
+	sealed := len(v) == 8+SealLen
 	if sealed {
-		if v, err = unseal(keySchemaVersion, v, "meta/schema_version"); err != nil {
+		if v, err = Unseal(KeySchemaVersion, v, "meta/schema_version"); err != nil {
 			return 0, "", err
 		}
 	}
-	version, err = decodeU64(v, "meta/schema_version")
+	version, err = DecodeU64(v, "meta/schema_version")
 	if err != nil {
 		return 0, "", err
 	}
@@ -253,7 +274,7 @@ func readMeta(tx *wtx) (version uint64, kind string, err error) {
 	}
 	k := meta.Get(keyKind)
 	if sealed && k != nil {
-		if k, err = unseal(keyKind, k, "meta/kind"); err != nil {
+		if k, err = Unseal(keyKind, k, "meta/kind"); err != nil {
 			return 0, "", err
 		}
 	}
@@ -261,22 +282,22 @@ func readMeta(tx *wtx) (version uint64, kind string, err error) {
 }
 
 // putMeta stamps a file's kind and schema version (sealed from version 2).
-func putMeta(meta *wbucket, kind string, version uint64) error {
-	k, v := []byte(kind), encodeU64(version)
+func putMeta(meta *Bucket, kind string, version uint64) error {
+	k, v := []byte(kind), EncodeU64(version)
 	if version >= 2 {
-		k, v = seal(keyKind, k), seal(keySchemaVersion, v)
+		k, v = Seal(keyKind, k), Seal(KeySchemaVersion, v)
 	}
 	if err := meta.Put(keyKind, k); err != nil {
 		return err
 	}
-	return meta.Put(keySchemaVersion, v)
+	return meta.Put(KeySchemaVersion, v)
 }
 
-func migrate(db *guardedDB, sc schema) error {
+func migrate(db *DB, sc Schema) error {
 	var version uint64
 	var kind string
-	if err := db.View(func(tx *wtx) (err error) {
-		version, kind, err = readMeta(tx)
+	if err := db.View(func(tx *Tx) (err error) {
+		version, kind, err = ReadMeta(tx)
 		return err
 	}); err != nil {
 		return err
@@ -284,63 +305,63 @@ func migrate(db *guardedDB, sc schema) error {
 	if version > 0 && kind == "" {
 		return fmt.Errorf("%w: the meta bucket has a schema version but no kind", ErrCorrupt)
 	}
-	if version > 0 && kind != sc.kind {
-		return fmt.Errorf("%w: this is a %q database, not %q", ErrWrongKind, kind, sc.kind)
+	if version > 0 && kind != sc.Kind {
+		return fmt.Errorf("%w: this is a %q database, not %q", ErrWrongKind, kind, sc.Kind)
 	}
-	if version > sc.version()+1000 {
+	if version > sc.Version()+1000 {
 		// No binary will ever get there: a damaged value, not a newer file.
 		return fmt.Errorf("%w: implausible schema version %d", ErrCorrupt, version)
 	}
-	if version > sc.version() {
+	if version > sc.Version() {
 		return fmt.Errorf("%w: file has schema version %d, this binary knows up to %d (%s); upgrade the binary",
-			ErrSchemaTooNew, version, sc.version(), sc.kind)
+			ErrSchemaTooNew, version, sc.Version(), sc.Kind)
 	}
 	existing := version > 0 // a new file's steps are not news
-	for version < sc.version() {
-		m := sc.migrations[version]
-		err := db.Update(func(tx *wtx) error {
+	for version < sc.Version() {
+		m := sc.Migrations[version]
+		err := db.Update(func(tx *Tx) error {
 			// Re-read inside the write transaction: the lock makes this
 			// the only writer, but be exact about what we migrate from.
-			v, _, err := readMeta(tx)
+			v, _, err := ReadMeta(tx)
 			if err != nil {
 				return err
 			}
 			if v != version {
 				return fmt.Errorf("%w: schema version changed from %d to %d during migration", ErrCorrupt, version, v)
 			}
-			if err := m.run(tx); err != nil {
+			if err := m.Run(tx); err != nil {
 				return err
 			}
-			meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+			meta, err := tx.CreateBucketIfNotExists(BucketMeta)
 			if err != nil {
 				return err
 			}
-			return putMeta(meta, sc.kind, version+1)
+			return putMeta(meta, sc.Kind, version+1)
 		})
 		if err != nil {
-			return fmt.Errorf("migration %s v%d -> v%d (%s): %w", sc.kind, version, version+1, m.name, err)
+			return fmt.Errorf("migration %s v%d -> v%d (%s): %w", sc.Kind, version, version+1, m.Name, err)
 		}
 		if existing {
-			slog.Info("storage: migrated an existing file", "file", db.path, "kind", sc.kind,
-				"from", version, "to", version+1, "step", m.name)
+			slog.Info("storage: migrated an existing file", "file", db.path, "kind", sc.Kind,
+				"from", version, "to", version+1, "step", m.Name)
 		}
 		version++
 	}
 	return nil
 }
 
-// schemaVersion reads the version of an open file (for tests and tools).
-func schemaVersion(db *guardedDB) (v uint64, err error) {
-	err = db.View(func(tx *wtx) error {
-		v, _, err = readMeta(tx)
+// SchemaVersion reads the version of an open file (for tests and tools).
+func SchemaVersion(db *DB) (v uint64, err error) {
+	err = db.View(func(tx *Tx) error {
+		v, _, err = ReadMeta(tx)
 		return err
 	})
 	return v, err
 }
 
-// check runs bbolt's consistency check of the whole file.
-func check(db *guardedDB) error {
-	return db.View(func(tx *wtx) error {
+// Check runs bbolt's consistency check of the whole file.
+func Check(db *DB) error {
+	return db.View(func(tx *Tx) error {
 		var errs []string
 		for err := range tx.Check() {
 			if len(errs) < 3 { // the first few say enough; keep draining
@@ -354,10 +375,10 @@ func check(db *guardedDB) error {
 	})
 }
 
-// compact writes a compacted copy of src to dst, which must not exist. It
+// Compact writes a compacted copy of src to dst, which must not exist. It
 // compacts into dst+".tmp" and renames on success, so an interrupted compaction
 // never leaves a partial file under dst.
-func compact(src *guardedDB, dst string, opts Options) (err error) {
+func Compact(src *DB, dst string, opts Options) (err error) {
 	if _, err := os.Stat(dst); err == nil {
 		return fmt.Errorf("%w: compact destination %s", ErrExists, dst)
 	} else if !errors.Is(err, os.ErrNotExist) {
@@ -407,43 +428,48 @@ func syncDir(dir string) error {
 
 // ---- value encodings ----
 
-func encodeU64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+// EncodeU64 is v big-endian (keys sort by it).
+func EncodeU64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
-func decodeU64(b []byte, what string) (uint64, error) {
+// DecodeU64 reads an EncodeU64 value; what names it in the error.
+func DecodeU64(b []byte, what string) (uint64, error) {
 	if len(b) != 8 {
 		return 0, fmt.Errorf("%w: %s is %d bytes, want 8", ErrCorrupt, what, len(b))
 	}
 	return binary.BigEndian.Uint64(b), nil
 }
 
-// Times are stored as Unix nanoseconds; the zero time as 0.
-func encodeTime(t time.Time) []byte {
+// EncodeTime stores a time as Unix nanoseconds; the zero time as 0.
+func EncodeTime(t time.Time) []byte {
 	if t.IsZero() {
-		return encodeU64(0)
+		return EncodeU64(0)
 	}
-	return encodeU64(uint64(t.UnixNano()))
+	return EncodeU64(uint64(t.UnixNano()))
 }
 
-func decodeTime(b []byte, what string) (time.Time, error) {
-	v, err := decodeU64(b, what)
+// DecodeTime reads an EncodeTime value.
+func DecodeTime(b []byte, what string) (time.Time, error) {
+	v, err := DecodeU64(b, what)
 	if err != nil || v == 0 {
 		return time.Time{}, err
 	}
 	return time.Unix(0, int64(v)), nil
 }
 
-func appendFloats(dst []byte, v []float64) []byte {
+// AppendFloats appends v to dst as little-endian float64s.
+func AppendFloats(dst []byte, v []float64) []byte {
 	for _, x := range v {
 		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(x))
 	}
 	return dst
 }
 
-func encodeFloats(v []float64) []byte { return appendFloats(make([]byte, 0, 8*len(v)), v) }
+// EncodeFloats is v as little-endian float64s.
+func EncodeFloats(v []float64) []byte { return AppendFloats(make([]byte, 0, 8*len(v)), v) }
 
-// decodeFloats copies a non-empty little-endian float64 vector out of b
+// DecodeFloats copies a non-empty little-endian float64 vector out of b
 // (which may be bbolt memory, valid only inside the transaction).
-func decodeFloats(b []byte, what string) ([]float64, error) {
+func DecodeFloats(b []byte, what string) ([]float64, error) {
 	if len(b) == 0 || len(b)%8 != 0 {
 		return nil, fmt.Errorf("%w: %s is %d bytes, want a positive multiple of 8", ErrCorrupt, what, len(b))
 	}
@@ -451,36 +477,38 @@ func decodeFloats(b []byte, what string) ([]float64, error) {
 	for i := range v {
 		v[i] = math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:]))
 		if math.IsNaN(v[i]) || math.IsInf(v[i], 0) {
-			// Never written (checkVec refuses it): the file was altered.
+			// Never written (CheckVec refuses it): the file was altered.
 			return nil, fmt.Errorf("%w: %s[%d] is %v", ErrCorrupt, what, i, v[i])
 		}
 	}
 	return v, nil
 }
 
-// A round-tagged vector: 8-byte big-endian round, then the floats.
-func encodeRoundVec(round uint64, v []float64) []byte {
-	return appendFloats(binary.BigEndian.AppendUint64(make([]byte, 0, 8+8*len(v)), round), v)
+// EncodeRoundVec is a round-tagged vector: 8-byte big-endian round, then
+// the floats.
+func EncodeRoundVec(round uint64, v []float64) []byte {
+	return AppendFloats(binary.BigEndian.AppendUint64(make([]byte, 0, 8+8*len(v)), round), v)
 }
 
-func decodeRoundVec(b []byte, what string) (uint64, []float64, error) {
+// DecodeRoundVec reads an EncodeRoundVec value.
+func DecodeRoundVec(b []byte, what string) (uint64, []float64, error) {
 	if len(b) < 16 || len(b)%8 != 0 {
 		return 0, nil, fmt.Errorf("%w: %s is %d bytes, want 8 + a positive multiple of 8", ErrCorrupt, what, len(b))
 	}
-	v, err := decodeFloats(b[8:], what)
+	v, err := DecodeFloats(b[8:], what)
 	return binary.BigEndian.Uint64(b), v, err
 }
 
-// roundOf reads only the round of a round-tagged vector.
-func roundOf(b []byte, what string) (uint64, error) {
+// RoundOf reads only the round of a round-tagged vector.
+func RoundOf(b []byte, what string) (uint64, error) {
 	if len(b) < 16 || len(b)%8 != 0 {
 		return 0, fmt.Errorf("%w: %s is %d bytes, want 8 + a positive multiple of 8", ErrCorrupt, what, len(b))
 	}
 	return binary.BigEndian.Uint64(b), nil
 }
 
-// checkVec rejects vectors that must never be stored: empty or non-finite.
-func checkVec(what string, v []float64) error {
+// CheckVec rejects vectors that must never be stored: empty or non-finite.
+func CheckVec(what string, v []float64) error {
 	if len(v) == 0 {
 		return fmt.Errorf("%w: %s is empty", ErrInvalid, what)
 	}
@@ -495,9 +523,9 @@ func checkVec(what string, v []float64) error {
 	return nil
 }
 
-// checkName validates a client id or residual name used as a key. The
+// CheckName validates a client id or residual name used as a key. The
 // storage layer does not know wire's id charset; it only keeps keys sane.
-func checkName(what, s string) error {
+func CheckName(what, s string) error {
 	if s == "" || len(s) > 255 {
 		return fmt.Errorf("%w: %s must be 1..255 bytes, got %d", ErrInvalid, what, len(s))
 	}
@@ -507,7 +535,9 @@ func checkName(what, s string) error {
 	return nil
 }
 
-func bucket(tx *wtx, name []byte) (*wbucket, error) {
+// NeedBucket returns the top-level bucket name, which must exist: a missing
+// one is ErrCorrupt.
+func NeedBucket(tx *Tx, name []byte) (*Bucket, error) {
 	b := tx.Bucket(name)
 	if b == nil {
 		return nil, fmt.Errorf("%w: bucket %s is missing", ErrCorrupt, name)
@@ -515,14 +545,28 @@ func bucket(tx *wtx, name []byte) (*wbucket, error) {
 	return b, nil
 }
 
-// inBucket is a transaction function (for db.View or db.Update) that runs fn
+// InBucket is a transaction function (for db.View or db.Update) that runs fn
 // on the top-level bucket name, which must exist.
-func inBucket(name []byte, fn func(b *wbucket) error) func(tx *wtx) error {
-	return func(tx *wtx) error {
-		b, err := bucket(tx, name)
+func InBucket(name []byte, fn func(b *Bucket) error) func(tx *Tx) error {
+	return func(tx *Tx) error {
+		b, err := NeedBucket(tx, name)
 		if err != nil {
 			return err
 		}
 		return fn(b)
 	}
 }
+
+// MakeBucket returns a bucket created by its first write (a version-3
+// bucket), creating it.
+func MakeBucket(tx *Tx, name []byte) (*Bucket, error) {
+	b, err := tx.CreateBucketIfNotExists(name)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", name, err)
+	}
+	return b, nil
+}
+
+// OptBucket returns a bucket created by its first write, nil (no error) when it has not
+// been written yet.
+func OptBucket(tx *Tx, name []byte) (*Bucket, error) { return tx.Bucket(name), nil }

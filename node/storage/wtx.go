@@ -9,23 +9,23 @@ import (
 )
 
 // The census kept incrementally (census.go). Every transaction function of
-// this package gets a *wtx, and every bucket it reaches through it is a
-// *wbucket that knows its top-level bucket and its path; their Put, Delete,
+// this package gets a *Tx, and every bucket it reaches through it is a
+// *Bucket that knows its top-level bucket and its path; their Put, Delete,
 // CreateBucket, CreateBucketIfNotExists and DeleteBucket shadow bbolt's and
 // update that top-level bucket's tally (count, digest) in the transaction's
 // census as they change the file. The digest is a sum of hashes, so a change
 // adds or subtracts one hash (a deleted nested bucket: its subtree's, counted
-// once). guardedDB.Update writes the census back, in the same transaction,
+// once). DB.Update writes the census back, in the same transaction,
 // when a change moved it. A write that goes around the wrappers (bbolt's own
 // methods through .Tx or .Bucket, Cursor.Delete) leaves the census behind
 // the file; the next open's full recount refuses the file
 // (TestCensusCatchesBypass), so such a write is a bug caught by the first
 // restart of any test that makes it.
 
-// wtx is a transaction with the census it keeps (cen is nil in a read
+// Tx is a transaction with the census it keeps (cen is nil in a read
 // transaction, and in a write transaction on a file without a census yet:
 // the migration steps before "count entries").
-type wtx struct {
+type Tx struct {
 	*bolt.Tx
 	cen *census
 }
@@ -37,11 +37,11 @@ type census struct {
 	dirty bool
 }
 
-// wbucket is a bucket reached through a wtx. Its reads are bbolt's; its
+// Bucket is a bucket reached through a Tx. Its reads are bbolt's; its
 // writes keep the census.
-type wbucket struct {
+type Bucket struct {
 	b    *bolt.Bucket
-	tx   *wtx
+	tx   *Tx
 	top  string // the top-level bucket whose tally counts this one's entries
 	path uint64 // keyHash chain of this bucket's path (fnvOffset: a top-level bucket)
 }
@@ -49,9 +49,9 @@ type wbucket struct {
 // moved moves the running tally of b's top-level bucket by n entries
 // whose hashes sum to sum, added or removed (nothing without a census, or
 // for meta, which is not counted).
-func (b *wbucket) moved(add bool, n, sum uint64) {
+func (b *Bucket) moved(add bool, n, sum uint64) {
 	c := b.tx.cen
-	if c == nil || b.top == string(bucketMeta) {
+	if c == nil || b.top == string(BucketMeta) {
 		return
 	}
 	i, ok := slices.BinarySearchFunc(c.ts, b.top, byName)
@@ -69,24 +69,24 @@ func (b *wbucket) moved(add bool, n, sum uint64) {
 
 func byName(t tally, name string) int { return strings.Compare(t.name, name) }
 
-func (b *wbucket) child(nb *bolt.Bucket, k []byte) *wbucket {
+func (b *Bucket) child(nb *bolt.Bucket, k []byte) *Bucket {
 	if nb == nil {
 		return nil
 	}
-	return &wbucket{b: nb, tx: b.tx, top: b.top, path: keyHash(b.path, k)}
+	return &Bucket{b: nb, tx: b.tx, top: b.top, path: keyHash(b.path, k)}
 }
 
 // Bucket is the nested bucket k (nil when there is none).
-func (b *wbucket) Bucket(k []byte) *wbucket { return b.child(b.b.Bucket(k), k) }
+func (b *Bucket) Bucket(k []byte) *Bucket { return b.child(b.b.Bucket(k), k) }
 
 // Reads, as bbolt's.
-func (b *wbucket) Get(k []byte) []byte                      { return b.b.Get(k) }
-func (b *wbucket) ForEach(fn func(k, v []byte) error) error { return b.b.ForEach(fn) }
-func (b *wbucket) Cursor() *bolt.Cursor                     { return b.b.Cursor() } // reads only: Cursor.Delete bypasses the census
-func (b *wbucket) Stats() bolt.BucketStats                  { return b.b.Stats() }
+func (b *Bucket) Get(k []byte) []byte                      { return b.b.Get(k) }
+func (b *Bucket) ForEach(fn func(k, v []byte) error) error { return b.b.ForEach(fn) }
+func (b *Bucket) Cursor() *bolt.Cursor                     { return b.b.Cursor() } // reads only: Cursor.Delete bypasses the census
+func (b *Bucket) Stats() bolt.BucketStats                  { return b.b.Stats() }
 
-// Put stores v under k (callers seal it: sput), counting a new key.
-func (b *wbucket) Put(k, v []byte) error {
+// Put stores v under k (callers seal it: SPut), counting a new key.
+func (b *Bucket) Put(k, v []byte) error {
 	isNew := b.b.Get(k) == nil
 	if err := b.b.Put(k, v); err != nil {
 		return err
@@ -98,7 +98,7 @@ func (b *wbucket) Put(k, v []byte) error {
 }
 
 // Delete removes the value under k (none: nothing happens).
-func (b *wbucket) Delete(k []byte) error {
+func (b *Bucket) Delete(k []byte) error {
 	if b.b.Get(k) == nil {
 		return b.b.Delete(k) // a nested bucket's key: bbolt's error; absent: nothing
 	}
@@ -110,7 +110,7 @@ func (b *wbucket) Delete(k []byte) error {
 }
 
 // CreateBucket creates the nested bucket k (it must not exist).
-func (b *wbucket) CreateBucket(k []byte) (*wbucket, error) {
+func (b *Bucket) CreateBucket(k []byte) (*Bucket, error) {
 	nb, err := b.b.CreateBucket(k)
 	if err != nil {
 		return nil, err
@@ -120,7 +120,7 @@ func (b *wbucket) CreateBucket(k []byte) (*wbucket, error) {
 }
 
 // CreateBucketIfNotExists returns the nested bucket k, creating it.
-func (b *wbucket) CreateBucketIfNotExists(k []byte) (*wbucket, error) {
+func (b *Bucket) CreateBucketIfNotExists(k []byte) (*Bucket, error) {
 	if nb := b.Bucket(k); nb != nil {
 		return nb, nil
 	}
@@ -128,7 +128,7 @@ func (b *wbucket) CreateBucketIfNotExists(k []byte) (*wbucket, error) {
 }
 
 // DeleteBucket deletes the nested bucket k and everything under it.
-func (b *wbucket) DeleteBucket(k []byte) error {
+func (b *Bucket) DeleteBucket(k []byte) error {
 	var sub tally
 	h := keyHash(b.path, k)
 	if nb := b.b.Bucket(k); nb != nil {
@@ -145,18 +145,18 @@ func (b *wbucket) DeleteBucket(k []byte) error {
 }
 
 // Bucket is the top-level bucket name (nil when there is none).
-func (tx *wtx) Bucket(name []byte) *wbucket {
+func (tx *Tx) Bucket(name []byte) *Bucket {
 	b := tx.Tx.Bucket(name)
 	if b == nil {
 		return nil
 	}
-	return &wbucket{b: b, tx: tx, top: string(name), path: fnvOffset}
+	return &Bucket{b: b, tx: tx, top: string(name), path: fnvOffset}
 }
 
 // counted adds an empty top-level bucket to the census.
-func (tx *wtx) counted(name []byte) {
+func (tx *Tx) counted(name []byte) {
 	c := tx.cen
-	if c == nil || string(name) == string(bucketMeta) {
+	if c == nil || string(name) == string(BucketMeta) {
 		return
 	}
 	i, ok := slices.BinarySearchFunc(c.ts, string(name), byName)
@@ -167,7 +167,7 @@ func (tx *wtx) counted(name []byte) {
 }
 
 // CreateBucket creates the top-level bucket name.
-func (tx *wtx) CreateBucket(name []byte) (*wbucket, error) {
+func (tx *Tx) CreateBucket(name []byte) (*Bucket, error) {
 	if _, err := tx.Tx.CreateBucket(name); err != nil {
 		return nil, err
 	}
@@ -176,7 +176,7 @@ func (tx *wtx) CreateBucket(name []byte) (*wbucket, error) {
 }
 
 // CreateBucketIfNotExists returns the top-level bucket name, creating it.
-func (tx *wtx) CreateBucketIfNotExists(name []byte) (*wbucket, error) {
+func (tx *Tx) CreateBucketIfNotExists(name []byte) (*Bucket, error) {
 	if b := tx.Bucket(name); b != nil {
 		return b, nil
 	}
@@ -185,7 +185,7 @@ func (tx *wtx) CreateBucketIfNotExists(name []byte) (*wbucket, error) {
 
 // DeleteBucket deletes the top-level bucket name and drops it from the
 // census.
-func (tx *wtx) DeleteBucket(name []byte) error {
+func (tx *Tx) DeleteBucket(name []byte) error {
 	if err := tx.Tx.DeleteBucket(name); err != nil {
 		return err
 	}
@@ -196,10 +196,10 @@ func (tx *wtx) DeleteBucket(name []byte) error {
 	return nil
 }
 
-// selfCheckCensus makes every write transaction recount the file and
+// SelfCheckCensus makes every write transaction recount the file and
 // compare it with the census it kept (set by the package's tests, so that
 // every test's writes check the wrappers; never in a binary).
-var selfCheckCensus bool
+var SelfCheckCensus bool
 
 // loadCensus starts a write transaction's running census from the stored
 // one (none: the file has no census yet, and none is kept).
@@ -221,9 +221,9 @@ func (c *census) save(tx *bolt.Tx) error {
 			return fmt.Errorf("%w: bucket %s's count went below zero: the census was behind the file", ErrCorrupt, t.name)
 		}
 	}
-	meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+	meta, err := tx.CreateBucketIfNotExists(BucketMeta)
 	if err != nil {
 		return err
 	}
-	return meta.Put(keyCensus, seal(keyCensus, encodeCensus(c.ts)))
+	return meta.Put(keyCensus, Seal(keyCensus, encodeCensus(c.ts)))
 }

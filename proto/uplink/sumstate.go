@@ -10,7 +10,7 @@ import (
 )
 
 // The aggregator stores its SumState with each round's checkpoint
-// (storage.Round.Sum), in this binary form (little-endian floats):
+// (aggstore.Round.Sum), in this binary form (little-endian floats):
 //
 //	"EFS1" | m u64 | members u32 | per member, in id order:
 //	  len u8 | id | len u8 | instance | joined u64

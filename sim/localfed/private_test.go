@@ -17,6 +17,7 @@ import (
 	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -190,7 +191,7 @@ func TestPrivateSelectionOverMQTT(t *testing.T) {
 			t.Fatalf("round %d's announcement (phase %v) names %v (private_selection %v)", a.Round, a.GetPhase(), a.Selected, a.PrivateSelection)
 		}
 	}
-	store, err := storage.OpenAgg(lf.StatePath, storage.Options{})
+	store, err := aggstore.OpenAgg(lf.StatePath, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +199,7 @@ func TestPrivateSelectionOverMQTT(t *testing.T) {
 	partial := false
 	for r := 1; r <= rounds; r++ {
 		var sent []string
-		if err := store.ForEachUpdate(uint64(r), func(u storage.Update) error {
+		if err := store.ForEachUpdate(uint64(r), func(u aggstore.Update) error {
 			sent = append(sent, u.ClientID)
 			return nil
 		}); err != nil {
@@ -299,7 +300,7 @@ func retained(t *testing.T, ctx context.Context, lf *Federation) *wire.RoundAnno
 
 func readStatus(t *testing.T, path string) aggregator.Status {
 	t.Helper()
-	store, err := storage.OpenAgg(path, storage.Options{})
+	store, err := aggstore.OpenAgg(path, storage.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/node/agent"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
@@ -136,7 +137,7 @@ func testSecAggDropout(t *testing.T, k int, drop uint32) {
 	}
 	var inputs [][]uint32
 	for _, id := range rr.Contributors {
-		es, err := storage.OpenEdge(filepath.Join(dir, id+".db"), storage.Options{})
+		es, err := edgestore.OpenEdge(filepath.Join(dir, id+".db"), storage.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
