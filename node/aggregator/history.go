@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/learn/evaluate"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -333,11 +334,11 @@ func (s *Server) rebuildHistory() error {
 		if err != nil {
 			return err
 		}
-		var st State
+		var st coordinator.State
 		if err := json.Unmarshal(rd.State, &st); err != nil {
 			return err
 		}
-		if st.Phase == PhaseStatistics || st.Phase == PhaseFitting {
+		if st.Phase == coordinator.PhaseStatistics || st.Phase == coordinator.PhaseFitting {
 			continue
 		}
 		rec := RoundRecord{Round: r, OpenedAt: rd.OpenedAt, Participants: len(st.Received)}

@@ -31,6 +31,7 @@ import (
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/quant"
 	"github.com/edgefl/edgefl/learn/split"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
@@ -296,7 +297,7 @@ func family(algo string) (fam, agg string, err error) {
 		return AlgoFedProx, algo, nil
 	}
 	return "", "", fmt.Errorf("%w: algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit or an aggregator: %s)",
-		ErrConfig, algo, strings.Join(aggregate.Names(), ", "))
+		coordinator.ErrConfig, algo, strings.Join(aggregate.Names(), ", "))
 }
 
 func (c *ServerConfig) defaults() {
@@ -476,7 +477,7 @@ type Server struct {
 	lim     wire.Limits
 	qlim    quant.Limits
 	store   *storage.AggStore
-	coord   *Coordinator
+	coord   *coordinator.Coordinator
 	model   model.Model
 	spec    model.Spec // the model's spec (with a schema: once fitted)
 	dim     int
@@ -535,7 +536,7 @@ type Server struct {
 	saAttempt    int
 	pendSecAgg   *inSecAgg
 	secAggStored bool
-	advance      *SecAggAdvance // set by carryOut, carried out after the batch
+	advance      *coordinator.SecAggAdvance // set by carryOut, carried out after the batch
 
 	// metrics
 	mu                                      sync.Mutex
@@ -615,7 +616,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	} else if err := s.setModel(cfg.Model); err != nil {
 		return nil, err
 	}
-	if s.coord, err = New(d.coord); err != nil {
+	if s.coord, err = coordinator.New(d.coord); err != nil {
 		return nil, err
 	}
 	p := d.params
@@ -710,7 +711,7 @@ func (s *Server) restore() error {
 	}
 	if was.SchemaDigest != s.stored.SchemaDigest {
 		return fmt.Errorf("%w: %s belongs to a run with federation schema %s; this configuration's schema is %s: use the same --schema, or another --state-file",
-			ErrConfig, s.cfg.StatePath, orNone(was.SchemaDigest), orNone(s.stored.SchemaDigest))
+			coordinator.ErrConfig, s.cfg.StatePath, orNone(was.SchemaDigest), orNone(s.stored.SchemaDigest))
 	}
 	if s.cfg.Schema != nil {
 		if err := s.restoreFit(); err != nil {
@@ -723,11 +724,11 @@ func (s *Server) restore() error {
 	}
 	if was.Federation != s.cfg.Federation || was.Family != s.fam || was.Model != wantModel || was.Dimension != wantDim {
 		return fmt.Errorf("%w: %s belongs to federation %q, %s, model %+v; this configuration is federation %q, %s, model %+v: use another --state-file",
-			ErrConfig, s.cfg.StatePath, was.Federation, was.Family, was.Model, s.cfg.Federation, s.fam, wantModel)
+			coordinator.ErrConfig, s.cfg.StatePath, was.Federation, was.Family, was.Model, s.cfg.Federation, s.fam, wantModel)
 	}
 	if d := s.resumeDiffs(was); len(d) > 0 {
 		return fmt.Errorf("%w: %s (state file %s); use the run's values, or start a new run with another --state-file",
-			ErrConfig, strings.Join(d, ", "), s.cfg.StatePath)
+			coordinator.ErrConfig, strings.Join(d, ", "), s.cfg.StatePath)
 	}
 	s.stored.RunID = was.RunID // "" for a log written before run ids
 	s.stored.NoiseKey, s.stored.SelectionKey = was.NoiseKey, was.SelectionKey
@@ -738,7 +739,7 @@ func (s *Server) restore() error {
 		s.stored.Params = nil // as the run's first round: unknown, not checked
 	}
 	s.conf, _ = json.Marshal(s.stored)
-	var st State
+	var st coordinator.State
 	if err := json.Unmarshal(cur.State, &st); err != nil {
 		return fmt.Errorf("aggregator: %s: state of round %d: %w", s.cfg.StatePath, cur.Number, err)
 	}
@@ -752,7 +753,7 @@ func (s *Server) restore() error {
 	s.storeR, s.lastSt = cur.Number, cur.State
 	s.loadSiteErrors()
 	r := s.coord.Round()
-	if ph := s.coord.Phase(); ph == PhaseFinished || ph == PhaseFinishing {
+	if ph := s.coord.Phase(); ph == coordinator.PhaseFinished || ph == coordinator.PhaseFinishing {
 		r++ // the final aggregate, checkpointed as round Rounds+1
 	}
 	if s.cfg.Schema != nil && s.fit == nil {
@@ -888,11 +889,11 @@ func (s *Server) replayAggregator() error {
 		if err != nil {
 			return fmt.Errorf("aggregator: replay round %d: %w", r, err)
 		}
-		var st State
+		var st coordinator.State
 		if err := json.Unmarshal(rd.State, &st); err != nil {
 			return fmt.Errorf("aggregator: replay round %d: state: %w", r, err)
 		}
-		cr := CloseRound{Round: r}
+		cr := coordinator.CloseRound{Round: r}
 		for _, rc := range st.Received {
 			cr.Contributors = append(cr.Contributors, rc.Client)
 		}
@@ -1043,7 +1044,7 @@ func (s *Server) loop(ctx context.Context) error {
 			}
 		case <-s.timerC():
 			s.timer = nil
-			if err := s.step(ctx, Tick{At: s.clock.Now()}); err != nil {
+			if err := s.step(ctx, coordinator.Tick{At: s.clock.Now()}); err != nil {
 				return err
 			}
 		}
@@ -1074,7 +1075,7 @@ func (s *Server) onStatus(ctx context.Context, st *wire.ClientStatus) error {
 		return nil // another installation with this site's id
 	}
 	ds := s.coord.Step(statusEvent(st, now))
-	if len(ofType[StaleStatus](ds)) > 0 {
+	if len(coordinator.OfType[coordinator.StaleStatus](ds)) > 0 {
 		// Counted by the coordinator (stale_statuses); the registry keeps
 		// the newer status.
 		s.log.Info("stale client status set aside", "client", st.ClientId, "online", st.Online, "connection", st.Connection)
@@ -1110,30 +1111,19 @@ func (s *Server) recordStatus(st *wire.ClientStatus, now time.Time) {
 	}
 }
 
-// ofType lists the decisions of type T in ds.
-func ofType[T Decision](ds []Decision) []T {
-	var out []T
-	for _, d := range ds {
-		if v, ok := d.(T); ok {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
 // statusEvent is the coordinator's event for a status message.
-func statusEvent(st *wire.ClientStatus, at time.Time) Event {
+func statusEvent(st *wire.ClientStatus, at time.Time) coordinator.Event {
 	if st.Online {
-		return ClientOnline{ID: st.ClientId, Samples: int(min(st.SampleCount, math.MaxInt32)), Conn: st.Connection,
+		return coordinator.ClientOnline{ID: st.ClientId, Samples: int(min(st.SampleCount, math.MaxInt32)), Conn: st.Connection,
 			Failing: st.ErrorReason != "" && st.ErrorReason != wire.SiteErrSecAgg, Refused: st.ErrorReason == wire.SiteErrSecAgg, At: at}
 	}
-	return ClientOffline{ID: st.ClientId, Conn: st.Connection, At: at}
+	return coordinator.ClientOffline{ID: st.ClientId, Conn: st.Connection, At: at}
 }
 
 func (s *Server) onUpdate(ctx context.Context, u *inUpdate) error {
 	m := u.msg
 	ev := updateEvent(m, s.clock.Now())
-	return s.propose(ctx, ev, u, func(d Decision, at time.Time) (uint64, error) {
+	return s.propose(ctx, ev, u, func(d coordinator.Decision, at time.Time) (uint64, error) {
 		if r, c := acceptedOf(d); int(m.Round) != r || m.ClientId != c {
 			return 0, fmt.Errorf("%w: %#v", errNotGiven, d)
 		}
@@ -1150,12 +1140,12 @@ func (s *Server) onUpdate(ctx context.Context, u *inUpdate) error {
 // updateEvent is the coordinator's event for an update received (or, on
 // restart, stored) at at: the one place it is derived from the message, so
 // a replay steps exactly the event the update was proposed as.
-func updateEvent(m *wire.ClientUpdate, at time.Time) UpdateArrived {
+func updateEvent(m *wire.ClientUpdate, at time.Time) coordinator.UpdateArrived {
 	loss := math.NaN()
 	if rep := m.Report; rep != nil {
 		loss = rep.AnchorLoss
 	}
-	return UpdateArrived{Client: m.ClientId, Round: int(min(m.Round, math.MaxInt32)), // a future round either way
+	return coordinator.UpdateArrived{Client: m.ClientId, Round: int(min(m.Round, math.MaxInt32)), // a future round either way
 		Partial: m.Report.GetPartial(), Loss: loss, At: at}
 }
 
@@ -1170,15 +1160,15 @@ func updateEvent(m *wire.ClientUpdate, at time.Time) UpdateArrived {
 // message (Replayable), the coordinator's state is not written: the replay
 // log rebuilds it (coordinator_replay.go), so the message costs one write
 // transaction.
-func (s *Server) propose(ctx context.Context, ev Event, u *inUpdate, store func(Decision, time.Time) (uint64, error), refused func(error) error) error {
+func (s *Server) propose(ctx context.Context, ev coordinator.Event, u *inUpdate, store func(coordinator.Decision, time.Time) (uint64, error), refused func(error) error) error {
 	ds := s.coord.Propose(ev)
 	if !s.coord.Pending() {
 		return s.apply(ctx, ds, u, time.Time{})
 	}
-	at := ev.eventTime()
+	at := coordinator.EventTime(ev)
 	index, err := store(ds[0], at)
 	if err != nil {
-		s.coord.Step(StoreFailed{At: at})
+		s.coord.Step(coordinator.StoreFailed{At: at})
 		defer s.refreshView()
 		return refused(err)
 	}
@@ -1186,8 +1176,8 @@ func (s *Server) propose(ctx context.Context, ev Event, u *inUpdate, store func(
 	if index == 0 {
 		storedAt = time.Time{}
 	}
-	ds = s.coord.Step(Stored{At: at, Index: index})
-	if index > 0 && Replayable(ds) {
+	ds = s.coord.Step(coordinator.Stored{At: at, Index: index})
+	if index > 0 && coordinator.Replayable(ds) {
 		defer s.refreshView()
 		_, _, err := s.carryOut(ds, u, storedAt)
 		return err
@@ -1219,7 +1209,7 @@ func (s *Server) refuseUpdate(u *inUpdate, err error) {
 
 // step feeds one event that carries no site message to the coordinator and
 // carries out its decisions.
-func (s *Server) step(ctx context.Context, ev Event) error {
+func (s *Server) step(ctx context.Context, ev coordinator.Event) error {
 	return s.apply(ctx, s.coord.Step(ev), nil, time.Time{})
 }
 
@@ -1227,7 +1217,7 @@ func (s *Server) step(ctx context.Context, ev Event) error {
 // state first (the batch's message, if any, is stored already: storedAt,
 // zero for a copy stored earlier), then everything visible outside
 // (receipts, announcements), the timer and the round's close.
-func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, storedAt time.Time) error {
+func (s *Server) apply(ctx context.Context, ds []coordinator.Decision, u *inUpdate, storedAt time.Time) error {
 	defer s.refreshView()
 	if err := s.persistState(); err != nil {
 		if u != nil && !storedAt.IsZero() {
@@ -1257,51 +1247,51 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, storedAt
 
 // carryOut carries out a batch's visible decisions in order and returns the
 // round to close or the transform to fit, which come last.
-func (s *Server) carryOut(ds []Decision, u *inUpdate, storedAt time.Time) (closing *CloseRound, fitting *FitTransform, err error) {
+func (s *Server) carryOut(ds []coordinator.Decision, u *inUpdate, storedAt time.Time) (closing *coordinator.CloseRound, fitting *coordinator.FitTransform, err error) {
 	for _, d := range ds {
 		switch d := d.(type) {
-		case Accept:
+		case coordinator.Accept:
 			s.noteWork(u.msg)
 			s.log.Info("update accepted", "client", d.Client, "round", d.Round, "partial", d.Partial)
 			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "", storedAt)
-		case AcceptLate:
+		case coordinator.AcceptLate:
 			s.noteWork(u.msg)
 			s.log.Info("late update stored as the client's latest z", "client", d.Client, "round", d.Round, "partial", d.Partial)
 			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "late: stored as the latest z", storedAt)
-		case Reject:
+		case coordinator.Reject:
 			s.rejectByCoordinator(u, d)
-		case Invite:
+		case coordinator.Invite:
 			s.invite(d)
-		case Announce:
+		case coordinator.Announce:
 			err = s.announce(d.Round, d.Attempt, d.Selected, d.Deadline)
-		case Extend:
+		case coordinator.Extend:
 			s.log.Info("round below quorum at its deadline: extended", "round", d.Round, "deadline", d.Deadline)
 			err = s.announce(d.Round, -1, d.Selected, d.Deadline)
-		case SetTimer:
+		case coordinator.SetTimer:
 			s.setTimer(d.At)
-		case CloseRound:
+		case coordinator.CloseRound:
 			closing = &d
-		case Finished:
+		case coordinator.Finished:
 			err = s.finish(d)
-		case AcceptStatistics, RejectStatistics, AcceptEval, RejectEval:
+		case coordinator.AcceptStatistics, coordinator.RejectStatistics, coordinator.AcceptEval, coordinator.RejectEval:
 			s.answerFed(d, storedAt)
-		case AnnounceStatistics:
+		case coordinator.AnnounceStatistics:
 			err = s.announceStatistics(d.Deadline)
-		case FitTransform:
+		case coordinator.FitTransform:
 			fitting = &d
-		case StatsOverdue:
+		case coordinator.StatsOverdue:
 			s.warnStatisticsOverdue(d)
-		case EvalComplete:
+		case coordinator.EvalComplete:
 			s.finalizeEval(d.Round)
-		case Finish:
+		case coordinator.Finish:
 			err = s.announceFinish(d)
-		case AcceptSecAgg, RejectSecAgg:
+		case coordinator.AcceptSecAgg, coordinator.RejectSecAgg:
 			s.answerSecAgg(d, storedAt)
-		case SecAggAdvance:
+		case coordinator.SecAggAdvance:
 			s.advance = &d
-		case AnnounceSecAgg:
+		case coordinator.AnnounceSecAgg:
 			err = s.announceSecAgg(d)
-		case SecAggAbort:
+		case coordinator.SecAggAbort:
 			s.log.Warn("secure aggregation aborted: the round's session has no sum; a new session is drawn (the round closes without these sites' updates, never with a wrong sum)",
 				"round", d.Round, "attempt", d.Attempt, "reason", d.Reason)
 		}
@@ -1313,11 +1303,11 @@ func (s *Server) carryOut(ds []Decision, u *inUpdate, storedAt time.Time) (closi
 }
 
 // acceptedOf is the round and client an update's accept names.
-func acceptedOf(d Decision) (round int, client string) {
+func acceptedOf(d coordinator.Decision) (round int, client string) {
 	switch d := d.(type) {
-	case Accept:
+	case coordinator.Accept:
 		return d.Round, d.Client
-	case AcceptLate:
+	case coordinator.AcceptLate:
 		return d.Round, d.Client
 	}
 	return 0, ""
@@ -1496,7 +1486,7 @@ func (s *Server) timerC() <-chan time.Time {
 	return s.timer.C()
 }
 
-func (s *Server) finish(d Finished) error {
+func (s *Server) finish(d coordinator.Finished) error {
 	if s.robust != nil && s.robust.DivergingSince > 0 {
 		// Not a normal finish: the model it ends with is not to be trusted.
 		s.log.Error("federation finished with the FedSplit iterate diverging: the final model is not to be trusted", "rounds", d.Rounds, "diverging_since", s.robust.DivergingSince, "reason", s.coord.StopReason())

@@ -9,6 +9,7 @@ import (
 	"github.com/edgefl/edgefl/learn/aggregate"
 	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/split"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -25,17 +26,17 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 		return nil
 	}
 	if err := cfg.DP.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return fmt.Errorf("%w: %w", coordinator.ErrConfig, err)
 	}
 	switch {
 	case cfg.DP.Distributed && cfg.SecAgg == nil:
-		return fmt.Errorf("%w: %w", ErrConfig, dp.ErrDistributed)
+		return fmt.Errorf("%w: %w", coordinator.ErrConfig, dp.ErrDistributed)
 	case isSplit(d.fam) && cfg.Aggregator != "" && cfg.Aggregator != split.StepMean:
-		return fmt.Errorf("%w: --aggregator %s: %w", ErrConfig, cfg.Aggregator, uplink.ErrSplitRobustDP)
+		return fmt.Errorf("%w: --aggregator %s: %w", coordinator.ErrConfig, cfg.Aggregator, uplink.ErrSplitRobustDP)
 	case cfg.Schema != nil && !cfg.Schema.Declared():
-		return fmt.Errorf("%w: differential privacy with a federation schema that does not declare its preprocessing: the statistics phase would send per-site statistics the guarantee does not cover; declare center and scale of every numeric feature and the levels of every categorical one (deploy/schema-dp.example.json; docs/privacy.md, \"Preprocessing under DP\")", ErrConfig)
+		return fmt.Errorf("%w: differential privacy with a federation schema that does not declare its preprocessing: the statistics phase would send per-site statistics the guarantee does not cover; declare center and scale of every numeric feature and the levels of every categorical one (deploy/schema-dp.example.json; docs/privacy.md, \"Preprocessing under DP\")", coordinator.ErrConfig)
 	case cfg.AnchorSketch != nil:
-		return fmt.Errorf("%w: differential privacy with anchor gradients: a site's anchor gradient is not clipped or noised (docs/privacy.md, \"What the guarantee covers\")", ErrConfig)
+		return fmt.Errorf("%w: differential privacy with anchor gradients: a site's anchor gradient is not clipped or noised (docs/privacy.md, \"What the guarantee covers\")", coordinator.ErrConfig)
 	}
 	aggSpec := d.aggSpec
 	if isSplit(d.fam) {
@@ -47,7 +48,7 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 		d.coord.FixedRoster = cfg.SecAgg == nil
 	}
 	if err := aggregate.CheckDP(aggSpec, cfg.Selector, !cfg.DP.Distributed && cfg.SecAgg == nil); err != nil { // central with --secagg is refused as such (server_secagg.go)
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return fmt.Errorf("%w: %w", coordinator.ErrConfig, err)
 	}
 	d.coord.MaxReselections = 0
 	d.coord.DP = cfg.DP
@@ -79,7 +80,7 @@ func (s *Server) newNoiseKey() error {
 	if s.stored.SelectionKey, err = newKey(s.cfg.DPTestSelectionKey); err != nil {
 		return fmt.Errorf("aggregator: draw the DP selection key: %w", err)
 	}
-	s.coord.setSelectionKey(s.stored.SelectionKey)
+	s.coord.SetSelectionKey(s.stored.SelectionKey)
 	return nil
 }
 
@@ -116,7 +117,7 @@ func (s *Server) checkNoiseKey() error {
 		return fmt.Errorf("%w: %s: the run's DP selection key is missing or damaged (%d bytes); a --dp run started by an older broker-agg drew its selection from the public --seed: finish it with that version or start a new run with another --state-file",
 			storage.ErrCorrupt, s.cfg.StatePath, len(s.stored.SelectionKey))
 	}
-	s.coord.setSelectionKey(s.stored.SelectionKey)
+	s.coord.SetSelectionKey(s.stored.SelectionKey)
 	return nil
 }
 
@@ -146,7 +147,7 @@ func (s *Server) dpParams() *wire.DPParams {
 // waits in s.nextClip for closeRound to step ClipEstimated before the
 // state is stored with the next checkpoint. Nothing without adaptive
 // clipping.
-func (s *Server) estimateClip(cr CloseRound, bits []bool, m int) error {
+func (s *Server) estimateClip(cr coordinator.CloseRound, bits []bool, m int) error {
 	a := s.cfg.DP.Adaptive
 	if a == nil {
 		return nil
@@ -163,7 +164,7 @@ func (s *Server) estimateClip(cr CloseRound, bits []bool, m int) error {
 // decoded deltas, re-clipped, summed, noised from the run's key and the
 // round, over the round's fixed denominator (every site it invited).
 // Redone after a restart, it draws the same noise.
-func (s *Server) privateAggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+func (s *Server) privateAggregate(cr coordinator.CloseRound) ([]float64, aggregate.Report, error) {
 	if s.sum != nil {
 		return s.sumAggregate(cr)
 	}
@@ -225,7 +226,7 @@ type PrivacyStatus struct {
 	HoldsAgainst string `json:"holds_against,omitempty"`
 }
 
-func newPrivacyStatus(c *dp.Config, st *DPState, siteEps float64, siteRounds uint64) *PrivacyStatus {
+func newPrivacyStatus(c *dp.Config, st *coordinator.DPState, siteEps float64, siteRounds uint64) *PrivacyStatus {
 	a := st.Accountant
 	eps, _ := a.Epsilon(c.Delta)
 	clip := c.Clip
@@ -239,7 +240,7 @@ func newPrivacyStatus(c *dp.Config, st *DPState, siteEps float64, siteRounds uin
 
 // storedPrivacyStatus is the accounting of a state read from the round log
 // (`status`): the per-site figure recomputed from the sites' counts.
-func storedPrivacyStatus(c *dp.Config, st *DPState) *PrivacyStatus {
+func storedPrivacyStatus(c *dp.Config, st *coordinator.DPState) *PrivacyStatus {
 	var most uint64
 	for _, n := range st.SiteRounds {
 		most = max(most, n)
@@ -256,7 +257,7 @@ func (s *Server) privacyStatus() *PrivacyStatus {
 	if s.cfg.DP == nil {
 		return nil
 	}
-	st := s.coord.snapshotDP()
+	st := s.coord.SnapshotDP()
 	siteEps, siteRounds, _ := s.coord.SitePrivacy()
 	return newPrivacyStatus(s.cfg.DP, st, siteEps, siteRounds)
 }
@@ -281,7 +282,7 @@ func privacyFamilies(p *PrivacyStatus) []metrics.Family {
 // denominatorOf is the closing round's fixed denominator (the coordinator's,
 // aggregate.DPDenominator), or the sites it invited in a state written
 // before the denominator was kept.
-func denominatorOf(cr CloseRound) int {
+func denominatorOf(cr coordinator.CloseRound) int {
 	if cr.Denominator > 0 {
 		return cr.Denominator
 	}

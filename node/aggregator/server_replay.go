@@ -6,6 +6,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -20,7 +21,7 @@ import (
 
 // replayEvent is the coordinator's event for a logged message: the event
 // it was proposed as, at its stored time.
-func replayEvent(e storage.Logged, lim wire.Limits) (Event, error) {
+func replayEvent(e storage.Logged, lim wire.Limits) (coordinator.Event, error) {
 	switch e.Kind {
 	case storage.LogUpdate:
 		m, err := wire.DecodeUpdate(e.Msg, lim)
@@ -58,7 +59,7 @@ type replayResult struct {
 }
 
 // replay hands every message of the store's replay log to c.
-func replay(c *Coordinator, store *storage.AggStore, lim wire.Limits, log func(msg string, args ...any)) (replayResult, error) {
+func replay(c *coordinator.Coordinator, store *storage.AggStore, lim wire.Limits, log func(msg string, args ...any)) (replayResult, error) {
 	var res replayResult
 	last, entries, err := store.Log()
 	if err != nil {
@@ -76,14 +77,14 @@ func replay(c *Coordinator, store *storage.AggStore, lim wire.Limits, log func(m
 		switch {
 		case len(ds) == 0:
 			res.reflected++
-		case !hasAccept(ds):
+		case !coordinator.HasAccept(ds):
 			res.refused++
 			log("a stored message is not accepted on replay (the configuration changed?): not counted", "kind", e.Kind.String(),
 				"client", e.ClientID, "round", e.Round, "answer", fmt.Sprintf("%+v", ds[0]))
 		default:
 			res.replayed++
 			res.moved = res.moved || len(ds) > 1
-			for _, d := range ofType[EvalComplete](ds) {
+			for _, d := range coordinator.OfType[coordinator.EvalComplete](ds) {
 				res.evalDone = append(res.evalDone, d.Round)
 			}
 		}
@@ -113,8 +114,8 @@ func (s *Server) replayLog() (replayResult, error) {
 // accept needs none): a message whose batch the crash cut off after it
 // would have closed its round shows as received, and the round closes when
 // the aggregator starts.
-func StoredState(store *storage.AggStore) (State, error) {
-	var st State
+func StoredState(store *storage.AggStore) (coordinator.State, error) {
+	var st coordinator.State
 	cur, err := store.CurrentRound()
 	if err != nil {
 		return st, err
@@ -127,14 +128,14 @@ func StoredState(store *storage.AggStore) (State, error) {
 		_ = json.Unmarshal(first.Config, &sc) // unknown: no late updates, no schema, no DP
 	}
 	const never = 1 << 30 // a quorum no round reaches
-	cfg := Config{K: never, Quorum: never, RoundTimeout: time.Hour, StoreLate: isSplit(sc.Family) && sc.DP == nil && sc.SecAgg == nil, StatsSites: never, DP: sc.DP}
+	cfg := coordinator.Config{K: never, Quorum: never, RoundTimeout: time.Hour, StoreLate: isSplit(sc.Family) && sc.DP == nil && sc.SecAgg == nil, StatsSites: never, DP: sc.DP}
 	if sa := sc.SecAgg; sa != nil {
 		// The secure aggregation's state and its messages' replay need
 		// it; its threshold bounds K (t > K/2): K = quorum = t, and with
 		// no Tick replayed, a phase or round still closes only when every
 		// site it waits for is in, as it would live.
 		cfg.K, cfg.Quorum = sa.Threshold, sa.Threshold
-		cfg.SecAgg = &SecAggConfig{Threshold: sa.Threshold, Timeout: max(sa.Timeout, time.Second)}
+		cfg.SecAgg = &coordinator.SecAggConfig{Threshold: sa.Threshold, Timeout: max(sa.Timeout, time.Second)}
 	}
 	if sc.SchemaDigest != "" {
 		// Every eval round a logged report names was asked for.
@@ -143,7 +144,7 @@ func StoredState(store *storage.AggStore) (State, error) {
 		// preprocessing (ServerConfig.Validate refuses any other).
 		cfg.DeclaredTransform = sc.DP != nil
 	}
-	c, err := New(cfg)
+	c, err := coordinator.New(cfg)
 	if err != nil {
 		return st, err
 	}

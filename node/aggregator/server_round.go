@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/learn/aggregate"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -117,7 +118,7 @@ func (s *Server) announce(round, attempt int, selected []string, deadline time.T
 // next round's global model (in the same transaction that opens the next
 // round), then steps AggregatedRound. After a restart the checkpoint may
 // exist already: then the aggregation is not redone.
-func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
+func (s *Server) closeRound(ctx context.Context, cr coordinator.CloseRound) error {
 	start := s.clock.Now()
 	r := cr.Round
 	next, err := s.store.Checkpoint(uint64(r + 1))
@@ -146,7 +147,7 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 		return err
 	}
 	s.receiptSumSecAgg(cr) // after S is stored with the checkpoint: persist before send
-	agg := AggregatedRound{Round: r, At: now}
+	agg := coordinator.AggregatedRound{Round: r, At: now}
 	hr := RoundRecord{Round: r, AggregatedAt: now, Participants: len(cr.Contributors), Late: cr.Late,
 		Partial: slices.Clone(cr.Partial), Stragglers: slices.Clone(cr.Stragglers)}
 	hr.BytesUp, hr.BytesDown, hr.OpenedAt = s.hist.endRound(r, s.bytesInTotal.Load())
@@ -215,12 +216,12 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 // (server_sum.go) in one transaction; after the last round, the final
 // checkpoint (when it was computed now: redo) and the round closed. It
 // returns the time it stored them.
-func (s *Server) checkpoint(cr CloseRound, next []float64, redo bool) (time.Time, error) {
+func (s *Server) checkpoint(cr coordinator.CloseRound, next []float64, redo bool) (time.Time, error) {
 	r := cr.Round
 	if s.nextClip > 0 {
 		// Adaptive clipping: the next round's clip norm is stored with
 		// its checkpoint (ClipEstimated, server_dp.go).
-		s.coord.Step(ClipEstimated{Round: r, Clip: s.nextClip, At: s.clock.Now()})
+		s.coord.Step(coordinator.ClipEstimated{Round: r, Clip: s.nextClip, At: s.clock.Now()})
 		s.nextClip = 0
 	}
 	state, err := s.encodeState()
@@ -269,7 +270,7 @@ func (s *Server) checkpoint(cr CloseRound, next []float64, redo bool) (time.Time
 }
 
 // aggregate computes the next global model from the closed round.
-func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+func (s *Server) aggregate(cr coordinator.CloseRound) ([]float64, aggregate.Report, error) {
 	if s.cfg.SecAgg != nil {
 		return s.secAggAggregate(cr) // with --dp distributed, the noise is in the sum
 	}
@@ -322,7 +323,7 @@ var errPruned = errors.New("updates pruned")
 // closedUpdates loads the stored updates of a closed round's contributors
 // as the aggregator takes them: w_k, deltas added to x, the round's global
 // model.
-func (s *Server) closedUpdates(cr CloseRound, x []float64) ([]aggregate.Update, error) {
+func (s *Server) closedUpdates(cr coordinator.CloseRound, x []float64) ([]aggregate.Update, error) {
 	var ups []aggregate.Update
 	first := map[string]uint64{}
 	if cs, err := s.store.Clients(); err == nil {
@@ -356,7 +357,7 @@ func (s *Server) closedUpdates(cr CloseRound, x []float64) ([]aggregate.Update, 
 // forClosed calls fn with each stored update of a closed round's
 // contributors, its message and its decoded vector, and checks that every
 // contributor's update was there.
-func (s *Server) forClosed(cr CloseRound, fn func(u storage.Update, m *wire.ClientUpdate, d []float64) error) error {
+func (s *Server) forClosed(cr coordinator.CloseRound, fn func(u storage.Update, m *wire.ClientUpdate, d []float64) error) error {
 	want := make(map[string]bool, len(cr.Contributors))
 	for _, id := range cr.Contributors {
 		want[id] = true
@@ -390,19 +391,19 @@ func (s *Server) forClosed(cr CloseRound, fn func(u storage.Update, m *wire.Clie
 }
 
 // receiptCodes maps the coordinator's reasons to receipt codes.
-var receiptCodes = map[Reason]wire.ReceiptCode{
-	StaleRound:    wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND,
-	FutureRound:   wire.ReceiptCode_RECEIPT_CODE_FUTURE_ROUND,
-	NotSelected:   wire.ReceiptCode_RECEIPT_CODE_NOT_SELECTED,
-	UnknownClient: wire.ReceiptCode_RECEIPT_CODE_UNKNOWN_CLIENT,
-	RoundClosed:   wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND,
+var receiptCodes = map[coordinator.Reason]wire.ReceiptCode{
+	coordinator.StaleRound:    wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND,
+	coordinator.FutureRound:   wire.ReceiptCode_RECEIPT_CODE_FUTURE_ROUND,
+	coordinator.NotSelected:   wire.ReceiptCode_RECEIPT_CODE_NOT_SELECTED,
+	coordinator.UnknownClient: wire.ReceiptCode_RECEIPT_CODE_UNKNOWN_CLIENT,
+	coordinator.RoundClosed:   wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND,
 }
 
-func (s *Server) rejectByCoordinator(u *inUpdate, d Reject) {
+func (s *Server) rejectByCoordinator(u *inUpdate, d coordinator.Reject) {
 	if u == nil {
 		return
 	}
-	if d.Reason == Duplicate {
+	if d.Reason == coordinator.Duplicate {
 		// Accepted earlier: an accepted receipt again, so that the client
 		// clears its outbox.
 		at := s.clock.Now()

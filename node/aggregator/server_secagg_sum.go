@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/learn/aggregate"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -50,7 +51,7 @@ func (s *Server) checkSumSecAgg(m *wire.SecAggMessage) error {
 // (from their stored AdvertiseKeys) counted with x on the grid and the
 // unmasked sum added to S; the new state waits in s.nextSum for the
 // checkpoint's transaction.
-func (s *Server) secAggSumAggregate(cr CloseRound, attempt int, q secagg.Quantizer, sum []uint32) ([]float64, aggregate.Report, error) {
+func (s *Server) secAggSumAggregate(cr coordinator.CloseRound, attempt int, q secagg.Quantizer, sum []uint32) ([]float64, aggregate.Report, error) {
 	recs, err := s.store.SecAggMessages(uint64(cr.Round), uint32(attempt))
 	if err != nil {
 		return nil, aggregate.Report{}, err
@@ -92,7 +93,7 @@ func (s *Server) secAggSumAggregate(cr CloseRound, attempt int, q secagg.Quantiz
 // record advances) and to the other sites selected for the final session
 // (it is not: their pending contribution goes out again in their next
 // delta). Nothing outside sum mode.
-func (s *Server) receiptSumSecAgg(cr CloseRound) {
+func (s *Server) receiptSumSecAgg(cr coordinator.CloseRound) {
 	if s.sum == nil || s.cfg.SecAgg == nil {
 		return
 	}
@@ -109,9 +110,9 @@ func (s *Server) receiptSumSecAgg(cr CloseRound) {
 // answerClosedSum answers, in sum mode, a secagg message of a closed round
 // with that round's UPDATE receipt: accepted if the site's input is in the
 // round's sum (the coordinator's Duplicate), rejected otherwise.
-func (s *Server) answerClosedSum(d RejectSecAgg) {
+func (s *Server) answerClosedSum(d coordinator.RejectSecAgg) {
 	u := &wire.ClientUpdate{ClientId: d.Client, Round: uint64(d.Round)}
-	if d.Reason == Duplicate {
+	if d.Reason == coordinator.Duplicate {
 		s.receipt(u, true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE, "in the round's secure sum", time.Time{})
 		return
 	}

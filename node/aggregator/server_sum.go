@@ -7,6 +7,7 @@ import (
 
 	"github.com/edgefl/edgefl/learn/aggregate"
 	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -72,7 +73,7 @@ func (s *Server) storeSumUpdate(u *inUpdate, now time.Time) (uint64, error) {
 // sumAggregate is the closed round's sum-mode step: the contributors'
 // deltas re-clipped, summed, noised and added to S with the joins; the new
 // state waits in s.nextSum for the checkpoint's transaction.
-func (s *Server) sumAggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+func (s *Server) sumAggregate(cr coordinator.CloseRound) ([]float64, aggregate.Report, error) {
 	var cs []uplink.SumContribution
 	var bits []bool
 	err := s.forClosed(cr, func(u storage.Update, m *wire.ClientUpdate, d []float64) error {
@@ -165,7 +166,7 @@ func (s *Server) restoreSum(cur storage.Round) error {
 		if !fixed {
 			return fmt.Errorf("%w: %s: round %d: a FedSplit sum with a fixed roster, outside central DP", storage.ErrCorrupt, s.cfg.StatePath, cur.Number)
 		}
-		return fmt.Errorf("%w: %s: %w", ErrConfig, s.cfg.StatePath, errSumCounting)
+		return fmt.Errorf("%w: %s: %w", coordinator.ErrConfig, s.cfg.StatePath, errSumCounting)
 	}
 	if fixed && cur.Number > 1 && s.sum.M == 0 {
 		return fmt.Errorf("%w: %s: round %d of a FedSplit run under DP has no roster", storage.ErrCorrupt, s.cfg.StatePath, cur.Number)

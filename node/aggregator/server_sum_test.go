@@ -9,6 +9,7 @@ import (
 
 	"github.com/edgefl/edgefl/internal/metrics"
 	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -172,7 +173,7 @@ func TestServerSumModeRefusals(t *testing.T) {
 	}
 	for _, agg := range []string{"fedsplit-robust", "fedsplit-robust:mult=3"} {
 		cfg.Aggregator = agg
-		if err := cfg.Validate(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "needs each site's z_j") {
+		if err := cfg.Validate(); !errors.Is(err, coordinator.ErrConfig) || !strings.Contains(err.Error(), "needs each site's z_j") {
 			t.Errorf("--aggregator %s under DP: %v, want a refusal", agg, err)
 		}
 	}
@@ -185,7 +186,7 @@ func TestServerSumModeRefusals(t *testing.T) {
 // TestPrivacyFamilies: /metrics carries the open round's clip norm (which
 // adaptive clipping moves) with the accountant's figures.
 func TestPrivacyFamilies(t *testing.T) {
-	st := &DPState{Accountant: dp.NewAccountant(nil), Clip: 0.37}
+	st := &coordinator.DPState{Accountant: dp.NewAccountant(nil), Clip: 0.37}
 	var b strings.Builder
 	if err := metrics.Write(&b, privacyFamilies(newPrivacyStatus(&dp.Config{Clip: 1, Noise: 1, Delta: 1e-5}, st, 0, 0))); err != nil {
 		t.Fatal(err)

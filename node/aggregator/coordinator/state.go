@@ -1,4 +1,4 @@
-package aggregator
+package coordinator
 
 import (
 	"cmp"
@@ -125,8 +125,8 @@ func (c *Coordinator) Snapshot() State {
 		HasBest:      c.fed.hasBest,
 		SinceBest:    c.fed.sinceBest,
 		StopReason:   c.fed.stopReason,
-		DP:           c.snapshotDP(),
-		SecAgg:       c.snapshotSecAgg(),
+		DP:           c.SnapshotDP(),
+		SecAgg:       c.SnapshotSecAgg(),
 		Applied:      c.applied,
 		Roster:       c.Roster(),
 	}
