@@ -323,7 +323,22 @@ func (s *Server) rebuildHistory() error {
 	if cur.Status == storage.RoundClosed {
 		last = int(cur.Number)
 	}
-	first := max(1, last-HistoryRounds+1)
+	if err := s.rebuildRounds(max(1, last-HistoryRounds+1), last); err != nil {
+		return err
+	}
+	if s.fit != nil {
+		if err := s.rebuildEvals(); err != nil {
+			return err
+		}
+	}
+	s.rebuildWork()
+	return nil
+}
+
+// rebuildRounds adds the records of the closed rounds first to last; the
+// change of the global model is read for the newest rounds only, as far as
+// the checkpoint budget (historyRebuildValues) lasts.
+func (s *Server) rebuildRounds(first, last int) error {
 	deltaFrom := last + 1 // rounds from here get the change of the global model
 	if s.dim > 0 {
 		deltaFrom = last - historyRebuildValues/s.dim + 1
@@ -341,24 +356,7 @@ func (s *Server) rebuildHistory() error {
 		if st.Phase == coordinator.PhaseStatistics || st.Phase == coordinator.PhaseFitting {
 			continue
 		}
-		rec := RoundRecord{Round: r, OpenedAt: rd.OpenedAt, Participants: len(st.Received)}
-		if next, err := s.store.Round(uint64(r + 1)); err == nil {
-			rec.AggregatedAt = next.OpenedAt
-		} else if !rd.ClosedAt.IsZero() {
-			rec.AggregatedAt = rd.ClosedAt
-		}
-		got := map[string]bool{}
-		for _, x := range st.Received {
-			got[x.Client] = true
-			if x.Partial {
-				rec.Partial = append(rec.Partial, x.Client)
-			}
-		}
-		for _, id := range st.Invited {
-			if !got[id] {
-				rec.Stragglers = append(rec.Stragglers, id)
-			}
-		}
+		rec := s.roundRecordOf(r, rd, st)
 		if r >= deltaFrom {
 			if prev == nil {
 				prev, _ = s.store.Checkpoint(uint64(r))
@@ -371,26 +369,59 @@ func (s *Server) rebuildHistory() error {
 		}
 		s.hist.addRound(rec)
 	}
-	if s.fit != nil {
-		rounds, err := s.store.EvalRounds()
+	return nil
+}
+
+// roundRecordOf is the history's record of closed round r from its stored
+// round and coordinator state: when it opened and was aggregated, its
+// participants, partial contributors and stragglers.
+func (s *Server) roundRecordOf(r int, rd storage.Round, st coordinator.State) RoundRecord {
+	rec := RoundRecord{Round: r, OpenedAt: rd.OpenedAt, Participants: len(st.Received)}
+	if next, err := s.store.Round(uint64(r + 1)); err == nil {
+		rec.AggregatedAt = next.OpenedAt
+	} else if !rd.ClosedAt.IsZero() {
+		rec.AggregatedAt = rd.ClosedAt
+	}
+	got := map[string]bool{}
+	for _, x := range st.Received {
+		got[x.Client] = true
+		if x.Partial {
+			rec.Partial = append(rec.Partial, x.Client)
+		}
+	}
+	for _, id := range st.Invited {
+		if !got[id] {
+			rec.Stragglers = append(rec.Stragglers, id)
+		}
+	}
+	return rec
+}
+
+// rebuildEvals adds the figures of the last HistoryRounds evaluated rounds
+// (a run with a federation schema).
+func (s *Server) rebuildEvals() error {
+	rounds, err := s.store.EvalRounds()
+	if err != nil {
+		return err
+	}
+	if len(rounds) > HistoryRounds {
+		rounds = rounds[len(rounds)-HistoryRounds:]
+	}
+	for _, e := range rounds {
+		fig, err := evalFigures(s.store, s.fit.schema, int(e), s.lim)
 		if err != nil {
 			return err
 		}
-		if len(rounds) > HistoryRounds {
-			rounds = rounds[len(rounds)-HistoryRounds:]
-		}
-		for _, e := range rounds {
-			fig, err := evalFigures(s.store, s.fit.schema, int(e), s.lim)
-			if err != nil {
-				return err
-			}
-			if fig != nil {
-				s.hist.addEval(evalPointOf(fig))
-			}
+		if fig != nil {
+			s.hist.addEval(evalPointOf(fig))
 		}
 	}
-	// Each site's latest work report, from its latest stored update (the
-	// coordinator is restored and the round log replayed by now).
+	return nil
+}
+
+// rebuildWork sets each site's latest work report, from its latest stored
+// update (the coordinator is restored and the round log replayed by now).
+func (s *Server) rebuildWork() {
 	for _, c := range s.coord.Snapshot().Clients {
 		if c.LastRound < 1 {
 			continue
@@ -403,7 +434,6 @@ func (s *Server) rebuildHistory() error {
 			s.hist.setWork(c.ID, siteWork{Round: c.LastRound, Gamma: m.Report.AchievedGamma, Epochs: m.Report.Epochs, Partial: m.Report.Partial})
 		}
 	}
-	return nil
 }
 
 // deltaOf is ||next - prev|| and that over ||prev|| (nil when ||prev|| is 0).

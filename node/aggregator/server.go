@@ -688,8 +688,9 @@ func Rollback(path string, n uint64, now time.Time) (storage.RollbackResult, str
 }
 
 // restore loads the round log: a fresh file gets round 1 with the initial
-// model; otherwise the coordinator's state, the global model of its round
-// and the stored configuration (which must match) come back.
+// model; otherwise the stored configuration (which must match), the
+// coordinator's state with the replay log, the global model of its round
+// and each feature's state come back.
 func (s *Server) restore() error {
 	cur, err := s.store.CurrentRound()
 	if errors.Is(err, storage.ErrNotFound) && s.cfg.Schema != nil {
@@ -701,6 +702,43 @@ func (s *Server) restore() error {
 	if err != nil {
 		return err
 	}
+	if err := s.restoreConfig(); err != nil {
+		return err
+	}
+	replayed, err := s.restoreCoordinator(cur)
+	if err != nil {
+		return err
+	}
+	r := s.coord.Round()
+	if ph := s.coord.Phase(); ph == coordinator.PhaseFinished || ph == coordinator.PhaseFinishing {
+		r++ // the final aggregate, checkpointed as round Rounds+1
+	}
+	if s.cfg.Schema != nil && s.fit == nil {
+		// The statistics phase (or a fit not yet stored): no model yet.
+		s.log.Info("resuming the statistics phase", "state", s.cfg.StatePath, "phase", s.coord.Phase(),
+			"statistics", len(s.coord.StatisticsSites()), "run_id", s.stored.RunID)
+		return nil
+	}
+	if err := s.restoreGlobal(r); err != nil {
+		return err
+	}
+	if err := s.restoreFeatures(cur, r); err != nil {
+		return err
+	}
+	for _, e := range replayed.evalDone {
+		s.finalizeEval(e) // idempotent: the latest bundle rewritten
+	}
+	sum := s.coord.Summary()
+	s.log.Info("resuming from the round log", "state", s.cfg.StatePath, "round", r, "phase", sum.Phase,
+		"received", len(sum.Received), "clients", sum.Clients)
+	return nil
+}
+
+// restoreConfig checks round 1's stored configuration against this one
+// (the schema, the federation, the model, the resumable parameters; the
+// schema run's fit comes back on the way) and adopts the run's id, keys
+// and parameters.
+func (s *Server) restoreConfig() error {
 	first, err := s.store.Round(1)
 	if err != nil {
 		return fmt.Errorf("aggregator: %s: round 1: %w", s.cfg.StatePath, err)
@@ -739,29 +777,31 @@ func (s *Server) restore() error {
 		s.stored.Params = nil // as the run's first round: unknown, not checked
 	}
 	s.conf, _ = json.Marshal(s.stored)
+	return nil
+}
+
+// restoreCoordinator restores the coordinator from the current round's
+// state and replays the round log's replay log after it.
+func (s *Server) restoreCoordinator(cur storage.Round) (replayResult, error) {
 	var st coordinator.State
 	if err := json.Unmarshal(cur.State, &st); err != nil {
-		return fmt.Errorf("aggregator: %s: state of round %d: %w", s.cfg.StatePath, cur.Number, err)
+		return replayResult{}, fmt.Errorf("aggregator: %s: state of round %d: %w", s.cfg.StatePath, cur.Number, err)
 	}
 	if err := s.coord.Restore(st); err != nil {
-		return fmt.Errorf("aggregator: %s: %w", s.cfg.StatePath, err)
+		return replayResult{}, fmt.Errorf("aggregator: %s: %w", s.cfg.StatePath, err)
 	}
 	replayed, err := s.replayLog()
 	if err != nil {
-		return err
+		return replayResult{}, err
 	}
 	s.storeR, s.lastSt = cur.Number, cur.State
 	s.loadSiteErrors()
-	r := s.coord.Round()
-	if ph := s.coord.Phase(); ph == coordinator.PhaseFinished || ph == coordinator.PhaseFinishing {
-		r++ // the final aggregate, checkpointed as round Rounds+1
-	}
-	if s.cfg.Schema != nil && s.fit == nil {
-		// The statistics phase (or a fit not yet stored): no model yet.
-		s.log.Info("resuming the statistics phase", "state", s.cfg.StatePath, "phase", s.coord.Phase(),
-			"statistics", len(s.coord.StatisticsSites()), "run_id", s.stored.RunID)
-		return nil
-	}
+	return replayed, nil
+}
+
+// restoreGlobal loads the global model of round r.
+func (s *Server) restoreGlobal(r int) error {
+	var err error
 	if s.global, err = s.store.Checkpoint(uint64(r)); err != nil {
 		return fmt.Errorf("aggregator: %s: global model of round %d: %w", s.cfg.StatePath, r, err)
 	}
@@ -769,6 +809,13 @@ func (s *Server) restore() error {
 		return fmt.Errorf("aggregator: %s: global model of round %d has %d values, the model %d", s.cfg.StatePath, r, len(s.global), s.dim)
 	}
 	s.globalR = r
+	return nil
+}
+
+// restoreFeatures brings back each feature's state for round r (the
+// current round's record cur): sum mode, the robust aggregators, the
+// persisted-range check, the aggregator's replay, secure aggregation.
+func (s *Server) restoreFeatures(cur storage.Round, r int) error {
 	if err := s.restoreSum(cur); err != nil {
 		return err
 	}
@@ -781,16 +828,7 @@ func (s *Server) restore() error {
 	if err := s.replayAggregator(); err != nil {
 		return err
 	}
-	if err := s.restoreSecAgg(); err != nil {
-		return err
-	}
-	for _, e := range replayed.evalDone {
-		s.finalizeEval(e) // idempotent: the latest bundle rewritten
-	}
-	sum := s.coord.Summary()
-	s.log.Info("resuming from the round log", "state", s.cfg.StatePath, "round", r, "phase", sum.Phase,
-		"received", len(sum.Received), "clients", sum.Clients)
-	return nil
+	return s.restoreSecAgg()
 }
 
 // restoreFresh starts a new round log: round 1 opens with the initial model
