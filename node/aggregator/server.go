@@ -493,13 +493,9 @@ type Server struct {
 	// (server_robust.go); nextRobust the closing round's, until its
 	// checkpoint is stored.
 	robust, nextRobust *robustState
-	// sum is the FedSplit family's sum-mode state (S, m and who is
-	// counted) as of the open round (nil outside sum mode; server_sum.go);
-	// nextSum the closing round's, until its checkpoint is stored.
-	sum, nextSum *uplink.SumState
-	// initFrame is x_0's frame as round 1 published it, announced under a
-	// fixed roster (split_initial; server_sum.go), once read.
-	initFrame []byte
+	// sum is the FedSplit family's sum mode (server_sum.go; nil outside
+	// sum mode).
+	sum *sumMode
 	// nextClip is adaptive clipping's clip norm for the round after the
 	// closing one (0: none), until closeRound steps ClipEstimated.
 	nextClip float64
@@ -602,7 +598,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{}),
 		topics: d.topics, fam: d.fam, aggSpec: d.aggSpec, screen: d.screen, agg: d.agg, eval: cfg.Eval}
 	if d.sum {
-		s.sum = &uplink.SumState{Fixed: d.coord.FixedRoster}
+		s.sum = newSumMode(d.coord.FixedRoster)
 	}
 	s.metAddr.Store("")
 	s.inst.takeover = cfg.InstanceTakeover
@@ -851,7 +847,7 @@ func (s *Server) restoreFresh() error {
 	if err != nil {
 		return err
 	}
-	sum, err := s.sumBytes(s.sum)
+	sum, err := s.sumBytes(s.sum.open())
 	if err != nil {
 		return err
 	}

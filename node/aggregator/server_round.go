@@ -67,7 +67,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		// (docs/privacy.md, "What the guarantee covers").
 		a.Params.TotalSamples = 0
 	}
-	if s.sum != nil && s.sum.Fixed {
+	if s.sum != nil && s.sum.open().Fixed {
 		if a.SplitRoster, a.SplitInitial, err = s.rosterAnnounced(); err != nil {
 			return nil, err
 		}
@@ -239,7 +239,7 @@ func (s *Server) checkpoint(cr coordinator.CloseRound, next []float64, redo bool
 			return time.Time{}, fmt.Errorf("aggregator: %w", err)
 		}
 	} else if s.storeR == uint64(r) {
-		sum, err := s.sumBytes(s.nextSum)
+		sum, err := s.sumBytes(s.sum.closing())
 		if err != nil {
 			return time.Time{}, err
 		}
@@ -255,16 +255,15 @@ func (s *Server) checkpoint(cr coordinator.CloseRound, next []float64, redo bool
 			return time.Time{}, fmt.Errorf("aggregator: %w", err)
 		}
 		s.storeR = uint64(r + 1)
-		if s.nextSum != nil {
-			s.sum = s.nextSum // S moves with the checkpoint, in its transaction
-		}
+		s.sum.advance() // S moves with the checkpoint, in its transaction
 		if s.nextRobust != nil {
 			s.robust = s.nextRobust // so does the robust step's state
 		}
 	} else if cr.Final && s.nextRobust != nil {
 		s.robust = s.nextRobust // the final step's records, for the status of the running daemon
 	}
-	s.nextSum, s.nextRobust = nil, nil
+	s.sum.dropClosing()
+	s.nextRobust = nil
 	s.lastSt = state
 	return now, nil
 }

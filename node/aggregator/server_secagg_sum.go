@@ -27,7 +27,7 @@ import (
 //     close knows U3's joiners.
 //   - The close: uplink.SecAggSumClose (joins with x on the quantiser's
 //     grid, the dequantised sum, exact in integers of 2^-f), stored with
-//     the next round's checkpoint in one transaction (s.nextSum, as under
+//     the next round's checkpoint in one transaction (sumMode.next, as under
 //     central DP).
 //   - "In the sum": only the round's close decides whether a site's input
 //     is in S (a session can still abort after a site's last message). So
@@ -44,7 +44,7 @@ func (s *Server) checkSumSecAgg(m *wire.SecAggMessage) error {
 	if s.sum == nil || m.Kind != wire.SecAggKindAdvertiseKeys {
 		return nil
 	}
-	return s.sum.Check(m.ClientId, m.InstanceId, m.BaseRound == 0)
+	return s.sum.open().Check(m.ClientId, m.InstanceId, m.BaseRound == 0)
 }
 
 // secAggSumAggregate is the closed round's sum-mode step: U3's joiners
@@ -75,7 +75,7 @@ func (s *Server) secAggSumAggregate(cr coordinator.CloseRound, attempt int, q se
 		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %d of the %d contributors have a stored AdvertiseKeys", cr.Round, len(seen), len(cr.Contributors))
 	}
 	slices.SortFunc(joins, func(a, b uplink.Joiner) int { return strings.Compare(a.Client, b.Client) })
-	next := s.sum.Clone()
+	next := s.sum.open().Clone()
 	out, err := uplink.SecAggSumClose(q, next, uint64(cr.Round), s.global, sum, joins)
 	if err != nil {
 		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
@@ -83,7 +83,7 @@ func (s *Server) secAggSumAggregate(cr coordinator.CloseRound, attempt int, q se
 	if len(joins) > 0 {
 		s.log.Info("sites counted in the FedSplit sum", "round", cr.Round, "joined", len(joins), "counted", next.M)
 	}
-	s.nextSum = next
+	s.sum.next = next
 	return out, aggregate.Report{Metrics: map[string]float64{"secagg_sites": float64(len(cr.Contributors)),
 		"split_counted": float64(next.M), "split_joined": float64(len(joins))}}, nil
 }

@@ -224,7 +224,7 @@ func TestRestoreSumCounting(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := &Server{sum: &uplink.SumState{Fixed: tc.fixed}, globalR: 2, dim: 2}
+		s := &Server{sum: newSumMode(tc.fixed), globalR: 2, dim: 2}
 		s.cfg.StatePath = "state.db"
 		err = s.restoreSum(storage.Round{Number: 2, Sum: b})
 		switch {
@@ -232,8 +232,8 @@ func TestRestoreSumCounting(t *testing.T) {
 			t.Errorf("%s: %v", tc.name, err)
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%s: %v, want an error saying %q", tc.name, err, tc.want)
-		case err == nil && (s.sum.Fixed != tc.fixed || s.sum.M != tc.stored.M):
-			t.Errorf("%s: restored %+v", tc.name, s.sum)
+		case err == nil && (s.sum.cur.Fixed != tc.fixed || s.sum.cur.M != tc.stored.M):
+			t.Errorf("%s: restored %+v", tc.name, s.sum.cur)
 		}
 	}
 }
