@@ -495,12 +495,10 @@ type Server struct {
 	robust, nextRobust *robustState
 	// sum is the FedSplit family's sum mode (server_sum.go; nil outside
 	// sum mode).
-	sum *sumMode
-	// nextClip is adaptive clipping's clip norm for the round after the
-	// closing one (0: none), until closeRound steps ClipEstimated.
-	nextClip float64
-	stored   storedConfig // the run's configuration, with its run id once restored
-	conf     []byte       // stored as JSON
+	sum     *sumMode
+	privacy *privacy     // differential privacy (server_dp.go)
+	stored  storedConfig // the run's configuration, with its run id once restored
+	conf    []byte       // stored as JSON
 
 	loopQ   *quant.Codec // the loop's own codec
 	down    *quant.Codec // the downlink codec (the loop's)
@@ -596,7 +594,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	cfg.Params = d.params
 	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request), ingestQ: make(chan ingestJob, cfg.IngestQueue),
 		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{}),
-		topics: d.topics, fam: d.fam, aggSpec: d.aggSpec, screen: d.screen, agg: d.agg, eval: cfg.Eval}
+		topics: d.topics, fam: d.fam, aggSpec: d.aggSpec, screen: d.screen, agg: d.agg, eval: cfg.Eval, privacy: newPrivacy(&cfg)}
 	if d.sum {
 		s.sum = newSumMode(d.coord.FixedRoster)
 	}

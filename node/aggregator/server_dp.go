@@ -59,6 +59,34 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 	return nil
 }
 
+// privacy is the shell's differential privacy component: its
+// configuration (ServerConfig.DP after defaults, the test keys, the secure
+// aggregation settings distributed mode splits its noise over), adaptive
+// clipping's next clip norm, the keys' draw and restore, the announced
+// parameters and the status's privacy section. The run's keys themselves
+// are stored with round 1's configuration (storedConfig), where the round
+// log keeps them.
+type privacy struct {
+	cfg                         *dp.Config // nil: off
+	testNoiseKey, testSelection *[32]byte
+	secAgg                      *SecAggSettings
+	// nextClip is adaptive clipping's clip norm for the round after the
+	// closing one (0: none), until the checkpoint steps ClipEstimated.
+	nextClip float64
+}
+
+func newPrivacy(cfg *ServerConfig) *privacy {
+	return &privacy{cfg: cfg.DP, testNoiseKey: cfg.DPTestKey, testSelection: cfg.DPTestSelectionKey, secAgg: cfg.SecAgg}
+}
+
+// takeClip returns the next round's clip norm estimated by the closing
+// round (0: none) and forgets it.
+func (p *privacy) takeClip() float64 {
+	c := p.nextClip
+	p.nextClip = 0
+	return c
+}
+
 // dpText is a DP setting as resumeDiffs compares and names it.
 func dpText(c *dp.Config) string {
 	if c == nil {
@@ -69,18 +97,22 @@ func dpText(c *dp.Config) string {
 }
 
 // newNoiseKey draws a new run's noise key and selection key.
-func (s *Server) newNoiseKey() error {
-	if s.cfg.DP == nil {
+func (s *Server) newNoiseKey() error { return s.privacy.newKeys(&s.stored, s.coord) }
+
+// newKeys draws a new run's noise key and selection key into sc and hands
+// the selection key to the coordinator.
+func (p *privacy) newKeys(sc *storedConfig, coord *coordinator.Coordinator) error {
+	if p.cfg == nil {
 		return nil
 	}
 	var err error
-	if s.stored.NoiseKey, err = newKey(s.cfg.DPTestKey); err != nil {
+	if sc.NoiseKey, err = newKey(p.testNoiseKey); err != nil {
 		return fmt.Errorf("aggregator: draw the DP noise key: %w", err)
 	}
-	if s.stored.SelectionKey, err = newKey(s.cfg.DPTestSelectionKey); err != nil {
+	if sc.SelectionKey, err = newKey(p.testSelection); err != nil {
 		return fmt.Errorf("aggregator: draw the DP selection key: %w", err)
 	}
-	s.coord.SetSelectionKey(s.stored.SelectionKey)
+	coord.SetSelectionKey(sc.SelectionKey)
 	return nil
 }
 
@@ -107,48 +139,58 @@ func (s *Server) noiseKey() (key [32]byte) {
 // seed, and mixing the two in one run would not make the earlier draws
 // secret, so it is refused like a damaged key.
 func (s *Server) checkNoiseKey() error {
-	if s.cfg.DP == nil {
+	return s.privacy.restoreKeys(s.stored, s.coord, s.cfg.StatePath)
+}
+
+// restoreKeys is checkNoiseKey for the keys in sc, read from the round log
+// at path.
+func (p *privacy) restoreKeys(sc storedConfig, coord *coordinator.Coordinator, path string) error {
+	if p.cfg == nil {
 		return nil
 	}
-	if len(s.stored.NoiseKey) != 32 {
-		return fmt.Errorf("%w: %s: the run's DP noise key is missing or damaged (%d bytes)", storage.ErrCorrupt, s.cfg.StatePath, len(s.stored.NoiseKey))
+	if len(sc.NoiseKey) != 32 {
+		return fmt.Errorf("%w: %s: the run's DP noise key is missing or damaged (%d bytes)", storage.ErrCorrupt, path, len(sc.NoiseKey))
 	}
-	if len(s.stored.SelectionKey) != 32 {
+	if len(sc.SelectionKey) != 32 {
 		return fmt.Errorf("%w: %s: the run's DP selection key is missing or damaged (%d bytes); a --dp run started by an older broker-agg drew its selection from the public --seed: finish it with that version or start a new run with another --state-file",
-			storage.ErrCorrupt, s.cfg.StatePath, len(s.stored.SelectionKey))
+			storage.ErrCorrupt, path, len(sc.SelectionKey))
 	}
-	s.coord.SetSelectionKey(s.stored.SelectionKey)
+	coord.SetSelectionKey(sc.SelectionKey)
 	return nil
 }
 
 // dpParams are the DP parameters of the next announcement (nil without).
-func (s *Server) dpParams() *wire.DPParams {
-	c := s.cfg.DP
+func (s *Server) dpParams() *wire.DPParams { return s.privacy.announced(s.coord) }
+
+// announced are the DP parameters of the next announcement of coord's
+// round (nil without DP).
+func (p *privacy) announced(coord *coordinator.Coordinator) *wire.DPParams {
+	c := p.cfg
 	if c == nil {
 		return nil
 	}
-	eps, _, _ := s.coord.Privacy()
-	p := &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: s.coord.DPClip(), NoiseMultiplier: c.Noise,
+	eps, _, _ := coord.Privacy()
+	w := &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: coord.DPClip(), NoiseMultiplier: c.Noise,
 		Delta: c.Delta, EpsilonSpent: eps, EpsilonBudget: c.Budget}
 	if a := c.Adaptive; a != nil {
-		p.UpdateNoiseMultiplier = c.UpdateNoise()
-		p.Adaptive = &wire.AdaptiveClip{TargetQuantile: a.Quantile, LearningRate: a.LR, BitNoise: a.BitNoise}
+		w.UpdateNoiseMultiplier = c.UpdateNoise()
+		w.Adaptive = &wire.AdaptiveClip{TargetQuantile: a.Quantile, LearningRate: a.LR, BitNoise: a.BitNoise}
 	}
 	if c.Distributed {
-		k, _ := uplink.SecAggNoiseShares(s.cfg.SecAgg.Threshold, c.Colluders) // checked at start (checkSecAgg)
-		p.Mode, p.NoiseShares = wire.DPMode_DP_MODE_DISTRIBUTED, uint32(k)
+		k, _ := uplink.SecAggNoiseShares(p.secAgg.Threshold, c.Colluders) // checked at start (checkSecAgg)
+		w.Mode, w.NoiseShares = wire.DPMode_DP_MODE_DISTRIBUTED, uint32(k)
 	}
-	return p
+	return w
 }
 
 // estimateClip is adaptive clipping's step for the closing round cr
 // (uplink.NextClip over the contributors' clip bits, noised from the
 // round's bit stream, over its fixed denominator m); the next clip norm
-// waits in s.nextClip for closeRound to step ClipEstimated before the
-// state is stored with the next checkpoint. Nothing without adaptive
+// waits in privacy.nextClip for closeRound to step ClipEstimated before
+// the state is stored with the next checkpoint. Nothing without adaptive
 // clipping.
 func (s *Server) estimateClip(cr coordinator.CloseRound, bits []bool, m int) error {
-	a := s.cfg.DP.Adaptive
+	a := s.privacy.cfg.Adaptive
 	if a == nil {
 		return nil
 	}
@@ -156,7 +198,7 @@ func (s *Server) estimateClip(cr coordinator.CloseRound, bits []bool, m int) err
 	if err != nil {
 		return fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
 	}
-	s.nextClip = next
+	s.privacy.nextClip = next
 	return nil
 }
 
@@ -253,13 +295,17 @@ func storedPrivacyStatus(c *dp.Config, st *coordinator.DPState) *PrivacyStatus {
 }
 
 // privacyStatus is the running coordinator's accounting (nil without DP).
-func (s *Server) privacyStatus() *PrivacyStatus {
-	if s.cfg.DP == nil {
+func (s *Server) privacyStatus() *PrivacyStatus { return s.privacy.status(s.coord) }
+
+// status is the status's privacy section: coord's accounting (nil without
+// DP).
+func (p *privacy) status(coord *coordinator.Coordinator) *PrivacyStatus {
+	if p.cfg == nil {
 		return nil
 	}
-	st := s.coord.SnapshotDP()
-	siteEps, siteRounds, _ := s.coord.SitePrivacy()
-	return newPrivacyStatus(s.cfg.DP, st, siteEps, siteRounds)
+	st := coord.SnapshotDP()
+	siteEps, siteRounds, _ := coord.SitePrivacy()
+	return newPrivacyStatus(p.cfg, st, siteEps, siteRounds)
 }
 
 // privacyFamilies are the /metrics gauges of p (none when nil).

@@ -218,11 +218,10 @@ func (s *Server) closeRound(ctx context.Context, cr coordinator.CloseRound) erro
 // returns the time it stored them.
 func (s *Server) checkpoint(cr coordinator.CloseRound, next []float64, redo bool) (time.Time, error) {
 	r := cr.Round
-	if s.nextClip > 0 {
+	if clip := s.privacy.takeClip(); clip > 0 {
 		// Adaptive clipping: the next round's clip norm is stored with
 		// its checkpoint (ClipEstimated, server_dp.go).
-		s.coord.Step(coordinator.ClipEstimated{Round: r, Clip: s.nextClip, At: s.clock.Now()})
-		s.nextClip = 0
+		s.coord.Step(coordinator.ClipEstimated{Round: r, Clip: clip, At: s.clock.Now()})
 	}
 	state, err := s.encodeState()
 	if err != nil {
