@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/edgefl/edgefl/data/schema"
 	"github.com/edgefl/edgefl/learn/evaluate"
 	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
@@ -307,12 +308,33 @@ func (h *history) snapshot(roundsAfter, evalsAfter int) (rounds []RoundRecord, e
 	return
 }
 
-// rebuildHistory fills the history from the round log after a restart: the
-// last HistoryRounds closed rounds (participants, partial work,
-// stragglers, the change of the global model while the checkpoint budget
-// lasts), the evaluated rounds and each site's latest work report.
+// rebuildHistory fills the history from the round log after a restart
+// (history.rebuild), the coordinator restored and the log replayed.
 func (s *Server) rebuildHistory() error {
-	cur, err := s.store.CurrentRound()
+	src := historySource{store: s.store, dim: s.dim, lim: s.lim, clients: s.coord.Snapshot().Clients}
+	if s.fit != nil {
+		src.schema = s.fit.schema
+	}
+	return s.hist.rebuild(src)
+}
+
+// historySource is what the history is rebuilt from after a restart.
+type historySource struct {
+	store  *storage.AggStore
+	dim    int            // the model's values (0: not known yet)
+	schema *schema.Schema // a schema run's, once fitted (nil: no evaluated rounds)
+	lim    wire.Limits
+	// clients are the restored coordinator's (the round log replayed):
+	// each site's latest round.
+	clients []coordinator.ClientState
+}
+
+// rebuild fills the history from the round log: the last HistoryRounds
+// closed rounds (participants, partial work, stragglers, the change of the
+// global model while the checkpoint budget lasts), the evaluated rounds
+// and each site's latest work report.
+func (h *history) rebuild(src historySource) error {
+	cur, err := src.store.CurrentRound()
 	if errors.Is(err, storage.ErrNotFound) {
 		return nil
 	}
@@ -323,29 +345,29 @@ func (s *Server) rebuildHistory() error {
 	if cur.Status == storage.RoundClosed {
 		last = int(cur.Number)
 	}
-	if err := s.rebuildRounds(max(1, last-HistoryRounds+1), last); err != nil {
+	if err := h.rebuildRounds(src, max(1, last-HistoryRounds+1), last); err != nil {
 		return err
 	}
-	if s.fit != nil {
-		if err := s.rebuildEvals(); err != nil {
+	if src.schema != nil {
+		if err := h.rebuildEvals(src); err != nil {
 			return err
 		}
 	}
-	s.rebuildWork()
+	h.rebuildWork(src)
 	return nil
 }
 
 // rebuildRounds adds the records of the closed rounds first to last; the
 // change of the global model is read for the newest rounds only, as far as
 // the checkpoint budget (historyRebuildValues) lasts.
-func (s *Server) rebuildRounds(first, last int) error {
+func (h *history) rebuildRounds(src historySource, first, last int) error {
 	deltaFrom := last + 1 // rounds from here get the change of the global model
-	if s.dim > 0 {
-		deltaFrom = last - historyRebuildValues/s.dim + 1
+	if src.dim > 0 {
+		deltaFrom = last - historyRebuildValues/src.dim + 1
 	}
 	var prev []float64
 	for r := first; r <= last; r++ {
-		rd, err := s.store.Round(uint64(r))
+		rd, err := src.store.Round(uint64(r))
 		if err != nil {
 			return err
 		}
@@ -356,28 +378,29 @@ func (s *Server) rebuildRounds(first, last int) error {
 		if st.Phase == coordinator.PhaseStatistics || st.Phase == coordinator.PhaseFitting {
 			continue
 		}
-		rec := s.roundRecordOf(r, rd, st)
+		rec := roundRecordOf(src.store, r, rd, st)
 		if r >= deltaFrom {
 			if prev == nil {
-				prev, _ = s.store.Checkpoint(uint64(r))
+				prev, _ = src.store.Checkpoint(uint64(r))
 			}
-			next, err := s.store.Checkpoint(uint64(r + 1))
-			if err == nil && len(prev) == s.dim && len(next) == s.dim {
+			next, err := src.store.Checkpoint(uint64(r + 1))
+			if err == nil && len(prev) == src.dim && len(next) == src.dim {
 				rec.DeltaNorm, rec.RelChange = deltaOf(prev, next)
 			}
 			prev = next
 		}
-		s.hist.addRound(rec)
+		h.addRound(rec)
 	}
 	return nil
 }
 
 // roundRecordOf is the history's record of closed round r from its stored
 // round and coordinator state: when it opened and was aggregated, its
-// participants, partial contributors and stragglers.
-func (s *Server) roundRecordOf(r int, rd storage.Round, st coordinator.State) RoundRecord {
+// participants, partial contributors and stragglers (store: the round
+// log, for when the next round opened).
+func roundRecordOf(store *storage.AggStore, r int, rd storage.Round, st coordinator.State) RoundRecord {
 	rec := RoundRecord{Round: r, OpenedAt: rd.OpenedAt, Participants: len(st.Received)}
-	if next, err := s.store.Round(uint64(r + 1)); err == nil {
+	if next, err := store.Round(uint64(r + 1)); err == nil {
 		rec.AggregatedAt = next.OpenedAt
 	} else if !rd.ClosedAt.IsZero() {
 		rec.AggregatedAt = rd.ClosedAt
@@ -399,8 +422,8 @@ func (s *Server) roundRecordOf(r int, rd storage.Round, st coordinator.State) Ro
 
 // rebuildEvals adds the figures of the last HistoryRounds evaluated rounds
 // (a run with a federation schema).
-func (s *Server) rebuildEvals() error {
-	rounds, err := s.store.EvalRounds()
+func (h *history) rebuildEvals(src historySource) error {
+	rounds, err := src.store.EvalRounds()
 	if err != nil {
 		return err
 	}
@@ -408,30 +431,30 @@ func (s *Server) rebuildEvals() error {
 		rounds = rounds[len(rounds)-HistoryRounds:]
 	}
 	for _, e := range rounds {
-		fig, err := evalFigures(s.store, s.fit.schema, int(e), s.lim)
+		fig, err := evalFigures(src.store, src.schema, int(e), src.lim)
 		if err != nil {
 			return err
 		}
 		if fig != nil {
-			s.hist.addEval(evalPointOf(fig))
+			h.addEval(evalPointOf(fig))
 		}
 	}
 	return nil
 }
 
 // rebuildWork sets each site's latest work report, from its latest stored
-// update (the coordinator is restored and the round log replayed by now).
-func (s *Server) rebuildWork() {
-	for _, c := range s.coord.Snapshot().Clients {
+// update.
+func (h *history) rebuildWork(src historySource) {
+	for _, c := range src.clients {
 		if c.LastRound < 1 {
 			continue
 		}
-		u, err := s.store.GetUpdate(uint64(c.LastRound), c.ID)
+		u, err := src.store.GetUpdate(uint64(c.LastRound), c.ID)
 		if err != nil {
 			continue // pruned
 		}
-		if m, err := wire.DecodeUpdate(u.Msg, s.lim); err == nil && m.Report != nil {
-			s.hist.setWork(c.ID, siteWork{Round: c.LastRound, Gamma: m.Report.AchievedGamma, Epochs: m.Report.Epochs, Partial: m.Report.Partial})
+		if m, err := wire.DecodeUpdate(u.Msg, src.lim); err == nil && m.Report != nil {
+			h.setWork(c.ID, siteWork{Round: c.LastRound, Gamma: m.Report.AchievedGamma, Epochs: m.Report.Epochs, Partial: m.Report.Partial})
 		}
 	}
 }
