@@ -523,14 +523,7 @@ type Server struct {
 	finOnce    sync.Once
 	metAddr    atomic.Value // string
 
-	// secure aggregation (server_secagg.go): the open session's server,
-	// the message being proposed and whether it was stored now
-	sa           *secagg.Server
-	saRound      int
-	saAttempt    int
-	pendSecAgg   *inSecAgg
-	secAggStored bool
-	advance      *coordinator.SecAggAdvance // set by carryOut, carried out after the batch
+	secAggRun // secure aggregation's session state (server_secagg.go)
 
 	// metrics
 	mu                                      sync.Mutex
@@ -563,6 +556,21 @@ type Server struct {
 	// reviewStop: the run stopped before round 1 for the statistics
 	// review (--stats-review; stats_review.go).
 	reviewStop atomic.Bool
+}
+
+// secAggRun is the shell's secure aggregation state: the open session's
+// server (for round saRound, attempt saAttempt), the message being
+// proposed and whether it was stored now, and the session's advance the
+// batch decided. Its configuration is ServerConfig.SecAgg (with its
+// defaults, checkSecAgg), its restore restoreSecAgg and its status section
+// secAggStatus (server_secagg.go).
+type secAggRun struct {
+	sa           *secagg.Server
+	saRound      int
+	saAttempt    int
+	pendSecAgg   *inSecAgg
+	secAggStored bool
+	advance      *coordinator.SecAggAdvance // set by carryOut, carried out after the batch
 }
 
 // request is an event handed from an MQTT callback to the loop.
