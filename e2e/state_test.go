@@ -77,7 +77,7 @@ func readAggState(t *testing.T, path string) aggState {
 		t.Fatalf("%s: current round: %v", path, err)
 	}
 	// The state a restart resumes from: the stored one and the messages
-	// stored since (the replay log, node/aggregator/coordinator_replay.go).
+	// stored since (the replay log, node/aggregator/coordinator/coordinator_replay.go).
 	coord, err := agg.StoredState(s)
 	if err != nil {
 		t.Fatalf("%s: coordinator state: %v", path, err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -69,7 +70,7 @@ func newAcceptBench(tb testing.TB, sites int) *acceptBench {
 		}
 		b.ups = append(b.ups, &inUpdate{msg: m, raw: raw, vec: vec(1)})
 	}
-	if s.coord.Phase() != PhaseCollecting {
+	if s.coord.Phase() != coordinator.PhaseCollecting {
 		tb.Fatalf("round 1 not announced: phase %s", s.coord.Phase())
 	}
 	return b

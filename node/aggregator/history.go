@@ -3,14 +3,16 @@ package aggregator
 import (
 	"encoding/json"
 	"errors"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"maps"
 	"math"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/edgefl/edgefl/data/schema"
 	"github.com/edgefl/edgefl/learn/evaluate"
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -307,12 +309,33 @@ func (h *history) snapshot(roundsAfter, evalsAfter int) (rounds []RoundRecord, e
 	return
 }
 
-// rebuildHistory fills the history from the round log after a restart: the
-// last HistoryRounds closed rounds (participants, partial work,
-// stragglers, the change of the global model while the checkpoint budget
-// lasts), the evaluated rounds and each site's latest work report.
+// rebuildHistory fills the history from the round log after a restart
+// (history.rebuild), the coordinator restored and the log replayed.
 func (s *Server) rebuildHistory() error {
-	cur, err := s.store.CurrentRound()
+	src := historySource{store: s.store, dim: s.dim, lim: s.lim, clients: s.coord.Snapshot().Clients}
+	if s.fit != nil {
+		src.schema = s.fit.schema
+	}
+	return s.hist.rebuild(src)
+}
+
+// historySource is what the history is rebuilt from after a restart.
+type historySource struct {
+	store  *aggstore.AggStore
+	dim    int            // the model's values (0: not known yet)
+	schema *schema.Schema // a schema run's, once fitted (nil: no evaluated rounds)
+	lim    wire.Limits
+	// clients are the restored coordinator's (the round log replayed):
+	// each site's latest round.
+	clients []coordinator.ClientState
+}
+
+// rebuild fills the history from the round log: the last HistoryRounds
+// closed rounds (participants, partial work, stragglers, the change of the
+// global model while the checkpoint budget lasts), the evaluated rounds
+// and each site's latest work report.
+func (h *history) rebuild(src historySource) error {
+	cur, err := src.store.CurrentRound()
 	if errors.Is(err, storage.ErrNotFound) {
 		return nil
 	}
@@ -323,87 +346,118 @@ func (s *Server) rebuildHistory() error {
 	if cur.Status == aggstore.RoundClosed {
 		last = int(cur.Number)
 	}
-	first := max(1, last-HistoryRounds+1)
+	if err := h.rebuildRounds(src, max(1, last-HistoryRounds+1), last); err != nil {
+		return err
+	}
+	if src.schema != nil {
+		if err := h.rebuildEvals(src); err != nil {
+			return err
+		}
+	}
+	h.rebuildWork(src)
+	return nil
+}
+
+// rebuildRounds adds the records of the closed rounds first to last; the
+// change of the global model is read for the newest rounds only, as far as
+// the checkpoint budget (historyRebuildValues) lasts.
+func (h *history) rebuildRounds(src historySource, first, last int) error {
 	deltaFrom := last + 1 // rounds from here get the change of the global model
-	if s.dim > 0 {
-		deltaFrom = last - historyRebuildValues/s.dim + 1
+	if src.dim > 0 {
+		deltaFrom = last - historyRebuildValues/src.dim + 1
 	}
 	var prev []float64
 	for r := first; r <= last; r++ {
-		rd, err := s.store.Round(uint64(r))
+		rd, err := src.store.Round(uint64(r))
 		if err != nil {
 			return err
 		}
-		var st State
+		var st coordinator.State
 		if err := json.Unmarshal(rd.State, &st); err != nil {
 			return err
 		}
-		if st.Phase == PhaseStatistics || st.Phase == PhaseFitting {
+		if st.Phase == coordinator.PhaseStatistics || st.Phase == coordinator.PhaseFitting {
 			continue
 		}
-		rec := RoundRecord{Round: r, OpenedAt: rd.OpenedAt, Participants: len(st.Received)}
-		if next, err := s.store.Round(uint64(r + 1)); err == nil {
-			rec.AggregatedAt = next.OpenedAt
-		} else if !rd.ClosedAt.IsZero() {
-			rec.AggregatedAt = rd.ClosedAt
-		}
-		got := map[string]bool{}
-		for _, x := range st.Received {
-			got[x.Client] = true
-			if x.Partial {
-				rec.Partial = append(rec.Partial, x.Client)
-			}
-		}
-		for _, id := range st.Invited {
-			if !got[id] {
-				rec.Stragglers = append(rec.Stragglers, id)
-			}
-		}
+		rec := roundRecordOf(src.store, r, rd, st)
 		if r >= deltaFrom {
 			if prev == nil {
-				prev, _ = s.store.Checkpoint(uint64(r))
+				prev, _ = src.store.Checkpoint(uint64(r))
 			}
-			next, err := s.store.Checkpoint(uint64(r + 1))
-			if err == nil && len(prev) == s.dim && len(next) == s.dim {
+			next, err := src.store.Checkpoint(uint64(r + 1))
+			if err == nil && len(prev) == src.dim && len(next) == src.dim {
 				rec.DeltaNorm, rec.RelChange = deltaOf(prev, next)
 			}
 			prev = next
 		}
-		s.hist.addRound(rec)
+		h.addRound(rec)
 	}
-	if s.fit != nil {
-		rounds, err := s.store.EvalRounds()
+	return nil
+}
+
+// roundRecordOf is the history's record of closed round r from its stored
+// round and coordinator state: when it opened and was aggregated, its
+// participants, partial contributors and stragglers (store: the round
+// log, for when the next round opened).
+func roundRecordOf(store *aggstore.AggStore, r int, rd aggstore.Round, st coordinator.State) RoundRecord {
+	rec := RoundRecord{Round: r, OpenedAt: rd.OpenedAt, Participants: len(st.Received)}
+	if next, err := store.Round(uint64(r + 1)); err == nil {
+		rec.AggregatedAt = next.OpenedAt
+	} else if !rd.ClosedAt.IsZero() {
+		rec.AggregatedAt = rd.ClosedAt
+	}
+	got := map[string]bool{}
+	for _, x := range st.Received {
+		got[x.Client] = true
+		if x.Partial {
+			rec.Partial = append(rec.Partial, x.Client)
+		}
+	}
+	for _, id := range st.Invited {
+		if !got[id] {
+			rec.Stragglers = append(rec.Stragglers, id)
+		}
+	}
+	return rec
+}
+
+// rebuildEvals adds the figures of the last HistoryRounds evaluated rounds
+// (a run with a federation schema).
+func (h *history) rebuildEvals(src historySource) error {
+	rounds, err := src.store.EvalRounds()
+	if err != nil {
+		return err
+	}
+	if len(rounds) > HistoryRounds {
+		rounds = rounds[len(rounds)-HistoryRounds:]
+	}
+	for _, e := range rounds {
+		fig, err := evalFigures(src.store, src.schema, int(e), src.lim)
 		if err != nil {
 			return err
 		}
-		if len(rounds) > HistoryRounds {
-			rounds = rounds[len(rounds)-HistoryRounds:]
-		}
-		for _, e := range rounds {
-			fig, err := evalFigures(s.store, s.fit.schema, int(e), s.lim)
-			if err != nil {
-				return err
-			}
-			if fig != nil {
-				s.hist.addEval(evalPointOf(fig))
-			}
-		}
-	}
-	// Each site's latest work report, from its latest stored update (the
-	// coordinator is restored and the round log replayed by now).
-	for _, c := range s.coord.Snapshot().Clients {
-		if c.LastRound < 1 {
-			continue
-		}
-		u, err := s.store.GetUpdate(uint64(c.LastRound), c.ID)
-		if err != nil {
-			continue // pruned
-		}
-		if m, err := wire.DecodeUpdate(u.Msg, s.lim); err == nil && m.Report != nil {
-			s.hist.setWork(c.ID, siteWork{Round: c.LastRound, Gamma: m.Report.AchievedGamma, Epochs: m.Report.Epochs, Partial: m.Report.Partial})
+		if fig != nil {
+			h.addEval(evalPointOf(fig))
 		}
 	}
 	return nil
+}
+
+// rebuildWork sets each site's latest work report, from its latest stored
+// update.
+func (h *history) rebuildWork(src historySource) {
+	for _, c := range src.clients {
+		if c.LastRound < 1 {
+			continue
+		}
+		u, err := src.store.GetUpdate(uint64(c.LastRound), c.ID)
+		if err != nil {
+			continue // pruned
+		}
+		if m, err := wire.DecodeUpdate(u.Msg, src.lim); err == nil && m.Report != nil {
+			h.setWork(c.ID, siteWork{Round: c.LastRound, Gamma: m.Report.AchievedGamma, Epochs: m.Report.Epochs, Partial: m.Report.Partial})
+		}
+	}
 }
 
 // deltaOf is ||next - prev|| and that over ||prev|| (nil when ||prev|| is 0).

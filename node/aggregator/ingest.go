@@ -8,6 +8,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgefl/edgefl/internal/ratelimit"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -93,7 +94,7 @@ func (s *Server) duplicate(u *wire.ClientUpdate) bool {
 	// Only for the open round: the coordinator answers an update of a
 	// closed round by its own rules (stale, or a late FedSplit z).
 	s.mu.Lock()
-	open := s.view.phase == PhaseCollecting && uint64(s.view.round) == u.Round
+	open := s.view.phase == coordinator.PhaseCollecting && uint64(s.view.round) == u.Round
 	s.mu.Unlock()
 	if !open {
 		return false

@@ -1,10 +1,11 @@
 package aggregator
 
 import (
+	"github.com/edgefl/edgefl/node/aggstore"
 	"testing"
 	"time"
 
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -92,7 +93,7 @@ func TestLoneAcceptOneTransaction(t *testing.T) {
 	if err := s.onUpdate(ab.ctx, ab.ups[1]); err != nil {
 		t.Fatal(err)
 	}
-	if c := s.coord.Counters(); c.Accepted != 2 || c.Rejected[Duplicate] != 1 {
+	if c := s.coord.Counters(); c.Accepted != 2 || c.Rejected[coordinator.Duplicate] != 1 {
 		t.Fatalf("counters after a re-send: %+v", c)
 	}
 
@@ -151,7 +152,7 @@ func TestReplayLateUpdate(t *testing.T) {
 		return &inUpdate{msg: m, raw: raw, vec: d}
 	}
 	f.clock.Advance(cfg.Settle)
-	if err := s.step(ctx, Tick{At: f.clock.Now()}); err != nil {
+	if err := s.step(ctx, coordinator.Tick{At: f.clock.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	if sel := s.coord.Summary().Selected; len(sel) != 2 {
@@ -162,7 +163,7 @@ func TestReplayLateUpdate(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.clock.Advance(cfg.RoundTimeout)
-	if err := s.step(ctx, Tick{At: f.clock.Now()}); err != nil {
+	if err := s.step(ctx, coordinator.Tick{At: f.clock.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	if s.coord.Round() != 2 {

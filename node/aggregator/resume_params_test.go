@@ -3,10 +3,11 @@ package aggregator
 import (
 	"encoding/json"
 	"errors"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"strings"
 	"testing"
 
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 )
 
@@ -67,7 +68,7 @@ func TestResumeRefusesOtherParams(t *testing.T) {
 				s.Close()
 				t.Fatal("resumed with other parameters")
 			}
-			if !errors.Is(err, ErrConfig) {
+			if !errors.Is(err, coordinator.ErrConfig) {
 				t.Errorf("not ErrConfig: %v", err)
 			}
 			for _, w := range append(tc.want, cfg.StatePath, "use the run's values, or start a new run with another --state-file") {

@@ -10,6 +10,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgefl/edgefl/internal/metrics"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 )
 
 // Every absent site explained: the aggregator knows its roster (the sites
@@ -332,19 +333,19 @@ func whyAbsent(c ClientInfo) string {
 // it is not): the coordinator closes the phase at its deadline when the
 // quorum is in, so a statistics phase past it is below quorum.
 func (s *Server) statisticsOverdue(st Status) *StatisticsOverdue {
-	if st.Phase != PhaseStatistics || st.Deadline == nil || s.clock.Now().Before(*st.Deadline) {
+	if st.Phase != coordinator.PhaseStatistics || st.Deadline == nil || s.clock.Now().Before(*st.Deadline) {
 		return nil
 	}
 	got := slices.Clone(st.StatisticsSites)
 	if got == nil {
 		got = []string{}
 	}
-	return &StatisticsOverdue{Deadline: st.Deadline.UTC(), Quorum: QuorumOf(s.cfg.K, s.cfg.QuorumFraction), Received: got, Missing: missingSites(st, got)}
+	return &StatisticsOverdue{Deadline: st.Deadline.UTC(), Quorum: coordinator.QuorumOf(s.cfg.K, s.cfg.QuorumFraction), Received: got, Missing: missingSites(st, got)}
 }
 
 // warnStatisticsOverdue logs the statistics phase's missed deadline,
 // naming each missing site and why.
-func (s *Server) warnStatisticsOverdue(d StatsOverdue) {
+func (s *Server) warnStatisticsOverdue(d coordinator.StatsOverdue) {
 	st, err := ReadStatus(s.store)
 	if err != nil {
 		s.log.Error("reading the status for the overdue statistics phase", "err", err)

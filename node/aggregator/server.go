@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"log/slog"
 	"math"
 	"net"
@@ -31,7 +32,7 @@ import (
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/quant"
 	"github.com/edgefl/edgefl/learn/split"
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
@@ -297,7 +298,7 @@ func family(algo string) (fam, agg string, err error) {
 		return AlgoFedProx, algo, nil
 	}
 	return "", "", fmt.Errorf("%w: algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit or an aggregator: %s)",
-		ErrConfig, algo, strings.Join(aggregate.Names(), ", "))
+		coordinator.ErrConfig, algo, strings.Join(aggregate.Names(), ", "))
 }
 
 func (c *ServerConfig) defaults() {
@@ -477,7 +478,7 @@ type Server struct {
 	lim     wire.Limits
 	qlim    quant.Limits
 	store   *aggstore.AggStore
-	coord   *Coordinator
+	coord   *coordinator.Coordinator
 	model   model.Model
 	spec    model.Spec // the model's spec (with a schema: once fitted)
 	dim     int
@@ -493,18 +494,12 @@ type Server struct {
 	// (server_robust.go); nextRobust the closing round's, until its
 	// checkpoint is stored.
 	robust, nextRobust *robustState
-	// sum is the FedSplit family's sum-mode state (S, m and who is
-	// counted) as of the open round (nil outside sum mode; server_sum.go);
-	// nextSum the closing round's, until its checkpoint is stored.
-	sum, nextSum *uplink.SumState
-	// initFrame is x_0's frame as round 1 published it, announced under a
-	// fixed roster (split_initial; server_sum.go), once read.
-	initFrame []byte
-	// nextClip is adaptive clipping's clip norm for the round after the
-	// closing one (0: none), until closeRound steps ClipEstimated.
-	nextClip float64
-	stored   storedConfig // the run's configuration, with its run id once restored
-	conf     []byte       // stored as JSON
+	// sum is the FedSplit family's sum mode (server_sum.go; nil outside
+	// sum mode).
+	sum     *sumMode
+	privacy *privacy     // differential privacy (server_dp.go)
+	stored  storedConfig // the run's configuration, with its run id once restored
+	conf    []byte       // stored as JSON
 
 	loopQ   *quant.Codec // the loop's own codec
 	down    *quant.Codec // the downlink codec (the loop's)
@@ -529,14 +524,7 @@ type Server struct {
 	finOnce    sync.Once
 	metAddr    atomic.Value // string
 
-	// secure aggregation (server_secagg.go): the open session's server,
-	// the message being proposed and whether it was stored now
-	sa           *secagg.Server
-	saRound      int
-	saAttempt    int
-	pendSecAgg   *inSecAgg
-	secAggStored bool
-	advance      *SecAggAdvance // set by carryOut, carried out after the batch
+	secAggRun // secure aggregation's session state (server_secagg.go)
 
 	// metrics
 	mu                                      sync.Mutex
@@ -571,6 +559,21 @@ type Server struct {
 	reviewStop atomic.Bool
 }
 
+// secAggRun is the shell's secure aggregation state: the open session's
+// server (for round saRound, attempt saAttempt), the message being
+// proposed and whether it was stored now, and the session's advance the
+// batch decided. Its configuration is ServerConfig.SecAgg (with its
+// defaults, checkSecAgg), its restore restoreSecAgg and its status section
+// secAggStatus (server_secagg.go).
+type secAggRun struct {
+	sa           *secagg.Server
+	saRound      int
+	saAttempt    int
+	pendSecAgg   *inSecAgg
+	secAggStored bool
+	advance      *coordinator.SecAggAdvance // set by carryOut, carried out after the batch
+}
+
 // request is an event handed from an MQTT callback to the loop.
 type request struct {
 	status *wire.ClientStatus
@@ -600,9 +603,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	cfg.Params = d.params
 	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request), ingestQ: make(chan ingestJob, cfg.IngestQueue),
 		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{}),
-		topics: d.topics, fam: d.fam, aggSpec: d.aggSpec, screen: d.screen, agg: d.agg, eval: cfg.Eval}
+		topics: d.topics, fam: d.fam, aggSpec: d.aggSpec, screen: d.screen, agg: d.agg, eval: cfg.Eval, privacy: newPrivacy(&cfg)}
 	if d.sum {
-		s.sum = &uplink.SumState{Fixed: d.coord.FixedRoster}
+		s.sum = newSumMode(d.coord.FixedRoster)
 	}
 	s.metAddr.Store("")
 	s.inst.takeover = cfg.InstanceTakeover
@@ -616,7 +619,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	} else if err := s.setModel(cfg.Model); err != nil {
 		return nil, err
 	}
-	if s.coord, err = New(d.coord); err != nil {
+	if s.coord, err = coordinator.New(d.coord); err != nil {
 		return nil, err
 	}
 	p := d.params
@@ -688,8 +691,9 @@ func Rollback(path string, n uint64, now time.Time) (aggstore.RollbackResult, st
 }
 
 // restore loads the round log: a fresh file gets round 1 with the initial
-// model; otherwise the coordinator's state, the global model of its round
-// and the stored configuration (which must match) come back.
+// model; otherwise the stored configuration (which must match), the
+// coordinator's state with the replay log, the global model of its round
+// and each feature's state come back.
 func (s *Server) restore() error {
 	cur, err := s.store.CurrentRound()
 	if errors.Is(err, storage.ErrNotFound) && s.cfg.Schema != nil {
@@ -701,6 +705,43 @@ func (s *Server) restore() error {
 	if err != nil {
 		return err
 	}
+	if err := s.restoreConfig(); err != nil {
+		return err
+	}
+	replayed, err := s.restoreCoordinator(cur)
+	if err != nil {
+		return err
+	}
+	r := s.coord.Round()
+	if ph := s.coord.Phase(); ph == coordinator.PhaseFinished || ph == coordinator.PhaseFinishing {
+		r++ // the final aggregate, checkpointed as round Rounds+1
+	}
+	if s.cfg.Schema != nil && s.fit == nil {
+		// The statistics phase (or a fit not yet stored): no model yet.
+		s.log.Info("resuming the statistics phase", "state", s.cfg.StatePath, "phase", s.coord.Phase(),
+			"statistics", len(s.coord.StatisticsSites()), "run_id", s.stored.RunID)
+		return nil
+	}
+	if err := s.restoreGlobal(r); err != nil {
+		return err
+	}
+	if err := s.restoreFeatures(cur, r); err != nil {
+		return err
+	}
+	for _, e := range replayed.evalDone {
+		s.finalizeEval(e) // idempotent: the latest bundle rewritten
+	}
+	sum := s.coord.Summary()
+	s.log.Info("resuming from the round log", "state", s.cfg.StatePath, "round", r, "phase", sum.Phase,
+		"received", len(sum.Received), "clients", sum.Clients)
+	return nil
+}
+
+// restoreConfig checks round 1's stored configuration against this one
+// (the schema, the federation, the model, the resumable parameters; the
+// schema run's fit comes back on the way) and adopts the run's id, keys
+// and parameters.
+func (s *Server) restoreConfig() error {
 	first, err := s.store.Round(1)
 	if err != nil {
 		return fmt.Errorf("aggregator: %s: round 1: %w", s.cfg.StatePath, err)
@@ -711,7 +752,7 @@ func (s *Server) restore() error {
 	}
 	if was.SchemaDigest != s.stored.SchemaDigest {
 		return fmt.Errorf("%w: %s belongs to a run with federation schema %s; this configuration's schema is %s: use the same --schema, or another --state-file",
-			ErrConfig, s.cfg.StatePath, orNone(was.SchemaDigest), orNone(s.stored.SchemaDigest))
+			coordinator.ErrConfig, s.cfg.StatePath, orNone(was.SchemaDigest), orNone(s.stored.SchemaDigest))
 	}
 	if s.cfg.Schema != nil {
 		if err := s.restoreFit(); err != nil {
@@ -724,11 +765,11 @@ func (s *Server) restore() error {
 	}
 	if was.Federation != s.cfg.Federation || was.Family != s.fam || was.Model != wantModel || was.Dimension != wantDim {
 		return fmt.Errorf("%w: %s belongs to federation %q, %s, model %+v; this configuration is federation %q, %s, model %+v: use another --state-file",
-			ErrConfig, s.cfg.StatePath, was.Federation, was.Family, was.Model, s.cfg.Federation, s.fam, wantModel)
+			coordinator.ErrConfig, s.cfg.StatePath, was.Federation, was.Family, was.Model, s.cfg.Federation, s.fam, wantModel)
 	}
 	if d := s.resumeDiffs(was); len(d) > 0 {
 		return fmt.Errorf("%w: %s (state file %s); use the run's values, or start a new run with another --state-file",
-			ErrConfig, strings.Join(d, ", "), s.cfg.StatePath)
+			coordinator.ErrConfig, strings.Join(d, ", "), s.cfg.StatePath)
 	}
 	s.stored.RunID = was.RunID // "" for a log written before run ids
 	s.stored.NoiseKey, s.stored.SelectionKey = was.NoiseKey, was.SelectionKey
@@ -739,29 +780,31 @@ func (s *Server) restore() error {
 		s.stored.Params = nil // as the run's first round: unknown, not checked
 	}
 	s.conf, _ = json.Marshal(s.stored)
-	var st State
+	return nil
+}
+
+// restoreCoordinator restores the coordinator from the current round's
+// state and replays the round log's replay log after it.
+func (s *Server) restoreCoordinator(cur aggstore.Round) (replayResult, error) {
+	var st coordinator.State
 	if err := json.Unmarshal(cur.State, &st); err != nil {
-		return fmt.Errorf("aggregator: %s: state of round %d: %w", s.cfg.StatePath, cur.Number, err)
+		return replayResult{}, fmt.Errorf("aggregator: %s: state of round %d: %w", s.cfg.StatePath, cur.Number, err)
 	}
 	if err := s.coord.Restore(st); err != nil {
-		return fmt.Errorf("aggregator: %s: %w", s.cfg.StatePath, err)
+		return replayResult{}, fmt.Errorf("aggregator: %s: %w", s.cfg.StatePath, err)
 	}
 	replayed, err := s.replayLog()
 	if err != nil {
-		return err
+		return replayResult{}, err
 	}
 	s.storeR, s.lastSt = cur.Number, cur.State
 	s.loadSiteErrors()
-	r := s.coord.Round()
-	if ph := s.coord.Phase(); ph == PhaseFinished || ph == PhaseFinishing {
-		r++ // the final aggregate, checkpointed as round Rounds+1
-	}
-	if s.cfg.Schema != nil && s.fit == nil {
-		// The statistics phase (or a fit not yet stored): no model yet.
-		s.log.Info("resuming the statistics phase", "state", s.cfg.StatePath, "phase", s.coord.Phase(),
-			"statistics", len(s.coord.StatisticsSites()), "run_id", s.stored.RunID)
-		return nil
-	}
+	return replayed, nil
+}
+
+// restoreGlobal loads the global model of round r.
+func (s *Server) restoreGlobal(r int) error {
+	var err error
 	if s.global, err = s.store.Checkpoint(uint64(r)); err != nil {
 		return fmt.Errorf("aggregator: %s: global model of round %d: %w", s.cfg.StatePath, r, err)
 	}
@@ -769,6 +812,13 @@ func (s *Server) restore() error {
 		return fmt.Errorf("aggregator: %s: global model of round %d has %d values, the model %d", s.cfg.StatePath, r, len(s.global), s.dim)
 	}
 	s.globalR = r
+	return nil
+}
+
+// restoreFeatures brings back each feature's state for round r (the
+// current round's record cur): sum mode, the robust aggregators, the
+// persisted-range check, the aggregator's replay, secure aggregation.
+func (s *Server) restoreFeatures(cur aggstore.Round, r int) error {
 	if err := s.restoreSum(cur); err != nil {
 		return err
 	}
@@ -781,16 +831,7 @@ func (s *Server) restore() error {
 	if err := s.replayAggregator(); err != nil {
 		return err
 	}
-	if err := s.restoreSecAgg(); err != nil {
-		return err
-	}
-	for _, e := range replayed.evalDone {
-		s.finalizeEval(e) // idempotent: the latest bundle rewritten
-	}
-	sum := s.coord.Summary()
-	s.log.Info("resuming from the round log", "state", s.cfg.StatePath, "round", r, "phase", sum.Phase,
-		"received", len(sum.Received), "clients", sum.Clients)
-	return nil
+	return s.restoreSecAgg()
 }
 
 // restoreFresh starts a new round log: round 1 opens with the initial model
@@ -813,7 +854,7 @@ func (s *Server) restoreFresh() error {
 	if err != nil {
 		return err
 	}
-	sum, err := s.sumBytes(s.sum)
+	sum, err := s.sumBytes(s.sum.open())
 	if err != nil {
 		return err
 	}
@@ -889,11 +930,11 @@ func (s *Server) replayAggregator() error {
 		if err != nil {
 			return fmt.Errorf("aggregator: replay round %d: %w", r, err)
 		}
-		var st State
+		var st coordinator.State
 		if err := json.Unmarshal(rd.State, &st); err != nil {
 			return fmt.Errorf("aggregator: replay round %d: state: %w", r, err)
 		}
-		cr := CloseRound{Round: r}
+		cr := coordinator.CloseRound{Round: r}
 		for _, rc := range st.Received {
 			cr.Contributors = append(cr.Contributors, rc.Client)
 		}
@@ -1044,7 +1085,7 @@ func (s *Server) loop(ctx context.Context) error {
 			}
 		case <-s.timerC():
 			s.timer = nil
-			if err := s.step(ctx, Tick{At: s.clock.Now()}); err != nil {
+			if err := s.step(ctx, coordinator.Tick{At: s.clock.Now()}); err != nil {
 				return err
 			}
 		}
@@ -1075,7 +1116,7 @@ func (s *Server) onStatus(ctx context.Context, st *wire.ClientStatus) error {
 		return nil // another installation with this site's id
 	}
 	ds := s.coord.Step(statusEvent(st, now))
-	if len(ofType[StaleStatus](ds)) > 0 {
+	if len(coordinator.OfType[coordinator.StaleStatus](ds)) > 0 {
 		// Counted by the coordinator (stale_statuses); the registry keeps
 		// the newer status.
 		s.log.Info("stale client status set aside", "client", st.ClientId, "online", st.Online, "connection", st.Connection)
@@ -1111,30 +1152,19 @@ func (s *Server) recordStatus(st *wire.ClientStatus, now time.Time) {
 	}
 }
 
-// ofType lists the decisions of type T in ds.
-func ofType[T Decision](ds []Decision) []T {
-	var out []T
-	for _, d := range ds {
-		if v, ok := d.(T); ok {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
 // statusEvent is the coordinator's event for a status message.
-func statusEvent(st *wire.ClientStatus, at time.Time) Event {
+func statusEvent(st *wire.ClientStatus, at time.Time) coordinator.Event {
 	if st.Online {
-		return ClientOnline{ID: st.ClientId, Samples: int(min(st.SampleCount, math.MaxInt32)), Conn: st.Connection,
+		return coordinator.ClientOnline{ID: st.ClientId, Samples: int(min(st.SampleCount, math.MaxInt32)), Conn: st.Connection,
 			Failing: st.ErrorReason != "" && st.ErrorReason != wire.SiteErrSecAgg, Refused: st.ErrorReason == wire.SiteErrSecAgg, At: at}
 	}
-	return ClientOffline{ID: st.ClientId, Conn: st.Connection, At: at}
+	return coordinator.ClientOffline{ID: st.ClientId, Conn: st.Connection, At: at}
 }
 
 func (s *Server) onUpdate(ctx context.Context, u *inUpdate) error {
 	m := u.msg
 	ev := updateEvent(m, s.clock.Now())
-	return s.propose(ctx, ev, u, func(d Decision, at time.Time) (uint64, error) {
+	return s.propose(ctx, ev, u, func(d coordinator.Decision, at time.Time) (uint64, error) {
 		if r, c := acceptedOf(d); int(m.Round) != r || m.ClientId != c {
 			return 0, fmt.Errorf("%w: %#v", errNotGiven, d)
 		}
@@ -1151,12 +1181,12 @@ func (s *Server) onUpdate(ctx context.Context, u *inUpdate) error {
 // updateEvent is the coordinator's event for an update received (or, on
 // restart, stored) at at: the one place it is derived from the message, so
 // a replay steps exactly the event the update was proposed as.
-func updateEvent(m *wire.ClientUpdate, at time.Time) UpdateArrived {
+func updateEvent(m *wire.ClientUpdate, at time.Time) coordinator.UpdateArrived {
 	loss := math.NaN()
 	if rep := m.Report; rep != nil {
 		loss = rep.AnchorLoss
 	}
-	return UpdateArrived{Client: m.ClientId, Round: int(min(m.Round, math.MaxInt32)), // a future round either way
+	return coordinator.UpdateArrived{Client: m.ClientId, Round: int(min(m.Round, math.MaxInt32)), // a future round either way
 		Partial: m.Report.GetPartial(), Loss: loss, At: at}
 }
 
@@ -1171,15 +1201,15 @@ func updateEvent(m *wire.ClientUpdate, at time.Time) UpdateArrived {
 // message (Replayable), the coordinator's state is not written: the replay
 // log rebuilds it (coordinator_replay.go), so the message costs one write
 // transaction.
-func (s *Server) propose(ctx context.Context, ev Event, u *inUpdate, store func(Decision, time.Time) (uint64, error), refused func(error) error) error {
+func (s *Server) propose(ctx context.Context, ev coordinator.Event, u *inUpdate, store func(coordinator.Decision, time.Time) (uint64, error), refused func(error) error) error {
 	ds := s.coord.Propose(ev)
 	if !s.coord.Pending() {
 		return s.apply(ctx, ds, u, time.Time{})
 	}
-	at := ev.eventTime()
+	at := coordinator.EventTime(ev)
 	index, err := store(ds[0], at)
 	if err != nil {
-		s.coord.Step(StoreFailed{At: at})
+		s.coord.Step(coordinator.StoreFailed{At: at})
 		defer s.refreshView()
 		return refused(err)
 	}
@@ -1187,8 +1217,8 @@ func (s *Server) propose(ctx context.Context, ev Event, u *inUpdate, store func(
 	if index == 0 {
 		storedAt = time.Time{}
 	}
-	ds = s.coord.Step(Stored{At: at, Index: index})
-	if index > 0 && Replayable(ds) {
+	ds = s.coord.Step(coordinator.Stored{At: at, Index: index})
+	if index > 0 && coordinator.Replayable(ds) {
 		defer s.refreshView()
 		_, _, err := s.carryOut(ds, u, storedAt)
 		return err
@@ -1220,7 +1250,7 @@ func (s *Server) refuseUpdate(u *inUpdate, err error) {
 
 // step feeds one event that carries no site message to the coordinator and
 // carries out its decisions.
-func (s *Server) step(ctx context.Context, ev Event) error {
+func (s *Server) step(ctx context.Context, ev coordinator.Event) error {
 	return s.apply(ctx, s.coord.Step(ev), nil, time.Time{})
 }
 
@@ -1228,7 +1258,7 @@ func (s *Server) step(ctx context.Context, ev Event) error {
 // state first (the batch's message, if any, is stored already: storedAt,
 // zero for a copy stored earlier), then everything visible outside
 // (receipts, announcements), the timer and the round's close.
-func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, storedAt time.Time) error {
+func (s *Server) apply(ctx context.Context, ds []coordinator.Decision, u *inUpdate, storedAt time.Time) error {
 	defer s.refreshView()
 	if err := s.persistState(); err != nil {
 		if u != nil && !storedAt.IsZero() {
@@ -1258,51 +1288,51 @@ func (s *Server) apply(ctx context.Context, ds []Decision, u *inUpdate, storedAt
 
 // carryOut carries out a batch's visible decisions in order and returns the
 // round to close or the transform to fit, which come last.
-func (s *Server) carryOut(ds []Decision, u *inUpdate, storedAt time.Time) (closing *CloseRound, fitting *FitTransform, err error) {
+func (s *Server) carryOut(ds []coordinator.Decision, u *inUpdate, storedAt time.Time) (closing *coordinator.CloseRound, fitting *coordinator.FitTransform, err error) {
 	for _, d := range ds {
 		switch d := d.(type) {
-		case Accept:
+		case coordinator.Accept:
 			s.noteWork(u.msg)
 			s.log.Info("update accepted", "client", d.Client, "round", d.Round, "partial", d.Partial)
 			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "", storedAt)
-		case AcceptLate:
+		case coordinator.AcceptLate:
 			s.noteWork(u.msg)
 			s.log.Info("late update stored as the client's latest z", "client", d.Client, "round", d.Round, "partial", d.Partial)
 			s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_STORED, "late: stored as the latest z", storedAt)
-		case Reject:
+		case coordinator.Reject:
 			s.rejectByCoordinator(u, d)
-		case Invite:
+		case coordinator.Invite:
 			s.invite(d)
-		case Announce:
+		case coordinator.Announce:
 			err = s.announce(d.Round, d.Attempt, d.Selected, d.Deadline)
-		case Extend:
+		case coordinator.Extend:
 			s.log.Info("round below quorum at its deadline: extended", "round", d.Round, "deadline", d.Deadline)
 			err = s.announce(d.Round, -1, d.Selected, d.Deadline)
-		case SetTimer:
+		case coordinator.SetTimer:
 			s.setTimer(d.At)
-		case CloseRound:
+		case coordinator.CloseRound:
 			closing = &d
-		case Finished:
+		case coordinator.Finished:
 			err = s.finish(d)
-		case AcceptStatistics, RejectStatistics, AcceptEval, RejectEval:
+		case coordinator.AcceptStatistics, coordinator.RejectStatistics, coordinator.AcceptEval, coordinator.RejectEval:
 			s.answerFed(d, storedAt)
-		case AnnounceStatistics:
+		case coordinator.AnnounceStatistics:
 			err = s.announceStatistics(d.Deadline)
-		case FitTransform:
+		case coordinator.FitTransform:
 			fitting = &d
-		case StatsOverdue:
+		case coordinator.StatsOverdue:
 			s.warnStatisticsOverdue(d)
-		case EvalComplete:
+		case coordinator.EvalComplete:
 			s.finalizeEval(d.Round)
-		case Finish:
+		case coordinator.Finish:
 			err = s.announceFinish(d)
-		case AcceptSecAgg, RejectSecAgg:
+		case coordinator.AcceptSecAgg, coordinator.RejectSecAgg:
 			s.answerSecAgg(d, storedAt)
-		case SecAggAdvance:
+		case coordinator.SecAggAdvance:
 			s.advance = &d
-		case AnnounceSecAgg:
+		case coordinator.AnnounceSecAgg:
 			err = s.announceSecAgg(d)
-		case SecAggAbort:
+		case coordinator.SecAggAbort:
 			s.log.Warn("secure aggregation aborted: the round's session has no sum; a new session is drawn (the round closes without these sites' updates, never with a wrong sum)",
 				"round", d.Round, "attempt", d.Attempt, "reason", d.Reason)
 		}
@@ -1314,11 +1344,11 @@ func (s *Server) carryOut(ds []Decision, u *inUpdate, storedAt time.Time) (closi
 }
 
 // acceptedOf is the round and client an update's accept names.
-func acceptedOf(d Decision) (round int, client string) {
+func acceptedOf(d coordinator.Decision) (round int, client string) {
 	switch d := d.(type) {
-	case Accept:
+	case coordinator.Accept:
 		return d.Round, d.Client
-	case AcceptLate:
+	case coordinator.AcceptLate:
 		return d.Round, d.Client
 	}
 	return 0, ""
@@ -1497,7 +1527,7 @@ func (s *Server) timerC() <-chan time.Time {
 	return s.timer.C()
 }
 
-func (s *Server) finish(d Finished) error {
+func (s *Server) finish(d coordinator.Finished) error {
 	if s.robust != nil && s.robust.DivergingSince > 0 {
 		// Not a normal finish: the model it ends with is not to be trusted.
 		s.log.Error("federation finished with the FedSplit iterate diverging: the final model is not to be trusted", "rounds", d.Rounds, "diverging_since", s.robust.DivergingSince, "reason", s.coord.StopReason())

@@ -11,6 +11,7 @@ import (
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/quant"
 	"github.com/edgefl/edgefl/learn/split"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -35,7 +36,7 @@ type derived struct {
 	screen  float64              // the FedSplit family's screening factor
 	agg     aggregate.Aggregator // nil for the FedSplit family
 	params  Params
-	coord   Config
+	coord   coordinator.Config
 	sum     bool // the FedSplit family in sum mode (server_sum.go)
 }
 
@@ -45,20 +46,20 @@ func (cfg *ServerConfig) derive() (derived, error) {
 	var d derived
 	var err error
 	if d.topics, err = wire.ForFederation(cfg.Federation); err != nil {
-		return d, fmt.Errorf("%w: federation: %w", ErrConfig, err)
+		return d, fmt.Errorf("%w: federation: %w", coordinator.ErrConfig, err)
 	}
 	if err := wire.ValidID(cfg.ClientID); err != nil {
-		return d, fmt.Errorf("%w: client id: %w", ErrConfig, err)
+		return d, fmt.Errorf("%w: client id: %w", coordinator.ErrConfig, err)
 	}
 	switch {
 	case cfg.BrokerURL == "":
-		return d, fmt.Errorf("%w: no broker URL", ErrConfig)
+		return d, fmt.Errorf("%w: no broker URL", coordinator.ErrConfig)
 	case cfg.StatePath == "":
-		return d, fmt.Errorf("%w: no state file", ErrConfig)
+		return d, fmt.Errorf("%w: no state file", coordinator.ErrConfig)
 	case cfg.K < 1:
-		return d, fmt.Errorf("%w: K = %d, want >= 1", ErrConfig, cfg.K)
+		return d, fmt.Errorf("%w: K = %d, want >= 1", coordinator.ErrConfig, cfg.K)
 	case !(cfg.QuorumFraction > 0 && cfg.QuorumFraction <= 1):
-		return d, fmt.Errorf("%w: quorum fraction %v, want (0, 1]", ErrConfig, cfg.QuorumFraction)
+		return d, fmt.Errorf("%w: quorum fraction %v, want (0, 1]", coordinator.ErrConfig, cfg.QuorumFraction)
 	}
 	if err := cfg.deriveAlgorithm(&d); err != nil {
 		return d, err
@@ -68,23 +69,23 @@ func (cfg *ServerConfig) derive() (derived, error) {
 	}
 	sel, err := aggregate.NewSelector(cfg.Selector)
 	if err != nil {
-		return d, fmt.Errorf("%w: selector: %w", ErrConfig, err)
+		return d, fmt.Errorf("%w: selector: %w", coordinator.ErrConfig, err)
 	}
 	if cfg.Init != InitZeros && cfg.Init != InitModel {
-		return d, fmt.Errorf("%w: init %q (want %s or %s)", ErrConfig, cfg.Init, InitZeros, InitModel)
+		return d, fmt.Errorf("%w: init %q (want %s or %s)", coordinator.ErrConfig, cfg.Init, InitZeros, InitModel)
 	}
 	if _, err := quant.Parse(cfg.Codec); err != nil {
-		return d, fmt.Errorf("%w: codec: %w", ErrConfig, err)
+		return d, fmt.Errorf("%w: codec: %w", coordinator.ErrConfig, err)
 	}
 	if dl, err := quant.Parse(cfg.Downlink); err != nil || !(dl.Lossless() || dl.String() == "fp16") {
-		return d, fmt.Errorf("%w: downlink codec %q: want fp32 or fp16 (the global model is sent whole, not as a delta)", ErrConfig, cfg.Downlink)
+		return d, fmt.Errorf("%w: downlink codec %q: want fp32 or fp16 (the global model is sent whole, not as a delta)", coordinator.ErrConfig, cfg.Downlink)
 	}
 	if err := cfg.checkModel(); err != nil {
 		return d, err
 	}
 	fed := cfg.Schema != nil
-	d.coord = Config{
-		K: cfg.K, Quorum: QuorumOf(cfg.K, cfg.QuorumFraction), RoundTimeout: cfg.RoundTimeout,
+	d.coord = coordinator.Config{
+		K: cfg.K, Quorum: coordinator.QuorumOf(cfg.K, cfg.QuorumFraction), RoundTimeout: cfg.RoundTimeout,
 		Extension: cfg.Extension, MaxReselections: cfg.MaxReselections, Settle: cfg.Settle,
 		Rounds: cfg.Rounds, Seed: cfg.Seed, Selector: sel, StoreLate: isSplit(d.fam),
 		Statistics: fed, StatsSites: cfg.StatsSites, DeclaredTransform: fed && cfg.Schema.Declared(), Evaluate: fed, EvalEvery: cfg.EvalEvery,
@@ -96,7 +97,7 @@ func (cfg *ServerConfig) derive() (derived, error) {
 	if err := cfg.checkSecAgg(&d); err != nil {
 		return d, err
 	}
-	return d, d.coord.validate()
+	return d, d.coord.Validate()
 }
 
 // deriveAlgorithm sets the family and its server step (FedSplit) or
@@ -111,16 +112,16 @@ func (cfg *ServerConfig) deriveAlgorithm(d *derived) error {
 	}
 	if isSplit(d.fam) {
 		if d.screen, err = split.ParseServerStep(d.aggSpec); err != nil {
-			return fmt.Errorf("%w: aggregator: %w", ErrConfig, err)
+			return fmt.Errorf("%w: aggregator: %w", coordinator.ErrConfig, err)
 		}
 		return nil
 	}
 	if strings.HasPrefix(d.aggSpec, "fedsplit") {
 		return fmt.Errorf("%w: aggregator %q is a FedSplit server step; the %s family takes an update aggregator (%s)",
-			ErrConfig, d.aggSpec, d.fam, strings.Join(aggregate.Names(), ", "))
+			coordinator.ErrConfig, d.aggSpec, d.fam, strings.Join(aggregate.Names(), ", "))
 	}
 	if d.agg, err = aggregate.NewAggregator(d.aggSpec, cfg.Seed); err != nil {
-		return fmt.Errorf("%w: aggregator: %w", ErrConfig, err)
+		return fmt.Errorf("%w: aggregator: %w", coordinator.ErrConfig, err)
 	}
 	return nil
 }
@@ -136,14 +137,14 @@ func (cfg *ServerConfig) checkParams(d *derived) error {
 		v    float64
 	}{{"mu", p.Mu}, {"step", p.Step}, {"relax", p.Relax}, {"gamma", p.Gamma}, {"lr", p.LR}, {"max seconds", p.MaxSeconds}} {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
-			return fmt.Errorf("%w: %s = %v, want finite and >= 0", ErrConfig, f.name, f.v)
+			return fmt.Errorf("%w: %s = %v, want finite and >= 0", coordinator.ErrConfig, f.name, f.v)
 		}
 	}
 	if isSplit(d.fam) && !(p.Step > 0) {
-		return fmt.Errorf("%w: %s needs a step size > 0", ErrConfig, d.fam)
+		return fmt.Errorf("%w: %s needs a step size > 0", coordinator.ErrConfig, d.fam)
 	}
 	if p.Batch < 0 || p.MaxEpochs < 0 {
-		return fmt.Errorf("%w: negative batch or epochs", ErrConfig)
+		return fmt.Errorf("%w: negative batch or epochs", coordinator.ErrConfig)
 	}
 	d.params = p
 	return nil
@@ -155,14 +156,14 @@ func (cfg *ServerConfig) checkParams(d *derived) error {
 func (cfg *ServerConfig) checkModel() error {
 	if sc := cfg.Schema; sc != nil {
 		if err := sc.Validate(); err != nil {
-			return fmt.Errorf("%w: schema: %w", ErrConfig, err)
+			return fmt.Errorf("%w: schema: %w", coordinator.ErrConfig, err)
 		}
 		m := operatorModel(cfg.Model)
 		if _, err := sitedata.ModelSpec(sc, &prep.Transform{Outputs: 1}, m.Kind, m.Hidden, m.Activation, m.L2); err != nil {
-			return fmt.Errorf("%w: model: %w", ErrConfig, err)
+			return fmt.Errorf("%w: model: %w", coordinator.ErrConfig, err)
 		}
 		if cfg.Eval != nil {
-			return fmt.Errorf("%w: with a schema, evaluation data is read by the schema (EvalTable), not given as model data", ErrConfig)
+			return fmt.Errorf("%w: with a schema, evaluation data is read by the schema (EvalTable), not given as model data", coordinator.ErrConfig)
 		}
 		return nil
 	}
@@ -171,13 +172,13 @@ func (cfg *ServerConfig) checkModel() error {
 	}
 	if ev := cfg.Eval; ev != nil {
 		if err := ev.Validate(); err != nil {
-			return fmt.Errorf("%w: evaluation data: %w", ErrConfig, err)
+			return fmt.Errorf("%w: evaluation data: %w", coordinator.ErrConfig, err)
 		}
 		if ev.D != cfg.Model.Inputs {
-			return fmt.Errorf("%w: evaluation data has %d features, the model %d inputs", ErrConfig, ev.D, cfg.Model.Inputs)
+			return fmt.Errorf("%w: evaluation data has %d features, the model %d inputs", coordinator.ErrConfig, ev.D, cfg.Model.Inputs)
 		}
 		if err := model.CheckTargets(cfg.Model, *ev); err != nil {
-			return fmt.Errorf("%w: evaluation data: %w", ErrConfig, err)
+			return fmt.Errorf("%w: evaluation data: %w", coordinator.ErrConfig, err)
 		}
 	}
 	return nil
@@ -188,13 +189,13 @@ func (cfg *ServerConfig) checkModel() error {
 func newModel(spec model.Spec, codec string) (model.Model, error) {
 	m, err := model.New(spec)
 	if err != nil {
-		return nil, fmt.Errorf("%w: model: %w", ErrConfig, err)
+		return nil, fmt.Errorf("%w: model: %w", coordinator.ErrConfig, err)
 	}
 	dim := m.NumParams()
 	if c, err := quant.Parse(codec); err != nil {
-		return nil, fmt.Errorf("%w: codec: %w", ErrConfig, err)
+		return nil, fmt.Errorf("%w: codec: %w", coordinator.ErrConfig, err)
 	} else if c.MinDim() > dim {
-		return nil, fmt.Errorf("%w: codec %s covers %d parameters, the %s model has %d", ErrConfig, c, c.MinDim(), spec.Kind, dim)
+		return nil, fmt.Errorf("%w: codec %s covers %d parameters, the %s model has %d", coordinator.ErrConfig, c, c.MinDim(), spec.Kind, dim)
 	}
 	return m, nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/testkit"
 )
 
@@ -65,7 +66,7 @@ func TestValidate(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+			if !errors.Is(err, coordinator.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Validate: %v, want ErrConfig naming %q", err, tc.want)
 			}
 			if _, nerr := NewServer(cfg); nerr == nil || nerr.Error() != err.Error() {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 )
 
 // The data behind the console (/) and `broker-agg status --addr`: one JSON
@@ -69,7 +70,7 @@ func (s *Server) LiveStatus(roundsAfter, evalsAfter int) (Status, error) {
 	}
 	live := &LiveStatus{
 		Now: s.clock.Now().UTC(), Family: s.fam, Rounds: s.cfg.Rounds, PerRound: s.cfg.K,
-		Quorum: QuorumOf(s.cfg.K, s.cfg.QuorumFraction), QuorumFraction: s.cfg.QuorumFraction,
+		Quorum: coordinator.QuorumOf(s.cfg.K, s.cfg.QuorumFraction), QuorumFraction: s.cfg.QuorumFraction,
 		RoundTimeout: s.cfg.RoundTimeout.Seconds(), Params: s.bundleParams(), Rejected: v.Rejected,
 		History: rounds, Evaluations: evals, ScoreName: s.scoreName(),
 	}

@@ -4,12 +4,13 @@ import (
 	crand "crypto/rand"
 	"encoding/json"
 	"fmt"
+	"github.com/edgefl/edgefl/node/aggstore"
 
 	"github.com/edgefl/edgefl/internal/metrics"
 	"github.com/edgefl/edgefl/learn/aggregate"
 	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/split"
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -26,17 +27,17 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 		return nil
 	}
 	if err := cfg.DP.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return fmt.Errorf("%w: %w", coordinator.ErrConfig, err)
 	}
 	switch {
 	case cfg.DP.Distributed && cfg.SecAgg == nil:
-		return fmt.Errorf("%w: %w", ErrConfig, dp.ErrDistributed)
+		return fmt.Errorf("%w: %w", coordinator.ErrConfig, dp.ErrDistributed)
 	case isSplit(d.fam) && cfg.Aggregator != "" && cfg.Aggregator != split.StepMean:
-		return fmt.Errorf("%w: --aggregator %s: %w", ErrConfig, cfg.Aggregator, uplink.ErrSplitRobustDP)
+		return fmt.Errorf("%w: --aggregator %s: %w", coordinator.ErrConfig, cfg.Aggregator, uplink.ErrSplitRobustDP)
 	case cfg.Schema != nil && !cfg.Schema.Declared():
-		return fmt.Errorf("%w: differential privacy with a federation schema that does not declare its preprocessing: the statistics phase would send per-site statistics the guarantee does not cover; declare center and scale of every numeric feature and the levels of every categorical one (deploy/schema-dp.example.json; docs/privacy.md, \"Preprocessing under DP\")", ErrConfig)
+		return fmt.Errorf("%w: differential privacy with a federation schema that does not declare its preprocessing: the statistics phase would send per-site statistics the guarantee does not cover; declare center and scale of every numeric feature and the levels of every categorical one (deploy/schema-dp.example.json; docs/privacy.md, \"Preprocessing under DP\")", coordinator.ErrConfig)
 	case cfg.AnchorSketch != nil:
-		return fmt.Errorf("%w: differential privacy with anchor gradients: a site's anchor gradient is not clipped or noised (docs/privacy.md, \"What the guarantee covers\")", ErrConfig)
+		return fmt.Errorf("%w: differential privacy with anchor gradients: a site's anchor gradient is not clipped or noised (docs/privacy.md, \"What the guarantee covers\")", coordinator.ErrConfig)
 	}
 	aggSpec := d.aggSpec
 	if isSplit(d.fam) {
@@ -48,7 +49,7 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 		d.coord.FixedRoster = cfg.SecAgg == nil
 	}
 	if err := aggregate.CheckDP(aggSpec, cfg.Selector, !cfg.DP.Distributed && cfg.SecAgg == nil); err != nil { // central with --secagg is refused as such (server_secagg.go)
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return fmt.Errorf("%w: %w", coordinator.ErrConfig, err)
 	}
 	d.coord.MaxReselections = 0
 	d.coord.DP = cfg.DP
@@ -57,6 +58,34 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 	// would hide nothing (docs/privacy.md, "Threat models").
 	d.coord.Invitations = cfg.SecAgg == nil
 	return nil
+}
+
+// privacy is the shell's differential privacy component: its
+// configuration (ServerConfig.DP after defaults, the test keys, the secure
+// aggregation settings distributed mode splits its noise over), adaptive
+// clipping's next clip norm, the keys' draw and restore, the announced
+// parameters and the status's privacy section. The run's keys themselves
+// are stored with round 1's configuration (storedConfig), where the round
+// log keeps them.
+type privacy struct {
+	cfg                         *dp.Config // nil: off
+	testNoiseKey, testSelection *[32]byte
+	secAgg                      *SecAggSettings
+	// nextClip is adaptive clipping's clip norm for the round after the
+	// closing one (0: none), until the checkpoint steps ClipEstimated.
+	nextClip float64
+}
+
+func newPrivacy(cfg *ServerConfig) *privacy {
+	return &privacy{cfg: cfg.DP, testNoiseKey: cfg.DPTestKey, testSelection: cfg.DPTestSelectionKey, secAgg: cfg.SecAgg}
+}
+
+// takeClip returns the next round's clip norm estimated by the closing
+// round (0: none) and forgets it.
+func (p *privacy) takeClip() float64 {
+	c := p.nextClip
+	p.nextClip = 0
+	return c
 }
 
 // dpText is a DP setting as resumeDiffs compares and names it.
@@ -69,18 +98,22 @@ func dpText(c *dp.Config) string {
 }
 
 // newNoiseKey draws a new run's noise key and selection key.
-func (s *Server) newNoiseKey() error {
-	if s.cfg.DP == nil {
+func (s *Server) newNoiseKey() error { return s.privacy.newKeys(&s.stored, s.coord) }
+
+// newKeys draws a new run's noise key and selection key into sc and hands
+// the selection key to the coordinator.
+func (p *privacy) newKeys(sc *storedConfig, coord *coordinator.Coordinator) error {
+	if p.cfg == nil {
 		return nil
 	}
 	var err error
-	if s.stored.NoiseKey, err = newKey(s.cfg.DPTestKey); err != nil {
+	if sc.NoiseKey, err = newKey(p.testNoiseKey); err != nil {
 		return fmt.Errorf("aggregator: draw the DP noise key: %w", err)
 	}
-	if s.stored.SelectionKey, err = newKey(s.cfg.DPTestSelectionKey); err != nil {
+	if sc.SelectionKey, err = newKey(p.testSelection); err != nil {
 		return fmt.Errorf("aggregator: draw the DP selection key: %w", err)
 	}
-	s.coord.setSelectionKey(s.stored.SelectionKey)
+	coord.SetSelectionKey(sc.SelectionKey)
 	return nil
 }
 
@@ -107,48 +140,58 @@ func (s *Server) noiseKey() (key [32]byte) {
 // seed, and mixing the two in one run would not make the earlier draws
 // secret, so it is refused like a damaged key.
 func (s *Server) checkNoiseKey() error {
-	if s.cfg.DP == nil {
+	return s.privacy.restoreKeys(s.stored, s.coord, s.cfg.StatePath)
+}
+
+// restoreKeys is checkNoiseKey for the keys in sc, read from the round log
+// at path.
+func (p *privacy) restoreKeys(sc storedConfig, coord *coordinator.Coordinator, path string) error {
+	if p.cfg == nil {
 		return nil
 	}
-	if len(s.stored.NoiseKey) != 32 {
-		return fmt.Errorf("%w: %s: the run's DP noise key is missing or damaged (%d bytes)", storage.ErrCorrupt, s.cfg.StatePath, len(s.stored.NoiseKey))
+	if len(sc.NoiseKey) != 32 {
+		return fmt.Errorf("%w: %s: the run's DP noise key is missing or damaged (%d bytes)", storage.ErrCorrupt, path, len(sc.NoiseKey))
 	}
-	if len(s.stored.SelectionKey) != 32 {
+	if len(sc.SelectionKey) != 32 {
 		return fmt.Errorf("%w: %s: the run's DP selection key is missing or damaged (%d bytes); a --dp run started by an older broker-agg drew its selection from the public --seed: finish it with that version or start a new run with another --state-file",
-			storage.ErrCorrupt, s.cfg.StatePath, len(s.stored.SelectionKey))
+			storage.ErrCorrupt, path, len(sc.SelectionKey))
 	}
-	s.coord.setSelectionKey(s.stored.SelectionKey)
+	coord.SetSelectionKey(sc.SelectionKey)
 	return nil
 }
 
 // dpParams are the DP parameters of the next announcement (nil without).
-func (s *Server) dpParams() *wire.DPParams {
-	c := s.cfg.DP
+func (s *Server) dpParams() *wire.DPParams { return s.privacy.announced(s.coord) }
+
+// announced are the DP parameters of the next announcement of coord's
+// round (nil without DP).
+func (p *privacy) announced(coord *coordinator.Coordinator) *wire.DPParams {
+	c := p.cfg
 	if c == nil {
 		return nil
 	}
-	eps, _, _ := s.coord.Privacy()
-	p := &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: s.coord.DPClip(), NoiseMultiplier: c.Noise,
+	eps, _, _ := coord.Privacy()
+	w := &wire.DPParams{Mode: wire.DPMode_DP_MODE_CENTRAL, ClipNorm: coord.DPClip(), NoiseMultiplier: c.Noise,
 		Delta: c.Delta, EpsilonSpent: eps, EpsilonBudget: c.Budget}
 	if a := c.Adaptive; a != nil {
-		p.UpdateNoiseMultiplier = c.UpdateNoise()
-		p.Adaptive = &wire.AdaptiveClip{TargetQuantile: a.Quantile, LearningRate: a.LR, BitNoise: a.BitNoise}
+		w.UpdateNoiseMultiplier = c.UpdateNoise()
+		w.Adaptive = &wire.AdaptiveClip{TargetQuantile: a.Quantile, LearningRate: a.LR, BitNoise: a.BitNoise}
 	}
 	if c.Distributed {
-		k, _ := uplink.SecAggNoiseShares(s.cfg.SecAgg.Threshold, c.Colluders) // checked at start (checkSecAgg)
-		p.Mode, p.NoiseShares = wire.DPMode_DP_MODE_DISTRIBUTED, uint32(k)
+		k, _ := uplink.SecAggNoiseShares(p.secAgg.Threshold, c.Colluders) // checked at start (checkSecAgg)
+		w.Mode, w.NoiseShares = wire.DPMode_DP_MODE_DISTRIBUTED, uint32(k)
 	}
-	return p
+	return w
 }
 
 // estimateClip is adaptive clipping's step for the closing round cr
 // (uplink.NextClip over the contributors' clip bits, noised from the
 // round's bit stream, over its fixed denominator m); the next clip norm
-// waits in s.nextClip for closeRound to step ClipEstimated before the
-// state is stored with the next checkpoint. Nothing without adaptive
+// waits in privacy.nextClip for closeRound to step ClipEstimated before
+// the state is stored with the next checkpoint. Nothing without adaptive
 // clipping.
-func (s *Server) estimateClip(cr CloseRound, bits []bool, m int) error {
-	a := s.cfg.DP.Adaptive
+func (s *Server) estimateClip(cr coordinator.CloseRound, bits []bool, m int) error {
+	a := s.privacy.cfg.Adaptive
 	if a == nil {
 		return nil
 	}
@@ -156,7 +199,7 @@ func (s *Server) estimateClip(cr CloseRound, bits []bool, m int) error {
 	if err != nil {
 		return fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
 	}
-	s.nextClip = next
+	s.privacy.nextClip = next
 	return nil
 }
 
@@ -164,7 +207,7 @@ func (s *Server) estimateClip(cr CloseRound, bits []bool, m int) error {
 // decoded deltas, re-clipped, summed, noised from the run's key and the
 // round, over the round's fixed denominator (every site it invited).
 // Redone after a restart, it draws the same noise.
-func (s *Server) privateAggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+func (s *Server) privateAggregate(cr coordinator.CloseRound) ([]float64, aggregate.Report, error) {
 	if s.sum != nil {
 		return s.sumAggregate(cr)
 	}
@@ -226,7 +269,7 @@ type PrivacyStatus struct {
 	HoldsAgainst string `json:"holds_against,omitempty"`
 }
 
-func newPrivacyStatus(c *dp.Config, st *DPState, siteEps float64, siteRounds uint64) *PrivacyStatus {
+func newPrivacyStatus(c *dp.Config, st *coordinator.DPState, siteEps float64, siteRounds uint64) *PrivacyStatus {
 	a := st.Accountant
 	eps, _ := a.Epsilon(c.Delta)
 	clip := c.Clip
@@ -240,7 +283,7 @@ func newPrivacyStatus(c *dp.Config, st *DPState, siteEps float64, siteRounds uin
 
 // storedPrivacyStatus is the accounting of a state read from the round log
 // (`status`): the per-site figure recomputed from the sites' counts.
-func storedPrivacyStatus(c *dp.Config, st *DPState) *PrivacyStatus {
+func storedPrivacyStatus(c *dp.Config, st *coordinator.DPState) *PrivacyStatus {
 	var most uint64
 	for _, n := range st.SiteRounds {
 		most = max(most, n)
@@ -253,13 +296,17 @@ func storedPrivacyStatus(c *dp.Config, st *DPState) *PrivacyStatus {
 }
 
 // privacyStatus is the running coordinator's accounting (nil without DP).
-func (s *Server) privacyStatus() *PrivacyStatus {
-	if s.cfg.DP == nil {
+func (s *Server) privacyStatus() *PrivacyStatus { return s.privacy.status(s.coord) }
+
+// status is the status's privacy section: coord's accounting (nil without
+// DP).
+func (p *privacy) status(coord *coordinator.Coordinator) *PrivacyStatus {
+	if p.cfg == nil {
 		return nil
 	}
-	st := s.coord.snapshotDP()
-	siteEps, siteRounds, _ := s.coord.SitePrivacy()
-	return newPrivacyStatus(s.cfg.DP, st, siteEps, siteRounds)
+	st := coord.SnapshotDP()
+	siteEps, siteRounds, _ := coord.SitePrivacy()
+	return newPrivacyStatus(p.cfg, st, siteEps, siteRounds)
 }
 
 // privacyFamilies are the /metrics gauges of p (none when nil).
@@ -282,7 +329,7 @@ func privacyFamilies(p *PrivacyStatus) []metrics.Family {
 // denominatorOf is the closing round's fixed denominator (the coordinator's,
 // aggregate.DPDenominator), or the sites it invited in a state written
 // before the denominator was kept.
-func denominatorOf(cr CloseRound) int {
+func denominatorOf(cr coordinator.CloseRound) int {
 	if cr.Denominator > 0 {
 		return cr.Denominator
 	}

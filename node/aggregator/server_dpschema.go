@@ -4,10 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/edgefl/edgefl/node/aggstore"
 
 	"github.com/edgefl/edgefl/data/bundle"
 	"github.com/edgefl/edgefl/learn/dp"
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 )
 
@@ -23,19 +24,19 @@ import (
 // bundlePrivacy is the privacy of the model after e aggregations of a run
 // with DP configuration c, from the charging history in the coordinator
 // state st (nil, nil without DP).
-func bundlePrivacy(c *dp.Config, st *DPState, e int) (*bundle.Privacy, error) {
+func bundlePrivacy(c *dp.Config, st *coordinator.DPState, e int) (*bundle.Privacy, error) {
 	if c == nil {
 		return nil, nil
 	}
 	if st == nil {
-		return nil, fmt.Errorf("%w: a run with differential privacy has no accountant in its state", ErrBadState)
+		return nil, fmt.Errorf("%w: a run with differential privacy has no accountant in its state", coordinator.ErrBadState)
 	}
 	return bundle.NewPrivacy(*c, st.Rates, e)
 }
 
 // livePrivacy is bundlePrivacy of the running coordinator.
 func (s *Server) livePrivacy(e int) (*bundle.Privacy, error) {
-	return bundlePrivacy(s.cfg.DP, s.coord.snapshotDP(), e)
+	return bundlePrivacy(s.cfg.DP, s.coord.SnapshotDP(), e)
 }
 
 // storedPrivacy is bundlePrivacy from the newest coordinator state in the
@@ -49,7 +50,7 @@ func storedPrivacy(store *aggstore.AggStore, sc storedConfig, e int) (*bundle.Pr
 	if err != nil {
 		return nil, err
 	}
-	var st State
+	var st coordinator.State
 	if err := json.Unmarshal(cur.State, &st); err != nil {
 		return nil, fmt.Errorf("%w: %s: state of round %d: %w", storage.ErrCorrupt, store.Path(), cur.Number, err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/edgefl/edgefl/data/schema"
 	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/evaluate"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -234,7 +235,7 @@ func TestFedDPRefusals(t *testing.T) {
 			cfg := f.dpFedConfig(t)
 			c.edit(&cfg)
 			_, err := NewServer(cfg)
-			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
+			if !errors.Is(err, coordinator.ErrConfig) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("NewServer: %v, want %q", err, c.want)
 			}
 		})

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 )
 
 // TestDPRoundTimingCharge: a central-DP run whose rounds close early (no
@@ -36,7 +37,7 @@ func TestDPRoundTimingCharge(t *testing.T) {
 		if old := tc.dp; !tc.amplified && !old.Distributed && dpText(c) == dpText(&old) {
 			t.Errorf("%s: a run stored as %s resumes as %s", tc.name, dpText(&old), dpText(c))
 		}
-		p := newPrivacyStatus(c, &DPState{Accountant: dp.NewAccountant(nil)}, 0, 0)
+		p := newPrivacyStatus(c, &coordinator.DPState{Accountant: dp.NewAccountant(nil)}, 0, 0)
 		if p.Amplified != tc.amplified {
 			t.Errorf("%s: /status says amplified %v", tc.name, p.Amplified)
 		}

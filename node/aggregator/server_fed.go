@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"maps"
 	"math"
 	"path/filepath"
@@ -25,7 +26,7 @@ import (
 	"github.com/edgefl/edgefl/learn/evaluate"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/quant"
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -240,7 +241,7 @@ func (s *Server) useFit(b []byte) error {
 // the preprocessing, create the model and its initial parameters, store
 // them in one transaction (or find them stored: a restart), then step
 // TransformFitted.
-func (s *Server) fitTransform(ctx context.Context, d FitTransform) error {
+func (s *Server) fitTransform(ctx context.Context, d coordinator.FitTransform) error {
 	if s.fit == nil {
 		b, err := s.store.Fit()
 		switch {
@@ -276,7 +277,7 @@ func (s *Server) fitTransform(ctx context.Context, d FitTransform) error {
 	if stop, err := s.reviewStatistics(); stop || err != nil {
 		return err // --stats-review: round 1 is not announced
 	}
-	return s.step(ctx, TransformFitted{At: s.clock.Now()})
+	return s.step(ctx, coordinator.TransformFitted{At: s.clock.Now()})
 }
 
 // noteLateJoiner logs, once per site and run, that an online site's
@@ -297,7 +298,7 @@ func (s *Server) noteLateJoiner(id string) {
 		"client", id, "statistics_sites", s.fit.Sites)
 }
 
-func (s *Server) newFit(d FitTransform) error {
+func (s *Server) newFit(d coordinator.FitTransform) error {
 	sc := s.cfg.Schema
 	if sc.Declared() {
 		tr, err := prep.Declared(sc)
@@ -351,7 +352,7 @@ func (s *Server) newFit(d FitTransform) error {
 // storeFit creates the model the transform tr implies and its initial
 // parameters and stores them with the fit (rows: the pooled training rows,
 // 0 for a declared transform).
-func (s *Server) storeFit(d FitTransform, tr *prep.Transform, rows int64) error {
+func (s *Server) storeFit(d coordinator.FitTransform, tr *prep.Transform, rows int64) error {
 	sc := s.cfg.Schema
 	fail := func(what string, err error) error {
 		return fmt.Errorf("aggregator: the federation's preprocessing cannot be %s (start a new run with a corrected schema): %w", what, err)
@@ -555,12 +556,12 @@ func (s *Server) onStatistics(ctx context.Context, in *inStats) error {
 // statisticsEvent is the coordinator's event of a stored SiteStatistics,
 // live and on replay alike: its training rows are the site's sample count
 // (prep.Stats.Rows; the statistics were validated before they were stored).
-func statisticsEvent(m *wire.SiteStatistics, at time.Time) StatisticsArrived {
+func statisticsEvent(m *wire.SiteStatistics, at time.Time) coordinator.StatisticsArrived {
 	var st struct {
 		Rows int64 `json:"rows"`
 	}
 	_ = json.Unmarshal(m.Stats, &st) // validated when received: a malformed one counts 0 (the status's count stands)
-	return StatisticsArrived{Client: m.ClientId, Samples: int(min(max(st.Rows, 0), math.MaxInt32)), At: at}
+	return coordinator.StatisticsArrived{Client: m.ClientId, Samples: int(min(max(st.Rows, 0), math.MaxInt32)), At: at}
 }
 
 func (s *Server) onEval(ctx context.Context, in *inEval) error {
@@ -571,8 +572,8 @@ func (s *Server) onEval(ctx context.Context, in *inEval) error {
 
 // evalEvent is the coordinator's event for an evaluation report received
 // (or, on restart, stored) at at.
-func evalEvent(m *wire.EvalReport, at time.Time) EvalArrived {
-	return EvalArrived{Client: m.ClientId, Round: int(min(m.Round, math.MaxInt32)), At: at} // a future round either way
+func evalEvent(m *wire.EvalReport, at time.Time) coordinator.EvalArrived {
+	return coordinator.EvalArrived{Client: m.ClientId, Round: int(min(m.Round, math.MaxInt32)), At: at} // a future round either way
 }
 
 // errNotGiven: the coordinator accepted a message the shell did not hand
@@ -582,15 +583,15 @@ var errNotGiven = errors.New("aggregator: coordinator accepted a message it was 
 // storeFed stores accepted statistics or an evaluation report (the
 // proposal, before the state and the receipt) and returns its replay log
 // index: 0 for a copy stored earlier.
-func (s *Server) storeFed(d Decision, now time.Time) (index uint64, err error) {
+func (s *Server) storeFed(d coordinator.Decision, now time.Time) (index uint64, err error) {
 	switch d := d.(type) {
-	case AcceptStatistics:
+	case coordinator.AcceptStatistics:
 		if in := s.pendStats; in != nil && in.msg.ClientId == d.Client {
 			index, err = s.store.PutStatistics(d.Client, now, in.raw)
 			s.fedStored = index > 0
 			return index, err
 		}
-	case AcceptEval:
+	case coordinator.AcceptEval:
 		if in := s.pendEval; in != nil && in.msg.ClientId == d.Client && in.msg.Round == uint64(d.Round) {
 			index, err = s.store.PutEval(uint64(d.Round), d.Client, now, in.raw)
 			s.fedStored = index > 0
@@ -624,14 +625,14 @@ func (s *Server) refuseFed(err error) error {
 
 // answerFed logs and receipts the coordinator's answer to statistics or an
 // evaluation report.
-func (s *Server) answerFed(d Decision, storedAt time.Time) {
+func (s *Server) answerFed(d coordinator.Decision, storedAt time.Time) {
 	dup := wire.ReceiptCode_RECEIPT_CODE_DUPLICATE
 	const (
 		subStats = wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS
 		subEval  = wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION
 	)
 	switch d := d.(type) {
-	case AcceptStatistics:
+	case coordinator.AcceptStatistics:
 		code, what := wire.ReceiptCode_RECEIPT_CODE_STORED, "stored"
 		if !s.fedStored {
 			code, what = dup, "duplicate"
@@ -643,8 +644,8 @@ func (s *Server) answerFed(d Decision, storedAt time.Time) {
 		}
 		s.log.Info("statistics "+what, args...)
 		s.receiptFed(d.Client, 0, subStats, true, code, "", storedAt)
-	case RejectStatistics:
-		if d.Reason == Duplicate {
+	case coordinator.RejectStatistics:
+		if d.Reason == coordinator.Duplicate {
 			s.statsStored.Inc("duplicate")
 			s.log.Info("duplicate statistics ignored", "client", d.Client)
 			s.receiptFed(d.Client, 0, subStats, true, dup, "duplicate: stored earlier", s.clock.Now())
@@ -653,12 +654,12 @@ func (s *Server) answerFed(d Decision, storedAt time.Time) {
 		s.statsRejected.Inc(d.Reason.String())
 		s.hist.reject(d.Client, "statistics/"+d.Reason.String())
 		detail := d.Reason.String()
-		if d.Reason == StaleRound {
+		if d.Reason == coordinator.StaleRound {
 			detail = "stale_round: the statistics phase is over"
 		}
 		s.log.Warn("statistics rejected", "client", d.Client, "reason", d.Reason.String(), "phase", s.coord.Phase())
 		s.receiptFed(d.Client, 0, subStats, false, receiptCodes[d.Reason], detail, time.Time{})
-	case AcceptEval:
+	case coordinator.AcceptEval:
 		code, what := wire.ReceiptCode_RECEIPT_CODE_STORED, "stored"
 		if !s.fedStored {
 			code, what = dup, "duplicate"
@@ -670,7 +671,7 @@ func (s *Server) answerFed(d Decision, storedAt time.Time) {
 		}
 		s.log.Info("evaluation report "+what, args...)
 		s.receiptFed(d.Client, uint64(d.Round), subEval, true, code, "", storedAt)
-	case RejectEval:
+	case coordinator.RejectEval:
 		s.evalsRejected.Inc(d.Reason.String())
 		s.hist.reject(d.Client, "evaluation/"+d.Reason.String())
 		s.log.Warn("evaluation report rejected", "client", d.Client, "round", d.Round, "reason", d.Reason.String(), "current_round", s.coord.Round())
@@ -703,7 +704,7 @@ func (s *Server) announceStatistics(deadline time.Time) error {
 
 // announceFinish announces the end of the run and asks for the final
 // evaluation.
-func (s *Server) announceFinish(d Finish) error {
+func (s *Server) announceFinish(d coordinator.Finish) error {
 	s.log.Info("the run has ended: waiting for the sites' evaluation of the final model", "rounds", d.Rounds, "reason", d.Reason,
 		"deadline", d.Deadline.UTC().Format(time.RFC3339))
 	return s.announceFinished(d.Rounds, d.Deadline, nil, false)

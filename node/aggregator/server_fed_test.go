@@ -20,6 +20,7 @@ import (
 	"github.com/edgefl/edgefl/data/sitedata"
 	"github.com/edgefl/edgefl/learn/evaluate"
 	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -310,8 +311,8 @@ func TestFedProtocolEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Phase != PhaseFinished || st.Schema != cfg.Schema.Digest() || len(st.StatisticsSites) != 3 || st.Evaluation == nil ||
-		st.Evaluation.Round != 2 || st.StopReason != StopRounds || st.FinalBundle == nil || st.FinalBundle.Digest != fb.Digest ||
+	if st.Phase != coordinator.PhaseFinished || st.Schema != cfg.Schema.Digest() || len(st.StatisticsSites) != 3 || st.Evaluation == nil ||
+		st.Evaluation.Round != 2 || st.StopReason != coordinator.StopRounds || st.FinalBundle == nil || st.FinalBundle.Digest != fb.Digest ||
 		st.Model == nil || st.Model.Inputs != 4 {
 		t.Fatalf("status %+v", st)
 	}
@@ -477,7 +478,7 @@ func TestFedStatisticsDeadlineAndRestarts(t *testing.T) {
 	wantSubject(t, rc, wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, 0, true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE)
 	b.sendStats(t, ann.RunId)
 	wantSubject(t, b.receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, 0, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
-	waitView(t, r.s, "two statistics sites", func(v ServerView) bool { return len(v.StatsSites) == 2 && v.Phase == PhaseStatistics })
+	waitView(t, r.s, "two statistics sites", func(v ServerView) bool { return len(v.StatsSites) == 2 && v.Phase == coordinator.PhaseStatistics })
 
 	f.clock.Advance(time.Minute) // the deadline, with a quorum of 2
 	a1 := a.nextPhase(t, wire.Phase_PHASE_TRAIN, 1, false)
@@ -591,8 +592,8 @@ func TestFedStoppingRules(t *testing.T) {
 		rounds uint64 // when the run ends
 		reason string
 	}{
-		{"delta", func(c *ServerConfig) { c.StopDelta = 10 }, 2, StopDelta},                         // round 1 starts from zeros: no change measured
-		{"patience", func(c *ServerConfig) { c.StopPatience, c.StopTol = 1, 1e9 }, 3, StopPatience}, // eval 1 is the best, eval 2 does not beat it by 1e9
+		{"delta", func(c *ServerConfig) { c.StopDelta = 10 }, 2, coordinator.StopDelta},                         // round 1 starts from zeros: no change measured
+		{"patience", func(c *ServerConfig) { c.StopPatience, c.StopTol = 1, 1e9 }, 3, coordinator.StopPatience}, // eval 1 is the best, eval 2 does not beat it by 1e9
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
@@ -621,7 +622,7 @@ func TestFedStoppingRules(t *testing.T) {
 				t.Fatalf("finishing %v", fin)
 			}
 			v := waitView(t, r.s, "stop reason", func(v ServerView) bool { return v.StopReason != "" })
-			if v.StopReason != tc.reason || v.Phase != PhaseFinishing {
+			if v.StopReason != tc.reason || v.Phase != coordinator.PhaseFinishing {
 				t.Fatalf("stopped by %q in %s", v.StopReason, v.Phase)
 			}
 		})

@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"math"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sync"
 	"testing"
@@ -408,4 +409,13 @@ func statusOfFile(t *testing.T, path string) Status {
 		t.Fatal(err)
 	}
 	return status
+}
+
+// mustEqual fails the test unless got and want are deeply equal (the
+// coordinator package's tests have their own copy).
+func mustEqual(t *testing.T, what string, got, want any) {
+	t.Helper()
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("%s:\n got  %+v\n want %+v", what, got, want)
+	}
 }

@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -10,7 +11,7 @@ import (
 // rate"). Not retained: the coordinator repeats it whenever the site may
 // have missed it (extension, reconnection, restart), and the agent takes a
 // repeat as it takes a repeated announcement.
-func (s *Server) invite(d Invite) {
+func (s *Server) invite(d coordinator.Invite) {
 	topic, err := s.topics.Receipt(d.Client)
 	if err != nil {
 		s.log.Error("invitation to an invalid client id", "client", d.Client, "err", err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/edgefl/edgefl/internal/mqttstore"
 	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -265,8 +266,8 @@ func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
 	}
 	if dec.dim == 0 {
 		// The statistics phase: no model, no round announced yet.
-		s.reject(u.ClientId, FutureRound.String())
-		s.log.Warn("update rejected", "client", u.ClientId, "round", u.Round, "reason", FutureRound.String(), "detail", "the statistics phase: no round is announced yet")
+		s.reject(u.ClientId, coordinator.FutureRound.String())
+		s.log.Warn("update rejected", "client", u.ClientId, "round", u.Round, "reason", coordinator.FutureRound.String(), "detail", "the statistics phase: no round is announced yet")
 		s.receipt(u, false, wire.ReceiptCode_RECEIPT_CODE_FUTURE_ROUND, "future_round: the statistics phase is on", time.Time{})
 		return true
 	}

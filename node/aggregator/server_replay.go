@@ -3,10 +3,11 @@ package aggregator
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"math"
 	"time"
 
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -21,7 +22,7 @@ import (
 
 // replayEvent is the coordinator's event for a logged message: the event
 // it was proposed as, at its stored time.
-func replayEvent(e aggstore.Logged, lim wire.Limits) (Event, error) {
+func replayEvent(e aggstore.Logged, lim wire.Limits) (coordinator.Event, error) {
 	switch e.Kind {
 	case aggstore.LogUpdate:
 		m, err := wire.DecodeUpdate(e.Msg, lim)
@@ -59,7 +60,7 @@ type replayResult struct {
 }
 
 // replay hands every message of the store's replay log to c.
-func replay(c *Coordinator, store *aggstore.AggStore, lim wire.Limits, log func(msg string, args ...any)) (replayResult, error) {
+func replay(c *coordinator.Coordinator, store *aggstore.AggStore, lim wire.Limits, log func(msg string, args ...any)) (replayResult, error) {
 	var res replayResult
 	last, entries, err := store.Log()
 	if err != nil {
@@ -77,14 +78,14 @@ func replay(c *Coordinator, store *aggstore.AggStore, lim wire.Limits, log func(
 		switch {
 		case len(ds) == 0:
 			res.reflected++
-		case !hasAccept(ds):
+		case !coordinator.HasAccept(ds):
 			res.refused++
 			log("a stored message is not accepted on replay (the configuration changed?): not counted", "kind", e.Kind.String(),
 				"client", e.ClientID, "round", e.Round, "answer", fmt.Sprintf("%+v", ds[0]))
 		default:
 			res.replayed++
 			res.moved = res.moved || len(ds) > 1
-			for _, d := range ofType[EvalComplete](ds) {
+			for _, d := range coordinator.OfType[coordinator.EvalComplete](ds) {
 				res.evalDone = append(res.evalDone, d.Round)
 			}
 		}
@@ -114,8 +115,8 @@ func (s *Server) replayLog() (replayResult, error) {
 // accept needs none): a message whose batch the crash cut off after it
 // would have closed its round shows as received, and the round closes when
 // the aggregator starts.
-func StoredState(store *aggstore.AggStore) (State, error) {
-	var st State
+func StoredState(store *aggstore.AggStore) (coordinator.State, error) {
+	var st coordinator.State
 	cur, err := store.CurrentRound()
 	if err != nil {
 		return st, err
@@ -128,14 +129,14 @@ func StoredState(store *aggstore.AggStore) (State, error) {
 		_ = json.Unmarshal(first.Config, &sc) // unknown: no late updates, no schema, no DP
 	}
 	const never = 1 << 30 // a quorum no round reaches
-	cfg := Config{K: never, Quorum: never, RoundTimeout: time.Hour, StoreLate: isSplit(sc.Family) && sc.DP == nil && sc.SecAgg == nil, StatsSites: never, DP: sc.DP}
+	cfg := coordinator.Config{K: never, Quorum: never, RoundTimeout: time.Hour, StoreLate: isSplit(sc.Family) && sc.DP == nil && sc.SecAgg == nil, StatsSites: never, DP: sc.DP}
 	if sa := sc.SecAgg; sa != nil {
 		// The secure aggregation's state and its messages' replay need
 		// it; its threshold bounds K (t > K/2): K = quorum = t, and with
 		// no Tick replayed, a phase or round still closes only when every
 		// site it waits for is in, as it would live.
 		cfg.K, cfg.Quorum = sa.Threshold, sa.Threshold
-		cfg.SecAgg = &SecAggConfig{Threshold: sa.Threshold, Timeout: max(sa.Timeout, time.Second)}
+		cfg.SecAgg = &coordinator.SecAggConfig{Threshold: sa.Threshold, Timeout: max(sa.Timeout, time.Second)}
 	}
 	if sc.SchemaDigest != "" {
 		// Every eval round a logged report names was asked for.
@@ -144,7 +145,7 @@ func StoredState(store *aggstore.AggStore) (State, error) {
 		// preprocessing (ServerConfig.Validate refuses any other).
 		cfg.DeclaredTransform = sc.DP != nil
 	}
-	c, err := New(cfg)
+	c, err := coordinator.New(cfg)
 	if err != nil {
 		return st, err
 	}

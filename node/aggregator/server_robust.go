@@ -4,13 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"maps"
 	"math"
 	"slices"
 	"strings"
 
 	"github.com/edgefl/edgefl/learn/split"
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -147,7 +148,7 @@ func (s *Server) restoreRobust(cur aggstore.Round) error {
 // deterministic summation order), each client's step made of the updates
 // stored since the step last accounted for its copy (the round's own, and
 // late ones).
-func (s *Server) splitStep(cr CloseRound, out []float64) (map[string]float64, error) {
+func (s *Server) splitStep(cr coordinator.CloseRound, out []float64) (map[string]float64, error) {
 	if s.robust == nil {
 		s.robust = newRobustState()
 	}

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"math"
 	"slices"
 	"time"
 
 	"github.com/edgefl/edgefl/learn/aggregate"
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -67,7 +68,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		// (docs/privacy.md, "What the guarantee covers").
 		a.Params.TotalSamples = 0
 	}
-	if s.sum != nil && s.sum.Fixed {
+	if s.sum != nil && s.sum.open().Fixed {
 		if a.SplitRoster, a.SplitInitial, err = s.rosterAnnounced(); err != nil {
 			return nil, err
 		}
@@ -118,7 +119,7 @@ func (s *Server) announce(round, attempt int, selected []string, deadline time.T
 // next round's global model (in the same transaction that opens the next
 // round), then steps AggregatedRound. After a restart the checkpoint may
 // exist already: then the aggregation is not redone.
-func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
+func (s *Server) closeRound(ctx context.Context, cr coordinator.CloseRound) error {
 	start := s.clock.Now()
 	r := cr.Round
 	next, err := s.store.Checkpoint(uint64(r + 1))
@@ -147,7 +148,7 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 		return err
 	}
 	s.receiptSumSecAgg(cr) // after S is stored with the checkpoint: persist before send
-	agg := AggregatedRound{Round: r, At: now}
+	agg := coordinator.AggregatedRound{Round: r, At: now}
 	hr := RoundRecord{Round: r, AggregatedAt: now, Participants: len(cr.Contributors), Late: cr.Late,
 		Partial: slices.Clone(cr.Partial), Stragglers: slices.Clone(cr.Stragglers)}
 	hr.BytesUp, hr.BytesDown, hr.OpenedAt = s.hist.endRound(r, s.bytesInTotal.Load())
@@ -216,13 +217,12 @@ func (s *Server) closeRound(ctx context.Context, cr CloseRound) error {
 // (server_sum.go) in one transaction; after the last round, the final
 // checkpoint (when it was computed now: redo) and the round closed. It
 // returns the time it stored them.
-func (s *Server) checkpoint(cr CloseRound, next []float64, redo bool) (time.Time, error) {
+func (s *Server) checkpoint(cr coordinator.CloseRound, next []float64, redo bool) (time.Time, error) {
 	r := cr.Round
-	if s.nextClip > 0 {
+	if clip := s.privacy.takeClip(); clip > 0 {
 		// Adaptive clipping: the next round's clip norm is stored with
 		// its checkpoint (ClipEstimated, server_dp.go).
-		s.coord.Step(ClipEstimated{Round: r, Clip: s.nextClip, At: s.clock.Now()})
-		s.nextClip = 0
+		s.coord.Step(coordinator.ClipEstimated{Round: r, Clip: clip, At: s.clock.Now()})
 	}
 	state, err := s.encodeState()
 	if err != nil {
@@ -239,7 +239,7 @@ func (s *Server) checkpoint(cr CloseRound, next []float64, redo bool) (time.Time
 			return time.Time{}, fmt.Errorf("aggregator: %w", err)
 		}
 	} else if s.storeR == uint64(r) {
-		sum, err := s.sumBytes(s.nextSum)
+		sum, err := s.sumBytes(s.sum.closing())
 		if err != nil {
 			return time.Time{}, err
 		}
@@ -255,22 +255,21 @@ func (s *Server) checkpoint(cr CloseRound, next []float64, redo bool) (time.Time
 			return time.Time{}, fmt.Errorf("aggregator: %w", err)
 		}
 		s.storeR = uint64(r + 1)
-		if s.nextSum != nil {
-			s.sum = s.nextSum // S moves with the checkpoint, in its transaction
-		}
+		s.sum.advance() // S moves with the checkpoint, in its transaction
 		if s.nextRobust != nil {
 			s.robust = s.nextRobust // so does the robust step's state
 		}
 	} else if cr.Final && s.nextRobust != nil {
 		s.robust = s.nextRobust // the final step's records, for the status of the running daemon
 	}
-	s.nextSum, s.nextRobust = nil, nil
+	s.sum.dropClosing()
+	s.nextRobust = nil
 	s.lastSt = state
 	return now, nil
 }
 
 // aggregate computes the next global model from the closed round.
-func (s *Server) aggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+func (s *Server) aggregate(cr coordinator.CloseRound) ([]float64, aggregate.Report, error) {
 	if s.cfg.SecAgg != nil {
 		return s.secAggAggregate(cr) // with --dp distributed, the noise is in the sum
 	}
@@ -323,7 +322,7 @@ var errPruned = errors.New("updates pruned")
 // closedUpdates loads the stored updates of a closed round's contributors
 // as the aggregator takes them: w_k, deltas added to x, the round's global
 // model.
-func (s *Server) closedUpdates(cr CloseRound, x []float64) ([]aggregate.Update, error) {
+func (s *Server) closedUpdates(cr coordinator.CloseRound, x []float64) ([]aggregate.Update, error) {
 	var ups []aggregate.Update
 	first := map[string]uint64{}
 	if cs, err := s.store.Clients(); err == nil {
@@ -358,7 +357,7 @@ func (s *Server) closedUpdates(cr CloseRound, x []float64) ([]aggregate.Update, 
 // forClosed calls fn with each stored update of a closed round's
 // contributors, its message and its decoded vector, and checks that every
 // contributor's update was there.
-func (s *Server) forClosed(cr CloseRound, fn func(u aggstore.Update, m *wire.ClientUpdate, d []float64) error) error {
+func (s *Server) forClosed(cr coordinator.CloseRound, fn func(u aggstore.Update, m *wire.ClientUpdate, d []float64) error) error {
 	want := make(map[string]bool, len(cr.Contributors))
 	for _, id := range cr.Contributors {
 		want[id] = true
@@ -392,19 +391,19 @@ func (s *Server) forClosed(cr CloseRound, fn func(u aggstore.Update, m *wire.Cli
 }
 
 // receiptCodes maps the coordinator's reasons to receipt codes.
-var receiptCodes = map[Reason]wire.ReceiptCode{
-	StaleRound:    wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND,
-	FutureRound:   wire.ReceiptCode_RECEIPT_CODE_FUTURE_ROUND,
-	NotSelected:   wire.ReceiptCode_RECEIPT_CODE_NOT_SELECTED,
-	UnknownClient: wire.ReceiptCode_RECEIPT_CODE_UNKNOWN_CLIENT,
-	RoundClosed:   wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND,
+var receiptCodes = map[coordinator.Reason]wire.ReceiptCode{
+	coordinator.StaleRound:    wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND,
+	coordinator.FutureRound:   wire.ReceiptCode_RECEIPT_CODE_FUTURE_ROUND,
+	coordinator.NotSelected:   wire.ReceiptCode_RECEIPT_CODE_NOT_SELECTED,
+	coordinator.UnknownClient: wire.ReceiptCode_RECEIPT_CODE_UNKNOWN_CLIENT,
+	coordinator.RoundClosed:   wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND,
 }
 
-func (s *Server) rejectByCoordinator(u *inUpdate, d Reject) {
+func (s *Server) rejectByCoordinator(u *inUpdate, d coordinator.Reject) {
 	if u == nil {
 		return
 	}
-	if d.Reason == Duplicate {
+	if d.Reason == coordinator.Duplicate {
 		// Accepted earlier: an accepted receipt again, so that the client
 		// clears its outbox.
 		at := s.clock.Now()

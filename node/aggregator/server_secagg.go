@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"slices"
 	"strings"
 	"time"
@@ -11,7 +12,7 @@ import (
 	"github.com/edgefl/edgefl/internal/metrics"
 	"github.com/edgefl/edgefl/learn/aggregate"
 	splitpkg "github.com/edgefl/edgefl/learn/split"
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
@@ -70,7 +71,7 @@ func (cfg *ServerConfig) checkSecAgg(d *derived) error {
 	sc := &copied
 	cfg.SecAgg = sc
 	refuse := func(format string, a ...any) error {
-		return fmt.Errorf("%w: secure aggregation (--secagg): %s", ErrConfig, fmt.Sprintf(format, a...))
+		return fmt.Errorf("%w: secure aggregation (--secagg): %s", coordinator.ErrConfig, fmt.Sprintf(format, a...))
 	}
 	split := isSplit(d.fam)
 	switch {
@@ -129,7 +130,7 @@ func (cfg *ServerConfig) checkSecAgg(d *derived) error {
 		}
 	}
 	d.coord.Quorum = max(d.coord.Quorum, sc.Threshold)
-	d.coord.SecAgg = &SecAggConfig{Threshold: sc.Threshold, Timeout: sc.Timeout}
+	d.coord.SecAgg = &coordinator.SecAggConfig{Threshold: sc.Threshold, Timeout: sc.Timeout}
 	if split {
 		// Sum mode (server_secagg_sum.go): S and m, no late updates.
 		d.aggSpec, d.sum, d.coord.StoreLate = "", true, false
@@ -222,8 +223,8 @@ func (s *Server) onSecAgg(ctx context.Context, in *inSecAgg) error {
 
 // secAggEvent is the coordinator's event for a site's secagg message
 // received (or stored, for the replay: replayEvent) at at.
-func secAggEvent(m *wire.SecAggMessage, at time.Time) SecAggArrived {
-	return SecAggArrived{Client: m.ClientId, Round: clampRound(m.Round), Attempt: int(min(m.Attempt, 1<<30)), Kind: int(m.Kind), At: at}
+func secAggEvent(m *wire.SecAggMessage, at time.Time) coordinator.SecAggArrived {
+	return coordinator.SecAggArrived{Client: m.ClientId, Round: clampRound(m.Round), Attempt: int(min(m.Attempt, 1<<30)), Kind: int(m.Kind), At: at}
 }
 
 func clampRound(r uint64) int { return int(min(r, 1<<31-1)) }
@@ -237,8 +238,8 @@ var errSecAggRefused = errors.New("refused by the secure aggregation")
 // one write transaction: the coordinator's state is not written after a
 // lone accept, coordinator_replay.go) and returns the entry's index (0: a
 // copy stored earlier).
-func (s *Server) storeSecAgg(d Decision, now time.Time) (uint64, error) {
-	a, ok := d.(AcceptSecAgg)
+func (s *Server) storeSecAgg(d coordinator.Decision, now time.Time) (uint64, error) {
+	a, ok := d.(coordinator.AcceptSecAgg)
 	in := s.pendSecAgg
 	if !ok || in == nil || in.msg.ClientId != a.Client || clampRound(in.msg.Round) != a.Round || int(in.msg.Kind) != a.Kind {
 		return 0, fmt.Errorf("%w: %#v", errNotGiven, d)
@@ -303,20 +304,20 @@ func (s *Server) refuseSecAgg(err error) error {
 }
 
 // answerSecAgg carries out AcceptSecAgg and RejectSecAgg.
-func (s *Server) answerSecAgg(d Decision, storedAt time.Time) {
+func (s *Server) answerSecAgg(d coordinator.Decision, storedAt time.Time) {
 	switch d := d.(type) {
-	case AcceptSecAgg:
+	case coordinator.AcceptSecAgg:
 		code := wire.ReceiptCode_RECEIPT_CODE_STORED
 		if !s.secAggStored {
 			code = wire.ReceiptCode_RECEIPT_CODE_DUPLICATE
 		}
 		s.log.Info("secagg message stored", "client", d.Client, "round", d.Round, "attempt", d.Attempt, "kind", secagg.Kind(d.Kind).String())
 		s.receiptSecAgg(d.Client, uint64(d.Round), uint32(d.Kind), true, code, "", storedAt)
-	case RejectSecAgg:
+	case coordinator.RejectSecAgg:
 		if d.Closed && s.sum != nil {
 			s.answerClosedSum(d)
 		}
-		if d.Reason == Duplicate {
+		if d.Reason == coordinator.Duplicate {
 			s.log.Info("duplicate secagg message ignored", "client", d.Client, "round", d.Round, "kind", secagg.Kind(d.Kind).String())
 			s.receiptSecAgg(d.Client, uint64(d.Round), uint32(d.Kind), true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE, "duplicate: stored earlier", s.clock.Now())
 			if d.Kind == int(secagg.KindShareKeys) {
@@ -345,7 +346,7 @@ func (s *Server) receiptSecAgg(client string, round uint64, kind uint32, accepte
 // stored state is past that phase already: a restart after storing it),
 // its state stored, then SecAggAdvanced stepped with the sites the next
 // phase expects or why the session aborted.
-func (s *Server) advanceSecAgg(ctx context.Context, d SecAggAdvance) error {
+func (s *Server) advanceSecAgg(ctx context.Context, d coordinator.SecAggAdvance) error {
 	srv, err := s.secAggSession(d.Round, d.Attempt)
 	if err != nil {
 		return err
@@ -358,12 +359,12 @@ func (s *Server) advanceSecAgg(ctx context.Context, d SecAggAdvance) error {
 		if err != nil {
 			return fmt.Errorf("aggregator: secagg server state: %w", err)
 		}
-		if err := s.store.PutSecAggServer(uint64(d.Round), uint32(d.Attempt), st, uint8(secAggKind(d.Phase+1))); err != nil {
+		if err := s.store.PutSecAggServer(uint64(d.Round), uint32(d.Attempt), st, uint8(coordinator.SecAggKind(d.Phase+1))); err != nil {
 			s.storageErrors.Add(1)
 			return fmt.Errorf("aggregator: %w", err)
 		}
 	}
-	ev := SecAggAdvanced{Round: d.Round, Attempt: d.Attempt, Phase: d.Phase, At: s.clock.Now()}
+	ev := coordinator.SecAggAdvanced{Round: d.Round, Attempt: d.Attempt, Phase: d.Phase, At: s.clock.Now()}
 	switch srv.Phase() {
 	case secagg.PhaseAborted:
 		ev.Err = errText(advErr, srv) + s.secAggRefusals()
@@ -419,7 +420,7 @@ func errText(err error, srv *secagg.Server) string {
 
 // announceSecAgg carries out AnnounceSecAgg: the announcement with the
 // phase and its broadcast, and in the masked phase every ShareList.
-func (s *Server) announceSecAgg(d AnnounceSecAgg) error {
+func (s *Server) announceSecAgg(d coordinator.AnnounceSecAgg) error {
 	srv, err := s.secAggSession(d.Round, d.Attempt)
 	if err != nil {
 		return err
@@ -464,7 +465,7 @@ func (s *Server) announceSecAgg(d AnnounceSecAgg) error {
 	s.log.Info("secagg phase announced", "round", d.Round, "attempt", d.Attempt, "phase", secagg.Phase(d.Phase).String(),
 		"deadline", d.Deadline.UTC().Format(time.RFC3339), "bytes", len(b))
 	s.publish(s.topics.Round(), true, b, "secagg announcement")
-	if d.Phase == SecAggMasked {
+	if d.Phase == coordinator.SecAggMasked {
 		s.publishShareLists("")
 	}
 	return nil
@@ -564,7 +565,7 @@ func (s *Server) publishShareLists(to string) {
 
 // secAggAggregate is the closed round's next global model: the uniform mean
 // of the sum over U3 (its contributors).
-func (s *Server) secAggAggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+func (s *Server) secAggAggregate(cr coordinator.CloseRound) ([]float64, aggregate.Report, error) {
 	attempt, _, _ := s.coord.SecAggSession()
 	srv, err := s.secAggSession(cr.Round, attempt)
 	if err != nil {
@@ -692,7 +693,7 @@ const (
 	SecAggModelHBC    = "honest-but-curious"
 )
 
-func newSecAggStatus(c *SecAggSettings, st *SecAggState, phase Phase, ctr Counters) *SecAggStatus {
+func newSecAggStatus(c *SecAggSettings, st *coordinator.SecAggState, phase coordinator.Phase, ctr coordinator.Counters) *SecAggStatus {
 	out := &SecAggStatus{Phase: secagg.PhaseAdvertise.String(), Messages: ctr.SecAggMessages, Aborts: ctr.SecAggAborts,
 		Threshold: c.Threshold, Clip: c.Clip, ScaleBits: c.ScaleBits}
 	if st != nil {
@@ -705,7 +706,7 @@ func newSecAggStatus(c *SecAggSettings, st *SecAggState, phase Phase, ctr Counte
 		default:
 			out.Model = SecAggModelHBC
 		}
-		if phase == PhaseSecAgg {
+		if phase == coordinator.PhaseSecAgg {
 			out.Phase = secagg.Phase(st.Phase).String()
 			if st.Advancing {
 				out.Phase = secagg.Phase(st.Phase + 1).String()
@@ -723,7 +724,7 @@ func (s *Server) secAggStatus() *SecAggStatus {
 	if s.cfg.SecAgg == nil {
 		return nil
 	}
-	st := s.coord.snapshotSecAgg()
+	st := s.coord.SnapshotSecAgg()
 	return newSecAggStatus(s.cfg.SecAgg, st, s.coord.Phase(), s.coord.Counters())
 }
 

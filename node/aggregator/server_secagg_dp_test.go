@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -39,7 +40,7 @@ func TestSecAggDPColluders(t *testing.T) {
 			cfg.DP = &dp.Config{Clip: 1, Noise: 1, Delta: 1e-5, Distributed: true, Colluders: tc.c}
 			if tc.refuse != "" {
 				err := cfg.Validate()
-				if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.refuse) {
+				if !errors.Is(err, coordinator.ErrConfig) || !strings.Contains(err.Error(), tc.refuse) {
 					t.Fatalf("Validate = %v, want a refusal naming %q", err, tc.refuse)
 				}
 				return

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/learn/aggregate"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -26,7 +27,7 @@ import (
 //     close knows U3's joiners.
 //   - The close: uplink.SecAggSumClose (joins with x on the quantiser's
 //     grid, the dequantised sum, exact in integers of 2^-f), stored with
-//     the next round's checkpoint in one transaction (s.nextSum, as under
+//     the next round's checkpoint in one transaction (sumMode.next, as under
 //     central DP).
 //   - "In the sum": only the round's close decides whether a site's input
 //     is in S (a session can still abort after a site's last message). So
@@ -43,14 +44,14 @@ func (s *Server) checkSumSecAgg(m *wire.SecAggMessage) error {
 	if s.sum == nil || m.Kind != wire.SecAggKindAdvertiseKeys {
 		return nil
 	}
-	return s.sum.Check(m.ClientId, m.InstanceId, m.BaseRound == 0)
+	return s.sum.open().Check(m.ClientId, m.InstanceId, m.BaseRound == 0)
 }
 
 // secAggSumAggregate is the closed round's sum-mode step: U3's joiners
 // (from their stored AdvertiseKeys) counted with x on the grid and the
 // unmasked sum added to S; the new state waits in s.nextSum for the
 // checkpoint's transaction.
-func (s *Server) secAggSumAggregate(cr CloseRound, attempt int, q secagg.Quantizer, sum []uint32) ([]float64, aggregate.Report, error) {
+func (s *Server) secAggSumAggregate(cr coordinator.CloseRound, attempt int, q secagg.Quantizer, sum []uint32) ([]float64, aggregate.Report, error) {
 	recs, err := s.store.SecAggMessages(uint64(cr.Round), uint32(attempt))
 	if err != nil {
 		return nil, aggregate.Report{}, err
@@ -74,7 +75,7 @@ func (s *Server) secAggSumAggregate(cr CloseRound, attempt int, q secagg.Quantiz
 		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %d of the %d contributors have a stored AdvertiseKeys", cr.Round, len(seen), len(cr.Contributors))
 	}
 	slices.SortFunc(joins, func(a, b uplink.Joiner) int { return strings.Compare(a.Client, b.Client) })
-	next := s.sum.Clone()
+	next := s.sum.open().Clone()
 	out, err := uplink.SecAggSumClose(q, next, uint64(cr.Round), s.global, sum, joins)
 	if err != nil {
 		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
@@ -82,7 +83,7 @@ func (s *Server) secAggSumAggregate(cr CloseRound, attempt int, q secagg.Quantiz
 	if len(joins) > 0 {
 		s.log.Info("sites counted in the FedSplit sum", "round", cr.Round, "joined", len(joins), "counted", next.M)
 	}
-	s.nextSum = next
+	s.sum.next = next
 	return out, aggregate.Report{Metrics: map[string]float64{"secagg_sites": float64(len(cr.Contributors)),
 		"split_counted": float64(next.M), "split_joined": float64(len(joins))}}, nil
 }
@@ -92,7 +93,7 @@ func (s *Server) secAggSumAggregate(cr CloseRound, attempt int, q secagg.Quantiz
 // record advances) and to the other sites selected for the final session
 // (it is not: their pending contribution goes out again in their next
 // delta). Nothing outside sum mode.
-func (s *Server) receiptSumSecAgg(cr CloseRound) {
+func (s *Server) receiptSumSecAgg(cr coordinator.CloseRound) {
 	if s.sum == nil || s.cfg.SecAgg == nil {
 		return
 	}
@@ -109,9 +110,9 @@ func (s *Server) receiptSumSecAgg(cr CloseRound) {
 // answerClosedSum answers, in sum mode, a secagg message of a closed round
 // with that round's UPDATE receipt: accepted if the site's input is in the
 // round's sum (the coordinator's Duplicate), rejected otherwise.
-func (s *Server) answerClosedSum(d RejectSecAgg) {
+func (s *Server) answerClosedSum(d coordinator.RejectSecAgg) {
 	u := &wire.ClientUpdate{ClientId: d.Client, Round: uint64(d.Round)}
-	if d.Reason == Duplicate {
+	if d.Reason == coordinator.Duplicate {
 		s.receipt(u, true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE, "in the round's secure sum", time.Time{})
 		return
 	}

@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"strings"
 	"testing"
 
 	"github.com/edgefl/edgefl/internal/metrics"
 	"github.com/edgefl/edgefl/learn/dp"
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 )
 
@@ -45,11 +46,11 @@ func TestSelectionKey(t *testing.T) {
 	}
 	a, b := conf(), conf()
 	sa, sb := open(a), open(b)
-	if name := sa.coord.sel.Name(); name != "poisson" {
+	if name := sa.coord.SelectorName(); name != "poisson" {
 		t.Errorf("--dp's selector is %s, want poisson", name)
 	}
 	var coordKey [32]byte
-	if k := sa.coord.cfg.SelectionKey; k != nil {
+	if k := sa.coord.SelectionKey(); k != nil {
 		coordKey = *k
 	}
 	sa.Close()
@@ -63,7 +64,7 @@ func TestSelectionKey(t *testing.T) {
 		t.Fatal("the coordinator does not draw from the stored selection key")
 	}
 	re := open(a)
-	reKey := re.coord.cfg.SelectionKey
+	reKey := re.coord.SelectionKey()
 	re.Close()
 	if reKey == nil || !bytes.Equal(reKey[:], ka.SelectionKey) || !bytes.Equal(keysOf(a.StatePath).SelectionKey, ka.SelectionKey) {
 		t.Fatal("the restarted aggregator has another selection key")
@@ -91,14 +92,14 @@ func TestSelectionKey(t *testing.T) {
 	c := conf()
 	c.DP = nil
 	s := open(c)
-	ck, sel := s.coord.cfg.SelectionKey, s.coord.sel.Name()
+	ck, sel := s.coord.SelectionKey(), s.coord.SelectorName()
 	s.Close()
 	if sc := keysOf(c.StatePath); sc.SelectionKey != nil || sc.NoiseKey != nil || ck != nil || sel != "uniform" {
 		t.Errorf("without --dp: keys %x %x, coordinator key %v, selector %s", sc.SelectionKey, sc.NoiseKey, ck, sel)
 	}
 	c = conf()
 	c.DP, c.Selector = nil, "poisson"
-	if s, err := NewServer(c); err == nil || !errors.Is(err, ErrConfig) {
+	if s, err := NewServer(c); err == nil || !errors.Is(err, coordinator.ErrConfig) {
 		if err == nil {
 			s.Close()
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"maps"
 	"math"
 	"net/http"
@@ -16,7 +17,7 @@ import (
 	"github.com/edgefl/edgefl/learn/evaluate"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/node/aggregator/console"
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -25,11 +26,11 @@ import (
 // after every batch of decisions.
 type view struct {
 	round       int
-	phase       Phase
+	phase       coordinator.Phase
 	selected    []string
 	received    []string
 	deadline    time.Time
-	counters    Counters
+	counters    coordinator.Counters
 	clients     int
 	online      int
 	global      []float64
@@ -54,7 +55,7 @@ func (s *Server) refreshView() {
 	v.received = st.Received // fresh: Watch copies outside the lock
 	v.clients, v.online = st.Clients, st.Online
 	v.global, v.globalRound = s.global, s.globalR
-	v.finished = st.Phase == PhaseFinished
+	v.finished = st.Phase == coordinator.PhaseFinished
 	v.statsSites, v.stopReason = st.StatsSites, st.StopReason
 	v.privacy = s.privacyStatus()
 	v.secAgg = s.secAggStatus()
@@ -83,14 +84,14 @@ func (s *Server) reject(site, reason string) {
 
 // ServerView is the daemon's in-memory view: round, phase and counters.
 type ServerView struct {
-	Round    int       `json:"round"`
-	Phase    Phase     `json:"phase"`
-	Selected []string  `json:"selected,omitempty"`
-	Received []string  `json:"received,omitempty"`
-	Deadline time.Time `json:"deadline"`
-	Clients  int       `json:"clients"`
-	Online   int       `json:"online"`
-	Counters Counters  `json:"counters"`
+	Round    int                  `json:"round"`
+	Phase    coordinator.Phase    `json:"phase"`
+	Selected []string             `json:"selected,omitempty"`
+	Received []string             `json:"received,omitempty"`
+	Deadline time.Time            `json:"deadline"`
+	Clients  int                  `json:"clients"`
+	Online   int                  `json:"online"`
+	Counters coordinator.Counters `json:"counters"`
 	// Rejected counts every rejection by reason: the coordinator's and
 	// the shell's (decoding and validation).
 	Rejected map[string]uint64 `json:"rejected"`
@@ -211,7 +212,7 @@ func (s *Server) families() []metrics.Family {
 	s.mu.Unlock()
 	c := v.Counters
 	rej := map[string]uint64{}
-	for _, r := range Reasons() {
+	for _, r := range coordinator.Reasons() {
 		rej[r.String()] = 0
 	}
 	for _, r := range ShellReasons() {
@@ -221,7 +222,7 @@ func (s *Server) families() []metrics.Family {
 		rej[k] += n
 	}
 	phases := []metrics.Sample{}
-	for _, p := range Phases() {
+	for _, p := range coordinator.Phases() {
 		val := 0.0
 		if p == v.Phase {
 			val = 1
@@ -276,7 +277,7 @@ func (s *Server) families() []metrics.Family {
 		metrics.One(ns+"publish_errors_total", "Failed MQTT publishes.", metrics.Counter, float64(v.PublishErrors)),
 		metrics.One(ns+"bad_status_messages_total", "Status messages that failed to decode.", metrics.Counter, float64(v.BadStatusMessages)),
 		metrics.One(ns+"stale_statuses_total", "Client statuses set aside as older than one already applied (a late last will, out-of-order delivery).", metrics.Counter, float64(c.StaleStatuses)),
-		metrics.One(ns+"finished", "1 once the last round is aggregated.", metrics.Gauge, b2f(v.Phase == PhaseFinished)),
+		metrics.One(ns+"finished", "1 once the last round is aggregated.", metrics.Gauge, b2f(v.Phase == coordinator.PhaseFinished)),
 	}
 	var errSamples []metrics.Sample
 	for _, k := range slices.Sorted(maps.Keys(v.SiteErrors)) {
@@ -326,20 +327,20 @@ type Status struct {
 	Federation string `json:"federation,omitempty"`
 	Algorithm  string `json:"algorithm,omitempty"`
 	// The run's identity and codecs, as the round log stores them.
-	RunID      string `json:"run_id,omitempty"`
-	Aggregator string `json:"aggregator,omitempty"`
-	Codec      string `json:"codec,omitempty"`
-	Downlink   string `json:"downlink,omitempty"`
-	Round      int    `json:"round"`
-	Phase      Phase  `json:"phase"`
+	RunID      string            `json:"run_id,omitempty"`
+	Aggregator string            `json:"aggregator,omitempty"`
+	Codec      string            `json:"codec,omitempty"`
+	Downlink   string            `json:"downlink,omitempty"`
+	Round      int               `json:"round"`
+	Phase      coordinator.Phase `json:"phase"`
 	// RoundOpenedAt is when the current round (the statistics phase:
 	// the run) started.
-	RoundOpenedAt *time.Time   `json:"round_opened_at,omitempty"`
-	Deadline      *time.Time   `json:"deadline,omitempty"`
-	Selected      []string     `json:"selected,omitempty"`
-	Received      []string     `json:"received,omitempty"`
-	Counters      Counters     `json:"counters"`
-	Clients       []ClientInfo `json:"clients"`
+	RoundOpenedAt *time.Time           `json:"round_opened_at,omitempty"`
+	Deadline      *time.Time           `json:"deadline,omitempty"`
+	Selected      []string             `json:"selected,omitempty"`
+	Received      []string             `json:"received,omitempty"`
+	Counters      coordinator.Counters `json:"counters"`
+	Clients       []ClientInfo         `json:"clients"`
 	// A run with a federation schema: its digest, the sites whose
 	// statistics were accepted, the model and its inputs once fitted, the
 	// latest eval round's federated and per-site figures, why the run
@@ -515,7 +516,7 @@ func ReadStatus(store *aggstore.AggStore) (Status, error) {
 	if saConf != nil {
 		out.SecAgg = newSecAggStatus(saConf, st.SecAgg, st.Phase, st.Counters)
 	}
-	if !st.Deadline.IsZero() && (st.Phase == PhaseCollecting || st.Phase == PhaseStalled || st.Phase == PhaseStatistics || st.Phase == PhaseFinishing) {
+	if !st.Deadline.IsZero() && (st.Phase == coordinator.PhaseCollecting || st.Phase == coordinator.PhaseStalled || st.Phase == coordinator.PhaseStatistics || st.Phase == coordinator.PhaseFinishing) {
 		d := st.Deadline
 		out.Deadline = &d
 	}
@@ -524,7 +525,7 @@ func ReadStatus(store *aggstore.AggStore) (Status, error) {
 		out.Received = append(out.Received, r.Client)
 		rcv[r.Client] = true
 	}
-	coord := map[string]ClientState{}
+	coord := map[string]coordinator.ClientState{}
 	for _, c := range st.Clients {
 		coord[c.ID] = c
 	}
@@ -586,7 +587,7 @@ func withZero(m map[string]uint64, labels ...string) map[string]uint64 {
 }
 
 // readFedStatus adds a schema run's part to a status read from the file.
-func readFedStatus(store *aggstore.AggStore, out *Status, st State) error {
+func readFedStatus(store *aggstore.AggStore, out *Status, st coordinator.State) error {
 	if out.Schema == "" {
 		return nil
 	}

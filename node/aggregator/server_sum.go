@@ -3,11 +3,12 @@ package aggregator
 import (
 	"errors"
 	"fmt"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"time"
 
 	"github.com/edgefl/edgefl/learn/aggregate"
 	"github.com/edgefl/edgefl/learn/dp"
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -63,7 +64,7 @@ func (s *Server) storeSumUpdate(u *inUpdate, now time.Time) (uint64, error) {
 	if m.Kind != wire.UpdateKind_UPDATE_KIND_SUM_DELTA {
 		return 0, fmt.Errorf("%w: a %v in sum mode", errOutOfRange, m.Kind) // handleUpdate refuses it first
 	}
-	if err := s.sum.Check(m.ClientId, m.InstanceId, uplink.IsJoin(uplink.HeaderOf(m))); err != nil {
+	if err := s.sum.open().Check(m.ClientId, m.InstanceId, uplink.IsJoin(uplink.HeaderOf(m))); err != nil {
 		return 0, err
 	}
 	return s.store.PutUpdate(aggstore.Update{Round: m.Round, ClientID: m.ClientId, StoredAt: now,
@@ -72,8 +73,8 @@ func (s *Server) storeSumUpdate(u *inUpdate, now time.Time) (uint64, error) {
 
 // sumAggregate is the closed round's sum-mode step: the contributors'
 // deltas re-clipped, summed, noised and added to S with the joins; the new
-// state waits in s.nextSum for the checkpoint's transaction.
-func (s *Server) sumAggregate(cr CloseRound) ([]float64, aggregate.Report, error) {
+// state waits in sumMode.next for the checkpoint's transaction.
+func (s *Server) sumAggregate(cr coordinator.CloseRound) ([]float64, aggregate.Report, error) {
 	var cs []uplink.SumContribution
 	var bits []bool
 	err := s.forClosed(cr, func(u aggstore.Update, m *wire.ClientUpdate, d []float64) error {
@@ -87,7 +88,7 @@ func (s *Server) sumAggregate(cr CloseRound) ([]float64, aggregate.Report, error
 	if err != nil {
 		return nil, aggregate.Report{}, err
 	}
-	next := s.sum.Clone()
+	next := s.sum.open().Clone()
 	if next.Fixed && next.M == 0 {
 		x0, err := s.store.Checkpoint(1)
 		if err != nil {
@@ -109,7 +110,7 @@ func (s *Server) sumAggregate(cr CloseRound) ([]float64, aggregate.Report, error
 	if joins > 0 {
 		s.log.Info("sites' first updates in the FedSplit sum", "round", cr.Round, "first", joins, "counted", next.M)
 	}
-	s.nextSum = next
+	s.sum.next = next
 	return out, aggregate.Report{Metrics: map[string]float64{"split_counted": float64(next.M), "split_joined": float64(joins), "dp_clip": clip}}, nil
 }
 
@@ -132,16 +133,16 @@ func (s *Server) rosterAnnounced() (uint32, *wire.Vector, error) {
 	if len(roster) == 0 {
 		return 0, nil, errors.New("aggregator: a FedSplit round under DP announced before its roster was fixed")
 	}
-	if s.initFrame == nil {
+	if s.sum.initFrame == nil {
 		x0, err := s.store.Checkpoint(1)
 		if err != nil {
 			return 0, nil, fmt.Errorf("aggregator: the initial model: %w", err)
 		}
-		if s.initFrame, err = s.down.Encode(nil, x0, nil, nil); err != nil {
+		if s.sum.initFrame, err = s.down.Encode(nil, x0, nil, nil); err != nil {
 			return 0, nil, fmt.Errorf("aggregator: encode the initial model with %s: %w", s.down, err)
 		}
 	}
-	return uint32(len(roster)), &wire.Vector{Codec: s.down.String(), Dimension: uint32(s.dim), Payload: s.initFrame}, nil
+	return uint32(len(roster)), &wire.Vector{Codec: s.down.String(), Dimension: uint32(s.dim), Payload: s.sum.initFrame}, nil
 }
 
 // errSumCounting refuses a round log whose FedSplit sum counts sites
@@ -154,25 +155,81 @@ func (s *Server) restoreSum(cur aggstore.Round) error {
 	if s.sum == nil || s.globalR != int(cur.Number) {
 		return nil
 	}
-	fixed := s.sum.Fixed
+	return s.sum.restore(cur, s.cfg.StatePath, s.dim)
+}
+
+// sumMode is the FedSplit family's sum-mode state: S, m and who is
+// counted as of the open round, the closing round's until its checkpoint
+// is stored, and x_0's frame as announced under a fixed roster. Its
+// configuration is whether the roster is fixed (central DP, not under
+// secure aggregation).
+type sumMode struct {
+	cur  *uplink.SumState // as of the open round
+	next *uplink.SumState // the closing round's, until its checkpoint is stored
+	// initFrame is x_0's frame as round 1 published it, announced under a
+	// fixed roster (split_initial), once read.
+	initFrame []byte
+}
+
+func newSumMode(fixedRoster bool) *sumMode {
+	return &sumMode{cur: &uplink.SumState{Fixed: fixedRoster}}
+}
+
+// open is the state as of the open round (nil outside sum mode).
+func (m *sumMode) open() *uplink.SumState {
+	if m == nil {
+		return nil
+	}
+	return m.cur
+}
+
+// closing is the closing round's state, to be stored with its checkpoint
+// (nil outside sum mode, or when the round was aggregated before a
+// restart).
+func (m *sumMode) closing() *uplink.SumState {
+	if m == nil {
+		return nil
+	}
+	return m.next
+}
+
+// advance: the checkpoint with the closing round's state is stored; it is
+// the open round's now.
+func (m *sumMode) advance() {
+	if m != nil && m.next != nil {
+		m.cur = m.next
+	}
+}
+
+// dropClosing forgets the closing round's state (stored or not).
+func (m *sumMode) dropClosing() {
+	if m != nil {
+		m.next = nil
+	}
+}
+
+// restore reads the state stored with round cur of the round log at path
+// (a model of dim values), checking it against the run's mode.
+func (m *sumMode) restore(cur aggstore.Round, path string, dim int) error {
+	fixed := m.cur.Fixed
 	if len(cur.Sum) == 0 {
-		return fmt.Errorf("%w: %s: round %d of a FedSplit run under differential privacy has no sum state", storage.ErrCorrupt, s.cfg.StatePath, cur.Number)
+		return fmt.Errorf("%w: %s: round %d of a FedSplit run under differential privacy has no sum state", storage.ErrCorrupt, path, cur.Number)
 	}
-	if err := s.sum.UnmarshalBinary(cur.Sum); err != nil {
-		return fmt.Errorf("%w: %s: round %d: %w", storage.ErrCorrupt, s.cfg.StatePath, cur.Number, err)
+	if err := m.cur.UnmarshalBinary(cur.Sum); err != nil {
+		return fmt.Errorf("%w: %s: round %d: %w", storage.ErrCorrupt, path, cur.Number, err)
 	}
-	if s.sum.Fixed != fixed {
-		s.sum.Fixed = fixed
+	if m.cur.Fixed != fixed {
+		m.cur.Fixed = fixed
 		if !fixed {
-			return fmt.Errorf("%w: %s: round %d: a FedSplit sum with a fixed roster, outside central DP", storage.ErrCorrupt, s.cfg.StatePath, cur.Number)
+			return fmt.Errorf("%w: %s: round %d: a FedSplit sum with a fixed roster, outside central DP", storage.ErrCorrupt, path, cur.Number)
 		}
-		return fmt.Errorf("%w: %s: %w", ErrConfig, s.cfg.StatePath, errSumCounting)
+		return fmt.Errorf("%w: %s: %w", coordinator.ErrConfig, path, errSumCounting)
 	}
-	if fixed && cur.Number > 1 && s.sum.M == 0 {
-		return fmt.Errorf("%w: %s: round %d of a FedSplit run under DP has no roster", storage.ErrCorrupt, s.cfg.StatePath, cur.Number)
+	if fixed && cur.Number > 1 && m.cur.M == 0 {
+		return fmt.Errorf("%w: %s: round %d of a FedSplit run under DP has no roster", storage.ErrCorrupt, path, cur.Number)
 	}
-	if s.sum.M > 0 && len(s.sum.S) != s.dim {
-		return fmt.Errorf("%w: %s: round %d: a sum of %d values, the model has %d", storage.ErrCorrupt, s.cfg.StatePath, cur.Number, len(s.sum.S), s.dim)
+	if m.cur.M > 0 && len(m.cur.S) != dim {
+		return fmt.Errorf("%w: %s: round %d: a sum of %d values, the model has %d", storage.ErrCorrupt, path, cur.Number, len(m.cur.S), dim)
 	}
 	return nil
 }

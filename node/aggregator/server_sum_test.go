@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"errors"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"slices"
 	"strings"
 	"testing"
@@ -9,7 +10,7 @@ import (
 
 	"github.com/edgefl/edgefl/internal/metrics"
 	"github.com/edgefl/edgefl/learn/dp"
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -173,7 +174,7 @@ func TestServerSumModeRefusals(t *testing.T) {
 	}
 	for _, agg := range []string{"fedsplit-robust", "fedsplit-robust:mult=3"} {
 		cfg.Aggregator = agg
-		if err := cfg.Validate(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "needs each site's z_j") {
+		if err := cfg.Validate(); !errors.Is(err, coordinator.ErrConfig) || !strings.Contains(err.Error(), "needs each site's z_j") {
 			t.Errorf("--aggregator %s under DP: %v, want a refusal", agg, err)
 		}
 	}
@@ -186,7 +187,7 @@ func TestServerSumModeRefusals(t *testing.T) {
 // TestPrivacyFamilies: /metrics carries the open round's clip norm (which
 // adaptive clipping moves) with the accountant's figures.
 func TestPrivacyFamilies(t *testing.T) {
-	st := &DPState{Accountant: dp.NewAccountant(nil), Clip: 0.37}
+	st := &coordinator.DPState{Accountant: dp.NewAccountant(nil), Clip: 0.37}
 	var b strings.Builder
 	if err := metrics.Write(&b, privacyFamilies(newPrivacyStatus(&dp.Config{Clip: 1, Noise: 1, Delta: 1e-5}, st, 0, 0))); err != nil {
 		t.Fatal(err)
@@ -224,7 +225,7 @@ func TestRestoreSumCounting(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := &Server{sum: &uplink.SumState{Fixed: tc.fixed}, globalR: 2, dim: 2}
+		s := &Server{sum: newSumMode(tc.fixed), globalR: 2, dim: 2}
 		s.cfg.StatePath = "state.db"
 		err = s.restoreSum(aggstore.Round{Number: 2, Sum: b})
 		switch {
@@ -232,8 +233,8 @@ func TestRestoreSumCounting(t *testing.T) {
 			t.Errorf("%s: %v", tc.name, err)
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%s: %v, want an error saying %q", tc.name, err, tc.want)
-		case err == nil && (s.sum.Fixed != tc.fixed || s.sum.M != tc.stored.M):
-			t.Errorf("%s: restored %+v", tc.name, s.sum)
+		case err == nil && (s.sum.cur.Fixed != tc.fixed || s.sum.cur.M != tc.stored.M):
+			t.Errorf("%s: restored %+v", tc.name, s.sum.cur)
 		}
 	}
 }

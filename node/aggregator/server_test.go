@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"errors"
+	"github.com/edgefl/edgefl/node/aggstore"
 	"io"
 	"math"
 	"net/http"
@@ -12,7 +13,7 @@ import (
 
 	"github.com/edgefl/edgefl/learn/aggregate"
 
-	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -63,7 +64,7 @@ func TestServerRoundClosesWhenAllReport(t *testing.T) {
 	if err := closeTo(decodeGlobal(t, ann2), want, 1e-6); err != nil {
 		t.Fatalf("round 2 global: %v", err)
 	}
-	v := waitView(t, r.s, "round 2 collecting", func(v ServerView) bool { return v.Round == 2 && v.Phase == PhaseCollecting })
+	v := waitView(t, r.s, "round 2 collecting", func(v ServerView) bool { return v.Round == 2 && v.Phase == coordinator.PhaseCollecting })
 	if v.LastParticipants != 3 || v.Counters.Accepted != 3 {
 		t.Errorf("view %+v", v)
 	}

@@ -1,4 +1,4 @@
-package aggregator
+package coordinator
 
 import (
 	"slices"
@@ -105,10 +105,16 @@ func (c *Coordinator) reinvite(id string) []Decision {
 	return []Decision{Invite{Round: c.round, Client: id}}
 }
 
-// setSelectionKey sets Config.SelectionKey: the shell reads the key from
+// SetSelectionKey sets Config.SelectionKey: the shell reads the key from
 // its state file after New, before the first Step or Restore.
-func (c *Coordinator) setSelectionKey(key []byte) {
+func (c *Coordinator) SetSelectionKey(key []byte) {
 	var k [32]byte
 	copy(k[:], key)
 	c.cfg.SelectionKey = &k
 }
+
+// SelectionKey is the key the selection draws from (nil: the public seed).
+func (c *Coordinator) SelectionKey() *[32]byte { return c.cfg.SelectionKey }
+
+// SelectorName names the selector the coordinator draws with.
+func (c *Coordinator) SelectorName() string { return c.sel.Name() }

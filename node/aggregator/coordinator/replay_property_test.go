@@ -1,4 +1,4 @@
-package aggregator
+package coordinator
 
 import (
 	"bytes"
@@ -79,7 +79,7 @@ func (sh *replayShell) rebuilt() *Coordinator {
 	}
 	for _, e := range sh.log {
 		ds := c.Replay(e.ev, e.index)
-		if !hasAccept(ds) {
+		if !HasAccept(ds) {
 			sh.t.Fatalf("replay of %T%+v (entry %d) answered %+v, want its accept", e.ev, e.ev, e.index, ds)
 		}
 	}

@@ -1,4 +1,4 @@
-package aggregator
+package coordinator
 
 import (
 	"fmt"
@@ -57,14 +57,14 @@ func (g *secAggGen) next(c *Coordinator) Event {
 		if len(pool) > 0 && g.rng.IntN(10) < 8 {
 			id = pool[g.rng.IntN(len(pool))]
 		}
-		ev := SecAggArrived{Client: id, Round: c.Round(), Attempt: attempt, Kind: secAggKind(phase), At: g.now}
+		ev := SecAggArrived{Client: id, Round: c.Round(), Attempt: attempt, Kind: SecAggKind(phase), At: g.now}
 		switch g.rng.IntN(12) {
 		case 0:
 			ev.Round--
 		case 1:
 			ev.Attempt++
 		case 2:
-			ev.Kind = secAggKind(g.rng.IntN(4))
+			ev.Kind = SecAggKind(g.rng.IntN(4))
 		case 3:
 			if ev.Attempt > 0 {
 				ev.Attempt--
@@ -155,7 +155,7 @@ func TestRandomSecAggEvents(t *testing.T) {
 						fail("want exactly one answer, first")
 					}
 				}
-				if e, ok := ev.(SecAggAdvanced); ok && e.Phase == SecAggUnmask && e.Err == "" && len(ofType[CloseRound](ds)) == 1 {
+				if e, ok := ev.(SecAggAdvanced); ok && e.Phase == SecAggUnmask && e.Err == "" && len(OfType[CloseRound](ds)) == 1 {
 					lastUnmask = &e
 				}
 				for _, d := range ds {

@@ -1,4 +1,4 @@
-package aggregator
+package coordinator
 
 import (
 	"fmt"
@@ -221,7 +221,7 @@ func (c *Coordinator) SitePrivacy() (eps float64, rounds uint64, ok bool) {
 	return eps, c.dp.unsampled.Rounds, true
 }
 
-func (c *Coordinator) snapshotDP() *DPState {
+func (c *Coordinator) SnapshotDP() *DPState {
 	if c.cfg.DP == nil {
 		return nil
 	}

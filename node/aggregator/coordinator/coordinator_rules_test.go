@@ -1,4 +1,4 @@
-package aggregator
+package coordinator
 
 import (
 	"reflect"
@@ -70,7 +70,7 @@ func TestCloseRoundFinal(t *testing.T) {
 			}
 			mustEqual(t, "Resume's CloseRound", only[CloseRound](t, restored(t, cfg, c).Resume()), cr)
 			next = c.Step(AggregatedRound{Round: r + 1, At: ms(now + 10)})
-			fin := ofType[Finished](next)
+			fin := OfType[Finished](next)
 			if (len(fin) == 1) != want {
 				t.Fatalf("rounds %d, round %d: Finished %v after a CloseRound with Final %v", tc.rounds, r+1, fin, want)
 			}
@@ -221,7 +221,7 @@ func TestAcceptThenAdvance(t *testing.T) {
 			mustEqual(t, "Propose again", c.Propose(tc.ev), tc.propose)
 			mustEqual(t, "Stored", c.Step(Stored{At: ms(2001)}), want)
 			mustEqual(t, "state after Stored", c.Snapshot(), twin.Snapshot())
-			if !reflect.DeepEqual(want[0], tc.propose[0]) && len(ofType[AnnounceStatistics](want)) == 0 {
+			if !reflect.DeepEqual(want[0], tc.propose[0]) && len(OfType[AnnounceStatistics](want)) == 0 {
 				t.Fatalf("the committed batch %+v does not start with the proposed %+v", want, tc.propose)
 			}
 		})

@@ -1,4 +1,4 @@
-package aggregator
+package coordinator
 
 import "slices"
 
@@ -76,10 +76,10 @@ func (c *Coordinator) Replay(ev Event, index uint64) []Decision {
 // it (when the message has a replay log entry).
 func Replayable(ds []Decision) bool { return len(ds) == 1 && isAccept(ds[0]) }
 
-// hasAccept says whether a batch holds an accept (a replay's batch is its
+// HasAccept says whether a batch holds an accept (a replay's batch is its
 // rejection alone otherwise; the accept is first but for the statistics
 // phase's announcement, which a first event carries before it).
-func hasAccept(ds []Decision) bool { return slices.ContainsFunc(ds, isAccept) }
+func HasAccept(ds []Decision) bool { return slices.ContainsFunc(ds, isAccept) }
 
 // Applied is the replay log index of the last stored message applied.
 func (c *Coordinator) Applied() uint64 { return c.applied }

@@ -1,4 +1,4 @@
-package aggregator
+package coordinator
 
 import "testing"
 
@@ -101,7 +101,7 @@ func playRound(t *testing.T, c *Coordinator, at int, ev AggregatedRound) []Decis
 	only[CloseRound](t, cr)
 	ev.Round, ev.At = r, ms(at+1)
 	out := c.Step(ev)
-	if len(ofType[Finished](out)) == 0 && len(ofType[Finish](out)) == 0 {
+	if len(OfType[Finished](out)) == 0 && len(OfType[Finish](out)) == 0 {
 		c.Step(Tick{At: ms(at + 100)}) // Settle: the next round is announced
 	}
 	return out
@@ -147,7 +147,7 @@ func TestStopPatience(t *testing.T) {
 	for i, l := range losses {
 		out := playRound(t, c, 1000*(i+1), AggregatedRound{EvalLoss: l, HasEval: true})
 		if i < 3 && len(out) > 0 {
-			if len(ofType[Finish](out)) > 0 {
+			if len(OfType[Finish](out)) > 0 {
 				t.Fatalf("finished after loss %d", i)
 			}
 		}
@@ -166,7 +166,7 @@ func TestStopDeltaAndFinishing(t *testing.T) {
 	cfg := fedConfig()
 	cfg.StopDelta = 1e-3
 	c := statsRound1(t, cfg)
-	if out := playRound(t, c, 1000, AggregatedRound{Change: 0.5, HasChange: true}); len(ofType[Finish](out)) > 0 {
+	if out := playRound(t, c, 1000, AggregatedRound{Change: 0.5, HasChange: true}); len(OfType[Finish](out)) > 0 {
 		t.Fatal("finished on a large change")
 	}
 	out := playRound(t, c, 2000, AggregatedRound{Change: 1e-4, HasChange: true})
@@ -223,7 +223,7 @@ func TestFinishingAwaitsOnlineSites(t *testing.T) {
 	out := playRound(t, c, 1000, AggregatedRound{})
 	mustEqual(t, "finish", out, []Decision{Finish{Rounds: 1, Deadline: ms(2001), Reason: StopRounds}, SetTimer{At: ms(2001)}})
 	for _, id := range []string{"a", "b", "c"} {
-		if out := c.Step(evalAt(id, 1, 1100)); len(ofType[Finished](out)) > 0 {
+		if out := c.Step(evalAt(id, 1, 1100)); len(OfType[Finished](out)) > 0 {
 			t.Fatalf("finished without d's and e's reports: %v", out)
 		}
 	}

@@ -74,7 +74,7 @@
 // counted duplicate; a replay has no effect outside the coordinator. Ticks
 // for deadlines that passed while the process was down are handled as late
 // ticks.
-package aggregator
+package coordinator
 
 import (
 	"errors"
@@ -197,7 +197,7 @@ func QuorumOf(k int, fraction float64) int {
 	return min(max(q, 1), k)
 }
 
-func (c Config) validate() error {
+func (c Config) Validate() error {
 	switch {
 	case c.K < 1:
 		return fmt.Errorf("%w: K = %d, want >= 1", ErrConfig, c.K)
@@ -586,7 +586,7 @@ type Coordinator struct {
 // New returns a coordinator waiting to announce round 1. The waiting (for
 // Settle) starts with the first event stepped.
 func New(cfg Config) (*Coordinator, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.Extension == 0 {
@@ -1217,3 +1217,18 @@ func (c *Coordinator) Resume() []Decision {
 	}
 	return out
 }
+
+// OfType lists the decisions of type T in ds.
+func OfType[T Decision](ds []Decision) []T {
+	var out []T
+	for _, d := range ds {
+		if v, ok := d.(T); ok {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// EventTime is the time an event carries (its At): the shell logs and
+// stamps with it.
+func EventTime(ev Event) time.Time { return ev.eventTime() }

@@ -1,4 +1,4 @@
-package aggregator
+package coordinator
 
 import (
 	"encoding/json"
@@ -42,7 +42,7 @@ func mustNew(t *testing.T, cfg Config) *Coordinator {
 
 func only[T Decision](t *testing.T, ds []Decision) T {
 	t.Helper()
-	v := ofType[T](ds)
+	v := OfType[T](ds)
 	if len(v) != 1 {
 		var zero T
 		t.Fatalf("want exactly one %T in %+v", zero, ds)
@@ -57,7 +57,7 @@ func only[T Decision](t *testing.T, ds []Decision) T {
 // site online: settleUntil), the one decided then, read back from the state.
 func drawn(t *testing.T, c *Coordinator, at time.Time) Announce {
 	t.Helper()
-	if a := ofType[Announce](c.Step(Tick{At: at})); len(a) == 1 {
+	if a := OfType[Announce](c.Step(Tick{At: at})); len(a) == 1 {
 		return a[0]
 	}
 	s := c.Snapshot()
@@ -107,7 +107,7 @@ func runScript(t *testing.T, c *Coordinator, steps []script) {
 	for i, s := range steps {
 		got := c.Step(s.ev)
 		mustEqual(t, fmt.Sprintf("step %d (%T %+v)", i, s.ev, s.ev), got, s.want)
-		if got := c.NextDeadline(); len(ofType[SetTimer](s.want)) > 0 && !got.Equal(ofType[SetTimer](s.want)[0].At) {
+		if got := c.NextDeadline(); len(OfType[SetTimer](s.want)) > 0 && !got.Equal(OfType[SetTimer](s.want)[0].At) {
 			t.Fatalf("step %d: NextDeadline %v disagrees with SetTimer", i, got)
 		}
 	}
@@ -352,7 +352,7 @@ func TestScenarios(t *testing.T) {
 				tc.mod(&cfg)
 			}
 			c := mustNew(t, cfg)
-			if ds := bringOnline(c, ms(0), abc...); len(ofType[Announce](ds)) > 0 {
+			if ds := bringOnline(c, ms(0), abc...); len(OfType[Announce](ds)) > 0 {
 				t.Fatalf("announced before Settle: %+v", ds)
 			}
 			runScript(t, c, tc.steps)
@@ -479,7 +479,7 @@ func TestLateUpdates(t *testing.T) {
 				}
 				mustEqual(t, "decisions", got, family.want)
 				n := c.Counters()
-				if want := uint64(len(ofType[AcceptLate](family.want))); n.AcceptedLate != want {
+				if want := uint64(len(OfType[AcceptLate](family.want))); n.AcceptedLate != want {
 					t.Fatalf("AcceptedLate %d, want %d", n.AcceptedLate, want)
 				}
 			})
@@ -557,7 +557,7 @@ func TestOfflineThird(t *testing.T) {
 						back[id] = true
 					}
 				}
-				if len(ofType[CloseRound](ds)) == 0 {
+				if len(OfType[CloseRound](ds)) == 0 {
 					ds = c.Step(Tick{At: a.Deadline})
 				}
 				cr := only[CloseRound](t, ds)

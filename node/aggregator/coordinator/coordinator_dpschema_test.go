@@ -1,4 +1,4 @@
-package aggregator
+package coordinator
 
 import (
 	"errors"
@@ -29,7 +29,7 @@ func TestDeclaredTransformSkipsStatistics(t *testing.T) {
 	}
 	sent := a.Selected // the three sites with an update from now on
 	out := playRoundOf(t, c, sent, 1000)
-	if len(ofType[Finish](out)) != 0 {
+	if len(OfType[Finish](out)) != 0 {
 		t.Fatalf("finished after round 1: %+v", out)
 	}
 	// Eval round 1 (asked for by round 2's announcement) completes once
@@ -38,7 +38,7 @@ func TestDeclaredTransformSkipsStatistics(t *testing.T) {
 	a2 := drawn(t, c, ms(1100))
 	for i, id := range sent {
 		out := c.Step(evalAt(id, 1, 1200+i))
-		if complete := len(ofType[EvalComplete](out)) == 1; complete != (i == 2) {
+		if complete := len(OfType[EvalComplete](out)) == 1; complete != (i == 2) {
 			t.Fatalf("report %d of %s: %+v", i+1, id, out)
 		}
 	}
@@ -76,7 +76,7 @@ func TestDPChargingHistory(t *testing.T) {
 		dpRound(t, c, r*1000)
 	}
 	c = restored(t, cfg, c)
-	st := c.snapshotDP()
+	st := c.SnapshotDP()
 	if !slices.Equal(st.Rates, []dp.Rate{{Q: 0.5, Noise: cfg.DP.Noise, Rounds: 3}}) {
 		t.Fatalf("history %+v", st.Rates)
 	}

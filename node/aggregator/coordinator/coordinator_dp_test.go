@@ -1,4 +1,4 @@
-package aggregator
+package coordinator
 
 import (
 	"errors"
@@ -55,7 +55,7 @@ func TestCoordinatorDPAccountant(t *testing.T) {
 			t.Fatalf("round %d: restored accountant says %v, want %v", r, got, eps)
 		}
 		if r < 3 {
-			if len(ofType[Finished](out)) != 0 {
+			if len(OfType[Finished](out)) != 0 {
 				t.Fatalf("round %d: finished within the budget: %+v", r, out)
 			}
 			continue
@@ -73,10 +73,10 @@ func TestCoordinatorDPWaitsForPool(t *testing.T) {
 	cfg.DP.Budget = dp.EpsilonAfter(0.5, cfg.DP.Noise, 1, cfg.DP.Delta, nil) * 1.0001
 	c := mustNew(t, cfg)
 	bringOnline(c, ms(0), "a", "b")
-	if ds := c.Step(Tick{At: ms(100)}); len(ofType[Announce](ds)) != 0 || !c.NextDeadline().IsZero() {
+	if ds := c.Step(Tick{At: ms(100)}); len(OfType[Announce](ds)) != 0 || !c.NextDeadline().IsZero() {
 		t.Fatalf("announced (or armed a timer) with a pool of 2: %+v", ds)
 	}
-	if ds := bringOnline(c, ms(200), "c"); len(ofType[Announce](ds)) != 0 {
+	if ds := bringOnline(c, ms(200), "c"); len(OfType[Announce](ds)) != 0 {
 		t.Fatalf("announced with a pool of 3 (q = 2/3): %+v", ds)
 	}
 	a := only[Announce](t, bringOnline(c, ms(300), "d"))

@@ -1,4 +1,4 @@
-package aggregator
+package coordinator
 
 import (
 	"strings"
@@ -126,7 +126,7 @@ func TestCoordinatorSecAggAbort(t *testing.T) {
 	if ab.Round != 1 || ab.Attempt != 0 || !strings.Contains(ab.Reason, "threshold") {
 		t.Fatalf("abort %+v", ab)
 	}
-	if len(ofType[CloseRound](out)) != 0 {
+	if len(OfType[CloseRound](out)) != 0 {
 		t.Fatalf("an aborted session closed the round: %+v", out)
 	}
 	// A new selection with the next session (at once if every site is
@@ -190,7 +190,7 @@ func TestCoordinatorSecAggOffline(t *testing.T) {
 	}
 	c.Step(SecAggAdvanced{Round: 1, Phase: SecAggAdvertise, Next: []string{"a", "b", "c"}, At: ms(110)})
 	propose(t, c, sa("a", 1, 0, 3, 120))
-	if ds := c.Step(ClientOffline{ID: "c", At: ms(130)}); len(ofType[SecAggAdvance](ds)) != 0 {
+	if ds := c.Step(ClientOffline{ID: "c", At: ms(130)}); len(OfType[SecAggAdvance](ds)) != 0 {
 		t.Fatalf("closed with b still online and silent: %+v", ds)
 	}
 	out := propose(t, c, sa("b", 1, 0, 3, 140))

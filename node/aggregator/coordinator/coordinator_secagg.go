@@ -1,4 +1,4 @@
-package aggregator
+package coordinator
 
 import (
 	"fmt"
@@ -61,8 +61,8 @@ const (
 	SecAggUnmask    = 3
 )
 
-// secAggKind is the secagg.Kind a site sends in phase p (1, 3, 5, 7).
-func secAggKind(p int) int { return 2*p + 1 }
+// SecAggKind is the secagg.Kind a site sends in phase p (1, 3, 5, 7).
+func SecAggKind(p int) int { return 2*p + 1 }
 
 // SecAggArrived: a decoded and validated secure-aggregation message of a
 // site (its kind, the round and the session's attempt).
@@ -224,9 +224,9 @@ func (c *Coordinator) SecAggCounted(client string, kind int) bool {
 	switch {
 	case c.cfg.SecAgg == nil:
 		return false
-	case kind == secAggKind(SecAggAdvertise) && c.phase != PhaseSecAgg:
+	case kind == SecAggKind(SecAggAdvertise) && c.phase != PhaseSecAgg:
 		return hasKey(c.received, client)
-	case c.phase == PhaseSecAgg && kind == secAggKind(c.sa.phase):
+	case c.phase == PhaseSecAgg && kind == SecAggKind(c.sa.phase):
 		return c.sa.got[client]
 	}
 	return false
@@ -272,7 +272,7 @@ func (c *Coordinator) judgeSecAgg(e SecAggArrived) Decision {
 	switch c.phase {
 	case PhaseCollecting, PhaseStalled:
 		switch {
-		case e.Kind != secAggKind(SecAggAdvertise):
+		case e.Kind != SecAggKind(SecAggAdvertise):
 			return rej(FutureRound)
 		case hasKey(c.received, e.Client):
 			return rej(Duplicate)
@@ -281,7 +281,7 @@ func (c *Coordinator) judgeSecAgg(e SecAggArrived) Decision {
 		}
 		return AcceptSecAgg{Round: e.Round, Attempt: e.Attempt, Kind: e.Kind, Client: e.Client}
 	case PhaseSecAgg:
-		want := secAggKind(c.sa.phase)
+		want := SecAggKind(c.sa.phase)
 		switch {
 		case e.Kind < want:
 			return counted()
@@ -477,7 +477,7 @@ func (c *Coordinator) resumeSecAgg() Decision {
 	return c.announceSecAgg()
 }
 
-func (c *Coordinator) snapshotSecAgg() *SecAggState {
+func (c *Coordinator) SnapshotSecAgg() *SecAggState {
 	if c.cfg.SecAgg == nil {
 		return nil
 	}

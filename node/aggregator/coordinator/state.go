@@ -1,4 +1,4 @@
-package aggregator
+package coordinator
 
 import (
 	"cmp"
@@ -125,8 +125,8 @@ func (c *Coordinator) Snapshot() State {
 		HasBest:      c.fed.hasBest,
 		SinceBest:    c.fed.sinceBest,
 		StopReason:   c.fed.stopReason,
-		DP:           c.snapshotDP(),
-		SecAgg:       c.snapshotSecAgg(),
+		DP:           c.SnapshotDP(),
+		SecAgg:       c.SnapshotSecAgg(),
 		Applied:      c.applied,
 		Roster:       c.Roster(),
 	}
@@ -233,80 +233,120 @@ func (c *Coordinator) Restore(s State) error {
 	return c.restoreDP(s.DP)
 }
 
-// check verifies the invariants Restore relies on.
+// check verifies the invariants Restore relies on, feature by feature: the
+// round, the client registry, the round's selection, the federated phases.
+// The first broken invariant is the one reported.
 func (s State) check() error {
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: %s", ErrBadState, fmt.Sprintf(format, a...))
+	if err := s.checkRound(); err != nil {
+		return err
 	}
+	known, err := s.checkClients()
+	if err != nil {
+		return err
+	}
+	if err := s.checkSelection(known); err != nil {
+		return err
+	}
+	return s.checkFed(known)
+}
+
+// badState is check's error: ErrBadState with what is wrong.
+func badState(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadState, fmt.Sprintf(format, a...))
+}
+
+// checkRound: the version, the phase, the round's counters, and an
+// announced selection where the phase needs one.
+func (s State) checkRound() error {
 	if s.Version != StateVersion {
-		return bad("version %d, want %d", s.Version, StateVersion)
+		return badState("version %d, want %d", s.Version, StateVersion)
 	}
 	switch s.Phase {
 	case PhaseWaiting, PhaseCollecting, PhaseStalled, PhaseClosing, PhaseFinished, PhaseStatistics, PhaseFitting, PhaseFinishing, PhaseSecAgg:
 	default:
-		return bad("unknown phase %q", s.Phase)
+		return badState("unknown phase %q", s.Phase)
 	}
 	if s.Round < 1 || s.Attempts < 0 || s.Late < 0 {
-		return bad("round %d, attempts %d, late %d", s.Round, s.Attempts, s.Late)
+		return badState("round %d, attempts %d, late %d", s.Round, s.Attempts, s.Late)
 	}
 	if (s.Phase == PhaseCollecting || s.Phase == PhaseStalled) && (s.Attempts < 1 || s.Deadline.IsZero()) {
-		return bad("phase %s without an announced selection", s.Phase)
+		return badState("phase %s without an announced selection", s.Phase)
 	}
+	return nil
+}
+
+// checkClients: each client listed once, with sane counts and pending
+// rounds; it returns the set of known ids.
+func (s State) checkClients() (map[string]bool, error) {
 	known := make(map[string]bool, len(s.Clients))
 	for _, cs := range s.Clients {
 		switch {
 		case cs.ID == "":
-			return bad("client with empty id")
+			return nil, badState("client with empty id")
 		case known[cs.ID]:
-			return bad("client %q listed twice", cs.ID)
+			return nil, badState("client %q listed twice", cs.ID)
 		case cs.Samples < 0 || cs.LastRound < 0:
-			return bad("client %q has negative counts", cs.ID)
+			return nil, badState("client %q has negative counts", cs.ID)
 		case len(cs.Pending) > maxPending || !slices.IsSorted(cs.Pending) ||
 			len(slices.Compact(slices.Clone(cs.Pending))) != len(cs.Pending) ||
 			(len(cs.Pending) > 0 && (cs.Pending[0] <= cs.LastRound || cs.Pending[len(cs.Pending)-1] > s.Round)):
-			return bad("client %q has pending rounds %v (last round %d, round %d)", cs.ID, cs.Pending, cs.LastRound, s.Round)
+			return nil, badState("client %q has pending rounds %v (last round %d, round %d)", cs.ID, cs.Pending, cs.LastRound, s.Round)
 		case cs.HasLoss && (math.IsNaN(cs.Loss) || math.IsInf(cs.Loss, 0)):
-			return bad("client %q has a non-finite loss", cs.ID)
+			return nil, badState("client %q has a non-finite loss", cs.ID)
 		}
 		known[cs.ID] = true
 	}
+	return known, nil
+}
+
+// checkSelection: the invited are known clients, the selected and the
+// received are invited, each listed once.
+func (s State) checkSelection(known map[string]bool) error {
 	invited := make(map[string]bool, len(s.Invited))
 	for _, id := range s.Invited {
 		if !known[id] || invited[id] {
-			return bad("invited client %q unknown or listed twice", id)
+			return badState("invited client %q unknown or listed twice", id)
 		}
 		invited[id] = true
 	}
 	seen := make(map[string]bool, len(s.Selected))
 	for _, id := range s.Selected {
 		if !invited[id] || seen[id] {
-			return bad("selected client %q not invited or listed twice", id)
+			return badState("selected client %q not invited or listed twice", id)
 		}
 		seen[id] = true
 	}
 	clear(seen)
 	for _, r := range s.Received {
 		if !invited[r.Client] || seen[r.Client] {
-			return bad("received client %q not invited or listed twice", r.Client)
+			return badState("received client %q not invited or listed twice", r.Client)
 		}
 		seen[r.Client] = true
 	}
+	return nil
+}
+
+// checkFed: the federated phases' sites (statistics, evaluation reports)
+// are known clients listed once; the stopping rule's figures are sane; the
+// statistics and fitting phases are in round 1 only.
+func (s State) checkFed(known map[string]bool) error {
+	seen := make(map[string]bool, len(s.StatsSites))
 	for _, list := range [][]string{s.StatsSites, s.EvalGot} {
 		clear(seen)
 		for _, id := range list {
 			if !known[id] || seen[id] {
-				return bad("statistics or evaluation site %q unknown or listed twice", id)
+				return badState("statistics or evaluation site %q unknown or listed twice", id)
 			}
 			seen[id] = true
 		}
 	}
 	switch {
 	case s.EvalRound < -1 || s.SinceBest < 0:
-		return bad("eval round %d, since best %d", s.EvalRound, s.SinceBest)
+		return badState("eval round %d, since best %d", s.EvalRound, s.SinceBest)
 	case s.HasBest && (math.IsNaN(s.BestLoss) || math.IsInf(s.BestLoss, 0)):
-		return bad("a non-finite best loss")
+		return badState("a non-finite best loss")
 	case (s.Phase == PhaseStatistics || s.Phase == PhaseFitting) && s.Round != 1:
-		return bad("phase %s in round %d", s.Phase, s.Round)
+		return badState("phase %s in round %d", s.Phase, s.Round)
 	}
 	return nil
 }

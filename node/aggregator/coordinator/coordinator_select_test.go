@@ -1,4 +1,4 @@
-package aggregator
+package coordinator
 
 import (
 	"errors"
@@ -91,9 +91,9 @@ func TestCoordinatorPoissonDraw(t *testing.T) {
 				if math.Abs(st.Q-tc.wantQ) > 1e-15 || st.M != tc.wantM {
 					t.Fatalf("round %d: q %v, denominator %d; want %v, %d", r, st.Q, st.M, tc.wantQ, tc.wantM)
 				}
-				crs := ofType[CloseRound](ds)
+				crs := OfType[CloseRound](ds)
 				for i, id := range a.Selected {
-					crs = append(crs, ofType[CloseRound](c.Step(upd(id, r, base+100+i)))...)
+					crs = append(crs, OfType[CloseRound](c.Step(upd(id, r, base+100+i)))...)
 				}
 				if len(crs) != 1 || crs[0].Denominator != tc.wantM || len(crs[0].Contributors) != len(a.Selected) {
 					t.Fatalf("round %d: closes %+v, want one close of %d contributors over %d", r, crs, len(a.Selected), tc.wantM)
@@ -185,14 +185,14 @@ func TestCoordinatorPoissonQuorum(t *testing.T) {
 			c.Step(upd(pool[i], 1, 200+i))
 		}
 		ext := c.Step(Tick{At: ms(1100)}) // one short of the quorum at the deadline
-		if len(ofType[Extend](ext)) != 1 {
+		if len(OfType[Extend](ext)) != 1 {
 			t.Fatalf("%+v: %d of %d reported at the deadline: %+v, want an extension", tc, tc.want-1, tc.drawn, ext)
 		}
 		if tc.want == tc.drawn {
 			c.Step(Tick{At: ms(1600)})
 			mustEqual(t, fmt.Sprintf("%+v: phase below quorum after the extension", tc), c.Phase(), PhaseStalled)
 		}
-		cr := ofType[CloseRound](c.Step(upd(pool[tc.want-1], 1, 1700)))
+		cr := OfType[CloseRound](c.Step(upd(pool[tc.want-1], 1, 1700)))
 		if tc.want < tc.drawn {
 			// Overdue: closes the moment it has its quorum.
 			if len(cr) != 1 || len(cr[0].Contributors) != tc.want || len(cr[0].Stragglers) != tc.drawn-tc.want {
@@ -242,7 +242,7 @@ func TestCoordinatorInvitations(t *testing.T) {
 	cfg.Invitations = false
 	c = mustNew(t, cfg)
 	bringOnline(c, ms(0), "a", "b")
-	if ds := append(c.Step(Tick{At: ms(100)}), bringOnline(c, ms(200), "a")...); len(ofType[Invite](ds)) != 0 {
+	if ds := append(c.Step(Tick{At: ms(100)}), bringOnline(c, ms(200), "a")...); len(OfType[Invite](ds)) != 0 {
 		t.Fatalf("invitations without Config.Invitations: %+v", ds)
 	}
 }
@@ -323,7 +323,7 @@ func TestCoordinatorFixedRounds(t *testing.T) {
 					var closes []CloseRound
 					for i, id := range c.Snapshot().Selected {
 						closedAt = now + 10 + i
-						closes = append(closes, ofType[CloseRound](c.Step(upd(id, r, closedAt)))...)
+						closes = append(closes, OfType[CloseRound](c.Step(upd(id, r, closedAt)))...)
 					}
 					if fixed {
 						if len(closes) != 0 {
