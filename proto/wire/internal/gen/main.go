@@ -439,6 +439,20 @@ func consume(m *proto3.Message, fl *proto3.Field) (stmt, typ string) {
 func codecFile(w *writer, f *proto3.File) {
 	w.p("import \"google.golang.org/protobuf/encoding/protowire\"")
 	w.p("")
+	envelopeCodec(w, f)
+	for _, m := range f.Messages {
+		w.p("// %s", m.Name)
+		w.p("")
+		oneofEncoders(w, m)
+		fields := byNumber(m)
+		sizeAndAppend(w, m, fields)
+		unmarshalFunc(w, m, fields)
+	}
+}
+
+// envelopeCodec writes the envelope's field numbers and the helpers over
+// its body: isBodyField, fieldName, each body message's wrap, and message.
+func envelopeCodec(w *writer, f *proto3.File) {
 	env := f.Message(envelope)
 	body := env.Oneofs[0]
 	w.p("// Field numbers of the %s.", envelope)
@@ -491,74 +505,83 @@ func codecFile(w *writer, f *proto3.File) {
 	w.p("return nil, 0")
 	w.p("}")
 	w.p("")
-	for _, m := range f.Messages {
-		w.p("// %s", m.Name)
-		w.p("")
-		for _, o := range m.Oneofs {
-			w.p("// %s returns the %s's member as marshalled: a oneof wrapper holding a nil", encoded(o), o.Name)
-			w.p("// message is an empty message, as protobuf-go wrote it.")
-			w.p("func (x *%s) %s() (codec, protowire.Number) {", m.Name, encoded(o))
-			w.p("switch b := x.%s.(type) {", proto3.GoName(o.Name))
-			for _, fl := range o.Fields {
-				g := proto3.GoName(fl.Name)
-				w.p("case *%s:", wrapper(m, fl))
-				w.p("if b != nil && b.%s != nil {", g)
-				w.p("return b.%s, %d", g, fl.Number)
-				w.p("}")
-				w.p("if b != nil {")
-				w.p("return &%s{}, %d", fl.Message.Name, fl.Number)
-				w.p("}")
-			}
+}
+
+// oneofEncoders writes, for each of a message's oneofs, the method that
+// returns its member as marshalled.
+func oneofEncoders(w *writer, m *proto3.Message) {
+	for _, o := range m.Oneofs {
+		w.p("// %s returns the %s's member as marshalled: a oneof wrapper holding a nil", encoded(o), o.Name)
+		w.p("// message is an empty message, as protobuf-go wrote it.")
+		w.p("func (x *%s) %s() (codec, protowire.Number) {", m.Name, encoded(o))
+		w.p("switch b := x.%s.(type) {", proto3.GoName(o.Name))
+		for _, fl := range o.Fields {
+			g := proto3.GoName(fl.Name)
+			w.p("case *%s:", wrapper(m, fl))
+			w.p("if b != nil && b.%s != nil {", g)
+			w.p("return b.%s, %d", g, fl.Number)
 			w.p("}")
-			w.p("return nil, 0")
-			w.p("}")
-			w.p("")
-		}
-		fields := byNumber(m)
-		w.p("func (x *%s) size() int {", m.Name)
-		w.p("n := 0")
-		encodeFields(w, fields, "n += sizeMessage(num, true, m)", func(fl *proto3.Field) string { return "n += " + sizeExpr(fl) })
-		w.p("return n")
-		w.p("}")
-		w.p("")
-		w.p("func (x *%s) appendTo(b []byte) []byte {", m.Name)
-		encodeFields(w, fields, "b = appendMessage(b, num, true, m)", func(fl *proto3.Field) string { return "b = " + appendExpr(fl) })
-		w.p("return b")
-		w.p("}")
-		w.p("")
-		w.p("func (x *%s) unmarshal(b []byte, d *decoder) error {", m.Name)
-		w.p("return fields(%q, b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {", m.Name)
-		w.p("switch num {")
-		for _, fl := range fields {
-			w.p("case %d:", fl.Number)
-			if o := fl.Oneof; o != nil {
-				g := proto3.GoName(fl.Name)
-				w.p("if typ == protowire.BytesType {")
-				w.p("w, ok := x.%s.(*%s)", proto3.GoName(o.Name), wrapper(m, fl))
-				w.p("if !ok || w == nil || w.%s == nil {", g)
-				w.p("w = &%s{%s: &%s{}}", wrapper(m, fl), g, fl.Message.Name)
-				w.p("}")
-				w.p("n, err := consumeMessage(w.%s, b, d)", g)
-				w.p("x.%s = w", proto3.GoName(o.Name))
-				w.p("return n, err")
-				w.p("}")
-				continue
-			}
-			stmt, typ := consume(m, fl)
-			if typ == "" {
-				w.p("%s", stmt)
-				continue
-			}
-			w.p("if typ == protowire.%s {", typ)
-			w.p("%s", stmt)
+			w.p("if b != nil {")
+			w.p("return &%s{}, %d", fl.Message.Name, fl.Number)
 			w.p("}")
 		}
 		w.p("}")
-		w.p("return 0, nil")
-		w.p("})")
+		w.p("return nil, 0")
 		w.p("}")
 		w.p("")
 	}
+}
+
+// sizeAndAppend writes a message's size and appendTo methods.
+func sizeAndAppend(w *writer, m *proto3.Message, fields []*proto3.Field) {
+	w.p("func (x *%s) size() int {", m.Name)
+	w.p("n := 0")
+	encodeFields(w, fields, "n += sizeMessage(num, true, m)", func(fl *proto3.Field) string { return "n += " + sizeExpr(fl) })
+	w.p("return n")
+	w.p("}")
+	w.p("")
+	w.p("func (x *%s) appendTo(b []byte) []byte {", m.Name)
+	encodeFields(w, fields, "b = appendMessage(b, num, true, m)", func(fl *proto3.Field) string { return "b = " + appendExpr(fl) })
+	w.p("return b")
+	w.p("}")
+	w.p("")
+}
+
+// unmarshalFunc writes a message's unmarshal method: a case per field
+// number, a oneof member merged into the member already there.
+func unmarshalFunc(w *writer, m *proto3.Message, fields []*proto3.Field) {
+	w.p("func (x *%s) unmarshal(b []byte, d *decoder) error {", m.Name)
+	w.p("return fields(%q, b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {", m.Name)
+	w.p("switch num {")
+	for _, fl := range fields {
+		w.p("case %d:", fl.Number)
+		if o := fl.Oneof; o != nil {
+			g := proto3.GoName(fl.Name)
+			w.p("if typ == protowire.BytesType {")
+			w.p("w, ok := x.%s.(*%s)", proto3.GoName(o.Name), wrapper(m, fl))
+			w.p("if !ok || w == nil || w.%s == nil {", g)
+			w.p("w = &%s{%s: &%s{}}", wrapper(m, fl), g, fl.Message.Name)
+			w.p("}")
+			w.p("n, err := consumeMessage(w.%s, b, d)", g)
+			w.p("x.%s = w", proto3.GoName(o.Name))
+			w.p("return n, err")
+			w.p("}")
+			continue
+		}
+		stmt, typ := consume(m, fl)
+		if typ == "" {
+			w.p("%s", stmt)
+			continue
+		}
+		w.p("if typ == protowire.%s {", typ)
+		w.p("%s", stmt)
+		w.p("}")
+	}
+	w.p("}")
+	w.p("return 0, nil")
+	w.p("})")
+	w.p("}")
+	w.p("")
 }
 
 // encodeFields writes one statement a field, in number order: field(fl),
