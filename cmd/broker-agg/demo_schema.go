@@ -39,7 +39,7 @@ func runDemoSchema(ctx context.Context, f *demoFlags, log *slog.Logger, stdout i
 		return fmt.Errorf("--schema: %w", err)
 	}
 	if f.dp.mode != "off" && !sc.Declared() {
-		return fmt.Errorf("--dp with --schema %s: the schema must declare its preprocessing (center and scale of every numeric feature, levels of every categorical one; deploy/schema-dp.example.json): the statistics phase would send per-site statistics the guarantee does not cover (docs/privacy.md, \"Preprocessing under DP\")", f.schema)
+		return fmt.Errorf("--dp with --schema %s: the schema must declare its preprocessing, or the statistics phase is outside the guarantee (hint: deploy/schema-dp.example.json)", f.schema)
 	}
 	path, label, err := bundle.ParseDataArg(f.data)
 	if err != nil || label != "" {
