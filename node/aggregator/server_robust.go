@@ -245,11 +245,11 @@ func (s *Server) watchDivergence(st *robustState, rep split.StepReport, ids []st
 			st.DivergingSince = round
 		}
 		s.diverging.Add(1)
-		msg := "the FedSplit iterate is diverging: the sites' steps of z (the fixed-point residual) have grown in every one of the last rounds, which honest convex sites never do"
+		msg := "the FedSplit iterate is diverging: the sites' steps of z grew in each of the last rounds" // honest convex sites' never do
 		if rep.Culprit >= 0 {
 			s.log.Warn(msg+"; the site with the largest share of the growth is set aside", "round", round, "residual", rep.Watch.Median, "since", st.DivergingSince, "client", ids[rep.Culprit])
 		} else {
-			s.log.Warn(msg+"; look for a site scaling its updates (status shows each site's clipped rounds)", "round", round, "residual", rep.Watch.Median, "since", st.DivergingSince)
+			s.log.Warn(msg+"; look for a site scaling its updates", "hint", "status shows each site's clipped rounds", "round", round, "residual", rep.Watch.Median, "since", st.DivergingSince)
 		}
 	case rep.Watch.Growing == 0:
 		st.DivergingSince = 0
