@@ -31,9 +31,8 @@ var slogMsgArg = map[string]int{
 }
 
 // scan returns the error and log texts of the non-test Go files under
-// root, skipping hidden directories, testdata and the skip paths
-// (slash-separated, relative to root).
-func scan(root string, skip []string) ([]text, error) {
+// root, skipping hidden directories and testdata.
+func scan(root string) ([]text, error) {
 	var out []text
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -45,11 +44,6 @@ func scan(root string, skip []string) ([]text, error) {
 			n := d.Name()
 			if p != root && (strings.HasPrefix(n, ".") || n == "testdata") {
 				return filepath.SkipDir
-			}
-			for _, s := range skip {
-				if rel == s {
-					return filepath.SkipDir
-				}
 			}
 			return nil
 		}

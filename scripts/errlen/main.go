@@ -20,7 +20,7 @@ func main() {
 	if flag.NArg() > 0 {
 		root = flag.Arg(0)
 	}
-	texts, err := scan(root, nil)
+	texts, err := scan(root)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "errlen:", err)
 		os.Exit(1)
