@@ -171,71 +171,9 @@ func ParseAlgos(list string, def Local, isAgg func(name string) bool) ([]Algo, e
 		if item == "" {
 			continue
 		}
-		parts := strings.Split(item, ":")
-		a := Algo{Family: parts[0], Local: def}
-		switch a.Family {
-		case FedAvg:
-			// FedAvg is defined by its local SGD without a proximal term.
-			a.Agg, a.Local.Mu, a.Local.Solver = "fedavg", 0, proxsolver.SGD
-		case FedProx:
-			a.Agg = "mean"
-		case FedSplit, FedProxSplit:
-			a.Agg = split.StepRobust
-		default:
-			if isAgg == nil || !isAgg(a.Family) {
-				return nil, fmt.Errorf("--algo: unknown algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit or an aggregator name)", a.Family)
-			}
-			a.Agg, a.Family = a.Family, FedProx
-		}
-		var aggOpts []string
-		for _, kv := range parts[1:] {
-			k, v, ok := strings.Cut(kv, "=")
-			if !ok {
-				return nil, fmt.Errorf("--algo %q: option %q is not key=value", item, kv)
-			}
-			if !algoKeys[k] {
-				aggOpts = append(aggOpts, kv)
-				continue
-			}
-			if a.Family == FedAvg && k == "mu" {
-				return nil, fmt.Errorf("--algo %q: fedavg has no proximal term (use fedprox:mu=...)", item)
-			}
-			if err := a.Local.set(k, v, &a.Label); err != nil {
-				return nil, fmt.Errorf("--algo %q: %w", item, err)
-			}
-		}
-		if len(aggOpts) > 0 && (a.Family == FedSplit || a.Family == FedProxSplit) {
-			// The server step's one option: mult=M, or mult=off for the
-			// plain mean.
-			if len(aggOpts) != 1 || !strings.HasPrefix(aggOpts[0], "mult=") {
-				return nil, fmt.Errorf("--algo %q: unknown option(s) %s (want solver, mu, gamma, epochs, batch, lr, step, relax, label, mult)", item, strings.Join(aggOpts, ", "))
-			}
-			a.Agg = split.StepRobust + ":" + aggOpts[0]
-			if aggOpts[0] == "mult=off" {
-				a.Agg = split.StepMean
-			}
-			if _, err := split.ParseServerStep(a.Agg); err != nil {
-				return nil, fmt.Errorf("--algo %q: %w", item, err)
-			}
-			aggOpts = nil
-		}
-		if len(aggOpts) > 0 && a.Family == FedAvg {
-			// FedAvg's one option: its sample cap, cap=M (cap=0: off),
-			// as the daemon's --aggregator fedavg:cap=M.
-			if len(aggOpts) != 1 || !strings.HasPrefix(aggOpts[0], "cap=") {
-				return nil, fmt.Errorf("--algo %q: unknown option(s) %s (want solver, gamma, epochs, batch, lr, label, cap)", item, strings.Join(aggOpts, ", "))
-			}
-			a.Agg = "fedavg:" + aggOpts[0]
-			aggOpts = nil
-		}
-		if len(aggOpts) > 0 {
-			if a.Family == FedSplit || a.Family == FedProxSplit || a.Agg == "fedavg" || a.Agg == "mean" {
-				return nil, fmt.Errorf("--algo %q: unknown option(s) %s (want solver, mu, gamma, epochs, batch, lr, step, relax, label)", item, strings.Join(aggOpts, ", "))
-			}
-			a.Agg += ":" + strings.Join(aggOpts, ":")
-		}
-		if a.Label == "" {
-			a.Label = item
+		a, err := parseAlgo(item, def, isAgg)
+		if err != nil {
+			return nil, err
 		}
 		if seen[a.Label] {
 			return nil, fmt.Errorf("--algo: %q listed twice (give one a label=NAME)", a.Label)
@@ -247,6 +185,109 @@ func ParseAlgos(list string, def Local, isAgg func(name string) bool) ([]Algo, e
 		return nil, errors.New("--algo: no algorithm given")
 	}
 	return out, nil
+}
+
+// parseAlgo parses one item of --algo, NAME[:key=value...]: its family and
+// aggregator, its local knobs, and the options left for the aggregator.
+func parseAlgo(item string, def Local, isAgg func(name string) bool) (Algo, error) {
+	parts := strings.Split(item, ":")
+	a, err := algoFamily(parts[0], def, isAgg)
+	if err != nil {
+		return Algo{}, err
+	}
+	aggOpts, err := a.setLocal(item, parts[1:])
+	if err != nil {
+		return Algo{}, err
+	}
+	if err := a.setAggOptions(item, aggOpts); err != nil {
+		return Algo{}, err
+	}
+	if a.Label == "" {
+		a.Label = item
+	}
+	return a, nil
+}
+
+// algoFamily returns the Algo for an algorithm name with def's knobs: its
+// family and aggregator (an aggregator name is FedProx feeding it).
+func algoFamily(name string, def Local, isAgg func(name string) bool) (Algo, error) {
+	a := Algo{Family: name, Local: def}
+	switch a.Family {
+	case FedAvg:
+		// FedAvg is defined by its local SGD without a proximal term.
+		a.Agg, a.Local.Mu, a.Local.Solver = "fedavg", 0, proxsolver.SGD
+	case FedProx:
+		a.Agg = "mean"
+	case FedSplit, FedProxSplit:
+		a.Agg = split.StepRobust
+	default:
+		if isAgg == nil || !isAgg(a.Family) {
+			return a, fmt.Errorf("--algo: unknown algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit or an aggregator name)", a.Family)
+		}
+		a.Agg, a.Family = a.Family, FedProx
+	}
+	return a, nil
+}
+
+// setLocal sets the per-algorithm options of opts (key=value) on a and
+// returns the others, which are the aggregator's.
+func (a *Algo) setLocal(item string, opts []string) ([]string, error) {
+	var aggOpts []string
+	for _, kv := range opts {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, fmt.Errorf("--algo %q: option %q is not key=value", item, kv)
+		}
+		if !algoKeys[k] {
+			aggOpts = append(aggOpts, kv)
+			continue
+		}
+		if a.Family == FedAvg && k == "mu" {
+			return nil, fmt.Errorf("--algo %q: fedavg has no proximal term (use fedprox:mu=...)", item)
+		}
+		if err := a.Local.set(k, v, &a.Label); err != nil {
+			return nil, fmt.Errorf("--algo %q: %w", item, err)
+		}
+	}
+	return aggOpts, nil
+}
+
+// setAggOptions applies the aggregator's options: the FedSplit server
+// step's mult=M, FedAvg's cap=M, or an aggregator's own options (none
+// for fedsplit, fedavg and fedprox's mean).
+func (a *Algo) setAggOptions(item string, aggOpts []string) error {
+	if len(aggOpts) == 0 {
+		return nil
+	}
+	if a.Family == FedSplit || a.Family == FedProxSplit {
+		// The server step's one option: mult=M, or mult=off for the
+		// plain mean.
+		if len(aggOpts) != 1 || !strings.HasPrefix(aggOpts[0], "mult=") {
+			return fmt.Errorf("--algo %q: unknown option(s) %s (want solver, mu, gamma, epochs, batch, lr, step, relax, label, mult)", item, strings.Join(aggOpts, ", "))
+		}
+		a.Agg = split.StepRobust + ":" + aggOpts[0]
+		if aggOpts[0] == "mult=off" {
+			a.Agg = split.StepMean
+		}
+		if _, err := split.ParseServerStep(a.Agg); err != nil {
+			return fmt.Errorf("--algo %q: %w", item, err)
+		}
+		return nil
+	}
+	if a.Family == FedAvg {
+		// FedAvg's one option: its sample cap, cap=M (cap=0: off),
+		// as the daemon's --aggregator fedavg:cap=M.
+		if len(aggOpts) != 1 || !strings.HasPrefix(aggOpts[0], "cap=") {
+			return fmt.Errorf("--algo %q: unknown option(s) %s (want solver, gamma, epochs, batch, lr, label, cap)", item, strings.Join(aggOpts, ", "))
+		}
+		a.Agg = "fedavg:" + aggOpts[0]
+		return nil
+	}
+	if a.Family == FedSplit || a.Family == FedProxSplit || a.Agg == "fedavg" || a.Agg == "mean" {
+		return fmt.Errorf("--algo %q: unknown option(s) %s (want solver, mu, gamma, epochs, batch, lr, step, relax, label)", item, strings.Join(aggOpts, ", "))
+	}
+	a.Agg += ":" + strings.Join(aggOpts, ":")
+	return nil
 }
 
 func (l *Local) set(k, v string, label *string) error {

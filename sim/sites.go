@@ -138,7 +138,7 @@ func readSchemaData(cfg *Config, progress io.Writer) (*schemaData, error) {
 		return nil, err
 	}
 	if cfg.DP != nil && !s.Declared() {
-		return nil, fmt.Errorf("--dp with --schema %s: the schema must declare its preprocessing (center and scale of every numeric feature, levels of every categorical one; deploy/schema-dp.example.json): the statistics phase would send per-site statistics the guarantee does not cover (docs/privacy.md, \"Preprocessing under DP\")", cfg.Schema)
+		return nil, fmt.Errorf("--dp with --schema %s: the schema must declare its preprocessing, or the statistics phase is outside the guarantee (hint: deploy/schema-dp.example.json)", cfg.Schema)
 	}
 	path, err := schemaSource(cfg.Dataset, s)
 	if err != nil {

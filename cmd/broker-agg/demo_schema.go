@@ -40,7 +40,7 @@ func runDemoSchema(ctx context.Context, f *demoFlags, log *slog.Logger, stdout i
 		return fmt.Errorf("--schema: %w", err)
 	}
 	if f.dp.mode != "off" && !sc.Declared() {
-		return fmt.Errorf("--dp with --schema %s: the schema must declare its preprocessing (center and scale of every numeric feature, levels of every categorical one; deploy/schema-dp.example.json): the statistics phase would send per-site statistics the guarantee does not cover (docs/privacy.md, \"Preprocessing under DP\")", f.schema)
+		return fmt.Errorf("--dp with --schema %s: the schema must declare its preprocessing, or the statistics phase is outside the guarantee (hint: deploy/schema-dp.example.json)", f.schema)
 	}
 	path, label, err := bundle.ParseDataArg(f.data)
 	if err != nil || label != "" {
@@ -118,17 +118,7 @@ func runDemoSchema(ctx context.Context, f *demoFlags, log *slog.Logger, stdout i
 		waitSiteBundles(ctx, final, ids, outs, 15*time.Second, stdout)
 	}
 	view, _ := lf.Server.Watch()
-	// A site's evaluation report and its update travel separately (the
-	// ingest workers may store the update first), so a round's row can be
-	// printed before the evaluation it would show is complete: print those
-	// from the history now.
-	if st, err := lf.Server.LiveStatus(-1, -1); err == nil && st.Live != nil {
-		for _, e := range st.Live.Evaluations {
-			if e.Round > printed && len(e.Sites) == len(ids) && (view.Evaluation == nil || e.Round < view.Evaluation.Round) {
-				fmt.Fprintf(stdout, "%5s  %-9s  %-10s  %-8s  of round %d: %s\n", "", "", "", "", e.Round, evalFigures(e.Federation))
-			}
-		}
-	}
+	printLateEvaluations(lf.Server, view.Evaluation, printed, len(ids), stdout)
 	if err := lf.Stop(); err != nil {
 		return err
 	}
@@ -227,6 +217,23 @@ func figures(r evaluate.Report) string {
 		s += fmt.Sprintf("  AUC %.4f", *r.AUC)
 	}
 	return s
+}
+
+// printLateEvaluations prints the evaluations completed after the row of
+// the round that would have shown them: a site's evaluation report and its
+// update travel separately (the ingest workers may store the update
+// first), so with rounds drawn back to back a row can be printed before
+// its evaluation is complete. The history has them.
+func printLateEvaluations(srv *aggregator.Server, last *aggregator.EvalStatus, printed, sites int, stdout io.Writer) {
+	st, err := srv.LiveStatus(-1, -1)
+	if err != nil || st.Live == nil {
+		return
+	}
+	for _, e := range st.Live.Evaluations {
+		if e.Round > printed && len(e.Sites) == sites && (last == nil || e.Round < last.Round) {
+			fmt.Fprintf(stdout, "%5s  %-9s  %-10s  %-8s  of round %d: %s\n", "", "", "", "", e.Round, evalFigures(e.Federation))
+		}
+	}
 }
 
 // evalFigures is figures for an evaluation of the history, which keeps

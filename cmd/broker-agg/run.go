@@ -388,7 +388,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if f.rollback != "" && cfg.DP != nil {
-		return errors.New("--rollback with --dp: the rounds after the one rolled back to were published and charged to the accountant; rolling back would forget their charge and publish them again under the same noise key")
+		return errors.New("--rollback with --dp: the rounds after the rollback point were published and charged; they would be published again under the same noise key")
 	}
 	if f.rollback != "" {
 		if err := rollbackState(cfg.StatePath, f.rollback, log); err != nil {
@@ -457,7 +457,7 @@ func (f *serveFlags) externalBroker(cfg *aggregator.ServerConfig) error {
 // embeddedBroker is the embedded broker's configuration.
 func (f *serveFlags) embeddedBroker(topics wire.Topics, log *slog.Logger) (broker.Config, error) {
 	if f.username != "" || f.passwordFile != "" || f.tlsCA != "" || f.tlsServerName != "" {
-		return broker.Config{}, errors.New("--username, --broker-password-file, --tls-ca and --tls-server-name configure the connection to an external --broker (the embedded broker's client CA is --tls-client-ca)")
+		return broker.Config{}, errors.New("--username, --broker-password-file, --tls-ca and --tls-server-name are for an external --broker (hint: the embedded broker's client CA is --tls-client-ca)")
 	}
 	listen := f.listen
 	if listen == "" {

@@ -93,10 +93,35 @@ func fetchStatus(ctx context.Context, dc *daemonClient, addr string) (aggregator
 	return st, nil
 }
 
+// printStatus prints a federation's status (a daemon's, or a state file's).
 func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 	if st.Live != nil {
 		now = st.Live.Now // the daemon's clock
 	}
+	printRound(w, st, now)
+	if st.Privacy != nil {
+		printPrivacy(w, st)
+	}
+	if st.SecAgg != nil {
+		printSecAgg(w, st.SecAgg)
+	}
+	if err := printClients(w, st, now); err != nil {
+		return err
+	}
+	printAbsent(w, st, now)
+	printDuplicates(w, st.DuplicateInstances)
+	if err := printFedSplitScreen(w, st); err != nil {
+		return err
+	}
+	if err := printLive(w, st); err != nil {
+		return err
+	}
+	return printFedStatus(w, st)
+}
+
+// printRound prints the round header: federation, round and phase, the
+// run, the sites selected and received, and the round counters.
+func printRound(w io.Writer, st aggregator.Status, now time.Time) {
 	fmt.Fprintf(w, "federation %s (%s)  round %d", orDash(st.Federation), orDash(st.Algorithm), st.Round)
 	if l := st.Live; l != nil && l.Rounds > 0 {
 		fmt.Fprintf(w, " of %d", l.Rounds)
@@ -122,47 +147,58 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 	c := st.Counters
 	fmt.Fprintf(w, "rounds closed %d  accepted %d (late %d, partial %d)  stragglers %d  extensions %d  reselections %d\n",
 		c.RoundsClosed, c.Accepted, c.AcceptedLate, c.PartialUpdates, c.Stragglers, c.Extensions, c.Reselections)
-	if p := st.Privacy; p != nil {
-		budget := "no budget"
-		if p.Budget > 0 {
-			budget = fmt.Sprintf("budget %g", p.Budget)
-		}
-		fmt.Fprintf(w, "differential privacy (%s): epsilon %.4g at delta %g after %d rounds (%s; clip %g, noise multiplier %g); per site without amplification %.4g (the most rounds one site contributed to: %d)",
-			p.Mode, p.Epsilon, p.Delta, p.Rounds, budget, p.Clip, p.Noise, p.EpsilonUnamplified, p.SiteRounds)
-		switch {
-		case p.FixedRounds:
-			fmt.Fprint(w, "; rounds close at their deadline (--dp-fixed-rounds): their timing is covered")
-		case p.Mode == dp.Central.String() && !p.Amplified:
-			fmt.Fprint(w, "; rounds close when every invited site has reported (--dp-fixed-rounds=false): their timing tells the draw's size")
-		case p.Mode == dp.Central.String():
-			fmt.Fprint(w, "; round timing not covered (rounds close when every invited site has reported; --dp-fixed-rounds)")
-		}
-		if p.Amplified {
-			fmt.Fprint(w, "; epsilon amplified by Poisson sampling (q < 1 per round)")
-		} else {
-			fmt.Fprint(w, "; epsilon charged at q = 1 every round (no amplification)")
-		}
-		if p.HoldsAgainst != "" {
-			fmt.Fprintf(w, "; epsilon holds against %s", p.HoldsAgainst)
-		}
-		if st.Schema == "" && st.StopReason != "" {
-			fmt.Fprintf(w, "; run ended: %s", st.StopReason) // printFedStatus says it with a schema
-		}
-		fmt.Fprintln(w)
+}
+
+// printPrivacy prints the run's differential privacy: epsilon spent, what
+// the round timing and the sampling cover, and how the run ended.
+func printPrivacy(w io.Writer, st aggregator.Status) {
+	p := st.Privacy
+	budget := "no budget"
+	if p.Budget > 0 {
+		budget = fmt.Sprintf("budget %g", p.Budget)
 	}
-	if sa := st.SecAgg; sa != nil {
-		fmt.Fprintf(w, "secure aggregation: phase %s, session %d  messages %d  aborted sessions %d  (threshold %d, clip %g, scale 2^%d)\n",
-			sa.Phase, sa.Attempt, sa.Messages, sa.Aborts, sa.Threshold, sa.Clip, sa.ScaleBits)
-		switch sa.Model {
-		case aggregator.SecAggModelSigned:
-			fmt.Fprintf(w, "  model: signed (all %d sites of the last key list signed their keys; each site checks every key against the federation CA)\n", sa.ListedKeys)
-		case aggregator.SecAggModelHBC:
-			fmt.Fprintf(w, "  model: honest-but-curious aggregator (%d of %d sites of the last key list signed their keys)\n", sa.SignedKeys, sa.ListedKeys)
-		}
-		if sa.LastAbort != "" {
-			fmt.Fprintf(w, "  last abort: %s\n", sa.LastAbort)
-		}
+	fmt.Fprintf(w, "differential privacy (%s): epsilon %.4g at delta %g after %d rounds (%s; clip %g, noise multiplier %g); per site without amplification %.4g (the most rounds one site contributed to: %d)",
+		p.Mode, p.Epsilon, p.Delta, p.Rounds, budget, p.Clip, p.Noise, p.EpsilonUnamplified, p.SiteRounds)
+	switch {
+	case p.FixedRounds:
+		fmt.Fprint(w, "; rounds close at their deadline (--dp-fixed-rounds): their timing is covered")
+	case p.Mode == dp.Central.String() && !p.Amplified:
+		fmt.Fprint(w, "; rounds close when every invited site has reported (--dp-fixed-rounds=false): their timing tells the draw's size")
+	case p.Mode == dp.Central.String():
+		fmt.Fprint(w, "; round timing not covered (rounds close when every invited site has reported; --dp-fixed-rounds)")
 	}
+	if p.Amplified {
+		fmt.Fprint(w, "; epsilon amplified by Poisson sampling (q < 1 per round)")
+	} else {
+		fmt.Fprint(w, "; epsilon charged at q = 1 every round (no amplification)")
+	}
+	if p.HoldsAgainst != "" {
+		fmt.Fprintf(w, "; epsilon holds against %s", p.HoldsAgainst)
+	}
+	if st.Schema == "" && st.StopReason != "" {
+		fmt.Fprintf(w, "; run ended: %s", st.StopReason) // printFedStatus says it with a schema
+	}
+	fmt.Fprintln(w)
+}
+
+// printSecAgg prints the secure aggregation session and its trust model.
+func printSecAgg(w io.Writer, sa *aggregator.SecAggStatus) {
+	fmt.Fprintf(w, "secure aggregation: phase %s, session %d  messages %d  aborted sessions %d  (threshold %d, clip %g, scale 2^%d)\n",
+		sa.Phase, sa.Attempt, sa.Messages, sa.Aborts, sa.Threshold, sa.Clip, sa.ScaleBits)
+	switch sa.Model {
+	case aggregator.SecAggModelSigned:
+		fmt.Fprintf(w, "  model: signed (all %d sites of the last key list signed their keys; each site checks every key against the federation CA)\n", sa.ListedKeys)
+	case aggregator.SecAggModelHBC:
+		fmt.Fprintf(w, "  model: honest-but-curious aggregator (%d of %d sites of the last key list signed their keys)\n", sa.SignedKeys, sa.ListedKeys)
+	}
+	if sa.LastAbort != "" {
+		fmt.Fprintf(w, "  last abort: %s\n", sa.LastAbort)
+	}
+}
+
+// printClients prints the table of sites: online, last seen, samples,
+// updates and this round's part.
+func printClients(w io.Writer, st aggregator.Status, now time.Time) error {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CLIENT\tONLINE\tLAST SEEN\tSAMPLES\tUPDATES\tLAST ROUND\tTHIS ROUND")
@@ -187,18 +223,7 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\n", ci.ID, online, seen, ci.Samples, ci.Participation, ci.LastRound, this)
 	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	printAbsent(w, st, now)
-	printDuplicates(w, st.DuplicateInstances)
-	if err := printFedSplitScreen(w, st); err != nil {
-		return err
-	}
-	if err := printLive(w, st); err != nil {
-		return err
-	}
-	return printFedStatus(w, st)
+	return tw.Flush()
 }
 
 // printLive prints what only a running daemon knows: each site's straggled
@@ -253,8 +278,24 @@ func printLive(w io.Writer, st aggregator.Status) error {
 // printFedStatus prints a run's schema, statistics, evaluation, site errors
 // and final bundle (nothing for a run without a schema and site errors).
 func printFedStatus(w io.Writer, st aggregator.Status) error {
+	printSiteErrors(w, st.Clients)
+	if st.Schema == "" {
+		return nil
+	}
+	printSchema(w, st)
+	if st.Evaluation != nil {
+		if err := printEvaluation(w, st.Evaluation, st.Privacy != nil); err != nil {
+			return err
+		}
+	}
+	printRunEnd(w, st)
+	return nil
+}
+
+// printSiteErrors prints the errors the sites reported.
+func printSiteErrors(w io.Writer, clients []aggregator.ClientInfo) {
 	var errs []string
-	for _, ci := range st.Clients {
+	for _, ci := range clients {
 		if ci.Error != nil {
 			errs = append(errs, fmt.Sprintf("  %s: %s: %s", ci.ID, ci.Error.Reason, ci.Error.Message))
 		}
@@ -262,9 +303,11 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 	if len(errs) > 0 {
 		fmt.Fprintf(w, "\nsite errors:\n%s\n", strings.Join(errs, "\n"))
 	}
-	if st.Schema == "" {
-		return nil
-	}
+}
+
+// printSchema prints the run's schema, the statistics phase and its
+// review, the sites left out of the preprocessing and the model.
+func printSchema(w io.Writer, st aggregator.Status) {
 	if len(st.StatisticsSites) == 0 && st.Model != nil {
 		// A fitted transform has at least one statistics site.
 		fmt.Fprintf(w, "\nschema %.16s  preprocessing declared by the schema (no statistics phase)\n", st.Schema)
@@ -294,49 +337,58 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 		}
 		fmt.Fprintln(w)
 	}
-	if ev := st.Evaluation; ev != nil {
-		only := ""
-		if st.Privacy != nil {
-			only = " (the operator's only under --dp: no bundle carries it)"
+}
+
+// printEvaluation prints the evaluation of the last model on the sites'
+// held-out rows, a row per site and the federation's, marking the rows
+// below the baseline; underDP says the run is under --dp.
+func printEvaluation(w io.Writer, ev *aggregator.EvalStatus, underDP bool) error {
+	only := ""
+	if underDP {
+		only = " (the operator's only under --dp: no bundle carries it)"
+	}
+	fmt.Fprintf(w, "evaluation of round %d (the model after %d aggregations) on the sites' held-out rows%s:\n", ev.Round, ev.Round, only)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	cls := ev.Federation.Confusion != nil
+	if cls {
+		fmt.Fprintln(tw, "SITE\tN\tLOSS\tACCURACY\tBALANCED\tBASELINE\tAUC\t")
+	} else {
+		fmt.Fprintln(tw, "SITE\tN\tLOSS\tRMSE\tR2\t")
+	}
+	below := 0
+	row := func(name string, r evaluate.Report) {
+		mark := ""
+		if b := r.WithBaseline().Baseline; b != nil && !b.Beaten {
+			mark = "below baseline"
+			below++
 		}
-		fmt.Fprintf(w, "evaluation of round %d (the model after %d aggregations) on the sites' held-out rows%s:\n", ev.Round, ev.Round, only)
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		cls := ev.Federation.Confusion != nil
 		if cls {
-			fmt.Fprintln(tw, "SITE\tN\tLOSS\tACCURACY\tBALANCED\tBASELINE\tAUC\t")
+			base := "-"
+			if b := r.WithBaseline().Baseline; b != nil {
+				base = fmt.Sprintf("%.4f", b.Accuracy)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%.4g\t%.4f\t%.4f\t%s\t%s\t%s\n", name, r.N, r.Loss, r.Accuracy, r.BalancedAccuracy, base, optF(r.AUC), mark)
 		} else {
-			fmt.Fprintln(tw, "SITE\tN\tLOSS\tRMSE\tR2\t")
-		}
-		below := 0
-		row := func(name string, r evaluate.Report) {
-			mark := ""
-			if b := r.WithBaseline().Baseline; b != nil && !b.Beaten {
-				mark = "below baseline"
-				below++
-			}
-			if cls {
-				base := "-"
-				if b := r.WithBaseline().Baseline; b != nil {
-					base = fmt.Sprintf("%.4f", b.Accuracy)
-				}
-				fmt.Fprintf(tw, "%s\t%d\t%.4g\t%.4f\t%.4f\t%s\t%s\t%s\n", name, r.N, r.Loss, r.Accuracy, r.BalancedAccuracy, base, optF(r.AUC), mark)
-			} else {
-				fmt.Fprintf(tw, "%s\t%d\t%.4g\t%.4g\t%s\t%s\n", name, r.N, r.Loss, r.RMSE, optF(r.R2), mark)
-			}
-		}
-		for _, id := range slices.Sorted(maps.Keys(ev.Sites)) {
-			row(id, ev.Sites[id])
-		}
-		row("federation", ev.Federation)
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		if below > 0 && cls {
-			fmt.Fprintln(w, "below baseline: the accuracy does not beat always predicting the rows' majority class (BASELINE)")
-		} else if below > 0 {
-			fmt.Fprintln(w, "below baseline: R2 is not above 0, no better than predicting the rows' own mean")
+			fmt.Fprintf(tw, "%s\t%d\t%.4g\t%.4g\t%s\t%s\n", name, r.N, r.Loss, r.RMSE, optF(r.R2), mark)
 		}
 	}
+	for _, id := range slices.Sorted(maps.Keys(ev.Sites)) {
+		row(id, ev.Sites[id])
+	}
+	row("federation", ev.Federation)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if below > 0 && cls {
+		fmt.Fprintln(w, "below baseline: the accuracy does not beat always predicting the rows' majority class (BASELINE)")
+	} else if below > 0 {
+		fmt.Fprintln(w, "below baseline: R2 is not above 0, no better than predicting the rows' own mean")
+	}
+	return nil
+}
+
+// printRunEnd prints why the run ended and its final bundle.
+func printRunEnd(w io.Writer, st aggregator.Status) {
 	if st.StopReason != "" {
 		fmt.Fprintf(w, "run ended: %s\n", st.StopReason)
 	}
@@ -350,7 +402,6 @@ func printFedStatus(w io.Writer, st aggregator.Status) error {
 			fmt.Fprintln(w)
 		}
 	}
-	return nil
 }
 
 // printAbsent says why sites are absent: the aggregator's own broker

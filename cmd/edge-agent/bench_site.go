@@ -198,5 +198,5 @@ func storedBundle(rc runConfig) (*bundle.Bundle, string, error) {
 			}
 		}
 	}
-	return nil, "", errors.New("the site's data is read by the federation's schema, which the aggregator announces, and no final model bundle of an earlier run is stored (model_out, state_file): give the federation's schema with --schema FILE (as broker-agg run --schema)")
+	return nil, "", errors.New("no schema to read the site's data: the aggregator announces it, and no final model bundle is stored (hint: --schema FILE, as broker-agg run --schema)")
 }

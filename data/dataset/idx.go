@@ -203,7 +203,7 @@ func LoadIDX(dir string) (*Dataset, error) {
 		return nil, fmt.Errorf("idx: %w", err)
 	}
 	if !st.IsDir() {
-		return nil, fmt.Errorf("idx %s: not a directory: expected one holding train-images-idx3-ubyte(.gz), train-labels-idx1-ubyte(.gz), t10k-images-idx3-ubyte(.gz), t10k-labels-idx1-ubyte(.gz)", dir)
+		return nil, fmt.Errorf("idx %s: not a directory (hint: one holding train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte, .gz or not)", dir)
 	}
 	var images, labels [2]*IDXArray
 	var paths [2][2]string

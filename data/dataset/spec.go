@@ -214,24 +214,9 @@ func Build(src Source, part Partition, opt BuildOptions) (*Federated, error) {
 	if err != nil {
 		return nil, err
 	}
-	mode := opt.Standardize
-	switch mode {
-	case "":
-		mode = StandardizeNone
-		if src.Kind == SourceCSV || src.Kind == SourceLEAF {
-			mode = StandardizeClient
-		}
-	case StandardizeNone, StandardizeClient, StandardizeGlobal:
-	default:
-		return nil, specf("standardize %q, expected none, client or global (or empty for the source's default)", opt.Standardize)
-	}
-	if opt.Clients < 0 || opt.SyntheticDevices < 0 {
-		return nil, specf("%d clients, %d synthetic devices: expected >= 0", opt.Clients, opt.SyntheticDevices)
-	}
-	switch part.Kind {
-	case PartNatural, PartIID, PartDirichlet, PartClasses:
-	default:
-		return nil, specf("partition %q, expected %s", part.Kind, partitionForms)
+	mode, err := buildMode(src, part, opt)
+	if err != nil {
+		return nil, err
 	}
 	synth := SyntheticConfig{
 		Alpha: src.Alpha, Beta: src.Beta, IID: src.Kind == SourceSyntheticIID,
@@ -242,66 +227,110 @@ func Build(src Source, part Partition, opt BuildOptions) (*Federated, error) {
 
 	var f *Federated
 	if part.Kind == PartNatural {
-		switch src.Kind {
-		case SourceSynthetic, SourceSyntheticIID:
-			if synth.Devices == 0 {
-				synth.Devices = opt.Clients
-			} else if opt.Clients != 0 && opt.Clients != synth.Devices {
-				return nil, specf("partition natural of %s: %d clients but %d synthetic devices (one client per device)", src, opt.Clients, synth.Devices)
-			}
-			f, err = Synthetic(synth)
-		case SourceLEAF:
-			f, err = LoadLEAF(src.Path, split)
-			if err == nil && opt.Clients != 0 && opt.Clients != len(f.Clients) {
-				return nil, specf("partition natural of %s: it has %d users, so the clients must be %d (or 0), not %d; use iid, dirichlet:ALPHA or classes:K to repartition", src, len(f.Clients), len(f.Clients), opt.Clients)
-			}
-		case SourceCSV, SourceIDX:
-			return nil, specf("partition natural of %s: only synthetic and leaf sources have natural clients; use iid, dirichlet:ALPHA or classes:K", src)
-		default:
-			return nil, specf("source %q, expected %s", src.Kind, sourceForms)
-		}
-		if err != nil {
+		if f, err = buildNatural(src, opt, synth, split); err != nil {
 			return nil, err
 		}
 		f.Name += ", natural"
-	} else {
-		if opt.Clients < 1 {
-			return nil, specf("partition %s of %s needs the number of clients (>= 1)", part, src)
-		}
-		var ds *Dataset
-		switch src.Kind {
-		case SourceSynthetic, SourceSyntheticIID:
-			ds, err = SyntheticPool(synth)
-		case SourceLEAF:
-			var lf *Federated
-			lf, err = LoadLEAF(src.Path, split)
-			if err == nil {
-				ds = lf.pool()
-			}
-		case SourceCSV:
-			ds, err = LoadCSV(src.Path, CSVOptions{Label: src.Label, Regression: src.Regression})
-		case SourceIDX:
-			ds, err = LoadIDX(src.Path)
-		default:
-			return nil, specf("source %q, expected %s", src.Kind, sourceForms)
-		}
-		if err != nil {
-			return nil, err
-		}
-		popt := PartitionOptions{TestFraction: frac, Seed: opt.Seed, MinSamples: opt.MinClientSamples, PerClass: opt.PerClass}
-		switch part.Kind {
-		case PartIID:
-			f, err = PartitionIID(ds, opt.Clients, popt)
-		case PartDirichlet:
-			f, err = PartitionDirichlet(ds, opt.Clients, part.Alpha, popt)
-		case PartClasses:
-			f, err = PartitionClasses(ds, opt.Clients, part.K, popt)
-		}
-		if err != nil {
-			return nil, err
-		}
+	} else if f, err = buildPartitioned(src, part, opt, synth, split, frac); err != nil {
+		return nil, err
 	}
 	if err := Standardize(f, mode); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// buildMode checks the options Build does not pass on (the number of
+// clients and devices, the partition's kind) and returns the
+// standardisation mode, the source's default for "".
+func buildMode(src Source, part Partition, opt BuildOptions) (string, error) {
+	mode := opt.Standardize
+	switch mode {
+	case "":
+		mode = StandardizeNone
+		if src.Kind == SourceCSV || src.Kind == SourceLEAF {
+			mode = StandardizeClient
+		}
+	case StandardizeNone, StandardizeClient, StandardizeGlobal:
+	default:
+		return "", specf("standardize %q, expected none, client or global (or empty for the source's default)", opt.Standardize)
+	}
+	if opt.Clients < 0 || opt.SyntheticDevices < 0 {
+		return "", specf("%d clients, %d synthetic devices: expected >= 0", opt.Clients, opt.SyntheticDevices)
+	}
+	switch part.Kind {
+	case PartNatural, PartIID, PartDirichlet, PartClasses:
+	default:
+		return "", specf("partition %q, expected %s", part.Kind, partitionForms)
+	}
+	return mode, nil
+}
+
+// buildNatural loads a source's own clients (synthetic devices, LEAF
+// users); Build adds ", natural" to the name.
+func buildNatural(src Source, opt BuildOptions, synth SyntheticConfig, split SplitOptions) (*Federated, error) {
+	switch src.Kind {
+	case SourceSynthetic, SourceSyntheticIID:
+		if synth.Devices == 0 {
+			synth.Devices = opt.Clients
+		} else if opt.Clients != 0 && opt.Clients != synth.Devices {
+			return nil, specf("partition natural of %s: %d clients but %d synthetic devices (one client per device)", src, opt.Clients, synth.Devices)
+		}
+		return Synthetic(synth)
+	case SourceLEAF:
+		f, err := LoadLEAF(src.Path, split)
+		if err != nil {
+			return nil, err
+		}
+		if opt.Clients != 0 && opt.Clients != len(f.Clients) {
+			return nil, specf("partition natural of %s: it has %d users, so the clients must be %d (or 0), not %d; use iid, dirichlet:ALPHA or classes:K to repartition", src, len(f.Clients), len(f.Clients), opt.Clients)
+		}
+		return f, nil
+	case SourceCSV, SourceIDX:
+		return nil, specf("partition natural of %s: only synthetic and leaf sources have natural clients; use iid, dirichlet:ALPHA or classes:K", src)
+	default:
+		return nil, specf("source %q, expected %s", src.Kind, sourceForms)
+	}
+}
+
+// buildPartitioned loads a source's samples as one pool and partitions
+// them among opt.Clients clients (iid, dirichlet or classes).
+func buildPartitioned(src Source, part Partition, opt BuildOptions, synth SyntheticConfig, split SplitOptions, frac float64) (*Federated, error) {
+	if opt.Clients < 1 {
+		return nil, specf("partition %s of %s needs the number of clients (>= 1)", part, src)
+	}
+	var ds *Dataset
+	var err error
+	switch src.Kind {
+	case SourceSynthetic, SourceSyntheticIID:
+		ds, err = SyntheticPool(synth)
+	case SourceLEAF:
+		var lf *Federated
+		lf, err = LoadLEAF(src.Path, split)
+		if err == nil {
+			ds = lf.pool()
+		}
+	case SourceCSV:
+		ds, err = LoadCSV(src.Path, CSVOptions{Label: src.Label, Regression: src.Regression})
+	case SourceIDX:
+		ds, err = LoadIDX(src.Path)
+	default:
+		return nil, specf("source %q, expected %s", src.Kind, sourceForms)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var f *Federated
+	popt := PartitionOptions{TestFraction: frac, Seed: opt.Seed, MinSamples: opt.MinClientSamples, PerClass: opt.PerClass}
+	switch part.Kind {
+	case PartIID:
+		f, err = PartitionIID(ds, opt.Clients, popt)
+	case PartDirichlet:
+		f, err = PartitionDirichlet(ds, opt.Clients, part.Alpha, popt)
+	case PartClasses:
+		f, err = PartitionClasses(ds, opt.Clients, part.K, popt)
+	}
+	if err != nil {
 		return nil, err
 	}
 	return f, nil

@@ -159,7 +159,7 @@ func generateSynthetic(cfg SyntheticConfig) ([]synthDevice, error) {
 		}
 		total += s
 		if total*float64(dim) > maxSyntheticValues {
-			return nil, fmt.Errorf("synthetic: %d devices × %d features: the lognormal sizes drawn for seed %d need more than %d feature values (device %d has %.0f samples); cap the samples per device or lower the devices or dimension", cfg.Devices, dim, cfg.Seed, maxSyntheticValues, k, s)
+			return nil, fmt.Errorf("synthetic: %d devices × %d features, seed %d: over %d values at device %d (%.0f samples) (hint: cap samples per device, or lower devices or dimension)", cfg.Devices, dim, cfg.Seed, maxSyntheticValues, k, s)
 		}
 		sizes[k] = int(s)
 	}

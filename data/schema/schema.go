@@ -249,6 +249,16 @@ func checkName(what, name string) error {
 
 // Validate checks s; the error is one line saying what is wrong.
 func (s *Schema) Validate() error {
+	for _, check := range []func() error{s.validateTask, s.validateColumns, s.validateLabel, s.validateMissing, s.validateOptions, s.validateDialect} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return s.validateDeclared()
+}
+
+// validateTask checks the task is one of binary, multiclass, regression.
+func (s *Schema) validateTask() error {
 	switch s.Task {
 	case TaskBinary, TaskMulticlass, TaskRegression:
 	case "":
@@ -256,6 +266,12 @@ func (s *Schema) Validate() error {
 	default:
 		return fmt.Errorf("unknown task %q, expected binary, multiclass or regression", s.Task)
 	}
+	return nil
+}
+
+// validateColumns checks the label column's name and the features: their
+// number, names (distinct, none the label's), types and declared values.
+func (s *Schema) validateColumns() error {
 	if len(s.Features) == 0 {
 		return errors.New("no features")
 	}
@@ -284,6 +300,13 @@ func (s *Schema) Validate() error {
 			return err
 		}
 	}
+	return nil
+}
+
+// validateLabel checks the label's classes against the task: none for a
+// regression; for a classification, their number, distinct names, and
+// raw values each mapped to one class.
+func (s *Schema) validateLabel() error {
 	switch s.Task {
 	case TaskRegression:
 		if len(s.Label.Classes) != 0 {
@@ -324,6 +347,12 @@ func (s *Schema) Validate() error {
 			}
 		}
 	}
+	return nil
+}
+
+// validateMissing checks the missing tokens: short enough, and none a raw
+// value of a label class.
+func (s *Schema) validateMissing() error {
 	for _, m := range s.Missing {
 		if len(m) > MaxNameBytes {
 			return fmt.Errorf("missing token longer than %d bytes", MaxNameBytes)
@@ -338,6 +367,12 @@ func (s *Schema) Validate() error {
 			}
 		}
 	}
+	return nil
+}
+
+// validateOptions checks the run options: min_site_samples, standardize
+// and holdout.
+func (s *Schema) validateOptions() error {
 	if s.MinSiteSamples < 1 {
 		return fmt.Errorf("min_site_samples %d, expected at least 1", s.MinSiteSamples)
 	}
@@ -349,10 +384,7 @@ func (s *Schema) Validate() error {
 	if !(s.Holdout >= 0 && s.Holdout <= 0.9) {
 		return fmt.Errorf("holdout %v, expected a share in [0, 0.9]", s.Holdout)
 	}
-	if err := s.validateDialect(); err != nil {
-		return err
-	}
-	return s.validateDeclared()
+	return nil
 }
 
 // NumClasses is the number of classes (0 for regression).

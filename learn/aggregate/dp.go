@@ -28,7 +28,7 @@ func CheckDP(aggSpec, selectSpec string, central bool) error {
 	switch aggSpec {
 	case "", "fedavg", "mean":
 	default:
-		return fmt.Errorf("aggregator %q cannot be used with differential privacy: it weighs individual updates by their values; use fedavg or mean, which DP replaces by the noisy mean of clipped updates (docs/privacy.md, \"The mechanism per round\")", aggSpec)
+		return fmt.Errorf("aggregator %q cannot be used with differential privacy: it weighs each update by its values (hint: use fedavg or mean)", aggSpec)
 	}
 	if selectSpec == "" {
 		return nil
@@ -41,10 +41,10 @@ func CheckDP(aggSpec, selectSpec string, central bool) error {
 	case Poisson:
 	case Uniform:
 		if central {
-			return fmt.Errorf("selector %q cannot be used with central differential privacy: it draws exactly K of the N sites without replacement, and the accountant's amplification at q = K/N is a theorem for Poisson sampling only; use poisson (the default under --dp; poisson:q=1 takes every site every round) (docs/privacy.md, \"Sampling rate\")", selectSpec)
+			return fmt.Errorf("selector %q cannot be used with central differential privacy: amplification is proven for Poisson sampling only (hint: use poisson, the default)", selectSpec)
 		}
 	default:
-		return fmt.Errorf("selector %q cannot be used with differential privacy: the accountant assumes poisson (each site independently with probability q) or uniform selection (q = K/N); loss-based selection also leaks un-noised losses (docs/privacy.md, \"Sampling rate\")", selectSpec)
+		return fmt.Errorf("selector %q cannot be used with differential privacy: the accountant assumes poisson or uniform selection (hint: docs/privacy.md, \"Sampling rate\")", selectSpec)
 	}
 	return nil
 }

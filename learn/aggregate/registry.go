@@ -44,117 +44,138 @@ type aggEntry struct {
 // aggregators is the registry (built per call: no package state).
 func aggregators() map[string]aggEntry {
 	return map[string]aggEntry{
-		"fedavg": {[]string{"cap"}, func(o opts, _ uint64) (Aggregator, error) {
-			c, err := o.float("cap", DefaultFedAvgCap)
-			if err != nil {
-				return nil, err
-			}
-			if c != 0 && !(c >= 1) {
-				return nil, fmt.Errorf("fedavg: cap must be >= 1 (a multiple of the other sites' median sample count) or 0 (off), got %v", c)
-			}
-			return FedAvg{Cap: c}, nil
-		}},
-		"mean": {nil, func(opts, uint64) (Aggregator, error) { return Mean{}, nil }},
+		"fedavg": {[]string{"cap"}, buildFedAvg},
+		"mean":   {nil, func(opts, uint64) (Aggregator, error) { return Mean{}, nil }},
 		"fedprox": {nil, func(opts, uint64) (Aggregator, error) {
 			return Mean{Label: "fedprox"}, nil
 		}},
 		"fedsplit-mean": {nil, func(opts, uint64) (Aggregator, error) {
 			return Mean{Label: "fedsplit-mean"}, nil
 		}},
-		"simprox": {[]string{"lambda0", "tau", "on", "prev", "softmax"}, func(o opts, _ uint64) (Aggregator, error) {
-			c := DefaultSimProxConfig()
-			var err error
-			if c.Lambda0, err = o.float("lambda0", c.Lambda0); err != nil {
-				return nil, err
-			}
-			if c.Tau, err = o.float("tau", c.Tau); err != nil {
-				return nil, err
-			}
-			if c.On, err = o.space(); err != nil {
-				return nil, err
-			}
-			prev, err := o.choice("prev", "client", "client", "global")
-			if err != nil {
-				return nil, err
-			}
-			c.ProxToGlobal = prev == "global"
-			soft, err := o.bool("softmax", true)
-			if err != nil {
-				return nil, err
-			}
-			c.NoSoftmax = !soft
-			return NewSimProx(c)
-		}},
+		"simprox": {[]string{"lambda0", "tau", "on", "prev", "softmax"}, buildSimProx},
 		"fedsim": {[]string{"on"}, func(o opts, _ uint64) (Aggregator, error) {
 			on, err := o.space()
 			return FedSim{On: on}, err
 		}},
-		"fedsim-cluster": {[]string{"k", "var", "iters"}, func(o opts, seed uint64) (Aggregator, error) {
-			c := DefaultClusterConfig()
-			var err error
-			if c.K, err = o.int("k", c.K); err != nil {
-				return nil, err
-			}
-			if c.Variance, err = o.float("var", c.Variance); err != nil {
-				return nil, err
-			}
-			if c.MaxIter, err = o.int("iters", c.MaxIter); err != nil {
-				return nil, err
-			}
-			return NewFedSimCluster(c, rand.New(rand.NewPCG(seed, 0x66656473696d)))
-		}},
-		"fedsiam": {[]string{"on", "w0"}, func(o opts, _ uint64) (Aggregator, error) {
-			on, err := o.space()
-			if err != nil {
-				return nil, err
-			}
-			w0, err := o.choice("w0", "mean", "mean", "fedavg")
-			return FedSiam{On: on, SampleWeighted: w0 == "fedavg"}, err
-		}},
-		"median": {nil, func(opts, uint64) (Aggregator, error) { return Median{}, nil }},
-		"trimmed": {[]string{"beta"}, func(o opts, _ uint64) (Aggregator, error) {
-			b, err := o.float("beta", 0.1)
-			if err != nil {
-				return nil, err
-			}
-			if !(b >= 0 && b < 0.5) {
-				return nil, fmt.Errorf("beta = %v, want it in [0, 0.5)", b)
-			}
-			return TrimmedMean{Beta: b}, nil
-		}},
-		"normbound": {[]string{"bound", "mult", "inner"}, func(o opts, seed uint64) (Aggregator, error) {
-			_, hasB := o.kv["bound"]
-			_, hasM := o.kv["mult"]
-			if hasB && hasM {
-				return nil, fmt.Errorf("give bound or mult, not both")
-			}
-			n := NormBound{}
-			var err error
-			if hasB {
-				if n.Bound, err = o.float("bound", 0); err != nil {
-					return nil, err
-				}
-				if !(n.Bound > 0) {
-					return nil, fmt.Errorf("bound = %v, want > 0", n.Bound)
-				}
-			} else {
-				if n.Mult, err = o.float("mult", 3); err != nil {
-					return nil, err
-				}
-				if !(n.Mult > 0) {
-					return nil, fmt.Errorf("mult = %v, want > 0", n.Mult)
-				}
-			}
-			inner := o.kv["inner"]
-			if inner == "" {
-				inner = "fedavg"
-			}
-			if n.Inner, err = NewAggregator(inner, seed); err != nil {
-				return nil, fmt.Errorf("inner: %w", err)
-			}
-			return n, nil
-		}},
+		"fedsim-cluster": {[]string{"k", "var", "iters"}, buildFedSimCluster},
+		"fedsiam":        {[]string{"on", "w0"}, buildFedSiam},
+		"median":         {nil, func(opts, uint64) (Aggregator, error) { return Median{}, nil }},
+		"trimmed":        {[]string{"beta"}, buildTrimmed},
+		"normbound":      {[]string{"bound", "mult", "inner"}, buildNormBound},
 	}
+}
+
+// buildFedAvg builds fedavg: cap=M, no site counted above M times the
+// other sites' median sample count (0: off).
+func buildFedAvg(o opts, _ uint64) (Aggregator, error) {
+	c, err := o.float("cap", DefaultFedAvgCap)
+	if err != nil {
+		return nil, err
+	}
+	if c != 0 && !(c >= 1) {
+		return nil, fmt.Errorf("fedavg: cap must be >= 1 (a multiple of the other sites' median sample count) or 0 (off), got %v", c)
+	}
+	return FedAvg{Cap: c}, nil
+}
+
+// buildSimProx builds simprox from lambda0, tau, on, prev and softmax.
+func buildSimProx(o opts, _ uint64) (Aggregator, error) {
+	c := DefaultSimProxConfig()
+	var err error
+	if c.Lambda0, err = o.float("lambda0", c.Lambda0); err != nil {
+		return nil, err
+	}
+	if c.Tau, err = o.float("tau", c.Tau); err != nil {
+		return nil, err
+	}
+	if c.On, err = o.space(); err != nil {
+		return nil, err
+	}
+	prev, err := o.choice("prev", "client", "client", "global")
+	if err != nil {
+		return nil, err
+	}
+	c.ProxToGlobal = prev == "global"
+	soft, err := o.bool("softmax", true)
+	if err != nil {
+		return nil, err
+	}
+	c.NoSoftmax = !soft
+	return NewSimProx(c)
+}
+
+// buildFedSimCluster builds fedsim-cluster from k, var and iters; seed
+// seeds its k-means++.
+func buildFedSimCluster(o opts, seed uint64) (Aggregator, error) {
+	c := DefaultClusterConfig()
+	var err error
+	if c.K, err = o.int("k", c.K); err != nil {
+		return nil, err
+	}
+	if c.Variance, err = o.float("var", c.Variance); err != nil {
+		return nil, err
+	}
+	if c.MaxIter, err = o.int("iters", c.MaxIter); err != nil {
+		return nil, err
+	}
+	return NewFedSimCluster(c, rand.New(rand.NewPCG(seed, 0x66656473696d)))
+}
+
+// buildFedSiam builds fedsiam from on and w0.
+func buildFedSiam(o opts, _ uint64) (Aggregator, error) {
+	on, err := o.space()
+	if err != nil {
+		return nil, err
+	}
+	w0, err := o.choice("w0", "mean", "mean", "fedavg")
+	return FedSiam{On: on, SampleWeighted: w0 == "fedavg"}, err
+}
+
+// buildTrimmed builds trimmed: beta in [0, 0.5).
+func buildTrimmed(o opts, _ uint64) (Aggregator, error) {
+	b, err := o.float("beta", 0.1)
+	if err != nil {
+		return nil, err
+	}
+	if !(b >= 0 && b < 0.5) {
+		return nil, fmt.Errorf("beta = %v, want it in [0, 0.5)", b)
+	}
+	return TrimmedMean{Beta: b}, nil
+}
+
+// buildNormBound builds normbound: bound=B or mult=M, around the inner
+// aggregator (fedavg unless inner=SPEC).
+func buildNormBound(o opts, seed uint64) (Aggregator, error) {
+	_, hasB := o.kv["bound"]
+	_, hasM := o.kv["mult"]
+	if hasB && hasM {
+		return nil, fmt.Errorf("give bound or mult, not both")
+	}
+	n := NormBound{}
+	var err error
+	if hasB {
+		if n.Bound, err = o.float("bound", 0); err != nil {
+			return nil, err
+		}
+		if !(n.Bound > 0) {
+			return nil, fmt.Errorf("bound = %v, want > 0", n.Bound)
+		}
+	} else {
+		if n.Mult, err = o.float("mult", 3); err != nil {
+			return nil, err
+		}
+		if !(n.Mult > 0) {
+			return nil, fmt.Errorf("mult = %v, want > 0", n.Mult)
+		}
+	}
+	inner := o.kv["inner"]
+	if inner == "" {
+		inner = "fedavg"
+	}
+	if n.Inner, err = NewAggregator(inner, seed); err != nil {
+		return nil, fmt.Errorf("inner: %w", err)
+	}
+	return n, nil
 }
 
 // Names returns the aggregator names NewAggregator accepts, sorted.

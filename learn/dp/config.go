@@ -172,7 +172,7 @@ var ErrDistributedAdaptive = errors.New("dp: adaptive clipping in the distribute
 // ErrDistributedFixedRounds refuses fixed-length rounds in the distributed
 // mode: they hide how many sites a private selection drew, and the
 // distributed mode's selection is public (its KeyList names the sites).
-var ErrDistributedFixedRounds = errors.New("dp: fixed-length rounds (--dp-fixed-rounds) in the distributed mode: they hide the size of a private selection, and under --secagg the selection is published; drop --dp-fixed-rounds")
+var ErrDistributedFixedRounds = errors.New("dp: fixed-length rounds (--dp-fixed-rounds) in the distributed mode, whose selection is published (hint: drop --dp-fixed-rounds)")
 
 // EpsilonAfterStep is the epsilon a (nil: a new accountant) would report
 // after one more round at sampling rate q with noise multiplier z; a is

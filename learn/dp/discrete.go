@@ -205,7 +205,7 @@ const MaxDistributedSlack = 1e-12
 // MaxDistributedSlack.
 func CheckDistributedShare(sigma float64, n, d int) error {
 	if s := DistributedTau(sigma, n) * float64(d); !(s <= MaxDistributedSlack) {
-		return fmt.Errorf("dp: the noise share is %.3g grid steps: the sum of %d discrete Gaussians is not close enough to one (slack %.3g over %d coordinates, want <= %g); raise the scale bits or the noise", sigma, n, s, d, MaxDistributedSlack)
+		return fmt.Errorf("dp: noise share of %.3g grid steps: %d discrete Gaussians sum too far from one (slack %.3g over %d coordinates > %g) (hint: raise the scale bits or noise)", sigma, n, s, d, MaxDistributedSlack)
 	}
 	return nil
 }

@@ -319,65 +319,92 @@ func (v valueCoder) validate(p []byte, n int) error {
 	}
 	switch v.kind {
 	case valFP32:
-		// Exponent bits: low 7 of byte 3 and the top bit of byte 2.
-		p2, p3 := p[2*n:3*n], p[3*n:]
-		for i := range n {
-			if p3[i]&0x7f == 0x7f && p2[i]&0x80 != 0 {
-				return corrupt("fp32 value %d is not finite", i)
-			}
-		}
+		return validateFP32(p, n)
 	case valFP16:
-		p1 := p[n:]
-		for i := range n {
-			if p1[i]&0x7c == 0x7c {
-				return corrupt("fp16 value %d is not finite", i)
-			}
-		}
+		return validateFP16(p, n)
 	case valQ8, valQ4:
-		nb, rl := v.buckets(n), v.recLen()
-		for b := range nb {
-			step := f32at(p, b*rl+rl-4)
-			if !finite32(step) || step < 0 {
-				return corrupt("%s bucket %d: step %v", v, b, step)
-			}
-			if rl == 8 {
-				if lo := f32at(p, b*rl); !finite32(lo) {
-					return corrupt("%s bucket %d: lo %v", v, b, lo)
-				}
-			}
-		}
-		codes := p[nb*rl:]
-		switch {
-		case v.kind == valQ8 && v.scale == scaleAbsMax:
-			for i, c := range codes {
-				if c == 0x80 { // int8 -128: outside -127..127
-					return corrupt("q8 absmax code %d is -128", i)
-				}
-			}
-		case v.kind == valQ4:
-			if v.scale == scaleAbsMax {
-				for i := range n {
-					if (codes[i>>1]>>(4*(i&1)))&0x0f == 0 {
-						return corrupt("q4 absmax code %d is nibble 0, not a code", i)
-					}
-				}
-			}
-			if n&1 == 1 && codes[n>>1]>>4 != 0 {
-				return corrupt("q4 padding nibble is not 0")
-			}
-		}
+		return v.validateBuckets(p, n)
 	case valQSGD:
-		nb := v.buckets(n)
-		for b := range nb {
-			if nr := f32at(p, 4*b); !finite32(nr) || math.Signbit(float64(nr)) {
-				return corrupt("qsgd bucket %d: norm %v", b, nr)
+		return v.validateQSGD(p, n)
+	}
+	return nil
+}
+
+// validateFP32 checks n fp32 values (byte planes) are finite.
+func validateFP32(p []byte, n int) error {
+	// Exponent bits: low 7 of byte 3 and the top bit of byte 2.
+	p2, p3 := p[2*n:3*n], p[3*n:]
+	for i := range n {
+		if p3[i]&0x7f == 0x7f && p2[i]&0x80 != 0 {
+			return corrupt("fp32 value %d is not finite", i)
+		}
+	}
+	return nil
+}
+
+// validateFP16 checks n fp16 values (byte planes) are finite.
+func validateFP16(p []byte, n int) error {
+	p1 := p[n:]
+	for i := range n {
+		if p1[i]&0x7c == 0x7c {
+			return corrupt("fp16 value %d is not finite", i)
+		}
+	}
+	return nil
+}
+
+// validateBuckets checks a q8 or q4 section: each bucket's step (and lo)
+// finite, and the codes in range (no absmax code for -128 or nibble 0,
+// a zero padding nibble).
+func (v valueCoder) validateBuckets(p []byte, n int) error {
+	nb, rl := v.buckets(n), v.recLen()
+	for b := range nb {
+		step := f32at(p, b*rl+rl-4)
+		if !finite32(step) || step < 0 {
+			return corrupt("%s bucket %d: step %v", v, b, step)
+		}
+		if rl == 8 {
+			if lo := f32at(p, b*rl); !finite32(lo) {
+				return corrupt("%s bucket %d: lo %v", v, b, lo)
 			}
 		}
-		s := int8(v.levels)
-		for i, c := range p[4*nb:] {
-			if l := int8(c); l > s || l < -s {
-				return corrupt("qsgd level %d is %d, beyond s=%d", i, l, s)
+	}
+	codes := p[nb*rl:]
+	switch {
+	case v.kind == valQ8 && v.scale == scaleAbsMax:
+		for i, c := range codes {
+			if c == 0x80 { // int8 -128: outside -127..127
+				return corrupt("q8 absmax code %d is -128", i)
 			}
+		}
+	case v.kind == valQ4:
+		if v.scale == scaleAbsMax {
+			for i := range n {
+				if (codes[i>>1]>>(4*(i&1)))&0x0f == 0 {
+					return corrupt("q4 absmax code %d is nibble 0, not a code", i)
+				}
+			}
+		}
+		if n&1 == 1 && codes[n>>1]>>4 != 0 {
+			return corrupt("q4 padding nibble is not 0")
+		}
+	}
+	return nil
+}
+
+// validateQSGD checks a qsgd section: finite non-negative bucket norms and
+// levels within s.
+func (v valueCoder) validateQSGD(p []byte, n int) error {
+	nb := v.buckets(n)
+	for b := range nb {
+		if nr := f32at(p, 4*b); !finite32(nr) || math.Signbit(float64(nr)) {
+			return corrupt("qsgd bucket %d: norm %v", b, nr)
+		}
+	}
+	s := int8(v.levels)
+	for i, c := range p[4*nb:] {
+		if l := int8(c); l > s || l < -s {
+			return corrupt("qsgd level %d is %d, beyond s=%d", i, l, s)
 		}
 	}
 	return nil

@@ -218,32 +218,57 @@ func BoundedStep(dst, x []float64, sites []SiteInput, mult, ref float64, w Watch
 	if mult <= 0 {
 		mult = DefaultMult
 	}
-	d := len(x)
 	rep := StepReport{Sites: make([]SiteResult, len(sites)), Culprit: -1, Watch: w}
+	steps, err := rep.siteSteps(x, sites)
+	if err != nil {
+		return nil, rep, err
+	}
+	votes := rep.bound(mult, ref)
+	// Rounding noise is never clipped: once the steps are down to a few
+	// ulps of x their medians jump about at random.
+	floor := Floor * norm(x)
+	dist, distBound := copyDistances(x, sites)
+	if votes >= MinScreened {
+		rep.watch(w, floor*math.Sqrt(float64(votes)), !math.IsInf(mult, 1))
+	}
+	counted := make([][]float64, 0, len(sites))
+	for j, in := range sites {
+		if e := rep.judge(j, in, steps[j], floor, dist[j] <= distBound); e != nil {
+			counted = append(counted, e)
+		}
+	}
+	for _, r := range rep.Sites {
+		if r.SetAside || r.Readmitted {
+			// The sites in the mean changed, and so does the fixed
+			// point: the honest steps towards the new one may be far
+			// longer than the last ones. The next round's bound starts
+			// again from its own median.
+			rep.Ref = 0
+		}
+	}
+	dst, err = meanOfCounted(dst, x, counted)
+	if err != nil {
+		return nil, rep, err
+	}
+	return dst, rep, nil
+}
+
+// siteSteps checks each site's vectors against the model's dimension and
+// returns the step each site asks for (its update plus its lag), filling
+// in rep.Sites with the step norms and the sites' states without their lag.
+func (rep *StepReport) siteSteps(x []float64, sites []SiteInput) ([][]float64, error) {
+	d := len(x)
 	steps := make([][]float64, len(sites))
 	for j, in := range sites {
 		if len(in.Z) != d || (in.Delta != nil && len(in.Delta) != d) || (in.State.Lag != nil && len(in.State.Lag) != d) {
-			return nil, rep, fmt.Errorf("%w: site %d's vectors and the model's %d", ErrDim, j, d)
+			return nil, fmt.Errorf("%w: site %d's vectors and the model's %d", ErrDim, j, d)
 		}
 		st := in.State
 		st.Lag = nil
-		var step []float64
-		switch {
-		case in.Delta != nil && in.Reset:
-			step = in.Delta
-		case in.Delta != nil && in.State.Lag != nil:
-			step = make([]float64, d)
-			for i := range step {
-				step[i] = in.Delta[i] + in.State.Lag[i]
-			}
-		case in.Delta != nil:
-			step = in.Delta
-		default:
-			step = in.State.Lag // no update: only a lag to make up
-		}
+		step := askedStep(in)
 		n := norm(step)
 		if math.IsNaN(n) || math.IsInf(n, 0) {
-			return nil, rep, fmt.Errorf("%w in site %d's step", ErrNonFinite, j)
+			return nil, fmt.Errorf("%w in site %d's step", ErrNonFinite, j)
 		}
 		if in.Delta != nil {
 			st.Norm, st.Voted = n, true
@@ -251,6 +276,33 @@ func BoundedStep(dst, x []float64, sites []SiteInput, mult, ref float64, w Watch
 		steps[j] = step
 		rep.Sites[j] = SiteResult{State: st, Step: n}
 	}
+	return steps, nil
+}
+
+// askedStep is the step a site asks for this round: its update plus the
+// lag it still has to make up (the update alone after a reset, the lag
+// alone without an update).
+func askedStep(in SiteInput) []float64 {
+	switch {
+	case in.Delta != nil && in.Reset:
+		return in.Delta
+	case in.Delta != nil && in.State.Lag != nil:
+		step := make([]float64, len(in.Delta))
+		for i := range step {
+			step[i] = in.Delta[i] + in.State.Lag[i]
+		}
+		return step
+	case in.Delta != nil:
+		return in.Delta
+	default:
+		return in.State.Lag // no update: only a lag to make up
+	}
+}
+
+// bound sets rep's median step, Ref and Bound from the step norms of the
+// sites that sent an update (the votes), when there are at least
+// MinScreened of them, and returns the number of votes.
+func (rep *StepReport) bound(mult, ref float64) int {
 	var votes []float64
 	for _, r := range rep.Sites {
 		if r.State.Voted {
@@ -273,9 +325,13 @@ func BoundedStep(dst, x []float64, sites []SiteInput, mult, ref float64, w Watch
 			rep.Bound = mult * rep.Ref
 		}
 	}
-	// Rounding noise is never clipped: once the steps are down to a few
-	// ulps of x their medians jump about at random.
-	floor := Floor * norm(x)
+	return len(votes)
+}
+
+// copyDistances returns each site's copy's distance |r_j - x| and the
+// farthest a set-aside site's copy may be to be taken back: DistMult
+// times the median distance (+Inf below MinScreened sites).
+func copyDistances(x []float64, sites []SiteInput) ([]float64, float64) {
 	dist := make([]float64, len(sites))
 	for j, in := range sites {
 		var q float64
@@ -291,131 +347,157 @@ func BoundedStep(dst, x []float64, sites []SiteInput, mult, ref float64, w Watch
 		n := len(sorted)
 		distBound = DistMult * (sorted[(n-1)/2] + sorted[n/2]) / 2
 	}
-	if len(votes) >= MinScreened {
-		rep.watch(w, floor*math.Sqrt(float64(len(votes))), !math.IsInf(mult, 1))
+	return dist, distBound
+}
+
+// judge decides site j's part in this step: set aside by the divergence
+// watch, judged while set aside, or clipped to its allowance. It updates
+// rep.Sites[j] and returns the site's e_j for the mean (nil: left out).
+// near says the site's copy is close enough to x to be taken back.
+func (rep *StepReport) judge(j int, in SiteInput, step []float64, floor float64, near bool) []float64 {
+	r := &rep.Sites[j]
+	if j == rep.Culprit {
+		// Set aside by the divergence watch: left out from this
+		// step on, its e_j frozen (the lag takes the whole step).
+		r.State.Aside, r.SetAside, r.State.Clean = true, true, 0
+		r.State.Diverged++
+		r.State.Lag = slices.Clone(step)
+		r.Clipped = true
+		return nil
 	}
-	counted := make([][]float64, 0, len(sites))
-	for j, in := range sites {
-		r := &rep.Sites[j]
-		if j == rep.Culprit {
-			// Set aside by the divergence watch: left out from this
-			// step on, its e_j frozen (the lag takes the whole step).
-			r.State.Aside, r.SetAside, r.State.Clean = true, true, 0
-			r.State.Diverged++
-			r.State.Lag = slices.Clone(steps[j])
-			r.Clipped = true
-			continue
-		}
-		e := in.Z // e_j = r_j: the site counts as received
-		allowed := rep.Bound
-		if !math.IsInf(allowed, 1) && rep.Ref > 0 {
-			// A site's steps may be longer than the median's in every
-			// round (heterogeneous data): it may always step as far as
-			// it did, unclipped, in one of its last OwnRounds updates
-			// (up to MaxRatio median steps). Honest steps shrink as the
-			// federation converges, or oscillate (Peaceman-Rachford is
-			// not averaged); a poisoner's grow, are clipped and earn it
-			// nothing.
-			if own := slices.Max(append([]float64{0}, in.State.Applied...)); own > 0 {
-				allowed = max(allowed, min(own, MaxRatio*rep.Ref))
-			}
-		}
-		judged := allowed // the allowance a set-aside site's update is judged by
-		allowed = max(allowed, floor)
-		if in.Delta != nil {
-			n := r.Step
-			if in.State.Aside {
-				n = norm(in.Delta) // its own update, not its frozen lag
-			}
-			switch {
-			case n <= allowed:
-			case norm(in.Delta) <= allowed:
-				n = allowed // clipped for its lag only: it keeps its allowance
-			default:
-				n = 0 // its own update is beyond it: it earns none
-			}
-			as := append(slices.Clone(in.State.Applied), n)
-			r.State.Applied = as[max(0, len(as)-OwnRounds):]
-		}
-		if in.State.Aside {
-			// Set aside: e_j stays where it is (the lag takes the whole
-			// step) and the site is judged on its own updates: Patience
-			// of them in a row within its allowance, and a copy r_j no
-			// farther from x than DistMult times the median distance
-			// (a site that parked its copy far away while set aside
-			// stays out), take it back with e_j = r_j.
-			r.Clipped = r.Step > allowed
-			r.State.Lag = slices.Clone(steps[j])
-			if in.Delta != nil && norm(in.Delta) <= judged {
-				// (Not below the floor: steps of rounding noise say
-				// nothing about the site.)
-				r.State.Clean++
-			} else {
-				r.State.Clean = 0
-			}
-			if r.State.Clean >= probation(r.State.Diverged) && dist[j] <= distBound {
-				r.State = SiteState{Norm: r.State.Norm, Voted: r.State.Voted, Applied: r.State.Applied, From: r.State.From, Diverged: r.State.Diverged}
-				r.Readmitted = true
-				counted = append(counted, in.Z)
-			}
-			continue
-		}
-		if r.Step > allowed {
-			// Shorten the step to the allowance: e_j = e_old + step
-			// allowed/|step|, and the rest is the new lag r_j - e_j.
-			r.Clipped = true
-			keep := 1 - allowed/r.Step
-			r.State.Lag = make([]float64, d)
-			e = make([]float64, d)
-			for i, v := range steps[j] {
-				r.State.Lag[i] = v * keep
-				e[i] = in.Z[i] - r.State.Lag[i]
-			}
-			r.State.Clean = 0
-			if in.Delta != nil && norm(in.Delta) > allowed {
-				// Its own update, not only its lag, is beyond its
-				// allowance: a strike.
-				r.State.Strikes++
-			}
-			if r.State.Strikes >= Patience && !r.State.Aside {
-				r.State.Aside, r.SetAside = true, true
-			}
-		} else if r.State.Clean++; r.State.Clean >= Patience {
-			// Patience clean rounds in a row forgive the strikes: a
-			// site alternating hostile and honest rounds never has them.
-			r.State.Strikes = 0
-		}
-		if !r.State.Aside {
-			counted = append(counted, e)
+	judged := rep.allowance(in) // the allowance a set-aside site's update is judged by
+	allowed := max(judged, floor)
+	if in.Delta != nil {
+		r.recordApplied(in, allowed)
+	}
+	if in.State.Aside {
+		return r.judgeAside(in, step, allowed, judged, near)
+	}
+	return r.clip(in, step, allowed)
+}
+
+// allowance is how far a site may step this round: the bound, or as far
+// as it did unclipped in one of its last OwnRounds updates when that is
+// farther (up to MaxRatio median steps).
+func (rep *StepReport) allowance(in SiteInput) float64 {
+	allowed := rep.Bound
+	if !math.IsInf(allowed, 1) && rep.Ref > 0 {
+		// A site's steps may be longer than the median's in every
+		// round (heterogeneous data): it may always step as far as
+		// it did, unclipped, in one of its last OwnRounds updates
+		// (up to MaxRatio median steps). Honest steps shrink as the
+		// federation converges, or oscillate (Peaceman-Rachford is
+		// not averaged); a poisoner's grow, are clipped and earn it
+		// nothing.
+		if own := slices.Max(append([]float64{0}, in.State.Applied...)); own > 0 {
+			allowed = max(allowed, min(own, MaxRatio*rep.Ref))
 		}
 	}
-	for _, r := range rep.Sites {
-		if r.SetAside || r.Readmitted {
-			// The sites in the mean changed, and so does the fixed
-			// point: the honest steps towards the new one may be far
-			// longer than the last ones. The next round's bound starts
-			// again from its own median.
-			rep.Ref = 0
-		}
+	return allowed
+}
+
+// recordApplied appends to the site's last OwnRounds applied steps the
+// step its update earns it: the whole step within its allowance, the
+// allowance when only its lag made it longer, none when its own update
+// is beyond it.
+func (r *SiteResult) recordApplied(in SiteInput, allowed float64) {
+	n := r.Step
+	if in.State.Aside {
+		n = norm(in.Delta) // its own update, not its frozen lag
 	}
+	switch {
+	case n <= allowed:
+	case norm(in.Delta) <= allowed:
+		n = allowed // clipped for its lag only: it keeps its allowance
+	default:
+		n = 0 // its own update is beyond it: it earns none
+	}
+	as := append(slices.Clone(in.State.Applied), n)
+	r.State.Applied = as[max(0, len(as)-OwnRounds):]
+}
+
+// judgeAside judges a site set aside. Its e_j stays where it is (the lag
+// takes the whole step) and the site is judged on its own updates:
+// Patience of them in a row within its allowance, and a copy r_j no
+// farther from x than DistMult times the median distance (a site that
+// parked its copy far away while set aside stays out), take it back with
+// e_j = r_j, which it returns (nil: still set aside).
+func (r *SiteResult) judgeAside(in SiteInput, step []float64, allowed, judged float64, near bool) []float64 {
+	r.Clipped = r.Step > allowed
+	r.State.Lag = slices.Clone(step)
+	if in.Delta != nil && norm(in.Delta) <= judged {
+		// (Not below the floor: steps of rounding noise say
+		// nothing about the site.)
+		r.State.Clean++
+	} else {
+		r.State.Clean = 0
+	}
+	if r.State.Clean >= probation(r.State.Diverged) && near {
+		r.State = SiteState{Norm: r.State.Norm, Voted: r.State.Voted, Applied: r.State.Applied, From: r.State.From, Diverged: r.State.Diverged}
+		r.Readmitted = true
+		return in.Z
+	}
+	return nil
+}
+
+// clip shortens a site's step to its allowance, counting a strike when
+// its own update is beyond it and setting it aside after Patience
+// strikes, and returns its e_j (nil: set aside).
+func (r *SiteResult) clip(in SiteInput, step []float64, allowed float64) []float64 {
+	e := in.Z // e_j = r_j: the site counts as received
+	if r.Step > allowed {
+		// Shorten the step to the allowance: e_j = e_old + step
+		// allowed/|step|, and the rest is the new lag r_j - e_j.
+		r.Clipped = true
+		keep := 1 - allowed/r.Step
+		d := len(in.Z)
+		r.State.Lag = make([]float64, d)
+		e = make([]float64, d)
+		for i, v := range step {
+			r.State.Lag[i] = v * keep
+			e[i] = in.Z[i] - r.State.Lag[i]
+		}
+		r.State.Clean = 0
+		if in.Delta != nil && norm(in.Delta) > allowed {
+			// Its own update, not only its lag, is beyond its
+			// allowance: a strike.
+			r.State.Strikes++
+		}
+		if r.State.Strikes >= Patience && !r.State.Aside {
+			r.State.Aside, r.SetAside = true, true
+		}
+	} else if r.State.Clean++; r.State.Clean >= Patience {
+		// Patience clean rounds in a row forgive the strikes: a
+		// site alternating hostile and honest rounds never has them.
+		r.State.Strikes = 0
+	}
+	if r.State.Aside {
+		return nil
+	}
+	return e
+}
+
+// meanOfCounted is the server step over the e_j of the sites in the mean,
+// into dst; with none (every site set aside: no honest majority to speak
+// of) it keeps x.
+func meanOfCounted(dst, x []float64, counted [][]float64) ([]float64, error) {
 	if len(counted) == 0 {
-		// Every site set aside (no honest majority to speak of): keep x.
 		if dst == nil {
-			dst = make([]float64, d)
+			dst = make([]float64, len(x))
 		}
 		copy(dst, x)
-		return dst, rep, nil
+		return dst, nil
 	}
 	dst, err := ServerStep(dst, counted)
 	if err != nil {
-		return nil, rep, err
+		return nil, err
 	}
 	for _, v := range dst {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return nil, rep, fmt.Errorf("%w in the mean of the sites' z", ErrNonFinite)
+			return nil, fmt.Errorf("%w in the mean of the sites' z", ErrNonFinite)
 		}
 	}
-	return dst, rep, nil
+	return dst, nil
 }
 
 // probation is the number of updates in a row within its allowance that

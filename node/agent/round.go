@@ -909,7 +909,7 @@ func dpClip(ann *wire.RoundAnnouncement, split bool) (float64, error) {
 		if d.NoiseShares > sp.Threshold {
 			// Every sum holds at least t inputs: shares sized for more than
 			// t would leave a sum of t with less than z*C of noise.
-			return 0, fmt.Errorf("differential privacy in the distributed mode: the noise is split into %d shares but a sum may hold only the secagg threshold's %d inputs, which would carry less than the announced noise: refused", d.NoiseShares, sp.Threshold)
+			return 0, fmt.Errorf("differential privacy in the distributed mode: %d noise shares, but a sum may hold only the secagg threshold's %d inputs, too little noise: refused", d.NoiseShares, sp.Threshold)
 		}
 		q, err := secagg.NewQuantizer(sp.Clip, int(sp.ScaleBits), int(sp.MaxSites))
 		if err != nil {

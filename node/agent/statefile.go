@@ -42,7 +42,7 @@ func CheckStateFile(c Config) error {
 	if len(traces) == 0 {
 		return nil
 	}
-	return fmt.Errorf("agent: state file %s: %w (%s): mount the data partition or fix state_file and start again; to start this site over with a new state file and identity, start once with --fresh-state",
+	return fmt.Errorf("agent: state file %s: %w (%s) (hint: mount the data partition or fix state_file; to start this site over, start once with --fresh-state)",
 		c.StateFile, ErrStateMissing, strings.Join(traces, "; "))
 }
 

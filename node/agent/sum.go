@@ -98,7 +98,7 @@ func sumInitial(ann *wire.RoundAnnouncement, c *quant.Codec, dim int) ([]float64
 
 // errNoRoster refuses a central-DP FedSplit round from an aggregator that
 // counts sites on their first update (an older version).
-var errNoRoster = errors.New("a FedSplit round under central differential privacy without a fixed roster (split_roster): this aggregator counts a site in its sum when it is first drawn, which publishes that round through the sum's divisor; refused (upgrade the aggregator; docs/privacy.md, \"As built (FedSplit)\")")
+var errNoRoster = errors.New("a FedSplit round under central differential privacy without a fixed roster (split_roster): refused (hint: upgrade the aggregator)")
 
 // sumStore is the edge store as the session rules use it: an accepted
 // receipt of a sum-mode update advances the site's record

@@ -35,7 +35,7 @@ func checkOwnCert(cert tls.Certificate, certFile, siteID, caFile string, now tim
 		}
 	}
 	if cn := leaf.Subject.CommonName; cn != siteID {
-		return configErr("tls_cert %s is issued to %q, not to this site_id %q: the broker takes the certificate's CN as the site's identity and would refuse it (use the site's own clients/%s.crt, or set site_id = %s)",
+		return configErr("tls_cert %s is issued to %q, not to this site_id %q: the broker would refuse it (hint: use the site's own clients/%s.crt, or set site_id = %s)",
 			certFile, cn, siteID, siteID, cn)
 	}
 	if now.After(leaf.NotAfter) {
@@ -74,7 +74,7 @@ func checkOwnCert(cert tls.Certificate, certFile, siteID, caFile string, now tim
 	switch {
 	case err == nil:
 	case sameName:
-		return configErr("tls_cert %s names its issuer %q as tls_ca %s does, but that CA did not sign it: the certificate comes from another PKI (broker-agg pki run again in another directory?) and a broker trusting this CA would refuse it",
+		return configErr("tls_cert %s: issuer %q as in tls_ca %s, but that CA did not sign it: the certificate comes from another PKI (hint: broker-agg pki run in another directory?)",
 			certFile, leaf.Issuer.CommonName, caFile)
 	default:
 		log.Warn("tls_cert is not signed by tls_ca: fine only if the broker trusts its issuer for clients (with broker-agg pki, one CA signs the broker and every site)",

@@ -289,14 +289,14 @@ func (s *Server) instanceStatus(st *wire.ClientStatus, now time.Time) bool {
 	v := s.inst.status(st, now)
 	switch {
 	case v.dupOf != "":
-		s.log.Warn("a second installation uses this site id: it took the site while the first was away, and the first is back; the site stays with the first, the other is set aside (a cloned gateway? give each its own site_id, or run edge-agent with --reset-state on the copy of a state file)",
+		s.log.Warn("a second installation uses this site id: the first is back and keeps the site, the other is set aside", "hint", "a cloned gateway? give each its own site_id, or run edge-agent --reset-state on the copy",
 			"client", st.ClientId, "holder", st.InstanceId, "instance", v.dupOf)
 		s.notify()
 	case v.takeover != "":
 		s.log.Warn("site taken over by another installation (the previous one stopped, or has been offline for --instance-takeover)",
 			"client", st.ClientId, "instance", st.InstanceId, "previous", v.takeover, "takeover_after", s.inst.takeover)
 	case v.replaced != "":
-		s.log.Warn("site now served by another installation: the previous one is offline (a gateway started over with --reset-state, or replaced); if the previous one comes back, the two share a site id and the first keeps it",
+		s.log.Warn("site now served by another installation: the previous one is offline", "hint", "a gateway started over with --reset-state, or replaced; the first keeps the site if it comes back",
 			"client", st.ClientId, "instance", st.InstanceId, "previous", v.replaced)
 	}
 	if !v.ok {
@@ -321,6 +321,6 @@ func (s *Server) logAside(site, inst string, v instanceVerdict, what string) {
 	if !v.logNow {
 		return
 	}
-	s.log.Warn("a second installation uses this site id: its statuses and updates are set aside (a cloned gateway? give each its own site_id, or run edge-agent with --reset-state on the copy of a state file)",
+	s.log.Warn("a second installation uses this site id: its statuses and updates are set aside", "hint", "a cloned gateway? give each its own site_id, or run edge-agent --reset-state on the copy",
 		"client", site, "instance", inst, "holder", v.holder, "message", what, "set_aside", v.aside, "first", v.newDup)
 }

@@ -104,7 +104,7 @@ func (s *Server) onConnNotification(_ mqtt.Client, n mqtt.ConnectionNotification
 		c.mu.Unlock()
 		// "not Authorized" is the broker refusing the aggregator's own
 		// login: its username/password or certificate.
-		s.log.Warn("the broker refused or failed the aggregator's connection; retrying (check --username, --broker-password-file, the TLS files and the broker's password file and ACL)", args...)
+		s.log.Warn("the broker refused or failed the aggregator's connection; retrying", append(args, "hint", "check --username, --broker-password-file, the TLS files, and the broker's passwords and ACL")...)
 		s.notify()
 		return
 	}

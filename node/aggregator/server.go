@@ -1009,8 +1009,8 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			scheme = "https"
 		}
 		if !loopback(ln.Addr()) && s.cfg.HTTPAuth == nil && (s.cfg.HTTPTLS == nil || s.cfg.HTTPTLS.ClientCAs == nil) {
-			s.log.Warn("the console, /metrics and /status are served to the network without authentication: "+
-				"set --console-password-file or --console-client-ca, or keep --metrics-addr on loopback", "addr", ln.Addr().String())
+			s.log.Warn("the console, /metrics and /status are served to the network without authentication",
+				"hint", "set --console-password-file or --console-client-ca, or keep --metrics-addr on loopback", "addr", ln.Addr().String())
 		}
 		httpSrv = &http.Server{Handler: s.guarded(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 			IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}

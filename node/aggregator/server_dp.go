@@ -35,7 +35,7 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 	case isSplit(d.fam) && cfg.Aggregator != "" && cfg.Aggregator != split.StepMean:
 		return fmt.Errorf("%w: --aggregator %s: %w", coordinator.ErrConfig, cfg.Aggregator, uplink.ErrSplitRobustDP)
 	case cfg.Schema != nil && !cfg.Schema.Declared():
-		return fmt.Errorf("%w: differential privacy with a federation schema that does not declare its preprocessing: the statistics phase would send per-site statistics the guarantee does not cover; declare center and scale of every numeric feature and the levels of every categorical one (deploy/schema-dp.example.json; docs/privacy.md, \"Preprocessing under DP\")", coordinator.ErrConfig)
+		return fmt.Errorf("%w: differential privacy with a federation schema that does not declare its preprocessing (hint: declare it as deploy/schema-dp.example.json does)", coordinator.ErrConfig)
 	case cfg.AnchorSketch != nil:
 		return fmt.Errorf("%w: differential privacy with anchor gradients: a site's anchor gradient is not clipped or noised (docs/privacy.md, \"What the guarantee covers\")", coordinator.ErrConfig)
 	}
@@ -153,7 +153,7 @@ func (p *privacy) restoreKeys(sc storedConfig, coord *coordinator.Coordinator, p
 		return fmt.Errorf("%w: %s: the run's DP noise key is missing or damaged (%d bytes)", storage.ErrCorrupt, path, len(sc.NoiseKey))
 	}
 	if len(sc.SelectionKey) != 32 {
-		return fmt.Errorf("%w: %s: the run's DP selection key is missing or damaged (%d bytes); a --dp run started by an older broker-agg drew its selection from the public --seed: finish it with that version or start a new run with another --state-file",
+		return fmt.Errorf("%w: %s: the run's DP selection key is missing or damaged (%d bytes) (hint: an older broker-agg's run? finish it with that version, or use another --state-file)",
 			storage.ErrCorrupt, path, len(sc.SelectionKey))
 	}
 	coord.SetSelectionKey(sc.SelectionKey)

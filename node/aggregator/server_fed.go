@@ -294,7 +294,7 @@ func (s *Server) noteLateJoiner(id string) {
 		s.lateNoted = map[string]bool{}
 	}
 	s.lateNoted[id] = true
-	s.log.Warn("a site whose statistics are not in the federation's preprocessing: it joined after the statistics phase (or its statistics came late or were refused); it trains and evaluates with the preprocessing fitted from the other sites' rows for the whole run",
+	s.log.Warn("a site whose statistics are not in the federation's preprocessing: it uses the one fitted on the other sites' rows", "hint", "it joined after the statistics phase, or its statistics came late or were refused",
 		"client", id, "statistics_sites", s.fit.Sites)
 }
 

@@ -153,38 +153,15 @@ func (s *Server) splitStep(cr coordinator.CloseRound, out []float64) (map[string
 		s.robust = newRobustState()
 	}
 	st := s.robust.clone()
-	zs, err := s.store.LatestZ()
+	ids, in, rounds, err := s.splitInputs(st)
 	if err != nil {
-		return nil, fmt.Errorf("aggregator: %w", err)
-	}
-	ids := make([]string, 0, len(zs))
-	for id, z := range zs {
-		if len(z) != s.dim {
-			s.log.Error("stored z has the wrong dimension; left out", "client", id, "len", len(z))
-			continue
-		}
-		ids = append(ids, id)
+		return nil, err
 	}
 	if len(ids) == 0 {
 		// Cannot happen (the round closed with a quorum of stored z);
 		// keep the model rather than publish nothing.
 		copy(out, s.global)
 		return nil, nil
-	}
-	slices.Sort(ids)
-	in := make([]split.SiteInput, len(ids))
-	rounds := make([]uint64, len(ids))
-	for i, id := range ids {
-		in[i] = split.SiteInput{Z: zs[id], State: st.Sites[id]}
-		zr, _, err := s.store.ClientZ(id)
-		if err != nil {
-			return nil, fmt.Errorf("aggregator: %w", err)
-		}
-		rounds[i] = zr
-		if zr == st.Round[id] {
-			continue // no update since the last step
-		}
-		in[i].Delta, in[i].Reset = s.stepSince(id, st.Round[id], zr, zs[id])
 	}
 	_, rep, err := split.BoundedStep(out, s.global, in, s.screen, st.Ref, st.Watch)
 	if errors.Is(err, split.ErrNonFinite) {
@@ -201,21 +178,7 @@ func (s *Server) splitStep(cr coordinator.CloseRound, out []float64) (map[string
 		return nil, fmt.Errorf("aggregator: fedsplit server step: %w", err)
 	}
 	st.Ref, st.Watch = rep.Ref, rep.Watch
-	switch {
-	case rep.Diverging:
-		if st.DivergingSince == 0 {
-			st.DivergingSince = cr.Round
-		}
-		s.diverging.Add(1)
-		msg := "the FedSplit iterate is diverging: the sites' steps of z (the fixed-point residual) have grown in every one of the last rounds, which honest convex sites never do"
-		if rep.Culprit >= 0 {
-			s.log.Warn(msg+"; the site with the largest share of the growth is set aside", "round", cr.Round, "residual", rep.Watch.Median, "since", st.DivergingSince, "client", ids[rep.Culprit])
-		} else {
-			s.log.Warn(msg+"; look for a site scaling its updates (status shows each site's clipped rounds)", "round", cr.Round, "residual", rep.Watch.Median, "since", st.DivergingSince)
-		}
-	case rep.Watch.Growing == 0:
-		st.DivergingSince = 0
-	}
+	s.watchDivergence(st, rep, ids, cr.Round)
 	clipped, aside := 0, 0
 	for i, id := range ids {
 		r := rep.Sites[i]
@@ -223,51 +186,12 @@ func (s *Server) splitStep(cr coordinator.CloseRound, out []float64) (map[string
 		if !r.Clipped && !r.State.Aside && !r.Readmitted {
 			continue
 		}
-		sc := st.Screen[id]
-		if sc == nil {
-			sc = &SiteScreen{}
-			st.Screen[id] = sc
-		}
-		sc.AsideNow = r.State.Aside
-		switch {
-		case r.Readmitted:
-			sc.Reason = "taken back into the mean: its updates were within its allowance"
-			s.log.Info("a FedSplit site set aside is taken back into the server step", "client", id, "round", cr.Round)
-			s.readmitted.Inc(id)
-		case r.SetAside && i == rep.Culprit:
-			sc.Reason = fmt.Sprintf("set aside: the iterate was diverging (the steps of z grew in %d rounds in a row) and its step grew the most (step %.3g)", split.DivergeRounds, r.Step)
-		case r.SetAside:
-			sc.Reason = fmt.Sprintf("set aside: its step of z was clipped %d times with a growing lag (step %.3g, allowed %.3g = %g x the median step)", split.Patience, r.Step, rep.Bound, s.screen)
-			s.log.Warn("a FedSplit site's steps keep growing past the bound: set aside, left out of the server step until its updates are within bounds again",
-				"client", id, "round", cr.Round, "step", r.Step, "bound", rep.Bound, "median_step", rep.Median)
-		case r.State.Aside:
-			// Still left out: the reason it was set aside stays (the
-			// divergence watch's or the strikes'), with this round's step.
-			why, _, _ := strings.Cut(sc.Reason, "; still left out")
-			if !strings.HasPrefix(why, "set aside") {
-				why = "set aside"
-			}
-			sc.Reason = fmt.Sprintf("%s; still left out (step %.3g, bound %.3g)", why, r.Step, rep.Bound)
-		default:
-			sc.Reason = fmt.Sprintf("clipped: step of z %.3g, bound %.3g (%g x the median step %.3g)", r.Step, rep.Bound, s.screen, rep.Median)
-			s.log.Warn("a FedSplit site's step of z is longer than the bound: clipped (the rest is applied in later rounds)",
-				"client", id, "round", cr.Round, "step", r.Step, "bound", rep.Bound, "median_step", rep.Median)
-		}
+		s.screenSite(st, id, r, i == rep.Culprit, rep, cr.Round)
 		if r.Clipped {
-			sc.Clipped++
 			clipped++
-			s.clipped.Inc(id)
 		}
 		if r.State.Aside {
-			sc.Aside++
 			aside++
-			s.excluded.Inc(id)
-		}
-		if r.Clipped || r.State.Aside {
-			sc.Rounds = append(sc.Rounds, cr.Round)
-			if len(sc.Rounds) > screenRounds {
-				sc.Rounds = slices.Delete(sc.Rounds, 0, len(sc.Rounds)-screenRounds)
-			}
 		}
 	}
 	s.nextRobust = st
@@ -276,6 +200,113 @@ func (s *Server) splitStep(cr coordinator.CloseRound, out []float64) (map[string
 		m["step_bound"] = rep.Bound
 	}
 	return m, nil
+}
+
+// splitInputs returns the clients with a stored z of the model's
+// dimension, sorted by id, with each one's input to the bounded step (its
+// state in st and the updates since the step last accounted for its copy)
+// and the round of its latest z.
+func (s *Server) splitInputs(st *robustState) ([]string, []split.SiteInput, []uint64, error) {
+	zs, err := s.store.LatestZ()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("aggregator: %w", err)
+	}
+	ids := make([]string, 0, len(zs))
+	for id, z := range zs {
+		if len(z) != s.dim {
+			s.log.Error("stored z has the wrong dimension; left out", "client", id, "len", len(z))
+			continue
+		}
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	in := make([]split.SiteInput, len(ids))
+	rounds := make([]uint64, len(ids))
+	for i, id := range ids {
+		in[i] = split.SiteInput{Z: zs[id], State: st.Sites[id]}
+		zr, _, err := s.store.ClientZ(id)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("aggregator: %w", err)
+		}
+		rounds[i] = zr
+		if zr == st.Round[id] {
+			continue // no update since the last step
+		}
+		in[i].Delta, in[i].Reset = s.stepSince(id, st.Round[id], zr, zs[id])
+	}
+	return ids, in, rounds, nil
+}
+
+// watchDivergence records the divergence watch's verdict in st: when the
+// iterate started diverging (warned of, naming the site set aside for
+// it), or that it no longer is.
+func (s *Server) watchDivergence(st *robustState, rep split.StepReport, ids []string, round int) {
+	switch {
+	case rep.Diverging:
+		if st.DivergingSince == 0 {
+			st.DivergingSince = round
+		}
+		s.diverging.Add(1)
+		msg := "the FedSplit iterate is diverging: the sites' steps of z grew in each of the last rounds" // honest convex sites' never do
+		if rep.Culprit >= 0 {
+			s.log.Warn(msg+"; the site with the largest share of the growth is set aside", "round", round, "residual", rep.Watch.Median, "since", st.DivergingSince, "client", ids[rep.Culprit])
+		} else {
+			s.log.Warn(msg+"; look for a site scaling its updates", "hint", "status shows each site's clipped rounds", "round", round, "residual", rep.Watch.Median, "since", st.DivergingSince)
+		}
+	case rep.Watch.Growing == 0:
+		st.DivergingSince = 0
+	}
+}
+
+// screenSite records in st what the step did with a site it clipped, set
+// aside or took back: the reason the status shows (logged), its counts
+// and counters, and its last screened rounds. culprit says the
+// divergence watch set it aside.
+func (s *Server) screenSite(st *robustState, id string, r split.SiteResult, culprit bool, rep split.StepReport, round int) {
+	sc := st.Screen[id]
+	if sc == nil {
+		sc = &SiteScreen{}
+		st.Screen[id] = sc
+	}
+	sc.AsideNow = r.State.Aside
+	switch {
+	case r.Readmitted:
+		sc.Reason = "taken back into the mean: its updates were within its allowance"
+		s.log.Info("a FedSplit site set aside is taken back into the server step", "client", id, "round", round)
+		s.readmitted.Inc(id)
+	case r.SetAside && culprit:
+		sc.Reason = fmt.Sprintf("set aside: the iterate was diverging (the steps of z grew in %d rounds in a row) and its step grew the most (step %.3g)", split.DivergeRounds, r.Step)
+	case r.SetAside:
+		sc.Reason = fmt.Sprintf("set aside: its step of z was clipped %d times with a growing lag (step %.3g, allowed %.3g = %g x the median step)", split.Patience, r.Step, rep.Bound, s.screen)
+		s.log.Warn("a FedSplit site's steps keep growing past the bound: set aside, left out of the server step until its updates are within bounds again",
+			"client", id, "round", round, "step", r.Step, "bound", rep.Bound, "median_step", rep.Median)
+	case r.State.Aside:
+		// Still left out: the reason it was set aside stays (the
+		// divergence watch's or the strikes'), with this round's step.
+		why, _, _ := strings.Cut(sc.Reason, "; still left out")
+		if !strings.HasPrefix(why, "set aside") {
+			why = "set aside"
+		}
+		sc.Reason = fmt.Sprintf("%s; still left out (step %.3g, bound %.3g)", why, r.Step, rep.Bound)
+	default:
+		sc.Reason = fmt.Sprintf("clipped: step of z %.3g, bound %.3g (%g x the median step %.3g)", r.Step, rep.Bound, s.screen, rep.Median)
+		s.log.Warn("a FedSplit site's step of z is longer than the bound: clipped (the rest is applied in later rounds)",
+			"client", id, "round", round, "step", r.Step, "bound", rep.Bound, "median_step", rep.Median)
+	}
+	if r.Clipped {
+		sc.Clipped++
+		s.clipped.Inc(id)
+	}
+	if r.State.Aside {
+		sc.Aside++
+		s.excluded.Inc(id)
+	}
+	if r.Clipped || r.State.Aside {
+		sc.Rounds = append(sc.Rounds, round)
+		if len(sc.Rounds) > screenRounds {
+			sc.Rounds = slices.Delete(sc.Rounds, 0, len(sc.Rounds)-screenRounds)
+		}
+	}
 }
 
 // stepSince is client id's step since the step last accounted for its copy

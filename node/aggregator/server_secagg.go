@@ -78,17 +78,17 @@ func (cfg *ServerConfig) checkSecAgg(d *derived) error {
 	case split && cfg.Aggregator != "" && cfg.Aggregator != splitpkg.StepMean:
 		return refuse("--aggregator %s: %v", cfg.Aggregator, uplink.ErrSplitRobustDP)
 	case !split && d.aggSpec != "fedavg" && d.aggSpec != "mean":
-		return refuse("aggregator %q needs the individual updates (robust and similarity aggregators screen or weigh each one); under --secagg the aggregator sees only the sum: use fedavg or mean (both become the uniform mean of the sum; a norm bound is the sites' own clipping, --secagg-clip)", d.aggSpec)
+		return refuse("aggregator %q needs the individual updates; the aggregator sees only their sum (hint: use fedavg or mean; bound norms with --secagg-clip)", d.aggSpec)
 	case cfg.Selector != "uniform" && cfg.Selector != "":
 		return refuse("selector %q: %v", cfg.Selector, uplink.ErrSecAggSelector)
 	case cfg.Codec != "fp32":
-		return refuse("uplink codec %q: under --secagg a site's update is its quantised vector in the ring Z_2^32 (a masked vector does not compress; top-k and dct would reveal each site's support): leave --codec at fp32", cfg.Codec)
+		return refuse("uplink codec %q: a masked update does not compress, and top-k or dct would reveal its support (hint: leave --codec at fp32)", cfg.Codec)
 	case cfg.AnchorSketch != nil:
 		return refuse("anchor gradients are per-site (they describe a site's data): not sent under --secagg")
 	case cfg.Schema != nil:
 		return refuse("a federation schema's statistics and evaluation reports are per site: not supported under --secagg yet")
 	case cfg.DP != nil && !cfg.DP.Distributed:
-		return refuse("central differential privacy re-clips each update, which the aggregator no longer sees; the distributed mode is the one that composes with secure aggregation (--dp distributed)")
+		return refuse("central differential privacy re-clips each update, which it hides: the distributed mode is the one that composes with it (hint: --dp distributed)")
 	case cfg.K < 2:
 		return refuse("K = %d: a sum of one site is that site's update; want K >= 2", cfg.K)
 	case !(sc.Clip > 0) || sc.Clip > 1e6:

@@ -27,8 +27,8 @@ func TestSecAggDPColluders(t *testing.T) {
 		{"3 sites, t 2, one colluder", 3, 0, 1, 1, ""},
 		{"3 sites, t 2, no colluder", 3, 0, 0, 2, ""},
 		{"3 sites, t 3, one colluder", 3, 3, 1, 2, ""},
-		{"3 sites, t 2, two colluders", 3, 0, 2, 0, "colluding sites needs a secagg threshold of at least 3"},
-		{"3 sites, t 3, three colluders", 3, 3, 3, 0, "threshold of at least 4"},
+		{"3 sites, t 2, two colluders", 3, 0, 2, 0, "2 colluders needs a secagg threshold >= 3"},
+		{"3 sites, t 3, three colluders", 3, 3, 3, 0, "threshold >= 4"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)

@@ -147,7 +147,7 @@ func (s *Server) rosterAnnounced() (uint32, *wire.Vector, error) {
 
 // errSumCounting refuses a round log whose FedSplit sum counts sites
 // another way than this version does under the run's mode.
-var errSumCounting = errors.New("this round log's FedSplit sum counts sites on their first update, which under central DP publishes through m who was drawn (docs/privacy.md, \"As built (FedSplit)\"); this version counts a roster fixed at round 1 and cannot convert a run in progress: finish it with the version that started it, or start a new run (another --state)")
+var errSumCounting = errors.New("this round log's FedSplit sum counts sites on their first update: cannot convert a run in progress (hint: finish it with the version that started it)")
 
 // restoreSum reads the sum-mode state stored with the current round cur
 // (nothing to read outside sum mode, or once the run has finished).

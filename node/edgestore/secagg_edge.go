@@ -8,7 +8,7 @@ import (
 	"github.com/edgefl/edgefl/node/storage"
 )
 
-// The site's secure-aggregation record (docs/secagg.md, "Persistence"):
+// The site's secure-aggregation record (docs/privacy.md, "Persistence"):
 // like the aggregator's, its bucket is created by its first write, so a run
 // without --secagg writes exactly the file it wrote before.
 //

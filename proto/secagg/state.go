@@ -276,13 +276,6 @@ func UnmarshalServer(b []byte) (*Server, error) {
 
 // check verifies the invariants the methods rely on for the state's phase.
 func (s *Server) check() error {
-	n := len(s.keys)
-	has := func(ok bool, what string) error {
-		if !ok {
-			return fmt.Errorf("phase %v without %s", s.phase, what)
-		}
-		return nil
-	}
 	if len(s.session) == 0 {
 		return errors.New("no session")
 	}
@@ -291,10 +284,27 @@ func (s *Server) check() error {
 			return err
 		}
 	}
+	if s.phase == PhaseAdvertise || s.phase == PhaseAborted {
+		return nil
+	}
+	if err := s.checkPhaseState(); err != nil {
+		return err
+	}
+	return s.checkSites()
+}
+
+// checkPhaseState checks the state the phase needs is there: the boxes,
+// the U2 and U3 sets, the digests, the responses and the sum.
+func (s *Server) checkPhaseState() error {
+	n := len(s.keys)
+	has := func(ok bool, what string) error {
+		if !ok {
+			return fmt.Errorf("phase %v without %s", s.phase, what)
+		}
+		return nil
+	}
 	var errs []error
 	switch s.phase {
-	case PhaseAdvertise, PhaseAborted:
-		return nil
 	case PhaseShareKeys:
 		errs = append(errs, has(len(s.boxes) == n, "boxes"))
 	case PhaseMasked:
@@ -306,9 +316,12 @@ func (s *Server) check() error {
 	default:
 		return fmt.Errorf("phase %d", s.phase)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
+	return errors.Join(errs...)
+}
+
+// checkSites checks each site's boxes and response, and that the sites in
+// U2 (while masked) sent boxes and the sites in U3 are in U2.
+func (s *Server) checkSites() error {
 	g := s.graph()
 	for i, bx := range s.boxes {
 		if bx != nil {

@@ -31,7 +31,7 @@ import (
 
 // ErrSplitDP is the error for a FedSplit-family update under DP outside
 // sum mode.
-var ErrSplitDP = errors.New("differential privacy with the FedSplit family (fedsplit, fedproxsplit) needs sum mode, where the aggregator keeps only the sum of the sites' contributions (RoundAnnouncement.split_sum; docs/privacy.md, \"FedSplit\"): the per-site copy of z_j is outside the guarantee")
+var ErrSplitDP = errors.New("differential privacy with the FedSplit family needs sum mode (split_sum): a site's z_j is outside the guarantee (hint: docs/privacy.md, \"FedSplit\")")
 
 // ClipDelta is the site's clip: delta + residual (residual nil, or of
 // another length: none) clipped to L2 norm c, in a new slice, with the

@@ -35,7 +35,7 @@ import (
 // outside sum mode (RoundAnnouncement.split_sum): the aggregator would need
 // each site's z_j, which it never sees (docs/privacy.md, "FedSplit under
 // secure aggregation").
-var ErrSecAggSplit = errors.New("secure aggregation (--secagg) runs the FedSplit family only in sum mode (split_sum): the aggregator keeps the sum of the sites' contributions, never a site's z_j (docs/privacy.md, \"FedSplit under secure aggregation\")")
+var ErrSecAggSplit = errors.New("secure aggregation (--secagg) runs the FedSplit family only in sum mode (split_sum) (hint: docs/privacy.md, \"FedSplit under secure aggregation\")")
 
 // ErrSecAggSelector refuses every selector but uniform under secure
 // aggregation: a secure sum needs at least its threshold t of the round's
@@ -44,7 +44,7 @@ var ErrSecAggSplit = errors.New("secure aggregation (--secagg) runs the FedSplit
 // selection is not private under --secagg anyway: the KeyList on the round
 // topic names the sites that advertised keys (docs/privacy.md, "Threat
 // models").
-var ErrSecAggSelector = errors.New("secure aggregation (--secagg) selects exactly K sites uniformly: its threshold t is fixed by K, which a Poisson round of random size may not reach, and the sites send no losses to rank them by; use uniform (the default under --secagg)")
+var ErrSecAggSelector = errors.New("secure aggregation (--secagg) selects exactly K sites uniformly: its threshold is fixed by K (hint: use uniform, the default under --secagg)")
 
 // SecAggSession is the session of a round's secure aggregation: every key
 // is derived with it as the HKDF salt, so no message or share of one
@@ -234,7 +234,7 @@ func SecAggNoiseShares(threshold, colluders int) (int, error) {
 	if k := threshold - colluders; k >= 1 {
 		return k, nil
 	}
-	return 0, fmt.Errorf("uplink: distributed DP against %d colluding sites needs a secagg threshold of at least %d, got t = %d: a sum of t inputs less the %d colluders' own noise shares would carry no noise from an honest site (raise --secagg-threshold or --per-round, or lower --dp-colluders)", colluders, colluders+1, threshold, colluders)
+	return 0, fmt.Errorf("uplink: distributed DP against %d colluders needs a secagg threshold >= %d, got %d (hint: raise --secagg-threshold or --per-round, or lower --dp-colluders)", colluders, colluders+1, threshold)
 }
 
 // SecAggThreshold is the secagg threshold of a round of k sites: t when

@@ -47,7 +47,7 @@ var (
 	// ErrSplitRobustDP is the error for the bounded FedSplit server step
 	// in sum mode: split.BoundedStep measures each site's step of z_j,
 	// and the aggregator no longer holds any z_j.
-	ErrSplitRobustDP = errors.New("the robust FedSplit server step (fedsplit-robust with mult) needs each site's z_j, which the aggregator does not keep under differential privacy (sum mode, docs/privacy.md \"FedSplit\"): clipping bounds what one site moves the model per round instead; use fedsplit-mean or leave the aggregator unset")
+	ErrSplitRobustDP = errors.New("the robust FedSplit server step needs each site's z_j, not kept under differential privacy (hint: use fedsplit-mean or leave the aggregator unset)")
 	// ErrNotCounted is wrapped (with ErrBaseMismatch) by a delta against a
 	// record the aggregator does not count.
 	ErrNotCounted = errors.New("this site is not counted in the sum")

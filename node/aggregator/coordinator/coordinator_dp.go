@@ -110,7 +110,7 @@ func (c *Coordinator) DPClip() float64 {
 func (c Config) validateDP() error {
 	d := c.DP
 	if _, ok := c.Selector.(aggregate.Sampler); ok && d == nil {
-		return fmt.Errorf("%w: selector %s draws rounds of random size, possibly of one site or none: it needs differential privacy (--dp), whose noise covers a round of any size; use uniform", ErrConfig, c.Selector.Name())
+		return fmt.Errorf("%w: selector %s draws rounds of random size, even of one site: it needs differential privacy (--dp) (hint: use uniform)", ErrConfig, c.Selector.Name())
 	}
 	if d == nil {
 		return nil

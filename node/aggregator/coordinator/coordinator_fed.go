@@ -199,9 +199,9 @@ func (c *Coordinator) evalSites() []string {
 func (c Config) validateFedDP() error {
 	switch {
 	case c.Statistics && !c.DeclaredTransform:
-		return fmt.Errorf("%w: differential privacy with a federation schema needs the schema to declare its preprocessing: the statistics phase sends per-site statistics the guarantee does not cover (docs/privacy.md, \"Preprocessing under DP\")", ErrConfig)
+		return fmt.Errorf("%w: differential privacy with a federation schema needs the schema to declare its preprocessing (hint: docs/privacy.md, \"Preprocessing under DP\")", ErrConfig)
 	case c.StopPatience > 0:
-		return fmt.Errorf("%w: differential privacy with the patience rule: when the run stops would depend on the sites' evaluation losses, which the guarantee does not cover (docs/privacy.md, \"Evaluation under DP\"); --stop-delta watches the released models only", ErrConfig)
+		return fmt.Errorf("%w: differential privacy with the patience rule: the sites' losses would decide the stop (hint: --stop-delta watches the released models only)", ErrConfig)
 	}
 	return nil
 }

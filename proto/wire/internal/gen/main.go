@@ -190,44 +190,60 @@ func messagesFile(w *writer, f *proto3.File) {
 	w.p("import \"strconv\"")
 	w.p("")
 	for _, e := range f.Enums {
-		if len(e.Doc) == 0 {
-			w.p("// %s is edgefl.proto's enum %s.", e.Name, e.Name)
-		}
-		w.doc(e.Doc)
-		w.p("type %s int32", e.Name)
-		w.p("")
-		w.p("const (")
-		for _, v := range e.Values {
-			w.doc(v.Doc)
-			w.p("%s %s = %d%s", enumConst(e, v), e.Name, v.Number, trailing(v.Comment))
-		}
-		w.p(")")
-		w.p("")
-		w.p("// Enum value maps for %s.", e.Name)
-		w.p("var (")
-		w.p("%s_name = map[int32]string{", e.Name)
-		for _, v := range e.Values {
-			w.p("%d: %q,", v.Number, v.Name)
-		}
-		w.p("}")
-		w.p("%s_value = map[string]int32{", e.Name)
-		for _, v := range e.Values {
-			w.p("%q: %d,", v.Name, v.Number)
-		}
-		w.p("}")
-		w.p(")")
-		w.p("")
-		w.p("// Enum returns a pointer to a copy of x.")
-		w.p("func (x %s) Enum() *%s {", e.Name, e.Name)
-		w.p("p := new(%s)", e.Name)
-		w.p("*p = x")
-		w.p("return p")
-		w.p("}")
-		w.p("")
-		w.p("// String returns the value's name, or its number for an unknown value.")
-		w.p("func (x %s) String() string { return enumString(%s_name, int32(x)) }", e.Name, e.Name)
-		w.p("")
+		enumType(w, e)
 	}
+	enumStringFunc(w)
+	for _, m := range f.Messages {
+		messageStruct(w, m)
+		messageGetters(w, m)
+		oneofTypes(w, m)
+	}
+}
+
+// enumType writes an enum's type, constants, name and value maps, and its
+// Enum and String methods.
+func enumType(w *writer, e *proto3.Enum) {
+	if len(e.Doc) == 0 {
+		w.p("// %s is edgefl.proto's enum %s.", e.Name, e.Name)
+	}
+	w.doc(e.Doc)
+	w.p("type %s int32", e.Name)
+	w.p("")
+	w.p("const (")
+	for _, v := range e.Values {
+		w.doc(v.Doc)
+		w.p("%s %s = %d%s", enumConst(e, v), e.Name, v.Number, trailing(v.Comment))
+	}
+	w.p(")")
+	w.p("")
+	w.p("// Enum value maps for %s.", e.Name)
+	w.p("var (")
+	w.p("%s_name = map[int32]string{", e.Name)
+	for _, v := range e.Values {
+		w.p("%d: %q,", v.Number, v.Name)
+	}
+	w.p("}")
+	w.p("%s_value = map[string]int32{", e.Name)
+	for _, v := range e.Values {
+		w.p("%q: %d,", v.Name, v.Number)
+	}
+	w.p("}")
+	w.p(")")
+	w.p("")
+	w.p("// Enum returns a pointer to a copy of x.")
+	w.p("func (x %s) Enum() *%s {", e.Name, e.Name)
+	w.p("p := new(%s)", e.Name)
+	w.p("*p = x")
+	w.p("return p")
+	w.p("}")
+	w.p("")
+	w.p("// String returns the value's name, or its number for an unknown value.")
+	w.p("func (x %s) String() string { return enumString(%s_name, int32(x)) }", e.Name, e.Name)
+	w.p("")
+}
+
+// enumStringFunc writes enumString, the String methods' helper.
+func enumStringFunc(w *writer) {
 	w.p("// enumString is what protobuf-go printed for an enum value: its name, or")
 	w.p("// its number in decimal when the value is not in the schema.")
 	w.p("func enumString(names map[int32]string, v int32) string {")
@@ -237,84 +253,96 @@ func messagesFile(w *writer, f *proto3.File) {
 	w.p("return strconv.FormatInt(int64(v), 10)")
 	w.p("}")
 	w.p("")
-	for _, m := range f.Messages {
-		if len(m.Doc) == 0 {
-			w.p("// %s is edgefl.proto's message %s.", m.Name, m.Name)
-		}
-		w.doc(m.Doc)
-		w.p("type %s struct {", m.Name)
-		done := map[*proto3.Oneof]bool{}
-		for _, fl := range m.Fields {
-			if o := fl.Oneof; o != nil {
-				if done[o] {
-					continue
-				}
-				done[o] = true
-				w.doc(o.Doc)
-				w.p("// Types that are valid to be assigned to %s:", proto3.GoName(o.Name))
-				w.p("//")
-				for _, of := range o.Fields {
-					w.p("//\t*%s", wrapper(m, of))
-				}
-				w.p("%s %s", proto3.GoName(o.Name), oneofIface(m, o))
+}
+
+// messageStruct writes a message's struct (a oneof as one interface field)
+// and its Reset method.
+func messageStruct(w *writer, m *proto3.Message) {
+	if len(m.Doc) == 0 {
+		w.p("// %s is edgefl.proto's message %s.", m.Name, m.Name)
+	}
+	w.doc(m.Doc)
+	w.p("type %s struct {", m.Name)
+	done := map[*proto3.Oneof]bool{}
+	for _, fl := range m.Fields {
+		if o := fl.Oneof; o != nil {
+			if done[o] {
 				continue
 			}
-			w.doc(fl.Doc)
-			w.p("%s %s `json:\"%s,omitempty\"`%s", proto3.GoName(fl.Name), goType(fl), fl.Name, trailing(fl.Comment))
+			done[o] = true
+			w.doc(o.Doc)
+			w.p("// Types that are valid to be assigned to %s:", proto3.GoName(o.Name))
+			w.p("//")
+			for _, of := range o.Fields {
+				w.p("//\t*%s", wrapper(m, of))
+			}
+			w.p("%s %s", proto3.GoName(o.Name), oneofIface(m, o))
+			continue
 		}
-		w.p("}")
-		w.p("")
-		w.p("// Reset sets x to its zero value.")
-		w.p("func (x *%s) Reset() { *x = %s{} }", m.Name, m.Name)
-		w.p("")
-		done = map[*proto3.Oneof]bool{}
-		for _, fl := range m.Fields {
-			if o := fl.Oneof; o != nil {
-				if !done[o] {
-					done[o] = true
-					w.p("func (x *%s) Get%s() %s {", m.Name, proto3.GoName(o.Name), oneofIface(m, o))
-					w.p("if x != nil {")
-					w.p("return x.%s", proto3.GoName(o.Name))
-					w.p("}")
-					w.p("return nil")
-					w.p("}")
-					w.p("")
-				}
-				w.p("func (x *%s) Get%s() %s {", m.Name, proto3.GoName(fl.Name), goType(fl))
+		w.doc(fl.Doc)
+		w.p("%s %s `json:\"%s,omitempty\"`%s", proto3.GoName(fl.Name), goType(fl), fl.Name, trailing(fl.Comment))
+	}
+	w.p("}")
+	w.p("")
+	w.p("// Reset sets x to its zero value.")
+	w.p("func (x *%s) Reset() { *x = %s{} }", m.Name, m.Name)
+	w.p("")
+}
+
+// messageGetters writes a message's nil-safe getters: one per field, and
+// one per oneof.
+func messageGetters(w *writer, m *proto3.Message) {
+	done := map[*proto3.Oneof]bool{}
+	for _, fl := range m.Fields {
+		if o := fl.Oneof; o != nil {
+			if !done[o] {
+				done[o] = true
+				w.p("func (x *%s) Get%s() %s {", m.Name, proto3.GoName(o.Name), oneofIface(m, o))
 				w.p("if x != nil {")
-				w.p("if w, ok := x.%s.(*%s); ok && w != nil {", proto3.GoName(o.Name), wrapper(m, fl))
-				w.p("return w.%s", proto3.GoName(fl.Name))
-				w.p("}")
+				w.p("return x.%s", proto3.GoName(o.Name))
 				w.p("}")
 				w.p("return nil")
 				w.p("}")
 				w.p("")
-				continue
 			}
 			w.p("func (x *%s) Get%s() %s {", m.Name, proto3.GoName(fl.Name), goType(fl))
 			w.p("if x != nil {")
-			w.p("return x.%s", proto3.GoName(fl.Name))
+			w.p("if w, ok := x.%s.(*%s); ok && w != nil {", proto3.GoName(o.Name), wrapper(m, fl))
+			w.p("return w.%s", proto3.GoName(fl.Name))
 			w.p("}")
-			w.p("return %s", zero(fl))
+			w.p("}")
+			w.p("return nil")
+			w.p("}")
+			w.p("")
+			continue
+		}
+		w.p("func (x *%s) Get%s() %s {", m.Name, proto3.GoName(fl.Name), goType(fl))
+		w.p("if x != nil {")
+		w.p("return x.%s", proto3.GoName(fl.Name))
+		w.p("}")
+		w.p("return %s", zero(fl))
+		w.p("}")
+		w.p("")
+	}
+}
+
+// oneofTypes writes each oneof's interface and its wrapper types.
+func oneofTypes(w *writer, m *proto3.Message) {
+	for _, o := range m.Oneofs {
+		w.p("type %s interface {", oneofIface(m, o))
+		w.p("%s()", oneofIface(m, o))
+		w.p("}")
+		w.p("")
+		for _, fl := range o.Fields {
+			w.p("type %s struct {", wrapper(m, fl))
+			w.doc(fl.Doc)
+			w.p("%s %s%s", proto3.GoName(fl.Name), goType(fl), trailing(fl.Comment))
 			w.p("}")
 			w.p("")
 		}
-		for _, o := range m.Oneofs {
-			w.p("type %s interface {", oneofIface(m, o))
-			w.p("%s()", oneofIface(m, o))
-			w.p("}")
+		for _, fl := range o.Fields {
+			w.p("func (*%s) %s() {}", wrapper(m, fl), oneofIface(m, o))
 			w.p("")
-			for _, fl := range o.Fields {
-				w.p("type %s struct {", wrapper(m, fl))
-				w.doc(fl.Doc)
-				w.p("%s %s%s", proto3.GoName(fl.Name), goType(fl), trailing(fl.Comment))
-				w.p("}")
-				w.p("")
-			}
-			for _, fl := range o.Fields {
-				w.p("func (*%s) %s() {}", wrapper(m, fl), oneofIface(m, o))
-				w.p("")
-			}
 		}
 	}
 }
@@ -411,6 +439,20 @@ func consume(m *proto3.Message, fl *proto3.Field) (stmt, typ string) {
 func codecFile(w *writer, f *proto3.File) {
 	w.p("import \"google.golang.org/protobuf/encoding/protowire\"")
 	w.p("")
+	envelopeCodec(w, f)
+	for _, m := range f.Messages {
+		w.p("// %s", m.Name)
+		w.p("")
+		oneofEncoders(w, m)
+		fields := byNumber(m)
+		sizeAndAppend(w, m, fields)
+		unmarshalFunc(w, m, fields)
+	}
+}
+
+// envelopeCodec writes the envelope's field numbers and the helpers over
+// its body: isBodyField, fieldName, each body message's wrap, and message.
+func envelopeCodec(w *writer, f *proto3.File) {
 	env := f.Message(envelope)
 	body := env.Oneofs[0]
 	w.p("// Field numbers of the %s.", envelope)
@@ -463,74 +505,83 @@ func codecFile(w *writer, f *proto3.File) {
 	w.p("return nil, 0")
 	w.p("}")
 	w.p("")
-	for _, m := range f.Messages {
-		w.p("// %s", m.Name)
-		w.p("")
-		for _, o := range m.Oneofs {
-			w.p("// %s returns the %s's member as marshalled: a oneof wrapper holding a nil", encoded(o), o.Name)
-			w.p("// message is an empty message, as protobuf-go wrote it.")
-			w.p("func (x *%s) %s() (codec, protowire.Number) {", m.Name, encoded(o))
-			w.p("switch b := x.%s.(type) {", proto3.GoName(o.Name))
-			for _, fl := range o.Fields {
-				g := proto3.GoName(fl.Name)
-				w.p("case *%s:", wrapper(m, fl))
-				w.p("if b != nil && b.%s != nil {", g)
-				w.p("return b.%s, %d", g, fl.Number)
-				w.p("}")
-				w.p("if b != nil {")
-				w.p("return &%s{}, %d", fl.Message.Name, fl.Number)
-				w.p("}")
-			}
+}
+
+// oneofEncoders writes, for each of a message's oneofs, the method that
+// returns its member as marshalled.
+func oneofEncoders(w *writer, m *proto3.Message) {
+	for _, o := range m.Oneofs {
+		w.p("// %s returns the %s's member as marshalled: a oneof wrapper holding a nil", encoded(o), o.Name)
+		w.p("// message is an empty message, as protobuf-go wrote it.")
+		w.p("func (x *%s) %s() (codec, protowire.Number) {", m.Name, encoded(o))
+		w.p("switch b := x.%s.(type) {", proto3.GoName(o.Name))
+		for _, fl := range o.Fields {
+			g := proto3.GoName(fl.Name)
+			w.p("case *%s:", wrapper(m, fl))
+			w.p("if b != nil && b.%s != nil {", g)
+			w.p("return b.%s, %d", g, fl.Number)
 			w.p("}")
-			w.p("return nil, 0")
-			w.p("}")
-			w.p("")
-		}
-		fields := byNumber(m)
-		w.p("func (x *%s) size() int {", m.Name)
-		w.p("n := 0")
-		encodeFields(w, fields, "n += sizeMessage(num, true, m)", func(fl *proto3.Field) string { return "n += " + sizeExpr(fl) })
-		w.p("return n")
-		w.p("}")
-		w.p("")
-		w.p("func (x *%s) appendTo(b []byte) []byte {", m.Name)
-		encodeFields(w, fields, "b = appendMessage(b, num, true, m)", func(fl *proto3.Field) string { return "b = " + appendExpr(fl) })
-		w.p("return b")
-		w.p("}")
-		w.p("")
-		w.p("func (x *%s) unmarshal(b []byte, d *decoder) error {", m.Name)
-		w.p("return fields(%q, b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {", m.Name)
-		w.p("switch num {")
-		for _, fl := range fields {
-			w.p("case %d:", fl.Number)
-			if o := fl.Oneof; o != nil {
-				g := proto3.GoName(fl.Name)
-				w.p("if typ == protowire.BytesType {")
-				w.p("w, ok := x.%s.(*%s)", proto3.GoName(o.Name), wrapper(m, fl))
-				w.p("if !ok || w == nil || w.%s == nil {", g)
-				w.p("w = &%s{%s: &%s{}}", wrapper(m, fl), g, fl.Message.Name)
-				w.p("}")
-				w.p("n, err := consumeMessage(w.%s, b, d)", g)
-				w.p("x.%s = w", proto3.GoName(o.Name))
-				w.p("return n, err")
-				w.p("}")
-				continue
-			}
-			stmt, typ := consume(m, fl)
-			if typ == "" {
-				w.p("%s", stmt)
-				continue
-			}
-			w.p("if typ == protowire.%s {", typ)
-			w.p("%s", stmt)
+			w.p("if b != nil {")
+			w.p("return &%s{}, %d", fl.Message.Name, fl.Number)
 			w.p("}")
 		}
 		w.p("}")
-		w.p("return 0, nil")
-		w.p("})")
+		w.p("return nil, 0")
 		w.p("}")
 		w.p("")
 	}
+}
+
+// sizeAndAppend writes a message's size and appendTo methods.
+func sizeAndAppend(w *writer, m *proto3.Message, fields []*proto3.Field) {
+	w.p("func (x *%s) size() int {", m.Name)
+	w.p("n := 0")
+	encodeFields(w, fields, "n += sizeMessage(num, true, m)", func(fl *proto3.Field) string { return "n += " + sizeExpr(fl) })
+	w.p("return n")
+	w.p("}")
+	w.p("")
+	w.p("func (x *%s) appendTo(b []byte) []byte {", m.Name)
+	encodeFields(w, fields, "b = appendMessage(b, num, true, m)", func(fl *proto3.Field) string { return "b = " + appendExpr(fl) })
+	w.p("return b")
+	w.p("}")
+	w.p("")
+}
+
+// unmarshalFunc writes a message's unmarshal method: a case per field
+// number, a oneof member merged into the member already there.
+func unmarshalFunc(w *writer, m *proto3.Message, fields []*proto3.Field) {
+	w.p("func (x *%s) unmarshal(b []byte, d *decoder) error {", m.Name)
+	w.p("return fields(%q, b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {", m.Name)
+	w.p("switch num {")
+	for _, fl := range fields {
+		w.p("case %d:", fl.Number)
+		if o := fl.Oneof; o != nil {
+			g := proto3.GoName(fl.Name)
+			w.p("if typ == protowire.BytesType {")
+			w.p("w, ok := x.%s.(*%s)", proto3.GoName(o.Name), wrapper(m, fl))
+			w.p("if !ok || w == nil || w.%s == nil {", g)
+			w.p("w = &%s{%s: &%s{}}", wrapper(m, fl), g, fl.Message.Name)
+			w.p("}")
+			w.p("n, err := consumeMessage(w.%s, b, d)", g)
+			w.p("x.%s = w", proto3.GoName(o.Name))
+			w.p("return n, err")
+			w.p("}")
+			continue
+		}
+		stmt, typ := consume(m, fl)
+		if typ == "" {
+			w.p("%s", stmt)
+			continue
+		}
+		w.p("if typ == protowire.%s {", typ)
+		w.p("%s", stmt)
+		w.p("}")
+	}
+	w.p("}")
+	w.p("return 0, nil")
+	w.p("})")
+	w.p("}")
+	w.p("")
 }
 
 // encodeFields writes one statement a field, in number order: field(fl),

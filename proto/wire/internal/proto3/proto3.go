@@ -515,7 +515,7 @@ func (p *parser) resolve() error {
 			} else if sub := p.f.msgByName[f.TypeName]; sub != nil {
 				f.Kind, f.Message = KindMessage, sub
 			} else {
-				return p.errorf(f.line, "field %s.%s: type %s is not supported by wire's generator or not declared (supported: double, uint32, uint64, int64, bool, string, bytes, and the file's enums and messages)", m.Name, f.Name, f.TypeName)
+				return p.errorf(f.line, "field %s.%s: type %s is not supported or not declared (supported: double, uint32, uint64, int64, bool, string, bytes, the file's enums and messages)", m.Name, f.Name, f.TypeName)
 			}
 			if f.Repeated && !slices.Contains(repeatable, f.Kind) {
 				return p.errorf(f.line, "field %s.%s: repeated %s is not supported by wire's generator (repeated string, uint32 and double are)", m.Name, f.Name, f.TypeName)
