@@ -298,7 +298,7 @@ func probeNATSACL(t *testing.T, nc *natsCluster, pk, federation string) {
 	}
 	// A publish on another site's update topic, and a will on another
 	// site's status (the connection is then dropped so the will fires).
-	if p := spy.Publish(prefix+"updates/site-2", 1, false, "forged update"); !p.WaitTimeout(10*time.Second) {
+	if p := spy.Publish(prefix+"updates/site-2", 1, false, "forged update"); !p.WaitTimeout(10 * time.Second) {
 		t.Log("the forged publish was not acknowledged")
 	}
 	// A will fires when its connection ends without a DISCONNECT: each
