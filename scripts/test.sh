@@ -13,6 +13,7 @@ need=()
 [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || need+=(mosquitto)
 command -v mosquitto_pub >/dev/null 2>&1 || need+=(mosquitto-clients)
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need+=(dataset-fashion-mnist)
+command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
 command -v qemu-aarch64-static >/dev/null 2>&1 || command -v qemu-aarch64 >/dev/null 2>&1 || need+=(qemu-user-static)
 # The console's browser test (e2e/console_test.go) drives headless Chromium
 # through chromedriver.

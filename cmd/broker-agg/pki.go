@@ -27,7 +27,8 @@ func runPKI(_ context.Context, args []string, stdout, stderr io.Writer) error {
 
 Makes (or extends) a site PKI for mutual TLS with ECDSA P-256 keys:
   DIR/ca.crt, ca.key              the CA (made once, reused; keep ca.key offline)
-  DIR/server.crt, server.key      the broker's certificate for --hosts
+  DIR/server.crt, server.key      the broker's certificate for --hosts (serving, and dialing a
+                                  NATS cluster's routes: deploy/nats)
   DIR/clients/ID.crt, ID.key      one per site (CN = site id) and the aggregator
 Keys are written with mode 0600. Run the embedded broker with
   broker-agg run --tls-cert DIR/server.crt --tls-key DIR/server.key --tls-client-ca DIR/ca.crt

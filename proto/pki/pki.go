@@ -142,7 +142,10 @@ func (ca *CA) Issue(kind Kind, cn string, hosts []string, now time.Time, validit
 			cn = hosts[0]
 		}
 		tmpl.Subject = pkix.Name{CommonName: cn, Organization: []string{"edgefl"}}
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		// Client auth too: the nodes of a broker cluster (deploy/nats)
+		// dial each other's routes with this certificate, and NATS checks
+		// the dialing node's certificate like a server's.
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 	default:
 		return nil, nil, fmt.Errorf("pki: unknown certificate kind %d", kind)
 	}
