@@ -34,16 +34,7 @@ type Outgoing struct {
 var ErrFinished = errors.New("agent: the aggregator finished the run")
 
 // diskErr is a site error "disk" for a failure of the state file.
-func (h *RoundHandler) diskErr(err error) error {
-	if errors.Is(err, storage.ErrCorrupt) {
-		return err // a damaged state file stops the agent (failIfDamaged)
-	}
-	file := h.Store.Path()
-	if file == "" {
-		file = "state file" // closed under us: bbolt forgets the path
-	}
-	return sitedata.NewError(sitedata.ReasonDisk, file, err)
-}
+func (h *RoundHandler) diskErr(err error) error { return diskErrAt(h.Store, err) }
 
 // solveErr is a site error "solve_failed", unless the solve was canceled
 // (then the cancellation cause is wrapped, as Handle's callers expect).

@@ -29,22 +29,6 @@ func sumMode(ann *wire.RoundAnnouncement) bool {
 	return ann.SplitSum && (ann.Algorithm == AlgoFedSplit || ann.Algorithm == AlgoFedProxSplit)
 }
 
-// waitingFor is the round of an unreceipted update older than round in the
-// outbox and its entry (0: none): a sum-mode site answers round only after
-// that update's receipt.
-func (h *RoundHandler) waitingFor(round uint64) (uint64, []byte, error) {
-	out, err := h.Store.Outbox()
-	if err != nil {
-		return 0, nil, err
-	}
-	for _, e := range out {
-		if e.Round < round {
-			return e.Round, e.Msg, nil
-		}
-	}
-	return 0, nil, nil
-}
-
 // HasPending reports whether round's outbox entry carries a sum-mode
 // pending contribution (the session keeps such an entry until the round's
 // UPDATE receipt, also under secure aggregation).
@@ -55,17 +39,17 @@ func (s sumStore) HasPending(round uint64) (bool, error) {
 
 // sumUplink encodes a sum-mode update (uplink.EncodeSum) against the
 // site's record, or as a join while it has none.
-func (h *RoundHandler) sumUplink(p *prepared, z []float64) (uplink.Frame, error) {
+func (sr siteRules) sumUplink(v StoreView, p *prepared, z []float64) (uplink.Frame, error) {
 	r := p.round
 	u := uplink.SumUpdate{Round: r, Z: z, Global: p.x, Initial: p.initial, Clip: p.clip, Tamper: poison}
-	cr, c, err := h.Store.Contribution()
+	cr, c, err := v.Contribution()
 	switch {
 	case err == nil:
 		u.Record = &uplink.Record{Round: cr, C: c}
 	case !errors.Is(err, storage.ErrNotFound):
-		return uplink.Frame{}, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
+		return uplink.Frame{}, diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err))
 	}
-	f, err := uplink.EncodeSum(p.codec, u, h.rng(r, streams.SiteCodec))
+	f, err := uplink.EncodeSum(p.codec, u, sr.rng(r, streams.SiteCodec))
 	if err != nil {
 		return f, fmt.Errorf("agent: round %d: %w", r, err)
 	}

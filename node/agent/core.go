@@ -1,0 +1,607 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/edgefl/edgefl/data/sitedata"
+	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/streams"
+	"github.com/edgefl/edgefl/learn/model"
+	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/learn/split"
+	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/uplink"
+	"github.com/edgefl/edgefl/proto/wire"
+)
+
+// This file is the site core: the rules of a round announcement as a pure
+// step, in the manner of etcd's raft. A step takes the event (an
+// announcement, a solve's outcome, a record's commit failing) and a
+// read-only view of the edge state (StoreView) and returns a plan: the
+// records to commit, in order, then either the solve to start or the
+// outcome (the update to publish, or nothing). The shell
+// (RoundHandler.HandleInvited, which the Agent runs on its solver
+// goroutine) carries a plan out in that order, commit before publish, and
+// steps the results back in: the state only moves forward, and what a
+// step reads is what the previous plans committed. The core opens no
+// file, reads no clock (the shell passes the time in) and starts nothing;
+// the solve is a job the shell runs (solve), with the context that
+// pre-empts it.
+
+// StoreView is what the site core reads of the edge state; it never
+// writes it (*storage.EdgeStore is one; the core's fuzzer uses a map).
+type StoreView interface {
+	RunOrder() (id string, since int64, err error)
+	AppliedRound() (uint64, error)
+	Z() (round uint64, z []float64, err error)
+	ServerZ() (round uint64, z []float64, err error)
+	Residual(name string) ([]float64, error)
+	Contribution() (round uint64, c []float64, err error)
+	Outbox() ([]storage.OutboxEntry, error)
+	// Path names the state file in errors ("" when unknown).
+	Path() string
+}
+
+// recordKind is what a record commits.
+type recordKind int
+
+const (
+	recStartRun recordKind = iota + 1 // the round state belongs to run (since): storage StartRunAt
+	recSeen                           // the seen round: storage SetSeenRound
+	recGlobal                         // the round's global model vec: storage SetGlobal
+	recInitZ                          // FedSplit's initial z vec, if none is stored: storage InitZ
+	recCommit                         // the solved round with its outbox entry: storage Commit
+)
+
+// record is one durable change the core decides; the shell commits each
+// in one transaction, in the plan's order.
+type change struct {
+	kind   recordKind
+	round  uint64
+	run    string
+	since  int64
+	vec    []float64
+	commit storage.Commit
+}
+
+// plan is what one step of the core decides. The shell commits records in
+// order; then, if solve is set, it runs that solve and steps its outcome
+// in (siteRules.solved); otherwise res and err are the outcome (the
+// session publishes res.Msg). When a record fails to commit, the core
+// decides what that means from base (siteRules.commitFailed).
+type plan struct {
+	records []change
+	solve   *prepared
+	// secAggPhase: the round was applied and runs under secure
+	// aggregation: the shell answers the session's phase (secagg.go).
+	secAggPhase bool
+	res, base   Result
+	err         error
+}
+
+// solveOutcome is what the shell's solve returns, stepped into
+// siteRules.solved.
+type solveOutcome struct {
+	sent []float64
+	rep  proxsolver.Report
+	stop wire.StopReason
+}
+
+// siteRules is the core's configuration: who the site is and what its
+// device allows. RoundHandler.rules makes it from the handler's fields.
+type siteRules struct {
+	ClientID   string
+	InstanceID string
+	Federation string
+	Local      Local
+	Limits     wire.Limits
+	Seed       uint64
+	Log        *slog.Logger
+	// Clock is the clock a solve's budget counts its deadline on; the
+	// core hands it to the solver and never reads it (the shell passes
+	// the time into a step).
+	Clock clock.Clock
+}
+
+func (sr siteRules) log() *slog.Logger {
+	if sr.Log == nil {
+		return slog.Default()
+	}
+	return sr.Log
+}
+
+// rng is the random stream of one round (streams.Site): seeded by Seed, the
+// client id (so that sites with the same Seed still draw independently:
+// QSGD's noise must not be correlated across clients), the round and the
+// stream.
+func (sr siteRules) rng(round uint64, s streams.SiteStream) *rand.Rand {
+	return streams.Site(sr.Seed, sr.ClientID, round, s)
+}
+
+// diskErrAt is a site error "disk" for a failure of the state file v.
+func diskErrAt(v StoreView, err error) error {
+	if errors.Is(err, storage.ErrCorrupt) {
+		return err // a damaged state file stops the agent (failIfDamaged)
+	}
+	file := v.Path()
+	if file == "" {
+		file = "state file" // closed under us: bbolt forgets the path
+	}
+	return sitedata.NewError(sitedata.ReasonDisk, file, err)
+}
+
+// begin checks an announcement before anything else and returns the
+// record that makes its run the one the round state belongs to (storage
+// StartRunAt, a no-op for the run the state belongs to; none for an
+// announcement without a run id), with the result so far. An announcement
+// of a run this site has left is refused.
+func (sr siteRules) begin(v StoreView, ann *wire.RoundAnnouncement) (Result, []change, error) {
+	if err := ann.Validate(sr.Limits); err != nil {
+		return Result{}, nil, fmt.Errorf("%w: %w", ErrBadAnnouncement, err)
+	}
+	res := Result{Round: ann.Round}
+	if ann.Federation != sr.Federation {
+		return res, nil, bad(ann.Round, "federation %q, this site belongs to %q", ann.Federation, sr.Federation)
+	}
+	if ann.RunId == "" {
+		return res, nil, nil
+	}
+	run, since, err := v.RunOrder()
+	if err != nil {
+		return res, nil, diskErrAt(v, fmt.Errorf("agent: round %d: storage: start run: %w", ann.Round, err))
+	}
+	if leftRun(run, since, ann) {
+		// The session drops these; one that got here anyway (a race
+		// with the run's start) must not reset the round state either.
+		return res, nil, bad(ann.Round, "run %s was announced at %d ms, before run %s this site is in (since %d ms): a run it has left", ann.RunId, ann.CreatedAtUnixMs, run, since)
+	}
+	return res, []change{{kind: recStartRun, round: ann.Round, run: ann.RunId, since: ann.CreatedAtUnixMs}}, nil
+}
+
+// round is the step of a training round over d (the site's training data):
+// not selected (record the seen round), already applied (re-send its
+// outbox entry, or the secure-aggregation phase), waiting (sum mode), or
+// checked and ready: record the global model (and FedSplit's initial z)
+// and start the solve. Nothing it refuses leaves a record.
+func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data, invited bool, now time.Time, res Result) plan {
+	r := ann.Round
+	fail := func(err error) plan { return plan{res: res, err: err} }
+	if !Selected(ann, sr.ClientID) && !(invited && ann.GetPrivateSelection()) {
+		res.Action = ActionNotSelected
+		return plan{records: []change{{kind: recSeen, round: r}}, res: res, base: res}
+	}
+	applied, err := v.AppliedRound()
+	if err != nil {
+		return fail(diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err)))
+	}
+	if r <= applied {
+		if ann.Secagg != nil {
+			return plan{secAggPhase: true, res: res}
+		}
+		res, err := sr.resend(v, res)
+		return plan{res: res, err: err}
+	}
+	if ann.Secagg != nil && ann.SecaggPhase != wire.SecAggPhase_SECAGG_PHASE_ADVERTISE {
+		// The session's keys were advertised without this site: it
+		// cannot join until the next round (or session).
+		res.Action = ActionDone
+		return plan{res: res}
+	}
+	if sumMode(ann) {
+		if w, msg, err := waitingFor(v, r); err != nil {
+			return fail(diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err)))
+		} else if w > 0 {
+			res.Action, res.Waiting = ActionWaiting, w
+			if secAggKindOf(msg) != 0 {
+				res.Msg = msg
+			}
+			return plan{res: res}
+		}
+	}
+	p, err := sr.prepare(ann, d, now)
+	if err != nil {
+		return fail(err)
+	}
+	pl := plan{records: []change{{kind: recGlobal, round: r, vec: p.x}}, solve: p, res: res, base: res}
+	if p.split {
+		z0 := p.x // z_j starts at the first global model the site sees
+		if p.initial != nil {
+			z0 = p.initial // or at x_0, where a fixed roster counts it from
+		}
+		switch _, z, err := v.Z(); {
+		case errors.Is(err, storage.ErrNotFound):
+			p.z = z0
+			pl.records = append(pl.records, change{kind: recInitZ, round: r, vec: z0})
+		case err != nil:
+			return fail(diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err)))
+		case len(z) != len(p.x):
+			return fail(fmt.Errorf("agent: round %d: the stored FedSplit z has dimension %d but the model has %d: the federation changed its model; this site's state file %s belongs to the old one",
+				r, len(z), len(p.x), v.Path()))
+		default:
+			p.z = z
+		}
+	}
+	return pl
+}
+
+// commitFailed is the step of a record the store refused: a seen round
+// older than one recorded is no matter, a global model older than the
+// stored one makes the announcement stale, an update of a round already
+// applied (another announcement's solve committed it first) is re-sent
+// from the outbox; anything else is a disk error.
+// It returns the outcome, and whether the plan stops there (false: go
+// on with the next record).
+func (sr siteRules) commitFailed(v StoreView, rec change, err error, base Result) (Result, bool, error) {
+	switch {
+	case rec.kind == recSeen && errors.Is(err, storage.ErrStale):
+		return base, false, nil
+	case rec.kind == recGlobal && errors.Is(err, storage.ErrStale):
+		base.Action = ActionStale
+		return base, true, nil
+	case rec.kind == recCommit && errors.Is(err, storage.ErrAlreadyApplied):
+		res, err := sr.resend(v, base)
+		return res, true, err
+	}
+	return base, true, diskErrAt(v, fmt.Errorf("agent: round %d: %w", rec.round, err))
+}
+
+// waitingFor is the round of an unreceipted update older than round in the
+// outbox and its entry (0: none): a sum-mode site answers round only after
+// that update's receipt.
+func waitingFor(v StoreView, round uint64) (uint64, []byte, error) {
+	out, err := v.Outbox()
+	if err != nil {
+		return 0, nil, err
+	}
+	for _, e := range out {
+		if e.Round < round {
+			return e.Round, e.Msg, nil
+		}
+	}
+	return 0, nil, nil
+}
+
+// solved is the step of a finished solve: it encodes the round's update
+// (the uplink's rules, the work report, the clip bit) and returns the
+// commit of the update with its outbox entry, and the update to publish
+// once that commit is done: after it the update survives any crash
+// (ARCHITECTURE.md, "Commit, then publish, at the edge"). now is the
+// update's timestamp.
+func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared, o solveOutcome, now time.Time, res Result) plan {
+	r := ann.Round
+	d, sent, rep, stop := p.data, o.sent, o.rep, o.stop
+	up, err := sr.uplink(v, p, sent)
+	if err != nil {
+		return plan{res: res, err: err}
+	}
+	u := &wire.ClientUpdate{
+		ClientId:     sr.ClientID,
+		Round:        r,
+		Kind:         up.Kind,
+		BaseRound:    up.BaseRound,
+		Vector:       &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(sent)), Payload: up.Payload},
+		SampleCount:  claimedSamples(uint64(d.N)),
+		Report:       workReport(rep, stop, p.cfg.Gamma, p.clip > 0),
+		SentAtUnixMs: now.UnixMilli(),
+		Seq:          r,
+		InstanceId:   sr.InstanceID,
+	}
+	if s := ann.AnchorSketch; s != nil {
+		u.AnchorGrad = sr.anchorGrad(r, rep.AnchorGrad, s)
+	}
+	if ann.GetDp().GetAdaptive() != nil && !up.Clipped.Clipped {
+		u.ClipBit = 1 // adaptive clipping: the norm was within the clip norm
+	}
+	msg, err := wire.Encode(u)
+	if err != nil {
+		return plan{res: res, err: fmt.Errorf("agent: round %d: encode update: %w", r, err)}
+	}
+	if lim := sr.Limits.MaxMessageBytes; lim > 0 && len(msg) > lim {
+		return plan{res: res, err: fmt.Errorf("agent: round %d: update is %d bytes, over the %d-byte message limit", r, len(msg), lim)}
+	}
+	c := storage.Commit{Round: r, Residual: up.Residual, Msg: msg}
+	switch {
+	case p.sum:
+		c.Z, c.Pending = sent, &storage.SumPending{Join: up.Sum.Join, V: up.Sum.V}
+	case p.split:
+		c.Z, c.ServerZ = sent, up.Applied
+	}
+	pl := plan{records: []change{{kind: recCommit, round: r, commit: c}}, base: res, res: res}
+	pl.res.Action, pl.res.Msg, pl.res.Update, pl.res.Sent, pl.res.Report = ActionSolved, msg, u, up.Applied, rep
+	if up.Sum != nil {
+		pl.res.Sent = up.Sum.V
+	}
+	pl.res.Healthy = true
+	return pl
+}
+
+// uplink encodes the round's result as a delta (package uplink;
+// ARCHITECTURE.md, Uplink encoding), with what the store holds: the
+// error-feedback residual (FedProx family, lossy codecs) or this site's
+// record of the aggregator's copy of z_j (FedSplit).
+func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64) (uplink.Frame, error) {
+	if p.sum {
+		return sr.sumUplink(v, p, sent)
+	}
+	r := p.round
+	u := uplink.Update{Split: p.split, Round: r, Sent: sent, Global: p.x, Clip: p.clip, Tamper: poison}
+	if p.split {
+		br, zs, err := v.ServerZ()
+		switch {
+		case err == nil:
+			u.Copy = &uplink.Copy{Round: br, Z: zs}
+		case !errors.Is(err, storage.ErrNotFound):
+			return uplink.Frame{}, fmt.Errorf("agent: round %d: %w", r, err)
+		}
+	} else if !p.codec.Lossless() {
+		old, err := v.Residual(storage.ResidualUplink)
+		switch {
+		case err == nil:
+			u.Residual = old // of another model: none (uplink.Encode)
+		case !errors.Is(err, storage.ErrNotFound):
+			return uplink.Frame{}, fmt.Errorf("agent: round %d: %w", r, err)
+		}
+	}
+	f, err := uplink.Encode(p.codec, u, sr.rng(r, streams.SiteCodec))
+	if err != nil {
+		return f, fmt.Errorf("agent: round %d: %w", r, err)
+	}
+	if f.CopyUnused {
+		sr.log().Warn("the stored copy of the aggregator's z does not fit this round; sending a delta against the global model", "round", r, "copy_round", u.Copy.Round, "len", len(u.Copy.Z))
+	}
+	return f, nil
+}
+
+// resend looks for the outbox entry of an applied round.
+func (sr siteRules) resend(v StoreView, res Result) (Result, error) {
+	out, err := v.Outbox()
+	if err != nil {
+		return res, fmt.Errorf("agent: round %d: %w", res.Round, err)
+	}
+	for _, e := range out {
+		if e.Round == res.Round {
+			res.Action, res.Msg = ActionResend, e.Msg
+			return res, nil
+		}
+	}
+	res.Action = ActionDone
+	return res, nil
+}
+
+// prepared is a checked announcement, ready to solve.
+type prepared struct {
+	round  uint64
+	data   model.Data // the site's training data
+	algo   string
+	split  bool
+	sum    bool // FedSplit in sum mode (node/agent/sum.go)
+	sp     split.Params
+	stepJ  float64 // this site's prox step s_j = s m n_j / n
+	m      model.Model
+	x      []float64
+	codec  *quant.Codec
+	cfg    proxsolver.Config
+	budget proxsolver.Budget
+	sketch bool // the round asks for the anchor gradient
+	// clip is the announced DP clip norm (0: no DP): the update is
+	// clipped before it is encoded and the loss fields are sent as 0.
+	clip float64
+	// initial is x_0 under a fixed roster (split_initial; sum.go): the
+	// record and z_j a site without a record starts from. nil otherwise.
+	initial []float64
+	// z is FedSplit's z_j the client step starts from: the stored one, or
+	// the initial z the round's records commit (recInitZ).
+	z []float64
+}
+
+// prepare checks everything about ann that can be checked before writing:
+// nothing it rejects leaves a trace.
+func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.Time) (*prepared, error) {
+	r := ann.Round
+	p := &prepared{round: r, algo: ann.Algorithm, data: d}
+	p.split = ann.Algorithm == AlgoFedSplit || ann.Algorithm == AlgoFedProxSplit
+	p.sum = sumMode(ann)
+
+	spec, err := modelSpec(ann.Model)
+	if err != nil {
+		return nil, bad(r, "%v", err)
+	}
+	if p.m, err = model.New(spec); err != nil {
+		return nil, bad(r, "%v", err)
+	}
+	if err := model.CheckTargets(spec, d); err != nil {
+		return nil, bad(r, "this site's data do not fit the announced model: %v", err)
+	}
+	dim := p.m.NumParams()
+	if int64(ann.Global.Dimension) != int64(dim) {
+		return nil, bad(r, "global model has dimension %d, the %s model has %d parameters", ann.Global.Dimension, spec.Kind, dim)
+	}
+	if p.codec, err = quant.ParseWithLimits(ann.UplinkCodec, quant.Limits{MaxDim: dim}); err != nil {
+		return nil, bad(r, "uplink codec: %v", err)
+	}
+	if p.codec.MinDim() > dim {
+		return nil, bad(r, "uplink codec %s covers %d parameters, the %s model has %d", p.codec, p.codec.MinDim(), spec.Kind, dim)
+	}
+	info, err := quant.Inspect(ann.Global.Payload)
+	if err != nil {
+		return nil, bad(r, "global model frame: %v", err)
+	}
+	if info.Dim != dim {
+		return nil, bad(r, "global model frame has dimension %d, want %d", info.Dim, dim)
+	}
+	if p.x, err = p.codec.Decode(ann.Global.Payload, nil); err != nil {
+		return nil, bad(r, "global model frame: %v", err)
+	}
+	if len(p.x) != dim { // Inspect and Decode agree; belt and braces
+		return nil, bad(r, "global model decodes to %d values, want %d", len(p.x), dim)
+	}
+
+	if p.cfg, err = sr.solverConfig(ann, p.split, d.N); err != nil {
+		return nil, bad(r, "%v", err)
+	}
+	if p.clip, err = dpClip(ann, p.split && !p.sum); err != nil {
+		return nil, bad(r, "%v", err)
+	}
+	if p.sum {
+		if p.initial, err = sumInitial(ann, p.codec, dim); err != nil {
+			return nil, bad(r, "%v", err)
+		}
+	}
+	if err := secAggRefusals(ann, p.split); err != nil {
+		return nil, bad(r, "%v", err)
+	}
+	if p.split {
+		p.sp = split.Params{Step: ann.Params.GetStep(), Relax: ann.Params.GetRelax()}
+		if p.sp.Relax == 0 {
+			p.sp.Relax = 1 // unset: Peaceman-Rachford
+		}
+		if err := p.sp.Validate(); err != nil {
+			return nil, bad(r, "%v", err)
+		}
+		// Sample weighting: with m sites holding n samples, this site's
+		// prox step is s m n_j / n, so that the plain mean of the z_j has
+		// the minimiser of the sample-weighted pooled objective as its
+		// fixed point. Without the figures, every site weighs the same.
+		p.stepJ = p.sp.Step
+		if m, n := ann.Params.GetClients(), ann.Params.GetTotalSamples(); m > 0 && n > 0 && d.N > 0 {
+			p.stepJ = split.ClientStepSize(p.sp.Step, int(m), float64(d.N)/float64(n))
+		}
+		p.cfg.Mu = 1 / p.stepJ
+		if math.IsInf(p.cfg.Mu, 0) || !(p.stepJ > 0) {
+			return nil, bad(r, "fedsplit step %v for this site is out of range (1/step overflows)", p.stepJ)
+		}
+	}
+	if err := p.cfg.Validate(); err != nil {
+		return nil, bad(r, "%v", err)
+	}
+	p.budget = sr.budget(ann, now)
+	p.sketch = ann.AnchorSketch != nil
+	if err := p.budget.Validate(); err != nil {
+		return nil, bad(r, "%v", err)
+	}
+	return p, nil
+}
+
+// solverConfig combines the announced solver parameters with the device's
+// overrides and the defaults.
+func (sr siteRules) solverConfig(ann *wire.RoundAnnouncement, isSplit bool, samples int) (proxsolver.Config, error) {
+	prm := ann.Params
+	cfg := proxsolver.Config{
+		Solver: prm.GetSolver(), Mu: prm.GetMu(), Gamma: prm.GetGamma(),
+		LR: prm.GetLr(), Batch: int(min(prm.GetBatch(), math.MaxInt32)),
+	}
+	if ann.Algorithm == AlgoFedAvg {
+		cfg.Mu = 0 // FedAvg is the local solve without a proximal term
+	}
+	if cfg.Solver == "" {
+		cfg.Solver = proxsolver.SGD
+		if isSplit {
+			cfg.Solver = proxsolver.LBFGS
+		}
+	}
+	if sr.Local.Solver != "" {
+		cfg.Solver = sr.Local.Solver
+	}
+	if cfg.Solver != proxsolver.SGD && cfg.Solver != proxsolver.LBFGS {
+		return cfg, fmt.Errorf("solver %q: this agent runs %s and %s", cfg.Solver, proxsolver.SGD, proxsolver.LBFGS)
+	}
+	if sr.Local.LR > 0 {
+		cfg.LR = sr.Local.LR
+	}
+	if sr.Local.Batch > 0 {
+		cfg.Batch = sr.Local.Batch
+	}
+	if cfg.Solver == proxsolver.SGD {
+		if cfg.LR == 0 {
+			cfg.LR = DefaultSGDLearningRate
+		}
+		if cfg.Batch == 0 { // the wire's 0 means full batch
+			cfg.Batch = max(samples, 1)
+		}
+	}
+	return cfg, nil
+}
+
+// budget is min(device budget, round budget) and the round's deadline less
+// the margin, counted from now. A solve nothing limits gets
+// Local.FallbackSeconds.
+func (sr siteRules) budget(ann *wire.RoundAnnouncement, now time.Time) proxsolver.Budget {
+	loc := sr.Local.withDefaults()
+	b := proxsolver.Budget{Clock: sr.Clock}
+	minPos := func(a, c int) int {
+		switch {
+		case a <= 0:
+			return c
+		case c <= 0:
+			return a
+		}
+		return min(a, c)
+	}
+	rb := ann.Budget
+	b.MaxEpochs = minPos(loc.MaxEpochs, int(min(rb.GetMaxEpochs(), math.MaxInt32)))
+	b.MaxGradEvals = int(min(rb.GetMaxGradEvals(), math.MaxInt32))
+	secs := loc.MaxSeconds
+	if rs := rb.GetMaxSeconds(); rs > 0 && (secs <= 0 || rs < secs) {
+		secs = rs
+	}
+	var deadline time.Time
+	if secs > 0 {
+		deadline = now.Add(seconds(secs))
+	}
+	if ms := ann.DeadlineUnixMs; ms > 0 {
+		d := time.UnixMilli(ms).Add(-loc.DeadlineMargin)
+		if deadline.IsZero() || d.Before(deadline) {
+			deadline = d
+		}
+	}
+	if deadline.IsZero() && b.MaxEpochs == 0 && b.MaxGradEvals == 0 {
+		deadline = now.Add(seconds(loc.FallbackSeconds))
+	}
+	b.Deadline = deadline
+	return b
+}
+
+// modelSpec converts the announced model. The wire form allows several
+// hidden layers; the models have at most one.
+func modelSpec(s *wire.ModelSpec) (model.Spec, error) {
+	if s == nil {
+		return model.Spec{}, errors.New("no model")
+	}
+	kind := s.Kind
+	switch kind { // the wire schema's comment spells two kinds differently
+	case "binlogreg":
+		kind = model.KindBinaryLogReg
+	case "linreg":
+		kind = model.KindLinear
+	}
+	if int64(s.Inputs) > model.MaxParams || int64(s.Classes) > model.MaxParams {
+		return model.Spec{}, fmt.Errorf("model %s: %d inputs, %d classes: beyond %d parameters", kind, s.Inputs, s.Classes, model.MaxParams)
+	}
+	spec := model.Spec{Kind: kind, Inputs: int(s.Inputs), Classes: int(s.Classes), Activation: s.Activation, L2: s.L2}
+	switch len(s.Hidden) {
+	case 0:
+	case 1:
+		if int64(s.Hidden[0]) > model.MaxParams {
+			return model.Spec{}, fmt.Errorf("model %s: %d hidden units", kind, s.Hidden[0])
+		}
+		spec.Hidden = int(s.Hidden[0])
+	default:
+		return model.Spec{}, fmt.Errorf("model %s: %d hidden layers, this agent supports one", kind, len(s.Hidden))
+	}
+	return spec, nil
+}
+
+// seconds converts to a Duration, saturating instead of overflowing.
+func seconds(s float64) time.Duration {
+	const maxSecs = math.MaxInt64/int64(time.Second) - 1
+	if s >= float64(maxSecs) {
+		return time.Duration(maxSecs) * time.Second
+	}
+	return time.Duration(s * float64(time.Second))
+}
