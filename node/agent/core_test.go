@@ -1,0 +1,281 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"testing"
+
+	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/streams"
+	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/wire"
+)
+
+// memState is the edge state in memory: what the site core reads
+// (StoreView) and what its records change, with the store's refusals (a
+// stale seen round or global model, a round already applied, a vector that
+// is not finite, an empty outbox message). The core's tests and fuzzer run
+// on it, without a database.
+type memState struct {
+	run                        string
+	since                      int64
+	seen, applied              uint64
+	globalRound, zRound, szRnd uint64
+	global, z, serverZ         []float64
+	residual                   []float64
+	contribRound               uint64
+	contrib                    []float64
+	outbox                     []storage.OutboxEntry
+}
+
+func (m *memState) RunOrder() (string, int64, error)       { return m.run, m.since, nil }
+func (m *memState) AppliedRound() (uint64, error)          { return m.applied, nil }
+func (m *memState) Outbox() ([]storage.OutboxEntry, error) { return slices.Clone(m.outbox), nil }
+func (m *memState) Path() string                           { return "memory" }
+
+func (m *memState) vec(r uint64, v []float64) (uint64, []float64, error) {
+	if v == nil {
+		return 0, nil, storage.ErrNotFound
+	}
+	return r, slices.Clone(v), nil
+}
+
+func (m *memState) Z() (uint64, []float64, error)       { return m.vec(m.zRound, m.z) }
+func (m *memState) ServerZ() (uint64, []float64, error) { return m.vec(m.szRnd, m.serverZ) }
+func (m *memState) Contribution() (uint64, []float64, error) {
+	return m.vec(m.contribRound, m.contrib)
+}
+
+func (m *memState) Residual(name string) ([]float64, error) {
+	if name != storage.ResidualUplink || m.residual == nil {
+		return nil, storage.ErrNotFound
+	}
+	return slices.Clone(m.residual), nil
+}
+
+func finite(name string, v []float64) error {
+	for i, x := range v {
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return fmt.Errorf("%w: %s[%d] = %v", storage.ErrInvalid, name, i, x)
+		}
+	}
+	return nil
+}
+
+// apply commits c as storage.EdgeStore would.
+func (m *memState) apply(c change) error {
+	switch c.kind {
+	case recStartRun:
+		if c.run == m.run {
+			if c.since > 0 && (m.since == 0 || c.since < m.since) {
+				m.since = c.since
+			}
+			return nil
+		}
+		*m = memState{run: c.run, since: max(c.since, 0)}
+	case recSeen:
+		if c.round < m.seen {
+			return storage.ErrStale
+		}
+		m.seen = c.round
+	case recGlobal:
+		if c.round < m.globalRound {
+			return storage.ErrStale
+		}
+		if err := finite("global", c.vec); err != nil {
+			return err
+		}
+		m.globalRound, m.global, m.seen = c.round, slices.Clone(c.vec), max(m.seen, c.round)
+	case recInitZ:
+		if err := finite("z", c.vec); err != nil {
+			return err
+		}
+		if m.z == nil {
+			m.zRound, m.z = c.round, slices.Clone(c.vec)
+		}
+	case recCommit:
+		cm := c.commit
+		if cm.Round <= m.applied {
+			return storage.ErrAlreadyApplied
+		}
+		if len(cm.Msg) == 0 {
+			return fmt.Errorf("%w: empty outbox message", storage.ErrInvalid)
+		}
+		for _, v := range [][]float64{cm.Z, cm.ServerZ, cm.Residual} {
+			if err := finite("commit", v); err != nil {
+				return err
+			}
+		}
+		if cm.Z != nil {
+			m.zRound, m.z = cm.Round, slices.Clone(cm.Z)
+		}
+		if cm.ServerZ != nil {
+			m.szRnd, m.serverZ = cm.Round, slices.Clone(cm.ServerZ)
+		}
+		if cm.Residual != nil {
+			m.residual = slices.Clone(cm.Residual)
+		}
+		m.applied = cm.Round
+		m.outbox = append(m.outbox, storage.OutboxEntry{Round: cm.Round, Msg: slices.Clone(cm.Msg)})
+	default:
+		return fmt.Errorf("unknown change %d", c.kind)
+	}
+	return nil
+}
+
+// carryOut is the shell's commit of a plan's records on m (RoundHandler.commit).
+func (m *memState) carryOut(sr siteRules, recs []change, base Result) (Result, bool, error) {
+	for _, c := range recs {
+		if err := m.apply(c); err != nil {
+			if res, stop, err := sr.commitFailed(m, c, err, base); stop {
+				return res, true, err
+			}
+		}
+	}
+	return base, false, nil
+}
+
+func testRules() siteRules {
+	return siteRules{ClientID: testSite, Federation: testFed, Local: Local{MaxEpochs: 3}, Seed: 3,
+		Limits: wire.Limits{MaxMessageBytes: 1 << 20, MaxDimension: 1 << 12}, Clock: clock.NewFake(t0),
+		Log: slog.New(slog.DiscardHandler)}
+}
+
+// stepRound runs one announcement through the core on m as the shell does
+// (begin, commit, round, commit, solve, solved, commit) and returns the
+// outcome and every plan's records.
+func stepRound(t testing.TB, sr siteRules, m *memState, ann *wire.RoundAnnouncement) (Result, []change, error) {
+	t.Helper()
+	res, recs, err := sr.begin(m, ann)
+	if err != nil {
+		if len(recs) > 0 {
+			t.Fatalf("begin refused the announcement (%v) and still asks for records %v", err, recs)
+		}
+		return res, nil, err
+	}
+	all := slices.Clone(recs)
+	if res, stop, err := m.carryOut(sr, recs, res); stop {
+		return res, all, err
+	}
+	if ann.GetPhase() != wire.Phase_PHASE_TRAIN || len(ann.GetSchema()) > 0 || ann.Secagg != nil {
+		return res, all, errShellSide // federated phases and secagg run in the shell
+	}
+	pl := sr.round(m, ann, testData(1, 90), false, t0, res)
+	for {
+		if pl.err != nil && len(pl.records) > 0 {
+			t.Fatalf("a plan that refuses (%v) still asks for records %v", pl.err, pl.records)
+		}
+		all = append(all, pl.records...)
+		if res, stop, err := m.carryOut(sr, pl.records, pl.base); stop {
+			return res, all, err
+		}
+		if pl.err != nil || pl.solve == nil {
+			return pl.res, all, pl.err
+		}
+		p := pl.solve
+		sent, rep, stop, err := solve(context.Background(), p, sr.rng(p.round, streams.SiteSolve), sr.log())
+		if err != nil {
+			return res, all, err
+		}
+		pl = sr.solved(m, ann, p, solveOutcome{sent: sent, rep: rep, stop: stop}, t0, res)
+	}
+}
+
+var errShellSide = errors.New("handled by the shell")
+
+// The core decides a round from the view alone and its plans commit in
+// order: a new run's record comes first, a solved round's commit carries
+// the update it returns, and the same announcement stepped again re-sends
+// that update without solving (the state moved forward).
+func TestCoreRoundPlans(t *testing.T) {
+	for _, algo := range []string{AlgoFedProx, AlgoFedSplit, AlgoFedAvg} {
+		t.Run(algo, func(t *testing.T) {
+			sr, m := testRules(), &memState{}
+			ann := announce(t, 1, algo, f32(testGlobal(1)))
+			ann.RunId = "run-A"
+			res, recs, err := stepRound(t, sr, m, ann)
+			if err != nil || res.Action != ActionSolved {
+				t.Fatalf("%v %v", res.Action, err)
+			}
+			var kinds []recordKind
+			for _, c := range recs {
+				kinds = append(kinds, c.kind)
+			}
+			want := []recordKind{recStartRun, recGlobal, recCommit}
+			if algo == AlgoFedSplit {
+				want = []recordKind{recStartRun, recGlobal, recInitZ, recCommit}
+			}
+			if !slices.Equal(kinds, want) {
+				t.Fatalf("records %v, want %v", kinds, want)
+			}
+			if last := recs[len(recs)-1]; !slices.Equal(last.commit.Msg, res.Msg) || m.applied != 1 {
+				t.Fatalf("the commit does not carry the update returned (applied %d)", m.applied)
+			}
+			again, recs, err := stepRound(t, sr, m, ann)
+			if err != nil || again.Action != ActionResend || !slices.Equal(again.Msg, res.Msg) {
+				t.Fatalf("again: %v %v", again.Action, err)
+			}
+			if len(recs) != 1 || recs[0].kind != recStartRun {
+				t.Fatalf("again: records %v, want only the run's (a no-op)", recs)
+			}
+			other := announce(t, 2, algo, f32(testGlobal(2)))
+			other.RunId, other.Selected = "run-A", []string{"site-z"}
+			if res, recs, err := stepRound(t, sr, m, other); err != nil || res.Action != ActionNotSelected || recs[len(recs)-1].kind != recSeen || m.seen != 2 {
+				t.Fatalf("not selected: %v %v %v seen %d", res.Action, recs, err, m.seen)
+			}
+		})
+	}
+}
+
+// FuzzCore feeds arbitrary bytes through the path of an inbound round
+// announcement on the site core, without a database: wire decoding with
+// limits, then the core's steps carried out on the in-memory state.
+// Nothing may panic; a refused announcement asks for no record; whatever
+// is solved is committed as the store would accept it, publishable, and
+// never solved again.
+func FuzzCore(f *testing.F) {
+	for _, algo := range []string{AlgoFedProx, AlgoFedSplit} {
+		b, err := wire.Encode(announce(f, 1, algo, f32(testGlobal(1))))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	nan := announce(f, 2, AlgoFedProx, f32(testGlobal(2)))
+	nan.Global.Payload = nanFrame(f, testDim)
+	if b, err := wire.Encode(nan); err == nil {
+		f.Add(b)
+	}
+	f.Add([]byte{})
+	f.Add([]byte("\x08\x02garbage"))
+	sr := testRules()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ann, err := wire.DecodeRound(b, sr.Limits)
+		if err != nil {
+			return
+		}
+		ann.Federation = testFed
+		m := &memState{}
+		res, _, err := stepRound(t, sr, m, ann)
+		if err != nil || res.Msg == nil {
+			return
+		}
+		u, err := wire.DecodeUpdate(res.Msg, wire.Limits{})
+		if err != nil {
+			t.Fatalf("the core produced an undecodable update: %v", err)
+		}
+		if u.Round != ann.Round || u.ClientId != testSite {
+			t.Fatalf("update of round %d from %q, announced %d", u.Round, u.ClientId, ann.Round)
+		}
+		if res.Action == ActionSolved {
+			again, _, err := stepRound(t, sr, m, ann)
+			if err != nil || again.Action != ActionResend || !slices.Equal(again.Msg, res.Msg) {
+				t.Fatalf("the announcement stepped again: %v %v, want the committed update re-sent", again.Action, err)
+			}
+		}
+	})
+}
