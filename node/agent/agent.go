@@ -371,7 +371,7 @@ func (a *Agent) startShell(runCtx context.Context, cancel context.CancelFunc, st
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.runCtx, a.stop, a.store, a.client = runCtx, cancel, store, client
-	a.sess.store = sumStore{store}
+	a.sess.store = store
 	var err error
 	if a.sess.run, a.sess.runSince, err = store.RunOrder(); err != nil {
 		return stateFileErr(err)
@@ -533,8 +533,15 @@ func (a *Agent) loop(ctx context.Context) {
 func (a *Agent) step(ev sessionEvent) []action {
 	a.mu.Lock()
 	acts := a.sess.step(ev)
-	for _, act := range acts {
-		a.doLocked(act)
+	for i := 0; i < len(acts); i++ {
+		if acts[i].kind == actAck {
+			// Commit, then step the outcome in: what follows from it
+			// comes next, before the actions decided after it.
+			had, err := commitAck(a.store, acts[i])
+			acts = slices.Insert(acts, i+1, a.sess.step(acked{act: acts[i], had: had, err: err})...)
+			continue
+		}
+		a.doLocked(acts[i])
 	}
 	a.mu.Unlock()
 	for _, act := range acts {

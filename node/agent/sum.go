@@ -29,14 +29,6 @@ func sumMode(ann *wire.RoundAnnouncement) bool {
 	return ann.SplitSum && (ann.Algorithm == AlgoFedSplit || ann.Algorithm == AlgoFedProxSplit)
 }
 
-// HasPending reports whether round's outbox entry carries a sum-mode
-// pending contribution (the session keeps such an entry until the round's
-// UPDATE receipt, also under secure aggregation).
-func (s sumStore) HasPending(round uint64) (bool, error) {
-	_, ok, err := s.Pending(round)
-	return ok, err
-}
-
 // sumUplink encodes a sum-mode update (uplink.EncodeSum) against the
 // site's record, or as a join while it has none.
 func (sr siteRules) sumUplink(v StoreView, p *prepared, z []float64) (uplink.Frame, error) {
@@ -83,32 +75,26 @@ func sumInitial(ann *wire.RoundAnnouncement, c *quant.Codec, dim int) ([]float64
 // counts sites on their first update (an older version).
 var errNoRoster = errors.New("a FedSplit round under central differential privacy without a fixed roster (split_roster): this aggregator counts a site in its sum when it is first drawn, which publishes that round through the sum's divisor; refused (upgrade the aggregator; docs/privacy.md, \"As built (FedSplit)\")")
 
-// sumStore is the edge store as the session rules use it: an accepted
-// receipt of a sum-mode update advances the site's record
-// (uplink.Advance, storage.EdgeStore.AckSum) in the transaction that
-// drops its outbox entry; other updates are acknowledged as before.
+// sumStore is the edge store with the session's acknowledgement of an
+// accepted update receipt (planAck, commitAck): a sum-mode update's
+// advances the site's record (uplink.Advance, storage.EdgeStore.AckSum)
+// in the transaction that drops its outbox entry; other updates are
+// acknowledged as before. The shell's tests use it as "the receipt came".
 type sumStore struct{ *storage.EdgeStore }
 
-// Ack implements sessionStore.
+// HasPending reports whether round's outbox entry carries a sum-mode
+// pending contribution (the session keeps such an entry until the round's
+// UPDATE receipt, also under secure aggregation).
+func (s sumStore) HasPending(round uint64) (bool, error) {
+	_, ok, err := s.Pending(round)
+	return ok, err
+}
+
+// Ack acknowledges round's accepted update receipt.
 func (s sumStore) Ack(round uint64) (bool, error) {
-	p, ok, err := s.Pending(round)
-	if err != nil || !ok {
-		if err != nil {
-			return false, err
-		}
-		return s.EdgeStore.Ack(round)
-	}
-	var rec *uplink.Record
-	cr, c, err := s.Contribution()
-	switch {
-	case err == nil:
-		rec = &uplink.Record{Round: cr, C: c}
-	case !errors.Is(err, storage.ErrNotFound):
+	act, err := planAck(s.EdgeStore, &wire.Receipt{Round: round, Accepted: true})
+	if err != nil {
 		return false, err
 	}
-	next, err := uplink.Advance(rec, round, uplink.Pending{Join: p.Join, V: p.V})
-	if err != nil {
-		return false, fmt.Errorf("agent: the receipt of round %d: %w", round, err)
-	}
-	return s.AckSum(round, cr, next.C)
+	return commitAck(s.EdgeStore, act)
 }
