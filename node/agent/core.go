@@ -6,8 +6,11 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
+	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/data/schema"
 	"github.com/edgefl/edgefl/data/sitedata"
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/internal/streams"
@@ -44,6 +47,7 @@ type StoreView interface {
 	Residual(name string) ([]float64, error)
 	Contribution() (round uint64, c []float64, err error)
 	Outbox() ([]storage.OutboxEntry, error)
+	Final() (storage.Final, error)
 	// Path names the state file in errors ("" when unknown).
 	Path() string
 }
@@ -57,6 +61,7 @@ const (
 	recGlobal                         // the round's global model vec: storage SetGlobal
 	recInitZ                          // FedSplit's initial z vec, if none is stored: storage InitZ
 	recCommit                         // the solved round with its outbox entry: storage Commit
+	recFinal                          // the run's verified final bundle: storage SetFinal
 )
 
 // record is one durable change the core decides; the shell commits each
@@ -68,6 +73,7 @@ type change struct {
 	since  int64
 	vec    []float64
 	commit storage.Commit
+	final  storage.Final
 }
 
 // plan is what one step of the core decides. The shell commits records in
@@ -81,8 +87,15 @@ type plan struct {
 	// secAggPhase: the round was applied and runs under secure
 	// aggregation: the shell answers the session's phase (secagg.go).
 	secAggPhase bool
-	res, base   Result
-	err         error
+	// bundle is the final bundle to write to model_out once the records
+	// are committed; restore a stored one to make sure of on disk;
+	// finalEval: the run finished without its bundle yet and asks for the
+	// final evaluation (the shell reads the site's held-out rows).
+	bundle    []byte
+	restore   *storage.Final
+	finalEval bool
+	res, base Result
+	err       error
 }
 
 // solveOutcome is what the shell's solve returns, stepped into
@@ -247,6 +260,8 @@ func (sr siteRules) commitFailed(v StoreView, rec change, err error, base Result
 	case rec.kind == recCommit && errors.Is(err, storage.ErrAlreadyApplied):
 		res, err := sr.resend(v, base)
 		return res, true, err
+	case rec.kind == recFinal:
+		return base, true, diskErrAt(v, err)
 	}
 	return base, true, diskErrAt(v, fmt.Errorf("agent: round %d: %w", rec.round, err))
 }
@@ -604,4 +619,47 @@ func seconds(s float64) time.Duration {
 		return time.Duration(maxSecs) * time.Second
 	}
 	return time.Duration(s * float64(time.Second))
+}
+
+// finish is the step of the run's end (PHASE_FINISHED): without a schema
+// there is nothing to store; a bundle stored before for this run (a
+// re-delivered announcement) is only made sure of on disk; without the
+// bundle yet the site waits (and evaluates, when asked); the bundle is
+// verified (bundle.Unmarshal checks its digest; the federation's schema,
+// the run) before the plan stores it and writes it to model_out.
+func (sr siteRules) finish(v StoreView, ann *wire.RoundAnnouncement, res Result) plan {
+	if len(ann.GetSchema()) == 0 {
+		res.Action = ActionFinished // nothing to store: no bundle without a schema
+		return plan{res: res}
+	}
+	if f, err := v.Final(); err == nil && f.RunID == ann.RunId {
+		done := res
+		done.Action, done.Final = ActionDone, &f
+		return plan{restore: &f, res: done, base: res}
+	} else if err != nil && !errors.Is(err, storage.ErrNotFound) {
+		return plan{res: res, err: diskErrAt(v, err)}
+	}
+	raw := ann.GetBundle()
+	if len(raw) == 0 {
+		res.Action = ActionFinishing
+		return plan{res: res, finalEval: ann.GetEvaluate()}
+	}
+	b, err := bundle.Unmarshal(raw)
+	if err != nil {
+		return plan{res: res, err: badTransform("final model bundle", err)}
+	}
+	s, err := schema.Parse(ann.GetSchema())
+	if err != nil {
+		return plan{res: res, err: badTransform("schema", err)}
+	}
+	if got, want := b.Schema.Digest(), s.Digest(); got != want {
+		return plan{res: res, err: badTransform("final model bundle", fmt.Errorf("its schema %.12s is not the federation's %.12s", got, want))}
+	}
+	if id := b.Provenance.RunID; id != "" && ann.RunId != "" && id != ann.RunId {
+		return plan{res: res, err: badTransform("final model bundle", fmt.Errorf("it is of run %s, the announcement of run %s", id, ann.RunId))}
+	}
+	f := storage.Final{RunID: ann.RunId, Round: ann.Round, Digest: b.Digest, Bundle: slices.Clone(raw)}
+	pl := plan{records: []change{{kind: recFinal, round: ann.Round, final: f}}, bundle: raw, res: res, base: res}
+	pl.res.Action, pl.res.Final, pl.res.Healthy = ActionFinished, &f, true
+	return pl
 }

@@ -30,12 +30,20 @@ type memState struct {
 	contribRound               uint64
 	contrib                    []float64
 	outbox                     []storage.OutboxEntry
+	final                      *storage.Final
 }
 
 func (m *memState) RunOrder() (string, int64, error)       { return m.run, m.since, nil }
 func (m *memState) AppliedRound() (uint64, error)          { return m.applied, nil }
 func (m *memState) Outbox() ([]storage.OutboxEntry, error) { return slices.Clone(m.outbox), nil }
 func (m *memState) Path() string                           { return "memory" }
+
+func (m *memState) Final() (storage.Final, error) {
+	if m.final == nil {
+		return storage.Final{}, storage.ErrNotFound
+	}
+	return *m.final, nil
+}
 
 func (m *memState) vec(r uint64, v []float64) (uint64, []float64, error) {
 	if v == nil {
@@ -121,6 +129,9 @@ func (m *memState) apply(c change) error {
 		}
 		m.applied = cm.Round
 		m.outbox = append(m.outbox, storage.OutboxEntry{Round: cm.Round, Msg: slices.Clone(cm.Msg)})
+	case recFinal:
+		f := c.final
+		m.final, m.outbox = &f, nil
 	default:
 		return fmt.Errorf("unknown change %d", c.kind)
 	}
@@ -278,4 +289,38 @@ func FuzzCore(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The run's end as the core plans it, on the in-memory state: a verified
+// bundle is stored (recFinal) before it is written; a bundle of another
+// run or schema is refused with no record; a stored bundle of the run is
+// only restored; without a bundle the site waits (and evaluates if asked).
+func TestCoreFinishPlans(t *testing.T) {
+	f := newFedFixture(t, 80)
+	x := f.global(t, 5)
+	good := f.bundleOf(t, fedRun, 5, x)
+	otherRun := f.bundleOf(t, "another-run", 5, x)
+	sr := testRules()
+	m := &memState{}
+
+	pl := sr.finish(m, f.finishedAnn(t, fedRun, 5, x, nil), Result{Round: 5})
+	if pl.err != nil || pl.res.Action != ActionFinishing || !pl.finalEval || len(pl.records) != 0 || pl.bundle != nil {
+		t.Fatalf("no bundle yet: %+v", pl)
+	}
+	pl = sr.finish(m, f.finishedAnn(t, fedRun, 5, x, otherRun), Result{Round: 5})
+	if pl.err == nil || len(pl.records) != 0 || pl.bundle != nil {
+		t.Fatalf("another run's bundle: %+v", pl)
+	}
+	pl = sr.finish(m, f.finishedAnn(t, fedRun, 5, x, good), Result{Round: 5})
+	if pl.err != nil || pl.res.Action != ActionFinished || len(pl.records) != 1 || pl.records[0].kind != recFinal ||
+		!slices.Equal(pl.bundle, good) || !slices.Equal(pl.records[0].final.Bundle, good) || pl.base.Action != 0 {
+		t.Fatalf("the bundle: %+v", pl)
+	}
+	if _, stop, err := m.carryOut(sr, pl.records, pl.base); stop || err != nil {
+		t.Fatal(stop, err)
+	}
+	pl = sr.finish(m, f.finishedAnn(t, fedRun, 5, x, good), Result{Round: 5})
+	if pl.err != nil || pl.res.Action != ActionDone || pl.restore == nil || len(pl.records) != 0 || pl.bundle != nil {
+		t.Fatalf("re-delivered: %+v", pl)
+	}
 }

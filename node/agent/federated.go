@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 
 	"github.com/edgefl/edgefl/data/bundle"
 	"github.com/edgefl/edgefl/data/prep"
@@ -229,29 +228,22 @@ func decodeGlobal(ann *wire.RoundAnnouncement, dim int) ([]float64, error) {
 	return x, nil
 }
 
-// finish is PHASE_FINISHED (see handleFederated).
+// finish carries out PHASE_FINISHED (see handleFederated): the core's
+// plan (siteRules.finish) either has the stored bundle made sure of on
+// disk, asks for the final evaluation, or stores the verified bundle
+// (recFinal) and only then writes it to ModelOut.
 func (h *RoundHandler) finish(ann *wire.RoundAnnouncement, res Result) (Result, error) {
-	if len(ann.GetSchema()) == 0 {
-		res.Action = ActionFinished // nothing to store: no bundle without a schema
-		return res, nil
-	}
-	if f, err := h.Store.Final(); err == nil && f.RunID == ann.RunId {
-		// Stored before (a re-delivered announcement): make sure the
-		// file is there, and nothing else.
-		if _, err := h.RestoreModelOut(f); err != nil {
-			return res, err
+	pl := h.rules().finish(h.Store, ann, res)
+	switch {
+	case pl.err != nil:
+		return pl.res, pl.err
+	case pl.restore != nil:
+		if _, err := h.RestoreModelOut(*pl.restore); err != nil {
+			return pl.base, err
 		}
-		res.Action, res.Final = ActionDone, &f
-		return res, nil
-	} else if err != nil && !errors.Is(err, storage.ErrNotFound) {
-		return res, h.diskErr(err)
-	}
-	raw := ann.GetBundle()
-	if len(raw) == 0 {
-		res.Action = ActionFinishing
-		if !ann.GetEvaluate() {
-			return res, nil
-		}
+		return pl.res, nil
+	case pl.finalEval:
+		res = pl.res
 		s, err := h.schemaOf(ann)
 		if err != nil {
 			return res, err
@@ -263,29 +255,15 @@ func (h *RoundHandler) finish(ann *wire.RoundAnnouncement, res Result) (Result, 
 		res.SampleCount = train.N
 		return res, h.evaluate(ann, holdout, &res)
 	}
-	b, err := bundle.Unmarshal(raw)
-	if err != nil {
-		return res, badTransform("final model bundle", err)
-	}
-	s, err := schema.Parse(ann.GetSchema())
-	if err != nil {
-		return res, badTransform("schema", err)
-	}
-	if got, want := b.Schema.Digest(), s.Digest(); got != want {
-		return res, badTransform("final model bundle", fmt.Errorf("its schema %.12s is not the federation's %.12s", got, want))
-	}
-	if id := b.Provenance.RunID; id != "" && ann.RunId != "" && id != ann.RunId {
-		return res, badTransform("final model bundle", fmt.Errorf("it is of run %s, the announcement of run %s", id, ann.RunId))
-	}
-	f := storage.Final{RunID: ann.RunId, Round: ann.Round, Digest: b.Digest, Bundle: slices.Clone(raw)}
-	if err := h.Store.SetFinal(f); err != nil {
-		return res, h.diskErr(err)
-	}
-	if err := h.writeModelOut(raw); err != nil {
+	if res, stop, err := h.commit(pl.records, pl.base); stop {
 		return res, err
 	}
-	res.Action, res.Final, res.Healthy = ActionFinished, &f, true
-	return res, nil
+	if pl.bundle != nil {
+		if err := h.writeModelOut(pl.bundle); err != nil {
+			return pl.base, err
+		}
+	}
+	return pl.res, nil
 }
 
 // ErrModelOut is wrapped by the site error (disk) of a final bundle that

@@ -335,6 +335,8 @@ func (h *RoundHandler) apply(rec change) error {
 		return err
 	case recCommit:
 		return h.Store.Commit(rec.commit)
+	case recFinal:
+		return h.Store.SetFinal(rec.final)
 	}
 	return fmt.Errorf("agent: unknown record kind %d", rec.kind)
 }
