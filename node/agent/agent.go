@@ -384,7 +384,7 @@ func (a *Agent) startShell(runCtx context.Context, cancel context.CancelFunc, st
 		ClientID: a.cfg.SiteID, InstanceID: a.instance, Federation: a.cfg.Federation, Store: store, Data: a.data,
 		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
 		EvalFile: a.cfg.EvalData, ModelOut: a.cfg.ModelOut,
-		Emit: a.sendUplink, Receipted: a.isReceipted, SecAggRand: a.deps.SecAggRand, SecAggNoiseKey: a.deps.SecAggNoiseKey,
+		Emit: a.sendUplink, SecAggRand: a.deps.SecAggRand, SecAggNoiseKey: a.deps.SecAggNoiseKey,
 		WriteFile:      a.deps.WriteModelOut,
 		SecAggIdentity: saIdent,
 	}
@@ -492,11 +492,12 @@ func (a *Agent) loop(ctx context.Context) {
 		}
 		var ann *wire.RoundAnnouncement
 		var share *wire.SecAggMessage
+		var receipted receiptedSet
 		invited := false
 		for _, act := range a.step(idle{}) {
 			switch act.kind {
 			case actStartSolve:
-				ann, invited = act.ann, act.invited
+				ann, invited, receipted = act.ann, act.invited, act.receipted
 			case actStartShareList:
 				share = act.share
 			}
@@ -515,6 +516,7 @@ func (a *Agent) loop(ctx context.Context) {
 		solveCtx, cancel := a.solveCtx, a.preempt
 		a.mu.Unlock()
 		a.observe(Event{Kind: EventHandling, Round: ann.Round})
+		a.handler.Receipted = receipted.has // the session's, as the solve starts
 		res, err := a.handler.HandleInvited(solveCtx, ann, invited)
 		cancel(nil)
 		a.step(solveDone{ann: ann, res: res, err: err, shutdown: ctx.Err() != nil})

@@ -320,10 +320,20 @@ func (h *RoundHandler) receipted(subject wire.ReceiptSubject, run string, round 
 	return h.Receipted != nil && h.Receipted(subject, run, round)
 }
 
+// emit adds o to the announcement's messages; the executor hands them to
+// Emit (flush).
 func (h *RoundHandler) emit(res *Result, o Outgoing) {
 	res.Out = append(res.Out, o)
-	if h.Emit != nil {
-		h.Emit(o)
+}
+
+// flush hands the messages of res not handed yet to Emit: before a solve
+// starts (an evaluation goes out before the round's solve) and when the
+// announcement is handled.
+func (h *RoundHandler) flush(res Result) {
+	for ; h.emitted < len(res.Out); h.emitted++ {
+		if h.Emit != nil {
+			h.Emit(res.Out[h.emitted])
+		}
 	}
 }
 

@@ -217,6 +217,9 @@ type RoundHandler struct {
 	SecAggIdentity *uplink.SecAggIdentity
 
 	site siteCache
+	// emitted counts the messages of the current announcement's Result.Out
+	// handed to Emit (flush).
+	emitted int
 }
 
 func (h *RoundHandler) log() *slog.Logger {
@@ -274,6 +277,13 @@ func (h *RoundHandler) Handle(ctx context.Context, ann *wire.RoundAnnouncement) 
 // topic (the session rules match the two, node/agent/session.go), and then the
 // site takes part as if ann listed it.
 func (h *RoundHandler) HandleInvited(ctx context.Context, ann *wire.RoundAnnouncement, invited bool) (Result, error) {
+	h.emitted = 0
+	res, err := h.handle(ctx, ann, invited)
+	h.flush(res)
+	return res, err
+}
+
+func (h *RoundHandler) handle(ctx context.Context, ann *wire.RoundAnnouncement, invited bool) (Result, error) {
 	res, recs, err := h.rules().begin(h.Store, ann)
 	if err != nil {
 		return res, err
@@ -359,6 +369,7 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 			return h.secAggPhase(ann, pl.res)
 		}
 		p := pl.solve
+		h.flush(res) // an evaluation goes out before the solve
 		sent, rep, stop, err := solve(ctx, p, sr.rng(p.round, streams.SiteSolve), h.log())
 		if err != nil {
 			return res, err

@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"time"
@@ -335,8 +336,12 @@ type action struct {
 	invited bool
 	// actAck: what is committed; prev and vec the sum-mode record's
 	// advance (ackSum); keep and sum what leaves a secagg entry in place.
-	ack       ackKind
-	prev      uint64
+	ack  ackKind
+	prev uint64
+	// receipted (actStartSolve) is a copy of the statistics and
+	// evaluation reports receipted when the solve starts: what the round
+	// handler reads to skip making one again (RoundHandler.Receipted).
+	receipted receiptedSet
 	vec       []float64
 	keep, sum bool
 }
@@ -471,7 +476,7 @@ func (s *session) take() []action {
 			s.finished, s.finishedRun = false, ""
 		}
 	}
-	return append(acts, action{kind: actStartSolve, ann: ann, invited: s.invite.invites(ann)})
+	return append(acts, action{kind: actStartSolve, ann: ann, invited: s.invite.invites(ann), receipted: maps.Clone(s.receipted)})
 }
 
 // invited keeps the invitation r (the newest one: of another run, or of a
@@ -972,6 +977,15 @@ func (s *session) uplinkKeys() []pendingKey {
 // isReceipted reports whether the aggregator receipted the statistics or
 // evaluation report (subject, round) of run.
 func (s *session) isReceipted(subject wire.ReceiptSubject, run string, round uint64) bool {
-	r, ok := s.receipted[pendingKey{subject: subject, round: round}]
-	return ok && r == run
+	return receiptedSet(s.receipted).has(subject, run, round)
+}
+
+// receiptedSet is the statistics and evaluation reports receipted, by key,
+// with their run.
+type receiptedSet map[pendingKey]string
+
+// has reports whether the report (subject, round) of run is in r.
+func (r receiptedSet) has(subject wire.ReceiptSubject, run string, round uint64) bool {
+	got, ok := r[pendingKey{subject: subject, round: round}]
+	return ok && got == run
 }
