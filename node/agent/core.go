@@ -17,8 +17,10 @@ import (
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/learn/sketch"
 	"github.com/edgefl/edgefl/learn/split"
 	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -662,4 +664,133 @@ func (sr siteRules) finish(v StoreView, ann *wire.RoundAnnouncement, res Result)
 	pl := plan{records: []change{{kind: recFinal, round: ann.Round, final: f}}, bundle: raw, res: res, base: res}
 	pl.res.Action, pl.res.Final, pl.res.Healthy = ActionFinished, &f, true
 	return pl
+}
+
+// Selected reports whether ann selects id: an empty list selects everyone,
+// except in an announcement with a private selection, which selects only
+// the sites it invites on their receipts topics (HandleInvited).
+func Selected(ann *wire.RoundAnnouncement, id string) bool {
+	if ann.GetPrivateSelection() {
+		return false
+	}
+	return len(ann.GetSelected()) == 0 || slices.Contains(ann.GetSelected(), id)
+}
+
+func bad(round uint64, format string, args ...any) error {
+	return fmt.Errorf("%w: round %d: %s", ErrBadAnnouncement, round, fmt.Sprintf(format, args...))
+}
+
+func stopReason(stop string) wire.StopReason {
+	switch stop {
+	case proxsolver.StopGamma, proxsolver.StopConverged:
+		return wire.StopReason_STOP_REASON_GAMMA_REACHED
+	case proxsolver.StopEpochs:
+		return wire.StopReason_STOP_REASON_MAX_EPOCHS
+	case proxsolver.StopGradEvals:
+		return wire.StopReason_STOP_REASON_MAX_GRAD_EVALS
+	case proxsolver.StopDeadline:
+		return wire.StopReason_STOP_REASON_DEADLINE
+	case proxsolver.StopCanceled:
+		return wire.StopReason_STOP_REASON_SIGNAL
+	}
+	return wire.StopReason_STOP_REASON_UNSPECIFIED // stalled: no wire code for it
+}
+
+// workReport fills the wire report from the solver's. Non-finite values
+// (only after a divergence) are sent as 0.
+func workReport(rep proxsolver.Report, stop wire.StopReason, target float64, private bool) *wire.WorkReport {
+	fin := func(x float64) float64 {
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return 0
+		}
+		return x
+	}
+	partial := false
+	switch stop {
+	case wire.StopReason_STOP_REASON_MAX_EPOCHS, wire.StopReason_STOP_REASON_MAX_GRAD_EVALS,
+		wire.StopReason_STOP_REASON_DEADLINE, wire.StopReason_STOP_REASON_SIGNAL:
+		partial = target > 0
+	case wire.StopReason_STOP_REASON_ERROR:
+		partial = true
+	}
+	g := fin(rep.Gamma)
+	if g < 0 {
+		g = 0
+	}
+	w := &wire.WorkReport{
+		AchievedGamma: g,
+		Epochs:        uint64(math.Round(max(fin(rep.Epochs), 0))),
+		GradEvals:     uint64(max(rep.GradEvals, 0)),
+		Seconds:       max(rep.Elapsed.Seconds(), 0),
+		LocalLoss:     fin(rep.Loss),
+		AnchorLoss:    fin(rep.AnchorLoss),
+		StopReason:    stop,
+		Partial:       partial,
+	}
+	if private {
+		// Under DP the losses and the achieved inexactness are computed
+		// from the site's data without noise: sent as 0 (docs/privacy.md,
+		// "What the guarantee covers").
+		w.LocalLoss, w.AnchorLoss, w.AchievedGamma = 0, 0, 0
+	}
+	return w
+}
+
+// dpClip is the clip norm a round's DP parameters ask for (0: none). The
+// distributed mode (no secure aggregation yet), the FedSplit family outside
+// sum mode (split: the per-site copy of z_j is not privatised) and anchor
+// gradients are refused under DP, as the aggregator refuses them.
+func dpClip(ann *wire.RoundAnnouncement, split bool) (float64, error) {
+	d := ann.GetDp()
+	switch {
+	case d == nil:
+		return 0, nil
+	case d.Mode == wire.DPMode_DP_MODE_DISTRIBUTED && ann.Secagg == nil:
+		return 0, errors.New("differential privacy in the distributed mode without secure aggregation: refused (the noise shares are only safe inside a secure sum)")
+	case d.Mode != wire.DPMode_DP_MODE_CENTRAL && d.Mode != wire.DPMode_DP_MODE_DISTRIBUTED:
+		return 0, fmt.Errorf("differential privacy mode %v: unknown to this agent", d.Mode)
+	case split:
+		return 0, uplink.ErrSplitDP
+	case ann.AnchorSketch != nil:
+		return 0, errors.New("differential privacy with an anchor gradient: refused (it is neither clipped nor noised)")
+	case d.Mode == wire.DPMode_DP_MODE_DISTRIBUTED:
+		// The noise share must be fine enough on the announced grid for
+		// the shares' sum to be one discrete Gaussian (the check the
+		// aggregator makes at start), before anything is solved.
+		sp := ann.Secagg
+		if d.NoiseShares > sp.Threshold {
+			// Every sum holds at least t inputs: shares sized for more than
+			// t would leave a sum of t with less than z*C of noise.
+			return 0, fmt.Errorf("differential privacy in the distributed mode: the noise is split into %d shares but a sum may hold only the secagg threshold's %d inputs, which would carry less than the announced noise: refused", d.NoiseShares, sp.Threshold)
+		}
+		q, err := secagg.NewQuantizer(sp.Clip, int(sp.ScaleBits), int(sp.MaxSites))
+		if err != nil {
+			return 0, fmt.Errorf("secagg: %w", err)
+		}
+		if err := uplink.CheckSecAggDP(q, d.ClipNorm, d.NoiseMultiplier, int(d.NoiseShares)); err != nil {
+			return 0, err
+		}
+	}
+	return d.ClipNorm, nil
+}
+
+// anchorGrad is what the round's SketchSpec asks for: the full gradient at
+// the anchor (dimension 0) or its random projection. A sketch longer than the
+// gradient is refused (it would cost dimension x len(grad) for nothing).
+func (sr siteRules) anchorGrad(round uint64, g []float64, s *wire.SketchSpec) []float64 {
+	for _, v := range g {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil
+		}
+	}
+	switch {
+	case len(g) == 0:
+		return nil
+	case s.Dimension == 0:
+		return slices.Clone(g)
+	case int(s.Dimension) > len(g):
+		sr.log().Warn("anchor sketch longer than the gradient: not sent", "round", round, "sketch", s.Dimension, "gradient", len(g))
+		return nil
+	}
+	return sketch.Of(g, int(s.Dimension), s.Seed)
 }

@@ -4,9 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"log/slog"
 	"math"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/edgefl/edgefl/internal/clock"
@@ -323,4 +328,33 @@ func TestCoreFinishPlans(t *testing.T) {
 	if pl.err != nil || pl.res.Action != ActionDone || pl.restore == nil || len(pl.records) != 0 || pl.bundle != nil {
 		t.Fatalf("re-delivered: %+v", pl)
 	}
+}
+
+// The site core is pure by construction: core.go imports nothing that does
+// I/O, names no concrete store (only StoreView) and reads no clock. A
+// planted `os` import, a `time.Now()` or a `*storage.EdgeStore` fails this.
+func TestCoreImportsNoIO(t *testing.T) {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "core.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forbidden := []string{"os", "io", "net", "net/http", "os/exec", "syscall", "go.etcd.io/bbolt",
+		"github.com/eclipse/paho.mqtt.golang", "crypto/rand"}
+	for _, im := range f.Imports {
+		p, _ := strconv.Unquote(im.Path.Value)
+		if slices.Contains(forbidden, p) || strings.HasPrefix(p, "io/") || strings.HasPrefix(p, "net/") {
+			t.Errorf("core.go imports %s", p)
+		}
+	}
+	banned := map[string]bool{"time.Now": true, "time.Since": true, "time.Sleep": true, "time.After": true,
+		"storage.EdgeStore": true, "storage.OpenEdge": true, "clock.Real": true}
+	ast.Inspect(f, func(n ast.Node) bool {
+		if sel, ok := n.(*ast.SelectorExpr); ok {
+			if x, ok := sel.X.(*ast.Ident); ok && banned[x.Name+"."+sel.Sel.Name] {
+				t.Errorf("%s: core.go uses %s.%s", fset.Position(sel.Pos()), x.Name, sel.Sel.Name)
+			}
+		}
+		return true
+	})
 }
