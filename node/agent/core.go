@@ -40,7 +40,8 @@ import (
 // pre-empts it.
 
 // StoreView is what the site core reads of the edge state; it never
-// writes it (*storage.EdgeStore is one; the core's fuzzer uses a map).
+// writes it (*storage.EdgeStore is one; its tests and fuzzer use an
+// in-memory state, core_test.go).
 type StoreView interface {
 	RunOrder() (id string, since int64, err error)
 	AppliedRound() (uint64, error)
@@ -66,8 +67,8 @@ const (
 	recFinal                          // the run's verified final bundle: storage SetFinal
 )
 
-// record is one durable change the core decides; the shell commits each
-// in one transaction, in the plan's order.
+// change is one record the core decides to make durable; the shell
+// commits each in one transaction, in the plan's order.
 type change struct {
 	kind   recordKind
 	round  uint64

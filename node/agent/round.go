@@ -159,8 +159,10 @@ type Result struct {
 
 // RoundHandler runs the edge side of a round over an EdgeStore, without any
 // networking: Handle turns a validated round announcement into the bytes to
-// publish, with every durable effect done by then. It is what Agent runs
-// for each announcement, and what tests drive directly.
+// publish, with every durable effect done by then. It is the shell's
+// executor of the site core (core.go): it commits the records the core's
+// plans ask for, runs the solve and steps its outcome back in. It is what
+// Agent runs for each announcement, and what tests drive directly.
 //
 // A RoundHandler is not safe for concurrent use (the Agent calls it from one
 // goroutine).
@@ -189,12 +191,14 @@ type RoundHandler struct {
 	// inject a full disk with it.
 	WriteFile func(path string, data []byte) error
 	// Emit, when set, is called with every statistics and evaluation
-	// message as soon as it is encoded (an evaluation before the round's
-	// solve starts); they are in Result.Out either way.
+	// message the announcement produced, by the executor once the rules
+	// returned it (an evaluation before the round's solve starts); they
+	// are in Result.Out either way.
 	Emit func(Outgoing)
 	// Receipted, when set, reports whether the aggregator has receipted
 	// this site's statistics or evaluation report of (run, round):
-	// Handle then neither computes nor emits it again.
+	// Handle then neither computes nor emits it again. The Agent sets it
+	// to a copy of the session's receipts as each solve starts.
 	Receipted func(subject wire.ReceiptSubject, runID string, round uint64) bool
 	// SecAggRand, when set, is the randomness of round's secure
 	// aggregation (keys, shares, stochastic rounding) instead of
