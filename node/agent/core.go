@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -794,4 +795,126 @@ func (sr siteRules) anchorGrad(round uint64, g []float64, s *wire.SketchSpec) []
 		return nil
 	}
 	return sketch.Of(g, int(s.Dimension), s.Seed)
+}
+
+// statisticsRefused refuses the statistics phase of a schema that
+// declares its preprocessing: there is nothing to fit, and a --dp run
+// relies on no statistics being sent (docs/privacy.md, "Preprocessing
+// under DP").
+func statisticsRefused(s *schema.Schema) error {
+	if s.Declared() {
+		return badTransform("statistics phase", errors.New("the schema declares its preprocessing: this site sends no statistics"))
+	}
+	return nil
+}
+
+// statistics is the step of the statistics phase over the site's data
+// read by s: the site's SiteStatistics, in Result.Out, unless the
+// aggregator has receipted them (done). now is their timestamp.
+func (sr siteRules) statistics(ann *wire.RoundAnnouncement, s *schema.Schema, site *sitedata.Site, done bool, now time.Time, res Result) (Result, error) {
+	res.SampleCount = len(site.Train)
+	if done {
+		res.Action, res.Healthy = ActionDone, true
+		return res, nil
+	}
+	stats, err := site.Statistics()
+	if err != nil {
+		return res, err
+	}
+	raw, err := json.Marshal(stats)
+	if err != nil {
+		return res, fmt.Errorf("agent: statistics: %w", err)
+	}
+	msg, err := wire.Encode(&wire.SiteStatistics{
+		ClientId: sr.ClientID, RunId: ann.RunId, SchemaDigest: s.Digest(), Stats: raw,
+		SentAtUnixMs: max(now.UnixMilli(), 0),
+	})
+	if err != nil {
+		return res, fmt.Errorf("agent: statistics: %w", err)
+	}
+	if err := sr.fits(msg, "statistics"); err != nil {
+		return res, err
+	}
+	res.Out = append(res.Out, Outgoing{Subject: wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, RunID: ann.RunId, Msg: msg})
+	res.Action, res.Healthy = ActionStatistics, true
+	return res, nil
+}
+
+// evaluation is the step of an evaluation: the EvalReport of the
+// announced global model on the held-out rows, named by the
+// announcement's eval round, added to res.Out, unless the aggregator has
+// receipted it (done). now is its timestamp.
+func (sr siteRules) evaluation(ann *wire.RoundAnnouncement, holdout model.Data, done bool, now time.Time, res *Result) error {
+	round := uint64(ann.GetEvalRound())
+	if done {
+		res.Healthy = true
+		return nil
+	}
+	spec, err := modelSpec(ann.Model)
+	if err != nil {
+		return bad(ann.Round, "%v", err)
+	}
+	m, err := model.New(spec)
+	if err != nil {
+		return bad(ann.Round, "%v", err)
+	}
+	x, err := decodeGlobal(ann, m.NumParams())
+	if err != nil {
+		return err
+	}
+	rep, err := sitedata.Evaluate(spec, x, holdout)
+	if err != nil {
+		return bad(ann.Round, "evaluation of the global model: %v", err)
+	}
+	raw, err := json.Marshal(rep)
+	if err != nil {
+		return fmt.Errorf("agent: evaluation: %w", err)
+	}
+	msg, err := wire.Encode(&wire.EvalReport{
+		ClientId: sr.ClientID, RunId: ann.RunId, Round: round, Report: raw,
+		SentAtUnixMs: max(now.UnixMilli(), 0),
+	})
+	if err != nil {
+		return fmt.Errorf("agent: evaluation: %w", err)
+	}
+	if err := sr.fits(msg, "evaluation report"); err != nil {
+		return err
+	}
+	res.Out = append(res.Out, Outgoing{Subject: wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, RunID: ann.RunId, Round: round, Msg: msg})
+	sr.log().Info("evaluation sent", "eval_round", round, "n", rep.N, "loss", rep.Loss, "accuracy", rep.Accuracy)
+	res.Healthy = true
+	return nil
+}
+
+// decodeGlobal decodes the announced global model of a model with dim
+// parameters (the frame says its codec).
+func decodeGlobal(ann *wire.RoundAnnouncement, dim int) ([]float64, error) {
+	r := ann.Round
+	if int64(ann.Global.GetDimension()) != int64(dim) {
+		return nil, bad(r, "global model has dimension %d, the %s model has %d parameters", ann.Global.GetDimension(), ann.Model.GetKind(), dim)
+	}
+	info, err := quant.Inspect(ann.Global.GetPayload())
+	if err != nil {
+		return nil, bad(r, "global model frame: %v", err)
+	}
+	if info.Dim != dim {
+		return nil, bad(r, "global model frame has dimension %d, want %d", info.Dim, dim)
+	}
+	c, err := quant.ParseWithLimits("fp32", quant.Limits{MaxDim: dim})
+	if err != nil {
+		return nil, err
+	}
+	x, err := c.Decode(ann.Global.GetPayload(), nil)
+	if err != nil || len(x) != dim {
+		return nil, bad(r, "global model frame: %d values, %v", len(x), err)
+	}
+	return x, nil
+}
+
+// fits checks an encoded message against the message size limit.
+func (sr siteRules) fits(msg []byte, what string) error {
+	if lim := sr.Limits.MaxMessageBytes; lim > 0 && len(msg) > lim {
+		return fmt.Errorf("agent: %s is %d bytes, over the %d-byte message limit", what, len(msg), lim)
+	}
+	return nil
 }

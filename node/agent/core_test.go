@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/internal/streams"
@@ -357,4 +358,36 @@ func TestCoreImportsNoIO(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// The federated phases' rules over data the shell read: the statistics
+// and the evaluation are returned in Result.Out (the executor emits them),
+// timestamped with the time passed in, and not made again once receipted.
+func TestCoreFederatedSteps(t *testing.T) {
+	f := newFedFixture(t, 80)
+	sr := testRules()
+	now := t0.Add(time.Minute)
+
+	stats := f.statsAnn(fedRun)
+	res, err := sr.statistics(stats, f.s, f.site, false, now, Result{Round: stats.Round})
+	if err != nil || res.Action != ActionStatistics || len(res.Out) != 1 || res.Out[0].Subject != wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS {
+		t.Fatalf("statistics: %+v %v", res, err)
+	}
+	if st, err := wire.DecodeStatistics(res.Out[0].Msg, wire.Limits{}); err != nil || st.SentAtUnixMs != now.UnixMilli() || st.ClientId != testSite {
+		t.Fatalf("statistics message: %+v %v", st, err)
+	}
+	if res, err := sr.statistics(stats, f.s, f.site, true, now, Result{}); err != nil || res.Action != ActionDone || len(res.Out) != 0 {
+		t.Fatalf("statistics receipted: %+v %v", res, err)
+	}
+
+	ann := f.trainAnn(t, fedRun, 3, f.global(t, 3))
+	ann.Evaluate, ann.EvalRound = true, 3
+	var got Result
+	if err := sr.evaluation(ann, f.holdout, false, now, &got); err != nil || len(got.Out) != 1 || got.Out[0].Round != 3 || !got.Healthy {
+		t.Fatalf("evaluation: %+v %v", got, err)
+	}
+	got = Result{}
+	if err := sr.evaluation(ann, f.holdout, true, now, &got); err != nil || len(got.Out) != 0 || !got.Healthy {
+		t.Fatalf("evaluation receipted: %+v %v", got, err)
+	}
 }

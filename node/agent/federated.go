@@ -14,7 +14,6 @@ import (
 	"github.com/edgefl/edgefl/data/schema"
 	"github.com/edgefl/edgefl/data/sitedata"
 	"github.com/edgefl/edgefl/learn/model"
-	"github.com/edgefl/edgefl/learn/quant"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -115,117 +114,30 @@ func (h *RoundHandler) schemaOf(ann *wire.RoundAnnouncement) (*schema.Schema, er
 	return s, nil
 }
 
-// statistics is the statistics phase: emit this site's SiteStatistics.
+// statistics carries out the statistics phase: the site's data are read
+// by the schema (the shell's I/O), then the core makes the SiteStatistics
+// (siteRules.statistics).
 func (h *RoundHandler) statistics(ann *wire.RoundAnnouncement, res Result) (Result, error) {
 	s, err := h.schemaOf(ann)
 	if err != nil {
 		return res, err
 	}
-	if s.Declared() {
-		// Nothing to fit: a schema that declares its preprocessing never
-		// needs a site's statistics, and a --dp run relies on none being
-		// sent (docs/privacy.md, "Preprocessing under DP").
-		return res, badTransform("statistics phase", errors.New("the schema declares its preprocessing: this site sends no statistics"))
+	if err := statisticsRefused(s); err != nil {
+		return res, err
 	}
 	st, err := h.site.load(h, ann.RunId, s)
 	if err != nil {
 		return res, err
 	}
-	res.SampleCount = len(st.site.Train)
-	if h.receipted(wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, ann.RunId, 0) {
-		res.Action, res.Healthy = ActionDone, true
-		return res, nil
-	}
-	stats, err := st.site.Statistics()
-	if err != nil {
-		return res, err
-	}
-	raw, err := json.Marshal(stats)
-	if err != nil {
-		return res, fmt.Errorf("agent: statistics: %w", err)
-	}
-	msg, err := wire.Encode(&wire.SiteStatistics{
-		ClientId: h.ClientID, RunId: ann.RunId, SchemaDigest: s.Digest(), Stats: raw,
-		SentAtUnixMs: max(h.clock().Now().UnixMilli(), 0),
-	})
-	if err != nil {
-		return res, fmt.Errorf("agent: statistics: %w", err)
-	}
-	if err := h.fits(msg, "statistics"); err != nil {
-		return res, err
-	}
-	h.emit(&res, Outgoing{Subject: wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, RunID: ann.RunId, Msg: msg})
-	res.Action, res.Healthy = ActionStatistics, true
-	return res, nil
+	done := h.receipted(wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, ann.RunId, 0)
+	return h.rules().statistics(ann, s, st.site, done, h.clock().Now(), res)
 }
 
-// evaluate emits the EvalReport of the announced global model on the
-// held-out rows, named by the announcement's eval round.
+// evaluate adds the EvalReport of the announced global model on the
+// held-out rows to res (siteRules.evaluation).
 func (h *RoundHandler) evaluate(ann *wire.RoundAnnouncement, holdout model.Data, res *Result) error {
-	round := uint64(ann.GetEvalRound())
-	if h.receipted(wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, ann.RunId, round) {
-		res.Healthy = true
-		return nil
-	}
-	spec, err := modelSpec(ann.Model)
-	if err != nil {
-		return bad(ann.Round, "%v", err)
-	}
-	m, err := model.New(spec)
-	if err != nil {
-		return bad(ann.Round, "%v", err)
-	}
-	x, err := decodeGlobal(ann, m.NumParams())
-	if err != nil {
-		return err
-	}
-	rep, err := sitedata.Evaluate(spec, x, holdout)
-	if err != nil {
-		return bad(ann.Round, "evaluation of the global model: %v", err)
-	}
-	raw, err := json.Marshal(rep)
-	if err != nil {
-		return fmt.Errorf("agent: evaluation: %w", err)
-	}
-	msg, err := wire.Encode(&wire.EvalReport{
-		ClientId: h.ClientID, RunId: ann.RunId, Round: round, Report: raw,
-		SentAtUnixMs: max(h.clock().Now().UnixMilli(), 0),
-	})
-	if err != nil {
-		return fmt.Errorf("agent: evaluation: %w", err)
-	}
-	if err := h.fits(msg, "evaluation report"); err != nil {
-		return err
-	}
-	h.emit(res, Outgoing{Subject: wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, RunID: ann.RunId, Round: round, Msg: msg})
-	h.log().Info("evaluation sent", "eval_round", round, "n", rep.N, "loss", rep.Loss, "accuracy", rep.Accuracy)
-	res.Healthy = true
-	return nil
-}
-
-// decodeGlobal decodes the announced global model of a model with dim
-// parameters (the frame says its codec).
-func decodeGlobal(ann *wire.RoundAnnouncement, dim int) ([]float64, error) {
-	r := ann.Round
-	if int64(ann.Global.GetDimension()) != int64(dim) {
-		return nil, bad(r, "global model has dimension %d, the %s model has %d parameters", ann.Global.GetDimension(), ann.Model.GetKind(), dim)
-	}
-	info, err := quant.Inspect(ann.Global.GetPayload())
-	if err != nil {
-		return nil, bad(r, "global model frame: %v", err)
-	}
-	if info.Dim != dim {
-		return nil, bad(r, "global model frame has dimension %d, want %d", info.Dim, dim)
-	}
-	c, err := quant.ParseWithLimits("fp32", quant.Limits{MaxDim: dim})
-	if err != nil {
-		return nil, err
-	}
-	x, err := c.Decode(ann.Global.GetPayload(), nil)
-	if err != nil || len(x) != dim {
-		return nil, bad(r, "global model frame: %d values, %v", len(x), err)
-	}
-	return x, nil
+	done := h.receipted(wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, ann.RunId, uint64(ann.GetEvalRound()))
+	return h.rules().evaluation(ann, holdout, done, h.clock().Now(), res)
 }
 
 // finish carries out PHASE_FINISHED (see handleFederated): the core's
@@ -320,12 +232,6 @@ func (h *RoundHandler) receipted(subject wire.ReceiptSubject, run string, round 
 	return h.Receipted != nil && h.Receipted(subject, run, round)
 }
 
-// emit adds o to the announcement's messages; the executor hands them to
-// Emit (flush).
-func (h *RoundHandler) emit(res *Result, o Outgoing) {
-	res.Out = append(res.Out, o)
-}
-
 // flush hands the messages of res not handed yet to Emit: before a solve
 // starts (an evaluation goes out before the round's solve) and when the
 // announcement is handled.
@@ -335,14 +241,6 @@ func (h *RoundHandler) flush(res Result) {
 			h.Emit(res.Out[h.emitted])
 		}
 	}
-}
-
-// fits checks an encoded message against the message size limit.
-func (h *RoundHandler) fits(msg []byte, what string) error {
-	if lim := h.Limits.MaxMessageBytes; lim > 0 && len(msg) > lim {
-		return fmt.Errorf("agent: %s is %d bytes, over the %d-byte message limit", what, len(msg), lim)
-	}
-	return nil
 }
 
 // siteCache holds the site's data as the federation's schema reads it:
