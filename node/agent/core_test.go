@@ -262,6 +262,11 @@ func FuzzCore(f *testing.F) {
 		}
 		f.Add(b)
 	}
+	sum := announce(f, 1, AlgoFedProxSplit, f32(testGlobal(1)))
+	sum.SplitSum = true
+	if b, err := wire.Encode(sum); err == nil {
+		f.Add(b)
+	}
 	nan := announce(f, 2, AlgoFedProx, f32(testGlobal(2)))
 	nan.Global.Payload = nanFrame(f, testDim)
 	if b, err := wire.Encode(nan); err == nil {
