@@ -190,8 +190,9 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 	r := ann.Round
 	fail := func(err error) plan { return plan{res: res, err: err} }
 	if !Selected(ann, sr.ClientID) && !(invited && ann.GetPrivateSelection()) {
-		res.Action = ActionNotSelected
-		return plan{records: []change{{kind: recSeen, round: r}}, res: res, base: res}
+		pl := plan{records: []change{{kind: recSeen, round: r}}, res: res, base: res}
+		pl.res.Action = ActionNotSelected
+		return pl
 	}
 	applied, err := v.AppliedRound()
 	if err != nil {
