@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"io"
 	"log/slog"
 	"os"
@@ -22,7 +23,6 @@ import (
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/internal/mqttstore"
 	"github.com/edgefl/edgefl/learn/model"
-	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -172,8 +172,10 @@ type Agent struct {
 	wake     chan struct{}
 }
 
-// New checks cfg, loads the site's data (or takes deps.Data) and returns an
-// agent ready to Run. It opens no file and no connection.
+// New checks cfg and deps.Data and returns an agent ready to Run. It
+// opens no file and no connection, and loads no data: the caller hands
+// the site's data in (Deps.Data), or Run loads Config.Data (LoadData)
+// before it opens the state file.
 func New(cfg Config, deps Deps) (*Agent, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -190,28 +192,11 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		lg = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	}
 	a.log = lg.With("site", cfg.SiteID)
-	switch {
-	case deps.Data != nil:
-		a.data = *deps.Data
-	case schemaOnly(cfg):
-		// csv:PATH without label=: read by the federation's schema when a
-		// round announces it, nothing to load now.
-	default:
-		d, err := LoadData(cfg)
-		if err != nil {
+	if deps.Data != nil {
+		if err := a.useData(*deps.Data); err != nil {
 			return nil, err
 		}
-		a.data = d
 	}
-	if deps.Data != nil || !schemaOnly(cfg) {
-		if a.data.N <= 0 {
-			return nil, configErr("the site has no training samples")
-		}
-		if err := a.data.Validate(); err != nil {
-			return nil, fmt.Errorf("%w: data: %w", ErrConfig, err)
-		}
-	}
-	a.samples.Store(int64(a.data.N))
 	var err error
 	if a.topics, err = wire.ForFederation(cfg.Federation); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
@@ -223,7 +208,34 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	return a, nil
 }
 
-// Data returns the site's training data.
+// useData checks d and makes it the site's training data.
+func (a *Agent) useData(d model.Data) error {
+	if d.N <= 0 {
+		return configErr("the site has no training samples")
+	}
+	if err := d.Validate(); err != nil {
+		return fmt.Errorf("%w: data: %w", ErrConfig, err)
+	}
+	a.data = d
+	a.samples.Store(int64(d.N))
+	return nil
+}
+
+// loadData loads Config.Data when the caller handed no data in (Run, before
+// it opens the state file). A csv source without label= loads nothing: the
+// federation's schema reads it when a round announces it.
+func (a *Agent) loadData() error {
+	if a.deps.Data != nil || schemaOnly(a.cfg) {
+		return nil
+	}
+	d, err := LoadData(a.cfg)
+	if err != nil {
+		return err
+	}
+	return a.useData(d)
+}
+
+// Data returns the site's training data (Deps.Data, or what Run loaded).
 func (a *Agent) Data() model.Data { return a.data }
 
 // Stats returns a snapshot of the counters.
@@ -260,30 +272,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.running = true
 	a.mu.Unlock()
 
-	if err := CheckStateFile(a.cfg); err != nil {
+	if err := a.loadData(); err != nil {
 		return err
 	}
-	if _, err := os.Lstat(a.cfg.StateFile); errors.Is(err, os.ErrNotExist) && a.cfg.FreshState {
-		if tr := stateTraces(a.cfg); len(tr) > 0 {
-			a.log.Warn("state file missing; starting this site over with a new one as asked (--fresh-state)", "state", a.cfg.StateFile, "traces", tr)
-		}
-	}
-	store, err := edgestore.OpenEdge(a.cfg.StateFile, storage.Options{})
+	store, err := a.openState()
 	if err != nil {
-		return stateFileErr(err)
+		return err
 	}
 	defer store.Close()
-	ident, err := store.InitIdentity(a.cfg.SiteID, a.clock.Now())
-	if err != nil {
-		if errors.Is(err, storage.ErrCorrupt) {
-			return stateFileErr(err)
-		}
-		return fmt.Errorf("agent: state file %s: %w", a.cfg.StateFile, err)
-	}
-	// Every status and update says which installation sent it: a second
-	// gateway with this site id (a cloned SD card) has another.
-	a.instance = ident.InstanceID
-	a.log.Info("this installation", "instance", ident.InstanceID, "state", a.cfg.StateFile)
 	opts, err := a.clientOptions(store)
 	if err != nil {
 		if errors.Is(err, storage.ErrCorrupt) {
@@ -298,33 +294,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		newClient = mqtt.NewClient
 	}
 	client := newClient(opts)
-	a.mu.Lock()
-	a.runCtx, a.stop, a.store, a.client = runCtx, cancel, store, client
-	a.sess.store = sumStore{store}
-	if a.sess.run, a.sess.runSince, err = store.RunOrder(); err != nil {
-		a.mu.Unlock()
-		return stateFileErr(err)
-	}
-	saIdent, err := a.secAggIdentity()
-	if err != nil {
-		a.mu.Unlock()
+	if err := a.startShell(runCtx, cancel, store, client); err != nil {
 		return err
 	}
-	a.handler = &RoundHandler{
-		ClientID: a.cfg.SiteID, InstanceID: a.instance, Federation: a.cfg.Federation, Store: store, Data: a.data,
-		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
-		EvalFile: a.cfg.EvalData, ModelOut: a.cfg.ModelOut,
-		Emit: a.sendUplink, Receipted: a.isReceipted, SecAggRand: a.deps.SecAggRand, SecAggNoiseKey: a.deps.SecAggNoiseKey,
-		WriteFile:      a.deps.WriteModelOut,
-		SecAggIdentity: saIdent,
-	}
-	if a.cfg.DataClient < 0 {
-		a.handler.DataFile, _ = csvPath(a.cfg.Data)
-		if _, l, ok := strings.Cut(a.cfg.Data, ":label="); ok {
-			a.handler.DataLabel = strings.TrimSuffix(l, ":regression")
-		}
-	}
-	a.mu.Unlock()
 	if err := a.restoreFinal(store); err != nil {
 		return stateFileErr(err)
 	}
@@ -360,6 +332,69 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fatal
 	}
 	a.log.Info("stopped", "stats", a.Stats())
+	return nil
+}
+
+// openState checks and opens the state file and reads this installation's
+// identity from it (made on the first start).
+func (a *Agent) openState() (*edgestore.EdgeStore, error) {
+	if err := CheckStateFile(a.cfg); err != nil {
+		return nil, err
+	}
+	if _, err := os.Lstat(a.cfg.StateFile); errors.Is(err, os.ErrNotExist) && a.cfg.FreshState {
+		if tr := stateTraces(a.cfg); len(tr) > 0 {
+			a.log.Warn("state file missing; starting this site over with a new one as asked (--fresh-state)", "state", a.cfg.StateFile, "traces", tr)
+		}
+	}
+	store, err := edgestore.OpenEdge(a.cfg.StateFile, storage.Options{})
+	if err != nil {
+		return nil, stateFileErr(err)
+	}
+	ident, err := store.InitIdentity(a.cfg.SiteID, a.clock.Now())
+	if err != nil {
+		store.Close()
+		if errors.Is(err, storage.ErrCorrupt) {
+			return nil, stateFileErr(err)
+		}
+		return nil, fmt.Errorf("agent: state file %s: %w", a.cfg.StateFile, err)
+	}
+	// Every status and update says which installation sent it: a second
+	// gateway with this site id (a cloned SD card) has another.
+	a.instance = ident.InstanceID
+	a.log.Info("this installation", "instance", ident.InstanceID, "state", a.cfg.StateFile)
+	return store, nil
+}
+
+// startShell sets up what the shell keeps for a run: its context, the
+// store and client, the session's run order (from the store) and the
+// round handler that carries out the site core's plans.
+func (a *Agent) startShell(runCtx context.Context, cancel context.CancelFunc, store *edgestore.EdgeStore, client mqtt.Client) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.runCtx, a.stop, a.store, a.client = runCtx, cancel, store, client
+	a.sess.store = store
+	var err error
+	if a.sess.run, a.sess.runSince, err = store.RunOrder(); err != nil {
+		return stateFileErr(err)
+	}
+	saIdent, err := a.secAggIdentity()
+	if err != nil {
+		return err
+	}
+	a.handler = &RoundHandler{
+		ClientID: a.cfg.SiteID, InstanceID: a.instance, Federation: a.cfg.Federation, Store: store, Data: a.data,
+		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
+		EvalFile: a.cfg.EvalData, ModelOut: a.cfg.ModelOut,
+		Emit: a.sendUplink, SecAggRand: a.deps.SecAggRand, SecAggNoiseKey: a.deps.SecAggNoiseKey,
+		WriteFile:      a.deps.WriteModelOut,
+		SecAggIdentity: saIdent,
+	}
+	if a.cfg.DataClient < 0 {
+		a.handler.DataFile, _ = csvPath(a.cfg.Data)
+		if _, l, ok := strings.Cut(a.cfg.Data, ":label="); ok {
+			a.handler.DataLabel = strings.TrimSuffix(l, ":regression")
+		}
+	}
 	return nil
 }
 
@@ -458,11 +493,12 @@ func (a *Agent) loop(ctx context.Context) {
 		}
 		var ann *wire.RoundAnnouncement
 		var share *wire.SecAggMessage
+		var receipted receiptedSet
 		invited := false
 		for _, act := range a.step(idle{}) {
 			switch act.kind {
 			case actStartSolve:
-				ann, invited = act.ann, act.invited
+				ann, invited, receipted = act.ann, act.invited, act.receipted
 			case actStartShareList:
 				share = act.share
 			}
@@ -481,6 +517,7 @@ func (a *Agent) loop(ctx context.Context) {
 		solveCtx, cancel := a.solveCtx, a.preempt
 		a.mu.Unlock()
 		a.observe(Event{Kind: EventHandling, Round: ann.Round})
+		a.handler.Receipted = receipted.has // the session's, as the solve starts
 		res, err := a.handler.HandleInvited(solveCtx, ann, invited)
 		cancel(nil)
 		a.step(solveDone{ann: ann, res: res, err: err, shutdown: ctx.Err() != nil})
@@ -499,8 +536,15 @@ func (a *Agent) loop(ctx context.Context) {
 func (a *Agent) step(ev sessionEvent) []action {
 	a.mu.Lock()
 	acts := a.sess.step(ev)
-	for _, act := range acts {
-		a.doLocked(act)
+	for i := 0; i < len(acts); i++ {
+		if acts[i].kind == actAck {
+			// Commit, then step the outcome in: what follows from it
+			// comes next, before the actions decided after it.
+			had, err := commitAck(a.store, acts[i])
+			acts = slices.Insert(acts, i+1, a.sess.step(acked{act: acts[i], had: had, err: err})...)
+			continue
+		}
+		a.doLocked(acts[i])
 	}
 	a.mu.Unlock()
 	for _, act := range acts {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"math"
 	"os"
@@ -157,8 +158,18 @@ func TestLoadData(t *testing.T) {
 
 func TestNewRefusesUnusableData(t *testing.T) {
 	c := validConfig() // no Data spec either
-	if _, err := New(c, Deps{}); err == nil {
-		t.Fatal("New without data")
+	c.StateFile = filepath.Join(t.TempDir(), "edge.db")
+	// New loads nothing: Run loads Config.Data before it opens the state
+	// file, and refuses to start without it.
+	a, err := New(c, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Run(context.Background()); err == nil || !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "no data source") {
+		t.Fatalf("Run without data: %v", err)
+	}
+	if _, err := os.Stat(c.StateFile); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Run without data made the state file: %v", err)
 	}
 	nan := testData(1, 10)
 	nan.X[3] = math.NaN()

@@ -118,7 +118,8 @@
 // connection up, statistics or evaluation emitted, shutdown), actions out
 // (start or pre-empt a solve, publish, arm or stop a timer, report a
 // receipt or a store failure, show or clear the site error). It does no
-// I/O beyond the three outbox calls of its store interface and reads no
+// I/O beyond reads of its read-only store interface (what a receipt
+// removes from the outbox is an action the Agent commits) and reads no
 // clock; the Agent steps it under one lock and carries out its actions,
 // arming timers on Deps.Clock. A timer carries the generation it was
 // armed with, so one that fires after the state moved on does nothing.

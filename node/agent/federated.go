@@ -7,17 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"os"
-	"slices"
 
 	"github.com/edgefl/edgefl/data/bundle"
 	"github.com/edgefl/edgefl/data/prep"
 	"github.com/edgefl/edgefl/data/schema"
 	"github.com/edgefl/edgefl/data/sitedata"
 	"github.com/edgefl/edgefl/learn/model"
-	"github.com/edgefl/edgefl/learn/quant"
-	"github.com/edgefl/edgefl/node/edgestore"
-	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -35,16 +32,7 @@ type Outgoing struct {
 var ErrFinished = errors.New("agent: the aggregator finished the run")
 
 // diskErr is a site error "disk" for a failure of the state file.
-func (h *RoundHandler) diskErr(err error) error {
-	if errors.Is(err, storage.ErrCorrupt) {
-		return err // a damaged state file stops the agent (failIfDamaged)
-	}
-	file := h.Store.Path()
-	if file == "" {
-		file = "state file" // closed under us: bbolt forgets the path
-	}
-	return sitedata.NewError(sitedata.ReasonDisk, file, err)
-}
+func (h *RoundHandler) diskErr(err error) error { return diskErrAt(h.Store, err) }
 
 // solveErr is a site error "solve_failed", unless the solve was canceled
 // (then the cancellation cause is wrapped, as Handle's callers expect).
@@ -126,142 +114,48 @@ func (h *RoundHandler) schemaOf(ann *wire.RoundAnnouncement) (*schema.Schema, er
 	return s, nil
 }
 
-// statistics is the statistics phase: emit this site's SiteStatistics.
+// statistics carries out the statistics phase: the site's data are read
+// by the schema (the shell's I/O), then the core makes the SiteStatistics
+// (siteRules.statistics).
 func (h *RoundHandler) statistics(ann *wire.RoundAnnouncement, res Result) (Result, error) {
 	s, err := h.schemaOf(ann)
 	if err != nil {
 		return res, err
 	}
-	if s.Declared() {
-		// Nothing to fit: a schema that declares its preprocessing never
-		// needs a site's statistics, and a --dp run relies on none being
-		// sent (docs/privacy.md, "Preprocessing under DP").
-		return res, badTransform("statistics phase", errors.New("the schema declares its preprocessing: this site sends no statistics"))
+	if err := statisticsRefused(s); err != nil {
+		return res, err
 	}
 	st, err := h.site.load(h, ann.RunId, s)
 	if err != nil {
 		return res, err
 	}
-	res.SampleCount = len(st.site.Train)
-	if h.receipted(wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, ann.RunId, 0) {
-		res.Action, res.Healthy = ActionDone, true
-		return res, nil
-	}
-	stats, err := st.site.Statistics()
-	if err != nil {
-		return res, err
-	}
-	raw, err := json.Marshal(stats)
-	if err != nil {
-		return res, fmt.Errorf("agent: statistics: %w", err)
-	}
-	msg, err := wire.Encode(&wire.SiteStatistics{
-		ClientId: h.ClientID, RunId: ann.RunId, SchemaDigest: s.Digest(), Stats: raw,
-		SentAtUnixMs: max(h.clock().Now().UnixMilli(), 0),
-	})
-	if err != nil {
-		return res, fmt.Errorf("agent: statistics: %w", err)
-	}
-	if err := h.fits(msg, "statistics"); err != nil {
-		return res, err
-	}
-	h.emit(&res, Outgoing{Subject: wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, RunID: ann.RunId, Msg: msg})
-	res.Action, res.Healthy = ActionStatistics, true
-	return res, nil
+	done := h.receipted(wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, ann.RunId, 0)
+	return h.rules().statistics(ann, s, st.site, done, h.clock().Now(), res)
 }
 
-// evaluate emits the EvalReport of the announced global model on the
-// held-out rows, named by the announcement's eval round.
+// evaluate adds the EvalReport of the announced global model on the
+// held-out rows to res (siteRules.evaluation).
 func (h *RoundHandler) evaluate(ann *wire.RoundAnnouncement, holdout model.Data, res *Result) error {
-	round := uint64(ann.GetEvalRound())
-	if h.receipted(wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, ann.RunId, round) {
-		res.Healthy = true
-		return nil
-	}
-	spec, err := modelSpec(ann.Model)
-	if err != nil {
-		return bad(ann.Round, "%v", err)
-	}
-	m, err := model.New(spec)
-	if err != nil {
-		return bad(ann.Round, "%v", err)
-	}
-	x, err := decodeGlobal(ann, m.NumParams())
-	if err != nil {
-		return err
-	}
-	rep, err := sitedata.Evaluate(spec, x, holdout)
-	if err != nil {
-		return bad(ann.Round, "evaluation of the global model: %v", err)
-	}
-	raw, err := json.Marshal(rep)
-	if err != nil {
-		return fmt.Errorf("agent: evaluation: %w", err)
-	}
-	msg, err := wire.Encode(&wire.EvalReport{
-		ClientId: h.ClientID, RunId: ann.RunId, Round: round, Report: raw,
-		SentAtUnixMs: max(h.clock().Now().UnixMilli(), 0),
-	})
-	if err != nil {
-		return fmt.Errorf("agent: evaluation: %w", err)
-	}
-	if err := h.fits(msg, "evaluation report"); err != nil {
-		return err
-	}
-	h.emit(res, Outgoing{Subject: wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, RunID: ann.RunId, Round: round, Msg: msg})
-	h.log().Info("evaluation sent", "eval_round", round, "n", rep.N, "loss", rep.Loss, "accuracy", rep.Accuracy)
-	res.Healthy = true
-	return nil
+	done := h.receipted(wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, ann.RunId, uint64(ann.GetEvalRound()))
+	return h.rules().evaluation(ann, holdout, done, h.clock().Now(), res)
 }
 
-// decodeGlobal decodes the announced global model of a model with dim
-// parameters (the frame says its codec).
-func decodeGlobal(ann *wire.RoundAnnouncement, dim int) ([]float64, error) {
-	r := ann.Round
-	if int64(ann.Global.GetDimension()) != int64(dim) {
-		return nil, bad(r, "global model has dimension %d, the %s model has %d parameters", ann.Global.GetDimension(), ann.Model.GetKind(), dim)
-	}
-	info, err := quant.Inspect(ann.Global.GetPayload())
-	if err != nil {
-		return nil, bad(r, "global model frame: %v", err)
-	}
-	if info.Dim != dim {
-		return nil, bad(r, "global model frame has dimension %d, want %d", info.Dim, dim)
-	}
-	c, err := quant.ParseWithLimits("fp32", quant.Limits{MaxDim: dim})
-	if err != nil {
-		return nil, err
-	}
-	x, err := c.Decode(ann.Global.GetPayload(), nil)
-	if err != nil || len(x) != dim {
-		return nil, bad(r, "global model frame: %d values, %v", len(x), err)
-	}
-	return x, nil
-}
-
-// finish is PHASE_FINISHED (see handleFederated).
+// finish carries out PHASE_FINISHED (see handleFederated): the core's
+// plan (siteRules.finish) either has the stored bundle made sure of on
+// disk, asks for the final evaluation, or stores the verified bundle
+// (recFinal) and only then writes it to ModelOut.
 func (h *RoundHandler) finish(ann *wire.RoundAnnouncement, res Result) (Result, error) {
-	if len(ann.GetSchema()) == 0 {
-		res.Action = ActionFinished // nothing to store: no bundle without a schema
-		return res, nil
-	}
-	if f, err := h.Store.Final(); err == nil && f.RunID == ann.RunId {
-		// Stored before (a re-delivered announcement): make sure the
-		// file is there, and nothing else.
-		if _, err := h.RestoreModelOut(f); err != nil {
-			return res, err
+	pl := h.rules().finish(h.Store, ann, res)
+	switch {
+	case pl.err != nil:
+		return pl.res, pl.err
+	case pl.restore != nil:
+		if _, err := h.RestoreModelOut(*pl.restore); err != nil {
+			return pl.base, err
 		}
-		res.Action, res.Final = ActionDone, &f
-		return res, nil
-	} else if err != nil && !errors.Is(err, storage.ErrNotFound) {
-		return res, h.diskErr(err)
-	}
-	raw := ann.GetBundle()
-	if len(raw) == 0 {
-		res.Action = ActionFinishing
-		if !ann.GetEvaluate() {
-			return res, nil
-		}
+		return pl.res, nil
+	case pl.finalEval:
+		res = pl.res
 		s, err := h.schemaOf(ann)
 		if err != nil {
 			return res, err
@@ -273,29 +167,15 @@ func (h *RoundHandler) finish(ann *wire.RoundAnnouncement, res Result) (Result, 
 		res.SampleCount = train.N
 		return res, h.evaluate(ann, holdout, &res)
 	}
-	b, err := bundle.Unmarshal(raw)
-	if err != nil {
-		return res, badTransform("final model bundle", err)
-	}
-	s, err := schema.Parse(ann.GetSchema())
-	if err != nil {
-		return res, badTransform("schema", err)
-	}
-	if got, want := b.Schema.Digest(), s.Digest(); got != want {
-		return res, badTransform("final model bundle", fmt.Errorf("its schema %.12s is not the federation's %.12s", got, want))
-	}
-	if id := b.Provenance.RunID; id != "" && ann.RunId != "" && id != ann.RunId {
-		return res, badTransform("final model bundle", fmt.Errorf("it is of run %s, the announcement of run %s", id, ann.RunId))
-	}
-	f := edgestore.Final{RunID: ann.RunId, Round: ann.Round, Digest: b.Digest, Bundle: slices.Clone(raw)}
-	if err := h.Store.SetFinal(f); err != nil {
-		return res, h.diskErr(err)
-	}
-	if err := h.writeModelOut(raw); err != nil {
+	if res, stop, err := h.commit(pl.records, pl.base); stop {
 		return res, err
 	}
-	res.Action, res.Final, res.Healthy = ActionFinished, &f, true
-	return res, nil
+	if pl.bundle != nil {
+		if err := h.writeModelOut(pl.bundle); err != nil {
+			return pl.base, err
+		}
+	}
+	return pl.res, nil
 }
 
 // ErrModelOut is wrapped by the site error (disk) of a final bundle that
@@ -352,19 +232,15 @@ func (h *RoundHandler) receipted(subject wire.ReceiptSubject, run string, round 
 	return h.Receipted != nil && h.Receipted(subject, run, round)
 }
 
-func (h *RoundHandler) emit(res *Result, o Outgoing) {
-	res.Out = append(res.Out, o)
-	if h.Emit != nil {
-		h.Emit(o)
+// flush hands the messages of res not handed yet to Emit: before a solve
+// starts (an evaluation goes out before the round's solve) and when the
+// announcement is handled.
+func (h *RoundHandler) flush(res Result) {
+	for ; h.emitted < len(res.Out); h.emitted++ {
+		if h.Emit != nil {
+			h.Emit(res.Out[h.emitted])
+		}
 	}
-}
-
-// fits checks an encoded message against the message size limit.
-func (h *RoundHandler) fits(msg []byte, what string) error {
-	if lim := h.Limits.MaxMessageBytes; lim > 0 && len(msg) > lim {
-		return fmt.Errorf("agent: %s is %d bytes, over the %d-byte message limit", what, len(msg), lim)
-	}
-	return nil
 }
 
 // siteCache holds the site's data as the federation's schema reads it:

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -19,7 +20,6 @@ import (
 	"github.com/edgefl/edgefl/learn/evaluate"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
-	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -506,56 +506,7 @@ func TestFederatedFinish(t *testing.T) {
 	x := f.global(t, 5)
 	good := f.bundleOf(t, fedRun, 5, x)
 
-	t.Run("final evaluation, bundle, re-delivery", func(t *testing.T) {
-		h := newFedHandler(t, f)
-		if err := h.Store.Commit(edgestore.Commit{Round: 5, Msg: []byte("unreceipted")}); err != nil {
-			t.Fatal(err)
-		}
-		res, err := h.Handle(context.Background(), f.finishedAnn(t, fedRun, 5, x, nil))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res.Action != ActionFinishing || len(res.Out) != 1 || decodeEval(t, res.Out[0]).Round != 5 {
-			t.Fatalf("finishing: %+v", res)
-		}
-		if _, err := os.Stat(h.ModelOut); !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("model_out exists before the bundle: %v", err)
-		}
-		res, err = h.Handle(context.Background(), f.finishedAnn(t, fedRun, 5, x, good))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res.Action != ActionFinished || res.Final == nil || len(res.Out) != 0 || !res.Healthy {
-			t.Fatalf("finished: %+v", res)
-		}
-		b, err := bundle.Read(h.ModelOut)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if raw, _ := os.ReadFile(h.ModelOut); !bytes.Equal(raw, good) || res.Final.Digest != b.Digest {
-			t.Fatal("model_out is not the announced bundle")
-		}
-		fin, err := h.Store.Final()
-		if err != nil || fin.RunID != fedRun || fin.Round != 5 || fin.Digest != b.Digest || !bytes.Equal(fin.Bundle, good) {
-			t.Fatalf("stored final %+v, %v", fin, err)
-		}
-		if out, _ := h.Store.Outbox(); len(out) != 0 {
-			t.Fatalf("the finished run's outbox still holds %d updates", len(out))
-		}
-		// Re-delivered: nothing new; a deleted file comes back.
-		if res, err := h.Handle(context.Background(), f.finishedAnn(t, fedRun, 5, x, good)); err != nil || res.Action != ActionDone {
-			t.Fatalf("re-delivery: %+v, %v", res, err)
-		}
-		if err := os.Remove(h.ModelOut); err != nil {
-			t.Fatal(err)
-		}
-		if res, err := h.Handle(context.Background(), f.finishedAnn(t, fedRun, 5, x, good)); err != nil || res.Action != ActionDone {
-			t.Fatalf("re-delivery: %+v, %v", res, err)
-		}
-		if raw, err := os.ReadFile(h.ModelOut); err != nil || !bytes.Equal(raw, good) {
-			t.Fatalf("model_out not restored: %v", err)
-		}
-	})
+	t.Run("final evaluation, bundle, re-delivery", func(t *testing.T) { testFinishBundle(t, f, x, good) })
 
 	other, err := schema.Parse([]byte(strings.Replace(fedSchemaJSON, `"min_site_samples": 10`, `"min_site_samples": 12`, 1)))
 	if err != nil {
@@ -619,6 +570,60 @@ func TestFederatedFinish(t *testing.T) {
 			t.Fatal("the end of a run without a schema changed the round state")
 		}
 	})
+}
+
+// testFinishBundle: the final evaluation while the bundle is awaited, then
+// the bundle stored and written, then re-delivered (a deleted file comes
+// back).
+func testFinishBundle(t *testing.T, f *fedFixture, x []float64, good []byte) {
+	h := newFedHandler(t, f)
+	if err := h.Store.Commit(edgestore.Commit{Round: 5, Msg: []byte("unreceipted")}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := h.Handle(context.Background(), f.finishedAnn(t, fedRun, 5, x, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Action != ActionFinishing || len(res.Out) != 1 || decodeEval(t, res.Out[0]).Round != 5 {
+		t.Fatalf("finishing: %+v", res)
+	}
+	if _, err := os.Stat(h.ModelOut); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("model_out exists before the bundle: %v", err)
+	}
+	res, err = h.Handle(context.Background(), f.finishedAnn(t, fedRun, 5, x, good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Action != ActionFinished || res.Final == nil || len(res.Out) != 0 || !res.Healthy {
+		t.Fatalf("finished: %+v", res)
+	}
+	b, err := bundle.Read(h.ModelOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw, _ := os.ReadFile(h.ModelOut); !bytes.Equal(raw, good) || res.Final.Digest != b.Digest {
+		t.Fatal("model_out is not the announced bundle")
+	}
+	fin, err := h.Store.Final()
+	if err != nil || fin.RunID != fedRun || fin.Round != 5 || fin.Digest != b.Digest || !bytes.Equal(fin.Bundle, good) {
+		t.Fatalf("stored final %+v, %v", fin, err)
+	}
+	if out, _ := h.Store.Outbox(); len(out) != 0 {
+		t.Fatalf("the finished run's outbox still holds %d updates", len(out))
+	}
+	// Re-delivered: nothing new; a deleted file comes back.
+	if res, err := h.Handle(context.Background(), f.finishedAnn(t, fedRun, 5, x, good)); err != nil || res.Action != ActionDone {
+		t.Fatalf("re-delivery: %+v, %v", res, err)
+	}
+	if err := os.Remove(h.ModelOut); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := h.Handle(context.Background(), f.finishedAnn(t, fedRun, 5, x, good)); err != nil || res.Action != ActionDone {
+		t.Fatalf("re-delivery: %+v, %v", res, err)
+	}
+	if raw, err := os.ReadFile(h.ModelOut); err != nil || !bytes.Equal(raw, good) {
+		t.Fatalf("model_out not restored: %v", err)
+	}
 }
 
 // A site whose data only a schema reads (csv:PATH without label=) refuses

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/data/bundle"
+	"github.com/edgefl/edgefl/data/prep"
 	"github.com/edgefl/edgefl/data/schema"
 	"github.com/edgefl/edgefl/data/sitedata"
 	"github.com/edgefl/edgefl/internal/clock"
@@ -67,30 +68,9 @@ func TestFederationWithSchemaEndToEnd(t *testing.T) {
 		}
 	})
 
-	type site struct {
-		id, csv, eval, out string
-		ra                 *runningAgent
-	}
-	var sites []*site
+	var sites []*schemaSite
 	for i, id := range ids {
-		dir := t.TempDir()
-		st := &site{id: id, csv: filepath.Join(dir, id+".csv"), out: filepath.Join(dir, "model", "final.json")}
-		if err := os.WriteFile(st.csv, []byte(siteCSV(60+30*i, uint64(100+i))), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Mkdir(filepath.Dir(st.out), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if i == 2 {
-			st.eval = filepath.Join(dir, "heldout.csv")
-			if err := os.WriteFile(st.eval, []byte(siteCSV(30, 900)), 0o600); err != nil {
-				t.Fatal(err)
-			}
-		}
-		st.ra = startFedAgentID(t, id, brk.URL(), filepath.Join(dir, "edge.db"), st.csv, func(c *Config) {
-			c.Username, c.Password, c.ModelOut, c.EvalData = id, fedbroker.Password(id), st.out, st.eval
-		})
-		sites = append(sites, st)
+		sites = append(sites, startSchemaSite(t, brk.URL(), i, id))
 	}
 	select {
 	case <-srv.Finished():
@@ -124,31 +104,7 @@ func TestFederationWithSchemaEndToEnd(t *testing.T) {
 		}
 		// The site's figures in the bundle are its own evaluation of the
 		// final model on its held-out rows.
-		ls, err := sitedata.Load(s, st.csv)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.eval != "" {
-			ls.Train, ls.Holdout = nil, nil
-			for i := range ls.Table.Rows {
-				ls.Train = append(ls.Train, i)
-			}
-		}
-		_, holdout, err := ls.Data(b.Transform)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.eval != "" {
-			ev, err := sitedata.Load(s, st.eval)
-			if err != nil {
-				t.Fatal(err)
-			}
-			own, err := ls.Transform(b.Transform)
-			if err != nil {
-				t.Fatal(err)
-			}
-			holdout = own.Apply(ev.Table, nil)
-		}
+		holdout := heldOutRows(t, s, st.csv, st.eval, b.Transform)
 		want, err := sitedata.Evaluate(spec, b.Model.Params, holdout)
 		if err != nil {
 			t.Fatal(err)
@@ -162,4 +118,67 @@ func TestFederationWithSchemaEndToEnd(t *testing.T) {
 		t.Errorf("federated accuracy %.3f on held-out rows: the model did not learn", acc)
 	}
 	t.Logf("final bundle: %d bytes, federated held-out accuracy %.3f, loss %.4f", len(final), b.Evaluation.Federation.Accuracy, b.Evaluation.Federation.Loss)
+}
+
+// heldOutRows are a site's held-out rows under the final transform tr:
+// those of its csv, or its whole eval file when it has one (the site then
+// trains on every row of csv).
+func heldOutRows(t *testing.T, s *schema.Schema, csv, eval string, tr *prep.Transform) model.Data {
+	t.Helper()
+	ls, err := sitedata.Load(s, csv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if eval != "" {
+		ls.Train, ls.Holdout = nil, nil
+		for i := range ls.Table.Rows {
+			ls.Train = append(ls.Train, i)
+		}
+	}
+	_, holdout, err := ls.Data(tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if eval != "" {
+		ev, err := sitedata.Load(s, eval)
+		if err != nil {
+			t.Fatal(err)
+		}
+		own, err := ls.Transform(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		holdout = own.Apply(ev.Table, nil)
+	}
+	return holdout
+}
+
+// schemaSite is a site of TestFederationWithSchemaEndToEnd.
+type schemaSite struct {
+	id, csv, eval, out string
+	ra                 *runningAgent
+}
+
+// startSchemaSite writes site i's CSV (the third site also has a separate
+// held-out file) and starts its agent.
+func startSchemaSite(t *testing.T, broker string, i int, id string) *schemaSite {
+	t.Helper()
+	dir := t.TempDir()
+	st := &schemaSite{id: id, csv: filepath.Join(dir, id+".csv"), out: filepath.Join(dir, "model", "final.json")}
+	if err := os.WriteFile(st.csv, []byte(siteCSV(60+30*i, uint64(100+i))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Dir(st.out), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if i == 2 {
+		st.eval = filepath.Join(dir, "heldout.csv")
+		if err := os.WriteFile(st.eval, []byte(siteCSV(30, 900)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.ra = startFedAgentID(t, id, broker, filepath.Join(dir, "edge.db"), st.csv, func(c *Config) {
+		c.Username, c.Password, c.ModelOut, c.EvalData = id, fedbroker.Password(id), st.out, st.eval
+	})
+	return st
 }

@@ -521,44 +521,6 @@ func TestRandomStreamsDiffer(t *testing.T) {
 	}
 }
 
-// FuzzHandle feeds arbitrary bytes through the path of an inbound round
-// announcement: wire decoding with limits, then the handler. Nothing may
-// panic, and whatever the handler returns is publishable.
-func FuzzHandle(f *testing.F) {
-	for _, algo := range []string{AlgoFedProx, AlgoFedSplit} {
-		b, err := wire.Encode(announce(f, 1, algo, f32(testGlobal(1))))
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
-	}
-	nan := announce(f, 2, AlgoFedProx, f32(testGlobal(2)))
-	nan.Global.Payload = nanFrame(f, testDim)
-	if b, err := wire.Encode(nan); err == nil {
-		f.Add(b)
-	}
-	f.Add([]byte{})
-	f.Add([]byte("\x08\x02garbage"))
-	h, _ := newHandler(f)
-	h.Local.MaxEpochs = 3
-	lim := wire.Limits{MaxMessageBytes: 1 << 20, MaxDimension: 1 << 12}
-	h.Limits = lim
-	f.Fuzz(func(t *testing.T, b []byte) {
-		ann, err := wire.DecodeRound(b, lim)
-		if err != nil {
-			return
-		}
-		ann.Federation = testFed
-		res, err := h.Handle(context.Background(), ann)
-		if err != nil || res.Msg == nil {
-			return
-		}
-		if _, err := wire.DecodeUpdate(res.Msg, wire.Limits{}); err != nil {
-			t.Fatalf("the handler produced an undecodable update: %v", err)
-		}
-	})
-}
-
 // With the federation's population announced, a site's prox step is
 // s m n_j / n (sample weighting), so the mean of the z_j converges to the
 // minimiser of the sample-weighted pooled objective.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -98,32 +99,8 @@ func TestSecAggHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sent := map[string][]byte{}
-	step := func(what string, s *secAggSite, res Result, err error, kind secagg.Kind) {
-		t.Helper()
-		if err != nil || res.Action != ActionSecAgg || res.SecAggKind != kind {
-			t.Fatalf("%s, %s: %v %v (kind %v), want a %v", what, s.h.ClientID, res.Action, err, res.SecAggKind, kind)
-		}
-		out, err := s.h.Store.Outbox()
-		if err != nil || len(out) != 1 || !bytes.Equal(out[0].Msg, res.Msg) {
-			t.Fatalf("%s, %s: the outbox does not hold the message (%v)", what, s.h.ClientID, err)
-		}
-		m, p := payloadOf(t, res.Msg)
-		if m.ClientId != s.h.ClientID || m.Round != round || m.Kind != uint32(kind) || m.RunId != "RUN1" {
-			t.Fatalf("%s: envelope %v", what, m)
-		}
-		if err := srv.Receive(p); err != nil {
-			t.Fatalf("%s, %s: the server refuses it: %v", what, s.h.ClientID, err)
-		}
-		sent[s.h.ClientID] = res.Msg
-	}
-	again := func(what string, s *secAggSite, a *wire.RoundAnnouncement) {
-		t.Helper()
-		res, err := s.h.Handle(ctx, a)
-		if err != nil || res.Action != ActionResend || !bytes.Equal(res.Msg, sent[s.h.ClientID]) {
-			t.Fatalf("%s again, %s: %v %v, want the stored message again", what, s.h.ClientID, res.Action, err)
-		}
-	}
+	run := &secAggRun{t: t, srv: srv, round: round, sent: map[string][]byte{}}
+	step, again := run.step, run.again
 	firstAdv := map[string][]byte{}
 	for _, s := range sites {
 		res, err := s.h.Handle(ctx, ann)
@@ -202,7 +179,15 @@ func TestSecAggHandler(t *testing.T) {
 		t.Fatal("the unmasked sum is not the sum of the inputs the sites stored")
 	}
 
-	// A newer attempt (the aggregator aborted): new keys, the same input.
+	checkNewAttempt(t, sites, firstAdv, unmaskAnn)
+}
+
+// checkNewAttempt: a newer attempt (the aggregator aborted) advertises new
+// keys over the same input, and an older attempt's announcement is stale.
+func checkNewAttempt(t *testing.T, sites []*secAggSite, firstAdv map[string][]byte, unmaskAnn *wire.RoundAnnouncement) {
+	t.Helper()
+	ctx := context.Background()
+	const round = 1
 	s := sites[0]
 	_, _, before, _ := SecAggSession(s.h.Store)
 	newAnn := secAggAnnouncement(t, round, 1, wire.SecAggPhase_SECAGG_PHASE_ADVERTISE, nil, sites)
@@ -225,6 +210,47 @@ func TestSecAggHandler(t *testing.T) {
 	// An older attempt's announcement is stale.
 	if res, err := s.h.Handle(ctx, unmaskAnn); err != nil || res.Action != ActionStale {
 		t.Fatalf("an announcement of the aborted session: %v %v", res.Action, err)
+	}
+}
+
+// secAggRun checks the messages of one secure-aggregation session as the
+// sites send them, and hands them to the aggregator's side (srv).
+type secAggRun struct {
+	t     *testing.T
+	srv   *secagg.Server
+	round uint64
+	sent  map[string][]byte // the last message of each site
+}
+
+// step checks that s answered with a message of kind, stored as its outbox
+// entry, that the server takes.
+func (r *secAggRun) step(what string, s *secAggSite, res Result, err error, kind secagg.Kind) {
+	t := r.t
+	t.Helper()
+	if err != nil || res.Action != ActionSecAgg || res.SecAggKind != kind {
+		t.Fatalf("%s, %s: %v %v (kind %v), want a %v", what, s.h.ClientID, res.Action, err, res.SecAggKind, kind)
+	}
+	out, err := s.h.Store.Outbox()
+	if err != nil || len(out) != 1 || !bytes.Equal(out[0].Msg, res.Msg) {
+		t.Fatalf("%s, %s: the outbox does not hold the message (%v)", what, s.h.ClientID, err)
+	}
+	m, p := payloadOf(t, res.Msg)
+	if m.ClientId != s.h.ClientID || m.Round != r.round || m.Kind != uint32(kind) || m.RunId != "RUN1" {
+		t.Fatalf("%s: envelope %v", what, m)
+	}
+	if err := r.srv.Receive(p); err != nil {
+		t.Fatalf("%s, %s: the server refuses it: %v", what, s.h.ClientID, err)
+	}
+	r.sent[s.h.ClientID] = res.Msg
+}
+
+// again checks that s answers a the same as before.
+func (r *secAggRun) again(what string, s *secAggSite, a *wire.RoundAnnouncement) {
+	t := r.t
+	t.Helper()
+	res, err := s.h.Handle(context.Background(), a)
+	if err != nil || res.Action != ActionResend || !bytes.Equal(res.Msg, r.sent[s.h.ClientID]) {
+		t.Fatalf("%s again, %s: %v %v, want the stored message again", what, s.h.ClientID, res.Action, err)
 	}
 }
 
@@ -305,39 +331,8 @@ func TestSecAggSumMode(t *testing.T) {
 	if err != nil || res.Action != ActionSecAgg || res.SecAggKind != secagg.KindAdvertiseKeys {
 		t.Fatalf("round 1: %v %v", res.Action, err)
 	}
-	m, _ := payloadOf(t, res.Msg)
-	if m.BaseRound != 0 || m.InstanceId != "INSTANCE0" {
-		t.Fatalf("round 1's AdvertiseKeys: base round %d, instance %q; want a join from INSTANCE0", m.BaseRound, m.InstanceId)
-	}
-	p, ok, err := s.h.Store.Pending(1)
-	if err != nil || !ok || !p.Join {
-		t.Fatalf("round 1's pending contribution: %+v %v %v", p, ok, err)
-	}
-	_, _, input, err := SecAggSession(s.h.Store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	xg, d := uplink.SecAggGrid(q, testGlobal(1)), q.Dequantize(input)
-	for i := range p.V {
-		if p.V[i] != xg[i]+d[i] {
-			t.Fatalf("pending[%d] = %v, want x on the grid + the dequantised input = %v", i, p.V[i], xg[i]+d[i])
-		}
-	}
-	if zr, _, err := s.h.Store.Z(); err != nil || zr != 1 {
-		t.Fatalf("z_j of round %d (%v), want round 1's", zr, err)
-	}
-	// The session aborted: the next one advertises new keys over the same
-	// join.
-	res, err = s.h.Handle(ctx, ann(1, 1))
-	if err != nil || res.Action != ActionSecAgg {
-		t.Fatalf("round 1, attempt 1: %v %v", res.Action, err)
-	}
-	if m, _ := payloadOf(t, res.Msg); m.BaseRound != 0 || m.Attempt != 1 {
-		t.Fatalf("attempt 1's AdvertiseKeys: base round %d attempt %d", m.BaseRound, m.Attempt)
-	}
-	if p2, ok, _ := s.h.Store.Pending(1); !ok || !slices.Equal(p2.V, p.V) {
-		t.Fatal("the new session changed the pending contribution")
-	}
+	p := checkSumJoin(t, s, q, res)
+	checkSumNewSession(t, s, ann(1, 1), p)
 	// Round 2 waits for round 1's UPDATE receipt and re-sends its entry.
 	res, err = s.h.Handle(ctx, ann(2, 0))
 	if err != nil || res.Action != ActionWaiting || res.Waiting != 1 || secAggKindOf(res.Msg) != uint32(secagg.KindAdvertiseKeys) {
@@ -363,9 +358,58 @@ func TestSecAggSumMode(t *testing.T) {
 	if m, _ := payloadOf(t, res.Msg); m.BaseRound != 1 {
 		t.Fatalf("round 2's AdvertiseKeys: base round %d, want 1 (the record's)", m.BaseRound)
 	}
-	p, ok, err = s.h.Store.Pending(2)
-	_, _, input, _ = SecAggSession(s.h.Store)
+	p, ok, err := s.h.Store.Pending(2)
+	_, _, input, _ := SecAggSession(s.h.Store)
 	if err != nil || !ok || p.Join || !slices.Equal(p.V, q.Dequantize(input)) {
 		t.Fatalf("round 2's pending contribution: join %v (%v %v), want the dequantised input", p.Join, ok, err)
+	}
+}
+
+// checkSumJoin checks round 1's answer res of a sum-mode site under
+// secure aggregation: an AdvertiseKeys that joins (base round 0, the
+// installation named), with x on the grid plus the dequantised input as
+// the pending contribution and z_j committed; it returns that pending
+// contribution.
+func checkSumJoin(t *testing.T, s *secAggSite, q secagg.Quantizer, res Result) edgestore.SumPending {
+	t.Helper()
+	m, _ := payloadOf(t, res.Msg)
+	if m.BaseRound != 0 || m.InstanceId != "INSTANCE0" {
+		t.Fatalf("round 1's AdvertiseKeys: base round %d, instance %q; want a join from INSTANCE0", m.BaseRound, m.InstanceId)
+	}
+	p, ok, err := s.h.Store.Pending(1)
+	if err != nil || !ok || !p.Join {
+		t.Fatalf("round 1's pending contribution: %+v %v %v", p, ok, err)
+	}
+	_, _, input, err := SecAggSession(s.h.Store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xg, d := uplink.SecAggGrid(q, testGlobal(1)), q.Dequantize(input)
+	for i := range p.V {
+		if p.V[i] != xg[i]+d[i] {
+			t.Fatalf("pending[%d] = %v, want x on the grid + the dequantised input = %v", i, p.V[i], xg[i]+d[i])
+		}
+	}
+	if zr, _, err := s.h.Store.Z(); err != nil || zr != 1 {
+		t.Fatalf("z_j of round %d (%v), want round 1's", zr, err)
+	}
+	return p
+}
+
+// checkSumNewSession: the session aborted, the next one (a) advertises new
+// keys over the same join p.
+func checkSumNewSession(t *testing.T, s *secAggSite, a *wire.RoundAnnouncement, p edgestore.SumPending) {
+	t.Helper()
+	// The session aborted: the next one advertises new keys over the same
+	// join.
+	res, err := s.h.Handle(context.Background(), a)
+	if err != nil || res.Action != ActionSecAgg {
+		t.Fatalf("round 1, attempt 1: %v %v", res.Action, err)
+	}
+	if m, _ := payloadOf(t, res.Msg); m.BaseRound != 0 || m.Attempt != 1 {
+		t.Fatalf("attempt 1's AdvertiseKeys: base round %d attempt %d", m.BaseRound, m.Attempt)
+	}
+	if p2, ok, _ := s.h.Store.Pending(1); !ok || !slices.Equal(p2.V, p.V) {
+		t.Fatal("the new session changed the pending contribution")
 	}
 }

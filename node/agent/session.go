@@ -2,13 +2,16 @@ package agent
 
 import (
 	"errors"
+	"fmt"
+	"github.com/edgefl/edgefl/node/edgestore"
+	"maps"
 	"slices"
 	"sort"
 	"time"
 
 	"github.com/edgefl/edgefl/data/sitedata"
-	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -18,19 +21,28 @@ import (
 // does to the outbox, when an unreceipted message is sent again and after
 // which backoff, what the site's status says. session.step takes an event
 // and returns the actions the shell (agent.go) carries out. It does no I/O
-// but the few edge-store calls of sessionStore, starts no goroutine and
-// reads no clock: a timer is an action (actArm, a duration) whose firing
-// comes back as an event naming the generation it was armed with, so a
-// timer that fires after the state moved on is recognised and ignored.
+// but reads of the edge state (sessionStore, read-only), starts no
+// goroutine and reads no clock: a timer is an action (actArm, a duration)
+// whose firing comes back as an event naming the generation it was armed
+// with, so a timer that fires after the state moved on is recognised and
+// ignored. What a receipt removes from the outbox is an action too
+// (actAck): the shell commits it and steps the outcome back in (acked)
+// before it carries out the actions that follow it.
 
-// sessionStore is what the session rules read and write of the edge state
-// (*edgestore.EdgeStore).
+// sessionStore is what the session rules read of the edge state
+// (*edgestore.EdgeStore); they never write it.
 type sessionStore interface {
 	Outbox() ([]edgestore.OutboxEntry, error)
+	Pending(round uint64) (edgestore.SumPending, bool, error)
+	Contribution() (round uint64, c []float64, err error)
+}
+
+// ackStore is what the shell commits of an actAck (*edgestore.EdgeStore).
+type ackStore interface {
 	Ack(round uint64) (bool, error)
 	AckRejected(round uint64) (bool, error)
 	AckIf(round uint64, match func(msg []byte) bool) (bool, error)
-	HasPending(round uint64) (bool, error)
+	AckSum(round, prev uint64, c []float64) (bool, error)
 }
 
 // pendingKey names a message re-sent until the aggregator receipts it: an
@@ -206,6 +218,13 @@ type (
 		res Result
 		err error
 	}
+	// acked: the shell committed act (an actAck); had says whether the
+	// outbox entry was there, err why the commit failed.
+	acked struct {
+		act action
+		had bool
+		err error
+	}
 )
 
 func (announced) sessionEvent()      {}
@@ -221,6 +240,7 @@ func (closed) sessionEvent()         {}
 
 func (shareListArrived) sessionEvent() {}
 func (shareListDone) sessionEvent()    {}
+func (acked) sessionEvent()            {}
 
 // actionKind says what an action asks of the shell.
 type actionKind int
@@ -245,6 +265,17 @@ const (
 	actInvited                                // an invitation arrived (receipt; had: it was new)
 	actLeftRun                                // ann is of a run this site has left: dropped (leftRun)
 	actWriteModelOut                          // write the stored final bundle to model_out again (attempt); report modelOutDone
+	actAck                                    // commit what receipt removes from the outbox (ack); step acked back in
+)
+
+// ackKind is what an actAck commits (ackStore).
+type ackKind int
+
+const (
+	ackUpdate   ackKind = iota + 1 // an accepted update: its outbox entry leaves (Ack)
+	ackSum                         // an accepted sum-mode update: its entry leaves and the record advances to vec (AckSum, from prev)
+	ackRejected                    // a rejected update: its entry leaves, the aggregator's copy of z is forgotten (AckRejected)
+	ackSecAgg                      // a secagg receipt: the entry leaves if it is the message answered, unless keep or sum (AckIf)
 )
 
 // why says why an update or uplink is published.
@@ -304,6 +335,16 @@ type action struct {
 	same    bool
 	share   *wire.SecAggMessage
 	invited bool
+	// actAck: what is committed; prev and vec the sum-mode record's
+	// advance (ackSum); keep and sum what leaves a secagg entry in place.
+	ack  ackKind
+	prev uint64
+	// receipted (actStartSolve) is a copy of the statistics and
+	// evaluation reports receipted when the solve starts: what the round
+	// handler reads to skip making one again (RoundHandler.Receipted).
+	receipted receiptedSet
+	vec       []float64
+	keep, sum bool
 }
 
 // step applies ev and returns the actions it decides.
@@ -331,6 +372,8 @@ func (s *session) step(ev sessionEvent) []action {
 		}
 		s.shareList = ev.msg
 		return []action{{kind: actWake}}
+	case acked:
+		return s.acked(ev)
 	case shareListDone:
 		acts := []action{{kind: actShareListDone, share: ev.msg, res: ev.res, err: ev.err}}
 		if ev.err == nil && (ev.res.Action == ActionSecAgg || ev.res.Action == ActionResend) {
@@ -434,7 +477,7 @@ func (s *session) take() []action {
 			s.finished, s.finishedRun = false, ""
 		}
 	}
-	return append(acts, action{kind: actStartSolve, ann: ann, invited: s.invite.invites(ann)})
+	return append(acts, action{kind: actStartSolve, ann: ann, invited: s.invite.invites(ann), receipted: maps.Clone(s.receipted)})
 }
 
 // invited keeps the invitation r (the newest one: of another run, or of a
@@ -557,11 +600,11 @@ func (s *session) receiptOutcome(r *wire.Receipt) []action {
 	switch {
 	case r.Accepted:
 		acts = s.cancelRetry(r.Round)
-		had, err := s.store.Ack(r.Round)
+		ack, err := planAck(s.store, r)
 		if err != nil {
 			return append(acts, action{kind: actStoreFailed, what: "ack receipt", err: err})
 		}
-		return append(acts, action{kind: actReceipt, receipt: r, outcome: receiptAccepted, had: had})
+		return append(acts, ack)
 	case r.Code == wire.ReceiptCode_RECEIPT_CODE_INTERNAL:
 		var d time.Duration
 		if arm := s.armUpdate(r.Round, false); len(arm) > 0 {
@@ -571,11 +614,83 @@ func (s *session) receiptOutcome(r *wire.Receipt) []action {
 		return append(acts, action{kind: actReceipt, receipt: r, outcome: receiptRetry, after: d})
 	default:
 		acts = s.cancelRetry(r.Round)
-		if _, err := s.store.AckRejected(r.Round); err != nil {
-			return append(acts, action{kind: actStoreFailed, what: "ack rejected update", err: err})
-		}
-		return append(acts, action{kind: actReceipt, receipt: r, outcome: receiptRejected})
+		return append(acts, action{kind: actAck, ack: ackRejected, receipt: r})
 	}
+}
+
+// planAck is the acknowledgement of r, an accepted update receipt: its
+// outbox entry leaves; a sum-mode update's also advances the site's record
+// by what it added to the aggregator's sum (uplink.Advance), in the same
+// transaction (edgestore.EdgeStore.AckSum).
+func planAck(v sessionStore, r *wire.Receipt) (action, error) {
+	act := action{kind: actAck, ack: ackUpdate, receipt: r}
+	p, ok, err := v.Pending(r.Round)
+	if err != nil || !ok {
+		return act, err
+	}
+	var rec *uplink.Record
+	cr, c, err := v.Contribution()
+	switch {
+	case err == nil:
+		rec = &uplink.Record{Round: cr, C: c}
+	case !errors.Is(err, storage.ErrNotFound):
+		return act, err
+	}
+	next, err := uplink.Advance(rec, r.Round, uplink.Pending{Join: p.Join, V: p.V})
+	if err != nil {
+		return act, fmt.Errorf("agent: the receipt of round %d: %w", r.Round, err)
+	}
+	act.ack, act.prev, act.vec = ackSum, cr, next.C
+	return act, nil
+}
+
+// commitAck is the shell's commit of an actAck; it reports whether the
+// outbox entry was there.
+func commitAck(st ackStore, act action) (bool, error) {
+	round := act.receipt.Round
+	switch act.ack {
+	case ackSum:
+		return st.AckSum(round, act.prev, act.vec)
+	case ackRejected:
+		return st.AckRejected(round)
+	case ackSecAgg:
+		kind := act.receipt.SecaggKind
+		return st.AckIf(round, func(msg []byte) bool { return !act.keep && !act.sum && secAggKindOf(msg) == kind })
+	}
+	return st.Ack(round)
+}
+
+// acked is the step of a committed acknowledgement: the receipt's outcome,
+// or the store's failure.
+func (s *session) acked(ev acked) []action {
+	r := ev.act.receipt
+	switch ev.act.ack {
+	case ackRejected:
+		if ev.err != nil {
+			return []action{{kind: actStoreFailed, what: "ack rejected update", err: ev.err}}
+		}
+		return []action{{kind: actReceipt, receipt: r, outcome: receiptRejected}}
+	case ackSecAgg:
+		if ev.err != nil {
+			return []action{{kind: actStoreFailed, what: "ack secagg receipt", err: ev.err}}
+		}
+		var acts []action
+		if ev.had || ev.act.sum {
+			acts = s.cancelRetry(r.Round)
+		}
+		outcome := receiptAccepted
+		switch {
+		case !r.Accepted && ev.act.sum:
+			outcome = receiptRejectedKept
+		case !r.Accepted:
+			outcome = receiptRejected
+		}
+		return append(acts, action{kind: actReceipt, receipt: r, outcome: outcome, had: ev.had})
+	}
+	if ev.err != nil {
+		return []action{{kind: actStoreFailed, what: "ack receipt", err: ev.err}}
+	}
+	return []action{{kind: actReceipt, receipt: r, outcome: receiptAccepted, had: ev.had}}
 }
 
 // secAggReceipt: a receipt of a secure-aggregation message removes the
@@ -600,26 +715,11 @@ func (s *session) secAggReceipt(r *wire.Receipt) []action {
 	// aborted session's message), leaves it: it is re-sent on the next
 	// connection and with the next round's announcement, which the
 	// aggregator answers with that UPDATE receipt once the round closed.
-	sum, err := s.store.HasPending(r.Round)
+	_, sum, err := s.store.Pending(r.Round)
 	if err != nil {
 		return []action{{kind: actStoreFailed, what: "read the pending contribution", err: err}}
 	}
-	had, err := s.store.AckIf(r.Round, func(msg []byte) bool { return !keep && !sum && secAggKindOf(msg) == r.SecaggKind })
-	if err != nil {
-		return []action{{kind: actStoreFailed, what: "ack secagg receipt", err: err}}
-	}
-	var acts []action
-	if had || sum {
-		acts = s.cancelRetry(r.Round)
-	}
-	outcome := receiptAccepted
-	switch {
-	case !r.Accepted && sum:
-		outcome = receiptRejectedKept
-	case !r.Accepted:
-		outcome = receiptRejected
-	}
-	return append(acts, action{kind: actReceipt, receipt: r, outcome: outcome, had: had})
+	return []action{{kind: actAck, ack: ackSecAgg, receipt: r, keep: keep, sum: sum}}
 }
 
 // uplinkReceipt: accepted (stored or duplicate) ends a statistics or
@@ -878,6 +978,15 @@ func (s *session) uplinkKeys() []pendingKey {
 // isReceipted reports whether the aggregator receipted the statistics or
 // evaluation report (subject, round) of run.
 func (s *session) isReceipted(subject wire.ReceiptSubject, run string, round uint64) bool {
-	r, ok := s.receipted[pendingKey{subject: subject, round: round}]
-	return ok && r == run
+	return receiptedSet(s.receipted).has(subject, run, round)
+}
+
+// receiptedSet is the statistics and evaluation reports receipted, by key,
+// with their run.
+type receiptedSet map[pendingKey]string
+
+// has reports whether the report (subject, round) of run is in r.
+func (r receiptedSet) has(subject wire.ReceiptSubject, run string, round uint64) bool {
+	got, ok := r[pendingKey{subject: subject, round: round}]
+	return ok && got == run
 }

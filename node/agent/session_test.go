@@ -61,8 +61,23 @@ func (m *memStore) AckIf(round uint64, match func([]byte) bool) (bool, error) {
 	return true, nil
 }
 
-func (m *memStore) HasPending(round uint64) (bool, error) {
-	return m.pending[round], m.err
+// Pending reports a round marked pending as a join of one value.
+func (m *memStore) Pending(round uint64) (edgestore.SumPending, bool, error) {
+	if !m.pending[round] {
+		return edgestore.SumPending{}, false, m.err
+	}
+	return edgestore.SumPending{Join: true, V: []float64{1}}, true, m.err
+}
+
+func (m *memStore) Contribution() (uint64, []float64, error) {
+	if m.err != nil {
+		return 0, nil, m.err
+	}
+	return 0, nil, storage.ErrNotFound
+}
+
+func (m *memStore) AckSum(round, _ uint64, _ []float64) (bool, error) {
+	return m.Ack(round)
 }
 
 func (m *memStore) AckRejected(round uint64) (bool, error) {
@@ -92,8 +107,24 @@ func newSessionHarness() *sessionHarness {
 	}
 }
 
+// carry steps ev as the shell does: an actAck is committed on the
+// memStore and its outcome stepped back in, its actions following it.
+func (h *sessionHarness) carry(ev sessionEvent) []action {
+	acts := h.s.step(ev)
+	for i := 0; i < len(acts); i++ {
+		if acts[i].kind == actAck {
+			had, err := commitAck(h.store, acts[i])
+			acts = slices.Insert(acts, i+1, h.s.step(acked{act: acts[i], had: had, err: err})...)
+		}
+	}
+	return acts
+}
+
 func (h *sessionHarness) step(ev sessionEvent) {
-	for _, a := range h.s.step(ev) {
+	for _, a := range h.carry(ev) {
+		if a.kind == actAck {
+			continue // carried out: its outcome follows
+		}
 		h.got = append(h.got, render(a))
 		if a.kind == actArm {
 			k, gen := a.key, a.gen

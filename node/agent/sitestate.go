@@ -62,13 +62,6 @@ func subjectName(s wire.ReceiptSubject) string {
 	return "evaluation report"
 }
 
-// isReceipted is RoundHandler.Receipted.
-func (a *Agent) isReceipted(subject wire.ReceiptSubject, run string, round uint64) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.sess.isReceipted(subject, run, round)
-}
-
 // siteErrorSet logs a site error (at ERROR when it is new: the full text,
 // which may name a cell's value, goes to the local log only) and publishes
 // the retained status carrying its reason and public message (no data

@@ -3,10 +3,10 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"github.com/edgefl/edgefl/node/edgestore"
 
 	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/learn/quant"
-	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -30,43 +30,19 @@ func sumMode(ann *wire.RoundAnnouncement) bool {
 	return ann.SplitSum && (ann.Algorithm == AlgoFedSplit || ann.Algorithm == AlgoFedProxSplit)
 }
 
-// waitingFor is the round of an unreceipted update older than round in the
-// outbox and its entry (0: none): a sum-mode site answers round only after
-// that update's receipt.
-func (h *RoundHandler) waitingFor(round uint64) (uint64, []byte, error) {
-	out, err := h.Store.Outbox()
-	if err != nil {
-		return 0, nil, err
-	}
-	for _, e := range out {
-		if e.Round < round {
-			return e.Round, e.Msg, nil
-		}
-	}
-	return 0, nil, nil
-}
-
-// HasPending reports whether round's outbox entry carries a sum-mode
-// pending contribution (the session keeps such an entry until the round's
-// UPDATE receipt, also under secure aggregation).
-func (s sumStore) HasPending(round uint64) (bool, error) {
-	_, ok, err := s.Pending(round)
-	return ok, err
-}
-
 // sumUplink encodes a sum-mode update (uplink.EncodeSum) against the
 // site's record, or as a join while it has none.
-func (h *RoundHandler) sumUplink(p *prepared, z []float64) (uplink.Frame, error) {
+func (sr siteRules) sumUplink(v StoreView, p *prepared, z []float64) (uplink.Frame, error) {
 	r := p.round
 	u := uplink.SumUpdate{Round: r, Z: z, Global: p.x, Initial: p.initial, Clip: p.clip, Tamper: poison}
-	cr, c, err := h.Store.Contribution()
+	cr, c, err := v.Contribution()
 	switch {
 	case err == nil:
 		u.Record = &uplink.Record{Round: cr, C: c}
 	case !errors.Is(err, storage.ErrNotFound):
-		return uplink.Frame{}, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
+		return uplink.Frame{}, diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err))
 	}
-	f, err := uplink.EncodeSum(p.codec, u, h.rng(r, streams.SiteCodec))
+	f, err := uplink.EncodeSum(p.codec, u, sr.rng(r, streams.SiteCodec))
 	if err != nil {
 		return f, fmt.Errorf("agent: round %d: %w", r, err)
 	}
@@ -100,32 +76,26 @@ func sumInitial(ann *wire.RoundAnnouncement, c *quant.Codec, dim int) ([]float64
 // counts sites on their first update (an older version).
 var errNoRoster = errors.New("a FedSplit round under central differential privacy without a fixed roster (split_roster): refused (hint: upgrade the aggregator)")
 
-// sumStore is the edge store as the session rules use it: an accepted
-// receipt of a sum-mode update advances the site's record
-// (uplink.Advance, edgestore.EdgeStore.AckSum) in the transaction that
-// drops its outbox entry; other updates are acknowledged as before.
+// sumStore is the edge store with the session's acknowledgement of an
+// accepted update receipt (planAck, commitAck): a sum-mode update's
+// advances the site's record (uplink.Advance, edgestore.EdgeStore.AckSum)
+// in the transaction that drops its outbox entry; other updates are
+// acknowledged as before. The shell's tests use it as "the receipt came".
 type sumStore struct{ *edgestore.EdgeStore }
 
-// Ack implements sessionStore.
+// HasPending reports whether round's outbox entry carries a sum-mode
+// pending contribution (the session keeps such an entry until the round's
+// UPDATE receipt, also under secure aggregation).
+func (s sumStore) HasPending(round uint64) (bool, error) {
+	_, ok, err := s.Pending(round)
+	return ok, err
+}
+
+// Ack acknowledges round's accepted update receipt.
 func (s sumStore) Ack(round uint64) (bool, error) {
-	p, ok, err := s.Pending(round)
-	if err != nil || !ok {
-		if err != nil {
-			return false, err
-		}
-		return s.EdgeStore.Ack(round)
-	}
-	var rec *uplink.Record
-	cr, c, err := s.Contribution()
-	switch {
-	case err == nil:
-		rec = &uplink.Record{Round: cr, C: c}
-	case !errors.Is(err, storage.ErrNotFound):
+	act, err := planAck(s.EdgeStore, &wire.Receipt{Round: round, Accepted: true})
+	if err != nil {
 		return false, err
 	}
-	next, err := uplink.Advance(rec, round, uplink.Pending{Join: p.Join, V: p.V})
-	if err != nil {
-		return false, fmt.Errorf("agent: the receipt of round %d: %w", round, err)
-	}
-	return s.AckSum(round, cr, next.C)
+	return commitAck(s.EdgeStore, act)
 }

@@ -206,35 +206,35 @@ func TestSessionDefersSumRound(t *testing.T) {
 	st := s.store.(*memStore)
 	st.outbox[1] = []byte("u1")
 	ann := &wire.RoundAnnouncement{Federation: testFed, Round: 2, RunId: "R"}
-	s.step(announced{ann})
-	if acts := s.step(idle{}); len(acts) == 0 || acts[len(acts)-1].kind != actStartSolve {
+	h.carry(announced{ann})
+	if acts := h.carry(idle{}); len(acts) == 0 || acts[len(acts)-1].kind != actStartSolve {
 		t.Fatalf("idle: %+v", acts)
 	}
-	s.step(solveDone{ann: ann, res: Result{Round: 2, Action: ActionWaiting}})
+	h.carry(solveDone{ann: ann, res: Result{Round: 2, Action: ActionWaiting}})
 	if s.pending != nil || s.deferred != ann {
 		t.Fatal("the waiting round is not deferred")
 	}
 	internal := &wire.Receipt{ClientId: testSite, Round: 1, Code: wire.ReceiptCode_RECEIPT_CODE_INTERNAL}
-	s.step(receiptArrived{internal})
+	h.carry(receiptArrived{internal})
 	if s.pending != nil {
 		t.Fatal("an INTERNAL receipt released the deferred round")
 	}
-	acts := s.step(receiptArrived{&wire.Receipt{ClientId: testSite, Round: 1, Accepted: true, Code: wire.ReceiptCode_RECEIPT_CODE_STORED}})
+	acts := h.carry(receiptArrived{&wire.Receipt{ClientId: testSite, Round: 1, Accepted: true, Code: wire.ReceiptCode_RECEIPT_CODE_STORED}})
 	if s.pending != ann || s.deferred != nil || !slices.ContainsFunc(acts, func(a action) bool { return a.kind == actWake }) {
 		t.Fatalf("the receipt did not hand the round back: pending %v, actions %+v", s.pending, acts)
 	}
 	// The receipt came while the handler looked: no wait.
-	s.step(idle{})
-	acts = s.step(solveDone{ann: ann, res: Result{Round: 2, Action: ActionWaiting}})
+	h.carry(idle{})
+	acts = h.carry(solveDone{ann: ann, res: Result{Round: 2, Action: ActionWaiting}})
 	if s.pending != ann || s.deferred != nil || !slices.ContainsFunc(acts, func(a action) bool { return a.kind == actWake }) {
 		t.Fatalf("a round waiting for a receipt already handled was deferred: pending %v, actions %+v", s.pending, acts)
 	}
 	// Superseded by a newer round before the receipt.
 	st.outbox[1] = []byte("u1")
-	s.step(idle{})
-	s.step(solveDone{ann: ann, res: Result{Round: 2, Action: ActionWaiting}})
+	h.carry(idle{})
+	h.carry(solveDone{ann: ann, res: Result{Round: 2, Action: ActionWaiting}})
 	newer := &wire.RoundAnnouncement{Federation: testFed, Round: 3, RunId: "R"}
-	s.step(announced{newer})
+	h.carry(announced{newer})
 	if s.deferred != nil || s.pending != newer {
 		t.Fatal("a newer announcement did not supersede the deferred round")
 	}

@@ -1,0 +1,399 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"github.com/edgefl/edgefl/node/edgestore"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"log/slog"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/streams"
+	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/wire"
+)
+
+// memState is the edge state in memory: what the site core reads
+// (StoreView) and what its records change, with the store's refusals (a
+// stale seen round or global model, a round already applied, a vector that
+// is not finite, an empty outbox message). The core's tests and fuzzer run
+// on it, without a database.
+type memState struct {
+	run                        string
+	since                      int64
+	seen, applied              uint64
+	globalRound, zRound, szRnd uint64
+	global, z, serverZ         []float64
+	residual                   []float64
+	contribRound               uint64
+	contrib                    []float64
+	outbox                     []edgestore.OutboxEntry
+	final                      *edgestore.Final
+}
+
+func (m *memState) RunOrder() (string, int64, error)         { return m.run, m.since, nil }
+func (m *memState) AppliedRound() (uint64, error)            { return m.applied, nil }
+func (m *memState) Outbox() ([]edgestore.OutboxEntry, error) { return slices.Clone(m.outbox), nil }
+func (m *memState) Path() string                             { return "memory" }
+
+func (m *memState) Final() (edgestore.Final, error) {
+	if m.final == nil {
+		return edgestore.Final{}, storage.ErrNotFound
+	}
+	return *m.final, nil
+}
+
+func (m *memState) vec(r uint64, v []float64) (uint64, []float64, error) {
+	if v == nil {
+		return 0, nil, storage.ErrNotFound
+	}
+	return r, slices.Clone(v), nil
+}
+
+func (m *memState) Z() (uint64, []float64, error)       { return m.vec(m.zRound, m.z) }
+func (m *memState) ServerZ() (uint64, []float64, error) { return m.vec(m.szRnd, m.serverZ) }
+func (m *memState) Contribution() (uint64, []float64, error) {
+	return m.vec(m.contribRound, m.contrib)
+}
+
+func (m *memState) Residual(name string) ([]float64, error) {
+	if name != edgestore.ResidualUplink || m.residual == nil {
+		return nil, storage.ErrNotFound
+	}
+	return slices.Clone(m.residual), nil
+}
+
+func finite(name string, v []float64) error {
+	for i, x := range v {
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return fmt.Errorf("%w: %s[%d] = %v", storage.ErrInvalid, name, i, x)
+		}
+	}
+	return nil
+}
+
+// apply commits c as edgestore.EdgeStore would.
+func (m *memState) apply(c change) error {
+	switch c.kind {
+	case recStartRun:
+		if c.run == m.run {
+			if c.since > 0 && (m.since == 0 || c.since < m.since) {
+				m.since = c.since
+			}
+			return nil
+		}
+		*m = memState{run: c.run, since: max(c.since, 0)}
+	case recSeen:
+		if c.round < m.seen {
+			return storage.ErrStale
+		}
+		m.seen = c.round
+	case recGlobal:
+		if c.round < m.globalRound {
+			return storage.ErrStale
+		}
+		if err := finite("global", c.vec); err != nil {
+			return err
+		}
+		m.globalRound, m.global, m.seen = c.round, slices.Clone(c.vec), max(m.seen, c.round)
+	case recInitZ:
+		if err := finite("z", c.vec); err != nil {
+			return err
+		}
+		if m.z == nil {
+			m.zRound, m.z = c.round, slices.Clone(c.vec)
+		}
+	case recCommit:
+		cm := c.commit
+		if cm.Round <= m.applied {
+			return storage.ErrAlreadyApplied
+		}
+		if len(cm.Msg) == 0 {
+			return fmt.Errorf("%w: empty outbox message", storage.ErrInvalid)
+		}
+		for _, v := range [][]float64{cm.Z, cm.ServerZ, cm.Residual} {
+			if err := finite("commit", v); err != nil {
+				return err
+			}
+		}
+		if cm.Z != nil {
+			m.zRound, m.z = cm.Round, slices.Clone(cm.Z)
+		}
+		if cm.ServerZ != nil {
+			m.szRnd, m.serverZ = cm.Round, slices.Clone(cm.ServerZ)
+		}
+		if cm.Residual != nil {
+			m.residual = slices.Clone(cm.Residual)
+		}
+		m.applied = cm.Round
+		m.outbox = append(m.outbox, edgestore.OutboxEntry{Round: cm.Round, Msg: slices.Clone(cm.Msg)})
+	case recFinal:
+		f := c.final
+		m.final, m.outbox = &f, nil
+	default:
+		return fmt.Errorf("unknown change %d", c.kind)
+	}
+	return nil
+}
+
+// carryOut is the shell's commit of a plan's records on m (RoundHandler.commit).
+func (m *memState) carryOut(sr siteRules, recs []change, base Result) (Result, bool, error) {
+	for _, c := range recs {
+		if err := m.apply(c); err != nil {
+			if res, stop, err := sr.commitFailed(m, c, err, base); stop {
+				return res, true, err
+			}
+		}
+	}
+	return base, false, nil
+}
+
+func testRules() siteRules {
+	return siteRules{ClientID: testSite, Federation: testFed, Local: Local{MaxEpochs: 3}, Seed: 3,
+		Limits: wire.Limits{MaxMessageBytes: 1 << 20, MaxDimension: 1 << 12}, Clock: clock.NewFake(t0),
+		Log: slog.New(slog.DiscardHandler)}
+}
+
+// stepRound runs one announcement through the core on m as the shell does
+// (begin, commit, round, commit, solve, solved, commit) and returns the
+// outcome and every plan's records.
+func stepRound(t testing.TB, sr siteRules, m *memState, ann *wire.RoundAnnouncement) (Result, []change, error) {
+	t.Helper()
+	res, recs, err := sr.begin(m, ann)
+	if err != nil {
+		if len(recs) > 0 {
+			t.Fatalf("begin refused the announcement (%v) and still asks for records %v", err, recs)
+		}
+		return res, nil, err
+	}
+	all := slices.Clone(recs)
+	if res, stop, err := m.carryOut(sr, recs, res); stop {
+		return res, all, err
+	}
+	if ann.GetPhase() != wire.Phase_PHASE_TRAIN || len(ann.GetSchema()) > 0 || ann.Secagg != nil {
+		return res, all, errShellSide // federated phases and secagg run in the shell
+	}
+	pl := sr.round(m, ann, testData(1, 90), false, t0, res)
+	for {
+		if pl.err != nil && len(pl.records) > 0 {
+			t.Fatalf("a plan that refuses (%v) still asks for records %v", pl.err, pl.records)
+		}
+		all = append(all, pl.records...)
+		if res, stop, err := m.carryOut(sr, pl.records, pl.base); stop {
+			return res, all, err
+		}
+		if pl.err != nil || pl.solve == nil {
+			return pl.res, all, pl.err
+		}
+		p := pl.solve
+		sent, rep, stop, err := solve(context.Background(), p, sr.rng(p.round, streams.SiteSolve), sr.log())
+		if err != nil {
+			return res, all, err
+		}
+		pl = sr.solved(m, ann, p, solveOutcome{sent: sent, rep: rep, stop: stop}, t0, res)
+	}
+}
+
+var errShellSide = errors.New("handled by the shell")
+
+// The core decides a round from the view alone and its plans commit in
+// order: a new run's record comes first, a solved round's commit carries
+// the update it returns, and the same announcement stepped again re-sends
+// that update without solving (the state moved forward).
+func TestCoreRoundPlans(t *testing.T) {
+	for _, algo := range []string{AlgoFedProx, AlgoFedSplit, AlgoFedAvg} {
+		t.Run(algo, func(t *testing.T) {
+			sr, m := testRules(), &memState{}
+			ann := announce(t, 1, algo, f32(testGlobal(1)))
+			ann.RunId = "run-A"
+			res, recs, err := stepRound(t, sr, m, ann)
+			if err != nil || res.Action != ActionSolved {
+				t.Fatalf("%v %v", res.Action, err)
+			}
+			var kinds []recordKind
+			for _, c := range recs {
+				kinds = append(kinds, c.kind)
+			}
+			want := []recordKind{recStartRun, recGlobal, recCommit}
+			if algo == AlgoFedSplit {
+				want = []recordKind{recStartRun, recGlobal, recInitZ, recCommit}
+			}
+			if !slices.Equal(kinds, want) {
+				t.Fatalf("records %v, want %v", kinds, want)
+			}
+			if last := recs[len(recs)-1]; !slices.Equal(last.commit.Msg, res.Msg) || m.applied != 1 {
+				t.Fatalf("the commit does not carry the update returned (applied %d)", m.applied)
+			}
+			again, recs, err := stepRound(t, sr, m, ann)
+			if err != nil || again.Action != ActionResend || !slices.Equal(again.Msg, res.Msg) {
+				t.Fatalf("again: %v %v", again.Action, err)
+			}
+			if len(recs) != 1 || recs[0].kind != recStartRun {
+				t.Fatalf("again: records %v, want only the run's (a no-op)", recs)
+			}
+			other := announce(t, 2, algo, f32(testGlobal(2)))
+			other.RunId, other.Selected = "run-A", []string{"site-z"}
+			if res, recs, err := stepRound(t, sr, m, other); err != nil || res.Action != ActionNotSelected || recs[len(recs)-1].kind != recSeen || m.seen != 2 {
+				t.Fatalf("not selected: %v %v %v seen %d", res.Action, recs, err, m.seen)
+			}
+		})
+	}
+}
+
+// FuzzCore feeds arbitrary bytes through the path of an inbound round
+// announcement on the site core, without a database: wire decoding with
+// limits, then the core's steps carried out on the in-memory state.
+// Nothing may panic; a refused announcement asks for no record; whatever
+// is solved is committed as the store would accept it, publishable, and
+// never solved again.
+func FuzzCore(f *testing.F) {
+	for _, algo := range []string{AlgoFedProx, AlgoFedSplit} {
+		b, err := wire.Encode(announce(f, 1, algo, f32(testGlobal(1))))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	sum := announce(f, 1, AlgoFedProxSplit, f32(testGlobal(1)))
+	sum.SplitSum = true
+	if b, err := wire.Encode(sum); err == nil {
+		f.Add(b)
+	}
+	nan := announce(f, 2, AlgoFedProx, f32(testGlobal(2)))
+	nan.Global.Payload = nanFrame(f, testDim)
+	if b, err := wire.Encode(nan); err == nil {
+		f.Add(b)
+	}
+	f.Add([]byte{})
+	f.Add([]byte("\x08\x02garbage"))
+	sr := testRules()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ann, err := wire.DecodeRound(b, sr.Limits)
+		if err != nil {
+			return
+		}
+		ann.Federation = testFed
+		m := &memState{}
+		res, _, err := stepRound(t, sr, m, ann)
+		if err != nil || res.Msg == nil {
+			return
+		}
+		u, err := wire.DecodeUpdate(res.Msg, wire.Limits{})
+		if err != nil {
+			t.Fatalf("the core produced an undecodable update: %v", err)
+		}
+		if u.Round != ann.Round || u.ClientId != testSite {
+			t.Fatalf("update of round %d from %q, announced %d", u.Round, u.ClientId, ann.Round)
+		}
+		if res.Action == ActionSolved {
+			again, _, err := stepRound(t, sr, m, ann)
+			if err != nil || again.Action != ActionResend || !slices.Equal(again.Msg, res.Msg) {
+				t.Fatalf("the announcement stepped again: %v %v, want the committed update re-sent", again.Action, err)
+			}
+		}
+	})
+}
+
+// The run's end as the core plans it, on the in-memory state: a verified
+// bundle is stored (recFinal) before it is written; a bundle of another
+// run or schema is refused with no record; a stored bundle of the run is
+// only restored; without a bundle the site waits (and evaluates if asked).
+func TestCoreFinishPlans(t *testing.T) {
+	f := newFedFixture(t, 80)
+	x := f.global(t, 5)
+	good := f.bundleOf(t, fedRun, 5, x)
+	otherRun := f.bundleOf(t, "another-run", 5, x)
+	sr := testRules()
+	m := &memState{}
+
+	pl := sr.finish(m, f.finishedAnn(t, fedRun, 5, x, nil), Result{Round: 5})
+	if pl.err != nil || pl.res.Action != ActionFinishing || !pl.finalEval || len(pl.records) != 0 || pl.bundle != nil {
+		t.Fatalf("no bundle yet: %+v", pl)
+	}
+	pl = sr.finish(m, f.finishedAnn(t, fedRun, 5, x, otherRun), Result{Round: 5})
+	if pl.err == nil || len(pl.records) != 0 || pl.bundle != nil {
+		t.Fatalf("another run's bundle: %+v", pl)
+	}
+	pl = sr.finish(m, f.finishedAnn(t, fedRun, 5, x, good), Result{Round: 5})
+	if pl.err != nil || pl.res.Action != ActionFinished || len(pl.records) != 1 || pl.records[0].kind != recFinal ||
+		!slices.Equal(pl.bundle, good) || !slices.Equal(pl.records[0].final.Bundle, good) || pl.base.Action != 0 {
+		t.Fatalf("the bundle: %+v", pl)
+	}
+	if _, stop, err := m.carryOut(sr, pl.records, pl.base); stop || err != nil {
+		t.Fatal(stop, err)
+	}
+	pl = sr.finish(m, f.finishedAnn(t, fedRun, 5, x, good), Result{Round: 5})
+	if pl.err != nil || pl.res.Action != ActionDone || pl.restore == nil || len(pl.records) != 0 || pl.bundle != nil {
+		t.Fatalf("re-delivered: %+v", pl)
+	}
+}
+
+// The site core is pure by construction: core.go imports nothing that does
+// I/O, names no concrete store (only StoreView) and reads no clock. A
+// planted `os` import, a `time.Now()` or a `*edgestore.EdgeStore` fails this.
+func TestCoreImportsNoIO(t *testing.T) {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "core.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forbidden := []string{"os", "io", "net", "net/http", "os/exec", "syscall", "go.etcd.io/bbolt",
+		"github.com/eclipse/paho.mqtt.golang", "crypto/rand"}
+	for _, im := range f.Imports {
+		p, _ := strconv.Unquote(im.Path.Value)
+		if slices.Contains(forbidden, p) || strings.HasPrefix(p, "io/") || strings.HasPrefix(p, "net/") {
+			t.Errorf("core.go imports %s", p)
+		}
+	}
+	banned := map[string]bool{"time.Now": true, "time.Since": true, "time.Sleep": true, "time.After": true,
+		"edgestore.EdgeStore": true, "edgestore.OpenEdge": true, "clock.Real": true}
+	ast.Inspect(f, func(n ast.Node) bool {
+		if sel, ok := n.(*ast.SelectorExpr); ok {
+			if x, ok := sel.X.(*ast.Ident); ok && banned[x.Name+"."+sel.Sel.Name] {
+				t.Errorf("%s: core.go uses %s.%s", fset.Position(sel.Pos()), x.Name, sel.Sel.Name)
+			}
+		}
+		return true
+	})
+}
+
+// The federated phases' rules over data the shell read: the statistics
+// and the evaluation are returned in Result.Out (the executor emits them),
+// timestamped with the time passed in, and not made again once receipted.
+func TestCoreFederatedSteps(t *testing.T) {
+	f := newFedFixture(t, 80)
+	sr := testRules()
+	now := t0.Add(time.Minute)
+
+	stats := f.statsAnn(fedRun)
+	res, err := sr.statistics(stats, f.s, f.site, false, now, Result{Round: stats.Round})
+	if err != nil || res.Action != ActionStatistics || len(res.Out) != 1 || res.Out[0].Subject != wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS {
+		t.Fatalf("statistics: %+v %v", res, err)
+	}
+	if st, err := wire.DecodeStatistics(res.Out[0].Msg, wire.Limits{}); err != nil || st.SentAtUnixMs != now.UnixMilli() || st.ClientId != testSite {
+		t.Fatalf("statistics message: %+v %v", st, err)
+	}
+	if res, err := sr.statistics(stats, f.s, f.site, true, now, Result{}); err != nil || res.Action != ActionDone || len(res.Out) != 0 {
+		t.Fatalf("statistics receipted: %+v %v", res, err)
+	}
+
+	ann := f.trainAnn(t, fedRun, 3, f.global(t, 3))
+	ann.Evaluate, ann.EvalRound = true, 3
+	var got Result
+	if err := sr.evaluation(ann, f.holdout, false, now, &got); err != nil || len(got.Out) != 1 || got.Out[0].Round != 3 || !got.Healthy {
+		t.Fatalf("evaluation: %+v %v", got, err)
+	}
+	got = Result{}
+	if err := sr.evaluation(ann, f.holdout, true, now, &got); err != nil || len(got.Out) != 0 || !got.Healthy {
+		t.Fatalf("evaluation receipted: %+v %v", got, err)
+	}
+}
