@@ -512,9 +512,9 @@ func (h *RoundHandler) checkViews(ann *wire.RoundAnnouncement, c *secagg.Client,
 }
 
 // secAggConsistency is the site's turn in the consistency round (signed
-// secure aggregation, uplink.CheckSurvivors): it checks the survivors'
-// views as before the unmask, then signs the survivor set U3 with its view
-// and sends the signature (kind 9), recording in the same transaction that
+// secure aggregation, uplink.CheckSurvivors): it signs the survivor set U3
+// with its view (the views themselves are checked at the unmask) and sends
+// the signature (kind 9), recording in the same transaction that
 // it signed this set: shown another set later in the session, it refuses
 // (a site error secagg_refused) and reveals nothing.
 func (h *RoundHandler) secAggConsistency(ann *wire.RoundAnnouncement, rec *secAggRecord, c *secagg.Client, res Result) (Result, error) {
@@ -528,9 +528,6 @@ func (h *RoundHandler) secAggConsistency(ann *wire.RoundAnnouncement, rec *secAg
 	}
 	if len(req.Survivors) < c.Threshold() {
 		return res, h.refuseUnmask(ann, fmt.Errorf("%w: %d survivors, threshold %d", uplink.ErrSecAggSurvivors, len(req.Survivors), c.Threshold()))
-	}
-	if err := h.checkViews(ann, c, req); err != nil {
-		return res, err
 	}
 	digest, err := h.survivorsDigest(ann, c, req)
 	if err != nil {

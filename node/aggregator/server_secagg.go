@@ -458,7 +458,10 @@ func (s *Server) announceSecAgg(d AnnounceSecAgg) error {
 					a.SecaggSignedKeys = uplink.EncodeSignedKeys(signed)
 				}
 			}
-			if req, ok := o.Msg.(*secagg.UnmaskRequest); ok {
+			if req, ok := o.Msg.(*secagg.UnmaskRequest); ok && d.Phase == SecAggUnmask {
+				// The views and the survivor signatures go with the unmask
+				// only: a survivor's signature of U3 binds its view, so the
+				// consistency round needs neither.
 				views, err := s.viewSignatures(d.Round, d.Attempt, req.Survivors)
 				if err != nil {
 					return err
@@ -466,14 +469,12 @@ func (s *Server) announceSecAgg(d AnnounceSecAgg) error {
 				if len(views) > 0 {
 					a.SecaggViewSignatures = uplink.EncodeSignedKeys(views)
 				}
-				if d.Phase == SecAggUnmask {
-					sigs, err := s.survivorSignatures(d.Round, d.Attempt, req.Survivors)
-					if err != nil {
-						return err
-					}
-					if len(sigs) > 0 {
-						a.SecaggSurvivorSignatures = uplink.EncodeSignedKeys(sigs)
-					}
+				sigs, err := s.survivorSignatures(d.Round, d.Attempt, req.Survivors)
+				if err != nil {
+					return err
+				}
+				if len(sigs) > 0 {
+					a.SecaggSurvivorSignatures = uplink.EncodeSignedKeys(sigs)
 				}
 			}
 		}

@@ -236,8 +236,8 @@ func (m *RoundAnnouncement) checkSecAgg(msg string, train bool, lim Limits) erro
 	if err := checkPayload(msg, "secagg_signed_keys", m.SecaggSignedKeys, lim, false); err != nil {
 		return err
 	}
-	if len(m.SecaggViewSignatures) > 0 && m.SecaggPhase != SecAggPhase_SECAGG_PHASE_UNMASK && m.SecaggPhase != SecAggPhase_SECAGG_PHASE_CONSISTENCY {
-		return invalid(msg, "secagg_view_signatures in %v (the consistency and unmask phases only)", m.SecaggPhase)
+	if len(m.SecaggViewSignatures) > 0 && m.SecaggPhase != SecAggPhase_SECAGG_PHASE_UNMASK {
+		return invalid(msg, "secagg_view_signatures in %v (the unmask phase only)", m.SecaggPhase)
 	}
 	if len(m.SecaggSurvivorSignatures) > 0 && m.SecaggPhase != SecAggPhase_SECAGG_PHASE_UNMASK {
 		return invalid(msg, "secagg_survivor_signatures in %v (the unmask phase only)", m.SecaggPhase)

@@ -90,7 +90,27 @@ func TestSecAggSignedSurvivorSet(t *testing.T) {
 			var tampered atomic.Int32
 			mitms := map[string]*mitmClient{}
 			var mu sync.Mutex
+			// The cost of the consistency round as the victim sees it: when
+			// each phase's announcement arrived, and its size.
+			type arrival struct {
+				at         time.Time
+				size, sigs int
+			}
+			arrived := map[wire.SecAggPhase]arrival{}
 			newClient := func(site string, o *mqtt.ClientOptions) mqtt.Client {
+				if site == victim && tc.tamper == nil {
+					orig := o.DefaultPublishHandler
+					o.SetDefaultPublishHandler(func(c mqtt.Client, m mqtt.Message) {
+						if a, err := wire.DecodeRound(m.Payload(), wire.Limits{}); err == nil && a.Secagg != nil && a.Secagg.Attempt == 0 {
+							mu.Lock()
+							if _, ok := arrived[a.SecaggPhase]; !ok {
+								arrived[a.SecaggPhase] = arrival{time.Now(), len(m.Payload()), len(a.SecaggSurvivorSignatures)}
+							}
+							mu.Unlock()
+						}
+						orig(c, m)
+					})
+				}
 				if site == victim && tc.tamper != nil {
 					orig := o.DefaultPublishHandler
 					o.SetDefaultPublishHandler(func(c mqtt.Client, m mqtt.Message) {
@@ -150,6 +170,17 @@ func TestSecAggSignedSurvivorSet(t *testing.T) {
 				}
 			}
 			if tc.tamper == nil {
+				// Not asserted (a measurement): the consistency round's
+				// extra phase and bytes, K = 4.
+				var sent int
+				for _, b := range mitms[victim].sent {
+					if m, err := wire.DecodeSecAgg(b, wire.Limits{}); err == nil && m.Kind == wire.SecAggKindSurvivors {
+						sent = len(b)
+					}
+				}
+				c, u, mk := arrived[wire.SecAggPhase_SECAGG_PHASE_CONSISTENCY], arrived[wire.SecAggPhase_SECAGG_PHASE_UNMASK], arrived[wire.SecAggPhase_SECAGG_PHASE_MASKED]
+				t.Logf("consistency round, K = %d: the site's signed survivor set %d bytes; the consistency announcement %d bytes; the unmask announcement %d bytes, of which %d of survivor signatures; masked -> consistency %v, consistency -> unmask announcement %v",
+					k, sent, c.size, u.size, u.sigs, c.at.Sub(mk.at).Round(time.Millisecond), u.at.Sub(c.at).Round(time.Millisecond))
 				if sa.Aborts != 0 || len(siteErrs) != 0 {
 					t.Fatalf("untouched: %d sessions aborted (%s), site errors %v", sa.Aborts, sa.LastAbort, siteErrs)
 				}

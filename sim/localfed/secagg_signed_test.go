@@ -305,8 +305,8 @@ func reencode(t *testing.T, m mqtt.Message, w wire.Message, n *atomic.Int32) mqt
 // site is kept from seeing the first UNMASK (or CONSISTENCY) announcement,
 // the whole federation (broker, aggregator, agents) is stopped once it was
 // published, and started again on its state files: the resumed aggregator
-// announces the phase again with the view signatures (and, at the unmask,
-// the survivor signatures) it stored, every site's check passes, and the
+// announces the phase again (at the unmask with the view and survivor
+// signatures it stored), every site's check passes, and the
 // round completes without an abort.
 func TestSecAggSignedRestartInUnmask(t *testing.T) {
 	if testing.Short() {
@@ -330,11 +330,8 @@ func signedRestartIn(t *testing.T, hide wire.SecAggPhase) {
 		orig := o.DefaultPublishHandler
 		o.SetDefaultPublishHandler(func(c mqtt.Client, m mqtt.Message) {
 			if a, err := wire.DecodeRound(m.Payload(), wire.Limits{}); err == nil && a.SecaggPhase == hide && hiding.Load() {
-				if len(a.SecaggViewSignatures) == 0 {
-					t.Error("an announcement without the survivors' views")
-				}
-				if hide == wire.SecAggPhase_SECAGG_PHASE_UNMASK && len(a.SecaggSurvivorSignatures) == 0 {
-					t.Error("an unmask announcement without the survivors' signed survivor sets")
+				if hide == wire.SecAggPhase_SECAGG_PHASE_UNMASK && (len(a.SecaggViewSignatures) == 0 || len(a.SecaggSurvivorSignatures) == 0) {
+					t.Error("an unmask announcement without the survivors' views or signed survivor sets")
 				}
 				select {
 				case seen <- struct{}{}:
