@@ -83,6 +83,15 @@ func (c *Coordinator) nextSecAggPhase(p int) int {
 // the consistency round).
 func secAggKind(p int) int { return 2*p + 1 }
 
+// secAggKindOrder orders a site's kinds as the phases come: the
+// consistency round's 9 between the masked input (5) and the unmask (7).
+func secAggKindOrder(kind int) int {
+	if kind == secAggKind(SecAggConsistency) {
+		return secAggKind(SecAggMasked) + 1
+	}
+	return kind
+}
+
 // SecAggArrived: a decoded and validated secure-aggregation message of a
 // site (its kind, the round and the session's attempt).
 type SecAggArrived struct {
@@ -300,11 +309,11 @@ func (c *Coordinator) judgeSecAgg(e SecAggArrived) Decision {
 		}
 		return AcceptSecAgg{Round: e.Round, Attempt: e.Attempt, Kind: e.Kind, Client: e.Client}
 	case PhaseSecAgg:
-		want := secAggKind(c.sa.phase)
+		want := secAggKindOrder(secAggKind(c.sa.phase))
 		switch {
-		case e.Kind < want:
+		case secAggKindOrder(e.Kind) < want:
 			return counted()
-		case e.Kind > want:
+		case secAggKindOrder(e.Kind) > want:
 			return rej(FutureRound)
 		case c.sa.got[e.Client]:
 			return rej(Duplicate)

@@ -232,7 +232,7 @@ func TestCoordinatorSecAggConsistency(t *testing.T) {
 		mustEqual(t, "the consistency round", out, []Decision{
 			AnnounceSecAgg{Round: 1, Phase: SecAggConsistency, Selected: ids, Deadline: ms(350)}, SetTimer{At: ms(350)}})
 		mustEqual(t, "an unmask response before it", propose(t, c, sa("a", 1, 0, 7, 160)),
-			[]Decision{RejectSecAgg{Round: 1, Kind: 7, Client: "a", Reason: Duplicate}})
+			[]Decision{RejectSecAgg{Round: 1, Kind: 7, Client: "a", Reason: FutureRound}})
 		propose(t, c, sa("a", 1, 0, 9, 170))
 		c = restored(t, cfg, c)
 		mustEqual(t, "resume in the consistency round", c.Resume(), []Decision{
@@ -257,6 +257,8 @@ func TestCoordinatorSecAggConsistency(t *testing.T) {
 		out := c.Step(SecAggAdvanced{Round: 1, Phase: SecAggConsistency, Next: ids, At: ms(170)})
 		mustEqual(t, "the unmask", out, []Decision{
 			AnnounceSecAgg{Round: 1, Phase: SecAggUnmask, Selected: ids, Deadline: ms(370)}, SetTimer{At: ms(370)}})
+		mustEqual(t, "a signed survivor set after its phase", propose(t, c, sa("a", 1, 0, 9, 175)),
+			[]Decision{RejectSecAgg{Round: 1, Kind: 9, Client: "a", Reason: Duplicate}})
 		for _, id := range ids[:2] {
 			propose(t, c, sa(id, 1, 0, 7, 180))
 		}
