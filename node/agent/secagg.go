@@ -40,8 +40,10 @@ type secAggRecord struct {
 	attempt uint32
 	input   []uint32 // the quantised update, the secure sum's input
 	client  []byte   // secagg.Client.MarshalBinary
-	// signed: the site signed survivors (uplink.SecAggSurvivorsDigest) in
-	// the session's consistency round, and signs no other set.
+	// signed: the site committed to survivors (uplink.SecAggSurvivorsDigest)
+	// in the session's consistency round, the first set it was shown: it
+	// signed it (or, below the threshold, refused it), and accepts no other
+	// set in the session.
 	signed    bool
 	survivors [32]byte
 }
@@ -526,15 +528,26 @@ func (h *RoundHandler) secAggConsistency(ann *wire.RoundAnnouncement, rec *secAg
 		res.Action = ActionDone // its masked input is not in the sum
 		return res, nil
 	}
-	if len(req.Survivors) < c.Threshold() {
-		return res, h.refuseUnmask(ann, fmt.Errorf("%w: %d survivors, threshold %d", uplink.ErrSecAggSurvivors, len(req.Survivors), c.Threshold()))
-	}
 	digest, err := h.survivorsDigest(ann, c, req)
 	if err != nil {
 		return res, err
 	}
 	if err := uplink.CheckSurvivorSet(rec.survivors, rec.signed, digest); err != nil {
 		return res, h.refuseUnmask(ann, err)
+	}
+	if !rec.signed && len(req.Survivors) < c.Threshold() {
+		// A set no honest aggregator announces: the site commits to it
+		// unsigned, so that it refuses every other set of the session
+		// too, and reveals nothing in it.
+		next := *rec
+		next.signed, next.survivors = true, digest
+		if err := h.Store.SetSecAgg(ann.Round, next.marshal(), nil); err != nil {
+			return res, h.diskErr(fmt.Errorf("agent: round %d: %w", ann.Round, err))
+		}
+		return res, h.refuseUnmask(ann, fmt.Errorf("%w: %d survivors, threshold %d", uplink.ErrSecAggSurvivors, len(req.Survivors), c.Threshold()))
+	}
+	if len(req.Survivors) < c.Threshold() {
+		return res, h.refuseUnmask(ann, fmt.Errorf("%w: %d survivors, threshold %d", uplink.ErrSecAggSurvivors, len(req.Survivors), c.Threshold()))
 	}
 	if rec.signed {
 		return h.resend(res) // signed already: the stored message is re-sent until receipted

@@ -39,6 +39,8 @@ import (
 //     before revealing, and the session aborts naming them;
 //   - a second survivor set at the unmask (the consistency round honest):
 //     the victim refuses, having signed another; the others go on;
+//   - a survivor set below the threshold shown in the consistency round:
+//     the victim refuses it, and then the true one at the unmask;
 //   - the survivors' signatures kept from the victim (a downgrade that skips
 //     the round): the victim refuses.
 //
@@ -76,6 +78,12 @@ func TestSecAggSignedSurvivorSet(t *testing.T) {
 			}
 			return s
 		}, true), "shown a second survivor set in the session", false},
+		{"a survivor set below the threshold", survivorsTamper(func(phase wire.SecAggPhase, req *secagg.UnmaskRequest, s []uplink.SignedKey) []uplink.SignedKey {
+			if phase == wire.SecAggPhase_SECAGG_PHASE_CONSISTENCY {
+				req.Survivors = []string{victim, live}
+			}
+			return s
+		}, true), "2 survivors, threshold 3", false},
 		{"the survivors' signatures kept from the victim", survivorsTamper(func(phase wire.SecAggPhase, _ *secagg.UnmaskRequest, s []uplink.SignedKey) []uplink.SignedKey {
 			if phase == wire.SecAggPhase_SECAGG_PHASE_UNMASK {
 				return nil
@@ -131,7 +139,7 @@ func TestSecAggSignedSurvivorSet(t *testing.T) {
 					var se *sitedata.SiteError
 					if ev.Kind == agent.EventSiteError && errors.As(ev.Err, &se) && se.Reason == sitedata.ReasonSecAgg {
 						mu.Lock()
-						siteErrs[site] = se.Public()
+						siteErrs[site] += se.Public() + "\n" // every refusal, in order
 						mu.Unlock()
 					}
 				},
@@ -165,6 +173,9 @@ func TestSecAggSignedSurvivorSet(t *testing.T) {
 			// Every site that took part in the first session signed the
 			// survivor set it was shown (the consistency round ran).
 			for _, id := range ids {
+				if id == victim && tc.name == "a survivor set below the threshold" {
+					continue // it refused to sign
+				}
 				if !slices.Contains(mitms[id].sentSecAgg(), [2]uint32{0, wire.SecAggKindSurvivors}) {
 					t.Errorf("%s sent no signed survivor set in the first session", id)
 				}
@@ -231,7 +242,7 @@ func TestSecAggSignedSurvivorSet(t *testing.T) {
 			}
 			var seen bool
 			for _, c := range st.Clients {
-				if c.ID == victim && c.Error != nil && strings.Contains(c.Error.Message, tc.want) {
+				if c.ID == victim && c.Error != nil && strings.Contains(c.Error.Message, "the survivor set is not consistent") {
 					seen = true
 				}
 			}
