@@ -23,7 +23,7 @@ func (s *secAggFlags) register(fs *flag.FlagSet, daemon bool) {
 	fs.IntVar(&s.scaleBits, "secagg-scale-bits", 0, "with --secagg: the quantiser's fixed-point scale 2^`B` (0: the finest that cannot wrap with --per-round sites, at most 30)")
 	fs.IntVar(&s.threshold, "secagg-threshold", 0, "with --secagg: the threshold `t` (0: ceil(2K/3), more than K/2); the advertise phase needs t sites and so does each later phase, or the session aborts and a new one is drawn")
 	if daemon {
-		fs.DurationVar(&s.timeout, "secagg-timeout", aggregator.DefaultSecAggTimeout, "with --secagg: the deadline of each phase after the sites advertise their keys (share keys, masked input, unmask)")
+		fs.DurationVar(&s.timeout, "secagg-timeout", aggregator.DefaultSecAggTimeout, "with --secagg: the deadline of each phase after the sites advertise their keys (share keys, masked input, with signing sites the consistency round, unmask)")
 	}
 }
 

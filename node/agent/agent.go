@@ -108,12 +108,13 @@ type Stats struct {
 	StatisticsSent   uint64 // statistics publishes (re-sends included)
 	EvaluationsSent  uint64 // evaluation report publishes (re-sends included)
 	LeftRuns         uint64 // announcements of a run this site has left, ignored
+	SecAggRefusals   uint64 // secure-aggregation sessions refused (site error secagg_refused: a key list, view or survivor set that failed its check)
 }
 
 type counters struct {
 	connects, badMessages, badAnnouncements, roundsSolved, roundErrors, resent,
 	published, publishErrors, receiptsAccepted, receiptsRejected, receiptsRetry,
-	statisticsSent, evaluationsSent, leftRuns atomic.Uint64
+	statisticsSent, evaluationsSent, leftRuns, secAggRefusals atomic.Uint64
 }
 
 // Agent is the edge daemon: one MQTT session, one state file, one site's data.
@@ -247,6 +248,7 @@ func (a *Agent) Stats() Stats {
 		Published: c.published.Load(), PublishErrors: c.publishErrors.Load(),
 		ReceiptsAccepted: c.receiptsAccepted.Load(), ReceiptsRejected: c.receiptsRejected.Load(), ReceiptsRetry: c.receiptsRetry.Load(),
 		StatisticsSent: c.statisticsSent.Load(), EvaluationsSent: c.evaluationsSent.Load(), LeftRuns: c.leftRuns.Load(),
+		SecAggRefusals: c.secAggRefusals.Load(),
 	}
 }
 

@@ -41,12 +41,27 @@ type secAggRecord struct {
 	attempt uint32
 	input   []uint32 // the quantised update, the secure sum's input
 	client  []byte   // secagg.Client.MarshalBinary
+	// signed: the site committed to survivors (uplink.SecAggSurvivorsDigest)
+	// in the session's consistency round, the first set it was shown: it
+	// signed it (or, below the threshold, refused it), and accepts no other
+	// set in the session.
+	signed    bool
+	survivors [32]byte
 }
 
-const secAggRecordVersion = 1
+// secAggRecordVersion is the record's encoding; version 2 (a signed
+// survivor set's digest after the input) is written only once a site has
+// signed one, so every other record is the version 1 it was.
+const (
+	secAggRecordVersion       = 1
+	secAggRecordVersionSigned = 2
+)
 
 func (r *secAggRecord) marshal() []byte {
 	b := []byte{secAggRecordVersion}
+	if r.signed {
+		b[0] = secAggRecordVersionSigned
+	}
 	b = binary.AppendUvarint(b, uint64(len(r.run)))
 	b = append(b, r.run...)
 	b = binary.BigEndian.AppendUint64(b, r.round)
@@ -54,6 +69,9 @@ func (r *secAggRecord) marshal() []byte {
 	b = binary.AppendUvarint(b, uint64(len(r.input)))
 	for _, v := range r.input {
 		b = binary.LittleEndian.AppendUint32(b, v)
+	}
+	if r.signed {
+		b = append(b, r.survivors[:]...)
 	}
 	return append(b, r.client...)
 }
@@ -63,9 +81,10 @@ func (r *secAggRecord) marshal() []byte {
 var errBadRecord = fmt.Errorf("%w: the secure-aggregation record does not decode", storage.ErrCorrupt)
 
 func unmarshalSecAggRecord(b []byte) (*secAggRecord, error) {
-	if len(b) < 1 || b[0] != secAggRecordVersion {
+	if len(b) < 1 || (b[0] != secAggRecordVersion && b[0] != secAggRecordVersionSigned) {
 		return nil, errBadRecord
 	}
+	signed := b[0] == secAggRecordVersionSigned
 	b = b[1:]
 	n, k := canonUvarint(b)
 	if k <= 0 || n > uint64(len(b)-k) || n > 256 {
@@ -87,7 +106,16 @@ func unmarshalSecAggRecord(b []byte) (*secAggRecord, error) {
 	for i := range r.input {
 		r.input[i] = binary.LittleEndian.Uint32(b[4*i:])
 	}
-	r.client = bytes.Clone(b[4*n:])
+	b = b[4*n:]
+	if signed {
+		if len(b) < 32 {
+			return nil, errBadRecord
+		}
+		r.signed = true
+		copy(r.survivors[:], b)
+		b = b[32:]
+	}
+	r.client = bytes.Clone(b)
 	if len(r.client) == 0 {
 		return nil, errBadRecord
 	}
@@ -319,6 +347,12 @@ func (h *RoundHandler) secAggPhase(ann *wire.RoundAnnouncement, res Result) (Res
 		// this announcement.
 		res.Action = ActionDone
 		return res, nil
+	case wire.SecAggPhase_SECAGG_PHASE_CONSISTENCY:
+		if c.Phase() == secagg.ClientMasked && h.SecAggIdentity != nil {
+			return h.secAggConsistency(ann, rec, c, res)
+		}
+		res.Action = ActionDone // password-only: nothing to sign
+		return res, nil
 	case wire.SecAggPhase_SECAGG_PHASE_UNMASK:
 		if c.Phase() == secagg.ClientMasked {
 			req, err := decodeBroadcast[*secagg.UnmaskRequest](ann)
@@ -330,6 +364,9 @@ func (h *RoundHandler) secAggPhase(ann *wire.RoundAnnouncement, res Result) (Res
 				return res, nil
 			}
 			if err := h.checkViews(ann, c, req); err != nil {
+				return res, err
+			}
+			if err := h.checkSurvivors(ann, rec, c, req); err != nil {
 				return res, err
 			}
 			m, err := c.Unmask(req)
@@ -475,6 +512,108 @@ func (h *RoundHandler) checkViews(ann *wire.RoundAnnouncement, c *secagg.Client,
 		return refuse(err)
 	}
 	return nil
+}
+
+// secAggConsistency is the site's turn in the consistency round (signed
+// secure aggregation, uplink.CheckSurvivors): it signs the survivor set U3
+// with its view (the views themselves are checked at the unmask) and sends
+// the signature (kind 9), recording in the same transaction that
+// it signed this set: shown another set later in the session, it refuses
+// (a site error secagg_refused) and reveals nothing.
+func (h *RoundHandler) secAggConsistency(ann *wire.RoundAnnouncement, rec *secAggRecord, c *secagg.Client, res Result) (Result, error) {
+	req, err := decodeBroadcast[*secagg.UnmaskRequest](ann)
+	if err != nil {
+		return res, err
+	}
+	if !slicesContains(req.Survivors, h.ClientID) {
+		res.Action = ActionDone // its masked input is not in the sum
+		return res, nil
+	}
+	digest, err := h.survivorsDigest(ann, c, req)
+	if err != nil {
+		return res, err
+	}
+	if err := uplink.CheckSurvivorSet(rec.survivors, rec.signed, digest); err != nil {
+		return res, h.refuseUnmask(ann, err)
+	}
+	if !rec.signed && len(req.Survivors) < c.Threshold() {
+		// A set no honest aggregator announces: the site commits to it
+		// unsigned, so that it refuses every other set of the session
+		// too, and reveals nothing in it.
+		next := *rec
+		next.signed, next.survivors = true, digest
+		if err := h.Store.SetSecAgg(ann.Round, next.marshal(), nil); err != nil {
+			return res, h.diskErr(fmt.Errorf("agent: round %d: %w", ann.Round, err))
+		}
+		return res, h.refuseUnmask(ann, fmt.Errorf("%w: %d survivors, threshold %d", uplink.ErrSecAggSurvivors, len(req.Survivors), c.Threshold()))
+	}
+	if len(req.Survivors) < c.Threshold() {
+		return res, h.refuseUnmask(ann, fmt.Errorf("%w: %d survivors, threshold %d", uplink.ErrSecAggSurvivors, len(req.Survivors), c.Threshold()))
+	}
+	if rec.signed {
+		return h.resend(res) // signed already: the stored message is re-sent until receipted
+	}
+	sig, err := h.SecAggIdentity.Sign(digest, crand.Reader)
+	if err != nil {
+		return res, fmt.Errorf("secagg: signing the survivor set: %w", err)
+	}
+	msg, err := wire.Encode(&wire.SecAggMessage{ClientId: h.ClientID, RunId: ann.RunId, Round: ann.Round, Attempt: ann.Secagg.Attempt,
+		Kind: uplink.SecAggKindSurvivors, Payload: secagg.Encode(req), SentAtUnixMs: h.clock().Now().UnixMilli(), SurvivorsSignature: sig})
+	if err != nil {
+		return res, fmt.Errorf("agent: round %d: encode the signed survivor set: %w", ann.Round, err)
+	}
+	next := *rec
+	next.signed, next.survivors = true, digest
+	if err := h.Store.SetSecAgg(ann.Round, next.marshal(), msg); err != nil {
+		return res, h.diskErr(fmt.Errorf("agent: round %d: %w", ann.Round, err))
+	}
+	res.Action, res.Msg, res.SecAggKind = ActionSecAgg, msg, secagg.Kind(uplink.SecAggKindSurvivors)
+	res.Healthy = true
+	return res, nil
+}
+
+// survivorsDigest is what this site signs of req's survivor set
+// (uplink.SecAggSurvivorsDigest over its view).
+func (h *RoundHandler) survivorsDigest(ann *wire.RoundAnnouncement, c *secagg.Client, req *secagg.UnmaskRequest) ([32]byte, error) {
+	view, ok := h.secAggView(ann, c)
+	if !ok {
+		return view, h.refuseUnmask(ann, errors.New("no masked input sent in this session"))
+	}
+	return uplink.SecAggSurvivorsDigest(uplink.SecAggSession(ann.RunId, ann.Round, ann.Secagg.Attempt), view, req.Survivors), nil
+}
+
+// checkSurvivors is the consistency round's check before any share is
+// revealed: with a signing identity, the survivor set must be the one this
+// site signed (if it signed one), and at least the session's threshold of
+// survivors must have signed it with this site's view, every relayed
+// signature valid (uplink.CheckSurvivors). A failure is a site error
+// (secagg_refused): nothing is revealed.
+func (h *RoundHandler) checkSurvivors(ann *wire.RoundAnnouncement, rec *secAggRecord, c *secagg.Client, req *secagg.UnmaskRequest) error {
+	if h.SecAggIdentity == nil {
+		return nil
+	}
+	digest, err := h.survivorsDigest(ann, c, req)
+	if err != nil {
+		return err
+	}
+	if err := uplink.CheckSurvivorSet(rec.survivors, rec.signed, digest); err != nil {
+		return h.refuseUnmask(ann, err)
+	}
+	var signed []uplink.SignedKey
+	if len(ann.SecaggSurvivorSignatures) > 0 {
+		if signed, err = uplink.DecodeSignedKeys(ann.SecaggSurvivorSignatures); err != nil {
+			return h.refuseUnmask(ann, fmt.Errorf("%w: %w", uplink.ErrSecAggSurvivors, err))
+		}
+	}
+	if err := uplink.CheckSurvivors(h.SecAggIdentity.Roots, h.clock().Now(), c.Threshold(), req.Survivors, digest, signed); err != nil {
+		return h.refuseUnmask(ann, err)
+	}
+	return nil
+}
+
+// refuseUnmask is the site error of a session refused before the unmask.
+func (h *RoundHandler) refuseUnmask(ann *wire.RoundAnnouncement, err error) error {
+	return &sitedata.SiteError{Reason: sitedata.ReasonSecAgg, Problem: fmt.Sprintf("round %d session %d: unmask refused: %v", ann.Round, ann.Secagg.Attempt, err), Err: err}
 }
 
 func inKeyList(kl *secagg.KeyList, id string) bool {

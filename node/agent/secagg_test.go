@@ -291,6 +291,7 @@ func TestSecAggLateSite(t *testing.T) {
 // encodes back to the same bytes.
 func FuzzSecAggRecord(f *testing.F) {
 	f.Add((&secAggRecord{run: "R", round: 3, attempt: 1, input: []uint32{1, 2, 3}, client: []byte{9}}).marshal())
+	f.Add((&secAggRecord{run: "R", round: 3, attempt: 1, input: []uint32{1, 2, 3}, client: []byte{9}, signed: true, survivors: [32]byte{7}}).marshal())
 	f.Add([]byte{1, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := unmarshalSecAggRecord(b)

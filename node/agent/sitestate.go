@@ -71,6 +71,9 @@ func (a *Agent) siteErrorSet(se *sitedata.SiteError, ann *wire.RoundAnnouncement
 		a.log.Debug("site error persists", "reason", se.Reason, "round", ann.Round)
 		return
 	}
+	if se.Reason == sitedata.ReasonSecAgg {
+		a.stats.secAggRefusals.Add(1)
+	}
 	a.log.Error("this site cannot take part; the aggregator is told", "reason", se.Reason, "err", se.Error(),
 		"round", ann.Round, "phase", ann.GetPhase().String())
 	a.publishStatus()

@@ -191,10 +191,20 @@ func (s *Server) handleSecAgg(m *wire.SecAggMessage, raw []byte) bool {
 	if err != nil {
 		return bad("malformed", err.Error())
 	}
-	if uint32(p.Kind()) != m.Kind || string(p.SessionID()) != string(uplink.SecAggSession(m.RunId, m.Round, m.Attempt)) {
+	kind := uint32(p.Kind())
+	if m.Kind == uplink.SecAggKindSurvivors && p.Kind() == secagg.KindUnmaskRequest {
+		// A signed survivor set: its payload is the UnmaskRequest it
+		// answers, relayed as the site signed it (the aggregator does not
+		// check the signature; the sites do).
+		kind = m.Kind
+	}
+	if kind != m.Kind || string(p.SessionID()) != string(uplink.SecAggSession(m.RunId, m.Round, m.Attempt)) {
 		return bad("invalid", fmt.Sprintf("a %v payload of another session or kind than the message's (kind %d, attempt %d)", p.Kind(), m.Kind, m.Attempt))
 	}
-	if id := secAggSender(p); id != m.ClientId {
+	if m.Kind == uplink.SecAggKindSurvivors && len(m.SurvivorsSignature) == 0 {
+		return bad("invalid", "a survivor set without its signature")
+	}
+	if id := secAggSender(p); id != m.ClientId && m.Kind != uplink.SecAggKindSurvivors {
 		return bad("topic_mismatch", fmt.Sprintf("the payload is site %q's", id))
 	}
 	return s.submit(&request{secagg: &inSecAgg{msg: m, raw: raw, parsed: p}})
@@ -251,8 +261,10 @@ func (s *Server) storeSecAgg(d coordinator.Decision, now time.Time) (uint64, err
 	if err != nil {
 		return 0, err
 	}
-	if err := srv.Receive(in.parsed); err != nil {
-		return 0, fmt.Errorf("%w: %w", errSecAggRefused, err)
+	if a.Kind != uplink.SecAggKindSurvivors {
+		if err := srv.Receive(in.parsed); err != nil {
+			return 0, fmt.Errorf("%w: %w", errSecAggRefused, err)
+		}
 	}
 	index, err := s.store.PutSecAggMessage(aggstore.SecAggRecord{Round: uint64(a.Round), Attempt: uint32(a.Attempt), Kind: uint8(a.Kind),
 		ClientID: a.Client, Msg: in.raw}, now)
@@ -303,7 +315,7 @@ func (s *Server) refuseSecAgg(err error) error {
 	return nil
 }
 
-// answerSecAgg carries out AcceptSecAgg and RejectSecAgg.
+// answerSecAgg carries out coordinator.AcceptSecAgg and RejectSecAgg.
 func (s *Server) answerSecAgg(d coordinator.Decision, storedAt time.Time) {
 	switch d := d.(type) {
 	case coordinator.AcceptSecAgg:
@@ -342,9 +354,9 @@ func (s *Server) receiptSecAgg(client string, round uint64, kind uint32, accepte
 		Subject: wire.ReceiptSubject_RECEIPT_SUBJECT_SECAGG, SecaggKind: kind}, storedAt, "secagg receipt")
 }
 
-// advanceSecAgg carries out SecAggAdvance: the server's Advance (unless its
+// advanceSecAgg carries out coordinator.SecAggAdvance: the server's Advance (unless its
 // stored state is past that phase already: a restart after storing it),
-// its state stored, then SecAggAdvanced stepped with the sites the next
+// its state stored, then coordinator.SecAggAdvanced stepped with the sites the next
 // phase expects or why the session aborted.
 func (s *Server) advanceSecAgg(ctx context.Context, d coordinator.SecAggAdvance) error {
 	srv, err := s.secAggSession(d.Round, d.Attempt)
@@ -353,13 +365,18 @@ func (s *Server) advanceSecAgg(ctx context.Context, d coordinator.SecAggAdvance)
 	}
 	start := s.clock.Now()
 	var advErr error
+	if d.Phase == coordinator.SecAggConsistency {
+		// The consistency round advances nothing in the server: the
+		// survivors stay U3; the round needs t of them to have signed.
+		return s.step(ctx, s.consistencyAdvanced(d, srv))
+	}
 	if srv.Phase() == secagg.Phase(d.Phase) {
 		_, advErr = srv.Advance()
 		st, err := srv.MarshalBinary()
 		if err != nil {
 			return fmt.Errorf("aggregator: secagg server state: %w", err)
 		}
-		if err := s.store.PutSecAggServer(uint64(d.Round), uint32(d.Attempt), st, uint8(coordinator.SecAggKind(d.Phase+1))); err != nil {
+		if err := s.store.PutSecAggServer(uint64(d.Round), uint32(d.Attempt), st, uint8(coordinator.SecAggKind(min(d.Phase+1, coordinator.SecAggUnmask+1)))); err != nil {
 			s.storageErrors.Add(1)
 			return fmt.Errorf("aggregator: %w", err)
 		}
@@ -385,7 +402,7 @@ func (s *Server) advanceSecAgg(ctx context.Context, d coordinator.SecAggAdvance)
 	case secagg.PhaseUnmask, secagg.PhaseDone:
 		ev.Next = srv.Survivors()
 	}
-	s.log.Info("secagg phase closed", "round", d.Round, "attempt", d.Attempt, "phase", secagg.Phase(d.Phase).String(),
+	s.log.Info("secagg phase closed", "round", d.Round, "attempt", d.Attempt, "phase", secAggPhaseName(d.Phase),
 		"next", srv.Phase().String(), "sites", len(ev.Next), "took", s.clock.Since(start).Round(time.Microsecond))
 	return s.step(ctx, ev)
 }
@@ -443,13 +460,23 @@ func (s *Server) announceSecAgg(d coordinator.AnnounceSecAgg) error {
 					a.SecaggSignedKeys = uplink.EncodeSignedKeys(signed)
 				}
 			}
-			if req, ok := o.Msg.(*secagg.UnmaskRequest); ok {
+			if req, ok := o.Msg.(*secagg.UnmaskRequest); ok && d.Phase == coordinator.SecAggUnmask {
+				// The views and the survivor signatures go with the unmask
+				// only: a survivor's signature of U3 binds its view, so the
+				// consistency round needs neither.
 				views, err := s.viewSignatures(d.Round, d.Attempt, req.Survivors)
 				if err != nil {
 					return err
 				}
 				if len(views) > 0 {
 					a.SecaggViewSignatures = uplink.EncodeSignedKeys(views)
+				}
+				sigs, err := s.survivorSignatures(d.Round, d.Attempt, req.Survivors)
+				if err != nil {
+					return err
+				}
+				if len(sigs) > 0 {
+					a.SecaggSurvivorSignatures = uplink.EncodeSignedKeys(sigs)
 				}
 			}
 		}
@@ -462,7 +489,7 @@ func (s *Server) announceSecAgg(d coordinator.AnnounceSecAgg) error {
 	online := s.view.online
 	s.mu.Unlock()
 	s.hist.sent(uint64(len(b)) * uint64(max(online, 1)))
-	s.log.Info("secagg phase announced", "round", d.Round, "attempt", d.Attempt, "phase", secagg.Phase(d.Phase).String(),
+	s.log.Info("secagg phase announced", "round", d.Round, "attempt", d.Attempt, "phase", secAggPhaseName(d.Phase),
 		"deadline", d.Deadline.UTC().Format(time.RFC3339), "bytes", len(b))
 	s.publish(s.topics.Round(), true, b, "secagg announcement")
 	if d.Phase == coordinator.SecAggMasked {
@@ -626,6 +653,9 @@ func (s *Server) restoreSecAgg() error {
 	}
 	taken := 0
 	for _, rec := range recs {
+		if rec.Kind == uplink.SecAggKindSurvivors {
+			continue // not the server's: relayed from the store (survivorSignatures)
+		}
 		if !s.coord.SecAggCounted(rec.ClientID, int(rec.Kind)) {
 			// Not counted by the restored coordinator (its replay did not
 			// accept it: the configuration changed), or of a phase the
@@ -666,7 +696,7 @@ func secAggText(c *SecAggSettings) string {
 // phase, the sessions aborted so far and why the last one did, and the
 // settings.
 type SecAggStatus struct {
-	Phase     string  `json:"phase"` // advertise | share-keys | masked-input | unmask
+	Phase     string  `json:"phase"` // advertise | share-keys | masked-input | consistency | unmask
 	Attempt   int     `json:"attempt"`
 	Deadline  string  `json:"deadline,omitempty"` // of the phase after the advertise phase (RFC 3339)
 	Messages  uint64  `json:"messages"`
@@ -707,9 +737,9 @@ func newSecAggStatus(c *SecAggSettings, st *coordinator.SecAggState, phase coord
 			out.Model = SecAggModelHBC
 		}
 		if phase == coordinator.PhaseSecAgg {
-			out.Phase = secagg.Phase(st.Phase).String()
+			out.Phase = secAggPhaseName(st.Phase)
 			if st.Advancing {
-				out.Phase = secagg.Phase(st.Phase + 1).String()
+				out.Phase = secAggPhaseName(min(st.Phase+1, coordinator.SecAggUnmask+1))
 			}
 			if !st.Deadline.IsZero() && !st.Advancing {
 				out.Deadline = st.Deadline.UTC().Format(time.RFC3339)
@@ -734,8 +764,8 @@ func secAggFamilies(p *SecAggStatus) []metrics.Family {
 		return nil
 	}
 	var phases []metrics.Sample
-	for _, ph := range []secagg.Phase{secagg.PhaseAdvertise, secagg.PhaseShareKeys, secagg.PhaseMasked, secagg.PhaseUnmask} {
-		phases = append(phases, metrics.Sample{Labels: []metrics.Label{{Name: "phase", Value: ph.String()}}, Value: b2f(p.Phase == ph.String())})
+	for _, ph := range []string{secagg.PhaseAdvertise.String(), secagg.PhaseShareKeys.String(), secagg.PhaseMasked.String(), secAggPhaseName(coordinator.SecAggConsistency), secagg.PhaseUnmask.String()} {
+		phases = append(phases, metrics.Sample{Labels: []metrics.Label{{Name: "phase", Value: ph}}, Value: b2f(p.Phase == ph)})
 	}
 	return []metrics.Family{
 		{Name: ns + "secagg_phase", Help: "Secure aggregation: 1 for the open round's phase.", Type: metrics.Gauge, Samples: phases},
@@ -743,4 +773,69 @@ func secAggFamilies(p *SecAggStatus) []metrics.Family {
 		metrics.One(ns+"secagg_messages_total", "Secure aggregation: sites' messages accepted and stored.", metrics.Counter, float64(p.Messages)),
 		metrics.One(ns+"secagg_aborts_total", "Secure aggregation: sessions aborted without a sum (too few sites left, a tampered share); the round drew a new session.", metrics.Counter, float64(p.Aborts)),
 	}
+}
+
+// secAggPhaseName is the status's name of a coordinator phase: the
+// secagg.Server's names, and "consistency" for the signed round in
+// between, which the server does not have.
+func secAggPhaseName(p int) string {
+	if p == coordinator.SecAggConsistency {
+		return "consistency"
+	}
+	if p == coordinator.SecAggUnmask+1 {
+		return secagg.PhaseDone.String()
+	}
+	return secagg.Phase(p).String()
+}
+
+// consistencyAdvanced closes the consistency round: the survivors stay
+// U3, and fewer than t signatures of it abort the session, naming the
+// sites that refused (their site errors).
+func (s *Server) consistencyAdvanced(d coordinator.SecAggAdvance, srv *secagg.Server) coordinator.SecAggAdvanced {
+	ev := coordinator.SecAggAdvanced{Round: d.Round, Attempt: d.Attempt, Phase: d.Phase, At: s.clock.Now(), Next: srv.Survivors()}
+	sigs, err := s.survivorSignatures(d.Round, d.Attempt, ev.Next)
+	t := s.cfg.SecAgg.Threshold
+	switch {
+	case err != nil:
+		ev.Err = "secagg: " + err.Error()
+	case len(sigs) < t:
+		ev.Err = fmt.Sprintf("secagg: %d of %d survivors signed the survivor set, threshold %d", len(sigs), len(ev.Next), t) + s.secAggRefusals()
+	}
+	s.log.Info("secagg phase closed", "round", d.Round, "attempt", d.Attempt, "phase", secAggPhaseName(d.Phase), "signed", len(sigs), "sites", len(ev.Next))
+	return ev
+}
+
+// survivorSignatures is the consistency round's signatures of the
+// survivors (their kind 9 messages, with the certificates of their
+// advertisements), to relay with the UnmaskRequest: each signing site
+// reveals nothing unless at least t of them sign its own survivor set and
+// view and every one verifies (uplink.CheckSurvivors).
+func (s *Server) survivorSignatures(round, attempt int, survivors []string) ([]uplink.SignedKey, error) {
+	recs, err := s.store.SecAggMessages(uint64(round), uint32(attempt))
+	if err != nil {
+		s.storageErrors.Add(1)
+		return nil, fmt.Errorf("aggregator: round %d: the stored survivor signatures: %w", round, err)
+	}
+	certs, sigs := map[string][]byte{}, map[string][]byte{}
+	for _, rec := range recs {
+		if rec.Kind != uplink.SecAggKindSurvivors && rec.Kind != uint8(secagg.KindAdvertiseKeys) {
+			continue
+		}
+		m, err := wire.DecodeSecAgg(rec.Msg, s.lim)
+		if err != nil {
+			return nil, fmt.Errorf("aggregator: round %d: a stored secagg message of %q: %w", round, rec.ClientID, err)
+		}
+		if rec.Kind == uplink.SecAggKindSurvivors {
+			sigs[rec.ClientID] = m.SurvivorsSignature
+		} else {
+			certs[rec.ClientID] = m.Certificate
+		}
+	}
+	var out []uplink.SignedKey
+	for _, id := range survivors {
+		if len(sigs[id]) > 0 && len(certs[id]) > 0 {
+			out = append(out, uplink.SignedKey{ID: id, Cert: certs[id], Sig: sigs[id]})
+		}
+	}
+	return out, nil
 }

@@ -88,6 +88,10 @@ func checkSession(s []byte) error {
 // ID returns the site's id.
 func (c *Client) ID() string { return c.id }
 
+// Threshold returns the session's threshold t (the site's own
+// configuration, not what a later announcement says).
+func (c *Client) Threshold() int { return c.cfg.Threshold }
+
 // Phase returns the last round the site has answered.
 func (c *Client) Phase() ClientPhase { return c.phase }
 

@@ -36,6 +36,10 @@ func (k Kind) String() string {
 		return "UnmaskRequest"
 	case KindUnmaskResponse:
 		return "UnmaskResponse"
+	case 9:
+		// Not this package's: signed secure aggregation's survivor set
+		// (uplink.SecAggKindSurvivors), named for the logs.
+		return "SurvivorsSigned"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }

@@ -269,3 +269,92 @@ func canonUvarint(b []byte) (uint64, int) {
 	}
 	return v, k
 }
+
+// Signed secure aggregation's consistency round (Bonawitz et al. 2017's
+// ConsistencyCheck, their round 3): the views above are signed before the
+// survivor set U3 is known, so they cannot bind it. When every key of the
+// KeyList is signed, the aggregator announces U3 in a phase of its own
+// (SECAGG_PHASE_CONSISTENCY) before the unmask; each survivor signs U3 with
+// its view (SecAggSurvivorsDigest) and remembers it, signing one U3 per
+// session; the aggregator relays the signatures with the UnmaskRequest, and
+// a site reveals nothing unless at least the threshold of survivors signed
+// the very U3 and view it holds, and every relayed signature verifies
+// (CheckSurvivors). An aggregator that tells different survivors different
+// U3 sets (to collect the self-mask seed of a site from some and its mask
+// key from others, which would open its input) then needs the threshold of
+// signatures on each set: honest sites sign one, so with t above half of
+// the holders it needs at least 2t - n of them to sign two.
+
+// SecAggKindSurvivors is the kind of a site's signed survivor set on the
+// wire (wire.SecAggKindSurvivors): its payload is the secagg encoding of the
+// UnmaskRequest it answers, its survivors_signature the signature.
+const SecAggKindSurvivors = 9
+
+// ErrSecAggSurvivors is the error of an UnmaskRequest a site refuses in the
+// consistency round: too few signatures of its survivor set, a signature
+// of another set or view, or a second survivor set in one session.
+var ErrSecAggSurvivors = errors.New("uplink: secure aggregation: the survivor set is not consistent")
+
+// SecAggSurvivorsDigest is what a site signs in the consistency round:
+// SHA-256 of a domain, the session, its view (SecAggViewDigest: the KeyList
+// and, with the complete graph, U2) and the sorted survivor set U3.
+func SecAggSurvivorsDigest(session []byte, view [32]byte, survivors []string) [32]byte {
+	h := sha256.New()
+	h.Write([]byte("edgefl secagg survivors v1\x00"))
+	var n [binary.MaxVarintLen64]byte
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(session)))])
+	h.Write(session)
+	h.Write(view[:])
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(survivors)))])
+	for _, id := range survivors {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(id)))])
+		h.Write([]byte(id))
+	}
+	var d [32]byte
+	h.Sum(d[:0])
+	return d
+}
+
+// CheckSurvivorSet is the site's rule before it signs a survivor set:
+// digest is the set it is shown, signed (with has) the one it signed
+// before in the session, if any. A second, different set is the
+// aggregator telling this site two survivor sets: refused.
+func CheckSurvivorSet(signed [32]byte, has bool, digest [32]byte) error {
+	if has && signed != digest {
+		return fmt.Errorf("%w: shown a second survivor set in the session (it signed another)", ErrSecAggSurvivors)
+	}
+	return nil
+}
+
+// CheckSurvivors verifies the consistency round's signatures relayed with
+// an UnmaskRequest: every entry is a survivor's (listed once) and its
+// signature, by a certificate of the federation CA whose CN is that
+// survivor, is of digest (this site's view and survivor set); and at least
+// threshold survivors signed. A signature of anything else is evidence
+// that some survivor was shown another survivor set or view: refused, as
+// Bonawitz et al. abort. The error wraps ErrSecAggSurvivors.
+func CheckSurvivors(roots *x509.CertPool, now time.Time, threshold int, survivors []string, digest [32]byte, signed []SignedKey) error {
+	in := make(map[string]bool, len(survivors))
+	for _, id := range survivors {
+		in[id] = true
+	}
+	seen := make(map[string]bool, len(signed))
+	for _, s := range signed {
+		switch {
+		case seen[s.ID]:
+			return fmt.Errorf("%w: site %s signed twice", ErrSecAggSurvivors, s.ID)
+		case !in[s.ID]:
+			return fmt.Errorf("%w: site %s signed but is not a survivor", ErrSecAggSurvivors, s.ID)
+		}
+		seen[s.ID] = true
+	}
+	for _, s := range signed {
+		if err := VerifySigned(roots, now, s.ID, s.Cert, s.Sig, digest); err != nil {
+			return fmt.Errorf("%w: %w (it was shown another survivor set or view)", ErrSecAggSurvivors, err)
+		}
+	}
+	if len(seen) < threshold || threshold < 1 {
+		return fmt.Errorf("%w: %d of %d survivors signed the survivor set, threshold %d", ErrSecAggSurvivors, len(seen), len(survivors), threshold)
+	}
+	return nil
+}

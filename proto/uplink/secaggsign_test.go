@@ -233,3 +233,176 @@ func FuzzDecodeSignedKeys(f *testing.F) {
 		}
 	})
 }
+
+// TestCheckSurvivors: signed secure aggregation's consistency round. Four
+// sites (threshold 3) mask honestly, so every view matches; the server
+// then announces a survivor set U3 to each site (possibly a different one:
+// a live site-d claimed dropped to some, so that they reveal its mask key
+// while the others reveal its self-mask seed) and relays a list of the
+// signatures it collected. Each site checks the list against its own view
+// and U3 before revealing. Every view check passes in every case (the
+// views are signed before U3 exists); the survivor check refuses every
+// lie.
+func TestCheckSurvivors(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	ids := []string{"site-a", "site-b", "site-c", "site-d"}
+	fed := secaggid.New(t, now, ids...)
+	rogue := secaggid.New(t, now, "site-b")
+	session := uplink.SecAggSession("run", 1, 0)
+	cfg := secagg.Config{Threshold: 3, Dim: 4}
+	clients := map[string]*secagg.Client{}
+	kl := &secagg.KeyList{Session: session}
+	for _, id := range ids {
+		c, err := secagg.NewClient(cfg, session, id, crand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients[id] = c
+		kl.Sites = append(kl.Sites, c.Advertise().Keys)
+	}
+	boxes := map[string][]secagg.EncryptedShare{}
+	for _, id := range ids {
+		sk, err := clients[id].ShareKeys(kl, crand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range sk.Boxes {
+			boxes[b.Peer] = append(boxes[b.Peer], secagg.EncryptedShare{Peer: id, Box: b.Box})
+		}
+	}
+	views := map[string][32]byte{}
+	var viewSigs []uplink.SignedKey
+	for _, id := range ids {
+		if _, err := clients[id].MaskInput(&secagg.ShareList{Session: session, To: id, Boxes: boxes[id]}, make([]uint32, 4)); err != nil {
+			t.Fatal(err)
+		}
+		k, holders, _ := clients[id].View()
+		views[id] = uplink.SecAggViewDigest(session, k, holders)
+		sig, _ := fed.Get(id).Sign(views[id], crand.Reader)
+		viewSigs = append(viewSigs, uplink.SignedKey{ID: id, Cert: fed.Get(id).Cert, Sig: sig})
+	}
+	all, noD := ids, ids[:3]
+	digest := func(id string, u3 []string) [32]byte { return uplink.SecAggSurvivorsDigest(session, views[id], u3) }
+	sign := func(id string, u3 []string) uplink.SignedKey {
+		sig, err := fed.Get(id).Sign(digest(id, u3), crand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return uplink.SignedKey{ID: id, Cert: fed.Get(id).Cert, Sig: sig}
+	}
+	// honest: every site is shown u3 and signs it; the server relays all.
+	honest := func(u3 []string) func(string) ([]string, []uplink.SignedKey) {
+		return func(string) ([]string, []uplink.SignedKey) {
+			var s []uplink.SignedKey
+			for _, id := range u3 {
+				s = append(s, sign(id, u3))
+			}
+			return u3, s
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		// shown is the U3 the server shows site id and the signatures it
+		// relays to it.
+		shown  func(id string) ([]string, []uplink.SignedKey)
+		refuse map[string]string // site -> the refusal's text; absent = passes
+	}{
+		{"honest, every site survives", honest(all), nil},
+		{"honest, site-d dropped", honest(noD), nil},
+		{"a live site claimed dropped to site-a only, every signature relayed", func(id string) ([]string, []uplink.SignedKey) {
+			shown := map[string][]string{"site-a": noD}
+			var s []uplink.SignedKey
+			for _, j := range ids {
+				u := all
+				if shown[j] != nil {
+					u = shown[j]
+				}
+				s = append(s, sign(j, u))
+			}
+			if shown[id] != nil {
+				return shown[id], s[:3]
+			}
+			return all, s
+		}, map[string]string{"site-a": "site site-b: the signature", "site-b": "site site-a: the signature", "site-c": "site site-a", "site-d": "site site-a"}},
+		{"two survivor sets, each site relayed only the signatures of its own", func(id string) ([]string, []uplink.SignedKey) {
+			if id == "site-a" || id == "site-b" {
+				return noD, []uplink.SignedKey{sign("site-a", noD), sign("site-b", noD)}
+			}
+			return all, []uplink.SignedKey{sign("site-c", all), sign("site-d", all)}
+		}, map[string]string{"site-a": "2 of 3 survivors signed", "site-b": "2 of 3", "site-c": "2 of 4", "site-d": "2 of 4"}},
+		{"fewer than the threshold relayed", func(string) ([]string, []uplink.SignedKey) {
+			return all, []uplink.SignedKey{sign("site-a", all), sign("site-b", all)}
+		}, map[string]string{"site-a": "2 of 4 survivors signed the survivor set, threshold 3", "site-b": "2 of 4", "site-c": "2 of 4", "site-d": "2 of 4"}},
+		{"no signatures (the consistency round skipped)", func(string) ([]string, []uplink.SignedKey) { return all, nil },
+			map[string]string{"site-a": "0 of 4", "site-b": "0 of 4", "site-c": "0 of 4", "site-d": "0 of 4"}},
+		{"a signature of a site outside U3", func(string) ([]string, []uplink.SignedKey) {
+			_, s := honest(all)("")
+			return noD, s
+		}, map[string]string{"site-a": "site site-d signed but is not a survivor", "site-b": "site-d signed", "site-c": "site-d signed"}},
+		{"one site signed twice", func(string) ([]string, []uplink.SignedKey) {
+			_, s := honest(all)("")
+			return all, append(s, s[0])
+		}, map[string]string{"site-a": "site-a signed twice", "site-b": "signed twice", "site-c": "signed twice", "site-d": "signed twice"}},
+		{"a signer's certificate of another CA", func(string) ([]string, []uplink.SignedKey) {
+			_, s := honest(all)("")
+			sig, _ := rogue.Get("site-b").Sign(digest("site-a", all), crand.Reader)
+			s[1] = uplink.SignedKey{ID: "site-b", Cert: rogue.Get("site-b").Cert, Sig: sig}
+			return all, s
+		}, map[string]string{"site-a": "not the federation CA's", "site-b": "not the federation CA's", "site-c": "not the federation CA's", "site-d": "not the federation CA's"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, id := range ids {
+				u3, relayed := tc.shown(id)
+				if !contains(u3, id) {
+					continue
+				}
+				if err := uplink.CheckViews(fed.Roots, now, u3, views[id], viewSigs); err != nil {
+					t.Fatalf("%s: the view check: %v (it cannot see U3)", id, err)
+				}
+				err := uplink.CheckSurvivors(fed.Roots, now, cfg.Threshold, u3, digest(id, u3), relayed)
+				want, refuse := tc.refuse[id]
+				switch {
+				case !refuse && err != nil:
+					t.Errorf("%s: %v, want it to pass", id, err)
+				case refuse && (!errors.Is(err, uplink.ErrSecAggSurvivors) || !strings.Contains(err.Error(), want)):
+					t.Errorf("%s: %v, want ErrSecAggSurvivors with %q", id, err, want)
+				}
+			}
+		})
+	}
+}
+
+// TestCheckSurvivorSet: a site signs one survivor set per session.
+func TestCheckSurvivorSet(t *testing.T) {
+	session := uplink.SecAggSession("run", 1, 0)
+	var view [32]byte
+	a := uplink.SecAggSurvivorsDigest(session, view, []string{"site-a", "site-b", "site-c"})
+	b := uplink.SecAggSurvivorsDigest(session, view, []string{"site-a", "site-b"})
+	other := uplink.SecAggSurvivorsDigest(uplink.SecAggSession("run", 1, 1), view, []string{"site-a", "site-b", "site-c"})
+	for _, tc := range []struct {
+		name      string
+		signed    [32]byte
+		has       bool
+		shown     [32]byte
+		wantError bool
+	}{
+		{"first set", [32]byte{}, false, a, false},
+		{"the same set again", a, true, a, false},
+		{"a second set", a, true, b, true},
+		{"another session's digest differs", a, true, other, true},
+	} {
+		err := uplink.CheckSurvivorSet(tc.signed, tc.has, tc.shown)
+		if (err != nil) != tc.wantError || (err != nil && !errors.Is(err, uplink.ErrSecAggSurvivors)) {
+			t.Errorf("%s: %v, want error %v", tc.name, err, tc.wantError)
+		}
+	}
+}
+
+func contains(v []string, s string) bool {
+	for _, x := range v {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

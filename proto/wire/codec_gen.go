@@ -547,6 +547,7 @@ func (x *RoundAnnouncement) size() int {
 	n += sizeBytes(42, x.SecaggViewSignatures)
 	n += sizeString(43, x.SchemaDigest)
 	n += sizeString(44, x.TransformDigest)
+	n += sizeBytes(46, x.SecaggSurvivorSignatures)
 	return n
 }
 
@@ -583,6 +584,7 @@ func (x *RoundAnnouncement) appendTo(b []byte) []byte {
 	b = appendBytes(b, 42, x.SecaggViewSignatures)
 	b = appendString(b, 43, x.SchemaDigest)
 	b = appendString(b, 44, x.TransformDigest)
+	b = appendBytes(b, 46, x.SecaggSurvivorSignatures)
 	return b
 }
 
@@ -740,6 +742,10 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 		case 44:
 			if typ == protowire.BytesType {
 				return consumeString(&x.TransformDigest, b)
+			}
+		case 46:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.SecaggSurvivorSignatures, b), nil
 			}
 		}
 		return 0, nil
@@ -1403,6 +1409,7 @@ func (x *SecAggMessage) size() int {
 	n += sizeBytes(20, x.Certificate)
 	n += sizeBytes(21, x.Signature)
 	n += sizeBytes(22, x.ViewSignature)
+	n += sizeBytes(23, x.SurvivorsSignature)
 	return n
 }
 
@@ -1419,6 +1426,7 @@ func (x *SecAggMessage) appendTo(b []byte) []byte {
 	b = appendBytes(b, 20, x.Certificate)
 	b = appendBytes(b, 21, x.Signature)
 	b = appendBytes(b, 22, x.ViewSignature)
+	b = appendBytes(b, 23, x.SurvivorsSignature)
 	return b
 }
 
@@ -1472,6 +1480,10 @@ func (x *SecAggMessage) unmarshal(b []byte, d *decoder) error {
 		case 22:
 			if typ == protowire.BytesType {
 				return consumeBytes(&x.ViewSignature, b), nil
+			}
+		case 23:
+			if typ == protowire.BytesType {
+				return consumeBytes(&x.SurvivorsSignature, b), nil
 			}
 		}
 		return 0, nil

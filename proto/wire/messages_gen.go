@@ -47,6 +47,10 @@ const (
 	SecAggPhase_SECAGG_PHASE_SHARE_KEYS SecAggPhase = 1 // secagg_broadcast is the KeyList; sites send ShareKeys
 	SecAggPhase_SECAGG_PHASE_MASKED     SecAggPhase = 2 // each site's ShareList comes on its receipts topic; sites send MaskedInput
 	SecAggPhase_SECAGG_PHASE_UNMASK     SecAggPhase = 3 // secagg_broadcast is the UnmaskRequest; sites send UnmaskResponse
+	// Between MASKED and UNMASK when every key of the KeyList was signed:
+	// secagg_broadcast is the UnmaskRequest (the survivor set); each survivor
+	// sends a SecAggMessage of kind 9 with its survivors_signature.
+	SecAggPhase_SECAGG_PHASE_CONSISTENCY SecAggPhase = 4
 )
 
 // Enum value maps for SecAggPhase.
@@ -56,12 +60,14 @@ var (
 		1: "SECAGG_PHASE_SHARE_KEYS",
 		2: "SECAGG_PHASE_MASKED",
 		3: "SECAGG_PHASE_UNMASK",
+		4: "SECAGG_PHASE_CONSISTENCY",
 	}
 	SecAggPhase_value = map[string]int32{
-		"SECAGG_PHASE_ADVERTISE":  0,
-		"SECAGG_PHASE_SHARE_KEYS": 1,
-		"SECAGG_PHASE_MASKED":     2,
-		"SECAGG_PHASE_UNMASK":     3,
+		"SECAGG_PHASE_ADVERTISE":   0,
+		"SECAGG_PHASE_SHARE_KEYS":  1,
+		"SECAGG_PHASE_MASKED":      2,
+		"SECAGG_PHASE_UNMASK":      3,
+		"SECAGG_PHASE_CONSISTENCY": 4,
 	}
 )
 
@@ -744,7 +750,8 @@ type RoundAnnouncement struct {
 	Secagg *SecAggSpec `json:"secagg,omitempty"`
 	// The secagg package's encoding of the server's message to every site of
 	// the current phase: the KeyList in SECAGG_PHASE_SHARE_KEYS, the
-	// UnmaskRequest in SECAGG_PHASE_UNMASK; empty in the other phases.
+	// UnmaskRequest in SECAGG_PHASE_CONSISTENCY and SECAGG_PHASE_UNMASK;
+	// empty in the other phases.
 	SecaggBroadcast []byte `json:"secagg_broadcast,omitempty"`
 	// Where the round's secure aggregation is (needs secagg). After
 	// SECAGG_PHASE_ADVERTISE the announcement may leave global out: the
@@ -787,6 +794,15 @@ type RoundAnnouncement struct {
 	// certificate reveals no share unless every survivor signed its own view
 	// (uplink.CheckViews); empty = no survivor signed.
 	SecaggViewSignatures []byte `json:"secagg_view_signatures,omitempty"`
+	// Signed secure aggregation's consistency round (Bonawitz et al. 2017's
+	// ConsistencyCheck), SECAGG_PHASE_UNMASK only: the survivors' signatures
+	// of the survivor set as the aggregator received them in
+	// SECAGG_PHASE_CONSISTENCY (uplink.EncodeSignedKeys: per signer its id,
+	// client certificate and survivors_signature). A site with a client
+	// certificate reveals no share unless every entry verifies on its own
+	// view and survivor set and at least the threshold signed
+	// (uplink.CheckSurvivors); empty = none.
+	SecaggSurvivorSignatures []byte `json:"secagg_survivor_signatures,omitempty"`
 	// The schema and the transform by digest (wire.BodyDigest: hex SHA-256
 	// of the exact bytes of RunSpec.schema / RunSpec.transform): the bodies
 	// travel once per run, retained on <prefix>run, instead of in every
@@ -1009,6 +1025,13 @@ func (x *RoundAnnouncement) GetSecaggSignedKeys() []byte {
 func (x *RoundAnnouncement) GetSecaggViewSignatures() []byte {
 	if x != nil {
 		return x.SecaggViewSignatures
+	}
+	return nil
+}
+
+func (x *RoundAnnouncement) GetSecaggSurvivorSignatures() []byte {
+	if x != nil {
+		return x.SecaggSurvivorSignatures
 	}
 	return nil
 }
@@ -1578,7 +1601,7 @@ type Receipt struct {
 	// What this receipt answers. For STATISTICS, round = 0 is valid; for
 	// EVALUATION, round is the report's (which may be 0).
 	Subject ReceiptSubject `json:"subject,omitempty"`
-	// Subject SECAGG: the secagg.Kind of the message answered (1, 3, 5 or 7).
+	// Subject SECAGG: the secagg.Kind of the message answered (1, 3, 5, 7 or 9).
 	SecaggKind uint32 `json:"secagg_kind,omitempty"`
 	// INVITATION only: the run (RoundAnnouncement.run_id) the invitation is
 	// for, so that one queued from an earlier run is not taken for this
@@ -1759,7 +1782,7 @@ func (x *EvalReport) GetSentAtUnixMs() int64 {
 // SecAggMessage carries one secure-aggregation message (docs/privacy.md) in
 // the secagg package's own encoding (versioned, checksummed, fuzzed): from
 // a site on <prefix>updates/<id> (kinds 1 AdvertiseKeys, 3 ShareKeys, 5
-// MaskedInput, 7 UnmaskResponse; re-sent until a receipt with subject
+// MaskedInput, 7 UnmaskResponse, 9 the signed survivor set; re-sent until a receipt with subject
 // SECAGG), and from the aggregator on <prefix>receipts/<id> (kind 4, the
 // site's ShareList). The idempotence key is (round, attempt, kind,
 // client_id).
@@ -1767,7 +1790,7 @@ type SecAggMessage struct {
 	ClientId     string `json:"client_id,omitempty"` // the site that sends it (site -> aggregator) or receives it (ShareList)
 	RunId        string `json:"run_id,omitempty"`    // the announcement's run_id
 	Round        uint64 `json:"round,omitempty"`     // > 0
-	Kind         uint32 `json:"kind,omitempty"`      // the secagg.Kind, 1..7
+	Kind         uint32 `json:"kind,omitempty"`      // the secagg.Kind, 1..7, or 9 (the signed survivor set)
 	Payload      []byte `json:"payload,omitempty"`   // secagg.Encode of the message; non-empty
 	SentAtUnixMs int64  `json:"sent_at_unix_ms,omitempty"`
 	Attempt      uint32 `json:"attempt,omitempty"` // SecAggSpec.attempt of the session
@@ -1792,6 +1815,12 @@ type SecAggMessage struct {
 	// and, with the complete graph, U2), by the key of the certificate it
 	// advertised its keys with. Empty: unsigned.
 	ViewSignature []byte `json:"view_signature,omitempty"`
+	// Signed secure aggregation's consistency round, kind 9 only (its
+	// payload is the secagg encoding of the UnmaskRequest it answers): the
+	// site's signature of the survivor set it was shown, with its view
+	// (uplink.SecAggSurvivorsDigest). A site signs one survivor set per
+	// session.
+	SurvivorsSignature []byte `json:"survivors_signature,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -1877,6 +1906,13 @@ func (x *SecAggMessage) GetSignature() []byte {
 func (x *SecAggMessage) GetViewSignature() []byte {
 	if x != nil {
 		return x.ViewSignature
+	}
+	return nil
+}
+
+func (x *SecAggMessage) GetSurvivorsSignature() []byte {
+	if x != nil {
+		return x.SurvivorsSignature
 	}
 	return nil
 }

@@ -41,6 +41,21 @@ func TestValidateSecAggRound(t *testing.T) {
 		{"view signatures with the request", func(r *RoundAnnouncement) {
 			r.SecaggPhase, r.SecaggBroadcast, r.SecaggViewSignatures = SecAggPhase_SECAGG_PHASE_UNMASK, []byte("u"), []byte("v")
 		}, true},
+		{"the consistency round's survivor set", func(r *RoundAnnouncement) {
+			r.SecaggPhase, r.SecaggBroadcast = SecAggPhase_SECAGG_PHASE_CONSISTENCY, []byte("u")
+		}, true},
+		{"the consistency round without its survivor set", func(r *RoundAnnouncement) {
+			r.SecaggPhase = SecAggPhase_SECAGG_PHASE_CONSISTENCY
+		}, false},
+		{"survivor signatures with the unmask", func(r *RoundAnnouncement) {
+			r.SecaggPhase, r.SecaggBroadcast, r.SecaggSurvivorSignatures = SecAggPhase_SECAGG_PHASE_UNMASK, []byte("u"), []byte("s")
+		}, true},
+		{"survivor signatures in the consistency round", func(r *RoundAnnouncement) {
+			r.SecaggPhase, r.SecaggBroadcast, r.SecaggSurvivorSignatures = SecAggPhase_SECAGG_PHASE_CONSISTENCY, []byte("u"), []byte("s")
+		}, false},
+		{"view signatures in the consistency round", func(r *RoundAnnouncement) {
+			r.SecaggPhase, r.SecaggBroadcast, r.SecaggViewSignatures = SecAggPhase_SECAGG_PHASE_CONSISTENCY, []byte("u"), []byte("v")
+		}, false},
 		{"view signatures in share keys", func(r *RoundAnnouncement) {
 			r.SecaggPhase, r.SecaggBroadcast, r.SecaggViewSignatures = SecAggPhase_SECAGG_PHASE_SHARE_KEYS, []byte("k"), []byte("v")
 		}, false},
@@ -94,6 +109,9 @@ func TestValidateSecAggMessage(t *testing.T) {
 		{"certificate too long", &SecAggMessage{ClientId: "s1", Round: 1, Kind: 1, Payload: []byte{1}, Certificate: make([]byte, MaxSecAggCert+1), Signature: []byte{3}}, false},
 		{"signed masked input", &SecAggMessage{ClientId: "s1", Round: 1, Kind: SecAggKindMaskedInput, Payload: []byte{1}, ViewSignature: []byte{4}}, true},
 		{"view signature of an advertise", &SecAggMessage{ClientId: "s1", Round: 1, Kind: 1, Payload: []byte{1}, ViewSignature: []byte{4}}, false},
+		{"signed survivor set", &SecAggMessage{ClientId: "s1", Round: 1, Kind: SecAggKindSurvivors, Payload: []byte{1}, SurvivorsSignature: []byte{4}}, true},
+		{"survivors signature of a masked input", &SecAggMessage{ClientId: "s1", Round: 1, Kind: SecAggKindMaskedInput, Payload: []byte{1}, SurvivorsSignature: []byte{4}}, false},
+		{"survivors signature too long", &SecAggMessage{ClientId: "s1", Round: 1, Kind: SecAggKindSurvivors, Payload: []byte{1}, SurvivorsSignature: make([]byte, MaxSecAggSig+1)}, false},
 		{"view signature too long", &SecAggMessage{ClientId: "s1", Round: 1, Kind: SecAggKindMaskedInput, Payload: []byte{1}, ViewSignature: make([]byte, MaxSecAggSig+1)}, false},
 		{"bad id", &SecAggMessage{ClientId: "a b", Round: 1, Kind: 1, Payload: []byte{1}}, false},
 		{"negative time", &SecAggMessage{ClientId: "s1", Round: 1, Kind: 1, Payload: []byte{1}, SentAtUnixMs: -1}, false},

@@ -145,6 +145,7 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.msg("split_initial", x.SplitInitial != nil, x.SplitInitial)
 	w.bytes("secagg_signed_keys", x.SecaggSignedKeys)
 	w.bytes("secagg_view_signatures", x.SecaggViewSignatures)
+	w.bytes("secagg_survivor_signatures", x.SecaggSurvivorSignatures)
 	w.str("schema_digest", x.SchemaDigest)
 	w.str("transform_digest", x.TransformDigest)
 }
@@ -266,4 +267,5 @@ func (x *SecAggMessage) appendText(w *textWriter) {
 	w.bytes("certificate", x.Certificate)
 	w.bytes("signature", x.Signature)
 	w.bytes("view_signature", x.ViewSignature)
+	w.bytes("survivors_signature", x.SurvivorsSignature)
 }

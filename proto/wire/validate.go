@@ -222,7 +222,8 @@ func (m *RoundAnnouncement) checkSecAgg(msg string, train bool, lim Limits) erro
 	if _, ok := SecAggPhase_name[int32(m.SecaggPhase)]; !ok {
 		return invalid(msg, "secagg_phase %d is unknown", int32(m.SecaggPhase))
 	}
-	bcast := m.SecaggPhase == SecAggPhase_SECAGG_PHASE_SHARE_KEYS || m.SecaggPhase == SecAggPhase_SECAGG_PHASE_UNMASK
+	bcast := m.SecaggPhase == SecAggPhase_SECAGG_PHASE_SHARE_KEYS || m.SecaggPhase == SecAggPhase_SECAGG_PHASE_UNMASK ||
+		m.SecaggPhase == SecAggPhase_SECAGG_PHASE_CONSISTENCY
 	if err := checkPayload(msg, "secagg_broadcast", m.SecaggBroadcast, lim, bcast); err != nil {
 		return err
 	}
@@ -237,6 +238,12 @@ func (m *RoundAnnouncement) checkSecAgg(msg string, train bool, lim Limits) erro
 	}
 	if len(m.SecaggViewSignatures) > 0 && m.SecaggPhase != SecAggPhase_SECAGG_PHASE_UNMASK {
 		return invalid(msg, "secagg_view_signatures in %v (the unmask phase only)", m.SecaggPhase)
+	}
+	if len(m.SecaggSurvivorSignatures) > 0 && m.SecaggPhase != SecAggPhase_SECAGG_PHASE_UNMASK {
+		return invalid(msg, "secagg_survivor_signatures in %v (the unmask phase only)", m.SecaggPhase)
+	}
+	if err := checkPayload(msg, "secagg_survivor_signatures", m.SecaggSurvivorSignatures, lim, false); err != nil {
+		return err
 	}
 	if err := checkPayload(msg, "secagg_view_signatures", m.SecaggViewSignatures, lim, false); err != nil {
 		return err
@@ -618,7 +625,7 @@ func (m *Receipt) Validate(lim Limits) error {
 		// aggregations its model had, which may be 0.
 	case ReceiptSubject_RECEIPT_SUBJECT_SECAGG:
 		if m.Round == 0 || !siteSecAggKind(m.SecaggKind) {
-			return invalid(msg, "a secagg receipt needs round > 0 and the kind of a site's message (1, 3, 5, 7), got round %d kind %d", m.Round, m.SecaggKind)
+			return invalid(msg, "a secagg receipt needs round > 0 and the kind of a site's message (1, 3, 5, 7, 9), got round %d kind %d", m.Round, m.SecaggKind)
 		}
 	case ReceiptSubject_RECEIPT_SUBJECT_INVITATION:
 		if m.Round == 0 || m.Accepted {
@@ -722,17 +729,20 @@ const (
 	SecAggKindShareList      = 4
 	SecAggKindMaskedInput    = 5
 	SecAggKindUnmaskResponse = 7
+	// SecAggKindSurvivors is a site's signature of the survivor set
+	// (signed secure aggregation's consistency round; uplink, not secagg).
+	SecAggKindSurvivors = 9
 )
 
 func siteSecAggKind(k uint32) bool {
 	switch k {
-	case SecAggKindAdvertiseKeys, SecAggKindShareKeys, SecAggKindMaskedInput, SecAggKindUnmaskResponse:
+	case SecAggKindAdvertiseKeys, SecAggKindShareKeys, SecAggKindMaskedInput, SecAggKindUnmaskResponse, SecAggKindSurvivors:
 		return true
 	}
 	return false
 }
 
-// Validate implements Message. kind is a site's message (1, 3, 5, 7) or a
+// Validate implements Message. kind is a site's message (1, 3, 5, 7, 9) or a
 // ShareList (4); the payload's contents are the secagg package's to check
 // (secagg.Decode), and the receiver checks that its id and session match.
 func (m *SecAggMessage) Validate(lim Limits) error {
@@ -751,7 +761,7 @@ func (m *SecAggMessage) Validate(lim Limits) error {
 		return invalid(msg, "round must be > 0")
 	}
 	if !siteSecAggKind(m.Kind) && m.Kind != SecAggKindShareList {
-		return invalid(msg, "kind %d is not a secagg message kind this topic carries (1, 3, 4, 5, 7)", m.Kind)
+		return invalid(msg, "kind %d is not a secagg message kind this topic carries (1, 3, 4, 5, 7, 9)", m.Kind)
 	}
 	if err := checkPayload(msg, "payload", m.Payload, lim, true); err != nil {
 		return err
@@ -761,6 +771,9 @@ func (m *SecAggMessage) Validate(lim Limits) error {
 	}
 	if len(m.ViewSignature) > 0 && (m.Kind != SecAggKindMaskedInput || len(m.ViewSignature) > MaxSecAggSig) {
 		return invalid(msg, "a view signature of %d bytes in a message of kind %d: in a MaskedInput only, at most %d bytes", len(m.ViewSignature), m.Kind, MaxSecAggSig)
+	}
+	if len(m.SurvivorsSignature) > 0 && (m.Kind != SecAggKindSurvivors || len(m.SurvivorsSignature) > MaxSecAggSig) {
+		return invalid(msg, "a survivors signature of %d bytes in a message of kind %d: in kind 9 only, at most %d bytes", len(m.SurvivorsSignature), m.Kind, MaxSecAggSig)
 	}
 	if len(m.Certificate) > MaxSecAggCert || len(m.Signature) > MaxSecAggSig {
 		return invalid(msg, "a certificate of %d bytes or a signature of %d: want at most %d and %d", len(m.Certificate), len(m.Signature), MaxSecAggCert, MaxSecAggSig)

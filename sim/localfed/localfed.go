@@ -139,10 +139,11 @@ type Agents struct {
 
 // siteRun is one site's agent: how to make it, and its current run.
 type siteRun struct {
-	cfg  agent.Config
-	deps agent.Deps
-	stop context.CancelFunc
-	done chan struct{}
+	cfg   agent.Config
+	deps  agent.Deps
+	agent *agent.Agent // the current run's
+	stop  context.CancelFunc
+	done  chan struct{}
 }
 
 // StartAgents starts one agent per site, each running until Stop. If one
@@ -205,7 +206,7 @@ func (as *Agents) run(sr *siteRun) error {
 	siteCtx, stop := context.WithCancel(as.ctx)
 	done := make(chan struct{})
 	as.mu.Lock()
-	sr.stop, sr.done = stop, done
+	sr.stop, sr.done, sr.agent = stop, done, a
 	as.mu.Unlock()
 	as.wg.Add(1)
 	go func() {
@@ -217,6 +218,22 @@ func (as *Agents) run(sr *siteRun) error {
 		}
 	}()
 	return nil
+}
+
+// SiteStats is the counters of site id's current agent (ok false for an
+// unknown id).
+func (as *Agents) SiteStats(id string) (agent.Stats, bool) {
+	as.mu.Lock()
+	sr := as.sites[id]
+	var a *agent.Agent
+	if sr != nil {
+		a = sr.agent
+	}
+	as.mu.Unlock()
+	if a == nil {
+		return agent.Stats{}, false
+	}
+	return a.Stats(), true
 }
 
 func (as *Agents) fail(err error) {
@@ -426,3 +443,6 @@ func (f *Federation) Stop() error {
 
 // StopSite stops one site's agent (Agents.StopSite).
 func (f *Federation) StopSite(id string) { f.agents.StopSite(id) }
+
+// SiteStats is site id's agent's counters (Agents.SiteStats).
+func (f *Federation) SiteStats(id string) (agent.Stats, bool) { return f.agents.SiteStats(id) }

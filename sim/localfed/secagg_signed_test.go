@@ -300,17 +300,24 @@ func reencode(t *testing.T, m mqtt.Message, w wire.Message, n *atomic.Int32) mqt
 	return tamperedMsg{Message: m, payload: b}
 }
 
-// TestSecAggSignedRestartInUnmask: the survivors' view signatures outlive
-// the aggregator. Signed sites; every site is kept from seeing the first
-// UNMASK announcement, the whole federation (broker, aggregator, agents)
-// is stopped once it was published, and started again on its state files:
-// the resumed aggregator announces the unmask phase again with the view
-// signatures it stored (AggStore.PutSecAggView), every site's check
-// passes, and the round completes without an abort.
+// TestSecAggSignedRestartInUnmask: the survivors' view signatures and
+// their signed survivor sets outlive the aggregator. Signed sites; every
+// site is kept from seeing the first UNMASK (or CONSISTENCY) announcement,
+// the whole federation (broker, aggregator, agents) is stopped once it was
+// published, and started again on its state files: the resumed aggregator
+// announces the phase again (at the unmask with the view and survivor
+// signatures it stored), every site's check passes, and the
+// round completes without an abort.
 func TestSecAggSignedRestartInUnmask(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a federation over MQTT")
 	}
+	for _, hide := range []wire.SecAggPhase{wire.SecAggPhase_SECAGG_PHASE_UNMASK, wire.SecAggPhase_SECAGG_PHASE_CONSISTENCY} {
+		t.Run(hide.String(), func(t *testing.T) { signedRestartIn(t, hide) })
+	}
+}
+
+func signedRestartIn(t *testing.T, hide wire.SecAggPhase) {
 	const k = 3
 	fd, sites, log, _ := syntheticSites(t, k, 1)
 	fed := secaggid.New(t, time.Now(), SiteIDs(k, 0)...)
@@ -322,9 +329,9 @@ func TestSecAggSignedRestartInUnmask(t *testing.T) {
 	newClient := func(_ string, o *mqtt.ClientOptions) mqtt.Client {
 		orig := o.DefaultPublishHandler
 		o.SetDefaultPublishHandler(func(c mqtt.Client, m mqtt.Message) {
-			if a, err := wire.DecodeRound(m.Payload(), wire.Limits{}); err == nil && a.SecaggPhase == wire.SecAggPhase_SECAGG_PHASE_UNMASK && hiding.Load() {
-				if len(a.SecaggViewSignatures) == 0 {
-					t.Error("an unmask announcement without the survivors' views")
+			if a, err := wire.DecodeRound(m.Payload(), wire.Limits{}); err == nil && a.SecaggPhase == hide && hiding.Load() {
+				if hide == wire.SecAggPhase_SECAGG_PHASE_UNMASK && (len(a.SecaggViewSignatures) == 0 || len(a.SecaggSurvivorSignatures) == 0) {
+					t.Error("an unmask announcement without the survivors' views or signed survivor sets")
 				}
 				select {
 				case seen <- struct{}{}:
@@ -352,13 +359,13 @@ func TestSecAggSignedRestartInUnmask(t *testing.T) {
 	select {
 	case <-seen:
 	case <-ctx.Done():
-		t.Fatal("no unmask announcement")
+		t.Fatalf("no %v announcement", hide)
 	}
 	if err := lf.Stop(); err != nil {
 		t.Logf("stopping the federation: %v", err)
 	}
 	if rounds.Load() != 0 {
-		t.Fatal("the round closed while every site was kept from its unmask phase")
+		t.Fatalf("the round closed while every site was kept from its %v phase", hide)
 	}
 	hiding.Store(false)
 	if lf, err = Start(ctx, cfg); err != nil {

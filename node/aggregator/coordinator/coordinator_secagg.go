@@ -59,10 +59,38 @@ const (
 	SecAggShareKeys = 1
 	SecAggMasked    = 2
 	SecAggUnmask    = 3
+	// SecAggConsistency comes between SecAggMasked and SecAggUnmask when
+	// every key of the session's KeyList was signed (signed secure
+	// aggregation's consistency round, uplink.CheckSurvivors): the
+	// survivors sign the survivor set (kind 9) before anyone unmasks.
+	SecAggConsistency = 4
 )
 
-// SecAggKind is the secagg.Kind a site sends in phase p (1, 3, 5, 7).
+// nextSecAggPhase is the phase after p: the consistency round between the
+// masked inputs and the unmask in a signed session, where the sites
+// refuse to unmask without it.
+func (c *Coordinator) nextSecAggPhase(p int) int {
+	switch {
+	case p == SecAggMasked && c.sa.listed > 0 && c.sa.signed == c.sa.listed:
+		return SecAggConsistency
+	case p == SecAggConsistency:
+		return SecAggUnmask
+	}
+	return p + 1
+}
+
+// SecAggKind is the secagg.Kind a site sends in phase p (1, 3, 5, 7; 9 in
+// the consistency round).
 func SecAggKind(p int) int { return 2*p + 1 }
+
+// secAggKindOrder orders a site's kinds as the phases come: the
+// consistency round's 9 between the masked input (5) and the unmask (7).
+func secAggKindOrder(kind int) int {
+	if kind == SecAggKind(SecAggConsistency) {
+		return SecAggKind(SecAggMasked) + 1
+	}
+	return kind
+}
 
 // SecAggArrived: a decoded and validated secure-aggregation message of a
 // site (its kind, the round and the session's attempt).
@@ -154,7 +182,7 @@ func (SecAggAbort) decision()    {}
 // secAggState is the open round's secure aggregation.
 type secAggState struct {
 	attempt   int             // the session: aborted sessions of this round
-	phase     int             // in PhaseSecAgg: SecAggShareKeys..SecAggUnmask
+	phase     int             // in PhaseSecAgg: SecAggShareKeys..SecAggConsistency
 	advancing bool            // SecAggAdvance emitted, SecAggAdvanced not yet stepped
 	expect    []string        // the sites the phase expects (sorted)
 	got       map[string]bool // the sites whose message of the phase is stored
@@ -281,11 +309,11 @@ func (c *Coordinator) judgeSecAgg(e SecAggArrived) Decision {
 		}
 		return AcceptSecAgg{Round: e.Round, Attempt: e.Attempt, Kind: e.Kind, Client: e.Client}
 	case PhaseSecAgg:
-		want := SecAggKind(c.sa.phase)
+		want := secAggKindOrder(SecAggKind(c.sa.phase))
 		switch {
-		case e.Kind < want:
+		case secAggKindOrder(e.Kind) < want:
 			return counted()
-		case e.Kind > want:
+		case secAggKindOrder(e.Kind) > want:
 			return rej(FutureRound)
 		case c.sa.got[e.Client]:
 			return rej(Duplicate)
@@ -421,7 +449,7 @@ func (c *Coordinator) secAggAdvanced(e SecAggAdvanced, at time.Time) []Decision 
 		c.sa.expect, c.sa.got = nil, nil
 		return c.close(at, nil)
 	}
-	c.sa.phase++
+	c.sa.phase = c.nextSecAggPhase(e.Phase)
 	c.sa.expect = next
 	c.sa.got = map[string]bool{}
 	c.sa.deadline = at.Add(c.cfg.SecAgg.Timeout)
@@ -442,6 +470,16 @@ func (c *Coordinator) checkNext(phase int, next []string) string {
 	case phase == SecAggUnmask:
 		if !slices.Equal(next, c.sa.expect) {
 			return fmt.Sprintf("secagg: the sum is over %v, the survivors were %v", next, c.sa.expect)
+		}
+		return ""
+	case phase == SecAggConsistency:
+		// The survivor set stays; fewer than t signatures of it and no
+		// signing site would unmask.
+		if !slices.Equal(next, c.sa.expect) {
+			return fmt.Sprintf("secagg: the survivors changed from %v to %v in the consistency round", c.sa.expect, next)
+		}
+		if len(c.sa.got) < t {
+			return fmt.Sprintf("secagg: %d survivors signed the survivor set, threshold %d", len(c.sa.got), t)
 		}
 		return ""
 	}
@@ -504,7 +542,7 @@ func (c *Coordinator) restoreSecAgg(s *SecAggState, phase Phase) error {
 		c.sa = secAggState{}
 		return nil
 	}
-	if s.Attempt < 0 || s.Phase < SecAggAdvertise || s.Phase > SecAggUnmask || (phase == PhaseSecAgg && !s.Advancing && s.Phase == SecAggAdvertise) {
+	if s.Attempt < 0 || s.Phase < SecAggAdvertise || s.Phase > SecAggConsistency || (phase == PhaseSecAgg && !s.Advancing && s.Phase == SecAggAdvertise) {
 		return fmt.Errorf("%w: secure aggregation attempt %d phase %d in %s", ErrBadState, s.Attempt, s.Phase, phase)
 	}
 	exp := make(map[string]bool, len(s.Expect))

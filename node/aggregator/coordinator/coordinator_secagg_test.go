@@ -200,3 +200,89 @@ func TestCoordinatorSecAggOffline(t *testing.T) {
 	out = c.Step(ClientOffline{ID: "b", At: ms(170)})
 	mustEqual(t, "b going offline closes the phase", only[SecAggAdvance](t, out), SecAggAdvance{Round: 1, Phase: SecAggMasked})
 }
+
+// TestCoordinatorSecAggConsistency: a session whose KeyList was signed by
+// every listed site gets the consistency round between the masked inputs
+// and the unmask (the survivors' signed survivor sets, kind 9), restored
+// as any phase; an unsigned session goes straight to the unmask; fewer
+// than t signatures abort the session.
+func TestCoordinatorSecAggConsistency(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	toMasked := func(t *testing.T, c *Coordinator, signed int) {
+		t.Helper()
+		bringOnline(c, ms(0), ids...)
+		c.Step(Tick{At: ms(50)})
+		for i, id := range ids {
+			propose(t, c, sa(id, 1, 0, 1, 100+i))
+		}
+		c.Step(SecAggAdvanced{Round: 1, Phase: SecAggAdvertise, Next: ids, Signed: signed, Listed: 3, At: ms(110)})
+		for _, id := range ids {
+			propose(t, c, sa(id, 1, 0, 3, 120))
+		}
+		c.Step(SecAggAdvanced{Round: 1, Phase: SecAggShareKeys, Next: ids, At: ms(130)})
+		for _, id := range ids {
+			propose(t, c, sa(id, 1, 0, 5, 140))
+		}
+	}
+	t.Run("signed", func(t *testing.T) {
+		cfg := secAggCoordConfig()
+		c := mustNew(t, cfg)
+		toMasked(t, c, 3)
+		out := c.Step(SecAggAdvanced{Round: 1, Phase: SecAggMasked, Next: ids, At: ms(150)})
+		mustEqual(t, "the consistency round", out, []Decision{
+			AnnounceSecAgg{Round: 1, Phase: SecAggConsistency, Selected: ids, Deadline: ms(350)}, SetTimer{At: ms(350)}})
+		mustEqual(t, "an unmask response before it", propose(t, c, sa("a", 1, 0, 7, 160)),
+			[]Decision{RejectSecAgg{Round: 1, Kind: 7, Client: "a", Reason: FutureRound}})
+		propose(t, c, sa("a", 1, 0, 9, 170))
+		c = restored(t, cfg, c)
+		mustEqual(t, "resume in the consistency round", c.Resume(), []Decision{
+			AnnounceSecAgg{Round: 1, Phase: SecAggConsistency, Selected: ids, Deadline: ms(350)}, SetTimer{At: ms(350)}})
+		if att, ph, _ := c.SecAggSession(); att != 0 || ph != SecAggConsistency {
+			t.Fatalf("session %d phase %d", att, ph)
+		}
+		propose(t, c, sa("b", 1, 0, 9, 180))
+		mustEqual(t, "every survivor signed", propose(t, c, sa("c", 1, 0, 9, 190)), []Decision{
+			AcceptSecAgg{Round: 1, Attempt: 0, Kind: 9, Client: "c"}, SecAggAdvance{Round: 1, Phase: SecAggConsistency}, SetTimer{}})
+		out = c.Step(SecAggAdvanced{Round: 1, Phase: SecAggConsistency, Next: ids[:2], At: ms(200)})
+		mustEqual(t, "the survivors cannot change", out[0],
+			Decision(SecAggAbort{Round: 1, Reason: "secagg: the survivors changed from [a b c] to [a b] in the consistency round"}))
+	})
+	t.Run("signed, unmask", func(t *testing.T) {
+		c := mustNew(t, secAggCoordConfig())
+		toMasked(t, c, 3)
+		c.Step(SecAggAdvanced{Round: 1, Phase: SecAggMasked, Next: ids, At: ms(150)})
+		for _, id := range ids {
+			propose(t, c, sa(id, 1, 0, 9, 160))
+		}
+		out := c.Step(SecAggAdvanced{Round: 1, Phase: SecAggConsistency, Next: ids, At: ms(170)})
+		mustEqual(t, "the unmask", out, []Decision{
+			AnnounceSecAgg{Round: 1, Phase: SecAggUnmask, Selected: ids, Deadline: ms(370)}, SetTimer{At: ms(370)}})
+		mustEqual(t, "a signed survivor set after its phase", propose(t, c, sa("a", 1, 0, 9, 175)),
+			[]Decision{RejectSecAgg{Round: 1, Kind: 9, Client: "a", Reason: Duplicate}})
+		for _, id := range ids[:2] {
+			propose(t, c, sa(id, 1, 0, 7, 180))
+		}
+		only[SecAggAdvance](t, c.Step(Tick{At: ms(370)}))
+		cr := only[CloseRound](t, c.Step(SecAggAdvanced{Round: 1, Phase: SecAggUnmask, Next: ids, At: ms(380)}))
+		mustEqual(t, "contributors", cr.Contributors, ids)
+	})
+	t.Run("too few signatures", func(t *testing.T) {
+		c := mustNew(t, secAggCoordConfig())
+		toMasked(t, c, 3)
+		c.Step(SecAggAdvanced{Round: 1, Phase: SecAggMasked, Next: ids, At: ms(150)})
+		propose(t, c, sa("a", 1, 0, 9, 160))
+		only[SecAggAdvance](t, c.Step(Tick{At: ms(350)}))
+		out := c.Step(SecAggAdvanced{Round: 1, Phase: SecAggConsistency, Next: ids, At: ms(360)})
+		ab, _ := out[0].(SecAggAbort)
+		if !strings.Contains(ab.Reason, "1 survivors signed the survivor set, threshold 2") {
+			t.Fatalf("abort %q", ab.Reason)
+		}
+	})
+	t.Run("unsigned", func(t *testing.T) {
+		c := mustNew(t, secAggCoordConfig())
+		toMasked(t, c, 2) // one site of three without a certificate
+		out := c.Step(SecAggAdvanced{Round: 1, Phase: SecAggMasked, Next: ids, At: ms(150)})
+		mustEqual(t, "straight to the unmask", out, []Decision{
+			AnnounceSecAgg{Round: 1, Phase: SecAggUnmask, Selected: ids, Deadline: ms(350)}, SetTimer{At: ms(350)}})
+	})
+}
