@@ -16,6 +16,7 @@ import (
 	"github.com/edgefl/edgefl/learn/aggregate"
 	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/proto/round"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
 )
@@ -24,7 +25,7 @@ import (
 const (
 	FedAvg       = "fedavg"       // local SGD, sample-weighted mean, stragglers dropped
 	FedProx      = "fedprox"      // gamma-inexact prox solve, partial work kept, uniform mean
-	FedSplit     = "fedsplit"     // FedSplit with exact prox (L-BFGS to --gamma, no work budget)
+	FedSplit     = "fedsplit"     // FedSplit with exact prox (L-BFGS to round.SimulateSplitGamma unless gamma is given, no work budget)
 	FedProxSplit = "fedproxsplit" // FedSplit whose prox is the budgeted gamma-inexact FedProx solve
 )
 
@@ -47,6 +48,11 @@ type Config struct {
 	Stragglers  float64 `json:"stragglers"`
 	// Defaults for every algorithm (overridable per algorithm).
 	Local Local `json:"local"`
+	// SplitGamma is fedsplit's target inexactness unless its --algo item
+	// says gamma= (0: Local's): fedsplit is the exact reference, its prox
+	// solved to the solver's precision (round.SimulateSplitGamma) unless
+	// --gamma is given. The CLI sets it to 0 when --gamma is given.
+	SplitGamma float64 `json:"-"`
 	// Codec is the uplink codec spec ("" = none: exact float64 vectors).
 	Codec string `json:"codec,omitempty"`
 	// Downlink is the codec of the global model broadcast ("" = exact); the
@@ -123,17 +129,9 @@ type SecAgg struct {
 	Threshold int `json:"threshold,omitempty"`
 }
 
-// Local are the per-algorithm knobs: the local solve and FedSplit's steps.
-type Local struct {
-	Solver string  `json:"solver"`
-	Mu     float64 `json:"mu"`
-	Gamma  float64 `json:"gamma"`
-	Epochs int     `json:"epochs"`
-	Batch  int     `json:"batch"`
-	LR     float64 `json:"lr"`
-	Step   float64 `json:"step"`
-	Relax  float64 `json:"relax"`
-}
+// Local are the per-algorithm training parameters: the daemons' type
+// (package round), with its one Validate.
+type Local = round.Params
 
 // Algo is one entry of --algo: a family, its local knobs and its aggregator.
 type Algo struct {
@@ -151,7 +149,7 @@ func DefaultConfig() Config {
 		Dataset: "synthetic:1,1", Partition: "natural", Clients: 30, PerRound: 10,
 		Rounds: 100, Seed: 1, Model: "logreg", Hidden: 64, Activation: "relu",
 		TestFrac: 0.1, OptimumTol: 1e-10, OptimumEvals: 3000,
-		Local: Local{Solver: proxsolver.SGD, Mu: 1, Gamma: 1e-3, Epochs: 20, Batch: 10, LR: 0.01, Step: 1, Relax: 1},
+		Local: round.Simulate.Params, SplitGamma: round.SimulateSplitGamma,
 	}
 }
 
@@ -162,8 +160,10 @@ var algoKeys = map[string]bool{"solver": true, "mu": true, "gamma": true, "epoch
 // ParseAlgos parses --algo: a comma-separated list of NAME[:key=value...],
 // where NAME is fedavg, fedprox, fedsplit, fedproxsplit, or an aggregator name
 // (then the FedProx local solve feeds that aggregator). def supplies the
-// knobs not overridden. isAgg reports whether a name is a known aggregator.
-func ParseAlgos(list string, def Local, isAgg func(name string) bool) ([]Algo, error) {
+// knobs not overridden; fedsplit's gamma is splitGamma unless its item
+// gives gamma= (splitGamma 0: def's). isAgg reports whether a name is a
+// known aggregator.
+func ParseAlgos(list string, def Local, splitGamma float64, isAgg func(name string) bool) ([]Algo, error) {
 	var out []Algo
 	seen := map[string]bool{}
 	for _, item := range strings.Split(list, ",") {
@@ -173,6 +173,7 @@ func ParseAlgos(list string, def Local, isAgg func(name string) bool) ([]Algo, e
 		}
 		parts := strings.Split(item, ":")
 		a := Algo{Family: parts[0], Local: def}
+		gammaSet := false
 		switch a.Family {
 		case FedAvg:
 			// FedAvg is defined by its local SGD without a proximal term.
@@ -200,9 +201,15 @@ func ParseAlgos(list string, def Local, isAgg func(name string) bool) ([]Algo, e
 			if a.Family == FedAvg && k == "mu" {
 				return nil, fmt.Errorf("--algo %q: fedavg has no proximal term (use fedprox:mu=...)", item)
 			}
-			if err := a.Local.set(k, v, &a.Label); err != nil {
+			if k == "gamma" {
+				gammaSet = true
+			}
+			if err := setLocal(&a.Local, k, v, &a.Label); err != nil {
 				return nil, fmt.Errorf("--algo %q: %w", item, err)
 			}
+		}
+		if a.Family == FedSplit && !gammaSet && splitGamma > 0 {
+			a.Local.Gamma = splitGamma
 		}
 		if len(aggOpts) > 0 && (a.Family == FedSplit || a.Family == FedProxSplit) {
 			// The server step's one option: mult=M, or mult=off for the
@@ -249,7 +256,7 @@ func ParseAlgos(list string, def Local, isAgg func(name string) bool) ([]Algo, e
 	return out, nil
 }
 
-func (l *Local) set(k, v string, label *string) error {
+func setLocal(l *Local, k, v string, label *string) error {
 	if k == "label" {
 		*label = v
 		return nil
@@ -264,7 +271,7 @@ func (l *Local) set(k, v string, label *string) error {
 			return fmt.Errorf("%s=%q: want a whole number", k, v)
 		}
 		if k == "epochs" {
-			l.Epochs = n
+			l.MaxEpochs = n
 		} else {
 			l.Batch = n
 		}
@@ -285,30 +292,6 @@ func (l *Local) set(k, v string, label *string) error {
 		l.Step = f
 	case "relax":
 		l.Relax = f
-	}
-	return nil
-}
-
-// Validate checks the local knobs, naming the flag at fault.
-func (l Local) Validate() error {
-	finite := func(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
-	switch {
-	case l.Solver != proxsolver.SGD && l.Solver != proxsolver.LBFGS:
-		return fmt.Errorf("--solver: want sgd or lbfgs, got %q", l.Solver)
-	case !(l.Mu >= 0) || !finite(l.Mu):
-		return fmt.Errorf("--mu: want a number >= 0, got %v", l.Mu)
-	case !(l.Gamma > 0 && l.Gamma <= 1):
-		return fmt.Errorf("--gamma: want a number in (0, 1], got %v", l.Gamma)
-	case l.Epochs < 1:
-		return fmt.Errorf("--epochs: want at least 1, got %d", l.Epochs)
-	case l.Batch < 1:
-		return fmt.Errorf("--batch: want at least 1, got %d", l.Batch)
-	case !(l.LR > 0) || !finite(l.LR):
-		return fmt.Errorf("--lr: want a number > 0, got %v", l.LR)
-	case !(l.Step > 0) || !finite(l.Step):
-		return fmt.Errorf("--step: want a number > 0, got %v", l.Step)
-	case !(l.Relax > 0 && l.Relax <= 1):
-		return fmt.Errorf("--relax: want a number in (0, 1], got %v", l.Relax)
 	}
 	return nil
 }
@@ -345,8 +328,13 @@ func (c Config) Validate() error {
 		return errors.New("--algo: no algorithm given")
 	}
 	for _, a := range c.Algos {
-		if err := a.Local.Validate(); err != nil {
+		if err := a.Local.Validate(a.Family); err != nil {
 			return fmt.Errorf("algorithm %s: %w", a.Label, err)
+		}
+		// Nothing but the epochs bounds a simulated client's budgeted
+		// solve: simulate has no round deadline.
+		if a.Family != FedSplit && a.Local.MaxEpochs < 1 {
+			return fmt.Errorf("algorithm %s: --epochs: want at least 1, got %d", a.Label, a.Local.MaxEpochs)
 		}
 	}
 	if err := c.validateSecAgg(); err != nil {

@@ -18,8 +18,8 @@ import (
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/learn/quant"
-	"github.com/edgefl/edgefl/learn/split"
 	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/round"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -30,10 +30,10 @@ import (
 // Algorithm families a round announcement names. Any other name (an
 // aggregator such as "fedsim" or "median") trains like FedProx.
 const (
-	AlgoFedAvg       = "fedavg"       // local solve without a proximal term (mu = 0)
-	AlgoFedProx      = "fedprox"      // gamma-inexact prox solve anchored at the global model
-	AlgoFedSplit     = "fedsplit"     // FedSplit; the prox is the local solve with mu = 1/step
-	AlgoFedProxSplit = "fedproxsplit" // the same client step, under the work budget
+	AlgoFedAvg       = round.FedAvg       // local solve without a proximal term (mu = 0)
+	AlgoFedProx      = round.FedProx      // gamma-inexact prox solve anchored at the global model
+	AlgoFedSplit     = round.FedSplit     // FedSplit; the prox is the local solve with mu = 1/step
+	AlgoFedProxSplit = round.FedProxSplit // the same client step, under the work budget
 )
 
 // Errors of the round handler.
@@ -410,7 +410,7 @@ func (h *RoundHandler) commitUpdate(ann *wire.RoundAnnouncement, p *prepared, d 
 		BaseRound:    up.BaseRound,
 		Vector:       &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(sent)), Payload: up.Payload},
 		SampleCount:  claimedSamples(uint64(d.N)),
-		Report:       workReport(rep, stop, p.cfg.Gamma, p.clip > 0),
+		Report:       workReport(rep, stop, p.work.Solver.Gamma, p.clip > 0),
 		SentAtUnixMs: h.clock().Now().UnixMilli(),
 		Seq:          r,
 		InstanceId:   h.InstanceID,
@@ -517,12 +517,10 @@ type prepared struct {
 	algo   string
 	split  bool
 	sum    bool // FedSplit in sum mode (node/agent/sum.go)
-	sp     split.Params
-	stepJ  float64 // this site's prox step s_j = s m n_j / n
 	m      model.Model
 	x      []float64
 	codec  *quant.Codec
-	cfg    proxsolver.Config
+	work   round.Work // the solver's configuration and FedSplit's steps
 	budget proxsolver.Budget
 	sketch bool // the round asks for the anchor gradient
 	// clip is the announced DP clip norm (0: no DP): the update is
@@ -538,7 +536,7 @@ type prepared struct {
 func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement, d model.Data) (*prepared, error) {
 	r := ann.Round
 	p := &prepared{round: r, algo: ann.Algorithm, data: d}
-	p.split = ann.Algorithm == AlgoFedSplit || ann.Algorithm == AlgoFedProxSplit
+	p.split = round.IsSplit(ann.Algorithm)
 	p.sum = sumMode(ann)
 
 	spec, err := modelSpec(ann.Model)
@@ -575,7 +573,7 @@ func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement, d model.Data) (*prep
 		return nil, bad(r, "global model decodes to %d values, want %d", len(p.x), dim)
 	}
 
-	if p.cfg, err = h.solverConfig(ann, p.split, d.N); err != nil {
+	if p.work, err = h.work(ann, d.N); err != nil {
 		return nil, bad(r, "%v", err)
 	}
 	if p.clip, err = dpClip(ann, p.split && !p.sum); err != nil {
@@ -587,30 +585,6 @@ func (h *RoundHandler) prepare(ann *wire.RoundAnnouncement, d model.Data) (*prep
 		}
 	}
 	if err := secAggRefusals(ann, p.split); err != nil {
-		return nil, bad(r, "%v", err)
-	}
-	if p.split {
-		p.sp = split.Params{Step: ann.Params.GetStep(), Relax: ann.Params.GetRelax()}
-		if p.sp.Relax == 0 {
-			p.sp.Relax = 1 // unset: Peaceman-Rachford
-		}
-		if err := p.sp.Validate(); err != nil {
-			return nil, bad(r, "%v", err)
-		}
-		// Sample weighting: with m sites holding n samples, this site's
-		// prox step is s m n_j / n, so that the plain mean of the z_j has
-		// the minimiser of the sample-weighted pooled objective as its
-		// fixed point. Without the figures, every site weighs the same.
-		p.stepJ = p.sp.Step
-		if m, n := ann.Params.GetClients(), ann.Params.GetTotalSamples(); m > 0 && n > 0 && d.N > 0 {
-			p.stepJ = split.ClientStepSize(p.sp.Step, int(m), float64(d.N)/float64(n))
-		}
-		p.cfg.Mu = 1 / p.stepJ
-		if math.IsInf(p.cfg.Mu, 0) || !(p.stepJ > 0) {
-			return nil, bad(r, "fedsplit step %v for this site is out of range (1/step overflows)", p.stepJ)
-		}
-	}
-	if err := p.cfg.Validate(); err != nil {
 		return nil, bad(r, "%v", err)
 	}
 	p.budget = h.budget(ann)
@@ -651,44 +625,13 @@ func modelSpec(s *wire.ModelSpec) (model.Spec, error) {
 	return spec, nil
 }
 
-// solverConfig combines the announced solver parameters with the device's
-// overrides and the defaults.
-func (h *RoundHandler) solverConfig(ann *wire.RoundAnnouncement, isSplit bool, samples int) (proxsolver.Config, error) {
-	prm := ann.Params
-	cfg := proxsolver.Config{
-		Solver: prm.GetSolver(), Mu: prm.GetMu(), Gamma: prm.GetGamma(),
-		LR: prm.GetLr(), Batch: int(min(prm.GetBatch(), math.MaxInt32)),
-	}
-	if ann.Algorithm == AlgoFedAvg {
-		cfg.Mu = 0 // FedAvg is the local solve without a proximal term
-	}
-	if cfg.Solver == "" {
-		cfg.Solver = proxsolver.SGD
-		if isSplit {
-			cfg.Solver = proxsolver.LBFGS
-		}
-	}
-	if h.Local.Solver != "" {
-		cfg.Solver = h.Local.Solver
-	}
-	if cfg.Solver != proxsolver.SGD && cfg.Solver != proxsolver.LBFGS {
-		return cfg, fmt.Errorf("solver %q: this agent runs %s and %s", cfg.Solver, proxsolver.SGD, proxsolver.LBFGS)
-	}
-	if h.Local.LR > 0 {
-		cfg.LR = h.Local.LR
-	}
-	if h.Local.Batch > 0 {
-		cfg.Batch = h.Local.Batch
-	}
-	if cfg.Solver == proxsolver.SGD {
-		if cfg.LR == 0 {
-			cfg.LR = DefaultSGDLearningRate
-		}
-		if cfg.Batch == 0 { // the wire's 0 means full batch
-			cfg.Batch = max(samples, 1)
-		}
-	}
-	return cfg, nil
+// work resolves the round's training parameters for this site's samples
+// (round.Prepare: the one check and the one rule of the sites and
+// simulate) with the device's overrides of the solver, the learning rate
+// and the batch.
+func (h *RoundHandler) work(ann *wire.RoundAnnouncement, samples int) (round.Work, error) {
+	p, pop := round.FromWire(ann)
+	return round.Prepare(ann.Algorithm, p, pop, round.Params{Solver: h.Local.Solver, LR: h.Local.LR, Batch: h.Local.Batch}, samples)
 }
 
 // budget is min(device budget, round budget) and the round's deadline less
@@ -744,67 +687,36 @@ func seconds(s float64) time.Duration {
 // (w, or FedSplit's new z_j), the report and the stop reason.
 func (h *RoundHandler) solve(ctx context.Context, p *prepared) ([]float64, proxsolver.Report, wire.StopReason, error) {
 	rng := h.rng(p.round, streams.SiteSolve)
-	lg := h.log().With("round", p.round, "algorithm", p.algo, "solver", p.cfg.Solver)
-	if !p.split {
-		w, rep, err := proxsolver.Solve(ctx, p.m, p.data, p.x, nil, p.cfg, p.budget, rng)
-		if err != nil {
-			if errors.Is(err, proxsolver.ErrDiverged) {
-				// The solver returns the anchor: sent with stop reason ERROR.
-				lg.Error("local solve diverged; sending the global model back", "err", err)
-				return slices.Clone(p.x), rep, wire.StopReason_STOP_REASON_ERROR, nil
-			}
-			return nil, rep, 0, solveErr(ctx, fmt.Errorf("agent: round %d: local solve: %w", p.round, err))
+	lg := h.log().With("round", p.round, "algorithm", p.algo, "solver", p.work.Solver.Solver)
+	var z []float64
+	if p.split {
+		z0 := p.x // z_j starts at the first global model the site sees
+		if p.initial != nil {
+			z0 = p.initial // or at x_0, where a fixed roster counts it from
 		}
-		return w, rep, stopReason(rep.Stop), nil
-	}
-
-	z0 := p.x // z_j starts at the first global model the site sees
-	if p.initial != nil {
-		z0 = p.initial // or at x_0, where a fixed roster counts it from
-	}
-	if _, err := h.Store.InitZ(p.round, z0); err != nil {
-		return nil, proxsolver.Report{}, 0, h.diskErr(fmt.Errorf("agent: round %d: %w", p.round, err))
-	}
-	_, z, err := h.Store.Z()
-	if err != nil {
-		return nil, proxsolver.Report{}, 0, h.diskErr(fmt.Errorf("agent: round %d: %w", p.round, err))
-	}
-	if len(z) != len(p.x) {
-		return nil, proxsolver.Report{}, 0, fmt.Errorf("agent: round %d: the stored FedSplit z has dimension %d but the model has %d: the federation changed its model; this site's state file %s belongs to the old one",
-			p.round, len(z), len(p.x), h.Store.Path())
-	}
-	var (
-		rep      proxsolver.Report
-		diverged error
-	)
-	// The announced step is used as this client's prox step s_j: the agent
-	// knows neither m nor p_j (see the package documentation).
-	zNew, _, err := split.ClientStep(p.x, z, p.stepJ, p.sp, func(v []float64, _ float64) ([]float64, error) {
-		w, r, err := proxsolver.Solve(ctx, p.m, p.data, v, p.x, p.cfg, p.budget, rng)
-		rep = r
-		if errors.Is(err, proxsolver.ErrDiverged) {
-			diverged = err
-			return w, nil
+		if _, err := h.Store.InitZ(p.round, z0); err != nil {
+			return nil, proxsolver.Report{}, 0, h.diskErr(fmt.Errorf("agent: round %d: %w", p.round, err))
 		}
-		return w, err
-	})
+		var err error
+		if _, z, err = h.Store.Z(); err != nil {
+			return nil, proxsolver.Report{}, 0, h.diskErr(fmt.Errorf("agent: round %d: %w", p.round, err))
+		}
+		if len(z) != len(p.x) {
+			return nil, proxsolver.Report{}, 0, fmt.Errorf("agent: round %d: the stored FedSplit z has dimension %d but the model has %d: the federation changed its model; this site's state file %s belongs to the old one",
+				p.round, len(z), len(p.x), h.Store.Path())
+		}
+	}
+	res, err := p.work.Solve(ctx, p.m, p.data, p.x, z, p.budget, rng, p.sketch)
 	if err != nil {
-		return nil, rep, 0, solveErr(ctx, fmt.Errorf("agent: round %d: FedSplit client step: %w", p.round, err))
+		return nil, res.Report, 0, solveErr(ctx, fmt.Errorf("agent: round %d: %w", p.round, err))
 	}
-	// The prox's anchor is v = 2x - z: report the loss (and the gradient,
-	// when asked) at the received global model x instead, as the wire
-	// report defines them. One full evaluation outside the budget.
-	var g []float64
-	if p.sketch {
-		g = make([]float64, len(p.x))
+	if res.Diverged != nil {
+		// No step is taken: the received model (FedProx family) or z_j
+		// (FedSplit) is sent, and kept, unchanged, with stop reason ERROR.
+		lg.Error("local solve diverged; sending the received model or z unchanged", "err", res.Diverged)
+		return res.Vec, res.Report, wire.StopReason_STOP_REASON_ERROR, nil
 	}
-	rep.AnchorLoss, rep.AnchorGrad = p.m.LossGrad(p.x, p.data, g), g
-	if diverged != nil {
-		// No step is taken: z_j is sent (and kept) unchanged.
-		lg.Error("prox solve diverged; sending z unchanged", "err", diverged)
-		return z, rep, wire.StopReason_STOP_REASON_ERROR, nil
-	}
-	return zNew, rep, stopReason(rep.Stop), nil
+	return res.Vec, res.Report, stopReason(res.Report.Stop), nil
 }
 
 func stopReason(stop string) wire.StopReason {
