@@ -78,6 +78,12 @@ var demoTrainingFlags = []string{round.FlagAlgorithm, round.FlagSolver, round.Fl
 // needs that differ from run's (round.Demo), as flags.
 func demoNote() string { return round.Demo.Note(demoTrainingFlags...) }
 
+// demoNoteInline is demoNote at the end of the output's first line.
+func demoNoteInline() string {
+	n := strings.TrimSuffix(demoNote(), ".")
+	return strings.ToLower(n[:1]) + n[1:]
+}
+
 // runDemo is `broker-agg demo`: the embedded broker, the aggregator and N
 // edge agents in one process, over real MQTT (sim/localfed). With
 // --schema it is runDemoSchema.
@@ -95,7 +101,6 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, demoNote())
 	if f.schema != "" {
 		if f.secagg.on {
 			return errors.New("--secagg with --schema: the per-site statistics and evaluation reports are not summed securely (docs/secagg.md)")
@@ -189,8 +194,8 @@ func runDemoData(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.
 	if est, ok := f.estimate(k); ok {
 		took = fmt.Sprintf("; about %d s on a 2-core machine", int(est.Round(time.Second)/time.Second))
 	}
-	fmt.Fprintf(stdout, "demo: %d sites, %d per round, %d rounds of %s on %s (%s partition), model %s with %d parameters%s\n",
-		f.clients, k, f.rounds, f.algo, f.data, d.part, f.model, mustParams(d.spec), took)
+	fmt.Fprintf(stdout, "demo: %d sites, %d per round, %d rounds of %s on %s (%s partition), model %s with %d parameters; %s%s\n",
+		f.clients, k, f.rounds, f.algo, f.data, d.part, f.model, mustParams(d.spec), demoNoteInline(), took)
 	sc := f.serverConfig(k, d.spec, log)
 	if sc.DP, err = f.dp.config(float64(k)/float64(f.clients), f.rounds, k); err != nil {
 		return err

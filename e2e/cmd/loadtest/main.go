@@ -252,7 +252,6 @@ type options struct {
 	procFlags
 	data                      string
 	clients, perRound, rounds int
-	batch                     int // the flood's messages per tick (loadtest flood)
 	params                    round.Params
 	l2                        float64
 	algo, codec               string
