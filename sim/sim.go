@@ -847,8 +847,8 @@ func (s *algoState) serverStep(t, n int, ups []aggregate.Update, row *Round) err
 				ids = append(ids, c)
 			}
 		}
-		_, rep, err := split.BoundedStep(next, s.x, in, s.screen, s.bref, s.bwatch)
-		if errors.Is(err, split.ErrNonFinite) {
+		rep, kept, err := round.SplitStep(next, s.x, in, s.screen, s.bref, s.bwatch)
+		if kept {
 			row.Metrics = map[string]float64{"non_finite": 1} // the model is kept, as the aggregator keeps it
 			return nil
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/learn/split"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -131,5 +132,20 @@ func TestRegister(t *testing.T) {
 	}
 	if n := Demo.Note(FlagAlgorithm, FlagSolver, FlagMu, FlagStep, FlagRelax, FlagGamma, FlagLR, FlagBatch, FlagMaxEpochs); n != "Defaults that differ from broker-agg run's: --algorithm fedproxsplit, --solver lbfgs, --mu 1, --step 10, --gamma 1e-06." {
 		t.Errorf("demo's note %q", n)
+	}
+}
+
+// TestSplitStep: the server step is the bounded step's mean of the z; a
+// step holding a non-finite value is never taken, x is kept.
+func TestSplitStep(t *testing.T) {
+	x := []float64{1, 2}
+	dst := make([]float64, 2)
+	rep, kept, err := SplitStep(dst, x, []split.SiteInput{{Z: []float64{0, 2}}, {Z: []float64{2, 4}}}, math.Inf(1), 0, split.Watch{})
+	if err != nil || kept || dst[0] != 1 || dst[1] != 3 || len(rep.Sites) != 2 {
+		t.Fatalf("mean: %v %v %v %+v", dst, kept, err, rep)
+	}
+	_, kept, err = SplitStep(dst, x, []split.SiteInput{{Z: []float64{math.Inf(1), 0}}, {Z: []float64{2, 4}}}, math.Inf(1), 0, split.Watch{})
+	if err != nil || !kept || dst[0] != 1 || dst[1] != 2 {
+		t.Fatalf("non-finite: dst %v kept %v err %v, want x kept", dst, kept, err)
 	}
 }
