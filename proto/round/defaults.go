@@ -24,8 +24,9 @@ var (
 		MaxEpochs: 20, Batch: 10, LR: DefaultLR, Step: 1, Relax: 1}}
 	// Demo: broker-agg demo runs FedSplit with an exact-enough L-BFGS prox
 	// on a strongly convex problem, where it converges linearly within
-	// the demo's rounds; its step suits the demo's l2 of 0.01.
-	Demo = Run.with(FedProxSplit, func(p *Params) { p.Solver, p.Mu, p.Step, p.Gamma = proxsolver.LBFGS, 1, 10, 1e-6 })
+	// the demo's rounds; its step suits the demo's l2 of 0.01. Its mu is
+	// run's (it matters only with --algorithm fedprox).
+	Demo = Run.with(FedProxSplit, func(p *Params) { p.Solver, p.Step, p.Gamma = proxsolver.LBFGS, 10, 1e-6 })
 	// Simulate: broker-agg simulate compares FedProx at the FedProx
 	// paper's mu = 1. Its fedsplit is the exact reference: SimulateSplitGamma.
 	Simulate = Run.with("", func(p *Params) { p.Mu = 1 })

@@ -130,7 +130,7 @@ func TestRegister(t *testing.T) {
 	if n := Run.Note(FlagAlgorithm, FlagMu); n != "" {
 		t.Errorf("run's note %q, want none", n)
 	}
-	if n := Demo.Note(FlagAlgorithm, FlagSolver, FlagMu, FlagStep, FlagRelax, FlagGamma, FlagLR, FlagBatch, FlagMaxEpochs); n != "Defaults that differ from broker-agg run's: --algorithm fedproxsplit, --solver lbfgs, --mu 1, --step 10, --gamma 1e-06." {
+	if n := Demo.Note(FlagAlgorithm, FlagSolver, FlagMu, FlagStep, FlagRelax, FlagGamma, FlagLR, FlagBatch, FlagMaxEpochs); n != "Defaults that differ from broker-agg run's: --algorithm fedproxsplit, --solver lbfgs, --step 10, --gamma 1e-06." {
 		t.Errorf("demo's note %q", n)
 	}
 }
