@@ -50,3 +50,28 @@ func TestSimulateFedSplitIsExact(t *testing.T) {
 		})
 	}
 }
+
+// TestSimulateDivergedClientAsTheDaemons: a client whose solve diverges
+// does what a site does (package round): it takes no step and sends the
+// received model (FedProx family) or its z_j (FedSplit) back, counted as a
+// participant, and the run goes on; it does not end the simulation.
+func TestSimulateDivergedClientAsTheDaemons(t *testing.T) {
+	out := t.TempDir()
+	code, stdout, stderr := runCLI(t, "simulate", "--algo", "fedprox,fedproxsplit", "--solver", "sgd", "--lr", "1e9",
+		"--clients", "4", "--per-round", "4", "--rounds", "3", "--optimum-evals", "50", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
+	}
+	res, err := sim.ReadResults(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res.Runs {
+		for _, row := range r.Rounds[1:] { // round 0 is the initial model
+			if row.Participants != 4 || row.TrainLoss != r.Rounds[0].TrainLoss {
+				t.Errorf("%s round %d: %d participants, train loss %v; want 4 and the initial model's %v kept",
+					r.Algo, row.Round, row.Participants, row.TrainLoss, r.Rounds[0].TrainLoss)
+			}
+		}
+	}
+}

@@ -1,12 +1,17 @@
 package round
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"io"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/learn/split"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -147,5 +152,58 @@ func TestSplitStep(t *testing.T) {
 	_, kept, err = SplitStep(dst, x, []split.SiteInput{{Z: []float64{math.Inf(1), 0}}, {Z: []float64{2, 4}}}, math.Inf(1), 0, split.Watch{})
 	if err != nil || !kept || dst[0] != 1 || dst[1] != 2 {
 		t.Fatalf("non-finite: dst %v kept %v err %v, want x kept", dst, kept, err)
+	}
+}
+
+// nanModel is a model whose loss turns NaN from its after-th evaluation.
+type nanModel struct {
+	model.Model
+	calls, after int
+}
+
+func (m *nanModel) LossGrad(w []float64, d model.Data, g []float64) float64 {
+	m.calls++
+	l := m.Model.LossGrad(w, d, g)
+	if m.calls >= m.after {
+		return math.NaN()
+	}
+	return l
+}
+
+// TestSolveDiverged: a diverged solve takes no step, for the sites and
+// simulate alike: the FedProx family sends the received model back, the
+// FedSplit family its z_j unchanged, with the divergence reported.
+func TestSolveDiverged(t *testing.T) {
+	base, err := model.New(model.Spec{Kind: model.KindLogReg, Inputs: 3, Classes: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	d := model.Data{N: 20, D: 3}
+	for i := range d.N {
+		d.X = append(d.X, rng.NormFloat64(), rng.NormFloat64(), rng.NormFloat64())
+		d.Y = append(d.Y, float64(i%2))
+	}
+	x := make([]float64, base.NumParams())
+	z := make([]float64, len(x))
+	for i := range z {
+		z[i] = 0.1 * float64(i+1)
+	}
+	for _, algo := range []string{FedProx, FedSplit} {
+		w, err := Prepare(algo, Params{Mu: 1, Step: 1, Gamma: 1e-6, Solver: proxsolver.LBFGS}, Population{}, Params{}, d.N)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := w.Solve(context.Background(), &nanModel{Model: base, after: 3}, d, x, z, proxsolver.Budget{MaxEpochs: 5}, rng, false)
+		if err != nil || !errors.Is(res.Diverged, proxsolver.ErrDiverged) {
+			t.Fatalf("%s: err %v, diverged %v; want the divergence reported", algo, err, res.Diverged)
+		}
+		want := x
+		if IsSplit(algo) {
+			want = z
+		}
+		if !slices.Equal(res.Vec, want) {
+			t.Errorf("%s: sent %v, want %v unchanged", algo, res.Vec, want)
+		}
 	}
 }
