@@ -16,6 +16,7 @@ import (
 	"github.com/edgefl/edgefl/learn/aggregate"
 	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/proto/round"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
 )
@@ -24,7 +25,7 @@ import (
 const (
 	FedAvg       = "fedavg"       // local SGD, sample-weighted mean, stragglers dropped
 	FedProx      = "fedprox"      // gamma-inexact prox solve, partial work kept, uniform mean
-	FedSplit     = "fedsplit"     // FedSplit with exact prox (L-BFGS to --gamma, no work budget)
+	FedSplit     = "fedsplit"     // FedSplit with exact prox (L-BFGS to round.SimulateSplitGamma unless gamma is given, no work budget)
 	FedProxSplit = "fedproxsplit" // FedSplit whose prox is the budgeted gamma-inexact FedProx solve
 )
 
@@ -47,6 +48,11 @@ type Config struct {
 	Stragglers  float64 `json:"stragglers"`
 	// Defaults for every algorithm (overridable per algorithm).
 	Local Local `json:"local"`
+	// SplitGamma is fedsplit's target inexactness unless its --algo item
+	// says gamma= (0: Local's): fedsplit is the exact reference, its prox
+	// solved to the solver's precision (round.SimulateSplitGamma) unless
+	// --gamma is given. The CLI sets it to 0 when --gamma is given.
+	SplitGamma float64 `json:"-"`
 	// Codec is the uplink codec spec ("" = none: exact float64 vectors).
 	Codec string `json:"codec,omitempty"`
 	// Downlink is the codec of the global model broadcast ("" = exact); the
@@ -123,17 +129,9 @@ type SecAgg struct {
 	Threshold int `json:"threshold,omitempty"`
 }
 
-// Local are the per-algorithm knobs: the local solve and FedSplit's steps.
-type Local struct {
-	Solver string  `json:"solver"`
-	Mu     float64 `json:"mu"`
-	Gamma  float64 `json:"gamma"`
-	Epochs int     `json:"epochs"`
-	Batch  int     `json:"batch"`
-	LR     float64 `json:"lr"`
-	Step   float64 `json:"step"`
-	Relax  float64 `json:"relax"`
-}
+// Local are the per-algorithm training parameters: the daemons' type
+// (package round), with its one Validate.
+type Local = round.Params
 
 // Algo is one entry of --algo: a family, its local knobs and its aggregator.
 type Algo struct {
@@ -151,7 +149,7 @@ func DefaultConfig() Config {
 		Dataset: "synthetic:1,1", Partition: "natural", Clients: 30, PerRound: 10,
 		Rounds: 100, Seed: 1, Model: "logreg", Hidden: 64, Activation: "relu",
 		TestFrac: 0.1, OptimumTol: 1e-10, OptimumEvals: 3000,
-		Local: Local{Solver: proxsolver.SGD, Mu: 1, Gamma: 1e-3, Epochs: 20, Batch: 10, LR: 0.01, Step: 1, Relax: 1},
+		Local: round.Simulate.Params, SplitGamma: round.SimulateSplitGamma,
 	}
 }
 
@@ -163,7 +161,7 @@ var algoKeys = map[string]bool{"solver": true, "mu": true, "gamma": true, "epoch
 // where NAME is fedavg, fedprox, fedsplit, fedproxsplit, or an aggregator name
 // (then the FedProx local solve feeds that aggregator). def supplies the
 // knobs not overridden. isAgg reports whether a name is a known aggregator.
-func ParseAlgos(list string, def Local, isAgg func(name string) bool) ([]Algo, error) {
+func ParseAlgos(list string, def Local, splitGamma float64, isAgg func(name string) bool) ([]Algo, error) {
 	var out []Algo
 	seen := map[string]bool{}
 	for _, item := range strings.Split(list, ",") {
@@ -171,7 +169,7 @@ func ParseAlgos(list string, def Local, isAgg func(name string) bool) ([]Algo, e
 		if item == "" {
 			continue
 		}
-		a, err := parseAlgo(item, def, isAgg)
+		a, err := parseAlgo(item, def, splitGamma, isAgg)
 		if err != nil {
 			return nil, err
 		}
@@ -189,15 +187,18 @@ func ParseAlgos(list string, def Local, isAgg func(name string) bool) ([]Algo, e
 
 // parseAlgo parses one item of --algo, NAME[:key=value...]: its family and
 // aggregator, its local knobs, and the options left for the aggregator.
-func parseAlgo(item string, def Local, isAgg func(name string) bool) (Algo, error) {
+func parseAlgo(item string, def Local, splitGamma float64, isAgg func(name string) bool) (Algo, error) {
 	parts := strings.Split(item, ":")
 	a, err := algoFamily(parts[0], def, isAgg)
 	if err != nil {
 		return Algo{}, err
 	}
-	aggOpts, err := a.setLocal(item, parts[1:])
+	aggOpts, gammaSet, err := a.setLocal(item, parts[1:])
 	if err != nil {
 		return Algo{}, err
+	}
+	if a.Family == FedSplit && !gammaSet && splitGamma > 0 {
+		a.Local.Gamma = splitGamma
 	}
 	if err := a.setAggOptions(item, aggOpts); err != nil {
 		return Algo{}, err
@@ -231,25 +232,27 @@ func algoFamily(name string, def Local, isAgg func(name string) bool) (Algo, err
 
 // setLocal sets the per-algorithm options of opts (key=value) on a and
 // returns the others, which are the aggregator's.
-func (a *Algo) setLocal(item string, opts []string) ([]string, error) {
-	var aggOpts []string
+func (a *Algo) setLocal(item string, opts []string) (aggOpts []string, gammaSet bool, err error) {
 	for _, kv := range opts {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
-			return nil, fmt.Errorf("--algo %q: option %q is not key=value", item, kv)
+			return nil, false, fmt.Errorf("--algo %q: option %q is not key=value", item, kv)
 		}
 		if !algoKeys[k] {
 			aggOpts = append(aggOpts, kv)
 			continue
 		}
 		if a.Family == FedAvg && k == "mu" {
-			return nil, fmt.Errorf("--algo %q: fedavg has no proximal term (use fedprox:mu=...)", item)
+			return nil, false, fmt.Errorf("--algo %q: fedavg has no proximal term (use fedprox:mu=...)", item)
 		}
-		if err := a.Local.set(k, v, &a.Label); err != nil {
-			return nil, fmt.Errorf("--algo %q: %w", item, err)
+		if k == "gamma" {
+			gammaSet = true
+		}
+		if err := setLocal(&a.Local, k, v, &a.Label); err != nil {
+			return nil, false, fmt.Errorf("--algo %q: %w", item, err)
 		}
 	}
-	return aggOpts, nil
+	return aggOpts, gammaSet, nil
 }
 
 // setAggOptions applies the aggregator's options: the FedSplit server
@@ -290,7 +293,7 @@ func (a *Algo) setAggOptions(item string, aggOpts []string) error {
 	return nil
 }
 
-func (l *Local) set(k, v string, label *string) error {
+func setLocal(l *Local, k, v string, label *string) error {
 	if k == "label" {
 		*label = v
 		return nil
@@ -305,7 +308,7 @@ func (l *Local) set(k, v string, label *string) error {
 			return fmt.Errorf("%s=%q: want a whole number", k, v)
 		}
 		if k == "epochs" {
-			l.Epochs = n
+			l.MaxEpochs = n
 		} else {
 			l.Batch = n
 		}
@@ -326,30 +329,6 @@ func (l *Local) set(k, v string, label *string) error {
 		l.Step = f
 	case "relax":
 		l.Relax = f
-	}
-	return nil
-}
-
-// Validate checks the local knobs, naming the flag at fault.
-func (l Local) Validate() error {
-	finite := func(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
-	switch {
-	case l.Solver != proxsolver.SGD && l.Solver != proxsolver.LBFGS:
-		return fmt.Errorf("--solver: want sgd or lbfgs, got %q", l.Solver)
-	case !(l.Mu >= 0) || !finite(l.Mu):
-		return fmt.Errorf("--mu: want a number >= 0, got %v", l.Mu)
-	case !(l.Gamma > 0 && l.Gamma <= 1):
-		return fmt.Errorf("--gamma: want a number in (0, 1], got %v", l.Gamma)
-	case l.Epochs < 1:
-		return fmt.Errorf("--epochs: want at least 1, got %d", l.Epochs)
-	case l.Batch < 1:
-		return fmt.Errorf("--batch: want at least 1, got %d", l.Batch)
-	case !(l.LR > 0) || !finite(l.LR):
-		return fmt.Errorf("--lr: want a number > 0, got %v", l.LR)
-	case !(l.Step > 0) || !finite(l.Step):
-		return fmt.Errorf("--step: want a number > 0, got %v", l.Step)
-	case !(l.Relax > 0 && l.Relax <= 1):
-		return fmt.Errorf("--relax: want a number in (0, 1], got %v", l.Relax)
 	}
 	return nil
 }
@@ -386,8 +365,13 @@ func (c Config) Validate() error {
 		return errors.New("--algo: no algorithm given")
 	}
 	for _, a := range c.Algos {
-		if err := a.Local.Validate(); err != nil {
+		if err := a.Local.Validate(a.Family); err != nil {
 			return fmt.Errorf("algorithm %s: %w", a.Label, err)
+		}
+		// Nothing but the epochs bounds a simulated client's budgeted
+		// solve: simulate has no round deadline.
+		if a.Family != FedSplit && a.Local.MaxEpochs < 1 {
+			return fmt.Errorf("algorithm %s: --epochs: want at least 1, got %d", a.Label, a.Local.MaxEpochs)
 		}
 	}
 	if err := c.validateSecAgg(); err != nil {

@@ -24,7 +24,7 @@ func TestParseAlgos(t *testing.T) {
 		{in: "bogus", wantErr: `unknown algorithm "bogus"`},
 		{in: "fedavg:mu=1", wantErr: "fedavg has no proximal term"},
 		{in: "fedavg:cap=0", want: []Algo{{Label: "fedavg:cap=0", Family: FedAvg, Agg: "fedavg:cap=0", Local: func() Local { l := def; l.Mu = 0; return l }()}}},
-		{in: "fedavg:cap=10:epochs=2", want: []Algo{{Label: "fedavg:cap=10:epochs=2", Family: FedAvg, Agg: "fedavg:cap=10", Local: func() Local { l := def; l.Mu = 0; l.Epochs = 2; return l }()}}},
+		{in: "fedavg:cap=10:epochs=2", want: []Algo{{Label: "fedavg:cap=10:epochs=2", Family: FedAvg, Agg: "fedavg:cap=10", Local: func() Local { l := def; l.Mu = 0; l.MaxEpochs = 2; return l }()}}},
 		{in: "fedavg:beta=1", wantErr: "unknown option"},
 		{in: "fedprox:mu", wantErr: "not key=value"},
 		{in: "fedprox:mu=x", wantErr: `mu="x": want a number`},
@@ -34,7 +34,7 @@ func TestParseAlgos(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
-			got, err := ParseAlgos(tt.in, def, isAgg)
+			got, err := ParseAlgos(tt.in, def, 0, isAgg)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("err = %v, want it to contain %q", err, tt.wantErr)
@@ -58,7 +58,7 @@ func TestParseAlgos(t *testing.T) {
 
 func TestValidateNamesTheFlag(t *testing.T) {
 	base := DefaultConfig()
-	base.Algos, _ = ParseAlgos("fedprox", base.Local, nil)
+	base.Algos, _ = ParseAlgos("fedprox", base.Local, 0, nil)
 	tests := []struct {
 		mutate func(*Config)
 		flag   string
@@ -68,14 +68,14 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{func(c *Config) { c.Rounds = 0 }, "--rounds"},
 		{func(c *Config) { c.L2 = -1 }, "--l2"},
 		{func(c *Config) { c.Stragglers = 1.5 }, "--stragglers"},
-		{func(c *Config) { c.Algos[0].Local.Gamma = 0 }, "--gamma"},
+		{func(c *Config) { c.Algos[0].Local.Gamma = -1 }, "--gamma"},
 		{func(c *Config) { c.Algos[0].Local.Gamma = 1.5 }, "--gamma"},
-		{func(c *Config) { c.Algos[0].Local.Step = 0 }, "--step"},
+		{func(c *Config) { c.Algos[0].Family, c.Algos[0].Local.Step = FedProxSplit, 0 }, "--step"},
 		{func(c *Config) { c.Algos[0].Local.Step = -1 }, "--step"},
-		{func(c *Config) { c.Algos[0].Local.Relax = 0 }, "--relax"},
-		{func(c *Config) { c.Algos[0].Local.LR = 0 }, "--lr"},
+		{func(c *Config) { c.Algos[0].Local.Relax = 1.5 }, "--relax"},
+		{func(c *Config) { c.Algos[0].Local.LR = -1 }, "--lr"},
 		{func(c *Config) { c.Algos[0].Local.Solver = "adam" }, "--solver"},
-		{func(c *Config) { c.Algos[0].Local.Epochs = 0 }, "--epochs"},
+		{func(c *Config) { c.Algos[0].Local.MaxEpochs = 0 }, "--epochs"},
 		{func(c *Config) { c.Faulty, c.FaultyScale, c.FaultyEvery = 1, 3, -1 }, "--faulty-every"},
 	}
 	for _, tt := range tests {

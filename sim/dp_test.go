@@ -20,7 +20,7 @@ func dpConfig() Config {
 	cfg := DefaultConfig()
 	cfg.Dataset, cfg.Partition, cfg.Clients, cfg.PerRound, cfg.Rounds, cfg.Seed = "synthetic:1,1", "natural", 10, 4, 6, 3
 	cfg.L2, cfg.Workers, cfg.OptimumEvals = 0.01, 2, 200
-	local := Local{Solver: proxsolver.SGD, Mu: 1, Gamma: 1e-3, Epochs: 2, Batch: 10, LR: 0.01, Step: 1, Relax: 1}
+	local := Local{Solver: proxsolver.SGD, Mu: 1, Gamma: 1e-3, MaxEpochs: 2, Batch: 10, LR: 0.01, Step: 1, Relax: 1}
 	cfg.Algos = []Algo{{Label: "fedprox", Family: FedProx, Agg: "mean", Local: local}}
 	cfg.DP = &dp.Config{Clip: 0.05, Noise: 1.2, Delta: 1e-5}
 	return cfg

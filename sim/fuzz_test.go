@@ -61,7 +61,7 @@ func fuzzSimulate(t *testing.T, dir string, schemaJSON, csv []byte, part uint8) 
 		cfg.SiteColumn, cfg.Clients, cfg.PerRound = "site", 0, 0
 	}
 	cfg.Rounds, cfg.EvalEvery, cfg.Workers, cfg.OptimumEvals, cfg.L2 = 1, 1, 1, 20, 0.01
-	cfg.Local.Epochs = 1
+	cfg.Local.MaxEpochs = 1
 	cfg = withAlgos(t, cfg, "fedavg,fedproxsplit")
 	res, err := Run(context.Background(), cfg, io.Discard)
 	if err != nil {

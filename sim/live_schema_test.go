@@ -52,7 +52,7 @@ func TestSimSchemaDPMatchesLive(t *testing.T) {
 	dir, perSite := testSites(t)
 	testkit.WriteFile(t, filepath.Join(dir, "schema.json"), declaredSchemaJSON)
 	cfg := schemaConfig(t, dir, "fedprox")
-	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, Epochs: 3, Batch: 10, LR: 0.01, Step: 1, Relax: 1}
+	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, MaxEpochs: 3, Batch: 10, LR: 0.01, Step: 1, Relax: 1}
 	cfg.Algos = []Algo{{Label: FedProx, Family: FedProx, Agg: "mean", Local: local}}
 	cfg.Rounds, cfg.EvalEvery, cfg.Codec, cfg.Downlink, cfg.Workers, cfg.OptimumEvals = rounds, 1, "fp32", "fp32", 2, 300
 	// EarlyClose: the daemons' rounds close when every site has reported
@@ -86,7 +86,7 @@ func TestSimSchemaDPMatchesLive(t *testing.T) {
 	}
 	srvCfg := aggregator.ServerConfig{
 		K: len(perSite), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
-		Algorithm: FedProx, Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs, Mu: local.Mu},
+		Algorithm: FedProx, Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.MaxEpochs, Mu: local.Mu},
 		Model: model.Spec{Kind: model.KindLogReg, L2: cfg.L2}, Schema: sc, EvalEvery: 1,
 		Codec: "fp32", Downlink: "fp32", DP: cfg.DP, DPTestKey: &key, Version: "test",
 	}

@@ -140,7 +140,7 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 	cfg := DefaultConfig()
 	cfg.Dataset, cfg.Partition, cfg.Clients, cfg.PerRound, cfg.Rounds, cfg.Seed = "synthetic:1,1", "natural", 4, 4, 3, 5
 	cfg.L2, cfg.Codec, cfg.Downlink, cfg.Workers, cfg.OptimumEvals = 0.01, codec, "fp32", 2, 300
-	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, Epochs: 3, Batch: 10, LR: 0.01, Step: 10, Relax: 1}
+	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, MaxEpochs: 3, Batch: 10, LR: 0.01, Step: 10, Relax: 1}
 	agg := split.StepRobust
 	switch algo {
 	case FedProx:
@@ -225,7 +225,7 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 	srvCfg := aggregator.ServerConfig{
 		K: len(fed.Clients), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
 		Algorithm: algo,
-		Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs,
+		Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.MaxEpochs,
 			Step: local.Step, Relax: local.Relax, Mu: local.Mu},
 		Model: model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
 		Codec: codec, Downlink: cfg.Downlink, DP: private, DPTestKey: key, DPTestSelectionKey: selKey, Selector: cfg.Select,

@@ -16,7 +16,7 @@ func poisonConfig(t *testing.T, scale float64, every int) Config {
 	c.Dataset, c.Partition = "synthetic-iid", "iid"
 	c.Clients, c.PerRound, c.Rounds = 4, 4, 60
 	c.L2 = 0.05
-	c.Local.Epochs, c.Local.Gamma = 5, 1e-8
+	c.Local.MaxEpochs, c.Local.Gamma = 5, 1e-8
 	c = withAlgos(t, c, "fedsplit")
 	if scale != 0 {
 		c.Faulty, c.FaultyScale, c.FaultyEvery = 1, scale, every

@@ -40,7 +40,7 @@ func testSimMatchesLiveSecAgg(t *testing.T, algo string, restartAfter int, priva
 	cfg := DefaultConfig()
 	cfg.Dataset, cfg.Partition, cfg.Clients, cfg.PerRound, cfg.Rounds, cfg.Seed = "synthetic:1,1", "natural", 4, 4, rounds, 5
 	cfg.L2, cfg.Codec, cfg.Downlink, cfg.Workers, cfg.OptimumEvals = 0.01, "fp32", "fp32", 2, 300
-	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, Epochs: 3, Batch: 10, LR: 0.01, Step: 10, Relax: 1}
+	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, MaxEpochs: 3, Batch: 10, LR: 0.01, Step: 10, Relax: 1}
 	agg := "mean"
 	if algo == FedProxSplit {
 		agg = split.StepMean
@@ -87,7 +87,7 @@ func testSimMatchesLiveSecAgg(t *testing.T, algo string, restartAfter int, priva
 	srvCfg := aggregator.ServerConfig{
 		K: len(fed.Clients), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
 		Algorithm: algo, Aggregator: agg,
-		Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs, Mu: local.Mu, Step: local.Step, Relax: local.Relax},
+		Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.MaxEpochs, Mu: local.Mu, Step: local.Step, Relax: local.Relax},
 		Model:  model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
 		Codec:  "fp32", Downlink: cfg.Downlink,
 		SecAgg: &aggregator.SecAggSettings{Clip: cfg.SecAgg.Clip, Timeout: time.Minute}, DP: private,

@@ -29,7 +29,7 @@ func TestSecAggSumModeConverges(t *testing.T) {
 		cfg.Dataset, cfg.Partition, cfg.Clients, cfg.PerRound = "csv:"+data+":label=label", "dirichlet:0.5", 6, 6
 		cfg.Standardize, cfg.L2, cfg.Rounds, cfg.Seed, cfg.Codec = "global", 0.1, 60, 2, "fp32"
 		cfg.Workers, cfg.EvalEvery, cfg.OptimumTol = 2, 20, 1e-9
-		local := Local{Solver: proxsolver.LBFGS, Gamma: 1e-9, Step: 0.5, Relax: 1, Epochs: 50, Batch: 10, LR: 0.01}
+		local := Local{Solver: proxsolver.LBFGS, Gamma: 1e-9, Step: 0.5, Relax: 1, MaxEpochs: 50, Batch: 10, LR: 0.01}
 		cfg.Algos = []Algo{{Label: "fedprox:fedsplit", Family: FedProxSplit, Agg: split.StepMean, Local: local}}
 		cfg.SecAgg = sa
 		res, err := Run(context.Background(), cfg, nil)

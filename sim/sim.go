@@ -21,6 +21,7 @@ import (
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/learn/quant"
 	"github.com/edgefl/edgefl/learn/split"
+	"github.com/edgefl/edgefl/proto/round"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
 )
@@ -406,7 +407,6 @@ type algoState struct {
 	agg     aggregate.Aggregator // FedAvg/FedProx family
 	screen  float64              // FedSplit's step bound factor (split.BoundedStep)
 	sel     aggregate.Selector
-	sp      split.Params
 	x       []float64
 	z       map[int][]float64 // FedSplit: every known client's latest z
 	cands   []aggregate.Candidate
@@ -464,8 +464,7 @@ type algoState struct {
 func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 	cfg := e.cfg
 	s := &algoState{a: a, split: a.Family == FedSplit || a.Family == FedProxSplit,
-		sp: split.Params{Step: a.Local.Step, Relax: a.Local.Relax},
-		x:  append([]float64(nil), x0...), z: make(map[int][]float64),
+		x: append([]float64(nil), x0...), z: make(map[int][]float64),
 		cands:    append([]aggregate.Candidate(nil), e.cands...),
 		residual: make(map[int][]float64), zServer: make(map[int]*uplink.Copy), bstate: make(map[int]split.SiteState)}
 	var err error
@@ -848,8 +847,8 @@ func (s *algoState) serverStep(t, n int, ups []aggregate.Update, row *Round) err
 				ids = append(ids, c)
 			}
 		}
-		_, rep, err := split.BoundedStep(next, s.x, in, s.screen, s.bref, s.bwatch)
-		if errors.Is(err, split.ErrNonFinite) {
+		rep, kept, err := round.SplitStep(next, s.x, in, s.screen, s.bref, s.bwatch)
+		if kept {
 			row.Metrics = map[string]float64{"non_finite": 1} // the model is kept, as the aggregator keeps it
 			return nil
 		}
@@ -914,11 +913,11 @@ func (e *env) assignWork(t int, picked []int, a Algo) []job {
 	}
 	jobs := make([]job, len(picked))
 	for rank, i := range order {
-		j := job{client: picked[i], epochs: a.Local.Epochs}
+		j := job{client: picked[i], epochs: a.Local.MaxEpochs}
 		if rank >= keep {
 			j.straggler = true
-			if a.Local.Epochs > 1 {
-				j.epochs = 1 + rng.IntN(a.Local.Epochs-1)
+			if a.Local.MaxEpochs > 1 {
+				j.epochs = 1 + rng.IntN(a.Local.MaxEpochs-1)
 			}
 		}
 		jobs[i] = j
@@ -931,38 +930,33 @@ func (e *env) assignWork(t int, picked []int, a Algo) []job {
 	return jobs
 }
 
-func (e *env) work(ctx context.Context, m model.Model, a Algo, sp split.Params, j job, x, zj []float64, t int) outcome {
+func (e *env) work(ctx context.Context, m model.Model, a Algo, j job, x, zj []float64, t int) outcome {
 	c := e.fed.Clients[j.client]
 	rng := streams.Of(e.cfg.Seed, streams.Solve, t, j.client)
-	cfg := proxsolver.Config{Solver: a.Local.Solver, Mu: a.Local.Mu, Gamma: a.Local.Gamma, LR: a.Local.LR, Batch: a.Local.Batch}
+	p := a.Local
 	budget := proxsolver.Budget{MaxEpochs: j.epochs}
-	if a.Family == FedSplit {
-		cfg.Solver = proxsolver.LBFGS
+	if a.Family == FedSplit { // the exact reference: L-BFGS, no work budget
+		p.Solver = proxsolver.LBFGS
 		budget.MaxGradEvals = 100000
 	}
-	if a.Family != FedSplit && a.Family != FedProxSplit {
-		w, rep, err := proxsolver.Solve(ctx, m, c.Train, x, nil, cfg, budget, rng)
-		return outcome{params: w, rep: rep, err: err}
+	pop := round.Population{Clients: uint64(len(e.fed.Clients)), TotalSamples: uint64(max(e.nTotal, 0))}
+	if e.cfg.DP != nil {
+		// Under DP the announcement leaves the total sample count out (one
+		// patient's row changes it), and a FedSplit site's step is then s
+		// (docs/privacy.md, "As built (FedSplit)"): the agent's rule.
+		pop = round.Population{}
+	}
+	w, err := round.Prepare(a.Family, p, pop, round.Params{}, c.Train.N)
+	if err != nil {
+		return outcome{err: err}
 	}
 	if zj == nil {
 		zj = x // z_j starts at the first global model the client sees
 	}
-	step := split.ClientStepSize(sp.Step, len(e.fed.Clients), float64(c.Train.N)/float64(e.nTotal))
-	if e.cfg.DP != nil {
-		// Under DP the announcement leaves the total sample count out (one
-		// patient's row changes it), and the site's step is then s
-		// (docs/privacy.md, "As built (FedSplit)"): the agent's rule.
-		step = sp.Step
-	}
-	var rep proxsolver.Report
-	zNew, _, err := split.ClientStep(x, zj, step, sp, func(v []float64, s float64) ([]float64, error) {
-		cfg.Mu = 1 / s
-		var w []float64
-		var err error
-		w, rep, err = proxsolver.Solve(ctx, m, c.Train, v, x, cfg, budget, rng)
-		return w, err
-	})
-	return outcome{params: zNew, rep: rep, err: err}
+	// The site's work as a site does it (package round); a diverged solve
+	// sends the received model or z_j unchanged, as a site does.
+	res, err := w.Solve(ctx, m, c.Train, x, zj, budget, rng, false)
+	return outcome{params: res.Vec, rep: res.Report, err: err}
 }
 
 func (e *env) evaluate(t int, x []float64) Round {
@@ -986,7 +980,7 @@ type worker struct {
 // state; runAlgo updates it from the outcomes.
 func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []outcome {
 	cfg := e.cfg
-	a, sp, workers, x, z, zServer, residual, initial := s.a, s.sp, s.workers, s.x, s.z, s.zServer, s.residual, s.initial
+	a, workers, x, z, zServer, residual, initial := s.a, s.workers, s.x, s.z, s.zServer, s.residual, s.initial
 	isSplit := a.Family == FedSplit || a.Family == FedProxSplit
 	outs := make([]outcome, len(jobs))
 	var wg sync.WaitGroup
@@ -997,7 +991,7 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 			defer wg.Done()
 			for i := range next {
 				c := jobs[i].client
-				o := e.work(ctx, wk.m, a, sp, jobs[i], x, z[c], t)
+				o := e.work(ctx, wk.m, a, jobs[i], x, z[c], t)
 				var tamper func([]float64)
 				if sc, ok := cfg.faultyScale(c, t); ok && o.params != nil {
 					if isSplit && s.sum == nil && e.sq == nil {

@@ -23,7 +23,7 @@ func smallConfig(t *testing.T, algos string) Config {
 	c.Dataset, c.Partition = "synthetic:0.5,0.5", "natural"
 	c.Clients, c.PerRound, c.Rounds = 6, 6, 60
 	c.L2 = 0.05
-	c.Local.Epochs, c.Local.Gamma = 5, 1e-8
+	c.Local.MaxEpochs, c.Local.Gamma = 5, 1e-8
 	return withAlgos(t, c, algos)
 }
 
@@ -34,7 +34,7 @@ func withAlgos(t *testing.T, c Config, algos string) Config {
 	c.Local.Step = 5
 	c.Workers = 2
 	var err error
-	c.Algos, err = ParseAlgos(algos, c.Local, func(n string) bool { return slices.Contains(aggregate.Names(), n) })
+	c.Algos, err = ParseAlgos(algos, c.Local, 0, func(n string) bool { return slices.Contains(aggregate.Names(), n) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -515,7 +515,7 @@ func (r *Results) Bundle(run AlgoRun, version string, now time.Time) (*bundle.Bu
 		"model": r.Model.Spec().Kind, "l2": f(cfg.L2), "rounds": strconv.Itoa(cfg.Rounds),
 		"clients": strconv.Itoa(cfg.Clients), "per_round": strconv.Itoa(cfg.PerRound), "select": cfg.Select,
 		"partition": cfg.Partition, "seed": strconv.FormatUint(cfg.Seed, 10), "aggregator": run.Aggregator,
-		"solver": run.Local.Solver, "epochs": strconv.Itoa(run.Local.Epochs), "gamma": f(run.Local.Gamma),
+		"solver": run.Local.Solver, "epochs": strconv.Itoa(run.Local.MaxEpochs), "gamma": f(run.Local.Gamma),
 		"standardize": r.sites.schema.Standardize,
 	}
 	switch run.Family {

@@ -98,7 +98,7 @@ func TestSumModeConvergesLikeFedSplit(t *testing.T) {
 				if private != nil {
 					cfg.Select = "poisson"
 				}
-				local := Local{Solver: proxsolver.LBFGS, Gamma: 1e-9, Step: 0.5, Relax: 1, Epochs: 1, Batch: 10, LR: 0.01}
+				local := Local{Solver: proxsolver.LBFGS, Gamma: 1e-9, Step: 0.5, Relax: 1, MaxEpochs: 1, Batch: 10, LR: 0.01}
 				cfg.Algos = []Algo{{Label: "fedsplit", Family: FedSplit, Agg: split.StepMean, Local: local}}
 				cfg.DP = private
 				res, err := Run(context.Background(), cfg, nil)
@@ -193,7 +193,7 @@ func TestSumModeHidesSelection(t *testing.T) {
 	cfg.Dataset, cfg.Partition, cfg.Clients, cfg.PerRound, cfg.Rounds = "csv:"+fashionCSV(t, 1000)+":label=label", "iid", n, 2, rounds
 	cfg.Seed, cfg.Codec, cfg.Workers, cfg.EvalEvery, cfg.OptimumEvals = 4, "fp32", 2, rounds, 20
 	cfg.Select = "poisson"
-	local := Local{Solver: proxsolver.LBFGS, Gamma: 1e-3, Step: 0.5, Relax: 1, Epochs: 1, Batch: 10, LR: 0.01}
+	local := Local{Solver: proxsolver.LBFGS, Gamma: 1e-3, Step: 0.5, Relax: 1, MaxEpochs: 1, Batch: 10, LR: 0.01}
 	cfg.Algos = []Algo{{Label: "fedproxsplit", Family: FedProxSplit, Agg: split.StepMean, Local: local}}
 	cfg.DP = &dp.Config{Clip: 0.5, Noise: 1, Delta: 1e-5}
 	xs := map[int][]float64{}

@@ -193,7 +193,7 @@ func testSimSchemaMatchesLive(t *testing.T, task, algo string) {
 	const rounds = 3
 	dir, perSite := taskSites(t, task)
 	cfg := schemaConfig(t, dir, algo)
-	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, Epochs: 3, Batch: 10, LR: 0.01, Step: 1, Relax: 1}
+	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, MaxEpochs: 3, Batch: 10, LR: 0.01, Step: 1, Relax: 1}
 	agg := "mean"
 	if algo == FedProxSplit {
 		agg, local.Step = split.StepRobust, 10
@@ -214,7 +214,7 @@ func testSimSchemaMatchesLive(t *testing.T, task, algo string) {
 	}
 	srvCfg := aggregator.ServerConfig{
 		K: len(perSite), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
-		Algorithm: algo, Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.Epochs, Mu: local.Mu, Step: local.Step, Relax: local.Relax},
+		Algorithm: algo, Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.MaxEpochs, Mu: local.Mu, Step: local.Step, Relax: local.Relax},
 		Model: model.Spec{Kind: model.KindLogReg, L2: cfg.L2}, Schema: sc, EvalEvery: 1,
 		Codec: "fp32", Downlink: "fp32", Version: "test",
 	}

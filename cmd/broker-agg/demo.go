@@ -15,6 +15,7 @@ import (
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/node/aggregator"
+	"github.com/edgefl/edgefl/proto/round"
 	"github.com/edgefl/edgefl/sim/localfed"
 )
 
@@ -26,7 +27,7 @@ type demoFlags struct {
 	dir, model                 string
 	hidden                     int
 	l2                         float64
-	params                     aggregator.Params
+	params                     round.Params
 	codec                      string
 	timeout                    time.Duration
 	quorum                     float64
@@ -40,12 +41,11 @@ type demoFlags struct {
 
 func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 	f := &demoFlags{}
-	p := &f.params
-	fs := cli.NewFlagSet("demo", stderr, "usage: broker-agg demo [flags]\n       broker-agg demo --schema FILE --dataset csv:PATH [--site-column NAME --partition natural | --partition iid --clients N ...]\n\nEmbedded broker + aggregator + N edge agents in one process over real MQTT\n(loopback TCP, per-site passwords, the federation ACL), each with its own\nstate file. Prints one line per round; Ctrl-C stops it.\n\nWith --schema, the federation of a schema: each site reads its own CSV (its\nrows of --dataset, split as `broker-agg simulate --schema` splits them) by\nthe schema, sends statistics before round 1, evaluates on its held-out rows\nevery --eval-every rounds, and writes the final model bundle to its\nmodel_out. The end prints the bundle's path and the federation's and each\nsite's held-out figures next to the centralised reference.\n\nflags:\n")
+	fs := cli.NewFlagSet("demo", stderr, "usage: broker-agg demo [flags]\n       broker-agg demo --schema FILE --dataset csv:PATH [--site-column NAME --partition natural | --partition iid --clients N ...]\n\n"+demoNote()+"\nEmbedded broker + aggregator + N edge agents in one process over real MQTT\n(loopback TCP, per-site passwords, the federation ACL), each with its own\nstate file. Prints one line per round; Ctrl-C stops it.\n\nWith --schema, the federation of a schema: each site reads its own CSV (its\nrows of --dataset, split as `broker-agg simulate --schema` splits them) by\nthe schema, sends statistics before round 1, evaluates on its held-out rows\nevery --eval-every rounds, and writes the final model bundle to its\nmodel_out. The end prints the bundle's path and the federation's and each\nsite's held-out figures next to the centralised reference.\n\nflags:\n")
 	fs.IntVar(&f.clients, "clients", 5, "number of edge agents N (with --schema and --partition natural: one per site of --site-column)")
 	fs.IntVar(&f.perRound, "per-round", 0, "clients selected per round K (0: all)")
 	fs.IntVar(&f.rounds, "rounds", 20, "rounds")
-	fs.StringVar(&f.algo, "algorithm", aggregator.AlgoFedProxSplit, "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator name")
+	round.Register(fs, &f.algo, &f.params, round.Demo, nil, round.FlagAlgorithm)
 	fs.StringVar(&f.agg, "aggregator", "", "aggregator SPEC (FedAvg/FedProx families)")
 	fs.StringVar(&f.data, "dataset", "synthetic:1,1", "data SPEC, as simulate's --dataset")
 	fs.StringVar(&f.partition, "partition", "natural", "partition SPEC: natural | iid | dirichlet:ALPHA | classes:K (with --schema: natural needs --site-column; the others deal the rows to --clients sites, as simulate does)")
@@ -54,14 +54,9 @@ func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 	fs.StringVar(&f.model, "model", model.KindLogReg, "model: logreg | binary-logreg | linear | mlp")
 	fs.IntVar(&f.hidden, "hidden", 64, "hidden units (mlp)")
 	fs.Float64Var(&f.l2, "l2", 0.01, "L2 coefficient (makes the pooled objective strongly convex: FedSplit then converges linearly)")
-	fs.StringVar(&p.Solver, "solver", "lbfgs", "local solver: sgd | lbfgs")
-	fs.Float64Var(&p.Mu, "mu", 1, "FedProx proximal weight")
-	fs.Float64Var(&p.Step, "step", 10, "FedSplit step size s (about 1/sqrt(l2 L); see docs/simulate.md)")
-	fs.Float64Var(&p.Relax, "relax", 1, "FedSplit relaxation")
-	fs.Float64Var(&p.Gamma, "gamma", 1e-6, "target inexactness")
-	fs.Float64Var(&p.LR, "lr", 0.01, "SGD learning rate")
-	fs.IntVar(&p.Batch, "batch", 10, "SGD mini-batch size")
-	fs.IntVar(&p.MaxEpochs, "max-epochs", 20, "local epochs per round")
+	round.Register(fs, nil, &f.params, round.Demo, map[string]string{
+		round.FlagStep: "FedSplit step size s (about 1/sqrt(l2 L); see docs/simulate.md)",
+	}, demoTrainingFlags[1:]...)
 	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec spec")
 	fs.DurationVar(&f.timeout, "round-timeout", time.Minute, "round deadline")
 	fs.Float64Var(&f.quorum, "quorum-fraction", 1, "fraction of the selection a round closes with at its deadline")
@@ -73,6 +68,20 @@ func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 	f.dp.register(fs, true, true)
 	f.secagg.register(fs, true)
 	return fs, f
+}
+
+// demoTrainingFlags are the training flags demo registers.
+var demoTrainingFlags = []string{round.FlagAlgorithm, round.FlagSolver, round.FlagMu, round.FlagStep, round.FlagRelax,
+	round.FlagGamma, round.FlagLR, round.FlagBatch, round.FlagMaxEpochs}
+
+// demoNote is the first line of demo's help and output: the defaults it
+// needs that differ from run's (round.Demo), as flags.
+func demoNote() string { return round.Demo.Note(demoTrainingFlags...) }
+
+// demoNoteInline is demoNote at the end of the output's first line.
+func demoNoteInline() string {
+	n := strings.TrimSuffix(demoNote(), ".")
+	return strings.ToLower(n[:1]) + n[1:]
 }
 
 // runDemo is `broker-agg demo`: the embedded broker, the aggregator and N
@@ -185,8 +194,8 @@ func runDemoData(ctx context.Context, f *demoFlags, log *slog.Logger, stdout io.
 	if est, ok := f.estimate(k); ok {
 		took = fmt.Sprintf("; about %d s on a 2-core machine", int(est.Round(time.Second)/time.Second))
 	}
-	fmt.Fprintf(stdout, "demo: %d sites, %d per round, %d rounds of %s on %s (%s partition), model %s with %d parameters%s\n",
-		f.clients, k, f.rounds, f.algo, f.data, d.part, f.model, mustParams(d.spec), took)
+	fmt.Fprintf(stdout, "demo: %d sites, %d per round, %d rounds of %s on %s (%s partition), model %s with %d parameters; %s%s\n",
+		f.clients, k, f.rounds, f.algo, f.data, d.part, f.model, mustParams(d.spec), demoNoteInline(), took)
 	sc := f.serverConfig(k, d.spec, log)
 	if sc.DP, err = f.dp.config(float64(k)/float64(f.clients), f.rounds, k); err != nil {
 		return err

@@ -66,8 +66,8 @@ func runDemoSchema(ctx context.Context, f *demoFlags, log *slog.Logger, stdout i
 	}
 	k := f.perRoundOf(len(ids))
 	start := time.Now()
-	fmt.Fprintf(stdout, "demo: %d sites (%s), %d per round, %d rounds of %s, schema %s (%s, %d features), model %s with %d parameters\n",
-		len(ids), siteSource(f.siteColumn, f.partition), k, f.rounds, f.algo, f.schema, sc.Task, len(sc.Features), fed.Spec.Kind, mustParams(fed.Spec))
+	fmt.Fprintf(stdout, "demo: %d sites (%s), %d per round, %d rounds of %s, schema %s (%s, %d features), model %s with %d parameters; %s\n",
+		len(ids), siteSource(f.siteColumn, f.partition), k, f.rounds, f.algo, f.schema, sc.Task, len(sc.Features), fed.Spec.Kind, mustParams(fed.Spec), demoNoteInline())
 	for i, s := range fed.Sites {
 		fmt.Fprintf(stdout, "  %s: %d training rows, %d held out (%s)\n", ids[i], s.TrainRows, s.HoldoutRows, files[i])
 	}

@@ -37,7 +37,7 @@ func TestSimulateBadInput(t *testing.T) {
 		{"more clients than samples", []string{"--dataset", "csv:" + small + ":label=label", "--partition", "iid", "--clients", "5", "--per-round", "1"}, "clients"},
 		{"zero step", []string{"--step", "0"}, "--step"},
 		{"negative step", []string{"--step", "-1"}, "--step"},
-		{"gamma zero", []string{"--gamma", "0"}, "--gamma"},
+		{"gamma negative", []string{"--gamma", "-1"}, "--gamma"},
 		{"gamma above one", []string{"--gamma", "1.5"}, "--gamma"},
 		{"unknown algo", []string{"--algo", "fedfoo"}, "fedfoo"},
 		{"unknown aggregator", []string{"--agg", "meanish"}, "meanish"},

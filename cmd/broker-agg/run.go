@@ -27,6 +27,7 @@ import (
 	"github.com/edgefl/edgefl/node/aggregator"
 	"github.com/edgefl/edgefl/node/broker"
 	"github.com/edgefl/edgefl/proto/pki"
+	"github.com/edgefl/edgefl/proto/round"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -55,9 +56,8 @@ type serveFlags struct {
 	roundTimeout, extension, settle          time.Duration
 	maxReselections, rounds                  int
 	seed                                     uint64
-	algo, agg, sel, solver, codec, downlink  string
-	mu, step, relax, gamma, lr, maxSeconds   float64
-	batch, epochs                            int
+	algo, agg, sel, codec, downlink          string
+	params                                   round.Params
 	anchorSketch                             int
 	modelKind, activation                    string
 	inputs, classes, hidden                  int
@@ -164,18 +164,13 @@ func (f *serveFlags) registerRounds(fs *flag.FlagSet) {
 	fs.IntVar(&f.rounds, "rounds", 0, "rounds to run (0: forever)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the selection and of randomised aggregators")
 
-	fs.StringVar(&f.algo, "algorithm", aggregator.AlgoFedProx, "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator ("+strings.Join(aggregate.Names(), ", ")+"), trained like fedprox")
+	round.Register(fs, &f.algo, &f.params, round.Run, map[string]string{
+		round.FlagAlgorithm: "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator (" + strings.Join(aggregate.Names(), ", ") + "), trained like fedprox",
+	}, round.FlagAlgorithm)
 	fs.StringVar(&f.agg, "aggregator", "", "how updates are combined: an update aggregator `SPEC` for the FedAvg/FedProx families (e.g. normbound:mult=3:inner=median; fedavg counts no site's reported sample count above 3 x the median of the other sites' counts by default, fedavg:cap=M sets M, fedavg:cap=0 turns the cap off); fedsplit-robust[:mult=M] (default) or fedsplit-mean for the FedSplit family (default: per --algorithm)")
 	fs.StringVar(&f.sel, "selector", "", "client selection: uniform | samples | loss[:power=P][:explore=E] | window | poisson[:q=Q] (each online site independently with probability Q, default --per-round / online sites; --dp only); default uniform, poisson with --dp (the only one under --dp central)")
-	fs.StringVar(&f.solver, "solver", "sgd", "local solver: sgd | lbfgs")
-	fs.Float64Var(&f.mu, "mu", 0.01, "FedProx proximal weight (0 for fedavg)")
-	fs.Float64Var(&f.step, "step", 1, "FedSplit step size s")
-	fs.Float64Var(&f.relax, "relax", 1, "FedSplit relaxation: 1 Peaceman-Rachford, 0.5 Douglas-Rachford")
-	fs.Float64Var(&f.gamma, "gamma", 0.001, "target inexactness of the local solve, in (0, 1]")
-	fs.Float64Var(&f.lr, "lr", 0.01, "SGD learning rate")
-	fs.IntVar(&f.batch, "batch", 10, "SGD mini-batch size (0: full batch)")
-	fs.IntVar(&f.epochs, "max-epochs", 20, "work budget: local epochs (0: no limit)")
-	fs.Float64Var(&f.maxSeconds, "max-seconds", 0, "work budget: local seconds (0: no limit; the round deadline always applies)")
+	round.Register(fs, nil, &f.params, round.Run, nil, round.FlagSolver, round.FlagMu, round.FlagStep, round.FlagRelax,
+		round.FlagGamma, round.FlagLR, round.FlagBatch, round.FlagMaxEpochs, round.FlagMaxSeconds)
 	fs.IntVar(&f.anchorSketch, "anchor-sketch", -1, "ask clients for the gradient at the anchor: -1 no, 0 the full gradient, N a random-projection sketch of length N (fedsim-cluster)")
 	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec `SPEC` clients must use for their deltas (fp32, fp16, q8, q4, qsgd:16, topk:0.05+q8, dct:28x28x10+topk:0.16+q4+ac, ...; see quant's package doc)")
 	fs.StringVar(&f.downlink, "downlink", "fp32", "codec of the global model in the round announcement: fp32 | fp16")
@@ -356,9 +351,8 @@ func (f *serveFlags) baseConfig(spec model.Spec, sketch *wire.SketchSpec, eval *
 		K: f.k, QuorumFraction: f.quorum, RoundTimeout: f.roundTimeout, Extension: f.extension, Settle: f.settle,
 		MaxReselections: f.maxReselections, Rounds: f.rounds, Seed: f.seed,
 		Algorithm: f.algo, Aggregator: f.agg, Selector: f.sel, AnchorSketch: sketch,
-		Params: aggregator.Params{Mu: f.mu, Step: f.step, Relax: f.relax, Solver: f.solver, Gamma: f.gamma, LR: f.lr,
-			Batch: f.batch, MaxEpochs: f.epochs, MaxSeconds: f.maxSeconds},
-		Model: spec, Init: f.init, InitSeed: f.initSeed, Codec: f.codec, Downlink: f.downlink,
+		Params: f.params,
+		Model:  spec, Init: f.init, InitSeed: f.initSeed, Codec: f.codec, Downlink: f.downlink,
 		StatePath: f.state, MetricsAddr: f.metricsAddr, Eval: eval, FinalModel: f.finalModel,
 		MaxMessageBytes: f.maxPacket, Logger: log,
 		RateMessages: f.rateMsgs, RateBurst: f.rateBurst, RateBytes: f.rateBytes, InstanceTakeover: f.instanceTakeover,

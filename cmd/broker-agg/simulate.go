@@ -7,12 +7,14 @@ import (
 	"io"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/edgefl/edgefl/data/bundle"
 	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/learn/aggregate"
+	"github.com/edgefl/edgefl/proto/round"
 	"github.com/edgefl/edgefl/sim"
 )
 
@@ -30,6 +32,7 @@ func simulateFlagSet(stderr io.Writer) (*flag.FlagSet, *sim.Config, *simulateFla
 	fs := cli.NewFlagSet("simulate", stderr, `usage: broker-agg simulate [--dataset SPEC] [--partition SPEC] [--clients N] [--per-round K]
                            [--algo LIST] [--rounds R] [--seed S] [--out DIR] [flags]
 
+`+simulateNote()+`
 Runs many virtual clients in one process, without MQTT, over the same code as
 the daemons: every algorithm of --algo sees the same data, partition,
 selection sequence, stragglers and SGD order. The run first computes the
@@ -62,14 +65,11 @@ flags:
 	fs.Float64Var(&cfg.TestFrac, "test-fraction", cfg.TestFrac, "fraction of each client's samples held out for testing (not with --schema: its holdout share applies)")
 	fs.StringVar(&cfg.Select, "select", cfg.Select, "client selection: uniform | samples | loss | window | poisson[:q=Q] (each client independently with probability Q, default --per-round / --clients); default uniform, poisson with --dp (the only one under --dp central)")
 	fs.Float64Var(&cfg.Stragglers, "stragglers", cfg.Stragglers, "straggler rate p: round(K(1-p)) selected clients do E epochs, the rest a random number in [1, E)")
-	fs.StringVar(&cfg.Local.Solver, "solver", cfg.Local.Solver, "local solver: sgd | lbfgs")
-	fs.Float64Var(&cfg.Local.Mu, "mu", cfg.Local.Mu, "FedProx proximal weight mu")
-	fs.Float64Var(&cfg.Local.Gamma, "gamma", cfg.Local.Gamma, "target inexactness gamma in (0, 1]: the local solve stops once ||grad h|| <= gamma ||grad f(anchor)||")
-	fs.IntVar(&cfg.Local.Epochs, "epochs", cfg.Local.Epochs, "local work budget E in passes over the local data")
-	fs.IntVar(&cfg.Local.Batch, "batch", cfg.Local.Batch, "SGD mini-batch size")
-	fs.Float64Var(&cfg.Local.LR, "lr", cfg.Local.LR, "SGD learning rate")
-	fs.Float64Var(&cfg.Local.Step, "step", cfg.Local.Step, "FedSplit step size s")
-	fs.Float64Var(&cfg.Local.Relax, "relax", cfg.Local.Relax, "FedSplit relaxation alpha: 1 = Peaceman-Rachford, 0.5 = Douglas-Rachford")
+	round.Register(fs, nil, &cfg.Local, round.Simulate, map[string]string{
+		round.FlagGamma: "target inexactness gamma in [0, 1]: the local solve stops once ||grad h|| <= gamma ||grad f(anchor)|| (0: no target, the whole budget); fedsplit, the exact reference, solves its prox to " +
+			strconv.FormatFloat(round.SimulateSplitGamma, 'g', -1, 64) + " unless --gamma (or its gamma=) is given",
+		round.FlagEpochs: "local work budget E in passes over the local data (at least 1; fedsplit has no budget)",
+	}, simulateTrainingFlags...)
 	fs.StringVar(&cfg.Codec, "codec", "", "uplink codec `SPEC` (fp32, fp16, q8, q4, qsgd:16, topk:0.01+qsgd:16, dct:28x28x10+topk:0.16+q4+ac, ...); empty = exact float64 vectors")
 	fs.StringVar(&cfg.Downlink, "downlink", "", "global-model codec `SPEC` (fp32 or fp16); the aggregator applies the model it broadcasts")
 	fs.Float64Var(&cfg.OptimumTol, "optimum-tol", cfg.OptimumTol, "gradient-norm tolerance of the centralised optimum")
@@ -85,6 +85,16 @@ flags:
 	o.secagg.register(fs, false)
 	fs.IntVar(&cfg.Workers, "workers", 0, "clients solved in parallel (default: GOMAXPROCS); results do not depend on it")
 	return fs, &cfg, o
+}
+
+// simulateTrainingFlags are the training flags simulate registers.
+var simulateTrainingFlags = []string{round.FlagSolver, round.FlagMu, round.FlagGamma, round.FlagEpochs, round.FlagBatch, round.FlagLR, round.FlagStep, round.FlagRelax}
+
+// simulateNote is the first line of simulate's help: its defaults that
+// differ from run's (round.Simulate).
+func simulateNote() string {
+	return strings.TrimSuffix(round.Simulate.Note(simulateTrainingFlags...), ".") +
+		"; fedsplit's --gamma " + strconv.FormatFloat(round.SimulateSplitGamma, 'g', -1, 64) + " (its exact prox)."
 }
 
 // runSimulate is `broker-agg simulate`: the algorithms of --algo over one
@@ -141,7 +151,11 @@ func (o *simulateFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 		}
 	}
 	var err error
-	if cfg.Algos, err = sim.ParseAlgos(list, cfg.Local, func(n string) bool { return slices.Contains(aggregate.Names(), n) }); err != nil {
+	splitGamma := cfg.SplitGamma
+	if set["gamma"] {
+		splitGamma = 0 // --gamma given: fedsplit's too
+	}
+	if cfg.Algos, err = sim.ParseAlgos(list, cfg.Local, splitGamma, func(n string) bool { return slices.Contains(aggregate.Names(), n) }); err != nil {
 		return err
 	}
 	q := 0.0

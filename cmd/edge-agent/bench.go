@@ -22,6 +22,7 @@ import (
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/proto/round"
 )
 
 // benchConfig is what `edge-agent bench` measures.
@@ -30,13 +31,13 @@ type benchConfig struct {
 	Model                      string // model.KindLogReg or model.KindMLP
 	Hidden                     int    // MLP hidden units
 	L2                         float64
-	Solver                     string // proxsolver.SGD or proxsolver.LBFGS
-	Epochs, Batch              int
-	LR, Mu                     float64
-	Deadline                   time.Duration // the round deadline the budget must fit
-	Margin                     float64       // fraction of the deadline kept free
-	Seed                       uint64
-	JSON                       bool
+	// Train are the solve's training parameters (solver, epochs, batch,
+	// lr, mu; gamma 0: the whole budget is spent), as a round's.
+	Train    round.Params
+	Deadline time.Duration // the round deadline the budget must fit
+	Margin   float64       // fraction of the deadline kept free
+	Seed     uint64
+	JSON     bool
 	// Config is the site's configuration file (--config): its data and
 	// model replace the synthetic problem (site, set by parseBenchFlags);
 	// SchemaFile the federation's schema for data read by one.
@@ -47,7 +48,7 @@ type benchConfig struct {
 func defaultBenchConfig() benchConfig {
 	return benchConfig{
 		Samples: 2000, Features: 784, Classes: 10, Model: model.KindLogReg, Hidden: 64, L2: 1e-4,
-		Solver: proxsolver.SGD, Epochs: 5, Batch: 10, LR: 0.01, Mu: 1,
+		Train:    round.Bench.Params,
 		Deadline: 60 * time.Second, Margin: 0.5, Seed: 1,
 	}
 }
@@ -130,9 +131,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return writeBenchText(stdout, res)
 }
 
+// benchTrainingFlags are the training flags bench registers.
+var benchTrainingFlags = []string{round.FlagSolver, round.FlagEpochs, round.FlagBatch, round.FlagLR, round.FlagMu}
+
 func parseBenchFlags(args []string, stderr io.Writer) (benchConfig, error) {
 	cfg := defaultBenchConfig()
 	fs := cli.NewFlagSet("bench", stderr, fmt.Sprintf("usage: edge-agent bench [--config FILE [--schema FILE]] [flags]\n\n"+
+		round.Bench.Note(benchTrainingFlags...)+"\n"+
 		"Times a FedProx local solve on this device and reports samples per second,\n"+
 		"seconds per epoch, peak resident memory and the epochs per round that fit\n"+
 		"--deadline (at most %d: the local solve stops at its gamma or the round's budget\n"+
@@ -154,11 +159,8 @@ func parseBenchFlags(args []string, stderr io.Writer) (benchConfig, error) {
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "model, as the aggregator's --model: logreg | binary-logreg | linear | mlp (with a schema, logreg is the task's linear model)")
 	fs.IntVar(&cfg.Hidden, "hidden", cfg.Hidden, "hidden units (mlp)")
 	fs.Float64Var(&cfg.L2, "l2", cfg.L2, "L2 regularisation lambda of (lambda/2)||w||^2")
-	fs.StringVar(&cfg.Solver, "solver", cfg.Solver, "local solver: sgd | lbfgs")
-	fs.IntVar(&cfg.Epochs, "epochs", cfg.Epochs, "training epochs to time (passes over the data)")
-	fs.IntVar(&cfg.Batch, "batch", cfg.Batch, "SGD mini-batch size")
-	fs.Float64Var(&cfg.LR, "lr", cfg.LR, "SGD learning rate")
-	fs.Float64Var(&cfg.Mu, "mu", cfg.Mu, "FedProx proximal weight mu")
+	round.Register(fs, nil, &cfg.Train, round.Bench, map[string]string{round.FlagEpochs: "training epochs to time (passes over the data)"},
+		benchTrainingFlags...)
 	fs.DurationVar(&cfg.Deadline, "deadline", cfg.Deadline, "round deadline the suggested budget must fit (also stops the benchmark)")
 	fs.Float64Var(&cfg.Margin, "margin", cfg.Margin, "fraction of the deadline kept free when sizing the budget, in [0, 1)")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "random seed (data, initial MLP weights, SGD order)")
@@ -211,16 +213,17 @@ func (c benchConfig) validate() error {
 	switch {
 	case c.Samples < 1:
 		return fmt.Errorf("--samples %d: want at least 1", c.Samples)
-	case c.Epochs < 1:
-		return fmt.Errorf("--epochs %d: want at least 1", c.Epochs)
+	case c.Train.MaxEpochs < 1:
+		return fmt.Errorf("--epochs %d: want at least 1", c.Train.MaxEpochs)
 	case c.Deadline <= 0:
 		return fmt.Errorf("--deadline %v: want a positive duration", c.Deadline)
 	case !(c.Margin >= 0 && c.Margin < 1):
 		return fmt.Errorf("--margin %v: want a fraction in [0, 1)", c.Margin)
 	case c.checkModelKind() != nil:
 		return c.checkModelKind()
-	case c.Solver != proxsolver.SGD && c.Solver != proxsolver.LBFGS:
-		return fmt.Errorf("--solver %q: want sgd or lbfgs", c.Solver)
+	}
+	if err := c.Train.Validate(round.FedProx); err != nil {
+		return err
 	}
 	// The model's and the solver's own checks cover the rest (feature and
 	// class counts, hidden units, l2, lr, batch, mu) with their messages.
@@ -256,7 +259,8 @@ func (c benchConfig) spec() model.Spec {
 
 func (c benchConfig) solverConfig() proxsolver.Config {
 	// Gamma 0: no target, the benchmark spends its whole budget.
-	return proxsolver.Config{Solver: c.Solver, Mu: c.Mu, LR: c.LR, Batch: c.Batch}
+	t := c.Train
+	return proxsolver.Config{Solver: t.Solver, Mu: t.Mu, Gamma: t.Gamma, LR: t.LR, Batch: t.Batch}
 }
 
 // overheadEpochs is the number of full passes over the data a solve makes
@@ -313,11 +317,11 @@ func bench(ctx context.Context, cfg benchConfig) (benchResult, error) {
 	}
 	res := benchResult{
 		GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0),
-		Model: cfg.spec(), Samples: cfg.Samples, Seed: cfg.Seed, Solver: cfg.Solver, Epochs: cfg.Epochs, Mu: cfg.Mu,
-		DeadlineSeconds: cfg.Deadline.Seconds(), Margin: cfg.Margin, OverheadEpochs: overheadEpochs(cfg.Solver),
+		Model: cfg.spec(), Samples: cfg.Samples, Seed: cfg.Seed, Solver: cfg.Train.Solver, Epochs: cfg.Train.MaxEpochs, Mu: cfg.Train.Mu,
+		DeadlineSeconds: cfg.Deadline.Seconds(), Margin: cfg.Margin, OverheadEpochs: overheadEpochs(cfg.Train.Solver),
 	}
-	if cfg.Solver == proxsolver.SGD {
-		res.Batch, res.LR = cfg.Batch, cfg.LR
+	if cfg.Train.Solver == proxsolver.SGD {
+		res.Batch, res.LR = cfg.Train.Batch, cfg.Train.LR
 	}
 	clk := clock.Real{}
 
@@ -360,7 +364,7 @@ func bench(ctx context.Context, cfg benchConfig) (benchResult, error) {
 	res.FullPassSeconds = clk.Now().Sub(t0).Seconds()
 
 	start := clk.Now()
-	budget := proxsolver.Budget{MaxEpochs: cfg.Epochs, Deadline: start.Add(cfg.Deadline), Clock: clk}
+	budget := proxsolver.Budget{MaxEpochs: cfg.Train.MaxEpochs, Deadline: start.Add(cfg.Deadline), Clock: clk}
 	w, rep, err := proxsolver.Solve(ctx, m, data, anchor, nil, cfg.solverConfig(), budget, rng)
 	solveTime := clk.Now().Sub(start)
 	if err != nil {

@@ -142,9 +142,9 @@ func TestBenchFlagErrors(t *testing.T) {
 		{[]string{"--features", "0"}, 1, "model: "},
 		{[]string{"--classes", "1"}, 1, "model: "},
 		{[]string{"--model", "mlp", "--hidden", "0"}, 1, "model: "},
-		{[]string{"--lr", "-1"}, 1, "solver: "},
+		{[]string{"--lr", "-1"}, 1, "--lr -1"},
 		{[]string{"--batch", "0"}, 1, "solver: "},
-		{[]string{"--mu", "-1"}, 1, "solver: "},
+		{[]string{"--mu", "-1"}, 1, "--mu -1"},
 		{[]string{"--samples", "100000", "--features", "100000"}, 1, "more than 67108864 feature values"},
 	}
 	for _, tt := range tests {

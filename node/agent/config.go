@@ -12,6 +12,7 @@ import (
 
 	"github.com/edgefl/edgefl/data/dataset"
 	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/proto/round"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -296,26 +297,16 @@ func (c Config) Validate() error {
 	return c.Local.Validate()
 }
 
-// Validate reports a device budget or override out of range.
+// Validate reports a device budget or override out of range: the device's
+// caps and overrides are training parameters, checked as the round's are
+// (round.Params.Validate).
 func (l Local) Validate() error {
-	if l.MaxEpochs < 0 {
-		return configErr("max epochs %d < 0", l.MaxEpochs)
+	p := round.Params{Solver: l.Solver, LR: l.LR, Batch: l.Batch, MaxEpochs: l.MaxEpochs, MaxSeconds: l.MaxSeconds}
+	if err := p.Validate(""); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	for _, f := range []struct {
-		name string
-		v    float64
-	}{{"max seconds", l.MaxSeconds}, {"learning rate", l.LR}, {"fallback seconds", l.FallbackSeconds}} {
-		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
-			return configErr("%s %v: expected a finite number >= 0", f.name, f.v)
-		}
-	}
-	if l.Batch < 0 {
-		return configErr("batch %d < 0", l.Batch)
-	}
-	switch l.Solver {
-	case "", proxsolver.SGD, proxsolver.LBFGS:
-	default:
-		return configErr("solver %q: expected %s or %s", l.Solver, proxsolver.SGD, proxsolver.LBFGS)
+	if f := l.FallbackSeconds; math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
+		return configErr("fallback seconds %v: expected a finite number >= 0", f)
 	}
 	return nil
 }

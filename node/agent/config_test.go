@@ -50,9 +50,9 @@ func TestConfigValidate(t *testing.T) {
 		{"standardize typo", func(c *Config) { c.Standardize = "zscore" }, "standardize"},
 		{"negative keepalive", func(c *Config) { c.KeepAlive = -time.Second }, "keepalive"},
 		{"log level", func(c *Config) { c.LogLevel = "verbose" }, "log level"},
-		{"negative epochs", func(c *Config) { c.Local.MaxEpochs = -1 }, "max epochs"},
-		{"NaN seconds", func(c *Config) { c.Local.MaxSeconds = math.NaN() }, "max seconds"},
-		{"Inf lr", func(c *Config) { c.Local.LR = math.Inf(1) }, "learning rate"},
+		{"negative epochs", func(c *Config) { c.Local.MaxEpochs = -1 }, "max-epochs"},
+		{"NaN seconds", func(c *Config) { c.Local.MaxSeconds = math.NaN() }, "max-seconds"},
+		{"Inf lr", func(c *Config) { c.Local.LR = math.Inf(1) }, "lr"},
 		{"negative batch", func(c *Config) { c.Local.Batch = -1 }, "batch"},
 		{"unknown solver", func(c *Config) { c.Local.Solver = "adam" }, "solver"},
 		{"schema csv with eval data", func(c *Config) {

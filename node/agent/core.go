@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/edgefl/edgefl/node/edgestore"
+	"github.com/edgefl/edgefl/proto/round"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -20,7 +21,6 @@ import (
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/learn/quant"
 	"github.com/edgefl/edgefl/learn/sketch"
-	"github.com/edgefl/edgefl/learn/split"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
@@ -308,7 +308,7 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 		BaseRound:    up.BaseRound,
 		Vector:       &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(sent)), Payload: up.Payload},
 		SampleCount:  claimedSamples(uint64(d.N)),
-		Report:       workReport(rep, stop, p.cfg.Gamma, p.clip > 0),
+		Report:       workReport(rep, stop, p.work.Solver.Gamma, p.clip > 0),
 		SentAtUnixMs: now.UnixMilli(),
 		Seq:          r,
 		InstanceId:   sr.InstanceID,
@@ -402,12 +402,10 @@ type prepared struct {
 	algo   string
 	split  bool
 	sum    bool // FedSplit in sum mode (node/agent/sum.go)
-	sp     split.Params
-	stepJ  float64 // this site's prox step s_j = s m n_j / n
 	m      model.Model
 	x      []float64
 	codec  *quant.Codec
-	cfg    proxsolver.Config
+	work   round.Work // the solver's configuration and FedSplit's steps (round.Prepare)
 	budget proxsolver.Budget
 	sketch bool // the round asks for the anchor gradient
 	// clip is the announced DP clip norm (0: no DP): the update is
@@ -426,7 +424,7 @@ type prepared struct {
 func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.Time) (*prepared, error) {
 	r := ann.Round
 	p := &prepared{round: r, algo: ann.Algorithm, data: d}
-	p.split = ann.Algorithm == AlgoFedSplit || ann.Algorithm == AlgoFedProxSplit
+	p.split = round.IsSplit(ann.Algorithm)
 	p.sum = sumMode(ann)
 
 	spec, err := modelSpec(ann.Model)
@@ -463,7 +461,7 @@ func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.
 		return nil, bad(r, "global model decodes to %d values, want %d", len(p.x), dim)
 	}
 
-	if p.cfg, err = sr.solverConfig(ann, p.split, d.N); err != nil {
+	if p.work, err = sr.work(ann, d.N); err != nil {
 		return nil, bad(r, "%v", err)
 	}
 	if p.clip, err = dpClip(ann, p.split && !p.sum); err != nil {
@@ -477,30 +475,6 @@ func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.
 	if err := secAggRefusals(ann, p.split); err != nil {
 		return nil, bad(r, "%v", err)
 	}
-	if p.split {
-		p.sp = split.Params{Step: ann.Params.GetStep(), Relax: ann.Params.GetRelax()}
-		if p.sp.Relax == 0 {
-			p.sp.Relax = 1 // unset: Peaceman-Rachford
-		}
-		if err := p.sp.Validate(); err != nil {
-			return nil, bad(r, "%v", err)
-		}
-		// Sample weighting: with m sites holding n samples, this site's
-		// prox step is s m n_j / n, so that the plain mean of the z_j has
-		// the minimiser of the sample-weighted pooled objective as its
-		// fixed point. Without the figures, every site weighs the same.
-		p.stepJ = p.sp.Step
-		if m, n := ann.Params.GetClients(), ann.Params.GetTotalSamples(); m > 0 && n > 0 && d.N > 0 {
-			p.stepJ = split.ClientStepSize(p.sp.Step, int(m), float64(d.N)/float64(n))
-		}
-		p.cfg.Mu = 1 / p.stepJ
-		if math.IsInf(p.cfg.Mu, 0) || !(p.stepJ > 0) {
-			return nil, bad(r, "fedsplit step %v for this site is out of range (1/step overflows)", p.stepJ)
-		}
-	}
-	if err := p.cfg.Validate(); err != nil {
-		return nil, bad(r, "%v", err)
-	}
 	p.budget = sr.budget(ann, now)
 	p.sketch = ann.AnchorSketch != nil
 	if err := p.budget.Validate(); err != nil {
@@ -509,44 +483,13 @@ func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.
 	return p, nil
 }
 
-// solverConfig combines the announced solver parameters with the device's
-// overrides and the defaults.
-func (sr siteRules) solverConfig(ann *wire.RoundAnnouncement, isSplit bool, samples int) (proxsolver.Config, error) {
-	prm := ann.Params
-	cfg := proxsolver.Config{
-		Solver: prm.GetSolver(), Mu: prm.GetMu(), Gamma: prm.GetGamma(),
-		LR: prm.GetLr(), Batch: int(min(prm.GetBatch(), math.MaxInt32)),
-	}
-	if ann.Algorithm == AlgoFedAvg {
-		cfg.Mu = 0 // FedAvg is the local solve without a proximal term
-	}
-	if cfg.Solver == "" {
-		cfg.Solver = proxsolver.SGD
-		if isSplit {
-			cfg.Solver = proxsolver.LBFGS
-		}
-	}
-	if sr.Local.Solver != "" {
-		cfg.Solver = sr.Local.Solver
-	}
-	if cfg.Solver != proxsolver.SGD && cfg.Solver != proxsolver.LBFGS {
-		return cfg, fmt.Errorf("solver %q: this agent runs %s and %s", cfg.Solver, proxsolver.SGD, proxsolver.LBFGS)
-	}
-	if sr.Local.LR > 0 {
-		cfg.LR = sr.Local.LR
-	}
-	if sr.Local.Batch > 0 {
-		cfg.Batch = sr.Local.Batch
-	}
-	if cfg.Solver == proxsolver.SGD {
-		if cfg.LR == 0 {
-			cfg.LR = DefaultSGDLearningRate
-		}
-		if cfg.Batch == 0 { // the wire's 0 means full batch
-			cfg.Batch = max(samples, 1)
-		}
-	}
-	return cfg, nil
+// work resolves the round's training parameters for this site's samples
+// (round.Prepare: the one check and the one rule of the sites and
+// simulate) with the device's overrides of the solver, the learning rate
+// and the batch.
+func (sr siteRules) work(ann *wire.RoundAnnouncement, samples int) (round.Work, error) {
+	p, pop := round.FromWire(ann)
+	return round.Prepare(ann.Algorithm, p, pop, round.Params{Solver: sr.Local.Solver, LR: sr.Local.LR, Batch: sr.Local.Batch}, samples)
 }
 
 // budget is min(device budget, round budget) and the round's deadline less

@@ -17,7 +17,10 @@
 //     Inf), the solver parameters and the budget. A failure wraps
 //     ErrBadAnnouncement and leaves the store untouched;
 //  2. SetGlobal(round, x);
-//  3. the local solve (proxsolver.Solve) under min(device budget, round
+//  3. the site's work as package round defines it for the sites and
+//     simulate alike (round.Prepare checks and resolves the announced
+//     parameters, round.Work.Solve runs them): the local solve
+//     (proxsolver.Solve) under min(device budget, round
 //     budget): epochs, gradient evaluations, and a deadline = the earlier of
 //     now + max seconds and the round's deadline less Local.DeadlineMargin,
 //     read through the injected clock; a solve nothing limits gets

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"github.com/edgefl/edgefl/node/edgestore"
+	"github.com/edgefl/edgefl/proto/round"
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"slices"
 	"strings"
 
 	"github.com/edgefl/edgefl/data/sitedata"
@@ -16,7 +16,6 @@ import (
 	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
-	"github.com/edgefl/edgefl/learn/split"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -387,61 +386,26 @@ func (h *RoundHandler) budget(ann *wire.RoundAnnouncement) proxsolver.Budget {
 	return h.rules().budget(ann, h.clock().Now())
 }
 
-// solverConfig is the core's solver configuration (siteRules.solverConfig).
-func (h *RoundHandler) solverConfig(ann *wire.RoundAnnouncement, isSplit bool, samples int) (proxsolver.Config, error) {
-	return h.rules().solverConfig(ann, isSplit, samples)
-}
-
-// solve runs the local work of the round and returns the vector to send
-// (w, or FedSplit's new z_j), the report and the stop reason.
+// solve runs the local work of the round (round.Work.Solve: the prox
+// solve, and FedSplit's client step from the stored z_j) and returns the
+// vector to send (w, or the new z_j), the report and the stop reason.
 func solve(ctx context.Context, p *prepared, rng *rand.Rand, lg *slog.Logger) ([]float64, proxsolver.Report, wire.StopReason, error) {
-	lg = lg.With("round", p.round, "algorithm", p.algo, "solver", p.cfg.Solver)
-	if !p.split {
-		w, rep, err := proxsolver.Solve(ctx, p.m, p.data, p.x, nil, p.cfg, p.budget, rng)
-		if err != nil {
-			if errors.Is(err, proxsolver.ErrDiverged) {
-				// The solver returns the anchor: sent with stop reason ERROR.
-				lg.Error("local solve diverged; sending the global model back", "err", err)
-				return slices.Clone(p.x), rep, wire.StopReason_STOP_REASON_ERROR, nil
-			}
-			return nil, rep, 0, solveErr(ctx, fmt.Errorf("agent: round %d: local solve: %w", p.round, err))
-		}
-		return w, rep, stopReason(rep.Stop), nil
+	lg = lg.With("round", p.round, "algorithm", p.algo, "solver", p.work.Solver.Solver)
+	var z []float64
+	if p.split {
+		z = p.z // the stored z_j, or the initial one the round committed (siteRules.round)
 	}
-
-	z := p.z // the stored z_j, or the initial one the round committed (siteRules.round)
-	var (
-		rep      proxsolver.Report
-		diverged error
-	)
-	// The announced step is used as this client's prox step s_j: the agent
-	// knows neither m nor p_j (see the package documentation).
-	zNew, _, err := split.ClientStep(p.x, z, p.stepJ, p.sp, func(v []float64, _ float64) ([]float64, error) {
-		w, r, err := proxsolver.Solve(ctx, p.m, p.data, v, p.x, p.cfg, p.budget, rng)
-		rep = r
-		if errors.Is(err, proxsolver.ErrDiverged) {
-			diverged = err
-			return w, nil
-		}
-		return w, err
-	})
+	res, err := p.work.Solve(ctx, p.m, p.data, p.x, z, p.budget, rng, p.sketch)
 	if err != nil {
-		return nil, rep, 0, solveErr(ctx, fmt.Errorf("agent: round %d: FedSplit client step: %w", p.round, err))
+		return nil, res.Report, 0, solveErr(ctx, fmt.Errorf("agent: round %d: %w", p.round, err))
 	}
-	// The prox's anchor is v = 2x - z: report the loss (and the gradient,
-	// when asked) at the received global model x instead, as the wire
-	// report defines them. One full evaluation outside the budget.
-	var g []float64
-	if p.sketch {
-		g = make([]float64, len(p.x))
+	if res.Diverged != nil {
+		// No step is taken: the received model (FedProx family) or z_j
+		// (FedSplit) is sent, and kept, unchanged, with stop reason ERROR.
+		lg.Error("local solve diverged; sending the received model or z unchanged", "err", res.Diverged)
+		return res.Vec, res.Report, wire.StopReason_STOP_REASON_ERROR, nil
 	}
-	rep.AnchorLoss, rep.AnchorGrad = p.m.LossGrad(p.x, p.data, g), g
-	if diverged != nil {
-		// No step is taken: z_j is sent (and kept) unchanged.
-		lg.Error("prox solve diverged; sending z unchanged", "err", diverged)
-		return z, rep, wire.StopReason_STOP_REASON_ERROR, nil
-	}
-	return zNew, rep, stopReason(rep.Stop), nil
+	return res.Vec, res.Report, stopReason(res.Report.Stop), nil
 }
 
 // partialWhy is the agent's one-line explanation of a partial report
@@ -462,4 +426,10 @@ func partialWhy(r *wire.WorkReport, target float64) string {
 		return "the local solve diverged; the received model is sent back unchanged"
 	}
 	return fmt.Sprintf("stopped by %s before reaching the target gamma %g (achieved %.3g); the work is sent and used", by, target, r.AchievedGamma)
+}
+
+// work is the core's training parameters of ann for samples
+// (siteRules.work).
+func (h *RoundHandler) work(ann *wire.RoundAnnouncement, samples int) (round.Work, error) {
+	return h.rules().work(ann, samples)
 }

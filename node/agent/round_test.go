@@ -394,7 +394,7 @@ func TestHandleSolverConfig(t *testing.T) {
 		want  proxsolver.Config
 	}{
 		{"fedprox defaults to sgd", AlgoFedProx, &wire.Params{Mu: 0.5}, Local{}, proxsolver.Config{Solver: proxsolver.SGD, Mu: 0.5, LR: DefaultSGDLearningRate, Batch: 90}},
-		{"fedsplit defaults to lbfgs", AlgoFedSplit, &wire.Params{Step: 1}, Local{}, proxsolver.Config{Solver: proxsolver.LBFGS}},
+		{"fedsplit defaults to lbfgs", AlgoFedSplit, &wire.Params{Step: 1}, Local{}, proxsolver.Config{Solver: proxsolver.LBFGS, Mu: 1}},
 		{"fedavg has no prox term", AlgoFedAvg, &wire.Params{Mu: 0.5, Solver: "sgd", Lr: 0.1, Batch: 10}, Local{}, proxsolver.Config{Solver: proxsolver.SGD, LR: 0.1, Batch: 10}},
 		{"device overrides", AlgoFedProx, &wire.Params{Mu: 1, Solver: "sgd", Lr: 0.1, Batch: 10, Gamma: 0.1}, Local{Solver: proxsolver.SGD, LR: 0.05, Batch: 32}, proxsolver.Config{Solver: proxsolver.SGD, Mu: 1, Gamma: 0.1, LR: 0.05, Batch: 32}},
 		{"device forces lbfgs", AlgoFedProx, &wire.Params{Solver: "sgd"}, Local{Solver: proxsolver.LBFGS}, proxsolver.Config{Solver: proxsolver.LBFGS}},
@@ -402,8 +402,8 @@ func TestHandleSolverConfig(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			h := &RoundHandler{Local: c.local, Data: testData(1, 90)}
-			got, err := h.solverConfig(&wire.RoundAnnouncement{Algorithm: c.algo, Params: c.p}, c.algo == AlgoFedSplit, h.Data.N)
-			if err != nil || got != c.want {
+			w, err := h.work(&wire.RoundAnnouncement{Algorithm: c.algo, Params: c.p}, h.Data.N)
+			if got := w.Solver; err != nil || got != c.want {
 				t.Fatalf("got %+v, %v; want %+v", got, err, c.want)
 			}
 		})

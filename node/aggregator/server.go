@@ -34,6 +34,7 @@ import (
 	"github.com/edgefl/edgefl/learn/split"
 	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/round"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -43,10 +44,10 @@ import (
 // name of aggregate.Names() is also accepted: clients train it like
 // FedProx, and it names the aggregator.
 const (
-	AlgoFedAvg       = "fedavg"
-	AlgoFedProx      = "fedprox"
-	AlgoFedSplit     = "fedsplit"
-	AlgoFedProxSplit = "fedproxsplit"
+	AlgoFedAvg       = round.FedAvg
+	AlgoFedProx      = round.FedProx
+	AlgoFedSplit     = round.FedSplit
+	AlgoFedProxSplit = round.FedProxSplit
 )
 
 // Init values of ServerConfig.Init.
@@ -55,20 +56,9 @@ const (
 	InitModel = "model" // the model's InitParams drawn with InitSeed (zeros for the convex models, small random weights for the MLP)
 )
 
-// Params are the local-solve and FedSplit parameters a round announces.
-type Params struct {
-	Mu     float64 // FedProx proximal weight (forced to 0 for fedavg)
-	Step   float64 // FedSplit step size s (> 0 for the FedSplit family)
-	Relax  float64 // FedSplit relaxation alpha (1 Peaceman-Rachford, 0.5 Douglas-Rachford)
-	Solver string  // "sgd" | "lbfgs"
-	Gamma  float64 // target inexactness in (0, 1]
-	LR     float64 // SGD learning rate
-	Batch  int     // SGD mini-batch size (0 = full batch)
-	// The work budget: 0 means no limit for each.
-	MaxEpochs    int
-	MaxSeconds   float64
-	MaxGradEvals uint64
-}
+// Params are the training parameters a round announces (package round:
+// their one type, check and wire mapping).
+type Params = round.Params
 
 // ServerConfig configures the aggregator daemon (the I/O shell around the
 // Coordinator). Zero values take the defaults documented per field.

@@ -2,7 +2,6 @@ package aggregator
 
 import (
 	"fmt"
-	"math"
 	"strings"
 
 	"github.com/edgefl/edgefl/data/prep"
@@ -126,27 +125,13 @@ func (cfg *ServerConfig) deriveAlgorithm(d *derived) error {
 	return nil
 }
 
-// checkParams checks the algorithm's parameters and sets d.params.
+// checkParams checks the algorithm's parameters (round.Params.Validate)
+// and sets d.params as announced (fedavg's mu is 0).
 func (cfg *ServerConfig) checkParams(d *derived) error {
-	p := cfg.Params
-	if d.fam == AlgoFedAvg {
-		p.Mu = 0
+	if err := cfg.Params.Validate(d.fam); err != nil {
+		return fmt.Errorf("%w: %w", coordinator.ErrConfig, err)
 	}
-	for _, f := range []struct {
-		name string
-		v    float64
-	}{{"mu", p.Mu}, {"step", p.Step}, {"relax", p.Relax}, {"gamma", p.Gamma}, {"lr", p.LR}, {"max seconds", p.MaxSeconds}} {
-		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
-			return fmt.Errorf("%w: %s = %v, want finite and >= 0", coordinator.ErrConfig, f.name, f.v)
-		}
-	}
-	if isSplit(d.fam) && !(p.Step > 0) {
-		return fmt.Errorf("%w: %s needs a step size > 0", coordinator.ErrConfig, d.fam)
-	}
-	if p.Batch < 0 || p.MaxEpochs < 0 {
-		return fmt.Errorf("%w: negative batch or epochs", coordinator.ErrConfig)
-	}
-	d.params = p
+	d.params = cfg.Params.Effective(d.fam)
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/edgefl/edgefl/learn/split"
 	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/round"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -163,14 +164,13 @@ func (s *Server) splitStep(cr coordinator.CloseRound, out []float64) (map[string
 		copy(out, s.global)
 		return nil, nil
 	}
-	_, rep, err := split.BoundedStep(out, s.global, in, s.screen, st.Ref, st.Watch)
-	if errors.Is(err, split.ErrNonFinite) {
-		// Never publish such a model: keep x, say so, count it (the
+	rep, kept, err := round.SplitStep(out, s.global, in, s.screen, st.Ref, st.Watch)
+	if kept {
+		// Never publish such a model: x is kept; say so, count it (the
 		// updates' range check should make this unreachable).
 		st.NonFinite++
 		s.nonFinite.Add(1)
-		s.log.Error("the FedSplit server step produced a value that is not a finite number: the global model is kept", "round", cr.Round, "err", err)
-		copy(out, s.global)
+		s.log.Error("the FedSplit server step produced a value that is not a finite number: the global model is kept", "round", cr.Round)
 		s.nextRobust = st
 		return map[string]float64{"clients_with_z": float64(len(ids)), "non_finite": 1}, nil
 	}

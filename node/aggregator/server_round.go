@@ -12,6 +12,7 @@ import (
 	"github.com/edgefl/edgefl/learn/aggregate"
 	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/round"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -28,7 +29,6 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		}
 		s.frame = f
 	}
-	p := s.cfg.Params
 	popM, popN := s.coord.Population()
 	var err error
 	ms := wire.ModelSpec{Kind: s.spec.Kind, Inputs: uint32(s.spec.Inputs), Classes: uint32(s.spec.Classes),
@@ -36,14 +36,14 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 	if s.spec.Hidden > 0 {
 		ms.Hidden = []uint32{uint32(s.spec.Hidden)}
 	}
+	params, budget := s.cfg.Params.ToWire(population(popM, popN))
 	a := &wire.RoundAnnouncement{
-		Federation: s.cfg.Federation,
-		Round:      uint64(round),
-		Algorithm:  s.cfg.Algorithm,
-		Params: &wire.Params{Mu: p.Mu, Step: p.Step, Relax: p.Relax, Solver: p.Solver, Gamma: p.Gamma,
-			Lr: p.LR, Batch: uint32(p.Batch), Clients: uint32(min(int64(popM), math.MaxUint32)), TotalSamples: uint64(popN)},
+		Federation:      s.cfg.Federation,
+		Round:           uint64(round),
+		Algorithm:       s.cfg.Algorithm,
+		Params:          params,
 		Model:           &ms,
-		Budget:          &wire.WorkBudget{MaxEpochs: uint32(p.MaxEpochs), MaxSeconds: p.MaxSeconds, MaxGradEvals: p.MaxGradEvals},
+		Budget:          budget,
 		DeadlineUnixMs:  deadline.UnixMilli(),
 		Selected:        slices.Clone(selected),
 		SplitSum:        s.sum != nil,
@@ -86,6 +86,12 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		}
 	}
 	return a, nil
+}
+
+// population is the sample weighting of FedSplit's steps: m sites
+// holding n samples.
+func population(m int, n int64) round.Population {
+	return round.Population{Clients: uint64(max(m, 0)), TotalSamples: uint64(max(n, 0))}
 }
 
 // announce publishes the retained round message (attempt < 0: an

@@ -87,6 +87,7 @@ import (
 
 	"github.com/edgefl/edgefl/data/dataset"
 	"github.com/edgefl/edgefl/node/broker"
+	"github.com/edgefl/edgefl/proto/round"
 	"github.com/edgefl/edgefl/sim/localfed"
 )
 
@@ -249,19 +250,19 @@ func (p *procFlags) registerProcFlags(fs *flag.FlagSet) {
 
 type options struct {
 	procFlags
-	data                              string
-	clients, perRound, rounds, epochs int
-	batch                             int
-	lr, mu, step, gamma, l2           float64
-	algo, solver, codec               string
-	seed                              uint64
-	kills                             int
-	timeout                           time.Duration
-	console, chromium                 string
-	consolePoll                       time.Duration
-	secagg                            bool
-	secaggTimeout                     time.Duration
-	drop                              float64
+	data                      string
+	clients, perRound, rounds int
+	params                    round.Params
+	l2                        float64
+	algo, codec               string
+	seed                      uint64
+	kills                     int
+	timeout                   time.Duration
+	console, chromium         string
+	consolePoll               time.Duration
+	secagg                    bool
+	secaggTimeout             time.Duration
+	drop                      float64
 }
 
 // loadData is the load's federation: o.clients IID clients of the IDX data.
@@ -384,15 +385,9 @@ func parseLoadFlags(args []string) (options, error) {
 	fs.IntVar(&o.clients, "clients", 100, "edge agents N")
 	fs.IntVar(&o.perRound, "per-round", 100, "clients per round K")
 	fs.IntVar(&o.rounds, "rounds", 20, "rounds")
-	fs.IntVar(&o.epochs, "epochs", 5, "local epochs per round")
-	fs.IntVar(&o.batch, "batch", 10, "SGD mini-batch")
-	fs.Float64Var(&o.lr, "lr", 0.01, "SGD learning rate")
-	fs.Float64Var(&o.mu, "mu", 1, "FedProx mu")
-	fs.Float64Var(&o.step, "step", 1, "FedSplit step")
-	fs.Float64Var(&o.gamma, "gamma", 1e-3, "target inexactness")
+	round.Register(fs, &o.algo, &o.params, round.Load, nil, round.FlagAlgorithm, round.FlagSolver, round.FlagMu, round.FlagStep,
+		round.FlagGamma, round.FlagLR, round.FlagBatch, round.FlagEpochs)
 	fs.Float64Var(&o.l2, "l2", 0, "L2 coefficient of the model")
-	fs.StringVar(&o.algo, "algorithm", "fedproxsplit", "algorithm")
-	fs.StringVar(&o.solver, "solver", "sgd", "local solver")
 	fs.StringVar(&o.codec, "codec", "fp32", "uplink codec")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the partition, the selection and the agents")
 	fs.IntVar(&o.kills, "kills", 0, "kill broker-agg (SIGKILL) this many times mid-round and measure its recovery")
@@ -421,11 +416,11 @@ func loadAggConf(o options, federation, brokerURL, work string, fed *dataset.Fed
 		"broker_password_file = " + filepath.Join(work, "aggregator.password"),
 		"state_file = " + filepath.Join(work, "aggregator.db"),
 		"model = logreg", fmt.Sprintf("l2 = %g", o.l2), fmt.Sprintf("features = %d", fed.D), fmt.Sprintf("classes = %d", fed.Classes),
-		"algorithm = " + o.algo, "solver = " + o.solver, "codec = " + o.codec,
+		"algorithm = " + o.algo, "solver = " + o.params.Solver, "codec = " + o.codec,
 		fmt.Sprintf("per_round = %d", o.perRound), fmt.Sprintf("rounds = %d", o.rounds), "quorum_fraction = 1",
 		"round_timeout = 10m", "settle = 0s", "max_reselections = -1", fmt.Sprintf("seed = %d", o.seed),
-		fmt.Sprintf("mu = %g", o.mu), fmt.Sprintf("step = %g", o.step), fmt.Sprintf("gamma = %g", o.gamma),
-		fmt.Sprintf("lr = %g", o.lr), fmt.Sprintf("batch = %d", o.batch), fmt.Sprintf("max_epochs = %d", o.epochs),
+		fmt.Sprintf("mu = %g", o.params.Mu), fmt.Sprintf("step = %g", o.params.Step), fmt.Sprintf("gamma = %g", o.params.Gamma),
+		fmt.Sprintf("lr = %g", o.params.LR), fmt.Sprintf("batch = %d", o.params.Batch), fmt.Sprintf("max_epochs = %d", o.params.MaxEpochs),
 		"max_seconds = 0", "log_format = json", "log_level = info",
 	}
 	if o.secagg {
@@ -589,7 +584,7 @@ func printLoadResult(o options, fed *dataset.Federated, agg *aggProc, mq *mosq, 
 	}
 	total := end[o.rounds].Sub(start[1]).Seconds()
 	fmt.Printf("RESULT clients=%d per_round=%d rounds=%d epochs=%d algorithm=%s params=%d per_round_mean_s=%.4f per_round_median_s=%.4f total_s=%.3f aggregator_vmhwm_kb=%d aggregator_cpu_s=%.2f agents_process_vmhwm_kb=%d mosquitto_vmhwm_kb=%d kills=%d console=%s console_requests=%d console_bytes=%d console_errors=%d console_paths=%s\n",
-		o.clients, o.perRound, o.rounds, o.epochs, o.algo, fed.D*fed.Classes+fed.Classes, mean, med, total, hwm, aggCPU, selfHWM, mqHWM, o.kills,
+		o.clients, o.perRound, o.rounds, o.params.MaxEpochs, o.algo, fed.D*fed.Classes+fed.Classes, mean, med, total, hwm, aggCPU, selfHWM, mqHWM, o.kills,
 		o.console, nreq, nbytes, nerr, paths)
 	for i, r := range recs {
 		fmt.Printf("RECOVERY kill=%d round=%d start_to_announcement_ms=%.0f start_to_accepted_update_ms=%.0f\n",
