@@ -147,6 +147,32 @@ func (st *Site) Data(tr *prep.Transform) (train, holdout model.Data, err error) 
 	return apply(tr, st.Table, st.Train), apply(tr, st.Table, st.Holdout), nil
 }
 
+// TrainOnEvery makes every row of the site's table a training row and
+// holds none out: a site whose held-out rows come from a separate file
+// (eval_data; simulate's --eval-dataset) trains on all of its data.
+func (st *Site) TrainOnEvery() {
+	st.Train, st.Holdout = make([]int, st.Table.Rows), nil
+	for i := range st.Train {
+		st.Train[i] = i
+	}
+}
+
+// EvalData is a separate table of held-out rows (eval_data) under the
+// federation's transform tr as this site applies it (Transform, so with
+// standardize = client the site's own training statistics): every row of
+// eval, none trained on.
+func (st *Site) EvalData(tr *prep.Transform, eval *schema.Table) (model.Data, error) {
+	own, err := st.Transform(tr)
+	if err != nil {
+		return model.Data{}, err
+	}
+	all := make([]int, eval.Rows)
+	for i := range all {
+		all[i] = i
+	}
+	return apply(own, eval, all), nil
+}
+
 // apply is tr.Apply for exactly rows (Apply reads nil as every row).
 func apply(tr *prep.Transform, t *schema.Table, rows []int) model.Data {
 	if len(rows) == 0 {
