@@ -3,7 +3,8 @@
 // federation schema and split into training and held-out rows (Load,
 // FromTable), the statistics of its training rows (Statistics), the
 // federation's transform fitted from pooled statistics (Fit) and applied
-// to the site's rows (Data), the model every party trains (ModelSpec), the
+// to the site's rows (Data), held-out rows kept in a separate file
+// (TrainOnEvery, EvalData), the model every party trains (ModelSpec), the
 // evaluation of a model on held-out rows (Evaluate), and site errors with
 // the reason codes the protocol carries (SiteError).
 //
