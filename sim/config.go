@@ -87,6 +87,11 @@ type Config struct {
 	// SiteColumn names the column of each row's site (--partition
 	// natural with Schema).
 	SiteColumn string `json:"site_column,omitempty"`
+	// EvalDataset is a CSV of held-out rows (csv:PATH, with Schema and
+	// SiteColumn): each site evaluates on its rows of it and trains on
+	// every one of its rows of Dataset, the schema's holdout not applied,
+	// as a site whose agent has eval_data set.
+	EvalDataset string `json:"eval_dataset,omitempty"`
 
 	// DP is central differential privacy (docs/privacy.md; nil: off):
 	// every site's update clipped to DP.Clip through package uplink, the

@@ -127,11 +127,21 @@ func TestSimSchemaDPMatchesLive(t *testing.T) {
 // returns the final bundle and the aggregator's state file.
 func liveSchemaRun(t *testing.T, federation string, res *Results, perSite []string, srv aggregator.ServerConfig, rounds int, simGlobal map[int][]float64) (final []byte, statePath string) {
 	t.Helper()
+	return liveSchemaRunEval(t, federation, res, perSite, nil, srv, rounds, simGlobal)
+}
+
+// liveSchemaRunEval is liveSchemaRun with each site's eval_data
+// (evalPerSite[i] for perSite[i]; nil: none).
+func liveSchemaRunEval(t *testing.T, federation string, res *Results, perSite, evalPerSite []string, srv aggregator.ServerConfig, rounds int, simGlobal map[int][]float64) (final []byte, statePath string) {
+	t.Helper()
 	log, _ := testkit.FailureLog(t, "the live federation")
 	live := t.TempDir()
 	sites := make([]localfed.Site, len(perSite))
 	for i, p := range perSite {
 		sites[i] = localfed.Site{ID: res.Sites[i].ID, Source: "csv:" + p, ModelOut: filepath.Join(live, res.Sites[i].ID+".bundle.json")}
+		if evalPerSite != nil {
+			sites[i].EvalSource = evalPerSite[i]
+		}
 	}
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	var mu sync.Mutex

@@ -212,7 +212,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 	if cfg.OptimumCache != "" {
 		extra := ""
 		if sites != nil {
-			extra = sites.schema.Digest() + "," + cfg.SiteColumn
+			extra = schemaCacheKey(sites.schema, cfg)
 		}
 		cachePath = optimumCachePath(cfg, e.spec, extra)
 	}

@@ -44,6 +44,10 @@ type siteSet struct {
 	ids       []string
 	info      []SiteInfo
 	rows      [][]int // each site's data rows of the CSV (0-based), in file order
+	// evalRows are each site's rows of the --eval-dataset CSV, nil
+	// without it.
+	evalRows [][]int
+	eval     *schema.Table
 }
 
 // modelSpec is the model every party of the federation trains
@@ -103,6 +107,12 @@ func buildSites(cfg *Config, progress io.Writer) (*dataset.Federated, *siteSet, 
 		return nil, nil, err
 	}
 	set := &siteSet{schema: src.schema, ids: ids, rows: groups}
+	if src.evalTab != nil {
+		if set.evalRows, err = src.evalGroups(ids); err != nil {
+			return nil, nil, err
+		}
+		set.eval = src.evalTab
+	}
 	if err := set.fit(src, progress); err != nil {
 		return nil, nil, err
 	}
@@ -126,6 +136,11 @@ type schemaData struct {
 	part    dataset.Partition
 	tab     *schema.Table
 	rowSite []string // each row's site (--site-column), else nil
+	// The --eval-dataset CSV, its path and each of its rows' site (nil
+	// without it).
+	evalPath    string
+	evalTab     *schema.Table
+	evalRowSite []string
 }
 
 // readSchemaData checks the flags of a --schema run and reads its CSV.
@@ -174,7 +189,74 @@ func readSchemaData(cfg *Config, progress io.Writer) (*schemaData, error) {
 	if len(d.tab.Extra) > 0 {
 		fmt.Fprintf(progress, "data %s: columns not in the schema, ignored: %s\n", path, strings.Join(d.tab.Extra, ", "))
 	}
+	if cfg.EvalDataset != "" {
+		if err := d.readEval(cfg); err != nil {
+			return nil, err
+		}
+	}
 	return d, nil
+}
+
+// readEval reads the --eval-dataset CSV: held-out rows, each naming its
+// site in the same --site-column.
+func (d *schemaData) readEval(cfg *Config) error {
+	if cfg.SiteColumn == "" {
+		return fmt.Errorf("--eval-dataset needs --site-column (with --partition natural): each held-out row names its site")
+	}
+	path, err := schemaSource(cfg.EvalDataset, d.schema)
+	if err != nil {
+		return fmt.Errorf("--eval-dataset: %w", err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("--eval-dataset: %w", err)
+	}
+	defer f.Close()
+	d.evalPath = path
+	d.evalTab, d.evalRowSite, err = d.schema.ReadSitesCSV(f, path, cfg.SiteColumn)
+	return err // a *schema.CSVError: one line naming file, line, column
+}
+
+// evalGroups are each site's rows of the --eval-dataset CSV, in the
+// order of ids; a held-out row of a site with no training rows is an
+// error (it would be evaluated by nobody).
+func (d *schemaData) evalGroups(ids []string) ([][]int, error) {
+	pos := make(map[string]int, len(ids))
+	for k, id := range ids {
+		pos[id] = k
+	}
+	groups := make([][]int, len(ids))
+	for i, id := range d.evalRowSite {
+		k, ok := pos[id]
+		if !ok {
+			return nil, fmt.Errorf("--eval-dataset %s: row %d names site %q, which has no rows in %s", d.evalPath, i+2, id, d.path)
+		}
+		groups[k] = append(groups[k], i)
+	}
+	return groups, nil
+}
+
+// newSite is site k's data as its agent reads it: its rows of the CSV,
+// split by the schema's holdout, or with --eval-dataset every row a
+// training row (its held-out rows are set.evalRows[k]).
+func (set *siteSet) newSite(d *schemaData, k int) *sitedata.Site {
+	file := fmt.Sprintf("%s (%s)", d.path, set.ids[k])
+	if d.part.Kind == dataset.PartNatural {
+		file = fmt.Sprintf("%s (site %s)", d.path, set.ids[k])
+	}
+	site := sitedata.FromTable(set.schema, d.tab.Subset(set.rows[k]), file)
+	if set.eval != nil {
+		site.TrainOnEvery()
+	}
+	return site
+}
+
+// holdoutRows is the number of site k's held-out rows.
+func (set *siteSet) holdoutRows(k int) int {
+	if set.eval != nil {
+		return len(set.evalRows[k])
+	}
+	return len(set.sites[k].Holdout)
 }
 
 // group splits the rows into sites: by the site column (natural, sites in
@@ -221,12 +303,8 @@ func (set *siteSet) fit(d *schemaData, progress io.Writer) error {
 		return set.declared(d, progress)
 	}
 	var stats []*prep.Stats
-	for k, g := range set.rows {
-		file := fmt.Sprintf("%s (%s)", d.path, set.ids[k])
-		if d.part.Kind == dataset.PartNatural {
-			file = fmt.Sprintf("%s (site %s)", d.path, set.ids[k])
-		}
-		site := sitedata.FromTable(set.schema, d.tab.Subset(g), file)
+	for k := range set.rows {
+		site := set.newSite(d, k)
 		st, err := site.Statistics()
 		if err != nil {
 			return err
@@ -240,7 +318,7 @@ func (set *siteSet) fit(d *schemaData, progress io.Writer) error {
 		if err != nil {
 			return err
 		}
-		set.info = append(set.info, SiteInfo{ID: set.ids[k], TrainRows: len(site.Train), HoldoutRows: len(site.Holdout), ClassCounts: st.ClassCounts, StatsBytes: len(raw)})
+		set.info = append(set.info, SiteInfo{ID: set.ids[k], TrainRows: len(site.Train), HoldoutRows: set.holdoutRows(k), ClassCounts: st.ClassCounts, StatsBytes: len(raw)})
 	}
 	// The aggregator's statistics review, as it logs it (its findings
 	// never stop a simulation).
@@ -271,12 +349,8 @@ func (set *siteSet) statisticsSites() []string {
 
 // declared is fit for a schema that declares its preprocessing.
 func (set *siteSet) declared(d *schemaData, progress io.Writer) error {
-	for k, g := range set.rows {
-		file := fmt.Sprintf("%s (%s)", d.path, set.ids[k])
-		if d.part.Kind == dataset.PartNatural {
-			file = fmt.Sprintf("%s (site %s)", d.path, set.ids[k])
-		}
-		site := sitedata.FromTable(set.schema, d.tab.Subset(g), file)
+	for k := range set.rows {
+		site := set.newSite(d, k)
 		if err := site.EnoughRows(); err != nil {
 			return err // as the site refuses to train
 		}
@@ -291,7 +365,7 @@ func (set *siteSet) declared(d *schemaData, progress io.Writer) error {
 			}
 		}
 		set.sites = append(set.sites, site)
-		set.info = append(set.info, SiteInfo{ID: set.ids[k], TrainRows: len(site.Train), HoldoutRows: len(site.Holdout), ClassCounts: counts})
+		set.info = append(set.info, SiteInfo{ID: set.ids[k], TrainRows: len(site.Train), HoldoutRows: set.holdoutRows(k), ClassCounts: counts})
 	}
 	var err error
 	set.transform, err = prep.Declared(set.schema)
@@ -309,6 +383,11 @@ func (set *siteSet) federated(d *schemaData) (*dataset.Federated, error) {
 		train, hold, err := site.Data(set.transform)
 		if err != nil {
 			return nil, err
+		}
+		if set.eval != nil {
+			if hold, err = site.EvalData(set.transform, set.eval.Subset(set.evalRows[k])); err != nil {
+				return nil, err
+			}
 		}
 		fed.Clients = append(fed.Clients, dataset.Client{ID: set.ids[k], Train: train, Test: hold})
 	}
@@ -379,7 +458,7 @@ func BuildSchemaFederation(ctx context.Context, cfg Config, progress io.Writer) 
 	}
 	cachePath := ""
 	if cfg.OptimumCache != "" {
-		cachePath = optimumCachePath(cfg, spec, set.schema.Digest()+","+cfg.SiteColumn)
+		cachePath = optimumCachePath(cfg, spec, schemaCacheKey(set.schema, cfg))
 	}
 	xs, opt, err := centralised(ctx, cfg, m, train, test, m.InitParams(streams.Of(cfg.Seed, streams.Init, 0, 0)), cachePath, progress)
 	if err != nil {
@@ -565,4 +644,15 @@ func BundlePath(file, label string, runs int) string {
 		ext = "." + ext
 	}
 	return dir + name + "-" + safeName(label) + ext
+}
+
+// schemaCacheKey is what a --schema run's centralised optimum depends on
+// besides optimumCachePath's fields: the schema, the site column and the
+// held-out file (which decides the training rows).
+func schemaCacheKey(s *schema.Schema, cfg Config) string {
+	k := s.Digest() + "," + cfg.SiteColumn
+	if cfg.EvalDataset != "" {
+		k += ",eval=" + cfg.EvalDataset
+	}
+	return k
 }

@@ -191,6 +191,8 @@ func TestSimulateSchema(t *testing.T) {
 		{[]string{"--schema", schemaFile, "--dataset", "csv:" + bad, "--site-column", "site"}, `bad.csv: line 4: column "a": "1e999" is not a finite number`},
 		{[]string{"--site-column", "site"}, "--site-column needs --schema"},
 		{[]string{"--bundle-out", bundleFile}, "--bundle-out needs --schema"},
+		{[]string{"--eval-dataset", "csv:" + data}, "--eval-dataset needs --schema"},
+		{[]string{"--schema", schemaFile, "--dataset", "csv:" + data, "--partition", "iid", "--clients", "2", "--eval-dataset", "csv:" + data}, "--eval-dataset needs --site-column"},
 		{[]string{"--schema", schemaFile, "--dataset", "csv:" + data, "--site-column", "site", "--test-fraction", "0.2"}, "--test-fraction"},
 		{[]string{"--schema", filepath.Join(dir, "none.json"), "--dataset", "csv:" + data}, "none.json"},
 	} {

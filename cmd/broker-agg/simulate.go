@@ -49,6 +49,7 @@ flags:
 	fs.StringVar(&cfg.Partition, "partition", cfg.Partition, "partition `SPEC`: natural (synthetic devices, LEAF users, or with --schema the sites of --site-column) | iid | dirichlet:ALPHA | classes:K")
 	fs.StringVar(&cfg.Schema, "schema", "", "federation schema `FILE` (JSON, as broker-agg run --schema): --dataset csv:PATH is read by header name through it and goes through the daemons' pipeline: per-site statistics of the training rows, the federation's preprocessing (the schema's standardize), training, and every --eval-every rounds and at the end a federated evaluation on each site's held-out rows (the schema's holdout share), written to results.json")
 	fs.StringVar(&cfg.SiteColumn, "site-column", "", "with --schema and --partition natural: the CSV column `NAME` naming each row's site (one client per site; --clients defaults to the site count, --per-round to every site)")
+	fs.StringVar(&cfg.EvalDataset, "eval-dataset", "", "with --schema and --site-column: csv:`PATH` of held-out rows with the same columns, each naming its site in the site column; every row of --dataset then trains (the schema's holdout does not apply) and each site evaluates on its rows of PATH, as an edge agent with eval_data does (a fixed per-site train/test split, e.g. a published benchmark's)")
 	fs.StringVar(bundleOut, "bundle-out", "", "with --schema: write the final model bundle (model, schema, preprocessing, final evaluation, provenance) to `FILE`; with several algorithms FILE gets -LABEL before its extension")
 	fs.IntVar(&cfg.Clients, "clients", cfg.Clients, "number of clients N")
 	fs.IntVar(&cfg.PerRound, "per-round", cfg.PerRound, "clients selected per round K")
@@ -121,7 +122,7 @@ func (o *simulateFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if cfg.Schema == "" {
-		for _, name := range []string{"site-column", "bundle-out"} {
+		for _, name := range []string{"site-column", "eval-dataset", "bundle-out"} {
 			if set[name] {
 				return fmt.Errorf("--%s needs --schema FILE", name)
 			}

@@ -3,7 +3,8 @@
 // federation schema and split into training and held-out rows (Load,
 // FromTable), the statistics of its training rows (Statistics), the
 // federation's transform fitted from pooled statistics (Fit) and applied
-// to the site's rows (Data), the model every party trains (ModelSpec), the
+// to the site's rows (Data), held-out rows kept in a separate file
+// (TrainOnEvery, EvalData), the model every party trains (ModelSpec), the
 // evaluation of a model on held-out rows (Evaluate), and site errors with
 // the reason codes the protocol carries (SiteError).
 //
@@ -145,6 +146,32 @@ func (st *Site) Data(tr *prep.Transform) (train, holdout model.Data, err error) 
 		return model.Data{}, model.Data{}, err
 	}
 	return apply(tr, st.Table, st.Train), apply(tr, st.Table, st.Holdout), nil
+}
+
+// TrainOnEvery makes every row of the site's table a training row and
+// holds none out: a site whose held-out rows come from a separate file
+// (eval_data; simulate's --eval-dataset) trains on all of its data.
+func (st *Site) TrainOnEvery() {
+	st.Train, st.Holdout = make([]int, st.Table.Rows), nil
+	for i := range st.Train {
+		st.Train[i] = i
+	}
+}
+
+// EvalData is a separate table of held-out rows (eval_data) under the
+// federation's transform tr as this site applies it (Transform, so with
+// standardize = client the site's own training statistics): every row of
+// eval, none trained on.
+func (st *Site) EvalData(tr *prep.Transform, eval *schema.Table) (model.Data, error) {
+	own, err := st.Transform(tr)
+	if err != nil {
+		return model.Data{}, err
+	}
+	all := make([]int, eval.Rows)
+	for i := range all {
+		all[i] = i
+	}
+	return apply(own, eval, all), nil
 }
 
 // apply is tr.Apply for exactly rows (Apply reads nil as every row).

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -346,5 +347,46 @@ func TestModelSpec(t *testing.T) {
 	}
 	if _, err := ModelSpec(bin, nil, "logreg", 0, "", 0); err == nil {
 		t.Error("no transform accepted")
+	}
+}
+
+// A site whose held-out rows are a separate file (eval_data): after
+// TrainOnEvery every row of its data trains and none is held out, and
+// EvalData is every row of the other table under the transform the site
+// applies to its training rows (with standardize = client its own
+// training statistics, not the pooled ones).
+func TestTrainOnEveryAndEvalData(t *testing.T) {
+	for _, mode := range []string{schema.StandardizeFederation, schema.StandardizeClient} {
+		t.Run(mode, func(t *testing.T) {
+			s := testSchema(t, schema.TaskBinary, `, "holdout": 0.3, "standardize": "`+mode+`"`)
+			ss := sites(t, s, 3)
+			st, other := ss[0], ss[1]
+			st.TrainOnEvery()
+			if len(st.Train) != st.Table.Rows || len(st.Holdout) != 0 || st.Train[0] != 0 || st.Train[st.Table.Rows-1] != st.Table.Rows-1 {
+				t.Fatalf("train %d of %d rows, holdout %d", len(st.Train), st.Table.Rows, len(st.Holdout))
+			}
+			tr, err := Fit(s, pooled(t, s, ss))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := st.EvalData(tr, other.Table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			own, err := st.Transform(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := own.Apply(other.Table, nil)
+			if got.N != other.Table.Rows || !slices.Equal(got.X, want.X) || !slices.Equal(got.Y, want.Y) {
+				t.Fatalf("EvalData: %d rows, want every one of %d under the site's transform", got.N, other.Table.Rows)
+			}
+			if pooledX := tr.Apply(other.Table, nil).X; (mode == schema.StandardizeClient) == slices.Equal(got.X, pooledX) {
+				t.Fatalf("standardize %s: EvalData equal to the pooled transform's: %v", mode, slices.Equal(got.X, pooledX))
+			}
+			if _, err := st.EvalData(nil, other.Table); err == nil {
+				t.Fatal("EvalData without a transform: no error")
+			}
+		})
 	}
 }

@@ -274,10 +274,7 @@ func (c *siteCache) load(h *RoundHandler, run string, s *schema.Schema) (*loaded
 	}
 	ls := &loadedSite{site: st}
 	if h.EvalFile != "" {
-		st.Train, st.Holdout = make([]int, st.Table.Rows), nil
-		for i := range st.Train {
-			st.Train[i] = i
-		}
+		st.TrainOnEvery()
 		ev, err := sitedata.Load(s, h.EvalFile)
 		if err != nil {
 			return nil, err
@@ -332,13 +329,8 @@ func (c *siteCache) data(h *RoundHandler, run string, s *schema.Schema, rawTr []
 		return train, holdout, err
 	}
 	if ls.eval != nil {
-		own, err := ls.site.Transform(&tr) // the training rows' (standardize = client)
-		if err != nil {
+		if holdout, err = ls.site.EvalData(&tr, ls.eval); err != nil {
 			return train, holdout, err
-		}
-		holdout = model.Data{D: own.Outputs, X: []float64{}, Y: []float64{}}
-		if ls.eval.Rows > 0 {
-			holdout = own.Apply(ls.eval, nil)
 		}
 	}
 	c.trKey, c.train, c.holdout = key, train, holdout

@@ -51,6 +51,9 @@ type Site struct {
 	// Source is the agent's data source spec when Data is nil (csv:PATH,
 	// read by the federation's schema).
 	Source string
+	// EvalSource is the agent's eval_data (a CSV of held-out rows read by
+	// the federation's schema; "": the schema's holdout share of Source).
+	EvalSource string
 	// ModelOut is where the agent writes the final bundle ("": next to its
 	// state file).
 	ModelOut string
@@ -162,7 +165,7 @@ func StartAgents(ctx context.Context, c AgentsConfig) (*Agents, error) {
 			cfg.ReconnectMin = c.ReconnectMin
 		}
 		cfg.ReconnectMax = c.ReconnectMax
-		cfg.Data, cfg.ModelOut = s.Source, s.ModelOut
+		cfg.Data, cfg.EvalData, cfg.ModelOut = s.Source, s.EvalSource, s.ModelOut
 		// Simulated sites of one process (demo --dir run again after
 		// removing state files): no gateway's identity to protect.
 		cfg.FreshState = true
