@@ -222,6 +222,27 @@ func (c Config) Validate() error {
 	if err := wire.ValidID(c.Federation); err != nil {
 		return configErr("federation: %v", err)
 	}
+	if err := c.validateBrokers(); err != nil {
+		return err
+	}
+	if c.StateFile == "" {
+		return configErr("no state file")
+	}
+	if err := c.validateData(); err != nil {
+		return err
+	}
+	if err := c.validateSession(); err != nil {
+		return err
+	}
+	if _, err := ParseLevel(c.LogLevel); err != nil {
+		return err
+	}
+	return c.Local.Validate()
+}
+
+// validateBrokers checks the broker URLs against the TLS and login
+// settings.
+func (c Config) validateBrokers() error {
 	if len(c.Brokers) == 0 {
 		return configErr("no broker URL")
 	}
@@ -254,9 +275,11 @@ func (c Config) Validate() error {
 	if c.Password != "" && c.Username == "" {
 		return configErr("a password without a username")
 	}
-	if c.StateFile == "" {
-		return configErr("no state file")
-	}
+	return nil
+}
+
+// validateData checks the data source's settings and the output paths.
+func (c Config) validateData() error {
 	if c.EvalData != "" {
 		if _, ok := csvPath(c.Data); !ok || c.DataClient >= 0 {
 			return configErr("eval_data %s: held-out rows of a csv source read by the federation's schema; data %q is not csv:PATH", c.EvalData, c.Data)
@@ -280,6 +303,11 @@ func (c Config) Validate() error {
 	default:
 		return configErr("standardize %q: expected none or client", c.Standardize)
 	}
+	return nil
+}
+
+// validateSession checks the MQTT session's limits and durations.
+func (c Config) validateSession() error {
 	if c.MaxMessageBytes < 0 {
 		return configErr("max message bytes %d < 0", c.MaxMessageBytes)
 	}
@@ -291,10 +319,7 @@ func (c Config) Validate() error {
 			return configErr("%s %v < 0", d.name, d.v)
 		}
 	}
-	if _, err := ParseLevel(c.LogLevel); err != nil {
-		return err
-	}
-	return c.Local.Validate()
+	return nil
 }
 
 // Validate reports a device budget or override out of range: the device's
