@@ -22,6 +22,7 @@ type LogReg struct {
 	l2   float64
 	z    []float64 // n×c logits, then their gradient
 	pred []float64 // Score's predictions
+	step stepScratch
 }
 
 // NewLogReg returns a multinomial logistic regression over inputs features and

@@ -31,6 +31,8 @@ type MLP struct {
 	da      []float64 // n×h gradient with respect to the hidden pre-activations
 	z       []float64 // n×c logits, then their gradient
 	pred    []float64 // Score's predictions
+	w2t     []float64 // Step's W2 transposed (c×h)
+	step    stepScratch
 }
 
 // NewMLP returns an MLP with inputs features, hidden units, classes outputs
