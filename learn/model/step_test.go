@@ -129,7 +129,11 @@ func TestProxStepDefinition(t *testing.T) {
 		want := make([]float64, n)
 		var ss float64
 		for i := range w {
-			want[i] = w[i] - lr*((g[i]+l2*w[i])+mu*(w[i]-a[i]))
+			// Each operation rounded on its own: the conversions stop
+			// the compiler fusing them (as it does on arm64).
+			d := float64(g[i] + float64(l2*w[i]))
+			e := float64(mu * float64(w[i]-a[i]))
+			want[i] = w[i] - float64(lr*float64(d+e))
 			ss += w[i] * w[i]
 		}
 		got := proxStep(w, g, a, lr, l2, mu)
