@@ -3,9 +3,12 @@ package model
 import (
 	"fmt"
 	"math"
+
+	"gonum.org/v1/gonum/blas"
 )
 
-// The mini-batch kernels of Step. At batch 10 the products are tiny (a
+// The matrix kernels of LogReg and MLP (Step, and LossGrad and Predict where
+// the FMA is one instruction: fastFMA). At batch 10 the products are tiny (a
 // 10×784 by 784×10 product is 78k multiply-adds), so what costs is per-call
 // and per-element overhead, not arithmetic: gonum's Dgemm re-checks, tiles and
 // dispatches on every call and its inner loops are length-10 axpys. These
@@ -100,4 +103,43 @@ func proxStep(w, g, a []float64, lr, l2, mu float64) float64 {
 		return 0
 	}
 	return 0.5 * l2 * ((ss[0] + ss[1]) + (ss[2] + ss[3]))
+}
+
+// tnChunk is how many samples productTN hands the kernel at a time: the
+// kernel reads aᵀ by columns of a, and a chunk of rows keeps those reads in
+// cache lines the neighbouring output rows reuse.
+const tnChunk = 64
+
+// productNN computes C = A B (or C += A B when acc is set) for row-major A
+// (m×k), B (k×n) and C (m×n): with the kernels where the FMA is one
+// instruction, else with gonum.
+func productNN(m, n, k int, a, b, c []float64, acc bool) {
+	if fastFMA {
+		gemmAcc(m, n, k, a, k, 1, b, n, c, n, acc)
+		return
+	}
+	beta := 0.0
+	if acc {
+		beta = 1
+	}
+	gemm(blas.NoTrans, blas.NoTrans, 1, general(m, k, a), general(k, n, b), beta, general(m, n, c))
+}
+
+// productTN computes C = Aᵀ B for row-major A (k×m), B (k×n) and C (m×n),
+// like productNN. The kernel path takes the k rows in chunks, each chunk
+// adding to what the previous ones left: every element still sums its terms
+// in order.
+func productTN(m, n, k int, a, b, c []float64) {
+	if !fastFMA {
+		gemm(blas.Trans, blas.NoTrans, 1, general(k, m, a), general(k, n, b), 0, general(m, n, c))
+		return
+	}
+	if k == 0 {
+		gemmAcc(m, n, 0, nil, 1, m, nil, n, c, n, false)
+		return
+	}
+	for l0 := 0; l0 < k; l0 += tnChunk {
+		kc := min(tnChunk, k-l0)
+		gemmAcc(m, n, kc, a[l0*m:], 1, m, b[l0*n:], n, c, n, l0 > 0)
+	}
 }

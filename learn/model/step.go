@@ -118,13 +118,7 @@ func (m *MLP) Step(w []float64, d Data, idx []int, lr, mu float64, anchor []floa
 	addColSums(g[ob2:], m.z)
 	// da = G W2ᵀ, with W2 transposed into a c×h scratch so that the kernel
 	// reads it by rows.
-	m.w2t = grow(m.w2t, c*h)
-	w2 := w[ow2:ob2]
-	for j := range h {
-		for k := range c {
-			m.w2t[k*h+j] = w2[j*c+k]
-		}
-	}
+	m.transposeW2(w[ow2:ob2])
 	m.da = grow(m.da, n*h)
 	gemmAcc(n, h, c, m.z, c, 1, m.w2t, h, m.da, h, false)
 	if m.act == ActivationTanh {
@@ -142,4 +136,14 @@ func (m *MLP) Step(w []float64, d Data, idx []int, lr, mu float64, anchor []floa
 	clear(g[ob1:ow2])
 	addColSums(g[ob1:ow2], m.da)
 	return loss + proxStep(w, g, an, lr, m.l2, mu)
+}
+
+// transposeW2 writes W2ᵀ (c×h) into m.w2t.
+func (m *MLP) transposeW2(w2 []float64) {
+	m.w2t = grow(m.w2t, m.c*m.h)
+	for j := range m.h {
+		for k := range m.c {
+			m.w2t[k*m.h+j] = w2[j*m.c+k]
+		}
+	}
 }
