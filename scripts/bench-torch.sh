@@ -14,10 +14,16 @@
 # on a shared machine, take the ratios within a repetition, not absolute
 # figures across runs.
 #
-# Figures per run: solve only, training samples/s over the epochs (both sides
-# leave out the anchor and final full passes); whole process, wall seconds and
-# peak RSS of the command (/usr/bin/time), data loading and, for PyTorch,
-# `import torch` included.
+# Figures per run, each as edgefl's advantage over PyTorch in the same
+# repetition (higher is better for edgefl):
+#   solve, wall     training samples/s over the epochs by the wall clock
+#                   (edge-agent's samples_per_second; both leave out the
+#                   anchor and final full passes)
+#   solve, CPU      epochs x samples over the process CPU time of the whole
+#                   solve, the two full passes included (solve_cpu_seconds):
+#                   what the solve costs, whatever else the machine runs
+#   process wall, process CPU, peak RSS: of the whole command (/usr/bin/time),
+#                   data loading and, for PyTorch, `import torch` included
 #
 # Usage: scripts/bench-torch.sh [OUTDIR]   (default bench-results/torch)
 # Environment: RUNS (default 3), EPOCHS (default 20), TORCH_THREADS (default 1),
@@ -59,63 +65,69 @@ state_file = $out/state/edge.db
 CONF
 
 common=(--epochs "$epochs" --batch 10 --lr 0.01 --mu 1 --l2 1e-4 --seed 1)
-# run NAME MODEL: one timed run; NAME.json holds the report plus wall_seconds
-# and max_rss_kb of the whole process.
+# run NAME MODEL: one timed run; NAME-MODEL-REP.json holds the report plus
+# the whole process's wall_seconds, cpu_seconds and max_rss_kb.
 run() {
   local name=$1 m=$2 f="$out/$1-$2-$rep"
   if [ "$name" = torch ]; then
-    /usr/bin/time -f '%e %M' -o "$f.time" "$py" scripts/bench_torch.py train --csv "$data" --model "$m" --hidden 64 --threads "$threads" "${common[@]}" >"$f.raw"
+    /usr/bin/time -f '%e %U %S %M' -o "$f.time" "$py" scripts/bench_torch.py train --csv "$data" --model "$m" --hidden 64 --threads "$threads" "${common[@]}" >"$f.raw"
   else
-    /usr/bin/time -f '%e %M' -o "$f.time" "$out/$name" bench --config "$out/edge-agent.conf" --model "$m" --hidden 64 --solver sgd --deadline 10m "${common[@]}" --json >"$f.raw"
+    /usr/bin/time -f '%e %U %S %M' -o "$f.time" "$out/$name" bench --config "$out/edge-agent.conf" --model "$m" --hidden 64 --solver sgd --deadline 10m "${common[@]}" --json >"$f.raw"
   fi
-  read -r wall rss <"$f.time"
-  jq --argjson w "$wall" --argjson r "$rss" '. + {wall_seconds: $w, max_rss_kb: $r}' "$f.raw" >"$f.json"
+  read -r wall usr sys rss <"$f.time"
+  jq --argjson w "$wall" --argjson c "$(awk -v u="$usr" -v s="$sys" 'BEGIN { print u + s }')" --argjson r "$rss" \
+    '. + {wall_seconds: $w, cpu_seconds: $c, max_rss_kb: $r}' "$f.raw" >"$f.json"
+}
+
+# ratios FILE TORCHFILE: samples/s (wall), samples/s (CPU), process wall s,
+# process CPU s, peak RSS MiB, final loss, then the five ratios to PyTorch.
+ratios() {
+  jq -r --slurpfile t "$2" --argjson n "$((2000 * epochs))" '
+    def cpu_sps: $n / .solve_cpu_seconds;
+    [.samples_per_second, cpu_sps, .wall_seconds, .cpu_seconds, .max_rss_kb / 1024, .loss,
+     .samples_per_second / $t[0].samples_per_second, cpu_sps / ($t[0] | cpu_sps),
+     $t[0].wall_seconds / .wall_seconds, $t[0].cpu_seconds / .cpu_seconds, $t[0].max_rss_kb / .max_rss_kb] | @tsv' "$1"
 }
 
 echo "## local solve versus PyTorch ($(git describe --always --dirty))"
 echo
-echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//') x$(nproc), load $(cut -d' ' -f1-3 /proc/loadavg), $(go version | cut -d' ' -f3), torch $("$py" -c 'import torch; print(torch.__version__)') with $threads thread(s)"
+echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//') x$(nproc), load $(cut -d' ' -f1-3 /proc/loadavg) at the start, $(go version | cut -d' ' -f3), torch $("$py" -c 'import torch; print(torch.__version__)') with $threads thread(s)"
 echo "solve: SGD batch 10, $epochs epochs, lr 0.01, mu 1, L2 1e-4, 2,000 x 784, 10 classes; edgefl float64, PyTorch float32"
 echo
-echo "| run | model | program | samples/s | vs PyTorch | wall s | peak RSS MiB | wall vs PyTorch | RSS vs PyTorch | final loss |"
-echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+echo "| run | model | program | solve samples/s, wall | vs PyTorch | solve samples/s, CPU | vs PyTorch | process wall s | vs PyTorch | process CPU s | vs PyTorch | peak RSS MiB | vs PyTorch | final loss |"
+echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for ((rep = 1; rep <= runs; rep++)); do
   for m in logreg mlp; do
     for b in "${bins[@]}"; do
       run "$b" "$m"
       [ "$b" = edge-agent ] && run torch "$m"
     done
-    t="$out/torch-$m-$rep.json"
     for b in "${bins[@]}" torch; do
-      jq -r --slurpfile t "$t" --arg run "$rep" --arg m "$m" --arg b "$b" '
-        [$run, $m, $b,
-         (.samples_per_second | floor | tostring),
-         ((.samples_per_second / $t[0].samples_per_second) * 100 | round / 100 | tostring) + "x",
-         (.wall_seconds | tostring),
-         ((.max_rss_kb / 1024) * 10 | round / 10 | tostring),
-         (($t[0].wall_seconds / .wall_seconds) * 100 | round / 100 | tostring) + "x",
-         (($t[0].max_rss_kb / .max_rss_kb) * 10 | round / 10 | tostring) + "x",
-         (.loss * 10000 | round / 10000 | tostring)]
-        | "| " + join(" | ") + " |"' "$out/$b-$m-$rep.json"
+      ratios "$out/$b-$m-$rep.json" "$out/torch-$m-$rep.json" | awk -F'\t' -v r="$rep" -v m="$m" -v b="$b" '
+        { printf "| %s | %s | %s | %.0f | %.2fx | %.0f | %.2fx | %.2f | %.2fx | %.2f | %.2fx | %.1f | %.1fx | %.4f |\n",
+            r, m, b, $1, $7, $2, $8, $3, $9, $4, $10, $5, $11, $6 }'
     done
   done
 done
 echo
-echo "vs PyTorch: samples/s over PyTorch's, and PyTorch's wall time and peak RSS over the program's (higher is better for edgefl), within one run."
+echo "vs PyTorch: edgefl's advantage within the same run (samples/s over PyTorch's; PyTorch's seconds and"
+echo "peak RSS over the program's): higher is better for edgefl."
 echo
-echo "| model | program | solve vs PyTorch: median (min-max) | whole process wall: median (min-max) | peak RSS: median |"
-echo "|---|---|---|---|---|"
+echo "| model | program | solve, wall | solve, CPU | process wall | process CPU | peak RSS |"
+echo "|---|---|---|---|---|---|---|"
 for m in logreg mlp; do
   for b in "${bins[@]}"; do
     for ((rep = 1; rep <= runs; rep++)); do
-      jq -r --slurpfile t "$out/torch-$m-$rep.json" '[.samples_per_second / $t[0].samples_per_second, $t[0].wall_seconds / .wall_seconds, $t[0].max_rss_kb / .max_rss_kb] | @tsv' "$out/$b-$m-$rep.json"
-    done | sort -g | awk -v m="$m" -v b="$b" '
-      { s[NR] = $1; w[NR] = $2; r[NR] = $3 }
-      function med(a, n,   i, j, t, c) { for (i = 1; i <= n; i++) c[i] = a[i]; for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (c[j] < c[i]) { t = c[i]; c[i] = c[j]; c[j] = t }; return n % 2 ? c[(n + 1) / 2] : (c[n / 2] + c[n / 2 + 1]) / 2 }
-      function lo(a, n,   i, v) { v = a[1]; for (i = 2; i <= n; i++) if (a[i] < v) v = a[i]; return v }
-      function hi(a, n,   i, v) { v = a[1]; for (i = 2; i <= n; i++) if (a[i] > v) v = a[i]; return v }
-      END { printf "| %s | %s | %.2fx (%.2f-%.2f) | %.2fx (%.2f-%.2f) | %.1fx |\n", m, b, med(s, NR), lo(s, NR), hi(s, NR), med(w, NR), lo(w, NR), hi(w, NR), med(r, NR) }'
+      ratios "$out/$b-$m-$rep.json" "$out/torch-$m-$rep.json"
+    done | awk -F'\t' -v m="$m" -v b="$b" '
+      { for (k = 7; k <= 11; k++) v[k, NR] = $k }
+      function stat(k,   i, j, t, c, n) {
+        n = NR; for (i = 1; i <= n; i++) c[i] = v[k, i]
+        for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (c[j] < c[i]) { t = c[i]; c[i] = c[j]; c[j] = t }
+        return sprintf("%.2fx (%.2f-%.2f)", n % 2 ? c[(n + 1) / 2] : (c[n / 2] + c[n / 2 + 1]) / 2, c[1], c[n])
+      }
+      END { printf "| %s | %s | %s | %s | %s | %s | %s |\n", m, b, stat(7), stat(8), stat(9), stat(10), stat(11) }'
   done
 done
 echo
-echo "Raw JSON: $out/*.json"
+echo "Each cell: the median over $runs runs (min-max). Raw JSON: $out/*.json"
