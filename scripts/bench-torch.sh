@@ -80,12 +80,13 @@ run() {
 }
 
 # ratios FILE TORCHFILE: samples/s (wall), samples/s (CPU), process wall s,
-# process CPU s, peak RSS MiB, final loss, then the five ratios to PyTorch.
+# process CPU s, peak RSS MiB, final loss, then the five ratios to PyTorch;
+# -1 for the CPU figures of an edge-agent too old to report solve_cpu_seconds.
 ratios() {
   jq -r --slurpfile t "$2" --argjson n "$((2000 * epochs))" '
-    def cpu_sps: $n / .solve_cpu_seconds;
+    def cpu_sps: if .solve_cpu_seconds then $n / .solve_cpu_seconds else -1 end;
     [.samples_per_second, cpu_sps, .wall_seconds, .cpu_seconds, .max_rss_kb / 1024, .loss,
-     .samples_per_second / $t[0].samples_per_second, cpu_sps / ($t[0] | cpu_sps),
+     .samples_per_second / $t[0].samples_per_second, (if cpu_sps < 0 then -1 else cpu_sps / ($t[0] | cpu_sps) end),
      $t[0].wall_seconds / .wall_seconds, $t[0].cpu_seconds / .cpu_seconds, $t[0].max_rss_kb / .max_rss_kb] | @tsv' "$1"
 }
 
@@ -104,8 +105,9 @@ for ((rep = 1; rep <= runs; rep++)); do
     done
     for b in "${bins[@]}" torch; do
       ratios "$out/$b-$m-$rep.json" "$out/torch-$m-$rep.json" | awk -F'\t' -v r="$rep" -v m="$m" -v b="$b" '
-        { printf "| %s | %s | %s | %.0f | %.2fx | %.0f | %.2fx | %.2f | %.2fx | %.2f | %.2fx | %.1f | %.1fx | %.4f |\n",
-            r, m, b, $1, $7, $2, $8, $3, $9, $4, $10, $5, $11, $6 }'
+        { c = $2 < 0 ? "n/a | n/a" : sprintf("%.0f | %.2fx", $2, $8)
+          printf "| %s | %s | %s | %.0f | %.2fx | %s | %.2f | %.2fx | %.2f | %.2fx | %.1f | %.1fx | %.4f |\n",
+            r, m, b, $1, $7, c, $3, $9, $4, $10, $5, $11, $6 }'
     done
   done
 done
@@ -122,7 +124,8 @@ for m in logreg mlp; do
     done | awk -F'\t' -v m="$m" -v b="$b" '
       { for (k = 7; k <= 11; k++) v[k, NR] = $k }
       function stat(k,   i, j, t, c, n) {
-        n = NR; for (i = 1; i <= n; i++) c[i] = v[k, i]
+        n = 0; for (i = 1; i <= NR; i++) if (v[k, i] >= 0) c[++n] = v[k, i]
+        if (n == 0) return "n/a"
         for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (c[j] < c[i]) { t = c[i]; c[i] = c[j]; c[j] = t }
         return sprintf("%.2fx (%.2f-%.2f)", n % 2 ? c[(n + 1) / 2] : (c[n / 2] + c[n / 2 + 1]) / 2, c[1], c[n])
       }
