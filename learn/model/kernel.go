@@ -65,6 +65,7 @@ func gemmGo(m, n, k int, a []float64, lda, inca int, b []float64, ldb int, c []f
 				continue
 			}
 			brow := b[l*ldb : l*ldb+n]
+			crow := crow[:len(brow)] // one bounds check for the row, not one per element
 			for j, bv := range brow {
 				crow[j] = math.FMA(av, bv, crow[j])
 			}
