@@ -55,6 +55,9 @@ func TestBenchJSON(t *testing.T) {
 			if runtime.GOOS == "linux" && r.PeakRSSSource != "VmHWM" {
 				t.Errorf("peak RSS source %q on linux, want VmHWM", r.PeakRSSSource)
 			}
+			if runtime.GOOS == "linux" && !(r.SolveCPUSeconds > 0 && r.SolveCPUSeconds < 60) {
+				t.Errorf("solve CPU time %v s on linux, want a positive figure", r.SolveCPUSeconds)
+			}
 		})
 	}
 }

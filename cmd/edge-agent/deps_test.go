@@ -79,7 +79,7 @@ var allowedModules = map[string]string{
 	"golang.org/x/net":                    "paho's proxy dialer (golang.org/x/net/proxy)",
 	"golang.org/x/sync":                   "paho's semaphore",
 	"go.etcd.io/bbolt":                    "the edge state and outbox (node/storage, node/edgestore)",
-	"golang.org/x/sys":                    "bbolt's mmap, flock and fdatasync",
+	"golang.org/x/sys":                    "bbolt's mmap, flock and fdatasync; learn/model's CPU feature check",
 	"github.com/klauspost/compress":       "zstd framing of updates (quant/)",
 	"google.golang.org/protobuf":          "the message envelopes (wire/)",
 	"gonum.org/v1/gonum":                  "BLAS kernels of model/ (pure Go on ARM)",

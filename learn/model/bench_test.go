@@ -111,3 +111,31 @@ func TestSteadyStateAllocs(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkStep is one fused FedProx SGD step (Stepper) on a batch of 10
+// dense samples, for the two models of the PyTorch comparison
+// (scripts/bench-torch.sh): the 784-10 logistic regression and the 784-64-10
+// ReLU MLP.
+func BenchmarkStep(b *testing.B) {
+	mlp := Spec{Kind: KindMLP, Inputs: 784, Hidden: 64, Classes: 10, Activation: ActivationReLU, L2: 1e-4}
+	for _, s := range []Spec{mnistLike, mlp} {
+		b.Run(s.Kind, func(b *testing.B) {
+			rng := newRNG(7)
+			m := mustNew(b, s)
+			d := randData(rng, s, 1000)
+			w := m.InitParams(rng)
+			anchor := append([]float64(nil), w...)
+			st := m.(Stepper)
+			var lo int
+			order := rng.Perm(d.N)
+			st.Step(w, d, order[:10], 0.01, 1, anchor)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				st.Step(w, d, order[lo:lo+10], 0.01, 1, anchor)
+				lo = (lo + 10) % d.N
+			}
+			b.ReportMetric(10*float64(b.N)/b.Elapsed().Seconds(), "samples/s")
+		})
+	}
+}

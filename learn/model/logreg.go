@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-
-	"gonum.org/v1/gonum/blas"
 )
 
 // LogReg is multinomial logistic regression (softmax cross-entropy) with a
@@ -22,6 +20,7 @@ type LogReg struct {
 	l2   float64
 	z    []float64 // n×c logits, then their gradient
 	pred []float64 // Score's predictions
+	step stepScratch
 }
 
 // NewLogReg returns a multinomial logistic regression over inputs features and
@@ -49,15 +48,16 @@ func (m *LogReg) InitParams(*rand.Rand) []float64 { return make([]float64, m.Num
 
 // logits writes X W + b into m.z and returns it.
 //
-// Both products keep X as gonum's A operand, whose kernels skip zero entries
-// of A: on ARM (pure-Go gonum) that beats transposing W to get long dot
-// products, by about 3x on MNIST-like inputs that are mostly 0.
+// Both products keep X as the A operand, whose zero entries the kernels
+// (productNN, productTN, and gonum's where they run) skip: on ARM that beats
+// transposing W to get long dot products, by about 3x on MNIST-like inputs
+// that are mostly 0.
 func (m *LogReg) logits(w []float64, d Data) []float64 {
 	checkShape("LogReg", m.NumParams(), m.d, w, d)
 	m.z = grow(m.z, d.N*m.c)
 	setRows(m.z, w[m.d*m.c:])
 	if d.N > 0 {
-		gemm(blas.NoTrans, blas.NoTrans, 1, general(d.N, d.D, d.X), general(m.d, m.c, w), 1, general(d.N, m.c, m.z))
+		productNN(d.N, m.c, m.d, d.X, w[:m.d*m.c], m.z, true)
 	}
 	return m.z
 }
@@ -70,7 +70,7 @@ func (m *LogReg) LossGrad(w []float64, d Data, grad []float64) float64 {
 	loss := softmaxXent(z, m.c, d.Y[:d.N], grad != nil)
 	if grad != nil {
 		// z now holds dLoss/dlogits: dW = Xᵀ G, db = column sums of G.
-		gemm(blas.Trans, blas.NoTrans, 1, general(d.N, d.D, d.X), general(d.N, m.c, z), 0, general(m.d, m.c, grad))
+		productTN(m.d, m.c, d.N, d.X, z, grad[:m.d*m.c])
 		gb := grad[m.d*m.c:]
 		clear(gb)
 		addColSums(gb, z)

@@ -31,6 +31,8 @@ type MLP struct {
 	da      []float64 // n×h gradient with respect to the hidden pre-activations
 	z       []float64 // n×c logits, then their gradient
 	pred    []float64 // Score's predictions
+	w2t     []float64 // Step's W2 transposed (c×h)
+	step    stepScratch
 }
 
 // NewMLP returns an MLP with inputs features, hidden units, classes outputs
@@ -96,7 +98,7 @@ func (m *MLP) forward(w []float64, d Data) []float64 {
 		return m.z
 	}
 	setRows(m.a, w[b1:w2])
-	gemm(blas.NoTrans, blas.NoTrans, 1, general(d.N, d.D, d.X), general(m.d, m.h, w[:b1]), 1, general(d.N, m.h, m.a))
+	productNN(d.N, m.h, m.d, d.X, w[:b1], m.a, true)
 	if m.act == ActivationTanh {
 		for i, v := range m.a {
 			m.a[i] = math.Tanh(v)
@@ -107,7 +109,7 @@ func (m *MLP) forward(w []float64, d Data) []float64 {
 		}
 	}
 	setRows(m.z, w[b2:])
-	gemm(blas.NoTrans, blas.NoTrans, 1, general(d.N, m.h, m.a), general(m.h, m.c, w[w2:b2]), 1, general(d.N, m.c, m.z))
+	productNN(d.N, m.c, m.h, m.a, w[w2:b2], m.z, true)
 	return m.z
 }
 
@@ -128,11 +130,16 @@ func (m *MLP) LossGrad(w []float64, d Data, grad []float64) float64 {
 // forward pass's activations and the logits' gradient in m.z.
 func (m *MLP) backward(w []float64, d Data, grad []float64) {
 	b1, w2, b2 := m.offsets()
-	a, g := general(d.N, m.h, m.a), general(d.N, m.c, m.z)
-	gemm(blas.Trans, blas.NoTrans, 1, a, g, 0, general(m.h, m.c, grad[w2:b2]))
+	productTN(m.h, m.c, d.N, m.a, m.z, grad[w2:b2])
 	addColSums(grad[b2:], m.z)
 	m.da = grow(m.da, d.N*m.h)
-	gemm(blas.NoTrans, blas.Trans, 1, g, general(m.h, m.c, w[w2:b2]), 0, general(d.N, m.h, m.da))
+	if fastFMA {
+		// da = G W2ᵀ through the kernel, which reads W2ᵀ by rows.
+		m.transposeW2(w[w2:b2])
+		productNN(d.N, m.h, m.c, m.z, m.w2t, m.da, false)
+	} else {
+		gemm(blas.NoTrans, blas.Trans, 1, general(d.N, m.c, m.z), general(m.h, m.c, w[w2:b2]), 0, general(d.N, m.h, m.da))
+	}
 	// The activation's derivative, from its output: relu' = [a > 0],
 	// tanh' = 1 - a^2.
 	if m.act == ActivationTanh {
@@ -146,7 +153,7 @@ func (m *MLP) backward(w []float64, d Data, grad []float64) {
 			}
 		}
 	}
-	gemm(blas.Trans, blas.NoTrans, 1, general(d.N, d.D, d.X), general(d.N, m.h, m.da), 0, general(m.d, m.h, grad[:b1]))
+	productTN(m.d, m.h, d.N, d.X, m.da, grad[:b1])
 	addColSums(grad[b1:w2], m.da)
 }
 

@@ -2,7 +2,9 @@
 // multinomial and binary logistic regression, linear least squares and a
 // one-hidden-layer MLP. Every model maps a flat []float64 parameter vector and
 // a batch of samples to a loss, its gradient, predictions and a score. The
-// package is pure: no goroutines, globals or clocks.
+// package is pure: no goroutines or clocks, and no globals but the read-only
+// CPU feature flags of kernel_*.go, which choose between kernels that give
+// the same bits (or, without a hardware FMA, keep Step on LossGrad).
 package model
 
 import (

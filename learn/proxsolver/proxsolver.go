@@ -350,6 +350,18 @@ func (o *objective) batch(w []float64, b model.Data, g []float64) (float64, erro
 	return f, nil
 }
 
+// step takes one fused SGD step on the samples idx (see model.Stepper),
+// counted as one gradient evaluation of len(idx) samples.
+func (o *objective) step(st model.Stepper, w []float64, idx []int, lr float64) error {
+	f := st.Step(w, o.d, idx, lr, o.mu, o.anchor)
+	o.gradEvals++
+	o.sampleGrads += int64(len(idx))
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return fmt.Errorf("%w: mini-batch loss is %v", ErrDiverged, f)
+	}
+	return nil
+}
+
 // prox turns f(w), grad f(w) into h(w; a) and grad h(w; a) (written into gh)
 // and returns h and ||grad h||.
 func (o *objective) prox(w []float64, f float64, gf, gh []float64) (h, gnorm float64) {

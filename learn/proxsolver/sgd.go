@@ -20,6 +20,8 @@ type sgdRun struct {
 	batch model.Data
 	lr    float64
 	bs    int
+	// stepper is the model's fused mini-batch step, when it has one.
+	stepper model.Stepper
 
 	maxEvals int   // 0 = unlimited
 	seen     int64 // training samples processed
@@ -38,6 +40,7 @@ func newSGDRun(obj *objective, tr *tracker, w []float64, cfg Config, maxEvals in
 	for i := range r.perm {
 		r.perm[i] = i
 	}
+	r.stepper, _ = obj.m.(model.Stepper)
 	return r
 }
 
@@ -56,11 +59,21 @@ func (r *sgdRun) epoch(rng *rand.Rand, reserve int) (string, error) {
 		if stop := r.tr.interrupted(); stop != "" {
 			return stop, nil
 		}
-		r.batch = r.obj.d.Gather(r.perm[lo:min(lo+r.bs, n)], r.batch)
+		idx := r.perm[lo:min(lo+r.bs, n)]
+		lr := r.lr
+		if r.stepper != nil {
+			// The model's fused step: the same update, without a
+			// separate gradient vector pass.
+			if err := r.obj.step(r.stepper, w, idx, lr); err != nil {
+				return "", err
+			}
+			r.seen += int64(len(idx))
+			continue
+		}
+		r.batch = r.obj.d.Gather(idx, r.batch)
 		if _, err := r.obj.batch(w, r.batch, gb); err != nil {
 			return "", err
 		}
-		lr := r.lr
 		if mu == 0 {
 			for i, g := range gb {
 				w[i] -= lr * g

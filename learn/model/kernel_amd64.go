@@ -1,0 +1,47 @@
+package model
+
+import "golang.org/x/sys/cpu"
+
+// useAVX selects the assembly kernels: they need AVX2 and FMA (and the OS
+// saving the YMM registers, which x/sys/cpu checks).
+var useAVX = cpu.X86.HasAVX2 && cpu.X86.HasFMA
+
+// fastFMA says whether math.FMA is a single instruction here: without it
+// the portable kernels would run FMA in software, and Step keeps the
+// LossGrad path instead.
+var fastFMA = useAVX
+
+// gemmAVX is gemmAcc on AVX2: full blocks of 32 columns (eight YMM
+// accumulators), then the rest in masked blocks of 16.
+func gemmAVX(m, n, k int, a []float64, lda, inca int, b []float64, ldb int, c []float64, ldc int, load bool) {
+	n32 := n &^ 31
+	if n32 > 0 {
+		gemm32(m, n32/32, k, &a[0], lda, inca, &b[0], ldb, &c[0], ldc, load)
+	}
+	for j0 := n32; j0 < n; j0 += 16 {
+		var mask [16]int64
+		for j := range min(16, n-j0) {
+			mask[j] = -1
+		}
+		gemm16m(m, k, &a[0], lda, inca, &b[j0], ldb, &c[j0], ldc, load, &mask)
+	}
+}
+
+// gemm32 runs nb blocks of 32 columns; see gemmAcc.
+//
+//go:noescape
+func gemm32(m, nb, k int, a *float64, lda, inca int, b *float64, ldb int, c *float64, ldc int, load bool)
+
+// gemm16m runs one block of up to 16 columns, those whose mask entry is -1.
+//
+//go:noescape
+func gemm16m(m, k int, a *float64, lda, inca int, b *float64, ldb int, c *float64, ldc int, load bool, mask *[16]int64)
+
+// proxStepAVX is proxStep's loop over len(w) (a multiple of 4) elements,
+// adding the squares of w into ss lane by lane.
+func proxStepAVX(w, g, a []float64, lr, l2, mu float64, ss *[4]float64) {
+	proxStep4(&w[0], &g[0], &a[0], len(w)/4, lr, l2, mu, ss)
+}
+
+//go:noescape
+func proxStep4(w, gr, a *float64, n4 int, lr, l2, mu float64, ss *[4]float64)
