@@ -79,7 +79,7 @@ if ! have_golangci && [ "${GOLANGCI_INSTALL:-1}" != 0 ]; then
 fi
 if have_golangci; then
   echo "== golangci-lint"
-  "$gl" run ./...
+  "$gl" run --allow-parallel-runners ./...
 else
   echo "golangci-lint $golangci_version not installed (GOLANGCI_INSTALL=0): staticcheck alone"
   staticcheck_version=v0.8.2
