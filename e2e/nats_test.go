@@ -373,7 +373,9 @@ func connectWithWillAndDrop(addr string, tc *tls.Config, clientID, willTopic, wi
 	if _, err := conn.Write(append(pkt, body...)); err != nil {
 		return err
 	}
-	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if err := conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		return err
+	}
 	ack := make([]byte, 4)
 	if _, err := io.ReadFull(conn, ack); err != nil {
 		return fmt.Errorf("no CONNACK: %w", err)
