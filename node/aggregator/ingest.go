@@ -50,11 +50,12 @@ const (
 	DefaultIngestQueue  = 256
 	// DefaultIngestWorkers is also how many updates can wait for one
 	// group commit (commit_group.go): a worker waits with its update
-	// until the transaction holding it is durable. 16 keeps an fsync
-	// shared by up to 16 updates (BenchmarkIngest: 4 workers reach about
-	// 850 durable updates/s on a disk that fsyncs in 4 ms, 16 about
-	// 5,900); the cost is up to 16 decoded updates held at once.
-	DefaultIngestWorkers = 16
+	// until the transaction holding it is durable, so the workers bound
+	// how many updates share an fsync. BenchmarkIngest, on a disk that
+	// commits in 4-8 ms: about 26 updates per commit with 32 workers, 12
+	// with 16. The cost is up to 32 decoded updates held at once (8 bytes
+	// a value: 2 MB for d = 7,850).
+	DefaultIngestWorkers = 32
 	receiptCacheSize     = 1 << 16
 )
 
