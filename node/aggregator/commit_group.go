@@ -158,6 +158,7 @@ func (s *Server) commit(g *commitGroup) error {
 		s.log.Error("group commit failed: stopping (the restart resumes from the state file; the sites re-send)", "updates", len(g.puts), "err", err)
 		return fmt.Errorf("aggregator: group commit of %d updates: %w", len(g.puts), err)
 	}
+	s.log.Debug("updates committed together", "updates", len(g.puts))
 	for _, st := range g.staged {
 		if _, _, err := s.carryOut(st.ds, st.r.update, st.at); err != nil {
 			return err
