@@ -54,7 +54,8 @@ const (
 	// how many updates share an fsync. BenchmarkIngest, on a disk that
 	// commits in 4-8 ms: about 26 updates per commit with 32 workers, 12
 	// with 16. The cost is up to 32 decoded updates held at once (8 bytes
-	// a value: 2 MB for d = 7,850).
+	// a value: 2 MB for d = 7,850; 1 GiB should 32 sites send updates of
+	// the largest size, 16 MiB of fp32, at the same moment).
 	DefaultIngestWorkers = 32
 	receiptCacheSize     = 1 << 16
 )
