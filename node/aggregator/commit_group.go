@@ -146,12 +146,19 @@ func (s *Server) serveUpdates(ctx context.Context, r *request) error {
 	}
 }
 
+// beforeGroupCommit, set by tests only, runs just before a group's write
+// (to make it fail).
+var beforeGroupCommit func(*Server)
+
 // commit writes g's updates in one transaction and then carries out their
 // batches in order; g is empty after it. A failed write ends the run (see
 // above): the requests stay unanswered and unacknowledged.
 func (s *Server) commit(g *commitGroup) error {
 	if len(g.puts) == 0 {
 		return nil
+	}
+	if beforeGroupCommit != nil {
+		beforeGroupCommit(s)
 	}
 	if err := s.store.PutUpdates(g.first, g.puts); err != nil {
 		s.storageErrors.Add(1)

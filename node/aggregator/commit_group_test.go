@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,8 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgefl/edgefl/node/aggregator/coordinator"
+	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -140,5 +143,60 @@ func TestGroupCommit(t *testing.T) {
 	}
 	if n := len(replayLogOf(t, s.store)); n != 0 {
 		t.Fatalf("after the round closed: %d log entries", n)
+	}
+}
+
+// A group whose write fails answers nothing: no receipt, no request done
+// (so no broker acknowledgement: the broker redelivers), and the loop
+// stops with the error; the restart rebuilds the state from the file,
+// without the group's updates, which the sites then send again.
+func TestGroupCommitFailureAnswersNothing(t *testing.T) {
+	const sites = 4
+	ab := newAcceptBench(t, sites)
+	s := ab.s
+	rec := &receiptLog{t: t, s: s}
+	s.client, s.reqs = rec, make(chan *request, 2*sites)
+	// Another update written behind the group's back moves the replay
+	// log: the group's indexes no longer hold, and its write must fail.
+	beforeGroupCommit = func(s *Server) {
+		if _, err := s.storeUpdate(ab.ups[2], s.clock.Now()); err != nil {
+			t.Error(err)
+		}
+	}
+	defer func() { beforeGroupCommit = nil }()
+	rs := queueUpdates(s, ab.ups[0], ab.ups[1])
+	err := s.serve(ab.ctx, <-s.reqs)
+	if !errors.Is(err, aggstore.ErrGroupMoved) {
+		t.Fatalf("serve: %v, want the failed group's error", err)
+	}
+	if len(rec.sent) != 0 {
+		t.Errorf("%d receipts sent for a group that was not written", len(rec.sent))
+	}
+	for i, r := range rs {
+		select {
+		case <-r.done:
+			t.Errorf("request %d answered although its update was not written", i)
+		default:
+		}
+	}
+	for _, u := range ab.ups[:2] {
+		if _, err := s.store.GetUpdate(1, u.msg.ClientId); !errors.Is(err, storage.ErrNotFound) {
+			t.Errorf("%s: %v, want not stored", u.msg.ClientId, err)
+		}
+	}
+	beforeGroupCommit = nil
+	s = restartServer(t, s)
+	if c := s.coord.Counters(); c.Accepted != 1 {
+		t.Fatalf("after the restart: %d accepted, want 1 (the update written outside the group)", c.Accepted)
+	}
+	rec = &receiptLog{t: t, s: s}
+	s.client, s.reqs = rec, make(chan *request, 2*sites)
+	if err := s.apply(ab.ctx, s.coord.Resume(), nil, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	rs = queueUpdates(s, ab.ups[0], ab.ups[1])
+	serveQueued(t, ab, s, rs)
+	if len(rec.sent) != 2 || s.coord.Counters().Accepted != 3 {
+		t.Fatalf("the re-sent updates: %d receipts, %d accepted", len(rec.sent), s.coord.Counters().Accepted)
 	}
 }
