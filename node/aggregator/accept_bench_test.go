@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -102,6 +103,84 @@ func BenchmarkAcceptUpdates(b *testing.B) {
 		}
 		ab.s.store.Close()
 		b.StartTimer()
+	}
+}
+
+// BenchmarkIngest is durable ingest through the event loop, as the MQTT
+// callbacks drive it: workers goroutines (the ingest workers,
+// IngestWorkers) hand the updates of one round to the loop and each waits
+// until its update is answered, which is after it is durable (receipted;
+// the broker's acknowledgement follows). group=1 is one write transaction
+// per update, the loop before group commit; group=256 the default. One op
+// is one update; updates/s is the durable, receipted rate (the wall time
+// of the submissions only: each round's statuses are set up outside it; a
+// round holds sites-1 ops, so it stays open). Run it with -benchtime=996x
+// (four rounds of 250 sites, one of 1,000).
+func BenchmarkIngest(b *testing.B) {
+	for _, c := range []struct{ sites, group, workers int }{
+		{250, 1, DefaultIngestWorkers}, {250, defaultCommitGroup, 4}, {250, defaultCommitGroup, 16}, {250, defaultCommitGroup, DefaultIngestWorkers},
+		{1000, 1, DefaultIngestWorkers}, {1000, defaultCommitGroup, DefaultIngestWorkers},
+	} {
+		sites := c.sites
+		b.Run(fmt.Sprintf("sites=%d/group=%d/workers=%d", sites, c.group, c.workers), func(b *testing.B) {
+			var wall, cpu time.Duration
+			var txs uint64
+			for left := b.N; left > 0; {
+				n := min(left, sites-1) // the round stays open
+				b.StopTimer()
+				ab := newAcceptBench(b, sites)
+				s := ab.s
+				s.group = c.group
+				ctx, cancel := context.WithCancel(ab.ctx)
+				s.runCtx = ctx
+				loopDone := make(chan error, 1)
+				go func() { loopDone <- s.loop(ctx) }()
+				work := make(chan *inUpdate, n)
+				for _, u := range ab.ups[:n] {
+					work <- u
+				}
+				close(work)
+				tx0, err := s.store.Commits()
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				t0, c0 := time.Now(), cpuNow()
+				var wg sync.WaitGroup
+				for range c.workers {
+					wg.Go(func() {
+						for u := range work {
+							if !s.submit(&request{update: u}) {
+								b.Error("the loop stopped")
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				wall += time.Since(t0)
+				cpu += cpuNow() - c0
+				b.StopTimer()
+				cancel()
+				if err := <-loopDone; err != nil {
+					b.Fatal(err)
+				}
+				if got := s.coord.Counters().Accepted; got != uint64(n) {
+					b.Fatalf("accepted %d, want %d", got, n)
+				}
+				tx1, err := s.store.Commits()
+				if err != nil {
+					b.Fatal(err)
+				}
+				txs += tx1 - tx0
+				s.store.Close()
+				left -= n
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(b.N)/wall.Seconds(), "updates/s")
+			b.ReportMetric(float64(cpu)/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64(b.N)/float64(txs), "updates/commit")
+		})
 	}
 }
 

@@ -231,8 +231,9 @@ type ServerConfig struct {
 	// takes it over (instances.go; default DefaultInstanceTakeover). One
 	// that stopped cleanly is taken over at once.
 	InstanceTakeover time.Duration
-	// IngestWorkers decode inbound messages for the event loop (default 4);
-	// IngestQueue messages may wait for them (default DefaultIngestQueue).
+	// IngestWorkers decode inbound messages for the event loop (default
+	// DefaultIngestWorkers); IngestQueue messages may wait for them (default
+	// DefaultIngestQueue).
 	IngestWorkers, IngestQueue int
 
 	// Clock is the time source: event times, the coordinator's timer, the
@@ -339,7 +340,7 @@ func (c *ServerConfig) defaults() {
 		c.RateBytes = DefaultRateBytes
 	}
 	if c.IngestWorkers <= 0 {
-		c.IngestWorkers = 4
+		c.IngestWorkers = DefaultIngestWorkers
 	}
 	if c.InstanceTakeover <= 0 {
 		c.InstanceTakeover = DefaultInstanceTakeover
@@ -501,6 +502,7 @@ type Server struct {
 	encodes uint64 // whole-state encodings (encodeState), loop-owned: tests count them
 	fresh   bool   // the state file was new
 	reqs    chan *request
+	group   int // at most this many updates share a write transaction (commit_group.go; 1: one each)
 	client  mqtt.Client
 	timer   clock.Timer // the coordinator's one timer (SetTimer); nil when none
 
@@ -597,6 +599,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if d.sum {
 		s.sum = newSumMode(d.coord.FixedRoster)
 	}
+	s.group = defaultCommitGroup
 	s.metAddr.Store("")
 	s.inst.takeover = cfg.InstanceTakeover
 	s.lim = wire.Limits{MaxMessageBytes: cfg.MaxMessageBytes}
@@ -1056,21 +1059,7 @@ func (s *Server) loop(ctx context.Context) error {
 			s.log.Info("aggregator stopping", "round", s.coord.Round(), "phase", s.coord.Phase())
 			return nil
 		case r := <-s.reqs:
-			var err error
-			switch {
-			case r.status != nil:
-				err = s.onStatus(ctx, r.status)
-			case r.update != nil:
-				err = s.onUpdate(ctx, r.update)
-			case r.stats != nil:
-				err = s.onStatistics(ctx, r.stats)
-			case r.eval != nil:
-				err = s.onEval(ctx, r.eval)
-			case r.secagg != nil:
-				err = s.onSecAgg(ctx, r.secagg)
-			}
-			close(r.done)
-			if err != nil {
+			if err := s.serve(ctx, r); err != nil {
 				return err
 			}
 		case <-s.timerC():
@@ -1080,6 +1069,30 @@ func (s *Server) loop(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// serve handles one request of the loop and closes its done. An update
+// the family stores without a z goes through group commit (serveUpdates):
+// it may take the updates waiting behind it into the same transaction.
+func (s *Server) serve(ctx context.Context, r *request) error {
+	if r.update != nil && s.grouped() {
+		return s.serveUpdates(ctx, r)
+	}
+	var err error
+	switch {
+	case r.status != nil:
+		err = s.onStatus(ctx, r.status)
+	case r.update != nil:
+		err = s.onUpdate(ctx, r.update)
+	case r.stats != nil:
+		err = s.onStatistics(ctx, r.stats)
+	case r.eval != nil:
+		err = s.onEval(ctx, r.eval)
+	case r.secagg != nil:
+		err = s.onSecAgg(ctx, r.secagg)
+	}
+	close(r.done)
+	return err
 }
 
 // submit hands r to the loop and waits until it is handled; false when the
@@ -1378,7 +1391,6 @@ func (s *Server) storeUpdate(u *inUpdate, now time.Time) (uint64, error) {
 	if s.sum != nil {
 		return s.storeSumUpdate(u, now)
 	}
-	what := "w"
 	if isSplit(s.fam) {
 		// Already stored: its z_j is this server's copy now, so vectorOf
 		// would see a base the copy has moved past and refuse the re-send.
@@ -1387,25 +1399,39 @@ func (s *Server) storeUpdate(u *inUpdate, now time.Time) (uint64, error) {
 		} else if !errors.Is(err, storage.ErrNotFound) {
 			return 0, err
 		}
-		what = "z"
 	}
-	v, err := s.vectorOf(u.msg, u.vec) // w as closedUpdates will compute it, or the new copy of z_j
+	rec, v, err := s.updateRecord(u, now)
 	if err != nil {
-		return 0, err
-	}
-	if err := s.checkRange(what, v); err != nil {
 		return 0, err
 	}
 	var z []float64
 	if isSplit(s.fam) {
 		z = v
 	}
+	return s.store.PutUpdate(rec, z)
+}
+
+// updateRecord is the record storeUpdate writes for an accepted update,
+// and the vector it stands for (vectorOf), checked against the downlink's
+// range: w, or the FedSplit family's new copy of z_j. It writes nothing.
+func (s *Server) updateRecord(u *inUpdate, now time.Time) (aggstore.Update, []float64, error) {
+	what := "w"
+	if isSplit(s.fam) {
+		what = "z"
+	}
+	v, err := s.vectorOf(u.msg, u.vec) // w as closedUpdates will compute it, or the new copy of z_j
+	if err != nil {
+		return aggstore.Update{}, nil, err
+	}
+	if err := s.checkRange(what, v); err != nil {
+		return aggstore.Update{}, nil, err
+	}
 	loss := math.NaN()
 	if u.msg.Report != nil {
 		loss = u.msg.Report.AnchorLoss
 	}
-	return s.store.PutUpdate(aggstore.Update{Round: u.msg.Round, ClientID: u.msg.ClientId, StoredAt: now,
-		SampleCount: u.msg.SampleCount, Loss: loss, Msg: u.raw}, z)
+	return aggstore.Update{Round: u.msg.Round, ClientID: u.msg.ClientId, StoredAt: now,
+		SampleCount: u.msg.SampleCount, Loss: loss, Msg: u.raw}, v, nil
 }
 
 // vectorOf is what an update with decoded values d stands for

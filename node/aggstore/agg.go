@@ -812,77 +812,138 @@ func decodeUpdate(round uint64, client, v []byte) (Update, error) {
 // One transaction, so when PutUpdate returns the update is durable and a
 // receipt may be sent.
 func (s *AggStore) PutUpdate(u Update, z []float64) (index uint64, err error) {
-	if u.Round == 0 {
-		return 0, fmt.Errorf("%w: round 0", storage.ErrInvalid)
-	}
-	if err := storage.CheckName("client id", u.ClientID); err != nil {
+	if err := checkUpdate(u, z); err != nil {
 		return 0, err
 	}
-	if len(u.Msg) == 0 {
-		return 0, fmt.Errorf("%w: empty update message", storage.ErrInvalid)
-	}
-	if z != nil {
-		if err := storage.CheckVec("z", z); err != nil {
-			return 0, err
-		}
-	}
 	err = s.db.Update(func(tx *storage.Tx) error {
-		if _, err := roundBucket(tx, u.Round); err != nil {
-			return err
-		}
-		ups, err := storage.NeedBucket(tx, bucketUpdates)
-		if err != nil {
-			return err
-		}
-		rk := storage.EncodeU64(u.Round)
-		ub := ups.Bucket(rk)
-		if ub != nil && ub.Get([]byte(u.ClientID)) != nil {
-			return nil // duplicate: index stays 0
-		}
-		if z != nil {
-			if err := putLatestZ(tx, u.ClientID, u.Round, z); err != nil {
-				return err
-			}
-		}
-		if ub == nil {
-			if ub, err = ups.CreateBucket(rk); err != nil {
-				return fmt.Errorf("updates of round %d: %w", u.Round, err)
-			}
-		}
-		if err := storage.SPut(ub, []byte(u.ClientID), encodeUpdate(u)); err != nil {
-			return err
-		}
-		cb, err := storage.NeedBucket(tx, bucketClients)
-		if err != nil {
-			return err
-		}
-		c, _, err := getClient(cb, u.ClientID)
-		if err != nil {
-			return err
-		}
-		c.Participation++
-		if u.StoredAt.After(c.LastSeen) {
-			c.LastSeen = u.StoredAt
-		}
-		if u.SampleCount > 0 {
-			c.SampleCount = u.SampleCount
-			if c.FirstSampleCount == 0 {
-				c.FirstSampleCount = u.SampleCount
-			}
-		}
-		if !math.IsNaN(u.Loss) && !math.IsInf(u.Loss, 0) {
-			c.RecentLoss = u.Loss
-		}
-		if err := putClient(cb, c); err != nil {
-			return err
-		}
-		index, err = appendLog(tx, LogUpdate, u.Round, u.ClientID)
+		index, err = putUpdate(tx, u, z)
 		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("storage: put update (%d, %q): %w", u.Round, u.ClientID, err)
 	}
 	return index, nil
+}
+
+// PutUpdates is group commit: it stores updates (without z) in one
+// transaction, each as PutUpdate stores one, so one fsync makes them all
+// durable. The caller has already applied them in this order with the
+// replay log indexes first, first+1, ... (first from NextLogIndex): the
+// transaction checks that each gets exactly its index and that none is
+// stored already, and otherwise writes nothing and fails (the caller's
+// state then holds what the file does not: it must not go on). Nothing
+// of the group is durable before PutUpdates returns nil.
+func (s *AggStore) PutUpdates(first uint64, us []Update) error {
+	for _, u := range us {
+		if err := checkUpdate(u, nil); err != nil {
+			return fmt.Errorf("storage: put update (%d, %q): %w", u.Round, u.ClientID, err)
+		}
+	}
+	err := s.db.Update(func(tx *storage.Tx) error {
+		for i, u := range us {
+			index, err := putUpdate(tx, u, nil)
+			if err != nil {
+				return fmt.Errorf("update (%d, %q): %w", u.Round, u.ClientID, err)
+			}
+			if want := first + uint64(i); index != want {
+				return fmt.Errorf("%w: update (%d, %q) got replay log index %d, want %d (0: stored already)",
+					ErrGroupMoved, u.Round, u.ClientID, index, want)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("storage: put %d updates: %w", len(us), err)
+	}
+	return nil
+}
+
+// ErrGroupMoved: a group commit (PutUpdates) found the file not as its
+// caller expected it (an update stored already, or the replay log moved).
+var ErrGroupMoved = errors.New("the replay log is not where the group expected it")
+
+// NextLogIndex is the replay log index the next stored message will get.
+func (s *AggStore) NextLogIndex() (next uint64, err error) {
+	err = s.db.View(func(tx *storage.Tx) error {
+		last, err := lastLogIndex(tx)
+		next = last + 1
+		return err
+	})
+	return next, err
+}
+
+// checkUpdate is PutUpdate's check of its arguments, before any write.
+func checkUpdate(u Update, z []float64) error {
+	if u.Round == 0 {
+		return fmt.Errorf("%w: round 0", storage.ErrInvalid)
+	}
+	if err := storage.CheckName("client id", u.ClientID); err != nil {
+		return err
+	}
+	if len(u.Msg) == 0 {
+		return fmt.Errorf("%w: empty update message", storage.ErrInvalid)
+	}
+	if z != nil {
+		if err := storage.CheckVec("z", z); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// putUpdate is PutUpdate's transaction: index 0 when (round, client) is
+// stored already (nothing written).
+func putUpdate(tx *storage.Tx, u Update, z []float64) (index uint64, err error) {
+	if _, err := roundBucket(tx, u.Round); err != nil {
+		return 0, err
+	}
+	ups, err := storage.NeedBucket(tx, bucketUpdates)
+	if err != nil {
+		return 0, err
+	}
+	rk := storage.EncodeU64(u.Round)
+	ub := ups.Bucket(rk)
+	if ub != nil && ub.Get([]byte(u.ClientID)) != nil {
+		return 0, nil // duplicate: index stays 0
+	}
+	if z != nil {
+		if err := putLatestZ(tx, u.ClientID, u.Round, z); err != nil {
+			return 0, err
+		}
+	}
+	if ub == nil {
+		if ub, err = ups.CreateBucket(rk); err != nil {
+			return 0, fmt.Errorf("updates of round %d: %w", u.Round, err)
+		}
+	}
+	if err := storage.SPut(ub, []byte(u.ClientID), encodeUpdate(u)); err != nil {
+		return 0, err
+	}
+	cb, err := storage.NeedBucket(tx, bucketClients)
+	if err != nil {
+		return 0, err
+	}
+	c, _, err := getClient(cb, u.ClientID)
+	if err != nil {
+		return 0, err
+	}
+	c.Participation++
+	if u.StoredAt.After(c.LastSeen) {
+		c.LastSeen = u.StoredAt
+	}
+	if u.SampleCount > 0 {
+		c.SampleCount = u.SampleCount
+		if c.FirstSampleCount == 0 {
+			c.FirstSampleCount = u.SampleCount
+		}
+	}
+	if !math.IsNaN(u.Loss) && !math.IsInf(u.Loss, 0) {
+		c.RecentLoss = u.Loss
+	}
+	if err := putClient(cb, c); err != nil {
+		return 0, err
+	}
+	return appendLog(tx, LogUpdate, u.Round, u.ClientID)
 }
 
 // GetUpdate returns the stored update (round, client), or ErrNotFound. A

@@ -54,3 +54,51 @@ func BenchmarkPutUpdate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPutUpdatesGroup is group commit at the store: one op is one
+// update made durable, in groups of 1 (PutUpdate: a transaction and its
+// fsync per update, what the aggregator did before group commit) to 64
+// (PutUpdates), with the 1 KB message of BenchmarkPutUpdate. updates/s is
+// the durable rate; the group=1 and larger groups of one run compare on
+// the same disk.
+func BenchmarkPutUpdatesGroup(b *testing.B) {
+	for _, group := range []int{1, 8, 64} {
+		b.Run(fmt.Sprintf("group=%d", group), func(b *testing.B) {
+			a, err := OpenAgg(filepath.Join(b.TempDir(), "agg.db"), storage.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer a.Close()
+			at := time.Unix(1700000000, 0)
+			if err := a.OpenRound(Round{Number: 1, OpenedAt: at, Config: []byte(`{}`)}, make([]float64, 100)); err != nil {
+				b.Fatal(err)
+			}
+			msg := make([]byte, 1024)
+			cpu := cpuNow()
+			start := time.Now()
+			n := 0
+			for n < b.N {
+				g := make([]Update, 0, group)
+				for len(g) < group && n+len(g) < b.N {
+					g = append(g, Update{Round: 1, ClientID: fmt.Sprintf("site-%d", n+len(g)), StoredAt: at, Msg: msg})
+				}
+				if group == 1 {
+					if _, err := a.PutUpdate(g[0], nil); err != nil {
+						b.Fatal(err)
+					}
+				} else {
+					next, err := a.NextLogIndex()
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := a.PutUpdates(next, g); err != nil {
+						b.Fatal(err)
+					}
+				}
+				n += len(g)
+			}
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "updates/s")
+			reportCPU(b, cpu)
+		})
+	}
+}

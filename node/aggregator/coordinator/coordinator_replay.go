@@ -26,7 +26,10 @@ import "slices"
 //     event time);
 //   - between the stored state and the crash only lone accepts went
 //     unwritten, and each is in the log in the order it was applied (the
-//     loop stores, then steps Stored, one message at a time);
+//     loop steps Stored one message at a time, with the index the message
+//     gets in the log; under group commit before the group's transaction,
+//     but nothing visible depends on a message until it is written, so a
+//     crash before the write leaves the state before the group);
 //   - the state is written before anything visible outside (persist before
 //     send), so nothing the sites saw depends on an unwritten state: a lone
 //     accept's only visible effect is its receipt, sent after the message
