@@ -18,11 +18,15 @@ type Population struct {
 // population of the sample weighting) and the work budget.
 func (p Params) ToWire(pop Population) (*wire.Params, *wire.WorkBudget) {
 	return &wire.Params{Mu: p.Mu, Step: p.Step, Relax: p.Relax, Solver: p.Solver, Gamma: p.Gamma,
-			Lr: p.LR, Batch: uint32(min(max(p.Batch, 0), math.MaxUint32)),
+			Lr: p.LR, Batch: clampUint32(p.Batch),
 			Clients: uint32(min(pop.Clients, math.MaxUint32)), TotalSamples: pop.TotalSamples},
-		&wire.WorkBudget{MaxEpochs: uint32(min(max(p.MaxEpochs, 0), math.MaxUint32)), MaxSeconds: p.MaxSeconds,
+		&wire.WorkBudget{MaxEpochs: clampUint32(p.MaxEpochs), MaxSeconds: p.MaxSeconds,
 			MaxGradEvals: p.MaxGradEvals}
 }
+
+// clampUint32 is n clamped to [0, MaxUint32], computed in int64 so that it
+// compiles where int is 32 bits (linux/arm, edge-agent's armv7 target).
+func clampUint32(n int) uint32 { return uint32(min(max(int64(n), 0), math.MaxUint32)) }
 
 // FromWire reads the parameters and the population of an announcement
 // (absent messages read as zeros). The result is unchecked: Prepare
