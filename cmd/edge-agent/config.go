@@ -52,15 +52,22 @@ func (o option) set(c *runConfig, v string) error { return o.val.set(c, v) }
 
 func flagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
 
+// The value constructors below are not inlined: inlined into options,
+// each call site got its own copy of the set and get closures (9 kB of
+// edge-agent's arm64 text); called, they share one pair per constructor.
+//
+//go:noinline
 func str(dst func(c *runConfig) *string) optVal {
 	return typedStr("string", dst)
 }
 
+//go:noinline
 func typedStr(typ string, dst func(c *runConfig) *string) optVal {
 	return optVal{typ: typ, set: func(c *runConfig, v string) error { *dst(c) = v; return nil },
 		get: func(c *runConfig) string { return *dst(c) }}
 }
 
+//go:noinline
 func integer(dst func(c *runConfig) *int, lo int) optVal {
 	return optVal{typ: "int", set: func(c *runConfig, v string) error {
 		n, err := strconv.Atoi(v)
@@ -72,6 +79,7 @@ func integer(dst func(c *runConfig) *int, lo int) optVal {
 	}, get: func(c *runConfig) string { return strconv.Itoa(*dst(c)) }}
 }
 
+//go:noinline
 func unsigned(dst func(c *runConfig) *uint64) optVal {
 	return optVal{typ: "uint", set: func(c *runConfig, v string) error {
 		n, err := strconv.ParseUint(v, 10, 64)
@@ -83,6 +91,7 @@ func unsigned(dst func(c *runConfig) *uint64) optVal {
 	}, get: func(c *runConfig) string { return strconv.FormatUint(*dst(c), 10) }}
 }
 
+//go:noinline
 func number(dst func(c *runConfig) *float64) optVal {
 	return optVal{typ: "float", set: func(c *runConfig, v string) error {
 		x, err := strconv.ParseFloat(v, 64)
@@ -95,6 +104,8 @@ func number(dst func(c *runConfig) *float64) optVal {
 }
 
 // duration reads a Go duration ("30s", "2m") or a number of seconds.
+//
+//go:noinline
 func duration(dst func(c *runConfig) *time.Duration) optVal {
 	return optVal{typ: "duration", set: func(c *runConfig, v string) error {
 		d, err := parseDuration(v)

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -205,6 +207,110 @@ func TestDepsGuardCatchesBrokerAgg(t *testing.T) {
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("the guard did not report %q for broker-agg; it reported:\n%s", want, got)
+		}
+	}
+}
+
+// sizeBudget is edge-agent's budget for linux/arm64 (scripts/cross-compile.sh
+// fails above it too): 8 MiB.
+const sizeBudget = 8 << 20
+
+// TestSizeBudget builds the linux/arm64 release binary with the release
+// flags (scripts/cross-compile.sh's, but for -X main.version, a few dozen
+// bytes) and fails above sizeBudget. The file grows in whole 64 KiB pages:
+// each ELF segment is 64 KiB aligned, so a segment 1 byte past a boundary
+// costs a page. The test prints each segment's size and its margin to its
+// next boundary, which is how much code or data can still land for free.
+func TestSizeBudget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds edge-agent for linux/arm64")
+	}
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "edge-agent")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=arm64", "GOARM=")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build for linux/arm64: %v\n%s", err, out)
+	}
+	fi, err := os.Stat(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	segs, err := loadSegments(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := segmentReport(segs)
+	if fi.Size() > sizeBudget {
+		t.Fatalf("edge-agent for linux/arm64 is %d bytes, %d over its %d-byte (8 MiB) budget:\n%s"+
+			"find where the bytes go with go tool nm -size -sort size on a build without -s -w",
+			fi.Size(), fi.Size()-sizeBudget, sizeBudget, report)
+	}
+	t.Logf("edge-agent for linux/arm64 is %d bytes, %d under its %d-byte budget:\n%s",
+		fi.Size(), sizeBudget-fi.Size(), sizeBudget, report)
+}
+
+// segment is one PT_LOAD segment of an ELF file.
+type segment struct {
+	flags      elf.ProgFlag
+	size, page uint64 // file size and alignment
+}
+
+func loadSegments(path string) ([]segment, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var segs []segment
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_LOAD {
+			segs = append(segs, segment{flags: p.Flags, size: p.Filesz, page: p.Align})
+		}
+	}
+	return segs, nil
+}
+
+// segmentReport is one line per segment: its flags, its size, the pages it
+// takes, how far it reaches into its last page (what a cut must save to
+// drop that page) and its margin to the next boundary.
+func segmentReport(segs []segment) string {
+	var b strings.Builder
+	for _, s := range segs {
+		name := map[elf.ProgFlag]string{elf.PF_R | elf.PF_X: "text", elf.PF_R: "rodata", elf.PF_R | elf.PF_W: "data"}[s.flags]
+		fmt.Fprintf(&b, "  %-6s %-11s %#9x = %8d bytes: %s\n", name, s.flags, s.size, s.size, pageMargin(s.size, s.page))
+	}
+	return b.String()
+}
+
+// pageMargin says how many pages of align bytes size takes and how far it
+// is from the next boundary.
+func pageMargin(size, align uint64) string {
+	if align <= 1 {
+		return "not page aligned"
+	}
+	pages := (size + align - 1) / align
+	if pages == 0 {
+		return "empty"
+	}
+	return fmt.Sprintf("%d pages of %d KiB, %d bytes into the last, %d below the next boundary",
+		pages, align>>10, size-(pages-1)*align, pages*align-size)
+}
+
+func TestPageMargin(t *testing.T) {
+	tests := []struct {
+		size, align uint64
+		want        string
+	}{
+		{0x381d24, 0x10000, "57 pages of 64 KiB, 7460 bytes into the last, 58076 below the next boundary"},
+		{0x380000, 0x10000, "56 pages of 64 KiB, 65536 bytes into the last, 0 below the next boundary"},
+		{0x380001, 0x10000, "57 pages of 64 KiB, 1 bytes into the last, 65535 below the next boundary"},
+		{0, 0x10000, "empty"},
+		{10, 1, "not page aligned"},
+	}
+	for _, tt := range tests {
+		if got := pageMargin(tt.size, tt.align); got != tt.want {
+			t.Errorf("pageMargin(%#x, %#x) = %q, want %q", tt.size, tt.align, got, tt.want)
 		}
 	}
 }

@@ -56,11 +56,10 @@ func (d Defaults) with(algo string, f func(*Params)) Defaults {
 func (d Defaults) Note(names ...string) string {
 	var out []string
 	for _, n := range names {
-		fl, ok := flagByName[n]
-		if !ok {
+		if _, ok := flagByName(n); !ok {
 			continue
 		}
-		if v, r := fl.show(d), fl.show(Run); v != r && !(n == "algorithm" && d.Algorithm == "") {
+		if v, r := show(d, n), show(Run, n); v != r && !(n == "algorithm" && d.Algorithm == "") {
 			out = append(out, "--"+n+" "+v)
 		}
 	}

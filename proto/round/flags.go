@@ -5,24 +5,72 @@ import (
 	"strconv"
 )
 
-// flagSpec is one training flag: its name, its help and how it reaches
-// the parameters.
-type flagSpec struct {
-	name, help string
-	register   func(fs *flag.FlagSet, name, help string, algo *string, p *Params, d Defaults)
-	show       func(d Defaults) string
+// flagSpec is one training flag: its name and help. The table is static
+// data (no closures, no map built at init): which field of Params a flag
+// sets is fieldOf's switch. A table of per-flag closures cost edge-agent
+// 6 kB of text.
+type flagSpec struct{ name, help string }
+
+// fieldOf is the field of p that flag name sets: exactly one of the three
+// pointers is set for a known flag other than FlagAlgorithm (which is
+// Defaults.Algorithm, not a Params field); all are nil otherwise.
+func fieldOf(p *Params, name string) (f *float64, i *int, s *string) {
+	switch name {
+	case FlagSolver:
+		s = &p.Solver
+	case FlagMu:
+		f = &p.Mu
+	case FlagStep:
+		f = &p.Step
+	case FlagRelax:
+		f = &p.Relax
+	case FlagGamma:
+		f = &p.Gamma
+	case FlagLR:
+		f = &p.LR
+	case FlagBatch:
+		i = &p.Batch
+	case FlagMaxEpochs, FlagEpochs:
+		i = &p.MaxEpochs
+	case FlagMaxSeconds:
+		f = &p.MaxSeconds
+	}
+	return f, i, s
 }
 
-func floatFlag(get func(*Params) *float64) func(*flag.FlagSet, string, string, *string, *Params, Defaults) {
-	return func(fs *flag.FlagSet, name, help string, _ *string, p *Params, d Defaults) {
-		fs.Float64Var(get(p), name, *get(&d.Params), help)
+// register registers flag name on fs with d's default, into algo or p.
+func register(fs *flag.FlagSet, name, help string, algo *string, p *Params, d Defaults) {
+	if name == FlagAlgorithm {
+		fs.StringVar(algo, name, d.Algorithm, help)
+		return
+	}
+	f, i, s := fieldOf(p, name)
+	df, di, ds := fieldOf(&d.Params, name)
+	switch {
+	case f != nil:
+		fs.Float64Var(f, name, *df, help)
+	case i != nil:
+		fs.IntVar(i, name, *di, help)
+	case s != nil:
+		fs.StringVar(s, name, *ds, help)
 	}
 }
 
-func intFlag(get func(*Params) *int) func(*flag.FlagSet, string, string, *string, *Params, Defaults) {
-	return func(fs *flag.FlagSet, name, help string, _ *string, p *Params, d Defaults) {
-		fs.IntVar(get(p), name, *get(&d.Params), help)
+// show is d's default of flag name as its help prints it.
+func show(d Defaults, name string) string {
+	if name == FlagAlgorithm {
+		return d.Algorithm
 	}
+	f, i, s := fieldOf(&d.Params, name)
+	switch {
+	case f != nil:
+		return num(*f)
+	case i != nil:
+		return strconv.Itoa(*i)
+	case s != nil:
+		return *s
+	}
+	return ""
 }
 
 // Flag names of Register.
@@ -43,44 +91,29 @@ const (
 // AlgorithmHelp is the help of --algorithm; a command may say more.
 const AlgorithmHelp = "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator name (trained like fedprox)"
 
-var flagSpecs = []flagSpec{
-	{name: FlagAlgorithm, help: AlgorithmHelp,
-		register: func(fs *flag.FlagSet, name, help string, algo *string, _ *Params, d Defaults) {
-			fs.StringVar(algo, name, d.Algorithm, help)
-		},
-		show: func(d Defaults) string { return d.Algorithm }},
-	{name: FlagSolver, help: "local solver: sgd | lbfgs",
-		register: func(fs *flag.FlagSet, name, help string, _ *string, p *Params, d Defaults) {
-			fs.StringVar(&p.Solver, name, d.Solver, help)
-		},
-		show: func(d Defaults) string { return d.Solver }},
-	{name: FlagMu, help: "FedProx proximal weight mu (0 for fedavg)",
-		register: floatFlag(func(p *Params) *float64 { return &p.Mu }), show: func(d Defaults) string { return num(d.Mu) }},
-	{name: FlagStep, help: "FedSplit step size s",
-		register: floatFlag(func(p *Params) *float64 { return &p.Step }), show: func(d Defaults) string { return num(d.Step) }},
-	{name: FlagRelax, help: "FedSplit relaxation alpha: 1 Peaceman-Rachford, 0.5 Douglas-Rachford",
-		register: floatFlag(func(p *Params) *float64 { return &p.Relax }), show: func(d Defaults) string { return num(d.Relax) }},
-	{name: FlagGamma, help: "target inexactness of the local solve, in [0, 1]: it stops once ||grad h|| <= gamma ||grad f(anchor)|| (0: no target, the whole budget)",
-		register: floatFlag(func(p *Params) *float64 { return &p.Gamma }), show: func(d Defaults) string { return num(d.Gamma) }},
-	{name: FlagLR, help: "SGD learning rate",
-		register: floatFlag(func(p *Params) *float64 { return &p.LR }), show: func(d Defaults) string { return num(d.LR) }},
-	{name: FlagBatch, help: "SGD mini-batch size (0: full batch)",
-		register: intFlag(func(p *Params) *int { return &p.Batch }), show: func(d Defaults) string { return strconv.Itoa(d.Batch) }},
-	{name: FlagMaxEpochs, help: "work budget: local epochs per round (0: no limit)",
-		register: intFlag(func(p *Params) *int { return &p.MaxEpochs }), show: func(d Defaults) string { return strconv.Itoa(d.MaxEpochs) }},
-	{name: FlagEpochs, help: "work budget: local epochs per round",
-		register: intFlag(func(p *Params) *int { return &p.MaxEpochs }), show: func(d Defaults) string { return strconv.Itoa(d.MaxEpochs) }},
-	{name: FlagMaxSeconds, help: "work budget: local seconds per round (0: no limit; the round deadline always applies)",
-		register: floatFlag(func(p *Params) *float64 { return &p.MaxSeconds }), show: func(d Defaults) string { return num(d.MaxSeconds) }},
+var flagSpecs = [...]flagSpec{
+	{FlagAlgorithm, AlgorithmHelp},
+	{FlagSolver, "local solver: sgd | lbfgs"},
+	{FlagMu, "FedProx proximal weight mu (0 for fedavg)"},
+	{FlagStep, "FedSplit step size s"},
+	{FlagRelax, "FedSplit relaxation alpha: 1 Peaceman-Rachford, 0.5 Douglas-Rachford"},
+	{FlagGamma, "target inexactness of the local solve, in [0, 1]: it stops once ||grad h|| <= gamma ||grad f(anchor)|| (0: no target, the whole budget)"},
+	{FlagLR, "SGD learning rate"},
+	{FlagBatch, "SGD mini-batch size (0: full batch)"},
+	{FlagMaxEpochs, "work budget: local epochs per round (0: no limit)"},
+	{FlagEpochs, "work budget: local epochs per round"},
+	{FlagMaxSeconds, "work budget: local seconds per round (0: no limit; the round deadline always applies)"},
 }
 
-var flagByName = func() map[string]flagSpec {
-	m := map[string]flagSpec{}
+// flagByName is name's entry of flagSpecs.
+func flagByName(name string) (flagSpec, bool) {
 	for _, f := range flagSpecs {
-		m[f.name] = f
+		if f.name == name {
+			return f, true
+		}
 	}
-	return m
-}()
+	return flagSpec{}, false
+}
 
 // Register registers the training flags named (Flag* constants; all of
 // them but FlagEpochs when none is named) on fs, with d's defaults, into
@@ -99,7 +132,7 @@ func Register(fs *flag.FlagSet, algo *string, p *Params, d Defaults, help map[st
 		names = []string{FlagAlgorithm, FlagSolver, FlagMu, FlagStep, FlagRelax, FlagGamma, FlagLR, FlagBatch, FlagMaxEpochs, FlagMaxSeconds}
 	}
 	for _, n := range names {
-		f, ok := flagByName[n]
+		f, ok := flagByName(n)
 		if !ok {
 			panic("round: no training flag " + strconv.Quote(n))
 		}
@@ -107,6 +140,6 @@ func Register(fs *flag.FlagSet, algo *string, p *Params, d Defaults, help map[st
 		if s, ok := help[n]; ok {
 			h = s
 		}
-		f.register(fs, n, h, algo, p, d)
+		register(fs, n, h, algo, p, d)
 	}
 }

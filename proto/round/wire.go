@@ -18,23 +18,15 @@ type Population struct {
 // population of the sample weighting) and the work budget.
 func (p Params) ToWire(pop Population) (*wire.Params, *wire.WorkBudget) {
 	return &wire.Params{Mu: p.Mu, Step: p.Step, Relax: p.Relax, Solver: p.Solver, Gamma: p.Gamma,
-			Lr: p.LR, Batch: clampU32(p.Batch),
+			Lr: p.LR, Batch: clampUint32(p.Batch),
 			Clients: uint32(min(pop.Clients, math.MaxUint32)), TotalSamples: pop.TotalSamples},
-		&wire.WorkBudget{MaxEpochs: clampU32(p.MaxEpochs), MaxSeconds: p.MaxSeconds,
+		&wire.WorkBudget{MaxEpochs: clampUint32(p.MaxEpochs), MaxSeconds: p.MaxSeconds,
 			MaxGradEvals: p.MaxGradEvals}
 }
 
-// clampU32 is n as a wire uint32: negative reads as 0, and on 64-bit
-// platforms a value above the range as its maximum.
-func clampU32(n int) uint32 {
-	if n <= 0 {
-		return 0
-	}
-	if uint64(n) > math.MaxUint32 {
-		return math.MaxUint32
-	}
-	return uint32(n)
-}
+// clampUint32 is n clamped to [0, MaxUint32], computed in int64 so that it
+// compiles where int is 32 bits (linux/arm, edge-agent's armv7 target).
+func clampUint32(n int) uint32 { return uint32(min(max(int64(n), 0), math.MaxUint32)) }
 
 // FromWire reads the parameters and the population of an announcement
 // (absent messages read as zeros). The result is unchecked: Prepare
