@@ -8,6 +8,8 @@ import (
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/edgefl/edgefl/internal/mochiclose"
 )
 
 // StartBroker runs mochi-mqtt in-process on a random loopback port with
@@ -28,7 +30,7 @@ func StartBroker(t testing.TB) (*mochi.Server, string) {
 	if err := srv.Serve(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = srv.Close() })
+	t.Cleanup(func() { _ = mochiclose.Close(srv, []string{"tcp"}) })
 	return srv, "tcp://" + tcp.Address()
 }
 

@@ -53,6 +53,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/edgefl/edgefl/internal/mochiclose"
 	"io"
 	"log/slog"
 	"math"
@@ -317,7 +318,7 @@ func Start(cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("broker: listen on %s: %w", cfg.Addr, err)
 	}
 	if err := srv.Serve(); err != nil {
-		_ = srv.Close()
+		_ = mochiclose.Close(srv, []string{"edgefl"})
 		return nil, fmt.Errorf("broker: serve: %w", err)
 	}
 	b := &Broker{srv: srv, hook: h, limit: lh, queue: qh, addr: l.Address(), tls: cfg.TLS != nil}
@@ -427,11 +428,8 @@ func (b *Broker) Close() error {
 		return nil
 	}
 	// mochi's Close waits for every client but disconnects only those of
-	// its registered listeners.
-	for _, cl := range b.srv.Clients.GetByListener(internalListener) {
-		_ = b.srv.DisconnectClient(cl, packets.ErrServerShuttingDown)
-	}
-	if err := b.srv.Close(); err != nil {
+	// its registered listeners: the in-process ones are added.
+	if err := mochiclose.Close(b.srv, []string{"edgefl"}, internalListener); err != nil {
 		return fmt.Errorf("broker: close: %w", err)
 	}
 	return nil
