@@ -16,6 +16,7 @@ import (
 	"github.com/edgefl/edgefl/learn/aggregate"
 	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/learn/serveropt"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
 )
@@ -47,6 +48,9 @@ type Config struct {
 	Stragglers  float64 `json:"stragglers"`
 	// Defaults for every algorithm (overridable per algorithm).
 	Local Local `json:"local"`
+	// ServerOpt is the server optimiser of the FedAvg/FedProx families
+	// (--server-opt; zero: none), overridable per algorithm.
+	ServerOpt serveropt.Params `json:"server_opt,omitempty"`
 	// Codec is the uplink codec spec ("" = none: exact float64 vectors).
 	Codec string `json:"codec,omitempty"`
 	// Downlink is the codec of the global model broadcast ("" = exact); the
@@ -143,6 +147,9 @@ type Algo struct {
 	// FedSplit families always average every known client's latest z).
 	Agg   string `json:"aggregator"`
 	Local Local  `json:"local"`
+	// ServerOpt is the algorithm's server optimiser (--algo's server-*
+	// keys; nil: Config.ServerOpt).
+	ServerOpt *serveropt.Params `json:"server_opt,omitempty"`
 }
 
 // DefaultConfig returns the defaults the CLI documents.
@@ -188,7 +195,13 @@ func ParseAlgos(list string, def Local, isAgg func(name string) bool) ([]Algo, e
 			a.Agg, a.Family = a.Family, FedProx
 		}
 		var aggOpts []string
-		for _, kv := range parts[1:] {
+		opts, serverKV := splitServerKeys(parts[1:])
+		so, err := parseServerOpt(serverKV)
+		if err != nil {
+			return nil, fmt.Errorf("--algo %q: %w", item, err)
+		}
+		a.ServerOpt = so
+		for _, kv := range opts {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok {
 				return nil, fmt.Errorf("--algo %q: option %q is not key=value", item, kv)
@@ -350,6 +363,9 @@ func (c Config) Validate() error {
 		}
 	}
 	if err := c.validateSecAgg(); err != nil {
+		return err
+	}
+	if err := c.validateServerOpt(); err != nil {
 		return err
 	}
 	return c.validateDP()

@@ -21,6 +21,7 @@ type simulateFlags struct {
 	bundleOut, aggs, algos, out string
 	dp                          dpFlags
 	secagg                      secAggFlags
+	serverOpt                   serverOptFlags
 }
 
 func simulateFlagSet(stderr io.Writer) (*flag.FlagSet, *sim.Config, *simulateFlags) {
@@ -83,6 +84,7 @@ flags:
 	o.dp.register(fs, true, false)
 	fs.Uint64Var(&cfg.DPNoiseSeed, "dp-noise-seed", 0, "with --dp: the seed of the noise key (dp.TestKey: reproducible and public, for simulation only; 0: --seed)")
 	o.secagg.register(fs, false)
+	o.serverOpt.register(fs)
 	fs.IntVar(&cfg.Workers, "workers", 0, "clients solved in parallel (default: GOMAXPROCS); results do not depend on it")
 	return fs, &cfg, o
 }
@@ -141,6 +143,9 @@ func (o *simulateFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 		}
 	}
 	var err error
+	if cfg.ServerOpt, err = o.serverOpt.params(); err != nil {
+		return err
+	}
 	if cfg.Algos, err = sim.ParseAlgos(list, cfg.Local, func(n string) bool { return slices.Contains(aggregate.Names(), n) }); err != nil {
 		return err
 	}

@@ -113,6 +113,9 @@ func printStatus(w io.Writer, st aggregator.Status, now time.Time) error {
 		if st.Aggregator != "" {
 			fmt.Fprintf(w, "  aggregator %s", st.Aggregator)
 		}
+		if st.ServerOpt != "" {
+			fmt.Fprintf(w, "  server-opt %s", st.ServerOpt)
+		}
 	}
 	if l := st.Live; l != nil {
 		fmt.Fprintf(w, "  quorum %d of %d", l.Quorum, l.PerRound)
