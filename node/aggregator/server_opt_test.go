@@ -118,3 +118,29 @@ func TestServerOptRefused(t *testing.T) {
 		t.Fatalf("fedavg with adam refused: %v", err)
 	}
 }
+
+// A bundle's provenance names the optimiser with its parameters; without
+// one it says nothing of it.
+func TestBundleParamsNameServerOpt(t *testing.T) {
+	f := newFixture(t)
+	for _, tc := range []struct {
+		opt  serveropt.Params
+		want string
+	}{
+		{serveropt.Params{Kind: serveropt.Yogi, Beta1: 0.9, Beta2: 0.99, Tau: 1e-3}, "yogi:lr=0.01:beta1=0.9:beta2=0.99:tau=0.001"},
+		{serveropt.Params{}, ""},
+	} {
+		cfg := f.config()
+		cfg.StatePath = t.TempDir() + "/state.db"
+		cfg.ServerOpt = tc.opt
+		s, err := NewServer(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := s.bundleParams()["server_opt"]
+		s.Close()
+		if got != tc.want || ok != (tc.want != "") {
+			t.Errorf("%v: provenance server_opt %q (present %v), want %q", tc.opt.Kind, got, ok, tc.want)
+		}
+	}
+}
