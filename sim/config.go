@@ -16,6 +16,7 @@ import (
 	"github.com/edgefl/edgefl/learn/aggregate"
 	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/learn/serveropt"
 	"github.com/edgefl/edgefl/proto/round"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
@@ -53,6 +54,9 @@ type Config struct {
 	// solved to the solver's precision (round.SimulateSplitGamma) unless
 	// --gamma is given. The CLI sets it to 0 when --gamma is given.
 	SplitGamma float64 `json:"-"`
+	// ServerOpt is the server optimiser of the FedAvg/FedProx families
+	// (--server-opt; zero: none), overridable per algorithm.
+	ServerOpt serveropt.Params `json:"server_opt,omitempty"`
 	// Codec is the uplink codec spec ("" = none: exact float64 vectors).
 	Codec string `json:"codec,omitempty"`
 	// Downlink is the codec of the global model broadcast ("" = exact); the
@@ -146,6 +150,9 @@ type Algo struct {
 	// FedSplit families always average every known client's latest z).
 	Agg   string `json:"aggregator"`
 	Local Local  `json:"local"`
+	// ServerOpt is the algorithm's server optimiser (--algo's server-*
+	// keys; nil: Config.ServerOpt).
+	ServerOpt *serveropt.Params `json:"server_opt,omitempty"`
 }
 
 // DefaultConfig returns the defaults the CLI documents.
@@ -198,7 +205,13 @@ func parseAlgo(item string, def Local, splitGamma float64, isAgg func(name strin
 	if err != nil {
 		return Algo{}, err
 	}
-	aggOpts, gammaSet, err := a.setLocal(item, parts[1:])
+	opts, serverKV := splitServerKeys(parts[1:])
+	so, err := parseServerOpt(serverKV)
+	if err != nil {
+		return Algo{}, fmt.Errorf("--algo %q: %w", item, err)
+	}
+	a.ServerOpt = so
+	aggOpts, gammaSet, err := a.setLocal(item, opts)
 	if err != nil {
 		return Algo{}, err
 	}
@@ -380,6 +393,9 @@ func (c Config) Validate() error {
 		}
 	}
 	if err := c.validateSecAgg(); err != nil {
+		return err
+	}
+	if err := c.validateServerOpt(); err != nil {
 		return err
 	}
 	return c.validateDP()

@@ -91,3 +91,71 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		t.Fatalf("defaults invalid: %v", err)
 	}
 }
+
+// --algo's server-* keys give one algorithm its own server optimiser
+// (defaults as the flags'), and the FedSplit family and --secagg refuse
+// one, as the aggregator does.
+func TestParseAlgosServerOpt(t *testing.T) {
+	def := DefaultConfig().Local
+	tests := []struct {
+		in      string
+		want    string // the algorithms' optimisers, as Params.String
+		wantErr string
+	}{
+		{in: "fedavg,fedavg:server-opt=adam:label=fedadam", want: "none adam:lr=0.01:beta1=0.9:beta2=0.99:tau=0.001"},
+		{in: "fedprox:server-opt=yogi:server-lr=0.1:server-tau=0.01:mu=0.5", want: "yogi:lr=0.1:beta1=0.9:beta2=0.99:tau=0.01"},
+		{in: "median:server-opt=avgm:server-beta1=0.5", want: "avgm:lr=1:beta1=0.5"},
+		{in: "fedavg:server-opt=adagrad:cap=0", want: "adagrad:lr=0.01:beta1=0.9:tau=0.001"},
+		{in: "fedavg:server-lr=0.1", wantErr: "need server-opt"},
+		{in: "fedavg:server-opt=lamb", wantErr: `"lamb"`},
+		{in: "fedavg:server-opt=adam:server-beta2=1", wantErr: "beta2"},
+		{in: "fedavg:server-opt=adam:server-lr=x", wantErr: `server-lr="x"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseAlgos(tt.in, def, 0, isAgg)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want it to contain %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := DefaultConfig()
+			c.Algos = got
+			var names []string
+			for _, a := range got {
+				names = append(names, c.serverOptOf(a).String())
+			}
+			if s := strings.Join(names, " "); s != tt.want {
+				t.Errorf("optimisers %q, want %q", s, tt.want)
+			}
+			if err := c.Validate(); err != nil {
+				t.Errorf("Validate: %v", err)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		algos   string
+		secagg  bool
+		wantErr string
+	}{
+		{"fedsplit:server-opt=adam", false, "not a mean of deltas"},
+		{"fedproxsplit:server-opt=avgm", false, "not a mean of deltas"},
+		{"fedprox:server-opt=adam", true, "--server-opt adam with --secagg"},
+	} {
+		c := DefaultConfig()
+		var err error
+		if c.Algos, err = ParseAlgos(tc.algos, def, 0, isAgg); err != nil {
+			t.Fatal(err)
+		}
+		if tc.secagg {
+			c.SecAgg = &SecAgg{Clip: 1}
+		}
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("%s (secagg %v): %v, want an error naming %q", tc.algos, tc.secagg, err, tc.wantErr)
+		}
+	}
+}

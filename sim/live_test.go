@@ -17,6 +17,7 @@ import (
 	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/learn/serveropt"
 	"github.com/edgefl/edgefl/learn/split"
 	"github.com/edgefl/edgefl/node/aggregator"
 	"github.com/edgefl/edgefl/node/aggstore"
@@ -116,6 +117,26 @@ func TestSimMatchesLive(t *testing.T) {
 				Adaptive: &dp.Adaptive{Quantile: 0.5, LR: 0.2, BitNoise: 0.5}}, 1)
 		})
 	}
+	// Server optimisers (docs/aggregators.md, "Server optimisers"): the
+	// aggregate's step through FedAdam, FedYogi and FedAvgM, with a lossy
+	// codec and under central DP (the optimiser steps on the noisy mean),
+	// and across a restart after round 1: the moments come back from the
+	// checkpoint, so rounds 2 and 3 are simulate's bit for bit too.
+	for _, tc := range []struct {
+		algo, codec string
+		opt         serveropt.Params
+		private     *dp.Config
+	}{
+		{FedAvg, "topk:0.2+q8", serveropt.Params{Kind: serveropt.Adam, LR: 0.05, Beta1: 0.9, Beta2: 0.99, Tau: 1e-3}, nil},
+		{FedProx, "fp32", serveropt.Params{Kind: serveropt.AvgM, LR: 1, Beta1: 0.9}, nil},
+		{FedProx, "fp32", serveropt.Params{Kind: serveropt.Yogi, LR: 0.05, Beta1: 0.9, Beta2: 0.99, Tau: 1e-3}, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5}},
+	} {
+		name := "server-opt/" + string(tc.opt.Kind) + "/" + tc.algo + "/" + tc.codec
+		if tc.private != nil {
+			name += "/dp"
+		}
+		t.Run(name, func(t *testing.T) { testSimMatchesLiveOpt(t, tc.algo, tc.codec, tc.private, tc.opt, 1) })
+	}
 	// Poisson sampling (--dp's default selector, docs/privacy.md "Sampling
 	// rate"): each site in a round with probability 0.5, from the secret
 	// selection key (simulate: derived from --dp-noise-seed, the daemon:
@@ -137,7 +158,14 @@ func TestSimMatchesLive(t *testing.T) {
 // DP; restartAfter > 0: the live federation is stopped once round
 // restartAfter is aggregated and started again on its state files).
 func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, restartAfter ...int) {
+	testSimMatchesLiveOpt(t, algo, codec, private, serveropt.Params{}, restartAfter...)
+}
+
+// testSimMatchesLiveOpt is testSimMatchesLive with the server optimiser
+// opt in both runs.
+func testSimMatchesLiveOpt(t *testing.T, algo, codec string, private *dp.Config, opt serveropt.Params, restartAfter ...int) {
 	cfg := DefaultConfig()
+	cfg.ServerOpt = opt
 	cfg.Dataset, cfg.Partition, cfg.Clients, cfg.PerRound, cfg.Rounds, cfg.Seed = "synthetic:1,1", "natural", 4, 4, 3, 5
 	cfg.L2, cfg.Codec, cfg.Downlink, cfg.Workers, cfg.OptimumEvals = 0.01, codec, "fp32", 2, 300
 	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, MaxEpochs: 3, Batch: 10, LR: 0.01, Step: 10, Relax: 1}
@@ -227,8 +255,9 @@ func testSimMatchesLive(t *testing.T, algo, codec string, private *dp.Config, re
 		Algorithm: algo,
 		Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.MaxEpochs,
 			Step: local.Step, Relax: local.Relax, Mu: local.Mu},
-		Model: model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
-		Codec: codec, Downlink: cfg.Downlink, DP: private, DPTestKey: key, DPTestSelectionKey: selKey, Selector: cfg.Select,
+		Model:     model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
+		ServerOpt: opt,
+		Codec:     codec, Downlink: cfg.Downlink, DP: private, DPTestKey: key, DPTestSelectionKey: selKey, Selector: cfg.Select,
 		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
 		OnRound: func(rr aggregator.RoundReport) {
 			mu.Lock()

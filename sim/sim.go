@@ -20,6 +20,7 @@ import (
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/learn/serveropt"
 	"github.com/edgefl/edgefl/learn/split"
 	"github.com/edgefl/edgefl/proto/round"
 	"github.com/edgefl/edgefl/proto/secagg"
@@ -72,11 +73,13 @@ type Optimum struct {
 
 // AlgoRun is one algorithm's trajectory.
 type AlgoRun struct {
-	Algo       string  `json:"algo"`
-	Family     string  `json:"family"`
-	Aggregator string  `json:"aggregator"`
-	Local      Local   `json:"local"`
-	Rounds     []Round `json:"rounds"`
+	Algo       string `json:"algo"`
+	Family     string `json:"family"`
+	Aggregator string `json:"aggregator"`
+	Local      Local  `json:"local"`
+	// ServerOpt is the server optimiser with its parameters (empty: none).
+	ServerOpt string  `json:"server_opt,omitempty"`
+	Rounds    []Round `json:"rounds"`
 	// DP is the privacy the run spent (--dp; nil without).
 	DP *DPRun `json:"dp,omitempty"`
 	// Final is the last global model (written by --save-models).
@@ -402,10 +405,13 @@ type outcome struct {
 // the global model, the clients' z (FedSplit), the uplink state, the
 // worker pool and the codecs.
 type algoState struct {
-	a       Algo
-	split   bool
-	agg     aggregate.Aggregator // FedAvg/FedProx family
-	screen  float64              // FedSplit's step bound factor (split.BoundedStep)
+	a     Algo
+	split bool
+	agg   aggregate.Aggregator // FedAvg/FedProx family
+	// opt is the server optimiser (FedAvg/FedProx family), ost its state.
+	opt     serveropt.Params
+	ost     serveropt.State
+	screen  float64 // FedSplit's step bound factor (split.BoundedStep)
 	sel     aggregate.Selector
 	x       []float64
 	z       map[int][]float64 // FedSplit: every known client's latest z
@@ -468,6 +474,7 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 		cands:    append([]aggregate.Candidate(nil), e.cands...),
 		residual: make(map[int][]float64), zServer: make(map[int]*uplink.Copy), bstate: make(map[int]split.SiteState)}
 	var err error
+	s.opt = cfg.serverOptOf(a)
 	if !s.split {
 		if s.agg, err = aggregate.NewAggregator(a.Agg, cfg.Seed); err != nil {
 			return nil, fmt.Errorf("aggregator: %w", err)
@@ -543,6 +550,9 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 		return nil, err
 	}
 	run := &AlgoRun{Algo: a.Label, Family: a.Family, Aggregator: a.Agg, Local: a.Local}
+	if s.opt.On() {
+		run.ServerOpt = s.opt.String()
+	}
 	if d := cfg.DP; d != nil {
 		run.DP = &DPRun{Delta: d.Delta, Noise: d.Noise, Clip: d.Clip, SamplingRate: s.q, Budget: d.Budget}
 	}
@@ -761,6 +771,10 @@ func (s *algoState) privateStep(c *dp.Config, t, m int, cs []uplink.Contribution
 		next, err = s.sumStep(c, t, row)
 	} else {
 		next, err = uplink.NoisyMean(s.x, cs, uplink.Private{Clip: s.clip, Noise: c.UpdateNoise(), Denominator: m}, dp.NoiseRand(s.key, uint64(t)))
+		if err == nil {
+			// The optimiser steps on the noisy mean, as the aggregator.
+			err = s.optStep(t, next)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("round %d: %w", t, err)
@@ -874,6 +888,9 @@ func (s *algoState) serverStep(t, n int, ups []aggregate.Update, row *Round) err
 		rep, err := s.agg.Aggregate(s.x, ups, next)
 		if err != nil {
 			return fmt.Errorf("round %d: %w", t, err)
+		}
+		if err := s.optStep(t, next); err != nil {
+			return err
 		}
 		row.Metrics = rep.Metrics
 		s.x = next

@@ -604,6 +604,9 @@ func (r *Results) Bundle(run AlgoRun, version string, now time.Time) (*bundle.Bu
 	if run.Family != FedAvg {
 		params["mu"] = f(run.Local.Mu)
 	}
+	if run.ServerOpt != "" {
+		params["server_opt"] = run.ServerOpt // as the aggregator's bundles
+	}
 	if run.Local.Solver == "sgd" {
 		params["lr"], params["batch"] = f(run.Local.LR), strconv.Itoa(run.Local.Batch)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/edgefl/edgefl/internal/cli"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/learn/serveropt"
 	"github.com/edgefl/edgefl/node/aggregator"
 	"github.com/edgefl/edgefl/proto/round"
 	"github.com/edgefl/edgefl/sim/localfed"
@@ -37,6 +38,8 @@ type demoFlags struct {
 	clientsGiven               bool // --clients was on the command line
 	dp                         dpFlags
 	secagg                     secAggFlags
+	serverOpt                  serverOptFlags
+	opt                        serveropt.Params // serverOpt's, checked
 }
 
 func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
@@ -67,6 +70,7 @@ func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 	fs.IntVar(&f.evalEvery, "eval-every", 5, "with --schema: the sites evaluate every E rounds and at the end")
 	f.dp.register(fs, true, true)
 	f.secagg.register(fs, true)
+	f.serverOpt.register(fs)
 	return fs, f
 }
 
@@ -97,6 +101,10 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return errors.New("--clients and --rounds: want >= 1")
 	}
 	fs.Visit(func(fl *flag.Flag) { f.clientsGiven = f.clientsGiven || fl.Name == "clients" })
+	var err error
+	if f.opt, err = f.serverOpt.params(); err != nil {
+		return err
+	}
 	log, err := newLogger(stderr, "text", f.logLevel)
 	if err != nil {
 		return err
@@ -165,7 +173,7 @@ func (f *demoFlags) perRoundOf(n int) int {
 func (f *demoFlags) serverConfig(k int, spec model.Spec, log *slog.Logger) aggregator.ServerConfig {
 	return aggregator.ServerConfig{
 		K: k, QuorumFraction: f.quorum, RoundTimeout: f.timeout, Settle: 300 * time.Millisecond, MaxReselections: -1,
-		Rounds: f.rounds, Seed: f.seed, Algorithm: f.algo, Aggregator: f.agg, Params: f.params,
+		Rounds: f.rounds, Seed: f.seed, Algorithm: f.algo, Aggregator: f.agg, Params: f.params, ServerOpt: f.opt,
 		Model: spec, Codec: f.codec, MetricsAddr: f.metricsAddr, Logger: log,
 	}
 }

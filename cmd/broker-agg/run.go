@@ -76,6 +76,7 @@ type serveFlags struct {
 	console                                  consoleFlags
 	dp                                       dpFlags
 	secagg                                   secAggFlags
+	serverOpt                                serverOptFlags
 }
 
 // serveAliases are alternative flag names (short or as simulate spells
@@ -176,6 +177,7 @@ func (f *serveFlags) registerRounds(fs *flag.FlagSet) {
 	fs.StringVar(&f.downlink, "downlink", "fp32", "codec of the global model in the round announcement: fp32 | fp16")
 	f.dp.register(fs, false, true)
 	f.secagg.register(fs, true)
+	f.serverOpt.register(fs)
 }
 
 // registerFederation registers the flags of the schema, the stopping rules
@@ -247,6 +249,9 @@ func (f *serveFlags) serverConfig(log *slog.Logger) (aggregator.ServerConfig, er
 		return cfg, err
 	}
 	cfg.SecAgg = f.secagg.settings()
+	if cfg.ServerOpt, err = f.serverOpt.params(); err != nil {
+		return cfg, err
+	}
 	return cfg, f.console.apply(&cfg)
 }
 

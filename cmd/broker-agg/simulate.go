@@ -23,6 +23,7 @@ type simulateFlags struct {
 	bundleOut, aggs, algos, out string
 	dp                          dpFlags
 	secagg                      secAggFlags
+	serverOpt                   serverOptFlags
 }
 
 func simulateFlagSet(stderr io.Writer) (*flag.FlagSet, *sim.Config, *simulateFlags) {
@@ -54,7 +55,7 @@ flags:
 	fs.IntVar(&cfg.Clients, "clients", cfg.Clients, "number of clients N")
 	fs.IntVar(&cfg.PerRound, "per-round", cfg.PerRound, "clients selected per round K")
 	fs.StringVar(aggs, "agg", "", "comma-separated `LIST` of aggregator SPECs to compare, each fed by FedProx local training (the same as naming them in --algo; without --algo, only these run)")
-	fs.StringVar(algos, "algo", "fedavg,fedprox,fedsplit,fedproxsplit", "comma-separated `LIST` of NAME[:key=value...]: fedavg, fedprox, fedsplit, fedproxsplit, or an aggregator ("+strings.Join(aggregate.Names(), ", ")+"); keys: solver, mu, gamma, epochs, batch, lr, step, relax, label; fedavg also cap=M (no site's sample count above M x the other sites' median, as the daemon: 3 by default, 0 off)")
+	fs.StringVar(algos, "algo", "fedavg,fedprox,fedsplit,fedproxsplit", "comma-separated `LIST` of NAME[:key=value...]: fedavg, fedprox, fedsplit, fedproxsplit, or an aggregator ("+strings.Join(aggregate.Names(), ", ")+"); keys: solver, mu, gamma, epochs, batch, lr, step, relax, label; fedavg also cap=M (no site's sample count above M x the other sites' median, as the daemon: 3 by default, 0 off); the FedAvg/FedProx families also server-opt=KIND with server-lr, server-beta1, server-beta2, server-tau (this algorithm's --server-opt, e.g. fedavg:server-opt=adam:label=fedadam)")
 	fs.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "communication rounds R")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "random seed (data, partition, selection, stragglers, SGD order)")
 	fs.StringVar(out, "out", "results", "output `DIR` for results.json, results.csv, results.png")
@@ -84,6 +85,7 @@ flags:
 	o.dp.register(fs, true, false)
 	fs.Uint64Var(&cfg.DPNoiseSeed, "dp-noise-seed", 0, "with --dp: the seed of the noise key (dp.TestKey: reproducible and public, for simulation only; 0: --seed)")
 	o.secagg.register(fs, false)
+	o.serverOpt.register(fs)
 	fs.IntVar(&cfg.Workers, "workers", 0, "clients solved in parallel (default: GOMAXPROCS); results do not depend on it")
 	return fs, &cfg, o
 }
@@ -152,6 +154,9 @@ func (o *simulateFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 		}
 	}
 	var err error
+	if cfg.ServerOpt, err = o.serverOpt.params(); err != nil {
+		return err
+	}
 	splitGamma := cfg.SplitGamma
 	if set["gamma"] {
 		splitGamma = 0 // --gamma given: fedsplit's too

@@ -138,6 +138,9 @@ func printRound(w io.Writer, st aggregator.Status, now time.Time) {
 		if st.Aggregator != "" {
 			fmt.Fprintf(w, "  aggregator %s", st.Aggregator)
 		}
+		if st.ServerOpt != "" {
+			fmt.Fprintf(w, "  server-opt %s", st.ServerOpt)
+		}
 	}
 	if l := st.Live; l != nil {
 		fmt.Fprintf(w, "  quorum %d of %d", l.Quorum, l.PerRound)

@@ -156,3 +156,22 @@ func TestPrintStatusDivergedFinish(t *testing.T) {
 		}
 	}
 }
+
+// `status` names the run's server optimiser next to its aggregator, and
+// says nothing of one when there is none.
+func TestPrintStatusServerOpt(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct{ opt, want string }{
+		{"adam:lr=0.01:beta1=0.9:beta2=0.99:tau=0.001", "aggregator fedavg  server-opt adam:lr=0.01:beta1=0.9:beta2=0.99:tau=0.001"},
+		{"", ""},
+	} {
+		st := aggregator.Status{Federation: "f", Phase: aggregator.PhaseCollecting, Round: 3, RunID: "RUN", Aggregator: "fedavg", ServerOpt: tc.opt}
+		var b bytes.Buffer
+		if err := printStatus(&b, st, at); err != nil {
+			t.Fatal(err)
+		}
+		if tc.want != "" && !strings.Contains(b.String(), tc.want) || tc.want == "" && strings.Contains(b.String(), "server-opt") {
+			t.Errorf("server optimiser %q: status output\n%s", tc.opt, b.String())
+		}
+	}
+}

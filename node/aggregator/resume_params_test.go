@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/edgefl/edgefl/learn/serveropt"
 	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 )
@@ -38,6 +39,14 @@ func TestResumeRefusesOtherParams(t *testing.T) {
 			func(c *ServerConfig) { c.Aggregator = "median" }, []string{"--aggregator median differs from the run's mean"}},
 		{"fedprox step is not its parameter", func(c *ServerConfig) { c.Algorithm = AlgoFedProx },
 			func(c *ServerConfig) { c.Params.Step = 10 }, nil},
+		// The stored moments assume one optimiser: another, or one added
+		// to a run without, is refused.
+		{"server optimiser", func(c *ServerConfig) { c.ServerOpt = serveropt.Defaults(serveropt.Adam) },
+			func(c *ServerConfig) { c.ServerOpt = serveropt.Defaults(serveropt.Yogi) },
+			[]string{"--server-opt yogi:lr=0.01:beta1=0.9:beta2=0.99:tau=0.001 differs from the run's adam:lr=0.01:beta1=0.9:beta2=0.99:tau=0.001"}},
+		{"server optimiser added", func(c *ServerConfig) {},
+			func(c *ServerConfig) { c.ServerOpt = serveropt.Params{Kind: serveropt.AvgM, Beta1: 0.5} },
+			[]string{"--server-opt avgm:lr=1:beta1=0.5 differs from the run's none"}},
 		{"fedavg mu is always 0", func(c *ServerConfig) {}, func(c *ServerConfig) { c.Params.Mu = 5 }, nil},
 		{"local work settings", func(c *ServerConfig) { c.Algorithm, c.Params.Step = AlgoFedSplit, 1 },
 			func(c *ServerConfig) {

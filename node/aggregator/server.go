@@ -31,6 +31,7 @@ import (
 	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/learn/serveropt"
 	"github.com/edgefl/edgefl/learn/split"
 	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
@@ -105,6 +106,12 @@ type ServerConfig struct {
 	// poisson (aggregate.DPSelector) with DP.
 	Selector string
 	Params   Params
+	// ServerOpt is the server optimiser of the FedAvg/FedProx families
+	// (learn/serveropt; zero: none, the aggregate is the next model):
+	// the aggregate minus the global model is the pseudo-gradient of an
+	// AvgM, Adagrad, Adam or Yogi step (server_opt.go). Refused with the
+	// FedSplit family and secure aggregation.
+	ServerOpt serveropt.Params
 	// AnchorSketch, when set, asks clients for the gradient at the anchor
 	// (Dimension 0) or its random-projection sketch (fedsim-cluster).
 	AnchorSketch *wire.SketchSpec
@@ -305,6 +312,7 @@ func (c *ServerConfig) defaults() {
 	if c.Algorithm == "" {
 		c.Algorithm = AlgoFedProx
 	}
+	c.ServerOpt = c.ServerOpt.WithDefaults()
 	if c.DP != nil && !c.DP.Distributed && !c.DP.FixedRounds && !c.DP.EarlyClose {
 		// Central DP whose rounds close early: their timing tells the
 		// draw's size, so they are charged at q = 1 (dp.Config.EarlyClose).
@@ -395,6 +403,9 @@ type storedConfig struct {
 	// run must keep: a site's session and the stored server state assume
 	// its quantiser and threshold.
 	SecAgg *SecAggSettings `json:"secagg,omitempty"`
+	// ServerOpt is the run's server optimiser (nil: none), which a
+	// resumed run must keep: its stored moments assume it.
+	ServerOpt *serveropt.Params `json:"server_opt,omitempty"`
 }
 
 // storedParams are the parameters of the algorithm's math: FedProx's mu
@@ -437,6 +448,7 @@ func (s *Server) resumeDiffs(was storedConfig) []string {
 	diff("downlink", s.cfg.Downlink, downWas)
 	diff("dp", dpText(s.cfg.DP), dpText(was.DP))
 	diff("secagg", secAggText(s.cfg.SecAgg), secAggText(was.SecAgg))
+	diff("server-opt", optText(s.stored.ServerOpt), optText(was.ServerOpt))
 	if p := was.Params; p != nil && s.stored.Params != nil {
 		now := *s.stored.Params
 		if s.fam == AlgoFedProx {
@@ -485,6 +497,8 @@ type Server struct {
 	// (server_robust.go); nextRobust the closing round's, until its
 	// checkpoint is stored.
 	robust, nextRobust *robustState
+	// opt is the server optimiser and its state (server_opt.go).
+	opt serverOpt
 	// sum is the FedSplit family's sum mode (server_sum.go; nil outside
 	// sum mode).
 	sum     *sumMode
@@ -596,6 +610,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request), ingestQ: make(chan ingestJob, cfg.IngestQueue),
 		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{}),
 		topics: d.topics, fam: d.fam, aggSpec: d.aggSpec, screen: d.screen, agg: d.agg, eval: cfg.Eval, privacy: newPrivacy(&cfg)}
+	s.opt.params = cfg.ServerOpt
 	if d.sum {
 		s.sum = newSumMode(d.coord.FixedRoster)
 	}
@@ -619,6 +634,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.stored = storedConfig{Federation: cfg.Federation, Algorithm: cfg.Algorithm, Family: s.fam,
 		Aggregator: s.aggSpec, Model: cfg.Model, Dimension: s.dim, Codec: cfg.Codec, Downlink: cfg.Downlink,
 		Params: &storedParams{Mu: p.Mu, Step: p.Step, Relax: p.Relax}, DP: cfg.DP, SecAgg: cfg.SecAgg}
+	if s.opt.params.On() {
+		o := s.opt.params
+		s.stored.ServerOpt = &o
+	}
 	if cfg.Schema != nil {
 		s.stored.Model, s.stored.SchemaDigest = operatorModel(cfg.Model), cfg.Schema.Digest()
 	}
@@ -816,6 +835,9 @@ func (s *Server) restoreFeatures(cur aggstore.Round, r int) error {
 		return err
 	}
 	if err := s.restoreRobust(cur); err != nil {
+		return err
+	}
+	if err := s.restoreOpt(cur); err != nil {
 		return err
 	}
 	if err := s.checkPersistedRange(r); err != nil {

@@ -96,6 +96,9 @@ func (cfg *ServerConfig) derive() (derived, error) {
 	if err := cfg.checkSecAgg(&d); err != nil {
 		return d, err
 	}
+	if err := cfg.checkServerOpt(&d); err != nil {
+		return d, err
+	}
 	return d, d.coord.Validate()
 }
 

@@ -412,6 +412,9 @@ func (s *Server) bundleParams() map[string]string {
 	if isSplit(s.fam) {
 		m["step"], m["relax"] = f(p.Step), f(p.Relax)
 	}
+	if o := s.opt.params; o.On() {
+		m["server_opt"] = o.String()
+	}
 	return m
 }
 

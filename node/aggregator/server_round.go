@@ -257,9 +257,10 @@ func (s *Server) checkpoint(cr coordinator.CloseRound, next []float64, redo bool
 		if err != nil {
 			return time.Time{}, err
 		}
-		if err := s.store.OpenRound(aggstore.Round{Number: uint64(r + 1), OpenedAt: now, Config: s.conf, State: state, Sum: sum, Split: robust}, next); err != nil {
+		if err := s.store.OpenRound(aggstore.Round{Number: uint64(r + 1), OpenedAt: now, Config: s.conf, State: state, Sum: sum, Split: robust, Opt: s.optBytes()}, next); err != nil {
 			return time.Time{}, fmt.Errorf("aggregator: %w", err)
 		}
+		s.optAdvance() // the optimiser's state moves with the checkpoint
 		s.storeR = uint64(r + 1)
 		s.sum.advance() // S moves with the checkpoint, in its transaction
 		if s.nextRobust != nil {
@@ -270,6 +271,7 @@ func (s *Server) checkpoint(cr coordinator.CloseRound, next []float64, redo bool
 	}
 	s.sum.dropClosing()
 	s.nextRobust = nil
+	s.opt.next = nil
 	s.lastSt = state
 	return now, nil
 }
@@ -280,7 +282,13 @@ func (s *Server) aggregate(cr coordinator.CloseRound) ([]float64, aggregate.Repo
 		return s.secAggAggregate(cr) // with --dp distributed, the noise is in the sum
 	}
 	if s.cfg.DP != nil {
-		return s.privateAggregate(cr)
+		// The optimiser steps on the noisy mean: post-processing of the
+		// release, inside the guarantee (server_opt.go).
+		next, rep, err := s.privateAggregate(cr)
+		if err == nil {
+			err = s.optStep(cr.Round, next)
+		}
+		return next, rep, err
 	}
 	out := make([]float64, s.dim)
 	if isSplit(s.fam) {
@@ -318,6 +326,9 @@ func (s *Server) aggregate(cr coordinator.CloseRound) ([]float64, aggregate.Repo
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			return nil, rep, fmt.Errorf("aggregator: round %d: %s produced a non-finite value at %d", cr.Round, s.agg.Name(), i)
 		}
+	}
+	if err := s.optStep(cr.Round, out); err != nil {
+		return nil, rep, err
 	}
 	return out, rep, nil
 }

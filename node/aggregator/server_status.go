@@ -375,6 +375,10 @@ type Status struct {
 	// finite and was not published.
 	FedSplitDiverging int `json:"fedsplit_diverging_since,omitempty"`
 	FedSplitNonFinite int `json:"fedsplit_non_finite,omitempty"`
+
+	// ServerOpt is the run's server optimiser with its parameters, as
+	// the round log stores it (empty: none).
+	ServerOpt string `json:"server_opt,omitempty"`
 	// Live is what only the running daemon knows (its configuration,
 	// the round history); nil when read from the file.
 	Live *LiveStatus `json:"live,omitempty"`
@@ -497,6 +501,9 @@ func ReadStatus(store *aggstore.AggStore) (Status, error) {
 			out.Federation, out.Algorithm, out.Schema = sc.Federation, sc.Algorithm, sc.SchemaDigest
 			out.RunID, out.Aggregator, out.Codec, out.Downlink = sc.RunID, sc.Aggregator, sc.Codec, sc.Downlink
 			dpConf = sc.DP
+			if sc.ServerOpt != nil {
+				out.ServerOpt = sc.ServerOpt.String()
+			}
 			saConf = sc.SecAgg
 		}
 	}

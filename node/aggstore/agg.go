@@ -26,7 +26,8 @@ import (
 //	                                  sum: bytes (FedSplit sum mode's S and m at the
 //	                                  round's opening, uplink.SumState; absent
 //	                                  otherwise: added without a migration, as
-//	                                  the schema run's buckets) }
+//	                                  the schema run's buckets); opt: bytes (the
+//	                                  server optimiser's state, likewise) }
 //	updates     round u64 -> bucket { client id -> stored_at unix ns u64 |
 //	                                  sample_count u64 | loss float64 LE | message }
 //	latest_z    client id -> round u64 + float64s
@@ -55,6 +56,7 @@ var (
 	keyRoundState   = []byte("state")
 	keyRoundSum     = []byte("sum")
 	keyRoundSplit   = []byte("split")
+	keyRoundOpt     = []byte("opt")
 )
 
 const aggKind = "agg"
@@ -169,7 +171,7 @@ func roundInvariants(tx *storage.Tx) error {
 }
 
 // roundKeys are the keys of a round's bucket.
-var roundKeys = []string{string(keyRoundMeta), string(keyRoundConfig), string(keyRoundState), string(keyRoundSum), string(keyRoundSplit)}
+var roundKeys = []string{string(keyRoundMeta), string(keyRoundConfig), string(keyRoundState), string(keyRoundSum), string(keyRoundSplit), string(keyRoundOpt)}
 
 // updateHeader is the fixed part of a stored update: stored_at, sample
 // count, loss.
@@ -455,6 +457,9 @@ type Round struct {
 	// (opaque: each site's lag and record; nil: none), written and kept
 	// like Sum.
 	Split []byte
+	// Opt is the server optimiser's state as the round opens (opaque:
+	// its step count and moments; nil: none), written and kept like Sum.
+	Opt []byte
 }
 
 type roundJSON struct {
@@ -499,6 +504,10 @@ func readRound(rb *storage.Bucket, n uint64) (Round, error) {
 	if err != nil {
 		return Round{}, err
 	}
+	opt, err := storage.SGet(rb, keyRoundOpt, fmt.Sprintf("round %d opt", n))
+	if err != nil {
+		return Round{}, err
+	}
 	if err := json.Unmarshal(meta, &j); err != nil {
 		return Round{}, fmt.Errorf("%w: round %d meta: %w", storage.ErrCorrupt, n, err)
 	}
@@ -514,6 +523,7 @@ func readRound(rb *storage.Bucket, n uint64) (Round, error) {
 		State:    bytes.Clone(state),
 		Sum:      bytes.Clone(sum),
 		Split:    bytes.Clone(split),
+		Opt:      bytes.Clone(opt),
 	}, nil
 }
 
@@ -655,6 +665,9 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 			return err
 		}
 		if err := putBytes(rb, keyRoundSplit, r.Split); err != nil {
+			return err
+		}
+		if err := putBytes(rb, keyRoundOpt, r.Opt); err != nil {
 			return err
 		}
 		if len(r.State) > 0 {
