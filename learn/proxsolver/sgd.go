@@ -23,6 +23,7 @@ type sgdRun struct {
 
 	maxEvals int   // 0 = unlimited
 	seen     int64 // training samples processed
+	steps    int   // mini-batch steps taken
 }
 
 func newSGDRun(obj *objective, tr *tracker, w []float64, cfg Config, maxEvals int) *sgdRun {
@@ -61,7 +62,15 @@ func (r *sgdRun) epoch(rng *rand.Rand, reserve int) (string, error) {
 			return "", err
 		}
 		lr := r.lr
-		if mu == 0 {
+		if sh := r.obj.shift; sh != nil {
+			// SCAFFOLD's corrected step: w <- w - lr (g + mu (w - a) + shift).
+			for i, g := range gb {
+				if mu != 0 {
+					g += mu * (w[i] - a[i])
+				}
+				w[i] -= lr * (g + sh[i])
+			}
+		} else if mu == 0 {
 			for i, g := range gb {
 				w[i] -= lr * g
 			}
@@ -71,6 +80,7 @@ func (r *sgdRun) epoch(rng *rand.Rand, reserve int) (string, error) {
 			}
 		}
 		r.seen += int64(r.batch.N)
+		r.steps++
 	}
 	return "", nil
 }
@@ -120,7 +130,7 @@ func (s *session) sgd(start []float64, rep Report, rng *rand.Rand) ([]float64, e
 		}
 		before := r.seen
 		st, err := r.epoch(rng, 1)
-		s.rep.Epochs = r.epochs()
+		s.rep.Epochs, s.rep.Steps = r.epochs(), r.steps
 		if err != nil {
 			return nil, err
 		}
