@@ -26,7 +26,10 @@ import (
 //	                                  sum: bytes (FedSplit sum mode's S and m at the
 //	                                  round's opening, uplink.SumState; absent
 //	                                  otherwise: added without a migration, as
-//	                                  the schema run's buckets) }
+//	                                  the schema run's buckets), split: bytes
+//	                                  (the robust FedSplit step's state),
+//	                                  control: float64s (SCAFFOLD's c; absent
+//	                                  otherwise, added the same way) }
 //	updates     round u64 -> bucket { client id -> stored_at unix ns u64 |
 //	                                  sample_count u64 | loss float64 LE | message }
 //	latest_z    client id -> round u64 + float64s
@@ -55,6 +58,7 @@ var (
 	keyRoundState   = []byte("state")
 	keyRoundSum     = []byte("sum")
 	keyRoundSplit   = []byte("split")
+	keyRoundControl = []byte("control")
 )
 
 const aggKind = "agg"
@@ -169,7 +173,7 @@ func roundInvariants(tx *storage.Tx) error {
 }
 
 // roundKeys are the keys of a round's bucket.
-var roundKeys = []string{string(keyRoundMeta), string(keyRoundConfig), string(keyRoundState), string(keyRoundSum), string(keyRoundSplit)}
+var roundKeys = []string{string(keyRoundMeta), string(keyRoundConfig), string(keyRoundState), string(keyRoundSum), string(keyRoundSplit), string(keyRoundControl)}
 
 // updateHeader is the fixed part of a stored update: stored_at, sample
 // count, loss.
@@ -455,6 +459,9 @@ type Round struct {
 	// (opaque: each site's lag and record; nil: none), written and kept
 	// like Sum.
 	Split []byte
+	// Control is SCAFFOLD's server control variate c as the round opens
+	// (float64s; nil: none, c = 0), written and kept like Sum.
+	Control []byte
 }
 
 type roundJSON struct {
@@ -499,6 +506,10 @@ func readRound(rb *storage.Bucket, n uint64) (Round, error) {
 	if err != nil {
 		return Round{}, err
 	}
+	control, err := storage.SGet(rb, keyRoundControl, fmt.Sprintf("round %d control", n))
+	if err != nil {
+		return Round{}, err
+	}
 	if err := json.Unmarshal(meta, &j); err != nil {
 		return Round{}, fmt.Errorf("%w: round %d meta: %w", storage.ErrCorrupt, n, err)
 	}
@@ -514,6 +525,7 @@ func readRound(rb *storage.Bucket, n uint64) (Round, error) {
 		State:    bytes.Clone(state),
 		Sum:      bytes.Clone(sum),
 		Split:    bytes.Clone(split),
+		Control:  bytes.Clone(control),
 	}, nil
 }
 
@@ -655,6 +667,9 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 			return err
 		}
 		if err := putBytes(rb, keyRoundSplit, r.Split); err != nil {
+			return err
+		}
+		if err := putBytes(rb, keyRoundControl, r.Control); err != nil {
 			return err
 		}
 		if len(r.State) > 0 {
