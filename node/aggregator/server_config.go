@@ -97,6 +97,9 @@ func (cfg *ServerConfig) derive() (derived, error) {
 	if err := cfg.checkSecAgg(&d); err != nil {
 		return d, err
 	}
+	if err := cfg.scaffoldConfig(&d); err != nil {
+		return d, err
+	}
 	return d, d.coord.Validate()
 }
 
@@ -129,7 +132,7 @@ func (cfg *ServerConfig) deriveAlgorithm(d *derived) error {
 // checkParams checks the algorithm's parameters and sets d.params.
 func (cfg *ServerConfig) checkParams(d *derived) error {
 	p := cfg.Params
-	if d.fam == AlgoFedAvg {
+	if d.fam == AlgoFedAvg || d.fam == AlgoScaffold {
 		p.Mu = 0
 	}
 	for _, f := range []struct {
