@@ -220,9 +220,13 @@ func algoFamily(name string, def Local, isAgg func(name string) bool) (Algo, err
 		a.Agg = "mean"
 	case FedSplit, FedProxSplit:
 		a.Agg = split.StepRobust
+	case Scaffold:
+		// Local SGD shifted by c - c_i, no proximal term; the server's
+		// model step is the uniform mean (scaffold.go).
+		a.Agg, a.Local.Mu, a.Local.Solver = "mean", 0, proxsolver.SGD
 	default:
 		if isAgg == nil || !isAgg(a.Family) {
-			return a, fmt.Errorf("--algo: unknown algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit or an aggregator name)", a.Family)
+			return a, fmt.Errorf("--algo: unknown algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit, scaffold or an aggregator name)", a.Family)
 		}
 		a.Agg, a.Family = a.Family, FedProx
 	}
@@ -242,8 +246,8 @@ func (a *Algo) setLocal(item string, opts []string) ([]string, error) {
 			aggOpts = append(aggOpts, kv)
 			continue
 		}
-		if a.Family == FedAvg && k == "mu" {
-			return nil, fmt.Errorf("--algo %q: fedavg has no proximal term (use fedprox:mu=...)", item)
+		if (a.Family == FedAvg || a.Family == Scaffold) && k == "mu" {
+			return nil, fmt.Errorf("--algo %q: %s has no proximal term (use fedprox:mu=...)", item, a.Family)
 		}
 		if err := a.Local.set(k, v, &a.Label); err != nil {
 			return nil, fmt.Errorf("--algo %q: %w", item, err)
@@ -391,6 +395,9 @@ func (c Config) Validate() error {
 		}
 	}
 	if err := c.validateSecAgg(); err != nil {
+		return err
+	}
+	if err := c.validateScaffold(); err != nil {
 		return err
 	}
 	return c.validateDP()

@@ -395,6 +395,10 @@ type outcome struct {
 	sumPen *uplink.Pending // --secagg, sum mode: what the input adds to the client's record
 	rep    proxsolver.Report
 	err    error
+	// SCAFFOLD (scaffold.go): the encoded control delta (with a codec)
+	// or the exact one, and the client's new c_i.
+	ctrlPayload   []byte
+	ctrlDelta, ci []float64
 }
 
 // algoState is the server's side of one algorithm's run across rounds:
@@ -458,6 +462,8 @@ type algoState struct {
 	// estimate), bits the round's clip bits (true: not clipped).
 	clip float64
 	bits []bool
+	// scaffold is SCAFFOLD's control variates (nil: another family).
+	scaffold *scaffoldState
 }
 
 // newAlgoState sets up algorithm a's run from the global model x0.
@@ -529,6 +535,9 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 			}
 		}
 		s.clip = cfg.DP.Clip
+	}
+	if a.Family == Scaffold {
+		s.scaffold = newScaffoldState(len(x0))
 	}
 	if s.split && cfg.SecAgg != nil && s.sum == nil {
 		// Sum mode under secure aggregation (docs/privacy.md).
@@ -673,6 +682,9 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 	}
 	s.sumCs, s.sumPen, s.bits = nil, map[int]uplink.Pending{}, nil
 	s.bround = map[int]splitUpdate{}
+	if s.scaffold != nil {
+		s.scaffold.reset()
+	}
 	for i, j := range jobs {
 		if j.straggler {
 			row.Stragglers++
@@ -744,6 +756,11 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 			s.z[j.client] = outs[i].params
 			s.zServer[j.client] = &uplink.Copy{Round: uint64(t), Z: received}
 			continue
+		}
+		if s.scaffold != nil {
+			if err := s.scaffold.receive(s.serverCodec, id, j.client, outs[i]); err != nil {
+				return nil, nil, nil, fmt.Errorf("round %d, client %s: %w", t, id, err)
+			}
 		}
 		ups = append(ups, aggregate.Update{Client: id, Params: received,
 			Samples: e.fed.Clients[j.client].Train.N, AnchorGrad: outs[i].rep.AnchorGrad, Loss: outs[i].rep.AnchorLoss})
@@ -876,6 +893,11 @@ func (s *algoState) serverStep(t, n int, ups []aggregate.Update, row *Round) err
 		if err != nil {
 			return fmt.Errorf("round %d: %w", t, err)
 		}
+		if s.scaffold != nil {
+			if err := s.scaffold.step(n, s.downCodec); err != nil {
+				return fmt.Errorf("round %d: %w", t, err)
+			}
+		}
 		row.Metrics = rep.Metrics
 		s.x = next
 	}
@@ -931,10 +953,10 @@ func (e *env) assignWork(t int, picked []int, a Algo) []job {
 	return jobs
 }
 
-func (e *env) work(ctx context.Context, m model.Model, a Algo, sp split.Params, j job, x, zj []float64, t int) outcome {
+func (e *env) work(ctx context.Context, m model.Model, a Algo, sp split.Params, j job, x, zj []float64, t int, shift []float64) outcome {
 	c := e.fed.Clients[j.client]
 	rng := streams.Of(e.cfg.Seed, streams.Solve, t, j.client)
-	cfg := proxsolver.Config{Solver: a.Local.Solver, Mu: a.Local.Mu, Gamma: a.Local.Gamma, LR: a.Local.LR, Batch: a.Local.Batch}
+	cfg := proxsolver.Config{Solver: a.Local.Solver, Mu: a.Local.Mu, Gamma: a.Local.Gamma, LR: a.Local.LR, Batch: a.Local.Batch, Shift: shift}
 	budget := proxsolver.Budget{MaxEpochs: j.epochs}
 	if a.Family == FedSplit {
 		cfg.Solver = proxsolver.LBFGS
@@ -997,7 +1019,15 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 			defer wg.Done()
 			for i := range next {
 				c := jobs[i].client
-				o := e.work(ctx, wk.m, a, sp, jobs[i], x, z[c], t)
+				var shift []float64
+				if s.scaffold != nil {
+					shift = s.scaffold.shift(c)
+				}
+				o := e.work(ctx, wk.m, a, sp, jobs[i], x, z[c], t, shift)
+				y := o.params
+				if s.scaffold != nil && cfg.Faulty > 0 {
+					y = slices.Clone(o.params) // delta c from the honest solve, as the agent's (its poison hook changes only delta y)
+				}
 				var tamper func([]float64)
 				if sc, ok := cfg.faultyScale(c, t); ok && o.params != nil {
 					if isSplit && s.sum == nil && e.sq == nil {
@@ -1033,8 +1063,13 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 							// its z.
 							o.params, o.err = nil, nil
 						}
+						if s.scaffold != nil && o.err == nil && o.params != nil {
+							o.ctrlPayload, _, o.ci, o.err = s.scaffold.clientControl(wk.codec, c, x, y, o.rep, a.Local.LR, rng)
+						}
 					}
 					o.frame = &f
+				} else if s.scaffold != nil && o.err == nil && o.params != nil {
+					_, o.ctrlDelta, o.ci, o.err = s.scaffold.clientControl(nil, c, x, y, o.rep, a.Local.LR, nil)
 				}
 				outs[i] = o
 			}

@@ -45,7 +45,7 @@ func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 	fs.IntVar(&f.clients, "clients", 5, "number of edge agents N (with --schema and --partition natural: one per site of --site-column)")
 	fs.IntVar(&f.perRound, "per-round", 0, "clients selected per round K (0: all)")
 	fs.IntVar(&f.rounds, "rounds", 20, "rounds")
-	fs.StringVar(&f.algo, "algorithm", aggregator.AlgoFedProxSplit, "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator name")
+	fs.StringVar(&f.algo, "algorithm", aggregator.AlgoFedProxSplit, "fedavg | fedprox | fedsplit | fedproxsplit | scaffold (control variates; sgd only) | an aggregator name")
 	fs.StringVar(&f.agg, "aggregator", "", "aggregator SPEC (FedAvg/FedProx families)")
 	fs.StringVar(&f.data, "dataset", "synthetic:1,1", "data SPEC, as simulate's --dataset")
 	fs.StringVar(&f.partition, "partition", "natural", "partition SPEC: natural | iid | dirichlet:ALPHA | classes:K (with --schema: natural needs --site-column; the others deal the rows to --clients sites, as simulate does)")
@@ -54,7 +54,7 @@ func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 	fs.StringVar(&f.model, "model", model.KindLogReg, "model: logreg | binary-logreg | linear | mlp")
 	fs.IntVar(&f.hidden, "hidden", 64, "hidden units (mlp)")
 	fs.Float64Var(&f.l2, "l2", 0.01, "L2 coefficient (makes the pooled objective strongly convex: FedSplit then converges linearly)")
-	fs.StringVar(&p.Solver, "solver", "lbfgs", "local solver: sgd | lbfgs")
+	fs.StringVar(&p.Solver, "solver", "lbfgs", "local solver: sgd | lbfgs (sgd with --algorithm scaffold)")
 	fs.Float64Var(&p.Mu, "mu", 1, "FedProx proximal weight")
 	fs.Float64Var(&p.Step, "step", 10, "FedSplit step size s (about 1/sqrt(l2 L); see docs/simulate.md)")
 	fs.Float64Var(&p.Relax, "relax", 1, "FedSplit relaxation")
@@ -87,7 +87,14 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if f.clients < 1 || f.rounds < 1 {
 		return errors.New("--clients and --rounds: want >= 1")
 	}
-	fs.Visit(func(fl *flag.Flag) { f.clientsGiven = f.clientsGiven || fl.Name == "clients" })
+	solverGiven := false
+	fs.Visit(func(fl *flag.Flag) {
+		f.clientsGiven = f.clientsGiven || fl.Name == "clients"
+		solverGiven = solverGiven || fl.Name == "solver"
+	})
+	if f.algo == aggregator.AlgoScaffold && !solverGiven {
+		f.params.Solver = "sgd" // SCAFFOLD's control variates count SGD steps
+	}
 	log, err := newLogger(stderr, "text", f.logLevel)
 	if err != nil {
 		return err

@@ -50,7 +50,7 @@ flags:
 	fs.IntVar(&cfg.Clients, "clients", cfg.Clients, "number of clients N")
 	fs.IntVar(&cfg.PerRound, "per-round", cfg.PerRound, "clients selected per round K")
 	fs.StringVar(aggs, "agg", "", "comma-separated `LIST` of aggregator SPECs to compare, each fed by FedProx local training (the same as naming them in --algo; without --algo, only these run)")
-	fs.StringVar(algos, "algo", "fedavg,fedprox,fedsplit,fedproxsplit", "comma-separated `LIST` of NAME[:key=value...]: fedavg, fedprox, fedsplit, fedproxsplit, or an aggregator ("+strings.Join(aggregate.Names(), ", ")+"); keys: solver, mu, gamma, epochs, batch, lr, step, relax, label; fedavg also cap=M (no site's sample count above M x the other sites' median, as the daemon: 3 by default, 0 off)")
+	fs.StringVar(algos, "algo", "fedavg,fedprox,fedsplit,fedproxsplit", "comma-separated `LIST` of NAME[:key=value...]: fedavg, fedprox, fedsplit, fedproxsplit, scaffold (SCAFFOLD's control variates: local SGD shifted by c - c_i, the mean as the server step; sgd only, not with --dp or --secagg), or an aggregator ("+strings.Join(aggregate.Names(), ", ")+"); keys: solver, mu, gamma, epochs, batch, lr, step, relax, label; fedavg also cap=M (no site's sample count above M x the other sites' median, as the daemon: 3 by default, 0 off)")
 	fs.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "communication rounds R")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "random seed (data, partition, selection, stragglers, SGD order)")
 	fs.StringVar(out, "out", "results", "output `DIR` for results.json, results.csv, results.png")
