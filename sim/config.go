@@ -103,6 +103,11 @@ type Config struct {
 	// frames the server received, by client id, and the next global model
 	// as the clients will decode it. It must not keep or change them.
 	trace func(algo string, round int, frames map[string]*uplink.Frame, x []float64)
+	// siteSeed, when set (tests), draws client i's SGD order and codec
+	// noise from the site streams of an agent with seed *siteSeed + i and
+	// the client's id (streams.Site), as localfed seeds its agents: SGD
+	// then matches the daemons bit for bit, not only in distribution.
+	siteSeed *uint64
 	// traceSecAgg, when set (tests), is called after each round of a
 	// --secagg run with each client's quantised input.
 	traceSecAgg func(algo string, round int, inputs map[string][]uint32)

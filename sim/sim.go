@@ -956,6 +956,9 @@ func (e *env) assignWork(t int, picked []int, a Algo) []job {
 func (e *env) work(ctx context.Context, m model.Model, a Algo, sp split.Params, j job, x, zj []float64, t int, shift []float64) outcome {
 	c := e.fed.Clients[j.client]
 	rng := streams.Of(e.cfg.Seed, streams.Solve, t, j.client)
+	if e.cfg.siteSeed != nil {
+		rng = streams.Site(*e.cfg.siteSeed+uint64(j.client), c.ID, uint64(t), streams.SiteSolve)
+	}
 	cfg := proxsolver.Config{Solver: a.Local.Solver, Mu: a.Local.Mu, Gamma: a.Local.Gamma, LR: a.Local.LR, Batch: a.Local.Batch, Shift: shift}
 	budget := proxsolver.Budget{MaxEpochs: j.epochs}
 	if a.Family == FedSplit {
@@ -1048,6 +1051,9 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 				} else if wk.codec != nil && o.err == nil && o.params != nil {
 					var f uplink.Frame
 					rng := streams.Of(cfg.Seed, streams.Codec, t, c)
+					if cfg.siteSeed != nil {
+						rng = streams.Site(*cfg.siteSeed+uint64(c), e.fed.Clients[c].ID, uint64(t), streams.SiteCodec)
+					}
 					if s.sum != nil {
 						f, o.err = uplink.EncodeSum(wk.codec, uplink.SumUpdate{Round: uint64(t), Z: o.params, Global: x, Initial: initial, Record: s.rec[c], Clip: s.clip}, rng)
 					} else {
