@@ -118,6 +118,11 @@ type Config struct {
 	// frames the server received, by client id, and the next global model
 	// as the clients will decode it. It must not keep or change them.
 	trace func(algo string, round int, frames map[string]*uplink.Frame, x []float64)
+	// siteSeed, when set (tests), draws client i's SGD order and codec
+	// noise from the site streams of an agent with seed *siteSeed + i and
+	// the client's id (streams.Site), as localfed seeds its agents: SGD
+	// then matches the daemons bit for bit, not only in distribution.
+	siteSeed *uint64
 	// traceSecAgg, when set (tests), is called after each round of a
 	// --secagg run with each client's quantised input.
 	traceSecAgg func(algo string, round int, inputs map[string][]uint32)
@@ -239,9 +244,13 @@ func algoFamily(name string, def Local, isAgg func(name string) bool) (Algo, err
 		a.Agg = "mean"
 	case FedSplit, FedProxSplit:
 		a.Agg = split.StepRobust
+	case Scaffold:
+		// Local SGD shifted by c - c_i, no proximal term; the server's
+		// model step is the uniform mean (scaffold.go).
+		a.Agg, a.Local.Mu, a.Local.Solver = "mean", 0, proxsolver.SGD
 	default:
 		if isAgg == nil || !isAgg(a.Family) {
-			return a, fmt.Errorf("--algo: unknown algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit or an aggregator name)", a.Family)
+			return a, fmt.Errorf("--algo: unknown algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit, scaffold or an aggregator name)", a.Family)
 		}
 		a.Agg, a.Family = a.Family, FedProx
 	}
@@ -260,8 +269,8 @@ func (a *Algo) setLocal(item string, opts []string) (aggOpts []string, gammaSet 
 			aggOpts = append(aggOpts, kv)
 			continue
 		}
-		if a.Family == FedAvg && k == "mu" {
-			return nil, false, fmt.Errorf("--algo %q: fedavg has no proximal term (use fedprox:mu=...)", item)
+		if (a.Family == FedAvg || a.Family == Scaffold) && k == "mu" {
+			return nil, false, fmt.Errorf("--algo %q: %s has no proximal term (use fedprox:mu=...)", item, a.Family)
 		}
 		if k == "gamma" {
 			gammaSet = true
@@ -396,6 +405,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.validateServerOpt(); err != nil {
+		return err
+	}
+	if err := c.validateScaffold(); err != nil {
 		return err
 	}
 	return c.validateDP()

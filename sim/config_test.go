@@ -3,6 +3,8 @@ package sim
 import (
 	"strings"
 	"testing"
+
+	"github.com/edgefl/edgefl/learn/dp"
 )
 
 func isAgg(n string) bool { return n == "simprox" || n == "median" }
@@ -21,6 +23,9 @@ func TestParseAlgos(t *testing.T) {
 		}},
 		{in: "fedsplit:solver=lbfgs:step=10:label=split", want: []Algo{{Label: "split", Family: FedSplit, Agg: "fedsplit-robust", Local: func() Local { l := def; l.Solver = "lbfgs"; l.Step = 10; return l }()}}},
 		{in: "simprox:lambda0=0.5:mu=0.1", want: []Algo{{Label: "simprox:lambda0=0.5:mu=0.1", Family: FedProx, Agg: "simprox:lambda0=0.5", Local: func() Local { l := def; l.Mu = 0.1; return l }()}}},
+		{in: "scaffold:epochs=2", want: []Algo{{Label: "scaffold:epochs=2", Family: Scaffold, Agg: "mean", Local: func() Local { l := def; l.Mu, l.Solver, l.MaxEpochs = 0, "sgd", 2; return l }()}}},
+		{in: "scaffold:mu=1", wantErr: "scaffold has no proximal term"},
+		{in: "scaffold:beta=1", wantErr: "unknown option"},
 		{in: "bogus", wantErr: `unknown algorithm "bogus"`},
 		{in: "fedavg:mu=1", wantErr: "fedavg has no proximal term"},
 		{in: "fedavg:cap=0", want: []Algo{{Label: "fedavg:cap=0", Family: FedAvg, Agg: "fedavg:cap=0", Local: func() Local { l := def; l.Mu = 0; return l }()}}},
@@ -156,6 +161,31 @@ func TestParseAlgosServerOpt(t *testing.T) {
 		}
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 			t.Errorf("%s (secagg %v): %v, want an error naming %q", tc.algos, tc.secagg, err, tc.wantErr)
+		}
+	}
+}
+
+// SCAFFOLD is refused where the daemons refuse it: with L-BFGS, --dp and
+// --secagg.
+func TestValidateScaffold(t *testing.T) {
+	base := DefaultConfig()
+	base.Algos, _ = ParseAlgos("scaffold", base.Local, 0, nil)
+	if err := base.Validate(); err != nil {
+		t.Fatalf("scaffold: %v", err)
+	}
+	for _, tt := range []struct {
+		mutate func(*Config)
+		want   string
+	}{
+		{func(c *Config) { c.Algos[0].Local.Solver = "lbfgs" }, "needs the sgd solver"},
+		{func(c *Config) { c.DP = &dp.Config{Clip: 1, Noise: 1, Delta: 1e-5} }, "does not compose with --dp"},
+		{func(c *Config) { c.SecAgg = &SecAgg{Clip: 1} }, "does not compose with --secagg"},
+	} {
+		c := base
+		c.Algos = append([]Algo(nil), base.Algos...)
+		tt.mutate(&c)
+		if err := c.validateScaffold(); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("validateScaffold() = %v, want %q", err, tt.want)
 		}
 	}
 }

@@ -57,6 +57,16 @@ func TestSimMatchesLive(t *testing.T) {
 	// samples against the others' median of 65, so the cap counts it for
 	// 195 every round, in simulate and in the daemon alike.
 	t.Run(FedAvg+"/fp32", func(t *testing.T) { testSimMatchesLive(t, FedAvg, "fp32", nil) })
+	// SCAFFOLD (proto/uplink/scaffold.go): mini-batch SGD shifted by
+	// c - c_i (simulate draws each site's SGD order from the agent's own
+	// stream), delta c for the steps taken (the gamma target stops some
+	// solves early), c_i in each site's state file, c in the aggregator's
+	// checkpoint: the same frames, control deltas and models bit for bit,
+	// with a lossy codec, and across a restart of the whole federation
+	// after round 1 (c_i and c come back from the state files).
+	for i, codec := range []string{"fp32", "topk:0.2+q8"} {
+		t.Run(Scaffold+"/"+codec, func(t *testing.T) { testSimMatchesLive(t, Scaffold, codec, nil, i) })
+	}
 	// Central DP (docs/privacy.md): the clip at the sites, the re-clip
 	// and the noisy mean at the aggregator, with simulate's noise key
 	// (--dp-noise-seed) given to the aggregator, give the same frames and
@@ -175,6 +185,10 @@ func testSimMatchesLiveOpt(t *testing.T, algo, codec string, private *dp.Config,
 		agg = "mean"
 	case FedAvg:
 		agg, local.Mu = "fedavg", 0
+	case Scaffold:
+		agg, local.Mu, local.Solver, local.Gamma, local.LR = "mean", 0, proxsolver.SGD, 0.4, 0.05
+		seed := uint64(1) // localfed's agents: Seed + i
+		cfg.siteSeed = &seed
 	}
 	cfg.Algos = []Algo{{Label: algo, Family: algo, Agg: agg, Local: local}}
 	var key, selKey *[32]byte
@@ -269,6 +283,9 @@ func testSimMatchesLiveOpt(t *testing.T, algo, codec string, private *dp.Config,
 			}
 		},
 	}
+	if algo == Scaffold {
+		srvCfg.Params.LR, srvCfg.Params.Batch = local.LR, local.Batch
+	}
 	start := func() *localfed.Federation {
 		lf, err := localfed.Start(ctx, localfed.Config{Federation: "simlive", Dir: dir, Sites: sites, Seed: 1,
 			ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second,
@@ -319,6 +336,8 @@ func testSimMatchesLiveOpt(t *testing.T, algo, codec string, private *dp.Config,
 				t.Errorf("round %d: %s sent an update live, none in simulate", r, u.ClientID)
 			case m.Kind != want.Kind || m.BaseRound != want.BaseRound:
 				t.Errorf("round %d, %s: live %v against round %d, simulate %v against round %d", r, u.ClientID, m.Kind, m.BaseRound, want.Kind, want.BaseRound)
+			case (algo == Scaffold) != (m.ControlDelta != nil):
+				t.Errorf("round %d, %s: control delta %v under %s", r, u.ClientID, m.ControlDelta != nil, algo)
 			case !bytes.Equal(m.Vector.Payload, want.Payload):
 				t.Errorf("round %d, %s: the live frame (%d bytes) is not simulate's (%d bytes)", r, u.ClientID, len(m.Vector.Payload), len(want.Payload))
 			case private != nil && private.Adaptive != nil && (m.ClipBit == 1) == want.Clipped.Clipped:

@@ -399,6 +399,10 @@ type outcome struct {
 	sumPen *uplink.Pending // --secagg, sum mode: what the input adds to the client's record
 	rep    proxsolver.Report
 	err    error
+	// SCAFFOLD (scaffold.go): the encoded control delta (with a codec)
+	// or the exact one, and the client's new c_i.
+	ctrlPayload   []byte
+	ctrlDelta, ci []float64
 }
 
 // algoState is the server's side of one algorithm's run across rounds:
@@ -464,6 +468,8 @@ type algoState struct {
 	// estimate), bits the round's clip bits (true: not clipped).
 	clip float64
 	bits []bool
+	// scaffold is SCAFFOLD's control variates (nil: another family).
+	scaffold *scaffoldState
 }
 
 // newAlgoState sets up algorithm a's run from the global model x0.
@@ -535,6 +541,9 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 			}
 		}
 		s.clip = cfg.DP.Clip
+	}
+	if a.Family == Scaffold {
+		s.scaffold = newScaffoldState(len(x0))
 	}
 	if s.split && cfg.SecAgg != nil && s.sum == nil {
 		// Sum mode under secure aggregation (docs/privacy.md).
@@ -682,6 +691,9 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 	}
 	s.sumCs, s.sumPen, s.bits = nil, map[int]uplink.Pending{}, nil
 	s.bround = map[int]splitUpdate{}
+	if s.scaffold != nil {
+		s.scaffold.reset()
+	}
 	for i, j := range jobs {
 		if j.straggler {
 			row.Stragglers++
@@ -753,6 +765,11 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 			s.z[j.client] = outs[i].params
 			s.zServer[j.client] = &uplink.Copy{Round: uint64(t), Z: received}
 			continue
+		}
+		if s.scaffold != nil {
+			if err := s.scaffold.receive(s.serverCodec, id, j.client, outs[i]); err != nil {
+				return nil, nil, nil, fmt.Errorf("round %d, client %s: %w", t, id, err)
+			}
 		}
 		ups = append(ups, aggregate.Update{Client: id, Params: received,
 			Samples: e.fed.Clients[j.client].Train.N, AnchorGrad: outs[i].rep.AnchorGrad, Loss: outs[i].rep.AnchorLoss})
@@ -892,6 +909,11 @@ func (s *algoState) serverStep(t, n int, ups []aggregate.Update, row *Round) err
 		if err := s.optStep(t, next); err != nil {
 			return err
 		}
+		if s.scaffold != nil {
+			if err := s.scaffold.step(n, s.downCodec); err != nil {
+				return fmt.Errorf("round %d: %w", t, err)
+			}
+		}
 		row.Metrics = rep.Metrics
 		s.x = next
 	}
@@ -947,9 +969,12 @@ func (e *env) assignWork(t int, picked []int, a Algo) []job {
 	return jobs
 }
 
-func (e *env) work(ctx context.Context, m model.Model, a Algo, j job, x, zj []float64, t int) outcome {
+func (e *env) work(ctx context.Context, m model.Model, a Algo, j job, x, zj []float64, t int, shift []float64) outcome {
 	c := e.fed.Clients[j.client]
 	rng := streams.Of(e.cfg.Seed, streams.Solve, t, j.client)
+	if e.cfg.siteSeed != nil {
+		rng = streams.Site(*e.cfg.siteSeed+uint64(j.client), c.ID, uint64(t), streams.SiteSolve)
+	}
 	p := a.Local
 	budget := proxsolver.Budget{MaxEpochs: j.epochs}
 	if a.Family == FedSplit { // the exact reference: L-BFGS, no work budget
@@ -966,6 +991,9 @@ func (e *env) work(ctx context.Context, m model.Model, a Algo, j job, x, zj []fl
 	w, err := round.Prepare(a.Family, p, pop, round.Params{}, c.Train.N)
 	if err != nil {
 		return outcome{err: err}
+	}
+	if a.Family == Scaffold {
+		w.Solver.Mu, w.Solver.Shift = 0, shift // as the site's scaffoldPrepare
 	}
 	if zj == nil {
 		zj = x // z_j starts at the first global model the client sees
@@ -1008,7 +1036,15 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 			defer wg.Done()
 			for i := range next {
 				c := jobs[i].client
-				o := e.work(ctx, wk.m, a, jobs[i], x, z[c], t)
+				var shift []float64
+				if s.scaffold != nil {
+					shift = s.scaffold.shift(c)
+				}
+				o := e.work(ctx, wk.m, a, jobs[i], x, z[c], t, shift)
+				y := o.params
+				if s.scaffold != nil && cfg.Faulty > 0 {
+					y = slices.Clone(o.params) // delta c from the honest solve, as the agent's (its poison hook changes only delta y)
+				}
 				var tamper func([]float64)
 				if sc, ok := cfg.faultyScale(c, t); ok && o.params != nil {
 					if isSplit && s.sum == nil && e.sq == nil {
@@ -1029,6 +1065,9 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 				} else if wk.codec != nil && o.err == nil && o.params != nil {
 					var f uplink.Frame
 					rng := streams.Of(cfg.Seed, streams.Codec, t, c)
+					if cfg.siteSeed != nil {
+						rng = streams.Site(*cfg.siteSeed+uint64(c), e.fed.Clients[c].ID, uint64(t), streams.SiteCodec)
+					}
 					if s.sum != nil {
 						f, o.err = uplink.EncodeSum(wk.codec, uplink.SumUpdate{Round: uint64(t), Z: o.params, Global: x, Initial: initial, Record: s.rec[c], Clip: s.clip}, rng)
 					} else {
@@ -1044,8 +1083,13 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 							// its z.
 							o.params, o.err = nil, nil
 						}
+						if s.scaffold != nil && o.err == nil && o.params != nil {
+							o.ctrlPayload, _, o.ci, o.err = s.scaffold.clientControl(wk.codec, c, x, y, o.rep, a.Local.LR, rng)
+						}
 					}
 					o.frame = &f
+				} else if s.scaffold != nil && o.err == nil && o.params != nil {
+					_, o.ctrlDelta, o.ci, o.err = s.scaffold.clientControl(nil, c, x, y, o.rep, a.Local.LR, nil)
 				}
 				outs[i] = o
 			}

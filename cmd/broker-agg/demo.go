@@ -100,7 +100,14 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if f.clients < 1 || f.rounds < 1 {
 		return errors.New("--clients and --rounds: want >= 1")
 	}
-	fs.Visit(func(fl *flag.Flag) { f.clientsGiven = f.clientsGiven || fl.Name == "clients" })
+	solverGiven := false
+	fs.Visit(func(fl *flag.Flag) {
+		f.clientsGiven = f.clientsGiven || fl.Name == "clients"
+		solverGiven = solverGiven || fl.Name == "solver"
+	})
+	if f.algo == aggregator.AlgoScaffold && !solverGiven {
+		f.params.Solver = "sgd" // SCAFFOLD's control variates count SGD steps
+	}
 	var err error
 	if f.opt, err = f.serverOpt.params(); err != nil {
 		return err

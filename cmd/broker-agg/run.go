@@ -166,7 +166,7 @@ func (f *serveFlags) registerRounds(fs *flag.FlagSet) {
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the selection and of randomised aggregators")
 
 	round.Register(fs, &f.algo, &f.params, round.Run, map[string]string{
-		round.FlagAlgorithm: "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator (" + strings.Join(aggregate.Names(), ", ") + "), trained like fedprox",
+		round.FlagAlgorithm: "fedavg | fedprox | fedsplit | fedproxsplit | scaffold (control variates: local SGD shifted by c - c_i, the mean as the server step; sgd only, not with --dp, --secagg or a robust --aggregator) | an aggregator (" + strings.Join(aggregate.Names(), ", ") + "), trained like fedprox",
 	}, round.FlagAlgorithm)
 	fs.StringVar(&f.agg, "aggregator", "", "how updates are combined: an update aggregator `SPEC` for the FedAvg/FedProx families (e.g. normbound:mult=3:inner=median; fedavg counts no site's reported sample count above 3 x the median of the other sites' counts by default, fedavg:cap=M sets M, fedavg:cap=0 turns the cap off); fedsplit-robust[:mult=M] (default) or fedsplit-mean for the FedSplit family (default: per --algorithm)")
 	fs.StringVar(&f.sel, "selector", "", "client selection: uniform | samples | loss[:power=P][:explore=E] | window | poisson[:q=Q] (each online site independently with probability Q, default --per-round / online sites; --dp only); default uniform, poisson with --dp (the only one under --dp central)")

@@ -92,6 +92,8 @@ func TestRunFlagAndConfigErrors(t *testing.T) {
 		{"quorum above 1", base + "quorum_fraction = 1.5\n", nil, 1, "quorum fraction 1.5"},
 		{"unknown algorithm", base + "algorithm = fedfoo\n", nil, 1, `"fedfoo"`},
 		{"fedsplit without a step", base + "algorithm = fedsplit\nstep = 0\n", nil, 1, "step size"},
+		{"scaffold with a robust aggregator", base + "algorithm = scaffold\naggregator = median\n", nil, 1, "robust aggregators do not compose"},
+		{"scaffold with lbfgs", base + "algorithm = scaffold\nsolver = lbfgs\n", nil, 1, "scaffold needs the sgd solver"},
 		{"negative mu", base + "mu = -1\n", nil, 1, "--mu -1"},
 		{"bad codec", base + "codec = zip\n", nil, 1, "codec"},
 		{"bad selector", base + "selector = oracle\n", nil, 1, "selector"},

@@ -110,6 +110,10 @@ type Config struct {
 	Gamma  float64 // target inexactness in (0, 1]; 0 = no target, run the whole budget
 	LR     float64 // SGD learning rate > 0 (ignored by L-BFGS)
 	Batch  int     // SGD mini-batch size >= 1 (ignored by L-BFGS); capped at the sample count
+	// Shift, when set, adds the linear term <Shift, w> to h: every
+	// gradient of f gets Shift added. SCAFFOLD's drift correction c - c_i
+	// (proto/uplink/scaffold.go). SGD only; of the model's dimension.
+	Shift []float64
 }
 
 // Validate reports a parameter out of range: mu must be finite and >= 0,
@@ -131,6 +135,9 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: sgd batch size must be >= 1, got %d", ErrConfig, c.Batch)
 		}
 	case LBFGS:
+		if c.Shift != nil {
+			return fmt.Errorf("%w: a gradient shift (SCAFFOLD) needs the sgd solver", ErrConfig)
+		}
 	default:
 		return fmt.Errorf("%w: unknown solver %q (want %q or %q)", ErrConfig, c.Solver, SGD, LBFGS)
 	}
@@ -176,6 +183,7 @@ type Report struct {
 	AnchorLoss  float64       // f(a)
 	AnchorGrad  []float64     // grad f(a): FedSim clustering uses it
 	Stop        string        // why it stopped: one of the Stop* constants
+	Steps       int           // SGD's mini-batch steps taken (0 for L-BFGS)
 }
 
 // Solve approximately minimises h(w; anchor) = f(w) + (mu/2)||w - anchor||^2
@@ -209,7 +217,15 @@ func Solve(ctx context.Context, m model.Model, d model.Data, anchor, start []flo
 		return nil, Report{}, err
 	}
 
-	obj := &objective{m: m, d: d, anchor: anchor, mu: cfg.Mu}
+	if cfg.Shift != nil {
+		if len(cfg.Shift) != m.NumParams() {
+			return nil, Report{}, fmt.Errorf("%w: shift has %d values, the model %d parameters", ErrConfig, len(cfg.Shift), m.NumParams())
+		}
+		if i := firstNonFinite(cfg.Shift); i >= 0 {
+			return nil, Report{}, fmt.Errorf("%w: shift value %d is %v", ErrConfig, i, cfg.Shift[i])
+		}
+	}
+	obj := &objective{m: m, d: d, anchor: anchor, mu: cfg.Mu, shift: cfg.Shift}
 	tr := newTracker(ctx, b)
 	p := m.NumParams()
 
@@ -221,14 +237,17 @@ func Solve(ctx context.Context, m model.Model, d model.Data, anchor, start []flo
 		return diverged(anchor, obj, tr, rep, err)
 	}
 	g0 := norm2(rep.AnchorGrad)
-	if g0 == 0 {
+	if g0 == 0 && obj.shift == nil {
 		// a is a stationary point of f and hence of h(.; a): the exact prox
 		// of a convex f.
 		rep.Loss, rep.Stop = fa, StopConverged
 		return clone(anchor), finish(obj, tr, rep, 0), nil
 	}
+	if g0 == 0 {
+		g0 = 1 // a shifted objective: the anchor is not stationary; gamma is then absolute
+	}
 	s := session{obj: obj, tr: tr, cfg: cfg, g0: g0, thresh: cfg.Gamma * g0}
-	if cfg.Gamma == 1 && (start == nil || equal(start, anchor)) {
+	if cfg.Gamma == 1 && (start == nil || equal(start, anchor)) && obj.shift == nil {
 		// The anchor itself is 1-inexact.
 		s.rep = rep
 		s.done(fa, g0, StopGamma)
@@ -320,6 +339,7 @@ type objective struct {
 	d      model.Data
 	anchor []float64 // nil when mu = 0
 	mu     float64
+	shift  []float64 // Config.Shift (nil: none)
 
 	gradEvals   int
 	sampleGrads int64
@@ -366,17 +386,21 @@ func (o *objective) step(st model.Stepper, w []float64, idx []int, lr float64) e
 // and returns h and ||grad h||.
 func (o *objective) prox(w []float64, f float64, gf, gh []float64) (h, gnorm float64) {
 	h = f
-	var ss, dd float64
+	var ss, dd, lin float64
 	for i, g := range gf {
 		if o.mu != 0 {
 			di := w[i] - o.anchor[i]
 			dd += di * di
 			g += o.mu * di
 		}
+		if o.shift != nil {
+			g += o.shift[i]
+			lin += o.shift[i] * w[i]
+		}
 		gh[i] = g
 		ss += g * g
 	}
-	return h + 0.5*o.mu*dd, math.Sqrt(ss)
+	return h + 0.5*o.mu*dd + lin, math.Sqrt(ss)
 }
 
 // tracker checks the context, the deadline and the clock.

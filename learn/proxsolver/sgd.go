@@ -25,6 +25,7 @@ type sgdRun struct {
 
 	maxEvals int   // 0 = unlimited
 	seen     int64 // training samples processed
+	steps    int   // mini-batch steps taken
 }
 
 func newSGDRun(obj *objective, tr *tracker, w []float64, cfg Config, maxEvals int) *sgdRun {
@@ -61,20 +62,30 @@ func (r *sgdRun) epoch(rng *rand.Rand, reserve int) (string, error) {
 		}
 		idx := r.perm[lo:min(lo+r.bs, n)]
 		lr := r.lr
-		if r.stepper != nil {
+		if r.stepper != nil && r.obj.shift == nil {
 			// The model's fused step: the same update, without a
-			// separate gradient vector pass.
+			// separate gradient vector pass (SCAFFOLD's shifted step takes
+			// the plain path below).
 			if err := r.obj.step(r.stepper, w, idx, lr); err != nil {
 				return "", err
 			}
 			r.seen += int64(len(idx))
+			r.steps++
 			continue
 		}
 		r.batch = r.obj.d.Gather(idx, r.batch)
 		if _, err := r.obj.batch(w, r.batch, gb); err != nil {
 			return "", err
 		}
-		if mu == 0 {
+		if sh := r.obj.shift; sh != nil {
+			// SCAFFOLD's corrected step: w <- w - lr (g + mu (w - a) + shift).
+			for i, g := range gb {
+				if mu != 0 {
+					g += mu * (w[i] - a[i])
+				}
+				w[i] -= lr * (g + sh[i])
+			}
+		} else if mu == 0 {
 			for i, g := range gb {
 				w[i] -= lr * g
 			}
@@ -84,6 +95,7 @@ func (r *sgdRun) epoch(rng *rand.Rand, reserve int) (string, error) {
 			}
 		}
 		r.seen += int64(r.batch.N)
+		r.steps++
 	}
 	return "", nil
 }
@@ -133,7 +145,7 @@ func (s *session) sgd(start []float64, rep Report, rng *rand.Rand) ([]float64, e
 		}
 		before := r.seen
 		st, err := r.epoch(rng, 1)
-		s.rep.Epochs = r.epochs()
+		s.rep.Epochs, s.rep.Steps = r.epochs(), r.steps
 		if err != nil {
 			return nil, err
 		}

@@ -227,6 +227,11 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 	if err != nil {
 		return fail(err)
 	}
+	if p.scaffold {
+		if err := scaffoldLoad(v, p); err != nil {
+			return fail(diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err)))
+		}
+	}
 	pl := plan{records: []change{{kind: recGlobal, round: r, vec: p.x}}, solve: p, res: res, base: res}
 	if p.split {
 		z0 := p.x // z_j starts at the first global model the site sees
@@ -297,9 +302,17 @@ func waitingFor(v StoreView, round uint64) (uint64, []byte, error) {
 func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared, o solveOutcome, now time.Time, res Result) plan {
 	r := ann.Round
 	d, sent, rep, stop := p.data, o.sent, o.rep, o.stop
-	up, err := sr.uplink(v, p, sent)
+	rng := sr.rng(r, streams.SiteCodec)
+	up, err := sr.uplink(v, p, sent, rng)
 	if err != nil {
 		return plan{res: res, err: err}
+	}
+	var control *wire.Vector
+	var ci []float64
+	if p.scaffold {
+		if control, ci, err = scaffoldUplink(p, sent, rep.Steps, rng); err != nil {
+			return plan{res: res, err: fmt.Errorf("agent: round %d: %w", r, err)}
+		}
 	}
 	u := &wire.ClientUpdate{
 		ClientId:     sr.ClientID,
@@ -312,6 +325,7 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 		SentAtUnixMs: now.UnixMilli(),
 		Seq:          r,
 		InstanceId:   sr.InstanceID,
+		ControlDelta: control,
 	}
 	if s := ann.AnchorSketch; s != nil {
 		u.AnchorGrad = sr.anchorGrad(r, rep.AnchorGrad, s)
@@ -326,7 +340,7 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 	if lim := sr.Limits.MaxMessageBytes; lim > 0 && len(msg) > lim {
 		return plan{res: res, err: fmt.Errorf("agent: round %d: update is %d bytes, over the %d-byte message limit", r, len(msg), lim)}
 	}
-	c := edgestore.Commit{Round: r, Residual: up.Residual, Msg: msg}
+	c := edgestore.Commit{Round: r, Residual: up.Residual, Control: ci, Msg: msg}
 	switch {
 	case p.sum:
 		c.Z, c.Pending = sent, &edgestore.SumPending{Join: up.Sum.Join, V: up.Sum.V}
@@ -346,9 +360,9 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 // ARCHITECTURE.md, Uplink encoding), with what the store holds: the
 // error-feedback residual (FedProx family, lossy codecs) or this site's
 // record of the aggregator's copy of z_j (FedSplit).
-func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64) (uplink.Frame, error) {
+func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.Rand) (uplink.Frame, error) {
 	if p.sum {
-		return sr.sumUplink(v, p, sent)
+		return sr.sumUplink(v, p, sent, rng)
 	}
 	r := p.round
 	u := uplink.Update{Split: p.split, Round: r, Sent: sent, Global: p.x, Clip: p.clip, Tamper: poison}
@@ -369,7 +383,7 @@ func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64) (uplink.Fra
 			return uplink.Frame{}, fmt.Errorf("agent: round %d: %w", r, err)
 		}
 	}
-	f, err := uplink.Encode(p.codec, u, sr.rng(r, streams.SiteCodec))
+	f, err := uplink.Encode(p.codec, u, rng)
 	if err != nil {
 		return f, fmt.Errorf("agent: round %d: %w", r, err)
 	}
@@ -417,6 +431,10 @@ type prepared struct {
 	// z is FedSplit's z_j the client step starts from: the stored one, or
 	// the initial z the round's records commit (recInitZ).
 	z []float64
+	// SCAFFOLD (scaffold.go): the announced c and the stored c_i (nil:
+	// zero).
+	scaffold    bool
+	control, ci []float64
 }
 
 // prepare checks everything about ann that can be checked before writing:
@@ -474,6 +492,11 @@ func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.
 	}
 	if err := secAggRefusals(ann, p.split); err != nil {
 		return nil, bad(r, "%v", err)
+	}
+	if ann.Algorithm == AlgoScaffold {
+		if err := scaffoldPrepare(ann, p); err != nil {
+			return nil, bad(r, "%v", err)
+		}
 	}
 	p.budget = sr.budget(ann, now)
 	p.sketch = ann.AnchorSketch != nil

@@ -33,7 +33,7 @@ type memState struct {
 	seen, applied              uint64
 	globalRound, zRound, szRnd uint64
 	global, z, serverZ         []float64
-	residual                   []float64
+	residual, control          []float64
 	contribRound               uint64
 	contrib                    []float64
 	outbox                     []edgestore.OutboxEntry
@@ -66,6 +66,9 @@ func (m *memState) Contribution() (uint64, []float64, error) {
 }
 
 func (m *memState) Residual(name string) ([]float64, error) {
+	if name == edgestore.ResidualControl && m.control != nil {
+		return slices.Clone(m.control), nil
+	}
 	if name != edgestore.ResidualUplink || m.residual == nil {
 		return nil, storage.ErrNotFound
 	}
@@ -120,7 +123,7 @@ func (m *memState) apply(c change) error {
 		if len(cm.Msg) == 0 {
 			return fmt.Errorf("%w: empty outbox message", storage.ErrInvalid)
 		}
-		for _, v := range [][]float64{cm.Z, cm.ServerZ, cm.Residual} {
+		for _, v := range [][]float64{cm.Z, cm.ServerZ, cm.Residual, cm.Control} {
 			if err := finite("commit", v); err != nil {
 				return err
 			}
@@ -133,6 +136,9 @@ func (m *memState) apply(c change) error {
 		}
 		if cm.Residual != nil {
 			m.residual = slices.Clone(cm.Residual)
+		}
+		if cm.Control != nil {
+			m.control = slices.Clone(cm.Control)
 		}
 		m.applied = cm.Round
 		m.outbox = append(m.outbox, edgestore.OutboxEntry{Round: cm.Round, Msg: slices.Clone(cm.Msg)})

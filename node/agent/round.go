@@ -28,6 +28,7 @@ const (
 	AlgoFedProx      = "fedprox"      // gamma-inexact prox solve anchored at the global model
 	AlgoFedSplit     = "fedsplit"     // FedSplit; the prox is the local solve with mu = 1/step
 	AlgoFedProxSplit = "fedproxsplit" // the same client step, under the work budget
+	AlgoScaffold     = "scaffold"     // SGD shifted by the control variates c - c_i (scaffold.go)
 )
 
 // Errors of the round handler.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -403,7 +404,7 @@ func TestHandleSolverConfig(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			h := &RoundHandler{Local: c.local, Data: testData(1, 90)}
 			w, err := h.work(&wire.RoundAnnouncement{Algorithm: c.algo, Params: c.p}, h.Data.N)
-			if got := w.Solver; err != nil || got != c.want {
+			if got := w.Solver; err != nil || !reflect.DeepEqual(got, c.want) {
 				t.Fatalf("got %+v, %v; want %+v", got, err, c.want)
 			}
 		})

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"github.com/edgefl/edgefl/node/edgestore"
 
-	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/learn/quant"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
+	"math/rand/v2"
 )
 
 // FedSplit's sum mode at the site (RoundAnnouncement.split_sum;
@@ -32,7 +32,7 @@ func sumMode(ann *wire.RoundAnnouncement) bool {
 
 // sumUplink encodes a sum-mode update (uplink.EncodeSum) against the
 // site's record, or as a join while it has none.
-func (sr siteRules) sumUplink(v StoreView, p *prepared, z []float64) (uplink.Frame, error) {
+func (sr siteRules) sumUplink(v StoreView, p *prepared, z []float64, rng *rand.Rand) (uplink.Frame, error) {
 	r := p.round
 	u := uplink.SumUpdate{Round: r, Z: z, Global: p.x, Initial: p.initial, Clip: p.clip, Tamper: poison}
 	cr, c, err := v.Contribution()
@@ -42,7 +42,7 @@ func (sr siteRules) sumUplink(v StoreView, p *prepared, z []float64) (uplink.Fra
 	case !errors.Is(err, storage.ErrNotFound):
 		return uplink.Frame{}, diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err))
 	}
-	f, err := uplink.EncodeSum(p.codec, u, sr.rng(r, streams.SiteCodec))
+	f, err := uplink.EncodeSum(p.codec, u, rng)
 	if err != nil {
 		return f, fmt.Errorf("agent: round %d: %w", r, err)
 	}

@@ -49,6 +49,7 @@ const (
 	AlgoFedProx      = round.FedProx
 	AlgoFedSplit     = round.FedSplit
 	AlgoFedProxSplit = round.FedProxSplit
+	AlgoScaffold     = round.Scaffold
 )
 
 // Init values of ServerConfig.Init.
@@ -291,11 +292,13 @@ func family(algo string) (fam, agg string, err error) {
 		return AlgoFedProx, "mean", nil
 	case AlgoFedSplit, AlgoFedProxSplit:
 		return algo, split.StepRobust, nil
+	case AlgoScaffold:
+		return AlgoScaffold, "mean", nil
 	}
 	if slices.Contains(aggregate.Names(), algo) {
 		return AlgoFedProx, algo, nil
 	}
-	return "", "", fmt.Errorf("%w: algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit or an aggregator: %s)",
+	return "", "", fmt.Errorf("%w: algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit, scaffold or an aggregator: %s)",
 		coordinator.ErrConfig, algo, strings.Join(aggregate.Names(), ", "))
 }
 
@@ -499,6 +502,10 @@ type Server struct {
 	robust, nextRobust *robustState
 	// opt is the server optimiser and its state (server_opt.go).
 	opt serverOpt
+	// control is SCAFFOLD's c as the current round opened, nextControl
+	// the closing round's until its checkpoint is stored
+	// (server_scaffold.go).
+	control, nextControl []float64
 	// sum is the FedSplit family's sum mode (server_sum.go; nil outside
 	// sum mode).
 	sum     *sumMode
@@ -838,6 +845,9 @@ func (s *Server) restoreFeatures(cur aggstore.Round, r int) error {
 		return err
 	}
 	if err := s.restoreOpt(cur); err != nil {
+		return err
+	}
+	if err := s.restoreControl(cur); err != nil {
 		return err
 	}
 	if err := s.checkPersistedRange(r); err != nil {

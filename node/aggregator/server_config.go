@@ -99,6 +99,9 @@ func (cfg *ServerConfig) derive() (derived, error) {
 	if err := cfg.checkServerOpt(&d); err != nil {
 		return d, err
 	}
+	if err := cfg.scaffoldConfig(&d); err != nil {
+		return d, err
+	}
 	return d, d.coord.Validate()
 }
 

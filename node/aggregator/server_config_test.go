@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/testkit"
@@ -54,6 +55,15 @@ func TestValidate(t *testing.T) {
 			c.Eval = &model.Data{N: 1, D: testModel.Inputs + 1, X: make([]float64, testModel.Inputs+1), Y: []float64{0}}
 		}, "evaluation data"},
 		{"coordinator policy", func(c *ServerConfig) { c.Extension = -time.Second }, "Extension"},
+		{"scaffold", func(c *ServerConfig) { c.Algorithm = AlgoScaffold }, ""},
+		{"scaffold with a robust aggregator", func(c *ServerConfig) { c.Algorithm, c.Aggregator = AlgoScaffold, "median" }, "robust aggregators do not compose"},
+		{"scaffold with lbfgs", func(c *ServerConfig) { c.Algorithm, c.Params.Solver = AlgoScaffold, "lbfgs" }, "scaffold needs the sgd solver"},
+		{"scaffold with DP", func(c *ServerConfig) {
+			c.Algorithm, c.DP = AlgoScaffold, &dp.Config{Clip: 1, Noise: 1, Delta: 1e-5}
+		}, "scaffold does not compose with DP"},
+		{"scaffold with secure aggregation", func(c *ServerConfig) {
+			c.Algorithm, c.SecAgg = AlgoScaffold, &SecAggSettings{Clip: 1, Threshold: 2}
+		}, "scaffold does not compose with secure aggregation"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

@@ -284,7 +284,7 @@ func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
 	}
 	c := dec.codecs.Get().(*quant.Codec)
 	vec, err := c.Decode(u.Vector.Payload, nil)
-	dec.codecs.Put(c)
+	defer dec.codecs.Put(c)
 	if err != nil {
 		return bad(frameReason(err), err.Error())
 	}
@@ -295,6 +295,9 @@ func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			return bad("non_finite", fmt.Sprintf("value %d is %v", i, v))
 		}
+	}
+	if reason, detail := s.scaffoldCheck(u, c, dec.dim); reason != "" {
+		return bad(reason, detail)
 	}
 	// Valid, and receipted already: answered from memory, without the event
 	// loop or a store read (a flood of one valid update costs a decode).

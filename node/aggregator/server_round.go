@@ -76,6 +76,9 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 	if !isSplit(s.fam) {
 		a.Aggregator = s.aggSpec
 	}
+	if a.Control, err = s.controlVector(); err != nil {
+		return nil, err
+	}
 	if attempt, _, ok := s.coord.SecAggSession(); ok {
 		a.Secagg = s.secAggSpec(attempt)
 	}
@@ -131,7 +134,7 @@ func (s *Server) closeRound(ctx context.Context, cr coordinator.CloseRound) erro
 	next, err := s.store.Checkpoint(uint64(r + 1))
 	var rep aggregate.Report
 	redo := errors.Is(err, storage.ErrNotFound)
-	if err == nil && s.sum != nil && !cr.Final && s.storeR == uint64(r) {
+	if err == nil && (s.sum != nil || s.fam == AlgoScaffold) && !cr.Final && s.storeR == uint64(r) {
 		// A checkpoint without its round: the sum that goes with it is
 		// computed again (the same noise, the same model).
 		redo = true
@@ -257,10 +260,13 @@ func (s *Server) checkpoint(cr coordinator.CloseRound, next []float64, redo bool
 		if err != nil {
 			return time.Time{}, err
 		}
-		if err := s.store.OpenRound(aggstore.Round{Number: uint64(r + 1), OpenedAt: now, Config: s.conf, State: state, Sum: sum, Split: robust, Opt: s.optBytes()}, next); err != nil {
+		if err := s.store.OpenRound(aggstore.Round{Number: uint64(r + 1), OpenedAt: now, Config: s.conf, State: state, Sum: sum, Split: robust, Opt: s.optBytes(), Control: s.controlBytes()}, next); err != nil {
 			return time.Time{}, fmt.Errorf("aggregator: %w", err)
 		}
 		s.optAdvance() // the optimiser's state moves with the checkpoint
+		if s.nextControl != nil {
+			s.control = s.nextControl // c moves with the checkpoint, in its transaction
+		}
 		s.storeR = uint64(r + 1)
 		s.sum.advance() // S moves with the checkpoint, in its transaction
 		if s.nextRobust != nil {
@@ -270,7 +276,7 @@ func (s *Server) checkpoint(cr coordinator.CloseRound, next []float64, redo bool
 		s.robust = s.nextRobust // the final step's records, for the status of the running daemon
 	}
 	s.sum.dropClosing()
-	s.nextRobust = nil
+	s.nextRobust, s.nextControl = nil, nil
 	s.opt.next = nil
 	s.lastSt = state
 	return now, nil
@@ -313,6 +319,9 @@ func (s *Server) aggregate(cr coordinator.CloseRound) ([]float64, aggregate.Repo
 	rep, err := s.agg.Aggregate(s.global, ups, out)
 	if err != nil {
 		return nil, rep, fmt.Errorf("aggregator: round %d: %s: %w", cr.Round, s.agg.Name(), err)
+	}
+	if err := s.scaffoldStep(cr); err != nil {
+		return nil, rep, err
 	}
 	// FedAvg's cap on a site's count relative to the others' median
 	// (aggregate.FedAvg; simulate applies the same): counted and shown

@@ -167,6 +167,11 @@ func TestServerBadUpdates(t *testing.T) {
 		{"bad checksum", a, "", enc(withPayload(flip(frame, len(frame)-1))), "bad_checksum", wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE},
 		{"not a frame", a, "", enc(withPayload([]byte("hello"))), "bad_frame", wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE},
 		{"z-delta kind in a fedprox federation", a, "", enc(func() *wire.ClientUpdate { u := good(); u.Kind = wire.UpdateKind_UPDATE_KIND_Z_DELTA; return u }()), "unsupported_kind", wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE},
+		{"control delta outside scaffold", a, "", enc(func() *wire.ClientUpdate {
+			u := good()
+			u.ControlDelta = &wire.Vector{Codec: "fp32", Dimension: 6, Payload: frame}
+			return u
+		}()), "unexpected_control", wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE},
 		{"truncated envelope", a, "", enc(good())[:40], "malformed", 0},
 		{"oversized", a, "", enc(withPayload(make([]byte, 4096))), "too_large", 0},
 		{"unknown envelope version", a, "", withVersion(enc(good()), 9), "unsupported_version", 0},

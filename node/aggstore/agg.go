@@ -26,8 +26,11 @@ import (
 //	                                  sum: bytes (FedSplit sum mode's S and m at the
 //	                                  round's opening, uplink.SumState; absent
 //	                                  otherwise: added without a migration, as
-//	                                  the schema run's buckets); opt: bytes (the
-//	                                  server optimiser's state, likewise) }
+//	                                  the schema run's buckets), split: bytes
+//	                                  (the robust FedSplit step's state), opt:
+//	                                  bytes (the server optimiser's state),
+//	                                  control: float64s (SCAFFOLD's c; absent
+//	                                  otherwise, added the same way) }
 //	updates     round u64 -> bucket { client id -> stored_at unix ns u64 |
 //	                                  sample_count u64 | loss float64 LE | message }
 //	latest_z    client id -> round u64 + float64s
@@ -57,6 +60,7 @@ var (
 	keyRoundSum     = []byte("sum")
 	keyRoundSplit   = []byte("split")
 	keyRoundOpt     = []byte("opt")
+	keyRoundControl = []byte("control")
 )
 
 const aggKind = "agg"
@@ -171,7 +175,7 @@ func roundInvariants(tx *storage.Tx) error {
 }
 
 // roundKeys are the keys of a round's bucket.
-var roundKeys = []string{string(keyRoundMeta), string(keyRoundConfig), string(keyRoundState), string(keyRoundSum), string(keyRoundSplit), string(keyRoundOpt)}
+var roundKeys = []string{string(keyRoundMeta), string(keyRoundConfig), string(keyRoundState), string(keyRoundSum), string(keyRoundSplit), string(keyRoundOpt), string(keyRoundControl)}
 
 // updateHeader is the fixed part of a stored update: stored_at, sample
 // count, loss.
@@ -460,6 +464,9 @@ type Round struct {
 	// Opt is the server optimiser's state as the round opens (opaque:
 	// its step count and moments; nil: none), written and kept like Sum.
 	Opt []byte
+	// Control is SCAFFOLD's server control variate c as the round opens
+	// (float64s; nil: none, c = 0), written and kept like Sum.
+	Control []byte
 }
 
 type roundJSON struct {
@@ -508,6 +515,10 @@ func readRound(rb *storage.Bucket, n uint64) (Round, error) {
 	if err != nil {
 		return Round{}, err
 	}
+	control, err := storage.SGet(rb, keyRoundControl, fmt.Sprintf("round %d control", n))
+	if err != nil {
+		return Round{}, err
+	}
 	if err := json.Unmarshal(meta, &j); err != nil {
 		return Round{}, fmt.Errorf("%w: round %d meta: %w", storage.ErrCorrupt, n, err)
 	}
@@ -524,6 +535,7 @@ func readRound(rb *storage.Bucket, n uint64) (Round, error) {
 		Sum:      bytes.Clone(sum),
 		Split:    bytes.Clone(split),
 		Opt:      bytes.Clone(opt),
+		Control:  bytes.Clone(control),
 	}, nil
 }
 
@@ -668,6 +680,9 @@ func (s *AggStore) OpenRound(r Round, global []float64) error {
 			return err
 		}
 		if err := putBytes(rb, keyRoundOpt, r.Opt); err != nil {
+			return err
+		}
+		if err := putBytes(rb, keyRoundControl, r.Control); err != nil {
 			return err
 		}
 		if len(r.State) > 0 {

@@ -164,6 +164,11 @@ var edgeSchema = storage.Schema{
 // residual of the uplink codec.
 const ResidualUplink = "uplink"
 
+// ResidualControl is the name Commit stores SCAFFOLD's control variate
+// c_i under (Commit.Control): the site's own state, committed with the
+// update that changes it and cleared with the rest when a new run starts.
+const ResidualControl = "scaffold_control"
+
 // EdgeStore is the edge agent's state in one bbolt file. It is safe for
 // concurrent use; bbolt serialises the writers.
 type EdgeStore struct {
@@ -646,6 +651,9 @@ type Commit struct {
 	// Residual is the uplink codec's error-feedback residual, stored under
 	// ResidualUplink (nil: unchanged).
 	Residual []float64
+	// Control is SCAFFOLD's new control variate c_i, stored under
+	// ResidualControl (nil: unchanged).
+	Control []float64
 	// Msg is the encoded update for the outbox; required.
 	Msg []byte
 	// SecAgg is the agent's secure-aggregation record of the round (nil:
@@ -709,7 +717,7 @@ func (s *EdgeStore) Commit(c Commit) error {
 	for _, v := range []struct {
 		name string
 		vec  []float64
-	}{{"z", c.Z}, {"server z", c.ServerZ}, {"residual", c.Residual}, {"pending contribution", c.Pending.vec()}} {
+	}{{"z", c.Z}, {"server z", c.ServerZ}, {"residual", c.Residual}, {"control", c.Control}, {"pending contribution", c.Pending.vec()}} {
 		if len(v.vec) > 0 {
 			if err := storage.CheckVec(v.name, v.vec); err != nil {
 				return err
@@ -744,6 +752,11 @@ func (s *EdgeStore) Commit(c Commit) error {
 		}
 		if len(c.Residual) > 0 {
 			if err := storage.SPut(res, []byte(ResidualUplink), storage.EncodeFloats(c.Residual)); err != nil {
+				return err
+			}
+		}
+		if len(c.Control) > 0 {
+			if err := storage.SPut(res, []byte(ResidualControl), storage.EncodeFloats(c.Control)); err != nil {
 				return err
 			}
 		}

@@ -89,7 +89,7 @@ const (
 )
 
 // AlgorithmHelp is the help of --algorithm; a command may say more.
-const AlgorithmHelp = "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator name (trained like fedprox)"
+const AlgorithmHelp = "fedavg | fedprox | fedsplit | fedproxsplit | scaffold (control variates; sgd only) | an aggregator name (trained like fedprox)"
 
 var flagSpecs = [...]flagSpec{
 	{FlagAlgorithm, AlgorithmHelp},

@@ -24,6 +24,9 @@ const (
 	FedProx      = "fedprox"
 	FedSplit     = "fedsplit"
 	FedProxSplit = "fedproxsplit"
+	// Scaffold is SCAFFOLD (control variates, option II): local SGD
+	// without a proximal term, shifted by c - c_i (proto/uplink).
+	Scaffold = "scaffold"
 )
 
 // IsSplit reports whether algo is of the FedSplit family.
@@ -106,7 +109,7 @@ func (p Params) Validate(algo string) error {
 // without a proximal term, whatever mu says. The aggregator announces it;
 // a site and simulate apply the same rule again (Prepare).
 func (p Params) Effective(algo string) Params {
-	if algo == FedAvg {
+	if algo == FedAvg || algo == Scaffold {
 		p.Mu = 0
 	}
 	return p

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -96,7 +97,7 @@ func TestPrepare(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			w, err := Prepare(c.algo, c.p, c.pop, c.device, c.samples)
-			if err != nil || w.Solver != c.want || w.StepJ != c.stepJ {
+			if err != nil || !reflect.DeepEqual(w.Solver, c.want) || w.StepJ != c.stepJ {
 				t.Fatalf("got %+v s_j %v, %v; want %+v s_j %v", w.Solver, w.StepJ, err, c.want, c.stepJ)
 			}
 			if IsSplit(c.algo) && w.Split.Relax != 1 {

@@ -18,6 +18,9 @@
 //     there is no separate residual (quant.Codec.EncodeBounded). Without a
 //     usable copy (none yet, or after a rejection) the delta is taken
 //     against the round's global model x with base round 0.
+//   - SCAFFOLD (scaffold.go): the FedProx family's DELTA (delta y, with its
+//     residual) plus delta c, the change of the site's control variate,
+//     through the same codec (EncodeControl).
 //
 // Aggregator side (BaseOf, CheckCopy, Receive): a frame's decoded values are
 // added to its base: nothing for a FULL vector, the round's global model for

@@ -548,6 +548,7 @@ func (x *RoundAnnouncement) size() int {
 	n += sizeString(43, x.SchemaDigest)
 	n += sizeString(44, x.TransformDigest)
 	n += sizeBytes(46, x.SecaggSurvivorSignatures)
+	n += sizeMessage(47, x.Control != nil, x.Control)
 	return n
 }
 
@@ -585,6 +586,7 @@ func (x *RoundAnnouncement) appendTo(b []byte) []byte {
 	b = appendString(b, 43, x.SchemaDigest)
 	b = appendString(b, 44, x.TransformDigest)
 	b = appendBytes(b, 46, x.SecaggSurvivorSignatures)
+	b = appendMessage(b, 47, x.Control != nil, x.Control)
 	return b
 }
 
@@ -746,6 +748,13 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 		case 46:
 			if typ == protowire.BytesType {
 				return consumeBytes(&x.SecaggSurvivorSignatures, b), nil
+			}
+		case 47:
+			if typ == protowire.BytesType {
+				if x.Control == nil {
+					x.Control = &Vector{}
+				}
+				return consumeMessage(x.Control, b, d)
 			}
 		}
 		return 0, nil
@@ -1137,6 +1146,7 @@ func (x *ClientUpdate) size() int {
 	n += sizeVarint(10, x.Seq)
 	n += sizeString(11, x.InstanceId)
 	n += sizeVarint(12, uint64(x.ClipBit))
+	n += sizeMessage(13, x.ControlDelta != nil, x.ControlDelta)
 	return n
 }
 
@@ -1153,6 +1163,7 @@ func (x *ClientUpdate) appendTo(b []byte) []byte {
 	b = appendVarint(b, 10, x.Seq)
 	b = appendString(b, 11, x.InstanceId)
 	b = appendVarint(b, 12, uint64(x.ClipBit))
+	b = appendMessage(b, 13, x.ControlDelta != nil, x.ControlDelta)
 	return b
 }
 
@@ -1210,6 +1221,13 @@ func (x *ClientUpdate) unmarshal(b []byte, d *decoder) error {
 		case 12:
 			if typ == protowire.VarintType {
 				return consumeUint32(&x.ClipBit, b), nil
+			}
+		case 13:
+			if typ == protowire.BytesType {
+				if x.ControlDelta == nil {
+					x.ControlDelta = &Vector{}
+				}
+				return consumeMessage(x.ControlDelta, b, d)
 			}
 		}
 		return 0, nil

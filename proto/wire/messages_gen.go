@@ -814,6 +814,12 @@ type RoundAnnouncement struct {
 	// body itself in schema/transform).
 	SchemaDigest    string `json:"schema_digest,omitempty"`
 	TransformDigest string `json:"transform_digest,omitempty"`
+	// SCAFFOLD (algorithm "scaffold"): the server's control variate c, in
+	// full, encoded with the global model's codec; required then, absent
+	// otherwise. The aggregator keeps the value it announces (the codec's
+	// round trip applied), so a site's c and the aggregator's agree bit for
+	// bit.
+	Control *Vector `json:"control,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -1048,6 +1054,13 @@ func (x *RoundAnnouncement) GetTransformDigest() string {
 		return x.TransformDigest
 	}
 	return ""
+}
+
+func (x *RoundAnnouncement) GetControl() *Vector {
+	if x != nil {
+		return x.Control
+	}
+	return nil
 }
 
 // RunSpec is published retained on <prefix>run: what a run's announcements
@@ -1499,6 +1512,12 @@ type ClientUpdate struct {
 	// norm before the clip was <= dp.clip_norm, else 0. The aggregator only
 	// uses the noised sum of the round's bits. 0 or 1.
 	ClipBit uint32 `json:"clip_bit,omitempty"`
+	// SCAFFOLD: delta c = c_i+ - c_i, the change of the site's control
+	// variate, encoded with the uplink codec (no error feedback: the site
+	// adds the decoded delta to its c_i, so what it keeps is what the
+	// aggregator counted). Required under algorithm "scaffold", absent
+	// otherwise.
+	ControlDelta *Vector `json:"control_delta,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -1586,6 +1605,13 @@ func (x *ClientUpdate) GetClipBit() uint32 {
 		return x.ClipBit
 	}
 	return 0
+}
+
+func (x *ClientUpdate) GetControlDelta() *Vector {
+	if x != nil {
+		return x.ControlDelta
+	}
+	return nil
 }
 
 // Receipt is published on <prefix>receipts/<id> after the update

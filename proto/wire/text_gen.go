@@ -148,6 +148,7 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.bytes("secagg_survivor_signatures", x.SecaggSurvivorSignatures)
 	w.str("schema_digest", x.SchemaDigest)
 	w.str("transform_digest", x.TransformDigest)
+	w.msg("control", x.Control != nil, x.Control)
 }
 
 func (x *RunSpec) appendText(w *textWriter) {
@@ -223,6 +224,7 @@ func (x *ClientUpdate) appendText(w *textWriter) {
 	w.uint("seq", x.Seq)
 	w.str("instance_id", x.InstanceId)
 	w.uint("clip_bit", uint64(x.ClipBit))
+	w.msg("control_delta", x.ControlDelta != nil, x.ControlDelta)
 }
 
 func (x *Receipt) appendText(w *textWriter) {

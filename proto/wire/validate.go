@@ -168,6 +168,11 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 	if (m.SplitRoster > 0) != (m.SplitInitial != nil) || (m.SplitRoster > 0 && !m.SplitSum) {
 		return invalid(msg, "split_roster %d and split_initial (set: %v) go together, and only with split_sum", m.SplitRoster, m.SplitInitial != nil)
 	}
+	if m.Control != nil {
+		if err := checkVector(msg, "control", m.Control, lim); err != nil {
+			return err
+		}
+	}
 	if m.SplitInitial != nil {
 		if err := checkVector(msg, "split_initial", m.SplitInitial, lim); err != nil {
 			return err
@@ -560,6 +565,11 @@ func (m *ClientUpdate) Validate(lim Limits) error {
 	}
 	if err := checkVector(msg, "vector", m.Vector, lim); err != nil {
 		return err
+	}
+	if m.ControlDelta != nil {
+		if err := checkVector(msg, "control_delta", m.ControlDelta, lim); err != nil {
+			return err
+		}
 	}
 	if m.SampleCount == 0 {
 		return invalid(msg, "sample_count must be > 0")

@@ -1,0 +1,155 @@
+package e2e
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/edgestore"
+	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/uplink"
+)
+
+// TestScaffoldKills: SCAFFOLD (proto/uplink/scaffold.go) with a lossy
+// uplink codec, as TestSumModeKills kills: one site with SIGKILL on its
+// commit's log line every round from round 2 (its c_i committed with the
+// update, the receipt not yet handled), the aggregator once with a round's
+// first update in, both restarted at once. The run completes, and the
+// control variates are exact, bit for bit, from the round log alone:
+// every round's stored c is the previous round's c plus the mean over the
+// sites of that round's decoded control deltas (in id order, through the
+// fp32 downlink), and every site's stored c_i is the sum of its own
+// decoded deltas, round by round: no delta lost or counted twice on
+// either side, whatever the kills interrupted.
+func TestScaffoldKills(t *testing.T) {
+	e2eTest(t)
+	const (
+		sites  = 3
+		rounds = 6
+		victim = "site-1"
+	)
+	dir := t.TempDir()
+	federation := "scafkill"
+	agg, edges := startFederation(t, dir, federation, aggDefaults(federation).with(kv{
+		{"per_round", fmt.Sprint(sites)}, {"rounds", fmt.Sprint(rounds)},
+		{"algorithm", "scaffold"}, {"codec", "topk:0.3+q8"},
+	}), sites, 80)
+	v := edges[0]
+	for r := 1; r < rounds; r++ {
+		agg.p.waitLine(60*time.Second, fmt.Sprintf("round %d announced", r), msgIs("round announced", "round", r))
+		if r == 3 {
+			agg.p.waitLine(60*time.Second, "an update of round 3", msgIs("update accepted", "round", r))
+			agg.p.kill()
+			agg.start()
+		}
+		if r >= 2 {
+			v.p.waitLine(60*time.Second, fmt.Sprintf("%s's round %d", victim, r), msgIs("round solved", "round", r))
+			v.p.kill()
+			v.start()
+		}
+		agg.waitMetrics(60*time.Second, fmt.Sprintf("round %d to close", r), func(m metrics) bool {
+			return m["edgefl_aggregator_rounds_closed_total"] >= float64(r)
+		})
+	}
+	agg.waitFinished(60 * time.Second)
+	waitReceipted(t, edges)
+	stopFederation(t, agg, edges...)
+
+	st := readAggState(t, agg.state)
+	if st.phase != "finished" || st.coordRnd != rounds {
+		t.Fatalf("aggregator state: phase %s round %d", st.phase, st.coordRnd)
+	}
+	s, err := aggstore.OpenAgg(copyState(t, agg.state), storage.Options{LockTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	codec, err := quant.Parse("topk:0.3+q8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down, err := quant.Parse("fp32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c []float64
+	ci := map[string][]float64{}
+	for r := uint64(1); r <= rounds; r++ {
+		rec, err := s.Round(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r == 1 {
+			if len(rec.Control) != 0 {
+				t.Fatalf("round 1 stores a control variate: %d bytes", len(rec.Control))
+			}
+		} else if !bytes.Equal(rec.Control, storage.EncodeFloats(c)) {
+			t.Fatalf("round %d: the stored c is not the round log's, bit for bit", r)
+		}
+		ids := make([]string, 0, len(st.updates[r]))
+		for id := range st.updates[r] {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		if len(ids) != sites {
+			t.Fatalf("round %d: updates of %v, want every site", r, ids)
+		}
+		var ds [][]float64
+		for _, id := range ids {
+			m, x := decodeStored(t, st.updates[r][id])
+			if c == nil {
+				c = make([]float64, len(x))
+			}
+			if m.ControlDelta == nil {
+				t.Fatalf("round %d, %s: no control delta", r, id)
+			}
+			d, err := codec.Decode(m.ControlDelta.Payload, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ds = append(ds, d)
+			next := slices.Clone(d)
+			if old := ci[id]; old != nil {
+				for k := range next {
+					next[k] = old[k] + d[k]
+				}
+			}
+			ci[id] = next
+		}
+		nc, err := uplink.NextControl(c, ds, sites)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := down.Encode(nil, nc, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, err = down.Decode(f, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, e := range edges {
+		es, err := edgestore.OpenEdge(copyState(t, e.state), storage.Options{LockTimeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := es.Residual(edgestore.ResidualControl)
+		es.Close()
+		if errors.Is(err, storage.ErrNotFound) {
+			t.Fatalf("%s: no c_i stored", e.id)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, ci[e.id]) {
+			t.Fatalf("%s: its c_i is not the sum of its counted control deltas, bit for bit", e.id)
+		}
+	}
+	t.Logf("c and every c_i exact from the round log after %d kills of %s and one of the aggregator; duplicates answered: %d",
+		rounds-2, victim, len(v.lines(msgIs("update receipted", "code", "RECEIPT_CODE_DUPLICATE"))))
+}

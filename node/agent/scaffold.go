@@ -1,0 +1,79 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+
+	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/node/edgestore"
+	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/uplink"
+	"github.com/edgefl/edgefl/proto/wire"
+)
+
+// SCAFFOLD at the site (the rules are package uplink's, scaffold.go): the
+// round announces the server's control variate c; the site's own c_i is
+// in its store (edgestore.ResidualControl; none: zero, as after a reset);
+// the local SGD steps are shifted by c - c_i; the update carries delta c,
+// and the commit that stores the update stores c_i plus the decoded delta.
+
+// scaffoldPrepare checks a SCAFFOLD announcement and decodes its c into
+// p.control: SGD only (option II counts the steps of rate lr), and not
+// under DP or secure aggregation, which clip or sum the model's delta
+// alone.
+func scaffoldPrepare(ann *wire.RoundAnnouncement, p *prepared) error {
+	p.scaffold = true
+	if p.work.Solver.Solver != proxsolver.SGD {
+		return fmt.Errorf("scaffold needs the sgd solver, this site runs %s", p.work.Solver.Solver)
+	}
+	if p.clip > 0 || ann.Secagg != nil {
+		return errors.New("scaffold does not run under DP or secure aggregation")
+	}
+	p.work.Solver.Mu = 0
+	cv := ann.Control
+	if cv == nil {
+		return errors.New("scaffold announcement without its control variate")
+	}
+	dim := len(p.x)
+	if int64(cv.Dimension) != int64(dim) {
+		return fmt.Errorf("control variate has dimension %d, the model %d", cv.Dimension, dim)
+	}
+	c, err := p.codec.Decode(cv.Payload, nil)
+	if err != nil || len(c) != dim {
+		return fmt.Errorf("control variate frame (%d values): %w", len(c), err)
+	}
+	p.control = c
+	return nil
+}
+
+// scaffoldLoad reads the site's c_i (none, or of another model: zero)
+// and sets the solve's shift c - c_i.
+func scaffoldLoad(v StoreView, p *prepared) error {
+	ci, err := v.Residual(edgestore.ResidualControl)
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+		ci = nil
+	case err != nil:
+		return err
+	case len(ci) != len(p.x):
+		ci = nil
+	}
+	p.ci = ci
+	p.work.Solver.Shift = uplink.Shift(p.control, ci)
+	return nil
+}
+
+// scaffoldUplink encodes delta c for the steps the solve took and returns
+// the update's control_delta and the site's new c_i.
+func scaffoldUplink(p *prepared, sent []float64, steps int, rng *rand.Rand) (*wire.Vector, []float64, error) {
+	d, err := uplink.ControlDelta(p.control, p.x, sent, steps, p.work.Solver.LR)
+	if err != nil {
+		return nil, nil, err
+	}
+	payload, next, err := uplink.EncodeControl(p.codec, p.ci, d, rng)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(d)), Payload: payload}, next, nil
+}
