@@ -154,6 +154,7 @@ func runScale(args []string) error {
 	sctx, stopSampling := context.WithCancel(ctx)
 	defer stopSampling()
 	go cpu.run(sctx, agg)
+	go fleet.report(sctx, 15*time.Second)
 
 	// The profile covers the measured rounds: from round 1's aggregation
 	// (every session has its update by then) to the end.
@@ -261,7 +262,6 @@ type decodedAnn struct {
 	ann      *wire.RoundAnnouncement
 	selected map[string]bool // nil: every client
 	x        []float64       // the global model
-	codec    *quant.Codec    // the uplink codec
 	err      error
 }
 
@@ -277,6 +277,7 @@ type session struct {
 
 	mu       sync.Mutex
 	tmpl     *wire.ClientUpdate // the precomputed update (nil: not solved yet)
+	seen     uint64             // the last round announced to it
 	sent     uint64             // the last round it published an update for
 	receipts map[uint64]wire.ReceiptCode
 }
@@ -419,7 +420,7 @@ func (f *fleet) announcement(raw []byte) decodedAnn {
 			a.x, a.err = down.Decode(a.ann.Global.Payload, nil)
 		}
 		if a.err == nil {
-			a.codec, a.err = quant.Parse(a.ann.UplinkCodec)
+			_, a.err = quant.Parse(a.ann.UplinkCodec)
 		}
 	}
 	f.anns = append(f.anns, a)
@@ -445,6 +446,7 @@ func (s *session) onRound(raw []byte) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.seen = max(s.seen, ann.Round)
 	switch {
 	case ann.Round < s.sent:
 		return
@@ -493,7 +495,13 @@ func (s *session) solve(a decodedAnn) error {
 	if err != nil {
 		return fmt.Errorf("solve: %w", err)
 	}
-	fr, err := uplink.Encode(a.codec, uplink.Update{Round: a.ann.Round, Sent: w, Global: a.x}, rand.New(rand.NewPCG(o.seed, 1<<32+uint64(s.i))))
+	// A codec is not safe for concurrent use (its compressor's state):
+	// one per solve.
+	c, err := quant.Parse(a.ann.UplinkCodec)
+	if err != nil {
+		return err
+	}
+	fr, err := uplink.Encode(c, uplink.Update{Round: a.ann.Round, Sent: w, Global: a.x}, rand.New(rand.NewPCG(o.seed, 1<<32+uint64(s.i))))
 	if err != nil {
 		return err
 	}
@@ -546,8 +554,48 @@ func (f *fleet) waitReceipts(ctx context.Context, rounds int, d time.Duration) e
 
 func (f *fleet) summary() string {
 	f.errMu.Lock()
-	defer f.errMu.Unlock()
-	return fmt.Sprintf("%d errors %q, %d connections lost, %d updates re-sent", f.nerr.Load(), f.errs, f.lost.Load(), f.resent.Load())
+	errs := slices.Clone(f.errs)
+	f.errMu.Unlock()
+	return fmt.Sprintf("%s; %d errors %q, %d connections lost, %d updates re-sent", f.progress(), f.nerr.Load(), errs, f.lost.Load(), f.resent.Load())
+}
+
+// progress counts the sessions by the last round announced to them, sent
+// and receipted, naming a few that are behind the others.
+func (f *fleet) progress() string {
+	type key struct{ seen, sent, rcpt uint64 }
+	n := map[key]int{}
+	some := map[key][]string{}
+	for _, s := range f.ss {
+		s.mu.Lock()
+		var rcpt uint64
+		for r := range s.receipts {
+			rcpt = max(rcpt, r)
+		}
+		k := key{s.seen, s.sent, rcpt}
+		s.mu.Unlock()
+		n[k]++
+		if len(some[k]) < 3 {
+			some[k] = append(some[k], s.id)
+		}
+	}
+	var parts []string
+	for k, c := range n {
+		parts = append(parts, fmt.Sprintf("%d sessions at announced %d, sent %d, receipted %d (%s)", c, k.seen, k.sent, k.rcpt, strings.Join(some[k], " ")))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, "; ")
+}
+
+// report prints the sessions' progress every d until ctx ends.
+func (f *fleet) report(ctx context.Context, d time.Duration) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d):
+			fmt.Fprintf(os.Stderr, "scale: %s; %d connections lost\n", f.progress(), f.lost.Load())
+		}
+	}
 }
 
 func (f *fleet) close() {
