@@ -204,7 +204,7 @@ func parseScaleFlags(args []string) (scaleOptions, error) {
 	fs.IntVar(&o.perfFreq, "perf-freq", 199, "perf's sampling frequency (Hz)")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Minute, "give up after")
 	fs.DurationVar(&o.connectTimeout, "connect-timeout", time.Minute, "a session's MQTT connect timeout")
-	fs.DurationVar(&o.keepAlive, "keepalive", time.Minute, "the sessions' MQTT keep-alive")
+	fs.DurationVar(&o.keepAlive, "keepalive", time.Minute, "the sessions' MQTT keep-alive, and how long a ping may wait for its answer (paho's default, 10 s, drops sessions of a loaded broker)")
 	fs.DurationVar(&o.receiptTimeout, "receipt-timeout", time.Minute, "after the federation finished: how long the last receipts may take")
 	_ = fs.Parse(args) // flag.ExitOnError: Parse exits on a bad flag
 	switch {
@@ -350,7 +350,7 @@ func (s *session) statusMsg(online bool, conn uint64) []byte {
 func (s *session) connect(brokerURL, password string) error {
 	opts := mqtt.NewClientOptions().AddBroker(brokerURL).SetClientID(s.id).
 		SetUsername(s.id).SetPassword(password).SetCleanSession(false).
-		SetKeepAlive(s.f.o.keepAlive).SetConnectTimeout(s.f.o.connectTimeout).
+		SetKeepAlive(s.f.o.keepAlive).SetPingTimeout(s.f.o.keepAlive).SetConnectTimeout(s.f.o.connectTimeout).
 		SetAutoReconnect(true).SetMaxReconnectInterval(2*time.Second).SetOrderMatters(false).
 		SetBinaryWill(s.status, s.statusMsg(false, s.conn.Load()), 1, true).
 		SetConnectionLostHandler(func(mqtt.Client, error) { s.f.lost.Add(1) }).
@@ -392,7 +392,11 @@ func (s *session) onMessage(c mqtt.Client, m mqtt.Message) {
 		s.f.fail("%s: round %d refused: %s %s", s.id, r.Round, r.Code, r.Reason)
 	}
 	s.mu.Lock()
-	s.receipts[r.Round] = r.Code
+	// A re-sent update (after a reconnection) is answered DUPLICATE: the
+	// round's update is still stored; keep the first answer.
+	if _, ok := s.receipts[r.Round]; !ok || s.receipts[r.Round] != wire.ReceiptCode_RECEIPT_CODE_STORED {
+		s.receipts[r.Round] = r.Code
+	}
 	s.mu.Unlock()
 }
 
@@ -524,7 +528,8 @@ func stopOf(stop string) wire.StopReason {
 }
 
 // waitReceipts waits until every session holds an accepted receipt for
-// each of rounds 1..rounds, or d has passed.
+// each of rounds 1..rounds (STORED, or DUPLICATE for a re-sent update whose
+// STORED receipt was lost with its connection), or d has passed.
 func (f *fleet) waitReceipts(ctx context.Context, rounds int, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	for {
@@ -532,7 +537,7 @@ func (f *fleet) waitReceipts(ctx context.Context, rounds int, d time.Duration) e
 		for _, s := range f.ss {
 			s.mu.Lock()
 			for r := 1; r <= rounds; r++ {
-				if c, ok := s.receipts[uint64(r)]; !ok || c != wire.ReceiptCode_RECEIPT_CODE_STORED {
+				if c, ok := s.receipts[uint64(r)]; !ok || (c != wire.ReceiptCode_RECEIPT_CODE_STORED && c != wire.ReceiptCode_RECEIPT_CODE_DUPLICATE) {
 					missing++
 				}
 			}
@@ -542,7 +547,7 @@ func (f *fleet) waitReceipts(ctx context.Context, rounds int, d time.Duration) e
 			return nil
 		}
 		if missing == 0 || time.Now().After(deadline) {
-			return fmt.Errorf("scale: %d of %d updates without a STORED receipt (%s)", missing, rounds*len(f.ss), f.summary())
+			return fmt.Errorf("scale: %d of %d updates without an accepted receipt (%s)", missing, rounds*len(f.ss), f.summary())
 		}
 		select {
 		case <-ctx.Done():
