@@ -111,25 +111,12 @@ func runScale(args []string) error {
 	if err != nil {
 		return err
 	}
-	port, err := freePort()
+	brokerURL, mq, conf, err := startScaleBroker(o, federation, work, pw, scaleAggConf(o, federation, work, fed))
 	if err != nil {
 		return err
 	}
-	brokerURL := fmt.Sprintf("tcp://127.0.0.1:%d", port)
-	conf := scaleAggConf(o, federation, work, fed)
-	var mq *mosq
-	if o.broker == "mosquitto" {
-		if mq, err = startMosquitto(options{procFlags: o.procFlags}, work, federation, port); err != nil {
-			return err
-		}
+	if mq != nil {
 		defer mq.stop()
-		if err := os.WriteFile(filepath.Join(work, "aggregator.password"), []byte(pw["aggregator"]+"\n"), 0o600); err != nil {
-			return err
-		}
-		conf = append(conf, "broker = "+brokerURL, "username = aggregator",
-			"broker_password_file = "+filepath.Join(work, "aggregator.password"))
-	} else {
-		conf = append(conf, fmt.Sprintf("listen = 127.0.0.1:%d", port), "password_file = "+filepath.Join(work, "passwd"))
 	}
 	load0 := loadAvg()
 	agg, err := startLoadAggregator(ctx, options{procFlags: o.procFlags}, work, conf)
@@ -180,6 +167,30 @@ func runScale(args []string) error {
 		return err
 	}
 	return printScaleResult(o, agg, mq, &cpu, fleet, prof, load0)
+}
+
+// startScaleBroker starts Mosquitto (--broker mosquitto) or names broker-agg's
+// embedded listener, and returns the sites' broker URL and conf with
+// broker-agg's broker settings added.
+func startScaleBroker(o scaleOptions, federation, work string, pw map[string]string, conf []string) (string, *mosq, []string, error) {
+	port, err := freePort()
+	if err != nil {
+		return "", nil, nil, err
+	}
+	brokerURL := fmt.Sprintf("tcp://127.0.0.1:%d", port)
+	if o.broker != "mosquitto" {
+		return brokerURL, nil, append(conf, fmt.Sprintf("listen = 127.0.0.1:%d", port), "password_file = "+filepath.Join(work, "passwd")), nil
+	}
+	mq, err := startMosquitto(options{procFlags: o.procFlags}, work, federation, port)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	if err := os.WriteFile(filepath.Join(work, "aggregator.password"), []byte(pw["aggregator"]+"\n"), 0o600); err != nil {
+		mq.stop()
+		return "", nil, nil, err
+	}
+	return brokerURL, mq, append(conf, "broker = "+brokerURL, "username = aggregator",
+		"broker_password_file = "+filepath.Join(work, "aggregator.password")), nil
 }
 
 func parseScaleFlags(args []string) (scaleOptions, error) {
