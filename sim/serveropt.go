@@ -78,7 +78,7 @@ func (c Config) validateServerOpt() error {
 			continue
 		}
 		if a.Family == FedSplit || a.Family == FedProxSplit {
-			return fmt.Errorf("algorithm %s: --server-opt %s: the FedSplit family's server step is an operator-splitting iteration over the sites' z, not a mean of deltas (FedAvg/FedProx families only)", a.Label, p.Kind)
+			return fmt.Errorf("algorithm %s: --server-opt %s: the FedSplit family's server step is not a mean of deltas (hint: fedavg or fedprox)", a.Label, p.Kind)
 		}
 		if c.SecAgg != nil {
 			return fmt.Errorf("algorithm %s: --server-opt %s with --secagg: not supported: the secure sum's server step is not passed through an optimiser", a.Label, p.Kind)

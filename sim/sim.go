@@ -1024,74 +1024,16 @@ type worker struct {
 // stragglers are dropped before they run. Workers only read the uplink
 // state; runAlgo updates it from the outcomes.
 func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []outcome {
-	cfg := e.cfg
-	a, workers, x, z, zServer, residual, initial := s.a, s.workers, s.x, s.z, s.zServer, s.residual, s.initial
-	isSplit := a.Family == FedSplit || a.Family == FedProxSplit
+	a := s.a
 	outs := make([]outcome, len(jobs))
 	var wg sync.WaitGroup
 	next := make(chan int)
-	for _, wk := range workers {
+	for _, wk := range s.workers {
 		wg.Add(1)
 		go func(wk *worker) {
 			defer wg.Done()
 			for i := range next {
-				c := jobs[i].client
-				var shift []float64
-				if s.scaffold != nil {
-					shift = s.scaffold.shift(c)
-				}
-				o := e.work(ctx, wk.m, a, jobs[i], x, z[c], t, shift)
-				y := o.params
-				if s.scaffold != nil && cfg.Faulty > 0 {
-					y = slices.Clone(o.params) // delta c from the honest solve, as the agent's (its poison hook changes only delta y)
-				}
-				var tamper func([]float64)
-				if sc, ok := cfg.faultyScale(c, t); ok && o.params != nil {
-					if isSplit && s.sum == nil && e.sq == nil {
-						// A faulty FedSplit site scales the delta it
-						// sends, against the server's copy of its z, as
-						// the attacking agent does: its own z stays as
-						// computed (receiveAll without a codec).
-						tamper = scaleBy(sc)
-					} else {
-						// A faulty site sends its delta scaled: w = x + scale (w - x).
-						for k, v := range o.params {
-							o.params[k] = x[k] + sc*(v-x[k])
-						}
-					}
-				}
-				if e.sq != nil && o.err == nil && o.params != nil {
-					o.input, o.sumPen, o.err = e.secAggInput(s, jobs[i].client, t, o.params, x)
-				} else if wk.codec != nil && o.err == nil && o.params != nil {
-					var f uplink.Frame
-					rng := streams.Of(cfg.Seed, streams.Codec, t, c)
-					if cfg.siteSeed != nil {
-						rng = streams.Site(*cfg.siteSeed+uint64(c), e.fed.Clients[c].ID, uint64(t), streams.SiteCodec)
-					}
-					if s.sum != nil {
-						f, o.err = uplink.EncodeSum(wk.codec, uplink.SumUpdate{Round: uint64(t), Z: o.params, Global: x, Initial: initial, Record: s.rec[c], Clip: s.clip}, rng)
-					} else {
-						u := uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x, Residual: residual[c], Copy: zServer[c], Tamper: tamper}
-						if cfg.DP != nil {
-							u.Clip = s.clip
-						}
-						f, o.err = uplink.Encode(wk.codec, u, rng)
-						if o.err != nil && tamper != nil {
-							// A poisoned delta the codec cannot carry
-							// (beyond float32): the attacking agent's
-							// round fails and it sends nothing, keeping
-							// its z.
-							o.params, o.err = nil, nil
-						}
-						if s.scaffold != nil && o.err == nil && o.params != nil {
-							o.ctrlPayload, _, o.ci, o.err = s.scaffold.clientControl(wk.codec, c, x, y, o.rep, a.Local.LR, rng)
-						}
-					}
-					o.frame = &f
-				} else if s.scaffold != nil && o.err == nil && o.params != nil {
-					_, o.ctrlDelta, o.ci, o.err = s.scaffold.clientControl(nil, c, x, y, o.rep, a.Local.LR, nil)
-				}
-				outs[i] = o
+				outs[i] = e.solveJob(ctx, s, wk, jobs[i], t)
 			}
 		}(wk)
 	}
@@ -1104,6 +1046,72 @@ func (e *env) solveAll(ctx context.Context, s *algoState, jobs []job, t int) []o
 	close(next)
 	wg.Wait()
 	return outs
+}
+
+// solveJob is one selected client's round in solveAll: its local work
+// (e.work), a faulty client's scaling, SCAFFOLD's control delta and the
+// client side of the uplink (uplink.Encode against its residual or copy).
+func (e *env) solveJob(ctx context.Context, s *algoState, wk *worker, j job, t int) outcome {
+	cfg := e.cfg
+	a, x, z, zServer, residual, initial := s.a, s.x, s.z, s.zServer, s.residual, s.initial
+	isSplit := a.Family == FedSplit || a.Family == FedProxSplit
+	c := j.client
+	var shift []float64
+	if s.scaffold != nil {
+		shift = s.scaffold.shift(c)
+	}
+	o := e.work(ctx, wk.m, a, j, x, z[c], t, shift)
+	y := o.params
+	if s.scaffold != nil && cfg.Faulty > 0 {
+		y = slices.Clone(o.params) // delta c from the honest solve, as the agent's (its poison hook changes only delta y)
+	}
+	var tamper func([]float64)
+	if sc, ok := cfg.faultyScale(c, t); ok && o.params != nil {
+		if isSplit && s.sum == nil && e.sq == nil {
+			// A faulty FedSplit site scales the delta it
+			// sends, against the server's copy of its z, as
+			// the attacking agent does: its own z stays as
+			// computed (receiveAll without a codec).
+			tamper = scaleBy(sc)
+		} else {
+			// A faulty site sends its delta scaled: w = x + scale (w - x).
+			for k, v := range o.params {
+				o.params[k] = x[k] + sc*(v-x[k])
+			}
+		}
+	}
+	if e.sq != nil && o.err == nil && o.params != nil {
+		o.input, o.sumPen, o.err = e.secAggInput(s, j.client, t, o.params, x)
+	} else if wk.codec != nil && o.err == nil && o.params != nil {
+		var f uplink.Frame
+		rng := streams.Of(cfg.Seed, streams.Codec, t, c)
+		if cfg.siteSeed != nil {
+			rng = streams.Site(*cfg.siteSeed+uint64(c), e.fed.Clients[c].ID, uint64(t), streams.SiteCodec)
+		}
+		if s.sum != nil {
+			f, o.err = uplink.EncodeSum(wk.codec, uplink.SumUpdate{Round: uint64(t), Z: o.params, Global: x, Initial: initial, Record: s.rec[c], Clip: s.clip}, rng)
+		} else {
+			u := uplink.Update{Split: isSplit, Round: uint64(t), Sent: o.params, Global: x, Residual: residual[c], Copy: zServer[c], Tamper: tamper}
+			if cfg.DP != nil {
+				u.Clip = s.clip
+			}
+			f, o.err = uplink.Encode(wk.codec, u, rng)
+			if o.err != nil && tamper != nil {
+				// A poisoned delta the codec cannot carry
+				// (beyond float32): the attacking agent's
+				// round fails and it sends nothing, keeping
+				// its z.
+				o.params, o.err = nil, nil
+			}
+			if s.scaffold != nil && o.err == nil && o.params != nil {
+				o.ctrlPayload, _, o.ci, o.err = s.scaffold.clientControl(wk.codec, c, x, y, o.rep, a.Local.LR, rng)
+			}
+		}
+		o.frame = &f
+	} else if s.scaffold != nil && o.err == nil && o.params != nil {
+		_, o.ctrlDelta, o.ci, o.err = s.scaffold.clientControl(nil, c, x, y, o.rep, a.Local.LR, nil)
+	}
+	return o
 }
 
 // receive is the aggregator's side of a client's frame: decoded by the

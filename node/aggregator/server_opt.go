@@ -39,7 +39,7 @@ func (cfg *ServerConfig) checkServerOpt(d *derived) error {
 		return nil
 	}
 	if isSplit(d.fam) {
-		return fmt.Errorf("%w: --server-opt %s with %s: the FedSplit family's server step is an operator-splitting iteration over the sites' z, not a mean of deltas (FedAvg/FedProx families only)", coordinator.ErrConfig, p.Kind, d.fam)
+		return fmt.Errorf("%w: --server-opt %s with %s: the FedSplit family's server step is not a mean of deltas (hint: fedavg or fedprox)", coordinator.ErrConfig, p.Kind, d.fam)
 	}
 	if cfg.SecAgg != nil {
 		return fmt.Errorf("%w: --server-opt %s with --secagg: not supported: the secure sum's server step (server_secagg.go) is not passed through an optimiser", coordinator.ErrConfig, p.Kind)

@@ -495,18 +495,7 @@ func ReadStatus(store *aggstore.AggStore) (Status, error) {
 	if err != nil {
 		return out, err
 	}
-	if first, err := store.Round(1); err == nil {
-		var sc storedConfig
-		if json.Unmarshal(first.Config, &sc) == nil {
-			out.Federation, out.Algorithm, out.Schema = sc.Federation, sc.Algorithm, sc.SchemaDigest
-			out.RunID, out.Aggregator, out.Codec, out.Downlink = sc.RunID, sc.Aggregator, sc.Codec, sc.Downlink
-			dpConf = sc.DP
-			if sc.ServerOpt != nil {
-				out.ServerOpt = sc.ServerOpt.String()
-			}
-			saConf = sc.SecAgg
-		}
-	}
+	dpConf, saConf = readRunConfig(store, &out)
 	if !cur.OpenedAt.IsZero() {
 		t := cur.OpenedAt.UTC()
 		out.RoundOpenedAt = &t
@@ -578,6 +567,26 @@ func ReadStatus(store *aggstore.AggStore) (Status, error) {
 		}
 	}
 	return out, readFedStatus(store, &out, st)
+}
+
+// readRunConfig fills out's run settings from the configuration stored
+// with round 1 and returns its DP and secure-aggregation settings (nil:
+// none, or unreadable).
+func readRunConfig(store *aggstore.AggStore, out *Status) (*dp.Config, *SecAggSettings) {
+	first, err := store.Round(1)
+	if err != nil {
+		return nil, nil
+	}
+	var sc storedConfig
+	if json.Unmarshal(first.Config, &sc) != nil {
+		return nil, nil
+	}
+	out.Federation, out.Algorithm, out.Schema = sc.Federation, sc.Algorithm, sc.SchemaDigest
+	out.RunID, out.Aggregator, out.Codec, out.Downlink = sc.RunID, sc.Aggregator, sc.Codec, sc.Downlink
+	if sc.ServerOpt != nil {
+		out.ServerOpt = sc.ServerOpt.String()
+	}
+	return sc.DP, sc.SecAgg
 }
 
 // withZero adds the labels a counter always shows (at 0 until counted).

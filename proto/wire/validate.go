@@ -165,18 +165,8 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 			return err
 		}
 	}
-	if (m.SplitRoster > 0) != (m.SplitInitial != nil) || (m.SplitRoster > 0 && !m.SplitSum) {
-		return invalid(msg, "split_roster %d and split_initial (set: %v) go together, and only with split_sum", m.SplitRoster, m.SplitInitial != nil)
-	}
-	if m.Control != nil {
-		if err := checkVector(msg, "control", m.Control, lim); err != nil {
-			return err
-		}
-	}
-	if m.SplitInitial != nil {
-		if err := checkVector(msg, "split_initial", m.SplitInitial, lim); err != nil {
-			return err
-		}
+	if err := m.checkStateVectors(msg, lim); err != nil {
+		return err
 	}
 	if err := checkText(msg, "uplink_codec", m.UplinkCodec, maxSpecLen, train); err != nil {
 		return err
@@ -197,6 +187,24 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 		return invalid(msg, "dp in the distributed mode needs secagg: the noise shares are only safe inside a secure sum")
 	}
 	return m.Dp.validate(msg)
+}
+
+// checkStateVectors checks the vectors a round carries besides the global
+// model: FedSplit sum mode's split_initial (with its roster) and
+// SCAFFOLD's control variate.
+func (m *RoundAnnouncement) checkStateVectors(msg string, lim Limits) error {
+	if (m.SplitRoster > 0) != (m.SplitInitial != nil) || (m.SplitRoster > 0 && !m.SplitSum) {
+		return invalid(msg, "split_roster %d and split_initial (set: %v) go together, and only with split_sum", m.SplitRoster, m.SplitInitial != nil)
+	}
+	if m.Control != nil {
+		if err := checkVector(msg, "control", m.Control, lim); err != nil {
+			return err
+		}
+	}
+	if m.SplitInitial != nil {
+		return checkVector(msg, "split_initial", m.SplitInitial, lim)
+	}
+	return nil
 }
 
 // MaxSecAggCert and MaxSecAggSig bound an AdvertiseKeys' certificate and
