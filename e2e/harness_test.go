@@ -302,9 +302,44 @@ func (p *proc) stop() error {
 	if !p.alive() {
 		return p.exitError()
 	}
+	// A process that has not logged yet may still be starting: the
+	// binaries install their SIGTERM handler first thing in main
+	// (internal/cli.Main), and a SIGTERM before that kills the process
+	// by the default action ("signal: terminated"), which with rounds
+	// drawn back to back a site restarted just before the run's end met.
+	// Its first line is logged after the handler is installed.
+	select {
+	case <-p.exited:
+		return p.exitError()
+	case <-p.firstLine(10 * time.Second):
+	}
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	p.waitExit(20 * time.Second)
 	return p.exitError()
+}
+
+// firstLine is closed once the process has written a line, or after
+// timeout.
+func (p *proc) firstLine(timeout time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		deadline := time.After(timeout)
+		for {
+			lines, changed := p.snapshot()
+			if len(lines) > 0 {
+				return
+			}
+			select {
+			case <-changed:
+			case <-p.exited:
+				return
+			case <-deadline:
+				return
+			}
+		}
+	}()
+	return done
 }
 
 func (p *proc) waitExit(timeout time.Duration) {

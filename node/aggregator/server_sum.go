@@ -152,7 +152,14 @@ var errSumCounting = errors.New("this round log's FedSplit sum counts sites on t
 // restoreSum reads the sum-mode state stored with the current round cur
 // (nothing to read outside sum mode, or once the run has finished).
 func (s *Server) restoreSum(cur aggstore.Round) error {
-	if s.sum == nil || s.globalR != int(cur.Number) {
+	// cur is the newest round record. Usually it is the round the state
+	// resumes in; after a restart between the checkpoint's transaction
+	// (which opens round globalR+1 with S after globalR's close) and the
+	// coordinator's next state, the state still closes round globalR and
+	// the close is not redone (closeRound uses the stored checkpoint), so
+	// S is round globalR+1's: read it too, or every site looks uncounted
+	// and the next round stalls (TestSumModeKills caught it under load).
+	if s.sum == nil || (s.globalR != int(cur.Number) && s.globalR+1 != int(cur.Number)) {
 		return nil
 	}
 	return s.sum.restore(cur, s.cfg.StatePath, s.dim)
