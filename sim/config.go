@@ -15,6 +15,7 @@ import (
 
 	"github.com/edgefl/edgefl/learn/aggregate"
 	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
@@ -106,6 +107,10 @@ type Config struct {
 	// traceSecAgg, when set (tests), is called after each round of a
 	// --secagg run with each client's quantised input.
 	traceSecAgg func(algo string, round int, inputs map[string][]uint32)
+	// initModel, when set (tests), draws the initial global model of a
+	// model instead of its InitParams from the run's Init stream (the
+	// daemon's --init model draws from its own stream).
+	initModel func(m model.Model) []float64
 	// secAggRand, when set (tests), replaces the run's SecAgg stream of
 	// client (its id and index) in round.
 	secAggRand func(client string, index, round int) io.Reader
@@ -133,6 +138,8 @@ type Local struct {
 	LR     float64 `json:"lr"`
 	Step   float64 `json:"step"`
 	Relax  float64 `json:"relax"`
+	// Tau is MOON's temperature (moon only; 0: model.DefaultTau).
+	Tau float64 `json:"tau,omitempty"`
 }
 
 // Algo is one entry of --algo: a family, its local knobs and its aggregator.
@@ -143,6 +150,10 @@ type Algo struct {
 	// FedSplit families always average every known client's latest z).
 	Agg   string `json:"aggregator"`
 	Local Local  `json:"local"`
+	// Contrast is the contrastive local objective of moon and fedsiam-da
+	// (model.ContrastMOON, model.ContrastFedSiam; "": none): Local.Mu is
+	// then its weight, and the local solve has no proximal term.
+	Contrast string `json:"contrast,omitempty"`
 }
 
 // DefaultConfig returns the defaults the CLI documents.
@@ -220,9 +231,20 @@ func algoFamily(name string, def Local, isAgg func(name string) bool) (Algo, err
 		a.Agg = "mean"
 	case FedSplit, FedProxSplit:
 		a.Agg = split.StepRobust
+	case model.AlgoMOON, model.AlgoFedSiamDA:
+		// The daemon's rule (aggregator.family): the FedProx family's
+		// handling of partial work, MOON into FedAvg's mean, FedSiam-DA
+		// into its dual aggregation.
+		a.Contrast, a.Family, a.Agg = model.ContrastKindOf(name), FedProx, "fedavg"
+		if name == model.AlgoFedSiamDA {
+			a.Agg = "fedsiam"
+		}
+		if a.Contrast == model.ContrastMOON && a.Local.Tau == 0 {
+			a.Local.Tau = model.DefaultTau
+		}
 	default:
 		if isAgg == nil || !isAgg(a.Family) {
-			return a, fmt.Errorf("--algo: unknown algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit or an aggregator name)", a.Family)
+			return a, fmt.Errorf("--algo: unknown algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit, moon, fedsiam-da or an aggregator name)", a.Family)
 		}
 		a.Agg, a.Family = a.Family, FedProx
 	}
@@ -238,7 +260,7 @@ func (a *Algo) setLocal(item string, opts []string) ([]string, error) {
 		if !ok {
 			return nil, fmt.Errorf("--algo %q: option %q is not key=value", item, kv)
 		}
-		if !algoKeys[k] {
+		if !algoKeys[k] && !(k == "tau" && a.Contrast == model.ContrastMOON) {
 			aggOpts = append(aggOpts, kv)
 			continue
 		}
@@ -318,6 +340,8 @@ func (l *Local) set(k, v string, label *string) error {
 	switch k {
 	case "mu":
 		l.Mu = f
+	case "tau":
+		l.Tau = f
 	case "gamma":
 		l.Gamma = f
 	case "lr":

@@ -57,6 +57,7 @@ type serveFlags struct {
 	seed                                     uint64
 	algo, agg, sel, solver, codec, downlink  string
 	mu, step, relax, gamma, lr, maxSeconds   float64
+	tau                                      float64
 	batch, epochs                            int
 	anchorSketch                             int
 	modelKind, activation                    string
@@ -164,11 +165,12 @@ func (f *serveFlags) registerRounds(fs *flag.FlagSet) {
 	fs.IntVar(&f.rounds, "rounds", 0, "rounds to run (0: forever)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the selection and of randomised aggregators")
 
-	fs.StringVar(&f.algo, "algorithm", aggregator.AlgoFedProx, "fedavg | fedprox | fedsplit | fedproxsplit | an aggregator ("+strings.Join(aggregate.Names(), ", ")+"), trained like fedprox")
+	fs.StringVar(&f.algo, "algorithm", aggregator.AlgoFedProx, "fedavg | fedprox | fedsplit | fedproxsplit | moon (MOON's contrastive local loss, fedavg's mean; --model mlp) | fedsiam-da (FedSiam-DA: its contrastive local loss and dual aggregation; --model mlp) | an aggregator ("+strings.Join(aggregate.Names(), ", ")+"), trained like fedprox (fedsiam alone: the dual aggregation only)")
 	fs.StringVar(&f.agg, "aggregator", "", "how updates are combined: an update aggregator `SPEC` for the FedAvg/FedProx families (e.g. normbound:mult=3:inner=median; fedavg counts no site's reported sample count above 3 x the median of the other sites' counts by default, fedavg:cap=M sets M, fedavg:cap=0 turns the cap off); fedsplit-robust[:mult=M] (default) or fedsplit-mean for the FedSplit family (default: per --algorithm)")
 	fs.StringVar(&f.sel, "selector", "", "client selection: uniform | samples | loss[:power=P][:explore=E] | window | poisson[:q=Q] (each online site independently with probability Q, default --per-round / online sites; --dp only); default uniform, poisson with --dp (the only one under --dp central)")
 	fs.StringVar(&f.solver, "solver", "sgd", "local solver: sgd | lbfgs")
-	fs.Float64Var(&f.mu, "mu", 0.01, "FedProx proximal weight (0 for fedavg)")
+	fs.Float64Var(&f.mu, "mu", 0.01, "FedProx proximal weight (0 for fedavg); for moon and fedsiam-da the contrastive term's weight (no proximal term)")
+	fs.Float64Var(&f.tau, "tau", 0, "MOON's temperature (moon only; 0: 0.5)")
 	fs.Float64Var(&f.step, "step", 1, "FedSplit step size s")
 	fs.Float64Var(&f.relax, "relax", 1, "FedSplit relaxation: 1 Peaceman-Rachford, 0.5 Douglas-Rachford")
 	fs.Float64Var(&f.gamma, "gamma", 0.001, "target inexactness of the local solve, in (0, 1]")
@@ -356,7 +358,7 @@ func (f *serveFlags) baseConfig(spec model.Spec, sketch *wire.SketchSpec, eval *
 		K: f.k, QuorumFraction: f.quorum, RoundTimeout: f.roundTimeout, Extension: f.extension, Settle: f.settle,
 		MaxReselections: f.maxReselections, Rounds: f.rounds, Seed: f.seed,
 		Algorithm: f.algo, Aggregator: f.agg, Selector: f.sel, AnchorSketch: sketch,
-		Params: aggregator.Params{Mu: f.mu, Step: f.step, Relax: f.relax, Solver: f.solver, Gamma: f.gamma, LR: f.lr,
+		Params: aggregator.Params{Mu: f.mu, Tau: f.tau, Step: f.step, Relax: f.relax, Solver: f.solver, Gamma: f.gamma, LR: f.lr,
 			Batch: f.batch, MaxEpochs: f.epochs, MaxSeconds: f.maxSeconds},
 		Model: spec, Init: f.init, InitSeed: f.initSeed, Codec: f.codec, Downlink: f.downlink,
 		StatePath: f.state, MetricsAddr: f.metricsAddr, Eval: eval, FinalModel: f.finalModel,

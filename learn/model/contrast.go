@@ -318,3 +318,26 @@ func softplus(t float64) float64 {
 	}
 	return math.Log1p(math.Exp(t))
 }
+
+// Algorithm names (the daemons' --algorithm, simulate's --algo) whose local
+// solve is a contrastive objective. "fedsiam" alone names FedSiam-DA's dual
+// aggregation over the FedProx local solve (learn/aggregate).
+const (
+	AlgoMOON      = "moon"       // MOON: the MOON objective, FedAvg's sample-weighted mean
+	AlgoFedSiamDA = "fedsiam-da" // FedSiam-DA: its contrastive objective and its dual aggregation
+)
+
+// ContrastKindOf is the contrastive objective of an algorithm name, "" for
+// the others.
+func ContrastKindOf(algorithm string) string {
+	switch algorithm {
+	case AlgoMOON:
+		return ContrastMOON
+	case AlgoFedSiamDA:
+		return ContrastFedSiam
+	}
+	return ""
+}
+
+// DefaultTau is MOON's temperature when none is given (MOON's paper's 0.5).
+const DefaultTau = 0.5

@@ -227,6 +227,9 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 	if err != nil {
 		return fail(err)
 	}
+	if err := contrastModel(v, p); err != nil {
+		return fail(err)
+	}
 	pl := plan{records: []change{{kind: recGlobal, round: r, vec: p.x}}, solve: p, res: res, base: res}
 	if p.split {
 		z0 := p.x // z_j starts at the first global model the site sees
@@ -332,6 +335,8 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 		c.Z, c.Pending = sent, &edgestore.SumPending{Join: up.Sum.Join, V: up.Sum.V}
 	case p.split:
 		c.Z, c.ServerZ = sent, up.Applied
+	case p.contrast.Kind != "":
+		c.Local = sent // the next round's previous local model
 	}
 	pl := plan{records: []change{{kind: recCommit, round: r, commit: c}}, base: res, res: res}
 	pl.res.Action, pl.res.Msg, pl.res.Update, pl.res.Sent, pl.res.Report = ActionSolved, msg, u, up.Applied, rep
@@ -419,6 +424,10 @@ type prepared struct {
 	// z is FedSplit's z_j the client step starts from: the stored one, or
 	// the initial z the round's records commit (recInitZ).
 	z []float64
+	// contrast is the contrastive objective of MOON and FedSiam-DA (Kind
+	// "": none); m is then that objective over the stored previous local
+	// model (contrastModel), and the commit stores the new one.
+	contrast model.ContrastConfig
 }
 
 // prepare checks everything about ann that can be checked before writing:
@@ -429,7 +438,7 @@ func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.
 	p.split = ann.Algorithm == AlgoFedSplit || ann.Algorithm == AlgoFedProxSplit
 	p.sum = sumMode(ann)
 
-	spec, err := modelSpec(ann.Model)
+	spec, err := annModelSpec(ann)
 	if err != nil {
 		return nil, bad(r, "%v", err)
 	}
@@ -497,6 +506,9 @@ func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.
 		if math.IsInf(p.cfg.Mu, 0) || !(p.stepJ > 0) {
 			return nil, bad(r, "fedsplit step %v for this site is out of range (1/step overflows)", p.stepJ)
 		}
+	}
+	if err := contrastConfig(ann, p); err != nil {
+		return nil, bad(r, "%v", err)
 	}
 	if err := p.cfg.Validate(); err != nil {
 		return nil, bad(r, "%v", err)
@@ -590,6 +602,14 @@ func (sr siteRules) budget(ann *wire.RoundAnnouncement, now time.Time) proxsolve
 
 // modelSpec converts the announced model. The wire form allows several
 // hidden layers; the models have at most one.
+// annModelSpec is the model an announcement trains: its model spec, with
+// FedSiam-DA's prediction head when its algorithm is fedsiam-da
+// (model.ContrastSpec, the rule the aggregator and simulate follow).
+func annModelSpec(ann *wire.RoundAnnouncement) (model.Spec, error) {
+	s, err := modelSpec(ann.Model)
+	return model.ContrastSpec(model.ContrastKindOf(ann.Algorithm), s), err
+}
+
 func modelSpec(s *wire.ModelSpec) (model.Spec, error) {
 	if s == nil {
 		return model.Spec{}, errors.New("no model")
@@ -852,7 +872,7 @@ func (sr siteRules) evaluation(ann *wire.RoundAnnouncement, holdout model.Data, 
 		res.Healthy = true
 		return nil
 	}
-	spec, err := modelSpec(ann.Model)
+	spec, err := annModelSpec(ann)
 	if err != nil {
 		return bad(ann.Round, "%v", err)
 	}

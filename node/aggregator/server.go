@@ -64,6 +64,9 @@ type Params struct {
 	Gamma  float64 // target inexactness in (0, 1]
 	LR     float64 // SGD learning rate
 	Batch  int     // SGD mini-batch size (0 = full batch)
+	// Tau is MOON's temperature (algorithm moon; 0 = model.DefaultTau).
+	// For moon and fedsiam-da, Mu is the contrastive term's weight.
+	Tau float64
 	// The work budget: 0 means no limit for each.
 	MaxEpochs    int
 	MaxSeconds   float64
@@ -293,11 +296,17 @@ func family(algo string) (fam, agg string, err error) {
 		return AlgoFedProx, "mean", nil
 	case AlgoFedSplit, AlgoFedProxSplit:
 		return algo, split.StepRobust, nil
+	case model.AlgoMOON:
+		// MOON's local objective (mu its weight, no proximal term) feeding
+		// FedAvg's sample-weighted mean; partial work is kept, as FedProx's.
+		return AlgoFedProx, "fedavg", nil
+	case model.AlgoFedSiamDA:
+		return AlgoFedProx, "fedsiam", nil
 	}
 	if slices.Contains(aggregate.Names(), algo) {
 		return AlgoFedProx, algo, nil
 	}
-	return "", "", fmt.Errorf("%w: algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit or an aggregator: %s)",
+	return "", "", fmt.Errorf("%w: algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit, moon, fedsiam-da or an aggregator: %s)",
 		coordinator.ErrConfig, algo, strings.Join(aggregate.Names(), ", "))
 }
 
@@ -314,6 +323,7 @@ func (c *ServerConfig) defaults() {
 	if c.Algorithm == "" {
 		c.Algorithm = AlgoFedProx
 	}
+	c.contrastDefaults()
 	if c.DP != nil && !c.DP.Distributed && !c.DP.FixedRounds && !c.DP.EarlyClose {
 		// Central DP whose rounds close early: their timing tells the
 		// draw's size, so they are charged at q = 1 (dp.Config.EarlyClose).

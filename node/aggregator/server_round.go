@@ -41,7 +41,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		Round:      uint64(round),
 		Algorithm:  s.cfg.Algorithm,
 		Params: &wire.Params{Mu: p.Mu, Step: p.Step, Relax: p.Relax, Solver: p.Solver, Gamma: p.Gamma,
-			Lr: p.LR, Batch: uint32(p.Batch), Clients: uint32(min(int64(popM), math.MaxUint32)), TotalSamples: uint64(popN)},
+			Lr: p.LR, Batch: uint32(p.Batch), Tau: p.Tau, Clients: uint32(min(int64(popM), math.MaxUint32)), TotalSamples: uint64(popN)},
 		Model:           &ms,
 		Budget:          &wire.WorkBudget{MaxEpochs: uint32(p.MaxEpochs), MaxSeconds: p.MaxSeconds, MaxGradEvals: p.MaxGradEvals},
 		DeadlineUnixMs:  deadline.UnixMilli(),
