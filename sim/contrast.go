@@ -8,6 +8,7 @@ import (
 	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/learn/quant"
 )
 
 // checkContrast refuses the contrastive algorithms (moon, fedsiam-da) where
@@ -84,4 +85,14 @@ func (e *env) contrastWork(ctx context.Context, m model.Model, a Algo, j job, x,
 	}
 	w, rep, err := proxsolver.Solve(ctx, cm, c.Train, x, nil, cfg, proxsolver.Budget{MaxEpochs: j.epochs}, rng)
 	return outcome{params: w, rep: rep, err: err, local: slices.Clone(w)}
+}
+
+// downlinked is x as the downlink codec c carries it: the aggregator's rule
+// for the initial model (its downlinked), without randomness.
+func downlinked(c *quant.Codec, x []float64) ([]float64, error) {
+	f, err := c.Encode(nil, x, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	return c.Decode(f, nil)
 }

@@ -509,6 +509,12 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 		if s.downCodec, err = quant.Parse(cfg.Downlink); err != nil {
 			return nil, fmt.Errorf("--downlink: %w", err)
 		}
+		// Round 1's model is broadcast through the downlink codec too, as
+		// the aggregator's first checkpoint holds it (a random MLP
+		// initialisation is not a float32 grid point; zeros are).
+		if s.x, err = downlinked(s.downCodec, s.x); err != nil {
+			return nil, fmt.Errorf("--downlink: %w", err)
+		}
 	}
 	if cfg.DP != nil {
 		seed := cfg.DPNoiseSeed
