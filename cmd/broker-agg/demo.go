@@ -253,6 +253,7 @@ const demoFederation = "demo"
 // what the federation is measured against.
 func printDemoOptimum(ctx context.Context, f *demoFlags, d *demoData, x []float64, start time.Time, stdout io.Writer) error {
 	m, _ := model.New(d.spec)
+	x = x[:m.NumParams()] // fedsiam-da's prediction head follows the classifier's parameters
 	fmt.Fprintf(stdout, "done: %d rounds in %s; final model: test loss %.6g, accuracy %.2f%%%s\n", f.rounds,
 		time.Since(start).Round(time.Millisecond), m.LossGrad(x, d.test, nil), 100*m.Score(x, d.test), majorityNote(d.spec, d.test, m.Score(x, d.test)))
 	var pooled model.Data
