@@ -600,8 +600,6 @@ func (sr siteRules) budget(ann *wire.RoundAnnouncement, now time.Time) proxsolve
 	return b
 }
 
-// modelSpec converts the announced model. The wire form allows several
-// hidden layers; the models have at most one.
 // annModelSpec is the model an announcement trains: its model spec, with
 // FedSiam-DA's prediction head when its algorithm is fedsiam-da
 // (model.ContrastSpec, the rule the aggregator and simulate follow).
@@ -610,6 +608,8 @@ func annModelSpec(ann *wire.RoundAnnouncement) (model.Spec, error) {
 	return model.ContrastSpec(model.ContrastKindOf(ann.Algorithm), s), err
 }
 
+// modelSpec converts the announced model. The wire form allows several
+// hidden layers; the models have at most one.
 func modelSpec(s *wire.ModelSpec) (model.Spec, error) {
 	if s == nil {
 		return model.Spec{}, errors.New("no model")
