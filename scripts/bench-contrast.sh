@@ -16,7 +16,7 @@ go build -o "$out/broker-agg" ./cmd/broker-agg
 ba="$out/broker-agg"
 # mu: the papers' best values (FedProx 0.01, MOON 1 with tau 0.5, FedSiam-DA
 # 0.1); fedsiam:mu=0 is the dual aggregation over plain local SGD.
-algos="fedavg,fedprox:mu=0.01,moon:mu=1:tau=0.5,fedsiam:mu=0:label=fedsiam-dual,fedsiam-da:mu=0.1:label=fedsiam-da"
+algos="fedavg,fedprox:mu=0.01:label=fedprox,moon:mu=1:tau=0.5:label=moon,fedsiam:mu=0:label=fedsiam-dual,fedsiam-da:mu=0.1:label=fedsiam-da"
 for part in classes:2 dirichlet:0.3; do
   for s in $seeds; do
     "$ba" simulate --dataset idx:/usr/share/datasets/fashion-mnist --partition "$part" --clients 100 --per-round 10 \
