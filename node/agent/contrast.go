@@ -42,7 +42,7 @@ func contrastModel(v StoreView, p *prepared) error {
 	case err != nil:
 		return diskErrAt(v, fmt.Errorf("agent: round %d: %w", p.round, err))
 	case len(prev) != len(p.x):
-		return fmt.Errorf("agent: round %d: the stored local model has dimension %d but the model has %d: the federation changed its model; this site's state file %s belongs to the old one",
+		return fmt.Errorf("agent: round %d: stored local model has dimension %d, the model %d: state file %s belongs to another model",
 			p.round, len(prev), len(p.x), v.Path())
 	}
 	c, err := model.NewContrastive(p.m, p.contrast, p.x, prev)
