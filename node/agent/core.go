@@ -232,6 +232,9 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 			return fail(diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err)))
 		}
 	}
+	if err := contrastModel(v, p); err != nil {
+		return fail(err)
+	}
 	pl := plan{records: []change{{kind: recGlobal, round: r, vec: p.x}}, solve: p, res: res, base: res}
 	if p.split {
 		z0 := p.x // z_j starts at the first global model the site sees
@@ -346,6 +349,8 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 		c.Z, c.Pending = sent, &edgestore.SumPending{Join: up.Sum.Join, V: up.Sum.V}
 	case p.split:
 		c.Z, c.ServerZ = sent, up.Applied
+	case p.contrast.Kind != "":
+		c.Local = sent // the next round's previous local model
 	}
 	pl := plan{records: []change{{kind: recCommit, round: r, commit: c}}, base: res, res: res}
 	pl.res.Action, pl.res.Msg, pl.res.Update, pl.res.Sent, pl.res.Report = ActionSolved, msg, u, up.Applied, rep
@@ -435,6 +440,10 @@ type prepared struct {
 	// zero).
 	scaffold    bool
 	control, ci []float64
+	// contrast is the contrastive objective of MOON and FedSiam-DA (Kind
+	// "": none); m is then that objective over the stored previous local
+	// model (contrastModel), and the commit stores the new one.
+	contrast model.ContrastConfig
 }
 
 // prepare checks everything about ann that can be checked before writing:
@@ -445,7 +454,7 @@ func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.
 	p.split = round.IsSplit(ann.Algorithm)
 	p.sum = sumMode(ann)
 
-	spec, err := modelSpec(ann.Model)
+	spec, err := annModelSpec(ann)
 	if err != nil {
 		return nil, bad(r, "%v", err)
 	}
@@ -497,6 +506,9 @@ func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.
 		if err := scaffoldPrepare(ann, p); err != nil {
 			return nil, bad(r, "%v", err)
 		}
+	}
+	if err := contrastConfig(ann, p); err != nil {
+		return nil, bad(r, "%v", err)
 	}
 	p.budget = sr.budget(ann, now)
 	p.sketch = ann.AnchorSketch != nil
@@ -552,6 +564,14 @@ func (sr siteRules) budget(ann *wire.RoundAnnouncement, now time.Time) proxsolve
 	}
 	b.Deadline = deadline
 	return b
+}
+
+// annModelSpec is the model an announcement trains: its model spec, with
+// FedSiam-DA's prediction head when its algorithm is fedsiam-da
+// (model.ContrastSpec, the rule the aggregator and simulate follow).
+func annModelSpec(ann *wire.RoundAnnouncement) (model.Spec, error) {
+	s, err := modelSpec(ann.Model)
+	return model.ContrastSpec(model.ContrastKindOf(ann.Algorithm), s), err
 }
 
 // modelSpec converts the announced model. The wire form allows several
@@ -818,7 +838,7 @@ func (sr siteRules) evaluation(ann *wire.RoundAnnouncement, holdout model.Data, 
 		res.Healthy = true
 		return nil
 	}
-	spec, err := modelSpec(ann.Model)
+	spec, err := annModelSpec(ann)
 	if err != nil {
 		return bad(ann.Round, "%v", err)
 	}

@@ -53,7 +53,9 @@ import (
 //	                         c_j of what it has contributed to the
 //	                         aggregator's sum, and the round of the update
 //	                         that last advanced it; absent = not counted yet
-//	residuals name -> float64s (error-feedback residuals)
+//	residuals name -> float64s (error-feedback residuals; and under
+//	          ResidualLocal the previous local model of the contrastive
+//	          objectives, which a new run clears with the residuals)
 //	outbox    round u64 -> the encoded wire update, until its receipt
 //	sum_pending round u64 -> join u8 (0 or 1) + float64s: what a sum-mode
 //	          update of the outbox adds to the aggregator's sum (and to
@@ -168,6 +170,13 @@ const ResidualUplink = "uplink"
 // c_i under (Commit.Control): the site's own state, committed with the
 // update that changes it and cleared with the rest when a new run starts.
 const ResidualControl = "scaffold_control"
+
+// ResidualLocal is the name Commit stores Commit.Local under: the local
+// model of the site's last solved round, which the contrastive objectives
+// (MOON, FedSiam-DA: learn/model/contrast.go) compare the next solve with.
+// It lives beside the residuals because it has their life: per site, per
+// run, written with the update.
+const ResidualLocal = "local"
 
 // EdgeStore is the edge agent's state in one bbolt file. It is safe for
 // concurrent use; bbolt serialises the writers.
@@ -662,6 +671,9 @@ type Commit struct {
 	// Pending is what a sum-mode update adds to the aggregator's sum,
 	// kept with the outbox entry until its receipt (nil: not sum mode).
 	Pending *SumPending
+	// Local is the round's local model, stored under ResidualLocal for the
+	// contrastive objectives' next solve (nil: unchanged).
+	Local []float64
 }
 
 // SumPending is what a sum-mode update adds to the aggregator's sum
@@ -695,7 +707,8 @@ func (s *EdgeStore) CommitRound(round uint64, z, residual []float64, outboxMsg [
 
 // Commit is the durable end of a local round: in one transaction it writes
 // the new FedSplit z and the aggregator's copy of it (both tagged with the
-// round), the uplink residual (under ResidualUplink), the applied round and
+// round), the uplink residual (under ResidualUplink), the local model (under
+// ResidualLocal), the applied round and
 // the outbox entry holding the encoded update, and raises the seen round. A
 // nil or empty vector leaves the stored one unchanged; Msg is required.
 //
@@ -717,7 +730,7 @@ func (s *EdgeStore) Commit(c Commit) error {
 	for _, v := range []struct {
 		name string
 		vec  []float64
-	}{{"z", c.Z}, {"server z", c.ServerZ}, {"residual", c.Residual}, {"control", c.Control}, {"pending contribution", c.Pending.vec()}} {
+	}{{"z", c.Z}, {"server z", c.ServerZ}, {"residual", c.Residual}, {"control", c.Control}, {"pending contribution", c.Pending.vec()}, {"local model", c.Local}} {
 		if len(v.vec) > 0 {
 			if err := storage.CheckVec(v.name, v.vec); err != nil {
 				return err
@@ -750,15 +763,8 @@ func (s *EdgeStore) Commit(c Commit) error {
 				return err
 			}
 		}
-		if len(c.Residual) > 0 {
-			if err := storage.SPut(res, []byte(ResidualUplink), storage.EncodeFloats(c.Residual)); err != nil {
-				return err
-			}
-		}
-		if len(c.Control) > 0 {
-			if err := storage.SPut(res, []byte(ResidualControl), storage.EncodeFloats(c.Control)); err != nil {
-				return err
-			}
+		if err := c.putResiduals(res); err != nil {
+			return err
 		}
 		if err := storage.SPut(out, storage.EncodeU64(round), c.Msg); err != nil {
 			return err
@@ -788,6 +794,23 @@ func (s *EdgeStore) Commit(c Commit) error {
 	})
 	if err != nil {
 		return fmt.Errorf("storage: commit round %d: %w", round, err)
+	}
+	return nil
+}
+
+// putResiduals writes the site's own vectors that c changes into the
+// residuals bucket: the uplink's error-feedback residual, SCAFFOLD's c_i
+// and the contrastive objectives' local model.
+func (c Commit) putResiduals(res *storage.Bucket) error {
+	for _, r := range []struct {
+		name string
+		vec  []float64
+	}{{ResidualUplink, c.Residual}, {ResidualControl, c.Control}, {ResidualLocal, c.Local}} {
+		if len(r.vec) > 0 {
+			if err := storage.SPut(res, []byte(r.name), storage.EncodeFloats(r.vec)); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
