@@ -40,7 +40,7 @@ func contrastModel(v StoreView, p *prepared) error {
 	case errors.Is(err, storage.ErrNotFound):
 		prev = p.x
 	case err != nil:
-		return diskErrAt(v, fmt.Errorf("agent: round %d: %w", p.round, err))
+		return diskErrAt(v, roundErr(p.round, err))
 	case len(prev) != len(p.x):
 		return fmt.Errorf("agent: round %d: stored local model has dimension %d, the model %d: state file %s belongs to another model",
 			p.round, len(prev), len(p.x), v.Path())

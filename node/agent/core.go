@@ -197,7 +197,7 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 	}
 	applied, err := v.AppliedRound()
 	if err != nil {
-		return fail(diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err)))
+		return fail(diskErrAt(v, roundErr(r, err)))
 	}
 	if r <= applied {
 		if ann.Secagg != nil {
@@ -214,7 +214,7 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 	}
 	if sumMode(ann) {
 		if w, msg, err := waitingFor(v, r); err != nil {
-			return fail(diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err)))
+			return fail(diskErrAt(v, roundErr(r, err)))
 		} else if w > 0 {
 			res.Action, res.Waiting = ActionWaiting, w
 			if secAggKindOf(msg) != 0 {
@@ -229,7 +229,7 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 	}
 	if p.scaffold {
 		if err := scaffoldLoad(v, p); err != nil {
-			return fail(diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err)))
+			return fail(diskErrAt(v, roundErr(r, err)))
 		}
 	}
 	if err := contrastModel(v, p); err != nil {
@@ -246,7 +246,7 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 			p.z = z0
 			pl.records = append(pl.records, change{kind: recInitZ, round: r, vec: z0})
 		case err != nil:
-			return fail(diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err)))
+			return fail(diskErrAt(v, roundErr(r, err)))
 		case len(z) != len(p.x):
 			return fail(fmt.Errorf("agent: round %d: the stored FedSplit z has dimension %d but the model has %d: the federation changed its model; this site's state file %s belongs to the old one",
 				r, len(z), len(p.x), v.Path()))
@@ -277,7 +277,7 @@ func (sr siteRules) commitFailed(v StoreView, rec change, err error, base Result
 	case rec.kind == recFinal:
 		return base, true, diskErrAt(v, err)
 	}
-	return base, true, diskErrAt(v, fmt.Errorf("agent: round %d: %w", rec.round, err))
+	return base, true, diskErrAt(v, roundErr(rec.round, err))
 }
 
 // waitingFor is the round of an unreceipted update older than round in the
@@ -314,7 +314,7 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 	var ci []float64
 	if p.scaffold {
 		if control, ci, err = scaffoldUplink(p, sent, rep.Steps, rng); err != nil {
-			return plan{res: res, err: fmt.Errorf("agent: round %d: %w", r, err)}
+			return plan{res: res, err: roundErr(r, err)}
 		}
 	}
 	u := &wire.ClientUpdate{
@@ -377,7 +377,7 @@ func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.R
 		case err == nil:
 			u.Copy = &uplink.Copy{Round: br, Z: zs}
 		case !errors.Is(err, storage.ErrNotFound):
-			return uplink.Frame{}, fmt.Errorf("agent: round %d: %w", r, err)
+			return uplink.Frame{}, roundErr(r, err)
 		}
 	} else if !p.codec.Lossless() {
 		old, err := v.Residual(edgestore.ResidualUplink)
@@ -385,12 +385,12 @@ func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.R
 		case err == nil:
 			u.Residual = old // of another model: none (uplink.Encode)
 		case !errors.Is(err, storage.ErrNotFound):
-			return uplink.Frame{}, fmt.Errorf("agent: round %d: %w", r, err)
+			return uplink.Frame{}, roundErr(r, err)
 		}
 	}
 	f, err := uplink.Encode(p.codec, u, rng)
 	if err != nil {
-		return f, fmt.Errorf("agent: round %d: %w", r, err)
+		return f, roundErr(r, err)
 	}
 	if f.CopyUnused {
 		sr.log().Warn("the stored copy of the aggregator's z does not fit this round; sending a delta against the global model", "round", r, "copy_round", u.Copy.Round, "len", len(u.Copy.Z))
@@ -402,7 +402,7 @@ func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.R
 func (sr siteRules) resend(v StoreView, res Result) (Result, error) {
 	out, err := v.Outbox()
 	if err != nil {
-		return res, fmt.Errorf("agent: round %d: %w", res.Round, err)
+		return res, roundErr(res.Round, err)
 	}
 	for _, e := range out {
 		if e.Round == res.Round {
@@ -905,4 +905,14 @@ func (sr siteRules) fits(msg []byte, what string) error {
 		return fmt.Errorf("agent: %s is %d bytes, over the %d-byte message limit", what, len(msg), lim)
 	}
 	return nil
+}
+
+// roundErr prefixes err with the round it happened in. It is one
+// out-of-line call so that the many error paths of the round code do not
+// each carry their own copy of the fmt.Errorf argument boxing (edge-agent's
+// size budget).
+//
+//go:noinline
+func roundErr(r uint64, err error) error {
+	return roundErr(r, err)
 }
