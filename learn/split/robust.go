@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -311,7 +312,7 @@ func (rep *StepReport) bound(mult, ref float64) int {
 	}
 	rep.Bound, rep.Median = math.Inf(1), math.NaN()
 	if len(votes) >= MinScreened {
-		slices.Sort(votes)
+		sort.Sort(sort.Float64Slice(votes)) // not slices.Sort: no float64 pdqsort instantiation in edge-agent
 		n := len(votes)
 		rep.Median = votes[n/2]
 		if n%2 == 0 {
@@ -343,7 +344,7 @@ func copyDistances(x []float64, sites []SiteInput) ([]float64, float64) {
 	distBound := math.Inf(1)
 	if len(sites) >= MinScreened {
 		sorted := slices.Clone(dist)
-		slices.Sort(sorted)
+		sort.Sort(sort.Float64Slice(sorted))
 		n := len(sorted)
 		distBound = DistMult * (sorted[(n-1)/2] + sorted[n/2]) / 2
 	}
