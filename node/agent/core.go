@@ -755,7 +755,7 @@ func dpClip(ann *wire.RoundAnnouncement, split bool) (float64, error) {
 		}
 		q, err := secagg.NewQuantizer(sp.Clip, int(sp.ScaleBits), int(sp.MaxSites))
 		if err != nil {
-			return 0, fmt.Errorf("secagg: %w", err)
+			return 0, wrap("secagg", err)
 		}
 		if err := uplink.CheckSecAggDP(q, d.ClipNorm, d.NoiseMultiplier, int(d.NoiseShares)); err != nil {
 			return 0, err
@@ -811,14 +811,14 @@ func (sr siteRules) statistics(ann *wire.RoundAnnouncement, s *schema.Schema, si
 	}
 	raw, err := json.Marshal(stats)
 	if err != nil {
-		return res, fmt.Errorf("agent: statistics: %w", err)
+		return res, wrap("agent: statistics", err)
 	}
 	msg, err := wire.Encode(&wire.SiteStatistics{
 		ClientId: sr.ClientID, RunId: ann.RunId, SchemaDigest: s.Digest(), Stats: raw,
 		SentAtUnixMs: max(now.UnixMilli(), 0),
 	})
 	if err != nil {
-		return res, fmt.Errorf("agent: statistics: %w", err)
+		return res, wrap("agent: statistics", err)
 	}
 	if err := sr.fits(msg, "statistics"); err != nil {
 		return res, err
@@ -856,14 +856,14 @@ func (sr siteRules) evaluation(ann *wire.RoundAnnouncement, holdout model.Data, 
 	}
 	raw, err := json.Marshal(rep)
 	if err != nil {
-		return fmt.Errorf("agent: evaluation: %w", err)
+		return wrap("agent: evaluation", err)
 	}
 	msg, err := wire.Encode(&wire.EvalReport{
 		ClientId: sr.ClientID, RunId: ann.RunId, Round: round, Report: raw,
 		SentAtUnixMs: max(now.UnixMilli(), 0),
 	})
 	if err != nil {
-		return fmt.Errorf("agent: evaluation: %w", err)
+		return wrap("agent: evaluation", err)
 	}
 	if err := sr.fits(msg, "evaluation report"); err != nil {
 		return err
@@ -915,4 +915,12 @@ func (sr siteRules) fits(msg []byte, what string) error {
 //go:noinline
 func roundErr(r uint64, err error) error {
 	return roundErr(r, err)
+}
+
+// wrap is fmt.Errorf(prefix+": %w", err), out of line for the same reason
+// as roundErr.
+//
+//go:noinline
+func wrap(prefix string, err error) error {
+	return fmt.Errorf("%s: %w", prefix, err)
 }

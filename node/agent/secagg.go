@@ -170,7 +170,7 @@ func (h *RoundHandler) secAggMessage(ann *wire.RoundAnnouncement, c *secagg.Clie
 	if a, ok := m.(*secagg.AdvertiseKeys); ok && h.SecAggIdentity != nil {
 		sig, err := h.SecAggIdentity.Sign(uplink.SecAggAdvertDigest(a.Session, a.Keys), crand.Reader)
 		if err != nil {
-			return nil, fmt.Errorf("secagg: signing the advertisement: %w", err)
+			return nil, wrap("secagg: signing the advertisement", err)
 		}
 		w.Certificate, w.Signature = h.SecAggIdentity.Cert, sig
 	}
@@ -183,7 +183,7 @@ func (h *RoundHandler) secAggMessage(ann *wire.RoundAnnouncement, c *secagg.Clie
 		}
 		sig, err := h.SecAggIdentity.Sign(view, crand.Reader)
 		if err != nil {
-			return nil, fmt.Errorf("secagg: signing the view: %w", err)
+			return nil, wrap("secagg: signing the view", err)
 		}
 		w.ViewSignature = sig
 	}
@@ -555,7 +555,7 @@ func (h *RoundHandler) secAggConsistency(ann *wire.RoundAnnouncement, rec *secAg
 	}
 	sig, err := h.SecAggIdentity.Sign(digest, crand.Reader)
 	if err != nil {
-		return res, fmt.Errorf("secagg: signing the survivor set: %w", err)
+		return res, wrap("secagg: signing the survivor set", err)
 	}
 	msg, err := wire.Encode(&wire.SecAggMessage{ClientId: h.ClientID, RunId: ann.RunId, Round: ann.Round, Attempt: ann.Secagg.Attempt,
 		Kind: uplink.SecAggKindSurvivors, Payload: secagg.Encode(req), SentAtUnixMs: h.clock().Now().UnixMilli(), SurvivorsSignature: sig})
