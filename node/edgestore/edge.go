@@ -277,7 +277,7 @@ func (s *EdgeStore) InitIdentity(clientID string, now time.Time) (Identity, erro
 		return storage.SPut(b, keyCreatedAt, storage.EncodeTime(now))
 	})
 	if err != nil {
-		return Identity{}, fmt.Errorf("storage: init identity: %w", err)
+		return Identity{}, wrapErr("storage: init identity", err)
 	}
 	return id, nil
 }
@@ -355,7 +355,7 @@ func (s *EdgeStore) SetSeenRound(round uint64) error {
 		return raiseSeen(b, round)
 	})
 	if err != nil {
-		return fmt.Errorf("storage: set seen round: %w", err)
+		return wrapErr("storage: set seen round", err)
 	}
 	return nil
 }
@@ -380,7 +380,7 @@ func (s *EdgeStore) NextConnection(floor uint64) (uint64, error) {
 		return storage.SPut(b, keyConnection, storage.EncodeU64(n))
 	})
 	if err != nil {
-		return 0, fmt.Errorf("storage: next connection: %w", err)
+		return 0, wrapErr("storage: next connection", err)
 	}
 	return n, nil
 }
@@ -445,13 +445,13 @@ func (s *EdgeStore) StartRunAt(runID string, since int64) (RunStart, error) {
 	since = max(since, 0)
 	var rs RunStart
 	if cur, old, err := s.RunOrder(); err != nil {
-		return rs, fmt.Errorf("storage: start run: %w", err)
+		return rs, wrapErr("storage: start run", err)
 	} else if cur == runID {
 		if since > 0 && (old == 0 || since < old) {
 			if err := s.update(func(b *storage.Bucket, _ *storage.Tx) error {
 				return storage.SPut(b, keyRunSince, storage.EncodeU64(uint64(since)))
 			}); err != nil {
-				return rs, fmt.Errorf("storage: start run: %w", err)
+				return rs, wrapErr("storage: start run", err)
 			}
 		}
 		return RunStart{Previous: cur}, nil
@@ -507,7 +507,7 @@ func (s *EdgeStore) StartRunAt(runID string, since int64) (RunStart, error) {
 		return storage.SPut(b, keyRunID, []byte(runID))
 	})
 	if err != nil {
-		return RunStart{}, fmt.Errorf("storage: start run: %w", err)
+		return RunStart{}, wrapErr("storage: start run", err)
 	}
 	return rs, nil
 }
@@ -564,7 +564,7 @@ func (s *EdgeStore) SetGlobal(round uint64, vec []float64) error {
 		return raiseSeen(b, round)
 	})
 	if err != nil {
-		return fmt.Errorf("storage: set global: %w", err)
+		return wrapErr("storage: set global", err)
 	}
 	return nil
 }
@@ -591,7 +591,7 @@ func (s *EdgeStore) InitZ(round uint64, z []float64) (bool, error) {
 		return storage.SPut(b, keyZ, storage.EncodeRoundVec(round, z))
 	})
 	if err != nil {
-		return false, fmt.Errorf("storage: init z: %w", err)
+		return false, wrapErr("storage: init z", err)
 	}
 	return wrote, nil
 }
@@ -863,7 +863,7 @@ func (s *EdgeStore) Outbox() ([]OutboxEntry, error) {
 		})
 	}))
 	if err != nil {
-		return nil, fmt.Errorf("storage: outbox: %w", err)
+		return nil, wrapErr("storage: outbox", err)
 	}
 	return entries, nil
 }
@@ -1042,7 +1042,7 @@ func (s *EdgeStore) SetFinal(f Final) error {
 	}
 	meta, err := json.Marshal(f)
 	if err != nil {
-		return fmt.Errorf("storage: set final: %w", err)
+		return wrapErr("storage: set final", err)
 	}
 	err = s.update(func(b *storage.Bucket, tx *storage.Tx) error {
 		if err := storage.SPut(b, keyEdgeFinalMeta, meta); err != nil {
@@ -1062,7 +1062,7 @@ func (s *EdgeStore) SetFinal(f Final) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("storage: set final: %w", err)
+		return wrapErr("storage: set final", err)
 	}
 	return nil
 }
@@ -1093,7 +1093,7 @@ func (s *EdgeStore) Final() (Final, error) {
 		return nil
 	})
 	if err != nil {
-		return Final{}, fmt.Errorf("storage: final: %w", err)
+		return Final{}, wrapErr("storage: final", err)
 	}
 	return f, nil
 }
