@@ -914,7 +914,7 @@ func (sr siteRules) fits(msg []byte, what string) error {
 //
 //go:noinline
 func roundErr(r uint64, err error) error {
-	return roundErr(r, err)
+	return fmt.Errorf("agent: round %d: %w", r, err)
 }
 
 // wrap is fmt.Errorf(prefix+": %w", err), out of line for the same reason
