@@ -15,6 +15,7 @@ import (
 
 	"github.com/edgefl/edgefl/learn/aggregate"
 	"github.com/edgefl/edgefl/learn/dp"
+	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/learn/serveropt"
 	"github.com/edgefl/edgefl/proto/round"
@@ -126,6 +127,10 @@ type Config struct {
 	// traceSecAgg, when set (tests), is called after each round of a
 	// --secagg run with each client's quantised input.
 	traceSecAgg func(algo string, round int, inputs map[string][]uint32)
+	// initModel, when set (tests), draws the initial global model of a
+	// model instead of its InitParams from the run's Init stream (the
+	// daemon's --init model draws from its own stream).
+	initModel func(m model.Model) []float64
 	// secAggRand, when set (tests), replaces the run's SecAgg stream of
 	// client (its id and index) in round.
 	secAggRand func(client string, index, round int) io.Reader
@@ -158,6 +163,10 @@ type Algo struct {
 	// ServerOpt is the algorithm's server optimiser (--algo's server-*
 	// keys; nil: Config.ServerOpt).
 	ServerOpt *serveropt.Params `json:"server_opt,omitempty"`
+	// Contrast is the contrastive local objective of moon and fedsiam-da
+	// (model.ContrastMOON, model.ContrastFedSiam; "": none): Local.Mu is
+	// then its weight, and the local solve has no proximal term.
+	Contrast string `json:"contrast,omitempty"`
 }
 
 // DefaultConfig returns the defaults the CLI documents.
@@ -248,9 +257,20 @@ func algoFamily(name string, def Local, isAgg func(name string) bool) (Algo, err
 		// Local SGD shifted by c - c_i, no proximal term; the server's
 		// model step is the uniform mean (scaffold.go).
 		a.Agg, a.Local.Mu, a.Local.Solver = "mean", 0, proxsolver.SGD
+	case model.AlgoMOON, model.AlgoFedSiamDA:
+		// The daemon's rule (aggregator.family): the FedProx family's
+		// handling of partial work, MOON into FedAvg's mean, FedSiam-DA
+		// into its dual aggregation.
+		a.Contrast, a.Family, a.Agg = model.ContrastKindOf(name), FedProx, "fedavg"
+		if name == model.AlgoFedSiamDA {
+			a.Agg = "fedsiam"
+		}
+		if a.Contrast == model.ContrastMOON && a.Local.Tau == 0 {
+			a.Local.Tau = model.DefaultTau
+		}
 	default:
 		if isAgg == nil || !isAgg(a.Family) {
-			return a, fmt.Errorf("--algo: unknown algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit, scaffold or an aggregator name)", a.Family)
+			return a, fmt.Errorf("--algo: unknown algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit, scaffold, moon, fedsiam-da or an aggregator name)", a.Family)
 		}
 		a.Agg, a.Family = a.Family, FedProx
 	}
@@ -265,7 +285,7 @@ func (a *Algo) setLocal(item string, opts []string) (aggOpts []string, gammaSet 
 		if !ok {
 			return nil, false, fmt.Errorf("--algo %q: option %q is not key=value", item, kv)
 		}
-		if !algoKeys[k] {
+		if !algoKeys[k] && !(k == "tau" && a.Contrast == model.ContrastMOON) {
 			aggOpts = append(aggOpts, kv)
 			continue
 		}
@@ -348,6 +368,8 @@ func setLocal(l *Local, k, v string, label *string) error {
 	switch k {
 	case "mu":
 		l.Mu = f
+	case "tau":
+		l.Tau = f
 	case "gamma":
 		l.Gamma = f
 	case "lr":

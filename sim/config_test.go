@@ -36,6 +36,13 @@ func TestParseAlgos(t *testing.T) {
 		{in: "fedprox:lambda0=1", wantErr: "unknown option"},
 		{in: "fedprox,fedprox", wantErr: "listed twice"},
 		{in: ",", wantErr: "no algorithm"},
+		// The contrastive objectives: mu is their weight, tau MOON's (0.5 by
+		// default); a tau after an aggregator name stays the aggregator's.
+		{in: "moon", want: []Algo{{Label: "moon", Family: FedProx, Agg: "fedavg", Contrast: "moon", Local: func() Local { l := def; l.Tau = 0.5; return l }()}}},
+		{in: "moon:mu=5:tau=0.1", want: []Algo{{Label: "moon:mu=5:tau=0.1", Family: FedProx, Agg: "fedavg", Contrast: "moon", Local: func() Local { l := def; l.Mu, l.Tau = 5, 0.1; return l }()}}},
+		{in: "fedsiam-da:mu=0.1", want: []Algo{{Label: "fedsiam-da:mu=0.1", Family: FedProx, Agg: "fedsiam", Contrast: "fedsiam", Local: func() Local { l := def; l.Mu = 0.1; return l }()}}},
+		{in: "simprox:tau=0.3", want: []Algo{{Label: "simprox:tau=0.3", Family: FedProx, Agg: "simprox:tau=0.3", Local: def}}},
+		{in: "moon:lambda0=1", wantErr: "unknown option"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgefl/edgefl/internal/clock"
+	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/learn/aggregate"
 	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/model"
@@ -162,6 +163,18 @@ func TestSimMatchesLive(t *testing.T) {
 			testSimMatchesLive(t, algo, "fp32", &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5}, 2)
 		})
 	}
+	// The contrastive local objectives (MOON; FedSiam-DA with its
+	// prediction head and dual aggregation) over an MLP: each site's solve
+	// against the global model and its previous local model, which it
+	// commits with its update; across a restart of the whole federation
+	// after round 1 (the sites' previous models come back from their state
+	// files), with a lossy codec (the previous model is the site's exact
+	// w, not what the aggregator decoded).
+	for _, algo := range []string{model.AlgoMOON, model.AlgoFedSiamDA} {
+		for i, codec := range []string{"fp32", "topk:0.2+q8"} {
+			t.Run(algo+"/"+codec, func(t *testing.T) { testSimMatchesLive(t, algo, codec, nil, i) })
+		}
+	}
 }
 
 // testSimMatchesLive compares simulate with a live federation (private: under
@@ -191,6 +204,22 @@ func testSimMatchesLiveOpt(t *testing.T, algo, codec string, private *dp.Config,
 		cfg.siteSeed = &seed
 	}
 	cfg.Algos = []Algo{{Label: algo, Family: algo, Agg: agg, Local: local}}
+	mspec := model.Spec{Kind: model.KindLogReg, L2: cfg.L2}
+	contrast := model.ContrastKindOf(algo) != ""
+	if contrast {
+		// ParseAlgos's entry for the name; an MLP drawn from the
+		// daemon's --init model stream.
+		a, err := ParseAlgos(algo, local, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Algos, local = a, a[0].Local
+		cfg.Model, cfg.Hidden, cfg.Activation = model.KindMLP, 6, model.ActivationReLU
+		if algo == model.AlgoFedSiamDA {
+			cfg.Activation = model.ActivationTanh
+		}
+		cfg.initModel = func(m model.Model) []float64 { return m.InitParams(streams.ModelInit(cfg.Seed)) }
+	}
 	var key, selKey *[32]byte
 	poisson := private != nil && len(restartAfter) > 0 && restartAfter[0] == 2
 	if private != nil {
@@ -242,6 +271,10 @@ func testSimMatchesLiveOpt(t *testing.T, algo, codec string, private *dp.Config,
 		}
 	}
 
+	mspec.Inputs, mspec.Classes = fed.D, fed.Classes
+	if contrast {
+		mspec.Kind, mspec.Hidden, mspec.Activation = model.KindMLP, cfg.Hidden, cfg.Activation
+	}
 	// The same federation live.
 	// The daemons log to a buffer (safe from their goroutines, even after
 	// the test), shown when the test fails.
@@ -268,8 +301,8 @@ func testSimMatchesLiveOpt(t *testing.T, algo, codec string, private *dp.Config,
 		K: len(fed.Clients), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
 		Algorithm: algo,
 		Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.MaxEpochs,
-			Step: local.Step, Relax: local.Relax, Mu: local.Mu},
-		Model:     model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
+			Step: local.Step, Relax: local.Relax, Mu: local.Mu, Tau: local.Tau},
+		Model:     mspec,
 		ServerOpt: opt,
 		Codec:     codec, Downlink: cfg.Downlink, DP: private, DPTestKey: key, DPTestSelectionKey: selKey, Selector: cfg.Select,
 		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
@@ -285,6 +318,9 @@ func testSimMatchesLiveOpt(t *testing.T, algo, codec string, private *dp.Config,
 	}
 	if algo == Scaffold {
 		srvCfg.Params.LR, srvCfg.Params.Batch = local.LR, local.Batch
+	}
+	if contrast {
+		srvCfg.Init, srvCfg.InitSeed = aggregator.InitModel, cfg.Seed
 	}
 	start := func() *localfed.Federation {
 		lf, err := localfed.Start(ctx, localfed.Config{Federation: "simlive", Dir: dir, Sites: sites, Seed: 1,

@@ -187,6 +187,9 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 		return nil, err
 	}
 	e.cfg = cfg
+	if err := checkContrast(cfg); err != nil {
+		return nil, err
+	}
 	if e.spec, err = modelSpecOf(cfg, fed, sites); err != nil {
 		return nil, err
 	}
@@ -210,7 +213,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Results, error) 
 	res := e.newResults(m, progress)
 
 	// The centralised optimum: what every run is measured against.
-	x0 := m.InitParams(streams.Of(cfg.Seed, streams.Init, 0, 0))
+	x0 := e.initial(m)
 	cachePath := ""
 	if cfg.OptimumCache != "" {
 		extra := ""
@@ -403,6 +406,9 @@ type outcome struct {
 	// or the exact one, and the client's new c_i.
 	ctrlPayload   []byte
 	ctrlDelta, ci []float64
+	// local is the contrastive objectives' new local model (the solve's
+	// w before any tampering), the client's next previous model.
+	local []float64
 }
 
 // algoState is the server's side of one algorithm's run across rounds:
@@ -419,6 +425,7 @@ type algoState struct {
 	sel     aggregate.Selector
 	x       []float64
 	z       map[int][]float64 // FedSplit: every known client's latest z
+	local   map[int][]float64 // moon, fedsiam-da: each client's last local model
 	cands   []aggregate.Candidate
 	workers []*worker
 	// serverCodec decodes the uplink, downCodec encodes the broadcast
@@ -491,14 +498,18 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 	if s.sel, err = aggregate.NewSelector(cfg.Select); err != nil {
 		return nil, fmt.Errorf("--select: %w", err)
 	}
+	am, err := e.algoModel(a, s)
+	if err != nil {
+		return nil, err
+	}
 	s.workers = make([]*worker, cfg.Workers)
 	for i := range s.workers {
-		s.workers[i] = &worker{m: e.pooledM.Clone()}
+		s.workers[i] = &worker{m: am.Clone()}
 		if cfg.Codec != "" {
 			if s.workers[i].codec, err = quant.Parse(cfg.Codec); err != nil {
 				return nil, fmt.Errorf("--codec: %w", err)
 			}
-			if d, n := s.workers[i].codec.MinDim(), e.pooledM.NumParams(); d > n {
+			if d, n := s.workers[i].codec.MinDim(), am.NumParams(); d > n {
 				return nil, fmt.Errorf("--codec %s covers %d parameters, the model has %d", cfg.Codec, d, n)
 			}
 		}
@@ -508,6 +519,12 @@ func (e *env) newAlgoState(a Algo, x0 []float64) (*algoState, error) {
 	}
 	if cfg.Downlink != "" {
 		if s.downCodec, err = quant.Parse(cfg.Downlink); err != nil {
+			return nil, fmt.Errorf("--downlink: %w", err)
+		}
+		// Round 1's model is broadcast through the downlink codec too, as
+		// the aggregator's first checkpoint holds it (a random MLP
+		// initialisation is not a float32 grid point; zeros are).
+		if s.x, err = downlinked(s.downCodec, s.x); err != nil {
 			return nil, fmt.Errorf("--downlink: %w", err)
 		}
 	}
@@ -565,7 +582,7 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 	if d := cfg.DP; d != nil {
 		run.DP = &DPRun{Delta: d.Delta, Noise: d.Noise, Clip: d.Clip, SamplingRate: s.q, Budget: d.Budget}
 	}
-	run.Rounds = append(run.Rounds, e.evaluate(0, s.x))
+	run.Rounds = append(run.Rounds, e.evaluate(0, e.classifier(s.x)))
 	for t := 1; t <= cfg.Rounds; t++ {
 		if err := ctx.Err(); err != nil {
 			return run, err
@@ -639,10 +656,10 @@ func (e *env) round(ctx context.Context, s *algoState, t int) (Round, bool, erro
 	evaluated := cfg.EvalEvery <= 1 || t%cfg.EvalEvery == 0 || t == cfg.Rounds
 	row.TrainLoss, row.TestAccuracy, row.Gap, row.DistToOpt = Float(math.NaN()), Float(math.NaN()), Float(math.NaN()), Float(math.NaN())
 	if evaluated {
-		ev := e.evaluate(t, s.x)
+		ev := e.evaluate(t, e.classifier(s.x))
 		row.TrainLoss, row.TestAccuracy, row.Gap, row.DistToOpt = ev.TrainLoss, ev.TestAccuracy, ev.Gap, ev.DistToOpt
 		if e.sites != nil {
-			if row.Eval, err = e.sites.evaluate(e.spec, e.fed, t, s.x); err != nil {
+			if row.Eval, err = e.sites.evaluate(e.spec, e.fed, t, e.classifier(s.x)); err != nil {
 				return row, false, fmt.Errorf("round %d: evaluation: %w", t, err)
 			}
 		}
@@ -760,6 +777,9 @@ func (e *env) receiveAll(s *algoState, t int, jobs []job, outs []outcome, row *R
 				}
 				s.bround[j.client] = splitUpdate{delta: d, reset: reset}
 			}
+		}
+		if s.a.Contrast != "" {
+			s.local[j.client] = outs[i].local // as the site commits it with its update
 		}
 		if s.split {
 			s.z[j.client] = outs[i].params
@@ -970,6 +990,9 @@ func (e *env) assignWork(t int, picked []int, a Algo) []job {
 }
 
 func (e *env) work(ctx context.Context, m model.Model, a Algo, j job, x, zj []float64, t int, shift []float64) outcome {
+	if a.Contrast != "" {
+		return e.contrastWork(ctx, m, a, j, x, zj, t)
+	}
 	c := e.fed.Clients[j.client]
 	rng := streams.Of(e.cfg.Seed, streams.Solve, t, j.client)
 	if e.cfg.siteSeed != nil {
@@ -1060,7 +1083,11 @@ func (e *env) solveJob(ctx context.Context, s *algoState, wk *worker, j job, t i
 	if s.scaffold != nil {
 		shift = s.scaffold.shift(c)
 	}
-	o := e.work(ctx, wk.m, a, j, x, z[c], t, shift)
+	prev := z[c]
+	if a.Contrast != "" {
+		prev = s.local[c] // read only: receiveAll replaces it
+	}
+	o := e.work(ctx, wk.m, a, j, x, prev, t, shift)
 	y := o.params
 	if s.scaffold != nil && cfg.Faulty > 0 {
 		y = slices.Clone(o.params) // delta c from the honest solve, as the agent's (its poison hook changes only delta y)

@@ -59,6 +59,7 @@ func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 	fs.Float64Var(&f.l2, "l2", 0.01, "L2 coefficient (makes the pooled objective strongly convex: FedSplit then converges linearly)")
 	round.Register(fs, nil, &f.params, round.Demo, map[string]string{
 		round.FlagStep: "FedSplit step size s (about 1/sqrt(l2 L); see docs/simulate.md)",
+		round.FlagMu:   "FedProx proximal weight; for moon and fedsiam-da the contrastive term's weight",
 	}, demoTrainingFlags[1:]...)
 	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec spec")
 	fs.DurationVar(&f.timeout, "round-timeout", time.Minute, "round deadline")
@@ -76,7 +77,7 @@ func demoFlagSet(stderr io.Writer) (*flag.FlagSet, *demoFlags) {
 
 // demoTrainingFlags are the training flags demo registers.
 var demoTrainingFlags = []string{round.FlagAlgorithm, round.FlagSolver, round.FlagMu, round.FlagStep, round.FlagRelax,
-	round.FlagGamma, round.FlagLR, round.FlagBatch, round.FlagMaxEpochs}
+	round.FlagGamma, round.FlagLR, round.FlagBatch, round.FlagMaxEpochs, round.FlagTau}
 
 // demoNote is the first line of demo's help and output: the defaults it
 // needs that differ from run's (round.Demo), as flags.
@@ -276,6 +277,7 @@ const demoFederation = "demo"
 // what the federation is measured against.
 func printDemoOptimum(ctx context.Context, f *demoFlags, d *demoData, x []float64, start time.Time, stdout io.Writer) error {
 	m, _ := model.New(d.spec)
+	x = x[:m.NumParams()] // fedsiam-da's prediction head follows the classifier's parameters
 	fmt.Fprintf(stdout, "done: %d rounds in %s; final model: test loss %.6g, accuracy %.2f%%%s\n", f.rounds,
 		time.Since(start).Round(time.Millisecond), m.LossGrad(x, d.test, nil), 100*m.Score(x, d.test), majorityNote(d.spec, d.test, m.Score(x, d.test)))
 	var pooled model.Data

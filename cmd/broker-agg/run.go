@@ -166,12 +166,14 @@ func (f *serveFlags) registerRounds(fs *flag.FlagSet) {
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the selection and of randomised aggregators")
 
 	round.Register(fs, &f.algo, &f.params, round.Run, map[string]string{
-		round.FlagAlgorithm: "fedavg | fedprox | fedsplit | fedproxsplit | scaffold (control variates: local SGD shifted by c - c_i, the mean as the server step; sgd only, not with --dp, --secagg or a robust --aggregator) | an aggregator (" + strings.Join(aggregate.Names(), ", ") + "), trained like fedprox",
+		round.FlagAlgorithm: "fedavg | fedprox | fedsplit | fedproxsplit | scaffold (control variates: local SGD shifted by c - c_i, the mean as the server step; sgd only, not with --dp, --secagg or a robust --aggregator) | moon (MOON's contrastive local loss, fedavg's mean; --model mlp) | fedsiam-da (FedSiam-DA: its contrastive local loss and dual aggregation; --model mlp) | an aggregator (" + strings.Join(aggregate.Names(), ", ") + "), trained like fedprox (fedsiam alone: the dual aggregation only)",
 	}, round.FlagAlgorithm)
 	fs.StringVar(&f.agg, "aggregator", "", "how updates are combined: an update aggregator `SPEC` for the FedAvg/FedProx families (e.g. normbound:mult=3:inner=median; fedavg counts no site's reported sample count above 3 x the median of the other sites' counts by default, fedavg:cap=M sets M, fedavg:cap=0 turns the cap off); fedsplit-robust[:mult=M] (default) or fedsplit-mean for the FedSplit family (default: per --algorithm)")
 	fs.StringVar(&f.sel, "selector", "", "client selection: uniform | samples | loss[:power=P][:explore=E] | window | poisson[:q=Q] (each online site independently with probability Q, default --per-round / online sites; --dp only); default uniform, poisson with --dp (the only one under --dp central)")
-	round.Register(fs, nil, &f.params, round.Run, nil, round.FlagSolver, round.FlagMu, round.FlagStep, round.FlagRelax,
-		round.FlagGamma, round.FlagLR, round.FlagBatch, round.FlagMaxEpochs, round.FlagMaxSeconds)
+	round.Register(fs, nil, &f.params, round.Run, map[string]string{
+		round.FlagMu: "FedProx proximal weight (0 for fedavg); for moon and fedsiam-da the contrastive term's weight (no proximal term)",
+	}, round.FlagSolver, round.FlagMu, round.FlagStep, round.FlagRelax,
+		round.FlagGamma, round.FlagLR, round.FlagBatch, round.FlagMaxEpochs, round.FlagMaxSeconds, round.FlagTau)
 	fs.IntVar(&f.anchorSketch, "anchor-sketch", -1, "ask clients for the gradient at the anchor: -1 no, 0 the full gradient, N a random-projection sketch of length N (fedsim-cluster)")
 	fs.StringVar(&f.codec, "codec", "fp32", "uplink codec `SPEC` clients must use for their deltas (fp32, fp16, q8, q4, qsgd:16, topk:0.05+q8, dct:28x28x10+topk:0.16+q4+ac, ...; see quant's package doc)")
 	fs.StringVar(&f.downlink, "downlink", "fp32", "codec of the global model in the round announcement: fp32 | fp16")

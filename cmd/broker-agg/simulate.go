@@ -55,7 +55,7 @@ flags:
 	fs.IntVar(&cfg.Clients, "clients", cfg.Clients, "number of clients N")
 	fs.IntVar(&cfg.PerRound, "per-round", cfg.PerRound, "clients selected per round K")
 	fs.StringVar(aggs, "agg", "", "comma-separated `LIST` of aggregator SPECs to compare, each fed by FedProx local training (the same as naming them in --algo; without --algo, only these run)")
-	fs.StringVar(algos, "algo", "fedavg,fedprox,fedsplit,fedproxsplit", "comma-separated `LIST` of NAME[:key=value...]: fedavg, fedprox, fedsplit, fedproxsplit, scaffold (SCAFFOLD's control variates: local SGD shifted by c - c_i, the mean as the server step; sgd only, not with --dp or --secagg), or an aggregator ("+strings.Join(aggregate.Names(), ", ")+"); keys: solver, mu, gamma, epochs, batch, lr, step, relax, label; fedavg also cap=M (no site's sample count above M x the other sites' median, as the daemon: 3 by default, 0 off); the FedAvg/FedProx families also server-opt=KIND with server-lr, server-beta1, server-beta2, server-tau (this algorithm's --server-opt, e.g. fedavg:server-opt=adam:label=fedadam)")
+	fs.StringVar(algos, "algo", "fedavg,fedprox,fedsplit,fedproxsplit", "comma-separated `LIST` of NAME[:key=value...]: fedavg, fedprox, fedsplit, fedproxsplit, scaffold (SCAFFOLD's control variates: local SGD shifted by c - c_i, the mean as the server step; sgd only, not with --dp or --secagg), moon (MOON's contrastive local loss, fedavg's mean), fedsiam-da (FedSiam-DA: contrastive local loss and dual aggregation; fedsiam alone is the dual aggregation), or an aggregator ("+strings.Join(aggregate.Names(), ", ")+"); keys: solver, mu (moon, fedsiam-da: the contrastive weight), gamma, epochs, batch, lr, step, relax, label, tau (moon); moon and fedsiam-da need --model mlp; fedavg also cap=M (no site's sample count above M x the other sites' median, as the daemon: 3 by default, 0 off); the FedAvg/FedProx families also server-opt=KIND with server-lr, server-beta1, server-beta2, server-tau (this algorithm's --server-opt, e.g. fedavg:server-opt=adam:label=fedadam)")
 	fs.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "communication rounds R")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "random seed (data, partition, selection, stragglers, SGD order)")
 	fs.StringVar(out, "out", "results", "output `DIR` for results.json, results.csv, results.png")
@@ -71,6 +71,7 @@ flags:
 		round.FlagGamma: "target inexactness gamma in [0, 1]: the local solve stops once ||grad h|| <= gamma ||grad f(anchor)|| (0: no target, the whole budget); fedsplit, the exact reference, solves its prox to " +
 			strconv.FormatFloat(round.SimulateSplitGamma, 'g', -1, 64) + " unless --gamma (or its gamma=) is given",
 		round.FlagEpochs: "local work budget E in passes over the local data (at least 1; fedsplit has no budget)",
+		round.FlagMu:     "FedProx proximal weight mu; for moon and fedsiam-da the contrastive term's weight",
 	}, simulateTrainingFlags...)
 	fs.StringVar(&cfg.Codec, "codec", "", "uplink codec `SPEC` (fp32, fp16, q8, q4, qsgd:16, topk:0.01+qsgd:16, dct:28x28x10+topk:0.16+q4+ac, ...); empty = exact float64 vectors")
 	fs.StringVar(&cfg.Downlink, "downlink", "", "global-model codec `SPEC` (fp32 or fp16); the aggregator applies the model it broadcasts")

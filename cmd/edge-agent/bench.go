@@ -129,7 +129,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(res); err != nil {
-			return fmt.Errorf("writing the report: %w", err)
+			return wrapErr("writing the report", err)
 		}
 		return nil
 	}
@@ -233,10 +233,10 @@ func (c benchConfig) validate() error {
 	// The model's and the solver's own checks cover the rest (feature and
 	// class counts, hidden units, l2, lr, batch, mu) with their messages.
 	if _, err := model.New(c.spec()); err != nil {
-		return fmt.Errorf("model: %w", err)
+		return wrapErr("model", err)
 	}
 	if err := c.solverConfig().Validate(); err != nil {
-		return fmt.Errorf("solver: %w", err)
+		return wrapErr("solver", err)
 	}
 	// The synthetic data (n·d float64s) must be addressable on 32-bit gateways.
 	if n := int64(c.Samples) * int64(c.Features); n > maxBenchValues {
@@ -350,10 +350,10 @@ func bench(ctx context.Context, cfg benchConfig) (benchResult, error) {
 	res.GenerateSeconds = clk.Now().Sub(t0).Seconds()
 	m, err := model.New(res.Model)
 	if err != nil {
-		return res, fmt.Errorf("model: %w", err)
+		return res, wrapErr("model", err)
 	}
 	if err := model.CheckTargets(res.Model, data); err != nil {
-		return res, fmt.Errorf("synthetic data: %w", err)
+		return res, wrapErr("synthetic data", err)
 	}
 	res.Params = m.NumParams()
 
@@ -377,7 +377,7 @@ func bench(ctx context.Context, cfg benchConfig) (benchResult, error) {
 		res.SolveCPUSeconds = (cpu1 - cpu0).Seconds()
 	}
 	if err != nil {
-		return res, fmt.Errorf("local solve: %w", err)
+		return res, wrapErr("local solve", err)
 	}
 	if rep.Stop == proxsolver.StopCanceled {
 		return res, fmt.Errorf("local solve: %w", context.Cause(ctx))
@@ -523,7 +523,7 @@ func writeBenchText(w io.Writer, r benchResult) error {
 		p("note         the solve took under a second: raise --epochs for steadier figures\n")
 	}
 	if _, err := io.WriteString(w, b.String()); err != nil {
-		return fmt.Errorf("writing the report: %w", err)
+		return wrapErr("writing the report", err)
 	}
 	return nil
 }

@@ -43,7 +43,7 @@ type siteBench struct {
 func loadSiteBench(cfg benchConfig) (siteBench, error) {
 	f, err := os.Open(cfg.Config)
 	if err != nil {
-		return siteBench{}, fmt.Errorf("--config: %w", err)
+		return siteBench{}, wrapErr("--config", err)
 	}
 	file, err := readConfig(f, cfg.Config)
 	f.Close()
@@ -127,7 +127,7 @@ func loadSchemaSite(cfg benchConfig, rc runConfig, path string) (siteBench, erro
 	if cfg.SchemaFile != "" {
 		s, err := schema.Load(cfg.SchemaFile)
 		if err != nil {
-			return siteBench{}, fmt.Errorf("--schema: %w", err)
+			return siteBench{}, wrapErr("--schema", err)
 		}
 		site, err := sitedata.Load(s, path)
 		if err != nil {
@@ -138,7 +138,7 @@ func loadSchemaSite(cfg benchConfig, rc runConfig, path string) (siteBench, erro
 			return siteBench{}, err
 		}
 		if tr, err = sitedata.Fit(s, own); err != nil {
-			return siteBench{}, fmt.Errorf("preprocessing: %w", err)
+			return siteBench{}, wrapErr("preprocessing", err)
 		}
 		kind, hidden, act := cfg.Model, 0, ""
 		if kind == model.KindMLP {

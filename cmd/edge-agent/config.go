@@ -349,7 +349,7 @@ func loadConfig(path string, flags []setting, version string) (runConfig, error)
 		}
 		b, err := os.ReadFile(cfg.PasswordFile)
 		if err != nil {
-			return cfg, fmt.Errorf("password_file: %w", err)
+			return cfg, wrapErr("password_file", err)
 		}
 		cfg.Password = strings.TrimRight(string(b), "\r\n")
 	}

@@ -158,7 +158,7 @@ func (b *Bundle) Check() error {
 		return errors.New("no schema or no transform")
 	}
 	if err := b.Schema.Validate(); err != nil {
-		return fmt.Errorf("schema: %w", err)
+		return wrapErr("schema", err)
 	}
 	if err := b.Transform.Validate(b.Schema); err != nil {
 		return err
@@ -225,16 +225,16 @@ func (b *Bundle) Marshal() ([]byte, error) {
 		b.Version = VersionFigures
 	}
 	if err := b.Check(); err != nil {
-		return nil, fmt.Errorf("bundle: %w", err)
+		return nil, wrapErr("bundle", err)
 	}
 	d, err := b.digest()
 	if err != nil {
-		return nil, fmt.Errorf("bundle: %w", err)
+		return nil, wrapErr("bundle", err)
 	}
 	b.Digest = d
 	raw, err := json.Marshal(b)
 	if err != nil {
-		return nil, fmt.Errorf("bundle: %w", err)
+		return nil, wrapErr("bundle", err)
 	}
 	return append(raw, '\n'), nil
 }
@@ -245,7 +245,7 @@ func Unmarshal(raw []byte) (*Bundle, error) {
 	dec.DisallowUnknownFields()
 	var b Bundle
 	if err := dec.Decode(&b); err != nil {
-		return nil, fmt.Errorf("not a bundle: %w", err)
+		return nil, wrapErr("not a bundle", err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("not a bundle: data after the bundle")
@@ -274,7 +274,7 @@ func Unmarshal(raw []byte) (*Bundle, error) {
 func Read(path string) (*Bundle, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("bundle: %w", err)
+		return nil, wrapErr("bundle", err)
 	}
 	defer f.Close()
 	raw, err := io.ReadAll(io.LimitReader(f, MaxBytes+1))

@@ -69,11 +69,11 @@ func NewPrivacy(c dp.Config, rs []dp.Rate, rounds int) (*Privacy, error) {
 	}
 	pre, err := dp.RatesPrefix(rs, uint64(rounds))
 	if err != nil {
-		return nil, fmt.Errorf("bundle: privacy: %w", err)
+		return nil, wrapErr("bundle: privacy", err)
 	}
 	a, err := dp.Replay(pre, uint64(rounds), nil)
 	if err != nil {
-		return nil, fmt.Errorf("bundle: privacy: %w", err)
+		return nil, wrapErr("bundle: privacy", err)
 	}
 	eps, _ := a.Epsilon(c.Delta)
 	if pre == nil {

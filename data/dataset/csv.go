@@ -38,7 +38,7 @@ type CSVOptions struct {
 func LoadCSV(path string, opt CSVOptions) (*Dataset, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("csv: %w", err)
+		return nil, wrapErr("csv", err)
 	}
 	defer f.Close()
 	ds, err := ReadCSV(f, path, opt)

@@ -133,12 +133,12 @@ func noEOF(err error) error {
 func ReadIDXFile(path string) (*IDXArray, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("idx: %w", err)
+		return nil, wrapErr("idx", err)
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("idx: %w", err)
+		return nil, wrapErr("idx", err)
 	}
 	if !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("idx %s: not a regular file", path)
@@ -158,11 +158,11 @@ func decodeIDX(r io.Reader, size int64) (*IDXArray, error) {
 	if len(head) == 2 && head[0] == 0x1f && head[1] == 0x8b {
 		zr, err := gzip.NewReader(br)
 		if err != nil {
-			return nil, fmt.Errorf("gzip: %w", err)
+			return nil, wrapErr("gzip", err)
 		}
 		a, err := ReadIDX(zr, -1)
 		if err != nil {
-			return nil, fmt.Errorf("gzip: %w", err)
+			return nil, wrapErr("gzip", err)
 		}
 		return a, nil
 	}
@@ -200,7 +200,7 @@ func findIDX(dir, prefix string, rank int) (string, error) {
 func LoadIDX(dir string) (*Dataset, error) {
 	st, err := os.Stat(dir)
 	if err != nil {
-		return nil, fmt.Errorf("idx: %w", err)
+		return nil, wrapErr("idx", err)
 	}
 	if !st.IsDir() {
 		return nil, fmt.Errorf("idx %s: not a directory (hint: one holding train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte, .gz or not)", dir)

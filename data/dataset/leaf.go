@@ -86,14 +86,14 @@ func LoadLEAF(path string, opt SplitOptions) (*Federated, error) {
 func leafFiles(path string) ([]string, error) {
 	st, err := os.Stat(path)
 	if err != nil {
-		return nil, fmt.Errorf("leaf: %w", err)
+		return nil, wrapErr("leaf", err)
 	}
 	if !st.IsDir() {
 		return []string{path}, nil
 	}
 	entries, err := os.ReadDir(path)
 	if err != nil {
-		return nil, fmt.Errorf("leaf: %w", err)
+		return nil, wrapErr("leaf", err)
 	}
 	var files []string
 	for _, e := range entries {
@@ -111,7 +111,7 @@ func leafFiles(path string) ([]string, error) {
 func (u *leafUsers) readFile(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
-		return fmt.Errorf("leaf: %w", err)
+		return wrapErr("leaf", err)
 	}
 	defer f.Close()
 	if err := u.read(f); err != nil {

@@ -71,7 +71,7 @@ func federate(ds *Dataset, name string, groups [][]int, frac float64, rng *rand.
 func PartitionIID(ds *Dataset, clients int, opt PartitionOptions) (*Federated, error) {
 	frac, err := partitionSetup(ds, clients, opt)
 	if err != nil {
-		return nil, fmt.Errorf("partition iid: %w", err)
+		return nil, wrapErr("partition iid", err)
 	}
 	rng := newRand(opt.Seed, streamPartition)
 	perm := rng.Perm(ds.Data.N)

@@ -2,7 +2,6 @@ package prep
 
 import (
 	"errors"
-	"fmt"
 	"slices"
 
 	"github.com/edgefl/edgefl/data/schema"
@@ -48,7 +47,7 @@ func Declared(s *schema.Schema) (*Transform, error) {
 		tr.Columns[j] = col
 	}
 	if err := tr.Validate(s); err != nil {
-		return nil, fmt.Errorf("declared preprocessing: %w", err)
+		return nil, wrapErr("declared preprocessing", err)
 	}
 	return tr, nil
 }

@@ -399,7 +399,7 @@ type Transform struct {
 // standardize = client; pass nil otherwise.
 func Fit(s *schema.Schema, pooled, own *Stats) (*Transform, error) {
 	if err := pooled.Validate(s); err != nil {
-		return nil, fmt.Errorf("fit: pooled statistics: %w", err)
+		return nil, wrapErr("fit: pooled statistics", err)
 	}
 	client := s.Standardize == schema.StandardizeClient
 	if client {
@@ -407,7 +407,7 @@ func Fit(s *schema.Schema, pooled, own *Stats) (*Transform, error) {
 			return nil, errors.New("fit: standardize = client needs the site's own statistics")
 		}
 		if err := own.Validate(s); err != nil {
-			return nil, fmt.Errorf("fit: site statistics: %w", err)
+			return nil, wrapErr("fit: site statistics", err)
 		}
 	}
 	tr := &Transform{Version: Version, SchemaDigest: s.Digest(), Standardize: s.Standardize, Columns: make([]Column, len(s.Features))}

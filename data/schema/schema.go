@@ -178,7 +178,7 @@ type rawSchema struct {
 func Load(path string) (*Schema, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("schema: %w", err)
+		return nil, wrapErr("schema", err)
 	}
 	s, err := Parse(b)
 	if err != nil {
@@ -199,7 +199,7 @@ func Parse(b []byte) (*Schema, error) {
 				return nil, where
 			}
 		}
-		return nil, fmt.Errorf("invalid JSON: %w", err)
+		return nil, wrapErr("invalid JSON", err)
 	}
 	if dec.More() {
 		return nil, errors.New("invalid JSON: trailing data after the schema object")
@@ -279,7 +279,7 @@ func (s *Schema) validateColumns() error {
 		return fmt.Errorf("%d features, at most %d", len(s.Features), MaxFeatures)
 	}
 	if err := checkName("label column", s.Label.Column); err != nil {
-		return fmt.Errorf("no label: %w", err)
+		return wrapErr("no label", err)
 	}
 	seen := map[string]bool{s.Label.Column: true}
 	for i, f := range s.Features {

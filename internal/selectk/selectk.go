@@ -4,7 +4,7 @@ package selectk
 
 import (
 	"math/bits"
-	"slices"
+	"sort"
 )
 
 // Kth reorders a (no NaNs) so that a[k] is its k-th smallest (0-based)
@@ -17,7 +17,8 @@ func Kth(a []float64, k int) float64 {
 	depth := 2*bits.Len(uint(len(a))) + 8
 	for lo < hi {
 		if depth == 0 {
-			slices.Sort(a[lo : hi+1])
+			//nolint:staticcheck // S1032: sort.Float64s is slices.Sort since Go 1.22; sort.Sort keeps the float64 pdqsort instantiation out of edge-agent
+			sort.Sort(sort.Float64Slice(a[lo : hi+1]))
 			return a[k]
 		}
 		depth--

@@ -22,6 +22,8 @@ var gradSpecs = []Spec{
 	{Kind: KindMLP, Inputs: 3, Hidden: 5, Classes: 2, Activation: ActivationTanh},
 	{Kind: KindMLP, Inputs: 2, Hidden: 70, Classes: 3, Activation: ActivationTanh},
 	{Kind: KindMLP, Inputs: 2, Hidden: 200, Classes: 2, Activation: ActivationReLU},
+	// Last, so that the draws of the cases above stay as they were.
+	{Kind: KindMLP, Inputs: 3, Hidden: 5, Classes: 2, Activation: ActivationTanh, Head: 2}, // FedSiam-DA's prediction head: only L2 reaches it
 }
 
 // TestGradientFiniteDifferences compares LossGrad's gradient with central

@@ -25,6 +25,7 @@ const (
 // those are programmer errors.
 type MLP struct {
 	d, h, c int
+	q       int // prediction head's bottleneck width (0: no head; contrast.go)
 	act     string
 	l2      float64
 	a       []float64 // n×h hidden activations
@@ -46,15 +47,30 @@ func NewMLP(inputs, hidden, classes int, activation string, l2 float64) (*MLP, e
 }
 
 func (m *MLP) Spec() Spec {
-	return Spec{Kind: KindMLP, Inputs: m.d, Classes: m.c, Hidden: m.h, Activation: m.act, L2: m.l2}
+	return Spec{Kind: KindMLP, Inputs: m.d, Classes: m.c, Hidden: m.h, Activation: m.act, L2: m.l2, Head: m.q}
 }
-func (m *MLP) NumParams() int { return m.d*m.h + m.h + m.h*m.c + m.c }
+func (m *MLP) NumParams() int { return m.classifierParams() + m.headParams() }
+
+// classifierParams is the length of W1, b1, W2, b2: the head follows them.
+func (m *MLP) classifierParams() int { return m.d*m.h + m.h + m.h*m.c + m.c }
+
+func (m *MLP) headParams() int {
+	if m.q == 0 {
+		return 0
+	}
+	return 2*m.h*m.q + m.q + m.h
+}
+
 func (m *MLP) Clone() Model {
-	return &MLP{d: m.d, h: m.h, c: m.c, act: m.act, l2: m.l2}
+	return &MLP{d: m.d, h: m.h, c: m.c, q: m.q, act: m.act, l2: m.l2}
 }
 func (m *MLP) Layout() string {
-	return fmt.Sprintf("W1 (%d×%d, row-major: feature f to hidden unit j at [f*%d+j]), b1 (%d), W2 (%d×%d, row-major: hidden unit j to class k at [j*%d+k]), b2 (%d)",
+	s := fmt.Sprintf("W1 (%d×%d, row-major: feature f to hidden unit j at [f*%d+j]), b1 (%d), W2 (%d×%d, row-major: hidden unit j to class k at [j*%d+k]), b2 (%d)",
 		m.d, m.h, m.h, m.h, m.h, m.c, m.c, m.c)
+	if m.q > 0 {
+		s += fmt.Sprintf(", then the prediction head: A (%d×%d), a (%d), B (%d×%d), b (%d)", m.h, m.q, m.q, m.q, m.h, m.h)
+	}
+	return s
 }
 
 // offsets of b1, W2 and b2 in the flat vector.
@@ -84,6 +100,13 @@ func (m *MLP) InitParams(rng *rand.Rand) []float64 {
 	}
 	fill(w[:b1], m.d, m.h)
 	fill(w[w2:b2], m.h, m.c)
+	if m.q > 0 {
+		// The head's weights must be random too: a zero head predicts the
+		// zero vector, whose cosine similarity is undefined.
+		hA, _, hB, _ := m.headOffsets()
+		fill(w[hA:hA+m.h*m.q], m.h, m.q)
+		fill(w[hB:hB+m.q*m.h], m.q, m.h)
+	}
 	return w
 }
 
@@ -108,7 +131,7 @@ func (m *MLP) forward(w []float64, d Data) []float64 {
 			m.a[i] = max(v, 0)
 		}
 	}
-	setRows(m.z, w[b2:])
+	setRows(m.z, w[b2:b2+m.c])
 	productNN(d.N, m.c, m.h, m.a, w[w2:b2], m.z, true)
 	return m.z
 }
@@ -131,7 +154,7 @@ func (m *MLP) LossGrad(w []float64, d Data, grad []float64) float64 {
 func (m *MLP) backward(w []float64, d Data, grad []float64) {
 	b1, w2, b2 := m.offsets()
 	productTN(m.h, m.c, d.N, m.a, m.z, grad[w2:b2])
-	addColSums(grad[b2:], m.z)
+	addColSums(grad[b2:b2+m.c], m.z)
 	m.da = grow(m.da, d.N*m.h)
 	if fastFMA {
 		// da = G W2ᵀ through the kernel, which reads W2ᵀ by rows.

@@ -110,12 +110,17 @@ const (
 
 // Spec describes a model.
 type Spec struct {
-	Kind       string  `json:"kind"`
-	Inputs     int     `json:"inputs"`               // feature dimension D
-	Classes    int     `json:"classes,omitempty"`    // output classes (logreg, mlp)
-	Hidden     int     `json:"hidden,omitempty"`     // hidden units (mlp)
-	Activation string  `json:"activation,omitempty"` // "relu" or "tanh" (mlp)
-	L2         float64 `json:"l2"`                   // lambda of (lambda/2)||w||^2
+	Kind       string `json:"kind"`
+	Inputs     int    `json:"inputs"`               // feature dimension D
+	Classes    int    `json:"classes,omitempty"`    // output classes (logreg, mlp)
+	Hidden     int    `json:"hidden,omitempty"`     // hidden units (mlp)
+	Activation string `json:"activation,omitempty"` // "relu" or "tanh" (mlp)
+	// Head is the bottleneck width of the MLP's prediction head (FedSiam-DA's
+	// SimSiam-style predictor, contrast.go); 0 = no head. Its parameters
+	// follow the classifier's in the flat vector and prediction ignores
+	// them.
+	Head int     `json:"head,omitempty"`
+	L2   float64 `json:"l2"` // lambda of (lambda/2)||w||^2
 }
 
 // ErrSpec is wrapped by every error New returns.

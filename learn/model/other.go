@@ -50,7 +50,13 @@ func checkSpec(s Spec) error {
 		if s.Activation != ActivationReLU && s.Activation != ActivationTanh {
 			return fmt.Errorf("%w: %s: activation must be %q or %q, got %q", ErrSpec, s.Kind, ActivationReLU, ActivationTanh, s.Activation)
 		}
+		if s.Head < 0 {
+			return fmt.Errorf("%w: %s: head must be >= 0 (0 = none), got %d", ErrSpec, s.Kind, s.Head)
+		}
 	} else {
+		if s.Head != 0 {
+			return fmt.Errorf("%w: %s has no representation layer, head must be unset, got %d", ErrSpec, s.Kind, s.Head)
+		}
 		if s.Hidden != 0 {
 			return fmt.Errorf("%w: %s has no hidden layer, hidden must be unset, got %d (did you mean kind %q?)", ErrSpec, s.Kind, s.Hidden, KindMLP)
 		}
@@ -59,13 +65,16 @@ func checkSpec(s Spec) error {
 		}
 	}
 	// In float64 so that the check itself cannot overflow.
-	d, h, c := float64(s.Inputs), float64(s.Hidden), float64(s.Classes)
+	d, h, c, q := float64(s.Inputs), float64(s.Hidden), float64(s.Classes), float64(s.Head)
 	var np float64
 	switch s.Kind {
 	case KindLogReg:
 		np = d*c + c
 	case KindMLP:
 		np = d*h + h + h*c + c
+		if q > 0 {
+			np += 2*h*q + q + h
+		}
 	default:
 		np = d + 1
 	}
@@ -83,7 +92,7 @@ func build(s Spec) Model {
 	case KindBinaryLogReg:
 		return NewBinaryLogReg(s.Inputs, s.L2)
 	case KindMLP:
-		return &MLP{d: s.Inputs, h: s.Hidden, c: s.Classes, act: s.Activation, l2: s.L2}
+		return &MLP{d: s.Inputs, h: s.Hidden, c: s.Classes, q: s.Head, act: s.Activation, l2: s.L2}
 	default:
 		return NewLinear(s.Inputs, s.L2)
 	}

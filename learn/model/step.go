@@ -82,7 +82,9 @@ func (m *LogReg) Step(w []float64, d Data, idx []int, lr, mu float64, anchor []f
 // Step implements Stepper: forward, backward and update on the gathered
 // batch, with the kernels of kernel.go.
 func (m *MLP) Step(w []float64, d Data, idx []int, lr, mu float64, anchor []float64) float64 {
-	if !fastFMA {
+	if !fastFMA || m.q > 0 {
+		// Without FMA, or with a prediction head behind the classifier
+		// (contrast.go), the generic step on LossGrad.
 		return fallbackStep(m, &m.step, w, d, idx, lr, mu, anchor)
 	}
 	an := stepAnchor(w, mu, anchor)

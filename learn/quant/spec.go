@@ -371,7 +371,7 @@ func parseValue(name, args string, hasColon bool) (valueCoder, error) {
 				return v, fmt.Errorf("qsgd: unknown option %q (want qsgd:S or qsgd:S:b=N)", o)
 			}
 			if v.bucket, err = parseBucket(o); err != nil {
-				return v, fmt.Errorf("qsgd: %w", err)
+				return v, wrapErr("qsgd", err)
 			}
 		}
 		return v, nil

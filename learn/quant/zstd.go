@@ -41,7 +41,7 @@ func (z *zcodec) init() error {
 		zstd.WithEncoderCRC(false), // the frame's CRC32C covers the payload
 	)
 	if err != nil {
-		return fmt.Errorf("quant: zstd encoder: %w", err)
+		return wrapErr("quant: zstd encoder", err)
 	}
 	// The decoder streams into a buffer of exactly the declared size (see
 	// decompress): in streaming mode MaxMemory and MaxWindow both cap the
@@ -57,7 +57,7 @@ func (z *zcodec) init() error {
 		zstd.WithDecodeBuffersBelow(0), // never switch to a whole-buffer decode
 	)
 	if err != nil {
-		return fmt.Errorf("quant: zstd decoder: %w", err)
+		return wrapErr("quant: zstd decoder", err)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -311,7 +312,8 @@ func (rep *StepReport) bound(mult, ref float64) int {
 	}
 	rep.Bound, rep.Median = math.Inf(1), math.NaN()
 	if len(votes) >= MinScreened {
-		slices.Sort(votes)
+		//nolint:staticcheck // S1032: sort.Float64s is slices.Sort since Go 1.22; sort.Sort keeps the float64 pdqsort instantiation out of edge-agent
+		sort.Sort(sort.Float64Slice(votes))
 		n := len(votes)
 		rep.Median = votes[n/2]
 		if n%2 == 0 {
@@ -343,7 +345,7 @@ func copyDistances(x []float64, sites []SiteInput) ([]float64, float64) {
 	distBound := math.Inf(1)
 	if len(sites) >= MinScreened {
 		sorted := slices.Clone(dist)
-		slices.Sort(sorted)
+		sort.Sort(sort.Float64Slice(sorted)) //nolint:staticcheck // S1032: as above
 		n := len(sorted)
 		distBound = DistMult * (sorted[(n-1)/2] + sorted[n/2]) / 2
 	}

@@ -416,7 +416,7 @@ func ResetState(path string, now time.Time) (string, error) {
 		return "", fmt.Errorf("agent: reset state: %s already exists", aside)
 	}
 	if err := os.Rename(path, aside); err != nil {
-		return "", fmt.Errorf("agent: reset state: %w", err)
+		return "", wrap("agent: reset state", err)
 	}
 	if d, err := os.Open(filepath.Dir(path)); err == nil {
 		_ = d.Sync()
@@ -431,7 +431,7 @@ func stateFileErr(err error) error {
 	if errors.Is(err, storage.ErrCorrupt) {
 		return fmt.Errorf("agent: state file: %w; start this site over from the aggregator with `edge-agent run --reset-state` (the damaged file is kept aside, the site keeps its id)", err)
 	}
-	return fmt.Errorf("agent: state file: %w", err)
+	return wrap("agent: state file", err)
 }
 
 // failIfDamaged stops Run when err says the state file is damaged: going
@@ -836,7 +836,7 @@ func (a *Agent) setWill(store *edgestore.EdgeStore, o *mqtt.ClientOptions) error
 	}
 	will, err := a.statusMsg(false, true, n)
 	if err != nil {
-		return fmt.Errorf("agent: status message: %w", err)
+		return wrap("agent: status message", err)
 	}
 	o.SetBinaryWill(a.tStatus, will, 1, true)
 	a.conn.Store(n)
@@ -931,7 +931,7 @@ func (a *Agent) tlsConfig() (*tls.Config, error) {
 	if c.CAFile != "" {
 		pem, err := os.ReadFile(c.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("agent: tls ca: %w", err)
+			return nil, wrap("agent: tls ca", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
@@ -942,7 +942,7 @@ func (a *Agent) tlsConfig() (*tls.Config, error) {
 	if c.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("agent: tls client certificate: %w", err)
+			return nil, wrap("agent: tls client certificate", err)
 		}
 		if err := checkOwnCert(cert, c.CertFile, c.SiteID, c.CAFile, a.clock.Now(), a.log); err != nil {
 			return nil, err

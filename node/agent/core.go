@@ -197,7 +197,7 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 	}
 	applied, err := v.AppliedRound()
 	if err != nil {
-		return fail(diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err)))
+		return fail(diskErrAt(v, roundErr(r, err)))
 	}
 	if r <= applied {
 		if ann.Secagg != nil {
@@ -214,7 +214,7 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 	}
 	if sumMode(ann) {
 		if w, msg, err := waitingFor(v, r); err != nil {
-			return fail(diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err)))
+			return fail(diskErrAt(v, roundErr(r, err)))
 		} else if w > 0 {
 			res.Action, res.Waiting = ActionWaiting, w
 			if secAggKindOf(msg) != 0 {
@@ -229,8 +229,11 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 	}
 	if p.scaffold {
 		if err := scaffoldLoad(v, p); err != nil {
-			return fail(diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err)))
+			return fail(diskErrAt(v, roundErr(r, err)))
 		}
+	}
+	if err := contrastModel(v, p); err != nil {
+		return fail(err)
 	}
 	pl := plan{records: []change{{kind: recGlobal, round: r, vec: p.x}}, solve: p, res: res, base: res}
 	if p.split {
@@ -243,7 +246,7 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 			p.z = z0
 			pl.records = append(pl.records, change{kind: recInitZ, round: r, vec: z0})
 		case err != nil:
-			return fail(diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err)))
+			return fail(diskErrAt(v, roundErr(r, err)))
 		case len(z) != len(p.x):
 			return fail(fmt.Errorf("agent: round %d: the stored FedSplit z has dimension %d but the model has %d: the federation changed its model; this site's state file %s belongs to the old one",
 				r, len(z), len(p.x), v.Path()))
@@ -274,7 +277,7 @@ func (sr siteRules) commitFailed(v StoreView, rec change, err error, base Result
 	case rec.kind == recFinal:
 		return base, true, diskErrAt(v, err)
 	}
-	return base, true, diskErrAt(v, fmt.Errorf("agent: round %d: %w", rec.round, err))
+	return base, true, diskErrAt(v, roundErr(rec.round, err))
 }
 
 // waitingFor is the round of an unreceipted update older than round in the
@@ -311,7 +314,7 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 	var ci []float64
 	if p.scaffold {
 		if control, ci, err = scaffoldUplink(p, sent, rep.Steps, rng); err != nil {
-			return plan{res: res, err: fmt.Errorf("agent: round %d: %w", r, err)}
+			return plan{res: res, err: roundErr(r, err)}
 		}
 	}
 	u := &wire.ClientUpdate{
@@ -346,6 +349,8 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 		c.Z, c.Pending = sent, &edgestore.SumPending{Join: up.Sum.Join, V: up.Sum.V}
 	case p.split:
 		c.Z, c.ServerZ = sent, up.Applied
+	case p.contrast.Kind != "":
+		c.Local = sent // the next round's previous local model
 	}
 	pl := plan{records: []change{{kind: recCommit, round: r, commit: c}}, base: res, res: res}
 	pl.res.Action, pl.res.Msg, pl.res.Update, pl.res.Sent, pl.res.Report = ActionSolved, msg, u, up.Applied, rep
@@ -372,7 +377,7 @@ func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.R
 		case err == nil:
 			u.Copy = &uplink.Copy{Round: br, Z: zs}
 		case !errors.Is(err, storage.ErrNotFound):
-			return uplink.Frame{}, fmt.Errorf("agent: round %d: %w", r, err)
+			return uplink.Frame{}, roundErr(r, err)
 		}
 	} else if !p.codec.Lossless() {
 		old, err := v.Residual(edgestore.ResidualUplink)
@@ -380,12 +385,12 @@ func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.R
 		case err == nil:
 			u.Residual = old // of another model: none (uplink.Encode)
 		case !errors.Is(err, storage.ErrNotFound):
-			return uplink.Frame{}, fmt.Errorf("agent: round %d: %w", r, err)
+			return uplink.Frame{}, roundErr(r, err)
 		}
 	}
 	f, err := uplink.Encode(p.codec, u, rng)
 	if err != nil {
-		return f, fmt.Errorf("agent: round %d: %w", r, err)
+		return f, roundErr(r, err)
 	}
 	if f.CopyUnused {
 		sr.log().Warn("the stored copy of the aggregator's z does not fit this round; sending a delta against the global model", "round", r, "copy_round", u.Copy.Round, "len", len(u.Copy.Z))
@@ -397,7 +402,7 @@ func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.R
 func (sr siteRules) resend(v StoreView, res Result) (Result, error) {
 	out, err := v.Outbox()
 	if err != nil {
-		return res, fmt.Errorf("agent: round %d: %w", res.Round, err)
+		return res, roundErr(res.Round, err)
 	}
 	for _, e := range out {
 		if e.Round == res.Round {
@@ -435,6 +440,10 @@ type prepared struct {
 	// zero).
 	scaffold    bool
 	control, ci []float64
+	// contrast is the contrastive objective of MOON and FedSiam-DA (Kind
+	// "": none); m is then that objective over the stored previous local
+	// model (contrastModel), and the commit stores the new one.
+	contrast model.ContrastConfig
 }
 
 // prepare checks everything about ann that can be checked before writing:
@@ -445,7 +454,7 @@ func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.
 	p.split = round.IsSplit(ann.Algorithm)
 	p.sum = sumMode(ann)
 
-	spec, err := modelSpec(ann.Model)
+	spec, err := annModelSpec(ann)
 	if err != nil {
 		return nil, bad(r, "%v", err)
 	}
@@ -497,6 +506,9 @@ func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.
 		if err := scaffoldPrepare(ann, p); err != nil {
 			return nil, bad(r, "%v", err)
 		}
+	}
+	if err := contrastConfig(ann, p); err != nil {
+		return nil, bad(r, "%v", err)
 	}
 	p.budget = sr.budget(ann, now)
 	p.sketch = ann.AnchorSketch != nil
@@ -552,6 +564,14 @@ func (sr siteRules) budget(ann *wire.RoundAnnouncement, now time.Time) proxsolve
 	}
 	b.Deadline = deadline
 	return b
+}
+
+// annModelSpec is the model an announcement trains: its model spec, with
+// FedSiam-DA's prediction head when its algorithm is fedsiam-da
+// (model.ContrastSpec, the rule the aggregator and simulate follow).
+func annModelSpec(ann *wire.RoundAnnouncement) (model.Spec, error) {
+	s, err := modelSpec(ann.Model)
+	return model.ContrastSpec(model.ContrastKindOf(ann.Algorithm), s), err
 }
 
 // modelSpec converts the announced model. The wire form allows several
@@ -735,7 +755,7 @@ func dpClip(ann *wire.RoundAnnouncement, split bool) (float64, error) {
 		}
 		q, err := secagg.NewQuantizer(sp.Clip, int(sp.ScaleBits), int(sp.MaxSites))
 		if err != nil {
-			return 0, fmt.Errorf("secagg: %w", err)
+			return 0, wrap("secagg", err)
 		}
 		if err := uplink.CheckSecAggDP(q, d.ClipNorm, d.NoiseMultiplier, int(d.NoiseShares)); err != nil {
 			return 0, err
@@ -791,14 +811,14 @@ func (sr siteRules) statistics(ann *wire.RoundAnnouncement, s *schema.Schema, si
 	}
 	raw, err := json.Marshal(stats)
 	if err != nil {
-		return res, fmt.Errorf("agent: statistics: %w", err)
+		return res, wrap("agent: statistics", err)
 	}
 	msg, err := wire.Encode(&wire.SiteStatistics{
 		ClientId: sr.ClientID, RunId: ann.RunId, SchemaDigest: s.Digest(), Stats: raw,
 		SentAtUnixMs: max(now.UnixMilli(), 0),
 	})
 	if err != nil {
-		return res, fmt.Errorf("agent: statistics: %w", err)
+		return res, wrap("agent: statistics", err)
 	}
 	if err := sr.fits(msg, "statistics"); err != nil {
 		return res, err
@@ -818,7 +838,7 @@ func (sr siteRules) evaluation(ann *wire.RoundAnnouncement, holdout model.Data, 
 		res.Healthy = true
 		return nil
 	}
-	spec, err := modelSpec(ann.Model)
+	spec, err := annModelSpec(ann)
 	if err != nil {
 		return bad(ann.Round, "%v", err)
 	}
@@ -836,14 +856,14 @@ func (sr siteRules) evaluation(ann *wire.RoundAnnouncement, holdout model.Data, 
 	}
 	raw, err := json.Marshal(rep)
 	if err != nil {
-		return fmt.Errorf("agent: evaluation: %w", err)
+		return wrap("agent: evaluation", err)
 	}
 	msg, err := wire.Encode(&wire.EvalReport{
 		ClientId: sr.ClientID, RunId: ann.RunId, Round: round, Report: raw,
 		SentAtUnixMs: max(now.UnixMilli(), 0),
 	})
 	if err != nil {
-		return fmt.Errorf("agent: evaluation: %w", err)
+		return wrap("agent: evaluation", err)
 	}
 	if err := sr.fits(msg, "evaluation report"); err != nil {
 		return err
@@ -885,4 +905,22 @@ func (sr siteRules) fits(msg []byte, what string) error {
 		return fmt.Errorf("agent: %s is %d bytes, over the %d-byte message limit", what, len(msg), lim)
 	}
 	return nil
+}
+
+// roundErr prefixes err with the round it happened in. It is one
+// out-of-line call so that the many error paths of the round code do not
+// each carry their own copy of the fmt.Errorf argument boxing (edge-agent's
+// size budget).
+//
+//go:noinline
+func roundErr(r uint64, err error) error {
+	return fmt.Errorf("agent: round %d: %w", r, err)
+}
+
+// wrap is fmt.Errorf(prefix+": %w", err), out of line for the same reason
+// as roundErr.
+//
+//go:noinline
+func wrap(prefix string, err error) error {
+	return fmt.Errorf("%s: %w", prefix, err)
 }

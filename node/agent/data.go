@@ -45,19 +45,19 @@ func LoadData(c Config) (model.Data, error) {
 	case dataset.SourceCSV:
 		ds, err := dataset.LoadCSV(src.Path, dataset.CSVOptions{Label: src.Label, Regression: src.Regression})
 		if err != nil {
-			return model.Data{}, fmt.Errorf("agent: data: %w", err)
+			return model.Data{}, wrap("agent: data", err)
 		}
 		d, classes = ds.Data, ds.Classes
 	case dataset.SourceIDX:
 		ds, err := dataset.LoadIDX(src.Path)
 		if err != nil {
-			return model.Data{}, fmt.Errorf("agent: data: %w", err)
+			return model.Data{}, wrap("agent: data", err)
 		}
 		d, classes = ds.Data, ds.Classes
 	case dataset.SourceLEAF:
 		f, err := dataset.LoadLEAF(src.Path, dataset.SplitOptions{Seed: c.DataSeed})
 		if err != nil {
-			return model.Data{}, fmt.Errorf("agent: data: %w", err)
+			return model.Data{}, wrap("agent: data", err)
 		}
 		train, test := f.Pooled()
 		d, classes = concat(train, test), f.Classes
@@ -69,7 +69,7 @@ func LoadData(c Config) (model.Data, error) {
 	}
 	f := &dataset.Federated{Name: c.Data, D: d.D, Classes: classes, Clients: []dataset.Client{{ID: c.SiteID, Train: d}}}
 	if err := dataset.Standardize(f, mode); err != nil {
-		return model.Data{}, fmt.Errorf("agent: data: %w", err)
+		return model.Data{}, wrap("agent: data", err)
 	}
 	return f.Clients[0].Train, nil
 }
@@ -85,7 +85,7 @@ func loadClient(c Config, src dataset.Source) (model.Data, error) {
 	}
 	f, err := dataset.Build(src, part, opt)
 	if err != nil {
-		return model.Data{}, fmt.Errorf("agent: data: %w", err)
+		return model.Data{}, wrap("agent: data", err)
 	}
 	if c.DataClient >= len(f.Clients) {
 		return model.Data{}, configErr("data client %d: the federation %s has %d clients (0..%d)", c.DataClient, f.Name, len(f.Clients), len(f.Clients)-1)

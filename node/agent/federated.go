@@ -220,7 +220,7 @@ func (h *RoundHandler) RestoreModelOut(f edgestore.Final) (bool, error) {
 		return false, nil
 	}
 	if _, err := bundle.Unmarshal(f.Bundle); err != nil {
-		return false, sitedata.NewError(sitedata.ReasonDisk, h.Store.Path(), fmt.Errorf("the stored final bundle: %w", err))
+		return false, sitedata.NewError(sitedata.ReasonDisk, h.Store.Path(), wrap("the stored final bundle", err))
 	}
 	if err := h.writeModelOut(f.Bundle); err != nil {
 		return false, err

@@ -398,7 +398,7 @@ func solve(ctx context.Context, p *prepared, rng *rand.Rand, lg *slog.Logger) ([
 	}
 	res, err := p.work.Solve(ctx, p.m, p.data, p.x, z, p.budget, rng, p.sketch)
 	if err != nil {
-		return nil, res.Report, 0, solveErr(ctx, fmt.Errorf("agent: round %d: %w", p.round, err))
+		return nil, res.Report, 0, solveErr(ctx, roundErr(p.round, err))
 	}
 	if res.Diverged != nil {
 		// No step is taken: the received model (FedProx family) or z_j

@@ -170,7 +170,7 @@ func (h *RoundHandler) secAggMessage(ann *wire.RoundAnnouncement, c *secagg.Clie
 	if a, ok := m.(*secagg.AdvertiseKeys); ok && h.SecAggIdentity != nil {
 		sig, err := h.SecAggIdentity.Sign(uplink.SecAggAdvertDigest(a.Session, a.Keys), crand.Reader)
 		if err != nil {
-			return nil, fmt.Errorf("secagg: signing the advertisement: %w", err)
+			return nil, wrap("secagg: signing the advertisement", err)
 		}
 		w.Certificate, w.Signature = h.SecAggIdentity.Cert, sig
 	}
@@ -183,7 +183,7 @@ func (h *RoundHandler) secAggMessage(ann *wire.RoundAnnouncement, c *secagg.Clie
 		}
 		sig, err := h.SecAggIdentity.Sign(view, crand.Reader)
 		if err != nil {
-			return nil, fmt.Errorf("secagg: signing the view: %w", err)
+			return nil, wrap("secagg: signing the view", err)
 		}
 		w.ViewSignature = sig
 	}
@@ -247,7 +247,7 @@ func (h *RoundHandler) secAggCommit(ann *wire.RoundAnnouncement, p *prepared, se
 		if errors.Is(err, storage.ErrAlreadyApplied) {
 			return h.resend(res)
 		}
-		return res, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
+		return res, h.diskErr(roundErr(r, err))
 	}
 	res.Action, res.Msg, res.SecAggKind = ActionSecAgg, msg, secagg.KindAdvertiseKeys
 	res.Healthy = true
@@ -428,7 +428,7 @@ func (h *RoundHandler) secAggSend(ann *wire.RoundAnnouncement, input []uint32, c
 		return res, err
 	}
 	if err := h.Store.SetSecAgg(ann.Round, rec, msg); err != nil {
-		return res, h.diskErr(fmt.Errorf("agent: round %d: %w", ann.Round, err))
+		return res, h.diskErr(roundErr(ann.Round, err))
 	}
 	res.Action, res.Msg, res.SecAggKind = ActionSecAgg, msg, m.Kind()
 	res.Healthy = true
@@ -543,7 +543,7 @@ func (h *RoundHandler) secAggConsistency(ann *wire.RoundAnnouncement, rec *secAg
 		next := *rec
 		next.signed, next.survivors = true, digest
 		if err := h.Store.SetSecAgg(ann.Round, next.marshal(), nil); err != nil {
-			return res, h.diskErr(fmt.Errorf("agent: round %d: %w", ann.Round, err))
+			return res, h.diskErr(roundErr(ann.Round, err))
 		}
 		return res, h.refuseUnmask(ann, fmt.Errorf("%w: %d survivors, threshold %d", uplink.ErrSecAggSurvivors, len(req.Survivors), c.Threshold()))
 	}
@@ -555,7 +555,7 @@ func (h *RoundHandler) secAggConsistency(ann *wire.RoundAnnouncement, rec *secAg
 	}
 	sig, err := h.SecAggIdentity.Sign(digest, crand.Reader)
 	if err != nil {
-		return res, fmt.Errorf("secagg: signing the survivor set: %w", err)
+		return res, wrap("secagg: signing the survivor set", err)
 	}
 	msg, err := wire.Encode(&wire.SecAggMessage{ClientId: h.ClientID, RunId: ann.RunId, Round: ann.Round, Attempt: ann.Secagg.Attempt,
 		Kind: uplink.SecAggKindSurvivors, Payload: secagg.Encode(req), SentAtUnixMs: h.clock().Now().UnixMilli(), SurvivorsSignature: sig})
@@ -565,7 +565,7 @@ func (h *RoundHandler) secAggConsistency(ann *wire.RoundAnnouncement, rec *secAg
 	next := *rec
 	next.signed, next.survivors = true, digest
 	if err := h.Store.SetSecAgg(ann.Round, next.marshal(), msg); err != nil {
-		return res, h.diskErr(fmt.Errorf("agent: round %d: %w", ann.Round, err))
+		return res, h.diskErr(roundErr(ann.Round, err))
 	}
 	res.Action, res.Msg, res.SecAggKind = ActionSecAgg, msg, secagg.Kind(uplink.SecAggKindSurvivors)
 	res.Healthy = true
@@ -691,7 +691,7 @@ func (h *RoundHandler) secAggSumInput(ann *wire.RoundAnnouncement, q secagg.Quan
 	case err == nil:
 		u.Record = &uplink.Record{Round: cr, C: c}
 	case !errors.Is(err, storage.ErrNotFound):
-		return nil, nil, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
+		return nil, nil, h.diskErr(roundErr(r, err))
 	}
 	var sd *uplink.SecAggDP
 	if d := ann.GetDp(); d != nil {
@@ -703,7 +703,7 @@ func (h *RoundHandler) secAggSumInput(ann *wire.RoundAnnouncement, q secagg.Quan
 	}
 	in, p, err := uplink.SecAggSumInput(q, u, sd, h.secAggRand(r))
 	if err != nil {
-		return nil, nil, fmt.Errorf("agent: round %d: %w", r, err)
+		return nil, nil, roundErr(r, err)
 	}
 	return in, &edgestore.SumPending{Join: p.Join, V: p.V}, nil
 }
@@ -713,7 +713,7 @@ func (h *RoundHandler) secAggSumInput(ann *wire.RoundAnnouncement, q secagg.Quan
 func (h *RoundHandler) noiseKey(r uint64) ([32]byte, error) {
 	key, err := h.Store.SecAggNoiseKey()
 	if err != nil {
-		return key, h.diskErr(fmt.Errorf("agent: round %d: %w", r, err))
+		return key, h.diskErr(roundErr(r, err))
 	}
 	if h.SecAggNoiseKey != nil {
 		key = *h.SecAggNoiseKey
@@ -732,7 +732,7 @@ func (h *RoundHandler) secAggInput(ann *wire.RoundAnnouncement, q secagg.Quantiz
 	if d == nil {
 		in, err := uplink.SecAggInput(q, sent, global, h.secAggRand(r))
 		if err != nil {
-			return nil, fmt.Errorf("agent: round %d: %w", r, err)
+			return nil, roundErr(r, err)
 		}
 		return in, nil
 	}
@@ -743,7 +743,7 @@ func (h *RoundHandler) secAggInput(ann *wire.RoundAnnouncement, q secagg.Quantiz
 	std := dp.SiteStd(d.NoiseMultiplier, d.ClipNorm, int(d.NoiseShares))
 	in, err := uplink.SecAggNoisyInput(q, sent, global, d.ClipNorm, std, dp.NoiseRand(key, r), h.secAggRand(r))
 	if err != nil {
-		return nil, fmt.Errorf("agent: round %d: %w", r, err)
+		return nil, roundErr(r, err)
 	}
 	return in, nil
 }

@@ -40,11 +40,11 @@ func (sr siteRules) sumUplink(v StoreView, p *prepared, z []float64, rng *rand.R
 	case err == nil:
 		u.Record = &uplink.Record{Round: cr, C: c}
 	case !errors.Is(err, storage.ErrNotFound):
-		return uplink.Frame{}, diskErrAt(v, fmt.Errorf("agent: round %d: %w", r, err))
+		return uplink.Frame{}, diskErrAt(v, roundErr(r, err))
 	}
 	f, err := uplink.EncodeSum(p.codec, u, rng)
 	if err != nil {
-		return f, fmt.Errorf("agent: round %d: %w", r, err)
+		return f, roundErr(r, err)
 	}
 	return f, nil
 }

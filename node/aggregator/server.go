@@ -294,11 +294,17 @@ func family(algo string) (fam, agg string, err error) {
 		return algo, split.StepRobust, nil
 	case AlgoScaffold:
 		return AlgoScaffold, "mean", nil
+	case model.AlgoMOON:
+		// MOON's local objective (mu its weight, no proximal term) feeding
+		// FedAvg's sample-weighted mean; partial work is kept, as FedProx's.
+		return AlgoFedProx, "fedavg", nil
+	case model.AlgoFedSiamDA:
+		return AlgoFedProx, "fedsiam", nil
 	}
 	if slices.Contains(aggregate.Names(), algo) {
 		return AlgoFedProx, algo, nil
 	}
-	return "", "", fmt.Errorf("%w: algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit, scaffold or an aggregator: %s)",
+	return "", "", fmt.Errorf("%w: algorithm %q (want fedavg, fedprox, fedsplit, fedproxsplit, scaffold, moon, fedsiam-da or an aggregator: %s)",
 		coordinator.ErrConfig, algo, strings.Join(aggregate.Names(), ", "))
 }
 
@@ -316,6 +322,7 @@ func (c *ServerConfig) defaults() {
 		c.Algorithm = AlgoFedProx
 	}
 	c.ServerOpt = c.ServerOpt.WithDefaults()
+	c.contrastDefaults()
 	if c.DP != nil && !c.DP.Distributed && !c.DP.FixedRounds && !c.DP.EarlyClose {
 		// Central DP whose rounds close early: their timing tells the
 		// draw's size, so they are charged at q = 1 (dp.Config.EarlyClose).

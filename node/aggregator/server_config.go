@@ -90,6 +90,9 @@ func (cfg *ServerConfig) derive() (derived, error) {
 		Statistics: fed, StatsSites: cfg.StatsSites, DeclaredTransform: fed && cfg.Schema.Declared(), Evaluate: fed, EvalEvery: cfg.EvalEvery,
 		StopPatience: cfg.StopPatience, StopTol: cfg.StopTol, StopDelta: cfg.StopDelta,
 	}
+	if err := cfg.checkContrast(); err != nil {
+		return d, err
+	}
 	if err := cfg.checkDP(&d); err != nil {
 		return d, err
 	}

@@ -148,6 +148,9 @@ func operatorModel(spec model.Spec) model.Spec {
 
 // setModel creates the model and everything whose size depends on it.
 func (s *Server) setModel(spec model.Spec) error {
+	// FedSiam-DA's model carries its prediction head (the sites follow the
+	// same rule from the announced algorithm).
+	spec = model.ContrastSpec(model.ContrastKindOf(s.cfg.Algorithm), spec)
 	m, err := newModel(spec, s.cfg.Codec)
 	if err != nil {
 		return err

@@ -53,7 +53,9 @@ import (
 //	                         c_j of what it has contributed to the
 //	                         aggregator's sum, and the round of the update
 //	                         that last advanced it; absent = not counted yet
-//	residuals name -> float64s (error-feedback residuals)
+//	residuals name -> float64s (error-feedback residuals; and under
+//	          ResidualLocal the previous local model of the contrastive
+//	          objectives, which a new run clears with the residuals)
 //	outbox    round u64 -> the encoded wire update, until its receipt
 //	sum_pending round u64 -> join u8 (0 or 1) + float64s: what a sum-mode
 //	          update of the outbox adds to the aggregator's sum (and to
@@ -169,6 +171,13 @@ const ResidualUplink = "uplink"
 // update that changes it and cleared with the rest when a new run starts.
 const ResidualControl = "scaffold_control"
 
+// ResidualLocal is the name Commit stores Commit.Local under: the local
+// model of the site's last solved round, which the contrastive objectives
+// (MOON, FedSiam-DA: learn/model/contrast.go) compare the next solve with.
+// It lives beside the residuals because it has their life: per site, per
+// run, written with the update.
+const ResidualLocal = "local"
+
 // EdgeStore is the edge agent's state in one bbolt file. It is safe for
 // concurrent use; bbolt serialises the writers.
 type EdgeStore struct {
@@ -268,7 +277,7 @@ func (s *EdgeStore) InitIdentity(clientID string, now time.Time) (Identity, erro
 		return storage.SPut(b, keyCreatedAt, storage.EncodeTime(now))
 	})
 	if err != nil {
-		return Identity{}, fmt.Errorf("storage: init identity: %w", err)
+		return Identity{}, wrapErr("storage: init identity", err)
 	}
 	return id, nil
 }
@@ -346,7 +355,7 @@ func (s *EdgeStore) SetSeenRound(round uint64) error {
 		return raiseSeen(b, round)
 	})
 	if err != nil {
-		return fmt.Errorf("storage: set seen round: %w", err)
+		return wrapErr("storage: set seen round", err)
 	}
 	return nil
 }
@@ -371,7 +380,7 @@ func (s *EdgeStore) NextConnection(floor uint64) (uint64, error) {
 		return storage.SPut(b, keyConnection, storage.EncodeU64(n))
 	})
 	if err != nil {
-		return 0, fmt.Errorf("storage: next connection: %w", err)
+		return 0, wrapErr("storage: next connection", err)
 	}
 	return n, nil
 }
@@ -436,13 +445,13 @@ func (s *EdgeStore) StartRunAt(runID string, since int64) (RunStart, error) {
 	since = max(since, 0)
 	var rs RunStart
 	if cur, old, err := s.RunOrder(); err != nil {
-		return rs, fmt.Errorf("storage: start run: %w", err)
+		return rs, wrapErr("storage: start run", err)
 	} else if cur == runID {
 		if since > 0 && (old == 0 || since < old) {
 			if err := s.update(func(b *storage.Bucket, _ *storage.Tx) error {
 				return storage.SPut(b, keyRunSince, storage.EncodeU64(uint64(since)))
 			}); err != nil {
-				return rs, fmt.Errorf("storage: start run: %w", err)
+				return rs, wrapErr("storage: start run", err)
 			}
 		}
 		return RunStart{Previous: cur}, nil
@@ -498,7 +507,7 @@ func (s *EdgeStore) StartRunAt(runID string, since int64) (RunStart, error) {
 		return storage.SPut(b, keyRunID, []byte(runID))
 	})
 	if err != nil {
-		return RunStart{}, fmt.Errorf("storage: start run: %w", err)
+		return RunStart{}, wrapErr("storage: start run", err)
 	}
 	return rs, nil
 }
@@ -555,7 +564,7 @@ func (s *EdgeStore) SetGlobal(round uint64, vec []float64) error {
 		return raiseSeen(b, round)
 	})
 	if err != nil {
-		return fmt.Errorf("storage: set global: %w", err)
+		return wrapErr("storage: set global", err)
 	}
 	return nil
 }
@@ -582,7 +591,7 @@ func (s *EdgeStore) InitZ(round uint64, z []float64) (bool, error) {
 		return storage.SPut(b, keyZ, storage.EncodeRoundVec(round, z))
 	})
 	if err != nil {
-		return false, fmt.Errorf("storage: init z: %w", err)
+		return false, wrapErr("storage: init z", err)
 	}
 	return wrote, nil
 }
@@ -662,6 +671,9 @@ type Commit struct {
 	// Pending is what a sum-mode update adds to the aggregator's sum,
 	// kept with the outbox entry until its receipt (nil: not sum mode).
 	Pending *SumPending
+	// Local is the round's local model, stored under ResidualLocal for the
+	// contrastive objectives' next solve (nil: unchanged).
+	Local []float64
 }
 
 // SumPending is what a sum-mode update adds to the aggregator's sum
@@ -695,7 +707,8 @@ func (s *EdgeStore) CommitRound(round uint64, z, residual []float64, outboxMsg [
 
 // Commit is the durable end of a local round: in one transaction it writes
 // the new FedSplit z and the aggregator's copy of it (both tagged with the
-// round), the uplink residual (under ResidualUplink), the applied round and
+// round), the uplink residual (under ResidualUplink), the local model (under
+// ResidualLocal), the applied round and
 // the outbox entry holding the encoded update, and raises the seen round. A
 // nil or empty vector leaves the stored one unchanged; Msg is required.
 //
@@ -717,7 +730,7 @@ func (s *EdgeStore) Commit(c Commit) error {
 	for _, v := range []struct {
 		name string
 		vec  []float64
-	}{{"z", c.Z}, {"server z", c.ServerZ}, {"residual", c.Residual}, {"control", c.Control}, {"pending contribution", c.Pending.vec()}} {
+	}{{"z", c.Z}, {"server z", c.ServerZ}, {"residual", c.Residual}, {"control", c.Control}, {"pending contribution", c.Pending.vec()}, {"local model", c.Local}} {
 		if len(v.vec) > 0 {
 			if err := storage.CheckVec(v.name, v.vec); err != nil {
 				return err
@@ -750,15 +763,8 @@ func (s *EdgeStore) Commit(c Commit) error {
 				return err
 			}
 		}
-		if len(c.Residual) > 0 {
-			if err := storage.SPut(res, []byte(ResidualUplink), storage.EncodeFloats(c.Residual)); err != nil {
-				return err
-			}
-		}
-		if len(c.Control) > 0 {
-			if err := storage.SPut(res, []byte(ResidualControl), storage.EncodeFloats(c.Control)); err != nil {
-				return err
-			}
+		if err := c.putResiduals(res); err != nil {
+			return err
 		}
 		if err := storage.SPut(out, storage.EncodeU64(round), c.Msg); err != nil {
 			return err
@@ -788,6 +794,23 @@ func (s *EdgeStore) Commit(c Commit) error {
 	})
 	if err != nil {
 		return fmt.Errorf("storage: commit round %d: %w", round, err)
+	}
+	return nil
+}
+
+// putResiduals writes the site's own vectors that c changes into the
+// residuals bucket: the uplink's error-feedback residual, SCAFFOLD's c_i
+// and the contrastive objectives' local model.
+func (c Commit) putResiduals(res *storage.Bucket) error {
+	for _, r := range []struct {
+		name string
+		vec  []float64
+	}{{ResidualUplink, c.Residual}, {ResidualControl, c.Control}, {ResidualLocal, c.Local}} {
+		if len(r.vec) > 0 {
+			if err := storage.SPut(res, []byte(r.name), storage.EncodeFloats(r.vec)); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -840,7 +863,7 @@ func (s *EdgeStore) Outbox() ([]OutboxEntry, error) {
 		})
 	}))
 	if err != nil {
-		return nil, fmt.Errorf("storage: outbox: %w", err)
+		return nil, wrapErr("storage: outbox", err)
 	}
 	return entries, nil
 }
@@ -1019,7 +1042,7 @@ func (s *EdgeStore) SetFinal(f Final) error {
 	}
 	meta, err := json.Marshal(f)
 	if err != nil {
-		return fmt.Errorf("storage: set final: %w", err)
+		return wrapErr("storage: set final", err)
 	}
 	err = s.update(func(b *storage.Bucket, tx *storage.Tx) error {
 		if err := storage.SPut(b, keyEdgeFinalMeta, meta); err != nil {
@@ -1039,7 +1062,7 @@ func (s *EdgeStore) SetFinal(f Final) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("storage: set final: %w", err)
+		return wrapErr("storage: set final", err)
 	}
 	return nil
 }
@@ -1070,7 +1093,7 @@ func (s *EdgeStore) Final() (Final, error) {
 		return nil
 	})
 	if err != nil {
-		return Final{}, fmt.Errorf("storage: final: %w", err)
+		return Final{}, wrapErr("storage: final", err)
 	}
 	return f, nil
 }

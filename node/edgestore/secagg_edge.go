@@ -64,7 +64,7 @@ func (s *EdgeStore) SetSecAgg(round uint64, rec, msg []byte) error {
 		return storage.SPut(out, storage.EncodeU64(round), msg)
 	})
 	if err != nil {
-		return fmt.Errorf("storage: set secagg: %w", err)
+		return wrapErr("storage: set secagg", err)
 	}
 	return nil
 }
@@ -143,7 +143,7 @@ func (s *EdgeStore) SecAggNoiseKey() ([32]byte, error) {
 		return storage.SPut(b, keySecAggNoise, key[:])
 	})
 	if err != nil {
-		return key, fmt.Errorf("storage: secagg noise key: %w", err)
+		return key, wrapErr("storage: secagg noise key", err)
 	}
 	return key, nil
 }

@@ -103,7 +103,7 @@ func (d *DB) Update(fn func(*Tx) error) (err error) {
 		}
 		if SelfCheckCensus && w.cen != nil {
 			if err := CheckCensus(w, "", false); err != nil {
-				return fmt.Errorf("the census kept by this transaction's writes is not the file's: %w", err)
+				return wrapErr("the census kept by this transaction's writes is not the file's", err)
 			}
 		}
 		return w.cen.save(tx)

@@ -382,11 +382,11 @@ func Compact(src *DB, dst string, opts Options) (err error) {
 	if _, err := os.Stat(dst); err == nil {
 		return fmt.Errorf("%w: compact destination %s", ErrExists, dst)
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("storage: compact: %w", err)
+		return wrapErr("storage: compact", err)
 	}
 	tmp := dst + ".tmp"
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("storage: compact: %w", err)
+		return wrapErr("storage: compact", err)
 	}
 	timeout := opts.LockTimeout
 	if timeout <= 0 {
@@ -409,7 +409,7 @@ func Compact(src *DB, dst string, opts Options) (err error) {
 		return fmt.Errorf("storage: compact: close %s: %w", tmp, err)
 	}
 	if err := os.Rename(tmp, dst); err != nil {
-		return fmt.Errorf("storage: compact: %w", err)
+		return wrapErr("storage: compact", err)
 	}
 	return syncDir(filepath.Dir(dst))
 }
@@ -417,7 +417,7 @@ func Compact(src *DB, dst string, opts Options) (err error) {
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
-		return fmt.Errorf("storage: sync dir: %w", err)
+		return wrapErr("storage: sync dir", err)
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {

@@ -60,7 +60,7 @@ func (w *treeWalker) freelist() error {
 	}
 	buf := make([]byte, (count+skip)*8)
 	if _, err := w.r.ReadAt(buf, int64(id*ps+pageHeaderSize)); err != nil {
-		return fmt.Errorf("freelist: %w", err)
+		return wrapErr("freelist", err)
 	}
 	free := make(map[uint64]bool, count)
 	for i := skip; i < count+skip; i++ {

@@ -34,6 +34,8 @@ func fieldOf(p *Params, name string) (f *float64, i *int, s *string) {
 		i = &p.MaxEpochs
 	case FlagMaxSeconds:
 		f = &p.MaxSeconds
+	case FlagTau:
+		f = &p.Tau
 	}
 	return f, i, s
 }
@@ -86,10 +88,11 @@ const (
 	FlagMaxEpochs  = "max-epochs"
 	FlagEpochs     = "epochs" // the same setting, as simulate, bench and the load generator name it
 	FlagMaxSeconds = "max-seconds"
+	FlagTau        = "tau"
 )
 
 // AlgorithmHelp is the help of --algorithm; a command may say more.
-const AlgorithmHelp = "fedavg | fedprox | fedsplit | fedproxsplit | scaffold (control variates; sgd only) | an aggregator name (trained like fedprox)"
+const AlgorithmHelp = "fedavg | fedprox | fedsplit | fedproxsplit | scaffold (control variates; sgd only) | moon | fedsiam-da (contrastive local losses; --model mlp) | an aggregator name (trained like fedprox)"
 
 var flagSpecs = [...]flagSpec{
 	{FlagAlgorithm, AlgorithmHelp},
@@ -103,6 +106,7 @@ var flagSpecs = [...]flagSpec{
 	{FlagMaxEpochs, "work budget: local epochs per round (0: no limit)"},
 	{FlagEpochs, "work budget: local epochs per round"},
 	{FlagMaxSeconds, "work budget: local seconds per round (0: no limit; the round deadline always applies)"},
+	{FlagTau, "MOON's temperature (moon only; 0: 0.5)"},
 }
 
 // flagByName is name's entry of flagSpecs.

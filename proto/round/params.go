@@ -70,6 +70,8 @@ type Params struct {
 	// MaxGradEvals is the work budget in gradient evaluations (0: no
 	// limit).
 	MaxGradEvals uint64 `json:"max_grad_evals,omitempty"`
+	// Tau is MOON's temperature (algorithm moon; 0: model.DefaultTau).
+	Tau float64 `json:"tau,omitempty"`
 }
 
 // Validate checks p for algorithm algo: the one check of the training

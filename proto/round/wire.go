@@ -18,7 +18,7 @@ type Population struct {
 // population of the sample weighting) and the work budget.
 func (p Params) ToWire(pop Population) (*wire.Params, *wire.WorkBudget) {
 	return &wire.Params{Mu: p.Mu, Step: p.Step, Relax: p.Relax, Solver: p.Solver, Gamma: p.Gamma,
-			Lr: p.LR, Batch: clampUint32(p.Batch),
+			Lr: p.LR, Batch: clampUint32(p.Batch), Tau: p.Tau,
 			Clients: uint32(min(pop.Clients, math.MaxUint32)), TotalSamples: pop.TotalSamples},
 		&wire.WorkBudget{MaxEpochs: clampUint32(p.MaxEpochs), MaxSeconds: p.MaxSeconds,
 			MaxGradEvals: p.MaxGradEvals}
@@ -34,7 +34,7 @@ func clampUint32(n int) uint32 { return uint32(min(max(int64(n), 0), math.MaxUin
 func FromWire(a *wire.RoundAnnouncement) (Params, Population) {
 	w, b := a.GetParams(), a.GetBudget()
 	p := Params{Mu: w.GetMu(), Step: w.GetStep(), Relax: w.GetRelax(), Solver: w.GetSolver(), Gamma: w.GetGamma(),
-		LR: w.GetLr(), Batch: int(min(w.GetBatch(), math.MaxInt32)),
+		LR: w.GetLr(), Batch: int(min(w.GetBatch(), math.MaxInt32)), Tau: w.GetTau(),
 		MaxEpochs: int(min(b.GetMaxEpochs(), math.MaxInt32)), MaxSeconds: b.GetMaxSeconds(), MaxGradEvals: b.GetMaxGradEvals()}
 	return p, Population{Clients: uint64(w.GetClients()), TotalSamples: w.GetTotalSamples()}
 }

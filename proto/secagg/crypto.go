@@ -8,7 +8,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 )
 
@@ -35,7 +34,7 @@ const KeySize = 32
 func newPrivateKey(rnd io.Reader) ([KeySize]byte, error) {
 	var k [KeySize]byte
 	if _, err := io.ReadFull(rnd, k[:]); err != nil {
-		return k, fmt.Errorf("secagg: randomness: %w", err)
+		return k, wrapErr("secagg: randomness", err)
 	}
 	return k, nil
 }
@@ -64,11 +63,11 @@ func agree(priv *ecdh.PrivateKey, peer [KeySize]byte, session []byte, label stri
 	var out [KeySize]byte
 	p, err := ecdh.X25519().NewPublicKey(peer[:])
 	if err != nil {
-		return out, fmt.Errorf("secagg: public key: %w", err)
+		return out, wrapErr("secagg: public key", err)
 	}
 	shared, err := priv.ECDH(p)
 	if err != nil {
-		return out, fmt.Errorf("secagg: key agreement: %w", err)
+		return out, wrapErr("secagg: key agreement", err)
 	}
 	return derive(shared, session, label)
 }
@@ -88,7 +87,7 @@ func derive(secret, session []byte, label string) ([KeySize]byte, error) {
 	var out [KeySize]byte
 	k, err := hkdf.Key(sha256.New, secret, session, label, KeySize)
 	if err != nil {
-		return out, fmt.Errorf("secagg: hkdf: %w", err)
+		return out, wrapErr("secagg: hkdf", err)
 	}
 	copy(out[:], k)
 	return out, nil

@@ -104,7 +104,7 @@ func (q Quantizer) Quantize(x []float64, rnd io.Reader) ([]uint32, error) {
 		y := math.Ldexp(v, q.ScaleBits)
 		f := math.Floor(y)
 		if _, err := io.ReadFull(rnd, buf[:]); err != nil {
-			return nil, fmt.Errorf("secagg: randomness: %w", err)
+			return nil, wrapErr("secagg: randomness", err)
 		}
 		u := float64(binary.LittleEndian.Uint64(buf[:])>>11) / (1 << 53) // uniform in [0, 1)
 		if u < y-f {

@@ -42,7 +42,7 @@ func splitSecret(secret []byte, xs []uint32, t int, rnd io.Reader) ([][ShareSize
 	for i := 1; i < t; i++ {
 		c, err := rand.Int(rnd, fieldP)
 		if err != nil {
-			return nil, fmt.Errorf("secagg: randomness: %w", err)
+			return nil, wrapErr("secagg: randomness", err)
 		}
 		coef[i] = c
 	}

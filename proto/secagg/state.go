@@ -137,10 +137,10 @@ func UnmarshalClient(b []byte) (*Client, error) {
 		c.out[i] = r.bytes(1<<30, "message")
 	}
 	if err := r.done(); err != nil {
-		return nil, fmt.Errorf("secagg: client state: %w", err)
+		return nil, wrapErr("secagg: client state", err)
 	}
 	if err := c.check(); err != nil {
-		return nil, fmt.Errorf("secagg: client state: %w", err)
+		return nil, wrapErr("secagg: client state", err)
 	}
 	return c, nil
 }
@@ -266,10 +266,10 @@ func UnmarshalServer(b []byte) (*Server, error) {
 		}
 	}
 	if err := r.done(); err != nil {
-		return nil, fmt.Errorf("secagg: server state: %w", err)
+		return nil, wrapErr("secagg: server state", err)
 	}
 	if err := s.check(); err != nil {
-		return nil, fmt.Errorf("secagg: server state: %w", err)
+		return nil, wrapErr("secagg: server state", err)
 	}
 	return s, nil
 }

@@ -46,7 +46,7 @@ func ClipDelta(delta, residual []float64, c float64) ([]float64, dp.Clipped, err
 	}
 	cl, err := dp.Clip(u, c)
 	if err != nil {
-		return nil, cl, fmt.Errorf("uplink: clip the update: %w", err)
+		return nil, cl, wrapErr("uplink: clip the update", err)
 	}
 	return u, cl, nil
 }
@@ -57,7 +57,7 @@ func ClipDelta(delta, residual []float64, c float64) ([]float64, dp.Clipped, err
 // clip.
 func Reclip(d []float64, c float64) error {
 	if _, err := dp.Clip(d, c); err != nil {
-		return fmt.Errorf("uplink: re-clip the update: %w", err)
+		return wrapErr("uplink: re-clip the update", err)
 	}
 	return nil
 }

@@ -161,7 +161,7 @@ func SecAggDPRange(clip, noise float64, shares int) float64 {
 // the aggregator and simulate so that no site's round fails on it).
 func CheckSecAggDP(q secagg.Quantizer, clip, noise float64, shares int) error {
 	if err := dp.CheckDistributedShare(math.Ldexp(dp.SiteStd(noise, clip, shares), q.ScaleBits), q.MaxSites, math.MaxInt32); err != nil {
-		return fmt.Errorf("uplink: %w", err)
+		return wrapErr("uplink", err)
 	}
 	return nil
 }
@@ -183,7 +183,7 @@ func SecAggNoisyInput(q secagg.Quantizer, sent, global []float64, clip, std floa
 		return nil, fmt.Errorf("uplink: the clip norm %g is below the rounding's %g at scale 2^%d: raise the scale or the clip", clip, clip-c, q.ScaleBits)
 	}
 	if _, err := dp.Clip(d, c); err != nil {
-		return nil, fmt.Errorf("uplink: clip the update: %w", err)
+		return nil, wrapErr("uplink: clip the update", err)
 	}
 	in, err := q.Quantize(d, rnd)
 	if err != nil {
@@ -208,11 +208,11 @@ func AddRingNoise(q secagg.Quantizer, in []uint32, std float64, noise *rand.Rand
 	}
 	sigma := math.Ldexp(std, q.ScaleBits)
 	if err := dp.CheckDistributedShare(sigma, q.MaxSites, len(in)); err != nil {
-		return fmt.Errorf("uplink: %w", err)
+		return wrapErr("uplink", err)
 	}
 	g, err := dp.NewDiscreteGaussian(sigma, noise)
 	if err != nil {
-		return fmt.Errorf("uplink: %w", err)
+		return wrapErr("uplink", err)
 	}
 	for i := range in {
 		in[i] += uint32(g.Draw()) // two's complement: modulo 2^32

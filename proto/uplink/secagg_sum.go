@@ -85,7 +85,7 @@ func SecAggSumInput(q secagg.Quantizer, u SumUpdate, d *SecAggDP, rnd io.Reader)
 	if d == nil {
 		in, err := q.Quantize(delta, rnd)
 		if err != nil {
-			return nil, Pending{}, fmt.Errorf("uplink: %w", err)
+			return nil, Pending{}, wrapErr("uplink", err)
 		}
 		p, err := PendingOf(join, xg, q.Dequantize(in))
 		return in, p, err
@@ -95,11 +95,11 @@ func SecAggSumInput(q secagg.Quantizer, u SumUpdate, d *SecAggDP, rnd io.Reader)
 		return nil, Pending{}, fmt.Errorf("uplink: the clip norm %g is below the rounding's %g at scale 2^%d: raise the scale or the clip", d.Clip, d.Clip-c, q.ScaleBits)
 	}
 	if _, err := dp.Clip(delta, c); err != nil {
-		return nil, Pending{}, fmt.Errorf("uplink: clip the update: %w", err)
+		return nil, Pending{}, wrapErr("uplink: clip the update", err)
 	}
 	in, err := q.Quantize(delta, rnd)
 	if err != nil {
-		return nil, Pending{}, fmt.Errorf("uplink: %w", err)
+		return nil, Pending{}, wrapErr("uplink", err)
 	}
 	// The record advances by the rounded contribution, as without noise:
 	// the rounding error stays in z_j - c_j and is sent again.

@@ -330,6 +330,7 @@ func (x *Params) size() int {
 	n += sizeVarint(7, uint64(x.Batch))
 	n += sizeVarint(8, uint64(x.Clients))
 	n += sizeVarint(9, x.TotalSamples)
+	n += sizeDouble(20, x.Tau)
 	return n
 }
 
@@ -343,6 +344,7 @@ func (x *Params) appendTo(b []byte) []byte {
 	b = appendVarint(b, 7, uint64(x.Batch))
 	b = appendVarint(b, 8, uint64(x.Clients))
 	b = appendVarint(b, 9, x.TotalSamples)
+	b = appendDouble(b, 20, x.Tau)
 	return b
 }
 
@@ -384,6 +386,10 @@ func (x *Params) unmarshal(b []byte, d *decoder) error {
 		case 9:
 			if typ == protowire.VarintType {
 				return consumeUint64(&x.TotalSamples, b), nil
+			}
+		case 20:
+			if typ == protowire.Fixed64Type {
+				return consumeDouble(&x.Tau, b), nil
 			}
 		}
 		return 0, nil

@@ -511,6 +511,10 @@ type Params struct {
 	// step as is).
 	Clients      uint32 `json:"clients,omitempty"`
 	TotalSamples uint64 `json:"total_samples,omitempty"`
+	// MOON's temperature tau (algorithm "moon"), > 0 there; 0 = unset.
+	// For the contrastive algorithms ("moon", "fedsiam-da") mu is the
+	// contrastive term's weight and the local solve has no proximal term.
+	Tau float64 `json:"tau,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -575,6 +579,13 @@ func (x *Params) GetClients() uint32 {
 func (x *Params) GetTotalSamples() uint64 {
 	if x != nil {
 		return x.TotalSamples
+	}
+	return 0
+}
+
+func (x *Params) GetTau() float64 {
+	if x != nil {
+		return x.Tau
 	}
 	return 0
 }

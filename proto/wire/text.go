@@ -13,6 +13,10 @@ import (
 
 type textWriter struct{ b []byte }
 
+// name is out of line: it is called for every field of every message and
+// inlined copies of its appends cost edge-agent kilobytes of text.
+//
+//go:noinline
 func (w *textWriter) name(n string) {
 	if len(w.b) > 0 && w.b[len(w.b)-1] != '{' {
 		w.b = append(w.b, ' ')

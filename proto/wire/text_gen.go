@@ -92,6 +92,7 @@ func (x *Params) appendText(w *textWriter) {
 	w.uint("batch", uint64(x.Batch))
 	w.uint("clients", uint64(x.Clients))
 	w.uint("total_samples", x.TotalSamples)
+	w.float("tau", x.Tau)
 }
 
 func (x *ModelSpec) appendText(w *textWriter) {

@@ -312,7 +312,7 @@ func (m *RoundAnnouncement) checkRunSpec(msg string, stats bool) error {
 		for _, f := range []struct {
 			name string
 			v    float64
-		}{{"params.mu", p.Mu}, {"params.step", p.Step}, {"params.relax", p.Relax}, {"params.gamma", p.Gamma}, {"params.lr", p.Lr}} {
+		}{{"params.mu", p.Mu}, {"params.step", p.Step}, {"params.relax", p.Relax}, {"params.gamma", p.Gamma}, {"params.lr", p.Lr}, {"params.tau", p.Tau}} {
 			if err := checkNonNeg(msg, f.name, f.v); err != nil {
 				return err
 			}

@@ -83,6 +83,10 @@ var DefaultLimits = Limits{
 	MaxAnchorGrad:   1 << 22,
 }
 
+// withDefaults is out of line: it is called from many decoders and
+// validators, and a copy at each costs edge-agent text.
+//
+//go:noinline
 func (l Limits) withDefaults() Limits {
 	if l.MaxMessageBytes <= 0 {
 		l.MaxMessageBytes = DefaultLimits.MaxMessageBytes
