@@ -103,10 +103,14 @@ func TestSchemaEveryTaskSimulateAndDemo(t *testing.T) {
 				if b.Schema.Task != task || b.Provenance.Round != 3 || b.Evaluation == nil || len(b.Evaluation.Sites) != 3 {
 					t.Fatalf("final bundle: task %s round %d evaluation %+v", b.Schema.Task, b.Provenance.Round, b.Evaluation)
 				}
+				// The evaluation of an intermediate round is not required
+				// here: with rounds drawn back to back a site's report of
+				// round 2 can arrive after round 3 has moved the run on
+				// (the demo prints it when it completes; CI once had it
+				// missing on this 3-round run).
 				for _, re := range []string{
 					`every site's model_out \(.*SITE\.bundle\.json\) is the aggregator's final bundle, byte for byte`,
 					`(?m)^  federation \(n \d+\)\s+` + figures + `.*\s+` + figures,
-					`(?m)^\s+(3\s+3/3\s+0\s+\S+\s+)?of round 2: ` + figures,
 				} {
 					if !regexp.MustCompile(re).MatchString(out) {
 						t.Errorf("demo output lacks %s:\n%s", re, out)

@@ -920,8 +920,21 @@ func (s *EdgeStore) ack(round uint64, rejected bool) (bool, error) {
 			if err != nil {
 				return err
 			}
-			if err := eb.Delete(keyServerZ); err != nil {
-				return err
+			// The copy assumed this round's z would be applied. A copy of a
+			// later round's z stays: the rejection is of an older re-sent
+			// update (a broker that redelivers, such as a NATS cluster after
+			// a node's loss, brings a late round_closed for it), and the
+			// later update's own receipt decides that copy.
+			keep := false
+			if raw, err := storage.SGet(eb, keyServerZ, "server z"); err == nil && raw != nil {
+				if cr, _, err := storage.DecodeRoundVec(raw, "server z"); err == nil && cr > round {
+					keep = true
+				}
+			}
+			if !keep {
+				if err := eb.Delete(keyServerZ); err != nil {
+					return err
+				}
 			}
 		}
 		return b.Delete(k)

@@ -650,3 +650,29 @@ func TestEdgeMigrationToFinalKeys(t *testing.T) {
 		t.Fatalf("the version-2 code opening a version-3 file: %v, want ErrSchemaTooNew", err)
 	}
 }
+
+// A rejection of an older update that is still in the outbox (a re-send
+// answered round_closed after a later update's z became the copy, as a
+// redelivering broker brings it) keeps the later copy; the later round's
+// own rejection forgets it.
+func TestEdgeServerZKeptByOlderRejection(t *testing.T) {
+	s := openEdge(t, storetest.TempPath(t, "edge.db"))
+	if err := s.Commit(Commit{Round: 5, Z: []float64{5, 5}, ServerZ: []float64{5, 5}, Msg: []byte("u5")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(Commit{Round: 6, Z: []float64{6, 6}, ServerZ: []float64{6, 6}, Msg: []byte("u6")}); err != nil {
+		t.Fatal(err)
+	}
+	if had, err := s.AckRejected(5); err != nil || !had {
+		t.Fatalf("AckRejected(5) = %v %v", had, err)
+	}
+	if r, z, err := s.ServerZ(); err != nil || r != 6 || z[0] != 6 {
+		t.Fatalf("ServerZ after an older round's rejection = %d %v %v, want round 6's copy kept", r, z, err)
+	}
+	if had, err := s.AckRejected(6); err != nil || !had {
+		t.Fatalf("AckRejected(6) = %v %v", had, err)
+	}
+	if _, _, err := s.ServerZ(); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("ServerZ after its own round's rejection = %v, want ErrNotFound", err)
+	}
+}
