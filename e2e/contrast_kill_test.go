@@ -43,7 +43,10 @@ func TestContrastSiteKilledAfterCommit(t *testing.T) {
 			v.p.waitLine(60*time.Second, "round 2 solved", msgIs("round solved", "round", 2))
 			v.p.kill()
 			es := readEdgeState(t, v.state)
-			if es.applied != 2 {
+			// Rounds are drawn back to back: the kill may land after the
+			// site applied round 3 too, which is a kill after a commit
+			// all the same.
+			if es.applied != 2 && es.applied != 3 {
 				t.Fatalf("killed on round 2's commit line, the site had applied round %d", es.applied)
 			}
 			s, err := edgestore.OpenEdge(copyState(t, v.state), storage.Options{LockTimeout: time.Second})
