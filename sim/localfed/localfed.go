@@ -444,6 +444,21 @@ func (f *Federation) Stop() error {
 	return errors.Join(err, f.Broker.Close())
 }
 
+// StopAggregatorFirst ends the federation in the other order: the
+// aggregator, then the agents, then the broker. A test that restarts the
+// federation with a round frozen in a phase uses it: stopped first, the
+// agents go offline while the aggregator still runs, and a phase that
+// closes early once every site it expects has answered or gone offline
+// would close (or abort) before the restart.
+func (f *Federation) StopAggregatorFirst() error {
+	f.cancel()
+	err := <-f.srvDone
+	if aerr := f.agents.Stop(); aerr != nil && err == nil {
+		err = aerr
+	}
+	return errors.Join(err, f.Broker.Close())
+}
+
 // StopSite stops one site's agent (Agents.StopSite).
 func (f *Federation) StopSite(id string) { f.agents.StopSite(id) }
 
