@@ -23,14 +23,14 @@ func StartBroker(t testing.TB) (*mochi.Server, string) {
 	if err := srv.AddHook(new(AllowAll), nil); err != nil {
 		t.Fatal(err)
 	}
-	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
+	tcp := mochiclose.Wrap(listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"}))
 	if err := srv.AddListener(tcp); err != nil {
 		t.Fatal(err)
 	}
 	if err := srv.Serve(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = mochiclose.Close(srv, []string{"tcp"}) })
+	t.Cleanup(func() { _ = mochiclose.Close(srv, []*mochiclose.Listener{tcp}) })
 	return srv, "tcp://" + tcp.Address()
 }
 

@@ -13,9 +13,9 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 )
 
-// closeFn is the function under test; the regression check swaps in
-// mochi's own srv.Close to show the hang it avoids.
-var closeFn = func(srv *mqtt.Server) error { return Close(srv, []string{"t"}) }
+// closeFn is the function under test; swapping in mochi's own srv.Close
+// shows the hang and the WaitGroup panic it avoids.
+var closeFn = func(srv *mqtt.Server, l *Listener) error { return Close(srv, []*Listener{l}) }
 
 // TestCloseWhileClientsChurn closes servers while clients connect and
 // leave as fast as they can, each close bounded by a deadline: mochi's
@@ -27,7 +27,7 @@ func TestCloseWhileClientsChurn(t *testing.T) {
 		if err := srv.AddHook(new(allowAll), nil); err != nil {
 			t.Fatal(err)
 		}
-		tcp := listeners.NewTCP(listeners.Config{ID: "t", Address: "127.0.0.1:0"})
+		tcp := Wrap(listeners.NewTCP(listeners.Config{ID: "t", Address: "127.0.0.1:0"}))
 		if err := srv.AddListener(tcp); err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +45,7 @@ func TestCloseWhileClientsChurn(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // let connections build up: the churn is the point
 		done := make(chan error, 1)
-		go func() { done <- closeFn(srv) }()
+		go func() { done <- closeFn(srv, tcp) }()
 		select {
 		case err := <-done:
 			if err != nil {

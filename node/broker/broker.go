@@ -153,13 +153,14 @@ type Stats struct {
 
 // Broker is a running embedded broker.
 type Broker struct {
-	srv    *mqtt.Server
-	hook   *authHook
-	limit  *limitHook
-	queue  *queueHook
-	addr   string
-	tls    bool
-	closed atomic.Bool
+	srv      *mqtt.Server
+	listener *mochiclose.Listener
+	hook     *authHook
+	limit    *limitHook
+	queue    *queueHook
+	addr     string
+	tls      bool
+	closed   atomic.Bool
 }
 
 // Check validates cfg as Start does (the listen address's syntax, the
@@ -312,16 +313,16 @@ func Start(cfg Config) (*Broker, error) {
 		// a refused one is logged (refusals.go).
 		ln = newTLSListener(ln, cfg.TLS, h)
 	}
-	l := listeners.NewNet("edgefl", ln)
+	l := mochiclose.Wrap(listeners.NewNet("edgefl", ln))
 	if err := srv.AddListener(l); err != nil {
 		_ = ln.Close()
 		return nil, fmt.Errorf("broker: listen on %s: %w", cfg.Addr, err)
 	}
 	if err := srv.Serve(); err != nil {
-		_ = mochiclose.Close(srv, []string{"edgefl"})
+		_ = mochiclose.Close(srv, []*mochiclose.Listener{l})
 		return nil, fmt.Errorf("broker: serve: %w", err)
 	}
-	b := &Broker{srv: srv, hook: h, limit: lh, queue: qh, addr: l.Address(), tls: cfg.TLS != nil}
+	b := &Broker{srv: srv, listener: l, hook: h, limit: lh, queue: qh, addr: l.Address(), tls: cfg.TLS != nil}
 	rl := lh.lim.Limits()
 	log.Info("embedded MQTT broker listening", "addr", b.addr, "tls", b.tls,
 		"mutual_tls", cfg.TLS != nil && cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert,
@@ -429,7 +430,7 @@ func (b *Broker) Close() error {
 	}
 	// mochi's Close waits for every client but disconnects only those of
 	// its registered listeners: the in-process ones are added.
-	if err := mochiclose.Close(b.srv, []string{"edgefl"}, internalListener); err != nil {
+	if err := mochiclose.Close(b.srv, []*mochiclose.Listener{b.listener}, internalListener); err != nil {
 		return fmt.Errorf("broker: close: %w", err)
 	}
 	return nil
