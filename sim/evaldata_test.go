@@ -138,7 +138,7 @@ func testSimEvalDatasetMatchesLive(t *testing.T, mode string) {
 	srvCfg := aggregator.ServerConfig{
 		K: len(train), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
 		Algorithm: FedProxSplit, Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.MaxEpochs, Mu: local.Mu, Step: local.Step, Relax: local.Relax},
-		Model: model.Spec{Kind: model.KindLogReg, L2: cfg.L2}, Schema: sc, EvalEvery: 1,
+		Model: model.Spec{Kind: model.KindLogReg, L2: cfg.L2}, SchemaConfig: aggregator.SchemaConfig{Schema: sc, EvalEvery: 1},
 		Codec: "fp32", Downlink: "fp32", Version: "test",
 	}
 	want, statePath := liveSchemaRunEval(t, "simeval", res, train, eval, srvCfg, rounds, simGlobal)

@@ -87,8 +87,8 @@ func TestSimSchemaDPMatchesLive(t *testing.T) {
 	srvCfg := aggregator.ServerConfig{
 		K: len(perSite), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: cfg.Seed,
 		Algorithm: FedProx, Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.MaxEpochs, Mu: local.Mu},
-		Model: model.Spec{Kind: model.KindLogReg, L2: cfg.L2}, Schema: sc, EvalEvery: 1,
-		Codec: "fp32", Downlink: "fp32", DP: cfg.DP, DPTestKey: &key, Version: "test",
+		Model: model.Spec{Kind: model.KindLogReg, L2: cfg.L2}, SchemaConfig: aggregator.SchemaConfig{Schema: sc, EvalEvery: 1},
+		Codec: "fp32", Downlink: "fp32", PrivacyConfig: aggregator.PrivacyConfig{DP: cfg.DP, DPTestKey: &key}, Version: "test",
 	}
 	want, statePath := liveSchemaRun(t, "simlive", res, perSite, srvCfg, rounds, simGlobal)
 	b, err := bundle.Unmarshal(want)

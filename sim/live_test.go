@@ -304,7 +304,7 @@ func testSimMatchesLiveOpt(t *testing.T, algo, codec string, private *dp.Config,
 			Step: local.Step, Relax: local.Relax, Mu: local.Mu, Tau: local.Tau},
 		Model:     mspec,
 		ServerOpt: opt,
-		Codec:     codec, Downlink: cfg.Downlink, DP: private, DPTestKey: key, DPTestSelectionKey: selKey, Selector: cfg.Select,
+		Codec:     codec, Downlink: cfg.Downlink, PrivacyConfig: aggregator.PrivacyConfig{DP: private, DPTestKey: key, DPTestSelectionKey: selKey}, Selector: cfg.Select,
 		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
 		OnRound: func(rr aggregator.RoundReport) {
 			mu.Lock()

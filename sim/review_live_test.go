@@ -90,7 +90,7 @@ func TestStatsReviewHeartDisease(t *testing.T) {
 	srvCfg := aggregator.ServerConfig{
 		K: len(sites), QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: 2, Seed: 1,
 		Algorithm: FedProx, Params: aggregator.Params{Solver: proxsolver.LBFGS, Gamma: 1e-6, MaxEpochs: 3, Mu: 1},
-		Model: model.Spec{Kind: model.KindLogReg, L2: 0.01}, Schema: sc, EvalEvery: 1, StatsReview: true,
+		Model: model.Spec{Kind: model.KindLogReg, L2: 0.01}, SchemaConfig: aggregator.SchemaConfig{Schema: sc, EvalEvery: 1, StatsReview: true},
 		Codec: "fp32", Downlink: "fp32", Version: "test", Clock: fc, Logger: log.With("party", "aggregator"),
 	}
 	start := func(c aggregator.ServerConfig) *localfed.Federation {

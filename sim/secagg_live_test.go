@@ -90,7 +90,7 @@ func testSimMatchesLiveSecAgg(t *testing.T, algo string, restartAfter int, priva
 		Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.MaxEpochs, Mu: local.Mu, Step: local.Step, Relax: local.Relax},
 		Model:  model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
 		Codec:  "fp32", Downlink: cfg.Downlink,
-		SecAgg: &aggregator.SecAggSettings{Clip: cfg.SecAgg.Clip, Timeout: time.Minute}, DP: private,
+		SecAgg: &aggregator.SecAggConfig{Clip: cfg.SecAgg.Clip, Timeout: time.Minute}, PrivacyConfig: aggregator.PrivacyConfig{DP: private},
 		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
 		OnRound: func(rr aggregator.RoundReport) {
 			mu.Lock()

@@ -261,7 +261,7 @@ func stateFile(t *testing.T, path, federation string, sc *schema.Schema) {
 		spec = model.Spec{Kind: model.KindLogReg}
 	}
 	srv, err := aggregator.NewServer(aggregator.ServerConfig{Federation: federation, BrokerURL: "tcp://127.0.0.1:1", K: 1,
-		Model: spec, Schema: sc, StatePath: path})
+		Model: spec, SchemaConfig: aggregator.SchemaConfig{Schema: sc}, StatePath: path})
 	if err != nil {
 		t.Fatal(err)
 	}

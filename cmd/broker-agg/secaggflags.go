@@ -28,9 +28,9 @@ func (s *secAggFlags) register(fs *flag.FlagSet, daemon bool) {
 }
 
 // settings is the run's secure aggregation (nil: off).
-func (s *secAggFlags) settings() *aggregator.SecAggSettings {
+func (s *secAggFlags) settings() *aggregator.SecAggConfig {
 	if !s.on {
 		return nil
 	}
-	return &aggregator.SecAggSettings{Clip: s.clip, ScaleBits: s.scaleBits, Threshold: s.threshold, Timeout: s.timeout}
+	return &aggregator.SecAggConfig{Clip: s.clip, ScaleBits: s.scaleBits, Threshold: s.threshold, Timeout: s.timeout}
 }

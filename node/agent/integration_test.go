@@ -46,7 +46,7 @@ func TestFederationWithSchemaEndToEnd(t *testing.T) {
 		Algorithm: AlgoFedProx, Model: model.Spec{Kind: model.KindLogReg, L2: 0.01},
 		Params:    aggregator.Params{Solver: proxsolver.LBFGS, Mu: 0.01, Gamma: 1e-6, MaxEpochs: 50},
 		StatePath: filepath.Join(aggDir, "state.db"), FinalModel: filepath.Join(aggDir, "final.bundle.json"),
-		Schema: s, EvalEvery: 1, Version: "test",
+		SchemaConfig: aggregator.SchemaConfig{Schema: s, EvalEvery: 1}, Version: "test",
 		Clock: clock.NewFake(t0), Logger: testkit.Logger(t),
 	}
 	srv, err := aggregator.NewServer(cfg)

@@ -22,7 +22,6 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
-	"github.com/edgefl/edgefl/data/schema"
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/internal/metrics"
 	"github.com/edgefl/edgefl/internal/ratelimit"
@@ -116,36 +115,12 @@ type ServerConfig struct {
 	// AnchorSketch, when set, asks clients for the gradient at the anchor
 	// (Dimension 0) or its random-projection sketch (fedsim-cluster).
 	AnchorSketch *wire.SketchSpec
-	// DP, when set, is central differential privacy (docs/privacy.md;
-	// server_dp.go): every round announces the clip norm, the sites clip,
-	// the aggregator re-clips and releases the fixed-denominator mean plus
-	// Gaussian noise from a secret key kept in the state file, and the
-	// coordinator's accountant stops the run before the budget is
-	// exceeded. The FedProx family with fedavg or mean (sample weights
-	// are dropped); the FedSplit family in sum mode (server_sum.go: S and
-	// m only, no robust server step, no late updates); poisson (the
-	// default) or uniform selection drawn from a secret key and not
-	// published (invitations on receipts/<id>), no re-selection
-	// (MaxReselections is taken as 0), no anchor gradients; a schema only
-	// if it declares its preprocessing. With DP.Adaptive the clip norm
-	// moves every round (server_dp.go).
-	DP *dp.Config
-	// DPTestKey and DPTestSelectionKey, when set, are a new run's noise
-	// key and selection key instead of 32 bytes from crypto/rand each: for
-	// tests that compare a live run with simulate --dp-noise-seed
-	// (dp.TestKey, dp.TestSelectionKey), never for a deployment.
-	DPTestKey          *[32]byte
-	DPTestSelectionKey *[32]byte
-	// SecAgg, when set, is secure aggregation (docs/privacy.md;
-	// server_secagg.go): the aggregator learns only the sum of the
-	// sites' quantised updates over the sites that finish the protocol.
-	// The FedProx family with fedavg or mean (the uniform mean of the
-	// sum) and the FedSplit family in sum mode (the sum added to S),
-	// uniform selection (published: the KeyList names the participants),
-	// the fp32 codec setting (the ring quantiser replaces it), no anchor
-	// gradients, no schema, no central DP. Its zero fields are filled in
-	// by NewServer.
-	SecAgg *SecAggSettings
+	// PrivacyConfig is differential privacy's configuration (DP and its
+	// test keys; server_dp.go).
+	PrivacyConfig
+	// SecAgg, when set, is secure aggregation (SecAggConfig;
+	// server_secagg.go). Its zero fields are filled in by NewServer.
+	SecAgg *SecAggConfig
 
 	// Model is the model every client trains.
 	Model model.Spec
@@ -184,24 +159,9 @@ type ServerConfig struct {
 	// (default <state dir>/final.bundle.json).
 	FinalModel string
 
-	// Schema, when set, is the federation schema: the run
-	// starts with a statistics phase, the model's inputs and classes come
-	// from the schema and the fitted preprocessing (Model's Kind, Hidden,
-	// Activation and L2 are the operator's; Inputs and Classes are
-	// ignored), and the sites evaluate the global model on their held-out
-	// rows every EvalEvery rounds (0: only at the end) and at the end.
-	Schema *schema.Schema
-	// StatsSites closes the statistics phase at that many sites (default
-	// K); see Config.StatsSites.
-	StatsSites int
-	EvalEvery  int
-	// StatsReview stops the run before round 1 when the statistics
-	// review has findings (stats_review.go).
-	StatsReview bool
-	// EvalTable is --eval-data read with the Schema: evaluated, with the
-	// federation's preprocessing, after every aggregation (as Eval is
-	// without a schema).
-	EvalTable *schema.Table
+	// SchemaConfig is the schema run's configuration (the federation
+	// schema and its phases; server_fed.go).
+	SchemaConfig
 	// Stopping rules (0: off): see Config.
 	StopPatience int
 	StopTol      float64
@@ -412,7 +372,7 @@ type storedConfig struct {
 	// SecAgg is the run's secure aggregation (nil: none), which a resumed
 	// run must keep: a site's session and the stored server state assume
 	// its quantiser and threshold.
-	SecAgg *SecAggSettings `json:"secagg,omitempty"`
+	SecAgg *SecAggConfig `json:"secagg,omitempty"`
 	// ServerOpt is the run's server optimiser (nil: none), which a
 	// resumed run must keep: its stored moments assume it.
 	ServerOpt *serveropt.Params `json:"server_opt,omitempty"`

@@ -149,8 +149,8 @@ func (cfg *ServerConfig) checkParams(d *derived) error {
 // a stand-in transform: no statistics exist yet).
 func (cfg *ServerConfig) checkModel() error {
 	if sc := cfg.Schema; sc != nil {
-		if err := sc.Validate(); err != nil {
-			return fmt.Errorf("%w: schema: %w", coordinator.ErrConfig, err)
+		if err := cfg.SchemaConfig.Validate(); err != nil {
+			return err
 		}
 		m := operatorModel(cfg.Model)
 		if _, err := sitedata.ModelSpec(sc, &prep.Transform{Outputs: 1}, m.Kind, m.Hidden, m.Activation, m.L2); err != nil {

@@ -62,7 +62,7 @@ func TestValidate(t *testing.T) {
 			c.Algorithm, c.DP = AlgoScaffold, &dp.Config{Clip: 1, Noise: 1, Delta: 1e-5}
 		}, "scaffold does not compose with DP"},
 		{"scaffold with secure aggregation", func(c *ServerConfig) {
-			c.Algorithm, c.SecAgg = AlgoScaffold, &SecAggSettings{Clip: 1, Threshold: 2}
+			c.Algorithm, c.SecAgg = AlgoScaffold, &SecAggConfig{Clip: 1, Threshold: 2}
 		}, "scaffold does not compose with secure aggregation"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

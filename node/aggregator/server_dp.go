@@ -21,13 +21,50 @@ import (
 // refusals, the noise key in the state file, the announced parameters, and
 // the aggregation through uplink.NoisyMean, the rule `simulate` runs too.
 
+// PrivacyConfig is differential privacy's configuration (ServerConfig
+// embeds it).
+type PrivacyConfig struct {
+	// DP, when set, is central differential privacy (docs/privacy.md;
+	// server_dp.go): every round announces the clip norm, the sites clip,
+	// the aggregator re-clips and releases the fixed-denominator mean plus
+	// Gaussian noise from a secret key kept in the state file, and the
+	// coordinator's accountant stops the run before the budget is
+	// exceeded. The FedProx family with fedavg or mean (sample weights
+	// are dropped); the FedSplit family in sum mode (server_sum.go: S and
+	// m only, no robust server step, no late updates); poisson (the
+	// default) or uniform selection drawn from a secret key and not
+	// published (invitations on receipts/<id>), no re-selection
+	// (MaxReselections is taken as 0), no anchor gradients; a schema only
+	// if it declares its preprocessing. With DP.Adaptive the clip norm
+	// moves every round (server_dp.go).
+	DP *dp.Config
+	// DPTestKey and DPTestSelectionKey, when set, are a new run's noise
+	// key and selection key instead of 32 bytes from crypto/rand each: for
+	// tests that compare a live run with simulate --dp-noise-seed
+	// (dp.TestKey, dp.TestSelectionKey), never for a deployment.
+	DPTestKey          *[32]byte
+	DPTestSelectionKey *[32]byte
+}
+
+// Validate checks the DP setting on its own; checkDP checks it against the
+// rest of the configuration.
+func (c PrivacyConfig) Validate() error {
+	if c.DP == nil {
+		return nil
+	}
+	if err := c.DP.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", coordinator.ErrConfig, err)
+	}
+	return nil
+}
+
 // checkDP refuses what DP cannot cover; d is the derived configuration.
 func (cfg *ServerConfig) checkDP(d *derived) error {
 	if cfg.DP == nil {
 		return nil
 	}
-	if err := cfg.DP.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", coordinator.ErrConfig, err)
+	if err := cfg.PrivacyConfig.Validate(); err != nil {
+		return err
 	}
 	switch {
 	case cfg.DP.Distributed && cfg.SecAgg == nil:
@@ -70,7 +107,7 @@ func (cfg *ServerConfig) checkDP(d *derived) error {
 type privacy struct {
 	cfg                         *dp.Config // nil: off
 	testNoiseKey, testSelection *[32]byte
-	secAgg                      *SecAggSettings
+	secAgg                      *SecAggConfig
 	// nextClip is adaptive clipping's clip norm for the round after the
 	// closing one (0: none), until the checkpoint steps ClipEstimated.
 	nextClip float64

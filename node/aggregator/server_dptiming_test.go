@@ -22,7 +22,7 @@ func TestDPRoundTimingCharge(t *testing.T) {
 		{"fixed rounds", dp.Config{Clip: 1, Noise: 1, Delta: 1e-5, FixedRounds: true}, true},
 		{"distributed", dp.Config{Clip: 1, Noise: 1, Delta: 1e-5, Distributed: true}, false},
 	} {
-		cfg := ServerConfig{DP: &tc.dp}
+		cfg := ServerConfig{PrivacyConfig: PrivacyConfig{DP: &tc.dp}}
 		cfg.defaults()
 		c := cfg.DP
 		if q := c.ChargedRate(0.1); (q == 0.1) != tc.amplified || (q == 1) == tc.amplified {

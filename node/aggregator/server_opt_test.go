@@ -96,7 +96,7 @@ func TestServerOptRefused(t *testing.T) {
 		{"fedsplit", func(c *ServerConfig) { c.Algorithm, c.Params.Step = AlgoFedSplit, 1 }, "not a mean of deltas"},
 		{"fedproxsplit", func(c *ServerConfig) { c.Algorithm, c.Params.Step = AlgoFedProxSplit, 1 }, "not a mean of deltas"},
 		{"secagg", func(c *ServerConfig) {
-			c.Algorithm, c.SecAgg = AlgoFedProx, &SecAggSettings{Clip: 1}
+			c.Algorithm, c.SecAgg = AlgoFedProx, &SecAggConfig{Clip: 1}
 		}, "--secagg"},
 		{"beta1 1", func(c *ServerConfig) { c.ServerOpt.Beta1 = 1 }, "beta1"},
 		{"tau 0", func(c *ServerConfig) { c.ServerOpt.Tau = 0 }, "tau"},

@@ -42,8 +42,15 @@ import (
 //     and the server is its stored state plus the stored messages of the
 //     open phase that the coordinator counts, taken again.
 
-// SecAggSettings are secure aggregation's settings (ServerConfig.SecAgg).
-type SecAggSettings struct {
+// SecAggConfig is secure aggregation's configuration (ServerConfig.SecAgg;
+// docs/privacy.md; server_secagg.go): the aggregator learns only the sum
+// of the sites' quantised updates over the sites that finish the protocol.
+// The FedProx family with fedavg or mean (the uniform mean of the sum) and
+// the FedSplit family in sum mode (the sum added to S), uniform selection
+// (published: the KeyList names the participants), the fp32 codec setting
+// (the ring quantiser replaces it), no anchor gradients, no schema, no
+// central DP.
+type SecAggConfig struct {
 	// Clip bounds each coordinate of a site's update w - x (> 0); the
 	// sites clip to it before quantising.
 	Clip float64
@@ -60,6 +67,21 @@ type SecAggSettings struct {
 // DefaultSecAggTimeout is the default deadline of the share-keys, masked
 // input and unmask phases: each is one message per site, no local work.
 const DefaultSecAggTimeout = time.Minute
+
+// Validate checks the settings on their own; checkSecAgg checks them
+// against the rest of the configuration.
+func (c *SecAggConfig) Validate() error {
+	refuse := func(format string, a ...any) error {
+		return fmt.Errorf("%w: secure aggregation (--secagg): %s", coordinator.ErrConfig, fmt.Sprintf(format, a...))
+	}
+	switch {
+	case !(c.Clip > 0) || c.Clip > 1e6:
+		return refuse("clip %v: want > 0 (and at most 1e6)", c.Clip)
+	case c.Timeout < 0:
+		return refuse("phase timeout %v: want > 0", c.Timeout)
+	}
+	return nil
+}
 
 // checkSecAgg refuses what secure aggregation cannot cover and sets the
 // coordinator's secure-aggregation phases; d is the derived configuration.
@@ -91,10 +113,9 @@ func (cfg *ServerConfig) checkSecAgg(d *derived) error {
 		return refuse("central differential privacy re-clips each update, which it hides: the distributed mode is the one that composes with it (hint: --dp distributed)")
 	case cfg.K < 2:
 		return refuse("K = %d: a sum of one site is that site's update; want K >= 2", cfg.K)
-	case !(sc.Clip > 0) || sc.Clip > 1e6:
-		return refuse("clip %v: want > 0 (and at most 1e6)", sc.Clip)
-	case sc.Timeout < 0:
-		return refuse("phase timeout %v: want > 0", sc.Timeout)
+	}
+	if err := sc.Validate(); err != nil {
+		return err
 	}
 	if sc.Timeout == 0 {
 		sc.Timeout = DefaultSecAggTimeout
@@ -684,7 +705,7 @@ func (s *Server) restoreSecAgg() error {
 
 // secAggText is a secure-aggregation setting as resumeDiffs compares and
 // names it.
-func secAggText(c *SecAggSettings) string {
+func secAggText(c *SecAggConfig) string {
 	if c == nil {
 		return "off"
 	}
@@ -723,7 +744,7 @@ const (
 	SecAggModelHBC    = "honest-but-curious"
 )
 
-func newSecAggStatus(c *SecAggSettings, st *coordinator.SecAggState, phase coordinator.Phase, ctr coordinator.Counters) *SecAggStatus {
+func newSecAggStatus(c *SecAggConfig, st *coordinator.SecAggState, phase coordinator.Phase, ctr coordinator.Counters) *SecAggStatus {
 	out := &SecAggStatus{Phase: secagg.PhaseAdvertise.String(), Messages: ctr.SecAggMessages, Aborts: ctr.SecAggAborts,
 		Threshold: c.Threshold, Clip: c.Clip, ScaleBits: c.ScaleBits}
 	if st != nil {

@@ -36,7 +36,7 @@ func TestSecAggDPColluders(t *testing.T) {
 			cfg.K, cfg.Algorithm, cfg.Aggregator = tc.k, AlgoFedAvg, "fedavg"
 			cfg.BrokerURL, cfg.Username, cfg.Password = "", "", ""
 			cfg.Dial = f.brk.Dial
-			cfg.SecAgg = &SecAggSettings{Clip: 1, Threshold: tc.t}
+			cfg.SecAgg = &SecAggConfig{Clip: 1, Threshold: tc.t}
 			cfg.DP = &dp.Config{Clip: 1, Noise: 1, Delta: 1e-5, Distributed: true, Colluders: tc.c}
 			if tc.refuse != "" {
 				err := cfg.Validate()

@@ -487,7 +487,7 @@ type LiveStatus struct {
 func ReadStatus(store *aggstore.AggStore) (Status, error) {
 	var out Status
 	var dpConf *dp.Config
-	var saConf *SecAggSettings
+	var saConf *SecAggConfig
 	cur, err := store.CurrentRound()
 	if errors.Is(err, storage.ErrNotFound) {
 		return out, fmt.Errorf("aggregator: %s holds no round yet", store.Path())
@@ -572,7 +572,7 @@ func ReadStatus(store *aggstore.AggStore) (Status, error) {
 // readRunConfig fills out's run settings from the configuration stored
 // with round 1 and returns its DP and secure-aggregation settings (nil:
 // none, or unreadable).
-func readRunConfig(store *aggstore.AggStore, out *Status) (*dp.Config, *SecAggSettings) {
+func readRunConfig(store *aggstore.AggStore, out *Status) (*dp.Config, *SecAggConfig) {
 	first, err := store.Round(1)
 	if err != nil {
 		return nil, nil

@@ -36,10 +36,10 @@ func TestFixedRoundsOverMQTT(t *testing.T) {
 		Server: aggregator.ServerConfig{
 			K: n, QuorumFraction: 1, RoundTimeout: timeout, Rounds: rounds, Seed: 1,
 			Algorithm: aggregator.AlgoFedProx, Selector: "poisson:q=0.5",
-			Params: aggregator.Params{Mu: 1, Solver: "lbfgs", Gamma: 1e-3, MaxEpochs: 2},
-			Model:  model.Spec{Kind: model.KindLogReg, Inputs: fd.D, Classes: fd.Classes, L2: 0.01},
-			DP:     &dp.Config{Clip: 0.5, Noise: 1, Delta: 1e-5, FixedRounds: true}, DPTestSelectionKey: &selKey,
-			Clock: aggClock, Logger: log.With("party", "aggregator"),
+			Params:        aggregator.Params{Mu: 1, Solver: "lbfgs", Gamma: 1e-3, MaxEpochs: 2},
+			Model:         model.Spec{Kind: model.KindLogReg, Inputs: fd.D, Classes: fd.Classes, L2: 0.01},
+			PrivacyConfig: aggregator.PrivacyConfig{DP: &dp.Config{Clip: 0.5, Noise: 1, Delta: 1e-5, FixedRounds: true}, DPTestSelectionKey: &selKey},
+			Clock:         aggClock, Logger: log.With("party", "aggregator"),
 		}})
 	if err != nil {
 		t.Fatal(err)

@@ -104,10 +104,10 @@ func TestPrivateSelectionOverMQTT(t *testing.T) {
 	srvCfg := aggregator.ServerConfig{
 		K: n, QuorumFraction: 1, RoundTimeout: 10 * time.Minute, Rounds: rounds, Seed: 1,
 		Algorithm: aggregator.AlgoFedProx, Selector: "poisson:q=0.5",
-		Params: aggregator.Params{Mu: 1, Solver: "lbfgs", Gamma: 1e-3, MaxEpochs: 2},
-		Model:  model.Spec{Kind: model.KindLogReg, Inputs: fd.D, Classes: fd.Classes, L2: 0.01},
-		DP:     &dp.Config{Clip: 0.5, Noise: 1, Delta: 1e-5}, DPTestSelectionKey: &selKey,
-		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
+		Params:        aggregator.Params{Mu: 1, Solver: "lbfgs", Gamma: 1e-3, MaxEpochs: 2},
+		Model:         model.Spec{Kind: model.KindLogReg, Inputs: fd.D, Classes: fd.Classes, L2: 0.01},
+		PrivacyConfig: aggregator.PrivacyConfig{DP: &dp.Config{Clip: 0.5, Noise: 1, Delta: 1e-5}, DPTestSelectionKey: &selKey},
+		Clock:         clock.NewFake(t0), Logger: log.With("party", "aggregator"),
 		OnRound: func(rr aggregator.RoundReport) {
 			mu.Lock()
 			selected[rr.Round] = slices.Sorted(slices.Values(append(slices.Clone(rr.Contributors), rr.Stragglers...)))

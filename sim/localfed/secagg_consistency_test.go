@@ -147,7 +147,7 @@ func TestSecAggSignedSurvivorSet(t *testing.T) {
 					MaxReselections: -1, Rounds: 1, Seed: 1, Algorithm: aggregator.AlgoFedAvg,
 					Params:  aggregator.Params{Solver: "lbfgs", Gamma: 1e-3, MaxEpochs: 2},
 					Model:   model.Spec{Kind: model.KindLogReg, Inputs: fd.D, Classes: fd.Classes, L2: 0.01},
-					SecAgg:  &aggregator.SecAggSettings{Clip: 1, Threshold: thr, Timeout: 20 * time.Second},
+					SecAgg:  &aggregator.SecAggConfig{Clip: 1, Threshold: thr, Timeout: 20 * time.Second},
 					OnRound: func(aggregator.RoundReport) { rounds.Add(1) }}})
 			if err != nil {
 				t.Fatal(err)

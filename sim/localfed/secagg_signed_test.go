@@ -173,7 +173,7 @@ func TestSecAggSignedEquivocation(t *testing.T) {
 					MaxReselections: -1, Rounds: 1, Seed: 1, Algorithm: aggregator.AlgoFedAvg,
 					Params:  aggregator.Params{Solver: "lbfgs", Gamma: 1e-3, MaxEpochs: 2},
 					Model:   model.Spec{Kind: model.KindLogReg, Inputs: fd.D, Classes: fd.Classes, L2: 0.01},
-					SecAgg:  &aggregator.SecAggSettings{Clip: 1, Threshold: tc.t, Timeout: 20 * time.Second},
+					SecAgg:  &aggregator.SecAggConfig{Clip: 1, Threshold: tc.t, Timeout: 20 * time.Second},
 					OnRound: func(aggregator.RoundReport) { rounds.Add(1) }}})
 			if err != nil {
 				t.Fatal(err)
@@ -350,7 +350,7 @@ func signedRestartIn(t *testing.T, hide wire.SecAggPhase) {
 			MaxReselections: -1, Rounds: 1, Seed: 1, Algorithm: aggregator.AlgoFedAvg,
 			Params:  aggregator.Params{Solver: "lbfgs", Gamma: 1e-3, MaxEpochs: 2},
 			Model:   model.Spec{Kind: model.KindLogReg, Inputs: fd.D, Classes: fd.Classes, L2: 0.01},
-			SecAgg:  &aggregator.SecAggSettings{Clip: 1, Timeout: 20 * time.Second},
+			SecAgg:  &aggregator.SecAggConfig{Clip: 1, Timeout: 20 * time.Second},
 			OnRound: func(aggregator.RoundReport) { rounds.Add(1) }}}
 	lf, err := Start(ctx, cfg)
 	if err != nil {

@@ -43,7 +43,7 @@ func TestSecAggFederationRuns(t *testing.T) {
 					MaxReselections: -1, Rounds: 2, Seed: 1, Algorithm: aggregator.AlgoFedProx,
 					Params:  aggregator.Params{Mu: 1, Solver: "lbfgs", Gamma: 1e-3, MaxEpochs: 2},
 					Model:   model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: 0.01},
-					SecAgg:  &aggregator.SecAggSettings{Clip: 1, Timeout: 20 * time.Second},
+					SecAgg:  &aggregator.SecAggConfig{Clip: 1, Timeout: 20 * time.Second},
 					OnRound: func(rr aggregator.RoundReport) { rounds++ }}})
 			if err != nil {
 				t.Fatal(err)
@@ -108,7 +108,7 @@ func testSecAggDropout(t *testing.T, k int, drop uint32) {
 			MaxReselections: -1, Rounds: 1, Seed: 1, Algorithm: aggregator.AlgoFedProx,
 			Params: aggregator.Params{Mu: 1, Solver: "lbfgs", Gamma: 1e-3, MaxEpochs: 2},
 			Model:  model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: 0.01},
-			SecAgg: &aggregator.SecAggSettings{Clip: clip, Timeout: 1500 * time.Millisecond},
+			SecAgg: &aggregator.SecAggConfig{Clip: clip, Timeout: 1500 * time.Millisecond},
 			OnRound: func(rr aggregator.RoundReport) {
 				mu.Lock()
 				defer mu.Unlock()
@@ -197,7 +197,7 @@ func TestSecAggAbortVisible(t *testing.T) {
 			Params: aggregator.Params{Solver: "lbfgs", Gamma: 1e-3, MaxEpochs: 2},
 			Model:  model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: 0.01},
 			// t = K: one site fewer aborts the session.
-			SecAgg:  &aggregator.SecAggSettings{Clip: 1, Threshold: k, Timeout: time.Second},
+			SecAgg:  &aggregator.SecAggConfig{Clip: 1, Threshold: k, Timeout: time.Second},
 			OnRound: func(aggregator.RoundReport) { aggregated.Add(1) }}})
 	if err != nil {
 		t.Fatal(err)
