@@ -35,7 +35,6 @@ import (
 	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/round"
-	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -417,7 +416,7 @@ func (s *Server) resumeDiffs(was storedConfig) []string {
 	}
 	diff("downlink", s.cfg.Downlink, downWas)
 	diff("dp", dpText(s.cfg.DP), dpText(was.DP))
-	diff("secagg", secAggText(s.cfg.SecAgg), secAggText(was.SecAgg))
+	diff("secagg", s.secAgg.text(), secAggText(was.SecAgg))
 	diff("server-opt", optText(s.stored.ServerOpt), optText(was.ServerOpt))
 	if p := was.Params; p != nil && s.stored.Params != nil {
 		now := *s.stored.Params
@@ -504,7 +503,7 @@ type Server struct {
 	finOnce    sync.Once
 	metAddr    atomic.Value // string
 
-	secAggRun // secure aggregation's session state (server_secagg.go)
+	secAgg *secAggRun // secure aggregation (server_secagg.go; nil without it)
 
 	// metrics
 	mu                                      sync.Mutex
@@ -537,21 +536,6 @@ type Server struct {
 	// reviewStop: the run stopped before round 1 for the statistics
 	// review (--stats-review; stats_review.go).
 	reviewStop atomic.Bool
-}
-
-// secAggRun is the shell's secure aggregation state: the open session's
-// server (for round saRound, attempt saAttempt), the message being
-// proposed and whether it was stored now, and the session's advance the
-// batch decided. Its configuration is ServerConfig.SecAgg (with its
-// defaults, checkSecAgg), its restore restoreSecAgg and its status section
-// secAggStatus (server_secagg.go).
-type secAggRun struct {
-	sa           *secagg.Server
-	saRound      int
-	saAttempt    int
-	pendSecAgg   *inSecAgg
-	secAggStored bool
-	advance      *coordinator.SecAggAdvance // set by carryOut, carried out after the batch
 }
 
 // request is an event handed from an MQTT callback to the loop.
@@ -596,6 +580,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("aggregator: %w", err)
 	}
 	s.dec.Store(&decoder{lim: s.lim})
+	s.secAgg = newSecAggRun(cfg.SecAgg, cfg.K, s.lim, s.log)
 	if cfg.Schema != nil {
 		s.schemaJSON = cfg.Schema.Canonical()
 	} else if err := s.setModel(cfg.Model); err != nil {
@@ -1271,13 +1256,13 @@ func (s *Server) apply(ctx context.Context, ds []coordinator.Decision, u *inUpda
 		return err
 	}
 	closing, fitting, err := s.carryOut(ds, u, storedAt)
-	switch {
-	case err != nil:
+	if err != nil {
 		return err
-	case s.advance != nil:
-		adv := *s.advance
-		s.advance = nil
-		return s.advanceSecAgg(ctx, adv)
+	}
+	if adv := s.secAgg.takeAdvance(); adv != nil {
+		return s.advanceSecAgg(ctx, *adv)
+	}
+	switch {
 	case closing != nil:
 		// After the rest of the batch (its SetTimer belongs to the
 		// closing phase): AggregatedRound is a new event.
@@ -1331,7 +1316,7 @@ func (s *Server) carryOut(ds []coordinator.Decision, u *inUpdate, storedAt time.
 		case coordinator.AcceptSecAgg, coordinator.RejectSecAgg:
 			s.answerSecAgg(d, storedAt)
 		case coordinator.SecAggAdvance:
-			s.advance = &d
+			s.secAgg.deferAdvance(d)
 		case coordinator.AnnounceSecAgg:
 			err = s.announceSecAgg(d)
 		case coordinator.SecAggAbort:

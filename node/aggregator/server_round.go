@@ -54,7 +54,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		RunId:           s.stored.RunID,
 		Dp:              s.dpParams(),
 	}
-	if s.cfg.DP != nil && s.cfg.SecAgg == nil {
+	if s.cfg.DP != nil && !s.secAgg.on() {
 		// Private selection (docs/privacy.md, "Sampling rate"): the
 		// retained announcement names nobody; Invite decisions tell each
 		// selected site on its own receipts topic (server_invite.go).
@@ -80,7 +80,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 		return nil, err
 	}
 	if attempt, _, ok := s.coord.SecAggSession(); ok {
-		a.Secagg = s.secAggSpec(attempt)
+		a.Secagg = s.secAgg.spec(attempt)
 	}
 	if s.fit != nil {
 		a.Schema, a.Transform = s.schemaJSON, s.fit.Transform
@@ -284,7 +284,7 @@ func (s *Server) checkpoint(cr coordinator.CloseRound, next []float64, redo bool
 
 // aggregate computes the next global model from the closed round.
 func (s *Server) aggregate(cr coordinator.CloseRound) ([]float64, aggregate.Report, error) {
-	if s.cfg.SecAgg != nil {
+	if s.secAgg.on() {
 		return s.secAggAggregate(cr) // with --dp distributed, the noise is in the sum
 	}
 	if s.cfg.DP != nil {

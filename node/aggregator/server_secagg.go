@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/edgefl/edgefl/node/aggstore"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -159,29 +160,109 @@ func (cfg *ServerConfig) checkSecAgg(d *derived) error {
 	return nil
 }
 
-// secAggSpec is the announcement's spec for session attempt.
-func (s *Server) secAggSpec(attempt int) *wire.SecAggSpec {
-	sc := s.cfg.SecAgg
-	return &wire.SecAggSpec{Threshold: uint32(sc.Threshold), Clip: sc.Clip, ScaleBits: uint32(sc.ScaleBits),
-		MaxSites: uint32(s.cfg.K), Attempt: uint32(attempt)}
+// secAggRun is the shell's secure aggregation component: its
+// configuration (ServerConfig.SecAgg with checkSecAgg's defaults, and K),
+// the open session's secagg.Server (for round, attempt), the message being
+// proposed and whether it was stored now, the session's advance the batch
+// decided, its restore from the round log (restore) and its status section
+// (status). nil when the run has no secure aggregation: its methods are
+// then no-ops (off, no status).
+type secAggRun struct {
+	cfg            SecAggConfig
+	k              int
+	lim            wire.Limits
+	log            *slog.Logger
+	srv            *secagg.Server
+	round, attempt int
+	pend           *inSecAgg
+	stored         bool
+	advance        *coordinator.SecAggAdvance // set by carryOut, carried out after the batch
 }
 
-// secAggSession returns the secagg.Server of (round, attempt), making a new
-// one when the open one is of another session.
-func (s *Server) secAggSession(round, attempt int) (*secagg.Server, error) {
-	if s.sa != nil && s.saRound == round && s.saAttempt == attempt {
-		return s.sa, nil
+// newSecAggRun is the component of cfg (nil: none) with K sites per round;
+// lim bounds the stored messages it reads back.
+func newSecAggRun(cfg *SecAggConfig, k int, lim wire.Limits, log *slog.Logger) *secAggRun {
+	if cfg == nil {
+		return nil
 	}
-	cfg, _, err := uplink.SecAggSetup(s.secAggSpec(attempt), s.dim)
+	return &secAggRun{cfg: *cfg, k: k, lim: lim, log: log}
+}
+
+// on reports whether the run has secure aggregation.
+func (a *secAggRun) on() bool { return a != nil }
+
+// threshold is t, the sites a session needs.
+func (a *secAggRun) threshold() int { return a.cfg.Threshold }
+
+// spec is the announcement's spec for session attempt.
+func (a *secAggRun) spec(attempt int) *wire.SecAggSpec {
+	return &wire.SecAggSpec{Threshold: uint32(a.cfg.Threshold), Clip: a.cfg.Clip, ScaleBits: uint32(a.cfg.ScaleBits),
+		MaxSites: uint32(a.k), Attempt: uint32(attempt)}
+}
+
+// session returns the secagg.Server of (round, attempt) of run runID over
+// dim values, making a new one when the open one is of another session.
+func (a *secAggRun) session(round, attempt, dim int, runID string) (*secagg.Server, error) {
+	if a.srv != nil && a.round == round && a.attempt == attempt {
+		return a.srv, nil
+	}
+	cfg, _, err := uplink.SecAggSetup(a.spec(attempt), dim)
 	if err != nil {
 		return nil, err
 	}
-	srv, err := secagg.NewServer(cfg, uplink.SecAggSession(s.stored.RunID, uint64(round), uint32(attempt)))
+	srv, err := secagg.NewServer(cfg, uplink.SecAggSession(runID, uint64(round), uint32(attempt)))
 	if err != nil {
 		return nil, err
 	}
-	s.sa, s.saRound, s.saAttempt = srv, round, attempt
+	a.srv, a.round, a.attempt = srv, round, attempt
 	return srv, nil
+}
+
+// openSession is the open session's server and its round and attempt
+// (nil when none).
+func (a *secAggRun) openSession() (srv *secagg.Server, round, attempt int) {
+	if a == nil {
+		return nil, 0, 0
+	}
+	return a.srv, a.round, a.attempt
+}
+
+// propose makes in the message being proposed, not stored yet; done
+// forgets it.
+func (a *secAggRun) propose(in *inSecAgg) (done func()) {
+	a.pend, a.stored = in, false
+	return func() { a.pend = nil }
+}
+
+// proposed is the message being proposed (nil when none).
+func (a *secAggRun) proposed() *inSecAgg { return a.pend }
+
+// setStored records whether the proposed message was stored now (false: a
+// copy stored earlier).
+func (a *secAggRun) setStored(stored bool) { a.stored = stored }
+
+// storedNow reports whether the proposed message was stored now.
+func (a *secAggRun) storedNow() bool { return a.stored }
+
+// deferAdvance keeps the batch's SecAggAdvance, carried out after the
+// batch.
+func (a *secAggRun) deferAdvance(d coordinator.SecAggAdvance) { a.advance = &d }
+
+// takeAdvance returns the batch's SecAggAdvance (nil when none) and
+// forgets it.
+func (a *secAggRun) takeAdvance() *coordinator.SecAggAdvance {
+	if a == nil {
+		return nil
+	}
+	d := a.advance
+	a.advance = nil
+	return d
+}
+
+// secAggSession is the open session's server of (round, attempt) of this
+// run's model (secAggRun.session).
+func (s *Server) secAggSession(round, attempt int) (*secagg.Server, error) {
+	return s.secAgg.session(round, attempt, s.dim, s.stored.RunID)
 }
 
 // inSecAgg is a decoded, validated secagg message of a site.
@@ -203,7 +284,7 @@ func (s *Server) handleSecAgg(m *wire.SecAggMessage, raw []byte) bool {
 		return true
 	}
 	switch {
-	case s.cfg.SecAgg == nil:
+	case !s.secAgg.on():
 		return bad("no_secagg", "this federation runs without --secagg")
 	case m.RunId != s.stored.RunID:
 		return bad("run_mismatch", fmt.Sprintf("a message for run %q, this run is %q", m.RunId, s.stored.RunID))
@@ -247,8 +328,7 @@ func secAggSender(m secagg.Message) string {
 }
 
 func (s *Server) onSecAgg(ctx context.Context, in *inSecAgg) error {
-	s.pendSecAgg, s.secAggStored = in, false
-	defer func() { s.pendSecAgg = nil }()
+	defer s.secAgg.propose(in)()
 	return s.propose(ctx, secAggEvent(in.msg, s.clock.Now()), nil, s.storeSecAgg, s.refuseSecAgg)
 }
 
@@ -271,7 +351,7 @@ var errSecAggRefused = errors.New("refused by the secure aggregation")
 // copy stored earlier).
 func (s *Server) storeSecAgg(d coordinator.Decision, now time.Time) (uint64, error) {
 	a, ok := d.(coordinator.AcceptSecAgg)
-	in := s.pendSecAgg
+	in := s.secAgg.proposed()
 	if !ok || in == nil || in.msg.ClientId != a.Client || clampRound(in.msg.Round) != a.Round || int(in.msg.Kind) != a.Kind {
 		return 0, fmt.Errorf("%w: %#v", errNotGiven, d)
 	}
@@ -292,7 +372,7 @@ func (s *Server) storeSecAgg(d coordinator.Decision, now time.Time) (uint64, err
 	if errors.Is(err, storage.ErrConflict) {
 		return 0, fmt.Errorf("%w: %w", errSecAggRefused, err)
 	}
-	s.secAggStored = index > 0
+	s.secAgg.setStored(index > 0)
 	if err == nil && len(in.msg.ViewSignature) > 0 {
 		// Signed secure aggregation: the site's view signature, relayed to
 		// the survivors with the UnmaskRequest (announceSecAgg). Lost in a
@@ -312,7 +392,7 @@ func (s *Server) refuseSecAgg(err error) error {
 	if errors.Is(err, errNotGiven) {
 		return err
 	}
-	m := s.pendSecAgg.msg
+	m := s.secAgg.proposed().msg
 	if errors.Is(err, uplink.ErrBaseMismatch) {
 		// Sum mode: a join of a counted site, or a delta of one that is
 		// not counted; its input never enters a sum, and the UPDATE
@@ -341,7 +421,7 @@ func (s *Server) answerSecAgg(d coordinator.Decision, storedAt time.Time) {
 	switch d := d.(type) {
 	case coordinator.AcceptSecAgg:
 		code := wire.ReceiptCode_RECEIPT_CODE_STORED
-		if !s.secAggStored {
+		if !s.secAgg.storedNow() {
 			code = wire.ReceiptCode_RECEIPT_CODE_DUPLICATE
 		}
 		s.log.Info("secagg message stored", "client", d.Client, "round", d.Round, "attempt", d.Attempt, "kind", secagg.Kind(d.Kind).String())
@@ -588,7 +668,7 @@ func (s *Server) viewSignatures(round, attempt int, survivors []string) ([]uplin
 // publishShareLists sends the open session's ShareLists in the masked
 // phase: to every site of U2 (to ""), or to one.
 func (s *Server) publishShareLists(to string) {
-	srv := s.sa
+	srv, round, attempt := s.secAgg.openSession()
 	if srv == nil || srv.Phase() != secagg.PhaseMasked {
 		return
 	}
@@ -600,7 +680,7 @@ func (s *Server) publishShareLists(to string) {
 		if err != nil {
 			continue
 		}
-		b, err := wire.Encode(&wire.SecAggMessage{ClientId: o.To, RunId: s.stored.RunID, Round: uint64(s.saRound), Attempt: uint32(s.saAttempt),
+		b, err := wire.Encode(&wire.SecAggMessage{ClientId: o.To, RunId: s.stored.RunID, Round: uint64(round), Attempt: uint32(attempt),
 			Kind: uint32(secagg.KindShareList), Payload: secagg.Encode(o.Msg), SentAtUnixMs: s.clock.Now().UnixMilli()})
 		if err != nil {
 			s.log.Error("encoding a share list", "client", o.To, "err", err)
@@ -626,7 +706,7 @@ func (s *Server) secAggAggregate(cr coordinator.CloseRound) ([]float64, aggregat
 	if !slices.Equal(srv.Survivors(), cr.Contributors) {
 		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: the sum is over %v, the round's contributors are %v", cr.Round, srv.Survivors(), cr.Contributors)
 	}
-	_, q, err := uplink.SecAggSetup(s.secAggSpec(attempt), s.dim)
+	_, q, err := uplink.SecAggSetup(s.secAgg.spec(attempt), s.dim)
 	if err != nil {
 		return nil, aggregate.Report{}, err
 	}
@@ -640,35 +720,45 @@ func (s *Server) secAggAggregate(cr coordinator.CloseRound) ([]float64, aggregat
 	return out, aggregate.Report{Metrics: map[string]float64{"secagg_sites": float64(len(cr.Contributors))}}, nil
 }
 
-// restoreSecAgg rebuilds the open session's server after a restart: its
-// stored state (if it is the coordinator's session) plus the stored
-// messages of the open phase that the coordinator counted, taken again.
+// restoreSecAgg rebuilds the open session's server after a restart
+// (secAggRun.restore).
 func (s *Server) restoreSecAgg() error {
-	attempt, _, ok := s.coord.SecAggSession()
+	return s.secAgg.restore(s.coord, s.store, s.cfg.StatePath, s.dim, s.stored.RunID)
+}
+
+// restore rebuilds the open session's server after a restart from the
+// round log at path: its stored state (if it is the coordinator's
+// session) plus the stored messages of the open phase that the
+// coordinator counted, taken again.
+func (a *secAggRun) restore(coord *coordinator.Coordinator, store *aggstore.AggStore, path string, dim int, runID string) error {
+	if a == nil {
+		return nil
+	}
+	attempt, _, ok := coord.SecAggSession()
 	if !ok {
 		return nil
 	}
-	round := s.coord.Round()
-	r, a, st, err := s.store.SecAggServer()
+	round := coord.Round()
+	r, at, st, err := store.SecAggServer()
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
 	case err != nil:
 		return err
-	case r == uint64(round) && a == uint32(attempt):
+	case r == uint64(round) && at == uint32(attempt):
 		srv, err := secagg.UnmarshalServer(st)
 		if err != nil {
-			return fmt.Errorf("aggregator: %s: the secure aggregation's server state: %w", s.cfg.StatePath, err)
+			return fmt.Errorf("aggregator: %s: the secure aggregation's server state: %w", path, err)
 		}
-		s.sa, s.saRound, s.saAttempt = srv, round, attempt
+		a.srv, a.round, a.attempt = srv, round, attempt
 	}
-	recs, err := s.store.SecAggMessages(uint64(round), uint32(attempt))
+	recs, err := store.SecAggMessages(uint64(round), uint32(attempt))
 	if err != nil {
 		return err
 	}
 	if len(recs) == 0 {
 		return nil
 	}
-	srv, err := s.secAggSession(round, attempt)
+	srv, err := a.session(round, attempt, dim, runID)
 	if err != nil {
 		return err
 	}
@@ -677,30 +767,38 @@ func (s *Server) restoreSecAgg() error {
 		if rec.Kind == uplink.SecAggKindSurvivors {
 			continue // not the server's: relayed from the store (survivorSignatures)
 		}
-		if !s.coord.SecAggCounted(rec.ClientID, int(rec.Kind)) {
+		if !coord.SecAggCounted(rec.ClientID, int(rec.Kind)) {
 			// Not counted by the restored coordinator (its replay did not
 			// accept it: the configuration changed), or of a phase the
 			// stored server state is past: not taken again.
 			continue
 		}
-		m, err := wire.DecodeSecAgg(rec.Msg, s.lim)
+		m, err := wire.DecodeSecAgg(rec.Msg, a.lim)
 		if err != nil {
-			return fmt.Errorf("aggregator: %s: a stored secagg message of %q: %w", s.cfg.StatePath, rec.ClientID, err)
+			return fmt.Errorf("aggregator: %s: a stored secagg message of %q: %w", path, rec.ClientID, err)
 		}
 		p, err := secagg.Decode(m.Payload)
 		if err != nil {
-			return fmt.Errorf("aggregator: %s: a stored secagg message of %q: %w", s.cfg.StatePath, rec.ClientID, err)
+			return fmt.Errorf("aggregator: %s: a stored secagg message of %q: %w", path, rec.ClientID, err)
 		}
 		if err := srv.Receive(p); err != nil {
 			// Of a phase the stored state is past (the advance was stored,
 			// the messages' deletion with it): nothing to take again.
-			s.log.Debug("stored secagg message not taken again", "client", rec.ClientID, "kind", rec.Kind, "err", err)
+			a.log.Debug("stored secagg message not taken again", "client", rec.ClientID, "kind", rec.Kind, "err", err)
 			continue
 		}
 		taken++
 	}
-	s.log.Info("secure aggregation resumed", "round", round, "attempt", attempt, "phase", srv.Phase().String(), "messages_replayed", taken)
+	a.log.Info("secure aggregation resumed", "round", round, "attempt", attempt, "phase", srv.Phase().String(), "messages_replayed", taken)
 	return nil
+}
+
+// text is the run's setting as resumeDiffs compares and names it.
+func (a *secAggRun) text() string {
+	if a == nil {
+		return secAggText(nil)
+	}
+	return secAggText(&a.cfg)
 }
 
 // secAggText is a secure-aggregation setting as resumeDiffs compares and
@@ -771,12 +869,15 @@ func newSecAggStatus(c *SecAggConfig, st *coordinator.SecAggState, phase coordin
 }
 
 // secAggStatus is the running coordinator's (nil without --secagg).
-func (s *Server) secAggStatus() *SecAggStatus {
-	if s.cfg.SecAgg == nil {
+func (s *Server) secAggStatus() *SecAggStatus { return s.secAgg.status(s.coord) }
+
+// status is the status section of the running coordinator's secure
+// aggregation (nil without it).
+func (a *secAggRun) status(coord *coordinator.Coordinator) *SecAggStatus {
+	if a == nil {
 		return nil
 	}
-	st := s.coord.SnapshotSecAgg()
-	return newSecAggStatus(s.cfg.SecAgg, st, s.coord.Phase(), s.coord.Counters())
+	return newSecAggStatus(&a.cfg, coord.SnapshotSecAgg(), coord.Phase(), coord.Counters())
 }
 
 // secAggFamilies are the /metrics families of p (none when nil).
@@ -815,7 +916,7 @@ func secAggPhaseName(p int) string {
 func (s *Server) consistencyAdvanced(d coordinator.SecAggAdvance, srv *secagg.Server) coordinator.SecAggAdvanced {
 	ev := coordinator.SecAggAdvanced{Round: d.Round, Attempt: d.Attempt, Phase: d.Phase, At: s.clock.Now(), Next: srv.Survivors()}
 	sigs, err := s.survivorSignatures(d.Round, d.Attempt, ev.Next)
-	t := s.cfg.SecAgg.Threshold
+	t := s.secAgg.threshold()
 	switch {
 	case err != nil:
 		ev.Err = "secagg: " + err.Error()

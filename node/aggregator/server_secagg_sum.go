@@ -94,7 +94,7 @@ func (s *Server) secAggSumAggregate(cr coordinator.CloseRound, attempt int, q se
 // (it is not: their pending contribution goes out again in their next
 // delta). Nothing outside sum mode.
 func (s *Server) receiptSumSecAgg(cr coordinator.CloseRound) {
-	if s.sum == nil || s.cfg.SecAgg == nil {
+	if s.sum == nil || !s.secAgg.on() {
 		return
 	}
 	for _, id := range cr.Contributors {
