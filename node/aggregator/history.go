@@ -313,8 +313,8 @@ func (h *history) snapshot(roundsAfter, evalsAfter int) (rounds []RoundRecord, e
 // (history.rebuild), the coordinator restored and the log replayed.
 func (s *Server) rebuildHistory() error {
 	src := historySource{store: s.store, dim: s.dim, lim: s.lim, clients: s.coord.Snapshot().Clients}
-	if s.fit != nil {
-		src.schema = s.fit.schema
+	if fit := s.fed.fitted(); fit != nil {
+		src.schema = fit.schema
 	}
 	return s.hist.rebuild(src)
 }

@@ -443,25 +443,28 @@ func (s *Server) resumeDiffs(was storedConfig) []string {
 // an update the broker has handed over is either in bbolt or will be
 // redelivered.
 type Server struct {
-	cfg     ServerConfig
-	log     *slog.Logger
-	clock   clock.Clock
-	topics  wire.Topics
-	lim     wire.Limits
-	qlim    quant.Limits
-	store   *aggstore.AggStore
-	coord   *coordinator.Coordinator
-	model   model.Model
-	spec    model.Spec // the model's spec (with a schema: once fitted)
-	dim     int
-	dec     atomic.Pointer[decoder] // what the MQTT callbacks decode with
-	fit     *fitRecord              // the fitted preprocessing (schema runs, once fitted)
-	eval    *model.Data             // ServerConfig.Eval, or EvalTable once fitted
-	fedRun                          // the schema run's shell state (server_fed.go)
-	fam     string
-	aggSpec string
-	agg     aggregate.Aggregator // nil for the FedSplit family
-	screen  float64              // the FedSplit family's step bound factor (split.BoundedStep)
+	cfg    ServerConfig
+	log    *slog.Logger
+	clock  clock.Clock
+	topics wire.Topics
+	lim    wire.Limits
+	qlim   quant.Limits
+	store  *aggstore.AggStore
+	coord  *coordinator.Coordinator
+	model  model.Model
+	spec   model.Spec // the model's spec (with a schema: once fitted)
+	dim    int
+	dec    atomic.Pointer[decoder] // what the MQTT callbacks decode with
+	eval   *model.Data             // ServerConfig.Eval, or EvalTable once fitted
+	fed    *schemaRun              // the schema run (server_fed.go; off without a schema)
+	// siteErrs are the sites' errors as their statuses last reported them
+	// (loop-owned); siteErrCounts counts their changes (under mu).
+	siteErrs      map[string][2]string
+	siteErrCounts map[[2]string]uint64
+	fam           string
+	aggSpec       string
+	agg           aggregate.Aggregator // nil for the FedSplit family
+	screen        float64              // the FedSplit family's step bound factor (split.BoundedStep)
 	// robust is the FedSplit server step's state as of the open round
 	// (server_robust.go); nextRobust the closing round's, until its
 	// checkpoint is stored.
@@ -581,10 +584,11 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	s.dec.Store(&decoder{lim: s.lim})
 	s.secAgg = newSecAggRun(cfg.SecAgg, cfg.K, s.lim, s.log)
-	if cfg.Schema != nil {
-		s.schemaJSON = cfg.Schema.Canonical()
-	} else if err := s.setModel(cfg.Model); err != nil {
-		return nil, err
+	s.fed = newSchemaRun(cfg.SchemaConfig)
+	if !s.fed.on() {
+		if err := s.setModel(cfg.Model); err != nil {
+			return nil, err
+		}
 	}
 	if s.coord, err = coordinator.New(d.coord); err != nil {
 		return nil, err
@@ -667,7 +671,7 @@ func Rollback(path string, n uint64, now time.Time) (aggstore.RollbackResult, st
 // and each feature's state come back.
 func (s *Server) restore() error {
 	cur, err := s.store.CurrentRound()
-	if errors.Is(err, storage.ErrNotFound) && s.cfg.Schema != nil {
+	if errors.Is(err, storage.ErrNotFound) && s.fed.on() {
 		return s.restoreFreshFed()
 	}
 	if errors.Is(err, storage.ErrNotFound) {
@@ -687,7 +691,7 @@ func (s *Server) restore() error {
 	if ph := s.coord.Phase(); ph == coordinator.PhaseFinished || ph == coordinator.PhaseFinishing {
 		r++ // the final aggregate, checkpointed as round Rounds+1
 	}
-	if s.cfg.Schema != nil && s.fit == nil {
+	if s.fed.on() && s.fed.fitted() == nil {
 		// The statistics phase (or a fit not yet stored): no model yet.
 		s.log.Info("resuming the statistics phase", "state", s.cfg.StatePath, "phase", s.coord.Phase(),
 			"statistics", len(s.coord.StatisticsSites()), "run_id", s.stored.RunID)
@@ -725,13 +729,13 @@ func (s *Server) restoreConfig() error {
 		return fmt.Errorf("%w: %s belongs to a run with federation schema %s; this configuration's schema is %s: use the same --schema, or another --state-file",
 			coordinator.ErrConfig, s.cfg.StatePath, orNone(was.SchemaDigest), orNone(s.stored.SchemaDigest))
 	}
-	if s.cfg.Schema != nil {
+	if s.fed.on() {
 		if err := s.restoreFit(); err != nil {
 			return err
 		}
 	}
 	wantModel, wantDim := s.cfg.Model, s.dim
-	if s.cfg.Schema != nil {
+	if s.fed.on() {
 		wantModel, wantDim = s.stored.Model, 0 // the fit decides the rest
 	}
 	if was.Federation != s.cfg.Federation || was.Family != s.fam || was.Model != wantModel || was.Dimension != wantDim {
@@ -1536,7 +1540,7 @@ func (s *Server) finish(d coordinator.Finished) error {
 	}
 	s.refreshView()
 	var bundle []byte
-	if s.fit != nil {
+	if s.fed.fitted() != nil {
 		var err error
 		if bundle, err = s.finalBundle(d.Rounds, d.Missing); err != nil {
 			return err

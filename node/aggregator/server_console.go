@@ -74,8 +74,8 @@ func (s *Server) LiveStatus(roundsAfter, evalsAfter int) (Status, error) {
 		RoundTimeout: s.cfg.RoundTimeout.Seconds(), Params: s.bundleParams(), Rejected: v.Rejected,
 		History: rounds, Evaluations: evals, ScoreName: s.scoreName(),
 	}
-	if s.cfg.Schema != nil {
-		live.EvalEvery = s.cfg.EvalEvery
+	if s.fed.on() {
+		live.EvalEvery = s.fed.evalEvery()
 	}
 	if isSplit(s.fam) {
 		live.Params["family"] = s.fam
@@ -87,7 +87,7 @@ func (s *Server) LiveStatus(roundsAfter, evalsAfter int) (Status, error) {
 		st.StatisticsReview = &c
 	}
 	st.DuplicateInstances = s.inst.report()
-	if st.Model == nil && s.cfg.Schema == nil {
+	if st.Model == nil && !s.fed.on() {
 		spec := s.spec // set once, before Run, without a schema
 		st.Model = &spec
 	}
@@ -142,9 +142,9 @@ func (s *Server) liveClient(c *ClientInfo, work map[string]siteWork, lastMsg map
 // scoreName names EvalFigures.Score for this run.
 func (s *Server) scoreName() string {
 	switch {
-	case s.cfg.Schema != nil && s.cfg.Schema.NumClasses() > 0:
+	case s.fed.on() && s.fed.schema().NumClasses() > 0:
 		return "accuracy"
-	case s.cfg.Schema != nil:
+	case s.fed.on():
 		return "r2"
 	case s.cfg.Eval != nil && s.cfg.Model.Kind == model.KindLinear:
 		return "r2"

@@ -141,27 +141,196 @@ func parseFit(b []byte) (*fitRecord, error) {
 	return &r, nil
 }
 
-// fedRun is the schema run's state of the shell (loop-owned unless noted).
-type fedRun struct {
-	schemaJSON []byte // the schema's canonical JSON
-	runSpec    []byte // the run spec this process last published on the run topic
+// schemaRun is the shell's schema run component (federated preprocessing
+// and evaluation): its configuration (SchemaConfig), the schema's
+// canonical JSON, the fitted preprocessing once fitted, the run spec last
+// published, the statistics or evaluation report being proposed, the
+// latest federated evaluation, its restore (loadFit, restoreEvalView) and
+// its status section (statusInto). Loop-owned unless noted. Without a
+// schema it is off (on) and its counters stay at zero.
+type schemaRun struct {
+	cfg        SchemaConfig
+	schemaJSON []byte     // the schema's canonical JSON (nil: no schema)
+	fit        *fitRecord // the fitted preprocessing (nil until fitted)
+	runSpec    []byte     // the run spec this process last published on the run topic
 	// specStale: the broker connection was (re)made since, and a broker
 	// restarted without its retained messages has lost the run spec: the
 	// next announcement publishes it again (set by onConnect).
 	specStale  atomic.Bool
 	pendStats  *inStats
 	pendEval   *inEval
-	fedStored  bool // this batch stored the pending message (false: a copy)
-	evalLogged int  // the last eval round logged and bundled
-	siteErrs   map[string][2]string
+	stored     bool            // this batch stored the pending message (false: a copy)
+	evalLogged int             // the last eval round logged and bundled
 	lateNoted  map[string]bool // sites told of as not in the preprocessing (noteLateJoiner)
 
-	// under Server.mu
-	evalView      *EvalStatus
-	siteErrCounts map[[2]string]uint64
+	evalView *EvalStatus // under Server.mu
 
 	statsRejected, evalsRejected metrics.LabeledCounter
 	statsStored, evalsStored     metrics.LabeledCounter // by "stored" / "duplicate"
+}
+
+func newSchemaRun(cfg SchemaConfig) *schemaRun {
+	f := &schemaRun{cfg: cfg}
+	if cfg.Schema != nil {
+		f.schemaJSON = cfg.Schema.Canonical()
+	}
+	return f
+}
+
+// on reports whether the run has a federation schema.
+func (f *schemaRun) on() bool { return f.cfg.Schema != nil }
+
+// schema is the federation schema (nil: none).
+func (f *schemaRun) schema() *schema.Schema { return f.cfg.Schema }
+
+// canonical is the schema's canonical JSON, as announced.
+func (f *schemaRun) canonical() []byte { return f.schemaJSON }
+
+// fitted is the fitted preprocessing (nil until fitted, or without a
+// schema).
+func (f *schemaRun) fitted() *fitRecord { return f.fit }
+
+// evalEvery is how often the sites evaluate the global model (0: only at
+// the end).
+func (f *schemaRun) evalEvery() int { return f.cfg.EvalEvery }
+
+// stopsForReview reports whether findings of the statistics review stop
+// the run before round 1 (--stats-review).
+func (f *schemaRun) stopsForReview() bool { return f.cfg.StatsReview }
+
+// adopt makes rec the run's fit and returns the evaluation data
+// (SchemaConfig.EvalTable) with its preprocessing applied (nil without).
+func (f *schemaRun) adopt(rec *fitRecord) *model.Data {
+	f.fit = rec
+	if t := f.cfg.EvalTable; t != nil {
+		d := rec.tr.Apply(t, nil)
+		return &d
+	}
+	return nil
+}
+
+// loadFit reads the stored fit of the round log at path (nil, nil when
+// none is stored), checked against the run's schema digest.
+func (f *schemaRun) loadFit(store *aggstore.AggStore, path, digest string) (*fitRecord, error) {
+	b, err := store.Fit()
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return checkFit(b, path, digest)
+}
+
+// checkFit parses a stored fit and checks it is of the run's schema.
+func checkFit(b []byte, path, digest string) (*fitRecord, error) {
+	rec, err := parseFit(b)
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: %s: %w", path, err)
+	}
+	if rec.schema.Digest() != digest {
+		return nil, fmt.Errorf("%w: %s: the stored fit is of schema %s, the run's is %s", storage.ErrCorrupt, path, rec.schema.Digest(), digest)
+	}
+	return rec, nil
+}
+
+// restoreEvalView reads the latest federated evaluation back, for the
+// metrics until the next.
+func (f *schemaRun) restoreEvalView(store *aggstore.AggStore, lim wire.Limits) {
+	if rs, err := store.EvalRounds(); err == nil && len(rs) > 0 {
+		if fig, err := evalFigures(store, f.fit.schema, int(rs[len(rs)-1]), lim); err == nil {
+			f.evalView = fig
+		}
+	}
+}
+
+// proposeStats makes in the message being proposed; done forgets it.
+func (f *schemaRun) proposeStats(in *inStats) (done func()) {
+	f.pendStats, f.stored = in, false
+	return func() { f.pendStats = nil }
+}
+
+// proposeEval makes in the message being proposed; done forgets it.
+func (f *schemaRun) proposeEval(in *inEval) (done func()) {
+	f.pendEval, f.stored = in, false
+	return func() { f.pendEval = nil }
+}
+
+// proposedStats is the statistics being proposed (nil when none).
+func (f *schemaRun) proposedStats() *inStats { return f.pendStats }
+
+// proposedEval is the evaluation report being proposed (nil when none).
+func (f *schemaRun) proposedEval() *inEval { return f.pendEval }
+
+// setStored records whether the proposed message was stored now (false: a
+// copy stored earlier).
+func (f *schemaRun) setStored(stored bool) { f.stored = stored }
+
+// storedNow reports whether the proposed message was stored now.
+func (f *schemaRun) storedNow() bool { return f.stored }
+
+// countStats and countEval count statistics and evaluation reports
+// answered by result ("stored", "duplicate"); rejectStats and rejectEval
+// those rejected, by reason. Safe from any goroutine.
+func (f *schemaRun) countStats(result string)  { f.statsStored.Inc(result) }
+func (f *schemaRun) countEval(result string)   { f.evalsStored.Inc(result) }
+func (f *schemaRun) rejectStats(reason string) { f.statsRejected.Inc(reason) }
+func (f *schemaRun) rejectEval(reason string)  { f.evalsRejected.Inc(reason) }
+
+// hasEvalData reports whether the operator gave evaluation data read with
+// the schema (SchemaConfig.EvalTable).
+func (f *schemaRun) hasEvalData() bool { return f.cfg.EvalTable != nil }
+
+// lateJoiner reports whether id is a site online whose statistics are not
+// in the fit, the first time it is asked about it.
+func (f *schemaRun) lateJoiner(id string) bool {
+	if f.fit == nil || len(f.fit.Sites) == 0 || slices.Contains(f.fit.Sites, id) || f.lateNoted[id] {
+		return false
+	}
+	if f.lateNoted == nil {
+		f.lateNoted = map[string]bool{}
+	}
+	f.lateNoted[id] = true
+	return true
+}
+
+// newEval reports whether eval round e is one to log and bundle (once per
+// eval round, after the fit), and marks it so.
+func (f *schemaRun) newEval(e int) bool {
+	if f.fit == nil || e < 1 || e <= f.evalLogged {
+		return false
+	}
+	f.evalLogged = e
+	return true
+}
+
+// specChanged reports whether the run spec b differs from the one last
+// published (or the broker may have lost it), and remembers it.
+func (f *schemaRun) specChanged(b []byte) bool {
+	if f.specStale.Swap(false) {
+		f.runSpec = nil
+	}
+	if bytes.Equal(b, f.runSpec) {
+		return false
+	}
+	f.runSpec = b
+	return true
+}
+
+// setEvalView shows fig as the latest federated evaluation (the caller
+// holds Server.mu).
+func (f *schemaRun) setEvalView(fig *EvalStatus) { f.evalView = fig }
+
+// connected notes a new broker connection: the run spec is published again
+// with the next announcement. Safe from any goroutine.
+func (f *schemaRun) connected() { f.specStale.Store(true) }
+
+// statusInto fills the schema run's part of the view (the caller holds
+// Server.mu).
+func (f *schemaRun) statusInto(v *ServerView) {
+	v.Evaluation = f.evalView
+	v.StatsStored, v.StatsRejected = f.statsStored.Snapshot(), f.statsRejected.Snapshot()
+	v.EvalsStored, v.EvalsRejected = f.evalsStored.Snapshot(), f.evalsRejected.Snapshot()
 }
 
 func orNone(d string) string {
@@ -227,7 +396,7 @@ func (s *Server) restoreFreshFed() error {
 	}
 	s.storeR, s.lastSt, s.fresh = 1, st, true
 	first := "statistics phase first"
-	if s.cfg.Schema.Declared() {
+	if s.fed.schema().Declared() {
 		first = "the schema declares the preprocessing: no statistics phase"
 	}
 	s.log.Info("new round log with a federation schema: "+first, "state", s.cfg.StatePath, "federation", s.cfg.Federation,
@@ -237,40 +406,24 @@ func (s *Server) restoreFreshFed() error {
 
 // restoreFit loads the stored fit, if any, and re-creates the model from it.
 func (s *Server) restoreFit() error {
-	b, err := s.store.Fit()
-	if errors.Is(err, storage.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
+	rec, err := s.fed.loadFit(s.store, s.cfg.StatePath, s.stored.SchemaDigest)
+	if err != nil || rec == nil {
 		return err
 	}
-	if err := s.useFit(b); err != nil {
+	if err := s.useFit(rec); err != nil {
 		return err
 	}
-	// The latest federated evaluation, for the metrics until the next.
-	if rs, err := s.store.EvalRounds(); err == nil && len(rs) > 0 {
-		if fig, err := evalFigures(s.store, s.fit.schema, int(rs[len(rs)-1]), s.lim); err == nil {
-			s.evalView = fig
-		}
-	}
+	s.fed.restoreEvalView(s.store, s.lim)
 	return nil
 }
 
-func (s *Server) useFit(b []byte) error {
-	rec, err := parseFit(b)
-	if err != nil {
-		return fmt.Errorf("aggregator: %s: %w", s.cfg.StatePath, err)
-	}
-	if rec.schema.Digest() != s.stored.SchemaDigest {
-		return fmt.Errorf("%w: %s: the stored fit is of schema %s, the run's is %s", storage.ErrCorrupt, s.cfg.StatePath, rec.schema.Digest(), s.stored.SchemaDigest)
-	}
+// useFit creates the model of the fit rec and makes it the run's.
+func (s *Server) useFit(rec *fitRecord) error {
 	if err := s.setModel(rec.Model); err != nil {
 		return err
 	}
-	s.fit = rec
-	if t := s.cfg.EvalTable; t != nil {
-		d := rec.tr.Apply(t, nil)
-		s.eval = &d
+	if d := s.fed.adopt(rec); d != nil {
+		s.eval = d
 	}
 	return nil
 }
@@ -280,12 +433,16 @@ func (s *Server) useFit(b []byte) error {
 // them in one transaction (or find them stored: a restart), then step
 // TransformFitted.
 func (s *Server) fitTransform(ctx context.Context, d coordinator.FitTransform) error {
-	if s.fit == nil {
+	if s.fed.fitted() == nil {
 		b, err := s.store.Fit()
 		switch {
 		case err == nil:
 			s.log.Info("the preprocessing was fitted before a restart; using the stored fit")
-			if err := s.useFit(b); err != nil {
+			rec, err := checkFit(b, s.cfg.StatePath, s.stored.SchemaDigest)
+			if err != nil {
+				return err
+			}
+			if err := s.useFit(rec); err != nil {
 				return err
 			}
 		case errors.Is(err, storage.ErrNotFound):
@@ -325,19 +482,15 @@ func (s *Server) fitTransform(ctx context.Context, d coordinator.FitTransform) e
 // shaped none of. Status and the console mark it (not_in_preprocessing),
 // the bundle's provenance lists the sites that did shape it.
 func (s *Server) noteLateJoiner(id string) {
-	if s.fit == nil || len(s.fit.Sites) == 0 || slices.Contains(s.fit.Sites, id) || s.lateNoted[id] {
+	if !s.fed.lateJoiner(id) {
 		return
 	}
-	if s.lateNoted == nil {
-		s.lateNoted = map[string]bool{}
-	}
-	s.lateNoted[id] = true
 	s.log.Warn("a site whose statistics are not in the federation's preprocessing: it uses the one fitted on the other sites' rows", "hint", "it joined after the statistics phase, or its statistics came late or were refused",
-		"client", id, "statistics_sites", s.fit.Sites)
+		"client", id, "statistics_sites", s.fed.fitted().Sites)
 }
 
 func (s *Server) newFit(d coordinator.FitTransform) error {
-	sc := s.cfg.Schema
+	sc := s.fed.schema()
 	if sc.Declared() {
 		tr, err := prep.Declared(sc)
 		if err != nil {
@@ -391,7 +544,7 @@ func (s *Server) newFit(d coordinator.FitTransform) error {
 // parameters and stores them with the fit (rows: the pooled training rows,
 // 0 for a declared transform).
 func (s *Server) storeFit(d coordinator.FitTransform, tr *prep.Transform, rows int64) error {
-	sc := s.cfg.Schema
+	sc := s.fed.schema()
 	fail := func(what string, err error) error {
 		return fmt.Errorf("aggregator: the federation's preprocessing cannot be %s (start a new run with a corrected schema): %w", what, err)
 	}
@@ -414,7 +567,7 @@ func (s *Server) storeFit(d coordinator.FitTransform, tr *prep.Transform, rows i
 	if err != nil {
 		return fmt.Errorf("aggregator: encode the transform: %w", err)
 	}
-	rec := fitRecord{Schema: s.schemaJSON, Transform: trJSON, Model: spec, Sites: slices.Clone(d.Sites), Rows: rows,
+	rec := fitRecord{Schema: s.fed.canonical(), Transform: trJSON, Model: spec, Sites: slices.Clone(d.Sites), Rows: rows,
 		Algorithm: s.cfg.Algorithm, Params: s.bundleParams(), FittedAt: s.clock.Now().UTC()}
 	b, err := json.Marshal(rec)
 	if err != nil {
@@ -424,7 +577,11 @@ func (s *Server) storeFit(d coordinator.FitTransform, tr *prep.Transform, rows i
 		s.storageErrors.Add(1)
 		return fmt.Errorf("aggregator: %w", err)
 	}
-	if err := s.useFit(b); err != nil {
+	stored, err := checkFit(b, s.cfg.StatePath, s.stored.SchemaDigest)
+	if err != nil {
+		return err
+	}
+	if err := s.useFit(stored); err != nil {
 		return err
 	}
 	what := "federation preprocessing fitted"
@@ -533,7 +690,7 @@ func (s *Server) handleStatistics(m *wire.SiteStatistics, raw []byte) bool {
 		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "schema_mismatch",
 			fmt.Sprintf("the site read its data with schema %s, the federation's is %s", m.SchemaDigest, s.stored.SchemaDigest))
 	}
-	if _, err := decodeStats(s.cfg.Schema, m.Stats); err != nil {
+	if _, err := decodeStats(s.fed.schema(), m.Stats); err != nil {
 		return bad(wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "bad_statistics", err.Error())
 	}
 	return s.submit(&request{stats: &inStats{msg: m, raw: raw}})
@@ -548,7 +705,7 @@ func (s *Server) fedRefused(subject wire.ReceiptSubject, client string, round ui
 		what = "an evaluation report"
 	}
 	switch {
-	case s.cfg.Schema == nil:
+	case !s.fed.on():
 		return s.refuseFedEarly(subject, client, round, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "no_schema", "this federation has no schema")
 	case runID != s.stored.RunID:
 		return s.refuseFedEarly(subject, client, round, wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND, "run_mismatch",
@@ -561,13 +718,13 @@ func (s *Server) fedRefused(subject wire.ReceiptSubject, client string, round ui
 // or an evaluation report refused in the callback, before the loop; it
 // reports the message dealt with.
 func (s *Server) refuseFedEarly(subject wire.ReceiptSubject, client string, round uint64, code wire.ReceiptCode, reason, detail string) bool {
-	counter, what, msg := &s.statsRejected, "statistics", "statistics rejected"
+	count, what, msg := s.fed.rejectStats, "statistics", "statistics rejected"
 	args := []any{"client", client}
 	if subject == wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION {
-		counter, what, msg = &s.evalsRejected, "evaluation", "evaluation report rejected"
+		count, what, msg = s.fed.rejectEval, "evaluation", "evaluation report rejected"
 		args = append(args, "round", round)
 	}
-	counter.Inc(reason)
+	count(reason)
 	s.hist.reject(client, what+"/"+reason)
 	s.notify()
 	s.log.Warn(msg, append(args, "reason", reason, "detail", detail)...)
@@ -581,7 +738,7 @@ func (s *Server) handleEval(m *wire.EvalReport, raw []byte) bool {
 	if s.fedRefused(subject, m.ClientId, m.Round, m.RunId) {
 		return true
 	}
-	rep, err := decodeReport(s.cfg.Schema, m.Report)
+	rep, err := decodeReport(s.fed.schema(), m.Report)
 	if err != nil {
 		return s.refuseFedEarly(subject, m.ClientId, m.Round, wire.ReceiptCode_RECEIPT_CODE_BAD_UPDATE, "bad_report", err.Error())
 	}
@@ -589,8 +746,7 @@ func (s *Server) handleEval(m *wire.EvalReport, raw []byte) bool {
 }
 
 func (s *Server) onStatistics(ctx context.Context, in *inStats) error {
-	s.pendStats, s.fedStored = in, false
-	defer func() { s.pendStats = nil }()
+	defer s.fed.proposeStats(in)()
 	return s.propose(ctx, statisticsEvent(in.msg, s.clock.Now()), nil, s.storeFed, s.refuseFed)
 }
 
@@ -606,8 +762,7 @@ func statisticsEvent(m *wire.SiteStatistics, at time.Time) coordinator.Statistic
 }
 
 func (s *Server) onEval(ctx context.Context, in *inEval) error {
-	s.pendEval, s.fedStored = in, false
-	defer func() { s.pendEval = nil }()
+	defer s.fed.proposeEval(in)()
 	return s.propose(ctx, evalEvent(in.msg, s.clock.Now()), nil, s.storeFed, s.refuseFed)
 }
 
@@ -627,15 +782,15 @@ var errNotGiven = errors.New("aggregator: coordinator accepted a message it was 
 func (s *Server) storeFed(d coordinator.Decision, now time.Time) (index uint64, err error) {
 	switch d := d.(type) {
 	case coordinator.AcceptStatistics:
-		if in := s.pendStats; in != nil && in.msg.ClientId == d.Client {
+		if in := s.fed.proposedStats(); in != nil && in.msg.ClientId == d.Client {
 			index, err = s.store.PutStatistics(d.Client, now, in.raw)
-			s.fedStored = index > 0
+			s.fed.setStored(index > 0)
 			return index, err
 		}
 	case coordinator.AcceptEval:
-		if in := s.pendEval; in != nil && in.msg.ClientId == d.Client && in.msg.Round == uint64(d.Round) {
+		if in := s.fed.proposedEval(); in != nil && in.msg.ClientId == d.Client && in.msg.Round == uint64(d.Round) {
 			index, err = s.store.PutEval(uint64(d.Round), d.Client, now, in.raw)
-			s.fedStored = index > 0
+			s.fed.setStored(index > 0)
 			return index, err
 		}
 	}
@@ -653,9 +808,9 @@ func (s *Server) refuseFed(err error) error {
 		round   uint64
 		subject wire.ReceiptSubject
 	)
-	if in := s.pendStats; in != nil {
+	if in := s.fed.proposedStats(); in != nil {
 		client, subject = in.msg.ClientId, wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS
-	} else if in := s.pendEval; in != nil {
+	} else if in := s.fed.proposedEval(); in != nil {
 		client, round, subject = in.msg.ClientId, in.msg.Round, wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION
 	}
 	s.storageErrors.Add(1)
@@ -675,24 +830,24 @@ func (s *Server) answerFed(d coordinator.Decision, storedAt time.Time) {
 	switch d := d.(type) {
 	case coordinator.AcceptStatistics:
 		code, what := wire.ReceiptCode_RECEIPT_CODE_STORED, "stored"
-		if !s.fedStored {
+		if !s.fed.storedNow() {
 			code, what = dup, "duplicate"
 		}
-		s.statsStored.Inc(what)
+		s.fed.countStats(what)
 		args := []any{"client", d.Client, "sites", len(s.coord.StatisticsSites())}
-		if in := s.pendStats; in != nil {
+		if in := s.fed.proposedStats(); in != nil {
 			args = append(args, "bytes", len(in.raw)) // the whole message, envelope included
 		}
 		s.log.Info("statistics "+what, args...)
 		s.receiptFed(d.Client, 0, subStats, true, code, "", storedAt)
 	case coordinator.RejectStatistics:
 		if d.Reason == coordinator.Duplicate {
-			s.statsStored.Inc("duplicate")
+			s.fed.countStats("duplicate")
 			s.log.Info("duplicate statistics ignored", "client", d.Client)
 			s.receiptFed(d.Client, 0, subStats, true, dup, "duplicate: stored earlier", s.clock.Now())
 			return
 		}
-		s.statsRejected.Inc(d.Reason.String())
+		s.fed.rejectStats(d.Reason.String())
 		s.hist.reject(d.Client, "statistics/"+d.Reason.String())
 		detail := d.Reason.String()
 		if d.Reason == coordinator.StaleRound {
@@ -702,18 +857,18 @@ func (s *Server) answerFed(d coordinator.Decision, storedAt time.Time) {
 		s.receiptFed(d.Client, 0, subStats, false, receiptCodes[d.Reason], detail, time.Time{})
 	case coordinator.AcceptEval:
 		code, what := wire.ReceiptCode_RECEIPT_CODE_STORED, "stored"
-		if !s.fedStored {
+		if !s.fed.storedNow() {
 			code, what = dup, "duplicate"
 		}
-		s.evalsStored.Inc(what)
+		s.fed.countEval(what)
 		args := []any{"client", d.Client, "round", d.Round}
-		if in := s.pendEval; in != nil {
+		if in := s.fed.proposedEval(); in != nil {
 			args = append(args, "n", in.rep.N, "loss", in.rep.Loss)
 		}
 		s.log.Info("evaluation report "+what, args...)
 		s.receiptFed(d.Client, uint64(d.Round), subEval, true, code, "", storedAt)
 	case coordinator.RejectEval:
-		s.evalsRejected.Inc(d.Reason.String())
+		s.fed.rejectEval(d.Reason.String())
 		s.hist.reject(d.Client, "evaluation/"+d.Reason.String())
 		s.log.Warn("evaluation report rejected", "client", d.Client, "round", d.Round, "reason", d.Reason.String(), "current_round", s.coord.Round())
 		s.receiptFed(d.Client, uint64(max(d.Round, 0)), subEval, false, receiptCodes[d.Reason], d.Reason.String(), time.Time{})
@@ -729,7 +884,7 @@ func (s *Server) receiptFed(client string, round uint64, subject wire.ReceiptSub
 func (s *Server) announceStatistics(deadline time.Time) error {
 	a := &wire.RoundAnnouncement{
 		Federation: s.cfg.Federation, Round: 0, Algorithm: s.cfg.Algorithm, Phase: wire.Phase_PHASE_STATISTICS,
-		Schema: s.schemaJSON, DeadlineUnixMs: deadline.UnixMilli(), CreatedAtUnixMs: s.clock.Now().UnixMilli(), RunId: s.stored.RunID,
+		Schema: s.fed.canonical(), DeadlineUnixMs: deadline.UnixMilli(), CreatedAtUnixMs: s.clock.Now().UnixMilli(), RunId: s.stored.RunID,
 	}
 	if err := s.publishRunSpec(a); err != nil {
 		return err
@@ -763,8 +918,8 @@ func (s *Server) announceFinished(rounds int, deadline time.Time, bun []byte, la
 	}
 	a.Round, a.Phase, a.Selected, a.Bundle = uint64(rounds), wire.Phase_PHASE_FINISHED, nil, bun
 	a.Secagg = nil // the run is over: no session
-	a.Evaluate, a.EvalRound = s.fit != nil, 0
-	if s.fit != nil {
+	a.Evaluate, a.EvalRound = s.fed.fitted() != nil, 0
+	if s.fed.fitted() != nil {
 		a.EvalRound = uint32(rounds)
 	}
 	if deadline.IsZero() {
@@ -843,10 +998,10 @@ func evalFigures(store *aggstore.AggStore, sc *schema.Schema, e int, lim wire.Li
 // finalizeEval logs eval round e's federated figures, shows them in the
 // metrics and status, and writes the latest bundle (once per eval round).
 func (s *Server) finalizeEval(e int) {
-	if s.fit == nil || e < 1 || e <= s.evalLogged {
+	if !s.fed.newEval(e) {
 		return
 	}
-	fig, err := evalFigures(s.store, s.fit.schema, e, s.lim)
+	fig, err := evalFigures(s.store, s.fed.fitted().schema, e, s.lim)
 	if err != nil {
 		s.log.Error("combining the evaluation reports", "round", e, "err", err)
 		return
@@ -854,9 +1009,8 @@ func (s *Server) finalizeEval(e int) {
 	if fig == nil {
 		return
 	}
-	s.evalLogged = e
 	s.mu.Lock()
-	s.evalView = fig
+	s.fed.setEvalView(fig)
 	s.mu.Unlock()
 	s.hist.addEval(evalPointOf(fig))
 	s.log.Info("evaluation", evalArgs(fig)...)
@@ -870,7 +1024,7 @@ func (s *Server) finalizeEval(e int) {
 		s.log.Error("the privacy of the latest bundle", "round", e, "err", err)
 		return
 	}
-	raw, err := makeBundle(s.stored, s.fit, s.spec, x, fig, priv, e, s.clock.Now(), s.cfg.Version)
+	raw, err := makeBundle(s.stored, s.fed.fitted(), s.spec, x, fig, priv, e, s.clock.Now(), s.cfg.Version)
 	if err != nil {
 		s.log.Error("making the latest bundle", "round", e, "err", err)
 		return
@@ -963,7 +1117,7 @@ func (s *Server) finalBundle(rounds int, missing []string) ([]byte, error) {
 	s.finalizeEval(rounds)
 	raw, err := s.store.FinalBundle()
 	if errors.Is(err, storage.ErrNotFound) {
-		fig, ferr := evalFigures(s.store, s.fit.schema, rounds, s.lim)
+		fig, ferr := evalFigures(s.store, s.fed.fitted().schema, rounds, s.lim)
 		if ferr != nil {
 			s.log.Error("combining the final evaluation reports; the bundle has none", "err", ferr)
 			fig = nil
@@ -981,7 +1135,7 @@ func (s *Server) finalBundle(rounds int, missing []string) ([]byte, error) {
 		if perr != nil {
 			return nil, fmt.Errorf("aggregator: the final bundle's privacy: %w", perr)
 		}
-		if raw, err = makeBundle(s.stored, s.fit, s.spec, s.global, fig, priv, rounds, s.clock.Now(), s.cfg.Version); err != nil {
+		if raw, err = makeBundle(s.stored, s.fed.fitted(), s.spec, s.global, fig, priv, rounds, s.clock.Now(), s.cfg.Version); err != nil {
 			return nil, fmt.Errorf("aggregator: the final bundle: %w", err)
 		}
 		if err := s.store.PutFinalBundle(raw); err != nil {
@@ -1072,13 +1226,9 @@ func (s *Server) publishRunSpec(a *wire.RoundAnnouncement) error {
 	if err != nil {
 		return fmt.Errorf("aggregator: encode the run spec: %w", err)
 	}
-	if s.specStale.Swap(false) {
-		s.runSpec = nil
-	}
-	if bytes.Equal(b, s.runSpec) {
+	if !s.fed.specChanged(b) {
 		return nil
 	}
-	s.runSpec = b
 	s.log.Info("run spec published", "schema", a.SchemaDigest, "transform", a.TransformDigest, "bytes", len(b))
 	s.publish(s.topics.Run(), true, b, "run spec")
 	return nil

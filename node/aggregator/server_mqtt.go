@@ -103,7 +103,7 @@ func (s *Server) onConnect(c mqtt.Client) {
 			}
 		}
 	}
-	s.specStale.Store(true)
+	s.fed.connected()
 	s.log.Info("subscribed", "status", s.topics.StatusFilter(), "updates", s.topics.UpdateFilter())
 	s.subOnce.Do(func() { close(s.subscribed) })
 }

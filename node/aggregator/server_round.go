@@ -82,8 +82,8 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 	if attempt, _, ok := s.coord.SecAggSession(); ok {
 		a.Secagg = s.secAgg.spec(attempt)
 	}
-	if s.fit != nil {
-		a.Schema, a.Transform = s.schemaJSON, s.fit.Transform
+	if fit := s.fed.fitted(); fit != nil {
+		a.Schema, a.Transform = s.fed.canonical(), fit.Transform
 		if s.coord.EvalAt(round) {
 			a.Evaluate, a.EvalRound = true, uint32(round-1)
 		}
@@ -167,11 +167,11 @@ func (s *Server) closeRound(ctx context.Context, cr coordinator.CloseRound) erro
 			agg.Change, agg.HasChange = *hr.RelChange, true
 		}
 	}
-	if s.fit != nil && s.coord.EvalAt(r) {
+	if fit := s.fed.fitted(); fit != nil && s.coord.EvalAt(r) {
 		// The evaluation this round's announcement asked for (of the
 		// model before this aggregation) is as complete as it gets.
 		s.finalizeEval(r - 1)
-		if fig, err := evalFigures(s.store, s.fit.schema, r-1, s.lim); err != nil {
+		if fig, err := evalFigures(s.store, fit.schema, r-1, s.lim); err != nil {
 			s.log.Error("combining the evaluation reports", "round", r-1, "err", err)
 		} else if fig != nil && fig.Federation.N > 0 {
 			agg.EvalLoss, agg.HasEval = fig.Federation.Loss, true
@@ -188,7 +188,7 @@ func (s *Server) closeRound(ctx context.Context, cr coordinator.CloseRound) erro
 	}
 	hr.Seconds = dur.Seconds()
 	s.hist.addRound(hr)
-	if s.fit == nil && !math.IsNaN(rr.EvalLoss) {
+	if s.fed.fitted() == nil && !math.IsNaN(rr.EvalLoss) {
 		score := rr.EvalScore
 		s.hist.addEval(EvalPoint{Round: r, Federation: EvalFigures{N: int64(s.eval.N), Loss: rr.EvalLoss, Score: &score}})
 	}

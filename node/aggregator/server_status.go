@@ -129,27 +129,29 @@ func (s *Server) Watch() (ServerView, <-chan struct{}) {
 	s.mu.Lock()
 	v := s.view
 	ch := s.changed
-	ev := s.evalView
 	siteErrs := map[string]uint64{}
 	for k, n := range s.siteErrCounts {
 		siteErrs[k[0]+"/"+k[1]] = n
 	}
+	var fed ServerView
+	s.fed.statusInto(&fed)
 	s.mu.Unlock()
 	rej := s.rejected.Snapshot()
 	for r, n := range v.counters.Rejected {
 		rej[r.String()] += n
 	}
-	return ServerView{
+	out := ServerView{
 		Round: v.round, Phase: v.phase, Selected: slices.Clone(v.selected), Received: slices.Clone(v.received),
 		Deadline: v.deadline, Clients: v.clients, Online: v.online, Counters: v.counters, Rejected: rej,
 		LastRound: v.last.Round, LastParticipants: len(v.last.Contributors), LastStragglers: len(v.last.Stragglers),
 		EvalLoss: v.last.EvalLoss, EvalScore: v.last.EvalScore, AggregatedRounds: v.aggCount,
 		StorageErrors: s.storageErrors.Load(), PublishErrors: s.publishErrors.Load(), BadStatusMessages: s.badStatus.Load(),
-		StatsSites: slices.Clone(v.statsSites), StopReason: v.stopReason, Evaluation: ev, SiteErrors: siteErrs,
-		StatsStored: s.statsStored.Snapshot(), StatsRejected: s.statsRejected.Snapshot(),
-		EvalsStored: s.evalsStored.Snapshot(), EvalsRejected: s.evalsRejected.Snapshot(), Privacy: v.privacy,
+		StatsSites: slices.Clone(v.statsSites), StopReason: v.stopReason, SiteErrors: siteErrs,
+		Evaluation: fed.Evaluation, StatsStored: fed.StatsStored, StatsRejected: fed.StatsRejected,
+		EvalsStored: fed.EvalsStored, EvalsRejected: fed.EvalsRejected, Privacy: v.privacy,
 		SecAgg: v.secAgg,
-	}, ch
+	}
+	return out, ch
 }
 
 // Handler serves the console at / (package console), /metrics (Prometheus
@@ -293,11 +295,11 @@ func (s *Server) families() []metrics.Family {
 	f = append(f, s.brokerFamilies()...)
 	f = append(f, s.rosterFamilies()...)
 	evalData := "eval"
-	if s.cfg.Schema != nil {
+	if s.fed.on() {
 		evalData = "eval_data" // the federated figures take the eval_ names
 		f = append(f, s.fedFamilies(v)...)
 	}
-	if (s.cfg.Eval != nil || s.cfg.EvalTable != nil) && last.Round > 0 {
+	if (s.cfg.Eval != nil || s.fed.hasEvalData()) && last.Round > 0 {
 		f = append(f,
 			metrics.One(ns+evalData+"_loss", "Loss of the global model on the evaluation set (--eval-data).", metrics.Gauge, last.EvalLoss),
 			metrics.One(ns+evalData+"_accuracy", "Accuracy (R^2 for regression) of the global model on the evaluation set (--eval-data).", metrics.Gauge, last.EvalScore),

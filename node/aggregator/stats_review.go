@@ -84,7 +84,7 @@ func (s *Server) reviewStatistics() (stop bool, err error) {
 	// The fit is stored: status (cached by the view's generation) must
 	// read the file again, even if no round follows.
 	defer s.notify()
-	r, err := reviewOf(s.store, s.fit, s.lim)
+	r, err := reviewOf(s.store, s.fed.fitted(), s.lim)
 	if err != nil {
 		return false, fmt.Errorf("aggregator: the statistics review: %w", err)
 	}
@@ -98,7 +98,7 @@ func (s *Server) reviewStatistics() (stop bool, err error) {
 	for _, f := range r.Findings {
 		s.log.Warn("statistics review: "+f, "sites", r.Sites)
 	}
-	if !s.cfg.StatsReview {
+	if !s.fed.stopsForReview() {
 		s.log.Warn(fmt.Sprintf("statistics review: %d findings; the run goes on with this preprocessing (--stats-review stops here)", len(r.Findings)))
 		return false, nil
 	}
