@@ -327,7 +327,7 @@ func (f *serveFlags) fedServerConfig(log *slog.Logger) (aggregator.ServerConfig,
 		spec.Hidden, spec.Activation = f.hidden, f.activation
 	}
 	cfg := f.baseConfig(spec, f.anchorSketchSpec(), nil, log)
-	cfg.Schema, cfg.StatsSites, cfg.EvalEvery, cfg.StatsReview = sc, f.statsSites, f.evalEvery, f.statsReview
+	cfg.SchemaConfig = aggregator.SchemaConfig{Schema: sc, StatsSites: f.statsSites, EvalEvery: f.evalEvery, StatsReview: f.statsReview}
 	if f.evalData != "" {
 		spec := f.evalData
 		if !strings.HasPrefix(spec, "csv:") {
