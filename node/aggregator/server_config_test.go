@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgefl/edgefl/data/schema"
 	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/node/aggregator/coordinator"
@@ -90,3 +91,50 @@ func TestValidate(t *testing.T) {
 }
 
 func nopDial() (net.Conn, error) { return nil, errors.New("no broker") }
+
+// Each component's configuration checks its own settings (Validate), and
+// ServerConfig.Validate, which composes them, refuses with the component's
+// error.
+func TestComponentValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cmp  interface{ Validate() error }
+		want string // "" : valid
+	}{
+		{"secagg", &SecAggConfig{Clip: 1}, ""},
+		{"secagg clip", &SecAggConfig{}, "clip 0"},
+		{"secagg clip too large", &SecAggConfig{Clip: 2e6}, "at most 1e6"},
+		{"secagg timeout", &SecAggConfig{Clip: 1, Timeout: -time.Second}, "phase timeout"},
+		{"privacy off", PrivacyConfig{}, ""},
+		{"privacy", PrivacyConfig{DP: &dp.Config{Clip: 1, Noise: 1, Delta: 1e-5}}, ""},
+		{"privacy clip", PrivacyConfig{DP: &dp.Config{Noise: 1, Delta: 1e-5}}, "clip norm"},
+		{"schema off", SchemaConfig{}, ""},
+		{"schema", SchemaConfig{Schema: &schema.Schema{}}, "schema: no task"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cmp.Validate()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, coordinator.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate: %v, want ErrConfig naming %q", err, tc.want)
+			}
+			cfg := ServerConfig{Federation: testFed, BrokerURL: "tcp://127.0.0.1:1", K: 3, Algorithm: AlgoFedAvg, Model: testModel,
+				StatePath: filepath.Join(t.TempDir(), "state.db"), Params: Params{Solver: "sgd", LR: 0.1, MaxEpochs: 1, Gamma: 0.5}}
+			switch c := tc.cmp.(type) {
+			case *SecAggConfig:
+				cfg.SecAgg = c
+			case PrivacyConfig:
+				cfg.PrivacyConfig = c
+			case SchemaConfig:
+				cfg.SchemaConfig = c
+			}
+			if serr := cfg.Validate(); serr == nil || serr.Error() != err.Error() {
+				t.Fatalf("ServerConfig.Validate: %v, the component's: %v", serr, err)
+			}
+		})
+	}
+}
