@@ -140,7 +140,7 @@ func (s *Server) Watch() (ServerView, <-chan struct{}) {
 	for r, n := range v.counters.Rejected {
 		rej[r.String()] += n
 	}
-	out := ServerView{
+	return ServerView{
 		Round: v.round, Phase: v.phase, Selected: slices.Clone(v.selected), Received: slices.Clone(v.received),
 		Deadline: v.deadline, Clients: v.clients, Online: v.online, Counters: v.counters, Rejected: rej,
 		LastRound: v.last.Round, LastParticipants: len(v.last.Contributors), LastStragglers: len(v.last.Stragglers),
@@ -150,8 +150,7 @@ func (s *Server) Watch() (ServerView, <-chan struct{}) {
 		Evaluation: fed.Evaluation, StatsStored: fed.StatsStored, StatsRejected: fed.StatsRejected,
 		EvalsStored: fed.EvalsStored, EvalsRejected: fed.EvalsRejected, Privacy: v.privacy,
 		SecAgg: v.secAgg,
-	}
-	return out, ch
+	}, ch
 }
 
 // Handler serves the console at / (package console), /metrics (Prometheus
