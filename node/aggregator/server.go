@@ -443,28 +443,24 @@ func (s *Server) resumeDiffs(was storedConfig) []string {
 // an update the broker has handed over is either in bbolt or will be
 // redelivered.
 type Server struct {
-	cfg    ServerConfig
-	log    *slog.Logger
-	clock  clock.Clock
-	topics wire.Topics
-	lim    wire.Limits
-	qlim   quant.Limits
-	store  *aggstore.AggStore
-	coord  *coordinator.Coordinator
-	model  model.Model
-	spec   model.Spec // the model's spec (with a schema: once fitted)
-	dim    int
-	dec    atomic.Pointer[decoder] // what the MQTT callbacks decode with
-	eval   *model.Data             // ServerConfig.Eval, or EvalTable once fitted
-	fed    *schemaRun              // the schema run (server_fed.go; off without a schema)
-	// siteErrs are the sites' errors as their statuses last reported them
-	// (loop-owned); siteErrCounts counts their changes (under mu).
-	siteErrs      map[string][2]string
-	siteErrCounts map[[2]string]uint64
-	fam           string
-	aggSpec       string
-	agg           aggregate.Aggregator // nil for the FedSplit family
-	screen        float64              // the FedSplit family's step bound factor (split.BoundedStep)
+	cfg     ServerConfig
+	log     *slog.Logger
+	clock   clock.Clock
+	topics  wire.Topics
+	lim     wire.Limits
+	qlim    quant.Limits
+	store   *aggstore.AggStore
+	coord   *coordinator.Coordinator
+	model   model.Model
+	spec    model.Spec // the model's spec (with a schema: once fitted)
+	dim     int
+	dec     atomic.Pointer[decoder] // what the MQTT callbacks decode with
+	eval    *model.Data             // ServerConfig.Eval, or EvalTable once fitted
+	fed     *schemaRun              // the schema run (server_fed.go; off without a schema)
+	fam     string
+	aggSpec string
+	agg     aggregate.Aggregator // nil for the FedSplit family
+	screen  float64              // the FedSplit family's step bound factor (split.BoundedStep)
 	// robust is the FedSplit server step's state as of the open round
 	// (server_robust.go); nextRobust the closing round's, until its
 	// checkpoint is stored.
@@ -539,6 +535,11 @@ type Server struct {
 	// reviewStop: the run stopped before round 1 for the statistics
 	// review (--stats-review; stats_review.go).
 	reviewStop atomic.Bool
+
+	// siteErrs are the sites' errors as their statuses last reported them
+	// (loop-owned); siteErrCounts counts their changes (under mu).
+	siteErrs      map[string][2]string
+	siteErrCounts map[[2]string]uint64
 }
 
 // request is an event handed from an MQTT callback to the loop.
