@@ -31,41 +31,6 @@ import (
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
-// SchemaConfig is the schema run's configuration (ServerConfig embeds
-// it): the federation schema and its phases.
-type SchemaConfig struct {
-	// Schema, when set, is the federation schema: the run
-	// starts with a statistics phase, the model's inputs and classes come
-	// from the schema and the fitted preprocessing (Model's Kind, Hidden,
-	// Activation and L2 are the operator's; Inputs and Classes are
-	// ignored), and the sites evaluate the global model on their held-out
-	// rows every EvalEvery rounds (0: only at the end) and at the end.
-	Schema *schema.Schema
-	// StatsSites closes the statistics phase at that many sites (default
-	// K); see Config.StatsSites.
-	StatsSites int
-	EvalEvery  int
-	// StatsReview stops the run before round 1 when the statistics
-	// review has findings (stats_review.go).
-	StatsReview bool
-	// EvalTable is --eval-data read with the Schema: evaluated, with the
-	// federation's preprocessing, after every aggregation (as Eval is
-	// without a schema).
-	EvalTable *schema.Table
-}
-
-// Validate checks the schema on its own; checkModel checks it against the
-// model flags.
-func (c SchemaConfig) Validate() error {
-	if c.Schema == nil {
-		return nil
-	}
-	if err := c.Schema.Validate(); err != nil {
-		return fmt.Errorf("%w: schema: %w", coordinator.ErrConfig, err)
-	}
-	return nil
-}
-
 // The shell's part of the schema-run protocol: a run with a federation
 // schema. The coordinator decides (coordinator_fed.go); this file validates
 // the sites' statistics and evaluation reports, stores them before their
@@ -139,6 +104,41 @@ func parseFit(b []byte) (*fitRecord, error) {
 		return nil, fmt.Errorf("%w: the fit record's model %+v (transform outputs %d): %v", storage.ErrCorrupt, r.Model, r.tr.Outputs, err)
 	}
 	return &r, nil
+}
+
+// SchemaConfig is the schema run's configuration (ServerConfig embeds
+// it): the federation schema and its phases.
+type SchemaConfig struct {
+	// Schema, when set, is the federation schema: the run
+	// starts with a statistics phase, the model's inputs and classes come
+	// from the schema and the fitted preprocessing (Model's Kind, Hidden,
+	// Activation and L2 are the operator's; Inputs and Classes are
+	// ignored), and the sites evaluate the global model on their held-out
+	// rows every EvalEvery rounds (0: only at the end) and at the end.
+	Schema *schema.Schema
+	// StatsSites closes the statistics phase at that many sites (default
+	// K); see Config.StatsSites.
+	StatsSites int
+	EvalEvery  int
+	// StatsReview stops the run before round 1 when the statistics
+	// review has findings (stats_review.go).
+	StatsReview bool
+	// EvalTable is --eval-data read with the Schema: evaluated, with the
+	// federation's preprocessing, after every aggregation (as Eval is
+	// without a schema).
+	EvalTable *schema.Table
+}
+
+// Validate checks the schema on its own; checkModel checks it against the
+// model flags.
+func (c SchemaConfig) Validate() error {
+	if c.Schema == nil {
+		return nil
+	}
+	if err := c.Schema.Validate(); err != nil {
+		return fmt.Errorf("%w: schema: %w", coordinator.ErrConfig, err)
+	}
+	return nil
 }
 
 // schemaRun is the shell's schema run component (federated preprocessing
