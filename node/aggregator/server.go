@@ -571,7 +571,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	cfg.Params = d.params
 	s := &Server{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reqs: make(chan *request), ingestQ: make(chan ingestJob, cfg.IngestQueue),
 		ready: make(chan struct{}), subscribed: make(chan struct{}), finished: make(chan struct{}), changed: make(chan struct{}),
-		topics: d.topics, fam: d.fam, aggSpec: d.aggSpec, screen: d.screen, agg: d.agg, eval: cfg.Eval, privacy: newPrivacy(&cfg)}
+		topics: d.topics, fam: d.fam, aggSpec: d.aggSpec, screen: d.screen, agg: d.agg, eval: cfg.Eval, privacy: newPrivacy(cfg.PrivacyConfig, cfg.SecAgg)}
 	s.opt.params = cfg.ServerOpt
 	if d.sum {
 		s.sum = newSumMode(d.coord.FixedRoster)

@@ -113,8 +113,10 @@ type privacy struct {
 	nextClip float64
 }
 
-func newPrivacy(cfg *ServerConfig) *privacy {
-	return &privacy{cfg: cfg.DP, testNoiseKey: cfg.DPTestKey, testSelection: cfg.DPTestSelectionKey, secAgg: cfg.SecAgg}
+// newPrivacy is the component of cfg (with its defaults), under the secure
+// aggregation sa (nil: none) its distributed mode splits the noise over.
+func newPrivacy(cfg PrivacyConfig, sa *SecAggConfig) *privacy {
+	return &privacy{cfg: cfg.DP, testNoiseKey: cfg.DPTestKey, testSelection: cfg.DPTestSelectionKey, secAgg: sa}
 }
 
 // takeClip returns the next round's clip norm estimated by the closing
