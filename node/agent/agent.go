@@ -392,7 +392,7 @@ func (a *Agent) startShell(runCtx context.Context, cancel context.CancelFunc, st
 	a.handler = &RoundHandler{
 		ClientID: a.cfg.SiteID, InstanceID: a.instance, Federation: a.cfg.Federation, Store: store, Data: a.data,
 		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
-		EvalFile: a.cfg.EvalData, ModelOut: a.cfg.ModelOut,
+		EvalFile: evalDataPath(a.cfg.EvalData), ModelOut: a.cfg.ModelOut,
 		Emit: a.sendUplink, SecAggRand: a.deps.SecAggRand, SecAggNoiseKey: a.deps.SecAggNoiseKey,
 		WriteFile:      a.deps.WriteModelOut,
 		SecAggIdentity: saIdent,
