@@ -862,6 +862,9 @@ func (s *Server) lateEval(e int) {
 	if s.fit == nil || e < 1 || e > s.evalLogged {
 		return
 	}
+	if ph := s.coord.Phase(); (ph == coordinator.PhaseFinishing || ph == coordinator.PhaseFinished) && e == s.coord.Round() {
+		return // the final evaluation is the final bundle's, as the end decided it
+	}
 	if e == s.evalLogged {
 		s.evalLogged = e - 1
 		s.finalizeEval(e)

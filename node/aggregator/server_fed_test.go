@@ -552,9 +552,14 @@ func TestFedFinishingRestartTimeoutAndExport(t *testing.T) {
 	if err != nil || fb.Evaluation == nil || len(fb.Evaluation.Sites) != 2 || !slices.Equal(fb.Model.Params, x) {
 		t.Fatalf("final bundle %+v: %v", fb, err)
 	}
-	// A late final report is still stored and receipted.
+	// A late final report is still stored and receipted; the status keeps
+	// the final bundle's evaluation (an earlier round's late report
+	// completes that round: TestFedLateEvaluationOfAnEarlierRound).
 	sites[2].sendEval(t, done)
 	wantSubject(t, sites[2].receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	if v, _ := r.s.Watch(); v.Evaluation == nil || len(v.Evaluation.Sites) != 2 {
+		t.Fatalf("the status's evaluation after a late final report %+v, want the final bundle's two sites", v.Evaluation)
+	}
 
 	// Export: round 0 (the initial model, no evaluation), round 1 (the
 	// final model with the three reports now stored), the default (the
