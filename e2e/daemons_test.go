@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -328,25 +329,118 @@ func startEdges(t *testing.T, dir, federation, brokerURL string, n, maxSamples i
 }
 
 // waitReceipted waits until every update each site solved (in any of its
-// runs) has been answered: receipted, or rejected and dropped.
+// runs) has been answered (unansweredRound).
 func waitReceipted(t *testing.T, edges []*edge) {
 	t.Helper()
 	for _, e := range edges {
 		waitFor(t, 30*time.Second, e.id+"'s receipts", func() (bool, error) {
-			answered := map[float64]bool{}
-			for _, l := range e.lines(func(l logLine) bool {
-				return msgIs("update receipted")(l) || msgIs("update rejected by the aggregator; dropped")(l)
-			}) {
-				answered[l.num("round")] = true
+			runs := make([][]logLine, len(e.runs))
+			for i, p := range e.runs {
+				runs[i] = p.all()
 			}
-			for _, l := range e.lines(msgIs("round solved")) {
-				if !answered[l.num("round")] {
-					return false, fmt.Errorf("round %v unanswered", l.num("round"))
-				}
+			if r, ok := unansweredRound(runs); ok {
+				return false, fmt.Errorf("round %v unanswered", r)
 			}
 			return true, nil
 		})
 	}
+}
+
+// unansweredRound returns a round that a site solved in one of its runs
+// (their log lines, in order), or that a run found in its outbox at start,
+// and that no run shows answered. A round is answered when a run logged its
+// receipt or its rejection, or when a later run started without it in its
+// outbox (the agent logs the outbox's rounds at start, before connecting):
+// the receipt was committed by a run that a SIGKILL stopped before it
+// logged the line, which comes after the commit.
+func unansweredRound(runs [][]logLine) (float64, bool) {
+	answered := map[float64]bool{}
+	for _, lines := range runs {
+		for _, l := range lines {
+			if msgIs("update receipted")(l) || msgIs("update rejected by the aggregator; dropped")(l) {
+				answered[l.num("round")] = true
+			}
+		}
+	}
+	for i, lines := range runs {
+		for _, l := range lines {
+			var rounds []float64
+			switch {
+			case msgIs("round solved")(l):
+				rounds = []float64{l.num("round")}
+			case msgIs(outboxAtStart)(l):
+				rounds = outboxRounds(l)
+			}
+			for _, r := range rounds {
+				if !answered[r] && !leftOutbox(runs[i+1:], r) {
+					return r, true
+				}
+			}
+		}
+	}
+	return 0, false
+}
+
+// outboxAtStart is the agent's line listing the outbox's rounds at start.
+const outboxAtStart = "unreceipted updates in the outbox; re-sending on connect"
+
+// outboxRounds are the rounds of an outboxAtStart line.
+func outboxRounds(l logLine) []float64 {
+	var out []float64
+	rs, _ := l.kv["rounds"].([]any)
+	for _, r := range rs {
+		if f, ok := r.(float64); ok {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// leftOutbox reports whether one of runs started without round in its
+// outbox.
+func leftOutbox(runs [][]logLine, round float64) bool {
+	for _, lines := range runs {
+		started, held := false, false
+		for _, l := range lines {
+			switch l.msg() {
+			case outboxAtStart:
+				held = slices.Contains(outboxRounds(l), round)
+			case "connecting":
+				started = true
+			}
+		}
+		if started && !held {
+			return true
+		}
+	}
+	return false
+}
+
+// appliedAtLeast reports whether one of the site's runs shows round r or a
+// later one applied: solved, found applied when announced again, or in the
+// outbox at start. Rounds are drawn back to back, so the run killed last
+// may have committed a round after the line a test killed it on, and the
+// SIGKILL may have cut off that round's own line.
+func (e *edge) appliedAtLeast(r int) bool {
+	return len(e.lines(func(l logLine) bool {
+		switch l.msg() {
+		case "round solved", "round already applied; re-sending its unreceipted update":
+			return l.num("round") >= float64(r)
+		case outboxAtStart:
+			return slices.ContainsFunc(outboxRounds(l), func(x float64) bool { return x >= float64(r) })
+		}
+		return false
+	})) > 0
+}
+
+// waitAnnounced waits until one of the aggregator's runs has announced
+// round r or a later one: a run killed on a log line of round r-1 may have
+// moved on past r, and its restart resumes there.
+func (a *aggregator) waitAnnounced(timeout time.Duration, r int) {
+	a.t.Helper()
+	waitFor(a.t, timeout, fmt.Sprintf("round %d announced", r), func() (bool, error) {
+		return len(a.lines(func(l logLine) bool { return msgIs("round announced")(l) && l.num("round") >= float64(r) })) > 0, nil
+	})
 }
 
 func siteIDs(n int) []string {

@@ -44,7 +44,7 @@ func TestSumModeKills(t *testing.T) {
 	}), sites, 80)
 	v := edges[0]
 	for r := 1; r < rounds; r++ {
-		agg.p.waitLine(60*time.Second, fmt.Sprintf("round %d announced", r), msgIs("round announced", "round", r))
+		agg.waitAnnounced(60*time.Second, r)
 		if r == 3 {
 			agg.p.waitLine(60*time.Second, "an update of round 3", msgIs("update accepted", "round", r))
 			agg.p.kill()
@@ -52,9 +52,9 @@ func TestSumModeKills(t *testing.T) {
 		}
 		if r >= 2 {
 			// In any of its runs: rounds are drawn back to back, so the
-			// run killed last may have solved this round already.
+			// run killed last may have applied this round already.
 			waitFor(t, 60*time.Second, fmt.Sprintf("%s's round %d", victim, r), func() (bool, error) {
-				return len(v.lines(msgIs("round solved", "round", r))) > 0, nil
+				return v.appliedAtLeast(r), nil
 			})
 			v.p.kill()
 			v.start()

@@ -241,6 +241,17 @@ func parseAlgo(item string, def Local, splitGamma float64, isAgg func(name strin
 	return a, nil
 }
 
+// solved are the local parameters a's sites solve with: FedSplit, the
+// exact reference, always with L-BFGS (whatever solver= says); what the
+// results and the bundle record.
+func (a Algo) solved() Local {
+	p := a.Local
+	if a.Family == FedSplit {
+		p.Solver = proxsolver.LBFGS
+	}
+	return p
+}
+
 // algoFamily returns the Algo for an algorithm name with def's knobs: its
 // family and aggregator (an aggregator name is FedProx feeding it).
 func algoFamily(name string, def Local, isAgg func(name string) bool) (Algo, error) {

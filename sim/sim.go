@@ -575,7 +575,7 @@ func (e *env) runAlgo(ctx context.Context, a Algo, x0 []float64, progress io.Wri
 	if err != nil {
 		return nil, err
 	}
-	run := &AlgoRun{Algo: a.Label, Family: a.Family, Aggregator: a.Agg, Local: a.Local}
+	run := &AlgoRun{Algo: a.Label, Family: a.Family, Aggregator: a.Agg, Local: a.solved()}
 	if s.opt.On() {
 		run.ServerOpt = s.opt.String()
 	}
@@ -998,10 +998,9 @@ func (e *env) work(ctx context.Context, m model.Model, a Algo, j job, x, zj []fl
 	if e.cfg.siteSeed != nil {
 		rng = streams.Site(*e.cfg.siteSeed+uint64(j.client), c.ID, uint64(t), streams.SiteSolve)
 	}
-	p := a.Local
+	p := a.solved()
 	budget := proxsolver.Budget{MaxEpochs: j.epochs}
-	if a.Family == FedSplit { // the exact reference: L-BFGS, no work budget
-		p.Solver = proxsolver.LBFGS
+	if a.Family == FedSplit { // the exact reference: no work budget
 		budget.MaxGradEvals = 100000
 	}
 	pop := round.Population{Clients: uint64(len(e.fed.Clients)), TotalSamples: uint64(max(e.nTotal, 0))}

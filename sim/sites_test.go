@@ -18,6 +18,7 @@ import (
 	"github.com/edgefl/edgefl/data/schema"
 	"github.com/edgefl/edgefl/data/sitedata"
 	"github.com/edgefl/edgefl/learn/evaluate"
+	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/testkit"
 )
 
@@ -401,5 +402,35 @@ func TestBuildSchemaFederation(t *testing.T) {
 	cfg := DefaultConfig()
 	if _, err := BuildSchemaFederation(context.Background(), cfg, nil); err == nil {
 		t.Fatal("no schema: no error")
+	}
+}
+
+// FedSplit, the exact reference, always solves with L-BFGS: results.json
+// and the bundle record that solver, whatever solver= or the default
+// (sgd) said, and no SGD knobs; FedAvg records its SGD with them.
+func TestSolverRecordedIsTheOneUsed(t *testing.T) {
+	dir, _ := testSites(t)
+	cfg := schemaConfig(t, dir, "fedsplit:solver=sgd,fedsplit,fedavg")
+	cfg.Rounds, cfg.EvalEvery = 2, 1
+	res, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range res.Runs {
+		want := proxsolver.LBFGS
+		if run.Family == FedAvg {
+			want = proxsolver.SGD
+		}
+		if run.Local.Solver != want {
+			t.Errorf("%s: results record solver %q, want %q", run.Algo, run.Local.Solver, want)
+		}
+		b, err := res.Bundle(run, "test", time.Unix(0, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := b.Provenance.Params
+		if _, lr := p["lr"]; p["solver"] != want || lr != (want == proxsolver.SGD) {
+			t.Errorf("%s: the bundle's params %v, want solver %q", run.Algo, p, want)
+		}
 	}
 }

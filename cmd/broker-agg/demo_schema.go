@@ -81,12 +81,12 @@ func runDemoSchema(ctx context.Context, f *demoFlags, log *slog.Logger, stdout i
 		return err
 	}
 	var srv *aggregator.Server // set before the agents start, so before any round
-	printed := -1
+	printed := map[int]bool{}  // the eval rounds shown
 	cfg.OnRound = func(rr aggregator.RoundReport) {
 		// An evaluation is shown once, when every site's report is in.
 		ev := ""
-		if v, _ := srv.Watch(); v.Evaluation != nil && v.Evaluation.Round != printed && len(v.Evaluation.Sites) == len(ids) {
-			printed = v.Evaluation.Round
+		if v, _ := srv.Watch(); v.Evaluation != nil && !printed[v.Evaluation.Round] && len(v.Evaluation.Sites) == len(ids) {
+			printed[v.Evaluation.Round] = true
 			ev = fmt.Sprintf("of round %d: %s", v.Evaluation.Round, figures(v.Evaluation.Federation))
 		}
 		if cfg.DP != nil {
@@ -223,14 +223,15 @@ func figures(r evaluate.Report) string {
 // the round that would have shown them: a site's evaluation report and its
 // update travel separately (the ingest workers may store the update
 // first), so with rounds drawn back to back a row can be printed before
-// its evaluation is complete. The history has them.
-func printLateEvaluations(srv *aggregator.Server, last *aggregator.EvalStatus, printed, sites int, stdout io.Writer) {
+// its evaluation is complete. The history has them: the aggregator
+// completes a round's evaluation there with a report that comes late.
+func printLateEvaluations(srv *aggregator.Server, last *aggregator.EvalStatus, printed map[int]bool, sites int, stdout io.Writer) {
 	st, err := srv.LiveStatus(-1, -1)
 	if err != nil || st.Live == nil {
 		return
 	}
 	for _, e := range st.Live.Evaluations {
-		if e.Round > printed && len(e.Sites) == sites && (last == nil || e.Round < last.Round) {
+		if !printed[e.Round] && len(e.Sites) == sites && (last == nil || e.Round < last.Round) {
 			fmt.Fprintf(stdout, "%5s  %-9s  %-10s  %-8s  of round %d: %s\n", "", "", "", "", e.Round, evalFigures(e.Federation))
 		}
 	}

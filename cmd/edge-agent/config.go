@@ -153,7 +153,7 @@ func options() []option {
 		{key: "password", help: "MQTT password (prefer password_file: a flag shows in ps)", val: str(func(c *runConfig) *string { return &c.Password })},
 		{key: "password_file", help: "file holding the MQTT password (trailing newline removed)", val: typedStr("FILE", func(c *runConfig) *string { return &c.PasswordFile })},
 		{key: "data", help: "local data: csv:PATH (read by the federation's schema) | csv:PATH:label=COLUMN[:regression] | idx:DIR | leaf:PATH | synthetic:ALPHA,BETA | synthetic-iid", val: str(func(c *runConfig) *string { return &c.Data })},
-		{key: "eval_data", help: "optional CSV of held-out rows, read by the federation's schema (then every row of data trains; default: the schema's holdout share of data)", val: str(func(c *runConfig) *string { return &c.EvalData })},
+		{key: "eval_data", help: "optional CSV of held-out rows, csv:PATH as data (a bare PATH too), read by the federation's schema (then every row of data trains; default: the schema's holdout share of data)", val: str(func(c *runConfig) *string { return &c.EvalData })},
 		{key: "model_out", help: "where the final model bundle is written when the federation finishes (default: final.bundle.json next to the state file)", val: str(func(c *runConfig) *string { return &c.ModelOut })},
 		{key: "data_client", help: "-1: the whole source is this site's data; K >= 0: client K of the partitioned source (demos)", val: integer(func(c *runConfig) *int { return &c.DataClient }, -1)},
 		{key: "data_partition", help: "with data_client: natural | iid | dirichlet:ALPHA | classes:K", val: str(func(c *runConfig) *string { return &c.DataPartition })},

@@ -87,6 +87,11 @@ func TestConfigFileAndFlags(t *testing.T) {
 			check: func(c runConfig) bool {
 				return c.Data == "csv:/srv/site.csv" && c.EvalData == "/srv/heldout.csv" && c.ModelOut == "/srv/final.json"
 			}},
+		{name: "eval data as csv:PATH", file: base + "eval_data = csv:/srv/heldout.csv\n",
+			flags: []string{"--data", "csv:/srv/site.csv", "--data-client", "-1"},
+			check: func(c runConfig) bool { return c.EvalData == "csv:/srv/heldout.csv" }},
+		{name: "eval data with a label", file: base + "eval_data = csv:/srv/heldout.csv:label=dx\n",
+			flags: []string{"--data", "csv:/srv/site.csv", "--data-client", "-1"}, err: "eval_data"},
 		{name: "eval data of a synthetic source", file: base + "eval_data = /srv/heldout.csv\n", err: "eval_data"},
 		{name: "unknown key", file: base + "site = x\n", err: `:7: unknown option "site"`},
 		{name: "no equals", file: base + "site_id\n", err: ":7: expected key = value"},

@@ -304,7 +304,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	if n, err := store.Outbox(); err == nil && len(n) > 0 {
-		a.log.Info("unreceipted updates in the outbox; re-sending on connect", "count", len(n))
+		// The rounds tell a reader of the log which updates were
+		// acknowledged before a crash that cut off their receipt's line.
+		rounds := make([]uint64, len(n))
+		for i, e := range n {
+			rounds[i] = e.Round
+		}
+		a.log.Info("unreceipted updates in the outbox; re-sending on connect", "count", len(n), "rounds", rounds)
 	}
 	a.log.Info("connecting", "brokers", a.cfg.Brokers, "federation", a.cfg.Federation, "samples", a.data.N)
 	tok := client.Connect()
@@ -386,7 +392,7 @@ func (a *Agent) startShell(runCtx context.Context, cancel context.CancelFunc, st
 	a.handler = &RoundHandler{
 		ClientID: a.cfg.SiteID, InstanceID: a.instance, Federation: a.cfg.Federation, Store: store, Data: a.data,
 		Clock: a.clock, Local: a.cfg.Local, Limits: a.limits, Seed: a.cfg.Seed, Log: a.log,
-		EvalFile: a.cfg.EvalData, ModelOut: a.cfg.ModelOut,
+		EvalFile: evalDataPath(a.cfg.EvalData), ModelOut: a.cfg.ModelOut,
 		Emit: a.sendUplink, SecAggRand: a.deps.SecAggRand, SecAggNoiseKey: a.deps.SecAggNoiseKey,
 		WriteFile:      a.deps.WriteModelOut,
 		SecAggIdentity: saIdent,

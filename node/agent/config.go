@@ -71,9 +71,9 @@ type Config struct {
 	// configured (ignored when Deps.Data is given).
 	Data string
 	// EvalData is an optional separate CSV of held-out rows (read by the
-	// federation's schema): then every row of Data is a training row.
-	// Without it the schema's hold-out rule splits Data. Unused without a
-	// schema.
+	// federation's schema), csv:PATH as Data or a bare PATH: then every
+	// row of Data is a training row. Without it the schema's hold-out rule
+	// splits Data. Unused without a schema.
 	EvalData string
 	// ModelOut is where the final model bundle of a finished run is
 	// written (atomically); "" = final.bundle.json next to StateFile.
@@ -284,6 +284,9 @@ func (c Config) validateData() error {
 		if _, ok := csvPath(c.Data); !ok || c.DataClient >= 0 {
 			return configErr("eval_data %s: held-out rows of a csv source read by the federation's schema; data %q is not csv:PATH", c.EvalData, c.Data)
 		}
+		if evalDataPath(c.EvalData) == "" {
+			return configErr("eval_data %s: want csv:PATH or PATH (the federation's schema reads it: no label= or :regression)", c.EvalData)
+		}
 	}
 	if c.ModelOut != "" && filepath.Clean(c.ModelOut) == filepath.Clean(c.StateFile) {
 		return configErr("model_out %s is the state file", c.ModelOut)
@@ -374,6 +377,21 @@ func csvPath(data string) (string, bool) {
 		rest = rest[:i]
 	}
 	return rest, rest != ""
+}
+
+// evalDataPath is the file of an eval_data setting: csv:PATH (as data is
+// written) or a bare PATH; "" for a csv: setting with options, which the
+// schema's reading does not take.
+func evalDataPath(e string) string {
+	e = strings.TrimSpace(e)
+	rest, ok := strings.CutPrefix(e, "csv:")
+	if !ok {
+		return e
+	}
+	if p, _ := csvPath(e); p != rest {
+		return ""
+	}
+	return rest
 }
 
 // schemaOnly reports a csv source without label=: it can only be read by a

@@ -59,6 +59,8 @@ func TestConfigValidate(t *testing.T) {
 			c.Data, c.EvalData, c.ModelOut = "csv:/srv/site.csv", "/srv/heldout.csv", "/srv/model.json"
 		}, ""},
 		{"eval data of a labelled csv", func(c *Config) { c.Data, c.EvalData = "csv:/srv/site.csv:label=dx", "/srv/heldout.csv" }, ""},
+		{"eval data as csv:PATH", func(c *Config) { c.Data, c.EvalData = "csv:/srv/site.csv", "csv:/srv/heldout.csv" }, ""},
+		{"eval data with a label", func(c *Config) { c.Data, c.EvalData = "csv:/srv/site.csv", "csv:/srv/heldout.csv:label=dx" }, "eval_data"},
 		{"eval data without a csv source", func(c *Config) { c.Data, c.EvalData = "idx:/srv/mnist", "/srv/heldout.csv" }, "eval_data"},
 		{"eval data of a demo partition", func(c *Config) { c.Data, c.DataClient, c.EvalData = "csv:/srv/a.csv:label=y", 1, "/srv/heldout.csv" }, "eval_data"},
 		{"model out is the state file", func(c *Config) { c.ModelOut = "./state.db" }, "model_out"},

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -593,5 +594,33 @@ func TestAgentToldNotInPreprocessingByRunSpec(t *testing.T) {
 	}
 	if l := ra.logs.Lines(told); len(l) != 1 || !strings.Contains(l[0], "level=WARN") || !strings.Contains(l[0], "site-y") {
 		t.Fatalf("the late site was told %d times: %q", len(l), l)
+	}
+}
+
+// eval_data is written as data is (csv:PATH) or as a bare PATH: either way
+// the site reads that file's rows as its held-out rows, and every row of
+// data trains (its statistics count all 80).
+func TestAgentEvalDataForms(t *testing.T) {
+	for _, form := range []string{"PATH", "csv:PATH"} {
+		t.Run(form, func(t *testing.T) {
+			_, url := testkit.StartBroker(t)
+			agg := newFakeAgg(t, url)
+			f := newFedFixture(t, 80)
+			eval := filepath.Join(t.TempDir(), "heldout.csv")
+			if err := os.WriteFile(eval, []byte(siteCSV(25, 77)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ra := startFedAgent(t, url, filepath.Join(t.TempDir(), "edge.db"), f.csv, func(c *Config) {
+				c.EvalData = strings.Replace(form, "PATH", eval, 1)
+			})
+			ra.wait(t, "connected", isKind(EventConnected))
+			agg.announce(f.statsAnn(fedRun))
+			var st struct {
+				Rows int `json:"rows"`
+			}
+			if err := json.Unmarshal(agg.nextStatistics().Stats, &st); err != nil || st.Rows != 80 {
+				t.Fatalf("statistics of %d training rows (%v), want every row of data", st.Rows, err)
+			}
+		})
 	}
 }

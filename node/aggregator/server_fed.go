@@ -866,6 +866,9 @@ func (s *Server) answerFed(d coordinator.Decision, storedAt time.Time) {
 			args = append(args, "n", in.rep.N, "loss", in.rep.Loss)
 		}
 		s.log.Info("evaluation report "+what, args...)
+		if s.fed.stored {
+			s.lateEval(d.Round)
+		}
 		s.receiptFed(d.Client, uint64(d.Round), subEval, true, code, "", storedAt)
 	case coordinator.RejectEval:
 		s.fed.rejectEval(d.Reason.String())
@@ -1035,6 +1038,34 @@ func (s *Server) finalizeEval(e int) {
 		return
 	}
 	s.log.Debug("latest bundle written", "path", p, "round", e)
+}
+
+// lateEval takes in an evaluation report stored after its round's figures
+// were logged: a site's report of round r-1 travels apart from its round-r
+// update (the ingest workers may store the update first), so with rounds
+// drawn back to back round r can close first, and later rounds may follow.
+// The round's figures are combined again with it and replace the earlier
+// ones in the history; for the latest evaluated round, also in the status,
+// the metrics and the latest bundle (finalizeEval again).
+func (s *Server) lateEval(e int) {
+	if s.fed.fitted() == nil || e < 1 || e > s.fed.evalLogged {
+		return
+	}
+	if ph := s.coord.Phase(); (ph == coordinator.PhaseFinishing || ph == coordinator.PhaseFinished) && e == s.coord.Round() {
+		return // the final evaluation is the final bundle's, as the end decided it
+	}
+	if e == s.fed.evalLogged {
+		s.fed.evalLogged = e - 1
+		s.finalizeEval(e)
+		return
+	}
+	fig, err := evalFigures(s.store, s.fed.fitted().schema, e, s.lim)
+	if err != nil || fig == nil {
+		s.log.Error("combining the evaluation reports", "round", e, "err", err)
+		return
+	}
+	s.hist.addEval(evalPointOf(fig))
+	s.log.Info("evaluation", evalArgs(fig)...)
 }
 
 func evalArgs(fig *EvalStatus) []any {

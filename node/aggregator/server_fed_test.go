@@ -552,9 +552,14 @@ func TestFedFinishingRestartTimeoutAndExport(t *testing.T) {
 	if err != nil || fb.Evaluation == nil || len(fb.Evaluation.Sites) != 2 || !slices.Equal(fb.Model.Params, x) {
 		t.Fatalf("final bundle %+v: %v", fb, err)
 	}
-	// A late final report is still stored and receipted.
+	// A late final report is still stored and receipted; the status keeps
+	// the final bundle's evaluation (an earlier round's late report
+	// completes that round: TestFedLateEvaluationOfAnEarlierRound).
 	sites[2].sendEval(t, done)
 	wantSubject(t, sites[2].receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	if v, _ := r.s.Watch(); v.Evaluation == nil || len(v.Evaluation.Sites) != 2 {
+		t.Fatalf("the status's evaluation after a late final report %+v, want the final bundle's two sites", v.Evaluation)
+	}
 
 	// Export: round 0 (the initial model, no evaluation), round 1 (the
 	// final model with the three reports now stored), the default (the
@@ -701,4 +706,94 @@ func TestFedSchemaIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
+}
+
+// TestFedLateEvaluationOfAnEarlierRound: a site's evaluation report of
+// round r-1 travels separately from its round-r update (the ingest workers
+// may store the update first), so with rounds drawn back to back it can
+// arrive once the run has moved on: here site-a's report of round 2 comes
+// after round 3 closed, while the final evaluation is awaited or once the
+// run has finished. It is stored under its own round, and round 2's
+// evaluation is complete with it in the history the console and the demo
+// read (it had the other two sites' reports only).
+func TestFedLateEvaluationOfAnEarlierRound(t *testing.T) {
+	for _, afterFinish := range []bool{false, true} {
+		t.Run(fmt.Sprintf("after_finish=%v", afterFinish), func(t *testing.T) {
+			f := newFixture(t)
+			cfg := f.fedConfig(t)
+			cfg.Rounds = 3
+			r := f.start(cfg)
+			sites := []*fedSite{f.fedSite(t, "site-a", 1), f.fedSite(t, "site-b", 2), f.fedSite(t, "site-c", 3)}
+			run := sites[0].nextPhase(t, wire.Phase_PHASE_STATISTICS, 0, false).RunId
+			for _, s := range sites {
+				s.sendStats(t, run)
+				wantSubject(t, s.receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_STATISTICS, 0, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+			}
+			late := lateEvalRounds(t, r, sites)
+			sendLate := func() {
+				sites[0].sendEval(t, late)
+				wantSubject(t, sites[0].receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, 2, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+			}
+			fin := sites[0].nextPhase(t, wire.Phase_PHASE_FINISHED, 3, false)
+			if !afterFinish {
+				sendLate()
+			}
+			for _, s := range sites {
+				s.sendEval(t, fin)
+				wantSubject(t, s.receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, 3, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+			}
+			select {
+			case <-r.s.Finished():
+			case <-time.After(waitLong):
+				t.Fatal("not finished")
+			}
+			if afterFinish {
+				sendLate()
+			}
+			live, err := r.s.LiveStatus(-1, -1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[int]int{}
+			for _, e := range live.Live.Evaluations {
+				got[e.Round] = len(e.Sites)
+			}
+			for round := 1; round <= 3; round++ {
+				if got[round] != len(sites) {
+					t.Errorf("the history's evaluation of round %d has %d sites, want %d (history %v)", round, got[round], len(sites), got)
+				}
+			}
+			if v, _ := r.s.Watch(); v.Evaluation == nil || v.Evaluation.Round != 3 || len(v.Evaluation.Sites) != len(sites) {
+				t.Errorf("the status's evaluation %+v, want the final round's", v.Evaluation)
+			}
+		})
+	}
+}
+
+// lateEvalRounds runs rounds 1-3 of sites with every evaluation asked for
+// sent before the site's update, except site-a's of round 2, whose
+// announcement it returns.
+func lateEvalRounds(t *testing.T, r *running, sites []*fedSite) (late *wire.RoundAnnouncement) {
+	t.Helper()
+	for round := uint64(1); round <= 3; round++ {
+		ann := sites[0].nextPhase(t, wire.Phase_PHASE_TRAIN, round, false)
+		for i, s := range sites {
+			switch {
+			case !ann.Evaluate:
+			case round == 3 && i == 0:
+				late = ann
+			default:
+				s.sendEval(t, ann)
+				wantSubject(t, s.receipt(t), wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, round-1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+			}
+			v := make([]float64, ann.Global.Dimension)
+			for j := range v {
+				v[j] = float64(round) + float64(i+j)/4
+			}
+			s.send(t, update(t, s.id, round, v, 24))
+			wantReceipt(t, s.receipt(t), round, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+		}
+		r.round(t)
+	}
+	return late
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"testing"
@@ -67,22 +66,11 @@ func TestKillDuringWrites(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns child processes")
 	}
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
-	path := storetest.TempPath(t, "agg.db")
-	last := uint64(0)
-	for kill := 0; kill < 3; kill++ {
-		storetest.RunAndKill(t, "agg", path, 5, rng, func(p string, o storage.Options) error {
-			s, err := OpenAgg(p, o)
-			storetest.CloseIf(s, err)
-			return err
-		})
-		got := checkAggAfterCrash(t, path)
-		if got < last {
-			t.Fatalf("progress went back from %d to %d", last, got)
-		}
-		last = got
-		t.Logf("kill %d: consistent at round %d", kill, got)
-	}
+	storetest.KillDuringWrites(t, "agg", storetest.TempPath(t, "agg.db"), func(p string, o storage.Options) error {
+		s, err := OpenAgg(p, o)
+		storetest.CloseIf(s, err)
+		return err
+	}, checkAggAfterCrash)
 }
 
 func checkAggAfterCrash(t *testing.T, path string) uint64 {

@@ -3,7 +3,6 @@ package edgestore
 import (
 	"bytes"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"testing"
@@ -85,22 +84,11 @@ func TestKillDuringWrites(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns child processes")
 	}
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
-	path := storetest.TempPath(t, "edge.db")
-	last := uint64(0)
-	for kill := 0; kill < 3; kill++ {
-		storetest.RunAndKill(t, "edge", path, 5, rng, func(p string, o storage.Options) error {
-			s, err := OpenEdge(p, o)
-			storetest.CloseIf(s, err)
-			return err
-		})
-		got := checkEdgeAfterCrash(t, path)
-		if got < last {
-			t.Fatalf("progress went back from %d to %d", last, got)
-		}
-		last = got
-		t.Logf("kill %d: consistent at round %d", kill, got)
-	}
+	storetest.KillDuringWrites(t, "edge", storetest.TempPath(t, "edge.db"), func(p string, o storage.Options) error {
+		s, err := OpenEdge(p, o)
+		storetest.CloseIf(s, err)
+		return err
+	}, checkEdgeAfterCrash)
 }
 
 func checkEdgeAfterCrash(t *testing.T, path string) uint64 {

@@ -486,6 +486,25 @@ func RunAndKill(t *testing.T, mode, path string, after int, rng *rand.Rand, open
 	}
 }
 
+// KillDuringWrites SIGKILLs the child writing path three times (RunAndKill
+// after 5 commits) and checks after each kill, with check, that every
+// committed step is whole; check returns the progress it found, which
+// must never go back. The stores' TestKillDuringWrites.
+func KillDuringWrites(t *testing.T, mode, path string, open func(path string, opts storage.Options) error, check func(t *testing.T, path string) uint64) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	last := uint64(0)
+	for kill := 0; kill < 3; kill++ {
+		RunAndKill(t, mode, path, 5, rng, open)
+		got := check(t, path)
+		if got < last {
+			t.Fatalf("progress went back from %d to %d", last, got)
+		}
+		last = got
+		t.Logf("kill %d: consistent at round %d", kill, got)
+	}
+}
+
 type devNull struct{}
 
 func (devNull) Write(p []byte) (int, error) { return len(p), nil }
