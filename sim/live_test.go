@@ -129,10 +129,11 @@ func TestSimMatchesLive(t *testing.T) {
 		})
 	}
 	// Server optimisers (docs/aggregators.md, "Server optimisers"): the
-	// aggregate's step through FedAdam, FedYogi and FedAvgM, with a lossy
-	// codec and under central DP (the optimiser steps on the noisy mean),
-	// and across a restart after round 1: the moments come back from the
-	// checkpoint, so rounds 2 and 3 are simulate's bit for bit too.
+	// aggregate's step through FedAdam, FedYogi, FedAvgM and SCAFFOLD's
+	// global learning rate, with a lossy codec and under central DP (the
+	// optimiser steps on the noisy mean), and across a restart after
+	// round 1: the moments come back from the checkpoint, so rounds 2 and
+	// 3 are simulate's bit for bit too.
 	for _, tc := range []struct {
 		algo, codec string
 		opt         serveropt.Params
@@ -141,6 +142,9 @@ func TestSimMatchesLive(t *testing.T) {
 		{FedAvg, "topk:0.2+q8", serveropt.Params{Kind: serveropt.Adam, LR: 0.05, Beta1: 0.9, Beta2: 0.99, Tau: 1e-3}, nil},
 		{FedProx, "fp32", serveropt.Params{Kind: serveropt.AvgM, LR: 1, Beta1: 0.9}, nil},
 		{FedProx, "fp32", serveropt.Params{Kind: serveropt.Yogi, LR: 0.05, Beta1: 0.9, Beta2: 0.99, Tau: 1e-3}, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5}},
+		// SCAFFOLD's global learning rate eta_g (x += eta_g mean(delta y))
+		// is the sgd step; c moves as without it.
+		{Scaffold, "topk:0.2+q8", serveropt.Params{Kind: serveropt.SGD, LR: 0.5}, nil},
 	} {
 		name := "server-opt/" + string(tc.opt.Kind) + "/" + tc.algo + "/" + tc.codec
 		if tc.private != nil {

@@ -14,7 +14,8 @@ import (
 
 // SCAFFOLD at the aggregator (the rules are package uplink's,
 // scaffold.go). The model's step is the mean aggregator over x + delta y
-// (the global learning rate 1); the control variate c is this server's
+// (the global learning rate 1; --server-opt sgd sets eta_g, server_opt.go);
+// the control variate c is this server's
 // own state: announced in full with every round (RoundAnnouncement.control,
 // with the global model's codec), kept as announced (the codec's round
 // trip applied, so a site's c is this c bit for bit), and stored with the
