@@ -104,6 +104,17 @@ func TestSimMatchesLive(t *testing.T) {
 			testSimMatchesLiveSecAgg(t, algo, 1, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5, Distributed: true, Colluders: 1}, false)
 		})
 	}
+	// Server optimisers under secure aggregation: the optimiser steps on
+	// the uniform mean of the secure sum (with distributed DP, its noise
+	// included), post-processing of what the aggregator learns anyway;
+	// the moments come back from the checkpoint across the restart.
+	t.Run("secagg/server-opt/adam/"+FedProx+"/restart=1", func(t *testing.T) {
+		testSimMatchesLiveSecAggOpt(t, FedProx, 1, nil, false, serveropt.Params{Kind: serveropt.Adam, LR: 0.05, Beta1: 0.9, Beta2: 0.99, Tau: 1e-3})
+	})
+	t.Run("secagg/dp-distributed/server-opt/yogi/"+FedProx, func(t *testing.T) {
+		testSimMatchesLiveSecAggOpt(t, FedProx, 1, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5, Distributed: true, Colluders: 1}, false,
+			serveropt.Params{Kind: serveropt.Yogi, LR: 0.05, Beta1: 0.9, Beta2: 0.99, Tau: 1e-3})
+	})
 	// Signed secure aggregation (docs/privacy.md, "Threat model per
 	// mode"): every site signs its keys with its certificate and checks
 	// every key of the KeyList against the federation CA; nothing is

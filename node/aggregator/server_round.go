@@ -285,7 +285,13 @@ func (s *Server) checkpoint(cr coordinator.CloseRound, next []float64, redo bool
 // aggregate computes the next global model from the closed round.
 func (s *Server) aggregate(cr coordinator.CloseRound) ([]float64, aggregate.Report, error) {
 	if s.cfg.SecAgg != nil {
-		return s.secAggAggregate(cr) // with --dp distributed, the noise is in the sum
+		// With --dp distributed, the noise is in the sum; the optimiser
+		// steps on its uniform mean (server_opt.go).
+		next, rep, err := s.secAggAggregate(cr)
+		if err == nil {
+			err = s.optStep(cr.Round, next)
+		}
+		return next, rep, err
 	}
 	if s.cfg.DP != nil {
 		// The optimiser steps on the noisy mean: post-processing of the
