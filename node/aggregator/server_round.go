@@ -79,6 +79,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 	if a.Control, err = s.controlVector(); err != nil {
 		return nil, err
 	}
+	a.ControlEpoch = s.controlEpoch()
 	if attempt, _, ok := s.coord.SecAggSession(); ok {
 		a.Secagg = s.secAggSpec(attempt)
 	}
