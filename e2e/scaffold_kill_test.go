@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -156,4 +158,157 @@ func TestScaffoldKills(t *testing.T) {
 	}
 	t.Logf("c and every c_i exact from the round log after %d kills of %s and one of the aggregator; duplicates answered: %d",
 		rounds-2, victim, len(v.lines(msgIs("update receipted", "code", "RECEIPT_CODE_DUPLICATE"))))
+}
+
+// TestScaffoldRollback: SCAFFOLD rolled back (`broker-agg run --rollback
+// 3`) after round 4 opened with an update in, so that round 3 is reopened
+// with the stored updates of the run rolled back; the aggregator is killed
+// with SIGKILL before the rollback and once more after it, a site once
+// after its commit of the new run's round 4. Every site clears its c_i with
+// the new run id; the control epoch makes the aggregator announce c = 0
+// for round 3, count none of round 3's control deltas and the sites keep
+// c_i = 0 through it. Then, from the state files: round 4's stored c is 0,
+// every later round's is the previous plus the mean of that round's
+// decoded deltas, each site's c_i is the sum of its own deltas of rounds
+// 4 and later, bit for bit, and c after the last round is the mean of the
+// sites' c_i (the invariant SCAFFOLD's correction needs).
+func TestScaffoldRollback(t *testing.T) {
+	e2eTest(t)
+	const (
+		sites  = 3
+		rounds = 7
+		epoch  = 3
+		victim = "site-1"
+	)
+	dir := t.TempDir()
+	federation := "scafroll"
+	agg, edges := startFederation(t, dir, federation, aggDefaults(federation).with(kv{
+		{"per_round", fmt.Sprint(sites)}, {"rounds", fmt.Sprint(rounds)},
+		{"algorithm", "scaffold"}, {"codec", "fp32"},
+	}), sites, 80)
+	agg.p.waitLine(60*time.Second, "round 4 announced", msgIs("round announced", "round", 4))
+	agg.p.waitLine(60*time.Second, "an update of round 4", msgIs("update accepted", "round", 4))
+	agg.p.kill()
+	agg.p = startProc(t, dir, "aggregator", nil, aggBin, "run", "--config", agg.conf, "--rollback", fmt.Sprint(epoch))
+	agg.runs = append(agg.runs, agg.p)
+	agg.p.waitLine(20*time.Second, "the rollback", msgIs("state file rolled back: the federation resumes from this round as a new run"))
+
+	v := edges[0]
+	newRun, solved4 := msgIs("the aggregator started a new run: this site's round state starts over"), msgIs("round solved", "round", 4)
+	waitFor(t, 60*time.Second, victim+"'s round 4 of the new run", func() (bool, error) {
+		seen := false
+		for _, l := range v.lines(func(logLine) bool { return true }) {
+			seen = seen || newRun(l)
+			if seen && solved4(l) {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	v.p.kill()
+	v.start()
+	agg.p.waitLine(60*time.Second, "round 5 announced", msgIs("round announced", "round", 5))
+	agg.p.kill()
+	agg.start()
+	agg.waitFinished(90 * time.Second)
+	waitReceipted(t, edges)
+	stopFederation(t, agg, edges...)
+
+	st := readAggState(t, agg.state)
+	if st.phase != "finished" || st.coordRnd != rounds {
+		t.Fatalf("aggregator state: phase %s round %d", st.phase, st.coordRnd)
+	}
+	s, err := aggstore.OpenAgg(copyState(t, agg.state), storage.Options{LockTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	down, err := quant.Parse("fp32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c []float64
+	ci := map[string][]float64{}
+	for r := uint64(epoch + 1); r <= rounds; r++ {
+		rec, err := s.Round(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := slices.Sorted(maps.Keys(st.updates[r]))
+		if len(ids) != sites {
+			t.Fatalf("round %d: updates of %v, want every site", r, ids)
+		}
+		var ds [][]float64
+		for _, id := range ids {
+			m, x := decodeStored(t, st.updates[r][id])
+			if c == nil {
+				c = make([]float64, len(x))
+			}
+			if m.ControlDelta == nil {
+				t.Fatalf("round %d, %s: no control delta", r, id)
+			}
+			d, err := down.Decode(m.ControlDelta.Payload, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ds = append(ds, d)
+			next := slices.Clone(d)
+			if old := ci[id]; old != nil {
+				for k := range next {
+					next[k] = old[k] + d[k]
+				}
+			}
+			ci[id] = next
+		}
+		if !bytes.Equal(rec.Control, storage.EncodeFloats(c)) {
+			got, _ := storage.DecodeFloats(rec.Control, "control")
+			t.Fatalf("round %d: the stored c is not the round log's since the rollback (round %d: zero), bit for bit: max |c| %g", r, epoch+1, maxAbs(got))
+		}
+		nc, err := uplink.NextControl(c, ds, sites)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := down.Encode(nil, nc, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, err = down.Decode(f, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mean := make([]float64, len(c))
+	for _, e := range edges {
+		es, err := edgestore.OpenEdge(copyState(t, e.state), storage.Options{LockTimeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := es.Residual(edgestore.ResidualControl)
+		es.Close()
+		if err != nil {
+			t.Fatalf("%s: c_i: %v", e.id, err)
+		}
+		if !slices.Equal(got, ci[e.id]) {
+			t.Fatalf("%s: its c_i is not the sum of its control deltas since the rollback, bit for bit", e.id)
+		}
+		for k, v := range got {
+			mean[k] += v / sites
+		}
+	}
+	var off float64
+	for k := range c {
+		off = max(off, math.Abs(c[k]-mean[k]))
+	}
+	if off > 1e-6*max(1, maxAbs(c)) {
+		t.Fatalf("after the last round c is off the mean of the sites' c_i by %g (max |c| %g)", off, maxAbs(c))
+	}
+	t.Logf("after the rollback to round %d, c is the mean of the sites' c_i (off by %.1e, fp32 downlink; max |c| %.3g); updates of the old run ignored: %d",
+		epoch, off, maxAbs(c), len(agg.lines(msgIs("update of another run ignored (a rollback started this one; the site clears it when it sees this run)"))))
+}
+
+func maxAbs(v []float64) float64 {
+	m := 0.0
+	for _, x := range v {
+		m = max(m, math.Abs(x))
+	}
+	return m
 }

@@ -14,7 +14,9 @@
 #      evaluation) with --eval-dataset: every site trains on its training
 #      rows and is evaluated on its FLamby test rows. Every family of
 #      --algo, SEEDS seeds (the seed draws the local SGD's order; L-BFGS
-#      runs are deterministic: their sd is 0).
+#      runs are deterministic: their sd is 0). MOON and FedSiam-DA (the
+#      contrastive client losses) need --model mlp: a second simulate per
+#      seed on the same split with the MLP, next to FedAvg/FedProx on it.
 #   3. scikit-learn's centralised logistic regression on the same rows and
 #      preprocessing, and simulate's centralised optimum.
 #   4. Once over MQTT with mutual TLS (certificates from broker-agg pki):
@@ -30,7 +32,8 @@
 # Usage: scripts/bench-heart.sh [OUTDIR]   (default bench-results/heart)
 # DATA (default /work/shared/data/fed-heart-disease, or testkit/heartdisease),
 # ROUNDS (50), L2 (0.01), SEEDS ("1 2 3 4 5") and SETTLE (the aggregator's
-# --settle, 200ms) may be set in the environment. About 25 s on 2 cores.
+# --settle, 200ms) may be set in the environment. About 25 s on 2 cores for
+# the linear families, plus about 30 s of CPU a seed for the MLP runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench-results/heart}
@@ -63,9 +66,21 @@ common=(--schema "$schema" --dataset "csv:$out/split/train.csv" --eval-dataset "
 algos=fedavg,fedprox,fedsplit,fedproxsplit
 algos+=,fedproxsplit:solver=lbfgs:step=10:label=fedproxsplit-lbfgs
 algos+=,fedsiam,fedsiam:w0=fedavg:label=fedsiam-w0fedavg,median,trimmed:beta=0.25,normbound,simprox
+# SCAFFOLD (local SGD shifted by c - c_i, global learning rate 1) and the
+# server optimisers on FedAvg's mean (their defaults: server lr 0.01, beta1
+# 0.9, beta2 0.99, tau 1e-3).
+algos+=,scaffold,fedavg:server-opt=adam:label=fedadam,fedavg:server-opt=yogi:label=fedyogi
+# The contrastive client losses need a representation layer: the same split
+# and schema with --model mlp (64 ReLU units; its initialisation is drawn
+# from the seed), next to FedAvg, FedProx and the dual aggregation alone
+# (fedsiam over plain local SGD) on the same MLP. mu as the papers' best:
+# MOON 1 (tau 0.5), FedSiam-DA 0.1.
+mlp_algos=fedavg,fedprox,moon:mu=1:tau=0.5,fedsiam:mu=0:label=fedsiam-dual,fedsiam-da:mu=0.1
 for s in $seeds; do
   "$ba" simulate "${common[@]}" --algo "$algos" --seed "$s" --out "$out/seed$s" \
     --bundle-out "$out/seed$s/final.bundle.json" >"$out/seed$s.txt" 2>"$out/seed$s.log"
+  "$ba" simulate "${common[@]}" --model mlp --algo "$mlp_algos" --seed "$s" --out "$out/mlp-seed$s" \
+    >"$out/mlp-seed$s.txt" 2>"$out/mlp-seed$s.log"
 done
 # The hospital walk-through's schema reads a 0 cholesterol or blood
 # pressure as missing (FLamby keeps it as a value): its optimum and L-BFGS

@@ -153,18 +153,8 @@ def pm(v):
     return "%.3f ± %.3f" % (statistics.mean(v), sd)
 
 
-def table(out, seeds):
-    centres = CENTRES
-    flamby = {"fedavg": "0.685", "fedprox": "0.685"}
-    res = {s: json.load(open(f"{out}/seed{s}/results.json")) for s in seeds}
-
-    first = res[seeds[0]]
-    sites = {s["id"]: s for s in first["sites"]}
-    print(f"FLamby's split: train/test rows " + ", ".join(f"{c} {sites[c]['train_rows']}/{sites[c]['holdout_rows']}" for c in centres)
-          + f"; l2 {first['config']['l2']}, {first['config']['rounds']} rounds, every site every round, seeds {', '.join(seeds)}\n")
-    print("| family | mean accuracy over the 4 centres (± sd over seeds) | pooled accuracy (254 test rows) | per centre (C / H / S / V, seed 1) | FLamby (mean over 5 seeds) |")
-    print("|---|---|---|---|---|")
-    for run in first["runs"]:
+def rows(res, seeds, model, flamby):
+    for run in res[seeds[0]]["runs"]:
         name = run["algo"]
         means, pooled = [], []
         for s in seeds:
@@ -176,9 +166,27 @@ def table(out, seeds):
             if s == seeds[0]:
                 per1 = per
         agg = "" if run["aggregator"] in ("", name) else f" (aggregator {run['aggregator']})"
-        print(f"| {name}{agg} | {pm(means)} | {pm(pooled)} | {' / '.join(f'{a:.3f}' for a in per1)} | {flamby.get(name, '-')} |")
+        print(f"| {name}{model}{agg} | {pm(means)} | {pm(pooled)} | {' / '.join(f'{a:.3f}' for a in per1)} | {flamby.get(name, '-')} |")
+
+
+def table(out, seeds):
+    centres = CENTRES
+    flamby = {"fedavg": "0.685", "fedprox": "0.685", "fedadam": "0.726"}
+    res = {s: json.load(open(f"{out}/seed{s}/results.json")) for s in seeds}
+    mlp = {s: json.load(open(f"{out}/mlp-seed{s}/results.json")) for s in seeds}
+
+    first = res[seeds[0]]
+    sites = {s["id"]: s for s in first["sites"]}
+    print(f"FLamby's split: train/test rows " + ", ".join(f"{c} {sites[c]['train_rows']}/{sites[c]['holdout_rows']}" for c in centres)
+          + f"; l2 {first['config']['l2']}, {first['config']['rounds']} rounds, every site every round, seeds {', '.join(seeds)}\n")
+    print("| family | mean accuracy over the 4 centres (± sd over seeds) | pooled accuracy (254 test rows) | per centre (C / H / S / V, seed 1) | FLamby (mean over 5 seeds) |")
+    print("|---|---|---|---|---|")
+    rows(res, seeds, "", flamby)
     m, p, per = figures(first["optimum"]["eval"])
     print(f"| centralised optimum (simulate, L-BFGS, ||grad|| {first['optimum']['grad_norm']:.0e}) | {m:.3f} | {p:.3f} | {' / '.join(f'{a:.3f}' for a in per)} | 0.735 (pooled training) |")
+    rows(mlp, seeds, ", MLP", {})
+    opt = [figures(mlp[s]["optimum"]["eval"]) for s in seeds]
+    print(f"| centralised optimum, MLP (simulate, L-BFGS from each seed's initialisation: a local optimum) | {pm([o[0] for o in opt])} | {pm([o[1] for o in opt])} | {' / '.join(f'{a:.3f}' for a in opt[0][2])} | |")
     for line in open(f"{out}/sklearn.jsonl"):
         r = json.loads(line)
         print(f"| {r['name']} | {r['mean']:.3f} | {r['pooled']:.3f} | {' / '.join('%.3f' % r['centres'][c] for c in centres)} | |")

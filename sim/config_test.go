@@ -156,7 +156,10 @@ func TestParseAlgosServerOpt(t *testing.T) {
 	}{
 		{"fedsplit:server-opt=adam", false, "not a mean of deltas"},
 		{"fedproxsplit:server-opt=avgm", false, "not a mean of deltas"},
-		{"fedprox:server-opt=adam", true, "--server-opt adam with --secagg"},
+		// Under --secagg FedProx:FedSplit runs in sum mode, still
+		// FedSplit's step; FedProx's uniform mean of the secure sum takes
+		// the optimiser (below).
+		{"fedproxsplit:server-opt=adam", true, "not a mean of deltas"},
 	} {
 		c := DefaultConfig()
 		var err error
@@ -169,6 +172,15 @@ func TestParseAlgosServerOpt(t *testing.T) {
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 			t.Errorf("%s (secagg %v): %v, want an error naming %q", tc.algos, tc.secagg, err, tc.wantErr)
 		}
+	}
+	c := DefaultConfig()
+	var err error
+	if c.Algos, err = ParseAlgos("fedprox:server-opt=adam", def, 0, isAgg); err != nil {
+		t.Fatal(err)
+	}
+	c.SecAgg = &SecAgg{Clip: 1}
+	if err := c.Validate(); err != nil {
+		t.Errorf("fedprox:server-opt=adam with --secagg: %v, want accepted", err)
 	}
 }
 

@@ -104,6 +104,17 @@ func TestSimMatchesLive(t *testing.T) {
 			testSimMatchesLiveSecAgg(t, algo, 1, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5, Distributed: true, Colluders: 1}, false)
 		})
 	}
+	// Server optimisers under secure aggregation: the optimiser steps on
+	// the uniform mean of the secure sum (with distributed DP, its noise
+	// included), post-processing of what the aggregator learns anyway;
+	// the moments come back from the checkpoint across the restart.
+	t.Run("secagg/server-opt/adam/"+FedProx+"/restart=1", func(t *testing.T) {
+		testSimMatchesLiveSecAggOpt(t, FedProx, 1, nil, false, serveropt.Params{Kind: serveropt.Adam, LR: 0.05, Beta1: 0.9, Beta2: 0.99, Tau: 1e-3})
+	})
+	t.Run("secagg/dp-distributed/server-opt/yogi/"+FedProx, func(t *testing.T) {
+		testSimMatchesLiveSecAggOpt(t, FedProx, 1, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5, Distributed: true, Colluders: 1}, false,
+			serveropt.Params{Kind: serveropt.Yogi, LR: 0.05, Beta1: 0.9, Beta2: 0.99, Tau: 1e-3})
+	})
 	// Signed secure aggregation (docs/privacy.md, "Threat model per
 	// mode"): every site signs its keys with its certificate and checks
 	// every key of the KeyList against the federation CA; nothing is
@@ -129,10 +140,11 @@ func TestSimMatchesLive(t *testing.T) {
 		})
 	}
 	// Server optimisers (docs/aggregators.md, "Server optimisers"): the
-	// aggregate's step through FedAdam, FedYogi and FedAvgM, with a lossy
-	// codec and under central DP (the optimiser steps on the noisy mean),
-	// and across a restart after round 1: the moments come back from the
-	// checkpoint, so rounds 2 and 3 are simulate's bit for bit too.
+	// aggregate's step through FedAdam, FedYogi, FedAvgM and SCAFFOLD's
+	// global learning rate, with a lossy codec and under central DP (the
+	// optimiser steps on the noisy mean), and across a restart after
+	// round 1: the moments come back from the checkpoint, so rounds 2 and
+	// 3 are simulate's bit for bit too.
 	for _, tc := range []struct {
 		algo, codec string
 		opt         serveropt.Params
@@ -141,6 +153,9 @@ func TestSimMatchesLive(t *testing.T) {
 		{FedAvg, "topk:0.2+q8", serveropt.Params{Kind: serveropt.Adam, LR: 0.05, Beta1: 0.9, Beta2: 0.99, Tau: 1e-3}, nil},
 		{FedProx, "fp32", serveropt.Params{Kind: serveropt.AvgM, LR: 1, Beta1: 0.9}, nil},
 		{FedProx, "fp32", serveropt.Params{Kind: serveropt.Yogi, LR: 0.05, Beta1: 0.9, Beta2: 0.99, Tau: 1e-3}, &dp.Config{Clip: 0.3, Noise: 0.8, Delta: 1e-5}},
+		// SCAFFOLD's global learning rate eta_g (x += eta_g mean(delta y))
+		// is the sgd step; c moves as without it.
+		{Scaffold, "topk:0.2+q8", serveropt.Params{Kind: serveropt.SGD, LR: 0.5}, nil},
 	} {
 		name := "server-opt/" + string(tc.opt.Kind) + "/" + tc.algo + "/" + tc.codec
 		if tc.private != nil {

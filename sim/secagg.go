@@ -121,6 +121,11 @@ func (e *env) secAggStep(s *algoState, t int, jobs []job, outs []outcome, row *R
 		next, err = e.secAggSumStep(s, t, jobs, outs, sum, row)
 	} else {
 		next, err = uplink.SecAggMean(*e.sq, s.x, sum, len(inputs))
+		if err == nil {
+			// The optimiser steps on the secure sum's mean, as the
+			// aggregator (post-processing of what it learns anyway).
+			err = s.optStep(t, next)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("round %d: %w", t, err)

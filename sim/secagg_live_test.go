@@ -18,6 +18,7 @@ import (
 	"github.com/edgefl/edgefl/learn/dp"
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
+	"github.com/edgefl/edgefl/learn/serveropt"
 	"github.com/edgefl/edgefl/learn/split"
 	"github.com/edgefl/edgefl/node/agent"
 	"github.com/edgefl/edgefl/node/aggregator"
@@ -36,8 +37,15 @@ import (
 // live federation is stopped once that round is aggregated and started
 // again on its state files).
 func testSimMatchesLiveSecAgg(t *testing.T, algo string, restartAfter int, private *dp.Config, signed bool) {
+	testSimMatchesLiveSecAggOpt(t, algo, restartAfter, private, signed, serveropt.Params{})
+}
+
+// testSimMatchesLiveSecAggOpt is testSimMatchesLiveSecAgg with the server
+// optimiser opt in both runs (stepping on the secure sum's mean).
+func testSimMatchesLiveSecAggOpt(t *testing.T, algo string, restartAfter int, private *dp.Config, signed bool, opt serveropt.Params) {
 	const rounds = 3
 	cfg := DefaultConfig()
+	cfg.ServerOpt = opt
 	cfg.Dataset, cfg.Partition, cfg.Clients, cfg.PerRound, cfg.Rounds, cfg.Seed = "synthetic:1,1", "natural", 4, 4, rounds, 5
 	cfg.L2, cfg.Codec, cfg.Downlink, cfg.Workers, cfg.OptimumEvals = 0.01, "fp32", "fp32", 2, 300
 	local := Local{Solver: proxsolver.LBFGS, Mu: 1, Gamma: 1e-6, MaxEpochs: 3, Batch: 10, LR: 0.01, Step: 10, Relax: 1}
@@ -89,7 +97,7 @@ func testSimMatchesLiveSecAgg(t *testing.T, algo string, restartAfter int, priva
 		Algorithm: algo, Aggregator: agg,
 		Params: aggregator.Params{Solver: local.Solver, Gamma: local.Gamma, MaxEpochs: local.MaxEpochs, Mu: local.Mu, Step: local.Step, Relax: local.Relax},
 		Model:  model.Spec{Kind: model.KindLogReg, Inputs: fed.D, Classes: fed.Classes, L2: cfg.L2},
-		Codec:  "fp32", Downlink: cfg.Downlink,
+		Codec:  "fp32", Downlink: cfg.Downlink, ServerOpt: opt,
 		SecAgg: &aggregator.SecAggConfig{Clip: cfg.SecAgg.Clip, Timeout: time.Minute}, PrivacyConfig: aggregator.PrivacyConfig{DP: private},
 		Clock: clock.NewFake(t0), Logger: log.With("party", "aggregator"),
 		OnRound: func(rr aggregator.RoundReport) {
@@ -184,6 +192,9 @@ func testSimMatchesLiveSecAgg(t *testing.T, algo string, restartAfter int, priva
 	}
 	if maxDiff(simGlobal[rounds], simGlobal[1]) == 0 {
 		t.Error("the global model did not move: the comparison proves nothing")
+	}
+	if got, want := res.Runs[0].ServerOpt, opt.WithDefaults().String(); opt.On() && got != want {
+		t.Errorf("simulate ran server optimiser %q, want %q", got, want)
 	}
 	// The last round's inputs, as each site stored them, are simulate's.
 	for _, c := range fed.Clients {

@@ -10,7 +10,8 @@ import (
 
 // The server optimiser (learn/serveropt) as the aggregator runs it
 // (node/aggregator/server_opt.go): the FedAvg/FedProx families' aggregate,
-// or under central DP the noisy mean, is x + Delta, and the optimiser
+// under central DP the noisy mean, under --secagg the secure sum's uniform
+// mean, is x + Delta, and the optimiser
 // steps from x with Delta as its pseudo-gradient. Config.ServerOpt is the
 // run's (--server-opt and its flags); an algorithm of --algo may set its
 // own with the keys serverOptKeys.
@@ -67,7 +68,7 @@ func (c Config) serverOptOf(a Algo) serveropt.Params {
 }
 
 // validateServerOpt refuses an optimiser where the aggregator refuses it:
-// the FedSplit family, secure aggregation.
+// the FedSplit family (under --secagg too: its sum mode is FedSplit's step).
 func (c Config) validateServerOpt() error {
 	for _, a := range c.Algos {
 		p := c.serverOptOf(a)
@@ -79,9 +80,6 @@ func (c Config) validateServerOpt() error {
 		}
 		if a.Family == FedSplit || a.Family == FedProxSplit {
 			return fmt.Errorf("algorithm %s: --server-opt %s: the FedSplit family's server step is not a mean of deltas (hint: fedavg or fedprox)", a.Label, p.Kind)
-		}
-		if c.SecAgg != nil {
-			return fmt.Errorf("algorithm %s: --server-opt %s with --secagg: not supported: the secure sum's server step is not passed through an optimiser", a.Label, p.Kind)
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@
 // clients' models) gives the pseudo-gradient Delta = a - x, the mean of
 // the clients' deltas; then
 //
+//	sgd:                                        x' = x + lr Delta
 //	avgm:    m = beta1 m + Delta                x' = x + lr m
 //	adagrad: m = beta1 m + (1-beta1) Delta      v = v + Delta^2
 //	adam:    m = beta1 m + (1-beta1) Delta      v = beta2 v + (1-beta2) Delta^2
@@ -13,7 +14,11 @@
 //
 // coordinate by coordinate, with m = 0 and v = tau^2 before the first
 // step (the paper's v_{-1} >= tau^2) and no bias correction (the paper
-// has none). FedAvgM with beta1 = 0 and lr = 1 is plain FedAvg.
+// has none). FedAvgM with beta1 = 0 and lr = 1 is plain FedAvg. sgd is the
+// paper's Algorithm 1 with SGD as the server optimiser, the server (global)
+// learning rate alone: FedAvg's eta and SCAFFOLD's eta_g (Karimireddy et
+// al. 2020, x += eta_g mean(delta y)); it keeps no moment (its state is
+// the step count).
 //
 // The package is pure and deterministic: the aggregator's shell and
 // simulate call Step with the same inputs and get the same bits; the
@@ -33,6 +38,7 @@ type Kind string
 
 const (
 	None    Kind = "none"
+	SGD     Kind = "sgd"
 	AvgM    Kind = "avgm"
 	Adagrad Kind = "adagrad"
 	Adam    Kind = "adam"
@@ -40,7 +46,7 @@ const (
 )
 
 // Kinds lists the valid names, for --help and errors.
-var Kinds = []Kind{None, AvgM, Adagrad, Adam, Yogi}
+var Kinds = []Kind{None, SGD, AvgM, Adagrad, Adam, Yogi}
 
 // Defaults of the parameters (the paper's choices: beta1 0.9, beta2 0.99,
 // tau 1e-3; its server learning rates are tuned per task, 1 for FedAvgM
@@ -73,6 +79,9 @@ func Defaults(k Kind) Params {
 // On says the optimiser replaces plain aggregation.
 func (p Params) On() bool { return p.Kind != "" && p.Kind != None }
 
+// moment says the step keeps a first moment m (all but sgd).
+func (p Params) moment() bool { return p.Kind != SGD }
+
 // Adaptive says the step divides by sqrt(v) + tau.
 func (p Params) Adaptive() bool { return p.Kind == Adagrad || p.Kind == Adam || p.Kind == Yogi }
 
@@ -86,18 +95,18 @@ func ParseKind(s string) (Kind, error) {
 			return k, nil
 		}
 	}
-	return None, fmt.Errorf("server optimiser %q: want one of none, avgm, adagrad, adam, yogi", s)
+	return None, fmt.Errorf("server optimiser %q: want one of none, sgd, avgm, adagrad, adam, yogi", s)
 }
 
-// WithDefaults sets a zero LR to the kind's default (1 for avgm, 1e-2
-// for the adaptive ones); off, it is the zero Params of kind none.
+// WithDefaults sets a zero LR to the kind's default (1 for sgd and avgm,
+// 1e-2 for the adaptive ones); off, it is the zero Params of kind none.
 func (p Params) WithDefaults() Params {
 	if !p.On() {
 		return Params{Kind: None}
 	}
 	if p.LR == 0 {
 		p.LR = DefaultLRAdaptive
-		if p.Kind == AvgM {
+		if p.Kind == AvgM || p.Kind == SGD {
 			p.LR = DefaultLRMomentum
 		}
 	}
@@ -133,7 +142,11 @@ func (p Params) String() string {
 	if !p.On() {
 		return string(None)
 	}
-	s := string(p.Kind) + ":lr=" + ftoa(p.LR) + ":beta1=" + ftoa(p.Beta1)
+	s := string(p.Kind) + ":lr=" + ftoa(p.LR)
+	if p.Kind == SGD {
+		return s
+	}
+	s += ":beta1=" + ftoa(p.Beta1)
 	if p.Kind == Adam || p.Kind == Yogi {
 		s += ":beta2=" + ftoa(p.Beta2)
 	}
@@ -166,13 +179,15 @@ func Step(p Params, st *State, x, a, out []float64) error {
 	if len(a) != d || len(out) != d {
 		return fmt.Errorf("server optimiser: %d parameters, aggregate %d, out %d", d, len(a), len(out))
 	}
-	if st.T > 0 && (len(st.M) != d || (p.Adaptive() && len(st.V) != d)) {
+	if st.T > 0 && ((p.moment() && len(st.M) != d) || (p.Adaptive() && len(st.V) != d)) {
 		return fmt.Errorf("server optimiser: state of %d/%d values, the model has %d", len(st.M), len(st.V), d)
 	}
-	m := make([]float64, d)
-	var v []float64
-	if st.T > 0 {
-		copy(m, st.M)
+	var m, v []float64
+	if p.moment() {
+		m = make([]float64, d)
+		if st.T > 0 {
+			copy(m, st.M)
+		}
 	}
 	if p.Adaptive() {
 		v = make([]float64, d)
@@ -189,6 +204,8 @@ func Step(p Params, st *State, x, a, out []float64) error {
 		delta := a[i] - x[i]
 		var step float64
 		switch p.Kind {
+		case SGD:
+			step = delta
 		case AvgM:
 			m[i] = b1*m[i] + delta
 			step = m[i]
@@ -209,7 +226,7 @@ func Step(p Params, st *State, x, a, out []float64) error {
 			step = m[i] / (math.Sqrt(v[i]) + p.Tau)
 		}
 		r := x[i] + p.LR*step
-		if math.IsNaN(r) || math.IsInf(r, 0) || math.IsNaN(m[i]) || math.IsInf(m[i], 0) {
+		if math.IsNaN(r) || math.IsInf(r, 0) || (m != nil && (math.IsNaN(m[i]) || math.IsInf(m[i], 0))) {
 			return fmt.Errorf("%w at %d", ErrNonFinite, i)
 		}
 		out[i] = r
@@ -280,8 +297,8 @@ func Unmarshal(b []byte, dim int) (State, error) {
 	if len(b) != 0 {
 		return State{}, errors.New("server optimiser state: trailing bytes")
 	}
-	if st.T == 0 || len(st.M) != dim {
-		return State{}, errors.New("server optimiser state: no first moment")
+	if st.T == 0 {
+		return State{}, errors.New("server optimiser state: no step taken")
 	}
 	return st, nil
 }

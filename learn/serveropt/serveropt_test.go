@@ -22,6 +22,11 @@ func TestStepHandComputed(t *testing.T) {
 		x1, x2 [2]float64
 		m2, v2 [2]float64
 	}{
+		// sgd: x += lr Delta, no moment (SCAFFOLD's eta_g).
+		{"sgd", Params{Kind: SGD, LR: 0.5, Beta1: 0.9},
+			[2]float64{1 + 0.5*0.5, -2},
+			[2]float64{1.25 + 0.5*0.1, -2 + 0.5*(-1)},
+			[2]float64{}, [2]float64{}},
 		{"avgm", Params{Kind: AvgM, LR: 1, Beta1: 0.9},
 			[2]float64{1 + 0.5, -2},
 			[2]float64{1.5 + (0.9*0.5 + 0.1), -2 + (0.9*0 - 1)},
@@ -69,7 +74,13 @@ func TestStepHandComputed(t *testing.T) {
 				t.Fatal(err)
 			}
 			near(t, "x2", x2, tc.x2[:])
-			near(t, "m", st.M, tc.m2[:])
+			if tc.p.Kind == SGD {
+				if st.M != nil {
+					t.Errorf("sgd keeps a first moment: %v", st.M)
+				}
+			} else {
+				near(t, "m", st.M, tc.m2[:])
+			}
 			if tc.p.Adaptive() {
 				near(t, "v", st.V, tc.v2[:])
 			} else if st.V != nil {
@@ -131,7 +142,7 @@ func TestAdaptiveStepSize(t *testing.T) {
 // that went through Marshal/Unmarshal continues bit for bit (a restart
 // from the checkpoint).
 func TestStepDeterministic(t *testing.T) {
-	for _, k := range []Kind{AvgM, Adagrad, Adam, Yogi} {
+	for _, k := range []Kind{SGD, AvgM, Adagrad, Adam, Yogi} {
 		p := Defaults(k)
 		run := func(restartAt int) []float64 {
 			var st State
@@ -193,7 +204,9 @@ func TestValidate(t *testing.T) {
 		{Defaults(AvgM), true},
 		{Defaults(Yogi), true},
 		{Params{Kind: AvgM, LR: 1, Beta1: 0}, true},
-		{Params{Kind: "sgd", LR: 1}, false},
+		{Params{Kind: "lamb", LR: 1}, false},
+		{Params{Kind: SGD, LR: 0.5}, true},
+		{Params{Kind: SGD, LR: 0}, false},
 		{Params{Kind: Adam, LR: -1, Beta1: 0.9, Beta2: 0.99, Tau: 1e-3}, false},
 		{Params{Kind: Adam, LR: math.NaN(), Beta1: 0.9, Beta2: 0.99, Tau: 1e-3}, false},
 		{Params{Kind: Adam, LR: 0.1, Beta1: 1, Beta2: 0.99, Tau: 1e-3}, false},
@@ -210,6 +223,9 @@ func TestValidate(t *testing.T) {
 		t.Errorf("String = %q", got)
 	}
 	if got := Defaults(AvgM).String(); got != "avgm:lr=1:beta1=0.9" {
+		t.Errorf("String = %q", got)
+	}
+	if got := (Params{Kind: SGD, LR: 0.5, Beta1: 0.9}).String(); got != "sgd:lr=0.5" {
 		t.Errorf("String = %q", got)
 	}
 }

@@ -330,6 +330,9 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 		InstanceId:   sr.InstanceID,
 		ControlDelta: control,
 	}
+	if p.scaffold {
+		u.RunId = ann.RunId // its delta c belongs to this run's c_i
+	}
 	if s := ann.AnchorSketch; s != nil {
 		u.AnchorGrad = sr.anchorGrad(r, rep.AnchorGrad, s)
 	}
@@ -440,6 +443,9 @@ type prepared struct {
 	// zero).
 	scaffold    bool
 	control, ci []float64
+	// epochRound: SCAFFOLD's round E after a rollback (control_epoch =
+	// round): c_i counts as zero and the site keeps zero (scaffold.go).
+	epochRound bool
 	// contrast is the contrastive objective of MOON and FedSiam-DA (Kind
 	// "": none); m is then that objective over the stored previous local
 	// model (contrastModel), and the commit stores the new one.

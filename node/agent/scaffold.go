@@ -17,6 +17,10 @@ import (
 // in its store (edgestore.ResidualControl; none: zero, as after a reset);
 // the local SGD steps are shifted by c - c_i; the update carries delta c,
 // and the commit that stores the update stores c_i plus the decoded delta.
+// In the round a rollback reopened (the announcement's control_epoch), the
+// aggregator counts no delta c and announces c = 0, so the site solves with
+// c_i = 0 and commits c_i = 0 (node/aggregator/server_scaffold.go): after
+// it c is the mean of the sites' c_i again.
 
 // scaffoldPrepare checks a SCAFFOLD announcement and decodes its c into
 // p.control: SGD only (option II counts the steps of rate lr), and not
@@ -44,6 +48,10 @@ func scaffoldPrepare(ann *wire.RoundAnnouncement, p *prepared) error {
 		return fmt.Errorf("control variate frame (%d values): %w", len(c), err)
 	}
 	p.control = c
+	if e := ann.ControlEpoch; e > ann.Round {
+		return fmt.Errorf("control_epoch %d is after the round", e)
+	}
+	p.epochRound = ann.ControlEpoch == ann.Round
 	return nil
 }
 
@@ -56,7 +64,7 @@ func scaffoldLoad(v StoreView, p *prepared) error {
 		ci = nil
 	case err != nil:
 		return err
-	case len(ci) != len(p.x):
+	case len(ci) != len(p.x), p.epochRound:
 		ci = nil
 	}
 	p.ci = ci
@@ -74,6 +82,9 @@ func scaffoldUplink(p *prepared, sent []float64, steps int, rng *rand.Rand) (*wi
 	payload, next, err := uplink.EncodeControl(p.codec, p.ci, d, rng)
 	if err != nil {
 		return nil, nil, err
+	}
+	if p.epochRound {
+		next = make([]float64, len(d)) // not counted: c_i stays zero
 	}
 	return &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(d)), Payload: payload}, next, nil
 }

@@ -94,6 +94,50 @@ func TestCoreScaffold(t *testing.T) {
 	}
 }
 
+// TestCoreScaffoldControlEpoch: in the round a rollback reopened (the
+// announcement's control_epoch is the round), a site solves with c_i = 0
+// whatever it has stored and commits c_i = 0 (the aggregator counts no
+// delta c of that round), still sending its delta c and its run id; an
+// epoch after the round is refused with nothing written.
+func TestCoreScaffoldControlEpoch(t *testing.T) {
+	sr, m := testRules(), &memState{}
+	x := f32(testGlobal(1))
+	c := make([]float64, len(x))
+	for i := range c {
+		c[i] = 0.02 * float64(i%5-2)
+	}
+	c = f32(c)
+	first := scaffoldAnn(t, 1, x, c)
+	first.RunId = "run-B"
+	if res, _, err := stepRound(t, sr, m, first); err != nil || res.Action != ActionSolved || maxAbs(m.control) == 0 {
+		t.Fatalf("round 1: %v %v, c_i %v", res.Action, err, m.control)
+	}
+	ann := scaffoldAnn(t, 2, x, c)
+	ann.RunId, ann.ControlEpoch = "run-B", 2
+	pl := sr.round(m, ann, testData(1, 90), false, t0, Result{Round: 2})
+	if pl.err != nil || pl.solve == nil {
+		t.Fatalf("round 2: %v", pl.err)
+	}
+	if !slices.Equal(pl.solve.work.Solver.Shift, uplink.Shift(c, nil)) {
+		t.Fatal("the epoch round's shift is not c - 0")
+	}
+	res, _, err := stepRound(t, sr, m, ann)
+	if err != nil || res.Action != ActionSolved {
+		t.Fatalf("round 2: %v %v", res.Action, err)
+	}
+	if len(m.control) != len(x) || maxAbs(m.control) != 0 {
+		t.Fatalf("c_i after the epoch round: %d values, max |c_i| %g; want zeros", len(m.control), maxAbs(m.control))
+	}
+	if res.Update.ControlDelta == nil || res.Update.RunId != ann.RunId {
+		t.Fatalf("update: control delta %v, run id %q (announced %q)", res.Update.ControlDelta != nil, res.Update.RunId, ann.RunId)
+	}
+	bad := scaffoldAnn(t, 3, x, c)
+	bad.RunId, bad.ControlEpoch = "run-B", 4
+	if pl := sr.round(m, bad, testData(1, 90), false, t0, Result{Round: 3}); !errors.Is(pl.err, ErrBadAnnouncement) || len(pl.records) != 0 {
+		t.Fatalf("epoch after the round: err %v, records %v", pl.err, pl.records)
+	}
+}
+
 func maxAbs(a []float64) float64 {
 	var m float64
 	for _, v := range a {

@@ -375,6 +375,10 @@ type storedConfig struct {
 	// ServerOpt is the run's server optimiser (nil: none), which a
 	// resumed run must keep: its stored moments assume it.
 	ServerOpt *serveropt.Params `json:"server_opt,omitempty"`
+	// ControlEpoch is the round the last rollback reopened (0: none),
+	// from whose close SCAFFOLD's control variates count again
+	// (server_scaffold.go); Rollback writes it with the new run id.
+	ControlEpoch uint64 `json:"control_epoch,omitempty"`
 }
 
 // storedParams are the parameters of the algorithm's math: FedProx's mu
@@ -655,12 +659,21 @@ func DamagedStateError(path string, err error) error {
 // model. Call it before NewServer opens the file.
 func Rollback(path string, n uint64, now time.Time) (aggstore.RollbackResult, string, error) {
 	runID := crand.Text()
+	if n == 0 { // the round aggstore.Rollback rolls back to, named in the config
+		var err error
+		if n, err = aggstore.LastIntactRound(path); err != nil {
+			return aggstore.RollbackResult{}, "", err
+		}
+	}
 	res, err := aggstore.Rollback(path, n, now, func(b []byte) ([]byte, error) {
 		var c map[string]any
 		if err := json.Unmarshal(b, &c); err != nil {
 			return nil, fmt.Errorf("%w: round 1's configuration: %w", storage.ErrCorrupt, err)
 		}
 		c["run_id"] = runID
+		// SCAFFOLD's control variates start over from round n with the
+		// sites' c_i, which the new run id clears (server_scaffold.go).
+		c["control_epoch"] = n
 		return json.Marshal(c)
 	})
 	return res, runID, err
@@ -748,6 +761,7 @@ func (s *Server) restoreConfig() error {
 			coordinator.ErrConfig, strings.Join(d, ", "), s.cfg.StatePath)
 	}
 	s.stored.RunID = was.RunID // "" for a log written before run ids
+	s.stored.ControlEpoch = was.ControlEpoch
 	s.stored.NoiseKey, s.stored.SelectionKey = was.NoiseKey, was.SelectionKey
 	if err := s.checkNoiseKey(); err != nil {
 		return err

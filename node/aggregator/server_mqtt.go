@@ -296,6 +296,9 @@ func (s *Server) handleUpdate(topic, id string, payload []byte) bool {
 			return bad("non_finite", fmt.Sprintf("value %d is %v", i, v))
 		}
 	}
+	if s.otherRun(u) {
+		return true
+	}
 	if reason, detail := s.scaffoldCheck(u, c, dec.dim); reason != "" {
 		return bad(reason, detail)
 	}

@@ -11,8 +11,11 @@ import (
 )
 
 // The server optimiser (learn/serveropt) takes the FedAvg/FedProx
-// families' aggregate, or under central DP the noisy mean, as x + Delta
-// and steps from the global model x with Delta as its pseudo-gradient.
+// families' aggregate, under central DP the noisy mean, or under --secagg
+// the uniform mean of the secure sum (with --dp distributed, noise
+// included), as x + Delta and steps from the global model x with Delta as
+// its pseudo-gradient: post-processing of what the aggregator learns
+// anyway, so secure aggregation's and DP's guarantees are unchanged.
 // Its state (the step count and the moments m, v) is the aggregator's own,
 // kept with the round's checkpoint in one transaction (aggstore.Round.Opt)
 // like the robust FedSplit step's: a restart or a rollback to round n
@@ -29,7 +32,8 @@ type serverOpt struct {
 }
 
 // checkServerOpt refuses an optimiser where the server step is not the
-// mean of the sites' deltas, or where this version does not wire it.
+// mean of the sites' deltas: the FedSplit family (under --secagg its sum
+// mode, whose step is FedSplit's over the secure sum of the z_j).
 func (cfg *ServerConfig) checkServerOpt(d *derived) error {
 	p := cfg.ServerOpt
 	if err := p.Validate(); err != nil {
@@ -40,9 +44,6 @@ func (cfg *ServerConfig) checkServerOpt(d *derived) error {
 	}
 	if isSplit(d.fam) {
 		return fmt.Errorf("%w: --server-opt %s with %s: the FedSplit family's server step is not a mean of deltas (hint: fedavg or fedprox)", coordinator.ErrConfig, p.Kind, d.fam)
-	}
-	if cfg.SecAgg != nil {
-		return fmt.Errorf("%w: --server-opt %s with --secagg: not supported: the secure sum's server step (server_secagg.go) is not passed through an optimiser", coordinator.ErrConfig, p.Kind)
 	}
 	return nil
 }

@@ -83,8 +83,9 @@ func TestServerRestartKeepsServerOptState(t *testing.T) {
 }
 
 // An optimiser is refused where the server step is not a mean of deltas
-// (the FedSplit family) and with secure aggregation, and with parameters
-// out of range, naming the reason.
+// (the FedSplit family, under secure aggregation too) and with parameters
+// out of range, naming the reason; FedProx under secure aggregation takes
+// it.
 func TestServerOptRefused(t *testing.T) {
 	f := newFixture(t)
 	adam := serveropt.Defaults(serveropt.Adam)
@@ -95,9 +96,11 @@ func TestServerOptRefused(t *testing.T) {
 	}{
 		{"fedsplit", func(c *ServerConfig) { c.Algorithm, c.Params.Step = AlgoFedSplit, 1 }, "not a mean of deltas"},
 		{"fedproxsplit", func(c *ServerConfig) { c.Algorithm, c.Params.Step = AlgoFedProxSplit, 1 }, "not a mean of deltas"},
-		{"secagg", func(c *ServerConfig) {
-			c.Algorithm, c.SecAgg = AlgoFedProx, &SecAggConfig{Clip: 1}
-		}, "--secagg"},
+		// Under --secagg FedProx:FedSplit runs in sum mode: still
+		// FedSplit's step.
+		{"secagg fedproxsplit", func(c *ServerConfig) {
+			c.Algorithm, c.Params.Step, c.SecAgg = AlgoFedProxSplit, 1, &SecAggConfig{Clip: 1}
+		}, "not a mean of deltas"},
 		{"beta1 1", func(c *ServerConfig) { c.ServerOpt.Beta1 = 1 }, "beta1"},
 		{"tau 0", func(c *ServerConfig) { c.ServerOpt.Tau = 0 }, "tau"},
 		{"unknown", func(c *ServerConfig) { c.ServerOpt.Kind = "lamb" }, "lamb"},
@@ -116,6 +119,12 @@ func TestServerOptRefused(t *testing.T) {
 	cfg.ServerOpt = adam
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("fedavg with adam refused: %v", err)
+	}
+	// FedProx under --secagg: the optimiser steps on the secure sum's
+	// uniform mean (TestSimMatchesLive/secagg/server-opt runs it).
+	cfg.Algorithm, cfg.SecAgg = AlgoFedProx, &SecAggConfig{Clip: 1}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("fedprox with adam and --secagg refused: %v", err)
 	}
 }
 

@@ -79,6 +79,7 @@ func (s *Server) announcement(round int, selected []string, deadline time.Time) 
 	if a.Control, err = s.controlVector(); err != nil {
 		return nil, err
 	}
+	a.ControlEpoch = s.controlEpoch()
 	if attempt, _, ok := s.coord.SecAggSession(); ok {
 		a.Secagg = s.secAgg.spec(attempt)
 	}
@@ -285,7 +286,13 @@ func (s *Server) checkpoint(cr coordinator.CloseRound, next []float64, redo bool
 // aggregate computes the next global model from the closed round.
 func (s *Server) aggregate(cr coordinator.CloseRound) ([]float64, aggregate.Report, error) {
 	if s.secAgg.on() {
-		return s.secAggAggregate(cr) // with --dp distributed, the noise is in the sum
+		// With --dp distributed, the noise is in the sum; the optimiser
+		// steps on its uniform mean (server_opt.go).
+		next, rep, err := s.secAggAggregate(cr)
+		if err == nil {
+			err = s.optStep(cr.Round, next)
+		}
+		return next, rep, err
 	}
 	if s.cfg.DP != nil {
 		// The optimiser steps on the noisy mean: post-processing of the

@@ -14,7 +14,8 @@ import (
 
 // SCAFFOLD at the aggregator (the rules are package uplink's,
 // scaffold.go). The model's step is the mean aggregator over x + delta y
-// (the global learning rate 1); the control variate c is this server's
+// (the global learning rate 1; --server-opt sgd sets eta_g, server_opt.go);
+// the control variate c is this server's
 // own state: announced in full with every round (RoundAnnouncement.control,
 // with the global model's codec), kept as announced (the codec's round
 // trip applied, so a site's c is this c bit for bit), and stored with the
@@ -24,6 +25,16 @@ import (
 // client-id order), N the sites known when the round closes
 // (coordinator.Population): a site's c_i is what it has sent, so c stays
 // the mean of every known site's c_i.
+//
+// A rollback to round E (Rollback) gives the run a new run id, on which
+// every site clears its c_i (edgestore.StartRun), and records E as the
+// control epoch (storedConfig.ControlEpoch, announced as control_epoch).
+// Round E's stored updates may include some of the run rolled back, whose
+// control deltas were computed against c_i that no longer exist; so c is 0
+// for round E (restoreControl) and set back to 0 when round E closes
+// (scaffoldStep), and the sites do not add round E's delta c to their c_i
+// (node/agent). From round E on, c is again the mean of the sites' c_i:
+// all zero at E + 1, then moving by the counted deltas as before.
 
 // scaffoldConfig checks what SCAFFOLD composes with: the mean of the
 // updates (a robust aggregator would weigh delta y and delta c apart),
@@ -44,6 +55,24 @@ func (cfg *ServerConfig) scaffoldConfig(d *derived) error {
 		return fmt.Errorf("%w: scaffold does not compose with secure aggregation (the masked sum carries the model's delta, not delta c)", coordinator.ErrConfig)
 	}
 	return nil
+}
+
+// otherRun drops, without a receipt, a SCAFFOLD update of another run
+// than this one (its run_id): one a site re-sends from its outbox after a
+// rollback, before it has seen the new run. Its control delta belongs to
+// a c_i the site clears when it does, so it must not be counted; and a
+// rejection receipt could reach the site after it has committed this
+// run's update of the same round, and drop that one. The site clears the
+// entry itself with the new run (edgestore.StartRun). Logged and counted
+// (rejected{reason="other_run"}).
+func (s *Server) otherRun(u *wire.ClientUpdate) bool {
+	if s.fam != AlgoScaffold || s.stored.RunID == "" || u.RunId == s.stored.RunID {
+		return false
+	}
+	s.reject(u.ClientId, "other_run")
+	s.log.Warn("update of another run ignored (a rollback started this one; the site clears it when it sees this run)",
+		"client", u.ClientId, "round", u.Round, "update_run_id", u.RunId, "run_id", s.stored.RunID)
+	return true
 }
 
 // scaffoldCheck is the ingest check of a SCAFFOLD update's control delta:
@@ -84,8 +113,8 @@ func (s *Server) restoreControl(cur aggstore.Round) error {
 		return nil
 	}
 	s.control = make([]float64, s.dim)
-	if len(cur.Control) == 0 {
-		return nil
+	if len(cur.Control) == 0 || cur.Number == s.stored.ControlEpoch {
+		return nil // round E of a rollback: the sites' c_i are cleared
 	}
 	c, err := storage.DecodeFloats(cur.Control, "control variate")
 	if err != nil {
@@ -96,6 +125,15 @@ func (s *Server) restoreControl(cur aggstore.Round) error {
 	}
 	s.control = c
 	return nil
+}
+
+// controlEpoch is the announcement's control_epoch: the round the last
+// rollback reopened (0 outside SCAFFOLD or without one).
+func (s *Server) controlEpoch() uint64 {
+	if s.fam != AlgoScaffold {
+		return 0
+	}
+	return s.stored.ControlEpoch
 }
 
 // controlVector is the announcement's control field (nil outside
@@ -143,6 +181,11 @@ func (s *Server) scaffoldStep(cr coordinator.CloseRound) error {
 	next, err := uplink.NextControl(s.control, deltas, n)
 	if err != nil {
 		return fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
+	}
+	if uint64(cr.Round) == s.stored.ControlEpoch {
+		// The rollback's round: its deltas (checked above) are not
+		// counted, nor added to c_i by the sites.
+		next = make([]float64, s.dim)
 	}
 	if s.nextControl, err = s.downlinked(next); err != nil {
 		return err

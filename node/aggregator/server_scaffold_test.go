@@ -11,7 +11,8 @@ import (
 
 // TestServerScaffold: a scaffold federation announces c (zero in round
 // 1), refuses an update without a usable control delta (a counter and a
-// BAD_UPDATE receipt, the round untouched), takes the mean of the
+// BAD_UPDATE receipt, the round untouched), ignores one of another run
+// (a counter, no receipt), takes the mean of the
 // updates as the next model, and announces the next c = c + (1/N) sum of
 // the round's control deltas, N the three known sites (two selected).
 func TestServerScaffold(t *testing.T) {
@@ -37,6 +38,7 @@ func TestServerScaffold(t *testing.T) {
 	first, second := agents[ann.Selected[0]], agents[ann.Selected[1]]
 	withControl := func(id string, w, d []float64) *wire.ClientUpdate {
 		u := update(t, id, 1, w, 10)
+		u.RunId = ann.RunId
 		if d != nil {
 			u.ControlDelta = &wire.Vector{Codec: "fp32", Dimension: uint32(len(d)), Payload: fp32(t, d)}
 		}
@@ -63,6 +65,14 @@ func TestServerScaffold(t *testing.T) {
 			waitView(t, r.s, "rejection "+tc.reason, func(v ServerView) bool { return v.Rejected[tc.reason] == before.Rejected[tc.reason]+1 })
 		})
 	}
+	// An update of another run (re-sent from a site's outbox after a
+	// rollback): counted and ignored, without a receipt (the next one the
+	// site gets is its valid update's).
+	before, _ := r.s.Watch()
+	old := withControl(first.id, vec(5), vec(7))
+	old.RunId = "a-run-rolled-back"
+	first.send(t, old)
+	waitView(t, r.s, "rejection other_run", func(v ServerView) bool { return v.Rejected["other_run"] == before.Rejected["other_run"]+1 })
 	d1, d2 := vec(2), vec(-4)
 	first.send(t, withControl(first.id, vec(1), d1))
 	wantReceipt(t, first.receipt(t), 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)

@@ -23,7 +23,8 @@ import (
 // delta c to its c_i (EncodeControl), so its c_i is always what the
 // aggregator has counted, and the invariant c = (1/N) sum_i c_i holds
 // exactly on both sides whatever the codec drops. The server's step is
-// x <- mean_k (x + delta y_k) (the global learning rate 1) and
+// x <- mean_k (x + delta y_k) (the global learning rate 1; the server
+// optimiser sgd, learn/serveropt, makes it x + eta_g mean_k delta y_k) and
 // c <- c + (1/N) sum_k delta c_k (NextControl), N the sites known to the
 // aggregator.
 

@@ -555,6 +555,7 @@ func (x *RoundAnnouncement) size() int {
 	n += sizeString(44, x.TransformDigest)
 	n += sizeBytes(46, x.SecaggSurvivorSignatures)
 	n += sizeMessage(47, x.Control != nil, x.Control)
+	n += sizeVarint(48, x.ControlEpoch)
 	return n
 }
 
@@ -593,6 +594,7 @@ func (x *RoundAnnouncement) appendTo(b []byte) []byte {
 	b = appendString(b, 44, x.TransformDigest)
 	b = appendBytes(b, 46, x.SecaggSurvivorSignatures)
 	b = appendMessage(b, 47, x.Control != nil, x.Control)
+	b = appendVarint(b, 48, x.ControlEpoch)
 	return b
 }
 
@@ -761,6 +763,10 @@ func (x *RoundAnnouncement) unmarshal(b []byte, d *decoder) error {
 					x.Control = &Vector{}
 				}
 				return consumeMessage(x.Control, b, d)
+			}
+		case 48:
+			if typ == protowire.VarintType {
+				return consumeUint64(&x.ControlEpoch, b), nil
 			}
 		}
 		return 0, nil
@@ -1153,6 +1159,7 @@ func (x *ClientUpdate) size() int {
 	n += sizeString(11, x.InstanceId)
 	n += sizeVarint(12, uint64(x.ClipBit))
 	n += sizeMessage(13, x.ControlDelta != nil, x.ControlDelta)
+	n += sizeString(14, x.RunId)
 	return n
 }
 
@@ -1170,6 +1177,7 @@ func (x *ClientUpdate) appendTo(b []byte) []byte {
 	b = appendString(b, 11, x.InstanceId)
 	b = appendVarint(b, 12, uint64(x.ClipBit))
 	b = appendMessage(b, 13, x.ControlDelta != nil, x.ControlDelta)
+	b = appendString(b, 14, x.RunId)
 	return b
 }
 
@@ -1234,6 +1242,10 @@ func (x *ClientUpdate) unmarshal(b []byte, d *decoder) error {
 					x.ControlDelta = &Vector{}
 				}
 				return consumeMessage(x.ControlDelta, b, d)
+			}
+		case 14:
+			if typ == protowire.BytesType {
+				return consumeString(&x.RunId, b)
 			}
 		}
 		return 0, nil

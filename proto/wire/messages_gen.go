@@ -831,6 +831,15 @@ type RoundAnnouncement struct {
 	// round trip applied), so a site's c and the aggregator's agree bit for
 	// bit.
 	Control *Vector `json:"control,omitempty"`
+	// SCAFFOLD after a rollback (broker-agg run --rollback N; 0: none): the
+	// round N the rollback reopened, from whose close the run's control
+	// variates count. The sites cleared their c_i with the new run id, and
+	// the aggregator announces c = 0 for round N and sets c back to 0 when
+	// round N closes (round N's stored updates include some of the run rolled
+	// back, whose control deltas belong to c_i the sites no longer hold); a
+	// site does not add round N's delta c to its c_i. So c is the mean of
+	// the sites' c_i again from round N on. <= round.
+	ControlEpoch uint64 `json:"control_epoch,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -1072,6 +1081,13 @@ func (x *RoundAnnouncement) GetControl() *Vector {
 		return x.Control
 	}
 	return nil
+}
+
+func (x *RoundAnnouncement) GetControlEpoch() uint64 {
+	if x != nil {
+		return x.ControlEpoch
+	}
+	return 0
 }
 
 // RunSpec is published retained on <prefix>run: what a run's announcements
@@ -1529,6 +1545,12 @@ type ClientUpdate struct {
 	// aggregator counted). Required under algorithm "scaffold", absent
 	// otherwise.
 	ControlDelta *Vector `json:"control_delta,omitempty"`
+	// SCAFFOLD: the run (RoundAnnouncement.run_id) whose announcement the
+	// update answers. Its control delta belongs to that run's c_i, which the
+	// site clears when a rollback starts a new run: the aggregator ignores a
+	// scaffold update of another run (re-sent from a site's outbox before it
+	// saw the new run). Empty for the other algorithms.
+	RunId string `json:"run_id,omitempty"`
 }
 
 // Reset sets x to its zero value.
@@ -1623,6 +1645,13 @@ func (x *ClientUpdate) GetControlDelta() *Vector {
 		return x.ControlDelta
 	}
 	return nil
+}
+
+func (x *ClientUpdate) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
 }
 
 // Receipt is published on <prefix>receipts/<id> after the update

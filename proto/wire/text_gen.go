@@ -150,6 +150,7 @@ func (x *RoundAnnouncement) appendText(w *textWriter) {
 	w.str("schema_digest", x.SchemaDigest)
 	w.str("transform_digest", x.TransformDigest)
 	w.msg("control", x.Control != nil, x.Control)
+	w.uint("control_epoch", x.ControlEpoch)
 }
 
 func (x *RunSpec) appendText(w *textWriter) {
@@ -226,6 +227,7 @@ func (x *ClientUpdate) appendText(w *textWriter) {
 	w.str("instance_id", x.InstanceId)
 	w.uint("clip_bit", uint64(x.ClipBit))
 	w.msg("control_delta", x.ControlDelta != nil, x.ControlDelta)
+	w.str("run_id", x.RunId)
 }
 
 func (x *Receipt) appendText(w *textWriter) {

@@ -191,7 +191,7 @@ func (m *RoundAnnouncement) Validate(lim Limits) error {
 
 // checkStateVectors checks the vectors a round carries besides the global
 // model: FedSplit sum mode's split_initial (with its roster) and
-// SCAFFOLD's control variate.
+// SCAFFOLD's control variate (with its epoch).
 func (m *RoundAnnouncement) checkStateVectors(msg string, lim Limits) error {
 	if (m.SplitRoster > 0) != (m.SplitInitial != nil) || (m.SplitRoster > 0 && !m.SplitSum) {
 		return invalid(msg, "split_roster %d and split_initial (set: %v) go together, and only with split_sum", m.SplitRoster, m.SplitInitial != nil)
@@ -200,6 +200,9 @@ func (m *RoundAnnouncement) checkStateVectors(msg string, lim Limits) error {
 		if err := checkVector(msg, "control", m.Control, lim); err != nil {
 			return err
 		}
+	}
+	if m.ControlEpoch > m.Round || (m.ControlEpoch > 0 && m.Control == nil) {
+		return invalid(msg, "control_epoch %d: want at most the round (%d), and only with control", m.ControlEpoch, m.Round)
 	}
 	if m.SplitInitial != nil {
 		return checkVector(msg, "split_initial", m.SplitInitial, lim)
