@@ -53,6 +53,11 @@ type StoreView interface {
 	Contribution() (round uint64, c []float64, err error)
 	Outbox() ([]edgestore.OutboxEntry, error)
 	Final() (edgestore.Final, error)
+	// Secure aggregation's (core_secagg.go): the session's record, a
+	// sum-mode round's pending contribution, the distributed-DP noise key.
+	SecAgg() ([]byte, error)
+	Pending(round uint64) (edgestore.SumPending, bool, error)
+	NoiseKey() ([32]byte, error)
 	// Path names the state file in errors ("" when unknown).
 	Path() string
 }
@@ -67,6 +72,8 @@ const (
 	recInitZ                          // FedSplit's initial z vec, if none is stored: storage InitZ
 	recCommit                         // the solved round with its outbox entry: storage Commit
 	recFinal                          // the run's verified final bundle: storage SetFinal
+	recSecAgg                         // the secagg session's record commit.SecAgg with its next message commit.Msg (nil: none): storage SetSecAgg
+	recNoiseKey                       // the distributed-DP noise key drawn for the run: storage InitNoiseKey
 )
 
 // change is one record the core decides to make durable; the shell
@@ -79,6 +86,7 @@ type change struct {
 	vec    []float64
 	commit edgestore.Commit
 	final  edgestore.Final
+	key    [32]byte
 }
 
 // plan is what one step of the core decides. The shell commits records in
@@ -89,9 +97,6 @@ type change struct {
 type plan struct {
 	records []change
 	solve   *prepared
-	// secAggPhase: the round was applied and runs under secure
-	// aggregation: the shell answers the session's phase (secagg.go).
-	secAggPhase bool
 	// bundle is the final bundle to write to model_out once the records
 	// are committed; restore a stored one to make sure of on disk;
 	// finalEval: the run finished without its bundle yet and asks for the
@@ -125,6 +130,9 @@ type siteRules struct {
 	// core hands it to the solver and never reads it (the shell passes
 	// the time into a step).
 	Clock clock.Clock
+	// SecAgg is secure aggregation's randomness and signing identity,
+	// the shell's (secagg.go).
+	SecAgg secAggConfig
 }
 
 func (sr siteRules) log() *slog.Logger {
@@ -201,7 +209,7 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 	}
 	if r <= applied {
 		if ann.Secagg != nil {
-			return plan{secAggPhase: true, res: res}
+			return sr.secAggPhase(v, ann, now, res)
 		}
 		res, err := sr.resend(v, res)
 		return plan{res: res, err: err}
@@ -301,8 +309,12 @@ func waitingFor(v StoreView, round uint64) (uint64, []byte, error) {
 // commit of the update with its outbox entry, and the update to publish
 // once that commit is done: after it the update survives any crash
 // (ARCHITECTURE.md, "Commit, then publish, at the edge"). now is the
-// update's timestamp.
+// update's timestamp. Under secure aggregation the update is the session's
+// input instead (secAggSolved).
 func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared, o solveOutcome, now time.Time, res Result) plan {
+	if ann.Secagg != nil {
+		return sr.secAggSolved(v, ann, p, o, now, res)
+	}
 	r := ann.Round
 	d, sent, rep, stop := p.data, o.sent, o.rep, o.stop
 	rng := sr.rng(r, streams.SiteCodec)
