@@ -20,7 +20,6 @@ import (
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/learn/quant"
-	"github.com/edgefl/edgefl/learn/sketch"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
@@ -146,8 +145,8 @@ func (sr siteRules) log() *slog.Logger {
 // client id (so that sites with the same Seed still draw independently:
 // QSGD's noise must not be correlated across clients), the round and the
 // stream.
-func (sr siteRules) rng(round uint64, s streams.SiteStream) *rand.Rand {
-	return streams.Site(sr.Seed, sr.ClientID, round, s)
+func (sr siteRules) rng(r uint64, s streams.SiteStream) *rand.Rand {
+	return round.Rand(sr.Seed, sr.ClientID, r, s)
 }
 
 // diskErrAt is a site error "disk" for a failure of the state file v.
@@ -334,7 +333,7 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 		Round:        r,
 		Kind:         up.Kind,
 		BaseRound:    up.BaseRound,
-		Vector:       &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(sent)), Payload: up.Payload},
+		Vector:       &wire.Vector{Codec: p.task.CodecName, Dimension: uint32(len(sent)), Payload: up.Payload},
 		SampleCount:  claimedSamples(uint64(d.N)),
 		Report:       workReport(rep, stop, p.work.Solver.Gamma, p.clip > 0),
 		SentAtUnixMs: now.UnixMilli(),
@@ -391,7 +390,7 @@ func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.R
 		case !errors.Is(err, storage.ErrNotFound):
 			return uplink.Frame{}, roundErr(r, err)
 		}
-	} else if !p.codec.Lossless() {
+	} else if !p.task.Lossless {
 		old, err := v.Residual(edgestore.ResidualUplink)
 		switch {
 		case err == nil:
@@ -400,7 +399,7 @@ func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.R
 			return uplink.Frame{}, roundErr(r, err)
 		}
 	}
-	f, err := uplink.Encode(p.codec, u, rng)
+	f, err := p.task.Encode(u, rng)
 	if err != nil {
 		return f, roundErr(r, err)
 	}
@@ -436,7 +435,8 @@ type prepared struct {
 	m      model.Model
 	x      []float64
 	codec  *quant.Codec
-	work   round.Work // the solver's configuration and FedSplit's steps (round.Prepare)
+	task   *round.Task // the checked announcement (round.Open: model, x, codec, work)
+	work   round.Work  // the solver's configuration and FedSplit's steps (round.Prepare)
 	budget proxsolver.Budget
 	sketch bool // the round asks for the anchor gradient
 	// clip is the announced DP clip norm (0: no DP): the update is
@@ -466,43 +466,12 @@ func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.
 	p.split = round.IsSplit(ann.Algorithm)
 	p.sum = sumMode(ann)
 
-	spec, err := annModelSpec(ann)
+	t, err := round.Open(ann, d, round.Params{Solver: sr.Local.Solver, LR: sr.Local.LR, Batch: sr.Local.Batch})
 	if err != nil {
 		return nil, bad(r, "%v", err)
 	}
-	if p.m, err = model.New(spec); err != nil {
-		return nil, bad(r, "%v", err)
-	}
-	if err := model.CheckTargets(spec, d); err != nil {
-		return nil, bad(r, "this site's data do not fit the announced model: %v", err)
-	}
-	dim := p.m.NumParams()
-	if int64(ann.Global.Dimension) != int64(dim) {
-		return nil, bad(r, "global model has dimension %d, the %s model has %d parameters", ann.Global.Dimension, spec.Kind, dim)
-	}
-	if p.codec, err = quant.ParseWithLimits(ann.UplinkCodec, quant.Limits{MaxDim: dim}); err != nil {
-		return nil, bad(r, "uplink codec: %v", err)
-	}
-	if p.codec.MinDim() > dim {
-		return nil, bad(r, "uplink codec %s covers %d parameters, the %s model has %d", p.codec, p.codec.MinDim(), spec.Kind, dim)
-	}
-	info, err := quant.Inspect(ann.Global.Payload)
-	if err != nil {
-		return nil, bad(r, "global model frame: %v", err)
-	}
-	if info.Dim != dim {
-		return nil, bad(r, "global model frame has dimension %d, want %d", info.Dim, dim)
-	}
-	if p.x, err = p.codec.Decode(ann.Global.Payload, nil); err != nil {
-		return nil, bad(r, "global model frame: %v", err)
-	}
-	if len(p.x) != dim { // Inspect and Decode agree; belt and braces
-		return nil, bad(r, "global model decodes to %d values, want %d", len(p.x), dim)
-	}
-
-	if p.work, err = sr.work(ann, d.N); err != nil {
-		return nil, bad(r, "%v", err)
-	}
+	p.task, p.m, p.x, p.codec, p.work = &t, t.Model, t.X, t.Codec, t.Work
+	dim := len(p.x)
 	if p.clip, err = dpClip(ann, p.split && !p.sum); err != nil {
 		return nil, bad(r, "%v", err)
 	}
@@ -524,7 +493,7 @@ func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.
 	}
 	p.budget = sr.budget(ann, now)
 	p.sketch = ann.AnchorSketch != nil
-	if err := p.budget.Validate(); err != nil {
+	if err := round.CheckBudget(p.budget); err != nil {
 		return nil, bad(r, "%v", err)
 	}
 	return p, nil
@@ -576,44 +545,6 @@ func (sr siteRules) budget(ann *wire.RoundAnnouncement, now time.Time) proxsolve
 	}
 	b.Deadline = deadline
 	return b
-}
-
-// annModelSpec is the model an announcement trains: its model spec, with
-// FedSiam-DA's prediction head when its algorithm is fedsiam-da
-// (model.ContrastSpec, the rule the aggregator and simulate follow).
-func annModelSpec(ann *wire.RoundAnnouncement) (model.Spec, error) {
-	s, err := modelSpec(ann.Model)
-	return model.ContrastSpec(model.ContrastKindOf(ann.Algorithm), s), err
-}
-
-// modelSpec converts the announced model. The wire form allows several
-// hidden layers; the models have at most one.
-func modelSpec(s *wire.ModelSpec) (model.Spec, error) {
-	if s == nil {
-		return model.Spec{}, errors.New("no model")
-	}
-	kind := s.Kind
-	switch kind { // the wire schema's comment spells two kinds differently
-	case "binlogreg":
-		kind = model.KindBinaryLogReg
-	case "linreg":
-		kind = model.KindLinear
-	}
-	if int64(s.Inputs) > model.MaxParams || int64(s.Classes) > model.MaxParams {
-		return model.Spec{}, fmt.Errorf("model %s: %d inputs, %d classes: beyond %d parameters", kind, s.Inputs, s.Classes, model.MaxParams)
-	}
-	spec := model.Spec{Kind: kind, Inputs: int(s.Inputs), Classes: int(s.Classes), Activation: s.Activation, L2: s.L2}
-	switch len(s.Hidden) {
-	case 0:
-	case 1:
-		if int64(s.Hidden[0]) > model.MaxParams {
-			return model.Spec{}, fmt.Errorf("model %s: %d hidden units", kind, s.Hidden[0])
-		}
-		spec.Hidden = int(s.Hidden[0])
-	default:
-		return model.Spec{}, fmt.Errorf("model %s: %d hidden layers, this agent supports one", kind, len(s.Hidden))
-	}
-	return spec, nil
 }
 
 // seconds converts to a Duration, saturating instead of overflowing.
@@ -776,25 +707,14 @@ func dpClip(ann *wire.RoundAnnouncement, split bool) (float64, error) {
 	return d.ClipNorm, nil
 }
 
-// anchorGrad is what the round's SketchSpec asks for: the full gradient at
-// the anchor (dimension 0) or its random projection. A sketch longer than the
-// gradient is refused (it would cost dimension x len(grad) for nothing).
-func (sr siteRules) anchorGrad(round uint64, g []float64, s *wire.SketchSpec) []float64 {
-	for _, v := range g {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return nil
-		}
+// anchorGrad is what the round's SketchSpec asks for (round.AnchorGrad);
+// a sketch longer than the gradient is not sent, with a warning.
+func (sr siteRules) anchorGrad(r uint64, g []float64, s *wire.SketchSpec) []float64 {
+	v, long := round.AnchorGrad(g, s)
+	if long {
+		sr.log().Warn("anchor sketch longer than the gradient: not sent", "round", r, "sketch", s.Dimension, "gradient", len(g))
 	}
-	switch {
-	case len(g) == 0:
-		return nil
-	case s.Dimension == 0:
-		return slices.Clone(g)
-	case int(s.Dimension) > len(g):
-		sr.log().Warn("anchor sketch longer than the gradient: not sent", "round", round, "sketch", s.Dimension, "gradient", len(g))
-		return nil
-	}
-	return sketch.Of(g, int(s.Dimension), s.Seed)
+	return v
 }
 
 // statisticsRefused refuses the statistics phase of a schema that
@@ -845,12 +765,12 @@ func (sr siteRules) statistics(ann *wire.RoundAnnouncement, s *schema.Schema, si
 // announcement's eval round, added to res.Out, unless the aggregator has
 // receipted it (done). now is its timestamp.
 func (sr siteRules) evaluation(ann *wire.RoundAnnouncement, holdout model.Data, done bool, now time.Time, res *Result) error {
-	round := uint64(ann.GetEvalRound())
+	er := uint64(ann.GetEvalRound())
 	if done {
 		res.Healthy = true
 		return nil
 	}
-	spec, err := annModelSpec(ann)
+	spec, err := round.ModelSpec(ann)
 	if err != nil {
 		return bad(ann.Round, "%v", err)
 	}
@@ -871,7 +791,7 @@ func (sr siteRules) evaluation(ann *wire.RoundAnnouncement, holdout model.Data, 
 		return wrap("agent: evaluation", err)
 	}
 	msg, err := wire.Encode(&wire.EvalReport{
-		ClientId: sr.ClientID, RunId: ann.RunId, Round: round, Report: raw,
+		ClientId: sr.ClientID, RunId: ann.RunId, Round: er, Report: raw,
 		SentAtUnixMs: max(now.UnixMilli(), 0),
 	})
 	if err != nil {
@@ -880,8 +800,8 @@ func (sr siteRules) evaluation(ann *wire.RoundAnnouncement, holdout model.Data, 
 	if err := sr.fits(msg, "evaluation report"); err != nil {
 		return err
 	}
-	res.Out = append(res.Out, Outgoing{Subject: wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, RunID: ann.RunId, Round: round, Msg: msg})
-	sr.log().Info("evaluation sent", "eval_round", round, "n", rep.N, "loss", rep.Loss, "accuracy", rep.Accuracy)
+	res.Out = append(res.Out, Outgoing{Subject: wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, RunID: ann.RunId, Round: er, Msg: msg})
+	sr.log().Info("evaluation sent", "eval_round", er, "n", rep.N, "loss", rep.Loss, "accuracy", rep.Accuracy)
 	res.Healthy = true
 	return nil
 }

@@ -540,3 +540,53 @@ func TestCoreFederatedSteps(t *testing.T) {
 		t.Fatalf("evaluation receipted: %+v %v", got, err)
 	}
 }
+
+// The route of a training announcement through the core enters proto/round
+// for the math and nothing past it (ARCHITECTURE.md, "The route of a round
+// announcement"): the core's steps on that route call no function of
+// learn/ or of proto/uplink themselves, and no hook is handed down for
+// uplink to call back up into the agent in a shipped build. A planted
+// `model.New(...)` in prepare, or a non-nil poison, fails this.
+func TestCoreRouteThroughRound(t *testing.T) {
+	route := map[string]bool{"begin": true, "round": true, "prepare": true, "budget": true, "rng": true,
+		"solved": true, "uplink": true, "resend": true, "anchorGrad": true, "commitFailed": true, "solve": true}
+	allowed := map[string]bool{"wire": true, "round": true, "errors": true, "fmt": true, "math": true,
+		"slices": true, "time": true, "context": true, "strings": true}
+	for _, file := range []string{"core.go", "round.go"} {
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, file, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		imported := map[string]bool{}
+		for _, im := range f.Imports {
+			p, _ := strconv.Unquote(im.Path.Value)
+			name := p[strings.LastIndex(p, "/")+1:]
+			if im.Name != nil {
+				name = im.Name.Name
+			}
+			imported[name] = true
+		}
+		for _, d := range f.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || !route[fd.Name.Name] {
+				continue
+			}
+			ast.Inspect(fd, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok {
+					return true
+				}
+				if sel, ok := call.Fun.(*ast.SelectorExpr); ok {
+					if x, ok := sel.X.(*ast.Ident); ok && imported[x.Name] && !allowed[x.Name] {
+						t.Errorf("%s: %s calls %s.%s, past proto/round", fset.Position(call.Pos()), fd.Name.Name, x.Name, sel.Sel.Name)
+					}
+				}
+				return true
+			})
+		}
+	}
+	if poison != nil {
+		t.Error("a shipped build hands uplink a poisoning hook: a call back up into the agent on every update")
+	}
+}

@@ -42,7 +42,7 @@ func (sr siteRules) sumUplink(v StoreView, p *prepared, z []float64, rng *rand.R
 	case !errors.Is(err, storage.ErrNotFound):
 		return uplink.Frame{}, diskErrAt(v, roundErr(r, err))
 	}
-	f, err := uplink.EncodeSum(p.codec, u, rng)
+	f, err := p.task.EncodeSum(u, rng)
 	if err != nil {
 		return f, roundErr(r, err)
 	}
