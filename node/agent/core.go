@@ -134,7 +134,7 @@ type siteRules struct {
 	SecAgg secAggConfig
 }
 
-func (sr siteRules) log() *slog.Logger {
+func (sr *siteRules) log() *slog.Logger {
 	if sr.Log == nil {
 		return slog.Default()
 	}
@@ -145,7 +145,7 @@ func (sr siteRules) log() *slog.Logger {
 // client id (so that sites with the same Seed still draw independently:
 // QSGD's noise must not be correlated across clients), the round and the
 // stream.
-func (sr siteRules) rng(r uint64, s streams.SiteStream) *rand.Rand {
+func (sr *siteRules) rng(r uint64, s streams.SiteStream) *rand.Rand {
 	return round.Rand(sr.Seed, sr.ClientID, r, s)
 }
 
@@ -166,7 +166,7 @@ func diskErrAt(v StoreView, err error) error {
 // StartRunAt, a no-op for the run the state belongs to; none for an
 // announcement without a run id), with the result so far. An announcement
 // of a run this site has left is refused.
-func (sr siteRules) begin(v StoreView, ann *wire.RoundAnnouncement) (Result, []change, error) {
+func (sr *siteRules) begin(v StoreView, ann *wire.RoundAnnouncement) (Result, []change, error) {
 	if err := ann.Validate(sr.Limits); err != nil {
 		return Result{}, nil, fmt.Errorf("%w: %w", ErrBadAnnouncement, err)
 	}
@@ -194,11 +194,11 @@ func (sr siteRules) begin(v StoreView, ann *wire.RoundAnnouncement) (Result, []c
 // outbox entry, or the secure-aggregation phase), waiting (sum mode), or
 // checked and ready: record the global model (and FedSplit's initial z)
 // and start the solve. Nothing it refuses leaves a record.
-func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data, invited bool, now time.Time, res Result) plan {
+func (sr *siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data, invited bool, now time.Time, res Result) *plan {
 	r := ann.Round
-	fail := func(err error) plan { return plan{res: res, err: err} }
+	fail := func(err error) *plan { return &plan{res: res, err: err} }
 	if !Selected(ann, sr.ClientID) && !(invited && ann.GetPrivateSelection()) {
-		pl := plan{records: []change{{kind: recSeen, round: r}}, res: res, base: res}
+		pl := &plan{records: []change{{kind: recSeen, round: r}}, res: res, base: res}
 		pl.res.Action = ActionNotSelected
 		return pl
 	}
@@ -211,13 +211,13 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 			return sr.secAggPhase(v, ann, now, res)
 		}
 		res, err := sr.resend(v, res)
-		return plan{res: res, err: err}
+		return &plan{res: res, err: err}
 	}
 	if ann.Secagg != nil && ann.SecaggPhase != wire.SecAggPhase_SECAGG_PHASE_ADVERTISE {
 		// The session's keys were advertised without this site: it
 		// cannot join until the next round (or session).
 		res.Action = ActionDone
-		return plan{res: res}
+		return &plan{res: res}
 	}
 	if sumMode(ann) {
 		if w, msg, err := waitingFor(v, r); err != nil {
@@ -227,7 +227,7 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 			if secAggKindOf(msg) != 0 {
 				res.Msg = msg
 			}
-			return plan{res: res}
+			return &plan{res: res}
 		}
 	}
 	p, err := sr.prepare(ann, d, now)
@@ -242,7 +242,7 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 	if err := contrastModel(v, p); err != nil {
 		return fail(err)
 	}
-	pl := plan{records: []change{{kind: recGlobal, round: r, vec: p.x}}, solve: p, res: res, base: res}
+	pl := &plan{records: []change{{kind: recGlobal, round: r, vec: p.x}}, solve: p, res: res, base: res}
 	if p.split {
 		z0 := p.x // z_j starts at the first global model the site sees
 		if p.initial != nil {
@@ -271,7 +271,7 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 // from the outbox; anything else is a disk error.
 // It returns the outcome, and whether the plan stops there (false: go
 // on with the next record).
-func (sr siteRules) commitFailed(v StoreView, rec change, err error, base Result) (Result, bool, error) {
+func (sr *siteRules) commitFailed(v StoreView, rec change, err error, base Result) (Result, bool, error) {
 	switch {
 	case rec.kind == recSeen && errors.Is(err, storage.ErrStale):
 		return base, false, nil
@@ -310,7 +310,7 @@ func waitingFor(v StoreView, round uint64) (uint64, []byte, error) {
 // (ARCHITECTURE.md, "Commit, then publish, at the edge"). now is the
 // update's timestamp. Under secure aggregation the update is the session's
 // input instead (secAggSolved).
-func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared, o solveOutcome, now time.Time, res Result) plan {
+func (sr *siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared, o solveOutcome, now time.Time, res Result) *plan {
 	if ann.Secagg != nil {
 		return sr.secAggSolved(v, ann, p, o, now, res)
 	}
@@ -319,13 +319,13 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 	rng := sr.rng(r, streams.SiteCodec)
 	up, err := sr.uplink(v, p, sent, rng)
 	if err != nil {
-		return plan{res: res, err: err}
+		return &plan{res: res, err: err}
 	}
 	var control *wire.Vector
 	var ci []float64
 	if p.scaffold {
 		if control, ci, err = scaffoldUplink(p, sent, rep.Steps, rng); err != nil {
-			return plan{res: res, err: roundErr(r, err)}
+			return &plan{res: res, err: roundErr(r, err)}
 		}
 	}
 	u := &wire.ClientUpdate{
@@ -349,10 +349,10 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 	}
 	msg, err := wire.Encode(u)
 	if err != nil {
-		return plan{res: res, err: fmt.Errorf("agent: round %d: encode update: %w", r, err)}
+		return &plan{res: res, err: fmt.Errorf("agent: round %d: encode update: %w", r, err)}
 	}
 	if lim := sr.Limits.MaxMessageBytes; lim > 0 && len(msg) > lim {
-		return plan{res: res, err: fmt.Errorf("agent: round %d: update is %d bytes, over the %d-byte message limit", r, len(msg), lim)}
+		return &plan{res: res, err: fmt.Errorf("agent: round %d: update is %d bytes, over the %d-byte message limit", r, len(msg), lim)}
 	}
 	c := edgestore.Commit{Round: r, Residual: up.Residual, Control: ci, Msg: msg}
 	switch {
@@ -363,7 +363,7 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 	case p.contrast.Kind != "":
 		c.Local = sent // the next round's previous local model
 	}
-	pl := plan{records: []change{{kind: recCommit, round: r, commit: c}}, base: res, res: res}
+	pl := &plan{records: []change{{kind: recCommit, round: r, commit: c}}, base: res, res: res}
 	pl.res.Action, pl.res.Msg, pl.res.Update, pl.res.Sent, pl.res.Report = ActionSolved, msg, u, up.Applied, rep
 	if up.Sum != nil {
 		pl.res.Sent = up.Sum.V
@@ -376,7 +376,7 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 // ARCHITECTURE.md, Uplink encoding), with what the store holds: the
 // error-feedback residual (FedProx family, lossy codecs) or this site's
 // record of the aggregator's copy of z_j (FedSplit).
-func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.Rand) (uplink.Frame, error) {
+func (sr *siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.Rand) (uplink.Frame, error) {
 	if p.sum {
 		return sr.sumUplink(v, p, sent, rng)
 	}
@@ -410,7 +410,7 @@ func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.R
 }
 
 // resend looks for the outbox entry of an applied round.
-func (sr siteRules) resend(v StoreView, res Result) (Result, error) {
+func (sr *siteRules) resend(v StoreView, res Result) (Result, error) {
 	out, err := v.Outbox()
 	if err != nil {
 		return res, roundErr(res.Round, err)
@@ -460,7 +460,7 @@ type prepared struct {
 
 // prepare checks everything about ann that can be checked before writing:
 // nothing it rejects leaves a trace.
-func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.Time) (*prepared, error) {
+func (sr *siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.Time) (*prepared, error) {
 	r := ann.Round
 	p := &prepared{round: r, algo: ann.Algorithm, data: d}
 	p.split = round.IsSplit(ann.Algorithm)
@@ -503,7 +503,7 @@ func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.
 // (round.Prepare: the one check and the one rule of the sites and
 // simulate) with the device's overrides of the solver, the learning rate
 // and the batch.
-func (sr siteRules) work(ann *wire.RoundAnnouncement, samples int) (round.Work, error) {
+func (sr *siteRules) work(ann *wire.RoundAnnouncement, samples int) (round.Work, error) {
 	p, pop := round.FromWire(ann)
 	return round.Prepare(ann.Algorithm, p, pop, round.Params{Solver: sr.Local.Solver, LR: sr.Local.LR, Batch: sr.Local.Batch}, samples)
 }
@@ -511,7 +511,7 @@ func (sr siteRules) work(ann *wire.RoundAnnouncement, samples int) (round.Work, 
 // budget is min(device budget, round budget) and the round's deadline less
 // the margin, counted from now. A solve nothing limits gets
 // Local.FallbackSeconds.
-func (sr siteRules) budget(ann *wire.RoundAnnouncement, now time.Time) proxsolver.Budget {
+func (sr *siteRules) budget(ann *wire.RoundAnnouncement, now time.Time) proxsolver.Budget {
 	loc := sr.Local.withDefaults()
 	b := proxsolver.Budget{Clock: sr.Clock}
 	minPos := func(a, c int) int {
@@ -562,39 +562,39 @@ func seconds(s float64) time.Duration {
 // bundle yet the site waits (and evaluates, when asked); the bundle is
 // verified (bundle.Unmarshal checks its digest; the federation's schema,
 // the run) before the plan stores it and writes it to model_out.
-func (sr siteRules) finish(v StoreView, ann *wire.RoundAnnouncement, res Result) plan {
+func (sr *siteRules) finish(v StoreView, ann *wire.RoundAnnouncement, res Result) *plan {
 	if len(ann.GetSchema()) == 0 {
 		res.Action = ActionFinished // nothing to store: no bundle without a schema
-		return plan{res: res}
+		return &plan{res: res}
 	}
 	if f, err := v.Final(); err == nil && f.RunID == ann.RunId {
 		done := res
 		done.Action, done.Final = ActionDone, &f
-		return plan{restore: &f, res: done, base: res}
+		return &plan{restore: &f, res: done, base: res}
 	} else if err != nil && !errors.Is(err, storage.ErrNotFound) {
-		return plan{res: res, err: diskErrAt(v, err)}
+		return &plan{res: res, err: diskErrAt(v, err)}
 	}
 	raw := ann.GetBundle()
 	if len(raw) == 0 {
 		res.Action = ActionFinishing
-		return plan{res: res, finalEval: ann.GetEvaluate()}
+		return &plan{res: res, finalEval: ann.GetEvaluate()}
 	}
 	b, err := bundle.Unmarshal(raw)
 	if err != nil {
-		return plan{res: res, err: badTransform("final model bundle", err)}
+		return &plan{res: res, err: badTransform("final model bundle", err)}
 	}
 	s, err := schema.Parse(ann.GetSchema())
 	if err != nil {
-		return plan{res: res, err: badTransform("schema", err)}
+		return &plan{res: res, err: badTransform("schema", err)}
 	}
 	if got, want := b.Schema.Digest(), s.Digest(); got != want {
-		return plan{res: res, err: badTransform("final model bundle", fmt.Errorf("its schema %.12s is not the federation's %.12s", got, want))}
+		return &plan{res: res, err: badTransform("final model bundle", fmt.Errorf("its schema %.12s is not the federation's %.12s", got, want))}
 	}
 	if id := b.Provenance.RunID; id != "" && ann.RunId != "" && id != ann.RunId {
-		return plan{res: res, err: badTransform("final model bundle", fmt.Errorf("it is of run %s, the announcement of run %s", id, ann.RunId))}
+		return &plan{res: res, err: badTransform("final model bundle", fmt.Errorf("it is of run %s, the announcement of run %s", id, ann.RunId))}
 	}
 	f := edgestore.Final{RunID: ann.RunId, Round: ann.Round, Digest: b.Digest, Bundle: slices.Clone(raw)}
-	pl := plan{records: []change{{kind: recFinal, round: ann.Round, final: f}}, bundle: raw, res: res, base: res}
+	pl := &plan{records: []change{{kind: recFinal, round: ann.Round, final: f}}, bundle: raw, res: res, base: res}
 	pl.res.Action, pl.res.Final, pl.res.Healthy = ActionFinished, &f, true
 	return pl
 }
@@ -709,7 +709,7 @@ func dpClip(ann *wire.RoundAnnouncement, split bool) (float64, error) {
 
 // anchorGrad is what the round's SketchSpec asks for (round.AnchorGrad);
 // a sketch longer than the gradient is not sent, with a warning.
-func (sr siteRules) anchorGrad(r uint64, g []float64, s *wire.SketchSpec) []float64 {
+func (sr *siteRules) anchorGrad(r uint64, g []float64, s *wire.SketchSpec) []float64 {
 	v, long := round.AnchorGrad(g, s)
 	if long {
 		sr.log().Warn("anchor sketch longer than the gradient: not sent", "round", r, "sketch", s.Dimension, "gradient", len(g))
@@ -731,7 +731,7 @@ func statisticsRefused(s *schema.Schema) error {
 // statistics is the step of the statistics phase over the site's data
 // read by s: the site's SiteStatistics, in Result.Out, unless the
 // aggregator has receipted them (done). now is their timestamp.
-func (sr siteRules) statistics(ann *wire.RoundAnnouncement, s *schema.Schema, site *sitedata.Site, done bool, now time.Time, res Result) (Result, error) {
+func (sr *siteRules) statistics(ann *wire.RoundAnnouncement, s *schema.Schema, site *sitedata.Site, done bool, now time.Time, res Result) (Result, error) {
 	res.SampleCount = len(site.Train)
 	if done {
 		res.Action, res.Healthy = ActionDone, true
@@ -764,7 +764,7 @@ func (sr siteRules) statistics(ann *wire.RoundAnnouncement, s *schema.Schema, si
 // announced global model on the held-out rows, named by the
 // announcement's eval round, added to res.Out, unless the aggregator has
 // receipted it (done). now is its timestamp.
-func (sr siteRules) evaluation(ann *wire.RoundAnnouncement, holdout model.Data, done bool, now time.Time, res *Result) error {
+func (sr *siteRules) evaluation(ann *wire.RoundAnnouncement, holdout model.Data, done bool, now time.Time, res *Result) error {
 	er := uint64(ann.GetEvalRound())
 	if done {
 		res.Healthy = true
@@ -832,7 +832,7 @@ func decodeGlobal(ann *wire.RoundAnnouncement, dim int) ([]float64, error) {
 }
 
 // fits checks an encoded message against the message size limit.
-func (sr siteRules) fits(msg []byte, what string) error {
+func (sr *siteRules) fits(msg []byte, what string) error {
 	if lim := sr.Limits.MaxMessageBytes; lim > 0 && len(msg) > lim {
 		return fmt.Errorf("agent: %s is %d bytes, over the %d-byte message limit", what, len(msg), lim)
 	}

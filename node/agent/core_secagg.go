@@ -152,7 +152,7 @@ func recordRound(v StoreView) (uint64, error) {
 // now. In sum mode an AdvertiseKeys names the round of the site's record
 // its input is a delta against (0: a join) and the installation (the
 // aggregator's uplink.SumState.Check).
-func (sr siteRules) secAggMessage(v StoreView, ann *wire.RoundAnnouncement, c *secagg.Client, m secagg.Message, now time.Time) ([]byte, error) {
+func (sr *siteRules) secAggMessage(v StoreView, ann *wire.RoundAnnouncement, c *secagg.Client, m secagg.Message, now time.Time) ([]byte, error) {
 	w := &wire.SecAggMessage{ClientId: sr.ClientID, RunId: ann.RunId, Round: ann.Round,
 		Attempt: ann.Secagg.Attempt, Kind: uint32(m.Kind()), Payload: secagg.Encode(m), SentAtUnixMs: now.UnixMilli()}
 	if m.Kind() == secagg.KindAdvertiseKeys && sumMode(ann) {
@@ -194,7 +194,7 @@ func (sr siteRules) secAggMessage(v StoreView, ann *wire.RoundAnnouncement, c *s
 }
 
 // newSecAggClient makes the site's client of the announcement's session.
-func (sr siteRules) newSecAggClient(ann *wire.RoundAnnouncement, dim int) (*secagg.Client, error) {
+func (sr *siteRules) newSecAggClient(ann *wire.RoundAnnouncement, dim int) (*secagg.Client, error) {
 	cfg, _, err := uplink.SecAggSetup(ann.Secagg, dim)
 	if err != nil {
 		return nil, bad(ann.Round, "secagg: %v", err)
@@ -207,10 +207,10 @@ func (sr siteRules) newSecAggClient(ann *wire.RoundAnnouncement, dim int) (*seca
 // AdvertiseKeys, the round applied (recCommit), before it is sent. Under
 // distributed DP the site's noise key is read, or drawn and committed
 // first (recNoiseKey).
-func (sr siteRules) secAggSolved(v StoreView, ann *wire.RoundAnnouncement, p *prepared, o solveOutcome, now time.Time, res Result) plan {
+func (sr *siteRules) secAggSolved(v StoreView, ann *wire.RoundAnnouncement, p *prepared, o solveOutcome, now time.Time, res Result) *plan {
 	r := ann.Round
 	res.Report = o.rep
-	fail := func(err error) plan { return plan{res: res, err: err} }
+	fail := func(err error) *plan { return &plan{res: res, err: err} }
 	_, q, err := uplink.SecAggSetup(ann.Secagg, len(p.x))
 	if err != nil {
 		return fail(bad(r, "secagg: %v", err))
@@ -248,7 +248,7 @@ func (sr siteRules) secAggSolved(v StoreView, ann *wire.RoundAnnouncement, p *pr
 	if p.sum {
 		commit.Z, commit.Pending = o.sent, pending
 	}
-	pl := plan{records: append(recs, change{kind: recCommit, round: r, commit: commit}), res: res, base: res}
+	pl := &plan{records: append(recs, change{kind: recCommit, round: r, commit: commit}), res: res, base: res}
 	pl.res.Action, pl.res.Msg, pl.res.SecAggKind, pl.res.Healthy = ActionSecAgg, msg, secagg.KindAdvertiseKeys, true
 	return pl
 }
@@ -257,7 +257,7 @@ func (sr siteRules) secAggSolved(v StoreView, ann *wire.RoundAnnouncement, p *pr
 // drawn from the shell's randomness with the record that stores it (the
 // override of a test that compares a live run with simulate replaces
 // either, as the stored key is still drawn).
-func (sr siteRules) noiseKey(v StoreView, r uint64) ([32]byte, *change, error) {
+func (sr *siteRules) noiseKey(v StoreView, r uint64) ([32]byte, *change, error) {
 	key, err := v.NoiseKey()
 	var rec *change
 	switch {
@@ -277,7 +277,7 @@ func (sr siteRules) noiseKey(v StoreView, r uint64) ([32]byte, *change, error) {
 
 // secAggState encodes the record of (ann's session, input, c) and the
 // envelope of c's message m.
-func (sr siteRules) secAggState(v StoreView, ann *wire.RoundAnnouncement, input []uint32, c *secagg.Client, m secagg.Message, now time.Time) (rec, msg []byte, err error) {
+func (sr *siteRules) secAggState(v StoreView, ann *wire.RoundAnnouncement, input []uint32, c *secagg.Client, m secagg.Message, now time.Time) (rec, msg []byte, err error) {
 	cs, err := c.MarshalBinary()
 	if err != nil {
 		return nil, nil, fmt.Errorf("agent: round %d: secagg state: %w", ann.Round, err)
@@ -305,11 +305,11 @@ func readSecAggRecord(v StoreView) (*secAggRecord, error) {
 // applied under secure aggregation: the phase's message from the stored
 // session, a new session over the stored input for a newer attempt, or
 // the stored message again.
-func (sr siteRules) secAggPhase(v StoreView, ann *wire.RoundAnnouncement, now time.Time, res Result) plan {
+func (sr *siteRules) secAggPhase(v StoreView, ann *wire.RoundAnnouncement, now time.Time, res Result) *plan {
 	r := ann.Round
 	rec, err := readSecAggRecord(v)
 	if err != nil {
-		return plan{res: res, err: err}
+		return &plan{res: res, err: err}
 	}
 	if rec == nil || rec.round != r || rec.run != ann.RunId {
 		// Applied without secure aggregation, or the record is another
@@ -320,24 +320,24 @@ func (sr siteRules) secAggPhase(v StoreView, ann *wire.RoundAnnouncement, now ti
 	switch {
 	case att < rec.attempt:
 		res.Action = ActionStale
-		return plan{res: res}
+		return &plan{res: res}
 	case att > rec.attempt:
 		if ann.SecaggPhase != wire.SecAggPhase_SECAGG_PHASE_ADVERTISE {
 			// Not selected for the new session's advertise phase (or
 			// it went on without this site): nothing to send.
 			res.Action = ActionDone
-			return plan{res: res}
+			return &plan{res: res}
 		}
 		c, err := sr.newSecAggClient(ann, len(rec.input))
 		if err != nil {
-			return plan{res: res, err: err}
+			return &plan{res: res, err: err}
 		}
 		sr.log().Info("secure aggregation: a new session of the round (the previous one aborted); advertising new keys over the same update", "round", r, "attempt", att)
 		return sr.secAggSend(v, ann, rec.input, c, c.Advertise(), now, res)
 	}
 	c, err := secagg.UnmarshalClient(rec.client)
 	if err != nil {
-		return plan{res: res, err: diskErrAt(v, fmt.Errorf("%w: agent: round %d: the secagg client state: %w", storage.ErrCorrupt, r, err))}
+		return &plan{res: res, err: diskErrAt(v, fmt.Errorf("%w: agent: round %d: the secagg client state: %w", storage.ErrCorrupt, r, err))}
 	}
 	switch ann.SecaggPhase {
 	case wire.SecAggPhase_SECAGG_PHASE_SHARE_KEYS:
@@ -351,13 +351,13 @@ func (sr siteRules) secAggPhase(v StoreView, ann *wire.RoundAnnouncement, now ti
 		// secAggReceipt): on its next connection, not on every copy of
 		// this announcement.
 		res.Action = ActionDone
-		return plan{res: res}
+		return &plan{res: res}
 	case wire.SecAggPhase_SECAGG_PHASE_CONSISTENCY:
 		if c.Phase() == secagg.ClientMasked && sr.SecAgg.Identity != nil {
 			return sr.secAggConsistency(v, ann, rec, c, now, res)
 		}
 		res.Action = ActionDone // password-only: nothing to sign
-		return plan{res: res}
+		return &plan{res: res}
 	case wire.SecAggPhase_SECAGG_PHASE_UNMASK:
 		if c.Phase() == secagg.ClientMasked {
 			return sr.unmask(v, ann, rec, c, now, res)
@@ -367,28 +367,28 @@ func (sr siteRules) secAggPhase(v StoreView, ann *wire.RoundAnnouncement, now ti
 }
 
 // resendPlan is the plan of the re-send of an applied round's outbox entry.
-func (sr siteRules) resendPlan(v StoreView, res Result) plan {
+func (sr *siteRules) resendPlan(v StoreView, res Result) *plan {
 	res, err := sr.resend(v, res)
-	return plan{res: res, err: err}
+	return &plan{res: res, err: err}
 }
 
 // shareKeys answers the session's KeyList (the share-keys phase), checked
 // first (signed secure aggregation: checkSignedKeys).
-func (sr siteRules) shareKeys(v StoreView, ann *wire.RoundAnnouncement, rec *secAggRecord, c *secagg.Client, now time.Time, res Result) plan {
+func (sr *siteRules) shareKeys(v StoreView, ann *wire.RoundAnnouncement, rec *secAggRecord, c *secagg.Client, now time.Time, res Result) *plan {
 	kl, err := decodeBroadcast[*secagg.KeyList](ann)
 	if err != nil {
-		return plan{res: res, err: err}
+		return &plan{res: res, err: err}
 	}
 	if !inKeyList(kl, sr.ClientID) {
 		res.Action = ActionDone // not in U1: the session goes on without this site
-		return plan{res: res}
+		return &plan{res: res}
 	}
 	if err := sr.checkSignedKeys(ann, kl, now); err != nil {
-		return plan{res: res, err: err}
+		return &plan{res: res, err: err}
 	}
 	m, err := c.ShareKeys(kl, sr.SecAgg.Rand(ann.Round))
 	if err != nil {
-		return plan{res: res, err: fmt.Errorf("agent: round %d: secagg share keys: %w", ann.Round, err)}
+		return &plan{res: res, err: fmt.Errorf("agent: round %d: secagg share keys: %w", ann.Round, err)}
 	}
 	return sr.secAggSend(v, ann, rec.input, c, m, now, res)
 }
@@ -396,24 +396,24 @@ func (sr siteRules) shareKeys(v StoreView, ann *wire.RoundAnnouncement, rec *sec
 // unmask answers the UnmaskRequest (the unmask phase) of a site in the
 // sum, the views and the survivor set checked first (signed secure
 // aggregation: checkViews, checkSurvivors).
-func (sr siteRules) unmask(v StoreView, ann *wire.RoundAnnouncement, rec *secAggRecord, c *secagg.Client, now time.Time, res Result) plan {
+func (sr *siteRules) unmask(v StoreView, ann *wire.RoundAnnouncement, rec *secAggRecord, c *secagg.Client, now time.Time, res Result) *plan {
 	req, err := decodeBroadcast[*secagg.UnmaskRequest](ann)
 	if err != nil {
-		return plan{res: res, err: err}
+		return &plan{res: res, err: err}
 	}
 	if !slicesContains(req.Survivors, sr.ClientID) {
 		res.Action = ActionDone // its masked input is not in the sum
-		return plan{res: res}
+		return &plan{res: res}
 	}
 	if err := sr.checkViews(ann, c, req, now); err != nil {
-		return plan{res: res, err: err}
+		return &plan{res: res, err: err}
 	}
 	if err := sr.checkSurvivors(ann, rec, c, req, now); err != nil {
-		return plan{res: res, err: err}
+		return &plan{res: res, err: err}
 	}
 	m, err := c.Unmask(req)
 	if err != nil {
-		return plan{res: res, err: fmt.Errorf("agent: round %d: secagg unmask: %w", ann.Round, err)}
+		return &plan{res: res, err: fmt.Errorf("agent: round %d: secagg unmask: %w", ann.Round, err)}
 	}
 	return sr.secAggSend(v, ann, rec.input, c, m, now, res)
 }
@@ -422,16 +422,16 @@ func (sr siteRules) unmask(v StoreView, ann *wire.RoundAnnouncement, rec *secAgg
 // the masked input, committed before it is returned for publishing. A
 // ShareList of another session, or one the site has answered, changes
 // nothing (the stored answer is re-sent).
-func (sr siteRules) shareList(v StoreView, m *wire.SecAggMessage, now time.Time) plan {
+func (sr *siteRules) shareList(v StoreView, m *wire.SecAggMessage, now time.Time) *plan {
 	res := Result{Round: m.Round}
-	fail := func(err error) plan { return plan{res: res, err: err} }
+	fail := func(err error) *plan { return &plan{res: res, err: err} }
 	rec, err := readSecAggRecord(v)
 	if err != nil {
 		return fail(err)
 	}
 	if rec == nil || rec.round != m.Round || rec.attempt != m.Attempt || rec.run != m.RunId {
 		res.Action = ActionStale
-		return plan{res: res}
+		return &plan{res: res}
 	}
 	c, err := secagg.UnmarshalClient(rec.client)
 	if err != nil {
@@ -442,7 +442,7 @@ func (sr siteRules) shareList(v StoreView, m *wire.SecAggMessage, now time.Time)
 		// a re-sent ShareKeys): the masked input in the outbox is re-sent
 		// as any unreceipted message is, never computed again.
 		res.Action = ActionDone
-		return plan{res: res}
+		return &plan{res: res}
 	}
 	p, err := secagg.Decode(m.Payload)
 	if err != nil {
@@ -462,12 +462,12 @@ func (sr siteRules) shareList(v StoreView, m *wire.SecAggMessage, now time.Time)
 
 // secAggSend is the plan of the session's new state with its message m as
 // the round's outbox entry (recSecAgg), m published once it is committed.
-func (sr siteRules) secAggSend(v StoreView, ann *wire.RoundAnnouncement, input []uint32, c *secagg.Client, m secagg.Message, now time.Time, res Result) plan {
+func (sr *siteRules) secAggSend(v StoreView, ann *wire.RoundAnnouncement, input []uint32, c *secagg.Client, m secagg.Message, now time.Time, res Result) *plan {
 	rec, msg, err := sr.secAggState(v, ann, input, c, m, now)
 	if err != nil {
-		return plan{res: res, err: err}
+		return &plan{res: res, err: err}
 	}
-	pl := plan{records: []change{{kind: recSecAgg, round: ann.Round, commit: edgestore.Commit{SecAgg: rec, Msg: msg}}}, res: res, base: res}
+	pl := &plan{records: []change{{kind: recSecAgg, round: ann.Round, commit: edgestore.Commit{SecAgg: rec, Msg: msg}}}, res: res, base: res}
 	pl.res.Action, pl.res.Msg, pl.res.SecAggKind, pl.res.Healthy = ActionSecAgg, msg, m.Kind(), true
 	return pl
 }
@@ -492,7 +492,7 @@ func decodeBroadcast[T secagg.Message](ann *wire.RoundAnnouncement) (T, error) {
 // is refused as a site error (reason secagg_refused, carried by the site's
 // status to the aggregator's operator): this site shares nothing in the
 // session.
-func (sr siteRules) checkSignedKeys(ann *wire.RoundAnnouncement, kl *secagg.KeyList, now time.Time) error {
+func (sr *siteRules) checkSignedKeys(ann *wire.RoundAnnouncement, kl *secagg.KeyList, now time.Time) error {
 	id := sr.SecAgg.Identity
 	if id == nil {
 		return nil
@@ -528,7 +528,7 @@ func secAggView(ann *wire.RoundAnnouncement, c *secagg.Client) ([32]byte, bool) 
 // a signing identity, every survivor of req must have signed this site's
 // own view of the session (uplink.CheckViews). A failure is a site error
 // (secagg_refused): nothing is revealed.
-func (sr siteRules) checkViews(ann *wire.RoundAnnouncement, c *secagg.Client, req *secagg.UnmaskRequest, now time.Time) error {
+func (sr *siteRules) checkViews(ann *wire.RoundAnnouncement, c *secagg.Client, req *secagg.UnmaskRequest, now time.Time) error {
 	id := sr.SecAgg.Identity
 	if id == nil {
 		return nil
@@ -556,15 +556,15 @@ func (sr siteRules) checkViews(ann *wire.RoundAnnouncement, c *secagg.Client, re
 // the signature (kind 9), recording in the same transaction that it
 // signed this set: shown another set later in the session, it refuses (a
 // site error secagg_refused) and reveals nothing.
-func (sr siteRules) secAggConsistency(v StoreView, ann *wire.RoundAnnouncement, rec *secAggRecord, c *secagg.Client, now time.Time, res Result) plan {
-	fail := func(err error) plan { return plan{res: res, err: err} }
+func (sr *siteRules) secAggConsistency(v StoreView, ann *wire.RoundAnnouncement, rec *secAggRecord, c *secagg.Client, now time.Time, res Result) *plan {
+	fail := func(err error) *plan { return &plan{res: res, err: err} }
 	req, err := decodeBroadcast[*secagg.UnmaskRequest](ann)
 	if err != nil {
 		return fail(err)
 	}
 	if !slicesContains(req.Survivors, sr.ClientID) {
 		res.Action = ActionDone // its masked input is not in the sum
-		return plan{res: res}
+		return &plan{res: res}
 	}
 	digest, err := survivorsDigest(ann, c, req)
 	if err != nil {
@@ -583,7 +583,7 @@ func (sr siteRules) secAggConsistency(v StoreView, ann *wire.RoundAnnouncement, 
 		// A set no honest aggregator announces: the site commits to it
 		// unsigned (a record without a message), so that it refuses every
 		// other set of the session too, and reveals nothing in it.
-		return plan{records: []change{{kind: recSecAgg, round: ann.Round, commit: edgestore.Commit{SecAgg: next.marshal()}}}, res: res, base: res, err: tooFew}
+		return &plan{records: []change{{kind: recSecAgg, round: ann.Round, commit: edgestore.Commit{SecAgg: next.marshal()}}}, res: res, base: res, err: tooFew}
 	}
 	if rec.signed {
 		return sr.resendPlan(v, res) // signed already: the stored message is re-sent until receipted
@@ -597,7 +597,7 @@ func (sr siteRules) secAggConsistency(v StoreView, ann *wire.RoundAnnouncement, 
 	if err != nil {
 		return fail(fmt.Errorf("agent: round %d: encode the signed survivor set: %w", ann.Round, err))
 	}
-	pl := plan{records: []change{{kind: recSecAgg, round: ann.Round, commit: edgestore.Commit{SecAgg: next.marshal(), Msg: msg}}}, res: res, base: res}
+	pl := &plan{records: []change{{kind: recSecAgg, round: ann.Round, commit: edgestore.Commit{SecAgg: next.marshal(), Msg: msg}}}, res: res, base: res}
 	pl.res.Action, pl.res.Msg, pl.res.SecAggKind, pl.res.Healthy = ActionSecAgg, msg, secagg.Kind(uplink.SecAggKindSurvivors), true
 	return pl
 }
@@ -618,7 +618,7 @@ func survivorsDigest(ann *wire.RoundAnnouncement, c *secagg.Client, req *secagg.
 // survivors must have signed it with this site's view, every relayed
 // signature valid (uplink.CheckSurvivors). A failure is a site error
 // (secagg_refused): nothing is revealed.
-func (sr siteRules) checkSurvivors(ann *wire.RoundAnnouncement, rec *secAggRecord, c *secagg.Client, req *secagg.UnmaskRequest, now time.Time) error {
+func (sr *siteRules) checkSurvivors(ann *wire.RoundAnnouncement, rec *secAggRecord, c *secagg.Client, req *secagg.UnmaskRequest, now time.Time) error {
 	id := sr.SecAgg.Identity
 	if id == nil {
 		return nil
@@ -698,7 +698,7 @@ func secAggRefusals(ann *wire.RoundAnnouncement, split bool) error {
 // the grid), under distributed DP clipped and with its noise share drawn
 // from key, and what it adds to the record once the round's UPDATE
 // receipt confirms it is in the sum.
-func (sr siteRules) secAggSumInput(v StoreView, ann *wire.RoundAnnouncement, q secagg.Quantizer, z, global []float64, key [32]byte) ([]uint32, *edgestore.SumPending, error) {
+func (sr *siteRules) secAggSumInput(v StoreView, ann *wire.RoundAnnouncement, q secagg.Quantizer, z, global []float64, key [32]byte) ([]uint32, *edgestore.SumPending, error) {
 	r := ann.Round
 	u := uplink.SumUpdate{Round: r, Z: z, Global: global, Tamper: poison}
 	cr, c, err := v.Contribution()
@@ -723,7 +723,7 @@ func (sr siteRules) secAggSumInput(v StoreView, ann *wire.RoundAnnouncement, q s
 // distributed DP (docs/privacy.md "Threat models") its clipped update,
 // quantised, plus its discrete-Gaussian noise share on the ring, drawn from
 // the round's stream of the site's secret noise key (uplink.SecAggNoisyInput).
-func (sr siteRules) secAggInput(ann *wire.RoundAnnouncement, q secagg.Quantizer, sent, global []float64, key [32]byte) ([]uint32, error) {
+func (sr *siteRules) secAggInput(ann *wire.RoundAnnouncement, q secagg.Quantizer, sent, global []float64, key [32]byte) ([]uint32, error) {
 	r := ann.Round
 	d := ann.GetDp()
 	var in []uint32

@@ -290,8 +290,8 @@ func (h *RoundHandler) handle(ctx context.Context, ann *wire.RoundAnnouncement, 
 }
 
 // rules is the site core's configuration (core.go) from the handler's.
-func (h *RoundHandler) rules() siteRules {
-	return siteRules{ClientID: h.ClientID, InstanceID: h.InstanceID, Federation: h.Federation,
+func (h *RoundHandler) rules() *siteRules {
+	return &siteRules{ClientID: h.ClientID, InstanceID: h.InstanceID, Federation: h.Federation,
 		Local: h.Local, Limits: h.Limits, Seed: h.Seed, Log: h.Log, Clock: h.clock(), SecAgg: h.secAggConfig()}
 }
 
