@@ -21,6 +21,8 @@ import (
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/secagg"
+	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -588,5 +590,109 @@ func TestCoreRouteThroughRound(t *testing.T) {
 	}
 	if poison != nil {
 		t.Error("a shipped build hands uplink a poisoning hook: a call back up into the agent on every update")
+	}
+}
+
+// A whole secure-aggregation session decided by the site core alone, three
+// sites on in-memory states against an in-process secagg.Server, without a
+// database: each phase's plan commits the session's record with its
+// message (recCommit for the advertisement, recSecAgg after it) before the
+// message is published, and the unmasked sum is exactly the sum of the
+// inputs the records hold.
+func TestCoreSecAggSession(t *testing.T) {
+	const round, n = 1, 3
+	mkAnn := func(phase wire.SecAggPhase, bcast secagg.Message) *wire.RoundAnnouncement {
+		a := announce(t, round, AlgoFedProx, f32(testGlobal(round)))
+		a.RunId = "RUN1"
+		a.Secagg = &wire.SecAggSpec{Threshold: 2, Clip: 0.5, ScaleBits: 24, MaxSites: n}
+		a.SecaggPhase = phase
+		if bcast != nil {
+			a.SecaggBroadcast = secagg.Encode(bcast)
+		}
+		for i := range n {
+			a.Selected = append(a.Selected, fmt.Sprintf("site-%d", i))
+		}
+		return a
+	}
+	adv := mkAnn(wire.SecAggPhase_SECAGG_PHASE_ADVERTISE, nil)
+	cfg, _, err := uplink.SecAggSetup(adv.Secagg, testDim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := secagg.NewServer(cfg, uplink.SecAggSession("RUN1", round, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, states := make([]siteRules, n), make([]*memState, n)
+	for i := range n {
+		rules[i], states[i] = testRules(), &memState{}
+		rules[i].ClientID = fmt.Sprintf("site-%d", i)
+		rules[i].SecAgg.Rand = func(r uint64) io.Reader { return rand.NewChaCha8([32]byte{byte(r), byte(i + 1)}) }
+	}
+	take := func(what string, i int, res Result, err error, kind secagg.Kind, last recordKind, recs []change) {
+		t.Helper()
+		if err != nil || res.Action != ActionSecAgg || res.SecAggKind != kind {
+			t.Fatalf("%s, site %d: %v %v (kind %v), want a %v", what, i, res.Action, err, res.SecAggKind, kind)
+		}
+		if len(recs) == 0 || recs[len(recs)-1].kind != last || !slices.Equal(recs[len(recs)-1].commit.Msg, res.Msg) {
+			t.Fatalf("%s, site %d: records %v do not end with the %v of the message published", what, i, recs, last)
+		}
+		m, err := wire.DecodeSecAgg(res.Msg, wire.Limits{})
+		if err != nil || m.ClientId != rules[i].ClientID {
+			t.Fatalf("%s, site %d: %v %v", what, i, m, err)
+		}
+		p, err := secagg.Decode(m.Payload)
+		if err == nil {
+			err = srv.Receive(p)
+		}
+		if err != nil {
+			t.Fatalf("%s, site %d: the server refuses it: %v", what, i, err)
+		}
+	}
+	phase := func(what string, a *wire.RoundAnnouncement, kind secagg.Kind, last recordKind) {
+		for i := range n {
+			res, recs, err := stepRound(t, rules[i], states[i], a)
+			take(what, i, res, err, kind, last, recs)
+		}
+	}
+	phase("advertise", adv, secagg.KindAdvertiseKeys, recCommit)
+	out, err := srv.Advance()
+	if err != nil {
+		t.Fatal(err)
+	}
+	phase("share keys", mkAnn(wire.SecAggPhase_SECAGG_PHASE_SHARE_KEYS, out[0].Msg), secagg.KindShareKeys, recSecAgg)
+	if out, err = srv.Advance(); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range out {
+		i := slices.IndexFunc(rules, func(sr siteRules) bool { return sr.ClientID == o.To })
+		pl := rules[i].shareList(states[i], &wire.SecAggMessage{ClientId: o.To, RunId: "RUN1", Round: round,
+			Kind: wire.SecAggKindShareList, Payload: secagg.Encode(o.Msg)}, t0)
+		if _, stop, err := states[i].carryOut(rules[i], pl.records, pl.base); stop || err != nil {
+			t.Fatal(stop, err)
+		}
+		take("masked input", i, pl.res, pl.err, secagg.KindMaskedInput, recSecAgg, pl.records)
+	}
+	if out, err = srv.Advance(); err != nil {
+		t.Fatal(err)
+	}
+	phase("unmask", mkAnn(wire.SecAggPhase_SECAGG_PHASE_UNMASK, out[0].Msg), secagg.KindUnmaskResponse, recSecAgg)
+	if _, err := srv.Advance(); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := srv.Sum()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inputs [][]uint32
+	for i := range n {
+		rec, err := unmarshalSecAggRecord(states[i].secAgg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inputs = append(inputs, rec.input)
+	}
+	if !slices.Equal(sum, uplink.SecAggPlainSum(inputs, testDim)) {
+		t.Fatal("the unmasked sum is not the sum of the inputs the sites' records hold")
 	}
 }
