@@ -16,7 +16,7 @@ import (
 // differential privacy nor secure aggregation (the aggregator refuses those
 // runs; a site refuses such an announcement too).
 func contrastConfig(ann *wire.RoundAnnouncement, p *prepared) error {
-	kind := model.ContrastKindOf(ann.Algorithm)
+	kind := p.task.Contrast
 	if kind == "" {
 		return nil
 	}

@@ -20,7 +20,6 @@ import (
 	"github.com/edgefl/edgefl/learn/model"
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/learn/quant"
-	"github.com/edgefl/edgefl/learn/sketch"
 	"github.com/edgefl/edgefl/node/storage"
 	"github.com/edgefl/edgefl/proto/secagg"
 	"github.com/edgefl/edgefl/proto/uplink"
@@ -53,6 +52,11 @@ type StoreView interface {
 	Contribution() (round uint64, c []float64, err error)
 	Outbox() ([]edgestore.OutboxEntry, error)
 	Final() (edgestore.Final, error)
+	// Secure aggregation's (core_secagg.go): the session's record, a
+	// sum-mode round's pending contribution, the distributed-DP noise key.
+	SecAgg() ([]byte, error)
+	Pending(round uint64) (edgestore.SumPending, bool, error)
+	NoiseKey() ([32]byte, error)
 	// Path names the state file in errors ("" when unknown).
 	Path() string
 }
@@ -67,6 +71,8 @@ const (
 	recInitZ                          // FedSplit's initial z vec, if none is stored: storage InitZ
 	recCommit                         // the solved round with its outbox entry: storage Commit
 	recFinal                          // the run's verified final bundle: storage SetFinal
+	recSecAgg                         // the secagg session's record commit.SecAgg with its next message commit.Msg (nil: none): storage SetSecAgg
+	recNoiseKey                       // the distributed-DP noise key drawn for the run: storage InitNoiseKey
 )
 
 // change is one record the core decides to make durable; the shell
@@ -79,6 +85,7 @@ type change struct {
 	vec    []float64
 	commit edgestore.Commit
 	final  edgestore.Final
+	key    [32]byte
 }
 
 // plan is what one step of the core decides. The shell commits records in
@@ -89,9 +96,6 @@ type change struct {
 type plan struct {
 	records []change
 	solve   *prepared
-	// secAggPhase: the round was applied and runs under secure
-	// aggregation: the shell answers the session's phase (secagg.go).
-	secAggPhase bool
 	// bundle is the final bundle to write to model_out once the records
 	// are committed; restore a stored one to make sure of on disk;
 	// finalEval: the run finished without its bundle yet and asks for the
@@ -125,9 +129,12 @@ type siteRules struct {
 	// core hands it to the solver and never reads it (the shell passes
 	// the time into a step).
 	Clock clock.Clock
+	// SecAgg is secure aggregation's randomness and signing identity,
+	// the shell's (secagg.go).
+	SecAgg secAggConfig
 }
 
-func (sr siteRules) log() *slog.Logger {
+func (sr *siteRules) log() *slog.Logger {
 	if sr.Log == nil {
 		return slog.Default()
 	}
@@ -138,8 +145,8 @@ func (sr siteRules) log() *slog.Logger {
 // client id (so that sites with the same Seed still draw independently:
 // QSGD's noise must not be correlated across clients), the round and the
 // stream.
-func (sr siteRules) rng(round uint64, s streams.SiteStream) *rand.Rand {
-	return streams.Site(sr.Seed, sr.ClientID, round, s)
+func (sr *siteRules) rng(r uint64, s streams.SiteStream) *rand.Rand {
+	return round.Rand(sr.Seed, sr.ClientID, r, s)
 }
 
 // diskErrAt is a site error "disk" for a failure of the state file v.
@@ -159,7 +166,7 @@ func diskErrAt(v StoreView, err error) error {
 // StartRunAt, a no-op for the run the state belongs to; none for an
 // announcement without a run id), with the result so far. An announcement
 // of a run this site has left is refused.
-func (sr siteRules) begin(v StoreView, ann *wire.RoundAnnouncement) (Result, []change, error) {
+func (sr *siteRules) begin(v StoreView, ann *wire.RoundAnnouncement) (Result, []change, error) {
 	if err := ann.Validate(sr.Limits); err != nil {
 		return Result{}, nil, fmt.Errorf("%w: %w", ErrBadAnnouncement, err)
 	}
@@ -187,11 +194,11 @@ func (sr siteRules) begin(v StoreView, ann *wire.RoundAnnouncement) (Result, []c
 // outbox entry, or the secure-aggregation phase), waiting (sum mode), or
 // checked and ready: record the global model (and FedSplit's initial z)
 // and start the solve. Nothing it refuses leaves a record.
-func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data, invited bool, now time.Time, res Result) plan {
+func (sr *siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data, invited bool, now time.Time, res Result) *plan {
 	r := ann.Round
-	fail := func(err error) plan { return plan{res: res, err: err} }
+	fail := func(err error) *plan { return &plan{res: res, err: err} }
 	if !Selected(ann, sr.ClientID) && !(invited && ann.GetPrivateSelection()) {
-		pl := plan{records: []change{{kind: recSeen, round: r}}, res: res, base: res}
+		pl := &plan{records: []change{{kind: recSeen, round: r}}, res: res, base: res}
 		pl.res.Action = ActionNotSelected
 		return pl
 	}
@@ -201,16 +208,16 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 	}
 	if r <= applied {
 		if ann.Secagg != nil {
-			return plan{secAggPhase: true, res: res}
+			return sr.secAggPhase(v, ann, now, res)
 		}
 		res, err := sr.resend(v, res)
-		return plan{res: res, err: err}
+		return &plan{res: res, err: err}
 	}
 	if ann.Secagg != nil && ann.SecaggPhase != wire.SecAggPhase_SECAGG_PHASE_ADVERTISE {
 		// The session's keys were advertised without this site: it
 		// cannot join until the next round (or session).
 		res.Action = ActionDone
-		return plan{res: res}
+		return &plan{res: res}
 	}
 	if sumMode(ann) {
 		if w, msg, err := waitingFor(v, r); err != nil {
@@ -220,7 +227,7 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 			if secAggKindOf(msg) != 0 {
 				res.Msg = msg
 			}
-			return plan{res: res}
+			return &plan{res: res}
 		}
 	}
 	p, err := sr.prepare(ann, d, now)
@@ -235,7 +242,7 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 	if err := contrastModel(v, p); err != nil {
 		return fail(err)
 	}
-	pl := plan{records: []change{{kind: recGlobal, round: r, vec: p.x}}, solve: p, res: res, base: res}
+	pl := &plan{records: []change{{kind: recGlobal, round: r, vec: p.x}}, solve: p, res: res, base: res}
 	if p.split {
 		z0 := p.x // z_j starts at the first global model the site sees
 		if p.initial != nil {
@@ -264,7 +271,7 @@ func (sr siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Data
 // from the outbox; anything else is a disk error.
 // It returns the outcome, and whether the plan stops there (false: go
 // on with the next record).
-func (sr siteRules) commitFailed(v StoreView, rec change, err error, base Result) (Result, bool, error) {
+func (sr *siteRules) commitFailed(v StoreView, rec change, err error, base Result) (Result, bool, error) {
 	switch {
 	case rec.kind == recSeen && errors.Is(err, storage.ErrStale):
 		return base, false, nil
@@ -301,20 +308,24 @@ func waitingFor(v StoreView, round uint64) (uint64, []byte, error) {
 // commit of the update with its outbox entry, and the update to publish
 // once that commit is done: after it the update survives any crash
 // (ARCHITECTURE.md, "Commit, then publish, at the edge"). now is the
-// update's timestamp.
-func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared, o solveOutcome, now time.Time, res Result) plan {
+// update's timestamp. Under secure aggregation the update is the session's
+// input instead (secAggSolved).
+func (sr *siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared, o solveOutcome, now time.Time, res Result) *plan {
+	if ann.Secagg != nil {
+		return sr.secAggSolved(v, ann, p, o, now, res)
+	}
 	r := ann.Round
 	d, sent, rep, stop := p.data, o.sent, o.rep, o.stop
 	rng := sr.rng(r, streams.SiteCodec)
 	up, err := sr.uplink(v, p, sent, rng)
 	if err != nil {
-		return plan{res: res, err: err}
+		return &plan{res: res, err: err}
 	}
 	var control *wire.Vector
 	var ci []float64
 	if p.scaffold {
 		if control, ci, err = scaffoldUplink(p, sent, rep.Steps, rng); err != nil {
-			return plan{res: res, err: roundErr(r, err)}
+			return &plan{res: res, err: roundErr(r, err)}
 		}
 	}
 	u := &wire.ClientUpdate{
@@ -322,7 +333,7 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 		Round:        r,
 		Kind:         up.Kind,
 		BaseRound:    up.BaseRound,
-		Vector:       &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(sent)), Payload: up.Payload},
+		Vector:       &wire.Vector{Codec: p.task.CodecName, Dimension: uint32(len(sent)), Payload: up.Payload},
 		SampleCount:  claimedSamples(uint64(d.N)),
 		Report:       workReport(rep, stop, p.work.Solver.Gamma, p.clip > 0),
 		SentAtUnixMs: now.UnixMilli(),
@@ -341,10 +352,10 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 	}
 	msg, err := wire.Encode(u)
 	if err != nil {
-		return plan{res: res, err: fmt.Errorf("agent: round %d: encode update: %w", r, err)}
+		return &plan{res: res, err: fmt.Errorf("agent: round %d: encode update: %w", r, err)}
 	}
 	if lim := sr.Limits.MaxMessageBytes; lim > 0 && len(msg) > lim {
-		return plan{res: res, err: fmt.Errorf("agent: round %d: update is %d bytes, over the %d-byte message limit", r, len(msg), lim)}
+		return &plan{res: res, err: fmt.Errorf("agent: round %d: update is %d bytes, over the %d-byte message limit", r, len(msg), lim)}
 	}
 	c := edgestore.Commit{Round: r, Residual: up.Residual, Control: ci, Msg: msg}
 	switch {
@@ -355,7 +366,7 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 	case p.contrast.Kind != "":
 		c.Local = sent // the next round's previous local model
 	}
-	pl := plan{records: []change{{kind: recCommit, round: r, commit: c}}, base: res, res: res}
+	pl := &plan{records: []change{{kind: recCommit, round: r, commit: c}}, base: res, res: res}
 	pl.res.Action, pl.res.Msg, pl.res.Update, pl.res.Sent, pl.res.Report = ActionSolved, msg, u, up.Applied, rep
 	if up.Sum != nil {
 		pl.res.Sent = up.Sum.V
@@ -368,7 +379,7 @@ func (sr siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepared
 // ARCHITECTURE.md, Uplink encoding), with what the store holds: the
 // error-feedback residual (FedProx family, lossy codecs) or this site's
 // record of the aggregator's copy of z_j (FedSplit).
-func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.Rand) (uplink.Frame, error) {
+func (sr *siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.Rand) (uplink.Frame, error) {
 	if p.sum {
 		return sr.sumUplink(v, p, sent, rng)
 	}
@@ -382,7 +393,7 @@ func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.R
 		case !errors.Is(err, storage.ErrNotFound):
 			return uplink.Frame{}, roundErr(r, err)
 		}
-	} else if !p.codec.Lossless() {
+	} else if !p.task.Lossless {
 		old, err := v.Residual(edgestore.ResidualUplink)
 		switch {
 		case err == nil:
@@ -391,7 +402,7 @@ func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.R
 			return uplink.Frame{}, roundErr(r, err)
 		}
 	}
-	f, err := uplink.Encode(p.codec, u, rng)
+	f, err := p.task.Encode(u, rng)
 	if err != nil {
 		return f, roundErr(r, err)
 	}
@@ -402,7 +413,7 @@ func (sr siteRules) uplink(v StoreView, p *prepared, sent []float64, rng *rand.R
 }
 
 // resend looks for the outbox entry of an applied round.
-func (sr siteRules) resend(v StoreView, res Result) (Result, error) {
+func (sr *siteRules) resend(v StoreView, res Result) (Result, error) {
 	out, err := v.Outbox()
 	if err != nil {
 		return res, roundErr(res.Round, err)
@@ -427,7 +438,8 @@ type prepared struct {
 	m      model.Model
 	x      []float64
 	codec  *quant.Codec
-	work   round.Work // the solver's configuration and FedSplit's steps (round.Prepare)
+	task   *round.Task // the checked announcement (round.Open: model, x, codec, work)
+	work   round.Work  // the solver's configuration and FedSplit's steps (round.Prepare)
 	budget proxsolver.Budget
 	sketch bool // the round asks for the anchor gradient
 	// clip is the announced DP clip norm (0: no DP): the update is
@@ -454,49 +466,18 @@ type prepared struct {
 
 // prepare checks everything about ann that can be checked before writing:
 // nothing it rejects leaves a trace.
-func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.Time) (*prepared, error) {
+func (sr *siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.Time) (*prepared, error) {
 	r := ann.Round
 	p := &prepared{round: r, algo: ann.Algorithm, data: d}
 	p.split = round.IsSplit(ann.Algorithm)
 	p.sum = sumMode(ann)
 
-	spec, err := annModelSpec(ann)
+	t, err := round.Open(ann, d, round.Params{Solver: sr.Local.Solver, LR: sr.Local.LR, Batch: sr.Local.Batch})
 	if err != nil {
 		return nil, bad(r, "%v", err)
 	}
-	if p.m, err = model.New(spec); err != nil {
-		return nil, bad(r, "%v", err)
-	}
-	if err := model.CheckTargets(spec, d); err != nil {
-		return nil, bad(r, "this site's data do not fit the announced model: %v", err)
-	}
-	dim := p.m.NumParams()
-	if int64(ann.Global.Dimension) != int64(dim) {
-		return nil, bad(r, "global model has dimension %d, the %s model has %d parameters", ann.Global.Dimension, spec.Kind, dim)
-	}
-	if p.codec, err = quant.ParseWithLimits(ann.UplinkCodec, quant.Limits{MaxDim: dim}); err != nil {
-		return nil, bad(r, "uplink codec: %v", err)
-	}
-	if p.codec.MinDim() > dim {
-		return nil, bad(r, "uplink codec %s covers %d parameters, the %s model has %d", p.codec, p.codec.MinDim(), spec.Kind, dim)
-	}
-	info, err := quant.Inspect(ann.Global.Payload)
-	if err != nil {
-		return nil, bad(r, "global model frame: %v", err)
-	}
-	if info.Dim != dim {
-		return nil, bad(r, "global model frame has dimension %d, want %d", info.Dim, dim)
-	}
-	if p.x, err = p.codec.Decode(ann.Global.Payload, nil); err != nil {
-		return nil, bad(r, "global model frame: %v", err)
-	}
-	if len(p.x) != dim { // Inspect and Decode agree; belt and braces
-		return nil, bad(r, "global model decodes to %d values, want %d", len(p.x), dim)
-	}
-
-	if p.work, err = sr.work(ann, d.N); err != nil {
-		return nil, bad(r, "%v", err)
-	}
+	p.task, p.m, p.x, p.codec, p.work = &t, t.Model, t.X, t.Codec, t.Work
+	dim := len(p.x)
 	if p.clip, err = dpClip(ann, p.split && !p.sum); err != nil {
 		return nil, bad(r, "%v", err)
 	}
@@ -518,7 +499,7 @@ func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.
 	}
 	p.budget = sr.budget(ann, now)
 	p.sketch = ann.AnchorSketch != nil
-	if err := p.budget.Validate(); err != nil {
+	if err := round.CheckBudget(p.budget); err != nil {
 		return nil, bad(r, "%v", err)
 	}
 	return p, nil
@@ -528,7 +509,7 @@ func (sr siteRules) prepare(ann *wire.RoundAnnouncement, d model.Data, now time.
 // (round.Prepare: the one check and the one rule of the sites and
 // simulate) with the device's overrides of the solver, the learning rate
 // and the batch.
-func (sr siteRules) work(ann *wire.RoundAnnouncement, samples int) (round.Work, error) {
+func (sr *siteRules) work(ann *wire.RoundAnnouncement, samples int) (round.Work, error) {
 	p, pop := round.FromWire(ann)
 	return round.Prepare(ann.Algorithm, p, pop, round.Params{Solver: sr.Local.Solver, LR: sr.Local.LR, Batch: sr.Local.Batch}, samples)
 }
@@ -536,7 +517,7 @@ func (sr siteRules) work(ann *wire.RoundAnnouncement, samples int) (round.Work, 
 // budget is min(device budget, round budget) and the round's deadline less
 // the margin, counted from now. A solve nothing limits gets
 // Local.FallbackSeconds.
-func (sr siteRules) budget(ann *wire.RoundAnnouncement, now time.Time) proxsolver.Budget {
+func (sr *siteRules) budget(ann *wire.RoundAnnouncement, now time.Time) proxsolver.Budget {
 	loc := sr.Local.withDefaults()
 	b := proxsolver.Budget{Clock: sr.Clock}
 	minPos := func(a, c int) int {
@@ -572,44 +553,6 @@ func (sr siteRules) budget(ann *wire.RoundAnnouncement, now time.Time) proxsolve
 	return b
 }
 
-// annModelSpec is the model an announcement trains: its model spec, with
-// FedSiam-DA's prediction head when its algorithm is fedsiam-da
-// (model.ContrastSpec, the rule the aggregator and simulate follow).
-func annModelSpec(ann *wire.RoundAnnouncement) (model.Spec, error) {
-	s, err := modelSpec(ann.Model)
-	return model.ContrastSpec(model.ContrastKindOf(ann.Algorithm), s), err
-}
-
-// modelSpec converts the announced model. The wire form allows several
-// hidden layers; the models have at most one.
-func modelSpec(s *wire.ModelSpec) (model.Spec, error) {
-	if s == nil {
-		return model.Spec{}, errors.New("no model")
-	}
-	kind := s.Kind
-	switch kind { // the wire schema's comment spells two kinds differently
-	case "binlogreg":
-		kind = model.KindBinaryLogReg
-	case "linreg":
-		kind = model.KindLinear
-	}
-	if int64(s.Inputs) > model.MaxParams || int64(s.Classes) > model.MaxParams {
-		return model.Spec{}, fmt.Errorf("model %s: %d inputs, %d classes: beyond %d parameters", kind, s.Inputs, s.Classes, model.MaxParams)
-	}
-	spec := model.Spec{Kind: kind, Inputs: int(s.Inputs), Classes: int(s.Classes), Activation: s.Activation, L2: s.L2}
-	switch len(s.Hidden) {
-	case 0:
-	case 1:
-		if int64(s.Hidden[0]) > model.MaxParams {
-			return model.Spec{}, fmt.Errorf("model %s: %d hidden units", kind, s.Hidden[0])
-		}
-		spec.Hidden = int(s.Hidden[0])
-	default:
-		return model.Spec{}, fmt.Errorf("model %s: %d hidden layers, this agent supports one", kind, len(s.Hidden))
-	}
-	return spec, nil
-}
-
 // seconds converts to a Duration, saturating instead of overflowing.
 func seconds(s float64) time.Duration {
 	const maxSecs = math.MaxInt64/int64(time.Second) - 1
@@ -625,39 +568,39 @@ func seconds(s float64) time.Duration {
 // bundle yet the site waits (and evaluates, when asked); the bundle is
 // verified (bundle.Unmarshal checks its digest; the federation's schema,
 // the run) before the plan stores it and writes it to model_out.
-func (sr siteRules) finish(v StoreView, ann *wire.RoundAnnouncement, res Result) plan {
+func (sr *siteRules) finish(v StoreView, ann *wire.RoundAnnouncement, res Result) *plan {
 	if len(ann.GetSchema()) == 0 {
 		res.Action = ActionFinished // nothing to store: no bundle without a schema
-		return plan{res: res}
+		return &plan{res: res}
 	}
 	if f, err := v.Final(); err == nil && f.RunID == ann.RunId {
 		done := res
 		done.Action, done.Final = ActionDone, &f
-		return plan{restore: &f, res: done, base: res}
+		return &plan{restore: &f, res: done, base: res}
 	} else if err != nil && !errors.Is(err, storage.ErrNotFound) {
-		return plan{res: res, err: diskErrAt(v, err)}
+		return &plan{res: res, err: diskErrAt(v, err)}
 	}
 	raw := ann.GetBundle()
 	if len(raw) == 0 {
 		res.Action = ActionFinishing
-		return plan{res: res, finalEval: ann.GetEvaluate()}
+		return &plan{res: res, finalEval: ann.GetEvaluate()}
 	}
 	b, err := bundle.Unmarshal(raw)
 	if err != nil {
-		return plan{res: res, err: badTransform("final model bundle", err)}
+		return &plan{res: res, err: badTransform("final model bundle", err)}
 	}
 	s, err := schema.Parse(ann.GetSchema())
 	if err != nil {
-		return plan{res: res, err: badTransform("schema", err)}
+		return &plan{res: res, err: badTransform("schema", err)}
 	}
 	if got, want := b.Schema.Digest(), s.Digest(); got != want {
-		return plan{res: res, err: badTransform("final model bundle", fmt.Errorf("its schema %.12s is not the federation's %.12s", got, want))}
+		return &plan{res: res, err: badTransform("final model bundle", fmt.Errorf("its schema %.12s is not the federation's %.12s", got, want))}
 	}
 	if id := b.Provenance.RunID; id != "" && ann.RunId != "" && id != ann.RunId {
-		return plan{res: res, err: badTransform("final model bundle", fmt.Errorf("it is of run %s, the announcement of run %s", id, ann.RunId))}
+		return &plan{res: res, err: badTransform("final model bundle", fmt.Errorf("it is of run %s, the announcement of run %s", id, ann.RunId))}
 	}
 	f := edgestore.Final{RunID: ann.RunId, Round: ann.Round, Digest: b.Digest, Bundle: slices.Clone(raw)}
-	pl := plan{records: []change{{kind: recFinal, round: ann.Round, final: f}}, bundle: raw, res: res, base: res}
+	pl := &plan{records: []change{{kind: recFinal, round: ann.Round, final: f}}, bundle: raw, res: res, base: res}
 	pl.res.Action, pl.res.Final, pl.res.Healthy = ActionFinished, &f, true
 	return pl
 }
@@ -770,25 +713,14 @@ func dpClip(ann *wire.RoundAnnouncement, split bool) (float64, error) {
 	return d.ClipNorm, nil
 }
 
-// anchorGrad is what the round's SketchSpec asks for: the full gradient at
-// the anchor (dimension 0) or its random projection. A sketch longer than the
-// gradient is refused (it would cost dimension x len(grad) for nothing).
-func (sr siteRules) anchorGrad(round uint64, g []float64, s *wire.SketchSpec) []float64 {
-	for _, v := range g {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return nil
-		}
+// anchorGrad is what the round's SketchSpec asks for (round.AnchorGrad);
+// a sketch longer than the gradient is not sent, with a warning.
+func (sr *siteRules) anchorGrad(r uint64, g []float64, s *wire.SketchSpec) []float64 {
+	v, long := round.AnchorGrad(g, s)
+	if long {
+		sr.log().Warn("anchor sketch longer than the gradient: not sent", "round", r, "sketch", s.Dimension, "gradient", len(g))
 	}
-	switch {
-	case len(g) == 0:
-		return nil
-	case s.Dimension == 0:
-		return slices.Clone(g)
-	case int(s.Dimension) > len(g):
-		sr.log().Warn("anchor sketch longer than the gradient: not sent", "round", round, "sketch", s.Dimension, "gradient", len(g))
-		return nil
-	}
-	return sketch.Of(g, int(s.Dimension), s.Seed)
+	return v
 }
 
 // statisticsRefused refuses the statistics phase of a schema that
@@ -805,7 +737,7 @@ func statisticsRefused(s *schema.Schema) error {
 // statistics is the step of the statistics phase over the site's data
 // read by s: the site's SiteStatistics, in Result.Out, unless the
 // aggregator has receipted them (done). now is their timestamp.
-func (sr siteRules) statistics(ann *wire.RoundAnnouncement, s *schema.Schema, site *sitedata.Site, done bool, now time.Time, res Result) (Result, error) {
+func (sr *siteRules) statistics(ann *wire.RoundAnnouncement, s *schema.Schema, site *sitedata.Site, done bool, now time.Time, res Result) (Result, error) {
 	res.SampleCount = len(site.Train)
 	if done {
 		res.Action, res.Healthy = ActionDone, true
@@ -838,13 +770,13 @@ func (sr siteRules) statistics(ann *wire.RoundAnnouncement, s *schema.Schema, si
 // announced global model on the held-out rows, named by the
 // announcement's eval round, added to res.Out, unless the aggregator has
 // receipted it (done). now is its timestamp.
-func (sr siteRules) evaluation(ann *wire.RoundAnnouncement, holdout model.Data, done bool, now time.Time, res *Result) error {
-	round := uint64(ann.GetEvalRound())
+func (sr *siteRules) evaluation(ann *wire.RoundAnnouncement, holdout model.Data, done bool, now time.Time, res *Result) error {
+	er := uint64(ann.GetEvalRound())
 	if done {
 		res.Healthy = true
 		return nil
 	}
-	spec, err := annModelSpec(ann)
+	spec, err := round.ModelSpec(ann)
 	if err != nil {
 		return bad(ann.Round, "%v", err)
 	}
@@ -865,7 +797,7 @@ func (sr siteRules) evaluation(ann *wire.RoundAnnouncement, holdout model.Data, 
 		return wrap("agent: evaluation", err)
 	}
 	msg, err := wire.Encode(&wire.EvalReport{
-		ClientId: sr.ClientID, RunId: ann.RunId, Round: round, Report: raw,
+		ClientId: sr.ClientID, RunId: ann.RunId, Round: er, Report: raw,
 		SentAtUnixMs: max(now.UnixMilli(), 0),
 	})
 	if err != nil {
@@ -874,8 +806,8 @@ func (sr siteRules) evaluation(ann *wire.RoundAnnouncement, holdout model.Data, 
 	if err := sr.fits(msg, "evaluation report"); err != nil {
 		return err
 	}
-	res.Out = append(res.Out, Outgoing{Subject: wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, RunID: ann.RunId, Round: round, Msg: msg})
-	sr.log().Info("evaluation sent", "eval_round", round, "n", rep.N, "loss", rep.Loss, "accuracy", rep.Accuracy)
+	res.Out = append(res.Out, Outgoing{Subject: wire.ReceiptSubject_RECEIPT_SUBJECT_EVALUATION, RunID: ann.RunId, Round: er, Msg: msg})
+	sr.log().Info("evaluation sent", "eval_round", er, "n", rep.N, "loss", rep.Loss, "accuracy", rep.Accuracy)
 	res.Healthy = true
 	return nil
 }
@@ -906,7 +838,7 @@ func decodeGlobal(ann *wire.RoundAnnouncement, dim int) ([]float64, error) {
 }
 
 // fits checks an encoded message against the message size limit.
-func (sr siteRules) fits(msg []byte, what string) error {
+func (sr *siteRules) fits(msg []byte, what string) error {
 	if lim := sr.Limits.MaxMessageBytes; lim > 0 && len(msg) > lim {
 		return fmt.Errorf("agent: %s is %d bytes, over the %d-byte message limit", what, len(msg), lim)
 	}

@@ -8,8 +8,10 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +21,8 @@ import (
 	"github.com/edgefl/edgefl/internal/clock"
 	"github.com/edgefl/edgefl/internal/streams"
 	"github.com/edgefl/edgefl/node/storage"
+	"github.com/edgefl/edgefl/proto/secagg"
+	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
 )
 
@@ -38,6 +42,28 @@ type memState struct {
 	contrib                    []float64
 	outbox                     []edgestore.OutboxEntry
 	final                      *edgestore.Final
+	secAgg                     []byte
+	pending                    map[uint64]edgestore.SumPending
+	noiseKey                   *[32]byte
+}
+
+func (m *memState) SecAgg() ([]byte, error) {
+	if m.secAgg == nil {
+		return nil, storage.ErrNotFound
+	}
+	return slices.Clone(m.secAgg), nil
+}
+
+func (m *memState) Pending(round uint64) (edgestore.SumPending, bool, error) {
+	p, ok := m.pending[round]
+	return p, ok, nil
+}
+
+func (m *memState) NoiseKey() ([32]byte, error) {
+	if m.noiseKey == nil {
+		return [32]byte{}, storage.ErrNotFound
+	}
+	return *m.noiseKey, nil
 }
 
 func (m *memState) RunOrder() (string, int64, error)         { return m.run, m.since, nil }
@@ -140,8 +166,34 @@ func (m *memState) apply(c change) error {
 		if cm.Control != nil {
 			m.control = slices.Clone(cm.Control)
 		}
+		if cm.SecAgg != nil {
+			m.secAgg = slices.Clone(cm.SecAgg)
+		}
+		if cm.Pending != nil {
+			if m.pending == nil {
+				m.pending = map[uint64]edgestore.SumPending{}
+			}
+			m.pending[cm.Round] = *cm.Pending
+		}
 		m.applied = cm.Round
 		m.outbox = append(m.outbox, edgestore.OutboxEntry{Round: cm.Round, Msg: slices.Clone(cm.Msg)})
+	case recSecAgg:
+		if c.round != m.applied {
+			return storage.ErrStale
+		}
+		if len(c.commit.SecAgg) == 0 {
+			return fmt.Errorf("%w: empty secagg record", storage.ErrInvalid)
+		}
+		m.secAgg = slices.Clone(c.commit.SecAgg)
+		if c.commit.Msg != nil {
+			m.outbox = slices.DeleteFunc(m.outbox, func(e edgestore.OutboxEntry) bool { return e.Round == c.round })
+			m.outbox = append(m.outbox, edgestore.OutboxEntry{Round: c.round, Msg: slices.Clone(c.commit.Msg)})
+		}
+	case recNoiseKey:
+		if m.noiseKey == nil {
+			k := c.key
+			m.noiseKey = &k
+		}
 	case recFinal:
 		f := c.final
 		m.final, m.outbox = &f, nil
@@ -166,7 +218,9 @@ func (m *memState) carryOut(sr siteRules, recs []change, base Result) (Result, b
 func testRules() siteRules {
 	return siteRules{ClientID: testSite, Federation: testFed, Local: Local{MaxEpochs: 3}, Seed: 3,
 		Limits: wire.Limits{MaxMessageBytes: 1 << 20, MaxDimension: 1 << 12}, Clock: clock.NewFake(t0),
-		Log: slog.New(slog.DiscardHandler)}
+		Log: slog.New(slog.DiscardHandler), SecAgg: secAggConfig{
+			Rand:    func(round uint64) io.Reader { return rand.NewChaCha8([32]byte{byte(round)}) },
+			Entropy: rand.NewChaCha8([32]byte{'k'})}}
 }
 
 // stepRound runs one announcement through the core on m as the shell does
@@ -185,12 +239,12 @@ func stepRound(t testing.TB, sr siteRules, m *memState, ann *wire.RoundAnnouncem
 	if res, stop, err := m.carryOut(sr, recs, res); stop {
 		return res, all, err
 	}
-	if ann.GetPhase() != wire.Phase_PHASE_TRAIN || len(ann.GetSchema()) > 0 || ann.Secagg != nil {
-		return res, all, errShellSide // federated phases and secagg run in the shell
+	if ann.GetPhase() != wire.Phase_PHASE_TRAIN || len(ann.GetSchema()) > 0 {
+		return res, all, errShellSide // the federated phases read the site's data by its schema in the shell
 	}
 	pl := sr.round(m, ann, testData(1, 90), false, t0, res)
 	for {
-		if pl.err != nil && len(pl.records) > 0 {
+		if pl.err != nil && len(pl.records) > 0 && !commitsToRefuse(pl.records) {
 			t.Fatalf("a plan that refuses (%v) still asks for records %v", pl.err, pl.records)
 		}
 		all = append(all, pl.records...)
@@ -210,6 +264,14 @@ func stepRound(t testing.TB, sr siteRules, m *memState, ann *wire.RoundAnnouncem
 }
 
 var errShellSide = errors.New("handled by the shell")
+
+// commitsToRefuse reports whether recs are the one record a refusing plan
+// may ask for: a secagg session's commitment to a survivor set below the
+// threshold, without a message (siteRules.secAggConsistency), so that the
+// site refuses every other set of the session too.
+func commitsToRefuse(recs []change) bool {
+	return len(recs) == 1 && recs[0].kind == recSecAgg && recs[0].commit.Msg == nil
+}
 
 // The core decides a round from the view alone and its plans commit in
 // order: a new run's record comes first, a solved round's commit carries
@@ -279,6 +341,11 @@ func FuzzCore(f *testing.F) {
 	if b, err := wire.Encode(nan); err == nil {
 		f.Add(b)
 	}
+	for _, sa := range secAggSeeds(f) {
+		if b, err := wire.Encode(sa); err == nil {
+			f.Add(b)
+		}
+	}
 	f.Add([]byte{})
 	f.Add([]byte("\x08\x02garbage"))
 	sr := testRules()
@@ -291,6 +358,10 @@ func FuzzCore(f *testing.F) {
 		m := &memState{}
 		res, _, err := stepRound(t, sr, m, ann)
 		if err != nil || res.Msg == nil {
+			return
+		}
+		if res.Action == ActionSecAgg {
+			fuzzSecAggPhases(t, sr, m, ann, res.Msg)
 			return
 		}
 		u, err := wire.DecodeUpdate(res.Msg, wire.Limits{})
@@ -307,6 +378,67 @@ func FuzzCore(f *testing.F) {
 			}
 		}
 	})
+}
+
+// secAggSeeds are FuzzCore's secure-aggregation announcements: a
+// session's advertise phase (plain, under distributed DP, in sum mode).
+func secAggSeeds(f *testing.F) []*wire.RoundAnnouncement {
+	var out []*wire.RoundAnnouncement
+	for i := range 3 {
+		a := announce(f, 1, AlgoFedProx, f32(testGlobal(1)))
+		a.RunId = "RUN1"
+		a.Secagg = &wire.SecAggSpec{Threshold: 2, Clip: 0.5, ScaleBits: 24, MaxSites: 3}
+		switch i {
+		case 1:
+			a.Dp = &wire.DPParams{Mode: wire.DPMode_DP_MODE_DISTRIBUTED, ClipNorm: 0.5, NoiseMultiplier: 1, NoiseShares: 2}
+		case 2:
+			a.Algorithm, a.SplitSum = AlgoFedProxSplit, true
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// fuzzSecAggPhases steps the secure-aggregation events that follow an
+// advertised session on m: each later phase's announcement and a
+// ShareList, both carrying the fuzzed broadcast. Nothing may panic, a
+// refusal asks for no record (but a commitment to a survivor set), and
+// every message the core commits is this site's secagg message of the
+// round, also in the outbox.
+func fuzzSecAggPhases(t *testing.T, sr siteRules, m *memState, ann *wire.RoundAnnouncement, adv []byte) {
+	check := func(what string, res Result) {
+		if res.Action != ActionSecAgg {
+			return
+		}
+		w, err := wire.DecodeSecAgg(res.Msg, wire.Limits{})
+		if err != nil || w.ClientId != testSite || w.Round != ann.Round {
+			t.Fatalf("%s: the core committed %+v (%v)", what, w, err)
+		}
+		if i := slices.IndexFunc(m.outbox, func(e edgestore.OutboxEntry) bool { return e.Round == ann.Round }); i < 0 || !slices.Equal(m.outbox[i].Msg, res.Msg) {
+			t.Fatalf("%s: the message published is not the round's outbox entry", what)
+		}
+	}
+	check("advertise", Result{Action: ActionSecAgg, Msg: adv})
+	for _, ph := range []wire.SecAggPhase{wire.SecAggPhase_SECAGG_PHASE_SHARE_KEYS, wire.SecAggPhase_SECAGG_PHASE_MASKED,
+		wire.SecAggPhase_SECAGG_PHASE_CONSISTENCY, wire.SecAggPhase_SECAGG_PHASE_UNMASK} {
+		next := *ann
+		next.SecaggPhase = ph
+		res, _, err := stepRound(t, sr, m, &next)
+		if err == nil {
+			check(ph.String(), res)
+		}
+	}
+	sl := &wire.SecAggMessage{RunId: ann.RunId, Round: ann.Round, Attempt: ann.Secagg.Attempt, Payload: ann.SecaggBroadcast}
+	pl := sr.shareList(m, sl, t0)
+	if pl.err != nil && len(pl.records) > 0 {
+		t.Fatalf("a refused share list (%v) asks for records %v", pl.err, pl.records)
+	}
+	if res, stop, err := m.carryOut(sr, pl.records, pl.base); stop || err != nil {
+		t.Fatalf("share list: the store refused its records: %v %v", res.Action, err)
+	}
+	if pl.err == nil {
+		check("share list", pl.res)
+	}
 }
 
 // The run's end as the core plans it, on the in-memory state: a verified
@@ -343,12 +475,19 @@ func TestCoreFinishPlans(t *testing.T) {
 	}
 }
 
-// The site core is pure by construction: core.go imports nothing that does
-// I/O, names no concrete store (only StoreView) and reads no clock. A
-// planted `os` import, a `time.Now()` or a `*edgestore.EdgeStore` fails this.
+// The site core is pure by construction: core.go and core_secagg.go import
+// nothing that does I/O (crypto/rand included: randomness is handed in),
+// name no concrete store (only StoreView) and read no clock. A planted `os`
+// import, a `time.Now()` or a `*edgestore.EdgeStore` fails this.
 func TestCoreImportsNoIO(t *testing.T) {
+	for _, file := range []string{"core.go", "core_secagg.go"} {
+		t.Run(file, func(t *testing.T) { checkPure(t, file) })
+	}
+}
+
+func checkPure(t *testing.T, file string) {
 	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, "core.go", nil, 0)
+	f, err := parser.ParseFile(fset, file, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +496,7 @@ func TestCoreImportsNoIO(t *testing.T) {
 	for _, im := range f.Imports {
 		p, _ := strconv.Unquote(im.Path.Value)
 		if slices.Contains(forbidden, p) || strings.HasPrefix(p, "io/") || strings.HasPrefix(p, "net/") {
-			t.Errorf("core.go imports %s", p)
+			t.Errorf("%s imports %s", file, p)
 		}
 	}
 	banned := map[string]bool{"time.Now": true, "time.Since": true, "time.Sleep": true, "time.After": true,
@@ -365,7 +504,7 @@ func TestCoreImportsNoIO(t *testing.T) {
 	ast.Inspect(f, func(n ast.Node) bool {
 		if sel, ok := n.(*ast.SelectorExpr); ok {
 			if x, ok := sel.X.(*ast.Ident); ok && banned[x.Name+"."+sel.Sel.Name] {
-				t.Errorf("%s: core.go uses %s.%s", fset.Position(sel.Pos()), x.Name, sel.Sel.Name)
+				t.Errorf("%s: %s uses %s.%s", fset.Position(sel.Pos()), file, x.Name, sel.Sel.Name)
 			}
 		}
 		return true
@@ -401,5 +540,159 @@ func TestCoreFederatedSteps(t *testing.T) {
 	got = Result{}
 	if err := sr.evaluation(ann, f.holdout, true, now, &got); err != nil || len(got.Out) != 0 || !got.Healthy {
 		t.Fatalf("evaluation receipted: %+v %v", got, err)
+	}
+}
+
+// The route of a training announcement through the core enters proto/round
+// for the math and nothing past it (ARCHITECTURE.md, "The route of a round
+// announcement"): the core's steps on that route call no function of
+// learn/ or of proto/uplink themselves, and no hook is handed down for
+// uplink to call back up into the agent in a shipped build. A planted
+// `model.New(...)` in prepare, or a non-nil poison, fails this.
+func TestCoreRouteThroughRound(t *testing.T) {
+	route := map[string]bool{"begin": true, "round": true, "prepare": true, "budget": true, "rng": true,
+		"solved": true, "uplink": true, "resend": true, "anchorGrad": true, "commitFailed": true, "solve": true}
+	allowed := map[string]bool{"wire": true, "round": true, "errors": true, "fmt": true, "math": true,
+		"slices": true, "time": true, "context": true, "strings": true}
+	for _, file := range []string{"core.go", "round.go"} {
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, file, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		imported := map[string]bool{}
+		for _, im := range f.Imports {
+			p, _ := strconv.Unquote(im.Path.Value)
+			name := p[strings.LastIndex(p, "/")+1:]
+			if im.Name != nil {
+				name = im.Name.Name
+			}
+			imported[name] = true
+		}
+		for _, d := range f.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || !route[fd.Name.Name] {
+				continue
+			}
+			ast.Inspect(fd, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok {
+					return true
+				}
+				if sel, ok := call.Fun.(*ast.SelectorExpr); ok {
+					if x, ok := sel.X.(*ast.Ident); ok && imported[x.Name] && !allowed[x.Name] {
+						t.Errorf("%s: %s calls %s.%s, past proto/round", fset.Position(call.Pos()), fd.Name.Name, x.Name, sel.Sel.Name)
+					}
+				}
+				return true
+			})
+		}
+	}
+	if poison != nil {
+		t.Error("a shipped build hands uplink a poisoning hook: a call back up into the agent on every update")
+	}
+}
+
+// A whole secure-aggregation session decided by the site core alone, three
+// sites on in-memory states against an in-process secagg.Server, without a
+// database: each phase's plan commits the session's record with its
+// message (recCommit for the advertisement, recSecAgg after it) before the
+// message is published, and the unmasked sum is exactly the sum of the
+// inputs the records hold.
+func TestCoreSecAggSession(t *testing.T) {
+	const round, n = 1, 3
+	mkAnn := func(phase wire.SecAggPhase, bcast secagg.Message) *wire.RoundAnnouncement {
+		a := announce(t, round, AlgoFedProx, f32(testGlobal(round)))
+		a.RunId = "RUN1"
+		a.Secagg = &wire.SecAggSpec{Threshold: 2, Clip: 0.5, ScaleBits: 24, MaxSites: n}
+		a.SecaggPhase = phase
+		if bcast != nil {
+			a.SecaggBroadcast = secagg.Encode(bcast)
+		}
+		for i := range n {
+			a.Selected = append(a.Selected, fmt.Sprintf("site-%d", i))
+		}
+		return a
+	}
+	adv := mkAnn(wire.SecAggPhase_SECAGG_PHASE_ADVERTISE, nil)
+	cfg, _, err := uplink.SecAggSetup(adv.Secagg, testDim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := secagg.NewServer(cfg, uplink.SecAggSession("RUN1", round, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, states := make([]siteRules, n), make([]*memState, n)
+	for i := range n {
+		rules[i], states[i] = testRules(), &memState{}
+		rules[i].ClientID = fmt.Sprintf("site-%d", i)
+		rules[i].SecAgg.Rand = func(r uint64) io.Reader { return rand.NewChaCha8([32]byte{byte(r), byte(i + 1)}) }
+	}
+	take := func(what string, i int, res Result, err error, kind secagg.Kind, last recordKind, recs []change) {
+		t.Helper()
+		if err != nil || res.Action != ActionSecAgg || res.SecAggKind != kind {
+			t.Fatalf("%s, site %d: %v %v (kind %v), want a %v", what, i, res.Action, err, res.SecAggKind, kind)
+		}
+		if len(recs) == 0 || recs[len(recs)-1].kind != last || !slices.Equal(recs[len(recs)-1].commit.Msg, res.Msg) {
+			t.Fatalf("%s, site %d: records %v do not end with the %v of the message published", what, i, recs, last)
+		}
+		m, err := wire.DecodeSecAgg(res.Msg, wire.Limits{})
+		if err != nil || m.ClientId != rules[i].ClientID {
+			t.Fatalf("%s, site %d: %v %v", what, i, m, err)
+		}
+		p, err := secagg.Decode(m.Payload)
+		if err == nil {
+			err = srv.Receive(p)
+		}
+		if err != nil {
+			t.Fatalf("%s, site %d: the server refuses it: %v", what, i, err)
+		}
+	}
+	phase := func(what string, a *wire.RoundAnnouncement, kind secagg.Kind, last recordKind) {
+		for i := range n {
+			res, recs, err := stepRound(t, rules[i], states[i], a)
+			take(what, i, res, err, kind, last, recs)
+		}
+	}
+	phase("advertise", adv, secagg.KindAdvertiseKeys, recCommit)
+	out, err := srv.Advance()
+	if err != nil {
+		t.Fatal(err)
+	}
+	phase("share keys", mkAnn(wire.SecAggPhase_SECAGG_PHASE_SHARE_KEYS, out[0].Msg), secagg.KindShareKeys, recSecAgg)
+	if out, err = srv.Advance(); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range out {
+		i := slices.IndexFunc(rules, func(sr siteRules) bool { return sr.ClientID == o.To })
+		pl := rules[i].shareList(states[i], &wire.SecAggMessage{ClientId: o.To, RunId: "RUN1", Round: round,
+			Kind: wire.SecAggKindShareList, Payload: secagg.Encode(o.Msg)}, t0)
+		if _, stop, err := states[i].carryOut(rules[i], pl.records, pl.base); stop || err != nil {
+			t.Fatal(stop, err)
+		}
+		take("masked input", i, pl.res, pl.err, secagg.KindMaskedInput, recSecAgg, pl.records)
+	}
+	if out, err = srv.Advance(); err != nil {
+		t.Fatal(err)
+	}
+	phase("unmask", mkAnn(wire.SecAggPhase_SECAGG_PHASE_UNMASK, out[0].Msg), secagg.KindUnmaskResponse, recSecAgg)
+	if _, err := srv.Advance(); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := srv.Sum()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inputs [][]uint32
+	for i := range n {
+		rec, err := unmarshalSecAggRecord(states[i].secAgg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inputs = append(inputs, rec.input)
+	}
+	if !slices.Equal(sum, uplink.SecAggPlainSum(inputs, testDim)) {
+		t.Fatal("the unmasked sum is not the sum of the inputs the sites' records hold")
 	}
 }

@@ -26,7 +26,7 @@
 //     read through the injected clock; a solve nothing limits gets
 //     Local.FallbackSeconds. fedavg solves with mu = 0; fedprox and any other
 //     family with the announced mu, anchored at x. fedsplit and fedproxsplit
-//     run split.ClientStep from the stored z_j (InitZ with x on first sight)
+//     run FedSplit's client step (round.Work.Solve) from the stored z_j (InitZ with x on first sight)
 //     with the prox being proxsolver.Solve anchored at v = 2x - z_j with
 //     mu = 1/s_j, warm-started at x, where s_j = s m n_j / n from the
 //     announced step s, number of clients m and total samples n

@@ -80,7 +80,7 @@ const (
 	ActionIgnored
 	// ActionSecAgg: under secure aggregation, the site's message of the
 	// session's phase (Result.SecAggKind) is committed as the round's
-	// outbox entry; publish Msg (node/agent/secagg.go).
+	// outbox entry; publish Msg (node/agent/core_secagg.go).
 	ActionSecAgg
 	// ActionWaiting: FedSplit in sum mode, an earlier update of this site
 	// awaits its receipt; nothing was solved or written, and the session
@@ -290,9 +290,9 @@ func (h *RoundHandler) handle(ctx context.Context, ann *wire.RoundAnnouncement, 
 }
 
 // rules is the site core's configuration (core.go) from the handler's.
-func (h *RoundHandler) rules() siteRules {
-	return siteRules{ClientID: h.ClientID, InstanceID: h.InstanceID, Federation: h.Federation,
-		Local: h.Local, Limits: h.Limits, Seed: h.Seed, Log: h.Log, Clock: h.clock()}
+func (h *RoundHandler) rules() *siteRules {
+	return &siteRules{ClientID: h.ClientID, InstanceID: h.InstanceID, Federation: h.Federation,
+		Local: h.Local, Limits: h.Limits, Seed: h.Seed, Log: h.Log, Clock: h.clock(), SecAgg: h.secAggConfig()}
 }
 
 // commit is the shell's half of a plan's records: each is committed in
@@ -334,6 +334,10 @@ func (h *RoundHandler) apply(rec change) error {
 		return h.Store.Commit(rec.commit)
 	case recFinal:
 		return h.Store.SetFinal(rec.final)
+	case recSecAgg:
+		return h.Store.SetSecAgg(rec.round, rec.commit.SecAgg, rec.commit.Msg)
+	case recNoiseKey:
+		return h.Store.InitNoiseKey(rec.key)
 	}
 	return fmt.Errorf("agent: unknown record kind %d", rec.kind)
 }
@@ -349,11 +353,8 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 		if res, stop, err := h.commit(pl.records, pl.base); stop {
 			return res, err
 		}
-		switch {
-		case pl.err != nil || pl.solve == nil && !pl.secAggPhase:
+		if pl.err != nil || pl.solve == nil {
 			return pl.res, pl.err
-		case pl.secAggPhase:
-			return h.secAggPhase(ann, pl.res)
 		}
 		p := pl.solve
 		h.flush(res) // an evaluation goes out before the solve
@@ -364,10 +365,6 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 		if ctx.Err() != nil && !errors.Is(context.Cause(ctx), ErrPreempted) {
 			return res, fmt.Errorf("agent: round %d aborted, nothing committed: %w", ann.Round, context.Cause(ctx))
 		}
-		if ann.Secagg != nil {
-			res.Report = rep
-			return h.secAggCommit(ann, p, sent, res)
-		}
 		pl = sr.solved(h.Store, ann, p, solveOutcome{sent: sent, rep: rep, stop: stop}, h.clock().Now(), res)
 	}
 }
@@ -375,11 +372,6 @@ func (h *RoundHandler) train(ctx context.Context, ann *wire.RoundAnnouncement, d
 // rng is the round's random stream s (siteRules.rng).
 func (h *RoundHandler) rng(round uint64, s streams.SiteStream) *rand.Rand {
 	return h.rules().rng(round, s)
-}
-
-// resend is the core's re-send of an applied round (siteRules.resend).
-func (h *RoundHandler) resend(res Result) (Result, error) {
-	return h.rules().resend(h.Store, res)
 }
 
 // budget is the core's budget of ann's solve, read through the clock.

@@ -32,7 +32,7 @@ func sumMode(ann *wire.RoundAnnouncement) bool {
 
 // sumUplink encodes a sum-mode update (uplink.EncodeSum) against the
 // site's record, or as a join while it has none.
-func (sr siteRules) sumUplink(v StoreView, p *prepared, z []float64, rng *rand.Rand) (uplink.Frame, error) {
+func (sr *siteRules) sumUplink(v StoreView, p *prepared, z []float64, rng *rand.Rand) (uplink.Frame, error) {
 	r := p.round
 	u := uplink.SumUpdate{Round: r, Z: z, Global: p.x, Initial: p.initial, Clip: p.clip, Tamper: poison}
 	cr, c, err := v.Contribution()
@@ -42,7 +42,7 @@ func (sr siteRules) sumUplink(v StoreView, p *prepared, z []float64, rng *rand.R
 	case !errors.Is(err, storage.ErrNotFound):
 		return uplink.Frame{}, diskErrAt(v, roundErr(r, err))
 	}
-	f, err := uplink.EncodeSum(p.codec, u, rng)
+	f, err := p.task.EncodeSum(u, rng)
 	if err != nil {
 		return f, roundErr(r, err)
 	}

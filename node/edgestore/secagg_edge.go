@@ -2,7 +2,6 @@ package edgestore
 
 import (
 	"bytes"
-	crand "crypto/rand"
 	"fmt"
 
 	"github.com/edgefl/edgefl/node/storage"
@@ -116,34 +115,51 @@ func (s *EdgeStore) AckIf(round uint64, match func(msg []byte) bool) (bool, erro
 	return found, nil
 }
 
-// SecAggNoiseKey returns the site's distributed-DP noise key, drawing it
-// from crypto/rand and storing it in the same transaction the first time
-// (a new run draws a new one: StartRun drops the bucket).
-func (s *EdgeStore) SecAggNoiseKey() ([32]byte, error) {
+// NoiseKey returns the site's distributed-DP noise key, or ErrNotFound
+// before InitNoiseKey stored one (a new run draws a new one: StartRun drops
+// the bucket).
+func (s *EdgeStore) NoiseKey() ([32]byte, error) {
 	var key [32]byte
+	err := s.db.View(func(tx *storage.Tx) error {
+		b, _ := storage.OptBucket(tx, bucketSecAgg)
+		if b == nil {
+			return storage.ErrNotFound
+		}
+		v, err := storage.SGet(b, keySecAggNoise, "secagg/noise_key")
+		switch {
+		case err != nil:
+			return err
+		case v == nil:
+			return storage.ErrNotFound
+		case len(v) != len(key):
+			return fmt.Errorf("%w: secagg/noise_key of %d bytes", storage.ErrCorrupt, len(v))
+		}
+		copy(key[:], v)
+		return nil
+	})
+	if err != nil {
+		return key, wrapErr("storage: secagg noise key", err)
+	}
+	return key, nil
+}
+
+// InitNoiseKey stores key as the site's distributed-DP noise key (the
+// agent draws it from crypto/rand) unless the run has one already, which
+// it keeps: a key, once used, never changes within a run.
+func (s *EdgeStore) InitNoiseKey(key [32]byte) error {
 	err := s.db.Update(func(tx *storage.Tx) error {
 		b, err := storage.MakeBucket(tx, bucketSecAgg)
 		if err != nil {
 			return err
 		}
 		v, err := storage.SGet(b, keySecAggNoise, "secagg/noise_key")
-		if err != nil {
-			return err
-		}
-		if v != nil {
-			if len(v) != len(key) {
-				return fmt.Errorf("%w: secagg/noise_key of %d bytes", storage.ErrCorrupt, len(v))
-			}
-			copy(key[:], v)
-			return nil
-		}
-		if _, err := crand.Read(key[:]); err != nil {
+		if err != nil || v != nil {
 			return err
 		}
 		return storage.SPut(b, keySecAggNoise, key[:])
 	})
 	if err != nil {
-		return key, wrapErr("storage: secagg noise key", err)
+		return wrapErr("storage: secagg noise key", err)
 	}
-	return key, nil
+	return nil
 }

@@ -51,11 +51,17 @@ func TestSecAggEdgeRecord(t *testing.T) {
 	if rec, err := s.SecAgg(); err != nil || string(rec) != "rec1" {
 		t.Fatalf("record after reopen %q %v", rec, err)
 	}
-	k1, err := s.SecAggNoiseKey()
-	if err != nil {
+	if _, err := s.NoiseKey(); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("a noise key before one was drawn: %v", err)
+	}
+	k1 := [32]byte{1, 2, 3}
+	if err := s.InitNoiseKey(k1); err != nil {
 		t.Fatal(err)
 	}
-	if k2, err := s.SecAggNoiseKey(); err != nil || k2 != k1 || k1 == ([32]byte{}) {
+	if err := s.InitNoiseKey([32]byte{9}); err != nil {
+		t.Fatal(err)
+	}
+	if k2, err := s.NoiseKey(); err != nil || k2 != k1 {
 		t.Fatalf("the noise key is not kept: %v", err)
 	}
 	if _, err := s.StartRun("R2"); err != nil {
@@ -64,7 +70,7 @@ func TestSecAggEdgeRecord(t *testing.T) {
 	if _, err := s.SecAgg(); !errors.Is(err, storage.ErrNotFound) {
 		t.Fatalf("a new run kept the old session's record: %v", err)
 	}
-	if k3, err := s.SecAggNoiseKey(); err != nil || k3 == k1 {
+	if _, err := s.NoiseKey(); !errors.Is(err, storage.ErrNotFound) {
 		t.Fatalf("a new run kept the old run's noise key: %v", err)
 	}
 	if err := s.Check(); err != nil {

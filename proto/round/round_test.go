@@ -208,3 +208,49 @@ func TestSolveDiverged(t *testing.T) {
 		}
 	}
 }
+
+// TestSolveSplitIsClientStep: FedSplit's client step inside Work.Solve
+// (split.Reflect, the prox solve, split.Move, called from here, so that
+// nothing below calls back into this package) is split.ClientStep with
+// that prox, bit for bit, with and without relaxation.
+func TestSolveSplitIsClientStep(t *testing.T) {
+	m, err := model.New(model.Spec{Kind: model.KindLogReg, Inputs: 3, Classes: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := rand.New(rand.NewPCG(3, 4))
+	d := model.Data{N: 30, D: 3}
+	for i := range d.N {
+		d.X = append(d.X, src.NormFloat64(), src.NormFloat64(), src.NormFloat64())
+		d.Y = append(d.Y, float64(i%2))
+	}
+	x, z := make([]float64, m.NumParams()), make([]float64, m.NumParams())
+	for i := range x {
+		x[i], z[i] = src.NormFloat64(), src.NormFloat64()
+	}
+	for _, relax := range []float64{0, 0.5} {
+		w, err := Prepare(FedSplit, Params{Step: 0.5, Relax: relax, Gamma: 1e-3, Solver: proxsolver.LBFGS}, Population{}, Params{}, d.N)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := proxsolver.Budget{MaxEpochs: 4}
+		got, err := w.Solve(context.Background(), m, d, x, z, b, rand.New(rand.NewPCG(7, 8)), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(7, 8))
+		want, _, err := split.ClientStep(x, z, w.StepJ, w.Split, func(v []float64, _ float64) ([]float64, error) {
+			s, _, err := proxsolver.Solve(context.Background(), m, d, v, x, w.Solver, b, rng)
+			return s, err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got.Vec, want) {
+			t.Errorf("relax %v: Solve's z_j %v, ClientStep's %v", relax, got.Vec, want)
+		}
+	}
+	if _, err := (Work{Algorithm: FedSplit, Split: split.Params{Step: 1, Relax: 1}, StepJ: 1}).Solve(context.Background(), m, d, x, z[:1], proxsolver.Budget{MaxEpochs: 1}, src, false); !errors.Is(err, split.ErrDim) {
+		t.Errorf("z of another dimension: %v, want split.ErrDim", err)
+	}
+}

@@ -130,22 +130,28 @@ func (w Work) Solve(ctx context.Context, m model.Model, data model.Data, x, z []
 		}
 		return Result{Vec: v, Report: rep}, nil
 	}
-	var (
-		rep      proxsolver.Report
-		diverged error
-	)
-	zNew, _, err := split.ClientStep(x, z, w.StepJ, w.Split, func(v []float64, _ float64) ([]float64, error) {
-		s, r, err := proxsolver.Solve(ctx, m, data, v, x, w.Solver, b, rng)
-		rep = r
-		if errors.Is(err, proxsolver.ErrDiverged) {
-			diverged = err
-			return s, nil
-		}
-		return s, err
-	})
-	if err != nil {
-		return Result{Report: rep}, fmt.Errorf("FedSplit client step: %w", err)
+	// FedSplit's client step (split.ClientStep's arithmetic, without its
+	// prox callback, so that control never climbs back from learn/ into
+	// this package): v = 2x - z, zHalf = prox(v), zNew = z + 2 alpha
+	// (zHalf - x).
+	if len(x) != len(z) {
+		return Result{}, fmt.Errorf("FedSplit client step: %w: x has %d, z has %d", split.ErrDim, len(x), len(z))
 	}
+	if err := w.Split.Validate(); err != nil {
+		return Result{}, fmt.Errorf("FedSplit client step: %w", err)
+	}
+	zHalf, rep, err := proxsolver.Solve(ctx, m, data, split.Reflect(nil, x, z), x, w.Solver, b, rng)
+	var diverged error
+	if errors.Is(err, proxsolver.ErrDiverged) {
+		diverged, err = err, nil
+	}
+	if err != nil {
+		return Result{Report: rep}, fmt.Errorf("FedSplit client step: fedsplit prox update: %w", err)
+	}
+	if len(zHalf) != len(x) {
+		return Result{Report: rep}, fmt.Errorf("FedSplit client step: %w: prox returned %d, want %d", split.ErrDim, len(zHalf), len(x))
+	}
+	zNew := split.Move(nil, z, zHalf, x, w.Split.Relax)
 	// The prox's anchor is v = 2x - z: the loss (and the gradient) are
 	// reported at x instead. One full evaluation outside the budget.
 	var g []float64

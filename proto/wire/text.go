@@ -1,14 +1,17 @@
 package wire
 
 // The text form of the messages, written by their String methods (generated
-// in text_gen.go, which calls the writers below): one line in the style of
+// in text_gen.go, which call text below): one line in the style of
 // the protobuf text format (field:value, sub-messages in braces, fields at
 // their default value left out), for logs and test failures. Like
 // protobuf-go's, it is not meant to be parsed and may change.
 
 import (
+	"fmt"
 	"math"
+	"reflect"
 	"strconv"
+	"strings"
 )
 
 type textWriter struct{ b []byte }
@@ -27,13 +30,6 @@ func (w *textWriter) name(n string) {
 
 func (w *textWriter) str(n, v string) {
 	if v != "" {
-		w.name(n)
-		w.b = strconv.AppendQuote(w.b, v)
-	}
-}
-
-func (w *textWriter) strs(n string, vs []string) {
-	for _, v := range vs {
 		w.name(n)
 		w.b = strconv.AppendQuote(w.b, v)
 	}
@@ -87,45 +83,81 @@ func (w *textWriter) float(n string, v float64) {
 	}
 }
 
-func (w *textWriter) floats(n string, vs []float64) {
-	for _, v := range vs {
-		w.name(n)
-		w.appendFloat(v)
-	}
-}
-
-func (w *textWriter) uints(n string, vs []uint32) {
-	for _, v := range vs {
-		w.name(n)
-		w.b = strconv.AppendUint(w.b, uint64(v), 10)
-	}
-}
-
-// enum writes a non-zero enum value by name (by number if unknown).
-func (w *textWriter) enum(n string, v int32, names map[int32]string) {
-	if v != 0 {
-		w.name(n)
-		w.b = append(w.b, enumString(names, v)...)
-	}
-}
-
-type texter interface{ appendText(w *textWriter) }
-
-// msg writes a present sub-message in braces.
-func (w *textWriter) msg(n string, present bool, m texter) {
-	if present {
-		w.name(n)
-		w.b = append(w.b, '{')
-		m.appendText(w)
-		w.b = append(w.b, '}')
-	}
-}
-
-func text(present bool, m texter) string {
+// text is the text form of the message m (a pointer to one of the
+// generated structs), written by walking its fields by reflection in
+// declaration order (the schema's), each named by its json tag (the proto
+// field name; a oneof's wrapper by its field's lower-cased Go name, which
+// is the proto name for every oneof of this schema). One writer instead of
+// a generated one per message: edge-agent links the String methods (fmt
+// may call them) and the per-message writers cost it ~15 kB of text.
+func text(present bool, m any) string {
 	if !present {
 		return "<nil>"
 	}
 	var w textWriter
-	m.appendText(&w)
+	w.fields(reflect.ValueOf(m).Elem())
 	return string(w.b)
+}
+
+func (w *textWriter) fields(v reflect.Value) {
+	t := v.Type()
+	for i := range t.NumField() {
+		f, fv := t.Field(i), v.Field(i)
+		if f.Type.Kind() == reflect.Interface { // a oneof: *Wrapper{Field *Message}
+			if fv.IsNil() || fv.Elem().IsNil() {
+				continue
+			}
+			o := fv.Elem().Elem()
+			w.field(strings.ToLower(o.Type().Field(0).Name), o.Field(0))
+			continue
+		}
+		if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" {
+			w.field(name, fv)
+		}
+	}
+}
+
+// field writes one field n of value v as the generated writers did: a
+// field at its default value is left out.
+func (w *textWriter) field(n string, v reflect.Value) {
+	switch v.Kind() {
+	case reflect.String:
+		w.str(n, v.String())
+	case reflect.Uint32, reflect.Uint64:
+		w.uint(n, v.Uint())
+	case reflect.Int64:
+		w.int(n, v.Int())
+	case reflect.Int32: // an enum, by name (by number if unknown)
+		if v.Int() != 0 {
+			w.name(n)
+			w.b = append(w.b, v.Interface().(fmt.Stringer).String()...)
+		}
+	case reflect.Bool:
+		w.boolean(n, v.Bool())
+	case reflect.Float64:
+		w.float(n, v.Float())
+	case reflect.Pointer:
+		if !v.IsNil() {
+			w.name(n)
+			w.b = append(w.b, '{')
+			w.fields(v.Elem())
+			w.b = append(w.b, '}')
+		}
+	case reflect.Slice:
+		if v.Type().Elem().Kind() == reflect.Uint8 {
+			w.bytes(n, v.Bytes())
+			return
+		}
+		for i := range v.Len() {
+			w.name(n)
+			switch e := v.Index(i); e.Kind() {
+			case reflect.String:
+				w.b = strconv.AppendQuote(w.b, e.String())
+			case reflect.Uint32:
+				w.b = strconv.AppendUint(w.b, e.Uint(), 10)
+			default:
+				w.appendFloat(e.Float())
+			}
+		}
+	}
 }

@@ -123,7 +123,6 @@ type Message interface {
 	String() string
 	wrap() isEnvelope_Body
 	codec
-	texter
 }
 
 // Body kinds returned by BodyKind.

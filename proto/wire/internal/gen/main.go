@@ -602,62 +602,11 @@ func encodeFields(w *writer, fields []*proto3.Field, oneof string, field func(*p
 	}
 }
 
-// textFile: every message's String and appendText.
+// textFile: every message's String (text.go writes the text form by
+// walking the message's fields).
 func textFile(w *writer, f *proto3.File) {
 	for _, m := range f.Messages {
 		w.p("func (x *%s) String() string { return text(x != nil, x) }", m.Name)
-		w.p("")
-	}
-	for _, m := range f.Messages {
-		w.p("func (x *%s) appendText(w *textWriter) {", m.Name)
-		done := map[*proto3.Oneof]bool{}
-		for _, fl := range m.Fields {
-			g, n := proto3.GoName(fl.Name), fl.Name
-			v := "x." + g
-			if o := fl.Oneof; o != nil {
-				if done[o] {
-					continue
-				}
-				done[o] = true
-				w.p("switch b := x.%s.(type) {", proto3.GoName(o.Name))
-				for _, of := range o.Fields {
-					og := proto3.GoName(of.Name)
-					w.p("case *%s:", wrapper(m, of))
-					w.p("if b != nil {")
-					w.p("w.msg(%q, b.%s != nil, b.%s)", of.Name, og, og)
-					w.p("}")
-				}
-				w.p("}")
-				continue
-			}
-			switch {
-			case fl.Repeated && fl.Kind == proto3.KindString:
-				w.p("w.strs(%q, %s)", n, v)
-			case fl.Repeated && fl.Kind == proto3.KindUint32:
-				w.p("w.uints(%q, %s)", n, v)
-			case fl.Repeated:
-				w.p("w.floats(%q, %s)", n, v)
-			case fl.Kind == proto3.KindDouble:
-				w.p("w.float(%q, %s)", n, v)
-			case fl.Kind == proto3.KindUint32:
-				w.p("w.uint(%q, uint64(%s))", n, v)
-			case fl.Kind == proto3.KindUint64:
-				w.p("w.uint(%q, %s)", n, v)
-			case fl.Kind == proto3.KindInt64:
-				w.p("w.int(%q, %s)", n, v)
-			case fl.Kind == proto3.KindBool:
-				w.p("w.boolean(%q, %s)", n, v)
-			case fl.Kind == proto3.KindString:
-				w.p("w.str(%q, %s)", n, v)
-			case fl.Kind == proto3.KindBytes:
-				w.p("w.bytes(%q, %s)", n, v)
-			case fl.Kind == proto3.KindEnum:
-				w.p("w.enum(%q, int32(%s), %s_name)", n, v, fl.Enum.Name)
-			case fl.Kind == proto3.KindMessage:
-				w.p("w.msg(%q, %s != nil, %s)", n, v, v)
-			}
-		}
-		w.p("}")
 		w.p("")
 	}
 }
