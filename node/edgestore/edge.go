@@ -53,6 +53,9 @@ import (
 //	                         c_j of what it has contributed to the
 //	                         aggregator's sum, and the round of the update
 //	                         that last advanced it; absent = not counted yet
+//	          control_undo   round u64 + float64s: SCAFFOLD's c_i before the
+//	                         update of that round in the outbox, put back if
+//	                         it is rejected; absent: none pending
 //	residuals name -> float64s (error-feedback residuals; and under
 //	          ResidualLocal the previous local model of the contrastive
 //	          objectives, which a new run clears with the residuals)
@@ -81,6 +84,7 @@ var (
 	keyEdgeFinalMeta   = []byte("final_meta")
 	keyEdgeFinalBundle = []byte("final_bundle")
 	keyContrib         = []byte("contrib")
+	keyControlUndo     = []byte("control_undo")
 )
 
 const edgeKind = "edge"
@@ -96,7 +100,7 @@ func edgeValue(bucket string, k, v []byte) error {
 	switch {
 	case bucket == string(bucketResiduals):
 		_, err = storage.DecodeFloats(v, what)
-	case bucket == string(bucketEdge) && (string(k) == string(keyGlobal) || string(k) == string(keyZ) || string(k) == string(keyServerZ) || string(k) == string(keyContrib)):
+	case bucket == string(bucketEdge) && (string(k) == string(keyGlobal) || string(k) == string(keyZ) || string(k) == string(keyServerZ) || string(k) == string(keyContrib) || string(k) == string(keyControlUndo)):
 		_, _, err = storage.DecodeRoundVec(v, what)
 	case bucket == string(bucketPending):
 		_, err = decodePending(v, what)
@@ -151,13 +155,17 @@ var edgeSchema = storage.Schema{
 		// Version 7 adds edge/run_since, the creation time of the oldest
 		// announcement seen of the current run (the agent's run order).
 		{Name: "run order key", Run: func(*storage.Tx) error { return nil }},
+		// Version 8 adds edge/control_undo, SCAFFOLD's c_i before the
+		// update in the outbox (Commit.ControlUndo; an older agent
+		// refuses the file as newer).
+		{Name: "control undo key", Run: func(*storage.Tx) error { return nil }},
 	},
 	CountedFrom: 5,
 	CheckValue:  edgeValue,
 	Layout: map[string][]string{
 		string(bucketEdge): {string(keyClientID), string(keyCreatedAt), string(keyInstanceID), string(keySeenRound), string(keyAppliedRound),
 			string(keyGlobal), string(keyZ), string(keyServerZ), string(keyConnection), string(keyRunID), string(keyRunSince),
-			string(keyEdgeFinalMeta), string(keyEdgeFinalBundle), string(keyContrib)},
+			string(keyEdgeFinalMeta), string(keyEdgeFinalBundle), string(keyContrib), string(keyControlUndo)},
 		string(bucketResiduals): nil, string(bucketOutbox): nil, string(bucketPending): nil,
 	},
 }
@@ -471,7 +479,7 @@ func (s *EdgeStore) StartRunAt(runID string, since int64) (RunStart, error) {
 		}
 		if rs.Previous != "" || seen > 0 {
 			rs.Reset = true
-			for _, k := range [][]byte{keySeenRound, keyAppliedRound, keyGlobal, keyZ, keyServerZ, keyContrib} {
+			for _, k := range [][]byte{keySeenRound, keyAppliedRound, keyGlobal, keyZ, keyServerZ, keyContrib, keyControlUndo} {
 				if err := b.Delete(k); err != nil {
 					return err
 				}
@@ -663,6 +671,11 @@ type Commit struct {
 	// Control is SCAFFOLD's new control variate c_i, stored under
 	// ResidualControl (nil: unchanged).
 	Control []float64
+	// ControlUndo is c_i before this round's delta c (zeros: none), kept
+	// with the round (edge/control_undo) until the update's receipt: a
+	// rejection puts it back (AckRejected), since the aggregator never
+	// counted the delta; an accepted receipt drops it. nil: none.
+	ControlUndo []float64
 	// Msg is the encoded update for the outbox; required.
 	Msg []byte
 	// SecAgg is the agent's secure-aggregation record of the round (nil:
@@ -730,7 +743,7 @@ func (s *EdgeStore) Commit(c Commit) error {
 	for _, v := range []struct {
 		name string
 		vec  []float64
-	}{{"z", c.Z}, {"server z", c.ServerZ}, {"residual", c.Residual}, {"control", c.Control}, {"pending contribution", c.Pending.vec()}, {"local model", c.Local}} {
+	}{{"z", c.Z}, {"server z", c.ServerZ}, {"residual", c.Residual}, {"control", c.Control}, {"control undo", c.ControlUndo}, {"pending contribution", c.Pending.vec()}, {"local model", c.Local}} {
 		if len(v.vec) > 0 {
 			if err := storage.CheckVec(v.name, v.vec); err != nil {
 				return err
@@ -765,6 +778,11 @@ func (s *EdgeStore) Commit(c Commit) error {
 		}
 		if err := c.putResiduals(res); err != nil {
 			return err
+		}
+		if len(c.ControlUndo) > 0 {
+			if err := storage.SPut(b, keyControlUndo, storage.EncodeRoundVec(round, c.ControlUndo)); err != nil {
+				return err
+			}
 		}
 		if err := storage.SPut(out, storage.EncodeU64(round), c.Msg); err != nil {
 			return err
@@ -882,7 +900,8 @@ func (s *EdgeStore) Ack(round uint64) (bool, error) {
 // same transaction: the copy
 // this site computed assumed the update would be applied, so the next
 // FedSplit update must be a delta against the round's global model (base
-// round 0), which resets the aggregator's copy. A rejection of a round with
+// round 0), which resets the aggregator's copy; and puts back SCAFFOLD's
+// c_i as it was before the round (settleControl). A rejection of a round with
 // no outbox entry (already receipted, or an update this site never sent,
 // published by someone else under its id) changes nothing.
 func (s *EdgeStore) AckRejected(round uint64) (bool, error) {
@@ -915,11 +934,14 @@ func (s *EdgeStore) ack(round uint64, rejected bool) (bool, error) {
 				return err
 			}
 		}
+		eb, err := storage.NeedBucket(tx, bucketEdge)
+		if err != nil {
+			return err
+		}
+		if err := settleControl(eb, tx, round, rejected); err != nil {
+			return err
+		}
 		if rejected {
-			eb, err := storage.NeedBucket(tx, bucketEdge)
-			if err != nil {
-				return err
-			}
 			// The copy assumed this round's z would be applied. A copy of a
 			// later round's z stays: the rejection is of an older re-sent
 			// update (a broker that redelivers, such as a NATS cluster after
@@ -943,6 +965,32 @@ func (s *EdgeStore) ack(round uint64, rejected bool) (bool, error) {
 		return false, fmt.Errorf("storage: ack round %d: %w", round, err)
 	}
 	return found, nil
+}
+
+// settleControl is the receipt's effect on SCAFFOLD's c_i, in the ack's
+// transaction: the undo of round's update (Commit.ControlUndo) goes, and
+// on a rejection becomes c_i again, as the aggregator never counted that
+// update's delta c. An undo of another round stays (none arises: a
+// SCAFFOLD site commits its next update only after this one's receipt).
+func settleControl(eb *storage.Bucket, tx *storage.Tx, round uint64, rejected bool) error {
+	raw, err := eget(eb, keyControlUndo)
+	if err != nil || raw == nil {
+		return err
+	}
+	ur, undo, err := storage.DecodeRoundVec(raw, "edge/control_undo")
+	if err != nil || ur != round {
+		return err
+	}
+	if rejected {
+		res, err := storage.NeedBucket(tx, bucketResiduals)
+		if err != nil {
+			return err
+		}
+		if err := storage.SPut(res, []byte(ResidualControl), storage.EncodeFloats(undo)); err != nil {
+			return err
+		}
+	}
+	return eb.Delete(keyControlUndo)
 }
 
 // Contribution returns FedSplit's sum-mode record c_j and the round of the
@@ -1072,7 +1120,7 @@ func (s *EdgeStore) SetFinal(f Final) error {
 				return err
 			}
 		}
-		return nil
+		return b.Delete(keyControlUndo) // its outbox entry is gone
 	})
 	if err != nil {
 		return wrapErr("storage: set final", err)
