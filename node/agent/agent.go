@@ -736,7 +736,7 @@ func (a *Agent) roundDone(act action) {
 				lg.Info("secure aggregation: "+res.SecAggKind.String()+" sent", "phase", ann.GetSecaggPhase().String(), "bytes", len(res.Msg))
 			}
 		case ActionWaiting:
-			lg.Info("FedSplit sum mode: this site's previous update awaits its receipt; the round is answered when it comes")
+			lg.Info("this site's previous update awaits its receipt (FedSplit sum mode, SCAFFOLD); the round is answered when it comes")
 		case ActionStatistics:
 			lg.Info("statistics phase: this site's statistics sent", "run_id", ann.RunId, "training_rows", res.SampleCount)
 		case ActionFinishing:

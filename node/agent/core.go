@@ -219,7 +219,7 @@ func (sr *siteRules) round(v StoreView, ann *wire.RoundAnnouncement, d model.Dat
 		res.Action = ActionDone
 		return &plan{res: res}
 	}
-	if sumMode(ann) {
+	if sumMode(ann) || ann.Algorithm == AlgoScaffold {
 		if w, msg, err := waitingFor(v, r); err != nil {
 			return fail(diskErrAt(v, roundErr(r, err)))
 		} else if w > 0 {
@@ -288,8 +288,8 @@ func (sr *siteRules) commitFailed(v StoreView, rec change, err error, base Resul
 }
 
 // waitingFor is the round of an unreceipted update older than round in the
-// outbox and its entry (0: none): a sum-mode site answers round only after
-// that update's receipt.
+// outbox and its entry (0: none): a sum-mode or SCAFFOLD site answers round
+// only after that update's receipt (sum.go, scaffold.go).
 func waitingFor(v StoreView, round uint64) (uint64, []byte, error) {
 	out, err := v.Outbox()
 	if err != nil {
@@ -358,6 +358,9 @@ func (sr *siteRules) solved(v StoreView, ann *wire.RoundAnnouncement, p *prepare
 		return &plan{res: res, err: fmt.Errorf("agent: round %d: update is %d bytes, over the %d-byte message limit", r, len(msg), lim)}
 	}
 	c := edgestore.Commit{Round: r, Residual: up.Residual, Control: ci, Msg: msg}
+	if p.scaffold {
+		c.ControlUndo = scaffoldUndo(p, len(ci))
+	}
 	switch {
 	case p.sum:
 		c.Z, c.Pending = sent, &edgestore.SumPending{Join: up.Sum.Join, V: up.Sum.V}

@@ -38,6 +38,8 @@ type memState struct {
 	globalRound, zRound, szRnd uint64
 	global, z, serverZ         []float64
 	residual, control          []float64
+	undoRound                  uint64
+	controlUndo                []float64
 	contribRound               uint64
 	contrib                    []float64
 	outbox                     []edgestore.OutboxEntry
@@ -165,6 +167,9 @@ func (m *memState) apply(c change) error {
 		}
 		if cm.Control != nil {
 			m.control = slices.Clone(cm.Control)
+		}
+		if cm.ControlUndo != nil {
+			m.undoRound, m.controlUndo = cm.Round, slices.Clone(cm.ControlUndo)
 		}
 		if cm.SecAgg != nil {
 			m.secAgg = slices.Clone(cm.SecAgg)

@@ -82,7 +82,7 @@ const (
 	// session's phase (Result.SecAggKind) is committed as the round's
 	// outbox entry; publish Msg (node/agent/core_secagg.go).
 	ActionSecAgg
-	// ActionWaiting: FedSplit in sum mode, an earlier update of this site
+	// ActionWaiting: FedSplit in sum mode or SCAFFOLD, an earlier update of this site
 	// awaits its receipt; nothing was solved or written, and the session
 	// hands the round over again once that receipt comes (node/agent/sum.go).
 	ActionWaiting

@@ -17,6 +17,22 @@ import (
 // in its store (edgestore.ResidualControl; none: zero, as after a reset);
 // the local SGD steps are shifted by c - c_i; the update carries delta c,
 // and the commit that stores the update stores c_i plus the decoded delta.
+//
+// A rejected update (any receipt but accepted or INTERNAL: e.g. a
+// straggler's, answered STALE_ROUND once its round closed under a quorum
+// below 1) is never counted, so its delta c must leave c_i again: the
+// commit keeps c_i as it was before the round with the update
+// (edgestore.Commit.ControlUndo), and the rejection's acknowledgement puts
+// it back in the transaction that drops the outbox entry
+// (edgestore.EdgeStore.AckRejected). For that undo to be the whole story, a
+// SCAFFOLD site, like one in FedSplit's sum mode, answers a round only
+// once its previous update is receipted (ActionWaiting): no later commit
+// has built on the delta when the receipt comes, and the aggregator's
+// duplicate rule (the round it last stored from the site) tells a re-sent
+// copy of a counted update (DUPLICATE, accepted) from one it never counted
+// (rejected). The aggregator also answers DUPLICATE to a copy of an update
+// its round log holds (node/aggregator/server_scaffold.go, countedCopy).
+//
 // In the round a rollback reopened (the announcement's control_epoch), the
 // aggregator counts no delta c and announces c = 0, so the site solves with
 // c_i = 0 and commits c_i = 0 (node/aggregator/server_scaffold.go): after
@@ -87,4 +103,14 @@ func scaffoldUplink(p *prepared, sent []float64, steps int, rng *rand.Rand) (*wi
 		next = make([]float64, len(d)) // not counted: c_i stays zero
 	}
 	return &wire.Vector{Codec: p.codec.String(), Dimension: uint32(len(d)), Payload: payload}, next, nil
+}
+
+// scaffoldUndo is what a rejection of the round's update puts back as c_i:
+// c_i as the solve read it (zero, of dimension dim, when the site had
+// none, or in a rollback's round).
+func scaffoldUndo(p *prepared, dim int) []float64 {
+	if len(p.ci) == dim {
+		return p.ci
+	}
+	return make([]float64, dim)
 }

@@ -2,12 +2,14 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"testing"
 
 	"github.com/edgefl/edgefl/learn/proxsolver"
 	"github.com/edgefl/edgefl/learn/quant"
+	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/proto/uplink"
 	"github.com/edgefl/edgefl/proto/wire"
 )
@@ -64,6 +66,7 @@ func TestCoreScaffold(t *testing.T) {
 	}
 
 	// The next round reads c_i back: the solve's shift is c - c_i.
+	m.ack(1, false)
 	pl := sr.round(m, scaffoldAnn(t, 2, x, c), testData(1, 90), false, t0, Result{Round: 2})
 	if pl.err != nil || pl.solve == nil {
 		t.Fatalf("round 2: %v", pl.err)
@@ -112,6 +115,7 @@ func TestCoreScaffoldControlEpoch(t *testing.T) {
 	if res, _, err := stepRound(t, sr, m, first); err != nil || res.Action != ActionSolved || maxAbs(m.control) == 0 {
 		t.Fatalf("round 1: %v %v, c_i %v", res.Action, err, m.control)
 	}
+	m.ack(1, false)
 	ann := scaffoldAnn(t, 2, x, c)
 	ann.RunId, ann.ControlEpoch = "run-B", 2
 	pl := sr.round(m, ann, testData(1, 90), false, t0, Result{Round: 2})
@@ -131,6 +135,7 @@ func TestCoreScaffoldControlEpoch(t *testing.T) {
 	if res.Update.ControlDelta == nil || res.Update.RunId != ann.RunId {
 		t.Fatalf("update: control delta %v, run id %q (announced %q)", res.Update.ControlDelta != nil, res.Update.RunId, ann.RunId)
 	}
+	m.ack(2, false)
 	bad := scaffoldAnn(t, 3, x, c)
 	bad.RunId, bad.ControlEpoch = "run-B", 4
 	if pl := sr.round(m, bad, testData(1, 90), false, t0, Result{Round: 3}); !errors.Is(pl.err, ErrBadAnnouncement) || len(pl.records) != 0 {
@@ -144,4 +149,72 @@ func maxAbs(a []float64) float64 {
 		m = max(m, math.Abs(v))
 	}
 	return m
+}
+
+// ack is a receipt of round's update as edgestore.EdgeStore.Ack (accepted)
+// or AckRejected applies it to SCAFFOLD's state: the outbox entry goes and
+// a rejection puts back c_i as it was before the round.
+func (m *memState) ack(round uint64, rejected bool) {
+	n := len(m.outbox)
+	m.outbox = slices.DeleteFunc(m.outbox, func(e edgestore.OutboxEntry) bool { return e.Round == round })
+	if len(m.outbox) == n || m.controlUndo == nil || m.undoRound != round {
+		return
+	}
+	if rejected {
+		m.control = m.controlUndo
+	}
+	m.undoRound, m.controlUndo = 0, nil
+}
+
+// TestCoreScaffoldRejected: a SCAFFOLD site commits, with its update, c_i
+// as it was before the round (the undo a rejection puts back), and answers
+// the next round only once that update is receipted (ActionWaiting,
+// nothing written): then no later commit builds on a delta c the
+// aggregator may never count. After a rejection the next round solves
+// with c_i back where it was, so c stays the mean of the c_i; after an
+// accepted receipt, with the advanced c_i.
+func TestCoreScaffoldRejected(t *testing.T) {
+	x := f32(testGlobal(1))
+	c := make([]float64, len(x))
+	for i := range c {
+		c[i] = 0.01 * float64(i%7-3)
+	}
+	c = f32(c)
+	for _, rejected := range []bool{true, false} {
+		t.Run(fmt.Sprintf("rejected=%v", rejected), func(t *testing.T) {
+			sr, m := testRules(), &memState{}
+			if res, _, err := stepRound(t, sr, m, scaffoldAnn(t, 1, x, c)); err != nil || res.Action != ActionSolved {
+				t.Fatalf("round 1: %v %v", res.Action, err)
+			}
+			ci1 := slices.Clone(m.control)
+			if m.undoRound != 1 || len(m.controlUndo) != len(x) || maxAbs(m.controlUndo) != 0 {
+				t.Fatalf("round 1's undo: round %d, %d values, max %g; want round 1, zeros", m.undoRound, len(m.controlUndo), maxAbs(m.controlUndo))
+			}
+			res, recs, err := stepRound(t, sr, m, scaffoldAnn(t, 2, x, c))
+			if err != nil || res.Action != ActionWaiting || res.Waiting != 1 {
+				t.Fatalf("round 2 before round 1's receipt: %v (waiting for %d) %v; want waiting for 1", res.Action, res.Waiting, err)
+			}
+			if slices.ContainsFunc(recs, func(c change) bool { return c.kind == recCommit || c.kind == recGlobal }) || m.applied != 1 {
+				t.Fatalf("round 2 wrote %v while waiting", recs)
+			}
+			m.ack(1, rejected)
+			want := ci1
+			if rejected {
+				want = make([]float64, len(x))
+			}
+			pl := sr.round(m, scaffoldAnn(t, 2, x, c), testData(1, 90), false, t0, Result{Round: 2})
+			if pl.err != nil || pl.solve == nil {
+				t.Fatalf("round 2 after the receipt: %v", pl.err)
+			}
+			if !slices.Equal(pl.solve.work.Solver.Shift, uplink.Shift(c, want)) {
+				t.Fatal("round 2's shift is not c - c_i as the receipt left it")
+			}
+			if res, _, err := stepRound(t, sr, m, scaffoldAnn(t, 2, x, c)); err != nil || res.Action != ActionSolved {
+				t.Fatalf("round 2: %v %v", res.Action, err)
+			}
+			if m.undoRound != 2 || !slices.Equal(m.controlUndo, want) {
+				t.Fatalf("round 2's undo is not c_i before round 2")
+			}
+		})
+	}
 }
