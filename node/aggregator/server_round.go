@@ -436,13 +436,20 @@ func (s *Server) rejectByCoordinator(u *inUpdate, d coordinator.Reject) {
 	if u == nil {
 		return
 	}
-	if d.Reason == coordinator.Duplicate {
+	counted, err := s.countedCopy(u, d)
+	if err != nil {
+		s.log.Error("store read failed; the site retries", "client", d.Client, "round", d.Round, "err", err)
+		s.receipt(u.msg, false, wire.ReceiptCode_RECEIPT_CODE_INTERNAL, "server could not read its round log; retry", time.Time{})
+		return
+	}
+	if d.Reason == coordinator.Duplicate || counted {
 		// Accepted earlier: an accepted receipt again, so that the client
 		// clears its outbox.
 		at := s.clock.Now()
 		if st, err := s.store.GetUpdate(u.msg.Round, u.msg.ClientId); err == nil {
 			at = st.StoredAt
 		}
+		d.Reason = coordinator.Duplicate
 		s.hist.reject(d.Client, d.Reason.String())
 		s.log.Info("duplicate update ignored", "client", d.Client, "round", d.Round)
 		s.receipt(u.msg, true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE, "duplicate: stored earlier", at)

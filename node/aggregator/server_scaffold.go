@@ -1,6 +1,8 @@
 package aggregator
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"math"
 
@@ -73,6 +75,34 @@ func (s *Server) otherRun(u *wire.ClientUpdate) bool {
 	s.log.Warn("update of another run ignored (a rollback started this one; the site clears it when it sees this run)",
 		"client", u.ClientId, "round", u.Round, "update_run_id", u.RunId, "run_id", s.stored.RunID)
 	return true
+}
+
+// countedCopy reports whether u, refused because its round has closed,
+// is a copy of the update its site's round log holds for that round (the
+// same bytes): one this aggregator counted, re-sent because its receipt
+// was lost (a crash of either side, a dropped connection) after the round
+// closed. Under SCAFFOLD the answer must say so (an accepted DUPLICATE
+// receipt, as within the round), for a site puts back its c_i on a
+// rejection (node/agent/scaffold.go): a rejection of a counted update
+// would take its delta c out of c_i and leave it in c. An update the log
+// does not hold was never counted and stays rejected. The coordinator's
+// own duplicate rule covers the round it last stored from the site; this
+// covers the earlier ones. The round log keeps every round's updates (the
+// daemon prunes none; a rollback removes the rounds after it and starts a
+// run whose sites clear their c_i and outbox). A read error is returned
+// (the caller answers INTERNAL: the site re-sends later).
+func (s *Server) countedCopy(u *inUpdate, d coordinator.Reject) (bool, error) {
+	if s.fam != AlgoScaffold || (d.Reason != coordinator.StaleRound && d.Reason != coordinator.RoundClosed) {
+		return false, nil
+	}
+	st, err := s.store.GetUpdate(u.msg.Round, u.msg.ClientId)
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return bytes.Equal(st.Msg, u.raw), nil
 }
 
 // scaffoldCheck is the ingest check of a SCAFFOLD update's control delta:

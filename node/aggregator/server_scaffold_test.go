@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/edgefl/edgefl/learn/quant"
 	"github.com/edgefl/edgefl/proto/wire"
@@ -94,4 +95,51 @@ func TestServerScaffold(t *testing.T) {
 	if err := closeTo(c, want, 1e-6); err != nil {
 		t.Fatalf("round 2's c: %v", err)
 	}
+}
+
+// TestServerScaffoldLateReceipts: once a round has closed, a SCAFFOLD
+// update the round log holds (a copy re-sent because its receipt was
+// lost, after the site's later update) gets an accepted DUPLICATE receipt,
+// as within the round, so that the site keeps the delta c the aggregator
+// counted; a straggler's update the round closed without (quorum below 1),
+// and a copy that differs from the stored one, are rejected STALE_ROUND,
+// so that the site takes their delta c back out of c_i.
+func TestServerScaffoldLateReceipts(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.Algorithm, cfg.QuorumFraction, cfg.Settle = AlgoScaffold, 2.0/3, time.Second
+	r := f.start(cfg)
+	a, b, c := f.agent("site-a", 10), f.agent("site-b", 10), f.agent("site-c", 10)
+	waitView(t, r.s, "3 online", func(v ServerView) bool { return v.Online == 3 })
+	f.clock.Advance(time.Second) // Settle
+	ann := a.nextRound(t, 1)
+	if len(ann.Selected) != 3 {
+		t.Fatalf("selected %v", ann.Selected)
+	}
+	withControl := func(id string, round uint64, w, d []float64) *wire.ClientUpdate {
+		u := update(t, id, round, w, 10)
+		u.RunId = ann.RunId
+		u.ControlDelta = &wire.Vector{Codec: "fp32", Dimension: uint32(len(d)), Payload: fp32(t, d)}
+		return u
+	}
+	a1 := withControl("site-a", 1, vec(1), vec(2))
+	a.send(t, a1)
+	wantReceipt(t, a.receipt(t), 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	b.send(t, withControl("site-b", 1, vec(3), vec(-4)))
+	wantReceipt(t, b.receipt(t), 1, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+	f.clock.Advance(time.Minute) // the deadline: the quorum closes round 1 without site-c
+	if rr := r.round(t); !slices.Equal(rr.Stragglers, []string{"site-c"}) {
+		t.Fatalf("round 1: stragglers %v", rr.Stragglers)
+	}
+	f.clock.Advance(time.Second) // Settle before the next draw
+	a.nextRound(t, 2)
+	a.send(t, withControl("site-a", 2, vec(1), vec(1)))
+	wantReceipt(t, a.receipt(t), 2, true, wire.ReceiptCode_RECEIPT_CODE_STORED)
+
+	a.send(t, a1) // round 1's update again, after round 2's
+	wantReceipt(t, a.receipt(t), 1, true, wire.ReceiptCode_RECEIPT_CODE_DUPLICATE)
+	c.send(t, withControl("site-c", 1, vec(9), vec(5))) // the straggler's, never counted
+	wantReceipt(t, c.receipt(t), 1, false, wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND)
+	a.send(t, withControl("site-a", 1, vec(1), vec(3))) // not the copy stored
+	wantReceipt(t, a.receipt(t), 1, false, wire.ReceiptCode_RECEIPT_CODE_STALE_ROUND)
 }
