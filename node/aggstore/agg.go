@@ -1000,15 +1000,33 @@ func (s *AggStore) GetUpdate(round uint64, client string) (Update, error) {
 // store's write methods (a write waiting on this read transaction can
 // deadlock when the file has to grow).
 func (s *AggStore) ForEachUpdate(round uint64, fn func(Update) error) error {
+	return s.forEachUpdate(round, true, fn)
+}
+
+// ForEachUpdateMeta is ForEachUpdate without the messages (Msg is nil):
+// the sample counts and losses of a round's updates, read without copying
+// K encoded vectors (a streamed close takes its weights from them before
+// it decodes the updates one at a time).
+func (s *AggStore) ForEachUpdateMeta(round uint64, fn func(Update) error) error {
+	return s.forEachUpdate(round, false, fn)
+}
+
+func (s *AggStore) forEachUpdate(round uint64, msg bool, fn func(Update) error) error {
 	return s.db.View(storage.InBucket(bucketUpdates, func(ups *storage.Bucket) error {
 		ub := ups.Bucket(storage.EncodeU64(round))
 		if ub == nil {
 			return nil
 		}
 		return storage.SForEach(ub, fmt.Sprintf("updates/%d", round), func(k, v []byte) error {
+			if !msg && len(v) > updateHeader {
+				v = v[:updateHeader+1] // the header, and one byte so that it decodes
+			}
 			u, err := decodeUpdate(round, k, v)
 			if err != nil {
 				return err
+			}
+			if !msg {
+				u.Msg = nil
 			}
 			return fn(u)
 		})
