@@ -21,8 +21,10 @@ import (
 )
 
 // closeBench is a server on a real bbolt file whose round 1 holds sites
-// stored FedAvg deltas of a 784x10 logistic regression (d = 7,850, fp32
-// frames), written straight into the round log, and the round's close.
+// stored updates of a 784x10 logistic regression (d = 7,850, fp32
+// frames): FedAvg deltas, or FedSplit z deltas against the global model
+// with each site's z, written straight into the round log (groups of
+// 250), and the round's close.
 type closeBench struct {
 	s  *Server
 	cr coordinator.CloseRound
@@ -33,7 +35,7 @@ func newCloseBench(tb testing.TB, algo string, sites int) *closeBench {
 	cfg := ServerConfig{Federation: testFed, BrokerURL: "tcp://unused", K: sites, QuorumFraction: 1, RoundTimeout: time.Hour,
 		Algorithm: algo, Model: model.Spec{Kind: model.KindLogReg, Inputs: 784, Classes: 10},
 		StatePath: filepath.Join(tb.TempDir(), "state.db"), Clock: clock.NewFake(start0),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Params: Params{Solver: "sgd", LR: 0.1, MaxEpochs: 1, Gamma: 0.5}}
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Params: Params{Solver: "sgd", LR: 0.1, MaxEpochs: 1, Gamma: 0.5, Step: 0.5}}
 	s, err := NewServer(cfg)
 	if err != nil {
 		tb.Fatal(err)
@@ -44,6 +46,7 @@ func newCloseBench(tb testing.TB, algo string, sites int) *closeBench {
 	const chunk = 250
 	for lo := 0; lo < sites; lo += chunk {
 		var us []aggstore.Update
+		var zs [][]float64
 		for i := lo; i < min(lo+chunk, sites); i++ {
 			id := fmt.Sprintf("site-%05d", i)
 			d := make([]float64, s.dim)
@@ -51,7 +54,16 @@ func newCloseBench(tb testing.TB, algo string, sites int) *closeBench {
 				d[j] = 0.01 * rng.NormFloat64()
 			}
 			n := uint64(10 + rng.IntN(90))
-			m := &wire.ClientUpdate{ClientId: id, Round: 1, Kind: wire.UpdateKind_UPDATE_KIND_DELTA,
+			kind := wire.UpdateKind_UPDATE_KIND_DELTA
+			if isSplit(algo) {
+				kind = wire.UpdateKind_UPDATE_KIND_Z_DELTA // against x: base round 0
+				z := make([]float64, s.dim)
+				for j := range z {
+					z[j] = s.global[j] + d[j]
+				}
+				zs = append(zs, z)
+			}
+			m := &wire.ClientUpdate{ClientId: id, Round: 1, Kind: kind,
 				Vector: &wire.Vector{Codec: "fp32", Dimension: uint32(s.dim), Payload: fp32Frame(tb, d)}, SampleCount: n, Seq: 1,
 				Report: &wire.WorkReport{AnchorLoss: 0.5, Epochs: 1, StopReason: wire.StopReason_STOP_REASON_MAX_EPOCHS}}
 			raw, err := wire.Encode(m)
@@ -65,7 +77,7 @@ func newCloseBench(tb testing.TB, algo string, sites int) *closeBench {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		if err := s.store.PutUpdates(first, us); err != nil {
+		if err := s.store.PutUpdatesZ(first, us, zs); err != nil {
 			tb.Fatal(err)
 		}
 	}
@@ -122,7 +134,8 @@ func (h *heapPeak) end() uint64 {
 // BenchmarkCloseAggregate is the round close's aggregation (Server.aggregate:
 // the round's stored updates read from the round log, decoded against the
 // global model and aggregated) of K = 1,000 and 10,000 sites, 784x10
-// logistic regression. B/op is every byte allocated; peak-heap-MB the
+// logistic regression, FedAvg and FedSplit (its robust server step over
+// every site's z). B/op is every byte allocated; peak-heap-MB the
 // highest heap (live objects and garbage not yet swept) above the level
 // before the close, sampled every 100 µs. Run it once:
 //
@@ -131,7 +144,7 @@ func BenchmarkCloseAggregate(b *testing.B) {
 	for _, c := range []struct {
 		algo  string
 		sites int
-	}{{AlgoFedAvg, 1000}, {AlgoFedAvg, 10000}} {
+	}{{AlgoFedAvg, 1000}, {AlgoFedAvg, 10000}, {AlgoFedSplit, 1000}, {AlgoFedSplit, 10000}} {
 		b.Run(fmt.Sprintf("%s/K=%d", c.algo, c.sites), func(b *testing.B) {
 			cb := newCloseBench(b, c.algo, c.sites)
 			b.ReportAllocs()

@@ -862,14 +862,31 @@ func (s *AggStore) PutUpdate(u Update, z []float64) (index uint64, err error) {
 // state then holds what the file does not: it must not go on). Nothing
 // of the group is durable before PutUpdates returns nil.
 func (s *AggStore) PutUpdates(first uint64, us []Update) error {
-	for _, u := range us {
-		if err := checkUpdate(u, nil); err != nil {
+	return s.PutUpdatesZ(first, us, nil)
+}
+
+// PutUpdatesZ is PutUpdates for updates that carry a FedSplit z: zs[i]
+// (zs nil, or zs[i] nil: none) is stored as us[i]'s client's latest z in
+// the same transaction, as PutUpdate stores it (a z older than the
+// client's stored one fails the whole group with ErrStale).
+func (s *AggStore) PutUpdatesZ(first uint64, us []Update, zs [][]float64) error {
+	if zs != nil && len(zs) != len(us) {
+		return fmt.Errorf("storage: put %d updates: %w: %d z", len(us), storage.ErrInvalid, len(zs))
+	}
+	zOf := func(i int) []float64 {
+		if zs == nil {
+			return nil
+		}
+		return zs[i]
+	}
+	for i, u := range us {
+		if err := checkUpdate(u, zOf(i)); err != nil {
 			return fmt.Errorf("storage: put update (%d, %q): %w", u.Round, u.ClientID, err)
 		}
 	}
 	err := s.db.Update(func(tx *storage.Tx) error {
 		for i, u := range us {
-			index, err := putUpdate(tx, u, nil)
+			index, err := putUpdate(tx, u, zOf(i))
 			if err != nil {
 				return fmt.Errorf("update (%d, %q): %w", u.Round, u.ClientID, err)
 			}
@@ -1155,6 +1172,35 @@ func (s *AggStore) LatestZ() (map[string][]float64, error) {
 				return err
 			}
 			zs[string(k)] = z
+			return nil
+		})
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("storage: latest z: %w", err)
+	}
+	return zs, nil
+}
+
+// ZRound is a client's latest z as LatestZRounds lists it: its round and
+// its number of values, not the values.
+type ZRound struct {
+	Client string
+	Round  uint64
+	Len    int
+}
+
+// LatestZRounds lists every client's latest z in client-id order without
+// decoding the vectors (ClientZ reads one): a server step that reads each
+// z_j as it needs it holds one at a time. A read transaction.
+func (s *AggStore) LatestZRounds() ([]ZRound, error) {
+	var zs []ZRound
+	err := s.db.View(storage.InBucket(bucketLatestZ, func(b *storage.Bucket) error {
+		return storage.SForEach(b, "latest_z", func(k, v []byte) error {
+			r, err := storage.RoundOf(v, "latest_z/"+string(k))
+			if err != nil {
+				return err
+			}
+			zs = append(zs, ZRound{Client: string(k), Round: r, Len: (len(v) - 8) / 8})
 			return nil
 		})
 	}))
