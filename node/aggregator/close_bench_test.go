@@ -137,7 +137,8 @@ func (h *heapPeak) end() uint64 {
 // logistic regression, FedAvg and FedSplit (its robust server step over
 // every site's z). B/op is every byte allocated; peak-heap-MB the
 // highest heap (live objects and garbage not yet swept) above the level
-// before the close, sampled every 100 µs. Run it once:
+// before the close, sampled every 100 µs; cpu-ns/op the process's CPU
+// time (steadier than the wall time on a loaded machine). Run it once:
 //
 //	go test ./node/aggregator/ -run '^$' -bench CloseAggregate -benchtime 3x
 func BenchmarkCloseAggregate(b *testing.B) {
@@ -149,11 +150,14 @@ func BenchmarkCloseAggregate(b *testing.B) {
 			cb := newCloseBench(b, c.algo, c.sites)
 			b.ReportAllocs()
 			var peak uint64
+			var cpu time.Duration
 			for b.Loop() {
 				b.StopTimer()
 				h := startHeapPeak()
 				b.StartTimer()
+				c0 := cpuNow()
 				next, _, err := cb.s.aggregate(cb.cr)
+				cpu += cpuNow() - c0
 				b.StopTimer()
 				peak = max(peak, h.end())
 				b.StartTimer()
@@ -162,6 +166,7 @@ func BenchmarkCloseAggregate(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MB")
+			b.ReportMetric(float64(cpu)/float64(b.N), "cpu-ns/op")
 		})
 	}
 }
