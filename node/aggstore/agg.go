@@ -1162,6 +1162,23 @@ func (s *AggStore) ClientZ(client string) (round uint64, z []float64, err error)
 	return round, z, err
 }
 
+// ClientZRound returns the round of client's latest z without reading the
+// vector, or ErrNotFound. A read transaction.
+func (s *AggStore) ClientZRound(client string) (round uint64, err error) {
+	err = s.db.View(storage.InBucket(bucketLatestZ, func(b *storage.Bucket) error {
+		v, err := storage.SGet(b, []byte(client), "latest_z/"+client)
+		if err != nil {
+			return err
+		}
+		if v == nil {
+			return fmt.Errorf("%w: z of %q", storage.ErrNotFound, client)
+		}
+		round, err = storage.RoundOf(v, "latest_z/"+client)
+		return err
+	}))
+	return round, err
+}
+
 // LatestZ returns every client's latest z. A read transaction.
 func (s *AggStore) LatestZ() (map[string][]float64, error) {
 	zs := make(map[string][]float64)

@@ -87,7 +87,7 @@ func TestPutUpdatesGroupCommit(t *testing.T) {
 
 // TestPutUpdatesZ: a group of FedSplit updates stores each one's z as its
 // client's latest in the same transaction (LatestZRounds lists them
-// without their values, ClientZ reads one); a group holding a z older
+// without their values, ClientZ reads one, ClientZRound its round); a group holding a z older
 // than the stored one writes nothing; ForEachUpdateMeta gives the counts
 // without the messages.
 func TestPutUpdatesZ(t *testing.T) {
@@ -118,6 +118,12 @@ func TestPutUpdatesZ(t *testing.T) {
 	}
 	if r, z, err := s.ClientZ("site-2"); err != nil || r != 2 || z[0] != 5 || z[1] != 6 {
 		t.Fatalf("ClientZ(site-2) = %d, %v, %v", r, z, err)
+	}
+	if r, err := s.ClientZRound("site-0"); err != nil || r != 2 {
+		t.Fatalf("ClientZRound(site-0) = %d, %v; want 2", r, err)
+	}
+	if _, err := s.ClientZRound("site-1"); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("ClientZRound(site-1): %v, want ErrNotFound (its update carried no z)", err)
 	}
 	tests := []struct {
 		name string
