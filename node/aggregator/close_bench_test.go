@@ -31,6 +31,12 @@ type closeBench struct {
 }
 
 func newCloseBench(tb testing.TB, algo string, sites int) *closeBench {
+	return newCloseRound(tb, algo, sites, nil)
+}
+
+// newCloseRound is newCloseBench with site i's sample count count(i)
+// (nil: drawn in [10, 100)).
+func newCloseRound(tb testing.TB, algo string, sites int, count func(i int) uint64) *closeBench {
 	tb.Helper()
 	cfg := ServerConfig{Federation: testFed, BrokerURL: "tcp://unused", K: sites, QuorumFraction: 1, RoundTimeout: time.Hour,
 		Algorithm: algo, Model: model.Spec{Kind: model.KindLogReg, Inputs: 784, Classes: 10},
@@ -54,6 +60,9 @@ func newCloseBench(tb testing.TB, algo string, sites int) *closeBench {
 				d[j] = 0.01 * rng.NormFloat64()
 			}
 			n := uint64(10 + rng.IntN(90))
+			if count != nil {
+				n = count(i)
+			}
 			kind := wire.UpdateKind_UPDATE_KIND_DELTA
 			if isSplit(algo) {
 				kind = wire.UpdateKind_UPDATE_KIND_Z_DELTA // against x: base round 0
