@@ -23,15 +23,20 @@ import (
 // aggregator's persistent session and redelivers what it had not
 // acknowledged (an update is acknowledged only once it is in bbolt).
 //
-// The fedprox case runs the FedAvg/FedProx family, whose updates go through
-// group commit (several in one transaction, receipted once it is durable):
-// its sites solve in threes of equal time, so the updates of three arrive
-// together (the first is committed alone, the other two arrive during its
-// fsync and share the next commit) and the kills land among them.
+// The fedprox case runs the FedAvg/FedProx family (fedproxsplit-grouped
+// the FedSplit family), whose updates go through group commit (several in
+// one transaction, receipted once it is durable): its sites solve in
+// threes of equal time, so the updates of three arrive together (the
+// first is committed alone, the other two arrive during its fsync and
+// share the next commit) and the kills land among them.
 func TestAggregatorKilledMidRound(t *testing.T) {
 	t.Run("embedded", func(t *testing.T) { e2eTest(t); testAggregatorKill(t, false, 1, "") })
 	t.Run("mosquitto", func(t *testing.T) { needMosquitto(t); testAggregatorKill(t, true, 2, "") })
 	t.Run("fedprox", func(t *testing.T) { e2eTest(t); testAggregatorKill(t, false, 3, "fedprox") })
+	// The FedSplit family's updates share commits too, each with its
+	// site's z_j: sites in threes, as for fedprox, and the copies of z
+	// checked.
+	t.Run("fedproxsplit-grouped", func(t *testing.T) { e2eTest(t); testAggregatorKill(t, false, 4, "fedproxsplit") })
 }
 
 // testAggregatorKill runs the kills; algo "" is the default FedSplit family
@@ -204,7 +209,7 @@ func testAggregatorKill(t *testing.T, useMosquitto bool, seed uint64, algo strin
 
 	// z: the site's copy equals the aggregator's, bit for bit.
 	for _, e := range edges {
-		if algo == "" {
+		if algo == "" || algo == "fedproxsplit" {
 			checkSiteCopy(t, e, st, rounds)
 		}
 	}

@@ -6,7 +6,9 @@
 #     as before group commit) and in groups of 8 and 64;
 #   - the aggregator's event loop driven by its ingest workers: one
 #     transaction per update (group=1) against group commit with 4 and 16
-#     workers, rounds of 250 sites, and a round of 1,000 sites.
+#     workers, rounds of 250 sites, and a round of 1,000 sites; and the
+#     FedSplit family's updates (each with its site's z_j) one transaction
+#     each against group commit, rounds of 250 sites.
 # Each benchmark runs once; the figures of one run compare on one disk.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -99,19 +99,26 @@ func check(global []float64, ups []Update, out []float64) error {
 	if len(ups) == 0 {
 		return ErrNoUpdates
 	}
+	if err := CheckGlobal(global, out); err != nil {
+		return err
+	}
+	for k, u := range ups {
+		if err := checkParams(k, u, len(global)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CheckGlobal is Aggregate's check of the global model (finite) and of out
+// (its length), the part of check a streamed aggregation (Sum) makes
+// before its first update.
+func CheckGlobal(global, out []float64) error {
 	if len(out) != len(global) {
 		return fmt.Errorf("%w: out has %d, global has %d", ErrDim, len(out), len(global))
 	}
 	if !allFinite(global) {
 		return fmt.Errorf("%w in the global model", ErrNonFinite)
-	}
-	for k, u := range ups {
-		if len(u.Params) != len(global) {
-			return fmt.Errorf("%w: update %d (%s) has %d, want %d", ErrDim, k, u.Client, len(u.Params), len(global))
-		}
-		if !allFinite(u.Params) {
-			return fmt.Errorf("%w in update %d (%s)", ErrNonFinite, k, u.Client)
-		}
 	}
 	return nil
 }
@@ -121,41 +128,18 @@ func check(global []float64, ups []Update, out []float64) error {
 // combination): then the exact result lies within the inputs' range, and a
 // coordinate that rounded past the largest float64 is recomputed at half scale
 // and clamped into that range, so finite inputs always give a finite output.
+// It is Sum over updates held in memory (the same loops, the same order).
 func weightedSum(ups []Update, w []float64, out []float64) {
-	clear(out)
+	s := NewSum(out)
 	for k, u := range ups {
-		c := w[k]
-		if c == 0 {
-			continue
-		}
-		for i, v := range u.Params {
-			out[i] += c * v
-		}
+		s.add(w[k], u.Params)
 	}
-	for i, v := range out {
-		if math.IsInf(v, 0) || math.IsNaN(v) {
-			out[i] = weightedCoord(ups, w, i)
+	if s.Overflowed() {
+		for k, u := range ups {
+			s.Redo(w[k], u.Params)
 		}
+		s.Finish()
 	}
-}
-
-// weightedCoord is coordinate i of the convex combination sum_k w_k u_k,
-// computed without overflow.
-func weightedCoord(ups []Update, w []float64, i int) float64 {
-	var s float64
-	lo, hi := math.Inf(1), math.Inf(-1)
-	for k, u := range ups {
-		if w[k] == 0 {
-			continue
-		}
-		v := u.Params[i]
-		s += w[k] * (v * 0.5)
-		lo, hi = min(lo, v), max(hi, v)
-	}
-	if lo > hi { // no weight at all: cannot happen for a convex combination
-		return 0
-	}
-	return min(max(2*s, lo), hi)
 }
 
 // FedAvg is the sample-weighted mean sum_k (n_k/n) w_k.
@@ -194,6 +178,20 @@ func (a FedAvg) Aggregate(global []float64, ups []Update, out []float64) (Report
 	if err := check(global, ups, out); err != nil {
 		return Report{}, err
 	}
+	rep, err := a.Weights(ups)
+	if err != nil {
+		return Report{}, err
+	}
+	weightedSum(ups, rep.Weights, out)
+	return rep, nil
+}
+
+// Weights is FedAvg's coefficients n_k/n for the updates' sample counts,
+// after the cap (Summable).
+func (a FedAvg) Weights(ups []Update) (Report, error) {
+	if len(ups) == 0 {
+		return Report{}, ErrNoUpdates
+	}
 	var capped []Capped
 	if a.Cap >= 1 {
 		ups, capped = CapSamples(ups, a.Cap)
@@ -202,7 +200,6 @@ func (a FedAvg) Aggregate(global []float64, ups []Update, out []float64) (Report
 	if err != nil {
 		return Report{}, err
 	}
-	weightedSum(ups, w, out)
 	rep := Report{Weights: w, Capped: capped}
 	if len(capped) > 0 {
 		rep.Metrics = map[string]float64{"samples_capped": float64(len(capped))}
@@ -266,15 +263,27 @@ func (m Mean) Name() string {
 	return "mean"
 }
 
-func (Mean) Aggregate(global []float64, ups []Update, out []float64) (Report, error) {
+func (m Mean) Aggregate(global []float64, ups []Update, out []float64) (Report, error) {
 	if err := check(global, ups, out); err != nil {
 		return Report{}, err
+	}
+	rep, err := m.Weights(ups)
+	if err != nil {
+		return Report{}, err
+	}
+	weightedSum(ups, rep.Weights, out)
+	return rep, nil
+}
+
+// Weights is the uniform mean's coefficients 1/K (Summable).
+func (Mean) Weights(ups []Update) (Report, error) {
+	if len(ups) == 0 {
+		return Report{}, ErrNoUpdates
 	}
 	w := make([]float64, len(ups))
 	for k := range w {
 		w[k] = 1 / float64(len(ups))
 	}
-	weightedSum(ups, w, out)
 	return Report{Weights: w}, nil
 }
 

@@ -214,30 +214,92 @@ var ErrNonFinite = errors.New("fedsplit: a non-finite value")
 // BoundedStep computes the next global model from the sites' copies and
 // this round's updates (see the comment above) into dst and returns it with
 // the report; x is the round's global model. mult <= 0 means DefaultMult;
-// +Inf clips nothing (the plain mean). The inputs are not modified.
+// +Inf clips nothing (the plain mean). The inputs are not modified. It is
+// Step over inputs held in memory.
 func BoundedStep(dst, x []float64, sites []SiteInput, mult, ref float64, w Watch) ([]float64, StepReport, error) {
+	st := NewStep(x, len(sites), mult, ref, w)
+	for j, in := range sites {
+		if err := st.Measure(j, in); err != nil {
+			return nil, st.rep, err
+		}
+	}
+	st.Decide()
+	for j, in := range sites {
+		st.Count(j, in)
+	}
+	return st.Finish(dst)
+}
+
+// Step is BoundedStep in two passes over the sites, for a caller that
+// holds one site's vectors at a time (the aggregator reads each z_j and
+// update from its store as needed): Measure every site in order, Decide,
+// Count every site again in the same order with the same input, Finish.
+// The first pass keeps per site only its step norm and its copy's
+// distance from x; the second judges each site and adds its e_j to a
+// running sum, in ServerStep's order: BoundedStep's result bit for bit.
+type Step struct {
+	x         []float64
+	mult, ref float64
+	w         Watch
+	rep       StepReport
+	dist      []float64
+	floor     float64
+	distBound float64
+	sum       []float64
+	counted   int
+}
+
+// NewStep starts the step of n sites from the round's global model x
+// (mult, ref, w as for BoundedStep).
+func NewStep(x []float64, n int, mult, ref float64, w Watch) *Step {
 	if mult <= 0 {
 		mult = DefaultMult
 	}
-	rep := StepReport{Sites: make([]SiteResult, len(sites)), Culprit: -1, Watch: w}
-	steps, err := rep.siteSteps(x, sites)
-	if err != nil {
-		return nil, rep, err
+	return &Step{x: x, mult: mult, ref: ref, w: w, dist: make([]float64, n),
+		rep: StepReport{Sites: make([]SiteResult, n), Culprit: -1, Watch: w}}
+}
+
+// Measure is the first pass's look at site j: its vectors' dimensions,
+// the norm of the step it asks for and its copy's distance from x.
+func (st *Step) Measure(j int, in SiteInput) error {
+	if _, err := st.rep.siteStep(j, st.x, in); err != nil {
+		return err
 	}
-	votes := rep.bound(mult, ref)
+	st.dist[j] = distance(in.Z, st.x)
+	return nil
+}
+
+// Decide sets the round's bound, the floor, the copies' distance bound
+// and the divergence watch from the first pass.
+func (st *Step) Decide() {
+	votes := st.rep.bound(st.mult, st.ref)
 	// Rounding noise is never clipped: once the steps are down to a few
 	// ulps of x their medians jump about at random.
-	floor := Floor * norm(x)
-	dist, distBound := copyDistances(x, sites)
+	st.floor = Floor * norm(st.x)
+	st.distBound = distanceBound(st.dist)
 	if votes >= MinScreened {
-		rep.watch(w, floor*math.Sqrt(float64(votes)), !math.IsInf(mult, 1))
+		st.rep.watch(st.w, st.floor*math.Sqrt(float64(votes)), !math.IsInf(st.mult, 1))
 	}
-	counted := make([][]float64, 0, len(sites))
-	for j, in := range sites {
-		if e := rep.judge(j, in, steps[j], floor, dist[j] <= distBound); e != nil {
-			counted = append(counted, e)
-		}
+	st.sum = make([]float64, len(st.x))
+}
+
+// Count is the second pass's judgement of site j (the input Measure saw):
+// clipped, set aside or taken back, and its e_j added to the mean.
+func (st *Step) Count(j int, in SiteInput) {
+	e := st.rep.judge(j, in, askedStep(in), st.floor, st.dist[j] <= st.distBound)
+	if e == nil {
+		return
 	}
+	for i, v := range e {
+		st.sum[i] += v
+	}
+	st.counted++
+}
+
+// Finish writes the mean of the counted e_j into dst (nil: a new slice;
+// x when every site is set aside) and returns it with the report.
+func (st *Step) Finish(dst []float64) ([]float64, StepReport, error) {
+	rep := st.rep
 	for _, r := range rep.Sites {
 		if r.SetAside || r.Readmitted {
 			// The sites in the mean changed, and so does the fixed
@@ -247,37 +309,47 @@ func BoundedStep(dst, x []float64, sites []SiteInput, mult, ref float64, w Watch
 			rep.Ref = 0
 		}
 	}
-	dst, err = meanOfCounted(dst, x, counted)
-	if err != nil {
-		return nil, rep, err
+	if dst == nil {
+		dst = make([]float64, len(st.x))
+	}
+	if len(dst) != len(st.x) {
+		return nil, rep, fmt.Errorf("%w: dst has %d, want %d", ErrDim, len(dst), len(st.x))
+	}
+	if st.counted == 0 {
+		copy(dst, st.x)
+		return dst, rep, nil
+	}
+	// ServerStep's mean: the sum in site order, times 1/m.
+	inv := 1 / float64(st.counted)
+	for i, v := range st.sum {
+		dst[i] = v * inv
+		if math.IsNaN(dst[i]) || math.IsInf(dst[i], 0) {
+			return nil, rep, fmt.Errorf("%w in the mean of the sites' z", ErrNonFinite)
+		}
 	}
 	return dst, rep, nil
 }
 
-// siteSteps checks each site's vectors against the model's dimension and
-// returns the step each site asks for (its update plus its lag), filling
-// in rep.Sites with the step norms and the sites' states without their lag.
-func (rep *StepReport) siteSteps(x []float64, sites []SiteInput) ([][]float64, error) {
+// siteStep checks site j's vectors against the model's dimension and
+// returns the step it asks for (its update plus its lag), filling in
+// rep.Sites[j] with the step norm and the site's state without its lag.
+func (rep *StepReport) siteStep(j int, x []float64, in SiteInput) ([]float64, error) {
 	d := len(x)
-	steps := make([][]float64, len(sites))
-	for j, in := range sites {
-		if len(in.Z) != d || (in.Delta != nil && len(in.Delta) != d) || (in.State.Lag != nil && len(in.State.Lag) != d) {
-			return nil, fmt.Errorf("%w: site %d's vectors and the model's %d", ErrDim, j, d)
-		}
-		st := in.State
-		st.Lag = nil
-		step := askedStep(in)
-		n := norm(step)
-		if math.IsNaN(n) || math.IsInf(n, 0) {
-			return nil, fmt.Errorf("%w in site %d's step", ErrNonFinite, j)
-		}
-		if in.Delta != nil {
-			st.Norm, st.Voted = n, true
-		}
-		steps[j] = step
-		rep.Sites[j] = SiteResult{State: st, Step: n}
+	if len(in.Z) != d || (in.Delta != nil && len(in.Delta) != d) || (in.State.Lag != nil && len(in.State.Lag) != d) {
+		return nil, fmt.Errorf("%w: site %d's vectors and the model's %d", ErrDim, j, d)
 	}
-	return steps, nil
+	st := in.State
+	st.Lag = nil
+	step := askedStep(in)
+	n := norm(step)
+	if math.IsNaN(n) || math.IsInf(n, 0) {
+		return nil, fmt.Errorf("%w in site %d's step", ErrNonFinite, j)
+	}
+	if in.Delta != nil {
+		st.Norm, st.Voted = n, true
+	}
+	rep.Sites[j] = SiteResult{State: st, Step: n}
+	return step, nil
 }
 
 // askedStep is the step a site asks for this round: its update plus the
@@ -330,26 +402,26 @@ func (rep *StepReport) bound(mult, ref float64) int {
 	return len(votes)
 }
 
-// copyDistances returns each site's copy's distance |r_j - x| and the
-// farthest a set-aside site's copy may be to be taken back: DistMult
-// times the median distance (+Inf below MinScreened sites).
-func copyDistances(x []float64, sites []SiteInput) ([]float64, float64) {
-	dist := make([]float64, len(sites))
-	for j, in := range sites {
-		var q float64
-		for i, v := range in.Z {
-			q += (v - x[i]) * (v - x[i])
-		}
-		dist[j] = math.Sqrt(q)
+// distance is a site's copy's distance |r_j - x|.
+func distance(z, x []float64) float64 {
+	var q float64
+	for i, v := range z {
+		q += (v - x[i]) * (v - x[i])
 	}
-	distBound := math.Inf(1)
-	if len(sites) >= MinScreened {
-		sorted := slices.Clone(dist)
-		sort.Sort(sort.Float64Slice(sorted)) //nolint:staticcheck // S1032: as above
-		n := len(sorted)
-		distBound = DistMult * (sorted[(n-1)/2] + sorted[n/2]) / 2
+	return math.Sqrt(q)
+}
+
+// distanceBound is the farthest a set-aside site's copy may be from x to
+// be taken back: DistMult times the median distance (+Inf below
+// MinScreened sites).
+func distanceBound(dist []float64) float64 {
+	if len(dist) < MinScreened {
+		return math.Inf(1)
 	}
-	return dist, distBound
+	sorted := slices.Clone(dist)
+	sort.Sort(sort.Float64Slice(sorted)) //nolint:staticcheck // S1032: as above
+	n := len(sorted)
+	return DistMult * (sorted[(n-1)/2] + sorted[n/2]) / 2
 }
 
 // judge decides site j's part in this step: set aside by the divergence
@@ -477,29 +549,6 @@ func (r *SiteResult) clip(in SiteInput, step []float64, allowed float64) []float
 		return nil
 	}
 	return e
-}
-
-// meanOfCounted is the server step over the e_j of the sites in the mean,
-// into dst; with none (every site set aside: no honest majority to speak
-// of) it keeps x.
-func meanOfCounted(dst, x []float64, counted [][]float64) ([]float64, error) {
-	if len(counted) == 0 {
-		if dst == nil {
-			dst = make([]float64, len(x))
-		}
-		copy(dst, x)
-		return dst, nil
-	}
-	dst, err := ServerStep(dst, counted)
-	if err != nil {
-		return nil, err
-	}
-	for _, v := range dst {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return nil, fmt.Errorf("%w in the mean of the sites' z", ErrNonFinite)
-		}
-	}
-	return dst, nil
 }
 
 // probation is the number of updates in a row within its allowance that

@@ -43,11 +43,17 @@ type acceptBench struct {
 }
 
 func newAcceptBench(tb testing.TB, sites int) *acceptBench {
+	return newAcceptBenchAlgo(tb, sites, AlgoFedAvg)
+}
+
+// newAcceptBenchAlgo is newAcceptBench for algorithm algo (the FedSplit
+// family's updates are FULL z_j).
+func newAcceptBenchAlgo(tb testing.TB, sites int, algo string) *acceptBench {
 	tb.Helper()
 	clk := clock.NewFake(start0)
 	cfg := ServerConfig{Federation: testFed, BrokerURL: "tcp://unused", K: sites, QuorumFraction: 1, RoundTimeout: time.Hour,
-		Algorithm: AlgoFedAvg, Model: testModel, StatePath: filepath.Join(tb.TempDir(), "state.db"), Clock: clk,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Params: Params{Solver: "sgd", LR: 0.1, MaxEpochs: 1, Gamma: 0.5}}
+		Algorithm: algo, Model: testModel, StatePath: filepath.Join(tb.TempDir(), "state.db"), Clock: clk,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Params: Params{Solver: "sgd", LR: 0.1, MaxEpochs: 1, Gamma: 0.5, Step: 0.5}}
 	s, err := NewServer(cfg)
 	if err != nil {
 		tb.Fatal(err)
@@ -114,21 +120,32 @@ func BenchmarkAcceptUpdates(b *testing.B) {
 // per update, the loop before group commit; group=256 the default. One op
 // is one update; updates/s is the durable, receipted rate (the wall time
 // of the submissions only: each round's statuses are set up outside it; a
-// round holds sites-1 ops, so it stays open). Run it with -benchtime=996x
-// (four rounds of 250 sites, one of 1,000).
+// round holds sites-1 ops, so it stays open). The fedsplit rows are the
+// FedSplit family's updates, each with its site's z_j. Run it with
+// -benchtime=996x (four rounds of 250 sites, one of 1,000).
 func BenchmarkIngest(b *testing.B) {
-	for _, c := range []struct{ sites, group, workers int }{
-		{250, 1, DefaultIngestWorkers}, {250, defaultCommitGroup, 4}, {250, defaultCommitGroup, 16}, {250, defaultCommitGroup, DefaultIngestWorkers},
-		{1000, 1, DefaultIngestWorkers}, {1000, defaultCommitGroup, DefaultIngestWorkers},
+	for _, c := range []struct {
+		sites, group, workers int
+		algo                  string
+	}{
+		{250, 1, DefaultIngestWorkers, ""}, {250, defaultCommitGroup, 4, ""}, {250, defaultCommitGroup, 16, ""}, {250, defaultCommitGroup, DefaultIngestWorkers, ""},
+		{1000, 1, DefaultIngestWorkers, ""}, {1000, defaultCommitGroup, DefaultIngestWorkers, ""},
+		// The FedSplit family: each update also writes its site's z_j.
+		{250, 1, DefaultIngestWorkers, AlgoFedSplit}, {250, defaultCommitGroup, DefaultIngestWorkers, AlgoFedSplit},
 	} {
 		sites := c.sites
-		b.Run(fmt.Sprintf("sites=%d/group=%d/workers=%d", sites, c.group, c.workers), func(b *testing.B) {
+		name := fmt.Sprintf("sites=%d/group=%d/workers=%d", sites, c.group, c.workers)
+		algo := AlgoFedAvg
+		if c.algo != "" {
+			name, algo = c.algo+"/"+name, c.algo
+		}
+		b.Run(name, func(b *testing.B) {
 			var wall, cpu time.Duration
 			var txs uint64
 			for left := b.N; left > 0; {
 				n := min(left, sites-1) // the round stays open
 				b.StopTimer()
-				ab := newAcceptBench(b, sites)
+				ab := newAcceptBenchAlgo(b, sites, algo)
 				s := ab.s
 				s.group = c.group
 				ctx, cancel := context.WithCancel(ab.ctx)

@@ -2,11 +2,13 @@ package aggregator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/edgefl/edgefl/node/aggregator/coordinator"
 	"github.com/edgefl/edgefl/node/aggstore"
+	"github.com/edgefl/edgefl/node/storage"
 )
 
 // Group commit. A write transaction costs an fsync (a few milliseconds on
@@ -45,8 +47,13 @@ import (
 // restart resumes from the file), rather than answering the group's sites
 // from a state the file does not hold.
 //
-// The FedSplit family (an update also writes the site's z_j, and the next
-// update of that site reads it) and sum mode keep one transaction per
+// The FedSplit family's updates are grouped too: each also writes its
+// site's new z_j (aggstore.PutUpdatesZ, in the group's transaction). The
+// next update of that site reads that z_j as its base, so an update of a
+// site that is already in the group, that is stored already, or that is
+// older than its site's stored z_j (each needs the file as the one-update
+// path sees it) ends the group: the group is committed first and that
+// update takes the one-update path. Sum mode keeps one transaction per
 // update.
 
 // defaultCommitGroup bounds a group: a larger one waits longer for its
@@ -55,15 +62,34 @@ const defaultCommitGroup = 256
 
 // grouped says whether updates go through group commit.
 func (s *Server) grouped() bool {
-	return s.group > 1 && s.sum == nil && !isSplit(s.fam)
+	return s.group > 1 && s.sum == nil
+}
+
+// splitAlone says whether a FedSplit update u must not join group g (see
+// above): its site is in g, or the file holds u or a newer z_j of its
+// site. A read error says so too (the one-update path reports it).
+func (s *Server) splitAlone(g *commitGroup, u *inUpdate) bool {
+	if !isSplit(s.fam) {
+		return false
+	}
+	if _, in := g.clients[u.msg.ClientId]; in {
+		return true
+	}
+	if _, err := s.store.GetUpdate(u.msg.Round, u.msg.ClientId); !errors.Is(err, storage.ErrNotFound) {
+		return true
+	}
+	r, err := s.store.ClientZRound(u.msg.ClientId)
+	return (err != nil && !errors.Is(err, storage.ErrNotFound)) || r > u.msg.Round
 }
 
 // commitGroup is the group being built: the updates to write, from replay
 // log index first, and the lone accepts to carry out once they are durable.
 type commitGroup struct {
-	first  uint64
-	puts   []aggstore.Update
-	staged []stagedUpdate
+	first   uint64
+	puts    []aggstore.Update
+	zs      [][]float64         // the FedSplit family's z_j of each put (nil otherwise)
+	clients map[string]struct{} // the FedSplit family: the sites in the group
+	staged  []stagedUpdate
 }
 
 // stagedUpdate is an update of the group and the batch Stored returned for
@@ -89,6 +115,14 @@ func (s *Server) serveUpdates(ctx context.Context, r *request) error {
 	g := &commitGroup{first: first}
 	for {
 		u := r.update
+		if s.splitAlone(g, u) {
+			if err := s.commit(g); err != nil {
+				return err
+			}
+			err := s.onUpdate(ctx, u)
+			close(r.done)
+			return err
+		}
 		ev := updateEvent(u.msg, s.clock.Now())
 		ds := s.coord.Propose(ev)
 		if !s.coord.Pending() {
@@ -103,7 +137,7 @@ func (s *Server) serveUpdates(ctx context.Context, r *request) error {
 		if rd, c := acceptedOf(ds[0]); int(u.msg.Round) != rd || u.msg.ClientId != c {
 			return fmt.Errorf("%w: %#v", errNotGiven, ds[0])
 		}
-		rec, _, err := s.updateRecord(u, at)
+		rec, v, err := s.updateRecord(u, at)
 		if err != nil {
 			s.coord.Step(coordinator.StoreFailed{At: at})
 			if err := s.commit(g); err != nil {
@@ -115,6 +149,13 @@ func (s *Server) serveUpdates(ctx context.Context, r *request) error {
 			return nil
 		}
 		g.puts = append(g.puts, rec)
+		if isSplit(s.fam) {
+			g.zs = append(g.zs, v)
+			if g.clients == nil {
+				g.clients = map[string]struct{}{}
+			}
+			g.clients[u.msg.ClientId] = struct{}{}
+		}
 		ds = s.coord.Step(coordinator.Stored{At: at, Index: g.first + uint64(len(g.puts)-1)})
 		if !coordinator.Replayable(ds) {
 			// It goes further (closes the round, say): its state is
@@ -160,7 +201,7 @@ func (s *Server) commit(g *commitGroup) error {
 	if beforeGroupCommit != nil {
 		beforeGroupCommit(s)
 	}
-	if err := s.store.PutUpdates(g.first, g.puts); err != nil {
+	if err := s.store.PutUpdatesZ(g.first, g.puts, g.zs); err != nil {
 		s.storageErrors.Add(1)
 		s.log.Error("group commit failed: stopping (the restart resumes from the state file; the sites re-send)", "updates", len(g.puts), "err", err)
 		return fmt.Errorf("aggregator: group commit of %d updates: %w", len(g.puts), err)
@@ -174,6 +215,10 @@ func (s *Server) commit(g *commitGroup) error {
 	}
 	g.first += uint64(len(g.puts))
 	g.puts, g.staged = g.puts[:0], g.staged[:0]
+	if g.zs != nil {
+		g.zs = g.zs[:0]
+	}
+	clear(g.clients)
 	s.refreshView()
 	return nil
 }

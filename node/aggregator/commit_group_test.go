@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -145,6 +146,66 @@ func TestGroupCommit(t *testing.T) {
 		t.Fatalf("after the round closed: %d log entries", n)
 	}
 }
+
+// The FedSplit family's updates are grouped too, each with its site's new
+// z_j in the group's transaction: waiting updates share one commit, every
+// receipt goes out once durable, each site's copy of z_j is what it sent,
+// and a restart (kill -9) after the commit rebuilds the state; an update
+// of a site whose z_j a group holds is not taken into that group.
+func TestGroupCommitSplit(t *testing.T) {
+	const sites = 8
+	ab := newAcceptBenchAlgo(t, sites, AlgoFedSplit)
+	s := ab.s
+	rec := &receiptLog{t: t, s: s}
+	s.client, s.reqs = rec, make(chan *request, 2*sites)
+	for i, u := range ab.ups {
+		u.msg.Vector.Payload = fp32Frame(t, vecN(float64(i+1)))
+		raw, err := wire.Encode(u.msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.raw, u.vec = raw, vecN(float64(i+1))
+	}
+	before := commits(t, s)
+	rs := queueUpdates(s, ab.ups[:5]...)
+	serveQueued(t, ab, s, rs)
+	if got := commits(t, s) - before; got != 1 {
+		t.Errorf("5 waiting FedSplit updates took %d write transactions, want 1", got)
+	}
+	for i, r := range rec.sent {
+		if want := ab.ups[i].msg.ClientId; r.ClientId != want || r.Code != wire.ReceiptCode_RECEIPT_CODE_STORED {
+			t.Errorf("receipt %d: %s %v, want %s STORED", i, r.ClientId, r.Code, want)
+		}
+	}
+	if len(rec.sent) != 5 {
+		t.Fatalf("%d receipts, want 5", len(rec.sent))
+	}
+	for i, u := range ab.ups[:5] {
+		r, z, err := s.store.ClientZ(u.msg.ClientId)
+		if err != nil || r != 1 || !slices.Equal(z, vecN(float64(i+1))) {
+			t.Errorf("z of %s: round %d, %v, %v; want round 1, %v", u.msg.ClientId, r, z, err, vecN(float64(i+1)))
+		}
+	}
+	live := s.coord.Snapshot()
+	s = restartServer(t, s)
+	mustEqual(t, "state after restart", s.coord.Snapshot(), live)
+
+	// A site's update while the group holds its z_j: queued behind the
+	// group, it is answered on its own (here a copy: DUPLICATE).
+	g := &commitGroup{clients: map[string]struct{}{ab.ups[5].msg.ClientId: {}}}
+	if !s.splitAlone(g, ab.ups[5]) {
+		t.Error("an update of a site in the group joined it")
+	}
+	if s.splitAlone(&commitGroup{}, ab.ups[5]) {
+		t.Error("a new site's first update was kept out of the group")
+	}
+	if !s.splitAlone(&commitGroup{}, ab.ups[0]) {
+		t.Error("an update stored already joined a group")
+	}
+}
+
+// vecN is testModel's 6 parameters, all c.
+func vecN(c float64) []float64 { return []float64{c, c, c, c, c, c} }
 
 // A group whose write fails answers nothing: no receipt, no request done
 // (so no broker acknowledgement: the broker redelivers), and the loop

@@ -1075,7 +1075,7 @@ func (s *Server) loop(ctx context.Context) error {
 }
 
 // serve handles one request of the loop and closes its done. An update
-// the family stores without a z goes through group commit (serveUpdates):
+// outside sum mode goes through group commit (serveUpdates):
 // it may take the updates waiting behind it into the same transaction.
 func (s *Server) serve(ctx context.Context, r *request) error {
 	if r.update != nil && s.grouped() {

@@ -250,26 +250,28 @@ func (s *Server) privateAggregate(cr coordinator.CloseRound) ([]float64, aggrega
 	if s.sum != nil {
 		return s.sumAggregate(cr)
 	}
-	var cs []uplink.Contribution
+	m := denominatorOf(cr)
+	c := s.cfg.DP
+	clip := s.coord.DPClip()
+	// Streamed: one decoded delta at a time, in the round log's order
+	// (client ids: NoisyMean's order), re-clipped and summed.
+	ps, err := uplink.NewPrivateSum(len(s.global), uplink.Private{Clip: clip, Noise: c.UpdateNoise(), Denominator: m})
+	if err != nil {
+		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
+	}
 	var bits []bool
-	err := s.forClosed(cr, func(u aggstore.Update, m *wire.ClientUpdate, d []float64) error {
+	var buf []float64
+	err = s.forClosedInto(cr, &buf, func(u aggstore.Update, m *wire.ClientUpdate, d []float64) error {
 		if m.GetKind() != wire.UpdateKind_UPDATE_KIND_DELTA {
 			return fmt.Errorf("stored update of %q is a %v, not a delta", u.ClientID, m.GetKind())
 		}
-		cs = append(cs, uplink.Contribution{Client: u.ClientID, Delta: d})
 		bits = append(bits, m.ClipBit == 1)
-		return nil
+		return ps.Add(uplink.Contribution{Client: u.ClientID, Delta: d})
 	})
 	if err != nil {
 		return nil, aggregate.Report{}, err
 	}
-	m := denominatorOf(cr)
-	c := s.cfg.DP
-	clip := s.coord.DPClip()
-	out, err := uplink.NoisyMean(s.global, cs, uplink.Private{Clip: clip, Noise: c.UpdateNoise(), Denominator: m}, dp.NoiseRand(s.noiseKey(), uint64(cr.Round)))
-	if err != nil {
-		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
-	}
+	out := ps.Mean(s.global, dp.NoiseRand(s.noiseKey(), uint64(cr.Round)))
 	if err := s.estimateClip(cr, bits, m); err != nil {
 		return nil, aggregate.Report{}, err
 	}

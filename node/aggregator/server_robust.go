@@ -148,13 +148,15 @@ func (s *Server) restoreRobust(cur aggstore.Round) error {
 // bounded step over every known client's latest z (sorted by id: a
 // deterministic summation order), each client's step made of the updates
 // stored since the step last accounted for its copy (the round's own, and
-// late ones).
+// late ones). Streamed: the step's two passes read each client's z and
+// updates from the store as they reach it (splitSite), one client's
+// vectors in memory at a time.
 func (s *Server) splitStep(cr coordinator.CloseRound, out []float64) (map[string]float64, error) {
 	if s.robust == nil {
 		s.robust = newRobustState()
 	}
 	st := s.robust.clone()
-	ids, in, rounds, err := s.splitInputs(st)
+	ids, rounds, err := s.splitClients()
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +166,8 @@ func (s *Server) splitStep(cr coordinator.CloseRound, out []float64) (map[string
 		copy(out, s.global)
 		return nil, nil
 	}
-	rep, kept, err := round.SplitStep(out, s.global, in, s.screen, st.Ref, st.Watch)
+	site := func(j int) (split.SiteInput, error) { return s.splitSite(st, ids[j], rounds[j]) }
+	rep, kept, err := round.SplitStepFrom(out, s.global, len(ids), site, s.screen, st.Ref, st.Watch)
 	if kept {
 		// Never publish such a model: x is kept; say so, count it (the
 		// updates' range check should make this unreachable).
@@ -202,39 +205,41 @@ func (s *Server) splitStep(cr coordinator.CloseRound, out []float64) (map[string
 	return m, nil
 }
 
-// splitInputs returns the clients with a stored z of the model's
-// dimension, sorted by id, with each one's input to the bounded step (its
-// state in st and the updates since the step last accounted for its copy)
-// and the round of its latest z.
-func (s *Server) splitInputs(st *robustState) ([]string, []split.SiteInput, []uint64, error) {
-	zs, err := s.store.LatestZ()
+// splitClients returns the clients with a stored z of the model's
+// dimension, sorted by id, and the round of each one's latest z.
+func (s *Server) splitClients() ([]string, []uint64, error) {
+	zs, err := s.store.LatestZRounds()
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("aggregator: %w", err)
+		return nil, nil, fmt.Errorf("aggregator: %w", err)
 	}
 	ids := make([]string, 0, len(zs))
-	for id, z := range zs {
-		if len(z) != s.dim {
-			s.log.Error("stored z has the wrong dimension; left out", "client", id, "len", len(z))
+	rounds := make([]uint64, 0, len(zs))
+	for _, z := range zs {
+		if z.Len != s.dim {
+			s.log.Error("stored z has the wrong dimension; left out", "client", z.Client, "len", z.Len)
 			continue
 		}
-		ids = append(ids, id)
+		ids, rounds = append(ids, z.Client), append(rounds, z.Round)
 	}
-	slices.Sort(ids)
-	in := make([]split.SiteInput, len(ids))
-	rounds := make([]uint64, len(ids))
-	for i, id := range ids {
-		in[i] = split.SiteInput{Z: zs[id], State: st.Sites[id]}
-		zr, _, err := s.store.ClientZ(id)
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("aggregator: %w", err)
-		}
-		rounds[i] = zr
-		if zr == st.Round[id] {
-			continue // no update since the last step
-		}
-		in[i].Delta, in[i].Reset = s.stepSince(id, st.Round[id], zr, zs[id])
+	return ids, rounds, nil
+}
+
+// splitSite is client id's input to the bounded step, read from the
+// store: its latest z (of round zr), its state in st and the updates since
+// the step last accounted for its copy.
+func (s *Server) splitSite(st *robustState, id string, zr uint64) (split.SiteInput, error) {
+	r, z, err := s.store.ClientZ(id)
+	if err != nil {
+		return split.SiteInput{}, fmt.Errorf("aggregator: %w", err)
 	}
-	return ids, in, rounds, nil
+	if r != zr || len(z) != s.dim {
+		return split.SiteInput{}, fmt.Errorf("aggregator: the z of %q changed while the server step read it (round %d, was %d)", id, r, zr)
+	}
+	in := split.SiteInput{Z: z, State: st.Sites[id]}
+	if zr != st.Round[id] { // else no update since the last step
+		in.Delta, in.Reset = s.stepSince(id, st.Round[id], zr, z)
+	}
+	return in, nil
 }
 
 // watchDivergence records the divergence watch's verdict in st: when the

@@ -312,20 +312,16 @@ func (s *Server) aggregate(cr coordinator.CloseRound) ([]float64, aggregate.Repo
 		return out, aggregate.Report{Metrics: m}, nil
 	}
 	s.samplesCapped = map[string][2]uint64{}
-	ups, err := s.closedUpdates(cr, s.global)
+	rep, err := s.aggregateUpdates(cr, out)
 	capped := s.samplesCapped
 	s.samplesCapped = nil
-	if err != nil {
-		return nil, aggregate.Report{}, err
-	}
 	for id, c := range capped {
 		s.capped.Inc(id)
 		s.log.Warn("a site reported more samples than it first did: weighted by its first count", "client", id, "round", cr.Round,
 			"reported", c[0], "first", c[1])
 	}
-	rep, err := s.agg.Aggregate(s.global, ups, out)
 	if err != nil {
-		return nil, rep, fmt.Errorf("aggregator: round %d: %s: %w", cr.Round, s.agg.Name(), err)
+		return nil, rep, err
 	}
 	if err := s.scaffoldStep(cr); err != nil {
 		return nil, rep, err
@@ -357,40 +353,61 @@ var errPruned = errors.New("updates pruned")
 // model.
 func (s *Server) closedUpdates(cr coordinator.CloseRound, x []float64) ([]aggregate.Update, error) {
 	var ups []aggregate.Update
-	first := map[string]uint64{}
-	if cs, err := s.store.Clients(); err == nil {
-		for _, c := range cs {
-			first[c.ID] = c.FirstSampleCount
-		}
-	} else {
-		return nil, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
+	first, err := s.firstCounts(cr)
+	if err != nil {
+		return nil, err
 	}
-	err := s.forClosed(cr, func(u aggstore.Update, m *wire.ClientUpdate, d []float64) error {
+	err = s.forClosed(cr, func(u aggstore.Update, m *wire.ClientUpdate, d []float64) error {
 		vec, err := uplink.Receive(uplink.HeaderOf(m), d, x, nil)
 		if err != nil {
 			return fmt.Errorf("stored update of %q: %w", u.ClientID, err)
 		}
-		// A site's weight rests on its own word: it may not claim more
-		// samples than it first reported (docs/aggregators.md, "What a site can do
-		// to the weights").
-		n := u.SampleCount
-		if f := first[u.ClientID]; f > 0 && n > f {
-			if s.samplesCapped != nil {
-				s.samplesCapped[u.ClientID] = [2]uint64{n, f}
-			}
-			n = f
-		}
-		ups = append(ups, aggregate.Update{Client: u.ClientID, Params: vec, Samples: int(min(n, math.MaxInt32)),
+		ups = append(ups, aggregate.Update{Client: u.ClientID, Params: vec, Samples: s.countOf(u, first),
 			AnchorGrad: m.AnchorGrad, Loss: u.Loss})
 		return nil
 	})
 	return ups, err
 }
 
+// firstCounts is each known site's first reported sample count.
+func (s *Server) firstCounts(cr coordinator.CloseRound) (map[string]uint64, error) {
+	cs, err := s.store.Clients()
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
+	}
+	first := make(map[string]uint64, len(cs))
+	for _, c := range cs {
+		first[c.ID] = c.FirstSampleCount
+	}
+	return first, nil
+}
+
+// countOf is the sample count stored update u is weighted by. A site's
+// weight rests on its own word: it may not claim more samples than it
+// first reported (docs/aggregators.md, "What a site can do to the
+// weights"); a capped count is noted in s.samplesCapped.
+func (s *Server) countOf(u aggstore.Update, first map[string]uint64) int {
+	n := u.SampleCount
+	if f := first[u.ClientID]; f > 0 && n > f {
+		if s.samplesCapped != nil {
+			s.samplesCapped[u.ClientID] = [2]uint64{n, f}
+		}
+		n = f
+	}
+	return int(min(n, math.MaxInt32))
+}
+
 // forClosed calls fn with each stored update of a closed round's
 // contributors, its message and its decoded vector, and checks that every
 // contributor's update was there.
 func (s *Server) forClosed(cr coordinator.CloseRound, fn func(u aggstore.Update, m *wire.ClientUpdate, d []float64) error) error {
+	return s.forClosedInto(cr, nil, fn)
+}
+
+// forClosedInto is forClosed decoding every vector into *buf (grown as
+// needed): fn must not keep d. A streamed close holds one decoded update
+// at a time.
+func (s *Server) forClosedInto(cr coordinator.CloseRound, buf *[]float64, fn func(u aggstore.Update, m *wire.ClientUpdate, d []float64) error) error {
 	want := make(map[string]bool, len(cr.Contributors))
 	for _, id := range cr.Contributors {
 		want[id] = true
@@ -404,9 +421,16 @@ func (s *Server) forClosed(cr coordinator.CloseRound, fn func(u aggstore.Update,
 		if err != nil {
 			return fmt.Errorf("stored update of %q: %w", u.ClientID, err)
 		}
-		d, err := s.loopQ.Decode(m.Vector.Payload, nil)
+		var dst []float64
+		if buf != nil {
+			dst = *buf
+		}
+		d, err := s.loopQ.Decode(m.Vector.Payload, dst)
 		if err != nil || len(d) != s.dim {
 			return fmt.Errorf("stored update of %q: vector: %w", u.ClientID, err)
+		}
+		if buf != nil {
+			*buf = d
 		}
 		n++
 		return fn(u, m, d)

@@ -191,24 +191,27 @@ func (s *Server) scaffoldStep(cr coordinator.CloseRound) error {
 	if s.control == nil {
 		s.control = make([]float64, s.dim)
 	}
-	var deltas [][]float64
-	err := s.forClosed(cr, func(u aggstore.Update, m *wire.ClientUpdate, _ []float64) error {
+	// Streamed: one decoded control delta at a time, summed in the round
+	// log's order (NextControl's).
+	cs := uplink.NewControlSum(s.dim)
+	var buf, cbuf []float64
+	err := s.forClosedInto(cr, &buf, func(u aggstore.Update, m *wire.ClientUpdate, _ []float64) error {
 		cv := m.GetControlDelta()
 		if cv == nil {
 			return fmt.Errorf("stored update of %q: %w: none", u.ClientID, uplink.ErrControl)
 		}
-		d, err := s.loopQ.Decode(cv.Payload, nil)
+		d, err := s.loopQ.Decode(cv.Payload, cbuf)
 		if err != nil || len(d) != s.dim {
 			return fmt.Errorf("stored update of %q: %w (%d values): %v", u.ClientID, uplink.ErrControl, len(d), err)
 		}
-		deltas = append(deltas, d)
-		return nil
+		cbuf = d
+		return cs.Add(d)
 	})
 	if err != nil {
 		return err
 	}
 	n, _ := s.coord.Population()
-	next, err := uplink.NextControl(s.control, deltas, n)
+	next, err := cs.Next(s.control, n)
 	if err != nil {
 		return fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
 	}

@@ -75,15 +75,22 @@ func (s *Server) storeSumUpdate(u *inUpdate, now time.Time) (uint64, error) {
 // deltas re-clipped, summed, noised and added to S with the joins; the new
 // state waits in sumMode.next for the checkpoint's transaction.
 func (s *Server) sumAggregate(cr coordinator.CloseRound) ([]float64, aggregate.Report, error) {
-	var cs []uplink.SumContribution
+	clip := s.coord.DPClip()
+	// Streamed: one decoded delta at a time, in the round log's order
+	// (client ids: ClippedSum's order), re-clipped and summed.
+	cs := uplink.NewClipSum(len(s.global), clip)
+	var joins []uplink.Joiner
 	var bits []bool
-	err := s.forClosed(cr, func(u aggstore.Update, m *wire.ClientUpdate, d []float64) error {
+	var buf []float64
+	err := s.forClosedInto(cr, &buf, func(u aggstore.Update, m *wire.ClientUpdate, d []float64) error {
 		if m.GetKind() != wire.UpdateKind_UPDATE_KIND_SUM_DELTA {
 			return fmt.Errorf("stored update of %q is a %v, not a sum-mode delta", u.ClientID, m.GetKind())
 		}
-		cs = append(cs, uplink.SumContribution{Client: u.ClientID, Instance: m.InstanceId, Join: uplink.IsJoin(uplink.HeaderOf(m)), Delta: d})
+		if uplink.IsJoin(uplink.HeaderOf(m)) {
+			joins = append(joins, uplink.Joiner{Client: u.ClientID, Instance: m.InstanceId})
+		}
 		bits = append(bits, m.ClipBit == 1)
-		return nil
+		return cs.Add(u.ClientID, d)
 	})
 	if err != nil {
 		return nil, aggregate.Report{}, err
@@ -98,20 +105,18 @@ func (s *Server) sumAggregate(cr coordinator.CloseRound) ([]float64, aggregate.R
 			return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
 		}
 	}
-	clip := s.coord.DPClip()
-	out, err := next.CloseCentral(uint64(cr.Round), s.global, cs, uplink.Private{Clip: clip, Noise: s.cfg.DP.UpdateNoise()}, dp.NoiseRand(s.noiseKey(), uint64(cr.Round)))
+	out, err := next.CloseCentralSum(uint64(cr.Round), s.global, cs.Sum(), joins, uplink.Private{Clip: clip, Noise: s.cfg.DP.UpdateNoise()}, dp.NoiseRand(s.noiseKey(), uint64(cr.Round)))
 	if err != nil {
 		return nil, aggregate.Report{}, fmt.Errorf("aggregator: round %d: %w", cr.Round, err)
 	}
 	if err := s.estimateClip(cr, bits, denominatorOf(cr)); err != nil {
 		return nil, aggregate.Report{}, err
 	}
-	joins := len(uplink.JoinersOf(cs))
-	if joins > 0 {
-		s.log.Info("sites' first updates in the FedSplit sum", "round", cr.Round, "first", joins, "counted", next.M)
+	if len(joins) > 0 {
+		s.log.Info("sites' first updates in the FedSplit sum", "round", cr.Round, "first", len(joins), "counted", next.M)
 	}
 	s.sum.next = next
-	return out, aggregate.Report{Metrics: map[string]float64{"split_counted": float64(next.M), "split_joined": float64(joins), "dp_clip": clip}}, nil
+	return out, aggregate.Report{Metrics: map[string]float64{"split_counted": float64(next.M), "split_joined": float64(len(joins)), "dp_clip": clip}}, nil
 }
 
 // sumBytes is st as stored with a round (nil outside sum mode).

@@ -862,14 +862,31 @@ func (s *AggStore) PutUpdate(u Update, z []float64) (index uint64, err error) {
 // state then holds what the file does not: it must not go on). Nothing
 // of the group is durable before PutUpdates returns nil.
 func (s *AggStore) PutUpdates(first uint64, us []Update) error {
-	for _, u := range us {
-		if err := checkUpdate(u, nil); err != nil {
+	return s.PutUpdatesZ(first, us, nil)
+}
+
+// PutUpdatesZ is PutUpdates for updates that carry a FedSplit z: zs[i]
+// (zs nil, or zs[i] nil: none) is stored as us[i]'s client's latest z in
+// the same transaction, as PutUpdate stores it (a z older than the
+// client's stored one fails the whole group with ErrStale).
+func (s *AggStore) PutUpdatesZ(first uint64, us []Update, zs [][]float64) error {
+	if zs != nil && len(zs) != len(us) {
+		return fmt.Errorf("storage: put %d updates: %w: %d z", len(us), storage.ErrInvalid, len(zs))
+	}
+	zOf := func(i int) []float64 {
+		if zs == nil {
+			return nil
+		}
+		return zs[i]
+	}
+	for i, u := range us {
+		if err := checkUpdate(u, zOf(i)); err != nil {
 			return fmt.Errorf("storage: put update (%d, %q): %w", u.Round, u.ClientID, err)
 		}
 	}
 	err := s.db.Update(func(tx *storage.Tx) error {
 		for i, u := range us {
-			index, err := putUpdate(tx, u, nil)
+			index, err := putUpdate(tx, u, zOf(i))
 			if err != nil {
 				return fmt.Errorf("update (%d, %q): %w", u.Round, u.ClientID, err)
 			}
@@ -1000,15 +1017,33 @@ func (s *AggStore) GetUpdate(round uint64, client string) (Update, error) {
 // store's write methods (a write waiting on this read transaction can
 // deadlock when the file has to grow).
 func (s *AggStore) ForEachUpdate(round uint64, fn func(Update) error) error {
+	return s.forEachUpdate(round, true, fn)
+}
+
+// ForEachUpdateMeta is ForEachUpdate without the messages (Msg is nil):
+// the sample counts and losses of a round's updates, read without copying
+// K encoded vectors (a streamed close takes its weights from them before
+// it decodes the updates one at a time).
+func (s *AggStore) ForEachUpdateMeta(round uint64, fn func(Update) error) error {
+	return s.forEachUpdate(round, false, fn)
+}
+
+func (s *AggStore) forEachUpdate(round uint64, msg bool, fn func(Update) error) error {
 	return s.db.View(storage.InBucket(bucketUpdates, func(ups *storage.Bucket) error {
 		ub := ups.Bucket(storage.EncodeU64(round))
 		if ub == nil {
 			return nil
 		}
 		return storage.SForEach(ub, fmt.Sprintf("updates/%d", round), func(k, v []byte) error {
+			if !msg && len(v) > updateHeader {
+				v = v[:updateHeader+1] // the header, and one byte so that it decodes
+			}
 			u, err := decodeUpdate(round, k, v)
 			if err != nil {
 				return err
+			}
+			if !msg {
+				u.Msg = nil
 			}
 			return fn(u)
 		})
@@ -1127,6 +1162,23 @@ func (s *AggStore) ClientZ(client string) (round uint64, z []float64, err error)
 	return round, z, err
 }
 
+// ClientZRound returns the round of client's latest z without reading the
+// vector, or ErrNotFound. A read transaction.
+func (s *AggStore) ClientZRound(client string) (round uint64, err error) {
+	err = s.db.View(storage.InBucket(bucketLatestZ, func(b *storage.Bucket) error {
+		v, err := storage.SGet(b, []byte(client), "latest_z/"+client)
+		if err != nil {
+			return err
+		}
+		if v == nil {
+			return fmt.Errorf("%w: z of %q", storage.ErrNotFound, client)
+		}
+		round, err = storage.RoundOf(v, "latest_z/"+client)
+		return err
+	}))
+	return round, err
+}
+
 // LatestZ returns every client's latest z. A read transaction.
 func (s *AggStore) LatestZ() (map[string][]float64, error) {
 	zs := make(map[string][]float64)
@@ -1137,6 +1189,35 @@ func (s *AggStore) LatestZ() (map[string][]float64, error) {
 				return err
 			}
 			zs[string(k)] = z
+			return nil
+		})
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("storage: latest z: %w", err)
+	}
+	return zs, nil
+}
+
+// ZRound is a client's latest z as LatestZRounds lists it: its round and
+// its number of values, not the values.
+type ZRound struct {
+	Client string
+	Round  uint64
+	Len    int
+}
+
+// LatestZRounds lists every client's latest z in client-id order without
+// decoding the vectors (ClientZ reads one): a server step that reads each
+// z_j as it needs it holds one at a time. A read transaction.
+func (s *AggStore) LatestZRounds() ([]ZRound, error) {
+	var zs []ZRound
+	err := s.db.View(storage.InBucket(bucketLatestZ, func(b *storage.Bucket) error {
+		return storage.SForEach(b, "latest_z", func(k, v []byte) error {
+			r, err := storage.RoundOf(v, "latest_z/"+string(k))
+			if err != nil {
+				return err
+			}
+			zs = append(zs, ZRound{Client: string(k), Round: r, Len: (len(v) - 8) / 8})
 			return nil
 		})
 	}))

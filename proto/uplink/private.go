@@ -89,35 +89,71 @@ type Contribution struct {
 // daemon, dp.TestKey behind simulate --dp-noise-seed), divided by
 // p.Denominator and added to global. A round without contributions still
 // releases noise / m: the mechanism's output must not reveal that nobody
-// answered.
+// answered. It is PrivateSum over contributions held in memory.
 func NoisyMean(global []float64, cs []Contribution, p Private, rng *rand.Rand) ([]float64, error) {
+	ps, err := NewPrivateSum(len(global), p)
+	if err != nil {
+		return nil, err
+	}
+	cs = slices.Clone(cs)
+	slices.SortFunc(cs, func(a, b Contribution) int { return strings.Compare(a.Client, b.Client) })
+	for _, c := range cs {
+		if err := ps.Add(c); err != nil {
+			return nil, err
+		}
+	}
+	return ps.Mean(global, rng), nil
+}
+
+// PrivateSum is NoisyMean's sum taken one contribution at a time (a
+// streamed close holds one decoded delta, not K): the contributions must
+// come in client-id order, NoisyMean's summation order.
+type PrivateSum struct {
+	p    Private
+	sum  []float64
+	last string
+	n    int
+}
+
+// NewPrivateSum starts the sum of a round of p over a model of dim values.
+func NewPrivateSum(dim int, p Private) (*PrivateSum, error) {
 	if p.Denominator < 1 {
 		return nil, fmt.Errorf("uplink: DP denominator must be >= 1, got %d", p.Denominator)
 	}
 	if !(p.Noise > 0) {
 		return nil, fmt.Errorf("uplink: DP noise multiplier must be > 0, got %v", p.Noise)
 	}
-	cs = slices.Clone(cs)
-	slices.SortFunc(cs, func(a, b Contribution) int { return strings.Compare(a.Client, b.Client) })
-	sum := make([]float64, len(global))
-	for _, c := range cs {
-		if len(c.Delta) != len(global) {
-			return nil, fmt.Errorf("uplink: %s: %d values, a global model of %d", c.Client, len(c.Delta), len(global))
-		}
-		if err := Reclip(c.Delta, p.Clip); err != nil {
-			return nil, fmt.Errorf("%s: %w", c.Client, err)
-		}
-		for i, v := range c.Delta {
-			sum[i] += v
-		}
+	return &PrivateSum{p: p, sum: make([]float64, dim)}, nil
+}
+
+// Add re-clips c's delta to the clip norm, in place, and adds it. Its
+// client must sort after the one added before.
+func (s *PrivateSum) Add(c Contribution) error {
+	if s.n > 0 && c.Client < s.last {
+		return fmt.Errorf("uplink: %s after %s: the contributions are summed in client-id order", c.Client, s.last)
 	}
-	dp.AddNoise(sum, dp.CentralStd(p.Noise, p.Clip), rng)
-	m := float64(p.Denominator)
+	if len(c.Delta) != len(s.sum) {
+		return fmt.Errorf("uplink: %s: %d values, a global model of %d", c.Client, len(c.Delta), len(s.sum))
+	}
+	if err := Reclip(c.Delta, s.p.Clip); err != nil {
+		return fmt.Errorf("%s: %w", c.Client, err)
+	}
+	for i, v := range c.Delta {
+		s.sum[i] += v
+	}
+	s.last, s.n = c.Client, s.n+1
+	return nil
+}
+
+// Mean is the release: global + (the sum + the noise from rng) / m.
+func (s *PrivateSum) Mean(global []float64, rng *rand.Rand) []float64 {
+	dp.AddNoise(s.sum, dp.CentralStd(s.p.Noise, s.p.Clip), rng)
+	m := float64(s.p.Denominator)
 	out := make([]float64, len(global))
 	for i := range out {
-		out[i] = global[i] + sum[i]/m
+		out[i] = global[i] + s.sum[i]/m
 	}
-	return out, nil
+	return out
 }
 
 // NextClip is adaptive clipping's step at the aggregator (docs/privacy.md,

@@ -95,25 +95,53 @@ func EncodeControl(cd *quant.Codec, ci, delta []float64, rng *rand.Rand) (payloa
 // NextControl is the server's new c: c + (1/n) sum of deltas, summed in
 // the order given (callers sort by site id: a deterministic sum), n the
 // sites known to the aggregator (n < len(deltas) counts as len(deltas)).
-// c is not modified.
+// c is not modified. It is ControlSum over deltas held in memory.
 func NextControl(c []float64, deltas [][]float64, n int) ([]float64, error) {
-	n = max(n, len(deltas))
+	cs := NewControlSum(len(c))
+	for _, d := range deltas {
+		if err := cs.Add(d); err != nil {
+			return nil, err
+		}
+	}
+	return cs.Next(c, n)
+}
+
+// ControlSum is NextControl's sum of control deltas taken one at a time
+// (a streamed close holds one decoded delta, not K), in the order added.
+type ControlSum struct {
+	sum []float64
+	n   int
+}
+
+// NewControlSum starts the sum of control deltas of dim values.
+func NewControlSum(dim int) *ControlSum { return &ControlSum{sum: make([]float64, dim)} }
+
+// Add adds the next control delta.
+func (s *ControlSum) Add(d []float64) error {
+	if len(d) != len(s.sum) {
+		return fmt.Errorf("%w: update %d has %d values, the model %d", ErrControl, s.n, len(d), len(s.sum))
+	}
+	for k, v := range d {
+		s.sum[k] += v
+	}
+	s.n++
+	return nil
+}
+
+// Next is c + (1/n) times the sum, n the sites known to the aggregator
+// (at least the deltas added); c is not modified.
+func (s *ControlSum) Next(c []float64, n int) ([]float64, error) {
+	if len(c) != len(s.sum) {
+		return nil, fmt.Errorf("%w: c has %d values, the deltas %d", ErrControl, len(c), len(s.sum))
+	}
+	n = max(n, s.n)
 	out := make([]float64, len(c))
 	copy(out, c)
-	if len(deltas) == 0 {
+	if s.n == 0 {
 		return out, nil
 	}
-	sum := make([]float64, len(c))
-	for i, d := range deltas {
-		if len(d) != len(c) {
-			return nil, fmt.Errorf("%w: update %d has %d values, the model %d", ErrControl, i, len(d), len(c))
-		}
-		for k, v := range d {
-			sum[k] += v
-		}
-	}
 	for k := range out {
-		out[k] += sum[k] / float64(n)
+		out[k] += s.sum[k] / float64(n)
 		if math.IsNaN(out[k]) || math.IsInf(out[k], 0) {
 			return nil, fmt.Errorf("%w: the control variate's value %d is %v", ErrControl, k, out[k])
 		}

@@ -331,26 +331,59 @@ type SumContribution struct {
 
 // ClippedSum re-clips each contribution's delta to clip (in place; clip 0:
 // no clip) and sums them in client-id order (a deterministic sum, the same
-// in `simulate` and the daemon) into a new vector of dim values.
+// in `simulate` and the daemon) into a new vector of dim values. It is
+// ClipSum over contributions held in memory.
 func ClippedSum(dim int, cs []SumContribution, clip float64) ([]float64, error) {
 	cs = slices.Clone(cs)
 	slices.SortFunc(cs, func(a, b SumContribution) int { return strings.Compare(a.Client, b.Client) })
-	sum := make([]float64, dim)
+	s := NewClipSum(dim, clip)
 	for _, c := range cs {
-		if len(c.Delta) != dim {
-			return nil, fmt.Errorf("uplink: %s: %d values, a model of %d", c.Client, len(c.Delta), dim)
-		}
-		if clip > 0 {
-			if err := Reclip(c.Delta, clip); err != nil {
-				return nil, fmt.Errorf("%s: %w", c.Client, err)
-			}
-		}
-		for i, v := range c.Delta {
-			sum[i] += v
+		if err := s.Add(c.Client, c.Delta); err != nil {
+			return nil, err
 		}
 	}
-	return sum, nil
+	return s.Sum(), nil
 }
+
+// ClipSum is ClippedSum taken one contribution at a time (a streamed close
+// holds one decoded delta, not K): the contributions must come in
+// client-id order, ClippedSum's summation order.
+type ClipSum struct {
+	sum  []float64
+	clip float64
+	last string
+	n    int
+}
+
+// NewClipSum starts a ClippedSum of dim values, each delta re-clipped to
+// clip (0: no clip).
+func NewClipSum(dim int, clip float64) *ClipSum {
+	return &ClipSum{sum: make([]float64, dim), clip: clip}
+}
+
+// Add re-clips client's delta d in place and adds it; client must not sort
+// before the one added last.
+func (s *ClipSum) Add(client string, d []float64) error {
+	if s.n > 0 && client < s.last {
+		return fmt.Errorf("uplink: %s after %s: the contributions are summed in client-id order", client, s.last)
+	}
+	if len(d) != len(s.sum) {
+		return fmt.Errorf("uplink: %s: %d values, a model of %d", client, len(d), len(s.sum))
+	}
+	if s.clip > 0 {
+		if err := Reclip(d, s.clip); err != nil {
+			return fmt.Errorf("%s: %w", client, err)
+		}
+	}
+	for i, v := range d {
+		s.sum[i] += v
+	}
+	s.last, s.n = client, s.n+1
+	return nil
+}
+
+// Sum is the sum so far (the ClipSum's own vector).
+func (s *ClipSum) Sum() []float64 { return s.sum }
 
 // Joiner is a site a round's sum counts for the first time.
 type Joiner struct {
@@ -454,7 +487,16 @@ func (st *SumState) CloseCentral(round uint64, x []float64, cs []SumContribution
 	if err != nil {
 		return nil, err
 	}
-	joins := JoinersOf(cs)
+	return st.CloseCentralSum(round, x, sum, JoinersOf(cs), p, rng)
+}
+
+// CloseCentralSum is CloseCentral from the round's ClippedSum sum (taken
+// by the caller, ClipSum to p.Clip: a streamed close) and its joins
+// (JoinersOf the contributions); sum receives the noise.
+func (st *SumState) CloseCentralSum(round uint64, x, sum []float64, joins []Joiner, p Private, rng *rand.Rand) ([]float64, error) {
+	if !(p.Noise > 0) {
+		return nil, fmt.Errorf("uplink: DP noise multiplier must be > 0, got %v", p.Noise)
+	}
 	if st.M+uint64(len(joins)) > 0 {
 		dp.AddNoise(sum, dp.CentralStd(p.Noise, p.Clip), rng)
 	}
