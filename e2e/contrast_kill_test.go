@@ -12,28 +12,41 @@ import (
 	"github.com/edgefl/edgefl/node/storage"
 )
 
-// TestContrastSiteKilledAfterCommit: a MOON federation of three sites over
-// an MLP (real broker-agg and edge-agent processes on the embedded broker)
-// is run twice from the same configuration: once undisturbed, once with
-// site-1 killed with SIGKILL as it logs the commit of round 2 and
-// restarted at once. The killed site's state file holds its round-2 local
-// model (the contrastive objective's previous model), and every update the
-// aggregator stored, the killed site's later ones included, carries the
-// same vector in both runs, bit for bit: the restarted site solved round 3
-// against the previous model it had committed.
+// TestContrastSiteKilledAfterCommit: a MOON federation, and a FedSiam-DA
+// one (local SGD: its copy of the global model steps alternately with the
+// local model), of three sites over an MLP (real broker-agg and edge-agent
+// processes on the embedded broker) is run twice from the same
+// configuration: once undisturbed, once with site-1 killed with SIGKILL as
+// it logs the commit of round 2 and restarted at once. The killed site's
+// state file holds its round-2 local model (the contrastive objective's
+// previous model), and every update the aggregator stored, the killed
+// site's later ones included, carries the same vector in both runs, bit
+// for bit: the restarted site solved round 3 against the previous model it
+// had committed (and, for FedSiam-DA, from a fresh copy of the global
+// model, which is not stored).
 func TestContrastSiteKilledAfterCommit(t *testing.T) {
 	e2eTest(t)
+	for _, algo := range []string{"moon", "fedsiam-da"} {
+		t.Run(algo, func(t *testing.T) { testContrastSiteKilledAfterCommit(t, algo) })
+	}
+}
+
+func testContrastSiteKilledAfterCommit(t *testing.T, algo string) {
 	const (
 		sites  = 3
 		rounds = 4
 		victim = "site-1"
 	)
 	conf := func(federation string) kv {
-		return aggDefaults(federation).with(kv{
-			{"algorithm", "moon"}, {"model", "mlp"}, {"hidden", "6"}, {"init", "model"},
-			{"mu", "1"}, {"tau", "0.5"}, {"per_round", fmt.Sprint(sites)}, {"rounds", fmt.Sprint(rounds)},
+		c := kv{
+			{"algorithm", algo}, {"model", "mlp"}, {"hidden", "6"}, {"init", "model"},
+			{"mu", "1"}, {"per_round", fmt.Sprint(sites)}, {"rounds", fmt.Sprint(rounds)},
 			{"max_epochs", "2"}, {"max_seconds", "0"},
-		})
+		}
+		if algo == "moon" {
+			c = append(c, [2]string{"tau", "0.5"})
+		}
+		return aggDefaults(federation).with(c)
 	}
 	run := func(kill bool) aggState {
 		dir := t.TempDir()

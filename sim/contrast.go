@@ -75,6 +75,9 @@ func (e *env) classifier(x []float64) []float64 {
 func (e *env) contrastWork(ctx context.Context, m model.Model, a Algo, j job, x, prev []float64, t int) outcome {
 	c := e.fed.Clients[j.client]
 	rng := streams.Of(e.cfg.Seed, streams.Solve, t, j.client)
+	if e.cfg.siteSeed != nil {
+		rng = streams.Site(*e.cfg.siteSeed+uint64(j.client), c.ID, uint64(t), streams.SiteSolve)
+	}
 	cfg := proxsolver.Config{Solver: a.Local.Solver, Gamma: a.Local.Gamma, LR: a.Local.LR, Batch: a.Local.Batch}
 	if prev == nil {
 		prev = x

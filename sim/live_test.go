@@ -231,7 +231,14 @@ func testSimMatchesLiveOpt(t *testing.T, algo, codec string, private *dp.Config,
 		cfg.Algos, local = a, a[0].Local
 		cfg.Model, cfg.Hidden, cfg.Activation = model.KindMLP, 6, model.ActivationReLU
 		if algo == model.AlgoFedSiamDA {
+			// Mini-batch SGD: the solver whose steps alternate with the
+			// copy of the global model's (the paper's eq. 8); L-BFGS
+			// would leave the copy at the global model.
 			cfg.Activation = model.ActivationTanh
+			local.Solver, local.Gamma, local.LR, local.Batch = proxsolver.SGD, 0, 0.05, 4
+			cfg.Algos[0].Local = local
+			seed := uint64(1) // localfed's agents: Seed + i
+			cfg.siteSeed = &seed
 		}
 		cfg.initModel = func(m model.Model) []float64 { return m.InitParams(streams.ModelInit(cfg.Seed)) }
 	}
@@ -331,7 +338,7 @@ func testSimMatchesLiveOpt(t *testing.T, algo, codec string, private *dp.Config,
 			}
 		},
 	}
-	if algo == Scaffold {
+	if algo == Scaffold || algo == model.AlgoFedSiamDA {
 		srvCfg.Params.LR, srvCfg.Params.Batch = local.LR, local.Batch
 	}
 	if contrast {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 
 	"gonum.org/v1/gonum/blas"
 )
@@ -20,21 +21,28 @@ import (
 // and z_prev the previous round's local model's (both fixed during the
 // solve).
 //
-// FedSiam-DA (Yang et al., seed 004, Algorithm 1 line 21 and eq. 7, 10)
+// FedSiam-DA (Yang et al., seed 004, Algorithm 1 line 21 and eq. 7-10)
 // adds mu * (L_hist + L_stop), where with D(a, b) = cos(a, b),
 //
 //	L_hist = D(stopgrad(z_prev), z)                 (pushes z from the previous local model's)
 //	L_stop = 1/2 * -D(p_glob, stopgrad(z)) + 1/2 * -D(p, stopgrad(z_glob))
 //
 // and p = h(z) is the prediction head's output (SimSiam's predictor), p_glob
-// the global model's head on the global model's representation. The global
-// branch is frozen here, as MOON's is: the paper's alternating update of a
-// copy of the global model (its eq. 8) is not made, so the first term of
-// L_stop contributes to the loss's value and nothing to its gradient (the
-// stop-gradient leaves it no path to the local parameters). The head is a
-// two-layer bottleneck, p = relu(z A + a) B + b, of width Spec.Head: SimSiam's
-// shape without its batch normalisation (which would make a sample's loss
-// depend on its batch).
+// and z_glob those of the site's copy of the global model. The copy is
+// trained too, alternately with the local model (the paper's eq. 8 and 9):
+// before each mini-batch step of the local model (Step), the copy takes one
+// SGD step of the same learning rate on the same batch for the only term
+// that depends on it, mu/2 * -D(p_glob, stopgrad(z)), through its head and
+// its representation layer; the local step then sees the moved copy. The
+// copy starts every solve at the round's global model and is never sent.
+// LossGrad alone (full-batch measurements, L-BFGS) does not move it.
+//
+// The head is SimSiam's predictor shape, p = relu(BN(z A)) B + b, of width
+// Spec.Head: batch normalisation on its hidden layer (scale gamma, shift
+// beta, the batch's own mean and biased variance, epsilon 1e-5; the
+// mini-batch is the batch, a full-data measurement normalises over all the
+// site's samples), none on its output. Only the training loss uses the head,
+// so it has no running statistics.
 //
 // A cosine similarity with a zero vector (a dead ReLU layer) is taken as 0
 // with zero gradient.
@@ -99,10 +107,13 @@ type Contrastive struct {
 	// finite differences can check.
 	stopAt []float64
 
+	gw []float64 // the copy of the global model (eq. 8); global itself for MOON
+
 	z, zg, zp, dz []float64 // n×h representations and the gradient wrt z
 	zs            []float64 // stopgrad(z)'s value when stopAt is set
-	u, p, ug, pg  []float64 // head: n×q hidden, n×h output (local, global)
-	dp, du        []float64
+	hl, hg        headPass  // the head on the local and the copy's representations
+	dp, gg        []float64 // gradient wrt p; the copy's gradient
+	step          stepScratch
 }
 
 // NewContrastive returns the objective cfg over m (an MLP; FedSiam needs its
@@ -123,7 +134,11 @@ func NewContrastive(m Model, cfg ContrastConfig, global, prev []float64) (*Contr
 	if len(global) != mlp.NumParams() || len(prev) != mlp.NumParams() {
 		return nil, fmt.Errorf("%w: %s: global and previous models have %d and %d parameters, the model %d", ErrSpec, cfg.Kind, len(global), len(prev), mlp.NumParams())
 	}
-	return &Contrastive{mlp: mlp.Clone().(*MLP), aux: mlp.Clone().(*MLP), cfg: cfg, global: global, prev: prev}, nil
+	c := &Contrastive{mlp: mlp.Clone().(*MLP), aux: mlp.Clone().(*MLP), cfg: cfg, global: global, prev: prev, gw: global}
+	if cfg.Kind == ContrastFedSiam {
+		c.gw = slices.Clone(global)
+	}
+	return c, nil
 }
 
 func (c *Contrastive) Spec() Spec                          { return c.mlp.Spec() }
@@ -135,7 +150,11 @@ func (c *Contrastive) Predict(w []float64, d Data, out []float64) {
 func (c *Contrastive) Score(w []float64, d Data) float64 { return c.mlp.Score(w, d) }
 func (c *Contrastive) Layout() string                    { return c.mlp.Layout() }
 func (c *Contrastive) Clone() Model {
-	return &Contrastive{mlp: c.mlp.Clone().(*MLP), aux: c.aux.Clone().(*MLP), cfg: c.cfg, global: c.global, prev: c.prev}
+	k := &Contrastive{mlp: c.mlp.Clone().(*MLP), aux: c.aux.Clone().(*MLP), cfg: c.cfg, global: c.global, prev: c.prev, gw: c.gw}
+	if c.cfg.Kind == ContrastFedSiam {
+		k.gw = slices.Clone(c.gw)
+	}
+	return k
 }
 
 // represent writes the hidden activations of the model w on d into dst.
@@ -156,7 +175,7 @@ func (c *Contrastive) LossGrad(w []float64, d Data, grad []float64) float64 {
 	}
 	c.z = grow(c.z, n*h)
 	copy(c.z, c.mlp.a) // the local representation, from LossGrad's forward pass
-	c.zg = c.represent(c.global, d, c.zg)
+	c.zg = c.represent(c.gw, d, c.zg)
 	c.zp = c.represent(c.prev, d, c.zp)
 	c.dz = grow(c.dz, n*h)
 	clear(c.dz)
@@ -168,7 +187,7 @@ func (c *Contrastive) LossGrad(w []float64, d Data, grad []float64) float64 {
 		term = c.fedsiam(w, grad, d, scale)
 	}
 	if grad != nil {
-		c.backRepresentation(w, d, grad)
+		c.mlp.backRep(d, c.z, c.dz, grad)
 	}
 	return ce + c.cfg.Mu*term/float64(n)
 }
@@ -195,9 +214,9 @@ func (c *Contrastive) moon(scale float64) float64 {
 // gradient to grad and sets dz to scale times the term's gradient with
 // respect to z.
 func (c *Contrastive) fedsiam(w, grad []float64, d Data, scale float64) float64 {
-	h, q := c.mlp.h, c.mlp.q
-	c.u, c.p = c.mlp.head(w, c.z, c.u, c.p)
-	c.ug, c.pg = c.mlp.head(c.global, c.zg, c.ug, c.pg)
+	h := c.mlp.h
+	c.hl.forward(c.mlp, w, c.z)
+	c.hg.forward(c.mlp, c.gw, c.zg)
 	n := len(c.z) / h
 	c.dp = grow(c.dp, n*h)
 	zs := c.z
@@ -208,76 +227,155 @@ func (c *Contrastive) fedsiam(w, grad []float64, d Data, scale float64) float64 
 	var sum float64
 	for i := range n {
 		r := func(v []float64) []float64 { return v[i*h : (i+1)*h] }
-		z, zg, zp, p, pg := r(c.z), r(c.zg), r(c.zp), r(c.p), r(c.pg)
+		z, zg, zp, p := r(c.z), r(c.zg), r(c.zp), r(c.hl.p)
 		hist := cosine(zp, z)
-		stop1 := cosine(pg, r(zs)) // stopgrad(z): no gradient
-		stop2 := cosine(p, zg)     // stopgrad(z_glob): gradient through p
+		stop1 := cosine(r(c.hg.p), r(zs)) // stopgrad(z): no gradient
+		stop2 := cosine(p, zg)            // stopgrad(z_glob): gradient through p
 		sum += hist - 0.5*stop1 - 0.5*stop2
 		addCosineGrad(r(c.dz), scale, z, zp, hist)
 		dp := r(c.dp)
 		clear(dp)
 		addCosineGrad(dp, -0.5*scale, p, zg, stop2)
 	}
-	if grad == nil {
-		return sum
+	if grad != nil {
+		c.hl.backward(c.mlp, w, c.z, c.dp, grad, c.dz)
 	}
-	// Back through p = relu(z A + a) B + b.
-	hA, ha, hB, hb := c.mlp.headOffsets()
-	A, B := w[hA:ha], w[hB:hb]
-	gemm(blas.Trans, blas.NoTrans, 1, general(n, q, c.u), general(n, h, c.dp), 1, general(q, h, grad[hB:hb]))
-	addColSums(grad[hb:hb+h], c.dp)
-	c.du = grow(c.du, n*q)
-	gemm(blas.NoTrans, blas.Trans, 1, general(n, h, c.dp), general(q, h, B), 0, general(n, q, c.du))
-	for i, v := range c.u {
-		if v <= 0 {
-			c.du[i] = 0
-		}
-	}
-	gemm(blas.Trans, blas.NoTrans, 1, general(n, h, c.z), general(n, q, c.du), 1, general(h, q, grad[hA:ha]))
-	addColSums(grad[ha:hB], c.du)
-	gemm(blas.NoTrans, blas.Trans, 1, general(n, q, c.du), general(h, q, A), 1, general(n, h, c.dz))
 	return sum
 }
 
-// backRepresentation adds the gradient of the term through z = act(x W1 +
-// b1), given dz, to grad's W1 and b1.
-func (c *Contrastive) backRepresentation(w []float64, d Data, grad []float64) {
-	m := c.mlp
-	b1, w2, _ := m.offsets()
-	for i, a := range c.z {
-		if m.act == ActivationTanh {
-			c.dz[i] *= 1 - a*a
-		} else if a <= 0 {
-			c.dz[i] = 0
+// Step implements Stepper: for FedSiam-DA, eq. 8's step of the global copy
+// on the batch, then (eq. 9) the local model's step, which LossGrad's
+// gradient followed by the update gives.
+func (c *Contrastive) Step(w []float64, d Data, idx []int, lr, mu float64, anchor []float64) float64 {
+	c.step.batch = d.Gather(idx, c.step.batch)
+	if c.cfg.Kind == ContrastFedSiam && c.cfg.Mu != 0 && c.step.batch.N > 0 {
+		c.zs = c.represent(w, c.step.batch, c.zs) // stopgrad(z)
+		c.gg = grow(c.gg, len(w))
+		clear(c.gg)
+		c.copyTerm(c.step.batch, c.zs, c.gg)
+		for i, g := range c.gg {
+			c.gw[i] -= lr * g
 		}
 	}
-	gemm(blas.Trans, blas.NoTrans, 1, general(d.N, d.D, d.X), general(d.N, m.h, c.dz), 1, general(m.d, m.h, grad[:b1]))
-	addColSums(grad[b1:w2], c.dz)
+	return batchStep(c, &c.step, w, lr, mu, anchor)
 }
 
-// headOffsets are the offsets of the head's A, a, B and b.
-func (m *MLP) headOffsets() (hA, ha, hB, hb int) {
+// copyTerm returns eq. 8's objective on the batch b, the mean over it of
+// mu/2 * -cos(p_glob, z) with the local representations z held fixed, and
+// adds its gradient with respect to the copy to grad.
+func (c *Contrastive) copyTerm(b Data, z, grad []float64) float64 {
+	n, h := b.N, c.mlp.h
+	c.zg = c.represent(c.gw, b, c.zg)
+	c.hg.forward(c.mlp, c.gw, c.zg)
+	c.dp, c.dz = grow(c.dp, n*h), grow(c.dz, n*h)
+	clear(c.dz)
+	s := -0.5 * c.cfg.Mu / float64(n)
+	var sum float64
+	for i := range n {
+		p, zi, dp := c.hg.p[i*h:(i+1)*h], z[i*h:(i+1)*h], c.dp[i*h:(i+1)*h]
+		cs := cosine(p, zi)
+		sum += cs
+		clear(dp)
+		addCosineGrad(dp, s, p, zi, cs)
+	}
+	c.hg.backward(c.mlp, c.gw, c.zg, c.dp, grad, c.dz)
+	c.mlp.backRep(b, c.zg, c.dz, grad)
+	return s * sum
+}
+
+// backRep adds the gradient through a = act(x W1 + b1), given da (the
+// gradient with respect to a, overwritten), to grad's W1 and b1.
+func (m *MLP) backRep(d Data, a, da, grad []float64) {
+	b1, w2, _ := m.offsets()
+	for i, v := range a {
+		if m.act == ActivationTanh {
+			da[i] *= 1 - v*v
+		} else if v <= 0 {
+			da[i] = 0
+		}
+	}
+	productTN(m.d, m.h, d.N, d.X, da, grad[:b1], true)
+	addColSums(grad[b1:w2], da)
+}
+
+// headOffsets are the offsets of the head's A, gamma (beta follows it), B
+// and b.
+func (m *MLP) headOffsets() (hA, hG, hB, hb int) {
 	hA = m.classifierParams()
-	ha = hA + m.h*m.q
-	hB = ha + m.q
+	hG = hA + m.h*m.q
+	hB = hG + 2*m.q
 	hb = hB + m.q*m.h
 	return
 }
 
-// head computes the prediction head of w on the representations z (n×h):
-// u = relu(z A + a) (n×q) and p = u B + b (n×h), in the given buffers.
-func (m *MLP) head(w, z, u, p []float64) ([]float64, []float64) {
-	n := len(z) / m.h
-	hA, ha, hB, hb := m.headOffsets()
-	u, p = grow(u, n*m.q), grow(p, n*m.h)
-	setRows(u, w[ha:hB])
-	gemm(blas.NoTrans, blas.NoTrans, 1, general(n, m.h, z), general(m.h, m.q, w[hA:ha]), 1, general(n, m.q, u))
-	for i, v := range u {
-		u[i] = max(v, 0)
+// bnEps is the head's batch normalisation epsilon (PyTorch's default).
+const bnEps = 1e-5
+
+// headPass is one evaluation of the prediction head on n representations,
+// with what its backward pass needs.
+type headPass struct {
+	xh, u, du []float64 // n×q: normalised pre-activations, hidden outputs, scratch
+	inv       []float64 // q inverse batch standard deviations
+	p         []float64 // n×h output
+}
+
+// forward computes p = relu(gamma xh + beta) B + b, xh = BN(z A), of the
+// head of w on the representations z (n×h, n >= 1).
+func (hp *headPass) forward(m *MLP, w, z []float64) {
+	n, h, q := len(z)/m.h, m.h, m.q
+	hA, hG, hB, hb := m.headOffsets()
+	hp.xh, hp.u, hp.p, hp.inv = grow(hp.xh, n*q), grow(hp.u, n*q), grow(hp.p, n*h), grow(hp.inv, q)
+	gemm(blas.NoTrans, blas.NoTrans, 1, general(n, h, z), general(h, q, w[hA:hG]), 0, general(n, q, hp.xh))
+	for j := range q {
+		var mean, v float64
+		for i := j; i < n*q; i += q {
+			mean += hp.xh[i]
+		}
+		mean /= float64(n)
+		for i := j; i < n*q; i += q {
+			v += (hp.xh[i] - mean) * (hp.xh[i] - mean)
+		}
+		hp.inv[j] = 1 / math.Sqrt(v/float64(n)+bnEps)
+		for i := j; i < n*q; i += q {
+			hp.xh[i] = (hp.xh[i] - mean) * hp.inv[j]
+			hp.u[i] = max(w[hG+j]*hp.xh[i]+w[hG+q+j], 0)
+		}
 	}
-	setRows(p, w[hb:hb+m.h])
-	gemm(blas.NoTrans, blas.NoTrans, 1, general(n, m.q, u), general(m.q, m.h, w[hB:hb]), 1, general(n, m.h, p))
-	return u, p
+	setRows(hp.p, w[hb:hb+h])
+	gemm(blas.NoTrans, blas.NoTrans, 1, general(n, q, hp.u), general(q, h, w[hB:hb]), 1, general(n, h, hp.p))
+}
+
+// backward adds, for a loss whose gradient with respect to p is dp, its
+// gradient to grad's head parameters and to dz (n×h), after forward(m, w, z).
+func (hp *headPass) backward(m *MLP, w, z, dp, grad, dz []float64) {
+	n, h, q := len(z)/m.h, m.h, m.q
+	hA, hG, hB, hb := m.headOffsets()
+	gemm(blas.Trans, blas.NoTrans, 1, general(n, q, hp.u), general(n, h, dp), 1, general(q, h, grad[hB:hb]))
+	addColSums(grad[hb:hb+h], dp)
+	du := grow(hp.du, n*q)
+	hp.du = du
+	gemm(blas.NoTrans, blas.Trans, 1, general(n, h, dp), general(q, h, w[hB:hb]), 0, general(n, q, du))
+	nf := float64(n)
+	for j := range q {
+		// Through the ReLU, then batch normalisation's backward pass:
+		// d(s) = gamma inv (dy - mean(dy) - xh mean(dy xh)).
+		var sg, sb float64
+		for i := j; i < n*q; i += q {
+			if hp.u[i] <= 0 {
+				du[i] = 0
+			}
+			sg += du[i] * hp.xh[i]
+			sb += du[i]
+		}
+		grad[hG+j] += sg
+		grad[hG+q+j] += sb
+		k := w[hG+j] * hp.inv[j]
+		for i := j; i < n*q; i += q {
+			du[i] = k * (du[i] - (sb+hp.xh[i]*sg)/nf)
+		}
+	}
+	gemm(blas.Trans, blas.NoTrans, 1, general(n, h, z), general(n, q, du), 1, general(h, q, grad[hA:hG]))
+	gemm(blas.NoTrans, blas.Trans, 1, general(n, q, du), general(h, q, w[hA:hG]), 1, general(n, h, dz))
 }
 
 // cosine is a·b / (|a| |b|), 0 when either is the zero vector.

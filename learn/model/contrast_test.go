@@ -3,6 +3,7 @@ package model
 import (
 	"errors"
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -101,46 +102,164 @@ func TestContrastiveTerms(t *testing.T) {
 	hs.Head = 2
 	hm := mustNew(t, hs)
 	w, g, p := randParams(rng, hm, 0.8), randParams(rng, hm, 0.8), randParams(rng, hm, 0.8)
-	one := Data{N: 1, D: 3, X: d.X[:3], Y: d.Y[:1]}
 	c, err := NewContrastive(hm, ContrastConfig{Kind: ContrastFedSiam, Mu: 1}, g, p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := func(v []float64) []float64 { // tanh(x W1 + b1)
+	rep := func(v []float64, i int) []float64 { // tanh(x W1 + b1) of sample i
 		z := make([]float64, 4)
 		for j := range z {
 			s := v[12+j]
 			for f := range 3 {
-				s += one.X[f] * v[f*4+j]
+				s += d.X[i*3+f] * v[f*4+j]
 			}
 			z[j] = math.Tanh(s)
 		}
 		return z
 	}
-	head := func(v, z []float64) []float64 { // relu(z A + a) B + b, A at 14 (after 12+4+8+2)
-		off := 4*3 + 4 + 4*2 + 2
-		u := make([]float64, 2)
-		for k := range u {
-			s := v[off+8+k]
-			for j := range 4 {
-				s += z[j] * v[off+j*2+k]
-			}
-			u[k] = max(s, 0)
-		}
-		out := make([]float64, 4)
-		for j := range out {
-			s := v[off+8+2+8+j]
+	// relu(BN(z A)) B + b over the batch, by the textbook formulas: the
+	// head's A at 26 (after W1 12, b1 4, W2 8, b2 2), gamma and beta after
+	// it, then B and b.
+	head := func(v []float64, zs [][]float64) [][]float64 {
+		const A, G, B = 26, 26 + 8, 26 + 8 + 4
+		s := make([][]float64, len(zs))
+		for i, z := range zs {
+			s[i] = make([]float64, 2)
 			for k := range 2 {
-				s += u[k] * v[off+8+2+k*4+j]
+				for j := range 4 {
+					s[i][k] += z[j] * v[A+j*2+k]
+				}
 			}
-			out[j] = s
+		}
+		out := make([][]float64, len(zs))
+		for i := range out {
+			out[i] = append([]float64(nil), v[B+8:B+12]...)
+		}
+		for k := range 2 {
+			var mean, vr float64
+			for i := range s {
+				mean += s[i][k] / float64(len(s))
+			}
+			for i := range s {
+				vr += (s[i][k] - mean) * (s[i][k] - mean) / float64(len(s))
+			}
+			for i := range s {
+				u := max(v[G+k]*(s[i][k]-mean)/math.Sqrt(vr+1e-5)+v[G+2+k], 0)
+				for j := range 4 {
+					out[i][j] += u * v[B+k*4+j]
+				}
+			}
 		}
 		return out
 	}
-	z, zg, zp := rep(w), rep(g), rep(p)
-	want := cosine(zp, z) - 0.5*cosine(head(g, zg), z) - 0.5*cosine(head(w, z), zg)
-	if got := c.LossGrad(w, one, nil) - hm.LossGrad(w, one, nil); math.Abs(got-want) > 1e-12 {
+	var z, zg, zp [][]float64
+	for i := range d.N {
+		z, zg, zp = append(z, rep(w, i)), append(zg, rep(g, i)), append(zp, rep(p, i))
+	}
+	pw, pg := head(w, z), head(g, zg)
+	var want float64
+	for i := range d.N {
+		want += (cosine(zp[i], z[i]) - 0.5*cosine(pg[i], z[i]) - 0.5*cosine(pw[i], zg[i])) / float64(d.N)
+	}
+	if got := c.LossGrad(w, d, nil) - hm.LossGrad(w, d, nil); math.Abs(got-want) > 1e-12 {
 		t.Errorf("fedsiam term %v, by hand %v", got, want)
+	}
+}
+
+// TestFedSiamCopyGradient compares the gradient of eq. 8's objective (the
+// copy of the global model's term, the local representations fixed) with
+// central differences in the copy's parameters, and checks that it reaches
+// only the copy's representation layer and head.
+func TestFedSiamCopyGradient(t *testing.T) {
+	rng := newRNG(11)
+	for _, spec := range []Spec{
+		{Kind: KindMLP, Inputs: 4, Hidden: 8, Classes: 3, Activation: ActivationReLU, Head: 2},
+		{Kind: KindMLP, Inputs: 3, Hidden: 5, Classes: 2, Activation: ActivationTanh, Head: 3, L2: 0.2},
+		{Kind: KindMLP, Inputs: 5, Hidden: 12, Classes: 3, Activation: ActivationTanh, Head: 3},
+	} {
+		for _, n := range []int{1, 7} {
+			m := mustNew(t, spec)
+			d := randData(rng, spec, n)
+			c, err := NewContrastive(m, ContrastConfig{Kind: ContrastFedSiam, Mu: 2}, randParams(rng, m, 0.7), randParams(rng, m, 0.7))
+			if err != nil {
+				t.Fatal(err)
+			}
+			z := c.represent(randParams(rng, m, 0.7), d, nil)
+			grad := make([]float64, m.NumParams())
+			f := c.copyTerm(d, z, grad)
+			if f == 0 {
+				t.Fatalf("%+v n=%d: the copy's term is 0", spec, n)
+			}
+			_, w2, b2 := c.mlp.offsets()
+			for i, g := range grad[w2 : b2+spec.Classes] {
+				if g != 0 {
+					t.Fatalf("classifier parameter %d gets gradient %v", w2+i, g)
+				}
+			}
+			const h = 1e-6
+			for i := range c.gw {
+				gi := c.gw[i]
+				c.gw[i] = gi + h
+				up := c.copyTerm(d, z, make([]float64, len(grad)))
+				c.gw[i] = gi - h
+				down := c.copyTerm(d, z, make([]float64, len(grad)))
+				c.gw[i] = gi
+				if fd := (up - down) / (2 * h); !near(grad[i], fd, 1e-5) {
+					t.Errorf("%+v n=%d param %d: gradient %.10g, finite difference %.10g", spec, n, i, grad[i], fd)
+				}
+			}
+		}
+	}
+}
+
+// TestFedSiamStepAlternates: FedSiam-DA's SGD step first moves the copy of
+// the global model by one step of eq. 8's objective on the batch (eq. 8),
+// then the local model by the step of its loss against the moved copy
+// (eq. 9); the global model given to the objective is not written. MOON's
+// step is LossGrad's step against the fixed global model, bit for bit.
+func TestFedSiamStepAlternates(t *testing.T) {
+	rng := newRNG(5)
+	spec := Spec{Kind: KindMLP, Inputs: 4, Hidden: 8, Classes: 3, Activation: ActivationReLU, Head: 2, L2: 0.01}
+	m := mustNew(t, spec)
+	d := randData(rng, spec, 12)
+	idx := []int{3, 0, 7, 11, 5}
+	batch := d.Gather(idx, Data{})
+	const lr = 0.3
+	for _, cfg := range []ContrastConfig{{Kind: ContrastFedSiam, Mu: 1.5}, {Kind: ContrastMOON, Mu: 1, Tau: 0.5}} {
+		glob, prev, w := randParams(rng, m, 0.7), randParams(rng, m, 0.7), randParams(rng, m, 0.7)
+		globIn := append([]float64(nil), glob...)
+		c, err := NewContrastive(m, cfg, glob, prev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The expected step, from the definitions.
+		ref, _ := NewContrastive(m, cfg, glob, prev)
+		wantCopy := append([]float64(nil), glob...)
+		if cfg.Kind == ContrastFedSiam {
+			g := make([]float64, len(w))
+			ref.copyTerm(batch, ref.represent(w, batch, nil), g)
+			for i := range wantCopy {
+				wantCopy[i] -= lr * g[i]
+			}
+		}
+		ref.gw = wantCopy
+		g := make([]float64, len(w))
+		wantLoss := ref.LossGrad(w, batch, g)
+		wantW := append([]float64(nil), w...)
+		for i := range wantW {
+			wantW[i] -= lr * g[i]
+		}
+
+		loss := c.Step(w, d, idx, lr, 0, nil)
+		if loss != wantLoss || !slices.Equal(w, wantW) || !slices.Equal(c.gw, wantCopy) {
+			t.Errorf("%s: step loss %v (want %v), local model equal %v, copy equal %v", cfg.Kind, loss, wantLoss, slices.Equal(w, wantW), slices.Equal(c.gw, wantCopy))
+		}
+		if moved := !slices.Equal(c.gw, globIn); moved != (cfg.Kind == ContrastFedSiam) {
+			t.Errorf("%s: copy of the global model moved: %v", cfg.Kind, moved)
+		}
+		if !slices.Equal(glob, globIn) {
+			t.Errorf("%s: the global model given to the objective was written", cfg.Kind)
+		}
 	}
 }
 

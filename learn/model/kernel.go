@@ -126,21 +126,25 @@ func productNN(m, n, k int, a, b, c []float64, acc bool) {
 	gemm(blas.NoTrans, blas.NoTrans, 1, general(m, k, a), general(k, n, b), beta, general(m, n, c))
 }
 
-// productTN computes C = Aᵀ B for row-major A (k×m), B (k×n) and C (m×n),
-// like productNN. The kernel path takes the k rows in chunks, each chunk
-// adding to what the previous ones left: every element still sums its terms
-// in order.
-func productTN(m, n, k int, a, b, c []float64) {
+// productTN computes C = Aᵀ B (or C += Aᵀ B when acc is set) for row-major
+// A (k×m), B (k×n) and C (m×n), like productNN. The kernel path takes the k
+// rows in chunks, each chunk adding to what the previous ones left: every
+// element still sums its terms in order.
+func productTN(m, n, k int, a, b, c []float64, acc bool) {
 	if !fastFMA {
-		gemm(blas.Trans, blas.NoTrans, 1, general(k, m, a), general(k, n, b), 0, general(m, n, c))
+		beta := 0.0
+		if acc {
+			beta = 1
+		}
+		gemm(blas.Trans, blas.NoTrans, 1, general(k, m, a), general(k, n, b), beta, general(m, n, c))
 		return
 	}
 	if k == 0 {
-		gemmAcc(m, n, 0, nil, 1, m, nil, n, c, n, false)
+		gemmAcc(m, n, 0, nil, 1, m, nil, n, c, n, acc)
 		return
 	}
 	for l0 := 0; l0 < k; l0 += tnChunk {
 		kc := min(tnChunk, k-l0)
-		gemmAcc(m, n, kc, a[l0*m:], 1, m, b[l0*n:], n, c, n, l0 > 0)
+		gemmAcc(m, n, kc, a[l0*m:], 1, m, b[l0*n:], n, c, n, acc || l0 > 0)
 	}
 }

@@ -70,7 +70,7 @@ func (m *LogReg) LossGrad(w []float64, d Data, grad []float64) float64 {
 	loss := softmaxXent(z, m.c, d.Y[:d.N], grad != nil)
 	if grad != nil {
 		// z now holds dLoss/dlogits: dW = Xᵀ G, db = column sums of G.
-		productTN(m.d, m.c, d.N, d.X, z, grad[:m.d*m.c])
+		productTN(m.d, m.c, d.N, d.X, z, grad[:m.d*m.c], false)
 		gb := grad[m.d*m.c:]
 		clear(gb)
 		addColSums(gb, z)

@@ -58,7 +58,7 @@ func (m *MLP) headParams() int {
 	if m.q == 0 {
 		return 0
 	}
-	return 2*m.h*m.q + m.q + m.h
+	return 2*m.h*m.q + 2*m.q + m.h
 }
 
 func (m *MLP) Clone() Model {
@@ -68,7 +68,7 @@ func (m *MLP) Layout() string {
 	s := fmt.Sprintf("W1 (%d×%d, row-major: feature f to hidden unit j at [f*%d+j]), b1 (%d), W2 (%d×%d, row-major: hidden unit j to class k at [j*%d+k]), b2 (%d)",
 		m.d, m.h, m.h, m.h, m.h, m.c, m.c, m.c)
 	if m.q > 0 {
-		s += fmt.Sprintf(", then the prediction head: A (%d×%d), a (%d), B (%d×%d), b (%d)", m.h, m.q, m.q, m.q, m.h, m.h)
+		s += fmt.Sprintf(", then the prediction head: A (%d×%d), batch norm gamma (%d) and beta (%d), B (%d×%d), b (%d)", m.h, m.q, m.q, m.q, m.q, m.h, m.h)
 	}
 	return s
 }
@@ -102,10 +102,14 @@ func (m *MLP) InitParams(rng *rand.Rand) []float64 {
 	fill(w[w2:b2], m.h, m.c)
 	if m.q > 0 {
 		// The head's weights must be random too: a zero head predicts the
-		// zero vector, whose cosine similarity is undefined.
-		hA, _, hB, _ := m.headOffsets()
-		fill(w[hA:hA+m.h*m.q], m.h, m.q)
+		// zero vector, whose cosine similarity is undefined. Batch
+		// normalisation starts as the identity (gamma 1, beta 0).
+		hA, hG, hB, _ := m.headOffsets()
+		fill(w[hA:hG], m.h, m.q)
 		fill(w[hB:hB+m.q*m.h], m.q, m.h)
+		for i := range m.q {
+			w[hG+i] = 1
+		}
 	}
 	return w
 }
@@ -153,7 +157,7 @@ func (m *MLP) LossGrad(w []float64, d Data, grad []float64) float64 {
 // forward pass's activations and the logits' gradient in m.z.
 func (m *MLP) backward(w []float64, d Data, grad []float64) {
 	b1, w2, b2 := m.offsets()
-	productTN(m.h, m.c, d.N, m.a, m.z, grad[w2:b2])
+	productTN(m.h, m.c, d.N, m.a, m.z, grad[w2:b2], false)
 	addColSums(grad[b2:b2+m.c], m.z)
 	m.da = grow(m.da, d.N*m.h)
 	if fastFMA {
@@ -176,7 +180,7 @@ func (m *MLP) backward(w []float64, d Data, grad []float64) {
 			}
 		}
 	}
-	productTN(m.d, m.h, d.N, d.X, m.da, grad[:b1])
+	productTN(m.d, m.h, d.N, d.X, m.da, grad[:b1], false)
 	addColSums(grad[b1:w2], m.da)
 }
 

@@ -73,7 +73,7 @@ func checkSpec(s Spec) error {
 	case KindMLP:
 		np = d*h + h + h*c + c
 		if q > 0 {
-			np += 2*h*q + q + h
+			np += 2*h*q + 2*q + h
 		}
 	default:
 		np = d + 1

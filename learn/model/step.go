@@ -2,8 +2,10 @@ package model
 
 import "math"
 
-// Stepper is a model with a fused mini-batch SGD step: LogReg and MLP.
-// proxsolver uses it for SGD when the model has it.
+// Stepper is a model with a fused mini-batch SGD step: LogReg and MLP, and
+// the contrastive objective, whose FedSiam-DA step also moves its copy of
+// the global model first (contrast.go). proxsolver uses it for SGD when the
+// model has it.
 type Stepper interface {
 	// Step takes one step of FedProx SGD with weight decay on the samples
 	// idx of d, in place:
@@ -30,6 +32,11 @@ type stepScratch struct {
 // one instruction.
 func fallbackStep(m Model, s *stepScratch, w []float64, d Data, idx []int, lr, mu float64, anchor []float64) float64 {
 	s.batch = d.Gather(idx, s.batch)
+	return batchStep(m, s, w, lr, mu, anchor)
+}
+
+// batchStep is fallbackStep on the batch already gathered into s.batch.
+func batchStep(m Model, s *stepScratch, w []float64, lr, mu float64, anchor []float64) float64 {
 	s.grad = grow(s.grad, len(w))
 	loss := m.LossGrad(w, s.batch, s.grad)
 	if mu == 0 || anchor == nil {
