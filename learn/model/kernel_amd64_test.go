@@ -5,6 +5,19 @@ import (
 	"testing"
 )
 
+// eachAVXKernel runs f with the AVX2 kernels, then, where this CPU has
+// AVX-512, with its paired-row kernel.
+func eachAVXKernel(t *testing.T, f func(t *testing.T)) {
+	defer func(v bool) { useAVX512 = v }(useAVX512)
+	has := useAVX512
+	useAVX512 = false
+	t.Run("avx2", f)
+	if has {
+		useAVX512 = true
+		t.Run("avx512", f)
+	}
+}
+
 // withoutAVX runs f with the portable kernels.
 func withoutAVX(f func()) {
 	defer func(v bool) { useAVX = v }(useAVX)
@@ -18,17 +31,19 @@ func TestKernelsAVXMatchGo(t *testing.T) {
 	if !useAVX {
 		t.Skip("this CPU has no AVX2 and FMA: only the portable kernels run here")
 	}
-	for i, tc := range gemmCases {
-		a, lda, inca, b, c, ldc := tc.operands(uint64(i))
-		want := append([]float64(nil), c...)
-		withoutAVX(func() { gemmAcc(tc.m, tc.n, tc.k, a, lda, inca, b, tc.n, want, ldc, tc.load) })
-		gemmAcc(tc.m, tc.n, tc.k, a, lda, inca, b, tc.n, c, ldc, tc.load)
-		for j := range c {
-			if math.Float64bits(c[j]) != math.Float64bits(want[j]) {
-				t.Fatalf("case %d %+v: c[%d] = %v (AVX), %v (Go)", i, tc, j, c[j], want[j])
+	eachAVXKernel(t, func(t *testing.T) {
+		for i, tc := range gemmCases {
+			a, lda, inca, b, c, ldc := tc.operands(uint64(i))
+			want := append([]float64(nil), c...)
+			withoutAVX(func() { gemmAcc(tc.m, tc.n, tc.k, a, lda, inca, b, tc.n, want, ldc, tc.load) })
+			gemmAcc(tc.m, tc.n, tc.k, a, lda, inca, b, tc.n, c, ldc, tc.load)
+			for j := range c {
+				if math.Float64bits(c[j]) != math.Float64bits(want[j]) {
+					t.Fatalf("case %d %+v: c[%d] = %v (AVX), %v (Go)", i, tc, j, c[j], want[j])
+				}
 			}
 		}
-	}
+	})
 	rng := newRNG(5)
 	for n := range 41 {
 		w, g, a := make([]float64, n), make([]float64, n), make([]float64, n)
@@ -60,8 +75,12 @@ func TestKernelsAVXSpecialValues(t *testing.T) {
 	avals := []float64{0, math.Copysign(0, -1), math.NaN(), 1, -2, 0.5}
 	bvals := []float64{math.Inf(1), math.Inf(-1), math.NaN(), 0, math.Copysign(0, -1), 1, -3}
 	cvals := []float64{math.Copysign(0, -1), 0, 1, math.Inf(1)}
+	eachAVXKernel(t, func(t *testing.T) { specialValues(t, avals, bvals, cvals) })
+}
+
+func specialValues(t *testing.T, avals, bvals, cvals []float64) {
 	rng := newRNG(11)
-	for _, sh := range []struct{ m, n, k int }{{5, 37, 6}, {4, 64, 9}, {1, 16, 3}, {3, 32, 4}} {
+	for _, sh := range []struct{ m, n, k int }{{5, 37, 6}, {4, 64, 9}, {1, 16, 3}, {3, 32, 4}, {6, 80, 5}, {2, 48, 7}} {
 		for _, trans := range []bool{false, true} {
 			for _, load := range []bool{false, true} {
 				a := make([]float64, sh.m*sh.k)
