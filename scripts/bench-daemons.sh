@@ -70,6 +70,9 @@ EOF
 # rounds' seconds.
 run_a() {
   local dir=$1 bin=$2 p s i agg t0 t1 sites=(site-1 site-2 site-3)
+  # run_a runs in a subshell (read < <(run_a ...)): its own trap stops what
+  # it started, on failure too.
+  trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
   rm -rf "$dir"; mkdir -p "$dir"
   p=$(port)
   for s in "${sites[@]}"; do
