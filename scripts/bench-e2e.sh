@@ -5,7 +5,7 @@
 #   scripts/bench-e2e.sh [OUTDIR]            (default bench-results; writes OUTDIR/e2e)
 #
 # Environment: CLIENTS (100), ROUNDS (20), EPOCHS (5), KS ("100 10": the
-# per-round K values to measure), KILLS (5), KILL_ROUNDS (12), SEED (1).
+# per-round K values to measure), KILLS (5; 0: no recovery part), KILL_ROUNDS (12), SEED (1).
 #
 # Setup: multinomial logistic regression, 784 features x 10 classes (7,850
 # parameters), on a synthetic MNIST-shaped data set (loadtest gen: 22,000
@@ -68,16 +68,23 @@ for K in $KS; do
   summary+=("| $CLIENTS | $K | $ROUNDS | $EPOCHS | $mqtt ($mqttmed) | $sim ($simmed) | $ratio | $((hwm / 1024)) | $((simrss / 1024)) |")
 done
 
+overhead_table() {
+  echo
+  echo "## End to end over MQTT vs simulate (784 x 10 logreg, 7,850 parameters; $(nproc) cores)"
+  echo
+  echo "| clients | K | rounds | epochs | MQTT s/round mean (median) | simulate s/round mean (median) | overhead ratio | broker-agg VmHWM MB | simulate max RSS MB |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  printf '%s\n' "${summary[@]}"
+}
+if ((KILLS == 0)); then # the overhead table only
+  overhead_table
+  exit 0
+fi
 echo "== recovery: $KILLS kills of broker-agg, K = $CLIENTS"
 "$bin/loadtest" run --broker-agg "$bin/broker-agg" --data "$data" --clients "$CLIENTS" --per-round "$CLIENTS" \
   --rounds "$KILL_ROUNDS" --epochs "$EPOCHS" --seed "$SEED" "${train_flags[@]}" --kills "$KILLS" | tee "$out/recovery.txt"
 
-echo
-echo "## End to end over MQTT vs simulate (784 x 10 logreg, 7,850 parameters; $(nproc) cores)"
-echo
-echo "| clients | K | rounds | epochs | MQTT s/round mean (median) | simulate s/round mean (median) | overhead ratio | broker-agg VmHWM MB | simulate max RSS MB |"
-echo "|---|---|---|---|---|---|---|---|---|"
-printf '%s\n' "${summary[@]}"
+overhead_table
 echo
 echo "## Recovery after kill -9 of broker-agg ($CLIENTS agents, K = $CLIENTS)"
 echo

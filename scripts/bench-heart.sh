@@ -142,6 +142,7 @@ exit_when_finished = true
 log_format = json
 log_level = info
 EOF
+t0=$(date +%s.%N)
 "$ba" run --config "$d/aggregator.conf" 2>"$d/aggregator.log" &
 apid=$!
 pids+=("$apid")
@@ -177,6 +178,18 @@ while kill -0 "$apid" 2>/dev/null; do
   sleep 0.2
 done
 wait "$apid" || { echo "broker-agg run failed (see $d/aggregator.log)" >&2; exit 1; }
+t1=$(date +%s.%N)
+# The daemons' wall time, broker-agg's start to its exit, and the rounds'
+# share of it (first announcement to "federation finished", from its log).
+rounds_s=$($py -c '
+import sys, json, datetime
+ts = lambda r: datetime.datetime.fromisoformat(r["time"].replace("Z", "+00:00"))
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+first = next(r for r in recs if r.get("msg") == "round announced")
+fin = next(r for r in recs if r.get("msg") == "federation finished")
+print(f"{(ts(fin) - ts(first)).total_seconds():.2f}")' "$d/aggregator.log")
+awk -v a="$t0" -v b="$t1" -v r="$rounds_s" -v n="$rounds" -v s="$settle" \
+  'BEGIN { printf "DAEMONS wall %.2f s (rounds %s s) for %d rounds, --settle %s\n", b - a, r, n, s }' | tee "$d/wall.txt"
 for id in "${sites[@]}"; do
   for _ in $(seq 50); do
     [[ -f $d/$id.bundle.json ]] && break

@@ -160,7 +160,7 @@ func (f *serveFlags) registerRounds(fs *flag.FlagSet) {
 	fs.Float64Var(&f.quorum, "quorum-fraction", 0.7, "fraction of the selected clients a round needs to close at its deadline, in (0, 1]")
 	fs.DurationVar(&f.roundTimeout, "round-timeout", 10*time.Minute, "time from an announcement to its deadline")
 	fs.DurationVar(&f.extension, "extension", 0, "length of the one extension below quorum (default --round-timeout)")
-	fs.DurationVar(&f.settle, "settle", 5*time.Second, "how long a draw waits for expected sites that are not online: after start or a restart, and for a site that dropped since the previous draw (a round whose sites are all online is drawn at once)")
+	fs.DurationVar(&f.settle, "settle", 5*time.Second, "how long a draw waits for expected sites that are not online: after start or a restart (after start, only until every roster site is online), and for a site that dropped since the previous draw (a round whose sites are all online is drawn at once)")
 	fs.IntVar(&f.maxReselections, "max-reselections", 3, "re-selections of a round below quorum before it stalls (negative: unlimited)")
 	fs.IntVar(&f.rounds, "rounds", 0, "rounds to run (0: forever)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the selection and of randomised aggregators")

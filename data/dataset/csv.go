@@ -41,7 +41,11 @@ func LoadCSV(path string, opt CSVOptions) (*Dataset, error) {
 		return nil, wrapErr("csv", err)
 	}
 	defer f.Close()
-	ds, err := ReadCSV(f, path, opt)
+	rows, err := countLines(f)
+	if err != nil {
+		return nil, wrapErr("csv", err)
+	}
+	ds, err := readCSV(f, path, opt, rows)
 	if err != nil {
 		return nil, err
 	}
@@ -54,6 +58,60 @@ func LoadCSV(path string, opt CSVOptions) (*Dataset, error) {
 // number (surrounding spaces allowed); a classification label must be an
 // integer in 0..MaxClassLabel and Classes is the largest label + 1.
 func ReadCSV(r io.Reader, name string, opt CSVOptions) (*Dataset, error) {
+	return readCSV(r, name, opt, lineCount{})
+}
+
+// lineCount is what countLines saw of a file: its size and how many lines
+// it has (newlines, plus one for a last line without one).
+type lineCount struct{ size, lines int64 }
+
+// countLines reads the file f once to count its lines, and rewinds it.
+// Reading a file from the page cache twice costs far less than growing
+// the feature matrix row by row: each growth copies everything read so
+// far, and a run of garbage collections frees the copies.
+func countLines(f *os.File) (lineCount, error) {
+	var c lineCount
+	buf := make([]byte, 64<<10)
+	last := byte('\n')
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			c.size += int64(n)
+			c.lines += int64(bytes.Count(buf[:n], []byte{'\n'}))
+			last = buf[n-1]
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return c, err
+		}
+	}
+	if last != '\n' {
+		c.lines++
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// capacity is how many rows of d features to allocate up front: the lines
+// after the header, an upper bound on the records (a quoted cell may span
+// lines), when that many rows fit the file at all (every cell takes at
+// least one byte and a separator, so rows·d <= size/2 for a well-formed
+// file, and the matrix is addressable); else 0, and the rows grow as they
+// are read.
+func (c lineCount) capacity(d int) int {
+	rows := c.lines - 1
+	if rows < 1 || d < 1 || rows > c.size/2/int64(d) || rows*int64(d) > math.MaxInt/8 {
+		return 0
+	}
+	return int(rows)
+}
+
+// readCSV is ReadCSV with the line count of the file (zero when unknown).
+func readCSV(r io.Reader, name string, opt CSVOptions, lc lineCount) (*Dataset, error) {
 	if opt.Label == "" {
 		return nil, fmt.Errorf("csv %s: no label column given: expected a column name or 0-based index", name)
 	}
@@ -91,6 +149,9 @@ func ReadCSV(r io.Reader, name string, opt CSVOptions) (*Dataset, error) {
 	}
 
 	data := model.Data{D: d}
+	if rows := lc.capacity(d); rows > 0 {
+		data.X, data.Y = make([]float64, 0, rows*d), make([]float64, 0, rows)
+	}
 	maxLabel := -1
 	for {
 		rec, err := cr.Read()
@@ -185,6 +246,9 @@ func parseCell(cell string) (float64, error) {
 	s := strings.TrimSpace(cell)
 	if s == "" {
 		return 0, errors.New("empty cell, expected a number")
+	}
+	if v, ok := parseDecimal(s); ok {
+		return v, nil // finite: at most 19 digits times 10^±22
 	}
 	v, err := strconv.ParseFloat(s, 64)
 	if err != nil && !errors.Is(err, strconv.ErrRange) {

@@ -204,3 +204,220 @@ step4:
 	VMOVUPD Y12, (AX)
 	VZEROUPPER
 	RET
+
+// Two rows of a at once: each b row of the block is loaded once into
+// registers and used by both rows (half the loads of gemm32 per term), each
+// row skipping its own zero a entries. Every c element still sums its terms
+// in order, one rounding each, as gemm32 and the portable kernel do.
+
+// func gemm2x16(m2, nb, k int, a *float64, lda, inca int, b *float64, ldb int, c *float64, ldc int, load bool)
+TEXT ·gemm2x16(SB), NOSPLIT, $0-81
+	MOVQ m2+0(FP), R8
+	MOVQ a+24(FP), SI
+	MOVQ lda+32(FP), R11
+	SHLQ $3, R11
+	MOVQ inca+40(FP), R12
+	SHLQ $3, R12
+	MOVQ b+48(FP), DI
+	MOVQ ldb+56(FP), R13
+	SHLQ $3, R13
+	MOVQ c+64(FP), DX
+	MOVQ ldc+72(FP), R14
+	SHLQ $3, R14
+	VXORPD Y9, Y9, Y9
+
+row2:
+	MOVQ nb+8(FP), R15
+	MOVQ DX, CX
+	MOVQ DI, R9
+
+blk2:
+	CMPB load+80(FP), $0
+	JEQ  zero2
+	VMOVUPD 0(CX), Y0
+	VMOVUPD 32(CX), Y1
+	VMOVUPD 64(CX), Y2
+	VMOVUPD 96(CX), Y3
+	VMOVUPD 0(CX)(R14*1), Y4
+	VMOVUPD 32(CX)(R14*1), Y5
+	VMOVUPD 64(CX)(R14*1), Y6
+	VMOVUPD 96(CX)(R14*1), Y7
+	JMP     kinit2
+
+zero2:
+	VXORPD Y0, Y0, Y0
+	VXORPD Y1, Y1, Y1
+	VXORPD Y2, Y2, Y2
+	VXORPD Y3, Y3, Y3
+	VXORPD Y4, Y4, Y4
+	VXORPD Y5, Y5, Y5
+	VXORPD Y6, Y6, Y6
+	VXORPD Y7, Y7, Y7
+
+kinit2:
+	MOVQ SI, AX
+	MOVQ R9, BX
+	MOVQ k+16(FP), R10
+
+k2:
+	VMOVSD  (AX), X8
+	VMOVSD  (AX)(R11*1), X10
+	VMOVUPD 0(BX), Y11
+	VMOVUPD 32(BX), Y12
+	VMOVUPD 64(BX), Y13
+	VMOVUPD 96(BX), Y14
+	VUCOMISD X9, X8
+	JNE      term2a
+	JPC      skip2a // +0 or -0 (a NaN is unordered: PF set, not skipped)
+
+term2a:
+	VBROADCASTSD X8, Y8
+	VFMADD231PD  Y11, Y8, Y0
+	VFMADD231PD  Y12, Y8, Y1
+	VFMADD231PD  Y13, Y8, Y2
+	VFMADD231PD  Y14, Y8, Y3
+
+skip2a:
+	VUCOMISD X9, X10
+	JNE      term2b
+	JPC      skip2b
+
+term2b:
+	VBROADCASTSD X10, Y10
+	VFMADD231PD  Y11, Y10, Y4
+	VFMADD231PD  Y12, Y10, Y5
+	VFMADD231PD  Y13, Y10, Y6
+	VFMADD231PD  Y14, Y10, Y7
+
+skip2b:
+	ADDQ R12, AX
+	ADDQ R13, BX
+	DECQ R10
+	JNZ  k2
+
+	VMOVUPD Y0, 0(CX)
+	VMOVUPD Y1, 32(CX)
+	VMOVUPD Y2, 64(CX)
+	VMOVUPD Y3, 96(CX)
+	VMOVUPD Y4, 0(CX)(R14*1)
+	VMOVUPD Y5, 32(CX)(R14*1)
+	VMOVUPD Y6, 64(CX)(R14*1)
+	VMOVUPD Y7, 96(CX)(R14*1)
+	ADDQ    $128, CX
+	ADDQ    $128, R9
+	DECQ    R15
+	JNZ     blk2
+
+	LEAQ (SI)(R11*2), SI
+	LEAQ (DX)(R14*2), DX
+	DECQ R8
+	JNZ  row2
+	VZEROUPPER
+	RET
+
+// gemm2x16 with AVX-512: two rows over blocks of 32 columns, ZMM registers.
+
+// func gemm2x32z(m2, nb, k int, a *float64, lda, inca int, b *float64, ldb int, c *float64, ldc int, load bool)
+TEXT ·gemm2x32z(SB), NOSPLIT, $0-81
+	MOVQ m2+0(FP), R8
+	MOVQ a+24(FP), SI
+	MOVQ lda+32(FP), R11
+	SHLQ $3, R11
+	MOVQ inca+40(FP), R12
+	SHLQ $3, R12
+	MOVQ b+48(FP), DI
+	MOVQ ldb+56(FP), R13
+	SHLQ $3, R13
+	MOVQ c+64(FP), DX
+	MOVQ ldc+72(FP), R14
+	SHLQ $3, R14
+	VXORPD Y9, Y9, Y9
+
+row2z:
+	MOVQ nb+8(FP), R15
+	MOVQ DX, CX
+	MOVQ DI, R9
+
+blk2z:
+	CMPB load+80(FP), $0
+	JEQ  zero2z
+	VMOVUPD 0(CX), Z0
+	VMOVUPD 64(CX), Z1
+	VMOVUPD 128(CX), Z2
+	VMOVUPD 192(CX), Z3
+	VMOVUPD 0(CX)(R14*1), Z4
+	VMOVUPD 64(CX)(R14*1), Z5
+	VMOVUPD 128(CX)(R14*1), Z6
+	VMOVUPD 192(CX)(R14*1), Z7
+	JMP     kinit2z
+
+zero2z:
+	VPXORQ Z0, Z0, Z0
+	VPXORQ Z1, Z1, Z1
+	VPXORQ Z2, Z2, Z2
+	VPXORQ Z3, Z3, Z3
+	VPXORQ Z4, Z4, Z4
+	VPXORQ Z5, Z5, Z5
+	VPXORQ Z6, Z6, Z6
+	VPXORQ Z7, Z7, Z7
+
+kinit2z:
+	MOVQ SI, AX
+	MOVQ R9, BX
+	MOVQ k+16(FP), R10
+
+k2z:
+	VMOVSD  (AX), X8
+	VMOVSD  (AX)(R11*1), X10
+	VMOVUPD 0(BX), Z11
+	VMOVUPD 64(BX), Z12
+	VMOVUPD 128(BX), Z13
+	VMOVUPD 192(BX), Z14
+	VUCOMISD X9, X8
+	JNE      term2az
+	JPC      skip2az // +0 or -0 (a NaN is unordered: PF set, not skipped)
+
+term2az:
+	VBROADCASTSD X8, Z8
+	VFMADD231PD  Z11, Z8, Z0
+	VFMADD231PD  Z12, Z8, Z1
+	VFMADD231PD  Z13, Z8, Z2
+	VFMADD231PD  Z14, Z8, Z3
+
+skip2az:
+	VUCOMISD X9, X10
+	JNE      term2bz
+	JPC      skip2bz
+
+term2bz:
+	VBROADCASTSD X10, Z10
+	VFMADD231PD  Z11, Z10, Z4
+	VFMADD231PD  Z12, Z10, Z5
+	VFMADD231PD  Z13, Z10, Z6
+	VFMADD231PD  Z14, Z10, Z7
+
+skip2bz:
+	ADDQ R12, AX
+	ADDQ R13, BX
+	DECQ R10
+	JNZ  k2z
+
+	VMOVUPD Z0, 0(CX)
+	VMOVUPD Z1, 64(CX)
+	VMOVUPD Z2, 128(CX)
+	VMOVUPD Z3, 192(CX)
+	VMOVUPD Z4, 0(CX)(R14*1)
+	VMOVUPD Z5, 64(CX)(R14*1)
+	VMOVUPD Z6, 128(CX)(R14*1)
+	VMOVUPD Z7, 192(CX)(R14*1)
+	ADDQ    $256, CX
+	ADDQ    $256, R9
+	DECQ    R15
+	JNZ     blk2z
+
+	LEAQ (SI)(R11*2), SI
+	LEAQ (DX)(R14*2), DX
+	DECQ R8
+	JNZ  row2z
+	VZEROUPPER
+	RET

@@ -42,6 +42,9 @@ var gemmCases = []gemmCase{
 	{m: 2, n: 47, k: 6, load: true, zeros: 0.3},
 	{m: 7, n: 79, k: 3, trans: true, pad: 5, zeros: 0.9},
 	{m: 6, n: 100, k: 13},
+	{m: 9, n: 64, k: 50, load: true, zeros: 0.5}, // row pairs and a last odd row
+	{m: 11, n: 40, k: 7, trans: true, pad: 2, zeros: 0.5},
+	{m: 2, n: 17, k: 3, load: true},
 	{m: 2, n: 4, k: 0, load: true},
 	{m: 2, n: 5, k: 0},
 }

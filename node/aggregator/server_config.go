@@ -85,7 +85,7 @@ func (cfg *ServerConfig) derive() (derived, error) {
 	fed := cfg.Schema != nil
 	d.coord = coordinator.Config{
 		K: cfg.K, Quorum: coordinator.QuorumOf(cfg.K, cfg.QuorumFraction), RoundTimeout: cfg.RoundTimeout,
-		Extension: cfg.Extension, MaxReselections: cfg.MaxReselections, Settle: cfg.Settle,
+		Extension: cfg.Extension, MaxReselections: cfg.MaxReselections, Settle: cfg.Settle, Expected: cfg.Roster,
 		Rounds: cfg.Rounds, Seed: cfg.Seed, Selector: sel, StoreLate: isSplit(d.fam),
 		Statistics: fed, StatsSites: cfg.StatsSites, DeclaredTransform: fed && cfg.Schema.Declared(), Evaluate: fed, EvalEvery: cfg.EvalEvery,
 		StopPatience: cfg.StopPatience, StopTol: cfg.StopTol, StopDelta: cfg.StopDelta,

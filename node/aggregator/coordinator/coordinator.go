@@ -12,7 +12,8 @@
 // A round is announced once at least Quorum online clients can be selected
 // and nobody is expected (settleUntil): the first draw waits Config.Settle
 // from the first event, so that the burst of retained status messages at
-// start-up arrives before it; later draws wait up to Settle from the previous
+// start-up arrives before it (or until every site of Config.Expected is
+// online); later draws wait up to Settle from the previous
 // round's aggregation only while a client that was online at the previous
 // draw is offline (it may be reconnecting), and otherwise follow the
 // aggregation at once. With fewer than Quorum clients online the round waits, with no timer,
@@ -107,6 +108,12 @@ type Config struct {
 	// online (>= 0; settleUntil says who is expected); 0 draws as soon as
 	// Quorum are online.
 	Settle time.Duration
+	// Expected are the sites the deployment expects (the aggregator's
+	// roster: --sites, the password file's users, the PKI's site
+	// certificates); may be empty. The first draw after a start waits
+	// Settle only until every one of them is online: with nobody else to
+	// wait for, waiting longer changes nothing but the wall time.
+	Expected []string
 	// Rounds is the total number of rounds; 0 runs forever.
 	Rounds int
 	// Seed derives each selection's random source, together with the round
@@ -1143,7 +1150,8 @@ func (c *Coordinator) aggregated(e AggregatedRound, at time.Time) []Decision {
 // not wait. Settle waits for sites that are expected but not online yet:
 // after the coordinator starts or restarts (when the sites' retained
 // statuses arrive in a burst and the coordinator cannot know who is still
-// coming) the first draw waits the whole Settle; after that a draw waits
+// coming) the first draw waits the whole Settle, or until every expected
+// site (Config.Expected) is online; after that a draw waits
 // only while a site that was online at the previous draw is offline (a
 // reconnect, an agent restart), and never longer than Settle from the start
 // of the wait. A round whose expected sites are all online is drawn the
@@ -1152,6 +1160,9 @@ func (c *Coordinator) aggregated(e AggregatedRound, at time.Time) []Decision {
 func (c *Coordinator) settleUntil() time.Time {
 	end := c.waitingSince.Add(c.cfg.Settle)
 	if c.lastDraw.IsZero() {
+		if c.expectedOnline() {
+			return time.Time{}
+		}
 		return end
 	}
 	for _, cl := range c.clients {
@@ -1160,6 +1171,17 @@ func (c *Coordinator) settleUntil() time.Time {
 		}
 	}
 	return time.Time{}
+}
+
+// expectedOnline says whether Config.Expected is not empty and every one
+// of its sites is online.
+func (c *Coordinator) expectedOnline() bool {
+	for _, id := range c.cfg.Expected {
+		if cl := c.clients[id]; cl == nil || !cl.online {
+			return false
+		}
+	}
+	return len(c.cfg.Expected) > 0
 }
 
 // wantTimer is when the current phase needs a Tick.

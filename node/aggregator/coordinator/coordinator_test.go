@@ -937,3 +937,44 @@ func TestFailingSitesAreNotSelected(t *testing.T) {
 		t.Fatalf("the site without its error was not selected: %v", a.Selected)
 	}
 }
+
+// TestSettleExpected: the first draw waits Settle only until every expected
+// site (the roster) is online; without a roster, or with one of its sites
+// missing, it waits the whole Settle.
+func TestSettleExpected(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		expected []string
+		online   []string
+		drawAt   int // ms: the ClientOnline of the last site (5), or Settle (50)
+	}{
+		{"every expected site online: drawn at once", []string{"a", "b", "c"}, []string{"a", "b", "c"}, 5},
+		{"an expected site missing: the whole Settle", []string{"a", "b", "c", "d"}, []string{"a", "b", "c"}, 50},
+		{"no roster: the whole Settle", nil, []string{"a", "b", "c"}, 50},
+		{"a site off the roster does not hold the draw", []string{"a", "b"}, []string{"c", "a", "b"}, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := baseConfig()
+			cfg.Expected = tc.expected
+			c := mustNew(t, cfg)
+			var got []Announce
+			for i, id := range tc.online {
+				at := ms(0)
+				if i == len(tc.online)-1 {
+					at = ms(5)
+				}
+				got = append(got, OfType[Announce](bringOnline(c, at, id))...)
+			}
+			if tc.drawAt == 50 {
+				if len(got) > 0 {
+					t.Fatalf("announced before Settle: %+v", got)
+				}
+				got = OfType[Announce](c.Step(Tick{At: ms(50)}))
+			}
+			want := Announce{Round: 1, Selected: []string{"a", "b", "c"}, Deadline: ms(tc.drawAt).Add(cfg.RoundTimeout)}
+			if len(got) != 1 || !reflect.DeepEqual(got[0], want) {
+				t.Fatalf("announcements %+v, want %+v", got, want)
+			}
+		})
+	}
+}
