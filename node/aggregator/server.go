@@ -224,6 +224,11 @@ type ServerConfig struct {
 	// (broker.Broker.RateLimited); shown in /metrics and the sites' rows
 	// (ingest_broker.go).
 	BrokerRateLimited func() map[string]uint64
+	// BrokerDropped, with the embedded broker, returns how many messages
+	// the broker dropped instead of delivering them to a client, by reason
+	// (broker.Broker.Dropped: "inflight_full", "write_queue_full"); shown
+	// in /metrics (ingest_broker.go).
+	BrokerDropped func() map[string]uint64
 	// Roster is the federation's expected sites (--sites, the password
 	// file's users, the site certificates issued under the PKI): status,
 	// the console and /metrics show each one, "never connected" until it
