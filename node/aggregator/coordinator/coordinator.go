@@ -1054,6 +1054,12 @@ func (c *Coordinator) Roster() []string {
 	return slices.Sorted(maps.Keys(c.roster))
 }
 
+// InRoster says whether id may be drawn under the fixed roster
+// (Config.FixedRoster): true when no roster is fixed (yet).
+func (c *Coordinator) InRoster(id string) bool {
+	return c.roster == nil || c.roster[id]
+}
+
 // pool lists the online clients that have not reported this round, sorted
 // (only the roster's, once it is fixed).
 func (c *Coordinator) pool() []string {
