@@ -289,7 +289,7 @@ func Start(cfg Config) (*Broker, error) {
 		caps.MaximumInflight = DefaultMaxInflight
 	}
 	if n := len(cfg.Sites); n > int(caps.MaximumInflight)/2 {
-		log.Warn("more sites than the broker can hold two unacknowledged messages each for the aggregator: at start and in a round messages to it may be dropped (edgefl_broker_dropped_total); use an external broker",
+		log.Warn("more sites than two unacknowledged messages each fit for the aggregator: messages to it may be dropped (hint: use Mosquitto)",
 			"sites", n, "max_inflight", caps.MaximumInflight)
 	}
 
