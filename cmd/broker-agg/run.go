@@ -513,6 +513,12 @@ func serveEmbedded(ctx context.Context, f *serveFlags, cfg aggregator.ServerConf
 		}
 		return brk.RateLimited()
 	}
+	cfg.BrokerDropped = func() map[string]uint64 {
+		if brk == nil {
+			return nil
+		}
+		return brk.Dropped()
+	}
 	cfg.BrokerRefusals = func() []aggregator.SiteRefusal {
 		if brk == nil {
 			return nil

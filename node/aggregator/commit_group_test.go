@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -260,4 +261,48 @@ func TestGroupCommitFailureAnswersNothing(t *testing.T) {
 	if len(rec.sent) != 2 || s.coord.Counters().Accepted != 3 {
 		t.Fatalf("the re-sent updates: %d receipts, %d accepted", len(rec.sent), s.coord.Counters().Accepted)
 	}
+}
+
+// Statuses that wait while the loop is busy (the burst of retained
+// statuses at start) are written together: one registry transaction and
+// one state write for the group, each status answered only after both;
+// a restart (kill -9) finds every one of them in the state.
+func TestStatusGroup(t *testing.T) {
+	const sites, more = 4, 20
+	ab := newAcceptBench(t, sites)
+	s := ab.s
+	s.reqs = make(chan *request, more)
+	before, enc := commits(t, s), s.encodes
+	var rs []*request
+	for i := range more {
+		r := &request{status: &wire.ClientStatus{ClientId: fmt.Sprintf("late-%02d", i), Online: true, SampleCount: 10}, done: make(chan struct{})}
+		s.reqs <- r
+		rs = append(rs, r)
+	}
+	serveQueued(t, ab, s, rs)
+	if got := commits(t, s) - before; got != 2 {
+		t.Errorf("%d waiting statuses took %d write transactions, want 2 (the registry's, the state's)", more, got)
+	}
+	if got := s.encodes - enc; got != 1 {
+		t.Errorf("%d waiting statuses encoded the state %d times, want 1", more, got)
+	}
+	if on := s.coord.Summary().Online; on != sites+more {
+		t.Errorf("%d online, want %d", on, sites+more)
+	}
+	cs, err := s.store.Clients()
+	if err != nil {
+		t.Fatal(err)
+	}
+	online := 0
+	for _, c := range cs {
+		if c.Online {
+			online++
+		}
+	}
+	if online != sites+more {
+		t.Errorf("the registry has %d online, want %d", online, sites+more)
+	}
+	live := s.coord.Snapshot()
+	s = restartServer(t, s)
+	mustEqual(t, "state after restart", s.coord.Snapshot(), live)
 }

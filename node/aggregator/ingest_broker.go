@@ -15,12 +15,20 @@ const brokerRateLimitedReason = "broker_rate_limited"
 
 // brokerFamilies are the embedded broker's metrics (none without one).
 func (s *Server) brokerFamilies() []metrics.Family {
-	if s.cfg.BrokerRateLimited == nil {
-		return nil
+	var f []metrics.Family
+	if s.cfg.BrokerRateLimited != nil {
+		f = append(f, metrics.Family{Name: "edgefl_broker_rate_limited_total",
+			Help: "Publishes the embedded broker dropped before routing them because their client was over its rate limit (--rate-messages, --rate-burst, --rate-bytes), by client.",
+			Type: metrics.Counter, Samples: metrics.Samples("client", s.cfg.BrokerRateLimited())})
 	}
-	return []metrics.Family{{Name: "edgefl_broker_rate_limited_total",
-		Help: "Publishes the embedded broker dropped before routing them because their client was over its rate limit (--rate-messages, --rate-burst, --rate-bytes), by client.",
-		Type: metrics.Counter, Samples: metrics.Samples("client", s.cfg.BrokerRateLimited())}}
+	if s.cfg.BrokerDropped != nil {
+		// A message routed but not delivered (to the aggregator: a
+		// status or an update lost): node/broker/queue.go.
+		f = append(f, metrics.Family{Name: "edgefl_broker_dropped_total",
+			Help: "Messages the embedded broker dropped instead of delivering them to a client, by reason: inflight_full (the client's store of unacknowledged QoS 1 messages was full), write_queue_full (its queue of pending writes was full).",
+			Type: metrics.Counter, Samples: metrics.Samples("reason", s.cfg.BrokerDropped())})
+	}
+	return f
 }
 
 // addBrokerRejections adds the embedded broker's drops to the sites'

@@ -38,6 +38,24 @@ func TestBrokerRateLimitedShown(t *testing.T) {
 	}
 }
 
+// The embedded broker's undelivered messages (ServerConfig.BrokerDropped:
+// a status or an update that never reached the aggregator) show in
+// /metrics by reason.
+func TestBrokerDroppedShown(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.BrokerDropped = func() map[string]uint64 { return map[string]uint64{"inflight_full": 803, "write_queue_full": 0} }
+	r := f.start(cfg)
+	rec := httptest.NewRecorder()
+	r.s.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, want := range []string{`edgefl_broker_dropped_total{reason="inflight_full"} 803`, `edgefl_broker_dropped_total{reason="write_queue_full"} 0`,
+		"# TYPE edgefl_broker_dropped_total counter"} {
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
 // Without the embedded broker (an external one), there is no such family.
 func TestBrokerRateLimitedAbsent(t *testing.T) {
 	f := newFixture(t)

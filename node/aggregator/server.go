@@ -183,6 +183,11 @@ type ServerConfig struct {
 	// (broker.Broker.RateLimited); shown in /metrics and the sites' rows
 	// (ingest_broker.go).
 	BrokerRateLimited func() map[string]uint64
+	// BrokerDropped, with the embedded broker, returns how many messages
+	// the broker dropped instead of delivering them to a client, by reason
+	// (broker.Broker.Dropped: "inflight_full", "write_queue_full"); shown
+	// in /metrics (ingest_broker.go).
+	BrokerDropped func() map[string]uint64
 	// Roster is the federation's expected sites (--sites, the password
 	// file's users, the site certificates issued under the PKI): status,
 	// the console and /metrics show each one, "never connected" until it
@@ -1078,13 +1083,14 @@ func (s *Server) loop(ctx context.Context) error {
 // outside sum mode goes through group commit (serveUpdates):
 // it may take the updates waiting behind it into the same transaction.
 func (s *Server) serve(ctx context.Context, r *request) error {
-	if r.update != nil && s.grouped() {
+	switch {
+	case r.update != nil && s.grouped():
 		return s.serveUpdates(ctx, r)
+	case r.status != nil:
+		return s.serveStatuses(ctx, r)
 	}
 	var err error
 	switch {
-	case r.status != nil:
-		err = s.onStatus(ctx, r.status)
 	case r.update != nil:
 		err = s.onUpdate(ctx, r.update)
 	case r.stats != nil:
@@ -1117,41 +1123,128 @@ func (s *Server) submit(r *request) bool {
 }
 
 func (s *Server) onStatus(ctx context.Context, st *wire.ClientStatus) error {
+	var g statusGroup
+	g.step(s, st)
+	return g.apply(ctx, s)
+}
+
+// Statuses in groups. A status costs a registry write and the
+// coordinator's whole state written (both fsynced, the state's encoding
+// growing with the number of sites), and the retained statuses of every
+// site arrive at once when the aggregator starts: one at a time, 10,000
+// sites took minutes before round 1 could be drawn. serveStatuses steps
+// the status r and the statuses waiting behind it (up to
+// defaultCommitGroup) one by one, as before, then writes their registry
+// records in one transaction and the coordinator's state once, and only
+// then carries out their decisions in order and answers them (the broker's
+// acknowledgements follow): what the state file holds covers every status
+// answered, as with one at a time. A status whose decisions do more than
+// set the timer, re-invite its site or set it aside (a round drawn, say)
+// ends the group, so a draw is carried out as soon as it is decided.
+func (s *Server) serveStatuses(ctx context.Context, r *request) error {
+	var g statusGroup
+	reqs := []*request{r}
+	var next *request
+	for g.step(s, r.status) && len(reqs) < defaultCommitGroup {
+		select {
+		case n := <-s.reqs:
+			if n.status != nil {
+				r = n
+				reqs = append(reqs, r)
+				continue
+			}
+			next = n
+		default:
+		}
+		break
+	}
+	err := g.apply(ctx, s)
+	for _, q := range reqs {
+		close(q.done)
+	}
+	if err != nil || next == nil {
+		return err
+	}
+	return s.serve(ctx, next)
+}
+
+// statusGroup is the statuses stepped since the state was last written:
+// those the coordinator applied (for the registry) and their decisions.
+type statusGroup struct {
+	stepped int // statuses the coordinator was stepped with
+	applied []*wire.ClientStatus
+	at      []time.Time
+	ds      []coordinator.Decision
+}
+
+// step steps st; false when its decisions end the group.
+func (g *statusGroup) step(s *Server, st *wire.ClientStatus) bool {
 	now := s.clock.Now()
 	if !s.instanceStatus(st, now) {
-		return nil // another installation with this site's id
+		return true // another installation with this site's id
 	}
 	ds := s.coord.Step(statusEvent(st, now))
+	g.stepped++
+	g.ds = append(g.ds, ds...)
 	if len(coordinator.OfType[coordinator.StaleStatus](ds)) > 0 {
 		// Counted by the coordinator (stale_statuses); the registry keeps
 		// the newer status.
 		s.log.Info("stale client status set aside", "client", st.ClientId, "online", st.Online, "connection", st.Connection)
 	} else {
-		s.recordStatus(st, now)
+		g.applied = append(g.applied, st)
+		g.at = append(g.at, now)
 	}
-	return s.apply(ctx, ds, nil, time.Time{})
+	for _, d := range ds {
+		switch d.(type) {
+		case coordinator.SetTimer, coordinator.StaleStatus, coordinator.Invite:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
-// recordStatus writes a status the coordinator applied to the registry.
-func (s *Server) recordStatus(st *wire.ClientStatus, now time.Time) {
-	err := s.store.PutClientStatus(aggstore.ClientStatus{ID: st.ClientId, Online: st.Online, SampleCount: st.SampleCount,
-		Capabilities: st.Capabilities, SoftwareVersion: st.SoftwareVersion, ErrorReason: st.ErrorReason, ErrorMessage: st.ErrorMessage, At: now})
-	if st.Online {
-		s.siteError(st.ClientId, st.ErrorReason, st.ErrorMessage)
+// apply writes the group's statuses to the registry, then the state, and
+// carries out the decisions (Server.apply).
+func (g *statusGroup) apply(ctx context.Context, s *Server) error {
+	if g.stepped == 0 {
+		return nil // every status set aside (instanceStatus)
 	}
+	s.recordStatuses(g.applied, g.at)
+	return s.apply(ctx, g.ds, nil, time.Time{})
+}
+
+// recordStatuses writes statuses the coordinator applied to the registry
+// (received at at[i]), in one transaction.
+func (s *Server) recordStatuses(sts []*wire.ClientStatus, at []time.Time) {
+	recs := make([]aggstore.ClientStatus, len(sts))
+	for i, st := range sts {
+		recs[i] = aggstore.ClientStatus{ID: st.ClientId, Online: st.Online, SampleCount: st.SampleCount,
+			Capabilities: st.Capabilities, SoftwareVersion: st.SoftwareVersion, ErrorReason: st.ErrorReason, ErrorMessage: st.ErrorMessage, At: at[i]}
+	}
+	err := s.store.PutClientStatuses(recs)
 	if err != nil {
 		// The registry is informational; the coordinator's state is what
 		// rounds run on.
 		s.storageErrors.Add(1)
-		s.log.Error("storing client status", "client", st.ClientId, "err", err)
+		s.log.Error("storing client statuses", "statuses", len(sts), "err", err)
 	}
+	for _, st := range sts {
+		s.statusNoted(st)
+	}
+}
+
+// statusNoted is the rest of a status the coordinator applied: the site's
+// error, and the log lines.
+func (s *Server) statusNoted(st *wire.ClientStatus) {
 	if st.Online {
+		s.siteError(st.ClientId, st.ErrorReason, st.ErrorMessage)
 		s.log.Debug("client online", "client", st.ClientId, "samples", st.SampleCount, "connection", st.Connection)
 		s.noteLateJoiner(st.ClientId)
-		if r := s.coord.Roster(); r != nil && !slices.Contains(r, st.ClientId) {
+		if !s.coord.InRoster(st.ClientId) {
 			// A fixed FedSplit roster (server_sum.go): the operator must see
 			// why this site never gets a round.
-			s.log.Warn("site not on this run's roster (fixed when round 1 was drawn): it is not drawn in this run; it can take part in the next run", "client", st.ClientId, "roster", len(r))
+			s.log.Warn("site not on this run's roster (fixed when round 1 was drawn): it is not drawn in this run; it can take part in the next run", "client", st.ClientId, "roster", len(s.coord.Roster()))
 		}
 	} else {
 		s.log.Info("client offline", "client", st.ClientId, "connection", st.Connection)

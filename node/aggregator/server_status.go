@@ -51,8 +51,12 @@ func (s *Server) refreshView() {
 	defer s.mu.Unlock()
 	v := &s.view
 	v.round, v.phase, v.deadline, v.counters = st.Round, st.Phase, st.Deadline, st.Counters
+	// Summary's lists are the coordinator's, read only and never written
+	// after it hands them out: the view keeps them as they are, and Watch
+	// copies and sorts them when someone reads it (not after every
+	// message: that made a round of K messages cost K^2 log K).
 	v.selected = st.Selected
-	v.received = st.Received // fresh: Watch copies outside the lock
+	v.received = st.Received
 	v.clients, v.online = st.Clients, st.Online
 	v.global, v.globalRound = s.global, s.globalR
 	v.finished = st.Phase == coordinator.PhaseFinished
@@ -141,16 +145,26 @@ func (s *Server) Watch() (ServerView, <-chan struct{}) {
 		rej[r.String()] += n
 	}
 	return ServerView{
-		Round: v.round, Phase: v.phase, Selected: slices.Clone(v.selected), Received: slices.Clone(v.received),
+		Round: v.round, Phase: v.phase, Selected: slices.Clone(v.selected), Received: sortedCopy(v.received),
 		Deadline: v.deadline, Clients: v.clients, Online: v.online, Counters: v.counters, Rejected: rej,
 		LastRound: v.last.Round, LastParticipants: len(v.last.Contributors), LastStragglers: len(v.last.Stragglers),
 		EvalLoss: v.last.EvalLoss, EvalScore: v.last.EvalScore, AggregatedRounds: v.aggCount,
 		StorageErrors: s.storageErrors.Load(), PublishErrors: s.publishErrors.Load(), BadStatusMessages: s.badStatus.Load(),
-		StatsSites: slices.Clone(v.statsSites), StopReason: v.stopReason, SiteErrors: siteErrs,
+		StatsSites: sortedCopy(v.statsSites), StopReason: v.stopReason, SiteErrors: siteErrs,
 		Evaluation: fed.Evaluation, StatsStored: fed.StatsStored, StatsRejected: fed.StatsRejected,
 		EvalsStored: fed.EvalsStored, EvalsRejected: fed.EvalsRejected, Privacy: v.privacy,
 		SecAgg: v.secAgg,
 	}, ch
+}
+
+// sortedCopy is a sorted copy of ids (nil for none, as before).
+func sortedCopy(ids []string) []string {
+	if len(ids) == 0 {
+		return nil
+	}
+	c := slices.Clone(ids)
+	slices.Sort(c)
+	return c
 }
 
 // Handler serves the console at / (package console), /metrics (Prometheus

@@ -356,39 +356,61 @@ type ClientStatus struct {
 // capabilities, version, last seen = max(stored, At)) and keeps its
 // participation count and recent loss. One transaction.
 func (s *AggStore) PutClientStatus(st ClientStatus) error {
-	if err := storage.CheckName("client id", st.ID); err != nil {
-		return err
-	}
-	err := s.db.Update(storage.InBucket(bucketClients, func(b *storage.Bucket) error {
-		c, _, err := getClient(b, st.ID)
-		if err != nil {
+	return s.PutClientStatuses([]ClientStatus{st})
+}
+
+// PutClientStatuses is PutClientStatus for each of sts in order, in one
+// transaction (one fsync for a burst of statuses); an invalid id writes
+// none of them.
+func (s *AggStore) PutClientStatuses(sts []ClientStatus) error {
+	for _, st := range sts {
+		if err := storage.CheckName("client id", st.ID); err != nil {
 			return err
 		}
-		c.Online = st.Online
-		if st.SampleCount > 0 {
-			c.SampleCount = st.SampleCount
-			if c.FirstSampleCount == 0 {
-				c.FirstSampleCount = st.SampleCount
+	}
+	if len(sts) == 0 {
+		return nil
+	}
+	err := s.db.Update(storage.InBucket(bucketClients, func(b *storage.Bucket) error {
+		for _, st := range sts {
+			if err := putStatus(b, st); err != nil {
+				return fmt.Errorf("storage: put status of %q: %w", st.ID, err)
 			}
 		}
-		if st.Capabilities != nil {
-			c.Capabilities = slices.Clone(st.Capabilities)
-		}
-		if st.SoftwareVersion != "" {
-			c.SoftwareVersion = st.SoftwareVersion
-		}
-		if st.Online {
-			c.ErrorReason, c.ErrorMessage = st.ErrorReason, st.ErrorMessage
-		}
-		if st.At.After(c.LastSeen) {
-			c.LastSeen = st.At
-		}
-		return putClient(b, c)
+		return nil
 	}))
 	if err != nil {
-		return fmt.Errorf("storage: put status of %q: %w", st.ID, err)
+		return fmt.Errorf("storage: put %d statuses: %w", len(sts), err)
 	}
 	return nil
+}
+
+// putStatus upserts one status in the clients bucket b.
+func putStatus(b *storage.Bucket, st ClientStatus) error {
+	c, _, err := getClient(b, st.ID)
+	if err != nil {
+		return err
+	}
+	c.Online = st.Online
+	if st.SampleCount > 0 {
+		c.SampleCount = st.SampleCount
+		if c.FirstSampleCount == 0 {
+			c.FirstSampleCount = st.SampleCount
+		}
+	}
+	if st.Capabilities != nil {
+		c.Capabilities = slices.Clone(st.Capabilities)
+	}
+	if st.SoftwareVersion != "" {
+		c.SoftwareVersion = st.SoftwareVersion
+	}
+	if st.Online {
+		c.ErrorReason, c.ErrorMessage = st.ErrorReason, st.ErrorMessage
+	}
+	if st.At.After(c.LastSeen) {
+		c.LastSeen = st.At
+	}
+	return putClient(b, c)
 }
 
 // Client returns one registry entry, or ErrNotFound. A read transaction.

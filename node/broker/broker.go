@@ -77,6 +77,10 @@ import (
 // wire.Limits.MaxMessageBytes at or below it.
 const DefaultMaxPacketSize = 16 << 20
 
+// DefaultMaxInflight is Config.MaxInflight's default: every packet id of
+// a connection, the most MQTT allows (queue.go).
+const DefaultMaxInflight = math.MaxUint16
+
 // DefaultSessionExpiry is how long a disconnected client's persistent
 // session (subscriptions, queued QoS 1 messages) is kept.
 const DefaultSessionExpiry = 30 * 24 * time.Hour
@@ -124,6 +128,11 @@ type Config struct {
 	// may make no progress before the connection is closed (stall.go); 0
 	// means DefaultWriteStall.
 	WriteStall time.Duration
+	// MaxInflight bounds the unacknowledged QoS 1 messages the broker
+	// holds for one client (mochi's MaximumInflight; queue.go): the
+	// aggregator's connection needs about one per site. 0 means
+	// DefaultMaxInflight.
+	MaxInflight uint16
 	// SiteQueue bounds the QoS 1 messages the broker holds for a client
 	// that is not a superuser (unacknowledged, or waiting while it is
 	// offline): past it the oldest are forgotten (queue.go). 0 means
@@ -275,6 +284,14 @@ func Start(cfg Config) (*Broker, error) {
 	// must not expire: mochi's default would drop them after one day.
 	caps.MaximumMessageExpiryInterval = 0
 	caps.MaximumQos = 1
+	caps.MaximumInflight = cfg.MaxInflight
+	if caps.MaximumInflight == 0 {
+		caps.MaximumInflight = DefaultMaxInflight
+	}
+	if n := len(cfg.Sites); n > int(caps.MaximumInflight)/2 {
+		log.Warn("more sites than two unacknowledged messages each fit for the aggregator: messages to it may be dropped (hint: use Mosquitto)",
+			"sites", n, "max_inflight", caps.MaximumInflight)
+	}
 
 	srv := mqtt.New(&mqtt.Options{
 		Capabilities: caps,
@@ -292,7 +309,7 @@ func Start(cfg Config) (*Broker, error) {
 	if err := srv.AddHook(lh, nil); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	qh := &queueHook{max: cfg.SiteQueue, super: h.super, info: srv.Info, log: log}
+	qh := &queueHook{max: cfg.SiteQueue, inflightMax: int(caps.MaximumInflight), super: h.super, info: srv.Info, log: log}
 	if qh.max == 0 {
 		qh.max = DefaultSiteQueue
 	}
@@ -327,7 +344,8 @@ func Start(cfg Config) (*Broker, error) {
 	log.Info("embedded MQTT broker listening", "addr", b.addr, "tls", b.tls,
 		"mutual_tls", cfg.TLS != nil && cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert,
 		"password_users", len(h.hashes), "max_packet_bytes", caps.MaximumPacketSize,
-		"rate_msgs_per_s", rl.Messages, "rate_burst", rl.Burst, "rate_bytes_per_s", rl.Bytes, "site_queue", qh.max)
+		"rate_msgs_per_s", rl.Messages, "rate_burst", rl.Burst, "rate_bytes_per_s", rl.Bytes, "site_queue", qh.max,
+		"max_inflight", caps.MaximumInflight)
 	return b, nil
 }
 

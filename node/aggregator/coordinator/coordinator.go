@@ -564,18 +564,27 @@ type Coordinator struct {
 	sel     aggregate.Selector
 	clients map[string]*client
 
-	phase        Phase
-	round        int
-	attempts     int             // selections announced for this round
-	selected     []string        // current selection, sorted
-	invited      map[string]bool // union of this round's selections
-	roster       map[string]bool // Config.FixedRoster, once fixed
-	received     map[string]bool // client -> partial, this round's contributors
-	deadline     time.Time
-	extended     bool // the current selection's deadline was extended
-	overdue      bool // a deadline passed below quorum: close on quorum
-	started      bool // waitingSince is set
-	waitingSince time.Time
+	phase    Phase
+	round    int
+	attempts int             // selections announced for this round
+	selected []string        // current selection, sorted
+	invited  map[string]bool // union of this round's selections
+	roster   map[string]bool // Config.FixedRoster, once fixed
+	received map[string]bool // client -> partial, this round's contributors
+	// receivedIDs lists received's ids in the order they came (receive,
+	// setReceived). It only grows within a round and is replaced, never
+	// truncated, so Summary hands out a prefix of it without a copy.
+	receivedIDs []string
+	// online and ready count the clients online and those online and not
+	// failing (setPresence), so that neither a status view nor the
+	// waiting phase's "can a round be drawn" walks the registry per
+	// event.
+	online, ready int
+	deadline      time.Time
+	extended      bool // the current selection's deadline was extended
+	overdue       bool // a deadline passed below quorum: close on quorum
+	started       bool // waitingSince is set
+	waitingSince  time.Time
 	// lastDraw is when the last selection was drawn (zero: none yet);
 	// settleUntil uses it.
 	lastDraw time.Time
@@ -624,7 +633,7 @@ func (c *Coordinator) resetRound(r int) {
 	c.attempts = 0
 	c.selected = nil
 	c.invited = map[string]bool{}
-	c.received = map[string]bool{}
+	c.setReceived(map[string]bool{})
 	c.deadline = time.Time{}
 	c.extended, c.overdue = false, false
 	c.resetSecAgg()
@@ -779,6 +788,37 @@ func (c *Coordinator) afterFinish(u UpdateArrived) []Decision {
 	return c.reject(u, RoundClosed)
 }
 
+// setPresence sets cl's online and failing flags and keeps the counts
+// (Coordinator.online, ready) in step: the one place they change.
+func (c *Coordinator) setPresence(cl *client, online, failing bool) {
+	c.online += b2i(online) - b2i(cl.online)
+	c.ready += b2i(online && !failing) - b2i(cl.online && !cl.failing)
+	cl.online, cl.failing = online, failing
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// receive adds id to the round's contributors (partial: its work was
+// partial).
+func (c *Coordinator) receive(id string, partial bool) {
+	if _, ok := c.received[id]; !ok {
+		c.receivedIDs = append(c.receivedIDs, id)
+	}
+	c.received[id] = partial
+}
+
+// setReceived replaces the round's contributors with m (receivedIDs in id
+// order).
+func (c *Coordinator) setReceived(m map[string]bool) {
+	c.received = m
+	c.receivedIDs = slices.Sorted(maps.Keys(m))
+}
+
 func (c *Coordinator) register(id string) *client {
 	cl := c.clients[id]
 	if cl == nil {
@@ -815,8 +855,7 @@ func (c *Coordinator) clientOnline(e ClientOnline) []Decision {
 		return []Decision{StaleStatus{ID: e.ID, Conn: e.Conn, Online: true}}
 	}
 	cl := c.register(e.ID)
-	cl.online = true
-	cl.failing = e.Failing
+	c.setPresence(cl, true, e.Failing)
 	cl.refused = e.Refused
 	cl.samples = max(e.Samples, 0)
 	cl.conn = max(cl.conn, e.Conn)
@@ -838,7 +877,7 @@ func (c *Coordinator) clientOffline(e ClientOffline) []Decision {
 	if cl.online {
 		cl.droppedAt = norm(e.At)
 	}
-	cl.online = false
+	c.setPresence(cl, false, cl.failing)
 	cl.conn = max(cl.conn, e.Conn)
 	return nil
 }
@@ -911,7 +950,7 @@ func (c *Coordinator) judgeUpdate(u UpdateArrived) Decision {
 func (c *Coordinator) update(u UpdateArrived, at time.Time) []Decision {
 	switch d := c.judgeUpdate(u).(type) {
 	case Accept:
-		c.received[u.Client] = u.Partial
+		c.receive(u.Client, u.Partial)
 		c.stored(c.clients[u.Client], u)
 		c.counters.Accepted++
 		out := []Decision{d}
@@ -943,7 +982,10 @@ func (c *Coordinator) closable() bool {
 	if c.overdue {
 		return true
 	}
-	if c.phase != PhaseCollecting {
+	if c.phase != PhaseCollecting || len(c.received) < len(c.selected) {
+		// Every selected client has reported only if at least as many
+		// have reported as are selected: without the walk below, which
+		// after every update made a round of K updates quadratic.
 		return false
 	}
 	for _, id := range c.selected {
@@ -1019,6 +1061,12 @@ func (c *Coordinator) Roster() []string {
 	return slices.Sorted(maps.Keys(c.roster))
 }
 
+// InRoster says whether id may be drawn under the fixed roster
+// (Config.FixedRoster): true when no roster is fixed (yet).
+func (c *Coordinator) InRoster(id string) bool {
+	return c.roster == nil || c.roster[id]
+}
+
 // pool lists the online clients that have not reported this round, sorted
 // (only the roster's, once it is fixed).
 func (c *Coordinator) pool() []string {
@@ -1035,16 +1083,26 @@ func (c *Coordinator) pool() []string {
 	return ids
 }
 
-// selectable says whether a selection from pool can reach quorum.
-func (c *Coordinator) selectable(pool []string) bool {
-	return len(pool) > 0 && len(c.received)+len(pool) >= c.cfg.Quorum && (c.attempts > 0 || c.dpFits(len(pool)))
+// poolSize is len(c.pool()), from the counts when nothing narrows the
+// online clients (no report yet this round, no fixed roster): the waiting
+// phase asks it after every status.
+func (c *Coordinator) poolSize() int {
+	if len(c.received) == 0 && c.roster == nil {
+		return c.ready
+	}
+	return len(c.pool())
+}
+
+// selectable says whether a selection from a pool of n can reach quorum.
+func (c *Coordinator) selectable(n int) bool {
+	return n > 0 && len(c.received)+n >= c.cfg.Quorum && (c.attempts > 0 || c.dpFits(n))
 }
 
 func (c *Coordinator) trySelect(at time.Time, out []Decision) []Decision {
-	pool := c.pool()
-	if !c.selectable(pool) || at.Before(c.settleUntil()) {
+	if at.Before(c.settleUntil()) || !c.selectable(c.poolSize()) {
 		return out
 	}
+	pool := c.pool()
 	c.lastDraw = at
 	if c.cfg.FixedRoster && c.roster == nil {
 		c.roster = make(map[string]bool, len(c.clients))
@@ -1190,7 +1248,7 @@ func (c *Coordinator) wantTimer() time.Time {
 	case PhaseCollecting:
 		return c.deadline
 	case PhaseWaiting:
-		if c.selectable(c.pool()) {
+		if c.selectable(c.poolSize()) {
 			return c.settleUntil()
 		}
 	case PhaseStatistics:

@@ -150,6 +150,7 @@ const (
 // fedState is the coordinator's part of the schema-run protocol.
 type fedState struct {
 	stats      map[string]bool // sites whose statistics were accepted
+	statsIDs   []string        // stats' ids in the order accepted (addStats; only grows, as receivedIDs)
 	evalRound  int             // the latest eval round asked for (0: none)
 	evalGot    map[string]bool // who reported evalRound
 	evalDone   bool            // EvalComplete (or Finished) sent for evalRound
@@ -161,7 +162,16 @@ type fedState struct {
 
 func (f *fedState) reset() {
 	f.stats = map[string]bool{}
+	f.statsIDs = nil
 	f.evalGot = map[string]bool{}
+}
+
+// addStats records that id's statistics were accepted.
+func (f *fedState) addStats(id string) {
+	if !f.stats[id] {
+		f.statsIDs = append(f.statsIDs, id)
+	}
+	f.stats[id] = true
 }
 
 func (f *fedState) statsList() []string {
@@ -335,7 +345,7 @@ func (c *Coordinator) statistics(e StatisticsArrived, at time.Time) []Decision {
 	if cl := c.register(e.Client); e.Samples > 0 {
 		cl.samples = e.Samples
 	}
-	c.fed.stats[e.Client] = true
+	c.fed.addStats(e.Client)
 	c.counters.StatsAccepted++
 	out := []Decision{AcceptStatistics{Client: e.Client}}
 	if n := len(c.fed.stats); n >= c.cfg.StatsSites || (c.overdue && n >= c.cfg.Quorum) {

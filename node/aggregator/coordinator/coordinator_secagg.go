@@ -304,7 +304,7 @@ func (c *Coordinator) judgeSecAgg(e SecAggArrived) Decision {
 			return rej(FutureRound)
 		case hasKey(c.received, e.Client):
 			return rej(Duplicate)
-		case !slices.Contains(c.selected, e.Client):
+		case !c.isSelected(e.Client):
 			return rej(NotSelected)
 		}
 		return AcceptSecAgg{Round: e.Round, Attempt: e.Attempt, Kind: e.Kind, Client: e.Client}
@@ -352,7 +352,7 @@ func (c *Coordinator) secAggArrived(e SecAggArrived, at time.Time) []Decision {
 			// An AdvertiseKeys is the site's update: it counts for the
 			// quorum as one does. (The registry records the round as the
 			// site's once its input is in the sum: secAggAdvanced.)
-			c.received[e.Client] = false
+			c.receive(e.Client, false)
 			c.counters.Accepted++
 			if c.closable() {
 				out = c.close(at, out)
@@ -429,7 +429,7 @@ func (c *Coordinator) secAggAdvanced(e SecAggAdvanced, at time.Time) []Decision 
 		// The session's inputs are void: a new session, a new selection
 		// (the next attempt; Step draws it now if it can).
 		c.sa = secAggState{attempt: c.sa.attempt + 1, lastAbort: e.Err, signed: c.sa.signed, listed: c.sa.listed}
-		c.received = map[string]bool{}
+		c.setReceived(map[string]bool{})
 		c.phase = PhaseWaiting
 		c.waitingSince = at
 		c.extended, c.overdue = false, false
@@ -445,7 +445,7 @@ func (c *Coordinator) secAggAdvanced(e SecAggAdvanced, at time.Time) []Decision 
 				c.stored(cl, UpdateArrived{Client: id, Round: c.round, Loss: math.NaN()})
 			}
 		}
-		c.received = received
+		c.setReceived(received)
 		c.sa.expect, c.sa.got = nil, nil
 		return c.close(at, nil)
 	}

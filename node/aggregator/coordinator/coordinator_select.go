@@ -99,7 +99,7 @@ func (c *Coordinator) reinvite(id string) []Decision {
 	if !c.cfg.Invitations || (c.phase != PhaseCollecting && c.phase != PhaseStalled) {
 		return nil
 	}
-	if _, done := c.received[id]; done || !slices.Contains(c.selected, id) {
+	if _, done := c.received[id]; done || !c.isSelected(id) {
 		return nil
 	}
 	return []Decision{Invite{Round: c.round, Client: id}}
@@ -118,3 +118,10 @@ func (c *Coordinator) SelectionKey() *[32]byte { return c.cfg.SelectionKey }
 
 // SelectorName names the selector the coordinator draws with.
 func (c *Coordinator) SelectorName() string { return c.sel.Name() }
+
+// isSelected says whether id is in the current selection (sorted: a
+// binary search, as a status or a message may ask it of K selected).
+func (c *Coordinator) isSelected(id string) bool {
+	_, ok := slices.BinarySearch(c.selected, id)
+	return ok
+}

@@ -48,7 +48,8 @@ func (g *gen) next(c *Coordinator) Event {
 		if g.rng.IntN(3) == 0 {
 			return ClientOffline{ID: g.anyID(), At: g.now}
 		}
-		return ClientOnline{ID: g.anyID(), Samples: g.rng.IntN(50) - 5, At: g.now}
+		// Now and then with a site error: online, not selectable.
+		return ClientOnline{ID: g.anyID(), Samples: g.rng.IntN(50) - 5, Failing: g.rng.IntN(8) == 0, At: g.now}
 	case p < 0.60:
 		id := g.anyID()
 		if len(g.selected) > 0 && g.rng.IntN(10) < 7 {
@@ -166,6 +167,7 @@ func (k *checker) fail(i int, ev Event, ds []Decision, format string, a ...any) 
 
 func (k *checker) check(i int, c *Coordinator, ev Event, ds []Decision) {
 	k.t.Helper()
+	k.summaryAgrees(i, c, ev, ds)
 	if k.finished && (len(ds) > 1 || len(ds) == 1 && !isReject(ds[0])) {
 		k.fail(i, ev, ds, "decision after Finished other than answering an update")
 	}
@@ -425,3 +427,32 @@ func proposed(t *testing.T, c *Coordinator, ev Event, fail bool) []Decision {
 }
 
 func isReject(d Decision) bool { _, ok := d.(Reject); return ok }
+
+// summaryAgrees: Summary, kept up by counts and lists that only grow,
+// says what Snapshot (which walks the whole state) says, and the count
+// the waiting phase draws with is the pool's size.
+func (k *checker) summaryAgrees(i int, c *Coordinator, ev Event, ds []Decision) {
+	k.t.Helper()
+	sum, st := c.Summary(), c.Snapshot()
+	var online, ready int
+	for _, cl := range st.Clients {
+		online += b2i(cl.Online)
+		ready += b2i(cl.Online && !cl.Failing)
+	}
+	var received []string
+	for _, r := range st.Received {
+		received = append(received, r.Client)
+	}
+	switch {
+	case sum.Online != online || c.ready != ready:
+		k.fail(i, ev, ds, "online %d, ready %d; the registry says %d, %d", sum.Online, c.ready, online, ready)
+	case !slices.Equal(sum.Selected, st.Selected):
+		k.fail(i, ev, ds, "summary selected %v, state %v", sum.Selected, st.Selected)
+	case !slices.Equal(slices.Sorted(slices.Values(sum.Received)), received):
+		k.fail(i, ev, ds, "summary received %v, state %v", sum.Received, received)
+	case !slices.Equal(slices.Sorted(slices.Values(sum.StatsSites)), st.StatsSites):
+		k.fail(i, ev, ds, "summary statistics sites %v, state %v", sum.StatsSites, st.StatsSites)
+	case c.poolSize() != len(c.pool()):
+		k.fail(i, ev, ds, "pool size %d, pool %v", c.poolSize(), c.pool())
+	}
+}

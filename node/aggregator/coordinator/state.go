@@ -187,6 +187,12 @@ func (c *Coordinator) Restore(s State) error {
 		clients[cs.ID] = cl
 	}
 	c.clients = clients
+	c.online, c.ready = 0, 0
+	for _, cl := range clients {
+		online, failing := cl.online, cl.failing
+		cl.online, cl.failing = false, false
+		c.setPresence(cl, online, failing)
+	}
 	c.phase = s.Phase
 	c.round = s.Round
 	c.attempts = s.Attempts
@@ -195,10 +201,11 @@ func (c *Coordinator) Restore(s State) error {
 	for _, id := range s.Invited {
 		c.invited[id] = true
 	}
-	c.received = make(map[string]bool, len(s.Received))
+	received := make(map[string]bool, len(s.Received))
 	for _, r := range s.Received {
-		c.received[r.Client] = r.Partial
+		received[r.Client] = r.Partial
 	}
+	c.setReceived(received)
 	c.deadline = norm(s.Deadline)
 	c.extended, c.overdue = s.Extended, s.Overdue
 	c.started = s.Started
@@ -212,7 +219,7 @@ func (c *Coordinator) Restore(s State) error {
 	c.counters = s.Counters.clone()
 	c.fed.reset()
 	for _, id := range s.StatsSites {
-		c.fed.stats[id] = true
+		c.fed.addStats(id)
 	}
 	for _, id := range s.EvalGot {
 		c.fed.evalGot[id] = true
@@ -361,34 +368,30 @@ func (c *Coordinator) MarshalState() ([]byte, error) {
 	return b, nil
 }
 
-// Summary is what the shell's view and metrics read of the coordinator:
-// cheaper than Snapshot (no registry entries, no selector state).
+// Summary is what the shell's view and metrics read of the coordinator
+// after every batch of decisions: it costs the same at any number of
+// sites (no registry walk, no copy or sort of a list; Snapshot has those).
+// Its lists share the coordinator's memory and are read only: the
+// coordinator replaces a list, never writes into one it handed out, so
+// another goroutine may read them (and copy them to sort) after the shell
+// hands them over under its own lock.
 type Summary struct {
 	Round      int
 	Phase      Phase
 	Deadline   time.Time
 	Selected   []string // sorted
-	Received   []string // this round's contributors, sorted
+	Received   []string // this round's contributors, in the order they came
 	Clients    int      // known clients
 	Online     int
 	Counters   Counters
-	StatsSites []string // sorted
+	StatsSites []string // in the order accepted
 	StopReason string
 }
 
-// Summary returns the summary of the current state (copies).
+// Summary returns the summary of the current state.
 func (c *Coordinator) Summary() Summary {
-	s := Summary{Round: c.round, Phase: c.phase, Deadline: c.deadline, Selected: slices.Clone(c.selected),
-		Received: make([]string, 0, len(c.received)), Clients: len(c.clients), Counters: c.counters.clone(),
-		StatsSites: c.fed.statsList(), StopReason: c.fed.stopReason}
-	for id := range c.received {
-		s.Received = append(s.Received, id)
-	}
-	slices.Sort(s.Received)
-	for _, cl := range c.clients {
-		if cl.online {
-			s.Online++
-		}
-	}
-	return s
+	return Summary{Round: c.round, Phase: c.phase, Deadline: c.deadline, Selected: c.selected[:len(c.selected):len(c.selected)],
+		Received: c.receivedIDs[:len(c.receivedIDs):len(c.receivedIDs)], Clients: len(c.clients), Online: c.online,
+		Counters: c.counters.clone(), StatsSites: c.fed.statsIDs[:len(c.fed.statsIDs):len(c.fed.statsIDs)],
+		StopReason: c.fed.stopReason}
 }
