@@ -44,28 +44,9 @@ tail:
 		return 0, false
 	}
 	if i < n {
-		if s[i] != 'e' && s[i] != 'E' {
+		e, ok := parseExponent(s[i:])
+		if !ok {
 			return 0, false
-		}
-		i++
-		eneg := false
-		if i < n && (s[i] == '+' || s[i] == '-') {
-			eneg = s[i] == '-'
-			i++
-		}
-		if i == n || n-i > 3 {
-			return 0, false
-		}
-		e := 0
-		for ; i < n; i++ {
-			c := s[i]
-			if c < '0' || c > '9' {
-				return 0, false
-			}
-			e = e*10 + int(c-'0')
-		}
-		if eneg {
-			e = -e
 		}
 		exp += e
 	}
@@ -82,4 +63,33 @@ tail:
 		return f / pow10[-exp], true
 	}
 	return 0, false
+}
+
+// parseExponent parses a decimal's exponent part, (e|E)[+-]digits with at
+// most three characters after the e (the fast path needs |e| <= 22 anyway).
+func parseExponent(s string) (e int, ok bool) {
+	i, n := 0, len(s)
+	if n == 0 || (s[0] != 'e' && s[0] != 'E') {
+		return 0, false
+	}
+	i++
+	neg := false
+	if i < n && (s[i] == '+' || s[i] == '-') {
+		neg = s[i] == '-'
+		i++
+	}
+	if i == n || n-i > 3 {
+		return 0, false
+	}
+	for ; i < n; i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		e = e*10 + int(c-'0')
+	}
+	if neg {
+		e = -e
+	}
+	return e, true
 }
