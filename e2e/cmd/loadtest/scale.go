@@ -72,6 +72,7 @@ type scaleOptions struct {
 	perfFreq                  int
 	timeout, connectTimeout   time.Duration
 	keepAlive, receiptTimeout time.Duration
+	resendMin, resendMax      time.Duration
 }
 
 func runScale(args []string) error {
@@ -142,6 +143,7 @@ func runScale(args []string) error {
 	defer stopSampling()
 	go cpu.run(sctx, agg)
 	go fleet.report(sctx, 15*time.Second)
+	go fleet.retryLoop(sctx)
 
 	// The profile covers the measured rounds: from round 1's aggregation
 	// (every session has its update by then) to the end.
@@ -217,6 +219,8 @@ func parseScaleFlags(args []string) (scaleOptions, error) {
 	fs.DurationVar(&o.connectTimeout, "connect-timeout", time.Minute, "a session's MQTT connect timeout")
 	fs.DurationVar(&o.keepAlive, "keepalive", time.Minute, "the sessions' MQTT keep-alive, and how long a ping may wait for its answer (paho's default, 10 s, drops sessions of a loaded broker)")
 	fs.DurationVar(&o.receiptTimeout, "receipt-timeout", time.Minute, "after the federation finished: how long the last receipts may take")
+	fs.DurationVar(&o.resendMin, "resend-min", 2*time.Second, "re-send an update still without a receipt after this, doubling up to --resend-max, as the agent does (its reconnect_min)")
+	fs.DurationVar(&o.resendMax, "resend-max", time.Minute, "the longest wait between re-sends of an update without a receipt (the agent's reconnect_max)")
 	_ = fs.Parse(args) // flag.ExitOnError: Parse exits on a bad flag
 	switch {
 	case o.aggBin == "" || o.data == "":
@@ -227,6 +231,8 @@ func parseScaleFlags(args []string) (scaleOptions, error) {
 		return o, fmt.Errorf("scale: --algorithm %q: want fedprox or fedavg (a delta against the announced model stays valid; see scale.go)", o.algo)
 	case o.sites < 1 || o.rounds < 2 || o.connects < 1:
 		return o, errors.New("scale: --sites and --connects must be >= 1, --rounds >= 2")
+	case o.resendMin <= 0 || o.resendMax < o.resendMin:
+		return o, errors.New("scale: --resend-min must be > 0 and --resend-max >= --resend-min")
 	}
 	return o, nil
 }
@@ -265,7 +271,10 @@ type fleet struct {
 	errs   []string
 	nerr   atomic.Int64
 	lost   atomic.Int64
-	resent atomic.Int64
+	resent atomic.Int64 // on a re-announcement
+	// retried: re-sent because no receipt came in time (the agent's
+	// backoff from reconnect_min to reconnect_max).
+	retried atomic.Int64
 }
 
 type decodedAnn struct {
@@ -291,6 +300,9 @@ type session struct {
 	seen     uint64             // the last round announced to it
 	sent     uint64             // the last round it published an update for
 	receipts map[uint64]wire.ReceiptCode
+	last     []byte        // the update of round sent, as published
+	backoff  time.Duration // the wait before its next re-send
+	retryAt  time.Time     // when it is re-sent if no receipt has come
 }
 
 func newFleet(o scaleOptions, fed *dataset.Federated, federation string, ids []string) (*fleet, error) {
@@ -487,8 +499,47 @@ func (s *session) onRound(raw []byte) {
 		s.f.fail("%s: encode: %v", s.id, err)
 		return
 	}
-	s.sent = ann.Round
+	s.sent, s.last = ann.Round, b
+	s.backoff = s.f.o.resendMin
+	s.retryAt = time.Now().Add(s.backoff)
 	s.c.Publish(s.update, 1, false, b) // QoS 1 in the persistent session; the receipt is what is awaited
+}
+
+// retry re-sends the session's last update when it still has no receipt
+// at its retry time, and doubles the wait, as the agent re-sends an
+// update from its outbox (its backoff from reconnect_min to
+// reconnect_max; the aggregator answers a copy it stored DUPLICATE).
+func (s *session) retry(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.last == nil || now.Before(s.retryAt) {
+		return
+	}
+	if _, ok := s.receipts[s.sent]; ok {
+		s.last = nil
+		return
+	}
+	s.f.retried.Add(1)
+	s.backoff = min(2*s.backoff, s.f.o.resendMax)
+	s.retryAt = now.Add(s.backoff)
+	s.c.Publish(s.update, 1, false, s.last)
+}
+
+// retryLoop checks every session for an update due to be re-sent, four
+// times a second, until ctx ends.
+func (f *fleet) retryLoop(ctx context.Context) {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			for _, s := range f.ss {
+				s.retry(now)
+			}
+		}
+	}
 }
 
 // solve is the site's one real solve: the agent's local FedProx solve on
@@ -572,7 +623,7 @@ func (f *fleet) summary() string {
 	f.errMu.Lock()
 	errs := slices.Clone(f.errs)
 	f.errMu.Unlock()
-	return fmt.Sprintf("%s; %d errors %q, %d connections lost, %d updates re-sent", f.progress(), f.nerr.Load(), errs, f.lost.Load(), f.resent.Load())
+	return fmt.Sprintf("%s; %d errors %q, %d connections lost, %d updates re-sent on a re-announcement, %d without a receipt in time", f.progress(), f.nerr.Load(), errs, f.lost.Load(), f.resent.Load(), f.retried.Load())
 }
 
 // progress counts the sessions by the last round announced to them, sent
@@ -609,7 +660,7 @@ func (f *fleet) report(ctx context.Context, d time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-time.After(d):
-			fmt.Fprintf(os.Stderr, "scale: %s; %d connections lost\n", f.progress(), f.lost.Load())
+			fmt.Fprintf(os.Stderr, "scale: %s; %d connections lost; %d updates re-sent without a receipt\n", f.progress(), f.lost.Load(), f.retried.Load())
 		}
 	}
 }
@@ -716,7 +767,7 @@ func printScaleResult(o scaleOptions, agg *aggProc, mq *mosq, cpu *cpuSampler, f
 	if prof != nil {
 		fmt.Print(prof.report(25))
 	}
-	fmt.Printf("RESULT sites=%d broker=%s rounds=%d algorithm=%s per_round_mean_s=%.3f per_round_median_s=%.3f aggregator_cpu_s_per_round=%.2f aggregator_vmhwm_kb=%d mosquitto_vmhwm_kb=%d loadgen_vmhwm_kb=%d receipts=%d connections_lost=%d resent=%d load_start=%s load_end=%s cores=%d\n",
-		o.sites, o.broker, o.rounds, o.algo, mean, med, cmean, hwm, mqHWM, selfHWM, o.rounds*len(f.ss), f.lost.Load(), f.resent.Load(), load0, loadAvg(), runtime.NumCPU())
+	fmt.Printf("RESULT sites=%d broker=%s rounds=%d algorithm=%s per_round_mean_s=%.3f per_round_median_s=%.3f aggregator_cpu_s_per_round=%.2f aggregator_vmhwm_kb=%d mosquitto_vmhwm_kb=%d loadgen_vmhwm_kb=%d receipts=%d connections_lost=%d resent=%d resent_no_receipt=%d load_start=%s load_end=%s cores=%d\n",
+		o.sites, o.broker, o.rounds, o.algo, mean, med, cmean, hwm, mqHWM, selfHWM, o.rounds*len(f.ss), f.lost.Load(), f.resent.Load(), f.retried.Load(), load0, loadAvg(), runtime.NumCPU())
 	return nil
 }
