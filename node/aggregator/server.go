@@ -501,6 +501,10 @@ type Server struct {
 	client  mqtt.Client
 	timer   clock.Timer // the coordinator's one timer (SetTimer); nil when none
 
+	// wScratch holds the w of the update being stored (updateRecord,
+	// FedProx family), loop-owned: checked, then dropped.
+	wScratch []float64
+
 	runCtx     context.Context
 	ran        atomic.Bool
 	closed     atomic.Bool
@@ -1515,7 +1519,17 @@ func (s *Server) updateRecord(u *inUpdate, now time.Time) (aggstore.Update, []fl
 	if isSplit(s.fam) {
 		what = "z"
 	}
-	v, err := s.vectorOf(u.msg, u.vec) // w as closedUpdates will compute it, or the new copy of z_j
+	// w as closedUpdates will compute it, or the new copy of z_j. w is
+	// only checked here, so it goes into the event loop's scratch (a
+	// vector's allocation per update less); z_j is kept by the group.
+	var dst []float64
+	if !isSplit(s.fam) {
+		dst = s.wScratch
+	}
+	v, err := s.vectorOf(dst, u.msg, u.vec)
+	if !isSplit(s.fam) && err == nil && uplink.BaseOf(uplink.HeaderOf(u.msg)) != uplink.BaseNone {
+		s.wScratch = v // (a FULL vector is u.vec itself, not scratch)
+	}
 	if err != nil {
 		return aggstore.Update{}, nil, err
 	}
@@ -1537,7 +1551,7 @@ func (s *Server) updateRecord(u *inUpdate, now time.Time) (aggstore.Update, []fl
 // round 0), or this server's copy of z_j plus d when the copy is the one
 // base_round set (uplink.ErrBaseMismatch otherwise). Only the base the
 // update names is read.
-func (s *Server) vectorOf(m *wire.ClientUpdate, d []float64) ([]float64, error) {
+func (s *Server) vectorOf(dst []float64, m *wire.ClientUpdate, d []float64) ([]float64, error) {
 	h := uplink.HeaderOf(m)
 	var x []float64
 	var held *uplink.Copy
@@ -1562,7 +1576,7 @@ func (s *Server) vectorOf(m *wire.ClientUpdate, d []float64) ([]float64, error) 
 			held = &uplink.Copy{Round: r, Z: zc}
 		}
 	}
-	return uplink.Receive(h, d, x, held)
+	return uplink.ReceiveInto(dst, h, d, x, held)
 }
 
 // globalOf returns the global model announced for round (read-only).

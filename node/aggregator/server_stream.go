@@ -74,7 +74,8 @@ func (s *Server) streamAggregate(cr coordinator.CloseRound, a aggregate.Summable
 			if k >= len(counts) || counts[k].Client != u.ClientID {
 				return fmt.Errorf("stored update of %q: not the one whose sample count was read (the round log changed while it was read)", u.ClientID)
 			}
-			vec, err := uplink.Receive(uplink.HeaderOf(m), d, s.global, nil)
+			// In place: d is the pass's decode buffer, read once.
+			vec, err := uplink.ReceiveInto(d, uplink.HeaderOf(m), d, s.global, nil)
 			if err != nil {
 				return fmt.Errorf("stored update of %q: %w", u.ClientID, err)
 			}

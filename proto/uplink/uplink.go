@@ -261,6 +261,14 @@ func DamagedCopy(baseRound uint64) error {
 // otherwise the result is a new slice, base + d. A Z_DELTA whose copy fails
 // CheckCopy is an error wrapping ErrBaseMismatch.
 func Receive(h Header, d, global []float64, held *Copy) ([]float64, error) {
+	return ReceiveInto(nil, h, d, global, held)
+}
+
+// ReceiveInto is Receive writing base + d into dst's storage when it has
+// the capacity (dst may be d itself: each value is read before it is
+// written), else into a new slice: the same sum, without a vector's
+// allocation per update where the caller has scratch to spare.
+func ReceiveInto(dst []float64, h Header, d, global []float64, held *Copy) ([]float64, error) {
 	var base []float64
 	switch BaseOf(h) {
 	case BaseNone:
@@ -276,7 +284,12 @@ func Receive(h Header, d, global []float64, held *Copy) ([]float64, error) {
 	if len(base) != len(d) {
 		return nil, fmt.Errorf("uplink: %d decoded values, a base of %d", len(d), len(base))
 	}
-	out := make([]float64, len(d))
+	out := dst[:0:0]
+	if cap(dst) >= len(d) {
+		out = dst[:len(d)]
+	} else {
+		out = make([]float64, len(d))
+	}
 	for i := range out {
 		out[i] = base[i] + d[i] // bit for bit on both sides: this is the one sum
 	}
