@@ -261,14 +261,6 @@ func DamagedCopy(baseRound uint64) error {
 // otherwise the result is a new slice, base + d. A Z_DELTA whose copy fails
 // CheckCopy is an error wrapping ErrBaseMismatch.
 func Receive(h Header, d, global []float64, held *Copy) ([]float64, error) {
-	return ReceiveInto(nil, h, d, global, held)
-}
-
-// ReceiveInto is Receive writing base + d into dst's storage when it has
-// the capacity (dst may be d itself: each value is read before it is
-// written), else into a new slice: the same sum, without a vector's
-// allocation per update where the caller has scratch to spare.
-func ReceiveInto(dst []float64, h Header, d, global []float64, held *Copy) ([]float64, error) {
 	var base []float64
 	switch BaseOf(h) {
 	case BaseNone:
@@ -284,14 +276,25 @@ func ReceiveInto(dst []float64, h Header, d, global []float64, held *Copy) ([]fl
 	if len(base) != len(d) {
 		return nil, fmt.Errorf("uplink: %d decoded values, a base of %d", len(d), len(base))
 	}
-	out := dst[:0:0]
-	if cap(dst) >= len(d) {
-		out = dst[:len(d)]
-	} else {
-		out = make([]float64, len(d))
-	}
+	return add(make([]float64, len(d)), base, d), nil
+}
+
+// add sets out to base + d, bit for bit on both sides: this is the one sum.
+func add(out, base, d []float64) []float64 {
 	for i := range out {
-		out[i] = base[i] + d[i] // bit for bit on both sides: this is the one sum
+		out[i] = base[i] + d[i]
 	}
-	return out, nil
+	return out
+}
+
+// ReceiveInto is Receive writing a DELTA's base + d into dst's storage when
+// it has the room (dst may be d itself: each value is read before it is
+// written): the same sum, without a vector's allocation per update where
+// the aggregator has scratch to spare. Any other update, or a dst too
+// short, is Receive's.
+func ReceiveInto(dst []float64, h Header, d, global []float64, held *Copy) ([]float64, error) {
+	if BaseOf(h) != BaseGlobal || cap(dst) < len(d) || len(global) != len(d) {
+		return Receive(h, d, global, held)
+	}
+	return add(dst[:len(d)], global, d), nil
 }
