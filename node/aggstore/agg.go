@@ -1312,3 +1312,8 @@ func (s *AggStore) LatestCheckpoint() (round uint64, vec []float64, err error) {
 	})
 	return round, vec, err
 }
+
+// ReleaseMapped gives back the pages of the file's map this process has
+// read (storage.DB.ReleaseMapped): the aggregator reads a whole round's
+// updates back at every close.
+func (s *AggStore) ReleaseMapped() error { return s.db.ReleaseMapped() }
