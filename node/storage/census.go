@@ -85,25 +85,11 @@ func keyHash(h uint64, k []byte) uint64 {
 	return fnvAdd(h, k)
 }
 
-// censusRelease is how many entries a census walks between two releases of
-// the pages it mapped (releaseMapped). The walk reads only keys, but each
-// page fault maps the file's cached pages around it too (the kernel's
-// fault-around, 64 KB), so walking a bucket of large values, such as every
-// stored update of every round, would otherwise bring the whole bucket into
-// the process's RSS: 125 MB at 1,000 sites after four rounds, at every
-// round's close.
-const censusRelease = 128
-
 func tallyBucket(b *bolt.Bucket, path uint64, t *tally) error {
 	return b.ForEach(func(k, v []byte) error {
 		h := keyHash(path, k)
 		t.n++
 		t.sum += h
-		if t.n%censusRelease == 0 {
-			if err := releaseMapped(b.Tx()); err != nil {
-				return fmt.Errorf("storage: release the map during the census of %s: %w", t.name, err)
-			}
-		}
 		if v != nil {
 			return nil
 		}

@@ -17,7 +17,7 @@ import (
 // back from it (the same bytes: bbolt writes through the file, never
 // through the map). It runs inside a read transaction, which holds bbolt's
 // map lock: the map cannot be replaced, and its address reused, meanwhile.
-func (d *DB) ReleaseMapped() error {
+func ReleaseMapped(d *DB) error {
 	return d.View(func(tx *Tx) error {
 		if err := releaseMapped(tx.Tx); err != nil {
 			return fmt.Errorf("storage: release the map of %s: %w", d.path, err)

@@ -33,9 +33,10 @@ func rssFileKB(t *testing.T) int {
 
 // TestReleaseMapped: reading a file's values back through bbolt's map
 // leaves them resident until ReleaseMapped gives the pages back; the values
-// read afterwards are the same bytes; Open, whose checks read every value,
-// and a census of the bucket, which reads its keys, leave no more than a
-// fraction of the file resident.
+// read afterwards are the same bytes; after Open, whose checks read every
+// value, ReleaseMapped does the same; and the census walk of
+// SForEachReleasing, which reads keys, leaves no more than a fraction of
+// the file resident, counting what SForEach's does.
 func TestReleaseMapped(t *testing.T) {
 	const n, size = 512, 32 << 10 // 16 MiB of values
 	path := filepath.Join(t.TempDir(), "things.db")
@@ -72,7 +73,7 @@ func TestReleaseMapped(t *testing.T) {
 	}
 	readAll()
 	read := rssFileKB(t)
-	if err := db.ReleaseMapped(); err != nil {
+	if err := ReleaseMapped(db); err != nil {
 		t.Fatal(err)
 	}
 	released := rssFileKB(t)
@@ -92,17 +93,46 @@ func TestReleaseMapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
+	if err := ReleaseMapped(db); err != nil { // as aggstore.OpenAgg does
+		t.Fatal(err)
+	}
 	after := rssFileKB(t)
 	if after-before > total/4 {
-		t.Errorf("Open left %d kB of the %d kB file resident (RssFile %d -> %d kB): want at most %d kB", after-before, total, before, after, total/4)
+		t.Errorf("Open and ReleaseMapped left %d kB of the %d kB file resident (RssFile %d -> %d kB): want at most %d kB", after-before, total, before, after, total/4)
 	}
 	// A census of the bucket (what every sealed listing checks first)
-	// reads only keys, but the faults map the values' pages around them.
-	if err := db.View(func(tx *Tx) error { return CheckCensus(tx, string(bucketThings), true) }); err != nil {
+	// reads only keys, but the faults map the values' pages around them:
+	// SForEachReleasing's walk gives them back, and counts the same.
+	var walked, want tally
+	if err := db.View(func(tx *Tx) error {
+		b := tx.Tx.Bucket(bucketThings)
+		if err := tallyBucket(b, fnvOffset, &want); err != nil {
+			return err
+		}
+		if err := ReleaseMapped(db); err != nil {
+			return err
+		}
+		after = rssFileKB(t)
+		return tallyReleasing(b, fnvOffset, &walked)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if census := rssFileKB(t); census-after > total/4 {
 		t.Errorf("the census of %d values left %d kB of the %d kB file resident (RssFile %d -> %d kB): want at most %d kB",
 			n, census-after, total, after, census, total/4)
+	}
+	if walked != want {
+		t.Errorf("tallyReleasing counted %+v, tallyBucket %+v", walked, want)
+	}
+	var listed [2]int
+	for i, each := range []func(*Bucket, string, func(k, v []byte) error) error{SForEach, SForEachReleasing} {
+		if err := db.View(InBucket(bucketThings, func(b *Bucket) error {
+			return each(b, "things", func(k, v []byte) error { listed[i]++; return nil })
+		})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if listed != [2]int{n, n} {
+		t.Errorf("SForEach and SForEachReleasing listed %v values, want %d each", listed, n)
 	}
 }

@@ -228,12 +228,6 @@ func Open(path string, sc Schema, opts Options) (*DB, error) {
 		_ = db.Close()
 		return nil, err
 	}
-	// The checks read every page through the map: give them back (a
-	// restarted daemon would otherwise carry its whole file in its RSS).
-	if err := db.ReleaseMapped(); err != nil {
-		_ = db.Close()
-		return nil, err
-	}
 	return db, nil
 }
 
