@@ -5,7 +5,9 @@
 #   scripts/bench-e2e.sh [OUTDIR]            (default bench-results; writes OUTDIR/e2e)
 #
 # Environment: CLIENTS (100), ROUNDS (20), EPOCHS (5), KS ("100 10": the
-# per-round K values to measure), KILLS (5; 0: no recovery part), KILL_ROUNDS (12), SEED (1).
+# per-round K values to measure), REPEATS (1: MQTT and simulate runs per K,
+# interleaved; each ratio, and their median), KILLS (5; 0: no recovery
+# part), KILL_ROUNDS (12), SEED (1).
 #
 # Setup: multinomial logistic regression, 784 features x 10 classes (7,850
 # parameters), on a synthetic MNIST-shaped data set (loadtest gen: 22,000
@@ -37,6 +39,7 @@ CLIENTS=${CLIENTS:-100}
 ROUNDS=${ROUNDS:-20}
 EPOCHS=${EPOCHS:-5}
 KS=${KS:-"100 10"}
+REPEATS=${REPEATS:-1}
 KILLS=${KILLS:-5}
 KILL_ROUNDS=${KILL_ROUNDS:-12}
 SEED=${SEED:-1}
@@ -47,34 +50,63 @@ need_mosquitto
 data="$out/data"
 loadtest_data "$data" "$SEED"
 
+# The centralised optimum simulate measures its gap against is computed
+# once here (minutes; cached in $out/optima), so that no pair's simulate
+# CPU seconds include it.
+"$bin/broker-agg" simulate --dataset "idx:$data" --partition iid --clients "$CLIENTS" --per-round 1 \
+  --rounds 1 --epochs 1 --seed "$SEED" --algo fedproxsplit "${train_flags[@]}" \
+  --optimum-cache "$out/optima" --out "$out/sim-optimum" >/dev/null 2>&1
 summary=()
+ratios=()
 for K in $KS; do
-  echo "== MQTT: $CLIENTS agents, K = $K, $ROUNDS rounds, $EPOCHS epochs"
-  "$bin/loadtest" run --broker-agg "$bin/broker-agg" --data "$data" --clients "$CLIENTS" --per-round "$K" \
-    --rounds "$ROUNDS" --epochs "$EPOCHS" --seed "$SEED" "${train_flags[@]}" | tee "$out/mqtt-k$K.txt"
-  echo "== simulate: the same configuration"
-  rm -rf "$out/sim-k$K"
-  /usr/bin/time -v "$bin/broker-agg" simulate --dataset "idx:$data" --partition iid --clients "$CLIENTS" --per-round "$K" \
-    --rounds "$ROUNDS" --epochs "$EPOCHS" --seed "$SEED" --algo fedproxsplit "${train_flags[@]}" \
-    --eval-every "$ROUNDS" --optimum-cache "$out/optima" --out "$out/sim-k$K" >"$out/sim-k$K.txt" 2>"$out/sim-k$K.log"
-  "$bin/loadtest" simstats --results "$out/sim-k$K/results.json" | tee -a "$out/sim-k$K.txt"
-  mqtt=$(sed -n 's/.*per_round_mean_s=\([0-9.]*\).*/\1/p' "$out/mqtt-k$K.txt")
-  mqttmed=$(sed -n 's/.*per_round_median_s=\([0-9.]*\).*/\1/p' "$out/mqtt-k$K.txt")
-  hwm=$(sed -n 's/.*aggregator_vmhwm_kb=\([0-9]*\).*/\1/p' "$out/mqtt-k$K.txt")
-  sim=$(sed -n 's/^SIM .*per_round_mean_s=\([0-9.]*\).*/\1/p' "$out/sim-k$K.txt")
-  simmed=$(sed -n 's/^SIM .*per_round_median_s=\([0-9.]*\).*/\1/p' "$out/sim-k$K.txt")
-  simrss=$(sed -n 's/.*Maximum resident set size (kbytes): \([0-9]*\).*/\1/p' "$out/sim-k$K.log")
-  ratio=$(awk -v a="$mqtt" -v b="$sim" 'BEGIN { printf "%.2f", a / b }')
-  summary+=("| $CLIENTS | $K | $ROUNDS | $EPOCHS | $mqtt ($mqttmed) | $sim ($simmed) | $ratio | $((hwm / 1024)) | $((simrss / 1024)) |")
+  walls=() cpus=()
+  for rep in $(seq 1 "$REPEATS"); do
+    # MQTT and simulate one after the other, REPEATS times (interleaved:
+    # the load of a shared machine moves between runs, so each ratio
+    # compares neighbours and the median is reported).
+    sfx="k$K"
+    ((REPEATS > 1)) && sfx="k$K-r$rep"
+    l0=$(cut -d' ' -f1 /proc/loadavg)
+    echo "== MQTT: $CLIENTS agents, K = $K, $ROUNDS rounds, $EPOCHS epochs (repeat $rep of $REPEATS)"
+    /usr/bin/time -f "CPU user=%U sys=%S" -o "$out/mqtt-$sfx.time" \
+      "$bin/loadtest" run --broker-agg "$bin/broker-agg" --data "$data" --clients "$CLIENTS" --per-round "$K" \
+      --rounds "$ROUNDS" --epochs "$EPOCHS" --seed "$SEED" "${train_flags[@]}" | tee "$out/mqtt-$sfx.txt"
+    echo "== simulate: the same configuration"
+    rm -rf "$out/sim-$sfx"
+    /usr/bin/time -v "$bin/broker-agg" simulate --dataset "idx:$data" --partition iid --clients "$CLIENTS" --per-round "$K" \
+      --rounds "$ROUNDS" --epochs "$EPOCHS" --seed "$SEED" --algo fedproxsplit "${train_flags[@]}" \
+      --eval-every "$ROUNDS" --optimum-cache "$out/optima" --out "$out/sim-$sfx" >"$out/sim-$sfx.txt" 2>"$out/sim-$sfx.log"
+    "$bin/loadtest" simstats --results "$out/sim-$sfx/results.json" | tee -a "$out/sim-$sfx.txt"
+    l1=$(cut -d' ' -f1 /proc/loadavg)
+    mqtt=$(sed -n 's/.*per_round_mean_s=\([0-9.]*\).*/\1/p' "$out/mqtt-$sfx.txt")
+    mqttmed=$(sed -n 's/.*per_round_median_s=\([0-9.]*\).*/\1/p' "$out/mqtt-$sfx.txt")
+    hwm=$(sed -n 's/.*aggregator_vmhwm_kb=\([0-9]*\).*/\1/p' "$out/mqtt-$sfx.txt")
+    sim=$(sed -n 's/^SIM .*per_round_mean_s=\([0-9.]*\).*/\1/p' "$out/sim-$sfx.txt")
+    simmed=$(sed -n 's/^SIM .*per_round_median_s=\([0-9.]*\).*/\1/p' "$out/sim-$sfx.txt")
+    simrss=$(sed -n 's/.*Maximum resident set size (kbytes): \([0-9]*\).*/\1/p' "$out/sim-$sfx.log")
+    # CPU seconds of each whole command (user + system; the MQTT one
+    # includes the agents, broker-agg and Mosquitto, which the loadtest
+    # waits for): less moved by the load than the wall clock.
+    mcpu=$(awk '/^CPU/ { split($2, u, "="); split($3, s, "="); printf "%.1f", u[2] + s[2] }' "$out/mqtt-$sfx.time")
+    scpu=$(awk -F': ' '/User time/ { u = $2 } /System time/ { s = $2 } END { printf "%.1f", u + s }' "$out/sim-$sfx.log")
+    ratio=$(awk -v a="$mqtt" -v b="$sim" 'BEGIN { printf "%.2f", a / b }')
+    cratio=$(awk -v a="$mcpu" -v b="$scpu" 'BEGIN { printf "%.2f", a / b }')
+    walls+=("$ratio") cpus+=("$cratio")
+    summary+=("| $CLIENTS | $K | $ROUNDS | $EPOCHS | $mqtt ($mqttmed) | $sim ($simmed) | $ratio | $mcpu / $scpu = $cratio | $((hwm / 1024)) | $((simrss / 1024)) | $l0-$l1 |")
+  done
+  medof() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+  ratios+=("K = $K: wall ratios ${walls[*]}, median $(medof "${walls[@]}"); CPU ratios ${cpus[*]}, median $(medof "${cpus[@]}")")
 done
 
 overhead_table() {
   echo
   echo "## End to end over MQTT vs simulate (784 x 10 logreg, 7,850 parameters; $(nproc) cores)"
   echo
-  echo "| clients | K | rounds | epochs | MQTT s/round mean (median) | simulate s/round mean (median) | overhead ratio | broker-agg VmHWM MB | simulate max RSS MB |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| clients | K | rounds | epochs | MQTT s/round mean (median) | simulate s/round mean (median) | overhead ratio | CPU s, MQTT / simulate (whole commands) | broker-agg VmHWM MB | simulate max RSS MB | load average (1 min) |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${summary[@]}"
+  echo
+  printf '%s\n' "${ratios[@]}"
 }
 if ((KILLS == 0)); then # the overhead table only
   overhead_table

@@ -381,6 +381,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	startHeapProfile(ctx, log)
 	// Everything checkable without side effects, before --rollback, the
 	// broker or the state file is touched (the broker URL is set below).
 	vc := cfg

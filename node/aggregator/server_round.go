@@ -157,6 +157,12 @@ func (s *Server) closeRound(ctx context.Context, cr coordinator.CloseRound) erro
 	if err != nil {
 		return err
 	}
+	// The close read the round's updates back through the store's map:
+	// without this its pages stay in the RSS, a round log's worth per
+	// round (31 MB at 1,000 sites of 7,850 fp32 values).
+	if err := s.store.ReleaseMapped(); err != nil {
+		s.log.Warn("releasing the state file's mapped pages", "round", r, "err", err)
+	}
 	s.receiptSumSecAgg(cr) // after S is stored with the checkpoint: persist before send
 	agg := coordinator.AggregatedRound{Round: r, At: now}
 	hr := RoundRecord{Round: r, AggregatedAt: now, Participants: len(cr.Contributors), Late: cr.Late,

@@ -194,6 +194,13 @@ func OpenAgg(path string, opts storage.Options) (*AggStore, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Open's checks read every value through the map: give the pages back
+	// (a restarted aggregator would otherwise carry its whole file in its
+	// RSS).
+	if err := storage.ReleaseMapped(db); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
 	return &AggStore{db: db, opts: opts}, nil
 }
 
@@ -1056,7 +1063,7 @@ func (s *AggStore) forEachUpdate(round uint64, msg bool, fn func(Update) error) 
 		if ub == nil {
 			return nil
 		}
-		return storage.SForEach(ub, fmt.Sprintf("updates/%d", round), func(k, v []byte) error {
+		return storage.SForEachReleasing(ub, fmt.Sprintf("updates/%d", round), func(k, v []byte) error {
 			if !msg && len(v) > updateHeader {
 				v = v[:updateHeader+1] // the header, and one byte so that it decodes
 			}
@@ -1312,3 +1319,8 @@ func (s *AggStore) LatestCheckpoint() (round uint64, vec []float64, err error) {
 	})
 	return round, vec, err
 }
+
+// ReleaseMapped gives back the pages of the file's map this process has
+// read (storage.DB.ReleaseMapped): the aggregator reads a whole round's
+// updates back at every close.
+func (s *AggStore) ReleaseMapped() error { return storage.ReleaseMapped(s.db) }
