@@ -33,12 +33,16 @@ const statusMinAge = 500 * time.Millisecond
 
 func (s *Server) fileStatus() (Status, error) {
 	s.mu.Lock()
-	gen := s.gen
+	gen, finished := s.gen, s.view.finished
 	s.mu.Unlock()
 	c := &s.stCache
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.ok && (c.gen == gen || s.clock.Since(c.at) < statusMinAge) {
+	// A finished run's view no longer changes: its status is read afresh
+	// once, so a reader never sees the run's end with the clients of a
+	// read taken before they registered (a short run ends within
+	// statusMinAge of its first read).
+	if c.ok && (c.gen == gen || (!finished && s.clock.Since(c.at) < statusMinAge)) {
 		return c.st, nil
 	}
 	st, err := ReadStatus(s.store)
