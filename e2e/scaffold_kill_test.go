@@ -105,39 +105,7 @@ func TestScaffoldKills(t *testing.T) {
 		if len(ids) != sites {
 			t.Fatalf("round %d: updates of %v, want every site", r, ids)
 		}
-		var ds [][]float64
-		for _, id := range ids {
-			m, x := decodeStored(t, st.updates[r][id])
-			if c == nil {
-				c = make([]float64, len(x))
-			}
-			if m.ControlDelta == nil {
-				t.Fatalf("round %d, %s: no control delta", r, id)
-			}
-			d, err := codec.Decode(m.ControlDelta.Payload, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ds = append(ds, d)
-			next := slices.Clone(d)
-			if old := ci[id]; old != nil {
-				for k := range next {
-					next[k] = old[k] + d[k]
-				}
-			}
-			ci[id] = next
-		}
-		nc, err := uplink.NextControl(c, ds, sites)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := down.Encode(nil, nc, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c, err = down.Decode(f, nil); err != nil {
-			t.Fatal(err)
-		}
+		_, c = replayControl(t, r, st.updates[r], ids, codec, down, c, ci, sites)
 	}
 	for _, e := range edges {
 		es, err := edgestore.OpenEdge(copyState(t, e.state), storage.Options{LockTimeout: time.Second})
@@ -238,43 +206,13 @@ func TestScaffoldRollback(t *testing.T) {
 		if len(ids) != sites {
 			t.Fatalf("round %d: updates of %v, want every site", r, ids)
 		}
-		var ds [][]float64
-		for _, id := range ids {
-			m, x := decodeStored(t, st.updates[r][id])
-			if c == nil {
-				c = make([]float64, len(x))
-			}
-			if m.ControlDelta == nil {
-				t.Fatalf("round %d, %s: no control delta", r, id)
-			}
-			d, err := down.Decode(m.ControlDelta.Payload, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ds = append(ds, d)
-			next := slices.Clone(d)
-			if old := ci[id]; old != nil {
-				for k := range next {
-					next[k] = old[k] + d[k]
-				}
-			}
-			ci[id] = next
-		}
+		var nc []float64
+		c, nc = replayControl(t, r, st.updates[r], ids, down, down, c, ci, sites)
 		if !bytes.Equal(rec.Control, storage.EncodeFloats(c)) {
 			got, _ := storage.DecodeFloats(rec.Control, "control")
 			t.Fatalf("round %d: the stored c is not the round log's since the rollback (round %d: zero), bit for bit: max |c| %g", r, epoch+1, maxAbs(got))
 		}
-		nc, err := uplink.NextControl(c, ds, sites)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := down.Encode(nil, nc, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c, err = down.Decode(f, nil); err != nil {
-			t.Fatal(err)
-		}
+		c = nc
 	}
 	mean := make([]float64, len(c))
 	for _, e := range edges {
@@ -311,4 +249,49 @@ func maxAbs(v []float64) float64 {
 		m = max(m, math.Abs(x))
 	}
 	return m
+}
+
+// replayControl replays one round of SCAFFOLD's control variates from the
+// round log: each of ids' decoded control deltas (codec, in ids' order) is
+// added to that site's c_i in ci, and c steps to uplink.NextControl's value
+// through the downlink codec down, as the aggregator announces it. It
+// returns c as the round started (zeros of the model's size when c is nil)
+// and c after it.
+func replayControl(t *testing.T, r uint64, updates map[string]aggstore.Update, ids []string, codec, down *quant.Codec,
+	c []float64, ci map[string][]float64, sites int) (before, after []float64) {
+	t.Helper()
+	var ds [][]float64
+	for _, id := range ids {
+		m, x := decodeStored(t, updates[id])
+		if c == nil {
+			c = make([]float64, len(x))
+		}
+		if m.ControlDelta == nil {
+			t.Fatalf("round %d, %s: no control delta", r, id)
+		}
+		d, err := codec.Decode(m.ControlDelta.Payload, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, d)
+		next := slices.Clone(d)
+		if old := ci[id]; old != nil {
+			for k := range next {
+				next[k] = old[k] + d[k]
+			}
+		}
+		ci[id] = next
+	}
+	nc, err := uplink.NextControl(c, ds, sites)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := down.Encode(nil, nc, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after, err = down.Decode(f, nil); err != nil {
+		t.Fatal(err)
+	}
+	return c, after
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/edgefl/edgefl/node/aggstore"
 	"github.com/edgefl/edgefl/node/edgestore"
 	"github.com/edgefl/edgefl/node/storage"
-	"github.com/edgefl/edgefl/proto/uplink"
 )
 
 // TestScaffoldStraggler: SCAFFOLD under a quorum below 1, with a straggler
@@ -160,39 +159,7 @@ func scaffoldFromLog(t *testing.T, path string, st aggState, codec *quant.Codec,
 		if r > 1 && !slices.Equal(decodeControl(t, rec.Control), c) {
 			t.Fatalf("round %d: the stored c is not the round log's, bit for bit", r)
 		}
-		var ds [][]float64
-		for _, id := range slices.Sorted(maps.Keys(st.updates[r])) {
-			m, x := decodeStored(t, st.updates[r][id])
-			if c == nil {
-				c = make([]float64, len(x))
-			}
-			if m.ControlDelta == nil {
-				t.Fatalf("round %d, %s: no control delta", r, id)
-			}
-			d, err := codec.Decode(m.ControlDelta.Payload, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ds = append(ds, d)
-			next := slices.Clone(d)
-			if old := ci[id]; old != nil {
-				for k := range next {
-					next[k] = old[k] + d[k]
-				}
-			}
-			ci[id] = next
-		}
-		nc, err := uplink.NextControl(c, ds, sites)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := down.Encode(nil, nc, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c, err = down.Decode(f, nil); err != nil {
-			t.Fatal(err)
-		}
+		_, c = replayControl(t, r, st.updates[r], slices.Sorted(maps.Keys(st.updates[r])), codec, down, c, ci, sites)
 	}
 	return c, ci
 }
