@@ -114,6 +114,9 @@ A --config file holds one "key = value" per line ('#' comments), keys named
 as the flags below (underscores may replace hyphens); flags given on the
 command line override it.
 
+Environment: EDGEFL_HEAP_PROFILE=FILE keeps a heap profile taken near the
+run's peak memory in FILE (docs/operations.md).
+
 flags:
 `)
 	fs.StringVar(&f.config, "config", "", "configuration `FILE` of key = value lines, keys named as these flags (flags override the file)")
